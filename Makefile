@@ -1,0 +1,25 @@
+# Front door: installs missing Debian packages, then drives CMake. See README.md.
+BUILD ?= build
+JOBS ?= 2
+
+.PHONY: deps build run test asan clean
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	scripts/main-job.sh $(BUILD)/moe
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure
+
+asan: deps
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMOE_SANITIZE=ON >/dev/null
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ctest --output-on-failure
+
+clean:
+	rm -rf $(BUILD) build-asan

@@ -1,0 +1,49 @@
+/* Helpers shared by the subcommands (see cli.h). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+int cli_fail(const char *cmd) {
+  fprintf(stderr, "moe %s: %s\n", cmd, moe_last_error());
+  return 1;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "moe %s: ", cmd);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  return 1;
+}
+
+int cli_flag_is(const char *arg, const char *name) {
+  if (strncmp(arg, "--", 2)) return 0;
+  arg += 2;
+  for (; *arg && *name; arg++, name++) {
+    char a = *arg == '-' ? '_' : *arg, b = *name == '-' ? '_' : *name;
+    if (a != b) return 0;
+  }
+  return !*arg && !*name;
+}
+
+int cli_parse_int(const char *s, int *out) {
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (!*s || *end || v < -1000000000L || v > 1000000000L) return 0;
+  *out = (int)v;
+  return 1;
+}
+
+int cli_parse_float(const char *s, float *out) {
+  char *end;
+  float v = strtof(s, &end);
+  if (!*s || *end || !isfinite(v)) return 0;
+  *out = v;
+  return 1;
+}

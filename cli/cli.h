@@ -1,0 +1,19 @@
+/* Shared helpers of the moe subcommands: flag parsing and error reporting. Includes only moe.h. */
+#ifndef MOE_CLI_H
+#define MOE_CLI_H
+
+#include "moe.h"
+
+/* Prints "moe <cmd>: <moe_last_error()>" to stderr and returns 1 (the exit status). */
+int cli_fail(const char *cmd);
+/* Prints "moe <cmd>: <message>" to stderr and returns 1. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* True when arg is "--name" or "--name" with '_' and '-' treated alike. */
+int cli_flag_is(const char *arg, const char *name);
+/* Parses a whole-string integer / float; returns 0 on garbage. */
+int cli_parse_int(const char *s, int *out);
+int cli_parse_float(const char *s, float *out);
+
+int cmd_layer_run(int argc, char **argv);
+
+#endif

@@ -1,0 +1,31 @@
+/* The moe command: dispatches to one subcommand per file. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: moe <command> [options]\n"
+          "  layer-run   run one MoE layer from safetensors files (forward, and backward with --backward)\n"
+          "  --version   print the version and the BLAS in use\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 1;
+  }
+  if (!strcmp(argv[1], "--version")) {
+    printf("moe %s, %s\n", MOE_VERSION, moe_blas_info());
+    return 0;
+  }
+  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    usage(stdout);
+    return 0;
+  }
+  if (!strcmp(argv[1], "layer-run")) return cmd_layer_run(argc - 1, argv + 1);
+  fprintf(stderr, "moe: unknown command '%s'\n", argv[1]);
+  usage(stderr);
+  return 1;
+}

@@ -1,0 +1,205 @@
+/* libmoe: Mixture-of-Experts layers on CPU (CBLAS + OpenMP).
+ *
+ * The one public header. Every exported symbol starts with moe_. Functions that can fail return
+ * moe_status (0 = ok) and leave a message in moe_last_error(). Tensors are row-major float32 unless
+ * said otherwise. The layer semantics are those of shared/DESIGN.md 4.1.
+ */
+#ifndef MOE_H
+#define MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOE_VERSION "0.1.0"
+
+/* ---- status codes (X-macro: enum, name, description) ---- */
+#define MOE_STATUS_LIST(X)                                                \
+  X(MOE_OK, "ok")                                                         \
+  X(MOE_ERR_ARG, "invalid argument")                                      \
+  X(MOE_ERR_SHAPE, "shape mismatch")                                      \
+  X(MOE_ERR_DTYPE, "wrong dtype")                                         \
+  X(MOE_ERR_VALUE, "invalid value (NaN, Inf or out of range)")            \
+  X(MOE_ERR_NOMEM, "out of memory")                                       \
+  X(MOE_ERR_IO, "input/output error")                                     \
+  X(MOE_ERR_FORMAT, "malformed file")                                     \
+  X(MOE_ERR_MISSING, "missing tensor or field")                           \
+  X(MOE_ERR_STATE, "call out of order")
+
+typedef enum {
+#define MOE__ENUM(e, s) e,
+  MOE_STATUS_LIST(MOE__ENUM)
+#undef MOE__ENUM
+  MOE_STATUS_COUNT
+} moe_status;
+
+const char *moe_status_name(moe_status s); /* "MOE_ERR_SHAPE" */
+const char *moe_status_str(moe_status s);  /* "shape mismatch" */
+/* The message of the last failure on this thread: what failed, naming tensor/field/file and values. */
+const char *moe_last_error(void);
+
+/* ---- safetensors (strict reader, atomic writer) ---- */
+typedef enum { MOE_DT_F32, MOE_DT_I32, MOE_DT_BF16, MOE_DT_F16, MOE_DT_F64, MOE_DT_I64, MOE_DT_U8,
+               MOE_DT_COUNT } moe_dtype;
+const char *moe_dtype_name(moe_dtype dt); /* "F32" as in safetensors */
+size_t moe_dtype_size(moe_dtype dt);
+
+#define MOE_MAX_DIMS 8
+typedef struct {
+  const char *name;
+  moe_dtype dtype;
+  int ndim;
+  int64_t shape[MOE_MAX_DIMS];
+  const void *data; /* points into the loaded file; valid until moe_st_close */
+  size_t nbytes;
+} moe_tensor_view;
+
+typedef struct moe_st moe_st; /* a loaded, validated safetensors file (opaque) */
+/* Loads and validates the whole file: header length bounded, JSON well-formed, dtypes known, shapes
+ * consistent with byte counts, offsets in range, sorted-free and non-overlapping, data fully covered. */
+moe_status moe_st_open(moe_st **out, const char *path);
+void moe_st_close(moe_st *f);
+const char *moe_st_path(const moe_st *f);
+int moe_st_count(const moe_st *f);
+moe_status moe_st_at(const moe_st *f, int i, moe_tensor_view *v); /* i in [0, count) */
+/* Returns MOE_ERR_MISSING (message names tensor and file) when absent. */
+moe_status moe_st_get(const moe_st *f, const char *name, moe_tensor_view *v);
+int moe_st_has(const moe_st *f, const char *name);
+/* __metadata__ string value or NULL. */
+const char *moe_st_meta(const moe_st *f, const char *key);
+
+typedef struct moe_st_writer moe_st_writer; /* collects tensors, then writes atomically */
+moe_status moe_st_writer_new(moe_st_writer **out);
+void moe_st_writer_free(moe_st_writer *w);
+/* data is copied. shape has ndim entries. */
+moe_status moe_st_writer_add(moe_st_writer *w, const char *name, moe_dtype dt, int ndim,
+                             const int64_t *shape, const void *data);
+moe_status moe_st_writer_meta(moe_st_writer *w, const char *key, const char *value);
+/* Writes path.tmp.<pid>, flushes and fsyncs it, then renames it to path. */
+moe_status moe_st_writer_save(moe_st_writer *w, const char *path);
+
+/* ---- the MoE layer ---- */
+typedef enum { MOE_ACT_RELU, MOE_ACT_GELU, MOE_ACT_SILU, MOE_ACT_SWIGLU } moe_act;
+typedef enum { MOE_DISPATCH_DYNAMIC, MOE_DISPATCH_STATIC } moe_dispatch;
+typedef enum { MOE_PRIORITY_INDEX, MOE_PRIORITY_SCORE } moe_priority;
+typedef enum { MOE_ROUTER_LINEAR, MOE_ROUTER_COSINE } moe_router;
+
+const char *moe_act_name(moe_act a);
+const char *moe_dispatch_name(moe_dispatch d);
+const char *moe_priority_name(moe_priority p);
+const char *moe_router_name(moe_router r);
+/* Parse the names above ("relu", "static", ...); MOE_ERR_ARG naming `field` on an unknown value. */
+moe_status moe_act_parse(const char *s, const char *field, moe_act *out);
+moe_status moe_dispatch_parse(const char *s, const char *field, moe_dispatch *out);
+moe_status moe_priority_parse(const char *s, const char *field, moe_priority *out);
+moe_status moe_router_parse(const char *s, const char *field, moe_router *out);
+
+typedef struct {
+  int D;                  /* model dim */
+  int H;                  /* expert hidden dim */
+  int E;                  /* experts */
+  int top_k;              /* 1 <= k <= E; may be changed per call with moe_layer_set_top_k */
+  float capacity_setting; /* >0 fixed factor, 0 minimal no-drop, <0 adaptive bounded by -x (static only) */
+  int normalize_topk;     /* 1, 0, or -1 = auto (true iff k > 1) */
+  moe_act act;
+  moe_dispatch dispatch;
+  moe_priority priority;
+  moe_router router;
+  int proj_dim;           /* cosine router projection dim, default 256 */
+  int gate_bias;          /* linear router has gate.bias (E) */
+  int expert_bias;        /* experts have fc1.bias / fc2.bias */
+  int threads;            /* OpenMP and BLAS threads; 0 = all cores */
+} moe_layer_config;
+
+/* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on. */
+void moe_layer_config_default(moe_layer_config *c);
+
+/* Parameters and their gradients live in one allocation each, described by a table of named tensors:
+ *   gate.weight        (E, D) linear, (E, P) cosine: the expert embeddings
+ *   gate.bias          (E)            linear router with gate_bias
+ *   gate.proj.weight   (P, D)         cosine router
+ *   gate.proj.bias     (P)            cosine router
+ *   gate.logit_scale   (1)            cosine router: logits are multiplied by exp(min(s, ln 100))
+ *   experts.fc1.weight (E, H, D)   experts.fc1.bias (E, H)
+ *   experts.fc2.weight (E, D, H)   experts.fc2.bias (E, D)
+ *   experts.fc3.weight (E, H, D)   swiglu only */
+typedef struct {
+  const char *name;
+  int ndim;
+  int64_t shape[3];
+  size_t offset; /* in floats, into params and grads */
+  size_t numel;
+} moe_param_info;
+
+typedef struct moe__layer_state moe__layer_state; /* internal: arena and forward cache */
+
+typedef struct {
+  moe_layer_config cfg;
+  int nparams;
+  moe_param_info info[10];
+  size_t numel;  /* total parameter floats */
+  float *params; /* (numel) */
+  float *grads;  /* (numel); backward adds into it */
+  moe__layer_state *st;
+} moe_layer_t;
+
+/* Per-call results of the forward pass. */
+typedef struct {
+  float aux_loss;      /* GShard balance loss, DESIGN 4.1 */
+  float z_loss;        /* mean over tokens of logsumexp(logits)^2 */
+  int capacity;        /* C used (static dispatch), or the largest expert count (dynamic) */
+  int dropped;         /* assignments dropped for capacity */
+  const int32_t *expert_counts; /* (E) assignments per expert before dropping; valid until next forward */
+} moe_layer_stats;
+
+moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg);
+void moe_layer_free(moe_layer_t *l);
+/* Initializes parameters from seed (uniform +-1/sqrt(fan_in), biases 0, logit scale ln(1/0.07)). */
+void moe_layer_init_params(moe_layer_t *l, uint64_t seed);
+float *moe_layer_param(moe_layer_t *l, const char *name);      /* NULL if the layer has none */
+float *moe_layer_grad(moe_layer_t *l, const char *name);
+const moe_param_info *moe_layer_param_find(const moe_layer_t *l, const char *name);
+void moe_layer_zero_grad(moe_layer_t *l);
+moe_status moe_layer_set_top_k(moe_layer_t *l, int k);
+/* Changes threads for later calls (0 = all cores). */
+void moe_layer_set_threads(moe_layer_t *l, int threads);
+
+/* x (T, D) -> y (T, D). spec, if not NULL, gets the unweighted per-assignment expert outputs
+ * (T*k, D), row t*k+j for slot j of token t, zeros where the assignment was dropped (DynaMoE
+ * AggregateSpec). Saves what backward needs; x must stay valid until backward. T = 0 is allowed. */
+moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,
+                             moe_layer_stats *stats);
+/* Gradients of loss = <dy, y> + daux * aux_loss + dz * z_loss + <dspec, spec>. dy (T, D) and dspec
+ * (T*k, D) may be NULL (zero). dx (T, D) is overwritten; parameter gradients are added into l->grads. */
+moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float dz,
+                              const float *dspec, float *dx);
+/* Peak bytes of the layer's workspace arena since init. */
+size_t moe_layer_peak_bytes(const moe_layer_t *l);
+
+/* Reads a layer from safetensors: D, H, E (and P) from the tensor shapes, options from __metadata__
+ * (top_k, capacity_setting, activation, normalize_topk, dispatch, priority, router), then checks every
+ * tensor's dtype and shape. cfg_override, if not NULL, is applied after the metadata: a field set to
+ * its "unset" value (-1, NAN, or -1 for enums cast to int) keeps the file's value. */
+typedef struct {
+  int top_k;              /* -1 unset */
+  float capacity_setting; /* NAN unset */
+  int normalize_topk;     /* -2 unset, -1 auto, 0, 1 */
+  int act, dispatch, priority, router; /* -1 unset */
+  int threads;            /* -1 unset */
+} moe_layer_overrides;
+void moe_layer_overrides_init(moe_layer_overrides *o);
+moe_status moe_layer_load(moe_layer_t *l, const moe_st *f, const moe_layer_overrides *o);
+/* Adds every parameter (and, with grads, "grad.<name>" tensors) to a writer, config to metadata. */
+moe_status moe_layer_save_params(const moe_layer_t *l, moe_st_writer *w);
+moe_status moe_layer_save_grads(const moe_layer_t *l, moe_st_writer *w, const char *prefix);
+
+/* The BLAS in use and its kernel set, e.g. "OpenBLAS 0.3.21 (SkylakeX)". */
+const char *moe_blas_info(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

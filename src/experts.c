@@ -1,0 +1,172 @@
+/* The experts: one FFN per expert over its contiguous slice of rows, as grouped GEMMs.
+ *   a1 = xs W1^T + b1, h = act(a1) (swiglu: h = silu(a1) * (xs W3^T)), out = h W2^T + b2.
+ * Backward adds dW1, db1, dW2, db2 (and dW3) and yields dxs. Slices may be empty; static dispatch
+ * passes padded slices of C rows. */
+#include <math.h>
+#include <string.h>
+
+#include "gemm.h"
+#include "layer_internal.h"
+
+#define COLSUM_CHUNK 256
+
+size_t moe__experts_bytes(const moe_layer_t *l, int rows) {
+  size_t r = (size_t)rows, H = (size_t)l->cfg.H, D = (size_t)l->cfg.D;
+  int glu = l->cfg.act == MOE_ACT_SWIGLU;
+  size_t fwd = (glu ? 3 : 2) * moe__arena_size(r * H * 4) + moe__arena_size(r * D * 4); /* a1 (a3) h out */
+  size_t bwd = (glu ? 2 : 1) * moe__arena_size(r * H * 4);                             /* dh (da3) */
+  size_t gemms = 2 * moe__arena_size(3 * (size_t)l->cfg.E * sizeof(moe__gemm));
+  return fwd + bwd + gemms;
+}
+
+static inline float sigmoidf(float a) { return 1.0f / (1.0f + expf(-a)); }
+
+static inline float act_f(moe_act act, float a) {
+  switch (act) {
+    case MOE_ACT_RELU: return a > 0 ? a : 0;
+    case MOE_ACT_GELU: return 0.5f * a * (1.0f + erff(a * 0.70710678118654752f));
+    default: return a * sigmoidf(a); /* silu, and the gate half of swiglu */
+  }
+}
+
+static inline float act_df(moe_act act, float a) {
+  switch (act) {
+    case MOE_ACT_RELU: return a > 0 ? 1.0f : 0.0f;
+    case MOE_ACT_GELU:
+      return 0.5f * (1.0f + erff(a * 0.70710678118654752f)) +
+             a * expf(-0.5f * a * a) * 0.39894228040143268f;
+    default: {
+      float sg = sigmoidf(a);
+      return sg * (1.0f + a * (1.0f - sg));
+    }
+  }
+}
+
+/* dst[e, :] += sum of rows [offs[e], offs[e+1]) of src (rows, m); chunks of columns in parallel. */
+static void colsum_add(float *dst, const float *src, const int32_t *offs, int E, int m, int nt) {
+  int chunks = (m + COLSUM_CHUNK - 1) / COLSUM_CHUNK;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int task = 0; task < E * chunks; task++) {
+    int e = task / chunks, c0 = (task % chunks) * COLSUM_CHUNK;
+    int c1 = c0 + COLSUM_CHUNK < m ? c0 + COLSUM_CHUNK : m;
+    float *d = dst + (size_t)e * m;
+    for (int r = offs[e]; r < offs[e + 1]; r++) {
+      const float *row = src + (size_t)r * m;
+      for (int c = c0; c < c1; c++) d[c] += row[c];
+    }
+  }
+}
+
+/* Adds bias (E, m) to each row of its expert's slice of a (rows, m); NULL bias adds nothing. */
+static void add_bias(float *a, const float *bias, const int32_t *offs, int E, int rows, int m, int nt) {
+  if (!bias) return;
+  (void)E;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int r = 0; r < rows; r++) {
+    int e = 0;
+    while (offs[e + 1] <= r) e++;
+    const float *b = bias + (size_t)e * m;
+    float *row = a + (size_t)r * m;
+    for (int c = 0; c < m; c++) row[c] += b[c];
+  }
+}
+
+moe_status moe__experts_forward(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  int E = l->cfg.E, D = l->cfg.D, H = l->cfg.H, rows = s->rows, nt = s->threads;
+  int glu = l->cfg.act == MOE_ACT_SWIGLU;
+  moe__arena *a = &s->work;
+  s->a1 = moe__arena_alloc(a, (size_t)rows * H * 4);
+  s->a3 = glu ? moe__arena_alloc(a, (size_t)rows * H * 4) : NULL;
+  s->h = moe__arena_alloc(a, (size_t)rows * H * 4);
+  s->out = moe__arena_alloc(a, (size_t)rows * D * 4);
+  moe__gemm *g = moe__arena_alloc(a, 3 * (size_t)E * sizeof *g);
+  MOE_TRY(g && (s->out || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
+  moe__weights w;
+  moe__weights_bind(l, l->params, &w);
+  int n = 0;
+  for (int e = 0; e < E; e++) {
+    int r0 = s->offs[e], m = s->offs[e + 1] - r0;
+    g[n++] = (moe__gemm){false, true, m, H, D, 1.0f, 0.0f, s->xs + (size_t)r0 * D, D,
+                         w.w1 + (size_t)e * H * D, D, s->a1 + (size_t)r0 * H, H};
+    if (glu)
+      g[n++] = (moe__gemm){false, true, m, H, D, 1.0f, 0.0f, s->xs + (size_t)r0 * D, D,
+                           w.w3 + (size_t)e * H * D, D, s->a3 + (size_t)r0 * H, H};
+  }
+  moe__gemm_run(g, n, nt);
+  add_bias(s->a1, w.b1, s->offs, E, rows, H, nt);
+  moe_act act = l->cfg.act;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (size_t i = 0; i < (size_t)rows * H; i++)
+    s->h[i] = glu ? act_f(MOE_ACT_SILU, s->a1[i]) * s->a3[i] : act_f(act, s->a1[i]);
+  n = 0;
+  for (int e = 0; e < E; e++) {
+    int r0 = s->offs[e], m = s->offs[e + 1] - r0;
+    g[n++] = (moe__gemm){false, true, m, D, H, 1.0f, 0.0f, s->h + (size_t)r0 * H, H,
+                         w.w2 + (size_t)e * D * H, H, s->out + (size_t)r0 * D, D};
+  }
+  moe__gemm_run(g, n, nt);
+  add_bias(s->out, w.b2, s->offs, E, rows, D, nt);
+  return MOE_OK;
+}
+
+moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs) {
+  moe__layer_state *s = l->st;
+  int E = l->cfg.E, D = l->cfg.D, H = l->cfg.H, rows = s->rows, nt = s->threads;
+  int glu = l->cfg.act == MOE_ACT_SWIGLU;
+  moe__arena *a = &s->work;
+  float *dh = moe__arena_alloc(a, (size_t)rows * H * 4); /* dh, then da1 in place */
+  float *da3 = glu ? moe__arena_alloc(a, (size_t)rows * H * 4) : NULL;
+  moe__gemm *g = moe__arena_alloc(a, 3 * (size_t)E * sizeof *g);
+  MOE_TRY(g && (dh || rows == 0) && (!glu || da3 || rows == 0), MOE_ERR_STATE,
+          "internal: expert backward workspace too small");
+  moe__weights w, gw;
+  moe__weights_bind(l, l->params, &w);
+  moe__weights_bind(l, l->grads, &gw);
+  int n = 0;
+  for (int e = 0; e < E; e++) {
+    int r0 = s->offs[e], m = s->offs[e + 1] - r0;
+    const float *dor = dout + (size_t)r0 * D;
+    g[n++] = (moe__gemm){true, false, D, H, m, 1.0f, 1.0f, dor, D, s->h + (size_t)r0 * H, H,
+                         gw.w2 + (size_t)e * D * H, H}; /* dW2 += dout^T h */
+    g[n++] = (moe__gemm){false, false, m, H, D, 1.0f, 0.0f, dor, D, w.w2 + (size_t)e * D * H, H,
+                         dh + (size_t)r0 * H, H};       /* dh = dout W2 */
+  }
+  moe__gemm_run(g, n, nt);
+  if (gw.b2) colsum_add(gw.b2, dout, s->offs, E, D, nt);
+  moe_act act = l->cfg.act;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (size_t i = 0; i < (size_t)rows * H; i++) {
+    float a1 = s->a1[i];
+    if (glu) {
+      da3[i] = dh[i] * act_f(MOE_ACT_SILU, a1);
+      dh[i] = dh[i] * s->a3[i] * act_df(MOE_ACT_SILU, a1);
+    } else {
+      dh[i] *= act_df(act, a1);
+    }
+  }
+  if (gw.b1) colsum_add(gw.b1, dh, s->offs, E, H, nt);
+  n = 0;
+  for (int e = 0; e < E; e++) {
+    int r0 = s->offs[e], m = s->offs[e + 1] - r0;
+    const float *xr = s->xs + (size_t)r0 * D;
+    g[n++] = (moe__gemm){true, false, H, D, m, 1.0f, 1.0f, dh + (size_t)r0 * H, H, xr, D,
+                         gw.w1 + (size_t)e * H * D, D}; /* dW1 += da1^T xs */
+    if (glu)
+      g[n++] = (moe__gemm){true, false, H, D, m, 1.0f, 1.0f, da3 + (size_t)r0 * H, H, xr, D,
+                           gw.w3 + (size_t)e * H * D, D}; /* dW3 += da3^T xs */
+    g[n++] = (moe__gemm){false, false, m, D, H, 1.0f, 0.0f, dh + (size_t)r0 * H, H,
+                         w.w1 + (size_t)e * H * D, D, dxs + (size_t)r0 * D, D}; /* dxs = da1 W1 */
+  }
+  moe__gemm_run(g, n, nt);
+  if (glu) {
+    n = 0;
+    for (int e = 0; e < E; e++) {
+      int r0 = s->offs[e], m = s->offs[e + 1] - r0;
+      g[n++] = (moe__gemm){false, false, m, D, H, 1.0f, 1.0f, da3 + (size_t)r0 * H, H,
+                           w.w3 + (size_t)e * H * D, D, dxs + (size_t)r0 * D, D}; /* += da3 W3 */
+    }
+    moe__gemm_run(g, n, nt);
+  }
+  return MOE_OK;
+}

@@ -1,0 +1,230 @@
+/* The router: logits (linear or cosine), softmax, top-k with optional renormalization, the GShard
+ * balance loss and the z-loss, forward and backward. Capacity and placement are in route.c. */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "gemm.h"
+#include "layer_internal.h"
+
+#define COS_EPS 1e-12f
+#define LOG_MAX_SCALE 4.605170185988091f /* ln 100: the logit scale is clamped at 100 */
+
+size_t moe__gate_bytes(const moe_layer_t *l, int T, int k) {
+  size_t E = (size_t)l->cfg.E, P = (size_t)l->cfg.proj_dim, t = (size_t)T, tk = t * (size_t)k;
+  size_t b = 0;
+  b += 3 * moe__arena_size(t * E * 4);             /* logits, probs, dprobs */
+  b += moe__arena_size(t * 4) * 2;                 /* lse, order */
+  b += moe__arena_size(t * 8);                     /* route.c: priority sort keys */
+  b += 5 * moe__arena_size(tk * 4);                /* top_e, top_p, top_w, row, dw */
+  b += 5 * moe__arena_size((E + 1) * 4);           /* counts, kept, offs, fill, frac1 */
+  if (l->cfg.router == MOE_ROUTER_COSINE)          /* proj, dproj, norms, emb, demb */
+    b += 2 * moe__arena_size(t * P * 4) + moe__arena_size(t * 4) + 2 * moe__arena_size(E * P * 4) +
+         moe__arena_size(E * 4);
+  return b;
+}
+
+/* Row-wise L2 normalization in place; keeps the norms for backward. */
+static void normalize_rows(float *a, float *norms, int n, int m, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int i = 0; i < n; i++) {
+    float *r = a + (size_t)i * m;
+    double s = 0;
+    for (int j = 0; j < m; j++) s += (double)r[j] * r[j];
+    float nrm = (float)sqrt(s);
+    norms[i] = nrm;
+    float inv = 1.0f / (nrm > COS_EPS ? nrm : COS_EPS);
+    for (int j = 0; j < m; j++) r[j] *= inv;
+  }
+}
+
+/* Backward of normalize_rows: g (n, m) holds d(normalized) on entry and d(raw) on exit. */
+static void normalize_rows_backward(float *g, const float *a, const float *norms, int n, int m,
+                                    int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int i = 0; i < n; i++) {
+    float *gr = g + (size_t)i * m;
+    const float *ar = a + (size_t)i * m;
+    if (norms[i] > COS_EPS) {
+      double dot = 0;
+      for (int j = 0; j < m; j++) dot += (double)gr[j] * ar[j];
+      float inv = 1.0f / norms[i];
+      for (int j = 0; j < m; j++) gr[j] = (gr[j] - ar[j] * (float)dot) * inv;
+    } else {
+      for (int j = 0; j < m; j++) gr[j] /= COS_EPS;
+    }
+  }
+}
+
+static float cosine_scale(const moe__weights *w) {
+  float s = w->scale[0];
+  return expf(s < LOG_MAX_SCALE ? s : LOG_MAX_SCALE);
+}
+
+static void compute_logits(moe_layer_t *l, const moe__weights *w, const float *x, int T) {
+  moe__layer_state *s = l->st;
+  int D = l->cfg.D, E = l->cfg.E, P = l->cfg.proj_dim, nt = s->threads;
+  if (l->cfg.router == MOE_ROUTER_LINEAR) {
+    if (w->gb)
+      for (int t = 0; t < T; t++) memcpy(s->logits + (size_t)t * E, w->gb, (size_t)E * 4);
+    moe__gemm g = {false, true, T, E, D, 1.0f, w->gb ? 1.0f : 0.0f, x, D, w->gw, D, s->logits, E};
+    moe__gemm_run(&g, 1, nt);
+    return;
+  }
+  for (int t = 0; t < T; t++) memcpy(s->proj + (size_t)t * P, w->pb, (size_t)P * 4);
+  moe__gemm g = {false, true, T, P, D, 1.0f, 1.0f, x, D, w->pw, D, s->proj, P};
+  moe__gemm_run(&g, 1, nt);
+  normalize_rows(s->proj, s->proj_norm, T, P, nt);
+  memcpy(s->emb, w->gw, (size_t)E * P * 4);
+  normalize_rows(s->emb, s->emb_norm, E, P, nt);
+  moe__gemm c = {false, true, T, E, P, cosine_scale(w), 0.0f, s->proj, P, s->emb, P, s->logits, E};
+  moe__gemm_run(&c, 1, nt);
+}
+
+/* Softmax, top-k (ties to the lower id, slot 0 largest) and combine weights of one token. */
+static void route_token(const float *logit, float *prob, float *lse, int E, int k, int norm,
+                        int32_t *te, float *tp, float *tw) {
+  float mx = -INFINITY;
+  for (int e = 0; e < E; e++) mx = logit[e] > mx ? logit[e] : mx;
+  double sum = 0;
+  for (int e = 0; e < E; e++) sum += exp((double)logit[e] - mx);
+  *lse = mx + (float)log(sum);
+  for (int e = 0; e < E; e++) prob[e] = (float)(exp((double)logit[e] - mx) / sum);
+  for (int j = 0; j < k; j++) { /* k passes of selection: k is small */
+    int best = -1;
+    for (int e = 0; e < E; e++) {
+      int taken = 0;
+      for (int i = 0; i < j; i++) taken |= te[i] == e;
+      if (!taken && (best < 0 || prob[e] > prob[best])) best = e;
+    }
+    te[j] = best;
+    tp[j] = prob[best];
+  }
+  float s = 0;
+  for (int j = 0; j < k; j++) s += tp[j];
+  for (int j = 0; j < k; j++) tw[j] = norm ? tp[j] / s : tp[j];
+}
+
+moe_status moe__gate_forward(moe_layer_t *l, const float *x, int T, int k) {
+  moe__layer_state *s = l->st;
+  int E = l->cfg.E, P = l->cfg.proj_dim, nt = s->threads;
+  moe__arena *a = &s->route;
+  size_t te = (size_t)T * E, tk = (size_t)T * k;
+  s->logits = moe__arena_alloc(a, te * 4);
+  s->probs = moe__arena_alloc(a, te * 4);
+  s->lse = moe__arena_alloc(a, (size_t)T * 4);
+  s->order = moe__arena_alloc(a, (size_t)T * 4);
+  s->top_e = moe__arena_alloc(a, tk * 4);
+  s->top_p = moe__arena_alloc(a, tk * 4);
+  s->top_w = moe__arena_alloc(a, tk * 4);
+  s->row = moe__arena_alloc(a, tk * 4);
+  s->counts = moe__arena_alloc(a, (size_t)(E + 1) * 4);
+  s->kept = moe__arena_alloc(a, (size_t)(E + 1) * 4);
+  s->offs = moe__arena_alloc(a, (size_t)(E + 1) * 4);
+  s->fill = moe__arena_alloc(a, (size_t)(E + 1) * 4);
+  s->frac1 = moe__arena_alloc(a, (size_t)(E + 1) * 4);
+  if (l->cfg.router == MOE_ROUTER_COSINE) {
+    s->proj = moe__arena_alloc(a, (size_t)T * P * 4);
+    s->proj_norm = moe__arena_alloc(a, (size_t)T * 4);
+    s->emb = moe__arena_alloc(a, (size_t)E * P * 4);
+    s->emb_norm = moe__arena_alloc(a, (size_t)E * 4);
+  }
+  MOE_TRY(s->frac1 && (l->cfg.router != MOE_ROUTER_COSINE || s->emb_norm), MOE_ERR_STATE,
+          "internal: router workspace too small");
+  moe__weights w;
+  moe__weights_bind(l, l->params, &w);
+  compute_logits(l, &w, x, T);
+  int norm = l->cfg.normalize_topk < 0 ? k > 1 : l->cfg.normalize_topk;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int t = 0; t < T; t++)
+    route_token(s->logits + (size_t)t * E, s->probs + (size_t)t * E, s->lse + t, E, k, norm,
+                s->top_e + (size_t)t * k, s->top_p + (size_t)t * k, s->top_w + (size_t)t * k);
+  /* losses: sums in double, in token order, so the bits do not depend on the thread count */
+  double z = 0;
+  memset(s->fill, 0, (size_t)E * 4);
+  for (int t = 0; t < T; t++) {
+    z += (double)s->lse[t] * s->lse[t];
+    s->fill[s->top_e[(size_t)t * k]]++;
+  }
+  double aux = 0;
+  for (int e = 0; e < E; e++) {
+    double mp = 0;
+    for (int t = 0; t < T; t++) mp += s->probs[(size_t)t * E + e];
+    s->frac1[e] = T ? (float)s->fill[e] / T : 0.0f;
+    aux += T ? mp / T * s->frac1[e] : 0.0;
+  }
+  s->aux = (float)(E * aux);
+  s->z = T ? (float)(z / T) : 0.0f;
+  return MOE_OK;
+}
+
+moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float dz, float *dx) {
+  moe__layer_state *s = l->st;
+  int T = s->T, k = s->k, E = l->cfg.E, D = l->cfg.D, P = l->cfg.proj_dim, nt = s->threads;
+  const float *x = s->x;
+  moe__arena *a = &s->route;
+  float *dl = moe__arena_alloc(a, (size_t)T * E * 4); /* dprobs, then dlogits in place */
+  float *dp = NULL, *de = NULL;
+  if (l->cfg.router == MOE_ROUTER_COSINE) {
+    dp = moe__arena_alloc(a, (size_t)T * P * 4);
+    de = moe__arena_alloc(a, (size_t)E * P * 4);
+  }
+  MOE_TRY(dl && (l->cfg.router != MOE_ROUTER_COSINE || de), MOE_ERR_STATE,
+          "internal: router backward workspace too small");
+  int norm = l->cfg.normalize_topk < 0 ? k > 1 : l->cfg.normalize_topk;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int t = 0; t < T; t++) {
+    float *g = dl + (size_t)t * E;
+    const float *p = s->probs + (size_t)t * E;
+    const float *tp = s->top_p + (size_t)t * k, *tw = s->top_w + (size_t)t * k, *d = dw + (size_t)t * k;
+    const int32_t *te = s->top_e + (size_t)t * k;
+    for (int e = 0; e < E; e++) g[e] = daux * E * s->frac1[e] / T;
+    if (norm) { /* w_j = p_j / S: dp_j = (dw_j - sum_i dw_i w_i) / S */
+      float S = 0, dot = 0;
+      for (int j = 0; j < k; j++) { S += tp[j]; dot += d[j] * tw[j]; }
+      for (int j = 0; j < k; j++) g[te[j]] += (d[j] - dot) / S;
+    } else {
+      for (int j = 0; j < k; j++) g[te[j]] += d[j];
+    }
+    float dot = 0;
+    for (int e = 0; e < E; e++) dot += g[e] * p[e];
+    float zc = dz * 2.0f * s->lse[t] / T;
+    for (int e = 0; e < E; e++) g[e] = p[e] * (g[e] - dot) + zc * p[e];
+  }
+  moe__weights w, gw;
+  moe__weights_bind(l, l->params, &w);
+  moe__weights_bind(l, l->grads, &gw);
+  if (l->cfg.router == MOE_ROUTER_LINEAR) {
+    moe__gemm g[2] = {
+        {true, false, E, D, T, 1.0f, 1.0f, dl, E, x, D, gw.gw, D},   /* dWg += dl^T x */
+        {false, false, T, D, E, 1.0f, 1.0f, dl, E, w.gw, D, dx, D},  /* dx += dl Wg */
+    };
+    moe__gemm_run(g, 2, nt);
+    if (gw.gb)
+      for (int t = 0; t < T; t++)
+        for (int e = 0; e < E; e++) gw.gb[e] += dl[(size_t)t * E + e];
+    return MOE_OK;
+  }
+  float sc = cosine_scale(&w);
+  if (w.scale[0] < LOG_MAX_SCALE) { /* d logits / d s = logits while unclamped */
+    double acc = 0;
+    for (size_t i = 0; i < (size_t)T * E; i++) acc += (double)dl[i] * s->logits[i];
+    gw.scale[0] += (float)acc;
+  }
+  moe__gemm g[2] = {
+      {false, false, T, P, E, sc, 0.0f, dl, E, s->emb, P, dp, P},  /* d proj_n = s dl emb_n */
+      {true, false, E, P, T, sc, 0.0f, dl, E, s->proj, P, de, P},  /* d emb_n = s dl^T proj_n */
+  };
+  moe__gemm_run(g, 2, nt);
+  normalize_rows_backward(dp, s->proj, s->proj_norm, T, P, nt);
+  normalize_rows_backward(de, s->emb, s->emb_norm, E, P, nt);
+  for (size_t i = 0; i < (size_t)E * P; i++) gw.gw[i] += de[i];
+  moe__gemm h[2] = {
+      {true, false, P, D, T, 1.0f, 1.0f, dp, P, x, D, gw.pw, D},   /* dWp += dp^T x */
+      {false, false, T, D, P, 1.0f, 1.0f, dp, P, w.pw, D, dx, D},  /* dx += dp Wp */
+  };
+  moe__gemm_run(h, 2, nt);
+  for (int t = 0; t < T; t++)
+    for (int p = 0; p < P; p++) gw.pb[p] += dp[(size_t)t * P + p];
+  return MOE_OK;
+}

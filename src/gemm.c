@@ -1,0 +1,101 @@
+/* Tiled grouped GEMM over CBLAS (see gemm.h) and the BLAS identification string. */
+#include <cblas.h>
+#include <omp.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gemm.h"
+#include "moe.h"
+
+/* Tiles per thread: enough to balance experts of different sizes, few enough to keep tiles large. */
+#define TILES_PER_THREAD 4
+#define MIN_TILE 64
+#define MAX_TILES 4096 /* 64 KiB of stack */
+
+int moe__threads(int requested) { return requested > 0 ? requested : omp_get_num_procs(); }
+
+static void gemm_one(const moe__gemm *g) {
+  if (g->M <= 0 || g->N <= 0) return;
+  if (g->K <= 0) { /* C = beta C; BLAS rejects K = 0 leading dimensions on some builds */
+    for (int i = 0; i < g->M; i++)
+      for (int j = 0; j < g->N; j++) g->C[(size_t)i * g->ldc + j] *= g->beta;
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
+              g->M, g->N, g->K, g->alpha, g->A, g->lda, g->B, g->ldb, g->beta, g->C, g->ldc);
+}
+
+/* Sub-GEMM of rows [m0, m0+m) and columns [n0, n0+n) of C. */
+static moe__gemm gemm_tile(const moe__gemm *g, int m0, int m, int n0, int n) {
+  moe__gemm t = *g;
+  t.M = m;
+  t.N = n;
+  t.A = g->ta ? g->A + m0 : g->A + (size_t)m0 * g->lda;
+  t.B = g->tb ? g->B + (size_t)n0 * g->ldb : g->B + n0;
+  t.C = g->C + (size_t)m0 * g->ldc + n0;
+  return t;
+}
+
+void moe__gemm_run(const moe__gemm *g, int n, int threads) {
+  threads = moe__threads(threads);
+  if (threads == 1) { /* BLAS must not thread either: the count is the caller's */
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    for (int i = 0; i < n; i++) gemm_one(&g[i]);
+    return;
+  }
+  double total = 0;
+  for (int i = 0; i < n; i++) total += (double)g[i].M * g[i].N * (g[i].K + 1);
+  double target = total / (threads * TILES_PER_THREAD) + 1;
+  /* tiles: (gemm index, split along M?, start, length); on the stack, read by every thread */
+  struct { int gi, along_m, s, len; } tiles[MAX_TILES];
+  int nt = 0;
+  for (int i = 0; i < n; i++) {
+    const moe__gemm *q = &g[i];
+    if (q->M <= 0 || q->N <= 0) continue;
+    double f = (double)q->M * q->N * (q->K + 1);
+    int along_m = q->M >= q->N;
+    int len = along_m ? q->M : q->N;
+    int parts = (int)(f / target);
+    if (parts > len / MIN_TILE) parts = len / MIN_TILE;
+    if (parts < 1) parts = 1;
+    if (nt + parts > MAX_TILES) { /* more GEMMs than tiles: run this one whole, here */
+      gemm_one(q);
+      continue;
+    }
+    int step = (len + parts - 1) / parts;
+    step = (step + 15) & ~15; /* whole SIMD blocks */
+    for (int s = 0; s < len; s += step) {
+      tiles[nt].gi = i;
+      tiles[nt].along_m = along_m;
+      tiles[nt].s = s;
+      tiles[nt].len = s + step <= len ? step : len - s;
+      nt++;
+    }
+  }
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (int t = 0; t < nt; t++) {
+    const moe__gemm *q = &g[tiles[t].gi];
+    moe__gemm tile = tiles[t].along_m ? gemm_tile(q, tiles[t].s, tiles[t].len, 0, q->N)
+                                      : gemm_tile(q, 0, q->M, tiles[t].s, tiles[t].len);
+    gemm_one(&tile);
+  }
+}
+
+const char *moe_blas_info(void) {
+  static char buf[256];
+  const char *cfg = openblas_get_config();
+  const char *core = openblas_get_corename();
+  int par = openblas_get_parallel(); /* 0 serial, 1 pthreads, 2 OpenMP */
+  char ver[64] = "OpenBLAS";
+  if (cfg) {
+    const char *sp = strchr(cfg, ' ');
+    const char *sp2 = sp ? strchr(sp + 1, ' ') : NULL;
+    if (sp2 && sp2 - cfg < (long)sizeof ver) {
+      memcpy(ver, cfg, (size_t)(sp2 - cfg));
+      ver[sp2 - cfg] = 0;
+    }
+  }
+  snprintf(buf, sizeof buf, "%s (kernels %s, %s)", ver, core ? core : "?",
+           par == 2 ? "OpenMP" : par == 1 ? "pthreads" : "serial");
+  return buf;
+}

@@ -1,0 +1,238 @@
+/* The MoE layer: parameter table, configuration checks, and forward/backward as the sequence
+ * gate -> route -> dispatch -> experts -> combine, and its mirror image. The steps live in gate.c,
+ * route.c, dispatch.c and experts.c; this file only orders them and owns the workspaces. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm.h"
+#include "layer_internal.h"
+
+#define LN_1_OVER_007 2.6592600369327779f /* Tutel's initial cosine logit scale, ln(1/0.07) */
+
+void moe_layer_config_default(moe_layer_config *c) {
+  memset(c, 0, sizeof *c);
+  c->top_k = 2;
+  c->capacity_setting = 1.0f;
+  c->normalize_topk = -1;
+  c->act = MOE_ACT_RELU;
+  c->dispatch = MOE_DISPATCH_DYNAMIC;
+  c->priority = MOE_PRIORITY_INDEX;
+  c->router = MOE_ROUTER_LINEAR;
+  c->proj_dim = 256;
+  c->gate_bias = 1;
+  c->expert_bias = 1;
+}
+
+static void add_param(moe_layer_t *l, const char *name, int ndim, int64_t a, int64_t b, int64_t c) {
+  moe_param_info *p = &l->info[l->nparams++];
+  p->name = name;
+  p->ndim = ndim;
+  p->shape[0] = a;
+  p->shape[1] = b;
+  p->shape[2] = c;
+  p->numel = (size_t)a * (ndim > 1 ? (size_t)b : 1) * (ndim > 2 ? (size_t)c : 1);
+  p->offset = l->numel;
+  l->numel += (p->numel + 15) & ~(size_t)15; /* each tensor starts 64-byte aligned */
+}
+
+static moe_status check_config(const moe_layer_config *c) {
+  MOE_TRY(c->D > 0, MOE_ERR_ARG, "config: D must be > 0, got %d", c->D);
+  MOE_TRY(c->H > 0, MOE_ERR_ARG, "config: H must be > 0, got %d", c->H);
+  MOE_TRY(c->E > 0, MOE_ERR_ARG, "config: E (experts) must be > 0, got %d", c->E);
+  MOE_TRY(c->top_k >= 1 && c->top_k <= c->E, MOE_ERR_ARG, "config: top_k must be in [1, E=%d], got %d",
+          c->E, c->top_k);
+  MOE_TRY(isfinite(c->capacity_setting), MOE_ERR_ARG, "config: capacity_setting must be finite");
+  MOE_TRY(c->normalize_topk >= -1 && c->normalize_topk <= 1, MOE_ERR_ARG,
+          "config: normalize_topk must be -1 (auto), 0 or 1, got %d", c->normalize_topk);
+  MOE_TRY((unsigned)c->act <= MOE_ACT_SWIGLU, MOE_ERR_ARG, "config: unknown activation %d", c->act);
+  MOE_TRY((unsigned)c->dispatch <= MOE_DISPATCH_STATIC, MOE_ERR_ARG, "config: unknown dispatch %d",
+          c->dispatch);
+  MOE_TRY((unsigned)c->priority <= MOE_PRIORITY_SCORE, MOE_ERR_ARG, "config: unknown priority %d",
+          c->priority);
+  MOE_TRY((unsigned)c->router <= MOE_ROUTER_COSINE, MOE_ERR_ARG, "config: unknown router %d", c->router);
+  MOE_TRY(c->router != MOE_ROUTER_COSINE || c->proj_dim > 0, MOE_ERR_ARG,
+          "config: proj_dim must be > 0 for the cosine router, got %d", c->proj_dim);
+  MOE_TRY(c->threads >= 0, MOE_ERR_ARG, "config: threads must be >= 0, got %d", c->threads);
+  return MOE_OK;
+}
+
+moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
+  MOE_TRY(l && cfg, MOE_ERR_ARG, "moe_layer_init: NULL argument");
+  memset(l, 0, sizeof *l);
+  MOE_CHECK(check_config(cfg));
+  l->cfg = *cfg;
+  int64_t D = cfg->D, H = cfg->H, E = cfg->E, P = cfg->proj_dim;
+  if (cfg->router == MOE_ROUTER_LINEAR) {
+    add_param(l, "gate.weight", 2, E, D, 0);
+    if (cfg->gate_bias) add_param(l, "gate.bias", 1, E, 0, 0);
+  } else {
+    add_param(l, "gate.weight", 2, E, P, 0);
+    add_param(l, "gate.proj.weight", 2, P, D, 0);
+    add_param(l, "gate.proj.bias", 1, P, 0, 0);
+    add_param(l, "gate.logit_scale", 1, 1, 0, 0);
+  }
+  add_param(l, "experts.fc1.weight", 3, E, H, D);
+  if (cfg->expert_bias) add_param(l, "experts.fc1.bias", 2, E, H, 0);
+  add_param(l, "experts.fc2.weight", 3, E, D, H);
+  if (cfg->expert_bias) add_param(l, "experts.fc2.bias", 2, E, D, 0);
+  if (cfg->act == MOE_ACT_SWIGLU) add_param(l, "experts.fc3.weight", 3, E, H, D);
+  l->params = aligned_alloc(64, l->numel * 4);
+  l->grads = aligned_alloc(64, l->numel * 4);
+  l->st = calloc(1, sizeof *l->st);
+  if (!l->params || !l->grads || !l->st) {
+    moe_layer_free(l);
+    MOE_TRY(0, MOE_ERR_NOMEM, "moe_layer_init: cannot allocate %zu parameters", l->numel);
+  }
+  memset(l->params, 0, l->numel * 4);
+  memset(l->grads, 0, l->numel * 4);
+  return MOE_OK;
+}
+
+void moe_layer_free(moe_layer_t *l) {
+  if (!l) return;
+  if (l->st) {
+    moe__arena_free(&l->st->route);
+    moe__arena_free(&l->st->work);
+    free(l->st);
+  }
+  free(l->params);
+  free(l->grads);
+  memset(l, 0, sizeof *l);
+}
+
+const moe_param_info *moe_layer_param_find(const moe_layer_t *l, const char *name) {
+  for (int i = 0; i < l->nparams; i++)
+    if (!strcmp(l->info[i].name, name)) return &l->info[i];
+  return NULL;
+}
+
+float *moe_layer_param(moe_layer_t *l, const char *name) {
+  const moe_param_info *p = moe_layer_param_find(l, name);
+  return p ? l->params + p->offset : NULL;
+}
+
+float *moe_layer_grad(moe_layer_t *l, const char *name) {
+  const moe_param_info *p = moe_layer_param_find(l, name);
+  return p ? l->grads + p->offset : NULL;
+}
+
+void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w) {
+  const struct { const char *name; float **slot; } map[] = {
+      {"gate.weight", &w->gw},         {"gate.bias", &w->gb},
+      {"gate.proj.weight", &w->pw},    {"gate.proj.bias", &w->pb},
+      {"gate.logit_scale", &w->scale}, {"experts.fc1.weight", &w->w1},
+      {"experts.fc1.bias", &w->b1},    {"experts.fc2.weight", &w->w2},
+      {"experts.fc2.bias", &w->b2},    {"experts.fc3.weight", &w->w3},
+  };
+  for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+    const moe_param_info *p = moe_layer_param_find(l, map[i].name);
+    *map[i].slot = p ? base + p->offset : NULL;
+  }
+}
+
+void moe_layer_zero_grad(moe_layer_t *l) { memset(l->grads, 0, l->numel * 4); }
+
+moe_status moe_layer_set_top_k(moe_layer_t *l, int k) {
+  MOE_TRY(k >= 1 && k <= l->cfg.E, MOE_ERR_ARG, "top_k must be in [1, E=%d], got %d", l->cfg.E, k);
+  l->cfg.top_k = k;
+  return MOE_OK;
+}
+
+void moe_layer_set_threads(moe_layer_t *l, int threads) { l->cfg.threads = threads > 0 ? threads : 0; }
+
+/* splitmix64: a tiny, well-mixed generator so that initialization depends only on the seed. */
+static uint64_t splitmix(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+void moe_layer_init_params(moe_layer_t *l, uint64_t seed) {
+  uint64_t st = seed;
+  memset(l->params, 0, l->numel * 4);
+  for (int i = 0; i < l->nparams; i++) {
+    const moe_param_info *p = &l->info[i];
+    float *d = l->params + p->offset;
+    if (!strcmp(p->name, "gate.logit_scale")) {
+      d[0] = LN_1_OVER_007;
+      continue;
+    }
+    if (p->ndim == 1 || strstr(p->name, ".bias")) continue; /* biases start at zero */
+    float bound = 1.0f / sqrtf((float)p->shape[p->ndim - 1]); /* fan_in is the last dim */
+    for (size_t j = 0; j < p->numel; j++)
+      d[j] = bound * (2.0f * (float)((splitmix(&st) >> 40) * 0x1.0p-24) - 1.0f);
+  }
+}
+
+size_t moe_layer_peak_bytes(const moe_layer_t *l) { return l->st->route.peak + l->st->work.peak; }
+
+/* First non-finite entry of a (n, m), or -1. */
+static long long first_nonfinite(const float *a, size_t n, int nt) {
+  long long bad = -1;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(max : bad)
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(a[i])) bad = (long long)i > bad ? (long long)i : bad;
+  return bad;
+}
+
+moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,
+                             moe_layer_stats *stats) {
+  MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_forward: layer not initialized");
+  MOE_TRY(T >= 0, MOE_ERR_ARG, "moe_layer_forward: T must be >= 0, got %d", T);
+  MOE_TRY(T == 0 || (x && y), MOE_ERR_ARG, "moe_layer_forward: x and y must not be NULL");
+  moe__layer_state *s = l->st;
+  int D = l->cfg.D, k = l->cfg.top_k;
+  s->have_fwd = 0;
+  s->threads = moe__threads(l->cfg.threads);
+  long long bad = first_nonfinite(x, (size_t)T * D, s->threads);
+  MOE_TRY(bad < 0, MOE_ERR_VALUE, "x[%lld, %lld] is %g: inputs must be finite", bad / D, bad % D,
+          bad < 0 ? 0.0 : (double)x[bad]);
+  s->x = x;
+  s->T = T;
+  s->k = k;
+  MOE_CHECK(moe__arena_reserve(&s->route, moe__gate_bytes(l, T, k), "router"));
+  MOE_CHECK(moe__gate_forward(l, x, T, k));
+  MOE_CHECK(moe__route(l));
+  size_t work = moe__dispatch_bytes(l) + moe__experts_bytes(l, s->rows) +
+                2 * moe__arena_size((size_t)s->rows * D * 4) + moe__arena_size((size_t)T * D * 4);
+  MOE_CHECK(moe__arena_reserve(&s->work, work, "expert"));
+  MOE_CHECK(moe__dispatch_forward(l));
+  MOE_CHECK(moe__experts_forward(l));
+  moe__combine_forward(l, y, spec);
+  s->have_fwd = 1;
+  if (stats) {
+    stats->aux_loss = s->aux;
+    stats->z_loss = s->z;
+    stats->capacity = s->C;
+    stats->dropped = s->dropped;
+    stats->expert_counts = s->counts;
+  }
+  return MOE_OK;
+}
+
+moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float dz,
+                              const float *dspec, float *dx) {
+  MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_backward: layer not initialized");
+  moe__layer_state *s = l->st;
+  MOE_TRY(s->have_fwd, MOE_ERR_STATE, "moe_layer_backward: no forward pass to differentiate");
+  int T = s->T, D = l->cfg.D;
+  MOE_TRY(T == 0 || dx, MOE_ERR_ARG, "moe_layer_backward: dx must not be NULL");
+  float *dw = moe__arena_alloc(&s->route, (size_t)T * s->k * 4);
+  float *dout = moe__arena_alloc(&s->work, (size_t)s->rows * D * 4);
+  float *dxs = moe__arena_alloc(&s->work, (size_t)s->rows * D * 4);
+  MOE_TRY((dw && dout && dxs) || T == 0, MOE_ERR_STATE, "internal: backward workspace too small");
+  if (!dy) { /* a loss on spec alone: y does not matter */
+    float *z = moe__arena_alloc(&s->work, (size_t)T * D * 4);
+    MOE_TRY(z || T == 0, MOE_ERR_STATE, "internal: backward workspace too small");
+    if (T) memset(z, 0, (size_t)T * D * 4);
+    dy = z;
+  }
+  MOE_CHECK(moe__combine_backward(l, dy, dspec, dout, dw));
+  MOE_CHECK(moe__experts_backward(l, dout, dxs));
+  moe__dispatch_backward(l, dxs, dx);
+  MOE_CHECK(moe__gate_backward(l, dw, daux, dz, dx));
+  s->have_fwd = 0;
+  return MOE_OK;
+}

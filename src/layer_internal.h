@@ -1,0 +1,84 @@
+/* The layer's private state: its two workspace arenas and the forward cache that backward reads.
+ * Shared by layer.c (orchestration), gate.c, route.c, dispatch.c and experts.c. */
+#ifndef MOE_LAYER_INTERNAL_H
+#define MOE_LAYER_INTERNAL_H
+
+#include "arena.h"
+#include "moe.h"
+
+/* Pointers into l->params (or l->grads: same layout); NULL for tensors the layer lacks. */
+typedef struct {
+  float *gw, *gb;         /* gate.weight (E, D|P), gate.bias (E) */
+  float *pw, *pb, *scale; /* gate.proj.weight (P, D), gate.proj.bias (P), gate.logit_scale (1) */
+  float *w1, *b1;         /* experts.fc1 (E, H, D), (E, H) */
+  float *w2, *b2;         /* experts.fc2 (E, D, H), (E, D) */
+  float *w3;              /* experts.fc3 (E, H, D) */
+} moe__weights;
+
+struct moe__layer_state {
+  moe__arena route; /* router and routing tensors: sized from T, k, E, P */
+  moe__arena work;  /* dispatch and expert tensors: sized after routing (rows, capacity) */
+  int have_fwd;     /* a forward ran and backward has not consumed it yet */
+  int threads;      /* resolved thread count */
+
+  /* forward cache */
+  const float *x;   /* (T, D), caller's */
+  int T, k, C;      /* C: capacity (static) or largest count (dynamic) */
+  int rows;         /* rows in the expert buffers: kept assignments (dynamic) or E*C (static) */
+  float *logits;    /* (T, E) */
+  float *probs;     /* (T, E) */
+  float *lse;       /* (T) logsumexp of the logits */
+  float *proj;      /* (T, P) cosine: projected tokens, normalized in place */
+  float *proj_norm; /* (T) */
+  float *emb;       /* (E, P) cosine: normalized expert embeddings */
+  float *emb_norm;  /* (E) */
+  int32_t *top_e;   /* (T, k) expert of slot j */
+  float *top_p;     /* (T, k) its probability */
+  float *top_w;     /* (T, k) combine weight (normalized or not) */
+  int32_t *row;     /* (T, k) row in the expert buffers, -1 if dropped */
+  int32_t *counts;  /* (E) assignments per expert before dropping */
+  int32_t *kept;    /* (E) rows per expert in the buffers */
+  int32_t *offs;    /* (E + 1) first row of each expert */
+  int32_t *order;   /* (T) token order for priority=score */
+  int32_t *fill;    /* (E) scratch */
+  float *frac1;     /* (E) fraction of tokens whose top-1 is e */
+  float aux, z;
+  int dropped;
+  /* expert buffers, rows x ... */
+  float *xs;        /* (rows, D) expert inputs */
+  float *a1;        /* (rows, H) fc1 pre-activation */
+  float *a3;        /* (rows, H) fc3 output (swiglu) */
+  float *h;         /* (rows, H) activation */
+  float *out;       /* (rows, D) expert outputs */
+  float *mask;      /* (T, E, C) static: dispatch mask */
+  float *comb;      /* (T, E, C) static: combine weights */
+};
+
+void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w);
+
+/* gate.c: router, softmax, top-k, losses. */
+size_t moe__gate_bytes(const moe_layer_t *l, int T, int k);
+moe_status moe__gate_forward(moe_layer_t *l, const float *x, int T, int k);
+/* dw (T, k): gradient of the combine weights. Adds router grads; dx += router contribution. */
+moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float dz, float *dx);
+
+/* route.c: capacity and slot-major placement: fills counts, C, row, kept, offs, dropped. */
+moe_status moe__route(moe_layer_t *l);
+
+/* dispatch.c: moving tokens to expert rows and back, dynamic (gather/scatter) or static (mask GEMMs). */
+size_t moe__dispatch_bytes(const moe_layer_t *l);
+moe_status moe__dispatch_forward(moe_layer_t *l);
+void moe__combine_forward(moe_layer_t *l, float *y, float *spec);
+/* dout (rows, D) and dw (T, k) from dy and dspec. */
+moe_status moe__combine_backward(moe_layer_t *l, const float *dy, const float *dspec, float *dout,
+                                  float *dw);
+/* dx (T, D) = gradient through the dispatch of dxs (rows, D). */
+void moe__dispatch_backward(moe_layer_t *l, const float *dxs, float *dx);
+
+/* experts.c: the FFNs over per-expert row groups. */
+size_t moe__experts_bytes(const moe_layer_t *l, int rows);
+moe_status moe__experts_forward(moe_layer_t *l);
+/* dout (rows, D) -> dxs (rows, D); adds expert weight grads. Scratch from the work arena. */
+moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs);
+
+#endif

@@ -1,0 +1,214 @@
+/* Layer options by name, and a layer to and from safetensors (DESIGN 4.2): shapes give D, H, E
+ * and P, __metadata__ gives the options, every tensor is checked for dtype and exact shape, and a
+ * tensor the configuration does not use is an error rather than silently ignored. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static const char *act_names[] = {"relu", "gelu", "silu", "swiglu"};
+static const char *dispatch_names[] = {"dynamic", "static"};
+static const char *priority_names[] = {"index", "score"};
+static const char *router_names[] = {"linear", "cosine"};
+#define COUNT(a) (int)(sizeof(a) / sizeof(a[0]))
+
+const char *moe_act_name(moe_act a) { return (unsigned)a < 4 ? act_names[a] : "?"; }
+const char *moe_dispatch_name(moe_dispatch d) { return (unsigned)d < 2 ? dispatch_names[d] : "?"; }
+const char *moe_priority_name(moe_priority p) { return (unsigned)p < 2 ? priority_names[p] : "?"; }
+const char *moe_router_name(moe_router r) { return (unsigned)r < 2 ? router_names[r] : "?"; }
+
+static moe_status parse_name(const char *s, const char *field, const char **names, int n, int *out) {
+  MOE_TRY(s, MOE_ERR_ARG, "%s: missing value", field);
+  for (int i = 0; i < n; i++)
+    if (!strcmp(s, names[i])) {
+      *out = i;
+      return MOE_OK;
+    }
+  char list[128] = "";
+  for (int i = 0; i < n; i++) {
+    strcat(list, names[i]);
+    if (i + 1 < n) strcat(list, "|");
+  }
+  return moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "%s: unknown value '%s' (want %s)", field, s, list);
+}
+
+#define PARSE_ENUM(fn, type, names)                                       \
+  moe_status fn(const char *s, const char *field, type *out) {            \
+    int v;                                                                \
+    MOE_CHECK(parse_name(s, field, names, COUNT(names), &v));             \
+    *out = (type)v;                                                       \
+    return MOE_OK;                                                        \
+  }
+PARSE_ENUM(moe_act_parse, moe_act, act_names)
+PARSE_ENUM(moe_dispatch_parse, moe_dispatch, dispatch_names)
+PARSE_ENUM(moe_priority_parse, moe_priority, priority_names)
+PARSE_ENUM(moe_router_parse, moe_router, router_names)
+
+void moe_layer_overrides_init(moe_layer_overrides *o) {
+  o->top_k = -1;
+  o->capacity_setting = NAN;
+  o->normalize_topk = -2;
+  o->act = o->dispatch = o->priority = o->router = -1;
+  o->threads = -1;
+}
+
+static moe_status meta_int(const moe_st *f, const char *key, int *out) {
+  const char *v = moe_st_meta(f, key);
+  if (!v) return MOE_OK;
+  char *end;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  MOE_TRY(*v && !*end && !errno && x >= -1000000000L && x <= 1000000000L, MOE_ERR_FORMAT,
+          "%s: __metadata__ %s='%s' is not an integer", moe_st_path(f), key, v);
+  *out = (int)x;
+  return MOE_OK;
+}
+
+static moe_status meta_float(const moe_st *f, const char *key, float *out) {
+  const char *v = moe_st_meta(f, key);
+  if (!v) return MOE_OK;
+  char *end;
+  float x = strtof(v, &end);
+  MOE_TRY(*v && !*end && isfinite(x), MOE_ERR_FORMAT, "%s: __metadata__ %s='%s' is not a finite number",
+          moe_st_path(f), key, v);
+  *out = x;
+  return MOE_OK;
+}
+
+static moe_status meta_bool(const moe_st *f, const char *key, int *out) {
+  const char *v = moe_st_meta(f, key);
+  if (!v) return MOE_OK;
+  MOE_TRY(!strcmp(v, "true") || !strcmp(v, "false"), MOE_ERR_FORMAT,
+          "%s: __metadata__ %s='%s' (want true|false)", moe_st_path(f), key, v);
+  *out = !strcmp(v, "true");
+  return MOE_OK;
+}
+
+#define META_ENUM(f, key, parse, dst)                                      \
+  do {                                                                     \
+    const char *v_ = moe_st_meta(f, key);                                  \
+    char field_[160];                                                      \
+    snprintf(field_, sizeof field_, "%s: __metadata__ %s", moe_st_path(f), key); \
+    if (v_) MOE_CHECK(parse(v_, field_, &(dst)));                          \
+  } while (0)
+
+static moe_status config_from_file(const moe_st *f, moe_layer_config *c) {
+  moe_tensor_view v;
+  const char *path = moe_st_path(f);
+  MOE_CHECK(moe_st_get(f, "experts.fc1.weight", &v));
+  MOE_TRY(v.ndim == 3, MOE_ERR_SHAPE, "%s: experts.fc1.weight must be (E, H, D), got %d dims", path, v.ndim);
+  moe_layer_config_default(c);
+  c->E = (int)v.shape[0];
+  c->H = (int)v.shape[1];
+  c->D = (int)v.shape[2];
+  c->router = moe_st_has(f, "gate.proj.weight") ? MOE_ROUTER_COSINE : MOE_ROUTER_LINEAR;
+  META_ENUM(f, "router", moe_router_parse, c->router);
+  if (c->router == MOE_ROUTER_COSINE) {
+    MOE_CHECK(moe_st_get(f, "gate.weight", &v));
+    MOE_TRY(v.ndim == 2, MOE_ERR_SHAPE, "%s: gate.weight must be (E, P), got %d dims", path, v.ndim);
+    c->proj_dim = (int)v.shape[1];
+  }
+  c->gate_bias = moe_st_has(f, "gate.bias");
+  c->expert_bias = moe_st_has(f, "experts.fc1.bias") || moe_st_has(f, "experts.fc2.bias");
+  MOE_CHECK(meta_int(f, "top_k", &c->top_k));
+  MOE_CHECK(meta_float(f, "capacity_setting", &c->capacity_setting));
+  MOE_CHECK(meta_bool(f, "normalize_topk", &c->normalize_topk));
+  META_ENUM(f, "activation", moe_act_parse, c->act);
+  META_ENUM(f, "dispatch", moe_dispatch_parse, c->dispatch);
+  META_ENUM(f, "priority", moe_priority_parse, c->priority);
+  return MOE_OK;
+}
+
+static void apply_overrides(moe_layer_config *c, const moe_layer_overrides *o) {
+  if (!o) return;
+  if (o->top_k != -1) c->top_k = o->top_k;
+  if (!isnan(o->capacity_setting)) c->capacity_setting = o->capacity_setting;
+  if (o->normalize_topk != -2) c->normalize_topk = o->normalize_topk;
+  if (o->act != -1) c->act = (moe_act)o->act;
+  if (o->dispatch != -1) c->dispatch = (moe_dispatch)o->dispatch;
+  if (o->priority != -1) c->priority = (moe_priority)o->priority;
+  if (o->router != -1) c->router = (moe_router)o->router;
+  if (o->threads != -1) c->threads = o->threads;
+}
+
+static moe_status copy_params(moe_layer_t *l, const moe_st *f) {
+  const char *path = moe_st_path(f);
+  for (int i = 0; i < l->nparams; i++) {
+    const moe_param_info *p = &l->info[i];
+    moe_tensor_view v;
+    MOE_CHECK(moe_st_get(f, p->name, &v));
+    MOE_TRY(v.dtype == MOE_DT_F32, MOE_ERR_DTYPE, "%s: tensor '%s' has dtype %s, want F32", path, p->name,
+            moe_dtype_name(v.dtype));
+    int same = v.ndim == p->ndim;
+    for (int d = 0; same && d < p->ndim; d++) same = v.shape[d] == p->shape[d];
+    if (!same) {
+      char want[64], got[96];
+      int n = snprintf(want, sizeof want, "(");
+      for (int d = 0; d < p->ndim; d++)
+        n += snprintf(want + n, sizeof want - n, "%s%lld", d ? ", " : "", (long long)p->shape[d]);
+      snprintf(want + n, sizeof want - n, ")");
+      n = snprintf(got, sizeof got, "(");
+      for (int d = 0; d < v.ndim && n < (int)sizeof got - 24; d++)
+        n += snprintf(got + n, sizeof got - n, "%s%lld", d ? ", " : "", (long long)v.shape[d]);
+      snprintf(got + n, sizeof got - n, ")");
+      return moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: tensor '%s' has shape %s, want %s", path,
+                        p->name, got, want);
+    }
+    memcpy(l->params + p->offset, v.data, p->numel * 4);
+  }
+  for (int i = 0; i < moe_st_count(f); i++) {
+    moe_tensor_view v;
+    MOE_CHECK(moe_st_at(f, i, &v));
+    MOE_TRY(moe_layer_param_find(l, v.name), MOE_ERR_FORMAT,
+            "%s: tensor '%s' is not used by this layer (router %s, activation %s)", path, v.name,
+            moe_router_name(l->cfg.router), moe_act_name(l->cfg.act));
+  }
+  return MOE_OK;
+}
+
+moe_status moe_layer_load(moe_layer_t *l, const moe_st *f, const moe_layer_overrides *o) {
+  moe_layer_config c;
+  MOE_CHECK(config_from_file(f, &c));
+  apply_overrides(&c, o);
+  moe_status st = moe_layer_init(l, &c);
+  if (st != MOE_OK) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", moe_last_error());
+    return moe__error(st, __FILE__, __LINE__, "%s: %s", moe_st_path(f), msg);
+  }
+  st = copy_params(l, f);
+  if (st != MOE_OK) moe_layer_free(l);
+  return st;
+}
+
+moe_status moe_layer_save_params(const moe_layer_t *l, moe_st_writer *w) {
+  MOE_CHECK(moe_layer_save_grads(l, w, NULL));
+  const moe_layer_config *c = &l->cfg;
+  char buf[32];
+  snprintf(buf, sizeof buf, "%d", c->top_k);
+  MOE_CHECK(moe_st_writer_meta(w, "top_k", buf));
+  snprintf(buf, sizeof buf, "%.9g", (double)c->capacity_setting);
+  MOE_CHECK(moe_st_writer_meta(w, "capacity_setting", buf));
+  int norm = c->normalize_topk < 0 ? c->top_k > 1 : c->normalize_topk;
+  MOE_CHECK(moe_st_writer_meta(w, "normalize_topk", norm ? "true" : "false"));
+  MOE_CHECK(moe_st_writer_meta(w, "activation", moe_act_name(c->act)));
+  MOE_CHECK(moe_st_writer_meta(w, "dispatch", moe_dispatch_name(c->dispatch)));
+  MOE_CHECK(moe_st_writer_meta(w, "priority", moe_priority_name(c->priority)));
+  MOE_CHECK(moe_st_writer_meta(w, "router", moe_router_name(c->router)));
+  return MOE_OK;
+}
+
+/* With prefix NULL: the parameters under their own names; else the gradients as prefix + name. */
+moe_status moe_layer_save_grads(const moe_layer_t *l, moe_st_writer *w, const char *prefix) {
+  for (int i = 0; i < l->nparams; i++) {
+    const moe_param_info *p = &l->info[i];
+    char name[128];
+    snprintf(name, sizeof name, "%s%s", prefix ? prefix : "", p->name);
+    const float *src = (prefix ? l->grads : l->params) + p->offset;
+    MOE_CHECK(moe_st_writer_add(w, name, MOE_DT_F32, p->ndim, p->shape, src));
+  }
+  return MOE_OK;
+}

@@ -1,0 +1,69 @@
+/* Capacity and placement (DESIGN 4.1): count assignments per expert, choose the capacity C from
+ * capacity_setting, and place assignments slot-major (all slot-0 assignments, then slot 1, ...),
+ * tokens in index order or, with priority=score, by their top probability (batch-prioritized
+ * routing). Static dispatch drops what finds its expert full; dynamic dispatch keeps everything.
+ * The result is a counting sort: each kept assignment gets a row in contiguous per-expert slices. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layer_internal.h"
+
+typedef struct { float p; int32_t t; } prio_key;
+
+static int prio_cmp(const void *a, const void *b) {
+  const prio_key *x = a, *y = b;
+  if (x->p != y->p) return x->p > y->p ? -1 : 1; /* highest first */
+  return (x->t > y->t) - (x->t < y->t);          /* ties: lower token first */
+}
+
+static int capacity(const moe_layer_t *l, int T, int k, int maxc) {
+  float x = l->cfg.capacity_setting;
+  if (l->cfg.dispatch == MOE_DISPATCH_DYNAMIC || x == 0) return maxc;
+  int c = (int)ceil((double)fabsf(x) * k * T / l->cfg.E);
+  return x > 0 || c < maxc ? c : maxc;
+}
+
+moe_status moe__route(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  int T = s->T, k = s->k, E = l->cfg.E;
+  memset(s->counts, 0, (size_t)E * 4);
+  for (size_t i = 0; i < (size_t)T * k; i++) s->counts[s->top_e[i]]++;
+  int maxc = 0;
+  for (int e = 0; e < E; e++) maxc = s->counts[e] > maxc ? s->counts[e] : maxc;
+  int C = capacity(l, T, k, maxc);
+  s->C = C;
+
+  for (int t = 0; t < T; t++) s->order[t] = t;
+  if (l->cfg.priority == MOE_PRIORITY_SCORE && T > 1) {
+    prio_key *keys = moe__arena_alloc(&s->route, (size_t)T * sizeof *keys);
+    MOE_TRY(keys, MOE_ERR_STATE, "internal: routing workspace too small");
+    for (int t = 0; t < T; t++) keys[t] = (prio_key){s->top_p[(size_t)t * k], t};
+    qsort(keys, (size_t)T, sizeof *keys, prio_cmp);
+    for (int t = 0; t < T; t++) s->order[t] = keys[t].t;
+  }
+
+  int is_static = l->cfg.dispatch == MOE_DISPATCH_STATIC;
+  memset(s->fill, 0, (size_t)E * 4);
+  s->dropped = 0;
+  for (int j = 0; j < k; j++)
+    for (int i = 0; i < T; i++) {
+      size_t a = (size_t)s->order[i] * k + j;
+      int pos = s->fill[s->top_e[a]]++;
+      if (is_static && pos >= C) {
+        s->row[a] = -1;
+        s->dropped++;
+      } else {
+        s->row[a] = pos;
+      }
+    }
+  s->offs[0] = 0;
+  for (int e = 0; e < E; e++) {
+    s->kept[e] = is_static && s->counts[e] > C ? C : s->counts[e];
+    s->offs[e + 1] = s->offs[e] + (is_static ? C : s->kept[e]);
+  }
+  s->rows = s->offs[E];
+  for (size_t a = 0; a < (size_t)T * k; a++)
+    if (s->row[a] >= 0) s->row[a] += s->offs[s->top_e[a]];
+  return MOE_OK;
+}

@@ -1,0 +1,505 @@
+/* Safetensors reading and writing. The reader loads a whole file into memory and validates it
+ * strictly (bounded header, known dtypes, shapes matching byte counts, offsets aligned to the dtype,
+ * tensors covering the data region exactly once, no duplicate names, string-only __metadata__), so
+ * the rest of the library can trust every view it hands out. The writer collects copies of tensors
+ * and writes them atomically (temp file, fsync, rename). Not supported: memory mapping, lazy
+ * loading, dtypes other than those in moe_dtype, and files whose tensors are not aligned to their
+ * element size (the current HuggingFace writer always aligns them). */
+#if !defined(_GNU_SOURCE) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L
+#endif
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define ST_MAX_HEADER (100u << 20) /* bound what a hostile header length can make us allocate */
+#define ST_MAX_INT (UINT64_C(1) << 53) /* JSON numbers are doubles; above this they are inexact */
+
+static const char *const dt_names[MOE_DT_COUNT] = {"F32", "I32", "BF16", "F16", "F64", "I64", "U8"};
+static const size_t dt_sizes[MOE_DT_COUNT] = {4, 4, 2, 2, 8, 8, 1};
+
+const char *moe_dtype_name(moe_dtype dt) {
+  return (unsigned)dt < MOE_DT_COUNT ? dt_names[dt] : "invalid";
+}
+
+size_t moe_dtype_size(moe_dtype dt) { return (unsigned)dt < MOE_DT_COUNT ? dt_sizes[dt] : 0; }
+
+static char *dup_str(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}
+
+/* Bytes of a tensor; *ok = 0 when that overflows size_t. */
+static uint64_t shape_bytes(const int64_t *shape, int ndim, size_t elsize, int *ok) {
+  uint64_t n = 1;
+  *ok = 1;
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] == 0) return 0; /* a zero dim wins over any overflow of the others */
+  for (int i = 0; i < ndim; i++) {
+    if (n > UINT64_MAX / (uint64_t)shape[i]) { *ok = 0; return 0; }
+    n *= (uint64_t)shape[i];
+  }
+  if (n > SIZE_MAX / elsize) { *ok = 0; return 0; }
+  return n * elsize;
+}
+
+/* ---------------------------------------------------------------- reader */
+
+typedef struct {
+  const char *name; /* owned by the cJSON tree */
+  moe_dtype dt;
+  int ndim;
+  int64_t shape[MOE_MAX_DIMS];
+  uint64_t begin, end;
+} st_entry;
+
+struct moe_st {
+  char *path;
+  char *hdr;         /* raw header text, freed once parsed */
+  cJSON *root;       /* kept: owns tensor names and metadata strings */
+  const cJSON *meta; /* the __metadata__ object or NULL */
+  st_entry *t;       /* sorted by data offset */
+  const st_entry **byname; /* sorted by name, for lookup */
+  int n;
+  unsigned char *data; /* the data region, 64-byte aligned */
+  size_t data_size;
+};
+
+void moe_st_close(moe_st *f) {
+  if (!f) return;
+  cJSON_Delete(f->root);
+  free(f->path), free(f->hdr), free(f->t), free(f->byname), free(f->data), free(f);
+}
+
+static moe_status read_exact(const moe_st *f, FILE *fp, void *buf, size_t n, const char *what) {
+  if (n == 0 || fread(buf, 1, n, fp) == n) return MOE_OK;
+  if (ferror(fp))
+    return moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: reading %s: %s", f->path, what, strerror(errno));
+  return moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: unexpected end of file reading %s (file changed?)",
+                    f->path, what);
+}
+
+/* Reads the header text into f->hdr and the data region into f->data. */
+static moe_status st_read(moe_st *f, FILE *fp, size_t *hlen) {
+  struct stat sb;
+  MOE_TRY(fstat(fileno(fp), &sb) == 0, MOE_ERR_IO, "%s: stat: %s", f->path, strerror(errno));
+  MOE_TRY(S_ISREG(sb.st_mode), MOE_ERR_IO, "%s: not a regular file", f->path);
+  uint64_t size = (uint64_t)sb.st_size;
+  MOE_TRY(size >= 8, MOE_ERR_FORMAT, "%s: file is %" PRIu64 " bytes, shorter than the 8-byte header length",
+          f->path, size);
+  unsigned char lb[8];
+  MOE_CHECK(read_exact(f, fp, lb, 8, "the header length"));
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; i--) n = n << 8 | lb[i];
+  MOE_TRY(n > 0, MOE_ERR_FORMAT, "%s: header length is 0", f->path);
+  MOE_TRY(n <= ST_MAX_HEADER, MOE_ERR_FORMAT, "%s: header length %" PRIu64 " exceeds the limit of %u bytes",
+          f->path, n, ST_MAX_HEADER);
+  MOE_TRY(n <= size - 8, MOE_ERR_FORMAT, "%s: header length %" PRIu64 " exceeds the file size %" PRIu64,
+          f->path, n, size);
+  MOE_TRY(size - 8 - n <= SIZE_MAX - 64, MOE_ERR_NOMEM, "%s: data region too large", f->path);
+  f->data_size = (size_t)(size - 8 - n);
+  *hlen = (size_t)n;
+  f->hdr = malloc(*hlen + 1);
+  MOE_TRY(f->hdr, MOE_ERR_NOMEM, "%s: out of memory for a %zu-byte header", f->path, *hlen);
+  MOE_CHECK(read_exact(f, fp, f->hdr, *hlen, "the header"));
+  f->hdr[*hlen] = '\0';
+  /* Copy the data region to an aligned buffer so that aligned offsets give aligned pointers. */
+  f->data = aligned_alloc(64, (f->data_size + 64) / 64 * 64);
+  MOE_TRY(f->data, MOE_ERR_NOMEM, "%s: out of memory for %zu bytes of tensor data", f->path, f->data_size);
+  return read_exact(f, fp, f->data, f->data_size, "tensor data");
+}
+
+/* A JSON number that is an exact non-negative integer below 2^53. */
+static int json_u64(const cJSON *x, uint64_t *out) {
+  if (!cJSON_IsNumber(x)) return 0;
+  double d = x->valuedouble;
+  if (!(d >= 0 && d <= (double)ST_MAX_INT) || (double)(uint64_t)d != d) return 0;
+  *out = (uint64_t)d;
+  return 1;
+}
+
+static const char *json_desc(const cJSON *x, char *buf, size_t n) {
+  if (cJSON_IsNumber(x)) snprintf(buf, n, "%.17g", x->valuedouble);
+  else if (cJSON_IsString(x)) snprintf(buf, n, "\"%.40s\"", x->valuestring);
+  else snprintf(buf, n, "%s", cJSON_IsArray(x) ? "an array" : cJSON_IsObject(x) ? "an object" : "null/bool");
+  return buf;
+}
+
+#define BAD(...) moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, __VA_ARGS__)
+
+static moe_status parse_entry(moe_st *f, const cJSON *it, st_entry *e) {
+  const char *p = f->path, *nm = it->string;
+  char vb[64];
+  e->name = nm;
+  if (!nm[0]) return BAD("%s: empty tensor name", p);
+  if (!cJSON_IsObject(it)) return BAD("%s: tensor '%s': entry is %s, not an object", p, nm, json_desc(it, vb, 64));
+  const cJSON *dt = NULL, *sh = NULL, *off = NULL, *k;
+  cJSON_ArrayForEach(k, it) {
+    const cJSON **slot = !strcmp(k->string, "dtype") ? &dt : !strcmp(k->string, "shape") ? &sh
+                       : !strcmp(k->string, "data_offsets") ? &off : NULL;
+    if (!slot) return BAD("%s: tensor '%s': unknown key '%s'", p, nm, k->string);
+    if (*slot) return BAD("%s: tensor '%s': duplicate key '%s'", p, nm, k->string);
+    *slot = k;
+  }
+  if (!dt || !sh || !off)
+    return BAD("%s: tensor '%s': missing '%s'", p, nm, !dt ? "dtype" : !sh ? "shape" : "data_offsets");
+  if (!cJSON_IsString(dt)) return BAD("%s: tensor '%s': dtype is %s, not a string", p, nm, json_desc(dt, vb, 64));
+  int d = 0;
+  while (d < MOE_DT_COUNT && strcmp(dt->valuestring, dt_names[d])) d++;
+  MOE_TRY(d < MOE_DT_COUNT, MOE_ERR_DTYPE, "%s: tensor '%s': unknown dtype '%s'", p, nm, dt->valuestring);
+  e->dt = (moe_dtype)d;
+  if (!cJSON_IsArray(sh)) return BAD("%s: tensor '%s': shape is %s, not an array", p, nm, json_desc(sh, vb, 64));
+  int nd = cJSON_GetArraySize(sh);
+  if (nd > MOE_MAX_DIMS) return BAD("%s: tensor '%s': shape has %d dims, more than %d", p, nm, nd, MOE_MAX_DIMS);
+  e->ndim = nd;
+  for (int i = 0; i < nd; i++) {
+    const cJSON *x = cJSON_GetArrayItem(sh, i);
+    uint64_t v;
+    if (!json_u64(x, &v))
+      return BAD("%s: tensor '%s': shape[%d] = %s is not a non-negative integer", p, nm, i, json_desc(x, vb, 64));
+    e->shape[i] = (int64_t)v;
+  }
+  int ok;
+  uint64_t nbytes = shape_bytes(e->shape, nd, dt_sizes[d], &ok);
+  if (!ok) return BAD("%s: tensor '%s': element count of the shape overflows", p, nm);
+  if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2)
+    return BAD("%s: tensor '%s': data_offsets is %s, not [begin, end]", p, nm, json_desc(off, vb, 64));
+  for (int i = 0; i < 2; i++) {
+    const cJSON *x = cJSON_GetArrayItem(off, i);
+    if (!json_u64(x, i ? &e->end : &e->begin))
+      return BAD("%s: tensor '%s': data_offsets[%d] = %s is not a non-negative integer", p, nm, i,
+                 json_desc(x, vb, 64));
+  }
+  if (e->begin > e->end)
+    return BAD("%s: tensor '%s': data_offsets begin %" PRIu64 " > end %" PRIu64, p, nm, e->begin, e->end);
+  if (e->end > f->data_size)
+    return BAD("%s: tensor '%s': data_offsets end %" PRIu64 " is beyond the data region of %zu bytes", p, nm,
+               e->end, f->data_size);
+  if (e->end - e->begin != nbytes)
+    return BAD("%s: tensor '%s': data_offsets span %" PRIu64 " bytes but shape and dtype %s need %" PRIu64, p,
+               nm, e->end - e->begin, dt_names[d], nbytes);
+  if (e->begin % dt_sizes[d])
+    return BAD("%s: tensor '%s': data offset %" PRIu64 " is misaligned for %s", p, nm, e->begin, dt_names[d]);
+  return MOE_OK;
+}
+
+static int cmp_offset(const void *a, const void *b) {
+  const st_entry *x = a, *y = b;
+  if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+  if (x->end != y->end) return x->end < y->end ? -1 : 1; /* empty tensors before the one they start */
+  return strcmp(x->name, y->name);
+}
+
+static int cmp_name(const void *a, const void *b) {
+  return strcmp((*(const st_entry *const *)a)->name, (*(const st_entry *const *)b)->name);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+static moe_status check_meta(moe_st *f, const cJSON *m) {
+  char vb[64];
+  if (!cJSON_IsObject(m)) return BAD("%s: __metadata__ is %s, not an object", f->path, json_desc(m, vb, 64));
+  int n = cJSON_GetArraySize(m), i = 0;
+  const cJSON *k;
+  cJSON_ArrayForEach(k, m) if (!cJSON_IsString(k))
+    return BAD("%s: __metadata__ '%s' is %s, not a string", f->path, k->string, json_desc(k, vb, 64));
+  const char **keys = malloc((size_t)(n ? n : 1) * sizeof *keys);
+  MOE_TRY(keys, MOE_ERR_NOMEM, "%s: out of memory", f->path);
+  cJSON_ArrayForEach(k, m) keys[i++] = k->string;
+  qsort(keys, (size_t)n, sizeof *keys, cmp_str);
+  for (i = 1; i < n; i++)
+    if (!strcmp(keys[i - 1], keys[i])) break;
+  moe_status st = i < n ? BAD("%s: duplicate __metadata__ key '%s'", f->path, keys[i]) : MOE_OK;
+  free(keys);
+  return st;
+}
+
+static moe_status st_parse(moe_st *f, size_t hlen) {
+  const char *p = f->path, *end = NULL;
+  /* NUL bytes would silently truncate names inside cJSON. */
+  if (memchr(f->hdr, 0, hlen)) return BAD("%s: header contains a NUL byte", p);
+  f->root = cJSON_ParseWithLengthOpts(f->hdr, hlen, &end, 0);
+  if (!f->root) {
+    const char *at = cJSON_GetErrorPtr();
+    long pos = at && at >= f->hdr && at <= f->hdr + hlen ? (long)(at - f->hdr) : -1;
+    return BAD("%s: header is not valid JSON (error near byte %ld)", p, pos);
+  }
+  for (; end < f->hdr + hlen; end++) /* padding after the JSON may only be whitespace */
+    if (!strchr(" \t\r\n", *end)) return BAD("%s: garbage after the JSON header at byte %ld", p, (long)(end - f->hdr));
+  if (!cJSON_IsObject(f->root)) return BAD("%s: header is not a JSON object", p);
+  free(f->hdr);
+  f->hdr = NULL;
+
+  int n = 0;
+  const cJSON *it;
+  cJSON_ArrayForEach(it, f->root) {
+    if (strcmp(it->string, "__metadata__")) { n++; continue; }
+    if (f->meta) return BAD("%s: duplicate key '__metadata__'", p);
+    MOE_CHECK(check_meta(f, it));
+    f->meta = it;
+  }
+  f->t = calloc((size_t)(n ? n : 1), sizeof *f->t);
+  f->byname = malloc((size_t)(n ? n : 1) * sizeof *f->byname);
+  MOE_TRY(f->t && f->byname, MOE_ERR_NOMEM, "%s: out of memory for %d tensor entries", p, n);
+  cJSON_ArrayForEach(it, f->root) if (it != f->meta) MOE_CHECK(parse_entry(f, it, &f->t[f->n++]));
+
+  qsort(f->t, (size_t)n, sizeof *f->t, cmp_offset);
+  for (int i = 0; i < n; i++) f->byname[i] = &f->t[i];
+  qsort(f->byname, (size_t)n, sizeof *f->byname, cmp_name);
+  for (int i = 1; i < n; i++)
+    if (!strcmp(f->byname[i - 1]->name, f->byname[i]->name))
+      return BAD("%s: duplicate tensor name '%s'", p, f->byname[i]->name);
+  /* Sorted by offset, each tensor must start exactly where the previous one ended. */
+  uint64_t pos = 0;
+  for (int i = 0; i < n; i++) {
+    const st_entry *e = &f->t[i];
+    if (e->begin < pos)
+      return BAD("%s: tensors '%s' and '%s' overlap (offset %" PRIu64 " < %" PRIu64 ")", p, f->t[i - 1].name,
+                 e->name, e->begin, pos);
+    if (e->begin > pos)
+      return BAD("%s: hole in the data region: bytes [%" PRIu64 ", %" PRIu64 ") before tensor '%s' belong to no tensor",
+                 p, pos, e->begin, e->name);
+    pos = e->end;
+  }
+  if (pos != f->data_size)
+    return BAD("%s: %" PRIu64 " trailing bytes after the last tensor (data region is %zu bytes)", p,
+               (uint64_t)f->data_size - pos, f->data_size);
+  return MOE_OK;
+}
+
+moe_status moe_st_open(moe_st **out, const char *path) {
+  MOE_TRY(out && path, MOE_ERR_ARG, "moe_st_open: NULL %s", out ? "path" : "out");
+  *out = NULL;
+  moe_st *f = calloc(1, sizeof *f);
+  if (!f || !(f->path = dup_str(path))) free(f), f = NULL;
+  MOE_TRY(f, MOE_ERR_NOMEM, "%s: out of memory", path);
+  size_t hlen = 0;
+  FILE *fp = fopen(path, "rb");
+  moe_status st = fp ? st_read(f, fp, &hlen)
+                     : moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: cannot open: %s", path, strerror(errno));
+  if (fp) fclose(fp);
+  if (st == MOE_OK) st = st_parse(f, hlen);
+  if (st == MOE_OK) *out = f;
+  else moe_st_close(f);
+  return st;
+}
+
+const char *moe_st_path(const moe_st *f) { return f ? f->path : NULL; }
+int moe_st_count(const moe_st *f) { return f ? f->n : 0; }
+
+static void fill_view(const moe_st *f, const st_entry *e, moe_tensor_view *v) {
+  *v = (moe_tensor_view){.name = e->name, .dtype = e->dt, .ndim = e->ndim, .data = f->data + e->begin,
+                         .nbytes = (size_t)(e->end - e->begin)};
+  memcpy(v->shape, e->shape, sizeof v->shape);
+}
+
+moe_status moe_st_at(const moe_st *f, int i, moe_tensor_view *v) {
+  MOE_TRY(f && v, MOE_ERR_ARG, "moe_st_at: NULL argument");
+  MOE_TRY(i >= 0 && i < f->n, MOE_ERR_ARG, "%s: tensor index %d out of range [0, %d)", f->path, i, f->n);
+  fill_view(f, &f->t[i], v);
+  return MOE_OK;
+}
+
+static const st_entry *find(const moe_st *f, const char *name) {
+  if (!f || !name || f->n == 0) return NULL;
+  st_entry key = {.name = name};
+  const st_entry *kp = &key, **hit = bsearch(&kp, f->byname, (size_t)f->n, sizeof *f->byname, cmp_name);
+  return hit ? *hit : NULL;
+}
+
+moe_status moe_st_get(const moe_st *f, const char *name, moe_tensor_view *v) {
+  MOE_TRY(f && name && v, MOE_ERR_ARG, "moe_st_get: NULL argument");
+  const st_entry *e = find(f, name);
+  MOE_TRY(e, MOE_ERR_MISSING, "%s: no tensor '%s'", f->path, name);
+  fill_view(f, e, v);
+  return MOE_OK;
+}
+
+int moe_st_has(const moe_st *f, const char *name) { return find(f, name) != NULL; }
+
+const char *moe_st_meta(const moe_st *f, const char *key) {
+  if (!f || !f->meta || !key) return NULL;
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(f->meta, key);
+  return v ? v->valuestring : NULL;
+}
+
+/* ---------------------------------------------------------------- writer */
+
+typedef struct {
+  char *name;
+  moe_dtype dt;
+  int ndim;
+  int64_t shape[MOE_MAX_DIMS];
+  void *data;
+  size_t nbytes;
+} wr_tensor;
+
+struct moe_st_writer {
+  wr_tensor *t;
+  int n, cap;
+  struct { char *k, *v; } *m; /* metadata, in insertion order */
+  int nm, capm;
+};
+
+/* Makes room for element n of a growable array: the (maybe moved) array, or NULL if out of memory. */
+static void *grow(void *p, int *cap, int n, size_t elsize) {
+  if (n < *cap) return p;
+  int c = *cap ? 2 * *cap : 16;
+  void *q = realloc(p, (size_t)c * elsize);
+  if (q) *cap = c;
+  return q;
+}
+
+moe_status moe_st_writer_new(moe_st_writer **out) {
+  MOE_TRY(out, MOE_ERR_ARG, "moe_st_writer_new: NULL out");
+  *out = calloc(1, sizeof **out);
+  MOE_TRY(*out, MOE_ERR_NOMEM, "moe_st_writer_new: out of memory");
+  return MOE_OK;
+}
+
+void moe_st_writer_free(moe_st_writer *w) {
+  if (!w) return;
+  for (int i = 0; i < w->n; i++) free(w->t[i].name), free(w->t[i].data);
+  for (int i = 0; i < w->nm; i++) free(w->m[i].k), free(w->m[i].v);
+  free(w->t), free(w->m), free(w);
+}
+
+moe_status moe_st_writer_add(moe_st_writer *w, const char *name, moe_dtype dt, int ndim,
+                             const int64_t *shape, const void *data) {
+  MOE_TRY(w && name, MOE_ERR_ARG, "moe_st_writer_add: NULL %s", w ? "name" : "writer");
+  MOE_TRY(name[0] && strcmp(name, "__metadata__"), MOE_ERR_ARG, "moe_st_writer_add: invalid tensor name '%s'", name);
+  MOE_TRY((unsigned)dt < MOE_DT_COUNT, MOE_ERR_ARG, "tensor '%s': invalid dtype %d", name, (int)dt);
+  MOE_TRY(ndim >= 0 && ndim <= MOE_MAX_DIMS, MOE_ERR_ARG, "tensor '%s': ndim %d not in [0, %d]", name, ndim,
+          MOE_MAX_DIMS);
+  MOE_TRY(shape || ndim == 0, MOE_ERR_ARG, "tensor '%s': NULL shape", name);
+  for (int i = 0; i < ndim; i++)
+    MOE_TRY(shape[i] >= 0, MOE_ERR_ARG, "tensor '%s': shape[%d] = %" PRId64 " is negative", name, i, shape[i]);
+  for (int i = 0; i < w->n; i++)
+    MOE_TRY(strcmp(w->t[i].name, name), MOE_ERR_ARG, "tensor '%s' added twice", name);
+  int ok;
+  uint64_t nbytes = shape_bytes(shape, ndim, dt_sizes[dt], &ok);
+  MOE_TRY(ok, MOE_ERR_ARG, "tensor '%s': element count overflows", name);
+  MOE_TRY(data || nbytes == 0, MOE_ERR_ARG, "tensor '%s': NULL data", name);
+  wr_tensor *t = grow(w->t, &w->cap, w->n, sizeof *t), *e = t ? &t[w->n] : NULL;
+  if (t) w->t = t;
+  char *nm = e ? dup_str(name) : NULL;
+  void *copy = nm ? malloc(nbytes ? (size_t)nbytes : 1) : NULL;
+  if (!copy) free(nm);
+  MOE_TRY(copy, MOE_ERR_NOMEM, "tensor '%s': out of memory for %" PRIu64 " bytes", name, nbytes);
+  memset(e, 0, sizeof *e);
+  e->name = nm;
+  e->data = copy;
+  if (nbytes) memcpy(e->data, data, (size_t)nbytes);
+  e->dt = dt;
+  e->ndim = ndim;
+  if (ndim) memcpy(e->shape, shape, (size_t)ndim * sizeof *shape);
+  e->nbytes = (size_t)nbytes;
+  w->n++;
+  return MOE_OK;
+}
+
+moe_status moe_st_writer_meta(moe_st_writer *w, const char *key, const char *value) {
+  MOE_TRY(w && key && value, MOE_ERR_ARG, "moe_st_writer_meta: NULL argument");
+  int i = 0;
+  while (i < w->nm && strcmp(w->m[i].k, key)) i++;
+  char *k = i < w->nm ? NULL : dup_str(key), *v = dup_str(value);
+  void *m = i < w->nm || !k ? w->m : grow(w->m, &w->capm, w->nm, sizeof *w->m);
+  if (m) w->m = m;
+  int ok = v && (i < w->nm || (k && m));
+  if (!ok) free(k), free(v);
+  MOE_TRY(ok, MOE_ERR_NOMEM, "metadata '%s': out of memory", key);
+  if (i < w->nm) free(w->m[i].v); /* replacing */
+  else w->m[w->nm++].k = k;
+  w->m[i].v = v;
+  return MOE_OK;
+}
+
+static int add_u64(cJSON *arr, uint64_t x) {
+  char b[24];
+  snprintf(b, sizeof b, "%" PRIu64, x); /* raw: cJSON would print large doubles as 1e+15 */
+  cJSON *r = cJSON_CreateRaw(b);
+  if (r && cJSON_AddItemToArray(arr, r)) return 1;
+  cJSON_Delete(r);
+  return 0;
+}
+
+/* The header JSON. Data is ordered by decreasing dtype size (insertion order within a size) so every
+ * tensor is aligned to its element size with no gaps; the JSON keys keep insertion order. */
+static char *build_header(const moe_st_writer *w, uint64_t *offs) {
+  cJSON *root = cJSON_CreateObject();
+  int ok = root != NULL;
+  if (ok && w->nm) {
+    cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
+    ok = m != NULL;
+    for (int i = 0; ok && i < w->nm; i++) ok = cJSON_AddStringToObject(m, w->m[i].k, w->m[i].v) != NULL;
+  }
+  uint64_t pos = 0;
+  for (size_t sz = 8; sz >= 1; sz /= 2)
+    for (int i = 0; i < w->n; i++)
+      if (dt_sizes[w->t[i].dt] == sz) offs[i] = pos, pos += w->t[i].nbytes;
+  for (int i = 0; ok && i < w->n; i++) {
+    const wr_tensor *e = &w->t[i];
+    cJSON *o = cJSON_AddObjectToObject(root, e->name), *sh = NULL, *off = NULL;
+    ok = o && cJSON_AddStringToObject(o, "dtype", dt_names[e->dt]) && (sh = cJSON_AddArrayToObject(o, "shape"));
+    for (int d = 0; ok && d < e->ndim; d++) ok = add_u64(sh, (uint64_t)e->shape[d]);
+    ok = ok && (off = cJSON_AddArrayToObject(o, "data_offsets")) && add_u64(off, offs[i]) &&
+         add_u64(off, offs[i] + e->nbytes);
+  }
+  char *s = ok ? cJSON_PrintUnformatted(root) : NULL;
+  cJSON_Delete(root);
+  return s;
+}
+
+static int write_file(const moe_st_writer *w, FILE *fp, const char *hdr, const uint64_t *offs) {
+  size_t len = strlen(hdr), pad = (8 - len % 8) % 8; /* data region starts at a multiple of 8 */
+  unsigned char lb[8];
+  for (int i = 0; i < 8; i++) lb[i] = (unsigned char)((uint64_t)(len + pad) >> (8 * i));
+  if (fwrite(lb, 1, 8, fp) != 8 || fwrite(hdr, 1, len, fp) != len) return 0;
+  for (size_t i = 0; i < pad; i++)
+    if (fputc(' ', fp) == EOF) return 0;
+  /* Same order as build_header assigned the offsets; check it to be safe. */
+  uint64_t pos = 0;
+  for (size_t sz = 8; sz >= 1; sz /= 2)
+    for (int i = 0; i < w->n; i++) {
+      const wr_tensor *e = &w->t[i];
+      if (dt_sizes[e->dt] != sz) continue;
+      if (offs[i] != pos || (e->nbytes && fwrite(e->data, 1, e->nbytes, fp) != e->nbytes)) return 0;
+      pos += e->nbytes;
+    }
+  return 1;
+}
+
+moe_status moe_st_writer_save(moe_st_writer *w, const char *path) {
+  MOE_TRY(w && path, MOE_ERR_ARG, "moe_st_writer_save: NULL %s", w ? "path" : "writer");
+  uint64_t *offs = malloc((size_t)(w->n ? w->n : 1) * sizeof *offs);
+  MOE_TRY(offs, MOE_ERR_NOMEM, "%s: out of memory", path);
+  char *hdr = build_header(w, offs);
+  char *tmp = malloc(strlen(path) + 32);
+  if (!hdr || !tmp) {
+    free(offs), free(hdr), free(tmp);
+    MOE_TRY(0, MOE_ERR_NOMEM, "%s: out of memory building the header", path);
+  }
+  sprintf(tmp, "%s.tmp.%ld", path, (long)getpid());
+  errno = 0;
+  FILE *fp = fopen(tmp, "wb");
+  int ok = fp && write_file(w, fp, hdr, offs) && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
+  int err = errno;
+  if (fp && fclose(fp) != 0 && ok) ok = 0, err = errno;
+  if (ok && rename(tmp, path) != 0) ok = 0, err = errno;
+  if (!ok && fp) remove(tmp);
+  free(offs), free(hdr);
+  moe_status st = ok ? MOE_OK
+                     : moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: cannot save (via %s): %s", path, tmp,
+                                  strerror(err ? err : EIO));
+  free(tmp);
+  return st;
+}

@@ -1,0 +1,23 @@
+/* See compare.h. */
+#include <math.h>
+#include <stdio.h>
+
+#include "compare.h"
+
+int tensors_close(const char *name, const float *a, const float *b, size_t n, double rtol, double atol) {
+  double maxref = 0, maxerr = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < n; i++) maxref = fmax(maxref, fabs(b[i]));
+  double tol = rtol * maxref + atol;
+  long long first = -1;
+  for (size_t i = 0; i < n; i++) {
+    double e = fabs((double)a[i] - b[i]);
+    if (!(e <= tol) && first < 0) first = (long long)i;
+    if (!(e <= maxerr)) { maxerr = e; worst = i; }
+  }
+  if (first < 0) return 1;
+  fprintf(stderr, "  %s: max abs err %.3g (rel %.3g of max|ref| %.3g) at %zu: %.9g vs %.9g; first bad %lld\n",
+          name, maxerr, maxref > 0 ? maxerr / maxref : maxerr, maxref, worst, (double)a[worst],
+          (double)b[worst], first);
+  return 0;
+}

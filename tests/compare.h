@@ -1,0 +1,11 @@
+/* Comparing a computed tensor against a reference, for the tests. */
+#ifndef MOE_TEST_COMPARE_H
+#define MOE_TEST_COMPARE_H
+
+#include <stddef.h>
+
+/* max|a - b| <= rtol * max|b| + atol; on failure prints name, max abs/rel error and the first bad
+ * index to stderr. Returns 1 when close. */
+int tensors_close(const char *name, const float *a, const float *b, size_t n, double rtol, double atol);
+
+#endif
