@@ -15,5 +15,6 @@ int cli_parse_int(const char *s, int *out);
 int cli_parse_float(const char *s, float *out);
 
 int cmd_layer_run(int argc, char **argv);
+int cmd_compare(int argc, char **argv);
 
 #endif

@@ -1,6 +1,6 @@
 /* moe layer-run: one MoE layer from files (DESIGN 4.2). Reads the weights and options from W, x (and
  * dy, daux, dz, dspec for --backward) from X, and writes y, aux_loss, z_loss, expert_counts,
- * dropped (and spec with --spec, grad.* with --backward) to OUT atomically: on any error nothing
+ * dropped, capacity (and spec with --spec, grad.* with --backward) to OUT atomically: on any error nothing
  * is written. */
 #include <math.h>
 #include <stdio.h>
@@ -126,11 +126,12 @@ static int run(const args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_w
   moe_layer_stats s;
   if (moe_layer_forward(l, x.data, T, y, spec, &s) != MOE_OK) return cli_fail(CMD);
   int64_t shp[2] = {T, D}, one = 1, E = l->cfg.E, spec_shape[2] = {(int64_t)T * k, D};
-  int32_t dropped = s.dropped;
+  int32_t dropped = s.dropped, capacity = s.capacity;
   if (moe_st_writer_add(w, "y", MOE_DT_F32, 2, shp, y) || moe_st_writer_add(w, "aux_loss", MOE_DT_F32, 1, &one, &s.aux_loss) ||
       moe_st_writer_add(w, "z_loss", MOE_DT_F32, 1, &one, &s.z_loss) ||
       moe_st_writer_add(w, "expert_counts", MOE_DT_I32, 1, &E, s.expert_counts) ||
       moe_st_writer_add(w, "dropped", MOE_DT_I32, 1, &one, &dropped) ||
+      moe_st_writer_add(w, "capacity", MOE_DT_I32, 1, &one, &capacity) ||
       (spec && moe_st_writer_add(w, "spec", MOE_DT_F32, 2, spec_shape, spec)))
     return cli_fail(CMD);
   if (a->backward) {

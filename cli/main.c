@@ -8,6 +8,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: moe <command> [options]\n"
           "  layer-run   run one MoE layer from safetensors files (forward, and backward with --backward)\n"
+          "  compare     compare the tensors of two safetensors files (OUT against REF)\n"
           "  --version   print the version and the BLAS in use\n");
 }
 
@@ -25,6 +26,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (!strcmp(argv[1], "layer-run")) return cmd_layer_run(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "compare")) return cmd_compare(argc - 1, argv + 1);
   fprintf(stderr, "moe: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return 1;

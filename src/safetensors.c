@@ -341,6 +341,7 @@ typedef struct {
   int64_t shape[MOE_MAX_DIMS];
   void *data;
   size_t nbytes;
+  uint64_t off; /* in the data region, set when saving */
 } wr_tensor;
 
 struct moe_st_writer {
@@ -395,14 +396,9 @@ moe_status moe_st_writer_add(moe_st_writer *w, const char *name, moe_dtype dt, i
   void *copy = nm ? malloc(nbytes ? (size_t)nbytes : 1) : NULL;
   if (!copy) free(nm);
   MOE_TRY(copy, MOE_ERR_NOMEM, "tensor '%s': out of memory for %" PRIu64 " bytes", name, nbytes);
-  memset(e, 0, sizeof *e);
-  e->name = nm;
-  e->data = copy;
-  if (nbytes) memcpy(e->data, data, (size_t)nbytes);
-  e->dt = dt;
-  e->ndim = ndim;
+  *e = (wr_tensor){.name = nm, .dt = dt, .ndim = ndim, .data = copy, .nbytes = (size_t)nbytes};
+  if (nbytes) memcpy(copy, data, (size_t)nbytes);
   if (ndim) memcpy(e->shape, shape, (size_t)ndim * sizeof *shape);
-  e->nbytes = (size_t)nbytes;
   w->n++;
   return MOE_OK;
 }
@@ -434,7 +430,7 @@ static int add_u64(cJSON *arr, uint64_t x) {
 
 /* The header JSON. Data is ordered by decreasing dtype size (insertion order within a size) so every
  * tensor is aligned to its element size with no gaps; the JSON keys keep insertion order. */
-static char *build_header(const moe_st_writer *w, uint64_t *offs) {
+static char *build_header(moe_st_writer *w) {
   cJSON *root = cJSON_CreateObject();
   int ok = root != NULL;
   if (ok && w->nm) {
@@ -445,58 +441,50 @@ static char *build_header(const moe_st_writer *w, uint64_t *offs) {
   uint64_t pos = 0;
   for (size_t sz = 8; sz >= 1; sz /= 2)
     for (int i = 0; i < w->n; i++)
-      if (dt_sizes[w->t[i].dt] == sz) offs[i] = pos, pos += w->t[i].nbytes;
+      if (dt_sizes[w->t[i].dt] == sz) w->t[i].off = pos, pos += w->t[i].nbytes;
   for (int i = 0; ok && i < w->n; i++) {
     const wr_tensor *e = &w->t[i];
     cJSON *o = cJSON_AddObjectToObject(root, e->name), *sh = NULL, *off = NULL;
     ok = o && cJSON_AddStringToObject(o, "dtype", dt_names[e->dt]) && (sh = cJSON_AddArrayToObject(o, "shape"));
     for (int d = 0; ok && d < e->ndim; d++) ok = add_u64(sh, (uint64_t)e->shape[d]);
-    ok = ok && (off = cJSON_AddArrayToObject(o, "data_offsets")) && add_u64(off, offs[i]) &&
-         add_u64(off, offs[i] + e->nbytes);
+    ok = ok && (off = cJSON_AddArrayToObject(o, "data_offsets")) && add_u64(off, e->off) &&
+         add_u64(off, e->off + e->nbytes);
   }
   char *s = ok ? cJSON_PrintUnformatted(root) : NULL;
   cJSON_Delete(root);
   return s;
 }
 
-static int write_file(const moe_st_writer *w, FILE *fp, const char *hdr, const uint64_t *offs) {
+static int write_file(const moe_st_writer *w, FILE *fp, const char *hdr) {
   size_t len = strlen(hdr), pad = (8 - len % 8) % 8; /* data region starts at a multiple of 8 */
   unsigned char lb[8];
   for (int i = 0; i < 8; i++) lb[i] = (unsigned char)((uint64_t)(len + pad) >> (8 * i));
   if (fwrite(lb, 1, 8, fp) != 8 || fwrite(hdr, 1, len, fp) != len) return 0;
   for (size_t i = 0; i < pad; i++)
     if (fputc(' ', fp) == EOF) return 0;
-  /* Same order as build_header assigned the offsets; check it to be safe. */
-  uint64_t pos = 0;
-  for (size_t sz = 8; sz >= 1; sz /= 2)
+  for (size_t sz = 8; sz >= 1; sz /= 2) /* the order build_header assigned the offsets in */
     for (int i = 0; i < w->n; i++) {
       const wr_tensor *e = &w->t[i];
-      if (dt_sizes[e->dt] != sz) continue;
-      if (offs[i] != pos || (e->nbytes && fwrite(e->data, 1, e->nbytes, fp) != e->nbytes)) return 0;
-      pos += e->nbytes;
+      if (dt_sizes[e->dt] == sz && e->nbytes && fwrite(e->data, 1, e->nbytes, fp) != e->nbytes) return 0;
     }
   return 1;
 }
 
 moe_status moe_st_writer_save(moe_st_writer *w, const char *path) {
   MOE_TRY(w && path, MOE_ERR_ARG, "moe_st_writer_save: NULL %s", w ? "path" : "writer");
-  uint64_t *offs = malloc((size_t)(w->n ? w->n : 1) * sizeof *offs);
-  MOE_TRY(offs, MOE_ERR_NOMEM, "%s: out of memory", path);
-  char *hdr = build_header(w, offs);
-  char *tmp = malloc(strlen(path) + 32);
-  if (!hdr || !tmp) {
-    free(offs), free(hdr), free(tmp);
-    MOE_TRY(0, MOE_ERR_NOMEM, "%s: out of memory building the header", path);
-  }
+  char *hdr = build_header(w), *tmp = malloc(strlen(path) + 32);
+  int ok = hdr && tmp;
+  if (!ok) free(hdr), free(tmp);
+  MOE_TRY(ok, MOE_ERR_NOMEM, "%s: out of memory building the header", path);
   sprintf(tmp, "%s.tmp.%ld", path, (long)getpid());
   errno = 0;
   FILE *fp = fopen(tmp, "wb");
-  int ok = fp && write_file(w, fp, hdr, offs) && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
+  ok = fp && write_file(w, fp, hdr) && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
   int err = errno;
   if (fp && fclose(fp) != 0 && ok) ok = 0, err = errno;
   if (ok && rename(tmp, path) != 0) ok = 0, err = errno;
   if (!ok && fp) remove(tmp);
-  free(offs), free(hdr);
+  free(hdr);
   moe_status st = ok ? MOE_OK
                      : moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: cannot save (via %s): %s", path, tmp,
                                   strerror(err ? err : EIO));

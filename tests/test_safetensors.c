@@ -1,5 +1,8 @@
 /* Tests of the safetensors reader and writer: round trips, atomic saves, and one test per kind of
  * malformed file, each checking the exact status and that the message names the culprit. */
+#if !defined(_GNU_SOURCE) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L
+#endif
 #include <dirent.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,0 +1,78 @@
+/* moe compare: checks every tensor of a reference file against the same tensor of another file
+ * (floats within --rtol of the reference's largest magnitude, integers exactly), prints one line
+ * per tensor and exits non-zero on any difference or missing tensor. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char *CMD = "compare";
+
+/* Largest |a - b| over the tensor, and the largest |b|. */
+static void diff(const moe_tensor_view *a, const moe_tensor_view *b, double *err, double *mag) {
+  size_t n = b->nbytes / moe_dtype_size(b->dtype);
+  *err = *mag = 0;
+  for (size_t i = 0; i < n; i++) {
+    double x, y;
+    if (b->dtype == MOE_DT_F32) {
+      x = ((const float *)a->data)[i];
+      y = ((const float *)b->data)[i];
+    } else {
+      x = ((const int32_t *)a->data)[i];
+      y = ((const int32_t *)b->data)[i];
+    }
+    double e = fabs(x - y);
+    *err = e > *err || isnan(e) ? e : *err;
+    *mag = fabs(y) > *mag ? fabs(y) : *mag;
+  }
+}
+
+static int compare(const moe_st *got, const moe_st *ref, float rtol) {
+  int bad = 0;
+  for (int i = 0; i < moe_st_count(ref); i++) {
+    moe_tensor_view b, a;
+    if (moe_st_at(ref, i, &b) != MOE_OK) return cli_fail(CMD);
+    if (b.dtype != MOE_DT_F32 && b.dtype != MOE_DT_I32) continue;
+    if (moe_st_get(got, b.name, &a) != MOE_OK) {
+      fprintf(stderr, "moe compare: %s\n", moe_last_error());
+      bad++;
+      continue;
+    }
+    if (a.dtype != b.dtype || a.nbytes != b.nbytes) {
+      fprintf(stderr, "moe compare: %s: dtype or size differs (%s, %zu bytes vs %s, %zu bytes)\n", b.name,
+              moe_dtype_name(a.dtype), a.nbytes, moe_dtype_name(b.dtype), b.nbytes);
+      bad++;
+      continue;
+    }
+    double err, mag;
+    diff(&a, &b, &err, &mag);
+    double rel = mag > 0 ? err / mag : err;
+    int ok = b.dtype == MOE_DT_I32 ? err == 0 : rel <= rtol;
+    printf("%-28s max abs err %.3g  rel %.3g  %s\n", b.name, err, rel, ok ? "ok" : "DIFFERS");
+    bad += !ok;
+  }
+  return bad ? 1 : 0;
+}
+
+int cmd_compare(int argc, char **argv) {
+  float rtol = 1e-5f;
+  const char *files[2] = {NULL, NULL};
+  int nf = 0;
+  for (int i = 1; i < argc; i++) {
+    if (cli_flag_is(argv[i], "rtol") && i + 1 < argc) {
+      if (!cli_parse_float(argv[++i], &rtol) || rtol < 0)
+        return cli_usage_error(CMD, "--rtol: '%s' is not a non-negative number", argv[i]);
+    } else if (nf < 2 && strncmp(argv[i], "--", 2)) {
+      files[nf++] = argv[i];
+    } else {
+      return cli_usage_error(CMD, "unexpected argument '%s'", argv[i]);
+    }
+  }
+  if (nf != 2) return cli_usage_error(CMD, "usage: moe compare OUT.safetensors REF.safetensors [--rtol X]");
+  moe_st *got = NULL, *ref = NULL;
+  int rc = (moe_st_open(&got, files[0]) || moe_st_open(&ref, files[1])) ? cli_fail(CMD) : compare(got, ref, rtol);
+  moe_st_close(got);
+  moe_st_close(ref);
+  return rc;
+}

@@ -1,3 +1,0 @@
-#!/bin/sh
-# placeholder, replaced below
-exit 0

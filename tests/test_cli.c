@@ -1,0 +1,196 @@
+/* `moe layer-run` end to end: a good run matches the reference, and each kind of bad input gets a
+ * non-zero exit, a message naming the file, tensor or field, and no output file. */
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "compare.h"
+#include "test.h"
+
+#define CASE "relu_k2_cap1_index_static" /* E=6, D=12, H=16, T=24 */
+
+static char err_text[4096];
+
+static const char *fixture(const char *file, char *buf, size_t n) {
+  snprintf(buf, n, "%s/" CASE "/%s", test_fixture_dir(), file);
+  return buf;
+}
+
+static int exists(const char *p) {
+  struct stat st;
+  return stat(p, &st) == 0;
+}
+
+/* Runs moe layer-run with W, X and extra flags writing OUT; returns the exit status, stderr in err_text. */
+static int layer_run(const char *w, const char *x, const char *out, const char *extra) {
+  char errp[512], cmd[2048];
+  test_tmp_path("stderr.txt", errp, sizeof errp);
+  snprintf(cmd, sizeof cmd, "'%s' layer-run --weights '%s' --input '%s' --out '%s' %s 2>'%s'", MOE_CLI, w, x,
+           out, extra, errp);
+  int rc = system(cmd);
+  FILE *f = fopen(errp, "r");
+  size_t n = f ? fread(err_text, 1, sizeof err_text - 1, f) : 0;
+  err_text[n] = 0;
+  if (f) fclose(f);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+/* Expects failure: non-zero exit, stderr containing `needle`, no output. */
+#define EXPECT_REJECT(w, x, extra, needle)                                            \
+  do {                                                                                \
+    char out_[512];                                                                   \
+    test_tmp_path("never.safetensors", out_, sizeof out_);                            \
+    unlink(out_);                                                                     \
+    int rc_ = layer_run(w, x, out_, extra);                                           \
+    if (rc_ == 0) FAIL_("layer-run accepted bad input (want an error with '%s')", needle); \
+    if (!strstr(err_text, needle)) FAIL_("stderr '%s' does not mention '%s'", err_text, needle); \
+    if (exists(out_)) FAIL_("an output file was written despite the error");        \
+  } while (0)
+
+static void write_raw(const char *path, const char *header, const void *data, size_t n) {
+  FILE *f = fopen(path, "wb");
+  uint64_t len = strlen(header);
+  fwrite(&len, 8, 1, f);
+  fwrite(header, 1, len, f);
+  if (n) fwrite(data, 1, n, f);
+  fclose(f);
+}
+
+TEST(cli_layer_run_matches_reference) {
+  char w[512], x[512], ref[512], out[512];
+  fixture("w.safetensors", w, sizeof w);
+  fixture("x.safetensors", x, sizeof x);
+  fixture("ref.safetensors", ref, sizeof ref);
+  test_tmp_path("out.safetensors", out, sizeof out);
+  ASSERT_EQ_INT(layer_run(w, x, out, "--backward --spec"), 0);
+  moe_st *o = NULL, *r = NULL;
+  ASSERT_OK(moe_st_open(&o, out));
+  ASSERT_OK(moe_st_open(&r, ref));
+  const char *names[] = {"y", "spec", "grad.x", "grad.gate.weight", "grad.experts.fc2.weight"};
+  int ok = 1;
+  for (int i = 0; i < 5; i++) {
+    moe_tensor_view a, b;
+    ok &= moe_st_get(o, names[i], &a) == MOE_OK && moe_st_get(r, names[i], &b) == MOE_OK &&
+          a.nbytes == b.nbytes && tensors_close(names[i], a.data, b.data, a.nbytes / 4, 1e-5, 1e-7);
+  }
+  moe_tensor_view d;
+  ok &= moe_st_get(o, "dropped", &d) == MOE_OK && *(const int32_t *)d.data == 9;
+  moe_st_close(o);
+  moe_st_close(r);
+  ASSERT(ok);
+}
+
+TEST(cli_rejects_bad_k) {
+  char w[512], x[512];
+  fixture("w.safetensors", w, sizeof w);
+  fixture("x.safetensors", x, sizeof x);
+  EXPECT_REJECT(w, x, "--top_k 7", "top_k");
+  EXPECT_REJECT(w, x, "--top_k 0", "top_k");
+  EXPECT_REJECT(w, x, "--top_k two", "top_k");
+  EXPECT_REJECT(w, x, "--activation tanh", "activation");
+  EXPECT_REJECT(w, x, "--bogus 1", "bogus");
+}
+
+TEST(cli_rejects_bad_tensors) {
+  char w[512], x[512], p[512];
+  fixture("w.safetensors", w, sizeof w);
+  fixture("x.safetensors", x, sizeof x);
+  float buf[64 * 16] = {0};
+  int64_t s2[2], s3[3];
+  moe_st_writer *wr;
+
+  /* x with D + 1 columns */
+  ASSERT_OK(moe_st_writer_new(&wr));
+  s2[0] = 4; s2[1] = 13;
+  ASSERT_OK(moe_st_writer_add(wr, "x", MOE_DT_F32, 2, s2, buf));
+  ASSERT_OK(moe_st_writer_save(wr, test_tmp_path("x_shape.safetensors", p, sizeof p)));
+  moe_st_writer_free(wr);
+  EXPECT_REJECT(w, p, "", "'x'");
+
+  /* x as I32 */
+  ASSERT_OK(moe_st_writer_new(&wr));
+  s2[0] = 4; s2[1] = 12;
+  ASSERT_OK(moe_st_writer_add(wr, "x", MOE_DT_I32, 2, s2, buf));
+  ASSERT_OK(moe_st_writer_save(wr, test_tmp_path("x_dtype.safetensors", p, sizeof p)));
+  moe_st_writer_free(wr);
+  EXPECT_REJECT(w, p, "", "dtype I32");
+
+  /* NaN and Inf in x */
+  const float bad[2] = {NAN, INFINITY};
+  for (int b = 0; b < 2; b++) {
+    float xs[4 * 12] = {0};
+    xs[2 * 12 + 5] = bad[b];
+    ASSERT_OK(moe_st_writer_new(&wr));
+    ASSERT_OK(moe_st_writer_add(wr, "x", MOE_DT_F32, 2, s2, xs));
+    ASSERT_OK(moe_st_writer_save(wr, test_tmp_path("x_nan.safetensors", p, sizeof p)));
+    moe_st_writer_free(wr);
+    EXPECT_REJECT(w, p, "", "x");
+    EXPECT_REJECT(w, p, "", "non-finite");
+  }
+
+  /* weights: wrong fc2 shape, E = 0, F64 gate, missing gate */
+  moe_st *wf;
+  ASSERT_OK(moe_st_open(&wf, w));
+  const char *variants[] = {"fc2_shape", "e0", "gate_f64", "no_gate"};
+  const char *needles[] = {"experts.fc2.weight", "E (experts) must be > 0", "gate.weight", "gate.weight"};
+  for (int v = 0; v < 4; v++) {
+    ASSERT_OK(moe_st_writer_new(&wr));
+    for (int i = 0; i < moe_st_count(wf); i++) {
+      moe_tensor_view t;
+      ASSERT_OK(moe_st_at(wf, i, &t));
+      int is_gate = !strcmp(t.name, "gate.weight");
+      if (v == 3 && is_gate) continue;
+      if (v == 0 && !strcmp(t.name, "experts.fc2.weight")) {
+        s3[0] = 6; s3[1] = 12; s3[2] = 15;
+        moe_st_writer_add(wr, t.name, MOE_DT_F32, 3, s3, t.data);
+      } else if (v == 1) {
+        int64_t z[3] = {0, t.shape[1], t.ndim > 2 ? t.shape[2] : 0};
+        if (is_gate || !strcmp(t.name, "gate.bias")) z[1] = is_gate ? 12 : 0;
+        moe_st_writer_add(wr, t.name, t.dtype, t.ndim, z, t.data);
+      } else if (v == 2 && is_gate) {
+        moe_st_writer_add(wr, t.name, MOE_DT_F64, 2, (int64_t[]){6, 6}, t.data);
+      } else {
+        moe_st_writer_add(wr, t.name, t.dtype, t.ndim, t.shape, t.data);
+      }
+    }
+    char name[64];
+    snprintf(name, sizeof name, "w_%s.safetensors", variants[v]);
+    ASSERT_OK(moe_st_writer_save(wr, test_tmp_path(name, p, sizeof p)));
+    moe_st_writer_free(wr);
+    EXPECT_REJECT(p, x, "", needles[v]);
+  }
+  moe_st_close(wf);
+}
+
+TEST(cli_rejects_bad_files) {
+  char w[512], x[512], p[512];
+  fixture("w.safetensors", w, sizeof w);
+  fixture("x.safetensors", x, sizeof x);
+  float d[8] = {0};
+  EXPECT_REJECT(test_tmp_path("missing.safetensors", p, sizeof p), x, "", "missing.safetensors");
+  /* truncated: the first 20 bytes of a real file */
+  FILE *in = fopen(w, "rb"), *out = fopen(test_tmp_path("trunc.safetensors", p, sizeof p), "wb");
+  char head[20];
+  ASSERT(in && out && fread(head, 1, 20, in) == 20);
+  fwrite(head, 1, 20, out);
+  fclose(in);
+  fclose(out);
+  EXPECT_REJECT(p, x, "", "trunc.safetensors");
+  /* header length far beyond any bound */
+  out = fopen(test_tmp_path("huge.safetensors", p, sizeof p), "wb");
+  uint64_t len = 1ull << 40;
+  fwrite(&len, 8, 1, out);
+  fwrite("{}", 1, 2, out);
+  fclose(out);
+  EXPECT_REJECT(w, p, "", "huge.safetensors");
+  /* overlapping offsets */
+  write_raw(test_tmp_path("overlap.safetensors", p, sizeof p),
+            "{\"x\":{\"dtype\":\"F32\",\"shape\":[1,4],\"data_offsets\":[0,16]},"
+            "\"dy\":{\"dtype\":\"F32\",\"shape\":[1,4],\"data_offsets\":[8,24]}}",
+            d, 24);
+  EXPECT_REJECT(w, p, "", "overlap");
+  /* JSON that does not parse */
+  write_raw(test_tmp_path("json.safetensors", p, sizeof p), "{\"x\":{\"dtype\":", d, 0);
+  EXPECT_REJECT(w, p, "", "json.safetensors");
+}
