@@ -4,17 +4,34 @@
  * routing). Static dispatch drops what finds its expert full; dynamic dispatch keeps everything.
  * The result is a counting sort: each kept assignment gets a row in contiguous per-expert slices. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "layer_internal.h"
 
 typedef struct { float p; int32_t t; } prio_key;
 
-static int prio_cmp(const void *a, const void *b) {
-  const prio_key *x = a, *y = b;
-  if (x->p != y->p) return x->p > y->p ? -1 : 1; /* highest first */
-  return (x->t > y->t) - (x->t < y->t);          /* ties: lower token first */
+/* Priority order: highest top probability first, ties to the lower token. A total order, so
+ * an unstable in-place sort gives the same result as a stable one; heapsort allocates nothing
+ * (glibc's qsort may malloc). */
+static int prio_before(prio_key a, prio_key b) { return a.p != b.p ? a.p > b.p : a.t < b.t; }
+
+static void sift_down(prio_key *k, int i, int n) {
+  for (;;) {
+    int c = 2 * i + 1;
+    if (c >= n) return;
+    if (c + 1 < n && prio_before(k[c], k[c + 1])) c++; /* the child that sorts later */
+    if (!prio_before(k[i], k[c])) return;
+    prio_key t = k[i]; k[i] = k[c]; k[c] = t;
+    i = c;
+  }
+}
+
+static void prio_sort(prio_key *k, int n) {
+  for (int i = n / 2 - 1; i >= 0; i--) sift_down(k, i, n);
+  for (int e = n - 1; e > 0; e--) {
+    prio_key t = k[0]; k[0] = k[e]; k[e] = t;
+    sift_down(k, 0, e);
+  }
 }
 
 static int capacity(const moe_layer_t *l, int T, int k, int maxc) {
@@ -39,7 +56,7 @@ moe_status moe__route(moe_layer_t *l) {
     prio_key *keys = moe__arena_alloc(&s->route, (size_t)T * sizeof *keys);
     MOE_TRY(keys, MOE_ERR_STATE, "internal: routing workspace too small");
     for (int t = 0; t < T; t++) keys[t] = (prio_key){s->top_p[(size_t)t * k], t};
-    qsort(keys, (size_t)T, sizeof *keys, prio_cmp);
+    prio_sort(keys, T);
     for (int t = 0; t < T; t++) s->order[t] = keys[t].t;
   }
 
