@@ -136,7 +136,7 @@ static int run(const args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_w
     return cli_fail(CMD);
   if (a->backward) {
     moe_layer_zero_grad(l);
-    if (moe_layer_backward(l, dy.data, daux, dz, dspec_p, dx) != MOE_OK) return cli_fail(CMD);
+    if (moe_layer_backward(l, dy.data, daux, dz, dspec_p, NULL, dx) != MOE_OK) return cli_fail(CMD);
     if (moe_st_writer_add(w, "grad.x", MOE_DT_F32, 2, shp, dx) || moe_layer_save_grads(l, w, "grad."))
       return cli_fail(CMD);
   }

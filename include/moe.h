@@ -81,6 +81,19 @@ moe_status moe_st_writer_meta(moe_st_writer *w, const char *key, const char *val
 /* Writes path.tmp.<pid>, flushes and fsyncs it, then renames it to path. */
 moe_status moe_st_writer_save(moe_st_writer *w, const char *path);
 
+/* ---- datasets: IDX files (the MNIST format) ---- */
+typedef struct {
+  int n;           /* samples */
+  int rows, cols;  /* image size; features = rows * cols */
+  int classes;     /* largest label + 1 */
+  float *images;   /* (n, rows * cols) pixel / 255, in [0, 1] */
+  uint8_t *labels; /* (n) */
+} moe_dataset;
+/* Reads an IDX3 ubyte image file and an IDX1 ubyte label file, strictly: magic numbers, dimensions
+ * against the file size, and matching counts; errors name the file and the field. */
+moe_status moe_dataset_load_idx(moe_dataset *d, const char *images_path, const char *labels_path);
+void moe_dataset_free(moe_dataset *d);
+
 /* ---- the MoE layer ---- */
 typedef enum { MOE_ACT_RELU, MOE_ACT_GELU, MOE_ACT_SILU, MOE_ACT_SWIGLU } moe_act;
 typedef enum { MOE_DISPATCH_DYNAMIC, MOE_DISPATCH_STATIC } moe_dispatch;
@@ -153,6 +166,8 @@ typedef struct {
   int capacity;        /* C used (static dispatch), or the largest expert count (dynamic) */
   int dropped;         /* assignments dropped for capacity */
   const int32_t *expert_counts; /* (E) assignments per expert before dropping; valid until next forward */
+  const int32_t *experts;       /* (T, k) expert of each slot, slot 0 the most probable */
+  const float *weights;         /* (T, k) combine weights (after normalize_topk) */
 } moe_layer_stats;
 
 moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg);
@@ -172,10 +187,13 @@ void moe_layer_set_threads(moe_layer_t *l, int threads);
  * AggregateSpec). Saves what backward needs; x must stay valid until backward. T = 0 is allowed. */
 moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,
                              moe_layer_stats *stats);
-/* Gradients of loss = <dy, y> + daux * aux_loss + dz * z_loss + <dspec, spec>. dy (T, D) and dspec
- * (T*k, D) may be NULL (zero). dx (T, D) is overwritten; parameter gradients are added into l->grads. */
+/* Gradients of loss = <dy, y> + daux * aux_loss + dz * z_loss + <dspec, spec> + <dweights, weights>,
+ * where weights (T, k) are the combine weights (stats.weights): a loss that weighs each expert's own
+ * prediction by its gate (DynaMoE's specification loss) passes their gradient here. dy (T, D), dspec
+ * (T*k, D) and dweights (T, k) may be NULL (zero). dx (T, D) is overwritten; parameter gradients are
+ * added into l->grads. */
 moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float dz,
-                              const float *dspec, float *dx);
+                              const float *dspec, const float *dweights, float *dx);
 /* Peak bytes of the layer's workspace arena since init. */
 size_t moe_layer_peak_bytes(const moe_layer_t *l);
 

@@ -208,12 +208,14 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     stats->capacity = s->C;
     stats->dropped = s->dropped;
     stats->expert_counts = s->counts;
+    stats->experts = s->top_e;
+    stats->weights = s->top_w;
   }
   return MOE_OK;
 }
 
 moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float dz,
-                              const float *dspec, float *dx) {
+                              const float *dspec, const float *dweights, float *dx) {
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_backward: layer not initialized");
   moe__layer_state *s = l->st;
   MOE_TRY(s->have_fwd, MOE_ERR_STATE, "moe_layer_backward: no forward pass to differentiate");
@@ -230,6 +232,8 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
     dy = z;
   }
   MOE_CHECK(moe__combine_backward(l, dy, dspec, dout, dw));
+  if (dweights)
+    for (size_t i = 0; i < (size_t)T * s->k; i++) dw[i] += dweights[i];
   MOE_CHECK(moe__experts_backward(l, dout, dxs));
   moe__dispatch_backward(l, dxs, dx);
   MOE_CHECK(moe__gate_backward(l, dw, daux, dz, dx));

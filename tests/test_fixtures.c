@@ -67,7 +67,7 @@ static int run_case(const char *dir, const char *cas, int threads) {
   moe_layer_stats s;
   if (moe_layer_forward(&l, x.data, T, y, spec, &s)) goto done;
   moe_layer_zero_grad(&l);
-  if (moe_layer_backward(&l, dy.data, *(const float *)daux.data, *(const float *)dz.data, dspec.data, dx))
+  if (moe_layer_backward(&l, dy.data, *(const float *)daux.data, *(const float *)dz.data, dspec.data, NULL, dx))
     goto done;
   int32_t dropped = s.dropped, cap = s.capacity;
   ok = check(rf, "y", y, (size_t)T * D, cas) & check(rf, "aux_loss", &s.aux_loss, 1, cas) &

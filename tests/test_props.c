@@ -45,7 +45,7 @@ static int run(moe_layer_t *l, const float *x, int T, const float *dy, float dau
   o->spec = calloc(td * l->cfg.top_k, 4);
   o->dx = calloc(td, 4);
   moe_layer_zero_grad(l);
-  if (moe_layer_forward(l, x, T, o->y, o->spec, &o->st) || moe_layer_backward(l, dy, daux, 0.1f, NULL, o->dx)) {
+  if (moe_layer_forward(l, x, T, o->y, o->spec, &o->st) || moe_layer_backward(l, dy, daux, 0.1f, NULL, NULL, o->dx)) {
     fprintf(stderr, "  %s\n", moe_last_error());
     return 0;
   }
@@ -167,7 +167,7 @@ TEST(props_dropped_assignments_contribute_zero) {
   }
   ASSERT(fully > 0);
   moe_layer_zero_grad(&l);
-  ASSERT_OK(moe_layer_backward(&l, dy, 0.0f, 0.0f, NULL, dx));
+  ASSERT_OK(moe_layer_backward(&l, dy, 0.0f, 0.0f, NULL, NULL, dx));
   for (size_t i = 0; i < l.numel; i++) ASSERT(l.grads[i] == 0.0f);
   for (int i = 0; i < T * D; i++) ASSERT(dx[i] == 0.0f);
   free(x); free(y); free(spec); free(dy); free(dx);
@@ -182,7 +182,7 @@ TEST(props_zero_tokens) {
     randomize(&l, 3);
     moe_layer_stats st;
     ASSERT_OK(moe_layer_forward(&l, NULL, 0, NULL, NULL, &st));
-    ASSERT_OK(moe_layer_backward(&l, NULL, 1.0f, 1.0f, NULL, NULL));
+    ASSERT_OK(moe_layer_backward(&l, NULL, 1.0f, 1.0f, NULL, NULL, NULL));
     ASSERT(st.aux_loss == 0.0f && st.z_loss == 0.0f && st.dropped == 0);
     for (int e = 0; e < c.E; e++) ASSERT_EQ_INT(st.expert_counts[e], 0);
     for (size_t i = 0; i < l.numel; i++) ASSERT(l.grads[i] == 0.0f);
@@ -231,7 +231,7 @@ TEST(props_bad_config_and_input) {
   c.D = 12;
   ASSERT_OK(moe_layer_init(&l, &c));
   float x[3 * 12] = {0}, y[3 * 12];
-  ASSERT_STATUS(moe_layer_backward(&l, y, 0, 0, NULL, x), MOE_ERR_STATE); /* no forward yet */
+  ASSERT_STATUS(moe_layer_backward(&l, y, 0, 0, NULL, NULL, x), MOE_ERR_STATE); /* no forward yet */
   x[1 * 12 + 4] = NAN;
   ASSERT_STATUS(moe_layer_forward(&l, x, 3, y, NULL, NULL), MOE_ERR_VALUE);
   ASSERT(strstr(moe_last_error(), "x[1, 4]"));

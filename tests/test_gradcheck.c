@@ -1,0 +1,377 @@
+/* Finite-difference checks of moe_layer_backward on small layers (T=10, D=6, H=8, E=4, P=5).
+ * The loss is L = <dy, y> + daux * aux_loss + dz * z_loss + <dspec, spec> + <dw, weights>; for x and every
+ * parameter tensor it compares the analytic gradient with central differences, (a) along a random
+ * unit direction over the whole tensor and (b) on up to 6 single elements (for expert tensors, of
+ * experts that received tokens). Routing (top-k, capacity drops) is discontinuous, so every perturbed
+ * forward must keep the same routing: same expert counts and drops, the same zero spec rows, and no
+ * spec row jumping (an expert switch); otherwise the test fails saying so. Biases are randomized and
+ * the cosine logit scale is set below ln 100 so that every tensor has a nonzero gradient, which is
+ * asserted too. Set MOE_GRADCHECK_VERBOSE=1 to print the worst error of each configuration. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "test.h"
+
+#define GC_T 10
+#define GC_D 6
+#define GC_H 8
+#define GC_E 4
+#define GC_P 5
+#define GC_ELEMS 6      /* single elements checked per tensor */
+#define GC_EPS 1e-3     /* central-difference step */
+#define GC_ATOL 1e-3    /* |fd - an| <= GC_ATOL + GC_RTOL * |an| */
+#define GC_RTOL 1e-3
+#define GC_JUMP 0.02    /* a spec row moving further than this under a perturbation: an expert switch */
+#define GC_MIN_GRAD 1e-3 /* every tensor's analytic gradient must reach this somewhere */
+
+typedef struct {
+  const char *name;
+  moe_router router;
+  moe_act act;
+  moe_dispatch dispatch;
+  moe_priority priority;
+  int k;
+  float capacity;
+  int normalize_topk;
+  int bias; /* gate_bias and expert_bias */
+  uint64_t seed;
+  int want_drops; /* assert that capacity drops happen */
+} gc_case;
+
+typedef struct {
+  const gc_case *c;
+  moe_layer_t l;
+  int T, D, E, k;
+  float *x, *y, *spec, *spec0, *dy, *dspec, *dw, *dx, *save;
+  double *v;
+  float daux, dz;
+  int32_t counts0[GC_E];
+  int dropped0;
+  double worst_rel;   /* max |fd - an| / max(1, |an|) */
+  double worst_ratio; /* max |fd - an| / tolerance */
+  char worst_at[160];
+  double max_jump;    /* largest spec movement seen under a perturbation */
+} gc_ctx;
+
+static uint64_t gc_next(uint64_t *s) { /* splitmix64 */
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static double gc_unif(uint64_t *s, double lo, double hi) {
+  return lo + (hi - lo) * (double)(gc_next(s) >> 11) * 0x1.0p-53;
+}
+
+static void gc_fill(uint64_t *s, float *a, size_t n, double lo, double hi) {
+  for (size_t i = 0; i < n; i++) a[i] = (float)gc_unif(s, lo, hi);
+}
+
+static int gc_row_zero(const float *r, int D) {
+  for (int d = 0; d < D; d++)
+    if (r[d] != 0.0f) return 0;
+  return 1;
+}
+
+/* One forward at the current parameters and x: the loss in double, then the routing compared with
+ * the reference forward. Returns 0 (after printing why) on an error or a routing change. */
+static int gc_loss(gc_ctx *g, double *L, const char *what) {
+  moe_layer_stats st;
+  moe_status s = moe_layer_forward(&g->l, g->x, g->T, g->y, g->spec, &st);
+  if (s != MOE_OK) {
+    fprintf(stderr, "  [%s] forward at %s: %s: %s\n", g->c->name, what, moe_status_name(s), moe_last_error());
+    return 0;
+  }
+  int T = g->T, D = g->D, k = g->k;
+  double acc = (double)g->daux * st.aux_loss + (double)g->dz * st.z_loss;
+  for (int i = 0; i < T * D; i++) acc += (double)g->dy[i] * g->y[i];
+  for (int i = 0; i < T * k * D; i++) acc += (double)g->dspec[i] * g->spec[i];
+  for (int i = 0; i < T * k; i++) acc += (double)g->dw[i] * st.weights[i];
+  *L = acc;
+  if (st.dropped != g->dropped0) {
+    fprintf(stderr, "  [%s] routing changed at %s: dropped %d, reference %d; pick another seed\n",
+            g->c->name, what, st.dropped, g->dropped0);
+    return 0;
+  }
+  for (int e = 0; e < g->E; e++)
+    if (st.expert_counts[e] != g->counts0[e]) {
+      fprintf(stderr, "  [%s] routing changed at %s: expert %d count %d, reference %d; pick another seed\n",
+              g->c->name, what, e, st.expert_counts[e], g->counts0[e]);
+      return 0;
+    }
+  for (int a = 0; a < T * k; a++) {
+    const float *r = g->spec + (size_t)a * D, *r0 = g->spec0 + (size_t)a * D;
+    if (gc_row_zero(r, D) != gc_row_zero(r0, D)) {
+      fprintf(stderr, "  [%s] routing changed at %s: assignment %d (token %d slot %d) %s; pick another seed\n",
+              g->c->name, what, a, a / k, a % k, gc_row_zero(r, D) ? "now dropped" : "no longer dropped");
+      return 0;
+    }
+    for (int d = 0; d < D; d++) {
+      double j = fabs((double)r[d] - r0[d]);
+      if (j > g->max_jump) g->max_jump = j;
+      if (j > GC_JUMP) {
+        fprintf(stderr, "  [%s] routing changed at %s: spec row %d (token %d slot %d) moved by %g: "
+                "an expert switch; pick another seed\n", g->c->name, what, a, a / k, a % k, j);
+        return 0;
+      }
+    }
+  }
+  return 1;
+}
+
+/* Compares one finite difference with the analytic value; records the worst error. */
+static int gc_compare(gc_ctx *g, const char *tensor, const char *kind, long idx, double fd, double an,
+                      double lp, double l0, double lm) {
+  double err = fabs(fd - an), tol = GC_ATOL + GC_RTOL * fabs(an);
+  double rel = err / (fabs(an) > 1.0 ? fabs(an) : 1.0);
+  if (rel > g->worst_rel) g->worst_rel = rel;
+  if (err / tol > g->worst_ratio) {
+    g->worst_ratio = err / tol;
+    snprintf(g->worst_at, sizeof g->worst_at, "%s %s %ld: fd %.6g an %.6g", tensor, kind, idx, fd, an);
+  }
+  if (err <= tol) return 1;
+  /* one-sided slopes that disagree point to a kink or a routing change */
+  fprintf(stderr, "  [%s] %s %s %ld: finite difference %.7g, analytic %.7g, |diff| %.3g > tol %.3g "
+          "(one-sided slopes %.7g, %.7g)\n", g->c->name, tensor, kind, idx, fd, an, err, tol,
+          (lp - l0) / GC_EPS, (l0 - lm) / GC_EPS);
+  return 0;
+}
+
+/* Central difference of L along the perturbation p[i] +- GC_EPS * dir[i] (dir NULL: only element
+ * idx, by 1). The analytic value uses the perturbation actually stored in float. */
+static int gc_probe(gc_ctx *g, float *p, const float *grad, size_t n, const double *dir, long idx,
+                    const char *tensor, double L0) {
+  char what[160];
+  snprintf(what, sizeof what, "%s %s %ld", tensor, dir ? "direction" : "element", idx);
+  memcpy(g->save, p, n * 4);
+  size_t i0 = dir ? 0 : (size_t)idx, i1 = dir ? n : (size_t)idx + 1;
+  double an = 0, Lp, Lm;
+  for (size_t i = i0; i < i1; i++) {
+    double step = GC_EPS * (dir ? dir[i] : 1.0);
+    float hi = (float)(g->save[i] + step), lo = (float)(g->save[i] - step);
+    an += (double)grad[i] * ((double)hi - lo) / (2 * GC_EPS);
+    p[i] = hi;
+  }
+  int ok = gc_loss(g, &Lp, what);
+  for (size_t i = i0; i < i1; i++) p[i] = (float)(g->save[i] - GC_EPS * (dir ? dir[i] : 1.0));
+  ok = ok && gc_loss(g, &Lm, what);
+  memcpy(p, g->save, n * 4);
+  if (!ok) return 0;
+  return gc_compare(g, tensor, dir ? "direction" : "element", idx, (Lp - Lm) / (2 * GC_EPS), an, Lp, L0, Lm);
+}
+
+/* Both checks on one tensor: a random unit direction, then up to GC_ELEMS elements spread over it
+ * (of experts with tokens, for expert tensors). */
+static int gc_tensor(gc_ctx *g, uint64_t *rng, float *p, const float *grad, size_t n, int per_expert,
+                     const char *tensor, double L0) {
+  double gmax = 0;
+  for (size_t i = 0; i < n; i++) gmax = fabs(grad[i]) > gmax ? fabs(grad[i]) : gmax;
+  if (!(gmax >= GC_MIN_GRAD)) {
+    fprintf(stderr, "  [%s] %s: analytic gradient is at most %g everywhere: nothing to check\n",
+            g->c->name, tensor, gmax);
+    return 0;
+  }
+  double nrm = 0;
+  for (size_t i = 0; i < n; i++) {
+    g->v[i] = gc_unif(rng, -1, 1);
+    nrm += g->v[i] * g->v[i];
+  }
+  nrm = sqrt(nrm);
+  for (size_t i = 0; i < n; i++) g->v[i] /= nrm;
+  int ok = gc_probe(g, p, grad, n, g->v, 0, tensor, L0);
+  /* eligible elements, in order; spread the picks over them */
+  size_t per = per_expert ? n / (size_t)g->E : n, m = 0;
+  long *cand = malloc(n * sizeof *cand);
+  if (!cand) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (!per_expert || g->counts0[i / per] > 0) cand[m++] = (long)i;
+  size_t picks = m < GC_ELEMS ? m : GC_ELEMS;
+  for (size_t j = 0; j < picks && ok; j++) {
+    size_t at = (j * m + m / (2 * picks)) / picks;
+    ok = gc_probe(g, p, grad, n, NULL, cand[at], tensor, L0);
+  }
+  free(cand);
+  return ok;
+}
+
+static int gc_run_checks(gc_ctx *g) {
+  const gc_case *c = g->c;
+  int T = GC_T, D = GC_D, k = c->k;
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.D = D;
+  cfg.H = GC_H;
+  cfg.E = GC_E;
+  cfg.top_k = k;
+  cfg.capacity_setting = c->capacity;
+  cfg.normalize_topk = c->normalize_topk;
+  cfg.act = c->act;
+  cfg.dispatch = c->dispatch;
+  cfg.priority = c->priority;
+  cfg.router = c->router;
+  cfg.proj_dim = GC_P;
+  cfg.gate_bias = c->bias;
+  cfg.expert_bias = c->bias;
+  cfg.threads = 1;
+  moe_status s = moe_layer_init(&g->l, &cfg);
+  if (s != MOE_OK) {
+    fprintf(stderr, "  [%s] moe_layer_init: %s\n", c->name, moe_last_error());
+    return 0;
+  }
+  moe_layer_t *l = &g->l;
+  g->T = T;
+  g->D = D;
+  g->E = GC_E;
+  g->k = k;
+  size_t maxn = (size_t)T * D;
+  for (int i = 0; i < l->nparams; i++) maxn = l->info[i].numel > maxn ? l->info[i].numel : maxn;
+  g->x = malloc((size_t)T * D * 4);
+  g->y = malloc((size_t)T * D * 4);
+  g->dy = malloc((size_t)T * D * 4);
+  g->dx = malloc((size_t)T * D * 4);
+  g->spec = malloc((size_t)T * k * D * 4);
+  g->spec0 = malloc((size_t)T * k * D * 4);
+  g->dspec = malloc((size_t)T * k * D * 4);
+  g->dw = malloc((size_t)T * k * 4);
+  g->save = malloc(maxn * 4);
+  g->v = malloc(maxn * sizeof *g->v);
+  if (!g->x || !g->y || !g->dy || !g->dx || !g->spec || !g->spec0 || !g->dspec || !g->dw || !g->save || !g->v) {
+    fprintf(stderr, "  [%s] out of memory\n", c->name);
+    return 0;
+  }
+
+  moe_layer_init_params(l, c->seed);
+  uint64_t rng = c->seed ^ 0x5DEECE66Dull;
+  static const char *const biases[] = {"gate.bias", "gate.proj.bias", "experts.fc1.bias", "experts.fc2.bias"};
+  for (size_t i = 0; i < sizeof biases / sizeof biases[0]; i++) {
+    const moe_param_info *pi = moe_layer_param_find(l, biases[i]);
+    if (pi) gc_fill(&rng, l->params + pi->offset, pi->numel, -0.3, 0.3);
+  }
+  float *scale = moe_layer_param(l, "gate.logit_scale");
+  if (scale) scale[0] = 1.3f; /* below ln 100: the scale has a gradient */
+  gc_fill(&rng, g->x, (size_t)T * D, -1.5, 1.5);
+  gc_fill(&rng, g->dy, (size_t)T * D, -1, 1);
+  gc_fill(&rng, g->dspec, (size_t)T * k * D, -1, 1);
+  uint64_t rw = c->seed ^ 0xD1CEull; /* its own stream: the draws above and below stay as they were */
+  gc_fill(&rw, g->dw, (size_t)T * k, -1, 1);
+  g->daux = 0.7f;
+  g->dz = -0.45f;
+
+  /* reference forward and the analytic gradients */
+  moe_layer_stats st;
+  moe_layer_zero_grad(l);
+  s = moe_layer_forward(l, g->x, T, g->y, g->spec0, &st);
+  if (s != MOE_OK) {
+    fprintf(stderr, "  [%s] forward: %s\n", c->name, moe_last_error());
+    return 0;
+  }
+  memcpy(g->counts0, st.expert_counts, sizeof g->counts0);
+  g->dropped0 = st.dropped;
+  if (c->want_drops && st.dropped == 0) {
+    fprintf(stderr, "  [%s] no assignment was dropped: the drop path is not exercised\n", c->name);
+    return 0;
+  }
+  if (c->dispatch == MOE_DISPATCH_DYNAMIC && st.dropped != 0) {
+    fprintf(stderr, "  [%s] dynamic dispatch dropped %d assignments\n", c->name, st.dropped);
+    return 0;
+  }
+  s = moe_layer_backward(l, g->dy, g->daux, g->dz, g->dspec, g->dw, g->dx);
+  if (s != MOE_OK) {
+    fprintf(stderr, "  [%s] backward: %s\n", c->name, moe_last_error());
+    return 0;
+  }
+  double L0;
+  if (!gc_loss(g, &L0, "the reference point")) return 0; /* the forward is deterministic */
+
+  if (!gc_tensor(g, &rng, g->x, g->dx, (size_t)T * D, 0, "x", L0)) return 0;
+  for (int i = 0; i < l->nparams; i++) {
+    const moe_param_info *pi = &l->info[i];
+    int per_expert = !strncmp(pi->name, "experts.", 8);
+    if (!gc_tensor(g, &rng, l->params + pi->offset, l->grads + pi->offset, pi->numel, per_expert,
+                   pi->name, L0))
+      return 0;
+  }
+  const char *verbose = getenv("MOE_GRADCHECK_VERBOSE");
+  if (verbose && verbose[0] && strcmp(verbose, "0"))
+    printf("  [%s] dropped %d, worst |fd-an|/max(1,|an|) %.3g, worst err/tol %.3g at %s; "
+           "max spec move %.3g\n", c->name, g->dropped0, g->worst_rel, g->worst_ratio, g->worst_at,
+           g->max_jump);
+  return 1;
+}
+
+static int gc_run(const gc_case *c) {
+  gc_ctx g;
+  memset(&g, 0, sizeof g);
+  g.c = c;
+  int ok = gc_run_checks(&g);
+  free(g.x);
+  free(g.y);
+  free(g.dy);
+  free(g.dx);
+  free(g.spec);
+  free(g.spec0);
+  free(g.dspec);
+  free(g.dw);
+  free(g.save);
+  free(g.v);
+  moe_layer_free(&g.l);
+  return ok;
+}
+
+#define LIN MOE_ROUTER_LINEAR
+#define COS MOE_ROUTER_COSINE
+#define DYN MOE_DISPATCH_DYNAMIC
+#define STA MOE_DISPATCH_STATIC
+#define IDX MOE_PRIORITY_INDEX
+#define SCO MOE_PRIORITY_SCORE
+
+TEST(gradcheck_linear_gelu_dynamic) {
+  static const gc_case c = {"linear gelu dynamic k=2", LIN, MOE_ACT_GELU, DYN, IDX, 2, 1.0f, -1, 1, 11, 0};
+  ASSERT(gc_run(&c));
+}
+
+TEST(gradcheck_linear_silu_static_score_drops) {
+  static const gc_case c = {"linear silu static cap 1.0 score", LIN, MOE_ACT_SILU, STA, SCO, 2, 1.0f, -1, 1,
+                            12, 1};
+  ASSERT(gc_run(&c));
+}
+
+TEST(gradcheck_linear_swiglu_dynamic_k3) {
+  static const gc_case c = {"linear swiglu dynamic k=3", LIN, MOE_ACT_SWIGLU, DYN, IDX, 3, 1.0f, -1, 1, 13, 0};
+  ASSERT(gc_run(&c));
+}
+
+TEST(gradcheck_cosine_gelu_dynamic) {
+  static const gc_case c = {"cosine gelu dynamic k=2", COS, MOE_ACT_GELU, DYN, IDX, 2, 1.0f, -1, 1, 14, 0};
+  ASSERT(gc_run(&c));
+}
+
+TEST(gradcheck_cosine_swiglu_static_adaptive) {
+  static const gc_case c = {"cosine swiglu static cap -1.0", COS, MOE_ACT_SWIGLU, STA, IDX, 2, -1.0f, -1, 1,
+                            15, 1};
+  ASSERT(gc_run(&c));
+}
+
+TEST(gradcheck_linear_unnormalized_k2) {
+  static const gc_case c = {"linear gelu dynamic k=2 normalize_topk=0", LIN, MOE_ACT_GELU, DYN, IDX, 2, 1.0f,
+                            0, 1, 16, 0};
+  ASSERT(gc_run(&c));
+}
+
+TEST(gradcheck_linear_k1) {
+  static const gc_case c = {"linear silu dynamic k=1 (normalize auto: off)", LIN, MOE_ACT_SILU, DYN, IDX, 1,
+                            1.0f, -1, 1, 17, 0};
+  ASSERT(gc_run(&c));
+}
+
+TEST(gradcheck_linear_relu_dynamic) {
+  static const gc_case c = {"linear relu dynamic k=2", LIN, MOE_ACT_RELU, DYN, IDX, 2, 1.0f, -1, 1, 18, 0};
+  ASSERT(gc_run(&c));
+}
+
+TEST(gradcheck_no_biases) {
+  static const gc_case c = {"linear gelu dynamic k=2 no biases", LIN, MOE_ACT_GELU, DYN, IDX, 2, 1.0f, -1, 0,
+                            19, 0};
+  ASSERT(gc_run(&c));
+}
