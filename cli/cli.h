@@ -16,5 +16,7 @@ int cli_parse_float(const char *s, float *out);
 
 int cmd_layer_run(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 
 #endif

@@ -7,6 +7,8 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: moe <command> [options]\n"
+          "  train       train an MoE classifier (MNIST by default), with checkpoints and traces\n"
+          "  eval        test accuracy of a checkpoint\n"
           "  layer-run   run one MoE layer from safetensors files (forward, and backward with --backward)\n"
           "  compare     compare the tensors of two safetensors files (OUT against REF)\n"
           "  --version   print the version and the BLAS in use\n");
@@ -26,6 +28,8 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (!strcmp(argv[1], "layer-run")) return cmd_layer_run(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 1, argv + 1);
   if (!strcmp(argv[1], "compare")) return cmd_compare(argc - 1, argv + 1);
   fprintf(stderr, "moe: unknown command '%s'\n", argv[1]);
   usage(stderr);

@@ -214,6 +214,107 @@ moe_status moe_layer_load(moe_layer_t *l, const moe_st *f, const moe_layer_overr
 moe_status moe_layer_save_params(const moe_layer_t *l, moe_st_writer *w);
 moe_status moe_layer_save_grads(const moe_layer_t *l, moe_st_writer *w, const char *prefix);
 
+/* ---- a classifier: dense input projection, L pre-norm MoE blocks, LayerNorm and softmax head ----
+ *   h0 = x Win^T + bin;  h_{i+1} = h_i + MoE_i(LN_i(h_i));  logits = LN_f(h_L) Whead^T + bhead.
+ * Losses (DynaMoE eq. 1 and 2): cooperation = CE(softmax(logits), label); specification = the
+ * gate-weighted sum over the last block's k assignments of CE of the prediction made with that
+ * expert's output alone (h_{L-1} + out_j in place of h_L). Plus aux_weight * sum of the blocks'
+ * balance losses and z_weight * sum of their z-losses. Accuracy always uses the combined output. */
+typedef enum { MOE_LOSS_COOPERATION, MOE_LOSS_SPECIFICATION } moe_loss_kind;
+const char *moe_loss_name(moe_loss_kind k);
+moe_status moe_loss_parse(const char *s, const char *field, moe_loss_kind *out);
+
+typedef struct {
+  int in_dim;            /* features per sample */
+  int classes;
+  int blocks;            /* L >= 1 */
+  moe_layer_config moe;  /* D, H, E, k, ... of every block; moe.threads is the model's thread count */
+  moe_loss_kind loss;
+  float aux_weight;      /* default 0.01 */
+  float z_weight;        /* default 0 */
+} moe_model_config;
+void moe_model_config_default(moe_model_config *c);
+
+/* A named parameter tensor of a model, with its gradient. */
+typedef struct {
+  char name[64];
+  int ndim;
+  int64_t shape[3];
+  size_t numel;
+  float *data, *grad;
+} moe_tensor_ref;
+
+typedef struct moe__model_state moe__model_state;
+typedef struct {
+  moe_model_config cfg;
+  moe_layer_t *layers;   /* (L) */
+  int nrefs;
+  moe_tensor_ref *refs;  /* every parameter, dense ones and the layers', in a fixed order */
+  size_t numel;          /* total parameters */
+  float *dense, *dense_grad; /* one allocation for the non-MoE parameters */
+  moe__model_state *st;
+} moe_model_t;
+
+typedef struct {
+  double loss;    /* mean over the batch of the training loss (without aux and z terms) */
+  double aux, z;  /* sums over blocks */
+  int correct;    /* argmax hits (when labels were given) */
+  int dropped;    /* assignments dropped, over blocks */
+  int capacity_max; /* largest capacity (or expert count) over blocks */
+} moe_model_stats;
+
+moe_status moe_model_init(moe_model_t *m, const moe_model_config *c);
+void moe_model_free(moe_model_t *m);
+void moe_model_init_params(moe_model_t *m, uint64_t seed);
+void moe_model_zero_grad(moe_model_t *m);
+const moe_tensor_ref *moe_model_find(const moe_model_t *m, const char *name);
+/* x (B, in_dim); labels (B) or NULL for inference. Keeps what backward needs. */
+moe_status moe_model_forward(moe_model_t *m, const float *x, const uint8_t *labels, int B,
+                             moe_model_stats *st);
+/* Predicted classes (B) of the last forward. */
+const int32_t *moe_model_predictions(const moe_model_t *m);
+/* Layer i's stats of the last forward (expert counts for traces). */
+const moe_layer_stats *moe_model_layer_stats(const moe_model_t *m, int i);
+/* Adds the gradients of the last forward's loss (with labels) into every ref's grad. */
+moe_status moe_model_backward(moe_model_t *m);
+void moe_model_set_threads(moe_model_t *m, int threads);
+
+/* ---- optimizers over a model's parameters ---- */
+typedef enum { MOE_OPT_ADAM, MOE_OPT_SGD } moe_opt_kind;
+const char *moe_opt_name(moe_opt_kind k);
+moe_status moe_opt_parse(const char *s, const char *field, moe_opt_kind *out);
+typedef struct {
+  moe_opt_kind kind;
+  float beta1, beta2, eps; /* Adam: 0.9, 0.999, 1e-8 */
+  float momentum;          /* SGD: 0.9 */
+  float weight_decay;      /* decoupled (AdamW), on matrices only; default 0 */
+} moe_optim_config;
+void moe_optim_config_default(moe_optim_config *c);
+typedef struct {
+  moe_optim_config cfg;
+  int64_t step;      /* updates done */
+  size_t n;          /* parameters */
+  float *m, *v;      /* (n) Adam moments or SGD velocity (m), in the model's ref order */
+} moe_optim_t;
+moe_status moe_optim_init(moe_optim_t *o, const moe_optim_config *c, const moe_model_t *m);
+void moe_optim_free(moe_optim_t *o);
+void moe_optim_step(moe_optim_t *o, moe_model_t *m, float lr);
+/* Learning rate at step s of total: linear warm-up over warmup steps, then cosine decay to 0. */
+float moe_lr_schedule(float base, int64_t s, int64_t warmup, int64_t total);
+
+/* ---- checkpoints: safetensors with the parameters, optimizer state and the configuration ---- */
+typedef struct {
+  int epoch;          /* epochs completed */
+  int64_t step;       /* optimizer steps done */
+  uint64_t seed;
+  char extra[1024];   /* caller's options as "key=value;..." kept in __metadata__["train"] */
+} moe_train_state;
+/* Writes path atomically. o may be NULL (weights only). */
+moe_status moe_checkpoint_save(const char *path, const moe_model_t *m, const moe_optim_t *o,
+                               const moe_train_state *ts);
+/* Builds m (and o when not NULL and the file has optimizer state) from the file. */
+moe_status moe_checkpoint_load(const char *path, moe_model_t *m, moe_optim_t *o, moe_train_state *ts);
+
 /* The BLAS in use and its kernel set, e.g. "OpenBLAS 0.3.21 (SkylakeX)". */
 const char *moe_blas_info(void);
 

@@ -22,4 +22,14 @@ moe_status moe__error(moe_status st, const char *file, int line, const char *fmt
     if (moe__s != MOE_OK) return moe__s;                                        \
   } while (0)
 
+/* __metadata__ values of a safetensors file (layer_io.c): absent keys leave *out as it is; values
+ * that do not parse are MOE_ERR_FORMAT naming the file and key. */
+moe_status moe__meta_int(const moe_st *f, const char *key, int *out);
+moe_status moe__meta_float(const moe_st *f, const char *key, float *out);
+moe_status moe__meta_bool(const moe_st *f, const char *key, int *out);
+/* The layer options (top_k, capacity_setting, normalize_topk, activation, dispatch, priority,
+ * router) to and from __metadata__. */
+moe_status moe__layer_meta_read(const moe_st *f, moe_layer_config *c);
+moe_status moe__layer_meta_write(const moe_layer_config *c, moe_st_writer *w);
+
 #endif

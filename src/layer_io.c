@@ -55,7 +55,7 @@ void moe_layer_overrides_init(moe_layer_overrides *o) {
   o->threads = -1;
 }
 
-static moe_status meta_int(const moe_st *f, const char *key, int *out) {
+moe_status moe__meta_int(const moe_st *f, const char *key, int *out) {
   const char *v = moe_st_meta(f, key);
   if (!v) return MOE_OK;
   char *end;
@@ -67,7 +67,7 @@ static moe_status meta_int(const moe_st *f, const char *key, int *out) {
   return MOE_OK;
 }
 
-static moe_status meta_float(const moe_st *f, const char *key, float *out) {
+moe_status moe__meta_float(const moe_st *f, const char *key, float *out) {
   const char *v = moe_st_meta(f, key);
   if (!v) return MOE_OK;
   char *end;
@@ -78,7 +78,7 @@ static moe_status meta_float(const moe_st *f, const char *key, float *out) {
   return MOE_OK;
 }
 
-static moe_status meta_bool(const moe_st *f, const char *key, int *out) {
+moe_status moe__meta_bool(const moe_st *f, const char *key, int *out) {
   const char *v = moe_st_meta(f, key);
   if (!v) return MOE_OK;
   MOE_TRY(!strcmp(v, "true") || !strcmp(v, "false"), MOE_ERR_FORMAT,
@@ -113,12 +113,32 @@ static moe_status config_from_file(const moe_st *f, moe_layer_config *c) {
   }
   c->gate_bias = moe_st_has(f, "gate.bias");
   c->expert_bias = moe_st_has(f, "experts.fc1.bias") || moe_st_has(f, "experts.fc2.bias");
-  MOE_CHECK(meta_int(f, "top_k", &c->top_k));
-  MOE_CHECK(meta_float(f, "capacity_setting", &c->capacity_setting));
-  MOE_CHECK(meta_bool(f, "normalize_topk", &c->normalize_topk));
+  return moe__layer_meta_read(f, c);
+}
+
+moe_status moe__layer_meta_read(const moe_st *f, moe_layer_config *c) {
+  MOE_CHECK(moe__meta_int(f, "top_k", &c->top_k));
+  MOE_CHECK(moe__meta_float(f, "capacity_setting", &c->capacity_setting));
+  MOE_CHECK(moe__meta_bool(f, "normalize_topk", &c->normalize_topk));
   META_ENUM(f, "activation", moe_act_parse, c->act);
   META_ENUM(f, "dispatch", moe_dispatch_parse, c->dispatch);
   META_ENUM(f, "priority", moe_priority_parse, c->priority);
+  META_ENUM(f, "router", moe_router_parse, c->router);
+  return MOE_OK;
+}
+
+moe_status moe__layer_meta_write(const moe_layer_config *c, moe_st_writer *w) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%d", c->top_k);
+  MOE_CHECK(moe_st_writer_meta(w, "top_k", buf));
+  snprintf(buf, sizeof buf, "%.9g", (double)c->capacity_setting);
+  MOE_CHECK(moe_st_writer_meta(w, "capacity_setting", buf));
+  int norm = c->normalize_topk < 0 ? c->top_k > 1 : c->normalize_topk;
+  MOE_CHECK(moe_st_writer_meta(w, "normalize_topk", norm ? "true" : "false"));
+  MOE_CHECK(moe_st_writer_meta(w, "activation", moe_act_name(c->act)));
+  MOE_CHECK(moe_st_writer_meta(w, "dispatch", moe_dispatch_name(c->dispatch)));
+  MOE_CHECK(moe_st_writer_meta(w, "priority", moe_priority_name(c->priority)));
+  MOE_CHECK(moe_st_writer_meta(w, "router", moe_router_name(c->router)));
   return MOE_OK;
 }
 
@@ -186,19 +206,7 @@ moe_status moe_layer_load(moe_layer_t *l, const moe_st *f, const moe_layer_overr
 
 moe_status moe_layer_save_params(const moe_layer_t *l, moe_st_writer *w) {
   MOE_CHECK(moe_layer_save_grads(l, w, NULL));
-  const moe_layer_config *c = &l->cfg;
-  char buf[32];
-  snprintf(buf, sizeof buf, "%d", c->top_k);
-  MOE_CHECK(moe_st_writer_meta(w, "top_k", buf));
-  snprintf(buf, sizeof buf, "%.9g", (double)c->capacity_setting);
-  MOE_CHECK(moe_st_writer_meta(w, "capacity_setting", buf));
-  int norm = c->normalize_topk < 0 ? c->top_k > 1 : c->normalize_topk;
-  MOE_CHECK(moe_st_writer_meta(w, "normalize_topk", norm ? "true" : "false"));
-  MOE_CHECK(moe_st_writer_meta(w, "activation", moe_act_name(c->act)));
-  MOE_CHECK(moe_st_writer_meta(w, "dispatch", moe_dispatch_name(c->dispatch)));
-  MOE_CHECK(moe_st_writer_meta(w, "priority", moe_priority_name(c->priority)));
-  MOE_CHECK(moe_st_writer_meta(w, "router", moe_router_name(c->router)));
-  return MOE_OK;
+  return moe__layer_meta_write(&l->cfg, w);
 }
 
 /* With prefix NULL: the parameters under their own names; else the gradients as prefix + name. */

@@ -1,0 +1,38 @@
+/* moe eval: the accuracy of a checkpoint on the test split; prints test_accuracy=0.xxxx. */
+#include <stdio.h>
+
+#include "cli.h"
+#include "train_data.h"
+
+static const char *CMD = "eval";
+
+int cmd_eval(int argc, char **argv) {
+  const char *ck = NULL, *data = "data/mnist";
+  int threads = 0, batch = 500;
+  for (int i = 1; i < argc; i++) {
+    if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", argv[i]);
+    const char *f = argv[i], *v = argv[++i];
+    if (cli_flag_is(f, "checkpoint")) ck = v;
+    else if (cli_flag_is(f, "data")) data = v;
+    else if (cli_flag_is(f, "threads")) {
+      if (!cli_parse_int(v, &threads) || threads < 0) return cli_usage_error(CMD, "--threads: bad value '%s'", v);
+    } else if (cli_flag_is(f, "batch")) {
+      if (!cli_parse_int(v, &batch) || batch <= 0) return cli_usage_error(CMD, "--batch: bad value '%s'", v);
+    } else return cli_usage_error(CMD, "unknown flag '%s' (usage: moe eval --checkpoint F [--data DIR])", f);
+  }
+  if (!ck) return cli_usage_error(CMD, "--checkpoint is required");
+  moe_model_t m;
+  moe_dataset test = {0};
+  if (moe_checkpoint_load(ck, &m, NULL, NULL) != MOE_OK) return cli_fail(CMD);
+  moe_model_set_threads(&m, threads);
+  int rc = 0;
+  double acc;
+  if (load_split(data, "t10k", &test) != MOE_OK) rc = cli_fail(CMD);
+  else if (test.rows * test.cols != m.cfg.in_dim)
+    rc = cli_usage_error(CMD, "%s: the model takes %d features, the data has %d", ck, m.cfg.in_dim, test.rows * test.cols);
+  else if (evaluate(&m, &test, batch, &acc)) rc = cli_fail(CMD);
+  else printf("test_accuracy=%.4f\n", acc);
+  moe_dataset_free(&test);
+  moe_model_free(&m);
+  return rc;
+}

@@ -1,0 +1,287 @@
+/* moe train: a classifier of L MoE blocks on IDX data (MNIST by default), with checkpoints every
+ * epoch, --resume, expert traces, a progress line per epoch and --json logs. The last stdout line
+ * is test_accuracy=0.xxxx. Data order and augmentation are functions of (seed, epoch, position),
+ * so a resumed run sees exactly the batches the uninterrupted run would have seen. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "train_data.h"
+
+static const char *CMD = "train";
+static volatile sig_atomic_t interrupted;
+static void on_sigint(int sig) { (void)sig; interrupted = 1; }
+
+typedef struct {
+  const char *data, *checkpoint, *resume, *trace;
+  int json, log_steps, epochs, stop_after, batch, warmup, augment, threads;
+  float lr;
+  uint64_t seed;
+  moe_model_config model;
+  moe_optim_config optim;
+} train_opts;
+
+static void usage(void) {
+  fprintf(stderr,
+    "usage: moe train [--data DIR] [--experts E] [--top-k K] [--hidden H] [--model D] [--blocks L]\n"
+    "       [--capacity X] [--dispatch dynamic|static] [--priority index|score] [--router linear|cosine]\n"
+    "       [--activation relu|gelu|silu|swiglu] [--loss cooperation|specification]\n"
+    "       [--aux-weight W] [--z-weight W] [--optimizer adam|sgd] [--lr LR] [--weight-decay W]\n"
+    "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
+    "       [--seed S] [--threads N] [--checkpoint F] [--resume F] [--trace F] [--json] [--log-steps]\n"
+    "--epochs is the planned total (the learning-rate schedule's horizon); --stop-after N ends this run\n"
+    "after epoch N, and --resume F continues from checkpoint F.\n");
+}
+
+static void defaults(train_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->data = "data/mnist";
+  o->epochs = 30;
+  o->batch = 64;
+  o->warmup = -1; /* one epoch */
+  o->augment = 2;
+  o->lr = 2e-3f;
+  o->seed = 1;
+  moe_model_config_default(&o->model);
+  o->model.moe.D = 128;
+  o->model.moe.H = 512;
+  o->model.moe.E = 8;
+  o->model.moe.top_k = 2;
+  o->model.moe.act = MOE_ACT_GELU;
+  moe_optim_config_default(&o->optim);
+  o->optim.weight_decay = 0.01f;
+}
+
+/* Parses flags into o. Architecture flags are recorded in `arch` so --resume can reject them. */
+static int parse(int argc, char **argv, train_opts *o, int *arch) {
+  moe_layer_config *m = &o->model.moe;
+  for (int i = 1; i < argc; i++) {
+    const char *f = argv[i];
+    if (cli_flag_is(f, "json")) { o->json = 1; continue; }
+    if (cli_flag_is(f, "log_steps")) { o->log_steps = 1; continue; }
+    if (i + 1 >= argc) { usage(); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
+    const char *v = argv[++i];
+    int ok = 1, is_arch = 1;
+    moe_status st = MOE_OK;
+    if (cli_flag_is(f, "experts")) ok = cli_parse_int(v, &m->E);
+    else if (cli_flag_is(f, "top_k")) ok = cli_parse_int(v, &m->top_k);
+    else if (cli_flag_is(f, "hidden")) ok = cli_parse_int(v, &m->H);
+    else if (cli_flag_is(f, "model")) ok = cli_parse_int(v, &m->D);
+    else if (cli_flag_is(f, "blocks")) ok = cli_parse_int(v, &o->model.blocks);
+    else if (cli_flag_is(f, "capacity")) ok = cli_parse_float(v, &m->capacity_setting);
+    else if (cli_flag_is(f, "dispatch")) st = moe_dispatch_parse(v, "--dispatch", &m->dispatch);
+    else if (cli_flag_is(f, "priority")) st = moe_priority_parse(v, "--priority", &m->priority);
+    else if (cli_flag_is(f, "router")) st = moe_router_parse(v, "--router", &m->router);
+    else if (cli_flag_is(f, "activation")) st = moe_act_parse(v, "--activation", &m->act);
+    else if (cli_flag_is(f, "loss")) st = moe_loss_parse(v, "--loss", &o->model.loss);
+    else if (cli_flag_is(f, "aux_weight")) ok = cli_parse_float(v, &o->model.aux_weight);
+    else if (cli_flag_is(f, "z_weight")) ok = cli_parse_float(v, &o->model.z_weight);
+    else if (cli_flag_is(f, "optimizer")) st = moe_opt_parse(v, "--optimizer", &o->optim.kind);
+    else if (cli_flag_is(f, "weight_decay")) ok = cli_parse_float(v, &o->optim.weight_decay);
+    else if (cli_flag_is(f, "momentum")) ok = cli_parse_float(v, &o->optim.momentum);
+    else {
+      is_arch = 0;
+      if (cli_flag_is(f, "data")) o->data = v;
+      else if (cli_flag_is(f, "checkpoint")) o->checkpoint = v;
+      else if (cli_flag_is(f, "resume")) o->resume = v;
+      else if (cli_flag_is(f, "trace")) o->trace = v;
+      else if (cli_flag_is(f, "lr")) ok = cli_parse_float(v, &o->lr) && o->lr > 0;
+      else if (cli_flag_is(f, "warmup")) ok = cli_parse_int(v, &o->warmup) && o->warmup >= 0;
+      else if (cli_flag_is(f, "batch")) ok = cli_parse_int(v, &o->batch) && o->batch > 0;
+      else if (cli_flag_is(f, "epochs")) ok = cli_parse_int(v, &o->epochs) && o->epochs > 0;
+      else if (cli_flag_is(f, "stop_after")) ok = cli_parse_int(v, &o->stop_after) && o->stop_after > 0;
+      else if (cli_flag_is(f, "augment")) ok = cli_parse_int(v, &o->augment) && o->augment >= 0 && o->augment < 8;
+      else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
+      else if (cli_flag_is(f, "seed")) {
+        char *end;
+        errno = 0;
+        o->seed = strtoull(v, &end, 10);
+        ok = *v && !*end && !errno;
+      } else {
+        usage();
+        return cli_usage_error(CMD, "unknown flag '%s'", f);
+      }
+    }
+    if (st != MOE_OK) return cli_fail(CMD);
+    if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
+    if (is_arch) *arch = 1;
+  }
+  return 0;
+}
+
+/* The training options that a resumed run must keep, as "key=value;..." in the checkpoint. */
+static void save_extra(const train_opts *o, char *buf, size_t n) {
+  snprintf(buf, n, "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%.9g", o->epochs, o->batch, o->warmup,
+           o->augment, (double)o->lr);
+}
+
+static void load_extra(const char *s, train_opts *o) {
+  sscanf(s, "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%f", &o->epochs, &o->batch, &o->warmup, &o->augment,
+         &o->lr);
+}
+
+typedef struct {
+  double loss, aux;
+  long correct, seen, dropped, assigned;
+  double load_ratio; /* sum over steps of max/mean expert load (all blocks) */
+  int steps;
+} epoch_acc;
+
+static void accumulate(epoch_acc *a, const moe_model_t *m, const moe_model_stats *s, int B) {
+  a->loss += s->loss * B;
+  a->aux += s->aux;
+  a->correct += s->correct;
+  a->seen += B;
+  a->dropped += s->dropped;
+  a->steps++;
+  double worst = 0;
+  for (int i = 0; i < m->cfg.blocks; i++) {
+    const moe_layer_stats *ls = moe_model_layer_stats(m, i);
+    long sum = 0, mx = 0;
+    for (int e = 0; e < m->cfg.moe.E; e++) {
+      sum += ls->expert_counts[e];
+      mx = ls->expert_counts[e] > mx ? ls->expert_counts[e] : mx;
+    }
+    a->assigned += sum;
+    if (sum) worst = (double)mx * m->cfg.moe.E / sum > worst ? (double)mx * m->cfg.moe.E / sum : worst;
+  }
+  a->load_ratio += worst;
+}
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void progress(int epoch, int epochs, int step, int steps, const epoch_acc *a, double rate) {
+  int w = 24, done = steps ? step * w / steps : w;
+  char bar[32];
+  for (int i = 0; i < w; i++) bar[i] = i < done ? '=' : ' ';
+  bar[w] = 0;
+  fprintf(stderr, "\repoch %d/%d [%s] %d/%d %.1f steps/s loss %.4f acc %.4f aux %.4f drop %.4f load %.2f ", epoch,
+          epochs, bar, step, steps, rate, a->seen ? a->loss / a->seen : 0, a->seen ? (double)a->correct / a->seen : 0,
+          a->steps ? a->aux / a->steps : 0, a->assigned ? (double)a->dropped / a->assigned : 0,
+          a->steps ? a->load_ratio / a->steps : 0);
+  fflush(stderr);
+}
+
+static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *train, moe_dataset *test,
+               int start_epoch, int64_t step) {
+  int B = o->batch, steps = train->n / B, tty = isatty(2);
+  if (steps == 0) return cli_usage_error(CMD, "--batch %d is larger than the training set (%d)", B, train->n);
+  int warmup = o->warmup < 0 ? steps : o->warmup;
+  int64_t total = (int64_t)o->epochs * steps;
+  int last = o->stop_after && o->stop_after < o->epochs ? o->stop_after : o->epochs;
+  train_batch tb;
+  if (train_batch_init(&tb, train, B)) return cli_usage_error(CMD, "out of memory");
+  trace_writer tw = {0};
+  int rc = 0;
+  if (o->trace && trace_open(&tw, o->trace) != MOE_OK) rc = 1;
+  double test_acc = -1;
+  for (int epoch = start_epoch; epoch < last && !rc; epoch++) {
+    epoch_acc a = {0};
+    double t0 = now();
+    train_batch_epoch(&tb, o->seed, epoch, o->augment);
+    for (int s = 0; s < steps && !interrupted; s++, step++) {
+      train_batch_fill(&tb, s);
+      moe_model_stats st;
+      moe_model_zero_grad(m);
+      if (moe_model_forward(m, tb.x, tb.y, B, &st) || moe_model_backward(m)) { rc = cli_fail(CMD); break; }
+      moe_optim_step(opt, m, moe_lr_schedule(o->lr, step, warmup, total));
+      accumulate(&a, m, &st, B);
+      if (tw.f && trace_step(&tw, m, step) != MOE_OK) { rc = cli_usage_error(CMD, "%s: write error", o->trace); break; }
+      if (tty && (s % 8 == 0 || s == steps - 1)) progress(epoch + 1, o->epochs, s + 1, steps, &a, (s + 1) / (now() - t0));
+      if (o->log_steps) printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)step, st.loss);
+    }
+    if (rc || interrupted) break;
+    double rate = steps / (now() - t0);
+    if (evaluate(m, test, 500, &test_acc)) { rc = cli_fail(CMD); break; }
+    if (tty) fprintf(stderr, "\n");
+    double loss = a.loss / a.seen, acc = (double)a.correct / a.seen, aux = a.aux / a.steps;
+    double drop = a.assigned ? (double)a.dropped / a.assigned : 0, load = a.load_ratio / a.steps;
+    if (o->json)
+      printf("{\"epoch\": %d, \"steps\": %lld, \"loss\": %.6f, \"train_accuracy\": %.4f, \"aux_loss\": %.6f, "
+             "\"dropped_fraction\": %.6f, \"max_mean_load\": %.4f, \"steps_per_s\": %.2f, \"test_accuracy\": %.4f}\n",
+             epoch + 1, (long long)step, loss, acc, aux, drop, load, rate, test_acc);
+    else
+      printf("epoch %d/%d: loss %.4f train_acc %.4f aux %.4f dropped %.4f max/mean load %.2f %.1f steps/s "
+             "test_acc %.4f\n", epoch + 1, o->epochs, loss, acc, aux, drop, load, rate, test_acc);
+    fflush(stdout);
+    if (o->checkpoint) {
+      moe_train_state ts = {.epoch = epoch + 1, .step = step, .seed = o->seed};
+      save_extra(o, ts.extra, sizeof ts.extra);
+      if (moe_checkpoint_save(o->checkpoint, m, opt, &ts) != MOE_OK) { rc = cli_fail(CMD); break; }
+    }
+  }
+  if (tw.f && trace_close(&tw) != MOE_OK && !rc) rc = 1;
+  train_batch_free(&tb);
+  if (rc) return rc;
+  if (interrupted) {
+    fprintf(stderr, "\nmoe train: interrupted at step %lld; %s\n", (long long)step,
+            o->checkpoint ? "the last complete checkpoint is intact" : "no checkpoint was requested");
+    return 130;
+  }
+  if (test_acc < 0 && evaluate(m, test, 500, &test_acc)) return cli_fail(CMD);
+  printf("test_accuracy=%.4f\n", test_acc);
+  return 0;
+}
+
+int cmd_train(int argc, char **argv) {
+  train_opts o;
+  defaults(&o);
+  int arch = 0, rc = parse(argc, argv, &o, &arch);
+  if (rc) return rc;
+  moe_dataset train = {0}, test = {0};
+  moe_model_t m = {0};
+  moe_optim_t opt = {0};
+  if (load_split(o.data, "train", &train) || load_split(o.data, "t10k", &test)) return cli_fail(CMD);
+  int start = 0;
+  int64_t step = 0;
+  if (o.resume) {
+    moe_train_state ts;
+    if (arch) {
+      rc = cli_usage_error(CMD, "--resume takes the model and optimizer from the checkpoint; drop the architecture flags");
+      goto done;
+    }
+    if (moe_checkpoint_load(o.resume, &m, &opt, &ts) != MOE_OK) { rc = cli_fail(CMD); goto done; }
+    if (!opt.m) { rc = cli_usage_error(CMD, "%s: has no optimizer state to resume from", o.resume); goto done; }
+    int epochs = o.epochs, explicit_epochs = 0;
+    for (int i = 1; i < argc; i++) explicit_epochs |= cli_flag_is(argv[i], "epochs");
+    load_extra(ts.extra, &o);
+    if (explicit_epochs) o.epochs = epochs;
+    o.seed = ts.seed;
+    start = ts.epoch;
+    step = ts.step;
+    moe_model_set_threads(&m, o.threads);
+  } else {
+    o.model.in_dim = train.rows * train.cols;
+    o.model.classes = train.classes > test.classes ? train.classes : test.classes;
+    o.model.moe.threads = o.threads;
+    if (moe_model_init(&m, &o.model) != MOE_OK || moe_optim_init(&opt, &o.optim, &m) != MOE_OK) {
+      rc = cli_fail(CMD);
+      goto done;
+    }
+    moe_model_init_params(&m, o.seed);
+  }
+  if (m.cfg.in_dim != train.rows * train.cols) {
+    rc = cli_usage_error(CMD, "the model takes %d features, the data has %d", m.cfg.in_dim, train.rows * train.cols);
+    goto done;
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigint;
+  sigaction(SIGINT, &sa, NULL);
+  rc = run(&o, &m, &opt, &train, &test, start, step);
+done:
+  moe_optim_free(&opt);
+  moe_model_free(&m);
+  moe_dataset_free(&train);
+  moe_dataset_free(&test);
+  return rc;
+}

@@ -1,0 +1,125 @@
+/* See train_data.h. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train_data.h"
+
+moe_status load_split(const char *dir, const char *split, moe_dataset *d) {
+  char img[1024], lab[1024];
+  snprintf(img, sizeof img, "%s/%s-images-idx3-ubyte", dir, split);
+  snprintf(lab, sizeof lab, "%s/%s-labels-idx1-ubyte", dir, split);
+  return moe_dataset_load_idx(d, img, lab);
+}
+
+static uint64_t mix(uint64_t z) { /* splitmix64 finalizer */
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+int train_batch_init(train_batch *b, const moe_dataset *d, int B) {
+  memset(b, 0, sizeof *b);
+  b->d = d;
+  b->B = B;
+  b->perm = malloc((size_t)d->n * sizeof *b->perm);
+  b->x = malloc((size_t)B * d->rows * d->cols * sizeof *b->x);
+  b->y = malloc((size_t)B);
+  if (!b->perm || !b->x || !b->y) {
+    train_batch_free(b);
+    return 1;
+  }
+  return 0;
+}
+
+void train_batch_free(train_batch *b) {
+  free(b->perm);
+  free(b->x);
+  free(b->y);
+  memset(b, 0, sizeof *b);
+}
+
+void train_batch_epoch(train_batch *b, uint64_t seed, int epoch, int augment) {
+  b->seed = seed;
+  b->epoch = epoch;
+  b->augment = augment;
+  int n = b->d->n;
+  for (int i = 0; i < n; i++) b->perm[i] = i;
+  uint64_t s = mix(seed ^ mix((uint64_t)epoch + 0x51ED));
+  for (int i = n - 1; i > 0; i--) { /* Fisher-Yates */
+    s = mix(s);
+    int j = (int)(s % (uint64_t)(i + 1));
+    int32_t t = b->perm[i];
+    b->perm[i] = b->perm[j];
+    b->perm[j] = t;
+  }
+}
+
+void train_batch_fill(train_batch *b, int s) {
+  const moe_dataset *d = b->d;
+  int R = d->rows, C = d->cols, a = b->augment;
+  for (int i = 0; i < b->B; i++) {
+    int pos = s * b->B + i, idx = b->perm[pos];
+    const float *src = d->images + (size_t)idx * R * C;
+    float *dst = b->x + (size_t)i * R * C;
+    b->y[i] = d->labels[idx];
+    int dy = 0, dx = 0;
+    if (a > 0) { /* a random shift of up to a pixels each way, zeros shifted in */
+      uint64_t h = mix(b->seed ^ mix(((uint64_t)b->epoch << 32) ^ (uint64_t)pos));
+      dy = (int)(h % (uint64_t)(2 * a + 1)) - a;
+      dx = (int)((h >> 32) % (uint64_t)(2 * a + 1)) - a;
+    }
+    for (int r = 0; r < R; r++)
+      for (int c = 0; c < C; c++) {
+        int sr = r - dy, sc = c - dx;
+        dst[r * C + c] = sr >= 0 && sr < R && sc >= 0 && sc < C ? src[sr * C + sc] : 0.0f;
+      }
+  }
+}
+
+int evaluate(moe_model_t *m, const moe_dataset *d, int B, double *acc) {
+  long hits = 0;
+  int F = d->rows * d->cols;
+  for (int s = 0; s < d->n; s += B) {
+    int n = d->n - s < B ? d->n - s : B;
+    if (moe_model_forward(m, d->images + (size_t)s * F, NULL, n, NULL) != MOE_OK) return 1;
+    const int32_t *p = moe_model_predictions(m);
+    for (int i = 0; i < n; i++) hits += p[i] == d->labels[s + i];
+  }
+  *acc = d->n ? (double)hits / d->n : 0;
+  return 0;
+}
+
+moe_status trace_open(trace_writer *t, const char *path) {
+  memset(t, 0, sizeof *t);
+  snprintf(t->path, sizeof t->path, "%s", path);
+  snprintf(t->tmp, sizeof t->tmp, "%s.tmp.%d", path, (int)getpid());
+  t->f = fopen(t->tmp, "w");
+  if (!t->f) {
+    fprintf(stderr, "moe: %s: %s\n", t->tmp, strerror(errno));
+    return MOE_ERR_IO;
+  }
+  fprintf(t->f, "step,layer,expert,tokens\n");
+  return MOE_OK;
+}
+
+moe_status trace_step(trace_writer *t, const moe_model_t *m, int64_t step) {
+  for (int l = 0; l < m->cfg.blocks; l++) {
+    const int32_t *c = moe_model_layer_stats(m, l)->expert_counts;
+    for (int e = 0; e < m->cfg.moe.E; e++)
+      if (c[e] > 0) fprintf(t->f, "%lld,%d,%d,%d\n", (long long)step, l, e, c[e]);
+  }
+  return ferror(t->f) ? MOE_ERR_IO : MOE_OK;
+}
+
+moe_status trace_close(trace_writer *t) {
+  int bad = fflush(t->f) != 0 || fsync(fileno(t->f)) != 0;
+  bad |= fclose(t->f) != 0;
+  t->f = NULL;
+  if (!bad && rename(t->tmp, t->path) == 0) return MOE_OK;
+  fprintf(stderr, "moe: cannot write trace %s: %s\n", t->path, strerror(errno));
+  unlink(t->tmp);
+  return MOE_ERR_IO;
+}

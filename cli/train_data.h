@@ -1,0 +1,43 @@
+/* What moe train and moe eval share: loading a split of an IDX data directory, forming shuffled,
+ * shift-augmented batches as pure functions of (seed, epoch, position), evaluating accuracy, and
+ * writing the expert trace of DESIGN 4.4. */
+#ifndef MOE_TRAIN_DATA_H
+#define MOE_TRAIN_DATA_H
+
+#include <stdio.h>
+
+#include "moe.h"
+
+/* split "train" or "t10k": DIR/<split>-images-idx3-ubyte and DIR/<split>-labels-idx1-ubyte. */
+moe_status load_split(const char *dir, const char *split, moe_dataset *d);
+
+typedef struct {
+  const moe_dataset *d;
+  int B, augment;
+  uint64_t seed;
+  int epoch;
+  int32_t *perm; /* (n) this epoch's order */
+  float *x;      /* (B, features) */
+  uint8_t *y;    /* (B) */
+} train_batch;
+int train_batch_init(train_batch *b, const moe_dataset *d, int B);
+void train_batch_free(train_batch *b);
+/* Fixes the epoch's order and augmentation. */
+void train_batch_epoch(train_batch *b, uint64_t seed, int epoch, int augment);
+/* Fills x and y with batch s of the epoch. */
+void train_batch_fill(train_batch *b, int s);
+
+/* Accuracy of m on d, in batches of B. */
+int evaluate(moe_model_t *m, const moe_dataset *d, int B, double *acc);
+
+/* The expert trace: "step,layer,expert,tokens" rows with tokens > 0, written to a temporary file
+ * and renamed into place on close. */
+typedef struct {
+  FILE *f;
+  char path[1024], tmp[1100];
+} trace_writer;
+moe_status trace_open(trace_writer *t, const char *path);
+moe_status trace_step(trace_writer *t, const moe_model_t *m, int64_t step);
+moe_status trace_close(trace_writer *t);
+
+#endif

