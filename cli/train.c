@@ -29,6 +29,7 @@ typedef struct {
 static void usage(void) {
   fprintf(stderr,
     "usage: moe train [--data DIR] [--experts E] [--top-k K] [--hidden H] [--model D] [--blocks L]\n"
+    "       [--hier-experts E2 [--hier-top-k K2]]   (hierarchical MoE: each expert an MoE of E2 experts)\n"
     "       [--capacity X] [--dispatch dynamic|static] [--priority index|score] [--router linear|cosine]\n"
     "       [--activation relu|gelu|silu|swiglu] [--loss cooperation|specification]\n"
     "       [--aux-weight W] [--z-weight W] [--optimizer adam|sgd] [--lr LR] [--weight-decay W]\n"
@@ -53,6 +54,7 @@ static void defaults(train_opts *o) {
   o->model.moe.E = 8;
   o->model.moe.top_k = 2;
   o->model.moe.act = MOE_ACT_GELU;
+  o->model.moe.inner_top_k = 1;
   moe_optim_config_default(&o->optim);
   o->optim.weight_decay = 0.01f;
 }
@@ -73,6 +75,8 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
     else if (cli_flag_is(f, "hidden")) ok = cli_parse_int(v, &m->H);
     else if (cli_flag_is(f, "model")) ok = cli_parse_int(v, &m->D);
     else if (cli_flag_is(f, "blocks")) ok = cli_parse_int(v, &o->model.blocks);
+    else if (cli_flag_is(f, "hier_experts")) ok = cli_parse_int(v, &m->inner_experts);
+    else if (cli_flag_is(f, "hier_top_k")) ok = cli_parse_int(v, &m->inner_top_k);
     else if (cli_flag_is(f, "capacity")) ok = cli_parse_float(v, &m->capacity_setting);
     else if (cli_flag_is(f, "dispatch")) st = moe_dispatch_parse(v, "--dispatch", &m->dispatch);
     else if (cli_flag_is(f, "priority")) st = moe_priority_parse(v, "--priority", &m->priority);

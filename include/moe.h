@@ -125,6 +125,9 @@ typedef struct {
   int gate_bias;          /* linear router has gate.bias (E) */
   int expert_bias;        /* experts have fc1.bias / fc2.bias */
   int threads;            /* OpenMP and BLAS threads; 0 = all cores */
+  int inner_experts;      /* hierarchical MoE (DynaMoE): > 0 makes each expert an MoE layer of this
+                             many FFN experts with its own router; 0 = FFN experts */
+  int inner_top_k;        /* k of the inner layers */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on. */
@@ -149,8 +152,12 @@ typedef struct {
 
 typedef struct moe__layer_state moe__layer_state; /* internal: arena and forward cache */
 
-typedef struct {
+/* A hierarchical layer (inner_experts > 0) has only the gate tensors itself; expert e is the MoE
+ * layer inner[e] (D, H, inner_experts, inner_top_k, the same options otherwise). Its aux_loss and
+ * z_loss are the outer layer's plus the sums of the inner layers'. */
+typedef struct moe_layer {
   moe_layer_config cfg;
+  struct moe_layer *inner; /* (E) inner layers, or NULL */
   int nparams;
   moe_param_info info[10];
   size_t numel;  /* total parameter floats */

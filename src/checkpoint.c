@@ -35,6 +35,8 @@ static moe_status save_into(moe_st_writer *w, const moe_model_t *m, const moe_op
   META_I(w, "proj_dim", c->moe.proj_dim);
   META_I(w, "gate_bias", c->moe.gate_bias);
   META_I(w, "expert_bias", c->moe.expert_bias);
+  META_I(w, "inner_experts", c->moe.inner_experts);
+  META_I(w, "inner_top_k", c->moe.inner_top_k);
   MOE_CHECK(moe__layer_meta_write(&c->moe, w));
   MOE_CHECK(moe_st_writer_meta(w, "loss", moe_loss_name(c->loss)));
   META_F(w, "aux_weight", c->aux_weight);
@@ -115,6 +117,8 @@ static moe_status model_config(const moe_st *f, moe_model_config *c) {
   MOE_CHECK(need_int(f, "proj_dim", &c->moe.proj_dim));
   MOE_CHECK(need_int(f, "gate_bias", &c->moe.gate_bias));
   MOE_CHECK(need_int(f, "expert_bias", &c->moe.expert_bias));
+  MOE_CHECK(moe__meta_int(f, "inner_experts", &c->moe.inner_experts));
+  MOE_CHECK(moe__meta_int(f, "inner_top_k", &c->moe.inner_top_k));
   MOE_CHECK(moe__layer_meta_read(f, &c->moe));
   char field[300];
   snprintf(field, sizeof field, "%s: __metadata__ loss", moe_st_path(f));

@@ -54,6 +54,9 @@ static moe_status check_config(const moe_layer_config *c) {
   MOE_TRY(c->router != MOE_ROUTER_COSINE || c->proj_dim > 0, MOE_ERR_ARG,
           "config: proj_dim must be > 0 for the cosine router, got %d", c->proj_dim);
   MOE_TRY(c->threads >= 0, MOE_ERR_ARG, "config: threads must be >= 0, got %d", c->threads);
+  MOE_TRY(c->inner_experts >= 0, MOE_ERR_ARG, "config: inner_experts must be >= 0, got %d", c->inner_experts);
+  MOE_TRY(c->inner_experts == 0 || (c->inner_top_k >= 1 && c->inner_top_k <= c->inner_experts), MOE_ERR_ARG,
+          "config: inner_top_k must be in [1, inner_experts=%d], got %d", c->inner_experts, c->inner_top_k);
   return MOE_OK;
 }
 
@@ -72,17 +75,33 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
     add_param(l, "gate.proj.bias", 1, P, 0, 0);
     add_param(l, "gate.logit_scale", 1, 1, 0, 0);
   }
-  add_param(l, "experts.fc1.weight", 3, E, H, D);
-  if (cfg->expert_bias) add_param(l, "experts.fc1.bias", 2, E, H, 0);
-  add_param(l, "experts.fc2.weight", 3, E, D, H);
-  if (cfg->expert_bias) add_param(l, "experts.fc2.bias", 2, E, D, 0);
-  if (cfg->act == MOE_ACT_SWIGLU) add_param(l, "experts.fc3.weight", 3, E, H, D);
+  if (!cfg->inner_experts) {
+    add_param(l, "experts.fc1.weight", 3, E, H, D);
+    if (cfg->expert_bias) add_param(l, "experts.fc1.bias", 2, E, H, 0);
+    add_param(l, "experts.fc2.weight", 3, E, D, H);
+    if (cfg->expert_bias) add_param(l, "experts.fc2.bias", 2, E, D, 0);
+    if (cfg->act == MOE_ACT_SWIGLU) add_param(l, "experts.fc3.weight", 3, E, H, D);
+  }
   l->params = aligned_alloc(64, l->numel * 4);
   l->grads = aligned_alloc(64, l->numel * 4);
   l->st = calloc(1, sizeof *l->st);
-  if (!l->params || !l->grads || !l->st) {
+  l->inner = cfg->inner_experts ? calloc((size_t)E, sizeof *l->inner) : NULL;
+  if (!l->params || !l->grads || !l->st || (cfg->inner_experts && !l->inner)) {
     moe_layer_free(l);
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_layer_init: cannot allocate %zu parameters", l->numel);
+  }
+  if (l->inner) {
+    moe_layer_config ic = *cfg;
+    ic.E = cfg->inner_experts;
+    ic.top_k = cfg->inner_top_k;
+    ic.inner_experts = ic.inner_top_k = 0;
+    for (int e = 0; e < E; e++) {
+      moe_status st = moe_layer_init(&l->inner[e], &ic);
+      if (st != MOE_OK) {
+        moe_layer_free(l);
+        return st;
+      }
+    }
   }
   memset(l->params, 0, l->numel * 4);
   memset(l->grads, 0, l->numel * 4);
@@ -91,6 +110,10 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
 
 void moe_layer_free(moe_layer_t *l) {
   if (!l) return;
+  if (l->inner) {
+    for (int e = 0; e < l->cfg.E; e++) moe_layer_free(&l->inner[e]);
+    free(l->inner);
+  }
   if (l->st) {
     moe__arena_free(&l->st->route);
     moe__arena_free(&l->st->work);
@@ -131,7 +154,10 @@ void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w) {
   }
 }
 
-void moe_layer_zero_grad(moe_layer_t *l) { memset(l->grads, 0, l->numel * 4); }
+void moe_layer_zero_grad(moe_layer_t *l) {
+  memset(l->grads, 0, l->numel * 4);
+  for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_zero_grad(&l->inner[e]);
+}
 
 moe_status moe_layer_set_top_k(moe_layer_t *l, int k) {
   MOE_TRY(k >= 1 && k <= l->cfg.E, MOE_ERR_ARG, "top_k must be in [1, E=%d], got %d", l->cfg.E, k);
@@ -139,7 +165,10 @@ moe_status moe_layer_set_top_k(moe_layer_t *l, int k) {
   return MOE_OK;
 }
 
-void moe_layer_set_threads(moe_layer_t *l, int threads) { l->cfg.threads = threads > 0 ? threads : 0; }
+void moe_layer_set_threads(moe_layer_t *l, int threads) {
+  l->cfg.threads = threads > 0 ? threads : 0;
+  for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_set_threads(&l->inner[e], threads);
+}
 
 /* splitmix64: a tiny, well-mixed generator so that initialization depends only on the seed. */
 static uint64_t splitmix(uint64_t *s) {
@@ -164,9 +193,14 @@ void moe_layer_init_params(moe_layer_t *l, uint64_t seed) {
     for (size_t j = 0; j < p->numel; j++)
       d[j] = bound * (2.0f * (float)((splitmix(&st) >> 40) * 0x1.0p-24) - 1.0f);
   }
+  for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_init_params(&l->inner[e], splitmix(&st));
 }
 
-size_t moe_layer_peak_bytes(const moe_layer_t *l) { return l->st->route.peak + l->st->work.peak; }
+size_t moe_layer_peak_bytes(const moe_layer_t *l) {
+  size_t b = l->st->route.peak + l->st->work.peak;
+  for (int e = 0; l->inner && e < l->cfg.E; e++) b += moe_layer_peak_bytes(&l->inner[e]);
+  return b;
+}
 
 /* First non-finite entry of a (n, m), or -1. */
 static long long first_nonfinite(const float *a, size_t n, int nt) {
@@ -195,16 +229,17 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(moe__arena_reserve(&s->route, moe__gate_bytes(l, T, k), "router"));
   MOE_CHECK(moe__gate_forward(l, x, T, k));
   MOE_CHECK(moe__route(l));
-  size_t work = moe__dispatch_bytes(l) + moe__experts_bytes(l, s->rows) +
+  size_t experts = l->inner ? moe__inner_bytes(l, s->rows) : moe__experts_bytes(l, s->rows);
+  size_t work = moe__dispatch_bytes(l) + experts +
                 2 * moe__arena_size((size_t)s->rows * D * 4) + moe__arena_size((size_t)T * D * 4);
   MOE_CHECK(moe__arena_reserve(&s->work, work, "expert"));
   MOE_CHECK(moe__dispatch_forward(l));
-  MOE_CHECK(moe__experts_forward(l));
+  MOE_CHECK(l->inner ? moe__inner_forward(l) : moe__experts_forward(l));
   moe__combine_forward(l, y, spec);
   s->have_fwd = 1;
   if (stats) {
-    stats->aux_loss = s->aux;
-    stats->z_loss = s->z;
+    stats->aux_loss = s->aux + (l->inner ? s->inner_aux : 0.0f);
+    stats->z_loss = s->z + (l->inner ? s->inner_z : 0.0f);
     stats->capacity = s->C;
     stats->dropped = s->dropped;
     stats->expert_counts = s->counts;
@@ -234,7 +269,7 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   MOE_CHECK(moe__combine_backward(l, dy, dspec, dout, dw));
   if (dweights)
     for (size_t i = 0; i < (size_t)T * s->k; i++) dw[i] += dweights[i];
-  MOE_CHECK(moe__experts_backward(l, dout, dxs));
+  MOE_CHECK(l->inner ? moe__inner_backward(l, dout, daux, dz, dxs) : moe__experts_backward(l, dout, dxs));
   moe__dispatch_backward(l, dxs, dx);
   MOE_CHECK(moe__gate_backward(l, dw, daux, dz, dx));
   s->have_fwd = 0;

@@ -43,6 +43,7 @@ struct moe__layer_state {
   int32_t *fill;    /* (E) scratch */
   float *frac1;     /* (E) fraction of tokens whose top-1 is e */
   float aux, z;
+  float inner_aux, inner_z; /* hierarchical: sums over the inner layers */
   int dropped;
   /* expert buffers, rows x ... */
   float *xs;        /* (rows, D) expert inputs */
@@ -80,5 +81,10 @@ size_t moe__experts_bytes(const moe_layer_t *l, int rows);
 moe_status moe__experts_forward(moe_layer_t *l);
 /* dout (rows, D) -> dxs (rows, D); adds expert weight grads. Scratch from the work arena. */
 moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs);
+
+/* hier.c: inner MoE layers as the experts (hierarchical MoE). */
+size_t moe__inner_bytes(const moe_layer_t *l, int rows);
+moe_status moe__inner_forward(moe_layer_t *l);
+moe_status moe__inner_backward(moe_layer_t *l, const float *dout, float daux, float dz, float *dxs);
 
 #endif

@@ -75,7 +75,8 @@ moe_status moe_model_init(moe_model_t *m, const moe_model_config *c) {
   size_t dense = (size_t)D * in + D + (size_t)L * 2 * D + 2 * D + (size_t)C * D + C;
   m->dense = calloc(dense, 4);
   m->dense_grad = calloc(dense, 4);
-  m->refs = calloc((size_t)6 + (size_t)L * 12, sizeof *m->refs);
+  size_t per_layer = 12 + (size_t)(c->moe.inner_experts ? c->moe.E : 0) * 12;
+  m->refs = calloc((size_t)6 + (size_t)L * per_layer, sizeof *m->refs);
   if (m->st) {
     m->st->lstats = calloc((size_t)L, sizeof *m->st->lstats);
     m->st->ptrs = calloc((size_t)4 * L + 1, sizeof(float *));
@@ -117,6 +118,14 @@ moe_status moe_model_init(moe_model_t *m, const moe_model_config *c) {
       snprintf(name, sizeof name, "blocks.%d.moe.%s", i, l->info[j].name);
       add_ref(m, name, l->info[j].ndim, l->info[j].shape, l->params + l->info[j].offset,
               l->grads + l->info[j].offset);
+    }
+    for (int e = 0; l->inner && e < l->cfg.E; e++) {
+      moe_layer_t *il = &l->inner[e];
+      for (int j = 0; j < il->nparams; j++) {
+        snprintf(name, sizeof name, "blocks.%d.moe.experts.%d.%s", i, e, il->info[j].name);
+        add_ref(m, name, il->info[j].ndim, il->info[j].shape, il->params + il->info[j].offset,
+                il->grads + il->info[j].offset);
+      }
     }
   }
   DENSE("norm.weight", 1, D);
