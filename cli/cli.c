@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -46,4 +47,9 @@ int cli_parse_float(const char *s, float *out) {
   if (!*s || *end || !isfinite(v)) return 0;
   *out = v;
   return 1;
+}
+
+int cli_cpu_count(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
 }

@@ -14,7 +14,11 @@ int cli_flag_is(const char *arg, const char *name);
 int cli_parse_int(const char *s, int *out);
 int cli_parse_float(const char *s, float *out);
 
+/* Online CPUs. */
+int cli_cpu_count(void);
+
 int cmd_layer_run(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);

@@ -1,5 +1,7 @@
 /* The moe command: dispatches to one subcommand per file. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "cli.h"
@@ -10,11 +12,17 @@ static void usage(FILE *f) {
           "  train       train an MoE classifier (MNIST by default), with checkpoints and traces\n"
           "  eval        test accuracy of a checkpoint\n"
           "  layer-run   run one MoE layer from safetensors files (forward, and backward with --backward)\n"
+          "  bench       the standard layer benchmarks against the sgemm roofline (DESIGN 4.3)\n"
           "  compare     compare the tensors of two safetensors files (OUT against REF)\n"
           "  --version   print the version and the BLAS in use\n");
 }
 
 int main(int argc, char **argv) {
+  /* Faster BLAS kernels than the ones OpenBLAS picked, when the CPU has them: they are chosen at
+   * load time, so set the core type and start again (once: the variable is then set). */
+  const char *core = moe_blas_better_coretype();
+  if (core && setenv("OPENBLAS_CORETYPE", core, 1) == 0 && setenv("MOE_BLAS_REEXEC", "1", 1) == 0)
+    execv("/proc/self/exe", argv);
   if (argc < 2) {
     usage(stderr);
     return 1;
@@ -30,6 +38,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "layer-run")) return cmd_layer_run(argc - 1, argv + 1);
   if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
   if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
   if (!strcmp(argv[1], "compare")) return cmd_compare(argc - 1, argv + 1);
   fprintf(stderr, "moe: unknown command '%s'\n", argv[1]);
   usage(stderr);

@@ -322,8 +322,16 @@ moe_status moe_checkpoint_save(const char *path, const moe_model_t *m, const moe
 /* Builds m (and o when not NULL and the file has optimizer state) from the file. */
 moe_status moe_checkpoint_load(const char *path, moe_model_t *m, moe_optim_t *o, moe_train_state *ts);
 
-/* The BLAS in use and its kernel set, e.g. "OpenBLAS 0.3.21 (SkylakeX)". */
+/* The BLAS in use and its kernel set, e.g. "OpenBLAS 0.3.21 (kernels SkylakeX, OpenMP)". */
 const char *moe_blas_info(void);
+/* OpenBLAS picks its kernels when it loads and takes this Zen 5 CPU for a Haswell (AVX2), as does an
+ * OPENBLAS_CORETYPE=Haswell in the environment. Returns the OPENBLAS_CORETYPE value of faster
+ * kernels this CPU supports ("SKYLAKEX" for AVX-512) when slower ones were loaded, else NULL (also
+ * when MOE_KEEP_BLAS_CORETYPE or MOE_BLAS_REEXEC is set). A program sets OPENBLAS_CORETYPE and
+ * MOE_BLAS_REEXEC=1 and re-executes itself to get them, as the moe command does. */
+const char *moe_blas_better_coretype(void);
+/* GFLOP/s of an n x n x n sgemm with `threads` BLAS threads: the best of `reps` runs. */
+double moe_sgemm_gflops(int n, int threads, int reps);
 
 #ifdef __cplusplus
 }

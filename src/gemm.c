@@ -2,7 +2,9 @@
 #include <cblas.h>
 #include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gemm.h"
 #include "moe.h"
@@ -98,4 +100,44 @@ const char *moe_blas_info(void) {
   snprintf(buf, sizeof buf, "%s (kernels %s, %s)", ver, core ? core : "?",
            par == 2 ? "OpenMP" : par == 1 ? "pthreads" : "serial");
   return buf;
+}
+
+const char *moe_blas_better_coretype(void) {
+  /* MOE_KEEP_BLAS_CORETYPE keeps whatever OpenBLAS loaded; MOE_BLAS_REEXEC marks the process that
+   * was already restarted, so a BLAS that ignores the variable cannot make a loop. */
+  if (getenv("MOE_KEEP_BLAS_CORETYPE") || getenv("MOE_BLAS_REEXEC")) return NULL;
+  __builtin_cpu_init();
+  int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512cd");
+  const char *core = openblas_get_corename();
+  int has512 = core && (strstr(core, "SkylakeX") || strstr(core, "Cooperlake") || strstr(core, "SapphireRapids") ||
+                        strstr(core, "Zen4") || strstr(core, "ZEN4"));
+  return avx512 && !has512 ? "SKYLAKEX" : NULL;
+}
+
+static double seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+double moe_sgemm_gflops(int n, int threads, int reps) {
+  size_t nn = (size_t)n * n;
+  float *a = aligned_alloc(64, nn * 4), *b = aligned_alloc(64, nn * 4), *c = aligned_alloc(64, nn * 4);
+  double best = 0;
+  if (a && b && c) {
+    for (size_t i = 0; i < nn; i++) a[i] = b[i] = (float)(i % 17) * 0.01f;
+    openblas_set_num_threads(moe__threads(threads));
+    for (int r = 0; r < reps + 1; r++) { /* the first run warms caches and threads */
+      double t0 = seconds();
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+      double g = 2.0 * n * (double)n * n / (seconds() - t0) / 1e9;
+      if (r > 0 && g > best) best = g;
+    }
+  }
+  free(a);
+  free(b);
+  free(c);
+  return best;
 }

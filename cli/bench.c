@@ -1,0 +1,197 @@
+/* moe bench: the standard cases of DESIGN 4.3 (S, M, L; uniform and skewed routing; dynamic and
+ * static dispatch), forward and forward+backward medians, achieved GFLOP/s of the expert GEMMs
+ * against an sgemm measured in the same run with the same BLAS and threads, the layer workspace's
+ * peak bytes and the process's peak resident memory. Each case is checked against a double-
+ * precision reference on a few tokens before it is timed. A table by default, --json lines. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "cli.h"
+
+static const char *CMD = "bench";
+
+typedef struct { const char *name; int T, D, H, E, k; } bench_case;
+static const bench_case CASES[] = {
+    {"S", 2048, 512, 2048, 8, 2}, {"M", 4096, 1024, 4096, 16, 2}, {"L", 4096, 768, 3072, 64, 1}};
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t rng = 88172645463325252ull;
+static float urand(void) { /* xorshift64 -> [-1, 1) */
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return (float)((rng >> 40) * 0x1.0p-23) - 1.0f;
+}
+
+/* Checks y for a few tokens against a double-precision evaluation of DESIGN 4.1 (relu experts). */
+static int check_tokens(moe_layer_t *l, const float *x, const float *y, const moe_layer_stats *st, int T) {
+  int D = l->cfg.D, H = l->cfg.H, E = l->cfg.E, k = l->cfg.top_k;
+  const float *gw = moe_layer_param(l, "gate.weight"), *gb = moe_layer_param(l, "gate.bias");
+  const float *w1 = moe_layer_param(l, "experts.fc1.weight"), *b1 = moe_layer_param(l, "experts.fc1.bias");
+  const float *w2 = moe_layer_param(l, "experts.fc2.weight"), *b2 = moe_layer_param(l, "experts.fc2.bias");
+  double *acc = calloc((size_t)D + H + E, sizeof(double)), *h = acc + D, *p = h + H;
+  int ok = 1;
+  for (int s = 0; s < 4 && ok; s++) {
+    int t = (int)((size_t)s * 7919 % (size_t)T);
+    double mx = -1e300, sum = 0;
+    for (int e = 0; e < E; e++) {
+      double z = gb[e];
+      for (int d = 0; d < D; d++) z += (double)gw[(size_t)e * D + d] * x[(size_t)t * D + d];
+      p[e] = z;
+      mx = fmax(mx, z);
+    }
+    for (int e = 0; e < E; e++) sum += (p[e] = exp(p[e] - mx));
+    double wsum = 0;
+    for (int j = 0; j < k; j++) wsum += p[st->experts[(size_t)t * k + j]] / sum;
+    memset(acc, 0, (size_t)D * sizeof *acc);
+    for (int j = 0; j < k; j++) {
+      int e = st->experts[(size_t)t * k + j];
+      double w = p[e] / sum / (k > 1 ? wsum : 1.0);
+      for (int i = 0; i < H; i++) {
+        double a = b1[(size_t)e * H + i];
+        for (int d = 0; d < D; d++) a += (double)w1[((size_t)e * H + i) * D + d] * x[(size_t)t * D + d];
+        h[i] = a > 0 ? a : 0;
+      }
+      for (int d = 0; d < D; d++) {
+        double o = b2[(size_t)e * D + d];
+        for (int i = 0; i < H; i++) o += (double)w2[((size_t)e * D + d) * H + i] * h[i];
+        acc[d] += w * o;
+      }
+    }
+    for (int d = 0; d < D; d++) ok &= fabs(acc[d] - y[(size_t)t * D + d]) <= 1e-3 * (1 + fabs(acc[d]));
+  }
+  free(acc);
+  return ok;
+}
+
+typedef struct { int threads, reps, json, ncases, nrouting, ndispatch; const bench_case *cases[3];
+                 int routing[2], dispatch[2]; } bench_opts;
+
+static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_dispatch disp, double sg) {
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.D = c->D; cfg.H = c->H; cfg.E = c->E; cfg.top_k = c->k;
+  cfg.dispatch = disp;
+  cfg.capacity_setting = 1.25f;
+  cfg.threads = o->threads;
+  moe_layer_t l;
+  if (moe_layer_init(&l, &cfg) != MOE_OK) return cli_fail(CMD);
+  moe_layer_init_params(&l, 1);
+  float *gb = moe_layer_param(&l, "gate.bias");
+  for (int e = 0; e < c->E; e++) gb[e] = skewed ? -logf((float)e + 1.0f) : 0.0f;
+  size_t td = (size_t)c->T * c->D;
+  float *x = malloc(td * 4), *y = malloc(td * 4), *dy = malloc(td * 4), *dx = malloc(td * 4);
+  double *tf = malloc(sizeof(double) * (size_t)o->reps), *tb = malloc(sizeof(double) * (size_t)o->reps);
+  int rc = 0;
+  if (!x || !y || !dy || !dx || !tf || !tb) { rc = cli_usage_error(CMD, "out of memory"); goto done; }
+  for (size_t i = 0; i < td; i++) { x[i] = urand(); dy[i] = urand(); }
+  moe_layer_stats st;
+  if (moe_layer_forward(&l, x, c->T, y, NULL, &st) != MOE_OK) { rc = cli_fail(CMD); goto done; }
+  if (disp == MOE_DISPATCH_DYNAMIC && !check_tokens(&l, x, y, &st, c->T)) {
+    rc = cli_usage_error(CMD, "case %s: the layer's output differs from the reference", c->name);
+    goto done;
+  }
+  if (moe_layer_backward(&l, dy, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
+  for (int r = 0; r < o->reps; r++) {
+    double t0 = now();
+    if (moe_layer_forward(&l, x, c->T, y, NULL, &st) != MOE_OK) { rc = cli_fail(CMD); goto done; }
+    double t1 = now();
+    if (moe_layer_backward(&l, dy, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
+    tf[r] = (t1 - t0) * 1e3;
+    tb[r] = (now() - t0) * 1e3;
+  }
+  double fwd = median(tf, o->reps), fb = median(tb, o->reps);
+  double kept = (double)c->T * c->k - st.dropped;
+  double gflops = 12.0 * kept * c->D * c->H / (fb * 1e-3) / 1e9; /* 6 expert GEMMs of 2*rows*D*H */
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  size_t peak = moe_layer_peak_bytes(&l), rss = (size_t)ru.ru_maxrss * 1024;
+  const char *rt = skewed ? "skewed" : "uniform", *dn = moe_dispatch_name(disp);
+  if (o->json)
+    printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
+           "\"routing\": \"%s\", \"fwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, \"gflops\": %.2f, \"sgemm_gflops\": %.2f, "
+           "\"roofline_ratio\": %.4f, \"peak_bytes\": %zu, \"peak_rss_bytes\": %zu, \"dropped\": %d, "
+           "\"capacity\": %d, \"threads\": %d, \"blas\": \"%s\"}\n",
+           c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, fwd, fb, gflops, sg, gflops / sg, peak, rss, st.dropped,
+           st.capacity, o->threads, moe_blas_info());
+  else
+    printf("%-4s %-8s %-8s %9.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, fwd, fb, gflops,
+           gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
+  fflush(stdout);
+done:
+  free(x); free(y); free(dy); free(dx); free(tf); free(tb);
+  moe_layer_free(&l);
+  return rc;
+}
+
+/* Comma-separated names -> indices into names[]; returns the count or -1. */
+static int parse_list(const char *v, const char *const *names, int n, int *out, int max) {
+  int cnt = 0;
+  char buf[64];
+  snprintf(buf, sizeof buf, "%s", v);
+  for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+    int found = -1;
+    for (int i = 0; i < n; i++) if (!strcmp(t, names[i])) found = i;
+    if (found < 0 || cnt == max) return -1;
+    out[cnt++] = found;
+  }
+  return cnt;
+}
+
+int cmd_bench(int argc, char **argv) {
+  bench_opts o = {.threads = 0, .reps = 3, .ncases = 3, .nrouting = 2, .ndispatch = 2,
+                  .routing = {0, 1}, .dispatch = {0, 1}};
+  int idx[3] = {0, 1, 2};
+  static const char *const cn[] = {"S", "M", "L"}, *const rn[] = {"uniform", "skewed"},
+                           *const dn[] = {"dynamic", "static"};
+  for (int i = 1; i < argc; i++) {
+    const char *f = argv[i];
+    if (cli_flag_is(f, "json")) { o.json = 1; continue; }
+    if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f);
+    const char *v = argv[++i];
+    int ok = 1;
+    if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o.threads) && o.threads >= 0;
+    else if (cli_flag_is(f, "reps")) ok = cli_parse_int(v, &o.reps) && o.reps >= 1 && o.reps <= 100;
+    else if (cli_flag_is(f, "cases")) ok = (o.ncases = parse_list(v, cn, 3, idx, 3)) > 0;
+    else if (cli_flag_is(f, "routing")) ok = (o.nrouting = parse_list(v, rn, 2, o.routing, 2)) > 0;
+    else if (cli_flag_is(f, "dispatch")) ok = (o.ndispatch = parse_list(v, dn, 2, o.dispatch, 2)) > 0;
+    else
+      return cli_usage_error(CMD, "unknown flag '%s' (usage: moe bench [--cases S,M,L] [--routing uniform,skewed] "
+                                  "[--dispatch dynamic,static] [--threads N] [--reps R] [--json])", f);
+    if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
+  }
+  for (int i = 0; i < o.ncases; i++) o.cases[i] = &CASES[idx[i]];
+  if (!o.threads) o.threads = cli_cpu_count();
+  double sg = moe_sgemm_gflops(2048, o.threads, 3);
+  if (!o.json) {
+    printf("moe %s, %s, %d threads; sgemm 2048^3: %.1f GFLOP/s\n", MOE_VERSION, moe_blas_info(), o.threads, sg);
+    printf("%-4s %-8s %-8s %9s %11s %9s %7s %10s %10s %8s\n", "case", "routing", "dispatch", "fwd_ms", "fwdbwd_ms",
+           "GFLOP/s", "ratio", "peak_MiB", "rss_MiB", "dropped");
+  }
+  for (int c = 0; c < o.ncases; c++)
+    for (int r = 0; r < o.nrouting; r++)
+      for (int d = 0; d < o.ndispatch; d++) {
+        int rc = run_case(&o, o.cases[c], o.routing[r], (moe_dispatch)o.dispatch[d], sg);
+        if (rc) return rc;
+      }
+  return 0;
+}
