@@ -228,7 +228,7 @@ static void softmax_ce(float *z, int n, int C, const uint8_t *labels, int stride
 
 static size_t model_bytes(const moe_model_t *m, int B) {
   size_t D = (size_t)m->cfg.moe.D, C = (size_t)m->cfg.classes, L = (size_t)m->cfg.blocks, b = (size_t)B;
-  size_t bk = b * (size_t)m->cfg.moe.top_k;
+  size_t bk = b * (size_t)m->layers[m->cfg.blocks - 1].cfg.top_k; /* k may change per call */
   size_t n = (L + 1) * moe__arena_size(b * D * 4) + L * (moe__arena_size(b * D * 4) + 2 * moe__arena_size(b * 4));
   n += moe__arena_size(b * D * 4) + 2 * moe__arena_size(b * 4) + moe__arena_size(b * C * 4) + 2 * moe__arena_size(b * 4);
   n += 3 * moe__arena_size(b * D * 4) + moe__arena_size(b * C * 4); /* backward: dh, dxn, dhn, dlogits */
@@ -252,7 +252,7 @@ moe_status moe_model_forward(moe_model_t *m, const float *x, const uint8_t *labe
   s->threads = moe__threads(c->moe.threads);
   s->B = B;
   s->x = x;
-  s->has_labels = labels != NULL;
+  s->has_labels = 0; /* set on success only: backward must not see a failed forward */
   MOE_CHECK(moe__arena_reserve(&s->arena, model_bytes(m, B) + moe__arena_size((size_t)B), "model"));
   ALLOC(s->labels, (size_t)B);
   if (labels) memcpy(s->labels, labels, (size_t)B);
@@ -325,6 +325,7 @@ moe_status moe_model_forward(moe_model_t *m, const float *x, const uint8_t *labe
   }
   acc.loss = B ? acc.loss / B : 0;
   if (out) *out = acc;
+  s->has_labels = labels != NULL;
   return MOE_OK;
 }
 
