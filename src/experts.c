@@ -1,7 +1,8 @@
 /* The experts: one FFN per expert over its contiguous slice of rows, as grouped GEMMs.
  *   a1 = xs W1^T + b1, h = act(a1) (swiglu: h = silu(a1) * (xs W3^T)), out = h W2^T + b2.
  * Backward adds dW1, db1, dW2, db2 (and dW3) and yields dxs. Slices may be empty; static dispatch
- * passes padded slices of C rows. */
+ * passes padded slices of C rows. Backward reuses the forward's buffers once they are dead (h for
+ * dh then da1, a3 for da3), so the workspace holds per row only what backward must read. */
 #include <math.h>
 #include <string.h>
 
@@ -14,9 +15,7 @@ size_t moe__experts_bytes(const moe_layer_t *l, int rows) {
   size_t r = (size_t)rows, H = (size_t)l->cfg.H, D = (size_t)l->cfg.D;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
   size_t fwd = (glu ? 3 : 2) * moe__arena_size(r * H * 4) + moe__arena_size(r * D * 4); /* a1 (a3) h out */
-  size_t bwd = (glu ? 2 : 1) * moe__arena_size(r * H * 4);                             /* dh (da3) */
-  size_t gemms = 2 * moe__arena_size(3 * (size_t)l->cfg.E * sizeof(moe__gemm));
-  return fwd + bwd + gemms;
+  return fwd + 2 * moe__arena_size(3 * (size_t)l->cfg.E * sizeof(moe__gemm));
 }
 
 static inline float sigmoidf(float a) { return 1.0f / (1.0f + expf(-a)); }
@@ -115,22 +114,25 @@ moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs) 
   int E = l->cfg.E, D = l->cfg.D, H = l->cfg.H, rows = s->rows, nt = s->threads;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
   moe__arena *a = &s->work;
-  float *dh = moe__arena_alloc(a, (size_t)rows * H * 4); /* dh, then da1 in place */
-  float *da3 = glu ? moe__arena_alloc(a, (size_t)rows * H * 4) : NULL;
+  float *dh = s->h;   /* h is dead once dW2 is done: dh, then da1, in its place */
+  float *da3 = s->a3; /* swiglu: da3 in place of a3, read just before */
   moe__gemm *g = moe__arena_alloc(a, 3 * (size_t)E * sizeof *g);
-  MOE_TRY(g && (dh || rows == 0) && (!glu || da3 || rows == 0), MOE_ERR_STATE,
-          "internal: expert backward workspace too small");
+  MOE_TRY(g, MOE_ERR_STATE, "internal: expert backward workspace too small");
   moe__weights w, gw;
   moe__weights_bind(l, l->params, &w);
   moe__weights_bind(l, l->grads, &gw);
   int n = 0;
   for (int e = 0; e < E; e++) {
     int r0 = s->offs[e], m = s->offs[e + 1] - r0;
-    const float *dor = dout + (size_t)r0 * D;
-    g[n++] = (moe__gemm){true, false, D, H, m, 1.0f, 1.0f, dor, D, s->h + (size_t)r0 * H, H,
+    g[n++] = (moe__gemm){true, false, D, H, m, 1.0f, 1.0f, dout + (size_t)r0 * D, D, s->h + (size_t)r0 * H, H,
                          gw.w2 + (size_t)e * D * H, H}; /* dW2 += dout^T h */
-    g[n++] = (moe__gemm){false, false, m, H, D, 1.0f, 0.0f, dor, D, w.w2 + (size_t)e * D * H, H,
-                         dh + (size_t)r0 * H, H};       /* dh = dout W2 */
+  }
+  moe__gemm_run(g, n, nt);
+  n = 0;
+  for (int e = 0; e < E; e++) {
+    int r0 = s->offs[e], m = s->offs[e + 1] - r0;
+    g[n++] = (moe__gemm){false, false, m, H, D, 1.0f, 0.0f, dout + (size_t)r0 * D, D, w.w2 + (size_t)e * D * H, H,
+                         dh + (size_t)r0 * H, H}; /* dh = dout W2 */
   }
   moe__gemm_run(g, n, nt);
   if (gw.b2) colsum_add(gw.b2, dout, s->offs, E, D, nt);
@@ -139,8 +141,9 @@ moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs) 
   for (size_t i = 0; i < (size_t)rows * H; i++) {
     float a1 = s->a1[i];
     if (glu) {
+      float a3 = s->a3[i];
       da3[i] = dh[i] * act_f(MOE_ACT_SILU, a1);
-      dh[i] = dh[i] * s->a3[i] * act_df(MOE_ACT_SILU, a1);
+      dh[i] = dh[i] * a3 * act_df(MOE_ACT_SILU, a1);
     } else {
       dh[i] *= act_df(act, a1);
     }

@@ -231,7 +231,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(moe__route(l));
   size_t experts = l->inner ? moe__inner_bytes(l, s->rows) : moe__experts_bytes(l, s->rows);
   size_t work = moe__dispatch_bytes(l) + experts +
-                2 * moe__arena_size((size_t)s->rows * D * 4) + moe__arena_size((size_t)T * D * 4);
+                moe__arena_size((size_t)s->rows * D * 4) + moe__arena_size((size_t)T * D * 4); /* dout, dy=0 */
   MOE_CHECK(moe__arena_reserve(&s->work, work, "expert"));
   MOE_CHECK(moe__dispatch_forward(l));
   MOE_CHECK(l->inner ? moe__inner_forward(l) : moe__experts_forward(l));
@@ -254,12 +254,13 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_backward: layer not initialized");
   moe__layer_state *s = l->st;
   MOE_TRY(s->have_fwd, MOE_ERR_STATE, "moe_layer_backward: no forward pass to differentiate");
+  s->have_fwd = 0; /* backward overwrites the forward's buffers: one backward per forward */
   int T = s->T, D = l->cfg.D;
   MOE_TRY(T == 0 || dx, MOE_ERR_ARG, "moe_layer_backward: dx must not be NULL");
   float *dw = moe__arena_alloc(&s->route, (size_t)T * s->k * 4);
   float *dout = moe__arena_alloc(&s->work, (size_t)s->rows * D * 4);
-  float *dxs = moe__arena_alloc(&s->work, (size_t)s->rows * D * 4);
-  MOE_TRY((dw && dout && dxs) || T == 0, MOE_ERR_STATE, "internal: backward workspace too small");
+  float *dxs = s->out; /* the expert outputs are dead once the combine's backward has read them */
+  MOE_TRY((dw && dout) || T == 0, MOE_ERR_STATE, "internal: backward workspace too small");
   if (!dy) { /* a loss on spec alone: y does not matter */
     float *z = moe__arena_alloc(&s->work, (size_t)T * D * 4);
     MOE_TRY(z || T == 0, MOE_ERR_STATE, "internal: backward workspace too small");
@@ -272,6 +273,5 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   MOE_CHECK(l->inner ? moe__inner_backward(l, dout, daux, dz, dxs) : moe__experts_backward(l, dout, dxs));
   moe__dispatch_backward(l, dxs, dx);
   MOE_CHECK(moe__gate_backward(l, dw, daux, dz, dx));
-  s->have_fwd = 0;
   return MOE_OK;
 }
