@@ -9,6 +9,16 @@
 moe_status moe__error(moe_status st, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* splitmix64: a tiny, well-mixed generator, so that initialization depends only on the seed. */
+static inline uint64_t moe__splitmix(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+/* Uniform in [-1, 1) from the generator. */
+static inline float moe__uniform(uint64_t *s) { return (float)((moe__splitmix(s) >> 40) * 0x1.0p-24) * 2.0f - 1.0f; }
+
 /* Check cond; on failure record the message and return st from the calling function. */
 #define MOE_TRY(cond, st, ...)                                                  \
   do {                                                                          \

@@ -170,14 +170,6 @@ void moe_layer_set_threads(moe_layer_t *l, int threads) {
   for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_set_threads(&l->inner[e], threads);
 }
 
-/* splitmix64: a tiny, well-mixed generator so that initialization depends only on the seed. */
-static uint64_t splitmix(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 void moe_layer_init_params(moe_layer_t *l, uint64_t seed) {
   uint64_t st = seed;
   memset(l->params, 0, l->numel * 4);
@@ -191,9 +183,9 @@ void moe_layer_init_params(moe_layer_t *l, uint64_t seed) {
     if (p->ndim == 1 || strstr(p->name, ".bias")) continue; /* biases start at zero */
     float bound = 1.0f / sqrtf((float)p->shape[p->ndim - 1]); /* fan_in is the last dim */
     for (size_t j = 0; j < p->numel; j++)
-      d[j] = bound * (2.0f * (float)((splitmix(&st) >> 40) * 0x1.0p-24) - 1.0f);
+      d[j] = bound * moe__uniform(&st);
   }
-  for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_init_params(&l->inner[e], splitmix(&st));
+  for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_init_params(&l->inner[e], moe__splitmix(&st));
 }
 
 size_t moe_layer_peak_bytes(const moe_layer_t *l) {

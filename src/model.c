@@ -174,12 +174,7 @@ void moe_model_init_params(moe_model_t *m, uint64_t seed) {
         r->data[j] = is_norm_w ? 1.0f : 0.0f;
         continue;
       }
-      uint64_t z = (st += 0x9E3779B97F4A7C15ull);
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-      z ^= z >> 31;
-      float u = (float)((z >> 40) * 0x1.0p-24) * 2.0f - 1.0f;
-      r->data[j] = u / sqrtf((float)r->shape[1]);
+      r->data[j] = moe__uniform(&st) / sqrtf((float)r->shape[1]);
     }
   }
 }
