@@ -17,13 +17,16 @@ static void usage(void) {
           "                     [--backward] [--spec] [--top_k K] [--capacity_setting X]\n"
           "                     [--activation relu|gelu|silu|swiglu] [--normalize_topk true|false]\n"
           "                     [--dispatch dynamic|static] [--priority index|score]\n"
-          "                     [--router linear|cosine] [--threads N]\n");
+          "                     [--router linear|cosine] [--threads N] [--expert-parallel]\n"
+          "Under mpirun -np W, --expert-parallel spreads the experts over the ranks (each routes T/W of\n"
+          "the tokens); rank 0 writes OUT, equal to the one-process output.\n");
 }
 
 typedef struct {
   const char *weights, *input, *out;
-  int backward, spec;
+  int backward, spec, expert_parallel;
   moe_layer_overrides ov;
+  moe_dist *dist; /* with --expert-parallel */
 } args_t;
 
 static int parse_args(int argc, char **argv, args_t *a) {
@@ -33,6 +36,7 @@ static int parse_args(int argc, char **argv, args_t *a) {
     const char *f = argv[i];
     if (cli_flag_is(f, "backward")) { a->backward = 1; continue; }
     if (cli_flag_is(f, "spec")) { a->spec = 1; continue; }
+    if (cli_flag_is(f, "expert_parallel")) { a->expert_parallel = 1; continue; }
     if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f);
     const char *v = argv[++i];
     moe_status st = MOE_OK;
@@ -94,8 +98,37 @@ static int get_f32(const moe_st *f, const char *name, int ndim, int64_t rows, in
   return 0;
 }
 
-static int run(const args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_writer *w,
-               float **bufs) {
+/* Rank 0 gets the ranks' pieces in rank order (without ranks: a copy). */
+static int gather(const moe_dist *d, const float *a, size_t n, float *out) {
+  if (!d) {
+    if (n) memcpy(out, a, n * 4);
+    return 0;
+  }
+  return moe_dist_gather(d, a, (int)n, out) != MOE_OK ? cli_fail(CMD) : 0;
+}
+
+/* The gradients of every weight: router gradients summed over the ranks, expert gradients gathered
+ * from their owners into (E, ...) tensors. Rank 0 adds them to w. */
+static int add_grads(const args_t *a, moe_layer_t *l, moe_st_writer *w, float *scratch) {
+  if (a->dist && moe_layer_reduce_grads(l) != MOE_OK) return cli_fail(CMD);
+  int root = moe_dist_rank(a->dist) == 0;
+  for (int i = 0; i < l->nparams; i++) {
+    const moe_param_info *p = &l->info[i];
+    int64_t shape[3] = {p->shape[0], p->shape[1], p->shape[2]};
+    const float *g = l->grads + p->offset;
+    if (a->dist && !strncmp(p->name, "experts.", 8)) {
+      if (gather(a->dist, g, p->numel, scratch)) return 1;
+      shape[0] = l->cfg.E;
+      g = scratch;
+    }
+    char name[128];
+    snprintf(name, sizeof name, "grad.%s", p->name);
+    if (root && moe_st_writer_add(w, name, MOE_DT_F32, p->ndim, shape, g) != MOE_OK) return cli_fail(CMD);
+  }
+  return 0;
+}
+
+static int run(const args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_writer *w, float **bufs) {
   if (moe_layer_load(l, wf, &a->ov) != MOE_OK) return cli_fail(CMD);
   int D = l->cfg.D, k = l->cfg.top_k;
   moe_tensor_view x, dy, dspec, sc;
@@ -118,29 +151,41 @@ static int run(const args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_w
       dspec_p = dspec.data;
     }
   }
-  size_t td = (size_t)T * D;
-  float *y = bufs[0] = malloc(td * 4 + 4);
-  float *spec = bufs[1] = a->spec ? malloc(td * k * 4 + 4) : NULL;
-  float *dx = bufs[2] = a->backward ? malloc(td * 4 + 4) : NULL;
-  if (!y || (a->spec && !spec) || (a->backward && !dx)) return cli_usage_error(CMD, "out of memory");
+  /* expert-parallel, rank r takes tokens [t0, t1) of x */
+  int W = moe_dist_size(a->dist), r = moe_dist_rank(a->dist);
+  int t0 = (int)((int64_t)T * r / W), t1 = (int)((int64_t)T * (r + 1) / W), Tl = t1 - t0;
+  size_t td = (size_t)T * D, tl = (size_t)Tl * D, expert_max = 0;
+  for (int i = 0; i < l->nparams; i++) expert_max = l->info[i].numel * (size_t)W > expert_max ? l->info[i].numel * (size_t)W : expert_max;
+  float *y = bufs[0] = malloc((td * (size_t)(k + 2) + expert_max) * 4 + 16);
+  float *yl = bufs[1] = malloc(tl * (size_t)(k + 2) * 4 + 16);
+  if (!y || !yl) return cli_usage_error(CMD, "out of memory");
+  float *spec = y + td, *dx = spec + td * k, *scratch = dx + td;
+  float *specl = yl + tl, *dxl = specl + tl * k;
   moe_layer_stats s;
-  if (moe_layer_forward(l, x.data, T, y, spec, &s) != MOE_OK) return cli_fail(CMD);
+  if (moe_layer_forward(l, (const float *)x.data + (size_t)t0 * D, Tl, yl, a->spec ? specl : NULL, &s) != MOE_OK)
+    return cli_fail(CMD);
   int64_t shp[2] = {T, D}, one = 1, E = l->cfg.E, spec_shape[2] = {(int64_t)T * k, D};
   int32_t dropped = s.dropped, capacity = s.capacity;
-  if (moe_st_writer_add(w, "y", MOE_DT_F32, 2, shp, y) || moe_st_writer_add(w, "aux_loss", MOE_DT_F32, 1, &one, &s.aux_loss) ||
-      moe_st_writer_add(w, "z_loss", MOE_DT_F32, 1, &one, &s.z_loss) ||
-      moe_st_writer_add(w, "expert_counts", MOE_DT_I32, 1, &E, s.expert_counts) ||
-      moe_st_writer_add(w, "dropped", MOE_DT_I32, 1, &one, &dropped) ||
-      moe_st_writer_add(w, "capacity", MOE_DT_I32, 1, &one, &capacity) ||
-      (spec && moe_st_writer_add(w, "spec", MOE_DT_F32, 2, spec_shape, spec)))
+  if (gather(a->dist, yl, tl, y) || (a->spec && gather(a->dist, specl, tl * k, spec))) return 1;
+  int root = r == 0;
+  if (root && (moe_st_writer_add(w, "y", MOE_DT_F32, 2, shp, y) ||
+               moe_st_writer_add(w, "aux_loss", MOE_DT_F32, 1, &one, &s.aux_loss) ||
+               moe_st_writer_add(w, "z_loss", MOE_DT_F32, 1, &one, &s.z_loss) ||
+               moe_st_writer_add(w, "expert_counts", MOE_DT_I32, 1, &E, s.expert_counts) ||
+               moe_st_writer_add(w, "dropped", MOE_DT_I32, 1, &one, &dropped) ||
+               moe_st_writer_add(w, "capacity", MOE_DT_I32, 1, &one, &capacity) ||
+               (a->spec && moe_st_writer_add(w, "spec", MOE_DT_F32, 2, spec_shape, spec))))
     return cli_fail(CMD);
   if (a->backward) {
     moe_layer_zero_grad(l);
-    if (moe_layer_backward(l, dy.data, daux, dz, dspec_p, NULL, dx) != MOE_OK) return cli_fail(CMD);
-    if (moe_st_writer_add(w, "grad.x", MOE_DT_F32, 2, shp, dx) || moe_layer_save_grads(l, w, "grad."))
-      return cli_fail(CMD);
+    const float *dyl = (const float *)dy.data + (size_t)t0 * D;
+    const float *dsl = dspec_p ? dspec_p + (size_t)t0 * k * D : NULL;
+    if (moe_layer_backward(l, dyl, daux, dz, dsl, NULL, dxl) != MOE_OK) return cli_fail(CMD);
+    if (gather(a->dist, dxl, tl, dx)) return 1;
+    if (root && moe_st_writer_add(w, "grad.x", MOE_DT_F32, 2, shp, dx)) return cli_fail(CMD);
+    if (add_grads(a, l, w, scratch)) return 1;
   }
-  if (moe_st_writer_save(w, a->out) != MOE_OK) return cli_fail(CMD);
+  if (root && moe_st_writer_save(w, a->out) != MOE_OK) return cli_fail(CMD);
   return 0;
 }
 
@@ -148,19 +193,25 @@ int cmd_layer_run(int argc, char **argv) {
   args_t a;
   int rc = parse_args(argc, argv, &a);
   if (rc) return rc;
+  if (a.expert_parallel) {
+    if (moe_dist_init(&a.dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
+    a.ov.dist = a.dist;
+  }
   moe_st *wf = NULL, *xf = NULL;
   moe_st_writer *w = NULL;
   moe_layer_t l = {0};
-  float *bufs[3] = {NULL, NULL, NULL};
+  float *bufs[2] = {NULL, NULL};
   if (moe_st_open(&wf, a.weights) != MOE_OK || moe_st_open(&xf, a.input) != MOE_OK ||
       moe_st_writer_new(&w) != MOE_OK)
     rc = cli_fail(CMD);
   else
     rc = run(&a, wf, xf, &l, w, bufs);
-  for (int i = 0; i < 3; i++) free(bufs[i]);
+  for (int i = 0; i < 2; i++) free(bufs[i]);
   moe_layer_free(&l);
   moe_st_writer_free(w);
   moe_st_close(xf);
   moe_st_close(wf);
+  if (rc && a.dist) moe_dist_abort(a.dist, rc); /* the other ranks may be waiting in a collective */
+  moe_dist_finalize(a.dist);
   return rc;
 }

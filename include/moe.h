@@ -94,6 +94,24 @@ typedef struct {
 moe_status moe_dataset_load_idx(moe_dataset *d, const char *images_path, const char *labels_path);
 void moe_dataset_free(moe_dataset *d);
 
+/* ---- processes: MPI when built with it, else one process ----
+ * moe_dist_init calls MPI_Init (when the library has MPI) and describes this process's place among
+ * the ranks; a layer given a moe_dist in its config runs expert-parallel over them. */
+typedef struct moe_dist moe_dist;
+moe_status moe_dist_init(moe_dist **out, int *argc, char ***argv);
+void moe_dist_finalize(moe_dist *d); /* MPI_Finalize; NULL is fine */
+int moe_dist_rank(const moe_dist *d);
+int moe_dist_size(const moe_dist *d);
+int moe_dist_has_mpi(void);
+/* Ends every rank with `code` (MPI_Abort): one rank's failure must not leave the others waiting in
+ * a collective. Returns only without MPI. */
+void moe_dist_abort(const moe_dist *d, int code);
+/* Sums a (n) doubles over all ranks, in place. */
+moe_status moe_dist_allreduce(const moe_dist *d, double *a, int n);
+/* Rank 0 gets the concatenation over ranks of each rank's `n` floats (n may differ per rank); out is
+ * used on rank 0 only and must hold the total. */
+moe_status moe_dist_gather(const moe_dist *d, const float *a, int n, float *out);
+
 /* ---- the MoE layer ---- */
 typedef enum { MOE_ACT_RELU, MOE_ACT_GELU, MOE_ACT_SILU, MOE_ACT_SWIGLU } moe_act;
 typedef enum { MOE_DISPATCH_DYNAMIC, MOE_DISPATCH_STATIC } moe_dispatch;
@@ -128,6 +146,8 @@ typedef struct {
   int inner_experts;      /* hierarchical MoE (DynaMoE): > 0 makes each expert an MoE layer of this
                              many FFN experts with its own router; 0 = FFN experts */
   int inner_top_k;        /* k of the inner layers */
+  const moe_dist *dist;   /* expert parallelism (dispatch=dynamic): each of the W ranks routes its own
+                             tokens and holds experts [rank*E/W, (rank+1)*E/W); NULL = one process */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on. */
@@ -141,7 +161,8 @@ void moe_layer_config_default(moe_layer_config *c);
  *   gate.logit_scale   (1)            cosine router: logits are multiplied by exp(min(s, ln 100))
  *   experts.fc1.weight (E, H, D)   experts.fc1.bias (E, H)
  *   experts.fc2.weight (E, D, H)   experts.fc2.bias (E, D)
- *   experts.fc3.weight (E, H, D)   swiglu only */
+ *   experts.fc3.weight (E, H, D)   swiglu only
+ * Expert-parallel, the experts.* tensors hold this rank's E/W experts: (E/W, H, D) and so on. */
 typedef struct {
   const char *name;
   int ndim;
@@ -201,6 +222,9 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
  * added into l->grads. */
 moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float dz,
                               const float *dspec, const float *dweights, float *dx);
+/* Expert-parallel: sums the gradients of the replicated (router) parameters over the ranks, so every
+ * rank holds the gradient of the global loss; expert gradients stay on their owner. */
+moe_status moe_layer_reduce_grads(moe_layer_t *l);
 /* Peak bytes of the layer's workspace arena since init. */
 size_t moe_layer_peak_bytes(const moe_layer_t *l);
 
@@ -214,6 +238,7 @@ typedef struct {
   int normalize_topk;     /* -2 unset, -1 auto, 0, 1 */
   int act, dispatch, priority, router; /* -1 unset */
   int threads;            /* -1 unset */
+  const moe_dist *dist;   /* NULL unset: expert-parallel over these ranks (the file holds all experts) */
 } moe_layer_overrides;
 void moe_layer_overrides_init(moe_layer_overrides *o);
 moe_status moe_layer_load(moe_layer_t *l, const moe_st *f, const moe_layer_overrides *o);

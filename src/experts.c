@@ -1,4 +1,5 @@
-/* The experts: one FFN per expert over its contiguous slice of rows, as grouped GEMMs.
+/* The experts: one FFN per expert over its contiguous slice of rows, as grouped GEMMs. The groups
+ * are the layer's local experts: gx (grows, D) in, gout out, slices at goffs (ng + 1).
  *   a1 = xs W1^T + b1, h = act(a1) (swiglu: h = silu(a1) * (xs W3^T)), out = h W2^T + b2.
  * Backward adds dW1, db1, dW2, db2 (and dW3) and yields dxs. Slices may be empty; static dispatch
  * passes padded slices of C rows. Backward reuses the forward's buffers once they are dead (h for
@@ -12,9 +13,9 @@
 #define COLSUM_CHUNK 256
 
 size_t moe__experts_bytes(const moe_layer_t *l, int rows) {
-  size_t r = (size_t)rows, H = (size_t)l->cfg.H, D = (size_t)l->cfg.D;
+  size_t r = (size_t)rows, H = (size_t)l->cfg.H;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
-  size_t fwd = (glu ? 3 : 2) * moe__arena_size(r * H * 4) + moe__arena_size(r * D * 4); /* a1 (a3) h out */
+  size_t fwd = (glu ? 3 : 2) * moe__arena_size(r * H * 4); /* a1 (a3) h; the caller owns gx and gout */
   return fwd + 2 * moe__arena_size(3 * (size_t)l->cfg.E * sizeof(moe__gemm));
 }
 
@@ -72,46 +73,45 @@ static void add_bias(float *a, const float *bias, const int32_t *offs, int E, in
 
 moe_status moe__experts_forward(moe_layer_t *l) {
   moe__layer_state *s = l->st;
-  int E = l->cfg.E, D = l->cfg.D, H = l->cfg.H, rows = s->rows, nt = s->threads;
+  int E = s->ng, D = l->cfg.D, H = l->cfg.H, rows = s->grows, nt = s->threads;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
   moe__arena *a = &s->work;
   s->a1 = moe__arena_alloc(a, (size_t)rows * H * 4);
   s->a3 = glu ? moe__arena_alloc(a, (size_t)rows * H * 4) : NULL;
   s->h = moe__arena_alloc(a, (size_t)rows * H * 4);
-  s->out = moe__arena_alloc(a, (size_t)rows * D * 4);
   moe__gemm *g = moe__arena_alloc(a, 3 * (size_t)E * sizeof *g);
-  MOE_TRY(g && (s->out || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
+  MOE_TRY(g && (s->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
   moe__weights w;
   moe__weights_bind(l, l->params, &w);
   int n = 0;
   for (int e = 0; e < E; e++) {
-    int r0 = s->offs[e], m = s->offs[e + 1] - r0;
-    g[n++] = (moe__gemm){false, true, m, H, D, 1.0f, 0.0f, s->xs + (size_t)r0 * D, D,
+    int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
+    g[n++] = (moe__gemm){false, true, m, H, D, 1.0f, 0.0f, s->gx + (size_t)r0 * D, D,
                          w.w1 + (size_t)e * H * D, D, s->a1 + (size_t)r0 * H, H};
     if (glu)
-      g[n++] = (moe__gemm){false, true, m, H, D, 1.0f, 0.0f, s->xs + (size_t)r0 * D, D,
+      g[n++] = (moe__gemm){false, true, m, H, D, 1.0f, 0.0f, s->gx + (size_t)r0 * D, D,
                            w.w3 + (size_t)e * H * D, D, s->a3 + (size_t)r0 * H, H};
   }
   moe__gemm_run(g, n, nt);
-  add_bias(s->a1, w.b1, s->offs, E, rows, H, nt);
+  add_bias(s->a1, w.b1, s->goffs, E, rows, H, nt);
   moe_act act = l->cfg.act;
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (size_t i = 0; i < (size_t)rows * H; i++)
     s->h[i] = glu ? act_f(MOE_ACT_SILU, s->a1[i]) * s->a3[i] : act_f(act, s->a1[i]);
   n = 0;
   for (int e = 0; e < E; e++) {
-    int r0 = s->offs[e], m = s->offs[e + 1] - r0;
+    int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
     g[n++] = (moe__gemm){false, true, m, D, H, 1.0f, 0.0f, s->h + (size_t)r0 * H, H,
-                         w.w2 + (size_t)e * D * H, H, s->out + (size_t)r0 * D, D};
+                         w.w2 + (size_t)e * D * H, H, s->gout + (size_t)r0 * D, D};
   }
   moe__gemm_run(g, n, nt);
-  add_bias(s->out, w.b2, s->offs, E, rows, D, nt);
+  add_bias(s->gout, w.b2, s->goffs, E, rows, D, nt);
   return MOE_OK;
 }
 
 moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs) {
   moe__layer_state *s = l->st;
-  int E = l->cfg.E, D = l->cfg.D, H = l->cfg.H, rows = s->rows, nt = s->threads;
+  int E = s->ng, D = l->cfg.D, H = l->cfg.H, rows = s->grows, nt = s->threads;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
   moe__arena *a = &s->work;
   float *dh = s->h;   /* h is dead once dW2 is done: dh, then da1, in its place */
@@ -123,19 +123,19 @@ moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs) 
   moe__weights_bind(l, l->grads, &gw);
   int n = 0;
   for (int e = 0; e < E; e++) {
-    int r0 = s->offs[e], m = s->offs[e + 1] - r0;
+    int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
     g[n++] = (moe__gemm){true, false, D, H, m, 1.0f, 1.0f, dout + (size_t)r0 * D, D, s->h + (size_t)r0 * H, H,
                          gw.w2 + (size_t)e * D * H, H}; /* dW2 += dout^T h */
   }
   moe__gemm_run(g, n, nt);
   n = 0;
   for (int e = 0; e < E; e++) {
-    int r0 = s->offs[e], m = s->offs[e + 1] - r0;
+    int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
     g[n++] = (moe__gemm){false, false, m, H, D, 1.0f, 0.0f, dout + (size_t)r0 * D, D, w.w2 + (size_t)e * D * H, H,
                          dh + (size_t)r0 * H, H}; /* dh = dout W2 */
   }
   moe__gemm_run(g, n, nt);
-  if (gw.b2) colsum_add(gw.b2, dout, s->offs, E, D, nt);
+  if (gw.b2) colsum_add(gw.b2, dout, s->goffs, E, D, nt);
   moe_act act = l->cfg.act;
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (size_t i = 0; i < (size_t)rows * H; i++) {
@@ -148,11 +148,11 @@ moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs) 
       dh[i] *= act_df(act, a1);
     }
   }
-  if (gw.b1) colsum_add(gw.b1, dh, s->offs, E, H, nt);
+  if (gw.b1) colsum_add(gw.b1, dh, s->goffs, E, H, nt);
   n = 0;
   for (int e = 0; e < E; e++) {
-    int r0 = s->offs[e], m = s->offs[e + 1] - r0;
-    const float *xr = s->xs + (size_t)r0 * D;
+    int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
+    const float *xr = s->gx + (size_t)r0 * D;
     g[n++] = (moe__gemm){true, false, H, D, m, 1.0f, 1.0f, dh + (size_t)r0 * H, H, xr, D,
                          gw.w1 + (size_t)e * H * D, D}; /* dW1 += da1^T xs */
     if (glu)
@@ -165,7 +165,7 @@ moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs) 
   if (glu) {
     n = 0;
     for (int e = 0; e < E; e++) {
-      int r0 = s->offs[e], m = s->offs[e + 1] - r0;
+      int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
       g[n++] = (moe__gemm){false, false, m, D, H, 1.0f, 1.0f, da3 + (size_t)r0 * H, H,
                            w.w3 + (size_t)e * H * D, D, dxs + (size_t)r0 * D, D}; /* += da3 W3 */
     }

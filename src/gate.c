@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "dist/dist.h"
 #include "gemm.h"
 #include "layer_internal.h"
 
@@ -16,6 +17,7 @@ size_t moe__gate_bytes(const moe_layer_t *l, int T, int k) {
   b += 3 * moe__arena_size(t * E * 4);             /* logits, probs, dprobs */
   b += moe__arena_size(t * 4) * 2;                 /* lse, order */
   b += moe__arena_size(t * 8);                     /* route.c: priority sort keys */
+  b += moe__arena_size((2 * E + 2) * sizeof(double)); /* loss sums */
   b += 5 * moe__arena_size(tk * 4);                /* top_e, top_p, top_w, row, dw */
   b += 5 * moe__arena_size((E + 1) * 4);           /* counts, kept, offs, fill, frac1 */
   if (l->cfg.router == MOE_ROUTER_COSINE)          /* proj, dproj, norms, emb, demb */
@@ -139,22 +141,28 @@ moe_status moe__gate_forward(moe_layer_t *l, const float *x, int T, int k) {
   for (int t = 0; t < T; t++)
     route_token(s->logits + (size_t)t * E, s->probs + (size_t)t * E, s->lse + t, E, k, norm,
                 s->top_e + (size_t)t * k, s->top_p + (size_t)t * k, s->top_w + (size_t)t * k);
-  /* losses: sums in double, in token order, so the bits do not depend on the thread count */
-  double z = 0;
-  memset(s->fill, 0, (size_t)E * 4);
+  /* losses from sums in double, in token order (the bits do not depend on the thread count), summed
+   * over the ranks when expert-parallel: the balance loss and the z-loss are over all tokens */
+  int E2 = 2 * E + 2;
+  double *acc = moe__arena_alloc(a, (size_t)E2 * sizeof *acc); /* prob sums, top-1 counts, T, sum lse^2 */
+  MOE_TRY(acc, MOE_ERR_STATE, "internal: router workspace too small");
+  memset(acc, 0, (size_t)E2 * sizeof *acc);
   for (int t = 0; t < T; t++) {
-    z += (double)s->lse[t] * s->lse[t];
-    s->fill[s->top_e[(size_t)t * k]]++;
+    acc[2 * E + 1] += (double)s->lse[t] * s->lse[t];
+    acc[E + s->top_e[(size_t)t * k]] += 1;
   }
-  double aux = 0;
+  for (int e = 0; e < E; e++)
+    for (int t = 0; t < T; t++) acc[e] += s->probs[(size_t)t * E + e];
+  acc[2 * E] = T;
+  if (l->cfg.dist) MOE_CHECK(moe_dist_allreduce(l->cfg.dist, acc, E2));
+  double Tg = acc[2 * E], aux = 0;
+  s->Tg = Tg;
   for (int e = 0; e < E; e++) {
-    double mp = 0;
-    for (int t = 0; t < T; t++) mp += s->probs[(size_t)t * E + e];
-    s->frac1[e] = T ? (float)s->fill[e] / T : 0.0f;
-    aux += T ? mp / T * s->frac1[e] : 0.0;
+    s->frac1[e] = Tg > 0 ? (float)(acc[E + e] / Tg) : 0.0f;
+    aux += Tg > 0 ? acc[e] / Tg * s->frac1[e] : 0.0;
   }
   s->aux = (float)(E * aux);
-  s->z = T ? (float)(z / T) : 0.0f;
+  s->z = Tg > 0 ? (float)(acc[2 * E + 1] / Tg) : 0.0f;
   return MOE_OK;
 }
 
@@ -178,7 +186,7 @@ moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float
     const float *p = s->probs + (size_t)t * E;
     const float *tp = s->top_p + (size_t)t * k, *tw = s->top_w + (size_t)t * k, *d = dw + (size_t)t * k;
     const int32_t *te = s->top_e + (size_t)t * k;
-    for (int e = 0; e < E; e++) g[e] = daux * E * s->frac1[e] / T;
+    for (int e = 0; e < E; e++) g[e] = daux * E * s->frac1[e] / (float)s->Tg;
     if (norm) { /* w_j = p_j / S: dp_j = (dw_j - sum_i dw_i w_i) / S */
       float S = 0, dot = 0;
       for (int j = 0; j < k; j++) { S += tp[j]; dot += d[j] * tw[j]; }
@@ -188,7 +196,7 @@ moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float
     }
     float dot = 0;
     for (int e = 0; e < E; e++) dot += g[e] * p[e];
-    float zc = dz * 2.0f * s->lse[t] / T;
+    float zc = dz * 2.0f * s->lse[t] / (float)s->Tg;
     for (int e = 0; e < E; e++) g[e] = p[e] * (g[e] - dot) + zc * p[e];
   }
   moe__weights w, gw;

@@ -5,15 +5,9 @@
 
 #include "layer_internal.h"
 
-size_t moe__inner_bytes(const moe_layer_t *l, int rows) {
-  return moe__arena_size((size_t)rows * l->cfg.D * 4); /* out; the inner layers own their workspaces */
-}
-
 moe_status moe__inner_forward(moe_layer_t *l) {
   moe__layer_state *s = l->st;
   int D = l->cfg.D;
-  s->out = moe__arena_alloc(&s->work, (size_t)s->rows * D * 4);
-  MOE_TRY(s->out || s->rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
   s->inner_aux = s->inner_z = 0;
   for (int e = 0; e < l->cfg.E; e++) {
     int r0 = s->offs[e], n = s->kept[e], pad = s->offs[e + 1] - r0 - n;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/dist.h"
 #include "gemm.h"
 #include "layer_internal.h"
 
@@ -55,6 +56,14 @@ static moe_status check_config(const moe_layer_config *c) {
           "config: proj_dim must be > 0 for the cosine router, got %d", c->proj_dim);
   MOE_TRY(c->threads >= 0, MOE_ERR_ARG, "config: threads must be >= 0, got %d", c->threads);
   MOE_TRY(c->inner_experts >= 0, MOE_ERR_ARG, "config: inner_experts must be >= 0, got %d", c->inner_experts);
+  if (c->dist) {
+    int W = moe_dist_size(c->dist);
+    MOE_TRY(c->E % W == 0, MOE_ERR_ARG, "config: expert parallelism needs E divisible by the ranks (E=%d, W=%d)",
+            c->E, W);
+    MOE_TRY(c->dispatch == MOE_DISPATCH_DYNAMIC, MOE_ERR_ARG,
+            "config: expert parallelism supports dispatch=dynamic only for now");
+    MOE_TRY(c->inner_experts == 0, MOE_ERR_ARG, "config: expert parallelism does not support hierarchical MoE yet");
+  }
   MOE_TRY(c->inner_experts == 0 || (c->inner_top_k >= 1 && c->inner_top_k <= c->inner_experts), MOE_ERR_ARG,
           "config: inner_top_k must be in [1, inner_experts=%d], got %d", c->inner_experts, c->inner_top_k);
   return MOE_OK;
@@ -76,11 +85,12 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
     add_param(l, "gate.logit_scale", 1, 1, 0, 0);
   }
   if (!cfg->inner_experts) {
-    add_param(l, "experts.fc1.weight", 3, E, H, D);
-    if (cfg->expert_bias) add_param(l, "experts.fc1.bias", 2, E, H, 0);
-    add_param(l, "experts.fc2.weight", 3, E, D, H);
-    if (cfg->expert_bias) add_param(l, "experts.fc2.bias", 2, E, D, 0);
-    if (cfg->act == MOE_ACT_SWIGLU) add_param(l, "experts.fc3.weight", 3, E, H, D);
+    int64_t El = E / moe_dist_size(cfg->dist); /* this rank's experts */
+    add_param(l, "experts.fc1.weight", 3, El, H, D);
+    if (cfg->expert_bias) add_param(l, "experts.fc1.bias", 2, El, H, 0);
+    add_param(l, "experts.fc2.weight", 3, El, D, H);
+    if (cfg->expert_bias) add_param(l, "experts.fc2.bias", 2, El, D, 0);
+    if (cfg->act == MOE_ACT_SWIGLU) add_param(l, "experts.fc3.weight", 3, El, H, D);
   }
   l->params = aligned_alloc(64, l->numel * 4);
   l->grads = aligned_alloc(64, l->numel * 4);
@@ -165,6 +175,14 @@ moe_status moe_layer_set_top_k(moe_layer_t *l, int k) {
   return MOE_OK;
 }
 
+moe_status moe_layer_reduce_grads(moe_layer_t *l) {
+  if (!l->cfg.dist) return MOE_OK;
+  for (int i = 0; i < l->nparams; i++)
+    if (!strncmp(l->info[i].name, "gate.", 5))
+      MOE_CHECK(moe__dist_allreduce_f32(l->cfg.dist, l->grads + l->info[i].offset, (int)l->info[i].numel));
+  return MOE_OK;
+}
+
 void moe_layer_set_threads(moe_layer_t *l, int threads) {
   l->cfg.threads = threads > 0 ? threads : 0;
   for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_set_threads(&l->inner[e], threads);
@@ -218,15 +236,35 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   s->x = x;
   s->T = T;
   s->k = k;
-  MOE_CHECK(moe__arena_reserve(&s->route, moe__gate_bytes(l, T, k), "router"));
+  int ep = l->cfg.dist != NULL;
+  MOE_CHECK(moe__arena_reserve(&s->route, moe__gate_bytes(l, T, k) + (ep ? moe__ep_route_bytes(l) : 0), "router"));
   MOE_CHECK(moe__gate_forward(l, x, T, k));
   MOE_CHECK(moe__route(l));
-  size_t experts = l->inner ? moe__inner_bytes(l, s->rows) : moe__experts_bytes(l, s->rows);
-  size_t work = moe__dispatch_bytes(l) + experts +
-                moe__arena_size((size_t)s->rows * D * 4) + moe__arena_size((size_t)T * D * 4); /* dout, dy=0 */
+  if (ep) {
+    MOE_CHECK(moe__ep_sizes(l)); /* the size exchange: now the rows this rank's experts get are known */
+  } else {
+    s->ng = l->cfg.E;
+    s->e0 = 0;
+    s->grows = s->rows;
+    s->goffs = s->offs;
+  }
+  size_t rows_d = moe__arena_size((size_t)s->rows * D * 4);
+  size_t experts = l->inner ? 0 : moe__experts_bytes(l, s->grows);
+  size_t work = moe__dispatch_bytes(l) + experts + 2 * rows_d + moe__arena_size((size_t)T * D * 4) + /* out, dout, dy=0 */
+                (ep ? moe__ep_work_bytes(l) : 0);
   MOE_CHECK(moe__arena_reserve(&s->work, work, "expert"));
   MOE_CHECK(moe__dispatch_forward(l));
+  s->out = moe__arena_alloc(&s->work, (size_t)s->rows * D * 4);
+  MOE_TRY(s->out || s->rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
+  if (ep) {
+    MOE_CHECK(moe__ep_plan(l));
+    MOE_CHECK(moe__ep_scatter(l, s->xs, s->gx)); /* the token exchange */
+  } else {
+    s->gx = s->xs;
+    s->gout = s->out;
+  }
   MOE_CHECK(l->inner ? moe__inner_forward(l) : moe__experts_forward(l));
+  if (ep) MOE_CHECK(moe__ep_gather(l, s->gout, s->out));
   moe__combine_forward(l, y, spec);
   s->have_fwd = 1;
   if (stats) {
@@ -234,7 +272,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     stats->z_loss = s->z + (l->inner ? s->inner_z : 0.0f);
     stats->capacity = s->C;
     stats->dropped = s->dropped;
-    stats->expert_counts = s->counts;
+    stats->expert_counts = ep ? s->gcounts : s->counts;
     stats->experts = s->top_e;
     stats->weights = s->top_w;
   }
@@ -262,7 +300,13 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   MOE_CHECK(moe__combine_backward(l, dy, dspec, dout, dw));
   if (dweights)
     for (size_t i = 0; i < (size_t)T * s->k; i++) dw[i] += dweights[i];
-  MOE_CHECK(l->inner ? moe__inner_backward(l, dout, daux, dz, dxs) : moe__experts_backward(l, dout, dxs));
+  if (l->cfg.dist) { /* dout to the experts' owners, and dxs back */
+    MOE_CHECK(moe__ep_scatter(l, dout, s->gout));
+    MOE_CHECK(moe__experts_backward(l, s->gout, s->xr));
+    MOE_CHECK(moe__ep_gather(l, s->xr, dxs));
+  } else {
+    MOE_CHECK(l->inner ? moe__inner_backward(l, dout, daux, dz, dxs) : moe__experts_backward(l, dout, dxs));
+  }
   moe__dispatch_backward(l, dxs, dx);
   MOE_CHECK(moe__gate_backward(l, dw, daux, dz, dx));
   return MOE_OK;

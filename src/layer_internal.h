@@ -45,6 +45,19 @@ struct moe__layer_state {
   float aux, z;
   float inner_aux, inner_z; /* hierarchical: sums over the inner layers */
   int dropped;
+  /* the expert groups that experts.c computes: this process's experts. Without expert parallelism
+   * they alias the dispatch buffers (ng = E, goffs = offs, gx = xs, gout = out, grows = rows);
+   * expert-parallel they hold the rows received from every rank, expert-major (ep.c). */
+  int ng, grows, e0;    /* groups, their rows, global id of group 0 */
+  int32_t *goffs;       /* (ng + 1) */
+  float *gx, *gout;     /* (grows, D) */
+  /* expert parallelism (ep.c) */
+  int32_t *gcounts;     /* (E) assignments per expert over all ranks (the stats) */
+  double Tg;            /* tokens over all ranks */
+  int *ex;              /* (4 W) send rows, send displs, recv rows, recv displs: the token exchange */
+  int32_t *rc;          /* (W, E/W) rows from rank s for local expert e */
+  int32_t *perm;        /* (grows) source-major row of each expert-major row */
+  float *xr;            /* (grows, D) the exchange buffer, source-major */
   /* expert buffers, rows x ... */
   float *xs;        /* (rows, D) expert inputs */
   float *a1;        /* (rows, H) fc1 pre-activation */
@@ -83,8 +96,19 @@ moe_status moe__experts_forward(moe_layer_t *l);
 moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs);
 
 /* hier.c: inner MoE layers as the experts (hierarchical MoE). */
-size_t moe__inner_bytes(const moe_layer_t *l, int rows);
 moe_status moe__inner_forward(moe_layer_t *l);
 moe_status moe__inner_backward(moe_layer_t *l, const float *dout, float daux, float dz, float *dxs);
+
+/* ep.c: expert parallelism. After routing: the size exchange (per-expert counts to the experts'
+ * owners), then the token exchange into expert-major groups; and the way back. */
+size_t moe__ep_route_bytes(const moe_layer_t *l);
+moe_status moe__ep_sizes(moe_layer_t *l);
+size_t moe__ep_work_bytes(const moe_layer_t *l);
+/* Allocates the exchange buffers (xr, gx, gout) and the expert-major permutation. */
+moe_status moe__ep_plan(moe_layer_t *l);
+/* rows (rows, D) local, expert-sorted -> g (grows, D) expert-major on the owners */
+moe_status moe__ep_scatter(moe_layer_t *l, const float *rows, float *g);
+/* g (grows, D) expert-major on the owners -> rows (rows, D) back where they came from; g is clobbered */
+moe_status moe__ep_gather(moe_layer_t *l, float *g, float *rows);
 
 #endif

@@ -53,6 +53,7 @@ void moe_layer_overrides_init(moe_layer_overrides *o) {
   o->normalize_topk = -2;
   o->act = o->dispatch = o->priority = o->router = -1;
   o->threads = -1;
+  o->dist = NULL;
 }
 
 moe_status moe__meta_int(const moe_st *f, const char *key, int *out) {
@@ -152,6 +153,7 @@ static void apply_overrides(moe_layer_config *c, const moe_layer_overrides *o) {
   if (o->priority != -1) c->priority = (moe_priority)o->priority;
   if (o->router != -1) c->router = (moe_router)o->router;
   if (o->threads != -1) c->threads = o->threads;
+  if (o->dist) c->dist = o->dist;
 }
 
 static moe_status copy_params(moe_layer_t *l, const moe_st *f) {
@@ -162,13 +164,17 @@ static moe_status copy_params(moe_layer_t *l, const moe_st *f) {
     MOE_CHECK(moe_st_get(f, p->name, &v));
     MOE_TRY(v.dtype == MOE_DT_F32, MOE_ERR_DTYPE, "%s: tensor '%s' has dtype %s, want F32", path, p->name,
             moe_dtype_name(v.dtype));
+    /* expert-parallel, this rank's experts are a slice of the file's (E, ...) tensors */
+    int sliced = !strncmp(p->name, "experts.", 8) && l->cfg.dist;
+    int64_t El = p->shape[0], e0 = sliced ? (int64_t)moe_dist_rank(l->cfg.dist) * El : 0;
     int same = v.ndim == p->ndim;
-    for (int d = 0; same && d < p->ndim; d++) same = v.shape[d] == p->shape[d];
+    for (int d = 0; same && d < p->ndim; d++) same = v.shape[d] == (d == 0 && sliced ? l->cfg.E : p->shape[d]);
     if (!same) {
       char want[64], got[96];
       int n = snprintf(want, sizeof want, "(");
       for (int d = 0; d < p->ndim; d++)
-        n += snprintf(want + n, sizeof want - n, "%s%lld", d ? ", " : "", (long long)p->shape[d]);
+        n += snprintf(want + n, sizeof want - n, "%s%lld", d ? ", " : "",
+                      (long long)(d == 0 && sliced ? l->cfg.E : p->shape[d]));
       snprintf(want + n, sizeof want - n, ")");
       n = snprintf(got, sizeof got, "(");
       for (int d = 0; d < v.ndim && n < (int)sizeof got - 24; d++)
@@ -177,7 +183,7 @@ static moe_status copy_params(moe_layer_t *l, const moe_st *f) {
       return moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: tensor '%s' has shape %s, want %s", path,
                         p->name, got, want);
     }
-    memcpy(l->params + p->offset, v.data, p->numel * 4);
+    memcpy(l->params + p->offset, (const float *)v.data + (size_t)e0 * (p->numel / (size_t)El), p->numel * 4);
   }
   for (int i = 0; i < moe_st_count(f); i++) {
     moe_tensor_view v;

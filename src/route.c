@@ -46,8 +46,18 @@ moe_status moe__route(moe_layer_t *l) {
   int T = s->T, k = s->k, E = l->cfg.E;
   memset(s->counts, 0, (size_t)E * 4);
   for (size_t i = 0; i < (size_t)T * k; i++) s->counts[s->top_e[i]]++;
+  const int32_t *cnt = s->counts;
+  if (l->cfg.dist) { /* expert-parallel: the counts (and the stats) are over all ranks */
+    double *g = moe__arena_alloc(&s->route, (size_t)E * sizeof *g);
+    s->gcounts = moe__arena_alloc(&s->route, (size_t)E * 4);
+    MOE_TRY(g && s->gcounts, MOE_ERR_STATE, "internal: routing workspace too small");
+    for (int e = 0; e < E; e++) g[e] = s->counts[e];
+    MOE_CHECK(moe_dist_allreduce(l->cfg.dist, g, E));
+    for (int e = 0; e < E; e++) s->gcounts[e] = (int32_t)g[e];
+    cnt = s->gcounts;
+  }
   int maxc = 0;
-  for (int e = 0; e < E; e++) maxc = s->counts[e] > maxc ? s->counts[e] : maxc;
+  for (int e = 0; e < E; e++) maxc = cnt[e] > maxc ? cnt[e] : maxc;
   int C = capacity(l, T, k, maxc);
   s->C = C;
 

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "fdcheck.h"
 #include "test.h"
 
 #define GC_T 10
@@ -42,31 +43,13 @@ typedef struct {
   const gc_case *c;
   moe_layer_t l;
   int T, D, E, k;
-  float *x, *y, *spec, *spec0, *dy, *dspec, *dw, *dx, *save;
-  double *v;
+  float *x, *y, *spec, *spec0, *dy, *dspec, *dw, *dx;
   float daux, dz;
   int32_t counts0[GC_E];
   int dropped0;
-  double worst_rel;   /* max |fd - an| / max(1, |an|) */
-  double worst_ratio; /* max |fd - an| / tolerance */
-  char worst_at[160];
+  fd_check fd;        /* the finite differences and their worst errors */
   double max_jump;    /* largest spec movement seen under a perturbation */
 } gc_ctx;
-
-static uint64_t gc_next(uint64_t *s) { /* splitmix64 */
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static double gc_unif(uint64_t *s, double lo, double hi) {
-  return lo + (hi - lo) * (double)(gc_next(s) >> 11) * 0x1.0p-53;
-}
-
-static void gc_fill(uint64_t *s, float *a, size_t n, double lo, double hi) {
-  for (size_t i = 0; i < n; i++) a[i] = (float)gc_unif(s, lo, hi);
-}
 
 static int gc_row_zero(const float *r, int D) {
   for (int d = 0; d < D; d++)
@@ -75,8 +58,10 @@ static int gc_row_zero(const float *r, int D) {
 }
 
 /* One forward at the current parameters and x: the loss in double, then the routing compared with
- * the reference forward. Returns 0 (after printing why) on an error or a routing change. */
-static int gc_loss(gc_ctx *g, double *L, const char *what) {
+ * the reference forward. Returns 0 (after printing why) on an error or a routing change: the
+ * fd_check loss callback. */
+static int gc_loss(void *ctx, double *L, const char *what) {
+  gc_ctx *g = ctx;
   moe_layer_stats st;
   moe_status s = moe_layer_forward(&g->l, g->x, g->T, g->y, g->spec, &st);
   if (s != MOE_OK) {
@@ -120,81 +105,6 @@ static int gc_loss(gc_ctx *g, double *L, const char *what) {
   return 1;
 }
 
-/* Compares one finite difference with the analytic value; records the worst error. */
-static int gc_compare(gc_ctx *g, const char *tensor, const char *kind, long idx, double fd, double an,
-                      double lp, double l0, double lm) {
-  double err = fabs(fd - an), tol = GC_ATOL + GC_RTOL * fabs(an);
-  double rel = err / (fabs(an) > 1.0 ? fabs(an) : 1.0);
-  if (rel > g->worst_rel) g->worst_rel = rel;
-  if (err / tol > g->worst_ratio) {
-    g->worst_ratio = err / tol;
-    snprintf(g->worst_at, sizeof g->worst_at, "%s %s %ld: fd %.6g an %.6g", tensor, kind, idx, fd, an);
-  }
-  if (err <= tol) return 1;
-  /* one-sided slopes that disagree point to a kink or a routing change */
-  fprintf(stderr, "  [%s] %s %s %ld: finite difference %.7g, analytic %.7g, |diff| %.3g > tol %.3g "
-          "(one-sided slopes %.7g, %.7g)\n", g->c->name, tensor, kind, idx, fd, an, err, tol,
-          (lp - l0) / GC_EPS, (l0 - lm) / GC_EPS);
-  return 0;
-}
-
-/* Central difference of L along the perturbation p[i] +- GC_EPS * dir[i] (dir NULL: only element
- * idx, by 1). The analytic value uses the perturbation actually stored in float. */
-static int gc_probe(gc_ctx *g, float *p, const float *grad, size_t n, const double *dir, long idx,
-                    const char *tensor, double L0) {
-  char what[160];
-  snprintf(what, sizeof what, "%s %s %ld", tensor, dir ? "direction" : "element", idx);
-  memcpy(g->save, p, n * 4);
-  size_t i0 = dir ? 0 : (size_t)idx, i1 = dir ? n : (size_t)idx + 1;
-  double an = 0, Lp, Lm;
-  for (size_t i = i0; i < i1; i++) {
-    double step = GC_EPS * (dir ? dir[i] : 1.0);
-    float hi = (float)(g->save[i] + step), lo = (float)(g->save[i] - step);
-    an += (double)grad[i] * ((double)hi - lo) / (2 * GC_EPS);
-    p[i] = hi;
-  }
-  int ok = gc_loss(g, &Lp, what);
-  for (size_t i = i0; i < i1; i++) p[i] = (float)(g->save[i] - GC_EPS * (dir ? dir[i] : 1.0));
-  ok = ok && gc_loss(g, &Lm, what);
-  memcpy(p, g->save, n * 4);
-  if (!ok) return 0;
-  return gc_compare(g, tensor, dir ? "direction" : "element", idx, (Lp - Lm) / (2 * GC_EPS), an, Lp, L0, Lm);
-}
-
-/* Both checks on one tensor: a random unit direction, then up to GC_ELEMS elements spread over it
- * (of experts with tokens, for expert tensors). */
-static int gc_tensor(gc_ctx *g, uint64_t *rng, float *p, const float *grad, size_t n, int per_expert,
-                     const char *tensor, double L0) {
-  double gmax = 0;
-  for (size_t i = 0; i < n; i++) gmax = fabs(grad[i]) > gmax ? fabs(grad[i]) : gmax;
-  if (!(gmax >= GC_MIN_GRAD)) {
-    fprintf(stderr, "  [%s] %s: analytic gradient is at most %g everywhere: nothing to check\n",
-            g->c->name, tensor, gmax);
-    return 0;
-  }
-  double nrm = 0;
-  for (size_t i = 0; i < n; i++) {
-    g->v[i] = gc_unif(rng, -1, 1);
-    nrm += g->v[i] * g->v[i];
-  }
-  nrm = sqrt(nrm);
-  for (size_t i = 0; i < n; i++) g->v[i] /= nrm;
-  int ok = gc_probe(g, p, grad, n, g->v, 0, tensor, L0);
-  /* eligible elements, in order; spread the picks over them */
-  size_t per = per_expert ? n / (size_t)g->E : n, m = 0;
-  long *cand = malloc(n * sizeof *cand);
-  if (!cand) return 0;
-  for (size_t i = 0; i < n; i++)
-    if (!per_expert || g->counts0[i / per] > 0) cand[m++] = (long)i;
-  size_t picks = m < GC_ELEMS ? m : GC_ELEMS;
-  for (size_t j = 0; j < picks && ok; j++) {
-    size_t at = (j * m + m / (2 * picks)) / picks;
-    ok = gc_probe(g, p, grad, n, NULL, cand[at], tensor, L0);
-  }
-  free(cand);
-  return ok;
-}
-
 static int gc_run_checks(gc_ctx *g) {
   const gc_case *c = g->c;
   int T = GC_T, D = GC_D, k = c->k;
@@ -224,8 +134,6 @@ static int gc_run_checks(gc_ctx *g) {
   g->D = D;
   g->E = GC_E;
   g->k = k;
-  size_t maxn = (size_t)T * D;
-  for (int i = 0; i < l->nparams; i++) maxn = l->info[i].numel > maxn ? l->info[i].numel : maxn;
   g->x = malloc((size_t)T * D * 4);
   g->y = malloc((size_t)T * D * 4);
   g->dy = malloc((size_t)T * D * 4);
@@ -234,9 +142,7 @@ static int gc_run_checks(gc_ctx *g) {
   g->spec0 = malloc((size_t)T * k * D * 4);
   g->dspec = malloc((size_t)T * k * D * 4);
   g->dw = malloc((size_t)T * k * 4);
-  g->save = malloc(maxn * 4);
-  g->v = malloc(maxn * sizeof *g->v);
-  if (!g->x || !g->y || !g->dy || !g->dx || !g->spec || !g->spec0 || !g->dspec || !g->dw || !g->save || !g->v) {
+  if (!g->x || !g->y || !g->dy || !g->dx || !g->spec || !g->spec0 || !g->dspec || !g->dw) {
     fprintf(stderr, "  [%s] out of memory\n", c->name);
     return 0;
   }
@@ -246,15 +152,15 @@ static int gc_run_checks(gc_ctx *g) {
   static const char *const biases[] = {"gate.bias", "gate.proj.bias", "experts.fc1.bias", "experts.fc2.bias"};
   for (size_t i = 0; i < sizeof biases / sizeof biases[0]; i++) {
     const moe_param_info *pi = moe_layer_param_find(l, biases[i]);
-    if (pi) gc_fill(&rng, l->params + pi->offset, pi->numel, -0.3, 0.3);
+    if (pi) fd_fill(&rng, l->params + pi->offset, pi->numel, -0.3, 0.3);
   }
   float *scale = moe_layer_param(l, "gate.logit_scale");
   if (scale) scale[0] = 1.3f; /* below ln 100: the scale has a gradient */
-  gc_fill(&rng, g->x, (size_t)T * D, -1.5, 1.5);
-  gc_fill(&rng, g->dy, (size_t)T * D, -1, 1);
-  gc_fill(&rng, g->dspec, (size_t)T * k * D, -1, 1);
+  fd_fill(&rng, g->x, (size_t)T * D, -1.5, 1.5);
+  fd_fill(&rng, g->dy, (size_t)T * D, -1, 1);
+  fd_fill(&rng, g->dspec, (size_t)T * k * D, -1, 1);
   uint64_t rw = c->seed ^ 0xD1CEull; /* its own stream: the draws above and below stay as they were */
-  gc_fill(&rw, g->dw, (size_t)T * k, -1, 1);
+  fd_fill(&rw, g->dw, (size_t)T * k, -1, 1);
   g->daux = 0.7f;
   g->dz = -0.45f;
 
@@ -284,18 +190,19 @@ static int gc_run_checks(gc_ctx *g) {
   double L0;
   if (!gc_loss(g, &L0, "the reference point")) return 0; /* the forward is deterministic */
 
-  if (!gc_tensor(g, &rng, g->x, g->dx, (size_t)T * D, 0, "x", L0)) return 0;
+  /* x, then every parameter tensor; of expert tensors only elements of experts with tokens */
+  fd_check *f = &g->fd;
+  if (!fd_tensor(f, "x", g->x, g->dx, (size_t)T * D, NULL, 0, &rng, L0)) return 0;
   for (int i = 0; i < l->nparams; i++) {
     const moe_param_info *pi = &l->info[i];
-    int per_expert = !strncmp(pi->name, "experts.", 8);
-    if (!gc_tensor(g, &rng, l->params + pi->offset, l->grads + pi->offset, pi->numel, per_expert,
-                   pi->name, L0))
+    const int32_t *counts = strncmp(pi->name, "experts.", 8) ? NULL : g->counts0;
+    if (!fd_tensor(f, pi->name, l->params + pi->offset, l->grads + pi->offset, pi->numel, counts, GC_E, &rng, L0))
       return 0;
   }
   const char *verbose = getenv("MOE_GRADCHECK_VERBOSE");
   if (verbose && verbose[0] && strcmp(verbose, "0"))
     printf("  [%s] dropped %d, worst |fd-an|/max(1,|an|) %.3g, worst err/tol %.3g at %s; "
-           "max spec move %.3g\n", c->name, g->dropped0, g->worst_rel, g->worst_ratio, g->worst_at,
+           "max spec move %.3g\n", c->name, g->dropped0, f->worst_rel, f->worst_ratio, f->worst_at,
            g->max_jump);
   return 1;
 }
@@ -304,6 +211,8 @@ static int gc_run(const gc_case *c) {
   gc_ctx g;
   memset(&g, 0, sizeof g);
   g.c = c;
+  g.fd = (fd_check){.name = c->name, .loss = gc_loss, .ctx = &g, .eps = GC_EPS, .atol = GC_ATOL, .rtol = GC_RTOL,
+                    .min_grad = GC_MIN_GRAD, .elems = GC_ELEMS};
   int ok = gc_run_checks(&g);
   free(g.x);
   free(g.y);
@@ -313,8 +222,7 @@ static int gc_run(const gc_case *c) {
   free(g.spec0);
   free(g.dspec);
   free(g.dw);
-  free(g.save);
-  free(g.v);
+  fd_free(&g.fd);
   moe_layer_free(&g.l);
   return ok;
 }

@@ -20,25 +20,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "fdcheck.h"
 #include "layer_internal.h" /* the inner layers' routing, to guard the hierarchical checks */
 #include "test.h"
 
-/* ---------------------------------------------------------------- random numbers */
-
-static uint64_t mt_next(uint64_t *s) { /* splitmix64 */
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static double mt_unif(uint64_t *s, double lo, double hi) {
-  return lo + (hi - lo) * (double)(mt_next(s) >> 11) * 0x1.0p-53;
-}
-
-static void mt_fill(uint64_t *s, float *a, size_t n, double lo, double hi) {
-  for (size_t i = 0; i < n; i++) a[i] = (float)mt_unif(s, lo, hi);
-}
+/* ---------------------------------------------------------------- random parameters */
 
 static int ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), k = strlen(suffix);
@@ -50,8 +36,8 @@ static int ends_with(const char *s, const char *suffix) {
 static void randomize_vectors(moe_model_t *m, uint64_t *rng) {
   for (int i = 0; i < m->nrefs; i++) {
     moe_tensor_ref *r = &m->refs[i];
-    if (strstr(r->name, "norm.weight")) mt_fill(rng, r->data, r->numel, 0.75, 1.25);
-    else if (ends_with(r->name, "bias")) mt_fill(rng, r->data, r->numel, -0.3, 0.3);
+    if (strstr(r->name, "norm.weight")) fd_fill(rng, r->data, r->numel, 0.75, 1.25);
+    else if (ends_with(r->name, "bias")) fd_fill(rng, r->data, r->numel, -0.3, 0.3);
   }
 }
 
@@ -93,12 +79,7 @@ typedef struct {
   /* hierarchical: each inner layer's rows, k, drops and expert of every slot */
   int inner_T0[MG_L][MG_E], inner_k0[MG_L][MG_E], inner_dropped0[MG_L][MG_E];
   int32_t inner_top0[MG_L][MG_E][MG_B * MG_K * MG_E];
-  float *save;
-  double *v;
-  int probes;
-  double worst_rel;   /* max |fd - an| / max(1, |an|) */
-  double worst_ratio; /* max |fd - an| / tolerance */
-  char worst_at[200];
+  fd_check fd; /* the finite differences, probes and worst errors */
 } mg_ctx;
 
 /* The scalar whose gradient moe_model_backward computes. */
@@ -124,8 +105,9 @@ static void mg_record_routing(mg_ctx *g, const moe_model_stats *st) {
 }
 
 /* One labelled forward: the objective, then the routing compared with the reference forward. Returns 0
- * (after printing why) on an error or a routing change. */
-static int mg_loss(mg_ctx *g, double *F, const char *what) {
+ * (after printing why) on an error or a routing change: the fd_check loss callback. */
+static int mg_loss(void *ctx, double *F, const char *what) {
+  mg_ctx *g = ctx;
   moe_model_stats st;
   moe_status s = moe_model_forward(&g->m, g->x, g->labels, MG_B, &st);
   if (s != MOE_OK) {
@@ -169,80 +151,13 @@ static int mg_loss(mg_ctx *g, double *F, const char *what) {
   return 1;
 }
 
-static int mg_compare(mg_ctx *g, const char *tensor, const char *kind, long idx, double fd, double an, double lp,
-                      double l0, double lm) {
-  double err = fabs(fd - an), tol = MG_ATOL + MG_RTOL * fabs(an);
-  double rel = err / (fabs(an) > 1.0 ? fabs(an) : 1.0);
-  g->probes++;
-  if (rel > g->worst_rel) g->worst_rel = rel;
-  if (err / tol > g->worst_ratio) {
-    g->worst_ratio = err / tol;
-    snprintf(g->worst_at, sizeof g->worst_at, "%s %s %ld: fd %.6g an %.6g", tensor, kind, idx, fd, an);
-  }
-  if (err <= tol) return 1;
-  fprintf(stderr, "  [%s] %s %s %ld: finite difference %.7g, analytic %.7g, |diff| %.3g > tol %.3g "
-          "(one-sided slopes %.7g, %.7g)\n", g->c->name, tensor, kind, idx, fd, an, err, tol,
-          (lp - l0) / MG_EPS, (l0 - lm) / MG_EPS);
-  return 0;
-}
-
-/* Central difference along p[i] +- MG_EPS * dir[i] (dir NULL: element idx alone, by 1). The analytic
- * value uses the perturbation actually stored in float. */
-static int mg_probe(mg_ctx *g, float *p, const float *grad, size_t n, const double *dir, long idx,
-                    const char *tensor, double L0) {
-  char what[160];
-  snprintf(what, sizeof what, "%s %s %ld", tensor, dir ? "direction" : "element", idx);
-  memcpy(g->save, p, n * 4);
-  size_t i0 = dir ? 0 : (size_t)idx, i1 = dir ? n : (size_t)idx + 1;
-  double an = 0, Lp = 0, Lm = 0;
-  for (size_t i = i0; i < i1; i++) {
-    double step = MG_EPS * (dir ? dir[i] : 1.0);
-    float hi = (float)(g->save[i] + step), lo = (float)(g->save[i] - step);
-    an += (double)grad[i] * ((double)hi - lo) / (2 * MG_EPS);
-    p[i] = hi;
-  }
-  int ok = mg_loss(g, &Lp, what);
-  for (size_t i = i0; i < i1; i++) p[i] = (float)(g->save[i] - MG_EPS * (dir ? dir[i] : 1.0));
-  ok = ok && mg_loss(g, &Lm, what);
-  memcpy(p, g->save, n * 4);
-  if (!ok) return 0;
-  return mg_compare(g, tensor, dir ? "direction" : "element", idx, (Lp - Lm) / (2 * MG_EPS), an, Lp, L0, Lm);
-}
-
-/* A random unit direction over the tensor, then up to MG_ELEMS elements spread over it (for expert
- * tensors, only of experts that received tokens in that block). */
+/* A ref's check; for expert tensors, only elements of experts that received tokens in that block. */
 static int mg_tensor(mg_ctx *g, uint64_t *rng, moe_tensor_ref *r, double L0) {
-  size_t n = r->numel;
-  double gmax = 0;
-  for (size_t i = 0; i < n; i++) gmax = fabs(r->grad[i]) > gmax ? fabs(r->grad[i]) : gmax;
-  if (!(gmax >= MG_MIN_GRAD)) {
-    fprintf(stderr, "  [%s] %s: analytic gradient is at most %g everywhere: nothing to check\n", g->c->name,
-            r->name, gmax);
-    return 0;
-  }
-  double nrm = 0;
-  for (size_t i = 0; i < n; i++) {
-    g->v[i] = mt_unif(rng, -1, 1);
-    nrm += g->v[i] * g->v[i];
-  }
-  nrm = sqrt(nrm);
-  for (size_t i = 0; i < n; i++) g->v[i] /= nrm;
-  int ok = mg_probe(g, r->data, r->grad, n, g->v, 0, r->name, L0);
   int block = -1, inner = -1;
   if (sscanf(r->name, "blocks.%*d.moe.experts.%d.", &inner) == 1) block = -1; /* an inner layer's tensor */
   else if (strstr(r->name, ".moe.experts.") && sscanf(r->name, "blocks.%d.", &block) != 1) block = -1;
-  size_t per = block >= 0 ? n / MG_E : n, m = 0;
-  long *cand = malloc(n * sizeof *cand);
-  if (!cand) return 0;
-  for (size_t i = 0; i < n; i++)
-    if (block < 0 || g->counts0[block][i / per] > 0) cand[m++] = (long)i;
-  size_t picks = m < MG_ELEMS ? m : MG_ELEMS;
-  for (size_t j = 0; j < picks && ok; j++) {
-    size_t at = (j * m + m / (2 * picks)) / picks;
-    ok = mg_probe(g, r->data, r->grad, n, NULL, cand[at], r->name, L0);
-  }
-  free(cand);
-  return ok;
+  return fd_tensor(&g->fd, r->name, r->data, r->grad, r->numel, block >= 0 ? g->counts0[block] : NULL, MG_E, rng,
+                   L0);
 }
 
 static int mg_run_checks(mg_ctx *g) {
@@ -271,19 +186,11 @@ static int mg_run_checks(mg_ctx *g) {
     return 0;
   }
   moe_model_t *m = &g->m;
-  size_t maxn = 0;
-  for (int i = 0; i < m->nrefs; i++) maxn = m->refs[i].numel > maxn ? m->refs[i].numel : maxn;
-  g->save = malloc(maxn * 4);
-  g->v = malloc(maxn * sizeof *g->v);
-  if (!g->save || !g->v) {
-    fprintf(stderr, "  [%s] out of memory\n", c->name);
-    return 0;
-  }
   moe_model_init_params(m, c->seed);
   uint64_t rng = c->seed ^ 0x5DEECE66Dull;
   randomize_vectors(m, &rng);
-  mt_fill(&rng, g->x, MG_B * MG_IN, -1.5, 1.5);
-  for (int i = 0; i < MG_B; i++) g->labels[i] = (uint8_t)(mt_next(&rng) % MG_C);
+  fd_fill(&rng, g->x, MG_B * MG_IN, -1.5, 1.5);
+  for (int i = 0; i < MG_B; i++) g->labels[i] = (uint8_t)(fd_next(&rng) % MG_C);
 
   /* reference forward, routing and the analytic gradients */
   moe_model_stats st;
@@ -323,7 +230,7 @@ static int mg_run_checks(mg_ctx *g) {
   const char *verbose = getenv("MOE_GRADCHECK_VERBOSE");
   if (verbose && verbose[0] && strcmp(verbose, "0"))
     printf("  [%s] %d tensors, %d probes, dropped %d, worst |fd-an|/max(1,|an|) %.3g, worst err/tol %.3g at %s\n",
-           c->name, m->nrefs, g->probes, g->dropped0, g->worst_rel, g->worst_ratio, g->worst_at);
+           c->name, m->nrefs, g->fd.probes, g->dropped0, g->fd.worst_rel, g->fd.worst_ratio, g->fd.worst_at);
   return 1;
 }
 
@@ -331,9 +238,10 @@ static int mg_run(const mg_case *c) {
   mg_ctx *g = calloc(1, sizeof *g);
   if (!g) return 0;
   g->c = c;
+  g->fd = (fd_check){.name = c->name, .loss = mg_loss, .ctx = g, .eps = MG_EPS, .atol = MG_ATOL, .rtol = MG_RTOL,
+                     .min_grad = MG_MIN_GRAD, .elems = MG_ELEMS};
   int ok = mg_run_checks(g);
-  free(g->save);
-  free(g->v);
+  fd_free(&g->fd);
   moe_model_free(&g->m);
   free(g);
   return ok;
@@ -413,7 +321,7 @@ static void forward_loss_values(int *failed_, moe_model_t *m, moe_loss_kind loss
   memcpy(hb->data, bias, sizeof bias);
   enum { B = 6 };
   float x[B * 3];
-  mt_fill(&rng, x, B * 3, -1, 1);
+  fd_fill(&rng, x, B * 3, -1, 1);
   const uint8_t labels[B] = {0, 1, 2, 3, 2, 1};
   double lse = 0;
   for (int j = 0; j < 4; j++) lse += exp((double)bias[j]);
@@ -464,7 +372,7 @@ static void forward_errors(int *failed_, moe_model_t *m) {
   enum { B = 4 };
   float x[B * 3];
   uint64_t rng = 5;
-  mt_fill(&rng, x, B * 3, -1, 1);
+  fd_fill(&rng, x, B * 3, -1, 1);
   uint8_t good[B] = {0, 3, 1, 2}, bad[B] = {0, 1, 4, 2}, worse[B] = {255, 0, 0, 0};
   /* backward before any forward */
   ASSERT_STATUS(moe_model_backward(m), MOE_ERR_STATE);
@@ -515,7 +423,7 @@ TEST(model_spec_loss_follows_top_k) {
   enum { B = 5 };
   float x[B * 3];
   uint64_t rng = 9;
-  mt_fill(&rng, x, B * 3, -1, 1);
+  fd_fill(&rng, x, B * 3, -1, 1);
   uint8_t y[B] = {0, 1, 2, 3, 1};
   moe_model_stats st;
   moe_status a = moe_model_forward(&m, x, y, B, &st), b = a == MOE_OK ? moe_model_backward(&m) : a;
@@ -541,8 +449,8 @@ static void opt_setup(int *failed_, moe_model_t *m, uint64_t seed) {
   ASSERT_OK(moe_model_init(m, &c));
   uint64_t rng = seed;
   for (int i = 0; i < m->nrefs; i++) {
-    mt_fill(&rng, m->refs[i].data, m->refs[i].numel, -0.5, 0.5);
-    mt_fill(&rng, m->refs[i].grad, m->refs[i].numel, -1, 1);
+    fd_fill(&rng, m->refs[i].data, m->refs[i].numel, -0.5, 0.5);
+    fd_fill(&rng, m->refs[i].grad, m->refs[i].numel, -1, 1);
   }
   moe_model_find(m, "in.weight")->grad[0] = 0.0f;
   moe_model_find(m, "in.bias")->grad[0] = 0.0f;
@@ -552,7 +460,7 @@ static void opt_setup(int *failed_, moe_model_t *m, uint64_t seed) {
 }
 
 static void new_grads(moe_model_t *m, uint64_t *rng) {
-  for (int i = 0; i < m->nrefs; i++) mt_fill(rng, m->refs[i].grad, m->refs[i].numel, -1, 1);
+  for (int i = 0; i < m->nrefs; i++) fd_fill(rng, m->refs[i].grad, m->refs[i].numel, -1, 1);
 }
 
 /* Expected AdamW step in double on (p, mo, v) from the model's grads; then compares with the model and
@@ -813,8 +721,8 @@ static void rt_make(int *failed_, rt_ctx *r, const char *path, float *x, uint8_t
   moe_model_init_params(&r->m, 2024);
   uint64_t rng = 31337;
   randomize_vectors(&r->m, &rng);
-  mt_fill(&rng, x, RT_B * 5, -1, 1);
-  for (int i = 0; i < RT_B; i++) y[i] = (uint8_t)(mt_next(&rng) % 3);
+  fd_fill(&rng, x, RT_B * 5, -1, 1);
+  for (int i = 0; i < RT_B; i++) y[i] = (uint8_t)(fd_next(&rng) % 3);
   moe_optim_config oc;
   moe_optim_config_default(&oc);
   oc.beta1 = 0.85f;
@@ -953,8 +861,8 @@ static void sgd_and_weights_body(int *failed_, rt_ctx *r) {
   float x[RT_B * 5];
   uint8_t y[RT_B];
   uint64_t rng = 8;
-  mt_fill(&rng, x, RT_B * 5, -1, 1);
-  for (int i = 0; i < RT_B; i++) y[i] = (uint8_t)(mt_next(&rng) % 3);
+  fd_fill(&rng, x, RT_B * 5, -1, 1);
+  for (int i = 0; i < RT_B; i++) y[i] = (uint8_t)(fd_next(&rng) % 3);
   moe_model_stats st;
   ASSERT_OK(train_step(&r->m, &r->o, x, y, RT_B, 0.1f, &st));
   ASSERT_OK(moe_checkpoint_save(p1, &r->m, &r->o, NULL));

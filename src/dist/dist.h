@@ -1,0 +1,26 @@
+/* The library's view of the ranks (internal): a communicator and the collectives that expert
+ * parallelism needs. dist_mpi.c implements it over MPI; dist_none.c is the one-process stub, whose
+ * collectives are copies, so callers are the same code either way. */
+#ifndef MOE_DIST_H
+#define MOE_DIST_H
+
+#include "internal.h"
+
+struct moe_dist {
+  int rank, size;
+  int owns_mpi; /* this moe_dist called MPI_Init */
+  void *comm;   /* MPI_Comm, as an opaque handle */
+};
+
+/* Each rank sends sendcounts[q] ints to rank q (contiguous, in rank order) and receives
+ * recvcounts[s] from rank s. Counts and displacements in elements. */
+moe_status moe__dist_alltoallv_i32(const moe_dist *d, const int32_t *send, const int *sendcounts,
+                                   const int *sdispls, int32_t *recv, const int *recvcounts,
+                                   const int *rdispls);
+moe_status moe__dist_alltoallv_f32(const moe_dist *d, const float *send, const int *sendcounts,
+                                   const int *sdispls, float *recv, const int *recvcounts,
+                                   const int *rdispls);
+/* In-place sum of n floats over ranks. */
+moe_status moe__dist_allreduce_f32(const moe_dist *d, float *a, int n);
+
+#endif

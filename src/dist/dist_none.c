@@ -1,0 +1,56 @@
+/* moe_dist without MPI: rank 0 of 1, collectives are copies (see dist.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist.h"
+
+int moe_dist_has_mpi(void) { return 0; }
+
+moe_status moe_dist_init(moe_dist **out, int *argc, char ***argv) {
+  (void)argc;
+  (void)argv;
+  moe_dist *d = calloc(1, sizeof *d);
+  MOE_TRY(d, MOE_ERR_NOMEM, "moe_dist_init: out of memory");
+  d->size = 1;
+  *out = d;
+  return MOE_OK;
+}
+
+void moe_dist_finalize(moe_dist *d) { free(d); }
+
+moe_status moe_dist_allreduce(const moe_dist *d, double *a, int n) {
+  (void)d, (void)a, (void)n;
+  return MOE_OK;
+}
+
+moe_status moe__dist_allreduce_f32(const moe_dist *d, float *a, int n) {
+  (void)d, (void)a, (void)n;
+  return MOE_OK;
+}
+
+moe_status moe_dist_gather(const moe_dist *d, const float *a, int n, float *out) {
+  (void)d;
+  if (n) memcpy(out, a, (size_t)n * sizeof *a);
+  return MOE_OK;
+}
+
+moe_status moe__dist_alltoallv_i32(const moe_dist *d, const int32_t *send, const int *sendcounts,
+                                   const int *sdispls, int32_t *recv, const int *recvcounts,
+                                   const int *rdispls) {
+  (void)d, (void)recvcounts;
+  if (sendcounts[0]) memcpy(recv + rdispls[0], send + sdispls[0], (size_t)sendcounts[0] * sizeof *send);
+  return MOE_OK;
+}
+
+moe_status moe__dist_alltoallv_f32(const moe_dist *d, const float *send, const int *sendcounts,
+                                   const int *sdispls, float *recv, const int *recvcounts,
+                                   const int *rdispls) {
+  (void)d, (void)recvcounts;
+  if (sendcounts[0]) memcpy(recv + rdispls[0], send + sdispls[0], (size_t)sendcounts[0] * sizeof *send);
+  return MOE_OK;
+}
+
+int moe_dist_rank(const moe_dist *d) { return d ? d->rank : 0; }
+int moe_dist_size(const moe_dist *d) { return d ? d->size : 1; }
+
+void moe_dist_abort(const moe_dist *d, int code) { (void)d, (void)code; }

@@ -1,0 +1,121 @@
+/* Expert parallelism (deployment paper, section V; Tutel's flexible layout). Every rank routes its own
+ * tokens and owns experts [rank*El, (rank+1)*El), El = E/W. After routing, the rows of a rank's
+ * assignments are already sorted by expert, so the rows for each owner are contiguous:
+ *   1. size exchange: each rank sends every owner the counts of its El experts (an all-to-all);
+ *   2. token exchange: an all-to-all-v of exactly those rows, no padding;
+ *   3. the owner reorders the received rows expert-major (rows of local expert e from every rank
+ *      together), so each expert's GEMM shape does not depend on W.
+ * The way back is the inverse permutation and the reverse all-to-all-v. */
+#include <string.h>
+
+#include "dist/dist.h"
+#include "layer_internal.h"
+
+static int world(const moe_layer_t *l) { return moe_dist_size(l->cfg.dist); }
+
+size_t moe__ep_route_bytes(const moe_layer_t *l) {
+  size_t W = (size_t)world(l), E = (size_t)l->cfg.E;
+  return moe__arena_size(4 * W * sizeof(int)) + moe__arena_size(E * 4) * 2 + moe__arena_size((E + 1) * 4) +
+         moe__arena_size((2 * E + 2) * sizeof(double)) + moe__arena_size(6 * W * sizeof(int));
+}
+
+moe_status moe__ep_sizes(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  int W = world(l), El = l->cfg.E / W, rank = moe_dist_rank(l->cfg.dist);
+  moe__arena *a = &s->route;
+  s->ex = moe__arena_alloc(a, 4 * (size_t)W * sizeof(int));
+  s->rc = moe__arena_alloc(a, (size_t)l->cfg.E * 4);
+  s->goffs = moe__arena_alloc(a, (size_t)(El + 1) * 4);
+  int *cnt = moe__arena_alloc(a, 6 * (size_t)W * sizeof(int));
+  MOE_TRY(s->ex && s->rc && s->goffs && cnt, MOE_ERR_STATE, "internal: exchange workspace too small");
+  int *sc = cnt, *sd = cnt + W, *rcn = cnt + 2 * W, *rd = cnt + 3 * W;
+  for (int q = 0; q < W; q++) {
+    sc[q] = rcn[q] = El;
+    sd[q] = rd[q] = q * El;
+  }
+  MOE_CHECK(moe__dist_alltoallv_i32(l->cfg.dist, s->kept, sc, sd, s->rc, rcn, rd)); /* 1. sizes */
+  int *srows = s->ex, *sdisp = s->ex + W, *rrows = s->ex + 2 * W, *rdisp = s->ex + 3 * W;
+  int total = 0;
+  for (int q = 0; q < W; q++) {
+    srows[q] = s->offs[(q + 1) * El] - s->offs[q * El];
+    sdisp[q] = s->offs[q * El];
+    rrows[q] = 0;
+    for (int e = 0; e < El; e++) rrows[q] += s->rc[q * El + e];
+    rdisp[q] = total;
+    total += rrows[q];
+  }
+  s->ng = El;
+  s->e0 = rank * El;
+  s->grows = total;
+  s->goffs[0] = 0;
+  for (int e = 0; e < El; e++) {
+    int n = 0;
+    for (int q = 0; q < W; q++) n += s->rc[q * El + e];
+    s->goffs[e + 1] = s->goffs[e] + n;
+  }
+  return MOE_OK;
+}
+
+size_t moe__ep_work_bytes(const moe_layer_t *l) {
+  size_t R = (size_t)l->st->grows, D = (size_t)l->cfg.D;
+  return moe__arena_size(R * 4) + 3 * moe__arena_size(R * D * 4); /* perm, xr, gx, gout */
+}
+
+moe_status moe__ep_plan(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  int W = world(l), El = s->ng, R = s->grows, D = l->cfg.D;
+  moe__arena *a = &s->work;
+  s->perm = moe__arena_alloc(a, (size_t)R * 4);
+  s->xr = moe__arena_alloc(a, (size_t)R * D * 4);
+  s->gx = moe__arena_alloc(a, (size_t)R * D * 4);
+  s->gout = moe__arena_alloc(a, (size_t)R * D * 4);
+  MOE_TRY((s->perm && s->xr && s->gx && s->gout) || R == 0, MOE_ERR_STATE, "internal: exchange workspace too small");
+  const int *rdisp = s->ex + 3 * W;
+  for (int q = 0; q < W; q++) {
+    int src = rdisp[q];
+    for (int e = 0; e < El; e++) {
+      int dst = s->goffs[e];
+      for (int p = 0; p < q; p++) dst += s->rc[p * El + e]; /* rows of e from lower ranks first */
+      for (int i = 0; i < s->rc[q * El + e]; i++) s->perm[dst + i] = src + i;
+      src += s->rc[q * El + e];
+    }
+  }
+  return MOE_OK;
+}
+
+/* Row counts of the exchange, times D, in the order MPI wants (send, sdispl, recv, rdispl). */
+static void scaled(const moe_layer_t *l, int reverse, int *out) {
+  int W = world(l), D = l->cfg.D;
+  const int *ex = l->st->ex;
+  for (int q = 0; q < W; q++) {
+    out[q] = ex[(reverse ? 2 : 0) * W + q] * D;
+    out[W + q] = ex[(reverse ? 3 : 1) * W + q] * D;
+    out[2 * W + q] = ex[(reverse ? 0 : 2) * W + q] * D;
+    out[3 * W + q] = ex[(reverse ? 1 : 3) * W + q] * D;
+  }
+}
+
+moe_status moe__ep_scatter(moe_layer_t *l, const float *rows, float *g) {
+  moe__layer_state *s = l->st;
+  int W = world(l), D = l->cfg.D, c[4 * 64];
+  int *cn = W <= 64 ? c : NULL;
+  MOE_TRY(cn, MOE_ERR_ARG, "expert parallelism supports up to 64 ranks, got %d", W);
+  scaled(l, 0, cn);
+  MOE_CHECK(moe__dist_alltoallv_f32(l->cfg.dist, rows, cn, cn + W, s->xr, cn + 2 * W, cn + 3 * W)); /* 2. */
+#pragma omp parallel for num_threads(s->threads) schedule(static)
+  for (int i = 0; i < s->grows; i++) /* 3. expert-major */
+    memcpy(g + (size_t)i * D, s->xr + (size_t)s->perm[i] * D, (size_t)D * 4);
+  return MOE_OK;
+}
+
+moe_status moe__ep_gather(moe_layer_t *l, float *g, float *rows) {
+  moe__layer_state *s = l->st;
+  int W = world(l), D = l->cfg.D, c[4 * 64];
+  MOE_TRY(W <= 64, MOE_ERR_ARG, "expert parallelism supports up to 64 ranks, got %d", W);
+  float *stage = g == s->xr ? s->gx : s->xr; /* any dead buffer of the same size */
+#pragma omp parallel for num_threads(s->threads) schedule(static)
+  for (int i = 0; i < s->grows; i++)
+    memcpy(stage + (size_t)s->perm[i] * D, g + (size_t)i * D, (size_t)D * 4);
+  scaled(l, 1, c);
+  return moe__dist_alltoallv_f32(l->cfg.dist, stage, c, c + W, rows, c + 2 * W, c + 3 * W);
+}

@@ -1,0 +1,115 @@
+/* Expert parallelism end to end: `moe layer-run --expert-parallel` under `mpirun -np W` (W = 2, 4;
+ * oversubscribed) writes the same OUT as one process, within 1e-5 relative, for y, the losses, the
+ * counts and every gradient; W = 1 runs the same code path without mpirun. Skipped with a message
+ * where the library has no MPI or mpirun is missing. Open MPI keeps allocations until exit, so the
+ * mpirun runs turn LeakSanitizer off; the W = 1 run, which does not start MPI, keeps it on. */
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "compare.h"
+#include "test.h"
+
+static int sh(const char *cmd) {
+  int rc = system(cmd);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+/* A layer file with E = 8 experts (so W = 1, 2, 4 divide it) and an input with dy, daux, dz. */
+static int make_case(const char *w, const char *x, moe_act act, int k) {
+  moe_layer_config c;
+  moe_layer_config_default(&c);
+  c.D = 12; c.H = 20; c.E = 8; c.top_k = k; c.act = act;
+  moe_layer_t l;
+  if (moe_layer_init(&l, &c)) return 0;
+  moe_layer_init_params(&l, 17);
+  float *g = moe_layer_param(&l, "gate.weight");
+  for (int i = 0; i < c.E * c.D; i++) g[i] *= 3.0f; /* uneven routing */
+  moe_st_writer *wr;
+  int ok = moe_st_writer_new(&wr) == MOE_OK && moe_layer_save_params(&l, wr) == MOE_OK &&
+           moe_st_writer_save(wr, w) == MOE_OK;
+  moe_st_writer_free(wr);
+  moe_layer_free(&l);
+  enum { T = 37 }; /* not a multiple of W: uneven token slices */
+  static float xs[T * 12], dy[T * 12];
+  uint64_t s = 5;
+  for (int i = 0; i < T * 12; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    xs[i] = (float)((s >> 40) * 0x1.0p-23) - 1.0f;
+    dy[i] = (float)((s >> 20 & 0xFFFFF) * 0x1.0p-19) - 1.0f;
+  }
+  float daux = 0.3f, dz = 0.05f;
+  int64_t shp[2] = {T, 12}, one = 1;
+  ok = ok && moe_st_writer_new(&wr) == MOE_OK && moe_st_writer_add(wr, "x", MOE_DT_F32, 2, shp, xs) == MOE_OK &&
+       moe_st_writer_add(wr, "dy", MOE_DT_F32, 2, shp, dy) == MOE_OK &&
+       moe_st_writer_add(wr, "daux", MOE_DT_F32, 1, &one, &daux) == MOE_OK &&
+       moe_st_writer_add(wr, "dz", MOE_DT_F32, 1, &one, &dz) == MOE_OK && moe_st_writer_save(wr, x) == MOE_OK;
+  moe_st_writer_free(wr);
+  return ok;
+}
+
+/* Every tensor of ref equals the one in got (floats within 1e-5 relative, integers exactly). */
+static int same_outputs(const char *got, const char *ref) {
+  moe_st *a = NULL, *b = NULL;
+  int ok = moe_st_open(&a, got) == MOE_OK && moe_st_open(&b, ref) == MOE_OK;
+  for (int i = 0; ok && i < moe_st_count(b); i++) {
+    moe_tensor_view vb, va;
+    ok = moe_st_at(b, i, &vb) == MOE_OK && moe_st_get(a, vb.name, &va) == MOE_OK && va.nbytes == vb.nbytes &&
+         va.dtype == vb.dtype;
+    if (ok && vb.dtype == MOE_DT_F32) ok = tensors_close(vb.name, va.data, vb.data, vb.nbytes / 4, 1e-5, 1e-7);
+    else if (ok) ok = !memcmp(va.data, vb.data, vb.nbytes);
+    if (!ok) fprintf(stderr, "  %s differs from the one-process output %s (tensor %d)\n", got, ref, i);
+  }
+  if (!a || !b) fprintf(stderr, "  %s\n", moe_last_error());
+  moe_st_close(a);
+  moe_st_close(b);
+  return ok;
+}
+
+TEST(ep_layer_run_matches_one_process) {
+  char w[512], x[512], ref[512], out[512], cmd[3000];
+  test_tmp_path("ep_w.safetensors", w, sizeof w);
+  test_tmp_path("ep_x.safetensors", x, sizeof x);
+  test_tmp_path("ep_ref.safetensors", ref, sizeof ref);
+  test_tmp_path("ep_out.safetensors", out, sizeof out);
+  const moe_act acts[2] = {MOE_ACT_GELU, MOE_ACT_SWIGLU};
+  int have_mpi = moe_dist_has_mpi() && sh("command -v mpirun >/dev/null 2>&1") == 0;
+  if (!have_mpi) fprintf(stderr, "  (no MPI: only W = 1 is checked)\n");
+  for (int c = 0; c < 2; c++) {
+    ASSERT(make_case(w, x, acts[c], c + 1));
+    snprintf(cmd, sizeof cmd, "'%s' layer-run --weights '%s' --input '%s' --out '%s' --backward --threads 1",
+             MOE_CLI, w, x, ref);
+    ASSERT_EQ_INT(sh(cmd), 0);
+    snprintf(cmd, sizeof cmd, "'%s' layer-run --weights '%s' --input '%s' --out '%s' --backward --expert-parallel",
+             MOE_CLI, w, x, out);
+    ASSERT_EQ_INT(sh(cmd), 0);
+    ASSERT(same_outputs(out, ref));
+    for (int W = 2; have_mpi && W <= 4; W *= 2) {
+      unlink(out);
+      snprintf(cmd, sizeof cmd,
+               "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
+               "mpirun -np %d --oversubscribe '%s' layer-run --weights '%s' --input '%s' --out '%s' --backward "
+               "--expert-parallel --threads 1 >/dev/null 2>&1",
+               W, MOE_CLI, w, x, out);
+      ASSERT_EQ_INT(sh(cmd), 0);
+      if (!same_outputs(out, ref)) FAIL_("W=%d, case %d: expert-parallel output differs", W, c);
+    }
+  }
+}
+
+TEST(ep_rejects_what_it_does_not_support) {
+  moe_dist *d;
+  ASSERT_OK(moe_dist_init(&d, NULL, NULL));
+  moe_layer_config c;
+  moe_layer_config_default(&c);
+  c.D = 4; c.H = 4; c.E = 3; c.dist = d;
+  moe_layer_t l;
+  if (moe_dist_size(d) > 1 && c.E % moe_dist_size(d)) {
+    ASSERT_STATUS(moe_layer_init(&l, &c), MOE_ERR_ARG);
+  }
+  c.E = 4;
+  c.dispatch = MOE_DISPATCH_STATIC;
+  ASSERT_STATUS(moe_layer_init(&l, &c), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "dispatch=dynamic"));
+  moe_dist_finalize(d);
+}
