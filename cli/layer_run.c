@@ -17,14 +17,16 @@ static void usage(void) {
           "                     [--backward] [--spec] [--top_k K] [--capacity_setting X]\n"
           "                     [--activation relu|gelu|silu|swiglu] [--normalize_topk true|false]\n"
           "                     [--dispatch dynamic|static] [--priority index|score]\n"
-          "                     [--router linear|cosine] [--threads N] [--expert-parallel]\n"
+          "                     [--router linear|cosine] [--threads N]\n"
+          "                     [--expert-parallel [--a2a linear|2dh] [--ranks-per-node G]]\n"
           "Under mpirun -np W, --expert-parallel spreads the experts over the ranks (each routes T/W of\n"
           "the tokens); rank 0 writes OUT, equal to the one-process output.\n");
 }
 
 typedef struct {
   const char *weights, *input, *out;
-  int backward, spec, expert_parallel;
+  int backward, spec, expert_parallel, ranks_per_node;
+  moe_a2a a2a;
   moe_layer_overrides ov;
   moe_dist *dist; /* with --expert-parallel */
 } args_t;
@@ -55,6 +57,12 @@ static int parse_args(int argc, char **argv, args_t *a) {
       if (strcmp(v, "true") && strcmp(v, "false"))
         return cli_usage_error(CMD, "--normalize_topk: '%s' (want true|false)", v);
       a->ov.normalize_topk = !strcmp(v, "true");
+    } else if (cli_flag_is(f, "a2a")) {
+      if (strcmp(v, "linear") && strcmp(v, "2dh")) return cli_usage_error(CMD, "--a2a: '%s' (want linear|2dh)", v);
+      a->a2a = strcmp(v, "linear") ? MOE_A2A_2DH : MOE_A2A_LINEAR;
+    } else if (cli_flag_is(f, "ranks_per_node")) {
+      if (!cli_parse_int(v, &a->ranks_per_node) || a->ranks_per_node < 0)
+        return cli_usage_error(CMD, "--ranks-per-node: '%s' is not a count", v);
     } else if (cli_flag_is(f, "activation")) {
       moe_act x; st = moe_act_parse(v, "--activation", &x); a->ov.act = (int)x;
     } else if (cli_flag_is(f, "dispatch")) {
@@ -195,6 +203,11 @@ int cmd_layer_run(int argc, char **argv) {
   if (rc) return rc;
   if (a.expert_parallel) {
     if (moe_dist_init(&a.dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
+    if (moe_dist_set_a2a(a.dist, a.a2a, a.ranks_per_node) != MOE_OK) {
+      rc = cli_fail(CMD);
+      moe_dist_finalize(a.dist);
+      return rc;
+    }
     a.ov.dist = a.dist;
   }
   moe_st *wf = NULL, *xf = NULL;

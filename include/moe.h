@@ -106,6 +106,11 @@ int moe_dist_has_mpi(void);
 /* Ends every rank with `code` (MPI_Abort): one rank's failure must not leave the others waiting in
  * a collective. Returns only without MPI. */
 void moe_dist_abort(const moe_dist *d, int code);
+/* The all-to-all of the token exchange: Linear (MPI_Alltoallv) or 2DH (Tutel's two-phase, intra-node
+ * then inter-node); ranks_per_node 0 = the real nodes (MPI_COMM_TYPE_SHARED), else an override so
+ * that 2DH runs on one machine. Collective: every rank calls it with the same arguments. */
+typedef enum { MOE_A2A_LINEAR, MOE_A2A_2DH } moe_a2a;
+moe_status moe_dist_set_a2a(moe_dist *d, moe_a2a algo, int ranks_per_node);
 /* Sums a (n) doubles over all ranks, in place. */
 moe_status moe_dist_allreduce(const moe_dist *d, double *a, int n);
 /* Rank 0 gets the concatenation over ranks of each rank's `n` floats (n may differ per rank); out is

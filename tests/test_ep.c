@@ -10,6 +10,8 @@
 #include "compare.h"
 #include "test.h"
 
+#define MPIRUN "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 mpirun --oversubscribe "
+
 static int sh(const char *cmd) {
   int rc = system(cmd);
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
@@ -84,16 +86,38 @@ TEST(ep_layer_run_matches_one_process) {
              MOE_CLI, w, x, out);
     ASSERT_EQ_INT(sh(cmd), 0);
     ASSERT(same_outputs(out, ref));
-    for (int W = 2; have_mpi && W <= 4; W *= 2) {
+    /* Linear on 2 and 4 ranks; 2DH on 2 nodes of 2 */
+    const struct { int W; const char *a2a; int G; } runs[] = {{2, "linear", 0}, {4, "linear", 0}, {4, "2dh", 2}};
+    for (int i = 0; have_mpi && i < 3; i++) {
       unlink(out);
-      snprintf(cmd, sizeof cmd,
-               "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
-               "mpirun -np %d --oversubscribe '%s' layer-run --weights '%s' --input '%s' --out '%s' --backward "
-               "--expert-parallel --threads 1 >/dev/null 2>&1",
-               W, MOE_CLI, w, x, out);
+      snprintf(cmd, sizeof cmd, MPIRUN "-np %d '%s' layer-run --weights '%s' --input '%s' --out '%s' --backward "
+               "--expert-parallel --a2a %s --ranks-per-node %d --threads 1 >/dev/null 2>&1",
+               runs[i].W, MOE_CLI, w, x, out, runs[i].a2a, runs[i].G);
       ASSERT_EQ_INT(sh(cmd), 0);
-      if (!same_outputs(out, ref)) FAIL_("W=%d, case %d: expert-parallel output differs", W, c);
+      if (!same_outputs(out, ref)) FAIL_("W=%d %s, case %d: expert-parallel output differs", runs[i].W, runs[i].a2a, c);
     }
+  }
+}
+
+/* 2DH on uneven grids (3 nodes of 2, 2 nodes of 3: ranks per node differ from the node count)
+ * against the PyTorch reference of a fixture with E = 6. */
+TEST(ep_2dh_uneven_grids_match_reference) {
+  if (!moe_dist_has_mpi() || sh("command -v mpirun >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "  (no MPI: skipped)\n");
+    return;
+  }
+  char f[512], out[512], cmd[3000];
+  snprintf(f, sizeof f, "%s/swiglu_k3_cap1_index_dynamic", test_fixture_dir());
+  test_tmp_path("ep_2dh.safetensors", out, sizeof out);
+  for (int G = 2; G <= 3; G++) {
+    unlink(out);
+    snprintf(cmd, sizeof cmd, MPIRUN "-np 6 '%s' layer-run --weights '%s/w.safetensors' --input '%s/x.safetensors' "
+             "--out '%s' --backward --spec --expert-parallel --a2a 2dh --ranks-per-node %d --threads 1 >/dev/null 2>&1",
+             MOE_CLI, f, f, out, G);
+    ASSERT_EQ_INT(sh(cmd), 0);
+    char ref[600];
+    snprintf(ref, sizeof ref, "%s/ref.safetensors", f);
+    if (!same_outputs(out, ref)) FAIL_("2DH with %d ranks per node differs from the reference", G);
   }
 }
 

@@ -9,7 +9,7 @@
 struct moe_dist {
   int rank, size;
   int owns_mpi; /* this moe_dist called MPI_Init */
-  void *comm;   /* MPI_Comm, as an opaque handle */
+  void *comm;   /* the MPI state (dist_mpi.c), NULL for one process without MPI */
 };
 
 /* Each rank sends sendcounts[q] ints to rank q (contiguous, in rank order) and receives

@@ -1,81 +1,121 @@
-/* moe_dist over MPI (see dist.h). Errors are fatal in MPI by default (every rank aborts); the
- * wrappers still check return codes so that an MPI_ERRORS_RETURN handler gets a clear message. */
+/* moe_dist over MPI (see dist.h), with two all-to-all algorithms for the token exchange:
+ *   Linear: MPI_Alltoallv over all ranks;
+ *   2DH (Tutel, appendix Algorithm 2): an intra-node all-to-all that gathers, on local rank l', every
+ *   chunk bound for a rank with local index l', then an inter-node all-to-all among the ranks with
+ *   local index l'. The printed StrideMemcpy index is not a permutation when ranks per node differ
+ *   from the node count (DESIGN 3b); the reorder here is the block transpose written out: chunks are
+ *   packed (destination local index, destination node) for phase 1 and (destination node, source
+ *   local index) for phase 2, which lands them in source-rank order.
+ * Not under an MPI launcher, a moe_dist is one process and MPI is never initialized. */
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dist.h"
 
-#define COMM(d) (*(MPI_Comm *)(d)->comm)
-#define MPI_TRY(call, what)                                                            \
-  do {                                                                                 \
-    int rc_ = (call);                                                                  \
-    MOE_TRY(rc_ == MPI_SUCCESS, MOE_ERR_IO, "MPI %s failed on rank %d (error %d)", what, \
-            d->rank, rc_);                                                             \
+typedef struct {
+  MPI_Comm world, node, cross; /* node: ranks of my node; cross: ranks with my local index */
+  int G, N;                    /* ranks per node, nodes (2DH) */
+  moe_a2a algo;
+  float *buf;                  /* 2DH staging, grown when needed */
+  size_t cap;
+  int *cnt;                    /* 2DH counts: (8 W) */
+} mpi_state;
+
+#define ST(d) ((mpi_state *)(d)->comm)
+#define ONE(d) ((d)->comm == NULL) /* one process without MPI: collectives are copies */
+#define MPI_TRY(call, what)                                                                 \
+  do {                                                                                      \
+    int rc_ = (call);                                                                       \
+    MOE_TRY(rc_ == MPI_SUCCESS, MOE_ERR_IO, "MPI %s failed on rank %d (error %d)", what,  \
+            d->rank, rc_);                                                                  \
   } while (0)
 
 int moe_dist_has_mpi(void) { return 1; }
 
 /* Started by an MPI launcher (Open MPI's mpirun, or a PMI/PMIx one such as srun)? */
-static int launched(void) {
-  return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
-}
-
-/* One process without MPI: collectives are copies (as in dist_none.c). */
-#define ONE(d) ((d)->comm == NULL)
+static int launched(void) { return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK"); }
 
 moe_status moe_dist_init(moe_dist **out, int *argc, char ***argv) {
   moe_dist *d = calloc(1, sizeof *d);
-  MPI_Comm *c = malloc(sizeof *c);
-  if (!d || !c) {
-    free(d);
-    free(c);
-    MOE_TRY(0, MOE_ERR_NOMEM, "moe_dist_init: out of memory");
-  }
+  MOE_TRY(d, MOE_ERR_NOMEM, "moe_dist_init: out of memory");
+  d->size = 1;
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited && !launched()) { /* not under mpirun: one process, and MPI stays uninitialized */
-    free(c);
-    d->size = 1;
     *out = d;
     return MOE_OK;
   }
-  if (!inited) {
-    if (MPI_Init(argc, argv) != MPI_SUCCESS) {
-      free(d);
-      free(c);
-      MOE_TRY(0, MOE_ERR_IO, "MPI_Init failed");
-    }
-    d->owns_mpi = 1;
+  mpi_state *m = calloc(1, sizeof *m);
+  if (!m || (!inited && MPI_Init(argc, argv) != MPI_SUCCESS)) {
+    free(m);
+    free(d);
+    MOE_TRY(0, m ? MOE_ERR_IO : MOE_ERR_NOMEM, "moe_dist_init: %s", m ? "MPI_Init failed" : "out of memory");
   }
-  *c = MPI_COMM_WORLD;
-  d->comm = c;
-  MPI_Comm_rank(*c, &d->rank);
-  MPI_Comm_size(*c, &d->size);
+  d->owns_mpi = !inited;
+  m->world = MPI_COMM_WORLD;
+  m->node = m->cross = MPI_COMM_NULL;
+  d->comm = m;
+  MPI_Comm_rank(m->world, &d->rank);
+  MPI_Comm_size(m->world, &d->size);
   *out = d;
   return MOE_OK;
 }
 
+static void free_grid(mpi_state *m) {
+  if (m->node != MPI_COMM_NULL) MPI_Comm_free(&m->node);
+  if (m->cross != MPI_COMM_NULL) MPI_Comm_free(&m->cross);
+  m->node = m->cross = MPI_COMM_NULL;
+}
+
 void moe_dist_finalize(moe_dist *d) {
   if (!d) return;
-  if (ONE(d)) {
-    free(d);
-    return;
+  if (!ONE(d)) {
+    mpi_state *m = ST(d);
+    free_grid(m);
+    free(m->buf);
+    free(m->cnt);
+    free(m);
+    if (d->owns_mpi) MPI_Finalize();
   }
-  if (d->owns_mpi) MPI_Finalize();
-  free(d->comm);
   free(d);
+}
+
+moe_status moe_dist_set_a2a(moe_dist *d, moe_a2a algo, int ranks_per_node) {
+  MOE_TRY((unsigned)algo <= MOE_A2A_2DH, MOE_ERR_ARG, "unknown all-to-all algorithm %d", algo);
+  MOE_TRY(ranks_per_node >= 0, MOE_ERR_ARG, "ranks per node must be >= 0, got %d", ranks_per_node);
+  if (ONE(d)) return MOE_OK;
+  mpi_state *m = ST(d);
+  free_grid(m);
+  m->algo = algo;
+  if (algo == MOE_A2A_LINEAR) return MOE_OK;
+  int G = ranks_per_node;
+  if (!G) { /* the real nodes: ranks sharing memory, which must be consecutive and equal in number */
+    MPI_Comm shared;
+    MPI_TRY(MPI_Comm_split_type(m->world, MPI_COMM_TYPE_SHARED, d->rank, MPI_INFO_NULL, &shared), "Comm_split_type");
+    MPI_Comm_size(shared, &G);
+    MPI_Comm_free(&shared);
+  }
+  MOE_TRY(d->size % G == 0, MOE_ERR_ARG, "2DH all-to-all: %d ranks do not split into nodes of %d", d->size, G);
+  m->G = G;
+  m->N = d->size / G;
+  MPI_TRY(MPI_Comm_split(m->world, d->rank / G, d->rank % G, &m->node), "Comm_split (node)");
+  MPI_TRY(MPI_Comm_split(m->world, d->rank % G, d->rank / G, &m->cross), "Comm_split (cross)");
+  free(m->cnt);
+  m->cnt = malloc(sizeof(int) * 8 * (size_t)d->size);
+  MOE_TRY(m->cnt, MOE_ERR_NOMEM, "2DH all-to-all: out of memory");
+  return MOE_OK;
 }
 
 moe_status moe_dist_allreduce(const moe_dist *d, double *a, int n) {
   if (ONE(d)) return MOE_OK;
-  MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, a, n, MPI_DOUBLE, MPI_SUM, COMM(d)), "Allreduce");
+  MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, a, n, MPI_DOUBLE, MPI_SUM, ST(d)->world), "Allreduce");
   return MOE_OK;
 }
 
 moe_status moe__dist_allreduce_f32(const moe_dist *d, float *a, int n) {
   if (ONE(d)) return MOE_OK;
-  MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, a, n, MPI_FLOAT, MPI_SUM, COMM(d)), "Allreduce");
+  MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, a, n, MPI_FLOAT, MPI_SUM, ST(d)->world), "Allreduce");
   return MOE_OK;
 }
 
@@ -87,12 +127,12 @@ moe_status moe_dist_gather(const moe_dist *d, const float *a, int n, float *out)
   int *counts = d->rank == 0 ? malloc(sizeof(int) * 2 * (size_t)d->size) : NULL;
   MOE_TRY(d->rank != 0 || counts, MOE_ERR_NOMEM, "moe_dist_gather: out of memory");
   int *displs = counts ? counts + d->size : NULL;
-  int rc = MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, COMM(d));
+  int rc = MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, ST(d)->world);
   if (rc == MPI_SUCCESS && counts) {
     displs[0] = 0;
     for (int i = 1; i < d->size; i++) displs[i] = displs[i - 1] + counts[i - 1];
   }
-  if (rc == MPI_SUCCESS) rc = MPI_Gatherv(a, n, MPI_FLOAT, out, counts, displs, MPI_FLOAT, 0, COMM(d));
+  if (rc == MPI_SUCCESS) rc = MPI_Gatherv(a, n, MPI_FLOAT, out, counts, displs, MPI_FLOAT, 0, ST(d)->world);
   free(counts);
   MPI_TRY(rc, "Gatherv");
   return MOE_OK;
@@ -105,8 +145,71 @@ moe_status moe__dist_alltoallv_i32(const moe_dist *d, const int32_t *send, const
     if (sendcounts[0]) memcpy(recv + rdispls[0], send + sdispls[0], (size_t)sendcounts[0] * sizeof *send);
     return MOE_OK;
   }
-  MPI_TRY(MPI_Alltoallv(send, sendcounts, sdispls, MPI_INT32_T, recv, recvcounts, rdispls, MPI_INT32_T, COMM(d)),
-          "Alltoallv (sizes)");
+  MPI_TRY(MPI_Alltoallv(send, sendcounts, sdispls, MPI_INT32_T, recv, recvcounts, rdispls, MPI_INT32_T,
+                        ST(d)->world), "Alltoallv (sizes)");
+  return MOE_OK;
+}
+
+static moe_status grow(const moe_dist *d, size_t n) {
+  mpi_state *m = ST(d);
+  if (n <= m->cap) return MOE_OK;
+  float *b = realloc(m->buf, n * sizeof *b);
+  MOE_TRY(b, MOE_ERR_NOMEM, "2DH all-to-all: cannot allocate %zu floats of staging", n);
+  m->buf = b;
+  m->cap = n;
+  return MOE_OK;
+}
+
+/* 2DH: phase 1 inside the node, phase 2 across nodes, straight into recv (rdispls in rank order). */
+static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int *sc, const int *sd, float *recv,
+                                const int *rc, const int *rd) {
+  mpi_state *m = ST(d);
+  int W = d->size, G = m->G, N = m->N, me = d->rank % G;
+  int *c1s = m->cnt, *c1r = c1s + W;              /* (G, N) chunk sizes sent / received in phase 1 */
+  int *s1 = c1r + W, *d1 = s1 + G, *r1 = d1 + G, *e1 = r1 + G; /* phase 1 per local peer */
+  int *s2 = e1 + G, *d2 = s2 + N, *r2 = d2 + N, *e2 = r2 + N;  /* phase 2 per node */
+  size_t total = 0, total1 = 0;
+  for (int q = 0; q < W; q++) total += (size_t)sc[q];
+  for (int l = 0; l < G; l++)
+    for (int n = 0; n < N; n++) c1s[l * N + n] = sc[n * G + l]; /* to (node n, local l) */
+  MPI_TRY(MPI_Alltoall(c1s, N, MPI_INT, c1r, N, MPI_INT, m->node), "Alltoall (2DH sizes)");
+  for (int l = 0; l < G; l++) {
+    s1[l] = r1[l] = 0;
+    for (int n = 0; n < N; n++) {
+      s1[l] += c1s[l * N + n];
+      r1[l] += c1r[l * N + n];
+    }
+    d1[l] = l ? d1[l - 1] + s1[l - 1] : 0;
+    e1[l] = l ? e1[l - 1] + r1[l - 1] : 0;
+    total1 += (size_t)r1[l];
+  }
+  MOE_CHECK(grow(d, total + total1));
+  float *p1 = m->buf, *q1 = m->buf + total;
+  size_t o = 0; /* pack by (destination local index, destination node) */
+  for (int l = 0; l < G; l++)
+    for (int n = 0; n < N; n++) {
+      memcpy(p1 + o, send + sd[n * G + l], (size_t)sc[n * G + l] * sizeof *send);
+      o += (size_t)sc[n * G + l];
+    }
+  MPI_TRY(MPI_Alltoallv(p1, s1, d1, MPI_FLOAT, q1, r1, e1, MPI_FLOAT, m->node), "Alltoallv (2DH intra-node)");
+  /* q1 holds, per source local l, the chunks for (node n, local me), n = 0..N-1: repack by node */
+  o = 0;
+  for (int n = 0; n < N; n++) {
+    s2[n] = 0;
+    for (int l = 0; l < G; l++) {
+      size_t at = (size_t)e1[l];
+      for (int i = 0; i < n; i++) at += (size_t)c1r[l * N + i];
+      memcpy(p1 + o, q1 + at, (size_t)c1r[l * N + n] * sizeof *q1);
+      o += (size_t)c1r[l * N + n];
+      s2[n] += c1r[l * N + n];
+    }
+    d2[n] = n ? d2[n - 1] + s2[n - 1] : 0;
+    r2[n] = 0;
+    for (int l = 0; l < G; l++) r2[n] += rc[n * G + l]; /* from sources (node n, local l) */
+    e2[n] = rd[n * G];
+  }
+  (void)me;
+  MPI_TRY(MPI_Alltoallv(p1, s2, d2, MPI_FLOAT, recv, r2, e2, MPI_FLOAT, m->cross), "Alltoallv (2DH inter-node)");
   return MOE_OK;
 }
 
@@ -117,14 +220,15 @@ moe_status moe__dist_alltoallv_f32(const moe_dist *d, const float *send, const i
     if (sendcounts[0]) memcpy(recv + rdispls[0], send + sdispls[0], (size_t)sendcounts[0] * sizeof *send);
     return MOE_OK;
   }
-  MPI_TRY(MPI_Alltoallv(send, sendcounts, sdispls, MPI_FLOAT, recv, recvcounts, rdispls, MPI_FLOAT, COMM(d)),
+  if (ST(d)->algo == MOE_A2A_2DH) return alltoallv_2dh(d, send, sendcounts, sdispls, recv, recvcounts, rdispls);
+  MPI_TRY(MPI_Alltoallv(send, sendcounts, sdispls, MPI_FLOAT, recv, recvcounts, rdispls, MPI_FLOAT, ST(d)->world),
           "Alltoallv (tokens)");
   return MOE_OK;
 }
 
+void moe_dist_abort(const moe_dist *d, int code) {
+  if (d && !ONE(d)) MPI_Abort(ST(d)->world, code);
+}
+
 int moe_dist_rank(const moe_dist *d) { return d ? d->rank : 0; }
 int moe_dist_size(const moe_dist *d) { return d ? d->size : 1; }
-
-void moe_dist_abort(const moe_dist *d, int code) {
-  if (d && !ONE(d) && d->size > 1) MPI_Abort(COMM(d), code);
-}

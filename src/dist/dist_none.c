@@ -6,6 +6,13 @@
 
 int moe_dist_has_mpi(void) { return 0; }
 
+moe_status moe_dist_set_a2a(moe_dist *d, moe_a2a algo, int ranks_per_node) {
+  (void)d;
+  MOE_TRY((unsigned)algo <= MOE_A2A_2DH, MOE_ERR_ARG, "unknown all-to-all algorithm %d", algo);
+  MOE_TRY(ranks_per_node >= 0, MOE_ERR_ARG, "ranks per node must be >= 0, got %d", ranks_per_node);
+  return MOE_OK;
+}
+
 moe_status moe_dist_init(moe_dist **out, int *argc, char ***argv) {
   (void)argc;
   (void)argv;
