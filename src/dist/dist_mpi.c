@@ -164,7 +164,7 @@ static moe_status grow(const moe_dist *d, size_t n) {
 static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int *sc, const int *sd, float *recv,
                                 const int *rc, const int *rd) {
   mpi_state *m = ST(d);
-  int W = d->size, G = m->G, N = m->N, me = d->rank % G;
+  int W = d->size, G = m->G, N = m->N;
   int *c1s = m->cnt, *c1r = c1s + W;              /* (G, N) chunk sizes sent / received in phase 1 */
   int *s1 = c1r + W, *d1 = s1 + G, *r1 = d1 + G, *e1 = r1 + G; /* phase 1 per local peer */
   int *s2 = e1 + G, *d2 = s2 + N, *r2 = d2 + N, *e2 = r2 + N;  /* phase 2 per node */
@@ -183,8 +183,8 @@ static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int 
     e1[l] = l ? e1[l - 1] + r1[l - 1] : 0;
     total1 += (size_t)r1[l];
   }
-  MOE_CHECK(grow(d, total + total1));
-  float *p1 = m->buf, *q1 = m->buf + total;
+  MOE_CHECK(grow(d, total + 2 * total1));
+  float *p1 = m->buf, *q1 = p1 + total, *p2 = q1 + total1;
   size_t o = 0; /* pack by (destination local index, destination node) */
   for (int l = 0; l < G; l++)
     for (int n = 0; n < N; n++) {
@@ -199,7 +199,7 @@ static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int 
     for (int l = 0; l < G; l++) {
       size_t at = (size_t)e1[l];
       for (int i = 0; i < n; i++) at += (size_t)c1r[l * N + i];
-      memcpy(p1 + o, q1 + at, (size_t)c1r[l * N + n] * sizeof *q1);
+      memcpy(p2 + o, q1 + at, (size_t)c1r[l * N + n] * sizeof *q1);
       o += (size_t)c1r[l * N + n];
       s2[n] += c1r[l * N + n];
     }
@@ -208,8 +208,7 @@ static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int 
     for (int l = 0; l < G; l++) r2[n] += rc[n * G + l]; /* from sources (node n, local l) */
     e2[n] = rd[n * G];
   }
-  (void)me;
-  MPI_TRY(MPI_Alltoallv(p1, s2, d2, MPI_FLOAT, recv, r2, e2, MPI_FLOAT, m->cross), "Alltoallv (2DH inter-node)");
+  MPI_TRY(MPI_Alltoallv(p2, s2, d2, MPI_FLOAT, recv, r2, e2, MPI_FLOAT, m->cross), "Alltoallv (2DH inter-node)");
   return MOE_OK;
 }
 
