@@ -18,12 +18,6 @@ typedef struct { const char *name; int T, D, H, E, k; } bench_case;
 static const bench_case CASES[] = {
     {"S", 2048, 512, 2048, 8, 2}, {"M", 4096, 1024, 4096, 16, 2}, {"L", 4096, 768, 3072, 64, 1}};
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -49,7 +43,7 @@ static int check_tokens(moe_layer_t *l, const float *x, const float *y, const mo
   const float *w1 = moe_layer_param(l, "experts.fc1.weight"), *b1 = moe_layer_param(l, "experts.fc1.bias");
   const float *w2 = moe_layer_param(l, "experts.fc2.weight"), *b2 = moe_layer_param(l, "experts.fc2.bias");
   double *acc = calloc((size_t)D + H + E, sizeof(double)), *h = acc + D, *p = h + H;
-  int ok = 1;
+  int ok = acc != NULL;
   for (int s = 0; s < 4 && ok; s++) {
     int t = (int)((size_t)s * 7919 % (size_t)T);
     double mx = -1e300, sum = 0;
@@ -112,12 +106,12 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   }
   if (moe_layer_backward(&l, dy, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
   for (int r = 0; r < o->reps; r++) {
-    double t0 = now();
+    double t0 = cli_now();
     if (moe_layer_forward(&l, x, c->T, y, NULL, &st) != MOE_OK) { rc = cli_fail(CMD); goto done; }
-    double t1 = now();
+    double t1 = cli_now();
     if (moe_layer_backward(&l, dy, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
     tf[r] = (t1 - t0) * 1e3;
-    tb[r] = (now() - t0) * 1e3;
+    tb[r] = (cli_now() - t0) * 1e3;
   }
   double fwd = median(tf, o->reps), fb = median(tb, o->reps);
   double kept = (double)c->T * c->k - st.dropped;

@@ -1,5 +1,7 @@
 /* Helpers shared by the subcommands (see cli.h). */
 #include <math.h>
+#include <sched.h>
+#include <time.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +52,14 @@ int cli_parse_float(const char *s, float *out) {
 }
 
 int cli_cpu_count(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? (int)n : 1;
+}
+
+double cli_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
 }

@@ -14,8 +14,10 @@ int cli_flag_is(const char *arg, const char *name);
 int cli_parse_int(const char *s, int *out);
 int cli_parse_float(const char *s, float *out);
 
-/* Online CPUs. */
+/* CPUs this process may run on (its affinity mask). */
 int cli_cpu_count(void);
+/* Seconds on a monotonic clock. */
+double cli_now(void);
 
 int cmd_layer_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

@@ -33,15 +33,21 @@ static int compare(const moe_st *got, const moe_st *ref, float rtol) {
   for (int i = 0; i < moe_st_count(ref); i++) {
     moe_tensor_view b, a;
     if (moe_st_at(ref, i, &b) != MOE_OK) return cli_fail(CMD);
-    if (b.dtype != MOE_DT_F32 && b.dtype != MOE_DT_I32) continue;
+    if (b.dtype != MOE_DT_F32 && b.dtype != MOE_DT_I32) {
+      fprintf(stderr, "moe compare: %s: cannot compare dtype %s\n", b.name, moe_dtype_name(b.dtype));
+      bad++;
+      continue;
+    }
     if (moe_st_get(got, b.name, &a) != MOE_OK) {
       fprintf(stderr, "moe compare: %s\n", moe_last_error());
       bad++;
       continue;
     }
-    if (a.dtype != b.dtype || a.nbytes != b.nbytes) {
-      fprintf(stderr, "moe compare: %s: dtype or size differs (%s, %zu bytes vs %s, %zu bytes)\n", b.name,
-              moe_dtype_name(a.dtype), a.nbytes, moe_dtype_name(b.dtype), b.nbytes);
+    int same = a.dtype == b.dtype && a.ndim == b.ndim;
+    for (int d = 0; same && d < a.ndim; d++) same = a.shape[d] == b.shape[d];
+    if (!same) {
+      fprintf(stderr, "moe compare: %s: dtype or shape differs (%s, %d dims, %zu bytes vs %s, %d dims, %zu bytes)\n",
+              b.name, moe_dtype_name(a.dtype), a.ndim, a.nbytes, moe_dtype_name(b.dtype), b.ndim, b.nbytes);
       bad++;
       continue;
     }

@@ -124,9 +124,12 @@ static void save_extra(const train_opts *o, char *buf, size_t n) {
            o->augment, (double)o->lr);
 }
 
-static void load_extra(const char *s, train_opts *o) {
-  sscanf(s, "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%f", &o->epochs, &o->batch, &o->warmup, &o->augment,
-         &o->lr);
+/* The checkpoint's training options; 0 if they are missing or out of range. */
+static int load_extra(const char *s, train_opts *o) {
+  int n = sscanf(s, "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%f", &o->epochs, &o->batch, &o->warmup,
+                 &o->augment, &o->lr);
+  return n == 5 && o->epochs > 0 && o->batch > 0 && o->warmup >= -1 && o->augment >= 0 && o->augment < 8 &&
+         o->lr > 0 && o->lr < 1e3f;
 }
 
 typedef struct {
@@ -157,12 +160,6 @@ static void accumulate(epoch_acc *a, const moe_model_t *m, const moe_model_stats
   a->load_ratio += worst;
 }
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 static void progress(int epoch, int epochs, int step, int steps, const epoch_acc *a, double rate) {
   int w = 24, done = steps ? step * w / steps : w;
   char bar[32];
@@ -186,11 +183,11 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (train_batch_init(&tb, train, B)) return cli_usage_error(CMD, "out of memory");
   trace_writer tw = {0};
   int rc = 0;
-  if (o->trace && trace_open(&tw, o->trace) != MOE_OK) rc = 1;
+  if (o->trace && trace_open(&tw, o->trace, step) != MOE_OK) rc = 1;
   double test_acc = -1;
   for (int epoch = start_epoch; epoch < last && !rc; epoch++) {
     epoch_acc a = {0};
-    double t0 = now();
+    double t0 = cli_now();
     train_batch_epoch(&tb, o->seed, epoch, o->augment);
     for (int s = 0; s < steps && !interrupted; s++, step++) {
       train_batch_fill(&tb, s);
@@ -200,11 +197,11 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       moe_optim_step(opt, m, moe_lr_schedule(o->lr, step, warmup, total));
       accumulate(&a, m, &st, B);
       if (tw.f && trace_step(&tw, m, step) != MOE_OK) { rc = cli_usage_error(CMD, "%s: write error", o->trace); break; }
-      if (tty && (s % 8 == 0 || s == steps - 1)) progress(epoch + 1, o->epochs, s + 1, steps, &a, (s + 1) / (now() - t0));
+      if (tty && (s % 8 == 0 || s == steps - 1)) progress(epoch + 1, o->epochs, s + 1, steps, &a, (s + 1) / (cli_now() - t0));
       if (o->log_steps) printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)step, st.loss);
     }
     if (rc || interrupted) break;
-    double rate = steps / (now() - t0);
+    double rate = steps / (cli_now() - t0);
     if (evaluate(m, test, 500, &test_acc)) { rc = cli_fail(CMD); break; }
     if (tty) fprintf(stderr, "\n");
     double loss = a.loss / a.seen, acc = (double)a.correct / a.seen, aux = a.aux / a.steps;
@@ -244,7 +241,10 @@ int cmd_train(int argc, char **argv) {
   moe_dataset train = {0}, test = {0};
   moe_model_t m = {0};
   moe_optim_t opt = {0};
-  if (load_split(o.data, "train", &train) || load_split(o.data, "t10k", &test)) return cli_fail(CMD);
+  if (load_split(o.data, "train", &train) || load_split(o.data, "t10k", &test)) {
+    rc = cli_fail(CMD);
+    goto done;
+  }
   int start = 0;
   int64_t step = 0;
   if (o.resume) {
@@ -255,10 +255,12 @@ int cmd_train(int argc, char **argv) {
     }
     if (moe_checkpoint_load(o.resume, &m, &opt, &ts) != MOE_OK) { rc = cli_fail(CMD); goto done; }
     if (!opt.m) { rc = cli_usage_error(CMD, "%s: has no optimizer state to resume from", o.resume); goto done; }
-    int epochs = o.epochs, explicit_epochs = 0;
-    for (int i = 1; i < argc; i++) explicit_epochs |= cli_flag_is(argv[i], "epochs");
-    load_extra(ts.extra, &o);
-    if (explicit_epochs) o.epochs = epochs;
+    if (!load_extra(ts.extra, &o)) {
+      rc = cli_usage_error(CMD, "%s: __metadata__ train='%s' is not a valid set of training options", o.resume,
+                           ts.extra);
+      goto done;
+    }
+    parse(argc, argv, &o, &arch); /* flags given now win over the checkpoint's (they parsed once already) */
     o.seed = ts.seed;
     start = ts.epoch;
     step = ts.step;

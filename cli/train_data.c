@@ -92,8 +92,12 @@ int evaluate(moe_model_t *m, const moe_dataset *d, int B, double *acc) {
   return 0;
 }
 
-moe_status trace_open(trace_writer *t, const char *path) {
+moe_status trace_open(trace_writer *t, const char *path, int64_t from) {
   memset(t, 0, sizeof *t);
+  if (strlen(path) + 24 > sizeof t->path) {
+    fprintf(stderr, "moe: trace path too long: %s\n", path);
+    return MOE_ERR_ARG;
+  }
   snprintf(t->path, sizeof t->path, "%s", path);
   snprintf(t->tmp, sizeof t->tmp, "%s.tmp.%d", path, (int)getpid());
   t->f = fopen(t->tmp, "w");
@@ -102,6 +106,14 @@ moe_status trace_open(trace_writer *t, const char *path) {
     return MOE_ERR_IO;
   }
   fprintf(t->f, "step,layer,expert,tokens\n");
+  FILE *old = from > 0 ? fopen(path, "r") : NULL;
+  if (old) { /* a resumed run: the steps before it stay in the trace */
+    char line[256];
+    long long s;
+    while (fgets(line, sizeof line, old))
+      if (sscanf(line, "%lld,", &s) == 1 && s < from) fputs(line, t->f);
+    fclose(old);
+  }
   return MOE_OK;
 }
 

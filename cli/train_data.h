@@ -36,7 +36,8 @@ typedef struct {
   FILE *f;
   char path[1024], tmp[1100];
 } trace_writer;
-moe_status trace_open(trace_writer *t, const char *path);
+/* Starts the trace; resuming at step `from` > 0 keeps the existing file's rows of earlier steps. */
+moe_status trace_open(trace_writer *t, const char *path, int64_t from);
 moe_status trace_step(trace_writer *t, const moe_model_t *m, int64_t step);
 moe_status trace_close(trace_writer *t);
 

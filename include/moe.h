@@ -150,7 +150,7 @@ typedef struct {
   int threads;            /* OpenMP and BLAS threads; 0 = all cores */
   int inner_experts;      /* hierarchical MoE (DynaMoE): > 0 makes each expert an MoE layer of this
                              many FFN experts with its own router; 0 = FFN experts */
-  int inner_top_k;        /* k of the inner layers */
+  int inner_top_k;        /* k of the inner layers (which normalize their weights when it is > 1) */
   const moe_dist *dist;   /* expert parallelism (dispatch=dynamic): each of the W ranks routes its own
                              tokens and holds experts [rank*E/W, (rank+1)*E/W); NULL = one process */
 } moe_layer_config;
@@ -235,8 +235,8 @@ size_t moe_layer_peak_bytes(const moe_layer_t *l);
 
 /* Reads a layer from safetensors: D, H, E (and P) from the tensor shapes, options from __metadata__
  * (top_k, capacity_setting, activation, normalize_topk, dispatch, priority, router), then checks every
- * tensor's dtype and shape. cfg_override, if not NULL, is applied after the metadata: a field set to
- * its "unset" value (-1, NAN, or -1 for enums cast to int) keeps the file's value. */
+ * tensor's dtype and shape. o, if not NULL, is applied after the metadata: a field left at its unset
+ * value (see moe_layer_overrides_init) keeps the file's value. */
 typedef struct {
   int top_k;              /* -1 unset */
   float capacity_setting; /* NAN unset */
@@ -324,7 +324,8 @@ typedef struct {
   moe_opt_kind kind;
   float beta1, beta2, eps; /* Adam: 0.9, 0.999, 1e-8 */
   float momentum;          /* SGD: 0.9 */
-  float weight_decay;      /* decoupled (AdamW), on matrices only; default 0 */
+  float weight_decay;      /* on weight matrices only (not biases, norms, scales): decoupled for Adam
+                              (AdamW), added to the gradient for SGD; default 0 */
 } moe_optim_config;
 void moe_optim_config_default(moe_optim_config *c);
 typedef struct {
@@ -334,6 +335,8 @@ typedef struct {
   float *m, *v;      /* (n) Adam moments or SGD velocity (m), in the model's ref order */
 } moe_optim_t;
 moe_status moe_optim_init(moe_optim_t *o, const moe_optim_config *c, const moe_model_t *m);
+/* Whether weight decay applies to r: weight matrices, not biases (experts' are 2-D), norms, scales. */
+int moe_param_decays(const moe_tensor_ref *r);
 void moe_optim_free(moe_optim_t *o);
 void moe_optim_step(moe_optim_t *o, moe_model_t *m, float lr);
 /* Learning rate at step s of total: linear warm-up over warmup steps, then cosine decay to 0. */

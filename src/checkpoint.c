@@ -2,6 +2,7 @@
  * as "optim.m.<name>" / "optim.v.<name>", and in __metadata__ the whole configuration (model,
  * layer options, optimizer) and the training position, so that a run resumes bit for bit.
  * Written atomically by the safetensors writer. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +101,19 @@ static moe_status copy_tensor(const moe_st *f, const char *name, const moe_tenso
   return MOE_OK;
 }
 
+/* A non-negative 64-bit __metadata__ value (absent: *out unchanged). */
+static moe_status meta_u64(const moe_st *f, const char *key, uint64_t *out) {
+  const char *v = moe_st_meta(f, key);
+  if (!v) return MOE_OK;
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  MOE_TRY(*v >= '0' && *v <= '9' && !*end && !errno, MOE_ERR_FORMAT, "%s: __metadata__ %s='%s' is not a count",
+          moe_st_path(f), key, v);
+  *out = x;
+  return MOE_OK;
+}
+
 static moe_status need_int(const moe_st *f, const char *key, int *out) {
   MOE_TRY(moe_st_meta(f, key), MOE_ERR_MISSING, "%s: __metadata__ has no '%s': not a libmoe checkpoint?",
           moe_st_path(f), key);
@@ -142,11 +156,13 @@ static moe_status load_from(const moe_st *f, moe_model_t *m, moe_optim_t *o, moe
   if (ts) {
     memset(ts, 0, sizeof *ts);
     MOE_CHECK(moe__meta_int(f, "epoch", &ts->epoch));
-    const char *v = moe_st_meta(f, "step");
-    if (v) ts->step = strtoll(v, NULL, 10);
-    v = moe_st_meta(f, "seed");
-    if (v) ts->seed = strtoull(v, NULL, 10);
-    v = moe_st_meta(f, "train");
+    uint64_t step = 0;
+    MOE_CHECK(meta_u64(f, "step", &step));
+    MOE_CHECK(meta_u64(f, "seed", &ts->seed));
+    MOE_TRY(ts->epoch >= 0 && step <= INT64_MAX, MOE_ERR_FORMAT, "%s: __metadata__ epoch or step out of range",
+            moe_st_path(f));
+    ts->step = (int64_t)step;
+    const char *v = moe_st_meta(f, "train");
     if (v) snprintf(ts->extra, sizeof ts->extra, "%s", v);
   }
   const char *kind = moe_st_meta(f, "optimizer");
@@ -163,8 +179,10 @@ static moe_status load_from(const moe_st *f, moe_model_t *m, moe_optim_t *o, moe
     MOE_CHECK(moe__meta_float(f, "momentum", &oc.momentum));
     MOE_CHECK(moe__meta_float(f, "weight_decay", &oc.weight_decay));
     MOE_CHECK(moe_optim_init(o, &oc, m));
-    const char *v = moe_st_meta(f, "optim_step");
-    o->step = v ? strtoll(v, NULL, 10) : 0;
+    uint64_t ostep = 0;
+    MOE_CHECK(meta_u64(f, "optim_step", &ostep));
+    MOE_TRY(ostep <= INT64_MAX, MOE_ERR_FORMAT, "%s: __metadata__ optim_step out of range", moe_st_path(f));
+    o->step = (int64_t)ostep;
     size_t off = 0;
     for (int i = 0; i < m->nrefs; i++) {
       char name[96];
@@ -187,6 +205,7 @@ static moe_status load_from(const moe_st *f, moe_model_t *m, moe_optim_t *o, moe
 
 moe_status moe_checkpoint_load(const char *path, moe_model_t *m, moe_optim_t *o, moe_train_state *ts) {
   moe_st *f;
+  MOE_TRY(path && m, MOE_ERR_ARG, "moe_checkpoint_load: NULL argument");
   memset(m, 0, sizeof *m);
   if (o) memset(o, 0, sizeof *o);
   MOE_CHECK(moe_st_open(&f, path));

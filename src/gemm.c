@@ -20,7 +20,8 @@ static void gemm_one(const moe__gemm *g) {
   if (g->M <= 0 || g->N <= 0) return;
   if (g->K <= 0) { /* C = beta C; BLAS rejects K = 0 leading dimensions on some builds */
     for (int i = 0; i < g->M; i++)
-      for (int j = 0; j < g->N; j++) g->C[(size_t)i * g->ldc + j] *= g->beta;
+      for (int j = 0; j < g->N; j++) /* beta = 0 overwrites: NaN in C must not survive */
+        g->C[(size_t)i * g->ldc + j] = g->beta == 0.0f ? 0.0f : g->beta * g->C[(size_t)i * g->ldc + j];
     return;
   }
   cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
@@ -40,6 +41,11 @@ static moe__gemm gemm_tile(const moe__gemm *g, int m0, int m, int n0, int n) {
 
 void moe__gemm_run(const moe__gemm *g, int n, int threads) {
   threads = moe__threads(threads);
+  while (n > MAX_TILES) { /* batches small enough for one tile each */
+    moe__gemm_run(g, MAX_TILES, threads);
+    g += MAX_TILES;
+    n -= MAX_TILES;
+  }
   if (threads == 1) { /* BLAS must not thread either: the count is the caller's */
     if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
     for (int i = 0; i < n; i++) gemm_one(&g[i]);
@@ -60,10 +66,8 @@ void moe__gemm_run(const moe__gemm *g, int n, int threads) {
     int parts = (int)(f / target);
     if (parts > len / MIN_TILE) parts = len / MIN_TILE;
     if (parts < 1) parts = 1;
-    if (nt + parts > MAX_TILES) { /* more GEMMs than tiles: run this one whole, here */
-      gemm_one(q);
-      continue;
-    }
+    int budget = (MAX_TILES - nt) / (n - i); /* every GEMM left gets at least one tile */
+    if (parts > budget) parts = budget > 0 ? budget : 1;
     int step = (len + parts - 1) / parts;
     step = (step + 15) & ~15; /* whole SIMD blocks */
     for (int s = 0; s < len; s += step) {

@@ -5,7 +5,7 @@
 
 #include "moe.h"
 
-/* Records "file:line: message" as the thread's last error and returns st. */
+/* Records the message as the thread's last error and returns st (file and line are for debuggers). */
 moe_status moe__error(moe_status st, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 

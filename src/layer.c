@@ -97,14 +97,16 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
   l->st = calloc(1, sizeof *l->st);
   l->inner = cfg->inner_experts ? calloc((size_t)E, sizeof *l->inner) : NULL;
   if (!l->params || !l->grads || !l->st || (cfg->inner_experts && !l->inner)) {
+    size_t n = l->numel;
     moe_layer_free(l);
-    MOE_TRY(0, MOE_ERR_NOMEM, "moe_layer_init: cannot allocate %zu parameters", l->numel);
+    MOE_TRY(0, MOE_ERR_NOMEM, "moe_layer_init: cannot allocate %zu parameters", n);
   }
   if (l->inner) {
     moe_layer_config ic = *cfg;
     ic.E = cfg->inner_experts;
     ic.top_k = cfg->inner_top_k;
     ic.inner_experts = ic.inner_top_k = 0;
+    ic.normalize_topk = -1; /* by the inner k: the outer setting is about the outer k */
     for (int e = 0; e < E; e++) {
       moe_status st = moe_layer_init(&l->inner[e], &ic);
       if (st != MOE_OK) {
@@ -233,6 +235,8 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   long long bad = first_nonfinite(x, (size_t)T * D, s->threads);
   MOE_TRY(bad < 0, MOE_ERR_VALUE, "x[%lld, %lld] is %g: inputs must be finite", bad / D, bad % D,
           bad < 0 ? 0.0 : (double)x[bad]);
+  MOE_TRY((int64_t)T * k <= INT32_MAX / 2 && (int64_t)T * D <= INT32_MAX, MOE_ERR_ARG,
+          "moe_layer_forward: T=%d is too large for k=%d, D=%d", T, k, D);
   s->x = x;
   s->T = T;
   s->k = k;
@@ -284,9 +288,9 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_backward: layer not initialized");
   moe__layer_state *s = l->st;
   MOE_TRY(s->have_fwd, MOE_ERR_STATE, "moe_layer_backward: no forward pass to differentiate");
-  s->have_fwd = 0; /* backward overwrites the forward's buffers: one backward per forward */
   int T = s->T, D = l->cfg.D;
   MOE_TRY(T == 0 || dx, MOE_ERR_ARG, "moe_layer_backward: dx must not be NULL");
+  s->have_fwd = 0; /* backward overwrites the forward's buffers: one backward per forward */
   float *dw = moe__arena_alloc(&s->route, (size_t)T * s->k * 4);
   float *dout = moe__arena_alloc(&s->work, (size_t)s->rows * D * 4);
   float *dxs = s->out; /* the expert outputs are dead once the combine's backward has read them */

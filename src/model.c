@@ -13,7 +13,7 @@
 
 struct moe__model_state {
   moe__arena arena;
-  int threads, B, has_labels;
+  int threads, B, k, has_labels; /* k: the last block's top-k at the forward */
   const float *x;     /* (B, in) caller's */
   uint8_t *labels;    /* (B) */
   float **h;          /* L + 1 of (B, D): block inputs, h[L] the last output */
@@ -64,6 +64,8 @@ moe_status moe_model_init(moe_model_t *m, const moe_model_config *c) {
   MOE_TRY(m && c, MOE_ERR_ARG, "moe_model_init: NULL argument");
   memset(m, 0, sizeof *m);
   MOE_TRY(c->in_dim > 0, MOE_ERR_ARG, "model: in_dim must be > 0, got %d", c->in_dim);
+  MOE_TRY(c->moe.D > 0 && c->moe.H > 0 && c->moe.E > 0, MOE_ERR_ARG, "model: D, H and E must be > 0 (got %d, %d, %d)",
+          c->moe.D, c->moe.H, c->moe.E);
   MOE_TRY(c->classes > 1, MOE_ERR_ARG, "model: classes must be > 1, got %d", c->classes);
   MOE_TRY(c->blocks >= 1 && c->blocks <= 64, MOE_ERR_ARG, "model: blocks must be in [1, 64], got %d", c->blocks);
   MOE_TRY(isfinite(c->aux_weight) && isfinite(c->z_weight), MOE_ERR_ARG, "model: loss weights must be finite");
@@ -246,6 +248,7 @@ moe_status moe_model_forward(moe_model_t *m, const float *x, const uint8_t *labe
       MOE_TRY(labels[i] < C, MOE_ERR_VALUE, "label %d of sample %d is out of range (classes %d)", labels[i], i, C);
   s->threads = moe__threads(c->moe.threads);
   s->B = B;
+  s->k = k;
   s->x = x;
   s->has_labels = 0; /* set on success only: backward must not see a failed forward */
   MOE_CHECK(moe__arena_reserve(&s->arena, model_bytes(m, B) + moe__arena_size((size_t)B), "model"));
@@ -337,9 +340,10 @@ static void ce_grad(const float *p, const uint8_t *labels, int stride, const flo
 moe_status moe_model_backward(moe_model_t *m) {
   moe__model_state *s = m->st;
   MOE_TRY(s && s->has_labels, MOE_ERR_STATE, "moe_model_backward: no forward with labels to differentiate");
+  s->has_labels = 0; /* once: a failed backward must not be retried on half-added gradients */
   const moe_model_config *c = &m->cfg;
   int L = c->blocks, D = c->moe.D, C = c->classes, in = c->in_dim, B = s->B, nt = s->threads;
-  int k = m->layers[L - 1].cfg.top_k, spec = c->loss == MOE_LOSS_SPECIFICATION;
+  int k = s->k, spec = c->loss == MOE_LOSS_SPECIFICATION;
   float *dh, *dxn, *dhn, *dlog, *dhs = NULL, *dw = NULL;
   ALLOC(dh, (size_t)B * D * 4);
   ALLOC(dxn, (size_t)B * D * 4);
@@ -382,6 +386,5 @@ moe_status moe_model_backward(moe_model_t *m) {
                             ref_grad(m, name), nt);
   }
   linear_backward(dh, s->x, NULL, B, in, D, ref_grad(m, "in.weight"), ref_grad(m, "in.bias"), NULL, nt);
-  s->has_labels = 0;
   return MOE_OK;
 }

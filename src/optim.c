@@ -46,6 +46,8 @@ void moe_optim_free(moe_optim_t *o) {
   memset(o, 0, sizeof *o);
 }
 
+int moe_param_decays(const moe_tensor_ref *r) { return r->ndim >= 2 && !strstr(r->name, "bias"); }
+
 void moe_optim_step(moe_optim_t *o, moe_model_t *m, float lr) {
   const moe_optim_config *c = &o->cfg;
   o->step++;
@@ -53,7 +55,7 @@ void moe_optim_step(moe_optim_t *o, moe_model_t *m, float lr) {
   size_t off = 0;
   for (int i = 0; i < m->nrefs; i++) {
     moe_tensor_ref *r = &m->refs[i];
-    float wd = r->ndim >= 2 ? c->weight_decay : 0.0f; /* no decay on biases, norms, scales */
+    float wd = moe_param_decays(r) ? c->weight_decay : 0.0f;
     float *p = r->data, *g = r->grad, *mo = o->m + off, *v = o->v ? o->v + off : NULL;
     if (c->kind == MOE_OPT_ADAM) {
       for (size_t j = 0; j < r->numel; j++) {

@@ -37,8 +37,11 @@ static void prio_sort(prio_key *k, int n) {
 static int capacity(const moe_layer_t *l, int T, int k, int maxc) {
   float x = l->cfg.capacity_setting;
   if (l->cfg.dispatch == MOE_DISPATCH_DYNAMIC || x == 0) return maxc;
-  int c = (int)ceil((double)fabsf(x) * k * T / l->cfg.E);
-  return x > 0 || c < maxc ? c : maxc;
+  double v = (double)fabsf(x) * k * T / l->cfg.E, r = nearbyint(v);
+  if (fabs(v - r) <= 1e-6 * fmax(1.0, r)) v = r; /* 1.2f * 5 / 2 is 3, as the decimal setting says */
+  double c = ceil(v);
+  if (c > T) c = T; /* no expert gets more than T assignments: more slots would only be padding */
+  return x > 0 || c < maxc ? (int)c : maxc;
 }
 
 moe_status moe__route(moe_layer_t *l) {

@@ -472,7 +472,7 @@ static void adam_expect(int *failed_, const moe_model_t *m, const moe_optim_t *o
   double worst = 0;
   for (int i = 0; i < m->nrefs; i++) {
     const moe_tensor_ref *r = &m->refs[i];
-    double d = r->ndim >= 2 ? wd : 0.0;
+    double d = r->ndim >= 2 && !strstr(r->name, "bias") ? wd : 0.0;
     for (size_t j = 0; j < r->numel; j++, off++) {
       double g = r->grad[j];
       mo[off] = b1 * mo[off] + (1 - b1) * g;
@@ -569,7 +569,7 @@ static void optim_sgd(int *failed_, moe_model_t *m, moe_optim_t *o, double **buf
     off = 0;
     for (int i = 0; i < m->nrefs; i++) {
       const moe_tensor_ref *r = &m->refs[i];
-      double d = r->ndim >= 2 ? 0.1f : 0.0f;
+      double d = r->ndim >= 2 && !strstr(r->name, "bias") ? 0.1f : 0.0f;
       for (size_t j = 0; j < r->numel; j++, off++) {
         buf[off] = mu * buf[off] + r->grad[j] + d * p[off];
         p[off] -= lr * buf[off];

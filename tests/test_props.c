@@ -267,3 +267,26 @@ TEST(props_steady_state_and_repeatable) {
     ASSERT(same);
   }
 }
+
+/* capacity = ceil(x*k*T/E) with the decimal x: 1.2 * 1 * 5 / 2 is 3, not 4 (float 1.2 is a bit
+ * more); a huge x is bounded by T instead of overflowing. */
+TEST(props_capacity_rounding_and_bound) {
+  moe_layer_config c = small_cfg(MOE_ACT_RELU, 1, MOE_DISPATCH_STATIC, 1.2f);
+  c.E = 2;
+  moe_layer_t l;
+  ASSERT_OK(moe_layer_init(&l, &c));
+  randomize(&l, 8);
+  float x[5 * 12], y[5 * 12];
+  fill(x, sizeof x / 4, 1.0f);
+  moe_layer_stats st;
+  ASSERT_OK(moe_layer_forward(&l, x, 5, y, NULL, &st));
+  ASSERT_EQ_INT(st.capacity, 3);
+  moe_layer_free(&l);
+  c.capacity_setting = 1e9f;
+  ASSERT_OK(moe_layer_init(&l, &c));
+  randomize(&l, 8);
+  ASSERT_OK(moe_layer_forward(&l, x, 5, y, NULL, &st));
+  ASSERT_EQ_INT(st.capacity, 5);
+  ASSERT(moe_layer_peak_bytes(&l) < (1u << 20));
+  moe_layer_free(&l);
+}

@@ -1,0 +1,68 @@
+/* The tiled grouped GEMM against a double-precision triple loop: every transpose combination, shapes
+ * that do not divide into tiles, several GEMMs at once, 1 and 3 threads, beta 0 and 1; and K = 0,
+ * where beta = 0 must overwrite C (NaN included) rather than scale it. */
+#include <stdlib.h>
+
+#include "compare.h"
+#include "gemm.h"
+#include "test.h"
+
+static float frand(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((*s >> 40) * 0x1.0p-23) - 1.0f;
+}
+
+static void reference(const moe__gemm *g, float *out) {
+  for (int i = 0; i < g->M; i++)
+    for (int j = 0; j < g->N; j++) {
+      double acc = 0;
+      for (int p = 0; p < g->K; p++) {
+        double a = g->ta ? g->A[(size_t)p * g->lda + i] : g->A[(size_t)i * g->lda + p];
+        double b = g->tb ? g->B[(size_t)j * g->ldb + p] : g->B[(size_t)p * g->ldb + j];
+        acc += a * b;
+      }
+      out[(size_t)i * g->N + j] = (float)(g->alpha * acc + g->beta * g->C[(size_t)i * g->ldc + j]);
+    }
+}
+
+TEST(gemm_tiles_match_reference) {
+  uint64_t s = 1;
+  const int shapes[][3] = {{1, 1, 1}, {70, 300, 33}, {257, 65, 129}, {64, 3072, 17}, {500, 40, 7}};
+  for (int threads = 1; threads <= 3; threads += 2)
+    for (int t = 0; t < 4; t++)
+      for (int beta = 0; beta <= 1; beta++) {
+        enum { NG = 5 };
+        moe__gemm g[NG];
+        float *bufs[NG][4];
+        for (int q = 0; q < NG; q++) {
+          int M = shapes[q][0], N = shapes[q][1], K = shapes[q][2];
+          for (int b = 0; b < 3; b++) {
+            size_t n = (size_t)(b == 0 ? M * K : b == 1 ? K * N : M * N);
+            bufs[q][b] = malloc(n * 4);
+            for (size_t i = 0; i < n; i++) bufs[q][b][i] = frand(&s);
+          }
+          bufs[q][3] = malloc((size_t)M * N * 4);
+          g[q] = (moe__gemm){t & 1, t >> 1, M, N, K, 0.75f, (float)beta, bufs[q][0], t & 1 ? M : K,
+                             bufs[q][1], t >> 1 ? K : N, bufs[q][2], N};
+          reference(&g[q], bufs[q][3]);
+        }
+        moe__gemm_run(g, NG, threads);
+        int ok = 1;
+        for (int q = 0; q < NG; q++) {
+          ok &= tensors_close("C", bufs[q][2], bufs[q][3], (size_t)g[q].M * g[q].N, 1e-5, 1e-6);
+          for (int b = 0; b < 4; b++) free(bufs[q][b]);
+        }
+        if (!ok) FAIL_("threads %d, transposes %d, beta %d", threads, t, beta);
+      }
+}
+
+TEST(gemm_k0_overwrites_with_beta0) {
+  float c[6] = {NAN, INFINITY, 1, 2, 3, 4}, a[1], b[1];
+  moe__gemm g = {false, false, 2, 3, 0, 1.0f, 0.0f, a, 1, b, 3, c, 3};
+  moe__gemm_run(&g, 1, 1);
+  for (int i = 0; i < 6; i++) ASSERT(c[i] == 0.0f);
+  float d[2] = {1, 2};
+  moe__gemm h = {false, false, 1, 2, 0, 1.0f, 0.5f, a, 1, b, 2, d, 2};
+  moe__gemm_run(&h, 1, 2);
+  ASSERT(d[0] == 0.5f && d[1] == 1.0f);
+}
