@@ -174,7 +174,10 @@ static void progress(int epoch, int epochs, int step, int steps, const epoch_acc
 
 static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *train, moe_dataset *test,
                int start_epoch, int64_t step) {
-  int B = o->batch, steps = train->n / B, tty = isatty(2);
+  int B = o->batch, steps = train->n / B, F = train->rows * train->cols;
+  /* data + expert parallel: every rank forms the same global batch and takes its slice */
+  int W = moe_dist_size(m->cfg.moe.dist), r = moe_dist_rank(m->cfg.moe.dist);
+  int b0 = B * r / W, b1 = B * (r + 1) / W, tty = isatty(2) && r == 0;
   if (steps == 0) return cli_usage_error(CMD, "--batch %d is larger than the training set (%d)", B, train->n);
   int warmup = o->warmup < 0 ? steps : o->warmup;
   int64_t total = (int64_t)o->epochs * steps;
@@ -193,7 +196,10 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       train_batch_fill(&tb, s);
       moe_model_stats st;
       moe_model_zero_grad(m);
-      if (moe_model_forward(m, tb.x, tb.y, B, &st) || moe_model_backward(m)) { rc = cli_fail(CMD); break; }
+      if (moe_model_forward(m, tb.x + (size_t)b0 * F, tb.y + b0, b1 - b0, &st) || moe_model_backward(m)) {
+        rc = cli_fail(CMD);
+        break;
+      }
       moe_optim_step(opt, m, moe_lr_schedule(o->lr, step, warmup, total));
       accumulate(&a, m, &st, B);
       if (tw.f && trace_step(&tw, m, step) != MOE_OK) { rc = cli_usage_error(CMD, "%s: write error", o->trace); break; }
@@ -238,6 +244,19 @@ int cmd_train(int argc, char **argv) {
   defaults(&o);
   int arch = 0, rc = parse(argc, argv, &o, &arch);
   if (rc) return rc;
+  moe_dist *dist = NULL; /* under mpirun: data + expert parallel over the ranks */
+  if (moe_dist_init(&dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
+  if (moe_dist_size(dist) > 1) {
+    if (o.checkpoint || o.resume || o.trace) {
+      rc = cli_usage_error(CMD, "--checkpoint, --resume and --trace are not supported under mpirun yet");
+      moe_dist_abort(dist, rc);
+    }
+    o.model.moe.dist = dist;
+    if (moe_dist_rank(dist) != 0 && !freopen("/dev/null", "w", stdout)) return 1; /* rank 0 reports */
+  } else {
+    moe_dist_finalize(dist);
+    dist = NULL;
+  }
   moe_dataset train = {0}, test = {0};
   moe_model_t m = {0};
   moe_optim_t opt = {0};
@@ -289,5 +308,7 @@ done:
   moe_model_free(&m);
   moe_dataset_free(&train);
   moe_dataset_free(&test);
+  if (rc && dist) moe_dist_abort(dist, rc); /* the other ranks may be waiting in a collective */
+  moe_dist_finalize(dist);
   return rc;
 }

@@ -80,15 +80,18 @@ void train_batch_fill(train_batch *b, int s) {
 }
 
 int evaluate(moe_model_t *m, const moe_dataset *d, int B, double *acc) {
-  long hits = 0;
+  const moe_dist *dist = m->cfg.moe.dist; /* expert-parallel: each rank takes its slice of a batch */
+  int W = moe_dist_size(dist), r = moe_dist_rank(dist);
+  double hits = 0;
   int F = d->rows * d->cols;
   for (int s = 0; s < d->n; s += B) {
-    int n = d->n - s < B ? d->n - s : B;
-    if (moe_model_forward(m, d->images + (size_t)s * F, NULL, n, NULL) != MOE_OK) return 1;
+    int n = d->n - s < B ? d->n - s : B, b0 = s + n * r / W, b1 = s + n * (r + 1) / W;
+    if (moe_model_forward(m, d->images + (size_t)b0 * F, NULL, b1 - b0, NULL) != MOE_OK) return 1;
     const int32_t *p = moe_model_predictions(m);
-    for (int i = 0; i < n; i++) hits += p[i] == d->labels[s + i];
+    for (int i = 0; i < b1 - b0; i++) hits += p[i] == d->labels[b0 + i];
   }
-  *acc = d->n ? (double)hits / d->n : 0;
+  if (dist && moe_dist_allreduce(dist, &hits, 1) != MOE_OK) return 1;
+  *acc = d->n ? hits / d->n : 0;
   return 0;
 }
 

@@ -202,8 +202,15 @@ void moe_layer_init_params(moe_layer_t *l, uint64_t seed) {
     }
     if (p->ndim == 1 || strstr(p->name, ".bias")) continue; /* biases start at zero */
     float bound = 1.0f / sqrtf((float)p->shape[p->ndim - 1]); /* fan_in is the last dim */
-    for (size_t j = 0; j < p->numel; j++)
-      d[j] = bound * moe__uniform(&st);
+    /* expert-parallel: draw the whole (E, ...) tensor and keep this rank's slice, so that every W
+     * initializes the same model */
+    int sliced = l->cfg.dist && !strncmp(p->name, "experts.", 8);
+    size_t lo = sliced ? (size_t)moe_dist_rank(l->cfg.dist) * p->numel : 0;
+    size_t total = sliced ? (size_t)moe_dist_size(l->cfg.dist) * p->numel : p->numel;
+    for (size_t j = 0; j < total; j++) {
+      float u = bound * moe__uniform(&st);
+      if (j >= lo && j < lo + p->numel) d[j - lo] = u;
+    }
   }
   for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_init_params(&l->inner[e], moe__splitmix(&st));
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "arena.h"
+#include "dist/dist.h"
 #include "gemm.h"
 #include "internal.h"
 #include "norm.h"
@@ -14,6 +15,8 @@
 struct moe__model_state {
   moe__arena arena;
   int threads, B, k, has_labels; /* k: the last block's top-k at the forward */
+  double Bg;          /* samples in the global batch: B summed over the ranks */
+  size_t dense_n;     /* floats in the dense (replicated) parameters */
   const float *x;     /* (B, in) caller's */
   uint8_t *labels;    /* (B) */
   float **h;          /* L + 1 of (B, D): block inputs, h[L] the last output */
@@ -75,6 +78,7 @@ moe_status moe_model_init(moe_model_t *m, const moe_model_config *c) {
   m->layers = calloc((size_t)L, sizeof *m->layers);
   m->st = calloc(1, sizeof *m->st);
   size_t dense = (size_t)D * in + D + (size_t)L * 2 * D + 2 * D + (size_t)C * D + C;
+  MOE_TRY(!c->moe.dist || c->moe.inner_experts == 0, MOE_ERR_ARG, "model: expert parallelism does not support hierarchical MoE yet");
   m->dense = calloc(dense, 4);
   m->dense_grad = calloc(dense, 4);
   size_t per_layer = 12 + (size_t)(c->moe.inner_experts ? c->moe.E : 0) * 12;
@@ -88,6 +92,7 @@ moe_status moe_model_init(moe_model_t *m, const moe_model_config *c) {
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_model_init: out of memory");
   }
   moe__model_state *s = m->st;
+  s->dense_n = dense;
   s->h = s->ptrs;
   s->xn = s->h + L + 1;
   s->mean = s->xn + L;
@@ -321,14 +326,18 @@ moe_status moe_model_forward(moe_model_t *m, const float *x, const uint8_t *labe
     softmax_ce(s->slogits, B * k, C, labels, k, s->sce);
     for (size_t a = 0; a < (size_t)B * k; a++) acc.loss += (double)w[a] * s->sce[a];
   }
-  acc.loss = B ? acc.loss / B : 0;
+  double tot[3] = {acc.loss, acc.correct, B}; /* over the ranks: the batch is the global one */
+  if (c->moe.dist) MOE_CHECK(moe_dist_allreduce(c->moe.dist, tot, 3));
+  s->Bg = tot[2];
+  acc.correct = (int)tot[1];
+  acc.loss = tot[2] > 0 ? tot[0] / tot[2] : 0;
   if (out) *out = acc;
   s->has_labels = labels != NULL;
   return MOE_OK;
 }
 
 /* dz (n, C) = weight * (softmax - onehot(label)) / B */
-static void ce_grad(const float *p, const uint8_t *labels, int stride, const float *weight, int n, int C, int B,
+static void ce_grad(const float *p, const uint8_t *labels, int stride, const float *weight, int n, int C, double B,
                     float *dz) {
   for (int i = 0; i < n; i++) {
     float w = (weight ? weight[i] : 1.0f) / (float)B;
@@ -354,7 +363,7 @@ moe_status moe_model_backward(moe_model_t *m) {
   float *dwh = ref_grad(m, "head.weight"), *dbh = ref_grad(m, "head.bias");
   memset(dh, 0, (size_t)B * D * 4);
   if (!spec) {
-    ce_grad(s->logits, s->labels, 1, NULL, B, C, B, dlog);
+    ce_grad(s->logits, s->labels, 1, NULL, B, C, s->Bg, dlog);
     linear_backward(dlog, s->hn, wh, B, D, C, dwh, dbh, dhn, nt);
     moe__layernorm_backward(dhn, s->h[L], gf, s->meanf, s->rstdf, B, D, dh, dgf, dbf, nt);
   } else {
@@ -364,11 +373,11 @@ moe_status moe_model_backward(moe_model_t *m) {
     ALLOC(dhsn, bk * D * 4);
     ALLOC(dhs, bk * D * 4);
     ALLOC(dw, bk * 4);
-    ce_grad(s->slogits, s->labels, k, s->lstats[L - 1].weights, B * k, C, B, dsl);
+    ce_grad(s->slogits, s->labels, k, s->lstats[L - 1].weights, B * k, C, s->Bg, dsl);
     linear_backward(dsl, s->hsn, wh, B * k, D, C, dwh, dbh, dhsn, nt);
     memset(dhs, 0, bk * D * 4);
     moe__layernorm_backward(dhsn, s->hs, gf, s->means, s->rstds, B * k, D, dhs, dgf, dbf, nt);
-    for (size_t a = 0; a < bk; a++) dw[a] = s->sce[a] / (float)B; /* d loss / d gate weight */
+    for (size_t a = 0; a < bk; a++) dw[a] = s->sce[a] / (float)s->Bg; /* d loss / d gate weight */
   }
   char name[64];
   for (int i = L - 1; i >= 0; i--) {
@@ -386,5 +395,9 @@ moe_status moe_model_backward(moe_model_t *m) {
                             ref_grad(m, name), nt);
   }
   linear_backward(dh, s->x, NULL, B, in, D, ref_grad(m, "in.weight"), ref_grad(m, "in.bias"), NULL, nt);
+  if (c->moe.dist) { /* data parallel: the replicated parameters' gradients summed over the ranks */
+    MOE_CHECK(moe__dist_allreduce_f32(c->moe.dist, m->dense_grad, (int)s->dense_n));
+    for (int i = 0; i < L; i++) MOE_CHECK(moe_layer_reduce_grads(&m->layers[i]));
+  }
   return MOE_OK;
 }

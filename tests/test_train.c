@@ -12,50 +12,7 @@
 
 #include "test.h"
 
-#define SIDE 12
-static char data_dir[512];
-
-static void put_be32(FILE *f, uint32_t v) {
-  unsigned char b[4] = {v >> 24, v >> 16, v >> 8, v};
-  fwrite(b, 1, 4, f);
-}
-
-static void write_split(const char *split, int n, uint64_t seed) {
-  char p[700];
-  snprintf(p, sizeof p, "%s/%s-images-idx3-ubyte", data_dir, split);
-  FILE *fi = fopen(p, "wb");
-  snprintf(p, sizeof p, "%s/%s-labels-idx1-ubyte", data_dir, split);
-  FILE *fl = fopen(p, "wb");
-  put_be32(fi, 0x803);
-  put_be32(fi, (uint32_t)n);
-  put_be32(fi, SIDE);
-  put_be32(fi, SIDE);
-  put_be32(fl, 0x801);
-  put_be32(fl, (uint32_t)n);
-  for (int i = 0; i < n; i++) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    int c = (int)((seed >> 33) % 10), cr = 2 + (c / 5) * 6, cc = 1 + (c % 5) * 2;
-    unsigned char img[SIDE * SIDE];
-    for (int j = 0; j < SIDE * SIDE; j++) {
-      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-      int r = j / SIDE, col = j % SIDE, near = abs(r - cr) <= 2 && abs(col - cc) <= 1;
-      img[j] = (unsigned char)((near ? 150 : 0) + (seed >> 58));
-    }
-    fwrite(img, 1, sizeof img, fi);
-    unsigned char lab = (unsigned char)c;
-    fwrite(&lab, 1, 1, fl);
-  }
-  fclose(fi);
-  fclose(fl);
-}
-
-static void make_data(void) {
-  if (data_dir[0]) return;
-  test_tmp_path("synth", data_dir, sizeof data_dir);
-  mkdir(data_dir, 0755);
-  write_split("train", 600, 1);
-  write_split("t10k", 200, 2);
-}
+#include "synth.h"
 
 /* Runs `moe <args>` with stdout to out_path (if not NULL) and stderr to err; returns the exit status. */
 static int moe(const char *args, const char *out_path, char *err, size_t nerr) {
@@ -87,7 +44,7 @@ static char *slurp(const char *path, size_t *len) {
 #define SMALL "--experts 4 --top-k 2 --hidden 32 --model 32 --batch 50 --augment 1 --threads 2 --seed 7"
 
 TEST(train_loss_falls_and_beats_chance) {
-  make_data();
+  const char *data_dir = synth_data_dir();
   char args[3000], out[512], ck[512], err[2048];
   test_tmp_path("train_out.txt", out, sizeof out);
   test_tmp_path("ck_a.safetensors", ck, sizeof ck);
@@ -118,7 +75,7 @@ TEST(train_loss_falls_and_beats_chance) {
 }
 
 TEST(train_resume_is_bit_exact) {
-  make_data();
+  const char *data_dir = synth_data_dir();
   char args[3000], ca[512], cb[512], oa[512], ob1[512], ob2[512], err[2048];
   test_tmp_path("res_a.safetensors", ca, sizeof ca);
   test_tmp_path("res_b.safetensors", cb, sizeof cb);
@@ -158,7 +115,7 @@ TEST(train_resume_is_bit_exact) {
 }
 
 TEST(train_interrupt_keeps_checkpoint) {
-  make_data();
+  const char *data_dir = synth_data_dir();
   char ck[512], args[1500];
   test_tmp_path("ck_int.safetensors", ck, sizeof ck);
   snprintf(args, sizeof args, "--data %s --experts 4 --hidden 32 --model 32 --batch 50 --threads 1 --epochs 100000 "
@@ -190,7 +147,7 @@ TEST(train_interrupt_keeps_checkpoint) {
 }
 
 TEST(train_bad_input) {
-  make_data();
+  const char *data_dir = synth_data_dir();
   char args[3000], err[2048];
   snprintf(args, sizeof args, "train --data /nonexistent/dir --epochs 1");
   ASSERT(moe(args, NULL, err, sizeof err) != 0);
