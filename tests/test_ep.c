@@ -3,7 +3,10 @@
  * counts and every gradient; W = 1 runs the same code path without mpirun. Skipped with a message
  * where the library has no MPI or mpirun is missing. Open MPI keeps allocations until exit, so the
  * mpirun runs turn LeakSanitizer off; the W = 1 run, which does not start MPI, keeps it on. */
+#include <dirent.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,7 +14,7 @@
 #include "synth.h"
 #include "test.h"
 
-#define MPIRUN "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 mpirun --oversubscribe "
+#define MPIRUN "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 mpirun --oversubscribe "
 
 static int sh(const char *cmd) {
   int rc = system(cmd);
@@ -186,4 +189,77 @@ TEST(ep_train_follows_one_process) {
   }
   ASSERT(accs[0] > 0.3);
   ASSERT_NEAR(accs[0], accs[1], 0.006); /* one or two of the 200 test samples at most */
+}
+
+/* Pids of running processes whose command line holds `mark`. */
+static int find_procs(const char *mark, int *pids, int max) {
+  DIR *d = opendir("/proc");
+  int n = 0;
+  struct dirent *e;
+  while (d && (e = readdir(d)) && n < max) {
+    int pid = atoi(e->d_name);
+    if (pid <= 0 || pid == getpid()) continue;
+    char p[64], buf[4096];
+    snprintf(p, sizeof p, "/proc/%d/cmdline", pid);
+    FILE *f = fopen(p, "r");
+    if (!f) continue;
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    for (size_t i = 0; i < len; i++) buf[i] = buf[i] ? buf[i] : ' ';
+    buf[len] = 0;
+    if (strstr(buf, mark) && strstr(buf, "moe") && !strstr(buf, "mpirun")) pids[n++] = pid;
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+/* One rank killed in the middle of training: mpirun and every other rank end, non-zero, within 10 s,
+ * naming the failed rank; nothing is left running. */
+TEST(ep_rank_failure_stops_every_rank) {
+  if (!moe_dist_has_mpi() || sh("command -v mpirun >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "  (no MPI: skipped)\n");
+    return;
+  }
+  char errp[512], cmd[3000];
+  test_tmp_path("fault_stderr.txt", errp, sizeof errp);
+  const char *mark = "--seed 424242";
+  snprintf(cmd, sizeof cmd, "exec " MPIRUN "-np 2 '%s' train --data '%s' --experts 4 --hidden 32 --model 32 "
+           "--epochs 100000 --threads 1 %s >/dev/null 2>'%s'", MOE_CLI, synth_data_dir(), mark, errp);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+    _exit(127);
+  }
+  int pids[8], n = 0;
+  for (int i = 0; i < 200 && n < 2; i++) { /* both ranks up and training */
+    nanosleep(&(struct timespec){0, 50000000}, NULL);
+    n = find_procs(mark, pids, 8);
+  }
+  nanosleep(&(struct timespec){0, 300000000}, NULL);
+  if (n < 2) {
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    FAIL_("the two ranks did not start (%d found)", n);
+  }
+  kill(pids[n - 1], SIGKILL);
+  int status = 0, done = 0;
+  for (int i = 0; i < 100 && !done; i++) { /* 10 s */
+    done = waitpid(pid, &status, WNOHANG) == pid;
+    if (!done) nanosleep(&(struct timespec){0, 100000000}, NULL);
+  }
+  if (!done) {
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    for (int i = 0; i < n; i++) kill(pids[i], SIGKILL);
+    FAIL_("mpirun still running 10 s after a rank was killed");
+  }
+  ASSERT(!WIFEXITED(status) || WEXITSTATUS(status) != 0);
+  nanosleep(&(struct timespec){0, 200000000}, NULL);
+  ASSERT_EQ_INT(find_procs(mark, pids, 8), 0); /* no rank left behind */
+  FILE *f = fopen(errp, "r");
+  char text[8192] = "";
+  size_t len = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  text[len] = 0;
+  if (f) fclose(f);
+  if (!strstr(text, "rank")) FAIL_("stderr does not name the failed rank: %s", text);
 }

@@ -8,6 +8,7 @@
  *   local index) for phase 2, which lands them in source-rank order.
  * Not under an MPI launcher, a moe_dist is one process and MPI is never initialized. */
 #include <mpi.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -226,7 +227,9 @@ moe_status moe__dist_alltoallv_f32(const moe_dist *d, const float *send, const i
 }
 
 void moe_dist_abort(const moe_dist *d, int code) {
-  if (d && !ONE(d)) MPI_Abort(ST(d)->world, code);
+  if (!d || ONE(d)) return;
+  fprintf(stderr, "moe: rank %d of %d failed (exit %d); stopping every rank\n", d->rank, d->size, code);
+  MPI_Abort(ST(d)->world, code);
 }
 
 int moe_dist_rank(const moe_dist *d) { return d ? d->rank : 0; }
