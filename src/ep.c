@@ -5,7 +5,11 @@
  *   2. token exchange: an all-to-all-v of exactly those rows, no padding;
  *   3. the owner reorders the received rows expert-major (rows of local expert e from every rank
  *      together), so each expert's GEMM shape does not depend on W.
- * The way back is the inverse permutation and the reverse all-to-all-v. */
+ * The way back is the inverse permutation and the reverse all-to-all-v.
+ * Static dispatch keeps GShard's fixed (E, C, D) buffers, with the positions of one process: the
+ * routing of all tokens is gathered so that each rank places its assignments where one process
+ * would; the owners of each expert sum the ranks' buffers (a reduce-scatter: slots are disjoint),
+ * and every rank gathers all expert outputs for its combine (an all-gather). */
 #include <string.h>
 
 #include "dist/dist.h"
@@ -118,4 +122,38 @@ moe_status moe__ep_gather(moe_layer_t *l, float *g, float *rows) {
     memcpy(stage + (size_t)s->perm[i] * D, g + (size_t)i * D, (size_t)D * 4);
   scaled(l, 1, c);
   return moe__dist_alltoallv_f32(l->cfg.dist, stage, c, c + W, rows, c + 2 * W, c + 3 * W);
+}
+
+moe_status moe__ep_static_view(moe_layer_t *l, int T) {
+  moe__layer_state *s = l->st;
+  int W = world(l), r = moe_dist_rank(l->cfg.dist);
+  double n[64] = {0};
+  MOE_TRY(W <= 64, MOE_ERR_ARG, "expert parallelism supports up to 64 ranks, got %d", W);
+  n[r] = T;
+  MOE_CHECK(moe_dist_allreduce(l->cfg.dist, n, W));
+  double t0 = 0, tg = 0;
+  for (int q = 0; q < W; q++) {
+    t0 += q < r ? n[q] : 0;
+    tg += n[q];
+  }
+  MOE_TRY(tg * l->cfg.top_k <= INT32_MAX / 2, MOE_ERR_ARG, "static dispatch: %.0f tokens over all ranks is too many", tg);
+  s->t0 = (int)t0;
+  s->Tgi = (int)tg;
+  return MOE_OK;
+}
+
+size_t moe__ep_static_route_bytes(const moe_layer_t *l) {
+  size_t Tg = (size_t)l->st->Tgi, k = (size_t)l->cfg.top_k;
+  return moe__arena_size(Tg * (k + 1) * sizeof(double)) + moe__arena_size(Tg * k * 4) + 2 * moe__arena_size(Tg * 4) +
+         moe__arena_size(Tg * 8);
+}
+
+moe_status moe__ep_static_scatter(moe_layer_t *l, const float *rows, float *g) {
+  moe__layer_state *s = l->st;
+  return moe__dist_reduce_scatter_f32(l->cfg.dist, rows, g, s->grows * l->cfg.D);
+}
+
+moe_status moe__ep_static_gather(moe_layer_t *l, const float *g, float *rows) {
+  moe__layer_state *s = l->st;
+  return moe__dist_allgather_f32(l->cfg.dist, g, rows, s->grows * l->cfg.D);
 }

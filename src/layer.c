@@ -60,8 +60,6 @@ static moe_status check_config(const moe_layer_config *c) {
     int W = moe_dist_size(c->dist);
     MOE_TRY(c->E % W == 0, MOE_ERR_ARG, "config: expert parallelism needs E divisible by the ranks (E=%d, W=%d)",
             c->E, W);
-    MOE_TRY(c->dispatch == MOE_DISPATCH_DYNAMIC, MOE_ERR_ARG,
-            "config: expert parallelism supports dispatch=dynamic only for now");
     MOE_TRY(c->inner_experts == 0, MOE_ERR_ARG, "config: expert parallelism does not support hierarchical MoE yet");
   }
   MOE_TRY(c->inner_experts == 0 || (c->inner_top_k >= 1 && c->inner_top_k <= c->inner_experts), MOE_ERR_ARG,
@@ -247,11 +245,22 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   s->x = x;
   s->T = T;
   s->k = k;
-  int ep = l->cfg.dist != NULL;
-  MOE_CHECK(moe__arena_reserve(&s->route, moe__gate_bytes(l, T, k) + (ep ? moe__ep_route_bytes(l) : 0), "router"));
+  int ep = l->cfg.dist != NULL, ep_static = ep && l->cfg.dispatch == MOE_DISPATCH_STATIC;
+  if (ep_static) MOE_CHECK(moe__ep_static_view(l, T));
+  size_t route = moe__gate_bytes(l, T, k) + (ep ? moe__ep_route_bytes(l) : 0) +
+                 (ep_static ? moe__ep_static_route_bytes(l) : 0);
+  MOE_CHECK(moe__arena_reserve(&s->route, route, "router"));
   MOE_CHECK(moe__gate_forward(l, x, T, k));
   MOE_CHECK(moe__route(l));
-  if (ep) {
+  if (ep_static) { /* this rank's experts' slots of the (E, C, D) buffer */
+    int W = moe_dist_size(l->cfg.dist);
+    s->ng = l->cfg.E / W;
+    s->e0 = moe_dist_rank(l->cfg.dist) * s->ng;
+    s->grows = s->ng * s->C;
+    s->goffs = moe__arena_alloc(&s->route, (size_t)(s->ng + 1) * 4);
+    MOE_TRY(s->goffs, MOE_ERR_STATE, "internal: routing workspace too small");
+    for (int e = 0; e <= s->ng; e++) s->goffs[e] = e * s->C;
+  } else if (ep) {
     MOE_CHECK(moe__ep_sizes(l)); /* the size exchange: now the rows this rank's experts get are known */
   } else {
     s->ng = l->cfg.E;
@@ -262,12 +271,18 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   size_t rows_d = moe__arena_size((size_t)s->rows * D * 4);
   size_t experts = l->inner ? 0 : moe__experts_bytes(l, s->grows);
   size_t work = moe__dispatch_bytes(l) + experts + 2 * rows_d + moe__arena_size((size_t)T * D * 4) + /* out, dout, dy=0 */
-                (ep ? moe__ep_work_bytes(l) : 0);
+                (ep ? moe__ep_work_bytes(l) : 0); /* static: gx, gout, xr as dynamic's xr, gx, gout */
   MOE_CHECK(moe__arena_reserve(&s->work, work, "expert"));
   MOE_CHECK(moe__dispatch_forward(l));
   s->out = moe__arena_alloc(&s->work, (size_t)s->rows * D * 4);
   MOE_TRY(s->out || s->rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
-  if (ep) {
+  if (ep_static) {
+    s->gx = moe__arena_alloc(&s->work, (size_t)s->grows * D * 4);
+    s->gout = moe__arena_alloc(&s->work, (size_t)s->grows * D * 4);
+    s->xr = moe__arena_alloc(&s->work, (size_t)s->grows * D * 4);
+    MOE_TRY((s->gx && s->gout && s->xr) || s->grows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
+    MOE_CHECK(moe__ep_static_scatter(l, s->xs, s->gx));
+  } else if (ep) {
     MOE_CHECK(moe__ep_plan(l));
     MOE_CHECK(moe__ep_scatter(l, s->xs, s->gx)); /* the token exchange */
   } else {
@@ -275,7 +290,8 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     s->gout = s->out;
   }
   MOE_CHECK(l->inner ? moe__inner_forward(l) : moe__experts_forward(l));
-  if (ep) MOE_CHECK(moe__ep_gather(l, s->gout, s->out));
+  if (ep_static) MOE_CHECK(moe__ep_static_gather(l, s->gout, s->out));
+  else if (ep) MOE_CHECK(moe__ep_gather(l, s->gout, s->out));
   moe__combine_forward(l, y, spec);
   s->have_fwd = 1;
   if (stats) {
@@ -311,7 +327,11 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   MOE_CHECK(moe__combine_backward(l, dy, dspec, dout, dw));
   if (dweights)
     for (size_t i = 0; i < (size_t)T * s->k; i++) dw[i] += dweights[i];
-  if (l->cfg.dist) { /* dout to the experts' owners, and dxs back */
+  if (l->cfg.dist && l->cfg.dispatch == MOE_DISPATCH_STATIC) {
+    MOE_CHECK(moe__ep_static_scatter(l, dout, s->gout));
+    MOE_CHECK(moe__experts_backward(l, s->gout, s->xr));
+    MOE_CHECK(moe__ep_static_gather(l, s->xr, dxs));
+  } else if (l->cfg.dist) { /* dout to the experts' owners, and dxs back */
     MOE_CHECK(moe__ep_scatter(l, dout, s->gout));
     MOE_CHECK(moe__experts_backward(l, s->gout, s->xr));
     MOE_CHECK(moe__ep_gather(l, s->xr, dxs));

@@ -54,6 +54,7 @@ struct moe__layer_state {
   /* expert parallelism (ep.c) */
   int32_t *gcounts;     /* (E) assignments per expert over all ranks (the stats) */
   double Tg;            /* tokens over all ranks */
+  int t0, Tgi;          /* static: this rank's first token among all ranks', and their number */
   int *ex;              /* (4 W) send rows, send displs, recv rows, recv displs: the token exchange */
   int32_t *rc;          /* (W, E/W) rows from rank s for local expert e */
   int32_t *perm;        /* (grows) source-major row of each expert-major row */
@@ -106,6 +107,13 @@ moe_status moe__ep_sizes(moe_layer_t *l);
 size_t moe__ep_work_bytes(const moe_layer_t *l);
 /* Allocates the exchange buffers (xr, gx, gout) and the expert-major permutation. */
 moe_status moe__ep_plan(moe_layer_t *l);
+/* Static dispatch: where this rank's tokens sit among all ranks' (t0, Tgi), before routing; the
+ * routing workspace that the gathered routing needs; and the fixed-size exchanges of (E, C, D)
+ * buffers: owners sum the ranks' buffers of their experts, and every rank gathers all outputs. */
+moe_status moe__ep_static_view(moe_layer_t *l, int T);
+size_t moe__ep_static_route_bytes(const moe_layer_t *l);
+moe_status moe__ep_static_scatter(moe_layer_t *l, const float *rows, float *g);
+moe_status moe__ep_static_gather(moe_layer_t *l, const float *g, float *rows);
 /* rows (rows, D) local, expert-sorted -> g (grows, D) expert-major on the owners */
 moe_status moe__ep_scatter(moe_layer_t *l, const float *rows, float *g);
 /* g (grows, D) expert-major on the owners -> rows (rows, D) back where they came from; g is clobbered */

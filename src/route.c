@@ -61,31 +61,56 @@ moe_status moe__route(moe_layer_t *l) {
   }
   int maxc = 0;
   for (int e = 0; e < E; e++) maxc = cnt[e] > maxc ? cnt[e] : maxc;
-  int C = capacity(l, T, k, maxc);
+  int is_static = l->cfg.dispatch == MOE_DISPATCH_STATIC;
+
+  /* The placement runs over a view of the tokens: this process's, or, static and expert-parallel,
+   * every rank's (the routing of all tokens gathered, so that positions and drops are those of one
+   * process); tokens [t0, t0 + T) of the view are this rank's. */
+  int Tv = T, t0 = 0;
+  const int32_t *te = s->top_e;
+  const float *tp = s->top_p;
+  int tp_stride = k;
+  int32_t *order = s->order;
+  if (is_static && l->cfg.dist) {
+    Tv = s->Tgi;
+    t0 = s->t0;
+    double *g = moe__arena_alloc(&s->route, (size_t)Tv * (k + 1) * sizeof *g);
+    int32_t *gte = moe__arena_alloc(&s->route, (size_t)Tv * k * 4);
+    float *gtp = moe__arena_alloc(&s->route, (size_t)Tv * 4);
+    order = moe__arena_alloc(&s->route, (size_t)Tv * 4);
+    MOE_TRY((g && gte && gtp && order) || Tv == 0, MOE_ERR_STATE, "internal: routing workspace too small");
+    memset(g, 0, (size_t)Tv * (k + 1) * sizeof *g);
+    for (size_t a = 0; a < (size_t)T * k; a++) g[(size_t)t0 * k + a] = s->top_e[a];
+    for (int t = 0; t < T; t++) g[(size_t)Tv * k + t0 + t] = s->top_p[(size_t)t * k];
+    MOE_CHECK(moe_dist_allreduce(l->cfg.dist, g, Tv * (k + 1)));
+    for (size_t a = 0; a < (size_t)Tv * k; a++) gte[a] = (int32_t)g[a];
+    for (int t = 0; t < Tv; t++) gtp[t] = (float)g[(size_t)Tv * k + t];
+    te = gte;
+    tp = gtp;
+    tp_stride = 1;
+  }
+  int C = capacity(l, Tv, k, maxc);
   s->C = C;
 
-  for (int t = 0; t < T; t++) s->order[t] = t;
-  if (l->cfg.priority == MOE_PRIORITY_SCORE && T > 1) {
-    prio_key *keys = moe__arena_alloc(&s->route, (size_t)T * sizeof *keys);
+  for (int t = 0; t < Tv; t++) order[t] = t;
+  if (l->cfg.priority == MOE_PRIORITY_SCORE && Tv > 1) {
+    prio_key *keys = moe__arena_alloc(&s->route, (size_t)Tv * sizeof *keys);
     MOE_TRY(keys, MOE_ERR_STATE, "internal: routing workspace too small");
-    for (int t = 0; t < T; t++) keys[t] = (prio_key){s->top_p[(size_t)t * k], t};
-    prio_sort(keys, T);
-    for (int t = 0; t < T; t++) s->order[t] = keys[t].t;
+    for (int t = 0; t < Tv; t++) keys[t] = (prio_key){tp[(size_t)t * tp_stride], t};
+    prio_sort(keys, Tv);
+    for (int t = 0; t < Tv; t++) order[t] = keys[t].t;
   }
 
-  int is_static = l->cfg.dispatch == MOE_DISPATCH_STATIC;
   memset(s->fill, 0, (size_t)E * 4);
-  s->dropped = 0;
+  s->dropped = 0; /* over the view: with the gathered routing, every rank counts all drops */
   for (int j = 0; j < k; j++)
-    for (int i = 0; i < T; i++) {
-      size_t a = (size_t)s->order[i] * k + j;
-      int pos = s->fill[s->top_e[a]]++;
-      if (is_static && pos >= C) {
-        s->row[a] = -1;
-        s->dropped++;
-      } else {
-        s->row[a] = pos;
-      }
+    for (int i = 0; i < Tv; i++) {
+      int t = order[i];
+      int pos = s->fill[te[(size_t)t * k + j]]++;
+      int drop = is_static && pos >= C;
+      s->dropped += drop;
+      if (t < t0 || t >= t0 + T) continue; /* another rank's token */
+      s->row[(size_t)(t - t0) * k + j] = drop ? -1 : pos;
     }
   s->offs[0] = 0;
   for (int e = 0; e < E; e++) {

@@ -22,10 +22,11 @@ static int sh(const char *cmd) {
 }
 
 /* A layer file with E = 8 experts (so W = 1, 2, 4 divide it) and an input with dy, daux, dz. */
-static int make_case(const char *w, const char *x, moe_act act, int k) {
+static int make_case(const char *w, const char *x, moe_act act, int k, moe_dispatch disp, moe_priority prio) {
   moe_layer_config c;
   moe_layer_config_default(&c);
-  c.D = 12; c.H = 20; c.E = 8; c.top_k = k; c.act = act;
+  c.D = 12; c.H = 20; c.E = 8; c.top_k = k; c.act = act; c.dispatch = disp; c.priority = prio;
+  c.capacity_setting = 1.0f; /* static: some assignments are dropped */
   moe_layer_t l;
   if (moe_layer_init(&l, &c)) return 0;
   moe_layer_init_params(&l, 17);
@@ -78,11 +79,15 @@ TEST(ep_layer_run_matches_one_process) {
   test_tmp_path("ep_x.safetensors", x, sizeof x);
   test_tmp_path("ep_ref.safetensors", ref, sizeof ref);
   test_tmp_path("ep_out.safetensors", out, sizeof out);
-  const moe_act acts[2] = {MOE_ACT_GELU, MOE_ACT_SWIGLU};
+  const struct { moe_act act; int k; moe_dispatch disp; moe_priority prio; } cases[4] = {
+      {MOE_ACT_GELU, 1, MOE_DISPATCH_DYNAMIC, MOE_PRIORITY_INDEX},
+      {MOE_ACT_SWIGLU, 2, MOE_DISPATCH_DYNAMIC, MOE_PRIORITY_INDEX},
+      {MOE_ACT_RELU, 2, MOE_DISPATCH_STATIC, MOE_PRIORITY_INDEX},
+      {MOE_ACT_SILU, 1, MOE_DISPATCH_STATIC, MOE_PRIORITY_SCORE}};
   int have_mpi = moe_dist_has_mpi() && sh("command -v mpirun >/dev/null 2>&1") == 0;
   if (!have_mpi) fprintf(stderr, "  (no MPI: only W = 1 is checked)\n");
-  for (int c = 0; c < 2; c++) {
-    ASSERT(make_case(w, x, acts[c], c + 1));
+  for (int c = 0; c < 4; c++) {
+    ASSERT(make_case(w, x, cases[c].act, cases[c].k, cases[c].disp, cases[c].prio));
     snprintf(cmd, sizeof cmd, "'%s' layer-run --weights '%s' --input '%s' --out '%s' --backward --threads 1",
              MOE_CLI, w, x, ref);
     ASSERT_EQ_INT(sh(cmd), 0);
@@ -90,7 +95,15 @@ TEST(ep_layer_run_matches_one_process) {
              MOE_CLI, w, x, out);
     ASSERT_EQ_INT(sh(cmd), 0);
     ASSERT(same_outputs(out, ref));
-    /* Linear on 2 and 4 ranks; 2DH on 2 nodes of 2 */
+    if (cases[c].disp == MOE_DISPATCH_STATIC) { /* the drops must be there, or the test shows little */
+      moe_st *r = NULL;
+      moe_tensor_view v;
+      ASSERT_OK(moe_st_open(&r, ref));
+      int dropped = moe_st_get(r, "dropped", &v) == MOE_OK ? *(const int32_t *)v.data : -1;
+      moe_st_close(r);
+      ASSERT(dropped > 0);
+    }
+    /* Linear on 2 and 4 ranks; 2DH on 2 nodes of 2 (static's fixed buffers use neither) */
     const struct { int W; const char *a2a; int G; } runs[] = {{2, "linear", 0}, {4, "linear", 0}, {4, "2dh", 2}};
     for (int i = 0; have_mpi && i < 3; i++) {
       unlink(out);
@@ -136,9 +149,10 @@ TEST(ep_rejects_what_it_does_not_support) {
     ASSERT_STATUS(moe_layer_init(&l, &c), MOE_ERR_ARG);
   }
   c.E = 4;
-  c.dispatch = MOE_DISPATCH_STATIC;
+  c.inner_experts = 2;
+  c.inner_top_k = 1;
   ASSERT_STATUS(moe_layer_init(&l, &c), MOE_ERR_ARG);
-  ASSERT(strstr(moe_last_error(), "dispatch=dynamic"));
+  ASSERT(strstr(moe_last_error(), "hierarchical"));
   moe_dist_finalize(d);
 }
 

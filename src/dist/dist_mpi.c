@@ -226,6 +226,24 @@ moe_status moe__dist_alltoallv_f32(const moe_dist *d, const float *send, const i
   return MOE_OK;
 }
 
+moe_status moe__dist_reduce_scatter_f32(const moe_dist *d, const float *send, float *recv, int n) {
+  if (ONE(d)) {
+    if (n) memcpy(recv, send, (size_t)n * sizeof *send);
+    return MOE_OK;
+  }
+  MPI_TRY(MPI_Reduce_scatter_block(send, recv, n, MPI_FLOAT, MPI_SUM, ST(d)->world), "Reduce_scatter_block");
+  return MOE_OK;
+}
+
+moe_status moe__dist_allgather_f32(const moe_dist *d, const float *send, float *recv, int n) {
+  if (ONE(d)) {
+    if (n) memcpy(recv, send, (size_t)n * sizeof *send);
+    return MOE_OK;
+  }
+  MPI_TRY(MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, ST(d)->world), "Allgather");
+  return MOE_OK;
+}
+
 void moe_dist_abort(const moe_dist *d, int code) {
   if (!d || ONE(d)) return;
   fprintf(stderr, "moe: rank %d of %d failed (exit %d); stopping every rank\n", d->rank, d->size, code);
