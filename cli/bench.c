@@ -78,7 +78,13 @@ static int check_tokens(moe_layer_t *l, const float *x, const float *y, const mo
 }
 
 typedef struct { int threads, reps, json, ncases, nrouting, ndispatch; const bench_case *cases[3];
-                 int routing[2], dispatch[2]; } bench_opts;
+                 int routing[2], dispatch[2], expert_parallel; moe_dist *dist; } bench_opts;
+
+/* Expert-parallel: a barrier, so that every rank starts a timed step together. */
+static void barrier(const moe_dist *d) {
+  double z = 0;
+  if (d) moe_dist_allreduce(d, &z, 1);
+}
 
 static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_dispatch disp, double sg) {
   moe_layer_config cfg;
@@ -87,6 +93,9 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   cfg.dispatch = disp;
   cfg.capacity_setting = 1.25f;
   cfg.threads = o->threads;
+  cfg.dist = o->dist; /* expert-parallel: this rank routes tokens [t0, t1) and owns E/W experts */
+  int W = moe_dist_size(o->dist), rank = moe_dist_rank(o->dist);
+  int t0 = c->T * rank / W, Tl = c->T * (rank + 1) / W - t0;
   moe_layer_t l;
   if (moe_layer_init(&l, &cfg) != MOE_OK) return cli_fail(CMD);
   moe_layer_init_params(&l, 1);
@@ -98,29 +107,51 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   int rc = 0;
   if (!x || !y || !dy || !dx || !tf || !tb) { rc = cli_usage_error(CMD, "out of memory"); goto done; }
   for (size_t i = 0; i < td; i++) { x[i] = urand(); dy[i] = urand(); }
+  const float *xl = x + (size_t)t0 * c->D, *dyl = dy + (size_t)t0 * c->D;
   moe_layer_stats st;
-  if (moe_layer_forward(&l, x, c->T, y, NULL, &st) != MOE_OK) { rc = cli_fail(CMD); goto done; }
-  if (disp == MOE_DISPATCH_DYNAMIC && !check_tokens(&l, x, y, &st, c->T)) {
+  if (moe_layer_forward(&l, xl, Tl, y, NULL, &st) != MOE_OK) { rc = cli_fail(CMD); goto done; }
+  /* expert-parallel outputs are checked against one process by the test suite (tests/test_ep.c) */
+  if (!o->dist && disp == MOE_DISPATCH_DYNAMIC && !check_tokens(&l, x, y, &st, c->T)) {
     rc = cli_usage_error(CMD, "case %s: the layer's output differs from the reference", c->name);
     goto done;
   }
-  if (moe_layer_backward(&l, dy, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
+  if (moe_layer_backward(&l, dyl, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
+  moe_layer_comm_reset(&l);
   for (int r = 0; r < o->reps; r++) {
-    double t0 = cli_now();
-    if (moe_layer_forward(&l, x, c->T, y, NULL, &st) != MOE_OK) { rc = cli_fail(CMD); goto done; }
-    double t1 = cli_now();
-    if (moe_layer_backward(&l, dy, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
-    tf[r] = (t1 - t0) * 1e3;
-    tb[r] = (cli_now() - t0) * 1e3;
+    barrier(o->dist);
+    double s0 = cli_now();
+    if (moe_layer_forward(&l, xl, Tl, y, NULL, &st) != MOE_OK) { rc = cli_fail(CMD); goto done; }
+    double s1 = cli_now();
+    if (moe_layer_backward(&l, dyl, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
+    tf[r] = (s1 - s0) * 1e3;
+    tb[r] = (cli_now() - s0) * 1e3;
   }
   double fwd = median(tf, o->reps), fb = median(tb, o->reps);
+  moe_comm_stats cs;
+  moe_layer_comm_stats(&l, &cs);
+  double agg[4] = {fwd, fb, cs.seconds * 1e3 / o->reps, cs.bytes / o->reps}; /* means over ranks, bytes summed */
+  if (o->dist && moe_dist_allreduce(o->dist, agg, 4) != MOE_OK) { rc = cli_fail(CMD); goto done; }
+  fwd = agg[0] / W;
+  fb = agg[1] / W;
+  double comm_ms = agg[2] / W, bytes = agg[3];
   double kept = (double)c->T * c->k - st.dropped;
   double gflops = 12.0 * kept * c->D * c->H / (fb * 1e-3) / 1e9; /* 6 expert GEMMs of 2*rows*D*H */
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   size_t peak = moe_layer_peak_bytes(&l), rss = (size_t)ru.ru_maxrss * 1024;
   const char *rt = skewed ? "skewed" : "uniform", *dn = moe_dispatch_name(disp);
-  if (o->json)
+  if (rank != 0) goto done;
+  if (o->dist && o->json)
+    printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
+           "\"routing\": \"%s\", \"ranks\": %d, \"fwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, \"comm_ms\": %.3f, "
+           "\"compute_ms\": %.3f, \"bytes_per_step\": %.0f, \"gflops\": %.2f, \"peak_bytes\": %zu, \"dropped\": %d, "
+           "\"threads\": %d, \"blas\": \"%s\"}\n",
+           c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, W, fwd, fb, comm_ms, fb - comm_ms, bytes, gflops, peak,
+           st.dropped, o->threads, moe_blas_info());
+  else if (o->dist)
+    printf("%-4s %-8s %-8s %9.1f %11.1f %9.1f %10.1f %12.1f %8d\n", c->name, rt, dn, fwd, fb, comm_ms, fb - comm_ms,
+           bytes / 1048576.0, st.dropped);
+  else if (o->json)
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
            "\"routing\": \"%s\", \"fwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, \"gflops\": %.2f, \"sgemm_gflops\": %.2f, "
            "\"roofline_ratio\": %.4f, \"peak_bytes\": %zu, \"peak_rss_bytes\": %zu, \"dropped\": %d, "
@@ -160,6 +191,7 @@ int cmd_bench(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     if (cli_flag_is(f, "json")) { o.json = 1; continue; }
+    if (cli_flag_is(f, "expert_parallel")) { o.expert_parallel = 1; continue; }
     if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f);
     const char *v = argv[++i];
     int ok = 1;
@@ -170,22 +202,30 @@ int cmd_bench(int argc, char **argv) {
     else if (cli_flag_is(f, "dispatch")) ok = (o.ndispatch = parse_list(v, dn, 2, o.dispatch, 2)) > 0;
     else
       return cli_usage_error(CMD, "unknown flag '%s' (usage: moe bench [--cases S,M,L] [--routing uniform,skewed] "
-                                  "[--dispatch dynamic,static] [--threads N] [--reps R] [--json])", f);
+                                  "[--dispatch dynamic,static] [--threads N] [--reps R] [--json] [--expert-parallel])", f);
     if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
   }
   for (int i = 0; i < o.ncases; i++) o.cases[i] = &CASES[idx[i]];
-  if (!o.threads) o.threads = cli_cpu_count();
+  if (o.expert_parallel && moe_dist_init(&o.dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
+  int W = moe_dist_size(o.dist), root = moe_dist_rank(o.dist) == 0;
+  if (!o.threads) o.threads = cli_cpu_count() / W > 0 ? cli_cpu_count() / W : 1;
   double sg = moe_sgemm_gflops(2048, o.threads, 3);
-  if (!o.json) {
+  if (!o.json && root && o.dist) {
+    printf("moe %s, %s, %d ranks x %d threads; per step: fwd+bwd, time in exchanges, bytes sent (all ranks)\n",
+           MOE_VERSION, moe_blas_info(), W, o.threads);
+    printf("%-4s %-8s %-8s %9s %11s %9s %10s %12s %8s\n", "case", "routing", "dispatch", "fwd_ms", "fwdbwd_ms",
+           "comm_ms", "compute_ms", "MiB_sent", "dropped");
+  } else if (!o.json && root) {
     printf("moe %s, %s, %d threads; sgemm 2048^3: %.1f GFLOP/s\n", MOE_VERSION, moe_blas_info(), o.threads, sg);
     printf("%-4s %-8s %-8s %9s %11s %9s %7s %10s %10s %8s\n", "case", "routing", "dispatch", "fwd_ms", "fwdbwd_ms",
            "GFLOP/s", "ratio", "peak_MiB", "rss_MiB", "dropped");
   }
-  for (int c = 0; c < o.ncases; c++)
-    for (int r = 0; r < o.nrouting; r++)
-      for (int d = 0; d < o.ndispatch; d++) {
-        int rc = run_case(&o, o.cases[c], o.routing[r], (moe_dispatch)o.dispatch[d], sg);
-        if (rc) return rc;
-      }
-  return 0;
+  int rc = 0;
+  for (int c = 0; c < o.ncases && !rc; c++)
+    for (int r = 0; r < o.nrouting && !rc; r++)
+      for (int d = 0; d < o.ndispatch && !rc; d++)
+        rc = run_case(&o, o.cases[c], o.routing[r], (moe_dispatch)o.dispatch[d], sg);
+  if (rc && o.dist) moe_dist_abort(o.dist, rc);
+  moe_dist_finalize(o.dist);
+  return rc;
 }

@@ -227,6 +227,16 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
  * added into l->grads. */
 moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float dz,
                               const float *dspec, const float *dweights, float *dx);
+/* Expert-parallel: time spent in, and bytes this rank sent to other ranks by, the exchanges of tokens
+ * and gradients (sizes, tokens, outputs) since the last reset; the bytes of static dispatch are its
+ * fixed-size buffers. */
+typedef struct {
+  double seconds;
+  double bytes;
+  int exchanges;
+} moe_comm_stats;
+void moe_layer_comm_stats(const moe_layer_t *l, moe_comm_stats *out);
+void moe_layer_comm_reset(moe_layer_t *l);
 /* Expert-parallel: sums the gradients of the replicated (router) parameters over the ranks, so every
  * rank holds the gradient of the global loss; expert gradients stay on their owner. */
 moe_status moe_layer_reduce_grads(moe_layer_t *l);

@@ -55,6 +55,7 @@ struct moe__layer_state {
   int32_t *gcounts;     /* (E) assignments per expert over all ranks (the stats) */
   double Tg;            /* tokens over all ranks */
   int t0, Tgi;          /* static: this rank's first token among all ranks', and their number */
+  moe_comm_stats comm;  /* exchanges since the last reset */
   int *ex;              /* (4 W) send rows, send displs, recv rows, recv displs: the token exchange */
   int32_t *rc;          /* (W, E/W) rows from rank s for local expert e */
   int32_t *perm;        /* (grows) source-major row of each expert-major row */
