@@ -365,6 +365,32 @@ moe_status moe_checkpoint_save(const char *path, const moe_model_t *m, const moe
 /* Builds m (and o when not NULL and the file has optimizer state) from the file. */
 moe_status moe_checkpoint_load(const char *path, moe_model_t *m, moe_optim_t *o, moe_train_state *ts);
 
+/* ---- expert traces (DESIGN 4.4) and what serving computes from them ----
+ * CSV with header "step,layer,expert,tokens", one row per (step, layer, expert) with tokens > 0. */
+typedef struct {
+  int64_t steps;   /* max step + 1 */
+  int layers;      /* max layer + 1 */
+  int experts;     /* max expert + 1, or the count given to the loader */
+  int32_t *tokens; /* (steps, layers, experts) tokens, 0 where the trace has no row */
+} moe_trace;
+/* Strict reader: header, four non-negative integers per row, tokens > 0, expert < experts when
+ * experts > 0 (0 = infer from the rows), no duplicate (step, layer, expert); errors give the file and
+ * line number. */
+moe_status moe_trace_load(moe_trace *t, const char *path, int experts);
+void moe_trace_free(moe_trace *t);
+
+/* Expert-cache policies (deployment paper VI): on a miss with the cache full, evict an expert not
+ * active in this batch first, then by the policy: LIFO (the paper's), LRU, FIFO; BELADY evicts the
+ * expert whose next use is farthest (MIN, knows the future). The access sequence is, batch after
+ * batch, the active experts (tokens > 0) in increasing id order; an active expert not yet computed in
+ * the current batch is never evicted. */
+typedef enum { MOE_CACHE_LIFO, MOE_CACHE_LRU, MOE_CACHE_FIFO, MOE_CACHE_BELADY } moe_cache_policy;
+const char *moe_cache_policy_name(moe_cache_policy p);
+moe_status moe_cache_policy_parse(const char *s, const char *field, moe_cache_policy *out);
+/* Simulates a K-slot cache of layer `layer`'s experts over steps [s0, s1) of t. */
+moe_status moe_cachesim(const moe_trace *t, int layer, int64_t s0, int64_t s1, moe_cache_policy p, int K,
+                        int64_t *accesses, int64_t *misses);
+
 /* The BLAS in use and its kernel set, e.g. "OpenBLAS 0.3.21 (kernels SkylakeX, OpenMP)". */
 const char *moe_blas_info(void);
 /* OpenBLAS picks its kernels when it loads and takes this Zen 5 CPU for a Haswell (AVX2), as does an
