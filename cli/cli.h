@@ -24,5 +24,10 @@ int cmd_bench(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_cachesim(int argc, char **argv);
+int cmd_placement(int argc, char **argv);
+int cmd_plot_trace(int argc, char **argv);
+int cmd_infer(int argc, char **argv);
+int cmd_trace(int argc, char **argv);
 
 #endif

@@ -14,6 +14,11 @@ static void usage(FILE *f) {
           "  layer-run   run one MoE layer from safetensors files (forward, and backward with --backward)\n"
           "  bench       the standard layer benchmarks against the sgemm roofline (DESIGN 4.3)\n"
           "  compare     compare the tensors of two safetensors files (OUT against REF)\n"
+          "  infer       batch inference of a checkpoint; --cache K keeps only K experts per block in memory\n"
+          "  trace       record a checkpoint's expert activations over a data set (DESIGN 4.4)\n"
+          "  cachesim    expert-cache miss rates of a trace per layer (lifo, lru, fifo, belady)\n"
+          "  placement   place experts on devices from a trace (greedy, anticorr) and compare Max Load\n"
+          "  plot-trace  the expert-load heatmap of a trace (step x expert, one panel per layer) as PNG or SVG\n"
           "  --version   print the version and the BLAS in use\n");
 }
 
@@ -40,6 +45,11 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 1, argv + 1);
   if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
   if (!strcmp(argv[1], "compare")) return cmd_compare(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "cachesim")) return cmd_cachesim(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "placement")) return cmd_placement(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "plot-trace")) return cmd_plot_trace(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "infer")) return cmd_infer(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "trace")) return cmd_trace(argc - 1, argv + 1);
   fprintf(stderr, "moe: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return 1;

@@ -53,14 +53,20 @@ typedef struct {
   moe_dtype dtype;
   int ndim;
   int64_t shape[MOE_MAX_DIMS];
-  const void *data; /* points into the loaded file; valid until moe_st_close */
+  const void *data; /* a 64-byte aligned copy of the file's data; NULL when opened lazily */
   size_t nbytes;
+  uint64_t file_offset; /* where the tensor's bytes start in the file */
 } moe_tensor_view;
 
 typedef struct moe_st moe_st; /* a loaded, validated safetensors file (opaque) */
 /* Loads and validates the whole file: header length bounded, JSON well-formed, dtypes known, shapes
  * consistent with byte counts, offsets in range, sorted-free and non-overlapping, data fully covered. */
 moe_status moe_st_open(moe_st **out, const char *path);
+/* The same checks without reading the data region: views have data NULL; read with moe_st_read.
+ * For files larger than memory, and for the slow tier of expert buffering. */
+moe_status moe_st_open_lazy(moe_st **out, const char *path);
+/* Copies n bytes of tensor v from byte `off` into dst: from memory, or with pread when lazy. */
+moe_status moe_st_read(const moe_st *f, const moe_tensor_view *v, size_t off, size_t n, void *dst);
 void moe_st_close(moe_st *f);
 const char *moe_st_path(const moe_st *f);
 int moe_st_count(const moe_st *f);
@@ -151,8 +157,10 @@ typedef struct {
   int inner_experts;      /* hierarchical MoE (DynaMoE): > 0 makes each expert an MoE layer of this
                              many FFN experts with its own router; 0 = FFN experts */
   int inner_top_k;        /* k of the inner layers (which normalize their weights when it is > 1) */
-  const moe_dist *dist;   /* expert parallelism (dispatch=dynamic): each of the W ranks routes its own
-                             tokens and holds experts [rank*E/W, (rank+1)*E/W); NULL = one process */
+  const moe_dist *dist;   /* expert parallelism: each of the W ranks routes its own tokens and holds
+                             experts [rank*E/W, (rank+1)*E/W); NULL = one process */
+  int external_experts;   /* serving: no expert tensors in the layer; their weights come through an
+                             expert cache (moe_layer_set_expert_cache); forward only */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on. */
@@ -184,6 +192,7 @@ typedef struct moe__layer_state moe__layer_state; /* internal: arena and forward
 typedef struct moe_layer {
   moe_layer_config cfg;
   struct moe_layer *inner; /* (E) inner layers, or NULL */
+  struct moe_expert_cache *cache; /* serving: where the experts' weights come from, or NULL */
   int nparams;
   moe_param_info info[10];
   size_t numel;  /* total parameter floats */
@@ -299,6 +308,8 @@ typedef struct {
   moe_tensor_ref *refs;  /* every parameter, dense ones and the layers', in a fixed order */
   size_t numel;          /* total parameters */
   float *dense, *dense_grad; /* one allocation for the non-MoE parameters */
+  moe_st *file;              /* serving: the checkpoint, open lazily for the experts' weights */
+  struct moe_expert_cache **caches; /* serving: (L) one expert cache per block */
   moe__model_state *st;
 } moe_model_t;
 
@@ -365,6 +376,31 @@ moe_status moe_checkpoint_save(const char *path, const moe_model_t *m, const moe
 /* Builds m (and o when not NULL and the file has optimizer state) from the file. */
 moe_status moe_checkpoint_load(const char *path, moe_model_t *m, moe_optim_t *o, moe_train_state *ts);
 
+/* ---- expert buffering (deployment paper VI): the experts' weights stay in a slow tier (a
+ * safetensors file opened with moe_st_open_lazy, read with pread) and K slots in memory hold the
+ * ones in use. Per batch, the active experts (tokens > 0) are made resident in increasing id order;
+ * a loader thread reads misses while the experts already resident compute. Outputs equal the
+ * all-resident layer's bit for bit. */
+typedef struct moe_expert_cache moe_expert_cache;
+typedef enum { MOE_CACHE_LIFO, MOE_CACHE_LRU, MOE_CACHE_FIFO, MOE_CACHE_BELADY } moe_cache_policy;
+/* Reads the (E, ...) tensors `prefix`fc1.weight, fc1.bias, fc2.weight, fc2.bias (and fc3.weight for
+ * swiglu) of f, for the layer l (D, H, E, activation, biases), through K slots. f must stay open.
+ * BELADY needs the future and is for moe_cachesim only. */
+moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const char *prefix,
+                                 const moe_layer_config *l, int K, moe_cache_policy p);
+void moe_expert_cache_free(moe_expert_cache *c);
+typedef struct {
+  int64_t accesses, misses; /* active experts asked for, and those not resident */
+  size_t resident_bytes;    /* the K slots */
+  size_t expert_bytes;      /* one expert's weights */
+} moe_expert_cache_stats;
+void moe_expert_cache_get_stats(const moe_expert_cache *c, moe_expert_cache_stats *out);
+/* The layer (config.external_experts) takes its experts from c; NULL detaches. */
+moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c);
+/* Serving with expert buffering: m without its experts' weights, which are read from the file (opened
+ * lazily and kept open by m) through K slots per block under policy p. Inference only. */
+moe_status moe_checkpoint_load_serving(const char *path, moe_model_t *m, int K, moe_cache_policy p);
+
 /* ---- expert traces (DESIGN 4.4) and what serving computes from them ----
  * CSV with header "step,layer,expert,tokens", one row per (step, layer, expert) with tokens > 0. */
 typedef struct {
@@ -384,12 +420,33 @@ void moe_trace_free(moe_trace *t);
  * expert whose next use is farthest (MIN, knows the future). The access sequence is, batch after
  * batch, the active experts (tokens > 0) in increasing id order; an active expert not yet computed in
  * the current batch is never evicted. */
-typedef enum { MOE_CACHE_LIFO, MOE_CACHE_LRU, MOE_CACHE_FIFO, MOE_CACHE_BELADY } moe_cache_policy;
 const char *moe_cache_policy_name(moe_cache_policy p);
 moe_status moe_cache_policy_parse(const char *s, const char *field, moe_cache_policy *out);
 /* Simulates a K-slot cache of layer `layer`'s experts over steps [s0, s1) of t. */
 moe_status moe_cachesim(const moe_trace *t, int layer, int64_t s0, int64_t s1, moe_cache_policy p, int K,
                         int64_t *accesses, int64_t *misses);
+
+/* Expert placement over devices (deployment paper VII), fitted on a trace layer's steps [s0, s1).
+ * A[m][b] = the fraction of step b's tokens (in this layer) routed to expert m; steps with no tokens
+ * in the layer are skipped. GREEDY: experts by descending mean A (ties to the lower id), each to the
+ * device of least load (the sum of its experts' mean A) among those holding fewer than E/N experts
+ * (ties to the lower device). ANTICORR: the same, with the load of device n when placing expert a
+ * being the sum over its experts m of mean A_m + corr * S_am, S the Pearson correlation of A over
+ * the steps (0 where a series is constant); the paper's corr is 0.5. E = t->experts must be a
+ * multiple of `devices`; expert_device gets E entries. */
+typedef enum { MOE_PLACEMENT_GREEDY, MOE_PLACEMENT_ANTICORR } moe_placement_method;
+const char *moe_placement_method_name(moe_placement_method m);
+moe_status moe_placement_method_parse(const char *s, const char *field, moe_placement_method *out);
+moe_status moe_placement_fit(const moe_trace *t, int layer, int64_t s0, int64_t s1, int devices,
+                             moe_placement_method m, double corr, int *expert_device);
+/* The default expert-parallel layout: expert m on device m / (E / devices). */
+moe_status moe_placement_contiguous(int experts, int devices, int *expert_device);
+/* Over the steps of [s0, s1) with tokens in the layer (*batches gets their count): Max Load, the
+ * largest fraction of a step's tokens that one device receives, and Avg Max Load, the mean over
+ * the steps of that step's largest device fraction (both 0 when there is no such step). */
+moe_status moe_placement_eval(const moe_trace *t, int layer, int64_t s0, int64_t s1, int devices,
+                              const int *expert_device, double *max_load, double *avg_max_load,
+                              int64_t *batches);
 
 /* The BLAS in use and its kernel set, e.g. "OpenBLAS 0.3.21 (kernels SkylakeX, OpenMP)". */
 const char *moe_blas_info(void);

@@ -97,8 +97,7 @@ static moe_status copy_tensor(const moe_st *f, const char *name, const moe_tenso
   for (int d = 0; same && d < r->ndim; d++) same = v.shape[d] == r->shape[d];
   MOE_TRY(same, MOE_ERR_SHAPE, "%s: tensor '%s' does not have the shape the configuration gives", moe_st_path(f),
           name);
-  memcpy(dst, v.data, r->numel * 4);
-  return MOE_OK;
+  return moe_st_read(f, &v, 0, r->numel * 4, dst); /* from memory, or from the file when lazy */
 }
 
 /* A non-negative 64-bit __metadata__ value (absent: *out unchanged). */
@@ -201,6 +200,46 @@ static moe_status load_from(const moe_st *f, moe_model_t *m, moe_optim_t *o, moe
           "%s: %d tensors, but the configuration accounts for %d: not a checkpoint of this model", moe_st_path(f),
           moe_st_count(f), expected);
   return MOE_OK;
+}
+
+/* Serving: the model without its experts' weights, which stay in the file behind one expert cache
+ * per block. The file stays open (lazily, header only) as long as the model. */
+static moe_status load_serving(moe_st *f, moe_model_t *m, int K, moe_cache_policy p) {
+  moe_model_config c;
+  MOE_CHECK(model_config(f, &c));
+  c.moe.external_experts = 1;
+  MOE_TRY(c.moe.dispatch == MOE_DISPATCH_DYNAMIC && !c.moe.inner_experts, MOE_ERR_ARG,
+          "%s: expert buffering needs dispatch=dynamic and no hierarchical experts", moe_st_path(f));
+  moe_status st = moe_model_init(m, &c);
+  if (st != MOE_OK) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", moe_last_error());
+    return moe__error(st, __FILE__, __LINE__, "%s: %s", moe_st_path(f), msg);
+  }
+  m->file = f;
+  for (int i = 0; i < m->nrefs; i++) MOE_CHECK(copy_tensor(f, m->refs[i].name, &m->refs[i], m->refs[i].data));
+  m->caches = calloc((size_t)c.blocks, sizeof *m->caches);
+  MOE_TRY(m->caches, MOE_ERR_NOMEM, "out of memory");
+  for (int i = 0; i < c.blocks; i++) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "blocks.%d.moe.experts.", i);
+    MOE_CHECK(moe_expert_cache_open(&m->caches[i], f, prefix, &m->layers[i].cfg, K, p));
+    MOE_CHECK(moe_layer_set_expert_cache(&m->layers[i], m->caches[i]));
+  }
+  return MOE_OK;
+}
+
+moe_status moe_checkpoint_load_serving(const char *path, moe_model_t *m, int K, moe_cache_policy p) {
+  MOE_TRY(path && m, MOE_ERR_ARG, "moe_checkpoint_load_serving: NULL argument");
+  memset(m, 0, sizeof *m);
+  moe_st *f;
+  MOE_CHECK(moe_st_open_lazy(&f, path));
+  moe_status st = load_serving(f, m, K, p);
+  if (st != MOE_OK) {
+    if (!m->file) moe_st_close(f);
+    moe_model_free(m); /* closes m->file */
+  }
+  return st;
 }
 
 moe_status moe_checkpoint_load(const char *path, moe_model_t *m, moe_optim_t *o, moe_train_state *ts) {

@@ -16,7 +16,9 @@ size_t moe__experts_bytes(const moe_layer_t *l, int rows) {
   size_t r = (size_t)rows, H = (size_t)l->cfg.H;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
   size_t fwd = (glu ? 3 : 2) * moe__arena_size(r * H * 4); /* a1 (a3) h; the caller owns gx and gout */
-  return fwd + 2 * moe__arena_size(3 * (size_t)l->cfg.E * sizeof(moe__gemm));
+  size_t E = (size_t)l->cfg.E; /* the GEMM list, the weights of each expert, and the cache's bookkeeping */
+  return fwd + moe__arena_size(3 * E * sizeof(moe__gemm)) + moe__arena_size(E * sizeof(moe__expert_w)) +
+         moe__arena_size(E) + moe__arena_size(E * sizeof(int));
 }
 
 static inline float sigmoidf(float a) { return 1.0f / (1.0f + expf(-a)); }
@@ -57,55 +59,77 @@ static void colsum_add(float *dst, const float *src, const int32_t *offs, int E,
   }
 }
 
-/* Adds bias (E, m) to each row of its expert's slice of a (rows, m); NULL bias adds nothing. */
-static void add_bias(float *a, const float *bias, const int32_t *offs, int E, int rows, int m, int nt) {
-  if (!bias) return;
-  (void)E;
+/* Adds expert e's bias (m) to each row of its slice of a (rows, m), for experts [e0, e1); `second`
+ * picks fc2's bias over fc1's; a NULL bias adds nothing. */
+static void add_bias(float *a, const moe__expert_w *w, int second, const int32_t *offs, int e0, int e1, int m,
+                     int nt) {
+  if (!(second ? w[e0].b2 : w[e0].b1)) return;
 #pragma omp parallel for num_threads(nt) schedule(static)
-  for (int r = 0; r < rows; r++) {
-    int e = 0;
+  for (int r = offs[e0]; r < offs[e1]; r++) {
+    int e = e0;
     while (offs[e + 1] <= r) e++;
-    const float *b = bias + (size_t)e * m;
+    const float *b = second ? w[e].b2 : w[e].b1;
     float *row = a + (size_t)r * m;
     for (int c = 0; c < m; c++) row[c] += b[c];
   }
 }
 
-moe_status moe__experts_forward(moe_layer_t *l) {
+moe_status moe__experts_alloc(moe_layer_t *l) {
   moe__layer_state *s = l->st;
-  int E = s->ng, D = l->cfg.D, H = l->cfg.H, rows = s->grows, nt = s->threads;
-  int glu = l->cfg.act == MOE_ACT_SWIGLU;
+  int E = s->ng, H = l->cfg.H, rows = s->grows;
   moe__arena *a = &s->work;
   s->a1 = moe__arena_alloc(a, (size_t)rows * H * 4);
-  s->a3 = glu ? moe__arena_alloc(a, (size_t)rows * H * 4) : NULL;
+  s->a3 = l->cfg.act == MOE_ACT_SWIGLU ? moe__arena_alloc(a, (size_t)rows * H * 4) : NULL;
   s->h = moe__arena_alloc(a, (size_t)rows * H * 4);
-  moe__gemm *g = moe__arena_alloc(a, 3 * (size_t)E * sizeof *g);
-  MOE_TRY(g && (s->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
-  moe__weights w;
-  moe__weights_bind(l, l->params, &w);
+  s->gemms = moe__arena_alloc(a, 3 * (size_t)E * sizeof *s->gemms);
+  MOE_TRY(s->gemms && (s->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
+  return MOE_OK;
+}
+
+void moe__experts_compute(moe_layer_t *l, int e0, int e1, const moe__expert_w *w) {
+  moe__layer_state *s = l->st;
+  int D = l->cfg.D, H = l->cfg.H, nt = s->threads;
+  int glu = l->cfg.act == MOE_ACT_SWIGLU;
+  moe__gemm *g = s->gemms;
   int n = 0;
-  for (int e = 0; e < E; e++) {
+  for (int e = e0; e < e1; e++) {
     int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
-    g[n++] = (moe__gemm){false, true, m, H, D, 1.0f, 0.0f, s->gx + (size_t)r0 * D, D,
-                         w.w1 + (size_t)e * H * D, D, s->a1 + (size_t)r0 * H, H};
+    g[n++] = (moe__gemm){false, true, m, H, D, 1.0f, 0.0f, s->gx + (size_t)r0 * D, D, w[e].w1, D,
+                         s->a1 + (size_t)r0 * H, H};
     if (glu)
-      g[n++] = (moe__gemm){false, true, m, H, D, 1.0f, 0.0f, s->gx + (size_t)r0 * D, D,
-                           w.w3 + (size_t)e * H * D, D, s->a3 + (size_t)r0 * H, H};
+      g[n++] = (moe__gemm){false, true, m, H, D, 1.0f, 0.0f, s->gx + (size_t)r0 * D, D, w[e].w3, D,
+                           s->a3 + (size_t)r0 * H, H};
   }
   moe__gemm_run(g, n, nt);
-  add_bias(s->a1, w.b1, s->goffs, E, rows, H, nt);
+  add_bias(s->a1, w, 0, s->goffs, e0, e1, H, nt);
   moe_act act = l->cfg.act;
+  size_t lo = (size_t)s->goffs[e0] * H, hi = (size_t)s->goffs[e1] * H;
 #pragma omp parallel for num_threads(nt) schedule(static)
-  for (size_t i = 0; i < (size_t)rows * H; i++)
+  for (size_t i = lo; i < hi; i++)
     s->h[i] = glu ? act_f(MOE_ACT_SILU, s->a1[i]) * s->a3[i] : act_f(act, s->a1[i]);
   n = 0;
-  for (int e = 0; e < E; e++) {
+  for (int e = e0; e < e1; e++) {
     int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
-    g[n++] = (moe__gemm){false, true, m, D, H, 1.0f, 0.0f, s->h + (size_t)r0 * H, H,
-                         w.w2 + (size_t)e * D * H, H, s->gout + (size_t)r0 * D, D};
+    g[n++] = (moe__gemm){false, true, m, D, H, 1.0f, 0.0f, s->h + (size_t)r0 * H, H, w[e].w2, H,
+                         s->gout + (size_t)r0 * D, D};
   }
   moe__gemm_run(g, n, nt);
-  add_bias(s->gout, w.b2, s->goffs, E, rows, D, nt);
+  add_bias(s->gout, w, 1, s->goffs, e0, e1, D, nt);
+}
+
+moe_status moe__experts_forward(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  if (l->cache) return moe__cache_forward(l);
+  MOE_CHECK(moe__experts_alloc(l));
+  int E = s->ng, D = l->cfg.D, H = l->cfg.H;
+  moe__weights w;
+  moe__weights_bind(l, l->params, &w);
+  moe__expert_w *ew = moe__arena_alloc(&s->work, (size_t)E * sizeof *ew);
+  MOE_TRY(ew, MOE_ERR_STATE, "internal: expert workspace too small");
+  for (int e = 0; e < E; e++)
+    ew[e] = (moe__expert_w){w.w1 + (size_t)e * H * D, w.b1 ? w.b1 + (size_t)e * H : NULL, w.w2 + (size_t)e * D * H,
+                            w.b2 ? w.b2 + (size_t)e * D : NULL, w.w3 ? w.w3 + (size_t)e * H * D : NULL};
+  moe__experts_compute(l, 0, E, ew);
   return MOE_OK;
 }
 
@@ -116,8 +140,8 @@ moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs) 
   moe__arena *a = &s->work;
   float *dh = s->h;   /* h is dead once dW2 is done: dh, then da1, in its place */
   float *da3 = s->a3; /* swiglu: da3 in place of a3, read just before */
-  moe__gemm *g = moe__arena_alloc(a, 3 * (size_t)E * sizeof *g);
-  MOE_TRY(g, MOE_ERR_STATE, "internal: expert backward workspace too small");
+  moe__gemm *g = s->gemms; /* from the forward */
+  (void)a;
   moe__weights w, gw;
   moe__weights_bind(l, l->params, &w);
   moe__weights_bind(l, l->grads, &gw);

@@ -61,7 +61,10 @@ static moe_status check_config(const moe_layer_config *c) {
     MOE_TRY(c->E % W == 0, MOE_ERR_ARG, "config: expert parallelism needs E divisible by the ranks (E=%d, W=%d)",
             c->E, W);
     MOE_TRY(c->inner_experts == 0, MOE_ERR_ARG, "config: expert parallelism does not support hierarchical MoE yet");
+    MOE_TRY(!c->external_experts, MOE_ERR_ARG, "config: expert parallelism does not support expert buffering yet");
   }
+  MOE_TRY(!c->external_experts || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->inner_experts), MOE_ERR_ARG,
+          "config: buffered experts need dispatch=dynamic and no hierarchical experts");
   MOE_TRY(c->inner_experts == 0 || (c->inner_top_k >= 1 && c->inner_top_k <= c->inner_experts), MOE_ERR_ARG,
           "config: inner_top_k must be in [1, inner_experts=%d], got %d", c->inner_experts, c->inner_top_k);
   return MOE_OK;
@@ -82,7 +85,7 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
     add_param(l, "gate.proj.bias", 1, P, 0, 0);
     add_param(l, "gate.logit_scale", 1, 1, 0, 0);
   }
-  if (!cfg->inner_experts) {
+  if (!cfg->inner_experts && !cfg->external_experts) {
     int64_t El = E / moe_dist_size(cfg->dist); /* this rank's experts */
     add_param(l, "experts.fc1.weight", 3, El, H, D);
     if (cfg->expert_bias) add_param(l, "experts.fc1.bias", 2, El, H, 0);
@@ -115,6 +118,12 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
   }
   memset(l->params, 0, l->numel * 4);
   memset(l->grads, 0, l->numel * 4);
+  return MOE_OK;
+}
+
+moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c) {
+  MOE_TRY(l->cfg.external_experts || !c, MOE_ERR_ARG, "moe_layer_set_expert_cache: the layer was not made with external_experts");
+  l->cache = c;
   return MOE_OK;
 }
 
@@ -233,6 +242,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_forward: layer not initialized");
   MOE_TRY(T >= 0, MOE_ERR_ARG, "moe_layer_forward: T must be >= 0, got %d", T);
   MOE_TRY(T == 0 || (x && y), MOE_ERR_ARG, "moe_layer_forward: x and y must not be NULL");
+  MOE_TRY(!l->cfg.external_experts || l->cache, MOE_ERR_STATE, "moe_layer_forward: the layer's experts need an expert cache");
   moe__layer_state *s = l->st;
   int D = l->cfg.D, k = l->cfg.top_k;
   s->have_fwd = 0;
@@ -309,6 +319,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
 moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float dz,
                               const float *dspec, const float *dweights, float *dx) {
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_backward: layer not initialized");
+  MOE_TRY(!l->cfg.external_experts, MOE_ERR_STATE, "moe_layer_backward: a layer with buffered experts is for inference only");
   moe__layer_state *s = l->st;
   MOE_TRY(s->have_fwd, MOE_ERR_STATE, "moe_layer_backward: no forward pass to differentiate");
   int T = s->T, D = l->cfg.D;

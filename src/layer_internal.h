@@ -4,6 +4,7 @@
 #define MOE_LAYER_INTERNAL_H
 
 #include "arena.h"
+#include "gemm.h"
 #include "moe.h"
 
 /* Pointers into l->params (or l->grads: same layout); NULL for tensors the layer lacks. */
@@ -66,6 +67,7 @@ struct moe__layer_state {
   float *a3;        /* (rows, H) fc3 output (swiglu) */
   float *h;         /* (rows, H) activation */
   float *out;       /* (rows, D) expert outputs */
+  moe__gemm *gemms; /* (3 E) the experts' GEMM list */
   float *mask;      /* (T, E, C) static: dispatch mask */
   float *comb;      /* (T, E, C) static: combine weights */
 };
@@ -92,6 +94,10 @@ moe_status moe__combine_backward(moe_layer_t *l, const float *dy, const float *d
 void moe__dispatch_backward(moe_layer_t *l, const float *dxs, float *dx);
 
 /* experts.c: the FFNs over per-expert row groups. */
+typedef struct { const float *w1, *b1, *w2, *b2, *w3; } moe__expert_w; /* one expert's weights */
+moe_status moe__experts_alloc(moe_layer_t *l);
+/* Forward of groups [e0, e1), with expert e's weights at w[e]. */
+void moe__experts_compute(moe_layer_t *l, int e0, int e1, const moe__expert_w *w);
 size_t moe__experts_bytes(const moe_layer_t *l, int rows);
 moe_status moe__experts_forward(moe_layer_t *l);
 /* dout (rows, D) -> dxs (rows, D); adds expert weight grads. Scratch from the work arena. */
@@ -119,5 +125,8 @@ moe_status moe__ep_static_gather(moe_layer_t *l, const float *g, float *rows);
 moe_status moe__ep_scatter(moe_layer_t *l, const float *rows, float *g);
 /* g (grows, D) expert-major on the owners -> rows (rows, D) back where they came from; g is clobbered */
 moe_status moe__ep_gather(moe_layer_t *l, float *g, float *rows);
+
+/* serve/buffer.c: the experts' forward through the expert cache (expert buffering). */
+moe_status moe__cache_forward(moe_layer_t *l);
 
 #endif

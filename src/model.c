@@ -145,6 +145,9 @@ moe_status moe_model_init(moe_model_t *m, const moe_model_config *c) {
 
 void moe_model_free(moe_model_t *m) {
   if (!m) return;
+  for (int i = 0; m->caches && i < m->cfg.blocks; i++) moe_expert_cache_free(m->caches[i]);
+  free(m->caches);
+  moe_st_close(m->file);
   if (m->layers)
     for (int i = 0; i < m->cfg.blocks; i++) moe_layer_free(&m->layers[i]);
   if (m->st) {

@@ -70,12 +70,15 @@ struct moe_st {
   st_entry *t;       /* sorted by data offset */
   const st_entry **byname; /* sorted by name, for lookup */
   int n;
-  unsigned char *data; /* the data region, 64-byte aligned */
+  unsigned char *data; /* the data region, 64-byte aligned; NULL when lazy */
   size_t data_size;
+  uint64_t data_start;  /* file offset of the data region */
+  int fd;               /* lazy: open for pread, else -1 */
 };
 
 void moe_st_close(moe_st *f) {
   if (!f) return;
+  if (f->fd >= 0) close(f->fd);
   cJSON_Delete(f->root);
   free(f->path), free(f->hdr), free(f->t), free(f->byname), free(f->data), free(f);
 }
@@ -88,8 +91,8 @@ static moe_status read_exact(const moe_st *f, FILE *fp, void *buf, size_t n, con
                     f->path, what);
 }
 
-/* Reads the header text into f->hdr and the data region into f->data. */
-static moe_status st_read(moe_st *f, FILE *fp, size_t *hlen) {
+/* Reads the header text into f->hdr and, unless lazy, the data region into f->data. */
+static moe_status st_read(moe_st *f, FILE *fp, size_t *hlen, int lazy) {
   struct stat sb;
   MOE_TRY(fstat(fileno(fp), &sb) == 0, MOE_ERR_IO, "%s: stat: %s", f->path, strerror(errno));
   MOE_TRY(S_ISREG(sb.st_mode), MOE_ERR_IO, "%s: not a regular file", f->path);
@@ -112,6 +115,8 @@ static moe_status st_read(moe_st *f, FILE *fp, size_t *hlen) {
   MOE_TRY(f->hdr, MOE_ERR_NOMEM, "%s: out of memory for a %zu-byte header", f->path, *hlen);
   MOE_CHECK(read_exact(f, fp, f->hdr, *hlen, "the header"));
   f->hdr[*hlen] = '\0';
+  f->data_start = 8 + n;
+  if (lazy) return MOE_OK;
   /* Copy the data region to an aligned buffer so that aligned offsets give aligned pointers. */
   f->data = aligned_alloc(64, (f->data_size + 64) / 64 * 64);
   MOE_TRY(f->data, MOE_ERR_NOMEM, "%s: out of memory for %zu bytes of tensor data", f->path, f->data_size);
@@ -276,16 +281,21 @@ static moe_status st_parse(moe_st *f, size_t hlen) {
   return MOE_OK;
 }
 
-moe_status moe_st_open(moe_st **out, const char *path) {
+static moe_status st_open(moe_st **out, const char *path, int lazy) {
   MOE_TRY(out && path, MOE_ERR_ARG, "moe_st_open: NULL %s", out ? "path" : "out");
   *out = NULL;
   moe_st *f = calloc(1, sizeof *f);
   if (!f || !(f->path = dup_str(path))) free(f), f = NULL;
   MOE_TRY(f, MOE_ERR_NOMEM, "%s: out of memory", path);
+  f->fd = -1;
   size_t hlen = 0;
   FILE *fp = fopen(path, "rb");
-  moe_status st = fp ? st_read(f, fp, &hlen)
+  moe_status st = fp ? st_read(f, fp, &hlen, lazy)
                      : moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: cannot open: %s", path, strerror(errno));
+  if (fp && st == MOE_OK && lazy) {
+    f->fd = dup(fileno(fp)); /* kept for pread: the data stays in the file */
+    if (f->fd < 0) st = moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: dup: %s", path, strerror(errno));
+  }
   if (fp) fclose(fp);
   if (st == MOE_OK) st = st_parse(f, hlen);
   if (st == MOE_OK) *out = f;
@@ -296,9 +306,31 @@ moe_status moe_st_open(moe_st **out, const char *path) {
 const char *moe_st_path(const moe_st *f) { return f ? f->path : NULL; }
 int moe_st_count(const moe_st *f) { return f ? f->n : 0; }
 
+moe_status moe_st_open(moe_st **out, const char *path) { return st_open(out, path, 0); }
+moe_status moe_st_open_lazy(moe_st **out, const char *path) { return st_open(out, path, 1); }
+
+moe_status moe_st_read(const moe_st *f, const moe_tensor_view *v, size_t off, size_t n, void *dst) {
+  MOE_TRY(f && v && (dst || !n), MOE_ERR_ARG, "moe_st_read: NULL argument");
+  MOE_TRY(off <= v->nbytes && n <= v->nbytes - off, MOE_ERR_ARG, "%s: read of %zu bytes at %zu past tensor '%s' (%zu bytes)",
+          f->path, n, off, v->name, v->nbytes);
+  if (f->data) {
+    memcpy(dst, (const unsigned char *)v->data + off, n);
+    return MOE_OK;
+  }
+  size_t done = 0;
+  while (done < n) { /* pread may return short counts */
+    ssize_t r = pread(f->fd, (char *)dst + done, n - done, (off_t)(v->file_offset + off + done));
+    if (r < 0 && errno == EINTR) continue;
+    MOE_TRY(r > 0, MOE_ERR_IO, "%s: reading tensor '%s': %s", f->path, v->name, r < 0 ? strerror(errno) : "file shrank");
+    done += (size_t)r;
+  }
+  return MOE_OK;
+}
+
 static void fill_view(const moe_st *f, const st_entry *e, moe_tensor_view *v) {
-  *v = (moe_tensor_view){.name = e->name, .dtype = e->dt, .ndim = e->ndim, .data = f->data + e->begin,
-                         .nbytes = (size_t)(e->end - e->begin)};
+  *v = (moe_tensor_view){.name = e->name, .dtype = e->dt, .ndim = e->ndim,
+                         .data = f->data ? f->data + e->begin : NULL, .nbytes = (size_t)(e->end - e->begin),
+                         .file_offset = f->data_start + e->begin};
   memcpy(v->shape, e->shape, sizeof v->shape);
 }
 

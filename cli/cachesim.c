@@ -1,0 +1,77 @@
+/* moe cachesim: replays an expert trace (DESIGN 4.4) through a K-slot expert cache per layer
+ * (deployment paper VI) and prints the miss rate (misses / accesses) of every layer, the overall rate
+ * (all layers' misses over all accesses) and the worst layer's rate (the paper's metric). With
+ * --policy all, a table of the four policies side by side. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char *CMD = "cachesim";
+
+static void usage(void) {
+  fprintf(stderr, "usage: moe cachesim --trace T --policy lifo|lru|fifo|belady|all --cache K [--experts E]\n"
+                  "Simulates a cache of K experts per layer over the whole trace; --experts E checks that every\n"
+                  "expert id is below E (default: inferred from the trace).\n");
+}
+
+static double rate(int64_t misses, int64_t accesses) { return accesses ? (double)misses / accesses : 0; }
+
+int cmd_cachesim(int argc, char **argv) {
+  const char *trace = NULL, *policy = NULL;
+  int K = 0, experts = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *f = argv[i];
+    if (cli_flag_is(f, "help")) { usage(); return 0; }
+    if (i + 1 >= argc) { usage(); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
+    const char *v = argv[++i];
+    int ok = 1;
+    if (cli_flag_is(f, "trace")) trace = v;
+    else if (cli_flag_is(f, "policy")) policy = v;
+    else if (cli_flag_is(f, "cache")) ok = cli_parse_int(v, &K) && K >= 1;
+    else if (cli_flag_is(f, "experts")) ok = cli_parse_int(v, &experts) && experts >= 1;
+    else { usage(); return cli_usage_error(CMD, "unknown flag '%s'", f); }
+    if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
+  }
+  if (!trace || !policy || !K) {
+    usage();
+    return cli_usage_error(CMD, "--trace, --policy and --cache are required");
+  }
+  int all = !strcmp(policy, "all");
+  moe_cache_policy p = MOE_CACHE_LIFO;
+  if (!all && moe_cache_policy_parse(policy, "--policy", &p) != MOE_OK) return cli_fail(CMD);
+  moe_trace t;
+  if (moe_trace_load(&t, trace, experts) != MOE_OK) return cli_fail(CMD);
+
+  int np = all ? 4 : 1, rc = 0;
+  int64_t acc_all = 0, miss_all[4] = {0}, acc = 0, miss = 0;
+  double worst[4] = {0};
+  int worst_layer[4] = {0};
+  if (all) printf("%-8s %10s %8s %8s %8s %8s\n", "layer", "accesses", "lifo", "lru", "fifo", "belady");
+  for (int l = 0; l < t.layers && !rc; l++) {
+    double r[4];
+    for (int k = 0; k < np && !rc; k++) {
+      moe_cache_policy q = all ? (moe_cache_policy)k : p;
+      if (moe_cachesim(&t, l, 0, t.steps, q, K, &acc, &miss) != MOE_OK) { rc = cli_fail(CMD); break; }
+      miss_all[k] += miss;
+      r[k] = rate(miss, acc);
+      if (r[k] > worst[k] || l == 0) worst[k] = r[k], worst_layer[k] = l;
+    }
+    if (rc) break;
+    acc_all += acc;
+    if (all) printf("%-8d %10lld %8.4f %8.4f %8.4f %8.4f\n", l, (long long)acc, r[0], r[1], r[2], r[3]);
+    else printf("layer %d: accesses %lld misses %lld miss_rate %.4f\n", l, (long long)acc, (long long)miss, r[0]);
+  }
+  if (!rc && all) {
+    printf("%-8s %10lld %8.4f %8.4f %8.4f %8.4f\n", "overall", (long long)acc_all, rate(miss_all[0], acc_all),
+           rate(miss_all[1], acc_all), rate(miss_all[2], acc_all), rate(miss_all[3], acc_all));
+    printf("%-8s %10s %8.4f %8.4f %8.4f %8.4f\n", "worst", "", worst[0], worst[1], worst[2], worst[3]);
+  } else if (!rc) {
+    printf("overall: accesses %lld misses %lld miss_rate %.4f\n", (long long)acc_all, (long long)miss_all[0],
+           rate(miss_all[0], acc_all));
+    if (t.layers) printf("worst: layer %d miss_rate %.4f\n", worst_layer[0], worst[0]);
+  }
+  moe_trace_free(&t);
+  return rc;
+}

@@ -1,0 +1,138 @@
+/* moe infer: batch inference of a checkpoint on a data split, reporting accuracy, throughput and
+ * per-batch latency percentiles; with --cache K the experts stay in the checkpoint file and pass
+ * through K slots per block (expert buffering), and the hit rate and resident expert memory are
+ * reported against the all-resident model. moe trace: the same run, writing the expert trace
+ * (DESIGN 4.4) of the checkpoint over the data. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "train_data.h"
+
+typedef struct {
+  const char *ck, *data, *split, *trace;
+  int batch, cache, threads, json;
+  moe_cache_policy policy;
+} infer_opts;
+
+static int parse(const char *cmd, int argc, char **argv, infer_opts *o) {
+  *o = (infer_opts){.data = "data/mnist", .split = "t10k", .batch = 64, .policy = MOE_CACHE_LIFO};
+  for (int i = 1; i < argc; i++) {
+    const char *f = argv[i];
+    if (cli_flag_is(f, "json")) { o->json = 1; continue; }
+    if (i + 1 >= argc) return cli_usage_error(cmd, "%s: missing value (or unknown flag)", f);
+    const char *v = argv[++i];
+    int ok = 1;
+    if (cli_flag_is(f, "checkpoint")) o->ck = v;
+    else if (cli_flag_is(f, "data")) o->data = v;
+    else if (cli_flag_is(f, "split")) ok = !strcmp(v, "t10k") || !strcmp(v, "train"), o->split = v;
+    else if (cli_flag_is(f, "trace") || cli_flag_is(f, "out")) o->trace = v;
+    else if (cli_flag_is(f, "batch")) ok = cli_parse_int(v, &o->batch) && o->batch > 0;
+    else if (cli_flag_is(f, "cache")) ok = cli_parse_int(v, &o->cache) && o->cache > 0;
+    else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
+    else if (cli_flag_is(f, "policy")) {
+      if (moe_cache_policy_parse(v, "--policy", &o->policy) != MOE_OK) return cli_fail(cmd);
+    } else
+      return cli_usage_error(cmd, "unknown flag '%s' (usage: moe %s --checkpoint F [--data DIR] [--split t10k|train] "
+                                  "[--batch B] [--cache K [--policy lifo|lru|fifo]] [--threads N] [%s F] [--json])",
+                             f, cmd, strcmp(cmd, "trace") ? "--trace" : "--out");
+    if (!ok) return cli_usage_error(cmd, "%s: bad value '%s'", f, v);
+  }
+  if (!o->ck) return cli_usage_error(cmd, "--checkpoint is required");
+  if (!strcmp(cmd, "trace") && !o->trace) return cli_usage_error(cmd, "--out is required");
+  return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static int run(const char *cmd, const infer_opts *o, moe_model_t *m, moe_dataset *d) {
+  int F = d->rows * d->cols, nb = (d->n + o->batch - 1) / o->batch;
+  if (F != m->cfg.in_dim)
+    return cli_usage_error(cmd, "%s: the model takes %d features, the data has %d", o->ck, m->cfg.in_dim, F);
+  double *lat = malloc(sizeof(double) * (size_t)(nb ? nb : 1));
+  if (!lat) return cli_usage_error(cmd, "out of memory");
+  trace_writer tw = {0};
+  int rc = 0;
+  if (o->trace && trace_open(&tw, o->trace, 0) != MOE_OK) rc = 1;
+  long hits = 0;
+  double t0 = cli_now();
+  for (int b = 0; b < nb && !rc; b++) {
+    int s = b * o->batch, n = d->n - s < o->batch ? d->n - s : o->batch;
+    double tb = cli_now();
+    if (moe_model_forward(m, d->images + (size_t)s * F, NULL, n, NULL) != MOE_OK) { rc = cli_fail(cmd); break; }
+    lat[b] = (cli_now() - tb) * 1e3;
+    const int32_t *p = moe_model_predictions(m);
+    for (int i = 0; i < n; i++) hits += p[i] == d->labels[s + i];
+    if (tw.f && trace_step(&tw, m, b) != MOE_OK) rc = cli_usage_error(cmd, "%s: write error", o->trace);
+  }
+  double wall = cli_now() - t0;
+  if (tw.f && trace_close(&tw) != MOE_OK && !rc) rc = 1;
+  if (rc) {
+    free(lat);
+    return rc;
+  }
+  qsort(lat, (size_t)nb, sizeof *lat, cmp_double);
+  double acc = d->n ? (double)hits / d->n : 0, tput = wall > 0 ? d->n / wall : 0;
+  double p50 = nb ? lat[nb / 2] : 0, p90 = nb ? lat[(nb * 9) / 10] : 0, p99 = nb ? lat[(nb * 99) / 100] : 0;
+  free(lat);
+  /* expert memory: resident slots against every expert of every block */
+  double resident = 0, all = 0, acc_n = 0, miss_n = 0;
+  for (int i = 0; i < m->cfg.blocks; i++) {
+    if (m->caches) {
+      moe_expert_cache_stats cs;
+      moe_expert_cache_get_stats(m->caches[i], &cs);
+      resident += (double)cs.resident_bytes;
+      all += (double)cs.expert_bytes * m->cfg.moe.E;
+      acc_n += (double)cs.accesses;
+      miss_n += (double)cs.misses;
+    } else {
+      for (int j = 0; j < m->layers[i].nparams; j++)
+        if (!strncmp(m->layers[i].info[j].name, "experts.", 8)) resident += m->layers[i].info[j].numel * 4.0;
+      all = resident;
+    }
+  }
+  double hit_rate = acc_n > 0 ? 1.0 - miss_n / acc_n : 1.0;
+  if (o->json)
+    printf("{\"accuracy\": %.4f, \"samples\": %d, \"samples_per_s\": %.1f, \"latency_ms_p50\": %.3f, "
+           "\"latency_ms_p90\": %.3f, \"latency_ms_p99\": %.3f, \"batch\": %d, \"cache_slots\": %d, "
+           "\"experts\": %d, \"policy\": \"%s\", \"hit_rate\": %.4f, \"resident_expert_bytes\": %.0f, "
+           "\"all_expert_bytes\": %.0f}\n",
+           acc, d->n, tput, p50, p90, p99, o->batch, o->cache ? o->cache : m->cfg.moe.E, m->cfg.moe.E,
+           o->cache ? moe_cache_policy_name(o->policy) : "all-resident", hit_rate, resident, all);
+  else if (strcmp(cmd, "trace")) {
+    printf("samples %d, batch %d: %.1f samples/s, latency per batch p50 %.2f ms, p90 %.2f ms, p99 %.2f ms\n", d->n,
+           o->batch, tput, p50, p90, p99);
+    if (o->cache)
+      printf("expert cache: %d of %d experts per block (%s), hit rate %.4f, resident expert memory %.2f MiB of "
+             "%.2f MiB (%.1f%%)\n", o->cache, m->cfg.moe.E, moe_cache_policy_name(o->policy), hit_rate,
+             resident / 1048576.0, all / 1048576.0, all > 0 ? 100.0 * resident / all : 0);
+    printf("accuracy=%.4f\n", acc);
+  } else {
+    printf("wrote %s: %d steps (batches of %d) over %d samples\n", o->trace, nb, o->batch, d->n);
+  }
+  return 0;
+}
+
+static int infer_main(const char *cmd, int argc, char **argv) {
+  infer_opts o;
+  int rc = parse(cmd, argc, argv, &o);
+  if (rc) return rc;
+  moe_model_t m;
+  moe_dataset d = {0};
+  moe_status st = o.cache ? moe_checkpoint_load_serving(o.ck, &m, o.cache, o.policy)
+                          : moe_checkpoint_load(o.ck, &m, NULL, NULL);
+  if (st != MOE_OK) return cli_fail(cmd);
+  moe_model_set_threads(&m, o.threads);
+  if (load_split(o.data, o.split, &d) != MOE_OK) rc = cli_fail(cmd);
+  else rc = run(cmd, &o, &m, &d);
+  moe_dataset_free(&d);
+  moe_model_free(&m);
+  return rc;
+}
+
+int cmd_infer(int argc, char **argv) { return infer_main("infer", argc, argv); }
+int cmd_trace(int argc, char **argv) { return infer_main("trace", argc, argv); }

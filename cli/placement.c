@@ -1,0 +1,139 @@
+/* moe placement: expert placement over N devices from a trace (deployment paper VII). Fits greedy
+ * or anti-correlation placement per layer on the first half of the trace's steps and evaluates it on
+ * the second half against the contiguous expert-parallel layout (expert m on device m / (E/N)),
+ * printing Max Load and Avg Max Load of both; --out writes the placement as JSON, atomically. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+
+static const char *CMD = "placement";
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: moe placement --trace T --devices N --method greedy|anticorr [--out placement.json]\n"
+          "       [--layer L|all] [--experts E] [--corr-weight W]\n"
+          "Fits on the first half of the trace's steps, evaluates on the second half. --experts E: the\n"
+          "number of experts when the trace does not show the last ones (default: inferred); --corr-weight:\n"
+          "the weight of the correlation term of anticorr (default 0.5, as in the paper).\n");
+}
+
+/* Writes the placement JSON to path via a temporary file, fsync and rename. */
+static int save_json(const char *path, cJSON *root) {
+  char *text = cJSON_Print(root);
+  if (!text) return cli_usage_error(CMD, "%s: out of memory formatting JSON", path);
+  size_t n = strlen(path) + 32;
+  char *tmp = malloc(n);
+  int ok = tmp != NULL;
+  FILE *f = NULL;
+  if (ok) {
+    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    f = fopen(tmp, "w");
+    ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 && fsync(fileno(f)) == 0;
+  }
+  int err = errno;
+  if (f && fclose(f) != 0 && ok) ok = 0, err = errno;
+  if (ok && rename(tmp, path) != 0) ok = 0, err = errno;
+  if (!ok && f) unlink(tmp);
+  free(tmp);
+  cJSON_free(text);
+  return ok ? 0 : cli_usage_error(CMD, "%s: cannot write: %s", path, strerror(err ? err : EIO));
+}
+
+int cmd_placement(int argc, char **argv) {
+  const char *trace = NULL, *method_s = NULL, *out = NULL, *layer_s = "all";
+  int devices = 0, experts = 0;
+  float corr = 0.5f;
+  for (int i = 1; i < argc; i++) {
+    const char *f = argv[i];
+    if (cli_flag_is(f, "help")) { usage(); return 0; }
+    if (i + 1 >= argc) { usage(); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
+    const char *v = argv[++i];
+    int ok = 1;
+    if (cli_flag_is(f, "trace")) trace = v;
+    else if (cli_flag_is(f, "method")) method_s = v;
+    else if (cli_flag_is(f, "out")) out = v;
+    else if (cli_flag_is(f, "layer")) layer_s = v;
+    else if (cli_flag_is(f, "devices")) ok = cli_parse_int(v, &devices) && devices >= 1;
+    else if (cli_flag_is(f, "experts")) ok = cli_parse_int(v, &experts) && experts >= 1;
+    else if (cli_flag_is(f, "corr_weight")) ok = cli_parse_float(v, &corr);
+    else { usage(); return cli_usage_error(CMD, "unknown flag '%s'", f); }
+    if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
+  }
+  if (!trace || !devices || !method_s) {
+    usage();
+    return cli_usage_error(CMD, "--trace, --devices and --method are required");
+  }
+  moe_placement_method method;
+  if (moe_placement_method_parse(method_s, "--method", &method) != MOE_OK) return cli_fail(CMD);
+  int layer = -1;
+  if (strcmp(layer_s, "all") && (!cli_parse_int(layer_s, &layer) || layer < 0))
+    return cli_usage_error(CMD, "--layer: bad value '%s' (want a layer number or all)", layer_s);
+
+  moe_trace t;
+  if (moe_trace_load(&t, trace, experts) != MOE_OK) return cli_fail(CMD);
+  int rc = 0, E = t.experts;
+  int *orig = NULL, *place = NULL;
+  cJSON *root = NULL;
+  if (t.steps < 2) {
+    rc = cli_usage_error(CMD, "%s: %lld steps; need at least 2 (fit on the first half, evaluate on the second)",
+                         trace, (long long)t.steps);
+    goto done;
+  }
+  if (layer >= t.layers) {
+    rc = cli_usage_error(CMD, "--layer %d: the trace has %d layers", layer, t.layers);
+    goto done;
+  }
+  if (E % devices) {
+    rc = cli_usage_error(CMD, "the number of experts (%d) is not a multiple of the number of devices (%d)", E, devices);
+    goto done;
+  }
+  orig = malloc((size_t)E * sizeof *orig);
+  place = malloc((size_t)E * sizeof *place);
+  root = cJSON_CreateObject();
+  cJSON *layers = root && cJSON_AddNumberToObject(root, "devices", devices) &&
+                          cJSON_AddStringToObject(root, "method", moe_placement_method_name(method))
+                      ? cJSON_AddArrayToObject(root, "layers")
+                      : NULL;
+  if (!orig || !place || !layers) {
+    rc = cli_usage_error(CMD, "out of memory");
+    goto done;
+  }
+  if (moe_placement_contiguous(E, devices, orig) != MOE_OK) { rc = cli_fail(CMD); goto done; }
+  int64_t half = t.steps / 2;
+  printf("placement: %d experts on %d devices (%d each), method %s; fit on steps [0, %lld), test on [%lld, %lld)\n",
+         E, devices, E / devices, moe_placement_method_name(method), (long long)half, (long long)half,
+         (long long)t.steps);
+  for (int l = layer < 0 ? 0 : layer; l < (layer < 0 ? t.layers : layer + 1); l++) {
+    double om, oa, pm, pa;
+    int64_t nb;
+    if (moe_placement_fit(&t, l, 0, half, devices, method, corr, place) != MOE_OK ||
+        moe_placement_eval(&t, l, half, t.steps, devices, orig, &om, &oa, &nb) != MOE_OK ||
+        moe_placement_eval(&t, l, half, t.steps, devices, place, &pm, &pa, &nb) != MOE_OK) {
+      rc = cli_fail(CMD);
+      goto done;
+    }
+    printf("layer %d: original max_load %.4f avg_max_load %.4f | %s max_load %.4f avg_max_load %.4f (%lld test batches)\n",
+           l, om, oa, moe_placement_method_name(method), pm, pa, (long long)nb);
+    cJSON *o = cJSON_CreateObject(), *a = cJSON_CreateIntArray(place, E);
+    int ok = o && a && cJSON_AddNumberToObject(o, "layer", l);
+    if (ok && cJSON_AddItemToObject(o, "expert_device", a)) a = NULL;
+    else ok = 0;
+    if (!ok || !cJSON_AddItemToArray(layers, o)) {
+      cJSON_Delete(o), cJSON_Delete(a);
+      rc = cli_usage_error(CMD, "out of memory");
+      goto done;
+    }
+  }
+  if (out) rc = save_json(out, root);
+done:
+  cJSON_Delete(root);
+  free(orig), free(place);
+  moe_trace_free(&t);
+  return rc;
+}

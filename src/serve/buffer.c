@@ -1,0 +1,245 @@
+/* Expert buffering (deployment paper VI; see moe.h): K slots in memory for the experts of one layer,
+ * the rest in the slow tier (a lazily opened safetensors file, read with pread by a loader thread).
+ * For each batch the active experts are served in increasing id order: loads of misses are queued
+ * as far ahead as free or evictable slots allow, and each expert computes as soon as it is resident,
+ * while the loader reads the next ones. Eviction: experts not active in this batch first, then by the
+ * policy (LIFO as in the paper, LRU, FIFO) among those already computed; an active expert not yet
+ * computed is never evicted. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layer_internal.h"
+
+#define NT 5 /* fc1.weight, fc1.bias, fc2.weight, fc2.bias, fc3.weight */
+
+struct moe_expert_cache {
+  const moe_st *f;
+  moe_tensor_view v[NT];     /* the (E, ...) tensors; name NULL when absent */
+  size_t per[NT], off[NT];   /* floats per expert of each tensor, and its offset in a slot */
+  size_t slot_floats;
+  int E, K;
+  moe_cache_policy policy;
+  float *slots;              /* (K, slot_floats) */
+  int *slot_expert;          /* (K) expert held, or -1 */
+  int *where;                /* (E) slot of an expert, or -1 */
+  int64_t *inserted, *used;  /* (K) clock at load and at last use */
+  int64_t clock;
+  /* the loader thread and its queue (at most K loads in flight) */
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int *q_expert, *q_slot, qhead, qlen, *ready, stop;
+  moe_status load_status;
+  char load_error[512];
+  moe_expert_cache_stats stats;
+};
+
+static moe_status load_expert(moe_expert_cache *c, int e, int slot) {
+  float *dst = c->slots + (size_t)slot * c->slot_floats;
+  for (int t = 0; t < NT; t++)
+    if (c->v[t].name)
+      MOE_CHECK(moe_st_read(c->f, &c->v[t], (size_t)e * c->per[t] * 4, c->per[t] * 4, dst + c->off[t]));
+  return MOE_OK;
+}
+
+static void *loader(void *arg) {
+  moe_expert_cache *c = arg;
+  pthread_mutex_lock(&c->mu);
+  for (;;) {
+    while (!c->qlen && !c->stop) pthread_cond_wait(&c->cv, &c->mu);
+    if (c->stop) break;
+    int e = c->q_expert[c->qhead], s = c->q_slot[c->qhead];
+    c->qhead = (c->qhead + 1) % c->K;
+    c->qlen--;
+    pthread_mutex_unlock(&c->mu);
+    moe_status st = load_expert(c, e, s); /* the copy runs while the caller computes */
+    pthread_mutex_lock(&c->mu);
+    if (st != MOE_OK && c->load_status == MOE_OK) {
+      c->load_status = st;
+      snprintf(c->load_error, sizeof c->load_error, "%s", moe_last_error());
+    }
+    c->ready[s] = 1;
+    pthread_cond_broadcast(&c->cv);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const char *prefix,
+                                 const moe_layer_config *l, int K, moe_cache_policy p) {
+  MOE_TRY(out && f && prefix && l, MOE_ERR_ARG, "moe_expert_cache_open: NULL argument");
+  MOE_TRY(K >= 1 && K <= l->E, MOE_ERR_ARG, "expert cache: K must be in [1, E=%d], got %d", l->E, K);
+  MOE_TRY(p != MOE_CACHE_BELADY && (unsigned)p <= MOE_CACHE_BELADY, MOE_ERR_ARG,
+          "expert cache: policy must be lifo, lru or fifo (belady knows the future: moe cachesim only)");
+  moe_expert_cache *c = calloc(1, sizeof *c);
+  MOE_TRY(c, MOE_ERR_NOMEM, "expert cache: out of memory");
+  c->f = f;
+  c->E = l->E;
+  c->K = K;
+  c->policy = p;
+  const char *names[NT] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight"};
+  int64_t D = l->D, H = l->H;
+  const int64_t want[NT][2] = {{H, D}, {H, 0}, {D, H}, {D, 0}, {H, D}};
+  int needed[NT] = {1, l->expert_bias, 1, l->expert_bias, l->act == MOE_ACT_SWIGLU};
+  moe_status st = MOE_OK;
+  for (int t = 0; t < NT && st == MOE_OK; t++) {
+    if (!needed[t]) continue;
+    char name[160];
+    snprintf(name, sizeof name, "%s%s", prefix, names[t]);
+    st = moe_st_get(f, name, &c->v[t]);
+    if (st != MOE_OK) break;
+    int nd = want[t][1] ? 3 : 2;
+    int ok = c->v[t].dtype == MOE_DT_F32 && c->v[t].ndim == nd && c->v[t].shape[0] == l->E &&
+             c->v[t].shape[1] == want[t][0] && (nd == 2 || c->v[t].shape[2] == want[t][1]);
+    if (!ok)
+      st = moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: tensor '%s' is not F32 (E=%d, %lld%s%lld)", moe_st_path(f),
+                      name, l->E, (long long)want[t][0], nd == 3 ? ", " : "", nd == 3 ? (long long)want[t][1] : 0LL);
+    c->per[t] = (size_t)want[t][0] * (nd == 3 ? (size_t)want[t][1] : 1);
+    c->off[t] = c->slot_floats;
+    c->slot_floats += (c->per[t] + 15) & ~(size_t)15; /* each tensor 64-byte aligned in the slot */
+  }
+  if (st == MOE_OK) {
+    c->slots = aligned_alloc(64, (size_t)K * c->slot_floats * 4);
+    c->slot_expert = malloc(sizeof(int) * (size_t)K * 5);
+    c->where = malloc(sizeof(int) * (size_t)l->E);
+    c->inserted = calloc((size_t)K * 2, sizeof(int64_t));
+    if (!c->slots || !c->slot_expert || !c->where || !c->inserted)
+      st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert cache: cannot allocate %d slots", K);
+  }
+  if (st != MOE_OK) {
+    free(c->slots), free(c->slot_expert), free(c->where), free(c->inserted), free(c);
+    return st;
+  }
+  c->used = c->inserted + K;
+  c->q_expert = c->slot_expert + K;
+  c->q_slot = c->q_expert + K;
+  c->ready = c->q_slot + K;
+  for (int s = 0; s < K; s++) c->slot_expert[s] = -1;
+  for (int e = 0; e < l->E; e++) c->where[e] = -1;
+  c->stats.resident_bytes = (size_t)K * c->slot_floats * 4;
+  c->stats.expert_bytes = c->slot_floats * 4;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  if (pthread_create(&c->thread, NULL, loader, c) != 0) {
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c->slots), free(c->slot_expert), free(c->where), free(c->inserted), free(c);
+    MOE_TRY(0, MOE_ERR_NOMEM, "expert cache: cannot start the loader thread");
+  }
+  *out = c;
+  return MOE_OK;
+}
+
+void moe_expert_cache_free(moe_expert_cache *c) {
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  c->stop = 1;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  pthread_join(c->thread, NULL);
+  pthread_mutex_destroy(&c->mu);
+  pthread_cond_destroy(&c->cv);
+  free(c->slots), free(c->slot_expert), free(c->where), free(c->inserted), free(c);
+}
+
+void moe_expert_cache_get_stats(const moe_expert_cache *c, moe_expert_cache_stats *out) { *out = c->stats; }
+
+/* The slot to load expert `need` into, or -1 if none can be given now. By class: an empty slot, then
+ * an expert not active in this batch, then one already computed (by the policy within a class), and
+ * last, when K is smaller than the batch's active experts, a resident one still to compute that comes
+ * after `need` (the one that comes last: it streams through again later). Slots being loaded stay.
+ * Loading ahead (`now` false) takes only the first two classes, so evictions among this batch's
+ * experts happen in the paper's order: the expert is needed next and the others have run. */
+static int victim(const moe_expert_cache *c, const char *state, int need, int now) {
+  int best = -1, best_class = 4;
+  for (int s = 0; s < c->K; s++) {
+    int e = c->slot_expert[s];
+    if (e >= 0 && !c->ready[s]) continue;
+    int cls = e < 0 ? 0 : state[e] == 0 ? 1 : state[e] == 2 ? 2 : e > need ? 3 : 4; /* 0 inactive 1 to do 2 done */
+    if (cls == 4 || (!now && cls > 1)) continue; /* loading ahead takes only free or idle slots */
+    int better = cls < best_class;
+    if (!better && cls == best_class && cls > 0) {
+      switch (cls == 3 ? MOE_CACHE_BELADY : c->policy) {
+        case MOE_CACHE_LIFO: better = c->inserted[s] > c->inserted[best]; break;
+        case MOE_CACHE_FIFO: better = c->inserted[s] < c->inserted[best]; break;
+        case MOE_CACHE_LRU: better = c->used[s] < c->used[best]; break;
+        default: better = e > c->slot_expert[best]; break; /* needed last in this batch */
+      }
+    }
+    if (better) {
+      best = s;
+      best_class = cls;
+    }
+  }
+  return best;
+}
+
+moe_status moe__cache_forward(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  moe_expert_cache *c = l->cache;
+  int E = s->ng, glu = l->cfg.act == MOE_ACT_SWIGLU;
+  MOE_CHECK(moe__experts_alloc(l));
+  moe__expert_w *w = moe__arena_alloc(&s->work, (size_t)E * sizeof *w);
+  char *state = moe__arena_alloc(&s->work, (size_t)E);
+  int *order = moe__arena_alloc(&s->work, (size_t)E * sizeof *order);
+  MOE_TRY(w && state && order, MOE_ERR_STATE, "internal: expert workspace too small");
+  memset(w, 0, (size_t)E * sizeof *w); /* inactive experts have no rows, and no weights either */
+  int n = 0;
+  for (int e = 0; e < E; e++) {
+    state[e] = s->goffs[e + 1] > s->goffs[e];
+    if (state[e]) order[n++] = e;
+  }
+  c->stats.accesses += n;
+  pthread_mutex_lock(&c->mu);
+  for (int i = 0; i < n && c->load_status == MOE_OK;) {
+    /* queue the loads of the experts still missing, in order, while a slot can be given */
+    for (int j = i; j < n; j++) {
+      int e = order[j];
+      if (c->where[e] >= 0) continue; /* resident, or on its way */
+      int v = victim(c, state, e, j == i);
+      if (v < 0) break;
+      if (c->slot_expert[v] >= 0) c->where[c->slot_expert[v]] = -1;
+      c->slot_expert[v] = e;
+      c->where[e] = v;
+      c->ready[v] = 0;
+      c->inserted[v] = ++c->clock;
+      int tail = (c->qhead + c->qlen) % c->K;
+      c->q_expert[tail] = e;
+      c->q_slot[tail] = v;
+      c->qlen++;
+      c->stats.misses++;
+      pthread_cond_broadcast(&c->cv);
+    }
+    int e = order[i];
+    if (c->where[e] < 0 || !c->ready[c->where[e]]) { /* not yet: wait for a load to finish */
+      pthread_cond_wait(&c->cv, &c->mu);
+      continue;
+    }
+    /* compute the run of consecutive resident experts starting at i, unlocked: the loader goes on */
+    int run = i;
+    while (run < n && c->where[order[run]] >= 0 && c->ready[c->where[order[run]]]) {
+      int ej = order[run++];
+      const float *base = c->slots + (size_t)c->where[ej] * c->slot_floats;
+      w[ej] = (moe__expert_w){base + c->off[0], c->v[1].name ? base + c->off[1] : NULL, base + c->off[2],
+                              c->v[3].name ? base + c->off[3] : NULL, glu ? base + c->off[4] : NULL};
+      c->used[c->where[ej]] = ++c->clock;
+      state[ej] = 3; /* being computed: its slot stays */
+    }
+    pthread_mutex_unlock(&c->mu);
+    moe__experts_compute(l, e, order[run - 1] + 1, w); /* experts between are inactive: no rows */
+    pthread_mutex_lock(&c->mu);
+    for (int j = i; j < run; j++) state[order[j]] = 2;
+    i = run;
+  }
+  moe_status st = c->load_status;
+  if (st != MOE_OK) {
+    c->load_status = MOE_OK; /* reported once; the slot that failed is forgotten */
+    for (int v = 0; v < c->K; v++)
+      if (!c->ready[v] && c->slot_expert[v] >= 0) c->where[c->slot_expert[v]] = -1, c->slot_expert[v] = -1;
+  }
+  pthread_mutex_unlock(&c->mu);
+  MOE_TRY(st == MOE_OK, st, "expert cache: %s", c->load_error);
+  return MOE_OK;
+}
