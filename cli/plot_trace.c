@@ -7,7 +7,6 @@
 #include <strings.h>
 
 #include "cli.h"
-#include "../src/serve/heatmap.h" /* until its declarations move into moe.h */
 
 static const char *CMD = "plot-trace";
 

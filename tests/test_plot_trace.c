@@ -7,7 +7,6 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include "serve/heatmap.h"
 #include "test.h"
 
 static const uint8_t TOP[3] = {0xfd, 0xe7, 0x25}, BOTTOM[3] = {0x44, 0x01, 0x54};

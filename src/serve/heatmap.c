@@ -1,4 +1,4 @@
-/* Expert-load heatmaps of a trace (see heatmap.h): the values (share of each step's tokens per expert,
+/* Expert-load heatmaps of a trace (declared in moe.h): the values (share of each step's tokens per expert,
  * averaged over the steps of a column), a raster with a tiny built-in bitmap font for the labels, written
  * as PNG through libpng, and an SVG written by hand. Both files are written atomically. */
 #include <errno.h>
@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include "internal.h"
-#include "heatmap.h"
 
 /* ---- color map: viridis sampled at 10 points (matplotlib), interpolated linearly in sRGB ---- */
 static const uint8_t VIRIDIS[10][3] = {
