@@ -47,10 +47,12 @@ TEST(buffer_equals_all_resident) {
       ASSERT_OK(moe_layer_set_expert_cache(&lb, cache));
       int64_t active = 0;
       int same = 1;
+      int32_t counts[BATCHES * 8];
       for (int b = 0; b < BATCHES; b++) {
         moe_layer_stats st;
         ASSERT_OK(moe_layer_forward(&full, x[b], T, y0, NULL, &st));
         for (int e = 0; e < c.E; e++) active += st.expert_counts[e] > 0;
+        memcpy(counts + b * 8, st.expert_counts, sizeof(int32_t) * 8);
         ASSERT_OK(moe_layer_forward(&lb, x[b], T, y1, NULL, &st));
         same &= !memcmp(y0, y1, sizeof y0);
       }
@@ -60,6 +62,14 @@ TEST(buffer_equals_all_resident) {
       moe_layer_free(&lb);
       if (!same) FAIL_("K=%d policy %s: buffered output differs from the all-resident one", K, moe_cache_policy_name(pol[p]));
       ASSERT_EQ_INT(cs.accesses, active);
+      /* the cache misses exactly what the simulator of the same policy predicts for this trace */
+      moe_trace tr = {.steps = BATCHES, .layers = 1, .experts = 8, .tokens = counts};
+      int64_t acc_sim, miss_sim;
+      ASSERT_OK(moe_cachesim(&tr, 0, 0, BATCHES, pol[p], K, &acc_sim, &miss_sim));
+      ASSERT_EQ_INT(acc_sim, cs.accesses);
+      if (miss_sim != cs.misses)
+        FAIL_("K=%d %s: the cache missed %lld times, the simulator says %lld", K, moe_cache_policy_name(pol[p]),
+              (long long)cs.misses, (long long)miss_sim);
       ASSERT(cs.misses >= (K < c.E ? K : 1) && cs.misses <= cs.accesses);
       if (K == c.E) ASSERT(cs.misses <= c.E); /* everything fits: each expert loads once */
       ASSERT_EQ_INT(cs.resident_bytes, (size_t)K * cs.expert_bytes);
