@@ -13,7 +13,7 @@ CK=$OUT/moe16.safetensors
 [ -f "$CK" ] || "$MOE" train --experts 16 --top-k 2 --blocks 2 --hidden 256 --epochs 8 --checkpoint "$CK" | tail -1
 "$MOE" trace --checkpoint "$CK" --batch 16 --out "$OUT/trace.csv"
 echo "K, throughput (samples/s), p50 batch latency (ms), hit rate, resident expert MiB of all"
-for K in 1 2 3 4 6 8 10 12 14 16; do
+for K in $(seq 1 16); do
   "$MOE" infer --checkpoint "$CK" --batch 16 --cache $K --policy lifo --json |
     python3 -c "import json,sys; r=json.load(sys.stdin); print('%d, %.0f, %.2f, %.4f, %.2f of %.2f, accuracy %.4f' % ($K, r['samples_per_s'], r['latency_ms_p50'], r['hit_rate'], r['resident_expert_bytes']/2**20, r['all_expert_bytes']/2**20, r['accuracy']))"
 done
