@@ -32,6 +32,9 @@ static inline float moe__uniform(uint64_t *s) { return (float)((moe__splitmix(s)
     if (moe__s != MOE_OK) return moe__s;                                        \
   } while (0)
 
+/* Index of s in names[n] into *out; otherwise MOE_ERR_ARG naming `field`, the value and the choices. */
+moe_status moe__parse_name(const char *s, const char *field, const char *const *names, int n, int *out);
+
 /* __metadata__ values of a safetensors file (layer_io.c): absent keys leave *out as it is; values
  * that do not parse are MOE_ERR_FORMAT naming the file and key. */
 moe_status moe__meta_int(const moe_st *f, const char *key, int *out);

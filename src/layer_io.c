@@ -20,7 +20,7 @@ const char *moe_dispatch_name(moe_dispatch d) { return (unsigned)d < 2 ? dispatc
 const char *moe_priority_name(moe_priority p) { return (unsigned)p < 2 ? priority_names[p] : "?"; }
 const char *moe_router_name(moe_router r) { return (unsigned)r < 2 ? router_names[r] : "?"; }
 
-static moe_status parse_name(const char *s, const char *field, const char **names, int n, int *out) {
+moe_status moe__parse_name(const char *s, const char *field, const char *const *names, int n, int *out) {
   MOE_TRY(s, MOE_ERR_ARG, "%s: missing value", field);
   for (int i = 0; i < n; i++)
     if (!strcmp(s, names[i])) {
@@ -38,7 +38,7 @@ static moe_status parse_name(const char *s, const char *field, const char **name
 #define PARSE_ENUM(fn, type, names)                                       \
   moe_status fn(const char *s, const char *field, type *out) {            \
     int v;                                                                \
-    MOE_CHECK(parse_name(s, field, names, COUNT(names), &v));             \
+    MOE_CHECK(moe__parse_name(s, field, names, COUNT(names), &v));             \
     *out = (type)v;                                                       \
     return MOE_OK;                                                        \
   }

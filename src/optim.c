@@ -9,10 +9,10 @@
 const char *moe_opt_name(moe_opt_kind k) { return k == MOE_OPT_SGD ? "sgd" : "adam"; }
 
 moe_status moe_opt_parse(const char *s, const char *field, moe_opt_kind *out) {
-  MOE_TRY(s, MOE_ERR_ARG, "%s: missing value", field);
-  if (!strcmp(s, "adam")) *out = MOE_OPT_ADAM;
-  else if (!strcmp(s, "sgd")) *out = MOE_OPT_SGD;
-  else return moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "%s: unknown value '%s' (want adam|sgd)", field, s);
+  static const char *const names[] = {"adam", "sgd"};
+  int v;
+  MOE_CHECK(moe__parse_name(s, field, names, 2, &v));
+  *out = (moe_opt_kind)v;
   return MOE_OK;
 }
 

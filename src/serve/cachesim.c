@@ -25,15 +25,10 @@ static const char *policy_names[] = {"lifo", "lru", "fifo", "belady"};
 const char *moe_cache_policy_name(moe_cache_policy p) { return (unsigned)p < 4 ? policy_names[p] : "?"; }
 
 moe_status moe_cache_policy_parse(const char *s, const char *field, moe_cache_policy *out) {
-  if (!field) field = "policy";
-  MOE_TRY(s, MOE_ERR_ARG, "%s: missing value", field);
-  for (int i = 0; i < 4; i++)
-    if (!strcmp(s, policy_names[i])) {
-      *out = (moe_cache_policy)i;
-      return MOE_OK;
-    }
-  return moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "%s: unknown cache policy '%s' (want lifo|lru|fifo|belady)",
-                    field, s);
+  int v;
+  MOE_CHECK(moe__parse_name(s, field ? field : "policy", policy_names, 4, &v));
+  *out = (moe_cache_policy)v;
+  return MOE_OK;
 }
 
 #define NEVER INT64_MAX

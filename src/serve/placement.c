@@ -19,15 +19,10 @@ static const char *method_names[] = {"greedy", "anticorr"};
 const char *moe_placement_method_name(moe_placement_method m) { return (unsigned)m < 2 ? method_names[m] : "?"; }
 
 moe_status moe_placement_method_parse(const char *s, const char *field, moe_placement_method *out) {
-  if (!field) field = "method";
-  MOE_TRY(s, MOE_ERR_ARG, "%s: missing value", field);
-  for (int i = 0; i < 2; i++)
-    if (!strcmp(s, method_names[i])) {
-      *out = (moe_placement_method)i;
-      return MOE_OK;
-    }
-  return moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "%s: unknown placement method '%s' (want greedy|anticorr)",
-                    field, s);
+  int v;
+  MOE_CHECK(moe__parse_name(s, field ? field : "method", method_names, 2, &v));
+  *out = (moe_placement_method)v;
+  return MOE_OK;
 }
 
 static moe_status check_args(const moe_trace *t, int layer, int64_t s0, int64_t s1, int devices, const char *fn) {
