@@ -18,7 +18,7 @@ static void usage(void) {
           "                     [--activation relu|gelu|silu|swiglu] [--normalize_topk true|false]\n"
           "                     [--dispatch dynamic|static] [--priority index|score]\n"
           "                     [--router linear|cosine] [--threads N]\n"
-          "                     [--expert-parallel [--a2a linear|2dh] [--ranks-per-node G]]\n"
+          "                     [--expert-parallel [--a2a linear|2dh] [--ranks-per-node G] [--placement P.json]]\n"
           "Under mpirun -np W, --expert-parallel spreads the experts over the ranks (each routes T/W of\n"
           "the tokens); rank 0 writes OUT, equal to the one-process output.\n");
 }
@@ -26,6 +26,8 @@ static void usage(void) {
 typedef struct {
   const char *weights, *input, *out;
   int backward, spec, expert_parallel, ranks_per_node;
+  const char *placement;
+  int32_t *order; /* with --placement: the file's expert at each position (rank r owns r E/W ..) */
   moe_a2a a2a;
   moe_layer_overrides ov;
   moe_dist *dist; /* with --expert-parallel */
@@ -57,6 +59,8 @@ static int parse_args(int argc, char **argv, args_t *a) {
       if (strcmp(v, "true") && strcmp(v, "false"))
         return cli_usage_error(CMD, "--normalize_topk: '%s' (want true|false)", v);
       a->ov.normalize_topk = !strcmp(v, "true");
+    } else if (cli_flag_is(f, "placement")) {
+      a->placement = v;
     } else if (cli_flag_is(f, "a2a")) {
       if (strcmp(v, "linear") && strcmp(v, "2dh")) return cli_usage_error(CMD, "--a2a: '%s' (want linear|2dh)", v);
       a->a2a = strcmp(v, "linear") ? MOE_A2A_2DH : MOE_A2A_LINEAR;
@@ -124,10 +128,18 @@ static int add_grads(const args_t *a, moe_layer_t *l, moe_st_writer *w, float *s
     const moe_param_info *p = &l->info[i];
     int64_t shape[3] = {p->shape[0], p->shape[1], p->shape[2]};
     const float *g = l->grads + p->offset;
-    if (a->dist && !strncmp(p->name, "experts.", 8)) {
+    int expert_rows = !strncmp(p->name, "experts.", 8), gate_rows = !strcmp(p->name, "gate.weight") ||
+                                                                    !strcmp(p->name, "gate.bias");
+    if (a->dist && expert_rows) {
       if (gather(a->dist, g, p->numel, scratch)) return 1;
       shape[0] = l->cfg.E;
       g = scratch;
+    }
+    if (a->order && (expert_rows || gate_rows)) { /* back to the file's expert order */
+      size_t per = (size_t)(p->numel * (expert_rows ? (size_t)moe_dist_size(a->dist) : 1)) / (size_t)l->cfg.E;
+      float *u = scratch + (size_t)l->cfg.E * per;
+      for (int e = 0; e < l->cfg.E; e++) memcpy(u + (size_t)a->order[e] * per, g + (size_t)e * per, per * 4);
+      g = u;
     }
     char name[128];
     snprintf(name, sizeof name, "grad.%s", p->name);
@@ -136,7 +148,31 @@ static int add_grads(const args_t *a, moe_layer_t *l, moe_st_writer *w, float *s
   return 0;
 }
 
-static int run(const args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_writer *w, float **bufs) {
+/* --placement: rank r owns the experts the placement puts on device r (layer 0 of the file). */
+static int placement_order(args_t *a, const moe_st *wf) {
+  moe_tensor_view v;
+  if (moe_st_get(wf, "experts.fc1.weight", &v) != MOE_OK) return cli_fail(CMD);
+  int E = (int)v.shape[0], W = moe_dist_size(a->dist), n = 0;
+  int *dev = malloc(sizeof(int) * (size_t)E);
+  a->order = malloc(sizeof(int32_t) * (size_t)E);
+  if (!dev || !a->order) {
+    free(dev);
+    return cli_usage_error(CMD, "out of memory");
+  }
+  if (moe_placement_load(a->placement, 0, E, W, dev) != MOE_OK) {
+    free(dev);
+    return cli_fail(CMD);
+  }
+  for (int d = 0; d < W; d++)
+    for (int e = 0; e < E; e++)
+      if (dev[e] == d) a->order[n++] = e;
+  free(dev);
+  a->ov.expert_order = a->order;
+  return 0;
+}
+
+static int run(args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_writer *w, float **bufs) {
+  if (a->placement && placement_order(a, wf)) return 1;
   if (moe_layer_load(l, wf, &a->ov) != MOE_OK) return cli_fail(CMD);
   int D = l->cfg.D, k = l->cfg.top_k;
   moe_tensor_view x, dy, dspec, sc;
@@ -164,7 +200,7 @@ static int run(const args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_w
   int t0 = (int)((int64_t)T * r / W), t1 = (int)((int64_t)T * (r + 1) / W), Tl = t1 - t0;
   size_t td = (size_t)T * D, tl = (size_t)Tl * D, expert_max = 0;
   for (int i = 0; i < l->nparams; i++) expert_max = l->info[i].numel * (size_t)W > expert_max ? l->info[i].numel * (size_t)W : expert_max;
-  float *y = bufs[0] = malloc((td * (size_t)(k + 2) + expert_max) * 4 + 16);
+  float *y = bufs[0] = malloc((td * (size_t)(k + 2) + 2 * expert_max + (size_t)l->cfg.E) * 4 + 16);
   float *yl = bufs[1] = malloc(tl * (size_t)(k + 2) * 4 + 16);
   if (!y || !yl) return cli_usage_error(CMD, "out of memory");
   float *spec = y + td, *dx = spec + td * k, *scratch = dx + td;
@@ -173,13 +209,17 @@ static int run(const args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_w
   if (moe_layer_forward(l, (const float *)x.data + (size_t)t0 * D, Tl, yl, a->spec ? specl : NULL, &s) != MOE_OK)
     return cli_fail(CMD);
   int64_t shp[2] = {T, D}, one = 1, E = l->cfg.E, spec_shape[2] = {(int64_t)T * k, D};
-  int32_t dropped = s.dropped, capacity = s.capacity;
+  int32_t dropped = s.dropped, capacity = s.capacity, *counts = (int32_t *)s.expert_counts;
+  if (a->order) { /* the counts in the file's expert order */
+    counts = (int32_t *)(scratch + 2 * expert_max);
+    for (int e = 0; e < l->cfg.E; e++) counts[a->order[e]] = s.expert_counts[e];
+  }
   if (gather(a->dist, yl, tl, y) || (a->spec && gather(a->dist, specl, tl * k, spec))) return 1;
   int root = r == 0;
   if (root && (moe_st_writer_add(w, "y", MOE_DT_F32, 2, shp, y) ||
                moe_st_writer_add(w, "aux_loss", MOE_DT_F32, 1, &one, &s.aux_loss) ||
                moe_st_writer_add(w, "z_loss", MOE_DT_F32, 1, &one, &s.z_loss) ||
-               moe_st_writer_add(w, "expert_counts", MOE_DT_I32, 1, &E, s.expert_counts) ||
+               moe_st_writer_add(w, "expert_counts", MOE_DT_I32, 1, &E, counts) ||
                moe_st_writer_add(w, "dropped", MOE_DT_I32, 1, &one, &dropped) ||
                moe_st_writer_add(w, "capacity", MOE_DT_I32, 1, &one, &capacity) ||
                (a->spec && moe_st_writer_add(w, "spec", MOE_DT_F32, 2, spec_shape, spec))))
@@ -220,6 +260,7 @@ int cmd_layer_run(int argc, char **argv) {
   else
     rc = run(&a, wf, xf, &l, w, bufs);
   for (int i = 0; i < 2; i++) free(bufs[i]);
+  free(a.order);
   moe_layer_free(&l);
   moe_st_writer_free(w);
   moe_st_close(xf);

@@ -263,6 +263,9 @@ typedef struct {
   int act, dispatch, priority, router; /* -1 unset */
   int threads;            /* -1 unset */
   const moe_dist *dist;   /* NULL unset: expert-parallel over these ranks (the file holds all experts) */
+  const int32_t *expert_order; /* NULL unset: the layer's expert p is the file's expert order[p] (E
+                                  entries, a permutation), e.g. so that a placement's experts for rank
+                                  r are the positions [r E/W, (r+1) E/W) that rank owns */
 } moe_layer_overrides;
 void moe_layer_overrides_init(moe_layer_overrides *o);
 moe_status moe_layer_load(moe_layer_t *l, const moe_st *f, const moe_layer_overrides *o);
@@ -439,6 +442,9 @@ const char *moe_placement_method_name(moe_placement_method m);
 moe_status moe_placement_method_parse(const char *s, const char *field, moe_placement_method *out);
 moe_status moe_placement_fit(const moe_trace *t, int layer, int64_t s0, int64_t s1, int devices,
                              moe_placement_method m, double corr, int *expert_device);
+/* Reads the expert_device of `layer` (E entries) from a placement written by moe placement, checking
+ * the devices, the expert count and E/devices experts per device; errors name the file and field. */
+moe_status moe_placement_load(const char *path, int layer, int experts, int devices, int *expert_device);
 /* The default expert-parallel layout: expert m on device m / (E / devices). */
 moe_status moe_placement_contiguous(int experts, int devices, int *expert_device);
 /* Over the steps of [s0, s1) with tokens in the layer (*batches gets their count): Max Load, the

@@ -54,6 +54,7 @@ void moe_layer_overrides_init(moe_layer_overrides *o) {
   o->act = o->dispatch = o->priority = o->router = -1;
   o->threads = -1;
   o->dist = NULL;
+  o->expert_order = NULL;
 }
 
 moe_status moe__meta_int(const moe_st *f, const char *key, int *out) {
@@ -156,7 +157,20 @@ static void apply_overrides(moe_layer_config *c, const moe_layer_overrides *o) {
   if (o->dist) c->dist = o->dist;
 }
 
-static moe_status copy_params(moe_layer_t *l, const moe_st *f) {
+/* Copies file tensor v into param p: expert tensors take this rank's slice of positions, and with an
+ * expert order the rows of expert-indexed tensors (gate and experts) are taken in that order. */
+static void copy_rows(moe_layer_t *l, const moe_param_info *p, const moe_tensor_view *v, const int32_t *order,
+                      int sliced, int64_t e0) {
+  int by_expert = sliced || !strcmp(p->name, "gate.weight") || !strcmp(p->name, "gate.bias");
+  int64_t rows = p->shape[0];
+  size_t per = p->numel / (size_t)rows;
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t src = by_expert && order ? order[e0 + r] : e0 + r;
+    memcpy(l->params + p->offset + (size_t)r * per, (const float *)v->data + (size_t)src * per, per * 4);
+  }
+}
+
+static moe_status copy_params(moe_layer_t *l, const moe_st *f, const int32_t *order) {
   const char *path = moe_st_path(f);
   for (int i = 0; i < l->nparams; i++) {
     const moe_param_info *p = &l->info[i];
@@ -183,7 +197,7 @@ static moe_status copy_params(moe_layer_t *l, const moe_st *f) {
       return moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: tensor '%s' has shape %s, want %s", path,
                         p->name, got, want);
     }
-    memcpy(l->params + p->offset, (const float *)v.data + (size_t)e0 * (p->numel / (size_t)El), p->numel * 4);
+    copy_rows(l, p, &v, order, sliced, e0);
   }
   for (int i = 0; i < moe_st_count(f); i++) {
     moe_tensor_view v;
@@ -205,7 +219,21 @@ moe_status moe_layer_load(moe_layer_t *l, const moe_st *f, const moe_layer_overr
     snprintf(msg, sizeof msg, "%s", moe_last_error());
     return moe__error(st, __FILE__, __LINE__, "%s: %s", moe_st_path(f), msg);
   }
-  st = copy_params(l, f);
+  if (o && o->expert_order) { /* a permutation of the experts */
+    char *seen = calloc((size_t)c.E, 1);
+    int ok = seen != NULL;
+    for (int e = 0; ok && e < c.E; e++) {
+      int32_t v = o->expert_order[e];
+      ok = v >= 0 && v < c.E && !seen[v];
+      if (ok) seen[v] = 1;
+    }
+    free(seen);
+    if (!ok) {
+      moe_layer_free(l);
+      return moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "expert order: not a permutation of the %d experts", c.E);
+    }
+  }
+  st = copy_params(l, f, o ? o->expert_order : NULL);
   if (st != MOE_OK) moe_layer_free(l);
   return st;
 }

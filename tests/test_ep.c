@@ -277,3 +277,36 @@ TEST(ep_rank_failure_stops_every_rank) {
   if (f) fclose(f);
   if (!strstr(text, "rank")) FAIL_("stderr does not name the failed rank: %s", text);
 }
+
+/* An expert-parallel run that loads a placement (experts interleaved over the ranks, as moe placement
+ * writes them) gives the one-process output; a placement for other ranks is refused by name. */
+TEST(ep_placement_matches_one_process) {
+  if (!moe_dist_has_mpi() || sh("command -v mpirun >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "  (no MPI: skipped)\n");
+    return;
+  }
+  char w[512], x[512], ref[512], out[512], pl[512], cmd[3000];
+  test_tmp_path("pl_w.safetensors", w, sizeof w);
+  test_tmp_path("pl_x.safetensors", x, sizeof x);
+  test_tmp_path("pl_ref.safetensors", ref, sizeof ref);
+  test_tmp_path("pl_out.safetensors", out, sizeof out);
+  test_tmp_path("placement.json", pl, sizeof pl);
+  ASSERT(make_case(w, x, MOE_ACT_GELU, 2, MOE_DISPATCH_DYNAMIC, MOE_PRIORITY_INDEX));
+  FILE *f = fopen(pl, "w");
+  ASSERT(f);
+  fprintf(f, "{\"devices\": 2, \"method\": \"greedy\", \"layers\": [{\"layer\": 0, "
+             "\"expert_device\": [1, 0, 0, 1, 1, 0, 1, 0]}]}\n");
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "'%s' layer-run --weights '%s' --input '%s' --out '%s' --backward --threads 1", MOE_CLI, w,
+           x, ref);
+  ASSERT_EQ_INT(sh(cmd), 0);
+  snprintf(cmd, sizeof cmd, MPIRUN "-np 2 '%s' layer-run --weights '%s' --input '%s' --out '%s' --backward "
+           "--expert-parallel --placement '%s' --threads 1 >/dev/null 2>&1", MOE_CLI, w, x, out, pl);
+  ASSERT_EQ_INT(sh(cmd), 0);
+  ASSERT(same_outputs(out, ref));
+  unlink(out);
+  snprintf(cmd, sizeof cmd, "'%s' layer-run --weights '%s' --input '%s' --out '%s' --expert-parallel "
+           "--placement '%s' 2>/dev/null", MOE_CLI, w, x, out, pl); /* one rank, a placement for two */
+  ASSERT(sh(cmd) != 0);
+  ASSERT(access(out, F_OK) != 0);
+}

@@ -8,7 +8,10 @@
  *   experts that fire together are spread apart (corr = 0.5 as written in the paper).
  * Evaluation: Max Load = max over batches and devices of the device's share, Avg Max Load = mean over
  * batches of the busiest device's share. Batches with no tokens in the layer are skipped. */
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -156,4 +159,56 @@ moe_status moe_placement_eval(const moe_trace *t, int layer, int64_t s0, int64_t
   *avg_max_load = nb ? sum / nb : 0;
   if (batches) *batches = nb;
   return MOE_OK;
+}
+
+moe_status moe_placement_load(const char *path, int layer, int experts, int devices, int *expert_device) {
+  FILE *fp = fopen(path, "rb");
+  MOE_TRY(fp, MOE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  char *text = NULL;
+  long n = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
+  if (n >= 0 && n < (1L << 26) && fseek(fp, 0, SEEK_SET) == 0 && (text = malloc((size_t)n + 1)) &&
+      fread(text, 1, (size_t)n, fp) == (size_t)n)
+    text[n] = 0;
+  else
+    free(text), text = NULL;
+  fclose(fp);
+  MOE_TRY(text, MOE_ERR_IO, "%s: cannot read the placement", path);
+  cJSON *root = cJSON_Parse(text);
+  free(text);
+  MOE_TRY(root, MOE_ERR_FORMAT, "%s: not valid JSON", path);
+  moe_status st = MOE_OK;
+  const cJSON *dv = cJSON_GetObjectItemCaseSensitive(root, "devices");
+  const cJSON *layers = cJSON_GetObjectItemCaseSensitive(root, "layers"), *found = NULL, *it;
+  if (!cJSON_IsNumber(dv) || dv->valueint != devices)
+    st = moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: \"devices\" is not %d (the ranks of this run)", path,
+                    devices);
+  const cJSON *none = NULL, *ls = cJSON_IsArray(layers) ? layers : none;
+  cJSON_ArrayForEach(it, ls) {
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(it, "layer");
+    if (cJSON_IsNumber(l) && l->valueint == layer) found = cJSON_GetObjectItemCaseSensitive(it, "expert_device");
+  }
+  if (st == MOE_OK && (!cJSON_IsArray(found) || cJSON_GetArraySize(found) != experts))
+    st = moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: no \"expert_device\" of %d experts for layer %d", path,
+                    experts, layer);
+  int *per = st == MOE_OK ? calloc((size_t)devices, sizeof *per) : NULL;
+  if (st == MOE_OK && !per) st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "out of memory");
+  int e = 0;
+  const cJSON *items = st == MOE_OK ? found : none;
+  cJSON_ArrayForEach(it, items) {
+    int d = cJSON_IsNumber(it) ? it->valueint : -1;
+    if (d < 0 || d >= devices || it->valuedouble != d) {
+      st = moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: layer %d expert_device[%d] is not a device in [0, %d)",
+                      path, layer, e, devices);
+      break;
+    }
+    expert_device[e++] = d;
+    per[d]++;
+  }
+  for (int d = 0; st == MOE_OK && d < devices; d++)
+    if (per[d] != experts / devices || experts % devices)
+      st = moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: layer %d puts %d experts on device %d, want %d", path,
+                      layer, per[d], d, experts / devices);
+  free(per);
+  cJSON_Delete(root);
+  return st;
 }
