@@ -483,6 +483,46 @@ moe_status moe_heatmap_write_svg(const moe_heatmap *h, const char *path);
 /* The color map (viridis, linear interpolation between 10 samples): v in [0, 1], clamped. */
 void moe_heatmap_color(float v, uint8_t rgb[3]);
 
+/* ---- RECOMPILE (DynaMoE section 3 and appendix B): the training loop pushes each iteration's
+ * metrics without waiting; a trigger runs on its own thread with the most recent metrics while
+ * iterations go on, and an adjustment it returns for the metrics of iteration j takes effect at the
+ * start of iteration j + delta_launch + 1 (the launch frontier is delta_launch iterations ahead of
+ * the execution frontier). Training waits for a trigger only when it is still running on the metrics
+ * of iteration i - delta_launch - 1 when iteration i starts: a stall, counted. */
+typedef struct {
+  int64_t iter;          /* the iteration these metrics are of */
+  double loss;
+  int experts;
+  const int32_t *counts; /* (experts) assignments per expert; copied by moe_recompile_push */
+  double frac_same;      /* sample-assignment caching: fraction of samples not reassigned */
+} moe_metrics;
+typedef struct {
+  int64_t apply_at;      /* set by the engine: the iteration it takes effect at */
+  int set_capacity;      /* capacity (experts) holds per-expert capacities */
+  int32_t *capacity;     /* owned by the engine: (experts), filled by the trigger */
+  int set_caching, caching;
+  int set_top_k, top_k;
+} moe_adjustment;
+/* Returns 1 when it filled `out` with an adjustment, 0 for none. Runs on the trigger thread. */
+typedef int (*moe_trigger_fn)(const moe_metrics *m, moe_adjustment *out, void *user);
+typedef struct moe_recompile moe_recompile;
+typedef struct {
+  int64_t triggers;      /* trigger calls */
+  int64_t adjustments;   /* adjustments applied */
+  int64_t stalls;        /* iterations that waited for a trigger */
+  double stall_seconds;
+} moe_recompile_stats;
+moe_status moe_recompile_new(moe_recompile **out, int experts, int delta_launch, moe_trigger_fn fn, void *user);
+void moe_recompile_free(moe_recompile *r);
+/* delta_launch may change while training goes on; it counts from the next metrics on. */
+moe_status moe_recompile_set_delta(moe_recompile *r, int delta_launch);
+/* At the start of iteration i: *has = 1 and *adj (valid until the next call) when an adjustment takes
+ * effect now. */
+moe_status moe_recompile_begin(moe_recompile *r, int64_t i, const moe_adjustment **adj, int *has);
+/* After iteration m->iter: hands its metrics to the trigger thread; never waits for the trigger. */
+moe_status moe_recompile_push(moe_recompile *r, const moe_metrics *m);
+void moe_recompile_get_stats(const moe_recompile *r, moe_recompile_stats *out);
+
 /* The BLAS in use and its kernel set, e.g. "OpenBLAS 0.3.21 (kernels SkylakeX, OpenMP)". */
 const char *moe_blas_info(void);
 /* OpenBLAS picks its kernels when it loads and takes this Zen 5 CPU for a Haswell (AVX2), as does an

@@ -1,0 +1,104 @@
+/* RECOMPILE: a slow trigger does not stall training while delta_launch covers it (iterations go on
+ * while it runs), and stalls it when delta_launch = 0; an adjustment from the metrics of iteration j
+ * takes effect exactly at iteration j + delta_launch + 1; delta_launch changes at run time. */
+#include <stdatomic.h>
+#include <time.h>
+
+#include "test.h"
+
+static void sleep_ms(int ms) { nanosleep(&(struct timespec){0, ms * 1000000L}, NULL); }
+
+typedef struct {
+  int sleep_ms;
+  int64_t at;          /* adjust on the first metrics of an iteration >= at */
+  int64_t decided_on;  /* the iteration of the metrics the adjustment came from */
+  atomic_int running;  /* 1 while the trigger sleeps */
+  atomic_int calls;
+} trig_ctx;
+
+static int slow_trigger(const moe_metrics *m, moe_adjustment *out, void *user) {
+  trig_ctx *c = user;
+  atomic_store(&c->running, 1);
+  atomic_fetch_add(&c->calls, 1);
+  if (c->sleep_ms) sleep_ms(c->sleep_ms);
+  atomic_store(&c->running, 0);
+  if (c->decided_on < 0 && m->iter >= c->at) {
+    c->decided_on = m->iter;
+    out->set_capacity = 1;
+    for (int e = 0; e < m->experts; e++) out->capacity[e] = 10 + e + m->counts[e];
+    out->set_top_k = 1;
+    out->top_k = 3;
+    return 1;
+  }
+  return 0;
+}
+
+/* Runs `iters` iterations of `iter_ms` each; returns the iteration an adjustment arrived at (or -1)
+ * and counts the iterations that ran while the trigger was running. */
+static int64_t loop(moe_recompile *r, int iters, int iter_ms, trig_ctx *c, int *overlapped, int32_t *cap0) {
+  int32_t counts[4] = {1, 2, 3, 4};
+  int64_t got = -1;
+  *overlapped = 0;
+  for (int64_t i = 0; i < iters; i++) {
+    const moe_adjustment *a;
+    int has;
+    if (moe_recompile_begin(r, i, &a, &has) != MOE_OK) return -2;
+    if (has) {
+      got = i;
+      if (a->apply_at != i || !a->set_capacity || a->top_k != 3) return -3;
+      *cap0 = a->capacity[0];
+    }
+    sleep_ms(iter_ms); /* the iteration's work */
+    *overlapped += atomic_load(&c->running);
+    moe_metrics m = {.iter = i, .loss = 1.0 / (double)(i + 1), .experts = 4, .counts = counts};
+    if (moe_recompile_push(r, &m) != MOE_OK) return -4;
+  }
+  return got;
+}
+
+TEST(recompile_slow_trigger_does_not_stall) {
+  trig_ctx c = {.sleep_ms = 25, .at = 3, .decided_on = -1};
+  moe_recompile *r;
+  ASSERT_OK(moe_recompile_new(&r, 4, 20, slow_trigger, &c)); /* 20 iterations of 4 ms: 80 ms of cover */
+  int overlapped;
+  int32_t cap0 = 0;
+  int64_t got = loop(r, 50, 4, &c, &overlapped, &cap0);
+  moe_recompile_stats st;
+  moe_recompile_get_stats(r, &st);
+  moe_recompile_free(r);
+  ASSERT(got >= 0);
+  ASSERT_EQ_INT(got, c.decided_on + 20 + 1); /* exactly the promised iteration */
+  ASSERT_EQ_INT(cap0, 10 + 0 + 1);
+  ASSERT_EQ_INT(st.stalls, 0);
+  ASSERT(overlapped >= 10); /* iterations completed while the trigger ran */
+  ASSERT_EQ_INT(st.adjustments, 1);
+}
+
+TEST(recompile_delta_zero_stalls) {
+  trig_ctx c = {.sleep_ms = 15, .at = 2, .decided_on = -1};
+  moe_recompile *r;
+  ASSERT_OK(moe_recompile_new(&r, 4, 0, slow_trigger, &c));
+  int overlapped;
+  int32_t cap0 = 0;
+  int64_t got = loop(r, 8, 1, &c, &overlapped, &cap0);
+  moe_recompile_stats st;
+  moe_recompile_get_stats(r, &st);
+  moe_recompile_free(r);
+  ASSERT_EQ_INT(got, c.decided_on + 1);
+  ASSERT(st.stalls >= 5); /* each iteration waits for the trigger on the previous one's metrics */
+  ASSERT(st.stall_seconds > 0.05);
+}
+
+TEST(recompile_delta_changes_at_run_time) {
+  trig_ctx c = {.sleep_ms = 0, .at = 20, .decided_on = -1};
+  moe_recompile *r;
+  ASSERT_OK(moe_recompile_new(&r, 4, 2, slow_trigger, &c));
+  ASSERT_OK(moe_recompile_set_delta(r, 5));
+  int overlapped;
+  int32_t cap0 = 0;
+  int64_t got = loop(r, 40, 1, &c, &overlapped, &cap0);
+  moe_recompile_free(r);
+  ASSERT_EQ_INT(got, c.decided_on + 5 + 1);
+  ASSERT_STATUS(moe_recompile_new(&r, 0, 1, slow_trigger, &c), MOE_ERR_ARG);
+  ASSERT_STATUS(moe_recompile_new(&r, 4, -1, slow_trigger, &c), MOE_ERR_ARG);
+}
