@@ -193,6 +193,7 @@ typedef struct moe_layer {
   moe_layer_config cfg;
   struct moe_layer *inner; /* (E) inner layers, or NULL */
   struct moe_expert_cache *cache; /* serving: where the experts' weights come from, or NULL */
+  int32_t *expert_capacity;       /* (E) per-expert capacities for static dispatch, or NULL */
   int nparams;
   moe_param_info info[10];
   size_t numel;  /* total parameter floats */
@@ -221,6 +222,10 @@ float *moe_layer_grad(moe_layer_t *l, const char *name);
 const moe_param_info *moe_layer_param_find(const moe_layer_t *l, const char *name);
 void moe_layer_zero_grad(moe_layer_t *l);
 moe_status moe_layer_set_top_k(moe_layer_t *l, int k);
+/* DynaMoE's per-expert capacities (static dispatch): expert e keeps at most cap[e] assignments,
+ * overriding capacity_setting; NULL returns to capacity_setting. Copied. Only the workspace whose
+ * size changes is reallocated, at the next forward; weights are untouched. */
+moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap);
 /* Changes threads for later calls (0 = all cores). */
 void moe_layer_set_threads(moe_layer_t *l, int threads);
 
@@ -522,6 +527,12 @@ moe_status moe_recompile_begin(moe_recompile *r, int64_t i, const moe_adjustment
 /* After iteration m->iter: hands its metrics to the trigger thread; never waits for the trigger. */
 moe_status moe_recompile_push(moe_recompile *r, const moe_metrics *m);
 void moe_recompile_get_stats(const moe_recompile *r, moe_recompile_stats *out);
+/* DynaMoE 4.1's per-expert capacities as a policy [libmoe choice: the paper gives none]: each
+ * expert's capacity follows its measured need (count) with headroom, and is recomputed only when a
+ * need exceeds its capacity or falls below capacity / (1 + 2 headroom) (hysteresis), so recompiles
+ * stay rare. Fills out (E) with ceil(need * (1 + headroom)), at least 1, and returns 1 when a
+ * recompile is due, else 0 (out = cur). */
+int moe_dynamic_capacity(const int32_t *need, const int32_t *cur, int E, float headroom, int32_t *out);
 
 /* The BLAS in use and its kernel set, e.g. "OpenBLAS 0.3.21 (kernels SkylakeX, OpenMP)". */
 const char *moe_blas_info(void);

@@ -8,8 +8,10 @@
 #include "gemm.h"
 #include "layer_internal.h"
 
+/* Elements of the static (T, E, C) tensors: T times the expert rows (E C, or the sum of per-expert
+ * capacities). Valid after routing. */
 static size_t tec(const moe_layer_t *l) {
-  return (size_t)l->st->T * l->cfg.E * (size_t)l->st->C;
+  return (size_t)l->st->T * (size_t)l->st->rows;
 }
 
 size_t moe__dispatch_bytes(const moe_layer_t *l) {

@@ -121,6 +121,24 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
   return MOE_OK;
 }
 
+moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap) {
+  if (!cap) {
+    free(l->expert_capacity);
+    l->expert_capacity = NULL;
+    return MOE_OK;
+  }
+  MOE_TRY(l->cfg.dispatch == MOE_DISPATCH_STATIC && !l->cfg.dist, MOE_ERR_ARG,
+          "per-expert capacities need static dispatch on one process");
+  for (int e = 0; e < l->cfg.E; e++)
+    MOE_TRY(cap[e] >= 0 && cap[e] <= (1 << 24), MOE_ERR_ARG, "capacity of expert %d is %d: want [0, 2^24]", e, cap[e]);
+  if (!l->expert_capacity) {
+    l->expert_capacity = malloc(sizeof(int32_t) * (size_t)l->cfg.E);
+    MOE_TRY(l->expert_capacity, MOE_ERR_NOMEM, "out of memory");
+  }
+  memcpy(l->expert_capacity, cap, sizeof(int32_t) * (size_t)l->cfg.E);
+  return MOE_OK;
+}
+
 moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c) {
   MOE_TRY(l->cfg.external_experts || !c, MOE_ERR_ARG, "moe_layer_set_expert_cache: the layer was not made with external_experts");
   l->cache = c;
@@ -140,6 +158,7 @@ void moe_layer_free(moe_layer_t *l) {
   }
   free(l->params);
   free(l->grads);
+  free(l->expert_capacity);
   memset(l, 0, sizeof *l);
 }
 

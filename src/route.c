@@ -106,16 +106,21 @@ moe_status moe__route(moe_layer_t *l) {
   for (int j = 0; j < k; j++)
     for (int i = 0; i < Tv; i++) {
       int t = order[i];
-      int pos = s->fill[te[(size_t)t * k + j]]++;
-      int drop = is_static && pos >= C;
+      int e = te[(size_t)t * k + j], pos = s->fill[e]++;
+      int drop = is_static && pos >= (l->expert_capacity ? l->expert_capacity[e] : C);
       s->dropped += drop;
       if (t < t0 || t >= t0 + T) continue; /* another rank's token */
       s->row[(size_t)(t - t0) * k + j] = drop ? -1 : pos;
     }
   s->offs[0] = 0;
   for (int e = 0; e < E; e++) {
-    s->kept[e] = is_static && s->counts[e] > C ? C : s->counts[e];
-    s->offs[e + 1] = s->offs[e] + (is_static ? C : s->kept[e]);
+    int Ce = l->expert_capacity ? l->expert_capacity[e] : C; /* DynaMoE's per-expert capacities */
+    s->kept[e] = is_static && s->counts[e] > Ce ? Ce : s->counts[e];
+    s->offs[e + 1] = s->offs[e] + (is_static ? Ce : s->kept[e]);
+  }
+  if (is_static && l->expert_capacity) {
+    s->C = 0;
+    for (int e = 0; e < E; e++) s->C = l->expert_capacity[e] > s->C ? l->expert_capacity[e] : s->C;
   }
   s->rows = s->offs[E];
   for (size_t a = 0; a < (size_t)T * k; a++)

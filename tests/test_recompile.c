@@ -2,6 +2,7 @@
  * while it runs), and stalls it when delta_launch = 0; an adjustment from the metrics of iteration j
  * takes effect exactly at iteration j + delta_launch + 1; delta_launch changes at run time. */
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "test.h"
@@ -101,4 +102,51 @@ TEST(recompile_delta_changes_at_run_time) {
   ASSERT_EQ_INT(got, c.decided_on + 5 + 1);
   ASSERT_STATUS(moe_recompile_new(&r, 0, 1, slow_trigger, &c), MOE_ERR_ARG);
   ASSERT_STATUS(moe_recompile_new(&r, 4, -1, slow_trigger, &c), MOE_ERR_ARG);
+}
+
+/* Per-expert capacities: all equal to the capacity_setting's C give the same output bit for bit;
+ * lower ones drop exactly the excess; changing them leaves the weights bit-identical. */
+TEST(recompile_expert_capacity) {
+  moe_layer_config c;
+  moe_layer_config_default(&c);
+  c.D = 8; c.H = 12; c.E = 4; c.top_k = 2; c.dispatch = MOE_DISPATCH_STATIC; c.capacity_setting = 1.0f;
+  c.threads = 1;
+  moe_layer_t l;
+  ASSERT_OK(moe_layer_init(&l, &c));
+  moe_layer_init_params(&l, 2);
+  float *g = moe_layer_param(&l, "gate.weight");
+  for (int i = 0; i < c.E * c.D; i++) g[i] *= 4.0f;
+  enum { T = 32 };
+  float x[T * 8], y0[T * 8], y1[T * 8];
+  for (int i = 0; i < T * 8; i++) x[i] = (float)((i * 37) % 19) / 9.5f - 1.0f;
+  moe_layer_stats st;
+  ASSERT_OK(moe_layer_forward(&l, x, T, y0, NULL, &st));
+  int32_t C = st.capacity, counts[4];
+  memcpy(counts, st.expert_counts, sizeof counts);
+  float *before = malloc(l.numel * 4);
+  memcpy(before, l.params, l.numel * 4);
+  int32_t same[4] = {C, C, C, C};
+  ASSERT_OK(moe_layer_set_expert_capacity(&l, same));
+  ASSERT_OK(moe_layer_forward(&l, x, T, y1, NULL, &st));
+  ASSERT(!memcmp(y0, y1, sizeof y0));
+  int32_t tight[4] = {1, 2, 3, 0};
+  ASSERT_OK(moe_layer_set_expert_capacity(&l, tight));
+  ASSERT_OK(moe_layer_forward(&l, x, T, y1, NULL, &st));
+  int want = 0;
+  for (int e = 0; e < 4; e++) want += counts[e] > tight[e] ? counts[e] - tight[e] : 0;
+  ASSERT_EQ_INT(st.dropped, want);
+  ASSERT(!memcmp(before, l.params, l.numel * 4));
+  int32_t bad[4] = {1, -1, 1, 1};
+  ASSERT_STATUS(moe_layer_set_expert_capacity(&l, bad), MOE_ERR_ARG);
+  free(before);
+  moe_layer_free(&l);
+  /* the policy: recompile when a need outgrows its capacity or shrinks far below it */
+  int32_t need[3] = {10, 0, 5}, cur[3] = {11, 1, 6}, out[3];
+  ASSERT_EQ_INT(moe_dynamic_capacity(need, cur, 3, 0.1f, out), 0);
+  ASSERT(out[0] == 11 && out[1] == 1 && out[2] == 6);
+  need[2] = 7;
+  ASSERT_EQ_INT(moe_dynamic_capacity(need, cur, 3, 0.1f, out), 1);
+  ASSERT(out[0] == 11 && out[1] == 1 && out[2] == 8);
+  int32_t big[3] = {40, 1, 8};
+  ASSERT_EQ_INT(moe_dynamic_capacity(need, big, 3, 0.1f, out), 1); /* 40 > 10 * 1.2 + 1 */
 }

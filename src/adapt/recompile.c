@@ -2,6 +2,7 @@
  * effect delta_launch + 1 iterations after the metrics they come from. The training loop never waits
  * for a trigger unless the trigger is still working on (or has not yet started) metrics whose
  * adjustment is due now: then it stalls, and the stall is counted. */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,4 +184,15 @@ void moe_recompile_get_stats(const moe_recompile *r, moe_recompile_stats *out) {
   pthread_mutex_lock((pthread_mutex_t *)&r->mu);
   *out = r->stats;
   pthread_mutex_unlock((pthread_mutex_t *)&r->mu);
+}
+
+int moe_dynamic_capacity(const int32_t *need, const int32_t *cur, int E, float headroom, int32_t *out) {
+  int due = 0;
+  for (int e = 0; e < E; e++)
+    due |= need[e] > cur[e] || (double)cur[e] > (double)need[e] * (1.0 + 2.0 * headroom) + 1.0;
+  for (int e = 0; e < E; e++) {
+    int32_t c = (int32_t)ceil((double)need[e] * (1.0 + (double)headroom) - 1e-6); /* 10 * 1.1 is 11 */
+    out[e] = due ? (c < 1 ? 1 : c) : cur[e];
+  }
+  return due;
 }
