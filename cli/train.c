@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "train_capacity.h"
 #include "train_data.h"
 
 static const char *CMD = "train";
@@ -20,6 +21,8 @@ static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 typedef struct {
   const char *data, *checkpoint, *resume, *trace;
   int json, log_steps, epochs, stop_after, batch, warmup, augment, threads;
+  int dynamic_capacity, delta_launch; /* --capacity dynamic: per-expert capacities through RECOMPILE */
+  float headroom;
   float lr;
   uint64_t seed;
   moe_model_config model;
@@ -30,7 +33,8 @@ static void usage(void) {
   fprintf(stderr,
     "usage: moe train [--data DIR] [--experts E] [--top-k K] [--hidden H] [--model D] [--blocks L]\n"
     "       [--hier-experts E2 [--hier-top-k K2]]   (hierarchical MoE: each expert an MoE of E2 experts)\n"
-    "       [--capacity X] [--dispatch dynamic|static] [--priority index|score] [--router linear|cosine]\n"
+    "       [--capacity X|dynamic [--delta-launch N] [--headroom H]] [--dispatch dynamic|static]\n"
+    "       [--priority index|score] [--router linear|cosine]\n"
     "       [--activation relu|gelu|silu|swiglu] [--loss cooperation|specification]\n"
     "       [--aux-weight W] [--z-weight W] [--optimizer adam|sgd] [--lr LR] [--weight-decay W]\n"
     "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
@@ -47,6 +51,8 @@ static void defaults(train_opts *o) {
   o->warmup = -1; /* one epoch */
   o->augment = 2;
   o->lr = 2e-3f;
+  o->delta_launch = 2;
+  o->headroom = 0.25f;
   o->seed = 1;
   moe_model_config_default(&o->model);
   o->model.moe.D = 128;
@@ -77,7 +83,11 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
     else if (cli_flag_is(f, "blocks")) ok = cli_parse_int(v, &o->model.blocks);
     else if (cli_flag_is(f, "hier_experts")) ok = cli_parse_int(v, &m->inner_experts);
     else if (cli_flag_is(f, "hier_top_k")) ok = cli_parse_int(v, &m->inner_top_k);
-    else if (cli_flag_is(f, "capacity")) ok = cli_parse_float(v, &m->capacity_setting);
+    else if (cli_flag_is(f, "capacity")) {
+      o->dynamic_capacity = !strcmp(v, "dynamic");
+      if (o->dynamic_capacity) m->dispatch = MOE_DISPATCH_STATIC, m->capacity_setting = 1.0f;
+      else ok = cli_parse_float(v, &m->capacity_setting);
+    }
     else if (cli_flag_is(f, "dispatch")) st = moe_dispatch_parse(v, "--dispatch", &m->dispatch);
     else if (cli_flag_is(f, "priority")) st = moe_priority_parse(v, "--priority", &m->priority);
     else if (cli_flag_is(f, "router")) st = moe_router_parse(v, "--router", &m->router);
@@ -101,6 +111,8 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
       else if (cli_flag_is(f, "stop_after")) ok = cli_parse_int(v, &o->stop_after) && o->stop_after > 0;
       else if (cli_flag_is(f, "augment")) ok = cli_parse_int(v, &o->augment) && o->augment >= 0 && o->augment < 8;
       else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
+      else if (cli_flag_is(f, "delta_launch")) ok = cli_parse_int(v, &o->delta_launch) && o->delta_launch >= 0 && o->delta_launch < 60;
+      else if (cli_flag_is(f, "headroom")) ok = cli_parse_float(v, &o->headroom) && o->headroom >= 0 && o->headroom <= 10;
       else if (cli_flag_is(f, "seed")) {
         char *end;
         errno = 0;
@@ -188,12 +200,16 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   int rc = 0;
   if (o->trace && trace_open(&tw, o->trace, step) != MOE_OK) rc = 1;
   double test_acc = -1;
+  dyncap *dc = NULL;
+  if (!rc && o->dynamic_capacity && dyncap_start(&dc, m, b1 - b0, o->delta_launch, o->headroom))
+    rc = cli_fail(CMD);
   for (int epoch = start_epoch; epoch < last && !rc; epoch++) {
     epoch_acc a = {0};
     double t0 = cli_now();
     train_batch_epoch(&tb, o->seed, epoch, o->augment);
     for (int s = 0; s < steps && !interrupted; s++, step++) {
       train_batch_fill(&tb, s);
+      if (dc && dyncap_begin(dc, m, step)) { rc = cli_fail(CMD); break; }
       moe_model_stats st;
       moe_model_zero_grad(m);
       if (moe_model_forward(m, tb.x + (size_t)b0 * F, tb.y + b0, b1 - b0, &st) || moe_model_backward(m)) {
@@ -202,13 +218,17 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       }
       moe_optim_step(opt, m, moe_lr_schedule(o->lr, step, warmup, total));
       accumulate(&a, m, &st, B);
+      if (dc && dyncap_push(dc, m, step, st.loss)) { rc = cli_fail(CMD); break; }
       if (tw.f && trace_step(&tw, m, step) != MOE_OK) { rc = cli_usage_error(CMD, "%s: write error", o->trace); break; }
       if (tty && (s % 8 == 0 || s == steps - 1)) progress(epoch + 1, o->epochs, s + 1, steps, &a, (s + 1) / (cli_now() - t0));
       if (o->log_steps) printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)step, st.loss);
     }
     if (rc || interrupted) break;
     double rate = steps / (cli_now() - t0);
-    if (evaluate(m, test, 500, &test_acc)) { rc = cli_fail(CMD); break; }
+    if ((dc && dyncap_for_batch(dc, m, 500)) || evaluate(m, test, 500, &test_acc) || (dc && dyncap_restore(dc, m))) {
+      rc = cli_fail(CMD);
+      break;
+    }
     if (tty) fprintf(stderr, "\n");
     double loss = a.loss / a.seen, acc = (double)a.correct / a.seen, aux = a.aux / a.steps;
     double drop = a.assigned ? (double)a.dropped / a.assigned : 0, load = a.load_ratio / a.steps;
@@ -228,6 +248,9 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   }
   if (tw.f && trace_close(&tw) != MOE_OK && !rc) rc = 1;
   train_batch_free(&tb);
+  if (dc && !rc) dyncap_report(dc, o->json ? stderr : stdout);
+  if (dc && test_acc < 0 && !rc && !interrupted && dyncap_for_batch(dc, m, 500)) rc = cli_fail(CMD);
+  dyncap_free(dc);
   if (rc) return rc;
   if (interrupted) {
     fprintf(stderr, "\nmoe train: interrupted at step %lld; %s\n", (long long)step,

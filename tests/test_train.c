@@ -188,3 +188,21 @@ TEST(train_bad_input) {
   ASSERT(moe(args, NULL, err, sizeof err) != 0);
   ASSERT(strstr(err, "--resume"));
 }
+
+/* --capacity dynamic: per-expert capacities through RECOMPILE; it trains, reports its recompiles and
+ * stalls, and keeps test_accuracy as the last line. */
+TEST(train_dynamic_capacity) {
+  const char *data_dir = synth_data_dir();
+  char args[3000], out[512], err[2048];
+  test_tmp_path("dyncap.txt", out, sizeof out);
+  snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 3 --capacity dynamic --delta-launch 3", data_dir);
+  ASSERT_EQ_INT(moe(args, out, err, sizeof err), 0);
+  char *txt = slurp(out, NULL);
+  ASSERT(txt);
+  char *rec = strstr(txt, "dynamic capacity: "), *last = strstr(txt, "test_accuracy=");
+  long recompiles = rec ? strtol(rec + 18, NULL, 10) : -1;
+  double acc = last ? atof(last + 14) : 0;
+  free(txt);
+  ASSERT(recompiles >= 1);
+  ASSERT(acc > 0.5);
+}

@@ -1,0 +1,121 @@
+/* moe train --capacity dynamic: DynaMoE's per-expert capacities (4.1) driven by RECOMPILE (3). After
+ * every step the blocks' expert counts go to a trigger thread, which decides new capacities with
+ * moe_dynamic_capacity (headroom and hysteresis); a decision on the metrics of step j takes effect at
+ * step j + delta_launch + 1, while training goes on. Capacities are counts for the training batch;
+ * evaluation on other batch sizes scales them. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train_capacity.h"
+
+struct dyncap {
+  int E, L, B;
+  float headroom;
+  int32_t *cur;     /* (L E) applied capacities */
+  int32_t *decided; /* (L E) the trigger's latest decision (applied or on its way) */
+  int32_t *scaled;  /* (E) scratch for evaluation */
+  int32_t *counts;  /* (L E) metrics scratch */
+  double *ema;      /* (L E) smoothed need, on the trigger thread */
+  int32_t *smooth;  /* (L E) its rounding */
+  int64_t seen;
+  moe_recompile *rc;
+};
+
+static int trigger(const moe_metrics *m, moe_adjustment *out, void *user) {
+  dyncap *d = user;
+  /* the need is smoothed over steps (a batch's counts are noisy): capacities follow the trend */
+  for (int i = 0; i < m->experts; i++) {
+    d->ema[i] = d->seen ? 0.9 * d->ema[i] + 0.1 * m->counts[i] : m->counts[i];
+    d->smooth[i] = (int32_t)ceil(d->ema[i] - 1e-9);
+  }
+  d->seen++;
+  int due = moe_dynamic_capacity(d->smooth, d->decided, m->experts, d->headroom, out->capacity);
+  if (!due) return 0;
+  memcpy(d->decided, out->capacity, sizeof(int32_t) * (size_t)m->experts);
+  out->set_capacity = 1;
+  return 1;
+}
+
+static moe_status apply(dyncap *d, moe_model_t *m, const int32_t *cap) {
+  for (int i = 0; i < d->L; i++) MOE_CHECK_CLI(moe_layer_set_expert_capacity(&m->layers[i], cap + (size_t)i * d->E));
+  return MOE_OK;
+}
+
+int dyncap_start(dyncap **out, moe_model_t *m, int B, int delta, float headroom) {
+  dyncap *d = calloc(1, sizeof *d);
+  int E = m->cfg.moe.E, L = m->cfg.blocks;
+  if (!d) return 1;
+  d->E = E;
+  d->L = L;
+  d->B = B;
+  d->headroom = headroom;
+  d->cur = malloc(sizeof(int32_t) * (size_t)(4 * L * E + E));
+  d->ema = calloc((size_t)(L * E), sizeof *d->ema);
+  if (!d->cur || !d->ema) {
+    free(d->cur);
+    free(d->ema);
+    free(d);
+    return 1;
+  }
+  d->smooth = d->cur + 3 * L * E;
+  d->decided = d->cur + L * E;
+  d->counts = d->decided + L * E;
+  d->scaled = d->smooth + L * E;
+  /* start from capacity_setting's C for the training batch */
+  int C = (int)ceil((double)m->cfg.moe.capacity_setting * m->cfg.moe.top_k * B / E);
+  for (int i = 0; i < L * E; i++) d->cur[i] = d->decided[i] = C > 0 ? C : 1;
+  if (apply(d, m, d->cur) != MOE_OK || moe_recompile_new(&d->rc, L * E, delta, trigger, d) != MOE_OK) {
+    dyncap_free(d);
+    return 1;
+  }
+  *out = d;
+  return 0;
+}
+
+int dyncap_begin(dyncap *d, moe_model_t *m, int64_t step) {
+  const moe_adjustment *adj;
+  int has;
+  if (moe_recompile_begin(d->rc, step, &adj, &has) != MOE_OK) return 1;
+  if (has && adj->set_capacity) { /* the recompile: only the buffers whose sizes change grow */
+    memcpy(d->cur, adj->capacity, sizeof(int32_t) * (size_t)(d->L * d->E));
+    if (apply(d, m, d->cur) != MOE_OK) return 1;
+  }
+  return 0;
+}
+
+int dyncap_push(dyncap *d, const moe_model_t *m, int64_t step, double loss) {
+  for (int i = 0; i < d->L; i++)
+    memcpy(d->counts + (size_t)i * d->E, moe_model_layer_stats(m, i)->expert_counts, sizeof(int32_t) * (size_t)d->E);
+  moe_metrics mt = {.iter = step, .loss = loss, .experts = d->L * d->E, .counts = d->counts};
+  return moe_recompile_push(d->rc, &mt) != MOE_OK;
+}
+
+int dyncap_for_batch(dyncap *d, moe_model_t *m, int B) {
+  for (int i = 0; i < d->L; i++) {
+    for (int e = 0; e < d->E; e++) {
+      double c = (double)d->cur[(size_t)i * d->E + e] * B / d->B;
+      d->scaled[e] = (int32_t)ceil(c - 1e-9);
+    }
+    if (moe_layer_set_expert_capacity(&m->layers[i], d->scaled) != MOE_OK) return 1;
+  }
+  return 0;
+}
+
+int dyncap_restore(dyncap *d, moe_model_t *m) { return apply(d, m, d->cur) != MOE_OK; }
+
+void dyncap_report(const dyncap *d, FILE *f) {
+  moe_recompile_stats st;
+  moe_recompile_get_stats(d->rc, &st);
+  fprintf(f, "dynamic capacity: %lld recompiles, %lld trigger calls, %lld stalls (%.3f s)\n", (long long)st.adjustments,
+          (long long)st.triggers, (long long)st.stalls, st.stall_seconds);
+}
+
+void dyncap_free(dyncap *d) {
+  if (!d) return;
+  moe_recompile_free(d->rc);
+  free(d->cur);
+  free(d->ema);
+  free(d);
+}

@@ -1,0 +1,25 @@
+/* Dynamic per-expert capacities for moe train (see train_capacity.c). */
+#ifndef MOE_TRAIN_CAPACITY_H
+#define MOE_TRAIN_CAPACITY_H
+
+#include <stdio.h>
+
+#include "moe.h"
+
+#define MOE_CHECK_CLI(expr)                  \
+  do {                                       \
+    moe_status s_ = (expr);                  \
+    if (s_ != MOE_OK) return s_;             \
+  } while (0)
+
+typedef struct dyncap dyncap;
+/* Every block starts at capacity_setting's C for batches of B; decisions take effect delta steps late. */
+int dyncap_start(dyncap **out, moe_model_t *m, int B, int delta, float headroom);
+int dyncap_begin(dyncap *d, moe_model_t *m, int64_t step); /* applies what is due at this step */
+int dyncap_push(dyncap *d, const moe_model_t *m, int64_t step, double loss);
+int dyncap_for_batch(dyncap *d, moe_model_t *m, int B); /* capacities scaled to batches of B */
+int dyncap_restore(dyncap *d, moe_model_t *m);
+void dyncap_report(const dyncap *d, FILE *f);
+void dyncap_free(dyncap *d);
+
+#endif
