@@ -40,6 +40,8 @@ static int parse(const char *cmd, int argc, char **argv, infer_opts *o) {
     if (!ok) return cli_usage_error(cmd, "%s: bad value '%s'", f, v);
   }
   if (!o->ck) return cli_usage_error(cmd, "--checkpoint is required");
+  for (int i = 1; i < argc; i++)
+    if (cli_flag_is(argv[i], "policy") && !o->cache) return cli_usage_error(cmd, "--policy needs --cache K");
   if (!strcmp(cmd, "trace") && !o->trace) return cli_usage_error(cmd, "--out is required");
   return 0;
 }
@@ -50,7 +52,7 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 static int run(const char *cmd, const infer_opts *o, moe_model_t *m, moe_dataset *d) {
-  int F = d->rows * d->cols, nb = (d->n + o->batch - 1) / o->batch;
+  int F = d->rows * d->cols, nb = d->n / o->batch + (d->n % o->batch != 0);
   if (F != m->cfg.in_dim)
     return cli_usage_error(cmd, "%s: the model takes %d features, the data has %d", o->ck, m->cfg.in_dim, F);
   double *lat = malloc(sizeof(double) * (size_t)(nb ? nb : 1));

@@ -245,6 +245,7 @@ int cmd_layer_run(int argc, char **argv) {
     if (moe_dist_init(&a.dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
     if (moe_dist_set_a2a(a.dist, a.a2a, a.ranks_per_node) != MOE_OK) {
       rc = cli_fail(CMD);
+      moe_dist_abort(a.dist, rc); /* other ranks may be inside the split */
       moe_dist_finalize(a.dist);
       return rc;
     }

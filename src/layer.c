@@ -129,8 +129,12 @@ moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap) {
   }
   MOE_TRY(l->cfg.dispatch == MOE_DISPATCH_STATIC && !l->cfg.dist, MOE_ERR_ARG,
           "per-expert capacities need static dispatch on one process");
-  for (int e = 0; e < l->cfg.E; e++)
+  int64_t sum = 0;
+  for (int e = 0; e < l->cfg.E; e++) {
     MOE_TRY(cap[e] >= 0 && cap[e] <= (1 << 24), MOE_ERR_ARG, "capacity of expert %d is %d: want [0, 2^24]", e, cap[e]);
+    sum += cap[e];
+  }
+  MOE_TRY(sum * l->cfg.D <= INT32_MAX / 2, MOE_ERR_ARG, "capacities summing to %lld rows are too many", (long long)sum);
   if (!l->expert_capacity) {
     l->expert_capacity = malloc(sizeof(int32_t) * (size_t)l->cfg.E);
     MOE_TRY(l->expert_capacity, MOE_ERR_NOMEM, "out of memory");
@@ -141,6 +145,8 @@ moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap) {
 
 moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c) {
   MOE_TRY(l->cfg.external_experts || !c, MOE_ERR_ARG, "moe_layer_set_expert_cache: the layer was not made with external_experts");
+  MOE_TRY(!c || moe__cache_fits(c, &l->cfg), MOE_ERR_SHAPE,
+          "moe_layer_set_expert_cache: the cache was opened for another layer shape (E, D, H, activation, biases)");
   l->cache = c;
   return MOE_OK;
 }

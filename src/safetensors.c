@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -293,7 +294,7 @@ static moe_status st_open(moe_st **out, const char *path, int lazy) {
   moe_status st = fp ? st_read(f, fp, &hlen, lazy)
                      : moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: cannot open: %s", path, strerror(errno));
   if (fp && st == MOE_OK && lazy) {
-    f->fd = dup(fileno(fp)); /* kept for pread: the data stays in the file */
+    f->fd = fcntl(fileno(fp), F_DUPFD_CLOEXEC, 0); /* kept for pread: the data stays in the file */
     if (f->fd < 0) st = moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: dup: %s", path, strerror(errno));
   }
   if (fp) fclose(fp);
@@ -314,6 +315,7 @@ moe_status moe_st_read(const moe_st *f, const moe_tensor_view *v, size_t off, si
   MOE_TRY(off <= v->nbytes && n <= v->nbytes - off, MOE_ERR_ARG, "%s: read of %zu bytes at %zu past tensor '%s' (%zu bytes)",
           f->path, n, off, v->name, v->nbytes);
   if (f->data) {
+    MOE_TRY(v->data, MOE_ERR_ARG, "%s: the view of '%s' is not from this file", f->path, v->name);
     memcpy(dst, (const unsigned char *)v->data + off, n);
     return MOE_OK;
   }

@@ -160,3 +160,55 @@ TEST(buffer_model_serving_equals_loaded) {
   moe_model_t bad;
   ASSERT_STATUS(moe_checkpoint_load_serving("/nonexistent.safetensors", &bad, 2, MOE_CACHE_LIFO), MOE_ERR_IO);
 }
+
+/* A load that fails (the file shrank) is reported, and nothing of it stays: once the file is back,
+ * the next batches reload and equal the all-resident layer. */
+TEST(buffer_recovers_from_a_failed_load) {
+  moe_layer_config c;
+  moe_layer_config_default(&c);
+  c.D = 8; c.H = 8; c.E = 4; c.top_k = 2; c.threads = 1;
+  moe_layer_t full;
+  ASSERT_OK(moe_layer_init(&full, &c));
+  moe_layer_init_params(&full, 4);
+  char path[512], save[600];
+  test_tmp_path("buffer_fail.safetensors", path, sizeof path);
+  snprintf(save, sizeof save, "%s.keep", path);
+  moe_st_writer *w;
+  ASSERT_OK(moe_st_writer_new(&w));
+  ASSERT_OK(moe_layer_save_params(&full, w));
+  ASSERT_OK(moe_st_writer_save(w, path));
+  moe_st_writer_free(w);
+  moe_st *f;
+  ASSERT_OK(moe_st_open_lazy(&f, path));
+  moe_layer_config cb = c;
+  cb.external_experts = 1;
+  moe_layer_t lb;
+  ASSERT_OK(moe_layer_init(&lb, &cb));
+  memcpy(lb.params, full.params, lb.numel * 4);
+  moe_expert_cache *cache;
+  ASSERT_OK(moe_expert_cache_open(&cache, f, "experts.", &cb, 4, MOE_CACHE_LIFO));
+  ASSERT_OK(moe_layer_set_expert_cache(&lb, cache));
+  float x[16 * 8], y0[16 * 8], y1[16 * 8];
+  for (int i = 0; i < 16 * 8; i++) x[i] = (float)((i * 13) % 17) / 8.5f - 1.0f;
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s' && truncate -s 200 '%s'", path, save, path);
+  ASSERT_EQ_INT(system(cmd), 0);
+  ASSERT_STATUS(moe_layer_forward(&lb, x, 16, y1, NULL, NULL), MOE_ERR_IO);
+  ASSERT(strstr(moe_last_error(), "expert cache"));
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", save, path);
+  ASSERT_EQ_INT(system(cmd), 0);
+  ASSERT_OK(moe_layer_forward(&full, x, 16, y0, NULL, NULL));
+  ASSERT_OK(moe_layer_forward(&lb, x, 16, y1, NULL, NULL));
+  ASSERT(!memcmp(y0, y1, sizeof y0));
+  /* a cache opened for another layer shape is refused */
+  moe_layer_config other = cb;
+  other.H = 16;
+  moe_layer_t lo;
+  ASSERT_OK(moe_layer_init(&lo, &other));
+  ASSERT_STATUS(moe_layer_set_expert_cache(&lo, cache), MOE_ERR_SHAPE);
+  moe_layer_free(&lo);
+  moe_expert_cache_free(cache);
+  moe_layer_free(&lb);
+  moe_layer_free(&full);
+  moe_st_close(f);
+}

@@ -88,7 +88,7 @@ moe_status moe_dist_set_a2a(moe_dist *d, moe_a2a algo, int ranks_per_node) {
   if (ONE(d)) return MOE_OK;
   mpi_state *m = ST(d);
   free_grid(m);
-  m->algo = algo;
+  m->algo = MOE_A2A_LINEAR; /* until 2DH is fully set up */
   if (algo == MOE_A2A_LINEAR) return MOE_OK;
   int G = ranks_per_node;
   if (!G) { /* the real nodes: ranks sharing memory, which must be consecutive and equal in number */
@@ -105,6 +105,7 @@ moe_status moe_dist_set_a2a(moe_dist *d, moe_a2a algo, int ranks_per_node) {
   free(m->cnt);
   m->cnt = malloc(sizeof(int) * 8 * (size_t)d->size);
   MOE_TRY(m->cnt, MOE_ERR_NOMEM, "2DH all-to-all: out of memory");
+  m->algo = MOE_A2A_2DH;
   return MOE_OK;
 }
 

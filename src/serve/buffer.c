@@ -4,7 +4,7 @@
  * as far ahead as free or evictable slots allow, and each expert computes as soon as it is resident,
  * while the loader reads the next ones. Eviction: experts not active in this batch first, then by the
  * policy (LIFO as in the paper, LRU, FIFO) among those already computed; an active expert not yet
- * computed is never evicted. */
+ * computed is evicted only when K is smaller than the batch's active experts (it streams through). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +30,9 @@ struct moe_expert_cache {
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  int *q_expert, *q_slot, qhead, qlen, *ready, stop;
+  int *q_expert, *q_slot, qhead, qlen, *ready, stop; /* ready: 0 loading, 1 loaded, -1 failed */
+  int inflight;            /* the loader is reading a slot */
+  int D, H, act, bias;     /* the layer shape the cache was opened for */
   moe_status load_status;
   char load_error[512];
   moe_expert_cache_stats stats;
@@ -53,14 +55,16 @@ static void *loader(void *arg) {
     int e = c->q_expert[c->qhead], s = c->q_slot[c->qhead];
     c->qhead = (c->qhead + 1) % c->K;
     c->qlen--;
+    c->inflight = 1;
     pthread_mutex_unlock(&c->mu);
     moe_status st = load_expert(c, e, s); /* the copy runs while the caller computes */
     pthread_mutex_lock(&c->mu);
+    c->inflight = 0;
     if (st != MOE_OK && c->load_status == MOE_OK) {
       c->load_status = st;
       snprintf(c->load_error, sizeof c->load_error, "%s", moe_last_error());
     }
-    c->ready[s] = 1;
+    c->ready[s] = st == MOE_OK ? 1 : -1;
     pthread_cond_broadcast(&c->cv);
   }
   pthread_mutex_unlock(&c->mu);
@@ -78,6 +82,10 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
   c->f = f;
   c->E = l->E;
   c->K = K;
+  c->D = l->D;
+  c->H = l->H;
+  c->act = l->act;
+  c->bias = l->expert_bias;
   c->policy = p;
   const char *names[NT] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight"};
   int64_t D = l->D, H = l->H;
@@ -156,7 +164,7 @@ static int victim(const moe_expert_cache *c, const char *state, int need, int no
   int best = -1, best_class = 4;
   for (int s = 0; s < c->K; s++) {
     int e = c->slot_expert[s];
-    if (e >= 0 && !c->ready[s]) continue;
+    if (e >= 0 && c->ready[s] != 1) continue;
     int cls = e < 0 ? 0 : state[e] == 0 ? 1 : state[e] == 2 ? 2 : e > need ? 3 : 4; /* 0 inactive 1 to do 2 done */
     if (cls == 4 || (!now && cls > 1)) continue; /* loading ahead takes only free or idle slots */
     int better = cls < best_class;
@@ -213,13 +221,13 @@ moe_status moe__cache_forward(moe_layer_t *l) {
       pthread_cond_broadcast(&c->cv);
     }
     int e = order[i];
-    if (c->where[e] < 0 || !c->ready[c->where[e]]) { /* not yet: wait for a load to finish */
+    if (c->where[e] < 0 || c->ready[c->where[e]] != 1) { /* not yet: wait for a load to finish */
       pthread_cond_wait(&c->cv, &c->mu);
       continue;
     }
     /* compute the run of consecutive resident experts starting at i, unlocked: the loader goes on */
     int run = i;
-    while (run < n && c->where[order[run]] >= 0 && c->ready[c->where[order[run]]]) {
+    while (run < n && c->where[order[run]] >= 0 && c->ready[c->where[order[run]]] == 1) {
       int ej = order[run++];
       const float *base = c->slots + (size_t)c->where[ej] * c->slot_floats;
       w[ej] = (moe__expert_w){base + c->off[0], c->v[1].name ? base + c->off[1] : NULL, base + c->off[2],
@@ -234,12 +242,19 @@ moe_status moe__cache_forward(moe_layer_t *l) {
     i = run;
   }
   moe_status st = c->load_status;
-  if (st != MOE_OK) {
-    c->load_status = MOE_OK; /* reported once; the slot that failed is forgotten */
+  char msg[sizeof c->load_error];
+  if (st != MOE_OK) { /* let queued loads finish, then forget every slot that is not loaded */
+    while (c->qlen || c->inflight) pthread_cond_wait(&c->cv, &c->mu);
     for (int v = 0; v < c->K; v++)
-      if (!c->ready[v] && c->slot_expert[v] >= 0) c->where[c->slot_expert[v]] = -1, c->slot_expert[v] = -1;
+      if (c->ready[v] != 1 && c->slot_expert[v] >= 0) c->where[c->slot_expert[v]] = -1, c->slot_expert[v] = -1;
+    snprintf(msg, sizeof msg, "%s", c->load_error);
+    c->load_status = MOE_OK; /* reported once */
   }
   pthread_mutex_unlock(&c->mu);
-  MOE_TRY(st == MOE_OK, st, "expert cache: %s", c->load_error);
+  MOE_TRY(st == MOE_OK, st, "expert cache: %s", msg);
   return MOE_OK;
+}
+
+int moe__cache_fits(const moe_expert_cache *c, const moe_layer_config *l) {
+  return c->E == l->E && c->D == l->D && c->H == l->H && c->act == (int)l->act && c->bias == l->expert_bias;
 }

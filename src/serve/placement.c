@@ -162,6 +162,7 @@ moe_status moe_placement_eval(const moe_trace *t, int layer, int64_t s0, int64_t
 }
 
 moe_status moe_placement_load(const char *path, int layer, int experts, int devices, int *expert_device) {
+  MOE_TRY(path && expert_device && devices > 0 && experts > 0, MOE_ERR_ARG, "moe_placement_load: bad arguments");
   FILE *fp = fopen(path, "rb");
   MOE_TRY(fp, MOE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
   char *text = NULL;
@@ -179,13 +180,17 @@ moe_status moe_placement_load(const char *path, int layer, int experts, int devi
   moe_status st = MOE_OK;
   const cJSON *dv = cJSON_GetObjectItemCaseSensitive(root, "devices");
   const cJSON *layers = cJSON_GetObjectItemCaseSensitive(root, "layers"), *found = NULL, *it;
-  if (!cJSON_IsNumber(dv) || dv->valueint != devices)
+  if (!cJSON_IsNumber(dv) || dv->valuedouble != devices)
     st = moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: \"devices\" is not %d (the ranks of this run)", path,
                     devices);
   const cJSON *none = NULL, *ls = cJSON_IsArray(layers) ? layers : none;
   cJSON_ArrayForEach(it, ls) {
     const cJSON *l = cJSON_GetObjectItemCaseSensitive(it, "layer");
-    if (cJSON_IsNumber(l) && l->valueint == layer) found = cJSON_GetObjectItemCaseSensitive(it, "expert_device");
+    if (cJSON_IsNumber(l) && l->valuedouble == layer) {
+      if (found && st == MOE_OK)
+        st = moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: layer %d appears twice", path, layer);
+      found = cJSON_GetObjectItemCaseSensitive(it, "expert_device");
+    }
   }
   if (st == MOE_OK && (!cJSON_IsArray(found) || cJSON_GetArraySize(found) != experts))
     st = moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: no \"expert_device\" of %d experts for layer %d", path,
