@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "train_cache.h"
 #include "train_capacity.h"
 #include "train_data.h"
 
@@ -23,6 +24,8 @@ typedef struct {
   int json, log_steps, epochs, stop_after, batch, warmup, augment, threads;
   int dynamic_capacity, delta_launch; /* --capacity dynamic: per-expert capacities through RECOMPILE */
   float headroom;
+  int cache_assignments;  /* --cache-assignments: DynaMoE's sample-assignment caching */
+  assign_cache_opts cache;
   float lr;
   uint64_t seed;
   moe_model_config model;
@@ -35,6 +38,7 @@ static void usage(void) {
     "       [--hier-experts E2 [--hier-top-k K2]]   (hierarchical MoE: each expert an MoE of E2 experts)\n"
     "       [--capacity X|dynamic [--delta-launch N] [--headroom H]] [--dispatch dynamic|static]\n"
     "       [--priority index|score] [--router linear|cosine]\n"
+    "       [--cache-assignments [--cache-on 0.96] [--cache-off 0.90] [--cache-min-epoch 10]]\n"
     "       [--activation relu|gelu|silu|swiglu] [--loss cooperation|specification]\n"
     "       [--aux-weight W] [--z-weight W] [--optimizer adam|sgd] [--lr LR] [--weight-decay W]\n"
     "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
@@ -53,6 +57,7 @@ static void defaults(train_opts *o) {
   o->lr = 2e-3f;
   o->delta_launch = 2;
   o->headroom = 0.25f;
+  o->cache = (assign_cache_opts){.on = 0.96f, .off = 0.90f, .min_epoch = 10};
   o->seed = 1;
   moe_model_config_default(&o->model);
   o->model.moe.D = 128;
@@ -72,6 +77,7 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
     const char *f = argv[i];
     if (cli_flag_is(f, "json")) { o->json = 1; continue; }
     if (cli_flag_is(f, "log_steps")) { o->log_steps = 1; continue; }
+    if (cli_flag_is(f, "cache_assignments")) { o->cache_assignments = 1; continue; }
     if (i + 1 >= argc) { usage(); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
     const char *v = argv[++i];
     int ok = 1, is_arch = 1;
@@ -113,6 +119,9 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
       else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
       else if (cli_flag_is(f, "delta_launch")) ok = cli_parse_int(v, &o->delta_launch) && o->delta_launch >= 0 && o->delta_launch < 60;
       else if (cli_flag_is(f, "headroom")) ok = cli_parse_float(v, &o->headroom) && o->headroom >= 0 && o->headroom <= 10;
+      else if (cli_flag_is(f, "cache_on")) ok = cli_parse_float(v, &o->cache.on) && o->cache.on >= 0 && o->cache.on <= 1;
+      else if (cli_flag_is(f, "cache_off")) ok = cli_parse_float(v, &o->cache.off) && o->cache.off >= 0 && o->cache.off <= 1;
+      else if (cli_flag_is(f, "cache_min_epoch")) ok = cli_parse_int(v, &o->cache.min_epoch) && o->cache.min_epoch >= 0;
       else if (cli_flag_is(f, "seed")) {
         char *end;
         errno = 0;
@@ -203,6 +212,11 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   dyncap *dc = NULL;
   if (!rc && o->dynamic_capacity && dyncap_start(&dc, m, b1 - b0, o->delta_launch, o->headroom))
     rc = cli_fail(CMD);
+  assign_cache *ac = NULL;
+  if (!rc && o->cache_assignments && (W > 1 || assign_cache_new(&ac, m, train->n, &o->cache)))
+    rc = cli_usage_error(CMD, "--cache-assignments: %s", W > 1 ? "not supported under mpirun yet" : "out of memory");
+  int caching = 0;
+  double frac_same = -1;
   for (int epoch = start_epoch; epoch < last && !rc; epoch++) {
     epoch_acc a = {0};
     double t0 = cli_now();
@@ -210,6 +224,8 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     for (int s = 0; s < steps && !interrupted; s++, step++) {
       train_batch_fill(&tb, s);
       if (dc && dyncap_begin(dc, m, step)) { rc = cli_fail(CMD); break; }
+      const int32_t *ids = tb.perm + (size_t)s * B + b0;
+      if (ac && assign_cache_before(ac, m, ids, b1 - b0)) { rc = cli_fail(CMD); break; }
       moe_model_stats st;
       moe_model_zero_grad(m);
       if (moe_model_forward(m, tb.x + (size_t)b0 * F, tb.y + b0, b1 - b0, &st) || moe_model_backward(m)) {
@@ -218,6 +234,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       }
       moe_optim_step(opt, m, moe_lr_schedule(o->lr, step, warmup, total));
       accumulate(&a, m, &st, B);
+      if (ac) assign_cache_after(ac, m, ids, b1 - b0);
       if (dc && dyncap_push(dc, m, step, st.loss)) { rc = cli_fail(CMD); break; }
       if (tw.f && trace_step(&tw, m, step) != MOE_OK) { rc = cli_usage_error(CMD, "%s: write error", o->trace); break; }
       if (tty && (s % 8 == 0 || s == steps - 1)) progress(epoch + 1, o->epochs, s + 1, steps, &a, (s + 1) / (cli_now() - t0));
@@ -230,6 +247,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       break;
     }
     if (tty) fprintf(stderr, "\n");
+    if (ac) frac_same = assign_cache_epoch(ac, epoch, &caching);
     double loss = a.loss / a.seen, acc = (double)a.correct / a.seen, aux = a.aux / a.steps;
     double drop = a.assigned ? (double)a.dropped / a.assigned : 0, load = a.load_ratio / a.steps;
     if (o->json)
@@ -239,6 +257,8 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     else
       printf("epoch %d/%d: loss %.4f train_acc %.4f aux %.4f dropped %.4f max/mean load %.2f %.1f steps/s "
              "test_acc %.4f\n", epoch + 1, o->epochs, loss, acc, aux, drop, load, rate, test_acc);
+    if (ac && !o->json) printf("  samples not reassigned since the last epoch: %.4f; caching %s\n", frac_same, caching ? "on" : "off");
+    if (ac && o->json) printf("{\"epoch\": %d, \"frac_same\": %.4f, \"caching\": %d}\n", epoch + 1, frac_same, caching);
     fflush(stdout);
     if (o->checkpoint) {
       moe_train_state ts = {.epoch = epoch + 1, .step = step, .seed = o->seed};
@@ -251,6 +271,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (dc && !rc) dyncap_report(dc, o->json ? stderr : stdout);
   if (dc && test_acc < 0 && !rc && !interrupted && dyncap_for_batch(dc, m, 500)) rc = cli_fail(CMD);
   dyncap_free(dc);
+  assign_cache_free(ac);
   if (rc) return rc;
   if (interrupted) {
     fprintf(stderr, "\nmoe train: interrupted at step %lld; %s\n", (long long)step,

@@ -194,6 +194,8 @@ typedef struct moe_layer {
   struct moe_layer *inner; /* (E) inner layers, or NULL */
   struct moe_expert_cache *cache; /* serving: where the experts' weights come from, or NULL */
   int32_t *expert_capacity;       /* (E) per-expert capacities for static dispatch, or NULL */
+  const int32_t *cached;          /* (T, k) experts for the next forward only, or NULL */
+  int cached_T;
   int nparams;
   moe_param_info info[10];
   size_t numel;  /* total parameter floats */
@@ -211,6 +213,8 @@ typedef struct {
   const int32_t *expert_counts; /* (E) assignments per expert before dropping; valid until next forward */
   const int32_t *experts;       /* (T, k) expert of each slot, slot 0 the most probable */
   const float *weights;         /* (T, k) combine weights (after normalize_topk) */
+  const int32_t *fresh;         /* (T, k) the router's own top-k, which differs from experts under
+                                   sample-assignment caching */
 } moe_layer_stats;
 
 moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg);
@@ -226,6 +230,11 @@ moe_status moe_layer_set_top_k(moe_layer_t *l, int k);
  * overriding capacity_setting; NULL returns to capacity_setting. Copied. Only the workspace whose
  * size changes is reallocated, at the next forward; weights are untouched. */
 moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap);
+/* DynaMoE 4.2, sample-assignment caching: the next forward (only) sends token t's slot j to expert
+ * experts[t k + j] (checked: ids in range, distinct per token) instead of the router's top-k; the
+ * combine weights are still the gate's probabilities of those experts. The array must stay valid until
+ * that forward. stats.fresh reports what the router chose, for the cache of the next epoch. */
+moe_status moe_layer_set_cached_experts(moe_layer_t *l, const int32_t *experts, int T);
 /* Changes threads for later calls (0 = all cores). */
 void moe_layer_set_threads(moe_layer_t *l, int threads);
 

@@ -18,7 +18,7 @@ size_t moe__gate_bytes(const moe_layer_t *l, int T, int k) {
   b += moe__arena_size(t * 4) * 2;                 /* lse, order */
   b += moe__arena_size(t * 8);                     /* route.c: priority sort keys */
   b += moe__arena_size((2 * E + 2) * sizeof(double)); /* loss sums */
-  b += 5 * moe__arena_size(tk * 4);                /* top_e, top_p, top_w, row, dw */
+  b += 6 * moe__arena_size(tk * 4);                /* top_e, top_p, top_w, row, dw, fresh */
   b += 5 * moe__arena_size((E + 1) * 4);           /* counts, kept, offs, fill, frac1 */
   if (l->cfg.router == MOE_ROUTER_COSINE)          /* proj, dproj, norms, emb, demb */
     b += 2 * moe__arena_size(t * P * 4) + moe__arena_size(t * 4) + 2 * moe__arena_size(E * P * 4) +
@@ -120,6 +120,7 @@ moe_status moe__gate_forward(moe_layer_t *l, const float *x, int T, int k) {
   s->top_p = moe__arena_alloc(a, tk * 4);
   s->top_w = moe__arena_alloc(a, tk * 4);
   s->row = moe__arena_alloc(a, tk * 4);
+  s->fresh = moe__arena_alloc(a, tk * 4);
   s->counts = moe__arena_alloc(a, (size_t)(E + 1) * 4);
   s->kept = moe__arena_alloc(a, (size_t)(E + 1) * 4);
   s->offs = moe__arena_alloc(a, (size_t)(E + 1) * 4);
@@ -141,6 +142,20 @@ moe_status moe__gate_forward(moe_layer_t *l, const float *x, int T, int k) {
   for (int t = 0; t < T; t++)
     route_token(s->logits + (size_t)t * E, s->probs + (size_t)t * E, s->lse + t, E, k, norm,
                 s->top_e + (size_t)t * k, s->top_p + (size_t)t * k, s->top_w + (size_t)t * k);
+  memcpy(s->fresh, s->top_e, (size_t)T * k * 4); /* the router's own choice, for the caller's record */
+  if (l->cached) { /* sample-assignment caching: the experts come from the cache, the weights from the gate */
+    for (int t = 0; t < T; t++) {
+      int32_t *te = s->top_e + (size_t)t * k;
+      float *tp = s->top_p + (size_t)t * k, *tw = s->top_w + (size_t)t * k, sum = 0;
+      for (int j = 0; j < k; j++) {
+        te[j] = l->cached[(size_t)t * k + j];
+        tp[j] = s->probs[(size_t)t * E + te[j]];
+        sum += tp[j];
+      }
+      for (int j = 0; j < k; j++) tw[j] = norm ? tp[j] / sum : tp[j];
+    }
+    l->cached = NULL; /* one forward */
+  }
   /* losses from sums in double, in token order (the bits do not depend on the thread count), summed
    * over the ranks when expert-parallel: the balance loss and the z-loss are over all tokens */
   int E2 = 2 * E + 2;

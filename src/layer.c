@@ -121,6 +121,21 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
   return MOE_OK;
 }
 
+moe_status moe_layer_set_cached_experts(moe_layer_t *l, const int32_t *experts, int T) {
+  int k = l->cfg.top_k, E = l->cfg.E;
+  for (int t = 0; experts && t < T; t++)
+    for (int j = 0; j < k; j++) {
+      int32_t e = experts[(size_t)t * k + j];
+      MOE_TRY(e >= 0 && e < E, MOE_ERR_ARG, "cached expert %d of token %d is not in [0, %d)", e, t, E);
+      for (int i = 0; i < j; i++)
+        MOE_TRY(experts[(size_t)t * k + i] != e, MOE_ERR_ARG, "token %d has expert %d twice in its cached experts", t, e);
+    }
+  MOE_TRY(!experts || !l->cfg.dist, MOE_ERR_ARG, "sample-assignment caching is not supported with expert parallelism yet");
+  l->cached = experts;
+  l->cached_T = T;
+  return MOE_OK;
+}
+
 moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap) {
   if (!cap) {
     free(l->expert_capacity);
@@ -268,6 +283,8 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_TRY(T >= 0, MOE_ERR_ARG, "moe_layer_forward: T must be >= 0, got %d", T);
   MOE_TRY(T == 0 || (x && y), MOE_ERR_ARG, "moe_layer_forward: x and y must not be NULL");
   MOE_TRY(!l->cfg.external_experts || l->cache, MOE_ERR_STATE, "moe_layer_forward: the layer's experts need an expert cache");
+  MOE_TRY(!l->cached || l->cached_T == T, MOE_ERR_ARG, "moe_layer_forward: cached experts for %d tokens, got %d",
+          l->cached_T, T);
   moe__layer_state *s = l->st;
   int D = l->cfg.D, k = l->cfg.top_k;
   s->have_fwd = 0;
@@ -336,6 +353,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     stats->dropped = s->dropped;
     stats->expert_counts = ep ? s->gcounts : s->counts;
     stats->experts = s->top_e;
+    stats->fresh = s->fresh;
     stats->weights = s->top_w;
   }
   return MOE_OK;

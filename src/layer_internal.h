@@ -34,6 +34,7 @@ struct moe__layer_state {
   float *emb;       /* (E, P) cosine: normalized expert embeddings */
   float *emb_norm;  /* (E) */
   int32_t *top_e;   /* (T, k) expert of slot j */
+  int32_t *fresh;   /* (T, k) the router's own top-k (differs from top_e under caching) */
   float *top_p;     /* (T, k) its probability */
   float *top_w;     /* (T, k) combine weight (normalized or not) */
   int32_t *row;     /* (T, k) row in the expert buffers, -1 if dropped */

@@ -150,3 +150,52 @@ TEST(recompile_expert_capacity) {
   int32_t big[3] = {40, 1, 8};
   ASSERT_EQ_INT(moe_dynamic_capacity(need, big, 3, 0.1f, out), 1); /* 40 > 10 * 1.2 + 1 */
 }
+
+/* Sample-assignment caching: feeding the router's own choices back as the cache gives the same
+ * outputs and gradients bit for bit (static and dynamic); other cached experts are followed, with
+ * the gate's probabilities as weights; bad caches are refused. */
+TEST(recompile_cached_assignments) {
+  for (int d = 0; d < 2; d++) {
+    moe_layer_config c;
+    moe_layer_config_default(&c);
+    c.D = 8; c.H = 12; c.E = 5; c.top_k = 2; c.dispatch = (moe_dispatch)d; c.threads = 1;
+    moe_layer_t l;
+    ASSERT_OK(moe_layer_init(&l, &c));
+    moe_layer_init_params(&l, 6);
+    enum { T = 20 };
+    float x[T * 8], y0[T * 8], y1[T * 8], dx0[T * 8], dx1[T * 8];
+    for (int i = 0; i < T * 8; i++) x[i] = (float)((i * 29) % 23) / 11.5f - 1.0f;
+    moe_layer_stats st;
+    ASSERT_OK(moe_layer_forward(&l, x, T, y0, NULL, &st));
+    int32_t fresh[T * 2];
+    memcpy(fresh, st.fresh, sizeof fresh);
+    moe_layer_zero_grad(&l);
+    ASSERT_OK(moe_layer_backward(&l, y0, 0.1f, 0.0f, NULL, NULL, dx0));
+    float *g0 = malloc(l.numel * 4);
+    memcpy(g0, l.grads, l.numel * 4);
+    ASSERT_OK(moe_layer_set_cached_experts(&l, fresh, T));
+    ASSERT_OK(moe_layer_forward(&l, x, T, y1, NULL, &st));
+    moe_layer_zero_grad(&l);
+    ASSERT_OK(moe_layer_backward(&l, y0, 0.1f, 0.0f, NULL, NULL, dx1));
+    ASSERT(!memcmp(y0, y1, sizeof y0) && !memcmp(dx0, dx1, sizeof dx0) && !memcmp(g0, l.grads, l.numel * 4));
+    free(g0);
+    int32_t other[T * 2];
+    for (int t = 0; t < T; t++) other[t * 2] = 4, other[t * 2 + 1] = 3; /* everyone to experts 4 and 3 */
+    ASSERT_OK(moe_layer_set_cached_experts(&l, other, T));
+    ASSERT_OK(moe_layer_forward(&l, x, T, y1, NULL, &st));
+    ASSERT_EQ_INT(st.expert_counts[4], T);
+    ASSERT_EQ_INT(st.expert_counts[3], T);
+    ASSERT(!memcmp(st.fresh, fresh, sizeof fresh)); /* the router's choice is still reported */
+    ASSERT_OK(moe_layer_forward(&l, x, T, y1, NULL, &st)); /* one forward only: the router again */
+    ASSERT(!memcmp(st.experts, fresh, sizeof fresh));
+    int32_t bad[T * 2];
+    memcpy(bad, fresh, sizeof bad);
+    bad[3] = 7;
+    ASSERT_STATUS(moe_layer_set_cached_experts(&l, bad, T), MOE_ERR_ARG);
+    bad[3] = bad[2];
+    ASSERT_STATUS(moe_layer_set_cached_experts(&l, bad, T), MOE_ERR_ARG);
+    ASSERT_OK(moe_layer_set_cached_experts(&l, fresh, T));
+    ASSERT_STATUS(moe_layer_forward(&l, x, T - 1, y1, NULL, &st), MOE_ERR_ARG);
+    moe_layer_free(&l);
+  }
+}

@@ -206,3 +206,29 @@ TEST(train_dynamic_capacity) {
   ASSERT(recompiles >= 1);
   ASSERT(acc > 0.5);
 }
+
+/* --cache-assignments: frac_same is reported from the second epoch on; with thresholds that let it,
+ * caching switches on at the minimum epoch and training goes on with the cached assignments. */
+TEST(train_assignment_caching) {
+  const char *data_dir = synth_data_dir();
+  char args[3000], out[512], err[2048];
+  test_tmp_path("cache.txt", out, sizeof out);
+  snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 4 --cache-assignments --cache-on 0 --cache-off 0 "
+           "--cache-min-epoch 2 --json", data_dir);
+  ASSERT_EQ_INT(moe(args, out, err, sizeof err), 0);
+  char *txt = slurp(out, NULL);
+  ASSERT(txt);
+  int on_at = -1, first_metric = -1;
+  for (char *l = strtok(txt, "\n"); l; l = strtok(NULL, "\n")) {
+    int ep, cach;
+    double fs;
+    if (sscanf(l, "{\"epoch\": %d, \"frac_same\": %lf, \"caching\": %d}", &ep, &fs, &cach) == 3) {
+      if (fs >= 0 && first_metric < 0) first_metric = ep;
+      if (cach && on_at < 0) on_at = ep;
+      if (fs >= 0) ASSERT(fs <= 1.0);
+    }
+  }
+  free(txt);
+  ASSERT_EQ_INT(first_metric, 2);
+  ASSERT_EQ_INT(on_at, 2);
+}
