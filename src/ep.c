@@ -11,22 +11,15 @@
  * would; the owners of each expert sum the ranks' buffers (a reduce-scatter: slots are disjoint),
  * and every rank gathers all expert outputs for its combine (an all-gather). */
 #include <string.h>
-#include <time.h>
 
 #include "dist/dist.h"
 #include "layer_internal.h"
 
 static int world(const moe_layer_t *l) { return moe_dist_size(l->cfg.dist); }
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 /* Books one exchange: its time since t0 and the bytes this rank sent to others. */
 static void book(moe_layer_t *l, double t0, double bytes) {
-  l->st->comm.seconds += now() - t0;
+  l->st->comm.seconds += moe__now() - t0;
   l->st->comm.bytes += bytes;
   l->st->comm.exchanges++;
 }
@@ -54,7 +47,7 @@ moe_status moe__ep_sizes(moe_layer_t *l) {
     sc[q] = rcn[q] = El;
     sd[q] = rd[q] = q * El;
   }
-  double t0 = now();
+  double t0 = moe__now();
   MOE_CHECK(moe__dist_alltoallv_i32(l->cfg.dist, s->kept, sc, sd, s->rc, rcn, rd)); /* 1. sizes */
   book(l, t0, 4.0 * El * (W - 1));
   int *srows = s->ex, *sdisp = s->ex + W, *rrows = s->ex + 2 * W, *rdisp = s->ex + 3 * W;
@@ -124,7 +117,7 @@ moe_status moe__ep_scatter(moe_layer_t *l, const float *rows, float *g) {
   int *cn = W <= 64 ? c : NULL;
   MOE_TRY(cn, MOE_ERR_ARG, "expert parallelism supports up to 64 ranks, got %d", W);
   scaled(l, 0, cn);
-  double t0 = now(), sent = 0;
+  double t0 = moe__now(), sent = 0;
   for (int q = 0; q < W; q++) sent += q == moe_dist_rank(l->cfg.dist) ? 0 : 4.0 * cn[q];
   MOE_CHECK(moe__dist_alltoallv_f32(l->cfg.dist, rows, cn, cn + W, s->xr, cn + 2 * W, cn + 3 * W)); /* 2. */
   book(l, t0, sent);
@@ -143,7 +136,7 @@ moe_status moe__ep_gather(moe_layer_t *l, float *g, float *rows) {
   for (int i = 0; i < s->grows; i++)
     memcpy(stage + (size_t)s->perm[i] * D, g + (size_t)i * D, (size_t)D * 4);
   scaled(l, 1, c);
-  double t0 = now(), sent = 0;
+  double t0 = moe__now(), sent = 0;
   for (int q = 0; q < W; q++) sent += q == moe_dist_rank(l->cfg.dist) ? 0 : 4.0 * c[q];
   MOE_CHECK(moe__dist_alltoallv_f32(l->cfg.dist, stage, c, c + W, rows, c + 2 * W, c + 3 * W));
   book(l, t0, sent);
@@ -176,7 +169,7 @@ size_t moe__ep_static_route_bytes(const moe_layer_t *l) {
 
 moe_status moe__ep_static_scatter(moe_layer_t *l, const float *rows, float *g) {
   int n = l->st->grows * l->cfg.D, W = world(l);
-  double t0 = now();
+  double t0 = moe__now();
   MOE_CHECK(moe__dist_reduce_scatter_f32(l->cfg.dist, rows, g, n));
   book(l, t0, 4.0 * n * (W - 1)); /* every other owner's block of the (E, C, D) buffer */
   return MOE_OK;
@@ -184,7 +177,7 @@ moe_status moe__ep_static_scatter(moe_layer_t *l, const float *rows, float *g) {
 
 moe_status moe__ep_static_gather(moe_layer_t *l, const float *g, float *rows) {
   int n = l->st->grows * l->cfg.D, W = world(l);
-  double t0 = now();
+  double t0 = moe__now();
   MOE_CHECK(moe__dist_allgather_f32(l->cfg.dist, g, rows, n));
   book(l, t0, 4.0 * n * (W - 1)); /* this owner's block, to every other rank */
   return MOE_OK;

@@ -4,10 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gemm.h"
-#include "moe.h"
+#include "internal.h"
 
 /* Tiles per thread: enough to balance experts of different sizes, few enough to keep tiles large. */
 #define TILES_PER_THREAD 4
@@ -120,12 +119,6 @@ const char *moe_blas_better_coretype(void) {
   return avx512 && !has512 ? "SKYLAKEX" : NULL;
 }
 
-static double seconds(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 double moe_sgemm_gflops(int n, int threads, int reps) {
   size_t nn = (size_t)n * n;
   float *a = aligned_alloc(64, nn * 4), *b = aligned_alloc(64, nn * 4), *c = aligned_alloc(64, nn * 4);
@@ -134,9 +127,9 @@ double moe_sgemm_gflops(int n, int threads, int reps) {
     for (size_t i = 0; i < nn; i++) a[i] = b[i] = (float)(i % 17) * 0.01f;
     openblas_set_num_threads(moe__threads(threads));
     for (int r = 0; r < reps + 1; r++) { /* the first run warms caches and threads */
-      double t0 = seconds();
+      double t0 = moe__now();
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-      double g = 2.0 * n * (double)n * n / (seconds() - t0) / 1e9;
+      double g = 2.0 * n * (double)n * n / (moe__now() - t0) / 1e9;
       if (r > 0 && g > best) best = g;
     }
   }

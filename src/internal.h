@@ -3,11 +3,20 @@
 #ifndef MOE_INTERNAL_H
 #define MOE_INTERNAL_H
 
+#include <time.h>
+
 #include "moe.h"
 
 /* Records the message as the thread's last error and returns st (file and line are for debuggers). */
 moe_status moe__error(moe_status st, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* Seconds on a monotonic clock (timing of exchanges, stalls, the sgemm probe). */
+static inline double moe__now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
 
 /* splitmix64: a tiny, well-mixed generator, so that initialization depends only on the seed. */
 static inline uint64_t moe__splitmix(uint64_t *s) {

@@ -7,6 +7,16 @@
 
 #include "test.h"
 
+/* Writes l's parameters and options to path. */
+static moe_status save_layer(const moe_layer_t *l, const char *path) {
+  moe_st_writer *w;
+  moe_status st = moe_st_writer_new(&w);
+  if (st == MOE_OK) st = moe_layer_save_params(l, w);
+  if (st == MOE_OK) st = moe_st_writer_save(w, path);
+  moe_st_writer_free(w);
+  return st;
+}
+
 TEST(buffer_equals_all_resident) {
   moe_layer_config c;
   moe_layer_config_default(&c);
@@ -18,11 +28,7 @@ TEST(buffer_equals_all_resident) {
   for (int i = 0; i < c.E * c.D; i++) g[i] *= 4.0f; /* uneven routing: some experts idle per batch */
   char path[512];
   test_tmp_path("buffer_w.safetensors", path, sizeof path);
-  moe_st_writer *w;
-  ASSERT_OK(moe_st_writer_new(&w));
-  ASSERT_OK(moe_layer_save_params(&full, w));
-  ASSERT_OK(moe_st_writer_save(w, path));
-  moe_st_writer_free(w);
+  ASSERT_OK(save_layer(&full, path));
   moe_st *f;
   ASSERT_OK(moe_st_open_lazy(&f, path));
   enum { T = 12, BATCHES = 6 };
@@ -173,11 +179,7 @@ TEST(buffer_recovers_from_a_failed_load) {
   char path[512], save[600];
   test_tmp_path("buffer_fail.safetensors", path, sizeof path);
   snprintf(save, sizeof save, "%s.keep", path);
-  moe_st_writer *w;
-  ASSERT_OK(moe_st_writer_new(&w));
-  ASSERT_OK(moe_layer_save_params(&full, w));
-  ASSERT_OK(moe_st_writer_save(w, path));
-  moe_st_writer_free(w);
+  ASSERT_OK(save_layer(&full, path));
   moe_st *f;
   ASSERT_OK(moe_st_open_lazy(&f, path));
   moe_layer_config cb = c;

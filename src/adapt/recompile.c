@@ -6,7 +6,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "internal.h"
 
@@ -35,12 +34,6 @@ struct moe_recompile {
   int32_t *current_cap;
   moe_recompile_stats stats;
 };
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static void *trigger_loop(void *arg) {
   moe_recompile *r = arg;
@@ -148,11 +141,11 @@ moe_status moe_recompile_begin(moe_recompile *r, int64_t i, const moe_adjustment
   pthread_mutex_lock(&r->mu);
   int64_t due = i - r->delta - 1; /* metrics of iterations <= due must have been seen by now */
   if ((r->running >= 0 && r->running <= due) || (r->has_pending && r->pending.iter <= due)) {
-    double t0 = now();
+    double t0 = moe__now();
     r->stats.stalls++;
     while ((r->running >= 0 && r->running <= due) || (r->has_pending && r->pending.iter <= due))
       pthread_cond_wait(&r->cv, &r->mu);
-    r->stats.stall_seconds += now() - t0;
+    r->stats.stall_seconds += moe__now() - t0;
   }
   *has = 0;
   for (int k = 0; k < r->nres;) { /* every adjustment due by now, oldest first, merged */
