@@ -47,6 +47,17 @@ typedef enum { MOE_DT_F32, MOE_DT_I32, MOE_DT_BF16, MOE_DT_F16, MOE_DT_F64, MOE_
 const char *moe_dtype_name(moe_dtype dt); /* "F32" as in safetensors */
 size_t moe_dtype_size(moe_dtype dt);
 
+/* bfloat16, the upper half of a float32 (uint16_t bits). To bf16 rounds to nearest even, as
+ * PyTorch's .to(torch.bfloat16); NaN stays NaN. To f32 is exact. */
+void moe_bf16_from_f32(uint16_t *dst, const float *src, size_t n);
+void moe_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
+/* The experts' compute dtype from "f32" or "bf16" (MOE_ERR_ARG naming `field` otherwise), and back. */
+moe_status moe_dtype_parse(const char *s, const char *field, moe_dtype *out);
+const char *moe_compute_dtype_name(moe_dtype dt);
+/* 1 when bf16 GEMMs run on the CPU's AVX512-BF16 instructions; 0 when this CPU (or DNNL_MAX_CPU_ISA)
+ * lacks them and they take a correct but slower path (said once on stderr when first used). */
+int moe_bf16_native(void);
+
 #define MOE_MAX_DIMS 8
 typedef struct {
   const char *name;
@@ -74,6 +85,10 @@ moe_status moe_st_at(const moe_st *f, int i, moe_tensor_view *v); /* i in [0, co
 /* Returns MOE_ERR_MISSING (message names tensor and file) when absent. */
 moe_status moe_st_get(const moe_st *f, const char *name, moe_tensor_view *v);
 int moe_st_has(const moe_st *f, const char *name);
+/* Values [off, off + n) of an F32 or BF16 tensor (loaded, not lazy) as float32; MOE_ERR_DTYPE naming
+ * file and tensor for other dtypes. moe_st_get_f32: the whole tensor `name`, which must hold n values. */
+moe_status moe_st_view_f32(const moe_st *f, const moe_tensor_view *v, size_t off, size_t n, float *dst);
+moe_status moe_st_get_f32(const moe_st *f, const char *name, float *dst, size_t n);
 /* __metadata__ string value or NULL. */
 const char *moe_st_meta(const moe_st *f, const char *key);
 
@@ -83,6 +98,9 @@ void moe_st_writer_free(moe_st_writer *w);
 /* data is copied. shape has ndim entries. */
 moe_status moe_st_writer_add(moe_st_writer *w, const char *name, moe_dtype dt, int ndim,
                              const int64_t *shape, const void *data);
+/* Adds float32 data stored as dt: MOE_DT_F32, or MOE_DT_BF16 (rounded to nearest even). Copied. */
+moe_status moe_st_writer_add_f32(moe_st_writer *w, const char *name, moe_dtype dt, int ndim, const int64_t *shape,
+                                 const float *data);
 moe_status moe_st_writer_meta(moe_st_writer *w, const char *key, const char *value);
 /* Writes path.tmp.<pid>, flushes and fsyncs it, then renames it to path. */
 moe_status moe_st_writer_save(moe_st_writer *w, const char *path);
@@ -161,6 +179,9 @@ typedef struct {
                              experts [rank*E/W, (rank+1)*E/W); NULL = one process */
   int external_experts;   /* serving: no expert tensors in the layer; their weights come through an
                              expert cache (moe_layer_set_expert_cache); forward only */
+  moe_dtype dtype;        /* the experts' GEMMs: MOE_DT_F32 (default), or MOE_DT_BF16: bf16 weights
+                             and GEMM inputs, fp32 accumulation and outputs; the fp32 parameters stay
+                             the master copy (see moe_layer_params_changed) */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on. */
@@ -225,6 +246,10 @@ float *moe_layer_param(moe_layer_t *l, const char *name);      /* NULL if the la
 float *moe_layer_grad(moe_layer_t *l, const char *name);
 const moe_param_info *moe_layer_param_find(const moe_layer_t *l, const char *name);
 void moe_layer_zero_grad(moe_layer_t *l);
+/* Tells a bf16 layer that its fp32 parameters changed (an optimizer step, a write through
+ * moe_layer_param): the bf16 copies of the expert weights are made again before the next forward.
+ * moe_layer_init_params and moe_layer_load call it; any other writer must. */
+void moe_layer_params_changed(moe_layer_t *l);
 moe_status moe_layer_set_top_k(moe_layer_t *l, int k);
 /* DynaMoE's per-expert capacities (static dispatch): expert e keeps at most cap[e] assignments,
  * overriding capacity_setting; NULL returns to capacity_setting. Copied. Only the workspace whose
@@ -276,6 +301,7 @@ typedef struct {
   int normalize_topk;     /* -2 unset, -1 auto, 0, 1 */
   int act, dispatch, priority, router; /* -1 unset */
   int threads;            /* -1 unset */
+  int dtype;              /* -1 unset, else a moe_dtype (F32 or BF16): the experts' compute dtype */
   const moe_dist *dist;   /* NULL unset: expert-parallel over these ranks (the file holds all experts) */
   const int32_t *expert_order; /* NULL unset: the layer's expert p is the file's expert order[p] (E
                                   entries, a permutation), e.g. so that a placement's experts for rank

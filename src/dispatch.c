@@ -49,7 +49,7 @@ moe_status moe__dispatch_forward(moe_layer_t *l) {
       s->comb[(size_t)t * ec + r] = s->top_w[(size_t)t * k + j];
     }
   /* xs (E*C, D) = mask^T (E*C, T) x (T, D) */
-  moe__gemm g = {true, false, ec, D, T, 1.0f, 0.0f, s->mask, ec, s->x, D, s->xs, D};
+  moe__gemm g = {true, false, ec, D, T, 1.0f, 0.0f, s->mask, ec, s->x, D, s->xs, D, false};
   moe__gemm_run(&g, 1, nt);
   return MOE_OK;
 }
@@ -72,7 +72,7 @@ void moe__combine_forward(moe_layer_t *l, float *y, float *spec) {
   if (spec) write_spec(l, spec);
   if (l->cfg.dispatch == MOE_DISPATCH_STATIC) {
     /* y (T, D) = comb (T, E*C) out (E*C, D) */
-    moe__gemm g = {false, false, T, D, s->rows, 1.0f, 0.0f, s->comb, s->rows, s->out, D, y, D};
+    moe__gemm g = {false, false, T, D, s->rows, 1.0f, 0.0f, s->comb, s->rows, s->out, D, y, D, false};
     moe__gemm_run(&g, 1, nt);
     return;
   }
@@ -108,8 +108,8 @@ moe_status moe__combine_backward(moe_layer_t *l, const float *dy, const float *d
     MOE_TRY(dcomb || n == 0, MOE_ERR_STATE, "internal: combine workspace too small");
     /* dout (E*C, D) = comb^T dy; dcomb (T, E*C) = dy out^T: the einsum backward of GShard */
     moe__gemm g[2] = {
-        {true, false, s->rows, D, T, 1.0f, 0.0f, s->comb, s->rows, dy, D, dout, D},
-        {false, true, T, s->rows, D, 1.0f, 0.0f, dy, D, s->out, D, dcomb, s->rows},
+        {true, false, s->rows, D, T, 1.0f, 0.0f, s->comb, s->rows, dy, D, dout, D, false},
+        {false, true, T, s->rows, D, 1.0f, 0.0f, dy, D, s->out, D, dcomb, s->rows, false},
     };
     moe__gemm_run(g, 2, nt);
   }
@@ -142,7 +142,7 @@ void moe__dispatch_backward(moe_layer_t *l, const float *dxs, float *dx) {
   int T = s->T, k = s->k, D = l->cfg.D, nt = s->threads;
   if (l->cfg.dispatch == MOE_DISPATCH_STATIC) {
     /* dx (T, D) = mask (T, E*C) dxs (E*C, D) */
-    moe__gemm g = {false, false, T, D, s->rows, 1.0f, 0.0f, s->mask, s->rows, dxs, D, dx, D};
+    moe__gemm g = {false, false, T, D, s->rows, 1.0f, 0.0f, s->mask, s->rows, dxs, D, dx, D, false};
     moe__gemm_run(&g, 1, nt);
     return;
   }

@@ -3,7 +3,10 @@
  *   a1 = xs W1^T + b1, h = act(a1) (swiglu: h = silu(a1) * (xs W3^T)), out = h W2^T + b2.
  * Backward adds dW1, db1, dW2, db2 (and dW3) and yields dxs. Slices may be empty; static dispatch
  * passes padded slices of C rows. Backward reuses the forward's buffers once they are dead (h for
- * dh then da1, a3 for da3), so the workspace holds per row only what backward must read. */
+ * dh then da1, a3 for da3), so the workspace holds per row only what backward must read.
+ * With cfg.dtype bf16 the GEMMs take bf16 copies of the weights and of their inputs (xs, h; in
+ * backward dout, da1, da3), rounded once where they are made, and accumulate in fp32: the rest
+ * (biases, activations, their derivatives, bias gradients) stays fp32. */
 #include <math.h>
 #include <string.h>
 
@@ -12,10 +15,14 @@
 
 #define COLSUM_CHUNK 256
 
+static int is_bf16(const moe_layer_t *l) { return l->cfg.dtype == MOE_DT_BF16; }
+
 size_t moe__experts_bytes(const moe_layer_t *l, int rows) {
-  size_t r = (size_t)rows, H = (size_t)l->cfg.H;
+  size_t r = (size_t)rows, H = (size_t)l->cfg.H, D = (size_t)l->cfg.D;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
   size_t fwd = (glu ? 3 : 2) * moe__arena_size(r * H * 4); /* a1 (a3) h; the caller owns gx and gout */
+  if (is_bf16(l)) /* xb hb db (d3b) */
+    fwd += 2 * moe__arena_size(r * D * 2) + (glu ? 2 : 1) * moe__arena_size(r * H * 2);
   size_t E = (size_t)l->cfg.E; /* the GEMM list, the weights of each expert, and the cache's bookkeeping */
   return fwd + moe__arena_size(3 * E * sizeof(moe__gemm)) + moe__arena_size(E * sizeof(moe__expert_w)) +
          moe__arena_size(E) + moe__arena_size(E * sizeof(int));
@@ -83,82 +90,131 @@ moe_status moe__experts_alloc(moe_layer_t *l) {
   s->h = moe__arena_alloc(a, (size_t)rows * H * 4);
   s->gemms = moe__arena_alloc(a, 3 * (size_t)E * sizeof *s->gemms);
   MOE_TRY(s->gemms && (s->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
+  if (is_bf16(l)) {
+    int D = l->cfg.D;
+    s->xb = moe__arena_alloc(a, (size_t)rows * D * 2);
+    s->db = moe__arena_alloc(a, (size_t)rows * D * 2);
+    s->hb = moe__arena_alloc(a, (size_t)rows * H * 2);
+    s->d3b = l->cfg.act == MOE_ACT_SWIGLU ? moe__arena_alloc(a, (size_t)rows * H * 2) : NULL;
+    MOE_TRY(s->hb || rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
+  }
   return MOE_OK;
 }
 
-void moe__experts_compute(moe_layer_t *l, int e0, int e1, const moe__expert_w *w) {
+/* A GEMM whose operands A and B are each given as an fp32 and a bf16 array and an offset: the layer's
+ * dtype picks one (the other may be NULL). */
+static moe__gemm gemm_of(bool bf, bool ta, bool tb, int M, int N, int K, float beta, const float *af,
+                         const uint16_t *ab, size_t a0, int lda, const float *bf32, const uint16_t *bb, size_t b0,
+                         int ldb, float *C, int ldc) {
+  return (moe__gemm){ta, tb, M, N, K, 1.0f, beta, bf ? (const void *)(ab + a0) : (const void *)(af + a0), lda,
+                     bf ? (const void *)(bb + b0) : (const void *)(bf32 + b0), ldb, C, ldc, bf};
+}
+
+moe_status moe__experts_compute(moe_layer_t *l, int e0, int e1, const moe__expert_w *w) {
   moe__layer_state *s = l->st;
   int D = l->cfg.D, H = l->cfg.H, nt = s->threads;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
+  bool bf = is_bf16(l);
   moe__gemm *g = s->gemms;
+  size_t lo = (size_t)s->goffs[e0], hi = (size_t)s->goffs[e1];
+  if (bf) moe__to_bf16(s->xb + lo * D, s->gx + lo * D, (hi - lo) * D, nt);
   int n = 0;
   for (int e = e0; e < e1; e++) {
     int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
-    g[n++] = (moe__gemm){false, true, m, H, D, 1.0f, 0.0f, s->gx + (size_t)r0 * D, D, w[e].w1, D,
-                         s->a1 + (size_t)r0 * H, H};
+    g[n++] = gemm_of(bf, false, true, m, H, D, 0.0f, s->gx, s->xb, (size_t)r0 * D, D, w[e].w1, w[e].w1h, 0, D,
+                     s->a1 + (size_t)r0 * H, H);
     if (glu)
-      g[n++] = (moe__gemm){false, true, m, H, D, 1.0f, 0.0f, s->gx + (size_t)r0 * D, D, w[e].w3, D,
-                           s->a3 + (size_t)r0 * H, H};
+      g[n++] = gemm_of(bf, false, true, m, H, D, 0.0f, s->gx, s->xb, (size_t)r0 * D, D, w[e].w3, w[e].w3h, 0, D,
+                       s->a3 + (size_t)r0 * H, H);
   }
-  moe__gemm_run(g, n, nt);
+  MOE_CHECK(moe__gemm_run(g, n, nt));
   add_bias(s->a1, w, 0, s->goffs, e0, e1, H, nt);
   moe_act act = l->cfg.act;
-  size_t lo = (size_t)s->goffs[e0] * H, hi = (size_t)s->goffs[e1] * H;
 #pragma omp parallel for num_threads(nt) schedule(static)
-  for (size_t i = lo; i < hi; i++)
-    s->h[i] = glu ? act_f(MOE_ACT_SILU, s->a1[i]) * s->a3[i] : act_f(act, s->a1[i]);
+  for (size_t i = lo * H; i < hi * H; i++) {
+    float h = glu ? act_f(MOE_ACT_SILU, s->a1[i]) * s->a3[i] : act_f(act, s->a1[i]);
+    if (bf) s->hb[i] = moe__bf16(h);
+    else s->h[i] = h;
+  }
   n = 0;
   for (int e = e0; e < e1; e++) {
     int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
-    g[n++] = (moe__gemm){false, true, m, D, H, 1.0f, 0.0f, s->h + (size_t)r0 * H, H, w[e].w2, H,
-                         s->gout + (size_t)r0 * D, D};
+    g[n++] = gemm_of(bf, false, true, m, D, H, 0.0f, s->h, s->hb, (size_t)r0 * H, H, w[e].w2, w[e].w2h, 0, H,
+                     s->gout + (size_t)r0 * D, D);
   }
-  moe__gemm_run(g, n, nt);
+  MOE_CHECK(moe__gemm_run(g, n, nt));
   add_bias(s->gout, w, 1, s->goffs, e0, e1, D, nt);
+  return MOE_OK;
+}
+
+/* The bf16 copies of the expert weights, made again after the parameters changed. */
+static void refresh_bf16(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  if (!s->wbf_stale) return;
+  for (int i = 0; i < l->nparams; i++) {
+    const moe_param_info *p = &l->info[i];
+    if (p->ndim == 3) /* experts.fc1/fc2/fc3.weight */
+      moe__to_bf16(s->wbf + p->offset, l->params + p->offset, p->numel, s->threads);
+  }
+  s->wbf_stale = 0;
+}
+
+/* Expert e's weights in the layer's own parameters (and their bf16 copies). */
+static moe__expert_w own_weights(const moe_layer_t *l, const moe__weights *w, int e) {
+  size_t HD = (size_t)l->cfg.H * l->cfg.D, H = (size_t)l->cfg.H, D = (size_t)l->cfg.D;
+  const uint16_t *wb = l->st->wbf;
+  const float *p = l->params;
+  moe__expert_w r = {w->w1 + e * HD, w->b1 ? w->b1 + e * H : NULL, w->w2 + e * HD, w->b2 ? w->b2 + e * D : NULL,
+                     w->w3 ? w->w3 + e * HD : NULL, NULL, NULL, NULL};
+  if (wb) {
+    r.w1h = wb + (r.w1 - p);
+    r.w2h = wb + (r.w2 - p);
+    r.w3h = r.w3 ? wb + (r.w3 - p) : NULL;
+  }
+  return r;
 }
 
 moe_status moe__experts_forward(moe_layer_t *l) {
   moe__layer_state *s = l->st;
   if (l->cache) return moe__cache_forward(l);
   MOE_CHECK(moe__experts_alloc(l));
-  int E = s->ng, D = l->cfg.D, H = l->cfg.H;
+  int E = s->ng;
+  if (is_bf16(l)) refresh_bf16(l);
   moe__weights w;
   moe__weights_bind(l, l->params, &w);
   moe__expert_w *ew = moe__arena_alloc(&s->work, (size_t)E * sizeof *ew);
   MOE_TRY(ew, MOE_ERR_STATE, "internal: expert workspace too small");
-  for (int e = 0; e < E; e++)
-    ew[e] = (moe__expert_w){w.w1 + (size_t)e * H * D, w.b1 ? w.b1 + (size_t)e * H : NULL, w.w2 + (size_t)e * D * H,
-                            w.b2 ? w.b2 + (size_t)e * D : NULL, w.w3 ? w.w3 + (size_t)e * H * D : NULL};
-  moe__experts_compute(l, 0, E, ew);
-  return MOE_OK;
+  for (int e = 0; e < E; e++) ew[e] = own_weights(l, &w, e);
+  return moe__experts_compute(l, 0, E, ew);
 }
 
 moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs) {
   moe__layer_state *s = l->st;
   int E = s->ng, D = l->cfg.D, H = l->cfg.H, rows = s->grows, nt = s->threads;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
-  moe__arena *a = &s->work;
+  bool bf = is_bf16(l);
   float *dh = s->h;   /* h is dead once dW2 is done: dh, then da1, in its place */
   float *da3 = s->a3; /* swiglu: da3 in place of a3, read just before */
   moe__gemm *g = s->gemms; /* from the forward */
-  (void)a;
   moe__weights w, gw;
   moe__weights_bind(l, l->params, &w);
   moe__weights_bind(l, l->grads, &gw);
+  if (bf) moe__to_bf16(s->db, dout, (size_t)rows * D, nt);
   int n = 0;
   for (int e = 0; e < E; e++) {
     int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
-    g[n++] = (moe__gemm){true, false, D, H, m, 1.0f, 1.0f, dout + (size_t)r0 * D, D, s->h + (size_t)r0 * H, H,
-                         gw.w2 + (size_t)e * D * H, H}; /* dW2 += dout^T h */
+    g[n++] = gemm_of(bf, true, false, D, H, m, 1.0f, dout, s->db, (size_t)r0 * D, D, s->h, s->hb, (size_t)r0 * H, H,
+                     gw.w2 + (size_t)e * D * H, H); /* dW2 += dout^T h */
   }
-  moe__gemm_run(g, n, nt);
+  MOE_CHECK(moe__gemm_run(g, n, nt));
   n = 0;
   for (int e = 0; e < E; e++) {
     int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
-    g[n++] = (moe__gemm){false, false, m, H, D, 1.0f, 0.0f, dout + (size_t)r0 * D, D, w.w2 + (size_t)e * D * H, H,
-                         dh + (size_t)r0 * H, H}; /* dh = dout W2 */
+    moe__expert_w ew = own_weights(l, &w, e);
+    g[n++] = gemm_of(bf, false, false, m, H, D, 0.0f, dout, s->db, (size_t)r0 * D, D, ew.w2, ew.w2h, 0, H,
+                     dh + (size_t)r0 * H, H); /* dh = dout W2 */
   }
-  moe__gemm_run(g, n, nt);
+  MOE_CHECK(moe__gemm_run(g, n, nt));
   if (gw.b2) colsum_add(gw.b2, dout, s->goffs, E, D, nt);
   moe_act act = l->cfg.act;
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -168,32 +224,36 @@ moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs) 
       float a3 = s->a3[i];
       da3[i] = dh[i] * act_f(MOE_ACT_SILU, a1);
       dh[i] = dh[i] * a3 * act_df(MOE_ACT_SILU, a1);
+      if (bf) s->d3b[i] = moe__bf16(da3[i]);
     } else {
       dh[i] *= act_df(act, a1);
     }
+    if (bf) s->hb[i] = moe__bf16(dh[i]); /* hb is dead after dW2: da1 in its place */
   }
   if (gw.b1) colsum_add(gw.b1, dh, s->goffs, E, H, nt);
   n = 0;
   for (int e = 0; e < E; e++) {
     int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
-    const float *xr = s->gx + (size_t)r0 * D;
-    g[n++] = (moe__gemm){true, false, H, D, m, 1.0f, 1.0f, dh + (size_t)r0 * H, H, xr, D,
-                         gw.w1 + (size_t)e * H * D, D}; /* dW1 += da1^T xs */
+    size_t xr = (size_t)r0 * D, hr = (size_t)r0 * H;
+    moe__expert_w ew = own_weights(l, &w, e);
+    g[n++] = gemm_of(bf, true, false, H, D, m, 1.0f, dh, s->hb, hr, H, s->gx, s->xb, xr, D,
+                     gw.w1 + (size_t)e * H * D, D); /* dW1 += da1^T xs */
     if (glu)
-      g[n++] = (moe__gemm){true, false, H, D, m, 1.0f, 1.0f, da3 + (size_t)r0 * H, H, xr, D,
-                           gw.w3 + (size_t)e * H * D, D}; /* dW3 += da3^T xs */
-    g[n++] = (moe__gemm){false, false, m, D, H, 1.0f, 0.0f, dh + (size_t)r0 * H, H,
-                         w.w1 + (size_t)e * H * D, D, dxs + (size_t)r0 * D, D}; /* dxs = da1 W1 */
+      g[n++] = gemm_of(bf, true, false, H, D, m, 1.0f, da3, s->d3b, hr, H, s->gx, s->xb, xr, D,
+                       gw.w3 + (size_t)e * H * D, D); /* dW3 += da3^T xs */
+    g[n++] = gemm_of(bf, false, false, m, D, H, 0.0f, dh, s->hb, hr, H, ew.w1, ew.w1h, 0, D, dxs + xr,
+                     D); /* dxs = da1 W1 */
   }
-  moe__gemm_run(g, n, nt);
+  MOE_CHECK(moe__gemm_run(g, n, nt));
   if (glu) {
     n = 0;
     for (int e = 0; e < E; e++) {
       int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
-      g[n++] = (moe__gemm){false, false, m, D, H, 1.0f, 1.0f, da3 + (size_t)r0 * H, H,
-                           w.w3 + (size_t)e * H * D, D, dxs + (size_t)r0 * D, D}; /* += da3 W3 */
+      moe__expert_w ew = own_weights(l, &w, e);
+      g[n++] = gemm_of(bf, false, false, m, D, H, 1.0f, da3, s->d3b, (size_t)r0 * H, H, ew.w3, ew.w3h, 0, D,
+                       dxs + (size_t)r0 * D, D); /* += da3 W3 */
     }
-    moe__gemm_run(g, n, nt);
+    MOE_CHECK(moe__gemm_run(g, n, nt));
   }
   return MOE_OK;
 }

@@ -69,17 +69,17 @@ static void compute_logits(moe_layer_t *l, const moe__weights *w, const float *x
   if (l->cfg.router == MOE_ROUTER_LINEAR) {
     if (w->gb)
       for (int t = 0; t < T; t++) memcpy(s->logits + (size_t)t * E, w->gb, (size_t)E * 4);
-    moe__gemm g = {false, true, T, E, D, 1.0f, w->gb ? 1.0f : 0.0f, x, D, w->gw, D, s->logits, E};
+    moe__gemm g = {false, true, T, E, D, 1.0f, w->gb ? 1.0f : 0.0f, x, D, w->gw, D, s->logits, E, false};
     moe__gemm_run(&g, 1, nt);
     return;
   }
   for (int t = 0; t < T; t++) memcpy(s->proj + (size_t)t * P, w->pb, (size_t)P * 4);
-  moe__gemm g = {false, true, T, P, D, 1.0f, 1.0f, x, D, w->pw, D, s->proj, P};
+  moe__gemm g = {false, true, T, P, D, 1.0f, 1.0f, x, D, w->pw, D, s->proj, P, false};
   moe__gemm_run(&g, 1, nt);
   normalize_rows(s->proj, s->proj_norm, T, P, nt);
   memcpy(s->emb, w->gw, (size_t)E * P * 4);
   normalize_rows(s->emb, s->emb_norm, E, P, nt);
-  moe__gemm c = {false, true, T, E, P, cosine_scale(w), 0.0f, s->proj, P, s->emb, P, s->logits, E};
+  moe__gemm c = {false, true, T, E, P, cosine_scale(w), 0.0f, s->proj, P, s->emb, P, s->logits, E, false};
   moe__gemm_run(&c, 1, nt);
 }
 
@@ -219,8 +219,8 @@ moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float
   moe__weights_bind(l, l->grads, &gw);
   if (l->cfg.router == MOE_ROUTER_LINEAR) {
     moe__gemm g[2] = {
-        {true, false, E, D, T, 1.0f, 1.0f, dl, E, x, D, gw.gw, D},   /* dWg += dl^T x */
-        {false, false, T, D, E, 1.0f, 1.0f, dl, E, w.gw, D, dx, D},  /* dx += dl Wg */
+        {true, false, E, D, T, 1.0f, 1.0f, dl, E, x, D, gw.gw, D, false},   /* dWg += dl^T x */
+        {false, false, T, D, E, 1.0f, 1.0f, dl, E, w.gw, D, dx, D, false},  /* dx += dl Wg */
     };
     moe__gemm_run(g, 2, nt);
     if (gw.gb)
@@ -235,16 +235,16 @@ moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float
     gw.scale[0] += (float)acc;
   }
   moe__gemm g[2] = {
-      {false, false, T, P, E, sc, 0.0f, dl, E, s->emb, P, dp, P},  /* d proj_n = s dl emb_n */
-      {true, false, E, P, T, sc, 0.0f, dl, E, s->proj, P, de, P},  /* d emb_n = s dl^T proj_n */
+      {false, false, T, P, E, sc, 0.0f, dl, E, s->emb, P, dp, P, false},  /* d proj_n = s dl emb_n */
+      {true, false, E, P, T, sc, 0.0f, dl, E, s->proj, P, de, P, false},  /* d emb_n = s dl^T proj_n */
   };
   moe__gemm_run(g, 2, nt);
   normalize_rows_backward(dp, s->proj, s->proj_norm, T, P, nt);
   normalize_rows_backward(de, s->emb, s->emb_norm, E, P, nt);
   for (size_t i = 0; i < (size_t)E * P; i++) gw.gw[i] += de[i];
   moe__gemm h[2] = {
-      {true, false, P, D, T, 1.0f, 1.0f, dp, P, x, D, gw.pw, D},   /* dWp += dp^T x */
-      {false, false, T, D, P, 1.0f, 1.0f, dp, P, w.pw, D, dx, D},  /* dx += dp Wp */
+      {true, false, P, D, T, 1.0f, 1.0f, dp, P, x, D, gw.pw, D, false},   /* dWp += dp^T x */
+      {false, false, T, D, P, 1.0f, 1.0f, dp, P, w.pw, D, dx, D, false},  /* dx += dp Wp */
   };
   moe__gemm_run(h, 2, nt);
   for (int t = 0; t < T; t++)

@@ -1,5 +1,6 @@
 /* Tiled grouped GEMM over CBLAS (see gemm.h) and the BLAS identification string. */
 #include <cblas.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,16 +16,19 @@
 
 int moe__threads(int requested) { return requested > 0 ? requested : omp_get_num_procs(); }
 
-static void gemm_one(const moe__gemm *g) {
-  if (g->M <= 0 || g->N <= 0) return;
+/* Returns 0 if a bf16 GEMM failed. */
+static int gemm_one(const moe__gemm *g) {
+  if (g->M <= 0 || g->N <= 0) return 1;
   if (g->K <= 0) { /* C = beta C; BLAS rejects K = 0 leading dimensions on some builds */
     for (int i = 0; i < g->M; i++)
       for (int j = 0; j < g->N; j++) /* beta = 0 overwrites: NaN in C must not survive */
         g->C[(size_t)i * g->ldc + j] = g->beta == 0.0f ? 0.0f : g->beta * g->C[(size_t)i * g->ldc + j];
-    return;
+    return 1;
   }
+  if (g->bf16) return moe__gemm_bf16_one(g);
   cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
               g->M, g->N, g->K, g->alpha, g->A, g->lda, g->B, g->ldb, g->beta, g->C, g->ldc);
+  return 1;
 }
 
 /* Sub-GEMM of rows [m0, m0+m) and columns [n0, n0+n) of C. */
@@ -32,27 +36,29 @@ static moe__gemm gemm_tile(const moe__gemm *g, int m0, int m, int n0, int n) {
   moe__gemm t = *g;
   t.M = m;
   t.N = n;
-  t.A = g->ta ? g->A + m0 : g->A + (size_t)m0 * g->lda;
-  t.B = g->tb ? g->B + (size_t)n0 * g->ldb : g->B + n0;
+  size_t es = g->bf16 ? 2 : 4;
+  t.A = (const char *)g->A + es * (g->ta ? (size_t)m0 : (size_t)m0 * g->lda);
+  t.B = (const char *)g->B + es * (g->tb ? (size_t)n0 * g->ldb : (size_t)n0);
   t.C = g->C + (size_t)m0 * g->ldc + n0;
   return t;
 }
 
-void moe__gemm_run(const moe__gemm *g, int n, int threads) {
+moe_status moe__gemm_run(const moe__gemm *g, int n, int threads) {
   threads = moe__threads(threads);
+  for (int i = 0; i < n; i++)
+    if (g[i].bf16) {
+      MOE_CHECK(moe__gemm_bf16_ready());
+      break;
+    }
   while (n > MAX_TILES) { /* batches small enough for one tile each */
-    moe__gemm_run(g, MAX_TILES, threads);
+    MOE_CHECK(moe__gemm_run(g, MAX_TILES, threads));
     g += MAX_TILES;
     n -= MAX_TILES;
   }
-  if (threads == 1) { /* BLAS must not thread either: the count is the caller's */
-    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-    for (int i = 0; i < n; i++) gemm_one(&g[i]);
-    return;
-  }
+  if (threads == 1 && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   double total = 0;
   for (int i = 0; i < n; i++) total += (double)g[i].M * g[i].N * (g[i].K + 1);
-  double target = total / (threads * TILES_PER_THREAD) + 1;
+  double target = threads == 1 ? INFINITY : total / (threads * TILES_PER_THREAD) + 1; /* 1: whole GEMMs */
   /* tiles: (gemm index, split along M?, start, length); on the stack, read by every thread */
   struct { int gi, along_m, s, len; } tiles[MAX_TILES];
   int nt = 0;
@@ -77,13 +83,22 @@ void moe__gemm_run(const moe__gemm *g, int n, int threads) {
       nt++;
     }
   }
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-  for (int t = 0; t < nt; t++) {
-    const moe__gemm *q = &g[tiles[t].gi];
-    moe__gemm tile = tiles[t].along_m ? gemm_tile(q, tiles[t].s, tiles[t].len, 0, q->N)
-                                      : gemm_tile(q, 0, q->M, tiles[t].s, tiles[t].len);
-    gemm_one(&tile);
+  int failed = 0;
+  /* BLAS must not thread, nor oneDNN, which threads whenever it is not inside an active region
+   * (a team of one is not): each thread's own count is set to 1, so the thread count is the caller's. */
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+  {
+    omp_set_num_threads(1);
+#pragma omp for schedule(dynamic, 1)
+    for (int t = 0; t < nt; t++) {
+      const moe__gemm *q = &g[tiles[t].gi];
+      moe__gemm tile = tiles[t].along_m ? gemm_tile(q, tiles[t].s, tiles[t].len, 0, q->N)
+                                        : gemm_tile(q, 0, q->M, tiles[t].s, tiles[t].len);
+      failed |= !gemm_one(&tile);
+    }
   }
+  MOE_TRY(!failed, MOE_ERR_NOMEM, "oneDNN could not run a bf16 GEMM (out of memory?)");
+  return MOE_OK;
 }
 
 const char *moe_blas_info(void) {

@@ -7,17 +7,25 @@
 
 #include <stdbool.h>
 
+#include "moe.h"
+
 typedef struct {
   bool ta, tb;  /* op(A) = A^T when ta, op(B) = B^T when tb */
   int M, N, K;  /* C (M, N) = alpha op(A) (M, K) op(B) (K, N) + beta C */
   float alpha, beta;
-  const float *A; int lda;
-  const float *B; int ldb;
+  const void *A; int lda; /* float, or bf16 (uint16_t) when bf16 */
+  const void *B; int ldb;
   float *C; int ldc;
+  bool bf16;    /* A and B are bf16; fp32 accumulation into C; alpha must be 1 and beta 0 or 1 */
 } moe__gemm;
 
-/* Runs the n GEMMs; they must not write overlapping parts of C. */
-void moe__gemm_run(const moe__gemm *g, int n, int threads);
+/* Runs the n GEMMs; they must not write overlapping parts of C. Fails only for bf16 GEMMs that
+ * oneDNN cannot run (no memory). */
+moe_status moe__gemm_run(const moe__gemm *g, int n, int threads);
+/* gemm_bf16.c: oneDNN's bf16 matmul, set up once (MOE_ERR_STATE if it cannot be), and one GEMM
+ * (returns 0 on failure). */
+moe_status moe__gemm_bf16_ready(void);
+int moe__gemm_bf16_one(const moe__gemm *g);
 /* Threads to use for a requested count (0 = all cores). */
 int moe__threads(int requested);
 

@@ -28,6 +28,17 @@ static inline uint64_t moe__splitmix(uint64_t *s) {
 /* Uniform in [-1, 1) from the generator. */
 static inline float moe__uniform(uint64_t *s) { return (float)((moe__splitmix(s) >> 40) * 0x1.0p-24) * 2.0f - 1.0f; }
 
+/* float -> bf16 bits, round to nearest even (as PyTorch); NaN stays a quiet NaN with its sign. */
+static inline uint16_t moe__bf16(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+/* n values to bf16 on nt threads (bf16.c). */
+void moe__to_bf16(uint16_t *dst, const float *src, size_t n, int nt);
+
 /* Check cond; on failure record the message and return st from the calling function. */
 #define MOE_TRY(cond, st, ...)                                                  \
   do {                                                                          \

@@ -63,6 +63,10 @@ static moe_status check_config(const moe_layer_config *c) {
     MOE_TRY(c->inner_experts == 0, MOE_ERR_ARG, "config: expert parallelism does not support hierarchical MoE yet");
     MOE_TRY(!c->external_experts, MOE_ERR_ARG, "config: expert parallelism does not support expert buffering yet");
   }
+  MOE_TRY(c->dtype == MOE_DT_F32 || c->dtype == MOE_DT_BF16, MOE_ERR_ARG,
+          "config: the experts' dtype must be f32 or bf16, got %s", moe_dtype_name(c->dtype));
+  MOE_TRY(!c->external_experts || c->dtype == MOE_DT_F32, MOE_ERR_ARG,
+          "config: buffered experts are f32 only for now");
   MOE_TRY(!c->external_experts || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->inner_experts), MOE_ERR_ARG,
           "config: buffered experts need dispatch=dynamic and no hierarchical experts");
   MOE_TRY(c->inner_experts == 0 || (c->inner_top_k >= 1 && c->inner_top_k <= c->inner_experts), MOE_ERR_ARG,
@@ -97,7 +101,12 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
   l->grads = aligned_alloc(64, l->numel * 4);
   l->st = calloc(1, sizeof *l->st);
   l->inner = cfg->inner_experts ? calloc((size_t)E, sizeof *l->inner) : NULL;
-  if (!l->params || !l->grads || !l->st || (cfg->inner_experts && !l->inner)) {
+  int bf = cfg->dtype == MOE_DT_BF16 && moe_layer_param_find(l, "experts.fc1.weight");
+  if (l->st && bf) {
+    l->st->wbf = aligned_alloc(64, (l->numel * 2 + 63) & ~(size_t)63);
+    l->st->wbf_stale = 1;
+  }
+  if (!l->params || !l->grads || !l->st || (cfg->inner_experts && !l->inner) || (bf && !l->st->wbf)) {
     size_t n = l->numel;
     moe_layer_free(l);
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_layer_init: cannot allocate %zu parameters", n);
@@ -175,6 +184,7 @@ void moe_layer_free(moe_layer_t *l) {
   if (l->st) {
     moe__arena_free(&l->st->route);
     moe__arena_free(&l->st->work);
+    free(l->st->wbf);
     free(l->st);
   }
   free(l->params);
@@ -211,6 +221,11 @@ void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w) {
     const moe_param_info *p = moe_layer_param_find(l, map[i].name);
     *map[i].slot = p ? base + p->offset : NULL;
   }
+}
+
+void moe_layer_params_changed(moe_layer_t *l) {
+  l->st->wbf_stale = 1;
+  for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_params_changed(&l->inner[e]);
 }
 
 void moe_layer_zero_grad(moe_layer_t *l) {
@@ -260,6 +275,7 @@ void moe_layer_init_params(moe_layer_t *l, uint64_t seed) {
     }
   }
   for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_init_params(&l->inner[e], moe__splitmix(&st));
+  moe_layer_params_changed(l);
 }
 
 size_t moe_layer_peak_bytes(const moe_layer_t *l) {

@@ -69,6 +69,14 @@ struct moe__layer_state {
   float *h;         /* (rows, H) activation */
   float *out;       /* (rows, D) expert outputs */
   moe__gemm *gemms; /* (3 E) the experts' GEMM list */
+  /* bf16 experts (cfg.dtype): bf16 copies of the parameters (only the expert weights are filled),
+   * refreshed before a forward after the parameters changed; and the bf16 inputs of the GEMMs */
+  uint16_t *wbf;    /* (numel), at the parameters' offsets */
+  int wbf_stale;
+  uint16_t *xb;     /* (grows, D) expert inputs */
+  uint16_t *hb;     /* (grows, H) activation; backward: da1 */
+  uint16_t *db;     /* (grows, D) backward: dout */
+  uint16_t *d3b;    /* (grows, H) swiglu backward: da3 */
   float *mask;      /* (T, E, C) static: dispatch mask */
   float *comb;      /* (T, E, C) static: combine weights */
 };
@@ -95,10 +103,14 @@ moe_status moe__combine_backward(moe_layer_t *l, const float *dy, const float *d
 void moe__dispatch_backward(moe_layer_t *l, const float *dxs, float *dx);
 
 /* experts.c: the FFNs over per-expert row groups. */
-typedef struct { const float *w1, *b1, *w2, *b2, *w3; } moe__expert_w; /* one expert's weights */
+/* One expert's weights; the bf16 copies of the matrices are read instead when cfg.dtype is bf16. */
+typedef struct {
+  const float *w1, *b1, *w2, *b2, *w3;
+  const uint16_t *w1h, *w2h, *w3h;
+} moe__expert_w;
 moe_status moe__experts_alloc(moe_layer_t *l);
 /* Forward of groups [e0, e1), with expert e's weights at w[e]. */
-void moe__experts_compute(moe_layer_t *l, int e0, int e1, const moe__expert_w *w);
+moe_status moe__experts_compute(moe_layer_t *l, int e0, int e1, const moe__expert_w *w);
 size_t moe__experts_bytes(const moe_layer_t *l, int rows);
 moe_status moe__experts_forward(moe_layer_t *l);
 /* dout (rows, D) -> dxs (rows, D); adds expert weight grads. Scratch from the work arena. */

@@ -51,7 +51,7 @@ void moe_layer_overrides_init(moe_layer_overrides *o) {
   o->top_k = -1;
   o->capacity_setting = NAN;
   o->normalize_topk = -2;
-  o->act = o->dispatch = o->priority = o->router = -1;
+  o->act = o->dispatch = o->priority = o->router = o->dtype = -1;
   o->threads = -1;
   o->dist = NULL;
   o->expert_order = NULL;
@@ -126,6 +126,7 @@ moe_status moe__layer_meta_read(const moe_st *f, moe_layer_config *c) {
   META_ENUM(f, "dispatch", moe_dispatch_parse, c->dispatch);
   META_ENUM(f, "priority", moe_priority_parse, c->priority);
   META_ENUM(f, "router", moe_router_parse, c->router);
+  META_ENUM(f, "dtype", moe_dtype_parse, c->dtype);
   return MOE_OK;
 }
 
@@ -141,6 +142,7 @@ moe_status moe__layer_meta_write(const moe_layer_config *c, moe_st_writer *w) {
   MOE_CHECK(moe_st_writer_meta(w, "dispatch", moe_dispatch_name(c->dispatch)));
   MOE_CHECK(moe_st_writer_meta(w, "priority", moe_priority_name(c->priority)));
   MOE_CHECK(moe_st_writer_meta(w, "router", moe_router_name(c->router)));
+  if (c->dtype != MOE_DT_F32) MOE_CHECK(moe_st_writer_meta(w, "dtype", moe_compute_dtype_name(c->dtype)));
   return MOE_OK;
 }
 
@@ -153,21 +155,23 @@ static void apply_overrides(moe_layer_config *c, const moe_layer_overrides *o) {
   if (o->dispatch != -1) c->dispatch = (moe_dispatch)o->dispatch;
   if (o->priority != -1) c->priority = (moe_priority)o->priority;
   if (o->router != -1) c->router = (moe_router)o->router;
+  if (o->dtype != -1) c->dtype = (moe_dtype)o->dtype;
   if (o->threads != -1) c->threads = o->threads;
   if (o->dist) c->dist = o->dist;
 }
 
 /* Copies file tensor v into param p: expert tensors take this rank's slice of positions, and with an
  * expert order the rows of expert-indexed tensors (gate and experts) are taken in that order. */
-static void copy_rows(moe_layer_t *l, const moe_param_info *p, const moe_tensor_view *v, const int32_t *order,
-                      int sliced, int64_t e0) {
+static moe_status copy_rows(moe_layer_t *l, const moe_st *f, const moe_param_info *p, const moe_tensor_view *v,
+                            const int32_t *order, int sliced, int64_t e0) {
   int by_expert = sliced || !strcmp(p->name, "gate.weight") || !strcmp(p->name, "gate.bias");
   int64_t rows = p->shape[0];
   size_t per = p->numel / (size_t)rows;
   for (int64_t r = 0; r < rows; r++) {
     int64_t src = by_expert && order ? order[e0 + r] : e0 + r;
-    memcpy(l->params + p->offset + (size_t)r * per, (const float *)v->data + (size_t)src * per, per * 4);
+    MOE_CHECK(moe_st_view_f32(f, v, (size_t)src * per, per, l->params + p->offset + (size_t)r * per));
   }
+  return MOE_OK;
 }
 
 static moe_status copy_params(moe_layer_t *l, const moe_st *f, const int32_t *order) {
@@ -176,8 +180,8 @@ static moe_status copy_params(moe_layer_t *l, const moe_st *f, const int32_t *or
     const moe_param_info *p = &l->info[i];
     moe_tensor_view v;
     MOE_CHECK(moe_st_get(f, p->name, &v));
-    MOE_TRY(v.dtype == MOE_DT_F32, MOE_ERR_DTYPE, "%s: tensor '%s' has dtype %s, want F32", path, p->name,
-            moe_dtype_name(v.dtype));
+    MOE_TRY(v.dtype == MOE_DT_F32 || v.dtype == MOE_DT_BF16, MOE_ERR_DTYPE,
+            "%s: tensor '%s' has dtype %s, want F32 or BF16", path, p->name, moe_dtype_name(v.dtype));
     /* expert-parallel, this rank's experts are a slice of the file's (E, ...) tensors */
     int sliced = !strncmp(p->name, "experts.", 8) && l->cfg.dist;
     int64_t El = p->shape[0], e0 = sliced ? (int64_t)moe_dist_rank(l->cfg.dist) * El : 0;
@@ -197,7 +201,7 @@ static moe_status copy_params(moe_layer_t *l, const moe_st *f, const int32_t *or
       return moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: tensor '%s' has shape %s, want %s", path,
                         p->name, got, want);
     }
-    copy_rows(l, p, &v, order, sliced, e0);
+    MOE_CHECK(copy_rows(l, f, p, &v, order, sliced, e0));
   }
   for (int i = 0; i < moe_st_count(f); i++) {
     moe_tensor_view v;
@@ -243,14 +247,16 @@ moe_status moe_layer_save_params(const moe_layer_t *l, moe_st_writer *w) {
   return moe__layer_meta_write(&l->cfg, w);
 }
 
-/* With prefix NULL: the parameters under their own names; else the gradients as prefix + name. */
+/* With prefix NULL: the parameters under their own names, the expert matrices (ndim 3) in the
+ * layer's dtype; else the gradients, F32, as prefix + name. */
 moe_status moe_layer_save_grads(const moe_layer_t *l, moe_st_writer *w, const char *prefix) {
   for (int i = 0; i < l->nparams; i++) {
     const moe_param_info *p = &l->info[i];
     char name[128];
     snprintf(name, sizeof name, "%s%s", prefix ? prefix : "", p->name);
     const float *src = (prefix ? l->grads : l->params) + p->offset;
-    MOE_CHECK(moe_st_writer_add(w, name, MOE_DT_F32, p->ndim, p->shape, src));
+    moe_dtype dt = !prefix && p->ndim == 3 ? l->cfg.dtype : MOE_DT_F32;
+    MOE_CHECK(moe_st_writer_add_f32(w, name, dt, p->ndim, p->shape, src));
   }
   return MOE_OK;
 }

@@ -204,15 +204,15 @@ const moe_layer_stats *moe_model_layer_stats(const moe_model_t *m, int i) { retu
 /* y (n, out) = x (n, in) W^T + b */
 static void linear(const float *x, const float *w, const float *b, int n, int in, int out, float *y, int nt) {
   for (int i = 0; i < n; i++) memcpy(y + (size_t)i * out, b, (size_t)out * 4);
-  moe__gemm g = {false, true, n, out, in, 1.0f, 1.0f, x, in, w, in, y, out};
+  moe__gemm g = {false, true, n, out, in, 1.0f, 1.0f, x, in, w, in, y, out, false};
   moe__gemm_run(&g, 1, nt);
 }
 
 /* dW (out, in) += dy^T x; db (out) += column sums of dy; dx (n, in) = dy W (when not NULL). */
 static void linear_backward(const float *dy, const float *x, const float *w, int n, int in, int out,
                             float *dw, float *db, float *dx, int nt) {
-  moe__gemm g[2] = {{true, false, out, in, n, 1.0f, 1.0f, dy, out, x, in, dw, in},
-                    {false, false, n, in, out, 1.0f, 0.0f, dy, out, w, in, dx, in}};
+  moe__gemm g[2] = {{true, false, out, in, n, 1.0f, 1.0f, dy, out, x, in, dw, in, false},
+                    {false, false, n, in, out, 1.0f, 0.0f, dy, out, w, in, dx, in, false}};
   moe__gemm_run(g, dx ? 2 : 1, nt);
   for (int i = 0; i < n; i++)
     for (int j = 0; j < out; j++) db[j] += dy[(size_t)i * out + j];

@@ -360,6 +360,25 @@ moe_status moe_st_get(const moe_st *f, const char *name, moe_tensor_view *v) {
 
 int moe_st_has(const moe_st *f, const char *name) { return find(f, name) != NULL; }
 
+moe_status moe_st_view_f32(const moe_st *f, const moe_tensor_view *v, size_t off, size_t n, float *dst) {
+  MOE_TRY(v->dtype == MOE_DT_F32 || v->dtype == MOE_DT_BF16, MOE_ERR_DTYPE,
+          "%s: tensor '%s' has dtype %s, want F32 or BF16", f->path, v->name, moe_dtype_name(v->dtype));
+  size_t es = dt_sizes[v->dtype];
+  MOE_TRY(v->data && (off + n) * es <= v->nbytes, MOE_ERR_ARG, "%s: tensor '%s': values [%zu, %zu) out of range",
+          f->path, v->name, off, off + n);
+  if (v->dtype == MOE_DT_F32) memcpy(dst, (const float *)v->data + off, n * 4);
+  else moe_bf16_to_f32(dst, (const uint16_t *)v->data + off, n);
+  return MOE_OK;
+}
+
+moe_status moe_st_get_f32(const moe_st *f, const char *name, float *dst, size_t n) {
+  moe_tensor_view v;
+  MOE_CHECK(moe_st_get(f, name, &v));
+  size_t have = v.nbytes / dt_sizes[v.dtype];
+  MOE_TRY(have == n, MOE_ERR_SHAPE, "%s: tensor '%s' has %zu values, want %zu", f->path, name, have, n);
+  return moe_st_view_f32(f, &v, 0, n, dst);
+}
+
 const char *moe_st_meta(const moe_st *f, const char *key) {
   if (!f || !f->meta || !key) return NULL;
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(f->meta, key);
@@ -435,6 +454,19 @@ moe_status moe_st_writer_add(moe_st_writer *w, const char *name, moe_dtype dt, i
   if (ndim) memcpy(e->shape, shape, (size_t)ndim * sizeof *shape);
   w->n++;
   return MOE_OK;
+}
+
+moe_status moe_st_writer_add_f32(moe_st_writer *w, const char *name, moe_dtype dt, int ndim, const int64_t *shape,
+                                 const float *data) {
+  if (dt != MOE_DT_BF16) return moe_st_writer_add(w, name, dt, ndim, shape, data);
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i] > 0 ? (size_t)shape[i] : 0;
+  uint16_t *b = malloc(n ? n * 2 : 1);
+  MOE_TRY(b, MOE_ERR_NOMEM, "tensor '%s': out of memory for %zu bf16 values", name, n);
+  moe_bf16_from_f32(b, data, n);
+  moe_status st = moe_st_writer_add(w, name, MOE_DT_BF16, ndim, shape, b);
+  free(b);
+  return st;
 }
 
 moe_status moe_st_writer_meta(moe_st_writer *w, const char *key, const char *value) {

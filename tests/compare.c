@@ -21,3 +21,18 @@ int tensors_close(const char *name, const float *a, const float *b, size_t n, do
           (double)b[worst], first);
   return 0;
 }
+
+int tensors_close_norm(const char *name, const float *a, const float *b, size_t n, double tol) {
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = (double)a[i] - b[i];
+    diff += d * d;
+    ref += (double)b[i] * b[i];
+  }
+  diff = sqrt(diff);
+  ref = sqrt(ref);
+  if (diff <= tol * ref + 1e-30) return 1;
+  fprintf(stderr, "  %s: |a - b| = %.3g, %.3g of |ref| = %.3g (tolerance %.3g)\n", name, diff,
+          ref > 0 ? diff / ref : diff, ref, tol);
+  return 0;
+}

@@ -8,4 +8,7 @@
  * index to stderr. Returns 1 when close. */
 int tensors_close(const char *name, const float *a, const float *b, size_t n, double rtol, double atol);
 
+/* Frobenius norms: |a - b| <= tol |b|; on failure prints name and both norms. Returns 1 when close. */
+int tensors_close_norm(const char *name, const float *a, const float *b, size_t n, double tol);
+
 #endif

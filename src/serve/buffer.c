@@ -201,6 +201,7 @@ moe_status moe__cache_forward(moe_layer_t *l) {
   }
   c->stats.accesses += n;
   pthread_mutex_lock(&c->mu);
+  moe_status computed = MOE_OK; /* the first failure of the experts' GEMMs, reported after the loads settle */
   for (int i = 0; i < n && c->load_status == MOE_OK;) {
     /* queue the loads of the experts still missing, in order, while a slot can be given */
     for (int j = i; j < n; j++) {
@@ -231,12 +232,13 @@ moe_status moe__cache_forward(moe_layer_t *l) {
       int ej = order[run++];
       const float *base = c->slots + (size_t)c->where[ej] * c->slot_floats;
       w[ej] = (moe__expert_w){base + c->off[0], c->v[1].name ? base + c->off[1] : NULL, base + c->off[2],
-                              c->v[3].name ? base + c->off[3] : NULL, glu ? base + c->off[4] : NULL};
+                              c->v[3].name ? base + c->off[3] : NULL, glu ? base + c->off[4] : NULL, NULL, NULL, NULL};
       c->used[c->where[ej]] = ++c->clock;
       state[ej] = 3; /* being computed: its slot stays */
     }
     pthread_mutex_unlock(&c->mu);
-    moe__experts_compute(l, e, order[run - 1] + 1, w); /* experts between are inactive: no rows */
+    moe_status cst = moe__experts_compute(l, e, order[run - 1] + 1, w); /* experts between: no rows */
+    if (computed == MOE_OK) computed = cst;
     pthread_mutex_lock(&c->mu);
     for (int j = i; j < run; j++) state[order[j]] = 2;
     i = run;
@@ -252,7 +254,7 @@ moe_status moe__cache_forward(moe_layer_t *l) {
   }
   pthread_mutex_unlock(&c->mu);
   MOE_TRY(st == MOE_OK, st, "expert cache: %s", msg);
-  return MOE_OK;
+  return computed;
 }
 
 int moe__cache_fits(const moe_expert_cache *c, const moe_layer_config *l) {

@@ -1,0 +1,97 @@
+/* bf16 GEMMs (fp32 accumulation and output) through oneDNN's matmul. One primitive per
+ * (op(A), op(B), beta) with every dimension and stride given at run time, so a handful of primitives
+ * serve all expert sizes: oneDNN then picks its JIT GEMM, which uses AVX512-BF16 where the CPU has
+ * it, and measured faster here than per-shape brgemm primitives (DESIGN 3b shapes). Called from
+ * inside the tiled grouped GEMM's OpenMP region, one tile per call and thread. */
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#include <stdio.h>
+
+#include "gemm.h"
+#include "internal.h"
+
+static dnnl_engine_t engine;
+static dnnl_primitive_t prims[2][2][2]; /* [ta][tb][beta != 0] */
+static int native;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static const char *init_error;
+
+/* A (rows, cols) matrix descriptor; `trans`: stored transposed (column-major), with leading dimension ld. */
+static dnnl_status_t desc(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int64_t ld, int trans,
+                          dnnl_data_type_t dt) {
+  dnnl_dims_t dims = {rows, cols}, strides = {trans ? 1 : ld, trans ? ld : 1};
+  return dnnl_memory_desc_init_by_strides(md, 2, dims, dt, strides);
+}
+
+static void init(void) {
+  if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
+    init_error = "oneDNN: no CPU engine";
+    return;
+  }
+  const int64_t R = DNNL_RUNTIME_DIM_VAL;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++)
+      for (int acc = 0; acc < 2; acc++) {
+        dnnl_memory_desc_t a, b, c;
+        dnnl_matmul_desc_t d;
+        dnnl_primitive_attr_t attr = NULL;
+        dnnl_post_ops_t po = NULL;
+        dnnl_primitive_desc_t pd = NULL;
+        int ok = desc(&a, R, R, R, ta, dnnl_bf16) == dnnl_success &&
+                 desc(&b, R, R, R, tb, dnnl_bf16) == dnnl_success &&
+                 desc(&c, R, R, R, 0, dnnl_f32) == dnnl_success &&
+                 dnnl_matmul_desc_init(&d, &a, &b, NULL, &c) == dnnl_success &&
+                 dnnl_primitive_attr_create(&attr) == dnnl_success;
+        if (ok && acc) /* C += A B: the sum post-op reads the old C */
+          ok = dnnl_post_ops_create(&po) == dnnl_success && dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
+               dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
+        ok = ok && dnnl_primitive_desc_create(&pd, &d, attr, engine, NULL) == dnnl_success &&
+             dnnl_primitive_create(&prims[ta][tb][acc], pd) == dnnl_success;
+        if (pd) dnnl_primitive_desc_destroy(pd);
+        if (po) dnnl_post_ops_destroy(po);
+        if (attr) dnnl_primitive_attr_destroy(attr);
+        if (!ok) {
+          init_error = "oneDNN: cannot create a bf16 matmul";
+          return;
+        }
+      }
+  dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  native = ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) == (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+  if (!native)
+    fprintf(stderr, "libmoe: this CPU (or DNNL_MAX_CPU_ISA) lacks AVX512-BF16: bf16 GEMMs take oneDNN's "
+                    "slower path\n");
+}
+
+moe_status moe__gemm_bf16_ready(void) {
+  pthread_once(&once, init);
+  MOE_TRY(!init_error, MOE_ERR_STATE, "bf16 GEMMs unavailable: %s", init_error);
+  return MOE_OK;
+}
+
+int moe_bf16_native(void) {
+  pthread_once(&once, init);
+  return !init_error && native;
+}
+
+/* One thread's stream, made on first use (OpenMP threads live as long as the process). */
+static _Thread_local dnnl_stream_t stream;
+
+int moe__gemm_bf16_one(const moe__gemm *g) {
+  if (!stream && dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success) stream = NULL;
+  dnnl_memory_desc_t a, b, c;
+  dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
+  int ok = stream && desc(&a, g->M, g->K, g->lda, g->ta, dnnl_bf16) == dnnl_success &&
+           desc(&b, g->K, g->N, g->ldb, g->tb, dnnl_bf16) == dnnl_success &&
+           desc(&c, g->M, g->N, g->ldc, 0, dnnl_f32) == dnnl_success &&
+           dnnl_memory_create(&ma, &a, engine, (void *)g->A) == dnnl_success &&
+           dnnl_memory_create(&mb, &b, engine, (void *)g->B) == dnnl_success &&
+           dnnl_memory_create(&mc, &c, engine, g->C) == dnnl_success;
+  if (ok) {
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+    ok = dnnl_primitive_execute(prims[g->ta][g->tb][g->beta != 0.0f], stream, 3, args) == dnnl_success;
+  }
+  if (mc) dnnl_memory_destroy(mc);
+  if (mb) dnnl_memory_destroy(mb);
+  if (ma) dnnl_memory_destroy(ma);
+  return ok;
+}
