@@ -1,7 +1,7 @@
 /* moe layer-run: one MoE layer from files (DESIGN 4.2). Reads the weights and options from W, x (and
  * dy, daux, dz, dspec for --backward) from X, and writes y, aux_loss, z_loss, expert_counts,
  * dropped, capacity (and spec with --spec, grad.* with --backward) to OUT atomically: on any error nothing
- * is written. */
+ * is written. Inputs may be F32 or BF16; --out-dtype bf16 writes the float outputs as BF16. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,8 +17,11 @@ static void usage(void) {
           "                     [--backward] [--spec] [--top_k K] [--capacity_setting X]\n"
           "                     [--activation relu|gelu|silu|swiglu] [--normalize_topk true|false]\n"
           "                     [--dispatch dynamic|static] [--priority index|score]\n"
-          "                     [--router linear|cosine] [--threads N]\n"
+          "                     [--router linear|cosine] [--threads N] [--dtype f32|bf16]\n"
+          "                     [--out-dtype f32|bf16]\n"
           "                     [--expert-parallel [--a2a linear|2dh] [--ranks-per-node G] [--placement P.json]]\n"
+          "--dtype picks the experts' compute dtype (default: the file's \"dtype\" metadata, else f32);\n"
+          "--out-dtype the dtype of the float tensors written (default f32).\n"
           "Under mpirun -np W, --expert-parallel spreads the experts over the ranks (each routes T/W of\n"
           "the tokens); rank 0 writes OUT, equal to the one-process output.\n");
 }
@@ -29,6 +32,8 @@ typedef struct {
   const char *placement;
   int32_t *order; /* with --placement: the file's expert at each position (rank r owns r E/W ..) */
   moe_a2a a2a;
+  moe_dtype out_dt;
+  float *in[5]; /* the inputs read from X, as float32 */
   moe_layer_overrides ov;
   moe_dist *dist; /* with --expert-parallel */
 } args_t;
@@ -75,6 +80,10 @@ static int parse_args(int argc, char **argv, args_t *a) {
       moe_priority x; st = moe_priority_parse(v, "--priority", &x); a->ov.priority = (int)x;
     } else if (cli_flag_is(f, "router")) {
       moe_router x; st = moe_router_parse(v, "--router", &x); a->ov.router = (int)x;
+    } else if (cli_flag_is(f, "dtype")) {
+      moe_dtype x; st = moe_dtype_parse(v, "--dtype", &x); a->ov.dtype = (int)x;
+    } else if (cli_flag_is(f, "out_dtype")) {
+      st = moe_dtype_parse(v, "--out-dtype", &a->out_dt);
     } else {
       usage();
       return cli_usage_error(CMD, "unknown flag '%s'", f);
@@ -88,13 +97,14 @@ static int parse_args(int argc, char **argv, args_t *a) {
   return 0;
 }
 
-/* An F32 tensor of X with exactly the given shape (rows may be -1: any), finite; or an error. */
-static int get_f32(const moe_st *f, const char *name, int ndim, int64_t rows, int64_t cols,
+/* An F32 or BF16 tensor of X with exactly the given shape (rows may be -1: any), finite, as float32
+ * into a->in[slot]; or an error. */
+static int get_f32(args_t *a, int slot, const moe_st *f, const char *name, int ndim, int64_t rows, int64_t cols,
                    moe_tensor_view *v) {
   if (moe_st_get(f, name, v) != MOE_OK) return cli_fail(CMD);
   const char *p = moe_st_path(f);
-  if (v->dtype != MOE_DT_F32)
-    return cli_usage_error(CMD, "%s: tensor '%s' has dtype %s, want F32", p, name, moe_dtype_name(v->dtype));
+  if (v->dtype != MOE_DT_F32 && v->dtype != MOE_DT_BF16)
+    return cli_usage_error(CMD, "%s: tensor '%s' has dtype %s, want F32 or BF16", p, name, moe_dtype_name(v->dtype));
   int ok = v->ndim == ndim && (rows < 0 || v->shape[0] == rows) && (ndim < 2 || v->shape[1] == cols);
   if (!ok) {
     if (ndim == 1) return cli_usage_error(CMD, "%s: tensor '%s' must have shape (%lld)", p, name, (long long)rows);
@@ -102,8 +112,11 @@ static int get_f32(const moe_st *f, const char *name, int ndim, int64_t rows, in
                            rows < 0 ? "T" : "rows", (long long)cols, v->ndim,
                            v->ndim == 2 ? " with other sizes" : "");
   }
-  const float *d = v->data;
-  for (size_t i = 0; i < v->nbytes / 4; i++)
+  size_t n = v->nbytes / moe_dtype_size(v->dtype);
+  float *d = a->in[slot] = malloc(n * 4 + 4);
+  if (!d) return cli_usage_error(CMD, "%s: out of memory for tensor '%s'", p, name);
+  if (moe_st_view_f32(f, v, 0, n, d) != MOE_OK) return cli_fail(CMD);
+  for (size_t i = 0; i < n; i++)
     if (!isfinite(d[i]))
       return cli_usage_error(CMD, "%s: tensor '%s' has a non-finite value (%g) at flat index %zu", p, name,
                              (double)d[i], i);
@@ -143,7 +156,7 @@ static int add_grads(const args_t *a, moe_layer_t *l, moe_st_writer *w, float *s
     }
     char name[128];
     snprintf(name, sizeof name, "grad.%s", p->name);
-    if (root && moe_st_writer_add(w, name, MOE_DT_F32, p->ndim, shape, g) != MOE_OK) return cli_fail(CMD);
+    if (root && moe_st_writer_add_f32(w, name, a->out_dt, p->ndim, shape, g) != MOE_OK) return cli_fail(CMD);
   }
   return 0;
 }
@@ -175,24 +188,24 @@ static int run(args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_writer 
   if (a->placement && placement_order(a, wf)) return 1;
   if (moe_layer_load(l, wf, &a->ov) != MOE_OK) return cli_fail(CMD);
   int D = l->cfg.D, k = l->cfg.top_k;
-  moe_tensor_view x, dy, dspec, sc;
-  if (get_f32(xf, "x", 2, -1, D, &x)) return 1;
+  moe_tensor_view x, sc;
+  if (get_f32(a, 0, xf, "x", 2, -1, D, &x)) return 1;
   int T = (int)x.shape[0];
   float daux = 0, dz = 0;
   const float *dspec_p = NULL;
   if (a->backward) {
-    if (get_f32(xf, "dy", 2, T, D, &dy)) return 1;
+    if (get_f32(a, 1, xf, "dy", 2, T, D, &sc)) return 1;
     if (moe_st_has(xf, "daux")) {
-      if (get_f32(xf, "daux", 1, 1, 0, &sc)) return 1;
-      daux = *(const float *)sc.data;
+      if (get_f32(a, 2, xf, "daux", 1, 1, 0, &sc)) return 1;
+      daux = a->in[2][0];
     }
     if (moe_st_has(xf, "dz")) {
-      if (get_f32(xf, "dz", 1, 1, 0, &sc)) return 1;
-      dz = *(const float *)sc.data;
+      if (get_f32(a, 3, xf, "dz", 1, 1, 0, &sc)) return 1;
+      dz = a->in[3][0];
     }
     if (moe_st_has(xf, "dspec")) {
-      if (get_f32(xf, "dspec", 2, (int64_t)T * k, D, &dspec)) return 1;
-      dspec_p = dspec.data;
+      if (get_f32(a, 4, xf, "dspec", 2, (int64_t)T * k, D, &sc)) return 1;
+      dspec_p = a->in[4];
     }
   }
   /* expert-parallel, rank r takes tokens [t0, t1) of x */
@@ -206,7 +219,7 @@ static int run(args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_writer 
   float *spec = y + td, *dx = spec + td * k, *scratch = dx + td;
   float *specl = yl + tl, *dxl = specl + tl * k;
   moe_layer_stats s;
-  if (moe_layer_forward(l, (const float *)x.data + (size_t)t0 * D, Tl, yl, a->spec ? specl : NULL, &s) != MOE_OK)
+  if (moe_layer_forward(l, a->in[0] + (size_t)t0 * D, Tl, yl, a->spec ? specl : NULL, &s) != MOE_OK)
     return cli_fail(CMD);
   int64_t shp[2] = {T, D}, one = 1, E = l->cfg.E, spec_shape[2] = {(int64_t)T * k, D};
   int32_t dropped = s.dropped, capacity = s.capacity, *counts = (int32_t *)s.expert_counts;
@@ -216,21 +229,21 @@ static int run(args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_writer 
   }
   if (gather(a->dist, yl, tl, y) || (a->spec && gather(a->dist, specl, tl * k, spec))) return 1;
   int root = r == 0;
-  if (root && (moe_st_writer_add(w, "y", MOE_DT_F32, 2, shp, y) ||
-               moe_st_writer_add(w, "aux_loss", MOE_DT_F32, 1, &one, &s.aux_loss) ||
-               moe_st_writer_add(w, "z_loss", MOE_DT_F32, 1, &one, &s.z_loss) ||
+  if (root && (moe_st_writer_add_f32(w, "y", a->out_dt, 2, shp, y) ||
+               moe_st_writer_add_f32(w, "aux_loss", a->out_dt, 1, &one, &s.aux_loss) ||
+               moe_st_writer_add_f32(w, "z_loss", a->out_dt, 1, &one, &s.z_loss) ||
                moe_st_writer_add(w, "expert_counts", MOE_DT_I32, 1, &E, counts) ||
                moe_st_writer_add(w, "dropped", MOE_DT_I32, 1, &one, &dropped) ||
                moe_st_writer_add(w, "capacity", MOE_DT_I32, 1, &one, &capacity) ||
-               (a->spec && moe_st_writer_add(w, "spec", MOE_DT_F32, 2, spec_shape, spec))))
+               (a->spec && moe_st_writer_add_f32(w, "spec", a->out_dt, 2, spec_shape, spec))))
     return cli_fail(CMD);
   if (a->backward) {
     moe_layer_zero_grad(l);
-    const float *dyl = (const float *)dy.data + (size_t)t0 * D;
+    const float *dyl = a->in[1] + (size_t)t0 * D;
     const float *dsl = dspec_p ? dspec_p + (size_t)t0 * k * D : NULL;
     if (moe_layer_backward(l, dyl, daux, dz, dsl, NULL, dxl) != MOE_OK) return cli_fail(CMD);
     if (gather(a->dist, dxl, tl, dx)) return 1;
-    if (root && moe_st_writer_add(w, "grad.x", MOE_DT_F32, 2, shp, dx)) return cli_fail(CMD);
+    if (root && moe_st_writer_add_f32(w, "grad.x", a->out_dt, 2, shp, dx)) return cli_fail(CMD);
     if (add_grads(a, l, w, scratch)) return 1;
   }
   if (root && moe_st_writer_save(w, a->out) != MOE_OK) return cli_fail(CMD);
@@ -261,6 +274,7 @@ int cmd_layer_run(int argc, char **argv) {
   else
     rc = run(&a, wf, xf, &l, w, bufs);
   for (int i = 0; i < 2; i++) free(bufs[i]);
+  for (int i = 0; i < 5; i++) free(a.in[i]);
   free(a.order);
   moe_layer_free(&l);
   moe_st_writer_free(w);

@@ -1,0 +1,19 @@
+/* See run_cli.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include "run_cli.h"
+#include "test.h"
+
+int run_moe(const char *env_prefix, const char *args, char *err, size_t n) {
+  char errp[512], cmd[4096];
+  test_tmp_path("run_moe_stderr.txt", errp, sizeof errp);
+  snprintf(cmd, sizeof cmd, "%s '%s' %s 2>'%s'", env_prefix ? env_prefix : "", MOE_CLI, args, errp);
+  int rc = system(cmd);
+  FILE *f = fopen(errp, "r");
+  size_t got = f && n ? fread(err, 1, n - 1, f) : 0;
+  if (n) err[got] = 0;
+  if (f) fclose(f);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
