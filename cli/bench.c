@@ -2,7 +2,9 @@
  * static dispatch), forward and forward+backward medians, achieved GFLOP/s of the expert GEMMs
  * against an sgemm measured in the same run with the same BLAS and threads, the layer workspace's
  * peak bytes and the process's peak resident memory. Each case is checked against a double-
- * precision reference on a few tokens before it is timed. A table by default, --json lines. */
+ * precision reference on a few tokens before it is timed. A table by default, --json lines.
+ * --dtype bf16 runs the experts' GEMMs in bf16 (fp32 accumulation); the ratio stays the one to the
+ * fp32 sgemm, so bf16 cases can exceed 1. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,17 @@
 #include "cli.h"
 
 static const char *CMD = "bench";
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: moe bench [--cases S,M,L] [--routing uniform,skewed] [--dispatch dynamic,static]\n"
+          "                 [--dtype f32|bf16] [--threads N] [--reps R] [--json] [--expert-parallel]\n"
+          "--cases, --routing and --dispatch take a comma-separated subset (any order, each name once;\n"
+          "default all). --dtype is the experts' compute dtype (default f32); the ratio (roofline_ratio)\n"
+          "is to the fp32 sgemm measured in the same run, so bf16 can exceed 1. --reps R: timed steps\n"
+          "per case (default 3), medians reported. Under mpirun -np W, --expert-parallel spreads the\n"
+          "experts over the ranks and reports time in exchanges and bytes sent.\n");
+}
 
 typedef struct { const char *name; int T, D, H, E, k; } bench_case;
 static const bench_case CASES[] = {
@@ -36,16 +49,32 @@ static float urand(void) { /* xorshift64 -> [-1, 1) */
   return (float)((rng >> 40) * 0x1.0p-23) - 1.0f;
 }
 
-/* Checks y for a few tokens against a double-precision evaluation of DESIGN 4.1 (relu experts). */
+/* dst = src (n values) rounded to bf16 as the layer rounds its GEMM inputs; tmp holds n bf16s. */
+static void round_bf16(float *dst, const float *src, uint16_t *tmp, size_t n) {
+  moe_bf16_from_f32(tmp, src, n);
+  moe_bf16_to_f32(dst, tmp, n);
+}
+
+/* Checks y for a few tokens against a double-precision evaluation of DESIGN 4.1 (relu experts). A
+ * bf16 layer is checked against the same evaluation of its bf16-rounded GEMM inputs (x, W1, h, W2),
+ * which leaves only the fp32 accumulation to the tolerance. */
 static int check_tokens(moe_layer_t *l, const float *x, const float *y, const moe_layer_stats *st, int T) {
-  int D = l->cfg.D, H = l->cfg.H, E = l->cfg.E, k = l->cfg.top_k;
+  int D = l->cfg.D, H = l->cfg.H, E = l->cfg.E, k = l->cfg.top_k, bf = l->cfg.dtype == MOE_DT_BF16;
+  int R = D > H ? D : H;
   const float *gw = moe_layer_param(l, "gate.weight"), *gb = moe_layer_param(l, "gate.bias");
   const float *w1 = moe_layer_param(l, "experts.fc1.weight"), *b1 = moe_layer_param(l, "experts.fc1.bias");
   const float *w2 = moe_layer_param(l, "experts.fc2.weight"), *b2 = moe_layer_param(l, "experts.fc2.bias");
   double *acc = calloc((size_t)D + H + E, sizeof(double)), *h = acc + D, *p = h + H;
-  int ok = acc != NULL;
+  float *xr = malloc(sizeof(float) * ((size_t)D + 2 * (size_t)R)), *wr = xr ? xr + D : NULL, *hr = wr ? wr + R : NULL;
+  uint16_t *tmp = malloc(sizeof(uint16_t) * (size_t)R);
+  int ok = acc && xr && tmp;
   for (int s = 0; s < 4 && ok; s++) {
     int t = (int)((size_t)s * 7919 % (size_t)T);
+    const float *xt = x + (size_t)t * D;
+    if (bf) {
+      round_bf16(xr, xt, tmp, (size_t)D);
+      xt = xr;
+    }
     double mx = -1e300, sum = 0;
     for (int e = 0; e < E; e++) {
       double z = gb[e];
@@ -61,24 +90,41 @@ static int check_tokens(moe_layer_t *l, const float *x, const float *y, const mo
       int e = st->experts[(size_t)t * k + j];
       double w = p[e] / sum / (k > 1 ? wsum : 1.0);
       for (int i = 0; i < H; i++) {
+        const float *wi = w1 + ((size_t)e * H + i) * D;
+        if (bf) {
+          round_bf16(wr, wi, tmp, (size_t)D);
+          wi = wr;
+        }
         double a = b1[(size_t)e * H + i];
-        for (int d = 0; d < D; d++) a += (double)w1[((size_t)e * H + i) * D + d] * x[(size_t)t * D + d];
+        for (int d = 0; d < D; d++) a += (double)wi[d] * xt[d];
         h[i] = a > 0 ? a : 0;
       }
+      if (bf) {
+        for (int i = 0; i < H; i++) hr[i] = (float)h[i];
+        round_bf16(hr, hr, tmp, (size_t)H);
+        for (int i = 0; i < H; i++) h[i] = hr[i];
+      }
       for (int d = 0; d < D; d++) {
+        const float *wd = w2 + ((size_t)e * D + d) * H;
+        if (bf) {
+          round_bf16(wr, wd, tmp, (size_t)H);
+          wd = wr;
+        }
         double o = b2[(size_t)e * D + d];
-        for (int i = 0; i < H; i++) o += (double)w2[((size_t)e * D + d) * H + i] * h[i];
+        for (int i = 0; i < H; i++) o += (double)wd[i] * h[i];
         acc[d] += w * o;
       }
     }
     for (int d = 0; d < D; d++) ok &= fabs(acc[d] - y[(size_t)t * D + d]) <= 1e-3 * (1 + fabs(acc[d]));
   }
   free(acc);
+  free(xr);
+  free(tmp);
   return ok;
 }
 
 typedef struct { int threads, reps, json, ncases, nrouting, ndispatch; const bench_case *cases[3];
-                 int routing[2], dispatch[2], expert_parallel; moe_dist *dist; } bench_opts;
+                 int routing[2], dispatch[2], expert_parallel; moe_dtype dtype; moe_dist *dist; } bench_opts;
 
 /* Expert-parallel: a barrier, so that every rank starts a timed step together. */
 static void barrier(const moe_dist *d) {
@@ -93,6 +139,7 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   cfg.dispatch = disp;
   cfg.capacity_setting = 1.25f;
   cfg.threads = o->threads;
+  cfg.dtype = o->dtype;
   cfg.dist = o->dist; /* expert-parallel: this rank routes tokens [t0, t1) and owns E/W experts */
   int W = moe_dist_size(o->dist), rank = moe_dist_rank(o->dist);
   int t0 = c->T * rank / W, Tl = c->T * (rank + 1) / W - t0;
@@ -101,6 +148,7 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   moe_layer_init_params(&l, 1);
   float *gb = moe_layer_param(&l, "gate.bias");
   for (int e = 0; e < c->E; e++) gb[e] = skewed ? -logf((float)e + 1.0f) : 0.0f;
+  moe_layer_params_changed(&l);
   size_t td = (size_t)c->T * c->D;
   float *x = malloc(td * 4), *y = malloc(td * 4), *dy = malloc(td * 4), *dx = malloc(td * 4);
   double *tf = malloc(sizeof(double) * (size_t)o->reps), *tb = malloc(sizeof(double) * (size_t)o->reps);
@@ -112,7 +160,8 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   if (moe_layer_forward(&l, xl, Tl, y, NULL, &st) != MOE_OK) { rc = cli_fail(CMD); goto done; }
   /* expert-parallel outputs are checked against one process by the test suite (tests/test_ep.c) */
   if (!o->dist && disp == MOE_DISPATCH_DYNAMIC && !check_tokens(&l, x, y, &st, c->T)) {
-    rc = cli_usage_error(CMD, "case %s: the layer's output differs from the reference", c->name);
+    rc = cli_usage_error(CMD, "case %s (%s): the layer's output differs from the reference", c->name,
+                         moe_compute_dtype_name(o->dtype));
     goto done;
   }
   if (moe_layer_backward(&l, dyl, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
@@ -140,24 +189,25 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   getrusage(RUSAGE_SELF, &ru);
   size_t peak = moe_layer_peak_bytes(&l), rss = (size_t)ru.ru_maxrss * 1024;
   const char *rt = skewed ? "skewed" : "uniform", *dn = moe_dispatch_name(disp);
+  const char *dt = moe_compute_dtype_name(o->dtype);
   if (rank != 0) goto done;
   if (o->dist && o->json)
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
-           "\"routing\": \"%s\", \"ranks\": %d, \"fwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, \"comm_ms\": %.3f, "
-           "\"compute_ms\": %.3f, \"bytes_per_step\": %.0f, \"gflops\": %.2f, \"peak_bytes\": %zu, \"dropped\": %d, "
-           "\"threads\": %d, \"blas\": \"%s\"}\n",
-           c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, W, fwd, fb, comm_ms, fb - comm_ms, bytes, gflops, peak,
-           st.dropped, o->threads, moe_blas_info());
+           "\"routing\": \"%s\", \"dtype\": \"%s\", \"ranks\": %d, \"fwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, "
+           "\"comm_ms\": %.3f, \"compute_ms\": %.3f, \"bytes_per_step\": %.0f, \"gflops\": %.2f, \"peak_bytes\": %zu, "
+           "\"dropped\": %d, \"threads\": %d, \"blas\": \"%s\"}\n",
+           c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, W, fwd, fb, comm_ms, fb - comm_ms, bytes, gflops,
+           peak, st.dropped, o->threads, moe_blas_info());
   else if (o->dist)
     printf("%-4s %-8s %-8s %9.1f %11.1f %9.1f %10.1f %12.1f %8d\n", c->name, rt, dn, fwd, fb, comm_ms, fb - comm_ms,
            bytes / 1048576.0, st.dropped);
   else if (o->json)
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
-           "\"routing\": \"%s\", \"fwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, \"gflops\": %.2f, \"sgemm_gflops\": %.2f, "
-           "\"roofline_ratio\": %.4f, \"peak_bytes\": %zu, \"peak_rss_bytes\": %zu, \"dropped\": %d, "
-           "\"capacity\": %d, \"threads\": %d, \"blas\": \"%s\"}\n",
-           c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, fwd, fb, gflops, sg, gflops / sg, peak, rss, st.dropped,
-           st.capacity, o->threads, moe_blas_info());
+           "\"routing\": \"%s\", \"dtype\": \"%s\", \"fwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, \"gflops\": %.2f, "
+           "\"sgemm_gflops\": %.2f, \"roofline_ratio\": %.4f, \"peak_bytes\": %zu, \"peak_rss_bytes\": %zu, "
+           "\"dropped\": %d, \"capacity\": %d, \"threads\": %d, \"blas\": \"%s\"}\n",
+           c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, fwd, fb, gflops, sg, gflops / sg, peak, rss,
+           st.dropped, st.capacity, o->threads, moe_blas_info());
   else
     printf("%-4s %-8s %-8s %9.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, fwd, fb, gflops,
            gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
@@ -168,41 +218,57 @@ done:
   return rc;
 }
 
-/* Comma-separated names -> indices into names[]; returns the count or -1. */
-static int parse_list(const char *v, const char *const *names, int n, int *out, int max) {
-  int cnt = 0;
-  char buf[64];
-  snprintf(buf, sizeof buf, "%s", v);
-  for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
-    int found = -1;
-    for (int i = 0; i < n; i++) if (!strcmp(t, names[i])) found = i;
-    if (found < 0 || cnt == max) return -1;
-    out[cnt++] = found;
+/* Comma-separated names -> indices into names[], each name at most once; returns the count, or
+ * prints what is wrong (naming flag f and the name) and returns -1. what: "case", "routing"... */
+static int parse_list(const char *f, const char *v, const char *const *names, int n, int *out, const char *what) {
+  char want[64] = "";
+  for (int i = 0; i < n; i++) {
+    strcat(want, names[i]);
+    if (i + 1 < n) strcat(want, ",");
   }
-  return cnt;
+  int cnt = 0;
+  for (const char *t = v;; t++) {
+    int len = (int)strcspn(t, ","), found = -1;
+    for (int i = 0; i < n; i++)
+      if ((int)strlen(names[i]) == len && !strncmp(t, names[i], (size_t)len)) found = i;
+    if (found < 0) {
+      cli_usage_error(CMD, "%s: unknown %s '%.*s' in '%s' (want a comma-separated subset of %s)", f, what, len, t,
+                      v, want);
+      return -1;
+    }
+    for (int j = 0; j < cnt; j++)
+      if (out[j] == found) {
+        cli_usage_error(CMD, "%s: %s '%s' given twice in '%s'", f, what, names[found], v);
+        return -1;
+      }
+    out[cnt++] = found;
+    t += len;
+    if (!*t) return cnt;
+  }
 }
 
 int cmd_bench(int argc, char **argv) {
   bench_opts o = {.threads = 0, .reps = 3, .ncases = 3, .nrouting = 2, .ndispatch = 2,
-                  .routing = {0, 1}, .dispatch = {0, 1}};
+                  .routing = {0, 1}, .dispatch = {0, 1}, .dtype = MOE_DT_F32};
   int idx[3] = {0, 1, 2};
   static const char *const cn[] = {"S", "M", "L"}, *const rn[] = {"uniform", "skewed"},
                            *const dn[] = {"dynamic", "static"};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
+    if (cli_flag_is(f, "help")) { usage(); return 0; }
     if (cli_flag_is(f, "json")) { o.json = 1; continue; }
     if (cli_flag_is(f, "expert_parallel")) { o.expert_parallel = 1; continue; }
-    if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f);
+    if (i + 1 >= argc) { usage(); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
     const char *v = argv[++i];
-    int ok = 1;
+    int ok = 1, listed = 0; /* listed < 0: parse_list has said what is wrong */
     if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o.threads) && o.threads >= 0;
     else if (cli_flag_is(f, "reps")) ok = cli_parse_int(v, &o.reps) && o.reps >= 1 && o.reps <= 100;
-    else if (cli_flag_is(f, "cases")) ok = (o.ncases = parse_list(v, cn, 3, idx, 3)) > 0;
-    else if (cli_flag_is(f, "routing")) ok = (o.nrouting = parse_list(v, rn, 2, o.routing, 2)) > 0;
-    else if (cli_flag_is(f, "dispatch")) ok = (o.ndispatch = parse_list(v, dn, 2, o.dispatch, 2)) > 0;
-    else
-      return cli_usage_error(CMD, "unknown flag '%s' (usage: moe bench [--cases S,M,L] [--routing uniform,skewed] "
-                                  "[--dispatch dynamic,static] [--threads N] [--reps R] [--json] [--expert-parallel])", f);
+    else if (cli_flag_is(f, "cases")) listed = o.ncases = parse_list(f, v, cn, 3, idx, "case");
+    else if (cli_flag_is(f, "routing")) listed = o.nrouting = parse_list(f, v, rn, 2, o.routing, "routing");
+    else if (cli_flag_is(f, "dispatch")) listed = o.ndispatch = parse_list(f, v, dn, 2, o.dispatch, "dispatch");
+    else if (cli_flag_is(f, "dtype")) { if (moe_dtype_parse(v, "--dtype", &o.dtype) != MOE_OK) return cli_fail(CMD); }
+    else { usage(); return cli_usage_error(CMD, "unknown flag '%s'", f); }
+    if (listed < 0) return 1;
     if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
   }
   for (int i = 0; i < o.ncases; i++) o.cases[i] = &CASES[idx[i]];
@@ -210,13 +276,19 @@ int cmd_bench(int argc, char **argv) {
   int W = moe_dist_size(o.dist), root = moe_dist_rank(o.dist) == 0;
   if (!o.threads) o.threads = cli_cpu_count() / W > 0 ? cli_cpu_count() / W : 1;
   double sg = moe_sgemm_gflops(2048, o.threads, 3);
+  /* the experts' dtype, and for bf16 whether oneDNN runs it on the CPU's bf16 instructions */
+  const char *dt = moe_compute_dtype_name(o.dtype);
+  const char *bfi = o.dtype != MOE_DT_BF16 ? ""
+                    : moe_bf16_native()    ? " (oneDNN, native AVX512-BF16)"
+                                           : " (oneDNN, not native: no AVX512-BF16)";
   if (!o.json && root && o.dist) {
-    printf("moe %s, %s, %d ranks x %d threads; per step: fwd+bwd, time in exchanges, bytes sent (all ranks)\n",
-           MOE_VERSION, moe_blas_info(), W, o.threads);
+    printf("moe %s, %s, experts in %s%s, %d ranks x %d threads; per step: fwd+bwd, time in exchanges, bytes sent "
+           "(all ranks)\n", MOE_VERSION, moe_blas_info(), dt, bfi, W, o.threads);
     printf("%-4s %-8s %-8s %9s %11s %9s %10s %12s %8s\n", "case", "routing", "dispatch", "fwd_ms", "fwdbwd_ms",
            "comm_ms", "compute_ms", "MiB_sent", "dropped");
   } else if (!o.json && root) {
-    printf("moe %s, %s, %d threads; sgemm 2048^3: %.1f GFLOP/s\n", MOE_VERSION, moe_blas_info(), o.threads, sg);
+    printf("moe %s, %s, experts in %s%s, %d threads; fp32 sgemm 2048^3: %.1f GFLOP/s\n", MOE_VERSION,
+           moe_blas_info(), dt, bfi, o.threads, sg);
     printf("%-4s %-8s %-8s %9s %11s %9s %7s %10s %10s %8s\n", "case", "routing", "dispatch", "fwd_ms", "fwdbwd_ms",
            "GFLOP/s", "ratio", "peak_MiB", "rss_MiB", "dropped");
   }

@@ -39,12 +39,13 @@ static void usage(void) {
     "       [--capacity X|dynamic [--delta-launch N] [--headroom H]] [--dispatch dynamic|static]\n"
     "       [--priority index|score] [--router linear|cosine]\n"
     "       [--cache-assignments [--cache-on 0.96] [--cache-off 0.90] [--cache-min-epoch 10]]\n"
-    "       [--activation relu|gelu|silu|swiglu] [--loss cooperation|specification]\n"
+    "       [--activation relu|gelu|silu|swiglu] [--loss cooperation|specification] [--dtype f32|bf16]\n"
     "       [--aux-weight W] [--z-weight W] [--optimizer adam|sgd] [--lr LR] [--weight-decay W]\n"
     "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
     "       [--seed S] [--threads N] [--checkpoint F] [--resume F] [--trace F] [--json] [--log-steps]\n"
     "--epochs is the planned total (the learning-rate schedule's horizon); --stop-after N ends this run\n"
-    "after epoch N, and --resume F continues from checkpoint F.\n");
+    "after epoch N, and --resume F continues from checkpoint F. --dtype bf16 runs the expert GEMMs in\n"
+    "bf16 (fp32 accumulation, fp32 master weights); its checkpoints store the expert weights as BF16.\n");
 }
 
 static void defaults(train_opts *o) {
@@ -98,6 +99,7 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
     else if (cli_flag_is(f, "priority")) st = moe_priority_parse(v, "--priority", &m->priority);
     else if (cli_flag_is(f, "router")) st = moe_router_parse(v, "--router", &m->router);
     else if (cli_flag_is(f, "activation")) st = moe_act_parse(v, "--activation", &m->act);
+    else if (cli_flag_is(f, "dtype")) st = moe_dtype_parse(v, "--dtype", &m->dtype);
     else if (cli_flag_is(f, "loss")) st = moe_loss_parse(v, "--loss", &o->model.loss);
     else if (cli_flag_is(f, "aux_weight")) ok = cli_parse_float(v, &o->model.aux_weight);
     else if (cli_flag_is(f, "z_weight")) ok = cli_parse_float(v, &o->model.z_weight);

@@ -23,6 +23,16 @@
     MOE_CHECK(moe_st_writer_meta(w, key, b_));               \
   } while (0)
 
+/* A bf16 model's expert matrices: stored as BF16 (what the experts compute with, and what PyTorch
+ * loads as torch.bfloat16), with their fp32 masters as master.<name> in training checkpoints. */
+static int bf16_ref(const moe_model_t *m, const moe_tensor_ref *r) {
+  return m->cfg.moe.dtype == MOE_DT_BF16 && r->ndim == 3 && strstr(r->name, "experts.fc") != NULL;
+}
+
+static moe_dtype stored_dtype(const moe_model_t *m, const moe_tensor_ref *r) {
+  return bf16_ref(m, r) ? MOE_DT_BF16 : MOE_DT_F32;
+}
+
 static moe_status save_into(moe_st_writer *w, const moe_model_t *m, const moe_optim_t *o,
                             const moe_train_state *ts) {
   const moe_model_config *c = &m->cfg;
@@ -44,7 +54,7 @@ static moe_status save_into(moe_st_writer *w, const moe_model_t *m, const moe_op
   META_F(w, "z_weight", c->z_weight);
   for (int i = 0; i < m->nrefs; i++) {
     const moe_tensor_ref *r = &m->refs[i];
-    MOE_CHECK(moe_st_writer_add(w, r->name, MOE_DT_F32, r->ndim, r->shape, r->data));
+    MOE_CHECK(moe_st_writer_add_f32(w, r->name, stored_dtype(m, r), r->ndim, r->shape, r->data));
   }
   if (ts) {
     META_I(w, "epoch", ts->epoch);
@@ -66,6 +76,10 @@ static moe_status save_into(moe_st_writer *w, const moe_model_t *m, const moe_op
   for (int i = 0; i < m->nrefs; i++) {
     const moe_tensor_ref *r = &m->refs[i];
     char name[96];
+    if (bf16_ref(m, r)) {
+      snprintf(name, sizeof name, "master.%s", r->name);
+      MOE_CHECK(moe_st_writer_add(w, name, MOE_DT_F32, r->ndim, r->shape, r->data));
+    }
     snprintf(name, sizeof name, "optim.m.%s", r->name);
     MOE_CHECK(moe_st_writer_add(w, name, MOE_DT_F32, r->ndim, r->shape, o->m + off));
     if (o->v) {
@@ -87,17 +101,24 @@ moe_status moe_checkpoint_save(const char *path, const moe_model_t *m, const moe
   return st;
 }
 
-/* Copies tensor `name` of f (F32, the ref's exact shape) into dst. */
-static moe_status copy_tensor(const moe_st *f, const char *name, const moe_tensor_ref *r, float *dst) {
+/* Copies tensor `name` of f (dtype want, F32 or BF16; the ref's exact shape) into dst as float32. */
+static moe_status copy_tensor(const moe_st *f, moe_dtype want, const char *name, const moe_tensor_ref *r,
+                              float *dst) {
   moe_tensor_view v;
   MOE_CHECK(moe_st_get(f, name, &v));
-  MOE_TRY(v.dtype == MOE_DT_F32, MOE_ERR_DTYPE, "%s: tensor '%s' has dtype %s, want F32", moe_st_path(f), name,
-          moe_dtype_name(v.dtype));
+  MOE_TRY(v.dtype == want, MOE_ERR_DTYPE, "%s: tensor '%s' has dtype %s, want %s", moe_st_path(f), name,
+          moe_dtype_name(v.dtype), moe_dtype_name(want));
   int same = v.ndim == r->ndim;
   for (int d = 0; same && d < r->ndim; d++) same = v.shape[d] == r->shape[d];
   MOE_TRY(same, MOE_ERR_SHAPE, "%s: tensor '%s' does not have the shape the configuration gives", moe_st_path(f),
           name);
-  return moe_st_read(f, &v, 0, r->numel * 4, dst); /* from memory, or from the file when lazy */
+  if (want == MOE_DT_F32) return moe_st_read(f, &v, 0, r->numel * 4, dst); /* from memory, or the file when lazy */
+  uint16_t *b = malloc(r->numel * 2 + 2);
+  MOE_TRY(b, MOE_ERR_NOMEM, "%s: out of memory for tensor '%s'", moe_st_path(f), name);
+  moe_status st = moe_st_read(f, &v, 0, r->numel * 2, b);
+  if (st == MOE_OK) moe_bf16_to_f32(dst, b, r->numel);
+  free(b);
+  return st;
 }
 
 /* A non-negative 64-bit __metadata__ value (absent: *out unchanged). */
@@ -150,7 +171,7 @@ static moe_status load_from(const moe_st *f, moe_model_t *m, moe_optim_t *o, moe
     snprintf(msg, sizeof msg, "%s", moe_last_error());
     return moe__error(st, __FILE__, __LINE__, "%s: %s", moe_st_path(f), msg);
   }
-  for (int i = 0; i < m->nrefs; i++) MOE_CHECK(copy_tensor(f, m->refs[i].name, &m->refs[i], m->refs[i].data));
+  for (int i = 0; i < m->nrefs; i++) MOE_CHECK(copy_tensor(f, stored_dtype(m, &m->refs[i]), m->refs[i].name, &m->refs[i], m->refs[i].data));
   int expected = m->nrefs;
   if (ts) {
     memset(ts, 0, sizeof *ts);
@@ -166,6 +187,7 @@ static moe_status load_from(const moe_st *f, moe_model_t *m, moe_optim_t *o, moe
   }
   const char *kind = moe_st_meta(f, "optimizer");
   if (kind) expected += m->nrefs * (strcmp(kind, "adam") ? 1 : 2);
+  for (int i = 0; kind && i < m->nrefs; i++) expected += bf16_ref(m, &m->refs[i]); /* the masters */
   if (o && kind) {
     moe_optim_config oc;
     moe_optim_config_default(&oc);
@@ -185,11 +207,15 @@ static moe_status load_from(const moe_st *f, moe_model_t *m, moe_optim_t *o, moe
     size_t off = 0;
     for (int i = 0; i < m->nrefs; i++) {
       char name[96];
+      if (bf16_ref(m, &m->refs[i])) { /* training goes on from the fp32 masters */
+        snprintf(name, sizeof name, "master.%s", m->refs[i].name);
+        MOE_CHECK(copy_tensor(f, MOE_DT_F32, name, &m->refs[i], m->refs[i].data));
+      }
       snprintf(name, sizeof name, "optim.m.%s", m->refs[i].name);
-      MOE_CHECK(copy_tensor(f, name, &m->refs[i], o->m + off));
+      MOE_CHECK(copy_tensor(f, MOE_DT_F32, name, &m->refs[i], o->m + off));
       if (o->v) {
         snprintf(name, sizeof name, "optim.v.%s", m->refs[i].name);
-        MOE_CHECK(copy_tensor(f, name, &m->refs[i], o->v + off));
+        MOE_CHECK(copy_tensor(f, MOE_DT_F32, name, &m->refs[i], o->v + off));
       }
       off += m->refs[i].numel;
     }
@@ -217,7 +243,7 @@ static moe_status load_serving(moe_st *f, moe_model_t *m, int K, moe_cache_polic
     return moe__error(st, __FILE__, __LINE__, "%s: %s", moe_st_path(f), msg);
   }
   m->file = f;
-  for (int i = 0; i < m->nrefs; i++) MOE_CHECK(copy_tensor(f, m->refs[i].name, &m->refs[i], m->refs[i].data));
+  for (int i = 0; i < m->nrefs; i++) MOE_CHECK(copy_tensor(f, stored_dtype(m, &m->refs[i]), m->refs[i].name, &m->refs[i], m->refs[i].data));
   m->caches = calloc((size_t)c.blocks, sizeof *m->caches);
   MOE_TRY(m->caches, MOE_ERR_NOMEM, "out of memory");
   for (int i = 0; i < c.blocks; i++) {

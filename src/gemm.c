@@ -47,7 +47,7 @@ moe_status moe__gemm_run(const moe__gemm *g, int n, int threads) {
   threads = moe__threads(threads);
   for (int i = 0; i < n; i++)
     if (g[i].bf16) {
-      MOE_CHECK(moe__gemm_bf16_ready());
+      moe__gemm_bf16_init();
       break;
     }
   while (n > MAX_TILES) { /* batches small enough for one tile each */
@@ -97,7 +97,7 @@ moe_status moe__gemm_run(const moe__gemm *g, int n, int threads) {
       failed |= !gemm_one(&tile);
     }
   }
-  MOE_TRY(!failed, MOE_ERR_NOMEM, "oneDNN could not run a bf16 GEMM (out of memory?)");
+  MOE_TRY(!failed, MOE_ERR_NOMEM, "a bf16 GEMM failed: out of memory");
   return MOE_OK;
 }
 

@@ -19,12 +19,12 @@ typedef struct {
   bool bf16;    /* A and B are bf16; fp32 accumulation into C; alpha must be 1 and beta 0 or 1 */
 } moe__gemm;
 
-/* Runs the n GEMMs; they must not write overlapping parts of C. Fails only for bf16 GEMMs that
- * oneDNN cannot run (no memory). */
+/* Runs the n GEMMs; they must not write overlapping parts of C. Fails only for bf16 GEMMs without
+ * memory. */
 moe_status moe__gemm_run(const moe__gemm *g, int n, int threads);
-/* gemm_bf16.c: oneDNN's bf16 matmul, set up once (MOE_ERR_STATE if it cannot be), and one GEMM
- * (returns 0 on failure). */
-moe_status moe__gemm_bf16_ready(void);
+/* gemm_bf16.c: oneDNN's bf16 matmul (or the widening path where it has none), set up once before
+ * the first bf16 GEMM; and one GEMM (returns 0 when out of memory). */
+void moe__gemm_bf16_init(void);
 int moe__gemm_bf16_one(const moe__gemm *g);
 /* Threads to use for a requested count (0 = all cores). */
 int moe__threads(int requested);

@@ -2,19 +2,22 @@
  * (op(A), op(B), beta) with every dimension and stride given at run time, so a handful of primitives
  * serve all expert sizes: oneDNN then picks its JIT GEMM, which uses AVX512-BF16 where the CPU has
  * it, and measured faster here than per-shape brgemm primitives (DESIGN 3b shapes). Called from
- * inside the tiled grouped GEMM's OpenMP region, one tile per call and thread. */
+ * inside the tiled grouped GEMM's OpenMP region, one tile per call and thread. Where oneDNN has no
+ * bf16 matmul for this CPU (before AVX-512), the operands are widened to fp32 and go to fp32 BLAS:
+ * the same products (bf16 x bf16 is exact in fp32), slower. */
+#include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "gemm.h"
 #include "internal.h"
 
 static dnnl_engine_t engine;
 static dnnl_primitive_t prims[2][2][2]; /* [ta][tb][beta != 0] */
-static int native;
+static int native, widen; /* widen: no oneDNN bf16 matmul here, the fp32 BLAS path */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static const char *init_error;
 
 /* A (rows, cols) matrix descriptor; `trans`: stored transposed (column-major), with leading dimension ld. */
 static dnnl_status_t desc(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int64_t ld, int trans,
@@ -24,8 +27,9 @@ static dnnl_status_t desc(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, in
 }
 
 static void init(void) {
+  widen = 1;
   if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
-    init_error = "oneDNN: no CPU engine";
+    fprintf(stderr, "libmoe: oneDNN has no CPU engine: bf16 GEMMs run widened to fp32 (slower)\n");
     return;
   }
   const int64_t R = DNNL_RUNTIME_DIM_VAL;
@@ -51,10 +55,12 @@ static void init(void) {
         if (po) dnnl_post_ops_destroy(po);
         if (attr) dnnl_primitive_attr_destroy(attr);
         if (!ok) {
-          init_error = "oneDNN: cannot create a bf16 matmul";
+          fprintf(stderr, "libmoe: this CPU (or DNNL_MAX_CPU_ISA) lacks AVX512-BF16 and oneDNN has no bf16 "
+                          "matmul for it: bf16 GEMMs run widened to fp32 (slower)\n");
           return;
         }
       }
+  widen = 0;
   dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
   native = ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) == (unsigned)dnnl_cpu_isa_avx512_core_bf16;
   if (!native)
@@ -62,21 +68,37 @@ static void init(void) {
                     "slower path\n");
 }
 
-moe_status moe__gemm_bf16_ready(void) {
-  pthread_once(&once, init);
-  MOE_TRY(!init_error, MOE_ERR_STATE, "bf16 GEMMs unavailable: %s", init_error);
-  return MOE_OK;
-}
+void moe__gemm_bf16_init(void) { pthread_once(&once, init); }
 
 int moe_bf16_native(void) {
   pthread_once(&once, init);
-  return !init_error && native;
+  return native;
+}
+
+/* rows x cols bf16 at stride ld -> dense fp32 (allocated; NULL without memory). */
+static float *widened(const uint16_t *a, int rows, int cols, int ld) {
+  float *w = malloc((size_t)rows * cols * 4 + 4);
+  for (int r = 0; w && r < rows; r++) moe_bf16_to_f32(w + (size_t)r * cols, a + (size_t)r * ld, (size_t)cols);
+  return w;
+}
+
+static int gemm_widened(const moe__gemm *g) {
+  int ar = g->ta ? g->K : g->M, ac = g->ta ? g->M : g->K, br = g->tb ? g->N : g->K, bc = g->tb ? g->K : g->N;
+  float *a = widened(g->A, ar, ac, g->lda), *b = widened(g->B, br, bc, g->ldb);
+  if (a && b)
+    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, g->M, g->N,
+                g->K, 1.0f, a, ac, b, bc, g->beta, g->C, g->ldc);
+  int ok = a && b;
+  free(a);
+  free(b);
+  return ok;
 }
 
 /* One thread's stream, made on first use (OpenMP threads live as long as the process). */
 static _Thread_local dnnl_stream_t stream;
 
 int moe__gemm_bf16_one(const moe__gemm *g) {
+  if (widen) return gemm_widened(g);
   if (!stream && dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success) stream = NULL;
   dnnl_memory_desc_t a, b, c;
   dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;

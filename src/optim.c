@@ -72,6 +72,7 @@ void moe_optim_step(moe_optim_t *o, moe_model_t *m, float lr) {
     }
     off += r->numel;
   }
+  for (int i = 0; i < m->cfg.blocks; i++) moe_layer_params_changed(&m->layers[i]); /* bf16 copies */
 }
 
 float moe_lr_schedule(float base, int64_t s, int64_t warmup, int64_t total) {

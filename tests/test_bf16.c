@@ -130,10 +130,12 @@ TEST(bf16_layer_run_matches_pytorch) {
 }
 
 /* Without AVX512-BF16 (as oneDNN sees it under DNNL_MAX_CPU_ISA) bf16 runs a slower path, says so,
- * and gives the same answers. */
+ * and gives the same answers: oneDNN's own on AVX-512 CPUs, widening to fp32 BLAS before them. */
 TEST(bf16_without_avx512_bf16_says_so_and_agrees) {
   ASSERT(layer_run_case("relu_k2_cap1_index_static", "", "DNNL_MAX_CPU_ISA=AVX512_CORE"));
-  ASSERT(strstr(err, "lacks AVX512-BF16") != NULL);
+  ASSERT(strstr(err, "lacks AVX512-BF16") && strstr(err, "oneDNN's slower path"));
+  ASSERT(layer_run_case("silu_k3_dynamic", "--threads 2", "DNNL_MAX_CPU_ISA=AVX2"));
+  ASSERT(strstr(err, "lacks AVX512-BF16") && strstr(err, "widened to fp32"));
 }
 
 /* --dtype bf16 on fp32 weights: the fp32 contract (DESIGN 4.1) within what bf16 rounding explains,

@@ -194,3 +194,49 @@ TEST(cli_rejects_bad_files) {
   write_raw(test_tmp_path("json.safetensors", p, sizeof p), "{\"x\":{\"dtype\":", d, 0);
   EXPECT_REJECT(w, p, "", "json.safetensors");
 }
+
+/* Runs `moe bench ARGS`; returns the exit status, stdout in out (n bytes at most), stderr in err_text. */
+static int bench_run(const char *args, char *out, size_t n) {
+  char outp[512], errp[512], cmd[2048];
+  test_tmp_path("bench_stdout.txt", outp, sizeof outp);
+  test_tmp_path("bench_stderr.txt", errp, sizeof errp);
+  snprintf(cmd, sizeof cmd, "'%s' bench %s >'%s' 2>'%s'", MOE_CLI, args, outp, errp);
+  int rc = system(cmd);
+  const char *paths[2] = {outp, errp};
+  char *bufs[2] = {out, err_text};
+  size_t sizes[2] = {n, sizeof err_text};
+  for (int i = 0; i < 2; i++) {
+    FILE *f = fopen(paths[i], "r");
+    size_t got = f ? fread(bufs[i], 1, sizes[i] - 1, f) : 0;
+    bufs[i][got] = 0;
+    if (f) fclose(f);
+  }
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+/* moe bench --dtype bf16 --cases S (one routing, one dispatch, one timed step: about a second): one
+ * JSON line, case S in bf16, checked against the reference by bench itself; a bad --dtype or --cases
+ * value fails naming the value. */
+TEST(cli_bench_dtype_cases) {
+  char out[8192];
+  int rc = bench_run("--dtype bf16 --cases S --routing uniform --dispatch dynamic --reps 1 --json", out, sizeof out);
+  if (rc != 0) FAIL_("moe bench failed (%d): %s", rc, err_text);
+  int lines = 0;
+  for (const char *p = out; (p = strchr(p, '\n')); p++) lines++;
+  ASSERT_EQ_INT(lines, 1);
+  ASSERT(strstr(out, "\"case\": \"S\""));
+  ASSERT(strstr(out, "\"dtype\": \"bf16\""));
+  ASSERT(strstr(out, "\"roofline_ratio\": "));
+  ASSERT(!strstr(out, "\"case\": \"M\"") && !strstr(out, "\"case\": \"L\""));
+
+  ASSERT(bench_run("--dtype f16 --cases S --reps 1 --json", out, sizeof out) != 0);
+  if (!strstr(err_text, "--dtype") || !strstr(err_text, "'f16'"))
+    FAIL_("stderr '%s' does not name --dtype f16", err_text);
+  ASSERT(!strstr(out, "\"case\""));
+  ASSERT(bench_run("--cases S,X --reps 1 --json", out, sizeof out) != 0);
+  if (!strstr(err_text, "--cases") || !strstr(err_text, "'X'"))
+    FAIL_("stderr '%s' does not name --cases X", err_text);
+  ASSERT(!strstr(out, "\"case\""));
+  ASSERT(bench_run("--cases S,S --reps 1 --json", out, sizeof out) != 0);
+  if (!strstr(err_text, "'S' given twice")) FAIL_("stderr '%s' does not name the repeated S", err_text);
+}
