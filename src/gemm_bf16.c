@@ -94,15 +94,12 @@ static int gemm_widened(const moe__gemm *g) {
   return ok;
 }
 
-/* One thread's stream, made on first use (OpenMP threads live as long as the process). */
-static _Thread_local dnnl_stream_t stream;
-
 int moe__gemm_bf16_one(const moe__gemm *g) {
   if (widen) return gemm_widened(g);
-  if (!stream && dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success) stream = NULL;
+  dnnl_stream_t stream = NULL; /* one per call: cheap on a CPU, and nothing outlives it */
   dnnl_memory_desc_t a, b, c;
   dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
-  int ok = stream && desc(&a, g->M, g->K, g->lda, g->ta, dnnl_bf16) == dnnl_success &&
+  int ok = dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) == dnnl_success && desc(&a, g->M, g->K, g->lda, g->ta, dnnl_bf16) == dnnl_success &&
            desc(&b, g->K, g->N, g->ldb, g->tb, dnnl_bf16) == dnnl_success &&
            desc(&c, g->M, g->N, g->ldc, 0, dnnl_f32) == dnnl_success &&
            dnnl_memory_create(&ma, &a, engine, (void *)g->A) == dnnl_success &&
@@ -115,5 +112,6 @@ int moe__gemm_bf16_one(const moe__gemm *g) {
   if (mc) dnnl_memory_destroy(mc);
   if (mb) dnnl_memory_destroy(mb);
   if (ma) dnnl_memory_destroy(ma);
+  if (stream) dnnl_stream_destroy(stream);
   return ok;
 }
