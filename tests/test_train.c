@@ -74,7 +74,8 @@ TEST(train_loss_falls_and_beats_chance) {
   free(e);
 }
 
-TEST(train_resume_is_bit_exact) {
+/* 2 epochs, and 1 + 1 resumed (with `extra` flags): the same checkpoint bytes and per-step losses. */
+static void resume_is_bit_exact(const char *extra, int *failed_) {
   const char *data_dir = synth_data_dir();
   char args[3000], ca[512], cb[512], oa[512], ob1[512], ob2[512], err[2048];
   test_tmp_path("res_a.safetensors", ca, sizeof ca);
@@ -82,10 +83,10 @@ TEST(train_resume_is_bit_exact) {
   test_tmp_path("res_a.txt", oa, sizeof oa);
   test_tmp_path("res_b1.txt", ob1, sizeof ob1);
   test_tmp_path("res_b2.txt", ob2, sizeof ob2);
-  snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 2 --log-steps --checkpoint '%s'", data_dir, ca);
+  snprintf(args, sizeof args, "train --data '%s' " SMALL " %s --epochs 2 --log-steps --checkpoint '%s'", data_dir, extra, ca);
   ASSERT_EQ_INT(moe(args, oa, err, sizeof err), 0);
-  snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 2 --stop-after 1 --log-steps --checkpoint '%s'",
-           data_dir, cb);
+  snprintf(args, sizeof args, "train --data '%s' " SMALL " %s --epochs 2 --stop-after 1 --log-steps --checkpoint '%s'",
+           data_dir, extra, cb);
   ASSERT_EQ_INT(moe(args, ob1, err, sizeof err), 0);
   snprintf(args, sizeof args, "train --data '%s' --threads 2 --resume '%s' --log-steps --checkpoint '%s'", data_dir,
            cb, cb);
@@ -112,6 +113,39 @@ TEST(train_resume_is_bit_exact) {
   free(l2);
   ASSERT(strlen(steps_a) > 100);
   ASSERT(!strcmp(steps_a, steps_b));
+}
+
+TEST(train_resume_is_bit_exact) { resume_is_bit_exact("", failed_); }
+
+/* bf16 experts: resumes bit-exactly too (from the fp32 masters), stores the expert matrices as BF16
+ * beside their masters, learns, and eval from the checkpoint reproduces train's accuracy. */
+TEST(train_bf16) {
+  resume_is_bit_exact("--dtype bf16", failed_);
+  char ca[512], args[2000], out[512], err[2048];
+  test_tmp_path("res_a.safetensors", ca, sizeof ca);
+  moe_st *f = NULL;
+  ASSERT_OK(moe_st_open(&f, ca));
+  moe_tensor_view v;
+  ASSERT_OK(moe_st_get(f, "blocks.0.moe.experts.fc1.weight", &v));
+  ASSERT(v.dtype == MOE_DT_BF16);
+  ASSERT_OK(moe_st_get(f, "master.blocks.0.moe.experts.fc1.weight", &v));
+  ASSERT(v.dtype == MOE_DT_F32);
+  ASSERT(moe_st_meta(f, "dtype") && !strcmp(moe_st_meta(f, "dtype"), "bf16"));
+  moe_st_close(f);
+  test_tmp_path("eval_bf16.txt", out, sizeof out);
+  snprintf(args, sizeof args, "eval --checkpoint '%s' --data '%s'", ca, synth_data_dir());
+  ASSERT_EQ_INT(moe(args, out, err, sizeof err), 0);
+  char *e = slurp(out, NULL);
+  ASSERT(e && !strncmp(e, "test_accuracy=", 14));
+  double acc = atof(e + 14);
+  free(e);
+  ASSERT(acc > 0.6); /* chance is 0.1 */
+  char oa[512];
+  test_tmp_path("res_a.txt", oa, sizeof oa);
+  char *t = slurp(oa, NULL), *line = t ? strstr(t, "test_accuracy=") : NULL;
+  double train_acc = line ? atof(line + 14) : -1;
+  free(t);
+  ASSERT_NEAR(acc, train_acc, 1e-9);
 }
 
 TEST(train_interrupt_keeps_checkpoint) {
