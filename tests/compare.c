@@ -36,3 +36,15 @@ int tensors_close_norm(const char *name, const float *a, const float *b, size_t 
           ref > 0 ? diff / ref : diff, ref, tol);
   return 0;
 }
+
+int tensor_dtype_is(const moe_st *f, const char *name, moe_dtype dt) {
+  moe_tensor_view v;
+  if (moe_st_get(f, name, &v) != MOE_OK) {
+    fprintf(stderr, "  %s\n", moe_last_error());
+    return 0;
+  }
+  if (v.dtype == dt) return 1;
+  fprintf(stderr, "  %s: tensor '%s' is %s, want %s\n", moe_st_path(f), name, moe_dtype_name(v.dtype),
+          moe_dtype_name(dt));
+  return 0;
+}
