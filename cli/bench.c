@@ -3,8 +3,8 @@
  * against an sgemm measured in the same run with the same BLAS and threads, the layer workspace's
  * peak bytes and the process's peak resident memory. Each case is checked against a double-
  * precision reference on a few tokens before it is timed. A table by default, --json lines.
- * --dtype bf16 runs the experts' GEMMs in bf16 (fp32 accumulation); the ratio stays the one to the
- * fp32 sgemm, so bf16 cases can exceed 1. */
+ * --dtype f32,bf16 runs each case with the experts' GEMMs in fp32, then bf16 (fp32 accumulation); the
+ * ratio stays the one to the fp32 sgemm, so bf16 rows can exceed 1. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,9 +19,9 @@ static const char *CMD = "bench";
 static void usage(void) {
   fprintf(stderr,
           "usage: moe bench [--cases S,M,L] [--routing uniform,skewed] [--dispatch dynamic,static]\n"
-          "                 [--dtype f32|bf16] [--threads N] [--reps R] [--json] [--expert-parallel]\n"
-          "--cases, --routing and --dispatch take a comma-separated subset (any order, each name once;\n"
-          "default all). --dtype is the experts' compute dtype (default f32); the ratio (roofline_ratio)\n"
+          "                 [--dtype f32,bf16] [--threads N] [--reps R] [--json] [--expert-parallel]\n"
+          "--cases, --routing, --dispatch and --dtype take a comma-separated subset (any order, each name\n"
+          "once; default all, but --dtype f32). --dtype: the experts' compute dtypes; the ratio (roofline_ratio)\n"
           "is to the fp32 sgemm measured in the same run, so bf16 can exceed 1. --reps R: timed steps\n"
           "per case (default 3), medians reported. Under mpirun -np W, --expert-parallel spreads the\n"
           "experts over the ranks and reports time in exchanges and bytes sent.\n");
@@ -123,8 +123,10 @@ static int check_tokens(moe_layer_t *l, const float *x, const float *y, const mo
   return ok;
 }
 
-typedef struct { int threads, reps, json, ncases, nrouting, ndispatch; const bench_case *cases[3];
-                 int routing[2], dispatch[2], expert_parallel; moe_dtype dtype; moe_dist *dist; } bench_opts;
+typedef struct { int threads, reps, json, ncases, nrouting, ndispatch, ndtype; const bench_case *cases[3];
+                 int routing[2], dispatch[2], dtypes[2], expert_parallel; moe_dist *dist; } bench_opts;
+
+static const moe_dtype DTYPES[2] = {MOE_DT_F32, MOE_DT_BF16}; /* the names in cmd_bench's dtn */
 
 /* Expert-parallel: a barrier, so that every rank starts a timed step together. */
 static void barrier(const moe_dist *d) {
@@ -132,14 +134,15 @@ static void barrier(const moe_dist *d) {
   if (d) moe_dist_allreduce(d, &z, 1);
 }
 
-static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_dispatch disp, double sg) {
+static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_dispatch disp, moe_dtype dtype,
+                    double sg) {
   moe_layer_config cfg;
   moe_layer_config_default(&cfg);
   cfg.D = c->D; cfg.H = c->H; cfg.E = c->E; cfg.top_k = c->k;
   cfg.dispatch = disp;
   cfg.capacity_setting = 1.25f;
   cfg.threads = o->threads;
-  cfg.dtype = o->dtype;
+  cfg.dtype = dtype;
   cfg.dist = o->dist; /* expert-parallel: this rank routes tokens [t0, t1) and owns E/W experts */
   int W = moe_dist_size(o->dist), rank = moe_dist_rank(o->dist);
   int t0 = c->T * rank / W, Tl = c->T * (rank + 1) / W - t0;
@@ -161,7 +164,7 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   /* expert-parallel outputs are checked against one process by the test suite (tests/test_ep.c) */
   if (!o->dist && disp == MOE_DISPATCH_DYNAMIC && !check_tokens(&l, x, y, &st, c->T)) {
     rc = cli_usage_error(CMD, "case %s (%s): the layer's output differs from the reference", c->name,
-                         moe_compute_dtype_name(o->dtype));
+                         moe_compute_dtype_name(dtype));
     goto done;
   }
   if (moe_layer_backward(&l, dyl, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
@@ -189,7 +192,7 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   getrusage(RUSAGE_SELF, &ru);
   size_t peak = moe_layer_peak_bytes(&l), rss = (size_t)ru.ru_maxrss * 1024;
   const char *rt = skewed ? "skewed" : "uniform", *dn = moe_dispatch_name(disp);
-  const char *dt = moe_compute_dtype_name(o->dtype);
+  const char *dt = moe_compute_dtype_name(dtype);
   if (rank != 0) goto done;
   if (o->dist && o->json)
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
@@ -199,8 +202,8 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, W, fwd, fb, comm_ms, fb - comm_ms, bytes, gflops,
            peak, st.dropped, o->threads, moe_blas_info());
   else if (o->dist)
-    printf("%-4s %-8s %-8s %9.1f %11.1f %9.1f %10.1f %12.1f %8d\n", c->name, rt, dn, fwd, fb, comm_ms, fb - comm_ms,
-           bytes / 1048576.0, st.dropped);
+    printf("%-4s %-8s %-8s %-5s %9.1f %11.1f %9.1f %10.1f %12.1f %8d\n", c->name, rt, dn, dt, fwd, fb, comm_ms,
+           fb - comm_ms, bytes / 1048576.0, st.dropped);
   else if (o->json)
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
            "\"routing\": \"%s\", \"dtype\": \"%s\", \"fwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, \"gflops\": %.2f, "
@@ -209,7 +212,7 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, fwd, fb, gflops, sg, gflops / sg, peak, rss,
            st.dropped, st.capacity, o->threads, moe_blas_info());
   else
-    printf("%-4s %-8s %-8s %9.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, fwd, fb, gflops,
+    printf("%-4s %-8s %-8s %-5s %9.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, dt, fwd, fb, gflops,
            gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
   fflush(stdout);
 done:
@@ -248,11 +251,11 @@ static int parse_list(const char *f, const char *v, const char *const *names, in
 }
 
 int cmd_bench(int argc, char **argv) {
-  bench_opts o = {.threads = 0, .reps = 3, .ncases = 3, .nrouting = 2, .ndispatch = 2,
-                  .routing = {0, 1}, .dispatch = {0, 1}, .dtype = MOE_DT_F32};
+  bench_opts o = {.threads = 0, .reps = 3, .ncases = 3, .nrouting = 2, .ndispatch = 2, .ndtype = 1,
+                  .routing = {0, 1}, .dispatch = {0, 1}, .dtypes = {0, 1}};
   int idx[3] = {0, 1, 2};
   static const char *const cn[] = {"S", "M", "L"}, *const rn[] = {"uniform", "skewed"},
-                           *const dn[] = {"dynamic", "static"};
+                           *const dn[] = {"dynamic", "static"}, *const dtn[] = {"f32", "bf16"};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     if (cli_flag_is(f, "help")) { usage(); return 0; }
@@ -266,7 +269,7 @@ int cmd_bench(int argc, char **argv) {
     else if (cli_flag_is(f, "cases")) listed = o.ncases = parse_list(f, v, cn, 3, idx, "case");
     else if (cli_flag_is(f, "routing")) listed = o.nrouting = parse_list(f, v, rn, 2, o.routing, "routing");
     else if (cli_flag_is(f, "dispatch")) listed = o.ndispatch = parse_list(f, v, dn, 2, o.dispatch, "dispatch");
-    else if (cli_flag_is(f, "dtype")) { if (moe_dtype_parse(v, "--dtype", &o.dtype) != MOE_OK) return cli_fail(CMD); }
+    else if (cli_flag_is(f, "dtype")) listed = o.ndtype = parse_list(f, v, dtn, 2, o.dtypes, "dtype");
     else { usage(); return cli_usage_error(CMD, "unknown flag '%s'", f); }
     if (listed < 0) return 1;
     if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
@@ -276,27 +279,28 @@ int cmd_bench(int argc, char **argv) {
   int W = moe_dist_size(o.dist), root = moe_dist_rank(o.dist) == 0;
   if (!o.threads) o.threads = cli_cpu_count() / W > 0 ? cli_cpu_count() / W : 1;
   double sg = moe_sgemm_gflops(2048, o.threads, 3);
-  /* the experts' dtype, and for bf16 whether oneDNN runs it on the CPU's bf16 instructions */
-  const char *dt = moe_compute_dtype_name(o.dtype);
-  const char *bfi = o.dtype != MOE_DT_BF16 ? ""
-                    : moe_bf16_native()    ? " (oneDNN, native AVX512-BF16)"
-                                           : " (oneDNN, not native: no AVX512-BF16)";
+  /* for bf16, whether oneDNN runs it on the CPU's bf16 instructions */
+  int any_bf16 = 0;
+  for (int t = 0; t < o.ndtype; t++) any_bf16 |= DTYPES[o.dtypes[t]] == MOE_DT_BF16;
+  const char *bfi = !any_bf16 ? "" : moe_bf16_native() ? "; bf16 on oneDNN, native AVX512-BF16"
+                                                       : "; bf16 on oneDNN, not native: no AVX512-BF16";
   if (!o.json && root && o.dist) {
-    printf("moe %s, %s, experts in %s%s, %d ranks x %d threads; per step: fwd+bwd, time in exchanges, bytes sent "
-           "(all ranks)\n", MOE_VERSION, moe_blas_info(), dt, bfi, W, o.threads);
-    printf("%-4s %-8s %-8s %9s %11s %9s %10s %12s %8s\n", "case", "routing", "dispatch", "fwd_ms", "fwdbwd_ms",
-           "comm_ms", "compute_ms", "MiB_sent", "dropped");
+    printf("moe %s, %s%s, %d ranks x %d threads; per step: fwd+bwd, time in exchanges, bytes sent "
+           "(all ranks)\n", MOE_VERSION, moe_blas_info(), bfi, W, o.threads);
+    printf("%-4s %-8s %-8s %-5s %9s %11s %9s %10s %12s %8s\n", "case", "routing", "dispatch", "dtype", "fwd_ms",
+           "fwdbwd_ms", "comm_ms", "compute_ms", "MiB_sent", "dropped");
   } else if (!o.json && root) {
-    printf("moe %s, %s, experts in %s%s, %d threads; fp32 sgemm 2048^3: %.1f GFLOP/s\n", MOE_VERSION,
-           moe_blas_info(), dt, bfi, o.threads, sg);
-    printf("%-4s %-8s %-8s %9s %11s %9s %7s %10s %10s %8s\n", "case", "routing", "dispatch", "fwd_ms", "fwdbwd_ms",
-           "GFLOP/s", "ratio", "peak_MiB", "rss_MiB", "dropped");
+    printf("moe %s, %s%s, %d threads; fp32 sgemm 2048^3: %.1f GFLOP/s\n", MOE_VERSION, moe_blas_info(), bfi,
+           o.threads, sg);
+    printf("%-4s %-8s %-8s %-5s %9s %11s %9s %7s %10s %10s %8s\n", "case", "routing", "dispatch", "dtype", "fwd_ms",
+           "fwdbwd_ms", "GFLOP/s", "ratio", "peak_MiB", "rss_MiB", "dropped");
   }
   int rc = 0;
   for (int c = 0; c < o.ncases && !rc; c++)
     for (int r = 0; r < o.nrouting && !rc; r++)
       for (int d = 0; d < o.ndispatch && !rc; d++)
-        rc = run_case(&o, o.cases[c], o.routing[r], (moe_dispatch)o.dispatch[d], sg);
+        for (int t = 0; t < o.ndtype && !rc; t++)
+          rc = run_case(&o, o.cases[c], o.routing[r], (moe_dispatch)o.dispatch[d], DTYPES[o.dtypes[t]], sg);
   if (rc && o.dist) moe_dist_abort(o.dist, rc);
   moe_dist_finalize(o.dist);
   return rc;
