@@ -215,8 +215,8 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (!rc && o->dynamic_capacity && dyncap_start(&dc, m, b1 - b0, o->delta_launch, o->headroom))
     rc = cli_fail(CMD);
   assign_cache *ac = NULL;
-  if (!rc && o->cache_assignments && (W > 1 || assign_cache_new(&ac, m, train->n, &o->cache)))
-    rc = cli_usage_error(CMD, "--cache-assignments: %s", W > 1 ? "not supported under mpirun yet" : "out of memory");
+  if (!rc && o->cache_assignments && assign_cache_new(&ac, m, train->n, &o->cache))
+    rc = cli_usage_error(CMD, "--cache-assignments: out of memory");
   int caching = 0;
   double frac_same = -1;
   for (int epoch = start_epoch; epoch < last && !rc; epoch++) {
@@ -249,7 +249,10 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       break;
     }
     if (tty) fprintf(stderr, "\n");
-    if (ac) frac_same = assign_cache_epoch(ac, epoch, &caching);
+    if (ac && assign_cache_epoch(ac, epoch, &caching, &frac_same)) {
+      rc = cli_fail(CMD);
+      break;
+    }
     double loss = a.loss / a.seen, acc = (double)a.correct / a.seen, aux = a.aux / a.steps;
     double drop = a.assigned ? (double)a.dropped / a.assigned : 0, load = a.load_ratio / a.steps;
     if (o->json)

@@ -3,8 +3,11 @@
  * since the previous epoch. Caching switches on when frac_same >= on and the epoch is at least
  * min_epoch, and off when it falls below off; while on, each batch is routed with the samples'
  * assignments of the previous epoch (the gate still gives the weights and a fresh choice, recorded
- * for the next epoch). On this CPU the router and the experts still run one after the other: the
- * dependency is gone, the concurrency that would use it is not there yet. */
+ * for the next epoch). Under mpirun each rank records its own slice of every batch; at the end of an
+ * epoch the ranks' records are merged (a sample is in one rank's slice per epoch) and the counts
+ * behind frac_same summed, so that every rank has every record and all switch together. On this CPU the router
+ * and the experts still run one after the other: the dependency is gone, the concurrency that would
+ * use it is not there yet. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +15,7 @@
 
 struct assign_cache {
   assign_cache_opts o;
+  const moe_dist *dist; /* the model's ranks, or NULL */
   int n, L, k, on;
   size_t per;             /* L k entries per sample */
   int32_t *prev, *cur;    /* (n, L, k): last epoch's and this epoch's assignments, -1 unknown */
@@ -24,6 +28,7 @@ int assign_cache_new(assign_cache **out, const moe_model_t *m, int n, const assi
   assign_cache *c = calloc(1, sizeof *c);
   if (!c) return 1;
   c->o = *o;
+  c->dist = m->cfg.moe.dist;
   c->n = n;
   c->L = m->cfg.blocks;
   c->k = m->cfg.moe.top_k;
@@ -72,8 +77,23 @@ void assign_cache_after(assign_cache *c, const moe_model_t *m, const int32_t *id
   }
 }
 
-double assign_cache_epoch(assign_cache *c, int epoch, int *on) {
-  double frac = c->seen ? (double)c->same / c->seen : -1;
+/* Every rank gets every sample's record of this epoch: each record is known to one rank (-1 elsewhere),
+ * so the sum of record + 1 over the ranks is that record + 1. */
+static int merge_records(assign_cache *c) {
+  size_t n = c->per * (size_t)c->n;
+  double *a = malloc(sizeof(double) * n);
+  if (!a) return 1;
+  for (size_t i = 0; i < n; i++) a[i] = (double)c->cur[i] + 1.0;
+  int rc = moe_dist_allreduce(c->dist, a, (int)n) != MOE_OK;
+  for (size_t i = 0; !rc && i < n; i++) c->cur[i] = (int32_t)a[i] - 1;
+  free(a);
+  return rc;
+}
+
+int assign_cache_epoch(assign_cache *c, int epoch, int *on, double *frac_same) {
+  double cnt[2] = {(double)c->same, (double)c->seen};
+  if (c->dist && (moe_dist_allreduce(c->dist, cnt, 2) != MOE_OK || merge_records(c))) return 1;
+  double frac = cnt[1] > 0 ? cnt[0] / cnt[1] : -1;
   if (frac >= 0) {
     if (!c->on && frac >= c->o.on && epoch + 1 >= c->o.min_epoch) c->on = 1;
     else if (c->on && frac < c->o.off) c->on = 0;
@@ -81,9 +101,11 @@ double assign_cache_epoch(assign_cache *c, int epoch, int *on) {
   int32_t *t = c->prev;
   c->prev = c->cur;
   c->cur = t;
+  memset(c->cur, 0xff, sizeof(int32_t) * c->per * (size_t)c->n); /* only this epoch's records */
   c->same = c->seen = 0;
   *on = c->on;
-  return frac;
+  *frac_same = frac;
+  return 0;
 }
 
 void assign_cache_free(assign_cache *c) {

@@ -14,8 +14,9 @@ int assign_cache_new(assign_cache **out, const moe_model_t *m, int n, const assi
 int assign_cache_before(assign_cache *c, moe_model_t *m, const int32_t *ids, int n);
 /* After the step: records the router's choices and counts the samples not reassigned. */
 void assign_cache_after(assign_cache *c, const moe_model_t *m, const int32_t *ids, int n);
-/* At the end of epoch `epoch` (0-based): the metric and the switch; returns frac_same (-1 before any). */
-double assign_cache_epoch(assign_cache *c, int epoch, int *on);
+/* At the end of epoch `epoch` (0-based): the metric over all ranks, frac_same (-1 before any), and the
+ * switch; returns non-zero when the ranks could not be reached (the message in moe_last_error). */
+int assign_cache_epoch(assign_cache *c, int epoch, int *on, double *frac_same);
 void assign_cache_free(assign_cache *c);
 
 #endif

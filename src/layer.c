@@ -139,7 +139,6 @@ moe_status moe_layer_set_cached_experts(moe_layer_t *l, const int32_t *experts, 
       for (int i = 0; i < j; i++)
         MOE_TRY(experts[(size_t)t * k + i] != e, MOE_ERR_ARG, "token %d has expert %d twice in its cached experts", t, e);
     }
-  MOE_TRY(!experts || !l->cfg.dist, MOE_ERR_ARG, "sample-assignment caching is not supported with expert parallelism yet");
   l->cached = experts;
   l->cached_T = T;
   return MOE_OK;

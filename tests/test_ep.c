@@ -172,7 +172,9 @@ static int read_losses(const char *path, double *loss, int max) {
 
 /* `mpirun -np 2 moe train` (data + expert parallel, the same global batch) follows the one-process
  * loss curve within 1e-4 for 50 steps and reaches the same accuracy. */
-TEST(ep_train_follows_one_process) {
+/* `moe train ARGS` with one process and under mpirun -np 2: the same per-step losses (within 1e-4)
+ * and test accuracy; both outputs must hold `mark` (NULL: nothing to look for). */
+static void train_follows_one_process(const char *args, const char *mark, int *failed_) {
   if (!moe_dist_has_mpi() || sh("command -v mpirun >/dev/null 2>&1") != 0) {
     fprintf(stderr, "  (no MPI: skipped)\n");
     return;
@@ -180,8 +182,6 @@ TEST(ep_train_follows_one_process) {
   char one[512], two[512], cmd[3000];
   test_tmp_path("train_w1.txt", one, sizeof one);
   test_tmp_path("train_w2.txt", two, sizeof two);
-  const char *args = "train --experts 4 --top-k 2 --hidden 32 --model 32 --batch 24 --epochs 2 --augment 1 "
-                     "--threads 1 --log-steps";
   snprintf(cmd, sizeof cmd, "'%s' %s --data '%s' > '%s' 2>/dev/null", MOE_CLI, args, synth_data_dir(), one);
   ASSERT_EQ_INT(sh(cmd), 0);
   snprintf(cmd, sizeof cmd, MPIRUN "-np 2 '%s' %s --data '%s' > '%s' 2>/dev/null", MOE_CLI, args, synth_data_dir(), two);
@@ -190,19 +190,34 @@ TEST(ep_train_follows_one_process) {
   int na = read_losses(one, a, 64), nb = read_losses(two, b, 64);
   ASSERT(na >= 50);
   ASSERT_EQ_INT(na, nb);
-  for (int i = 0; i < 50; i++)
+  for (int i = 0; i < na; i++)
     if (fabs(a[i] - b[i]) > 1e-4) FAIL_("step %d: loss %.9g with one process, %.9g with two", i, a[i], b[i]);
   char *acc[2] = {one, two};
   double accs[2] = {-1, -2};
   for (int i = 0; i < 2; i++) {
     FILE *f = fopen(acc[i], "r");
     char line[256];
-    while (f && fgets(line, sizeof line, f))
+    int marked = !mark;
+    while (f && fgets(line, sizeof line, f)) {
       if (!strncmp(line, "test_accuracy=", 14)) accs[i] = atof(line + 14);
+      if (mark && strstr(line, mark)) marked = 1;
+    }
     if (f) fclose(f);
+    if (!marked) FAIL_("%s run: no line with '%s'", i ? "two-rank" : "one-process", mark);
   }
   ASSERT(accs[0] > 0.3);
   ASSERT_NEAR(accs[0], accs[1], 0.006); /* one or two of the 200 test samples at most */
+}
+
+#define EP_TRAIN "train --experts 4 --top-k 2 --hidden 32 --model 32 --batch 24 --augment 1 --threads 1 --log-steps"
+
+TEST(ep_train_follows_one_process) { train_follows_one_process(EP_TRAIN " --epochs 2", NULL, failed_); }
+
+/* Sample-assignment caching under mpirun: frac_same over all ranks, the switch at the same epoch, and
+ * the cached batches routed as one process routes them. */
+TEST(ep_train_caching_follows_one_process) {
+  train_follows_one_process(EP_TRAIN " --epochs 3 --cache-assignments --cache-on 0 --cache-min-epoch 1",
+                            "caching on", failed_);
 }
 
 /* Pids of running processes whose command line holds `mark`. */
