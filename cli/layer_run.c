@@ -18,10 +18,11 @@ static void usage(void) {
           "                     [--activation relu|gelu|silu|swiglu] [--normalize_topk true|false]\n"
           "                     [--dispatch dynamic|static] [--priority index|score]\n"
           "                     [--router linear|cosine] [--threads N] [--dtype f32|bf16]\n"
-          "                     [--out-dtype f32|bf16]\n"
+          "                     [--out-dtype f32|bf16] [--expert-capacity C0,C1,...]\n"
           "                     [--expert-parallel [--a2a linear|2dh] [--ranks-per-node G] [--placement P.json]]\n"
           "--dtype picks the experts' compute dtype (default: the file's \"dtype\" metadata, else f32);\n"
-          "--out-dtype the dtype of the float tensors written (default f32).\n"
+          "--out-dtype the dtype of the float tensors written (default f32). --expert-capacity gives each\n"
+          "expert its own capacity (static dispatch; DynaMoE's per-expert capacities), E counts.\n"
           "Under mpirun -np W, --expert-parallel spreads the experts over the ranks (each routes T/W of\n"
           "the tokens); rank 0 writes OUT, equal to the one-process output.\n");
 }
@@ -33,6 +34,7 @@ typedef struct {
   int32_t *order; /* with --placement: the file's expert at each position (rank r owns r E/W ..) */
   moe_a2a a2a;
   moe_dtype out_dt;
+  const char *capacities; /* --expert-capacity: E comma-separated counts, or NULL */
   float *in[5]; /* the inputs read from X, as float32 */
   moe_layer_overrides ov;
   moe_dist *dist; /* with --expert-parallel */
@@ -82,6 +84,8 @@ static int parse_args(int argc, char **argv, args_t *a) {
       moe_router x; st = moe_router_parse(v, "--router", &x); a->ov.router = (int)x;
     } else if (cli_flag_is(f, "dtype")) {
       moe_dtype x; st = moe_dtype_parse(v, "--dtype", &x); a->ov.dtype = (int)x;
+    } else if (cli_flag_is(f, "expert_capacity")) {
+      a->capacities = v;
     } else if (cli_flag_is(f, "out_dtype")) {
       st = moe_dtype_parse(v, "--out-dtype", &a->out_dt);
     } else {
@@ -184,9 +188,43 @@ static int placement_order(args_t *a, const moe_st *wf) {
   return 0;
 }
 
+/* --expert-capacity: exactly E non-negative counts, in the file's expert order. */
+static int set_capacities(const args_t *a, moe_layer_t *l) {
+  int E = l->cfg.E, n = 0;
+  int32_t *cap = malloc(sizeof(int32_t) * (size_t)E);
+  if (!cap) return cli_usage_error(CMD, "out of memory");
+  const char *p = a->capacities;
+  while (*p) {
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p || v < 0 || v > (1 << 24) || (*end && *end != ',') || n == E) {
+      free(cap);
+      return cli_usage_error(CMD, "--expert-capacity: want %d counts in [0, 2^24] separated by commas, got '%s'", E,
+                             a->capacities);
+    }
+    cap[n++] = (int32_t)v;
+    p = *end ? end + 1 : end;
+  }
+  int rc = 0;
+  if (n != E) rc = cli_usage_error(CMD, "--expert-capacity: %d counts for %d experts", n, E);
+  else {
+    if (a->order) { /* the layer's expert p is the file's expert order[p] */
+      int32_t *byfile = malloc(sizeof(int32_t) * (size_t)E);
+      if (!byfile) rc = cli_usage_error(CMD, "out of memory");
+      for (int e = 0; byfile && e < E; e++) byfile[e] = cap[a->order[e]];
+      if (byfile) memcpy(cap, byfile, sizeof(int32_t) * (size_t)E);
+      free(byfile);
+    }
+    if (!rc && moe_layer_set_expert_capacity(l, cap) != MOE_OK) rc = cli_fail(CMD);
+  }
+  free(cap);
+  return rc;
+}
+
 static int run(args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_writer *w, float **bufs) {
   if (a->placement && placement_order(a, wf)) return 1;
   if (moe_layer_load(l, wf, &a->ov) != MOE_OK) return cli_fail(CMD);
+  if (a->capacities && set_capacities(a, l)) return 1;
   int D = l->cfg.D, k = l->cfg.top_k;
   moe_tensor_view x, sc;
   if (get_f32(a, 0, xf, "x", 2, -1, D, &x)) return 1;

@@ -212,7 +212,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (o->trace && trace_open(&tw, o->trace, step) != MOE_OK) rc = 1;
   double test_acc = -1;
   dyncap *dc = NULL;
-  if (!rc && o->dynamic_capacity && dyncap_start(&dc, m, b1 - b0, o->delta_launch, o->headroom))
+  if (!rc && o->dynamic_capacity && dyncap_start(&dc, m, B, o->delta_launch, o->headroom))
     rc = cli_fail(CMD);
   assign_cache *ac = NULL;
   if (!rc && o->cache_assignments && assign_cache_new(&ac, m, train->n, &o->cache))

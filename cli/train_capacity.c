@@ -2,7 +2,9 @@
  * every step the blocks' expert counts go to a trigger thread, which decides new capacities with
  * moe_dynamic_capacity (headroom and hysteresis); a decision on the metrics of step j takes effect at
  * step j + delta_launch + 1, while training goes on. Capacities are counts for the training batch;
- * evaluation on other batch sizes scales them. */
+ * evaluation on other batch sizes scales them. Under mpirun every rank runs a trigger on the same
+ * (global) counts, but when each sees which metrics depends on timing: rank 0's decisions are the
+ * ones applied, on every rank at the same step, so that all agree on the (E, C, D) layout. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +23,8 @@ struct dyncap {
   int32_t *smooth;  /* (L E) its rounding */
   int64_t seen;
   moe_recompile *rc;
+  const moe_dist *dist; /* the model's ranks (more than one: rank 0 decides) */
+  double *agree;        /* (1 + L E) rank 0's decision of this step, for every rank */
 };
 
 static int trigger(const moe_metrics *m, moe_adjustment *out, void *user) {
@@ -53,9 +57,12 @@ int dyncap_start(dyncap **out, moe_model_t *m, int B, int delta, float headroom)
   d->headroom = headroom;
   d->cur = malloc(sizeof(int32_t) * (size_t)(4 * L * E + E));
   d->ema = calloc((size_t)(L * E), sizeof *d->ema);
-  if (!d->cur || !d->ema) {
+  d->dist = moe_dist_size(m->cfg.moe.dist) > 1 ? m->cfg.moe.dist : NULL;
+  d->agree = d->dist ? malloc(sizeof(double) * (size_t)(1 + L * E)) : NULL;
+  if (!d->cur || !d->ema || (d->dist && !d->agree)) {
     free(d->cur);
     free(d->ema);
+    free(d->agree);
     free(d);
     return 1;
   }
@@ -76,10 +83,23 @@ int dyncap_start(dyncap **out, moe_model_t *m, int B, int delta, float headroom)
 
 int dyncap_begin(dyncap *d, moe_model_t *m, int64_t step) {
   const moe_adjustment *adj;
-  int has;
+  int has, n = d->L * d->E;
   if (moe_recompile_begin(d->rc, step, &adj, &has) != MOE_OK) return 1;
-  if (has && adj->set_capacity) { /* the recompile: only the buffers whose sizes change grow */
-    memcpy(d->cur, adj->capacity, sizeof(int32_t) * (size_t)(d->L * d->E));
+  has = has && adj->set_capacity;
+  const int32_t *cap = has ? adj->capacity : NULL;
+  if (d->dist) { /* rank 0's decision (or none), on every rank */
+    memset(d->agree, 0, sizeof(double) * (size_t)(1 + n));
+    if (has && moe_dist_rank(d->dist) == 0) {
+      d->agree[0] = 1;
+      for (int i = 0; i < n; i++) d->agree[1 + i] = cap[i];
+    }
+    if (moe_dist_allreduce(d->dist, d->agree, 1 + n) != MOE_OK) return 1;
+    has = d->agree[0] > 0;
+    for (int i = 0; has && i < n; i++) d->counts[i] = (int32_t)d->agree[1 + i]; /* scratch until dyncap_push */
+    cap = d->counts;
+  }
+  if (has) { /* the recompile: only the buffers whose sizes change grow */
+    memcpy(d->cur, cap, sizeof(int32_t) * (size_t)n);
     if (apply(d, m, d->cur) != MOE_OK) return 1;
   }
   return 0;
@@ -117,5 +137,6 @@ void dyncap_free(dyncap *d) {
   moe_recompile_free(d->rc);
   free(d->cur);
   free(d->ema);
+  free(d->agree);
   free(d);
 }

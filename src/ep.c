@@ -10,6 +10,7 @@
  * routing of all tokens is gathered so that each rank places its assignments where one process
  * would; the owners of each expert sum the ranks' buffers (a reduce-scatter: slots are disjoint),
  * and every rank gathers all expert outputs for its combine (an all-gather). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "dist/dist.h"
@@ -167,18 +168,38 @@ size_t moe__ep_static_route_bytes(const moe_layer_t *l) {
          moe__arena_size(Tg * 8);
 }
 
+/* Floats in each owner's block of the (E, C, D) buffer: its experts' slots (C each, or per-expert
+ * capacities), the same on every rank; and those of every block but `own` (the bytes that move). */
+static int *static_blocks(const moe_layer_t *l, int own, double *others) {
+  int W = world(l), El = l->cfg.E / W, D = l->cfg.D;
+  int *n = malloc(sizeof(int) * (size_t)W);
+  *others = 0;
+  for (int r = 0; n && r < W; r++) {
+    n[r] = (l->st->offs[(r + 1) * El] - l->st->offs[r * El]) * D;
+    if (r != own) *others += n[r];
+  }
+  return n;
+}
+
 moe_status moe__ep_static_scatter(moe_layer_t *l, const float *rows, float *g) {
-  int n = l->st->grows * l->cfg.D, W = world(l);
-  double t0 = moe__now();
-  MOE_CHECK(moe__dist_reduce_scatter_f32(l->cfg.dist, rows, g, n));
-  book(l, t0, 4.0 * n * (W - 1)); /* every other owner's block of the (E, C, D) buffer */
+  double t0 = moe__now(), others;
+  int *n = static_blocks(l, moe_dist_rank(l->cfg.dist), &others);
+  MOE_TRY(n, MOE_ERR_NOMEM, "out of memory");
+  moe_status st = moe__dist_reduce_scatter_f32(l->cfg.dist, rows, g, n);
+  free(n);
+  MOE_CHECK(st);
+  book(l, t0, 4.0 * others); /* every other owner's block */
   return MOE_OK;
 }
 
 moe_status moe__ep_static_gather(moe_layer_t *l, const float *g, float *rows) {
-  int n = l->st->grows * l->cfg.D, W = world(l);
-  double t0 = moe__now();
-  MOE_CHECK(moe__dist_allgather_f32(l->cfg.dist, g, rows, n));
-  book(l, t0, 4.0 * n * (W - 1)); /* this owner's block, to every other rank */
+  double t0 = moe__now(), others;
+  int *n = static_blocks(l, moe_dist_rank(l->cfg.dist), &others);
+  MOE_TRY(n, MOE_ERR_NOMEM, "out of memory");
+  moe_status st = moe__dist_allgather_f32(l->cfg.dist, g, rows, n);
+  double mine = n[moe_dist_rank(l->cfg.dist)];
+  free(n);
+  MOE_CHECK(st);
+  book(l, t0, 4.0 * mine * (world(l) - 1)); /* this owner's block, to every other rank */
   return MOE_OK;
 }

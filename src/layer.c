@@ -150,8 +150,7 @@ moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap) {
     l->expert_capacity = NULL;
     return MOE_OK;
   }
-  MOE_TRY(l->cfg.dispatch == MOE_DISPATCH_STATIC && !l->cfg.dist, MOE_ERR_ARG,
-          "per-expert capacities need static dispatch on one process");
+  MOE_TRY(l->cfg.dispatch == MOE_DISPATCH_STATIC, MOE_ERR_ARG, "per-expert capacities need static dispatch");
   int64_t sum = 0;
   for (int e = 0; e < l->cfg.E; e++) {
     MOE_TRY(cap[e] >= 0 && cap[e] <= (1 << 24), MOE_ERR_ARG, "capacity of expert %d is %d: want [0, 2^24]", e, cap[e]);
@@ -319,14 +318,14 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(moe__arena_reserve(&s->route, route, "router"));
   MOE_CHECK(moe__gate_forward(l, x, T, k));
   MOE_CHECK(moe__route(l));
-  if (ep_static) { /* this rank's experts' slots of the (E, C, D) buffer */
+  if (ep_static) { /* this rank's experts' slots of the (E, C, D) buffer (C each, or per-expert capacities) */
     int W = moe_dist_size(l->cfg.dist);
     s->ng = l->cfg.E / W;
     s->e0 = moe_dist_rank(l->cfg.dist) * s->ng;
-    s->grows = s->ng * s->C;
+    s->grows = s->offs[s->e0 + s->ng] - s->offs[s->e0];
     s->goffs = moe__arena_alloc(&s->route, (size_t)(s->ng + 1) * 4);
     MOE_TRY(s->goffs, MOE_ERR_STATE, "internal: routing workspace too small");
-    for (int e = 0; e <= s->ng; e++) s->goffs[e] = e * s->C;
+    for (int e = 0; e <= s->ng; e++) s->goffs[e] = s->offs[s->e0 + e] - s->offs[s->e0];
   } else if (ep) {
     MOE_CHECK(moe__ep_sizes(l)); /* the size exchange: now the rows this rank's experts get are known */
   } else {

@@ -113,6 +113,19 @@ TEST(ep_layer_run_matches_one_process) {
       ASSERT_EQ_INT(sh(cmd), 0);
       if (!same_outputs(out, ref)) FAIL_("W=%d %s, case %d: expert-parallel output differs", runs[i].W, runs[i].a2a, c);
     }
+    if (cases[c].disp != MOE_DISPATCH_STATIC) continue;
+    /* DynaMoE's per-expert capacities: ragged expert blocks in the exchanges */
+    const char *caps = "--expert-capacity 3,0,9,2,5,1,7,4";
+    snprintf(cmd, sizeof cmd, "'%s' layer-run --weights '%s' --input '%s' --out '%s' --backward --threads 1 %s",
+             MOE_CLI, w, x, ref, caps);
+    ASSERT_EQ_INT(sh(cmd), 0);
+    for (int W = 2; have_mpi && W <= 4; W += 2) {
+      unlink(out);
+      snprintf(cmd, sizeof cmd, MPIRUN "-np %d '%s' layer-run --weights '%s' --input '%s' --out '%s' --backward "
+               "--expert-parallel --threads 1 %s >/dev/null 2>&1", W, MOE_CLI, w, x, out, caps);
+      ASSERT_EQ_INT(sh(cmd), 0);
+      if (!same_outputs(out, ref)) FAIL_("W=%d, case %d, per-expert capacities: expert-parallel output differs", W, c);
+    }
   }
 }
 
@@ -172,9 +185,10 @@ static int read_losses(const char *path, double *loss, int max) {
 
 /* `mpirun -np 2 moe train` (data + expert parallel, the same global batch) follows the one-process
  * loss curve within 1e-4 for 50 steps and reaches the same accuracy. */
-/* `moe train ARGS` with one process and under mpirun -np 2: the same per-step losses (within 1e-4)
- * and test accuracy; both outputs must hold `mark` (NULL: nothing to look for). */
-static void train_follows_one_process(const char *args, const char *mark, int *failed_) {
+/* `moe train ARGS` with one process and under mpirun -np 2: the same per-step losses (within tol; tol
+ * < 0: not compared, test accuracy within 0.05) and test accuracy; both outputs must hold `mark`
+ * (NULL: nothing to look for). */
+static void train_follows_one_process(const char *args, const char *mark, double tol, int *failed_) {
   if (!moe_dist_has_mpi() || sh("command -v mpirun >/dev/null 2>&1") != 0) {
     fprintf(stderr, "  (no MPI: skipped)\n");
     return;
@@ -190,8 +204,8 @@ static void train_follows_one_process(const char *args, const char *mark, int *f
   int na = read_losses(one, a, 64), nb = read_losses(two, b, 64);
   ASSERT(na >= 50);
   ASSERT_EQ_INT(na, nb);
-  for (int i = 0; i < na; i++)
-    if (fabs(a[i] - b[i]) > 1e-4) FAIL_("step %d: loss %.9g with one process, %.9g with two", i, a[i], b[i]);
+  for (int i = 0; i < na && tol >= 0; i++)
+    if (fabs(a[i] - b[i]) > tol) FAIL_("step %d: loss %.9g with one process, %.9g with two", i, a[i], b[i]);
   char *acc[2] = {one, two};
   double accs[2] = {-1, -2};
   for (int i = 0; i < 2; i++) {
@@ -206,18 +220,25 @@ static void train_follows_one_process(const char *args, const char *mark, int *f
     if (!marked) FAIL_("%s run: no line with '%s'", i ? "two-rank" : "one-process", mark);
   }
   ASSERT(accs[0] > 0.3);
-  ASSERT_NEAR(accs[0], accs[1], 0.006); /* one or two of the 200 test samples at most */
+  ASSERT_NEAR(accs[0], accs[1], tol >= 0 ? 0.006 : 0.05); /* one or two of the 200 test samples at most */
 }
 
 #define EP_TRAIN "train --experts 4 --top-k 2 --hidden 32 --model 32 --batch 24 --augment 1 --threads 1 --log-steps"
 
-TEST(ep_train_follows_one_process) { train_follows_one_process(EP_TRAIN " --epochs 2", NULL, failed_); }
+TEST(ep_train_follows_one_process) { train_follows_one_process(EP_TRAIN " --epochs 2", NULL, 1e-4, failed_); }
 
 /* Sample-assignment caching under mpirun: frac_same over all ranks, the switch at the same epoch, and
  * the cached batches routed as one process routes them. */
 TEST(ep_train_caching_follows_one_process) {
   train_follows_one_process(EP_TRAIN " --epochs 3 --cache-assignments --cache-on 0 --cache-min-epoch 1",
-                            "caching on", failed_);
+                            "caching on", 1e-4, failed_);
+}
+
+/* Per-expert capacities under mpirun (static dispatch, ragged expert blocks): rank 0's RECOMPILE
+ * decisions on every rank at the same step. Which metrics a trigger sees depends on timing (it takes
+ * the newest), so runs may recompile at other steps than one process: the steps are not compared. */
+TEST(ep_train_dynamic_capacity_follows_one_process) {
+  train_follows_one_process(EP_TRAIN " --epochs 2 --capacity dynamic", "recompiles", -1, failed_);
 }
 
 /* Pids of running processes whose command line holds `mark`. */

@@ -20,10 +20,11 @@ moe_status moe__dist_alltoallv_i32(const moe_dist *d, const int32_t *send, const
 moe_status moe__dist_alltoallv_f32(const moe_dist *d, const float *send, const int *sendcounts,
                                    const int *sdispls, float *recv, const int *recvcounts,
                                    const int *rdispls);
-/* Static dispatch's fixed-size exchanges: rank r gets the sum over ranks of block r (n floats) of
- * their send (W n); and every rank gets the concatenation of every rank's n floats. */
-moe_status moe__dist_reduce_scatter_f32(const moe_dist *d, const float *send, float *recv, int n);
-moe_status moe__dist_allgather_f32(const moe_dist *d, const float *send, float *recv, int n);
+/* Static dispatch's exchanges of (E, C, D) buffers whose block r (counts[r] floats, in rank order)
+ * holds rank r's experts: rank r gets the sum over ranks of their block r; and every rank gets the
+ * concatenation of every rank's block (rank r sends counts[r] floats). */
+moe_status moe__dist_reduce_scatter_f32(const moe_dist *d, const float *send, float *recv, const int *counts);
+moe_status moe__dist_allgather_f32(const moe_dist *d, const float *send, float *recv, const int *counts);
 /* In-place sum of n floats over ranks. */
 moe_status moe__dist_allreduce_f32(const moe_dist *d, float *a, int n);
 

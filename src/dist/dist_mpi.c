@@ -227,21 +227,26 @@ moe_status moe__dist_alltoallv_f32(const moe_dist *d, const float *send, const i
   return MOE_OK;
 }
 
-moe_status moe__dist_reduce_scatter_f32(const moe_dist *d, const float *send, float *recv, int n) {
+moe_status moe__dist_reduce_scatter_f32(const moe_dist *d, const float *send, float *recv, const int *counts) {
   if (ONE(d)) {
-    if (n) memcpy(recv, send, (size_t)n * sizeof *send);
+    if (counts[0]) memcpy(recv, send, (size_t)counts[0] * sizeof *send);
     return MOE_OK;
   }
-  MPI_TRY(MPI_Reduce_scatter_block(send, recv, n, MPI_FLOAT, MPI_SUM, ST(d)->world), "Reduce_scatter_block");
+  MPI_TRY(MPI_Reduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, ST(d)->world), "Reduce_scatter");
   return MOE_OK;
 }
 
-moe_status moe__dist_allgather_f32(const moe_dist *d, const float *send, float *recv, int n) {
+moe_status moe__dist_allgather_f32(const moe_dist *d, const float *send, float *recv, const int *counts) {
   if (ONE(d)) {
-    if (n) memcpy(recv, send, (size_t)n * sizeof *send);
+    if (counts[0]) memcpy(recv, send, (size_t)counts[0] * sizeof *send);
     return MOE_OK;
   }
-  MPI_TRY(MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, ST(d)->world), "Allgather");
+  int *displs = malloc(sizeof(int) * (size_t)d->size);
+  MOE_TRY(displs, MOE_ERR_NOMEM, "out of memory for %d displacements", d->size);
+  for (int r = 0, o = 0; r < d->size; o += counts[r++]) displs[r] = o;
+  int rc = MPI_Allgatherv(send, counts[d->rank], MPI_FLOAT, recv, counts, displs, MPI_FLOAT, ST(d)->world);
+  free(displs);
+  MPI_TRY(rc, "Allgatherv");
   return MOE_OK;
 }
 

@@ -57,15 +57,15 @@ moe_status moe__dist_alltoallv_f32(const moe_dist *d, const float *send, const i
   return MOE_OK;
 }
 
-moe_status moe__dist_reduce_scatter_f32(const moe_dist *d, const float *send, float *recv, int n) {
+moe_status moe__dist_reduce_scatter_f32(const moe_dist *d, const float *send, float *recv, const int *counts) {
   (void)d;
-  if (n) memcpy(recv, send, (size_t)n * sizeof *send);
+  if (counts[0]) memcpy(recv, send, (size_t)counts[0] * sizeof *send);
   return MOE_OK;
 }
 
-moe_status moe__dist_allgather_f32(const moe_dist *d, const float *send, float *recv, int n) {
+moe_status moe__dist_allgather_f32(const moe_dist *d, const float *send, float *recv, const int *counts) {
   (void)d;
-  if (n) memcpy(recv, send, (size_t)n * sizeof *send);
+  if (counts[0]) memcpy(recv, send, (size_t)counts[0] * sizeof *send);
   return MOE_OK;
 }
 
