@@ -1,7 +1,9 @@
 /* moe infer: batch inference of a checkpoint on a data split, reporting accuracy, throughput and
  * per-batch latency percentiles; with --cache K the experts stay in the checkpoint file and pass
  * through K slots per block (expert buffering), and the hit rate and resident expert memory are
- * reported against the all-resident model. moe trace: the same run, writing the expert trace
+ * reported against the all-resident model. --dtype f32|bf16 picks the experts' compute dtype (default:
+ * the checkpoint's); the fast tier (K slots, or every expert) is reported in bytes of that dtype, so
+ * that a bf16 slot, half an f32 one, shows. moe trace: the same run, writing the expert trace
  * (DESIGN 4.4) of the checkpoint over the data. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,11 +15,12 @@
 typedef struct {
   const char *ck, *data, *split, *trace;
   int batch, cache, threads, json;
+  int dtype; /* -1: the checkpoint's */
   moe_cache_policy policy;
 } infer_opts;
 
 static int parse(const char *cmd, int argc, char **argv, infer_opts *o) {
-  *o = (infer_opts){.data = "data/mnist", .split = "t10k", .batch = 64, .policy = MOE_CACHE_LIFO};
+  *o = (infer_opts){.data = "data/mnist", .split = "t10k", .batch = 64, .dtype = -1, .policy = MOE_CACHE_LIFO};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     if (cli_flag_is(f, "json")) { o->json = 1; continue; }
@@ -33,9 +36,14 @@ static int parse(const char *cmd, int argc, char **argv, infer_opts *o) {
     else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
     else if (cli_flag_is(f, "policy")) {
       if (moe_cache_policy_parse(v, "--policy", &o->policy) != MOE_OK) return cli_fail(cmd);
+    } else if (cli_flag_is(f, "dtype")) {
+      moe_dtype dt;
+      if (moe_dtype_parse(v, "--dtype", &dt) != MOE_OK) return cli_fail(cmd);
+      o->dtype = (int)dt;
     } else
       return cli_usage_error(cmd, "unknown flag '%s' (usage: moe %s --checkpoint F [--data DIR] [--split t10k|train] "
-                                  "[--batch B] [--cache K [--policy lifo|lru|fifo]] [--threads N] [%s F] [--json])",
+                                  "[--batch B] [--cache K [--policy lifo|lru|fifo]] [--dtype f32|bf16] [--threads N] "
+                                  "[%s F] [--json])",
                              f, cmd, strcmp(cmd, "trace") ? "--trace" : "--out");
     if (!ok) return cli_usage_error(cmd, "%s: bad value '%s'", f, v);
   }
@@ -81,37 +89,50 @@ static int run(const char *cmd, const infer_opts *o, moe_model_t *m, moe_dataset
   double acc = d->n ? (double)hits / d->n : 0, tput = wall > 0 ? d->n / wall : 0;
   double p50 = nb ? lat[nb / 2] : 0, p90 = nb ? lat[(nb * 9) / 10] : 0, p99 = nb ? lat[(nb * 99) / 100] : 0;
   free(lat);
-  /* expert memory: resident slots against every expert of every block */
-  double resident = 0, all = 0, acc_n = 0, miss_n = 0;
-  for (int i = 0; i < m->cfg.blocks; i++) {
+  /* expert memory, the fast tier: resident slots (or every expert) against every expert of every block,
+   * in bytes of the compute dtype (bf16 matrices at 2 bytes, biases at 4); slot: one expert's bytes */
+  moe_dtype dt = m->cfg.moe.dtype;
+  int E = m->cfg.moe.E, L = m->cfg.blocks, slots = o->cache ? o->cache : E;
+  double resident = 0, all = 0, slot = 0, acc_n = 0, miss_n = 0;
+  for (int i = 0; i < L; i++) {
     if (m->caches) {
       moe_expert_cache_stats cs;
       moe_expert_cache_get_stats(m->caches[i], &cs);
       resident += (double)cs.resident_bytes;
-      all += (double)cs.expert_bytes * m->cfg.moe.E;
+      all += (double)cs.expert_bytes * E;
+      slot = (double)cs.expert_bytes;
       acc_n += (double)cs.accesses;
       miss_n += (double)cs.misses;
     } else {
-      for (int j = 0; j < m->layers[i].nparams; j++)
-        if (!strncmp(m->layers[i].info[j].name, "experts.", 8)) resident += m->layers[i].info[j].numel * 4.0;
+      double block = 0;
+      for (int j = 0; j < m->layers[i].nparams; j++) {
+        const moe_param_info *p = &m->layers[i].info[j];
+        if (!strncmp(p->name, "experts.", 8)) block += p->numel * (p->ndim == 3 && dt == MOE_DT_BF16 ? 2.0 : 4.0);
+      }
+      resident += block;
       all = resident;
+      slot = block / E;
     }
   }
-  double hit_rate = acc_n > 0 ? 1.0 - miss_n / acc_n : 1.0;
+  double hit_rate = acc_n > 0 ? 1.0 - miss_n / acc_n : 1.0, mib = 1048576.0;
   if (o->json)
     printf("{\"accuracy\": %.4f, \"samples\": %d, \"samples_per_s\": %.1f, \"latency_ms_p50\": %.3f, "
            "\"latency_ms_p90\": %.3f, \"latency_ms_p99\": %.3f, \"batch\": %d, \"cache_slots\": %d, "
            "\"experts\": %d, \"policy\": \"%s\", \"hit_rate\": %.4f, \"resident_expert_bytes\": %.0f, "
-           "\"all_expert_bytes\": %.0f}\n",
-           acc, d->n, tput, p50, p90, p99, o->batch, o->cache ? o->cache : m->cfg.moe.E, m->cfg.moe.E,
-           o->cache ? moe_cache_policy_name(o->policy) : "all-resident", hit_rate, resident, all);
+           "\"all_expert_bytes\": %.0f, \"dtype\": \"%s\", \"expert_slot_bytes\": %.0f}\n",
+           acc, d->n, tput, p50, p90, p99, o->batch, slots, E,
+           o->cache ? moe_cache_policy_name(o->policy) : "all-resident", hit_rate, resident, all,
+           moe_compute_dtype_name(dt), slot);
   else if (strcmp(cmd, "trace")) {
     printf("samples %d, batch %d: %.1f samples/s, latency per batch p50 %.2f ms, p90 %.2f ms, p99 %.2f ms\n", d->n,
            o->batch, tput, p50, p90, p99);
     if (o->cache)
       printf("expert cache: %d of %d experts per block (%s), hit rate %.4f, resident expert memory %.2f MiB of "
-             "%.2f MiB (%.1f%%)\n", o->cache, m->cfg.moe.E, moe_cache_policy_name(o->policy), hit_rate,
-             resident / 1048576.0, all / 1048576.0, all > 0 ? 100.0 * resident / all : 0);
+             "%.2f MiB (%.1f%%)\n", o->cache, E, moe_cache_policy_name(o->policy), hit_rate, resident / mib,
+             all / mib, all > 0 ? 100.0 * resident / all : 0);
+    printf("experts %s: fast tier %d %s x %.4f MiB (%.0f bytes) = %.4f MiB per block, %.4f MiB over %d block%s\n",
+           moe_compute_dtype_name(dt), slots, o->cache ? "slots" : "resident experts", slot / mib, slot,
+           slots * slot / mib, resident / mib, L, L == 1 ? "" : "s");
     printf("accuracy=%.4f\n", acc);
   } else {
     printf("wrote %s: %d steps (batches of %d) over %d samples\n", o->trace, nb, o->batch, d->n);
@@ -125,8 +146,8 @@ static int infer_main(const char *cmd, int argc, char **argv) {
   if (rc) return rc;
   moe_model_t m;
   moe_dataset d = {0};
-  moe_status st = o.cache ? moe_checkpoint_load_serving(o.ck, &m, o.cache, o.policy)
-                          : moe_checkpoint_load(o.ck, &m, NULL, NULL);
+  /* without --cache: every expert resident (K = 0), in the dtype asked for, as moe_checkpoint_load */
+  moe_status st = moe_checkpoint_load_serving(o.ck, &m, o.cache, o.policy, o.dtype);
   if (st != MOE_OK) return cli_fail(cmd);
   moe_model_set_threads(&m, o.threads);
   if (load_split(o.data, o.split, &d) != MOE_OK) rc = cli_fail(cmd);

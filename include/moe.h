@@ -427,22 +427,32 @@ moe_status moe_checkpoint_load(const char *path, moe_model_t *m, moe_optim_t *o,
 typedef struct moe_expert_cache moe_expert_cache;
 typedef enum { MOE_CACHE_LIFO, MOE_CACHE_LRU, MOE_CACHE_FIFO, MOE_CACHE_BELADY } moe_cache_policy;
 /* Reads the (E, ...) tensors `prefix`fc1.weight, fc1.bias, fc2.weight, fc2.bias (and fc3.weight for
- * swiglu) of f, for the layer l (D, H, E, activation, biases), through K slots. f must stay open.
+ * swiglu) of f, for the layer l (D, H, E, activation, biases, dtype), through K slots. f must stay open.
+ * A slot holds the matrices in l->dtype (bf16: 2 bytes a value, about half an fp32 slot) and the biases
+ * in fp32. The file's tensors may be F32 or BF16 whatever l->dtype: BF16 into a bf16 slot and F32 into
+ * an fp32 slot are read as they are, F32 into bf16 is rounded to nearest even, BF16 into fp32 widened.
  * BELADY needs the future and is for moe_cachesim only. */
 moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const char *prefix,
                                  const moe_layer_config *l, int K, moe_cache_policy p);
 void moe_expert_cache_free(moe_expert_cache *c);
 typedef struct {
   int64_t accesses, misses; /* active experts asked for, and those not resident */
-  size_t resident_bytes;    /* the K slots */
-  size_t expert_bytes;      /* one expert's weights */
+  size_t resident_bytes;    /* the K slots: K * expert_bytes */
+  size_t expert_bytes;      /* one slot: the expert's matrices at the dtype's size (2 bytes bf16, 4 f32)
+                               and its biases at 4, each tensor padded to a multiple of 64 bytes */
+  moe_dtype dtype;          /* the slots' matrices: MOE_DT_F32 or MOE_DT_BF16 (the layer's dtype) */
 } moe_expert_cache_stats;
 void moe_expert_cache_get_stats(const moe_expert_cache *c, moe_expert_cache_stats *out);
 /* The layer (config.external_experts) takes its experts from c; NULL detaches. */
 moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c);
-/* Serving with expert buffering: m without its experts' weights, which are read from the file (opened
- * lazily and kept open by m) through K slots per block under policy p. Inference only. */
-moe_status moe_checkpoint_load_serving(const char *path, moe_model_t *m, int K, moe_cache_policy p);
+/* Serving a checkpoint for inference, with its experts computing in `dtype`: -1 for the checkpoint's
+ * own (its metadata "dtype"), else MOE_DT_F32 or MOE_DT_BF16, whatever dtype the file stores the expert
+ * matrices in (F32 or BF16: rounded to nearest even, or widened, where they differ).
+ * K >= 1, expert buffering: m without its experts' weights, which are read from the file (opened
+ * lazily and kept open by m) through K slots per block under policy p (dispatch=dynamic and no
+ * hierarchical experts). K = 0: every expert resident, in m's parameters as moe_checkpoint_load gives
+ * them (the file is closed, p is unused): the same outputs as buffering, bit for bit. */
+moe_status moe_checkpoint_load_serving(const char *path, moe_model_t *m, int K, moe_cache_policy p, int dtype);
 
 /* ---- expert traces (DESIGN 4.4) and what serving computes from them ----
  * CSV with header "step,layer,expert,tokens", one row per (step, layer, expert) with tokens > 0. */

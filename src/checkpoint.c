@@ -228,13 +228,25 @@ static moe_status load_from(const moe_st *f, moe_model_t *m, moe_optim_t *o, moe
   return MOE_OK;
 }
 
-/* Serving: the model without its experts' weights, which stay in the file behind one expert cache
- * per block. The file stays open (lazily, header only) as long as the model. */
-static moe_status load_serving(moe_st *f, moe_model_t *m, int K, moe_cache_policy p) {
+/* Serving: a tensor of the model as the file stores it. The expert matrices (the ones a bf16 model
+ * stores as BF16) may be F32 or BF16 whatever dtype the model computes in: serving widens; the
+ * layers round again (RNE) for bf16, which leaves BF16 values as they are. */
+static moe_status serving_tensor(const moe_st *f, const moe_tensor_ref *r) {
+  moe_tensor_view v;
+  MOE_CHECK(moe_st_get(f, r->name, &v));
+  int matrix = r->ndim == 3 && strstr(r->name, "experts.fc") != NULL;
+  return copy_tensor(f, matrix && v.dtype == MOE_DT_BF16 ? MOE_DT_BF16 : MOE_DT_F32, r->name, r, r->data);
+}
+
+/* Serving: the model, in the compute dtype asked for (-1: the file's). K > 0: without its experts'
+ * weights, which stay in the file behind one expert cache per block; the file stays open (lazily,
+ * header only) as long as the model. K = 0: every tensor read into the model. */
+static moe_status load_serving(moe_st *f, moe_model_t *m, int K, moe_cache_policy p, int dtype) {
   moe_model_config c;
   MOE_CHECK(model_config(f, &c));
-  c.moe.external_experts = 1;
-  MOE_TRY(c.moe.dispatch == MOE_DISPATCH_DYNAMIC && !c.moe.inner_experts, MOE_ERR_ARG,
+  if (dtype >= 0) c.moe.dtype = (moe_dtype)dtype;
+  c.moe.external_experts = K > 0;
+  MOE_TRY(!K || (c.moe.dispatch == MOE_DISPATCH_DYNAMIC && !c.moe.inner_experts), MOE_ERR_ARG,
           "%s: expert buffering needs dispatch=dynamic and no hierarchical experts", moe_st_path(f));
   moe_status st = moe_model_init(m, &c);
   if (st != MOE_OK) {
@@ -242,8 +254,9 @@ static moe_status load_serving(moe_st *f, moe_model_t *m, int K, moe_cache_polic
     snprintf(msg, sizeof msg, "%s", moe_last_error());
     return moe__error(st, __FILE__, __LINE__, "%s: %s", moe_st_path(f), msg);
   }
-  m->file = f;
-  for (int i = 0; i < m->nrefs; i++) MOE_CHECK(copy_tensor(f, stored_dtype(m, &m->refs[i]), m->refs[i].name, &m->refs[i], m->refs[i].data));
+  if (K) m->file = f;
+  for (int i = 0; i < m->nrefs; i++) MOE_CHECK(serving_tensor(f, &m->refs[i]));
+  if (!K) return MOE_OK;
   m->caches = calloc((size_t)c.blocks, sizeof *m->caches);
   MOE_TRY(m->caches, MOE_ERR_NOMEM, "out of memory");
   for (int i = 0; i < c.blocks; i++) {
@@ -255,15 +268,21 @@ static moe_status load_serving(moe_st *f, moe_model_t *m, int K, moe_cache_polic
   return MOE_OK;
 }
 
-moe_status moe_checkpoint_load_serving(const char *path, moe_model_t *m, int K, moe_cache_policy p) {
+moe_status moe_checkpoint_load_serving(const char *path, moe_model_t *m, int K, moe_cache_policy p, int dtype) {
   MOE_TRY(path && m, MOE_ERR_ARG, "moe_checkpoint_load_serving: NULL argument");
+  MOE_TRY(K >= 0, MOE_ERR_ARG, "moe_checkpoint_load_serving: K must be >= 0 (0: all experts resident), got %d", K);
+  MOE_TRY(dtype == -1 || dtype == MOE_DT_F32 || dtype == MOE_DT_BF16, MOE_ERR_ARG,
+          "moe_checkpoint_load_serving: dtype must be -1 (the checkpoint's), MOE_DT_F32 or MOE_DT_BF16, got %d",
+          dtype);
   memset(m, 0, sizeof *m);
   moe_st *f;
   MOE_CHECK(moe_st_open_lazy(&f, path));
-  moe_status st = load_serving(f, m, K, p);
+  moe_status st = load_serving(f, m, K, p, dtype);
   if (st != MOE_OK) {
     if (!m->file) moe_st_close(f);
     moe_model_free(m); /* closes m->file */
+  } else if (!K) {
+    moe_st_close(f); /* everything is in memory */
   }
   return st;
 }

@@ -65,8 +65,6 @@ static moe_status check_config(const moe_layer_config *c) {
   }
   MOE_TRY(c->dtype == MOE_DT_F32 || c->dtype == MOE_DT_BF16, MOE_ERR_ARG,
           "config: the experts' dtype must be f32 or bf16, got %s", moe_dtype_name(c->dtype));
-  MOE_TRY(!c->external_experts || c->dtype == MOE_DT_F32, MOE_ERR_ARG,
-          "config: buffered experts are f32 only for now");
   MOE_TRY(!c->external_experts || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->inner_experts), MOE_ERR_ARG,
           "config: buffered experts need dispatch=dynamic and no hierarchical experts");
   MOE_TRY(c->inner_experts == 0 || (c->inner_top_k >= 1 && c->inner_top_k <= c->inner_experts), MOE_ERR_ARG,
@@ -168,7 +166,7 @@ moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap) {
 moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c) {
   MOE_TRY(l->cfg.external_experts || !c, MOE_ERR_ARG, "moe_layer_set_expert_cache: the layer was not made with external_experts");
   MOE_TRY(!c || moe__cache_fits(c, &l->cfg), MOE_ERR_SHAPE,
-          "moe_layer_set_expert_cache: the cache was opened for another layer shape (E, D, H, activation, biases)");
+          "moe_layer_set_expert_cache: the cache was opened for another layer shape (E, D, H, activation, biases, dtype)");
   l->cache = c;
   return MOE_OK;
 }

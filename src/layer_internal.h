@@ -141,7 +141,7 @@ moe_status moe__ep_gather(moe_layer_t *l, float *g, float *rows);
 
 /* serve/buffer.c: the experts' forward through the expert cache (expert buffering). */
 moe_status moe__cache_forward(moe_layer_t *l);
-/* Whether a cache was opened for this layer's shape (E, D, H, activation, biases). */
+/* Whether a cache was opened for this layer's shape (E, D, H, activation, biases, dtype). */
 int moe__cache_fits(const moe_expert_cache *c, const moe_layer_config *l);
 
 #endif

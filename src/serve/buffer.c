@@ -4,7 +4,10 @@
  * as far ahead as free or evictable slots allow, and each expert computes as soon as it is resident,
  * while the loader reads the next ones. Eviction: experts not active in this batch first, then by the
  * policy (LIFO as in the paper, LRU, FIFO) among those already computed; an active expert not yet
- * computed is evicted only when K is smaller than the batch's active experts (it streams through). */
+ * computed is evicted only when K is smaller than the batch's active experts (it streams through).
+ * A slot holds the expert's matrices in the layer's compute dtype (bf16: 2 bytes a value, what the
+ * GEMMs read) and its biases in fp32; the file's tensors may be F32 or BF16 either way: a load reads
+ * the bytes as they are when the dtypes agree, else reads and rounds (RNE) or widens. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,11 +20,13 @@
 struct moe_expert_cache {
   const moe_st *f;
   moe_tensor_view v[NT];     /* the (E, ...) tensors; name NULL when absent */
-  size_t per[NT], off[NT];   /* floats per expert of each tensor, and its offset in a slot */
-  size_t slot_floats;
+  size_t per[NT];            /* values per expert of each tensor */
+  size_t esz[NT], off[NT];   /* bytes per value in a slot (2 for bf16 matrices, else 4), offset in a slot */
+  size_t slot_bytes;
   int E, K;
   moe_cache_policy policy;
-  float *slots;              /* (K, slot_floats) */
+  unsigned char *slots;      /* (K, slot_bytes), 64-byte aligned, each tensor too */
+  void *scratch;             /* the loader's buffer for tensors read in another dtype, or NULL */
   int *slot_expert;          /* (K) expert held, or -1 */
   int *where;                /* (E) slot of an expert, or -1 */
   int64_t *inserted, *used;  /* (K) clock at load and at last use */
@@ -33,17 +38,43 @@ struct moe_expert_cache {
   int *q_expert, *q_slot, qhead, qlen, *ready, stop; /* ready: 0 loading, 1 loaded, -1 failed */
   int inflight;            /* the loader is reading a slot */
   int D, H, act, bias;     /* the layer shape the cache was opened for */
+  moe_dtype dtype;         /* and its compute dtype: MOE_DT_F32 or MOE_DT_BF16 */
   moe_status load_status;
   char load_error[512];
   moe_expert_cache_stats stats;
 };
 
-static moe_status load_expert(moe_expert_cache *c, int e, int slot) {
-  float *dst = c->slots + (size_t)slot * c->slot_floats;
-  for (int t = 0; t < NT; t++)
-    if (c->v[t].name)
-      MOE_CHECK(moe_st_read(c->f, &c->v[t], (size_t)e * c->per[t] * 4, c->per[t] * 4, dst + c->off[t]));
+/* Reads expert e's part of tensor t into dst (per[t] values of esz[t] bytes): straight from the file
+ * when the dtypes agree, else through the scratch buffer, rounded to bf16 or widened to fp32. */
+static moe_status load_tensor(moe_expert_cache *c, int t, int e, void *dst) {
+  const moe_tensor_view *v = &c->v[t];
+  size_t n = c->per[t], fsz = moe_dtype_size(v->dtype), off = (size_t)e * n * fsz;
+  if (fsz == c->esz[t]) return moe_st_read(c->f, v, off, n * fsz, dst);
+  MOE_CHECK(moe_st_read(c->f, v, off, n * fsz, c->scratch));
+  if (v->dtype == MOE_DT_F32) { /* plain loops on the loader thread: the caller's GEMMs have the cores */
+    const float *a = c->scratch;
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = moe__bf16(a[i]);
+  } else {
+    const uint16_t *b = c->scratch;
+    float *d = dst;
+    for (size_t i = 0; i < n; i++) {
+      uint32_t u = (uint32_t)b[i] << 16;
+      memcpy(&d[i], &u, 4);
+    }
+  }
   return MOE_OK;
+}
+
+static moe_status load_expert(moe_expert_cache *c, int e, int slot) {
+  unsigned char *dst = c->slots + (size_t)slot * c->slot_bytes;
+  for (int t = 0; t < NT; t++)
+    if (c->v[t].name) MOE_CHECK(load_tensor(c, t, e, dst + c->off[t]));
+  return MOE_OK;
+}
+
+static void free_cache(moe_expert_cache *c) {
+  free(c->slots), free(c->scratch), free(c->slot_expert), free(c->where), free(c->inserted), free(c);
 }
 
 static void *loader(void *arg) {
@@ -77,6 +108,8 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
   MOE_TRY(K >= 1 && K <= l->E, MOE_ERR_ARG, "expert cache: K must be in [1, E=%d], got %d", l->E, K);
   MOE_TRY(p != MOE_CACHE_BELADY && (unsigned)p <= MOE_CACHE_BELADY, MOE_ERR_ARG,
           "expert cache: policy must be lifo, lru or fifo (belady knows the future: moe cachesim only)");
+  MOE_TRY(l->dtype == MOE_DT_F32 || l->dtype == MOE_DT_BF16, MOE_ERR_ARG,
+          "expert cache: the layer's dtype must be f32 or bf16, got %s", moe_dtype_name(l->dtype));
   moe_expert_cache *c = calloc(1, sizeof *c);
   MOE_TRY(c, MOE_ERR_NOMEM, "expert cache: out of memory");
   c->f = f;
@@ -86,11 +119,13 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
   c->H = l->H;
   c->act = l->act;
   c->bias = l->expert_bias;
+  c->dtype = l->dtype;
   c->policy = p;
   const char *names[NT] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight"};
   int64_t D = l->D, H = l->H;
   const int64_t want[NT][2] = {{H, D}, {H, 0}, {D, H}, {D, 0}, {H, D}};
   int needed[NT] = {1, l->expert_bias, 1, l->expert_bias, l->act == MOE_ACT_SWIGLU};
+  size_t scratch = 0; /* bytes of the largest tensor part read in another dtype than its slot's */
   moe_status st = MOE_OK;
   for (int t = 0; t < NT && st == MOE_OK; t++) {
     if (!needed[t]) continue;
@@ -99,25 +134,31 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
     st = moe_st_get(f, name, &c->v[t]);
     if (st != MOE_OK) break;
     int nd = want[t][1] ? 3 : 2;
-    int ok = c->v[t].dtype == MOE_DT_F32 && c->v[t].ndim == nd && c->v[t].shape[0] == l->E &&
+    moe_dtype dt = c->v[t].dtype;
+    int ok = (dt == MOE_DT_F32 || dt == MOE_DT_BF16) && c->v[t].ndim == nd && c->v[t].shape[0] == l->E &&
              c->v[t].shape[1] == want[t][0] && (nd == 2 || c->v[t].shape[2] == want[t][1]);
     if (!ok)
-      st = moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: tensor '%s' is not F32 (E=%d, %lld%s%lld)", moe_st_path(f),
-                      name, l->E, (long long)want[t][0], nd == 3 ? ", " : "", nd == 3 ? (long long)want[t][1] : 0LL);
+      st = moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: tensor '%s' is not F32 or BF16 (E=%d, %lld%s%lld)",
+                      moe_st_path(f), name, l->E, (long long)want[t][0], nd == 3 ? ", " : "",
+                      nd == 3 ? (long long)want[t][1] : 0LL);
     c->per[t] = (size_t)want[t][0] * (nd == 3 ? (size_t)want[t][1] : 1);
-    c->off[t] = c->slot_floats;
-    c->slot_floats += (c->per[t] + 15) & ~(size_t)15; /* each tensor 64-byte aligned in the slot */
+    c->esz[t] = nd == 3 && l->dtype == MOE_DT_BF16 ? 2 : 4; /* matrices in the compute dtype, biases fp32 */
+    if (ok && moe_dtype_size(dt) != c->esz[t] && c->per[t] * moe_dtype_size(dt) > scratch)
+      scratch = c->per[t] * moe_dtype_size(dt);
+    c->off[t] = c->slot_bytes;
+    c->slot_bytes += (c->per[t] * c->esz[t] + 63) & ~(size_t)63; /* each tensor 64-byte aligned in the slot */
   }
   if (st == MOE_OK) {
-    c->slots = aligned_alloc(64, (size_t)K * c->slot_floats * 4);
+    c->slots = aligned_alloc(64, (size_t)K * c->slot_bytes);
+    c->scratch = scratch ? aligned_alloc(64, (scratch + 63) & ~(size_t)63) : NULL;
     c->slot_expert = malloc(sizeof(int) * (size_t)K * 5);
     c->where = malloc(sizeof(int) * (size_t)l->E);
     c->inserted = calloc((size_t)K * 2, sizeof(int64_t));
-    if (!c->slots || !c->slot_expert || !c->where || !c->inserted)
+    if (!c->slots || (scratch && !c->scratch) || !c->slot_expert || !c->where || !c->inserted)
       st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert cache: cannot allocate %d slots", K);
   }
   if (st != MOE_OK) {
-    free(c->slots), free(c->slot_expert), free(c->where), free(c->inserted), free(c);
+    free_cache(c);
     return st;
   }
   c->used = c->inserted + K;
@@ -126,14 +167,15 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
   c->ready = c->q_slot + K;
   for (int s = 0; s < K; s++) c->slot_expert[s] = -1;
   for (int e = 0; e < l->E; e++) c->where[e] = -1;
-  c->stats.resident_bytes = (size_t)K * c->slot_floats * 4;
-  c->stats.expert_bytes = c->slot_floats * 4;
+  c->stats.resident_bytes = (size_t)K * c->slot_bytes;
+  c->stats.expert_bytes = c->slot_bytes;
+  c->stats.dtype = c->dtype;
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   if (pthread_create(&c->thread, NULL, loader, c) != 0) {
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
-    free(c->slots), free(c->slot_expert), free(c->where), free(c->inserted), free(c);
+    free_cache(c);
     MOE_TRY(0, MOE_ERR_NOMEM, "expert cache: cannot start the loader thread");
   }
   *out = c;
@@ -149,7 +191,7 @@ void moe_expert_cache_free(moe_expert_cache *c) {
   pthread_join(c->thread, NULL);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
-  free(c->slots), free(c->slot_expert), free(c->where), free(c->inserted), free(c);
+  free_cache(c);
 }
 
 void moe_expert_cache_get_stats(const moe_expert_cache *c, moe_expert_cache_stats *out) { *out = c->stats; }
@@ -184,10 +226,29 @@ static int victim(const moe_expert_cache *c, const char *state, int need, int no
   return best;
 }
 
+/* The weights of the expert in slot v, as moe__experts_compute reads them: the matrices through the
+ * fp32 pointers (w1, w2, w3) or the bf16 ones (w1h, w2h, w3h) by the dtype, the biases fp32. */
+static moe__expert_w slot_weights(const moe_expert_cache *c, int v) {
+  const unsigned char *base = c->slots + (size_t)v * c->slot_bytes;
+  const void *p[NT];
+  for (int t = 0; t < NT; t++) p[t] = c->v[t].name ? base + c->off[t] : NULL;
+  moe__expert_w w = {.b1 = p[1], .b2 = p[3]};
+  if (c->dtype == MOE_DT_BF16) {
+    w.w1h = p[0];
+    w.w2h = p[2];
+    w.w3h = p[4];
+  } else {
+    w.w1 = p[0];
+    w.w2 = p[2];
+    w.w3 = p[4];
+  }
+  return w;
+}
+
 moe_status moe__cache_forward(moe_layer_t *l) {
   moe__layer_state *s = l->st;
   moe_expert_cache *c = l->cache;
-  int E = s->ng, glu = l->cfg.act == MOE_ACT_SWIGLU;
+  int E = s->ng;
   MOE_CHECK(moe__experts_alloc(l));
   moe__expert_w *w = moe__arena_alloc(&s->work, (size_t)E * sizeof *w);
   char *state = moe__arena_alloc(&s->work, (size_t)E);
@@ -230,9 +291,7 @@ moe_status moe__cache_forward(moe_layer_t *l) {
     int run = i;
     while (run < n && c->where[order[run]] >= 0 && c->ready[c->where[order[run]]] == 1) {
       int ej = order[run++];
-      const float *base = c->slots + (size_t)c->where[ej] * c->slot_floats;
-      w[ej] = (moe__expert_w){base + c->off[0], c->v[1].name ? base + c->off[1] : NULL, base + c->off[2],
-                              c->v[3].name ? base + c->off[3] : NULL, glu ? base + c->off[4] : NULL, NULL, NULL, NULL};
+      w[ej] = slot_weights(c, c->where[ej]);
       c->used[c->where[ej]] = ++c->clock;
       state[ej] = 3; /* being computed: its slot stays */
     }
@@ -258,5 +317,6 @@ moe_status moe__cache_forward(moe_layer_t *l) {
 }
 
 int moe__cache_fits(const moe_expert_cache *c, const moe_layer_config *l) {
-  return c->E == l->E && c->D == l->D && c->H == l->H && c->act == (int)l->act && c->bias == l->expert_bias;
+  return c->E == l->E && c->D == l->D && c->H == l->H && c->act == (int)l->act && c->bias == l->expert_bias &&
+         c->dtype == l->dtype;
 }
