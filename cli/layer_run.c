@@ -215,7 +215,7 @@ static int set_capacities(const args_t *a, moe_layer_t *l) {
       if (byfile) memcpy(cap, byfile, sizeof(int32_t) * (size_t)E);
       free(byfile);
     }
-    if (!rc && moe_layer_set_expert_capacity(l, cap) != MOE_OK) rc = cli_fail(CMD);
+    if (!rc && moe_layer_set_expert_capacity(l, cap, 0) != MOE_OK) rc = cli_fail(CMD);
   }
   free(cap);
   return rc;

@@ -244,7 +244,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     }
     if (rc || interrupted) break;
     double rate = steps / (cli_now() - t0);
-    if ((dc && dyncap_for_batch(dc, m, 500)) || evaluate(m, test, 500, &test_acc) || (dc && dyncap_restore(dc, m))) {
+    if (evaluate(m, test, 500, &test_acc)) {
       rc = cli_fail(CMD);
       break;
     }
@@ -274,7 +274,6 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (tw.f && trace_close(&tw) != MOE_OK && !rc) rc = 1;
   train_batch_free(&tb);
   if (dc && !rc) dyncap_report(dc, o->json ? stderr : stdout);
-  if (dc && test_acc < 0 && !rc && !interrupted && dyncap_for_batch(dc, m, 500)) rc = cli_fail(CMD);
   dyncap_free(dc);
   assign_cache_free(ac);
   if (rc) return rc;

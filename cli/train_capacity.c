@@ -2,7 +2,7 @@
  * every step the blocks' expert counts go to a trigger thread, which decides new capacities with
  * moe_dynamic_capacity (headroom and hysteresis); a decision on the metrics of step j takes effect at
  * step j + delta_launch + 1, while training goes on. Capacities are counts for the training batch;
- * evaluation on other batch sizes scales them. Under mpirun every rank runs a trigger on the same
+ * the layers scale them to other batch sizes (evaluation), and checkpoints keep them. Under mpirun every rank runs a trigger on the same
  * (global) counts, but when each sees which metrics depends on timing: rank 0's decisions are the
  * ones applied, on every rank at the same step, so that all agree on the (E, C, D) layout. */
 #include <math.h>
@@ -17,7 +17,6 @@ struct dyncap {
   float headroom;
   int32_t *cur;     /* (L E) applied capacities */
   int32_t *decided; /* (L E) the trigger's latest decision (applied or on its way) */
-  int32_t *scaled;  /* (E) scratch for evaluation */
   int32_t *counts;  /* (L E) metrics scratch */
   double *ema;      /* (L E) smoothed need, on the trigger thread */
   int32_t *smooth;  /* (L E) its rounding */
@@ -43,7 +42,8 @@ static int trigger(const moe_metrics *m, moe_adjustment *out, void *user) {
 }
 
 static moe_status apply(dyncap *d, moe_model_t *m, const int32_t *cap) {
-  for (int i = 0; i < d->L; i++) MOE_CHECK_CLI(moe_layer_set_expert_capacity(&m->layers[i], cap + (size_t)i * d->E));
+  for (int i = 0; i < d->L; i++)
+    MOE_CHECK_CLI(moe_layer_set_expert_capacity(&m->layers[i], cap + (size_t)i * d->E, d->B));
   return MOE_OK;
 }
 
@@ -55,7 +55,7 @@ int dyncap_start(dyncap **out, moe_model_t *m, int B, int delta, float headroom)
   d->L = L;
   d->B = B;
   d->headroom = headroom;
-  d->cur = malloc(sizeof(int32_t) * (size_t)(4 * L * E + E));
+  d->cur = malloc(sizeof(int32_t) * (size_t)(4 * L * E));
   d->ema = calloc((size_t)(L * E), sizeof *d->ema);
   d->dist = moe_dist_size(m->cfg.moe.dist) > 1 ? m->cfg.moe.dist : NULL;
   d->agree = d->dist ? malloc(sizeof(double) * (size_t)(1 + L * E)) : NULL;
@@ -69,10 +69,14 @@ int dyncap_start(dyncap **out, moe_model_t *m, int B, int delta, float headroom)
   d->smooth = d->cur + 3 * L * E;
   d->decided = d->cur + L * E;
   d->counts = d->decided + L * E;
-  d->scaled = d->smooth + L * E;
-  /* start from capacity_setting's C for the training batch */
+  /* start from the checkpoint's capacities (a resumed run), else from capacity_setting's C */
   int C = (int)ceil((double)m->cfg.moe.capacity_setting * m->cfg.moe.top_k * B / E);
   for (int i = 0; i < L * E; i++) d->cur[i] = d->decided[i] = C > 0 ? C : 1;
+  for (int i = 0; i < L; i++) {
+    const moe_layer_t *l = &m->layers[i];
+    if (l->expert_capacity && l->expert_capacity_tokens == B)
+      for (int e = 0; e < E; e++) d->cur[i * E + e] = d->decided[i * E + e] = l->expert_capacity[e];
+  }
   if (apply(d, m, d->cur) != MOE_OK || moe_recompile_new(&d->rc, L * E, delta, trigger, d) != MOE_OK) {
     dyncap_free(d);
     return 1;
@@ -111,19 +115,6 @@ int dyncap_push(dyncap *d, const moe_model_t *m, int64_t step, double loss) {
   moe_metrics mt = {.iter = step, .loss = loss, .experts = d->L * d->E, .counts = d->counts};
   return moe_recompile_push(d->rc, &mt) != MOE_OK;
 }
-
-int dyncap_for_batch(dyncap *d, moe_model_t *m, int B) {
-  for (int i = 0; i < d->L; i++) {
-    for (int e = 0; e < d->E; e++) {
-      double c = (double)d->cur[(size_t)i * d->E + e] * B / d->B;
-      d->scaled[e] = (int32_t)ceil(c - 1e-9);
-    }
-    if (moe_layer_set_expert_capacity(&m->layers[i], d->scaled) != MOE_OK) return 1;
-  }
-  return 0;
-}
-
-int dyncap_restore(dyncap *d, moe_model_t *m) { return apply(d, m, d->cur) != MOE_OK; }
 
 void dyncap_report(const dyncap *d, FILE *f) {
   moe_recompile_stats st;

@@ -17,8 +17,6 @@ typedef struct dyncap dyncap;
 int dyncap_start(dyncap **out, moe_model_t *m, int B, int delta, float headroom);
 int dyncap_begin(dyncap *d, moe_model_t *m, int64_t step); /* applies what is due at this step */
 int dyncap_push(dyncap *d, const moe_model_t *m, int64_t step, double loss);
-int dyncap_for_batch(dyncap *d, moe_model_t *m, int B); /* capacities scaled to batches of B */
-int dyncap_restore(dyncap *d, moe_model_t *m);
 void dyncap_report(const dyncap *d, FILE *f);
 void dyncap_free(dyncap *d);
 

@@ -215,6 +215,7 @@ typedef struct moe_layer {
   struct moe_layer *inner; /* (E) inner layers, or NULL */
   struct moe_expert_cache *cache; /* serving: where the experts' weights come from, or NULL */
   int32_t *expert_capacity;       /* (E) per-expert capacities for static dispatch, or NULL */
+  int expert_capacity_tokens;     /* the batch (tokens) they are for; 0: for any batch */
   const int32_t *cached;          /* (T, k) experts for the next forward only, or NULL */
   int cached_T;
   int nparams;
@@ -251,10 +252,12 @@ void moe_layer_zero_grad(moe_layer_t *l);
  * moe_layer_init_params and moe_layer_load call it; any other writer must. */
 void moe_layer_params_changed(moe_layer_t *l);
 moe_status moe_layer_set_top_k(moe_layer_t *l, int k);
-/* DynaMoE's per-expert capacities (static dispatch): expert e keeps at most cap[e] assignments,
- * overriding capacity_setting; NULL returns to capacity_setting. Copied. Only the workspace whose
- * size changes is reallocated, at the next forward; weights are untouched. */
-moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap);
+/* DynaMoE's per-expert capacities (static dispatch): expert e keeps at most cap[e] assignments in a
+ * batch of `tokens` tokens (over all ranks, expert-parallel), and cap[e] T / tokens (rounded up) in a
+ * batch of T; tokens = 0: cap[e] whatever the batch. They override capacity_setting; NULL returns to
+ * it. Copied. Only the workspace whose size changes is reallocated, at the next forward; weights are
+ * untouched. */
+moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap, int tokens);
 /* DynaMoE 4.2, sample-assignment caching: the next forward (only) sends token t's slot j to expert
  * experts[t k + j] (checked: ids in range, distinct per token) instead of the router's top-k; the
  * combine weights are still the gate's probabilities of those experts. The array must stay valid until

@@ -56,6 +56,16 @@ static moe_status save_into(moe_st_writer *w, const moe_model_t *m, const moe_op
     const moe_tensor_ref *r = &m->refs[i];
     MOE_CHECK(moe_st_writer_add_f32(w, r->name, stored_dtype(m, r), r->ndim, r->shape, r->data));
   }
+  for (int i = 0; i < c->blocks; i++) { /* DynaMoE's per-expert capacities, and the batch they are for */
+    const moe_layer_t *l = &m->layers[i];
+    if (!l->expert_capacity) continue;
+    char name[64];
+    int64_t E = c->moe.E;
+    snprintf(name, sizeof name, "blocks.%d.moe.expert_capacity", i);
+    MOE_CHECK(moe_st_writer_add(w, name, MOE_DT_I32, 1, &E, l->expert_capacity));
+    snprintf(name, sizeof name, "blocks.%d.expert_capacity_tokens", i);
+    META_I(w, name, l->expert_capacity_tokens);
+  }
   if (ts) {
     META_I(w, "epoch", ts->epoch);
     META_I(w, "step", ts->step);
@@ -162,6 +172,29 @@ static moe_status model_config(const moe_st *f, moe_model_config *c) {
   return MOE_OK;
 }
 
+/* Block i's per-expert capacities, when the checkpoint has them (*present = 1). */
+static moe_status load_capacities(const moe_st *f, moe_layer_t *l, int i, int *present) {
+  char name[64], key[64];
+  snprintf(name, sizeof name, "blocks.%d.moe.expert_capacity", i);
+  snprintf(key, sizeof key, "blocks.%d.expert_capacity_tokens", i);
+  *present = moe_st_has(f, name);
+  if (!*present) return MOE_OK;
+  moe_tensor_view v;
+  MOE_CHECK(moe_st_get(f, name, &v));
+  MOE_TRY(v.dtype == MOE_DT_I32 && v.ndim == 1 && v.shape[0] == l->cfg.E, MOE_ERR_FORMAT,
+          "%s: tensor '%s' must be I32 (%d)", moe_st_path(f), name, l->cfg.E);
+  int tokens = -1;
+  MOE_CHECK(moe__meta_int(f, key, &tokens));
+  MOE_TRY(tokens >= 0, MOE_ERR_FORMAT, "%s: __metadata__ %s missing or negative", moe_st_path(f), key);
+  int32_t *cap = malloc(sizeof(int32_t) * (size_t)l->cfg.E);
+  MOE_TRY(cap, MOE_ERR_NOMEM, "out of memory");
+  moe_status st = moe_st_read(f, &v, 0, v.nbytes, cap); /* loaded or lazy */
+  if (st == MOE_OK) st = moe_layer_set_expert_capacity(l, cap, tokens);
+  free(cap);
+  MOE_TRY(st == MOE_OK, st, "%s: %s", moe_st_path(f), moe_last_error());
+  return MOE_OK;
+}
+
 static moe_status load_from(const moe_st *f, moe_model_t *m, moe_optim_t *o, moe_train_state *ts) {
   moe_model_config c;
   MOE_CHECK(model_config(f, &c));
@@ -173,6 +206,11 @@ static moe_status load_from(const moe_st *f, moe_model_t *m, moe_optim_t *o, moe
   }
   for (int i = 0; i < m->nrefs; i++) MOE_CHECK(copy_tensor(f, stored_dtype(m, &m->refs[i]), m->refs[i].name, &m->refs[i], m->refs[i].data));
   int expected = m->nrefs;
+  for (int i = 0; i < c.blocks; i++) {
+    int present;
+    MOE_CHECK(load_capacities(f, &m->layers[i], i, &present));
+    expected += present;
+  }
   if (ts) {
     memset(ts, 0, sizeof *ts);
     MOE_CHECK(moe__meta_int(f, "epoch", &ts->epoch));
@@ -256,6 +294,10 @@ static moe_status load_serving(moe_st *f, moe_model_t *m, int K, moe_cache_polic
   }
   if (K) m->file = f;
   for (int i = 0; i < m->nrefs; i++) MOE_CHECK(serving_tensor(f, &m->refs[i]));
+  for (int i = 0; !K && i < c.blocks; i++) { /* all resident: static dispatch keeps its capacities */
+    int present;
+    MOE_CHECK(load_capacities(f, &m->layers[i], i, &present));
+  }
   if (!K) return MOE_OK;
   m->caches = calloc((size_t)c.blocks, sizeof *m->caches);
   MOE_TRY(m->caches, MOE_ERR_NOMEM, "out of memory");

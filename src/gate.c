@@ -19,7 +19,7 @@ size_t moe__gate_bytes(const moe_layer_t *l, int T, int k) {
   b += moe__arena_size(t * 8);                     /* route.c: priority sort keys */
   b += moe__arena_size((2 * E + 2) * sizeof(double)); /* loss sums */
   b += 6 * moe__arena_size(tk * 4);                /* top_e, top_p, top_w, row, dw, fresh */
-  b += 5 * moe__arena_size((E + 1) * 4);           /* counts, kept, offs, fill, frac1 */
+  b += 6 * moe__arena_size((E + 1) * 4);           /* counts, kept, offs, fill, frac1, cap */
   if (l->cfg.router == MOE_ROUTER_COSINE)          /* proj, dproj, norms, emb, demb */
     b += 2 * moe__arena_size(t * P * 4) + moe__arena_size(t * 4) + 2 * moe__arena_size(E * P * 4) +
          moe__arena_size(E * 4);
@@ -126,13 +126,14 @@ moe_status moe__gate_forward(moe_layer_t *l, const float *x, int T, int k) {
   s->offs = moe__arena_alloc(a, (size_t)(E + 1) * 4);
   s->fill = moe__arena_alloc(a, (size_t)(E + 1) * 4);
   s->frac1 = moe__arena_alloc(a, (size_t)(E + 1) * 4);
+  s->cap = moe__arena_alloc(a, (size_t)(E + 1) * 4);
   if (l->cfg.router == MOE_ROUTER_COSINE) {
     s->proj = moe__arena_alloc(a, (size_t)T * P * 4);
     s->proj_norm = moe__arena_alloc(a, (size_t)T * 4);
     s->emb = moe__arena_alloc(a, (size_t)E * P * 4);
     s->emb_norm = moe__arena_alloc(a, (size_t)E * 4);
   }
-  MOE_TRY(s->frac1 && (l->cfg.router != MOE_ROUTER_COSINE || s->emb_norm), MOE_ERR_STATE,
+  MOE_TRY(s->cap && (l->cfg.router != MOE_ROUTER_COSINE || s->emb_norm), MOE_ERR_STATE,
           "internal: router workspace too small");
   moe__weights w;
   moe__weights_bind(l, l->params, &w);

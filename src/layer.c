@@ -142,12 +142,14 @@ moe_status moe_layer_set_cached_experts(moe_layer_t *l, const int32_t *experts, 
   return MOE_OK;
 }
 
-moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap) {
+moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap, int tokens) {
   if (!cap) {
     free(l->expert_capacity);
     l->expert_capacity = NULL;
+    l->expert_capacity_tokens = 0;
     return MOE_OK;
   }
+  MOE_TRY(tokens >= 0, MOE_ERR_ARG, "per-expert capacities: tokens must be >= 0, got %d", tokens);
   MOE_TRY(l->cfg.dispatch == MOE_DISPATCH_STATIC, MOE_ERR_ARG, "per-expert capacities need static dispatch");
   int64_t sum = 0;
   for (int e = 0; e < l->cfg.E; e++) {
@@ -160,6 +162,7 @@ moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap) {
     MOE_TRY(l->expert_capacity, MOE_ERR_NOMEM, "out of memory");
   }
   memcpy(l->expert_capacity, cap, sizeof(int32_t) * (size_t)l->cfg.E);
+  l->expert_capacity_tokens = tokens;
   return MOE_OK;
 }
 

@@ -43,6 +43,7 @@ struct moe__layer_state {
   int32_t *offs;    /* (E + 1) first row of each expert */
   int32_t *order;   /* (T) token order for priority=score */
   int32_t *fill;    /* (E) scratch */
+  int32_t *cap;     /* (E) static: each expert's capacity in this forward (C, or per-expert) */
   float *frac1;     /* (E) fraction of tokens whose top-1 is e */
   float aux, z;
   float inner_aux, inner_z; /* hierarchical: sums over the inner layers */

@@ -91,6 +91,12 @@ moe_status moe__route(moe_layer_t *l) {
   }
   int C = capacity(l, Tv, k, maxc);
   s->C = C;
+  for (int e = 0; e < E; e++) { /* DynaMoE's per-expert capacities, scaled to this batch */
+    int64_t c = C, T0 = l->expert_capacity_tokens;
+    if (l->expert_capacity)
+      c = T0 > 0 && T0 != Tv ? (int64_t)ceil((double)l->expert_capacity[e] * Tv / T0 - 1e-9) : l->expert_capacity[e];
+    s->cap[e] = (int32_t)(c < Tv ? c : Tv);
+  }
 
   for (int t = 0; t < Tv; t++) order[t] = t;
   if (l->cfg.priority == MOE_PRIORITY_SCORE && Tv > 1) {
@@ -107,20 +113,20 @@ moe_status moe__route(moe_layer_t *l) {
     for (int i = 0; i < Tv; i++) {
       int t = order[i];
       int e = te[(size_t)t * k + j], pos = s->fill[e]++;
-      int drop = is_static && pos >= (l->expert_capacity ? l->expert_capacity[e] : C);
+      int drop = is_static && pos >= s->cap[e];
       s->dropped += drop;
       if (t < t0 || t >= t0 + T) continue; /* another rank's token */
       s->row[(size_t)(t - t0) * k + j] = drop ? -1 : pos;
     }
   s->offs[0] = 0;
   for (int e = 0; e < E; e++) {
-    int Ce = l->expert_capacity ? l->expert_capacity[e] : C; /* DynaMoE's per-expert capacities */
+    int Ce = s->cap[e];
     s->kept[e] = is_static && s->counts[e] > Ce ? Ce : s->counts[e];
     s->offs[e + 1] = s->offs[e] + (is_static ? Ce : s->kept[e]);
   }
   if (is_static && l->expert_capacity) {
     s->C = 0;
-    for (int e = 0; e < E; e++) s->C = l->expert_capacity[e] > s->C ? l->expert_capacity[e] : s->C;
+    for (int e = 0; e < E; e++) s->C = s->cap[e] > s->C ? s->cap[e] : s->C;
   }
   s->rows = s->offs[E];
   for (size_t a = 0; a < (size_t)T * k; a++)

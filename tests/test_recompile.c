@@ -126,18 +126,18 @@ TEST(recompile_expert_capacity) {
   float *before = malloc(l.numel * 4);
   memcpy(before, l.params, l.numel * 4);
   int32_t same[4] = {C, C, C, C};
-  ASSERT_OK(moe_layer_set_expert_capacity(&l, same));
+  ASSERT_OK(moe_layer_set_expert_capacity(&l, same, 0));
   ASSERT_OK(moe_layer_forward(&l, x, T, y1, NULL, &st));
   ASSERT(!memcmp(y0, y1, sizeof y0));
   int32_t tight[4] = {1, 2, 3, 0};
-  ASSERT_OK(moe_layer_set_expert_capacity(&l, tight));
+  ASSERT_OK(moe_layer_set_expert_capacity(&l, tight, 0));
   ASSERT_OK(moe_layer_forward(&l, x, T, y1, NULL, &st));
   int want = 0;
   for (int e = 0; e < 4; e++) want += counts[e] > tight[e] ? counts[e] - tight[e] : 0;
   ASSERT_EQ_INT(st.dropped, want);
   ASSERT(!memcmp(before, l.params, l.numel * 4));
   int32_t bad[4] = {1, -1, 1, 1};
-  ASSERT_STATUS(moe_layer_set_expert_capacity(&l, bad), MOE_ERR_ARG);
+  ASSERT_STATUS(moe_layer_set_expert_capacity(&l, bad, 0), MOE_ERR_ARG);
   free(before);
   moe_layer_free(&l);
   /* the policy: recompile when a need outgrows its capacity or shrinks far below it */

@@ -226,8 +226,11 @@ TEST(train_bad_input) {
 TEST(train_dynamic_capacity) {
   const char *data_dir = synth_data_dir();
   char args[3000], out[512], err[2048];
+  char ck[512], eout[512];
   test_tmp_path("dyncap.txt", out, sizeof out);
-  snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 3 --capacity dynamic --delta-launch 3", data_dir);
+  test_tmp_path("dyncap.safetensors", ck, sizeof ck);
+  snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 3 --capacity dynamic --delta-launch 3 --checkpoint '%s'",
+           data_dir, ck);
   ASSERT_EQ_INT(moe(args, out, err, sizeof err), 0);
   char *txt = slurp(out, NULL);
   ASSERT(txt);
@@ -237,6 +240,20 @@ TEST(train_dynamic_capacity) {
   free(txt);
   ASSERT(recompiles >= 1);
   ASSERT(acc > 0.5);
+  /* the checkpoint keeps the capacities (for the training batch; eval's batches scale them): eval
+   * reproduces train's accuracy */
+  moe_st *f = NULL;
+  ASSERT_OK(moe_st_open(&f, ck));
+  ASSERT(tensor_dtype_is(f, "blocks.0.moe.expert_capacity", MOE_DT_I32));
+  ASSERT(moe_st_meta(f, "blocks.0.expert_capacity_tokens") && atoi(moe_st_meta(f, "blocks.0.expert_capacity_tokens")) == 50);
+  moe_st_close(f);
+  test_tmp_path("dyncap_eval.txt", eout, sizeof eout);
+  snprintf(args, sizeof args, "eval --checkpoint '%s' --data '%s'", ck, data_dir);
+  ASSERT_EQ_INT(moe(args, eout, err, sizeof err), 0);
+  char *e = slurp(eout, NULL);
+  ASSERT(e && !strncmp(e, "test_accuracy=", 14));
+  ASSERT_NEAR(atof(e + 14), acc, 1e-9);
+  free(e);
 }
 
 /* --cache-assignments: frac_same is reported from the second epoch on; with thresholds that let it,
