@@ -39,6 +39,7 @@ static void usage(void) {
     "       [--capacity X|dynamic [--delta-launch N] [--headroom H]] [--dispatch dynamic|static]\n"
     "       [--priority index|score] [--router linear|cosine]\n"
     "       [--cache-assignments [--cache-on 0.96] [--cache-off 0.90] [--cache-min-epoch 10]]\n"
+    "       (--delta-launch N: RECOMPILE decisions, capacity or caching, land N + 1 steps late)\n"
     "       [--activation relu|gelu|silu|swiglu] [--loss cooperation|specification] [--dtype f32|bf16]\n"
     "       [--aux-weight W] [--z-weight W] [--optimizer adam|sgd] [--lr LR] [--weight-decay W]\n"
     "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
@@ -215,9 +216,10 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (!rc && o->dynamic_capacity && dyncap_start(&dc, m, B, o->delta_launch, o->headroom))
     rc = cli_fail(CMD);
   assign_cache *ac = NULL;
-  if (!rc && o->cache_assignments && assign_cache_new(&ac, m, train->n, &o->cache))
+  if (!rc && o->cache_assignments && assign_cache_new(&ac, m, train->n, steps, o->delta_launch, &o->cache))
     rc = cli_usage_error(CMD, "--cache-assignments: out of memory");
   int caching = 0;
+  int64_t caching_from = -1;
   double frac_same = -1;
   for (int epoch = start_epoch; epoch < last && !rc; epoch++) {
     epoch_acc a = {0};
@@ -227,7 +229,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       train_batch_fill(&tb, s);
       if (dc && dyncap_begin(dc, m, step)) { rc = cli_fail(CMD); break; }
       const int32_t *ids = tb.perm + (size_t)s * B + b0;
-      if (ac && assign_cache_before(ac, m, ids, b1 - b0)) { rc = cli_fail(CMD); break; }
+      if (ac && assign_cache_before(ac, m, step, ids, b1 - b0)) { rc = cli_fail(CMD); break; }
       moe_model_stats st;
       moe_model_zero_grad(m);
       if (moe_model_forward(m, tb.x + (size_t)b0 * F, tb.y + b0, b1 - b0, &st) || moe_model_backward(m)) {
@@ -236,7 +238,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       }
       moe_optim_step(opt, m, moe_lr_schedule(o->lr, step, warmup, total));
       accumulate(&a, m, &st, B);
-      if (ac) assign_cache_after(ac, m, ids, b1 - b0);
+      if (ac && assign_cache_after(ac, m, step, ids, b1 - b0)) { rc = cli_fail(CMD); break; }
       if (dc && dyncap_push(dc, m, step, st.loss)) { rc = cli_fail(CMD); break; }
       if (tw.f && trace_step(&tw, m, step) != MOE_OK) { rc = cli_usage_error(CMD, "%s: write error", o->trace); break; }
       if (tty && (s % 8 == 0 || s == steps - 1)) progress(epoch + 1, o->epochs, s + 1, steps, &a, (s + 1) / (cli_now() - t0));
@@ -249,7 +251,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       break;
     }
     if (tty) fprintf(stderr, "\n");
-    if (ac && assign_cache_epoch(ac, epoch, &caching, &frac_same)) {
+    if (ac && assign_cache_epoch(ac, &frac_same, &caching, &caching_from)) {
       rc = cli_fail(CMD);
       break;
     }
@@ -262,8 +264,12 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     else
       printf("epoch %d/%d: loss %.4f train_acc %.4f aux %.4f dropped %.4f max/mean load %.2f %.1f steps/s "
              "test_acc %.4f\n", epoch + 1, o->epochs, loss, acc, aux, drop, load, rate, test_acc);
-    if (ac && !o->json) printf("  samples not reassigned since the last epoch: %.4f; caching %s\n", frac_same, caching ? "on" : "off");
-    if (ac && o->json) printf("{\"epoch\": %d, \"frac_same\": %.4f, \"caching\": %d}\n", epoch + 1, frac_same, caching);
+    if (ac && !o->json)
+      printf("  samples not reassigned since the last epoch: %.4f; caching %s (on from step %lld)\n", frac_same,
+             caching ? "on" : "off", (long long)caching_from);
+    if (ac && o->json)
+      printf("{\"epoch\": %d, \"frac_same\": %.4f, \"caching\": %d, \"caching_from_step\": %lld}\n", epoch + 1,
+             frac_same, caching, (long long)caching_from);
     fflush(stdout);
     if (o->checkpoint) {
       moe_train_state ts = {.epoch = epoch + 1, .step = step, .seed = o->seed};

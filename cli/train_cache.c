@@ -1,13 +1,15 @@
 /* Sample-assignment caching (DynaMoE 4.2) in moe train: each sample's experts (every block, every
  * slot) are recorded per epoch; frac_same is the fraction of samples whose assignment did not change
- * since the previous epoch. Caching switches on when frac_same >= on and the epoch is at least
- * min_epoch, and off when it falls below off; while on, each batch is routed with the samples'
- * assignments of the previous epoch (the gate still gives the weights and a fresh choice, recorded
- * for the next epoch). Under mpirun each rank records its own slice of every batch; at the end of an
- * epoch the ranks' records are merged (a sample is in one rank's slice per epoch) and the counts
- * behind frac_same summed, so that every rank has every record and all switch together. On this CPU the router
+ * since the previous epoch. The switch is a RECOMPILE adjustment (DynaMoE 3): every step pushes the
+ * latest frac_same to a trigger thread, which turns caching on when frac_same >= on from epoch
+ * min_epoch and off when it falls below off; the decision on the metrics of step j takes effect at
+ * step j + delta_launch + 1, while training goes on. While on, each batch is routed with the samples'
+ * assignments of the previous epoch (the gate still gives the weights and a fresh choice, recorded for
+ * the next epoch). Under mpirun each rank records its own slice of every batch; at the end of an epoch
+ * the ranks' records are merged (a sample is in one rank's slice per epoch) and the counts behind
+ * frac_same summed; rank 0's switch is applied on every rank at the same step. On this CPU the router
  * and the experts still run one after the other: the dependency is gone, the concurrency that would
- * use it is not there yet. */
+ * use it is not there. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,27 +17,51 @@
 
 struct assign_cache {
   assign_cache_opts o;
-  const moe_dist *dist; /* the model's ranks, or NULL */
-  int n, L, k, on;
+  const moe_dist *dist; /* the model's ranks when more than one, else NULL */
+  int n, L, k, on, steps;
   size_t per;             /* L k entries per sample */
   int32_t *prev, *cur;    /* (n, L, k): last epoch's and this epoch's assignments, -1 unknown */
   int32_t *buf;           /* (L, B, k) cached experts handed to the blocks */
   int bcap;
   long same, seen;
+  double frac;            /* frac_same of the last epoch, -1 before one */
+  int64_t on_from;        /* the step caching last switched on at, -1 never */
+  moe_recompile *rc;
+  int trig_on, trig_epoch; /* the trigger thread's own: its view of the switch, the epoch it last judged */
 };
 
-int assign_cache_new(assign_cache **out, const moe_model_t *m, int n, const assign_cache_opts *o) {
+/* On the trigger thread, once per epoch (frac_same changes at epoch ends): the thresholds, with
+ * hysteresis, from epoch min_epoch. */
+static int trigger(const moe_metrics *m, moe_adjustment *out, void *user) {
+  assign_cache *c = user;
+  int epoch = (int)(m->iter / c->steps);
+  if (m->frac_same < 0 || epoch <= c->trig_epoch) return 0;
+  c->trig_epoch = epoch;
+  int want = c->trig_on ? m->frac_same >= c->o.off : m->frac_same >= c->o.on && epoch >= c->o.min_epoch;
+  if (want == c->trig_on) return 0;
+  c->trig_on = want;
+  out->set_caching = 1;
+  out->caching = want;
+  return 1;
+}
+
+int assign_cache_new(assign_cache **out, const moe_model_t *m, int n, int steps, int delta,
+                     const assign_cache_opts *o) {
   assign_cache *c = calloc(1, sizeof *c);
   if (!c) return 1;
   c->o = *o;
-  c->dist = m->cfg.moe.dist;
+  c->dist = moe_dist_size(m->cfg.moe.dist) > 1 ? m->cfg.moe.dist : NULL;
   c->n = n;
+  c->steps = steps > 0 ? steps : 1;
   c->L = m->cfg.blocks;
   c->k = m->cfg.moe.top_k;
   c->per = (size_t)c->L * c->k;
+  c->frac = -1;
+  c->on_from = -1;
+  c->trig_epoch = -1;
   c->prev = malloc(sizeof(int32_t) * c->per * (size_t)n);
   c->cur = malloc(sizeof(int32_t) * c->per * (size_t)n);
-  if (!c->prev || !c->cur) {
+  if (!c->prev || !c->cur || moe_recompile_new(&c->rc, 1, delta, trigger, c) != MOE_OK) {
     assign_cache_free(c);
     return 1;
   }
@@ -45,7 +71,19 @@ int assign_cache_new(assign_cache **out, const moe_model_t *m, int n, const assi
   return 0;
 }
 
-int assign_cache_before(assign_cache *c, moe_model_t *m, const int32_t *ids, int n) {
+int assign_cache_before(assign_cache *c, moe_model_t *m, int64_t step, const int32_t *ids, int n) {
+  const moe_adjustment *adj;
+  int has;
+  if (moe_recompile_begin(c->rc, step, &adj, &has) != MOE_OK) return 1;
+  double sw[2] = {has && adj->set_caching, has && adj->caching}; /* (switch, on) */
+  if (c->dist) { /* rank 0's switch, on every rank */
+    if (moe_dist_rank(c->dist) != 0) sw[0] = sw[1] = 0;
+    if (moe_dist_allreduce(c->dist, sw, 2) != MOE_OK) return 1;
+  }
+  if (sw[0] > 0) {
+    c->on = sw[1] > 0;
+    if (c->on) c->on_from = step;
+  }
   if (!c->on) return 0;
   if (n > c->bcap) {
     free(c->buf);
@@ -64,7 +102,7 @@ int assign_cache_before(assign_cache *c, moe_model_t *m, const int32_t *ids, int
   return 0;
 }
 
-void assign_cache_after(assign_cache *c, const moe_model_t *m, const int32_t *ids, int n) {
+int assign_cache_after(assign_cache *c, const moe_model_t *m, int64_t step, const int32_t *ids, int n) {
   for (int i = 0; i < n; i++) {
     int32_t *rec = c->cur + (size_t)ids[i] * c->per;
     for (int l = 0; l < c->L; l++)
@@ -75,6 +113,9 @@ void assign_cache_after(assign_cache *c, const moe_model_t *m, const int32_t *id
       c->same += !memcmp(rec, old, sizeof(int32_t) * c->per);
     }
   }
+  int32_t none = 0;
+  moe_metrics mt = {.iter = step, .experts = 1, .counts = &none, .frac_same = c->frac};
+  return moe_recompile_push(c->rc, &mt) != MOE_OK;
 }
 
 /* Every rank gets every sample's record of this epoch: each record is known to one rank (-1 elsewhere),
@@ -90,26 +131,24 @@ static int merge_records(assign_cache *c) {
   return rc;
 }
 
-int assign_cache_epoch(assign_cache *c, int epoch, int *on, double *frac_same) {
+int assign_cache_epoch(assign_cache *c, double *frac_same, int *on, int64_t *on_from) {
   double cnt[2] = {(double)c->same, (double)c->seen};
   if (c->dist && (moe_dist_allreduce(c->dist, cnt, 2) != MOE_OK || merge_records(c))) return 1;
-  double frac = cnt[1] > 0 ? cnt[0] / cnt[1] : -1;
-  if (frac >= 0) {
-    if (!c->on && frac >= c->o.on && epoch + 1 >= c->o.min_epoch) c->on = 1;
-    else if (c->on && frac < c->o.off) c->on = 0;
-  }
+  c->frac = cnt[1] > 0 ? cnt[0] / cnt[1] : -1;
   int32_t *t = c->prev;
   c->prev = c->cur;
   c->cur = t;
   memset(c->cur, 0xff, sizeof(int32_t) * c->per * (size_t)c->n); /* only this epoch's records */
   c->same = c->seen = 0;
+  *frac_same = c->frac;
   *on = c->on;
-  *frac_same = frac;
+  *on_from = c->on_from;
   return 0;
 }
 
 void assign_cache_free(assign_cache *c) {
   if (!c) return;
+  moe_recompile_free(c->rc);
   free(c->prev);
   free(c->cur);
   free(c->buf);

@@ -256,28 +256,37 @@ TEST(train_dynamic_capacity) {
   free(e);
 }
 
-/* --cache-assignments: frac_same is reported from the second epoch on; with thresholds that let it,
- * caching switches on at the minimum epoch and training goes on with the cached assignments. */
+/* --cache-assignments: frac_same is reported from the second epoch on; with thresholds that let it, the
+ * trigger turns caching on from the metrics of the first step after the minimum epoch, and the switch
+ * lands delta_launch + 1 steps later (a step or two more if the trigger thread skipped metrics:
+ * it takes the newest); training goes on with the cached assignments. */
 TEST(train_assignment_caching) {
   const char *data_dir = synth_data_dir();
   char args[3000], out[512], err[2048];
   test_tmp_path("cache.txt", out, sizeof out);
   snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 4 --cache-assignments --cache-on 0 --cache-off 0 "
-           "--cache-min-epoch 2 --json", data_dir);
+           "--cache-min-epoch 2 --delta-launch 3 --json", data_dir);
   ASSERT_EQ_INT(moe(args, out, err, sizeof err), 0);
   char *txt = slurp(out, NULL);
   ASSERT(txt);
   int on_at = -1, first_metric = -1;
+  long long from = -2, steps1 = -1;
   for (char *l = strtok(txt, "\n"); l; l = strtok(NULL, "\n")) {
     int ep, cach;
     double fs;
-    if (sscanf(l, "{\"epoch\": %d, \"frac_same\": %lf, \"caching\": %d}", &ep, &fs, &cach) == 3) {
+    long long st, fr;
+    if (sscanf(l, "{\"epoch\": 1, \"steps\": %lld,", &st) == 1) steps1 = st;
+    if (sscanf(l, "{\"epoch\": %d, \"frac_same\": %lf, \"caching\": %d, \"caching_from_step\": %lld}", &ep, &fs,
+               &cach, &fr) == 4) {
       if (fs >= 0 && first_metric < 0) first_metric = ep;
-      if (cach && on_at < 0) on_at = ep;
+      if (cach && on_at < 0) on_at = ep, from = fr;
       if (fs >= 0) ASSERT(fs <= 1.0);
     }
   }
   free(txt);
   ASSERT_EQ_INT(first_metric, 2);
-  ASSERT_EQ_INT(on_at, 2);
+  ASSERT_EQ_INT(on_at, 3); /* decided on epoch 2's frac_same, during epoch 3 */
+  ASSERT(steps1 > 10);
+  if (from < 2 * steps1 + 4 || from > 2 * steps1 + 6)
+    FAIL_("caching on from step %lld, want %lld (+2 at most)", from, 2 * steps1 + 4);
 }
