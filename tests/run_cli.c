@@ -6,14 +6,15 @@
 #include "run_cli.h"
 #include "test.h"
 
-int run_moe(const char *env_prefix, const char *args, char *err, size_t n) {
+int run_moe(const char *env_prefix, const char *args, const char *out_path, char *err, size_t n) {
   char errp[512], cmd[4096];
   test_tmp_path("run_moe_stderr.txt", errp, sizeof errp);
-  snprintf(cmd, sizeof cmd, "%s '%s' %s 2>'%s'", env_prefix ? env_prefix : "", MOE_CLI, args, errp);
+  snprintf(cmd, sizeof cmd, "%s '%s' %s >'%s' 2>'%s'", env_prefix ? env_prefix : "", MOE_CLI, args,
+           out_path ? out_path : "/dev/null", errp);
   int rc = system(cmd);
   FILE *f = fopen(errp, "r");
-  size_t got = f && n ? fread(err, 1, n - 1, f) : 0;
-  if (n) err[got] = 0;
+  size_t got = f && err && n ? fread(err, 1, n - 1, f) : 0;
+  if (err && n) err[got] = 0;
   if (f) fclose(f);
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }

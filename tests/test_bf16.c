@@ -108,7 +108,7 @@ static int layer_run_case(const char *cas, const char *extra, const char *env) {
   test_tmp_path("bf16_out.safetensors", out, sizeof out);
   snprintf(args, sizeof args, "layer-run --weights '%s' --input '%s' --out '%s' --backward --spec %s", w, x, out,
            extra);
-  if (run_moe(env, args, err, sizeof err)) {
+  if (run_moe(env, args, NULL, err, sizeof err)) {
     fprintf(stderr, "  %s: %s\n", cas, err);
     return 0;
   }
@@ -149,7 +149,7 @@ TEST(bf16_layer_run_follows_fp32_contract) {
     case_file("", cases[i], "ref.safetensors", ref, sizeof ref);
     test_tmp_path("bf16_f32.safetensors", out, sizeof out);
     snprintf(args, sizeof args, "layer-run --weights '%s' --input '%s' --out '%s' --backward --dtype bf16", w, x, out);
-    if (run_moe(NULL, args, err, sizeof err)) FAIL_("%s: %s", cases[i], err);
+    if (run_moe(NULL, args, NULL, err, sizeof err)) FAIL_("%s: %s", cases[i], err);
     moe_st *o = NULL, *r = NULL;
     ASSERT_OK(moe_st_open(&o, out));
     ASSERT_OK(moe_st_open(&r, ref));
@@ -183,17 +183,17 @@ TEST(bf16_bad_input_is_named) {
   write_raw(bad, "{\"x\":{\"dtype\":\"BF16\",\"shape\":[48,12],\"data_offsets\":[0,1150]}}", data, 1150);
   unlink(out);
   snprintf(args, sizeof args, "layer-run --weights '%s' --input '%s' --out '%s'", w, bad, out);
-  ASSERT(run_moe(NULL, args, err, sizeof err) != 0);
+  ASSERT(run_moe(NULL, args, NULL, err, sizeof err) != 0);
   ASSERT(strstr(err, "'x'") || strstr(err, "\"x\""));
   ASSERT(strstr(err, "1150") || strstr(err, "1152"));
   struct stat st;
   ASSERT(stat(out, &st) != 0);
   snprintf(args, sizeof args, "layer-run --weights '%s' --input '%s' --out '%s' --dtype f16", w, x, out);
-  ASSERT(run_moe(NULL, args, err, sizeof err) != 0);
+  ASSERT(run_moe(NULL, args, NULL, err, sizeof err) != 0);
   ASSERT(strstr(err, "--dtype") && strstr(err, "f16"));
   ASSERT(stat(out, &st) != 0);
   snprintf(args, sizeof args, "layer-run --weights '%s' --input '%s' --out '%s' --out-dtype int8", w, x, out);
-  ASSERT(run_moe(NULL, args, err, sizeof err) != 0);
+  ASSERT(run_moe(NULL, args, NULL, err, sizeof err) != 0);
   ASSERT(strstr(err, "--out-dtype") && strstr(err, "int8"));
   ASSERT(stat(out, &st) != 0);
 }

@@ -347,9 +347,9 @@ TEST(buffer_serving_bf16_and_f32_checkpoints_agree) {
 static cJSON *infer_json(int *failed, const char *ck, const char *extra) {
   char out[512], args[2048], err[4096], text[8192];
   test_tmp_path("buffer_infer.json", out, sizeof out);
-  snprintf(args, sizeof args, "infer --checkpoint '%s' --data '%s' --batch 50 --threads 2 --json %s >'%s'", ck,
-           synth_data_dir(), extra, out);
-  if (run_moe(NULL, args, err, sizeof err)) {
+  snprintf(args, sizeof args, "infer --checkpoint '%s' --data '%s' --batch 50 --threads 2 --json %s", ck,
+           synth_data_dir(), extra);
+  if (run_moe(NULL, args, out, err, sizeof err)) {
     fprintf(stderr, "  moe %s: %s\n", args, err);
     *failed = 1;
     return NULL;
@@ -403,9 +403,8 @@ TEST(buffer_cli_infer_dtype) {
   /* the text names the dtype and the fast tier */
   char out[512], args[2048], err[4096], text[4096];
   test_tmp_path("buffer_infer.txt", out, sizeof out);
-  snprintf(args, sizeof args, "infer --checkpoint '%s' --data '%s' --cache 2 --dtype bf16 >'%s'", ck,
-           synth_data_dir(), out);
-  ASSERT_EQ_INT(run_moe(NULL, args, err, sizeof err), 0);
+  snprintf(args, sizeof args, "infer --checkpoint '%s' --data '%s' --cache 2 --dtype bf16", ck, synth_data_dir());
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
   FILE *fp = fopen(out, "r");
   size_t n = fp ? fread(text, 1, sizeof text - 1, fp) : 0;
   if (fp) fclose(fp);
@@ -414,7 +413,7 @@ TEST(buffer_cli_infer_dtype) {
                      "over 2 blocks\n";
   if (!strstr(text, want)) FAIL_("output: %s", text);
   snprintf(args, sizeof args, "infer --checkpoint '%s' --data '%s' --dtype fp8", ck, synth_data_dir());
-  ASSERT_EQ_INT(run_moe(NULL, args, err, sizeof err), 1);
+  ASSERT_EQ_INT(run_moe(NULL, args, NULL, err, sizeof err), 1);
   ASSERT(strstr(err, "--dtype") && strstr(err, "fp8"));
 }
 

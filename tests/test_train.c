@@ -11,22 +11,10 @@
 #include <unistd.h>
 
 #include "compare.h"
+#include "run_cli.h"
 #include "test.h"
 
 #include "synth.h"
-
-/* Runs `moe <args>` with stdout to out_path (if not NULL) and stderr to err; returns the exit status. */
-static int moe(const char *args, const char *out_path, char *err, size_t nerr) {
-  char errp[512], cmd[4000];
-  test_tmp_path("train_stderr.txt", errp, sizeof errp);
-  snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>'%s'", MOE_CLI, args, out_path ? out_path : "/dev/null", errp);
-  int rc = system(cmd);
-  FILE *f = fopen(errp, "r");
-  size_t n = f && err ? fread(err, 1, nerr - 1, f) : 0;
-  if (err) err[n] = 0;
-  if (f) fclose(f);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-}
 
 static char *slurp(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
@@ -42,6 +30,21 @@ static char *slurp(const char *path, size_t *len) {
   return b;
 }
 
+/* The accuracy `moe eval` gives for checkpoint ck on data_dir, or -1. */
+static double eval_accuracy(const char *ck, const char *data_dir) {
+  char args[1200], out[512], err[2048];
+  test_tmp_path("eval_out.txt", out, sizeof out);
+  snprintf(args, sizeof args, "eval --checkpoint '%s' --data '%s'", ck, data_dir);
+  if (run_moe(NULL, args, out, err, sizeof err) != 0) {
+    fprintf(stderr, "  moe eval: %s\n", err);
+    return -1;
+  }
+  char *e = slurp(out, NULL);
+  double acc = e && !strncmp(e, "test_accuracy=", 14) ? atof(e + 14) : -1;
+  free(e);
+  return acc;
+}
+
 #define SMALL "--experts 4 --top-k 2 --hidden 32 --model 32 --batch 50 --augment 1 --threads 2 --seed 7"
 
 TEST(train_loss_falls_and_beats_chance) {
@@ -50,7 +53,7 @@ TEST(train_loss_falls_and_beats_chance) {
   test_tmp_path("train_out.txt", out, sizeof out);
   test_tmp_path("ck_a.safetensors", ck, sizeof ck);
   snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 4 --json --checkpoint '%s'", data_dir, ck);
-  ASSERT_EQ_INT(moe(args, out, err, sizeof err), 0);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
   char *txt = slurp(out, NULL);
   ASSERT(txt);
   double loss[4] = {0}, acc = 0;
@@ -64,15 +67,7 @@ TEST(train_loss_falls_and_beats_chance) {
   ASSERT_EQ_INT(ne, 4);
   ASSERT(loss[3] < 0.5 * loss[0]);
   ASSERT(acc > 0.6); /* chance is 0.1 */
-  /* eval reproduces the accuracy from the checkpoint */
-  char eargs[1200], eout[512];
-  test_tmp_path("eval_out.txt", eout, sizeof eout);
-  snprintf(eargs, sizeof eargs, "eval --checkpoint '%s' --data '%s'", ck, data_dir);
-  ASSERT_EQ_INT(moe(eargs, eout, err, sizeof err), 0);
-  char *e = slurp(eout, NULL);
-  ASSERT(e && !strncmp(e, "test_accuracy=", 14));
-  ASSERT_NEAR(atof(e + 14), acc, 1e-9);
-  free(e);
+  ASSERT_NEAR(eval_accuracy(ck, data_dir), acc, 1e-9); /* eval reproduces the accuracy from the checkpoint */
 }
 
 /* 2 epochs, and 1 + 1 resumed (with `extra` flags): the same checkpoint bytes and per-step losses. */
@@ -85,13 +80,13 @@ static void resume_is_bit_exact(const char *extra, int *failed_) {
   test_tmp_path("res_b1.txt", ob1, sizeof ob1);
   test_tmp_path("res_b2.txt", ob2, sizeof ob2);
   snprintf(args, sizeof args, "train --data '%s' " SMALL " %s --epochs 2 --log-steps --checkpoint '%s'", data_dir, extra, ca);
-  ASSERT_EQ_INT(moe(args, oa, err, sizeof err), 0);
+  ASSERT_EQ_INT(run_moe(NULL, args, oa, err, sizeof err), 0);
   snprintf(args, sizeof args, "train --data '%s' " SMALL " %s --epochs 2 --stop-after 1 --log-steps --checkpoint '%s'",
            data_dir, extra, cb);
-  ASSERT_EQ_INT(moe(args, ob1, err, sizeof err), 0);
+  ASSERT_EQ_INT(run_moe(NULL, args, ob1, err, sizeof err), 0);
   snprintf(args, sizeof args, "train --data '%s' --threads 2 --resume '%s' --log-steps --checkpoint '%s'", data_dir,
            cb, cb);
-  ASSERT_EQ_INT(moe(args, ob2, err, sizeof err), 0);
+  ASSERT_EQ_INT(run_moe(NULL, args, ob2, err, sizeof err), 0);
   size_t na, nb;
   char *a = slurp(ca, &na), *b = slurp(cb, &nb);
   int same_ck = a && b && na == nb && !memcmp(a, b, na);
@@ -122,7 +117,7 @@ TEST(train_resume_is_bit_exact) { resume_is_bit_exact("", failed_); }
  * beside their masters, learns, and eval from the checkpoint reproduces train's accuracy. */
 TEST(train_bf16) {
   resume_is_bit_exact("--dtype bf16", failed_);
-  char ca[512], args[2000], out[512], err[2048];
+  char ca[512];
   test_tmp_path("res_a.safetensors", ca, sizeof ca);
   moe_st *f = NULL;
   ASSERT_OK(moe_st_open(&f, ca));
@@ -130,13 +125,7 @@ TEST(train_bf16) {
          tensor_dtype_is(f, "master.blocks.0.moe.experts.fc1.weight", MOE_DT_F32));
   ASSERT(moe_st_meta(f, "dtype") && !strcmp(moe_st_meta(f, "dtype"), "bf16"));
   moe_st_close(f);
-  test_tmp_path("eval_bf16.txt", out, sizeof out);
-  snprintf(args, sizeof args, "eval --checkpoint '%s' --data '%s'", ca, synth_data_dir());
-  ASSERT_EQ_INT(moe(args, out, err, sizeof err), 0);
-  char *e = slurp(out, NULL);
-  ASSERT(e && !strncmp(e, "test_accuracy=", 14));
-  double acc = atof(e + 14);
-  free(e);
+  double acc = eval_accuracy(ca, synth_data_dir());
   ASSERT(acc > 0.6); /* chance is 0.1 */
   char oa[512];
   test_tmp_path("res_a.txt", oa, sizeof oa);
@@ -182,7 +171,7 @@ TEST(train_bad_input) {
   const char *data_dir = synth_data_dir();
   char args[3000], err[2048];
   snprintf(args, sizeof args, "train --data /nonexistent/dir --epochs 1");
-  ASSERT(moe(args, NULL, err, sizeof err) != 0);
+  ASSERT(run_moe(NULL, args, NULL, err, sizeof err) != 0);
   ASSERT(strstr(err, "/nonexistent/dir/train-images-idx3-ubyte"));
   /* a truncated image file */
   char bad[512], cmd[3000];
@@ -191,7 +180,7 @@ TEST(train_bad_input) {
            data_dir, bad, bad);
   ASSERT_EQ_INT(system(cmd), 0);
   snprintf(args, sizeof args, "train --data '%s' --epochs 1", bad);
-  ASSERT(moe(args, NULL, err, sizeof err) != 0);
+  ASSERT(run_moe(NULL, args, NULL, err, sizeof err) != 0);
   ASSERT(strstr(err, "train-images-idx3-ubyte") && strstr(err, "truncated"));
   /* a missing, a truncated and a non-checkpoint file for eval and resume */
   const char *cks[3] = {"/nonexistent/ck.safetensors", NULL, NULL};
@@ -199,7 +188,7 @@ TEST(train_bad_input) {
   char good[512];
   test_tmp_path("ck_a.safetensors", good, sizeof good);
   snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 1 --checkpoint '%s'", data_dir, good);
-  ASSERT_EQ_INT(moe(args, NULL, err, sizeof err), 0);
+  ASSERT_EQ_INT(run_moe(NULL, args, NULL, err, sizeof err), 0);
   test_tmp_path("ck_trunc.safetensors", trunc, sizeof trunc);
   snprintf(cmd, sizeof cmd, "head -c 3000 '%s' > '%s'", good, trunc);
   ASSERT_EQ_INT(system(cmd), 0);
@@ -209,15 +198,15 @@ TEST(train_bad_input) {
   const char *needles[3] = {"/nonexistent/ck.safetensors", "ck_trunc.safetensors", "not a libmoe checkpoint"};
   for (int i = 0; i < 3; i++) {
     snprintf(args, sizeof args, "eval --checkpoint '%s' --data '%s'", cks[i], data_dir);
-    ASSERT(moe(args, NULL, err, sizeof err) != 0);
+    ASSERT(run_moe(NULL, args, NULL, err, sizeof err) != 0);
     if (!strstr(err, needles[i])) FAIL_("eval: '%s' does not mention '%s'", err, needles[i]);
     snprintf(args, sizeof args, "train --data '%s' --resume '%s'", data_dir, cks[i]);
-    ASSERT(moe(args, NULL, err, sizeof err) != 0);
+    ASSERT(run_moe(NULL, args, NULL, err, sizeof err) != 0);
     if (!strstr(err, needles[i])) FAIL_("resume: '%s' does not mention '%s'", err, needles[i]);
   }
   /* architecture flags with --resume are refused rather than ignored */
   snprintf(args, sizeof args, "train --data '%s' --resume '%s' --experts 8", data_dir, good);
-  ASSERT(moe(args, NULL, err, sizeof err) != 0);
+  ASSERT(run_moe(NULL, args, NULL, err, sizeof err) != 0);
   ASSERT(strstr(err, "--resume"));
 }
 
@@ -226,12 +215,12 @@ TEST(train_bad_input) {
 TEST(train_dynamic_capacity) {
   const char *data_dir = synth_data_dir();
   char args[3000], out[512], err[2048];
-  char ck[512], eout[512];
+  char ck[512];
   test_tmp_path("dyncap.txt", out, sizeof out);
   test_tmp_path("dyncap.safetensors", ck, sizeof ck);
   snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 3 --capacity dynamic --delta-launch 3 --checkpoint '%s'",
            data_dir, ck);
-  ASSERT_EQ_INT(moe(args, out, err, sizeof err), 0);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
   char *txt = slurp(out, NULL);
   ASSERT(txt);
   char *rec = strstr(txt, "dynamic capacity: "), *last = strstr(txt, "test_accuracy=");
@@ -247,13 +236,7 @@ TEST(train_dynamic_capacity) {
   ASSERT(tensor_dtype_is(f, "blocks.0.moe.expert_capacity", MOE_DT_I32));
   ASSERT(moe_st_meta(f, "blocks.0.expert_capacity_tokens") && atoi(moe_st_meta(f, "blocks.0.expert_capacity_tokens")) == 50);
   moe_st_close(f);
-  test_tmp_path("dyncap_eval.txt", eout, sizeof eout);
-  snprintf(args, sizeof args, "eval --checkpoint '%s' --data '%s'", ck, data_dir);
-  ASSERT_EQ_INT(moe(args, eout, err, sizeof err), 0);
-  char *e = slurp(eout, NULL);
-  ASSERT(e && !strncmp(e, "test_accuracy=", 14));
-  ASSERT_NEAR(atof(e + 14), acc, 1e-9);
-  free(e);
+  ASSERT_NEAR(eval_accuracy(ck, data_dir), acc, 1e-9);
 }
 
 /* --cache-assignments: frac_same is reported from the second epoch on; with thresholds that let it, the
@@ -266,7 +249,7 @@ TEST(train_assignment_caching) {
   test_tmp_path("cache.txt", out, sizeof out);
   snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 4 --cache-assignments --cache-on 0 --cache-off 0 "
            "--cache-min-epoch 2 --delta-launch 3 --json", data_dir);
-  ASSERT_EQ_INT(moe(args, out, err, sizeof err), 0);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
   char *txt = slurp(out, NULL);
   ASSERT(txt);
   int on_at = -1, first_metric = -1;
