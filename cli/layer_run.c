@@ -197,7 +197,7 @@ static int set_capacities(const args_t *a, moe_layer_t *l) {
   while (*p) {
     char *end;
     long v = strtol(p, &end, 10);
-    if (end == p || v < 0 || v > (1 << 24) || (*end && *end != ',') || n == E) {
+    if (end == p || v < 0 || v > (1 << 24) || (*end && (*end != ',' || !end[1])) || n == E) {
       free(cap);
       return cli_usage_error(CMD, "--expert-capacity: want %d counts in [0, 2^24] separated by commas, got '%s'", E,
                              a->capacities);

@@ -142,18 +142,27 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
   return 0;
 }
 
-/* The training options that a resumed run must keep, as "key=value;..." in the checkpoint. */
+/* The training options that a resumed run must keep, as "key=value;..." in the checkpoint: the
+ * schedule, and the RECOMPILE adjustments in use (dynamic capacity, assignment caching). */
 static void save_extra(const train_opts *o, char *buf, size_t n) {
-  snprintf(buf, n, "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%.9g", o->epochs, o->batch, o->warmup,
-           o->augment, (double)o->lr);
+  snprintf(buf, n,
+           "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%.9g;dynamic_capacity=%d;delta_launch=%d;headroom=%.9g;"
+           "cache_assignments=%d;cache_on=%.9g;cache_off=%.9g;cache_min_epoch=%d",
+           o->epochs, o->batch, o->warmup, o->augment, (double)o->lr, o->dynamic_capacity, o->delta_launch,
+           (double)o->headroom, o->cache_assignments, (double)o->cache.on, (double)o->cache.off, o->cache.min_epoch);
 }
 
-/* The checkpoint's training options; 0 if they are missing or out of range. */
+/* The checkpoint's training options (the adjustments' are absent from older checkpoints); 0 if they
+ * are missing or out of range. */
 static int load_extra(const char *s, train_opts *o) {
-  int n = sscanf(s, "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%f", &o->epochs, &o->batch, &o->warmup,
-                 &o->augment, &o->lr);
-  return n == 5 && o->epochs > 0 && o->batch > 0 && o->warmup >= -1 && o->augment >= 0 && o->augment < 8 &&
-         o->lr > 0 && o->lr < 1e3f;
+  int n = sscanf(s,
+                 "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%f;dynamic_capacity=%d;delta_launch=%d;headroom=%f;"
+                 "cache_assignments=%d;cache_on=%f;cache_off=%f;cache_min_epoch=%d",
+                 &o->epochs, &o->batch, &o->warmup, &o->augment, &o->lr, &o->dynamic_capacity, &o->delta_launch,
+                 &o->headroom, &o->cache_assignments, &o->cache.on, &o->cache.off, &o->cache.min_epoch);
+  return (n == 5 || n == 12) && o->epochs > 0 && o->batch > 0 && o->warmup >= -1 && o->augment >= 0 &&
+         o->augment < 8 && o->lr > 0 && o->lr < 1e3f && o->delta_launch >= 0 && o->delta_launch < 60 &&
+         o->headroom >= 0 && o->headroom <= 10 && o->cache.min_epoch >= 0;
 }
 
 typedef struct {
@@ -334,6 +343,10 @@ int cmd_train(int argc, char **argv) {
       goto done;
     }
     parse(argc, argv, &o, &arch); /* flags given now win over the checkpoint's (they parsed once already) */
+    if (o.dynamic_capacity || o.cache_assignments)
+      fprintf(stderr, "moe train: resuming with %s: the trigger's state (smoothed counts, last epoch's "
+                      "assignments) starts afresh, so this run is not bit-identical to one without a break\n",
+              o.dynamic_capacity ? "--capacity dynamic" : "--cache-assignments");
     o.seed = ts.seed;
     start = ts.epoch;
     step = ts.step;

@@ -1,15 +1,16 @@
 /* Sample-assignment caching (DynaMoE 4.2) in moe train: each sample's experts (every block, every
  * slot) are recorded per epoch; frac_same is the fraction of samples whose assignment did not change
- * since the previous epoch. The switch is a RECOMPILE adjustment (DynaMoE 3): every step pushes the
- * latest frac_same to a trigger thread, which turns caching on when frac_same >= on from epoch
- * min_epoch and off when it falls below off; the decision on the metrics of step j takes effect at
- * step j + delta_launch + 1, while training goes on. While on, each batch is routed with the samples'
- * assignments of the previous epoch (the gate still gives the weights and a fresh choice, recorded for
- * the next epoch). Under mpirun each rank records its own slice of every batch; at the end of an epoch
- * the ranks' records are merged (a sample is in one rank's slice per epoch) and the counts behind
- * frac_same summed; rank 0's switch is applied on every rank at the same step. On this CPU the router
- * and the experts still run one after the other: the dependency is gone, the concurrency that would
- * use it is not there. */
+ * since the previous epoch. The switch is a RECOMPILE adjustment (DynaMoE 3): each epoch's frac_same
+ * goes to a trigger thread once, with the metrics of the next epoch's first step (so no newer metrics
+ * supersede it, and where the switch lands does not depend on timing); the trigger turns caching on
+ * when frac_same >= on from epoch min_epoch and off when it falls below off, and its decision on the
+ * metrics of step j takes effect at step j + delta_launch + 1, while training goes on. While on, each
+ * batch is routed with the samples' assignments of the previous epoch (the gate still gives the
+ * weights and a fresh choice, recorded for the next epoch). Under mpirun each rank records its own
+ * slice of every batch; at the end of an epoch the ranks' records are merged (a sample is in one
+ * rank's slice per epoch) and the counts behind frac_same summed; rank 0's switch is applied on every
+ * rank at the same step. On this CPU the router and the experts still run one after the other: the
+ * dependency is gone, the concurrency that would use it is not there. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,7 @@ struct assign_cache {
   int bcap;
   long same, seen;
   double frac;            /* frac_same of the last epoch, -1 before one */
+  int fresh;              /* frac is new: the next step hands it to the trigger */
   int64_t on_from;        /* the step caching last switched on at, -1 never */
   moe_recompile *rc;
   int trig_on, trig_epoch; /* the trigger thread's own: its view of the switch, the epoch it last judged */
@@ -113,6 +115,8 @@ int assign_cache_after(assign_cache *c, const moe_model_t *m, int64_t step, cons
       c->same += !memcmp(rec, old, sizeof(int32_t) * c->per);
     }
   }
+  if (!c->fresh) return 0;
+  c->fresh = 0;
   int32_t none = 0;
   moe_metrics mt = {.iter = step, .experts = 1, .counts = &none, .frac_same = c->frac};
   return moe_recompile_push(c->rc, &mt) != MOE_OK;
@@ -135,6 +139,7 @@ int assign_cache_epoch(assign_cache *c, double *frac_same, int *on, int64_t *on_
   double cnt[2] = {(double)c->same, (double)c->seen};
   if (c->dist && (moe_dist_allreduce(c->dist, cnt, 2) != MOE_OK || merge_records(c))) return 1;
   c->frac = cnt[1] > 0 ? cnt[0] / cnt[1] : -1;
+  c->fresh = c->frac >= 0;
   int32_t *t = c->prev;
   c->prev = c->cur;
   c->cur = t;

@@ -17,7 +17,7 @@ What it checks:
      (slot-major placement, priority index or score), experts with relu, gelu (erf), silu or swiglu.
      With dtype bf16 the experts compute as the C side does: their inputs and the activation h rounded
      to bf16 before each GEMM, the stored bf16 weights, fp32 accumulation, fp32 biases; the rest fp32.
-     Hierarchical MoE (inner_experts > 0) is refused.
+     Hierarchical MoE (inner_experts > 0) and per-expert capacities (--capacity dynamic) are refused.
   3. The test split (t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte in IDX format, pixels / 255, as
      src/dataset.c reads them) in batches of --batch (capacity depends on the batch, as in `moe eval`),
      and the test accuracy. With --moe, `moe eval` on the same checkpoint, data and batch must print
@@ -160,6 +160,8 @@ class Config:
             raise Unsupported(f"{path}: __metadata__: missing or bad integer ({e})") from None
         if inner > 0:
             raise Unsupported(f"{path}: hierarchical MoE (inner_experts={inner}) is not implemented here")
+        if any(k.endswith(".expert_capacity_tokens") for k in meta):
+            raise Unsupported(f"{path}: per-expert capacities (--capacity dynamic) are not implemented here")
         norm = meta.get("normalize_topk")
         c = cls(**need, **bias, top_k=top_k,
                 capacity_setting=float(np.float32(meta.get("capacity_setting", "1"))),

@@ -98,7 +98,8 @@ void moe_st_writer_free(moe_st_writer *w);
 /* data is copied. shape has ndim entries. */
 moe_status moe_st_writer_add(moe_st_writer *w, const char *name, moe_dtype dt, int ndim,
                              const int64_t *shape, const void *data);
-/* Adds float32 data stored as dt: MOE_DT_F32, or MOE_DT_BF16 (rounded to nearest even). Copied. */
+/* Adds float32 data stored as dt: MOE_DT_F32, or MOE_DT_BF16 (rounded to nearest even); other dtypes
+ * are MOE_ERR_ARG. Copied. */
 moe_status moe_st_writer_add_f32(moe_st_writer *w, const char *name, moe_dtype dt, int ndim, const int64_t *shape,
                                  const float *data);
 moe_status moe_st_writer_meta(moe_st_writer *w, const char *key, const char *value);
@@ -249,7 +250,8 @@ const moe_param_info *moe_layer_param_find(const moe_layer_t *l, const char *nam
 void moe_layer_zero_grad(moe_layer_t *l);
 /* Tells a bf16 layer that its fp32 parameters changed (an optimizer step, a write through
  * moe_layer_param): the bf16 copies of the expert weights are made again before the next forward.
- * moe_layer_init_params and moe_layer_load call it; any other writer must. */
+ * A new layer (moe_layer_init, moe_layer_load) starts with the copies due and moe_layer_init_params
+ * calls it; any other writer of the parameters must. */
 void moe_layer_params_changed(moe_layer_t *l);
 moe_status moe_layer_set_top_k(moe_layer_t *l, int k);
 /* DynaMoE's per-expert capacities (static dispatch): expert e keeps at most cap[e] assignments in a

@@ -16,6 +16,7 @@
 
 static dnnl_engine_t engine;
 static dnnl_primitive_t prims[2][2][2]; /* [ta][tb][beta != 0] */
+static size_t scratch[2][2][2];         /* their scratchpad bytes (0 for the JIT GEMM of oneDNN 2.6) */
 static int native, widen; /* widen: no oneDNN bf16 matmul here, the fp32 BLAS path */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -49,8 +50,13 @@ static void init(void) {
         if (ok && acc) /* C += A B: the sum post-op reads the old C */
           ok = dnnl_post_ops_create(&po) == dnnl_success && dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
                dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
-        ok = ok && dnnl_primitive_desc_create(&pd, &d, attr, engine, NULL) == dnnl_success &&
+        /* a user scratchpad (one per call) lets threads run one primitive at once: this oneDNN is
+         * built for OpenMP, without concurrent execution of a library-held scratchpad */
+        ok = ok && dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success &&
+             dnnl_primitive_desc_create(&pd, &d, attr, engine, NULL) == dnnl_success &&
              dnnl_primitive_create(&prims[ta][tb][acc], pd) == dnnl_success;
+        const dnnl_memory_desc_t *smd = ok ? dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0) : NULL;
+        scratch[ta][tb][acc] = smd ? dnnl_memory_desc_get_size(smd) : 0;
         if (pd) dnnl_primitive_desc_destroy(pd);
         if (po) dnnl_post_ops_destroy(po);
         if (attr) dnnl_primitive_attr_destroy(attr);
@@ -97,18 +103,30 @@ static int gemm_widened(const moe__gemm *g) {
 int moe__gemm_bf16_one(const moe__gemm *g) {
   if (widen) return gemm_widened(g);
   dnnl_stream_t stream = NULL; /* one per call: cheap on a CPU, and nothing outlives it */
+  dnnl_primitive_t prim = prims[g->ta][g->tb][g->beta != 0.0f];
+  size_t sbytes = scratch[g->ta][g->tb][g->beta != 0.0f];
+  void *sp = sbytes ? malloc(sbytes) : NULL;
   dnnl_memory_desc_t a, b, c;
-  dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
+  dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, ms = NULL;
   int ok = dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) == dnnl_success && desc(&a, g->M, g->K, g->lda, g->ta, dnnl_bf16) == dnnl_success &&
            desc(&b, g->K, g->N, g->ldb, g->tb, dnnl_bf16) == dnnl_success &&
            desc(&c, g->M, g->N, g->ldc, 0, dnnl_f32) == dnnl_success &&
            dnnl_memory_create(&ma, &a, engine, (void *)g->A) == dnnl_success &&
            dnnl_memory_create(&mb, &b, engine, (void *)g->B) == dnnl_success &&
-           dnnl_memory_create(&mc, &c, engine, g->C) == dnnl_success;
-  if (ok) {
-    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-    ok = dnnl_primitive_execute(prims[g->ta][g->tb][g->beta != 0.0f], stream, 3, args) == dnnl_success;
+           dnnl_memory_create(&mc, &c, engine, g->C) == dnnl_success && (!sbytes || sp);
+  if (ok && sbytes) {
+    const dnnl_memory_desc_t *smd = NULL;
+    const_dnnl_primitive_desc_t pd = NULL;
+    ok = dnnl_primitive_get_primitive_desc(prim, &pd) == dnnl_success &&
+         (smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0)) != NULL &&
+         dnnl_memory_create(&ms, smd, engine, sp) == dnnl_success;
   }
+  if (ok) {
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}};
+    ok = dnnl_primitive_execute(prim, stream, sbytes ? 4 : 3, args) == dnnl_success;
+  }
+  if (ms) dnnl_memory_destroy(ms);
+  free(sp);
   if (mc) dnnl_memory_destroy(mc);
   if (mb) dnnl_memory_destroy(mb);
   if (ma) dnnl_memory_destroy(ma);

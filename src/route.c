@@ -128,6 +128,9 @@ moe_status moe__route(moe_layer_t *l) {
     s->C = 0;
     for (int e = 0; e < E; e++) s->C = s->cap[e] > s->C ? s->cap[e] : s->C;
   }
+  /* the same on every rank (the view is global): all fail together, before any exchange */
+  MOE_TRY((int64_t)s->offs[E] * l->cfg.D <= INT32_MAX / 2, MOE_ERR_ARG,
+          "%d expert rows of %d values are too many for one batch (capacities too large?)", s->offs[E], l->cfg.D);
   s->rows = s->offs[E];
   for (size_t a = 0; a < (size_t)T * k; a++)
     if (s->row[a] >= 0) s->row[a] += s->offs[s->top_e[a]];

@@ -458,7 +458,9 @@ moe_status moe_st_writer_add(moe_st_writer *w, const char *name, moe_dtype dt, i
 
 moe_status moe_st_writer_add_f32(moe_st_writer *w, const char *name, moe_dtype dt, int ndim, const int64_t *shape,
                                  const float *data) {
-  if (dt != MOE_DT_BF16) return moe_st_writer_add(w, name, dt, ndim, shape, data);
+  MOE_TRY(dt == MOE_DT_F32 || dt == MOE_DT_BF16, MOE_ERR_ARG, "tensor '%s': float data stored as %s (want F32 or BF16)",
+          name, moe_dtype_name(dt));
+  if (dt == MOE_DT_F32) return moe_st_writer_add(w, name, dt, ndim, shape, data);
   size_t n = 1;
   for (int i = 0; i < ndim; i++) n *= shape[i] > 0 ? (size_t)shape[i] : 0;
   uint16_t *b = malloc(n ? n * 2 : 1);
