@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "compare.h"
+#include "run_cli.h"
 #include "test.h"
 
 #define CASE "relu_k2_cap1_index_static" /* E=6, D=12, H=16, T=24 */
@@ -24,16 +25,9 @@ static int exists(const char *p) {
 
 /* Runs moe layer-run with W, X and extra flags writing OUT; returns the exit status, stderr in err_text. */
 static int layer_run(const char *w, const char *x, const char *out, const char *extra) {
-  char errp[512], cmd[2048];
-  test_tmp_path("stderr.txt", errp, sizeof errp);
-  snprintf(cmd, sizeof cmd, "'%s' layer-run --weights '%s' --input '%s' --out '%s' %s 2>'%s'", MOE_CLI, w, x,
-           out, extra, errp);
-  int rc = system(cmd);
-  FILE *f = fopen(errp, "r");
-  size_t n = f ? fread(err_text, 1, sizeof err_text - 1, f) : 0;
-  err_text[n] = 0;
-  if (f) fclose(f);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+  char args[2048];
+  snprintf(args, sizeof args, "layer-run --weights '%s' --input '%s' --out '%s' %s", w, x, out, extra);
+  return run_moe(NULL, args, NULL, err_text, sizeof err_text);
 }
 
 /* Expects failure: non-zero exit, stderr containing `needle`, no output. */
@@ -197,21 +191,15 @@ TEST(cli_rejects_bad_files) {
 
 /* Runs `moe bench ARGS`; returns the exit status, stdout in out (n bytes at most), stderr in err_text. */
 static int bench_run(const char *args, char *out, size_t n) {
-  char outp[512], errp[512], cmd[2048];
+  char outp[512], cmd[2048];
   test_tmp_path("bench_stdout.txt", outp, sizeof outp);
-  test_tmp_path("bench_stderr.txt", errp, sizeof errp);
-  snprintf(cmd, sizeof cmd, "'%s' bench %s >'%s' 2>'%s'", MOE_CLI, args, outp, errp);
-  int rc = system(cmd);
-  const char *paths[2] = {outp, errp};
-  char *bufs[2] = {out, err_text};
-  size_t sizes[2] = {n, sizeof err_text};
-  for (int i = 0; i < 2; i++) {
-    FILE *f = fopen(paths[i], "r");
-    size_t got = f ? fread(bufs[i], 1, sizes[i] - 1, f) : 0;
-    bufs[i][got] = 0;
-    if (f) fclose(f);
-  }
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+  snprintf(cmd, sizeof cmd, "bench %s", args);
+  int rc = run_moe(NULL, cmd, outp, err_text, sizeof err_text);
+  FILE *f = fopen(outp, "r");
+  size_t got = f ? fread(out, 1, n - 1, f) : 0;
+  out[got] = 0;
+  if (f) fclose(f);
+  return rc;
 }
 
 /* moe bench --dtype bf16 --cases S (one routing, one dispatch, one timed step: about a second): one
