@@ -89,9 +89,12 @@ static void route_token(const float *logit, float *prob, float *lse, int E, int 
   float mx = -INFINITY;
   for (int e = 0; e < E; e++) mx = logit[e] > mx ? logit[e] : mx;
   double sum = 0;
-  for (int e = 0; e < E; e++) sum += exp((double)logit[e] - mx);
+  for (int e = 0; e < E; e++) { /* one exp per entry (the router's main cost at large E), summed in double */
+    prob[e] = expf(logit[e] - mx);
+    sum += prob[e];
+  }
   *lse = mx + (float)log(sum);
-  for (int e = 0; e < E; e++) prob[e] = (float)(exp((double)logit[e] - mx) / sum);
+  for (int e = 0; e < E; e++) prob[e] = (float)(prob[e] / sum);
   for (int j = 0; j < k; j++) { /* k passes of selection: k is small */
     int best = -1;
     for (int e = 0; e < E; e++) {
