@@ -2,7 +2,6 @@
  * non-zero exit, a message naming the file, tensor or field, and no output file. */
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "compare.h"

@@ -5,8 +5,8 @@
 #include <png.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
+#include "run_cli.h"
 #include "test.h"
 
 static const uint8_t TOP[3] = {0xfd, 0xe7, 0x25}, BOTTOM[3] = {0x44, 0x01, 0x54};
@@ -278,15 +278,9 @@ TEST(plot_svg) {
 static char err_text[4096];
 
 static int plot(const char *trace, const char *out, const char *extra) {
-  char errp[512], cmd[2048];
-  test_tmp_path("plot-stderr.txt", errp, sizeof errp);
-  snprintf(cmd, sizeof cmd, "'%s' plot-trace '%s' -o '%s' %s >/dev/null 2>'%s'", MOE_CLI, trace, out, extra, errp);
-  int rc = system(cmd);
-  FILE *f = fopen(errp, "r");
-  size_t n = f ? fread(err_text, 1, sizeof err_text - 1, f) : 0;
-  err_text[n] = 0;
-  if (f) fclose(f);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+  char args[2048];
+  snprintf(args, sizeof args, "plot-trace '%s' -o '%s' %s", trace, out, extra);
+  return run_moe(NULL, args, NULL, err_text, sizeof err_text);
 }
 
 static int write_text(const char *path, const char *text) {

@@ -5,12 +5,12 @@
  * commands' output and exit codes. */
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "internal.h"
+#include "run_cli.h"
 #include "test.h"
 
 /* ---- helpers ---- */
@@ -64,15 +64,12 @@ static void slurp(const char *path, char *dst, size_t n) {
 }
 
 /* Runs `moe <args>`; stdout in out_text, stderr in err_text; returns the exit status. */
-static int run_moe(const char *args) {
-  char o[512], e[512], cmd[2048];
+static int serve_moe(const char *args) {
+  char o[512];
   test_tmp_path("serve_stdout.txt", o, sizeof o);
-  test_tmp_path("serve_stderr.txt", e, sizeof e);
-  snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>'%s'", MOE_CLI, args, o, e);
-  int rc = system(cmd);
+  int rc = run_moe(NULL, args, o, err_text, sizeof err_text);
   slurp(o, out_text, sizeof out_text);
-  slurp(e, err_text, sizeof err_text);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+  return rc;
 }
 
 /* ---- trace reader ---- */
@@ -452,36 +449,36 @@ TEST(serve_cli_cachesim) {
   write_text("sim.csv", "step,layer,expert,tokens\n0,0,1,4\n0,0,2,1\n0,0,3,2\n1,0,1,3\n0,1,0,1\n1,1,0,8\n", tr,
              sizeof tr);
   snprintf(args, sizeof args, "cachesim --trace '%s' --policy lifo --cache 2", tr);
-  ASSERT_EQ_INT(run_moe(args), 0);
+  ASSERT_EQ_INT(serve_moe(args), 0);
   ASSERT(strstr(out_text, "layer 0: accesses 4 misses 3 miss_rate 0.7500\n"));
   ASSERT(strstr(out_text, "layer 1: accesses 2 misses 1 miss_rate 0.5000\n"));
   ASSERT(strstr(out_text, "overall: accesses 6 misses 4 miss_rate 0.6667\n"));
   ASSERT(strstr(out_text, "worst: layer 0 miss_rate 0.7500\n"));
   snprintf(args, sizeof args, "cachesim --trace '%s' --policy fifo --cache 2 --experts 4", tr);
-  ASSERT_EQ_INT(run_moe(args), 0);
+  ASSERT_EQ_INT(serve_moe(args), 0);
   ASSERT(strstr(out_text, "layer 0: accesses 4 misses 4 miss_rate 1.0000\n"));
   snprintf(args, sizeof args, "cachesim --trace '%s' --policy all --cache 2", tr);
-  ASSERT_EQ_INT(run_moe(args), 0);
+  ASSERT_EQ_INT(serve_moe(args), 0);
   ASSERT(strstr(out_text, "belady"));
   /* layer 0 rates: lifo .75, lru 1, fifo 1, belady .75 */
   ASSERT(strstr(out_text, "0                 4   0.7500   1.0000   1.0000   0.7500\n"));
   /* errors: exit 1 with a message */
   snprintf(args, sizeof args, "cachesim --trace '%s' --policy mru --cache 2", tr);
-  ASSERT_EQ_INT(run_moe(args), 1);
+  ASSERT_EQ_INT(serve_moe(args), 1);
   ASSERT(strstr(err_text, "mru"));
   snprintf(args, sizeof args, "cachesim --trace '%s' --policy lifo", tr);
-  ASSERT_EQ_INT(run_moe(args), 1);
+  ASSERT_EQ_INT(serve_moe(args), 1);
   snprintf(args, sizeof args, "cachesim --trace '%s' --policy lifo --cache 0", tr);
-  ASSERT_EQ_INT(run_moe(args), 1);
+  ASSERT_EQ_INT(serve_moe(args), 1);
   snprintf(args, sizeof args, "cachesim --trace '%s' --policy lifo --cache 2 --experts 3", tr);
-  ASSERT_EQ_INT(run_moe(args), 1);
+  ASSERT_EQ_INT(serve_moe(args), 1);
   ASSERT(strstr(err_text, "line 4:") && strstr(err_text, "unknown expert 3"));
   write_text("sim_bad.csv", "step,layer,expert,tokens\n0,0,1,4\n0,0,2,-1\n", bad, sizeof bad);
   snprintf(args, sizeof args, "cachesim --trace '%s' --policy lifo --cache 2", bad);
-  ASSERT_EQ_INT(run_moe(args), 1);
+  ASSERT_EQ_INT(serve_moe(args), 1);
   ASSERT(strstr(err_text, "line 3:") && strstr(err_text, "negative count"));
-  ASSERT_EQ_INT(run_moe("cachesim --trace /nonexistent.csv --policy lifo --cache 2"), 1);
-  ASSERT_EQ_INT(run_moe("cachesim --bogus 1"), 1);
+  ASSERT_EQ_INT(serve_moe("cachesim --trace /nonexistent.csv --policy lifo --cache 2"), 1);
+  ASSERT_EQ_INT(serve_moe("cachesim --bogus 1"), 1);
 }
 
 TEST(serve_cli_placement) {
@@ -490,7 +487,7 @@ TEST(serve_cli_placement) {
   test_tmp_path("placement.json", js, sizeof js);
   unlink(js);
   snprintf(args, sizeof args, "placement --trace '%s' --devices 2 --method anticorr --out '%s'", tr, js);
-  ASSERT_EQ_INT(run_moe(args), 0);
+  ASSERT_EQ_INT(serve_moe(args), 0);
   /* original {x,a} {b,y}: .70 / .65; anticorr {x,b} {a,y}: .65/.35 and .55/.45 -> .65 / .60 */
   ASSERT(strstr(out_text, "layer 0: original max_load 0.7000 avg_max_load 0.6500 | anticorr max_load 0.6500 "
                           "avg_max_load 0.6000 (4 test batches)"));
@@ -512,23 +509,23 @@ TEST(serve_cli_placement) {
   ASSERT_EQ_INT(n, 4);
   for (int m = 0; m < 4; m++) ASSERT_EQ_INT(got[m], want[m]);
   snprintf(args, sizeof args, "placement --trace '%s' --devices 2 --method greedy --layer 0", tr);
-  ASSERT_EQ_INT(run_moe(args), 0);
+  ASSERT_EQ_INT(serve_moe(args), 0);
   ASSERT(strstr(out_text, "| greedy max_load 0.6500 avg_max_load 0.6000"));
   /* errors: exit 1, and no JSON written */
   unlink(js);
   snprintf(args, sizeof args, "placement --trace '%s' --devices 3 --method greedy --out '%s'", tr, js);
-  ASSERT_EQ_INT(run_moe(args), 1);
+  ASSERT_EQ_INT(serve_moe(args), 1);
   ASSERT(strstr(err_text, "(4)") && strstr(err_text, "(3)"));
   snprintf(args, sizeof args, "placement --trace '%s' --devices 2 --method lpt --out '%s'", tr, js);
-  ASSERT_EQ_INT(run_moe(args), 1);
+  ASSERT_EQ_INT(serve_moe(args), 1);
   snprintf(args, sizeof args, "placement --trace '%s' --devices 2 --method greedy --layer 1 --out '%s'", tr, js);
-  ASSERT_EQ_INT(run_moe(args), 1);
+  ASSERT_EQ_INT(serve_moe(args), 1);
   snprintf(args, sizeof args, "placement --trace '%s' --method greedy", tr);
-  ASSERT_EQ_INT(run_moe(args), 1);
+  ASSERT_EQ_INT(serve_moe(args), 1);
   char one[512];
   write_text("one_step.csv", "step,layer,expert,tokens\n0,0,0,1\n0,0,1,1\n", one, sizeof one);
   snprintf(args, sizeof args, "placement --trace '%s' --devices 2 --method greedy --out '%s'", one, js);
-  ASSERT_EQ_INT(run_moe(args), 1);
+  ASSERT_EQ_INT(serve_moe(args), 1);
   ASSERT(strstr(err_text, "at least 2"));
   struct stat sb;
   ASSERT(stat(js, &sb) != 0);
