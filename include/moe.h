@@ -85,8 +85,9 @@ moe_status moe_st_at(const moe_st *f, int i, moe_tensor_view *v); /* i in [0, co
 /* Returns MOE_ERR_MISSING (message names tensor and file) when absent. */
 moe_status moe_st_get(const moe_st *f, const char *name, moe_tensor_view *v);
 int moe_st_has(const moe_st *f, const char *name);
-/* Values [off, off + n) of an F32 or BF16 tensor (loaded, not lazy) as float32; MOE_ERR_DTYPE naming
- * file and tensor for other dtypes. moe_st_get_f32: the whole tensor `name`, which must hold n values. */
+/* Values [off, off + n) of an F32 or BF16 tensor as float32, from memory or, opened lazily, from the
+ * file; MOE_ERR_DTYPE naming file and tensor for other dtypes. moe_st_get_f32: the whole tensor
+ * `name`, which must hold n values. */
 moe_status moe_st_view_f32(const moe_st *f, const moe_tensor_view *v, size_t off, size_t n, float *dst);
 moe_status moe_st_get_f32(const moe_st *f, const char *name, float *dst, size_t n);
 /* __metadata__ string value or NULL. */

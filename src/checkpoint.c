@@ -23,10 +23,13 @@
     MOE_CHECK(moe_st_writer_meta(w, key, b_));               \
   } while (0)
 
+/* experts.fc1/fc2/fc3.weight of a block (or of an inner layer). */
+static int expert_matrix(const moe_tensor_ref *r) { return r->ndim == 3 && strstr(r->name, "experts.fc") != NULL; }
+
 /* A bf16 model's expert matrices: stored as BF16 (what the experts compute with, and what PyTorch
  * loads as torch.bfloat16), with their fp32 masters as master.<name> in training checkpoints. */
 static int bf16_ref(const moe_model_t *m, const moe_tensor_ref *r) {
-  return m->cfg.moe.dtype == MOE_DT_BF16 && r->ndim == 3 && strstr(r->name, "experts.fc") != NULL;
+  return m->cfg.moe.dtype == MOE_DT_BF16 && expert_matrix(r);
 }
 
 static moe_dtype stored_dtype(const moe_model_t *m, const moe_tensor_ref *r) {
@@ -122,13 +125,7 @@ static moe_status copy_tensor(const moe_st *f, moe_dtype want, const char *name,
   for (int d = 0; same && d < r->ndim; d++) same = v.shape[d] == r->shape[d];
   MOE_TRY(same, MOE_ERR_SHAPE, "%s: tensor '%s' does not have the shape the configuration gives", moe_st_path(f),
           name);
-  if (want == MOE_DT_F32) return moe_st_read(f, &v, 0, r->numel * 4, dst); /* from memory, or the file when lazy */
-  uint16_t *b = malloc(r->numel * 2 + 2);
-  MOE_TRY(b, MOE_ERR_NOMEM, "%s: out of memory for tensor '%s'", moe_st_path(f), name);
-  moe_status st = moe_st_read(f, &v, 0, r->numel * 2, b);
-  if (st == MOE_OK) moe_bf16_to_f32(dst, b, r->numel);
-  free(b);
-  return st;
+  return moe_st_view_f32(f, &v, 0, r->numel, dst); /* from memory, or the file when lazy */
 }
 
 /* A non-negative 64-bit __metadata__ value (absent: *out unchanged). */
@@ -272,8 +269,7 @@ static moe_status load_from(const moe_st *f, moe_model_t *m, moe_optim_t *o, moe
 static moe_status serving_tensor(const moe_st *f, const moe_tensor_ref *r) {
   moe_tensor_view v;
   MOE_CHECK(moe_st_get(f, r->name, &v));
-  int matrix = r->ndim == 3 && strstr(r->name, "experts.fc") != NULL;
-  return copy_tensor(f, matrix && v.dtype == MOE_DT_BF16 ? MOE_DT_BF16 : MOE_DT_F32, r->name, r, r->data);
+  return copy_tensor(f, expert_matrix(r) && v.dtype == MOE_DT_BF16 ? MOE_DT_BF16 : MOE_DT_F32, r->name, r, r->data);
 }
 
 /* Serving: the model, in the compute dtype asked for (-1: the file's). K > 0: without its experts'

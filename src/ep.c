@@ -169,22 +169,19 @@ size_t moe__ep_static_route_bytes(const moe_layer_t *l) {
 }
 
 /* Floats in each owner's block of the (E, C, D) buffer: its experts' slots (C each, or per-expert
- * capacities), the same on every rank; and those of every block but `own` (the bytes that move). */
-static int *static_blocks(const moe_layer_t *l, int own, double *others) {
+ * capacities), the same on every rank. */
+static int *static_blocks(const moe_layer_t *l) {
   int W = world(l), El = l->cfg.E / W, D = l->cfg.D;
   int *n = malloc(sizeof(int) * (size_t)W);
-  *others = 0;
-  for (int r = 0; n && r < W; r++) {
-    n[r] = (l->st->offs[(r + 1) * El] - l->st->offs[r * El]) * D;
-    if (r != own) *others += n[r];
-  }
+  for (int r = 0; n && r < W; r++) n[r] = (l->st->offs[(r + 1) * El] - l->st->offs[r * El]) * D;
   return n;
 }
 
 moe_status moe__ep_static_scatter(moe_layer_t *l, const float *rows, float *g) {
-  double t0 = moe__now(), others;
-  int *n = static_blocks(l, moe_dist_rank(l->cfg.dist), &others);
+  double t0 = moe__now(), others = 0;
+  int *n = static_blocks(l), me = moe_dist_rank(l->cfg.dist);
   MOE_TRY(n, MOE_ERR_NOMEM, "out of memory");
+  for (int r = 0; r < world(l); r++) others += r == me ? 0 : n[r];
   moe_status st = moe__dist_reduce_scatter_f32(l->cfg.dist, rows, g, n);
   free(n);
   MOE_CHECK(st);
@@ -193,8 +190,8 @@ moe_status moe__ep_static_scatter(moe_layer_t *l, const float *rows, float *g) {
 }
 
 moe_status moe__ep_static_gather(moe_layer_t *l, const float *g, float *rows) {
-  double t0 = moe__now(), others;
-  int *n = static_blocks(l, moe_dist_rank(l->cfg.dist), &others);
+  double t0 = moe__now();
+  int *n = static_blocks(l);
   MOE_TRY(n, MOE_ERR_NOMEM, "out of memory");
   moe_status st = moe__dist_allgather_f32(l->cfg.dist, g, rows, n);
   double mine = n[moe_dist_rank(l->cfg.dist)];

@@ -364,11 +364,19 @@ moe_status moe_st_view_f32(const moe_st *f, const moe_tensor_view *v, size_t off
   MOE_TRY(v->dtype == MOE_DT_F32 || v->dtype == MOE_DT_BF16, MOE_ERR_DTYPE,
           "%s: tensor '%s' has dtype %s, want F32 or BF16", f->path, v->name, moe_dtype_name(v->dtype));
   size_t es = dt_sizes[v->dtype];
-  MOE_TRY(v->data && (off + n) * es <= v->nbytes, MOE_ERR_ARG, "%s: tensor '%s': values [%zu, %zu) out of range",
-          f->path, v->name, off, off + n);
-  if (v->dtype == MOE_DT_F32) memcpy(dst, (const float *)v->data + off, n * 4);
-  else moe_bf16_to_f32(dst, (const uint16_t *)v->data + off, n);
-  return MOE_OK;
+  MOE_TRY((off + n) * es <= v->nbytes, MOE_ERR_ARG, "%s: tensor '%s': values [%zu, %zu) out of range", f->path,
+          v->name, off, off + n);
+  if (v->dtype == MOE_DT_F32) return moe_st_read(f, v, off * 4, n * 4, dst); /* from memory, or the file */
+  if (v->data) {
+    moe_bf16_to_f32(dst, (const uint16_t *)v->data + off, n);
+    return MOE_OK;
+  }
+  uint16_t *b = malloc(n * 2 + 2); /* lazy: the bf16 bytes from the file, then widened */
+  MOE_TRY(b, MOE_ERR_NOMEM, "%s: out of memory for tensor '%s'", f->path, v->name);
+  moe_status st = moe_st_read(f, v, off * 2, n * 2, b);
+  if (st == MOE_OK) moe_bf16_to_f32(dst, b, n);
+  free(b);
+  return st;
 }
 
 moe_status moe_st_get_f32(const moe_st *f, const char *name, float *dst, size_t n) {
