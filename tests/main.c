@@ -29,6 +29,30 @@ const char *test_tmp_path(const char *name, char *buf, size_t n) {
   return buf;
 }
 
+char *test_read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+  char *b = n >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)n + 1) : NULL;
+  if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+    free(b);
+    b = NULL;
+  }
+  fclose(f);
+  if (!b) return NULL;
+  b[n] = 0;
+  if (len) *len = (size_t)n;
+  return b;
+}
+
+size_t test_read_text(const char *path, char *dst, size_t n) {
+  FILE *f = fopen(path, "r");
+  size_t got = f && n ? fread(dst, 1, n - 1, f) : 0;
+  if (n) dst[got] = 0;
+  if (f) fclose(f);
+  return got;
+}
+
 int main(int argc, char **argv) {
   const char *filter = argc > 1 ? argv[1] : NULL;
   snprintf(tmpdir, sizeof tmpdir, "/tmp/moe-tests-XXXXXX");

@@ -12,9 +12,6 @@ int run_moe(const char *env_prefix, const char *args, const char *out_path, char
   snprintf(cmd, sizeof cmd, "%s '%s' %s >'%s' 2>'%s'", env_prefix ? env_prefix : "", MOE_CLI, args,
            out_path ? out_path : "/dev/null", errp);
   int rc = system(cmd);
-  FILE *f = fopen(errp, "r");
-  size_t got = f && err && n ? fread(err, 1, n - 1, f) : 0;
-  if (err && n) err[got] = 0;
-  if (f) fclose(f);
+  if (err) test_read_text(errp, err, n);
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }

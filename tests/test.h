@@ -52,5 +52,10 @@ void test_register(const char *name, test_fn fn);
 const char *test_fixture_dir(void);
 /* A fresh scratch path "<tmpdir>/<name>" for files a test writes. */
 const char *test_tmp_path(const char *name, char *buf, size_t n);
+/* The whole file, NUL-terminated, in a malloc'd buffer (its length in *len if not NULL); NULL if it
+ * cannot be read. */
+char *test_read_file(const char *path, size_t *len);
+/* At most n - 1 bytes of the file into dst, NUL-terminated (empty if it cannot be read). */
+size_t test_read_text(const char *path, char *dst, size_t n);
 
 #endif

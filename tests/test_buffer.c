@@ -354,10 +354,7 @@ static cJSON *infer_json(int *failed, const char *ck, const char *extra) {
     *failed = 1;
     return NULL;
   }
-  FILE *fp = fopen(out, "r");
-  size_t n = fp ? fread(text, 1, sizeof text - 1, fp) : 0;
-  if (fp) fclose(fp);
-  text[n] = 0;
+  test_read_text(out, text, sizeof text);
   cJSON *j = cJSON_Parse(text);
   if (!j) fprintf(stderr, "  moe %s: not JSON: %s\n", args, text), *failed = 1;
   return j;
@@ -405,10 +402,7 @@ TEST(buffer_cli_infer_dtype) {
   test_tmp_path("buffer_infer.txt", out, sizeof out);
   snprintf(args, sizeof args, "infer --checkpoint '%s' --data '%s' --cache 2 --dtype bf16", ck, synth_data_dir());
   ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
-  FILE *fp = fopen(out, "r");
-  size_t n = fp ? fread(text, 1, sizeof text - 1, fp) : 0;
-  if (fp) fclose(fp);
-  text[n] = 0;
+  test_read_text(out, text, sizeof text);
   const char *want = "experts bf16: fast tier 2 slots x 0.0021 MiB (2240 bytes) = 0.0043 MiB per block, 0.0085 MiB "
                      "over 2 blocks\n";
   if (!strstr(text, want)) FAIL_("output: %s", text);

@@ -194,10 +194,7 @@ static int bench_run(const char *args, char *out, size_t n) {
   test_tmp_path("bench_stdout.txt", outp, sizeof outp);
   snprintf(cmd, sizeof cmd, "bench %s", args);
   int rc = run_moe(NULL, cmd, outp, err_text, sizeof err_text);
-  FILE *f = fopen(outp, "r");
-  size_t got = f ? fread(out, 1, n - 1, f) : 0;
-  out[got] = 0;
-  if (f) fclose(f);
+  test_read_text(outp, out, n);
   return rc;
 }
 

@@ -306,11 +306,8 @@ TEST(ep_rank_failure_stops_every_rank) {
   ASSERT(!WIFEXITED(status) || WEXITSTATUS(status) != 0);
   nanosleep(&(struct timespec){0, 200000000}, NULL);
   ASSERT_EQ_INT(find_procs(mark, pids, 8), 0); /* no rank left behind */
-  FILE *f = fopen(errp, "r");
-  char text[8192] = "";
-  size_t len = f ? fread(text, 1, sizeof text - 1, f) : 0;
-  text[len] = 0;
-  if (f) fclose(f);
+  char text[8192];
+  test_read_text(errp, text, sizeof text);
   if (!strstr(text, "rank")) FAIL_("stderr does not name the failed rank: %s", text);
 }
 

@@ -667,30 +667,6 @@ static int refs_differ(const moe_model_t *a, const moe_model_t *b) {
   return -1;
 }
 
-static unsigned char *slurp(const char *path, size_t *n) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return NULL;
-  unsigned char *buf = NULL;
-  size_t cap = 0, len = 0;
-  for (;;) {
-    if (len == cap) {
-      unsigned char *nb = realloc(buf, cap = cap ? 2 * cap : 65536);
-      if (!nb) {
-        free(buf);
-        fclose(fp);
-        return NULL;
-      }
-      buf = nb;
-    }
-    size_t got = fread(buf + len, 1, cap - len, fp);
-    len += got;
-    if (got == 0) break;
-  }
-  fclose(fp);
-  *n = len;
-  return buf;
-}
-
 static int spit(const char *path, const unsigned char *data, size_t n) {
   FILE *fp = fopen(path, "wb");
   if (!fp) return 0;
@@ -701,7 +677,7 @@ static int spit(const char *path, const unsigned char *data, size_t n) {
 /* Are the two files byte-identical? -1 when one cannot be read. */
 static int files_equal(const char *a, const char *b) {
   size_t na = 0, nb = 0;
-  unsigned char *da = slurp(a, &na), *db = slurp(b, &nb);
+  unsigned char *da = (unsigned char *)test_read_file(a, &na), *db = (unsigned char *)test_read_file(b, &nb);
   int eq = da && db ? na == nb && !memcmp(da, db, na) : -1;
   free(da);
   free(db);
@@ -975,7 +951,7 @@ static void bad_body(int *failed_, rt_ctx *r, moe_layer_t *layer) {
 
   /* truncated in the middle, and inside the header */
   size_t n = 0;
-  unsigned char *bytes = slurp(good, &n);
+  unsigned char *bytes = (unsigned char *)test_read_file(good, &n);
   ASSERT(bytes && n > 1000);
   char ph[512];
   int ok = spit(test_tmp_path("model_truncated.safetensors", p, sizeof p), bytes, n / 2);

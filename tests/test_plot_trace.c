@@ -219,19 +219,6 @@ TEST(plot_png) {
   ASSERT(strstr(moe_last_error(), "nodir/x.png"));
 }
 
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  if (s && fread(s, 1, (size_t)n, f) != (size_t)n) free(s), s = NULL;
-  if (s) s[n] = 0;
-  fclose(f);
-  return s;
-}
-
 /* <rect elements inside the first <g class="cells"> group of svg. */
 static int count_cells(const char *svg) {
   const char *g = strstr(svg, "<g class=\"cells\"");
@@ -262,7 +249,7 @@ TEST(plot_svg) {
            h.y0 + h.cell_h, 3 * h.cell_w, h.cell_h, c[0], c[1], c[2]);
   moe_heatmap_free(&h);
   ASSERT_OK(st);
-  char *svg = slurp(path);
+  char *svg = test_read_file(path, NULL);
   ASSERT(svg);
   int n = count_cells(svg);
   int ok = strstr(svg, hot) && strstr(svg, cold) && strstr(svg, run) && strstr(svg, ">step</text>") &&
@@ -330,7 +317,7 @@ TEST(plot_cli) {
   free(rgb);
   ASSERT(w > 100 && h > 200);
   ASSERT_EQ_INT(plot(good, svg, "--layer 1 --experts 5"), 0);
-  char *s = slurp(svg);
+  char *s = test_read_file(svg, NULL);
   ASSERT(s);
   int ok = strstr(s, "<g id=\"layer1\">") && !strstr(s, "<g id=\"layer0\">") && strstr(s, ">4</text>");
   int n = count_cells(s);

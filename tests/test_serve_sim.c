@@ -56,19 +56,12 @@ static const char *write_text(const char *name, const char *text, char *buf, siz
 
 static char out_text[8192], err_text[4096];
 
-static void slurp(const char *path, char *dst, size_t n) {
-  FILE *f = fopen(path, "r");
-  size_t k = f ? fread(dst, 1, n - 1, f) : 0;
-  dst[k] = 0;
-  if (f) fclose(f);
-}
-
 /* Runs `moe <args>`; stdout in out_text, stderr in err_text; returns the exit status. */
 static int serve_moe(const char *args) {
   char o[512];
   test_tmp_path("serve_stdout.txt", o, sizeof o);
   int rc = run_moe(NULL, args, o, err_text, sizeof err_text);
-  slurp(o, out_text, sizeof out_text);
+  test_read_text(o, out_text, sizeof out_text);
   return rc;
 }
 
@@ -492,7 +485,7 @@ TEST(serve_cli_placement) {
   ASSERT(strstr(out_text, "layer 0: original max_load 0.7000 avg_max_load 0.6500 | anticorr max_load 0.6500 "
                           "avg_max_load 0.6000 (4 test batches)"));
   char text[4096];
-  slurp(js, text, sizeof text);
+  test_read_text(js, text, sizeof text);
   cJSON *root = cJSON_Parse(text);
   ASSERT(root);
   ASSERT_EQ_INT(cJSON_GetObjectItem(root, "devices")->valueint, 2);

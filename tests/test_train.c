@@ -16,20 +16,6 @@
 
 #include "synth.h"
 
-static char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n + 1);
-  if (fread(b, 1, (size_t)n, f) != (size_t)n) n = 0;
-  b[n] = 0;
-  fclose(f);
-  if (len) *len = (size_t)n;
-  return b;
-}
-
 /* The accuracy `moe eval` gives for checkpoint ck on data_dir, or -1. */
 static double eval_accuracy(const char *ck, const char *data_dir) {
   char args[1200], out[512], err[2048];
@@ -39,7 +25,7 @@ static double eval_accuracy(const char *ck, const char *data_dir) {
     fprintf(stderr, "  moe eval: %s\n", err);
     return -1;
   }
-  char *e = slurp(out, NULL);
+  char *e = test_read_file(out, NULL);
   double acc = e && !strncmp(e, "test_accuracy=", 14) ? atof(e + 14) : -1;
   free(e);
   return acc;
@@ -54,7 +40,7 @@ TEST(train_loss_falls_and_beats_chance) {
   test_tmp_path("ck_a.safetensors", ck, sizeof ck);
   snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 4 --json --checkpoint '%s'", data_dir, ck);
   ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
-  char *txt = slurp(out, NULL);
+  char *txt = test_read_file(out, NULL);
   ASSERT(txt);
   double loss[4] = {0}, acc = 0;
   int ne = 0;
@@ -88,13 +74,13 @@ static void resume_is_bit_exact(const char *extra, int *failed_) {
            cb, cb);
   ASSERT_EQ_INT(run_moe(NULL, args, ob2, err, sizeof err), 0);
   size_t na, nb;
-  char *a = slurp(ca, &na), *b = slurp(cb, &nb);
+  char *a = test_read_file(ca, &na), *b = test_read_file(cb, &nb);
   int same_ck = a && b && na == nb && !memcmp(a, b, na);
   free(a);
   free(b);
   ASSERT(same_ck);
   /* the per-step losses of the two halves are those of the whole run */
-  char *la = slurp(oa, NULL), *l1 = slurp(ob1, NULL), *l2 = slurp(ob2, NULL);
+  char *la = test_read_file(oa, NULL), *l1 = test_read_file(ob1, NULL), *l2 = test_read_file(ob2, NULL);
   ASSERT(la && l1 && l2);
   char steps_a[65536] = "", steps_b[65536] = "";
   char *srcs[3] = {la, l1, l2};
@@ -129,7 +115,7 @@ TEST(train_bf16) {
   ASSERT(acc > 0.6); /* chance is 0.1 */
   char oa[512];
   test_tmp_path("res_a.txt", oa, sizeof oa);
-  char *t = slurp(oa, NULL), *line = t ? strstr(t, "test_accuracy=") : NULL;
+  char *t = test_read_file(oa, NULL), *line = t ? strstr(t, "test_accuracy=") : NULL;
   double train_acc = line ? atof(line + 14) : -1;
   free(t);
   ASSERT_NEAR(acc, train_acc, 1e-9);
@@ -221,7 +207,7 @@ TEST(train_dynamic_capacity) {
   snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 3 --capacity dynamic --delta-launch 3 --checkpoint '%s'",
            data_dir, ck);
   ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
-  char *txt = slurp(out, NULL);
+  char *txt = test_read_file(out, NULL);
   ASSERT(txt);
   char *rec = strstr(txt, "dynamic capacity: "), *last = strstr(txt, "test_accuracy=");
   long recompiles = rec ? strtol(rec + 18, NULL, 10) : -1;
@@ -249,7 +235,7 @@ TEST(train_assignment_caching) {
   snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 4 --cache-assignments --cache-on 0 --cache-off 0 "
            "--cache-min-epoch 2 --delta-launch 3 --json", data_dir);
   ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
-  char *txt = slurp(out, NULL);
+  char *txt = test_read_file(out, NULL);
   ASSERT(txt);
   int on_at = -1, first_metric = -1;
   long long from = -2, steps1 = -1;
