@@ -14,13 +14,15 @@ void moe__to_bf16(uint16_t *dst, const float *src, size_t n, int nt) {
 
 void moe_bf16_from_f32(uint16_t *dst, const float *src, size_t n) { moe__to_bf16(dst, src, n, moe__threads(0)); }
 
-void moe_bf16_to_f32(float *dst, const uint16_t *src, size_t n) {
-#pragma omp parallel for simd num_threads(moe__threads(0)) schedule(static) if (n >= PAR_MIN)
+void moe__from_bf16(float *dst, const uint16_t *src, size_t n, int nt) {
+#pragma omp parallel for simd num_threads(nt) schedule(static) if (n >= PAR_MIN)
   for (size_t i = 0; i < n; i++) {
     uint32_t u = (uint32_t)src[i] << 16;
     memcpy(&dst[i], &u, 4);
   }
 }
+
+void moe_bf16_to_f32(float *dst, const uint16_t *src, size_t n) { moe__from_bf16(dst, src, n, moe__threads(0)); }
 
 moe_status moe_dtype_parse(const char *s, const char *field, moe_dtype *out) {
   static const char *const names[] = {"f32", "bf16"};

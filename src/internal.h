@@ -36,8 +36,9 @@ static inline uint16_t moe__bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
 }
-/* n values to bf16 on nt threads (bf16.c). */
+/* n values to bf16, and back (exact), on nt threads (bf16.c). */
 void moe__to_bf16(uint16_t *dst, const float *src, size_t n, int nt);
+void moe__from_bf16(float *dst, const uint16_t *src, size_t n, int nt);
 
 /* Check cond; on failure record the message and return st from the calling function. */
 #define MOE_TRY(cond, st, ...)                                                  \

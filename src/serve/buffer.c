@@ -51,18 +51,9 @@ static moe_status load_tensor(moe_expert_cache *c, int t, int e, void *dst) {
   size_t n = c->per[t], fsz = moe_dtype_size(v->dtype), off = (size_t)e * n * fsz;
   if (fsz == c->esz[t]) return moe_st_read(c->f, v, off, n * fsz, dst);
   MOE_CHECK(moe_st_read(c->f, v, off, n * fsz, c->scratch));
-  if (v->dtype == MOE_DT_F32) { /* plain loops on the loader thread: the caller's GEMMs have the cores */
-    const float *a = c->scratch;
-    uint16_t *d = dst;
-    for (size_t i = 0; i < n; i++) d[i] = moe__bf16(a[i]);
-  } else {
-    const uint16_t *b = c->scratch;
-    float *d = dst;
-    for (size_t i = 0; i < n; i++) {
-      uint32_t u = (uint32_t)b[i] << 16;
-      memcpy(&d[i], &u, 4);
-    }
-  }
+  /* one thread, the loader's: the caller's GEMMs have the cores */
+  if (v->dtype == MOE_DT_F32) moe__to_bf16(dst, c->scratch, n, 1);
+  else moe__from_bf16(dst, c->scratch, n, 1);
   return MOE_OK;
 }
 
