@@ -4,7 +4,8 @@
  * peak bytes and the process's peak resident memory. Each case is checked against a double-
  * precision reference on a few tokens before it is timed. A table by default, --json lines.
  * --dtype f32,bf16 runs each case with the experts' GEMMs in fp32, then bf16 (fp32 accumulation); the
- * ratio stays the one to the fp32 sgemm, so bf16 rows can exceed 1. */
+ * ratio stays the one to the fp32 sgemm, so bf16 rows can exceed 1. fwd_cached times the forward with
+ * cached experts (sample-assignment caching), where the router runs alongside the experts. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,12 +20,15 @@ static const char *CMD = "bench";
 static void usage(void) {
   fprintf(stderr,
           "usage: moe bench [--cases S,M,L] [--routing uniform,skewed] [--dispatch dynamic,static]\n"
-          "                 [--dtype f32,bf16] [--threads N] [--reps R] [--json] [--expert-parallel]\n"
+          "                 [--dtype f32,bf16] [--shape T,D,H,E,k] [--threads N] [--reps R] [--json]\n"
+          "                 [--expert-parallel]\n"
           "--cases, --routing, --dispatch and --dtype take a comma-separated subset (any order, each name\n"
           "once; default all, but --dtype f32). --dtype: the experts' compute dtypes; the ratio (roofline_ratio)\n"
           "is to the fp32 sgemm measured in the same run, so bf16 can exceed 1. --reps R: timed steps\n"
           "per case (default 3), medians reported. Under mpirun -np W, --expert-parallel spreads the\n"
-          "experts over the ranks and reports time in exchanges and bytes sent.\n");
+          "experts over the ranks and reports time in exchanges and bytes sent. --shape: one case of your\n"
+          "own (named custom) instead of --cases. fwd_cached (one process): the forward again with the\n"
+          "router's last choice as cached experts, so that the router runs alongside the experts.\n");
 }
 
 typedef struct { const char *name; int T, D, H, E, k; } bench_case;
@@ -134,6 +138,35 @@ static void barrier(const moe_dist *d) {
   if (d) moe_dist_allreduce(d, &z, 1);
 }
 
+/* A forward with the router's last choice (fresh, from the forward just run) as cached experts, so that
+ * the router runs alongside the experts: its time in *ms; it must give the same y bit for bit. */
+static int cached_forward(moe_layer_t *l, const float *x, const float *y, const int32_t *fresh, const bench_case *c,
+                          double *ms) {
+  moe_layer_stats st;
+  size_t tk = (size_t)c->T * c->k, td = (size_t)c->T * c->D;
+  int32_t *cache = malloc(tk * 4);
+  float *yc = malloc(td * 4);
+  int rc = 0;
+  if (!cache || !yc) {
+    rc = cli_usage_error(CMD, "out of memory");
+    goto done;
+  }
+  memcpy(cache, fresh, tk * 4); /* fresh is in the workspace that the forward reuses */
+  double s0 = cli_now();
+  if (moe_layer_set_cached_experts(l, cache, c->T) != MOE_OK || moe_layer_forward(l, x, c->T, yc, NULL, &st) != MOE_OK) {
+    rc = cli_fail(CMD);
+    goto done;
+  }
+  *ms = (cli_now() - s0) * 1e3;
+  if (!st.router_overlapped || memcmp(y, yc, td * 4))
+    rc = cli_usage_error(CMD, "case %s: the forward with cached experts %s", c->name,
+                         st.router_overlapped ? "differs from the plain one" : "did not run the router alongside");
+done:
+  free(cache);
+  free(yc);
+  return rc;
+}
+
 static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_dispatch disp, moe_dtype dtype,
                     double sg) {
   moe_layer_config cfg;
@@ -155,8 +188,9 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   size_t td = (size_t)c->T * c->D;
   float *x = malloc(td * 4), *y = malloc(td * 4), *dy = malloc(td * 4), *dx = malloc(td * 4);
   double *tf = malloc(sizeof(double) * (size_t)o->reps), *tb = malloc(sizeof(double) * (size_t)o->reps);
+  double *tc = malloc(sizeof(double) * (size_t)o->reps);
   int rc = 0;
-  if (!x || !y || !dy || !dx || !tf || !tb) { rc = cli_usage_error(CMD, "out of memory"); goto done; }
+  if (!x || !y || !dy || !dx || !tf || !tb || !tc) { rc = cli_usage_error(CMD, "out of memory"); goto done; }
   for (size_t i = 0; i < td; i++) { x[i] = urand(); dy[i] = urand(); }
   const float *xl = x + (size_t)t0 * c->D, *dyl = dy + (size_t)t0 * c->D;
   moe_layer_stats st;
@@ -177,8 +211,9 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
     if (moe_layer_backward(&l, dyl, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
     tf[r] = (s1 - s0) * 1e3;
     tb[r] = (cli_now() - s0) * 1e3;
+    if (!o->dist && (rc = cached_forward(&l, x, y, st.fresh, c, tc + r))) goto done;
   }
-  double fwd = median(tf, o->reps), fb = median(tb, o->reps);
+  double fwd = median(tf, o->reps), fb = median(tb, o->reps), fwd_cached = o->dist ? 0 : median(tc, o->reps);
   moe_comm_stats cs;
   moe_layer_comm_stats(&l, &cs);
   double agg[4] = {fwd, fb, cs.seconds * 1e3 / o->reps, cs.bytes / o->reps}; /* means over ranks, bytes summed */
@@ -206,19 +241,34 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
            fb - comm_ms, bytes / 1048576.0, st.dropped);
   else if (o->json)
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
-           "\"routing\": \"%s\", \"dtype\": \"%s\", \"fwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, \"gflops\": %.2f, "
-           "\"sgemm_gflops\": %.2f, \"roofline_ratio\": %.4f, \"peak_bytes\": %zu, \"peak_rss_bytes\": %zu, "
-           "\"dropped\": %d, \"capacity\": %d, \"threads\": %d, \"blas\": \"%s\"}\n",
-           c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, fwd, fb, gflops, sg, gflops / sg, peak, rss,
+           "\"routing\": \"%s\", \"dtype\": \"%s\", \"fwd_ms\": %.3f, \"fwd_cached_ms\": %.3f, \"fwdbwd_ms\": %.3f, "
+           "\"gflops\": %.2f, \"sgemm_gflops\": %.2f, \"roofline_ratio\": %.4f, \"peak_bytes\": %zu, "
+           "\"peak_rss_bytes\": %zu, \"dropped\": %d, \"capacity\": %d, \"threads\": %d, \"blas\": \"%s\"}\n",
+           c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, fwd, fwd_cached, fb, gflops, sg, gflops / sg, peak, rss,
            st.dropped, st.capacity, o->threads, moe_blas_info());
   else
-    printf("%-4s %-8s %-8s %-5s %9.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, dt, fwd, fb, gflops,
-           gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
+    printf("%-4s %-8s %-8s %-5s %9.1f %10.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, dt, fwd,
+           fwd_cached, fb, gflops, gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
   fflush(stdout);
 done:
-  free(x); free(y); free(dy); free(dx); free(tf); free(tb);
+  free(x); free(y); free(dy); free(dx); free(tf); free(tb); free(tc);
   moe_layer_free(&l);
   return rc;
+}
+
+/* "T,D,H,E,k" -> c; 0 when a value is missing, not a positive integer, or k > E. */
+static int parse_shape(const char *v, bench_case *c) {
+  int *f[5] = {&c->T, &c->D, &c->H, &c->E, &c->k};
+  char buf[32];
+  for (int i = 0; i < 5; i++) {
+    size_t len = strcspn(v, ",");
+    if (len == 0 || len >= sizeof buf || (i < 4) != (v[len] == ',')) return 0;
+    memcpy(buf, v, len);
+    buf[len] = 0;
+    if (!cli_parse_int(buf, f[i]) || *f[i] < 1) return 0;
+    v += len + (i < 4);
+  }
+  return c->k <= c->E;
 }
 
 /* Comma-separated names -> indices into names[], each name at most once; returns the count, or
@@ -254,6 +304,7 @@ int cmd_bench(int argc, char **argv) {
   bench_opts o = {.threads = 0, .reps = 3, .ncases = 3, .nrouting = 2, .ndispatch = 2, .ndtype = 1,
                   .routing = {0, 1}, .dispatch = {0, 1}, .dtypes = {0, 1}};
   int idx[3] = {0, 1, 2};
+  bench_case custom = {"custom", 0, 0, 0, 0, 0};
   static const char *const cn[] = {"S", "M", "L"}, *const rn[] = {"uniform", "skewed"},
                            *const dn[] = {"dynamic", "static"}, *const dtn[] = {"f32", "bf16"};
   for (int i = 1; i < argc; i++) {
@@ -270,11 +321,16 @@ int cmd_bench(int argc, char **argv) {
     else if (cli_flag_is(f, "routing")) listed = o.nrouting = parse_list(f, v, rn, 2, o.routing, "routing");
     else if (cli_flag_is(f, "dispatch")) listed = o.ndispatch = parse_list(f, v, dn, 2, o.dispatch, "dispatch");
     else if (cli_flag_is(f, "dtype")) listed = o.ndtype = parse_list(f, v, dtn, 2, o.dtypes, "dtype");
+    else if (cli_flag_is(f, "shape")) {
+      ok = parse_shape(v, &custom);
+      o.ncases = 1;
+      idx[0] = -1; /* the custom case */
+    }
     else { usage(); return cli_usage_error(CMD, "unknown flag '%s'", f); }
     if (listed < 0) return 1;
     if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
   }
-  for (int i = 0; i < o.ncases; i++) o.cases[i] = &CASES[idx[i]];
+  for (int i = 0; i < o.ncases; i++) o.cases[i] = idx[i] < 0 ? &custom : &CASES[idx[i]];
   if (o.expert_parallel && moe_dist_init(&o.dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
   int W = moe_dist_size(o.dist), root = moe_dist_rank(o.dist) == 0;
   if (!o.threads) o.threads = cli_cpu_count() / W > 0 ? cli_cpu_count() / W : 1;
@@ -292,8 +348,8 @@ int cmd_bench(int argc, char **argv) {
   } else if (!o.json && root) {
     printf("moe %s, %s%s, %d threads; fp32 sgemm 2048^3: %.1f GFLOP/s\n", MOE_VERSION, moe_blas_info(), bfi,
            o.threads, sg);
-    printf("%-4s %-8s %-8s %-5s %9s %11s %9s %7s %10s %10s %8s\n", "case", "routing", "dispatch", "dtype", "fwd_ms",
-           "fwdbwd_ms", "GFLOP/s", "ratio", "peak_MiB", "rss_MiB", "dropped");
+    printf("%-4s %-8s %-8s %-5s %9s %10s %11s %9s %7s %10s %10s %8s\n", "case", "routing", "dispatch", "dtype",
+           "fwd_ms", "fwd_cached", "fwdbwd_ms", "GFLOP/s", "ratio", "peak_MiB", "rss_MiB", "dropped");
   }
   int rc = 0;
   for (int c = 0; c < o.ncases && !rc; c++)

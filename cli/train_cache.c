@@ -9,8 +9,8 @@
  * weights and a fresh choice, recorded for the next epoch). Under mpirun each rank records its own
  * slice of every batch; at the end of an epoch the ranks' records are merged (a sample is in one
  * rank's slice per epoch) and the counts behind frac_same summed; rank 0's switch is applied on every
- * rank at the same step. On this CPU the router and the experts still run one after the other: the
- * dependency is gone, the concurrency that would use it is not there. */
+ * rank at the same step. With cached experts a layer runs its router alongside its experts (layer.c,
+ * one process). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -239,6 +239,8 @@ typedef struct {
   const float *weights;         /* (T, k) combine weights (after normalize_topk) */
   const int32_t *fresh;         /* (T, k) the router's own top-k, which differs from experts under
                                    sample-assignment caching */
+  int router_overlapped;        /* the router ran alongside the experts: cached experts, priority
+                                   index, the layer's own experts, one process */
 } moe_layer_stats;
 
 moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg);

@@ -40,13 +40,10 @@ moe_status moe__dispatch_forward(moe_layer_t *l) {
   s->comb = moe__arena_alloc(&s->work, n * 4);
   MOE_TRY((s->mask && s->comb) || n == 0, MOE_ERR_STATE, "internal: dispatch workspace too small");
   memset(s->mask, 0, n * 4);
-  memset(s->comb, 0, n * 4);
   for (int t = 0; t < T; t++)
     for (int j = 0; j < k; j++) {
       int r = s->row[(size_t)t * k + j];
-      if (r < 0) continue;
-      s->mask[(size_t)t * ec + r] = 1.0f;
-      s->comb[(size_t)t * ec + r] = s->top_w[(size_t)t * k + j];
+      if (r >= 0) s->mask[(size_t)t * ec + r] = 1.0f;
     }
   /* xs (E*C, D) = mask^T (E*C, T) x (T, D) */
   moe__gemm g = {true, false, ec, D, T, 1.0f, 0.0f, s->mask, ec, s->x, D, s->xs, D, false};
@@ -71,6 +68,14 @@ void moe__combine_forward(moe_layer_t *l, float *y, float *spec) {
   int T = s->T, k = s->k, D = l->cfg.D, nt = s->threads;
   if (spec) write_spec(l, spec);
   if (l->cfg.dispatch == MOE_DISPATCH_STATIC) {
+    /* the combine weights here, not at dispatch: with cached experts the router may still be running
+     * while the experts are */
+    if (tec(l)) memset(s->comb, 0, tec(l) * 4);
+    for (int t = 0; t < T; t++)
+      for (int j = 0; j < k; j++) {
+        int r = s->row[(size_t)t * k + j];
+        if (r >= 0) s->comb[(size_t)t * s->rows + r] = s->top_w[(size_t)t * k + j];
+      }
     /* y (T, D) = comb (T, E*C) out (E*C, D) */
     moe__gemm g = {false, false, T, D, s->rows, 1.0f, 0.0f, s->comb, s->rows, s->out, D, y, D, false};
     moe__gemm_run(&g, 1, nt);

@@ -110,7 +110,7 @@ static moe__gemm gemm_of(bool bf, bool ta, bool tb, int M, int N, int K, float b
                      bf ? (const void *)(bb + b0) : (const void *)(bf32 + b0), ldb, C, ldc, bf};
 }
 
-moe_status moe__experts_compute(moe_layer_t *l, int e0, int e1, const moe__expert_w *w) {
+moe_status moe__experts_compute(moe_layer_t *l, int e0, int e1, const moe__expert_w *w, const moe__side_work *side) {
   moe__layer_state *s = l->st;
   int D = l->cfg.D, H = l->cfg.H, nt = s->threads;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
@@ -127,7 +127,7 @@ moe_status moe__experts_compute(moe_layer_t *l, int e0, int e1, const moe__exper
       g[n++] = gemm_of(bf, false, true, m, H, D, 0.0f, s->gx, s->xb, (size_t)r0 * D, D, w[e].w3, w[e].w3h, 0, D,
                        s->a3 + (size_t)r0 * H, H);
   }
-  MOE_CHECK(moe__gemm_run(g, n, nt));
+  MOE_CHECK(moe__gemm_run_side(g, n, nt, side));
   add_bias(s->a1, w, 0, s->goffs, e0, e1, H, nt);
   moe_act act = l->cfg.act;
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -172,7 +172,7 @@ static moe__expert_w own_weights(const moe_layer_t *l, const moe__weights *w, in
   return r;
 }
 
-moe_status moe__experts_forward(moe_layer_t *l) {
+moe_status moe__experts_forward(moe_layer_t *l, const moe__side_work *side) {
   moe__layer_state *s = l->st;
   if (l->cache) return moe__cache_forward(l);
   MOE_CHECK(moe__experts_alloc(l));
@@ -183,7 +183,7 @@ moe_status moe__experts_forward(moe_layer_t *l) {
   moe__expert_w *ew = moe__arena_alloc(&s->work, (size_t)E * sizeof *ew);
   MOE_TRY(ew, MOE_ERR_STATE, "internal: expert workspace too small");
   for (int e = 0; e < E; e++) ew[e] = own_weights(l, &w, e);
-  return moe__experts_compute(l, 0, E, ew);
+  return moe__experts_compute(l, 0, E, ew, side);
 }
 
 moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs) {

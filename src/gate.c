@@ -10,6 +10,9 @@
 
 #define COS_EPS 1e-12f
 #define LOG_MAX_SCALE 4.605170185988091f /* ln 100: the logit scale is clamped at 100 */
+#define GATE_ROWS 128 /* tokens per router work item: fixed, so the bits do not depend on the threads */
+
+static int gate_chunks(int T) { return (T + GATE_ROWS - 1) / GATE_ROWS; }
 
 size_t moe__gate_bytes(const moe_layer_t *l, int T, int k) {
   size_t E = (size_t)l->cfg.E, P = (size_t)l->cfg.proj_dim, t = (size_t)T, tk = t * (size_t)k;
@@ -17,7 +20,7 @@ size_t moe__gate_bytes(const moe_layer_t *l, int T, int k) {
   b += 3 * moe__arena_size(t * E * 4);             /* logits, probs, dprobs */
   b += moe__arena_size(t * 4) * 2;                 /* lse, order */
   b += moe__arena_size(t * 8);                     /* route.c: priority sort keys */
-  b += moe__arena_size((2 * E + 2) * sizeof(double)); /* loss sums */
+  b += moe__arena_size((size_t)(gate_chunks(T) + 1) * (2 * E + 2) * sizeof(double)); /* loss sums */
   b += 6 * moe__arena_size(tk * 4);                /* top_e, top_p, top_w, row, dw, fresh */
   b += 6 * moe__arena_size((E + 1) * 4);           /* counts, kept, offs, fill, frac1, cap */
   if (l->cfg.router == MOE_ROUTER_COSINE)          /* proj, dproj, norms, emb, demb */
@@ -26,21 +29,17 @@ size_t moe__gate_bytes(const moe_layer_t *l, int T, int k) {
   return b;
 }
 
-/* Row-wise L2 normalization in place; keeps the norms for backward. */
-static void normalize_rows(float *a, float *norms, int n, int m, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int i = 0; i < n; i++) {
-    float *r = a + (size_t)i * m;
-    double s = 0;
-    for (int j = 0; j < m; j++) s += (double)r[j] * r[j];
-    float nrm = (float)sqrt(s);
-    norms[i] = nrm;
-    float inv = 1.0f / (nrm > COS_EPS ? nrm : COS_EPS);
-    for (int j = 0; j < m; j++) r[j] *= inv;
-  }
+/* L2 normalization of a row (m) in place; returns its norm, kept for backward. */
+static float normalize_row(float *r, int m) {
+  double s = 0;
+  for (int j = 0; j < m; j++) s += (double)r[j] * r[j];
+  float nrm = (float)sqrt(s);
+  float inv = 1.0f / (nrm > COS_EPS ? nrm : COS_EPS);
+  for (int j = 0; j < m; j++) r[j] *= inv;
+  return nrm;
 }
 
-/* Backward of normalize_rows: g (n, m) holds d(normalized) on entry and d(raw) on exit. */
+/* Backward of normalize_row over n rows: g (n, m) holds d(normalized) on entry and d(raw) on exit. */
 static void normalize_rows_backward(float *g, const float *a, const float *norms, int n, int m,
                                     int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -63,29 +62,31 @@ static float cosine_scale(const moe__weights *w) {
   return expf(s < LOG_MAX_SCALE ? s : LOG_MAX_SCALE);
 }
 
-static void compute_logits(moe_layer_t *l, const moe__weights *w, const float *x, int T) {
+/* Logits of tokens [t0, t0 + n) on the calling thread. The cosine router's expert embeddings are
+ * normalized before (moe__gate_begin). */
+static void compute_logits(moe_layer_t *l, const moe__weights *w, const float *x, int t0, int n) {
   moe__layer_state *s = l->st;
-  int D = l->cfg.D, E = l->cfg.E, P = l->cfg.proj_dim, nt = s->threads;
+  int D = l->cfg.D, E = l->cfg.E, P = l->cfg.proj_dim;
+  x += (size_t)t0 * D;
+  float *logits = s->logits + (size_t)t0 * E;
   if (l->cfg.router == MOE_ROUTER_LINEAR) {
     if (w->gb)
-      for (int t = 0; t < T; t++) memcpy(s->logits + (size_t)t * E, w->gb, (size_t)E * 4);
-    moe__gemm g = {false, true, T, E, D, 1.0f, w->gb ? 1.0f : 0.0f, x, D, w->gw, D, s->logits, E, false};
-    moe__gemm_run(&g, 1, nt);
+      for (int t = 0; t < n; t++) memcpy(logits + (size_t)t * E, w->gb, (size_t)E * 4);
+    moe__gemm g = {false, true, n, E, D, 1.0f, w->gb ? 1.0f : 0.0f, x, D, w->gw, D, logits, E, false};
+    moe__gemm_one(&g);
     return;
   }
-  for (int t = 0; t < T; t++) memcpy(s->proj + (size_t)t * P, w->pb, (size_t)P * 4);
-  moe__gemm g = {false, true, T, P, D, 1.0f, 1.0f, x, D, w->pw, D, s->proj, P, false};
-  moe__gemm_run(&g, 1, nt);
-  normalize_rows(s->proj, s->proj_norm, T, P, nt);
-  memcpy(s->emb, w->gw, (size_t)E * P * 4);
-  normalize_rows(s->emb, s->emb_norm, E, P, nt);
-  moe__gemm c = {false, true, T, E, P, cosine_scale(w), 0.0f, s->proj, P, s->emb, P, s->logits, E, false};
-  moe__gemm_run(&c, 1, nt);
+  float *proj = s->proj + (size_t)t0 * P;
+  for (int t = 0; t < n; t++) memcpy(proj + (size_t)t * P, w->pb, (size_t)P * 4);
+  moe__gemm g = {false, true, n, P, D, 1.0f, 1.0f, x, D, w->pw, D, proj, P, false};
+  moe__gemm_one(&g);
+  for (int t = 0; t < n; t++) s->proj_norm[t0 + t] = normalize_row(proj + (size_t)t * P, P);
+  moe__gemm c = {false, true, n, E, P, cosine_scale(w), 0.0f, proj, P, s->emb, P, logits, E, false};
+  moe__gemm_one(&c);
 }
 
-/* Softmax, top-k (ties to the lower id, slot 0 largest) and combine weights of one token. */
-static void route_token(const float *logit, float *prob, float *lse, int E, int k, int norm,
-                        int32_t *te, float *tp, float *tw) {
+/* Softmax and top-k (ties to the lower id, slot 0 largest) of one token. */
+static void route_token(const float *logit, float *prob, float *lse, int E, int k, int32_t *te, float *tp) {
   float mx = -INFINITY;
   for (int e = 0; e < E; e++) mx = logit[e] > mx ? logit[e] : mx;
   double sum = 0;
@@ -105,14 +106,11 @@ static void route_token(const float *logit, float *prob, float *lse, int E, int 
     te[j] = best;
     tp[j] = prob[best];
   }
-  float s = 0;
-  for (int j = 0; j < k; j++) s += tp[j];
-  for (int j = 0; j < k; j++) tw[j] = norm ? tp[j] / s : tp[j];
 }
 
-moe_status moe__gate_forward(moe_layer_t *l, const float *x, int T, int k) {
+moe_status moe__gate_begin(moe_layer_t *l, const float *x, int T, int k) {
   moe__layer_state *s = l->st;
-  int E = l->cfg.E, P = l->cfg.proj_dim, nt = s->threads;
+  int E = l->cfg.E, P = l->cfg.proj_dim;
   moe__arena *a = &s->route;
   size_t te = (size_t)T * E, tk = (size_t)T * k;
   s->logits = moe__arena_alloc(a, te * 4);
@@ -130,48 +128,68 @@ moe_status moe__gate_forward(moe_layer_t *l, const float *x, int T, int k) {
   s->fill = moe__arena_alloc(a, (size_t)(E + 1) * 4);
   s->frac1 = moe__arena_alloc(a, (size_t)(E + 1) * 4);
   s->cap = moe__arena_alloc(a, (size_t)(E + 1) * 4);
+  s->gate_acc = moe__arena_alloc(a, (size_t)(gate_chunks(T) + 1) * (2 * E + 2) * sizeof(double));
   if (l->cfg.router == MOE_ROUTER_COSINE) {
     s->proj = moe__arena_alloc(a, (size_t)T * P * 4);
     s->proj_norm = moe__arena_alloc(a, (size_t)T * 4);
     s->emb = moe__arena_alloc(a, (size_t)E * P * 4);
     s->emb_norm = moe__arena_alloc(a, (size_t)E * 4);
   }
-  MOE_TRY(s->cap && (l->cfg.router != MOE_ROUTER_COSINE || s->emb_norm), MOE_ERR_STATE,
+  MOE_TRY(s->gate_acc && (l->cfg.router != MOE_ROUTER_COSINE || s->emb_norm), MOE_ERR_STATE,
           "internal: router workspace too small");
-  moe__weights w;
-  moe__weights_bind(l, l->params, &w);
-  compute_logits(l, &w, x, T);
-  int norm = l->cfg.normalize_topk < 0 ? k > 1 : l->cfg.normalize_topk;
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int t = 0; t < T; t++)
-    route_token(s->logits + (size_t)t * E, s->probs + (size_t)t * E, s->lse + t, E, k, norm,
-                s->top_e + (size_t)t * k, s->top_p + (size_t)t * k, s->top_w + (size_t)t * k);
-  memcpy(s->fresh, s->top_e, (size_t)T * k * 4); /* the router's own choice, for the caller's record */
-  if (l->cached) { /* sample-assignment caching: the experts come from the cache, the weights from the gate */
-    for (int t = 0; t < T; t++) {
-      int32_t *te = s->top_e + (size_t)t * k;
-      float *tp = s->top_p + (size_t)t * k, *tw = s->top_w + (size_t)t * k, sum = 0;
-      for (int j = 0; j < k; j++) {
-        te[j] = l->cached[(size_t)t * k + j];
-        tp[j] = s->probs[(size_t)t * E + te[j]];
-        sum += tp[j];
-      }
-      for (int j = 0; j < k; j++) tw[j] = norm ? tp[j] / sum : tp[j];
-    }
-    l->cached = NULL; /* one forward */
+  s->x = x;
+  s->T = T;
+  s->k = k;
+  moe__weights_bind(l, l->params, &s->gate_w);
+  if (l->cfg.router == MOE_ROUTER_COSINE) {
+    memcpy(s->emb, s->gate_w.gw, (size_t)E * P * 4);
+    for (int e = 0; e < E; e++) s->emb_norm[e] = normalize_row(s->emb + (size_t)e * P, P);
   }
-  /* losses from sums in double, in token order (the bits do not depend on the thread count), summed
-   * over the ranks when expert-parallel: the balance loss and the z-loss are over all tokens */
-  int E2 = 2 * E + 2;
-  double *acc = moe__arena_alloc(a, (size_t)E2 * sizeof *acc); /* prob sums, top-1 counts, T, sum lse^2 */
-  MOE_TRY(acc, MOE_ERR_STATE, "internal: router workspace too small");
-  memset(acc, 0, (size_t)E2 * sizeof *acc);
-  for (int t = 0; t < T; t++) {
+  s->use_cache = l->cached != NULL;
+  if (l->cached) memcpy(s->top_e, l->cached, tk * 4); /* the experts are known before the router runs */
+  l->cached = NULL; /* one forward */
+  return MOE_OK;
+}
+
+void moe__gate_rows(void *layer, int c) {
+  moe_layer_t *l = layer;
+  moe__layer_state *s = l->st;
+  int E = l->cfg.E, k = s->k, t0 = c * GATE_ROWS, t1 = t0 + GATE_ROWS < s->T ? t0 + GATE_ROWS : s->T;
+  compute_logits(l, &s->gate_w, s->x, t0, t1 - t0);
+  int norm = l->cfg.normalize_topk < 0 ? k > 1 : l->cfg.normalize_topk;
+  for (int t = t0; t < t1; t++) {
+    const float *prob = s->probs + (size_t)t * E;
+    int32_t *te = s->top_e + (size_t)t * k, *fr = s->fresh + (size_t)t * k;
+    float *tp = s->top_p + (size_t)t * k, *tw = s->top_w + (size_t)t * k;
+    route_token(s->logits + (size_t)t * E, s->probs + (size_t)t * E, s->lse + t, E, k, fr, tp);
+    if (s->use_cache) /* sample-assignment caching: the experts come from the cache, the weights from the gate */
+      for (int j = 0; j < k; j++) tp[j] = prob[te[j]];
+    else
+      memcpy(te, fr, (size_t)k * 4);
+    float sum = 0;
+    for (int j = 0; j < k; j++) sum += tp[j];
+    for (int j = 0; j < k; j++) tw[j] = norm ? tp[j] / sum : tp[j];
+  }
+  /* this chunk's loss sums, in token order: prob sums, top-1 counts, -, sum lse^2 */
+  double *acc = s->gate_acc + (size_t)(c + 1) * (2 * E + 2);
+  memset(acc, 0, (size_t)(2 * E + 2) * sizeof *acc);
+  for (int t = t0; t < t1; t++) {
     acc[2 * E + 1] += (double)s->lse[t] * s->lse[t];
     acc[E + s->top_e[(size_t)t * k]] += 1;
+    const float *p = s->probs + (size_t)t * E;
+    for (int e = 0; e < E; e++) acc[e] += p[e];
   }
-  for (int e = 0; e < E; e++)
-    for (int t = 0; t < T; t++) acc[e] += s->probs[(size_t)t * E + e];
+}
+
+moe_status moe__gate_end(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  int E = l->cfg.E, E2 = 2 * E + 2, T = s->T;
+  /* the losses from the chunks' sums in chunk order (the bits do not depend on the thread count),
+   * summed over the ranks when expert-parallel: the balance loss and the z-loss are over all tokens */
+  double *acc = s->gate_acc;
+  memset(acc, 0, (size_t)E2 * sizeof *acc);
+  for (int c = 0; c < gate_chunks(T); c++)
+    for (int i = 0; i < E2; i++) acc[i] += acc[(size_t)(c + 1) * E2 + i];
   acc[2 * E] = T;
   if (l->cfg.dist) MOE_CHECK(moe_dist_allreduce(l->cfg.dist, acc, E2));
   double Tg = acc[2 * E], aux = 0;
@@ -183,6 +201,14 @@ moe_status moe__gate_forward(moe_layer_t *l, const float *x, int T, int k) {
   s->aux = (float)(E * aux);
   s->z = Tg > 0 ? (float)(acc[2 * E + 1] / Tg) : 0.0f;
   return MOE_OK;
+}
+
+moe__side_work moe__gate_work(moe_layer_t *l) { return (moe__side_work){moe__gate_rows, l, gate_chunks(l->st->T)}; }
+
+moe_status moe__gate_forward(moe_layer_t *l) {
+  moe__side_work w = moe__gate_work(l);
+  MOE_CHECK(moe__gemm_run_side(NULL, 0, l->st->threads, &w));
+  return moe__gate_end(l);
 }
 
 moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float dz, float *dx) {

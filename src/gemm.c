@@ -16,8 +16,7 @@
 
 int moe__threads(int requested) { return requested > 0 ? requested : omp_get_num_procs(); }
 
-/* Returns 0 if a bf16 GEMM failed. */
-static int gemm_one(const moe__gemm *g) {
+int moe__gemm_one(const moe__gemm *g) {
   if (g->M <= 0 || g->N <= 0) return 1;
   if (g->K <= 0) { /* C = beta C; BLAS rejects K = 0 leading dimensions on some builds */
     for (int i = 0; i < g->M; i++)
@@ -44,17 +43,22 @@ static moe__gemm gemm_tile(const moe__gemm *g, int m0, int m, int n0, int n) {
 }
 
 moe_status moe__gemm_run(const moe__gemm *g, int n, int threads) {
+  return moe__gemm_run_side(g, n, threads, NULL);
+}
+
+moe_status moe__gemm_run_side(const moe__gemm *g, int n, int threads, const moe__side_work *side) {
   threads = moe__threads(threads);
   for (int i = 0; i < n; i++)
     if (g[i].bf16) {
       moe__gemm_bf16_init();
       break;
     }
-  while (n > MAX_TILES) { /* batches small enough for one tile each */
+  while (n > MAX_TILES) { /* batches small enough for one tile each; the side work with the last */
     MOE_CHECK(moe__gemm_run(g, MAX_TILES, threads));
     g += MAX_TILES;
     n -= MAX_TILES;
   }
+  int ns = side ? side->n : 0;
   if (threads == 1 && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   double total = 0;
   for (int i = 0; i < n; i++) total += (double)g[i].M * g[i].N * (g[i].K + 1);
@@ -83,18 +87,26 @@ moe_status moe__gemm_run(const moe__gemm *g, int n, int threads) {
       nt++;
     }
   }
-  int failed = 0;
+  int failed = 0, items = nt + ns;
   /* BLAS must not thread, nor oneDNN, which threads whenever it is not inside an active region
    * (a team of one is not): each thread's own count is set to 1, so the thread count is the caller's. */
 #pragma omp parallel num_threads(threads) reduction(| : failed)
   {
     omp_set_num_threads(1);
 #pragma omp for schedule(dynamic, 1)
-    for (int t = 0; t < nt; t++) {
+    for (int j = 0; j < items; j++) {
+      /* item j is side item floor(j ns / items) when that count steps up at j, else a tile: the side
+       * items are spread evenly over the schedule */
+      long long before = (long long)j * ns / items, upto = (long long)(j + 1) * ns / items;
+      if (upto > before) {
+        side->run(side->ctx, (int)before);
+        continue;
+      }
+      int t = j - (int)before;
       const moe__gemm *q = &g[tiles[t].gi];
       moe__gemm tile = tiles[t].along_m ? gemm_tile(q, tiles[t].s, tiles[t].len, 0, q->N)
                                         : gemm_tile(q, 0, q->M, tiles[t].s, tiles[t].len);
-      failed |= !gemm_one(&tile);
+      failed |= !moe__gemm_one(&tile);
     }
   }
   MOE_TRY(!failed, MOE_ERR_NOMEM, "a bf16 GEMM failed: out of memory");

@@ -22,6 +22,20 @@ typedef struct {
 /* Runs the n GEMMs; they must not write overlapping parts of C. Fails only for bf16 GEMMs without
  * memory. */
 moe_status moe__gemm_run(const moe__gemm *g, int n, int threads);
+/* Other work that may run alongside a list of GEMMs: n independent items, run(ctx, i) each, on the
+ * same threads (one thread per item, BLAS single-threaded). */
+typedef struct {
+  void (*run)(void *ctx, int i);
+  void *ctx;
+  int n;
+} moe__side_work;
+/* moe__gemm_run, with the side items spread among the GEMM tiles of one dynamic schedule: a thread
+ * takes whichever comes next, so the two kinds of work run at the same time and end together. The
+ * tiles are those moe__gemm_run makes, so the GEMMs give the same bits with or without side work. */
+moe_status moe__gemm_run_side(const moe__gemm *g, int n, int threads, const moe__side_work *side);
+/* One GEMM on the calling thread, for work inside a parallel region whose threads run BLAS
+ * single-threaded (side work); returns 0 if a bf16 GEMM failed. */
+int moe__gemm_one(const moe__gemm *g);
 /* gemm_bf16.c: oneDNN's bf16 matmul (or the widening path where it has none), set up once before
  * the first bf16 GEMM; and one GEMM (returns 0 when out of memory). */
 void moe__gemm_bf16_init(void);

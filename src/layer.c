@@ -292,6 +292,15 @@ static long long first_nonfinite(const float *a, size_t n, int nt) {
   return bad;
 }
 
+/* Whether the router can run alongside the experts (DynaMoE 4.2): the experts come from the cache,
+ * so only the combine needs the router, provided that nothing before the experts reads its scores
+ * (placement in token order, not by score), the experts are the layer's own (not inner layers nor an
+ * expert cache), and there is one process (ranks keep their collectives in one order). */
+static int router_alongside(const moe_layer_t *l) {
+  return l->cached && l->cfg.priority == MOE_PRIORITY_INDEX && !l->inner && !l->cfg.external_experts &&
+         !l->cfg.dist;
+}
+
 moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,
                              moe_layer_stats *stats) {
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_forward: layer not initialized");
@@ -309,15 +318,14 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
           bad < 0 ? 0.0 : (double)x[bad]);
   MOE_TRY((int64_t)T * k <= INT32_MAX / 2 && (int64_t)T * D <= INT32_MAX, MOE_ERR_ARG,
           "moe_layer_forward: T=%d is too large for k=%d, D=%d", T, k, D);
-  s->x = x;
-  s->T = T;
-  s->k = k;
   int ep = l->cfg.dist != NULL, ep_static = ep && l->cfg.dispatch == MOE_DISPATCH_STATIC;
   if (ep_static) MOE_CHECK(moe__ep_static_view(l, T));
   size_t route = moe__gate_bytes(l, T, k) + (ep ? moe__ep_route_bytes(l) : 0) +
                  (ep_static ? moe__ep_static_route_bytes(l) : 0);
   MOE_CHECK(moe__arena_reserve(&s->route, route, "router"));
-  MOE_CHECK(moe__gate_forward(l, x, T, k));
+  int along = router_alongside(l);
+  MOE_CHECK(moe__gate_begin(l, x, T, k));
+  if (!along) MOE_CHECK(moe__gate_forward(l));
   MOE_CHECK(moe__route(l));
   if (ep_static) { /* this rank's experts' slots of the (E, C, D) buffer (C each, or per-expert capacities) */
     int W = moe_dist_size(l->cfg.dist);
@@ -356,7 +364,13 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     s->gx = s->xs;
     s->gout = s->out;
   }
-  MOE_CHECK(l->inner ? moe__inner_forward(l) : moe__experts_forward(l));
+  if (along) {
+    moe__side_work router = moe__gate_work(l);
+    MOE_CHECK(moe__experts_forward(l, &router));
+    MOE_CHECK(moe__gate_end(l));
+  } else {
+    MOE_CHECK(l->inner ? moe__inner_forward(l) : moe__experts_forward(l, NULL));
+  }
   if (ep_static) MOE_CHECK(moe__ep_static_gather(l, s->gout, s->out));
   else if (ep) MOE_CHECK(moe__ep_gather(l, s->gout, s->out));
   moe__combine_forward(l, y, spec);
@@ -370,6 +384,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     stats->experts = s->top_e;
     stats->fresh = s->fresh;
     stats->weights = s->top_w;
+    stats->router_overlapped = along;
   }
   return MOE_OK;
 }

@@ -35,6 +35,7 @@ struct moe__layer_state {
   float *emb_norm;  /* (E) */
   int32_t *top_e;   /* (T, k) expert of slot j */
   int32_t *fresh;   /* (T, k) the router's own top-k (differs from top_e under caching) */
+  int use_cache;    /* top_e came from the layer's cached experts */
   float *top_p;     /* (T, k) its probability */
   float *top_w;     /* (T, k) combine weight (normalized or not) */
   int32_t *row;     /* (T, k) row in the expert buffers, -1 if dropped */
@@ -45,6 +46,8 @@ struct moe__layer_state {
   int32_t *fill;    /* (E) scratch */
   int32_t *cap;     /* (E) static: each expert's capacity in this forward (C, or per-expert) */
   float *frac1;     /* (E) fraction of tokens whose top-1 is e */
+  double *gate_acc; /* (chunks + 1, 2 E + 2) the losses' sums: total, then each router chunk's */
+  moe__weights gate_w; /* the parameters, bound for the router's chunks */
   float aux, z;
   float inner_aux, inner_z; /* hierarchical: sums over the inner layers */
   int dropped;
@@ -84,9 +87,17 @@ struct moe__layer_state {
 
 void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w);
 
-/* gate.c: router, softmax, top-k, losses. */
+/* gate.c: router, softmax, top-k, losses. The forward is cut in three so that the router can run
+ * alongside the experts when the assignment is known before it (sample-assignment caching):
+ * begin (workspace; the cached experts, read once, into top_e), the rows in fixed chunks of tokens
+ * (side work, moe__gate_work), and end (the losses from the chunks' sums). */
 size_t moe__gate_bytes(const moe_layer_t *l, int T, int k);
-moe_status moe__gate_forward(moe_layer_t *l, const float *x, int T, int k);
+moe_status moe__gate_begin(moe_layer_t *l, const float *x, int T, int k);
+void moe__gate_rows(void *layer, int chunk);
+moe__side_work moe__gate_work(moe_layer_t *l);
+moe_status moe__gate_end(moe_layer_t *l);
+/* All of it after begin: the chunks on the layer's threads, then end. */
+moe_status moe__gate_forward(moe_layer_t *l);
 /* dw (T, k): gradient of the combine weights. Adds router grads; dx += router contribution. */
 moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float dz, float *dx);
 
@@ -110,10 +121,11 @@ typedef struct {
   const uint16_t *w1h, *w2h, *w3h;
 } moe__expert_w;
 moe_status moe__experts_alloc(moe_layer_t *l);
-/* Forward of groups [e0, e1), with expert e's weights at w[e]. */
-moe_status moe__experts_compute(moe_layer_t *l, int e0, int e1, const moe__expert_w *w);
+/* Forward of groups [e0, e1), with expert e's weights at w[e]; side work (or NULL) runs alongside the
+ * first GEMMs. */
+moe_status moe__experts_compute(moe_layer_t *l, int e0, int e1, const moe__expert_w *w, const moe__side_work *side);
 size_t moe__experts_bytes(const moe_layer_t *l, int rows);
-moe_status moe__experts_forward(moe_layer_t *l);
+moe_status moe__experts_forward(moe_layer_t *l, const moe__side_work *side);
 /* dout (rows, D) -> dxs (rows, D); adds expert weight grads. Scratch from the work arena. */
 moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs);
 

@@ -199,8 +199,8 @@ static int bench_run(const char *args, char *out, size_t n) {
 }
 
 /* moe bench --dtype bf16 --cases S (one routing, one dispatch, one timed step: about a second): one
- * JSON line, case S in bf16, checked against the reference by bench itself; a bad --dtype or --cases
- * value fails naming the value. */
+ * JSON line, case S in bf16, checked against the reference by bench itself; --shape runs a case of
+ * one's own; a bad --dtype, --cases or --shape value fails naming the value. */
 TEST(cli_bench_dtype_cases) {
   char out[8192];
   int rc = bench_run("--dtype bf16 --cases S --routing uniform --dispatch dynamic --reps 1 --json", out, sizeof out);
@@ -212,6 +212,18 @@ TEST(cli_bench_dtype_cases) {
   ASSERT(strstr(out, "\"dtype\": \"bf16\""));
   ASSERT(strstr(out, "\"roofline_ratio\": "));
   ASSERT(!strstr(out, "\"case\": \"M\"") && !strstr(out, "\"case\": \"L\""));
+
+  ASSERT(strstr(out, "\"fwd_cached_ms\": ")); /* bench fails if the cached forward's bits differ */
+
+  rc = bench_run("--shape 300,16,24,6,2 --reps 1 --json", out, sizeof out); /* both routings and dispatches */
+  if (rc != 0) FAIL_("moe bench --shape failed (%d): %s", rc, err_text);
+  lines = 0;
+  for (const char *p = out; (p = strchr(p, '\n')); p++) lines++;
+  ASSERT_EQ_INT(lines, 4);
+  ASSERT(strstr(out, "\"case\": \"custom\", \"T\": 300, \"D\": 16, \"H\": 24, \"E\": 6, \"k\": 2"));
+  ASSERT(bench_run("--shape 300,16,24,2,3 --reps 1 --json", out, sizeof out) != 0); /* k > E */
+  if (!strstr(err_text, "--shape") || !strstr(err_text, "'300,16,24,2,3'"))
+    FAIL_("stderr '%s' does not name --shape", err_text);
 
   ASSERT(bench_run("--dtype f16 --cases S --reps 1 --json", out, sizeof out) != 0);
   if (!strstr(err_text, "--dtype") || !strstr(err_text, "'f16'"))

@@ -1,7 +1,8 @@
 /* The tiled grouped GEMM against a double-precision triple loop: every transpose combination, shapes
  * that do not divide into tiles, several GEMMs at once, 1 and 3 threads, beta 0 and 1; and K = 0,
- * where beta = 0 must overwrite C (NaN included) rather than scale it. */
+ * where beta = 0 must overwrite C (NaN included) rather than scale it; side work run alongside. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "compare.h"
 #include "gemm.h"
@@ -82,4 +83,34 @@ TEST(gemm_k0_overwrites_with_beta0) {
   moe__gemm h = {false, false, 1, 2, 0, 1.0f, 0.5f, a, 1, b, 2, d, 2, false};
   moe__gemm_run(&h, 1, 2);
   ASSERT(d[0] == 0.5f && d[1] == 1.0f);
+}
+
+/* Side work runs each item exactly once, alongside GEMMs or alone (no GEMMs), and leaves the GEMMs'
+ * bits as they are without it (the same tiles). */
+static void count_item(void *ctx, int i) {
+  __atomic_fetch_add((int *)ctx + i, 1, __ATOMIC_RELAXED);
+}
+
+TEST(gemm_side_work_runs_once_and_keeps_bits) {
+  uint64_t s = 7;
+  enum { M = 200, N = 96, K = 40, NS = 37 };
+  float *a = malloc(M * K * 4), *b = malloc(K * N * 4), *c0 = malloc(M * N * 4), *c1 = malloc(M * N * 4);
+  for (int i = 0; i < M * K; i++) a[i] = frand(&s);
+  for (int i = 0; i < K * N; i++) b[i] = frand(&s);
+  for (int threads = 1; threads <= 3; threads += 2)
+    for (int with_gemm = 0; with_gemm <= 1; with_gemm++) {
+      int seen[NS] = {0};
+      moe__side_work side = {count_item, seen, NS};
+      moe__gemm g0 = {false, false, M, N, K, 1.0f, 0.0f, a, K, b, N, c0, N, false}, g1 = g0;
+      g1.C = c1;
+      ASSERT(moe__gemm_run(&g0, 1, threads) == MOE_OK);
+      ASSERT(moe__gemm_run_side(&g1, with_gemm, threads, &side) == MOE_OK);
+      for (int i = 0; i < NS; i++)
+        if (seen[i] != 1) FAIL_("threads %d, gemm %d: side item %d ran %d times", threads, with_gemm, i, seen[i]);
+      if (with_gemm) ASSERT(!memcmp(c0, c1, M * N * 4));
+    }
+  free(a);
+  free(b);
+  free(c0);
+  free(c1);
 }

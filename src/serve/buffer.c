@@ -287,7 +287,7 @@ moe_status moe__cache_forward(moe_layer_t *l) {
       state[ej] = 3; /* being computed: its slot stays */
     }
     pthread_mutex_unlock(&c->mu);
-    moe_status cst = moe__experts_compute(l, e, order[run - 1] + 1, w); /* experts between: no rows */
+    moe_status cst = moe__experts_compute(l, e, order[run - 1] + 1, w, NULL); /* experts between: no rows */
     if (computed == MOE_OK) computed = cst;
     pthread_mutex_lock(&c->mu);
     for (int j = i; j < run; j++) state[order[j]] = 2;
