@@ -205,12 +205,6 @@ moe_status moe__gate_end(moe_layer_t *l) {
 
 moe__side_work moe__gate_work(moe_layer_t *l) { return (moe__side_work){moe__gate_rows, l, gate_chunks(l->st->T)}; }
 
-moe_status moe__gate_forward(moe_layer_t *l) {
-  moe__side_work w = moe__gate_work(l);
-  MOE_CHECK(moe__gemm_run_side(NULL, 0, l->st->threads, &w));
-  return moe__gate_end(l);
-}
-
 moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float dz, float *dx) {
   moe__layer_state *s = l->st;
   int T = s->T, k = s->k, E = l->cfg.E, D = l->cfg.D, P = l->cfg.proj_dim, nt = s->threads;

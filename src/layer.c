@@ -294,11 +294,11 @@ static long long first_nonfinite(const float *a, size_t n, int nt) {
 
 /* Whether the router can run alongside the experts (DynaMoE 4.2): the experts come from the cache,
  * so only the combine needs the router, provided that nothing before the experts reads its scores
- * (placement in token order, not by score), the experts are the layer's own (not inner layers nor an
- * expert cache), and there is one process (ranks keep their collectives in one order). */
+ * (placement in token order, not by score) and the experts are the layer's own (not inner layers nor
+ * an expert cache). Expert-parallel ranks may differ in this: their collectives come in the same
+ * order either way. */
 static int router_alongside(const moe_layer_t *l) {
-  return l->cached && l->cfg.priority == MOE_PRIORITY_INDEX && !l->inner && !l->cfg.external_experts &&
-         !l->cfg.dist;
+  return l->cached && l->cfg.priority == MOE_PRIORITY_INDEX && !l->inner && !l->cfg.external_experts;
 }
 
 moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,
@@ -325,7 +325,8 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(moe__arena_reserve(&s->route, route, "router"));
   int along = router_alongside(l);
   MOE_CHECK(moe__gate_begin(l, x, T, k));
-  if (!along) MOE_CHECK(moe__gate_forward(l));
+  moe__side_work router = moe__gate_work(l);
+  if (!along) MOE_CHECK(moe__gemm_run_side(NULL, 0, s->threads, &router)); /* the router first */
   MOE_CHECK(moe__route(l));
   if (ep_static) { /* this rank's experts' slots of the (E, C, D) buffer (C each, or per-expert capacities) */
     int W = moe_dist_size(l->cfg.dist);
@@ -364,13 +365,9 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     s->gx = s->xs;
     s->gout = s->out;
   }
-  if (along) {
-    moe__side_work router = moe__gate_work(l);
-    MOE_CHECK(moe__experts_forward(l, &router));
-    MOE_CHECK(moe__gate_end(l));
-  } else {
-    MOE_CHECK(l->inner ? moe__inner_forward(l) : moe__experts_forward(l, NULL));
-  }
+  if (along) MOE_CHECK(moe__experts_forward(l, &router));
+  else MOE_CHECK(l->inner ? moe__inner_forward(l) : moe__experts_forward(l, NULL));
+  MOE_CHECK(moe__gate_end(l)); /* the losses (a collective when expert-parallel), after either order */
   if (ep_static) MOE_CHECK(moe__ep_static_gather(l, s->gout, s->out));
   else if (ep) MOE_CHECK(moe__ep_gather(l, s->gout, s->out));
   moe__combine_forward(l, y, spec);

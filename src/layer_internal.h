@@ -96,8 +96,6 @@ moe_status moe__gate_begin(moe_layer_t *l, const float *x, int T, int k);
 void moe__gate_rows(void *layer, int chunk);
 moe__side_work moe__gate_work(moe_layer_t *l);
 moe_status moe__gate_end(moe_layer_t *l);
-/* All of it after begin: the chunks on the layer's threads, then end. */
-moe_status moe__gate_forward(moe_layer_t *l);
 /* dw (T, k): gradient of the combine weights. Adds router grads; dx += router contribution. */
 moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float dz, float *dx);
 

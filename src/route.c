@@ -74,17 +74,18 @@ moe_status moe__route(moe_layer_t *l) {
   if (is_static && l->cfg.dist) {
     Tv = s->Tgi;
     t0 = s->t0;
+    int with_p = l->cfg.priority == MOE_PRIORITY_SCORE; /* the scores only where they order the tokens */
     double *g = moe__arena_alloc(&s->route, (size_t)Tv * (k + 1) * sizeof *g);
     int32_t *gte = moe__arena_alloc(&s->route, (size_t)Tv * k * 4);
     float *gtp = moe__arena_alloc(&s->route, (size_t)Tv * 4);
     order = moe__arena_alloc(&s->route, (size_t)Tv * 4);
     MOE_TRY((g && gte && gtp && order) || Tv == 0, MOE_ERR_STATE, "internal: routing workspace too small");
-    memset(g, 0, (size_t)Tv * (k + 1) * sizeof *g);
+    memset(g, 0, (size_t)Tv * (k + with_p) * sizeof *g);
     for (size_t a = 0; a < (size_t)T * k; a++) g[(size_t)t0 * k + a] = s->top_e[a];
-    for (int t = 0; t < T; t++) g[(size_t)Tv * k + t0 + t] = s->top_p[(size_t)t * k];
-    MOE_CHECK(moe_dist_allreduce(l->cfg.dist, g, Tv * (k + 1)));
+    for (int t = 0; t < T && with_p; t++) g[(size_t)Tv * k + t0 + t] = s->top_p[(size_t)t * k];
+    MOE_CHECK(moe_dist_allreduce(l->cfg.dist, g, Tv * (k + with_p)));
     for (size_t a = 0; a < (size_t)Tv * k; a++) gte[a] = (int32_t)g[a];
-    for (int t = 0; t < Tv; t++) gtp[t] = (float)g[(size_t)Tv * k + t];
+    for (int t = 0; t < Tv && with_p; t++) gtp[t] = (float)g[(size_t)Tv * k + t];
     te = gte;
     tp = gtp;
     tp_stride = 1;

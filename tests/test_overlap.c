@@ -1,7 +1,8 @@
 /* The router alongside the experts (sample-assignment caching, DynaMoE 4.2): with cached experts
  * the layer runs the router's chunks in the same schedule as the experts' first GEMMs. Fed the
  * router's own choices, it gives the no-cache results bit for bit (outputs, losses, input and
- * parameter gradients) over router chunks, threads, dispatch, router kind, activation and dtype; fed
+ * parameter gradients) over router chunks, threads, dispatch, router kind, activation, dtype and
+ * expert parallelism (one rank); fed
  * other experts, it follows them with the gate's weights, checked against a double-precision
  * evaluation; where the placement needs the gate's scores it does not overlap. */
 #include <math.h>
@@ -67,10 +68,15 @@ TEST(overlap_cached_router_matches_no_cache_bitwise) {
   static float x[T * D];
   uint64_t rng = 11;
   fd_fill(&rng, x, T * D, -1, 1);
-  for (int variant = 0; variant < 4; variant++)
+  moe_dist *one; /* expert parallelism over one rank: the same exchanges and collectives, no mpirun */
+  int argc = 0;
+  char **argv = NULL;
+  ASSERT_OK(moe_dist_init(&one, &argc, &argv));
+  for (int variant = 0; variant < 6; variant++)
     for (int threads = 1; threads <= 3; threads += 2) {
       moe_layer_config c;
-      config(&c, variant, threads);
+      config(&c, variant % 4, threads);
+      if (variant >= 4) c.dist = one;
       moe_layer_t l;
       ASSERT_OK(moe_layer_init(&l, &c));
       moe_layer_init_params(&l, 3 + variant);
@@ -84,6 +90,7 @@ TEST(overlap_cached_router_matches_no_cache_bitwise) {
       if (!ok) FAIL_("variant %d, threads %d: overlapped %d/%d or results differ", variant, threads,
                      plain.overlapped, cached.overlapped);
     }
+  moe_dist_finalize(one);
 }
 
 /* The router's results do not depend on the thread count: it runs in fixed chunks of tokens. */
