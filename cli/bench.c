@@ -152,8 +152,12 @@ static int cached_forward(moe_layer_t *l, const float *x, const float *y, const 
     goto done;
   }
   memcpy(cache, fresh, tk * 4); /* fresh is in the workspace that the forward reuses */
+  if (moe_layer_set_cached_experts(l, cache, c->T) != MOE_OK) {
+    rc = cli_fail(CMD);
+    goto done;
+  }
   double s0 = cli_now();
-  if (moe_layer_set_cached_experts(l, cache, c->T) != MOE_OK || moe_layer_forward(l, x, c->T, yc, NULL, &st) != MOE_OK) {
+  if (moe_layer_forward(l, x, c->T, yc, NULL, &st) != MOE_OK) {
     rc = cli_fail(CMD);
     goto done;
   }
@@ -178,7 +182,7 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   cfg.dtype = dtype;
   cfg.dist = o->dist; /* expert-parallel: this rank routes tokens [t0, t1) and owns E/W experts */
   int W = moe_dist_size(o->dist), rank = moe_dist_rank(o->dist);
-  int t0 = c->T * rank / W, Tl = c->T * (rank + 1) / W - t0;
+  int t0 = (int)((int64_t)c->T * rank / W), Tl = (int)((int64_t)c->T * (rank + 1) / W) - t0;
   moe_layer_t l;
   if (moe_layer_init(&l, &cfg) != MOE_OK) return cli_fail(CMD);
   moe_layer_init_params(&l, 1);
@@ -305,6 +309,7 @@ int cmd_bench(int argc, char **argv) {
                   .routing = {0, 1}, .dispatch = {0, 1}, .dtypes = {0, 1}};
   int idx[3] = {0, 1, 2};
   bench_case custom = {"custom", 0, 0, 0, 0, 0};
+  int given_cases = 0; /* 1: --cases, 2: --shape */
   static const char *const cn[] = {"S", "M", "L"}, *const rn[] = {"uniform", "skewed"},
                            *const dn[] = {"dynamic", "static"}, *const dtn[] = {"f32", "bf16"};
   for (int i = 1; i < argc; i++) {
@@ -329,7 +334,9 @@ int cmd_bench(int argc, char **argv) {
     else { usage(); return cli_usage_error(CMD, "unknown flag '%s'", f); }
     if (listed < 0) return 1;
     if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
+    if (cli_flag_is(f, "shape") || cli_flag_is(f, "cases")) given_cases |= cli_flag_is(f, "shape") ? 2 : 1;
   }
+  if (given_cases == 3) return cli_usage_error(CMD, "--shape and --cases: give one or the other");
   for (int i = 0; i < o.ncases; i++) o.cases[i] = idx[i] < 0 ? &custom : &CASES[idx[i]];
   if (o.expert_parallel && moe_dist_init(&o.dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
   int W = moe_dist_size(o.dist), root = moe_dist_rank(o.dist) == 0;

@@ -9,8 +9,7 @@
  * weights and a fresh choice, recorded for the next epoch). Under mpirun each rank records its own
  * slice of every batch; at the end of an epoch the ranks' records are merged (a sample is in one
  * rank's slice per epoch) and the counts behind frac_same summed; rank 0's switch is applied on every
- * rank at the same step. With cached experts a layer runs its router alongside its experts (layer.c,
- * one process). */
+ * rank at the same step. With cached experts a layer runs its router alongside its experts (layer.c). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -240,7 +240,7 @@ typedef struct {
   const int32_t *fresh;         /* (T, k) the router's own top-k, which differs from experts under
                                    sample-assignment caching */
   int router_overlapped;        /* the router ran alongside the experts: cached experts, priority
-                                   index, the layer's own experts, one process */
+                                   index, the layer's own experts (not inner layers nor a cache) */
 } moe_layer_stats;
 
 moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg);

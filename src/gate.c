@@ -10,7 +10,7 @@
 
 #define COS_EPS 1e-12f
 #define LOG_MAX_SCALE 4.605170185988091f /* ln 100: the logit scale is clamped at 100 */
-#define GATE_ROWS 128 /* tokens per router work item: fixed, so the bits do not depend on the threads */
+#define GATE_ROWS 64 /* tokens per router work item: fixed, so the bits do not depend on the threads */
 
 static int gate_chunks(int T) { return (T + GATE_ROWS - 1) / GATE_ROWS; }
 

@@ -31,7 +31,8 @@ typedef struct {
 } moe__side_work;
 /* moe__gemm_run, with the side items spread among the GEMM tiles of one dynamic schedule: a thread
  * takes whichever comes next, so the two kinds of work run at the same time and end together. The
- * tiles are those moe__gemm_run makes, so the GEMMs give the same bits with or without side work. */
+ * tiles are those moe__gemm_run makes, so the GEMMs give the same bits with or without side work.
+ * Past 4096 GEMMs (a batch), the side items go with the last batch. */
 moe_status moe__gemm_run_side(const moe__gemm *g, int n, int threads, const moe__side_work *side);
 /* One GEMM on the calling thread, for work inside a parallel region whose threads run BLAS
  * single-threaded (side work); returns 0 if a bf16 GEMM failed. */

@@ -13,7 +13,7 @@
 #include "fdcheck.h"
 #include "test.h"
 
-enum { T = 300, D = 16, H = 24, E = 6, K = 2 }; /* T spans three router chunks */
+enum { T = 300, D = 16, H = 24, E = 6, K = 2 }; /* T spans five router chunks */
 
 typedef struct {
   float y[T * D], dx[T * D];
@@ -65,9 +65,10 @@ static void config(moe_layer_config *c, int variant, int threads) {
 }
 
 TEST(overlap_cached_router_matches_no_cache_bitwise) {
-  static float x[T * D];
+  static float x[T * D], x2[T * D];
   uint64_t rng = 11;
   fd_fill(&rng, x, T * D, -1, 1);
+  fd_fill(&rng, x2, T * D, -2, 2);
   moe_dist *one; /* expert parallelism over one rank: the same exchanges and collectives, no mpirun */
   int argc = 0;
   char **argv = NULL;
@@ -80,8 +81,10 @@ TEST(overlap_cached_router_matches_no_cache_bitwise) {
       moe_layer_t l;
       ASSERT_OK(moe_layer_init(&l, &c));
       moe_layer_init_params(&l, 3 + variant);
-      static run_out plain, cached;
+      static run_out plain, other, cached;
       ASSERT(run(&l, x, NULL, &plain));
+      ASSERT(run(&l, x2, NULL, &other)); /* the workspace now holds another batch's routing */
+      free(other.grads);
       ASSERT(run(&l, x, plain.fresh, &cached));
       int ok = !plain.overlapped && cached.overlapped && same_run(&plain, &cached, l.numel);
       free(plain.grads);
@@ -115,8 +118,9 @@ TEST(overlap_router_bits_independent_of_threads) {
 }
 
 /* y of token t for experts te (k) in double: the gate's softmax over all experts, its probabilities of
- * te renormalized, relu FFNs with biases. */
-static void reference_y(const moe_layer_t *l, const float *xt, const int32_t *te, double *y) {
+ * te renormalized, relu FFNs with biases; adds the softmax to psum (E) and logsumexp^2 to *lse2. */
+static void reference_y(const moe_layer_t *l, const float *xt, const int32_t *te, double *y, double *psum,
+                        double *lse2) {
   moe_layer_t *m = (moe_layer_t *)l;
   const float *gw = moe_layer_param(m, "gate.weight"), *gb = moe_layer_param(m, "gate.bias");
   const float *w1 = moe_layer_param(m, "experts.fc1.weight"), *b1 = moe_layer_param(m, "experts.fc1.bias");
@@ -128,6 +132,8 @@ static void reference_y(const moe_layer_t *l, const float *xt, const int32_t *te
     mx = p[e] > mx ? p[e] : mx;
   }
   for (int e = 0; e < E; e++) sum += p[e] = exp(p[e] - mx);
+  for (int e = 0; e < E; e++) psum[e] += p[e] / sum;
+  *lse2 += (mx + log(sum)) * (mx + log(sum));
   for (int j = 0; j < K; j++) psel += p[te[j]] / sum;
   for (int i = 0; i < D; i++) y[i] = 0;
   for (int j = 0; j < K; j++) {
@@ -146,10 +152,12 @@ static void reference_y(const moe_layer_t *l, const float *xt, const int32_t *te
   }
 }
 
+/* ... and the losses: the balance loss counts the cached slot-0 experts, the z-loss is the gate's. */
 TEST(overlap_follows_other_cached_experts) {
-  static float x[T * D], y[T * D], ref[T * D];
+  static float x[T * D], x2[T * D], y[T * D], ref[T * D];
   uint64_t rng = 13;
   fd_fill(&rng, x, T * D, -1, 1);
+  fd_fill(&rng, x2, T * D, -2, 2);
   for (int d = 0; d < 2; d++) {
     moe_layer_config c;
     config(&c, d, 3);
@@ -159,16 +167,22 @@ TEST(overlap_follows_other_cached_experts) {
     int32_t cache[T * K];
     for (int t = 0; t < T; t++) cache[t * K] = t % E, cache[t * K + 1] = (t % E + 1 + (t / E) % (E - 1)) % E; /* distinct */
     moe_layer_stats st;
+    ASSERT_OK(moe_layer_forward(&l, x2, T, y, NULL, &st)); /* the workspace holds another batch's routing */
     ASSERT_OK(moe_layer_set_cached_experts(&l, cache, T));
     ASSERT_OK(moe_layer_forward(&l, x, T, y, NULL, &st));
     ASSERT(st.router_overlapped && st.dropped == 0);
     ASSERT(!memcmp(st.experts, cache, sizeof cache));
+    double psum[E] = {0}, lse2 = 0, top1[E] = {0}, aux = 0;
     for (int t = 0; t < T; t++) {
       double yt[D];
-      reference_y(&l, x + (size_t)t * D, cache + (size_t)t * K, yt);
+      reference_y(&l, x + (size_t)t * D, cache + (size_t)t * K, yt, psum, &lse2);
       for (int i = 0; i < D; i++) ref[(size_t)t * D + i] = (float)yt[i];
+      top1[cache[t * K]] += 1;
     }
+    for (int e = 0; e < E; e++) aux += psum[e] / T * top1[e] / T;
     ASSERT(tensors_close("y", y, ref, T * D, 1e-5, 1e-6));
+    ASSERT_NEAR(st.aux_loss, E * aux, 1e-5 * E * aux);
+    ASSERT_NEAR(st.z_loss, lse2 / T, 1e-5 * lse2 / T);
     moe_layer_free(&l);
   }
 }
