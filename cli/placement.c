@@ -2,11 +2,9 @@
  * or anti-correlation placement per layer on the first half of the trace's steps and evaluates it on
  * the second half against the contiguous expert-parallel layout (expert m on device m / (E/N)),
  * printing Max Load and Avg Max Load of both; --out writes the placement as JSON, atomically. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -23,26 +21,18 @@ static void usage(void) {
           "the weight of the correlation term of anticorr (default 0.5, as in the paper).\n");
 }
 
-/* Writes the placement JSON to path via a temporary file, fsync and rename. */
+/* Writes the placement JSON (and a newline) to path atomically. */
 static int save_json(const char *path, cJSON *root) {
-  char *text = cJSON_Print(root);
-  if (!text) return cli_usage_error(CMD, "%s: out of memory formatting JSON", path);
-  size_t n = strlen(path) + 32;
-  char *tmp = malloc(n);
-  int ok = tmp != NULL;
-  FILE *f = NULL;
-  if (ok) {
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    f = fopen(tmp, "w");
-    ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 && fsync(fileno(f)) == 0;
+  char *text = cJSON_Print(root), *line = text ? malloc(strlen(text) + 2) : NULL;
+  if (!line) {
+    cJSON_free(text);
+    return cli_usage_error(CMD, "%s: out of memory formatting JSON", path);
   }
-  int err = errno;
-  if (f && fclose(f) != 0 && ok) ok = 0, err = errno;
-  if (ok && rename(tmp, path) != 0) ok = 0, err = errno;
-  if (!ok && f) unlink(tmp);
-  free(tmp);
+  size_t n = (size_t)sprintf(line, "%s\n", text);
   cJSON_free(text);
-  return ok ? 0 : cli_usage_error(CMD, "%s: cannot write: %s", path, strerror(err ? err : EIO));
+  moe_status st = moe_write_file_atomic(path, line, n);
+  free(line);
+  return st == MOE_OK ? 0 : cli_fail(CMD);
 }
 
 int cmd_placement(int argc, char **argv) {

@@ -40,6 +40,9 @@ const char *moe_status_name(moe_status s); /* "MOE_ERR_SHAPE" */
 const char *moe_status_str(moe_status s);  /* "shape mismatch" */
 /* The message of the last failure on this thread: what failed, naming tensor/field/file and values. */
 const char *moe_last_error(void);
+/* Writes n bytes to path atomically, as every file the library writes: path.tmp.<pid>, flushed and
+ * fsynced, then renamed to path; on failure path is left as it was (MOE_ERR_IO names both files). */
+moe_status moe_write_file_atomic(const char *path, const void *data, size_t n);
 
 /* ---- safetensors (strict reader, atomic writer) ---- */
 typedef enum { MOE_DT_F32, MOE_DT_I32, MOE_DT_BF16, MOE_DT_F16, MOE_DT_F64, MOE_DT_I64, MOE_DT_U8,

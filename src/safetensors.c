@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "atomic_file.h"
 #include "internal.h"
 
 #define ST_MAX_HEADER (100u << 20) /* bound what a hostile header length can make us allocate */
@@ -531,7 +532,12 @@ static char *build_header(moe_st_writer *w) {
   return s;
 }
 
-static int write_file(const moe_st_writer *w, FILE *fp, const char *hdr) {
+typedef struct { const moe_st_writer *w; char *hdr; } file_ctx;
+
+static int write_file(FILE *fp, void *ctx, char *msg, size_t n) {
+  (void)msg, (void)n;
+  const moe_st_writer *w = ((const file_ctx *)ctx)->w;
+  const char *hdr = ((const file_ctx *)ctx)->hdr;
   size_t len = strlen(hdr), pad = (8 - len % 8) % 8; /* data region starts at a multiple of 8 */
   unsigned char lb[8];
   for (int i = 0; i < 8; i++) lb[i] = (unsigned char)((uint64_t)(len + pad) >> (8 * i));
@@ -548,22 +554,9 @@ static int write_file(const moe_st_writer *w, FILE *fp, const char *hdr) {
 
 moe_status moe_st_writer_save(moe_st_writer *w, const char *path) {
   MOE_TRY(w && path, MOE_ERR_ARG, "moe_st_writer_save: NULL %s", w ? "path" : "writer");
-  char *hdr = build_header(w), *tmp = malloc(strlen(path) + 32);
-  int ok = hdr && tmp;
-  if (!ok) free(hdr), free(tmp);
-  MOE_TRY(ok, MOE_ERR_NOMEM, "%s: out of memory building the header", path);
-  sprintf(tmp, "%s.tmp.%ld", path, (long)getpid());
-  errno = 0;
-  FILE *fp = fopen(tmp, "wb");
-  ok = fp && write_file(w, fp, hdr) && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
-  int err = errno;
-  if (fp && fclose(fp) != 0 && ok) ok = 0, err = errno;
-  if (ok && rename(tmp, path) != 0) ok = 0, err = errno;
-  if (!ok && fp) remove(tmp);
-  free(hdr);
-  moe_status st = ok ? MOE_OK
-                     : moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: cannot save (via %s): %s", path, tmp,
-                                  strerror(err ? err : EIO));
-  free(tmp);
+  file_ctx c = {w, build_header(w)};
+  MOE_TRY(c.hdr, MOE_ERR_NOMEM, "%s: out of memory building the header", path);
+  moe_status st = moe__save_atomic(path, write_file, &c);
+  free(c.hdr);
   return st;
 }

@@ -240,6 +240,27 @@ TEST(st_save_failure_is_clean) {
   ASSERT_EQ_INT(tmp_dir_has("adir.tmp"), 0);
 }
 
+/* moe_write_file_atomic, the writer under every file the library writes: whole bytes, an overwrite
+ * without a leftover temporary, and a failure that names the path and leaves nothing behind. */
+TEST(write_file_atomic) {
+  char p[512], bad[512];
+  test_tmp_path("whole.txt", p, sizeof p);
+  ASSERT_OK(moe_write_file_atomic(p, "first version\n", 14));
+  ASSERT_OK(moe_write_file_atomic(p, "second", 6));
+  size_t len = 0;
+  char *got = test_read_file(p, &len);
+  ASSERT(got != NULL);
+  int same = len == 6 && !memcmp(got, "second", 6);
+  free(got);
+  ASSERT(same);
+  ASSERT_EQ_INT(tmp_dir_has("whole.txt.tmp"), 0);
+  test_tmp_path("no/such/dir/x.txt", bad, sizeof bad);
+  ASSERT_STATUS(moe_write_file_atomic(bad, "x", 1), MOE_ERR_IO);
+  ASSERT(strstr(moe_last_error(), "x.txt") != NULL);
+  ASSERT(strstr(moe_last_error(), "No such file") != NULL);
+  ASSERT_STATUS(moe_write_file_atomic(p, NULL, 3), MOE_ERR_ARG);
+}
+
 TEST(st_writer_rejects_bad_arguments) {
   moe_st_writer *w = NULL;
   ASSERT_OK(moe_st_writer_new(&w));

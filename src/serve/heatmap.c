@@ -1,14 +1,13 @@
 /* Expert-load heatmaps of a trace (declared in moe.h): the values (share of each step's tokens per expert,
  * averaged over the steps of a column), a raster with a tiny built-in bitmap font for the labels, written
  * as PNG through libpng, and an SVG written by hand. Both files are written atomically. */
-#include <errno.h>
 #include <math.h>
 #include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "atomic_file.h"
 #include "internal.h"
 
 /* ---- color map: viridis sampled at 10 points (matplotlib), interpolated linearly in sRGB ---- */
@@ -347,27 +346,10 @@ moe_status moe_heatmap_build(moe_heatmap *h, const moe_trace *t, int layer, int 
 }
 
 /* ---- writing, atomically ---- */
-typedef int (*writer_fn)(FILE *fp, const moe_heatmap *h, char *msg, size_t n);
-
-static moe_status save_atomic(const moe_heatmap *h, const char *path, writer_fn write) {
+static moe_status save_atomic(const moe_heatmap *h, const char *path, moe__file_writer write) {
   MOE_TRY(h && path, MOE_ERR_ARG, "heatmap: NULL %s", h ? "path" : "heatmap");
   MOE_TRY(h->value && h->rgb, MOE_ERR_STATE, "%s: the heatmap was not built", path);
-  char *tmp = malloc(strlen(path) + 32);
-  MOE_TRY(tmp, MOE_ERR_NOMEM, "%s: out of memory", path);
-  sprintf(tmp, "%s.tmp.%ld", path, (long)getpid());
-  char msg[200] = "";
-  errno = 0;
-  FILE *fp = fopen(tmp, "wb");
-  int ok = fp && write(fp, h, msg, sizeof msg) && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
-  int err = errno;
-  if (fp && fclose(fp) != 0 && ok) ok = 0, err = errno;
-  if (ok && rename(tmp, path) != 0) ok = 0, err = errno;
-  if (!ok && fp) remove(tmp);
-  moe_status st = ok ? MOE_OK
-                     : moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: cannot write (via %s): %s", path, tmp,
-                                  msg[0] ? msg : strerror(err ? err : EIO));
-  free(tmp);
-  return st;
+  return moe__save_atomic(path, write, (void *)h);
 }
 
 typedef struct {
@@ -385,7 +367,8 @@ static void png_on_warning(png_structp png, png_const_charp text) {
   (void)text;
 }
 
-static int write_png(FILE *fp, const moe_heatmap *h, char *msg, size_t n) {
+static int write_png(FILE *fp, void *ctx, char *msg, size_t n) {
+  const moe_heatmap *h = ctx;
   png_err_sink sink = {msg, n};
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &sink, png_on_error, png_on_warning);
   if (!png) return snprintf(msg, n, "libpng: cannot create a writer"), 0;
@@ -422,7 +405,8 @@ static void svg_frame(FILE *fp, int x, int y, int w, int h) {
           y - 1, w + 1, h + 1);
 }
 
-static int write_svg(FILE *fp, const moe_heatmap *h, char *msg, size_t n) {
+static int write_svg(FILE *fp, void *ctx, char *msg, size_t n) {
+  const moe_heatmap *h = ctx;
   (void)msg;
   (void)n;
   geom g;
