@@ -5,12 +5,12 @@
  * expert parallelism (one rank); fed
  * other experts, it follows them with the gate's weights, checked against a double-precision
  * evaluation; where the placement needs the gate's scores it does not overlap. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "compare.h"
 #include "fdcheck.h"
+#include "layer_ref.h"
 #include "test.h"
 
 enum { T = 300, D = 16, H = 24, E = 6, K = 2 }; /* T spans five router chunks */
@@ -118,37 +118,17 @@ TEST(overlap_router_bits_independent_of_threads) {
 }
 
 /* y of token t for experts te (k) in double: the gate's softmax over all experts, its probabilities of
- * te renormalized, relu FFNs with biases; adds the softmax to psum (E) and logsumexp^2 to *lse2. */
-static void reference_y(const moe_layer_t *l, const float *xt, const int32_t *te, double *y, double *psum,
-                        double *lse2) {
-  moe_layer_t *m = (moe_layer_t *)l;
-  const float *gw = moe_layer_param(m, "gate.weight"), *gb = moe_layer_param(m, "gate.bias");
-  const float *w1 = moe_layer_param(m, "experts.fc1.weight"), *b1 = moe_layer_param(m, "experts.fc1.bias");
-  const float *w2 = moe_layer_param(m, "experts.fc2.weight"), *b2 = moe_layer_param(m, "experts.fc2.bias");
-  double p[E], mx = -INFINITY, sum = 0, psel = 0;
-  for (int e = 0; e < E; e++) {
-    p[e] = gb[e];
-    for (int i = 0; i < D; i++) p[e] += (double)gw[e * D + i] * xt[i];
-    mx = p[e] > mx ? p[e] : mx;
-  }
-  for (int e = 0; e < E; e++) sum += p[e] = exp(p[e] - mx);
-  for (int e = 0; e < E; e++) psum[e] += p[e] / sum;
-  *lse2 += (mx + log(sum)) * (mx + log(sum));
-  for (int j = 0; j < K; j++) psel += p[te[j]] / sum;
+ * te renormalized, the experts' FFNs; adds the softmax to psum (E) and logsumexp^2 to *lse2. */
+static void reference_y(moe_layer_t *l, const float *xt, const int32_t *te, double *y, double *psum, double *lse2) {
+  double p[E], psel = 0, out[D];
+  double lse = ref_gate_softmax(l, xt, p);
+  for (int e = 0; e < E; e++) psum[e] += p[e];
+  *lse2 += lse * lse;
+  for (int j = 0; j < K; j++) psel += p[te[j]];
   for (int i = 0; i < D; i++) y[i] = 0;
   for (int j = 0; j < K; j++) {
-    int e = te[j];
-    double w = p[e] / sum / psel, h[H];
-    for (int r = 0; r < H; r++) {
-      double a = b1[e * H + r];
-      for (int i = 0; i < D; i++) a += (double)w1[((size_t)e * H + r) * D + i] * xt[i];
-      h[r] = a > 0 ? a : 0;
-    }
-    for (int i = 0; i < D; i++) {
-      double o = b2[e * D + i];
-      for (int r = 0; r < H; r++) o += (double)w2[((size_t)e * D + i) * H + r] * h[r];
-      y[i] += w * o;
-    }
+    ref_expert(l, te[j], xt, out);
+    for (int i = 0; i < D; i++) y[i] += p[te[j]] / psel * out[i];
   }
 }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "compare.h"
+#include "layer_ref.h"
 #include "test.h"
 
 static uint64_t rng_state;
@@ -88,26 +89,6 @@ TEST(props_dynamic_equals_static_without_drops) {
       }
 }
 
-/* Expert e's output for token x, in double. */
-static void ffn_ref(const moe_layer_t *l, moe_layer_t *lm, int e, const float *x, double *out) {
-  int D = l->cfg.D, H = l->cfg.H;
-  const float *w1 = moe_layer_param(lm, "experts.fc1.weight") + (size_t)e * H * D;
-  const float *b1 = moe_layer_param(lm, "experts.fc1.bias") + (size_t)e * H;
-  const float *w2 = moe_layer_param(lm, "experts.fc2.weight") + (size_t)e * D * H;
-  const float *b2 = moe_layer_param(lm, "experts.fc2.bias") + (size_t)e * D;
-  double h[64];
-  for (int j = 0; j < H; j++) {
-    double a = b1[j];
-    for (int d = 0; d < D; d++) a += (double)w1[(size_t)j * D + d] * x[d];
-    h[j] = 0.5 * a * (1.0 + erf(a / sqrt(2.0))); /* exact gelu */
-  }
-  for (int d = 0; d < D; d++) {
-    double o = b2[d];
-    for (int j = 0; j < H; j++) o += (double)w2[(size_t)d * H + j] * h[j];
-    out[d] = o;
-  }
-}
-
 TEST(props_k_equals_E_is_dense_softmax_mixture) {
   moe_layer_config c = small_cfg(MOE_ACT_GELU, 5, MOE_DISPATCH_DYNAMIC, 1.0f);
   c.normalize_topk = 1;
@@ -119,18 +100,12 @@ TEST(props_k_equals_E_is_dense_softmax_mixture) {
   fill(x, (size_t)T * D, 1.0f);
   moe_layer_stats st;
   ASSERT_OK(moe_layer_forward(&l, x, T, y, NULL, &st));
-  const float *gw = moe_layer_param(&l, "gate.weight"), *gb = moe_layer_param(&l, "gate.bias");
   for (int t = 0; t < T; t++) {
-    double logit[5], mx = -1e300, sum = 0, acc[12] = {0}, out[12];
+    double p[5], acc[12] = {0}, out[12];
+    ref_gate_softmax(&l, x + t * D, p);
     for (int e = 0; e < E; e++) {
-      logit[e] = gb[e];
-      for (int d = 0; d < D; d++) logit[e] += (double)gw[e * D + d] * x[t * D + d];
-      mx = fmax(mx, logit[e]);
-    }
-    for (int e = 0; e < E; e++) sum += exp(logit[e] - mx);
-    for (int e = 0; e < E; e++) {
-      ffn_ref(&l, &l, e, x + t * D, out);
-      for (int d = 0; d < D; d++) acc[d] += exp(logit[e] - mx) / sum * out[d];
+      ref_expert(&l, e, x + t * D, out);
+      for (int d = 0; d < D; d++) acc[d] += p[e] * out[d];
     }
     for (int d = 0; d < D; d++) yref[t * D + d] = (float)acc[d];
   }
