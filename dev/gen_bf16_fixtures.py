@@ -43,7 +43,6 @@ import struct
 import sys
 from fractions import Fraction
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -306,13 +305,7 @@ def generate(c, outdir):
     write_safetensors_bf16(os.path.join(cd, "x.safetensors"),
                            [("x", x32.to(torch.bfloat16) if c["x_bf16"] else x32), ("dy", dy32),
                             ("daux", daux32), ("dz", dz32), ("dspec", dspec32)])
-    i32 = lambda v: np.asarray(v, dtype=np.int32).reshape(-1)  # noqa: E731
-    ref = [("y", G.f32(r["y"])), ("aux_loss", G.f32(r["aux_loss"])), ("z_loss", G.f32(r["z_loss"])),
-           ("spec", G.f32(r["spec"])), ("expert_counts", i32(r["expert_counts"].numpy())),
-           ("dropped", i32([r["dropped"]])), ("capacity", i32([r["capacity"]])),
-           ("grad.x", G.f32(grads["x"]))]
-    ref += [("grad." + n, G.f32(grads[n])) for n in w32]
-    ref += [("fp32.y", G.f32(r0["y"])), ("fp32.grad.x", G.f32(g0["x"]))]
+    ref = G.reference_tensors(r, grads, w32) + [("fp32.y", G.f32(r0["y"])), ("fp32.grad.x", G.f32(g0["x"]))]
     G.write_safetensors(os.path.join(cd, "ref.safetensors"), ref)
 
     print(f"{c['name']:36s} T={c['T']:2d} D={c['D']:2d} H={c['H']:2d} E={c['E']} k={c['k']} "

@@ -308,6 +308,20 @@ def f32(t):
         t.detach().to(torch.float32).reshape(1).numpy()
 
 
+def i32(v):
+    return np.asarray(v, dtype=np.int32).reshape(-1)
+
+
+def reference_tensors(r, grads, weight_names):
+    """ref.safetensors of one case: the outputs, the routing counts, and the gradients of x and of
+    every weight."""
+    ref = [("y", f32(r["y"])), ("aux_loss", f32(r["aux_loss"])), ("z_loss", f32(r["z_loss"])),
+           ("spec", f32(r["spec"])), ("expert_counts", i32(r["expert_counts"].numpy())),
+           ("dropped", i32([r["dropped"]])), ("capacity", i32([r["capacity"]])),
+           ("grad.x", f32(grads["x"]))]
+    return ref + [("grad." + n, f32(grads[n])) for n in weight_names]
+
+
 def check_dense(w, x, cfg):
     """k = E, dynamic, normalized: y must equal the dense softmax mixture sum_e probs[t,e] out_e(x[t])."""
     cfg = dict(cfg, top_k=w["experts.fc1.weight"].shape[0], normalize_topk=True, dispatch="dynamic")
@@ -408,13 +422,7 @@ def generate(c, outdir, full_check):
     write_safetensors(os.path.join(cd, "x.safetensors"),
                       [("x", x32.numpy()), ("dy", dy32.numpy()), ("daux", daux32.numpy()),
                        ("dz", dz32.numpy()), ("dspec", dspec32.numpy())])
-    i32 = lambda v: np.asarray(v, dtype=np.int32).reshape(-1)
-    ref = [("y", f32(r["y"])), ("aux_loss", f32(r["aux_loss"])), ("z_loss", f32(r["z_loss"])),
-           ("spec", f32(r["spec"])), ("expert_counts", i32(r["expert_counts"].numpy())),
-           ("dropped", i32([r["dropped"]])), ("capacity", i32([r["capacity"]])),
-           ("grad.x", f32(grads["x"]))]
-    ref += [("grad." + n, f32(grads[n])) for n in w32]
-    write_safetensors(os.path.join(cd, "ref.safetensors"), ref)
+    write_safetensors(os.path.join(cd, "ref.safetensors"), reference_tensors(r, grads, w32))
 
     print(f"{c['name']:36s} T={c['T']:2d} D={c['D']:2d} H={c['H']:2d} E={c['E']} k={c['k']} "
           f"cap={c['cap']:>5s} {c['dispatch']:7s} C={r['capacity']:2d} dropped={r['dropped']:2d} "
