@@ -3,11 +3,11 @@
  * for a trigger unless the trigger is still working on (or has not yet started) metrics whose
  * adjustment is due now: then it stalls, and the stall is counted. */
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+#include "worker.h"
 
 #define MAX_RESULTS 64 /* adjustments decided and not yet due */
 
@@ -20,10 +20,7 @@ struct moe_recompile {
   int E, delta;
   moe_trigger_fn fn;
   void *user;
-  pthread_t thread;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int stop;
+  moe__worker w;        /* the trigger thread; w.mu guards what follows */
   moe_metrics pending;  /* the newest metrics not yet seen by the trigger */
   int32_t *pending_counts, *seen_counts, *trig_cap;
   int has_pending;
@@ -37,21 +34,21 @@ struct moe_recompile {
 
 static void *trigger_loop(void *arg) {
   moe_recompile *r = arg;
-  pthread_mutex_lock(&r->mu);
+  pthread_mutex_lock(&r->w.mu);
   for (;;) {
-    while (!r->has_pending && !r->stop) pthread_cond_wait(&r->cv, &r->mu);
-    if (r->stop) break;
+    while (!r->has_pending && !r->w.stop) pthread_cond_wait(&r->w.cv, &r->w.mu);
+    if (r->w.stop) break;
     moe_metrics m = r->pending; /* the most recent metrics: older ones were superseded */
     memcpy(r->seen_counts, r->pending_counts, sizeof(int32_t) * (size_t)r->E);
     m.counts = r->seen_counts;
     r->has_pending = 0;
     r->running = m.iter;
     int delta = r->delta;
-    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_unlock(&r->w.mu);
     moe_adjustment a = {.capacity = r->trig_cap};
     memset(r->trig_cap, 0, sizeof(int32_t) * (size_t)r->E);
     int got = r->fn(&m, &a, r->user); /* while training goes on */
-    pthread_mutex_lock(&r->mu);
+    pthread_mutex_lock(&r->w.mu);
     r->stats.triggers++;
     if (got && r->nres < MAX_RESULTS) {
       result *x = &r->res[r->nres++];
@@ -62,9 +59,9 @@ static void *trigger_loop(void *arg) {
       if (a.set_capacity) memcpy(cap, r->trig_cap, sizeof(int32_t) * (size_t)r->E);
     }
     r->running = -1;
-    pthread_cond_broadcast(&r->cv);
+    pthread_cond_broadcast(&r->w.cv);
   }
-  pthread_mutex_unlock(&r->mu);
+  pthread_mutex_unlock(&r->w.mu);
   return NULL;
 }
 
@@ -90,11 +87,7 @@ moe_status moe_recompile_new(moe_recompile **out, int experts, int delta_launch,
   r->trig_cap = buf + 2 * experts;
   r->current_cap = buf + 3 * experts;
   for (int i = 0; i < MAX_RESULTS; i++) r->res[i].cap = buf + (size_t)(4 + i) * experts;
-  pthread_mutex_init(&r->mu, NULL);
-  pthread_cond_init(&r->cv, NULL);
-  if (pthread_create(&r->thread, NULL, trigger_loop, r) != 0) {
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
+  if (!moe__worker_start(&r->w, trigger_loop, r)) {
     free(buf);
     free(r);
     MOE_TRY(0, MOE_ERR_NOMEM, "recompile: cannot start the trigger thread");
@@ -105,13 +98,7 @@ moe_status moe_recompile_new(moe_recompile **out, int experts, int delta_launch,
 
 void moe_recompile_free(moe_recompile *r) {
   if (!r) return;
-  pthread_mutex_lock(&r->mu);
-  r->stop = 1;
-  pthread_cond_broadcast(&r->cv);
-  pthread_mutex_unlock(&r->mu);
-  pthread_join(r->thread, NULL);
-  pthread_mutex_destroy(&r->mu);
-  pthread_cond_destroy(&r->cv);
+  moe__worker_stop(&r->w);
   free(r->pending_counts);
   free(r);
 }
@@ -119,32 +106,32 @@ void moe_recompile_free(moe_recompile *r) {
 moe_status moe_recompile_set_delta(moe_recompile *r, int delta_launch) {
   MOE_TRY(delta_launch >= 0 && delta_launch < MAX_RESULTS - 1, MOE_ERR_ARG,
           "recompile: delta_launch must be in [0, %d), got %d", MAX_RESULTS - 1, delta_launch);
-  pthread_mutex_lock(&r->mu);
+  pthread_mutex_lock(&r->w.mu);
   r->delta = delta_launch;
-  pthread_mutex_unlock(&r->mu);
+  pthread_mutex_unlock(&r->w.mu);
   return MOE_OK;
 }
 
 moe_status moe_recompile_push(moe_recompile *r, const moe_metrics *m) {
   MOE_TRY(m && m->experts == r->E && m->counts, MOE_ERR_ARG, "recompile: metrics of %d experts, want %d",
           m ? m->experts : 0, r->E);
-  pthread_mutex_lock(&r->mu);
+  pthread_mutex_lock(&r->w.mu);
   r->pending = *m;
   memcpy(r->pending_counts, m->counts, sizeof(int32_t) * (size_t)r->E);
   r->has_pending = 1;
-  pthread_cond_broadcast(&r->cv);
-  pthread_mutex_unlock(&r->mu);
+  pthread_cond_broadcast(&r->w.cv);
+  pthread_mutex_unlock(&r->w.mu);
   return MOE_OK;
 }
 
 moe_status moe_recompile_begin(moe_recompile *r, int64_t i, const moe_adjustment **adj, int *has) {
-  pthread_mutex_lock(&r->mu);
+  pthread_mutex_lock(&r->w.mu);
   int64_t due = i - r->delta - 1; /* metrics of iterations <= due must have been seen by now */
   if ((r->running >= 0 && r->running <= due) || (r->has_pending && r->pending.iter <= due)) {
     double t0 = moe__now();
     r->stats.stalls++;
     while ((r->running >= 0 && r->running <= due) || (r->has_pending && r->pending.iter <= due))
-      pthread_cond_wait(&r->cv, &r->mu);
+      pthread_cond_wait(&r->w.cv, &r->w.mu);
     r->stats.stall_seconds += moe__now() - t0;
   }
   *has = 0;
@@ -169,14 +156,14 @@ moe_status moe_recompile_begin(moe_recompile *r, int64_t i, const moe_adjustment
     r->res[r->nres].cap = cap;
   }
   *adj = *has ? &r->current : NULL;
-  pthread_mutex_unlock(&r->mu);
+  pthread_mutex_unlock(&r->w.mu);
   return MOE_OK;
 }
 
 void moe_recompile_get_stats(const moe_recompile *r, moe_recompile_stats *out) {
-  pthread_mutex_lock((pthread_mutex_t *)&r->mu);
+  pthread_mutex_lock((pthread_mutex_t *)&r->w.mu);
   *out = r->stats;
-  pthread_mutex_unlock((pthread_mutex_t *)&r->mu);
+  pthread_mutex_unlock((pthread_mutex_t *)&r->w.mu);
 }
 
 int moe_dynamic_capacity(const int32_t *need, const int32_t *cur, int E, float headroom, int32_t *out) {

@@ -8,12 +8,12 @@
  * A slot holds the expert's matrices in the layer's compute dtype (bf16: 2 bytes a value, what the
  * GEMMs read) and its biases in fp32; the file's tensors may be F32 or BF16 either way: a load reads
  * the bytes as they are when the dtypes agree, else reads and rounds (RNE) or widens. */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "layer_internal.h"
+#include "worker.h"
 
 #define NT 5 /* fc1.weight, fc1.bias, fc2.weight, fc2.bias, fc3.weight */
 
@@ -32,10 +32,8 @@ struct moe_expert_cache {
   int64_t *inserted, *used;  /* (K) clock at load and at last use */
   int64_t clock;
   /* the loader thread and its queue (at most K loads in flight) */
-  pthread_t thread;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int *q_expert, *q_slot, qhead, qlen, *ready, stop; /* ready: 0 loading, 1 loaded, -1 failed */
+  moe__worker w; /* w.mu guards the queue */
+  int *q_expert, *q_slot, qhead, qlen, *ready; /* ready: 0 loading, 1 loaded, -1 failed */
   int inflight;            /* the loader is reading a slot */
   int D, H, act, bias;     /* the layer shape the cache was opened for */
   moe_dtype dtype;         /* and its compute dtype: MOE_DT_F32 or MOE_DT_BF16 */
@@ -70,26 +68,26 @@ static void free_cache(moe_expert_cache *c) {
 
 static void *loader(void *arg) {
   moe_expert_cache *c = arg;
-  pthread_mutex_lock(&c->mu);
+  pthread_mutex_lock(&c->w.mu);
   for (;;) {
-    while (!c->qlen && !c->stop) pthread_cond_wait(&c->cv, &c->mu);
-    if (c->stop) break;
+    while (!c->qlen && !c->w.stop) pthread_cond_wait(&c->w.cv, &c->w.mu);
+    if (c->w.stop) break;
     int e = c->q_expert[c->qhead], s = c->q_slot[c->qhead];
     c->qhead = (c->qhead + 1) % c->K;
     c->qlen--;
     c->inflight = 1;
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->w.mu);
     moe_status st = load_expert(c, e, s); /* the copy runs while the caller computes */
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->w.mu);
     c->inflight = 0;
     if (st != MOE_OK && c->load_status == MOE_OK) {
       c->load_status = st;
       snprintf(c->load_error, sizeof c->load_error, "%s", moe_last_error());
     }
     c->ready[s] = st == MOE_OK ? 1 : -1;
-    pthread_cond_broadcast(&c->cv);
+    pthread_cond_broadcast(&c->w.cv);
   }
-  pthread_mutex_unlock(&c->mu);
+  pthread_mutex_unlock(&c->w.mu);
   return NULL;
 }
 
@@ -161,11 +159,7 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
   c->stats.resident_bytes = (size_t)K * c->slot_bytes;
   c->stats.expert_bytes = c->slot_bytes;
   c->stats.dtype = c->dtype;
-  pthread_mutex_init(&c->mu, NULL);
-  pthread_cond_init(&c->cv, NULL);
-  if (pthread_create(&c->thread, NULL, loader, c) != 0) {
-    pthread_mutex_destroy(&c->mu);
-    pthread_cond_destroy(&c->cv);
+  if (!moe__worker_start(&c->w, loader, c)) {
     free_cache(c);
     MOE_TRY(0, MOE_ERR_NOMEM, "expert cache: cannot start the loader thread");
   }
@@ -175,13 +169,7 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
 
 void moe_expert_cache_free(moe_expert_cache *c) {
   if (!c) return;
-  pthread_mutex_lock(&c->mu);
-  c->stop = 1;
-  pthread_cond_broadcast(&c->cv);
-  pthread_mutex_unlock(&c->mu);
-  pthread_join(c->thread, NULL);
-  pthread_mutex_destroy(&c->mu);
-  pthread_cond_destroy(&c->cv);
+  moe__worker_stop(&c->w);
   free_cache(c);
 }
 
@@ -252,7 +240,7 @@ moe_status moe__cache_forward(moe_layer_t *l) {
     if (state[e]) order[n++] = e;
   }
   c->stats.accesses += n;
-  pthread_mutex_lock(&c->mu);
+  pthread_mutex_lock(&c->w.mu);
   moe_status computed = MOE_OK; /* the first failure of the experts' GEMMs, reported after the loads settle */
   for (int i = 0; i < n && c->load_status == MOE_OK;) {
     /* queue the loads of the experts still missing, in order, while a slot can be given */
@@ -271,11 +259,11 @@ moe_status moe__cache_forward(moe_layer_t *l) {
       c->q_slot[tail] = v;
       c->qlen++;
       c->stats.misses++;
-      pthread_cond_broadcast(&c->cv);
+      pthread_cond_broadcast(&c->w.cv);
     }
     int e = order[i];
     if (c->where[e] < 0 || c->ready[c->where[e]] != 1) { /* not yet: wait for a load to finish */
-      pthread_cond_wait(&c->cv, &c->mu);
+      pthread_cond_wait(&c->w.cv, &c->w.mu);
       continue;
     }
     /* compute the run of consecutive resident experts starting at i, unlocked: the loader goes on */
@@ -286,23 +274,23 @@ moe_status moe__cache_forward(moe_layer_t *l) {
       c->used[c->where[ej]] = ++c->clock;
       state[ej] = 3; /* being computed: its slot stays */
     }
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->w.mu);
     moe_status cst = moe__experts_compute(l, e, order[run - 1] + 1, w, NULL); /* experts between: no rows */
     if (computed == MOE_OK) computed = cst;
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->w.mu);
     for (int j = i; j < run; j++) state[order[j]] = 2;
     i = run;
   }
   moe_status st = c->load_status;
   char msg[sizeof c->load_error];
   if (st != MOE_OK) { /* let queued loads finish, then forget every slot that is not loaded */
-    while (c->qlen || c->inflight) pthread_cond_wait(&c->cv, &c->mu);
+    while (c->qlen || c->inflight) pthread_cond_wait(&c->w.cv, &c->w.mu);
     for (int v = 0; v < c->K; v++)
       if (c->ready[v] != 1 && c->slot_expert[v] >= 0) c->where[c->slot_expert[v]] = -1, c->slot_expert[v] = -1;
     snprintf(msg, sizeof msg, "%s", c->load_error);
     c->load_status = MOE_OK; /* reported once */
   }
-  pthread_mutex_unlock(&c->mu);
+  pthread_mutex_unlock(&c->w.mu);
   MOE_TRY(st == MOE_OK, st, "expert cache: %s", msg);
   return computed;
 }
