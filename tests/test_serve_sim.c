@@ -522,4 +522,9 @@ TEST(serve_cli_placement) {
   ASSERT(strstr(err_text, "at least 2"));
   struct stat sb;
   ASSERT(stat(js, &sb) != 0);
+  char nodir[512]; /* a JSON that cannot be written: the path named, exit 1 */
+  test_tmp_path("no/such/dir/placement.json", nodir, sizeof nodir);
+  snprintf(args, sizeof args, "placement --trace '%s' --devices 2 --method greedy --out '%s'", tr, nodir);
+  ASSERT_EQ_INT(serve_moe(args), 1);
+  ASSERT(strstr(err_text, "placement.json") && strstr(err_text, "No such file"));
 }
