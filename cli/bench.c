@@ -139,36 +139,20 @@ static void barrier(const moe_dist *d) {
 }
 
 /* A forward with the router's last choice (fresh, from the forward just run) as cached experts, so that
- * the router runs alongside the experts: its time in *ms; it must give the same y bit for bit. */
-static int cached_forward(moe_layer_t *l, const float *x, const float *y, const int32_t *fresh, const bench_case *c,
-                          double *ms) {
+ * the router runs alongside the experts: its time in *ms; its output (into yc) must be y bit for bit.
+ * cache holds T k experts. */
+static int cached_forward(moe_layer_t *l, const float *x, const float *y, float *yc, const int32_t *fresh,
+                          int32_t *cache, const bench_case *c, double *ms) {
   moe_layer_stats st;
-  size_t tk = (size_t)c->T * c->k, td = (size_t)c->T * c->D;
-  int32_t *cache = malloc(tk * 4);
-  float *yc = malloc(td * 4);
-  int rc = 0;
-  if (!cache || !yc) {
-    rc = cli_usage_error(CMD, "out of memory");
-    goto done;
-  }
-  memcpy(cache, fresh, tk * 4); /* fresh is in the workspace that the forward reuses */
-  if (moe_layer_set_cached_experts(l, cache, c->T) != MOE_OK) {
-    rc = cli_fail(CMD);
-    goto done;
-  }
+  memcpy(cache, fresh, (size_t)c->T * c->k * 4); /* fresh is in the workspace that the forward reuses */
+  if (moe_layer_set_cached_experts(l, cache, c->T) != MOE_OK) return cli_fail(CMD);
   double s0 = cli_now();
-  if (moe_layer_forward(l, x, c->T, yc, NULL, &st) != MOE_OK) {
-    rc = cli_fail(CMD);
-    goto done;
-  }
+  if (moe_layer_forward(l, x, c->T, yc, NULL, &st) != MOE_OK) return cli_fail(CMD);
   *ms = (cli_now() - s0) * 1e3;
-  if (!st.router_overlapped || memcmp(y, yc, td * 4))
-    rc = cli_usage_error(CMD, "case %s: the forward with cached experts %s", c->name,
-                         st.router_overlapped ? "differs from the plain one" : "did not run the router alongside");
-done:
-  free(cache);
-  free(yc);
-  return rc;
+  if (!st.router_overlapped || memcmp(y, yc, (size_t)c->T * c->D * 4))
+    return cli_usage_error(CMD, "case %s: the forward with cached experts %s", c->name,
+                           st.router_overlapped ? "differs from the plain one" : "did not run the router alongside");
+  return 0;
 }
 
 static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_dispatch disp, moe_dtype dtype,
@@ -193,8 +177,9 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   float *x = malloc(td * 4), *y = malloc(td * 4), *dy = malloc(td * 4), *dx = malloc(td * 4);
   double *tf = malloc(sizeof(double) * (size_t)o->reps), *tb = malloc(sizeof(double) * (size_t)o->reps);
   double *tc = malloc(sizeof(double) * (size_t)o->reps);
+  int32_t *cache = malloc(sizeof(int32_t) * (size_t)c->T * c->k);
   int rc = 0;
-  if (!x || !y || !dy || !dx || !tf || !tb || !tc) { rc = cli_usage_error(CMD, "out of memory"); goto done; }
+  if (!x || !y || !dy || !dx || !tf || !tb || !tc || !cache) { rc = cli_usage_error(CMD, "out of memory"); goto done; }
   for (size_t i = 0; i < td; i++) { x[i] = urand(); dy[i] = urand(); }
   const float *xl = x + (size_t)t0 * c->D, *dyl = dy + (size_t)t0 * c->D;
   moe_layer_stats st;
@@ -215,7 +200,8 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
     if (moe_layer_backward(&l, dyl, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
     tf[r] = (s1 - s0) * 1e3;
     tb[r] = (cli_now() - s0) * 1e3;
-    if (!o->dist && (rc = cached_forward(&l, x, y, st.fresh, c, tc + r))) goto done;
+    /* dx is free once backward has written it: it takes the cached forward's output */
+    if (!o->dist && (rc = cached_forward(&l, x, y, dx, st.fresh, cache, c, tc + r))) goto done;
   }
   double fwd = median(tf, o->reps), fb = median(tb, o->reps), fwd_cached = o->dist ? 0 : median(tc, o->reps);
   moe_comm_stats cs;
@@ -255,7 +241,7 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
            fwd_cached, fb, gflops, gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
   fflush(stdout);
 done:
-  free(x); free(y); free(dy); free(dx); free(tf); free(tb); free(tc);
+  free(x); free(y); free(dy); free(dx); free(tf); free(tb); free(tc); free(cache);
   moe_layer_free(&l);
   return rc;
 }

@@ -127,13 +127,15 @@ static int get_f32(args_t *a, int slot, const moe_st *f, const char *name, int n
   return 0;
 }
 
-/* Rank 0 gets the ranks' pieces in rank order (without ranks: a copy). */
+/* Rank 0 gets the ranks' pieces in rank order; without ranks, a and out are one buffer already. */
 static int gather(const moe_dist *d, const float *a, size_t n, float *out) {
-  if (!d) {
-    if (n) memcpy(out, a, n * 4);
-    return 0;
-  }
-  return moe_dist_gather(d, a, (int)n, out) != MOE_OK ? cli_fail(CMD) : 0;
+  return d && moe_dist_gather(d, a, (int)n, out) != MOE_OK ? cli_fail(CMD) : 0;
+}
+
+/* dst = src with expert e's `bytes` at the file's position order[e]. */
+static void to_file_order(const args_t *a, int E, void *dst, const void *src, size_t bytes) {
+  for (int e = 0; e < E; e++)
+    memcpy((char *)dst + (size_t)a->order[e] * bytes, (const char *)src + (size_t)e * bytes, bytes);
 }
 
 /* The gradients of every weight: router gradients summed over the ranks, expert gradients gathered
@@ -155,7 +157,7 @@ static int add_grads(const args_t *a, moe_layer_t *l, moe_st_writer *w, float *s
     if (a->order && (expert_rows || gate_rows)) { /* back to the file's expert order */
       size_t per = (size_t)(p->numel * (expert_rows ? (size_t)moe_dist_size(a->dist) : 1)) / (size_t)l->cfg.E;
       float *u = scratch + (size_t)l->cfg.E * per;
-      for (int e = 0; e < l->cfg.E; e++) memcpy(u + (size_t)a->order[e] * per, g + (size_t)e * per, per * 4);
+      to_file_order(a, l->cfg.E, u, g, per * 4);
       g = u;
     }
     char name[128];
@@ -191,7 +193,7 @@ static int placement_order(args_t *a, const moe_st *wf) {
 /* --expert-capacity: exactly E non-negative counts, in the file's expert order. */
 static int set_capacities(const args_t *a, moe_layer_t *l) {
   int E = l->cfg.E, n = 0;
-  int32_t *cap = malloc(sizeof(int32_t) * (size_t)E);
+  int32_t *cap = malloc(sizeof(int32_t) * 2 * (size_t)E), *by_layer = cap + E;
   if (!cap) return cli_usage_error(CMD, "out of memory");
   const char *p = a->capacities;
   while (*p) {
@@ -208,14 +210,8 @@ static int set_capacities(const args_t *a, moe_layer_t *l) {
   int rc = 0;
   if (n != E) rc = cli_usage_error(CMD, "--expert-capacity: %d counts for %d experts", n, E);
   else {
-    if (a->order) { /* the layer's expert p is the file's expert order[p] */
-      int32_t *byfile = malloc(sizeof(int32_t) * (size_t)E);
-      if (!byfile) rc = cli_usage_error(CMD, "out of memory");
-      for (int e = 0; byfile && e < E; e++) byfile[e] = cap[a->order[e]];
-      if (byfile) memcpy(cap, byfile, sizeof(int32_t) * (size_t)E);
-      free(byfile);
-    }
-    if (!rc && moe_layer_set_expert_capacity(l, cap, 0) != MOE_OK) rc = cli_fail(CMD);
+    for (int e = 0; e < E; e++) by_layer[e] = cap[a->order ? a->order[e] : e]; /* the layer's e is the file's order[e] */
+    if (moe_layer_set_expert_capacity(l, by_layer, 0) != MOE_OK) rc = cli_fail(CMD);
   }
   free(cap);
   return rc;
@@ -251,10 +247,12 @@ static int run(args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_writer 
   int t0 = (int)((int64_t)T * r / W), t1 = (int)((int64_t)T * (r + 1) / W), Tl = t1 - t0;
   size_t td = (size_t)T * D, tl = (size_t)Tl * D, expert_max = 0;
   for (int i = 0; i < l->nparams; i++) expert_max = l->info[i].numel * (size_t)W > expert_max ? l->info[i].numel * (size_t)W : expert_max;
-  float *y = bufs[0] = malloc((td * (size_t)(k + 2) + 2 * expert_max + (size_t)l->cfg.E) * 4 + 16);
-  float *yl = bufs[1] = malloc(tl * (size_t)(k + 2) * 4 + 16);
-  if (!y || !yl) return cli_usage_error(CMD, "out of memory");
-  float *spec = y + td, *dx = spec + td * k, *scratch = dx + td;
+  /* this rank's outputs (yl, specl, dxl), gathered on rank 0 into (y, spec, dx): one process, the same */
+  float *yl = bufs[0] = malloc(tl * (size_t)(k + 2) * 4 + 16);
+  float *scratch = bufs[1] = malloc((2 * expert_max + (size_t)l->cfg.E) * 4 + 16);
+  float *y = a->dist ? (bufs[2] = malloc(td * (size_t)(k + 2) * 4 + 16)) : yl;
+  if (!yl || !scratch || !y) return cli_usage_error(CMD, "out of memory");
+  float *spec = y + td, *dx = spec + td * k;
   float *specl = yl + tl, *dxl = specl + tl * k;
   moe_layer_stats s;
   if (moe_layer_forward(l, a->in[0] + (size_t)t0 * D, Tl, yl, a->spec ? specl : NULL, &s) != MOE_OK)
@@ -263,7 +261,7 @@ static int run(args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_writer 
   int32_t dropped = s.dropped, capacity = s.capacity, *counts = (int32_t *)s.expert_counts;
   if (a->order) { /* the counts in the file's expert order */
     counts = (int32_t *)(scratch + 2 * expert_max);
-    for (int e = 0; e < l->cfg.E; e++) counts[a->order[e]] = s.expert_counts[e];
+    to_file_order(a, l->cfg.E, counts, s.expert_counts, sizeof *counts);
   }
   if (gather(a->dist, yl, tl, y) || (a->spec && gather(a->dist, specl, tl * k, spec))) return 1;
   int root = r == 0;
@@ -305,13 +303,13 @@ int cmd_layer_run(int argc, char **argv) {
   moe_st *wf = NULL, *xf = NULL;
   moe_st_writer *w = NULL;
   moe_layer_t l = {0};
-  float *bufs[2] = {NULL, NULL};
+  float *bufs[3] = {NULL, NULL, NULL};
   if (moe_st_open(&wf, a.weights) != MOE_OK || moe_st_open(&xf, a.input) != MOE_OK ||
       moe_st_writer_new(&w) != MOE_OK)
     rc = cli_fail(CMD);
   else
     rc = run(&a, wf, xf, &l, w, bufs);
-  for (int i = 0; i < 2; i++) free(bufs[i]);
+  for (int i = 0; i < 3; i++) free(bufs[i]);
   for (int i = 0; i < 5; i++) free(a.in[i]);
   free(a.order);
   moe_layer_free(&l);

@@ -41,10 +41,11 @@ static int trigger(const moe_metrics *m, moe_adjustment *out, void *user) {
   return 1;
 }
 
-static moe_status apply(dyncap *d, moe_model_t *m, const int32_t *cap) {
+/* Returns 1 when a layer refused its capacities (moe_last_error says why). */
+static int apply(dyncap *d, moe_model_t *m, const int32_t *cap) {
   for (int i = 0; i < d->L; i++)
-    MOE_CHECK_CLI(moe_layer_set_expert_capacity(&m->layers[i], cap + (size_t)i * d->E, d->B));
-  return MOE_OK;
+    if (moe_layer_set_expert_capacity(&m->layers[i], cap + (size_t)i * d->E, d->B) != MOE_OK) return 1;
+  return 0;
 }
 
 int dyncap_start(dyncap **out, moe_model_t *m, int B, int delta, float headroom) {
@@ -77,7 +78,7 @@ int dyncap_start(dyncap **out, moe_model_t *m, int B, int delta, float headroom)
     if (l->expert_capacity && l->expert_capacity_tokens == B)
       for (int e = 0; e < E; e++) d->cur[i * E + e] = d->decided[i * E + e] = l->expert_capacity[e];
   }
-  if (apply(d, m, d->cur) != MOE_OK || moe_recompile_new(&d->rc, L * E, delta, trigger, d) != MOE_OK) {
+  if (apply(d, m, d->cur) || moe_recompile_new(&d->rc, L * E, delta, trigger, d) != MOE_OK) {
     dyncap_free(d);
     return 1;
   }
@@ -104,7 +105,7 @@ int dyncap_begin(dyncap *d, moe_model_t *m, int64_t step) {
   }
   if (has) { /* the recompile: only the buffers whose sizes change grow */
     memcpy(d->cur, cap, sizeof(int32_t) * (size_t)n);
-    if (apply(d, m, d->cur) != MOE_OK) return 1;
+    if (apply(d, m, d->cur)) return 1;
   }
   return 0;
 }

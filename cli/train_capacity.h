@@ -6,12 +6,6 @@
 
 #include "moe.h"
 
-#define MOE_CHECK_CLI(expr)                  \
-  do {                                       \
-    moe_status s_ = (expr);                  \
-    if (s_ != MOE_OK) return s_;             \
-  } while (0)
-
 typedef struct dyncap dyncap;
 /* Every block starts at capacity_setting's C for batches of B; decisions take effect delta steps late. */
 int dyncap_start(dyncap **out, moe_model_t *m, int B, int delta, float headroom);
