@@ -196,11 +196,7 @@ static moe_status load_from(const moe_st *f, moe_model_t *m, moe_optim_t *o, moe
   moe_model_config c;
   MOE_CHECK(model_config(f, &c));
   moe_status st = moe_model_init(m, &c);
-  if (st != MOE_OK) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", moe_last_error());
-    return moe__error(st, __FILE__, __LINE__, "%s: %s", moe_st_path(f), msg);
-  }
+  MOE_TRY(st == MOE_OK, st, "%s: %s", moe_st_path(f), moe_last_error());
   for (int i = 0; i < m->nrefs; i++) MOE_CHECK(copy_tensor(f, stored_dtype(m, &m->refs[i]), m->refs[i].name, &m->refs[i], m->refs[i].data));
   int expected = m->nrefs;
   for (int i = 0; i < c.blocks; i++) {
@@ -283,11 +279,7 @@ static moe_status load_serving(moe_st *f, moe_model_t *m, int K, moe_cache_polic
   MOE_TRY(!K || (c.moe.dispatch == MOE_DISPATCH_DYNAMIC && !c.moe.inner_experts), MOE_ERR_ARG,
           "%s: expert buffering needs dispatch=dynamic and no hierarchical experts", moe_st_path(f));
   moe_status st = moe_model_init(m, &c);
-  if (st != MOE_OK) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", moe_last_error());
-    return moe__error(st, __FILE__, __LINE__, "%s: %s", moe_st_path(f), msg);
-  }
+  MOE_TRY(st == MOE_OK, st, "%s: %s", moe_st_path(f), moe_last_error());
   if (K) m->file = f;
   for (int i = 0; i < m->nrefs; i++) MOE_CHECK(serving_tensor(f, &m->refs[i]));
   for (int i = 0; !K && i < c.blocks; i++) { /* all resident: static dispatch keeps its capacities */

@@ -30,9 +30,11 @@ const char *moe_last_error(void) { return last_error; }
 moe_status moe__error(moe_status st, const char *file, int line, const char *fmt, ...) {
   (void)file;
   (void)line;
+  char msg[sizeof last_error]; /* the arguments may include moe_last_error() itself: a prefix to it */
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  memcpy(last_error, msg, sizeof msg);
   return st;
 }

@@ -7,7 +7,8 @@
 
 #include "moe.h"
 
-/* Records the message as the thread's last error and returns st (file and line are for debuggers). */
+/* Records the message as the thread's last error and returns st (file and line are for debuggers). The
+ * arguments may include moe_last_error(), to prefix the callee's message. */
 moe_status moe__error(moe_status st, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 

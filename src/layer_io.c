@@ -218,11 +218,7 @@ moe_status moe_layer_load(moe_layer_t *l, const moe_st *f, const moe_layer_overr
   MOE_CHECK(config_from_file(f, &c));
   apply_overrides(&c, o);
   moe_status st = moe_layer_init(l, &c);
-  if (st != MOE_OK) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", moe_last_error());
-    return moe__error(st, __FILE__, __LINE__, "%s: %s", moe_st_path(f), msg);
-  }
+  MOE_TRY(st == MOE_OK, st, "%s: %s", moe_st_path(f), moe_last_error());
   if (o && o->expert_order) { /* a permutation of the experts */
     char *seen = calloc((size_t)c.E, 1);
     int ok = seen != NULL;

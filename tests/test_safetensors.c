@@ -433,3 +433,22 @@ TEST(st_bad_metadata_duplicate_key) {
   EXPECT_BAD("metadup", "{\"__metadata__\": {\"k\": \"1\", \"k\": \"2\"}}", 0, 0, MOE_ERR_FORMAT,
              "duplicate __metadata__ key 'k'");
 }
+
+/* A failure inside moe_layer_init while loading a file comes back prefixed with the file's path, once,
+ * and the inner message intact (the prefix is formatted from moe_last_error() itself). */
+TEST(load_error_is_prefixed_by_the_path) {
+  const char *p = MOE_FIXTURE_DIR "/cosine_gelu_k2_dynamic/w.safetensors";
+  moe_st *f = NULL;
+  ASSERT_OK(moe_st_open(&f, p));
+  moe_layer_overrides o;
+  moe_layer_overrides_init(&o);
+  o.top_k = 99;
+  moe_layer_t l;
+  moe_status st = moe_layer_load(&l, f, &o);
+  moe_st_close(f);
+  ASSERT_STATUS(st, MOE_ERR_ARG);
+  const char *m = moe_last_error();
+  size_t n = strlen(p);
+  if (strncmp(m, p, n) || strncmp(m + n, ": ", 2) || strstr(m + n, p) || !strstr(m, "top_k must be in [1, E=6], got 99"))
+    FAIL_("message '%s'", m);
+}
