@@ -275,9 +275,7 @@ static moe_status load_serving(moe_st *f, moe_model_t *m, int K, moe_cache_polic
   moe_model_config c;
   MOE_CHECK(model_config(f, &c));
   if (dtype >= 0) c.moe.dtype = (moe_dtype)dtype;
-  c.moe.external_experts = K > 0;
-  MOE_TRY(!K || (c.moe.dispatch == MOE_DISPATCH_DYNAMIC && !c.moe.inner_experts), MOE_ERR_ARG,
-          "%s: expert buffering needs dispatch=dynamic and no hierarchical experts", moe_st_path(f));
+  c.moe.external_experts = K > 0; /* the layer's config check says what buffering cannot serve */
   moe_status st = moe_model_init(m, &c);
   MOE_TRY(st == MOE_OK, st, "%s: %s", moe_st_path(f), moe_last_error());
   if (K) m->file = f;

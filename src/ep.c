@@ -36,7 +36,7 @@ size_t moe__ep_route_bytes(const moe_layer_t *l) {
 
 moe_status moe__ep_sizes(moe_layer_t *l) {
   moe__layer_state *s = l->st;
-  int W = world(l), El = l->cfg.E / W, rank = moe_dist_rank(l->cfg.dist);
+  int W = world(l), El = l->cfg.E / W;
   moe__arena *a = &s->route;
   s->ex = moe__arena_alloc(a, 4 * (size_t)W * sizeof(int));
   s->rc = moe__arena_alloc(a, (size_t)l->cfg.E * 4);
@@ -62,7 +62,6 @@ moe_status moe__ep_sizes(moe_layer_t *l) {
     total += rrows[q];
   }
   s->ng = El;
-  s->e0 = rank * El;
   s->grows = total;
   s->goffs[0] = 0;
   for (int e = 0; e < El; e++) {

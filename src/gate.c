@@ -151,7 +151,8 @@ moe_status moe__gate_begin(moe_layer_t *l, const float *x, int T, int k) {
   return MOE_OK;
 }
 
-void moe__gate_rows(void *layer, int c) {
+/* Router chunk c: tokens [c GATE_ROWS, (c + 1) GATE_ROWS) (side work: the layer is the context). */
+static void gate_rows(void *layer, int c) {
   moe_layer_t *l = layer;
   moe__layer_state *s = l->st;
   int E = l->cfg.E, k = s->k, t0 = c * GATE_ROWS, t1 = t0 + GATE_ROWS < s->T ? t0 + GATE_ROWS : s->T;
@@ -203,7 +204,7 @@ moe_status moe__gate_end(moe_layer_t *l) {
   return MOE_OK;
 }
 
-moe__side_work moe__gate_work(moe_layer_t *l) { return (moe__side_work){moe__gate_rows, l, gate_chunks(l->st->T)}; }
+moe__side_work moe__gate_work(moe_layer_t *l) { return (moe__side_work){gate_rows, l, gate_chunks(l->st->T)}; }
 
 moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float dz, float *dx) {
   moe__layer_state *s = l->st;

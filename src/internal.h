@@ -67,4 +67,8 @@ moe_status moe__meta_bool(const moe_st *f, const char *key, int *out);
 moe_status moe__layer_meta_read(const moe_st *f, moe_layer_config *c);
 moe_status moe__layer_meta_write(const moe_layer_config *c, moe_st_writer *w);
 
+/* serve/trace.c: MOE_ERR_ARG, named after the caller fn, unless t is a trace with layer `layer` and
+ * steps [s0, s1) in range. */
+moe_status moe__trace_check_range(const moe_trace *t, int layer, int64_t s0, int64_t s1, const char *fn);
+
 #endif

@@ -331,16 +331,15 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   if (ep_static) { /* this rank's experts' slots of the (E, C, D) buffer (C each, or per-expert capacities) */
     int W = moe_dist_size(l->cfg.dist);
     s->ng = l->cfg.E / W;
-    s->e0 = moe_dist_rank(l->cfg.dist) * s->ng;
-    s->grows = s->offs[s->e0 + s->ng] - s->offs[s->e0];
+    int e0 = moe_dist_rank(l->cfg.dist) * s->ng; /* global id of this rank's first expert */
+    s->grows = s->offs[e0 + s->ng] - s->offs[e0];
     s->goffs = moe__arena_alloc(&s->route, (size_t)(s->ng + 1) * 4);
     MOE_TRY(s->goffs, MOE_ERR_STATE, "internal: routing workspace too small");
-    for (int e = 0; e <= s->ng; e++) s->goffs[e] = s->offs[s->e0 + e] - s->offs[s->e0];
+    for (int e = 0; e <= s->ng; e++) s->goffs[e] = s->offs[e0 + e] - s->offs[e0];
   } else if (ep) {
     MOE_CHECK(moe__ep_sizes(l)); /* the size exchange: now the rows this rank's experts get are known */
   } else {
     s->ng = l->cfg.E;
-    s->e0 = 0;
     s->grows = s->rows;
     s->goffs = s->offs;
   }

@@ -54,7 +54,7 @@ struct moe__layer_state {
   /* the expert groups that experts.c computes: this process's experts. Without expert parallelism
    * they alias the dispatch buffers (ng = E, goffs = offs, gx = xs, gout = out, grows = rows);
    * expert-parallel they hold the rows received from every rank, expert-major (ep.c). */
-  int ng, grows, e0;    /* groups, their rows, global id of group 0 */
+  int ng, grows;        /* groups, their rows */
   int32_t *goffs;       /* (ng + 1) */
   float *gx, *gout;     /* (grows, D) */
   /* expert parallelism (ep.c) */
@@ -93,7 +93,6 @@ void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w);
  * (side work, moe__gate_work), and end (the losses from the chunks' sums). */
 size_t moe__gate_bytes(const moe_layer_t *l, int T, int k);
 moe_status moe__gate_begin(moe_layer_t *l, const float *x, int T, int k);
-void moe__gate_rows(void *layer, int chunk);
 moe__side_work moe__gate_work(moe_layer_t *l);
 moe_status moe__gate_end(moe_layer_t *l);
 /* dw (T, k): gradient of the combine weights. Adds router grads; dx += router contribution. */

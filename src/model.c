@@ -78,7 +78,6 @@ moe_status moe_model_init(moe_model_t *m, const moe_model_config *c) {
   m->layers = calloc((size_t)L, sizeof *m->layers);
   m->st = calloc(1, sizeof *m->st);
   size_t dense = (size_t)D * in + D + (size_t)L * 2 * D + 2 * D + (size_t)C * D + C;
-  MOE_TRY(!c->moe.dist || c->moe.inner_experts == 0, MOE_ERR_ARG, "model: expert parallelism does not support hierarchical MoE yet");
   m->dense = calloc(dense, 4);
   m->dense_grad = calloc(dense, 4);
   size_t per_layer = 12 + (size_t)(c->moe.inner_experts ? c->moe.E : 0) * 12;

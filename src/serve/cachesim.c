@@ -72,11 +72,7 @@ static int pick_min(const slot *s, int E) {
 moe_status moe_cachesim(const moe_trace *t, int layer, int64_t s0, int64_t s1, moe_cache_policy p, int K,
                         int64_t *accesses, int64_t *misses) {
   MOE_TRY(t && accesses && misses, MOE_ERR_ARG, "moe_cachesim: NULL argument");
-  MOE_TRY(layer >= 0 && layer < t->layers, MOE_ERR_ARG, "moe_cachesim: layer %d out of range (trace has %d layers)",
-          layer, t->layers);
-  MOE_TRY(0 <= s0 && s0 <= s1 && s1 <= t->steps, MOE_ERR_ARG,
-          "moe_cachesim: steps [%lld, %lld) out of range (trace has %lld steps)", (long long)s0, (long long)s1,
-          (long long)t->steps);
+  MOE_CHECK(moe__trace_check_range(t, layer, s0, s1, "moe_cachesim"));
   MOE_TRY((unsigned)p < 4, MOE_ERR_ARG, "moe_cachesim: unknown policy %d", (int)p);
   MOE_TRY(K >= 1, MOE_ERR_ARG, "moe_cachesim: cache size must be >= 1, got %d", K);
   const int E = t->experts, L = t->layers;

@@ -29,11 +29,7 @@ moe_status moe_placement_method_parse(const char *s, const char *field, moe_plac
 }
 
 static moe_status check_args(const moe_trace *t, int layer, int64_t s0, int64_t s1, int devices, const char *fn) {
-  MOE_TRY(t, MOE_ERR_ARG, "%s: NULL trace", fn);
-  MOE_TRY(layer >= 0 && layer < t->layers, MOE_ERR_ARG, "%s: layer %d out of range (trace has %d layers)", fn, layer,
-          t->layers);
-  MOE_TRY(0 <= s0 && s0 <= s1 && s1 <= t->steps, MOE_ERR_ARG, "%s: steps [%lld, %lld) out of range (trace has %lld steps)",
-          fn, (long long)s0, (long long)s1, (long long)t->steps);
+  MOE_CHECK(moe__trace_check_range(t, layer, s0, s1, fn));
   MOE_TRY(devices >= 1, MOE_ERR_ARG, "%s: devices must be >= 1, got %d", fn, devices);
   return MOE_OK;
 }

@@ -180,6 +180,15 @@ moe_status moe_trace_load(moe_trace *t, const char *path, int experts) {
   return st;
 }
 
+moe_status moe__trace_check_range(const moe_trace *t, int layer, int64_t s0, int64_t s1, const char *fn) {
+  MOE_TRY(t, MOE_ERR_ARG, "%s: NULL trace", fn);
+  MOE_TRY(layer >= 0 && layer < t->layers, MOE_ERR_ARG, "%s: layer %d out of range (trace has %d layers)", fn, layer,
+          t->layers);
+  MOE_TRY(0 <= s0 && s0 <= s1 && s1 <= t->steps, MOE_ERR_ARG, "%s: steps [%lld, %lld) out of range (trace has %lld steps)",
+          fn, (long long)s0, (long long)s1, (long long)t->steps);
+  return MOE_OK;
+}
+
 void moe_trace_free(moe_trace *t) {
   if (!t) return;
   free(t->tokens);
