@@ -10,7 +10,6 @@
  * routing of all tokens is gathered so that each rank places its assignments where one process
  * would; the owners of each expert sum the ranks' buffers (a reduce-scatter: slots are disjoint),
  * and every rank gathers all expert outputs for its combine (an all-gather). */
-#include <stdlib.h>
 #include <string.h>
 
 #include "dist/dist.h"
@@ -111,16 +110,21 @@ static void scaled(const moe_layer_t *l, int reverse, int *out) {
   }
 }
 
+/* The token exchange (reverse: the way back), with its time and the bytes sent to other ranks booked. */
+static moe_status exchange(moe_layer_t *l, int reverse, const float *send, float *recv) {
+  int W = world(l), c[4 * MOE__EP_MAX_RANKS];
+  scaled(l, reverse, c);
+  double t0 = moe__now(), sent = 0;
+  for (int q = 0; q < W; q++) sent += q == moe_dist_rank(l->cfg.dist) ? 0 : 4.0 * c[q];
+  MOE_CHECK(moe__dist_alltoallv_f32(l->cfg.dist, send, c, c + W, recv, c + 2 * W, c + 3 * W));
+  book(l, t0, sent);
+  return MOE_OK;
+}
+
 moe_status moe__ep_scatter(moe_layer_t *l, const float *rows, float *g) {
   moe__layer_state *s = l->st;
-  int W = world(l), D = l->cfg.D, c[4 * 64];
-  int *cn = W <= 64 ? c : NULL;
-  MOE_TRY(cn, MOE_ERR_ARG, "expert parallelism supports up to 64 ranks, got %d", W);
-  scaled(l, 0, cn);
-  double t0 = moe__now(), sent = 0;
-  for (int q = 0; q < W; q++) sent += q == moe_dist_rank(l->cfg.dist) ? 0 : 4.0 * cn[q];
-  MOE_CHECK(moe__dist_alltoallv_f32(l->cfg.dist, rows, cn, cn + W, s->xr, cn + 2 * W, cn + 3 * W)); /* 2. */
-  book(l, t0, sent);
+  int D = l->cfg.D;
+  MOE_CHECK(exchange(l, 0, rows, s->xr)); /* 2. */
 #pragma omp parallel for num_threads(s->threads) schedule(static)
   for (int i = 0; i < s->grows; i++) /* 3. expert-major */
     memcpy(g + (size_t)i * D, s->xr + (size_t)s->perm[i] * D, (size_t)D * 4);
@@ -129,25 +133,18 @@ moe_status moe__ep_scatter(moe_layer_t *l, const float *rows, float *g) {
 
 moe_status moe__ep_gather(moe_layer_t *l, float *g, float *rows) {
   moe__layer_state *s = l->st;
-  int W = world(l), D = l->cfg.D, c[4 * 64];
-  MOE_TRY(W <= 64, MOE_ERR_ARG, "expert parallelism supports up to 64 ranks, got %d", W);
+  int D = l->cfg.D;
   float *stage = g == s->xr ? s->gx : s->xr; /* any dead buffer of the same size */
 #pragma omp parallel for num_threads(s->threads) schedule(static)
   for (int i = 0; i < s->grows; i++)
     memcpy(stage + (size_t)s->perm[i] * D, g + (size_t)i * D, (size_t)D * 4);
-  scaled(l, 1, c);
-  double t0 = moe__now(), sent = 0;
-  for (int q = 0; q < W; q++) sent += q == moe_dist_rank(l->cfg.dist) ? 0 : 4.0 * c[q];
-  MOE_CHECK(moe__dist_alltoallv_f32(l->cfg.dist, stage, c, c + W, rows, c + 2 * W, c + 3 * W));
-  book(l, t0, sent);
-  return MOE_OK;
+  return exchange(l, 1, stage, rows);
 }
 
 moe_status moe__ep_static_view(moe_layer_t *l, int T) {
   moe__layer_state *s = l->st;
   int W = world(l), r = moe_dist_rank(l->cfg.dist);
-  double n[64] = {0};
-  MOE_TRY(W <= 64, MOE_ERR_ARG, "expert parallelism supports up to 64 ranks, got %d", W);
+  double n[MOE__EP_MAX_RANKS] = {0};
   n[r] = T;
   MOE_CHECK(moe_dist_allreduce(l->cfg.dist, n, W));
   double t0 = 0, tg = 0;
@@ -167,35 +164,28 @@ size_t moe__ep_static_route_bytes(const moe_layer_t *l) {
          moe__arena_size(Tg * 8);
 }
 
-/* Floats in each owner's block of the (E, C, D) buffer: its experts' slots (C each, or per-expert
- * capacities), the same on every rank. */
-static int *static_blocks(const moe_layer_t *l) {
+/* n (W): floats in each owner's block of the (E, C, D) buffer: its experts' slots (C each, or
+ * per-expert capacities), the same on every rank. */
+static void static_blocks(const moe_layer_t *l, int *n) {
   int W = world(l), El = l->cfg.E / W, D = l->cfg.D;
-  int *n = malloc(sizeof(int) * (size_t)W);
-  for (int r = 0; n && r < W; r++) n[r] = (l->st->offs[(r + 1) * El] - l->st->offs[r * El]) * D;
-  return n;
+  for (int r = 0; r < W; r++) n[r] = (l->st->offs[(r + 1) * El] - l->st->offs[r * El]) * D;
 }
 
 moe_status moe__ep_static_scatter(moe_layer_t *l, const float *rows, float *g) {
   double t0 = moe__now(), others = 0;
-  int *n = static_blocks(l), me = moe_dist_rank(l->cfg.dist);
-  MOE_TRY(n, MOE_ERR_NOMEM, "out of memory");
+  int n[MOE__EP_MAX_RANKS], me = moe_dist_rank(l->cfg.dist);
+  static_blocks(l, n);
   for (int r = 0; r < world(l); r++) others += r == me ? 0 : n[r];
-  moe_status st = moe__dist_reduce_scatter_f32(l->cfg.dist, rows, g, n);
-  free(n);
-  MOE_CHECK(st);
+  MOE_CHECK(moe__dist_reduce_scatter_f32(l->cfg.dist, rows, g, n));
   book(l, t0, 4.0 * others); /* every other owner's block */
   return MOE_OK;
 }
 
 moe_status moe__ep_static_gather(moe_layer_t *l, const float *g, float *rows) {
   double t0 = moe__now();
-  int *n = static_blocks(l);
-  MOE_TRY(n, MOE_ERR_NOMEM, "out of memory");
-  moe_status st = moe__dist_allgather_f32(l->cfg.dist, g, rows, n);
-  double mine = n[moe_dist_rank(l->cfg.dist)];
-  free(n);
-  MOE_CHECK(st);
-  book(l, t0, 4.0 * mine * (world(l) - 1)); /* this owner's block, to every other rank */
+  int n[MOE__EP_MAX_RANKS];
+  static_blocks(l, n);
+  MOE_CHECK(moe__dist_allgather_f32(l->cfg.dist, g, rows, n));
+  book(l, t0, 4.0 * n[moe_dist_rank(l->cfg.dist)] * (world(l) - 1)); /* this owner's block, to every other rank */
   return MOE_OK;
 }

@@ -58,6 +58,8 @@ static moe_status check_config(const moe_layer_config *c) {
   MOE_TRY(c->inner_experts >= 0, MOE_ERR_ARG, "config: inner_experts must be >= 0, got %d", c->inner_experts);
   if (c->dist) {
     int W = moe_dist_size(c->dist);
+    MOE_TRY(W <= MOE__EP_MAX_RANKS, MOE_ERR_ARG, "expert parallelism supports up to %d ranks, got %d",
+            MOE__EP_MAX_RANKS, W);
     MOE_TRY(c->E % W == 0, MOE_ERR_ARG, "config: expert parallelism needs E divisible by the ranks (E=%d, W=%d)",
             c->E, W);
     MOE_TRY(c->inner_experts == 0, MOE_ERR_ARG, "config: expert parallelism does not support hierarchical MoE yet");

@@ -130,9 +130,11 @@ moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs);
 moe_status moe__inner_forward(moe_layer_t *l);
 moe_status moe__inner_backward(moe_layer_t *l, const float *dout, float daux, float dz, float *dxs);
 
-/* ep.c: expert parallelism. After routing: the size exchange (per-expert counts to the experts'
+/* ep.c: expert parallelism, over at most MOE__EP_MAX_RANKS ranks (per-rank bookkeeping on the stack;
+ * moe_layer_init refuses more). After routing: the size exchange (per-expert counts to the experts'
  * owners), then the token exchange into expert-major groups; and the way back. */
 size_t moe__ep_route_bytes(const moe_layer_t *l);
+#define MOE__EP_MAX_RANKS 64
 moe_status moe__ep_sizes(moe_layer_t *l);
 size_t moe__ep_work_bytes(const moe_layer_t *l);
 /* Allocates the exchange buffers (xr, gx, gout) and the expert-major permutation. */
