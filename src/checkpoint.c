@@ -121,10 +121,7 @@ static moe_status copy_tensor(const moe_st *f, moe_dtype want, const char *name,
   MOE_CHECK(moe_st_get(f, name, &v));
   MOE_TRY(v.dtype == want, MOE_ERR_DTYPE, "%s: tensor '%s' has dtype %s, want %s", moe_st_path(f), name,
           moe_dtype_name(v.dtype), moe_dtype_name(want));
-  int same = v.ndim == r->ndim;
-  for (int d = 0; same && d < r->ndim; d++) same = v.shape[d] == r->shape[d];
-  MOE_TRY(same, MOE_ERR_SHAPE, "%s: tensor '%s' does not have the shape the configuration gives", moe_st_path(f),
-          name);
+  MOE_CHECK(moe__st_expect_shape(f, &v, name, r->ndim, r->shape));
   return moe_st_view_f32(f, &v, 0, r->numel, dst); /* from memory, or the file when lazy */
 }
 

@@ -57,6 +57,11 @@ void moe__from_bf16(float *dst, const uint16_t *src, size_t n, int nt);
 /* Index of s in names[n] into *out; otherwise MOE_ERR_ARG naming `field`, the value and the choices. */
 moe_status moe__parse_name(const char *s, const char *field, const char *const *names, int n, int *out);
 
+/* MOE_ERR_SHAPE naming the file, the tensor and both shapes unless v (tensor `name` of f) has shape
+ * (ndim) (safetensors.c). */
+moe_status moe__st_expect_shape(const moe_st *f, const moe_tensor_view *v, const char *name, int ndim,
+                                const int64_t *shape);
+
 /* __metadata__ values of a safetensors file (layer_io.c): absent keys leave *out as it is; values
  * that do not parse are MOE_ERR_FORMAT naming the file and key. */
 moe_status moe__meta_int(const moe_st *f, const char *key, int *out);

@@ -185,22 +185,8 @@ static moe_status copy_params(moe_layer_t *l, const moe_st *f, const int32_t *or
     /* expert-parallel, this rank's experts are a slice of the file's (E, ...) tensors */
     int sliced = !strncmp(p->name, "experts.", 8) && l->cfg.dist;
     int64_t El = p->shape[0], e0 = sliced ? (int64_t)moe_dist_rank(l->cfg.dist) * El : 0;
-    int same = v.ndim == p->ndim;
-    for (int d = 0; same && d < p->ndim; d++) same = v.shape[d] == (d == 0 && sliced ? l->cfg.E : p->shape[d]);
-    if (!same) {
-      char want[64], got[96];
-      int n = snprintf(want, sizeof want, "(");
-      for (int d = 0; d < p->ndim; d++)
-        n += snprintf(want + n, sizeof want - n, "%s%lld", d ? ", " : "",
-                      (long long)(d == 0 && sliced ? l->cfg.E : p->shape[d]));
-      snprintf(want + n, sizeof want - n, ")");
-      n = snprintf(got, sizeof got, "(");
-      for (int d = 0; d < v.ndim && n < (int)sizeof got - 24; d++)
-        n += snprintf(got + n, sizeof got - n, "%s%lld", d ? ", " : "", (long long)v.shape[d]);
-      snprintf(got + n, sizeof got - n, ")");
-      return moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: tensor '%s' has shape %s, want %s", path,
-                        p->name, got, want);
-    }
+    int64_t want[3] = {sliced ? l->cfg.E : p->shape[0], p->shape[1], p->shape[2]}; /* the file holds all E */
+    MOE_CHECK(moe__st_expect_shape(f, &v, p->name, p->ndim, want));
     MOE_CHECK(copy_rows(l, f, p, &v, order, sliced, e0));
   }
   for (int i = 0; i < moe_st_count(f); i++) {

@@ -361,6 +361,25 @@ moe_status moe_st_get(const moe_st *f, const char *name, moe_tensor_view *v) {
 
 int moe_st_has(const moe_st *f, const char *name) { return find(f, name) != NULL; }
 
+/* "(a, b, c)" of n dims into buf. */
+static void shape_str(char *buf, size_t size, const int64_t *shape, int n) {
+  int w = snprintf(buf, size, "(");
+  for (int d = 0; d < n && w < (int)size - 24; d++) w += snprintf(buf + w, size - w, "%s%lld", d ? ", " : "", (long long)shape[d]);
+  snprintf(buf + w, size - w, ")");
+}
+
+moe_status moe__st_expect_shape(const moe_st *f, const moe_tensor_view *v, const char *name, int ndim,
+                                const int64_t *shape) {
+  int same = v->ndim == ndim;
+  for (int d = 0; same && d < ndim; d++) same = v->shape[d] == shape[d];
+  if (same) return MOE_OK;
+  char want[96], got[96];
+  shape_str(want, sizeof want, shape, ndim);
+  shape_str(got, sizeof got, v->shape, v->ndim);
+  return moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: tensor '%s' has shape %s, want %s", moe_st_path(f), name,
+                    got, want);
+}
+
 moe_status moe_st_view_f32(const moe_st *f, const moe_tensor_view *v, size_t off, size_t n, float *dst) {
   MOE_TRY(v->dtype == MOE_DT_F32 || v->dtype == MOE_DT_BF16, MOE_ERR_DTYPE,
           "%s: tensor '%s' has dtype %s, want F32 or BF16", f->path, v->name, moe_dtype_name(v->dtype));
