@@ -106,8 +106,8 @@ static moe_status config_from_file(const moe_st *f, moe_layer_config *c) {
   c->E = (int)v.shape[0];
   c->H = (int)v.shape[1];
   c->D = (int)v.shape[2];
-  c->router = moe_st_has(f, "gate.proj.weight") ? MOE_ROUTER_COSINE : MOE_ROUTER_LINEAR;
-  META_ENUM(f, "router", moe_router_parse, c->router);
+  c->router = moe_st_has(f, "gate.proj.weight") ? MOE_ROUTER_COSINE : MOE_ROUTER_LINEAR; /* unless metadata says */
+  MOE_CHECK(moe__layer_meta_read(f, c));
   if (c->router == MOE_ROUTER_COSINE) {
     MOE_CHECK(moe_st_get(f, "gate.weight", &v));
     MOE_TRY(v.ndim == 2, MOE_ERR_SHAPE, "%s: gate.weight must be (E, P), got %d dims", path, v.ndim);
@@ -115,7 +115,7 @@ static moe_status config_from_file(const moe_st *f, moe_layer_config *c) {
   }
   c->gate_bias = moe_st_has(f, "gate.bias");
   c->expert_bias = moe_st_has(f, "experts.fc1.bias") || moe_st_has(f, "experts.fc2.bias");
-  return moe__layer_meta_read(f, c);
+  return MOE_OK;
 }
 
 moe_status moe__layer_meta_read(const moe_st *f, moe_layer_config *c) {
