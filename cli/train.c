@@ -288,7 +288,8 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   }
   if (tw.f && trace_close(&tw) != MOE_OK && !rc) rc = 1;
   train_batch_free(&tb);
-  if (dc && !rc) dyncap_report(dc, o->json ? stderr : stdout);
+  if (dc && !rc && moe_dist_rank(o->model.moe.dist) == 0) /* rank 0 reports, as on stdout */
+    dyncap_report(dc, o->json ? stderr : stdout);
   dyncap_free(dc);
   assign_cache_free(ac);
   if (rc) return rc;
