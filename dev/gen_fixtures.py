@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Generate the PyTorch reference fixtures of libmoe's MoE layer (shared/DESIGN.md 4.1).
+"""Generate the PyTorch reference fixtures of libmoe's MoE layer (docs/DESIGN.md 4.1).
 
 For every case below this writes three safetensors files into <outdir>/<case>/:
   w.safetensors    the layer's weights (F32) and its options in __metadata__

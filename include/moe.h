@@ -2,7 +2,7 @@
  *
  * The one public header. Every exported symbol starts with moe_. Functions that can fail return
  * moe_status (0 = ok) and leave a message in moe_last_error(). Tensors are row-major float32 unless
- * said otherwise. The layer semantics are those of shared/DESIGN.md 4.1.
+ * said otherwise. The layer semantics are those of docs/DESIGN.md 4.1.
  */
 #ifndef MOE_H
 #define MOE_H

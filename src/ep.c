@@ -6,10 +6,9 @@
  *   3. the owner reorders the received rows expert-major (rows of local expert e from every rank
  *      together), so each expert's GEMM shape does not depend on W.
  * The way back is the inverse permutation and the reverse all-to-all-v.
- * Static dispatch keeps GShard's fixed (E, C, D) buffers, with the positions of one process: the
- * routing of all tokens is gathered so that each rank places its assignments where one process
- * would; the owners of each expert sum the ranks' buffers (a reduce-scatter: slots are disjoint),
- * and every rank gathers all expert outputs for its combine (an all-gather). */
+ * This file is that transport (moe__transport_a2a: dynamic dispatch; the all-to-all is Linear or 2DH,
+ * as moe_dist_set_a2a chose) and the bookkeeping that static dispatch's transport (ep_static.c)
+ * shares. */
 #include <string.h>
 
 #include "dist/dist.h"
@@ -17,8 +16,7 @@
 
 static int world(const moe_layer_t *l) { return moe_dist_size(l->cfg.dist); }
 
-/* Books one exchange: its time since t0 and the bytes this rank sent to others. */
-static void book(moe_layer_t *l, double t0, double bytes) {
+void moe__ep_book(moe_layer_t *l, double t0, double bytes) {
   l->st->comm.seconds += moe__now() - t0;
   l->st->comm.bytes += bytes;
   l->st->comm.exchanges++;
@@ -33,66 +31,66 @@ size_t moe__ep_route_bytes(const moe_layer_t *l) {
          moe__arena_size((2 * E + 2) * sizeof(double)) + moe__arena_size(6 * W * sizeof(int));
 }
 
-moe_status moe__ep_sizes(moe_layer_t *l) {
+static moe_status a2a_groups(moe_layer_t *l) {
   moe__layer_state *s = l->st;
   int W = world(l), El = l->cfg.E / W;
   moe__arena *a = &s->route;
-  s->ex = moe__arena_alloc(a, 4 * (size_t)W * sizeof(int));
-  s->rc = moe__arena_alloc(a, (size_t)l->cfg.E * 4);
-  s->goffs = moe__arena_alloc(a, (size_t)(El + 1) * 4);
+  s->p.ex = moe__arena_alloc(a, 4 * (size_t)W * sizeof(int));
+  s->p.rc = moe__arena_alloc(a, (size_t)l->cfg.E * 4);
+  s->p.goffs = moe__arena_alloc(a, (size_t)(El + 1) * 4);
   int *cnt = moe__arena_alloc(a, 6 * (size_t)W * sizeof(int));
-  MOE_TRY(s->ex && s->rc && s->goffs && cnt, MOE_ERR_STATE, "internal: exchange workspace too small");
+  MOE_TRY(s->p.ex && s->p.rc && s->p.goffs && cnt, MOE_ERR_STATE, "internal: exchange workspace too small");
   int *sc = cnt, *sd = cnt + W, *rcn = cnt + 2 * W, *rd = cnt + 3 * W;
   for (int q = 0; q < W; q++) {
     sc[q] = rcn[q] = El;
     sd[q] = rd[q] = q * El;
   }
   double t0 = moe__now();
-  MOE_CHECK(moe__dist_alltoallv_i32(l->cfg.dist, s->kept, sc, sd, s->rc, rcn, rd)); /* 1. sizes */
-  book(l, t0, 4.0 * El * (W - 1));
-  int *srows = s->ex, *sdisp = s->ex + W, *rrows = s->ex + 2 * W, *rdisp = s->ex + 3 * W;
+  MOE_CHECK(moe__dist_alltoallv_i32(l->cfg.dist, s->p.kept, sc, sd, s->p.rc, rcn, rd)); /* 1. sizes */
+  moe__ep_book(l, t0, 4.0 * El * (W - 1));
+  int *srows = s->p.ex, *sdisp = s->p.ex + W, *rrows = s->p.ex + 2 * W, *rdisp = s->p.ex + 3 * W;
   int total = 0;
   for (int q = 0; q < W; q++) {
-    srows[q] = s->offs[(q + 1) * El] - s->offs[q * El];
-    sdisp[q] = s->offs[q * El];
+    srows[q] = s->p.offs[(q + 1) * El] - s->p.offs[q * El];
+    sdisp[q] = s->p.offs[q * El];
     rrows[q] = 0;
-    for (int e = 0; e < El; e++) rrows[q] += s->rc[q * El + e];
+    for (int e = 0; e < El; e++) rrows[q] += s->p.rc[q * El + e];
     rdisp[q] = total;
     total += rrows[q];
   }
-  s->ng = El;
-  s->grows = total;
-  s->goffs[0] = 0;
+  s->p.ng = El;
+  s->p.grows = total;
+  s->p.goffs[0] = 0;
   for (int e = 0; e < El; e++) {
     int n = 0;
-    for (int q = 0; q < W; q++) n += s->rc[q * El + e];
-    s->goffs[e + 1] = s->goffs[e] + n;
+    for (int q = 0; q < W; q++) n += s->p.rc[q * El + e];
+    s->p.goffs[e + 1] = s->p.goffs[e] + n;
   }
   return MOE_OK;
 }
 
 size_t moe__ep_work_bytes(const moe_layer_t *l) {
-  size_t R = (size_t)l->st->grows, D = (size_t)l->cfg.D;
+  size_t R = (size_t)l->st->p.grows, D = (size_t)l->cfg.D;
   return moe__arena_size(R * 4) + 3 * moe__arena_size(R * D * 4); /* perm, xr, gx, gout */
 }
 
-moe_status moe__ep_plan(moe_layer_t *l) {
+static moe_status a2a_alloc(moe_layer_t *l) {
   moe__layer_state *s = l->st;
-  int W = world(l), El = s->ng, R = s->grows, D = l->cfg.D;
+  int W = world(l), El = s->p.ng, R = s->p.grows, D = l->cfg.D;
   moe__arena *a = &s->work;
-  s->perm = moe__arena_alloc(a, (size_t)R * 4);
+  s->p.perm = moe__arena_alloc(a, (size_t)R * 4);
   s->xr = moe__arena_alloc(a, (size_t)R * D * 4);
   s->gx = moe__arena_alloc(a, (size_t)R * D * 4);
   s->gout = moe__arena_alloc(a, (size_t)R * D * 4);
-  MOE_TRY((s->perm && s->xr && s->gx && s->gout) || R == 0, MOE_ERR_STATE, "internal: exchange workspace too small");
-  const int *rdisp = s->ex + 3 * W;
+  MOE_TRY((s->p.perm && s->xr && s->gx && s->gout) || R == 0, MOE_ERR_STATE, "internal: exchange workspace too small");
+  const int *rdisp = s->p.ex + 3 * W;
   for (int q = 0; q < W; q++) {
     int src = rdisp[q];
     for (int e = 0; e < El; e++) {
-      int dst = s->goffs[e];
-      for (int p = 0; p < q; p++) dst += s->rc[p * El + e]; /* rows of e from lower ranks first */
-      for (int i = 0; i < s->rc[q * El + e]; i++) s->perm[dst + i] = src + i;
-      src += s->rc[q * El + e];
+      int dst = s->p.goffs[e];
+      for (int p = 0; p < q; p++) dst += s->p.rc[p * El + e]; /* rows of e from lower ranks first */
+      for (int i = 0; i < s->p.rc[q * El + e]; i++) s->p.perm[dst + i] = src + i;
+      src += s->p.rc[q * El + e];
     }
   }
   return MOE_OK;
@@ -101,7 +99,7 @@ moe_status moe__ep_plan(moe_layer_t *l) {
 /* Row counts of the exchange, times D, in the order MPI wants (send, sdispl, recv, rdispl). */
 static void scaled(const moe_layer_t *l, int reverse, int *out) {
   int W = world(l), D = l->cfg.D;
-  const int *ex = l->st->ex;
+  const int *ex = l->st->p.ex;
   for (int q = 0; q < W; q++) {
     out[q] = ex[(reverse ? 2 : 0) * W + q] * D;
     out[W + q] = ex[(reverse ? 3 : 1) * W + q] * D;
@@ -117,75 +115,49 @@ static moe_status exchange(moe_layer_t *l, int reverse, const float *send, float
   double t0 = moe__now(), sent = 0;
   for (int q = 0; q < W; q++) sent += q == moe_dist_rank(l->cfg.dist) ? 0 : 4.0 * c[q];
   MOE_CHECK(moe__dist_alltoallv_f32(l->cfg.dist, send, c, c + W, recv, c + 2 * W, c + 3 * W));
-  book(l, t0, sent);
+  moe__ep_book(l, t0, sent);
   return MOE_OK;
 }
 
-moe_status moe__ep_scatter(moe_layer_t *l, const float *rows, float *g) {
+static moe_status a2a_send(moe_layer_t *l, const float *rows, float *g) {
   moe__layer_state *s = l->st;
   int D = l->cfg.D;
   MOE_CHECK(exchange(l, 0, rows, s->xr)); /* 2. */
 #pragma omp parallel for num_threads(s->threads) schedule(static)
-  for (int i = 0; i < s->grows; i++) /* 3. expert-major */
-    memcpy(g + (size_t)i * D, s->xr + (size_t)s->perm[i] * D, (size_t)D * 4);
+  for (int i = 0; i < s->p.grows; i++) /* 3. expert-major */
+    memcpy(g + (size_t)i * D, s->xr + (size_t)s->p.perm[i] * D, (size_t)D * 4);
   return MOE_OK;
 }
 
-moe_status moe__ep_gather(moe_layer_t *l, float *g, float *rows) {
+static moe_status a2a_recv(moe_layer_t *l, float *g, float *rows) {
   moe__layer_state *s = l->st;
   int D = l->cfg.D;
   float *stage = g == s->xr ? s->gx : s->xr; /* any dead buffer of the same size */
 #pragma omp parallel for num_threads(s->threads) schedule(static)
-  for (int i = 0; i < s->grows; i++)
-    memcpy(stage + (size_t)s->perm[i] * D, g + (size_t)i * D, (size_t)D * 4);
+  for (int i = 0; i < s->p.grows; i++)
+    memcpy(stage + (size_t)s->p.perm[i] * D, g + (size_t)i * D, (size_t)D * 4);
   return exchange(l, 1, stage, rows);
 }
 
-moe_status moe__ep_static_view(moe_layer_t *l, int T) {
+
+moe_status moe__ep_global_counts(moe_layer_t *l, moe__view *v) {
   moe__layer_state *s = l->st;
-  int W = world(l), r = moe_dist_rank(l->cfg.dist);
-  double n[MOE__EP_MAX_RANKS] = {0};
-  n[r] = T;
-  MOE_CHECK(moe_dist_allreduce(l->cfg.dist, n, W));
-  double t0 = 0, tg = 0;
-  for (int q = 0; q < W; q++) {
-    t0 += q < r ? n[q] : 0;
-    tg += n[q];
-  }
-  MOE_TRY(tg * l->cfg.top_k <= INT32_MAX / 2, MOE_ERR_ARG, "static dispatch: %.0f tokens over all ranks is too many", tg);
-  s->t0 = (int)t0;
-  s->Tgi = (int)tg;
+  int E = l->cfg.E;
+  double *g = moe__arena_alloc(&s->route, (size_t)E * sizeof *g);
+  int32_t *counts = moe__arena_alloc(&s->route, (size_t)E * 4);
+  MOE_TRY(g && counts, MOE_ERR_STATE, "internal: routing workspace too small");
+  for (int e = 0; e < E; e++) g[e] = v->counts[e];
+  MOE_CHECK(moe_dist_allreduce(l->cfg.dist, g, E));
+  for (int e = 0; e < E; e++) counts[e] = (int32_t)g[e];
+  v->counts = counts;
   return MOE_OK;
 }
 
-size_t moe__ep_static_route_bytes(const moe_layer_t *l) {
-  size_t Tg = (size_t)l->st->Tgi, k = (size_t)l->cfg.top_k;
-  return moe__arena_size(Tg * (k + 1) * sizeof(double)) + moe__arena_size(Tg * k * 4) + 2 * moe__arena_size(Tg * 4) +
-         moe__arena_size(Tg * 8);
-}
-
-/* n (W): floats in each owner's block of the (E, C, D) buffer: its experts' slots (C each, or
- * per-expert capacities), the same on every rank. */
-static void static_blocks(const moe_layer_t *l, int *n) {
-  int W = world(l), El = l->cfg.E / W, D = l->cfg.D;
-  for (int r = 0; r < W; r++) n[r] = (l->st->offs[(r + 1) * El] - l->st->offs[r * El]) * D;
-}
-
-moe_status moe__ep_static_scatter(moe_layer_t *l, const float *rows, float *g) {
-  double t0 = moe__now(), others = 0;
-  int n[MOE__EP_MAX_RANKS], me = moe_dist_rank(l->cfg.dist);
-  static_blocks(l, n);
-  for (int r = 0; r < world(l); r++) others += r == me ? 0 : n[r];
-  MOE_CHECK(moe__dist_reduce_scatter_f32(l->cfg.dist, rows, g, n));
-  book(l, t0, 4.0 * others); /* every other owner's block */
+static moe_status a2a_begin(moe_layer_t *l, int T, size_t *route_bytes) {
+  (void)T;
+  *route_bytes = moe__ep_route_bytes(l);
   return MOE_OK;
 }
 
-moe_status moe__ep_static_gather(moe_layer_t *l, const float *g, float *rows) {
-  double t0 = moe__now();
-  int n[MOE__EP_MAX_RANKS];
-  static_blocks(l, n);
-  MOE_CHECK(moe__dist_allgather_f32(l->cfg.dist, g, rows, n));
-  book(l, t0, 4.0 * n[moe_dist_rank(l->cfg.dist)] * (world(l) - 1)); /* this owner's block, to every other rank */
-  return MOE_OK;
-}
+const moe__transport moe__transport_a2a = {"all-to-all-v",     0,         a2a_begin, moe__ep_global_counts, a2a_groups,
+                                           moe__ep_work_bytes, a2a_alloc, a2a_send,  a2a_recv};

@@ -1,5 +1,5 @@
-/* The experts: one FFN per expert over its contiguous slice of rows, as grouped GEMMs. The groups
- * are the layer's local experts: gx (grows, D) in, gout out, slices at goffs (ng + 1).
+/* The FFN experts: one FFN per expert over its group of rows (moe__groups: x in, y out), as grouped
+ * GEMMs; and the expert source of the layer's own parameters (moe__experts_own).
  *   a1 = xs W1^T + b1, h = act(a1) (swiglu: h = silu(a1) * (xs W3^T)), out = h W2^T + b2.
  * Backward adds dW1, db1, dW2, db2 (and dW3) and yields dxs. Slices may be empty; static dispatch
  * passes padded slices of C rows. Backward reuses the forward's buffers once they are dead (h for
@@ -17,7 +17,7 @@
 
 static int is_bf16(const moe_layer_t *l) { return l->cfg.dtype == MOE_DT_BF16; }
 
-size_t moe__experts_bytes(const moe_layer_t *l, int rows) {
+size_t moe__ffn_bytes(const moe_layer_t *l, int rows) {
   size_t r = (size_t)rows, H = (size_t)l->cfg.H, D = (size_t)l->cfg.D;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
   size_t fwd = (glu ? 3 : 2) * moe__arena_size(r * H * 4); /* a1 (a3) h; the caller owns gx and gout */
@@ -81,22 +81,22 @@ static void add_bias(float *a, const moe__expert_w *w, int second, const int32_t
   }
 }
 
-moe_status moe__experts_alloc(moe_layer_t *l) {
-  moe__layer_state *s = l->st;
-  int E = s->ng, H = l->cfg.H, rows = s->grows;
-  moe__arena *a = &s->work;
-  s->a1 = moe__arena_alloc(a, (size_t)rows * H * 4);
-  s->a3 = l->cfg.act == MOE_ACT_SWIGLU ? moe__arena_alloc(a, (size_t)rows * H * 4) : NULL;
-  s->h = moe__arena_alloc(a, (size_t)rows * H * 4);
-  s->gemms = moe__arena_alloc(a, 3 * (size_t)E * sizeof *s->gemms);
-  MOE_TRY(s->gemms && (s->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
+moe_status moe__ffn_alloc(moe_layer_t *l, const moe__groups *g) {
+  moe__ffn *f = &l->st->f;
+  int E = g->n, H = l->cfg.H, rows = g->rows;
+  moe__arena *a = &l->st->work;
+  f->a1 = moe__arena_alloc(a, (size_t)rows * H * 4);
+  f->a3 = l->cfg.act == MOE_ACT_SWIGLU ? moe__arena_alloc(a, (size_t)rows * H * 4) : NULL;
+  f->h = moe__arena_alloc(a, (size_t)rows * H * 4);
+  f->gemms = moe__arena_alloc(a, 3 * (size_t)E * sizeof *f->gemms);
+  MOE_TRY(f->gemms && (f->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
   if (is_bf16(l)) {
     int D = l->cfg.D;
-    s->xb = moe__arena_alloc(a, (size_t)rows * D * 2);
-    s->db = moe__arena_alloc(a, (size_t)rows * D * 2);
-    s->hb = moe__arena_alloc(a, (size_t)rows * H * 2);
-    s->d3b = l->cfg.act == MOE_ACT_SWIGLU ? moe__arena_alloc(a, (size_t)rows * H * 2) : NULL;
-    MOE_TRY(s->hb || rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
+    f->xb = moe__arena_alloc(a, (size_t)rows * D * 2);
+    f->db = moe__arena_alloc(a, (size_t)rows * D * 2);
+    f->hb = moe__arena_alloc(a, (size_t)rows * H * 2);
+    f->d3b = l->cfg.act == MOE_ACT_SWIGLU ? moe__arena_alloc(a, (size_t)rows * H * 2) : NULL;
+    MOE_TRY(f->hb || rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
   }
   return MOE_OK;
 }
@@ -110,38 +110,40 @@ static moe__gemm gemm_of(bool bf, bool ta, bool tb, int M, int N, int K, float b
                      bf ? (const void *)(bb + b0) : (const void *)(bf32 + b0), ldb, C, ldc, bf};
 }
 
-moe_status moe__experts_compute(moe_layer_t *l, int e0, int e1, const moe__expert_w *w, const moe__side_work *side) {
-  moe__layer_state *s = l->st;
-  int D = l->cfg.D, H = l->cfg.H, nt = s->threads;
+moe_status moe__ffn_forward(moe_layer_t *l, const moe__groups *gr, int e0, int e1, const moe__expert_w *w,
+                            const moe__side_work *side) {
+  moe__ffn *f = &l->st->f;
+  int D = l->cfg.D, H = l->cfg.H, nt = l->st->threads;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
   bool bf = is_bf16(l);
-  moe__gemm *g = s->gemms;
-  size_t lo = (size_t)s->goffs[e0], hi = (size_t)s->goffs[e1];
-  if (bf) moe__to_bf16(s->xb + lo * D, s->gx + lo * D, (hi - lo) * D, nt);
+  moe__gemm *g = f->gemms;
+  const int32_t *offs = gr->offs;
+  size_t lo = (size_t)offs[e0], hi = (size_t)offs[e1];
+  if (bf) moe__to_bf16(f->xb + lo * D, gr->x + lo * D, (hi - lo) * D, nt);
   int n = 0;
   for (int e = e0; e < e1; e++) {
-    int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
-    g[n++] = gemm_of(bf, false, true, m, H, D, 0.0f, s->gx, s->xb, (size_t)r0 * D, D, w[e].w1, w[e].w1h, 0, D,
-                     s->a1 + (size_t)r0 * H, H);
+    int r0 = offs[e], m = offs[e + 1] - r0;
+    g[n++] = gemm_of(bf, false, true, m, H, D, 0.0f, gr->x, f->xb, (size_t)r0 * D, D, w[e].w1, w[e].w1h, 0, D,
+                     f->a1 + (size_t)r0 * H, H);
     if (glu)
-      g[n++] = gemm_of(bf, false, true, m, H, D, 0.0f, s->gx, s->xb, (size_t)r0 * D, D, w[e].w3, w[e].w3h, 0, D,
-                       s->a3 + (size_t)r0 * H, H);
+      g[n++] = gemm_of(bf, false, true, m, H, D, 0.0f, gr->x, f->xb, (size_t)r0 * D, D, w[e].w3, w[e].w3h, 0, D,
+                       f->a3 + (size_t)r0 * H, H);
   }
   MOE_CHECK(moe__gemm_run_side(g, n, nt, side));
-  add_bias(s->a1, w, 0, s->goffs, e0, e1, H, nt);
+  add_bias(f->a1, w, 0, offs, e0, e1, H, nt);
   moe_act act = l->cfg.act;
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (size_t i = lo * H; i < hi * H; i++)
-    s->h[i] = glu ? act_f(MOE_ACT_SILU, s->a1[i]) * s->a3[i] : act_f(act, s->a1[i]);
-  if (bf) moe__to_bf16(s->hb + lo * H, s->h + lo * H, (hi - lo) * H, nt); /* a pass of its own: the loop above vectorizes */
+    f->h[i] = glu ? act_f(MOE_ACT_SILU, f->a1[i]) * f->a3[i] : act_f(act, f->a1[i]);
+  if (bf) moe__to_bf16(f->hb + lo * H, f->h + lo * H, (hi - lo) * H, nt); /* a pass of its own: the loop above vectorizes */
   n = 0;
   for (int e = e0; e < e1; e++) {
-    int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
-    g[n++] = gemm_of(bf, false, true, m, D, H, 0.0f, s->h, s->hb, (size_t)r0 * H, H, w[e].w2, w[e].w2h, 0, H,
-                     s->gout + (size_t)r0 * D, D);
+    int r0 = offs[e], m = offs[e + 1] - r0;
+    g[n++] = gemm_of(bf, false, true, m, D, H, 0.0f, f->h, f->hb, (size_t)r0 * H, H, w[e].w2, w[e].w2h, 0, H,
+                     gr->y + (size_t)r0 * D, D);
   }
   MOE_CHECK(moe__gemm_run(g, n, nt));
-  add_bias(s->gout, w, 1, s->goffs, e0, e1, D, nt);
+  add_bias(gr->y, w, 1, offs, e0, e1, D, nt);
   return MOE_OK;
 }
 
@@ -172,54 +174,56 @@ static moe__expert_w own_weights(const moe_layer_t *l, const moe__weights *w, in
   return r;
 }
 
-moe_status moe__experts_forward(moe_layer_t *l, const moe__side_work *side) {
+static moe_status own_forward(moe_layer_t *l, const moe__groups *g, const moe__side_work *side) {
   moe__layer_state *s = l->st;
-  if (l->cache) return moe__cache_forward(l);
-  MOE_CHECK(moe__experts_alloc(l));
-  int E = s->ng;
+  MOE_CHECK(moe__ffn_alloc(l, g));
+  int E = g->n;
   if (is_bf16(l)) refresh_bf16(l);
   moe__weights w;
   moe__weights_bind(l, l->params, &w);
   moe__expert_w *ew = moe__arena_alloc(&s->work, (size_t)E * sizeof *ew);
   MOE_TRY(ew, MOE_ERR_STATE, "internal: expert workspace too small");
   for (int e = 0; e < E; e++) ew[e] = own_weights(l, &w, e);
-  return moe__experts_compute(l, 0, E, ew, side);
+  return moe__ffn_forward(l, g, 0, E, ew, side);
 }
 
-moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs) {
-  moe__layer_state *s = l->st;
-  int E = s->ng, D = l->cfg.D, H = l->cfg.H, rows = s->grows, nt = s->threads;
+static moe_status own_backward(moe_layer_t *l, const moe__groups *gr, const float *dout, float daux, float dz,
+                               float *dxs) {
+  (void)daux, (void)dz; /* FFN experts have no losses of their own */
+  moe__ffn *f = &l->st->f;
+  int E = gr->n, D = l->cfg.D, H = l->cfg.H, rows = gr->rows, nt = l->st->threads;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
   bool bf = is_bf16(l);
-  float *dh = s->h;   /* h is dead once dW2 is done: dh, then da1, in its place */
-  float *da3 = s->a3; /* swiglu: da3 in place of a3, read just before */
-  moe__gemm *g = s->gemms; /* from the forward */
+  const int32_t *offs = gr->offs;
+  float *dh = f->h;   /* h is dead once dW2 is done: dh, then da1, in its place */
+  float *da3 = f->a3; /* swiglu: da3 in place of a3, read just before */
+  moe__gemm *g = f->gemms; /* from the forward */
   moe__weights w, gw;
   moe__weights_bind(l, l->params, &w);
   moe__weights_bind(l, l->grads, &gw);
-  if (bf) moe__to_bf16(s->db, dout, (size_t)rows * D, nt);
+  if (bf) moe__to_bf16(f->db, dout, (size_t)rows * D, nt);
   int n = 0;
   for (int e = 0; e < E; e++) {
-    int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
-    g[n++] = gemm_of(bf, true, false, D, H, m, 1.0f, dout, s->db, (size_t)r0 * D, D, s->h, s->hb, (size_t)r0 * H, H,
+    int r0 = offs[e], m = offs[e + 1] - r0;
+    g[n++] = gemm_of(bf, true, false, D, H, m, 1.0f, dout, f->db, (size_t)r0 * D, D, f->h, f->hb, (size_t)r0 * H, H,
                      gw.w2 + (size_t)e * D * H, H); /* dW2 += dout^T h */
   }
   MOE_CHECK(moe__gemm_run(g, n, nt));
   n = 0;
   for (int e = 0; e < E; e++) {
-    int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
+    int r0 = offs[e], m = offs[e + 1] - r0;
     moe__expert_w ew = own_weights(l, &w, e);
-    g[n++] = gemm_of(bf, false, false, m, H, D, 0.0f, dout, s->db, (size_t)r0 * D, D, ew.w2, ew.w2h, 0, H,
+    g[n++] = gemm_of(bf, false, false, m, H, D, 0.0f, dout, f->db, (size_t)r0 * D, D, ew.w2, ew.w2h, 0, H,
                      dh + (size_t)r0 * H, H); /* dh = dout W2 */
   }
   MOE_CHECK(moe__gemm_run(g, n, nt));
-  if (gw.b2) colsum_add(gw.b2, dout, s->goffs, E, D, nt);
+  if (gw.b2) colsum_add(gw.b2, dout, offs, E, D, nt);
   moe_act act = l->cfg.act;
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (size_t i = 0; i < (size_t)rows * H; i++) {
-    float a1 = s->a1[i];
+    float a1 = f->a1[i];
     if (glu) {
-      float a3 = s->a3[i];
+      float a3 = f->a3[i];
       da3[i] = dh[i] * act_f(MOE_ACT_SILU, a1);
       dh[i] = dh[i] * a3 * act_df(MOE_ACT_SILU, a1);
     } else {
@@ -227,33 +231,35 @@ moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs) 
     }
   }
   if (bf) { /* hb is dead after dW2: da1 in its place */
-    moe__to_bf16(s->hb, dh, (size_t)rows * H, nt);
-    if (glu) moe__to_bf16(s->d3b, da3, (size_t)rows * H, nt);
+    moe__to_bf16(f->hb, dh, (size_t)rows * H, nt);
+    if (glu) moe__to_bf16(f->d3b, da3, (size_t)rows * H, nt);
   }
-  if (gw.b1) colsum_add(gw.b1, dh, s->goffs, E, H, nt);
+  if (gw.b1) colsum_add(gw.b1, dh, offs, E, H, nt);
   n = 0;
   for (int e = 0; e < E; e++) {
-    int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
+    int r0 = offs[e], m = offs[e + 1] - r0;
     size_t xr = (size_t)r0 * D, hr = (size_t)r0 * H;
     moe__expert_w ew = own_weights(l, &w, e);
-    g[n++] = gemm_of(bf, true, false, H, D, m, 1.0f, dh, s->hb, hr, H, s->gx, s->xb, xr, D,
+    g[n++] = gemm_of(bf, true, false, H, D, m, 1.0f, dh, f->hb, hr, H, gr->x, f->xb, xr, D,
                      gw.w1 + (size_t)e * H * D, D); /* dW1 += da1^T xs */
     if (glu)
-      g[n++] = gemm_of(bf, true, false, H, D, m, 1.0f, da3, s->d3b, hr, H, s->gx, s->xb, xr, D,
+      g[n++] = gemm_of(bf, true, false, H, D, m, 1.0f, da3, f->d3b, hr, H, gr->x, f->xb, xr, D,
                        gw.w3 + (size_t)e * H * D, D); /* dW3 += da3^T xs */
-    g[n++] = gemm_of(bf, false, false, m, D, H, 0.0f, dh, s->hb, hr, H, ew.w1, ew.w1h, 0, D, dxs + xr,
+    g[n++] = gemm_of(bf, false, false, m, D, H, 0.0f, dh, f->hb, hr, H, ew.w1, ew.w1h, 0, D, dxs + xr,
                      D); /* dxs = da1 W1 */
   }
   MOE_CHECK(moe__gemm_run(g, n, nt));
   if (glu) {
     n = 0;
     for (int e = 0; e < E; e++) {
-      int r0 = s->goffs[e], m = s->goffs[e + 1] - r0;
+      int r0 = offs[e], m = offs[e + 1] - r0;
       moe__expert_w ew = own_weights(l, &w, e);
-      g[n++] = gemm_of(bf, false, false, m, D, H, 1.0f, da3, s->d3b, (size_t)r0 * H, H, ew.w3, ew.w3h, 0, D,
+      g[n++] = gemm_of(bf, false, false, m, D, H, 1.0f, da3, f->d3b, (size_t)r0 * H, H, ew.w3, ew.w3h, 0, D,
                        dxs + (size_t)r0 * D, D); /* += da3 W3 */
     }
     MOE_CHECK(moe__gemm_run(g, n, nt));
   }
   return MOE_OK;
 }
+
+const moe__expert_src moe__experts_own = {"own", 1, moe__ffn_bytes, own_forward, own_backward};

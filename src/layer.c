@@ -1,6 +1,7 @@
-/* The MoE layer: parameter table, configuration checks, and forward/backward as the sequence
- * gate -> route -> dispatch -> experts -> combine, and its mirror image. The steps live in gate.c,
- * route.c, dispatch.c and experts.c; this file only orders them and owns the workspaces. */
+/* The MoE layer: parameter table, configuration checks, and forward/backward as the stages of
+ * layer_internal.h in order. The stages live in gate.c, route.c, dispatch.c, the transports and the
+ * expert sources; this file picks the transport and the source, orders the stages and owns the
+ * workspaces. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +107,11 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
     l->st->wbf = aligned_alloc(64, (l->numel * 2 + 63) & ~(size_t)63);
     l->st->wbf_stale = 1;
   }
+  if (l->st) { /* external experts get their source with the cache (moe_layer_set_expert_cache) */
+    l->st->tr = !cfg->dist ? &moe__transport_local
+                : cfg->dispatch == MOE_DISPATCH_STATIC ? &moe__transport_static : &moe__transport_a2a;
+    l->st->src = cfg->inner_experts ? &moe__experts_inner : cfg->external_experts ? NULL : &moe__experts_own;
+  }
   if (!l->params || !l->grads || !l->st || (cfg->inner_experts && !l->inner) || (bf && !l->st->wbf)) {
     size_t n = l->numel;
     moe_layer_free(l);
@@ -165,14 +171,6 @@ moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap, int
   }
   memcpy(l->expert_capacity, cap, sizeof(int32_t) * (size_t)l->cfg.E);
   l->expert_capacity_tokens = tokens;
-  return MOE_OK;
-}
-
-moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c) {
-  MOE_TRY(l->cfg.external_experts || !c, MOE_ERR_ARG, "moe_layer_set_expert_cache: the layer was not made with external_experts");
-  MOE_TRY(!c || moe__cache_fits(c, &l->cfg), MOE_ERR_SHAPE,
-          "moe_layer_set_expert_cache: the cache was opened for another layer shape (E, D, H, activation, biases, dtype)");
-  l->cache = c;
   return MOE_OK;
 }
 
@@ -296,22 +294,28 @@ static long long first_nonfinite(const float *a, size_t n, int nt) {
 
 /* Whether the router can run alongside the experts (DynaMoE 4.2): the experts come from the cache,
  * so only the combine needs the router, provided that nothing before the experts reads its scores
- * (placement in token order, not by score) and the experts are the layer's own (not inner layers nor
- * an expert cache). Expert-parallel ranks may differ in this: their collectives come in the same
- * order either way. */
+ * (placement in token order, not by score) and the source takes side work (the layer's own experts,
+ * not inner layers nor an expert cache). Expert-parallel ranks may differ in this: their collectives
+ * come in the same order either way. */
 static int router_alongside(const moe_layer_t *l) {
-  return l->cached && l->cfg.priority == MOE_PRIORITY_INDEX && !l->inner && !l->cfg.external_experts;
+  return l->cached && l->cfg.priority == MOE_PRIORITY_INDEX && l->st->src->alongside;
 }
+
+/* The buffer the experts read or write for dispatch rows `rows`: the rows themselves when the
+ * transport moves nothing, else its own. */
+static float *expert_side(const moe_layer_t *l, float *rows, float *own) { return l->st->tr->in_place ? rows : own; }
 
 moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,
                              moe_layer_stats *stats) {
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_forward: layer not initialized");
   MOE_TRY(T >= 0, MOE_ERR_ARG, "moe_layer_forward: T must be >= 0, got %d", T);
   MOE_TRY(T == 0 || (x && y), MOE_ERR_ARG, "moe_layer_forward: x and y must not be NULL");
-  MOE_TRY(!l->cfg.external_experts || l->cache, MOE_ERR_STATE, "moe_layer_forward: the layer's experts need an expert cache");
+  MOE_TRY(l->st->src, MOE_ERR_STATE, "moe_layer_forward: the layer's experts need an expert cache");
   MOE_TRY(!l->cached || l->cached_T == T, MOE_ERR_ARG, "moe_layer_forward: cached experts for %d tokens, got %d",
           l->cached_T, T);
   moe__layer_state *s = l->st;
+  const moe__transport *tr = s->tr;
+  moe__plan *p = &s->p;
   int D = l->cfg.D, k = l->cfg.top_k;
   s->have_fwd = 0;
   s->threads = moe__threads(l->cfg.threads);
@@ -320,68 +324,40 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
           bad < 0 ? 0.0 : (double)x[bad]);
   MOE_TRY((int64_t)T * k <= INT32_MAX / 2 && (int64_t)T * D <= INT32_MAX, MOE_ERR_ARG,
           "moe_layer_forward: T=%d is too large for k=%d, D=%d", T, k, D);
-  int ep = l->cfg.dist != NULL, ep_static = ep && l->cfg.dispatch == MOE_DISPATCH_STATIC;
-  if (ep_static) MOE_CHECK(moe__ep_static_view(l, T));
-  size_t route = moe__gate_bytes(l, T, k) + (ep ? moe__ep_route_bytes(l) : 0) +
-                 (ep_static ? moe__ep_static_route_bytes(l) : 0);
-  MOE_CHECK(moe__arena_reserve(&s->route, route, "router"));
+  size_t route = 0;
+  MOE_CHECK(tr->begin(l, T, &route));
+  MOE_CHECK(moe__arena_reserve(&s->route, moe__gate_bytes(l, T, k) + route, "router"));
   int along = router_alongside(l);
   MOE_CHECK(moe__gate_begin(l, x, T, k));
   moe__side_work router = moe__gate_work(l);
   if (!along) MOE_CHECK(moe__gemm_run_side(NULL, 0, s->threads, &router)); /* the router first */
   MOE_CHECK(moe__route(l));
-  if (ep_static) { /* this rank's experts' slots of the (E, C, D) buffer (C each, or per-expert capacities) */
-    int W = moe_dist_size(l->cfg.dist);
-    s->ng = l->cfg.E / W;
-    int e0 = moe_dist_rank(l->cfg.dist) * s->ng; /* global id of this rank's first expert */
-    s->grows = s->offs[e0 + s->ng] - s->offs[e0];
-    s->goffs = moe__arena_alloc(&s->route, (size_t)(s->ng + 1) * 4);
-    MOE_TRY(s->goffs, MOE_ERR_STATE, "internal: routing workspace too small");
-    for (int e = 0; e <= s->ng; e++) s->goffs[e] = s->offs[e0 + e] - s->offs[e0];
-  } else if (ep) {
-    MOE_CHECK(moe__ep_sizes(l)); /* the size exchange: now the rows this rank's experts get are known */
-  } else {
-    s->ng = l->cfg.E;
-    s->grows = s->rows;
-    s->goffs = s->offs;
-  }
-  size_t rows_d = moe__arena_size((size_t)s->rows * D * 4);
-  size_t experts = l->inner ? 0 : moe__experts_bytes(l, s->grows);
-  size_t work = moe__dispatch_bytes(l) + experts + 2 * rows_d + moe__arena_size((size_t)T * D * 4) + /* out, dout, dy=0 */
-                (ep ? moe__ep_work_bytes(l) : 0); /* static: gx, gout, xr as dynamic's xr, gx, gout */
+  MOE_CHECK(tr->groups(l)); /* now the rows this process's experts get are known */
+  size_t rows_d = moe__arena_size((size_t)p->rows * D * 4);
+  size_t work = moe__dispatch_bytes(l) + s->src->bytes(l, p->grows) + 2 * rows_d +
+                moe__arena_size((size_t)T * D * 4) + tr->work_bytes(l); /* out, dout, dy=0 */
   MOE_CHECK(moe__arena_reserve(&s->work, work, "expert"));
-  MOE_CHECK(moe__dispatch_forward(l));
-  s->out = moe__arena_alloc(&s->work, (size_t)s->rows * D * 4);
-  MOE_TRY(s->out || s->rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
-  if (ep_static) {
-    s->gx = moe__arena_alloc(&s->work, (size_t)s->grows * D * 4);
-    s->gout = moe__arena_alloc(&s->work, (size_t)s->grows * D * 4);
-    s->xr = moe__arena_alloc(&s->work, (size_t)s->grows * D * 4);
-    MOE_TRY((s->gx && s->gout && s->xr) || s->grows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
-    MOE_CHECK(moe__ep_static_scatter(l, s->xs, s->gx));
-  } else if (ep) {
-    MOE_CHECK(moe__ep_plan(l));
-    MOE_CHECK(moe__ep_scatter(l, s->xs, s->gx)); /* the token exchange */
-  } else {
-    s->gx = s->xs;
-    s->gout = s->out;
-  }
-  if (along) MOE_CHECK(moe__experts_forward(l, &router));
-  else MOE_CHECK(l->inner ? moe__inner_forward(l) : moe__experts_forward(l, NULL));
+  MOE_CHECK(moe__dispatch_forward(l, x));
+  s->out = moe__arena_alloc(&s->work, (size_t)p->rows * D * 4);
+  MOE_TRY(s->out || p->rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
+  MOE_CHECK(tr->alloc(l));
+  float *gx = expert_side(l, s->xs, s->gx), *gout = expert_side(l, s->out, s->gout);
+  s->g = (moe__groups){p->ng, p->grows, p->goffs, tr->in_place ? p->kept : NULL, gx, gout};
+  MOE_CHECK(tr->send(l, s->xs, gx)); /* the token exchange */
+  MOE_CHECK(s->src->forward(l, &s->g, along ? &router : NULL));
   MOE_CHECK(moe__gate_end(l)); /* the losses (a collective when expert-parallel), after either order */
-  if (ep_static) MOE_CHECK(moe__ep_static_gather(l, s->gout, s->out));
-  else if (ep) MOE_CHECK(moe__ep_gather(l, s->gout, s->out));
-  moe__combine_forward(l, y, spec);
+  MOE_CHECK(tr->recv(l, gout, s->out));
+  moe__combine_forward(l, s->out, y, spec);
   s->have_fwd = 1;
   if (stats) {
-    stats->aux_loss = s->aux + (l->inner ? s->inner_aux : 0.0f);
-    stats->z_loss = s->z + (l->inner ? s->inner_z : 0.0f);
-    stats->capacity = s->C;
-    stats->dropped = s->dropped;
-    stats->expert_counts = ep ? s->gcounts : s->counts;
-    stats->experts = s->top_e;
-    stats->fresh = s->fresh;
-    stats->weights = s->top_w;
+    stats->aux_loss = s->r.aux + s->inner_aux;
+    stats->z_loss = s->r.z + s->inner_z;
+    stats->capacity = p->C;
+    stats->dropped = p->dropped;
+    stats->expert_counts = p->stat_counts;
+    stats->experts = p->top_e;
+    stats->fresh = s->r.fresh;
+    stats->weights = p->top_w;
     stats->router_overlapped = along;
   }
   return MOE_OK;
@@ -390,14 +366,16 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
 moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float dz,
                               const float *dspec, const float *dweights, float *dx) {
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_backward: layer not initialized");
-  MOE_TRY(!l->cfg.external_experts, MOE_ERR_STATE, "moe_layer_backward: a layer with buffered experts is for inference only");
   moe__layer_state *s = l->st;
+  MOE_TRY(s->src && s->src->backward, MOE_ERR_STATE,
+          "moe_layer_backward: a layer with buffered experts is for inference only");
   MOE_TRY(s->have_fwd, MOE_ERR_STATE, "moe_layer_backward: no forward pass to differentiate");
-  int T = s->T, D = l->cfg.D;
+  const moe__plan *p = &s->p;
+  int T = p->T, D = l->cfg.D;
   MOE_TRY(T == 0 || dx, MOE_ERR_ARG, "moe_layer_backward: dx must not be NULL");
   s->have_fwd = 0; /* backward overwrites the forward's buffers: one backward per forward */
-  float *dw = moe__arena_alloc(&s->route, (size_t)T * s->k * 4);
-  float *dout = moe__arena_alloc(&s->work, (size_t)s->rows * D * 4);
+  float *dw = moe__arena_alloc(&s->route, (size_t)T * p->k * 4);
+  float *dout = moe__arena_alloc(&s->work, (size_t)p->rows * D * 4);
   float *dxs = s->out; /* the expert outputs are dead once the combine's backward has read them */
   MOE_TRY((dw && dout) || T == 0, MOE_ERR_STATE, "internal: backward workspace too small");
   if (!dy) { /* a loss on spec alone: y does not matter */
@@ -406,20 +384,14 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
     if (T) memset(z, 0, (size_t)T * D * 4);
     dy = z;
   }
-  MOE_CHECK(moe__combine_backward(l, dy, dspec, dout, dw));
+  MOE_CHECK(moe__combine_backward(l, s->out, dy, dspec, dout, dw));
   if (dweights)
-    for (size_t i = 0; i < (size_t)T * s->k; i++) dw[i] += dweights[i];
-  if (l->cfg.dist && l->cfg.dispatch == MOE_DISPATCH_STATIC) {
-    MOE_CHECK(moe__ep_static_scatter(l, dout, s->gout));
-    MOE_CHECK(moe__experts_backward(l, s->gout, s->xr));
-    MOE_CHECK(moe__ep_static_gather(l, s->xr, dxs));
-  } else if (l->cfg.dist) { /* dout to the experts' owners, and dxs back */
-    MOE_CHECK(moe__ep_scatter(l, dout, s->gout));
-    MOE_CHECK(moe__experts_backward(l, s->gout, s->xr));
-    MOE_CHECK(moe__ep_gather(l, s->xr, dxs));
-  } else {
-    MOE_CHECK(l->inner ? moe__inner_backward(l, dout, daux, dz, dxs) : moe__experts_backward(l, dout, dxs));
-  }
+    for (size_t i = 0; i < (size_t)T * p->k; i++) dw[i] += dweights[i];
+  /* the experts' side of dout and dxs: the forward's outputs and receive buffer are dead by now */
+  float *gd = expert_side(l, dout, s->gout), *gdx = expert_side(l, dxs, s->xr);
+  MOE_CHECK(s->tr->send(l, dout, gd));
+  MOE_CHECK(s->src->backward(l, &s->g, gd, daux, dz, gdx));
+  MOE_CHECK(s->tr->recv(l, gdx, dxs));
   moe__dispatch_backward(l, dxs, dx);
   MOE_CHECK(moe__gate_backward(l, dw, daux, dz, dx));
   return MOE_OK;

@@ -1,5 +1,18 @@
-/* The layer's private state: its two workspace arenas and the forward cache that backward reads.
- * Shared by layer.c (orchestration), gate.c, route.c, dispatch.c and experts.c. */
+/* The layer's private parts. A forward is a sequence of stages over one routing plan:
+ *
+ *   router (gate.c)      x -> probabilities, top-k, losses             -> plan.top_e, plan.top_w
+ *   placement (route.c)  top-k -> capacity, a row for each assignment  -> the rest of the plan
+ *   dispatch (dispatch.c) x -> xs (rows, D), the plan's rows
+ *   send (a transport)   xs -> gx, the rows of this process's experts
+ *   experts (a source)   gx -> gout
+ *   recv (the transport) gout -> out
+ *   combine (dispatch.c) out -> y
+ *
+ * and backward the mirror image. Two small interfaces carry what varies: how tokens move between the
+ * dispatch rows and the experts (moe__transport: in process, an all-to-all-v, static dispatch's fixed
+ * exchanges), and where the experts' weights come from (moe__expert_src: the layer's own parameters,
+ * inner MoE layers, an expert cache). The stages read the plan and name their buffers; the state below
+ * only keeps what backward must read. */
 #ifndef MOE_LAYER_INTERNAL_H
 #define MOE_LAYER_INTERNAL_H
 
@@ -15,17 +28,48 @@ typedef struct {
   float *w2, *b2;         /* experts.fc2 (E, D, H), (E, D) */
   float *w3;              /* experts.fc3 (E, H, D) */
 } moe__weights;
+void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w);
 
-struct moe__layer_state {
-  moe__arena route; /* router and routing tensors: sized from T, k, E, P */
-  moe__arena work;  /* dispatch and expert tensors: sized after routing (rows, capacity) */
-  int have_fwd;     /* a forward ran and backward has not consumed it yet */
-  int threads;      /* resolved thread count */
+/* The routing plan: where every assignment goes. Made by the router and the placement, read by every
+ * later stage. Rows are expert-sorted: expert e's rows are [offs[e], offs[e + 1]) of the dispatch
+ * buffers. The groups are what this process's experts compute: without expert parallelism the
+ * dispatch rows themselves; expert-parallel, the rows received from every rank, expert-major. */
+typedef struct {
+  int T, k;              /* this process's tokens, slots per token */
+  int C;                 /* capacity (static) or the largest count (dynamic) */
+  int rows;              /* dispatch rows: kept assignments (dynamic) or the capacities' sum (static) */
+  int dropped;           /* assignments dropped, over the placement's view of the tokens */
+  int32_t *top_e;        /* (T, k) expert of each slot */
+  float *top_w;          /* (T, k) its combine weight */
+  int32_t *row;          /* (T, k) its dispatch row, -1 if dropped */
+  int32_t *counts;       /* (E) this process's assignments per expert before dropping */
+  const int32_t *stat_counts; /* (E) the counts the stats report (over all ranks, expert-parallel) */
+  int32_t *kept;         /* (E) rows in use per expert (static: the rest of its slice is padding) */
+  int32_t *offs;         /* (E + 1) first row of each expert */
+  int32_t *cap;          /* (E) static: each expert's capacity in this forward */
+  int ng, grows;         /* the groups: their number and rows */
+  int32_t *goffs;        /* (ng + 1) first row of each group */
+  /* expert parallelism: per-rank blocks of the exchange */
+  int *ex;               /* (4 W) send rows, send displs, recv rows, recv displs */
+  int32_t *rc;           /* (W, E/W) rows from rank s for local expert e */
+  int32_t *perm;         /* (grows) source-major row of each expert-major row */
+  int t0, Tv;            /* static: this rank's first token among all ranks', and their number */
+} moe__plan;
 
-  /* forward cache */
+/* The tokens placement runs over: this process's, or all ranks' (static dispatch expert-parallel,
+ * so that positions and drops are those of one process); tokens [t0, t0 + plan.T) are this rank's. */
+typedef struct {
+  int T, t0;
+  const int32_t *top_e;  /* (T, k) */
+  const float *score;    /* priority keys: score[t * stride] */
+  int stride;
+  const int32_t *counts; /* (E) assignments per expert over the view's ranks */
+  int32_t *order;        /* (T) scratch */
+} moe__view;
+
+/* The router's forward cache (gate.c). */
+typedef struct {
   const float *x;   /* (T, D), caller's */
-  int T, k, C;      /* C: capacity (static) or largest count (dynamic) */
-  int rows;         /* rows in the expert buffers: kept assignments (dynamic) or E*C (static) */
   float *logits;    /* (T, E) */
   float *probs;     /* (T, E) */
   float *lse;       /* (T) logsumexp of the logits */
@@ -33,64 +77,96 @@ struct moe__layer_state {
   float *proj_norm; /* (T) */
   float *emb;       /* (E, P) cosine: normalized expert embeddings */
   float *emb_norm;  /* (E) */
-  int32_t *top_e;   /* (T, k) expert of slot j */
-  int32_t *fresh;   /* (T, k) the router's own top-k (differs from top_e under caching) */
-  int use_cache;    /* top_e came from the layer's cached experts */
-  float *top_p;     /* (T, k) its probability */
-  float *top_w;     /* (T, k) combine weight (normalized or not) */
-  int32_t *row;     /* (T, k) row in the expert buffers, -1 if dropped */
-  int32_t *counts;  /* (E) assignments per expert before dropping */
-  int32_t *kept;    /* (E) rows per expert in the buffers */
-  int32_t *offs;    /* (E + 1) first row of each expert */
-  int32_t *order;   /* (T) token order for priority=score */
-  int32_t *fill;    /* (E) scratch */
-  int32_t *cap;     /* (E) static: each expert's capacity in this forward (C, or per-expert) */
+  float *top_p;     /* (T, k) probability of each slot's expert */
+  int32_t *fresh;   /* (T, k) the router's own top-k (differs from plan.top_e under caching) */
+  int use_cache;    /* plan.top_e came from the layer's cached experts */
+  int32_t *order;   /* (T) placement scratch */
+  int32_t *fill;    /* (E) placement scratch */
   float *frac1;     /* (E) fraction of tokens whose top-1 is e */
-  double *gate_acc; /* (chunks + 1, 2 E + 2) the losses' sums: total, then each router chunk's */
-  moe__weights gate_w; /* the parameters, bound for the router's chunks */
+  double *acc;      /* (chunks + 1, 2 E + 2) the losses' sums: total, then each router chunk's */
+  moe__weights w;   /* the parameters, bound for the router's chunks */
+  double Tg;        /* tokens over all ranks */
   float aux, z;
-  float inner_aux, inner_z; /* hierarchical: sums over the inner layers */
-  int dropped;
-  /* the expert groups that experts.c computes: this process's experts. Without expert parallelism
-   * they alias the dispatch buffers (ng = E, goffs = offs, gx = xs, gout = out, grows = rows);
-   * expert-parallel they hold the rows received from every rank, expert-major (ep.c). */
-  int ng, grows;        /* groups, their rows */
-  int32_t *goffs;       /* (ng + 1) */
-  float *gx, *gout;     /* (grows, D) */
-  /* expert parallelism (ep.c) */
-  int32_t *gcounts;     /* (E) assignments per expert over all ranks (the stats) */
-  double Tg;            /* tokens over all ranks */
-  int t0, Tgi;          /* static: this rank's first token among all ranks', and their number */
-  moe_comm_stats comm;  /* exchanges since the last reset */
-  int *ex;              /* (4 W) send rows, send displs, recv rows, recv displs: the token exchange */
-  int32_t *rc;          /* (W, E/W) rows from rank s for local expert e */
-  int32_t *perm;        /* (grows) source-major row of each expert-major row */
-  float *xr;            /* (grows, D) the exchange buffer, source-major */
-  /* expert buffers, rows x ... */
-  float *xs;        /* (rows, D) expert inputs */
-  float *a1;        /* (rows, H) fc1 pre-activation */
-  float *a3;        /* (rows, H) fc3 output (swiglu) */
-  float *h;         /* (rows, H) activation */
-  float *out;       /* (rows, D) expert outputs */
-  moe__gemm *gemms; /* (3 E) the experts' GEMM list */
-  /* bf16 experts (cfg.dtype): bf16 copies of the parameters (only the expert weights are filled),
-   * refreshed before a forward after the parameters changed; and the bf16 inputs of the GEMMs */
-  uint16_t *wbf;    /* (numel), at the parameters' offsets */
-  int wbf_stale;
-  uint16_t *xb;     /* (grows, D) expert inputs */
-  uint16_t *hb;     /* (grows, H) activation; backward: da1 */
-  uint16_t *db;     /* (grows, D) backward: dout */
-  uint16_t *d3b;    /* (grows, H) swiglu backward: da3 */
-  float *mask;      /* (T, E, C) static: dispatch mask */
-  float *comb;      /* (T, E, C) static: combine weights */
-};
+} moe__router;
 
-void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w);
+/* Rows of expert groups: group g is rows [offs[g], offs[g + 1]) of x (in) and y (out); kept, when
+ * not NULL, the rows in use at the start of each group (the rest is static padding). */
+typedef struct {
+  int n, rows;
+  const int32_t *offs, *kept;
+  const float *x;
+  float *y;
+} moe__groups;
+
+/* Where the experts' weights come from. forward computes the groups (side work, when not NULL, runs
+ * alongside its first GEMMs: only a source with `alongside` is given any); backward takes dy (rows, D)
+ * of the same groups to dx, adding weight gradients; NULL: inference only. */
+typedef struct {
+  const char *name;
+  int alongside;
+  size_t (*bytes)(const moe_layer_t *l, int rows); /* work arena bytes for `rows` rows */
+  moe_status (*forward)(moe_layer_t *l, const moe__groups *g, const moe__side_work *side);
+  moe_status (*backward)(moe_layer_t *l, const moe__groups *g, const float *dy, float daux, float dz, float *dx);
+} moe__expert_src;
+extern const moe__expert_src moe__experts_own;   /* experts.c */
+extern const moe__expert_src moe__experts_inner; /* hier.c */
+
+/* How tokens move between the dispatch rows and the experts' groups. */
+typedef struct {
+  const char *name;
+  int in_place; /* the groups are the dispatch rows: no buffers of its own, send and recv move nothing */
+  /* before routing: routing workspace bytes for T tokens (and what the view needs to know) */
+  moe_status (*begin)(moe_layer_t *l, int T, size_t *route_bytes);
+  /* the tokens placement runs over; fills stat_counts */
+  moe_status (*view)(moe_layer_t *l, moe__view *v);
+  /* after placement: the groups (ng, grows, goffs; the size exchange) */
+  moe_status (*groups)(moe_layer_t *l);
+  size_t (*work_bytes)(const moe_layer_t *l);
+  moe_status (*alloc)(moe_layer_t *l); /* gx, gout, xr */
+  /* rows (rows, D) -> g (grows, D); and back (g may be clobbered) */
+  moe_status (*send)(moe_layer_t *l, const float *rows, float *g);
+  moe_status (*recv)(moe_layer_t *l, float *g, float *rows);
+} moe__transport;
+extern const moe__transport moe__transport_local;  /* transport_local.c */
+extern const moe__transport moe__transport_a2a;    /* ep.c: dynamic dispatch, all-to-all-v (Linear or 2DH) */
+extern const moe__transport moe__transport_static; /* ep_static.c: static dispatch's fixed exchanges */
+
+/* The FFN experts' activations (experts.c), kept for backward. */
+typedef struct {
+  float *a1, *a3, *h;  /* (grows, H) fc1 pre-activation, fc3 output (swiglu), activation */
+  moe__gemm *gemms;    /* (3 E) the GEMM list */
+  uint16_t *xb;        /* (grows, D) bf16 expert inputs */
+  uint16_t *hb;        /* (grows, H) bf16 activation; backward: da1 */
+  uint16_t *db;        /* (grows, D) backward: dout */
+  uint16_t *d3b;       /* (grows, H) swiglu backward: da3 */
+} moe__ffn;
+
+struct moe__layer_state {
+  moe__arena route; /* router and plan: sized from T, k, E, P */
+  moe__arena work;  /* dispatch and expert tensors: sized after routing (rows, capacity) */
+  int have_fwd;     /* a forward ran and backward has not consumed it yet */
+  int threads;      /* resolved thread count */
+  const moe__transport *tr;
+  const moe__expert_src *src;
+  moe__router r;
+  moe__plan p;
+  moe__groups g;    /* the forward's groups: x = gx, y = gout */
+  float *xs, *out;  /* (rows, D) dispatch rows: expert inputs and outputs */
+  float *gx, *gout, *xr; /* (grows, D) a moving transport's buffers: inputs, outputs, receive buffer */
+  float *mask, *comb;    /* (T, rows) static dispatch: dispatch mask and combine weights */
+  moe__ffn f;
+  float inner_aux, inner_z; /* hierarchical: sums over the inner layers */
+  moe_comm_stats comm;      /* exchanges since the last reset */
+  /* bf16 experts (cfg.dtype): bf16 copies of the parameters (only the expert weights are filled),
+   * refreshed before a forward after the parameters changed */
+  uint16_t *wbf; /* (numel), at the parameters' offsets */
+  int wbf_stale;
+};
 
 /* gate.c: router, softmax, top-k, losses. The forward is cut in three so that the router can run
  * alongside the experts when the assignment is known before it (sample-assignment caching):
- * begin (workspace; the cached experts, read once, into top_e), the rows in fixed chunks of tokens
- * (side work, moe__gate_work), and end (the losses from the chunks' sums). */
+ * begin (workspace; the cached experts, read once, into plan.top_e), the rows in fixed chunks of
+ * tokens (side work, moe__gate_work), and end (the losses from the chunks' sums). */
 size_t moe__gate_bytes(const moe_layer_t *l, int T, int k);
 moe_status moe__gate_begin(moe_layer_t *l, const float *x, int T, int k);
 moe__side_work moe__gate_work(moe_layer_t *l);
@@ -98,62 +174,43 @@ moe_status moe__gate_end(moe_layer_t *l);
 /* dw (T, k): gradient of the combine weights. Adds router grads; dx += router contribution. */
 moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float dz, float *dx);
 
-/* route.c: capacity and slot-major placement: fills counts, C, row, kept, offs, dropped. */
+/* route.c: capacity and slot-major placement over the transport's view: fills the plan's counts, C,
+ * row, kept, offs, cap, dropped and rows. */
 moe_status moe__route(moe_layer_t *l);
 
-/* dispatch.c: moving tokens to expert rows and back, dynamic (gather/scatter) or static (mask GEMMs). */
+/* dispatch.c: moving tokens to dispatch rows and back, dynamic (gather/scatter) or static (mask GEMMs). */
 size_t moe__dispatch_bytes(const moe_layer_t *l);
-moe_status moe__dispatch_forward(moe_layer_t *l);
-void moe__combine_forward(moe_layer_t *l, float *y, float *spec);
+/* x (T, D) -> xs (rows, D), allocated here */
+moe_status moe__dispatch_forward(moe_layer_t *l, const float *x);
+void moe__combine_forward(moe_layer_t *l, const float *out, float *y, float *spec);
 /* dout (rows, D) and dw (T, k) from dy and dspec. */
-moe_status moe__combine_backward(moe_layer_t *l, const float *dy, const float *dspec, float *dout,
+moe_status moe__combine_backward(moe_layer_t *l, const float *out, const float *dy, const float *dspec, float *dout,
                                   float *dw);
 /* dx (T, D) = gradient through the dispatch of dxs (rows, D). */
 void moe__dispatch_backward(moe_layer_t *l, const float *dxs, float *dx);
 
-/* experts.c: the FFNs over per-expert row groups. */
-/* One expert's weights; the bf16 copies of the matrices are read instead when cfg.dtype is bf16. */
+/* experts.c: the FFN over groups of rows, for the sources that compute FFNs (own weights, the cache).
+ * One expert's weights; the bf16 copies of the matrices are read instead when cfg.dtype is bf16. */
 typedef struct {
   const float *w1, *b1, *w2, *b2, *w3;
   const uint16_t *w1h, *w2h, *w3h;
 } moe__expert_w;
-moe_status moe__experts_alloc(moe_layer_t *l);
-/* Forward of groups [e0, e1), with expert e's weights at w[e]; side work (or NULL) runs alongside the
- * first GEMMs. */
-moe_status moe__experts_compute(moe_layer_t *l, int e0, int e1, const moe__expert_w *w, const moe__side_work *side);
-size_t moe__experts_bytes(const moe_layer_t *l, int rows);
-moe_status moe__experts_forward(moe_layer_t *l, const moe__side_work *side);
-/* dout (rows, D) -> dxs (rows, D); adds expert weight grads. Scratch from the work arena. */
-moe_status moe__experts_backward(moe_layer_t *l, const float *dout, float *dxs);
-
-/* hier.c: inner MoE layers as the experts (hierarchical MoE). */
-moe_status moe__inner_forward(moe_layer_t *l);
-moe_status moe__inner_backward(moe_layer_t *l, const float *dout, float daux, float dz, float *dxs);
+size_t moe__ffn_bytes(const moe_layer_t *l, int rows);
+moe_status moe__ffn_alloc(moe_layer_t *l, const moe__groups *g);
+/* Forward of groups [e0, e1) of g, with group e's weights at w[e]; side work (or NULL) runs alongside
+ * the first GEMMs. */
+moe_status moe__ffn_forward(moe_layer_t *l, const moe__groups *g, int e0, int e1, const moe__expert_w *w,
+                            const moe__side_work *side);
 
 /* ep.c: expert parallelism, over at most MOE__EP_MAX_RANKS ranks (per-rank bookkeeping on the stack;
- * moe_layer_init refuses more). After routing: the size exchange (per-expert counts to the experts'
- * owners), then the token exchange into expert-major groups; and the way back. */
-size_t moe__ep_route_bytes(const moe_layer_t *l);
+ * moe_layer_init refuses more); the exchanges' bookkeeping shared by both moving transports. */
 #define MOE__EP_MAX_RANKS 64
-moe_status moe__ep_sizes(moe_layer_t *l);
+size_t moe__ep_route_bytes(const moe_layer_t *l);
+/* The counts of the view over all ranks (the stats, and what the capacity is computed from). */
+moe_status moe__ep_global_counts(moe_layer_t *l, moe__view *v);
+/* Books one exchange: its time since t0 and the bytes this rank sent to others. */
+void moe__ep_book(moe_layer_t *l, double t0, double bytes);
+/* Work arena bytes of the exchange buffers for the plan's groups: perm, xr, gx, gout. */
 size_t moe__ep_work_bytes(const moe_layer_t *l);
-/* Allocates the exchange buffers (xr, gx, gout) and the expert-major permutation. */
-moe_status moe__ep_plan(moe_layer_t *l);
-/* Static dispatch: where this rank's tokens sit among all ranks' (t0, Tgi), before routing; the
- * routing workspace that the gathered routing needs; and the fixed-size exchanges of (E, C, D)
- * buffers: owners sum the ranks' buffers of their experts, and every rank gathers all outputs. */
-moe_status moe__ep_static_view(moe_layer_t *l, int T);
-size_t moe__ep_static_route_bytes(const moe_layer_t *l);
-moe_status moe__ep_static_scatter(moe_layer_t *l, const float *rows, float *g);
-moe_status moe__ep_static_gather(moe_layer_t *l, const float *g, float *rows);
-/* rows (rows, D) local, expert-sorted -> g (grows, D) expert-major on the owners */
-moe_status moe__ep_scatter(moe_layer_t *l, const float *rows, float *g);
-/* g (grows, D) expert-major on the owners -> rows (rows, D) back where they came from; g is clobbered */
-moe_status moe__ep_gather(moe_layer_t *l, float *g, float *rows);
-
-/* serve/buffer.c: the experts' forward through the expert cache (expert buffering). */
-moe_status moe__cache_forward(moe_layer_t *l);
-/* Whether a cache was opened for this layer's shape (E, D, H, activation, biases, dtype). */
-int moe__cache_fits(const moe_expert_cache *c, const moe_layer_config *l);
 
 #endif

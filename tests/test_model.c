@@ -21,7 +21,7 @@
 #include <stdlib.h>
 
 #include "fdcheck.h"
-#include "layer_internal.h" /* the inner layers' routing, to guard the hierarchical checks */
+#include "layer_internal.h" /* the inner layers' routing plans, to guard the hierarchical checks */
 #include "test.h"
 
 /* ---------------------------------------------------------------- random parameters */
@@ -95,7 +95,7 @@ static void mg_record_routing(mg_ctx *g, const moe_model_stats *st) {
     memcpy(g->experts0[b], ls->experts, sizeof g->experts0[b]);
     const moe_layer_t *l = &g->m.layers[b];
     for (int e = 0; l->inner && e < MG_E; e++) {
-      const moe__layer_state *is = l->inner[e].st;
+      const moe__plan *is = &l->inner[e].st->p;
       g->inner_T0[b][e] = is->T;
       g->inner_k0[b][e] = is->k;
       g->inner_dropped0[b][e] = is->dropped;
@@ -137,7 +137,7 @@ static int mg_loss(void *ctx, double *F, const char *what) {
       }
     const moe_layer_t *l = &g->m.layers[b];
     for (int e = 0; l->inner && e < MG_E; e++) {
-      const moe__layer_state *is = l->inner[e].st;
+      const moe__plan *is = &l->inner[e].st->p;
       int same = is->T == g->inner_T0[b][e] && is->k == g->inner_k0[b][e] && is->dropped == g->inner_dropped0[b][e];
       same = same && is->T * is->k <= MG_B * MG_K * MG_E;
       for (int a = 0; same && a < is->T * is->k; a++) same = is->top_e[a] == g->inner_top0[b][e][a];

@@ -205,7 +205,7 @@ static int victim(const moe_expert_cache *c, const char *state, int need, int no
   return best;
 }
 
-/* The weights of the expert in slot v, as moe__experts_compute reads them: the matrices through the
+/* The weights of the expert in slot v, as moe__ffn_forward reads them: the matrices through the
  * fp32 pointers (w1, w2, w3) or the bf16 ones (w1h, w2h, w3h) by the dtype, the biases fp32. */
 static moe__expert_w slot_weights(const moe_expert_cache *c, int v) {
   const unsigned char *base = c->slots + (size_t)v * c->slot_bytes;
@@ -224,11 +224,13 @@ static moe__expert_w slot_weights(const moe_expert_cache *c, int v) {
   return w;
 }
 
-moe_status moe__cache_forward(moe_layer_t *l) {
+/* The expert source of a layer with external experts: each expert computes as soon as the cache has it. */
+static moe_status cache_forward(moe_layer_t *l, const moe__groups *g, const moe__side_work *side) {
+  (void)side; /* never given: the source does not take side work */
   moe__layer_state *s = l->st;
   moe_expert_cache *c = l->cache;
-  int E = s->ng;
-  MOE_CHECK(moe__experts_alloc(l));
+  int E = g->n;
+  MOE_CHECK(moe__ffn_alloc(l, g));
   moe__expert_w *w = moe__arena_alloc(&s->work, (size_t)E * sizeof *w);
   char *state = moe__arena_alloc(&s->work, (size_t)E);
   int *order = moe__arena_alloc(&s->work, (size_t)E * sizeof *order);
@@ -236,7 +238,7 @@ moe_status moe__cache_forward(moe_layer_t *l) {
   memset(w, 0, (size_t)E * sizeof *w); /* inactive experts have no rows, and no weights either */
   int n = 0;
   for (int e = 0; e < E; e++) {
-    state[e] = s->goffs[e + 1] > s->goffs[e];
+    state[e] = g->offs[e + 1] > g->offs[e];
     if (state[e]) order[n++] = e;
   }
   c->stats.accesses += n;
@@ -275,7 +277,7 @@ moe_status moe__cache_forward(moe_layer_t *l) {
       state[ej] = 3; /* being computed: its slot stays */
     }
     pthread_mutex_unlock(&c->w.mu);
-    moe_status cst = moe__experts_compute(l, e, order[run - 1] + 1, w, NULL); /* experts between: no rows */
+    moe_status cst = moe__ffn_forward(l, g, e, order[run - 1] + 1, w, NULL); /* experts between: no rows */
     if (computed == MOE_OK) computed = cst;
     pthread_mutex_lock(&c->w.mu);
     for (int j = i; j < run; j++) state[order[j]] = 2;
@@ -295,7 +297,19 @@ moe_status moe__cache_forward(moe_layer_t *l) {
   return computed;
 }
 
-int moe__cache_fits(const moe_expert_cache *c, const moe_layer_config *l) {
+/* Whether a cache was opened for this layer's shape (E, D, H, activation, biases, dtype). */
+static int cache_fits(const moe_expert_cache *c, const moe_layer_config *l) {
   return c->E == l->E && c->D == l->D && c->H == l->H && c->act == (int)l->act && c->bias == l->expert_bias &&
          c->dtype == l->dtype;
+}
+
+static const moe__expert_src cached_experts = {"expert cache", 0, moe__ffn_bytes, cache_forward, NULL};
+
+moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c) {
+  MOE_TRY(l->cfg.external_experts || !c, MOE_ERR_ARG, "moe_layer_set_expert_cache: the layer was not made with external_experts");
+  MOE_TRY(!c || cache_fits(c, &l->cfg), MOE_ERR_SHAPE,
+          "moe_layer_set_expert_cache: the cache was opened for another layer shape (E, D, H, activation, biases, dtype)");
+  l->cache = c;
+  if (l->cfg.external_experts) l->st->src = c ? &cached_experts : NULL;
+  return MOE_OK;
 }

@@ -1,0 +1,108 @@
+/* Static dispatch expert-parallel (moe__transport_static): GShard's fixed (E, C, D) buffers, with the
+ * positions of one process. The routing of all tokens is gathered so that each rank places its
+ * assignments where one process would; the owners of each expert sum the ranks' buffers (a
+ * reduce-scatter: slots are disjoint), and every rank gathers all expert outputs for its combine (an
+ * all-gather). */
+#include <string.h>
+
+#include "dist/dist.h"
+#include "layer_internal.h"
+
+static int world(const moe_layer_t *l) { return moe_dist_size(l->cfg.dist); }
+
+/* Where this rank's tokens sit among all ranks' (t0, Tv), before routing, and the routing workspace
+ * that the gathered routing needs. */
+static moe_status static_begin(moe_layer_t *l, int T, size_t *route_bytes) {
+  moe__plan *p = &l->st->p;
+  int W = world(l), r = moe_dist_rank(l->cfg.dist);
+  double n[MOE__EP_MAX_RANKS] = {0};
+  n[r] = T;
+  MOE_CHECK(moe_dist_allreduce(l->cfg.dist, n, W));
+  double t0 = 0, tg = 0;
+  for (int q = 0; q < W; q++) {
+    t0 += q < r ? n[q] : 0;
+    tg += n[q];
+  }
+  MOE_TRY(tg * l->cfg.top_k <= INT32_MAX / 2, MOE_ERR_ARG, "static dispatch: %.0f tokens over all ranks is too many", tg);
+  p->t0 = (int)t0;
+  p->Tv = (int)tg;
+  size_t Tg = (size_t)p->Tv, k = (size_t)l->cfg.top_k;
+  *route_bytes = moe__ep_route_bytes(l) + moe__arena_size(Tg * (k + 1) * sizeof(double)) +
+                 moe__arena_size(Tg * k * 4) + 2 * moe__arena_size(Tg * 4) + moe__arena_size(Tg * 8);
+  return MOE_OK;
+}
+
+/* Every rank's routing, gathered: the experts, and the scores only where they order the tokens. */
+static moe_status static_view(moe_layer_t *l, moe__view *v) {
+  MOE_CHECK(moe__ep_global_counts(l, v));
+  moe__layer_state *s = l->st;
+  const moe__plan *p = &s->p;
+  int T = p->T, k = p->k, Tv = p->Tv, t0 = p->t0;
+  int with_p = l->cfg.priority == MOE_PRIORITY_SCORE;
+  double *g = moe__arena_alloc(&s->route, (size_t)Tv * (k + 1) * sizeof *g);
+  int32_t *gte = moe__arena_alloc(&s->route, (size_t)Tv * k * 4);
+  float *gtp = moe__arena_alloc(&s->route, (size_t)Tv * 4);
+  int32_t *order = moe__arena_alloc(&s->route, (size_t)Tv * 4);
+  MOE_TRY((g && gte && gtp && order) || Tv == 0, MOE_ERR_STATE, "internal: routing workspace too small");
+  memset(g, 0, (size_t)Tv * (k + with_p) * sizeof *g);
+  for (size_t a = 0; a < (size_t)T * k; a++) g[(size_t)t0 * k + a] = p->top_e[a];
+  for (int t = 0; t < T && with_p; t++) g[(size_t)Tv * k + t0 + t] = s->r.top_p[(size_t)t * k];
+  MOE_CHECK(moe_dist_allreduce(l->cfg.dist, g, Tv * (k + with_p)));
+  for (size_t a = 0; a < (size_t)Tv * k; a++) gte[a] = (int32_t)g[a];
+  for (int t = 0; t < Tv && with_p; t++) gtp[t] = (float)g[(size_t)Tv * k + t];
+  *v = (moe__view){Tv, t0, gte, gtp, 1, v->counts, order};
+  return MOE_OK;
+}
+
+/* This rank's experts' slots of the (E, C, D) buffer (C each, or per-expert capacities). */
+static moe_status static_groups(moe_layer_t *l) {
+  moe__plan *p = &l->st->p;
+  p->ng = l->cfg.E / world(l);
+  int e0 = moe_dist_rank(l->cfg.dist) * p->ng; /* global id of this rank's first expert */
+  p->grows = p->offs[e0 + p->ng] - p->offs[e0];
+  p->goffs = moe__arena_alloc(&l->st->route, (size_t)(p->ng + 1) * 4);
+  MOE_TRY(p->goffs, MOE_ERR_STATE, "internal: routing workspace too small");
+  for (int e = 0; e <= p->ng; e++) p->goffs[e] = p->offs[e0 + e] - p->offs[e0];
+  return MOE_OK;
+}
+
+static moe_status static_alloc(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  size_t n = (size_t)s->p.grows * l->cfg.D * 4;
+  s->gx = moe__arena_alloc(&s->work, n);
+  s->gout = moe__arena_alloc(&s->work, n);
+  s->xr = moe__arena_alloc(&s->work, n);
+  MOE_TRY((s->gx && s->gout && s->xr) || n == 0, MOE_ERR_STATE, "internal: expert workspace too small");
+  return MOE_OK;
+}
+
+/* n (W): floats in each owner's block of the (E, C, D) buffer: its experts' slots (C each, or
+ * per-expert capacities), the same on every rank. */
+static void static_blocks(const moe_layer_t *l, int *n) {
+  int W = world(l), El = l->cfg.E / W, D = l->cfg.D;
+  for (int r = 0; r < W; r++) n[r] = (l->st->p.offs[(r + 1) * El] - l->st->p.offs[r * El]) * D;
+}
+
+/* The owners sum the ranks' buffers of their experts. */
+static moe_status static_send(moe_layer_t *l, const float *rows, float *g) {
+  double t0 = moe__now(), others = 0;
+  int n[MOE__EP_MAX_RANKS], me = moe_dist_rank(l->cfg.dist);
+  static_blocks(l, n);
+  for (int r = 0; r < world(l); r++) others += r == me ? 0 : n[r];
+  MOE_CHECK(moe__dist_reduce_scatter_f32(l->cfg.dist, rows, g, n));
+  moe__ep_book(l, t0, 4.0 * others); /* every other owner's block */
+  return MOE_OK;
+}
+
+/* Every rank gathers all outputs. */
+static moe_status static_recv(moe_layer_t *l, float *g, float *rows) {
+  double t0 = moe__now();
+  int n[MOE__EP_MAX_RANKS];
+  static_blocks(l, n);
+  MOE_CHECK(moe__dist_allgather_f32(l->cfg.dist, g, rows, n));
+  moe__ep_book(l, t0, 4.0 * n[moe_dist_rank(l->cfg.dist)] * (world(l) - 1)); /* this owner's block, to every other rank */
+  return MOE_OK;
+}
+
+const moe__transport moe__transport_static = {"static exchange",  0,            static_begin, static_view, static_groups,
+                                              moe__ep_work_bytes, static_alloc, static_send,  static_recv};
