@@ -151,16 +151,19 @@ typedef enum { MOE_ACT_RELU, MOE_ACT_GELU, MOE_ACT_SILU, MOE_ACT_SWIGLU } moe_ac
 typedef enum { MOE_DISPATCH_DYNAMIC, MOE_DISPATCH_STATIC } moe_dispatch;
 typedef enum { MOE_PRIORITY_INDEX, MOE_PRIORITY_SCORE } moe_priority;
 typedef enum { MOE_ROUTER_LINEAR, MOE_ROUTER_COSINE } moe_router;
+typedef enum { MOE_REUSE_NONE, MOE_REUSE_S4 } moe_reuse;
 
 const char *moe_act_name(moe_act a);
 const char *moe_dispatch_name(moe_dispatch d);
 const char *moe_priority_name(moe_priority p);
 const char *moe_router_name(moe_router r);
+const char *moe_reuse_name(moe_reuse r);
 /* Parse the names above ("relu", "static", ...); MOE_ERR_ARG naming `field` on an unknown value. */
 moe_status moe_act_parse(const char *s, const char *field, moe_act *out);
 moe_status moe_dispatch_parse(const char *s, const char *field, moe_dispatch *out);
 moe_status moe_priority_parse(const char *s, const char *field, moe_priority *out);
 moe_status moe_router_parse(const char *s, const char *field, moe_router *out);
+moe_status moe_reuse_parse(const char *s, const char *field, moe_reuse *out); /* "none", "s4" */
 
 typedef struct {
   int D;                  /* model dim */
@@ -187,9 +190,19 @@ typedef struct {
   moe_dtype dtype;        /* the experts' GEMMs: MOE_DT_F32 (default), or MOE_DT_BF16: bf16 weights
                              and GEMM inputs, fp32 accumulation and outputs; the fp32 parameters stay
                              the master copy (see moe_layer_params_changed) */
+  int pipeline;           /* MPipeMoE: the experts' stage runs as this many micro-batches, each a part of
+                             the dispatch rows (dynamic dispatch, one process); 1 = the whole batch at
+                             once (default). Outputs and input gradients are the same bits for every n;
+                             expert weight gradients are summed micro-batch by micro-batch */
+  moe_reuse memory_reuse; /* with pipeline > 1: what backward restores instead of keeping (MPipeMoE
+                             Table II on a CPU): MOE_REUSE_NONE keeps every micro-batch's activations;
+                             MOE_REUSE_S4 keeps one micro-batch's fc1/fc3/activation buffer (T_M) and
+                             recomputes it in backward (S2, restoring T_M by offload, is S4 without the
+                             recompute on a CPU: host memory is the offload target, so it saves nothing) */
 } moe_layer_config;
 
-/* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on. */
+/* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,
+ * pipeline 1, no memory reuse. */
 void moe_layer_config_default(moe_layer_config *c);
 
 /* Parameters and their gradients live in one allocation each, described by a table of named tensors:

@@ -17,13 +17,13 @@
 
 static int is_bf16(const moe_layer_t *l) { return l->cfg.dtype == MOE_DT_BF16; }
 
-size_t moe__ffn_bytes(const moe_layer_t *l, int rows) {
+size_t moe__ffn_bytes(const moe_layer_t *l, int ng, int rows) {
   size_t r = (size_t)rows, H = (size_t)l->cfg.H, D = (size_t)l->cfg.D;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
   size_t fwd = (glu ? 3 : 2) * moe__arena_size(r * H * 4); /* a1 (a3) h; the caller owns gx and gout */
   if (is_bf16(l)) /* xb hb db (d3b) */
     fwd += 2 * moe__arena_size(r * D * 2) + (glu ? 2 : 1) * moe__arena_size(r * H * 2);
-  size_t E = (size_t)l->cfg.E; /* the GEMM list, the weights of each expert, and the cache's bookkeeping */
+  size_t E = (size_t)ng; /* the GEMM list, the weights of each group, and the cache's bookkeeping */
   return fwd + moe__arena_size(3 * E * sizeof(moe__gemm)) + moe__arena_size(E * sizeof(moe__expert_w)) +
          moe__arena_size(E) + moe__arena_size(E * sizeof(int));
 }
@@ -81,15 +81,17 @@ static void add_bias(float *a, const moe__expert_w *w, int second, const int32_t
   }
 }
 
-moe_status moe__ffn_alloc(moe_layer_t *l, const moe__groups *g) {
-  moe__ffn *f = &l->st->f;
-  int E = g->n, H = l->cfg.H, rows = g->rows;
+moe_status moe__ffn_alloc(moe_layer_t *l, int ng, int rows, moe__ffn *f) {
+  int E = ng, H = l->cfg.H;
   moe__arena *a = &l->st->work;
   f->a1 = moe__arena_alloc(a, (size_t)rows * H * 4);
   f->a3 = l->cfg.act == MOE_ACT_SWIGLU ? moe__arena_alloc(a, (size_t)rows * H * 4) : NULL;
   f->h = moe__arena_alloc(a, (size_t)rows * H * 4);
   f->gemms = moe__arena_alloc(a, 3 * (size_t)E * sizeof *f->gemms);
-  MOE_TRY(f->gemms && (f->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
+  f->w = moe__arena_alloc(a, (size_t)E * sizeof(moe__expert_w));
+  f->state = moe__arena_alloc(a, (size_t)E);
+  f->order = moe__arena_alloc(a, (size_t)E * sizeof *f->order);
+  MOE_TRY(f->gemms && f->order && (f->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
   if (is_bf16(l)) {
     int D = l->cfg.D;
     f->xb = moe__arena_alloc(a, (size_t)rows * D * 2);
@@ -110,9 +112,21 @@ static moe__gemm gemm_of(bool bf, bool ta, bool tb, int M, int N, int K, float b
                      bf ? (const void *)(bb + b0) : (const void *)(bf32 + b0), ldb, C, ldc, bf};
 }
 
-moe_status moe__ffn_forward(moe_layer_t *l, const moe__groups *gr, int e0, int e1, const moe__expert_w *w,
-                            const moe__side_work *side) {
-  moe__ffn *f = &l->st->f;
+moe__ffn moe__ffn_at(const moe_layer_t *l, const moe__ffn *f, int r) {
+  size_t H = (size_t)l->cfg.H * r, D = (size_t)l->cfg.D * r;
+  moe__ffn v = *f;
+  v.a1 = f->a1 ? f->a1 + H : NULL;
+  v.a3 = f->a3 ? f->a3 + H : NULL;
+  v.h = f->h ? f->h + H : NULL;
+  v.xb = f->xb ? f->xb + D : NULL;
+  v.hb = f->hb ? f->hb + H : NULL;
+  v.db = f->db ? f->db + D : NULL;
+  v.d3b = f->d3b ? f->d3b + H : NULL;
+  return v;
+}
+
+moe_status moe__ffn_forward(moe_layer_t *l, const moe__groups *gr, const moe__ffn *f, int e0, int e1,
+                            const moe__expert_w *w, const moe__side_work *side) {
   int D = l->cfg.D, H = l->cfg.H, nt = l->st->threads;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
   bool bf = is_bf16(l);
@@ -129,7 +143,7 @@ moe_status moe__ffn_forward(moe_layer_t *l, const moe__groups *gr, int e0, int e
       g[n++] = gemm_of(bf, false, true, m, H, D, 0.0f, gr->x, f->xb, (size_t)r0 * D, D, w[e].w3, w[e].w3h, 0, D,
                        f->a3 + (size_t)r0 * H, H);
   }
-  MOE_CHECK(moe__gemm_run_side(g, n, nt, side));
+  MOE_CHECK(moe__gemm_run_fixed(g, n, nt, side));
   add_bias(f->a1, w, 0, offs, e0, e1, H, nt);
   moe_act act = l->cfg.act;
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -142,7 +156,7 @@ moe_status moe__ffn_forward(moe_layer_t *l, const moe__groups *gr, int e0, int e
     g[n++] = gemm_of(bf, false, true, m, D, H, 0.0f, f->h, f->hb, (size_t)r0 * H, H, w[e].w2, w[e].w2h, 0, H,
                      gr->y + (size_t)r0 * D, D);
   }
-  MOE_CHECK(moe__gemm_run(g, n, nt));
+  MOE_CHECK(moe__gemm_run_fixed(g, n, nt, NULL));
   add_bias(gr->y, w, 1, offs, e0, e1, D, nt);
   return MOE_OK;
 }
@@ -174,23 +188,20 @@ static moe__expert_w own_weights(const moe_layer_t *l, const moe__weights *w, in
   return r;
 }
 
-static moe_status own_forward(moe_layer_t *l, const moe__groups *g, const moe__side_work *side) {
-  moe__layer_state *s = l->st;
-  MOE_CHECK(moe__ffn_alloc(l, g));
+static moe_status own_forward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f,
+                              const moe__side_work *side) {
   int E = g->n;
   if (is_bf16(l)) refresh_bf16(l);
   moe__weights w;
   moe__weights_bind(l, l->params, &w);
-  moe__expert_w *ew = moe__arena_alloc(&s->work, (size_t)E * sizeof *ew);
-  MOE_TRY(ew, MOE_ERR_STATE, "internal: expert workspace too small");
+  moe__expert_w *ew = f->w;
   for (int e = 0; e < E; e++) ew[e] = own_weights(l, &w, e);
-  return moe__ffn_forward(l, g, 0, E, ew, side);
+  return moe__ffn_forward(l, g, f, 0, E, ew, side);
 }
 
-static moe_status own_backward(moe_layer_t *l, const moe__groups *gr, const float *dout, float daux, float dz,
-                               float *dxs) {
+static moe_status own_backward(moe_layer_t *l, const moe__groups *gr, const moe__ffn *f, const float *dout,
+                               float daux, float dz, float *dxs) {
   (void)daux, (void)dz; /* FFN experts have no losses of their own */
-  moe__ffn *f = &l->st->f;
   int E = gr->n, D = l->cfg.D, H = l->cfg.H, rows = gr->rows, nt = l->st->threads;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
   bool bf = is_bf16(l);
@@ -205,10 +216,11 @@ static moe_status own_backward(moe_layer_t *l, const moe__groups *gr, const floa
   int n = 0;
   for (int e = 0; e < E; e++) {
     int r0 = offs[e], m = offs[e + 1] - r0;
+    if (m == 0) continue; /* nothing to add (an expert of another micro-batch) */
     g[n++] = gemm_of(bf, true, false, D, H, m, 1.0f, dout, f->db, (size_t)r0 * D, D, f->h, f->hb, (size_t)r0 * H, H,
                      gw.w2 + (size_t)e * D * H, H); /* dW2 += dout^T h */
   }
-  MOE_CHECK(moe__gemm_run(g, n, nt));
+  MOE_CHECK(moe__gemm_run_fixed(g, n, nt, NULL));
   n = 0;
   for (int e = 0; e < E; e++) {
     int r0 = offs[e], m = offs[e + 1] - r0;
@@ -216,7 +228,7 @@ static moe_status own_backward(moe_layer_t *l, const moe__groups *gr, const floa
     g[n++] = gemm_of(bf, false, false, m, H, D, 0.0f, dout, f->db, (size_t)r0 * D, D, ew.w2, ew.w2h, 0, H,
                      dh + (size_t)r0 * H, H); /* dh = dout W2 */
   }
-  MOE_CHECK(moe__gemm_run(g, n, nt));
+  MOE_CHECK(moe__gemm_run_fixed(g, n, nt, NULL));
   if (gw.b2) colsum_add(gw.b2, dout, offs, E, D, nt);
   moe_act act = l->cfg.act;
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -238,6 +250,7 @@ static moe_status own_backward(moe_layer_t *l, const moe__groups *gr, const floa
   n = 0;
   for (int e = 0; e < E; e++) {
     int r0 = offs[e], m = offs[e + 1] - r0;
+    if (m == 0) continue;
     size_t xr = (size_t)r0 * D, hr = (size_t)r0 * H;
     moe__expert_w ew = own_weights(l, &w, e);
     g[n++] = gemm_of(bf, true, false, H, D, m, 1.0f, dh, f->hb, hr, H, gr->x, f->xb, xr, D,
@@ -248,7 +261,7 @@ static moe_status own_backward(moe_layer_t *l, const moe__groups *gr, const floa
     g[n++] = gemm_of(bf, false, false, m, D, H, 0.0f, dh, f->hb, hr, H, ew.w1, ew.w1h, 0, D, dxs + xr,
                      D); /* dxs = da1 W1 */
   }
-  MOE_CHECK(moe__gemm_run(g, n, nt));
+  MOE_CHECK(moe__gemm_run_fixed(g, n, nt, NULL));
   if (glu) {
     n = 0;
     for (int e = 0; e < E; e++) {
@@ -257,9 +270,9 @@ static moe_status own_backward(moe_layer_t *l, const moe__groups *gr, const floa
       g[n++] = gemm_of(bf, false, false, m, D, H, 1.0f, da3, f->d3b, (size_t)r0 * H, H, ew.w3, ew.w3h, 0, D,
                        dxs + (size_t)r0 * D, D); /* += da3 W3 */
     }
-    MOE_CHECK(moe__gemm_run(g, n, nt));
+    MOE_CHECK(moe__gemm_run_fixed(g, n, nt, NULL));
   }
   return MOE_OK;
 }
 
-const moe__expert_src moe__experts_own = {"own", 1, moe__ffn_bytes, own_forward, own_backward};
+const moe__expert_src moe__experts_own = {"own", 1, moe__ffn_bytes, moe__ffn_alloc, own_forward, own_backward};

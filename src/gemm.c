@@ -13,6 +13,9 @@
 #define TILES_PER_THREAD 4
 #define MIN_TILE 64
 #define MAX_TILES 4096 /* 64 KiB of stack */
+/* moe__gemm_run_fixed: a GEMM is cut only past this many flops (about 5 ms of one core), so most
+ * expert GEMMs run whole, one per thread, and their tiles never depend on the rest of the list */
+#define FIXED_TILE_FLOPS 1073741824.0
 
 int moe__threads(int requested) { return requested > 0 ? requested : omp_get_num_procs(); }
 
@@ -46,7 +49,19 @@ moe_status moe__gemm_run(const moe__gemm *g, int n, int threads) {
   return moe__gemm_run_side(g, n, threads, NULL);
 }
 
+/* The tiles: each GEMM cut into parts of about `target` flops (fixed: FIXED_TILE_FLOPS; else a share
+ * of the list's total work per thread), in whole SIMD blocks; then one dynamic schedule. */
+static moe_status run_tiles(const moe__gemm *g, int n, int threads, const moe__side_work *side, int fixed);
+
 moe_status moe__gemm_run_side(const moe__gemm *g, int n, int threads, const moe__side_work *side) {
+  return run_tiles(g, n, threads, side, 0);
+}
+
+moe_status moe__gemm_run_fixed(const moe__gemm *g, int n, int threads, const moe__side_work *side) {
+  return run_tiles(g, n, threads, side, 1);
+}
+
+static moe_status run_tiles(const moe__gemm *g, int n, int threads, const moe__side_work *side, int fixed) {
   threads = moe__threads(threads);
   for (int i = 0; i < n; i++)
     if (g[i].bf16) {
@@ -54,7 +69,7 @@ moe_status moe__gemm_run_side(const moe__gemm *g, int n, int threads, const moe_
       break;
     }
   while (n > MAX_TILES) { /* batches small enough for one tile each; the side work with the last */
-    MOE_CHECK(moe__gemm_run(g, MAX_TILES, threads));
+    MOE_CHECK(run_tiles(g, MAX_TILES, threads, NULL, fixed));
     g += MAX_TILES;
     n -= MAX_TILES;
   }
@@ -62,7 +77,7 @@ moe_status moe__gemm_run_side(const moe__gemm *g, int n, int threads, const moe_
   if (threads == 1 && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   double total = 0;
   for (int i = 0; i < n; i++) total += (double)g[i].M * g[i].N * (g[i].K + 1);
-  double target = threads == 1 ? INFINITY : total / (threads * TILES_PER_THREAD) + 1; /* 1: whole GEMMs */
+  double target = fixed ? FIXED_TILE_FLOPS : threads == 1 ? INFINITY : total / (threads * TILES_PER_THREAD) + 1;
   /* tiles: (gemm index, split along M?, start, length); on the stack, read by every thread */
   struct { int gi, along_m, s, len; } tiles[MAX_TILES];
   int nt = 0;

@@ -34,6 +34,10 @@ typedef struct {
  * tiles are those moe__gemm_run makes, so the GEMMs give the same bits with or without side work.
  * Past 4096 GEMMs (a batch), the side items go with the last batch. */
 moe_status moe__gemm_run_side(const moe__gemm *g, int n, int threads, const moe__side_work *side);
+/* moe__gemm_run_side with tiles that depend on each GEMM's own shape only, not on the list's total
+ * work or the thread count: a GEMM gives the same bits whatever else runs with it (the experts' GEMMs,
+ * so that micro-batches of whole experts compute what one batch does). */
+moe_status moe__gemm_run_fixed(const moe__gemm *g, int n, int threads, const moe__side_work *side);
 /* One GEMM on the calling thread, for work inside a parallel region whose threads run BLAS
  * single-threaded (side work); returns 0 if a bf16 GEMM failed. */
 int moe__gemm_one(const moe__gemm *g);

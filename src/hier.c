@@ -6,8 +6,8 @@
 
 #include "layer_internal.h"
 
-static moe_status inner_forward(moe_layer_t *l, const moe__groups *g, const moe__side_work *side) {
-  (void)side; /* the inner layers run their own routers: nothing alongside */
+static moe_status inner_forward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const moe__side_work *side) {
+  (void)f, (void)side; /* the inner layers keep their own activations and run their own routers */
   moe__layer_state *s = l->st;
   int D = l->cfg.D;
   s->inner_aux = s->inner_z = 0;
@@ -22,8 +22,9 @@ static moe_status inner_forward(moe_layer_t *l, const moe__groups *g, const moe_
   return MOE_OK;
 }
 
-static moe_status inner_backward(moe_layer_t *l, const moe__groups *g, const float *dout, float daux, float dz,
-                                 float *dxs) {
+static moe_status inner_backward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const float *dout,
+                                 float daux, float dz, float *dxs) {
+  (void)f;
   int D = l->cfg.D;
   for (int e = 0; e < g->n; e++) {
     int r0 = g->offs[e], n = g->kept[e], pad = g->offs[e + 1] - r0 - n;
@@ -35,9 +36,15 @@ static moe_status inner_backward(moe_layer_t *l, const moe__groups *g, const flo
 }
 
 /* The inner layers have workspaces of their own. */
-static size_t inner_bytes(const moe_layer_t *l, int rows) {
-  (void)l, (void)rows;
+static size_t inner_bytes(const moe_layer_t *l, int ng, int rows) {
+  (void)l, (void)ng, (void)rows;
   return 0;
 }
 
-const moe__expert_src moe__experts_inner = {"inner", 0, inner_bytes, inner_forward, inner_backward};
+static moe_status inner_alloc(moe_layer_t *l, int ng, int rows, moe__ffn *f) {
+  (void)l, (void)ng, (void)rows;
+  *f = (moe__ffn){0};
+  return MOE_OK;
+}
+
+const moe__expert_src moe__experts_inner = {"inner", 0, inner_bytes, inner_alloc, inner_forward, inner_backward};

@@ -24,6 +24,7 @@ void moe_layer_config_default(moe_layer_config *c) {
   c->proj_dim = 256;
   c->gate_bias = 1;
   c->expert_bias = 1;
+  c->pipeline = 1;
 }
 
 static void add_param(moe_layer_t *l, const char *name, int ndim, int64_t a, int64_t b, int64_t c) {
@@ -70,6 +71,12 @@ static moe_status check_config(const moe_layer_config *c) {
           "config: the experts' dtype must be f32 or bf16, got %s", moe_dtype_name(c->dtype));
   MOE_TRY(!c->external_experts || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->inner_experts), MOE_ERR_ARG,
           "config: buffered experts need dispatch=dynamic and no hierarchical experts");
+  MOE_TRY(c->pipeline >= 1 && c->pipeline <= MOE__MAX_MICRO, MOE_ERR_ARG,
+          "config: pipeline (micro-batches) must be in [1, %d], got %d", MOE__MAX_MICRO, c->pipeline);
+  MOE_TRY(c->pipeline == 1 || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->dist && !c->inner_experts), MOE_ERR_ARG,
+          "config: pipeline %d needs dynamic dispatch in one process without hierarchical experts (expert "
+          "parallelism and static dispatch run one micro-batch for now)", c->pipeline);
+  MOE_TRY((unsigned)c->memory_reuse <= MOE_REUSE_S4, MOE_ERR_ARG, "config: unknown memory_reuse %d", c->memory_reuse);
   MOE_TRY(c->inner_experts == 0 || (c->inner_top_k >= 1 && c->inner_top_k <= c->inner_experts), MOE_ERR_ARG,
           "config: inner_top_k must be in [1, inner_experts=%d], got %d", c->inner_experts, c->inner_top_k);
   return MOE_OK;
@@ -305,6 +312,21 @@ static int router_alongside(const moe_layer_t *l) {
  * transport moves nothing, else its own. */
 static float *expert_side(const moe_layer_t *l, float *rows, float *own) { return l->st->tr->in_place ? rows : own; }
 
+/* Micro-batch i's groups, in and out of the experts' buffers x and y (of all the groups' rows). */
+static moe__groups micro_groups(const moe_layer_t *l, int i, const float *x, float *y) {
+  const moe__plan *p = &l->st->p;
+  const moe__micro *m = &p->mb[i];
+  size_t r = (size_t)m->lo * l->cfg.D;
+  const int32_t *kept = p->n == 1 && l->st->tr->in_place ? p->kept : NULL; /* static padding, in process */
+  return (moe__groups){p->ng, m->rows, m->goffs, kept, x + r, y + r};
+}
+
+/* Micro-batch i's activations: its own rows of them, or the one shared buffer under memory reuse. */
+static moe__ffn micro_ffn(const moe_layer_t *l, int i) {
+  int shared = l->cfg.memory_reuse == MOE_REUSE_S4;
+  return moe__ffn_at(l, &l->st->f, shared ? 0 : l->st->p.mb[i].g0);
+}
+
 moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,
                              moe_layer_stats *stats) {
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_forward: layer not initialized");
@@ -316,7 +338,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   moe__layer_state *s = l->st;
   const moe__transport *tr = s->tr;
   moe__plan *p = &s->p;
-  int D = l->cfg.D, k = l->cfg.top_k;
+  int D = l->cfg.D, k = l->cfg.top_k, n = l->cfg.pipeline;
   s->have_fwd = 0;
   s->threads = moe__threads(l->cfg.threads);
   long long bad = first_nonfinite(x, (size_t)T * D, s->threads);
@@ -326,25 +348,32 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
           "moe_layer_forward: T=%d is too large for k=%d, D=%d", T, k, D);
   size_t route = 0;
   MOE_CHECK(tr->begin(l, T, &route));
-  MOE_CHECK(moe__arena_reserve(&s->route, moe__gate_bytes(l, T, k) + route, "router"));
+  route += moe__gate_bytes(l, T, k) + moe__micro_bytes(n, l->cfg.E);
+  MOE_CHECK(moe__arena_reserve(&s->route, route, "router"));
   int along = router_alongside(l);
   MOE_CHECK(moe__gate_begin(l, x, T, k));
   moe__side_work router = moe__gate_work(l);
   if (!along) MOE_CHECK(moe__gemm_run_side(NULL, 0, s->threads, &router)); /* the router first */
   MOE_CHECK(moe__route(l));
   MOE_CHECK(tr->groups(l)); /* now the rows this process's experts get are known */
+  MOE_CHECK(moe__split_rows(l, n));
+  int act_rows = l->cfg.memory_reuse == MOE_REUSE_S4 ? p->mb_rows : p->grows; /* one micro-batch's, or all */
   size_t rows_d = moe__arena_size((size_t)p->rows * D * 4);
-  size_t work = moe__dispatch_bytes(l) + s->src->bytes(l, p->grows) + 2 * rows_d +
+  size_t work = moe__dispatch_bytes(l) + s->src->bytes(l, p->ng, act_rows) + 2 * rows_d +
                 moe__arena_size((size_t)T * D * 4) + tr->work_bytes(l); /* out, dout, dy=0 */
   MOE_CHECK(moe__arena_reserve(&s->work, work, "expert"));
   MOE_CHECK(moe__dispatch_forward(l, x));
   s->out = moe__arena_alloc(&s->work, (size_t)p->rows * D * 4);
   MOE_TRY(s->out || p->rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
   MOE_CHECK(tr->alloc(l));
+  MOE_CHECK(s->src->alloc(l, p->ng, act_rows, &s->f));
   float *gx = expert_side(l, s->xs, s->gx), *gout = expert_side(l, s->out, s->gout);
-  s->g = (moe__groups){p->ng, p->grows, p->goffs, tr->in_place ? p->kept : NULL, gx, gout};
   MOE_CHECK(tr->send(l, s->xs, gx)); /* the token exchange */
-  MOE_CHECK(s->src->forward(l, &s->g, along ? &router : NULL));
+  for (int i = 0; i < p->n; i++) {
+    moe__groups g = micro_groups(l, i, gx, gout);
+    moe__ffn f = micro_ffn(l, i);
+    MOE_CHECK(s->src->forward(l, &g, &f, along && i == 0 ? &router : NULL));
+  }
   MOE_CHECK(moe__gate_end(l)); /* the losses (a collective when expert-parallel), after either order */
   MOE_CHECK(tr->recv(l, gout, s->out));
   moe__combine_forward(l, s->out, y, spec);
@@ -388,9 +417,17 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   if (dweights)
     for (size_t i = 0; i < (size_t)T * p->k; i++) dw[i] += dweights[i];
   /* the experts' side of dout and dxs: the forward's outputs and receive buffer are dead by now */
+  const float *gx = expert_side(l, s->xs, s->gx);
   float *gd = expert_side(l, dout, s->gout), *gdx = expert_side(l, dxs, s->xr);
+  int recompute = l->cfg.memory_reuse == MOE_REUSE_S4 && p->n > 1; /* the shared buffer holds the last one */
   MOE_CHECK(s->tr->send(l, dout, gd));
-  MOE_CHECK(s->src->backward(l, &s->g, gd, daux, dz, gdx));
+  for (int i = 0; i < p->n; i++) { /* weight gradients summed micro-batch by micro-batch, in order */
+    moe__groups g = micro_groups(l, i, gx, gdx); /* y: where a recompute may write, dead until dx */
+    moe__ffn f = micro_ffn(l, i);
+    size_t r = (size_t)p->mb[i].lo * D;
+    if (recompute) MOE_CHECK(s->src->forward(l, &g, &f, NULL)); /* T_M again (MPipeMoE S4) */
+    MOE_CHECK(s->src->backward(l, &g, &f, gd + r, daux, dz, gdx + r));
+  }
   MOE_CHECK(s->tr->recv(l, gdx, dxs));
   moe__dispatch_backward(l, dxs, dx);
   MOE_CHECK(moe__gate_backward(l, dw, daux, dz, dx));

@@ -30,6 +30,15 @@ typedef struct {
 } moe__weights;
 void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w);
 
+/* One micro-batch of the experts' stage (MPipeMoE): groups of its own rows. lo: its first dispatch row
+ * (in process, where its rows sit in xs and out); g0: its first row among all micro-batches' group
+ * rows (where its activations sit when they are all kept). */
+typedef struct {
+  int lo, rows, g0;
+  int32_t *goffs; /* (ng + 1) first row of each group, from 0 */
+} moe__micro;
+#define MOE__MAX_MICRO 64
+
 /* The routing plan: where every assignment goes. Made by the router and the placement, read by every
  * later stage. Rows are expert-sorted: expert e's rows are [offs[e], offs[e + 1]) of the dispatch
  * buffers. The groups are what this process's experts compute: without expert parallelism the
@@ -54,6 +63,9 @@ typedef struct {
   int32_t *rc;           /* (W, E/W) rows from rank s for local expert e */
   int32_t *perm;         /* (grows) source-major row of each expert-major row */
   int t0, Tv;            /* static: this rank's first token among all ranks', and their number */
+  /* the experts' stage as n micro-batches (n = 1: the groups themselves) */
+  int n, mb_rows;        /* micro-batches, the rows of the largest */
+  moe__micro *mb;        /* (n) */
 } moe__plan;
 
 /* The tokens placement runs over: this process's, or all ranks' (static dispatch expert-parallel,
@@ -98,15 +110,35 @@ typedef struct {
   float *y;
 } moe__groups;
 
-/* Where the experts' weights come from. forward computes the groups (side work, when not NULL, runs
- * alongside its first GEMMs: only a source with `alongside` is given any); backward takes dy (rows, D)
- * of the same groups to dx, adding weight gradients; NULL: inference only. */
+/* The FFN experts' activations (experts.c), kept for backward: for `rows` rows from one base, and
+ * scratch for the groups' GEMM list and weights. */
+typedef struct {
+  float *a1, *a3, *h;  /* (rows, H) fc1 pre-activation, fc3 output (swiglu), activation */
+  uint16_t *xb;        /* (rows, D) bf16 expert inputs */
+  uint16_t *hb;        /* (rows, H) bf16 activation; backward: da1 */
+  uint16_t *db;        /* (rows, D) backward: dout */
+  uint16_t *d3b;       /* (rows, H) swiglu backward: da3 */
+  moe__gemm *gemms;    /* (3 ng) the GEMM list */
+  void *w;             /* (ng) moe__expert_w: each group's weights */
+  char *state;         /* (ng) the expert cache's bookkeeping */
+  int *order;          /* (ng) */
+} moe__ffn;
+/* The activations of rows [r, ...) of f. */
+moe__ffn moe__ffn_at(const moe_layer_t *l, const moe__ffn *f, int r);
+
+/* Where the experts' weights come from. alloc makes the activations of `rows` rows of ng groups (bytes:
+ * what they take of the work arena); forward computes the groups with the activations f (side work,
+ * when not NULL, runs alongside its first GEMMs: only a source with `alongside` is given any); backward
+ * takes dy (rows, D) of the same groups and activations to dx, adding weight gradients; NULL:
+ * inference only. */
 typedef struct {
   const char *name;
   int alongside;
-  size_t (*bytes)(const moe_layer_t *l, int rows); /* work arena bytes for `rows` rows */
-  moe_status (*forward)(moe_layer_t *l, const moe__groups *g, const moe__side_work *side);
-  moe_status (*backward)(moe_layer_t *l, const moe__groups *g, const float *dy, float daux, float dz, float *dx);
+  size_t (*bytes)(const moe_layer_t *l, int ng, int rows);
+  moe_status (*alloc)(moe_layer_t *l, int ng, int rows, moe__ffn *f);
+  moe_status (*forward)(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const moe__side_work *side);
+  moe_status (*backward)(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const float *dy, float daux,
+                         float dz, float *dx);
 } moe__expert_src;
 extern const moe__expert_src moe__experts_own;   /* experts.c */
 extern const moe__expert_src moe__experts_inner; /* hier.c */
@@ -131,15 +163,10 @@ extern const moe__transport moe__transport_local;  /* transport_local.c */
 extern const moe__transport moe__transport_a2a;    /* ep.c: dynamic dispatch, all-to-all-v (Linear or 2DH) */
 extern const moe__transport moe__transport_static; /* ep_static.c: static dispatch's fixed exchanges */
 
-/* The FFN experts' activations (experts.c), kept for backward. */
-typedef struct {
-  float *a1, *a3, *h;  /* (grows, H) fc1 pre-activation, fc3 output (swiglu), activation */
-  moe__gemm *gemms;    /* (3 E) the GEMM list */
-  uint16_t *xb;        /* (grows, D) bf16 expert inputs */
-  uint16_t *hb;        /* (grows, H) bf16 activation; backward: da1 */
-  uint16_t *db;        /* (grows, D) backward: dout */
-  uint16_t *d3b;       /* (grows, H) swiglu backward: da3 */
-} moe__ffn;
+/* micro.c: the experts' stage as n micro-batches, each a contiguous part of the groups' rows (one
+ * destination: in process); route arena bytes for n micro-batches of at most ng groups. */
+size_t moe__micro_bytes(int n, int ng);
+moe_status moe__split_rows(moe_layer_t *l, int n);
 
 struct moe__layer_state {
   moe__arena route; /* router and plan: sized from T, k, E, P */
@@ -150,11 +177,10 @@ struct moe__layer_state {
   const moe__expert_src *src;
   moe__router r;
   moe__plan p;
-  moe__groups g;    /* the forward's groups: x = gx, y = gout */
+  moe__ffn f;       /* the experts' activations: every micro-batch's, or one shared (memory reuse) */
   float *xs, *out;  /* (rows, D) dispatch rows: expert inputs and outputs */
   float *gx, *gout, *xr; /* (grows, D) a moving transport's buffers: inputs, outputs, receive buffer */
   float *mask, *comb;    /* (T, rows) static dispatch: dispatch mask and combine weights */
-  moe__ffn f;
   float inner_aux, inner_z; /* hierarchical: sums over the inner layers */
   moe_comm_stats comm;      /* exchanges since the last reset */
   /* bf16 experts (cfg.dtype): bf16 copies of the parameters (only the expert weights are filled),
@@ -195,12 +221,12 @@ typedef struct {
   const float *w1, *b1, *w2, *b2, *w3;
   const uint16_t *w1h, *w2h, *w3h;
 } moe__expert_w;
-size_t moe__ffn_bytes(const moe_layer_t *l, int rows);
-moe_status moe__ffn_alloc(moe_layer_t *l, const moe__groups *g);
-/* Forward of groups [e0, e1) of g, with group e's weights at w[e]; side work (or NULL) runs alongside
- * the first GEMMs. */
-moe_status moe__ffn_forward(moe_layer_t *l, const moe__groups *g, int e0, int e1, const moe__expert_w *w,
-                            const moe__side_work *side);
+size_t moe__ffn_bytes(const moe_layer_t *l, int ng, int rows);
+moe_status moe__ffn_alloc(moe_layer_t *l, int ng, int rows, moe__ffn *f);
+/* Forward of groups [e0, e1) of g with activations f, group e's weights at w[e]; side work (or NULL)
+ * runs alongside the first GEMMs. */
+moe_status moe__ffn_forward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, int e0, int e1,
+                            const moe__expert_w *w, const moe__side_work *side);
 
 /* ep.c: expert parallelism, over at most MOE__EP_MAX_RANKS ranks (per-rank bookkeeping on the stack;
  * moe_layer_init refuses more); the exchanges' bookkeeping shared by both moving transports. */

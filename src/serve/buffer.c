@@ -225,16 +225,13 @@ static moe__expert_w slot_weights(const moe_expert_cache *c, int v) {
 }
 
 /* The expert source of a layer with external experts: each expert computes as soon as the cache has it. */
-static moe_status cache_forward(moe_layer_t *l, const moe__groups *g, const moe__side_work *side) {
+static moe_status cache_forward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const moe__side_work *side) {
   (void)side; /* never given: the source does not take side work */
-  moe__layer_state *s = l->st;
   moe_expert_cache *c = l->cache;
   int E = g->n;
-  MOE_CHECK(moe__ffn_alloc(l, g));
-  moe__expert_w *w = moe__arena_alloc(&s->work, (size_t)E * sizeof *w);
-  char *state = moe__arena_alloc(&s->work, (size_t)E);
-  int *order = moe__arena_alloc(&s->work, (size_t)E * sizeof *order);
-  MOE_TRY(w && state && order, MOE_ERR_STATE, "internal: expert workspace too small");
+  moe__expert_w *w = f->w;
+  char *state = f->state;
+  int *order = f->order;
   memset(w, 0, (size_t)E * sizeof *w); /* inactive experts have no rows, and no weights either */
   int n = 0;
   for (int e = 0; e < E; e++) {
@@ -277,7 +274,7 @@ static moe_status cache_forward(moe_layer_t *l, const moe__groups *g, const moe_
       state[ej] = 3; /* being computed: its slot stays */
     }
     pthread_mutex_unlock(&c->w.mu);
-    moe_status cst = moe__ffn_forward(l, g, e, order[run - 1] + 1, w, NULL); /* experts between: no rows */
+    moe_status cst = moe__ffn_forward(l, g, f, e, order[run - 1] + 1, w, NULL); /* experts between: no rows */
     if (computed == MOE_OK) computed = cst;
     pthread_mutex_lock(&c->w.mu);
     for (int j = i; j < run; j++) state[order[j]] = 2;
@@ -303,7 +300,7 @@ static int cache_fits(const moe_expert_cache *c, const moe_layer_config *l) {
          c->dtype == l->dtype;
 }
 
-static const moe__expert_src cached_experts = {"expert cache", 0, moe__ffn_bytes, cache_forward, NULL};
+static const moe__expert_src cached_experts = {"expert cache", 0, moe__ffn_bytes, moe__ffn_alloc, cache_forward, NULL};
 
 moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c) {
   MOE_TRY(l->cfg.external_experts || !c, MOE_ERR_ARG, "moe_layer_set_expert_cache: the layer was not made with external_experts");

@@ -1,0 +1,163 @@
+/* Micro-batch pipelining of the experts' stage (MPipeMoE): for n micro-batches and either memory
+ * strategy (none, S4: one shared activation buffer, recomputed in backward), the outputs, losses,
+ * input gradients, router gradients and expert bias gradients are the bits of n = 1; the expert weight
+ * gradients, summed micro-batch by micro-batch, agree within 1e-6 relative. Over activations, k,
+ * router kinds, dtypes, uneven splits, more micro-batches than rows, and an empty batch. And the
+ * activation workspace that S4 keeps is one micro-batch's. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "compare.h"
+#include "layer_internal.h" /* the plan's micro-batches, for the workspace check */
+#include "test.h"
+
+enum { D = 12, H = 20, E = 5, TMAX = 97 };
+
+typedef struct {
+  float y[TMAX * D], spec[TMAX * 3 * D], dx[TMAX * D];
+  float *grads;
+  float aux, z;
+} run_out;
+
+static void fill(float *a, int n, uint64_t s) {
+  for (int i = 0; i < n; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    a[i] = (float)((s >> 40) * 0x1.0p-23) - 1.0f;
+  }
+}
+
+/* One forward (with spec) and backward of a layer made from c with n micro-batches and strategy r. */
+static int run(const moe_layer_config *c, int n, moe_reuse r, const float *x, const float *dy, int T, run_out *o) {
+  moe_layer_config cc = *c;
+  cc.pipeline = n;
+  cc.memory_reuse = r;
+  moe_layer_t l;
+  if (moe_layer_init(&l, &cc) != MOE_OK) return 0;
+  moe_layer_init_params(&l, 7);
+  float *b = moe_layer_param(&l, "experts.fc1.bias");
+  for (int i = 0; b && i < E * H; i++) b[i] = 0.01f * (float)(i % 7); /* biases that matter */
+  moe_layer_params_changed(&l);
+  moe_layer_stats st;
+  int ok = moe_layer_forward(&l, x, T, o->y, o->spec, &st) == MOE_OK;
+  o->aux = st.aux_loss;
+  o->z = st.z_loss;
+  ok = ok && moe_layer_backward(&l, dy, 0.3f, 0.05f, o->spec, NULL, o->dx) == MOE_OK;
+  if (!ok) fprintf(stderr, "  n=%d %s: %s\n", n, moe_reuse_name(r), moe_last_error());
+  o->grads = malloc(l.numel * 4);
+  memcpy(o->grads, l.grads, l.numel * 4);
+  moe_layer_free(&l);
+  return ok;
+}
+
+/* Whether o equals the reference ref as promised; prints the case and what differs otherwise. */
+static int same_as(const moe_layer_t *shape, const run_out *o, const run_out *ref, int T, const char *what) {
+  int ok = !memcmp(o->y, ref->y, (size_t)T * D * 4) && !memcmp(o->dx, ref->dx, (size_t)T * D * 4) &&
+           !memcmp(o->spec, ref->spec, (size_t)T * shape->cfg.top_k * D * 4) && o->aux == ref->aux && o->z == ref->z;
+  if (!ok) fprintf(stderr, "  %s: y, spec, dx or the losses differ from n = 1\n", what);
+  for (int i = 0; ok && i < shape->nparams; i++) {
+    const moe_param_info *p = &shape->info[i];
+    const float *a = o->grads + p->offset, *b = ref->grads + p->offset;
+    if (p->ndim == 3) ok = tensors_close(p->name, a, b, p->numel, 1e-6, 1e-9); /* summed per micro-batch */
+    else if (memcmp(a, b, p->numel * 4)) ok = 0, fprintf(stderr, "  %s: grad %s differs\n", what, p->name);
+  }
+  return ok;
+}
+
+TEST(pipeline_bits_match_one_micro_batch) {
+  static float x[TMAX * D], dy[TMAX * D];
+  fill(x, TMAX * D, 3);
+  fill(dy, TMAX * D, 11);
+  const struct { moe_act act; int k; moe_router router; moe_dtype dt; int T; } cases[] = {
+      {MOE_ACT_RELU, 1, MOE_ROUTER_LINEAR, MOE_DT_F32, 97},  {MOE_ACT_GELU, 2, MOE_ROUTER_LINEAR, MOE_DT_F32, 61},
+      {MOE_ACT_SWIGLU, 2, MOE_ROUTER_COSINE, MOE_DT_F32, 97}, {MOE_ACT_SWIGLU, 2, MOE_ROUTER_LINEAR, MOE_DT_BF16, 40},
+      {MOE_ACT_RELU, 2, MOE_ROUTER_LINEAR, MOE_DT_F32, 3},   {MOE_ACT_GELU, 1, MOE_ROUTER_LINEAR, MOE_DT_F32, 0},
+  };
+  const int ns[] = {2, 3, 4, 8, 64};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    moe_layer_config cfg;
+    moe_layer_config_default(&cfg);
+    cfg.D = D, cfg.H = H, cfg.E = E, cfg.top_k = cases[c].k, cfg.act = cases[c].act;
+    cfg.router = cases[c].router, cfg.proj_dim = 8, cfg.dtype = cases[c].dt, cfg.threads = 2;
+    moe_layer_t shape;
+    ASSERT_OK(moe_layer_init(&shape, &cfg));
+    static run_out ref, o;
+    int T = cases[c].T, ok = run(&cfg, 1, MOE_REUSE_NONE, x, dy, T, &ref);
+    for (size_t i = 0; ok && i < sizeof ns / sizeof ns[0]; i++)
+      for (int r = MOE_REUSE_NONE; ok && r <= MOE_REUSE_S4; r++) {
+        char what[96];
+        snprintf(what, sizeof what, "case %zu (T=%d, k=%d) n=%d %s", c, T, cfg.top_k, ns[i], moe_reuse_name(r));
+        ok = run(&cfg, ns[i], (moe_reuse)r, x, dy, T, &o) && same_as(&shape, &o, &ref, T, what);
+        free(o.grads);
+      }
+    free(ref.grads);
+    moe_layer_free(&shape);
+    ASSERT(ok);
+  }
+}
+
+/* Micro-batches are cut between experts, near rows / n each; S4 keeps the activations of the largest
+ * micro-batch, none keeps all. */
+TEST(pipeline_s4_keeps_one_micro_batch) {
+  static float x[TMAX * D], y[TMAX * D];
+  fill(x, TMAX * D, 5);
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.D = D, cfg.H = H, cfg.E = E, cfg.top_k = 2, cfg.act = MOE_ACT_SWIGLU, cfg.threads = 1;
+  size_t peak[2];
+  int mb_rows = 0;
+  for (int r = MOE_REUSE_NONE; r <= MOE_REUSE_S4; r++) {
+    cfg.pipeline = 4;
+    cfg.memory_reuse = (moe_reuse)r;
+    moe_layer_t l;
+    ASSERT_OK(moe_layer_init(&l, &cfg));
+    moe_layer_init_params(&l, 9);
+    ASSERT_OK(moe_layer_forward(&l, x, TMAX, y, NULL, NULL));
+    const moe__plan *p = &l.st->p;
+    ASSERT_EQ_INT(p->n, 4);
+    ASSERT_EQ_INT(p->grows, TMAX * 2);
+    int rows = 0, largest = 0;
+    for (int i = 0; i < p->n; i++) {
+      const moe__micro *m = &p->mb[i];
+      ASSERT_EQ_INT(m->lo, rows);
+      ASSERT_EQ_INT(m->goffs[E], m->rows);
+      int at_boundary = 0; /* it starts where an expert starts */
+      for (int e = 0; e <= E; e++) at_boundary |= p->goffs[e] == m->lo;
+      ASSERT(at_boundary);
+      for (int e = 0; e < E; e++) /* every expert with rows here has all of them here */
+        ASSERT(m->goffs[e + 1] == m->goffs[e] || m->goffs[e + 1] - m->goffs[e] == p->goffs[e + 1] - p->goffs[e]);
+      rows += m->rows;
+      largest = m->rows > largest ? m->rows : largest;
+    }
+    ASSERT_EQ_INT(rows, p->grows);
+    ASSERT_EQ_INT(p->mb_rows, largest);
+    ASSERT(largest < p->grows); /* the 5 experts' loads allow a real cut */
+    mb_rows = largest;
+    /* a1, a3 and h of the rows kept: the shared buffer is exactly one micro-batch's */
+    int kept = r == MOE_REUSE_S4 ? p->mb_rows : p->grows;
+    ASSERT_EQ_INT((char *)l.st->f.h - (char *)l.st->f.a1, 2 * (((size_t)kept * H * 4 + 63) & ~(size_t)63));
+    peak[r] = moe_layer_peak_bytes(&l);
+    moe_layer_free(&l);
+  }
+  /* the workspace saving is T_M: three (rows, H) buffers less three of a micro-batch */
+  size_t saved = 3 * (((size_t)TMAX * 2 * H * 4 + 63) & ~(size_t)63) - 3 * (((size_t)mb_rows * H * 4 + 63) & ~(size_t)63);
+  ASSERT_EQ_INT(peak[0] - peak[1], saved);
+}
+
+TEST(pipeline_config_checked) {
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.D = D, cfg.H = H, cfg.E = E;
+  moe_layer_t l;
+  cfg.pipeline = 0;
+  ASSERT_STATUS(moe_layer_init(&l, &cfg), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "pipeline"));
+  cfg.pipeline = 2;
+  cfg.dispatch = MOE_DISPATCH_STATIC;
+  ASSERT_STATUS(moe_layer_init(&l, &cfg), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "dynamic dispatch"));
+  moe_reuse r;
+  ASSERT_OK(moe_reuse_parse("s4", "--memory-reuse", &r));
+  ASSERT_EQ_INT(r, MOE_REUSE_S4);
+  ASSERT_STATUS(moe_reuse_parse("s9", "--memory-reuse", &r), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "none|s4"));
+}
