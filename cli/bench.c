@@ -21,14 +21,16 @@ static void usage(void) {
   fprintf(stderr,
           "usage: moe bench [--cases S,M,L] [--routing uniform,skewed] [--dispatch dynamic,static]\n"
           "                 [--dtype f32,bf16] [--shape T,D,H,E,k] [--threads N] [--reps R] [--json]\n"
-          "                 [--expert-parallel]\n"
+          "                 [--expert-parallel] [--pipeline N [--memory-reuse none|s4]]\n"
           "--cases, --routing, --dispatch and --dtype take a comma-separated subset (any order, each name\n"
           "once; default all, but --dtype f32). --dtype: the experts' compute dtypes; the ratio (roofline_ratio)\n"
           "is to the fp32 sgemm measured in the same run, so bf16 can exceed 1. --reps R: timed steps\n"
           "per case (default 3), medians reported. Under mpirun -np W, --expert-parallel spreads the\n"
           "experts over the ranks and reports time in exchanges and bytes sent. --shape: one case of your\n"
           "own (named custom) instead of --cases. fwd_cached (one process): the forward again with the\n"
-          "router's last choice as cached experts, so that the router runs alongside the experts.\n");
+          "router's last choice as cached experts, so that the router runs alongside the experts.\n"
+          "--pipeline N: the dynamic-dispatch cases (one process) run their experts as N micro-batches;\n"
+          "--memory-reuse s4 keeps one micro-batch's activations (peak_bytes shows the saving).\n");
 }
 
 typedef struct { const char *name; int T, D, H, E, k; } bench_case;
@@ -128,7 +130,8 @@ static int check_tokens(moe_layer_t *l, const float *x, const float *y, const mo
 }
 
 typedef struct { int threads, reps, json, ncases, nrouting, ndispatch, ndtype; const bench_case *cases[3];
-                 int routing[2], dispatch[2], dtypes[2], expert_parallel; moe_dist *dist; } bench_opts;
+                 int routing[2], dispatch[2], dtypes[2], expert_parallel, pipeline; moe_reuse reuse;
+                 moe_dist *dist; } bench_opts;
 
 static const moe_dtype DTYPES[2] = {MOE_DT_F32, MOE_DT_BF16}; /* the names in cmd_bench's dtn */
 
@@ -165,6 +168,10 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   cfg.threads = o->threads;
   cfg.dtype = dtype;
   cfg.dist = o->dist; /* expert-parallel: this rank routes tokens [t0, t1) and owns E/W experts */
+  if (disp == MOE_DISPATCH_DYNAMIC && !o->dist) { /* where micro-batches run (moe_layer_config.pipeline) */
+    cfg.pipeline = o->pipeline;
+    cfg.memory_reuse = o->reuse;
+  }
   int W = moe_dist_size(o->dist), rank = moe_dist_rank(o->dist);
   int t0 = (int)((int64_t)c->T * rank / W), Tl = (int)((int64_t)c->T * (rank + 1) / W) - t0;
   moe_layer_t l;
@@ -233,9 +240,10 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
            "\"routing\": \"%s\", \"dtype\": \"%s\", \"fwd_ms\": %.3f, \"fwd_cached_ms\": %.3f, \"fwdbwd_ms\": %.3f, "
            "\"gflops\": %.2f, \"sgemm_gflops\": %.2f, \"roofline_ratio\": %.4f, \"peak_bytes\": %zu, "
-           "\"peak_rss_bytes\": %zu, \"dropped\": %d, \"capacity\": %d, \"threads\": %d, \"blas\": \"%s\"}\n",
+           "\"peak_rss_bytes\": %zu, \"dropped\": %d, \"capacity\": %d, \"threads\": %d, \"pipeline\": %d, "
+           "\"memory_reuse\": \"%s\", \"blas\": \"%s\"}\n",
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, fwd, fwd_cached, fb, gflops, sg, gflops / sg, peak, rss,
-           st.dropped, st.capacity, o->threads, moe_blas_info());
+           st.dropped, st.capacity, o->threads, cfg.pipeline, moe_reuse_name(cfg.memory_reuse), moe_blas_info());
   else
     printf("%-4s %-8s %-8s %-5s %9.1f %10.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, dt, fwd,
            fwd_cached, fb, gflops, gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
@@ -291,7 +299,7 @@ static int parse_list(const char *f, const char *v, const char *const *names, in
 }
 
 int cmd_bench(int argc, char **argv) {
-  bench_opts o = {.threads = 0, .reps = 3, .ncases = 3, .nrouting = 2, .ndispatch = 2, .ndtype = 1,
+  bench_opts o = {.threads = 0, .reps = 3, .ncases = 3, .nrouting = 2, .ndispatch = 2, .ndtype = 1, .pipeline = 1,
                   .routing = {0, 1}, .dispatch = {0, 1}, .dtypes = {0, 1}};
   int idx[3] = {0, 1, 2};
   bench_case custom = {"custom", 0, 0, 0, 0, 0};
@@ -308,6 +316,10 @@ int cmd_bench(int argc, char **argv) {
     int ok = 1, listed = 0; /* listed < 0: parse_list has said what is wrong */
     if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o.threads) && o.threads >= 0;
     else if (cli_flag_is(f, "reps")) ok = cli_parse_int(v, &o.reps) && o.reps >= 1 && o.reps <= 100;
+    else if (cli_flag_is(f, "pipeline")) ok = cli_parse_int(v, &o.pipeline) && o.pipeline >= 1;
+    else if (cli_flag_is(f, "memory_reuse")) {
+      if (moe_reuse_parse(v, "--memory-reuse", &o.reuse) != MOE_OK) return cli_fail(CMD);
+    }
     else if (cli_flag_is(f, "cases")) listed = o.ncases = parse_list(f, v, cn, 3, idx, "case");
     else if (cli_flag_is(f, "routing")) listed = o.nrouting = parse_list(f, v, rn, 2, o.routing, "routing");
     else if (cli_flag_is(f, "dispatch")) listed = o.ndispatch = parse_list(f, v, dn, 2, o.dispatch, "dispatch");

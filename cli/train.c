@@ -44,6 +44,7 @@ static void usage(void) {
     "       [--aux-weight W] [--z-weight W] [--optimizer adam|sgd] [--lr LR] [--weight-decay W]\n"
     "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
     "       [--seed S] [--threads N] [--checkpoint F] [--resume F] [--trace F] [--json] [--log-steps]\n"
+    "       [--pipeline N] [--memory-reuse none|s4]   (the experts as N micro-batches; same bits)\n"
     "--epochs is the planned total (the learning-rate schedule's horizon); --stop-after N ends this run\n"
     "after epoch N, and --resume F continues from checkpoint F. --dtype bf16 runs the expert GEMMs in\n"
     "bf16 (fp32 accumulation, fp32 master weights); its checkpoints store the expert weights as BF16.\n");
@@ -120,6 +121,8 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
       else if (cli_flag_is(f, "stop_after")) ok = cli_parse_int(v, &o->stop_after) && o->stop_after > 0;
       else if (cli_flag_is(f, "augment")) ok = cli_parse_int(v, &o->augment) && o->augment >= 0 && o->augment < 8;
       else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
+      else if (cli_flag_is(f, "pipeline")) ok = cli_parse_int(v, &m->pipeline) && m->pipeline >= 1;
+      else if (cli_flag_is(f, "memory_reuse")) st = moe_reuse_parse(v, "--memory-reuse", &m->memory_reuse);
       else if (cli_flag_is(f, "delta_launch")) ok = cli_parse_int(v, &o->delta_launch) && o->delta_launch >= 0 && o->delta_launch < 60;
       else if (cli_flag_is(f, "headroom")) ok = cli_parse_float(v, &o->headroom) && o->headroom >= 0 && o->headroom <= 10;
       else if (cli_flag_is(f, "cache_on")) ok = cli_parse_float(v, &o->cache.on) && o->cache.on >= 0 && o->cache.on <= 1;
@@ -352,6 +355,11 @@ int cmd_train(int argc, char **argv) {
     start = ts.epoch;
     step = ts.step;
     moe_model_set_threads(&m, o.threads);
+    for (int b = 0; b < m.cfg.blocks; b++) /* a runtime choice, like the threads: not in the checkpoint */
+      if (moe_layer_set_pipeline(&m.layers[b], o.model.moe.pipeline, o.model.moe.memory_reuse) != MOE_OK) {
+        rc = cli_fail(CMD);
+        goto done;
+      }
   } else {
     o.model.in_dim = train.rows * train.cols;
     o.model.classes = train.classes > test.classes ? train.classes : test.classes;

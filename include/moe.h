@@ -286,6 +286,8 @@ moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap, int
 moe_status moe_layer_set_cached_experts(moe_layer_t *l, const int32_t *experts, int T);
 /* Changes threads for later calls (0 = all cores). */
 void moe_layer_set_threads(moe_layer_t *l, int threads);
+/* Changes the micro-batches and memory strategy for later calls (checked as in the config). */
+moe_status moe_layer_set_pipeline(moe_layer_t *l, int n, moe_reuse r);
 
 /* x (T, D) -> y (T, D). spec, if not NULL, gets the unweighted per-assignment expert outputs
  * (T*k, D), row t*k+j for slot j of token t, zeros where the assignment was dropped (DynaMoE
@@ -326,6 +328,8 @@ typedef struct {
   int act, dispatch, priority, router; /* -1 unset */
   int threads;            /* -1 unset */
   int dtype;              /* -1 unset, else a moe_dtype (F32 or BF16): the experts' compute dtype */
+  int pipeline;           /* 0 unset, else micro-batches */
+  int memory_reuse;       /* -1 unset, else a moe_reuse */
   const moe_dist *dist;   /* NULL unset: expert-parallel over these ranks (the file holds all experts) */
   const int32_t *expert_order; /* NULL unset: the layer's expert p is the file's expert order[p] (E
                                   entries, a permutation), e.g. so that a placement's experts for rank

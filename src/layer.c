@@ -39,6 +39,16 @@ static void add_param(moe_layer_t *l, const char *name, int ndim, int64_t a, int
   l->numel += (p->numel + 15) & ~(size_t)15; /* each tensor starts 64-byte aligned */
 }
 
+static moe_status check_pipeline(const moe_layer_config *c, int n, moe_reuse r) {
+  MOE_TRY(n >= 1 && n <= MOE__MAX_MICRO, MOE_ERR_ARG, "config: pipeline (micro-batches) must be in [1, %d], got %d",
+          MOE__MAX_MICRO, n);
+  MOE_TRY(n == 1 || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->dist && !c->inner_experts), MOE_ERR_ARG,
+          "config: pipeline %d needs dynamic dispatch in one process without hierarchical experts (expert "
+          "parallelism and static dispatch run one micro-batch for now)", n);
+  MOE_TRY((unsigned)r <= MOE_REUSE_S4, MOE_ERR_ARG, "config: unknown memory_reuse %d", r);
+  return MOE_OK;
+}
+
 static moe_status check_config(const moe_layer_config *c) {
   MOE_TRY(c->D > 0, MOE_ERR_ARG, "config: D must be > 0, got %d", c->D);
   MOE_TRY(c->H > 0, MOE_ERR_ARG, "config: H must be > 0, got %d", c->H);
@@ -71,12 +81,7 @@ static moe_status check_config(const moe_layer_config *c) {
           "config: the experts' dtype must be f32 or bf16, got %s", moe_dtype_name(c->dtype));
   MOE_TRY(!c->external_experts || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->inner_experts), MOE_ERR_ARG,
           "config: buffered experts need dispatch=dynamic and no hierarchical experts");
-  MOE_TRY(c->pipeline >= 1 && c->pipeline <= MOE__MAX_MICRO, MOE_ERR_ARG,
-          "config: pipeline (micro-batches) must be in [1, %d], got %d", MOE__MAX_MICRO, c->pipeline);
-  MOE_TRY(c->pipeline == 1 || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->dist && !c->inner_experts), MOE_ERR_ARG,
-          "config: pipeline %d needs dynamic dispatch in one process without hierarchical experts (expert "
-          "parallelism and static dispatch run one micro-batch for now)", c->pipeline);
-  MOE_TRY((unsigned)c->memory_reuse <= MOE_REUSE_S4, MOE_ERR_ARG, "config: unknown memory_reuse %d", c->memory_reuse);
+  MOE_CHECK(check_pipeline(c, c->pipeline, c->memory_reuse));
   MOE_TRY(c->inner_experts == 0 || (c->inner_top_k >= 1 && c->inner_top_k <= c->inner_experts), MOE_ERR_ARG,
           "config: inner_top_k must be in [1, inner_experts=%d], got %d", c->inner_experts, c->inner_top_k);
   return MOE_OK;
@@ -237,6 +242,13 @@ void moe_layer_params_changed(moe_layer_t *l) {
 void moe_layer_zero_grad(moe_layer_t *l) {
   memset(l->grads, 0, l->numel * 4);
   for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_zero_grad(&l->inner[e]);
+}
+
+moe_status moe_layer_set_pipeline(moe_layer_t *l, int n, moe_reuse r) {
+  MOE_CHECK(check_pipeline(&l->cfg, n, r));
+  l->cfg.pipeline = n;
+  l->cfg.memory_reuse = r;
+  return MOE_OK;
 }
 
 moe_status moe_layer_set_top_k(moe_layer_t *l, int k) {

@@ -9,6 +9,7 @@
 
 #include "compare.h"
 #include "layer_internal.h" /* the plan's micro-batches, for the workspace check */
+#include "run_cli.h"
 #include "test.h"
 
 enum { D = 12, H = 20, E = 5, TMAX = 97 };
@@ -160,4 +161,28 @@ TEST(pipeline_config_checked) {
   ASSERT_EQ_INT(r, MOE_REUSE_S4);
   ASSERT_STATUS(moe_reuse_parse("s9", "--memory-reuse", &r), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "none|s4"));
+}
+
+/* moe layer-run --pipeline 3 --memory-reuse s4 writes the file that layer-run writes without them. */
+TEST(pipeline_layer_run_same_file) {
+  char w[512], x[512], a[512], b[512], args[2048], err[2048];
+  snprintf(w, sizeof w, "%s/swiglu_k3_cap1_index_dynamic/w.safetensors", test_fixture_dir());
+  snprintf(x, sizeof x, "%s/swiglu_k3_cap1_index_dynamic/x.safetensors", test_fixture_dir());
+  test_tmp_path("pipe_1.safetensors", a, sizeof a);
+  test_tmp_path("pipe_3.safetensors", b, sizeof b);
+  const char *out[2] = {a, b}, *extra[2] = {"", "--pipeline 3 --memory-reuse s4"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(args, sizeof args, "layer-run --weights %s --input %s --out %s --backward --spec --threads 2 %s", w, x,
+             out[i], extra[i]);
+    int rc = run_moe(NULL, args, NULL, err, sizeof err);
+    if (rc) FAIL_("moe %s: exit %d: %s", args, rc, err);
+  }
+  size_t na, nb;
+  char *da = test_read_file(a, &na), *db = test_read_file(b, &nb);
+  int same = da && db && na == nb && !memcmp(da, db, na);
+  free(da);
+  free(db);
+  ASSERT(same);
+  snprintf(args, sizeof args, "layer-run --weights %s --input %s --out %s --pipeline 2 --dispatch static", w, x, b);
+  ASSERT(run_moe(NULL, args, NULL, err, sizeof err) == 1 && strstr(err, "dynamic dispatch"));
 }
