@@ -69,9 +69,9 @@ static moe_status a2a_groups(moe_layer_t *l) {
   return MOE_OK;
 }
 
-size_t moe__ep_work_bytes(const moe_layer_t *l) {
+static size_t a2a_work_bytes(const moe_layer_t *l) {
   size_t R = (size_t)l->st->p.grows, D = (size_t)l->cfg.D;
-  return moe__arena_size(R * 4) + 3 * moe__arena_size(R * D * 4); /* perm, xr, gx, gout */
+  return moe__arena_size(R * 4) + 4 * moe__arena_size(R * D * 4); /* perm, xr, gx, gout, gdx */
 }
 
 static moe_status a2a_alloc(moe_layer_t *l) {
@@ -82,7 +82,8 @@ static moe_status a2a_alloc(moe_layer_t *l) {
   s->xr = moe__arena_alloc(a, (size_t)R * D * 4);
   s->gx = moe__arena_alloc(a, (size_t)R * D * 4);
   s->gout = moe__arena_alloc(a, (size_t)R * D * 4);
-  MOE_TRY((s->p.perm && s->xr && s->gx && s->gout) || R == 0, MOE_ERR_STATE, "internal: exchange workspace too small");
+  s->gdx = moe__arena_alloc(a, (size_t)R * D * 4);
+  MOE_TRY((s->p.perm && s->gdx) || R == 0, MOE_ERR_STATE, "internal: exchange workspace too small");
   const int *rdisp = s->p.ex + 3 * W;
   for (int q = 0; q < W; q++) {
     int src = rdisp[q];
@@ -96,22 +97,30 @@ static moe_status a2a_alloc(moe_layer_t *l) {
   return MOE_OK;
 }
 
-/* Row counts of the exchange, times D, in the order MPI wants (send, sdispl, recv, rdispl). */
-static void scaled(const moe_layer_t *l, int reverse, int *out) {
-  int W = world(l), D = l->cfg.D;
-  const int *ex = l->st->p.ex;
+/* Float counts of micro-batch i's exchange (local experts [e0, e1) of every owner), in the order MPI
+ * wants (send, sdispl, recv, rdispl); reverse: the way back. The rows sit where the whole batch's
+ * exchange puts them: in this rank's expert-sorted rows, and in source-major order in xr. */
+static void micro_counts(const moe_layer_t *l, int i, int reverse, int *out) {
+  const moe__plan *p = &l->st->p;
+  int W = world(l), El = p->ng, D = l->cfg.D, e0 = p->mb[i].e0, e1 = p->mb[i].e1;
+  const int *rdisp = p->ex + 3 * W;
+  int *sc = out + (reverse ? 2 : 0) * W, *sd = out + (reverse ? 3 : 1) * W;
+  int *rcn = out + (reverse ? 0 : 2) * W, *rd = out + (reverse ? 1 : 3) * W;
   for (int q = 0; q < W; q++) {
-    out[q] = ex[(reverse ? 2 : 0) * W + q] * D;
-    out[W + q] = ex[(reverse ? 3 : 1) * W + q] * D;
-    out[2 * W + q] = ex[(reverse ? 0 : 2) * W + q] * D;
-    out[3 * W + q] = ex[(reverse ? 1 : 3) * W + q] * D;
+    sc[q] = (p->offs[q * El + e1] - p->offs[q * El + e0]) * D;
+    sd[q] = p->offs[q * El + e0] * D;
+    int before = 0, in = 0;
+    for (int e = 0; e < e1; e++) *(e < e0 ? &before : &in) += p->rc[q * El + e];
+    rcn[q] = in * D;
+    rd[q] = (rdisp[q] + before) * D;
   }
 }
 
-/* The token exchange (reverse: the way back), with its time and the bytes sent to other ranks booked. */
-static moe_status exchange(moe_layer_t *l, int reverse, const float *send, float *recv) {
+/* Micro-batch i's token exchange (reverse: the way back), with its time and the bytes sent to other
+ * ranks booked. */
+static moe_status exchange(moe_layer_t *l, int i, int reverse, const float *send, float *recv) {
   int W = world(l), c[4 * MOE__EP_MAX_RANKS];
-  scaled(l, reverse, c);
+  micro_counts(l, i, reverse, c);
   double t0 = moe__now(), sent = 0;
   for (int q = 0; q < W; q++) sent += q == moe_dist_rank(l->cfg.dist) ? 0 : 4.0 * c[q];
   MOE_CHECK(moe__dist_alltoallv_f32(l->cfg.dist, send, c, c + W, recv, c + 2 * W, c + 3 * W));
@@ -119,26 +128,24 @@ static moe_status exchange(moe_layer_t *l, int reverse, const float *send, float
   return MOE_OK;
 }
 
-static moe_status a2a_send(moe_layer_t *l, const float *rows, float *g) {
+static moe_status a2a_send(moe_layer_t *l, int i, const float *rows, float *g) {
   moe__layer_state *s = l->st;
-  int D = l->cfg.D;
-  MOE_CHECK(exchange(l, 0, rows, s->xr)); /* 2. */
+  int D = l->cfg.D, lo = s->p.mb[i].lo, hi = lo + s->p.mb[i].rows;
+  MOE_CHECK(exchange(l, i, 0, rows, s->xr)); /* 2. */
 #pragma omp parallel for num_threads(s->threads) schedule(static)
-  for (int i = 0; i < s->p.grows; i++) /* 3. expert-major */
-    memcpy(g + (size_t)i * D, s->xr + (size_t)s->p.perm[i] * D, (size_t)D * 4);
+  for (int r = lo; r < hi; r++) /* 3. expert-major */
+    memcpy(g + (size_t)r * D, s->xr + (size_t)s->p.perm[r] * D, (size_t)D * 4);
   return MOE_OK;
 }
 
-static moe_status a2a_recv(moe_layer_t *l, float *g, float *rows) {
+static moe_status a2a_recv(moe_layer_t *l, int i, const float *g, float *rows) {
   moe__layer_state *s = l->st;
-  int D = l->cfg.D;
-  float *stage = g == s->xr ? s->gx : s->xr; /* any dead buffer of the same size */
+  int D = l->cfg.D, lo = s->p.mb[i].lo, hi = lo + s->p.mb[i].rows;
 #pragma omp parallel for num_threads(s->threads) schedule(static)
-  for (int i = 0; i < s->p.grows; i++)
-    memcpy(stage + (size_t)s->p.perm[i] * D, g + (size_t)i * D, (size_t)D * 4);
-  return exchange(l, 1, stage, rows);
+  for (int r = lo; r < hi; r++)
+    memcpy(s->xr + (size_t)s->p.perm[r] * D, g + (size_t)r * D, (size_t)D * 4);
+  return exchange(l, i, 1, s->xr, rows);
 }
-
 
 moe_status moe__ep_global_counts(moe_layer_t *l, moe__view *v) {
   moe__layer_state *s = l->st;
@@ -159,5 +166,5 @@ static moe_status a2a_begin(moe_layer_t *l, int T, size_t *route_bytes) {
   return MOE_OK;
 }
 
-const moe__transport moe__transport_a2a = {"all-to-all-v",     0,         a2a_begin, moe__ep_global_counts, a2a_groups,
-                                           moe__ep_work_bytes, a2a_alloc, a2a_send,  a2a_recv};
+const moe__transport moe__transport_a2a = {"all-to-all-v", 0,         a2a_begin, moe__ep_global_counts, a2a_groups,
+                                           a2a_work_bytes, a2a_alloc, a2a_send,  a2a_recv};

@@ -66,13 +66,18 @@ static moe_status static_groups(moe_layer_t *l) {
   return MOE_OK;
 }
 
+static size_t static_work_bytes(const moe_layer_t *l) {
+  return 3 * moe__arena_size((size_t)l->st->p.grows * l->cfg.D * 4); /* gx, gout, gdx */
+}
+
 static moe_status static_alloc(moe_layer_t *l) {
   moe__layer_state *s = l->st;
   size_t n = (size_t)s->p.grows * l->cfg.D * 4;
   s->gx = moe__arena_alloc(&s->work, n);
   s->gout = moe__arena_alloc(&s->work, n);
-  s->xr = moe__arena_alloc(&s->work, n);
-  MOE_TRY((s->gx && s->gout && s->xr) || n == 0, MOE_ERR_STATE, "internal: expert workspace too small");
+  s->gdx = moe__arena_alloc(&s->work, n);
+  s->xr = NULL; /* the collectives stage nothing */
+  MOE_TRY((s->gx && s->gout && s->gdx) || n == 0, MOE_ERR_STATE, "internal: expert workspace too small");
   return MOE_OK;
 }
 
@@ -83,8 +88,9 @@ static void static_blocks(const moe_layer_t *l, int *n) {
   for (int r = 0; r < W; r++) n[r] = (l->st->p.offs[(r + 1) * El] - l->st->p.offs[r * El]) * D;
 }
 
-/* The owners sum the ranks' buffers of their experts. */
-static moe_status static_send(moe_layer_t *l, const float *rows, float *g) {
+/* The owners sum the ranks' buffers of their experts (one micro-batch: i is 0). */
+static moe_status static_send(moe_layer_t *l, int i, const float *rows, float *g) {
+  (void)i;
   double t0 = moe__now(), others = 0;
   int n[MOE__EP_MAX_RANKS], me = moe_dist_rank(l->cfg.dist);
   static_blocks(l, n);
@@ -95,7 +101,8 @@ static moe_status static_send(moe_layer_t *l, const float *rows, float *g) {
 }
 
 /* Every rank gathers all outputs. */
-static moe_status static_recv(moe_layer_t *l, float *g, float *rows) {
+static moe_status static_recv(moe_layer_t *l, int i, const float *g, float *rows) {
+  (void)i;
   double t0 = moe__now();
   int n[MOE__EP_MAX_RANKS];
   static_blocks(l, n);
@@ -104,5 +111,5 @@ static moe_status static_recv(moe_layer_t *l, float *g, float *rows) {
   return MOE_OK;
 }
 
-const moe__transport moe__transport_static = {"static exchange",  0,            static_begin, static_view, static_groups,
-                                              moe__ep_work_bytes, static_alloc, static_send,  static_recv};
+const moe__transport moe__transport_static = {"static exchange", 0,            static_begin, static_view, static_groups,
+                                              static_work_bytes, static_alloc, static_send,  static_recv};

@@ -42,9 +42,9 @@ static void add_param(moe_layer_t *l, const char *name, int ndim, int64_t a, int
 static moe_status check_pipeline(const moe_layer_config *c, int n, moe_reuse r) {
   MOE_TRY(n >= 1 && n <= MOE__MAX_MICRO, MOE_ERR_ARG, "config: pipeline (micro-batches) must be in [1, %d], got %d",
           MOE__MAX_MICRO, n);
-  MOE_TRY(n == 1 || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->dist && !c->inner_experts), MOE_ERR_ARG,
-          "config: pipeline %d needs dynamic dispatch in one process without hierarchical experts (expert "
-          "parallelism and static dispatch run one micro-batch for now)", n);
+  MOE_TRY(n == 1 || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->inner_experts), MOE_ERR_ARG,
+          "config: pipeline %d needs dynamic dispatch without hierarchical experts (static dispatch and inner "
+          "layers run one micro-batch for now)", n);
   MOE_TRY((unsigned)r <= MOE_REUSE_S4, MOE_ERR_ARG, "config: unknown memory_reuse %d", r);
   return MOE_OK;
 }
@@ -380,14 +380,14 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(tr->alloc(l));
   MOE_CHECK(s->src->alloc(l, p->ng, act_rows, &s->f));
   float *gx = expert_side(l, s->xs, s->gx), *gout = expert_side(l, s->out, s->gout);
-  MOE_CHECK(tr->send(l, s->xs, gx)); /* the token exchange */
-  for (int i = 0; i < p->n; i++) {
+  for (int i = 0; i < p->n; i++) { /* each micro-batch: its token exchange, its experts, its way back */
     moe__groups g = micro_groups(l, i, gx, gout);
     moe__ffn f = micro_ffn(l, i);
+    MOE_CHECK(tr->send(l, i, s->xs, gx));
     MOE_CHECK(s->src->forward(l, &g, &f, along && i == 0 ? &router : NULL));
+    MOE_CHECK(tr->recv(l, i, gout, s->out));
   }
   MOE_CHECK(moe__gate_end(l)); /* the losses (a collective when expert-parallel), after either order */
-  MOE_CHECK(tr->recv(l, gout, s->out));
   moe__combine_forward(l, s->out, y, spec);
   s->have_fwd = 1;
   if (stats) {
@@ -428,19 +428,19 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   MOE_CHECK(moe__combine_backward(l, s->out, dy, dspec, dout, dw));
   if (dweights)
     for (size_t i = 0; i < (size_t)T * p->k; i++) dw[i] += dweights[i];
-  /* the experts' side of dout and dxs: the forward's outputs and receive buffer are dead by now */
+  /* the experts' side of dout and dxs: the forward's outputs are dead by now */
   const float *gx = expert_side(l, s->xs, s->gx);
-  float *gd = expert_side(l, dout, s->gout), *gdx = expert_side(l, dxs, s->xr);
+  float *gd = expert_side(l, dout, s->gout), *gdx = expert_side(l, dxs, s->gdx);
   int recompute = l->cfg.memory_reuse == MOE_REUSE_S4 && p->n > 1; /* the shared buffer holds the last one */
-  MOE_CHECK(s->tr->send(l, dout, gd));
-  for (int i = 0; i < p->n; i++) { /* weight gradients summed micro-batch by micro-batch, in order */
+  for (int i = 0; i < p->n; i++) {
     moe__groups g = micro_groups(l, i, gx, gdx); /* y: where a recompute may write, dead until dx */
     moe__ffn f = micro_ffn(l, i);
     size_t r = (size_t)p->mb[i].lo * D;
+    MOE_CHECK(s->tr->send(l, i, dout, gd));
     if (recompute) MOE_CHECK(s->src->forward(l, &g, &f, NULL)); /* T_M again (MPipeMoE S4) */
     MOE_CHECK(s->src->backward(l, &g, &f, gd + r, daux, dz, gdx + r));
+    MOE_CHECK(s->tr->recv(l, i, gdx, dxs));
   }
-  MOE_CHECK(s->tr->recv(l, gdx, dxs));
   moe__dispatch_backward(l, dxs, dx);
   MOE_CHECK(moe__gate_backward(l, dw, daux, dz, dx));
   return MOE_OK;

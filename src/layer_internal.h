@@ -30,12 +30,12 @@ typedef struct {
 } moe__weights;
 void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w);
 
-/* One micro-batch of the experts' stage (MPipeMoE): groups of its own rows. lo: its first dispatch row
- * (in process, where its rows sit in xs and out); g0: its first row among all micro-batches' group
- * rows (where its activations sit when they are all kept). */
+/* One micro-batch of the experts' stage (MPipeMoE): groups [e0, e1), rows [lo, lo + rows) of all the
+ * groups' rows; g0: where its activations sit when every micro-batch's are kept. */
 typedef struct {
   int lo, rows, g0;
-  int32_t *goffs; /* (ng + 1) first row of each group, from 0 */
+  int e0, e1;
+  int32_t *goffs; /* (ng + 1) first row of each group in the micro-batch, from 0 (empty outside it) */
 } moe__micro;
 #define MOE__MAX_MICRO 64
 
@@ -155,9 +155,9 @@ typedef struct {
   moe_status (*groups)(moe_layer_t *l);
   size_t (*work_bytes)(const moe_layer_t *l);
   moe_status (*alloc)(moe_layer_t *l); /* gx, gout, xr */
-  /* rows (rows, D) -> g (grows, D); and back (g may be clobbered) */
-  moe_status (*send)(moe_layer_t *l, const float *rows, float *g);
-  moe_status (*recv)(moe_layer_t *l, float *g, float *rows);
+  /* micro-batch i's rows of rows (rows, D) -> its rows of g (grows, D); and back */
+  moe_status (*send)(moe_layer_t *l, int i, const float *rows, float *g);
+  moe_status (*recv)(moe_layer_t *l, int i, const float *g, float *rows);
 } moe__transport;
 extern const moe__transport moe__transport_local;  /* transport_local.c */
 extern const moe__transport moe__transport_a2a;    /* ep.c: dynamic dispatch, all-to-all-v (Linear or 2DH) */
@@ -179,7 +179,8 @@ struct moe__layer_state {
   moe__plan p;
   moe__ffn f;       /* the experts' activations: every micro-batch's, or one shared (memory reuse) */
   float *xs, *out;  /* (rows, D) dispatch rows: expert inputs and outputs */
-  float *gx, *gout, *xr; /* (grows, D) a moving transport's buffers: inputs, outputs, receive buffer */
+  float *gx, *gout, *gdx; /* (grows, D) a moving transport's expert side: inputs, outputs, input gradients */
+  float *xr;        /* (grows, D) its staging buffer (all-to-all-v: rows in source order) */
   float *mask, *comb;    /* (T, rows) static dispatch: dispatch mask and combine weights */
   float inner_aux, inner_z; /* hierarchical: sums over the inner layers */
   moe_comm_stats comm;      /* exchanges since the last reset */
@@ -236,7 +237,6 @@ size_t moe__ep_route_bytes(const moe_layer_t *l);
 moe_status moe__ep_global_counts(moe_layer_t *l, moe__view *v);
 /* Books one exchange: its time since t0 and the bytes this rank sent to others. */
 void moe__ep_book(moe_layer_t *l, double t0, double bytes);
-/* Work arena bytes of the exchange buffers for the plan's groups: perm, xr, gx, gout. */
-size_t moe__ep_work_bytes(const moe_layer_t *l);
+
 
 #endif

@@ -27,16 +27,16 @@ static size_t local_work_bytes(const moe_layer_t *l) {
 }
 
 static moe_status local_alloc(moe_layer_t *l) {
-  l->st->gx = l->st->gout = l->st->xr = NULL;
+  l->st->gx = l->st->gout = l->st->gdx = l->st->xr = NULL;
   return MOE_OK;
 }
 
-static moe_status local_move(moe_layer_t *l, const float *from, float *to) {
-  (void)l, (void)from, (void)to; /* in place: `to` is `from` */
+static moe_status local_send(moe_layer_t *l, int i, const float *from, float *to) {
+  (void)l, (void)i, (void)from, (void)to; /* in place: `to` is `from` */
   return MOE_OK;
 }
 
-static moe_status local_move_back(moe_layer_t *l, float *from, float *to) { return local_move(l, from, to); }
+static moe_status local_recv(moe_layer_t *l, int i, const float *from, float *to) { return local_send(l, i, from, to); }
 
 const moe__transport moe__transport_local = {"local",          1,           local_begin, local_view, local_groups,
-                                             local_work_bytes, local_alloc, local_move,  local_move_back};
+                                             local_work_bytes, local_alloc, local_send,  local_recv};
