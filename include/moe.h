@@ -466,7 +466,15 @@ moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c);
 moe_status moe_checkpoint_load_serving(const char *path, moe_model_t *m, int K, moe_cache_policy p, int dtype);
 
 /* ---- expert traces (DESIGN 4.4) and what serving computes from them ----
- * CSV with header "step,layer,expert,tokens", one row per (step, layer, expert) with tokens > 0. */
+ * CSV with header "step,layer,expert,tokens", one row per (step, layer, expert) with tokens > 0.
+ * Ids are below these limits, and the dense table (steps x layers x experts int32 cells) may have at
+ * most MOE_TRACE_CELLS_PER_ROW cells per row of the file, or MOE_TRACE_MIN_CELLS in all, so that a
+ * few rows with far-apart ids are an error rather than gigabytes of zeros. */
+#define MOE_TRACE_MAX_STEPS (INT64_C(1) << 31)
+#define MOE_TRACE_MAX_LAYERS 4096
+#define MOE_TRACE_MAX_EXPERTS 65536
+#define MOE_TRACE_CELLS_PER_ROW 4096
+#define MOE_TRACE_MIN_CELLS (INT64_C(1) << 22)
 typedef struct {
   int64_t steps;   /* max step + 1 */
   int layers;      /* max layer + 1 */
@@ -474,8 +482,8 @@ typedef struct {
   int32_t *tokens; /* (steps, layers, experts) tokens, 0 where the trace has no row */
 } moe_trace;
 /* Strict reader: header, four non-negative integers per row, tokens > 0, expert < experts when
- * experts > 0 (0 = infer from the rows), no duplicate (step, layer, expert); errors give the file and
- * line number. */
+ * experts > 0 (0 = infer from the rows; at most MOE_TRACE_MAX_EXPERTS), no duplicate (step, layer,
+ * expert), the limits above; errors give the file, line number and field. */
 moe_status moe_trace_load(moe_trace *t, const char *path, int experts);
 void moe_trace_free(moe_trace *t);
 
