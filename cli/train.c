@@ -328,6 +328,12 @@ int cmd_train(int argc, char **argv) {
     rc = cli_fail(CMD);
     goto done;
   }
+  if (test.rows != train.rows || test.cols != train.cols) { /* the model's input is sized from training's */
+    rc = cli_usage_error(CMD, "%s/t10k-images-idx3-ubyte has %dx%d images, %s/train-images-idx3-ubyte %dx%d: the test "
+                         "set's images must have training's size", o.data, test.rows, test.cols, o.data, train.rows,
+                         train.cols);
+    goto done;
+  }
   int start = 0;
   int64_t step = 0;
   if (o.resume) {
