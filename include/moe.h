@@ -41,7 +41,8 @@ const char *moe_status_str(moe_status s);  /* "shape mismatch" */
 /* The message of the last failure on this thread: what failed, naming tensor/field/file and values. */
 const char *moe_last_error(void);
 /* Writes n bytes to path atomically, as every file the library writes: path.tmp.<pid>, flushed and
- * fsynced, then renamed to path; on failure path is left as it was (MOE_ERR_IO names both files). */
+ * fsynced, then renamed to path; on failure path is left as it was (MOE_ERR_IO names both files).
+ * A path.tmp.<pid> that a killed writer left (its pid gone, its lock free) is removed first. */
 moe_status moe_write_file_atomic(const char *path, const void *data, size_t n);
 
 /* ---- safetensors (strict reader, atomic writer) ---- */

@@ -196,6 +196,36 @@ TEST(train_bad_input) {
   ASSERT(strstr(err, "--resume"));
 }
 
+/* --trace: one row per (step, block, expert) with assignments, B * top-k per step and block, written
+ * atomically (a killed run's leftover temporary file of the same path is removed). */
+TEST(train_trace) {
+  const char *data_dir = synth_data_dir();
+  char args[3000], err[2048], tr[512], stale[600];
+  test_tmp_path("train_trace.csv", tr, sizeof tr);
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT(dead > 0 && waitpid(dead, NULL, 0) == dead);
+  snprintf(stale, sizeof stale, "%s.tmp.%d", tr, (int)dead);
+  ASSERT_OK(moe_write_file_atomic(stale, "step,layer", 10));
+  snprintf(args, sizeof args, "train --data '%s' " SMALL " --blocks 2 --epochs 1 --trace '%s'", data_dir, tr);
+  int rc = run_moe(NULL, args, NULL, err, sizeof err);
+  if (rc != 0) FAIL_("moe %s: exit %d: %s", args, rc, err);
+  moe_trace t;
+  ASSERT_OK(moe_trace_load(&t, tr, 4));
+  int64_t steps = t.steps, bad = -1;
+  for (int64_t c = 0; c < t.steps * t.layers && bad < 0; c++) {
+    int64_t sum = 0;
+    for (int e = 0; e < 4; e++) sum += t.tokens[c * 4 + e];
+    if (sum != 50 * 2) bad = c;
+  }
+  int layers = t.layers;
+  moe_trace_free(&t);
+  ASSERT_EQ_INT(steps, 600 / 50);
+  ASSERT_EQ_INT(layers, 2);
+  ASSERT_EQ_INT(bad, -1);
+  ASSERT(access(stale, F_OK) != 0);
+}
+
 /* Test images of another size than training's (issue 21: smaller ones crashed in sgemm, larger ones
  * gave a meaningless accuracy): refused before training, naming both files and sizes. */
 TEST(train_test_size_mismatch) {
