@@ -8,7 +8,6 @@
 #if !defined(_GNU_SOURCE) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L
 #endif
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -20,6 +19,7 @@
 
 #include "atomic_file.h"
 #include "internal.h"
+#include "json.h"
 
 #define ST_MAX_HEADER (100u << 20) /* bound what a hostile header length can make us allocate */
 #define ST_MAX_INT (UINT64_C(1) << 53) /* JSON numbers are doubles; above this they are inexact */
@@ -231,17 +231,8 @@ static moe_status check_meta(moe_st *f, const cJSON *m) {
 }
 
 static moe_status st_parse(moe_st *f, size_t hlen) {
-  const char *p = f->path, *end = NULL;
-  /* NUL bytes would silently truncate names inside cJSON. */
-  if (memchr(f->hdr, 0, hlen)) return BAD("%s: header contains a NUL byte", p);
-  f->root = cJSON_ParseWithLengthOpts(f->hdr, hlen, &end, 0);
-  if (!f->root) {
-    const char *at = cJSON_GetErrorPtr();
-    long pos = at && at >= f->hdr && at <= f->hdr + hlen ? (long)(at - f->hdr) : -1;
-    return BAD("%s: header is not valid JSON (error near byte %ld)", p, pos);
-  }
-  for (; end < f->hdr + hlen; end++) /* padding after the JSON may only be whitespace */
-    if (!strchr(" \t\r\n", *end)) return BAD("%s: garbage after the JSON header at byte %ld", p, (long)(end - f->hdr));
+  const char *p = f->path;
+  MOE_CHECK(moe__json_parse(p, "header", f->hdr, hlen, &f->root)); /* padding after it: whitespace only */
   if (!cJSON_IsObject(f->root)) return BAD("%s: header is not a JSON object", p);
   free(f->hdr);
   f->hdr = NULL;

@@ -475,6 +475,39 @@ static const char *xaby_csv(char *buf, size_t n, int copies) {
   return write_text("xaby.csv", text, buf, n);
 }
 
+/* moe_placement_load reads the whole file strictly: trailing whitespace is fine, trailing garbage
+ * (issue 21: accepted) and a NUL byte are refused with the byte. */
+TEST(serve_placement_load_strict) {
+  static const char good[] = "{\"devices\": 2, \"layers\": [{\"layer\": 0, \"expert_device\": [1, 0, 0, 1]}]}";
+  static const struct { const char *tail, *what; size_t extra; } cases[] = {
+      {" \n\t\r\n", NULL, 0},
+      {"garbage", "garbage after the JSON placement at byte 71", 0},
+      {"\n{}", "garbage after the JSON placement at byte 72", 0},
+      {"\n", "contains a NUL byte at byte 71", 1}, /* "\0\n": the NUL first */
+  };
+  ASSERT_EQ_INT(strlen(good), 71);
+  char p[512], text[256];
+  test_tmp_path("strict.json", p, sizeof p);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    size_t n = strlen(good), tl = strlen(cases[i].tail);
+    memcpy(text, good, n);
+    if (cases[i].extra) text[n++] = 0;
+    memcpy(text + n, cases[i].tail, tl);
+    ASSERT_OK(moe_write_file_atomic(p, text, n + tl));
+    int dev[4] = {-1, -1, -1, -1};
+    moe_status st = moe_placement_load(p, 0, 4, 2, dev);
+    if (!cases[i].what) {
+      ASSERT_OK(st);
+      ASSERT(dev[0] == 1 && dev[1] == 0 && dev[2] == 0 && dev[3] == 1);
+    } else if (st != MOE_ERR_FORMAT || !strstr(moe_last_error(), p) || !strstr(moe_last_error(), cases[i].what)) {
+      FAIL_("case %zu: %s '%s', want MOE_ERR_FORMAT and '%s'", i, moe_status_name(st), moe_last_error(), cases[i].what);
+    }
+  }
+  ASSERT_OK(moe_write_file_atomic(p, good, 40));
+  ASSERT_STATUS(moe_placement_load(p, 0, 4, 2, (int[4]){0}), MOE_ERR_FORMAT);
+  ASSERT(strstr(moe_last_error(), "placement is not valid JSON (error near byte"));
+}
+
 TEST(serve_cli_cachesim) {
   char tr[512], bad[512], args[2048];
   /* layer 0: the paper's example {1,2,3} {1}; layer 1: {0} {0} */
