@@ -320,6 +320,7 @@ typedef struct {
                                   r are the positions [r E/W, (r+1) E/W) that rank owns */
 } moe_layer_overrides;
 void moe_layer_overrides_init(moe_layer_overrides *o);
+/* A NaN or Inf weight is MOE_ERR_VALUE naming the file, the tensor and the first bad index. */
 moe_status moe_layer_load(moe_layer_t *l, const moe_st *f, const moe_layer_overrides *o);
 /* Adds every parameter (and, with grads, "grad.<name>" tensors) to a writer, config to metadata. */
 moe_status moe_layer_save_params(const moe_layer_t *l, moe_st_writer *w);
@@ -428,7 +429,9 @@ typedef struct {
 /* Writes path atomically. o may be NULL (weights only). */
 moe_status moe_checkpoint_save(const char *path, const moe_model_t *m, const moe_optim_t *o,
                                const moe_train_state *ts);
-/* Builds m (and o when not NULL and the file has optimizer state) from the file. */
+/* Builds m (and o when not NULL and the file has optimizer state) from the file. A NaN or Inf in any
+ * tensor it reads is MOE_ERR_VALUE naming the file, the tensor and the first bad index (also for
+ * moe_checkpoint_load_serving, which scans the experts it leaves in the file once). */
 moe_status moe_checkpoint_load(const char *path, moe_model_t *m, moe_optim_t *o, moe_train_state *ts);
 
 /* ---- expert buffering (deployment paper VI): the experts' weights stay in a slow tier (a
