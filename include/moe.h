@@ -382,14 +382,17 @@ void moe_model_free(moe_model_t *m);
 void moe_model_init_params(moe_model_t *m, uint64_t seed);
 void moe_model_zero_grad(moe_model_t *m);
 const moe_tensor_ref *moe_model_find(const moe_model_t *m, const char *name);
-/* x (B, in_dim); labels (B) or NULL for inference. Keeps what backward needs. */
+/* x (B, in_dim); labels (B) or NULL for inference. Keeps what backward needs. An activation that goes
+ * NaN or Inf (a diverged model) is MOE_ERR_VALUE naming the first one: its block, tensor and index;
+ * under expert parallelism on every rank, after the forward's collectives. */
 moe_status moe_model_forward(moe_model_t *m, const float *x, const uint8_t *labels, int B,
                              moe_model_stats *st);
 /* Predicted classes (B) of the last forward. */
 const int32_t *moe_model_predictions(const moe_model_t *m);
 /* Layer i's stats of the last forward (expert counts for traces). */
 const moe_layer_stats *moe_model_layer_stats(const moe_model_t *m, int i);
-/* Adds the gradients of the last forward's loss (with labels) into every ref's grad. */
+/* Adds the gradients of the last forward's loss (with labels) into every ref's grad; a non-finite
+ * gradient is MOE_ERR_VALUE naming it ("grad.<ref>" and index; on every rank). */
 moe_status moe_model_backward(moe_model_t *m);
 void moe_model_set_threads(moe_model_t *m, int threads);
 
@@ -416,6 +419,10 @@ moe_status moe_optim_init(moe_optim_t *o, const moe_optim_config *c, const moe_m
 int moe_param_decays(const moe_tensor_ref *r);
 void moe_optim_free(moe_optim_t *o);
 void moe_optim_step(moe_optim_t *o, moe_model_t *m, float lr);
+/* MOE_ERR_VALUE naming the first parameter, or with o the first optimizer state ("optim.m.<ref>",
+ * "optim.v.<ref>"), holding a NaN or Inf, and its index (after an update, say); under expert
+ * parallelism a collective whose answer all ranks share. */
+moe_status moe_model_check_finite(const moe_model_t *m, const moe_optim_t *o);
 /* Learning rate at step s of total: linear warm-up over warmup steps, then cosine decay to 0. */
 float moe_lr_schedule(float base, int64_t s, int64_t warmup, int64_t total);
 

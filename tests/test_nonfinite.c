@@ -148,3 +148,110 @@ TEST(nonfinite_checkpoint_refused) {
       FAIL_("moe %s: exit %d, stderr '%s'", args, rc, err);
   }
 }
+
+/* ---- divergence: the first non-finite activation, gradient or parameter, by block and tensor ---- */
+
+static float *ref(moe_model_t *m, const char *name) { return (float *)moe_model_find(m, name)->data; }
+
+TEST(nonfinite_forward_names_block_and_tensor) {
+  moe_model_config c;
+  moe_model_config_default(&c);
+  c.in_dim = 5, c.classes = 3, c.blocks = 2;
+  c.moe.D = 6, c.moe.H = 4, c.moe.E = 4, c.moe.top_k = 2, c.moe.threads = 1;
+  moe_model_t m;
+  moe_optim_t o;
+  moe_optim_config oc;
+  moe_optim_config_default(&oc);
+  ASSERT_OK(moe_model_init(&m, &c));
+  moe_model_init_params(&m, 3);
+  moe_status st = moe_optim_init(&o, &oc, &m);
+  if (st != MOE_OK) moe_model_free(&m);
+  ASSERT_OK(st);
+  float x[8 * 5];
+  uint8_t y[8];
+  for (int i = 0; i < 40; i++) x[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
+  for (int i = 0; i < 8; i++) y[i] = (uint8_t)(i % 3);
+  static const struct { const char *tensor; size_t at; float v; const char *want, *param; } cases[] = {
+      {"in.bias", 2, INFINITY, "the forward went non-finite first at the input projection's output (in) [0, 2] = inf",
+       "the parameters went non-finite first at 'in.bias' [2] = inf"},
+      {"blocks.1.norm.weight", 3, NAN, "at block 1, the norm's output (blocks.1.norm) [0, 3] = nan",
+       "'blocks.1.norm.weight' [3] = nan"},
+      {"head.bias", 1, -INFINITY, "the head's output, the logits (head) [0, 1] = -inf", "'head.bias' [1] = -inf"},
+  };
+  char msg[512] = "";
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !msg[0]; i++) {
+    float *p = ref(&m, cases[i].tensor), keep = p[cases[i].at];
+    p[cases[i].at] = cases[i].v;
+    st = moe_model_forward(&m, x, y, 8, NULL);
+    if (st != MOE_ERR_VALUE || !strstr(moe_last_error(), cases[i].want))
+      snprintf(msg, sizeof msg, "case %zu forward: %s '%s', want '%s'", i, moe_status_name(st), moe_last_error(),
+               cases[i].want);
+    else if (moe_model_backward(&m) != MOE_ERR_STATE) /* nothing to differentiate */
+      snprintf(msg, sizeof msg, "case %zu: backward ran after a failed forward", i);
+    else if (moe_model_check_finite(&m, NULL) != MOE_ERR_VALUE || !strstr(moe_last_error(), cases[i].param))
+      snprintf(msg, sizeof msg, "case %zu check: '%s', want '%s'", i, moe_last_error(), cases[i].param);
+    p[cases[i].at] = keep;
+  }
+  /* finite weights whose product overflows: block 0's experts */
+  float *w2 = ref(&m, "blocks.0.moe.experts.fc2.weight"), save[4 * 6 * 4];
+  memcpy(save, w2, sizeof save);
+  for (int i = 0; !msg[0] && i < 4 * 6 * 4; i++) w2[i] = 3e38f;
+  st = moe_model_forward(&m, x, y, 8, NULL);
+  if (!msg[0] && (st != MOE_ERR_VALUE || !strstr(moe_last_error(), "at block 0, the MoE layer's output (blocks.0.moe) [")))
+    snprintf(msg, sizeof msg, "overflow: %s '%s'", moe_status_name(st), moe_last_error());
+  memcpy(w2, save, sizeof save);
+  /* healthy again; then the optimizer's state is checked too */
+  moe_model_zero_grad(&m);
+  if (!msg[0] && (moe_model_forward(&m, x, y, 8, NULL) != MOE_OK || moe_model_backward(&m) != MOE_OK))
+    snprintf(msg, sizeof msg, "healthy step: '%s'", moe_last_error());
+  moe_optim_step(&o, &m, 1e-3f);
+  if (!msg[0] && moe_model_check_finite(&m, &o) != MOE_OK) snprintf(msg, sizeof msg, "after a step: '%s'", moe_last_error());
+  o.v[moe_model_find(&m, "in.bias")->data - m.dense + 4] = INFINITY; /* in.weight (6, 5) is first */
+  st = moe_model_check_finite(&m, &o);
+  if (!msg[0] && (st != MOE_ERR_VALUE || !strstr(moe_last_error(), "'optim.v.in.bias' [4] = inf")))
+    snprintf(msg, sizeof msg, "optimizer state: %s '%s'", moe_status_name(st), moe_last_error());
+  moe_optim_free(&o);
+  moe_model_free(&m);
+  if (msg[0]) FAIL_("%s", msg);
+}
+
+/* moe train --lr 1e6 diverges within a few steps: --on-nan stop (the default) exits 1 naming the epoch,
+ * batch, step and the first non-finite tensor; skip-step drops those updates, counts them and
+ * finishes with a checkpoint that holds no NaN or Inf (the loader would refuse it). */
+TEST(train_on_nan) {
+  const char *data = synth_data_dir();
+  char args[2048], err[4096], out[512], ck[512];
+  test_tmp_path("on_nan_out.txt", out, sizeof out);
+  test_tmp_path("on_nan.safetensors", ck, sizeof ck);
+#define NAN_RUN "train --data '%s' --experts 4 --top-k 2 --hidden 32 --model 32 --batch 50 --threads 1 --lr 1e6"
+  snprintf(args, sizeof args, NAN_RUN " --epochs 1", data);
+  int rc = run_moe(NULL, args, out, err, sizeof err);
+  if (rc != 1 || !strstr(err, "moe train: epoch 1, batch ") || !strstr(err, "training diverged: the ") ||
+      !strstr(err, " went non-finite first at ") || !strstr(err, "--on-nan skip-step"))
+    FAIL_("moe %s: exit %d, stderr '%s'", args, rc, err);
+  snprintf(args, sizeof args, NAN_RUN " --epochs 2 --on-nan skip-step --checkpoint '%s'", data, ck);
+  rc = run_moe(NULL, args, out, err, sizeof err);
+  char *text = test_read_file(out, NULL);
+  const char *key = "steps skipped (non-finite, --on-nan skip-step): ", *n1 = text ? strstr(text, key) : NULL;
+  long skipped = n1 ? atol(n1 + strlen(key)) : 0;
+  int done = text && strstr(text, "test_accuracy=") != NULL;
+  free(text);
+  if (rc != 0 || skipped < 1 || skipped > 12 || !done || !strstr(err, "update skipped: the "))
+    FAIL_("moe %s: exit %d, %ld skipped in epoch 1, stderr '%s'", args, rc, skipped, err);
+  moe_model_t m;
+  moe_optim_t o;
+  ASSERT_OK(moe_checkpoint_load(ck, &m, &o, NULL));
+  moe_optim_free(&o);
+  moe_model_free(&m);
+  snprintf(args, sizeof args, NAN_RUN " --epochs 1 --on-nan skip-step --json", data);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
+  text = test_read_file(out, NULL);
+  n1 = text ? strstr(text, "{\"epoch\": 1, \"skipped_steps\": ") : NULL;
+  skipped = n1 ? atol(n1 + 30) : 0;
+  free(text);
+  ASSERT(skipped >= 1);
+  snprintf(args, sizeof args, NAN_RUN " --epochs 1 --on-nan skip", data);
+  ASSERT_EQ_INT(run_moe(NULL, args, NULL, err, sizeof err), 1);
+  ASSERT(strstr(err, "--on-nan: bad value 'skip'"));
+#undef NAN_RUN
+}
