@@ -328,6 +328,35 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   return 0;
 }
 
+/* Under mpirun every rank must train the same model on the same data: its options, data sizes and
+ * labels against rank 0's (moe_dist_agree), before the first collective. */
+static moe_status agree(const moe_dist *d, const train_opts *o, const moe_dataset *train, const moe_dataset *test) {
+  const moe_layer_config *l = &o->model.moe;
+  char seed[32];
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
+  const moe_dist_setting s[] = {
+      {"--experts", l->E, NULL}, {"--top-k", l->top_k, NULL}, {"--hidden", l->H, NULL}, {"--model", l->D, NULL},
+      {"--blocks", o->model.blocks, NULL}, {"--hier-experts", l->inner_experts, NULL},
+      {"--hier-top-k", l->inner_top_k, NULL}, {"--capacity", l->capacity_setting, NULL},
+      {"--capacity dynamic", o->dynamic_capacity, NULL}, {"--delta-launch", o->delta_launch, NULL},
+      {"--headroom", o->headroom, NULL}, {"--dispatch", l->dispatch, moe_dispatch_name(l->dispatch)},
+      {"--priority", l->priority, moe_priority_name(l->priority)}, {"--router", l->router, moe_router_name(l->router)},
+      {"--activation", l->act, moe_act_name(l->act)}, {"--dtype", l->dtype, moe_compute_dtype_name(l->dtype)},
+      {"--loss", o->model.loss, moe_loss_name(o->model.loss)}, {"--aux-weight", o->model.aux_weight, NULL},
+      {"--z-weight", o->model.z_weight, NULL}, {"--optimizer", o->optim.kind, moe_opt_name(o->optim.kind)},
+      {"--lr", o->lr, NULL}, {"--weight-decay", o->optim.weight_decay, NULL}, {"--momentum", o->optim.momentum, NULL},
+      {"--warmup", o->warmup, NULL}, {"--batch", o->batch, NULL}, {"--epochs", o->epochs, NULL},
+      {"--stop-after", o->stop_after, NULL}, {"--augment", o->augment, NULL},
+      {"--seed", cli_hash(&o->seed, sizeof o->seed), seed}, {"--cache-assignments", o->cache_assignments, NULL},
+      {"--cache-on", o->cache.on, NULL}, {"--cache-off", o->cache.off, NULL},
+      {"--cache-min-epoch", o->cache.min_epoch, NULL}, {"--on-nan skip-step", o->skip_nan, NULL},
+      {"training images", train->n, NULL}, {"image rows", train->rows, NULL}, {"image columns", train->cols, NULL},
+      {"training labels (hash)", cli_hash(train->labels, (size_t)train->n), NULL}, {"test images", test->n, NULL},
+      {"test labels (hash)", cli_hash(test->labels, (size_t)test->n), NULL},
+  };
+  return moe_dist_agree(d, s, (int)(sizeof s / sizeof s[0]));
+}
+
 int cmd_train(int argc, char **argv) {
   train_opts o;
   defaults(&o);
@@ -357,6 +386,12 @@ int cmd_train(int argc, char **argv) {
     rc = cli_usage_error(CMD, "%s/t10k-images-idx3-ubyte has %dx%d images, %s/train-images-idx3-ubyte %dx%d: the test "
                          "set's images must have training's size", o.data, test.rows, test.cols, o.data, train.rows,
                          train.cols);
+    goto done;
+  }
+  if (agree(dist, &o, &train, &test) != MOE_OK) { /* every rank knows: none is left waiting */
+    rc = cli_fail(CMD);
+    moe_dist_finalize(dist);
+    dist = NULL;
     goto done;
   }
   int start = 0;

@@ -146,6 +146,17 @@ moe_status moe_dist_allreduce(const moe_dist *d, double *a, int n);
 /* Rank 0 gets the concatenation over ranks of each rank's `n` floats (n may differ per rank); out is
  * used on rank 0 only and must hold the total. */
 moe_status moe_dist_gather(const moe_dist *d, const float *a, int n, float *out);
+/* Start-up check that every rank runs the same configuration (options, shapes, data sizes, dtype,
+ * seed): rank r's n settings against rank 0's, by value. Collective: every rank calls it with the same
+ * names in the same order, before any other collective (ranks that disagree would hang in one or
+ * compute wrong answers). MOE_ERR_ARG on every rank when any differs, naming the first rank that does,
+ * the setting and both texts ("rank 1 has --epochs = 3, rank 0 has 1"). */
+typedef struct {
+  const char *name;  /* e.g. "--epochs", "train images" */
+  double value;      /* compared exactly: an integer up to 2^53, a float, an enum, a hash */
+  const char *text;  /* shown in the message (NULL: the value); 31 characters are carried */
+} moe_dist_setting;
+moe_status moe_dist_agree(const moe_dist *d, const moe_dist_setting *s, int n);
 
 /* ---- the MoE layer ---- */
 typedef enum { MOE_ACT_RELU, MOE_ACT_GELU, MOE_ACT_SILU, MOE_ACT_SWIGLU } moe_act;
