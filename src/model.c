@@ -231,22 +231,25 @@ static void softmax_ce(float *z, int n, int C, const uint8_t *labels, int stride
   }
 }
 
-/* Divergence: the forward checks each activation as it is made. The first non-finite one is described
- * in s->bad, and every non-finite value is zeroed so that the forward still reaches its collectives
- * (the other ranks would wait there forever); the forward then fails on every rank (agree()). */
-static void watch(moe__model_state *s, int block, const char *what, float *a, int rows, int cols) {
-  size_t n = (size_t)rows * cols, first = n;
-  float v = 0;
-  for (size_t j = 0; j < n; j++)
-    if (!isfinite(a[j])) {
-      if (first == n) first = j, v = a[j];
-      a[j] = 0;
-    }
-  if (first == n || s->bad[0]) return;
+/* Divergence: the forward checks its input and each activation as it is made. The first non-finite
+ * value is described in s->bad (note), and the activation's non-finite values are zeroed (watch) so
+ * that the forward still reaches its collectives (the other ranks would wait there forever); the
+ * forward then fails on every rank. note returns whether a has one. */
+static int note(moe__model_state *s, int block, const char *what, const float *a, int rows, int cols) {
+  size_t n = (size_t)rows * cols, j = 0;
+  while (j < n && isfinite(a[j])) j++;
+  if (j == n) return 0;
+  if (s->bad[0]) return 1;
   char where[32] = "";
   if (block >= 0) snprintf(where, sizeof where, "block %d, ", block);
-  snprintf(s->bad, sizeof s->bad, "%s%s [%zu, %zu] = %g", where, what, first / (size_t)cols, first % (size_t)cols,
-           (double)v);
+  snprintf(s->bad, sizeof s->bad, "%s%s [%zu, %zu] = %g", where, what, j / (size_t)cols, j % (size_t)cols,
+           (double)a[j]);
+  return 1;
+}
+
+static void watch(moe__model_state *s, int block, const char *what, float *a, int rows, int cols) {
+  if (note(s, block, what, a, rows, cols))
+    for (size_t j = 0; j < (size_t)rows * cols; j++) a[j] = isfinite(a[j]) ? a[j] : 0;
 }
 
 static moe_status diverged(const char *bad, const char *what) {
@@ -331,6 +334,7 @@ moe_status moe_model_forward(moe_model_t *m, const float *x, const uint8_t *labe
   }
   int nt = s->threads;
   s->bad[0] = 0;
+  note(s, -1, "the input (x)", x, B, in);
   linear(x, ref_data(m, "in.weight"), ref_data(m, "in.bias"), B, in, D, s->h[0], nt);
   watch(s, -1, "the input projection's output (in)", s->h[0], B, D);
   moe_model_stats acc = {0};

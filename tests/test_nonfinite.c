@@ -192,6 +192,12 @@ TEST(nonfinite_forward_names_block_and_tensor) {
       snprintf(msg, sizeof msg, "case %zu check: '%s', want '%s'", i, moe_last_error(), cases[i].param);
     p[cases[i].at] = keep;
   }
+  /* a non-finite input is named as such, not as the projection's output */
+  x[2 * 5 + 4] = NAN;
+  st = moe_model_forward(&m, x, y, 8, NULL);
+  if (!msg[0] && (st != MOE_ERR_VALUE || !strstr(moe_last_error(), "went non-finite first at the input (x) [2, 4] = nan")))
+    snprintf(msg, sizeof msg, "input: %s '%s'", moe_status_name(st), moe_last_error());
+  x[2 * 5 + 4] = 0.25f;
   /* finite weights whose product overflows: block 0's experts */
   float *w2 = ref(&m, "blocks.0.moe.experts.fc2.weight"), save[4 * 6 * 4];
   memcpy(save, w2, sizeof save);
