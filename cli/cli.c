@@ -51,6 +51,12 @@ int cli_parse_float(const char *s, float *out) {
   return 1;
 }
 
+double cli_hash(const void *p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+  return (double)(h >> 12);
+}
+
 int cli_cpu_count(void) {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);

@@ -14,6 +14,9 @@ int cli_flag_is(const char *arg, const char *name);
 int cli_parse_int(const char *s, int *out);
 int cli_parse_float(const char *s, float *out);
 
+/* A 52-bit FNV-1a hash of n bytes: a value moe_dist_agree compares exactly. */
+double cli_hash(const void *p, size_t n);
+
 /* CPUs this process may run on (its affinity mask). */
 int cli_cpu_count(void);
 /* Seconds on a monotonic clock. */

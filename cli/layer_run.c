@@ -294,18 +294,59 @@ static int run(args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_writer 
   return 0;
 }
 
+/* Tensor `name` of f's shape as a number (0 when absent) and as text "(d0, d1)": for agree(). */
+static double shape_of(const moe_st *f, const char *name, char *text, size_t n) {
+  moe_tensor_view v;
+  if (moe_st_get(f, name, &v) != MOE_OK) return snprintf(text, n, "(absent)"), 0;
+  int w = snprintf(text, n, "(");
+  for (int d = 0; d < v.ndim && w < (int)n; d++) w += snprintf(text + w, n - w, "%s%lld", d ? ", " : "", (long long)v.shape[d]);
+  if (w < (int)n) snprintf(text + w, n - w, ")");
+  return cli_hash(v.shape, sizeof v.shape[0] * (size_t)v.ndim) + v.ndim;
+}
+
+/* Under mpirun every rank must run the same layer on the same shapes: its options and its files'
+ * shapes and options against rank 0's (moe_dist_agree), before the first collective (the 2DH split). */
+#define FILE_S "(the file's)"
+static moe_status agree(const args_t *a, const moe_st *wf, const moe_st *xf) {
+  const moe_layer_overrides *o = &a->ov;
+  const char *caps = a->capacities ? a->capacities : "";
+  moe_dist_setting s[32] = {
+      {"--backward", a->backward, NULL}, {"--spec", a->spec, NULL}, {"--a2a", a->a2a, a->a2a ? "2dh" : "linear"},
+      {"--ranks-per-node", a->ranks_per_node, NULL}, {"--placement", a->placement != NULL, a->placement},
+      {"--expert-capacity", cli_hash(caps, strlen(caps)), caps}, {"--top_k", o->top_k, o->top_k < 0 ? FILE_S : NULL},
+      {"--capacity_setting", o->capacity_setting, NULL}, {"--normalize_topk", o->normalize_topk, NULL},
+      {"--activation", o->act, o->act < 0 ? FILE_S : moe_act_name(o->act)},
+      {"--dispatch", o->dispatch, o->dispatch < 0 ? FILE_S : moe_dispatch_name(o->dispatch)},
+      {"--priority", o->priority, o->priority < 0 ? FILE_S : moe_priority_name(o->priority)},
+      {"--router", o->router, o->router < 0 ? FILE_S : moe_router_name(o->router)},
+      {"--dtype", o->dtype, o->dtype < 0 ? FILE_S : moe_compute_dtype_name(o->dtype)},
+  };
+  int n = 14;
+  static const char *tensors[] = {"experts.fc1.weight", "experts.fc3.weight", "gate.weight", "gate.proj.weight",
+                                  "x", "dy", "daux", "dz", "dspec"};
+  static const char *meta[] = {"top_k", "capacity_setting", "normalize_topk", "activation", "dispatch",
+                               "priority", "router", "dtype"};
+  char names[17][48], shapes[9][32];
+  for (int i = 0; i < 9; i++, n++) {
+    snprintf(names[i], sizeof names[i], "the shape of '%s'", tensors[i]);
+    double v = shape_of(i < 4 ? wf : xf, tensors[i], shapes[i], sizeof shapes[i]);
+    s[n] = (moe_dist_setting){names[i], v, shapes[i]};
+  }
+  for (int i = 0; i < 8; i++, n++) {
+    const char *v = moe_st_meta(wf, meta[i]);
+    snprintf(names[9 + i], sizeof names[9 + i], "the weights' __metadata__ %s", meta[i]);
+    s[n] = (moe_dist_setting){names[9 + i], v ? cli_hash(v, strlen(v)) : -1, v ? v : "(none)"};
+  }
+  return moe_dist_agree(a->dist, s, n);
+}
+#undef FILE_S
+
 int cmd_layer_run(int argc, char **argv) {
   args_t a;
   int rc = parse_args(argc, argv, &a);
   if (rc) return rc;
   if (a.expert_parallel) {
     if (moe_dist_init(&a.dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
-    if (moe_dist_set_a2a(a.dist, a.a2a, a.ranks_per_node) != MOE_OK) {
-      rc = cli_fail(CMD);
-      moe_dist_abort(a.dist, rc); /* other ranks may be inside the split */
-      moe_dist_finalize(a.dist);
-      return rc;
-    }
     a.ov.dist = a.dist;
   }
   moe_st *wf = NULL, *xf = NULL;
@@ -315,6 +356,12 @@ int cmd_layer_run(int argc, char **argv) {
   if (moe_st_open(&wf, a.weights) != MOE_OK || moe_st_open(&xf, a.input) != MOE_OK ||
       moe_st_writer_new(&w) != MOE_OK)
     rc = cli_fail(CMD);
+  else if (a.dist && agree(&a, wf, xf) != MOE_OK) { /* every rank knows: none is left waiting */
+    rc = cli_fail(CMD);
+    moe_dist_finalize(a.dist);
+    a.dist = NULL;
+  } else if (a.dist && moe_dist_set_a2a(a.dist, a.a2a, a.ranks_per_node) != MOE_OK)
+    rc = cli_fail(CMD); /* other ranks may be inside the split: stopped below */
   else
     rc = run(&a, wf, xf, &l, w, bufs);
   for (int i = 0; i < 3; i++) free(bufs[i]);

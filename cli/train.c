@@ -14,6 +14,7 @@
 #include "train_cache.h"
 #include "train_capacity.h"
 #include "train_data.h"
+#include "train_nan.h"
 
 static const char *CMD = "train";
 static volatile sig_atomic_t interrupted;
@@ -22,6 +23,7 @@ static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 typedef struct {
   const char *data, *checkpoint, *resume, *trace;
   int json, log_steps, epochs, stop_after, batch, warmup, augment, threads;
+  int skip_nan; /* --on-nan skip-step */
   int dynamic_capacity, delta_launch; /* --capacity dynamic: per-expert capacities through RECOMPILE */
   float headroom;
   int cache_assignments;  /* --cache-assignments: DynaMoE's sample-assignment caching */
@@ -44,10 +46,14 @@ static void usage(void) {
     "       [--aux-weight W] [--z-weight W] [--optimizer adam|sgd] [--lr LR] [--weight-decay W]\n"
     "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
     "       [--seed S] [--threads N] [--checkpoint F] [--resume F] [--trace F] [--json] [--log-steps]\n"
+    "       [--on-nan stop|skip-step]\n"
     "       [--pipeline N] [--memory-reuse none|s4]   (the experts as N micro-batches; same bits)\n"
     "--epochs is the planned total (the learning-rate schedule's horizon); --stop-after N ends this run\n"
     "after epoch N, and --resume F continues from checkpoint F. --dtype bf16 runs the expert GEMMs in\n"
-    "bf16 (fp32 accumulation, fp32 master weights); its checkpoints store the expert weights as BF16.\n");
+    "bf16 (fp32 accumulation, fp32 master weights); its checkpoints store the expert weights as BF16.\n"
+    "A step whose activations, gradients or updated weights go NaN or Inf stops training with the epoch,\n"
+    "step, block and tensor (--on-nan stop, the default); --on-nan skip-step drops that step's update\n"
+    "instead and goes on, counting the steps skipped.\n");
 }
 
 static void defaults(train_opts *o) {
@@ -121,6 +127,7 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
       else if (cli_flag_is(f, "stop_after")) ok = cli_parse_int(v, &o->stop_after) && o->stop_after > 0;
       else if (cli_flag_is(f, "augment")) ok = cli_parse_int(v, &o->augment) && o->augment >= 0 && o->augment < 8;
       else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
+      else if (cli_flag_is(f, "on_nan")) ok = (o->skip_nan = !strcmp(v, "skip-step")) || !strcmp(v, "stop");
       else if (cli_flag_is(f, "pipeline")) ok = cli_parse_int(v, &m->pipeline) && m->pipeline >= 1;
       else if (cli_flag_is(f, "memory_reuse")) st = moe_reuse_parse(v, "--memory-reuse", &m->memory_reuse);
       else if (cli_flag_is(f, "delta_launch")) ok = cli_parse_int(v, &o->delta_launch) && o->delta_launch >= 0 && o->delta_launch < 60;
@@ -233,8 +240,11 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   int caching = 0;
   int64_t caching_from = -1;
   double frac_same = -1;
+  nan_guard ng = {0};
+  if (!rc && nan_guard_init(&ng, o->skip_nan, m, opt)) rc = cli_usage_error(CMD, "--on-nan skip-step: out of memory");
   for (int epoch = start_epoch; epoch < last && !rc; epoch++) {
     epoch_acc a = {0};
+    int64_t skipped0 = ng.skipped;
     double t0 = cli_now();
     train_batch_epoch(&tb, o->seed, epoch, o->augment);
     for (int s = 0; s < steps && !interrupted; s++, step++) {
@@ -243,12 +253,21 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       const int32_t *ids = tb.perm + (size_t)s * B + b0;
       if (ac && assign_cache_before(ac, m, step, ids, b1 - b0)) { rc = cli_fail(CMD); break; }
       moe_model_stats st;
-      moe_model_zero_grad(m);
-      if (moe_model_forward(m, tb.x + (size_t)b0 * F, tb.y + b0, b1 - b0, &st) || moe_model_backward(m)) {
-        rc = cli_fail(CMD);
+      moe_status ss = nan_guard_step(&ng, m, opt, tb.x + (size_t)b0 * F, tb.y + b0, b1 - b0,
+                                     moe_lr_schedule(o->lr, step, warmup, total), &st);
+      if (ss == MOE_ERR_VALUE && ng.skip) {
+        if (ng.skipped == 1 && r == 0)
+          fprintf(stderr, "%smoe train: epoch %d, batch %d of %d (step %lld): update skipped: %s (further skips "
+                  "are counted)\n", tty ? "\n" : "", epoch + 1, s + 1, steps, (long long)step, moe_last_error());
+        continue;
+      }
+      if (ss != MOE_OK) {
+        rc = ss != MOE_ERR_VALUE ? cli_fail(CMD)
+                                 : cli_usage_error(CMD, "epoch %d, batch %d of %d (step %lld): training diverged: "
+                                                   "%s; lower --lr, or --on-nan skip-step drops such steps", epoch + 1,
+                                                   s + 1, steps, (long long)step, moe_last_error());
         break;
       }
-      moe_optim_step(opt, m, moe_lr_schedule(o->lr, step, warmup, total));
       accumulate(&a, m, &st, B);
       if (ac && assign_cache_after(ac, m, step, ids, b1 - b0)) { rc = cli_fail(CMD); break; }
       if (dc && dyncap_push(dc, m, step, st.loss)) { rc = cli_fail(CMD); break; }
@@ -259,7 +278,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     if (rc || interrupted) break;
     double rate = steps / (cli_now() - t0);
     if (evaluate(m, test, 500, &test_acc)) {
-      rc = cli_fail(CMD);
+      rc = cli_usage_error(CMD, "epoch %d: evaluating the test set: %s", epoch + 1, moe_last_error());
       break;
     }
     if (tty) fprintf(stderr, "\n");
@@ -267,8 +286,9 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       rc = cli_fail(CMD);
       break;
     }
-    double loss = a.loss / a.seen, acc = (double)a.correct / a.seen, aux = a.aux / a.steps;
-    double drop = a.assigned ? (double)a.dropped / a.assigned : 0, load = a.load_ratio / a.steps;
+    double seen = a.seen ? a.seen : 1, nsteps = a.steps ? a.steps : 1; /* every step skipped: zeros */
+    double loss = a.loss / seen, acc = a.correct / seen, aux = a.aux / nsteps;
+    double drop = a.assigned ? (double)a.dropped / a.assigned : 0, load = a.load_ratio / nsteps;
     if (o->json)
       printf("{\"epoch\": %d, \"steps\": %lld, \"loss\": %.6f, \"train_accuracy\": %.4f, \"aux_loss\": %.6f, "
              "\"dropped_fraction\": %.6f, \"max_mean_load\": %.4f, \"steps_per_s\": %.2f, \"test_accuracy\": %.4f}\n",
@@ -276,6 +296,10 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     else
       printf("epoch %d/%d: loss %.4f train_acc %.4f aux %.4f dropped %.4f max/mean load %.2f %.1f steps/s "
              "test_acc %.4f\n", epoch + 1, o->epochs, loss, acc, aux, drop, load, rate, test_acc);
+    if (ng.skip && o->json)
+      printf("{\"epoch\": %d, \"skipped_steps\": %lld}\n", epoch + 1, (long long)(ng.skipped - skipped0));
+    else if (ng.skip)
+      printf("  steps skipped (non-finite, --on-nan skip-step): %lld\n", (long long)(ng.skipped - skipped0));
     if (ac && !o->json)
       printf("  samples not reassigned since the last epoch: %.4f; caching %s (on from step %lld)\n", frac_same,
              caching ? "on" : "off", (long long)caching_from);
@@ -291,6 +315,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   }
   if (tw.f && trace_close(&tw) != MOE_OK && !rc) rc = 1;
   train_batch_free(&tb);
+  nan_guard_free(&ng);
   if (dc && !rc && moe_dist_rank(o->model.moe.dist) == 0) /* rank 0 reports, as on stdout */
     dyncap_report(dc, o->json ? stderr : stdout);
   dyncap_free(dc);
@@ -304,6 +329,35 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (test_acc < 0 && evaluate(m, test, 500, &test_acc)) return cli_fail(CMD);
   printf("test_accuracy=%.4f\n", test_acc);
   return 0;
+}
+
+/* Under mpirun every rank must train the same model on the same data: its options, data sizes and
+ * labels against rank 0's (moe_dist_agree), before the first collective. */
+static moe_status agree(const moe_dist *d, const train_opts *o, const moe_dataset *train, const moe_dataset *test) {
+  const moe_layer_config *l = &o->model.moe;
+  char seed[32];
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
+  const moe_dist_setting s[] = {
+      {"--experts", l->E, NULL}, {"--top-k", l->top_k, NULL}, {"--hidden", l->H, NULL}, {"--model", l->D, NULL},
+      {"--blocks", o->model.blocks, NULL}, {"--hier-experts", l->inner_experts, NULL},
+      {"--hier-top-k", l->inner_top_k, NULL}, {"--capacity", l->capacity_setting, NULL},
+      {"--capacity dynamic", o->dynamic_capacity, NULL}, {"--delta-launch", o->delta_launch, NULL},
+      {"--headroom", o->headroom, NULL}, {"--dispatch", l->dispatch, moe_dispatch_name(l->dispatch)},
+      {"--priority", l->priority, moe_priority_name(l->priority)}, {"--router", l->router, moe_router_name(l->router)},
+      {"--activation", l->act, moe_act_name(l->act)}, {"--dtype", l->dtype, moe_compute_dtype_name(l->dtype)},
+      {"--loss", o->model.loss, moe_loss_name(o->model.loss)}, {"--aux-weight", o->model.aux_weight, NULL},
+      {"--z-weight", o->model.z_weight, NULL}, {"--optimizer", o->optim.kind, moe_opt_name(o->optim.kind)},
+      {"--lr", o->lr, NULL}, {"--weight-decay", o->optim.weight_decay, NULL}, {"--momentum", o->optim.momentum, NULL},
+      {"--warmup", o->warmup, NULL}, {"--batch", o->batch, NULL}, {"--epochs", o->epochs, NULL},
+      {"--stop-after", o->stop_after, NULL}, {"--augment", o->augment, NULL},
+      {"--seed", cli_hash(&o->seed, sizeof o->seed), seed}, {"--cache-assignments", o->cache_assignments, NULL},
+      {"--cache-on", o->cache.on, NULL}, {"--cache-off", o->cache.off, NULL},
+      {"--cache-min-epoch", o->cache.min_epoch, NULL}, {"--on-nan skip-step", o->skip_nan, NULL},
+      {"training images", train->n, NULL}, {"image rows", train->rows, NULL}, {"image columns", train->cols, NULL},
+      {"training labels (hash)", cli_hash(train->labels, (size_t)train->n), NULL}, {"test images", test->n, NULL},
+      {"test labels (hash)", cli_hash(test->labels, (size_t)test->n), NULL},
+  };
+  return moe_dist_agree(d, s, (int)(sizeof s / sizeof s[0]));
 }
 
 int cmd_train(int argc, char **argv) {
@@ -329,6 +383,18 @@ int cmd_train(int argc, char **argv) {
   moe_optim_t opt = {0};
   if (load_split(o.data, "train", &train) || load_split(o.data, "t10k", &test)) {
     rc = cli_fail(CMD);
+    goto done;
+  }
+  if (test.rows != train.rows || test.cols != train.cols) { /* the model's input is sized from training's */
+    rc = cli_usage_error(CMD, "%s/t10k-images-idx3-ubyte has %dx%d images, %s/train-images-idx3-ubyte %dx%d: the test "
+                         "set's images must have training's size", o.data, test.rows, test.cols, o.data, train.rows,
+                         train.cols);
+    goto done;
+  }
+  if (agree(dist, &o, &train, &test) != MOE_OK) { /* every rank knows: none is left waiting */
+    rc = cli_fail(CMD);
+    moe_dist_finalize(dist);
+    dist = NULL;
     goto done;
   }
   int start = 0;

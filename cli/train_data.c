@@ -2,7 +2,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "train_data.h"
 
@@ -97,16 +96,11 @@ int evaluate(moe_model_t *m, const moe_dataset *d, int B, double *acc) {
 
 moe_status trace_open(trace_writer *t, const char *path, int64_t from) {
   memset(t, 0, sizeof *t);
-  if (strlen(path) + 24 > sizeof t->path) {
-    fprintf(stderr, "moe: trace path too long: %s\n", path);
-    return MOE_ERR_ARG;
-  }
-  snprintf(t->path, sizeof t->path, "%s", path);
-  snprintf(t->tmp, sizeof t->tmp, "%s.tmp.%d", path, (int)getpid());
-  t->f = fopen(t->tmp, "w");
+  t->path = path;
+  t->f = open_memstream(&t->buf, &t->len);
   if (!t->f) {
-    fprintf(stderr, "moe: %s: %s\n", t->tmp, strerror(errno));
-    return MOE_ERR_IO;
+    fprintf(stderr, "moe: trace %s: %s\n", path, strerror(errno));
+    return MOE_ERR_NOMEM;
   }
   fprintf(t->f, "step,layer,expert,tokens\n");
   FILE *old = from > 0 ? fopen(path, "r") : NULL;
@@ -130,11 +124,11 @@ moe_status trace_step(trace_writer *t, const moe_model_t *m, int64_t step) {
 }
 
 moe_status trace_close(trace_writer *t) {
-  int bad = fflush(t->f) != 0 || fsync(fileno(t->f)) != 0;
-  bad |= fclose(t->f) != 0;
+  int bad = fclose(t->f) != 0;
   t->f = NULL;
-  if (!bad && rename(t->tmp, t->path) == 0) return MOE_OK;
-  fprintf(stderr, "moe: cannot write trace %s: %s\n", t->path, strerror(errno));
-  unlink(t->tmp);
-  return MOE_ERR_IO;
+  moe_status st = bad ? MOE_ERR_NOMEM : moe_write_file_atomic(t->path, t->buf, t->len);
+  if (st != MOE_OK) fprintf(stderr, "moe: cannot write trace %s: %s\n", t->path, bad ? "out of memory" : moe_last_error());
+  free(t->buf);
+  t->buf = NULL;
+  return st;
 }

@@ -30,11 +30,13 @@ void train_batch_fill(train_batch *b, int s);
 /* Accuracy of m on d, in batches of B. */
 int evaluate(moe_model_t *m, const moe_dataset *d, int B, double *acc);
 
-/* The expert trace: "step,layer,expert,tokens" rows with tokens > 0, written to a temporary file
- * and renamed into place on close. */
+/* The expert trace: "step,layer,expert,tokens" rows with tokens > 0, kept in memory and written
+ * atomically (moe_write_file_atomic) on close. */
 typedef struct {
-  FILE *f;
-  char path[1024], tmp[1100];
+  FILE *f; /* an open_memstream over buf */
+  char *buf;
+  size_t len;
+  const char *path;
 } trace_writer;
 /* Starts the trace; resuming at step `from` > 0 keeps the existing file's rows of earlier steps. */
 moe_status trace_open(trace_writer *t, const char *path, int64_t from);

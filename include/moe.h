@@ -41,7 +41,8 @@ const char *moe_status_str(moe_status s);  /* "shape mismatch" */
 /* The message of the last failure on this thread: what failed, naming tensor/field/file and values. */
 const char *moe_last_error(void);
 /* Writes n bytes to path atomically, as every file the library writes: path.tmp.<pid>, flushed and
- * fsynced, then renamed to path; on failure path is left as it was (MOE_ERR_IO names both files). */
+ * fsynced, then renamed to path; on failure path is left as it was (MOE_ERR_IO names both files).
+ * A path.tmp.<pid> that a killed writer left (its pid gone, its lock free) is removed first. */
 moe_status moe_write_file_atomic(const char *path, const void *data, size_t n);
 
 /* ---- safetensors (strict reader, atomic writer) ---- */
@@ -145,6 +146,17 @@ moe_status moe_dist_allreduce(const moe_dist *d, double *a, int n);
 /* Rank 0 gets the concatenation over ranks of each rank's `n` floats (n may differ per rank); out is
  * used on rank 0 only and must hold the total. */
 moe_status moe_dist_gather(const moe_dist *d, const float *a, int n, float *out);
+/* Start-up check that every rank runs the same configuration (options, shapes, data sizes, dtype,
+ * seed): rank r's n settings against rank 0's, by value. Collective: every rank calls it with the same
+ * names in the same order, before any other collective (ranks that disagree would hang in one or
+ * compute wrong answers). MOE_ERR_ARG on every rank when any differs, naming the first rank that does,
+ * the setting and both texts ("rank 1 has --epochs = 3, rank 0 has 1"). */
+typedef struct {
+  const char *name;  /* e.g. "--epochs", "train images" */
+  double value;      /* compared exactly: an integer up to 2^53, a float, an enum, a hash */
+  const char *text;  /* shown in the message (NULL: the value); 31 characters are carried */
+} moe_dist_setting;
+moe_status moe_dist_agree(const moe_dist *d, const moe_dist_setting *s, int n);
 
 /* ---- the MoE layer ---- */
 typedef enum { MOE_ACT_RELU, MOE_ACT_GELU, MOE_ACT_SILU, MOE_ACT_SWIGLU } moe_act;
@@ -336,6 +348,7 @@ typedef struct {
                                   r are the positions [r E/W, (r+1) E/W) that rank owns */
 } moe_layer_overrides;
 void moe_layer_overrides_init(moe_layer_overrides *o);
+/* A NaN or Inf weight is MOE_ERR_VALUE naming the file, the tensor and the first bad index. */
 moe_status moe_layer_load(moe_layer_t *l, const moe_st *f, const moe_layer_overrides *o);
 /* Adds every parameter (and, with grads, "grad.<name>" tensors) to a writer, config to metadata. */
 moe_status moe_layer_save_params(const moe_layer_t *l, moe_st_writer *w);
@@ -397,14 +410,17 @@ void moe_model_free(moe_model_t *m);
 void moe_model_init_params(moe_model_t *m, uint64_t seed);
 void moe_model_zero_grad(moe_model_t *m);
 const moe_tensor_ref *moe_model_find(const moe_model_t *m, const char *name);
-/* x (B, in_dim); labels (B) or NULL for inference. Keeps what backward needs. */
+/* x (B, in_dim); labels (B) or NULL for inference. Keeps what backward needs. An activation that goes
+ * NaN or Inf (a diverged model) is MOE_ERR_VALUE naming the first one: its block, tensor and index;
+ * under expert parallelism on every rank, after the forward's collectives. */
 moe_status moe_model_forward(moe_model_t *m, const float *x, const uint8_t *labels, int B,
                              moe_model_stats *st);
 /* Predicted classes (B) of the last forward. */
 const int32_t *moe_model_predictions(const moe_model_t *m);
 /* Layer i's stats of the last forward (expert counts for traces). */
 const moe_layer_stats *moe_model_layer_stats(const moe_model_t *m, int i);
-/* Adds the gradients of the last forward's loss (with labels) into every ref's grad. */
+/* Adds the gradients of the last forward's loss (with labels) into every ref's grad; a non-finite
+ * gradient is MOE_ERR_VALUE naming it ("grad.<ref>" and index; on every rank). */
 moe_status moe_model_backward(moe_model_t *m);
 void moe_model_set_threads(moe_model_t *m, int threads);
 
@@ -431,6 +447,10 @@ moe_status moe_optim_init(moe_optim_t *o, const moe_optim_config *c, const moe_m
 int moe_param_decays(const moe_tensor_ref *r);
 void moe_optim_free(moe_optim_t *o);
 void moe_optim_step(moe_optim_t *o, moe_model_t *m, float lr);
+/* MOE_ERR_VALUE naming the first parameter, or with o the first optimizer state ("optim.m.<ref>",
+ * "optim.v.<ref>"), holding a NaN or Inf, and its index (after an update, say); under expert
+ * parallelism a collective whose answer all ranks share. */
+moe_status moe_model_check_finite(const moe_model_t *m, const moe_optim_t *o);
 /* Learning rate at step s of total: linear warm-up over warmup steps, then cosine decay to 0. */
 float moe_lr_schedule(float base, int64_t s, int64_t warmup, int64_t total);
 
@@ -444,7 +464,9 @@ typedef struct {
 /* Writes path atomically. o may be NULL (weights only). */
 moe_status moe_checkpoint_save(const char *path, const moe_model_t *m, const moe_optim_t *o,
                                const moe_train_state *ts);
-/* Builds m (and o when not NULL and the file has optimizer state) from the file. */
+/* Builds m (and o when not NULL and the file has optimizer state) from the file. A NaN or Inf in any
+ * tensor it reads is MOE_ERR_VALUE naming the file, the tensor and the first bad index (also for
+ * moe_checkpoint_load_serving, which scans the experts it leaves in the file once). */
 moe_status moe_checkpoint_load(const char *path, moe_model_t *m, moe_optim_t *o, moe_train_state *ts);
 
 /* ---- expert buffering (deployment paper VI): the experts' weights stay in a slow tier (a
@@ -483,7 +505,15 @@ moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c);
 moe_status moe_checkpoint_load_serving(const char *path, moe_model_t *m, int K, moe_cache_policy p, int dtype);
 
 /* ---- expert traces (DESIGN 4.4) and what serving computes from them ----
- * CSV with header "step,layer,expert,tokens", one row per (step, layer, expert) with tokens > 0. */
+ * CSV with header "step,layer,expert,tokens", one row per (step, layer, expert) with tokens > 0.
+ * Ids are below these limits, and the dense table (steps x layers x experts int32 cells) may have at
+ * most MOE_TRACE_CELLS_PER_ROW cells per row of the file, or MOE_TRACE_MIN_CELLS in all, so that a
+ * few rows with far-apart ids are an error rather than gigabytes of zeros. */
+#define MOE_TRACE_MAX_STEPS (INT64_C(1) << 31)
+#define MOE_TRACE_MAX_LAYERS 4096
+#define MOE_TRACE_MAX_EXPERTS 65536
+#define MOE_TRACE_CELLS_PER_ROW 4096
+#define MOE_TRACE_MIN_CELLS (INT64_C(1) << 22)
 typedef struct {
   int64_t steps;   /* max step + 1 */
   int layers;      /* max layer + 1 */
@@ -491,8 +521,8 @@ typedef struct {
   int32_t *tokens; /* (steps, layers, experts) tokens, 0 where the trace has no row */
 } moe_trace;
 /* Strict reader: header, four non-negative integers per row, tokens > 0, expert < experts when
- * experts > 0 (0 = infer from the rows), no duplicate (step, layer, expert); errors give the file and
- * line number. */
+ * experts > 0 (0 = infer from the rows; at most MOE_TRACE_MAX_EXPERTS), no duplicate (step, layer,
+ * expert), the limits above; errors give the file, line number and field. */
 moe_status moe_trace_load(moe_trace *t, const char *path, int experts);
 void moe_trace_free(moe_trace *t);
 

@@ -122,7 +122,8 @@ static moe_status copy_tensor(const moe_st *f, moe_dtype want, const char *name,
   MOE_TRY(v.dtype == want, MOE_ERR_DTYPE, "%s: tensor '%s' has dtype %s, want %s", moe_st_path(f), name,
           moe_dtype_name(v.dtype), moe_dtype_name(want));
   MOE_CHECK(moe__st_expect_shape(f, &v, name, r->ndim, r->shape));
-  return moe_st_view_f32(f, &v, 0, r->numel, dst); /* from memory, or the file when lazy */
+  MOE_CHECK(moe_st_view_f32(f, &v, 0, r->numel, dst)); /* from memory, or the file when lazy */
+  return moe__st_expect_finite(f, &v, 0, dst, r->numel);
 }
 
 /* A non-negative 64-bit __metadata__ value (absent: *out unchanged). */
@@ -282,6 +283,11 @@ static moe_status load_serving(moe_st *f, moe_model_t *m, int K, moe_cache_polic
     MOE_CHECK(load_capacities(f, &m->layers[i], i, &present));
   }
   if (!K) return MOE_OK;
+  for (int i = 0; i < moe_st_count(f); i++) { /* the experts stay in the file: checked once, here */
+    moe_tensor_view v;
+    MOE_CHECK(moe_st_at(f, i, &v));
+    if (!strncmp(v.name, "blocks.", 7) && strstr(v.name, ".moe.experts.")) MOE_CHECK(moe__st_scan_finite(f, &v));
+  }
   m->caches = calloc((size_t)c.blocks, sizeof *m->caches);
   MOE_TRY(m->caches, MOE_ERR_NOMEM, "out of memory");
   for (int i = 0; i < c.blocks; i++) {

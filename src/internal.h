@@ -57,6 +57,13 @@ void moe__from_bf16(float *dst, const uint16_t *src, size_t n, int nt);
 /* Index of s in names[n] into *out; otherwise MOE_ERR_ARG naming `field`, the value and the choices. */
 moe_status moe__parse_name(const char *s, const char *field, const char *const *names, int n, int *out);
 
+/* MOE_ERR_VALUE naming the file, the tensor and the index of the first non-finite value of x, which
+ * holds the flat values [off, off + n) of tensor v of f (safetensors.c); NaN/Inf weights are refused
+ * when loaded rather than spread through every output. */
+moe_status moe__st_expect_finite(const moe_st *f, const moe_tensor_view *v, size_t off, const float *x, size_t n);
+/* The same over the whole of an F32 or BF16 tensor, read in chunks (for weights left in the file). */
+moe_status moe__st_scan_finite(const moe_st *f, const moe_tensor_view *v);
+
 /* MOE_ERR_SHAPE naming the file, the tensor and both shapes unless v (tensor `name` of f) has shape
  * (ndim) (safetensors.c). */
 moe_status moe__st_expect_shape(const moe_st *f, const moe_tensor_view *v, const char *name, int ndim,

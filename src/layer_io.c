@@ -176,7 +176,9 @@ static moe_status copy_rows(moe_layer_t *l, const moe_st *f, const moe_param_inf
   size_t per = p->numel / (size_t)rows;
   for (int64_t r = 0; r < rows; r++) {
     int64_t src = by_expert && order ? order[e0 + r] : e0 + r;
-    MOE_CHECK(moe_st_view_f32(f, v, (size_t)src * per, per, l->params + p->offset + (size_t)r * per));
+    float *dst = l->params + p->offset + (size_t)r * per;
+    MOE_CHECK(moe_st_view_f32(f, v, (size_t)src * per, per, dst));
+    MOE_CHECK(moe__st_expect_finite(f, v, (size_t)src * per, dst, per));
   }
   return MOE_OK;
 }

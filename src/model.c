@@ -29,6 +29,7 @@ struct moe__model_state {
   float *spec, *hs, *hsn, *means, *rstds, *slogits, *sce; /* (Bk, D) x3, (Bk) x2, (Bk, C), (Bk) */
   moe_layer_stats *lstats; /* (L) */
   float **ptrs;       /* backing store of h, xn, mean, rstd */
+  char bad[256];      /* the forward's first non-finite activation, "" while there is none */
 };
 
 const char *moe_loss_name(moe_loss_kind k) { return k == MOE_LOSS_SPECIFICATION ? "specification" : "cooperation"; }
@@ -230,6 +231,53 @@ static void softmax_ce(float *z, int n, int C, const uint8_t *labels, int stride
   }
 }
 
+/* Divergence: the forward checks its input and each activation as it is made. The first non-finite
+ * value is described in s->bad (note), and the activation's non-finite values are zeroed (watch) so
+ * that the forward still reaches its collectives (the other ranks would wait there forever); the
+ * forward then fails on every rank. note returns whether a has one. */
+static int note(moe__model_state *s, int block, const char *what, const float *a, int rows, int cols) {
+  size_t n = (size_t)rows * cols, j = 0;
+  while (j < n && isfinite(a[j])) j++;
+  if (j == n) return 0;
+  if (s->bad[0]) return 1;
+  char where[32] = "";
+  if (block >= 0) snprintf(where, sizeof where, "block %d, ", block);
+  snprintf(s->bad, sizeof s->bad, "%s%s [%zu, %zu] = %g", where, what, j / (size_t)cols, j % (size_t)cols,
+           (double)a[j]);
+  return 1;
+}
+
+static void watch(moe__model_state *s, int block, const char *what, float *a, int rows, int cols) {
+  if (note(s, block, what, a, rows, cols))
+    for (size_t j = 0; j < (size_t)rows * cols; j++) a[j] = isfinite(a[j]) ? a[j] : 0;
+}
+
+static moe_status diverged(const char *bad, const char *what) {
+  return moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "%s went non-finite first at %s", what,
+                    bad[0] ? bad : "another rank");
+}
+
+/* MOE_ERR_VALUE on every rank when any rank's `bad` is set (a collective under expert parallelism). */
+static moe_status agree(const moe_dist *d, const char *bad, const char *what) {
+  double any = bad[0] != 0;
+  if (d) MOE_CHECK(moe_dist_allreduce(d, &any, 1));
+  return any == 0 ? MOE_OK : diverged(bad, what);
+}
+
+/* Describes the first non-finite value of tensor r's values a (named prefix + r->name) in bad, unless
+ * bad already holds one. */
+static void find_bad(char *bad, size_t size, const char *prefix, const moe_tensor_ref *r, const float *a) {
+  if (bad[0]) return;
+  size_t j = 0;
+  while (j < r->numel && isfinite(a[j])) j++;
+  if (j == r->numel) return;
+  size_t idx[MOE_MAX_DIMS], flat = j;
+  for (int d = r->ndim - 1; d >= 0; d--) idx[d] = flat % (size_t)r->shape[d], flat /= (size_t)r->shape[d];
+  int w = snprintf(bad, size, "'%s%s' [", prefix, r->name);
+  for (int d = 0; d < r->ndim && w < (int)size; d++) w += snprintf(bad + w, size - w, "%s%zu", d ? ", " : "", idx[d]);
+  if (w < (int)size) snprintf(bad + w, size - w, "] = %g", (double)a[j]);
+}
+
 static size_t model_bytes(const moe_model_t *m, int B) {
   size_t D = (size_t)m->cfg.moe.D, C = (size_t)m->cfg.classes, L = (size_t)m->cfg.blocks, b = (size_t)B;
   size_t bk = b * (size_t)m->layers[m->cfg.blocks - 1].cfg.top_k; /* k may change per call */
@@ -285,26 +333,39 @@ moe_status moe_model_forward(moe_model_t *m, const float *x, const uint8_t *labe
     ALLOC(s->sce, bk * 4);
   }
   int nt = s->threads;
+  s->bad[0] = 0;
+  note(s, -1, "the input (x)", x, B, in);
   linear(x, ref_data(m, "in.weight"), ref_data(m, "in.bias"), B, in, D, s->h[0], nt);
+  watch(s, -1, "the input projection's output (in)", s->h[0], B, D);
   moe_model_stats acc = {0};
-  char name[64];
+  char name[64], what[96];
   for (int i = 0; i < L; i++) {
     snprintf(name, sizeof name, "blocks.%d.norm.weight", i);
     float *g = ref_data(m, name);
     snprintf(name, sizeof name, "blocks.%d.norm.bias", i);
     moe__layernorm_forward(s->h[i], g, ref_data(m, name), B, D, s->xn[i], s->mean[i], s->rstd[i], nt);
+    snprintf(what, sizeof what, "the norm's output (blocks.%d.norm)", i);
+    watch(s, i, what, s->xn[i], B, D);
     MOE_CHECK(moe_layer_forward(&m->layers[i], s->xn[i], B, s->h[i + 1], spec && i == L - 1 ? s->spec : NULL,
                                 &s->lstats[i]));
+    snprintf(what, sizeof what, "the MoE layer's output (blocks.%d.moe)", i);
+    watch(s, i, what, s->h[i + 1], B, D);
+    if (spec && i == L - 1) watch(s, i, "the experts' own outputs (specification loss)", s->spec, B * k, D);
+    float router[2] = {(float)s->lstats[i].aux_loss, (float)s->lstats[i].z_loss};
+    watch(s, i, "the router's aux and z losses", router, 1, 2);
     for (size_t j = 0; j < (size_t)B * D; j++) s->h[i + 1][j] += s->h[i][j];
-    acc.aux += s->lstats[i].aux_loss;
-    acc.z += s->lstats[i].z_loss;
+    watch(s, i, "the residual sum", s->h[i + 1], B, D);
+    acc.aux += router[0];
+    acc.z += router[1];
     acc.dropped += s->lstats[i].dropped;
     if (s->lstats[i].capacity > acc.capacity_max) acc.capacity_max = s->lstats[i].capacity;
   }
   float *gf = ref_data(m, "norm.weight"), *bf = ref_data(m, "norm.bias");
   float *wh = ref_data(m, "head.weight"), *bh = ref_data(m, "head.bias");
   moe__layernorm_forward(s->h[L], gf, bf, B, D, s->hn, s->meanf, s->rstdf, nt);
+  watch(s, -1, "the final norm's output (norm)", s->hn, B, D);
   linear(s->hn, wh, bh, B, D, C, s->logits, nt);
+  watch(s, -1, "the head's output, the logits (head)", s->logits, B, C);
   for (int i = 0; i < B; i++) {
     const float *r = s->logits + (size_t)i * C;
     int best = 0;
@@ -325,11 +386,19 @@ moe_status moe_model_forward(moe_model_t *m, const float *x, const uint8_t *labe
       }
     moe__layernorm_forward(s->hs, gf, bf, B * k, D, s->hsn, s->means, s->rstds, nt);
     linear(s->hsn, wh, bh, B * k, D, C, s->slogits, nt);
+    watch(s, -1, "the head's output for each assignment (specification loss)", s->slogits, B * k, C);
     softmax_ce(s->slogits, B * k, C, labels, k, s->sce);
     for (size_t a = 0; a < (size_t)B * k; a++) acc.loss += (double)w[a] * s->sce[a];
   }
-  double tot[3] = {acc.loss, acc.correct, B}; /* over the ranks: the batch is the global one */
-  if (c->moe.dist) MOE_CHECK(moe_dist_allreduce(c->moe.dist, tot, 3));
+  if (!isfinite(acc.loss)) { /* zeroed like the activations */
+    float loss = (float)acc.loss;
+    watch(s, -1, "the loss", &loss, 1, 1);
+    acc.loss = 0;
+  }
+  /* over the ranks: the batch is the global one, and a rank's non-finite value fails every rank */
+  double tot[4] = {acc.loss, acc.correct, B, s->bad[0] != 0};
+  if (c->moe.dist) MOE_CHECK(moe_dist_allreduce(c->moe.dist, tot, 4));
+  if (tot[3] > 0) return diverged(s->bad, "the forward");
   s->Bg = tot[2];
   acc.correct = (int)tot[1];
   acc.loss = tot[2] > 0 ? tot[0] / tot[2] : 0;
@@ -401,5 +470,19 @@ moe_status moe_model_backward(moe_model_t *m) {
     MOE_CHECK(moe__dist_allreduce_f32(c->moe.dist, m->dense_grad, (int)s->dense_n));
     for (int i = 0; i < L; i++) MOE_CHECK(moe_layer_reduce_grads(&m->layers[i]));
   }
-  return MOE_OK;
+  char bad[256] = ""; /* the refs in reverse: about the order backward makes their gradients in */
+  for (int i = m->nrefs - 1; i >= 0; i--) find_bad(bad, sizeof bad, "grad.", &m->refs[i], m->refs[i].grad);
+  return agree(c->moe.dist, bad, "the backward");
+}
+
+moe_status moe_model_check_finite(const moe_model_t *m, const moe_optim_t *o) {
+  MOE_TRY(m && m->refs, MOE_ERR_STATE, "moe_model_check_finite: model not initialized");
+  char bad[256] = "";
+  size_t off = 0;
+  for (int i = 0; i < m->nrefs; off += m->refs[i++].numel) {
+    find_bad(bad, sizeof bad, "", &m->refs[i], m->refs[i].data);
+    if (o && o->m) find_bad(bad, sizeof bad, "optim.m.", &m->refs[i], o->m + off);
+    if (o && o->v) find_bad(bad, sizeof bad, "optim.v.", &m->refs[i], o->v + off);
+  }
+  return agree(m->cfg.moe.dist, bad, "the parameters");
 }

@@ -8,9 +8,9 @@
 #if !defined(_GNU_SOURCE) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L
 #endif
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +20,7 @@
 
 #include "atomic_file.h"
 #include "internal.h"
+#include "json.h"
 
 #define ST_MAX_HEADER (100u << 20) /* bound what a hostile header length can make us allocate */
 #define ST_MAX_INT (UINT64_C(1) << 53) /* JSON numbers are doubles; above this they are inexact */
@@ -231,17 +232,8 @@ static moe_status check_meta(moe_st *f, const cJSON *m) {
 }
 
 static moe_status st_parse(moe_st *f, size_t hlen) {
-  const char *p = f->path, *end = NULL;
-  /* NUL bytes would silently truncate names inside cJSON. */
-  if (memchr(f->hdr, 0, hlen)) return BAD("%s: header contains a NUL byte", p);
-  f->root = cJSON_ParseWithLengthOpts(f->hdr, hlen, &end, 0);
-  if (!f->root) {
-    const char *at = cJSON_GetErrorPtr();
-    long pos = at && at >= f->hdr && at <= f->hdr + hlen ? (long)(at - f->hdr) : -1;
-    return BAD("%s: header is not valid JSON (error near byte %ld)", p, pos);
-  }
-  for (; end < f->hdr + hlen; end++) /* padding after the JSON may only be whitespace */
-    if (!strchr(" \t\r\n", *end)) return BAD("%s: garbage after the JSON header at byte %ld", p, (long)(end - f->hdr));
+  const char *p = f->path;
+  MOE_CHECK(moe__json_parse(p, "header", f->hdr, hlen, &f->root)); /* padding after it: whitespace only */
   if (!cJSON_IsObject(f->root)) return BAD("%s: header is not a JSON object", p);
   free(f->hdr);
   f->hdr = NULL;
@@ -378,6 +370,38 @@ moe_status moe__st_expect_shape(const moe_st *f, const moe_tensor_view *v, const
   shape_str(got, sizeof got, v->shape, v->ndim);
   return moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: tensor '%s' has shape %s, want %s", moe_st_path(f), name,
                     got, want);
+}
+
+moe_status moe__st_expect_finite(const moe_st *f, const moe_tensor_view *v, size_t off, const float *x, size_t n) {
+  size_t i = 0;
+  while (i < n && isfinite(x[i])) i++;
+  if (i == n) return MOE_OK;
+  int64_t at[MOE_MAX_DIMS];
+  uint64_t flat = off + i;
+  for (int d = v->ndim - 1; d >= 0; d--) {
+    at[d] = v->shape[d] ? (int64_t)(flat % (uint64_t)v->shape[d]) : 0;
+    flat = v->shape[d] ? flat / (uint64_t)v->shape[d] : 0;
+  }
+  char where[96];
+  shape_str(where, sizeof where, at, v->ndim);
+  return moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "%s: tensor '%s' has a non-finite value, %g, at index %s (the first)",
+                    f->path, v->name, (double)x[i], where);
+}
+
+moe_status moe__st_scan_finite(const moe_st *f, const moe_tensor_view *v) {
+  MOE_TRY(v->dtype == MOE_DT_F32 || v->dtype == MOE_DT_BF16, MOE_ERR_DTYPE,
+          "%s: tensor '%s' has dtype %s, want F32 or BF16", f->path, v->name, moe_dtype_name(v->dtype));
+  size_t n = v->nbytes / dt_sizes[v->dtype], chunk = n < 65536 ? n : 65536;
+  float *buf = malloc(chunk * sizeof *buf + 4);
+  MOE_TRY(buf, MOE_ERR_NOMEM, "%s: out of memory for tensor '%s'", f->path, v->name);
+  moe_status st = MOE_OK;
+  for (size_t off = 0; off < n && st == MOE_OK; off += chunk) {
+    size_t k = n - off < chunk ? n - off : chunk;
+    st = moe_st_view_f32(f, v, off, k, buf);
+    if (st == MOE_OK) st = moe__st_expect_finite(f, v, off, buf, k);
+  }
+  free(buf);
+  return st;
 }
 
 moe_status moe_st_view_f32(const moe_st *f, const moe_tensor_view *v, size_t off, size_t n, float *dst) {

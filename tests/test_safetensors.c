@@ -4,9 +4,13 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "test.h"
 
@@ -259,6 +263,45 @@ TEST(write_file_atomic) {
   ASSERT(strstr(moe_last_error(), "x.txt") != NULL);
   ASSERT(strstr(moe_last_error(), "No such file") != NULL);
   ASSERT_STATUS(moe_write_file_atomic(p, NULL, 3), MOE_ERR_ARG);
+}
+
+/* A pid that has exited (and was reaped), for temporary files of a killed writer. */
+static pid_t dead_pid(void) {
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  return pid > 0 && waitpid(pid, NULL, 0) == pid ? pid : -1;
+}
+
+/* issue 21: a writer killed mid-write (kill -9) leaves path.tmp.<pid>; the next write of path removes
+ * it, and leaves alone the temporary file of a live pid, a locked one (a writer on another host),
+ * another path's and other names. */
+TEST(write_file_atomic_removes_stale_tmp) {
+  pid_t dead = dead_pid(), dead2 = dead_pid();
+  ASSERT(dead > 0 && dead2 > 0);
+  char p[512], q[512], stale[600], live[600], locked[600], other[600], odd[600];
+  test_tmp_path("stale.bin", p, sizeof p);
+  test_tmp_path("other.bin", q, sizeof q);
+  snprintf(stale, sizeof stale, "%s.tmp.%d", p, (int)dead);
+  snprintf(live, sizeof live, "%s.tmp.%d", p, (int)getppid());
+  snprintf(locked, sizeof locked, "%s.tmp.%d", p, (int)dead2);
+  snprintf(other, sizeof other, "%s.tmp.%d", q, (int)dead);
+  snprintf(odd, sizeof odd, "%s.tmp.%dx", p, (int)dead);
+  const char *planted[5] = {stale, live, locked, other, odd};
+  for (int i = 0; i < 5; i++) ASSERT_OK(moe_write_file_atomic(planted[i], "partial", 7));
+  int fd = open(locked, O_RDONLY);
+  ASSERT(fd >= 0);
+  ASSERT_EQ_INT(flock(fd, LOCK_EX), 0);
+  moe_status st = moe_write_file_atomic(p, "whole", 5);
+  close(fd);
+  ASSERT_OK(st);
+  char got[16];
+  test_read_text(p, got, sizeof got);
+  ASSERT(!strcmp(got, "whole"));
+  if (access(stale, F_OK) == 0) FAIL_("%s (pid %d, exited) was not removed", stale, (int)dead);
+  for (int i = 1; i < 5; i++)
+    if (access(planted[i], F_OK) != 0) FAIL_("%s was removed", planted[i]);
+  ASSERT_OK(moe_write_file_atomic(p, "again", 5)); /* its lock released: removed now */
+  if (access(locked, F_OK) == 0) FAIL_("%s (pid %d, exited, unlocked) was not removed", locked, (int)dead2);
 }
 
 TEST(st_writer_rejects_bad_arguments) {

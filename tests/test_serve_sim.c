@@ -110,7 +110,19 @@ TEST(serve_trace_load_errors) {
       {"step,layer,expert,tokens\n0,0,1,1\n0,0,2,1\n1,0,1,1\n0,0,1,5\n", 0, "line 5:", "duplicate row"},
       {"step,layer,expert,tokens\n0,0,0,1\n\n1,0,0,1\n", 0, "line 3:", "empty line"},
       {"step,layer,expert,tokens\n0,0,0,99999999999\n", 0, "line 2:", "out of range"},
-      {"step,layer,expert,tokens\n3000000000,0,0,1\n0,1000,1000,1\n", 0, "", "too large"},
+      /* issue 21: ids at their types' maxima (signed overflow, a segfault) and far-apart ids in a few
+       * rows (gigabytes of zeros) */
+      {"step,layer,expert,tokens\n9223372036854775807,0,0,1\n0,1,0,1\n", 0, "line 2:",
+       "step 9223372036854775807 out of range (at most 2147483647)"},
+      {"step,layer,expert,tokens\n0,2147483647,0,1\n", 0, "line 2:", "layer 2147483647 out of range (at most 4095)"},
+      {"step,layer,expert,tokens\n0,0,0,57\n0,1,2147483647,1\n1,0,0,1\n", 0, "line 3:",
+       "expert 2147483647 out of range (at most 65535)"},
+      {"step,layer,expert,tokens\n0,0,0,9\n12,2000000,5,17\n", 0, "line 3:", "layer 2000000 out of range"},
+      {"step,layer,expert,tokens\n2147483647,0,0,1\n", 0, "largest step 2147483647 at line 2",
+       "too large for its 1 rows: 2147483648 steps x 1 layers x 1 experts is 2147483648 cells, more than 4194304"},
+      {"step,layer,expert,tokens\n0,0,0,1\n0,4095,65535,1\n", 0, "layer 4095 at line 3, expert 65535 at line 3",
+       "1 steps x 4096 layers x 65536 experts is 268435456 cells"},
+      {"step,layer,expert,tokens\n1024,0,0,1\n", 4096, "the expert count given", "is 4198400 cells, more than 4194304"},
   };
   char p[512];
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -130,6 +142,33 @@ TEST(serve_trace_load_errors) {
   ASSERT(strstr(moe_last_error(), "first at line 2"));
   ASSERT_STATUS(moe_trace_load(&t, "/nonexistent/trace.csv", 0), MOE_ERR_IO);
   ASSERT_STATUS(moe_trace_load(&t, p, -1), MOE_ERR_ARG);
+  ASSERT_STATUS(moe_trace_load(&t, p, MOE_TRACE_MAX_EXPERTS + 1), MOE_ERR_ARG);
+}
+
+/* The table may have MOE_TRACE_MIN_CELLS cells whatever the rows, and MOE_TRACE_CELLS_PER_ROW a row
+ * beyond that: exactly at each bound loads, one expert more does not. */
+TEST(serve_trace_load_size_bounds) {
+  char p[512];
+  moe_trace t;
+  write_text("floor.csv", "step,layer,expert,tokens\n1023,0,0,1\n", p, sizeof p);
+  ASSERT_OK(moe_trace_load(&t, p, 4096)); /* 1024 x 1 x 4096 = 2^22 cells */
+  ASSERT_EQ_INT(t.steps * t.layers * t.experts, MOE_TRACE_MIN_CELLS);
+  ASSERT_EQ_INT(t.tokens[1023 * 4096], 1);
+  moe_trace_free(&t);
+  ASSERT_STATUS(moe_trace_load(&t, p, 4097), MOE_ERR_FORMAT);
+  /* 2048 rows: 2048 x 4096 = 2^23 cells, twice the floor, is 4096 a row */
+  enum { ROWS = 2048 };
+  char *text = malloc(32 + ROWS * 16), *q = text;
+  q += sprintf(q, "step,layer,expert,tokens\n");
+  for (int s = 0; s < ROWS; s++) q += sprintf(q, "%d,0,0,%d\n", s, s + 1);
+  write_text("per_row.csv", text, p, sizeof p);
+  free(text);
+  ASSERT_OK(moe_trace_load(&t, p, 4096));
+  ASSERT_EQ_INT(t.steps, ROWS);
+  ASSERT_EQ_INT(t.tokens[(int64_t)(ROWS - 1) * 4096], ROWS);
+  moe_trace_free(&t);
+  ASSERT_STATUS(moe_trace_load(&t, p, 4097), MOE_ERR_FORMAT);
+  ASSERT(strstr(moe_last_error(), "for its 2048 rows") && strstr(moe_last_error(), "more than 8388608"));
 }
 
 /* ---- cache simulation ---- */
@@ -436,6 +475,39 @@ static const char *xaby_csv(char *buf, size_t n, int copies) {
   return write_text("xaby.csv", text, buf, n);
 }
 
+/* moe_placement_load reads the whole file strictly: trailing whitespace is fine, trailing garbage
+ * (issue 21: accepted) and a NUL byte are refused with the byte. */
+TEST(serve_placement_load_strict) {
+  static const char good[] = "{\"devices\": 2, \"layers\": [{\"layer\": 0, \"expert_device\": [1, 0, 0, 1]}]}";
+  static const struct { const char *tail, *what; size_t extra; } cases[] = {
+      {" \n\t\r\n", NULL, 0},
+      {"garbage", "garbage after the JSON placement at byte 71", 0},
+      {"\n{}", "garbage after the JSON placement at byte 72", 0},
+      {"\n", "contains a NUL byte at byte 71", 1}, /* "\0\n": the NUL first */
+  };
+  ASSERT_EQ_INT(strlen(good), 71);
+  char p[512], text[256];
+  test_tmp_path("strict.json", p, sizeof p);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    size_t n = strlen(good), tl = strlen(cases[i].tail);
+    memcpy(text, good, n);
+    if (cases[i].extra) text[n++] = 0;
+    memcpy(text + n, cases[i].tail, tl);
+    ASSERT_OK(moe_write_file_atomic(p, text, n + tl));
+    int dev[4] = {-1, -1, -1, -1};
+    moe_status st = moe_placement_load(p, 0, 4, 2, dev);
+    if (!cases[i].what) {
+      ASSERT_OK(st);
+      ASSERT(dev[0] == 1 && dev[1] == 0 && dev[2] == 0 && dev[3] == 1);
+    } else if (st != MOE_ERR_FORMAT || !strstr(moe_last_error(), p) || !strstr(moe_last_error(), cases[i].what)) {
+      FAIL_("case %zu: %s '%s', want MOE_ERR_FORMAT and '%s'", i, moe_status_name(st), moe_last_error(), cases[i].what);
+    }
+  }
+  ASSERT_OK(moe_write_file_atomic(p, good, 40));
+  ASSERT_STATUS(moe_placement_load(p, 0, 4, 2, (int[4]){0}), MOE_ERR_FORMAT);
+  ASSERT(strstr(moe_last_error(), "placement is not valid JSON (error near byte"));
+}
+
 TEST(serve_cli_cachesim) {
   char tr[512], bad[512], args[2048];
   /* layer 0: the paper's example {1,2,3} {1}; layer 1: {0} {0} */
@@ -527,4 +599,30 @@ TEST(serve_cli_placement) {
   snprintf(args, sizeof args, "placement --trace '%s' --devices 2 --method greedy --out '%s'", tr, nodir);
   ASSERT_EQ_INT(serve_moe(args), 1);
   ASSERT(strstr(err_text, "placement.json") && strstr(err_text, "No such file"));
+}
+
+/* issue 21's fuzzed traces: every command that reads a trace exits 1 with the reader's message, writes
+ * nothing, and does not crash or allocate the ids' worth of cells. */
+TEST(serve_cli_trace_limits) {
+  static const struct { const char *text, *what; } cases[] = {
+      {"step,layer,expert,tokens\n0,0,0,57\n0,0,1,7\n0,1,2147483647,1\n0,1,1,63\n", "line 4: expert 2147483647 out of range"},
+      {"step,layer,expert,tokens\n0,0,0,9\n12,2000000,5,17\n", "line 3: layer 2000000 out of range"},
+      {"step,layer,expert,tokens\n0,0,0,5\n9223372036854775807,1,2,7\n", "line 3: step 9223372036854775807 out of range"},
+      {"step,layer,expert,tokens\n2147483647,0,0,1\n", "too large for its 1 rows"},
+  };
+  const char *cmds[] = {"cachesim --trace '%s' --policy all --cache 2", "placement --trace '%s' --devices 2 --method greedy",
+                        "plot-trace '%s' -o '%s'"};
+  char tr[512], png[512], args[2048];
+  test_tmp_path("limits.png", png, sizeof png);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    write_text("limits.csv", cases[i].text, tr, sizeof tr);
+    for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
+      unlink(png);
+      snprintf(args, sizeof args, cmds[c], tr, png);
+      int rc = serve_moe(args);
+      if (rc != 1 || !strstr(err_text, cases[i].what) || access(png, F_OK) == 0)
+        FAIL_("case %zu: moe %s: exit %d, stderr '%s', want 1 and '%s' (and no %s)", i, args, rc, err_text,
+              cases[i].what, png);
+    }
+  }
 }

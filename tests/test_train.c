@@ -196,6 +196,64 @@ TEST(train_bad_input) {
   ASSERT(strstr(err, "--resume"));
 }
 
+/* --trace: one row per (step, block, expert) with assignments, B * top-k per step and block, written
+ * atomically (a killed run's leftover temporary file of the same path is removed). */
+TEST(train_trace) {
+  const char *data_dir = synth_data_dir();
+  char args[3000], err[2048], tr[512], stale[600];
+  test_tmp_path("train_trace.csv", tr, sizeof tr);
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT(dead > 0 && waitpid(dead, NULL, 0) == dead);
+  snprintf(stale, sizeof stale, "%s.tmp.%d", tr, (int)dead);
+  ASSERT_OK(moe_write_file_atomic(stale, "step,layer", 10));
+  snprintf(args, sizeof args, "train --data '%s' " SMALL " --blocks 2 --epochs 1 --trace '%s'", data_dir, tr);
+  int rc = run_moe(NULL, args, NULL, err, sizeof err);
+  if (rc != 0) FAIL_("moe %s: exit %d: %s", args, rc, err);
+  moe_trace t;
+  ASSERT_OK(moe_trace_load(&t, tr, 4));
+  int64_t steps = t.steps, bad = -1;
+  for (int64_t c = 0; c < t.steps * t.layers && bad < 0; c++) {
+    int64_t sum = 0;
+    for (int e = 0; e < 4; e++) sum += t.tokens[c * 4 + e];
+    if (sum != 50 * 2) bad = c;
+  }
+  int layers = t.layers;
+  moe_trace_free(&t);
+  ASSERT_EQ_INT(steps, 600 / 50);
+  ASSERT_EQ_INT(layers, 2);
+  ASSERT_EQ_INT(bad, -1);
+  ASSERT(access(stale, F_OK) != 0);
+}
+
+/* Test images of another size than training's (issue 21: smaller ones crashed in sgemm, larger ones
+ * gave a meaningless accuracy): refused before training, naming both files and sizes. */
+TEST(train_test_size_mismatch) {
+  const char *data_dir = synth_data_dir();
+  const int sides[2] = {4, 16};
+  for (int k = 0; k < 2; k++) {
+    char dir[512], cmd[3000], args[3000], err[2048], img[700];
+    snprintf(cmd, sizeof cmd, "mismatch%d", sides[k]);
+    test_tmp_path(cmd, dir, sizeof dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/* '%s'/", dir, data_dir, dir);
+    ASSERT_EQ_INT(system(cmd), 0);
+    snprintf(img, sizeof img, "%s/t10k-images-idx3-ubyte", dir); /* 200 blank images, as many as the labels */
+    FILE *f = fopen(img, "wb");
+    ASSERT(f);
+    const unsigned char hdr[16] = {0, 0, 8, 3, 0, 0, 0, 200, 0, 0, 0, (unsigned char)sides[k], 0, 0, 0,
+                                   (unsigned char)sides[k]};
+    fwrite(hdr, 1, sizeof hdr, f);
+    for (int i = 0; i < 200 * sides[k] * sides[k]; i++) fputc(0, f);
+    ASSERT_EQ_INT(fclose(f), 0);
+    snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 1", dir);
+    int rc = run_moe(NULL, args, NULL, err, sizeof err);
+    char want[64];
+    snprintf(want, sizeof want, "t10k-images-idx3-ubyte has %dx%d images", sides[k], sides[k]);
+    if (rc != 1 || !strstr(err, want) || !strstr(err, "train-images-idx3-ubyte 12x12"))
+      FAIL_("moe %s: exit %d, stderr '%s', want 1, '%s' and 'train-images-idx3-ubyte 12x12'", args, rc, err, want);
+  }
+}
+
 /* --capacity dynamic: per-expert capacities through RECOMPILE; it trains, reports its recompiles and
  * stalls, and keeps test_accuracy as the last line. */
 TEST(train_dynamic_capacity) {

@@ -8,7 +8,6 @@
  *   experts that fire together are spread apart (corr = 0.5 as written in the paper).
  * Evaluation: Max Load = max over batches and devices of the device's share, Avg Max Load = mean over
  * batches of the busiest device's share. Batches with no tokens in the layer are skipped. */
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +15,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "json.h"
 
 static const char *method_names[] = {"greedy", "anticorr"};
 
@@ -170,10 +170,10 @@ moe_status moe_placement_load(const char *path, int layer, int experts, int devi
     free(text), text = NULL;
   fclose(fp);
   MOE_TRY(text, MOE_ERR_IO, "%s: cannot read the placement", path);
-  cJSON *root = cJSON_Parse(text);
+  cJSON *root;
+  moe_status st = moe__json_parse(path, "placement", text, (size_t)n, &root);
   free(text);
-  MOE_TRY(root, MOE_ERR_FORMAT, "%s: not valid JSON", path);
-  moe_status st = MOE_OK;
+  MOE_CHECK(st);
   const cJSON *dv = cJSON_GetObjectItemCaseSensitive(root, "devices");
   const cJSON *layers = cJSON_GetObjectItemCaseSensitive(root, "layers"), *found = NULL, *it;
   if (!cJSON_IsNumber(dv) || dv->valuedouble != devices)

@@ -1,11 +1,11 @@
 /* Expert traces (DESIGN 4.4): a strict reader of the CSV "step,layer,expert,tokens" into a dense
  * (steps, layers, experts) int32 table. Every row has four non-negative decimal integers (digits
- * only: no sign, no spaces), tokens > 0, expert < experts when the caller gives the expert count,
- * and no (step, layer, expert) twice. A trailing '\r' is accepted (CRLF files); an empty line is
- * not. Errors name the file and the line ("t.csv line 7: ..."). The rows are read first, then the
- * table is sized from their maxima (capped at MAX_CELLS) and filled. */
+ * only: no sign, no spaces) below the MOE_TRACE_MAX_* limits, tokens > 0, expert < experts when the
+ * caller gives the expert count, and no (step, layer, expert) twice. A trailing '\r' is accepted
+ * (CRLF files); an empty line is not. Errors name the file and the line ("t.csv line 7: ..."). The
+ * rows are read first, then the table is sized from their maxima (at most MOE_TRACE_CELLS_PER_ROW
+ * cells a row, or MOE_TRACE_MIN_CELLS, and MAX_CELLS in all) and filled. */
 #include <errno.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,7 +61,7 @@ static moe_status parse_row(const char *path, int64_t line, char *s, int experts
   MOE_TRY(n == 4, MOE_ERR_FORMAT, "%s line %lld: expected 4 fields (step,layer,expert,tokens), got %d", path,
           (long long)line, n);
   int64_t v[4];
-  const int64_t max[4] = {INT64_MAX, INT_MAX, INT_MAX, INT32_MAX};
+  const int64_t max[4] = {MOE_TRACE_MAX_STEPS - 1, MOE_TRACE_MAX_LAYERS - 1, MOE_TRACE_MAX_EXPERTS - 1, INT32_MAX};
   for (int k = 0; k < 4; k++) MOE_CHECK(parse_field(path, line, k, f[k], max[k], &v[k]));
   MOE_TRY(v[3] > 0, MOE_ERR_FORMAT, "%s line %lld: tokens must be > 0 (rows with no tokens are left out), got 0",
           path, (long long)line);
@@ -124,23 +124,35 @@ static moe_status read_rows(FILE *f, const char *path, int experts, row **rows, 
   return st;
 }
 
-/* Sizes t from the rows and fills the table, rejecting duplicates. */
+/* Sizes t from the rows, refusing a table mostly of zeros, and fills it, rejecting duplicates. */
 static moe_status build(moe_trace *t, const char *path, const row *rows, int64_t n, int experts) {
   int64_t steps = 0, layers = 0, ex = experts;
+  const row *far[3] = {NULL, NULL, NULL}; /* the rows with the largest step, layer, expert */
   for (int64_t i = 0; i < n; i++) {
-    if (rows[i].step >= steps) steps = rows[i].step + 1;
-    if (rows[i].layer >= layers) layers = rows[i].layer + 1;
-    if (rows[i].expert >= ex) ex = rows[i].expert + 1;
+    const row *r = &rows[i];
+    if (r->step >= steps) steps = r->step + 1, far[0] = r;
+    if (r->layer >= layers) layers = r->layer + 1, far[1] = r;
+    if (r->expert >= ex) ex = r->expert + 1, far[2] = r;
   }
   if (n == 0) { /* header only: a valid, empty trace */
     t->experts = experts;
     return MOE_OK;
   }
-  int64_t per_step = layers * ex; /* both <= 2^31, so no overflow */
-  MOE_TRY(per_step <= MAX_CELLS && steps <= MAX_CELLS / per_step, MOE_ERR_FORMAT,
-          "%s: trace too large: %lld steps x %lld layers x %lld experts is more than %lld cells", path,
-          (long long)steps, (long long)layers, (long long)ex, (long long)MAX_CELLS);
-  int32_t *tok = calloc((size_t)(steps * per_step), sizeof *tok);
+  /* each factor is below 2^31, 2^12 and 2^16 (the field limits): no overflow */
+  int64_t cells = steps * layers * ex, allowed = n * MOE_TRACE_CELLS_PER_ROW;
+  if (allowed < MOE_TRACE_MIN_CELLS) allowed = MOE_TRACE_MIN_CELLS;
+  if (allowed > MAX_CELLS) allowed = MAX_CELLS;
+  if (cells > allowed) {
+    char who[64] = "the expert count given";
+    if (far[2]) snprintf(who, sizeof who, "expert %d at line %lld", far[2]->expert, (long long)far[2]->line);
+    return moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__,
+                      "%s: trace too large for its %lld rows: %lld steps x %lld layers x %lld experts is %lld cells, "
+                      "more than %lld (largest step %lld at line %lld, layer %d at line %lld, %s)",
+                      path, (long long)n, (long long)steps, (long long)layers, (long long)ex, (long long)cells,
+                      (long long)allowed, (long long)far[0]->step, (long long)far[0]->line, far[1]->layer,
+                      (long long)far[1]->line, who);
+  }
+  int32_t *tok = calloc((size_t)cells, sizeof *tok);
   MOE_TRY(tok, MOE_ERR_NOMEM, "%s: out of memory for %lld x %lld x %lld cells", path, (long long)steps,
           (long long)layers, (long long)ex);
   for (int64_t i = 0; i < n; i++) {
@@ -167,7 +179,8 @@ static moe_status build(moe_trace *t, const char *path, const row *rows, int64_t
 moe_status moe_trace_load(moe_trace *t, const char *path, int experts) {
   MOE_TRY(t && path, MOE_ERR_ARG, "moe_trace_load: NULL %s", t ? "path" : "trace");
   memset(t, 0, sizeof *t);
-  MOE_TRY(experts >= 0, MOE_ERR_ARG, "moe_trace_load: experts must be >= 0 (0 = infer), got %d", experts);
+  MOE_TRY(experts >= 0 && experts <= MOE_TRACE_MAX_EXPERTS, MOE_ERR_ARG,
+          "moe_trace_load: experts must be in [0, %d] (0 = infer), got %d", MOE_TRACE_MAX_EXPERTS, experts);
   FILE *f = fopen(path, "r");
   MOE_TRY(f, MOE_ERR_IO, "%s: cannot open trace: %s", path, strerror(errno));
   row *rows;
