@@ -1,0 +1,97 @@
+/* Decision and cost models for micro-batch pipelining and memory reuse in the MoE layer (MPipeMoE,
+ * DIGEST P4) and Tutel's dictionary of setups (DIGEST P2 1.7). Pure functions and small state with
+ * init/free, no dependence on the layer, so the layer and the simulator call the same models.
+ *
+ * Notation (P4 Table I): B tokens per batch, M model dim, H hidden dim, n micro-batches, b tokens of
+ * one micro-batch. Tensors: T_DI dispatched input (B, M), T_M middle (B, H), T_DO dispatched output (B, M). */
+#ifndef MOE_PIPE_MODEL_H
+#define MOE_PIPE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+/* ---- memory-reuse strategies (P4 Table II) ---- */
+
+typedef enum {
+  MOE__REUSE_NONE, /* every partition kept: no reuse */
+  MOE__REUSE_S1,   /* T_DI offloaded, T_M offloaded */
+  MOE__REUSE_S2,   /* T_DI re-communicated, T_M offloaded */
+  MOE__REUSE_S3,   /* T_DI offloaded, T_M recomputed */
+  MOE__REUSE_S4,   /* T_DI re-communicated, T_M recomputed */
+  MOE__REUSE_COUNT
+} moe__reuse;
+extern const char *const moe__reuse_names[MOE__REUSE_COUNT]; /* "none", "s1", ..., "s4" */
+
+#define MOE__REUSE_BIT(s) (1u << (s))
+#define MOE__REUSE_ALL ((1u << MOE__REUSE_COUNT) - 1u)
+/* On a CPU, offloading to host memory copies within the same memory and saves nothing, so only the
+ * strategies that restore by re-communication and recomputation apply. */
+#define MOE__REUSE_CPU (MOE__REUSE_BIT(MOE__REUSE_NONE) | MOE__REUSE_BIT(MOE__REUSE_S4))
+
+/* ---- memory model (P4 Eqs. 1-6), in elements: multiply by the element size for bytes ---- */
+
+typedef struct {
+  double B, M, H;
+  double gate_experts;  /* Eq. 1's E (the gate's E x M parameters); 0 leaves the gate out */
+  double local_experts; /* experts whose 2 H M parameters this rank holds */
+} moe__mem_shape;
+
+/* Buffers kept per tensor class under reuse (P4 1.6 ambiguity 1: both variants of Eq. 5 compute). */
+typedef struct {
+  int di, m, dout;
+} moe__reuse_bufs;
+extern const moe__reuse_bufs moe__bufs_text;    /* T_DI 2, T_M 1, T_DO 2: the paper's text, libmoe's layout */
+extern const moe__reuse_bufs moe__bufs_uniform; /* 2, 2, 2: the authors' memory helper */
+
+double moe__mem_states(const moe__mem_shape *s);   /* Eq. 1: 4 (E M + experts 2 H M), Adam */
+double moe__mem_act(const moe__mem_shape *s);      /* Eq. 2: 4 B M + B H */
+double moe__mem_buf(const moe__mem_shape *s);      /* Eq. 3: B M + B H (sequential gradients) */
+double moe__mem_buf_pipe(const moe__mem_shape *s); /* Eq. 4: 2 B M + B H (= the reusable activations) */
+/* Eq. 5: what reuse with n >= 1 partitions saves of the activations (and equally of the gradient buffers). */
+double moe__mem_saved(const moe__mem_shape *s, int n, moe__reuse_bufs k);
+/* Eq. 6: phi = 2 saved / (M_ms + M_act + M_buf^pipe). */
+double moe__mem_phi(const moe__mem_shape *s, int n, moe__reuse_bufs k);
+
+/* Tokens in part i (0 <= i < n, n >= 1) of a count split into n parts of ceil(count / n), the last ones
+ * smaller (P4 ambiguity 4): part 0 is the largest. */
+size_t moe__pipe_part(size_t count, int n, int i);
+/* Rows of the largest micro-batch when each of the per-source counts is split into n parts. */
+size_t moe__pipe_rows_max(const size_t *counts, int ncounts, int n);
+
+/* High-water marks, in bytes, of the T_DI, T_M and T_DO pools. */
+typedef struct {
+  size_t di, m, dout;
+} moe__pools;
+/* For B rows in n micro-batches of at most b rows each: without reuse every partition is kept (B rows
+ * per pool); with reuse (S1-S4) moe__bufs_text's buffers of b rows, never more buffers than partitions. */
+moe_status moe__pipe_pools(size_t B, size_t b, size_t M, size_t H, int n, moe__reuse s, size_t elem,
+                           moe__pools *out);
+
+/* ---- performance model (P4 Eqs. 7-10) ---- */
+
+/* Relative speeds of a stream while others run (P4 Fig. 3): computation's, communication's while only
+ * computation runs, communication's and memory copies' while all three run. Each in (0, 1]. */
+typedef struct {
+  double sigma, mu_comp, mu_all, eta_all;
+} moe__interference;
+/* sigma 1, mu 0.8, eta 0.8: the digest's CPU choice (P4 ambiguity 5). */
+moe__interference moe__interference_default(void);
+
+/* Measured speeds: comp in multiply-adds per second (one b x M x H GEMM is b H M), comm and mem in
+ * elements per second (all-to-all volume, host copies). mem is needed only by S1-S3. */
+typedef struct {
+  double comp, comm, mem;
+} moe__speeds;
+
+/* Eq. 10 summed over forward and backward, in seconds for b tokens. */
+moe_status moe__reuse_cost(moe__reuse s, double b, double M, double H, const moe__speeds *w,
+                           const moe__interference *f, double *seconds);
+/* The strategy in `allowed` (MOE__REUSE_BIT set) with the least cost; ties go to the lower strategy.
+ * NONE, when allowed, always wins (it restores nothing, at the same interference as S4): a caller that
+ * wants the memory saved leaves it out. *cost may be NULL. */
+moe_status moe__reuse_select(unsigned allowed, double b, double M, double H, const moe__speeds *w,
+                             const moe__interference *f, moe__reuse *out, double *cost);
+
+#endif

@@ -1,0 +1,186 @@
+/* The pipelining models (src/adapt/pipe_model.h): MPipeMoE's memory model against hand values and its
+ * worked example, the pools the layer's buffers must match, the Eq. 10 strategy selector in Fig. 13's
+ * regimes, Algorithm 1 (cache, range reuse on sweeps, brute force on a monotone cost, no overlapping
+ * ranges on a non-monotone one) and Tutel's dictionary (buckets, trial counts, brute force). */
+#include <stdlib.h>
+
+#include "adapt/pipe_model.h"
+#include "test.h"
+
+/* ---- memory model ---- */
+
+/* P4's worked example: M = 1024, H = 4096, B = 16384, one local expert, gate left out. */
+static const moe__mem_shape example = {.B = 16384, .M = 1024, .H = 4096, .gate_experts = 0, .local_experts = 1};
+
+TEST(pipe_mem_equations_by_hand) {
+  ASSERT_NEAR(moe__mem_states(&example), 33554432.0, 0);   /* 4 * 2 H M */
+  ASSERT_NEAR(moe__mem_act(&example), 134217728.0, 0);     /* 4 B M + B H = 64 Mi + 64 Mi */
+  ASSERT_NEAR(moe__mem_buf(&example), 83886080.0, 0);      /* B M + B H */
+  ASSERT_NEAR(moe__mem_buf_pipe(&example), 100663296.0, 0); /* 2 B M + B H */
+  moe__mem_shape gated = example;
+  gated.gate_experts = 64, gated.local_experts = 2;
+  ASSERT_NEAR(moe__mem_states(&gated), 4.0 * (64 * 1024 + 2 * 2 * 4096.0 * 1024), 0);
+}
+
+TEST(pipe_mem_worked_example_phi) {
+  /* Text: 2BM (1 - 2/4) + BH (1 - 1/4) = 16 Mi + 48 Mi; uniform: (2BM + BH)(1 - 2/4) = 48 Mi. */
+  ASSERT_NEAR(moe__mem_saved(&example, 4, moe__bufs_text), 67108864.0, 0);
+  ASSERT_NEAR(moe__mem_saved(&example, 4, moe__bufs_uniform), 50331648.0, 0);
+  ASSERT_NEAR(moe__mem_phi(&example, 4, moe__bufs_text), 0.50, 1e-15);
+  ASSERT_NEAR(moe__mem_phi(&example, 4, moe__bufs_uniform), 0.375, 1e-15);
+  /* n = 1 saves nothing; n = 2 saves only T_M's half under the text's buffers. */
+  ASSERT_NEAR(moe__mem_saved(&example, 1, moe__bufs_text), 0, 0);
+  ASSERT_NEAR(moe__mem_saved(&example, 1, moe__bufs_uniform), 0, 0);
+  ASSERT_NEAR(moe__mem_saved(&example, 2, moe__bufs_text), 16384.0 * 4096 / 2, 0);
+  ASSERT_NEAR(moe__mem_saved(&example, 2, moe__bufs_uniform), 0, 0);
+}
+
+TEST(pipe_split_parts) {
+  /* ceil(count / n) per part, the last ones smaller: 5 in 4 -> 2 2 1 0; 1 in 4 -> 1 0 0 0. */
+  const size_t want5[4] = {2, 2, 1, 0}, want1[4] = {1, 0, 0, 0};
+  for (int i = 0; i < 4; i++) {
+    ASSERT_EQ_INT(moe__pipe_part(5, 4, i), want5[i]);
+    ASSERT_EQ_INT(moe__pipe_part(1, 4, i), want1[i]);
+    ASSERT_EQ_INT(moe__pipe_part(0, 4, i), 0);
+  }
+  for (size_t count = 0; count < 40; count++)
+    for (int n = 1; n <= 9; n++) {
+      size_t sum = 0;
+      for (int i = 0; i < n; i++) {
+        sum += moe__pipe_part(count, n, i);
+        if (i) ASSERT(moe__pipe_part(count, n, i) <= moe__pipe_part(count, n, i - 1));
+      }
+      if (sum != count) FAIL_("count %zu in %d parts sums to %zu", count, n, sum);
+    }
+  const size_t counts[4] = {5, 3, 0, 1}; /* per source: largest parts 2 + 1 + 0 + 1 */
+  ASSERT_EQ_INT(moe__pipe_rows_max(counts, 4, 4), 4);
+  ASSERT_EQ_INT(moe__pipe_rows_max(counts, 4, 1), 9);
+}
+
+TEST(pipe_pools_match_the_model) {
+  const size_t B = 16384, M = 1024, H = 4096, elem = 4;
+  moe__pools p;
+  ASSERT_OK(moe__pipe_pools(B, B / 4, M, H, 4, MOE__REUSE_S4, elem, &p));
+  ASSERT_EQ_INT(p.di, 2 * 4096 * 1024 * 4); /* two buffers of B/n rows */
+  ASSERT_EQ_INT(p.m, 4096 * 4096 * 4);      /* one */
+  ASSERT_EQ_INT(p.dout, 2 * 4096 * 1024 * 4);
+  /* Without reuse every partition stays, whatever n. */
+  ASSERT_OK(moe__pipe_pools(B, B / 4, M, H, 4, MOE__REUSE_NONE, elem, &p));
+  ASSERT_EQ_INT(p.di, B * M * elem);
+  ASSERT_EQ_INT(p.m, B * H * elem);
+  ASSERT_EQ_INT(p.dout, B * M * elem);
+  /* With reuse and n dividing B, the pools are Eq. 4's activations less Eq. 5's saving (text buffers). */
+  for (int n = 1; n <= 16; n *= 2)
+    for (int s = MOE__REUSE_S1; s <= MOE__REUSE_S4; s++) {
+      ASSERT_OK(moe__pipe_pools(B, B / (size_t)n, M, H, n, (moe__reuse)s, elem, &p));
+      double model = moe__mem_buf_pipe(&example) - moe__mem_saved(&example, n, moe__bufs_text);
+      if ((double)(p.di + p.m + p.dout) != model * (double)elem)
+        FAIL_("n %d, %s: pools %zu + %zu + %zu bytes, model %.0f", n, moe__reuse_names[s], p.di, p.m, p.dout,
+              model * (double)elem);
+    }
+  /* Uneven splits: the largest micro-batch sizes the buffers. */
+  ASSERT_OK(moe__pipe_pools(9, 4, 8, 32, 4, MOE__REUSE_S4, 2, &p));
+  ASSERT_EQ_INT(p.di, 2 * 4 * 8 * 2);
+  ASSERT_EQ_INT(p.m, 4 * 32 * 2);
+  ASSERT_EQ_INT(p.dout, 2 * 4 * 8 * 2);
+  ASSERT_OK(moe__pipe_pools(0, 0, 8, 32, 4, MOE__REUSE_S4, 2, &p)); /* a rank that received nothing */
+  ASSERT_EQ_INT(p.di + p.m + p.dout, 0);
+  ASSERT_STATUS(moe__pipe_pools(9, 2, 8, 32, 4, MOE__REUSE_S4, 2, &p), MOE_ERR_ARG); /* 4 x 2 < 9 rows */
+  ASSERT_STATUS(moe__pipe_pools(9, 9, 8, 32, 0, MOE__REUSE_S4, 2, &p), MOE_ERR_ARG);
+  ASSERT_STATUS(moe__pipe_pools(SIZE_MAX / 2, SIZE_MAX / 2, 8, 32, 1, MOE__REUSE_NONE, 2, &p), MOE_ERR_VALUE);
+  ASSERT(strstr(moe_last_error(), "T_DI"));
+}
+
+/* ---- strategy selector (Eq. 10) ---- */
+
+/* b = 4096, M = 1024, H = 4096: v0_comp = 2^34 multiply-adds, v0_comm = v0_mem = 2^22 elements. Speeds
+ * are given in units of those, so one GEMM takes 1 s and the hand costs below are short sums. */
+static const double b0 = 4096, M0 = 1024, H0 = 4096, V_COMP = 17179869184.0, V_COMM = 4194304.0;
+/* Communication slowed by host copies on the same links (PCIe) far more than by GEMMs, as P4's Fig. 13
+ * discussion says; mu_all < 2/3 mu_comp is what lets re-communication (S4) beat S1/S3's 2 all-to-alls. */
+static const moe__interference fig13 = {.sigma = 1, .mu_comp = 0.9, .mu_all = 0.5, .eta_all = 0.8};
+#define REUSING (MOE__REUSE_ALL & ~MOE__REUSE_BIT(MOE__REUSE_NONE))
+
+static double cost_of(moe__reuse s, const moe__speeds *w, const moe__interference *f) {
+  double c = -1;
+  if (moe__reuse_cost(s, b0, M0, H0, w, f, &c) != MOE_OK) return -1;
+  return c;
+}
+
+TEST(pipe_select_compute_bound_small_n) {
+  /* Fast all-to-all (few GPUs): a GEMM 1 s, an all-to-all or a copy 1/8 s. Every strategy is
+   * compute-bound: 2 + 4 GEMMs for none, S1, S2; 2 + 5 with recomputation (S3, S4). */
+  moe__speeds w = {.comp = V_COMP, .comm = 8 * V_COMM, .mem = 8 * V_COMM};
+  moe__reuse s;
+  double c;
+  ASSERT_OK(moe__reuse_select(REUSING, b0, M0, H0, &w, &fig13, &s, &c));
+  ASSERT_EQ_INT(s, MOE__REUSE_S1); /* tied with S2, the lower strategy kept */
+  ASSERT_NEAR(c, 6.0, 1e-12);
+  ASSERT_NEAR(cost_of(MOE__REUSE_S2, &w, &fig13), 6.0, 1e-12);
+  ASSERT_NEAR(cost_of(MOE__REUSE_S3, &w, &fig13), 7.0, 1e-12);
+  ASSERT_NEAR(cost_of(MOE__REUSE_S4, &w, &fig13), 7.0, 1e-12);
+  ASSERT_OK(moe__reuse_select(MOE__REUSE_BIT(MOE__REUSE_S2) | MOE__REUSE_BIT(MOE__REUSE_S4), b0, M0, H0, &w,
+                              &fig13, &s, &c));
+  ASSERT_EQ_INT(s, MOE__REUSE_S2);
+}
+
+TEST(pipe_select_a2a_bound_large_n) {
+  /* Slow all-to-all (many GPUs): 4 s each, a GEMM 1 s, a copy 1/8 s. S1: 2*4/0.5 = 16 per pass; S2: 16 +
+   * 3*4/0.5 = 24; S3: 16 + 16; S4: 2*4/0.9 + 3*4/0.9 = 200/9. */
+  moe__speeds w = {.comp = V_COMP, .comm = V_COMM / 4, .mem = 8 * V_COMM};
+  moe__reuse s;
+  double c;
+  ASSERT_OK(moe__reuse_select(REUSING, b0, M0, H0, &w, &fig13, &s, &c));
+  ASSERT_EQ_INT(s, MOE__REUSE_S4);
+  ASSERT_NEAR(c, 200.0 / 9, 1e-12);
+  ASSERT_NEAR(cost_of(MOE__REUSE_S1, &w, &fig13), 32.0, 1e-12);
+  ASSERT_NEAR(cost_of(MOE__REUSE_S2, &w, &fig13), 40.0, 1e-12);
+  ASSERT_NEAR(cost_of(MOE__REUSE_S3, &w, &fig13), 32.0, 1e-12);
+  /* With the digest's defaults (mu_all = mu_comp = 0.8) the extra all-to-all is never hidden: S1 and S3
+   * at 2*4/0.8 * 2 = 20 beat S4's (2 + 3) * 4/0.8 = 25. */
+  moe__interference d = moe__interference_default();
+  ASSERT_OK(moe__reuse_select(REUSING, b0, M0, H0, &w, &d, &s, &c));
+  ASSERT_EQ_INT(s, MOE__REUSE_S1);
+  ASSERT_NEAR(c, 20.0, 1e-12);
+  ASSERT_NEAR(cost_of(MOE__REUSE_S4, &w, &d), 25.0, 1e-12);
+}
+
+TEST(pipe_select_cpu_strategies) {
+  /* On a CPU only none and S4 apply, and W_mem is never measured: none restores nothing at S4's
+   * interference, so it wins every regime; S4 is what remains when the memory must be saved. */
+  const moe__speeds regimes[3] = {{.comp = V_COMP, .comm = 8 * V_COMM, .mem = 0},
+                                  {.comp = V_COMP, .comm = V_COMM / 4, .mem = 0},
+                                  {.comp = V_COMP / 16, .comm = V_COMM, .mem = 0}};
+  for (int i = 0; i < 3; i++) {
+    moe__reuse s;
+    double c, c4;
+    ASSERT_OK(moe__reuse_select(MOE__REUSE_CPU, b0, M0, H0, &regimes[i], &fig13, &s, &c));
+    ASSERT_EQ_INT(s, MOE__REUSE_NONE);
+    ASSERT_OK(moe__reuse_select(MOE__REUSE_BIT(MOE__REUSE_S4), b0, M0, H0, &regimes[i], &fig13, &s, &c4));
+    ASSERT_EQ_INT(s, MOE__REUSE_S4);
+    ASSERT(c4 > c);
+  }
+  /* Compute-bound (GEMM 16 s, all-to-all 1/0.9 s): none 2*16 + 4*16, S4 2*16 + 5*16. */
+  ASSERT_NEAR(cost_of(MOE__REUSE_NONE, &regimes[2], &fig13), 96.0, 1e-12);
+  ASSERT_NEAR(cost_of(MOE__REUSE_S4, &regimes[2], &fig13), 112.0, 1e-12);
+}
+
+TEST(pipe_select_errors) {
+  moe__speeds w = {.comp = V_COMP, .comm = V_COMM, .mem = 0};
+  moe__interference f = moe__interference_default();
+  ASSERT_NEAR(f.sigma, 1.0, 0);
+  ASSERT_NEAR(f.mu_comp, 0.8, 0);
+  ASSERT_NEAR(f.mu_all, 0.8, 0);
+  ASSERT_NEAR(f.eta_all, 0.8, 0);
+  moe__reuse s;
+  ASSERT_STATUS(moe__reuse_select(0, b0, M0, H0, &w, &f, &s, NULL), MOE_ERR_ARG);
+  ASSERT_STATUS(moe__reuse_select(1u << 7, b0, M0, H0, &w, &f, &s, NULL), MOE_ERR_ARG);
+  ASSERT_STATUS(moe__reuse_select(REUSING, b0, M0, H0, &w, &f, &s, NULL), MOE_ERR_VALUE); /* S1 copies */
+  ASSERT(strstr(moe_last_error(), "s1") && strstr(moe_last_error(), "W_mem"));
+  f.mu_all = 1.5;
+  ASSERT_STATUS(moe__reuse_select(MOE__REUSE_CPU, b0, M0, H0, &w, &f, &s, NULL), MOE_ERR_VALUE);
+  ASSERT(strstr(moe_last_error(), "mu_all 1.5"));
+  f = moe__interference_default();
+  w.comm = NAN;
+  ASSERT_STATUS(moe__reuse_select(MOE__REUSE_CPU, b0, M0, H0, &w, &f, &s, NULL), MOE_ERR_VALUE);
+}
