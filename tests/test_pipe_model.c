@@ -184,3 +184,180 @@ TEST(pipe_select_errors) {
   w.comm = NAN;
   ASSERT_STATUS(moe__reuse_select(MOE__REUSE_CPU, b0, M0, H0, &w, &f, &s, NULL), MOE_ERR_VALUE);
 }
+
+/* ---- adaptive granularity (Algorithm 1) ---- */
+
+/* A pipelined step of B tokens in n micro-batches of b = B/n: each micro-batch has two all-to-alls of
+ * 17 + 0.013 b and a GEMM of 3 + 0.021 b; the first runs alone, the other n - 1 overlap, paced by the
+ * slower stream. Its best n over {1, 2, 4, 8, 16} rises with B: 2 from B = 3239, 4 from 12953, 8 from
+ * 51810, 16 from 207239. */
+static double pipelined_step(size_t B, int n) {
+  double b = (double)B / n, comm = 17 + 0.013 * b, comp = 3 + 0.021 * b;
+  return 2 * comm + comp + (n - 1) * fmax(2 * comm, comp);
+}
+
+typedef struct {
+  int64_t calls;
+  double (*fn)(size_t B, int n);
+  int fail_at; /* n whose trial fails; 0: none */
+} gran_probe;
+
+static moe_status probe_cost(void *user, size_t B, int n, double *seconds) {
+  gran_probe *p = user;
+  p->calls++;
+  if (n == p->fail_at) return moe__error(MOE_ERR_IO, __FILE__, __LINE__, "trial run failed");
+  *seconds = p->fn(B, n);
+  return MOE_OK;
+}
+
+static int brute_force(double (*fn)(size_t, int), size_t B) {
+  static const int cand[5] = {1, 2, 4, 8, 16};
+  int best = 0;
+  for (int i = 1; i < 5; i++)
+    if (fn(B, cand[i]) < fn(B, cand[best])) best = i;
+  return cand[best];
+}
+
+/* The ranges are sorted, disjoint and one per n. */
+static int ranges_ok(const moe__gran *g) {
+  for (int i = 0; i < g->nranges; i++) {
+    if (g->ranges[i].lo > g->ranges[i].hi || (i && g->ranges[i - 1].hi >= g->ranges[i].lo)) return 0;
+    for (int j = 0; j < i; j++)
+      if (g->ranges[j].n == g->ranges[i].n) return 0;
+  }
+  return 1;
+}
+
+TEST(pipe_gran_cached_and_ranges) {
+  gran_probe p = {.fn = pipelined_step};
+  moe__gran g;
+  int n;
+  ASSERT_OK(moe__gran_init(&g, NULL, 0, probe_cost, &p));
+  ASSERT_OK(moe__gran_get(&g, 20000, &n));
+  ASSERT_EQ_INT(n, 4);
+  ASSERT_EQ_INT(g.searches, 1);
+  ASSERT_EQ_INT(p.calls, 5); /* one trial per candidate */
+  ASSERT_OK(moe__gran_get(&g, 20000, &n)); /* the cache: no trial */
+  ASSERT_EQ_INT(n, 4);
+  ASSERT_EQ_INT(p.calls, 5);
+  ASSERT_OK(moe__gran_get(&g, 40000, &n)); /* n = 4 again: its range widens to [20000, 40000] */
+  ASSERT_EQ_INT(n, 4);
+  ASSERT_EQ_INT(g.nranges, 1);
+  ASSERT_EQ_INT(g.ranges[0].lo, 20000);
+  ASSERT_EQ_INT(g.ranges[0].hi, 40000);
+  ASSERT_OK(moe__gran_get(&g, 31234, &n)); /* inside the range: no search */
+  ASSERT_EQ_INT(n, 4);
+  ASSERT_EQ_INT(g.searches, 2);
+  ASSERT_EQ_INT(p.calls, 10);
+  ASSERT_EQ_INT(g.trials, 10);
+  moe__gran_free(&g);
+}
+
+TEST(pipe_gran_equals_brute_force) {
+  gran_probe p = {.fn = pipelined_step};
+  moe__gran g;
+  ASSERT_OK(moe__gran_init(&g, NULL, 0, probe_cost, &p));
+  uint64_t seed = 7;
+  for (int q = 0; q < 3000; q++) {
+    size_t B = 1 + (size_t)(moe__splitmix(&seed) % 300000);
+    int n, want = brute_force(pipelined_step, B);
+    ASSERT_OK(moe__gran_get(&g, B, &n));
+    if (n != want) FAIL_("query %d: B = %zu gives n = %d, brute force %d", q, B, n, want);
+  }
+  ASSERT(ranges_ok(&g));
+  ASSERT_EQ_INT(g.nranges, 5);
+  ASSERT_EQ_INT(g.conflicts, 0);
+  /* Random sizes fill the ranges fast: later queries mostly fall inside them. */
+  ASSERT(g.searches < 300);
+  moe__gran_free(&g);
+}
+
+TEST(pipe_gran_sweeps_bounded) {
+  /* Algorithm 1 searches every size outside the ranges, so a first upward sweep over new sizes searches
+   * each one (a new largest size is never inside a range). What it learns are the ranges: one per n,
+   * each the hull of the sizes it won. A later monotone sweep over other sizes inside that span then
+   * searches only the sizes in the gaps between ranges: here one per boundary crossed, within the bound
+   * distinct n + boundaries crossed. */
+  gran_probe p = {.fn = pipelined_step};
+  moe__gran g;
+  int n;
+  ASSERT_OK(moe__gran_init(&g, NULL, 0, probe_cost, &p));
+  for (size_t B = 1000; B <= 300000; B += 1000) ASSERT_OK(moe__gran_get(&g, B, &n));
+  ASSERT_EQ_INT(g.searches, 300);
+  const moe__gran_range want[5] = {
+      {1000, 3000, 1}, {4000, 12000, 2}, {13000, 51000, 4}, {52000, 207000, 8}, {208000, 300000, 16}};
+  ASSERT_EQ_INT(g.nranges, 5);
+  for (int i = 0; i < 5; i++)
+    if (g.ranges[i].lo != want[i].lo || g.ranges[i].hi != want[i].hi || g.ranges[i].n != want[i].n)
+      FAIL_("range %d: [%zu, %zu] -> %d, want [%zu, %zu] -> %d", i, g.ranges[i].lo, g.ranges[i].hi,
+            g.ranges[i].n, want[i].lo, want[i].hi, want[i].n);
+  int64_t before = g.searches, boundaries = 0;
+  int last = 0;
+  for (size_t B = 1500; B < 300000; B += 1000) {
+    ASSERT_OK(moe__gran_get(&g, B, &n));
+    ASSERT_EQ_INT(n, brute_force(pipelined_step, B));
+    boundaries += last && n != last;
+    last = n;
+  }
+  ASSERT_EQ_INT(boundaries, 4);
+  ASSERT_EQ_INT(g.searches - before, boundaries);
+  ASSERT(g.searches - before <= 5 + boundaries);
+  /* Downward over yet other sizes: the gaps have narrowed to 500 tokens around 3239, 12953, 51810, 207239,
+   * and of the sizes 1000k + 250 and 1000k + 750 only 3250, 12750, 51750 and 207250 fall into them. */
+  before = g.searches;
+  for (size_t B = 299750; B > 1000; B -= 500) {
+    ASSERT_OK(moe__gran_get(&g, B, &n));
+    ASSERT_EQ_INT(n, brute_force(pipelined_step, B));
+  }
+  ASSERT_EQ_INT(g.searches - before, 4);
+  ASSERT(ranges_ok(&g));
+  moe__gran_free(&g);
+}
+
+/* Best n 4 below 100 tokens, 2 for 100-199, 4 again from 200: not monotone. */
+static double valley(size_t B, int n) {
+  int want = B < 100 ? 4 : B < 200 ? 2 : 4;
+  return 1.0 + abs(n - want);
+}
+
+TEST(pipe_gran_non_monotone_no_overlap) {
+  gran_probe p = {.fn = valley};
+  moe__gran g;
+  int n;
+  const int cand[3] = {1, 2, 4};
+  ASSERT_OK(moe__gran_init(&g, cand, 3, probe_cost, &p));
+  const size_t sizes[] = {50, 150, 300, 300, 60, 55, 120, 250, 130};
+  const int64_t conflicts[] = {0, 0, 1, 1, 1, 1, 1, 2, 2}; /* 300 and 250 would swallow 2's range */
+  const int64_t searches[] = {1, 2, 3, 3, 4, 4, 5, 6, 6};  /* 300 again: cache; 55, 130: in a range */
+  for (int i = 0; i < 9; i++) {
+    ASSERT_OK(moe__gran_get(&g, sizes[i], &n));
+    if (n != (sizes[i] >= 100 && sizes[i] < 200 ? 2 : 4) || g.conflicts != conflicts[i] ||
+        g.searches != searches[i] || !ranges_ok(&g))
+      FAIL_("B = %zu: n %d, conflicts %lld, searches %lld, ranges ok %d", sizes[i], n, (long long)g.conflicts,
+            (long long)g.searches, ranges_ok(&g));
+  }
+  ASSERT_EQ_INT(g.nranges, 2);
+  ASSERT_EQ_INT(g.ranges[0].lo, 50);
+  ASSERT_EQ_INT(g.ranges[0].hi, 60);
+  ASSERT_EQ_INT(g.ranges[0].n, 4);
+  ASSERT_EQ_INT(g.ranges[1].lo, 120);
+  ASSERT_EQ_INT(g.ranges[1].hi, 150);
+  ASSERT_EQ_INT(g.ranges[1].n, 2);
+  moe__gran_free(&g);
+}
+
+TEST(pipe_gran_errors) {
+  gran_probe p = {.fn = pipelined_step, .fail_at = 8};
+  moe__gran g;
+  int n;
+  const int bad[3] = {1, 4, 2};
+  ASSERT_STATUS(moe__gran_init(&g, bad, 3, probe_cost, &p), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "n[2] = 2"));
+  ASSERT_STATUS(moe__gran_init(&g, bad, 0, probe_cost, &p), MOE_ERR_ARG);
+  ASSERT_STATUS(moe__gran_init(&g, NULL, 0, NULL, &p), MOE_ERR_ARG);
+  ASSERT_OK(moe__gran_init(&g, NULL, 0, probe_cost, &p));
+  ASSERT_STATUS(moe__gran_get(&g, 5000, &n), MOE_ERR_IO);
+  ASSERT(strstr(moe_last_error(), "B = 5000, n = 8: trial run failed"));
+  ASSERT_EQ_INT(g.nranges, 0); /* a failed search remembers nothing */
+  moe__gran_free(&g);
+}

@@ -94,4 +94,53 @@ moe_status moe__reuse_cost(moe__reuse s, double b, double M, double H, const moe
 moe_status moe__reuse_select(unsigned allowed, double b, double M, double H, const moe__speeds *w,
                              const moe__interference *f, moe__reuse *out, double *cost);
 
+/* ---- a map from 64-bit keys to 64-bit values (open addressing, linear probing) ---- */
+
+typedef struct {
+  uint64_t *keys; /* key + 1; 0 marks an empty slot */
+  uint64_t *vals;
+  size_t cap, len;
+} moe__u64map;
+
+/* A zeroed struct is an empty map. Returns 1 and sets *val if key is present. */
+int moe__u64map_get(const moe__u64map *m, uint64_t key, uint64_t *val);
+/* Inserts or replaces; grows (doubling) at half full. Keys below UINT64_MAX. */
+moe_status moe__u64map_put(moe__u64map *m, uint64_t key, uint64_t val);
+void moe__u64map_free(moe__u64map *m);
+
+/* ---- adaptive granularity (P4 Algorithm 1, with the find-by-n erratum) ---- */
+
+/* The cost (seconds) of one step of B tokens in n micro-batches: one trial of searchBestGran. Under
+ * expert parallelism, B is the global max of received tokens and the cost the max over ranks, so every
+ * rank picks the same n. */
+typedef moe_status (*moe__gran_cost_fn)(void *user, size_t B, int n, double *seconds);
+
+#define MOE__GRAN_MAX_CAND 16
+
+typedef struct {
+  size_t lo, hi;
+  int n;
+} moe__gran_range;
+
+typedef struct {
+  int cand[MOE__GRAN_MAX_CAND]; /* candidate n, increasing */
+  int ncand;
+  /* Disjoint ranges sorted by lo, at most one per n. At most ncand of them, so a fixed sorted array with
+   * binary search replaces the paper's balanced BST: no nodes, no rebalancing, inserts shift <= 16. */
+  moe__gran_range ranges[MOE__GRAN_MAX_CAND];
+  int nranges;
+  moe__u64map cache; /* B -> n */
+  moe__gran_cost_fn cost;
+  void *user;
+  int64_t searches, trials, conflicts; /* searchBestGran calls, cost calls, widenings refused */
+} moe__gran;
+
+/* cand NULL: {1, 2, 4, 8, 16} (the digest's choice). Otherwise 1..16 distinct increasing values >= 1. */
+moe_status moe__gran_init(moe__gran *g, const int *cand, int ncand, moe__gran_cost_fn cost, void *user);
+/* The n for B: the cache, else the range holding B, else a search (every candidate tried, the
+ * cheapest kept, ties to the smaller n), whose n's range is widened to B unless that would overlap a
+ * neighbour (then only the cache remembers B). */
+moe_status moe__gran_get(moe__gran *g, size_t B, int *n);
+void moe__gran_free(moe__gran *g);
+
 #endif
