@@ -361,3 +361,109 @@ TEST(pipe_gran_errors) {
   ASSERT_EQ_INT(g.nranges, 0); /* a failed search remembers nothing */
   moe__gran_free(&g);
 }
+
+/* ---- Tutel's dictionary ---- */
+
+/* A step's cost: convex in r >= 1 with its minimum at r_best, DP (r = 0) best from capacity 1500,
+ * pipelining paying more at larger capacity, 2DH cheaper for small messages and Linear for large ones. */
+typedef struct {
+  int64_t calls;
+  double r_best;
+} setup_probe;
+
+static double setup_cost(const setup_probe *p, size_t c, const moe__setup *s) {
+  double a2a = (double)c / s->d * (s->a == MOE__A2A_LINEAR ? 1.0 : 1.25) + s->d * (s->a == MOE__A2A_LINEAR ? 40 : 12);
+  if (s->r == 0) return a2a + 0.3 * (double)c + 300;
+  return a2a + 0.5 * (double)c + 7 * (s->r - p->r_best) * (s->r - p->r_best);
+}
+
+static moe_status setup_trial(void *user, size_t c, const moe__setup *s, double *seconds) {
+  setup_probe *p = user;
+  p->calls++;
+  *seconds = setup_cost(p, c, s);
+  return MOE_OK;
+}
+
+TEST(pipe_dict_buckets_and_brute_force) {
+  setup_probe p = {.r_best = 3.3};
+  moe__setup_dict t;
+  moe__setup s, s2;
+  ASSERT_OK(moe__setup_dict_init(&t, 64, 8, 1, 0, setup_trial, &p)); /* W/E = 8, R = 128 */
+  ASSERT_EQ_INT(t.window, 128);
+  ASSERT_OK(moe__setup_dict_get(&t, 300, &s));
+  int64_t first = p.calls;
+  ASSERT_EQ_INT(first, t.trials);
+  ASSERT_OK(moe__setup_dict_get(&t, 383, &s2)); /* floor(383 / 128) = floor(300 / 128): no trial */
+  ASSERT_EQ_INT(p.calls, first);
+  ASSERT(s2.r == s.r && s2.d == s.d && s2.a == s.a);
+  ASSERT_OK(moe__setup_dict_get(&t, 384, &s2)); /* the next bucket */
+  ASSERT_EQ_INT(p.calls, 2 * first);
+  moe__setup_dict_free(&t);
+  /* Each bucket's setup is the brute-force best over r in [0, 8], d in {1, 2, 4, 8}, both algorithms,
+   * with the best r >= 1 inside the searched range, at its end (r_best 7.6 -> 8) and at its start. */
+  const size_t caps[] = {10, 300, 900, 2000, 5000, 40000};
+  const double r_best[] = {3.3, 7.6, 1.2};
+  for (int k = 0; k < 3; k++) {
+    p.r_best = r_best[k];
+    ASSERT_OK(moe__setup_dict_init(&t, 64, 8, 1, 0, setup_trial, &p));
+    for (int i = 0; i < 6; i++) {
+      moe__setup best = {0}, got;
+      double cbest = INFINITY;
+      for (int d = 1; d <= 8; d *= 2)
+        for (int a = 0; a < 2; a++)
+          for (int r = 0; r <= 8; r++) {
+            moe__setup x = {.r = r, .d = d, .a = (moe__a2a)a};
+            if (setup_cost(&p, caps[i], &x) < cbest) cbest = setup_cost(&p, caps[i], &x), best = x;
+          }
+      ASSERT_OK(moe__setup_dict_get(&t, caps[i], &got));
+      if (got.r != best.r || got.d != best.d || got.a != best.a)
+        FAIL_("r_best %g, capacity %zu: (r %d, d %d, a %d), brute force (r %d, d %d, a %d)", r_best[k], caps[i],
+              got.r, got.d, got.a, best.r, best.d, best.a);
+    }
+    if (k == 0) {
+      ASSERT_OK(moe__setup_dict_get(&t, 10, &s)); /* small capacity: no pipelining, 2DH */
+      ASSERT(s.r == 3 && s.d == 1 && s.a == MOE__A2A_2DH);
+      ASSERT_OK(moe__setup_dict_get(&t, 300, &s));
+      ASSERT(s.r == 3 && s.d == 4 && s.a == MOE__A2A_2DH);
+      ASSERT_OK(moe__setup_dict_get(&t, 40000, &s)); /* large: DP, degree 8 over Linear */
+      ASSERT(s.r == 0 && s.d == 8 && s.a == MOE__A2A_LINEAR);
+    }
+    if (k == 1) {
+      ASSERT_OK(moe__setup_dict_get(&t, 300, &s));
+      ASSERT_EQ_INT(s.r, 8);
+    }
+    moe__setup_dict_free(&t);
+  }
+}
+
+TEST(pipe_dict_trial_counts) {
+  /* Trials per key against the paper's (log_1.5 ceil(W/E) + 2) * 4 * 2 = 16, 57.0, 98.1, 125.5 for
+   * W/E = 1, 8, 64, 256. Fibonacci search costs one trial per step (2 for the first) over F_k - 1 >= r
+   * points, r = 1..ceil(W/E) - 1, fewer where probes fall past the end: 4, 9 and 12 trials for 7, 63
+   * and 255 points with the minimum near r = 3, plus r = 0 and r = W/E, so 16, 48, 88, 112 per key. */
+  const int ratio[4] = {1, 8, 64, 256};
+  const int64_t want[4] = {16, 48, 88, 112};
+  for (int i = 0; i < 4; i++) {
+    setup_probe p = {.r_best = 3.3};
+    moe__setup_dict t;
+    moe__setup s;
+    ASSERT_OK(moe__setup_dict_init(&t, 4 * ratio[i], 4, 1, 128, setup_trial, &p));
+    ASSERT_OK(moe__setup_dict_get(&t, 1000, &s));
+    double paper = (log((double)ratio[i]) / log(1.5) + 2) * 8;
+    if (t.trials != want[i] || t.trials > paper + 1e-9)
+      FAIL_("W/E = %d: %lld trials, want %lld (paper %.1f)", ratio[i], (long long)t.trials, (long long)want[i],
+            paper);
+    ASSERT_EQ_INT(s.r, ratio[i] == 1 ? 1 : 3);
+    moe__setup_dict_free(&t);
+  }
+  /* Without the search over r (a layer with one parallel flow): 4 degrees x 2 algorithms. */
+  setup_probe p = {.r_best = 3.3};
+  moe__setup_dict t;
+  moe__setup s;
+  ASSERT_OK(moe__setup_dict_init(&t, 64, 8, 0, 128, setup_trial, &p));
+  ASSERT_OK(moe__setup_dict_get(&t, 1000, &s));
+  ASSERT_EQ_INT(t.trials, 8);
+  ASSERT_EQ_INT(s.r, 1);
+  moe__setup_dict_free(&t);
+  ASSERT_STATUS(moe__setup_dict_init(&t, 0, 8, 1, 128, setup_trial, &p), MOE_ERR_ARG);
+}

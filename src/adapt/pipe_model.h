@@ -143,4 +143,35 @@ moe_status moe__gran_init(moe__gran *g, const int *cand, int ncand, moe__gran_co
 moe_status moe__gran_get(moe__gran *g, size_t B, int *n);
 void moe__gran_free(moe__gran *g);
 
+/* ---- Tutel's dictionary of optimal setups (P2 1.7) ---- */
+
+typedef enum { MOE__A2A_LINEAR, MOE__A2A_2DH } moe__a2a;
+
+typedef struct {
+  int r;     /* adaptive parallelism: 0 = DP, 1..ceil(W/E) = EP+DP+MP */
+  int d;     /* pipelining degree, 1, 2, 4 or 8 */
+  moe__a2a a;
+} moe__setup;
+
+/* The cost (seconds) of one step at this capacity with setup s: one trial. */
+typedef moe_status (*moe__setup_cost_fn)(void *user, size_t capacity, const moe__setup *s, double *seconds);
+
+typedef struct {
+  size_t window; /* R: capacities c with the same floor(c / R) share an entry */
+  int r_max;     /* ceil(W / E), or 1 without the search over r */
+  int search_r;  /* 0: r stays 1 (a layer without switchable parallelism) */
+  moe__u64map map;
+  double *memo; /* (r_max + 1) costs of one (d, a) search; NaN = not tried */
+  moe__setup_cost_fn cost;
+  void *user;
+  int64_t trials;
+} moe__setup_dict;
+
+/* world, experts >= 1; window 0 means 128. */
+moe_status moe__setup_dict_init(moe__setup_dict *t, int world, int experts, int search_r, size_t window,
+                                moe__setup_cost_fn cost, void *user);
+/* The setup for this capacity: the dictionary's entry, else found by trials and remembered. */
+moe_status moe__setup_dict_get(moe__setup_dict *t, size_t capacity, moe__setup *out);
+void moe__setup_dict_free(moe__setup_dict *t);
+
 #endif
