@@ -3,11 +3,12 @@
  * input gradients, router gradients and expert bias gradients are the bits of n = 1; the expert weight
  * gradients, summed micro-batch by micro-batch, agree within 1e-6 relative. Over activations, k,
  * router kinds, dtypes, uneven splits, more micro-batches than rows, and an empty batch. And the
- * activation workspace that S4 keeps is one micro-batch's. */
+ * activation workspace that S4 keeps is one micro-batch's, as MPipeMoE's memory model says. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "compare.h"
+#include "adapt/pipe_model.h"
 #include "layer_internal.h" /* the plan's micro-batches, for the workspace check */
 #include "run_cli.h"
 #include "test.h"
@@ -135,9 +136,12 @@ TEST(pipeline_s4_keeps_one_micro_batch) {
     ASSERT_EQ_INT(p->mb_rows, largest);
     ASSERT(largest < p->grows); /* the 5 experts' loads allow a real cut */
     mb_rows = largest;
-    /* a1, a3 and h of the rows kept: the shared buffer is exactly one micro-batch's */
-    int kept = r == MOE_REUSE_S4 ? p->mb_rows : p->grows;
-    ASSERT_EQ_INT((char *)l.st->f.h - (char *)l.st->f.a1, 2 * (((size_t)kept * H * 4 + 63) & ~(size_t)63));
+    /* a1, a3 and h are each T_M (B, H) of MPipeMoE's model: B rows kept without reuse, one buffer of the
+     * largest micro-batch's rows under S4 (P4 1.4; T_DI and T_DO are the dispatch rows in process) */
+    moe__pools pools;
+    ASSERT_OK(moe__pipe_pools((size_t)p->grows, (size_t)p->mb_rows, D, H, p->n,
+                              r == MOE_REUSE_S4 ? MOE__REUSE_S4 : MOE__REUSE_NONE, 4, &pools));
+    ASSERT_EQ_INT((char *)l.st->f.h - (char *)l.st->f.a1, 2 * ((pools.m + 63) & ~(size_t)63));
     peak[r] = moe_layer_peak_bytes(&l);
     moe_layer_free(&l);
   }
