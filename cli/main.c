@@ -22,6 +22,28 @@ static void usage(FILE *f) {
           "  --version   print the version and the BLAS in use\n");
 }
 
+/* argv with every "--flag=value" as the two arguments "--flag" "value", so that each subcommand's
+ * parser takes both spellings; NULL when out of memory. The strings point into argv's (the flag's
+ * copy excepted), which live as long as the process. */
+static char **split_flag_values(int argc, char **argv, int *out_argc) {
+  char **v = malloc(sizeof(char *) * (2 * (size_t)argc + 1));
+  int n = 0;
+  for (int i = 0; v && i < argc; i++) {
+    char *eq = i > 1 && !strncmp(argv[i], "--", 2) ? strchr(argv[i], '=') : NULL;
+    if (!eq) {
+      v[n++] = argv[i];
+      continue;
+    }
+    v[n] = strndup(argv[i], (size_t)(eq - argv[i]));
+    if (!v[n]) return NULL;
+    v[++n] = eq + 1;
+    n++;
+  }
+  if (v) v[n] = NULL;
+  *out_argc = n;
+  return v;
+}
+
 int main(int argc, char **argv) {
   /* Faster BLAS kernels than the ones OpenBLAS picked, when the CPU has them: they are chosen at
    * load time, so set the core type and start again (once: the variable is then set). */
@@ -39,6 +61,12 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
     usage(stdout);
     return 0;
+  }
+  static char **args; /* for the process's life (and reachable, for LeakSanitizer) */
+  argv = args = split_flag_values(argc, argv, &argc);
+  if (!argv) {
+    fprintf(stderr, "moe: out of memory\n");
+    return 1;
   }
   if (!strcmp(argv[1], "layer-run")) return cmd_layer_run(argc - 1, argv + 1);
   if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);

@@ -236,3 +236,23 @@ TEST(cli_bench_dtype_cases) {
   ASSERT(bench_run("--cases S,S --reps 1 --json", out, sizeof out) != 0);
   if (!strstr(err_text, "'S' given twice")) FAIL_("stderr '%s' does not name the repeated S", err_text);
 }
+
+/* --flag=value is --flag value, for every subcommand (the split happens before dispatch). */
+TEST(cli_flag_equals_value) {
+  char w[512], x[512], a[512], b[512], args[2048];
+  fixture("w.safetensors", w, sizeof w);
+  fixture("x.safetensors", x, sizeof x);
+  test_tmp_path("eq_a.safetensors", a, sizeof a);
+  test_tmp_path("eq_b.safetensors", b, sizeof b);
+  ASSERT_EQ_INT(layer_run(w, x, a, "--backward --priority score"), 0);
+  snprintf(args, sizeof args, "layer-run --weights='%s' --input='%s' --out='%s' --backward --priority=score", w, x, b);
+  ASSERT_EQ_INT(run_moe(NULL, args, NULL, err_text, sizeof err_text), 0);
+  size_t na, nb;
+  char *da = test_read_file(a, &na), *db = test_read_file(b, &nb);
+  int same = da && db && na == nb && !memcmp(da, db, na);
+  free(da);
+  free(db);
+  ASSERT(same);
+  ASSERT_EQ_INT(run_moe(NULL, "train --epochs=zero", NULL, err_text, sizeof err_text), 1);
+  ASSERT(strstr(err_text, "--epochs: bad value 'zero'"));
+}
