@@ -45,6 +45,16 @@ char *test_read_file(const char *path, size_t *len) {
   return b;
 }
 
+int test_same_file(const char *a, const char *b) {
+  size_t na, nb;
+  char *da = test_read_file(a, &na), *db = test_read_file(b, &nb);
+  int same = da && db && na == nb && !memcmp(da, db, na);
+  if (!same) fprintf(stderr, "  %s and %s differ (or cannot be read)\n", a, b);
+  free(da);
+  free(db);
+  return same;
+}
+
 size_t test_read_text(const char *path, char *dst, size_t n) {
   FILE *f = fopen(path, "r");
   size_t got = f && n ? fread(dst, 1, n - 1, f) : 0;

@@ -55,6 +55,8 @@ const char *test_tmp_path(const char *name, char *buf, size_t n);
 /* The whole file, NUL-terminated, in a malloc'd buffer (its length in *len if not NULL); NULL if it
  * cannot be read. */
 char *test_read_file(const char *path, size_t *len);
+/* Whether files a and b hold the same bytes; says which differ otherwise. */
+int test_same_file(const char *a, const char *b);
 /* At most n - 1 bytes of the file into dst, NUL-terminated (empty if it cannot be read). */
 size_t test_read_text(const char *path, char *dst, size_t n);
 

@@ -247,12 +247,7 @@ TEST(cli_flag_equals_value) {
   ASSERT_EQ_INT(layer_run(w, x, a, "--backward --priority score"), 0);
   snprintf(args, sizeof args, "layer-run --weights='%s' --input='%s' --out='%s' --backward --priority=score", w, x, b);
   ASSERT_EQ_INT(run_moe(NULL, args, NULL, err_text, sizeof err_text), 0);
-  size_t na, nb;
-  char *da = test_read_file(a, &na), *db = test_read_file(b, &nb);
-  int same = da && db && na == nb && !memcmp(da, db, na);
-  free(da);
-  free(db);
-  ASSERT(same);
+  ASSERT(test_same_file(a, b));
   ASSERT_EQ_INT(run_moe(NULL, "train --epochs=zero", NULL, err_text, sizeof err_text), 1);
   ASSERT(strstr(err_text, "--epochs: bad value 'zero'"));
 }

@@ -169,17 +169,6 @@ TEST(pipeline_config_checked) {
   ASSERT(strstr(moe_last_error(), "none|s4"));
 }
 
-/* Whether files a and b hold the same bytes; says which differ otherwise. */
-static int same_file(const char *a, const char *b) {
-  size_t na, nb;
-  char *da = test_read_file(a, &na), *db = test_read_file(b, &nb);
-  int same = da && db && na == nb && !memcmp(da, db, na);
-  if (!same) fprintf(stderr, "  %s and %s differ\n", a, b);
-  free(da);
-  free(db);
-  return same;
-}
-
 /* moe layer-run with micro-batches writes the file that layer-run writes without them: in one process,
  * and expert-parallel under mpirun -np 2 and 3 (each micro-batch its own exchange), where the bits of
  * every n are those of n = 1 on the same ranks. */
@@ -202,7 +191,7 @@ TEST(pipeline_layer_run_same_file) {
       err[got] = 0;
       int rc = p ? pclose(p) : -1;
       if (rc) FAIL_("%s: exit %d: %s", args, rc, err);
-      if (i) ASSERT(same_file(a, b));
+      if (i) ASSERT(test_same_file(a, b));
     }
   snprintf(args, sizeof args, "layer-run --weights %s --input %s --out %s --pipeline 2 --dispatch static", w, x, b);
   ASSERT(run_moe(NULL, args, NULL, err, sizeof err) == 1 && strstr(err, "dynamic dispatch"));

@@ -73,12 +73,7 @@ static void resume_is_bit_exact(const char *extra, int *failed_) {
   snprintf(args, sizeof args, "train --data '%s' --threads 2 --resume '%s' --log-steps --checkpoint '%s'", data_dir,
            cb, cb);
   ASSERT_EQ_INT(run_moe(NULL, args, ob2, err, sizeof err), 0);
-  size_t na, nb;
-  char *a = test_read_file(ca, &na), *b = test_read_file(cb, &nb);
-  int same_ck = a && b && na == nb && !memcmp(a, b, na);
-  free(a);
-  free(b);
-  ASSERT(same_ck);
+  ASSERT(test_same_file(ca, cb));
   /* the per-step losses of the two halves are those of the whole run */
   char *la = test_read_file(oa, NULL), *l1 = test_read_file(ob1, NULL), *l2 = test_read_file(ob2, NULL);
   ASSERT(la && l1 && l2);
