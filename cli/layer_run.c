@@ -320,8 +320,9 @@ static moe_status agree(const args_t *a, const moe_st *wf, const moe_st *xf) {
       {"--priority", o->priority, o->priority < 0 ? FILE_S : moe_priority_name(o->priority)},
       {"--router", o->router, o->router < 0 ? FILE_S : moe_router_name(o->router)},
       {"--dtype", o->dtype, o->dtype < 0 ? FILE_S : moe_compute_dtype_name(o->dtype)},
+      {"--pipeline", o->pipeline, NULL}, /* each micro-batch is an exchange: the counts must match */
   };
-  int n = 14;
+  int n = 15;
   static const char *tensors[] = {"experts.fc1.weight", "experts.fc3.weight", "gate.weight", "gate.proj.weight",
                                   "x", "dy", "daux", "dz", "dspec"};
   static const char *meta[] = {"top_k", "capacity_setting", "normalize_topk", "activation", "dispatch",

@@ -353,6 +353,7 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
       {"--seed", cli_hash(&o->seed, sizeof o->seed), seed}, {"--cache-assignments", o->cache_assignments, NULL},
       {"--cache-on", o->cache.on, NULL}, {"--cache-off", o->cache.off, NULL},
       {"--cache-min-epoch", o->cache.min_epoch, NULL}, {"--on-nan skip-step", o->skip_nan, NULL},
+      {"--pipeline", l->pipeline, NULL}, /* each micro-batch is an exchange: the counts must match */
       {"training images", train->n, NULL}, {"image rows", train->rows, NULL}, {"image columns", train->cols, NULL},
       {"training labels (hash)", cli_hash(train->labels, (size_t)train->n), NULL}, {"test images", test->n, NULL},
       {"test labels (hash)", cli_hash(test->labels, (size_t)test->n), NULL},

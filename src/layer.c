@@ -333,10 +333,10 @@ static moe__groups micro_groups(const moe_layer_t *l, int i, const float *x, flo
   return (moe__groups){p->ng, m->rows, m->goffs, kept, x + r, y + r};
 }
 
-/* Micro-batch i's activations: its own rows of them, or the one shared buffer under memory reuse. */
+/* Micro-batch i's activations: its own rows of them, or the one shared buffer under memory reuse (as the
+ * forward chose: the setting may change before backward). */
 static moe__ffn micro_ffn(const moe_layer_t *l, int i) {
-  int shared = l->cfg.memory_reuse == MOE_REUSE_S4;
-  return moe__ffn_at(l, &l->st->f, shared ? 0 : l->st->p.mb[i].g0);
+  return moe__ffn_at(l, &l->st->f, l->st->p.shared ? 0 : l->st->p.mb[i].g0);
 }
 
 moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,
@@ -369,7 +369,8 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(moe__route(l));
   MOE_CHECK(tr->groups(l)); /* now the rows this process's experts get are known */
   MOE_CHECK(moe__split_rows(l, n));
-  int act_rows = l->cfg.memory_reuse == MOE_REUSE_S4 ? p->mb_rows : p->grows; /* one micro-batch's, or all */
+  p->shared = l->cfg.memory_reuse == MOE_REUSE_S4;
+  int act_rows = p->shared ? p->mb_rows : p->grows; /* one micro-batch's, or all */
   size_t rows_d = moe__arena_size((size_t)p->rows * D * 4);
   size_t work = moe__dispatch_bytes(l) + s->src->bytes(l, p->ng, act_rows) + 2 * rows_d +
                 moe__arena_size((size_t)T * D * 4) + tr->work_bytes(l); /* out, dout, dy=0 */
@@ -431,7 +432,7 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   /* the experts' side of dout and dxs: the forward's outputs are dead by now */
   const float *gx = expert_side(l, s->xs, s->gx);
   float *gd = expert_side(l, dout, s->gout), *gdx = expert_side(l, dxs, s->gdx);
-  int recompute = l->cfg.memory_reuse == MOE_REUSE_S4 && p->n > 1; /* the shared buffer holds the last one */
+  int recompute = p->shared && p->n > 1; /* the shared buffer holds the last one */
   for (int i = 0; i < p->n; i++) {
     moe__groups g = micro_groups(l, i, gx, gdx); /* y: where a recompute may write, dead until dx */
     moe__ffn f = micro_ffn(l, i);

@@ -65,6 +65,7 @@ typedef struct {
   int t0, Tv;            /* static: this rank's first token among all ranks', and their number */
   /* the experts' stage as n micro-batches (n = 1: the groups themselves) */
   int n, mb_rows;        /* micro-batches, the rows of the largest */
+  int shared;            /* their activations share one buffer (memory reuse S4), recomputed in backward */
   moe__micro *mb;        /* (n) */
 } moe__plan;
 

@@ -170,22 +170,26 @@ TEST(pipeline_config_checked) {
 }
 
 /* moe layer-run with micro-batches writes the file that layer-run writes without them: in one process,
- * and expert-parallel under mpirun -np 2 and 3 (each micro-batch its own exchange), where the bits of
- * every n are those of n = 1 on the same ranks. */
+ * and expert-parallel under mpirun -np 2 and 3, Linear and 2DH (each micro-batch its own exchange,
+ * whose rows sit apart from the other micro-batches'), where the bits of every n are those of n = 1 on
+ * the same ranks and all-to-all. Ranks given different n are refused before any exchange. */
 TEST(pipeline_layer_run_same_file) {
-  char w[512], x[512], a[512], b[512], args[2048], err[4096];
+  char w[512], x[512], a[512], b[512], args[4096], err[4096];
   snprintf(w, sizeof w, "%s/gelu_k2_cap1_index_dynamic/w.safetensors", test_fixture_dir()); /* E = 6 */
   snprintf(x, sizeof x, "%s/gelu_k2_cap1_index_dynamic/x.safetensors", test_fixture_dir());
   test_tmp_path("pipe_1.safetensors", a, sizeof a);
   test_tmp_path("pipe_n.safetensors", b, sizeof b);
   int mpi = moe_dist_has_mpi() && system("command -v mpirun >/dev/null 2>&1") == 0;
   if (!mpi) fprintf(stderr, "  SKIP the expert-parallel runs: no MPI or no mpirun\n");
-  const char *launch[3] = {"", MPIRUN "-np 2", MPIRUN "-np 3"};
-  const char *extra[3] = {"--pipeline 3 --memory-reuse s4", "--pipeline 2", "--pipeline 6 --memory-reuse s4"};
-  for (int w_ = 0; w_ < (mpi ? 3 : 1); w_++)
+  const char *launch[5] = {"", MPIRUN "-np 2", MPIRUN "-np 3", MPIRUN "-np 2", MPIRUN "-np 3"};
+  const char *ep[5] = {"", "--expert-parallel", "--expert-parallel", "--expert-parallel --a2a 2dh --ranks-per-node 2",
+                       "--expert-parallel --a2a 2dh --ranks-per-node 3"};
+  const char *extra[5] = {"--pipeline 3 --memory-reuse s4", "--pipeline 2", "--pipeline 6 --memory-reuse s4",
+                          "--pipeline 3", "--pipeline 2 --memory-reuse s4"};
+  for (int w_ = 0; w_ < (mpi ? 5 : 1); w_++)
     for (int i = 0; i < 2; i++) {
       snprintf(args, sizeof args, "%s '%s' layer-run --weights %s --input %s --out %s --backward --spec --threads 1 %s %s 2>&1",
-               launch[w_], MOE_CLI, w, x, i ? b : a, w_ ? "--expert-parallel" : "", i ? extra[w_] : "");
+               launch[w_], MOE_CLI, w, x, i ? b : a, ep[w_], i ? extra[w_] : "");
       FILE *p = popen(args, "r"); /* the ranks' output is kept for the message */
       size_t got = p ? fread(err, 1, sizeof err - 1, p) : 0;
       err[got] = 0;
@@ -195,4 +199,41 @@ TEST(pipeline_layer_run_same_file) {
     }
   snprintf(args, sizeof args, "layer-run --weights %s --input %s --out %s --pipeline 2 --dispatch static", w, x, b);
   ASSERT(run_moe(NULL, args, NULL, err, sizeof err) == 1 && strstr(err, "dynamic dispatch"));
+  if (!mpi) return;
+  const char *common = "layer-run --expert-parallel --backward --threads 1";
+  snprintf(args, sizeof args, MPIRUN "-np 1 '%s' %s --weights %s --input %s --out %s : -np 1 '%s' %s --weights %s "
+           "--input %s --out %s --pipeline 2 2>&1", MOE_CLI, common, w, x, b, MOE_CLI, common, w, x, b);
+  FILE *p = popen(args, "r");
+  size_t got = p ? fread(err, 1, sizeof err - 1, p) : 0;
+  err[got] = 0;
+  int rc = p ? pclose(p) : 0;
+  if (!rc || !strstr(err, "--pipeline")) FAIL_("ranks with different --pipeline: exit %d, want 1 naming it: %s", rc, err);
+}
+
+/* The micro-batches and memory strategy may change between a forward and its backward: backward keeps
+ * to what the forward did (its shared activation buffer is one micro-batch's). */
+TEST(pipeline_set_between_forward_and_backward) {
+  static float x[TMAX * D], dy[TMAX * D];
+  fill(x, TMAX * D, 3);
+  fill(dy, TMAX * D, 11);
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.D = D, cfg.H = H, cfg.E = E, cfg.act = MOE_ACT_SWIGLU, cfg.threads = 2;
+  static run_out ref, o;
+  ASSERT(run(&cfg, 1, MOE_REUSE_NONE, x, dy, TMAX, &ref));
+  free(ref.grads);
+  cfg.pipeline = 4;
+  cfg.memory_reuse = MOE_REUSE_S4;
+  moe_layer_t l;
+  ASSERT_OK(moe_layer_init(&l, &cfg));
+  moe_layer_init_params(&l, 7);
+  float *b = moe_layer_param(&l, "experts.fc1.bias");
+  for (int i = 0; i < E * H; i++) b[i] = 0.01f * (float)(i % 7);
+  moe_layer_params_changed(&l);
+  ASSERT_OK(moe_layer_forward(&l, x, TMAX, o.y, o.spec, NULL));
+  ASSERT_OK(moe_layer_set_pipeline(&l, 1, MOE_REUSE_NONE));
+  ASSERT_OK(moe_layer_backward(&l, dy, 0.3f, 0.05f, o.spec, NULL, o.dx)); /* as run() does */
+  int same = !memcmp(o.y, ref.y, sizeof o.y) && !memcmp(o.dx, ref.dx, sizeof o.dx);
+  moe_layer_free(&l);
+  ASSERT(same);
 }

@@ -162,7 +162,9 @@ static moe_status grow(const moe_dist *d, size_t n) {
   return MOE_OK;
 }
 
-/* 2DH: phase 1 inside the node, phase 2 across nodes, straight into recv (rdispls in rank order). */
+/* 2DH: phase 1 inside the node, phase 2 across nodes, straight into recv when each node's sources
+ * sit together there in rank order (rdispls of the whole batch), else through staging and then to
+ * each source's rdispl (a micro-batch's rows, with other micro-batches' rows between them). */
 static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int *sc, const int *sd, float *recv,
                                 const int *rc, const int *rd) {
   mpi_state *m = ST(d);
@@ -185,8 +187,14 @@ static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int 
     e1[l] = l ? e1[l - 1] + r1[l - 1] : 0;
     total1 += (size_t)r1[l];
   }
-  MOE_CHECK(grow(d, total + 2 * total1));
-  float *p1 = m->buf, *q1 = p1 + total, *p2 = q1 + total1;
+  int together = 1;
+  size_t totalr = 0;
+  for (int q = 0; q < W; q++) {
+    together &= q % G == 0 || rd[q] == rd[q - 1] + rc[q - 1];
+    totalr += (size_t)rc[q];
+  }
+  MOE_CHECK(grow(d, total + 2 * total1 + (together ? 0 : totalr)));
+  float *p1 = m->buf, *q1 = p1 + total, *p2 = q1 + total1, *p3 = p2 + total1;
   size_t o = 0; /* pack by (destination local index, destination node) */
   for (int l = 0; l < G; l++)
     for (int n = 0; n < N; n++) {
@@ -208,9 +216,12 @@ static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int 
     d2[n] = n ? d2[n - 1] + s2[n - 1] : 0;
     r2[n] = 0;
     for (int l = 0; l < G; l++) r2[n] += rc[n * G + l]; /* from sources (node n, local l) */
-    e2[n] = rd[n * G];
+    e2[n] = together ? rd[n * G] : n ? e2[n - 1] + r2[n - 1] : 0;
   }
-  MPI_TRY(MPI_Alltoallv(p2, s2, d2, MPI_FLOAT, recv, r2, e2, MPI_FLOAT, m->cross), "Alltoallv (2DH inter-node)");
+  MPI_TRY(MPI_Alltoallv(p2, s2, d2, MPI_FLOAT, together ? recv : p3, r2, e2, MPI_FLOAT, m->cross),
+          "Alltoallv (2DH inter-node)");
+  for (int q = 0, at = 0; !together && q < W; at += rc[q++])
+    memcpy(recv + rd[q], p3 + at, (size_t)rc[q] * sizeof *recv);
   return MOE_OK;
 }
 
