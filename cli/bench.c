@@ -17,8 +17,8 @@
 
 static const char *CMD = "bench";
 
-static void usage(void) {
-  fprintf(stderr,
+static void usage(FILE *f) {
+  fprintf(f,
           "usage: moe bench [--cases S,M,L] [--routing uniform,skewed] [--dispatch dynamic,static]\n"
           "                 [--dtype f32,bf16] [--shape T,D,H,E,k] [--threads N] [--reps R] [--json]\n"
           "                 [--expert-parallel] [--pipeline N [--memory-reuse none|s4]]\n"
@@ -299,6 +299,7 @@ static int parse_list(const char *f, const char *v, const char *const *names, in
 }
 
 int cmd_bench(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   bench_opts o = {.threads = 0, .reps = 3, .ncases = 3, .nrouting = 2, .ndispatch = 2, .ndtype = 1, .pipeline = 1,
                   .routing = {0, 1}, .dispatch = {0, 1}, .dtypes = {0, 1}};
   int idx[3] = {0, 1, 2};
@@ -308,10 +309,9 @@ int cmd_bench(int argc, char **argv) {
                            *const dn[] = {"dynamic", "static"}, *const dtn[] = {"f32", "bf16"};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
-    if (cli_flag_is(f, "help")) { usage(); return 0; }
     if (cli_flag_is(f, "json")) { o.json = 1; continue; }
     if (cli_flag_is(f, "expert_parallel")) { o.expert_parallel = 1; continue; }
-    if (i + 1 >= argc) { usage(); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
+    if (i + 1 >= argc) { usage(stderr); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
     const char *v = argv[++i];
     int ok = 1, listed = 0; /* listed < 0: parse_list has said what is wrong */
     if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o.threads) && o.threads >= 0;
@@ -329,7 +329,7 @@ int cmd_bench(int argc, char **argv) {
       o.ncases = 1;
       idx[0] = -1; /* the custom case */
     }
-    else { usage(); return cli_usage_error(CMD, "unknown flag '%s'", f); }
+    else { usage(stderr); return cli_usage_error(CMD, "unknown flag '%s'", f); }
     if (listed < 0) return 1;
     if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
     if (cli_flag_is(f, "shape") || cli_flag_is(f, "cases")) given_cases |= cli_flag_is(f, "shape") ? 2 : 1;

@@ -10,8 +10,8 @@
 
 static const char *CMD = "cachesim";
 
-static void usage(void) {
-  fprintf(stderr, "usage: moe cachesim --trace T --policy lifo|lru|fifo|belady|all --cache K [--experts E]\n"
+static void usage(FILE *f) {
+  fprintf(f, "usage: moe cachesim --trace T --policy lifo|lru|fifo|belady|all --cache K [--experts E]\n"
                   "Simulates a cache of K experts per layer over the whole trace; --experts E checks that every\n"
                   "expert id is below E (default: inferred from the trace).\n");
 }
@@ -19,23 +19,23 @@ static void usage(void) {
 static double rate(int64_t misses, int64_t accesses) { return accesses ? (double)misses / accesses : 0; }
 
 int cmd_cachesim(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   const char *trace = NULL, *policy = NULL;
   int K = 0, experts = 0;
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
-    if (cli_flag_is(f, "help")) { usage(); return 0; }
-    if (i + 1 >= argc) { usage(); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
+    if (i + 1 >= argc) { usage(stderr); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
     const char *v = argv[++i];
     int ok = 1;
     if (cli_flag_is(f, "trace")) trace = v;
     else if (cli_flag_is(f, "policy")) policy = v;
     else if (cli_flag_is(f, "cache")) ok = cli_parse_int(v, &K) && K >= 1;
     else if (cli_flag_is(f, "experts")) ok = cli_parse_int(v, &experts) && experts >= 1;
-    else { usage(); return cli_usage_error(CMD, "unknown flag '%s'", f); }
+    else { usage(stderr); return cli_usage_error(CMD, "unknown flag '%s'", f); }
     if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
   }
   if (!trace || !policy || !K) {
-    usage();
+    usage(stderr);
     return cli_usage_error(CMD, "--trace, --policy and --cache are required");
   }
   int all = !strcmp(policy, "all");

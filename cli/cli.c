@@ -25,6 +25,12 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
   return 1;
 }
 
+int cli_wants_help(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+  return 0;
+}
+
 int cli_flag_is(const char *arg, const char *name) {
   if (strncmp(arg, "--", 2)) return 0;
   arg += 2;

@@ -8,6 +8,8 @@
 int cli_fail(const char *cmd);
 /* Prints "moe <cmd>: <message>" to stderr and returns 1. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* True when an argument asks for help (--help or -h): the subcommand prints its usage to stdout, exits 0. */
+int cli_wants_help(int argc, char **argv);
 /* True when arg is "--name" or "--name" with '_' and '-' treated alike. */
 int cli_flag_is(const char *arg, const char *name);
 /* Parses a whole-string integer / float; returns 0 on garbage. */

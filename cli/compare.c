@@ -61,7 +61,14 @@ static int compare(const moe_st *got, const moe_st *ref, float rtol) {
   return bad ? 1 : 0;
 }
 
+static void usage(FILE *f) {
+  fprintf(f, "usage: moe compare OUT.safetensors REF.safetensors [--rtol X]\n"
+             "Compares every tensor of REF with OUT's (floats within X relative, default 1e-5; integers\n"
+             "exactly); exits 1 when one differs.\n");
+}
+
 int cmd_compare(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   float rtol = 1e-5f;
   const char *files[2] = {NULL, NULL};
   int nf = 0;
@@ -75,7 +82,10 @@ int cmd_compare(int argc, char **argv) {
       return cli_usage_error(CMD, "unexpected argument '%s'", argv[i]);
     }
   }
-  if (nf != 2) return cli_usage_error(CMD, "usage: moe compare OUT.safetensors REF.safetensors [--rtol X]");
+  if (nf != 2) {
+    usage(stderr);
+    return cli_usage_error(CMD, "two files are needed, OUT and REF");
+  }
   moe_st *got = NULL, *ref = NULL;
   int rc = (moe_st_open(&got, files[0]) || moe_st_open(&ref, files[1])) ? cli_fail(CMD) : compare(got, ref, rtol);
   moe_st_close(got);

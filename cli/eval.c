@@ -6,7 +6,14 @@
 
 static const char *CMD = "eval";
 
+static void usage(FILE *f) {
+  fprintf(f, "usage: moe eval --checkpoint F [--data DIR] [--threads N] [--batch B]\n"
+             "Prints test_accuracy=0.xxxx: the checkpoint's accuracy on the t10k IDX files of DIR\n"
+             "(default data/mnist).\n");
+}
+
 int cmd_eval(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   const char *ck = NULL, *data = "data/mnist";
   int threads = 0, batch = 500;
   for (int i = 1; i < argc; i++) {
@@ -18,7 +25,10 @@ int cmd_eval(int argc, char **argv) {
       if (!cli_parse_int(v, &threads) || threads < 0) return cli_usage_error(CMD, "--threads: bad value '%s'", v);
     } else if (cli_flag_is(f, "batch")) {
       if (!cli_parse_int(v, &batch) || batch <= 0) return cli_usage_error(CMD, "--batch: bad value '%s'", v);
-    } else return cli_usage_error(CMD, "unknown flag '%s' (usage: moe eval --checkpoint F [--data DIR])", f);
+    } else {
+      usage(stderr);
+      return cli_usage_error(CMD, "unknown flag '%s'", f);
+    }
   }
   if (!ck) return cli_usage_error(CMD, "--checkpoint is required");
   moe_model_t m;

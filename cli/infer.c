@@ -19,6 +19,12 @@ typedef struct {
   moe_cache_policy policy;
 } infer_opts;
 
+static void usage(FILE *f, const char *cmd) {
+  fprintf(f, "usage: moe %s --checkpoint F [--data DIR] [--split t10k|train] [--batch B]\n"
+             "       [--cache K [--policy lifo|lru|fifo]] [--dtype f32|bf16] [--threads N] [%s F] [--json]\n",
+          cmd, strcmp(cmd, "trace") ? "--trace" : "--out");
+}
+
 static int parse(const char *cmd, int argc, char **argv, infer_opts *o) {
   *o = (infer_opts){.data = "data/mnist", .split = "t10k", .batch = 64, .dtype = -1, .policy = MOE_CACHE_LIFO};
   for (int i = 1; i < argc; i++) {
@@ -40,11 +46,10 @@ static int parse(const char *cmd, int argc, char **argv, infer_opts *o) {
       moe_dtype dt;
       if (moe_dtype_parse(v, "--dtype", &dt) != MOE_OK) return cli_fail(cmd);
       o->dtype = (int)dt;
-    } else
-      return cli_usage_error(cmd, "unknown flag '%s' (usage: moe %s --checkpoint F [--data DIR] [--split t10k|train] "
-                                  "[--batch B] [--cache K [--policy lifo|lru|fifo]] [--dtype f32|bf16] [--threads N] "
-                                  "[%s F] [--json])",
-                             f, cmd, strcmp(cmd, "trace") ? "--trace" : "--out");
+    } else {
+      usage(stderr, cmd);
+      return cli_usage_error(cmd, "unknown flag '%s'", f);
+    }
     if (!ok) return cli_usage_error(cmd, "%s: bad value '%s'", f, v);
   }
   if (!o->ck) return cli_usage_error(cmd, "--checkpoint is required");
@@ -141,6 +146,10 @@ static int run(const char *cmd, const infer_opts *o, moe_model_t *m, moe_dataset
 }
 
 static int infer_main(const char *cmd, int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) {
+    usage(stdout, cmd);
+    return 0;
+  }
   infer_opts o;
   int rc = parse(cmd, argc, argv, &o);
   if (rc) return rc;

@@ -11,8 +11,8 @@
 
 static const char *CMD = "layer-run";
 
-static void usage(void) {
-  fprintf(stderr,
+static void usage(FILE *f) {
+  fprintf(f,
           "usage: moe layer-run --weights W.safetensors --input X.safetensors --out OUT.safetensors\n"
           "                     [--backward] [--spec] [--top_k K] [--capacity_setting X]\n"
           "                     [--activation relu|gelu|silu|swiglu] [--normalize_topk true|false]\n"
@@ -97,13 +97,13 @@ static int parse_args(int argc, char **argv, args_t *a) {
     } else if (cli_flag_is(f, "out_dtype")) {
       st = moe_dtype_parse(v, "--out-dtype", &a->out_dt);
     } else {
-      usage();
+      usage(stderr);
       return cli_usage_error(CMD, "unknown flag '%s'", f);
     }
     if (st != MOE_OK) return cli_fail(CMD);
   }
   if (!a->weights || !a->input || !a->out) {
-    usage();
+    usage(stderr);
     return cli_usage_error(CMD, "--weights, --input and --out are required");
   }
   return 0;
@@ -343,6 +343,7 @@ static moe_status agree(const args_t *a, const moe_st *wf, const moe_st *xf) {
 #undef FILE_S
 
 int cmd_layer_run(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   args_t a;
   int rc = parse_args(argc, argv, &a);
   if (rc) return rc;

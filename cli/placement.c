@@ -12,8 +12,8 @@
 
 static const char *CMD = "placement";
 
-static void usage(void) {
-  fprintf(stderr,
+static void usage(FILE *f) {
+  fprintf(f,
           "usage: moe placement --trace T --devices N --method greedy|anticorr [--out placement.json]\n"
           "       [--layer L|all] [--experts E] [--corr-weight W]\n"
           "Fits on the first half of the trace's steps, evaluates on the second half. --experts E: the\n"
@@ -36,13 +36,13 @@ static int save_json(const char *path, cJSON *root) {
 }
 
 int cmd_placement(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   const char *trace = NULL, *method_s = NULL, *out = NULL, *layer_s = "all";
   int devices = 0, experts = 0;
   float corr = 0.5f;
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
-    if (cli_flag_is(f, "help")) { usage(); return 0; }
-    if (i + 1 >= argc) { usage(); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
+    if (i + 1 >= argc) { usage(stderr); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
     const char *v = argv[++i];
     int ok = 1;
     if (cli_flag_is(f, "trace")) trace = v;
@@ -52,11 +52,11 @@ int cmd_placement(int argc, char **argv) {
     else if (cli_flag_is(f, "devices")) ok = cli_parse_int(v, &devices) && devices >= 1;
     else if (cli_flag_is(f, "experts")) ok = cli_parse_int(v, &experts) && experts >= 1;
     else if (cli_flag_is(f, "corr_weight")) ok = cli_parse_float(v, &corr);
-    else { usage(); return cli_usage_error(CMD, "unknown flag '%s'", f); }
+    else { usage(stderr); return cli_usage_error(CMD, "unknown flag '%s'", f); }
     if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
   }
   if (!trace || !devices || !method_s) {
-    usage();
+    usage(stderr);
     return cli_usage_error(CMD, "--trace, --devices and --method are required");
   }
   moe_placement_method method;

@@ -10,8 +10,8 @@
 
 static const char *CMD = "plot-trace";
 
-static void usage(void) {
-  fprintf(stderr, "usage: moe plot-trace TRACE.csv -o HEAT.png|HEAT.svg [--layer L] [--experts E]\n"
+static void usage(FILE *f) {
+  fprintf(f, "usage: moe plot-trace TRACE.csv -o HEAT.png|HEAT.svg [--layer L] [--experts E]\n"
                   "--layer L plots layer L only (default: every layer, one panel each); --experts E\n"
                   "shows E experts when the trace never routes to the last ones.\n");
 }
@@ -22,16 +22,17 @@ static int ends_with(const char *s, const char *suffix) {
 }
 
 int cmd_plot_trace(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   const char *trace = NULL, *out = NULL;
   int layer = -1, experts = 0;
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     if (f[0] != '-' || !f[1]) {
-      if (trace) { usage(); return cli_usage_error(CMD, "one trace only ('%s' and '%s')", trace, f); }
+      if (trace) { usage(stderr); return cli_usage_error(CMD, "one trace only ('%s' and '%s')", trace, f); }
       trace = f;
       continue;
     }
-    if (i + 1 >= argc) { usage(); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
+    if (i + 1 >= argc) { usage(stderr); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
     const char *v = argv[++i];
     if (!strcmp(f, "-o") || cli_flag_is(f, "out")) out = v;
     else if (cli_flag_is(f, "layer")) {
@@ -39,12 +40,12 @@ int cmd_plot_trace(int argc, char **argv) {
     } else if (cli_flag_is(f, "experts")) {
       if (!cli_parse_int(v, &experts) || experts <= 0) return cli_usage_error(CMD, "--experts: bad value '%s' (want > 0)", v);
     } else {
-      usage();
+      usage(stderr);
       return cli_usage_error(CMD, "unknown flag '%s'", f);
     }
   }
-  if (!trace) { usage(); return cli_usage_error(CMD, "a trace file is required"); }
-  if (!out) { usage(); return cli_usage_error(CMD, "-o HEAT.png|HEAT.svg is required"); }
+  if (!trace) { usage(stderr); return cli_usage_error(CMD, "a trace file is required"); }
+  if (!out) { usage(stderr); return cli_usage_error(CMD, "-o HEAT.png|HEAT.svg is required"); }
   int svg = ends_with(out, ".svg");
   if (!svg && !ends_with(out, ".png"))
     return cli_usage_error(CMD, "%s: unknown image type (want a name ending in .png or .svg)", out);

@@ -34,8 +34,8 @@ typedef struct {
   moe_optim_config optim;
 } train_opts;
 
-static void usage(void) {
-  fprintf(stderr,
+static void usage(FILE *f) {
+  fprintf(f,
     "usage: moe train [--data DIR] [--experts E] [--top-k K] [--hidden H] [--model D] [--blocks L]\n"
     "       [--hier-experts E2 [--hier-top-k K2]]   (hierarchical MoE: each expert an MoE of E2 experts)\n"
     "       [--capacity X|dynamic [--delta-launch N] [--headroom H]] [--dispatch dynamic|static]\n"
@@ -87,7 +87,7 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
     if (cli_flag_is(f, "json")) { o->json = 1; continue; }
     if (cli_flag_is(f, "log_steps")) { o->log_steps = 1; continue; }
     if (cli_flag_is(f, "cache_assignments")) { o->cache_assignments = 1; continue; }
-    if (i + 1 >= argc) { usage(); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
+    if (i + 1 >= argc) { usage(stderr); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
     const char *v = argv[++i];
     int ok = 1, is_arch = 1;
     moe_status st = MOE_OK;
@@ -141,7 +141,7 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
         o->seed = strtoull(v, &end, 10);
         ok = *v && !*end && !errno;
       } else {
-        usage();
+        usage(stderr);
         return cli_usage_error(CMD, "unknown flag '%s'", f);
       }
     }
@@ -362,6 +362,7 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
 }
 
 int cmd_train(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   train_opts o;
   defaults(&o);
   int arch = 0, rc = parse(argc, argv, &o, &arch);

@@ -251,3 +251,19 @@ TEST(cli_flag_equals_value) {
   ASSERT_EQ_INT(run_moe(NULL, "train --epochs=zero", NULL, err_text, sizeof err_text), 1);
   ASSERT(strstr(err_text, "--epochs: bad value 'zero'"));
 }
+
+/* Every subcommand answers --help (anywhere among its flags) with its usage on stdout and exit 0. */
+TEST(cli_help_everywhere) {
+  const char *cmds[] = {"train", "eval", "bench", "layer-run", "infer", "trace", "cachesim", "placement",
+                        "plot-trace", "compare"};
+  char out[512], args[256], text[4096], want[64];
+  test_tmp_path("help.txt", out, sizeof out);
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+    snprintf(args, sizeof args, "%s --threads 1 --help", cmds[i]);
+    int rc = run_moe(NULL, args, out, err_text, sizeof err_text);
+    test_read_text(out, text, sizeof text);
+    snprintf(want, sizeof want, "usage: moe %s", cmds[i]);
+    if (rc != 0 || strncmp(text, want, strlen(want)))
+      FAIL_("moe %s: exit %d, stdout '%.80s' (want '%s...'), stderr '%s'", args, rc, text, want, err_text);
+  }
+}
