@@ -118,6 +118,11 @@ class Owner:
     goes (after the last numpy view of its memory, since views keep it alive)."""
     _free = None
 
+    def __copy__(self):  # a copy of the struct would free the same memory twice
+        raise TypeError(f"a libmoe {type(self).__name__} owns C memory and cannot be copied")
+
+    __deepcopy__ = __copy__
+
     def __del__(self):
         if getattr(self, "_c", None) is not None:
             self._free(C.byref(self._c))

@@ -20,7 +20,7 @@ def ptr(a):
 
 def as_f32(a, shape, name, copy=False):
     """a as a C-contiguous float32 array of `shape` (None in shape: any size); MOE_ERR_SHAPE otherwise."""
-    a = np.array(a, dtype=np.float32, order="C", copy=copy)
+    a = np.array(a, dtype=np.float32, order="C") if copy else np.ascontiguousarray(a, dtype=np.float32)
     if a.ndim != len(shape) or any(w is not None and g != w for g, w in zip(a.shape, shape)):
         want = ", ".join("*" if w is None else str(w) for w in shape)
         raise fail("MOE_ERR_SHAPE", f"{name} has shape {tuple(a.shape)}, want ({want})")
@@ -122,6 +122,16 @@ class Layer(Owner):
             check(lib.moe_st_writer_save(w, text(path)))
         finally:
             lib.moe_st_writer_free(w)
+
+    def __deepcopy__(self, memo=None):
+        """A new layer with the same options and parameter values (copy.deepcopy of an nn.Module over it)."""
+        new = Layer(**self.config)
+        for name, a in self.params.items():
+            new.params[name][...] = a
+        new.params_changed()
+        return new
+
+    __copy__ = __deepcopy__
 
     @property
     def config(self):

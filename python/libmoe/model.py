@@ -67,9 +67,13 @@ class Model(Owner):
         x = as_f32(x, (None, self._c.cfg.in_dim), "x", copy=True)  # read again by backward
         B = x.shape[0]
         if labels is not None:
-            labels = np.array(labels, dtype=np.uint8, order="C")
-            if labels.shape != (B,):
-                raise fail("MOE_ERR_SHAPE", f"labels have shape {labels.shape}, want ({B},)")
+            given = np.asarray(labels)
+            if given.shape != (B,):
+                raise fail("MOE_ERR_SHAPE", f"labels have shape {given.shape}, want ({B},)")
+            if B and (given.dtype.kind not in "iu" or given.min() < 0 or given.max() > 255):
+                raise fail("MOE_ERR_VALUE", f"labels must be integers in [0, classes), got {given.dtype} "
+                                            f"in [{given.min()}, {given.max()}]")
+            labels = np.ascontiguousarray(given, dtype=np.uint8)
         st = S.ModelStats()
         self._x = x
         lab = None if labels is None else labels.ctypes.data_as(C.POINTER(C.c_uint8))

@@ -25,7 +25,7 @@ def _use_params(layer, params):
     for (name, mine), p in zip(layer.params.items(), params):
         if tuple(p.shape) != mine.shape:
             raise fail("MOE_ERR_SHAPE", f"parameter {name} has shape {tuple(p.shape)}, want {mine.shape}")
-        if p.data_ptr() != mine.ctypes.data or p.dtype != torch.float32:
+        if p.data_ptr() != mine.ctypes.data or p.dtype != torch.float32 or not p.is_contiguous():
             mine[...] = p.detach().to(device="cpu", dtype=torch.float32).numpy()
             changed = True
     seen = tuple((p.data_ptr(), p._version) for p in params)
@@ -57,9 +57,9 @@ class MoEFunction(torch.autograd.Function):
         _use_params(layer, params)
         x32 = _float32_cpu(x, D, "x")
         y, stats = layer.forward(x32)
-        ctx.layer, ctx.x32, ctx.shape, ctx.dtype = layer, x32, x.shape, x.dtype
+        ctx.layer, ctx.shape, ctx.dtype = layer, x.shape, x.dtype
         ctx.forwarded = layer._forwarded
-        ctx.save_for_backward(*params)  # autograd then refuses a backward after an in-place write to them
+        ctx.save_for_backward(x, *params)  # autograd then refuses a backward after an in-place write to them
         ctx.param_dtypes = [p.dtype for p in params]
         out = [torch.from_numpy(y).reshape(x.shape).to(x.dtype)]
         out += [torch.tensor(v, dtype=x.dtype) for v in (stats.aux_loss, stats.z_loss)]
@@ -68,11 +68,11 @@ class MoEFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, daux, dz):
         layer = ctx.layer
-        params = ctx.saved_tensors
+        x, *params = ctx.saved_tensors
         D = layer._c.cfg.D
         if layer._forwarded is not ctx.forwarded:
             _use_params(layer, params)
-            layer.forward(ctx.x32)
+            layer.forward(_float32_cpu(x, D, "x"))
         layer.zero_grad()  # the C backward adds into the layer's grads: they start from zero here
         dx = layer.backward(_float32_cpu(dy, D, "dy"), float(daux), float(dz))
         grads = [torch.from_numpy(g.copy()).to(dt) for g, dt in zip(layer.grads.values(), ctx.param_dtypes)]

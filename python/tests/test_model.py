@@ -1,4 +1,5 @@
 """The classifier, its optimizer and checkpoints, the learning-rate schedule and the IDX reader."""
+import copy
 import math
 import struct
 import tempfile
@@ -77,6 +78,10 @@ class ModelTest(unittest.TestCase):
         m = self.make()
         raises(self, "MOE_ERR_STATE", m.backward)
         raises(self, "MOE_ERR_VALUE", m.forward, np.zeros((2, 12)), [0, 7], contains="label 7")
+        raises(self, "MOE_ERR_VALUE", m.forward, np.zeros((2, 12)), [0, 256], contains="[0, 256]")
+        raises(self, "MOE_ERR_VALUE", m.forward, np.zeros((2, 12)), [0.5, 1], contains="float64")
+        with self.assertRaisesRegex(TypeError, "owns C memory"):
+            copy.copy(m)
         raises(self, "MOE_ERR_SHAPE", m.forward, np.zeros((2, 11)))
         raises(self, "MOE_ERR_ARG", libmoe.Optimizer, m, kind="lbfgs")
 

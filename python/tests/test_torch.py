@@ -1,4 +1,6 @@
 """libmoe.torch: gradcheck of MoEFunction, and how MoELayer shares its parameters with the C layer."""
+import copy
+import tempfile
 import unittest
 
 import numpy as np
@@ -116,6 +118,17 @@ class Module(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
             y.sum().backward()
 
+    def test_deepcopy_is_independent(self):
+        m = self.make(dtype="bf16")
+        c = copy.deepcopy(m)
+        x = torch.randn(8, 8, generator=torch.Generator().manual_seed(8))
+        np.testing.assert_array_equal(c(x).detach().numpy(), m(x).detach().numpy())
+        with torch.no_grad():
+            c.experts.fc1.weight.mul_(2)
+        self.assertGreater(float((c(x) - m(x)).abs().max()), 1e-3)
+        self.assertNotEqual(c.layer.params["experts.fc1.weight"].ctypes.data,
+                            m.layer.params["experts.fc1.weight"].ctypes.data)
+
     def test_errors(self):
         m = self.make()
         with self.assertRaises(libmoe.MoeError) as e:
@@ -130,7 +143,6 @@ class Module(unittest.TestCase):
         self.assertEqual(e.exception.name, "MOE_ERR_ARG")
 
     def test_save_and_load(self):
-        import tempfile
         m = self.make(dtype="bf16", dispatch="static")
         with tempfile.TemporaryDirectory() as d:
             m.save(f"{d}/w.safetensors")
