@@ -1,8 +1,9 @@
 """The shared library, its function prototypes, and moe_status -> MoeError.
 
 The library is found, in this order: the path in $MOE_LIBRARY; libmoe.so of the source tree's build
-directory (<repo>/build, when this package is <repo>/python/libmoe); the system loader's libmoe.so.0,
-then libmoe.so (an installed libmoe).
+directory (<repo>/build, when this package is <repo>/python/libmoe); <prefix>/lib/libmoe.so.0 when
+this package is installed as <prefix>/lib/python3.X/dist-packages/libmoe; the system loader's
+libmoe.so.0, then libmoe.so (an installed libmoe).
 """
 import ctypes as C
 import os
@@ -12,7 +13,9 @@ import numpy as np
 from . import _structs as S
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_BUILD = os.path.join(_HERE, os.pardir, os.pardir, "build", "libmoe.so")
+_CANDIDATES = (os.path.normpath(os.path.join(_HERE, os.pardir, os.pardir, "build", "libmoe.so")),
+               os.path.normpath(os.path.join(_HERE, os.pardir, os.pardir, os.pardir, "libmoe.so.0")),
+               "libmoe.so.0", "libmoe.so")
 
 
 def _load():
@@ -20,7 +23,7 @@ def _load():
     if env:  # an explicit choice: no fallback that would hide a wrong path
         return C.CDLL(env)
     tried = []
-    for name in (os.path.normpath(_BUILD), "libmoe.so.0", "libmoe.so"):
+    for name in _CANDIDATES:
         try:
             return C.CDLL(name)
         except OSError as e:
