@@ -50,7 +50,7 @@ class LayerStats:
 
 
 def tensors(layer, owner, prefix=""):
-    """(name, param view, grad view, shape) of a moe_layer_t's tensors, then, for a hierarchical layer,
+    """(name, param view, grad view) of a moe_layer_t's tensors, then, for a hierarchical layer,
     those of its inner layers as experts.<e>.<name> (the names moe_model gives them)."""
     out, params, grads = [], address(layer.params), address(layer.grads)
     for i in range(layer.nparams):
