@@ -202,10 +202,10 @@ typedef struct {
   moe_dtype dtype;        /* the experts' GEMMs: MOE_DT_F32 (default), or MOE_DT_BF16: bf16 weights
                              and GEMM inputs, fp32 accumulation and outputs; the fp32 parameters stay
                              the master copy (see moe_layer_params_changed) */
-  int pipeline;           /* MPipeMoE: the experts' stage runs as this many micro-batches, each a part of
-                             the dispatch rows (dynamic dispatch, one process); 1 = the whole batch at
-                             once (default). Outputs and input gradients are the same bits for every n;
-                             expert weight gradients are summed micro-batch by micro-batch */
+  int pipeline;           /* MPipeMoE: the experts' stage runs as this many micro-batches, each a run of
+                             experts (dynamic dispatch; expert-parallel, each its own exchange, and
+                             every rank must give the same n); 1 = the whole batch at once (default).
+                             Outputs, losses and all gradients are the same bits for every n */
   moe_reuse memory_reuse; /* with pipeline > 1: what backward restores instead of keeping (MPipeMoE
                              Table II on a CPU): MOE_REUSE_NONE keeps every micro-batch's activations;
                              MOE_REUSE_S4 keeps one micro-batch's fc1/fc3/activation buffer (T_M) and

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the Debian packages the build needs, only those missing; safe to run again.
 set -e
-PKGS="cmake make gcc pkgconf libopenblas-openmp-dev libdnnl-dev libcjson-dev libpng-dev openmpi-bin libopenmpi-dev"
+PKGS="cmake make gcc pkgconf libopenblas-openmp-dev libdnnl-dev libcjson-dev libpng-dev openmpi-bin libopenmpi-dev python3-numpy python3-torch"
 missing=""
 for p in $PKGS; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -1,0 +1,17 @@
+"""libmoe from Python: the C library's MoE layer, classifier, optimizers, checkpoints and IDX reader
+over ctypes (no compilation step), with numpy arrays in and out. libmoe.torch adds a
+torch.autograd.Function and an nn.Module over the layer. Failures raise MoeError, which carries the
+status name and moe_last_error()."""
+from ._lib import MoeError, lib
+from .data import Dataset, load_idx, load_split
+from .layer import Layer, LayerStats
+from .model import Model, ModelStats, Optimizer, TrainState, load_checkpoint, lr_schedule, save_checkpoint
+
+
+def blas_info():
+    """The BLAS in use and its kernel set, e.g. "OpenBLAS 0.3.21 (kernels SkylakeX, OpenMP)"."""
+    return lib.moe_blas_info().decode()
+
+
+__all__ = ["MoeError", "Dataset", "load_idx", "load_split", "Layer", "LayerStats", "Model", "ModelStats",
+           "Optimizer", "TrainState", "load_checkpoint", "lr_schedule", "save_checkpoint", "blas_info"]

@@ -1,0 +1,89 @@
+"""ctypes mirrors of the structs of include/moe.h that the package reads or fills (same field order
+and types; tests/test_python.c passes the C sizes to python/tests, which compares them)."""
+import ctypes as C
+
+_i, _f, _p = C.c_int, C.c_float, C.c_void_p
+
+
+class LayerConfig(C.Structure):
+    _fields_ = [("D", _i), ("H", _i), ("E", _i), ("top_k", _i), ("capacity_setting", _f),
+                ("normalize_topk", _i), ("act", _i), ("dispatch", _i), ("priority", _i), ("router", _i),
+                ("proj_dim", _i), ("gate_bias", _i), ("expert_bias", _i), ("threads", _i),
+                ("inner_experts", _i), ("inner_top_k", _i), ("dist", _p), ("external_experts", _i),
+                ("dtype", _i), ("pipeline", _i), ("memory_reuse", _i)]
+
+
+class ParamInfo(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("ndim", _i), ("shape", C.c_int64 * 3), ("offset", C.c_size_t),
+                ("numel", C.c_size_t)]
+
+
+class Layer(C.Structure):
+    pass
+
+
+Layer._fields_ = [("cfg", LayerConfig), ("inner", C.POINTER(Layer)), ("cache", _p),
+                  ("expert_capacity", C.POINTER(C.c_int32)), ("expert_capacity_tokens", _i),
+                  ("cached", C.POINTER(C.c_int32)), ("cached_T", _i), ("nparams", _i),
+                  ("info", ParamInfo * 10), ("numel", C.c_size_t), ("params", C.POINTER(_f)),
+                  ("grads", C.POINTER(_f)), ("st", _p)]
+
+
+class LayerStats(C.Structure):
+    _fields_ = [("aux_loss", _f), ("z_loss", _f), ("capacity", _i), ("dropped", _i),
+                ("expert_counts", C.POINTER(C.c_int32)), ("experts", C.POINTER(C.c_int32)),
+                ("weights", C.POINTER(_f)), ("fresh", C.POINTER(C.c_int32)), ("router_overlapped", _i)]
+
+
+class LayerOverrides(C.Structure):
+    _fields_ = [("top_k", _i), ("capacity_setting", _f), ("normalize_topk", _i), ("act", _i),
+                ("dispatch", _i), ("priority", _i), ("router", _i), ("threads", _i), ("dtype", _i),
+                ("pipeline", _i), ("memory_reuse", _i), ("dist", _p), ("expert_order", C.POINTER(C.c_int32))]
+
+
+class ModelConfig(C.Structure):
+    _fields_ = [("in_dim", _i), ("classes", _i), ("blocks", _i), ("moe", LayerConfig), ("loss", _i),
+                ("aux_weight", _f), ("z_weight", _f)]
+
+
+class TensorRef(C.Structure):
+    _fields_ = [("name", C.c_char * 64), ("ndim", _i), ("shape", C.c_int64 * 3), ("numel", C.c_size_t),
+                ("data", C.POINTER(_f)), ("grad", C.POINTER(_f))]
+
+
+class Model(C.Structure):
+    _fields_ = [("cfg", ModelConfig), ("layers", C.POINTER(Layer)), ("nrefs", _i),
+                ("refs", C.POINTER(TensorRef)), ("numel", C.c_size_t), ("dense", C.POINTER(_f)),
+                ("dense_grad", C.POINTER(_f)), ("file", _p), ("caches", _p), ("st", _p)]
+
+
+class ModelStats(C.Structure):
+    _fields_ = [("loss", C.c_double), ("aux", C.c_double), ("z", C.c_double), ("correct", _i),
+                ("dropped", _i), ("capacity_max", _i)]
+
+
+class OptimConfig(C.Structure):
+    _fields_ = [("kind", _i), ("beta1", _f), ("beta2", _f), ("eps", _f), ("momentum", _f),
+                ("weight_decay", _f)]
+
+
+class Optim(C.Structure):
+    _fields_ = [("cfg", OptimConfig), ("step", C.c_int64), ("n", C.c_size_t), ("m", C.POINTER(_f)),
+                ("v", C.POINTER(_f))]
+
+
+class TrainState(C.Structure):
+    _fields_ = [("epoch", _i), ("step", C.c_int64), ("seed", C.c_uint64), ("extra", C.c_char * 1024)]
+
+
+class Dataset(C.Structure):
+    _fields_ = [("n", _i), ("rows", _i), ("cols", _i), ("classes", _i), ("images", C.POINTER(_f)),
+                ("labels", C.POINTER(C.c_uint8))]
+
+
+# C name -> mirror, for the size check of python/tests
+MIRRORS = {"moe_layer_config": LayerConfig, "moe_param_info": ParamInfo, "moe_layer_t": Layer,
+           "moe_layer_stats": LayerStats, "moe_layer_overrides": LayerOverrides,
+           "moe_model_config": ModelConfig, "moe_tensor_ref": TensorRef, "moe_model_t": Model,
+           "moe_model_stats": ModelStats, "moe_optim_config": OptimConfig, "moe_optim_t": Optim,
+           "moe_train_state": TrainState, "moe_dataset": Dataset}

@@ -1,0 +1,25 @@
+"""The README's Python example runs, and prints what its comment says."""
+import contextlib
+import io
+import os
+import re
+import unittest
+
+from common import ROOT
+
+
+class Readme(unittest.TestCase):
+    def test_python_example(self):
+        with open(os.path.join(ROOT, "README.md")) as f:
+            text = f.read()
+        section = text[text.index("\n## Python\n"):]
+        code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "README.md (## Python)", "exec"), {})
+        said = re.search(r"print\(e.name, e.message\)\s+# (.*)", code).group(1)
+        self.assertEqual(out.getvalue().strip(), said)
+
+
+if __name__ == "__main__":
+    unittest.main()
