@@ -43,6 +43,11 @@ int cmd_cachesim(int argc, char **argv) {
   if (!all && moe_cache_policy_parse(policy, "--policy", &p) != MOE_OK) return cli_fail(CMD);
   moe_trace t;
   if (moe_trace_load(&t, trace, experts) != MOE_OK) return cli_fail(CMD);
+  if (K > t.experts) {
+    int E = t.experts;
+    moe_trace_free(&t);
+    return cli_usage_error(CMD, "--cache %d: more slots than the trace's %d experts per layer", K, E);
+  }
 
   int np = all ? 4 : 1, rc = 0;
   int64_t acc_all = 0, miss_all[4] = {0}, acc = 0, miss = 0;

@@ -41,7 +41,8 @@ static int parse(const char *cmd, int argc, char **argv, infer_opts *o) {
     else if (cli_flag_is(f, "cache")) ok = cli_parse_int(v, &o->cache) && o->cache > 0;
     else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
     else if (cli_flag_is(f, "policy")) {
-      if (moe_cache_policy_parse(v, "--policy", &o->policy) != MOE_OK) return cli_fail(cmd);
+      if (moe_cache_policy_parse(v, "--policy", &o->policy) != MOE_OK || o->policy == MOE_CACHE_BELADY)
+        return cli_usage_error(cmd, "--policy: '%s' (want lifo|lru|fifo; belady needs the future: moe cachesim)", v);
     } else if (cli_flag_is(f, "dtype")) {
       moe_dtype dt;
       if (moe_dtype_parse(v, "--dtype", &dt) != MOE_OK) return cli_fail(cmd);

@@ -419,6 +419,10 @@ int cmd_train(int argc, char **argv) {
       fprintf(stderr, "moe train: resuming with %s: the trigger's state (smoothed counts, last epoch's "
                       "assignments) starts afresh, so this run is not bit-identical to one without a break\n",
               o.dynamic_capacity ? "--capacity dynamic" : "--cache-assignments");
+    if (!o.checkpoint) { /* a resumed run goes on saving where it came from, not nowhere */
+      o.checkpoint = o.resume;
+      fprintf(stderr, "moe train: --resume without --checkpoint: saving to %s\n", o.resume);
+    }
     o.seed = ts.seed;
     start = ts.epoch;
     step = ts.step;

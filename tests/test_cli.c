@@ -267,3 +267,19 @@ TEST(cli_help_everywhere) {
       FAIL_("moe %s: exit %d, stdout '%.80s' (want '%s...'), stderr '%s'", args, rc, text, want, err_text);
   }
 }
+
+/* Values a command cannot use are refused by name: infer's --policy belady (it needs the future), and
+ * cachesim's --cache larger than the trace's experts. */
+TEST(cli_refuses_unusable_values) {
+  char trace[512], args[1024];
+  ASSERT_EQ_INT(run_moe(NULL, "infer --checkpoint none.ck --cache 2 --policy belady", NULL, err_text, sizeof err_text), 1);
+  ASSERT(strstr(err_text, "want lifo|lru|fifo"));
+  test_tmp_path("small_trace.csv", trace, sizeof trace);
+  FILE *f = fopen(trace, "w");
+  ASSERT(f);
+  fputs("step,layer,expert,tokens\n0,0,0,1\n0,0,7,2\n", f);
+  fclose(f);
+  snprintf(args, sizeof args, "cachesim --trace '%s' --policy lru --cache 20", trace);
+  ASSERT_EQ_INT(run_moe(NULL, args, NULL, err_text, sizeof err_text), 1);
+  ASSERT(strstr(err_text, "--cache 20: more slots than the trace's 8 experts"));
+}
