@@ -14,7 +14,7 @@ static void usage(FILE *f) {
 
 int cmd_eval(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
-  const char *ck = NULL, *data = "data/mnist";
+  const char *ck = NULL, *data = DEFAULT_DATA;
   int threads = 0, batch = 500;
   for (int i = 1; i < argc; i++) {
     if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", argv[i]);

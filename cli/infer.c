@@ -26,7 +26,7 @@ static void usage(FILE *f, const char *cmd) {
 }
 
 static int parse(const char *cmd, int argc, char **argv, infer_opts *o) {
-  *o = (infer_opts){.data = "data/mnist", .split = "t10k", .batch = 64, .dtype = -1, .policy = MOE_CACHE_LIFO};
+  *o = (infer_opts){.data = DEFAULT_DATA, .split = "t10k", .batch = 64, .dtype = -1, .policy = MOE_CACHE_LIFO};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     if (cli_flag_is(f, "json")) { o->json = 1; continue; }

@@ -58,7 +58,7 @@ static void usage(FILE *f) {
 
 static void defaults(train_opts *o) {
   memset(o, 0, sizeof *o);
-  o->data = "data/mnist";
+  o->data = DEFAULT_DATA;
   o->epochs = 30;
   o->batch = 64;
   o->warmup = -1; /* one epoch */

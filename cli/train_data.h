@@ -8,7 +8,10 @@
 
 #include "moe.h"
 
-/* split "train" or "t10k": DIR/<split>-images-idx3-ubyte and DIR/<split>-labels-idx1-ubyte. */
+/* The default --data: the repository's MNIST (scripts/get-mnist.sh). */
+#define DEFAULT_DATA "data/mnist"
+/* split "train" or "t10k": DIR/<split>-images-idx3-ubyte and DIR/<split>-labels-idx1-ubyte. DEFAULT_DATA
+ * is looked for in the current directory, then beside the build directory of this moe. */
 moe_status load_split(const char *dir, const char *split, moe_dataset *d);
 
 typedef struct {

@@ -283,3 +283,12 @@ TEST(cli_refuses_unusable_values) {
   ASSERT_EQ_INT(run_moe(NULL, args, NULL, err_text, sizeof err_text), 1);
   ASSERT(strstr(err_text, "--cache 20: more slots than the trace's 8 experts"));
 }
+
+/* Without data, train says how to get it. */
+TEST(cli_missing_data_says_how_to_get_it) {
+  char dir[512], args[1024];
+  test_tmp_path("no_such_data", dir, sizeof dir);
+  snprintf(args, sizeof args, "train --data '%s' --epochs 1", dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, NULL, err_text, sizeof err_text), 1);
+  ASSERT(strstr(err_text, "scripts/get-mnist.sh") && strstr(err_text, "--data DIR"));
+}
