@@ -16,9 +16,9 @@ for cap in 1.0 2.0 3.0 4.0 dynamic; do
   python3 -c "
 import json
 lines = open('$OUT/$cap.jsonl').read().splitlines()
-ep = [json.loads(l) for l in lines if l.startswith('{')]
+ep = [json.loads(l) for l in lines if l.startswith('{\"epoch')]
 rec = [l for l in lines if l.startswith('dynamic capacity')]
-acc = [l for l in lines if l.startswith('test_accuracy=')][-1].split('=')[1]
+acc = '%.4f' % [json.loads(l) for l in lines if l.startswith('{\"test_accuracy\"')][-1]['test_accuracy']
 drop = sum(e['dropped_fraction'] for e in ep) / len(ep)
 print('capacity %-8s accuracy %s  wall %6.1f s  mean dropped %.4f  %s' % ('$cap', acc, $end - $start, drop, rec[0] if rec else ''))
 "

@@ -1,6 +1,6 @@
 /* moe train: a classifier of L MoE blocks on IDX data (MNIST by default), with checkpoints every
  * epoch, --resume, expert traces, a progress line per epoch and --json logs. The last stdout line
- * is test_accuracy=0.xxxx. Data order and augmentation are functions of (seed, epoch, position),
+ * is test_accuracy=0.xxxx ({"test_accuracy": 0.xxxx} with --json, whose stdout is JSON lines only). Data order and augmentation are functions of (seed, epoch, position),
  * so a resumed run sees exactly the batches the uninterrupted run would have seen. */
 #include <errno.h>
 #include <signal.h>
@@ -327,7 +327,8 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     return 130;
   }
   if (test_acc < 0 && evaluate(m, test, 500, &test_acc)) return cli_fail(CMD);
-  printf("test_accuracy=%.4f\n", test_acc);
+  if (o->json) printf("{\"test_accuracy\": %.4f}\n", test_acc); /* --json: JSON lines only on stdout */
+  else printf("test_accuracy=%.4f\n", test_acc);
   return 0;
 }
 

@@ -47,7 +47,7 @@ TEST(train_loss_falls_and_beats_chance) {
   for (char *l = strtok(txt, "\n"); l; l = strtok(NULL, "\n")) {
     char *p = strstr(l, "\"loss\": ");
     if (p && ne < 4) loss[ne++] = atof(p + 8);
-    if (!strncmp(l, "test_accuracy=", 14)) acc = atof(l + 14);
+    if (!strncmp(l, "{\"test_accuracy\": ", 18)) acc = atof(l + 18); /* --json: the last line is JSON too */
   }
   free(txt);
   ASSERT_EQ_INT(ne, 4);
