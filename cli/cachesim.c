@@ -11,19 +11,32 @@
 static const char *CMD = "cachesim";
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: moe cachesim --trace T --policy lifo|lru|fifo|belady|all --cache K [--experts E]\n"
+  fprintf(f, "usage: moe cachesim --trace T --policy lifo|lru|fifo|belady|all --cache K [--experts E] [--json]\n"
                   "Simulates a cache of K experts per layer over the whole trace; --experts E checks that every\n"
-                  "expert id is below E (default: inferred from the trace).\n");
+                  "expert id is below E (default: inferred from the trace). --json: one JSON object per layer,\n"
+                  "then one for all layers (\"layer\": \"overall\"), with the miss rate of each policy run.\n");
 }
 
 static double rate(int64_t misses, int64_t accesses) { return accesses ? (double)misses / accesses : 0; }
 
+/* {"layer": LAYER, "accesses": N, "miss_rate": {"lifo": r, ...}} for the np policies from p0 on. */
+static void json_line(const char *layer, int64_t accesses, const double *r, int np, moe_cache_policy p0) {
+  printf("{\"layer\": %s, \"accesses\": %lld, \"miss_rate\": {", layer, (long long)accesses);
+  for (int k = 0; k < np; k++)
+    printf("%s\"%s\": %.6f", k ? ", " : "", moe_cache_policy_name((moe_cache_policy)(p0 + k)), r[k]);
+  printf("}}\n");
+}
+
 int cmd_cachesim(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   const char *trace = NULL, *policy = NULL;
-  int K = 0, experts = 0;
+  int K = 0, experts = 0, json = 0;
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
+    if (cli_flag_is(f, "json")) {
+      json = 1;
+      continue;
+    }
     if (i + 1 >= argc) { usage(stderr); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
     const char *v = argv[++i];
     int ok = 1;
@@ -53,7 +66,7 @@ int cmd_cachesim(int argc, char **argv) {
   int64_t acc_all = 0, miss_all[4] = {0}, acc = 0, miss = 0;
   double worst[4] = {0};
   int worst_layer[4] = {0};
-  if (all) printf("%-8s %10s %8s %8s %8s %8s\n", "layer", "accesses", "lifo", "lru", "fifo", "belady");
+  if (all && !json) printf("%-8s %10s %8s %8s %8s %8s\n", "layer", "accesses", "lifo", "lru", "fifo", "belady");
   for (int l = 0; l < t.layers && !rc; l++) {
     double r[4];
     for (int k = 0; k < np && !rc; k++) {
@@ -65,10 +78,18 @@ int cmd_cachesim(int argc, char **argv) {
     }
     if (rc) break;
     acc_all += acc;
-    if (all) printf("%-8d %10lld %8.4f %8.4f %8.4f %8.4f\n", l, (long long)acc, r[0], r[1], r[2], r[3]);
+    if (json) {
+      char name[16];
+      snprintf(name, sizeof name, "%d", l);
+      json_line(name, acc, r, np, all ? MOE_CACHE_LIFO : p);
+    } else if (all) printf("%-8d %10lld %8.4f %8.4f %8.4f %8.4f\n", l, (long long)acc, r[0], r[1], r[2], r[3]);
     else printf("layer %d: accesses %lld misses %lld miss_rate %.4f\n", l, (long long)acc, (long long)miss, r[0]);
   }
-  if (!rc && all) {
+  if (!rc && json) {
+    double r[4];
+    for (int k = 0; k < np; k++) r[k] = rate(miss_all[k], acc_all);
+    json_line("\"overall\"", acc_all, r, np, all ? MOE_CACHE_LIFO : p);
+  } else if (!rc && all) {
     printf("%-8s %10lld %8.4f %8.4f %8.4f %8.4f\n", "overall", (long long)acc_all, rate(miss_all[0], acc_all),
            rate(miss_all[1], acc_all), rate(miss_all[2], acc_all), rate(miss_all[3], acc_all));
     printf("%-8s %10s %8.4f %8.4f %8.4f %8.4f\n", "worst", "", worst[0], worst[1], worst[2], worst[3]);

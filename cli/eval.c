@@ -7,16 +7,20 @@
 static const char *CMD = "eval";
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: moe eval --checkpoint F [--data DIR] [--threads N] [--batch B]\n"
-             "Prints test_accuracy=0.xxxx: the checkpoint's accuracy on the t10k IDX files of DIR\n"
-             "(default data/mnist).\n");
+  fprintf(f, "usage: moe eval --checkpoint F [--data DIR] [--threads N] [--batch B] [--json]\n"
+             "Prints test_accuracy=0.xxxx ({\"test_accuracy\": 0.xxxx} with --json): the checkpoint's\n"
+             "accuracy on the t10k IDX files of DIR (default data/mnist).\n");
 }
 
 int cmd_eval(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   const char *ck = NULL, *data = DEFAULT_DATA;
-  int threads = 0, batch = 500;
+  int threads = 0, batch = 500, json = 0;
   for (int i = 1; i < argc; i++) {
+    if (cli_flag_is(argv[i], "json")) {
+      json = 1;
+      continue;
+    }
     if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", argv[i]);
     const char *f = argv[i], *v = argv[++i];
     if (cli_flag_is(f, "checkpoint")) ck = v;
@@ -41,7 +45,7 @@ int cmd_eval(int argc, char **argv) {
   else if (test.rows * test.cols != m.cfg.in_dim)
     rc = cli_usage_error(CMD, "%s: the model takes %d features, the data has %d", ck, m.cfg.in_dim, test.rows * test.cols);
   else if (evaluate(&m, &test, batch, &acc)) rc = cli_fail(CMD);
-  else printf("test_accuracy=%.4f\n", acc);
+  else printf(json ? "{\"test_accuracy\": %.4f}\n" : "test_accuracy=%.4f\n", acc);
   moe_dataset_free(&test);
   moe_model_free(&m);
   return rc;

@@ -269,7 +269,7 @@ TEST(cli_help_everywhere) {
 }
 
 /* Values a command cannot use are refused by name: infer's --policy belady (it needs the future), and
- * cachesim's --cache larger than the trace's experts. */
+ * cachesim's --cache larger than the trace's experts; and cachesim --json. */
 TEST(cli_refuses_unusable_values) {
   char trace[512], args[1024];
   ASSERT_EQ_INT(run_moe(NULL, "infer --checkpoint none.ck --cache 2 --policy belady", NULL, err_text, sizeof err_text), 1);
@@ -282,6 +282,15 @@ TEST(cli_refuses_unusable_values) {
   snprintf(args, sizeof args, "cachesim --trace '%s' --policy lru --cache 20", trace);
   ASSERT_EQ_INT(run_moe(NULL, args, NULL, err_text, sizeof err_text), 1);
   ASSERT(strstr(err_text, "--cache 20: more slots than the trace's 8 experts"));
+  /* --json: a line per layer and one overall, JSON only */
+  char out[512], text[1024];
+  test_tmp_path("cachesim.jsonl", out, sizeof out);
+  snprintf(args, sizeof args, "cachesim --trace '%s' --policy all --cache 1 --json", trace);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err_text, sizeof err_text), 0);
+  test_read_text(out, text, sizeof text);
+  ASSERT(!strcmp(text, "{\"layer\": 0, \"accesses\": 2, \"miss_rate\": {\"lifo\": 1.000000, \"lru\": 1.000000, "
+                       "\"fifo\": 1.000000, \"belady\": 1.000000}}\n{\"layer\": \"overall\", \"accesses\": 2, "
+                       "\"miss_rate\": {\"lifo\": 1.000000, \"lru\": 1.000000, \"fifo\": 1.000000, \"belady\": 1.000000}}\n"));
 }
 
 /* Without data, train says how to get it. */

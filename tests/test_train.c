@@ -16,19 +16,23 @@
 
 #include "synth.h"
 
-/* The accuracy `moe eval` gives for checkpoint ck on data_dir, or -1. */
+/* The accuracy `moe eval` gives for checkpoint ck on data_dir (the same in text and with --json), or -1. */
 static double eval_accuracy(const char *ck, const char *data_dir) {
   char args[1200], out[512], err[2048];
   test_tmp_path("eval_out.txt", out, sizeof out);
-  snprintf(args, sizeof args, "eval --checkpoint '%s' --data '%s'", ck, data_dir);
-  if (run_moe(NULL, args, out, err, sizeof err) != 0) {
-    fprintf(stderr, "  moe eval: %s\n", err);
-    return -1;
+  double acc[2] = {-1, -2};
+  for (int json = 0; json < 2; json++) {
+    snprintf(args, sizeof args, "eval --checkpoint '%s' --data '%s'%s", ck, data_dir, json ? " --json" : "");
+    if (run_moe(NULL, args, out, err, sizeof err) != 0) {
+      fprintf(stderr, "  moe eval: %s\n", err);
+      return -1;
+    }
+    char *e = test_read_file(out, NULL);
+    const char *key = json ? "{\"test_accuracy\": " : "test_accuracy=";
+    if (e && !strncmp(e, key, strlen(key))) acc[json] = atof(e + strlen(key));
+    free(e);
   }
-  char *e = test_read_file(out, NULL);
-  double acc = e && !strncmp(e, "test_accuracy=", 14) ? atof(e + 14) : -1;
-  free(e);
-  return acc;
+  return acc[0] == acc[1] ? acc[0] : -1;
 }
 
 #define SMALL "--experts 4 --top-k 2 --hidden 32 --model 32 --batch 50 --augment 1 --threads 2 --seed 7"
