@@ -27,7 +27,7 @@ void moe_layer_comm_reset(moe_layer_t *l) { memset(&l->st->comm, 0, sizeof l->st
 
 size_t moe__ep_route_bytes(const moe_layer_t *l) {
   size_t W = (size_t)world(l), E = (size_t)l->cfg.E;
-  return moe__arena_size(4 * W * sizeof(int)) + moe__arena_size(E * 4) * 2 + moe__arena_size((E + 1) * 4) +
+  return moe__arena_size(W * sizeof(int)) + moe__arena_size(E * 4) * 2 + moe__arena_size((E + 1) * 4) +
          moe__arena_size((2 * E + 2) * sizeof(double)) + moe__arena_size(6 * W * sizeof(int));
 }
 
@@ -35,11 +35,11 @@ static moe_status a2a_groups(moe_layer_t *l) {
   moe__layer_state *s = l->st;
   int W = world(l), El = l->cfg.E / W;
   moe__arena *a = &s->route;
-  s->p.ex = moe__arena_alloc(a, 4 * (size_t)W * sizeof(int));
+  s->p.rdisp = moe__arena_alloc(a, (size_t)W * sizeof(int));
   s->p.rc = moe__arena_alloc(a, (size_t)l->cfg.E * 4);
   s->p.goffs = moe__arena_alloc(a, (size_t)(El + 1) * 4);
   int *cnt = moe__arena_alloc(a, 6 * (size_t)W * sizeof(int));
-  MOE_TRY(s->p.ex && s->p.rc && s->p.goffs && cnt, MOE_ERR_STATE, "internal: exchange workspace too small");
+  MOE_TRY(s->p.rdisp && s->p.rc && s->p.goffs && cnt, MOE_ERR_STATE, "internal: exchange workspace too small");
   int *sc = cnt, *sd = cnt + W, *rcn = cnt + 2 * W, *rd = cnt + 3 * W;
   for (int q = 0; q < W; q++) {
     sc[q] = rcn[q] = El;
@@ -48,15 +48,10 @@ static moe_status a2a_groups(moe_layer_t *l) {
   double t0 = moe__now();
   MOE_CHECK(moe__dist_alltoallv_i32(l->cfg.dist, s->p.kept, sc, sd, s->p.rc, rcn, rd)); /* 1. sizes */
   moe__ep_book(l, t0, 4.0 * El * (W - 1));
-  int *srows = s->p.ex, *sdisp = s->p.ex + W, *rrows = s->p.ex + 2 * W, *rdisp = s->p.ex + 3 * W;
-  int total = 0;
+  int total = 0; /* the received rows, in source order: each micro-batch's exchange counts come from rc */
   for (int q = 0; q < W; q++) {
-    srows[q] = s->p.offs[(q + 1) * El] - s->p.offs[q * El];
-    sdisp[q] = s->p.offs[q * El];
-    rrows[q] = 0;
-    for (int e = 0; e < El; e++) rrows[q] += s->p.rc[q * El + e];
-    rdisp[q] = total;
-    total += rrows[q];
+    s->p.rdisp[q] = total;
+    for (int e = 0; e < El; e++) total += s->p.rc[q * El + e];
   }
   s->p.ng = El;
   s->p.grows = total;
@@ -84,7 +79,7 @@ static moe_status a2a_alloc(moe_layer_t *l) {
   s->gout = moe__arena_alloc(a, (size_t)R * D * 4);
   s->gdx = moe__arena_alloc(a, (size_t)R * D * 4);
   MOE_TRY((s->p.perm && s->gdx) || R == 0, MOE_ERR_STATE, "internal: exchange workspace too small");
-  const int *rdisp = s->p.ex + 3 * W;
+  const int *rdisp = s->p.rdisp;
   for (int q = 0; q < W; q++) {
     int src = rdisp[q];
     for (int e = 0; e < El; e++) {
@@ -103,7 +98,7 @@ static moe_status a2a_alloc(moe_layer_t *l) {
 static void micro_counts(const moe_layer_t *l, int i, int reverse, int *out) {
   const moe__plan *p = &l->st->p;
   int W = world(l), El = p->ng, D = l->cfg.D, e0 = p->mb[i].e0, e1 = p->mb[i].e1;
-  const int *rdisp = p->ex + 3 * W;
+  const int *rdisp = p->rdisp;
   int *sc = out + (reverse ? 2 : 0) * W, *sd = out + (reverse ? 3 : 1) * W;
   int *rcn = out + (reverse ? 0 : 2) * W, *rd = out + (reverse ? 1 : 3) * W;
   for (int q = 0; q < W; q++) {

@@ -59,7 +59,7 @@ typedef struct {
   int ng, grows;         /* the groups: their number and rows */
   int32_t *goffs;        /* (ng + 1) first row of each group */
   /* expert parallelism: per-rank blocks of the exchange */
-  int *ex;               /* (4 W) send rows, send displs, recv rows, recv displs */
+  int *rdisp;            /* (W) first row (source-major) of the block received from each rank */
   int32_t *rc;           /* (W, E/W) rows from rank s for local expert e */
   int32_t *perm;         /* (grows) source-major row of each expert-major row */
   int t0, Tv;            /* static: this rank's first token among all ranks', and their number */
