@@ -11,10 +11,10 @@
 #include <unistd.h>
 
 #include "compare.h"
+#include "run_cli.h"
 #include "synth.h"
 #include "test.h"
 
-#define MPIRUN "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 mpirun --oversubscribe "
 
 static int sh(const char *cmd) {
   int rc = system(cmd);
@@ -84,8 +84,7 @@ TEST(ep_layer_run_matches_one_process) {
       {MOE_ACT_SWIGLU, 2, MOE_DISPATCH_DYNAMIC, MOE_PRIORITY_INDEX},
       {MOE_ACT_RELU, 2, MOE_DISPATCH_STATIC, MOE_PRIORITY_INDEX},
       {MOE_ACT_SILU, 1, MOE_DISPATCH_STATIC, MOE_PRIORITY_SCORE}};
-  int have_mpi = moe_dist_has_mpi() && sh("command -v mpirun >/dev/null 2>&1") == 0;
-  if (!have_mpi) fprintf(stderr, "  (no MPI: only W = 1 is checked)\n");
+  int have_mpi = test_have_mpirun(); /* without: only W = 1 is checked */
   for (int c = 0; c < 4; c++) {
     ASSERT(make_case(w, x, cases[c].act, cases[c].k, cases[c].disp, cases[c].prio));
     snprintf(cmd, sizeof cmd, "'%s' layer-run --weights '%s' --input '%s' --out '%s' --backward --threads 1",
@@ -107,7 +106,7 @@ TEST(ep_layer_run_matches_one_process) {
     const struct { int W; const char *a2a; int G; } runs[] = {{2, "linear", 0}, {4, "linear", 0}, {4, "2dh", 2}};
     for (int i = 0; have_mpi && i < 3; i++) {
       unlink(out);
-      snprintf(cmd, sizeof cmd, MPIRUN "-np %d '%s' layer-run --weights '%s' --input '%s' --out '%s' --backward "
+      snprintf(cmd, sizeof cmd, TEST_MPIRUN "-np %d '%s' layer-run --weights '%s' --input '%s' --out '%s' --backward "
                "--expert-parallel --a2a %s --ranks-per-node %d --threads 1 >/dev/null 2>&1",
                runs[i].W, MOE_CLI, w, x, out, runs[i].a2a, runs[i].G);
       ASSERT_EQ_INT(sh(cmd), 0);
@@ -121,7 +120,7 @@ TEST(ep_layer_run_matches_one_process) {
     ASSERT_EQ_INT(sh(cmd), 0);
     for (int W = 2; have_mpi && W <= 4; W += 2) {
       unlink(out);
-      snprintf(cmd, sizeof cmd, MPIRUN "-np %d '%s' layer-run --weights '%s' --input '%s' --out '%s' --backward "
+      snprintf(cmd, sizeof cmd, TEST_MPIRUN "-np %d '%s' layer-run --weights '%s' --input '%s' --out '%s' --backward "
                "--expert-parallel --threads 1 %s >/dev/null 2>&1", W, MOE_CLI, w, x, out, caps);
       ASSERT_EQ_INT(sh(cmd), 0);
       if (!same_outputs(out, ref)) FAIL_("W=%d, case %d, per-expert capacities: expert-parallel output differs", W, c);
@@ -132,16 +131,13 @@ TEST(ep_layer_run_matches_one_process) {
 /* 2DH on uneven grids (3 nodes of 2, 2 nodes of 3: ranks per node differ from the node count)
  * against the PyTorch reference of a fixture with E = 6. */
 TEST(ep_2dh_uneven_grids_match_reference) {
-  if (!moe_dist_has_mpi() || sh("command -v mpirun >/dev/null 2>&1") != 0) {
-    fprintf(stderr, "  (no MPI: skipped)\n");
-    return;
-  }
+  if (!test_have_mpirun()) return;
   char f[512], out[512], cmd[3000];
   snprintf(f, sizeof f, "%s/swiglu_k3_cap1_index_dynamic", test_fixture_dir());
   test_tmp_path("ep_2dh.safetensors", out, sizeof out);
   for (int G = 2; G <= 3; G++) {
     unlink(out);
-    snprintf(cmd, sizeof cmd, MPIRUN "-np 6 '%s' layer-run --weights '%s/w.safetensors' --input '%s/x.safetensors' "
+    snprintf(cmd, sizeof cmd, TEST_MPIRUN "-np 6 '%s' layer-run --weights '%s/w.safetensors' --input '%s/x.safetensors' "
              "--out '%s' --backward --spec --expert-parallel --a2a 2dh --ranks-per-node %d --threads 1 >/dev/null 2>&1",
              MOE_CLI, f, f, out, G);
     ASSERT_EQ_INT(sh(cmd), 0);
@@ -189,16 +185,13 @@ static int read_losses(const char *path, double *loss, int max) {
  * < 0: not compared, test accuracy within 0.05) and test accuracy; both outputs must hold `mark`
  * (NULL: nothing to look for). */
 static void train_follows_one_process(const char *args, const char *mark, double tol, int *failed_) {
-  if (!moe_dist_has_mpi() || sh("command -v mpirun >/dev/null 2>&1") != 0) {
-    fprintf(stderr, "  (no MPI: skipped)\n");
-    return;
-  }
+  if (!test_have_mpirun()) return;
   char one[512], two[512], cmd[3000];
   test_tmp_path("train_w1.txt", one, sizeof one);
   test_tmp_path("train_w2.txt", two, sizeof two);
   snprintf(cmd, sizeof cmd, "'%s' %s --data '%s' > '%s' 2>/dev/null", MOE_CLI, args, synth_data_dir(), one);
   ASSERT_EQ_INT(sh(cmd), 0);
-  snprintf(cmd, sizeof cmd, MPIRUN "-np 2 '%s' %s --data '%s' > '%s' 2>/dev/null", MOE_CLI, args, synth_data_dir(), two);
+  snprintf(cmd, sizeof cmd, TEST_MPIRUN "-np 2 '%s' %s --data '%s' > '%s' 2>/dev/null", MOE_CLI, args, synth_data_dir(), two);
   ASSERT_EQ_INT(sh(cmd), 0);
   double a[64], b[64];
   int na = read_losses(one, a, 64), nb = read_losses(two, b, 64);
@@ -267,14 +260,11 @@ static int find_procs(const char *mark, int *pids, int max) {
  * failed rank; nothing is left running. The waits poll with generous guards (60 s) against a hang: a
  * loaded machine may take seconds, and no claim is made about how fast. */
 TEST(ep_rank_failure_stops_every_rank) {
-  if (!moe_dist_has_mpi() || sh("command -v mpirun >/dev/null 2>&1") != 0) {
-    fprintf(stderr, "  (no MPI: skipped)\n");
-    return;
-  }
+  if (!test_have_mpirun()) return;
   char errp[512], cmd[3000];
   test_tmp_path("fault_stderr.txt", errp, sizeof errp);
   const char *mark = "--seed 424242";
-  snprintf(cmd, sizeof cmd, "exec " MPIRUN "-np 2 '%s' train --data '%s' --experts 4 --hidden 32 --model 32 "
+  snprintf(cmd, sizeof cmd, "exec " TEST_MPIRUN "-np 2 '%s' train --data '%s' --experts 4 --hidden 32 --model 32 "
            "--epochs 100000 --threads 1 %s >/dev/null 2>'%s'", MOE_CLI, synth_data_dir(), mark, errp);
   pid_t pid = fork();
   if (pid == 0) {
@@ -319,10 +309,7 @@ TEST(ep_rank_failure_stops_every_rank) {
 /* An expert-parallel run that loads a placement (experts interleaved over the ranks, as moe placement
  * writes them) gives the one-process output; a placement for other ranks is refused by name. */
 TEST(ep_placement_matches_one_process) {
-  if (!moe_dist_has_mpi() || sh("command -v mpirun >/dev/null 2>&1") != 0) {
-    fprintf(stderr, "  (no MPI: skipped)\n");
-    return;
-  }
+  if (!test_have_mpirun()) return;
   char w[512], x[512], ref[512], out[512], pl[512], cmd[3000];
   test_tmp_path("pl_w.safetensors", w, sizeof w);
   test_tmp_path("pl_x.safetensors", x, sizeof x);
@@ -338,7 +325,7 @@ TEST(ep_placement_matches_one_process) {
   snprintf(cmd, sizeof cmd, "'%s' layer-run --weights '%s' --input '%s' --out '%s' --backward --threads 1", MOE_CLI, w,
            x, ref);
   ASSERT_EQ_INT(sh(cmd), 0);
-  snprintf(cmd, sizeof cmd, MPIRUN "-np 2 '%s' layer-run --weights '%s' --input '%s' --out '%s' --backward "
+  snprintf(cmd, sizeof cmd, TEST_MPIRUN "-np 2 '%s' layer-run --weights '%s' --input '%s' --out '%s' --backward "
            "--expert-parallel --placement '%s' --threads 1 >/dev/null 2>&1", MOE_CLI, w, x, out, pl);
   ASSERT_EQ_INT(sh(cmd), 0);
   ASSERT(same_outputs(out, ref));

@@ -13,8 +13,6 @@
 #include "run_cli.h"
 #include "test.h"
 
-#define MPIRUN "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 mpirun --oversubscribe "
-
 enum { D = 12, H = 20, E = 5, TMAX = 97 };
 
 typedef struct {
@@ -179,35 +177,30 @@ TEST(pipeline_layer_run_same_file) {
   snprintf(x, sizeof x, "%s/gelu_k2_cap1_index_dynamic/x.safetensors", test_fixture_dir());
   test_tmp_path("pipe_1.safetensors", a, sizeof a);
   test_tmp_path("pipe_n.safetensors", b, sizeof b);
-  int mpi = moe_dist_has_mpi() && system("command -v mpirun >/dev/null 2>&1") == 0;
-  if (!mpi) fprintf(stderr, "  SKIP the expert-parallel runs: no MPI or no mpirun\n");
-  const char *launch[5] = {"", MPIRUN "-np 2", MPIRUN "-np 3", MPIRUN "-np 2", MPIRUN "-np 3"};
+  int mpi = test_have_mpirun(); /* without: the one-process runs only */
+  const char *launch[5] = {NULL, TEST_MPIRUN "-np 2", TEST_MPIRUN "-np 3", TEST_MPIRUN "-np 2", TEST_MPIRUN "-np 3"};
   const char *ep[5] = {"", "--expert-parallel", "--expert-parallel", "--expert-parallel --a2a 2dh --ranks-per-node 2",
                        "--expert-parallel --a2a 2dh --ranks-per-node 3"};
   const char *extra[5] = {"--pipeline 3 --memory-reuse s4", "--pipeline 2", "--pipeline 6 --memory-reuse s4",
                           "--pipeline 3", "--pipeline 2 --memory-reuse s4"};
   for (int w_ = 0; w_ < (mpi ? 5 : 1); w_++)
     for (int i = 0; i < 2; i++) {
-      snprintf(args, sizeof args, "%s '%s' layer-run --weights %s --input %s --out %s --backward --spec --threads 1 %s %s 2>&1",
-               launch[w_], MOE_CLI, w, x, i ? b : a, ep[w_], i ? extra[w_] : "");
-      FILE *p = popen(args, "r"); /* the ranks' output is kept for the message */
-      size_t got = p ? fread(err, 1, sizeof err - 1, p) : 0;
-      err[got] = 0;
-      int rc = p ? pclose(p) : -1;
-      if (rc) FAIL_("%s: exit %d: %s", args, rc, err);
+      snprintf(args, sizeof args, "layer-run --weights %s --input %s --out %s --backward --spec --threads 1 %s %s", w, x,
+               i ? b : a, ep[w_], i ? extra[w_] : "");
+      int rc = run_moe(launch[w_], args, NULL, err, sizeof err); /* the ranks' stderr is kept for the message */
+      if (rc) FAIL_("%s %s: exit %d: %s", launch[w_] ? launch[w_] : "", args, rc, err);
       if (i) ASSERT(test_same_file(a, b));
     }
   snprintf(args, sizeof args, "layer-run --weights %s --input %s --out %s --pipeline 2 --dispatch static", w, x, b);
   ASSERT(run_moe(NULL, args, NULL, err, sizeof err) == 1 && strstr(err, "dynamic dispatch"));
   if (!mpi) return;
-  const char *common = "layer-run --expert-parallel --backward --threads 1";
-  snprintf(args, sizeof args, MPIRUN "-np 1 '%s' %s --weights %s --input %s --out %s : -np 1 '%s' %s --weights %s "
-           "--input %s --out %s --pipeline 2 2>&1", MOE_CLI, common, w, x, b, MOE_CLI, common, w, x, b);
-  FILE *p = popen(args, "r");
-  size_t got = p ? fread(err, 1, sizeof err - 1, p) : 0;
-  err[got] = 0;
-  int rc = p ? pclose(p) : 0;
-  if (!rc || !strstr(err, "--pipeline")) FAIL_("ranks with different --pipeline: exit %d, want 1 naming it: %s", rc, err);
+  char first[4608]; /* mpirun's first program (MPMD): the second, given to run_moe, adds --pipeline 2 */
+  snprintf(args, sizeof args, "layer-run --expert-parallel --backward --threads 1 --weights %s --input %s --out %s", w,
+           x, b);
+  snprintf(first, sizeof first, TEST_MPIRUN "-np 1 '%s' %s : -np 1", MOE_CLI, args);
+  strncat(args, " --pipeline 2", sizeof args - strlen(args) - 1);
+  int rc = run_moe(first, args, NULL, err, sizeof err);
+  if (rc != 1 || !strstr(err, "--pipeline")) FAIL_("ranks with different --pipeline: exit %d, want 1 naming it: %s", rc, err);
 }
 
 /* The micro-batches and memory strategy may change between a forward and its backward: backward keeps

@@ -7,11 +7,11 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include "run_cli.h"
 #include "synth.h"
 #include "test.h"
 
-#define MPIRUN "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 " \
-               "timeout -k 5 60 mpirun --oversubscribe "
+#define MPIRUN TEST_MPI_ENV "timeout -k 5 60 mpirun --oversubscribe "
 
 /* One process: nothing to compare with; bad arguments are refused. */
 TEST(agree_one_process) {
@@ -20,12 +20,6 @@ TEST(agree_one_process) {
   ASSERT_OK(moe_dist_agree(NULL, NULL, 0));
   ASSERT_STATUS(moe_dist_agree(NULL, NULL, 2), MOE_ERR_ARG);
   ASSERT_STATUS(moe_dist_agree(NULL, s, -1), MOE_ERR_ARG);
-}
-
-static int have_mpirun(void) {
-  if (moe_dist_has_mpi() && system("command -v mpirun >/dev/null 2>&1") == 0) return 1;
-  fprintf(stderr, "  SKIP: %s\n", moe_dist_has_mpi() ? "mpirun not found" : "libmoe built without MPI");
-  return 0;
 }
 
 /* Runs `cmd` (stderr to err_path); the exit status, its stderr in err and how many lines of it hold
@@ -61,7 +55,7 @@ static int write_split(const char *dir, const char *split, int n, int side) {
 
 /* moe train with another data set on rank 1: the sizes differ, named on both ranks. */
 TEST(agree_train_data_sizes) {
-  if (!have_mpirun()) return;
+  if (!test_have_mpirun()) return;
   char dir[512], errp[512], err[8192], cmd[8192];
   test_tmp_path("agree_data", dir, sizeof dir); /* the synthetic set's sizes, 20 fewer training images */
   mkdir(dir, 0755);
@@ -78,7 +72,7 @@ TEST(agree_train_data_sizes) {
 /* moe layer-run with --backward on rank 1 and --a2a 2dh on rank 2 (a hang and a split that never
  * completes, before): rank 1's difference named on all three ranks, and that more differ. */
 TEST(agree_layer_run_options) {
-  if (!have_mpirun()) return;
+  if (!test_have_mpirun()) return;
   char w[512], x[512], out[512], errp[512], err[8192], cmd[8192], base[2048];
   snprintf(w, sizeof w, "%s/relu_k2_cap1_index_static/w.safetensors", test_fixture_dir());
   snprintf(x, sizeof x, "%s/relu_k2_cap1_index_static/x.safetensors", test_fixture_dir());
