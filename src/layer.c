@@ -336,7 +336,7 @@ static moe__groups micro_groups(const moe_layer_t *l, int i, const float *x, flo
 /* Micro-batch i's activations: its own rows of them, or the one shared buffer under memory reuse (as the
  * forward chose: the setting may change before backward). */
 static moe__ffn micro_ffn(const moe_layer_t *l, int i) {
-  return moe__ffn_at(l, &l->st->f, l->st->p.shared ? 0 : l->st->p.mb[i].g0);
+  return moe__ffn_at(l, &l->st->f, l->st->p.shared ? 0 : l->st->p.mb[i].lo);
 }
 
 moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,

@@ -31,9 +31,9 @@ typedef struct {
 void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w);
 
 /* One micro-batch of the experts' stage (MPipeMoE): groups [e0, e1), rows [lo, lo + rows) of all the
- * groups' rows; g0: where its activations sit when every micro-batch's are kept. */
+ * groups' rows (also where its activations sit when every micro-batch's are kept). */
 typedef struct {
-  int lo, rows, g0;
+  int lo, rows;
   int e0, e1;
   int32_t *goffs; /* (ng + 1) first row of each group in the micro-batch, from 0 (empty outside it) */
 } moe__micro;

@@ -43,7 +43,7 @@ moe_status moe__split_rows(moe_layer_t *l, int n) {
       int r = p->goffs[e];
       go[e] = (r < lo ? lo : r > hi ? hi : r) - lo;
     }
-    p->mb[i] = (moe__micro){lo, hi - lo, lo, b, end, go};
+    p->mb[i] = (moe__micro){lo, hi - lo, b, end, go};
     p->mb_rows = hi - lo > p->mb_rows ? hi - lo : p->mb_rows;
     b = end;
   }
