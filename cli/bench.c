@@ -21,7 +21,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: moe bench [--cases S,M,L] [--routing uniform,skewed] [--dispatch dynamic,static]\n"
           "                 [--dtype f32,bf16] [--shape T,D,H,E,k] [--threads N] [--reps R] [--json]\n"
-          "                 [--expert-parallel] [--pipeline N [--memory-reuse none|s4]]\n"
+          "                 [--expert-parallel] [--pipeline N,... [--memory-reuse none|s4]]\n"
           "--cases, --routing, --dispatch and --dtype take a comma-separated subset (any order, each name\n"
           "once; default all, but --dtype f32). --dtype: the experts' compute dtypes; the ratio (roofline_ratio)\n"
           "is to the fp32 sgemm measured in the same run, so bf16 can exceed 1. --reps R: timed steps\n"
@@ -29,7 +29,8 @@ static void usage(FILE *f) {
           "experts over the ranks and reports time in exchanges and bytes sent. --shape: one case of your\n"
           "own (named custom) instead of --cases. fwd_cached (one process): the forward again with the\n"
           "router's last choice as cached experts, so that the router runs alongside the experts.\n"
-          "--pipeline N: the dynamic-dispatch cases (one process) run their experts as N micro-batches;\n"
+          "--pipeline N,...: the dynamic-dispatch cases run their experts as N micro-batches, once per N\n"
+          "given (expert-parallel, each micro-batch's exchange overlaps the previous one's experts);\n"
           "--memory-reuse s4 keeps one micro-batch's activations (peak_bytes shows the saving).\n");
 }
 
@@ -130,7 +131,7 @@ static int check_tokens(moe_layer_t *l, const float *x, const float *y, const mo
 }
 
 typedef struct { int threads, reps, json, ncases, nrouting, ndispatch, ndtype; const bench_case *cases[3];
-                 int routing[2], dispatch[2], dtypes[2], expert_parallel, pipeline; moe_reuse reuse;
+                 int routing[2], dispatch[2], dtypes[2], expert_parallel, npipe, pipes[8]; moe_reuse reuse;
                  moe_dist *dist; } bench_opts;
 
 static const moe_dtype DTYPES[2] = {MOE_DT_F32, MOE_DT_BF16}; /* the names in cmd_bench's dtn */
@@ -159,7 +160,7 @@ static int cached_forward(moe_layer_t *l, const float *x, const float *y, float 
 }
 
 static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_dispatch disp, moe_dtype dtype,
-                    double sg) {
+                    int pipeline, double sg) {
   moe_layer_config cfg;
   moe_layer_config_default(&cfg);
   cfg.D = c->D; cfg.H = c->H; cfg.E = c->E; cfg.top_k = c->k;
@@ -168,8 +169,8 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   cfg.threads = o->threads;
   cfg.dtype = dtype;
   cfg.dist = o->dist; /* expert-parallel: this rank routes tokens [t0, t1) and owns E/W experts */
-  if (disp == MOE_DISPATCH_DYNAMIC && !o->dist) { /* where micro-batches run (moe_layer_config.pipeline) */
-    cfg.pipeline = o->pipeline;
+  if (disp == MOE_DISPATCH_DYNAMIC) { /* where micro-batches run (moe_layer_config.pipeline) */
+    cfg.pipeline = pipeline;
     cfg.memory_reuse = o->reuse;
   }
   int W = moe_dist_size(o->dist), rank = moe_dist_rank(o->dist);
@@ -230,12 +231,12 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
            "\"routing\": \"%s\", \"dtype\": \"%s\", \"ranks\": %d, \"fwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, "
            "\"comm_ms\": %.3f, \"compute_ms\": %.3f, \"bytes_per_step\": %.0f, \"gflops\": %.2f, \"peak_bytes\": %zu, "
-           "\"dropped\": %d, \"threads\": %d, \"blas\": \"%s\"}\n",
+           "\"dropped\": %d, \"threads\": %d, \"pipeline\": %d, \"memory_reuse\": \"%s\", \"blas\": \"%s\"}\n",
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, W, fwd, fb, comm_ms, fb - comm_ms, bytes, gflops,
-           peak, st.dropped, o->threads, moe_blas_info());
+           peak, st.dropped, o->threads, cfg.pipeline, moe_reuse_name(cfg.memory_reuse), moe_blas_info());
   else if (o->dist)
-    printf("%-4s %-8s %-8s %-5s %9.1f %11.1f %9.1f %10.1f %12.1f %8d\n", c->name, rt, dn, dt, fwd, fb, comm_ms,
-           fb - comm_ms, bytes / 1048576.0, st.dropped);
+    printf("%-4s %-8s %-8s %-5s %4d %9.1f %11.1f %9.1f %10.1f %12.1f %8d\n", c->name, rt, dn, dt, cfg.pipeline, fwd, fb,
+           comm_ms, fb - comm_ms, bytes / 1048576.0, st.dropped);
   else if (o->json)
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
            "\"routing\": \"%s\", \"dtype\": \"%s\", \"fwd_ms\": %.3f, \"fwd_cached_ms\": %.3f, \"fwdbwd_ms\": %.3f, "
@@ -245,13 +246,30 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, fwd, fwd_cached, fb, gflops, sg, gflops / sg, peak, rss,
            st.dropped, st.capacity, o->threads, cfg.pipeline, moe_reuse_name(cfg.memory_reuse), moe_blas_info());
   else
-    printf("%-4s %-8s %-8s %-5s %9.1f %10.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, dt, fwd,
-           fwd_cached, fb, gflops, gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
+    printf("%-4s %-8s %-8s %-5s %4d %9.1f %10.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, dt,
+           cfg.pipeline, fwd, fwd_cached, fb, gflops, gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
   fflush(stdout);
 done:
   free(x); free(y); free(dy); free(dx); free(tf); free(tb); free(tc); free(cache);
   moe_layer_free(&l);
   return rc;
+}
+
+/* "1,4,..." -> out (at most 8 micro-batch counts, each once); the count, or 0 when a value is bad. */
+static int parse_pipes(const char *v, int *out) {
+  int n = 0;
+  for (char buf[16];; v++) {
+    size_t len = strcspn(v, ",");
+    if (n == 8 || len == 0 || len >= sizeof buf) return 0;
+    memcpy(buf, v, len);
+    buf[len] = 0;
+    if (!cli_parse_int(buf, &out[n]) || out[n] < 1) return 0;
+    for (int j = 0; j < n; j++)
+      if (out[j] == out[n]) return 0;
+    n++;
+    v += len;
+    if (!*v) return n;
+  }
 }
 
 /* "T,D,H,E,k" -> c; 0 when a value is missing, not a positive integer, or k > E. */
@@ -300,7 +318,8 @@ static int parse_list(const char *f, const char *v, const char *const *names, in
 
 int cmd_bench(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
-  bench_opts o = {.threads = 0, .reps = 3, .ncases = 3, .nrouting = 2, .ndispatch = 2, .ndtype = 1, .pipeline = 1,
+  bench_opts o = {.threads = 0, .reps = 3, .ncases = 3, .nrouting = 2, .ndispatch = 2, .ndtype = 1, .npipe = 1,
+                  .pipes = {1},
                   .routing = {0, 1}, .dispatch = {0, 1}, .dtypes = {0, 1}};
   int idx[3] = {0, 1, 2};
   bench_case custom = {"custom", 0, 0, 0, 0, 0};
@@ -316,7 +335,7 @@ int cmd_bench(int argc, char **argv) {
     int ok = 1, listed = 0; /* listed < 0: parse_list has said what is wrong */
     if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o.threads) && o.threads >= 0;
     else if (cli_flag_is(f, "reps")) ok = cli_parse_int(v, &o.reps) && o.reps >= 1 && o.reps <= 100;
-    else if (cli_flag_is(f, "pipeline")) ok = cli_parse_int(v, &o.pipeline) && o.pipeline >= 1;
+    else if (cli_flag_is(f, "pipeline")) ok = (o.npipe = parse_pipes(v, o.pipes)) > 0;
     else if (cli_flag_is(f, "memory_reuse")) {
       if (moe_reuse_parse(v, "--memory-reuse", &o.reuse) != MOE_OK) return cli_fail(CMD);
     }
@@ -348,20 +367,23 @@ int cmd_bench(int argc, char **argv) {
   if (!o.json && root && o.dist) {
     printf("moe %s, %s%s, %d ranks x %d threads; per step: fwd+bwd, time in exchanges, bytes sent "
            "(all ranks)\n", MOE_VERSION, moe_blas_info(), bfi, W, o.threads);
-    printf("%-4s %-8s %-8s %-5s %9s %11s %9s %10s %12s %8s\n", "case", "routing", "dispatch", "dtype", "fwd_ms",
-           "fwdbwd_ms", "comm_ms", "compute_ms", "MiB_sent", "dropped");
+    printf("%-4s %-8s %-8s %-5s %4s %9s %11s %9s %10s %12s %8s\n", "case", "routing", "dispatch", "dtype", "n",
+           "fwd_ms", "fwdbwd_ms", "comm_ms", "compute_ms", "MiB_sent", "dropped");
   } else if (!o.json && root) {
     printf("moe %s, %s%s, %d threads; fp32 sgemm 2048^3: %.1f GFLOP/s\n", MOE_VERSION, moe_blas_info(), bfi,
            o.threads, sg);
-    printf("%-4s %-8s %-8s %-5s %9s %10s %11s %9s %7s %10s %10s %8s\n", "case", "routing", "dispatch", "dtype",
-           "fwd_ms", "fwd_cached", "fwdbwd_ms", "GFLOP/s", "ratio", "peak_MiB", "rss_MiB", "dropped");
+    printf("%-4s %-8s %-8s %-5s %4s %9s %10s %11s %9s %7s %10s %10s %8s\n", "case", "routing", "dispatch", "dtype",
+           "n", "fwd_ms", "fwd_cached", "fwdbwd_ms", "GFLOP/s", "ratio", "peak_MiB", "rss_MiB", "dropped");
   }
   int rc = 0;
   for (int c = 0; c < o.ncases && !rc; c++)
     for (int r = 0; r < o.nrouting && !rc; r++)
       for (int d = 0; d < o.ndispatch && !rc; d++)
         for (int t = 0; t < o.ndtype && !rc; t++)
-          rc = run_case(&o, o.cases[c], o.routing[r], (moe_dispatch)o.dispatch[d], DTYPES[o.dtypes[t]], sg);
+          for (int n = 0; n < o.npipe && !rc; n++) /* static dispatch runs one micro-batch: once */
+            if (n == 0 || o.dispatch[d] == MOE_DISPATCH_DYNAMIC)
+              rc = run_case(&o, o.cases[c], o.routing[r], (moe_dispatch)o.dispatch[d], DTYPES[o.dtypes[t]],
+                            o.dispatch[d] == MOE_DISPATCH_DYNAMIC ? o.pipes[n] : 1, sg);
   if (rc && o.dist) moe_dist_abort(o.dist, rc);
   moe_dist_finalize(o.dist);
   return rc;

@@ -11,6 +11,7 @@
  * shares. */
 #include <string.h>
 
+#include "comm_stream.h"
 #include "dist/dist.h"
 #include "layer_internal.h"
 
@@ -111,22 +112,40 @@ static void micro_counts(const moe_layer_t *l, int i, int reverse, int *out) {
   }
 }
 
-/* Micro-batch i's token exchange (reverse: the way back), with its time and the bytes sent to other
- * ranks booked. */
-static moe_status exchange(moe_layer_t *l, int i, int reverse, const float *send, float *recv) {
+/* Micro-batch i's token exchange (reverse: the way back), its bytes booked. With micro-batches it is
+ * posted on the communication stream (*t: its ticket) to overlap the experts of another micro-batch;
+ * with one there is nothing to overlap and it runs at once (*t = 0), its time booked. */
+static moe_status exchange(moe_layer_t *l, int i, int reverse, const float *send, float *recv, uint64_t *t) {
   int W = world(l), c[4 * MOE__EP_MAX_RANKS];
   micro_counts(l, i, reverse, c);
   double t0 = moe__now(), sent = 0;
   for (int q = 0; q < W; q++) sent += q == moe_dist_rank(l->cfg.dist) ? 0 : 4.0 * c[q];
-  MOE_CHECK(moe__dist_alltoallv_f32(l->cfg.dist, send, c, c + W, recv, c + 2 * W, c + 3 * W));
+  *t = 0;
+  if (l->st->p.n == 1)
+    MOE_CHECK(moe__dist_alltoallv_f32(l->cfg.dist, send, c, c + W, recv, c + 2 * W, c + 3 * W));
+  else
+    MOE_CHECK(moe__stream_alltoallv_f32(l->cfg.dist, send, c, recv, t));
+  if (*t) l->st->tk_last = *t;
   moe__ep_book(l, t0, sent);
   return MOE_OK;
 }
 
+/* Waits for exchange t; the wait is booked as time in exchanges: the part the experts did not hide. */
+static moe_status await(moe_layer_t *l, uint64_t t) {
+  double t0 = moe__now();
+  MOE_CHECK(moe__stream_wait(l->cfg.dist, t));
+  l->st->comm.seconds += moe__now() - t0;
+  return MOE_OK;
+}
+
+/* Micro-batch i's rows in; the next micro-batch's exchange is posted before i's rows are reordered, so
+ * that it overlaps the reorder and i's experts (the comm stream's order is MPipeMoE's S1 S2 R1 S3 R2 ...). */
 static moe_status a2a_send(moe_layer_t *l, int i, const float *rows, float *g) {
   moe__layer_state *s = l->st;
   int D = l->cfg.D, lo = s->p.mb[i].lo, hi = lo + s->p.mb[i].rows;
-  MOE_CHECK(exchange(l, i, 0, rows, s->xr)); /* 2. */
+  if (i == 0) MOE_CHECK(exchange(l, 0, 0, rows, s->xr, &s->tk_next)); /* 2. */
+  MOE_CHECK(await(l, s->tk_next));
+  if (i + 1 < s->p.n) MOE_CHECK(exchange(l, i + 1, 0, rows, s->xr, &s->tk_next)); /* other rows of xr */
 #pragma omp parallel for num_threads(s->threads) schedule(static)
   for (int r = lo; r < hi; r++) /* 3. expert-major */
     memcpy(g + (size_t)r * D, s->xr + (size_t)s->p.perm[r] * D, (size_t)D * 4);
@@ -139,7 +158,15 @@ static moe_status a2a_recv(moe_layer_t *l, int i, const float *g, float *rows) {
 #pragma omp parallel for num_threads(s->threads) schedule(static)
   for (int r = lo; r < hi; r++)
     memcpy(s->xr + (size_t)s->p.perm[r] * D, g + (size_t)r * D, (size_t)D * 4);
-  return exchange(l, i, 1, s->xr, rows);
+  uint64_t t;
+  return exchange(l, i, 1, s->xr, rows, &t);
+}
+
+/* The stream runs in order: the last exchange posted done, all are. */
+static moe_status a2a_finish(moe_layer_t *l) {
+  uint64_t t = l->st->tk_last;
+  l->st->tk_last = l->st->tk_next = 0;
+  return await(l, t);
 }
 
 moe_status moe__ep_global_counts(moe_layer_t *l, moe__view *v) {
@@ -162,4 +189,4 @@ static moe_status a2a_begin(moe_layer_t *l, int T, size_t *route_bytes) {
 }
 
 const moe__transport moe__transport_a2a = {"all-to-all-v", 0,         a2a_begin, moe__ep_global_counts, a2a_groups,
-                                           a2a_work_bytes, a2a_alloc, a2a_send,  a2a_recv};
+                                           a2a_work_bytes, a2a_alloc, a2a_send,  a2a_recv, a2a_finish};

@@ -112,4 +112,4 @@ static moe_status static_recv(moe_layer_t *l, int i, const float *g, float *rows
 }
 
 const moe__transport moe__transport_static = {"static exchange", 0,            static_begin, static_view, static_groups,
-                                              static_work_bytes, static_alloc, static_send,  static_recv};
+                                              static_work_bytes, static_alloc, static_send,  static_recv, NULL};

@@ -339,6 +339,13 @@ static moe__ffn micro_ffn(const moe_layer_t *l, int i) {
   return moe__ffn_at(l, &l->st->f, l->st->p.shared ? 0 : l->st->p.mb[i].lo);
 }
 
+/* The experts' stage's end: every exchange the transport started has landed (also after a failure,
+ * so that none writes into buffers after the call returns); st, or the transport's failure. */
+static moe_status finish(moe_layer_t *l, moe_status st) {
+  moe_status done = l->st->tr->finish ? l->st->tr->finish(l) : MOE_OK;
+  return st ? st : done;
+}
+
 moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,
                              moe_layer_stats *stats) {
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_forward: layer not initialized");
@@ -381,13 +388,15 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(tr->alloc(l));
   MOE_CHECK(s->src->alloc(l, p->ng, act_rows, &s->f));
   float *gx = expert_side(l, s->xs, s->gx), *gout = expert_side(l, s->out, s->gout);
-  for (int i = 0; i < p->n; i++) { /* each micro-batch: its token exchange, its experts, its way back */
+  moe_status st = MOE_OK;
+  for (int i = 0; i < p->n && !st; i++) { /* each micro-batch: its token exchange, its experts, its way back */
     moe__groups g = micro_groups(l, i, gx, gout);
     moe__ffn f = micro_ffn(l, i);
-    MOE_CHECK(tr->send(l, i, s->xs, gx));
-    MOE_CHECK(s->src->forward(l, &g, &f, along && i == 0 ? &router : NULL));
-    MOE_CHECK(tr->recv(l, i, gout, s->out));
+    st = tr->send(l, i, s->xs, gx);
+    if (!st) st = s->src->forward(l, &g, &f, along && i == 0 ? &router : NULL);
+    if (!st) st = tr->recv(l, i, gout, s->out);
   }
+  MOE_CHECK(finish(l, st));
   MOE_CHECK(moe__gate_end(l)); /* the losses (a collective when expert-parallel), after either order */
   moe__combine_forward(l, s->out, y, spec);
   s->have_fwd = 1;
@@ -433,15 +442,17 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   const float *gx = expert_side(l, s->xs, s->gx);
   float *gd = expert_side(l, dout, s->gout), *gdx = expert_side(l, dxs, s->gdx);
   int recompute = p->shared && p->n > 1; /* the shared buffer holds the last one */
-  for (int i = 0; i < p->n; i++) {
+  moe_status st = MOE_OK;
+  for (int i = 0; i < p->n && !st; i++) {
     moe__groups g = micro_groups(l, i, gx, gdx); /* y: where a recompute may write, dead until dx */
     moe__ffn f = micro_ffn(l, i);
     size_t r = (size_t)p->mb[i].lo * D;
-    MOE_CHECK(s->tr->send(l, i, dout, gd));
-    if (recompute) MOE_CHECK(s->src->forward(l, &g, &f, NULL)); /* T_M again (MPipeMoE S4) */
-    MOE_CHECK(s->src->backward(l, &g, &f, gd + r, daux, dz, gdx + r));
-    MOE_CHECK(s->tr->recv(l, i, gdx, dxs));
+    st = s->tr->send(l, i, dout, gd);
+    if (!st && recompute) st = s->src->forward(l, &g, &f, NULL); /* T_M again (MPipeMoE S4) */
+    if (!st) st = s->src->backward(l, &g, &f, gd + r, daux, dz, gdx + r);
+    if (!st) st = s->tr->recv(l, i, gdx, dxs);
   }
+  MOE_CHECK(finish(l, st));
   moe__dispatch_backward(l, dxs, dx);
   MOE_CHECK(moe__gate_backward(l, dw, daux, dz, dx));
   return MOE_OK;

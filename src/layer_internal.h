@@ -156,9 +156,13 @@ typedef struct {
   moe_status (*groups)(moe_layer_t *l);
   size_t (*work_bytes)(const moe_layer_t *l);
   moe_status (*alloc)(moe_layer_t *l); /* gx, gout, xr */
-  /* micro-batch i's rows of rows (rows, D) -> its rows of g (grows, D); and back */
+  /* micro-batch i's rows of rows (rows, D) -> its rows of g (grows, D), called for i = 0, 1, ... in
+   * turn: on return they are there, and the next micro-batch's may be on their way already; and back
+   * (on return they may be on their way: finish waits for them) */
   moe_status (*send)(moe_layer_t *l, int i, const float *rows, float *g);
   moe_status (*recv)(moe_layer_t *l, int i, const float *g, float *rows);
+  /* after the last micro-batch, and after a failure: waits for every exchange started (NULL: none) */
+  moe_status (*finish)(moe_layer_t *l);
 } moe__transport;
 extern const moe__transport moe__transport_local;  /* transport_local.c */
 extern const moe__transport moe__transport_a2a;    /* ep.c: dynamic dispatch, all-to-all-v (Linear or 2DH) */
@@ -182,6 +186,8 @@ struct moe__layer_state {
   float *xs, *out;  /* (rows, D) dispatch rows: expert inputs and outputs */
   float *gx, *gout, *gdx; /* (grows, D) a moving transport's expert side: inputs, outputs, input gradients */
   float *xr;        /* (grows, D) its staging buffer (all-to-all-v: rows in source order) */
+  uint64_t tk_next, tk_last; /* all-to-all-v on the communication thread: the next micro-batch's
+                              * exchange in, and the last exchange posted (comm_stream.h tickets) */
   float *mask, *comb;    /* (T, rows) static dispatch: dispatch mask and combine weights */
   float inner_aux, inner_z; /* hierarchical: sums over the inner layers */
   moe_comm_stats comm;      /* exchanges since the last reset */

@@ -8,8 +8,10 @@
 
 struct moe_dist {
   int rank, size;
-  int owns_mpi; /* this moe_dist called MPI_Init */
-  void *comm;   /* the MPI state (dist_mpi.c), NULL for one process without MPI */
+  int owns_mpi;  /* this moe_dist called MPI_Init */
+  int thread_ok; /* MPI lets a second thread make the calls (MPI_THREAD_SERIALIZED): the stream may run */
+  void *comm;    /* the MPI state (dist_mpi.c), NULL for one process without MPI */
+  struct moe__stream *stream; /* the communication thread (comm_stream.c), started on first use */
 };
 
 /* Each rank sends sendcounts[q] ints to rank q (contiguous, in rank order) and receives
@@ -20,6 +22,11 @@ moe_status moe__dist_alltoallv_i32(const moe_dist *d, const int32_t *send, const
 moe_status moe__dist_alltoallv_f32(const moe_dist *d, const float *send, const int *sendcounts,
                                    const int *sdispls, float *recv, const int *recvcounts,
                                    const int *rdispls);
+/* The same exchange made from the communication thread: it sleeps between progress polls where a
+ * blocking MPI call would spin, so that the experts' GEMMs keep the cores while it waits. */
+moe_status moe__dist_alltoallv_f32_polled(const moe_dist *d, const float *send, const int *sendcounts,
+                                          const int *sdispls, float *recv, const int *recvcounts,
+                                          const int *rdispls);
 /* Static dispatch's exchanges of (E, C, D) buffers whose block r (counts[r] floats, in rank order)
  * holds rank r's experts: rank r gets the sum over ranks of their block r; and every rank gets the
  * concatenation of every rank's block (rank r sends counts[r] floats). */

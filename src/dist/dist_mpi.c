@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <time.h>
+
+#include "comm_stream.h"
 #include "dist.h"
 
 typedef struct {
@@ -48,12 +51,15 @@ moe_status moe_dist_init(moe_dist **out, int *argc, char ***argv) {
     return MOE_OK;
   }
   mpi_state *m = calloc(1, sizeof *m);
-  if (!m || (!inited && MPI_Init(argc, argv) != MPI_SUCCESS)) {
+  int level = MPI_THREAD_SINGLE; /* SERIALIZED lets the communication thread make the exchanges */
+  if (!m || (!inited && MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &level) != MPI_SUCCESS)) {
     free(m);
     free(d);
     MOE_TRY(0, m ? MOE_ERR_IO : MOE_ERR_NOMEM, "moe_dist_init: %s", m ? "MPI_Init failed" : "out of memory");
   }
   d->owns_mpi = !inited;
+  if (inited) MPI_Query_thread(&level);
+  d->thread_ok = level >= MPI_THREAD_SERIALIZED;
   m->world = MPI_COMM_WORLD;
   m->node = m->cross = MPI_COMM_NULL;
   d->comm = m;
@@ -71,6 +77,7 @@ static void free_grid(mpi_state *m) {
 
 void moe_dist_finalize(moe_dist *d) {
   if (!d) return;
+  moe__stream_free(d); /* its thread may still make MPI calls */
   if (!ONE(d)) {
     mpi_state *m = ST(d);
     free_grid(m);
@@ -152,6 +159,34 @@ moe_status moe__dist_alltoallv_i32(const moe_dist *d, const int32_t *send, const
   return MOE_OK;
 }
 
+/* Completes a nonblocking collective for the communication thread. Open MPI's blocking wait spins on
+ * a core; polling with short sleeps leaves the cores to the experts' GEMMs while the kernel's socket
+ * buffers keep the link busy between polls. */
+static int wait_polled(MPI_Request *r) {
+  const struct timespec nap = {0, 50000}; /* 50 us */
+  for (;;) {
+    int done = 0, rc = MPI_Test(r, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS || done) return rc;
+    nanosleep(&nap, NULL);
+  }
+}
+
+/* MPI_Alltoall of ints and MPI_Alltoallv of floats, blocking or (polled) for the communication thread. */
+static int a2a_int(int polled, const int *send, int n, int *recv, MPI_Comm c) {
+  if (!polled) return MPI_Alltoall(send, n, MPI_INT, recv, n, MPI_INT, c);
+  MPI_Request r;
+  int rc = MPI_Ialltoall(send, n, MPI_INT, recv, n, MPI_INT, c, &r);
+  return rc != MPI_SUCCESS ? rc : wait_polled(&r);
+}
+
+static int a2av_f32(int polled, const float *send, const int *sc, const int *sd, float *recv, const int *rc,
+                    const int *rd, MPI_Comm c) {
+  if (!polled) return MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c);
+  MPI_Request r;
+  int e = MPI_Ialltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c, &r);
+  return e != MPI_SUCCESS ? e : wait_polled(&r);
+}
+
 static moe_status grow(const moe_dist *d, size_t n) {
   mpi_state *m = ST(d);
   if (n <= m->cap) return MOE_OK;
@@ -166,7 +201,7 @@ static moe_status grow(const moe_dist *d, size_t n) {
  * sit together there in rank order (rdispls of the whole batch), else through staging and then to
  * each source's rdispl (a micro-batch's rows, with other micro-batches' rows between them). */
 static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int *sc, const int *sd, float *recv,
-                                const int *rc, const int *rd) {
+                                const int *rc, const int *rd, int polled) {
   mpi_state *m = ST(d);
   int W = d->size, G = m->G, N = m->N;
   int *c1s = m->cnt, *c1r = c1s + W;              /* (G, N) chunk sizes sent / received in phase 1 */
@@ -176,7 +211,7 @@ static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int 
   for (int q = 0; q < W; q++) total += (size_t)sc[q];
   for (int l = 0; l < G; l++)
     for (int n = 0; n < N; n++) c1s[l * N + n] = sc[n * G + l]; /* to (node n, local l) */
-  MPI_TRY(MPI_Alltoall(c1s, N, MPI_INT, c1r, N, MPI_INT, m->node), "Alltoall (2DH sizes)");
+  MPI_TRY(a2a_int(polled, c1s, N, c1r, m->node), "Alltoall (2DH sizes)");
   for (int l = 0; l < G; l++) {
     s1[l] = r1[l] = 0;
     for (int n = 0; n < N; n++) {
@@ -201,7 +236,7 @@ static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int 
       memcpy(p1 + o, send + sd[n * G + l], (size_t)sc[n * G + l] * sizeof *send);
       o += (size_t)sc[n * G + l];
     }
-  MPI_TRY(MPI_Alltoallv(p1, s1, d1, MPI_FLOAT, q1, r1, e1, MPI_FLOAT, m->node), "Alltoallv (2DH intra-node)");
+  MPI_TRY(a2av_f32(polled, p1, s1, d1, q1, r1, e1, m->node), "Alltoallv (2DH intra-node)");
   /* q1 holds, per source local l, the chunks for (node n, local me), n = 0..N-1: repack by node */
   o = 0;
   for (int n = 0; n < N; n++) {
@@ -218,24 +253,34 @@ static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int 
     for (int l = 0; l < G; l++) r2[n] += rc[n * G + l]; /* from sources (node n, local l) */
     e2[n] = together ? rd[n * G] : n ? e2[n - 1] + r2[n - 1] : 0;
   }
-  MPI_TRY(MPI_Alltoallv(p2, s2, d2, MPI_FLOAT, together ? recv : p3, r2, e2, MPI_FLOAT, m->cross),
-          "Alltoallv (2DH inter-node)");
+  MPI_TRY(a2av_f32(polled, p2, s2, d2, together ? recv : p3, r2, e2, m->cross), "Alltoallv (2DH inter-node)");
   for (int q = 0, at = 0; !together && q < W; at += rc[q++])
     memcpy(recv + rd[q], p3 + at, (size_t)rc[q] * sizeof *recv);
+  return MOE_OK;
+}
+
+static moe_status alltoallv_f32(const moe_dist *d, const float *send, const int *sendcounts, const int *sdispls,
+                                float *recv, const int *recvcounts, const int *rdispls, int polled) {
+  if (ONE(d)) {
+    if (sendcounts[0]) memcpy(recv + rdispls[0], send + sdispls[0], (size_t)sendcounts[0] * sizeof *send);
+    return MOE_OK;
+  }
+  if (ST(d)->algo == MOE_A2A_2DH)
+    return alltoallv_2dh(d, send, sendcounts, sdispls, recv, recvcounts, rdispls, polled);
+  MPI_TRY(a2av_f32(polled, send, sendcounts, sdispls, recv, recvcounts, rdispls, ST(d)->world), "Alltoallv (tokens)");
   return MOE_OK;
 }
 
 moe_status moe__dist_alltoallv_f32(const moe_dist *d, const float *send, const int *sendcounts,
                                    const int *sdispls, float *recv, const int *recvcounts,
                                    const int *rdispls) {
-  if (ONE(d)) {
-    if (sendcounts[0]) memcpy(recv + rdispls[0], send + sdispls[0], (size_t)sendcounts[0] * sizeof *send);
-    return MOE_OK;
-  }
-  if (ST(d)->algo == MOE_A2A_2DH) return alltoallv_2dh(d, send, sendcounts, sdispls, recv, recvcounts, rdispls);
-  MPI_TRY(MPI_Alltoallv(send, sendcounts, sdispls, MPI_FLOAT, recv, recvcounts, rdispls, MPI_FLOAT, ST(d)->world),
-          "Alltoallv (tokens)");
-  return MOE_OK;
+  return alltoallv_f32(d, send, sendcounts, sdispls, recv, recvcounts, rdispls, 0);
+}
+
+moe_status moe__dist_alltoallv_f32_polled(const moe_dist *d, const float *send, const int *sendcounts,
+                                          const int *sdispls, float *recv, const int *recvcounts,
+                                          const int *rdispls) {
+  return alltoallv_f32(d, send, sendcounts, sdispls, recv, recvcounts, rdispls, 1);
 }
 
 moe_status moe__dist_reduce_scatter_f32(const moe_dist *d, const float *send, float *recv, const int *counts) {

@@ -57,6 +57,12 @@ moe_status moe__dist_alltoallv_f32(const moe_dist *d, const float *send, const i
   return MOE_OK;
 }
 
+moe_status moe__dist_alltoallv_f32_polled(const moe_dist *d, const float *send, const int *sendcounts,
+                                          const int *sdispls, float *recv, const int *recvcounts,
+                                          const int *rdispls) {
+  return moe__dist_alltoallv_f32(d, send, sendcounts, sdispls, recv, recvcounts, rdispls);
+}
+
 moe_status moe__dist_reduce_scatter_f32(const moe_dist *d, const float *send, float *recv, const int *counts) {
   (void)d;
   if (counts[0]) memcpy(recv, send, (size_t)counts[0] * sizeof *send);
