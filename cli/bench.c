@@ -21,7 +21,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: moe bench [--cases S,M,L] [--routing uniform,skewed] [--dispatch dynamic,static]\n"
           "                 [--dtype f32,bf16] [--shape T,D,H,E,k] [--threads N] [--reps R] [--json]\n"
-          "                 [--expert-parallel] [--pipeline N,... [--memory-reuse none|s4]]\n"
+          "                 [--expert-parallel] [--pipeline N|auto,... [--memory-reuse none|s4]]\n"
           "--cases, --routing, --dispatch and --dtype take a comma-separated subset (any order, each name\n"
           "once; default all, but --dtype f32). --dtype: the experts' compute dtypes; the ratio (roofline_ratio)\n"
           "is to the fp32 sgemm measured in the same run, so bf16 can exceed 1. --reps R: timed steps\n"
@@ -31,6 +31,8 @@ static void usage(FILE *f) {
           "router's last choice as cached experts, so that the router runs alongside the experts.\n"
           "--pipeline N,...: the dynamic-dispatch cases run their experts as N micro-batches, once per N\n"
           "given (expert-parallel, each micro-batch's exchange overlaps the previous one's experts);\n"
+          "auto: the layer's adaptive n, whose search (trial steps) runs before the timed steps, shown\n"
+          "as auto:N.\n"
           "--memory-reuse s4 keeps one micro-batch's activations (peak_bytes shows the saving).\n");
 }
 
@@ -199,6 +201,9 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
     goto done;
   }
   if (moe_layer_backward(&l, dyl, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
+  for (int w = 0; w < 64 && st.pipeline_trial; w++) /* --pipeline auto: the search's trial steps, untimed */
+    if (moe_layer_forward(&l, xl, Tl, y, NULL, &st) != MOE_OK ||
+        moe_layer_backward(&l, dyl, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
   moe_layer_comm_reset(&l);
   for (int r = 0; r < o->reps; r++) {
     barrier(o->dist);
@@ -226,28 +231,30 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   size_t peak = moe_layer_peak_bytes(&l), rss = (size_t)ru.ru_maxrss * 1024;
   const char *rt = skewed ? "skewed" : "uniform", *dn = moe_dispatch_name(disp);
   const char *dt = moe_compute_dtype_name(dtype);
+  char pn[16]; /* the micro-batches, or auto:N */
+  snprintf(pn, sizeof pn, cfg.pipeline ? "%d" : "auto:%d", st.pipeline);
   if (rank != 0) goto done;
   if (o->dist && o->json)
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
            "\"routing\": \"%s\", \"dtype\": \"%s\", \"ranks\": %d, \"fwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, "
            "\"comm_ms\": %.3f, \"compute_ms\": %.3f, \"bytes_per_step\": %.0f, \"gflops\": %.2f, \"peak_bytes\": %zu, "
-           "\"dropped\": %d, \"threads\": %d, \"pipeline\": %d, \"memory_reuse\": \"%s\", \"blas\": \"%s\"}\n",
+           "\"dropped\": %d, \"threads\": %d, \"pipeline\": \"%s\", \"memory_reuse\": \"%s\", \"blas\": \"%s\"}\n",
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, W, fwd, fb, comm_ms, fb - comm_ms, bytes, gflops,
-           peak, st.dropped, o->threads, cfg.pipeline, moe_reuse_name(cfg.memory_reuse), moe_blas_info());
+           peak, st.dropped, o->threads, pn, moe_reuse_name(cfg.memory_reuse), moe_blas_info());
   else if (o->dist)
-    printf("%-4s %-8s %-8s %-5s %4d %9.1f %11.1f %9.1f %10.1f %12.1f %8d\n", c->name, rt, dn, dt, cfg.pipeline, fwd, fb,
+    printf("%-4s %-8s %-8s %-5s %6s %9.1f %11.1f %9.1f %10.1f %12.1f %8d\n", c->name, rt, dn, dt, pn, fwd, fb,
            comm_ms, fb - comm_ms, bytes / 1048576.0, st.dropped);
   else if (o->json)
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
            "\"routing\": \"%s\", \"dtype\": \"%s\", \"fwd_ms\": %.3f, \"fwd_cached_ms\": %.3f, \"fwdbwd_ms\": %.3f, "
            "\"gflops\": %.2f, \"sgemm_gflops\": %.2f, \"roofline_ratio\": %.4f, \"peak_bytes\": %zu, "
-           "\"peak_rss_bytes\": %zu, \"dropped\": %d, \"capacity\": %d, \"threads\": %d, \"pipeline\": %d, "
+           "\"peak_rss_bytes\": %zu, \"dropped\": %d, \"capacity\": %d, \"threads\": %d, \"pipeline\": \"%s\", "
            "\"memory_reuse\": \"%s\", \"blas\": \"%s\"}\n",
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, fwd, fwd_cached, fb, gflops, sg, gflops / sg, peak, rss,
-           st.dropped, st.capacity, o->threads, cfg.pipeline, moe_reuse_name(cfg.memory_reuse), moe_blas_info());
+           st.dropped, st.capacity, o->threads, pn, moe_reuse_name(cfg.memory_reuse), moe_blas_info());
   else
-    printf("%-4s %-8s %-8s %-5s %4d %9.1f %10.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, dt,
-           cfg.pipeline, fwd, fwd_cached, fb, gflops, gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
+    printf("%-4s %-8s %-8s %-5s %6s %9.1f %10.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, dt,
+           pn, fwd, fwd_cached, fb, gflops, gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
   fflush(stdout);
 done:
   free(x); free(y); free(dy); free(dx); free(tf); free(tb); free(tc); free(cache);
@@ -255,7 +262,7 @@ done:
   return rc;
 }
 
-/* "1,4,..." -> out (at most 8 micro-batch counts, each once); the count, or 0 when a value is bad. */
+/* "1,4,auto..." -> out (at most 8 micro-batch counts, auto as 0, each once); the count, or 0 when one is bad. */
 static int parse_pipes(const char *v, int *out) {
   int n = 0;
   for (char buf[16];; v++) {
@@ -263,7 +270,7 @@ static int parse_pipes(const char *v, int *out) {
     if (n == 8 || len == 0 || len >= sizeof buf) return 0;
     memcpy(buf, v, len);
     buf[len] = 0;
-    if (!cli_parse_int(buf, &out[n]) || out[n] < 1) return 0;
+    if (!cli_parse_pipeline(buf, &out[n])) return 0;
     for (int j = 0; j < n; j++)
       if (out[j] == out[n]) return 0;
     n++;
@@ -367,12 +374,12 @@ int cmd_bench(int argc, char **argv) {
   if (!o.json && root && o.dist) {
     printf("moe %s, %s%s, %d ranks x %d threads; per step: fwd+bwd, time in exchanges, bytes sent "
            "(all ranks)\n", MOE_VERSION, moe_blas_info(), bfi, W, o.threads);
-    printf("%-4s %-8s %-8s %-5s %4s %9s %11s %9s %10s %12s %8s\n", "case", "routing", "dispatch", "dtype", "n",
+    printf("%-4s %-8s %-8s %-5s %6s %9s %11s %9s %10s %12s %8s\n", "case", "routing", "dispatch", "dtype", "n",
            "fwd_ms", "fwdbwd_ms", "comm_ms", "compute_ms", "MiB_sent", "dropped");
   } else if (!o.json && root) {
     printf("moe %s, %s%s, %d threads; fp32 sgemm 2048^3: %.1f GFLOP/s\n", MOE_VERSION, moe_blas_info(), bfi,
            o.threads, sg);
-    printf("%-4s %-8s %-8s %-5s %4s %9s %10s %11s %9s %7s %10s %10s %8s\n", "case", "routing", "dispatch", "dtype",
+    printf("%-4s %-8s %-8s %-5s %6s %9s %10s %11s %9s %7s %10s %10s %8s\n", "case", "routing", "dispatch", "dtype",
            "n", "fwd_ms", "fwd_cached", "fwdbwd_ms", "GFLOP/s", "ratio", "peak_MiB", "rss_MiB", "dropped");
   }
   int rc = 0;

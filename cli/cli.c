@@ -49,6 +49,14 @@ int cli_parse_int(const char *s, int *out) {
   return 1;
 }
 
+int cli_parse_pipeline(const char *s, int *out) {
+  if (!strcmp(s, "auto")) {
+    *out = 0;
+    return 1;
+  }
+  return cli_parse_int(s, out) && *out >= 1;
+}
+
 int cli_parse_float(const char *s, float *out) {
   char *end;
   float v = strtof(s, &end);

@@ -14,6 +14,8 @@ int cli_wants_help(int argc, char **argv);
 int cli_flag_is(const char *arg, const char *name);
 /* Parses a whole-string integer / float; returns 0 on garbage. */
 int cli_parse_int(const char *s, int *out);
+/* --pipeline: a count of micro-batches >= 1, or "auto" (0: the layer's adaptive choice). */
+int cli_parse_pipeline(const char *s, int *out);
 int cli_parse_float(const char *s, float *out);
 
 /* A 52-bit FNV-1a hash of n bytes: a value moe_dist_agree compares exactly. */

@@ -19,13 +19,14 @@ static void usage(FILE *f) {
           "                     [--dispatch dynamic|static] [--priority index|score]\n"
           "                     [--router linear|cosine] [--threads N] [--dtype f32|bf16]\n"
           "                     [--out-dtype f32|bf16] [--expert-capacity C0,C1,...]\n"
-          "                     [--pipeline N] [--memory-reuse none|s4]\n"
+          "                     [--pipeline N|auto] [--memory-reuse none|s4]\n"
           "                     [--expert-parallel [--a2a linear|2dh] [--ranks-per-node G] [--placement P.json]]\n"
           "--dtype picks the experts' compute dtype (default: the file's \"dtype\" metadata, else f32);\n"
           "--out-dtype the dtype of the float tensors written (default f32). --expert-capacity gives each\n"
           "expert its own capacity (static dispatch; DynaMoE's per-expert capacities), E counts.\n"
-          "--pipeline N runs the experts as N micro-batches (dynamic dispatch, one process; the same\n"
-          "output bits), --memory-reuse s4 keeps one micro-batch's activations and recomputes them.\n"
+          "--pipeline N runs the experts as N micro-batches (dynamic dispatch; the same output bits; auto:\n"
+          "the layer's adaptive choice), --memory-reuse s4 keeps one micro-batch's activations and\n"
+          "recomputes them.\n"
           "Under mpirun -np W, --expert-parallel spreads the experts over the ranks (each routes T/W of\n"
           "the tokens); rank 0 writes OUT, equal to the one-process output.\n");
 }
@@ -88,8 +89,8 @@ static int parse_args(int argc, char **argv, args_t *a) {
     } else if (cli_flag_is(f, "dtype")) {
       moe_dtype x; st = moe_dtype_parse(v, "--dtype", &x); a->ov.dtype = (int)x;
     } else if (cli_flag_is(f, "pipeline")) {
-      if (!cli_parse_int(v, &a->ov.pipeline) || a->ov.pipeline < 1)
-        return cli_usage_error(CMD, "--pipeline: '%s' is not a count of micro-batches >= 1", v);
+      if (!cli_parse_pipeline(v, &a->ov.pipeline))
+        return cli_usage_error(CMD, "--pipeline: '%s' is not a count of micro-batches >= 1 nor auto", v);
     } else if (cli_flag_is(f, "memory_reuse")) {
       moe_reuse x; st = moe_reuse_parse(v, "--memory-reuse", &x); a->ov.memory_reuse = (int)x;
     } else if (cli_flag_is(f, "expert_capacity")) {

@@ -47,7 +47,8 @@ static void usage(FILE *f) {
     "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
     "       [--seed S] [--threads N] [--checkpoint F] [--resume F] [--trace F] [--json] [--log-steps]\n"
     "       [--on-nan stop|skip-step]\n"
-    "       [--pipeline N] [--memory-reuse none|s4]   (the experts as N micro-batches; same bits)\n"
+    "       [--pipeline N|auto] [--memory-reuse none|s4]   (the experts as N micro-batches; same bits;\n"
+    "       auto: MPipeMoE's adaptive search over timed steps)\n"
     "--epochs is the planned total (the learning-rate schedule's horizon); --stop-after N ends this run\n"
     "after epoch N, and --resume F continues from checkpoint F. --dtype bf16 runs the expert GEMMs in\n"
     "bf16 (fp32 accumulation, fp32 master weights); its checkpoints store the expert weights as BF16.\n"
@@ -128,7 +129,7 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
       else if (cli_flag_is(f, "augment")) ok = cli_parse_int(v, &o->augment) && o->augment >= 0 && o->augment < 8;
       else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
       else if (cli_flag_is(f, "on_nan")) ok = (o->skip_nan = !strcmp(v, "skip-step")) || !strcmp(v, "stop");
-      else if (cli_flag_is(f, "pipeline")) ok = cli_parse_int(v, &m->pipeline) && m->pipeline >= 1;
+      else if (cli_flag_is(f, "pipeline")) ok = cli_parse_pipeline(v, &m->pipeline);
       else if (cli_flag_is(f, "memory_reuse")) st = moe_reuse_parse(v, "--memory-reuse", &m->memory_reuse);
       else if (cli_flag_is(f, "delta_launch")) ok = cli_parse_int(v, &o->delta_launch) && o->delta_launch >= 0 && o->delta_launch < 60;
       else if (cli_flag_is(f, "headroom")) ok = cli_parse_float(v, &o->headroom) && o->headroom >= 0 && o->headroom <= 10;

@@ -204,8 +204,10 @@ typedef struct {
                              the master copy (see moe_layer_params_changed) */
   int pipeline;           /* MPipeMoE: the experts' stage runs as this many micro-batches, each a run of
                              experts (dynamic dispatch; expert-parallel, each its own exchange, and
-                             every rank must give the same n); 1 = the whole batch at once (default).
-                             Outputs, losses and all gradients are the same bits for every n */
+                             every rank must give the same n); 1 = the whole batch at once (default);
+                             0 = adaptive: MPipeMoE's Algorithm 1 picks n per batch size from timed
+                             trial steps (stats.pipeline says which). Outputs, losses and all
+                             gradients are the same bits for every n */
   moe_reuse memory_reuse; /* with pipeline > 1: what backward restores instead of keeping (MPipeMoE
                              Table II on a CPU): MOE_REUSE_NONE keeps every micro-batch's activations;
                              MOE_REUSE_S4 keeps one micro-batch's fc1/fc3/activation buffer (T_M) and
@@ -269,6 +271,8 @@ typedef struct {
                                    sample-assignment caching */
   int router_overlapped;        /* the router ran alongside the experts: cached experts, priority
                                    index, the layer's own experts (not inner layers nor a cache) */
+  int pipeline;                 /* micro-batches this forward ran (pipeline 0: the adaptive choice) */
+  int pipeline_trial;           /* pipeline 0: this step tried an n for the search, not the choice */
 } moe_layer_stats;
 
 moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg);
@@ -340,7 +344,7 @@ typedef struct {
   int act, dispatch, priority, router; /* -1 unset */
   int threads;            /* -1 unset */
   int dtype;              /* -1 unset, else a moe_dtype (F32 or BF16): the experts' compute dtype */
-  int pipeline;           /* 0 unset, else micro-batches */
+  int pipeline;           /* -1 unset, else micro-batches (0: adaptive) */
   int memory_reuse;       /* -1 unset, else a moe_reuse */
   const moe_dist *dist;   /* NULL unset: expert-parallel over these ranks (the file holds all experts) */
   const int32_t *expert_order; /* NULL unset: the layer's expert p is the file's expert order[p] (E

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dist/dist.h"
+#include "adapt/pipe_model.h"
 #include "gemm.h"
 #include "layer_internal.h"
 
@@ -40,8 +41,8 @@ static void add_param(moe_layer_t *l, const char *name, int ndim, int64_t a, int
 }
 
 static moe_status check_pipeline(const moe_layer_config *c, int n, moe_reuse r) {
-  MOE_TRY(n >= 1 && n <= MOE__MAX_MICRO, MOE_ERR_ARG, "config: pipeline (micro-batches) must be in [1, %d], got %d",
-          MOE__MAX_MICRO, n);
+  MOE_TRY(n >= 0 && n <= MOE__MAX_MICRO, MOE_ERR_ARG,
+          "config: pipeline (micro-batches) must be in [1, %d], or 0 (adaptive), got %d", MOE__MAX_MICRO, n);
   MOE_TRY(n == 1 || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->inner_experts), MOE_ERR_ARG,
           "config: pipeline %d needs dynamic dispatch without hierarchical experts (static dispatch and inner "
           "layers run one micro-batch for now)", n);
@@ -196,6 +197,8 @@ void moe_layer_free(moe_layer_t *l) {
     moe__arena_free(&l->st->route);
     moe__arena_free(&l->st->work);
     free(l->st->wbf);
+    if (l->st->ap) moe__auto_pipe_free(l->st->ap);
+    free(l->st->ap);
     free(l->st);
   }
   free(l->params);
@@ -339,6 +342,44 @@ static moe__ffn micro_ffn(const moe_layer_t *l, int i) {
   return moe__ffn_at(l, &l->st->f, l->st->p.shared ? 0 : l->st->p.mb[i].lo);
 }
 
+/* Adaptive n (pipeline 0): the state on first use, and the previous step's cost if it was a trial: the
+ * mean over ranks of its seconds, so that every rank's search goes alike. */
+static moe_status auto_pipe_begin(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  if (!s->ap) {
+    int W = moe_dist_size(l->cfg.dist);
+    s->ap = malloc(sizeof *s->ap);
+    MOE_TRY(s->ap, MOE_ERR_NOMEM, "moe_layer_forward: out of memory for the adaptive pipeline");
+    moe_status st = moe__auto_pipe_init(s->ap, l->cfg.E / W);
+    if (st) {
+      free(s->ap);
+      s->ap = NULL;
+      return st;
+    }
+  }
+  if (s->ap->trial < 0) return MOE_OK;
+  double t = s->ap->acc;
+  if (l->cfg.dist) MOE_CHECK(moe_dist_allreduce(l->cfg.dist, &t, 1));
+  return moe__auto_pipe_record(s->ap, t / moe_dist_size(l->cfg.dist));
+}
+
+/* Adds this call's seconds to the adaptive n's trial, if the step is one. */
+static void auto_pipe_time(moe_layer_t *l, double t0) {
+  if (l->st->ap && l->st->ap->trial >= 0) l->st->ap->acc += moe__now() - t0;
+}
+
+/* The most rows any rank's experts receive (before drops), from the counts over all ranks. */
+static size_t busiest_rows(const moe_layer_t *l) {
+  const moe__plan *p = &l->st->p;
+  size_t most = 0;
+  for (int q = 0; q < l->cfg.E / p->ng; q++) {
+    size_t r = 0;
+    for (int j = 0; j < p->ng; j++) r += (size_t)p->stat_counts[q * p->ng + j];
+    most = r > most ? r : most;
+  }
+  return most;
+}
+
 /* The experts' stage's end: every exchange the transport started has landed (also after a failure,
  * so that none writes into buffers after the call returns); st, or the transport's failure. */
 static moe_status finish(moe_layer_t *l, moe_status st) {
@@ -357,8 +398,10 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   moe__layer_state *s = l->st;
   const moe__transport *tr = s->tr;
   moe__plan *p = &s->p;
-  int D = l->cfg.D, k = l->cfg.top_k, n = l->cfg.pipeline;
+  int D = l->cfg.D, k = l->cfg.top_k, n = l->cfg.pipeline; /* 0: adaptive, chosen after routing */
+  double t0 = moe__now();
   s->have_fwd = 0;
+  if (!n) MOE_CHECK(auto_pipe_begin(l));
   s->threads = moe__threads(l->cfg.threads);
   long long bad = first_nonfinite(x, (size_t)T * D, s->threads);
   MOE_TRY(bad < 0, MOE_ERR_VALUE, "x[%lld, %lld] is %g: inputs must be finite", bad / D, bad % D,
@@ -367,7 +410,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
           "moe_layer_forward: T=%d is too large for k=%d, D=%d", T, k, D);
   size_t route = 0;
   MOE_CHECK(tr->begin(l, T, &route));
-  route += moe__gate_bytes(l, T, k) + moe__micro_bytes(n, l->cfg.E);
+  route += moe__gate_bytes(l, T, k) + moe__micro_bytes(n ? n : MOE__AUTO_MAX_N, l->cfg.E);
   MOE_CHECK(moe__arena_reserve(&s->route, route, "router"));
   int along = router_alongside(l);
   MOE_CHECK(moe__gate_begin(l, x, T, k));
@@ -375,6 +418,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   if (!along) MOE_CHECK(moe__gemm_run_side(NULL, 0, s->threads, &router)); /* the router first */
   MOE_CHECK(moe__route(l));
   MOE_CHECK(tr->groups(l)); /* now the rows this process's experts get are known */
+  if (!n) MOE_CHECK(moe__auto_pipe_pick(s->ap, busiest_rows(l), &n));
   MOE_CHECK(moe__split_rows(l, n));
   p->shared = l->cfg.memory_reuse == MOE_REUSE_S4;
   int act_rows = p->shared ? p->mb_rows : p->grows; /* one micro-batch's, or all */
@@ -410,7 +454,10 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     stats->fresh = s->r.fresh;
     stats->weights = p->top_w;
     stats->router_overlapped = along;
+    stats->pipeline = p->n;
+    stats->pipeline_trial = s->ap && s->ap->trial >= 0;
   }
+  auto_pipe_time(l, t0);
   return MOE_OK;
 }
 
@@ -425,6 +472,7 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   int T = p->T, D = l->cfg.D;
   MOE_TRY(T == 0 || dx, MOE_ERR_ARG, "moe_layer_backward: dx must not be NULL");
   s->have_fwd = 0; /* backward overwrites the forward's buffers: one backward per forward */
+  double t0 = moe__now();
   float *dw = moe__arena_alloc(&s->route, (size_t)T * p->k * 4);
   float *dout = moe__arena_alloc(&s->work, (size_t)p->rows * D * 4);
   float *dxs = s->out; /* the expert outputs are dead once the combine's backward has read them */
@@ -455,5 +503,6 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   MOE_CHECK(finish(l, st));
   moe__dispatch_backward(l, dxs, dx);
   MOE_CHECK(moe__gate_backward(l, dw, daux, dz, dx));
+  auto_pipe_time(l, t0);
   return MOE_OK;
 }

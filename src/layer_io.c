@@ -56,7 +56,7 @@ void moe_layer_overrides_init(moe_layer_overrides *o) {
   o->normalize_topk = -2;
   o->act = o->dispatch = o->priority = o->router = o->dtype = -1;
   o->threads = -1;
-  o->pipeline = 0;
+  o->pipeline = -1;
   o->memory_reuse = -1;
   o->dist = NULL;
   o->expert_order = NULL;
@@ -162,7 +162,7 @@ static void apply_overrides(moe_layer_config *c, const moe_layer_overrides *o) {
   if (o->router != -1) c->router = (moe_router)o->router;
   if (o->dtype != -1) c->dtype = (moe_dtype)o->dtype;
   if (o->threads != -1) c->threads = o->threads;
-  if (o->pipeline) c->pipeline = o->pipeline;
+  if (o->pipeline != -1) c->pipeline = o->pipeline;
   if (o->memory_reuse != -1) c->memory_reuse = (moe_reuse)o->memory_reuse;
   if (o->dist) c->dist = o->dist;
 }

@@ -153,7 +153,7 @@ TEST(pipeline_config_checked) {
   moe_layer_config_default(&cfg);
   cfg.D = D, cfg.H = H, cfg.E = E;
   moe_layer_t l;
-  cfg.pipeline = 0;
+  cfg.pipeline = -1;
   ASSERT_STATUS(moe_layer_init(&l, &cfg), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "pipeline"));
   cfg.pipeline = 2;

@@ -75,17 +75,23 @@ static void remember_range(moe__gran *g, size_t B, int n) {
   r->lo = lo, r->hi = hi;
 }
 
-moe_status moe__gran_get(moe__gran *g, size_t B, int *n) {
-  MOE_TRY(g && n, MOE_ERR_ARG, "gran_get: NULL argument");
+int moe__gran_known(const moe__gran *g, size_t B, int *n) {
   uint64_t v;
   if (moe__u64map_get(&g->cache, B, &v)) {
     *n = (int)v;
-    return MOE_OK;
+    return 1;
   }
   int i = first_ending_from(g, B);
   if (i < g->nranges && g->ranges[i].lo <= B) {
     *n = g->ranges[i].n;
-  } else {
+    return 1;
+  }
+  return 0;
+}
+
+moe_status moe__gran_get(moe__gran *g, size_t B, int *n) {
+  MOE_TRY(g && n, MOE_ERR_ARG, "gran_get: NULL argument");
+  if (!moe__gran_known(g, B, n)) {
     MOE_CHECK(search(g, B, n));
     remember_range(g, B, *n);
   }

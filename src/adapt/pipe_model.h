@@ -141,7 +141,36 @@ moe_status moe__gran_init(moe__gran *g, const int *cand, int ncand, moe__gran_co
  * cheapest kept, ties to the smaller n), whose n's range is widened to B unless that would overlap a
  * neighbour (then only the cache remembers B). */
 moe_status moe__gran_get(moe__gran *g, size_t B, int *n);
+/* Whether B's n is known without a search (the cache or a range), and then which. */
+int moe__gran_known(const moe__gran *g, size_t B, int *n);
 void moe__gran_free(moe__gran *g);
+
+/* ---- the adaptive n of a layer (moe_layer_config.pipeline = 0): Algorithm 1 online ---- */
+
+/* searchBestGran's trials are the layer's own steps: a batch size not known yet runs each candidate n
+ * for MOE__AUTO_REPS steps (the first warms the workspace, the fastest is kept), then Algorithm 1
+ * decides and remembers. The key is the most rows any rank's experts receive (the same on every rank,
+ * from the global counts), in buckets of MOE__AUTO_ROWS rows (Tutel's R), so that routing noise does
+ * not make every step a new size; a step's cost is the mean over ranks of its forward + backward
+ * seconds (a sum over ranks: identical everywhere), so every rank picks the same n. */
+#define MOE__AUTO_ROWS 128
+#define MOE__AUTO_REPS 2
+#define MOE__AUTO_MAX_N 16
+typedef struct moe__auto_pipe_s {
+  moe__gran gran;
+  moe__u64map runs, secs; /* (key, candidate) -> steps run, and the fastest one's seconds (bits) */
+  uint64_t key;
+  int trial;              /* candidate index the current step tries, -1: not a trial */
+  double acc;             /* the current trial's seconds so far (its forward, its backward) */
+} moe__auto_pipe;
+
+/* Candidates {1, 2, 4, 8, 16} up to max_n (the local experts: micro-batches are cut between them). */
+moe_status moe__auto_pipe_init(moe__auto_pipe *a, int max_n);
+/* The n for a step whose busiest rank receives `rows` rows; a trial's n while the search runs. */
+moe_status moe__auto_pipe_pick(moe__auto_pipe *a, size_t rows, int *n);
+/* A trial step's cost (the mean over ranks of its seconds); nothing outside a trial. */
+moe_status moe__auto_pipe_record(moe__auto_pipe *a, double seconds);
+void moe__auto_pipe_free(moe__auto_pipe *a);
 
 /* ---- Tutel's dictionary of optimal setups (P2 1.7) ---- */
 
