@@ -15,6 +15,7 @@ typedef struct {
   const float *send;
   float *recv;
   int *counts; /* (4 W): send counts, send displacements, receive counts, receive displacements */
+  int width;   /* floats per row, the counts' unit */
 } job;
 
 struct moe__stream {
@@ -37,8 +38,8 @@ static void *run(void *arg) {
     int skip = s->failed != MOE_OK;
     pthread_mutex_unlock(&s->w.mu);
     moe_status st = skip ? MOE_OK
-                         : moe__dist_alltoallv_f32_polled(s->d, j->send, j->counts, j->counts + W, j->recv,
-                                                          j->counts + 2 * W, j->counts + 3 * W);
+                         : moe__dist_alltoallv_rows_polled(s->d, j->send, j->counts, j->counts + W, j->recv,
+                                                           j->counts + 2 * W, j->counts + 3 * W, j->width);
     pthread_mutex_lock(&s->w.mu);
     if (st != MOE_OK && s->failed == MOE_OK) {
       s->failed = st;
@@ -74,18 +75,19 @@ static moe_status stream_of(const moe_dist *d, struct moe__stream **out) {
   return MOE_OK;
 }
 
-moe_status moe__stream_alltoallv_f32(const moe_dist *d, const float *send, const int *counts, float *recv,
-                                     moe__ticket *t) {
+moe_status moe__stream_alltoallv_rows(const moe_dist *d, const float *send, const int *counts, float *recv,
+                                      int width, moe__ticket *t) {
   struct moe__stream *s;
   *t = 0;
   MOE_CHECK(stream_of(d, &s));
   int W = moe_dist_size(d);
-  if (!s) return moe__dist_alltoallv_f32(d, send, counts, counts + W, recv, counts + 2 * W, counts + 3 * W);
+  if (!s) return moe__dist_alltoallv_rows(d, send, counts, counts + W, recv, counts + 2 * W, counts + 3 * W, width);
   pthread_mutex_lock(&s->w.mu);
   while (s->posted - s->done >= RING) pthread_cond_wait(&s->w.cv, &s->w.mu);
   job *j = &s->ring[s->posted % RING];
   j->send = send;
   j->recv = recv;
+  j->width = width;
   memcpy(j->counts, counts, sizeof(int) * 4 * (size_t)W);
   *t = ++s->posted;
   pthread_cond_broadcast(&s->w.cv);

@@ -10,9 +10,10 @@
 
 typedef uint64_t moe__ticket; /* an exchange's place in the stream; 0: nothing to wait for */
 
-/* Counts and displacements as moe__dist_alltoallv_f32's, 4 arrays of W each, copied. */
-moe_status moe__stream_alltoallv_f32(const moe_dist *d, const float *send, const int *counts, float *recv,
-                                     moe__ticket *t);
+/* Counts and displacements as moe__dist_alltoallv_rows's (rows of width floats), 4 arrays of W each,
+ * copied. */
+moe_status moe__stream_alltoallv_rows(const moe_dist *d, const float *send, const int *counts, float *recv,
+                                      int width, moe__ticket *t);
 /* Returns once exchange t and every one posted before it are done; the first failure of any of them. */
 moe_status moe__stream_wait(const moe_dist *d, moe__ticket t);
 /* Stops the thread (after the exchanges posted); moe_dist_finalize calls it. */

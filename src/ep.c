@@ -93,22 +93,22 @@ static moe_status a2a_alloc(moe_layer_t *l) {
   return MOE_OK;
 }
 
-/* Float counts of micro-batch i's exchange (local experts [e0, e1) of every owner), in the order MPI
+/* Row counts of micro-batch i's exchange (local experts [e0, e1) of every owner), in the order MPI
  * wants (send, sdispl, recv, rdispl); reverse: the way back. The rows sit where the whole batch's
  * exchange puts them: in this rank's expert-sorted rows, and in source-major order in xr. */
 static void micro_counts(const moe_layer_t *l, int i, int reverse, int *out) {
   const moe__plan *p = &l->st->p;
-  int W = world(l), El = p->ng, D = l->cfg.D, e0 = p->mb[i].e0, e1 = p->mb[i].e1;
+  int W = world(l), El = p->ng, e0 = p->mb[i].e0, e1 = p->mb[i].e1;
   const int *rdisp = p->rdisp;
   int *sc = out + (reverse ? 2 : 0) * W, *sd = out + (reverse ? 3 : 1) * W;
   int *rcn = out + (reverse ? 0 : 2) * W, *rd = out + (reverse ? 1 : 3) * W;
   for (int q = 0; q < W; q++) {
-    sc[q] = (p->offs[q * El + e1] - p->offs[q * El + e0]) * D;
-    sd[q] = p->offs[q * El + e0] * D;
+    sc[q] = p->offs[q * El + e1] - p->offs[q * El + e0];
+    sd[q] = p->offs[q * El + e0];
     int before = 0, in = 0;
     for (int e = 0; e < e1; e++) *(e < e0 ? &before : &in) += p->rc[q * El + e];
-    rcn[q] = in * D;
-    rd[q] = (rdisp[q] + before) * D;
+    rcn[q] = in;
+    rd[q] = rdisp[q] + before;
   }
 }
 
@@ -119,12 +119,13 @@ static moe_status exchange(moe_layer_t *l, int i, int reverse, const float *send
   int W = world(l), c[4 * MOE__EP_MAX_RANKS];
   micro_counts(l, i, reverse, c);
   double t0 = moe__now(), sent = 0;
-  for (int q = 0; q < W; q++) sent += q == moe_dist_rank(l->cfg.dist) ? 0 : 4.0 * c[q];
+  int D = l->cfg.D;
+  for (int q = 0; q < W; q++) sent += q == moe_dist_rank(l->cfg.dist) ? 0 : 4.0 * D * c[q];
   *t = 0;
   if (l->st->p.n == 1)
-    MOE_CHECK(moe__dist_alltoallv_f32(l->cfg.dist, send, c, c + W, recv, c + 2 * W, c + 3 * W));
+    MOE_CHECK(moe__dist_alltoallv_rows(l->cfg.dist, send, c, c + W, recv, c + 2 * W, c + 3 * W, D));
   else
-    MOE_CHECK(moe__stream_alltoallv_f32(l->cfg.dist, send, c, recv, t));
+    MOE_CHECK(moe__stream_alltoallv_rows(l->cfg.dist, send, c, recv, D, t));
   if (*t) l->st->tk_last = *t;
   moe__ep_book(l, t0, sent);
   return MOE_OK;

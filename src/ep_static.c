@@ -83,9 +83,18 @@ static moe_status static_alloc(moe_layer_t *l) {
 
 /* n (W): floats in each owner's block of the (E, C, D) buffer: its experts' slots (C each, or
  * per-expert capacities), the same on every rank. */
-static void static_blocks(const moe_layer_t *l, int *n) {
+/* Each owner's block of the (E, C, D) buffers, in floats: MPI's reductions take int counts of floats. */
+static moe_status static_blocks(const moe_layer_t *l, int *n) {
   int W = world(l), El = l->cfg.E / W, D = l->cfg.D;
-  for (int r = 0; r < W; r++) n[r] = (l->st->p.offs[(r + 1) * El] - l->st->p.offs[r * El]) * D;
+  for (int r = 0; r < W; r++) {
+    int64_t rows = l->st->p.offs[(r + 1) * El] - l->st->p.offs[r * El], f = rows * D;
+    MOE_TRY(f <= INT32_MAX, MOE_ERR_ARG,
+            "static dispatch, expert-parallel: rank %d's experts take %lld rows of D=%d, %lld floats, more than "
+            "an exchange can count (%d); use dynamic dispatch or a smaller capacity", r, (long long)rows, D,
+            (long long)f, INT32_MAX);
+    n[r] = (int)f;
+  }
+  return MOE_OK;
 }
 
 /* The owners sum the ranks' buffers of their experts (one micro-batch: i is 0). */
@@ -93,7 +102,7 @@ static moe_status static_send(moe_layer_t *l, int i, const float *rows, float *g
   (void)i;
   double t0 = moe__now(), others = 0;
   int n[MOE__EP_MAX_RANKS], me = moe_dist_rank(l->cfg.dist);
-  static_blocks(l, n);
+  MOE_CHECK(static_blocks(l, n));
   for (int r = 0; r < world(l); r++) others += r == me ? 0 : n[r];
   MOE_CHECK(moe__dist_reduce_scatter_f32(l->cfg.dist, rows, g, n));
   moe__ep_book(l, t0, 4.0 * others); /* every other owner's block */
@@ -105,7 +114,7 @@ static moe_status static_recv(moe_layer_t *l, int i, const float *g, float *rows
   (void)i;
   double t0 = moe__now();
   int n[MOE__EP_MAX_RANKS];
-  static_blocks(l, n);
+  MOE_CHECK(static_blocks(l, n));
   MOE_CHECK(moe__dist_allgather_f32(l->cfg.dist, g, rows, n));
   moe__ep_book(l, t0, 4.0 * n[moe_dist_rank(l->cfg.dist)] * (world(l) - 1)); /* this owner's block, to every other rank */
   return MOE_OK;

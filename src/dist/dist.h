@@ -19,14 +19,16 @@ struct moe_dist {
 moe_status moe__dist_alltoallv_i32(const moe_dist *d, const int32_t *send, const int *sendcounts,
                                    const int *sdispls, int32_t *recv, const int *recvcounts,
                                    const int *rdispls);
-moe_status moe__dist_alltoallv_f32(const moe_dist *d, const float *send, const int *sendcounts,
-                                   const int *sdispls, float *recv, const int *recvcounts,
-                                   const int *rdispls);
+/* The token exchange: counts and displacements in rows of `width` floats (one MPI datatype of a row,
+ * so that no count in floats can overflow an int). */
+moe_status moe__dist_alltoallv_rows(const moe_dist *d, const float *send, const int *sendcounts,
+                                    const int *sdispls, float *recv, const int *recvcounts,
+                                    const int *rdispls, int width);
 /* The same exchange made from the communication thread: it sleeps between progress polls where a
  * blocking MPI call would spin, so that the experts' GEMMs keep the cores while it waits. */
-moe_status moe__dist_alltoallv_f32_polled(const moe_dist *d, const float *send, const int *sendcounts,
-                                          const int *sdispls, float *recv, const int *recvcounts,
-                                          const int *rdispls);
+moe_status moe__dist_alltoallv_rows_polled(const moe_dist *d, const float *send, const int *sendcounts,
+                                           const int *sdispls, float *recv, const int *recvcounts,
+                                           const int *rdispls, int width);
 /* Static dispatch's exchanges of (E, C, D) buffers whose block r (counts[r] floats, in rank order)
  * holds rank r's experts: rank r gets the sum over ranks of their block r; and every rank gets the
  * concatenation of every rank's block (rank r sends counts[r] floats). */

@@ -24,6 +24,8 @@ typedef struct {
   float *buf;                  /* 2DH staging, grown when needed */
   size_t cap;
   int *cnt;                    /* 2DH counts: (8 W) */
+  MPI_Datatype row;            /* a row of row_width floats: the unit of the token exchange's counts */
+  int row_width;               /* 0: none made yet */
 } mpi_state;
 
 #define ST(d) ((mpi_state *)(d)->comm)
@@ -81,6 +83,7 @@ void moe_dist_finalize(moe_dist *d) {
   if (!ONE(d)) {
     mpi_state *m = ST(d);
     free_grid(m);
+    if (m->row_width) MPI_Type_free(&m->row);
     free(m->buf);
     free(m->cnt);
     free(m);
@@ -179,12 +182,24 @@ static int a2a_int(int polled, const int *send, int n, int *recv, MPI_Comm c) {
   return rc != MPI_SUCCESS ? rc : wait_polled(&r);
 }
 
-static int a2av_f32(int polled, const float *send, const int *sc, const int *sd, float *recv, const int *rc,
-                    const int *rd, MPI_Comm c) {
-  if (!polled) return MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c);
+static int a2av_rows(int polled, const float *send, const int *sc, const int *sd, float *recv, const int *rc,
+                     const int *rd, MPI_Datatype row, MPI_Comm c) {
+  if (!polled) return MPI_Alltoallv(send, sc, sd, row, recv, rc, rd, row, c);
   MPI_Request r;
-  int e = MPI_Ialltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c, &r);
+  int e = MPI_Ialltoallv(send, sc, sd, row, recv, rc, rd, row, c, &r);
   return e != MPI_SUCCESS ? e : wait_polled(&r);
+}
+
+/* The datatype of a row of `width` floats: the last one made is kept (a layer's rows are D wide). Made
+ * only on the caller's thread while no exchange is in flight, or on the communication thread. */
+static MPI_Datatype row_type(mpi_state *m, int width) {
+  if (m->row_width != width) {
+    if (m->row_width) MPI_Type_free(&m->row);
+    MPI_Type_contiguous(width, MPI_FLOAT, &m->row);
+    MPI_Type_commit(&m->row);
+    m->row_width = width;
+  }
+  return m->row;
 }
 
 static moe_status grow(const moe_dist *d, size_t n) {
@@ -201,9 +216,10 @@ static moe_status grow(const moe_dist *d, size_t n) {
  * sit together there in rank order (rdispls of the whole batch), else through staging and then to
  * each source's rdispl (a micro-batch's rows, with other micro-batches' rows between them). */
 static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int *sc, const int *sd, float *recv,
-                                const int *rc, const int *rd, int polled) {
+                                const int *rc, const int *rd, int width, int polled) {
   mpi_state *m = ST(d);
   int W = d->size, G = m->G, N = m->N;
+  size_t w = (size_t)width; /* counts and displacements are in rows of w floats */
   int *c1s = m->cnt, *c1r = c1s + W;              /* (G, N) chunk sizes sent / received in phase 1 */
   int *s1 = c1r + W, *d1 = s1 + G, *r1 = d1 + G, *e1 = r1 + G; /* phase 1 per local peer */
   int *s2 = e1 + G, *d2 = s2 + N, *r2 = d2 + N, *e2 = r2 + N;  /* phase 2 per node */
@@ -228,15 +244,15 @@ static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int 
     together &= q % G == 0 || rd[q] == rd[q - 1] + rc[q - 1];
     totalr += (size_t)rc[q];
   }
-  MOE_CHECK(grow(d, total + 2 * total1 + (together ? 0 : totalr)));
-  float *p1 = m->buf, *q1 = p1 + total, *p2 = q1 + total1, *p3 = p2 + total1;
+  MOE_CHECK(grow(d, (total + 2 * total1 + (together ? 0 : totalr)) * w));
+  float *p1 = m->buf, *q1 = p1 + total * w, *p2 = q1 + total1 * w, *p3 = p2 + total1 * w;
   size_t o = 0; /* pack by (destination local index, destination node) */
   for (int l = 0; l < G; l++)
     for (int n = 0; n < N; n++) {
-      memcpy(p1 + o, send + sd[n * G + l], (size_t)sc[n * G + l] * sizeof *send);
+      memcpy(p1 + o * w, send + (size_t)sd[n * G + l] * w, (size_t)sc[n * G + l] * w * sizeof *send);
       o += (size_t)sc[n * G + l];
     }
-  MPI_TRY(a2av_f32(polled, p1, s1, d1, q1, r1, e1, m->node), "Alltoallv (2DH intra-node)");
+  MPI_TRY(a2av_rows(polled, p1, s1, d1, q1, r1, e1, row_type(m, width), m->node), "Alltoallv (2DH intra-node)");
   /* q1 holds, per source local l, the chunks for (node n, local me), n = 0..N-1: repack by node */
   o = 0;
   for (int n = 0; n < N; n++) {
@@ -244,7 +260,7 @@ static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int 
     for (int l = 0; l < G; l++) {
       size_t at = (size_t)e1[l];
       for (int i = 0; i < n; i++) at += (size_t)c1r[l * N + i];
-      memcpy(p2 + o, q1 + at, (size_t)c1r[l * N + n] * sizeof *q1);
+      memcpy(p2 + o * w, q1 + at * w, (size_t)c1r[l * N + n] * w * sizeof *q1);
       o += (size_t)c1r[l * N + n];
       s2[n] += c1r[l * N + n];
     }
@@ -253,34 +269,38 @@ static moe_status alltoallv_2dh(const moe_dist *d, const float *send, const int 
     for (int l = 0; l < G; l++) r2[n] += rc[n * G + l]; /* from sources (node n, local l) */
     e2[n] = together ? rd[n * G] : n ? e2[n - 1] + r2[n - 1] : 0;
   }
-  MPI_TRY(a2av_f32(polled, p2, s2, d2, together ? recv : p3, r2, e2, m->cross), "Alltoallv (2DH inter-node)");
-  for (int q = 0, at = 0; !together && q < W; at += rc[q++])
-    memcpy(recv + rd[q], p3 + at, (size_t)rc[q] * sizeof *recv);
+  MPI_TRY(a2av_rows(polled, p2, s2, d2, together ? recv : p3, r2, e2, row_type(m, width), m->cross),
+          "Alltoallv (2DH inter-node)");
+  size_t at = 0;
+  for (int q = 0; !together && q < W; at += (size_t)rc[q++])
+    memcpy(recv + (size_t)rd[q] * w, p3 + at * w, (size_t)rc[q] * w * sizeof *recv);
   return MOE_OK;
 }
 
-static moe_status alltoallv_f32(const moe_dist *d, const float *send, const int *sendcounts, const int *sdispls,
-                                float *recv, const int *recvcounts, const int *rdispls, int polled) {
+static moe_status alltoallv_rows(const moe_dist *d, const float *send, const int *sendcounts, const int *sdispls,
+                                 float *recv, const int *recvcounts, const int *rdispls, int width, int polled) {
   if (ONE(d)) {
-    if (sendcounts[0]) memcpy(recv + rdispls[0], send + sdispls[0], (size_t)sendcounts[0] * sizeof *send);
+    size_t w = (size_t)width;
+    if (sendcounts[0]) memcpy(recv + rdispls[0] * w, send + sdispls[0] * w, (size_t)sendcounts[0] * w * sizeof *send);
     return MOE_OK;
   }
   if (ST(d)->algo == MOE_A2A_2DH)
-    return alltoallv_2dh(d, send, sendcounts, sdispls, recv, recvcounts, rdispls, polled);
-  MPI_TRY(a2av_f32(polled, send, sendcounts, sdispls, recv, recvcounts, rdispls, ST(d)->world), "Alltoallv (tokens)");
+    return alltoallv_2dh(d, send, sendcounts, sdispls, recv, recvcounts, rdispls, width, polled);
+  MPI_TRY(a2av_rows(polled, send, sendcounts, sdispls, recv, recvcounts, rdispls, row_type(ST(d), width),
+                    ST(d)->world), "Alltoallv (tokens)");
   return MOE_OK;
 }
 
-moe_status moe__dist_alltoallv_f32(const moe_dist *d, const float *send, const int *sendcounts,
-                                   const int *sdispls, float *recv, const int *recvcounts,
-                                   const int *rdispls) {
-  return alltoallv_f32(d, send, sendcounts, sdispls, recv, recvcounts, rdispls, 0);
+moe_status moe__dist_alltoallv_rows(const moe_dist *d, const float *send, const int *sendcounts,
+                                    const int *sdispls, float *recv, const int *recvcounts,
+                                    const int *rdispls, int width) {
+  return alltoallv_rows(d, send, sendcounts, sdispls, recv, recvcounts, rdispls, width, 0);
 }
 
-moe_status moe__dist_alltoallv_f32_polled(const moe_dist *d, const float *send, const int *sendcounts,
-                                          const int *sdispls, float *recv, const int *recvcounts,
-                                          const int *rdispls) {
-  return alltoallv_f32(d, send, sendcounts, sdispls, recv, recvcounts, rdispls, 1);
+moe_status moe__dist_alltoallv_rows_polled(const moe_dist *d, const float *send, const int *sendcounts,
+                                           const int *sdispls, float *recv, const int *recvcounts,
+                                           const int *rdispls, int width) {
+  return alltoallv_rows(d, send, sendcounts, sdispls, recv, recvcounts, rdispls, width, 1);
 }
 
 moe_status moe__dist_reduce_scatter_f32(const moe_dist *d, const float *send, float *recv, const int *counts) {

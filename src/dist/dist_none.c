@@ -49,18 +49,19 @@ moe_status moe__dist_alltoallv_i32(const moe_dist *d, const int32_t *send, const
   return MOE_OK;
 }
 
-moe_status moe__dist_alltoallv_f32(const moe_dist *d, const float *send, const int *sendcounts,
-                                   const int *sdispls, float *recv, const int *recvcounts,
-                                   const int *rdispls) {
+moe_status moe__dist_alltoallv_rows(const moe_dist *d, const float *send, const int *sendcounts,
+                                    const int *sdispls, float *recv, const int *recvcounts,
+                                    const int *rdispls, int width) {
   (void)d, (void)recvcounts;
-  if (sendcounts[0]) memcpy(recv + rdispls[0], send + sdispls[0], (size_t)sendcounts[0] * sizeof *send);
+  size_t w = (size_t)width;
+  if (sendcounts[0]) memcpy(recv + rdispls[0] * w, send + sdispls[0] * w, (size_t)sendcounts[0] * w * sizeof *send);
   return MOE_OK;
 }
 
-moe_status moe__dist_alltoallv_f32_polled(const moe_dist *d, const float *send, const int *sendcounts,
-                                          const int *sdispls, float *recv, const int *recvcounts,
-                                          const int *rdispls) {
-  return moe__dist_alltoallv_f32(d, send, sendcounts, sdispls, recv, recvcounts, rdispls);
+moe_status moe__dist_alltoallv_rows_polled(const moe_dist *d, const float *send, const int *sendcounts,
+                                           const int *sdispls, float *recv, const int *recvcounts,
+                                           const int *rdispls, int width) {
+  return moe__dist_alltoallv_rows(d, send, sendcounts, sdispls, recv, recvcounts, rdispls, width);
 }
 
 moe_status moe__dist_reduce_scatter_f32(const moe_dist *d, const float *send, float *recv, const int *counts) {
