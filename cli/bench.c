@@ -21,7 +21,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: moe bench [--cases S,M,L] [--routing uniform,skewed] [--dispatch dynamic,static]\n"
           "                 [--dtype f32,bf16] [--shape T,D,H,E,k] [--threads N] [--reps R] [--json]\n"
-          "                 [--expert-parallel] [--pipeline N|auto,... [--memory-reuse none|s4]]\n"
+          "                 [--expert-parallel] [--pipeline N|auto,... [--memory-reuse none|s2|s3|s4]]\n"
           "--cases, --routing, --dispatch and --dtype take a comma-separated subset (any order, each name\n"
           "once; default all, but --dtype f32). --dtype: the experts' compute dtypes; the ratio (roofline_ratio)\n"
           "is to the fp32 sgemm measured in the same run, so bf16 can exceed 1. --reps R: timed steps\n"
@@ -33,7 +33,9 @@ static void usage(FILE *f) {
           "given (expert-parallel, each micro-batch's exchange overlaps the previous one's experts);\n"
           "auto: the layer's adaptive n, whose search (trial steps) runs before the timed steps, shown\n"
           "as auto:N.\n"
-          "--memory-reuse s4 keeps one micro-batch's activations (peak_bytes shows the saving).\n");
+          "--memory-reuse: MPipeMoE's strategies (s3: one micro-batch's activations, recomputed; s2,\n"
+          "expert-parallel: two micro-batches of the exchange's buffers, received again in backward; s4:\n"
+          "both); peak_bytes shows the saving.\n");
 }
 
 typedef struct { const char *name; int T, D, H, E, k; } bench_case;

@@ -19,14 +19,14 @@ static void usage(FILE *f) {
           "                     [--dispatch dynamic|static] [--priority index|score]\n"
           "                     [--router linear|cosine] [--threads N] [--dtype f32|bf16]\n"
           "                     [--out-dtype f32|bf16] [--expert-capacity C0,C1,...]\n"
-          "                     [--pipeline N|auto] [--memory-reuse none|s4]\n"
+          "                     [--pipeline N|auto] [--memory-reuse none|s2|s3|s4]\n"
           "                     [--expert-parallel [--a2a linear|2dh] [--ranks-per-node G] [--placement P.json]]\n"
           "--dtype picks the experts' compute dtype (default: the file's \"dtype\" metadata, else f32);\n"
           "--out-dtype the dtype of the float tensors written (default f32). --expert-capacity gives each\n"
           "expert its own capacity (static dispatch; DynaMoE's per-expert capacities), E counts.\n"
           "--pipeline N runs the experts as N micro-batches (dynamic dispatch; the same output bits; auto:\n"
-          "the layer's adaptive choice), --memory-reuse s4 keeps one micro-batch's activations and\n"
-          "recomputes them.\n"
+          "the layer's adaptive choice), --memory-reuse s3|s2|s4 what backward restores instead of\n"
+          "keeping (s3: the activations, recomputed; s2: the received rows, received again; s4: both).\n"
           "Under mpirun -np W, --expert-parallel spreads the experts over the ranks (each routes T/W of\n"
           "the tokens); rank 0 writes OUT, equal to the one-process output.\n");
 }

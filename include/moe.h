@@ -163,7 +163,7 @@ typedef enum { MOE_ACT_RELU, MOE_ACT_GELU, MOE_ACT_SILU, MOE_ACT_SWIGLU } moe_ac
 typedef enum { MOE_DISPATCH_DYNAMIC, MOE_DISPATCH_STATIC } moe_dispatch;
 typedef enum { MOE_PRIORITY_INDEX, MOE_PRIORITY_SCORE } moe_priority;
 typedef enum { MOE_ROUTER_LINEAR, MOE_ROUTER_COSINE } moe_router;
-typedef enum { MOE_REUSE_NONE, MOE_REUSE_S4 } moe_reuse;
+typedef enum { MOE_REUSE_NONE, MOE_REUSE_S4, MOE_REUSE_S2, MOE_REUSE_S3 } moe_reuse;
 
 const char *moe_act_name(moe_act a);
 const char *moe_dispatch_name(moe_dispatch d);
@@ -209,10 +209,12 @@ typedef struct {
                              trial steps (stats.pipeline says which). Outputs, losses and all
                              gradients are the same bits for every n */
   moe_reuse memory_reuse; /* with pipeline > 1: what backward restores instead of keeping (MPipeMoE
-                             Table II on a CPU): MOE_REUSE_NONE keeps every micro-batch's activations;
-                             MOE_REUSE_S4 keeps one micro-batch's fc1/fc3/activation buffer (T_M) and
-                             recomputes it in backward (S2, restoring T_M by offload, is S4 without the
-                             recompute on a CPU: host memory is the offload target, so it saves nothing) */
+                             Table II on a CPU, where offloading to host memory keeps the tensor):
+                             MOE_REUSE_NONE keeps every micro-batch's tensors; S3 keeps one micro-
+                             batch's fc1/fc3/activation buffer (T_M) and recomputes it in backward;
+                             S2 keeps the received rows (T_DI) and the expert outputs (T_DO) of two
+                             micro-batches only and receives T_DI again in backward (expert-parallel;
+                             in one process T_DI is the dispatch rows, kept); S4 does both */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,

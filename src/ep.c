@@ -65,50 +65,74 @@ static moe_status a2a_groups(moe_layer_t *l) {
   return MOE_OK;
 }
 
+/* Rows of one buffer: all the groups' rows, or (plan.slotted) one micro-batch's. */
+static size_t buffer_rows(const moe_layer_t *l) {
+  return (size_t)(l->st->p.slotted ? l->st->p.mb_rows : l->st->p.grows);
+}
+
+/* Staging (rows in source order): the whole batch; or, slotted, two micro-batches per way in (the
+ * exchange of i + 1 lands while i's rows are read), the way back reusing way 0's. */
+static size_t staging_rows(const moe_layer_t *l) { return buffer_rows(l) * (l->st->p.slotted ? 4 : 1); }
+
 static size_t a2a_work_bytes(const moe_layer_t *l) {
   size_t R = (size_t)l->st->p.grows, D = (size_t)l->cfg.D;
-  return moe__arena_size(R * 4) + 4 * moe__arena_size(R * D * 4); /* perm, xr, gx, gout, gdx */
+  return moe__arena_size(R * 4) + moe__arena_size(staging_rows(l) * D * 4) +
+         3 * moe__arena_size(buffer_rows(l) * D * 4); /* perm, xr, gx, gout, gdx */
+}
+
+/* Micro-batch i's staging: its rows from every source rank, source after source. */
+static float *staging(const moe_layer_t *l, int way, int i) {
+  const moe__plan *p = &l->st->p;
+  size_t at = p->slotted ? (size_t)(2 * way + i % 2) * (size_t)p->mb_rows : (size_t)p->mb[i].lo;
+  return l->st->xr + at * (size_t)l->cfg.D;
+}
+
+/* perm: each expert-major row's place in its micro-batch's staging. */
+static void micro_perm(moe_layer_t *l) {
+  moe__plan *p = &l->st->p;
+  int W = world(l), El = p->ng;
+  for (int i = 0; i < p->n; i++) {
+    int e0 = p->mb[i].e0, e1 = p->mb[i].e1, src = 0;
+    for (int q = 0; q < W; q++)
+      for (int e = e0; e < e1; e++) {
+        int dst = p->goffs[e];
+        for (int r = 0; r < q; r++) dst += p->rc[r * El + e]; /* rows of e from lower ranks first */
+        for (int j = 0; j < p->rc[q * El + e]; j++) p->perm[dst + j] = src + j;
+        src += p->rc[q * El + e];
+      }
+  }
 }
 
 static moe_status a2a_alloc(moe_layer_t *l) {
   moe__layer_state *s = l->st;
-  int W = world(l), El = s->p.ng, R = s->p.grows, D = l->cfg.D;
+  size_t D = (size_t)l->cfg.D, B = buffer_rows(l);
   moe__arena *a = &s->work;
-  s->p.perm = moe__arena_alloc(a, (size_t)R * 4);
-  s->xr = moe__arena_alloc(a, (size_t)R * D * 4);
-  s->gx = moe__arena_alloc(a, (size_t)R * D * 4);
-  s->gout = moe__arena_alloc(a, (size_t)R * D * 4);
-  s->gdx = moe__arena_alloc(a, (size_t)R * D * 4);
-  MOE_TRY((s->p.perm && s->gdx) || R == 0, MOE_ERR_STATE, "internal: exchange workspace too small");
-  const int *rdisp = s->p.rdisp;
-  for (int q = 0; q < W; q++) {
-    int src = rdisp[q];
-    for (int e = 0; e < El; e++) {
-      int dst = s->p.goffs[e];
-      for (int p = 0; p < q; p++) dst += s->p.rc[p * El + e]; /* rows of e from lower ranks first */
-      for (int i = 0; i < s->p.rc[q * El + e]; i++) s->p.perm[dst + i] = src + i;
-      src += s->p.rc[q * El + e];
-    }
-  }
+  s->p.perm = moe__arena_alloc(a, (size_t)s->p.grows * 4);
+  s->xr = moe__arena_alloc(a, staging_rows(l) * D * 4);
+  s->gx = moe__arena_alloc(a, B * D * 4);
+  s->gout = moe__arena_alloc(a, B * D * 4);
+  s->gdx = moe__arena_alloc(a, B * D * 4);
+  MOE_TRY((s->p.perm && s->gdx) || s->p.grows == 0, MOE_ERR_STATE, "internal: exchange workspace too small");
+  micro_perm(l);
   return MOE_OK;
 }
 
 /* Row counts of micro-batch i's exchange (local experts [e0, e1) of every owner), in the order MPI
- * wants (send, sdispl, recv, rdispl); reverse: the way back. The rows sit where the whole batch's
- * exchange puts them: in this rank's expert-sorted rows, and in source-major order in xr. */
+ * wants (send, sdispl, recv, rdispl); reverse: the way back. The rows sit in this rank's expert-sorted
+ * rows, and, on the owner, in the micro-batch's staging, source after source. */
 static void micro_counts(const moe_layer_t *l, int i, int reverse, int *out) {
   const moe__plan *p = &l->st->p;
   int W = world(l), El = p->ng, e0 = p->mb[i].e0, e1 = p->mb[i].e1;
-  const int *rdisp = p->rdisp;
   int *sc = out + (reverse ? 2 : 0) * W, *sd = out + (reverse ? 3 : 1) * W;
   int *rcn = out + (reverse ? 0 : 2) * W, *rd = out + (reverse ? 1 : 3) * W;
-  for (int q = 0; q < W; q++) {
+  for (int q = 0, at = 0; q < W; q++) {
     sc[q] = p->offs[q * El + e1] - p->offs[q * El + e0];
     sd[q] = p->offs[q * El + e0];
-    int before = 0, in = 0;
-    for (int e = 0; e < e1; e++) *(e < e0 ? &before : &in) += p->rc[q * El + e];
+    int in = 0;
+    for (int e = e0; e < e1; e++) in += p->rc[q * El + e];
     rcn[q] = in;
-    rd[q] = rdisp[q] + before;
+    rd[q] = at;
+    at += in;
   }
 }
 
@@ -116,10 +140,9 @@ static void micro_counts(const moe_layer_t *l, int i, int reverse, int *out) {
  * posted on the communication stream (*t: its ticket) to overlap the experts of another micro-batch;
  * with one there is nothing to overlap and it runs at once (*t = 0), its time booked. */
 static moe_status exchange(moe_layer_t *l, int i, int reverse, const float *send, float *recv, uint64_t *t) {
-  int W = world(l), c[4 * MOE__EP_MAX_RANKS];
+  int W = world(l), c[4 * MOE__EP_MAX_RANKS], D = l->cfg.D;
   micro_counts(l, i, reverse, c);
   double t0 = moe__now(), sent = 0;
-  int D = l->cfg.D;
   for (int q = 0; q < W; q++) sent += q == moe_dist_rank(l->cfg.dist) ? 0 : 4.0 * D * c[q];
   *t = 0;
   if (l->st->p.n == 1)
@@ -140,33 +163,37 @@ static moe_status await(moe_layer_t *l, uint64_t t) {
 }
 
 /* Micro-batch i's rows in; the next micro-batch's exchange is posted before i's rows are reordered, so
- * that it overlaps the reorder and i's experts (the comm stream's order is MPipeMoE's S1 S2 R1 S3 R2 ...). */
-static moe_status a2a_send(moe_layer_t *l, int i, const float *rows, float *g) {
+ * that it overlaps the reorder and i's experts (the stream's order is MPipeMoE's S1 S2 R1 S3 R2 ...,
+ * so a staging slot is free again when the exchange that reuses it starts). */
+static moe_status a2a_send(moe_layer_t *l, int way, int i, const float *rows, float *g) {
   moe__layer_state *s = l->st;
-  int D = l->cfg.D, lo = s->p.mb[i].lo, hi = lo + s->p.mb[i].rows;
-  if (i == 0) MOE_CHECK(exchange(l, 0, 0, rows, s->xr, &s->tk_next)); /* 2. */
-  MOE_CHECK(await(l, s->tk_next));
-  if (i + 1 < s->p.n) MOE_CHECK(exchange(l, i + 1, 0, rows, s->xr, &s->tk_next)); /* other rows of xr */
+  int D = l->cfg.D, lo = s->p.mb[i].lo, n = s->p.mb[i].rows;
+  uint64_t *next = &s->tk_next[way];
+  if (i == 0) MOE_CHECK(exchange(l, 0, 0, rows, staging(l, way, 0), next)); /* 2. */
+  MOE_CHECK(await(l, *next));
+  if (i + 1 < s->p.n) MOE_CHECK(exchange(l, i + 1, 0, rows, staging(l, way, i + 1), next));
+  const float *in = staging(l, way, i);
 #pragma omp parallel for num_threads(s->threads) schedule(static)
-  for (int r = lo; r < hi; r++) /* 3. expert-major */
-    memcpy(g + (size_t)r * D, s->xr + (size_t)s->p.perm[r] * D, (size_t)D * 4);
+  for (int r = 0; r < n; r++) /* 3. expert-major */
+    memcpy(g + (size_t)r * D, in + (size_t)s->p.perm[lo + r] * D, (size_t)D * 4);
   return MOE_OK;
 }
 
 static moe_status a2a_recv(moe_layer_t *l, int i, const float *g, float *rows) {
   moe__layer_state *s = l->st;
-  int D = l->cfg.D, lo = s->p.mb[i].lo, hi = lo + s->p.mb[i].rows;
+  int D = l->cfg.D, lo = s->p.mb[i].lo, n = s->p.mb[i].rows;
+  float *out = staging(l, 0, i); /* free: its rows were read by send */
 #pragma omp parallel for num_threads(s->threads) schedule(static)
-  for (int r = lo; r < hi; r++)
-    memcpy(s->xr + (size_t)s->p.perm[r] * D, g + (size_t)r * D, (size_t)D * 4);
+  for (int r = 0; r < n; r++)
+    memcpy(out + (size_t)s->p.perm[lo + r] * D, g + (size_t)r * D, (size_t)D * 4);
   uint64_t t;
-  return exchange(l, i, 1, s->xr, rows, &t);
+  return exchange(l, i, 1, out, rows, &t);
 }
 
 /* The stream runs in order: the last exchange posted done, all are. */
 static moe_status a2a_finish(moe_layer_t *l) {
   uint64_t t = l->st->tk_last;
-  l->st->tk_last = l->st->tk_next = 0;
+  l->st->tk_last = l->st->tk_next[0] = l->st->tk_next[1] = 0;
   return await(l, t);
 }
 

@@ -98,8 +98,8 @@ static moe_status static_blocks(const moe_layer_t *l, int *n) {
 }
 
 /* The owners sum the ranks' buffers of their experts (one micro-batch: i is 0). */
-static moe_status static_send(moe_layer_t *l, int i, const float *rows, float *g) {
-  (void)i;
+static moe_status static_send(moe_layer_t *l, int way, int i, const float *rows, float *g) {
+  (void)way, (void)i;
   double t0 = moe__now(), others = 0;
   int n[MOE__EP_MAX_RANKS], me = moe_dist_rank(l->cfg.dist);
   MOE_CHECK(static_blocks(l, n));

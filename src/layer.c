@@ -46,7 +46,7 @@ static moe_status check_pipeline(const moe_layer_config *c, int n, moe_reuse r) 
   MOE_TRY(n == 1 || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->inner_experts), MOE_ERR_ARG,
           "config: pipeline %d needs dynamic dispatch without hierarchical experts (static dispatch and inner "
           "layers run one micro-batch for now)", n);
-  MOE_TRY((unsigned)r <= MOE_REUSE_S4, MOE_ERR_ARG, "config: unknown memory_reuse %d", r);
+  MOE_TRY((unsigned)r <= MOE_REUSE_S3, MOE_ERR_ARG, "config: unknown memory_reuse %d", r);
   return MOE_OK;
 }
 
@@ -327,11 +327,22 @@ static int router_alongside(const moe_layer_t *l) {
  * transport moves nothing, else its own. */
 static float *expert_side(const moe_layer_t *l, float *rows, float *own) { return l->st->tr->in_place ? rows : own; }
 
-/* Micro-batch i's groups, in and out of the experts' buffers x and y (of all the groups' rows). */
+/* Where micro-batch i starts in the experts' buffers: at its first row, or at row 0 of buffers that
+ * hold one micro-batch (plan.slotted), in floats. */
+static size_t micro_at(const moe_layer_t *l, int i) {
+  return l->st->p.slotted ? 0 : (size_t)l->st->p.mb[i].lo * l->cfg.D;
+}
+
+/* MPipeMoE Table II on a CPU (offloading to host memory keeps a tensor): the strategies that recompute
+ * T_M, and those that receive T_DI again (moving transports only: in process T_DI is the dispatch rows). */
+static int recomputes(moe_reuse r) { return r == MOE_REUSE_S3 || r == MOE_REUSE_S4; }
+static int recommunicates(moe_reuse r) { return r == MOE_REUSE_S2 || r == MOE_REUSE_S4; }
+
+/* Micro-batch i's groups, in and out of the experts' buffers x and y. */
 static moe__groups micro_groups(const moe_layer_t *l, int i, const float *x, float *y) {
   const moe__plan *p = &l->st->p;
   const moe__micro *m = &p->mb[i];
-  size_t r = (size_t)m->lo * l->cfg.D;
+  size_t r = micro_at(l, i);
   const int32_t *kept = p->n == 1 && l->st->tr->in_place ? p->kept : NULL; /* static padding, in process */
   return (moe__groups){p->ng, m->rows, m->goffs, kept, x + r, y + r};
 }
@@ -420,7 +431,8 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(tr->groups(l)); /* now the rows this process's experts get are known */
   if (!n) MOE_CHECK(moe__auto_pipe_pick(s->ap, busiest_rows(l), &n));
   MOE_CHECK(moe__split_rows(l, n));
-  p->shared = l->cfg.memory_reuse == MOE_REUSE_S4;
+  p->shared = recomputes(l->cfg.memory_reuse);
+  p->slotted = n > 1 && !tr->in_place && recommunicates(l->cfg.memory_reuse);
   int act_rows = p->shared ? p->mb_rows : p->grows; /* one micro-batch's, or all */
   size_t rows_d = moe__arena_size((size_t)p->rows * D * 4);
   size_t work = moe__dispatch_bytes(l) + s->src->bytes(l, p->ng, act_rows) + 2 * rows_d +
@@ -436,9 +448,9 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   for (int i = 0; i < p->n && !st; i++) { /* each micro-batch: its token exchange, its experts, its way back */
     moe__groups g = micro_groups(l, i, gx, gout);
     moe__ffn f = micro_ffn(l, i);
-    st = tr->send(l, i, s->xs, gx);
+    st = tr->send(l, 0, i, s->xs, gx + micro_at(l, i));
     if (!st) st = s->src->forward(l, &g, &f, along && i == 0 ? &router : NULL);
-    if (!st) st = tr->recv(l, i, gout, s->out);
+    if (!st) st = tr->recv(l, i, gout + micro_at(l, i), s->out);
   }
   MOE_CHECK(finish(l, st));
   MOE_CHECK(moe__gate_end(l)); /* the losses (a collective when expert-parallel), after either order */
@@ -487,18 +499,18 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   if (dweights)
     for (size_t i = 0; i < (size_t)T * p->k; i++) dw[i] += dweights[i];
   /* the experts' side of dout and dxs: the forward's outputs are dead by now */
-  const float *gx = expert_side(l, s->xs, s->gx);
-  float *gd = expert_side(l, dout, s->gout), *gdx = expert_side(l, dxs, s->gdx);
+  float *gx = expert_side(l, s->xs, s->gx), *gd = expert_side(l, dout, s->gout), *gdx = expert_side(l, dxs, s->gdx);
   int recompute = p->shared && p->n > 1; /* the shared buffer holds the last one */
   moe_status st = MOE_OK;
   for (int i = 0; i < p->n && !st; i++) {
     moe__groups g = micro_groups(l, i, gx, gdx); /* y: where a recompute may write, dead until dx */
     moe__ffn f = micro_ffn(l, i);
-    size_t r = (size_t)p->mb[i].lo * D;
-    st = s->tr->send(l, i, dout, gd);
-    if (!st && recompute) st = s->src->forward(l, &g, &f, NULL); /* T_M again (MPipeMoE S4) */
+    size_t r = micro_at(l, i);
+    st = s->tr->send(l, 0, i, dout, gd + r);
+    if (!st && p->slotted) st = s->tr->send(l, 1, i, s->xs, gx + r); /* T_DI again (MPipeMoE S2, S4) */
+    if (!st && recompute) st = s->src->forward(l, &g, &f, NULL); /* T_M again (MPipeMoE S3, S4) */
     if (!st) st = s->src->backward(l, &g, &f, gd + r, daux, dz, gdx + r);
-    if (!st) st = s->tr->recv(l, i, gdx, dxs);
+    if (!st) st = s->tr->recv(l, i, gdx + r, dxs);
   }
   MOE_CHECK(finish(l, st));
   moe__dispatch_backward(l, dxs, dx);

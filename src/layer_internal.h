@@ -65,7 +65,10 @@ typedef struct {
   int t0, Tv;            /* static: this rank's first token among all ranks', and their number */
   /* the experts' stage as n micro-batches (n = 1: the groups themselves) */
   int n, mb_rows;        /* micro-batches, the rows of the largest */
-  int shared;            /* their activations share one buffer (memory reuse S4), recomputed in backward */
+  int shared;            /* their activations (T_M) share one buffer (S3, S4), recomputed in backward */
+  int slotted;           /* the moving transport's buffers (T_DI, T_DO) hold two micro-batches, and
+                          * backward receives T_DI again (S2, S4): the experts' side of micro-batch i
+                          * starts at row 0 of its buffers, not at its first row */
   moe__micro *mb;        /* (n) */
 } moe__plan;
 
@@ -156,10 +159,12 @@ typedef struct {
   moe_status (*groups)(moe_layer_t *l);
   size_t (*work_bytes)(const moe_layer_t *l);
   moe_status (*alloc)(moe_layer_t *l); /* gx, gout, xr */
-  /* micro-batch i's rows of rows (rows, D) -> its rows of g (grows, D), called for i = 0, 1, ... in
-   * turn: on return they are there, and the next micro-batch's may be on their way already; and back
-   * (on return they may be on their way: finish waits for them) */
-  moe_status (*send)(moe_layer_t *l, int i, const float *rows, float *g);
+  /* micro-batch i's rows of rows (rows, D) -> g, its first row on the experts' side, called for
+   * i = 0, 1, ... in turn: on return they are there, and the next micro-batch's may be on their way
+   * already. way 0: the forward's inputs, or backward's output gradients; way 1: backward's second
+   * stream, the forward's inputs again (plan.slotted). recv: back, from g (on return they may be on
+   * their way: finish waits for them) */
+  moe_status (*send)(moe_layer_t *l, int way, int i, const float *rows, float *g);
   moe_status (*recv)(moe_layer_t *l, int i, const float *g, float *rows);
   /* after the last micro-batch, and after a failure: waits for every exchange started (NULL: none) */
   moe_status (*finish)(moe_layer_t *l);
@@ -186,8 +191,8 @@ struct moe__layer_state {
   float *xs, *out;  /* (rows, D) dispatch rows: expert inputs and outputs */
   float *gx, *gout, *gdx; /* (grows, D) a moving transport's expert side: inputs, outputs, input gradients */
   float *xr;        /* (grows, D) its staging buffer (all-to-all-v: rows in source order) */
-  uint64_t tk_next, tk_last; /* all-to-all-v on the communication thread: the next micro-batch's
-                              * exchange in, and the last exchange posted (comm_stream.h tickets) */
+  uint64_t tk_next[2], tk_last; /* all-to-all-v on the communication thread: each way's next
+                                 * micro-batch's exchange in, and the last exchange posted (tickets) */
   float *mask, *comb;    /* (T, rows) static dispatch: dispatch mask and combine weights */
   float inner_aux, inner_z; /* hierarchical: sums over the inner layers */
   moe_comm_stats comm;      /* exchanges since the last reset */

@@ -31,12 +31,14 @@ static moe_status local_alloc(moe_layer_t *l) {
   return MOE_OK;
 }
 
-static moe_status local_send(moe_layer_t *l, int i, const float *from, float *to) {
-  (void)l, (void)i, (void)from, (void)to; /* in place: `to` is `from` */
+static moe_status local_send(moe_layer_t *l, int way, int i, const float *from, float *to) {
+  (void)l, (void)way, (void)i, (void)from, (void)to; /* in place: `to` is `from` */
   return MOE_OK;
 }
 
-static moe_status local_recv(moe_layer_t *l, int i, const float *from, float *to) { return local_send(l, i, from, to); }
+static moe_status local_recv(moe_layer_t *l, int i, const float *from, float *to) {
+  return local_send(l, 0, i, from, to);
+}
 
 const moe__transport moe__transport_local = {"local",          1,           local_begin, local_view, local_groups,
                                              local_work_bytes, local_alloc, local_send,  local_recv, NULL};

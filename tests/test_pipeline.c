@@ -85,7 +85,7 @@ TEST(pipeline_bits_match_one_micro_batch) {
     static run_out ref, o;
     int T = cases[c].T, ok = run(&cfg, 1, MOE_REUSE_NONE, x, dy, T, &ref);
     for (size_t i = 0; ok && i < sizeof ns / sizeof ns[0]; i++)
-      for (int r = MOE_REUSE_NONE; ok && r <= MOE_REUSE_S4; r++) {
+      for (int r = MOE_REUSE_NONE; ok && r <= MOE_REUSE_S3; r++) {
         char what[96];
         snprintf(what, sizeof what, "case %zu (T=%d, k=%d) n=%d %s", c, T, cfg.top_k, ns[i], moe_reuse_name(r));
         ok = run(&cfg, ns[i], (moe_reuse)r, x, dy, T, &o) && same_as(&shape, &o, &ref, T, what);
@@ -181,8 +181,9 @@ TEST(pipeline_layer_run_same_file) {
   const char *launch[5] = {NULL, TEST_MPIRUN "-np 2", TEST_MPIRUN "-np 3", TEST_MPIRUN "-np 2", TEST_MPIRUN "-np 3"};
   const char *ep[5] = {"", "--expert-parallel", "--expert-parallel", "--expert-parallel --a2a 2dh --ranks-per-node 2",
                        "--expert-parallel --a2a 2dh --ranks-per-node 3"};
-  const char *extra[5] = {"--pipeline 3 --memory-reuse s4", "--pipeline 2", "--pipeline 6 --memory-reuse s4",
-                          "--pipeline 3", "--pipeline 2 --memory-reuse s4"};
+  const char *extra[5] = {"--pipeline 3 --memory-reuse s4", "--pipeline 2 --memory-reuse s2",
+                          "--pipeline 6 --memory-reuse s4", "--pipeline 3 --memory-reuse s3",
+                          "--pipeline 2 --memory-reuse s4"};
   for (int w_ = 0; w_ < (mpi ? 5 : 1); w_++)
     for (int i = 0; i < 2; i++) {
       snprintf(args, sizeof args, "layer-run --weights %s --input %s --out %s --backward --spec --threads 1 %s %s", w, x,
@@ -229,4 +230,27 @@ TEST(pipeline_set_between_forward_and_backward) {
   int same = !memcmp(o.y, ref.y, sizeof o.y) && !memcmp(o.dx, ref.dx, sizeof o.dx);
   moe_layer_free(&l);
   ASSERT(same);
+}
+
+/* Expert-parallel, S2 and S4 keep two micro-batches of the exchange's buffers (received rows, expert
+ * outputs and their gradients) instead of the whole batch, receiving T_DI again in backward; S3 and S4
+ * keep one micro-batch's T_M. The layer workspace of rank 0, as moe bench reports it, shrinks so. */
+TEST(pipeline_ep_reuse_shrinks_workspace) {
+  if (!test_have_mpirun()) return;
+  const char *strategy[4] = {"none", "s2", "s3", "s4"};
+  double peak[4];
+  for (int r = 0; r < 4; r++) {
+    char args[512], path[512], err[4096];
+    snprintf(args, sizeof args, "bench --expert-parallel --json --shape 512,32,64,8,2 --dispatch dynamic --routing "
+             "uniform --reps 1 --threads 1 --pipeline 4 --memory-reuse %s", strategy[r]);
+    int rc = run_moe(TEST_MPIRUN "-np 2", args, test_tmp_path("pipe_bench.json", path, sizeof path), err, sizeof err);
+    char *out = test_read_file(path, NULL);
+    const char *at = out ? strstr(out, "\"peak_bytes\": ") : NULL;
+    if (rc || !at) FAIL_("mpirun -np 2 moe %s: exit %d: %s%s", args, rc, out ? out : "", err);
+    peak[r] = atof(at + 14);
+    free(out);
+  }
+  if (!(peak[1] < peak[0] && peak[2] < peak[0] && peak[3] < peak[1] && peak[3] < peak[2]))
+    FAIL_("peak bytes none %.0f, s2 %.0f, s3 %.0f, s4 %.0f: want s2, s3 < none and s4 below both", peak[0],
+          peak[1], peak[2], peak[3]);
 }
