@@ -301,3 +301,24 @@ TEST(cli_missing_data_says_how_to_get_it) {
   ASSERT_EQ_INT(run_moe(NULL, args, NULL, err_text, sizeof err_text), 1);
   ASSERT(strstr(err_text, "scripts/get-mnist.sh") && strstr(err_text, "--data DIR"));
 }
+
+/* placement --json: a JSON line per layer on stdout, the heading on stderr. Expert 0 takes 3 of every
+ * 4 tokens and expert 1 the other: the contiguous layout puts both on device 0 (max load 1), greedy
+ * puts them apart (3/4). */
+TEST(cli_placement_json) {
+  char trace[512], out[512], args[1024], text[1024];
+  test_tmp_path("placement_trace.csv", trace, sizeof trace);
+  FILE *f = fopen(trace, "w");
+  ASSERT(f);
+  fputs("step,layer,expert,tokens\n", f);
+  for (int s = 0; s < 4; s++) fprintf(f, "%d,0,0,3\n%d,0,1,1\n", s, s);
+  fclose(f);
+  test_tmp_path("placement.jsonl", out, sizeof out);
+  snprintf(args, sizeof args, "placement --trace '%s' --devices 2 --method greedy --experts 4 --json", trace);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err_text, sizeof err_text), 0);
+  test_read_text(out, text, sizeof text);
+  const char *want = "{\"layer\": 0, \"test_batches\": 2, \"max_load\": {\"original\": 1.000000, \"greedy\": 0.750000}, "
+                     "\"avg_max_load\": {\"original\": 1.000000, \"greedy\": 0.750000}, \"expert_device\": [0, 1, 1, 0]}\n";
+  if (strcmp(text, want)) FAIL_("stdout '%s', want '%s'", text, want);
+  ASSERT(strstr(err_text, "placement: 4 experts on 2 devices"));
+}
