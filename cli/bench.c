@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "progress.h"
 
 static const char *CMD = "bench";
 
@@ -21,7 +22,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: moe bench [--cases S,M,L] [--routing uniform,skewed] [--dispatch dynamic,static]\n"
           "                 [--dtype f32,bf16] [--shape T,D,H,E,k] [--threads N] [--reps R] [--json]\n"
-          "                 [--expert-parallel] [--pipeline N [--memory-reuse none|s4]]\n"
+          "                 [--expert-parallel] [--pipeline N [--memory-reuse none|s4]] [--progress|--quiet]\n"
           "--cases, --routing, --dispatch and --dtype take a comma-separated subset (any order, each name\n"
           "once; default all, but --dtype f32). --dtype: the experts' compute dtypes; the ratio (roofline_ratio)\n"
           "is to the fp32 sgemm measured in the same run, so bf16 can exceed 1. --reps R: timed steps\n"
@@ -30,7 +31,9 @@ static void usage(FILE *f) {
           "own (named custom) instead of --cases. fwd_cached (one process): the forward again with the\n"
           "router's last choice as cached experts, so that the router runs alongside the experts.\n"
           "--pipeline N: the dynamic-dispatch cases (one process) run their experts as N micro-batches;\n"
-          "--memory-reuse s4 keeps one micro-batch's activations (peak_bytes shows the saving).\n");
+          "--memory-reuse s4 keeps one micro-batch's activations (peak_bytes shows the saving).\n"
+          "Each case's timed steps show as a progress line on stderr on a terminal (--progress: anywhere,\n"
+          "--quiet: nowhere).\n");
 }
 
 typedef struct { const char *name; int T, D, H, E, k; } bench_case;
@@ -131,7 +134,7 @@ static int check_tokens(moe_layer_t *l, const float *x, const float *y, const mo
 
 typedef struct { int threads, reps, json, ncases, nrouting, ndispatch, ndtype; const bench_case *cases[3];
                  int routing[2], dispatch[2], dtypes[2], expert_parallel, pipeline; moe_reuse reuse;
-                 moe_dist *dist; } bench_opts;
+                 moe_dist *dist; cli_progress progress; } bench_opts;
 
 static const moe_dtype DTYPES[2] = {MOE_DT_F32, MOE_DT_BF16}; /* the names in cmd_bench's dtn */
 
@@ -158,7 +161,7 @@ static int cached_forward(moe_layer_t *l, const float *x, const float *y, float 
   return 0;
 }
 
-static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_dispatch disp, moe_dtype dtype,
+static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch disp, moe_dtype dtype,
                     double sg) {
   moe_layer_config cfg;
   moe_layer_config_default(&cfg);
@@ -199,6 +202,10 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
   }
   if (moe_layer_backward(&l, dyl, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
   moe_layer_comm_reset(&l);
+  char label[64];
+  snprintf(label, sizeof label, "case %s %s %s %s", c->name, skewed ? "skewed" : "uniform", moe_dispatch_name(disp),
+           moe_compute_dtype_name(dtype));
+  cli_progress_start(&o->progress, rank == 0, "steps", o->reps);
   for (int r = 0; r < o->reps; r++) {
     barrier(o->dist);
     double s0 = cli_now();
@@ -209,7 +216,9 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
     tb[r] = (cli_now() - s0) * 1e3;
     /* dx is free once backward has written it: it takes the cached forward's output */
     if (!o->dist && (rc = cached_forward(&l, x, y, dx, st.fresh, cache, c, tc + r))) goto done;
+    cli_progress_update(&o->progress, r + 1, label, NULL);
   }
+  cli_progress_break(&o->progress);
   double fwd = median(tf, o->reps), fb = median(tb, o->reps), fwd_cached = o->dist ? 0 : median(tc, o->reps);
   moe_comm_stats cs;
   moe_layer_comm_stats(&l, &cs);
@@ -311,6 +320,7 @@ int cmd_bench(int argc, char **argv) {
     const char *f = argv[i];
     if (cli_flag_is(f, "json")) { o.json = 1; continue; }
     if (cli_flag_is(f, "expert_parallel")) { o.expert_parallel = 1; continue; }
+    if (cli_progress_flag(f, &o.progress)) continue;
     if (i + 1 >= argc) { usage(stderr); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
     const char *v = argv[++i];
     int ok = 1, listed = 0; /* listed < 0: parse_list has said what is wrong */

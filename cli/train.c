@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "progress.h"
 #include "train_cache.h"
 #include "train_capacity.h"
 #include "train_data.h"
@@ -32,6 +33,7 @@ typedef struct {
   uint64_t seed;
   moe_model_config model;
   moe_optim_config optim;
+  cli_progress progress; /* --progress, --quiet */
 } train_opts;
 
 static void usage(FILE *f) {
@@ -46,14 +48,15 @@ static void usage(FILE *f) {
     "       [--aux-weight W] [--z-weight W] [--optimizer adam|sgd] [--lr LR] [--weight-decay W]\n"
     "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
     "       [--seed S] [--threads N] [--checkpoint F] [--resume F] [--trace F] [--json] [--log-steps]\n"
-    "       [--on-nan stop|skip-step]\n"
+    "       [--on-nan stop|skip-step] [--progress|--quiet]\n"
     "       [--pipeline N] [--memory-reuse none|s4]   (the experts as N micro-batches; same bits)\n"
     "--epochs is the planned total (the learning-rate schedule's horizon); --stop-after N ends this run\n"
     "after epoch N, and --resume F continues from checkpoint F. --dtype bf16 runs the expert GEMMs in\n"
     "bf16 (fp32 accumulation, fp32 master weights); its checkpoints store the expert weights as BF16.\n"
     "A step whose activations, gradients or updated weights go NaN or Inf stops training with the epoch,\n"
     "step, block and tensor (--on-nan stop, the default); --on-nan skip-step drops that step's update\n"
-    "instead and goes on, counting the steps skipped.\n");
+    "instead and goes on, counting the steps skipped. A progress line (rate, ETA) goes to stderr on a\n"
+    "terminal; --progress shows it anywhere, --quiet nowhere.\n");
 }
 
 static void defaults(train_opts *o) {
@@ -87,6 +90,7 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
     if (cli_flag_is(f, "json")) { o->json = 1; continue; }
     if (cli_flag_is(f, "log_steps")) { o->log_steps = 1; continue; }
     if (cli_flag_is(f, "cache_assignments")) { o->cache_assignments = 1; continue; }
+    if (cli_progress_flag(f, &o->progress)) continue;
     if (i + 1 >= argc) { usage(stderr); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
     const char *v = argv[++i];
     int ok = 1, is_arch = 1;
@@ -203,16 +207,14 @@ static void accumulate(epoch_acc *a, const moe_model_t *m, const moe_model_stats
   a->load_ratio += worst;
 }
 
-static void progress(int epoch, int epochs, int step, int steps, const epoch_acc *a, double rate) {
-  int w = 24, done = steps ? step * w / steps : w;
-  char bar[32];
-  for (int i = 0; i < w; i++) bar[i] = i < done ? '=' : ' ';
-  bar[w] = 0;
-  fprintf(stderr, "\repoch %d/%d [%s] %d/%d %.1f steps/s loss %.4f acc %.4f aux %.4f drop %.4f load %.2f ", epoch,
-          epochs, bar, step, steps, rate, a->seen ? a->loss / a->seen : 0, a->seen ? (double)a->correct / a->seen : 0,
-          a->steps ? a->aux / a->steps : 0, a->assigned ? (double)a->dropped / a->assigned : 0,
-          a->steps ? a->load_ratio / a->steps : 0);
-  fflush(stderr);
+/* The progress line after step `step` (1-based) of epoch `epoch` (1-based), with the epoch's means. */
+static void progress(cli_progress *p, int epoch, int epochs, int step, const epoch_acc *a) {
+  char label[32], extra[128];
+  snprintf(label, sizeof label, "epoch %d/%d", epoch, epochs);
+  snprintf(extra, sizeof extra, "loss %.4f acc %.4f aux %.4f drop %.4f load %.2f", a->seen ? a->loss / a->seen : 0,
+           a->seen ? (double)a->correct / a->seen : 0, a->steps ? a->aux / a->steps : 0,
+           a->assigned ? (double)a->dropped / a->assigned : 0, a->steps ? a->load_ratio / a->steps : 0);
+  cli_progress_update(p, step, label, extra);
 }
 
 static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *train, moe_dataset *test,
@@ -220,7 +222,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   int B = o->batch, steps = train->n / B, F = train->rows * train->cols;
   /* data + expert parallel: every rank forms the same global batch and takes its slice */
   int W = moe_dist_size(m->cfg.moe.dist), r = moe_dist_rank(m->cfg.moe.dist);
-  int b0 = B * r / W, b1 = B * (r + 1) / W, tty = isatty(2) && r == 0;
+  int b0 = B * r / W, b1 = B * (r + 1) / W;
   if (steps == 0) return cli_usage_error(CMD, "--batch %d is larger than the training set (%d)", B, train->n);
   int warmup = o->warmup < 0 ? steps : o->warmup;
   int64_t total = (int64_t)o->epochs * steps;
@@ -246,6 +248,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     epoch_acc a = {0};
     int64_t skipped0 = ng.skipped;
     double t0 = cli_now();
+    cli_progress_start(&o->progress, r == 0, "steps", steps); /* rank 0 reports */
     train_batch_epoch(&tb, o->seed, epoch, o->augment);
     for (int s = 0; s < steps && !interrupted; s++, step++) {
       train_batch_fill(&tb, s);
@@ -256,9 +259,10 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       moe_status ss = nan_guard_step(&ng, m, opt, tb.x + (size_t)b0 * F, tb.y + b0, b1 - b0,
                                      moe_lr_schedule(o->lr, step, warmup, total), &st);
       if (ss == MOE_ERR_VALUE && ng.skip) {
+        cli_progress_break(&o->progress);
         if (ng.skipped == 1 && r == 0)
-          fprintf(stderr, "%smoe train: epoch %d, batch %d of %d (step %lld): update skipped: %s (further skips "
-                  "are counted)\n", tty ? "\n" : "", epoch + 1, s + 1, steps, (long long)step, moe_last_error());
+          fprintf(stderr, "moe train: epoch %d, batch %d of %d (step %lld): update skipped: %s (further skips "
+                  "are counted)\n", epoch + 1, s + 1, steps, (long long)step, moe_last_error());
         continue;
       }
       if (ss != MOE_OK) {
@@ -272,16 +276,16 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       if (ac && assign_cache_after(ac, m, step, ids, b1 - b0)) { rc = cli_fail(CMD); break; }
       if (dc && dyncap_push(dc, m, step, st.loss)) { rc = cli_fail(CMD); break; }
       if (tw.f && trace_step(&tw, m, step) != MOE_OK) { rc = cli_usage_error(CMD, "%s: write error", o->trace); break; }
-      if (tty && (s % 8 == 0 || s == steps - 1)) progress(epoch + 1, o->epochs, s + 1, steps, &a, (s + 1) / (cli_now() - t0));
+      progress(&o->progress, epoch + 1, o->epochs, s + 1, &a);
       if (o->log_steps) printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)step, st.loss);
     }
+    cli_progress_break(&o->progress);
     if (rc || interrupted) break;
     double rate = steps / (cli_now() - t0);
     if (evaluate(m, test, 500, &test_acc)) {
       rc = cli_usage_error(CMD, "epoch %d: evaluating the test set: %s", epoch + 1, moe_last_error());
       break;
     }
-    if (tty) fprintf(stderr, "\n");
     if (ac && assign_cache_epoch(ac, &frac_same, &caching, &caching_from)) {
       rc = cli_fail(CMD);
       break;

@@ -215,11 +215,16 @@ TEST(cli_bench_dtype_cases) {
 
   ASSERT(strstr(out, "\"fwd_cached_ms\": ")); /* bench fails if the cached forward's bits differ */
 
-  rc = bench_run("--shape 300,16,24,6,2 --reps 1 --json", out, sizeof out); /* both routings and dispatches */
+  /* both routings and dispatches; --progress: a line per case on stderr, stdout still JSON only */
+  rc = bench_run("--shape 300,16,24,6,2 --reps 1 --json --progress", out, sizeof out);
   if (rc != 0) FAIL_("moe bench --shape failed (%d): %s", rc, err_text);
   lines = 0;
-  for (const char *p = out; (p = strchr(p, '\n')); p++) lines++;
+  int json = out[0] == '{';
+  for (const char *p = out; (p = strchr(p, '\n')); p++) lines++, json &= p[1] == '{' || !p[1];
   ASSERT_EQ_INT(lines, 4);
+  ASSERT(json);
+  if (!strstr(err_text, "case custom skewed static f32 [====================] 1/1 ") || !strstr(err_text, " steps/s ETA "))
+    FAIL_("no progress line for case custom skewed static in stderr '%s'", err_text);
   ASSERT(strstr(out, "\"case\": \"custom\", \"T\": 300, \"D\": 16, \"H\": 24, \"E\": 6, \"k\": 2"));
   ASSERT(bench_run("--shape 300,16,24,2,3 --reps 1 --json", out, sizeof out) != 0); /* k > E */
   if (!strstr(err_text, "--shape") || !strstr(err_text, "'300,16,24,2,3'"))
