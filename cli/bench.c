@@ -15,6 +15,7 @@
 
 #include "cli.h"
 #include "progress.h"
+#include "rank_errors.h"
 
 static const char *CMD = "bench";
 
@@ -347,6 +348,7 @@ int cmd_bench(int argc, char **argv) {
   if (given_cases == 3) return cli_usage_error(CMD, "--shape and --cases: give one or the other");
   for (int i = 0; i < o.ncases; i++) o.cases[i] = idx[i] < 0 ? &custom : &CASES[idx[i]];
   if (o.expert_parallel && moe_dist_init(&o.dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
+  cli_hold_errors(o.dist); /* a failure in a case: the failing ranks say so, then every rank stops */
   int W = moe_dist_size(o.dist), root = moe_dist_rank(o.dist) == 0;
   if (!o.threads) o.threads = cli_cpu_count() / W > 0 ? cli_cpu_count() / W : 1;
   double sg = moe_sgemm_gflops(2048, o.threads, 3);
@@ -372,7 +374,5 @@ int cmd_bench(int argc, char **argv) {
       for (int d = 0; d < o.ndispatch && !rc; d++)
         for (int t = 0; t < o.ndtype && !rc; t++)
           rc = run_case(&o, o.cases[c], o.routing[r], (moe_dispatch)o.dispatch[d], DTYPES[o.dtypes[t]], sg);
-  if (rc && o.dist) moe_dist_abort(o.dist, rc);
-  moe_dist_finalize(o.dist);
-  return rc;
+  return cli_dist_end(o.dist, CMD, rc);
 }
