@@ -238,7 +238,8 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   train_batch tb = {0};
   if (!rc && train_batch_init(&tb, train, B)) rc = cli_usage_error(CMD, "out of memory");
   trace_writer tw = {0};
-  if (!rc && o->trace && trace_open(&tw, o->trace, step) != MOE_OK) rc = 1;
+  if (!rc && o->trace && r == 0 && trace_open(&tw, o->trace, step) != MOE_OK) /* rank 0 writes: the counts */
+    rc = 1;                                                                  /* are the whole batch's */
   double test_acc = -1;
   dyncap *dc = NULL;
   if (!rc && o->dynamic_capacity && dyncap_start(&dc, m, B, o->delta_launch, o->headroom))
@@ -375,6 +376,7 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
       {"--cache-on", o->cache.on, NULL}, {"--cache-off", o->cache.off, NULL},
       {"--cache-min-epoch", o->cache.min_epoch, NULL}, {"--on-nan skip-step", o->skip_nan, NULL},
       {"--pipeline", l->pipeline, NULL}, /* each micro-batch is an exchange: the counts must match */
+      {"--checkpoint", o->checkpoint != NULL, NULL}, {"--resume", o->resume != NULL, NULL}, /* collectives */
       {"training images", train->n, NULL}, {"image rows", train->rows, NULL}, {"image columns", train->cols, NULL},
       {"training labels (hash)", cli_hash(train->labels, (size_t)train->n), NULL}, {"test images", test->n, NULL},
       {"test labels (hash)", cli_hash(test->labels, (size_t)test->n), NULL},
@@ -396,7 +398,8 @@ static int setup(int argc, char **argv, train_opts *o, int arch, const moe_datas
   }
   moe_train_state ts;
   if (arch) return cli_usage_error(CMD, "--resume takes the model and optimizer from the checkpoint; drop the architecture flags");
-  if (moe_checkpoint_load(o->resume, m, opt, &ts) != MOE_OK) return cli_fail(CMD);
+  /* under mpirun each rank keeps its own experts, whatever number of ranks saved the file */
+  if (moe_checkpoint_load_ranks(o->resume, o->model.moe.dist, m, opt, &ts) != MOE_OK) return cli_fail(CMD);
   if (!opt->m) return cli_usage_error(CMD, "%s: has no optimizer state to resume from", o->resume);
   if (!load_extra(ts.extra, o))
     return cli_usage_error(CMD, "%s: __metadata__ train='%s' is not a valid set of training options", o->resume, ts.extra);
@@ -433,8 +436,6 @@ int cmd_train(int argc, char **argv) {
   train_opts o;
   defaults(&o);
   int arch = 0, rc = parse(argc, argv, &o, &arch);
-  if (!rc && dist && (o.checkpoint || o.resume || o.trace))
-    rc = cli_usage_error(CMD, "--checkpoint, --resume and --trace are not supported under mpirun yet");
   o.model.moe.dist = dist;
   if (!rc && dist && moe_dist_rank(dist) != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 reports */
     rc = cli_usage_error(CMD, "rank %d: cannot silence stdout", moe_dist_rank(dist));
