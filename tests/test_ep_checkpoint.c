@@ -50,14 +50,33 @@ static int copy_file(const char *from, const char *to) {
   return ok;
 }
 
+/* Whether the file of a 2-rank run (two) holds what one process's (one) holds: every tensor, its dtype
+ * and whole shape, and after one epoch values within what the ranks' order of sums moves them. */
+static int same_format(const char *one, const char *two) {
+  moe_st *a = NULL, *b = NULL;
+  int same = moe_st_open(&a, one) == MOE_OK && moe_st_open(&b, two) == MOE_OK && moe_st_count(a) == moe_st_count(b);
+  for (int i = 0; same && i < moe_st_count(a); i++) {
+    moe_tensor_view va, vb;
+    same = moe_st_at(a, i, &va) == MOE_OK && moe_st_get(b, va.name, &vb) == MOE_OK && va.dtype == vb.dtype &&
+           va.ndim == vb.ndim && va.nbytes == vb.nbytes && !memcmp(va.shape, vb.shape, sizeof(int64_t) * va.ndim);
+    if (same && va.dtype == MOE_DT_F32 && strncmp(va.name, "optim.", 6)) /* the moments: too small to compare */
+      same = tensors_close(va.name, vb.data, va.data, va.nbytes / 4, 1e-3, 1e-5);
+    if (!same) fprintf(stderr, "  tensor %d (%s) differs between one process and two ranks\n", i, va.name);
+  }
+  moe_st_close(a);
+  moe_st_close(b);
+  return same;
+}
+
 TEST(ep_checkpoint_resume_any_ranks) {
   if (!test_have_mpirun()) return;
   const char *data = synth_data_dir();
-  char a[512], b[512], b1[512], b4[512], oa[512], ob[512], args[3000], err[4096], acc_txt[256];
+  char a[512], b[512], b1[512], b4[512], c1[512], oa[512], ob[512], args[3000], err[4096], acc_txt[256];
   test_tmp_path("ep_a.safetensors", a, sizeof a);
   test_tmp_path("ep_b.safetensors", b, sizeof b);
   test_tmp_path("ep_b1.safetensors", b1, sizeof b1);
   test_tmp_path("ep_b4.safetensors", b4, sizeof b4);
+  test_tmp_path("ep_c1.safetensors", c1, sizeof c1);
   test_tmp_path("ep_a.txt", oa, sizeof oa);
   test_tmp_path("ep_b.txt", ob, sizeof ob);
   snprintf(args, sizeof args, ARGS " --data '%s' --log-steps --checkpoint '%s'", data, a);
@@ -75,6 +94,9 @@ TEST(ep_checkpoint_resume_any_ranks) {
   snprintf(args, sizeof args, ARGS " --data '%s' --stop-after 1 --checkpoint '%s'", data, b);
   if (train_on(2, args, ob, err, sizeof err)) FAIL_("2 ranks, epoch 1: %s", err);
   ASSERT(copy_file(b, b1) && copy_file(b, b4));
+  snprintf(args, sizeof args, ARGS " --data '%s' --stop-after 1 --checkpoint '%s'", data, c1);
+  if (train_on(1, args, ob, err, sizeof err)) FAIL_("1 process, epoch 1: %s", err);
+  ASSERT(same_format(c1, b));
   snprintf(args, sizeof args, "train --data '%s' --threads 1 --log-steps --resume '%s'", data, b);
   if (train_on(2, args, ob, err, sizeof err)) FAIL_("2 ranks resuming: %s", err);
   ASSERT(test_same_file(a, b)); /* the same rank count: the same bits */
@@ -99,36 +121,6 @@ TEST(ep_checkpoint_resume_any_ranks) {
   ASSERT(train_on(3, args, ob, err, sizeof err) != 0);
   const char *want = "E divisible by the ranks (E=8, W=3)", *at = strstr(err, want);
   if (!at || strstr(at + 1, want)) FAIL_("3 ranks resuming: stderr '%s' (want '%s' once)", err, want);
-}
-
-/* The file of a 2-rank run holds what one process's holds: every tensor, its dtype and whole shape,
- * and after one epoch values within what the ranks' order of sums moves them. */
-TEST(ep_checkpoint_format_is_one_process) {
-  if (!test_have_mpirun()) return;
-  const char *data = synth_data_dir();
-  char one[512], two[512], out[512], args[3000], err[4096];
-  test_tmp_path("ep_fmt1.safetensors", one, sizeof one);
-  test_tmp_path("ep_fmt2.safetensors", two, sizeof two);
-  test_tmp_path("ep_fmt.txt", out, sizeof out);
-  for (int W = 1; W <= 2; W++) {
-    snprintf(args, sizeof args, ARGS " --data '%s' --stop-after 1 --checkpoint '%s'", data, W == 1 ? one : two);
-    if (train_on(W, args, out, err, sizeof err)) FAIL_("%d ranks: %s", W, err);
-  }
-  moe_st *a = NULL, *b = NULL;
-  ASSERT_OK(moe_st_open(&a, one));
-  ASSERT_OK(moe_st_open(&b, two));
-  int same = moe_st_count(a) == moe_st_count(b);
-  for (int i = 0; same && i < moe_st_count(a); i++) {
-    moe_tensor_view va, vb;
-    same = moe_st_at(a, i, &va) == MOE_OK && moe_st_get(b, va.name, &vb) == MOE_OK && va.dtype == vb.dtype &&
-           va.ndim == vb.ndim && va.nbytes == vb.nbytes && !memcmp(va.shape, vb.shape, sizeof(int64_t) * va.ndim);
-    if (same && va.dtype == MOE_DT_F32 && strncmp(va.name, "optim.", 6)) /* the moments: too small to compare */
-      same = tensors_close(va.name, vb.data, va.data, va.nbytes / 4, 1e-3, 1e-5);
-    if (!same) fprintf(stderr, "  tensor %d (%s) differs between one process and two ranks\n", i, va.name);
-  }
-  moe_st_close(a);
-  moe_st_close(b);
-  ASSERT(same);
 }
 
 /* --trace under 2 ranks: rank 0 writes the whole batch's counts (B k per step and block). */
