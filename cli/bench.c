@@ -14,6 +14,8 @@
 #include <time.h>
 
 #include "cli.h"
+#include "progress.h"
+#include "rank_errors.h"
 
 static const char *CMD = "bench";
 
@@ -22,6 +24,7 @@ static void usage(FILE *f) {
           "usage: moe bench [--cases S,M,L] [--routing uniform,skewed] [--dispatch dynamic,static]\n"
           "                 [--dtype f32,bf16] [--shape T,D,H,E,k] [--threads N] [--reps R] [--json]\n"
           "                 [--expert-parallel] [--pipeline N|auto,... [--memory-reuse none|s2|s3|s4]]\n"
+          "                 [--progress|--quiet]\n"
           "--cases, --routing, --dispatch and --dtype take a comma-separated subset (any order, each name\n"
           "once; default all, but --dtype f32). --dtype: the experts' compute dtypes; the ratio (roofline_ratio)\n"
           "is to the fp32 sgemm measured in the same run, so bf16 can exceed 1. --reps R: timed steps\n"
@@ -35,7 +38,9 @@ static void usage(FILE *f) {
           "as auto:N.\n"
           "--memory-reuse: MPipeMoE's strategies (s3: one micro-batch's activations, recomputed; s2,\n"
           "expert-parallel: two micro-batches of the exchange's buffers, received again in backward; s4:\n"
-          "both); peak_bytes shows the saving.\n");
+          "both); peak_bytes shows the saving.\n"
+          "Each case's timed steps show as a progress line on stderr on a terminal (--progress: anywhere,\n"
+          "--quiet: nowhere).\n");
 }
 
 typedef struct { const char *name; int T, D, H, E, k; } bench_case;
@@ -136,7 +141,7 @@ static int check_tokens(moe_layer_t *l, const float *x, const float *y, const mo
 
 typedef struct { int threads, reps, json, ncases, nrouting, ndispatch, ndtype; const bench_case *cases[3];
                  int routing[2], dispatch[2], dtypes[2], expert_parallel, npipe, pipes[8]; moe_reuse reuse;
-                 moe_dist *dist; } bench_opts;
+                 moe_dist *dist; cli_progress progress; } bench_opts;
 
 static const moe_dtype DTYPES[2] = {MOE_DT_F32, MOE_DT_BF16}; /* the names in cmd_bench's dtn */
 
@@ -163,7 +168,7 @@ static int cached_forward(moe_layer_t *l, const float *x, const float *y, float 
   return 0;
 }
 
-static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_dispatch disp, moe_dtype dtype,
+static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch disp, moe_dtype dtype,
                     int pipeline, double sg) {
   moe_layer_config cfg;
   moe_layer_config_default(&cfg);
@@ -207,6 +212,10 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
     if (moe_layer_forward(&l, xl, Tl, y, NULL, &st) != MOE_OK ||
         moe_layer_backward(&l, dyl, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
   moe_layer_comm_reset(&l);
+  char label[64];
+  snprintf(label, sizeof label, "case %s %s %s %s", c->name, skewed ? "skewed" : "uniform", moe_dispatch_name(disp),
+           moe_compute_dtype_name(dtype));
+  cli_progress_start(&o->progress, rank == 0, "steps", o->reps);
   for (int r = 0; r < o->reps; r++) {
     barrier(o->dist);
     double s0 = cli_now();
@@ -217,7 +226,9 @@ static int run_case(const bench_opts *o, const bench_case *c, int skewed, moe_di
     tb[r] = (cli_now() - s0) * 1e3;
     /* dx is free once backward has written it: it takes the cached forward's output */
     if (!o->dist && (rc = cached_forward(&l, x, y, dx, st.fresh, cache, c, tc + r))) goto done;
+    cli_progress_update(&o->progress, r + 1, label, NULL);
   }
+  cli_progress_break(&o->progress);
   double fwd = median(tf, o->reps), fb = median(tb, o->reps), fwd_cached = o->dist ? 0 : median(tc, o->reps);
   moe_comm_stats cs;
   moe_layer_comm_stats(&l, &cs);
@@ -339,6 +350,7 @@ int cmd_bench(int argc, char **argv) {
     const char *f = argv[i];
     if (cli_flag_is(f, "json")) { o.json = 1; continue; }
     if (cli_flag_is(f, "expert_parallel")) { o.expert_parallel = 1; continue; }
+    if (cli_progress_flag(f, &o.progress)) continue;
     if (i + 1 >= argc) { usage(stderr); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
     const char *v = argv[++i];
     int ok = 1, listed = 0; /* listed < 0: parse_list has said what is wrong */
@@ -365,6 +377,7 @@ int cmd_bench(int argc, char **argv) {
   if (given_cases == 3) return cli_usage_error(CMD, "--shape and --cases: give one or the other");
   for (int i = 0; i < o.ncases; i++) o.cases[i] = idx[i] < 0 ? &custom : &CASES[idx[i]];
   if (o.expert_parallel && moe_dist_init(&o.dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
+  cli_hold_errors(o.dist); /* a failure in a case: the failing ranks say so, then every rank stops */
   int W = moe_dist_size(o.dist), root = moe_dist_rank(o.dist) == 0;
   if (!o.threads) o.threads = cli_cpu_count() / W > 0 ? cli_cpu_count() / W : 1;
   double sg = moe_sgemm_gflops(2048, o.threads, 3);
@@ -393,7 +406,5 @@ int cmd_bench(int argc, char **argv) {
             if (n == 0 || o.dispatch[d] == MOE_DISPATCH_DYNAMIC)
               rc = run_case(&o, o.cases[c], o.routing[r], (moe_dispatch)o.dispatch[d], DTYPES[o.dtypes[t]],
                             o.dispatch[d] == MOE_DISPATCH_DYNAMIC ? o.pipes[n] : 1, sg);
-  if (rc && o.dist) moe_dist_abort(o.dist, rc);
-  moe_dist_finalize(o.dist);
-  return rc;
+  return cli_dist_end(o.dist, CMD, rc);
 }

@@ -9,19 +9,20 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "rank_errors.h"
 
 int cli_fail(const char *cmd) {
-  fprintf(stderr, "moe %s: %s\n", cmd, moe_last_error());
+  cli_report(cmd, moe_last_error());
   return 1;
 }
 
 int cli_usage_error(const char *cmd, const char *fmt, ...) {
+  char msg[1024];
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "moe %s: ", cmd);
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  cli_report(cmd, msg);
   return 1;
 }
 

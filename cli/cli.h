@@ -4,9 +4,10 @@
 
 #include "moe.h"
 
-/* Prints "moe <cmd>: <moe_last_error()>" to stderr and returns 1 (the exit status). */
+/* Prints "moe <cmd>: <moe_last_error()>" to stderr (or holds it under mpirun: rank_errors.h) and
+ * returns 1 (the exit status). */
 int cli_fail(const char *cmd);
-/* Prints "moe <cmd>: <message>" to stderr and returns 1. */
+/* Prints (or holds) "moe <cmd>: <message>" and returns 1. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* True when an argument asks for help (--help or -h): the subcommand prints its usage to stdout, exits 0. */
 int cli_wants_help(int argc, char **argv);

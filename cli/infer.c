@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "progress.h"
 #include "train_data.h"
 
 typedef struct {
@@ -17,11 +18,13 @@ typedef struct {
   int batch, cache, threads, json;
   int dtype; /* -1: the checkpoint's */
   moe_cache_policy policy;
+  cli_progress progress; /* --progress, --quiet */
 } infer_opts;
 
 static void usage(FILE *f, const char *cmd) {
   fprintf(f, "usage: moe %s --checkpoint F [--data DIR] [--split t10k|train] [--batch B]\n"
-             "       [--cache K [--policy lifo|lru|fifo]] [--dtype f32|bf16] [--threads N] [%s F] [--json]\n",
+             "       [--cache K [--policy lifo|lru|fifo]] [--dtype f32|bf16] [--threads N] [%s F] [--json]\n"
+             "       [--progress|--quiet]   (a progress line on stderr: on a terminal, anywhere, nowhere)\n",
           cmd, strcmp(cmd, "trace") ? "--trace" : "--out");
 }
 
@@ -30,6 +33,7 @@ static int parse(const char *cmd, int argc, char **argv, infer_opts *o) {
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     if (cli_flag_is(f, "json")) { o->json = 1; continue; }
+    if (cli_progress_flag(f, &o->progress)) continue;
     if (i + 1 >= argc) return cli_usage_error(cmd, "%s: missing value (or unknown flag)", f);
     const char *v = argv[++i];
     int ok = 1;
@@ -65,7 +69,7 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static int run(const char *cmd, const infer_opts *o, moe_model_t *m, moe_dataset *d) {
+static int run(const char *cmd, infer_opts *o, moe_model_t *m, moe_dataset *d) {
   int F = d->rows * d->cols, nb = d->n / o->batch + (d->n % o->batch != 0);
   if (F != m->cfg.in_dim)
     return cli_usage_error(cmd, "%s: the model takes %d features, the data has %d", o->ck, m->cfg.in_dim, F);
@@ -76,6 +80,7 @@ static int run(const char *cmd, const infer_opts *o, moe_model_t *m, moe_dataset
   if (o->trace && trace_open(&tw, o->trace, 0) != MOE_OK) rc = 1;
   long hits = 0;
   double t0 = cli_now();
+  cli_progress_start(&o->progress, 1, "batches", nb);
   for (int b = 0; b < nb && !rc; b++) {
     int s = b * o->batch, n = d->n - s < o->batch ? d->n - s : o->batch;
     double tb = cli_now();
@@ -84,7 +89,9 @@ static int run(const char *cmd, const infer_opts *o, moe_model_t *m, moe_dataset
     const int32_t *p = moe_model_predictions(m);
     for (int i = 0; i < n; i++) hits += p[i] == d->labels[s + i];
     if (tw.f && trace_step(&tw, m, b) != MOE_OK) rc = cli_usage_error(cmd, "%s: write error", o->trace);
+    cli_progress_update(&o->progress, b + 1, cmd, NULL);
   }
+  cli_progress_break(&o->progress);
   double wall = cli_now() - t0;
   if (tw.f && trace_close(&tw) != MOE_OK && !rc) rc = 1;
   if (rc) {

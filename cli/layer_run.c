@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "rank_errors.h"
 
 static const char *CMD = "layer-run";
 
@@ -98,13 +99,13 @@ static int parse_args(int argc, char **argv, args_t *a) {
     } else if (cli_flag_is(f, "out_dtype")) {
       st = moe_dtype_parse(v, "--out-dtype", &a->out_dt);
     } else {
-      usage(stderr);
+      if (!cli_quiet_rank()) usage(stderr);
       return cli_usage_error(CMD, "unknown flag '%s'", f);
     }
     if (st != MOE_OK) return cli_fail(CMD);
   }
   if (!a->weights || !a->input || !a->out) {
-    usage(stderr);
+    if (!cli_quiet_rank()) usage(stderr);
     return cli_usage_error(CMD, "--weights, --input and --out are required");
   }
   return 0;
@@ -345,27 +346,30 @@ static moe_status agree(const args_t *a, const moe_st *wf, const moe_st *xf) {
 
 int cmd_layer_run(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
+  moe_dist *dist = NULL;
+  for (int i = 1; i < argc; i++) /* before parsing, so that its errors are held too (printed once) */
+    if (cli_flag_is(argv[i], "expert_parallel")) {
+      if (moe_dist_init(&dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
+      cli_hold_errors(dist);
+      break;
+    }
   args_t a;
   int rc = parse_args(argc, argv, &a);
-  if (rc) return rc;
-  if (a.expert_parallel) {
-    if (moe_dist_init(&a.dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
-    a.ov.dist = a.dist;
-  }
+  a.dist = dist;
+  a.ov.dist = dist;
   moe_st *wf = NULL, *xf = NULL;
   moe_st_writer *w = NULL;
   moe_layer_t l = {0};
   float *bufs[3] = {NULL, NULL, NULL};
-  if (moe_st_open(&wf, a.weights) != MOE_OK || moe_st_open(&xf, a.input) != MOE_OK ||
-      moe_st_writer_new(&w) != MOE_OK)
+  if (!rc && (moe_st_open(&wf, a.weights) != MOE_OK || moe_st_open(&xf, a.input) != MOE_OK ||
+              moe_st_writer_new(&w) != MOE_OK))
     rc = cli_fail(CMD);
-  else if (a.dist && agree(&a, wf, xf) != MOE_OK) { /* every rank knows: none is left waiting */
-    rc = cli_fail(CMD);
-    moe_dist_finalize(a.dist);
-    a.dist = NULL;
-  } else if (a.dist && moe_dist_set_a2a(a.dist, a.a2a, a.ranks_per_node) != MOE_OK)
-    rc = cli_fail(CMD); /* other ranks may be inside the split: stopped below */
-  else
+  rc = cli_settle(a.dist, CMD, rc);
+  if (!rc && a.dist && agree(&a, wf, xf) != MOE_OK) rc = cli_fail(CMD); /* every rank knows: none is left waiting */
+  rc = cli_settle(a.dist, CMD, rc);
+  if (!rc && a.dist && moe_dist_set_a2a(a.dist, a.a2a, a.ranks_per_node) != MOE_OK)
+    rc = cli_fail(CMD); /* other ranks may be inside the split: stopped by cli_dist_end */
+  else if (!rc)
     rc = run(&a, wf, xf, &l, w, bufs);
   for (int i = 0; i < 3; i++) free(bufs[i]);
   for (int i = 0; i < 5; i++) free(a.in[i]);
@@ -374,7 +378,5 @@ int cmd_layer_run(int argc, char **argv) {
   moe_st_writer_free(w);
   moe_st_close(xf);
   moe_st_close(wf);
-  if (rc && a.dist) moe_dist_abort(a.dist, rc); /* the other ranks may be waiting in a collective */
-  moe_dist_finalize(a.dist);
-  return rc;
+  return cli_dist_end(a.dist, CMD, rc); /* a failure not settled stops every rank */
 }

@@ -1,7 +1,8 @@
 /* moe placement: expert placement over N devices from a trace (deployment paper VII). Fits greedy
  * or anti-correlation placement per layer on the first half of the trace's steps and evaluates it on
  * the second half against the contiguous expert-parallel layout (expert m on device m / (E/N)),
- * printing Max Load and Avg Max Load of both; --out writes the placement as JSON, atomically. */
+ * printing Max Load and Avg Max Load of both; --out writes the placement as JSON, atomically; --json
+ * prints a JSON line per layer instead (and the heading to stderr). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,10 +16,12 @@ static const char *CMD = "placement";
 static void usage(FILE *f) {
   fprintf(f,
           "usage: moe placement --trace T --devices N --method greedy|anticorr [--out placement.json]\n"
-          "       [--layer L|all] [--experts E] [--corr-weight W]\n"
+          "       [--layer L|all] [--experts E] [--corr-weight W] [--json]\n"
           "Fits on the first half of the trace's steps, evaluates on the second half. --experts E: the\n"
           "number of experts when the trace does not show the last ones (default: inferred); --corr-weight:\n"
-          "the weight of the correlation term of anticorr (default 0.5, as in the paper).\n");
+          "the weight of the correlation term of anticorr (default 0.5, as in the paper). --json: one JSON\n"
+          "object per layer on stdout: {\"layer\", \"test_batches\", \"max_load\" and \"avg_max_load\" (each\n"
+          "{\"original\": x, METHOD: y}), \"expert_device\"}.\n");
 }
 
 /* Writes the placement JSON (and a newline) to path atomically. */
@@ -38,10 +41,14 @@ static int save_json(const char *path, cJSON *root) {
 int cmd_placement(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   const char *trace = NULL, *method_s = NULL, *out = NULL, *layer_s = "all";
-  int devices = 0, experts = 0;
+  int devices = 0, experts = 0, json = 0;
   float corr = 0.5f;
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
+    if (cli_flag_is(f, "json")) {
+      json = 1;
+      continue;
+    }
     if (i + 1 >= argc) { usage(stderr); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
     const char *v = argv[++i];
     int ok = 1;
@@ -96,7 +103,7 @@ int cmd_placement(int argc, char **argv) {
   }
   if (moe_placement_contiguous(E, devices, orig) != MOE_OK) { rc = cli_fail(CMD); goto done; }
   int64_t half = t.steps / 2;
-  printf("placement: %d experts on %d devices (%d each), method %s; fit on steps [0, %lld), test on [%lld, %lld)\n",
+  fprintf(json ? stderr : stdout, "placement: %d experts on %d devices (%d each), method %s; fit on steps [0, %lld), test on [%lld, %lld)\n",
          E, devices, E / devices, moe_placement_method_name(method), (long long)half, (long long)half,
          (long long)t.steps);
   for (int l = layer < 0 ? 0 : layer; l < (layer < 0 ? t.layers : layer + 1); l++) {
@@ -108,8 +115,16 @@ int cmd_placement(int argc, char **argv) {
       rc = cli_fail(CMD);
       goto done;
     }
-    printf("layer %d: original max_load %.4f avg_max_load %.4f | %s max_load %.4f avg_max_load %.4f (%lld test batches)\n",
-           l, om, oa, moe_placement_method_name(method), pm, pa, (long long)nb);
+    const char *name = moe_placement_method_name(method);
+    if (json) {
+      printf("{\"layer\": %d, \"test_batches\": %lld, \"max_load\": {\"original\": %.6f, \"%s\": %.6f}, "
+             "\"avg_max_load\": {\"original\": %.6f, \"%s\": %.6f}, \"expert_device\": [", l, (long long)nb, om,
+             name, pm, oa, name, pa);
+      for (int e = 0; e < E; e++) printf("%s%d", e ? ", " : "", place[e]);
+      printf("]}\n");
+    } else
+      printf("layer %d: original max_load %.4f avg_max_load %.4f | %s max_load %.4f avg_max_load %.4f (%lld test "
+             "batches)\n", l, om, oa, name, pm, pa, (long long)nb);
     cJSON *o = cJSON_CreateObject(), *a = cJSON_CreateIntArray(place, E);
     int ok = o && a && cJSON_AddNumberToObject(o, "layer", l);
     if (ok && cJSON_AddItemToObject(o, "expert_device", a)) a = NULL;

@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "progress.h"
+#include "rank_errors.h"
 #include "train_cache.h"
 #include "train_capacity.h"
 #include "train_data.h"
@@ -32,6 +34,7 @@ typedef struct {
   uint64_t seed;
   moe_model_config model;
   moe_optim_config optim;
+  cli_progress progress; /* --progress, --quiet */
 } train_opts;
 
 static void usage(FILE *f) {
@@ -46,7 +49,7 @@ static void usage(FILE *f) {
     "       [--aux-weight W] [--z-weight W] [--optimizer adam|sgd] [--lr LR] [--weight-decay W]\n"
     "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
     "       [--seed S] [--threads N] [--checkpoint F] [--resume F] [--trace F] [--json] [--log-steps]\n"
-    "       [--on-nan stop|skip-step]\n"
+    "       [--on-nan stop|skip-step] [--progress|--quiet]\n"
     "       [--pipeline N|auto] [--memory-reuse none|s2|s3|s4]   (the experts as N micro-batches; same bits;\n"
     "       auto: MPipeMoE's adaptive search over timed steps)\n"
     "--epochs is the planned total (the learning-rate schedule's horizon); --stop-after N ends this run\n"
@@ -54,7 +57,8 @@ static void usage(FILE *f) {
     "bf16 (fp32 accumulation, fp32 master weights); its checkpoints store the expert weights as BF16.\n"
     "A step whose activations, gradients or updated weights go NaN or Inf stops training with the epoch,\n"
     "step, block and tensor (--on-nan stop, the default); --on-nan skip-step drops that step's update\n"
-    "instead and goes on, counting the steps skipped.\n");
+    "instead and goes on, counting the steps skipped. A progress line (rate, ETA) goes to stderr on a\n"
+    "terminal; --progress shows it anywhere, --quiet nowhere.\n");
 }
 
 static void defaults(train_opts *o) {
@@ -88,7 +92,11 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
     if (cli_flag_is(f, "json")) { o->json = 1; continue; }
     if (cli_flag_is(f, "log_steps")) { o->log_steps = 1; continue; }
     if (cli_flag_is(f, "cache_assignments")) { o->cache_assignments = 1; continue; }
-    if (i + 1 >= argc) { usage(stderr); return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f); }
+    if (cli_progress_flag(f, &o->progress)) continue;
+    if (i + 1 >= argc) {
+      if (!cli_quiet_rank()) usage(stderr);
+      return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f);
+    }
     const char *v = argv[++i];
     int ok = 1, is_arch = 1;
     moe_status st = MOE_OK;
@@ -142,7 +150,7 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
         o->seed = strtoull(v, &end, 10);
         ok = *v && !*end && !errno;
       } else {
-        usage(stderr);
+        if (!cli_quiet_rank()) usage(stderr);
         return cli_usage_error(CMD, "unknown flag '%s'", f);
       }
     }
@@ -204,16 +212,14 @@ static void accumulate(epoch_acc *a, const moe_model_t *m, const moe_model_stats
   a->load_ratio += worst;
 }
 
-static void progress(int epoch, int epochs, int step, int steps, const epoch_acc *a, double rate) {
-  int w = 24, done = steps ? step * w / steps : w;
-  char bar[32];
-  for (int i = 0; i < w; i++) bar[i] = i < done ? '=' : ' ';
-  bar[w] = 0;
-  fprintf(stderr, "\repoch %d/%d [%s] %d/%d %.1f steps/s loss %.4f acc %.4f aux %.4f drop %.4f load %.2f ", epoch,
-          epochs, bar, step, steps, rate, a->seen ? a->loss / a->seen : 0, a->seen ? (double)a->correct / a->seen : 0,
-          a->steps ? a->aux / a->steps : 0, a->assigned ? (double)a->dropped / a->assigned : 0,
-          a->steps ? a->load_ratio / a->steps : 0);
-  fflush(stderr);
+/* The progress line after step `step` (1-based) of epoch `epoch` (1-based), with the epoch's means. */
+static void progress(cli_progress *p, int epoch, int epochs, int step, const epoch_acc *a) {
+  char label[32], extra[128];
+  snprintf(label, sizeof label, "epoch %d/%d", epoch, epochs);
+  snprintf(extra, sizeof extra, "loss %.4f acc %.4f aux %.4f drop %.4f load %.2f", a->seen ? a->loss / a->seen : 0,
+           a->seen ? (double)a->correct / a->seen : 0, a->steps ? a->aux / a->steps : 0,
+           a->assigned ? (double)a->dropped / a->assigned : 0, a->steps ? a->load_ratio / a->steps : 0);
+  cli_progress_update(p, step, label, extra);
 }
 
 static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *train, moe_dataset *test,
@@ -221,16 +227,20 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   int B = o->batch, steps = train->n / B, F = train->rows * train->cols;
   /* data + expert parallel: every rank forms the same global batch and takes its slice */
   int W = moe_dist_size(m->cfg.moe.dist), r = moe_dist_rank(m->cfg.moe.dist);
-  int b0 = B * r / W, b1 = B * (r + 1) / W, tty = isatty(2) && r == 0;
-  if (steps == 0) return cli_usage_error(CMD, "--batch %d is larger than the training set (%d)", B, train->n);
+  int b0 = B * r / W, b1 = B * (r + 1) / W;
+  const moe_dist *dist = m->cfg.moe.dist;
   int warmup = o->warmup < 0 ? steps : o->warmup;
   int64_t total = (int64_t)o->epochs * steps;
   int last = o->stop_after && o->stop_after < o->epochs ? o->stop_after : o->epochs;
-  train_batch tb;
-  if (train_batch_init(&tb, train, B)) return cli_usage_error(CMD, "out of memory");
+  /* Under mpirun a failure that every rank meets at the same point (set-up, divergence, a checkpoint
+   * rank 0 could not write) is settled there; any other (local: the others may be in a collective)
+   * leaves the loops unsettled, for cli_dist_end to stop every rank. */
+  int rc = steps ? 0 : cli_usage_error(CMD, "--batch %d is larger than the training set (%d)", B, train->n), local = 0;
+  train_batch tb = {0};
+  if (!rc && train_batch_init(&tb, train, B)) rc = cli_usage_error(CMD, "out of memory");
   trace_writer tw = {0};
-  int rc = 0;
-  if (o->trace && trace_open(&tw, o->trace, step) != MOE_OK) rc = 1;
+  if (!rc && o->trace && r == 0 && trace_open(&tw, o->trace, step) != MOE_OK) /* rank 0 writes: the counts */
+    rc = 1;                                                                  /* are the whole batch's */
   double test_acc = -1;
   dyncap *dc = NULL;
   if (!rc && o->dynamic_capacity && dyncap_start(&dc, m, B, o->delta_launch, o->headroom))
@@ -243,48 +253,56 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   double frac_same = -1;
   nan_guard ng = {0};
   if (!rc && nan_guard_init(&ng, o->skip_nan, m, opt)) rc = cli_usage_error(CMD, "--on-nan skip-step: out of memory");
+  rc = cli_settle(dist, CMD, rc);
   for (int epoch = start_epoch; epoch < last && !rc; epoch++) {
     epoch_acc a = {0};
     int64_t skipped0 = ng.skipped;
     double t0 = cli_now();
+    cli_progress_start(&o->progress, r == 0, "steps", steps); /* rank 0 reports */
     train_batch_epoch(&tb, o->seed, epoch, o->augment);
     for (int s = 0; s < steps && !interrupted; s++, step++) {
       train_batch_fill(&tb, s);
-      if (dc && dyncap_begin(dc, m, step)) { rc = cli_fail(CMD); break; }
+      if (dc && dyncap_begin(dc, m, step)) { rc = cli_fail(CMD), local = 1; break; }
       const int32_t *ids = tb.perm + (size_t)s * B + b0;
-      if (ac && assign_cache_before(ac, m, step, ids, b1 - b0)) { rc = cli_fail(CMD); break; }
+      if (ac && assign_cache_before(ac, m, step, ids, b1 - b0)) { rc = cli_fail(CMD), local = 1; break; }
       moe_model_stats st;
       moe_status ss = nan_guard_step(&ng, m, opt, tb.x + (size_t)b0 * F, tb.y + b0, b1 - b0,
                                      moe_lr_schedule(o->lr, step, warmup, total), &st);
       if (ss == MOE_ERR_VALUE && ng.skip) {
+        cli_progress_break(&o->progress);
         if (ng.skipped == 1 && r == 0)
-          fprintf(stderr, "%smoe train: epoch %d, batch %d of %d (step %lld): update skipped: %s (further skips "
-                  "are counted)\n", tty ? "\n" : "", epoch + 1, s + 1, steps, (long long)step, moe_last_error());
+          fprintf(stderr, "moe train: epoch %d, batch %d of %d (step %lld): update skipped: %s (further skips "
+                  "are counted)\n", epoch + 1, s + 1, steps, (long long)step, moe_last_error());
         continue;
       }
-      if (ss != MOE_OK) {
-        rc = ss != MOE_ERR_VALUE ? cli_fail(CMD)
-                                 : cli_usage_error(CMD, "epoch %d, batch %d of %d (step %lld): training diverged: "
-                                                   "%s; lower --lr, or --on-nan skip-step drops such steps", epoch + 1,
-                                                   s + 1, steps, (long long)step, moe_last_error());
+      if (ss != MOE_OK) { /* a divergence is found on every rank at the same step; anything else is local */
+        local = ss != MOE_ERR_VALUE;
+        rc = local ? cli_fail(CMD)
+                   : cli_usage_error(CMD, "epoch %d, batch %d of %d (step %lld): training diverged: %s; lower --lr, "
+                                     "or --on-nan skip-step drops such steps", epoch + 1, s + 1, steps, (long long)step,
+                                     moe_last_error());
         break;
       }
       accumulate(&a, m, &st, B);
-      if (ac && assign_cache_after(ac, m, step, ids, b1 - b0)) { rc = cli_fail(CMD); break; }
-      if (dc && dyncap_push(dc, m, step, st.loss)) { rc = cli_fail(CMD); break; }
-      if (tw.f && trace_step(&tw, m, step) != MOE_OK) { rc = cli_usage_error(CMD, "%s: write error", o->trace); break; }
-      if (tty && (s % 8 == 0 || s == steps - 1)) progress(epoch + 1, o->epochs, s + 1, steps, &a, (s + 1) / (cli_now() - t0));
+      if (ac && assign_cache_after(ac, m, step, ids, b1 - b0)) { rc = cli_fail(CMD), local = 1; break; }
+      if (dc && dyncap_push(dc, m, step, st.loss)) { rc = cli_fail(CMD), local = 1; break; }
+      if (tw.f && trace_step(&tw, m, step) != MOE_OK) {
+        rc = cli_usage_error(CMD, "%s: write error", o->trace), local = 1;
+        break;
+      }
+      progress(&o->progress, epoch + 1, o->epochs, s + 1, &a);
       if (o->log_steps) printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)step, st.loss);
     }
+    cli_progress_break(&o->progress);
+    if (rc && !local) rc = cli_settle(dist, CMD, rc);
     if (rc || interrupted) break;
     double rate = steps / (cli_now() - t0);
     if (evaluate(m, test, 500, &test_acc)) {
-      rc = cli_usage_error(CMD, "epoch %d: evaluating the test set: %s", epoch + 1, moe_last_error());
+      rc = cli_usage_error(CMD, "epoch %d: evaluating the test set: %s", epoch + 1, moe_last_error()), local = 1;
       break;
     }
-    if (tty) fprintf(stderr, "\n");
     if (ac && assign_cache_epoch(ac, &frac_same, &caching, &caching_from)) {
-      rc = cli_fail(CMD);
+      rc = cli_fail(CMD), local = 1;
       break;
     }
     double seen = a.seen ? a.seen : 1, nsteps = a.steps ? a.steps : 1; /* every step skipped: zeros */
@@ -311,10 +329,13 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     if (o->checkpoint) {
       moe_train_state ts = {.epoch = epoch + 1, .step = step, .seed = o->seed};
       save_extra(o, ts.extra, sizeof ts.extra);
-      if (moe_checkpoint_save(o->checkpoint, m, opt, &ts) != MOE_OK) { rc = cli_fail(CMD); break; }
+      /* under mpirun a collective, after which rank 0 writes */
+      if (moe_checkpoint_save(o->checkpoint, m, opt, &ts) != MOE_OK) rc = cli_fail(CMD);
+      rc = cli_settle(dist, CMD, rc);
     }
   }
   if (tw.f && trace_close(&tw) != MOE_OK && !rc) rc = 1;
+  if (!local && !interrupted) rc = cli_settle(dist, CMD, rc); /* rank 0's trace file */
   train_batch_free(&tb);
   nan_guard_free(&ng);
   if (dc && !rc && moe_dist_rank(o->model.moe.dist) == 0) /* rank 0 reports, as on stdout */
@@ -356,6 +377,7 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
       {"--cache-on", o->cache.on, NULL}, {"--cache-off", o->cache.off, NULL},
       {"--cache-min-epoch", o->cache.min_epoch, NULL}, {"--on-nan skip-step", o->skip_nan, NULL},
       {"--pipeline", l->pipeline, NULL}, /* each micro-batch is an exchange: the counts must match */
+      {"--checkpoint", o->checkpoint != NULL, NULL}, {"--resume", o->resume != NULL, NULL}, /* collectives */
       {"training images", train->n, NULL}, {"image rows", train->rows, NULL}, {"image columns", train->cols, NULL},
       {"training labels (hash)", cli_hash(train->labels, (size_t)train->n), NULL}, {"test images", test->n, NULL},
       {"test labels (hash)", cli_hash(test->labels, (size_t)test->n), NULL},
@@ -363,102 +385,86 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
   return moe_dist_agree(d, s, (int)(sizeof s / sizeof s[0]));
 }
 
+/* The model and optimizer: from --resume's checkpoint (its training options, the flags given now
+ * winning), or new. 0 or the exit status, its message held or printed. */
+static int setup(int argc, char **argv, train_opts *o, int arch, const moe_dataset *train, const moe_dataset *test,
+                 moe_model_t *m, moe_optim_t *opt, int *start, int64_t *step) {
+  if (!o->resume) {
+    o->model.in_dim = train->rows * train->cols;
+    o->model.classes = train->classes > test->classes ? train->classes : test->classes;
+    o->model.moe.threads = o->threads;
+    if (moe_model_init(m, &o->model) != MOE_OK || moe_optim_init(opt, &o->optim, m) != MOE_OK) return cli_fail(CMD);
+    moe_model_init_params(m, o->seed);
+    return 0;
+  }
+  moe_train_state ts;
+  if (arch) return cli_usage_error(CMD, "--resume takes the model and optimizer from the checkpoint; drop the architecture flags");
+  /* under mpirun each rank keeps its own experts, whatever number of ranks saved the file */
+  if (moe_checkpoint_load_ranks(o->resume, o->model.moe.dist, m, opt, &ts) != MOE_OK) return cli_fail(CMD);
+  if (!opt->m) return cli_usage_error(CMD, "%s: has no optimizer state to resume from", o->resume);
+  if (!load_extra(ts.extra, o))
+    return cli_usage_error(CMD, "%s: __metadata__ train='%s' is not a valid set of training options", o->resume, ts.extra);
+  parse(argc, argv, o, &arch); /* flags given now win over the checkpoint's (they parsed once already) */
+  if ((o->dynamic_capacity || o->cache_assignments) && !cli_quiet_rank())
+    fprintf(stderr, "moe train: resuming with %s: the trigger's state (smoothed counts, last epoch's "
+                    "assignments) starts afresh, so this run is not bit-identical to one without a break\n",
+            o->dynamic_capacity ? "--capacity dynamic" : "--cache-assignments");
+  if (!o->checkpoint) { /* a resumed run goes on saving where it came from, not nowhere */
+    o->checkpoint = o->resume;
+    if (!cli_quiet_rank()) fprintf(stderr, "moe train: --resume without --checkpoint: saving to %s\n", o->resume);
+  }
+  if (m->cfg.in_dim != train->rows * train->cols)
+    return cli_usage_error(CMD, "the model takes %d features, the data has %d", m->cfg.in_dim, train->rows * train->cols);
+  o->seed = ts.seed;
+  *start = ts.epoch;
+  *step = ts.step;
+  moe_model_set_threads(m, o->threads);
+  for (int b = 0; b < m->cfg.blocks; b++) /* a runtime choice, like the threads: not in the checkpoint */
+    if (moe_layer_set_pipeline(&m->layers[b], o->model.moe.pipeline, o->model.moe.memory_reuse) != MOE_OK)
+      return cli_fail(CMD);
+  return 0;
+}
+
 int cmd_train(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
+  moe_dist *dist = NULL; /* under mpirun: data + expert parallel over the ranks */
+  if (moe_dist_init(&dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
+  if (moe_dist_size(dist) > 1) cli_hold_errors(dist); /* printed once, by rank 0, where every rank meets */
+  else {
+    moe_dist_finalize(dist);
+    dist = NULL;
+  }
   train_opts o;
   defaults(&o);
   int arch = 0, rc = parse(argc, argv, &o, &arch);
-  if (rc) return rc;
-  moe_dist *dist = NULL; /* under mpirun: data + expert parallel over the ranks */
-  if (moe_dist_init(&dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
-  if (moe_dist_size(dist) > 1) {
-    if (o.checkpoint || o.resume || o.trace) {
-      rc = cli_usage_error(CMD, "--checkpoint, --resume and --trace are not supported under mpirun yet");
-      moe_dist_abort(dist, rc);
-    }
-    o.model.moe.dist = dist;
-    if (moe_dist_rank(dist) != 0 && !freopen("/dev/null", "w", stdout)) return 1; /* rank 0 reports */
-  } else {
-    moe_dist_finalize(dist);
-    dist = NULL;
-  }
+  o.model.moe.dist = dist;
+  if (!rc && dist && moe_dist_rank(dist) != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 reports */
+    rc = cli_usage_error(CMD, "rank %d: cannot silence stdout", moe_dist_rank(dist));
   moe_dataset train = {0}, test = {0};
   moe_model_t m = {0};
   moe_optim_t opt = {0};
-  if (load_split(o.data, "train", &train) || load_split(o.data, "t10k", &test)) {
+  if (!rc && (load_split(o.data, "train", &train) || load_split(o.data, "t10k", &test)))
     rc = cli_fail(CMD);
-    goto done;
-  }
-  if (test.rows != train.rows || test.cols != train.cols) { /* the model's input is sized from training's */
+  else if (!rc && (test.rows != train.rows || test.cols != train.cols)) /* the model's input is sized from training's */
     rc = cli_usage_error(CMD, "%s/t10k-images-idx3-ubyte has %dx%d images, %s/train-images-idx3-ubyte %dx%d: the test "
                          "set's images must have training's size", o.data, test.rows, test.cols, o.data, train.rows,
                          train.cols);
-    goto done;
-  }
-  if (agree(dist, &o, &train, &test) != MOE_OK) { /* every rank knows: none is left waiting */
-    rc = cli_fail(CMD);
-    moe_dist_finalize(dist);
-    dist = NULL;
-    goto done;
-  }
+  rc = cli_settle(dist, CMD, rc);
+  if (!rc && agree(dist, &o, &train, &test) != MOE_OK) rc = cli_fail(CMD); /* every rank knows: none is left waiting */
+  rc = cli_settle(dist, CMD, rc);
   int start = 0;
   int64_t step = 0;
-  if (o.resume) {
-    moe_train_state ts;
-    if (arch) {
-      rc = cli_usage_error(CMD, "--resume takes the model and optimizer from the checkpoint; drop the architecture flags");
-      goto done;
-    }
-    if (moe_checkpoint_load(o.resume, &m, &opt, &ts) != MOE_OK) { rc = cli_fail(CMD); goto done; }
-    if (!opt.m) { rc = cli_usage_error(CMD, "%s: has no optimizer state to resume from", o.resume); goto done; }
-    if (!load_extra(ts.extra, &o)) {
-      rc = cli_usage_error(CMD, "%s: __metadata__ train='%s' is not a valid set of training options", o.resume,
-                           ts.extra);
-      goto done;
-    }
-    parse(argc, argv, &o, &arch); /* flags given now win over the checkpoint's (they parsed once already) */
-    if (o.dynamic_capacity || o.cache_assignments)
-      fprintf(stderr, "moe train: resuming with %s: the trigger's state (smoothed counts, last epoch's "
-                      "assignments) starts afresh, so this run is not bit-identical to one without a break\n",
-              o.dynamic_capacity ? "--capacity dynamic" : "--cache-assignments");
-    if (!o.checkpoint) { /* a resumed run goes on saving where it came from, not nowhere */
-      o.checkpoint = o.resume;
-      fprintf(stderr, "moe train: --resume without --checkpoint: saving to %s\n", o.resume);
-    }
-    o.seed = ts.seed;
-    start = ts.epoch;
-    step = ts.step;
-    moe_model_set_threads(&m, o.threads);
-    for (int b = 0; b < m.cfg.blocks; b++) /* a runtime choice, like the threads: not in the checkpoint */
-      if (moe_layer_set_pipeline(&m.layers[b], o.model.moe.pipeline, o.model.moe.memory_reuse) != MOE_OK) {
-        rc = cli_fail(CMD);
-        goto done;
-      }
-  } else {
-    o.model.in_dim = train.rows * train.cols;
-    o.model.classes = train.classes > test.classes ? train.classes : test.classes;
-    o.model.moe.threads = o.threads;
-    if (moe_model_init(&m, &o.model) != MOE_OK || moe_optim_init(&opt, &o.optim, &m) != MOE_OK) {
-      rc = cli_fail(CMD);
-      goto done;
-    }
-    moe_model_init_params(&m, o.seed);
+  if (!rc) rc = cli_settle(dist, CMD, setup(argc, argv, &o, arch, &train, &test, &m, &opt, &start, &step));
+  if (!rc) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigaction(SIGINT, &sa, NULL);
+    rc = run(&o, &m, &opt, &train, &test, start, step);
   }
-  if (m.cfg.in_dim != train.rows * train.cols) {
-    rc = cli_usage_error(CMD, "the model takes %d features, the data has %d", m.cfg.in_dim, train.rows * train.cols);
-    goto done;
-  }
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_sigint;
-  sigaction(SIGINT, &sa, NULL);
-  rc = run(&o, &m, &opt, &train, &test, start, step);
-done:
   moe_optim_free(&opt);
   moe_model_free(&m);
   moe_dataset_free(&train);
   moe_dataset_free(&test);
-  if (rc && dist) moe_dist_abort(dist, rc); /* the other ranks may be waiting in a collective */
-  moe_dist_finalize(dist);
-  return rc;
+  return cli_dist_end(dist, CMD, rc); /* a failure not settled stops every rank: some may be in a collective */
 }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "rank_errors.h"
 #include "train_data.h"
 
 static int is_dir(const char *p) {
@@ -29,7 +30,7 @@ static const char *find_default(const char *dir, char *buf, size_t n) {
 moe_status load_split(const char *dir, const char *split, moe_dataset *d) {
   char found[1024];
   dir = find_default(dir, found, sizeof found);
-  if (!is_dir(dir)) /* the loader says what it could not open; this says how to get the data */
+  if (!is_dir(dir) && !cli_quiet_rank()) /* the loader says what it could not open; this how to get the data */
     fprintf(stderr, "moe: no data directory '%s': scripts/get-mnist.sh of the repository fetches MNIST into "
                     "data/mnist, or give --data DIR with train- and t10k- IDX files\n", dir);
   char img[1100], lab[1100];

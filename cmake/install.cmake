@@ -1,6 +1,6 @@
 # Install rules: libmoe.so (versioned) and libmoe.a, moe.h, the moe CLI, pkg-config files
-# (libmoe, libmoe-static) and a CMake package: find_package(libmoe) gives libmoe::moe (libmoe.so)
-# and libmoe::moe_static (libmoe.a).
+# (libmoe, libmoe-static), a CMake package: find_package(libmoe) gives libmoe::moe (libmoe.so)
+# and libmoe::moe_static (libmoe.a); and the Python package where python3 is found.
 include(CMakePackageConfigHelpers)
 
 # Installed libmoe.so and moe run with the run path they are built with: the OpenMP OpenBLAS
@@ -46,3 +46,20 @@ install(CODE "
   set(MOE_PC_LIBS_PRIVATE [[${MOE_PC_LIBS_PRIVATE}]])
   set(MOE_PC_SYSTEM_DIRS [[${CMAKE_PLATFORM_IMPLICIT_LINK_DIRECTORIES};${CMAKE_C_IMPLICIT_LINK_DIRECTORIES}]])")
 install(SCRIPT cmake/install-pc.cmake)
+
+# The Python package (pure Python over libmoe.so with ctypes) into lib/python3.X/dist-packages, the
+# directory Debian's python3 searches under /usr/local; _installed.py tells it where libmoe.so.0 is,
+# relative to itself, so that the tree may move (or be staged with DESTDIR).
+if(NOT DEFINED Python3_EXECUTABLE AND EXISTS /usr/bin/python3)
+  set(Python3_EXECUTABLE /usr/bin/python3) # Debian's, which sees python3-numpy and python3-torch
+endif()
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_FOUND)
+  set(MOE_INSTALL_PYTHONDIR "lib/python3.${Python3_VERSION_MINOR}/dist-packages" CACHE STRING
+      "where cmake --install puts the Python package libmoe (relative to the prefix)")
+  install(DIRECTORY python/libmoe DESTINATION ${MOE_INSTALL_PYTHONDIR} PATTERN __pycache__ EXCLUDE)
+  file(RELATIVE_PATH MOE_PY_TO_LIB /prefix/${MOE_INSTALL_PYTHONDIR}/libmoe /prefix/${CMAKE_INSTALL_LIBDIR})
+  file(CONFIGURE OUTPUT ${CMAKE_BINARY_DIR}/python/_installed.py CONTENT
+       "# Written by CMake: the directory of libmoe.so.0, relative to this package's.\nLIBDIR = \"@MOE_PY_TO_LIB@\"\n")
+  install(FILES ${CMAKE_BINARY_DIR}/python/_installed.py DESTINATION ${MOE_INSTALL_PYTHONDIR}/libmoe)
+endif()

@@ -1,10 +1,12 @@
 #!/bin/sh
 # ctest "install": `cmake --install BUILD` into a temporary prefix, then the README example EXAMPLE built
-# against that tree as a user would (pkg-config for libmoe.so and libmoe.a, find_package(libmoe)) and run.
-# Usage: test-install.sh BUILD EXAMPLE LIBDIR OPENBLAS_DIR [CFLAGS]
-#   LIBDIR: CMAKE_INSTALL_LIBDIR; OPENBLAS_DIR: the OpenMP OpenBLAS; CFLAGS: the sanitizers, if any
+# against that tree as a user would (pkg-config for libmoe.so and libmoe.a, find_package(libmoe)) and run,
+# and the installed Python package imported from the tree (finding the installed libmoe.so.0) and run.
+# Usage: test-install.sh BUILD EXAMPLE LIBDIR OPENBLAS_DIR PYTHON PYTHONDIR [CFLAGS]
+#   LIBDIR: CMAKE_INSTALL_LIBDIR; OPENBLAS_DIR: the OpenMP OpenBLAS; PYTHON, PYTHONDIR: the interpreter and
+#   where the package is installed ("" when CMake found no python3); CFLAGS: the sanitizers, if any
 set -eu
-build=$1 example=$2 libdir=$3 openblas=$4 cflags=${5:-}
+build=$1 example=$2 libdir=$3 openblas=$4 python=$5 pythondir=$6 cflags=${7:-}
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -49,3 +51,28 @@ for p in "$tmp/shared" "$tmp/static" "$tmp/cmake/example_shared" "$tmp/cmake/exa
   step "$p"
 done
 echo "install: libmoe.so.0 exports moe_* only; 4 programs built against $prefix and run"
+
+# The Python package as a user imports it: from the installed tree, outside the source tree.
+if [ -z "$pythondir" ]; then
+  echo "SKIP install (python): CMake found no python3, so the package was not installed"
+elif [ -n "$cflags" ]; then
+  echo "SKIP install (python): sanitizer build (python would need libasan preloaded)"
+elif ! "$python" -c 'import numpy' 2>/dev/null; then
+  echo "SKIP install (python): $python lacks numpy (apt-get install python3-numpy)"
+else
+  cd "$tmp"
+  step env -u MOE_LIBRARY PYTHONPATH="$prefix/$pythondir" PYTHONDONTWRITEBYTECODE=1 "$python" -c '
+import os, sys
+import numpy as np
+import libmoe
+from libmoe import _lib
+prefix = sys.argv[1]
+assert libmoe.__file__.startswith(prefix + "/"), libmoe.__file__
+assert os.path.realpath(_lib.lib._name) == os.path.realpath(prefix + "/" + sys.argv[2] + "/libmoe.so.0"), _lib.lib._name
+layer = libmoe.Layer(D=8, H=16, E=4, top_k=2)
+layer.init_params(1)
+y, stats = layer.forward(np.ones((5, 8), dtype=np.float32))
+assert y.shape == (5, 8) and stats.expert_counts.sum() == 10, (y.shape, stats.expert_counts)
+' "$prefix" "$libdir"
+  echo "install: the Python package imported from $prefix/$pythondir, on the installed libmoe.so.0"
+fi

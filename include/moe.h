@@ -467,7 +467,9 @@ typedef struct {
   uint64_t seed;
   char extra[1024];   /* caller's options as "key=value;..." kept in __metadata__["train"] */
 } moe_train_state;
-/* Writes path atomically. o may be NULL (weights only). */
+/* Writes path atomically. o may be NULL (weights only). A model whose layers run expert-parallel
+ * (cfg.moe.dist over W > 1 ranks) is saved by all ranks together: rank 0 gathers every rank's experts
+ * and their optimizer state and writes the one-process file (the other ranks return MOE_OK). */
 moe_status moe_checkpoint_save(const char *path, const moe_model_t *m, const moe_optim_t *o,
                                const moe_train_state *ts);
 /* Builds m (and o when not NULL and the file has optimizer state) from the file. A NaN or Inf in any
@@ -653,6 +655,13 @@ const char *moe_blas_info(void);
 const char *moe_blas_better_coretype(void);
 /* GFLOP/s of an n x n x n sgemm with `threads` BLAS threads: the best of `reps` runs. */
 double moe_sgemm_gflops(int n, int threads, int reps);
+
+/* ---- checkpoints under expert parallelism ---- */
+/* moe_checkpoint_load on each of d's ranks, keeping this rank's experts (and their optimizer state):
+ * m runs expert-parallel over d (E must divide by its ranks), whatever number of ranks saved the file.
+ * One rank (d NULL or of size 1): moe_checkpoint_load. */
+moe_status moe_checkpoint_load_ranks(const char *path, const moe_dist *d, moe_model_t *m, moe_optim_t *o,
+                                     moe_train_state *ts);
 
 #ifdef __cplusplus
 }

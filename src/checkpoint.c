@@ -106,6 +106,7 @@ static moe_status save_into(moe_st_writer *w, const moe_model_t *m, const moe_op
 
 moe_status moe_checkpoint_save(const char *path, const moe_model_t *m, const moe_optim_t *o,
                                const moe_train_state *ts) {
+  if (moe_dist_size(m->cfg.moe.dist) > 1) return moe__checkpoint_save_ranks(path, m, o, ts); /* checkpoint_dist.c */
   moe_st_writer *w;
   MOE_CHECK(moe_st_writer_new(&w));
   moe_status st = save_into(w, m, o, ts);

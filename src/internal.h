@@ -83,4 +83,8 @@ moe_status moe__layer_meta_write(const moe_layer_config *c, moe_st_writer *w);
  * steps [s0, s1) in range. */
 moe_status moe__trace_check_range(const moe_trace *t, int layer, int64_t s0, int64_t s1, const char *fn);
 
+/* checkpoint_dist.c: moe_checkpoint_save of a model spread over ranks (a collective; rank 0 writes). */
+moe_status moe__checkpoint_save_ranks(const char *path, const moe_model_t *m, const moe_optim_t *o,
+                                      const moe_train_state *ts);
+
 #endif

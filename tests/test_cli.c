@@ -215,11 +215,16 @@ TEST(cli_bench_dtype_cases) {
 
   ASSERT(strstr(out, "\"fwd_cached_ms\": ")); /* bench fails if the cached forward's bits differ */
 
-  rc = bench_run("--shape 300,16,24,6,2 --reps 1 --json", out, sizeof out); /* both routings and dispatches */
+  /* both routings and dispatches; --progress: a line per case on stderr, stdout still JSON only */
+  rc = bench_run("--shape 300,16,24,6,2 --reps 1 --json --progress", out, sizeof out);
   if (rc != 0) FAIL_("moe bench --shape failed (%d): %s", rc, err_text);
   lines = 0;
-  for (const char *p = out; (p = strchr(p, '\n')); p++) lines++;
+  int json = out[0] == '{';
+  for (const char *p = out; (p = strchr(p, '\n')); p++) lines++, json &= p[1] == '{' || !p[1];
   ASSERT_EQ_INT(lines, 4);
+  ASSERT(json);
+  if (!strstr(err_text, "case custom skewed static f32 [====================] 1/1 ") || !strstr(err_text, " steps/s ETA "))
+    FAIL_("no progress line for case custom skewed static in stderr '%s'", err_text);
   ASSERT(strstr(out, "\"case\": \"custom\", \"T\": 300, \"D\": 16, \"H\": 24, \"E\": 6, \"k\": 2"));
   ASSERT(bench_run("--shape 300,16,24,2,3 --reps 1 --json", out, sizeof out) != 0); /* k > E */
   if (!strstr(err_text, "--shape") || !strstr(err_text, "'300,16,24,2,3'"))
@@ -300,4 +305,25 @@ TEST(cli_missing_data_says_how_to_get_it) {
   snprintf(args, sizeof args, "train --data '%s' --epochs 1", dir);
   ASSERT_EQ_INT(run_moe(NULL, args, NULL, err_text, sizeof err_text), 1);
   ASSERT(strstr(err_text, "scripts/get-mnist.sh") && strstr(err_text, "--data DIR"));
+}
+
+/* placement --json: a JSON line per layer on stdout, the heading on stderr. Expert 0 takes 3 of every
+ * 4 tokens and expert 1 the other: the contiguous layout puts both on device 0 (max load 1), greedy
+ * puts them apart (3/4). */
+TEST(cli_placement_json) {
+  char trace[512], out[512], args[1024], text[1024];
+  test_tmp_path("placement_trace.csv", trace, sizeof trace);
+  FILE *f = fopen(trace, "w");
+  ASSERT(f);
+  fputs("step,layer,expert,tokens\n", f);
+  for (int s = 0; s < 4; s++) fprintf(f, "%d,0,0,3\n%d,0,1,1\n", s, s);
+  fclose(f);
+  test_tmp_path("placement.jsonl", out, sizeof out);
+  snprintf(args, sizeof args, "placement --trace '%s' --devices 2 --method greedy --experts 4 --json", trace);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err_text, sizeof err_text), 0);
+  test_read_text(out, text, sizeof text);
+  const char *want = "{\"layer\": 0, \"test_batches\": 2, \"max_load\": {\"original\": 1.000000, \"greedy\": 0.750000}, "
+                     "\"avg_max_load\": {\"original\": 1.000000, \"greedy\": 0.750000}, \"expert_device\": [0, 1, 1, 0]}\n";
+  if (strcmp(text, want)) FAIL_("stdout '%s', want '%s'", text, want);
+  ASSERT(strstr(err_text, "placement: 4 experts on 2 devices"));
 }

@@ -316,3 +316,33 @@ TEST(train_assignment_caching) {
   ASSERT(steps1 > 10);
   if (from != 2 * steps1 + 4) FAIL_("caching on from step %lld, want %lld", from, 2 * steps1 + 4);
 }
+
+/* --progress shows train's and infer's progress lines (rate, ETA) on stderr even though it is not a
+ * terminal, while stdout stays JSON lines only; --quiet (given last) silences them. */
+TEST(train_infer_progress) {
+  const char *data_dir = synth_data_dir();
+  char args[3000], out[512], ck[512], err[4096];
+  test_tmp_path("progress_out.txt", out, sizeof out);
+  test_tmp_path("progress.safetensors", ck, sizeof ck);
+  snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 1 --json --progress --checkpoint '%s'", data_dir, ck);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
+  if (!strstr(err, "epoch 1/1 [====================] 12/12 ") || !strstr(err, " steps/s ETA 0 s loss "))
+    FAIL_("no progress line in train's stderr '%s'", err);
+  char *txt = test_read_file(out, NULL);
+  ASSERT(txt);
+  int lines = 0, json = 1;
+  for (char *l = strtok(txt, "\n"); l; l = strtok(NULL, "\n")) lines++, json &= l[0] == '{';
+  free(txt);
+  ASSERT_EQ_INT(lines, 2); /* the epoch's line and the test accuracy */
+  ASSERT(json);
+  snprintf(args, sizeof args, "infer --checkpoint '%s' --data '%s' --batch 100 --json --progress", ck, data_dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
+  if (!strstr(err, "infer [====================] ") || !strstr(err, " batches/s ETA 0 s"))
+    FAIL_("no progress line in infer's stderr '%s'", err);
+  txt = test_read_file(out, NULL);
+  ASSERT(txt && txt[0] == '{' && strchr(txt, '\n') == txt + strlen(txt) - 1);
+  free(txt);
+  snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 1 --progress --quiet", data_dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
+  if (strstr(err, "steps/s")) FAIL_("--quiet: stderr '%s' has a progress line", err);
+}

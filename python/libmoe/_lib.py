@@ -1,9 +1,9 @@
 """The shared library, its function prototypes, and moe_status -> MoeError.
 
 The library is found, in this order: the path in $MOE_LIBRARY; libmoe.so of the source tree's build
-directory (<repo>/build, when this package is <repo>/python/libmoe); <prefix>/lib/libmoe.so.0 when
-this package is installed as <prefix>/lib/python3.X/dist-packages/libmoe; the system loader's
-libmoe.so.0, then libmoe.so (an installed libmoe).
+directory (<repo>/build, when this package is <repo>/python/libmoe); the libmoe.so.0 installed with
+this package by `cmake --install` (its directory in _installed.py, relative to the package's); the
+system loader's libmoe.so.0, then libmoe.so.
 """
 import ctypes as C
 import os
@@ -13,9 +13,13 @@ import numpy as np
 from . import _structs as S
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_CANDIDATES = (os.path.normpath(os.path.join(_HERE, os.pardir, os.pardir, "build", "libmoe.so")),
-               os.path.normpath(os.path.join(_HERE, os.pardir, os.pardir, os.pardir, "libmoe.so.0")),
-               "libmoe.so.0", "libmoe.so")
+try:  # written by cmake --install only
+    from ._installed import LIBDIR as _LIBDIR
+    _INSTALLED = (os.path.normpath(os.path.join(_HERE, _LIBDIR, "libmoe.so.0")),)
+except ImportError:
+    _INSTALLED = ()
+_CANDIDATES = (os.path.normpath(os.path.join(_HERE, os.pardir, os.pardir, "build", "libmoe.so")),) + _INSTALLED + (
+    "libmoe.so.0", "libmoe.so")
 
 
 def _load():
