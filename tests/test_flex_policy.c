@@ -245,3 +245,23 @@ TEST(flex_policy_migrates_to_shrink_groups) {
   moe__flex_plan_free(&plan);
   moe__flex_table_free(&t);
 }
+
+TEST(flex_policy_relieves_the_slowest_rank) {
+  /* "001" "223" with I = 60, 40, 2, 45: rank 0 computes 100 tokens, rank 1 47. The hottest expert per
+   * replica overall is 3 (45), on rank 1: no replica of it can shorten rank 0. The policy takes the
+   * hottest of rank 0's experts, 1 (40 on one replica), and moves half of it to rank 1 in place of a
+   * replica of 2. */
+  moe__flex_env env = cpu_env();
+  env.compute.bw = 200;
+  moe__flex_policy pol = moe__flex_policy_default();
+  moe__flex_table t;
+  ASSERT_OK(moe__flex_table_init(&t, 2, 3, 4, STATE_BYTES));
+  const int64_t I[8] = {30, 20, 1, 22, 30, 20, 1, 23};
+  moe__flex_op ops[2];
+  int nops;
+  ASSERT_OK(moe__flex_make_plan(&t, I, &env, &pol, ops, &nops));
+  ASSERT_EQ_INT(nops, 2);
+  ASSERT(ops[0].kind == MOE__FLEX_SHRINK && ops[0].e == 2 && ops[0].g == 1);
+  ASSERT(ops[1].kind == MOE__FLEX_EXPAND && ops[1].e == 1 && ops[1].g == 1);
+  moe__flex_table_free(&t);
+}

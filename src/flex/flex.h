@@ -148,13 +148,16 @@ typedef struct {
 } moe__flex_plan;                /* zeroed = empty */
 void moe__flex_plan_free(moe__flex_plan *p);
 
-/* Algorithm 2: e0 = argmax_e I_e / n_e (ties to the lower id). Every replica (e1, g) with e1 != e0 and
- * n_e1 >= 2 is a candidate for Shrink(e1, g) + Expand(e0, g) (the freed slot takes e0, so every rank
- * keeps E_v replicas); the candidate with the largest gain K (t0 - t1) - transfer time is returned in
- * ops[0] (shrink) and ops[1] (expand), *nops = 2, if that gain is positive; else *nops = 0. Ties go to
- * the smaller I_e1 / n_e1 (the paper's argmin), then the lower e1, then the lower g. The paper
- * evaluates argmin_e cap_e only, at an unnamed slot; DIGEST P3 4.5 shrinks it on the busiest rank, which
- * finds nothing when that rank also holds the hot expert, hence the search. */
+/* Algorithm 2: e0 = argmax I_e / n_e over the experts on the slowest rank (the largest modelled time;
+ * ties to the lower rank, then the lower id). Every replica (e1, g) with e1 != e0 and n_e1 >= 2 is a
+ * candidate for Shrink(e1, g) + Expand(e0, g) (the freed slot takes e0, so every rank keeps E_v
+ * replicas); the candidate with the largest gain K (t0 - t1) - transfer time is returned in ops[0]
+ * (shrink) and ops[1] (expand), *nops = 2, if that gain is positive; else *nops = 0. Ties go to the
+ * smaller I_e1 / n_e1 (the paper's argmin), then the lower e1, then the lower g.
+ * Where this departs from the paper: the paper takes e0 over all experts and evaluates its argmin e1 at
+ * an unnamed slot (DIGEST P3 4.5: on the busiest rank). Eq. 5's T is the slowest rank's time, which a
+ * replica of an expert held elsewhere cannot shorten (with tied or spread hot experts the global argmax
+ * often is elsewhere); and the busiest rank often holds e0 already, where a freed slot changes nothing. */
 moe_status moe__flex_make_plan(const moe__flex_table *t, const int64_t *Isrc, const moe__flex_env *env,
                                const moe__flex_policy *p, moe__flex_op ops[2], int *nops);
 /* Algorithm 1, one step: while the balance ratio exceeds the threshold, apply the policy maker's plan

@@ -25,14 +25,14 @@ typedef struct {
   const moe__flex_policy *p;
   moe__flex_table scratch;
   moe__flex_xfers xf;
-  double t0;
+  double t0, per_rank[MOE__FLEX_MAX_RANKS];
 } search;
 
 static moe_status search_begin(search *s, const moe__flex_table *t, const int64_t *Isrc, const moe__flex_env *env,
                                const moe__flex_policy *p) {
   *s = (search){.t = t, .Isrc = Isrc, .env = env, .p = p};
   MOE_TRY(p->horizon >= 1, MOE_ERR_ARG, "flex policy: horizon K=%d must be >= 1", p->horizon);
-  MOE_CHECK(moe__flex_cost(t, Isrc, env, NULL, &s->t0));
+  MOE_CHECK(moe__flex_cost(t, Isrc, env, s->per_rank, &s->t0));
   return moe__flex_table_clone(&s->scratch, t);
 }
 
@@ -68,10 +68,12 @@ static int cap_less(const int64_t *Ie, const moe__flex_table *t, int a, int b) {
 static moe_status make_plan(search *s, const int64_t *Ie, moe__flex_op ops[2], int *nops) {
   const moe__flex_table *t = s->t;
   *nops = 0;
-  int e0 = 0;
-  for (int e = 1; e < t->E; e++)
-    if (cap_less(Ie, t, e0, e)) e0 = e;
-  if (!Ie[e0]) return MOE_OK;
+  int slow = 0, e0 = -1;
+  for (int g = 1; g < t->W; g++)
+    if (s->per_rank[g] > s->per_rank[slow]) slow = g;
+  for (int e = 0; e < t->E; e++)
+    if (moe__flex_count(t, e, slow) && (e0 < 0 || cap_less(Ie, t, e0, e))) e0 = e;
+  if (e0 < 0 || !Ie[e0]) return MOE_OK;
   double best = 0;
   for (int e1 = 0; e1 < t->E; e1++) {
     if (e1 == e0 || moe__flex_replicas(t, e1) < 2) continue;
