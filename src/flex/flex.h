@@ -137,7 +137,11 @@ typedef struct {
   int horizon;      /* K: a plan is kept only if K * (t0 - t1) exceeds its transfers' time */
   int max_plans;    /* bound on the plans of one step (Expand/Shrink pairs, then Migrates); 0: W * E_v */
 } moe__flex_policy;
-/* threshold 1.2 and K = 10 (DIGEST P3 4.4 and 4.6: the paper gives neither). */
+/* threshold 1.2, K = 10. The paper gives neither (a "predetermined threshold"); both are DIGEST P3's
+ * choices (4.4, 4.6). Why 1.2: the step waits for the slowest rank, so the ratio is the compute part of
+ * the step over that of a balanced placement; 1.2 lets the slowest rank run 20% over the mean, and
+ * under it a plan could save at most 1 - 1/1.2 = 17% of the compute, which copies and one more
+ * all-reduce per replica group rarely repay. */
 moe__flex_policy moe__flex_policy_default(void);
 
 typedef struct {
