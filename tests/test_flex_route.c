@@ -5,11 +5,12 @@
 #include <stdlib.h>
 
 #include "flex/flex.h"
+#include "flex_ops.h"
 #include "test.h"
 
 #define R(r, W, E, g, e, h) (r)[((size_t)(g) * (E) + (e)) * (W) + (h)]
 
-/* Expert 0 of a table whose replicas of expert 0 are n[g] per rank (other experts fill the rest). */
+/* A table with n0[g] replicas of expert 0 on rank g, its other slots cycling through experts 1 .. E-1. */
 static moe_status table_with(moe__flex_table *t, int W, int Ev, int E, const int *n0) {
   MOE_CHECK(moe__flex_table_init(t, W, Ev, E, 1));
   int k = 0;
@@ -129,9 +130,7 @@ TEST(flex_route_random_loads) {
     moe__flex_table t;
     ASSERT_OK(moe__flex_table_init(&t, W, Ev, E, 1));
     for (int k = 0; k < 20; k++) {
-      moe__flex_op op = {.kind = (moe__flex_kind)(moe__splitmix(&seed) % 3),
-                         .e = (int)(moe__splitmix(&seed) % (uint64_t)E), .g = (int)(moe__splitmix(&seed) % (uint64_t)W),
-                         .b = (int)(moe__splitmix(&seed) % (uint64_t)E), .h = (int)(moe__splitmix(&seed) % (uint64_t)W)};
+      moe__flex_op op = flex_random_op(&seed, E, W);
       (void)moe__flex_apply(&t, &op, &x); /* refused ops leave the table as it was */
     }
     int64_t I[3 * 3], r[3 * 3 * 3], ref[3 * 3 * 3];

@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "flex/flex.h"
+#include "flex_ops.h"
 #include "test.h"
 
 /* Rank g's slots as a string of expert ids ("01", "-"...) for messages. */
@@ -127,9 +128,7 @@ TEST(flex_primitives_keep_invariants) {
   ASSERT_OK(moe__flex_table_clone(&before, &t));
   int accepted[3] = {0};
   for (int it = 0; it < 2000; it++) {
-    moe__flex_op op = {.kind = (moe__flex_kind)(moe__splitmix(&seed) % 3),
-                       .e = (int)(moe__splitmix(&seed) % 6), .g = (int)(moe__splitmix(&seed) % 4),
-                       .b = (int)(moe__splitmix(&seed) % 6), .h = (int)(moe__splitmix(&seed) % 4)};
+    moe__flex_op op = flex_random_op(&seed, 6, 4);
     moe__flex_table_assign(&before, &t);
     int n0 = x.n;
     if (moe__flex_apply(&t, &op, &x) == MOE_OK) {

@@ -1,8 +1,8 @@
 /* The scheduler and the policy maker (P3 Algorithms 1 and 2): when the balance ratio is over the
- * threshold, replicate the expert with the most tokens per replica in place of a replica of a cold one,
- * as long as the cost model says the step gets faster by more than the copies cost over K steps; then
- * Migrates that shrink replica groups under the same rule. Every candidate is tried on a scratch copy
- * of the table and costed with Eq. 5. */
+ * threshold, replicate the slowest rank's expert with the most tokens per replica in place of a replica
+ * of a cold one, as long as the cost model says the step gets faster by more than the copies cost
+ * over K steps; then Migrates that shrink replica groups under the same rule. Every candidate is tried
+ * on a scratch copy of the table and costed with Eq. 5. */
 #include <stdlib.h>
 
 #include "flex/flex.h"
@@ -94,6 +94,7 @@ static moe_status make_plan(search *s, const int64_t *Ie, moe__flex_op ops[2], i
 
 moe_status moe__flex_make_plan(const moe__flex_table *t, const int64_t *Isrc, const moe__flex_env *env,
                                const moe__flex_policy *p, moe__flex_op ops[2], int *nops) {
+  *nops = 0;
   int64_t *Ie = merged_counts(t, Isrc);
   MOE_TRY(Ie, MOE_ERR_NOMEM, "flex policy: counts of %d experts", t->E);
   search s;
