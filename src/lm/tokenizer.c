@@ -194,17 +194,28 @@ static moe_status encode_plain(const moe_tokenizer *t, word_cache *c, const unsi
   return MOE_OK;
 }
 
-/* The first added token found in s[0, n) (the longest of those starting there): its id and offset. */
-static int32_t next_added(const moe_tokenizer *t, const char *s, size_t n, size_t *at) {
+/* Where each added token next occurs in the text, so that the text is searched once per occurrence. */
+typedef struct {
+  int32_t id;
+  size_t at; /* its next occurrence at or after the last search's start; the text's length when none */
+  size_t from; /* where that search started */
+} added_at;
+
+/* The added token that occurs first in text[i, n) (the longest of those starting there), or -1; its
+ * offset in *at (n when none). */
+static int32_t next_added(const moe_tokenizer *t, added_at *a, int na, const char *text, size_t n, size_t i,
+                          size_t *at) {
   int32_t best = -1;
   *at = n;
-  for (int32_t id = 0; id < t->vocab; id++) {
-    if (!t->added[id]) continue;
-    const char *p = memmem(s, n, t->bytes[id], (size_t)t->len[id]);
-    size_t o = p ? (size_t)(p - s) : n;
-    if (p && (o < *at || (o == *at && t->len[id] > t->len[best]))) {
-      best = id;
-      *at = o;
+  for (int k = 0; k < na; k++) {
+    if (a[k].at < i || a[k].from > i) { /* passed over (or never searched): search again from i */
+      const char *p = memmem(text + i, n - i, t->bytes[a[k].id], (size_t)t->len[a[k].id]);
+      a[k].at = p ? (size_t)(p - text) : n;
+      a[k].from = i;
+    }
+    if (a[k].at < *at || (a[k].at == *at && a[k].at < n && t->len[a[k].id] > t->len[best])) {
+      best = a[k].id;
+      *at = a[k].at;
     }
   }
   return best;
@@ -213,19 +224,26 @@ static int32_t next_added(const moe_tokenizer *t, const char *s, size_t n, size_
 moe_status moe_tokenizer_encode(const moe_tokenizer *t, const char *text, size_t n, int special,
                                 int32_t *ids, size_t *n_ids) {
   MOE_TRY(t && (text || !n) && ids && n_ids, MOE_ERR_ARG, "moe_tokenizer_encode: NULL argument");
+  int na = 0;
+  for (int32_t id = 0; special && id < t->vocab; id++) na += t->added[id];
+  added_at *a = malloc((na ? (size_t)na : 1) * sizeof *a);
+  MOE_TRY(a, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory");
+  for (int32_t id = 0, k = 0; special && id < t->vocab; id++)
+    if (t->added[id]) a[k++] = (added_at){id, 0, SIZE_MAX};
   word_cache c = {0};
   moe_status st = MOE_OK;
   *n_ids = 0;
   for (size_t i = 0; i < n && st == MOE_OK;) {
-    size_t at = n - i;
-    int32_t id = special ? next_added(t, text + i, n - i, &at) : -1;
-    st = encode_plain(t, &c, (const unsigned char *)text + i, at, ids, n_ids);
-    i += at;
+    size_t at = n;
+    int32_t id = next_added(t, a, na, text, n, i, &at);
+    st = encode_plain(t, &c, (const unsigned char *)text + i, at - i, ids, n_ids);
+    i = at;
     if (id >= 0) {
       ids[(*n_ids)++] = id;
       i += (size_t)t->len[id];
     }
   }
+  free(a);
   moe__tok_map_free(&c.index);
   free(c.ids);
   return st;

@@ -222,6 +222,7 @@ static moe_status learn(trainer *T, moe_tokenizer *t, int32_t merges) {
 moe_status moe_tokenizer_train(moe_tokenizer **out, const char *text, size_t n, int32_t vocab_size) {
   MOE_TRY(out && (text || !n), MOE_ERR_ARG, "moe_tokenizer_train: NULL argument");
   *out = NULL;
+  MOE_TRY(n <= INT32_MAX, MOE_ERR_ARG, "moe_tokenizer_train: %zu bytes of text, more than 2^31 - 1", n);
   MOE_TRY(vocab_size >= 257, MOE_ERR_ARG,
           "moe_tokenizer_train: vocab_size %d is below 257 (256 byte tokens and %s)", vocab_size,
           MOE_TOKENIZER_EOT);
