@@ -26,14 +26,14 @@ int moe__tok_char_byte(uint32_t cp) {
   return -1;
 }
 
-int moe__tok_byte_rank(int b) {
-  int r = 0, cb = moe__tok_byte_char(b);
-  for (int c = 0; c < 256; c++) r += moe__tok_byte_char(c) < cb;
+int moe__tok_byte_rank(int b) { /* the 188 printable characters (their own code points) come first */
+  int r = printable(b) ? 0 : 188;
+  for (int c = 0; c < b; c++) r += printable(c) == printable(b);
   return r;
 }
 
 /* ---- pre-tokenizer ----
- * ASCII bytes are classed as Unicode classes them; every byte >= 0x80 counts as a letter (so a UTF-8
+ * ASCII bytes get their Unicode class (letter, digit, whitespace, other); every byte >= 0x80 is a letter (a UTF-8
  * sequence stays inside its word; non-ASCII digits, spaces and punctuation split differently from
  * GPT-2's regex). Whitespace is \t \n \v \f \r and space, as Oniguruma's \s in Hugging Face. */
 static int is_space(unsigned c) { return c == ' ' || (c >= 9 && c <= 13); }
@@ -43,7 +43,7 @@ static int is_other(unsigned c) { return !is_space(c) && !is_letter(c) && !is_di
 
 size_t moe__tok_pretoken(const unsigned char *s, size_t n, size_t i) {
   if (s[i] == '\'' && i + 1 < n) { /* 's 't 'm 'd, then 're 've 'll */
-    if (strchr("stmd", s[i + 1]) && s[i + 1]) return i + 2;
+    if (s[i + 1] && strchr("stmd", s[i + 1])) return i + 2;
     if (i + 2 < n && ((s[i + 1] == 'r' && s[i + 2] == 'e') || (s[i + 1] == 'v' && s[i + 2] == 'e') ||
                       (s[i + 1] == 'l' && s[i + 2] == 'l')))
       return i + 3;
