@@ -47,7 +47,7 @@ static const char *tok(const moe_tokenizer *t, int32_t id) {
 
 static char *sample(size_t *n) {
   char path[1024];
-  snprintf(path, sizeof path, "%s/tokenizer/sample.txt", test_fixture_dir());
+  snprintf(path, sizeof path, "%s/tokenizer_sample.txt", test_fixture_dir());
   return test_read_file(path, n);
 }
 
@@ -371,7 +371,7 @@ TEST(tokenizer_brown_test_split_round_trips) {
 
 TEST(tokenizer_cli_train_encode_decode) {
   char data[1024], tj[512], in[512], ids[512], out[512], args[4096], err[2048];
-  snprintf(data, sizeof data, "%s/tokenizer/sample.txt", test_fixture_dir());
+  snprintf(data, sizeof data, "%s/tokenizer_sample.txt", test_fixture_dir());
   test_tmp_path("cli_tok.json", tj, sizeof tj);
   snprintf(args, sizeof args, "tokenizer train --data '%s' --vocab 400 --out '%s' --json", data, tj);
   ASSERT_EQ_INT(run_moe(NULL, args, NULL, err, sizeof err), 0);
