@@ -5,13 +5,13 @@
 # encode` with the package's encode() (patched only to append ids in linear time) and checks that
 # `moe tokenizer decode` gives the file back. Needs npm (node), python3 and the network to npm.
 # Usage: dev/check_gpt2_tokenizer.sh MOE [FILE...]   (default files: data/brown/valid.txt,
-# data/brown/test.txt, tests/fixtures/tokenizer/sample.txt). Exits 1 on any difference.
+# data/brown/test.txt, tests/fixtures/tokenizer_sample.txt). Exits 1 on any difference.
 set -e
 SCRIPT_DIR=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$SCRIPT_DIR")
 MOE=${1:?usage: dev/check_gpt2_tokenizer.sh MOE [FILE...]}
 shift
-[ $# -gt 0 ] || set -- "$ROOT/data/brown/valid.txt" "$ROOT/data/brown/test.txt" "$ROOT/tests/fixtures/tokenizer/sample.txt"
+[ $# -gt 0 ] || set -- "$ROOT/data/brown/valid.txt" "$ROOT/data/brown/test.txt" "$ROOT/tests/fixtures/tokenizer_sample.txt"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/check-gpt2.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
