@@ -37,5 +37,6 @@ int cmd_placement(int argc, char **argv);
 int cmd_plot_trace(int argc, char **argv);
 int cmd_infer(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
+int cmd_tokenizer(int argc, char **argv);
 
 #endif

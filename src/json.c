@@ -1,6 +1,9 @@
 /* See json.h. */
 #include "json.h"
 
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -24,4 +27,25 @@ moe_status moe__json_parse(const char *path, const char *what, const char *text,
     }
   *out = root;
   return MOE_OK;
+}
+
+moe_status moe__json_read(const char *path, const char *what, size_t max_bytes, cJSON **out) {
+  *out = NULL;
+  FILE *fp = fopen(path, "rb");
+  MOE_TRY(fp, MOE_ERR_IO, "%s: cannot open the %s: %s", path, what, strerror(errno));
+  long n = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
+  char *text = n >= 0 && (size_t)n <= max_bytes && fseek(fp, 0, SEEK_SET) == 0 ? malloc((size_t)n + 1) : NULL;
+  int ok = text && fread(text, 1, (size_t)n, fp) == (size_t)n;
+  int err = errno;
+  fclose(fp);
+  if (!ok) {
+    free(text);
+    if (n < 0 || (size_t)n <= max_bytes)
+      return moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: cannot read the %s: %s", path, what, strerror(err));
+    return moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: the %s has %ld bytes, more than the %zu allowed", path,
+                      what, n, max_bytes);
+  }
+  moe_status st = moe__json_parse(path, what, text, (size_t)n, out);
+  free(text);
+  return st;
 }

@@ -11,4 +11,8 @@
  * ("header") and the byte where it went wrong. */
 moe_status moe__json_parse(const char *path, const char *what, const char *text, size_t n, cJSON **out);
 
+/* Reads the whole file at path (at most max_bytes) and parses it as moe__json_parse does; MOE_ERR_IO
+ * naming the path when it cannot be read or is larger. */
+moe_status moe__json_read(const char *path, const char *what, size_t max_bytes, cJSON **out);
+
 #endif

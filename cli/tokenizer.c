@@ -1,0 +1,187 @@
+/* moe tokenizer train|encode|decode: a byte-level BPE tokenizer learned from a text (the Brown
+ * corpus of scripts/get-brown.sh by default), saved as a Hugging Face tokenizer.json; text on stdin to
+ * ids, and ids back to the exact bytes. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+
+static const char *CMD = "tokenizer";
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: moe tokenizer train [--data DIR|FILE] [--vocab N] --out tokenizer.json [--json]\n"
+          "       moe tokenizer encode --tokenizer F [--special] [--json]   < text  > ids\n"
+          "       moe tokenizer decode --tokenizer F                        < ids   > text\n"
+          "train: learns byte-level BPE merges from FILE, or DIR/train.txt (default data/brown, made by\n"
+          "  scripts/get-brown.sh), up to N ids in all (default 4096, <|endoftext|> included); prints the\n"
+          "  time taken and, when DIR has a valid.txt, its bytes per token (a JSON line with --json).\n"
+          "encode: the ids of stdin's bytes, separated by spaces (a JSON array with --json); --special\n"
+          "  turns <|endoftext|> written in the text into its id.\n"
+          "decode: ids separated by spaces, commas or newlines (a JSON array too) to the exact bytes.\n");
+}
+
+/* The whole stream in a malloc'd buffer, NUL-terminated (its length, without the NUL, in *n); NULL on
+ * failure. */
+static char *read_all(FILE *fp, size_t *n) {
+  size_t cap = 1 << 16;
+  char *buf = malloc(cap);
+  *n = 0;
+  for (size_t got; buf && (got = fread(buf + *n, 1, cap - 1 - *n, fp)) > 0;) {
+    *n += got;
+    if (*n == cap - 1) {
+      char *b = realloc(buf, cap *= 2);
+      if (!b) free(buf);
+      buf = b;
+    }
+  }
+  if (buf && ferror(fp)) {
+    free(buf);
+    return NULL;
+  }
+  if (buf) buf[*n] = 0;
+  return buf;
+}
+
+/* The file at path (or DIR/name when path is a directory) in a malloc'd buffer. */
+static char *read_text(const char *path, const char *name, size_t *n, char *used, size_t cap) {
+  struct stat s;
+  if (stat(path, &s) == 0 && S_ISDIR(s.st_mode)) snprintf(used, cap, "%s/%s", path, name);
+  else snprintf(used, cap, "%s", path);
+  FILE *fp = fopen(used, "rb");
+  char *text = fp ? read_all(fp, n) : NULL;
+  if (fp) fclose(fp);
+  return text;
+}
+
+static int train(const char *data, int vocab, const char *out, int json) {
+  char path[4096];
+  size_t n;
+  char *text = read_text(data, "train.txt", &n, path, sizeof path);
+  if (!text)
+    return cli_usage_error(CMD, "%s: cannot read: %s (scripts/get-brown.sh fetches data/brown)", path, strerror(errno));
+  moe_tokenizer *t = NULL;
+  double t0 = cli_now();
+  moe_status st = moe_tokenizer_train(&t, text, n, vocab);
+  double secs = cli_now() - t0;
+  free(text);
+  if (st != MOE_OK || moe_tokenizer_save(t, out) != MOE_OK) {
+    moe_tokenizer_free(t);
+    return cli_fail(CMD);
+  }
+  int32_t v = moe_tokenizer_vocab_size(t);
+  if (json) printf("{\"data\": \"%s\", \"bytes\": %zu, \"vocab\": %d, \"seconds\": %.3f", path, n, v, secs);
+  else printf("%s: %d ids from %zu bytes of %s in %.2f s\n", out, v, n, path, secs);
+  /* Compression on the validation text beside the training text, when there is one. */
+  char vpath[4096];
+  struct stat s;
+  size_t vn = 0, k = 0;
+  char *valid = stat(data, &s) == 0 && S_ISDIR(s.st_mode) ? read_text(data, "valid.txt", &vn, vpath, sizeof vpath) : NULL;
+  int32_t *ids = valid ? malloc((vn ? vn : 1) * sizeof *ids) : NULL;
+  int rc = 0;
+  if (ids && moe_tokenizer_encode(t, valid, vn, 0, ids, &k) != MOE_OK) rc = cli_fail(CMD);
+  else if (ids && json) printf(", \"valid_bytes\": %zu, \"valid_tokens\": %zu, \"bytes_per_token\": %.4f", vn, k, (double)vn / (double)k);
+  else if (ids) printf("%s: %zu bytes -> %zu tokens, %.3f bytes per token\n", vpath, vn, k, (double)vn / (double)k);
+  if (json) printf("}\n");
+  free(ids);
+  free(valid);
+  moe_tokenizer_free(t);
+  return rc;
+}
+
+static int encode(const moe_tokenizer *t, int special, int json) {
+  size_t n, k = 0;
+  char *text = read_all(stdin, &n);
+  int32_t *ids = text ? malloc((n ? n : 1) * sizeof *ids) : NULL;
+  if (!ids) {
+    free(text);
+    return cli_usage_error(CMD, "cannot read stdin: %s", strerror(errno));
+  }
+  int rc = moe_tokenizer_encode(t, text, n, special, ids, &k) != MOE_OK ? cli_fail(CMD) : 0;
+  const char *sep = json ? ", " : " ";
+  if (!rc && json) printf("[");
+  for (size_t i = 0; !rc && i < k; i++) printf("%s%d", i ? sep : "", ids[i]);
+  if (!rc) printf(json ? "]\n" : "\n");
+  free(ids);
+  free(text);
+  return rc;
+}
+
+static int decode(const moe_tokenizer *t) {
+  size_t n, k = 0, len;
+  char *text = read_all(stdin, &n), *end;
+  int32_t *ids = text ? malloc((n / 2 + 1) * sizeof *ids) : NULL; /* an id and a separator: 2 bytes at least */
+  if (!ids) {
+    free(text);
+    return cli_usage_error(CMD, "cannot read stdin: %s", strerror(errno));
+  }
+  int rc = 0;
+  static const char SEP[] = " \t\r\n,[]";
+  for (size_t i = 0; i < n;) {
+    if (text[i] && strchr(SEP, text[i])) {
+      i++;
+      continue;
+    }
+    errno = 0;
+    long v = strtol(text + i, &end, 10);
+    if (end == text + i || errno || v < INT32_MIN || v > INT32_MAX || (*end && !strchr(SEP, *end))) {
+      rc = cli_usage_error(CMD, "stdin: byte %zu: not a token id", i);
+      break;
+    }
+    ids[k++] = (int32_t)v;
+    i = (size_t)(end - text);
+  }
+  /* Once to learn the length (or which id is out of range), once to write. */
+  moe_status st = rc ? MOE_OK : moe_tokenizer_decode(t, ids, k, NULL, 0, &len);
+  char *out = !rc && (st == MOE_OK || st == MOE_ERR_ARG) ? malloc(len ? len : 1) : NULL;
+  if (!rc && (!out || moe_tokenizer_decode(t, ids, k, out, len, &len) != MOE_OK)) rc = cli_fail(CMD);
+  else if (!rc && fwrite(out, 1, len, stdout) != len) rc = cli_usage_error(CMD, "writing stdout: %s", strerror(errno));
+  free(out);
+  free(ids);
+  free(text);
+  return rc;
+}
+
+int cmd_tokenizer(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
+  if (argc < 2) {
+    usage(stderr);
+    return 1;
+  }
+  const char *sub = argv[1], *data = "data/brown", *out = NULL, *tok = NULL;
+  int vocab = 4096, json = 0, special = 0;
+  for (int i = 2; i < argc; i++) {
+    if (cli_flag_is(argv[i], "json") || cli_flag_is(argv[i], "special")) {
+      *(cli_flag_is(argv[i], "json") ? &json : &special) = 1;
+      continue;
+    }
+    if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", argv[i]);
+    const char *f = argv[i], *v = argv[++i];
+    if (cli_flag_is(f, "data")) data = v;
+    else if (cli_flag_is(f, "out")) out = v;
+    else if (cli_flag_is(f, "tokenizer")) tok = v;
+    else if (cli_flag_is(f, "vocab")) {
+      if (!cli_parse_int(v, &vocab) || vocab < 257) return cli_usage_error(CMD, "--vocab: '%s' is not a number >= 257", v);
+    } else {
+      usage(stderr);
+      return cli_usage_error(CMD, "unknown flag '%s'", f);
+    }
+  }
+  if (!strcmp(sub, "train")) {
+    if (!out) return cli_usage_error(CMD, "train: --out is required");
+    return train(data, vocab, out, json);
+  }
+  if (strcmp(sub, "encode") && strcmp(sub, "decode")) {
+    usage(stderr);
+    return cli_usage_error(CMD, "unknown subcommand '%s' (train, encode, decode)", sub);
+  }
+  if (!tok) return cli_usage_error(CMD, "%s: --tokenizer is required", sub);
+  moe_tokenizer *t;
+  if (moe_tokenizer_load(&t, tok) != MOE_OK) return cli_fail(CMD);
+  int rc = !strcmp(sub, "encode") ? encode(t, special, json) : decode(t);
+  moe_tokenizer_free(t);
+  return rc;
+}
