@@ -1,6 +1,9 @@
 /* See json.h. */
 #include "json.h"
 
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -24,4 +27,22 @@ moe_status moe__json_parse(const char *path, const char *what, const char *text,
     }
   *out = root;
   return MOE_OK;
+}
+
+moe_status moe__json_load(const char *path, const char *what, cJSON **out) {
+  *out = NULL;
+  FILE *fp = fopen(path, "rb");
+  MOE_TRY(fp, MOE_ERR_IO, "%s: cannot open the %s: %s", path, what, strerror(errno));
+  char *text = NULL;
+  long n = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
+  if (n >= 0 && n < (1L << 26) && fseek(fp, 0, SEEK_SET) == 0 && (text = malloc((size_t)n + 1)) &&
+      fread(text, 1, (size_t)n, fp) == (size_t)n)
+    text[n] = 0;
+  else
+    free(text), text = NULL;
+  fclose(fp);
+  MOE_TRY(text, MOE_ERR_IO, "%s: cannot read the %s", path, what);
+  moe_status st = moe__json_parse(path, what, text, (size_t)n, out);
+  free(text);
+  return st;
 }

@@ -11,4 +11,7 @@
  * ("header") and the byte where it went wrong. */
 moe_status moe__json_parse(const char *path, const char *what, const char *text, size_t n, cJSON **out);
 
+/* The whole file at path (at most 64 MiB) parsed as above; MOE_ERR_IO when it cannot be read. */
+moe_status moe__json_load(const char *path, const char *what, cJSON **out);
+
 #endif
