@@ -93,3 +93,148 @@ done:
 
 TEST(lm_matches_pytorch_mixtral) { ASSERT(check_case("mixtral")); }
 TEST(lm_matches_pytorch_mixtral_tied) { ASSERT(check_case("mixtral_tied")); }
+
+/* Logits (B, T, V) of the fixture's tokens through the model in dir, malloc'd; NULL after printing. */
+static float *logits_of(const char *dir, size_t *n) {
+  char ref[600];
+  snprintf(ref, sizeof ref, "%s/mixtral/ref.safetensors", test_fixture_dir());
+  moe_lm_t m;
+  moe_st *f = NULL;
+  moe_tensor_view tok;
+  float *out = NULL;
+  if (moe_lm_load(&m, dir, NULL)) {
+    fprintf(stderr, "  load %s: %s\n", dir, moe_last_error());
+    return NULL;
+  }
+  moe_lm_stats st;
+  if (!moe_st_open(&f, ref) && !moe_st_get(f, "tokens", &tok) &&
+      !moe_lm_forward(&m, tok.data, NULL, (int)tok.shape[0], (int)tok.shape[1], &st)) {
+    *n = (size_t)tok.shape[0] * tok.shape[1] * m.cfg.vocab;
+    out = malloc(*n * 4);
+    if (out) memcpy(out, moe_lm_logits(&m), *n * 4);
+  } else {
+    fprintf(stderr, "  forward %s: %s\n", dir, moe_last_error());
+  }
+  moe_st_close(f);
+  moe_lm_free(&m);
+  return out;
+}
+
+/* Copies the fixture's config.json into dir (created) and returns the fixture's model file, open. */
+static moe_st *fixture_into(const char *dir) {
+  char src[600], dst[600];
+  mkdir(dir, 0755);
+  snprintf(src, sizeof src, "%s/mixtral/config.json", test_fixture_dir());
+  snprintf(dst, sizeof dst, "%s/config.json", dir);
+  size_t len;
+  char *text = test_read_file(src, &len);
+  moe_status s = text ? moe_write_file_atomic(dst, text, len) : MOE_ERR_IO;
+  free(text);
+  snprintf(src, sizeof src, "%s/mixtral/model.safetensors", test_fixture_dir());
+  moe_st *f = NULL;
+  if (s != MOE_OK || moe_st_open(&f, src) != MOE_OK) return NULL;
+  return f;
+}
+
+TEST(lm_save_load_is_bit_identical) {
+  char src[600], dir[512];
+  snprintf(src, sizeof src, "%s/mixtral", test_fixture_dir());
+  moe_lm_t m;
+  ASSERT_OK(moe_lm_load(&m, src, NULL));
+  moe_status s = moe_lm_save(&m, test_tmp_path("lm_saved", dir, sizeof dir));
+  moe_lm_free(&m);
+  ASSERT_OK(s);
+  size_t n1 = 0, n2 = 0;
+  float *a = logits_of(src, &n1), *b = logits_of(dir, &n2);
+  int same = a && b && n1 == n2 && !memcmp(a, b, n1 * 4);
+  free(a), free(b);
+  ASSERT(same);
+  moe_lm_config c0, c1;
+  ASSERT_OK(moe_lm_read_config(src, &c0));
+  ASSERT_OK(moe_lm_read_config(dir, &c1));
+  ASSERT(!memcmp(&c0, &c1, sizeof c0));
+}
+
+/* The fixture split over two shards with an index, its norms stored as F16 and its experts as BF16:
+ * the same logits as the F32 file, to the rounding of those tensors. */
+TEST(lm_loads_shards_bf16_f16) {
+  char dir[512], path[600];
+  moe_st *f = fixture_into(test_tmp_path("lm_shards", dir, sizeof dir));
+  ASSERT(f);
+  moe_st_writer *w[2];
+  ASSERT_OK(moe_st_writer_new(&w[0]));
+  ASSERT_OK(moe_st_writer_new(&w[1]));
+  char *index = malloc(1 << 16);
+  size_t at = (size_t)snprintf(index, 1 << 16, "{\"metadata\": {}, \"weight_map\": {");
+  for (int i = 0; i < moe_st_count(f); i++) {
+    moe_tensor_view v;
+    ASSERT_OK(moe_st_at(f, i, &v));
+    int shard = i % 2;
+    size_t n = v.nbytes / 4;
+    if (strstr(v.name, "norm")) {
+      _Float16 *h = malloc(n * 2);
+      for (size_t j = 0; j < n; j++) h[j] = (_Float16)((const float *)v.data)[j];
+      ASSERT_OK(moe_st_writer_add(w[shard], v.name, MOE_DT_F16, v.ndim, v.shape, h));
+      free(h);
+    } else {
+      ASSERT_OK(moe_st_writer_add_f32(w[shard], v.name, strstr(v.name, "experts") ? MOE_DT_BF16 : MOE_DT_F32, v.ndim,
+                                      v.shape, v.data));
+    }
+    at += (size_t)snprintf(index + at, (1 << 16) - at, "%s\"%s\": \"part%d.safetensors\"", i ? ", " : "", v.name,
+                           shard);
+  }
+  snprintf(index + at, (1 << 16) - at, "}}");
+  for (int s = 0; s < 2; s++) {
+    snprintf(path, sizeof path, "%s/part%d.safetensors", dir, s);
+    ASSERT_OK(moe_st_writer_save(w[s], path));
+    moe_st_writer_free(w[s]);
+  }
+  snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+  ASSERT_OK(moe_write_file_atomic(path, index, strlen(index)));
+  free(index);
+  moe_st_close(f);
+  char src[600];
+  snprintf(src, sizeof src, "%s/mixtral", test_fixture_dir());
+  size_t n1 = 0, n2 = 0;
+  float *a = logits_of(src, &n1), *b = logits_of(dir, &n2);
+  ASSERT(a && b);
+  double worst = 0;
+  for (size_t i = 0; i < n1; i++) worst = fmax(worst, fabs(a[i] - b[i]));
+  free(a), free(b);
+  fprintf(stderr, "  logits from bf16 experts and f16 norms: max diff %.3g\n", worst);
+  ASSERT(n1 == n2 && worst > 0 && worst < 0.05);
+}
+
+/* Writes the fixture into dir with tensor `drop` left out or `bad` stored with its dimensions swapped. */
+static int write_broken(const char *dir, const char *drop, const char *bad) {
+  moe_st *f = fixture_into(dir);
+  moe_st_writer *w;
+  if (!f || moe_st_writer_new(&w)) return 0;
+  for (int i = 0; i < moe_st_count(f); i++) {
+    moe_tensor_view v;
+    moe_st_at(f, i, &v);
+    if (!strcmp(v.name, drop)) continue;
+    int64_t shape[2] = {v.shape[v.ndim - 1], v.shape[0]};
+    moe_st_writer_add(w, v.name, v.dtype, v.ndim, !strcmp(v.name, bad) && v.ndim == 2 ? shape : v.shape, v.data);
+  }
+  char path[600];
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  int ok = moe_st_writer_save(w, path) == MOE_OK;
+  moe_st_writer_free(w);
+  moe_st_close(f);
+  return ok;
+}
+
+TEST(lm_load_names_missing_and_misshaped_tensors) {
+  char dir[512];
+  moe_lm_t m;
+  const char *gone = "model.layers.1.block_sparse_moe.experts.2.w3.weight";
+  ASSERT(write_broken(test_tmp_path("lm_missing", dir, sizeof dir), gone, ""));
+  ASSERT_STATUS(moe_lm_load(&m, dir, NULL), MOE_ERR_MISSING);
+  ASSERT(strstr(moe_last_error(), gone));
+  const char *bad = "model.layers.0.self_attn.k_proj.weight"; /* (16, 32) stored as (32, 16) */
+  ASSERT(write_broken(test_tmp_path("lm_misshaped", dir, sizeof dir), "", bad));
+  ASSERT_STATUS(moe_lm_load(&m, dir, NULL), MOE_ERR_SHAPE);
+  fprintf(stderr, "  %s\n", moe_last_error());
+  ASSERT(strstr(moe_last_error(), bad) && strstr(moe_last_error(), "16") && strstr(moe_last_error(), "32"));
+}
