@@ -648,7 +648,7 @@ const char *moe_blas_better_coretype(void);
 /* GFLOP/s of an n x n x n sgemm with `threads` BLAS threads: the best of `reps` runs. */
 double moe_sgemm_gflops(int n, int threads, int reps);
 
-/* ---- a Mixtral-architecture language model (DESIGN 4.9) ----
+/* ---- a Mixtral-architecture language model (DESIGN 4.5) ----
  * Token embedding; n_layers pre-norm blocks h += Attn(RMSNorm(h)), h += MoE(RMSNorm(h)) with causal
  * grouped-query attention and rotary position embeddings (Hugging Face's rotate_half) and the libmoe
  * layer as the feed-forward (SwiGLU experts, softmax top-k router); RMSNorm and an output head, tied to

@@ -1,4 +1,4 @@
-/* The language model's kernels (DESIGN 4.9), each a forward and a backward: RMSNorm, rotary position
+/* The language model's kernels (DESIGN 4.5), each a forward and a backward: RMSNorm, rotary position
  * embeddings, causal grouped-query attention, token embedding, softmax cross-entropy and Mixtral's
  * load-balancing loss. Row-major fp32; `nt` is the OpenMP thread count. Backward functions add into
  * parameter gradients; what they do to input gradients is said per function. */
