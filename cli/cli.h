@@ -34,5 +34,6 @@ int cmd_placement(int argc, char **argv);
 int cmd_plot_trace(int argc, char **argv);
 int cmd_infer(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
 
 #endif

@@ -724,6 +724,23 @@ moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
  * creating dir when missing; an index json there is removed, since it would name other files. */
 moe_status moe_lm_save(const moe_lm_t *m, const char *dir);
 
+/* Generation: a KV cache of B sequences (every layer's rotated keys and values, up to max_seq
+ * positions). moe_lm_decode runs tokens (B, T) at positions [len, len + T) of the cache's sequences,
+ * appends their keys and values, and leaves their (B, T, vocab) logits in moe_lm_logits: the logits a
+ * full forward of the whole sequences gives, to rounding. len + T <= max_seq. */
+typedef struct moe_lm_cache moe_lm_cache;
+moe_status moe_lm_cache_new(moe_lm_cache **out, const moe_lm_t *m, int B);
+void moe_lm_cache_free(moe_lm_cache *c);
+int moe_lm_cache_len(const moe_lm_cache *c);
+void moe_lm_cache_reset(moe_lm_cache *c);
+moe_status moe_lm_decode(moe_lm_t *m, moe_lm_cache *c, const int32_t *tokens, int T);
+/* The next token from logits (V) into *token: temperature 0 takes the argmax (ties to the lower id); else
+ * softmax(logits / temperature) cut to the smallest set of most probable tokens whose mass reaches top_p
+ * (in (0, 1]; ties by id) and drawn with one uniform from *rng (splitmix64 state): the same seed gives
+ * the same tokens. */
+moe_status moe_lm_sample(const float *logits, int V, float temperature, float top_p, uint64_t *rng,
+                         int32_t *token);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "run_cli.h"
 #include "test.h"
 
 #define TOL 1e-4 /* absolute: logits, losses and gradients are of order 0.01 to 10 */
@@ -237,4 +238,115 @@ TEST(lm_load_names_missing_and_misshaped_tensors) {
   ASSERT_STATUS(moe_lm_load(&m, dir, NULL), MOE_ERR_SHAPE);
   fprintf(stderr, "  %s\n", moe_last_error());
   ASSERT(strstr(moe_last_error(), bad) && strstr(moe_last_error(), "16") && strstr(moe_last_error(), "32"));
+}
+
+/* The fixture's logits position by position through the KV cache: the prompt's 5 tokens at once,
+ * then 1 and 2 more, against one forward of all 8 (to rounding: other GEMM shapes). */
+TEST(lm_kv_cache_decode_matches_full_forward) {
+  char dir[512], path[600];
+  moe_lm_t m;
+  moe_st *ref = NULL;
+  moe_tensor_view tok;
+  ASSERT_OK(moe_lm_load(&m, case_dir("mixtral", dir, sizeof dir), NULL));
+  snprintf(path, sizeof path, "%s/ref.safetensors", dir);
+  ASSERT_OK(moe_st_open(&ref, path));
+  ASSERT_OK(moe_st_get(ref, "tokens", &tok));
+  enum { B = 2, T = 8 };
+  int V = m.cfg.vocab;
+  const int32_t *t = tok.data;
+  static float full[B * T * 64];
+  ASSERT(V == 64 && tok.shape[0] == B && tok.shape[1] == T);
+  ASSERT_OK(moe_lm_forward(&m, t, NULL, B, T, NULL));
+  memcpy(full, moe_lm_logits(&m), sizeof full);
+  moe_lm_cache *kv;
+  ASSERT_OK(moe_lm_cache_new(&kv, &m, B));
+  const int steps[3][2] = {{0, 5}, {5, 1}, {6, 2}}; /* positions [p, p + n) */
+  double worst = 0;
+  for (int s = 0; s < 3; s++) {
+    int p = steps[s][0], n = steps[s][1];
+    int32_t in[B * 5];
+    for (int b = 0; b < B; b++) memcpy(in + b * n, t + b * T + p, (size_t)n * 4);
+    moe_status st = moe_lm_decode(&m, kv, in, n);
+    if (st) FAIL_("decode: %s", moe_last_error());
+    for (int b = 0; b < B; b++)
+      for (int i = 0; i < n * V; i++)
+        worst = fmax(worst, fabs(moe_lm_logits(&m)[(size_t)b * n * V + i] - full[((size_t)b * T + p) * V + i]));
+  }
+  ASSERT_EQ_INT(moe_lm_cache_len(kv), T);
+  ASSERT_STATUS(moe_lm_decode(&m, kv, t, 64 - T + 1), MOE_ERR_ARG); /* past max_seq = 64 */
+  moe_lm_cache_free(kv);
+  moe_st_close(ref);
+  moe_lm_free(&m);
+  fprintf(stderr, "  cached decoding against the full forward: max logit diff %.3g\n", worst);
+  ASSERT(worst < 1e-5);
+}
+
+TEST(lm_sample_greedy_top_p_and_seeded) {
+  float lg[5] = {1, 3, 2, 3, -1};
+  uint64_t rng = 1;
+  int32_t tk;
+  ASSERT_OK(moe_lm_sample(lg, 5, 0, 1, &rng, &tk));
+  ASSERT_EQ_INT(tk, 1); /* the argmax, ties to the lower id */
+  ASSERT_OK(moe_lm_sample(lg, 5, 1, 1e-6f, &rng, &tk));
+  ASSERT_EQ_INT(tk, 1); /* a tiny nucleus holds the first most probable token only */
+  /* temperature 1, top-p 1: frequencies follow softmax; top-p 0.8 keeps ids 1, 3, 2 (mass 0.82) */
+  int count[5] = {0}, cut[5] = {0}, n = 20000;
+  for (int i = 0; i < n; i++) {
+    ASSERT_OK(moe_lm_sample(lg, 5, 1, 1, &rng, &tk));
+    count[tk]++;
+    ASSERT_OK(moe_lm_sample(lg, 5, 1, 0.8f, &rng, &tk));
+    cut[tk]++;
+  }
+  double z = 0;
+  for (int i = 0; i < 5; i++) z += exp(lg[i]);
+  for (int i = 0; i < 5; i++) ASSERT_NEAR(count[i] / (double)n, exp(lg[i]) / z, 0.015);
+  ASSERT(cut[0] == 0 && cut[4] == 0);
+  ASSERT_NEAR(cut[2] / (double)n, exp(2) / (2 * exp(3) + exp(2)), 0.015);
+  uint64_t a = 9, b = 9;
+  int32_t ta, tb;
+  for (int i = 0; i < 50; i++) {
+    ASSERT_OK(moe_lm_sample(lg, 5, 0.7f, 0.9f, &a, &ta));
+    ASSERT_OK(moe_lm_sample(lg, 5, 0.7f, 0.9f, &b, &tb));
+    ASSERT_EQ_INT(ta, tb);
+  }
+  ASSERT_STATUS(moe_lm_sample(lg, 5, 1, 0, &rng, &tk), MOE_ERR_ARG);
+}
+
+/* moe generate on the fixture: the same seed gives the same tokens; greedy (temperature 0) gives the
+ * argmax chain of full forwards without a cache; bad ids and a prompt past the context are errors. */
+TEST(lm_generate_cli_reproducible_and_greedy) {
+  char dir[512], args[1200], out1[512], out2[512], err[512];
+  case_dir("mixtral", dir, sizeof dir);
+  test_tmp_path("gen1.txt", out1, sizeof out1);
+  test_tmp_path("gen2.txt", out2, sizeof out2);
+  snprintf(args, sizeof args, "generate --checkpoint %s --prompt-ids '5 9 1' --max-tokens 12 --temperature 0.8 "
+           "--top-p 0.9 --seed 3", dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, out1, err, sizeof err), 0);
+  ASSERT_EQ_INT(run_moe(NULL, args, out2, err, sizeof err), 0);
+  ASSERT(test_same_file(out1, out2));
+  snprintf(args, sizeof args, "generate --checkpoint %s --prompt-ids '5,9,1' --max-tokens 6 --temperature 0", dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, out1, err, sizeof err), 0);
+  char text[256];
+  test_read_text(out1, text, sizeof text);
+  moe_lm_t m;
+  ASSERT_OK(moe_lm_load(&m, dir, NULL));
+  int32_t seq[9] = {5, 9, 1};
+  char want[256] = "";
+  size_t at = 0;
+  for (int n = 3; n < 9; n++) {
+    moe_status st = moe_lm_forward(&m, seq, NULL, 1, n, NULL);
+    if (st) FAIL_("forward: %s", moe_last_error());
+    uint64_t rng = 0;
+    moe_lm_sample(moe_lm_logits(&m) + (size_t)(n - 1) * m.cfg.vocab, m.cfg.vocab, 0, 1, &rng, &seq[n]);
+    at += (size_t)snprintf(want + at, sizeof want - at, "%s%d", n > 3 ? " " : "", seq[n]);
+  }
+  moe_lm_free(&m);
+  snprintf(want + at, sizeof want - at, "\n");
+  if (strcmp(text, want)) FAIL_("greedy generate printed '%s', the full forwards give '%s'", text, want);
+  snprintf(args, sizeof args, "generate --checkpoint %s --prompt-ids '5 64'", dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, NULL, err, sizeof err), 1);
+  ASSERT(strstr(err, "'64' is not a token id in [0, 64)"));
+  snprintf(args, sizeof args, "generate --checkpoint %s --prompt-ids 1 --max-tokens 64", dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, NULL, err, sizeof err), 1);
+  ASSERT(strstr(err, "exceed the model's context of 64"));
 }

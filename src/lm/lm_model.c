@@ -40,6 +40,11 @@ struct moe__lm_state {
   moe_lm_stats stats;
 };
 
+struct moe_lm_cache {
+  int L, B, max_seq, kvd, len;
+  float *k, *v; /* (L, B, max_seq, kvd) each, rotated keys and values */
+};
+
 void moe_lm_config_default(moe_lm_config *c) {
   memset(c, 0, sizeof *c);
   moe_layer_config_default(&c->moe);
@@ -244,8 +249,9 @@ void moe_lm_set_threads(moe_lm_t *m, int threads) {
 
 const float *moe_lm_logits(const moe_lm_t *m) { return m->st->logits; }
 
-/* The arena's buffers for a (B, T) batch: sizes only when base is NULL (returns the bytes). */
-static size_t carve(moe_lm_t *m, int B, int T, char *base) {
+/* The arena's buffers for a (B, T) batch at positions from pos0: sizes only when base is NULL (returns
+ * the bytes). */
+static size_t carve(moe_lm_t *m, int B, int T, int pos0, char *base) {
   const moe_lm_config *c = &m->cfg;
   moe__lm_state *s = m->st;
   size_t N = (size_t)B * T, D = (size_t)c->moe.D, qd = (size_t)c->n_heads * c->head_dim,
@@ -282,7 +288,7 @@ static size_t carve(moe_lm_t *m, int B, int T, char *base) {
   TAKE(s->dqkv, N * qkv);
   TAKE(s->gl, N * E);
 #undef TAKE
-  moe__attn at = {.B = B, .Tq = T, .nh = c->n_heads, .nkv = c->n_kv_heads, .hd = c->head_dim};
+  moe__attn at = {.B = B, .Tq = T, .pos0 = pos0, .nh = c->n_heads, .nkv = c->n_kv_heads, .hd = c->head_dim};
   if (base) s->scratch = (float *)(base + off);
   return off + moe__attn_scratch(&at, s->nt);
 }
@@ -304,8 +310,9 @@ static void add_rows(float *y, const float *x, size_t n, int nt) {
   for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
 
-/* Layer i forward: attention, then the MoE feed-forward; a[i].res in, a[i + 1].res out. */
-static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_stats *out) {
+/* Layer i forward: attention, then the MoE feed-forward; a[i].res in, a[i + 1].res out. With kv the
+ * tokens sit at positions kv->len on: their keys and values join the cache and attention reads it. */
+static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_stats *out) {
   const moe_lm_config *c = &m->cfg;
   moe__lm_state *s = m->st;
   lm_acts *a = &s->a[i];
@@ -315,9 +322,23 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_stats *out) {
   moe__rmsnorm_forward(a->res, w->ln1, N, D, c->rms_eps, a->xn1, a->rstd1, nt);
   moe__gemm g = gemm(false, true, N, ld, D, a->xn1, D, w->wqkv, D, 0.0f, a->qkv, ld);
   MOE_CHECK(moe__gemm_run(&g, 1, nt));
-  moe__rope_apply(a->qkv, ld, s->B, s->T, c->n_heads, hd, 0, s->cos_t, s->sin_t, 0, nt);
-  moe__rope_apply(a->qkv + qd, ld, s->B, s->T, nkv, hd, 0, s->cos_t, s->sin_t, 0, nt);
+  int pos0 = kv ? kv->len : 0;
+  moe__rope_apply(a->qkv, ld, s->B, s->T, c->n_heads, hd, pos0, s->cos_t, s->sin_t, 0, nt);
+  moe__rope_apply(a->qkv + qd, ld, s->B, s->T, nkv, hd, pos0, s->cos_t, s->sin_t, 0, nt);
   moe__attn at = attn_of(m, a);
+  if (kv) {
+    size_t kvd = (size_t)nkv * hd, bs = (size_t)kv->max_seq * kvd, lay = (size_t)i * kv->B * bs;
+    for (int r = 0; r < N; r++) {
+      size_t dst = lay + (size_t)(r / s->T) * bs + (size_t)(pos0 + r % s->T) * kvd;
+      memcpy(kv->k + dst, a->qkv + (size_t)r * ld + qd, kvd * 4);
+      memcpy(kv->v + dst, a->qkv + (size_t)r * ld + qd + kvd, kvd * 4);
+    }
+    at.pos0 = pos0;
+    at.k = kv->k + lay;
+    at.v = kv->v + lay;
+    at.ldkv = (int)kvd;
+    at.kv_bs = bs;
+  }
   moe__attn_forward(&at, s->scratch, nt);
   memcpy(a->mid, a->res, (size_t)N * D * 4);
   g = gemm(false, true, N, D, qd, a->att, qd, w->wo, qd, 1.0f, a->mid, D);
@@ -332,13 +353,16 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_stats *out) {
   return moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), ls.experts, a->probs, nt);
 }
 
-moe_status moe_lm_forward(moe_lm_t *m, const int32_t *tokens, const int32_t *targets, int B, int T,
-                          moe_lm_stats *out) {
+/* The forward of moe_lm_forward (kv NULL) and moe_lm_decode. */
+static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *targets, int B, int T,
+                          moe_lm_cache *kv, moe_lm_stats *out) {
   MOE_TRY(m && m->st && tokens, MOE_ERR_ARG, "moe_lm_forward: NULL argument");
   const moe_lm_config *c = &m->cfg;
   moe__lm_state *s = m->st;
-  MOE_TRY(B >= 1 && T >= 1 && T <= c->max_seq, MOE_ERR_ARG, "moe_lm_forward: want B >= 1 and T in [1, max_seq=%d], "
-          "got B=%d, T=%d", c->max_seq, B, T);
+  int pos0 = kv ? kv->len : 0;
+  MOE_TRY(B >= 1 && T >= 1 && pos0 + T <= c->max_seq, MOE_ERR_ARG,
+          "moe_lm_forward: want B >= 1 and T in [1, max_seq=%d - %d positions already cached], got B=%d, T=%d",
+          c->max_seq, pos0, B, T);
   MOE_TRY((int64_t)B * T * (c->vocab > c->moe.D ? c->vocab : c->moe.D) <= INT32_MAX, MOE_ERR_ARG,
           "moe_lm_forward: a batch of %d x %d tokens is too large", B, T);
   int N = B * T, V = c->vocab, D = c->moe.D;
@@ -350,15 +374,15 @@ moe_status moe_lm_forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   }
   s->have_fwd = 0;
   s->B = B, s->T = T, s->N = N, s->nt = moe__threads(c->moe.threads);
-  MOE_CHECK(moe__arena_reserve(&s->arena, carve(m, B, T, NULL), "language model"));
-  carve(m, B, T, s->arena.base);
+  MOE_CHECK(moe__arena_reserve(&s->arena, carve(m, B, T, pos0, NULL), "language model"));
+  carve(m, B, T, pos0, s->arena.base);
   memcpy(s->tokens, tokens, (size_t)N * 4);
   for (int i = 0; i < N; i++) s->targets[i] = targets ? targets[i] : -1;
   moe_lm_stats st = {0};
   memset(s->bal, 0, 2 * (size_t)c->moe.E * sizeof *s->bal);
   s->lbl = (moe__lbl){c->n_layers, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E};
   moe__embed_forward(s->embed, tokens, N, D, s->a[0].res);
-  for (int i = 0; i < c->n_layers; i++) MOE_CHECK(layer_forward(m, i, &st));
+  for (int i = 0; i < c->n_layers; i++) MOE_CHECK(layer_forward(m, i, kv, &st));
   moe__rmsnorm_forward(s->a[c->n_layers].res, s->normf, N, D, c->rms_eps, s->xnf, s->rstdf, s->nt);
   moe__gemm g = gemm(false, true, N, V, D, s->xnf, D, s->head, D, 0.0f, s->logits, V);
   MOE_CHECK(moe__gemm_run(&g, 1, s->nt));
@@ -369,9 +393,49 @@ moe_status moe_lm_forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   st.loss = st.ce + c->aux_coef * st.aux;
   MOE_TRY(isfinite(st.loss), MOE_ERR_VALUE, "moe_lm_forward: the loss is %g (ce %g, aux %g)", st.loss, st.ce, st.aux);
   s->stats = st;
-  s->have_fwd = targets != NULL;
+  s->have_fwd = targets != NULL && !kv;
+  if (kv) kv->len += T;
   if (out) *out = st;
   return MOE_OK;
+}
+
+moe_status moe_lm_forward(moe_lm_t *m, const int32_t *tokens, const int32_t *targets, int B, int T,
+                          moe_lm_stats *out) {
+  return forward(m, tokens, targets, B, T, NULL, out);
+}
+
+moe_status moe_lm_cache_new(moe_lm_cache **out, const moe_lm_t *m, int B) {
+  MOE_TRY(out && m && m->st && B >= 1, MOE_ERR_ARG, "moe_lm_cache_new: NULL model or B < 1");
+  const moe_lm_config *c = &m->cfg;
+  moe_lm_cache *kv = calloc(1, sizeof *kv);
+  MOE_TRY(kv, MOE_ERR_NOMEM, "moe_lm_cache_new: out of memory");
+  *kv = (moe_lm_cache){c->n_layers, B, c->max_seq, c->n_kv_heads * c->head_dim, 0, NULL, NULL};
+  size_t n = (size_t)kv->L * B * kv->max_seq * kv->kvd;
+  kv->k = malloc(n * 4);
+  kv->v = malloc(n * 4);
+  if (!kv->k || !kv->v) {
+    moe_lm_cache_free(kv);
+    MOE_TRY(0, MOE_ERR_NOMEM, "moe_lm_cache_new: out of memory for %zu keys and values", n);
+  }
+  *out = kv;
+  return MOE_OK;
+}
+
+void moe_lm_cache_free(moe_lm_cache *kv) {
+  if (!kv) return;
+  free(kv->k);
+  free(kv->v);
+  free(kv);
+}
+
+int moe_lm_cache_len(const moe_lm_cache *kv) { return kv->len; }
+void moe_lm_cache_reset(moe_lm_cache *kv) { kv->len = 0; }
+
+moe_status moe_lm_decode(moe_lm_t *m, moe_lm_cache *kv, const int32_t *tokens, int T) {
+  MOE_TRY(kv && m && kv->L == m->cfg.n_layers && kv->max_seq == m->cfg.max_seq &&
+              kv->kvd == m->cfg.n_kv_heads * m->cfg.head_dim,
+          MOE_ERR_ARG, "moe_lm_decode: the cache is not this model's");
+  return forward(m, tokens, NULL, kv->B, T, kv, NULL);
 }
 
 /* Layer i backward: s->dres holds d a[i + 1].res on entry and d a[i].res on exit. */
