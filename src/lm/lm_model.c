@@ -37,7 +37,6 @@ struct moe__lm_state {
   float *dres, *dxn, *datt, *dqkv, *gl, *scratch; /* backward: (N, D) x2, (N, qd), (N, qkv), (N, E) */
   double *bal;          /* (2 E) the balance loss's sums */
   moe__lbl lbl;
-  moe_lm_stats stats;
 };
 
 struct moe_lm_cache {
@@ -392,7 +391,6 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   st.aux = moe__lbl_value(&s->lbl);
   st.loss = st.ce + c->aux_coef * st.aux;
   MOE_TRY(isfinite(st.loss), MOE_ERR_VALUE, "moe_lm_forward: the loss is %g (ce %g, aux %g)", st.loss, st.ce, st.aux);
-  s->stats = st;
   s->have_fwd = targets != NULL && !kv;
   if (kv) kv->len += T;
   if (out) *out = st;
