@@ -12,7 +12,7 @@ grad.<name> (F32). tests/test_lm.c loads the directory and compares. Rerunning g
 A case is drawn again with the next seed when some token's k-th and (k+1)-th router probabilities
 are closer than 1e-3 (routing is discontinuous: fp32 and fp64 must pick the same experts).
 
-Usage: /usr/bin/python3 dev/mixtral_ref.py [outdir]   (default: <repo>/tests/fixtures)
+Usage: /usr/bin/python3 dev/mixtral_ref.py [outdir]   (default: <repo>/tests/fixtures/lm)
 """
 import json
 import math
@@ -198,7 +198,7 @@ def generate(name, seed, c, B, T, outdir):
 
 def main(argv):
     outdir = argv[1] if len(argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
-                                                        "fixtures")
+                                                        "fixtures", "lm")
     torch.use_deterministic_algorithms(True)
     for name, seed, c, B, T in CASES:
         generate(name, seed, c, B, T, outdir)

@@ -1,4 +1,4 @@
-/* The language model against the PyTorch Mixtral of dev/mixtral_ref.py (tests/fixtures/mixtral*): a
+/* The language model against the PyTorch Mixtral of dev/mixtral_ref.py (tests/fixtures/lm/): a
  * Hugging Face checkpoint directory loaded as it is, then logits, losses and every parameter's
  * gradient compared; and its Hugging Face save and load. */
 #include <stdlib.h>
@@ -23,7 +23,7 @@ static double max_err(const float *a, const float *b, size_t n, size_t *at) {
 
 /* The fixture case's directory. */
 static const char *case_dir(const char *name, char *buf, size_t n) {
-  snprintf(buf, n, "%s/%s", test_fixture_dir(), name);
+  snprintf(buf, n, "%s/lm/%s", test_fixture_dir(), name);
   return buf;
 }
 
@@ -98,7 +98,7 @@ TEST(lm_matches_pytorch_mixtral_tied) { ASSERT(check_case("mixtral_tied")); }
 /* Logits (B, T, V) of the fixture's tokens through the model in dir, malloc'd; NULL after printing. */
 static float *logits_of(const char *dir, size_t *n) {
   char ref[600];
-  snprintf(ref, sizeof ref, "%s/mixtral/ref.safetensors", test_fixture_dir());
+  snprintf(ref, sizeof ref, "%s/lm/mixtral/ref.safetensors", test_fixture_dir());
   moe_lm_t m;
   moe_st *f = NULL;
   moe_tensor_view tok;
@@ -125,13 +125,13 @@ static float *logits_of(const char *dir, size_t *n) {
 static moe_st *fixture_into(const char *dir) {
   char src[600], dst[600];
   mkdir(dir, 0755);
-  snprintf(src, sizeof src, "%s/mixtral/config.json", test_fixture_dir());
+  snprintf(src, sizeof src, "%s/lm/mixtral/config.json", test_fixture_dir());
   snprintf(dst, sizeof dst, "%s/config.json", dir);
   size_t len;
   char *text = test_read_file(src, &len);
   moe_status s = text ? moe_write_file_atomic(dst, text, len) : MOE_ERR_IO;
   free(text);
-  snprintf(src, sizeof src, "%s/mixtral/model.safetensors", test_fixture_dir());
+  snprintf(src, sizeof src, "%s/lm/mixtral/model.safetensors", test_fixture_dir());
   moe_st *f = NULL;
   if (s != MOE_OK || moe_st_open(&f, src) != MOE_OK) return NULL;
   return f;
@@ -139,7 +139,7 @@ static moe_st *fixture_into(const char *dir) {
 
 TEST(lm_save_load_is_bit_identical) {
   char src[600], dir[512];
-  snprintf(src, sizeof src, "%s/mixtral", test_fixture_dir());
+  snprintf(src, sizeof src, "%s/lm/mixtral", test_fixture_dir());
   moe_lm_t m;
   ASSERT_OK(moe_lm_load(&m, src, NULL));
   moe_status s = moe_lm_save(&m, test_tmp_path("lm_saved", dir, sizeof dir));
@@ -195,7 +195,7 @@ TEST(lm_loads_shards_bf16_f16) {
   free(index);
   moe_st_close(f);
   char src[600];
-  snprintf(src, sizeof src, "%s/mixtral", test_fixture_dir());
+  snprintf(src, sizeof src, "%s/lm/mixtral", test_fixture_dir());
   size_t n1 = 0, n2 = 0;
   float *a = logits_of(src, &n1), *b = logits_of(dir, &n2);
   ASSERT(a && b);
