@@ -7,8 +7,8 @@
 void moe__rope_tables(float *cos_t, float *sin_t, int npos, int hd, float theta) {
   int h2 = hd / 2;
   for (int i = 0; i < h2; i++) {
-    /* as HF: inv_freq = 1 / theta ** (2i / hd) and the angle pos * inv_freq, both in float32 */
-    float inv = (float)(1.0 / pow((double)theta, (double)(float)(2 * i) / hd));
+    /* as HF: inv_freq = 1 / theta ** (2i / hd) and the angle pos * inv_freq, all in float32 */
+    float inv = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
     for (int p = 0; p < npos; p++) {
       float ang = (float)p * inv;
       cos_t[(size_t)p * h2 + i] = (float)cos((double)ang);
