@@ -105,7 +105,8 @@ TEST(lm_rope_rotates_pairs_and_inverts) {
     for (int c = heads * hd; c < ld; c++) ASSERT(y[bt * ld + c] == x[bt * ld + c]); /* past the heads: untouched */
     for (int h = 0; h < heads; h++)
       for (int i = 0; i < hd / 2; i++) {
-        double ang = pos * pow(10000.0, -2.0 * i / hd), a = x[bt * ld + h * hd + i], b = x[bt * ld + h * hd + i + hd / 2];
+        double ang = pos * pow(10000.0, -2.0 * i / hd);
+        double a = x[bt * ld + h * hd + i], b = x[bt * ld + h * hd + i + hd / 2];
         worst = fmax(worst, fabs(y[bt * ld + h * hd + i] - (a * cos(ang) - b * sin(ang))));
         worst = fmax(worst, fabs(y[bt * ld + h * hd + i + hd / 2] - (b * cos(ang) + a * sin(ang))));
       }
@@ -285,7 +286,8 @@ TEST(lm_balance_loss_forward_backward) {
   }
   double sums[2 * E] = {0};
   moe__lbl b = {L, N, E, D, k, sums, sums + E};
-  for (int l = 0; l < L; l++) ASSERT_OK(moe__lbl_forward(&b, in + l * per, in + l * per + N * D, ex + l * N * k, probs[l], 2));
+  for (int l = 0; l < L; l++)
+    ASSERT_OK(moe__lbl_forward(&b, in + l * per, in + l * per + N * D, ex + l * N * k, probs[l], 2));
   lbl_ctx c = {L, N, E, D, k, ex, 0.5f};
   double *in64 = to_double(in, L * per);
   ASSERT_NEAR(0.5 * moe__lbl_value(&b), lbl_loss(&c, in64), 1e-6);

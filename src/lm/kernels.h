@@ -22,11 +22,12 @@ void moe__rope_tables(float *cos_t, float *sin_t, int npos, int hd, float theta)
 /* Rotates, in place, the heads (hd each, `heads` per row, rows ld floats apart) of x (B, T, *) at positions
  * pos0 + t, with HF's rotate_half convention: x[i], x[i + hd/2] -> x[i] c - x[i + hd/2] s,
  * x[i + hd/2] c + x[i] s. inverse: the transposed rotation, which is the backward of the forward. */
-void moe__rope_apply(float *x, int ld, int B, int T, int heads, int hd, int pos0, const float *cos_t, const float *sin_t,
-                     int inverse, int nt);
+void moe__rope_apply(float *x, int ld, int B, int T, int heads, int hd, int pos0, const float *cos_t,
+                     const float *sin_t, int inverse, int nt);
 
 /* Causal grouped-query attention. q (B, Tq, nh * hd) with rows ldq floats apart; k, v (B, *, nkv * hd)
- * with rows ldkv and batches kv_bs floats apart (q, k and v may be one fused (B, T, qd + 2 kvd) buffer); query t of batch b sits at position pos0 + t and sees keys [0, pos0 + t]; head h uses kv head
+ * with rows ldkv and batches kv_bs floats apart (q, k and v may be one fused (B, T, qd + 2 kvd) buffer);
+ * query t of batch b sits at position pos0 + t and sees keys [0, pos0 + t]; head h uses kv head
  * h / (nh / nkv). o (B, Tq, nh * hd) = softmax(q k^T / sqrt(hd)) v; lse (B, nh, Tq) the log-sum-exp of each
  * row of scores, kept for backward. Queries go in blocks: a block's scores against the keys it sees are
  * one GEMM and never more than a block's rows exist per thread. */

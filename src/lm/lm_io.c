@@ -175,8 +175,8 @@ static moe_status read_tensor(const moe_st *f, const moe_tensor_ref *r) {
     free(h);
     MOE_CHECK(st);
   } else {
-    MOE_TRY(v.dtype == MOE_DT_F32 || v.dtype == MOE_DT_BF16, MOE_ERR_DTYPE, "%s: tensor '%s' is %s, want F32, BF16 or F16",
-            moe_st_path(f), r->name, moe_dtype_name(v.dtype));
+    MOE_TRY(v.dtype == MOE_DT_F32 || v.dtype == MOE_DT_BF16, MOE_ERR_DTYPE,
+            "%s: tensor '%s' is %s, want F32, BF16 or F16", moe_st_path(f), r->name, moe_dtype_name(v.dtype));
     MOE_CHECK(moe_st_view_f32(f, &v, 0, r->numel, r->data));
   }
   return moe__st_expect_finite(f, &v, 0, r->data, r->numel);

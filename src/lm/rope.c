@@ -17,8 +17,8 @@ void moe__rope_tables(float *cos_t, float *sin_t, int npos, int hd, float theta)
   }
 }
 
-void moe__rope_apply(float *x, int ld, int B, int T, int heads, int hd, int pos0, const float *cos_t, const float *sin_t,
-                     int inverse, int nt) {
+void moe__rope_apply(float *x, int ld, int B, int T, int heads, int hd, int pos0, const float *cos_t,
+                     const float *sin_t, int inverse, int nt) {
   int h2 = hd / 2;
   float sg = inverse ? -1.0f : 1.0f;
 #pragma omp parallel for num_threads(nt) schedule(static)
