@@ -18,6 +18,7 @@ static void usage(FILE *f) {
           "  trace       record a checkpoint's expert activations over a data set (DESIGN 4.4)\n"
           "  cachesim    expert-cache miss rates of a trace per layer (lifo, lru, fifo, belady)\n"
           "  placement   place experts on devices from a trace (greedy, anticorr) and compare Max Load\n"
+          "  generate    sample tokens from a Hugging Face Mixtral checkpoint directory with a KV cache\n"
           "  plot-trace  the expert-load heatmap of a trace (step x expert, one panel per layer) as PNG or SVG\n"
           "  tokenizer   train a byte-level BPE tokenizer (Hugging Face tokenizer.json); encode, decode\n"
           "  --version   print the version and the BLAS in use\n");
@@ -80,6 +81,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "infer")) return cmd_infer(argc - 1, argv + 1);
   if (!strcmp(argv[1], "trace")) return cmd_trace(argc - 1, argv + 1);
   if (!strcmp(argv[1], "tokenizer")) return cmd_tokenizer(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
   fprintf(stderr, "moe: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return 1;

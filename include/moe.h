@@ -702,6 +702,99 @@ const char *moe_tokenizer_token_bytes(const moe_tokenizer *t, int32_t id, size_t
  * byte-level token by the text it stands for), or -1. */
 int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token);
 
+/* ---- a Mixtral-architecture language model (DESIGN 4.5) ----
+ * Token embedding; n_layers pre-norm blocks h += Attn(RMSNorm(h)), h += MoE(RMSNorm(h)) with causal
+ * grouped-query attention and rotary position embeddings (Hugging Face's rotate_half) and the libmoe
+ * layer as the feed-forward (SwiGLU experts, softmax top-k router); RMSNorm and an output head, tied to
+ * the embedding or not. Loss: mean cross-entropy over the counted targets plus aux_coef times Mixtral's
+ * load-balancing loss (HF load_balancing_loss_func: all layers' tokens and all k slots together). */
+typedef struct {
+  int vocab, n_layers, n_heads, n_kv_heads, head_dim; /* n_heads a multiple of n_kv_heads, head_dim even */
+  int max_seq;           /* longest context (rotary tables, KV cache) */
+  float rope_theta;      /* 1e6 as Mixtral */
+  float rms_eps;         /* 1e-5 */
+  float aux_coef;        /* router_aux_loss_coef: 0.001 as Mixtral; 0 leaves the balance loss out */
+  int tie_embeddings;    /* the head reuses model.embed_tokens.weight */
+  moe_layer_config moe;  /* D (the model width), H (intermediate_size), E, top_k, capacity, dispatch,
+                            dtype...; act swiglu, no biases, linear router; moe.threads for the model */
+} moe_lm_config;
+/* Mixtral's shape at a small size: vocab 4096, D 256, 4 layers, 8 heads, 4 kv heads, head_dim 32,
+ * max_seq 256, H 512, 8 experts, top-2 renormalized, no-drop dynamic dispatch. */
+void moe_lm_config_default(moe_lm_config *c);
+
+typedef struct moe__lm_state moe__lm_state;
+typedef struct {
+  moe_lm_config cfg;
+  moe_layer_t *layers;  /* (n_layers) the MoE feed-forwards */
+  int nrefs;
+  moe_tensor_ref *refs; /* every parameter under its Hugging Face name, in HF order; an expert's w1, w2,
+                           w3 are views into its layer's stacked experts.fc1/fc2/fc3 tensors */
+  size_t numel;
+  float *dense, *dense_grad; /* the parameters outside the MoE layers */
+  moe__lm_state *st;
+} moe_lm_t;
+
+typedef struct {
+  double loss;    /* ce + aux_coef * aux: what backward differentiates */
+  double ce;      /* mean cross-entropy over the counted targets */
+  double aux;     /* the load-balancing loss */
+  int tokens;     /* targets counted (those >= 0) */
+  int dropped;    /* assignments dropped for capacity, over the layers */
+} moe_lm_stats;
+
+moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c);
+void moe_lm_free(moe_lm_t *m);
+/* Weights ~ uniform with standard deviation 0.02 (HF's initializer_range), norms 1, from seed. */
+void moe_lm_init_params(moe_lm_t *m, uint64_t seed);
+void moe_lm_zero_grad(moe_lm_t *m);
+/* After the parameters were written (an optimizer step, a load): refreshes the layers' bf16 copies. */
+void moe_lm_params_changed(moe_lm_t *m);
+void moe_lm_set_threads(moe_lm_t *m, int threads);
+const moe_tensor_ref *moe_lm_find(const moe_lm_t *m, const char *name);
+/* tokens (B, T) in [0, vocab), T <= max_seq; targets (B, T) the next tokens (< 0: not counted), or
+ * NULL for logits only. Keeps what backward needs. */
+moe_status moe_lm_forward(moe_lm_t *m, const int32_t *tokens, const int32_t *targets, int B, int T,
+                          moe_lm_stats *st);
+/* (B, T, vocab) logits of the last forward; backward overwrites them. */
+const float *moe_lm_logits(const moe_lm_t *m);
+/* Adds the gradient of the last forward's loss (which had targets) into every ref's grad. */
+moe_status moe_lm_backward(moe_lm_t *m);
+
+/* Hugging Face Mixtral checkpoint directories: config.json with model.safetensors, or with the shards
+ * that model.safetensors.index.json lists ("weight_map": tensor name -> file). c gets the fields the
+ * config gives (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+ * num_key_value_heads, head_dim, max_position_embeddings, rope_theta, rms_norm_eps, tie_word_embeddings,
+ * num_local_experts, num_experts_per_tok, and router_aux_loss_coef, which counts only when
+ * output_router_logits is true, as in transformers); the rest is moe_lm_config_default's. Errors name
+ * the file and the field. */
+moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);
+/* Builds m from c (NULL: moe_lm_read_config(dir), which a caller reads first to change layer options
+ * or max_seq) and reads every parameter, F32, BF16 or F16, into fp32 (the experts' bf16 copies follow
+ * when c->moe.dtype is bf16). A tensor absent is MOE_ERR_MISSING, one of another shape MOE_ERR_SHAPE,
+ * one of another dtype MOE_ERR_DTYPE, a NaN or Inf MOE_ERR_VALUE: each naming the file and the tensor
+ * (and both shapes). Tensors the model does not use are ignored. */
+moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
+/* Writes dir/model.safetensors (F32, HF names, {"format": "pt"}) and dir/config.json, each atomically,
+ * creating dir when missing; an index json there is removed, since it would name other files. */
+moe_status moe_lm_save(const moe_lm_t *m, const char *dir);
+
+/* Generation: a KV cache of B sequences (every layer's rotated keys and values, up to max_seq
+ * positions). moe_lm_decode runs tokens (B, T) at positions [len, len + T) of the cache's sequences,
+ * appends their keys and values, and leaves their (B, T, vocab) logits in moe_lm_logits: the logits a
+ * full forward of the whole sequences gives, to rounding. len + T <= max_seq. */
+typedef struct moe_lm_cache moe_lm_cache;
+moe_status moe_lm_cache_new(moe_lm_cache **out, const moe_lm_t *m, int B);
+void moe_lm_cache_free(moe_lm_cache *c);
+int moe_lm_cache_len(const moe_lm_cache *c);
+void moe_lm_cache_reset(moe_lm_cache *c);
+moe_status moe_lm_decode(moe_lm_t *m, moe_lm_cache *c, const int32_t *tokens, int T);
+/* The next token from logits (V) into *token: temperature 0 takes the argmax (ties to the lower id); else
+ * softmax(logits / temperature) cut to the smallest set of most probable tokens whose mass reaches top_p
+ * (in (0, 1]; ties by id) and drawn with one uniform from *rng (splitmix64 state): the same seed gives
+ * the same tokens. */
+moe_status moe_lm_sample(const float *logits, int V, float temperature, float top_p, uint64_t *rng,
+                         int32_t *token);
+
 #ifdef __cplusplus
 }
 #endif

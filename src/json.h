@@ -1,5 +1,6 @@
-/* Strict parsing of a whole JSON text (the safetensors header, a placement file): one value, nothing
- * after it but whitespace, no NUL byte (cJSON would stop there and silently drop the rest). */
+/* Strict parsing of a whole JSON text (the safetensors header, a placement file, a Hugging Face config):
+ * one value, nothing after it but whitespace, no NUL byte (cJSON would stop there and silently drop the
+ * rest). */
 #ifndef MOE_JSON_H
 #define MOE_JSON_H
 

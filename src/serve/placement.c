@@ -8,7 +8,6 @@
  *   experts that fire together are spread apart (corr = 0.5 as written in the paper).
  * Evaluation: Max Load = max over batches and devices of the device's share, Avg Max Load = mean over
  * batches of the busiest device's share. Batches with no tokens in the layer are skipped. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,20 +158,8 @@ moe_status moe_placement_eval(const moe_trace *t, int layer, int64_t s0, int64_t
 
 moe_status moe_placement_load(const char *path, int layer, int experts, int devices, int *expert_device) {
   MOE_TRY(path && expert_device && devices > 0 && experts > 0, MOE_ERR_ARG, "moe_placement_load: bad arguments");
-  FILE *fp = fopen(path, "rb");
-  MOE_TRY(fp, MOE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-  char *text = NULL;
-  long n = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
-  if (n >= 0 && n < (1L << 26) && fseek(fp, 0, SEEK_SET) == 0 && (text = malloc((size_t)n + 1)) &&
-      fread(text, 1, (size_t)n, fp) == (size_t)n)
-    text[n] = 0;
-  else
-    free(text), text = NULL;
-  fclose(fp);
-  MOE_TRY(text, MOE_ERR_IO, "%s: cannot read the placement", path);
   cJSON *root;
-  moe_status st = moe__json_parse(path, "placement", text, (size_t)n, &root);
-  free(text);
+  moe_status st = moe__json_read(path, "placement", (size_t)1 << 26, &root);
   MOE_CHECK(st);
   const cJSON *dv = cJSON_GetObjectItemCaseSensitive(root, "devices");
   const cJSON *layers = cJSON_GetObjectItemCaseSensitive(root, "layers"), *found = NULL, *it;

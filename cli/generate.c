@@ -1,0 +1,109 @@
+/* moe generate: tokens from a language model checkpoint (a Hugging Face Mixtral directory). The
+ * prompt runs through the model once, filling the KV cache; each new token then costs one position.
+ * Token ids in and out for now (the tokenizer comes separately): the new ids go to stdout, one line. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char *CMD = "generate";
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: moe generate --checkpoint DIR --prompt-ids \"1 2 3\" [--max-tokens N] [--temperature T]\n"
+             "                    [--top-p P] [--seed S] [--threads N]\n"
+             "Samples N new tokens (default 32) after the prompt: temperature 0 is greedy (default 1), top-p\n"
+             "keeps the most probable tokens up to that mass (default 1); the same seed gives the same tokens.\n"
+             "Prints the new token ids on one line.\n");
+}
+
+typedef struct {
+  const char *ck, *prompt;
+  int max_tokens, threads;
+  float temperature, top_p;
+  uint64_t seed;
+} gen_opts;
+
+/* The prompt's ids (at most cap), each checked against the vocabulary; -1 after printing on an error. */
+static int parse_ids(const char *s, int vocab, int32_t *ids, int cap) {
+  int n = 0;
+  for (char *end; *s;) {
+    while (*s == ' ' || *s == ',') s++;
+    if (!*s) break;
+    long v = strtol(s, &end, 10);
+    if (end == s || v < 0 || v >= vocab)
+      return cli_usage_error(CMD, "--prompt-ids: '%.20s' is not a token id in [0, %d)", s, vocab), -1;
+    if (n == cap) return cli_usage_error(CMD, "--prompt-ids: more than %d tokens (max_seq)", cap), -1;
+    ids[n++] = (int32_t)v;
+    s = end;
+  }
+  if (!n) return cli_usage_error(CMD, "--prompt-ids: no token ids"), -1;
+  return n;
+}
+
+static int parse(int argc, char **argv, gen_opts *o) {
+  *o = (gen_opts){.max_tokens = 32, .temperature = 1.0f, .top_p = 1.0f};
+  for (int i = 1; i < argc; i++) {
+    const char *f = argv[i];
+    if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f);
+    const char *v = argv[++i];
+    int ok = 1, seed;
+    if (cli_flag_is(f, "checkpoint")) o->ck = v;
+    else if (cli_flag_is(f, "prompt-ids")) o->prompt = v;
+    else if (cli_flag_is(f, "max-tokens")) ok = cli_parse_int(v, &o->max_tokens) && o->max_tokens >= 0;
+    else if (cli_flag_is(f, "temperature")) ok = cli_parse_float(v, &o->temperature) && o->temperature >= 0;
+    else if (cli_flag_is(f, "top-p")) ok = cli_parse_float(v, &o->top_p) && o->top_p > 0 && o->top_p <= 1;
+    else if (cli_flag_is(f, "seed")) ok = cli_parse_int(v, &seed) && seed >= 0, o->seed = (uint64_t)seed;
+    else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
+    else {
+      usage(stderr);
+      return cli_usage_error(CMD, "unknown flag '%s'", f);
+    }
+    if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
+  }
+  if (!o->ck || !o->prompt) return cli_usage_error(CMD, "--checkpoint and --prompt-ids are required");
+  return 0;
+}
+
+/* Prompt, then one token at a time; the new ids are printed as they come. */
+static int run(moe_lm_t *m, const gen_opts *o, int32_t *ids, int n) {
+  const moe_lm_config *c = &m->cfg;
+  if (n + o->max_tokens > c->max_seq)
+    return cli_usage_error(CMD, "the prompt (%d tokens) and --max-tokens %d exceed the model's context of %d", n,
+                           o->max_tokens, c->max_seq);
+  moe_lm_cache *kv;
+  if (moe_lm_cache_new(&kv, m, 1)) return cli_fail(CMD);
+  uint64_t rng = o->seed;
+  int rc = moe_lm_decode(m, kv, ids, n) ? cli_fail(CMD) : 0, T = n;
+  for (int i = 0; !rc && i < o->max_tokens; i++) {
+    int32_t next;
+    if (moe_lm_sample(moe_lm_logits(m) + (size_t)(T - 1) * c->vocab, c->vocab, o->temperature, o->top_p, &rng, &next) ||
+        (i + 1 < o->max_tokens && moe_lm_decode(m, kv, &next, 1))) {
+      rc = cli_fail(CMD);
+      break;
+    }
+    printf("%s%d", i ? " " : "", next);
+    fflush(stdout);
+    T = 1;
+  }
+  printf("\n");
+  moe_lm_cache_free(kv);
+  return rc;
+}
+
+int cmd_generate(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) return usage(stdout), 0;
+  gen_opts o;
+  if (parse(argc, argv, &o)) return 1;
+  moe_lm_config c;
+  moe_lm_t m;
+  if (moe_lm_read_config(o.ck, &c)) return cli_fail(CMD);
+  c.moe.threads = o.threads;
+  if (moe_lm_load(&m, o.ck, &c)) return cli_fail(CMD);
+  int32_t *ids = malloc((size_t)c.max_seq * sizeof *ids);
+  int n = ids ? parse_ids(o.prompt, c.vocab, ids, c.max_seq) : (cli_usage_error(CMD, "out of memory"), -1);
+  int rc = n < 0 ? 1 : run(&m, &o, ids, n);
+  free(ids);
+  moe_lm_free(&m);
+  return rc;
+}

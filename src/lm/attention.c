@@ -1,0 +1,124 @@
+/* Causal grouped-query attention, flash-attention style on a CPU: queries in blocks of QB rows; a
+ * block's scores against the keys it sees (a QB x Tk GEMM), the softmax in place, then one GEMM with
+ * the values. Backward recomputes the probabilities from the saved log-sum-exp instead of keeping
+ * them, so no per-head T x T matrix is ever stored. GEMMs are single-threaded BLAS calls inside the
+ * OpenMP loop over (batch, head, block) items. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "gemm.h"
+#include "kernels.h"
+
+#define QB 64 /* query rows per block: the scores of a block fit in L2 for contexts of a few thousand */
+
+static int nblocks(int T) { return (T + QB - 1) / QB; }
+
+size_t moe__attn_scratch(const moe__attn *a, int nt) {
+  size_t tk = (size_t)a->pos0 + a->Tq, rows = a->Tq < QB ? (size_t)a->Tq : QB;
+  return (size_t)nt * 2 * rows * tk * sizeof(float) + 64;
+}
+
+static moe__gemm gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                      int ldb, float beta, float *C, int ldc) {
+  return (moe__gemm){ta, tb, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, false};
+}
+
+/* The probabilities of a block in place of its scores s (m, n): row r sees keys [0, p0 + r]. With
+ * lse NULL the rows are softmaxed and their log-sum-exp stored in out_lse; else exp(s - lse). */
+static void block_probs(float *s, int m, int n, int p0, const float *lse, float *out_lse) {
+  for (int r = 0; r < m; r++) {
+    float *row = s + (size_t)r * n;
+    int seen = p0 + r + 1;
+    if (lse) {
+      for (int j = 0; j < seen; j++) row[j] = expf(row[j] - lse[r]);
+    } else {
+      float mx = -INFINITY;
+      for (int j = 0; j < seen; j++) mx = row[j] > mx ? row[j] : mx;
+      double sum = 0;
+      for (int j = 0; j < seen; j++) {
+        row[j] = expf(row[j] - mx);
+        sum += row[j];
+      }
+      float inv = (float)(1.0 / sum);
+      for (int j = 0; j < seen; j++) row[j] *= inv;
+      out_lse[r] = mx + (float)log(sum);
+    }
+    if (seen < n) memset(row + seen, 0, (size_t)(n - seen) * sizeof *row);
+  }
+}
+
+void moe__attn_forward(const moe__attn *a, float *scratch, int nt) {
+  int nb = nblocks(a->Tq), hd = a->hd, qd = a->nh * hd, grp = a->nh / a->nkv;
+  size_t per = (size_t)2 * (a->Tq < QB ? a->Tq : QB) * (a->pos0 + a->Tq);
+  float sc = 1.0f / sqrtf((float)hd);
+  int items = a->B * a->nh * nb;
+#pragma omp parallel num_threads(nt)
+  {
+    omp_set_num_threads(1); /* BLAS single-threaded inside the team */
+    float *s = scratch + per * omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+    for (int it = 0; it < items; it++) {
+      int b = it / (a->nh * nb), h = it / nb % a->nh, blk = it % nb;
+      int t0 = blk * QB, m = a->Tq - t0 < QB ? a->Tq - t0 : QB, n = a->pos0 + t0 + m;
+      const float *q = a->q + ((size_t)b * a->Tq + t0) * a->ldq + (size_t)h * hd;
+      const float *k = a->k + b * a->kv_bs + (size_t)(h / grp) * hd, *v = a->v + b * a->kv_bs + (size_t)(h / grp) * hd;
+      float *o = a->o + ((size_t)b * a->Tq + t0) * qd + (size_t)h * hd;
+      moe__gemm g = gemm(false, true, m, n, hd, sc, q, a->ldq, k, a->ldkv, 0.0f, s, n);
+      moe__gemm_one(&g);
+      block_probs(s, m, n, a->pos0 + t0, NULL, a->lse + ((size_t)b * a->nh + h) * a->Tq + t0);
+      g = gemm(false, false, m, hd, n, 1.0f, s, n, v, a->ldkv, 0.0f, o, qd);
+      moe__gemm_one(&g);
+    }
+  }
+}
+
+/* Per (batch, kv head): the heads of its group one after the other, so that its dk and dv rows have
+ * one writer. For each query block: P again, dP = dO V^T, dS = P (dP - rowsum(dO o)) / sqrt(hd),
+ * dQ = dS K, dK += dS^T Q, dV += P^T dO. */
+void moe__attn_backward(const moe__attn *a, const float *do_, float *dq, float *dk, float *dv, float *scratch,
+                        int nt) {
+  int T = a->Tq, nb = nblocks(T), hd = a->hd, qd = a->nh * hd, lq = a->ldq, lkv = a->ldkv, grp = a->nh / a->nkv;
+  size_t per = (size_t)2 * (T < QB ? T : QB) * T;
+  float sc = 1.0f / sqrtf((float)hd);
+  int items = a->B * a->nkv;
+#pragma omp parallel num_threads(nt)
+  {
+    omp_set_num_threads(1);
+    float *p = scratch + per * omp_get_thread_num(), *dp = p + per / 2;
+#pragma omp for schedule(dynamic, 1)
+    for (int it = 0; it < items; it++) {
+      int b = it / a->nkv, kh = it % a->nkv;
+      const float *k = a->k + b * a->kv_bs + (size_t)kh * hd, *v = a->v + b * a->kv_bs + (size_t)kh * hd;
+      float *dkb = dk + b * a->kv_bs + (size_t)kh * hd, *dvb = dv + b * a->kv_bs + (size_t)kh * hd;
+      for (int t = 0; t < T; t++) {
+        memset(dkb + (size_t)t * lkv, 0, (size_t)hd * sizeof(float));
+        memset(dvb + (size_t)t * lkv, 0, (size_t)hd * sizeof(float));
+      }
+      for (int h = kh * grp; h < (kh + 1) * grp; h++)
+        for (int blk = 0; blk < nb; blk++) {
+          int t0 = blk * QB, m = T - t0 < QB ? T - t0 : QB, n = t0 + m;
+          size_t r0 = ((size_t)b * T + t0) * qd + (size_t)h * hd, rq = ((size_t)b * T + t0) * lq + (size_t)h * hd;
+          const float *q = a->q + rq, *o = a->o + r0, *dO = do_ + r0;
+          const float *lse = a->lse + ((size_t)b * a->nh + h) * T + t0;
+          moe__gemm g[5];
+          g[0] = gemm(false, true, m, n, hd, sc, q, lq, k, lkv, 0.0f, p, n);
+          g[1] = gemm(false, true, m, n, hd, 1.0f, dO, qd, v, lkv, 0.0f, dp, n);
+          moe__gemm_one(&g[0]);
+          moe__gemm_one(&g[1]);
+          block_probs(p, m, n, t0, lse, NULL);
+          for (int r = 0; r < m; r++) {
+            const float *orow = o + (size_t)r * qd, *drow = dO + (size_t)r * qd;
+            float di = 0;
+            for (int j = 0; j < hd; j++) di += orow[j] * drow[j];
+            float *pr = p + (size_t)r * n, *dr = dp + (size_t)r * n;
+            for (int j = 0; j < n; j++) dr[j] = pr[j] * (dr[j] - di) * sc;
+          }
+          g[2] = gemm(false, false, m, hd, n, 1.0f, dp, n, k, lkv, 0.0f, dq + rq, lq);
+          g[3] = gemm(true, false, n, hd, m, 1.0f, dp, n, q, lq, 1.0f, dkb, lkv);
+          g[4] = gemm(true, false, n, hd, m, 1.0f, p, n, dO, qd, 1.0f, dvb, lkv);
+          for (int i = 2; i < 5; i++) moe__gemm_one(&g[i]);
+        }
+    }
+  }
+}

@@ -1,0 +1,56 @@
+/* Mixtral's load-balancing loss over all layers at once (as HF concatenates the layers' router
+ * logits): aux = E sum_e F_e P_e with F_e the share of all (layer, token, slot) assignments that went
+ * to e and P_e the mean router probability of e over all (layer, token). The libmoe layer's own
+ * balance loss counts top-1 assignments per layer instead, so the model recomputes the router
+ * probabilities (an (N, E) GEMM per layer) and passes this loss's gradient itself. */
+#include <math.h>
+#include <string.h>
+
+#include "gemm.h"
+#include "internal.h"
+#include "kernels.h"
+
+moe_status moe__lbl_forward(moe__lbl *b, const float *xn, const float *wg, const int32_t *experts, float *probs,
+                            int nt) {
+  int N = b->N, E = b->E;
+  moe__gemm g = {false, true, N, E, b->D, 1.0f, 0.0f, xn, b->D, wg, b->D, probs, E, false};
+  MOE_CHECK(moe__gemm_run(&g, 1, nt));
+  for (int t = 0; t < N; t++) { /* softmax rows, summed into psum in token order */
+    float *p = probs + (size_t)t * E, mx = -INFINITY;
+    for (int e = 0; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+    double s = 0;
+    for (int e = 0; e < E; e++) s += (p[e] = expf(p[e] - mx));
+    for (int e = 0; e < E; e++) {
+      p[e] = (float)(p[e] / s);
+      b->psum[e] += p[e];
+    }
+  }
+  for (size_t i = 0; i < (size_t)N * b->k; i++) b->cnt[experts[i]] += 1;
+  return MOE_OK;
+}
+
+double moe__lbl_value(const moe__lbl *b) {
+  double rows = (double)b->L * b->N, aux = 0;
+  for (int e = 0; e < b->E; e++) aux += (b->cnt[e] / rows) * (b->psum[e] / rows);
+  return rows > 0 ? b->E * aux : 0.0;
+}
+
+moe_status moe__lbl_backward(const moe__lbl *b, float coef, const float *xn, const float *wg, const float *probs,
+                             float *g, float *dwg, float *dxn, int nt) {
+  int N = b->N, E = b->E, D = b->D;
+  double rows = (double)b->L * b->N;
+  float G[E]; /* d(coef aux) / d p_{t,e}: the same for every token */
+  for (int e = 0; e < E; e++) G[e] = (float)(coef * E * (b->cnt[e] / rows) / rows);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int t = 0; t < N; t++) {
+    const float *p = probs + (size_t)t * E;
+    float *gr = g + (size_t)t * E, dot = 0;
+    for (int e = 0; e < E; e++) dot += p[e] * G[e];
+    for (int e = 0; e < E; e++) gr[e] = p[e] * (G[e] - dot);
+  }
+  moe__gemm m[2] = {
+      {true, false, E, D, N, 1.0f, 1.0f, g, E, xn, D, dwg, D, false},  /* dWg += g^T xn */
+      {false, false, N, D, E, 1.0f, 1.0f, g, E, wg, D, dxn, D, false}, /* dxn += g Wg */
+  };
+  return moe__gemm_run(m, 2, nt);
+}

@@ -1,0 +1,485 @@
+/* The Mixtral-architecture language model (moe.h, DESIGN 4.9): parameter table under Hugging Face
+ * names, forward keeping every layer's activations in one arena, backward walking the layers in
+ * reverse. q, k and v come from one GEMM with the three projections, which lie one after the other. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "gemm.h"
+#include "internal.h"
+#include "kernels.h"
+
+typedef struct {
+  float *ln1, *wqkv, *wo, *ln2; /* wqkv: q_proj, k_proj, v_proj stacked (qd + 2 kvd, D) */
+} lm_block;
+
+typedef struct { /* one layer's activations */
+  float *res;          /* (N, D) the layer's input */
+  float *xn1, *rstd1;  /* (N, D), (N) */
+  float *qkv;          /* (N, qd + 2 kvd), q and k rotated */
+  float *att, *lse;    /* (N, qd), (B, nh, T) */
+  float *mid;          /* (N, D) after attention */
+  float *xn2, *rstd2;  /* (N, D), (N) */
+  float *probs;        /* (N, E) router probabilities for the balance loss */
+} lm_acts;
+
+struct moe__lm_state {
+  moe__arena arena;
+  int B, T, N, nt, count, have_fwd;
+  lm_block *w, *g;      /* (L) parameters and their gradients */
+  float *embed, *normf, *head, *gembed, *gnormf, *ghead;
+  float *cos_t, *sin_t; /* (max_seq, head_dim / 2) */
+  lm_acts *a;           /* (L + 1): a[L].res is the last layer's output */
+  float *xnf, *rstdf, *logits, *lse; /* (N, D), (N), (N, V), (N) */
+  int32_t *tokens, *targets;         /* (N) copies */
+  float *dres, *dxn, *datt, *dqkv, *gl, *scratch; /* backward: (N, D) x2, (N, qd), (N, qkv), (N, E) */
+  double *bal;          /* (2 E) the balance loss's sums */
+  moe__lbl lbl;
+};
+
+struct moe_lm_cache {
+  int L, B, max_seq, kvd, len;
+  float *k, *v; /* (L, B, max_seq, kvd) each, rotated keys and values */
+};
+
+void moe_lm_config_default(moe_lm_config *c) {
+  memset(c, 0, sizeof *c);
+  moe_layer_config_default(&c->moe);
+  c->vocab = 4096;
+  c->n_layers = 4;
+  c->n_heads = 8;
+  c->n_kv_heads = 4;
+  c->head_dim = 32;
+  c->max_seq = 256;
+  c->rope_theta = 1e6f;
+  c->rms_eps = 1e-5f;
+  c->aux_coef = 0.001f;
+  c->moe.D = 256;
+  c->moe.H = 512;
+  c->moe.E = 8;
+  c->moe.top_k = 2;
+  c->moe.capacity_setting = 0;
+  c->moe.normalize_topk = 1;
+  c->moe.act = MOE_ACT_SWIGLU;
+  c->moe.gate_bias = 0;
+  c->moe.expert_bias = 0;
+}
+
+static moe_status check_config(const moe_lm_config *c) {
+  const moe_layer_config *l = &c->moe;
+  MOE_TRY(c->vocab > 0 && l->D > 0 && l->H > 0 && l->E > 0, MOE_ERR_ARG,
+          "lm config: vocab, D, H and E must be > 0 (got %d, %d, %d, %d)", c->vocab, l->D, l->H, l->E);
+  MOE_TRY(c->n_layers >= 1 && c->n_layers <= 1024, MOE_ERR_ARG, "lm config: n_layers must be in [1, 1024], got %d",
+          c->n_layers);
+  MOE_TRY(l->E <= 65536, MOE_ERR_ARG, "lm config: E must be <= 65536, got %d", l->E);
+  MOE_TRY(c->n_heads > 0 && c->n_kv_heads > 0 && c->n_heads % c->n_kv_heads == 0, MOE_ERR_ARG,
+          "lm config: n_heads (%d) must be a positive multiple of n_kv_heads (%d)", c->n_heads, c->n_kv_heads);
+  MOE_TRY(c->head_dim > 0 && c->head_dim % 2 == 0, MOE_ERR_ARG, "lm config: head_dim must be even and > 0, got %d",
+          c->head_dim);
+  MOE_TRY(c->max_seq > 0, MOE_ERR_ARG, "lm config: max_seq must be > 0, got %d", c->max_seq);
+  MOE_TRY(c->rope_theta > 0 && isfinite(c->rope_theta), MOE_ERR_ARG, "lm config: rope_theta must be > 0, got %g",
+          (double)c->rope_theta);
+  MOE_TRY(c->rms_eps > 0 && isfinite(c->rms_eps), MOE_ERR_ARG, "lm config: rms_eps must be > 0, got %g",
+          (double)c->rms_eps);
+  MOE_TRY(c->aux_coef >= 0 && isfinite(c->aux_coef), MOE_ERR_ARG, "lm config: aux_coef must be >= 0, got %g",
+          (double)c->aux_coef);
+  MOE_TRY(l->act == MOE_ACT_SWIGLU && !l->gate_bias && !l->expert_bias && l->router == MOE_ROUTER_LINEAR &&
+              !l->inner_experts && !l->external_experts && !l->dist,
+          MOE_ERR_ARG, "lm config: the feed-forward must be Mixtral's: swiglu experts, linear router, no biases, "
+                       "one process, no hierarchical or buffered experts");
+  return MOE_OK;
+}
+
+static void add_ref(moe_lm_t *m, const char *name, int ndim, int64_t a, int64_t b, float *data, float *grad) {
+  moe_tensor_ref *r = &m->refs[m->nrefs++];
+  size_t len = strlen(name); /* < 64: check_config bounds the layer and expert numbers */
+  memcpy(r->name, name, len < sizeof r->name ? len + 1 : sizeof r->name);
+  r->name[sizeof r->name - 1] = 0;
+  r->ndim = ndim;
+  r->shape[0] = a;
+  r->shape[1] = ndim > 1 ? b : 0;
+  r->shape[2] = 0;
+  r->numel = (size_t)a * (ndim > 1 ? (size_t)b : 1);
+  r->data = data;
+  r->grad = grad;
+  m->numel += r->numel;
+}
+
+/* The dense parameters in HF order, carved from m->dense (and the same offsets of dense_grad). */
+static void add_dense(moe_lm_t *m, size_t *off, const char *name, int ndim, int64_t a, int64_t b, float **p,
+                      float **g) {
+  *p = m->dense + *off;
+  *g = m->dense_grad + *off;
+  add_ref(m, name, ndim, a, b, *p, *g);
+  *off += m->refs[m->nrefs - 1].numel;
+}
+
+static void build_table(moe_lm_t *m) {
+  const moe_lm_config *c = &m->cfg;
+  moe__lm_state *s = m->st;
+  int64_t D = c->moe.D, V = c->vocab, H = c->moe.H, qd = (int64_t)c->n_heads * c->head_dim,
+          kvd = (int64_t)c->n_kv_heads * c->head_dim;
+  size_t off = 0;
+  char nm[128]; /* names fit the refs' 64 bytes: layers <= 1024, E <= 65536 */
+  float *unused, *unused_g; /* k_proj and v_proj: reached through wqkv */
+  add_dense(m, &off, "model.embed_tokens.weight", 2, V, D, &s->embed, &s->gembed);
+  for (int i = 0; i < c->n_layers; i++) {
+    lm_block *w = &s->w[i], *g = &s->g[i];
+    moe_layer_t *l = &m->layers[i];
+#define NAME(fmt) (snprintf(nm, sizeof nm, "model.layers.%d." fmt, i), nm)
+    add_dense(m, &off, NAME("input_layernorm.weight"), 1, D, 0, &w->ln1, &g->ln1);
+    add_dense(m, &off, NAME("self_attn.q_proj.weight"), 2, qd, D, &w->wqkv, &g->wqkv);
+    add_dense(m, &off, NAME("self_attn.k_proj.weight"), 2, kvd, D, &unused, &unused_g);
+    add_dense(m, &off, NAME("self_attn.v_proj.weight"), 2, kvd, D, &unused, &unused_g);
+    add_dense(m, &off, NAME("self_attn.o_proj.weight"), 2, D, qd, &w->wo, &g->wo);
+    add_dense(m, &off, NAME("post_attention_layernorm.weight"), 1, D, 0, &w->ln2, &g->ln2);
+    add_ref(m, NAME("block_sparse_moe.gate.weight"), 2, c->moe.E, D, moe_layer_param(l, "gate.weight"),
+            moe_layer_grad(l, "gate.weight"));
+    static const char *const hf[3] = {"w1", "w2", "w3"}, *const ours[3] = {"experts.fc1.weight",
+                                                                         "experts.fc2.weight", "experts.fc3.weight"};
+    for (int e = 0; e < c->moe.E; e++)
+      for (int j = 0; j < 3; j++) {
+        size_t at = (size_t)e * H * D;
+        snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", i, e, hf[j]);
+        add_ref(m, nm, 2, j == 1 ? D : H, j == 1 ? H : D, moe_layer_param(l, ours[j]) + at,
+                moe_layer_grad(l, ours[j]) + at);
+      }
+#undef NAME
+  }
+  add_dense(m, &off, "model.norm.weight", 1, D, 0, &s->normf, &s->gnormf);
+  if (c->tie_embeddings) {
+    s->head = s->embed;
+    s->ghead = s->gembed;
+  } else {
+    add_dense(m, &off, "lm_head.weight", 2, V, D, &s->head, &s->ghead);
+  }
+}
+
+moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c) {
+  MOE_TRY(m && c, MOE_ERR_ARG, "moe_lm_init: NULL argument");
+  memset(m, 0, sizeof *m);
+  MOE_CHECK(check_config(c));
+  m->cfg = *c;
+  int L = c->n_layers, E = c->moe.E;
+  size_t D = (size_t)c->moe.D, V = (size_t)c->vocab, qd = (size_t)c->n_heads * c->head_dim,
+         kvd = (size_t)c->n_kv_heads * c->head_dim, h2 = (size_t)c->head_dim / 2;
+  size_t dense = V * D * (c->tie_embeddings ? 1 : 2) + D + (size_t)L * (2 * D + (2 * qd + 2 * kvd) * D);
+  m->dense = calloc(dense, 4);
+  m->dense_grad = calloc(dense, 4);
+  m->layers = calloc((size_t)L, sizeof *m->layers);
+  m->refs = calloc(3 + (size_t)L * (7 + 3 * (size_t)E), sizeof *m->refs);
+  moe__lm_state *s = m->st = calloc(1, sizeof *m->st);
+  if (s) {
+    s->w = calloc((size_t)L, sizeof *s->w);
+    s->g = calloc((size_t)L, sizeof *s->g);
+    s->a = calloc((size_t)L + 1, sizeof *s->a);
+    s->cos_t = malloc((size_t)c->max_seq * h2 * 4);
+    s->sin_t = malloc((size_t)c->max_seq * h2 * 4);
+    s->bal = calloc(2 * (size_t)E, sizeof *s->bal);
+  }
+  if (!m->dense || !m->dense_grad || !m->layers || !m->refs || !s || !s->w || !s->g || !s->a || !s->cos_t ||
+      !s->sin_t || !s->bal) {
+    moe_lm_free(m);
+    MOE_TRY(0, MOE_ERR_NOMEM, "moe_lm_init: out of memory for %zu dense parameters", dense);
+  }
+  for (int i = 0; i < L; i++) {
+    moe_status st = moe_layer_init(&m->layers[i], &c->moe);
+    if (st != MOE_OK) {
+      moe_lm_free(m);
+      return st;
+    }
+  }
+  moe__rope_tables(s->cos_t, s->sin_t, c->max_seq, c->head_dim, c->rope_theta);
+  build_table(m);
+  return MOE_OK;
+}
+
+void moe_lm_free(moe_lm_t *m) {
+  if (!m) return;
+  for (int i = 0; m->layers && i < m->cfg.n_layers; i++) moe_layer_free(&m->layers[i]);
+  if (m->st) {
+    moe__arena_free(&m->st->arena);
+    free(m->st->w);
+    free(m->st->g);
+    free(m->st->a);
+    free(m->st->cos_t);
+    free(m->st->sin_t);
+    free(m->st->bal);
+    free(m->st);
+  }
+  free(m->layers);
+  free(m->refs);
+  free(m->dense);
+  free(m->dense_grad);
+  memset(m, 0, sizeof *m);
+}
+
+const moe_tensor_ref *moe_lm_find(const moe_lm_t *m, const char *name) {
+  for (int i = 0; i < m->nrefs; i++)
+    if (!strcmp(m->refs[i].name, name)) return &m->refs[i];
+  return NULL;
+}
+
+void moe_lm_params_changed(moe_lm_t *m) {
+  for (int i = 0; i < m->cfg.n_layers; i++) moe_layer_params_changed(&m->layers[i]);
+  m->st->have_fwd = 0;
+}
+
+void moe_lm_init_params(moe_lm_t *m, uint64_t seed) {
+  uint64_t st = seed * 0x9E3779B97F4A7C15ull + 1;
+  const float sd = 0.02f * 1.7320508f; /* uniform on [-a, a] has standard deviation a / sqrt(3) */
+  for (int i = 0; i < m->nrefs; i++) {
+    moe_tensor_ref *r = &m->refs[i];
+    for (size_t j = 0; j < r->numel; j++) r->data[j] = r->ndim == 1 ? 1.0f : sd * moe__uniform(&st);
+  }
+  moe_lm_params_changed(m);
+}
+
+void moe_lm_zero_grad(moe_lm_t *m) {
+  for (int i = 0; i < m->nrefs; i++) memset(m->refs[i].grad, 0, m->refs[i].numel * 4);
+}
+
+void moe_lm_set_threads(moe_lm_t *m, int threads) {
+  m->cfg.moe.threads = threads;
+  for (int i = 0; i < m->cfg.n_layers; i++) moe_layer_set_threads(&m->layers[i], threads);
+}
+
+const float *moe_lm_logits(const moe_lm_t *m) { return m->st->logits; }
+
+/* The arena's buffers for a (B, T) batch at positions from pos0: sizes only when base is NULL (returns
+ * the bytes). */
+static size_t carve(moe_lm_t *m, int B, int T, int pos0, char *base) {
+  const moe_lm_config *c = &m->cfg;
+  moe__lm_state *s = m->st;
+  size_t N = (size_t)B * T, D = (size_t)c->moe.D, qd = (size_t)c->n_heads * c->head_dim,
+         qkv = qd + 2 * (size_t)c->n_kv_heads * c->head_dim, E = (size_t)c->moe.E;
+  size_t off = 0;
+#define TAKE(ptr, n)                                          \
+  do {                                                        \
+    if (base) (ptr) = (void *)(base + off);                   \
+    off += moe__arena_size((n) * 4);                          \
+  } while (0)
+  for (int i = 0; i <= c->n_layers; i++) {
+    lm_acts *a = &s->a[i];
+    TAKE(a->res, N * D);
+    if (i == c->n_layers) break;
+    TAKE(a->xn1, N * D);
+    TAKE(a->rstd1, N);
+    TAKE(a->qkv, N * qkv);
+    TAKE(a->att, N * qd);
+    TAKE(a->lse, N * c->n_heads);
+    TAKE(a->mid, N * D);
+    TAKE(a->xn2, N * D);
+    TAKE(a->rstd2, N);
+    TAKE(a->probs, N * E);
+  }
+  TAKE(s->xnf, N * D);
+  TAKE(s->rstdf, N);
+  TAKE(s->logits, N * c->vocab);
+  TAKE(s->lse, N);
+  TAKE(s->tokens, N);
+  TAKE(s->targets, N);
+  TAKE(s->dres, N * D);
+  TAKE(s->dxn, N * D);
+  TAKE(s->datt, N * qd);
+  TAKE(s->dqkv, N * qkv);
+  TAKE(s->gl, N * E);
+#undef TAKE
+  moe__attn at = {.B = B, .Tq = T, .pos0 = pos0, .nh = c->n_heads, .nkv = c->n_kv_heads, .hd = c->head_dim};
+  if (base) s->scratch = (float *)(base + off);
+  return off + moe__attn_scratch(&at, s->nt);
+}
+
+static moe__gemm gemm(bool ta, bool tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                      float beta, float *C, int ldc) {
+  return (moe__gemm){ta, tb, M, N, K, 1.0f, beta, A, lda, B, ldb, C, ldc, false};
+}
+
+static moe__attn attn_of(const moe_lm_t *m, const lm_acts *a) {
+  const moe_lm_config *c = &m->cfg;
+  int hd = c->head_dim, qd = c->n_heads * hd, ld = qd + 2 * c->n_kv_heads * hd;
+  return (moe__attn){m->st->B, m->st->T, 0, c->n_heads, c->n_kv_heads, hd, ld, ld, (size_t)m->st->T * ld,
+                     a->qkv, a->qkv + qd, a->qkv + qd + c->n_kv_heads * hd, a->att, a->lse};
+}
+
+static void add_rows(float *y, const float *x, size_t n, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* Layer i forward: attention, then the MoE feed-forward; a[i].res in, a[i + 1].res out. With kv the
+ * tokens sit at positions kv->len on: their keys and values join the cache and attention reads it. */
+static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_stats *out) {
+  const moe_lm_config *c = &m->cfg;
+  moe__lm_state *s = m->st;
+  lm_acts *a = &s->a[i];
+  const lm_block *w = &s->w[i];
+  int N = s->N, D = c->moe.D, nt = s->nt, hd = c->head_dim, qd = c->n_heads * hd, nkv = c->n_kv_heads;
+  int ld = qd + 2 * nkv * hd;
+  moe__rmsnorm_forward(a->res, w->ln1, N, D, c->rms_eps, a->xn1, a->rstd1, nt);
+  moe__gemm g = gemm(false, true, N, ld, D, a->xn1, D, w->wqkv, D, 0.0f, a->qkv, ld);
+  MOE_CHECK(moe__gemm_run(&g, 1, nt));
+  int pos0 = kv ? kv->len : 0;
+  moe__rope_apply(a->qkv, ld, s->B, s->T, c->n_heads, hd, pos0, s->cos_t, s->sin_t, 0, nt);
+  moe__rope_apply(a->qkv + qd, ld, s->B, s->T, nkv, hd, pos0, s->cos_t, s->sin_t, 0, nt);
+  moe__attn at = attn_of(m, a);
+  if (kv) {
+    size_t kvd = (size_t)nkv * hd, bs = (size_t)kv->max_seq * kvd, lay = (size_t)i * kv->B * bs;
+    for (int r = 0; r < N; r++) {
+      size_t dst = lay + (size_t)(r / s->T) * bs + (size_t)(pos0 + r % s->T) * kvd;
+      memcpy(kv->k + dst, a->qkv + (size_t)r * ld + qd, kvd * 4);
+      memcpy(kv->v + dst, a->qkv + (size_t)r * ld + qd + kvd, kvd * 4);
+    }
+    at.pos0 = pos0;
+    at.k = kv->k + lay;
+    at.v = kv->v + lay;
+    at.ldkv = (int)kvd;
+    at.kv_bs = bs;
+  }
+  moe__attn_forward(&at, s->scratch, nt);
+  memcpy(a->mid, a->res, (size_t)N * D * 4);
+  g = gemm(false, true, N, D, qd, a->att, qd, w->wo, qd, 1.0f, a->mid, D);
+  MOE_CHECK(moe__gemm_run(&g, 1, nt));
+  moe__rmsnorm_forward(a->mid, w->ln2, N, D, c->rms_eps, a->xn2, a->rstd2, nt);
+  moe_layer_stats ls;
+  moe_layer_t *l = &m->layers[i];
+  moe_status st = moe_layer_forward(l, a->xn2, N, s->a[i + 1].res, NULL, &ls);
+  MOE_TRY(st == MOE_OK, st, "layer %d: %s", i, moe_last_error());
+  add_rows(s->a[i + 1].res, a->mid, (size_t)N * D, nt);
+  out->dropped += ls.dropped;
+  return moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), ls.experts, a->probs, nt);
+}
+
+/* The forward of moe_lm_forward (kv NULL) and moe_lm_decode. */
+static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *targets, int B, int T,
+                          moe_lm_cache *kv, moe_lm_stats *out) {
+  MOE_TRY(m && m->st && tokens, MOE_ERR_ARG, "moe_lm_forward: NULL argument");
+  const moe_lm_config *c = &m->cfg;
+  moe__lm_state *s = m->st;
+  int pos0 = kv ? kv->len : 0;
+  MOE_TRY(B >= 1 && T >= 1 && pos0 + T <= c->max_seq, MOE_ERR_ARG,
+          "moe_lm_forward: want B >= 1 and T in [1, max_seq=%d - %d positions already cached], got B=%d, T=%d",
+          c->max_seq, pos0, B, T);
+  MOE_TRY((int64_t)B * T * (c->vocab > c->moe.D ? c->vocab : c->moe.D) <= INT32_MAX, MOE_ERR_ARG,
+          "moe_lm_forward: a batch of %d x %d tokens is too large", B, T);
+  int N = B * T, V = c->vocab, D = c->moe.D;
+  for (int i = 0; i < N; i++) {
+    MOE_TRY(tokens[i] >= 0 && tokens[i] < V, MOE_ERR_VALUE, "moe_lm_forward: token [%d, %d] = %d is not in [0, %d)",
+            i / T, i % T, tokens[i], V);
+    MOE_TRY(!targets || targets[i] < V, MOE_ERR_VALUE, "moe_lm_forward: target [%d, %d] = %d is not below %d", i / T,
+            i % T, targets[i], V);
+  }
+  s->have_fwd = 0;
+  s->B = B, s->T = T, s->N = N, s->nt = moe__threads(c->moe.threads);
+  MOE_CHECK(moe__arena_reserve(&s->arena, carve(m, B, T, pos0, NULL), "language model"));
+  carve(m, B, T, pos0, s->arena.base);
+  memcpy(s->tokens, tokens, (size_t)N * 4);
+  for (int i = 0; i < N; i++) s->targets[i] = targets ? targets[i] : -1;
+  moe_lm_stats st = {0};
+  memset(s->bal, 0, 2 * (size_t)c->moe.E * sizeof *s->bal);
+  s->lbl = (moe__lbl){c->n_layers, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E};
+  moe__embed_forward(s->embed, tokens, N, D, s->a[0].res);
+  for (int i = 0; i < c->n_layers; i++) MOE_CHECK(layer_forward(m, i, kv, &st));
+  moe__rmsnorm_forward(s->a[c->n_layers].res, s->normf, N, D, c->rms_eps, s->xnf, s->rstdf, s->nt);
+  moe__gemm g = gemm(false, true, N, V, D, s->xnf, D, s->head, D, 0.0f, s->logits, V);
+  MOE_CHECK(moe__gemm_run(&g, 1, s->nt));
+  double sum = moe__xent_forward(s->logits, s->targets, N, V, s->lse, &s->count, s->nt);
+  st.tokens = s->count;
+  st.ce = s->count ? sum / s->count : 0.0;
+  st.aux = moe__lbl_value(&s->lbl);
+  st.loss = st.ce + c->aux_coef * st.aux;
+  MOE_TRY(isfinite(st.loss), MOE_ERR_VALUE, "moe_lm_forward: the loss is %g (ce %g, aux %g)", st.loss, st.ce, st.aux);
+  s->have_fwd = targets != NULL && !kv;
+  if (kv) kv->len += T;
+  if (out) *out = st;
+  return MOE_OK;
+}
+
+moe_status moe_lm_forward(moe_lm_t *m, const int32_t *tokens, const int32_t *targets, int B, int T,
+                          moe_lm_stats *out) {
+  return forward(m, tokens, targets, B, T, NULL, out);
+}
+
+moe_status moe_lm_cache_new(moe_lm_cache **out, const moe_lm_t *m, int B) {
+  MOE_TRY(out && m && m->st && B >= 1, MOE_ERR_ARG, "moe_lm_cache_new: NULL model or B < 1");
+  const moe_lm_config *c = &m->cfg;
+  moe_lm_cache *kv = calloc(1, sizeof *kv);
+  MOE_TRY(kv, MOE_ERR_NOMEM, "moe_lm_cache_new: out of memory");
+  *kv = (moe_lm_cache){c->n_layers, B, c->max_seq, c->n_kv_heads * c->head_dim, 0, NULL, NULL};
+  size_t n = (size_t)kv->L * B * kv->max_seq * kv->kvd;
+  kv->k = malloc(n * 4);
+  kv->v = malloc(n * 4);
+  if (!kv->k || !kv->v) {
+    moe_lm_cache_free(kv);
+    MOE_TRY(0, MOE_ERR_NOMEM, "moe_lm_cache_new: out of memory for %zu keys and values", n);
+  }
+  *out = kv;
+  return MOE_OK;
+}
+
+void moe_lm_cache_free(moe_lm_cache *kv) {
+  if (!kv) return;
+  free(kv->k);
+  free(kv->v);
+  free(kv);
+}
+
+int moe_lm_cache_len(const moe_lm_cache *kv) { return kv->len; }
+void moe_lm_cache_reset(moe_lm_cache *kv) { kv->len = 0; }
+
+moe_status moe_lm_decode(moe_lm_t *m, moe_lm_cache *kv, const int32_t *tokens, int T) {
+  MOE_TRY(kv && m && kv->L == m->cfg.n_layers && kv->max_seq == m->cfg.max_seq &&
+              kv->kvd == m->cfg.n_kv_heads * m->cfg.head_dim,
+          MOE_ERR_ARG, "moe_lm_decode: the cache is not this model's");
+  return forward(m, tokens, NULL, kv->B, T, kv, NULL);
+}
+
+/* Layer i backward: s->dres holds d a[i + 1].res on entry and d a[i].res on exit. */
+static moe_status layer_backward(moe_lm_t *m, int i) {
+  const moe_lm_config *c = &m->cfg;
+  moe__lm_state *s = m->st;
+  lm_acts *a = &s->a[i];
+  const lm_block *w = &s->w[i];
+  lm_block *gw = &s->g[i];
+  moe_layer_t *l = &m->layers[i];
+  int N = s->N, D = c->moe.D, nt = s->nt, hd = c->head_dim, qd = c->n_heads * hd, nkv = c->n_kv_heads;
+  int ld = qd + 2 * nkv * hd;
+  moe_status st = moe_layer_backward(l, s->dres, 0.0f, 0.0f, NULL, NULL, s->dxn);
+  MOE_TRY(st == MOE_OK, st, "layer %d: %s", i, moe_last_error());
+  if (c->aux_coef > 0)
+    MOE_CHECK(moe__lbl_backward(&s->lbl, c->aux_coef, a->xn2, moe_layer_param(l, "gate.weight"), a->probs, s->gl,
+                                moe_layer_grad(l, "gate.weight"), s->dxn, nt));
+  moe__rmsnorm_backward(s->dxn, a->mid, w->ln2, a->rstd2, N, D, s->dres, gw->ln2, nt); /* dres: d mid */
+  moe__gemm g[2] = {gemm(true, false, D, qd, N, s->dres, D, a->att, qd, 1.0f, gw->wo, qd),   /* dWo += dmid^T att */
+                    gemm(false, false, N, qd, D, s->dres, D, w->wo, qd, 0.0f, s->datt, qd)}; /* datt = dmid Wo */
+  MOE_CHECK(moe__gemm_run(g, 2, nt));
+  moe__attn at = attn_of(m, a);
+  moe__attn_backward(&at, s->datt, s->dqkv, s->dqkv + qd, s->dqkv + qd + nkv * hd, s->scratch, nt);
+  moe__rope_apply(s->dqkv, ld, s->B, s->T, c->n_heads, hd, 0, s->cos_t, s->sin_t, 1, nt);
+  moe__rope_apply(s->dqkv + qd, ld, s->B, s->T, nkv, hd, 0, s->cos_t, s->sin_t, 1, nt);
+  g[0] = gemm(true, false, ld, D, N, s->dqkv, ld, a->xn1, D, 1.0f, gw->wqkv, D);  /* dWqkv += dqkv^T xn1 */
+  g[1] = gemm(false, false, N, D, ld, s->dqkv, ld, w->wqkv, D, 0.0f, s->dxn, D); /* dxn1 = dqkv Wqkv */
+  MOE_CHECK(moe__gemm_run(g, 2, nt));
+  moe__rmsnorm_backward(s->dxn, a->res, w->ln1, a->rstd1, N, D, s->dres, gw->ln1, nt);
+  return MOE_OK;
+}
+
+moe_status moe_lm_backward(moe_lm_t *m) {
+  MOE_TRY(m && m->st, MOE_ERR_ARG, "moe_lm_backward: NULL argument");
+  moe__lm_state *s = m->st;
+  MOE_TRY(s->have_fwd, MOE_ERR_STATE, "moe_lm_backward: no forward with targets to differentiate");
+  s->have_fwd = 0; /* the logits become their gradient: one backward per forward */
+  const moe_lm_config *c = &m->cfg;
+  int N = s->N, D = c->moe.D, V = c->vocab, nt = s->nt;
+  moe__xent_backward(s->logits, s->lse, s->targets, N, V, s->count ? 1.0f / s->count : 0.0f, nt);
+  moe__gemm g[2] = {gemm(true, false, V, D, N, s->logits, V, s->xnf, D, 1.0f, s->ghead, D),  /* dW += dl^T xnf */
+                    gemm(false, false, N, D, V, s->logits, V, s->head, D, 0.0f, s->dxn, D)}; /* dxnf = dl W */
+  MOE_CHECK(moe__gemm_run(g, 2, nt));
+  memset(s->dres, 0, (size_t)N * D * 4);
+  moe__rmsnorm_backward(s->dxn, s->a[c->n_layers].res, s->normf, s->rstdf, N, D, s->dres, s->gnormf, nt);
+  for (int i = c->n_layers - 1; i >= 0; i--) MOE_CHECK(layer_backward(m, i));
+  moe__embed_backward(s->gembed, s->tokens, N, D, s->dres);
+  return MOE_OK;
+}

@@ -1,0 +1,301 @@
+/* The language model's kernels (src/lm/kernels.h) against double-precision references written here:
+ * forward outputs compared with the reference, backward gradients with central differences of the
+ * reference's L = <dy, f(x)> in double (so the differences are exact to about 1e-9). Attention runs
+ * past one query block (T > 64) with grouped heads, and with a KV-cache offset. */
+#include <stdlib.h>
+
+#include "fdcheck.h"
+#include "lm/kernels.h"
+#include "test.h"
+
+#define FD_EPS 1e-6
+#define FD_ATOL 1e-4
+#define FD_RTOL 1e-3
+
+typedef double (*ref_loss)(const void *ctx, const double *in);
+
+/* Central differences of L along up to `elems` inputs [off, off + n) of in, spread evenly, against
+ * the float gradient g (n); prints and returns 0 on the first mismatch. */
+static int fd_grad(ref_loss L, const void *ctx, double *in, size_t off, size_t n, const float *g, int elems,
+                   const char *what) {
+  size_t step = n > (size_t)elems ? n / (size_t)elems : 1;
+  for (size_t i = 0; i < n; i += step) {
+    double keep = in[off + i];
+    in[off + i] = keep + FD_EPS;
+    double lp = L(ctx, in);
+    in[off + i] = keep - FD_EPS;
+    double lm = L(ctx, in);
+    in[off + i] = keep;
+    double fd = (lp - lm) / (2 * FD_EPS);
+    if (!(fabs(fd - g[i]) <= FD_ATOL + FD_RTOL * fabs(fd))) {
+      fprintf(stderr, "  %s[%zu]: analytic %.8g, finite difference %.8g\n", what, i, (double)g[i], fd);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static double *to_double(const float *a, size_t n) {
+  double *d = malloc(n * sizeof *d);
+  for (size_t i = 0; d && i < n; i++) d[i] = a[i];
+  return d;
+}
+
+static double max_abs_diff(const float *a, const double *b, size_t n) {
+  double w = 0;
+  for (size_t i = 0; i < n; i++) w = fmax(w, fabs(a[i] - b[i]));
+  return w;
+}
+
+/* ---- RMSNorm ---- */
+typedef struct { int n, d; float eps; const float *dy; } rms_ctx;
+
+static void rms_ref(const rms_ctx *c, const double *x, const double *w, double *y) {
+  for (int i = 0; i < c->n; i++) {
+    double ss = 0;
+    for (int j = 0; j < c->d; j++) ss += x[i * c->d + j] * x[i * c->d + j];
+    double r = 1 / sqrt(ss / c->d + c->eps);
+    for (int j = 0; j < c->d; j++) y[i * c->d + j] = x[i * c->d + j] * r * w[j];
+  }
+}
+
+static double rms_loss(const void *ctx, const double *in) { /* in: x (n, d) then w (d) */
+  const rms_ctx *c = ctx;
+  size_t nd = (size_t)c->n * c->d;
+  double *y = malloc(nd * sizeof *y), L = 0;
+  rms_ref(c, in, in + nd, y);
+  for (size_t i = 0; i < nd; i++) L += c->dy[i] * y[i];
+  free(y);
+  return L;
+}
+
+TEST(lm_rmsnorm_forward_backward) {
+  enum { n = 5, d = 37 };
+  uint64_t rng = 41;
+  float x[n * d + d], dy[n * d], y[n * d], rstd[n], dx[n * d], dw[d];
+  fd_fill(&rng, x, n * d + d, -2, 2);
+  fd_fill(&rng, dy, n * d, -1, 1);
+  rms_ctx c = {n, d, 1e-5f, dy};
+  moe__rmsnorm_forward(x, x + n * d, n, d, c.eps, y, rstd, 2);
+  double *in = to_double(x, n * d + d), yr[n * d];
+  rms_ref(&c, in, in + n * d, yr);
+  double e = max_abs_diff(y, yr, n * d);
+  if (e > 1e-5) FAIL_("rmsnorm forward differs from the double reference by %g", e);
+  memset(dx, 0, sizeof dx);
+  memset(dw, 0, sizeof dw);
+  moe__rmsnorm_backward(dy, x, x + n * d, rstd, n, d, dx, dw, 2);
+  int ok = fd_grad(rms_loss, &c, in, 0, n * d, dx, n * d, "rmsnorm dx") &&
+           fd_grad(rms_loss, &c, in, n * d, d, dw, d, "rmsnorm dw");
+  free(in);
+  ASSERT(ok);
+}
+
+/* ---- rotary embeddings ---- */
+TEST(lm_rope_rotates_pairs_and_inverts) {
+  enum { B = 2, T = 5, heads = 3, hd = 6, ld = heads * hd + 4, pos0 = 3, npos = pos0 + T };
+  float cs[npos * hd / 2], sn[npos * hd / 2], x[B * T * ld], y[B * T * ld];
+  moe__rope_tables(cs, sn, npos, hd, 10000.0f);
+  uint64_t rng = 7;
+  fd_fill(&rng, x, B * T * ld, -1, 1);
+  memcpy(y, x, sizeof x);
+  moe__rope_apply(y, ld, B, T, heads, hd, pos0, cs, sn, 0, 2);
+  double worst = 0;
+  for (int bt = 0; bt < B * T; bt++) {
+    int pos = pos0 + bt % T;
+    for (int c = heads * hd; c < ld; c++) ASSERT(y[bt * ld + c] == x[bt * ld + c]); /* past the heads: untouched */
+    for (int h = 0; h < heads; h++)
+      for (int i = 0; i < hd / 2; i++) {
+        double ang = pos * pow(10000.0, -2.0 * i / hd);
+        double a = x[bt * ld + h * hd + i], b = x[bt * ld + h * hd + i + hd / 2];
+        worst = fmax(worst, fabs(y[bt * ld + h * hd + i] - (a * cos(ang) - b * sin(ang))));
+        worst = fmax(worst, fabs(y[bt * ld + h * hd + i + hd / 2] - (b * cos(ang) + a * sin(ang))));
+      }
+  }
+  if (worst > 2e-6) FAIL_("rope differs from rotate_half in double by %g", worst);
+  /* backward = the transposed rotation: it undoes the forward */
+  moe__rope_apply(y, ld, B, T, heads, hd, pos0, cs, sn, 1, 2);
+  for (int i = 0; i < B * T * ld; i++) ASSERT_NEAR(y[i], x[i], 1e-6);
+}
+
+/* ---- attention ---- */
+typedef struct { int B, T, pos0, nh, nkv, hd, ld; const float *dO; } att_ctx;
+
+/* o (B, T - pos0, nh hd) for queries at positions [pos0, T) over all T keys of qkv (B, T, ld). */
+static void att_ref(const att_ctx *c, const double *qkv, double *o) {
+  int qd = c->nh * c->hd, Tq = c->T - c->pos0;
+  double *s = malloc((size_t)c->T * sizeof *s);
+  for (int b = 0; b < c->B; b++)
+    for (int h = 0; h < c->nh; h++) {
+      int g = h / (c->nh / c->nkv);
+      for (int t = c->pos0; t < c->T; t++) {
+        const double *q = qkv + ((size_t)b * c->T + t) * c->ld + h * c->hd;
+        double mx = -INFINITY, sum = 0;
+        for (int j = 0; j <= t; j++) {
+          const double *k = qkv + ((size_t)b * c->T + j) * c->ld + qd + g * c->hd;
+          double dot = 0;
+          for (int i = 0; i < c->hd; i++) dot += q[i] * k[i];
+          s[j] = dot / sqrt((double)c->hd);
+          mx = fmax(mx, s[j]);
+        }
+        for (int j = 0; j <= t; j++) sum += (s[j] = exp(s[j] - mx));
+        double *out = o + ((size_t)b * Tq + t - c->pos0) * qd + h * c->hd;
+        for (int i = 0; i < c->hd; i++) out[i] = 0;
+        for (int j = 0; j <= t; j++) {
+          const double *v = qkv + ((size_t)b * c->T + j) * c->ld + qd + (c->nkv + g) * c->hd;
+          for (int i = 0; i < c->hd; i++) out[i] += s[j] / sum * v[i];
+        }
+      }
+    }
+  free(s);
+}
+
+static double att_loss(const void *ctx, const double *in) {
+  const att_ctx *c = ctx;
+  size_t n = (size_t)c->B * c->T * c->nh * c->hd;
+  double *o = malloc(n * sizeof *o), L = 0;
+  att_ref(c, in, o);
+  for (size_t i = 0; i < n; i++) L += c->dO[i] * o[i];
+  free(o);
+  return L;
+}
+
+TEST(lm_attention_blocks_gqa_backward_and_cache) {
+  enum { B = 2, T = 150, nh = 4, nkv = 2, hd = 8, qd = nh * hd, ld = qd + 2 * nkv * hd };
+  size_t nqkv = (size_t)B * T * ld, no = (size_t)B * T * qd;
+  float *qkv = malloc(nqkv * 4), *o = malloc(no * 4), *dO = malloc(no * 4), *d = malloc(nqkv * 4);
+  float *lse = malloc((size_t)B * nh * T * 4);
+  double *o64 = malloc(no * sizeof *o64);
+  ASSERT(qkv && o && dO && d && lse && o64);
+  uint64_t rng = 5;
+  fd_fill(&rng, qkv, nqkv, -1.5, 1.5);
+  fd_fill(&rng, dO, no, -1, 1);
+  moe__attn a = {B, T, 0, nh, nkv, hd, ld, ld, (size_t)T * ld, qkv, qkv + qd, qkv + qd + nkv * hd, o, lse};
+  float *scratch = malloc(moe__attn_scratch(&a, 2));
+  moe__attn_forward(&a, scratch, 2);
+  att_ctx c = {B, T, 0, nh, nkv, hd, ld, dO};
+  double *in = to_double(qkv, nqkv);
+  att_ref(&c, in, o64);
+  double e = max_abs_diff(o, o64, no);
+  if (e > 1e-5) FAIL_("attention forward differs from the double reference by %g", e);
+  moe__attn_backward(&a, dO, d, d + qd, d + qd + nkv * hd, scratch, 2);
+  /* every other column of several rows across the three query blocks: q, k and v of both kv heads */
+  int ok = 1;
+  for (int t = 0; ok && t < T; t += 37)
+    ok = fd_grad(att_loss, &c, in, (size_t)(B - 1) * T * ld + (size_t)t * ld, ld,
+                 d + (size_t)(B - 1) * T * ld + (size_t)t * ld, ld / 2, "attention dqkv row");
+  ASSERT(ok);
+  /* decoding: queries [100, 150) against a cache of all 150 keys give the last rows of the full pass
+   * (to rounding: the query blocks, so the GEMM shapes, differ) */
+  a.Tq = T - 100;
+  a.pos0 = 100;
+  float *q2 = malloc((size_t)B * 50 * ld * 4), *o2 = malloc((size_t)B * 50 * qd * 4);
+  for (int b = 0; b < B; b++) memcpy(q2 + (size_t)b * 50 * ld, qkv + ((size_t)b * T + 100) * ld, 50 * ld * 4);
+  a.q = q2;
+  a.o = o2;
+  float *scratch2 = malloc(moe__attn_scratch(&a, 2));
+  moe__attn_forward(&a, scratch2, 2);
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < 50 * qd; i++) ASSERT_NEAR(o2[(size_t)b * 50 * qd + i], o[((size_t)b * T + 100) * qd + i], 1e-6);
+  free(q2), free(o2), free(scratch2);
+  free(in), free(qkv), free(o), free(dO), free(d), free(lse), free(o64), free(scratch);
+}
+
+/* ---- embedding and cross-entropy ---- */
+TEST(lm_embed_gathers_and_scatter_adds) {
+  float table[4 * 3], x[5 * 3], dt[4 * 3] = {0};
+  for (int i = 0; i < 12; i++) table[i] = (float)i;
+  int32_t tok[5] = {2, 0, 2, 3, 2};
+  moe__embed_forward(table, tok, 5, 3, x);
+  for (int i = 0; i < 5; i++)
+    for (int j = 0; j < 3; j++) ASSERT(x[i * 3 + j] == table[tok[i] * 3 + j]);
+  moe__embed_backward(dt, tok, 5, 3, x); /* token 2 three times */
+  ASSERT(dt[2 * 3 + 1] == 3 * table[2 * 3 + 1] && dt[1 * 3] == 0 && dt[0] == 0 && dt[3 * 3 + 2] == table[3 * 3 + 2]);
+}
+
+typedef struct { int n, V; const int32_t *tgt; } xent_ctx;
+
+static double xent_loss(const void *ctx, const double *in) { /* mean over counted rows */
+  const xent_ctx *c = ctx;
+  double L = 0;
+  int cnt = 0;
+  for (int i = 0; i < c->n; i++) {
+    if (c->tgt[i] < 0) continue;
+    double mx = -INFINITY, s = 0;
+    for (int j = 0; j < c->V; j++) mx = fmax(mx, in[i * c->V + j]);
+    for (int j = 0; j < c->V; j++) s += exp(in[i * c->V + j] - mx);
+    L += mx + log(s) - in[i * c->V + c->tgt[i]];
+    cnt++;
+  }
+  return L / cnt;
+}
+
+TEST(lm_cross_entropy_forward_backward) {
+  enum { n = 6, V = 11 };
+  float lg[n * V], lse[n];
+  int32_t tgt[n] = {3, -1, 0, 10, 7, 7};
+  uint64_t rng = 9;
+  fd_fill(&rng, lg, n * V, -4, 4);
+  double *in = to_double(lg, n * V);
+  xent_ctx c = {n, V, tgt};
+  int cnt;
+  double sum = moe__xent_forward(lg, tgt, n, V, lse, &cnt, 2);
+  ASSERT_EQ_INT(cnt, 5);
+  ASSERT_NEAR(sum / cnt, xent_loss(&c, in), 1e-5);
+  moe__xent_backward(lg, lse, tgt, n, V, 1.0f / cnt, 2);
+  for (int j = 0; j < V; j++) ASSERT(lg[V + j] == 0); /* the ignored row */
+  int ok = fd_grad(xent_loss, &c, in, 0, n * V, lg, n * V, "cross-entropy dlogits");
+  free(in);
+  ASSERT(ok);
+}
+
+/* ---- Mixtral's balance loss ---- */
+typedef struct { int L, N, E, D, k; const int32_t *ex; float coef; } lbl_ctx;
+
+/* coef * E * sum_e F_e P_e over the L layers, each with its own xn (N, D) and gate (E, D) in `in`. */
+static double lbl_loss(const void *ctx, const double *in) {
+  const lbl_ctx *c = ctx;
+  double F[8] = {0}, P[8] = {0}, rows = (double)c->L * c->N;
+  for (int l = 0; l < c->L; l++) {
+    const double *xn = in + (size_t)l * (c->N + c->E) * c->D, *wg = xn + (size_t)c->N * c->D;
+    for (int t = 0; t < c->N; t++) {
+      double lg[8], mx = -INFINITY, s = 0;
+      for (int e = 0; e < c->E; e++) {
+        lg[e] = 0;
+        for (int j = 0; j < c->D; j++) lg[e] += xn[t * c->D + j] * wg[e * c->D + j];
+        mx = fmax(mx, lg[e]);
+      }
+      for (int e = 0; e < c->E; e++) s += (lg[e] = exp(lg[e] - mx));
+      for (int e = 0; e < c->E; e++) P[e] += lg[e] / s / rows;
+      for (int j = 0; j < c->k; j++) F[c->ex[((size_t)l * c->N + t) * c->k + j]] += 1 / rows;
+    }
+  }
+  double aux = 0;
+  for (int e = 0; e < c->E; e++) aux += F[e] * P[e];
+  return c->coef * c->E * aux;
+}
+
+TEST(lm_balance_loss_forward_backward) {
+  enum { L = 2, N = 7, E = 4, D = 5, k = 2, per = (N + E) * D };
+  float in[L * per], probs[L][N * E], g[N * E], grad[L * per];
+  int32_t ex[L * N * k];
+  uint64_t rng = 3;
+  fd_fill(&rng, in, L * per, -1, 1);
+  for (int i = 0; i < L * N; i++) {
+    ex[i * k] = (int32_t)(fd_next(&rng) % E);
+    ex[i * k + 1] = (ex[i * k] + 1 + (int32_t)(fd_next(&rng) % (E - 1))) % E;
+  }
+  double sums[2 * E] = {0};
+  moe__lbl b = {L, N, E, D, k, sums, sums + E};
+  for (int l = 0; l < L; l++)
+    ASSERT_OK(moe__lbl_forward(&b, in + l * per, in + l * per + N * D, ex + l * N * k, probs[l], 2));
+  lbl_ctx c = {L, N, E, D, k, ex, 0.5f};
+  double *in64 = to_double(in, L * per);
+  ASSERT_NEAR(0.5 * moe__lbl_value(&b), lbl_loss(&c, in64), 1e-6);
+  memset(grad, 0, sizeof grad);
+  for (int l = 0; l < L; l++)
+    ASSERT_OK(moe__lbl_backward(&b, 0.5f, in + l * per, in + l * per + N * D, probs[l], g, grad + l * per + N * D,
+                                grad + l * per, 2));
+  int ok = fd_grad(lbl_loss, &c, in64, 0, L * per, grad, L * per, "balance loss d(xn, gate)");
+  free(in64);
+  ASSERT(ok);
+}
