@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli.h"
 #include "rank_errors.h"
 
@@ -48,6 +50,13 @@ int cli_parse_int(const char *s, int *out) {
   if (!*s || *end || v < -1000000000L || v > 1000000000L) return 0;
   *out = (int)v;
   return 1;
+}
+
+void cli_json_line(cJSON *o) {
+  char *text = cJSON_PrintUnformatted(o);
+  if (text) printf("%s\n", text);
+  cJSON_free(text);
+  cJSON_Delete(o);
 }
 
 int cli_parse_pipeline(const char *s, int *out) {

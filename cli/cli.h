@@ -15,6 +15,9 @@ int cli_wants_help(int argc, char **argv);
 int cli_flag_is(const char *arg, const char *name);
 /* Parses a whole-string integer / float; returns 0 on garbage. */
 int cli_parse_int(const char *s, int *out);
+/* Prints o as one compact JSON line on stdout (cJSON escapes the strings) and deletes it. */
+struct cJSON;
+void cli_json_line(struct cJSON *o);
 /* --pipeline: a count of micro-batches >= 1, or "auto" (0: the layer's adaptive choice). */
 int cli_parse_pipeline(const char *s, int *out);
 int cli_parse_float(const char *s, float *out);

@@ -6,14 +6,17 @@
 #include <string.h>
 #include <strings.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli.h"
 
 static const char *CMD = "plot-trace";
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: moe plot-trace TRACE.csv -o HEAT.png|HEAT.svg [--layer L] [--experts E]\n"
+  fprintf(f, "usage: moe plot-trace TRACE.csv -o HEAT.png|HEAT.svg [--layer L] [--experts E] [--json]\n"
                   "--layer L plots layer L only (default: every layer, one panel each); --experts E\n"
-                  "shows E experts when the trace never routes to the last ones.\n");
+                  "shows E experts when the trace never routes to the last ones. --json: what was drawn as\n"
+                  "one JSON line.\n");
 }
 
 static int ends_with(const char *s, const char *suffix) {
@@ -24,9 +27,13 @@ static int ends_with(const char *s, const char *suffix) {
 int cmd_plot_trace(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   const char *trace = NULL, *out = NULL;
-  int layer = -1, experts = 0;
+  int layer = -1, experts = 0, json = 0;
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
+    if (cli_flag_is(f, "json")) {
+      json = 1;
+      continue;
+    }
     if (f[0] != '-' || !f[1]) {
       if (trace) { usage(stderr); return cli_usage_error(CMD, "one trace only ('%s' and '%s')", trace, f); }
       trace = f;
@@ -62,7 +69,18 @@ int cmd_plot_trace(int argc, char **argv) {
   else if (moe_heatmap_build(&h, &t, layer, svg ? MOE_HEATMAP_SVG_COLS : MOE_HEATMAP_PNG_COLS) != MOE_OK ||
            (svg ? moe_heatmap_write_svg(&h, out) : moe_heatmap_write_png(&h, out)) != MOE_OK)
     rc = cli_fail(CMD);
-  else
+  else if (json) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "image", out);
+    cJSON_AddNumberToObject(o, "layers", h.panels);
+    cJSON_AddNumberToObject(o, "experts", h.experts);
+    cJSON_AddNumberToObject(o, "steps", (double)h.steps);
+    cJSON_AddNumberToObject(o, "columns", h.cols);
+    cJSON_AddNumberToObject(o, "largest_share", h.vmax);
+    cJSON_AddNumberToObject(o, "width", h.width);
+    cJSON_AddNumberToObject(o, "height", h.height);
+    cli_json_line(o);
+  } else
     printf("%s: %d layer%s x %d experts x %lld steps in %d columns, largest share %.4f, %d x %d pixels\n", out,
            h.panels, h.panels == 1 ? "" : "s", h.experts, (long long)h.steps, h.cols, h.vmax, h.width, h.height);
   moe_heatmap_free(&h);

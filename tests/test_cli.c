@@ -327,3 +327,30 @@ TEST(cli_placement_json) {
   if (strcmp(text, want)) FAIL_("stdout '%s', want '%s'", text, want);
   ASSERT(strstr(err_text, "placement: 4 experts on 2 devices"));
 }
+
+/* moe compare --json: a JSON line per tensor of REF, then the totals; a tensor that differs is
+ * "ok": false and the exit is 1. */
+TEST(cli_compare_json) {
+  char x[512], y[512], out[512], args[2048], err[4096];
+  fixture("x.safetensors", x, sizeof x);
+  fixture("ref.safetensors", y, sizeof y); /* other tensors: the ones of x are missing from it */
+  test_tmp_path("compare.json", out, sizeof out);
+  snprintf(args, sizeof args, "compare '%s' '%s' --json", x, x);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
+  char *j = test_read_file(out, NULL);
+  ASSERT(j);
+  int ok = !strncmp(j, "{\"tensor\":\"x\",\"max_abs_err\":0,\"rel\":0,\"ok\":true}\n", 48) &&
+           strstr(j, "{\"tensors\":5,\"differ\":0,");
+  if (!ok) fprintf(stderr, "  printed: %s", j);
+  free(j);
+  ASSERT(ok);
+  snprintf(args, sizeof args, "compare '%s' '%s' --json", y, x);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 1);
+  j = test_read_file(out, NULL);
+  ASSERT(j);
+  ok = !strncmp(j, "{\"tensor\":\"x\",\"ok\":false,\"error\":", 33) && strstr(j, "no tensor 'x'") &&
+       strstr(j, "{\"tensors\":5,\"differ\":5,") && strstr(err, "no tensor 'x'");
+  if (!ok) fprintf(stderr, "  printed: %s, stderr: %s\n", j, err);
+  free(j);
+  ASSERT(ok);
+}

@@ -325,4 +325,16 @@ TEST(plot_cli) {
   ASSERT(ok);
   ASSERT_EQ_INT(n, 7); /* layer 1: experts 0 and 1 switch (2 runs each), experts 2, 3, 4 are idle (1 each) */
   ASSERT_EQ_INT(count_files("cli-heat"), 2);
+  /* --json: what was drawn, one JSON line on stdout (layer 1 of 5 experts over 2 steps; its largest share
+   * is step 1's expert 0: 2 of 2 tokens) */
+  char args[2048], jpath[512];
+  snprintf(args, sizeof args, "plot-trace '%s' -o '%s' --layer 1 --experts 5 --json", good, svg);
+  ASSERT_EQ_INT(run_moe(NULL, args, test_tmp_path("cli-plot.json", jpath, sizeof jpath), err_text, sizeof err_text), 0);
+  char *j = test_read_file(jpath, NULL);
+  ASSERT(j);
+  int json_ok = !strncmp(j, "{\"image\":", 9) && strstr(j, "\"layers\":1,\"experts\":5,\"steps\":2,") &&
+                strstr(j, "\"largest_share\":1,") && !strchr(strchr(j, '\n') + 1, '\n');
+  if (!json_ok) fprintf(stderr, "  --json printed: %s", j);
+  free(j);
+  ASSERT(json_ok);
 }
