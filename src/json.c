@@ -1,6 +1,7 @@
 /* See json.h. */
 #include "json.h"
 
+#include <errno.h>
 #include <string.h>
 
 #include "internal.h"
@@ -11,7 +12,10 @@ moe_status moe__json_parse(const char *path, const char *what, const char *text,
   *out = NULL;
   const char *nul = memchr(text, 0, n), *end = NULL;
   if (nul) return BAD("%s: %s contains a NUL byte at byte %ld", path, what, (long)(nul - text));
+  errno = 0; /* cJSON says only that it failed: ENOMEM from its malloc tells memory from syntax */
   cJSON *root = cJSON_ParseWithLengthOpts(text, n, &end, 0);
+  if (!root && errno == ENOMEM)
+    return moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory parsing the %s (%zu bytes)", path, what, n);
   if (!root) {
     const char *at = cJSON_GetErrorPtr();
     long pos = at && at >= text && at <= text + n ? (long)(at - text) : -1;
