@@ -9,6 +9,7 @@ set -e
 secs=${1:-8}
 [ $# -gt 0 ] && shift
 cd "$(dirname "$0")/.."
+scripts/install-deps.sh
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_C_FLAGS_DEBUG=-g -O1" \
   -DMOE_FUZZ=ON -DMOE_NO_MPI=ON >/dev/null
 cmake --build build-fuzz -j "${JOBS:-2}" --target fuzz >/dev/null
