@@ -50,21 +50,21 @@ static long count_stop(void) {
   return __atomic_load_n(&seen, __ATOMIC_SEQ_CST);
 }
 
-long alloc_fail_run(const alloc_path *p, void *ctx) {
+long alloc_fail_run(const alloc_path *p) {
   static int hooked;
   if (!hooked) { /* cJSON's allocations for libmoe (headers, placements) are counted too */
     cJSON_InitHooks(&(cJSON_Hooks){.malloc_fn = __wrap_malloc, .free_fn = free});
     hooked = 1;
   }
   for (long n = 1;; n++) {
-    if (p->setup && p->setup(ctx) != MOE_OK) {
+    if (p->setup && p->setup() != MOE_OK) {
       fprintf(stderr, "  %s: setup failed: %s\n", p->name, moe_last_error());
       return -1;
     }
     count_from(n);
-    moe_status st = p->op(ctx);
+    moe_status st = p->op();
     const long made = count_stop();
-    if (p->teardown) p->teardown(ctx);
+    if (p->teardown) p->teardown();
     if (made < n) { /* nothing failed: the call must have succeeded */
       if (st == MOE_OK) return n - 1;
       fprintf(stderr, "  %s: %s with no allocation failing: %s\n", p->name, moe_status_name(st), moe_last_error());

@@ -6,18 +6,18 @@
 
 #include "moe.h"
 
-/* One public path: setup (not counted; may be NULL) prepares ctx, op is the call under test,
- * teardown (may be NULL) frees what setup and a successful op made. */
+/* One public path: setup (not counted; may be NULL) prepares the test's state, op is the call
+ * under test, teardown (may be NULL) frees what setup and a successful op made. */
 typedef struct {
   const char *name;
-  moe_status (*setup)(void *ctx);
-  moe_status (*op)(void *ctx);
-  void (*teardown)(void *ctx);
+  moe_status (*setup)(void);
+  moe_status (*op)(void);
+  void (*teardown)(void);
 } alloc_path;
 
 /* Runs p with allocation n failing for n = 1, 2, ... until op makes no n-th allocation and then
  * succeeds. Each injected failure must give MOE_ERR_NOMEM and a message; leaks are ASan's to find.
  * Returns the number of failures injected, or -1 after printing what went wrong. */
-long alloc_fail_run(const alloc_path *p, void *ctx);
+long alloc_fail_run(const alloc_path *p);
 
 #endif

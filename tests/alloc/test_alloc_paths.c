@@ -34,8 +34,7 @@ static struct {
 
 static long injected; /* over the tests, for the summary line */
 
-static void free_all(void *ctx) {
-  (void)ctx;
+static void free_all(void) {
   if (fx.have_l) moe_layer_free(&fx.l);
   if (fx.have_m) moe_model_free(&fx.m);
   if (fx.have_o) moe_optim_free(&fx.o);
@@ -51,11 +50,11 @@ static void free_all(void *ctx) {
 
 /* Runs the path; 0 if it failed (printed), else prints and adds up its injected failures (none for
  * a call that allocates nothing, such as a backward after its forward). */
-static int run(const char *name, moe_status (*setup)(void *), moe_status (*op)(void *)) {
+static int run(const char *name, moe_status (*setup)(void), moe_status (*op)(void)) {
   for (int i = 0; i < B * IN; i++) fx.x[i] = (float)((i * 37) % 19) / 9.0f - 1.0f;
   for (int i = 0; i < B; i++) fx.labels[i] = (uint8_t)(i % CLASSES);
   alloc_path p = {name, setup, op, free_all};
-  long n = alloc_fail_run(&p, NULL);
+  long n = alloc_fail_run(&p);
   if (n < 0) return 0;
   printf("  %s: %ld allocation failures injected\n", name, n);
   injected += n;
@@ -88,28 +87,24 @@ static void paths_init(void) {
 
 /* ---- layers ---- */
 
-static moe_status layer_init(void *ctx) {
-  (void)ctx;
+static moe_status layer_init(void) {
   moe_status st = moe_layer_init(&fx.l, &fx.lc);
   fx.have_l = st == MOE_OK;
   if (st == MOE_OK) moe_layer_init_params(&fx.l, 7);
   return st;
 }
-static moe_status layer_forward(void *ctx) {
-  (void)ctx;
+static moe_status layer_forward(void) {
   moe_layer_stats s;
   return moe_layer_forward(&fx.l, fx.x, T, fx.y, NULL, &s);
 }
-static moe_status layer_forwarded(void *ctx) {
-  MOE_CHECK(layer_init(ctx));
-  return layer_forward(ctx);
+static moe_status layer_forwarded(void) {
+  MOE_CHECK(layer_init());
+  return layer_forward();
 }
-static moe_status layer_backward(void *ctx) {
-  (void)ctx;
+static moe_status layer_backward(void) {
   return moe_layer_backward(&fx.l, fx.y, 0.01f, 0.001f, NULL, NULL, fx.dx);
 }
-static moe_status layer_save(void *ctx) {
-  (void)ctx;
+static moe_status layer_save(void) {
   moe_st_writer *w;
   MOE_CHECK(moe_st_writer_new(&w));
   moe_status st = moe_layer_save_params(&fx.l, w);
@@ -122,8 +117,7 @@ static moe_status layer_save(void *ctx) {
   moe_st_writer_free(w);
   return st;
 }
-static moe_status layer_load(void *ctx) {
-  (void)ctx;
+static moe_status layer_load(void) {
   moe_layer_t l;
   moe_st *f;
   MOE_CHECK(moe_st_open(&f, fx.layer_st));
@@ -131,6 +125,14 @@ static moe_status layer_load(void *ctx) {
   if (st == MOE_OK) moe_layer_free(&l);
   moe_st_close(f);
   return st;
+}
+
+static moe_status set_capacity(void) {
+  const int32_t cap[4] = {2, 3, 1, 4};
+  return moe_layer_set_expert_capacity(&fx.l, cap, T);
+}
+static moe_status gflops(void) { /* a benchmark: 0 when it cannot measure */
+  return moe_sgemm_gflops(16, 1, 1) > 0 ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "0 GFLOP/s");
 }
 
 static void layer_paths(int *failed_, const char *variant) {
@@ -145,6 +147,7 @@ static void layer_paths(int *failed_, const char *variant) {
   snprintf(name, sizeof name, "layer_save[%s]", variant);
   RUN(name, layer_forwarded, layer_save);
   ASSERT(!left_behind("layer.st"));
+  if (c.dispatch == MOE_DISPATCH_STATIC) RUN("layer_set_expert_capacity", layer_init, set_capacity);
   if (c.inner_experts) return; /* moe_layer_load reads flat layers */
   snprintf(name, sizeof name, "layer_load[%s]", variant);
   RUN(name, NULL, layer_load);
@@ -172,6 +175,7 @@ TEST(alloc_fail_layer) {
   layer_config();
   fx.lc.inner_experts = 2, fx.lc.inner_top_k = 1;
   layer_paths(failed_, "hierarchical");
+  RUN("sgemm_gflops", NULL, gflops);
 }
 
 /* ---- models, optimizers, checkpoints ---- */
@@ -182,66 +186,58 @@ static void model_config(moe_dtype dt) {
   fx.mc.moe.D = D, fx.mc.moe.H = 16, fx.mc.moe.E = 4, fx.mc.moe.top_k = 2, fx.mc.moe.threads = 1;
   fx.mc.moe.dtype = dt;
 }
-static moe_status model_init(void *ctx) {
-  (void)ctx;
+static moe_status model_init(void) {
   moe_status st = moe_model_init(&fx.m, &fx.mc);
   fx.have_m = st == MOE_OK;
   if (st == MOE_OK) moe_model_init_params(&fx.m, 3);
   return st;
 }
-static moe_status model_forward(void *ctx) {
-  (void)ctx;
+static moe_status model_forward(void) {
   moe_model_stats s;
   return moe_model_forward(&fx.m, fx.x, fx.labels, B, &s);
 }
-static moe_status model_forwarded(void *ctx) {
-  MOE_CHECK(model_init(ctx));
-  return model_forward(ctx);
+static moe_status model_forwarded(void) {
+  MOE_CHECK(model_init());
+  return model_forward();
 }
-static moe_status model_backward(void *ctx) {
-  (void)ctx;
+static moe_status model_backward(void) {
   return moe_model_backward(&fx.m);
 }
-static moe_status optim_init(void *ctx) {
-  (void)ctx;
+static moe_status optim_init(void) {
   moe_optim_config c;
   moe_optim_config_default(&c);
   moe_status st = moe_optim_init(&fx.o, &c, &fx.m);
   fx.have_o = st == MOE_OK;
   return st;
 }
-static moe_status trained(void *ctx) { /* a model after one step, with its Adam state */
-  MOE_CHECK(model_forwarded(ctx));
-  MOE_CHECK(model_backward(ctx));
-  MOE_CHECK(optim_init(ctx));
+static moe_status trained(void) { /* a model after one step, with its Adam state */
+  MOE_CHECK(model_forwarded());
+  MOE_CHECK(model_backward());
+  MOE_CHECK(optim_init());
   moe_optim_step(&fx.o, &fx.m, 0.01f);
   return MOE_OK;
 }
-static moe_status checkpoint_save(void *ctx) {
-  (void)ctx;
+static moe_status checkpoint_save(void) {
   moe_train_state ts = {.epoch = 1, .step = 1, .seed = 5};
   snprintf(ts.extra, sizeof ts.extra, "batch=%d", B);
   return moe_checkpoint_save(fx.ck, &fx.m, &fx.o, &ts);
 }
-static moe_status checkpoint_load(void *ctx) {
-  (void)ctx;
+static moe_status checkpoint_load(void) {
   moe_train_state ts;
   moe_status st = moe_checkpoint_load(fx.ck, &fx.m, &fx.o, &ts);
   fx.have_m = fx.have_o = st == MOE_OK;
   return st;
 }
-static moe_status load_serving(void *ctx) {
-  (void)ctx;
+static moe_status load_serving(void) {
   moe_status st = moe_checkpoint_load_serving(fx.ck, &fx.m, fx.serving_k, MOE_CACHE_LRU, -1);
   fx.have_m = st == MOE_OK;
   return st;
 }
-static moe_status served(void *ctx) {
-  MOE_CHECK(load_serving(ctx));
+static moe_status served(void) {
+  MOE_CHECK(load_serving());
   return MOE_OK;
 }
-static moe_status serving_forward(void *ctx) {
-  (void)ctx;
+static moe_status serving_forward(void) {
   moe_model_stats s;
   return moe_model_forward(&fx.m, fx.x, NULL, B, &s);
 }
@@ -277,19 +273,26 @@ TEST(alloc_fail_model) {
   model_config(MOE_DT_BF16);
   fx.mc.loss = MOE_LOSS_SPECIFICATION;
   model_paths(failed_, "bf16 specification");
+  if (*failed_) return;
+  model_config(MOE_DT_F32); /* static dispatch with per-expert capacities, which checkpoints keep */
+  fx.mc.moe.dispatch = MOE_DISPATCH_STATIC;
+  ASSERT_OK(trained());
+  const int32_t cap[4] = {2, 3, 1, 4};
+  ASSERT_OK(moe_layer_set_expert_capacity(&fx.m.layers[0], cap, B));
+  ASSERT_OK(checkpoint_save());
+  free_all();
+  RUN("checkpoint_load[static, capacities]", NULL, checkpoint_load);
 }
 
 /* ---- files: safetensors, IDX, atomic writes ---- */
 
-static moe_status st_open(void *ctx) {
-  (void)ctx;
+static moe_status st_open(void) {
   moe_st *f;
   MOE_CHECK(moe_st_open(&f, fx.ck));
   moe_st_close(f);
   return MOE_OK;
 }
-static moe_status st_lazy_views(void *ctx) { /* lazy: the BF16 tensors widened from the file */
-  (void)ctx;
+static moe_status st_lazy_views(void) { /* lazy: the BF16 tensors widened from the file */
   moe_st *f;
   MOE_CHECK(moe_st_open_lazy(&f, fx.ck));
   moe_status st = MOE_OK;
@@ -301,8 +304,7 @@ static moe_status st_lazy_views(void *ctx) { /* lazy: the BF16 tensors widened f
   moe_st_close(f);
   return st;
 }
-static moe_status st_write(void *ctx) {
-  (void)ctx;
+static moe_status st_write(void) {
   static const float a[6] = {1, 2, 3, 4, 5, 6};
   static const int32_t b[3] = {7, 8, 9};
   const int64_t sa[2] = {2, 3}, sb[1] = {3};
@@ -316,12 +318,10 @@ static moe_status st_write(void *ctx) {
   moe_st_writer_free(w);
   return st;
 }
-static moe_status write_atomic(void *ctx) {
-  (void)ctx;
+static moe_status write_atomic(void) {
   return moe_write_file_atomic(fx.out, "hello\n", 6);
 }
-static moe_status dataset_load(void *ctx) {
-  (void)ctx;
+static moe_status dataset_load(void) {
   return moe_dataset_load_idx(&fx.d, fx.images, fx.labels_idx);
 }
 
@@ -334,9 +334,9 @@ static int write_bytes(const char *path, const void *p, size_t n) {
 TEST(alloc_fail_files) {
   paths_init();
   model_config(MOE_DT_BF16);
-  ASSERT_OK(trained(NULL));
-  ASSERT_OK(checkpoint_save(NULL));
-  free_all(NULL);
+  ASSERT_OK(trained());
+  ASSERT_OK(checkpoint_save());
+  free_all();
   RUN("st_open", NULL, st_open);
   RUN("st_open_lazy + scan", NULL, st_lazy_views);
   RUN("st_writer", NULL, st_write);
@@ -351,19 +351,16 @@ TEST(alloc_fail_files) {
 
 /* ---- serving analysis: traces, cache simulation, placement, heatmaps; RECOMPILE ---- */
 
-static moe_status trace_load(void *ctx) {
-  (void)ctx;
+static moe_status trace_load(void) {
   return moe_trace_load(&fx.t, fx.trace, 0);
 }
-static moe_status cachesim(void *ctx) {
-  (void)ctx;
+static moe_status cachesim(void) {
   int64_t acc, miss;
   for (int p = MOE_CACHE_LIFO; p <= MOE_CACHE_BELADY; p++)
     MOE_CHECK(moe_cachesim(&fx.t, 1, 0, fx.t.steps, (moe_cache_policy)p, 2, &acc, &miss));
   return MOE_OK;
 }
-static moe_status placement(void *ctx) {
-  (void)ctx;
+static moe_status placement(void) {
   int dev[4];
   double mx, avg;
   for (int m = MOE_PLACEMENT_GREEDY; m <= MOE_PLACEMENT_ANTICORR; m++) {
@@ -372,8 +369,7 @@ static moe_status placement(void *ctx) {
   }
   return moe_placement_load(fx.placement, 1, 4, 2, dev);
 }
-static moe_status heatmap(void *ctx) {
-  (void)ctx;
+static moe_status heatmap(void) {
   MOE_CHECK(moe_heatmap_build(&fx.h, &fx.t, -1, 3));
   MOE_CHECK(moe_heatmap_write_png(&fx.h, fx.out));
   return moe_heatmap_write_svg(&fx.h, fx.out);
@@ -383,8 +379,7 @@ static int trigger(const moe_metrics *m, moe_adjustment *out, void *user) {
   out->set_top_k = 1, out->top_k = m->iter % 2 + 1;
   return 1;
 }
-static moe_status recompile(void *ctx) {
-  (void)ctx;
+static moe_status recompile(void) {
   const int32_t counts[4] = {3, 1, 0, 2};
   const moe_adjustment *adj;
   int has;
