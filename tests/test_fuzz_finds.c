@@ -44,3 +44,26 @@ TEST(fuzz_checkpoint_metadata_larger_than_file) {
   ASSERT_OK(moe_checkpoint_load(path, &big, NULL, NULL));
   moe_model_free(&big);
 }
+
+/* fuzz_trace: a 45-byte trace naming expert 65535 made the anticorr placement ask for a 32 GiB
+ * correlation matrix (and E^2 N steps); it is refused with the limit named, greedy still places. */
+TEST(fuzz_placement_anticorr_expert_limit) {
+  char path[256];
+  test_tmp_path("fuzz_e65535.csv", path, sizeof path);
+  FILE *f = fopen(path, "w");
+  ASSERT(f);
+  fputs("step,layer,expert,tokens\n0,0,65535,1\n1,0,3,2\n", f);
+  ASSERT(fclose(f) == 0);
+  moe_trace t;
+  ASSERT_OK(moe_trace_load(&t, path, 0));
+  static int dev[65536];
+  moe_status anti = moe_placement_fit(&t, 0, 0, t.steps, 2, MOE_PLACEMENT_ANTICORR, 0.5, dev);
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", moe_last_error());
+  moe_status greedy = moe_placement_fit(&t, 0, 0, t.steps, 2, MOE_PLACEMENT_GREEDY, 0.5, dev);
+  moe_trace_free(&t);
+  ASSERT_STATUS(anti, MOE_ERR_ARG);
+  if (!strstr(msg, "at most 4096 experts, the trace has 65536")) FAIL_("message: %s", msg);
+  ASSERT_OK(greedy);
+  ASSERT(dev[65535] == 1 && dev[3] == 0);
+}
