@@ -54,6 +54,7 @@ put("trace", "train.csv", read("trace.csv"))
 run("trace", "--checkpoint", "f32.st", "--data", data, "--batch", "4", "--out", "infer.csv")
 put("trace", "infer.csv", read("infer.csv"))
 put("trace", "crlf.csv", b"step,layer,expert,tokens\r\n0,0,1,3\r\n0,1,7,2\r\n4,0,0,9\r\n")
+put("trace", "expert65535.csv", b"step,layer,expert,tokens\n0,0,65535,1\n1,0,3,2\n")  # once 32 GiB in anticorr
 
 # Placements of the trace: 8 experts on 2 devices (the target asks for layers 0 and 1).
 lines = ["step,layer,expert,tokens"] + [f"{s},{l},{e},{1 + (s * 7 + e * 3 + l) % 5}"

@@ -168,11 +168,12 @@ moe_status moe_placement_load(const char *path, int layer, int experts, int devi
   char *text = NULL;
   long n = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
   int nomem = 0;
-  if (n >= 0 && n < (1L << 26) && fseek(fp, 0, SEEK_SET) == 0 && !(nomem = !(text = malloc((size_t)n + 1))) &&
-      fread(text, 1, (size_t)n, fp) == (size_t)n)
-    text[n] = 0;
-  else
-    free(text), text = NULL;
+  if (n >= 0 && n < (1L << 26) && fseek(fp, 0, SEEK_SET) == 0) {
+    text = malloc((size_t)n + 1);
+    nomem = !text;
+    if (text && fread(text, 1, (size_t)n, fp) == (size_t)n) text[n] = 0;
+    else free(text), text = NULL;
+  }
   fclose(fp);
   MOE_TRY(!nomem, MOE_ERR_NOMEM, "%s: out of memory for the placement (%ld bytes)", path, n);
   MOE_TRY(text, MOE_ERR_IO, "%s: cannot read the placement", path);
