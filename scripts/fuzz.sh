@@ -3,7 +3,8 @@
 # SECONDS (default 8), starting from its committed seed corpus fuzz/corpus/<target>; inputs it finds
 # go to build-fuzz/corpus/<target> and are reused by the next run. Stops at the first crash, leak,
 # timeout or out-of-memory, printing the target's output and the reproducer saved under
-# build-fuzz/crashes/<target>/ (replay: build-fuzz/fuzz/fuzz_<target> FILE).
+# build-fuzz/crashes/<target>/ (emptied when the target runs again).
+# Replay one: build-fuzz/fuzz/fuzz_<target> FILE
 # usage: scripts/fuzz.sh [SECONDS] [TARGET...]
 set -e
 secs=${1:-8}
@@ -16,6 +17,7 @@ cmake --build build-fuzz -j "${JOBS:-2}" --target fuzz >/dev/null
 targets=${*:-$(cd fuzz && ls fuzz_*.c | sed 's/^fuzz_//; s/\.c$//')}
 export UBSAN_OPTIONS=print_stacktrace=1
 for t in $targets; do
+  rm -rf "build-fuzz/crashes/$t" # only this run's reproducers
   mkdir -p "build-fuzz/corpus/$t" "build-fuzz/crashes/$t"
   log=build-fuzz/fuzz-$t.log
   if ! build-fuzz/fuzz/fuzz_$t -max_total_time="$secs" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
