@@ -554,6 +554,7 @@ moe_status moe_cachesim(const moe_trace *t, int layer, int64_t s0, int64_t s1, m
  * the steps (0 where a series is constant); the paper's corr is 0.5. E = t->experts must be a
  * multiple of `devices`; expert_device gets E entries. */
 typedef enum { MOE_PLACEMENT_GREEDY, MOE_PLACEMENT_ANTICORR } moe_placement_method;
+#define MOE_PLACEMENT_ANTICORR_MAX_EXPERTS 4096 /* its E x E matrix of doubles: 128 MiB */
 const char *moe_placement_method_name(moe_placement_method m);
 moe_status moe_placement_method_parse(const char *s, const char *field, moe_placement_method *out);
 moe_status moe_placement_fit(const moe_trace *t, int layer, int64_t s0, int64_t s1, int devices,

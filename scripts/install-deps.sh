@@ -2,6 +2,8 @@
 # Installs the Debian packages the build needs, only those missing; safe to run again.
 set -e
 PKGS="cmake make gcc pkgconf libopenblas-openmp-dev libdnnl-dev libcjson-dev libpng-dev openmpi-bin libopenmpi-dev python3-numpy python3-torch"
+# scripts/fuzz.sh: clang, its libFuzzer and sanitizer runtimes, and its OpenMP runtime.
+PKGS="$PKGS clang libclang-rt-14-dev libomp-dev"
 missing=""
 for p in $PKGS; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

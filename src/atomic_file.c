@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,9 +30,12 @@ static int stale_name(const char *name, const char *base, size_t bl) {
 /* Removes the stale temporary files of path (best effort: a failure leaves them, as before). */
 static void remove_stale(const char *path) {
   const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
-  char *dir = slash ? strndup(path, (size_t)(slash - path) + 1) : strdup(".");
-  DIR *d = dir ? opendir(dir) : NULL;
-  free(dir);
+  char dir[PATH_MAX]; /* not malloc'd: out of memory would skip the cleanup but let the write succeed */
+  size_t dl = slash ? (size_t)(slash - path) + 1 : 0;
+  if (dl >= sizeof dir) return; /* opendir would fail with ENAMETOOLONG */
+  memcpy(dir, path, dl);
+  dir[dl] = 0;
+  DIR *d = opendir(dl ? dir : ".");
   if (!d) return;
   size_t bl = strlen(base);
   const struct dirent *e;

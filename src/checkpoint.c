@@ -146,6 +146,30 @@ static moe_status need_int(const moe_st *f, const char *key, int *out) {
   return moe__meta_int(f, key, out);
 }
 
+/* Before a model is allocated from the metadata: the file must hold at least as many values as the
+ * configuration's input projection, head and expert matrices (and cosine projections), so that a small
+ * file cannot make the loader allocate and initialize gigabytes before its tensors are compared. */
+static moe_status check_holds(const moe_st *f, const moe_model_config *c) {
+  const moe_layer_config *l = &c->moe;
+  if (c->in_dim <= 0 || c->classes <= 0 || c->blocks <= 0 || l->D <= 0 || l->H <= 0 || l->E <= 0 ||
+      l->inner_experts < 0 || l->proj_dim < 0)
+    return MOE_OK; /* moe_model_init names what is wrong */
+  double have = 0;
+  for (int i = 0; i < moe_st_count(f); i++) {
+    moe_tensor_view v;
+    MOE_CHECK(moe_st_at(f, i, &v));
+    have += (double)(v.nbytes / moe_dtype_size(v.dtype));
+  }
+  double experts = (double)l->E * (l->inner_experts > 0 ? l->inner_experts : 1);
+  double need = (double)l->D * c->in_dim + (double)c->classes * l->D +
+                c->blocks * (2 * experts * l->H * l->D + (l->router == MOE_ROUTER_COSINE ? (double)l->proj_dim * l->D : 0));
+  MOE_TRY(need <= have, MOE_ERR_FORMAT,
+          "%s: __metadata__ describes a model (in_dim %d, classes %d, blocks %d, D %d, H %d, E %d, inner_experts %d) "
+          "of at least %.0f values, but the file holds %.0f: not a checkpoint of that model",
+          moe_st_path(f), c->in_dim, c->classes, c->blocks, l->D, l->H, l->E, l->inner_experts, need, have);
+  return MOE_OK;
+}
+
 static moe_status model_config(const moe_st *f, moe_model_config *c) {
   moe_model_config_default(c);
   MOE_CHECK(need_int(f, "in_dim", &c->in_dim));
@@ -165,7 +189,7 @@ static moe_status model_config(const moe_st *f, moe_model_config *c) {
   if (moe_st_meta(f, "loss")) MOE_CHECK(moe_loss_parse(moe_st_meta(f, "loss"), field, &c->loss));
   MOE_CHECK(moe__meta_float(f, "aux_weight", &c->aux_weight));
   MOE_CHECK(moe__meta_float(f, "z_weight", &c->z_weight));
-  return MOE_OK;
+  return check_holds(f, c);
 }
 
 /* Block i's per-expert capacities, when the checkpoint has them (*present = 1). */

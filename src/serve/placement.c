@@ -60,6 +60,10 @@ moe_status moe_placement_fit(const moe_trace *t, int layer, int64_t s0, int64_t 
   MOE_TRY(E >= 1 && E % N == 0, MOE_ERR_ARG,
           "the number of experts (%d) must be a positive multiple of the number of devices (%d)", E, N);
   const int anti = method == MOE_PLACEMENT_ANTICORR;
+  MOE_TRY(!anti || E <= MOE_PLACEMENT_ANTICORR_MAX_EXPERTS, MOE_ERR_ARG,
+          "moe_placement_fit: anticorr keeps an experts x experts correlation matrix and places in experts^2 x devices "
+          "steps: at most %d experts, the trace has %d (greedy has no such limit)",
+          MOE_PLACEMENT_ANTICORR_MAX_EXPERTS, E);
   /* mean[m] = sum_b A[m][b] / nb; cross[a*E+m] = sum_b A[a][b] A[m][b] (anticorr only). */
   double *mean = calloc((size_t)E, sizeof *mean), *load = calloc((size_t)N, sizeof *load);
   double *cross = anti ? calloc((size_t)E * E, sizeof *cross) : NULL;

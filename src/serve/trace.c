@@ -117,6 +117,9 @@ static moe_status read_rows(FILE *f, const char *path, int experts, row **rows, 
   if (st == MOE_OK && ferror(f))
     st = moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: read error after line %lld: %s", path, (long long)line,
                     strerror(errno));
+  else if (st == MOE_OK && !feof(f)) /* getline stopped before the end: no memory for the line */
+    st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory reading line %lld", path,
+                    (long long)line + 1);
   if (st == MOE_OK && line == 0)
     st = moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s line 1: empty file (want the header 'step,layer,expert,tokens')",
                     path);

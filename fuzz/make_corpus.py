@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of the fuzz targets into fuzz/corpus/<target>/: real files made by the moe
+CLI (tiny checkpoints, their trace and placement) and by hand (IDX, JSON). usage: make_corpus.py MOE
+(the moe binary of a build, e.g. build/moe). Run again after a format changes; the output is small."""
+import os, shutil, struct, subprocess, sys, tempfile
+
+moe = os.path.abspath(sys.argv[1])
+root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+tmp = tempfile.mkdtemp()
+
+def put(target, name, data):
+    os.makedirs(os.path.join(root, target), exist_ok=True)
+    with open(os.path.join(root, target, name), "wb") as f:
+        f.write(data)
+
+def run(*args):
+    subprocess.run([moe, *args], check=True, stdout=subprocess.DEVNULL, cwd=tmp)
+
+def idx(n, h, w, seed):  # (labels file, images file) of n h x w images, labels 0-9
+    pix = bytes((seed * 31 + i * 17) % 256 for i in range(n * h * w))
+    return (struct.pack(">II", 0x801, n) + bytes((seed + i) % 10 for i in range(n)),
+            struct.pack(">IIII", 0x803, n, h, w) + pix)
+
+def read(name):
+    with open(os.path.join(tmp, name), "rb") as f:
+        return f.read()
+
+shutil.rmtree(root, ignore_errors=True)
+# A data set for the CLI, and the IDX seeds: the fuzz_idx input is k, k bytes of labels, then images.
+data = os.path.join(tmp, "data")
+os.makedirs(data)
+for split, n in (("train", 32), ("t10k", 16)):
+    lab, img = idx(n, 4, 4, n)
+    open(os.path.join(data, f"{split}-labels-idx1-ubyte"), "wb").write(lab)
+    open(os.path.join(data, f"{split}-images-idx3-ubyte"), "wb").write(img)
+for i, (n, h, w) in enumerate(((3, 2, 2), (5, 4, 3), (1, 1, 1))):
+    lab, img = idx(n, h, w, i)
+    put("idx", f"seed{i}", bytes([len(lab)]) + lab + img)
+
+# Checkpoints (f32 + adam, bf16 + sgd with hierarchical experts, dynamic capacities): checkpoint and
+# safetensors seeds.
+small = ["--data", data, "--hidden", "4", "--model", "4", "--epochs", "1", "--batch", "8", "--augment", "0"]
+run("train", *small, "--experts", "4", "--blocks", "2", "--checkpoint", "f32.st", "--trace", "trace.csv")
+run("train", *small, "--experts", "2", "--dtype", "bf16", "--optimizer", "sgd", "--activation", "swiglu",
+    "--checkpoint", "bf16.st")
+run("train", *small, "--experts", "2", "--hier-experts", "2", "--checkpoint", "hier.st")
+run("train", *small, "--experts", "2", "--capacity", "dynamic", "--dispatch", "static", "--checkpoint", "cap.st")
+for name in ("f32.st", "bf16.st", "hier.st", "cap.st"):
+    put("checkpoint", name, read(name))
+    put("safetensors", name, read(name))
+
+# Traces: the CLI's, and a hand-written one with CRLF and a gap in the steps.
+put("trace", "train.csv", read("trace.csv"))
+run("trace", "--checkpoint", "f32.st", "--data", data, "--batch", "4", "--out", "infer.csv")
+put("trace", "infer.csv", read("infer.csv"))
+put("trace", "crlf.csv", b"step,layer,expert,tokens\r\n0,0,1,3\r\n0,1,7,2\r\n4,0,0,9\r\n")
+put("trace", "expert65535.csv", b"step,layer,expert,tokens\n0,0,65535,1\n1,0,3,2\n")  # once 32 GiB in anticorr
+
+# Placements of the trace: 8 experts on 2 devices (the target asks for layers 0 and 1).
+lines = ["step,layer,expert,tokens"] + [f"{s},{l},{e},{1 + (s * 7 + e * 3 + l) % 5}"
+                                         for s in range(6) for l in range(2) for e in range(8) if (s + e) % 3]
+open(os.path.join(tmp, "t8.csv"), "w").write("\n".join(lines) + "\n")
+put("trace", "t8.csv", read("t8.csv"))
+for m in ("greedy", "anticorr"):
+    run("placement", "--trace", "t8.csv", "--devices", "2", "--method", m, "--layer", "all", "--out", f"{m}.json")
+    put("placement", f"{m}.json", read(f"{m}.json"))
+    put("json", f"{m}.json", read(f"{m}.json"))
+
+# JSON: a safetensors header, and the value kinds.
+ck = read("f32.st")
+put("json", "header.json", ck[8:8 + struct.unpack("<Q", ck[:8])[0]])
+put("json", "kinds.json", b' {"a": [1, -2.5e-3, true, false, null], "s": "\\u00e9\\n\\"", "o": {}} \n')
+shutil.rmtree(tmp)
