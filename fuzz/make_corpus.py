@@ -66,6 +66,11 @@ for m in ("greedy", "anticorr"):
     put("placement", f"{m}.json", read(f"{m}.json"))
     put("json", f"{m}.json", read(f"{m}.json"))
 
+# A tokenizer trained on the tokenizer tests' sample (300 ids).
+sample = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "tokenizer_sample.txt")
+run("tokenizer", "train", "--data", sample, "--vocab", "300", "--out", "tok300.json")
+put("tokenizer", "sample300.json", read("tok300.json"))
+
 # JSON: a safetensors header, and the value kinds.
 ck = read("f32.st")
 put("json", "header.json", ck[8:8 + struct.unpack("<Q", ck[:8])[0]])
