@@ -197,6 +197,20 @@ static moe_status a2a_finish(moe_layer_t *l) {
   return await(l, t);
 }
 
+moe_status moe__ep_agree(moe_layer_t *l, moe_status mine) {
+  int W = world(l);
+  double failed[MOE__EP_MAX_RANKS] = {0};
+  failed[moe_dist_rank(l->cfg.dist)] = mine != MOE_OK;
+  moe_status st = moe_dist_allreduce(l->cfg.dist, failed, W);
+  if (mine != MOE_OK) return mine; /* this rank's own message stays */
+  MOE_CHECK(st);
+  for (int q = 0; q < W; q++)
+    MOE_TRY(!failed[q], MOE_ERR_STATE,
+            "rank %d of %d failed its checks in this layer (its message says why): every rank stops here instead of "
+            "waiting for it in an exchange", q, W);
+  return MOE_OK;
+}
+
 moe_status moe__ep_global_counts(moe_layer_t *l, moe__view *v) {
   moe__layer_state *s = l->st;
   int E = l->cfg.E;
@@ -217,4 +231,5 @@ static moe_status a2a_begin(moe_layer_t *l, int T, size_t *route_bytes) {
 }
 
 const moe__transport moe__transport_a2a = {"all-to-all-v", 0,         a2a_begin, moe__ep_global_counts, a2a_groups,
-                                           a2a_work_bytes, a2a_alloc, a2a_send,  a2a_recv, a2a_finish};
+                                           a2a_work_bytes, a2a_alloc, a2a_send,  a2a_recv, a2a_finish,
+                                           moe__ep_agree};

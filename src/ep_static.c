@@ -121,4 +121,5 @@ static moe_status static_recv(moe_layer_t *l, int i, const float *g, float *rows
 }
 
 const moe__transport moe__transport_static = {"static exchange", 0,            static_begin, static_view, static_groups,
-                                              static_work_bytes, static_alloc, static_send,  static_recv, NULL};
+                                              static_work_bytes, static_alloc, static_send,  static_recv, NULL,
+                                              moe__ep_agree};

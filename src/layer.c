@@ -398,27 +398,40 @@ static moe_status finish(moe_layer_t *l, moe_status st) {
   return st ? st : done;
 }
 
-moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,
-                             moe_layer_stats *stats) {
-  MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_forward: layer not initialized");
+/* A forward's arguments and inputs, checked before any exchange (see agree). */
+static moe_status check_forward(const moe_layer_t *l, const float *x, int T, const float *y) {
+  int D = l->cfg.D, k = l->cfg.top_k;
   MOE_TRY(T >= 0, MOE_ERR_ARG, "moe_layer_forward: T must be >= 0, got %d", T);
   MOE_TRY(T == 0 || (x && y), MOE_ERR_ARG, "moe_layer_forward: x and y must not be NULL");
   MOE_TRY(l->st->src, MOE_ERR_STATE, "moe_layer_forward: the layer's experts need an expert cache");
   MOE_TRY(!l->cached || l->cached_T == T, MOE_ERR_ARG, "moe_layer_forward: cached experts for %d tokens, got %d",
           l->cached_T, T);
+  MOE_TRY((int64_t)T * k <= INT32_MAX / 2 && (int64_t)T * D <= INT32_MAX, MOE_ERR_ARG,
+          "moe_layer_forward: T=%d is too large for k=%d, D=%d", T, k, D);
+  long long bad = first_nonfinite(x, (size_t)T * D, l->st->threads);
+  MOE_TRY(bad < 0, MOE_ERR_VALUE, "x[%lld, %lld] is %g: inputs must be finite", bad / D, bad % D,
+          bad < 0 ? 0.0 : (double)x[bad]);
+  return MOE_OK;
+}
+
+/* This process's checks, agreed with the other ranks before any exchange: a rank that failed one and
+ * returned would leave the others waiting in the exchange, so all fail together. */
+static moe_status agree(moe_layer_t *l, moe_status mine) {
+  return l->st->tr->agree ? l->st->tr->agree(l, mine) : mine;
+}
+
+moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,
+                             moe_layer_stats *stats) {
+  MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_forward: layer not initialized");
   moe__layer_state *s = l->st;
   const moe__transport *tr = s->tr;
   moe__plan *p = &s->p;
   int D = l->cfg.D, k = l->cfg.top_k, n = l->cfg.pipeline; /* 0: adaptive, chosen after routing */
   double t0 = moe__now();
   s->have_fwd = 0;
-  if (!n) MOE_CHECK(auto_pipe_begin(l));
   s->threads = moe__threads(l->cfg.threads);
-  long long bad = first_nonfinite(x, (size_t)T * D, s->threads);
-  MOE_TRY(bad < 0, MOE_ERR_VALUE, "x[%lld, %lld] is %g: inputs must be finite", bad / D, bad % D,
-          bad < 0 ? 0.0 : (double)x[bad]);
-  MOE_TRY((int64_t)T * k <= INT32_MAX / 2 && (int64_t)T * D <= INT32_MAX, MOE_ERR_ARG,
-          "moe_layer_forward: T=%d is too large for k=%d, D=%d", T, k, D);
+  MOE_CHECK(agree(l, check_forward(l, x, T, y)));
+  if (!n) MOE_CHECK(auto_pipe_begin(l));
   size_t route = 0;
   MOE_CHECK(tr->begin(l, T, &route));
   route += moe__gate_bytes(l, T, k) + moe__micro_bytes(n ? n : MOE__AUTO_MAX_N, l->cfg.E);
@@ -473,16 +486,23 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   return MOE_OK;
 }
 
+/* A backward's preconditions, checked before any exchange (see agree). */
+static moe_status check_backward(const moe_layer_t *l, const float *dx) {
+  const moe__layer_state *s = l->st;
+  MOE_TRY(s->src && s->src->backward, MOE_ERR_STATE,
+          "moe_layer_backward: a layer with buffered experts is for inference only");
+  MOE_TRY(s->have_fwd, MOE_ERR_STATE, "moe_layer_backward: no forward pass to differentiate");
+  MOE_TRY(s->p.T == 0 || dx, MOE_ERR_ARG, "moe_layer_backward: dx must not be NULL");
+  return MOE_OK;
+}
+
 moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float dz,
                               const float *dspec, const float *dweights, float *dx) {
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_backward: layer not initialized");
   moe__layer_state *s = l->st;
-  MOE_TRY(s->src && s->src->backward, MOE_ERR_STATE,
-          "moe_layer_backward: a layer with buffered experts is for inference only");
-  MOE_TRY(s->have_fwd, MOE_ERR_STATE, "moe_layer_backward: no forward pass to differentiate");
+  MOE_CHECK(agree(l, check_backward(l, dx)));
   const moe__plan *p = &s->p;
   int T = p->T, D = l->cfg.D;
-  MOE_TRY(T == 0 || dx, MOE_ERR_ARG, "moe_layer_backward: dx must not be NULL");
   s->have_fwd = 0; /* backward overwrites the forward's buffers: one backward per forward */
   double t0 = moe__now();
   float *dw = moe__arena_alloc(&s->route, (size_t)T * p->k * 4);

@@ -168,6 +168,9 @@ typedef struct {
   moe_status (*recv)(moe_layer_t *l, int i, const float *g, float *rows);
   /* after the last micro-batch, and after a failure: waits for every exchange started (NULL: none) */
   moe_status (*finish)(moe_layer_t *l);
+  /* before a forward's or backward's first exchange: `mine` is this process's checks; a failure on any
+   * rank is returned on every rank (NULL: one process, mine) */
+  moe_status (*agree)(moe_layer_t *l, moe_status mine);
 } moe__transport;
 extern const moe__transport moe__transport_local;  /* transport_local.c */
 extern const moe__transport moe__transport_a2a;    /* ep.c: dynamic dispatch, all-to-all-v (Linear or 2DH) */
@@ -248,6 +251,9 @@ moe_status moe__ffn_forward(moe_layer_t *l, const moe__groups *g, const moe__ffn
 size_t moe__ep_route_bytes(const moe_layer_t *l);
 /* The counts of the view over all ranks (the stats, and what the capacity is computed from). */
 moe_status moe__ep_global_counts(moe_layer_t *l, moe__view *v);
+/* Every rank learns whether any failed its checks before the exchanges (a rank that returned early
+ * would leave the others waiting in them): mine, or an error naming the first rank that failed. */
+moe_status moe__ep_agree(moe_layer_t *l, moe_status mine);
 /* Books one exchange: its time since t0 and the bytes this rank sent to others. */
 void moe__ep_book(moe_layer_t *l, double t0, double bytes);
 

@@ -41,4 +41,4 @@ static moe_status local_recv(moe_layer_t *l, int i, const float *from, float *to
 }
 
 const moe__transport moe__transport_local = {"local",          1,           local_begin, local_view, local_groups,
-                                             local_work_bytes, local_alloc, local_send,  local_recv, NULL};
+                                             local_work_bytes, local_alloc, local_send,  local_recv, NULL, NULL};
