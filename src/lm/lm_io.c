@@ -216,12 +216,21 @@ static cJSON *float_json(float x) {
   return cJSON_CreateRaw(buf);
 }
 
+/* Adds item under key, or deletes it and clears *ok (cJSON's adds fail silently when out of memory,
+ * which would write a config.json with fields missing). */
+static void add(cJSON *o, const char *key, cJSON *item, int *ok) {
+  if (item && o && cJSON_AddItemToObject(o, key, item)) return;
+  cJSON_Delete(item);
+  *ok = 0;
+}
+
 static char *config_json(const moe_lm_config *c) {
-  cJSON *r = cJSON_CreateObject(), *arch = cJSON_AddArrayToObject(r, "architectures");
-  cJSON_AddItemToArray(arch, cJSON_CreateString("MixtralForCausalLM"));
-  cJSON_AddStringToObject(r, "model_type", "mixtral");
-  cJSON_AddStringToObject(r, "hidden_act", "silu");
-  cJSON_AddStringToObject(r, "torch_dtype", "float32");
+  cJSON *r = cJSON_CreateObject(), *arch = cJSON_CreateArray();
+  int ok = arch && cJSON_AddItemToArray(arch, cJSON_CreateString("MixtralForCausalLM")) && arch->child;
+  add(r, "architectures", arch, &ok);
+  add(r, "model_type", cJSON_CreateString("mixtral"), &ok);
+  add(r, "hidden_act", cJSON_CreateString("silu"), &ok);
+  add(r, "torch_dtype", cJSON_CreateString("float32"), &ok);
   const struct { const char *key; int v; } ints[] = {
       {"vocab_size", c->vocab},           {"hidden_size", c->moe.D},
       {"intermediate_size", c->moe.H},    {"num_hidden_layers", c->n_layers},
@@ -229,15 +238,15 @@ static char *config_json(const moe_lm_config *c) {
       {"head_dim", c->head_dim},          {"max_position_embeddings", c->max_seq},
       {"num_local_experts", c->moe.E},    {"num_experts_per_tok", c->moe.top_k},
   };
-  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) cJSON_AddNumberToObject(r, ints[i].key, ints[i].v);
-  cJSON_AddItemToObject(r, "rope_theta", float_json(c->rope_theta));
-  cJSON_AddItemToObject(r, "rms_norm_eps", float_json(c->rms_eps));
-  cJSON_AddItemToObject(r, "router_aux_loss_coef", float_json(c->aux_coef));
-  cJSON_AddBoolToObject(r, "output_router_logits", c->aux_coef > 0);
-  cJSON_AddBoolToObject(r, "tie_word_embeddings", c->tie_embeddings);
-  cJSON_AddNullToObject(r, "sliding_window");
-  cJSON_AddNumberToObject(r, "attention_dropout", 0);
-  char *text = cJSON_Print(r);
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) add(r, ints[i].key, cJSON_CreateNumber(ints[i].v), &ok);
+  add(r, "rope_theta", float_json(c->rope_theta), &ok);
+  add(r, "rms_norm_eps", float_json(c->rms_eps), &ok);
+  add(r, "router_aux_loss_coef", float_json(c->aux_coef), &ok);
+  add(r, "output_router_logits", cJSON_CreateBool(c->aux_coef > 0), &ok);
+  add(r, "tie_word_embeddings", cJSON_CreateBool(c->tie_embeddings), &ok);
+  add(r, "sliding_window", cJSON_CreateNull(), &ok);
+  add(r, "attention_dropout", cJSON_CreateNumber(0), &ok);
+  char *text = ok ? cJSON_Print(r) : NULL;
   cJSON_Delete(r);
   return text;
 }

@@ -26,10 +26,14 @@ static struct {
   moe_trace t;
   moe_heatmap h;
   moe_recompile *r;
-  int have_l, have_m, have_o, serving_k;
+  moe_lm_t lm;
+  moe_lm_cache *kv;
+  moe_tokenizer *tok;
+  int have_l, have_m, have_o, have_lm, serving_k;
   float x[B * IN], y[T * D], dx[T * D];
   uint8_t labels[B];
   char dir[192], ck[256], layer_st[256], out[256], trace[256], images[256], labels_idx[256], placement[256];
+  char lm_dir[256], tok_json[256];
 } fx;
 
 static long injected; /* over the tests, for the summary line */
@@ -44,8 +48,11 @@ static void free_all(void) {
   moe_trace_free(&fx.t);
   moe_heatmap_free(&fx.h);
   moe_recompile_free(fx.r);
-  fx.have_l = fx.have_m = fx.have_o = 0;
-  fx.f = NULL, fx.w = NULL, fx.r = NULL;
+  moe_lm_cache_free(fx.kv);
+  if (fx.have_lm) moe_lm_free(&fx.lm);
+  moe_tokenizer_free(fx.tok);
+  fx.have_l = fx.have_m = fx.have_o = fx.have_lm = 0;
+  fx.f = NULL, fx.w = NULL, fx.r = NULL, fx.kv = NULL, fx.tok = NULL;
 }
 
 /* Runs the path; 0 if it failed (printed), else prints and adds up its injected failures (none for
@@ -83,6 +90,8 @@ static void paths_init(void) {
   snprintf(fx.images, sizeof fx.images, "%s/images", fx.dir);
   snprintf(fx.labels_idx, sizeof fx.labels_idx, "%s/labels", fx.dir);
   snprintf(fx.placement, sizeof fx.placement, "%s/placement.json", fx.dir);
+  snprintf(fx.lm_dir, sizeof fx.lm_dir, "%s/lm", fx.dir);
+  snprintf(fx.tok_json, sizeof fx.tok_json, "%s/tokenizer.json", fx.dir);
 }
 
 /* ---- layers ---- */
@@ -401,5 +410,75 @@ TEST(alloc_fail_serving) {
   RUN("placement fit, eval, load", trace_load, placement);
   RUN("heatmap build, png, svg", trace_load, heatmap);
   RUN("recompile", NULL, recompile);
+  printf("  alloc_fail: %ld allocation failures injected so far\n", injected);
+}
+
+/* ---- the language model and the tokenizer ---- */
+
+enum { LM_B = 2, LM_T = 5 };
+static const int32_t lm_tokens[LM_B * LM_T] = {1, 5, 9, 2, 7, 3, 3, 8, 0, 6};
+static const int32_t lm_targets[LM_B * LM_T] = {5, 9, 2, 7, -1, 3, 8, 0, 6, 4};
+
+static moe_lm_config lm_config(void) {
+  moe_lm_config c;
+  moe_lm_config_default(&c);
+  c.vocab = 11, c.n_layers = 2, c.n_heads = 2, c.n_kv_heads = 1, c.head_dim = 4, c.max_seq = 8;
+  c.moe.D = 8, c.moe.H = 12, c.moe.E = 4, c.moe.top_k = 2, c.moe.threads = 1;
+  c.aux_coef = 0.01f;
+  return c;
+}
+static moe_status lm_init(void) {
+  moe_lm_config c = lm_config();
+  MOE_CHECK(moe_lm_init(&fx.lm, &c));
+  fx.have_lm = 1;
+  moe_lm_init_params(&fx.lm, 3);
+  return MOE_OK;
+}
+static moe_status lm_forward(void) { return moe_lm_forward(&fx.lm, lm_tokens, lm_targets, LM_B, LM_T, NULL); }
+static moe_status lm_forwarded(void) {
+  MOE_CHECK(lm_init());
+  return lm_forward();
+}
+static moe_status lm_backward(void) { return moe_lm_backward(&fx.lm); }
+static moe_status lm_save(void) { return moe_lm_save(&fx.lm, fx.lm_dir); }
+static moe_status lm_load(void) {
+  moe_lm_config c;
+  MOE_CHECK(moe_lm_read_config(fx.lm_dir, &c));
+  c.moe.threads = 1;
+  MOE_CHECK(moe_lm_load(&fx.lm, fx.lm_dir, &c));
+  fx.have_lm = 1;
+  return MOE_OK;
+}
+static moe_status lm_decode(void) {
+  MOE_CHECK(moe_lm_cache_new(&fx.kv, &fx.lm, LM_B));
+  MOE_CHECK(moe_lm_decode(&fx.lm, fx.kv, lm_tokens, 3));
+  return moe_lm_decode(&fx.lm, fx.kv, lm_tokens + 3, 1);
+}
+
+static const char tok_text[] = "the cat sat on the mat; the cat's hat.\n\tThe end 1961 <|endoftext|> \xc3\xa9";
+static moe_status tok_train(void) { return moe_tokenizer_train(&fx.tok, tok_text, sizeof tok_text - 1, 270); }
+static moe_status tok_save(void) { return moe_tokenizer_save(fx.tok, fx.tok_json); }
+static moe_status tok_load(void) { return moe_tokenizer_load(&fx.tok, fx.tok_json); }
+static moe_status tok_round_trip(void) {
+  int32_t ids[sizeof tok_text];
+  char back[sizeof tok_text];
+  size_t n, len;
+  MOE_CHECK(moe_tokenizer_encode(fx.tok, tok_text, sizeof tok_text - 1, 1, ids, &n));
+  return moe_tokenizer_decode(fx.tok, ids, n, back, sizeof back, &len);
+}
+
+TEST(alloc_fail_language_model) {
+  paths_init();
+  RUN("lm_init", NULL, lm_init);
+  RUN("lm_forward", lm_init, lm_forward);
+  RUN("lm_backward", lm_forwarded, lm_backward);
+  RUN("lm_save", lm_init, lm_save);
+  ASSERT(!left_behind("model.safetensors") && !left_behind("config.json"));
+  RUN("lm_read_config + lm_load", NULL, lm_load);
+  RUN("lm_cache_new + decode", lm_init, lm_decode);
+  RUN("tokenizer_train", NULL, tok_train);
+  RUN("tokenizer_save", tok_train, tok_save);
+  RUN("tokenizer_load", NULL, tok_load);
+  RUN("tokenizer encode + decode", tok_train, tok_round_trip);
   printf("  alloc_fail: %ld allocation failures injected so far\n", injected);
 }
