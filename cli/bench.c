@@ -32,8 +32,8 @@ static void usage(FILE *f) {
           "experts over the ranks and reports time in exchanges and bytes sent. --shape: one case of your\n"
           "own (named custom) instead of --cases. fwd_cached (one process): the forward again with the\n"
           "router's last choice as cached experts, so that the router runs alongside the experts.\n"
-          "--pipeline N,...: the dynamic-dispatch cases run their experts as N micro-batches, once per N\n"
-          "given (expert-parallel, each micro-batch's exchange overlaps the previous one's experts);\n"
+          "--pipeline N,...: the cases run their experts as N micro-batches, once per N given (expert-\n"
+          "parallel: dynamic dispatch only, each micro-batch's exchange overlapping the previous one's experts);\n"
           "auto: the layer's adaptive n, whose search (trial steps) runs before the timed steps, shown\n"
           "as auto:N.\n"
           "--memory-reuse: MPipeMoE's strategies (s3: one micro-batch's activations, recomputed; s2,\n"
@@ -178,7 +178,7 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
   cfg.threads = o->threads;
   cfg.dtype = dtype;
   cfg.dist = o->dist; /* expert-parallel: this rank routes tokens [t0, t1) and owns E/W experts */
-  if (disp == MOE_DISPATCH_DYNAMIC) { /* where micro-batches run (moe_layer_config.pipeline) */
+  if (disp == MOE_DISPATCH_DYNAMIC || !o->dist) { /* where micro-batches run (moe_layer_config.pipeline) */
     cfg.pipeline = pipeline;
     cfg.memory_reuse = o->reuse;
   }
@@ -402,9 +402,11 @@ int cmd_bench(int argc, char **argv) {
     for (int r = 0; r < o.nrouting && !rc; r++)
       for (int d = 0; d < o.ndispatch && !rc; d++)
         for (int t = 0; t < o.ndtype && !rc; t++)
-          for (int n = 0; n < o.npipe && !rc; n++) /* static dispatch runs one micro-batch: once */
-            if (n == 0 || o.dispatch[d] == MOE_DISPATCH_DYNAMIC)
+          for (int n = 0; n < o.npipe && !rc; n++) { /* static dispatch's exchanges run one micro-batch */
+            int pipes = o.dispatch[d] == MOE_DISPATCH_DYNAMIC || !o.dist;
+            if (n == 0 || pipes)
               rc = run_case(&o, o.cases[c], o.routing[r], (moe_dispatch)o.dispatch[d], DTYPES[o.dtypes[t]],
-                            o.dispatch[d] == MOE_DISPATCH_DYNAMIC ? o.pipes[n] : 1, sg);
+                            pipes ? o.pipes[n] : 1, sg);
+          }
   return cli_dist_end(o.dist, CMD, rc);
 }

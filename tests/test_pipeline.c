@@ -69,10 +69,15 @@ TEST(pipeline_bits_match_one_micro_batch) {
   static float x[TMAX * D], dy[TMAX * D];
   fill(x, TMAX * D, 3);
   fill(dy, TMAX * D, 11);
-  const struct { moe_act act; int k; moe_router router; moe_dtype dt; int T; } cases[] = {
-      {MOE_ACT_RELU, 1, MOE_ROUTER_LINEAR, MOE_DT_F32, 97},  {MOE_ACT_GELU, 2, MOE_ROUTER_LINEAR, MOE_DT_F32, 61},
-      {MOE_ACT_SWIGLU, 2, MOE_ROUTER_COSINE, MOE_DT_F32, 97}, {MOE_ACT_SWIGLU, 2, MOE_ROUTER_LINEAR, MOE_DT_BF16, 40},
-      {MOE_ACT_RELU, 2, MOE_ROUTER_LINEAR, MOE_DT_F32, 3},   {MOE_ACT_GELU, 1, MOE_ROUTER_LINEAR, MOE_DT_F32, 0},
+  const struct { moe_act act; int k; moe_router router; moe_dtype dt; int T; moe_dispatch disp; } cases[] = {
+      {MOE_ACT_RELU, 1, MOE_ROUTER_LINEAR, MOE_DT_F32, 97, MOE_DISPATCH_DYNAMIC},
+      {MOE_ACT_GELU, 2, MOE_ROUTER_LINEAR, MOE_DT_F32, 61, MOE_DISPATCH_DYNAMIC},
+      {MOE_ACT_SWIGLU, 2, MOE_ROUTER_COSINE, MOE_DT_F32, 97, MOE_DISPATCH_DYNAMIC},
+      {MOE_ACT_SWIGLU, 2, MOE_ROUTER_LINEAR, MOE_DT_BF16, 40, MOE_DISPATCH_DYNAMIC},
+      {MOE_ACT_RELU, 2, MOE_ROUTER_LINEAR, MOE_DT_F32, 3, MOE_DISPATCH_DYNAMIC},
+      {MOE_ACT_GELU, 1, MOE_ROUTER_LINEAR, MOE_DT_F32, 0, MOE_DISPATCH_DYNAMIC},
+      {MOE_ACT_GELU, 2, MOE_ROUTER_LINEAR, MOE_DT_F32, 97, MOE_DISPATCH_STATIC}, /* padded slots, some dropped */
+      {MOE_ACT_SWIGLU, 1, MOE_ROUTER_LINEAR, MOE_DT_F32, 61, MOE_DISPATCH_STATIC},
   };
   const int ns[] = {2, 3, 4, 8, 64};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -80,6 +85,7 @@ TEST(pipeline_bits_match_one_micro_batch) {
     moe_layer_config_default(&cfg);
     cfg.D = D, cfg.H = H, cfg.E = E, cfg.top_k = cases[c].k, cfg.act = cases[c].act;
     cfg.router = cases[c].router, cfg.proj_dim = 8, cfg.dtype = cases[c].dt, cfg.threads = 2;
+    cfg.dispatch = cases[c].disp;
     moe_layer_t shape;
     ASSERT_OK(moe_layer_init(&shape, &cfg));
     static run_out ref, o;
@@ -157,9 +163,9 @@ TEST(pipeline_config_checked) {
   ASSERT_STATUS(moe_layer_init(&l, &cfg), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "pipeline"));
   cfg.pipeline = 2;
-  cfg.dispatch = MOE_DISPATCH_STATIC;
+  cfg.inner_experts = 2, cfg.inner_top_k = 1;
   ASSERT_STATUS(moe_layer_init(&l, &cfg), MOE_ERR_ARG);
-  ASSERT(strstr(moe_last_error(), "dynamic dispatch"));
+  ASSERT(strstr(moe_last_error(), "hierarchical"));
   moe_reuse r;
   ASSERT_OK(moe_reuse_parse("s4", "--memory-reuse", &r));
   ASSERT_EQ_INT(r, MOE_REUSE_S4);
@@ -192,8 +198,20 @@ TEST(pipeline_layer_run_same_file) {
       if (rc) FAIL_("%s %s: exit %d: %s", launch[w_] ? launch[w_] : "", args, rc, err);
       if (i) ASSERT(test_same_file(a, b));
     }
-  snprintf(args, sizeof args, "layer-run --weights %s --input %s --out %s --pipeline 2 --dispatch static", w, x, b);
-  ASSERT(run_moe(NULL, args, NULL, err, sizeof err) == 1 && strstr(err, "dynamic dispatch"));
+  for (int i = 0; i < 2; i++) { /* static dispatch in one process: the same file too */
+    snprintf(args, sizeof args, "layer-run --weights %s --input %s --out %s --backward --dispatch static %s", w, x,
+             i ? b : a, i ? "--pipeline 3 --memory-reuse s3" : "");
+    int rc = run_moe(NULL, args, NULL, err, sizeof err);
+    if (rc) FAIL_("%s: exit %d: %s", args, rc, err);
+  }
+  ASSERT(test_same_file(a, b));
+  snprintf(args, sizeof args, "layer-run --weights %s --input %s --out %s --pipeline 2 --dispatch static %s", w, x,
+           b, "--expert-parallel");
+  if (mpi) { /* static dispatch's exchanges run one micro-batch */
+    char launch2[256];
+    snprintf(launch2, sizeof launch2, "%s-np 2", TEST_MPIRUN);
+    ASSERT(run_moe(launch2, args, NULL, err, sizeof err) != 0 && strstr(err, "dynamic dispatch"));
+  }
   if (!mpi) return;
   char first[4608]; /* mpirun's first program (MPMD): the second, given to run_moe, adds --pipeline 2 */
   snprintf(args, sizeof args, "layer-run --expert-parallel --backward --threads 1 --weights %s --input %s --out %s", w,
