@@ -338,16 +338,16 @@ int cmd_train_lm(int argc, char **argv) {
   int rc = parse(argc, argv, &o, &fixed);
   if (!rc && o.resume && fixed)
     rc = cli_usage_error(CMD, "--resume takes the model, tokenizer and schedule from %s; drop %s", o.resume, fixed);
-  if (!rc && o.resume && !o.checkpoint) { /* a resumed run goes on saving where it came from */
-    o.checkpoint = o.resume;
-    fprintf(stderr, "moe train: --resume without --checkpoint: saving to %s\n", o.resume);
-  }
   moe_tokenizer *t = NULL;
   moe_lm_t m = {0};
   moe_optim_t opt = {0};
   lm_streams d = {0};
   if (!rc) rc = get_tokenizer(&o, &t);
   if (!rc) rc = setup(&o, t, &m, &opt);
+  if (!rc && o.resume && !o.checkpoint) { /* a resumed run goes on saving where it came from */
+    o.checkpoint = o.resume;
+    fprintf(stderr, "moe train: --resume without --checkpoint: saving to %s\n", o.resume);
+  }
   if (!rc) rc = lm_stream_load(CMD, t, o.data, "train", o.context, (int32_t **)&d.train, &d.ntrain);
   if (!rc) rc = lm_stream_load(CMD, t, o.data, "valid", o.context, (int32_t **)&d.valid, &d.nvalid);
   if (!rc && o.epochs) { /* N passes' worth of windows, a schedule fixed from here on */
