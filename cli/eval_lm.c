@@ -68,7 +68,8 @@ int cmd_eval_lm(int argc, char **argv) {
   double loss = 0;
   if (!rc) rc = lm_stream_load(CMD, t, data, split, context, &ids, &n);
   if (!rc) rc = lm_eval_loss(CMD, &m, ids, n, context, batch, 0, &loss);
-  if (!rc && json) printf("{\"%s_loss\": %.6f, \"%s_perplexity\": %.4f, \"tokens\": %zu}\n", split, loss, split, exp(loss), n);
+  if (!rc && json)
+    printf("{\"%s_loss\": %.6f, \"%s_perplexity\": %.4f, \"tokens\": %zu}\n", split, loss, split, exp(loss), n);
   else if (!rc) printf("%s_loss=%.6f %s_perplexity=%.4f\n", split, loss, split, exp(loss));
   free(ids);
   if (m.st) moe_lm_free(&m);

@@ -79,7 +79,8 @@ static int encode_prompt(const moe_tokenizer *t, const char *text, int vocab, in
            : !k ? cli_usage_error(CMD, "--prompt: no text")
            : k > (size_t)cap ? cli_usage_error(CMD, "--prompt: %zu tokens, more than the model's context %d", k, cap)
            : moe_tokenizer_vocab_size(t) != vocab
-               ? cli_usage_error(CMD, "the tokenizer has %d token ids, the model %d", moe_tokenizer_vocab_size(t), vocab)
+               ? cli_usage_error(CMD, "the tokenizer has %d token ids, the model %d", moe_tokenizer_vocab_size(t),
+                                 vocab)
                : 0;
   if (!rc) memcpy(ids, all, k * sizeof *ids);
   free(all);

@@ -38,8 +38,10 @@ int lm_stream_load(const char *cmd, const moe_tokenizer *t, const char *dir, con
   return rc;
 }
 
-int lm_eval_loss(const char *cmd, moe_lm_t *m, const int32_t *ids, size_t n, int T, int B, int max_windows, double *loss) {
-  size_t count = (n - 1) / (size_t)T, use = max_windows > 0 && (size_t)max_windows < count ? (size_t)max_windows : count;
+int lm_eval_loss(const char *cmd, moe_lm_t *m, const int32_t *ids, size_t n, int T, int B, int max_windows,
+                 double *loss) {
+  size_t count = (n - 1) / (size_t)T;
+  size_t use = max_windows > 0 && (size_t)max_windows < count ? (size_t)max_windows : count;
   int32_t *x = malloc((size_t)B * T * sizeof *x), *y = malloc((size_t)B * T * sizeof *y);
   if (!x || !y) {
     free(x);

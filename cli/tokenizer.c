@@ -47,7 +47,8 @@ static int train(const char *data, int vocab, const char *out, int json) {
   char vpath[4096];
   struct stat s;
   size_t vn = 0, k = 0;
-  char *valid = stat(data, &s) == 0 && S_ISDIR(s.st_mode) ? cli_read_text(data, "valid.txt", &vn, vpath, sizeof vpath) : NULL;
+  char *valid =
+      stat(data, &s) == 0 && S_ISDIR(s.st_mode) ? cli_read_text(data, "valid.txt", &vn, vpath, sizeof vpath) : NULL;
   int32_t *ids = valid ? malloc((vn ? vn : 1) * sizeof *ids) : NULL;
   int rc = 0;
   if (ids && moe_tokenizer_encode(t, valid, vn, 0, ids, &k) != MOE_OK) rc = cli_fail(CMD);

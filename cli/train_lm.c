@@ -110,7 +110,8 @@ static int parse(int argc, char **argv, lm_opts *o, const char **fixed) {
     else if (cli_flag_is(f, "hidden")) ok = cli_parse_int(v, &c->moe.H) && c->moe.H > 0;
     else if (cli_flag_is(f, "aux_weight")) ok = cli_parse_float(v, &c->aux_coef) && c->aux_coef >= 0;
     else if (cli_flag_is(f, "lr")) ok = cli_parse_float(v, &o->lr) && o->lr > 0;
-    else if (cli_flag_is(f, "weight_decay")) ok = cli_parse_float(v, &o->optim.weight_decay) && o->optim.weight_decay >= 0;
+    else if (cli_flag_is(f, "weight_decay"))
+      ok = cli_parse_float(v, &o->optim.weight_decay) && o->optim.weight_decay >= 0;
     else if (cli_flag_is(f, "warmup")) ok = cli_parse_int(v, &o->warmup) && o->warmup >= 0;
     else if (cli_flag_is(f, "steps")) ok = cli_parse_int(v, &o->steps) && o->steps > 0, o->epochs = 0;
     else if (cli_flag_is(f, "epochs")) ok = cli_parse_int(v, &o->epochs) && o->epochs > 0;
@@ -188,7 +189,8 @@ static int load_state(const char *dir, lm_opts *o, moe_optim_t *opt) {
   if (!step || sscanf(step, "%lld", &s) != 1 || s < 0 || !seed || sscanf(seed, "%llu", &sd) != 1 ||
       !options_parse(moe_st_meta(f, "train"), o))
     rc = cli_usage_error(CMD, "%s: __metadata__ step, seed or train is missing or not valid", path);
-  else if (moe_st_get_f32(f, "optim.m", opt->m, opt->n) != MOE_OK || moe_st_get_f32(f, "optim.v", opt->v, opt->n) != MOE_OK)
+  else if (moe_st_get_f32(f, "optim.m", opt->m, opt->n) != MOE_OK ||
+           moe_st_get_f32(f, "optim.v", opt->v, opt->n) != MOE_OK)
     rc = cli_fail(CMD);
   moe_st_close(f);
   opt->step = s;
@@ -231,11 +233,13 @@ static int setup(lm_opts *o, const moe_tokenizer *t, moe_lm_t *m, moe_optim_t *o
     moe_lm_init_params(m, o->seed);
   }
   if (m->cfg.vocab != moe_tokenizer_vocab_size(t))
-    return cli_usage_error(CMD, "the model has %d token ids, its tokenizer %d", m->cfg.vocab, moe_tokenizer_vocab_size(t));
+    return cli_usage_error(CMD, "the model has %d token ids, its tokenizer %d", m->cfg.vocab,
+                           moe_tokenizer_vocab_size(t));
   if (moe_optim_init_n(opt, &o->optim, m->numel) != MOE_OK) return cli_fail(CMD);
   if (o->resume && load_state(o->resume, o, opt)) return 1; /* the schedule, the context: before they count */
   if (o->context > m->cfg.max_seq)
-    return cli_usage_error(CMD, "context %d exceeds the model's max_position_embeddings %d", o->context, m->cfg.max_seq);
+    return cli_usage_error(CMD, "context %d exceeds the model's max_position_embeddings %d", o->context,
+                           m->cfg.max_seq);
   return 0;
 }
 

@@ -1,5 +1,6 @@
-/* Optimizers over a parameter table (a model's or a language model's refs, in their order): AdamW (decoupled weight decay on
- * matrices) and SGD with momentum; and the learning-rate schedule (linear warm-up, cosine decay). */
+/* Optimizers over a parameter table (a model's or a language model's refs, in their order): AdamW
+ * (decoupled weight decay on matrices) and SGD with momentum; and the learning-rate schedule (linear
+ * warm-up, cosine decay). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

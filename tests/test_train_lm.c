@@ -107,10 +107,11 @@ TEST(train_lm_resume_matches_uninterrupted) {
   ASSERT_EQ_INT(trained(&ck, &out), 0);
   char half[512], p1[512], p2[512], args[2048], err[2048];
   test_tmp_path("lm_half", half, sizeof half);
-  snprintf(args, sizeof args, "train --task lm --data '%s' " TINY " --checkpoint '%s' --stop-after 20 --json --log-steps",
-           corpus(), half);
+  snprintf(args, sizeof args,
+           "train --task lm --data '%s' " TINY " --checkpoint '%s' --stop-after 20 --json --log-steps", corpus(), half);
   ASSERT_EQ_INT(run_moe(NULL, args, test_tmp_path("lm_p1.jsonl", p1, sizeof p1), err, sizeof err), 0);
-  snprintf(args, sizeof args, "train --task lm --resume '%s' --data '%s' --threads 1 --json --log-steps", half, corpus());
+  snprintf(args, sizeof args, "train --task lm --resume '%s' --data '%s' --threads 1 --json --log-steps", half,
+           corpus());
   if (run_moe(NULL, args, test_tmp_path("lm_p2.jsonl", p2, sizeof p2), err, sizeof err)) FAIL_("resume: %s", err);
   char *full = test_read_file(out, NULL), *a = test_read_file(p1, NULL), *b = test_read_file(p2, NULL);
   ASSERT(full && a && b);
