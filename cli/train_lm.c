@@ -336,6 +336,11 @@ static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, moe_optim_t *opt
 
 int cmd_train_lm(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
+  moe_dist *dist = NULL; /* expert parallelism for the language model is not there yet */
+  if (moe_dist_init(&dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
+  int ranks = moe_dist_size(dist);
+  moe_dist_finalize(dist);
+  if (ranks > 1) return cli_usage_error(CMD, "--task lm runs as one process, not under mpirun (%d ranks)", ranks);
   lm_opts o;
   defaults(&o);
   const char *fixed = NULL;
