@@ -75,6 +75,15 @@ int cli_parse_float(const char *s, float *out) {
   return 1;
 }
 
+int cli_task_is_lm(const char *cmd, int argc, char **argv) {
+  for (int i = 1; i + 1 < argc; i++)
+    if (cli_flag_is(argv[i], "task")) {
+      if (!strcmp(argv[i + 1], "lm") || !strcmp(argv[i + 1], "classifier")) return !strcmp(argv[i + 1], "lm");
+      return cli_usage_error(cmd, "--task: '%s' is not lm or classifier", argv[i + 1]), -1;
+    }
+  return 0;
+}
+
 double cli_hash(const void *p, size_t n) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;

@@ -22,6 +22,10 @@ void cli_json_line(struct cJSON *o);
 int cli_parse_pipeline(const char *s, int *out);
 int cli_parse_float(const char *s, float *out);
 
+/* "--task" among the arguments: 1 for "lm", 0 for "classifier" or none; -1 after printing for another
+ * (train and eval serve both models). */
+int cli_task_is_lm(const char *cmd, int argc, char **argv);
+
 /* A 52-bit FNV-1a hash of n bytes: a value moe_dist_agree compares exactly. */
 double cli_hash(const void *p, size_t n);
 

@@ -3,16 +3,20 @@
 
 #include "cli.h"
 #include "train_data.h"
+#include "train_lm.h"
 
 static const char *CMD = "eval";
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: moe eval --checkpoint F [--data DIR] [--threads N] [--batch B] [--json]\n"
+  fprintf(f, "usage: moe eval [--task classifier] --checkpoint F [--data DIR] [--threads N] [--batch B] [--json]\n"
              "Prints test_accuracy=0.xxxx ({\"test_accuracy\": 0.xxxx} with --json): the checkpoint's\n"
-             "accuracy on the t10k IDX files of DIR (default data/mnist).\n");
+             "accuracy on the t10k IDX files of DIR (default data/mnist). moe eval --task lm --help: the\n"
+             "language model's test perplexity.\n");
 }
 
 int cmd_eval(int argc, char **argv) {
+  int lm = cli_task_is_lm(CMD, argc, argv);
+  if (lm) return lm < 0 ? 1 : cmd_eval_lm(argc, argv);
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   const char *ck = NULL, *data = DEFAULT_DATA;
   int threads = 0, batch = 500, json = 0;
@@ -23,6 +27,7 @@ int cmd_eval(int argc, char **argv) {
     }
     if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", argv[i]);
     const char *f = argv[i], *v = argv[++i];
+    if (cli_flag_is(f, "task")) continue; /* classifier ("lm": cmd_eval_lm) */
     if (cli_flag_is(f, "checkpoint")) ck = v;
     else if (cli_flag_is(f, "data")) data = v;
     else if (cli_flag_is(f, "threads")) {

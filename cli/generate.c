@@ -1,6 +1,7 @@
 /* moe generate: tokens from a language model checkpoint (a Hugging Face Mixtral directory). The
  * prompt runs through the model once, filling the KV cache; each new token then costs one position.
- * Token ids in and out for now (the tokenizer comes separately): the new ids go to stdout, one line. */
+ * --prompt "text" goes through the checkpoint's tokenizer.json (as `moe tokenizer encode` does) and
+ * the new tokens' text goes to stdout; --prompt-ids takes ids and prints the new ids, one line. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,15 +11,16 @@
 static const char *CMD = "generate";
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: moe generate --checkpoint DIR --prompt-ids \"1 2 3\" [--max-tokens N] [--temperature T]\n"
-             "                    [--top-p P] [--seed S] [--threads N]\n"
+  fprintf(f, "usage: moe generate --checkpoint DIR (--prompt \"text\" | --prompt-ids \"1 2 3\") [--max-tokens N]\n"
+             "                    [--temperature T] [--top-p P] [--seed S] [--threads N] [--tokenizer F]\n"
              "Samples N new tokens (default 32) after the prompt: temperature 0 is greedy (default 1), top-p\n"
              "keeps the most probable tokens up to that mass (default 1); the same seed gives the same tokens.\n"
-             "Prints the new token ids on one line.\n");
+             "--prompt: the text through DIR/tokenizer.json (or --tokenizer F); prints the new text.\n"
+             "--prompt-ids: prints the new token ids on one line.\n");
 }
 
 typedef struct {
-  const char *ck, *prompt;
+  const char *ck, *prompt, *text, *tokenizer;
   int max_tokens, threads;
   float temperature, top_p;
   uint64_t seed;
@@ -50,6 +52,8 @@ static int parse(int argc, char **argv, gen_opts *o) {
     int ok = 1, seed;
     if (cli_flag_is(f, "checkpoint")) o->ck = v;
     else if (cli_flag_is(f, "prompt-ids")) o->prompt = v;
+    else if (cli_flag_is(f, "prompt")) o->text = v;
+    else if (cli_flag_is(f, "tokenizer")) o->tokenizer = v;
     else if (cli_flag_is(f, "max-tokens")) ok = cli_parse_int(v, &o->max_tokens) && o->max_tokens >= 0;
     else if (cli_flag_is(f, "temperature")) ok = cli_parse_float(v, &o->temperature) && o->temperature >= 0;
     else if (cli_flag_is(f, "top-p")) ok = cli_parse_float(v, &o->top_p) && o->top_p > 0 && o->top_p <= 1;
@@ -61,12 +65,38 @@ static int parse(int argc, char **argv, gen_opts *o) {
     }
     if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
   }
-  if (!o->ck || !o->prompt) return cli_usage_error(CMD, "--checkpoint and --prompt-ids are required");
+  if (!o->ck || !o->prompt == !o->text)
+    return cli_usage_error(CMD, "--checkpoint and one of --prompt and --prompt-ids are required");
   return 0;
 }
 
-/* Prompt, then one token at a time; the new ids are printed as they come. */
-static int run(moe_lm_t *m, const gen_opts *o, int32_t *ids, int n) {
+/* The ids of --prompt's text (at most cap) through the tokenizer; -1 after printing on an error. */
+static int encode_prompt(const moe_tokenizer *t, const char *text, int vocab, int32_t *ids, int cap) {
+  size_t len = strlen(text), k = 0;
+  int32_t *all = malloc((len ? len : 1) * sizeof *all);
+  int rc = !all ? cli_usage_error(CMD, "out of memory")
+           : moe_tokenizer_encode(t, text, len, 0, all, &k) != MOE_OK ? cli_fail(CMD)
+           : !k ? cli_usage_error(CMD, "--prompt: no text")
+           : k > (size_t)cap ? cli_usage_error(CMD, "--prompt: %zu tokens, more than the model's context %d", k, cap)
+           : moe_tokenizer_vocab_size(t) != vocab
+               ? cli_usage_error(CMD, "the tokenizer has %d token ids, the model %d", moe_tokenizer_vocab_size(t),
+                                 vocab)
+               : 0;
+  if (!rc) memcpy(ids, all, k * sizeof *ids);
+  free(all);
+  return rc ? -1 : (int)k;
+}
+
+/* One new token: its text with a tokenizer, else its id. */
+static void emit(const moe_tokenizer *t, int32_t id, int first) {
+  size_t len;
+  const char *b = t ? moe_tokenizer_token_bytes(t, id, &len) : NULL;
+  if (b) fwrite(b, 1, len, stdout);
+  else printf("%s%d", first ? "" : " ", id);
+}
+
+/* Prompt, then one token at a time; the new tokens are printed as they come. */
+static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *ids, int n) {
   const moe_lm_config *c = &m->cfg;
   if (n + o->max_tokens > c->max_seq)
     return cli_usage_error(CMD, "the prompt (%d tokens) and --max-tokens %d exceed the model's context of %d", n,
@@ -82,7 +112,7 @@ static int run(moe_lm_t *m, const gen_opts *o, int32_t *ids, int n) {
       rc = cli_fail(CMD);
       break;
     }
-    printf("%s%d", i ? " " : "", next);
+    emit(t, next, i == 0);
     fflush(stdout);
     T = 1;
   }
@@ -101,9 +131,16 @@ int cmd_generate(int argc, char **argv) {
   c.moe.threads = o.threads;
   if (moe_lm_load(&m, o.ck, &c)) return cli_fail(CMD);
   int32_t *ids = malloc((size_t)c.max_seq * sizeof *ids);
-  int n = ids ? parse_ids(o.prompt, c.vocab, ids, c.max_seq) : (cli_usage_error(CMD, "out of memory"), -1);
-  int rc = n < 0 ? 1 : run(&m, &o, ids, n);
+  moe_tokenizer *t = NULL;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/tokenizer.json", o.ck);
+  int n = !ids ? (cli_usage_error(CMD, "out of memory"), -1)
+          : o.prompt ? parse_ids(o.prompt, c.vocab, ids, c.max_seq)
+          : moe_tokenizer_load(&t, o.tokenizer ? o.tokenizer : path) != MOE_OK ? (cli_fail(CMD), -1)
+          : encode_prompt(t, o.text, c.vocab, ids, c.max_seq);
+  int rc = n < 0 ? 1 : run(&m, &o, t, ids, n);
   free(ids);
+  moe_tokenizer_free(t);
   moe_lm_free(&m);
   return rc;
 }

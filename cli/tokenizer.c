@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "text_io.h"
 
 static const char *CMD = "tokenizer";
 
@@ -24,43 +25,10 @@ static void usage(FILE *f) {
           "decode: ids separated by spaces, commas or newlines (a JSON array too) to the exact bytes.\n");
 }
 
-/* The whole stream in a malloc'd buffer, NUL-terminated (its length, without the NUL, in *n); NULL on
- * failure. */
-static char *read_all(FILE *fp, size_t *n) {
-  size_t cap = 1 << 16;
-  char *buf = malloc(cap);
-  *n = 0;
-  for (size_t got; buf && (got = fread(buf + *n, 1, cap - 1 - *n, fp)) > 0;) {
-    *n += got;
-    if (*n == cap - 1) {
-      char *b = realloc(buf, cap *= 2);
-      if (!b) free(buf);
-      buf = b;
-    }
-  }
-  if (buf && ferror(fp)) {
-    free(buf);
-    return NULL;
-  }
-  if (buf) buf[*n] = 0;
-  return buf;
-}
-
-/* The file at path (or DIR/name when path is a directory) in a malloc'd buffer. */
-static char *read_text(const char *path, const char *name, size_t *n, char *used, size_t cap) {
-  struct stat s;
-  if (stat(path, &s) == 0 && S_ISDIR(s.st_mode)) snprintf(used, cap, "%s/%s", path, name);
-  else snprintf(used, cap, "%s", path);
-  FILE *fp = fopen(used, "rb");
-  char *text = fp ? read_all(fp, n) : NULL;
-  if (fp) fclose(fp);
-  return text;
-}
-
 static int train(const char *data, int vocab, const char *out, int json) {
   char path[4096];
   size_t n;
-  char *text = read_text(data, "train.txt", &n, path, sizeof path);
+  char *text = cli_read_text(data, "train.txt", &n, path, sizeof path);
   if (!text)
     return cli_usage_error(CMD, "%s: cannot read: %s (scripts/get-brown.sh fetches data/brown)", path, strerror(errno));
   moe_tokenizer *t = NULL;
@@ -79,7 +47,8 @@ static int train(const char *data, int vocab, const char *out, int json) {
   char vpath[4096];
   struct stat s;
   size_t vn = 0, k = 0;
-  char *valid = stat(data, &s) == 0 && S_ISDIR(s.st_mode) ? read_text(data, "valid.txt", &vn, vpath, sizeof vpath) : NULL;
+  char *valid =
+      stat(data, &s) == 0 && S_ISDIR(s.st_mode) ? cli_read_text(data, "valid.txt", &vn, vpath, sizeof vpath) : NULL;
   int32_t *ids = valid ? malloc((vn ? vn : 1) * sizeof *ids) : NULL;
   int rc = 0;
   if (ids && moe_tokenizer_encode(t, valid, vn, 0, ids, &k) != MOE_OK) rc = cli_fail(CMD);
@@ -94,7 +63,7 @@ static int train(const char *data, int vocab, const char *out, int json) {
 
 static int encode(const moe_tokenizer *t, int special, int json) {
   size_t n, k = 0;
-  char *text = read_all(stdin, &n);
+  char *text = cli_read_all(stdin, &n);
   int32_t *ids = text ? malloc((n ? n : 1) * sizeof *ids) : NULL;
   if (!ids) {
     free(text);
@@ -112,7 +81,7 @@ static int encode(const moe_tokenizer *t, int special, int json) {
 
 static int decode(const moe_tokenizer *t) {
   size_t n, k = 0, len;
-  char *text = read_all(stdin, &n), *end;
+  char *text = cli_read_all(stdin, &n), *end;
   int32_t *ids = text ? malloc((n / 2 + 1) * sizeof *ids) : NULL; /* an id and a separator: 2 bytes at least */
   if (!ids) {
     free(text);

@@ -16,6 +16,7 @@
 #include "train_cache.h"
 #include "train_capacity.h"
 #include "train_data.h"
+#include "train_lm.h"
 #include "train_nan.h"
 
 static const char *CMD = "train";
@@ -39,7 +40,7 @@ typedef struct {
 
 static void usage(FILE *f) {
   fprintf(f,
-    "usage: moe train [--data DIR] [--experts E] [--top-k K] [--hidden H] [--model D] [--blocks L]\n"
+    "usage: moe train [--task classifier] [--data DIR] [--experts E] [--top-k K] [--hidden H] [--model D] [--blocks L]\n"
     "       [--hier-experts E2 [--hier-top-k K2]]   (hierarchical MoE: each expert an MoE of E2 experts)\n"
     "       [--capacity X|dynamic [--delta-launch N] [--headroom H]] [--dispatch dynamic|static]\n"
     "       [--priority index|score] [--router linear|cosine]\n"
@@ -58,7 +59,8 @@ static void usage(FILE *f) {
     "A step whose activations, gradients or updated weights go NaN or Inf stops training with the epoch,\n"
     "step, block and tensor (--on-nan stop, the default); --on-nan skip-step drops that step's update\n"
     "instead and goes on, counting the steps skipped. A progress line (rate, ETA) goes to stderr on a\n"
-    "terminal; --progress shows it anywhere, --quiet nowhere.\n");
+    "terminal; --progress shows it anywhere, --quiet nowhere.\n"
+    "moe train --task lm --help: the language model's training.\n");
 }
 
 static void defaults(train_opts *o) {
@@ -126,6 +128,7 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
     else {
       is_arch = 0;
       if (cli_flag_is(f, "data")) o->data = v;
+      else if (cli_flag_is(f, "task")) ok = !strcmp(v, "classifier"); /* "lm": cmd_train_lm */
       else if (cli_flag_is(f, "checkpoint")) o->checkpoint = v;
       else if (cli_flag_is(f, "resume")) o->resume = v;
       else if (cli_flag_is(f, "trace")) o->trace = v;
@@ -426,6 +429,8 @@ static int setup(int argc, char **argv, train_opts *o, int arch, const moe_datas
 }
 
 int cmd_train(int argc, char **argv) {
+  int lm = cli_task_is_lm(CMD, argc, argv);
+  if (lm) return lm < 0 ? 1 : cmd_train_lm(argc, argv);
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   moe_dist *dist = NULL; /* under mpirun: data + expert parallel over the ranks */
   if (moe_dist_init(&dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);

@@ -796,6 +796,13 @@ moe_status moe_lm_decode(moe_lm_t *m, moe_lm_cache *c, const int32_t *tokens, in
 moe_status moe_lm_sample(const float *logits, int V, float temperature, float top_p, uint64_t *rng,
                          int32_t *token);
 
+/* ---- optimizers over any parameter table (the language model's refs, say) ----
+ * moe_optim_init and moe_optim_step are these over a moe_model_t's refs. The state (n = numel) is in
+ * the table's order; a step updates every ref's data from its grad (the caller refreshes derived
+ * copies after: moe_lm_params_changed). */
+moe_status moe_optim_init_n(moe_optim_t *o, const moe_optim_config *c, size_t numel);
+void moe_optim_step_refs(moe_optim_t *o, moe_tensor_ref *refs, int nrefs, float lr);
+
 #ifdef __cplusplus
 }
 #endif

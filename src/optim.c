@@ -1,5 +1,6 @@
-/* Optimizers over a model's parameters, in the model's ref order: AdamW (decoupled weight decay on
- * matrices) and SGD with momentum; and the learning-rate schedule (linear warm-up, cosine decay). */
+/* Optimizers over a parameter table (a model's or a language model's refs, in their order): AdamW
+ * (decoupled weight decay on matrices) and SGD with momentum; and the learning-rate schedule (linear
+ * warm-up, cosine decay). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,16 +27,20 @@ void moe_optim_config_default(moe_optim_config *c) {
 }
 
 moe_status moe_optim_init(moe_optim_t *o, const moe_optim_config *c, const moe_model_t *m) {
+  return moe_optim_init_n(o, c, m->numel);
+}
+
+moe_status moe_optim_init_n(moe_optim_t *o, const moe_optim_config *c, size_t numel) {
   memset(o, 0, sizeof *o);
   MOE_TRY((unsigned)c->kind <= MOE_OPT_SGD, MOE_ERR_ARG, "optimizer: unknown kind %d", c->kind);
   MOE_TRY(c->weight_decay >= 0 && isfinite(c->weight_decay), MOE_ERR_ARG, "optimizer: weight_decay must be >= 0");
   o->cfg = *c;
-  o->n = m->numel;
+  o->n = numel;
   o->m = calloc(o->n ? o->n : 1, 4);
   o->v = c->kind == MOE_OPT_ADAM ? calloc(o->n ? o->n : 1, 4) : NULL;
   if (!o->m || (c->kind == MOE_OPT_ADAM && !o->v)) {
     moe_optim_free(o);
-    MOE_TRY(0, MOE_ERR_NOMEM, "optimizer: cannot allocate state for %zu parameters", m->numel);
+    MOE_TRY(0, MOE_ERR_NOMEM, "optimizer: cannot allocate state for %zu parameters", numel);
   }
   return MOE_OK;
 }
@@ -49,12 +54,17 @@ void moe_optim_free(moe_optim_t *o) {
 int moe_param_decays(const moe_tensor_ref *r) { return r->ndim >= 2 && !strstr(r->name, "bias"); }
 
 void moe_optim_step(moe_optim_t *o, moe_model_t *m, float lr) {
+  moe_optim_step_refs(o, m->refs, m->nrefs, lr);
+  for (int i = 0; i < m->cfg.blocks; i++) moe_layer_params_changed(&m->layers[i]); /* bf16 copies */
+}
+
+void moe_optim_step_refs(moe_optim_t *o, moe_tensor_ref *refs, int nrefs, float lr) {
   const moe_optim_config *c = &o->cfg;
   o->step++;
   float bc1 = 1.0f - powf(c->beta1, (float)o->step), bc2 = 1.0f - powf(c->beta2, (float)o->step);
   size_t off = 0;
-  for (int i = 0; i < m->nrefs; i++) {
-    moe_tensor_ref *r = &m->refs[i];
+  for (int i = 0; i < nrefs; i++) {
+    moe_tensor_ref *r = &refs[i];
     float wd = moe_param_decays(r) ? c->weight_decay : 0.0f;
     float *p = r->data, *g = r->grad, *mo = o->m + off, *v = o->v ? o->v + off : NULL;
     if (c->kind == MOE_OPT_ADAM) {
@@ -72,7 +82,6 @@ void moe_optim_step(moe_optim_t *o, moe_model_t *m, float lr) {
     }
     off += r->numel;
   }
-  for (int i = 0; i < m->cfg.blocks; i++) moe_layer_params_changed(&m->layers[i]); /* bf16 copies */
 }
 
 float moe_lr_schedule(float base, int64_t s, int64_t warmup, int64_t total) {

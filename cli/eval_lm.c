@@ -1,0 +1,78 @@
+/* moe eval --task lm: a language model checkpoint's loss and perplexity on a split of a text
+ * directory (every non-overlapping window of the model's context), through the checkpoint's tokenizer. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "lm_data.h"
+#include "train_lm.h"
+
+static const char *CMD = "eval";
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: moe eval --task lm --checkpoint DIR [--data DIR] [--split test|valid|train] [--context T]\n"
+             "                [--batch B] [--threads N] [--json]\n"
+             "Prints test_loss=... test_perplexity=... (valid_... for --split valid; a JSON line with --json):\n"
+             "the mean cross-entropy of the checkpoint (a Hugging Face Mixtral directory with tokenizer.json)\n"
+             "over every non-overlapping window of T tokens (default the model's context) of DIR/<split>.txt\n"
+             "(default data/brown, test), and its exponential.\n");
+}
+
+int cmd_eval_lm(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
+  const char *ck = NULL, *data = "data/brown", *split = "test";
+  int threads = 0, batch = 8, json = 0, context = 0;
+  for (int i = 1; i < argc; i++) {
+    if (cli_flag_is(argv[i], "json")) {
+      json = 1;
+      continue;
+    }
+    if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", argv[i]);
+    const char *f = argv[i], *v = argv[++i];
+    int ok = 1;
+    if (cli_flag_is(f, "task")) continue;
+    else if (cli_flag_is(f, "checkpoint")) ck = v;
+    else if (cli_flag_is(f, "data")) data = v;
+    else if (cli_flag_is(f, "split"))
+      ok = !strcmp(v, "test") || !strcmp(v, "valid") || !strcmp(v, "train"), split = v;
+    else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &threads) && threads >= 0;
+    else if (cli_flag_is(f, "batch")) ok = cli_parse_int(v, &batch) && batch > 0;
+    else if (cli_flag_is(f, "context")) ok = cli_parse_int(v, &context) && context > 0;
+    else {
+      usage(stderr);
+      return cli_usage_error(CMD, "unknown flag '%s'", f);
+    }
+    if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
+  }
+  if (!ck) return cli_usage_error(CMD, "--checkpoint is required");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/tokenizer.json", ck);
+  moe_tokenizer *t = NULL;
+  moe_lm_config c;
+  moe_lm_t m = {0};
+  if (moe_tokenizer_load(&t, path) != MOE_OK || moe_lm_read_config(ck, &c) != MOE_OK) {
+    moe_tokenizer_free(t);
+    return cli_fail(CMD);
+  }
+  c.moe.threads = threads;
+  int rc = moe_lm_load(&m, ck, &c) != MOE_OK ? cli_fail(CMD) : 0;
+  if (!context) context = c.max_seq;
+  if (!rc && context > c.max_seq)
+    rc = cli_usage_error(CMD, "--context %d exceeds the model's max_position_embeddings %d", context, c.max_seq);
+  if (!rc && moe_tokenizer_vocab_size(t) != c.vocab)
+    rc = cli_usage_error(CMD, "%s has %d token ids, the model %d", path, moe_tokenizer_vocab_size(t), c.vocab);
+  int32_t *ids = NULL;
+  size_t n = 0;
+  double loss = 0;
+  if (!rc) rc = lm_stream_load(CMD, t, data, split, context, &ids, &n);
+  if (!rc) rc = lm_eval_loss(CMD, &m, ids, n, context, batch, 0, &loss);
+  if (!rc && json)
+    printf("{\"%s_loss\": %.6f, \"%s_perplexity\": %.4f, \"tokens\": %zu}\n", split, loss, split, exp(loss), n);
+  else if (!rc) printf("%s_loss=%.6f %s_perplexity=%.4f\n", split, loss, split, exp(loss));
+  free(ids);
+  if (m.st) moe_lm_free(&m);
+  moe_tokenizer_free(t);
+  return rc;
+}

@@ -1,0 +1,71 @@
+/* Token streams of a text directory's splits, and the loss over fixed windows of one. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "lm_data.h"
+#include "text_io.h"
+
+int lm_stream_load(const char *cmd, const moe_tokenizer *t, const char *dir, const char *split, int context,
+                   int32_t **ids, size_t *n) {
+  char path[4096], name[64];
+  size_t len;
+  snprintf(name, sizeof name, "%s.txt", split);
+  char *text = cli_read_text(dir, name, &len, path, sizeof path);
+  if (!text)
+    return cli_usage_error(cmd, "%s: cannot read: %s (scripts/get-brown.sh fetches data/brown)", path, strerror(errno));
+  int32_t eot = moe_tokenizer_token_id(t, MOE_TOKENIZER_EOT);
+  *ids = malloc((len + 2) * sizeof **ids); /* a token is a byte at least; the EOTs fit in the separators */
+  *n = 0;
+  int rc = eot < 0 ? cli_usage_error(cmd, "the tokenizer has no %s token", MOE_TOKENIZER_EOT)
+                   : !*ids ? cli_usage_error(cmd, "%s: out of memory", path) : 0;
+  for (char *doc = text; !rc && doc < text + len;) {
+    char *end = strstr(doc, "\n\n"), *stop = end ? end : text + len;
+    size_t k = 0;
+    (*ids)[(*n)++] = eot;
+    if (moe_tokenizer_encode(t, doc, (size_t)(stop - doc), 0, *ids + *n, &k) != MOE_OK) rc = cli_fail(cmd);
+    *n += k;
+    doc = end ? end + 2 : stop;
+  }
+  free(text);
+  if (!rc && *n < (size_t)context + 1)
+    rc = cli_usage_error(cmd, "%s: %zu tokens, fewer than one window of --context %d + 1", path, *n, context);
+  if (rc) {
+    free(*ids);
+    *ids = NULL;
+  }
+  return rc;
+}
+
+int lm_eval_loss(const char *cmd, moe_lm_t *m, const int32_t *ids, size_t n, int T, int B, int max_windows,
+                 double *loss) {
+  size_t count = (n - 1) / (size_t)T;
+  size_t use = max_windows > 0 && (size_t)max_windows < count ? (size_t)max_windows : count;
+  int32_t *x = malloc((size_t)B * T * sizeof *x), *y = malloc((size_t)B * T * sizeof *y);
+  if (!x || !y) {
+    free(x);
+    free(y);
+    return cli_usage_error(cmd, "evaluating: out of memory");
+  }
+  moe_status st = MOE_OK;
+  double sum = 0;
+  long tokens = 0;
+  for (size_t w = 0; st == MOE_OK && w < use; w += (size_t)B) {
+    int b = use - w < (size_t)B ? (int)(use - w) : B;
+    for (int i = 0; i < b; i++) {
+      const int32_t *s = ids + (w + (size_t)i) * count / use * T; /* evenly spaced windows */
+      memcpy(x + (size_t)i * T, s, (size_t)T * sizeof *x);
+      memcpy(y + (size_t)i * T, s + 1, (size_t)T * sizeof *y);
+    }
+    moe_lm_stats ls;
+    st = moe_lm_forward(m, x, y, b, T, &ls);
+    sum += ls.ce * ls.tokens;
+    tokens += ls.tokens;
+  }
+  free(x);
+  free(y);
+  if (st != MOE_OK) return cli_fail(cmd);
+  *loss = tokens ? sum / (double)tokens : 0;
+  return 0;
+}

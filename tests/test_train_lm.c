@@ -1,0 +1,221 @@
+/* moe train --task lm, moe eval --task lm and moe generate --prompt on a tiny corpus the test writes
+ * (a few sentences in a seeded order, documents separated by empty lines as scripts/get-brown.sh
+ * writes them), so no download is needed. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "run_cli.h"
+#include "test.h"
+
+static const char *const SENTENCES[] = {
+    "the cat sat on the mat.", "a dog ran to the park.", "the experts route every token.",
+    "she read the old book by the fire.", "we walked home in the rain.",
+};
+
+/* DIR/{train,valid,test}.txt: 40, 6 and 6 documents of 5 lines, each line a sentence picked by an LCG. */
+static const char *corpus(void) {
+  static char dir[512];
+  static int done;
+  if (done) return dir;
+  char cmd[1024], path[600];
+  test_tmp_path("lm_corpus", dir, sizeof dir);
+  snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
+  if (system(cmd)) return dir;
+  static const char *const splits[] = {"train", "valid", "test"};
+  static const int docs[] = {40, 6, 6};
+  uint32_t s = 7;
+  for (int i = 0; i < 3; i++) {
+    snprintf(path, sizeof path, "%s/%s.txt", dir, splits[i]);
+    FILE *f = fopen(path, "wb");
+    if (!f) return dir;
+    for (int d = 0; d < docs[i]; d++)
+      for (int l = 0; l < 5; l++) {
+        s = s * 1664525u + 1013904223u;
+        fprintf(f, "%s%s", d && !l ? "\n" : "", SENTENCES[(s >> 16) % 5]);
+        fputs(l < 4 || d + 1 < docs[i] ? "\n" : "", f);
+      }
+    fclose(f);
+  }
+  done = 1;
+  return dir;
+}
+
+/* A tiny model's flags: context 16, one layer of 4 experts top-2, 40 steps with a report every 10. */
+#define TINY "--vocab 320 --context 16 --batch 4 --layers 1 --model 32 --heads 2 --kv-heads 1 --experts 4 " \
+             "--hidden 32 --steps 40 --eval-every 10 --lr 3e-3 --threads 1"
+
+/* Trains TINY once per process into checkpoint dir ck (its JSON lines in out); 0 when it worked. */
+static int trained(const char **ck, const char **out) {
+  static char c[512], o[512], err[2048];
+  static int rc = -1;
+  *ck = test_tmp_path("lm_ck", c, sizeof c);
+  *out = test_tmp_path("lm_train.jsonl", o, sizeof o);
+  if (rc >= 0) return rc;
+  char args[2048];
+  snprintf(args, sizeof args, "train --task lm --data '%s' " TINY " --checkpoint '%s' --json --log-steps", corpus(), c);
+  rc = run_moe(NULL, args, o, err, sizeof err);
+  if (rc) fprintf(stderr, "  moe %s -> %d: %s\n", args, rc, err);
+  return rc;
+}
+
+/* The value of "key": in the first line of text (from p on) that has it; NAN when none. */
+static double json_num(const char *text, const char *key) {
+  char k[64];
+  snprintf(k, sizeof k, "\"%s\": ", key);
+  const char *p = strstr(text, k);
+  return p ? strtod(p + strlen(k), NULL) : NAN;
+}
+
+/* The lines of text holding "valid_loss", their values in v (at most n); their count. */
+static int valid_losses(const char *text, double *v, int n) {
+  int k = 0;
+  for (const char *p = text; k < n && (p = strstr(p, "\"valid_loss\": ")); p++) v[k++] = json_num(p, "valid_loss");
+  return k;
+}
+
+TEST(train_lm_validation_loss_drops) {
+  const char *ck, *out;
+  ASSERT_EQ_INT(trained(&ck, &out), 0);
+  char *text = test_read_file(out, NULL);
+  ASSERT(text);
+  double v[8];
+  int n = valid_losses(text, v, 8);
+  free(text);
+  ASSERT_EQ_INT(n, 5); /* steps 10, 20, 30, 40 and the last line */
+  /* From ln(vocab) (about 5.7 nats) untrained; 40 steps on five sentences take the loss far below it. */
+  if (!(v[3] < v[0] - 1.0 && v[3] < 3.5))
+    FAIL_("validation loss %.4f at step 10, %.4f at step 40: want a drop of 1 nat to below 3.5", v[0], v[3]);
+  ASSERT_NEAR(v[4], v[3], 0);
+}
+
+/* The --log-steps lines of text ({"step": N, "loss": X}, not the reports) appended to dst. */
+static void step_lines(const char *text, char *dst, size_t n) {
+  for (const char *p = text; (p = strstr(p, "{\"step\": ")); p++) {
+    const char *e = strchr(p, '\n'), *lr = strstr(p, "\"lr\"");
+    size_t k = strlen(dst);
+    if (e && (!lr || lr > e) && k + (size_t)(e - p) + 2 < n) strncat(dst, p, (size_t)(e - p + 1));
+  }
+}
+
+/* Stopped at step 20 and resumed, the run logs the uninterrupted run's losses bit for bit: the batches
+ * are functions of (seed, step), the weights and Adam's moments are saved as F32, the step and the
+ * schedule with them, and the kernels are deterministic for a thread count. */
+TEST(train_lm_resume_matches_uninterrupted) {
+  const char *ck, *out;
+  ASSERT_EQ_INT(trained(&ck, &out), 0);
+  char half[512], p1[512], p2[512], args[2048], err[2048];
+  test_tmp_path("lm_half", half, sizeof half);
+  snprintf(args, sizeof args,
+           "train --task lm --data '%s' " TINY " --checkpoint '%s' --stop-after 20 --json --log-steps", corpus(), half);
+  ASSERT_EQ_INT(run_moe(NULL, args, test_tmp_path("lm_p1.jsonl", p1, sizeof p1), err, sizeof err), 0);
+  snprintf(args, sizeof args, "train --task lm --resume '%s' --data '%s' --threads 1 --json --log-steps", half,
+           corpus());
+  if (run_moe(NULL, args, test_tmp_path("lm_p2.jsonl", p2, sizeof p2), err, sizeof err)) FAIL_("resume: %s", err);
+  char *full = test_read_file(out, NULL), *a = test_read_file(p1, NULL), *b = test_read_file(p2, NULL);
+  ASSERT(full && a && b);
+  /* Every per-step loss line, in order: the first run's, then the resumed run's. */
+  char want[8192] = "", got[8192] = "";
+  step_lines(full, want, sizeof want);
+  step_lines(a, got, sizeof got);
+  step_lines(b, got, sizeof got);
+  double vf[8], vb[8];
+  int nf = valid_losses(full, vf, 8), nb = valid_losses(b, vb, 8);
+  free(full);
+  free(a);
+  free(b);
+  if (strcmp(want, got)) FAIL_("resumed losses differ:\nuninterrupted:\n%s\nstopped + resumed:\n%s", want, got);
+  ASSERT(strstr(want, "{\"step\": 40, "));
+  ASSERT(nf == 5 && nb == 3);
+  ASSERT_NEAR(vb[2], vf[4], 0);
+}
+
+/* eval's perplexity is exp(its loss); on the validation split with the training context it is the
+ * training's last validation loss (every window of that split: the same windows). */
+TEST(eval_lm_perplexity_is_exp_loss) {
+  const char *ck, *out;
+  ASSERT_EQ_INT(trained(&ck, &out), 0);
+  char args[2048], res[512], err[2048], text[1024];
+  snprintf(args, sizeof args, "eval --task lm --checkpoint '%s' --data '%s' --json", ck, corpus());
+  ASSERT_EQ_INT(run_moe(NULL, args, test_tmp_path("lm_eval.json", res, sizeof res), err, sizeof err), 0);
+  test_read_text(res, text, sizeof text);
+  double loss = json_num(text, "test_loss"), ppl = json_num(text, "test_perplexity");
+  ASSERT(loss > 0 && loss < 10);
+  ASSERT_NEAR(ppl, exp(loss), 1e-4 * exp(loss));
+  snprintf(args, sizeof args, "eval --task lm --checkpoint '%s' --data '%s' --split valid --json", ck, corpus());
+  ASSERT_EQ_INT(run_moe(NULL, args, res, err, sizeof err), 0);
+  test_read_text(res, text, sizeof text);
+  char *train = test_read_file(out, NULL);
+  ASSERT(train);
+  double v[8];
+  int n = valid_losses(train, v, 8);
+  free(train);
+  ASSERT_EQ_INT(n, 5);
+  ASSERT_NEAR(json_num(text, "valid_loss"), v[4], 0);
+}
+
+/* --prompt goes through the checkpoint's tokenizer as `moe tokenizer encode` does: greedy text from
+ * --prompt is the decoded greedy ids from --prompt-ids of the encoded prompt; a seed repeats a sample. */
+TEST(generate_lm_prompt_text) {
+  const char *ck, *out;
+  ASSERT_EQ_INT(trained(&ck, &out), 0);
+  char args[6144], a[512], b[512], in[512], ids[512], dec[512], err[2048], t1[4096], t2[4096];
+  FILE *f = fopen(test_tmp_path("lm_prompt.txt", in, sizeof in), "wb");
+  ASSERT(f);
+  fputs("the cat sat", f);
+  fclose(f);
+  snprintf(args, sizeof args, "tokenizer encode --tokenizer '%s/tokenizer.json' < '%s'", ck, in);
+  ASSERT_EQ_INT(run_moe(NULL, args, test_tmp_path("lm_prompt.ids", ids, sizeof ids), err, sizeof err), 0);
+  test_read_text(ids, t1, sizeof t1);
+  t1[strcspn(t1, "\n")] = 0;
+  snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt-ids '%s' --max-tokens 8 --temperature 0", ck, t1);
+  ASSERT_EQ_INT(run_moe(NULL, args, test_tmp_path("lm_gen_ids.txt", a, sizeof a), err, sizeof err), 0);
+  snprintf(args, sizeof args, "tokenizer decode --tokenizer '%s/tokenizer.json' < '%s'", ck, a);
+  ASSERT_EQ_INT(run_moe(NULL, args, test_tmp_path("lm_gen_dec.txt", dec, sizeof dec), err, sizeof err), 0);
+  snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt 'the cat sat' --max-tokens 8 --temperature 0", ck);
+  ASSERT_EQ_INT(run_moe(NULL, args, test_tmp_path("lm_gen_text.txt", b, sizeof b), err, sizeof err), 0);
+  test_read_text(dec, t1, sizeof t1);
+  test_read_text(b, t2, sizeof t2);
+  if (strncmp(t1, t2, strlen(t1)) || strlen(t2) != strlen(t1) + 1)
+    FAIL_("--prompt text '%s' is not the decoded ids' '%s' and a newline", t2, t1);
+  ASSERT(strlen(t1) > 0);
+  /* Sampling: the same seed, the same text. */
+  snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt 'the dog' --max-tokens 12 --seed 5", ck);
+  ASSERT_EQ_INT(run_moe(NULL, args, a, err, sizeof err), 0);
+  ASSERT_EQ_INT(run_moe(NULL, args, b, err, sizeof err), 0);
+  ASSERT(test_same_file(a, b));
+}
+
+/* Bad flags and data: a clear message, a non-zero exit. */
+TEST(train_lm_errors) {
+  const char *ck, *out;
+  ASSERT_EQ_INT(trained(&ck, &out), 0);
+  char args[2048], err[2048];
+  static const struct { const char *args, *want; } cases[] = {
+      {"train --task poem", "--task: 'poem' is not lm or classifier"},
+      {"train --task lm --data /nonexistent/brown", "scripts/get-brown.sh"},
+      {"train --task lm --data @ --model 30 --heads 4", "--model 30 is not a multiple of --heads 4"},
+      {"train --task lm --data @ --context 100000", "--context: bad value"},
+      {"train --task lm --data @ --vocab 320 --context 4000", "fewer than one window of --context 4000"},
+      {"train --task lm --resume # --layers 3", "drop --layers"},
+      {"train --task lm --resume /nonexistent/ck", "/nonexistent/ck"},
+      {"train --task lm --bogus 1", "unknown flag '--bogus'"},
+      {"eval --task lm --data @", "--checkpoint is required"},
+      {"eval --task lm --checkpoint # --data @ --context 99", "exceeds the model's max_position_embeddings 16"},
+      {"generate --checkpoint # --prompt a --prompt-ids 1", "one of --prompt and --prompt-ids"},
+      {"generate --checkpoint # --prompt ''", "--prompt: no text"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char line[1024] = "";
+    for (const char *p = cases[i].args; *p; p++) { /* @: the corpus, #: the checkpoint */
+      size_t k = strlen(line);
+      if (*p == '@' || *p == '#') snprintf(line + k, sizeof line - k, "'%s'", *p == '@' ? corpus() : ck);
+      else if (k + 1 < sizeof line) line[k] = *p, line[k + 1] = 0;
+    }
+    snprintf(args, sizeof args, "%s", line);
+    int rc = run_moe(NULL, args, NULL, err, sizeof err);
+    if (rc == 0 || !strstr(err, cases[i].want))
+      FAIL_("moe %s -> %d, stderr '%s': want a failure naming '%s'", args, rc, err, cases[i].want);
+  }
+}
