@@ -19,9 +19,9 @@ static moe_status get_num(const char *path, const cJSON *r, const char *key, int
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(r, key);
   MOE_TRY(v || !required, MOE_ERR_FORMAT, "%s: field \"%s\" is required", path, key);
   if (!v) return MOE_OK;
-  MOE_TRY(cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble >= lo && v->valuedouble <= hi,
-          MOE_ERR_FORMAT, "%s: \"%s\" is %s, want a number in [%g, %g]", path, key,
-          cJSON_IsNumber(v) ? "out of range" : "not a number", lo, hi);
+  MOE_TRY(cJSON_IsNumber(v), MOE_ERR_FORMAT, "%s: \"%s\" is not a number", path, key);
+  MOE_TRY(isfinite(v->valuedouble) && v->valuedouble >= lo && v->valuedouble <= hi, MOE_ERR_FORMAT,
+          "%s: \"%s\" is %g, want a number in [%g, %g]", path, key, v->valuedouble, lo, hi);
   *out = v->valuedouble;
   return MOE_OK;
 }
