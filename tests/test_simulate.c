@@ -135,3 +135,23 @@ TEST(simulate_route_capacity) {
   ASSERT_EQ_INT(n[0], 50);
   ASSERT(n[3] < 50);
 }
+
+/* The policies' choices at the two ends: Tutel's dictionary takes 2DH on 16 nodes with small messages
+ * (latency bound) and Linear on 2 nodes with large ones; Eq. 10 takes S4 without a host link (the only
+ * memory-saving strategy left) and an offloading one when the host link is fast. */
+TEST(simulate_policy_choices) {
+  moe_sim_config c = base(16, 4, 64, 64);
+  c.intra_bw = 1e11, c.intra_lat = 5e-6, c.inter_bw = 1e11, c.inter_lat = 2e-5, c.gemm_flops = 1e14;
+  c.D = 1024, c.H = 1024;
+  moe_sim_result r;
+  ASSERT_OK(moe_sim_run(&c, &r));
+  if (strcmp(r.tutel_a2a, "2dh") || strcmp(r.eq10_reuse, "s4"))
+    FAIL_("16 nodes, 64 tokens: dictionary %s, Eq. 10 %s; want 2dh, s4", r.tutel_a2a, r.eq10_reuse);
+  c.nodes = 2, c.T = 65536, c.host_bw = 1e12;
+  ASSERT_OK(moe_sim_run(&c, &r));
+  if (strcmp(r.tutel_a2a, "linear") || !strcmp(r.eq10_reuse, "s4"))
+    FAIL_("2 nodes, 65536 tokens: dictionary %s, Eq. 10 %s; want linear, s2 or s3", r.tutel_a2a, r.eq10_reuse);
+  c.flex = 1, c.nodes = 17, c.E = 68;
+  ASSERT_STATUS(moe_sim_run(&c, &r), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "at most 64"));
+}

@@ -100,3 +100,12 @@ TEST(simulate_cli_bad_configs) {
   ASSERT(sim_moe(args) != 0);
   if (!strstr(sim_err, "field \"intra_bw\" is required")) FAIL_("stderr: %s", sim_err);
 }
+
+/* --calibrate prints a config line with this machine's GEMM rate (its value is not asserted: timing). */
+TEST(simulate_cli_calibrate) {
+  if (sim_moe("simulate --calibrate") != 0) FAIL_("exit non-zero: %s", sim_err);
+  cJSON *j = cJSON_Parse(sim_out);
+  double g = j ? cJSON_GetNumberValue(cJSON_GetObjectItem(j, "gemm_flops")) : 0;
+  cJSON_Delete(j);
+  if (!(g > 0)) FAIL_("output: %s", sim_out);
+}

@@ -92,7 +92,8 @@ static moe_status read_config(const char *path, const cJSON *r, moe_sim_config *
   MOE_CHECK(get_num(path, r, "capacity_factor", 0, 0, 1e6, &c->cf));
   MOE_CHECK(get_int(path, r, "dtype_bytes", 0, 1, 8, &c->elem));
   int W = moe__sim_devices(c);
-  MOE_TRY(W <= 1 << 20, MOE_ERR_FORMAT, "%s: %d nodes x %d devices is too many", path, c->nodes, c->dpn);
+  MOE_TRY(W <= MOE__SIM_MAX_DEVICES, MOE_ERR_FORMAT, "%s: %d nodes x %d devices is %d, more than the %d simulated",
+          path, c->nodes, c->dpn, W, MOE__SIM_MAX_DEVICES);
   MOE_TRY(c->E % W == 0, MOE_ERR_FORMAT, "%s: \"experts\" is %d, not a multiple of the %d devices", path, c->E, W);
   MOE_CHECK(read_skew(path, r, c));
   const cJSON *p = cJSON_GetObjectItemCaseSensitive(r, "pipeline");
@@ -149,6 +150,8 @@ moe_status moe_sim_config_set(moe_sim_config *c, const char *key, double v) {
   }
   MOE_TRY(!strcmp(key, "devices"), MOE_ERR_ARG, "sweep: unknown key '%s' (want devices, batch or capacity)", key);
   int W = (int)v;
+  MOE_TRY(W <= MOE__SIM_MAX_DEVICES, MOE_ERR_ARG, "sweep devices: %d, more than the %d simulated", W,
+          MOE__SIM_MAX_DEVICES);
   MOE_TRY(W % c->dpn == 0, MOE_ERR_ARG, "sweep devices: %d is not a multiple of devices_per_node %d", W, c->dpn);
   MOE_TRY(!c->load, MOE_ERR_ARG, "sweep devices: the config's \"load\" fixes the experts at %d", c->E);
   c->E = c->E / moe__sim_devices(c) * W;

@@ -9,6 +9,9 @@
 #include "adapt/pipe_model.h"
 #include "internal.h"
 
+/* The traffic is a dense devices x devices table (O(W^2) per all-to-all): 4,096 devices is 128 MiB. */
+#define MOE__SIM_MAX_DEVICES 4096
+
 struct moe_sim_config {
   int nodes, dpn;                            /* devices = nodes * dpn */
   double intra_bw, intra_lat, inter_bw, inter_lat, host_bw; /* bytes/s and s */
