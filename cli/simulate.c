@@ -10,11 +10,13 @@
 static const char *CMD = "simulate";
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: moe simulate --config F.json [--json] [--sweep devices|batch|capacity=V1,V2,... [-o OUT.csv]]\n"
+  fprintf(f, "usage: moe simulate --config F.json [--json]\n"
+             "                    [--sweep devices|batch|capacity=V1,V2,... [-o OUT.csv] [--plot OUT.svg]]\n"
              "       moe simulate --calibrate\n"
              "Text by default, --json one JSON line per run. --sweep runs the config once per value and writes\n"
-             "CSV (to OUT.csv, else stdout); devices keeps the experts per device. --calibrate prints this\n"
-             "machine's sgemm rate as the config's \"gemm_flops\".\n");
+             "CSV (to OUT.csv, else stdout) and with --plot an SVG chart of the step, compute and exposed\n"
+             "communication; devices keeps the experts per device. --calibrate prints this machine's sgemm\n"
+             "rate as the config's \"gemm_flops\".\n");
 }
 
 static void print_text(const moe_sim_result *r) {
@@ -71,8 +73,8 @@ static int csv_row(char **buf, size_t *len, const char *key, double v, const moe
   return 1;
 }
 
-/* One run per value of "key=v1,v2,...", as CSV to out (NULL: stdout). */
-static int sweep(moe_sim_config *c, const char *spec, const char *out, int json) {
+/* One run per value of "key=v1,v2,...", as CSV to out (NULL: stdout) and a chart to plot (or NULL). */
+static int sweep(moe_sim_config *c, const char *spec, const char *out, const char *plot, int json) {
   const char *eq = strchr(spec, '=');
   if (!eq || eq == spec || !eq[1])
     return cli_usage_error(CMD, "--sweep: '%s' is not KEY=V1,V2,... (KEY devices, batch or capacity)", spec);
@@ -80,28 +82,33 @@ static int sweep(moe_sim_config *c, const char *spec, const char *out, int json)
   snprintf(key, sizeof key, "%.*s", (int)(eq - spec) < 31 ? (int)(eq - spec) : 31, spec);
   char *csv = NULL;
   size_t len = 0;
-  int rc = 0;
-  for (const char *p = eq + 1; *p && !rc;) {
+  int rc = 0, n = 0;
+  double xs[64];
+  moe_sim_result rs[64];
+  for (const char *p = eq + 1; *p && !rc; n++) {
+    if (n == 64) {
+      rc = cli_usage_error(CMD, "--sweep %s: more than 64 values", key);
+      break;
+    }
     char *end;
-    double v = strtod(p, &end);
+    xs[n] = strtod(p, &end);
     if (end == p || (*end && *end != ','))
       rc = cli_usage_error(CMD, "--sweep %s: bad value '%s'", key, p);
-    moe_sim_result r;
-    if (!rc && (moe_sim_config_set(c, key, v) != MOE_OK || moe_sim_run(c, &r) != MOE_OK)) rc = cli_fail(CMD);
-    if (!rc && json) print_json(&r);
-    if (!rc && !csv_row(&csv, &len, key, v, &r)) rc = cli_usage_error(CMD, "out of memory");
+    if (!rc && (moe_sim_config_set(c, key, xs[n]) != MOE_OK || moe_sim_run(c, &rs[n]) != MOE_OK)) rc = cli_fail(CMD);
+    if (!rc && json) print_json(&rs[n]);
+    if (!rc && !csv_row(&csv, &len, key, xs[n], &rs[n])) rc = cli_usage_error(CMD, "out of memory");
     p = *end ? end + 1 : end;
   }
   if (!rc && out && moe_write_file_atomic(out, csv, len) != MOE_OK) rc = cli_fail(CMD);
   else if (!rc && !out && !json) fputs(csv, stdout);
-  if (!rc && out) fprintf(stderr, "moe simulate: wrote %s (CSV only: no plot)\n", out);
+  if (!rc && plot && moe_sim_plot_svg(plot, key, xs, rs, n) != MOE_OK) rc = cli_fail(CMD);
   free(csv);
   return rc;
 }
 
 int cmd_simulate(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
-  const char *config = NULL, *spec = NULL, *out = NULL;
+  const char *config = NULL, *spec = NULL, *out = NULL, *plot = NULL;
   int json = 0, calibrate = 0;
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
@@ -112,6 +119,7 @@ int cmd_simulate(int argc, char **argv) {
     if (cli_flag_is(f, "config")) config = v;
     else if (cli_flag_is(f, "sweep")) spec = v;
     else if (!strcmp(f, "-o") || cli_flag_is(f, "out")) out = v;
+    else if (cli_flag_is(f, "plot")) plot = v;
     else { usage(stderr); return cli_usage_error(CMD, "unknown flag '%s'", f); }
   }
   if (calibrate) {
@@ -121,12 +129,12 @@ int cmd_simulate(int argc, char **argv) {
     return 0;
   }
   if (!config) { usage(stderr); return cli_usage_error(CMD, "--config F.json is required"); }
-  if (out && !spec) return cli_usage_error(CMD, "-o %s: only a --sweep writes a file", out);
+  if ((out || plot) && !spec) return cli_usage_error(CMD, "-o / --plot: only a --sweep writes files");
   moe_sim_config *c;
   if (moe_sim_config_load(config, &c) != MOE_OK) return cli_fail(CMD);
   int rc = 0;
   moe_sim_result r;
-  if (spec) rc = sweep(c, spec, out, json);
+  if (spec) rc = sweep(c, spec, out, plot, json);
   else if (moe_sim_run(c, &r) != MOE_OK) rc = cli_fail(CMD);
   else if (json) print_json(&r);
   else print_text(&r);

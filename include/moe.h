@@ -834,6 +834,9 @@ typedef struct {
   int flex_ops;           /* Expand / Shrink / Migrate operations in the plan */
 } moe_sim_result;
 moe_status moe_sim_run(const moe_sim_config *c, moe_sim_result *r);
+/* An SVG line chart of a sweep: the step, the busiest device's compute and the exposed communication
+ * (ms) against the swept values x (> 0; a log axis when they span more than 10x), written atomically. */
+moe_status moe_sim_plot_svg(const char *path, const char *key, const double *x, const moe_sim_result *r, int n);
 
 #ifdef __cplusplus
 }

@@ -49,17 +49,25 @@ TEST(simulate_cli_reports) {
 }
 
 TEST(simulate_cli_sweep_csv) {
-  char p[512], csv[512], args[1536];
+  char p[512], csv[512], svg[512], args[2048];
   test_tmp_path("sim_sweep.csv", csv, sizeof csv);
-  snprintf(args, sizeof args, "simulate --config %s --sweep devices=2,4,8 -o %s",
-           sim_config("sim_sweep.json", ", \"a2a\": \"2dh\"", p, sizeof p), csv);
+  test_tmp_path("sim_sweep.svg", svg, sizeof svg);
+  snprintf(args, sizeof args, "simulate --config %s --sweep devices=2,4,32 -o %s --plot %s",
+           sim_config("sim_sweep.json", ", \"a2a\": \"2dh\"", p, sizeof p), csv, svg);
   if (sim_moe(args) != 0) FAIL_("exit non-zero: %s", sim_err);
-  char text[4096];
+  char text[8192];
   test_read_text(csv, text, sizeof text);
   int rows = 0;
   for (char *s = text; (s = strchr(s, '\n')); s++) rows++;
-  if (rows != 4 || strncmp(text, "devices,devices,nodes,experts,", 30) || !strstr(text, "\n8,8,4,8,2048,"))
+  if (rows != 4 || strncmp(text, "devices,devices,nodes,experts,", 30) || !strstr(text, "\n32,32,16,32,2048,"))
     FAIL_("CSV:\n%s", text);
+  /* The chart: three lines (step, compute, exposed communication) of three points each, on a log axis. */
+  test_read_text(svg, text, sizeof text);
+  int lines = 0, points = 0;
+  for (char *s = text; (s = strstr(s, "<polyline")); s++, lines++)
+    for (char *q = strstr(s, "points=\""); *q != '/'; q++) points += *q == ',';
+  if (lines != 3 || points != 9 || !strstr(text, "devices (log scale)") || !strstr(text, "</svg>"))
+    FAIL_("SVG (%d lines, %d points):\n%s", lines, points, text);
   snprintf(args, sizeof args, "simulate --config %s --sweep nodes=2", p);
   ASSERT(sim_moe(args) != 0);
   if (!strstr(sim_err, "unknown key 'nodes'")) FAIL_("stderr: %s", sim_err);
