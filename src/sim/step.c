@@ -81,7 +81,6 @@ typedef struct {
   double comm;          /* when the communication stream is free */
   double busy;          /* its busy time */
   double *comp, *copy;  /* (W) when each device's compute and copy streams are free */
-  double *done;         /* (W) when the current micro-batch's compute ended */
 } streams;
 
 /* One pass over n micro-batches: the communication stream runs X1 X2 Y1 X3 Y2 ... Xn Y(n-1) Yn
@@ -121,7 +120,7 @@ moe_status moe__sim_step(const moe_sim_config *c, const int64_t *send, int n, mo
   }
   double *xb = x + n; /* backward's X: its gradient all-to-all, plus re-communicating T_DI (S2, S4) */
   double *fw = buf, *bw = fw + nW, *off = bw + nW, *ready = off + nW, *done = ready + nW;
-  streams s = {W, 0, 0, done + 2 * nW, done + 2 * nW + W, NULL};
+  streams s = {W, 0, 0, done + 2 * nW, done + 2 * nW + W};
   int recomm = c->reuse == MOE__REUSE_S2 || c->reuse == MOE__REUSE_S4;
   int recomp = c->reuse == MOE__REUSE_S3 || c->reuse == MOE__REUSE_S4;
   /* Offloaded per token: T_M (H) under S2, T_DI (M) under S3. */
@@ -141,8 +140,7 @@ moe_status moe__sim_step(const moe_sim_config *c, const int64_t *send, int n, mo
       off[(size_t)i * W + h] = off_elems > 0 ? rows * off_elems * c->elem / c->host_bw : 0;
     }
   }
-  out->a2a1 = 0;
-  if (n == 1) out->a2a1 = x[0];
+  out->a2a1 = n == 1 ? x[0] : 0;
   pass(&s, n, x, x, fw, NULL, off_elems > 0 ? off : NULL, done);
   /* Backward: offloaded tensors come back on the copy stream, in micro-batch order. */
   for (int g = 0; g < W; g++) {
