@@ -21,6 +21,7 @@ static void usage(FILE *f) {
           "  generate    sample tokens from a Hugging Face Mixtral checkpoint directory with a KV cache\n"
           "  plot-trace  the expert-load heatmap of a trace (step x expert, one panel per layer) as PNG or SVG\n"
           "  tokenizer   train a byte-level BPE tokenizer (Hugging Face tokenizer.json); encode, decode\n"
+          "  simulate    one training step of an MoE layer on a simulated cluster: time, memory, policies\n"
           "  --version   print the version and the BLAS in use\n");
 }
 
@@ -82,6 +83,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "trace")) return cmd_trace(argc - 1, argv + 1);
   if (!strcmp(argv[1], "tokenizer")) return cmd_tokenizer(argc - 1, argv + 1);
   if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "simulate")) return cmd_simulate(argc - 1, argv + 1);
   fprintf(stderr, "moe: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return 1;

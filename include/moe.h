@@ -803,6 +803,49 @@ moe_status moe_lm_sample(const float *logits, int V, float temperature, float to
 moe_status moe_optim_init_n(moe_optim_t *o, const moe_optim_config *c, size_t numel);
 void moe_optim_step_refs(moe_optim_t *o, moe_tensor_ref *refs, int nrefs, float lr);
 
+/* ---- moe simulate: one training step (forward + backward) of one MoE layer over a simulated cluster
+ * of nodes x devices, from the cost models the runtime decides with (DESIGN 4.6). A discrete-event
+ * simulation: per device a compute stream, a communication stream and a host-copy stream; every
+ * all-to-all is a collective of alpha-beta transfers over the two-level topology. ---- */
+typedef struct moe_sim_config moe_sim_config;
+/* Reads the JSON config (fields in DESIGN 4.6). An unknown field, a missing required one or a bad value
+ * is MOE_ERR_FORMAT naming the file, the field and the value. Free with moe_sim_config_free. */
+moe_status moe_sim_config_load(const char *path, moe_sim_config **out);
+void moe_sim_config_free(moe_sim_config *c);
+/* One value of a sweep: "devices" (nodes = value / devices_per_node; the experts per device are kept),
+ * "batch" (tokens per device) or "capacity" (capacity factor). MOE_ERR_ARG naming the key and value. */
+moe_status moe_sim_config_set(moe_sim_config *c, const char *key, double value);
+
+typedef struct {
+  int devices, nodes, experts, tokens; /* tokens per device */
+  double capacity_factor;
+  int n;                  /* micro-batches simulated: the config's, or Algorithm 1's when "auto" */
+  int auto_n;             /* 1 when n is Algorithm 1's choice from simulated trial steps */
+  const char *a2a;        /* "linear" or "2dh" */
+  const char *reuse;      /* memory reuse simulated: "none", "s2", "s3", "s4" */
+  int a2a_msgs;           /* messages each device sends in one all-to-all */
+  double step_s;          /* the step: when the slowest device ends */
+  double compute_s;       /* the busiest device's expert compute (forward + backward) */
+  double compute_min_s;   /* the least busy device's */
+  int slowest;            /* the busiest device */
+  double comm_s;          /* the communication stream's busy time (all-to-alls, replica all-reduces) */
+  double exposed_comm_s;  /* step_s - compute_s: what overlap did not hide on the busiest device */
+  double peak_bytes;      /* the largest device's high-water mark (states + activation pools) */
+  int fits;               /* peak_bytes <= the device memory (1 when the config gives none) */
+  const char *eq10_reuse; /* the memory-saving strategy Eq. 10 picks for this micro-batch size */
+  int tutel_d;            /* Tutel's dictionary's pipelining degree and all-to-all for this capacity */
+  const char *tutel_a2a;
+  int flex;               /* replicas simulated: the fields below are set */
+  double balance_before, balance_after; /* Eq. 6 before and after FlexMoE's plan */
+  double step_before_s;   /* the step without the plan (step_s is with it) */
+  double flex_xfer_s;     /* the plan's one-off transfers */
+  int flex_ops;           /* Expand / Shrink / Migrate operations in the plan */
+} moe_sim_result;
+moe_status moe_sim_run(const moe_sim_config *c, moe_sim_result *r);
+/* An SVG line chart of a sweep: the step, the busiest device's compute and the exposed communication
+ * (ms) against the swept values x (> 0; a log axis when they span more than 10x), written atomically. */
+moe_status moe_sim_plot_svg(const char *path, const char *key, const double *x, const moe_sim_result *r, int n);
+
 #ifdef __cplusplus
 }
 #endif

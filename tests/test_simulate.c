@@ -1,0 +1,157 @@
+/* The simulator (moe simulate, DESIGN 4.6) on hand-computable cases: one node without overlap is
+ * compute plus alpha-beta exactly; Linear and 2DH message counts and times over two levels; pipelining
+ * matches the analytic overlap of the S1 S2 R1 S3 R2 ... order; memory is pipe_model.h's formula; the
+ * policies' choices move the way the papers say. */
+#include <stdlib.h>
+
+#include "sim/sim.h"
+#include "test.h"
+
+/* D 8, H 16, 4-byte elements, uniform routing, top-1, no capacity, n = 1, Linear, no reuse. */
+static moe_sim_config base(int nodes, int dpn, int T, int E) {
+  return (moe_sim_config){.nodes = nodes, .dpn = dpn, .intra_bw = 1e9, .intra_lat = 1e-5, .inter_bw = 1e8,
+                          .inter_lat = 1e-4, .gemm_flops = 1e9, .T = T, .D = 8, .H = 16, .E = E, .k = 1,
+                          .elem = 4, .pipeline = 1};
+}
+
+/* 2 devices, 2 experts, 1000 tokens each, half to the other device: 500 tokens x 8 x 4 bytes one way;
+ * each device computes 1000 rows: 4 D H FLOPs forward, 8 D H backward per row. Without overlap the
+ * step is 4 all-to-alls + forward + backward. */
+TEST(simulate_one_node_no_overlap) {
+  moe_sim_config c = base(1, 2, 1000, 2);
+  moe_sim_result r;
+  ASSERT_OK(moe_sim_run(&c, &r));
+  double a = 1e-5 + 500.0 * 8 * 4 / 1e9, comp = 12.0 * 8 * 16 * 1000 / 1e9;
+  ASSERT_NEAR(r.step_s, 4 * a + comp, 1e-15);
+  ASSERT_NEAR(r.compute_s, comp, 1e-15);
+  ASSERT_NEAR(r.exposed_comm_s, 4 * a, 1e-15);
+  ASSERT_NEAR(r.comm_s, 4 * a, 1e-15);
+  ASSERT_EQ_INT(r.a2a_msgs, 1);
+  ASSERT_EQ_INT(r.n, 1);
+}
+
+/* 4 nodes x 4 devices, b bytes between every pair. Linear: 3 intra-node messages of b on the device's
+ * link, concurrently 12 inter-node messages per device with the node's 4 x 12 b over its NIC. 2DH: 3
+ * intra-node messages carrying the 12 b that change local index, then 3 inter-node messages, the NIC
+ * again carrying 48 b. 2DH wins on small messages (latency), Linear on large ones (one phase). */
+TEST(simulate_a2a_linear_vs_2dh) {
+  moe_sim_config c = base(4, 4, 1, 16);
+  ASSERT_EQ_INT(moe__sim_msgs(&c, MOE__A2A_LINEAR), 15);
+  ASSERT_EQ_INT(moe__sim_msgs(&c, MOE__A2A_2DH), 6);
+  double bytes[256];
+  for (double b = 1e2; b <= 1e6; b *= 1e4) {
+    for (int i = 0; i < 256; i++) bytes[i] = i / 16 == i % 16 ? 0 : b;
+    double lin = fmax(3 * 1e-5 + 3 * b / 1e9, 12 * 1e-4 + 48 * b / 1e8);
+    double dh = 3 * 1e-5 + 12 * b / 1e9 + 3 * 1e-4 + 48 * b / 1e8;
+    ASSERT_NEAR(moe__sim_a2a(&c, MOE__A2A_LINEAR, bytes), lin, 1e-12);
+    ASSERT_NEAR(moe__sim_a2a(&c, MOE__A2A_2DH, bytes), dh, 1e-12);
+    if (b < 1e4) ASSERT(dh < lin);
+    else ASSERT(lin < dh);
+  }
+}
+
+/* n = 4 micro-batches on a uniform load, latency 0: a = one micro-batch's all-to-all, c its forward
+ * compute (2c backward). Order S1 S2 R1 S3 R2 ...: with c >= 2a a pass is 2a + n c (compute bound),
+ * with c <= a it is 2 n a (the communication stream never idles). */
+TEST(simulate_pipeline_overlap) {
+  moe_sim_config c = base(1, 2, 1000, 2);
+  c.intra_lat = 0, c.pipeline = 4, c.gemm_flops = 1.28e8;
+  double cf = 4.0 * 8 * 16 * 250 / c.gemm_flops; /* 250 rows per micro-batch: 1 ms */
+  double bytes = 125.0 * 8 * 4;                  /* 125 tokens each way */
+  moe_sim_result r;
+  c.intra_bw = bytes / 0.5e-3; /* a = 0.5 ms: compute bound in both passes */
+  ASSERT_OK(moe_sim_run(&c, &r));
+  double a = bytes / c.intra_bw;
+  ASSERT_NEAR(r.step_s, (2 * a + 4 * cf) + (2 * a + 4 * 2 * cf), 1e-12);
+  c.intra_bw = bytes / 4e-3; /* a = 4 ms >= 2c: communication bound */
+  ASSERT_OK(moe_sim_run(&c, &r));
+  a = bytes / c.intra_bw;
+  ASSERT_NEAR(r.step_s, 2 * (2 * 4 * a), 1e-12);
+  ASSERT_NEAR(r.compute_s, 12 * cf, 1e-12);
+}
+
+/* Peak memory: Eq. 1's states of the device's experts and the gate, and the pools of its received rows:
+ * without reuse B rows in each of T_DI, T_M, T_DO; S4 with n = 4 keeps 2, 1 and 2 buffers of B/4. */
+TEST(simulate_memory_formula) {
+  moe_sim_config c = base(1, 2, 1000, 4);
+  moe_sim_result r;
+  ASSERT_OK(moe_sim_run(&c, &r));
+  double states = 4.0 * (4 * 8 + 2 * (2.0 * 16 * 8)) * 4, B = 1000;
+  ASSERT_NEAR(r.peak_bytes, states + (B * 8 + B * 16 + B * 8) * 4, 1e-6);
+  c.reuse = MOE__REUSE_S4, c.pipeline = 4;
+  ASSERT_OK(moe_sim_run(&c, &r));
+  double b = 250;
+  ASSERT_NEAR(r.peak_bytes, states + (2 * b * 8 + b * 16 + 2 * b * 8) * 4, 1e-6);
+  c.mem_bytes = r.peak_bytes - 1;
+  ASSERT_OK(moe_sim_run(&c, &r));
+  ASSERT_EQ_INT(r.fits, 0);
+}
+
+/* MPipeMoE's claim (P4 Fig. 12): the best n grows with the batch. Cost profile: 8 devices on one node,
+ * 50 GB/s and 20 us per message, 100 TFLOP/s, D 1024, H 4096, fp32: each micro-batch pays 7 message
+ * latencies per all-to-all, so n doubles each time the batch grows 4x. */
+TEST(simulate_auto_n_grows_with_batch) {
+  moe_sim_config c = base(1, 8, 0, 8);
+  c.intra_bw = 5e10, c.intra_lat = 2e-5, c.gemm_flops = 1e14, c.D = 1024, c.H = 4096, c.pipeline = 0;
+  const int T[] = {2048, 8192, 32768}, want[] = {2, 4, 8};
+  for (int i = 0; i < 3; i++) {
+    c.T = T[i];
+    moe_sim_result r;
+    ASSERT_OK(moe_sim_run(&c, &r));
+    if (r.n != want[i] || !r.auto_n) FAIL_("T %d: Algorithm 1 chose n = %d, want %d", T[i], r.n, want[i]);
+  }
+}
+
+/* Zipf-skewed routing: the device holding the hot experts computes longest and the step waits for it;
+ * FlexMoE's policy maker replicates the hot experts, lowering Eq. 6's ratio and the simulated step. */
+TEST(simulate_skew_straggler_flex) {
+  moe_sim_config c = base(1, 8, 4096, 16);
+  c.D = 256, c.H = 1024, c.intra_bw = 1e11, c.gemm_flops = 1e12;
+  moe_sim_result u, s;
+  ASSERT_OK(moe_sim_run(&c, &u));
+  c.zipf = 1.2;
+  ASSERT_OK(moe_sim_run(&c, &s));
+  ASSERT_EQ_INT(s.slowest, 0);
+  if (!(s.compute_s > 2 * u.compute_s && s.step_s > 1.5 * u.step_s))
+    FAIL_("skew: compute %g vs uniform %g, step %g vs %g", s.compute_s, u.compute_s, s.step_s, u.step_s);
+  ASSERT_NEAR(u.compute_s, u.compute_min_s, 1e-15);
+  c.flex = 1;
+  ASSERT_OK(moe_sim_run(&c, &s));
+  ASSERT(s.flex && s.flex_ops > 0);
+  if (!(s.balance_after < s.balance_before && s.step_s < s.step_before_s))
+    FAIL_("flex: balance %g -> %g, step %g -> %g", s.balance_before, s.balance_after, s.step_before_s, s.step_s);
+}
+
+/* Capacity: a factor of 1 cuts every expert to ceil(T k / E) tokens per device. */
+TEST(simulate_route_capacity) {
+  moe_sim_config c = base(1, 2, 100, 4);
+  c.zipf = 1, c.k = 2;
+  int64_t n[4];
+  ASSERT_OK(moe__sim_route(&c, n));
+  ASSERT_EQ_INT(n[0] + n[1] + n[2] + n[3], 200);
+  ASSERT(n[0] > n[1] && n[1] > n[2] && n[2] > n[3]);
+  c.cf = 1;
+  ASSERT_OK(moe__sim_route(&c, n));
+  ASSERT_EQ_INT(n[0], 50);
+  ASSERT(n[3] < 50);
+}
+
+/* The policies' choices at the two ends: Tutel's dictionary takes 2DH on 16 nodes with small messages
+ * (latency bound) and Linear on 2 nodes with large ones; Eq. 10 takes S4 without a host link (the only
+ * memory-saving strategy left) and an offloading one when the host link is fast. */
+TEST(simulate_policy_choices) {
+  moe_sim_config c = base(16, 4, 64, 64);
+  c.intra_bw = 1e11, c.intra_lat = 5e-6, c.inter_bw = 1e11, c.inter_lat = 2e-5, c.gemm_flops = 1e14;
+  c.D = 1024, c.H = 1024;
+  moe_sim_result r;
+  ASSERT_OK(moe_sim_run(&c, &r));
+  if (strcmp(r.tutel_a2a, "2dh") || strcmp(r.eq10_reuse, "s4"))
+    FAIL_("16 nodes, 64 tokens: dictionary %s, Eq. 10 %s; want 2dh, s4", r.tutel_a2a, r.eq10_reuse);
+  c.nodes = 2, c.T = 65536, c.host_bw = 1e12;
+  ASSERT_OK(moe_sim_run(&c, &r));
+  if (strcmp(r.tutel_a2a, "linear") || !strcmp(r.eq10_reuse, "s4"))
+    FAIL_("2 nodes, 65536 tokens: dictionary %s, Eq. 10 %s; want linear, s2 or s3", r.tutel_a2a, r.eq10_reuse);
+  c.flex = 1, c.nodes = 17, c.E = 68;
+  ASSERT_STATUS(moe_sim_run(&c, &r), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "at most 64"));
+}
