@@ -35,7 +35,8 @@ for ns in $A $B; do ip -n $ns link set lo up; done
 ip -n $A link set va$$ up
 ip -n $B link set vb$$ up
 
-# mpirun runs in namespace A and starts rank 1 "remotely" in B through this agent instead of ssh.
+# mpirun runs in namespace A and starts rank 1 "remotely" in B through this agent instead of ssh. Each
+# "host" would bind its rank to its first core, the same core for both: --bind-to none.
 cat >"$DIR/agent" <<EOF
 #!/bin/sh
 host=\$1; shift
@@ -57,7 +58,7 @@ for rate in $(echo "$RATES" | tr , ' '); do
   done
   echo "--- link: $rate each way (tc tbf)"
   ip netns exec $A mpirun --allow-run-as-root --oversubscribe -np 2 --host $IPA,$IPB \
-    --mca plm_rsh_agent "$DIR/agent" --mca btl tcp,self --mca oob_tcp_if_include $IPA/24 \
+    --bind-to none --mca plm_rsh_agent "$DIR/agent" --mca btl tcp,self --mca oob_tcp_if_include $IPA/24 \
     --mca btl_tcp_if_include $IPA/24 \
     "$MOE" bench --expert-parallel --threads 1 --dispatch dynamic --routing uniform --cases "$CASES" \
     --pipeline "$PIPES" --reps "$REPS"
