@@ -6,22 +6,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli.h"
 
 static const char *CMD = "generate";
 
 static void usage(FILE *f) {
   fprintf(f, "usage: moe generate --checkpoint DIR (--prompt \"text\" | --prompt-ids \"1 2 3\") [--max-tokens N]\n"
-             "                    [--temperature T] [--top-p P] [--seed S] [--threads N] [--tokenizer F]\n"
+             "                    [--temperature T] [--top-p P] [--seed S] [--threads N] [--tokenizer F] [--json]\n"
              "Samples N new tokens (default 32) after the prompt: temperature 0 is greedy (default 1), top-p\n"
              "keeps the most probable tokens up to that mass (default 1); the same seed gives the same tokens.\n"
              "--prompt: the text through DIR/tokenizer.json (or --tokenizer F); prints the new text.\n"
-             "--prompt-ids: prints the new token ids on one line.\n");
+             "--prompt-ids: prints the new token ids on one line. --json: one JSON line at the end instead,\n"
+             "{\"prompt_tokens\", \"ids\", and with --prompt \"text\" (bytes that are not UTF-8 as U+FFFD)}.\n");
 }
 
 typedef struct {
   const char *ck, *prompt, *text, *tokenizer;
-  int max_tokens, threads;
+  int max_tokens, threads, json;
   float temperature, top_p;
   uint64_t seed;
 } gen_opts;
@@ -47,6 +50,10 @@ static int parse(int argc, char **argv, gen_opts *o) {
   *o = (gen_opts){.max_tokens = 32, .temperature = 1.0f, .top_p = 1.0f};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
+    if (cli_flag_is(f, "json")) {
+      o->json = 1;
+      continue;
+    }
     if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f);
     const char *v = argv[++i];
     int ok = 1, seed;
@@ -95,6 +102,50 @@ static void emit(const moe_tokenizer *t, int32_t id, int first) {
   else printf("%s%d", first ? "" : " ", id);
 }
 
+/* Length of the well-formed UTF-8 sequence at s (n bytes left), 0 if there is none (RFC 3629). */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+  int k = s[0] < 0x80 ? 1 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
+        : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
+  if (!k || (size_t)k > n) return 0;
+  unsigned lo = s[0] == 0xE0 ? 0xA0 : s[0] == 0xF0 ? 0x90 : 0x80, hi = s[0] == 0xED ? 0x9F : s[0] == 0xF4 ? 0x8F : 0xBF;
+  for (int i = 1; i < k; i++, lo = 0x80, hi = 0xBF)
+    if (s[i] < lo || s[i] > hi) return 0;
+  return (size_t)k;
+}
+
+/* The new tokens as one JSON line: their ids, and with a tokenizer their text, bytes that are not UTF-8
+ * replaced by U+FFFD (JSON is Unicode; Python's errors="replace" does the same). */
+static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int prompt_tokens) {
+  cJSON *o = cJSON_CreateObject(), *a = cJSON_CreateArray();
+  int ok = o && a;
+  for (int i = 0; ok && i < n; i++) ok = cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i])) && cJSON_GetArraySize(a) == i + 1;
+  char *text = NULL, *utf = NULL;
+  size_t len = 0;
+  if (ok && t) {
+    moe_status st = moe_tokenizer_decode(t, ids, (size_t)n, NULL, 0, &len); /* its length */
+    text = st == MOE_OK || st == MOE_ERR_ARG ? malloc(len + 1) : NULL, utf = text ? malloc(3 * len + 1) : NULL;
+    ok = text && utf && (!len || moe_tokenizer_decode(t, ids, (size_t)n, text, len, &len) == MOE_OK);
+    size_t w = 0;
+    for (size_t i = 0; ok && i < len;) {
+      size_t k = utf8_len((const unsigned char *)text + i, len - i);
+      if (k) memcpy(utf + w, text + i, k), w += k, i += k;
+      else memcpy(utf + w, "\xef\xbf\xbd", 3), w += 3, i++;
+    }
+    if (utf) utf[w] = 0;
+  }
+  if (ok) {
+    cJSON_AddNumberToObject(o, "prompt_tokens", prompt_tokens);
+    cJSON_AddItemToObject(o, "ids", a), a = NULL;
+    if (utf) cJSON_AddStringToObject(o, "text", utf);
+    cli_json_line(o), o = NULL;
+  }
+  cJSON_Delete(o);
+  cJSON_Delete(a);
+  free(text);
+  free(utf);
+  return ok ? 0 : cli_usage_error(CMD, "out of memory for the JSON line");
+}
+
 /* Prompt, then one token at a time; the new tokens are printed as they come. */
 static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *ids, int n) {
   const moe_lm_config *c = &m->cfg;
@@ -105,6 +156,7 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
   if (moe_lm_cache_new(&kv, m, 1)) return cli_fail(CMD);
   uint64_t rng = o->seed;
   int rc = moe_lm_decode(m, kv, ids, n) ? cli_fail(CMD) : 0, T = n;
+  int32_t *out = ids + n; /* the new tokens follow the prompt (ids holds max_seq) */
   for (int i = 0; !rc && i < o->max_tokens; i++) {
     int32_t next;
     if (moe_lm_sample(moe_lm_logits(m) + (size_t)(T - 1) * c->vocab, c->vocab, o->temperature, o->top_p, &rng, &next) ||
@@ -112,11 +164,15 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
       rc = cli_fail(CMD);
       break;
     }
-    emit(t, next, i == 0);
-    fflush(stdout);
+    out[i] = next;
+    if (!o->json) {
+      emit(t, next, i == 0);
+      fflush(stdout);
+    }
     T = 1;
   }
-  printf("\n");
+  if (!o->json) printf("\n");
+  else if (!rc) rc = print_json(t, out, o->max_tokens, n);
   moe_lm_cache_free(kv);
   return rc;
 }

@@ -180,6 +180,21 @@ TEST(generate_lm_prompt_text) {
   if (strncmp(t1, t2, strlen(t1)) || strlen(t2) != strlen(t1) + 1)
     FAIL_("--prompt text '%s' is not the decoded ids' '%s' and a newline", t2, t1);
   ASSERT(strlen(t1) > 0);
+  /* --json: the same greedy ids and text, as one JSON line */
+  snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt 'the cat sat' --max-tokens 8 --temperature 0 --json",
+           ck);
+  ASSERT_EQ_INT(run_moe(NULL, args, b, err, sizeof err), 0);
+  char *j = test_read_file(b, NULL), *want_ids = test_read_file(a, NULL);
+  ASSERT(j && want_ids);
+  want_ids[strcspn(want_ids, "\n")] = 0;
+  for (char *c = want_ids; *c; c++) *c = *c == ' ' ? ',' : *c; /* "1 2 3" -> "1,2,3" */
+  char want[4096];
+  snprintf(want, sizeof want, "\"ids\":[%s],\"text\":", want_ids);
+  int json_ok = !strncmp(j, "{\"prompt_tokens\":", 17) && strstr(j, want) && !strchr(strchr(j, '\n') + 1, '\n');
+  if (!json_ok) fprintf(stderr, "  --json printed %s  want %s\n", j, want);
+  free(j);
+  free(want_ids);
+  ASSERT(json_ok);
   /* Sampling: the same seed, the same text. */
   snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt 'the dog' --max-tokens 12 --seed 5", ck);
   ASSERT_EQ_INT(run_moe(NULL, args, a, err, sizeof err), 0);

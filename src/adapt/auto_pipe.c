@@ -28,7 +28,7 @@ static moe_status measured(void *user, size_t B, int n, double *seconds) {
       *seconds = bits_to_double(v);
       return MOE_OK;
     }
-  MOE_TRY(0, MOE_ERR_STATE, "internal: no trial of n = %d at key %zu", n, B);
+  return moe__error(MOE_ERR_STATE, __FILE__, __LINE__, "internal: no trial of n = %d at key %zu", n, B);
 }
 
 moe_status moe__auto_pipe_init(moe__auto_pipe *a, int max_n) {

@@ -255,6 +255,7 @@ static moe_status fill_vocab(const char *path, moe_tokenizer *t, const numbering
     const char *s = nb->names[id];
     size_t len = strlen(s);
     char *b = realloc(buf, len + 1);
+    if (!b) free(buf); /* realloc keeps the old block when it fails */
     MOE_TRY(b, MOE_ERR_NOMEM, "%s: out of memory", path);
     buf = b;
     long n = nb->added[id] ? (long)len : token_bytes(s, buf);
