@@ -28,7 +28,7 @@ void moe_layer_comm_reset(moe_layer_t *l) { memset(&l->st->comm, 0, sizeof l->st
 
 size_t moe__ep_route_bytes(const moe_layer_t *l) {
   size_t W = (size_t)world(l), E = (size_t)l->cfg.E;
-  return moe__arena_size(W * sizeof(int)) + moe__arena_size(E * 4) * 2 + moe__arena_size((E + 1) * 4) +
+  return moe__arena_size(E * 4) * 2 + moe__arena_size((E + 1) * 4) +
          moe__arena_size((2 * E + 2) * sizeof(double)) + moe__arena_size(6 * W * sizeof(int));
 }
 
@@ -36,11 +36,10 @@ static moe_status a2a_groups(moe_layer_t *l) {
   moe__layer_state *s = l->st;
   int W = world(l), El = l->cfg.E / W;
   moe__arena *a = &s->route;
-  s->p.rdisp = moe__arena_alloc(a, (size_t)W * sizeof(int));
   s->p.rc = moe__arena_alloc(a, (size_t)l->cfg.E * 4);
   s->p.goffs = moe__arena_alloc(a, (size_t)(El + 1) * 4);
   int *cnt = moe__arena_alloc(a, 6 * (size_t)W * sizeof(int));
-  MOE_TRY(s->p.rdisp && s->p.rc && s->p.goffs && cnt, MOE_ERR_STATE, "internal: exchange workspace too small");
+  MOE_TRY(s->p.rc && s->p.goffs && cnt, MOE_ERR_STATE, "internal: exchange workspace too small");
   int *sc = cnt, *sd = cnt + W, *rcn = cnt + 2 * W, *rd = cnt + 3 * W;
   for (int q = 0; q < W; q++) {
     sc[q] = rcn[q] = El;
@@ -49,19 +48,14 @@ static moe_status a2a_groups(moe_layer_t *l) {
   double t0 = moe__now();
   MOE_CHECK(moe__dist_alltoallv_i32(l->cfg.dist, s->p.kept, sc, sd, s->p.rc, rcn, rd)); /* 1. sizes */
   moe__ep_book(l, t0, 4.0 * El * (W - 1));
-  int total = 0; /* the received rows, in source order: each micro-batch's exchange counts come from rc */
-  for (int q = 0; q < W; q++) {
-    s->p.rdisp[q] = total;
-    for (int e = 0; e < El; e++) total += s->p.rc[q * El + e];
-  }
   s->p.ng = El;
-  s->p.grows = total;
   s->p.goffs[0] = 0;
   for (int e = 0; e < El; e++) {
     int n = 0;
     for (int q = 0; q < W; q++) n += s->p.rc[q * El + e];
     s->p.goffs[e + 1] = s->p.goffs[e] + n;
   }
+  s->p.grows = s->p.goffs[El]; /* every rank's rows for the local experts */
   return MOE_OK;
 }
 

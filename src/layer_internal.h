@@ -59,9 +59,8 @@ typedef struct {
   int ng, grows;         /* the groups: their number and rows */
   int32_t *goffs;        /* (ng + 1) first row of each group */
   /* expert parallelism: per-rank blocks of the exchange */
-  int *rdisp;            /* (W) first row (source-major) of the block received from each rank */
   int32_t *rc;           /* (W, E/W) rows from rank s for local expert e */
-  int32_t *perm;         /* (grows) source-major row of each expert-major row */
+  int32_t *perm;         /* (grows) each expert-major row's place in its micro-batch's staging */
   int t0, Tv;            /* static: this rank's first token among all ranks', and their number */
   /* the experts' stage as n micro-batches (n = 1: the groups themselves) */
   int n, mb_rows;        /* micro-batches, the rows of the largest */
