@@ -87,4 +87,7 @@ moe_status moe__trace_check_range(const moe_trace *t, int layer, int64_t s0, int
 moe_status moe__checkpoint_save_ranks(const char *path, const moe_model_t *m, const moe_optim_t *o,
                                       const moe_train_state *ts);
 
+/* refs.c: the entry of a parameter table (n refs) named `name`, or NULL. */
+const moe_tensor_ref *moe__ref_find(const moe_tensor_ref *refs, int n, const char *name);
+
 #endif

@@ -164,9 +164,7 @@ void moe_model_free(moe_model_t *m) {
 }
 
 const moe_tensor_ref *moe_model_find(const moe_model_t *m, const char *name) {
-  for (int i = 0; i < m->nrefs; i++)
-    if (!strcmp(m->refs[i].name, name)) return &m->refs[i];
-  return NULL;
+  return moe__ref_find(m->refs, m->nrefs, name);
 }
 
 static float *ref_data(moe_model_t *m, const char *name) { return (float *)moe_model_find(m, name)->data; }

@@ -217,9 +217,7 @@ void moe_lm_free(moe_lm_t *m) {
 }
 
 const moe_tensor_ref *moe_lm_find(const moe_lm_t *m, const char *name) {
-  for (int i = 0; i < m->nrefs; i++)
-    if (!strcmp(m->refs[i].name, name)) return &m->refs[i];
-  return NULL;
+  return moe__ref_find(m->refs, m->nrefs, name);
 }
 
 void moe_lm_params_changed(moe_lm_t *m) {
