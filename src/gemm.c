@@ -28,6 +28,7 @@ int moe__gemm_one(const moe__gemm *g) {
     return 1;
   }
   if (g->bf16) return moe__gemm_bf16_one(g);
+  if (moe__gemm_small(g)) return 1;
   cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
               g->M, g->N, g->K, g->alpha, g->A, g->lda, g->B, g->ldb, g->beta, g->C, g->ldc);
   return 1;

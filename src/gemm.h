@@ -41,6 +41,10 @@ moe_status moe__gemm_run_fixed(const moe__gemm *g, int n, int threads, const moe
 /* One GEMM on the calling thread, for work inside a parallel region whose threads run BLAS
  * single-threaded (side work); returns 0 if a bf16 GEMM failed. */
 int moe__gemm_one(const moe__gemm *g);
+/* gemm_small.c: an fp32 GEMM with a small side (few rows, or few inner steps for a weight gradient) on
+ * AVX-512 kernels that read the large operand in place; returns 0, doing nothing, for any other GEMM
+ * (or without AVX-512), which then goes to the BLAS. */
+int moe__gemm_small(const moe__gemm *g);
 /* gemm_bf16.c: oneDNN's bf16 matmul (or the widening path where it has none), set up once before
  * the first bf16 GEMM; and one GEMM (returns 0 when out of memory). */
 void moe__gemm_bf16_init(void);
