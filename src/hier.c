@@ -2,22 +2,66 @@
  * router. The outer layer routes, dispatches and combines as usual; this expert source runs one inner
  * layer per expert on that expert's kept rows (the groups are the dispatch rows: hierarchical layers
  * are not expert-parallel). */
+#include <stdio.h>
 #include <string.h>
 
 #include "layer_internal.h"
 
+/* The inner layers run at once, one per thread, each on one thread: on the ~16 rows an inner layer
+ * gets, its own GEMMs cannot keep the cores busy, and one after another they left them idle. Each
+ * inner layer keeps its own state, so they share nothing; the first failure (in expert order) is
+ * raised again on the caller's thread, whose error message is the one callers read. */
+typedef struct {
+  moe_layer_t *l;
+  const moe__groups *g;
+  const float *dout; /* backward's output gradients; NULL in forward */
+  float daux, dz;
+  float *dxs;
+  moe_layer_stats *st;
+} inner_job;
+
+static moe_status inner_one(const inner_job *j, int e) {
+  moe_layer_t *in = &j->l->inner[e];
+  int D = j->l->cfg.D, r0 = j->g->offs[e], n = j->g->kept[e], pad = j->g->offs[e + 1] - r0 - n;
+  size_t at = (size_t)r0 * D;
+  int threads = in->cfg.threads;
+  in->cfg.threads = 1;
+  moe_status s = j->dout ? moe_layer_backward(in, j->dout + at, j->daux, j->dz, NULL, NULL, j->dxs + at)
+                         : moe_layer_forward(in, j->g->x + at, n, j->g->y + at, NULL, &j->st[e]);
+  in->cfg.threads = threads;
+  float *out = j->dout ? j->dxs : j->g->y;
+  if (pad) memset(out + (size_t)(r0 + n) * D, 0, (size_t)pad * D * 4); /* static padding */
+  return s;
+}
+
+static moe_status run_inner(const inner_job *j) {
+  int E = j->g->n, first = E;
+  moe_status bad = MOE_OK;
+  char msg[1024] = "";
+#pragma omp parallel for num_threads(j->l->st->threads) schedule(dynamic, 1)
+  for (int e = 0; e < E; e++) {
+    moe_status s = inner_one(j, e);
+    if (s != MOE_OK)
+#pragma omp critical(moe_hier_error)
+      if (e < first) {
+        first = e;
+        bad = s;
+        snprintf(msg, sizeof msg, "%s", moe_last_error());
+      }
+  }
+  MOE_TRY(bad == MOE_OK, bad, "%s", msg);
+  return MOE_OK;
+}
+
 static moe_status inner_forward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const moe__side_work *side) {
   (void)f, (void)side; /* the inner layers keep their own activations and run their own routers */
   moe__layer_state *s = l->st;
-  int D = l->cfg.D;
+  moe_layer_stats *st = s->inner_stats;
+  MOE_CHECK(run_inner(&(inner_job){l, g, NULL, 0, 0, NULL, st}));
   s->inner_aux = s->inner_z = 0;
-  for (int e = 0; e < g->n; e++) {
-    int r0 = g->offs[e], n = g->kept[e], pad = g->offs[e + 1] - r0 - n;
-    moe_layer_stats st;
-    MOE_CHECK(moe_layer_forward(&l->inner[e], g->x + (size_t)r0 * D, n, g->y + (size_t)r0 * D, NULL, &st));
-    s->inner_aux += st.aux_loss;
-    s->inner_z += st.z_loss;
-    if (pad) memset(g->y + (size_t)(r0 + n) * D, 0, (size_t)pad * D * 4); /* static padding */
+  for (int e = 0; e < g->n; e++) { /* in expert order: the same sums as one after another */
+    s->inner_aux += st[e].aux_loss;
+    s->inner_z += st[e].z_loss;
   }
   return MOE_OK;
 }
@@ -25,14 +69,7 @@ static moe_status inner_forward(moe_layer_t *l, const moe__groups *g, const moe_
 static moe_status inner_backward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const float *dout,
                                  float daux, float dz, float *dxs) {
   (void)f;
-  int D = l->cfg.D;
-  for (int e = 0; e < g->n; e++) {
-    int r0 = g->offs[e], n = g->kept[e], pad = g->offs[e + 1] - r0 - n;
-    MOE_CHECK(moe_layer_backward(&l->inner[e], dout + (size_t)r0 * D, daux, dz, NULL, NULL,
-                                 dxs + (size_t)r0 * D));
-    if (pad) memset(dxs + (size_t)(r0 + n) * D, 0, (size_t)pad * D * 4);
-  }
-  return MOE_OK;
+  return run_inner(&(inner_job){l, g, dout, daux, dz, dxs, NULL});
 }
 
 /* The inner layers have workspaces of their own. */

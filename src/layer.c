@@ -124,8 +124,10 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
     l->st->tr = !cfg->dist ? &moe__transport_local
                 : cfg->dispatch == MOE_DISPATCH_STATIC ? &moe__transport_static : &moe__transport_a2a;
     l->st->src = cfg->inner_experts ? &moe__experts_inner : cfg->external_experts ? NULL : &moe__experts_own;
+    l->st->inner_stats = cfg->inner_experts ? calloc((size_t)E, sizeof *l->st->inner_stats) : NULL;
   }
-  if (!l->params || !l->grads || !l->st || (cfg->inner_experts && !l->inner) || (bf && !l->st->wbf)) {
+  if (!l->params || !l->grads || !l->st || (cfg->inner_experts && (!l->inner || !l->st->inner_stats)) ||
+      (bf && !l->st->wbf)) {
     size_t n = l->numel;
     moe_layer_free(l);
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_layer_init: cannot allocate %zu parameters", n);
@@ -197,6 +199,7 @@ void moe_layer_free(moe_layer_t *l) {
     moe__arena_free(&l->st->route);
     moe__arena_free(&l->st->work);
     free(l->st->wbf);
+    free(l->st->inner_stats);
     if (l->st->ap) moe__auto_pipe_free(l->st->ap);
     free(l->st->ap);
     free(l->st);

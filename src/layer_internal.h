@@ -197,6 +197,7 @@ struct moe__layer_state {
                                  * micro-batch's exchange in, and the last exchange posted (tickets) */
   float *mask, *comb;    /* (T, rows) static dispatch: dispatch mask and combine weights */
   float inner_aux, inner_z; /* hierarchical: sums over the inner layers */
+  moe_layer_stats *inner_stats; /* hierarchical: each inner layer's last forward (they run at once) */
   moe_comm_stats comm;      /* exchanges since the last reset */
   struct moe__auto_pipe_s *ap; /* the adaptive n (pipeline 0), from its first forward (adapt/pipe_model.h) */
   /* bf16 experts (cfg.dtype): bf16 copies of the parameters (only the expert weights are filled),
