@@ -23,7 +23,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: moe bench [--cases S,M,L] [--routing uniform,skewed] [--dispatch dynamic,static]\n"
           "                 [--dtype f32,bf16] [--shape T,D,H,E,k] [--threads N] [--reps R] [--json]\n"
-          "                 [--expert-parallel] [--pipeline N|auto,... [--memory-reuse none|s2|s3|s4]]\n"
+          "                 [--expert-parallel] [--pipeline N|auto,... [--memory-reuse none|s2|s3|s4|auto]]\n"
+          "                 [--memory-budget MIB]\n"
           "                 [--progress|--quiet]\n"
           "--cases, --routing, --dispatch and --dtype take a comma-separated subset (any order, each name\n"
           "once; default all, but --dtype f32). --dtype: the experts' compute dtypes; the ratio (roofline_ratio)\n"
@@ -38,7 +39,9 @@ static void usage(FILE *f) {
           "as auto:N.\n"
           "--memory-reuse: MPipeMoE's strategies (s3: one micro-batch's activations, recomputed; s2,\n"
           "expert-parallel: two micro-batches of the exchange's buffers, received again in backward; s4:\n"
-          "both); peak_bytes shows the saving.\n"
+          "both); peak_bytes shows the saving. auto (with --memory-budget, the layer's workspace in MiB):\n"
+          "the strategy MPipeMoE's Eq. 10 models fastest among those that fit, from rates measured in the\n"
+          "untimed first step, shown as auto:NAME.\n"
           "Each case's timed steps show as a progress line on stderr on a terminal (--progress: anywhere,\n"
           "--quiet: nowhere).\n");
 }
@@ -141,6 +144,7 @@ static int check_tokens(moe_layer_t *l, const float *x, const float *y, const mo
 
 typedef struct { int threads, reps, json, ncases, nrouting, ndispatch, ndtype; const bench_case *cases[3];
                  int routing[2], dispatch[2], dtypes[2], expert_parallel, npipe, pipes[8]; moe_reuse reuse;
+                 size_t budget;
                  moe_dist *dist; cli_progress progress; } bench_opts;
 
 static const moe_dtype DTYPES[2] = {MOE_DT_F32, MOE_DT_BF16}; /* the names in cmd_bench's dtn */
@@ -181,6 +185,7 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
   if (disp == MOE_DISPATCH_DYNAMIC || !o->dist) { /* where micro-batches run (moe_layer_config.pipeline) */
     cfg.pipeline = pipeline;
     cfg.memory_reuse = o->reuse;
+    cfg.memory_budget = o->budget;
   }
   int W = moe_dist_size(o->dist), rank = moe_dist_rank(o->dist);
   int t0 = (int)((int64_t)c->T * rank / W), Tl = (int)((int64_t)c->T * (rank + 1) / W) - t0;
@@ -246,6 +251,8 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
   const char *dt = moe_compute_dtype_name(dtype);
   char pn[16]; /* the micro-batches, or auto:N */
   snprintf(pn, sizeof pn, cfg.pipeline ? "%d" : "auto:%d", st.pipeline);
+  char rn[16]; /* the strategy, or auto:NAME */
+  snprintf(rn, sizeof rn, "%s%s", cfg.memory_reuse == MOE_REUSE_AUTO ? "auto:" : "", moe_reuse_name(st.memory_reuse));
   if (rank != 0) goto done;
   if (o->dist && o->json)
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
@@ -253,7 +260,7 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
            "\"comm_ms\": %.3f, \"compute_ms\": %.3f, \"bytes_per_step\": %.0f, \"gflops\": %.2f, \"peak_bytes\": %zu, "
            "\"dropped\": %d, \"threads\": %d, \"pipeline\": \"%s\", \"memory_reuse\": \"%s\", \"blas\": \"%s\"}\n",
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, W, fwd, fb, comm_ms, fb - comm_ms, bytes, gflops,
-           peak, st.dropped, o->threads, pn, moe_reuse_name(cfg.memory_reuse), moe_blas_info());
+           peak, st.dropped, o->threads, pn, rn, moe_blas_info());
   else if (o->dist)
     printf("%-4s %-8s %-8s %-5s %6s %9.1f %11.1f %9.1f %10.1f %12.1f %8d\n", c->name, rt, dn, dt, pn, fwd, fb,
            comm_ms, fb - comm_ms, bytes / 1048576.0, st.dropped);
@@ -264,7 +271,7 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
            "\"peak_rss_bytes\": %zu, \"dropped\": %d, \"capacity\": %d, \"threads\": %d, \"pipeline\": \"%s\", "
            "\"memory_reuse\": \"%s\", \"blas\": \"%s\"}\n",
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, fwd, fwd_cached, fb, gflops, sg, gflops / sg, peak, rss,
-           st.dropped, st.capacity, o->threads, pn, moe_reuse_name(cfg.memory_reuse), moe_blas_info());
+           st.dropped, st.capacity, o->threads, pn, rn, moe_blas_info());
   else
     printf("%-4s %-8s %-8s %-5s %6s %9.1f %10.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, dt,
            pn, fwd, fwd_cached, fb, gflops, gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
@@ -360,6 +367,7 @@ int cmd_bench(int argc, char **argv) {
     else if (cli_flag_is(f, "memory_reuse")) {
       if (moe_reuse_parse(v, "--memory-reuse", &o.reuse) != MOE_OK) return cli_fail(CMD);
     }
+    else if (cli_flag_is(f, "memory_budget")) ok = cli_parse_mib(v, &o.budget);
     else if (cli_flag_is(f, "cases")) listed = o.ncases = parse_list(f, v, cn, 3, idx, "case");
     else if (cli_flag_is(f, "routing")) listed = o.nrouting = parse_list(f, v, rn, 2, o.routing, "routing");
     else if (cli_flag_is(f, "dispatch")) listed = o.ndispatch = parse_list(f, v, dn, 2, o.dispatch, "dispatch");

@@ -75,6 +75,13 @@ int cli_parse_float(const char *s, float *out) {
   return 1;
 }
 
+int cli_parse_mib(const char *s, size_t *bytes) {
+  float v;
+  if (!cli_parse_float(s, &v) || v <= 0 || v > 1e9) return 0;
+  *bytes = (size_t)((double)v * 1048576.0);
+  return 1;
+}
+
 int cli_task_is_lm(const char *cmd, int argc, char **argv) {
   for (int i = 1; i + 1 < argc; i++)
     if (cli_flag_is(argv[i], "task")) {

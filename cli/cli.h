@@ -21,6 +21,8 @@ void cli_json_line(struct cJSON *o);
 /* --pipeline: a count of micro-batches >= 1, or "auto" (0: the layer's adaptive choice). */
 int cli_parse_pipeline(const char *s, int *out);
 int cli_parse_float(const char *s, float *out);
+/* A size in MiB (a number > 0, fractions allowed) into bytes. */
+int cli_parse_mib(const char *s, size_t *bytes);
 
 /* "--task" among the arguments: 1 for "lm", 0 for "classifier" or none; -1 after printing for another
  * (train and eval serve both models). */

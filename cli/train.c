@@ -51,8 +51,9 @@ static void usage(FILE *f) {
     "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
     "       [--seed S] [--threads N] [--checkpoint F] [--resume F] [--trace F] [--json] [--log-steps]\n"
     "       [--on-nan stop|skip-step] [--progress|--quiet]\n"
-    "       [--pipeline N|auto] [--memory-reuse none|s2|s3|s4]   (the experts as N micro-batches; same bits;\n"
-    "       auto: MPipeMoE's adaptive search over timed steps)\n"
+    "       [--pipeline N|auto] [--memory-reuse none|s2|s3|s4|auto [--memory-budget MIB]]   (the experts as\n"
+    "       N micro-batches; same bits; auto: MPipeMoE's adaptive search over timed steps; memory reuse\n"
+    "       auto: the strategy Eq. 10 models fastest among those whose workspace fits the budget)\n"
     "--epochs is the planned total (the learning-rate schedule's horizon); --stop-after N ends this run\n"
     "after epoch N, and --resume F continues from checkpoint F. --dtype bf16 runs the expert GEMMs in\n"
     "bf16 (fp32 accumulation, fp32 master weights); its checkpoints store the expert weights as BF16.\n"
@@ -142,6 +143,7 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
       else if (cli_flag_is(f, "on_nan")) ok = (o->skip_nan = !strcmp(v, "skip-step")) || !strcmp(v, "stop");
       else if (cli_flag_is(f, "pipeline")) ok = cli_parse_pipeline(v, &m->pipeline);
       else if (cli_flag_is(f, "memory_reuse")) st = moe_reuse_parse(v, "--memory-reuse", &m->memory_reuse);
+      else if (cli_flag_is(f, "memory_budget")) ok = cli_parse_mib(v, &m->memory_budget);
       else if (cli_flag_is(f, "delta_launch")) ok = cli_parse_int(v, &o->delta_launch) && o->delta_launch >= 0 && o->delta_launch < 60;
       else if (cli_flag_is(f, "headroom")) ok = cli_parse_float(v, &o->headroom) && o->headroom >= 0 && o->headroom <= 10;
       else if (cli_flag_is(f, "cache_on")) ok = cli_parse_float(v, &o->cache.on) && o->cache.on >= 0 && o->cache.on <= 1;

@@ -163,7 +163,7 @@ typedef enum { MOE_ACT_RELU, MOE_ACT_GELU, MOE_ACT_SILU, MOE_ACT_SWIGLU } moe_ac
 typedef enum { MOE_DISPATCH_DYNAMIC, MOE_DISPATCH_STATIC } moe_dispatch;
 typedef enum { MOE_PRIORITY_INDEX, MOE_PRIORITY_SCORE } moe_priority;
 typedef enum { MOE_ROUTER_LINEAR, MOE_ROUTER_COSINE } moe_router;
-typedef enum { MOE_REUSE_NONE, MOE_REUSE_S4, MOE_REUSE_S2, MOE_REUSE_S3 } moe_reuse;
+typedef enum { MOE_REUSE_NONE, MOE_REUSE_S4, MOE_REUSE_S2, MOE_REUSE_S3, MOE_REUSE_AUTO } moe_reuse;
 
 const char *moe_act_name(moe_act a);
 const char *moe_dispatch_name(moe_dispatch d);
@@ -175,7 +175,7 @@ moe_status moe_act_parse(const char *s, const char *field, moe_act *out);
 moe_status moe_dispatch_parse(const char *s, const char *field, moe_dispatch *out);
 moe_status moe_priority_parse(const char *s, const char *field, moe_priority *out);
 moe_status moe_router_parse(const char *s, const char *field, moe_router *out);
-moe_status moe_reuse_parse(const char *s, const char *field, moe_reuse *out); /* "none", "s4" */
+moe_status moe_reuse_parse(const char *s, const char *field, moe_reuse *out); /* "none", "s4", "auto" */
 
 typedef struct {
   int D;                  /* model dim */
@@ -214,7 +214,14 @@ typedef struct {
                              batch's fc1/fc3/activation buffer (T_M) and recomputes it in backward;
                              S2 keeps the received rows (T_DI) and the expert outputs (T_DO) of two
                              micro-batches only and receives T_DI again in backward (expert-parallel;
-                             in one process T_DI is the dispatch rows, kept); S4 does both */
+                             in one process T_DI is the dispatch rows, kept); S4 does both; AUTO:
+                             the strategy MPipeMoE's Eq. 10 models fastest among those whose
+                             workspace fits memory_budget, from the experts' GEMM and exchange rates
+                             measured over the first step (run with S4) and summed over the ranks,
+                             so every rank picks alike (stats.memory_reuse says which) */
+  size_t memory_budget;   /* memory_reuse AUTO: the bytes the layer's workspace may reserve (its
+                             routing and expert buffers, of which moe_layer_peak_bytes reports the
+                             part a step used); when no strategy fits, S4 */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,
@@ -275,6 +282,7 @@ typedef struct {
                                    index, the layer's own experts (not inner layers nor a cache) */
   int pipeline;                 /* micro-batches this forward ran (pipeline 0: the adaptive choice) */
   int pipeline_trial;           /* pipeline 0: this step tried an n for the search, not the choice */
+  moe_reuse memory_reuse;       /* the strategy this forward ran (memory_reuse AUTO: its choice) */
 } moe_layer_stats;
 
 moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg);

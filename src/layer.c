@@ -46,7 +46,9 @@ static moe_status check_pipeline(const moe_layer_config *c, int n, moe_reuse r) 
   MOE_TRY(n == 1 || ((c->dispatch == MOE_DISPATCH_DYNAMIC || !c->dist) && !c->inner_experts), MOE_ERR_ARG,
           "config: pipeline %d needs dynamic dispatch (or one process) without hierarchical experts (static "
           "dispatch's exchanges and inner layers run one micro-batch for now)", n);
-  MOE_TRY((unsigned)r <= MOE_REUSE_S3, MOE_ERR_ARG, "config: unknown memory_reuse %d", r);
+  MOE_TRY((unsigned)r <= MOE_REUSE_AUTO, MOE_ERR_ARG, "config: unknown memory_reuse %d", r);
+  MOE_TRY(r != MOE_REUSE_AUTO || c->memory_budget > 0, MOE_ERR_ARG,
+          "config: memory_reuse auto needs a memory_budget (bytes of workspace), got 0");
   return MOE_OK;
 }
 
@@ -125,6 +127,7 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
                 : cfg->dispatch == MOE_DISPATCH_STATIC ? &moe__transport_static : &moe__transport_a2a;
     l->st->src = cfg->inner_experts ? &moe__experts_inner : cfg->external_experts ? NULL : &moe__experts_own;
     l->st->inner_stats = cfg->inner_experts ? calloc((size_t)E, sizeof *l->st->inner_stats) : NULL;
+    l->st->reuse_pick = -1;
   }
   if (!l->params || !l->grads || !l->st || (cfg->inner_experts && (!l->inner || !l->st->inner_stats)) ||
       (bf && !l->st->wbf)) {
@@ -254,6 +257,8 @@ moe_status moe_layer_set_pipeline(moe_layer_t *l, int n, moe_reuse r) {
   MOE_CHECK(check_pipeline(&l->cfg, n, r));
   l->cfg.pipeline = n;
   l->cfg.memory_reuse = r;
+  l->st->reuse_pick = -1; /* AUTO decides again, for the new micro-batches */
+  memset(l->st->reuse_meas, 0, sizeof l->st->reuse_meas);
   return MOE_OK;
 }
 
@@ -423,6 +428,54 @@ static moe_status agree(moe_layer_t *l, moe_status mine) {
   return l->st->tr->agree ? l->st->tr->agree(l, mine) : mine;
 }
 
+/* The expert workspace a forward of this plan reserves under strategy r (see moe_layer_forward). */
+static size_t work_bytes(moe_layer_t *l, int T, moe_reuse r) {
+  moe__plan *p = &l->st->p;
+  int shared = p->shared, slotted = p->slotted;
+  p->shared = recomputes(r);
+  p->slotted = p->n > 1 && !l->st->tr->in_place && recommunicates(r);
+  size_t rows_d = moe__arena_size((size_t)p->rows * l->cfg.D * 4);
+  size_t w = moe__dispatch_bytes(l) + l->st->src->bytes(l, p->ng, p->shared ? p->mb_rows : p->grows) + 2 * rows_d +
+             moe__arena_size((size_t)T * l->cfg.D * 4) + l->st->tr->work_bytes(l); /* out, dout, dy=0 */
+  p->shared = shared, p->slotted = slotted;
+  return w;
+}
+
+/* memory_reuse AUTO: S4 until a step has measured the experts' and the exchanges' rates; then, once,
+ * the strategy Eq. 10 models fastest (ties to the one that saves less) among those whose workspace fits
+ * the budget on every rank, else S4. Every rank decides from the same sums. */
+static moe_status auto_reuse(moe_layer_t *l, int T, size_t route, moe_reuse *out) {
+  moe__layer_state *s = l->st;
+  *out = s->reuse_pick >= 0 ? (moe_reuse)s->reuse_pick : MOE_REUSE_S4;
+  /* undecided ranks all come here at each forward, so the all-reduce pairs up */
+  if (s->reuse_pick >= 0 || (!l->cfg.dist && s->reuse_meas[1] <= 0)) return MOE_OK;
+  static const moe_reuse order[4] = {MOE_REUSE_NONE, MOE_REUSE_S2, MOE_REUSE_S3, MOE_REUSE_S4};
+  double m[8];
+  memcpy(m, s->reuse_meas, sizeof s->reuse_meas);
+  for (int i = 0; i < 4; i++) m[4 + i] = route + work_bytes(l, T, order[i]) <= l->cfg.memory_budget;
+  if (l->cfg.dist) MOE_CHECK(moe_dist_allreduce(l->cfg.dist, m, 8));
+  if (m[0] <= 0 || m[1] <= 0) return MOE_OK; /* no rank has computed a row yet */
+  double cost[4], b = s->p.mb_rows > 0 ? (double)s->p.mb_rows : 1;
+  MOE_CHECK(moe__reuse_costs_cpu(b, l->cfg.D, l->cfg.H, m[0] / m[1], m[3] > 0 ? m[2] / m[3] : INFINITY, cost));
+  double best = INFINITY;
+  s->reuse_pick = MOE_REUSE_S4;
+  for (int i = 0; i < 4; i++)
+    if (m[4 + i] == moe_dist_size(l->cfg.dist) && cost[order[i]] < best) best = cost[order[i]], s->reuse_pick = order[i];
+  *out = (moe_reuse)s->reuse_pick;
+  return MOE_OK;
+}
+
+/* memory_reuse AUTO, undecided: this forward's experts (multiply-adds of their rows and the seconds
+ * of their GEMMs) and exchanges (elements moved and the seconds waited for them). */
+static void auto_reuse_measure(moe_layer_t *l, double madds, double secs, const moe_comm_stats *before) {
+  moe__layer_state *s = l->st;
+  if (l->cfg.memory_reuse != MOE_REUSE_AUTO || s->reuse_pick >= 0) return;
+  s->reuse_meas[0] += madds;
+  s->reuse_meas[1] += secs;
+  s->reuse_meas[2] += (s->comm.bytes - before->bytes) / 4;
+  s->reuse_meas[3] += s->comm.seconds - before->seconds;
+}
+
 moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,
                              moe_layer_stats *stats) {
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_forward: layer not initialized");
@@ -447,8 +500,10 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(tr->groups(l)); /* now the rows this process's experts get are known */
   if (!n) MOE_CHECK(moe__auto_pipe_pick(s->ap, busiest_rows(l), &n));
   MOE_CHECK(moe__split_rows(l, n));
-  p->shared = recomputes(l->cfg.memory_reuse);
-  p->slotted = n > 1 && !tr->in_place && recommunicates(l->cfg.memory_reuse);
+  moe_reuse reuse = l->cfg.memory_reuse;
+  if (reuse == MOE_REUSE_AUTO) MOE_CHECK(auto_reuse(l, T, route, &reuse));
+  p->shared = recomputes(reuse);
+  p->slotted = n > 1 && !tr->in_place && recommunicates(reuse);
   int act_rows = p->shared ? p->mb_rows : p->grows; /* one micro-batch's, or all */
   size_t rows_d = moe__arena_size((size_t)p->rows * D * 4);
   size_t work = moe__dispatch_bytes(l) + s->src->bytes(l, p->ng, act_rows) + 2 * rows_d +
@@ -461,14 +516,19 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(s->src->alloc(l, p->ng, act_rows, &s->f));
   float *gx = expert_side(l, s->xs, s->gx), *gout = expert_side(l, s->out, s->gout);
   moe_status st = MOE_OK;
+  moe_comm_stats comm0 = s->comm;
+  double expert_s = 0, per_row = (double)D * l->cfg.H * (l->cfg.act == MOE_ACT_SWIGLU ? 3 : 2);
   for (int i = 0; i < p->n && !st; i++) { /* each micro-batch: its token exchange, its experts, its way back */
     moe__groups g = micro_groups(l, i, gx, gout);
     moe__ffn f = micro_ffn(l, i);
     st = tr->send(l, 0, i, s->xs, gx + micro_at(l, i));
+    double te = moe__now();
     if (!st) st = s->src->forward(l, &g, &f, along && i == 0 ? &router : NULL);
+    expert_s += moe__now() - te;
     if (!st) st = tr->recv(l, i, gout + micro_at(l, i), s->out);
   }
   MOE_CHECK(finish(l, st));
+  auto_reuse_measure(l, per_row * p->grows, expert_s, &comm0);
   MOE_CHECK(moe__gate_end(l)); /* the losses (a collective when expert-parallel), after either order */
   moe__combine_forward(l, s->out, y, spec);
   s->have_fwd = 1;
@@ -484,6 +544,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     stats->router_overlapped = along;
     stats->pipeline = p->n;
     stats->pipeline_trial = s->ap && s->ap->trial >= 0;
+    stats->memory_reuse = reuse;
   }
   auto_pipe_time(l, t0);
   return MOE_OK;

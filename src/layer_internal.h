@@ -198,6 +198,10 @@ struct moe__layer_state {
   float *mask, *comb;    /* (T, rows) static dispatch: dispatch mask and combine weights */
   float inner_aux, inner_z; /* hierarchical: sums over the inner layers */
   moe_layer_stats *inner_stats; /* hierarchical: each inner layer's last forward (they run at once) */
+  /* memory_reuse AUTO: the strategy chosen (-1: not yet), and what the steps so far measured: the
+   * experts' multiply-adds and seconds in forward, the exchanges' elements and seconds */
+  int reuse_pick;
+  double reuse_meas[4];
   moe_comm_stats comm;      /* exchanges since the last reset */
   struct moe__auto_pipe_s *ap; /* the adaptive n (pipeline 0), from its first forward (adapt/pipe_model.h) */
   /* bf16 experts (cfg.dtype): bf16 copies of the parameters (only the expert weights are filled),

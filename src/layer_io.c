@@ -13,14 +13,14 @@ static const char *act_names[] = {"relu", "gelu", "silu", "swiglu"};
 static const char *dispatch_names[] = {"dynamic", "static"};
 static const char *priority_names[] = {"index", "score"};
 static const char *router_names[] = {"linear", "cosine"};
-static const char *reuse_names[] = {"none", "s4", "s2", "s3"}; /* moe_reuse order */
+static const char *reuse_names[] = {"none", "s4", "s2", "s3", "auto"}; /* moe_reuse order */
 #define COUNT(a) (int)(sizeof(a) / sizeof(a[0]))
 
 const char *moe_act_name(moe_act a) { return (unsigned)a < 4 ? act_names[a] : "?"; }
 const char *moe_dispatch_name(moe_dispatch d) { return (unsigned)d < 2 ? dispatch_names[d] : "?"; }
 const char *moe_priority_name(moe_priority p) { return (unsigned)p < 2 ? priority_names[p] : "?"; }
 const char *moe_router_name(moe_router r) { return (unsigned)r < 2 ? router_names[r] : "?"; }
-const char *moe_reuse_name(moe_reuse r) { return (unsigned)r < 4 ? reuse_names[r] : "?"; }
+const char *moe_reuse_name(moe_reuse r) { return (unsigned)r <= MOE_REUSE_AUTO ? reuse_names[r] : "?"; }
 
 moe_status moe__parse_name(const char *s, const char *field, const char *const *names, int n, int *out) {
   MOE_TRY(s, MOE_ERR_ARG, "%s: missing value", field);

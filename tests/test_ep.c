@@ -220,11 +220,13 @@ static void train_follows_one_process(const char *args, const char *mark, double
 
 TEST(ep_train_follows_one_process) { train_follows_one_process(EP_TRAIN " --epochs 2", NULL, 1e-4, failed_); }
 
-/* The adaptive micro-batch count under mpirun: every rank runs the same trial steps and picks the same n
- * (a mismatch would hang the exchanges or change the losses), each micro-batch's exchange overlapping
- * the previous one's experts on the communication thread. */
+/* The adaptive micro-batch count and memory strategy under mpirun: every rank runs the same trial steps
+ * and picks the same n and strategy from the rates summed over the ranks (a mismatch would hang the
+ * exchanges or change the losses), each micro-batch's exchange overlapping the previous one's experts
+ * on the communication thread. */
 TEST(ep_train_pipeline_auto_follows_one_process) {
-  train_follows_one_process(EP_TRAIN " --epochs 2 --pipeline auto --memory-reuse s4", NULL, 1e-4, failed_);
+  train_follows_one_process(EP_TRAIN " --epochs 2 --pipeline auto --memory-reuse auto --memory-budget 0.05", NULL,
+                            1e-4, failed_);
 }
 
 /* Sample-assignment caching under mpirun: frac_same over all ranks, the switch at the same epoch, and

@@ -467,3 +467,26 @@ TEST(pipe_dict_trial_counts) {
   moe__setup_dict_free(&t);
   ASSERT_STATUS(moe__setup_dict_init(&t, 0, 8, 1, 128, setup_trial, &p), MOE_ERR_ARG);
 }
+
+/* The layer's strategies on a CPU (moe_reuse order none, S4, S2, S3), offloading free: with GEMMs of
+ * g seconds and exchanges of c seconds for one micro-batch's b x M (interfered at 0.8), forward costs
+ * max(2g, 2c) for all; backward none max(4g, 2c), S2 max(4g, 3c), S3 max(5g, 2c), S4 max(5g, 3c). */
+TEST(pipe_reuse_costs_cpu) {
+  const struct { double g, c, want[4]; } cases[] = {
+      {1, 10, {40, 50, 50, 40}}, /* exchange-bound: re-communicating costs, recomputing hides */
+      {10, 1, {60, 70, 60, 70}}, /* compute-bound: the other way round */
+  };
+  for (int i = 0; i < 2; i++) {
+    double cost[4];
+    ASSERT_OK(moe__reuse_costs_cpu(1, 1, 1, 1 / cases[i].g, 1 / (0.8 * cases[i].c), cost));
+    for (int r = 0; r < 4; r++)
+      if (fabs(cost[r] - cases[i].want[r]) > 1e-9)
+        FAIL_("g %g c %g: %s costs %.12g, want %g", cases[i].g, cases[i].c, moe_reuse_name((moe_reuse)r), cost[r],
+              cases[i].want[r]);
+  }
+  double cost[4]; /* one process: nothing moves, so S2 costs what none does and S4 what S3 does */
+  ASSERT_OK(moe__reuse_costs_cpu(1, 1, 1, 0.1, INFINITY, cost));
+  ASSERT_NEAR(cost[MOE_REUSE_S2], cost[MOE_REUSE_NONE], 1e-9);
+  ASSERT_NEAR(cost[MOE_REUSE_S4], cost[MOE_REUSE_S3], 1e-9);
+  ASSERT(cost[MOE_REUSE_S3] > cost[MOE_REUSE_NONE]);
+}

@@ -272,3 +272,58 @@ TEST(pipeline_ep_reuse_shrinks_workspace) {
     FAIL_("peak bytes none %.0f, s2 %.0f, s3 %.0f, s4 %.0f: want s2, s3 < none and s4 below both", peak[0],
           peak[1], peak[2], peak[3]);
 }
+
+/* memory_reuse auto: the first step runs S4 and measures; from the second on, the strategy Eq. 10 models
+ * fastest among those whose workspace fits the budget: none when everything fits, S3 (one micro-
+ * batch's T_M, recomputed) when only it does (in one process S2 saves nothing and S4 saves what S3
+ * does at more cost), S4 when nothing fits. Outputs keep the bits of n = 1 at every step. */
+TEST(pipeline_reuse_auto_fits_budget) {
+  static float x[TMAX * D], dy[TMAX * D];
+  fill(x, TMAX * D, 21);
+  fill(dy, TMAX * D, 22);
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.D = D, cfg.H = H, cfg.E = E, cfg.top_k = 2, cfg.threads = 1;
+  run_out ref, o;
+  ASSERT(run(&cfg, 1, MOE_REUSE_NONE, x, dy, TMAX, &ref));
+  free(ref.grads);
+  size_t peak[2]; /* the workspace reserved by none, S3 at n = 4 */
+  for (int i = 0; i < 2; i++) {
+    cfg.pipeline = 4, cfg.memory_reuse = i ? MOE_REUSE_S3 : MOE_REUSE_NONE;
+    moe_layer_t l;
+    ASSERT_OK(moe_layer_init(&l, &cfg));
+    ASSERT_OK(moe_layer_forward(&l, x, TMAX, o.y, NULL, NULL));
+    peak[i] = l.st->route.cap + l.st->work.cap;
+    moe_layer_free(&l);
+  }
+  ASSERT(peak[1] < peak[0]);
+  const struct { size_t budget; moe_reuse want; } cases[] = {
+      {peak[0] + 4096, MOE_REUSE_NONE}, {(peak[0] + peak[1]) / 2, MOE_REUSE_S3}, {peak[1] / 2, MOE_REUSE_S4}};
+  for (int c = 0; c < 3; c++) {
+    cfg.pipeline = 4, cfg.memory_reuse = MOE_REUSE_AUTO, cfg.memory_budget = cases[c].budget;
+    moe_layer_t l;
+    ASSERT_OK(moe_layer_init(&l, &cfg));
+    moe_layer_init_params(&l, 7);
+    float *b = moe_layer_param(&l, "experts.fc1.bias");
+    for (int i = 0; b && i < E * H; i++) b[i] = 0.01f * (float)(i % 7); /* as run() sets them */
+    moe_layer_params_changed(&l);
+    for (int step = 0; step < 3; step++) {
+      moe_layer_stats st;
+      ASSERT_OK(moe_layer_forward(&l, x, TMAX, o.y, o.spec, &st));
+      ASSERT_OK(moe_layer_backward(&l, dy, 0.3f, 0.05f, o.spec, NULL, o.dx));
+      moe_reuse want = step == 0 ? MOE_REUSE_S4 : cases[c].want;
+      if (st.memory_reuse != want)
+        FAIL_("budget %zu (none %zu, s3 %zu), step %d: ran %s, want %s", cases[c].budget, peak[0], peak[1], step,
+              moe_reuse_name(st.memory_reuse), moe_reuse_name(want));
+      if (memcmp(o.y, ref.y, sizeof o.y) || memcmp(o.dx, ref.dx, sizeof o.dx))
+        FAIL_("budget %zu, step %d (%s): the outputs differ from n = 1", cases[c].budget, step,
+              moe_reuse_name(st.memory_reuse));
+    }
+    ASSERT(l.st->route.cap + l.st->work.cap <= (cases[c].want == MOE_REUSE_S4 ? peak[1] : cases[c].budget));
+    moe_layer_free(&l);
+  }
+  cfg.memory_budget = 0;
+  moe_layer_t l;
+  ASSERT_STATUS(moe_layer_init(&l, &cfg), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "memory_budget"));
+}

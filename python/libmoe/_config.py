@@ -20,7 +20,7 @@ BOOLS = ("gate_bias", "expert_bias")
 # moe_layer_config fields a caller may set (dist and external_experts are for MPI and serving)
 LAYER = ("D", "H", "E", "top_k", "capacity_setting", "normalize_topk", "act", "dispatch", "priority",
          "router", "proj_dim", "gate_bias", "expert_bias", "threads", "inner_experts", "inner_top_k", "dtype",
-         "pipeline", "memory_reuse")
+         "pipeline", "memory_reuse", "memory_budget")
 MODEL = ("in_dim", "classes", "blocks", "loss", "aux_weight", "z_weight")
 OPTIM = ("kind", "beta1", "beta2", "eps", "momentum", "weight_decay")
 # what moe_layer_load may override (moe_layer_overrides; the others keep the file's values)

@@ -10,7 +10,7 @@ class LayerConfig(C.Structure):
                 ("normalize_topk", _i), ("act", _i), ("dispatch", _i), ("priority", _i), ("router", _i),
                 ("proj_dim", _i), ("gate_bias", _i), ("expert_bias", _i), ("threads", _i),
                 ("inner_experts", _i), ("inner_top_k", _i), ("dist", _p), ("external_experts", _i),
-                ("dtype", _i), ("pipeline", _i), ("memory_reuse", _i)]
+                ("dtype", _i), ("pipeline", _i), ("memory_reuse", _i), ("memory_budget", C.c_size_t)]
 
 
 class ParamInfo(C.Structure):
@@ -33,7 +33,7 @@ class LayerStats(C.Structure):
     _fields_ = [("aux_loss", _f), ("z_loss", _f), ("capacity", _i), ("dropped", _i),
                 ("expert_counts", C.POINTER(C.c_int32)), ("experts", C.POINTER(C.c_int32)),
                 ("weights", C.POINTER(_f)), ("fresh", C.POINTER(C.c_int32)), ("router_overlapped", _i),
-                ("pipeline", _i), ("pipeline_trial", _i)]
+                ("pipeline", _i), ("pipeline_trial", _i), ("memory_reuse", _i)]
 
 
 class LayerOverrides(C.Structure):

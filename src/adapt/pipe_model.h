@@ -94,6 +94,12 @@ moe_status moe__reuse_cost(moe__reuse s, double b, double M, double H, const moe
 moe_status moe__reuse_select(unsigned allowed, double b, double M, double H, const moe__speeds *w,
                              const moe__interference *f, moe__reuse *out, double *cost);
 
+/* Eq. 10 for the layer's strategies on a CPU, in moe_reuse order (none, S4, S2, S3): offloading to
+ * host memory keeps the tensor where it is, at no cost, so P4's S2 (T_DI re-communicated, T_M
+ * offloaded) is the layer's S2 (T_M kept) and P4's S3 (T_DI offloaded, T_M recomputed) its S3. comm
+ * may be INFINITY (one process: nothing moves). */
+moe_status moe__reuse_costs_cpu(double b, double M, double H, double comp, double comm, double cost[4]);
+
 /* ---- a map from 64-bit keys to 64-bit values (open addressing, linear probing) ---- */
 
 typedef struct {

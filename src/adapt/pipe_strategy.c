@@ -1,6 +1,7 @@
 /* The memory-reuse strategies of MPipeMoE (DIGEST P4 Table II) and the performance model that picks
  * one (Eqs. 7-10): each stream's work over its interfered speed, the slowest stream's time, summed over
  * forward and backward (P4 ambiguity 6). */
+#include <float.h>
 #include <math.h>
 
 #include "adapt/pipe_model.h"
@@ -71,5 +72,13 @@ moe_status moe__reuse_select(unsigned allowed, double b, double M, double H, con
     if (c < best) best = c, *out = (moe__reuse)s;
   }
   if (cost) *cost = best;
+  return MOE_OK;
+}
+
+moe_status moe__reuse_costs_cpu(double b, double M, double H, double comp, double comm, double cost[4]) {
+  static const moe__reuse paper[4] = {MOE__REUSE_NONE, MOE__REUSE_S4, MOE__REUSE_S2, MOE__REUSE_S3};
+  moe__speeds w = {comp, isinf(comm) ? DBL_MAX : comm, DBL_MAX}; /* the model's speeds are finite */
+  moe__interference f = moe__interference_default();
+  for (int r = 0; r < 4; r++) MOE_CHECK(moe__reuse_cost(paper[r], b, M, H, &w, &f, &cost[r]));
   return MOE_OK;
 }
