@@ -37,6 +37,9 @@ struct moe__lm_state {
   float *dres, *dxn, *datt, *dqkv, *gl, *scratch; /* backward: (N, D) x2, (N, qd), (N, qkv), (N, E) */
   double *bal;          /* (2 E) the balance loss's sums */
   moe__lbl lbl;
+  moe_layer_stats *lstats; /* (L) each MoE layer's stats of the last forward */
+  moe_lm_times times;      /* forwards (not decodes) and backwards since the last moe_lm_times_reset */
+  double lap_moe, lap_router; /* this pass's MoE layers and balance loss */
 };
 
 struct moe_lm_cache {
@@ -178,9 +181,10 @@ moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c) {
     s->cos_t = malloc((size_t)c->max_seq * h2 * 4);
     s->sin_t = malloc((size_t)c->max_seq * h2 * 4);
     s->bal = calloc(2 * (size_t)E, sizeof *s->bal);
+    s->lstats = calloc((size_t)L, sizeof *s->lstats);
   }
   if (!m->dense || !m->dense_grad || !m->layers || !m->refs || !s || !s->w || !s->g || !s->a || !s->cos_t ||
-      !s->sin_t || !s->bal) {
+      !s->sin_t || !s->bal || !s->lstats) {
     moe_lm_free(m);
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_lm_init: out of memory for %zu dense parameters", dense);
   }
@@ -207,6 +211,7 @@ void moe_lm_free(moe_lm_t *m) {
     free(m->st->cos_t);
     free(m->st->sin_t);
     free(m->st->bal);
+    free(m->st->lstats);
     free(m->st);
   }
   free(m->layers);
@@ -307,6 +312,18 @@ static void add_rows(float *y, const float *x, size_t n, int nt) {
   for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+/* A pass over the layers of `secs` seconds: what its MoE layers and balance loss did not take is
+ * attention (with its norms and the residual adds). */
+static void add_times(moe__lm_state *s, double secs) {
+  s->times.experts += s->lap_moe;
+  s->times.router += s->lap_router;
+  s->times.attention += secs - s->lap_moe - s->lap_router;
+}
+
+const moe_layer_stats *moe_lm_layer_stats(const moe_lm_t *m, int i) { return &m->st->lstats[i]; }
+void moe_lm_times_get(const moe_lm_t *m, moe_lm_times *out) { *out = m->st->times; }
+void moe_lm_times_reset(moe_lm_t *m) { memset(&m->st->times, 0, sizeof m->st->times); }
+
 /* Layer i forward: attention, then the MoE feed-forward; a[i].res in, a[i + 1].res out. With kv the
  * tokens sit at positions kv->len on: their keys and values join the cache and attention reads it. */
 static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_stats *out) {
@@ -341,13 +358,18 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   g = gemm(false, true, N, D, qd, a->att, qd, w->wo, qd, 1.0f, a->mid, D);
   MOE_CHECK(moe__gemm_run(&g, 1, nt));
   moe__rmsnorm_forward(a->mid, w->ln2, N, D, c->rms_eps, a->xn2, a->rstd2, nt);
-  moe_layer_stats ls;
+  moe_layer_stats *ls = &s->lstats[i];
   moe_layer_t *l = &m->layers[i];
-  moe_status st = moe_layer_forward(l, a->xn2, N, s->a[i + 1].res, NULL, &ls);
+  double t0 = moe__now();
+  moe_status st = moe_layer_forward(l, a->xn2, N, s->a[i + 1].res, NULL, ls);
   MOE_TRY(st == MOE_OK, st, "layer %d: %s", i, moe_last_error());
+  double t1 = moe__now();
   add_rows(s->a[i + 1].res, a->mid, (size_t)N * D, nt);
-  out->dropped += ls.dropped;
-  return moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), ls.experts, a->probs, nt);
+  out->dropped += ls->dropped;
+  st = moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), ls->experts, a->probs, nt);
+  s->lap_moe += t1 - t0;
+  s->lap_router += moe__now() - t1;
+  return st;
 }
 
 /* The forward of moe_lm_forward (kv NULL) and moe_lm_decode. */
@@ -379,7 +401,10 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   memset(s->bal, 0, 2 * (size_t)c->moe.E * sizeof *s->bal);
   s->lbl = (moe__lbl){c->n_layers, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E};
   moe__embed_forward(s->embed, tokens, N, D, s->a[0].res);
+  s->lap_moe = s->lap_router = 0;
+  double t0 = moe__now();
   for (int i = 0; i < c->n_layers; i++) MOE_CHECK(layer_forward(m, i, kv, &st));
+  if (!kv) add_times(s, moe__now() - t0);
   moe__rmsnorm_forward(s->a[c->n_layers].res, s->normf, N, D, c->rms_eps, s->xnf, s->rstdf, s->nt);
   moe__gemm g = gemm(false, true, N, V, D, s->xnf, D, s->head, D, 0.0f, s->logits, V);
   MOE_CHECK(moe__gemm_run(&g, 1, s->nt));
@@ -444,11 +469,15 @@ static moe_status layer_backward(moe_lm_t *m, int i) {
   moe_layer_t *l = &m->layers[i];
   int N = s->N, D = c->moe.D, nt = s->nt, hd = c->head_dim, qd = c->n_heads * hd, nkv = c->n_kv_heads;
   int ld = qd + 2 * nkv * hd;
+  double t0 = moe__now();
   moe_status st = moe_layer_backward(l, s->dres, 0.0f, 0.0f, NULL, NULL, s->dxn);
   MOE_TRY(st == MOE_OK, st, "layer %d: %s", i, moe_last_error());
+  double t1 = moe__now();
   if (c->aux_coef > 0)
     MOE_CHECK(moe__lbl_backward(&s->lbl, c->aux_coef, a->xn2, moe_layer_param(l, "gate.weight"), a->probs, s->gl,
                                 moe_layer_grad(l, "gate.weight"), s->dxn, nt));
+  s->lap_moe += t1 - t0;
+  s->lap_router += moe__now() - t1;
   moe__rmsnorm_backward(s->dxn, a->mid, w->ln2, a->rstd2, N, D, s->dres, gw->ln2, nt); /* dres: d mid */
   moe__gemm g[2] = {gemm(true, false, D, qd, N, s->dres, D, a->att, qd, 1.0f, gw->wo, qd),   /* dWo += dmid^T att */
                     gemm(false, false, N, qd, D, s->dres, D, w->wo, qd, 0.0f, s->datt, qd)}; /* datt = dmid Wo */
@@ -477,7 +506,10 @@ moe_status moe_lm_backward(moe_lm_t *m) {
   MOE_CHECK(moe__gemm_run(g, 2, nt));
   memset(s->dres, 0, (size_t)N * D * 4);
   moe__rmsnorm_backward(s->dxn, s->a[c->n_layers].res, s->normf, s->rstdf, N, D, s->dres, s->gnormf, nt);
+  s->lap_moe = s->lap_router = 0;
+  double t0 = moe__now();
   for (int i = c->n_layers - 1; i >= 0; i--) MOE_CHECK(layer_backward(m, i));
+  add_times(s, moe__now() - t0);
   moe__embed_backward(s->gembed, s->tokens, N, D, s->dres);
   return MOE_OK;
 }
