@@ -18,6 +18,7 @@
 #include "cli.h"
 #include "lm_data.h"
 #include "progress.h"
+#include "rank_errors.h"
 #include "text_io.h"
 #include "train_cache.h"
 #include "train_capacity.h"
@@ -311,14 +312,16 @@ typedef struct {
   int steps;
 } lm_acc;
 
-static void accumulate(lm_acc *a, const moe_lm_t *m, const moe_lm_stats *st, int N, double secs) {
+/* A step of N tokens (over all W ranks: the dropped count is the layers' over all of them, and this
+ * rank's experts take 1/W of the assignments, about) that took secs. */
+static void accumulate(lm_acc *a, const moe_lm_t *m, const moe_lm_stats *st, int N, int W, double secs) {
   const moe_layer_config *l = &m->cfg.moe;
   double kept = (double)N * l->top_k * m->cfg.n_layers - st->dropped;
   moe_lm_times t;
   moe_lm_times_get(m, &t);
   a->ce += st->ce;
   a->secs += secs;
-  a->flops += 18.0 * kept * l->D * l->H; /* SwiGLU: 3 GEMMs of 2 D H a row forward, 6 backward */
+  a->flops += 18.0 * kept * l->D * l->H / W; /* SwiGLU: 3 GEMMs of 2 D H a row forward, 6 backward */
   a->dropped += st->dropped;
   a->assigned += (double)N * l->top_k * m->cfg.n_layers;
   a->t.attention += t.attention;
@@ -397,9 +400,20 @@ static int adjust_epoch(lm_adjust *j, const lm_opts *o, int64_t step, int per_ep
   return 0;
 }
 
+/* Rank 0's training seconds on every rank (expert-parallel): where the schedule is, when the budget ends. */
+static int agreed_seconds(const moe_dist *d, double *train_s) {
+  double v = moe_dist_rank(d) == 0 ? *train_s : 0;
+  if (moe_dist_size(d) < 2) return 0;
+  if (moe_dist_allreduce(d, &v, 1) != MOE_OK) return cli_fail(CMD);
+  *train_s = v;
+  return 0;
+}
+
 static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, moe_optim_t *opt, const lm_streams *d,
                double train_s) {
   int B = o->batch, T = o->context, N = B * T;
+  const moe_dist *dist = m->cfg.moe.dist; /* expert-parallel: rank r takes rows [b0, b1) of every batch */
+  int W = moe_dist_size(dist), r = moe_dist_rank(dist), b0 = B * r / W, b1 = B * (r + 1) / W;
   int64_t last = o->stop_after && o->stop_after < o->steps ? o->stop_after : o->steps, step = opt->step;
   int32_t *x = malloc((size_t)N * sizeof *x), *y = malloc((size_t)N * sizeof *y), *ids = malloc((size_t)N * 4);
   lm_order ord = {0};
@@ -422,7 +436,8 @@ static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, moe_optim_t *opt
     moe_lm_zero_grad(m);
     moe_lm_times_reset(m);
     lr = rate(o, step, train_s);
-    if (moe_lm_forward(m, x, y, B, T, &st) != MOE_OK || moe_lm_backward(m) != MOE_OK) {
+    if (moe_lm_forward(m, x + (size_t)b0 * T, y + (size_t)b0 * T, b1 - b0, T, &st) != MOE_OK ||
+        moe_lm_backward(m) != MOE_OK) {
       rc = cli_fail(CMD);
       break;
     }
@@ -434,7 +449,8 @@ static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, moe_optim_t *opt
     moe_lm_params_changed(m);
     double secs = cli_now() - t0;
     train_s += secs;
-    accumulate(&acc, m, &st, N, secs);
+    if (o->time_budget && (rc = agreed_seconds(dist, &train_s))) break;
+    accumulate(&acc, m, &st, N, W, secs);
     if ((adj.ac && assign_cache_after(adj.ac, step, ids, N)) || (adj.dc && dyncap_push(adj.dc, step, st.ce)) ||
         adjust_epoch(&adj, o, step, ord.per_epoch)) {
       rc = rc ? rc : cli_fail(CMD);
@@ -469,17 +485,50 @@ static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, moe_optim_t *opt
   return 0;
 }
 
+/* Under mpirun: what expert parallelism does not run yet, and every rank's options and data against
+ * rank 0's (moe_dist_agree), before the first collective of the model. */
+static int ep_check(const moe_dist *d, const lm_opts *o, const lm_streams *s) {
+  if (o->checkpoint || o->resume || o->adj.dynamic_capacity || o->adj.cache_assignments)
+    return cli_usage_error(CMD, "under mpirun --task lm takes no --checkpoint, --resume, --capacity dynamic or "
+                                "--cache-assignments yet");
+  if (o->batch < moe_dist_size(d))
+    return cli_usage_error(CMD, "--batch %d is fewer than the %d ranks: each takes a slice of it", o->batch,
+                           moe_dist_size(d));
+  const moe_lm_config *c = &o->model;
+  char seed[32];
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
+  const moe_dist_setting v[] = {
+      {"--experts", c->moe.E, NULL}, {"--top-k", c->moe.top_k, NULL}, {"--hidden", c->moe.H, NULL},
+      {"--model", c->moe.D, NULL}, {"--layers", c->n_layers, NULL}, {"--heads", c->n_heads, NULL},
+      {"--kv-heads", c->n_kv_heads, NULL}, {"--dense", o->dense, NULL}, {"--capacity", c->moe.capacity_setting, NULL},
+      {"--dispatch", c->moe.dispatch, NULL}, {"--dtype", c->moe.dtype, NULL}, {"--aux-weight", c->aux_coef, NULL},
+      {"--context", o->context, NULL}, {"--batch", o->batch, NULL}, {"--steps", o->steps, NULL},
+      {"--stop-after", o->stop_after, NULL}, {"--time-budget", o->time_budget, NULL}, {"--lr", o->lr, NULL},
+      {"--warmup", o->warmup, NULL}, {"--weight-decay", o->optim.weight_decay, NULL},
+      {"--eval-every", o->eval_every, NULL}, {"--eval-windows", o->eval_windows, NULL},
+      {"--seed", cli_hash(&o->seed, sizeof o->seed), seed}, {"training tokens", (double)s->ntrain, NULL},
+      {"training tokens (hash)", cli_hash(s->train, s->ntrain * sizeof *s->train), NULL},
+      {"validation tokens", (double)s->nvalid, NULL},
+  };
+  return moe_dist_agree(d, v, (int)(sizeof v / sizeof v[0])) != MOE_OK ? cli_fail(CMD) : 0;
+}
+
 int cmd_train_lm(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout, 1); return 0; }
-  moe_dist *dist = NULL; /* expert parallelism for the language model is not there yet */
+  moe_dist *dist = NULL; /* under mpirun: experts over the ranks, the rest data-parallel */
   if (moe_dist_init(&dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
-  int ranks = moe_dist_size(dist);
-  moe_dist_finalize(dist);
-  if (ranks > 1) return cli_usage_error(CMD, "--task lm runs as one process, not under mpirun (%d ranks)", ranks);
+  if (moe_dist_size(dist) > 1) cli_hold_errors(dist); /* printed once, by rank 0, where every rank meets */
+  else {
+    moe_dist_finalize(dist);
+    dist = NULL;
+  }
   lm_opts o;
   defaults(&o);
   const char *fixed = NULL;
   int rc = parse(argc, argv, &o, &fixed);
+  o.model.moe.dist = dist;
+  if (!rc && dist && moe_dist_rank(dist) != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 reports */
+    rc = cli_usage_error(CMD, "rank %d: cannot silence stdout", moe_dist_rank(dist));
   if (!rc && o.resume && fixed)
     rc = cli_usage_error(CMD, "--resume takes the model, tokenizer and schedule from %s; drop %s", o.resume, fixed);
   moe_tokenizer *t = NULL;
@@ -487,17 +536,21 @@ int cmd_train_lm(int argc, char **argv) {
   moe_optim_t opt = {0};
   lm_streams d = {0};
   if (!rc) rc = get_tokenizer(&o, &t);
+  if (!rc) rc = lm_stream_load(CMD, t, o.data, "train", o.context, (int32_t **)&d.train, &d.ntrain);
+  if (!rc) rc = lm_stream_load(CMD, t, o.data, "valid", o.context, (int32_t **)&d.valid, &d.nvalid);
+  if (dist && !(rc = cli_settle(dist, CMD, rc))) rc = cli_settle(dist, CMD, ep_check(dist, &o, &d));
   double train_s = 0;
   if (!rc && !o.resume && o.time_budget && o.warmup >= 0)
     rc = cli_usage_error(CMD, "--warmup counts steps; with --time-budget the warm-up is the budget's first 5%%");
   if (!rc && !o.resume && o.time_budget && !o.steps_given && !o.epochs) o.steps = INT32_MAX; /* time decides */
-  if (!rc) rc = setup(&o, t, &m, &opt, &train_s);
+  if (!rc) rc = cli_settle(dist, CMD, setup(&o, t, &m, &opt, &train_s));
+  if (!rc && (d.ntrain < (size_t)o.context + 1 || d.nvalid < (size_t)o.context + 1)) /* --resume's context */
+    rc = cli_usage_error(CMD, "%s: %zu training and %zu validation tokens, fewer than one window of context %d + 1",
+                         o.data, d.ntrain, d.nvalid, o.context);
   if (!rc && o.resume && !o.checkpoint) { /* a resumed run goes on saving where it came from */
     o.checkpoint = o.resume;
     fprintf(stderr, "moe train: --resume without --checkpoint: saving to %s\n", o.resume);
   }
-  if (!rc) rc = lm_stream_load(CMD, t, o.data, "train", o.context, (int32_t **)&d.train, &d.ntrain);
-  if (!rc) rc = lm_stream_load(CMD, t, o.data, "valid", o.context, (int32_t **)&d.valid, &d.nvalid);
   if (!rc && o.epochs) { /* N passes' worth of windows, a schedule fixed from here on */
     size_t per = (size_t)o.batch * o.context;
     o.steps = (int)((d.ntrain * (size_t)o.epochs + per - 1) / per);
@@ -517,5 +570,5 @@ int cmd_train_lm(int argc, char **argv) {
   moe_optim_free(&opt);
   if (m.st) moe_lm_free(&m);
   moe_tokenizer_free(t);
-  return rc;
+  return cli_dist_end(dist, CMD, rc); /* a failure not settled stops every rank: some may be in a collective */
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "arena.h"
+#include "dist/dist.h"
 #include "gemm.h"
 #include "internal.h"
 #include "kernels.h"
@@ -35,7 +36,9 @@ struct moe__lm_state {
   float *xnf, *rstdf, *logits, *lse; /* (N, D), (N), (N, V), (N) */
   int32_t *tokens, *targets;         /* (N) copies */
   float *dres, *dxn, *datt, *dqkv, *gl, *scratch; /* backward: (N, D) x2, (N, qd), (N, qkv), (N, E) */
-  double *bal;          /* (2 E) the balance loss's sums */
+  double *bal;          /* (2 E + 3) the balance loss's sums; expert-parallel, the cross-entropy's sum,
+                           count and tokens to add up over the ranks */
+  size_t dense_n;       /* floats in m->dense */
   moe__lbl lbl;
   moe_layer_stats *lstats; /* (L) each MoE layer's stats of the last forward */
   moe_lm_times times;      /* forwards (not decodes) and backwards since the last moe_lm_times_reset */
@@ -89,9 +92,9 @@ static moe_status check_config(const moe_lm_config *c) {
   MOE_TRY(c->aux_coef >= 0 && isfinite(c->aux_coef), MOE_ERR_ARG, "lm config: aux_coef must be >= 0, got %g",
           (double)c->aux_coef);
   MOE_TRY(l->act == MOE_ACT_SWIGLU && !l->gate_bias && !l->expert_bias && l->router == MOE_ROUTER_LINEAR &&
-              !l->inner_experts && !l->external_experts && !l->dist,
+              !l->inner_experts && !l->external_experts,
           MOE_ERR_ARG, "lm config: the feed-forward must be Mixtral's: swiglu experts, linear router, no biases, "
-                       "one process, no hierarchical or buffered experts");
+                       "no hierarchical or buffered experts");
   return MOE_OK;
 }
 
@@ -142,10 +145,11 @@ static void build_table(moe_lm_t *m) {
             moe_layer_grad(l, "gate.weight"));
     static const char *const hf[3] = {"w1", "w2", "w3"}, *const ours[3] = {"experts.fc1.weight",
                                                                          "experts.fc2.weight", "experts.fc3.weight"};
-    for (int e = 0; e < c->moe.E; e++)
+    int El = c->moe.E / moe_dist_size(c->moe.dist), e0 = moe_dist_rank(c->moe.dist) * El; /* this rank's */
+    for (int e = 0; e < El; e++)
       for (int j = 0; j < 3; j++) {
         size_t at = (size_t)e * H * D;
-        snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", i, e, hf[j]);
+        snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", i, e0 + e, hf[j]);
         add_ref(m, nm, 2, j == 1 ? D : H, j == 1 ? H : D, moe_layer_param(l, ours[j]) + at,
                 moe_layer_grad(l, ours[j]) + at);
       }
@@ -180,7 +184,7 @@ moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c) {
     s->a = calloc((size_t)L + 1, sizeof *s->a);
     s->cos_t = malloc((size_t)c->max_seq * h2 * 4);
     s->sin_t = malloc((size_t)c->max_seq * h2 * 4);
-    s->bal = calloc(2 * (size_t)E, sizeof *s->bal);
+    s->bal = calloc(2 * (size_t)E + 3, sizeof *s->bal);
     s->lstats = calloc((size_t)L, sizeof *s->lstats);
   }
   if (!m->dense || !m->dense_grad || !m->layers || !m->refs || !s || !s->w || !s->g || !s->a || !s->cos_t ||
@@ -196,6 +200,7 @@ moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c) {
     }
   }
   moe__rope_tables(s->cos_t, s->sin_t, c->max_seq, c->head_dim, c->rope_theta);
+  s->dense_n = dense;
   build_table(m);
   return MOE_OK;
 }
@@ -230,12 +235,25 @@ void moe_lm_params_changed(moe_lm_t *m) {
   m->st->have_fwd = 0;
 }
 
+/* Advances the generator past n draws: the experts another rank holds. */
+static void skip_draws(uint64_t *st, size_t n) {
+  for (size_t i = 0; i < n; i++) moe__splitmix(st);
+}
+
 void moe_lm_init_params(moe_lm_t *m, uint64_t seed) {
   uint64_t st = seed * 0x9E3779B97F4A7C15ull + 1;
   const float sd = 0.02f * 1.7320508f; /* uniform on [-a, a] has standard deviation a / sqrt(3) */
+  const moe_layer_config *c = &m->cfg.moe;
+  /* expert-parallel: the draws of one process, the other ranks' experts skipped */
+  int El = c->E / moe_dist_size(c->dist), e0 = moe_dist_rank(c->dist) * El;
+  size_t per = 3 * (size_t)c->H * c->D; /* an expert's w1, w2, w3 */
   for (int i = 0; i < m->nrefs; i++) {
     moe_tensor_ref *r = &m->refs[i];
+    int e = -1, w = 0;
+    sscanf(r->name, "model.layers.%*d.block_sparse_moe.experts.%d.w%d", &e, &w);
+    if (e == e0 && w == 1) skip_draws(&st, (size_t)e0 * per);
     for (size_t j = 0; j < r->numel; j++) r->data[j] = r->ndim == 1 ? 1.0f : sd * moe__uniform(&st);
+    if (e == e0 + El - 1 && w == 3) skip_draws(&st, (size_t)(c->E - e0 - El) * per);
   }
   moe_lm_params_changed(m);
 }
@@ -372,6 +390,23 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   return st;
 }
 
+/* Expert-parallel (data-parallel outside the MoE layers): the balance loss's sums, the cross-entropy
+ * sum *sum and its count over every rank's tokens, so that the loss and its gradient are the global
+ * batch's. Each rank's share of every parameter gradient is then a sum of parts, added up in backward. */
+static moe_status global_sums(moe_lm_t *m, double *sum) {
+  moe__lm_state *s = m->st;
+  const moe_dist *d = m->cfg.moe.dist;
+  int E = m->cfg.moe.E;
+  if (moe_dist_size(d) < 2) return MOE_OK;
+  double *g = s->bal + 2 * E;
+  g[0] = *sum, g[1] = s->count, g[2] = s->N;
+  MOE_CHECK(moe_dist_allreduce(d, s->bal, 2 * E + 3));
+  *sum = g[0];
+  s->count = (int)g[1];
+  s->lbl.rows = (double)m->cfg.n_layers * g[2];
+  return MOE_OK;
+}
+
 /* The forward of moe_lm_forward (kv NULL) and moe_lm_decode. */
 static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *targets, int B, int T,
                           moe_lm_cache *kv, moe_lm_stats *out) {
@@ -399,7 +434,7 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   for (int i = 0; i < N; i++) s->targets[i] = targets ? targets[i] : -1;
   moe_lm_stats st = {0};
   memset(s->bal, 0, 2 * (size_t)c->moe.E * sizeof *s->bal);
-  s->lbl = (moe__lbl){c->n_layers, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E};
+  s->lbl = (moe__lbl){c->n_layers, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E, (double)c->n_layers * N};
   moe__embed_forward(s->embed, tokens, N, D, s->a[0].res);
   s->lap_moe = s->lap_router = 0;
   double t0 = moe__now();
@@ -409,6 +444,7 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   moe__gemm g = gemm(false, true, N, V, D, s->xnf, D, s->head, D, 0.0f, s->logits, V);
   MOE_CHECK(moe__gemm_run(&g, 1, s->nt));
   double sum = moe__xent_forward(s->logits, s->targets, N, V, s->lse, &s->count, s->nt);
+  if (!kv) MOE_CHECK(global_sums(m, &sum));
   st.tokens = s->count;
   st.ce = s->count ? sum / s->count : 0.0;
   st.aux = moe__lbl_value(&s->lbl);
@@ -511,5 +547,9 @@ moe_status moe_lm_backward(moe_lm_t *m) {
   for (int i = c->n_layers - 1; i >= 0; i--) MOE_CHECK(layer_backward(m, i));
   add_times(s, moe__now() - t0);
   moe__embed_backward(s->gembed, s->tokens, N, D, s->dres);
+  if (moe_dist_size(c->moe.dist) > 1) { /* the replicated parameters' parts, summed over the ranks */
+    MOE_CHECK(moe__dist_allreduce_f32(c->moe.dist, m->dense_grad, (int)s->dense_n));
+    for (int i = 0; i < c->n_layers; i++) MOE_CHECK(moe_layer_reduce_grads(&m->layers[i]));
+  }
   return MOE_OK;
 }
