@@ -29,7 +29,8 @@ static int adjust_flag(const char *f, const char *v, train_adjust *a, int *ok) {
   else if (cli_flag_is(f, "headroom"))
     *ok = cli_parse_float(v, &a->headroom) && a->headroom >= 0 && a->headroom <= 10;
   else if (cli_flag_is(f, "cache_on")) *ok = cli_parse_float(v, &a->cache.on) && a->cache.on >= 0 && a->cache.on <= 1;
-  else if (cli_flag_is(f, "cache_off")) *ok = cli_parse_float(v, &a->cache.off) && a->cache.off >= 0 && a->cache.off <= 1;
+  else if (cli_flag_is(f, "cache_off"))
+    *ok = cli_parse_float(v, &a->cache.off) && a->cache.off >= 0 && a->cache.off <= 1;
   else if (cli_flag_is(f, "cache_min_epoch")) *ok = cli_parse_int(v, &a->cache.min_epoch) && a->cache.min_epoch >= 0;
   else return 0;
   return 1;

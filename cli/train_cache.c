@@ -109,7 +109,8 @@ int assign_cache_after(assign_cache *c, int64_t step, const int32_t *ids, int n)
   for (int i = 0; i < n; i++) {
     int32_t *rec = c->cur + (size_t)ids[i] * c->per;
     for (int l = 0; l < c->L; l++)
-      memcpy(rec + (size_t)l * c->k, train_block_stats(&c->b, l)->fresh + (size_t)i * c->k, sizeof(int32_t) * (size_t)c->k);
+      memcpy(rec + (size_t)l * c->k, train_block_stats(&c->b, l)->fresh + (size_t)i * c->k,
+             sizeof(int32_t) * (size_t)c->k);
     const int32_t *old = c->prev + (size_t)ids[i] * c->per;
     if (old[0] >= 0) {
       c->seen++;

@@ -7,7 +7,8 @@
 #include "train_adjust.h"
 
 typedef struct dyncap dyncap;
-/* Every block starts at capacity_setting's C for batches of B tokens (rows of the layers); decisions take effect delta steps late. */
+/* Every block starts at capacity_setting's C for batches of B tokens (rows of the layers); decisions
+ * take effect delta steps late. */
 int dyncap_start(dyncap **out, const train_blocks *b, int B, int delta, float headroom);
 int dyncap_begin(dyncap *d, int64_t step); /* applies what is due at this step */
 int dyncap_push(dyncap *d, int64_t step, double loss);

@@ -138,7 +138,8 @@ static int parse(int argc, char **argv, lm_opts *o, const char **fixed) {
     else if (cli_flag_is(f, "weight_decay"))
       ok = cli_parse_float(v, &o->optim.weight_decay) && o->optim.weight_decay >= 0;
     else if (cli_flag_is(f, "warmup")) ok = cli_parse_int(v, &o->warmup) && o->warmup >= 0;
-    else if (cli_flag_is(f, "steps")) ok = cli_parse_int(v, &o->steps) && o->steps > 0, o->epochs = 0, o->steps_given = 1;
+    else if (cli_flag_is(f, "steps"))
+      ok = cli_parse_int(v, &o->steps) && o->steps > 0, o->epochs = 0, o->steps_given = 1;
     else if (cli_flag_is(f, "time_budget")) ok = cli_parse_float(v, &o->time_budget) && o->time_budget > 0;
     else if (cli_flag_is(f, "epochs")) ok = cli_parse_int(v, &o->epochs) && o->epochs > 0;
     else if (cli_flag_is(f, "eval_every")) ok = cli_parse_int(v, &o->eval_every) && o->eval_every > 0;

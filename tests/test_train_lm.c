@@ -18,7 +18,8 @@ static int trained(const char **ck, const char **out) {
   *out = test_tmp_path("lm_train.jsonl", o, sizeof o);
   if (rc >= 0) return rc;
   char args[2048];
-  snprintf(args, sizeof args, "train --task lm --data '%s' " LM_TINY " --checkpoint '%s' --json --log-steps", lm_corpus(), c);
+  snprintf(args, sizeof args, "train --task lm --data '%s' " LM_TINY " --checkpoint '%s' --json --log-steps",
+           lm_corpus(), c);
   rc = run_moe(NULL, args, o, err, sizeof err);
   if (rc) fprintf(stderr, "  moe %s -> %d: %s\n", args, rc, err);
   return rc;
@@ -48,7 +49,8 @@ TEST(train_lm_resume_matches_uninterrupted) {
   char half[512], p1[512], p2[512], args[2048], err[2048];
   test_tmp_path("lm_half", half, sizeof half);
   snprintf(args, sizeof args,
-           "train --task lm --data '%s' " LM_TINY " --checkpoint '%s' --stop-after 20 --json --log-steps", lm_corpus(), half);
+           "train --task lm --data '%s' " LM_TINY " --checkpoint '%s' --stop-after 20 --json --log-steps", lm_corpus(),
+           half);
   ASSERT_EQ_INT(run_moe(NULL, args, test_tmp_path("lm_p1.jsonl", p1, sizeof p1), err, sizeof err), 0);
   snprintf(args, sizeof args, "train --task lm --resume '%s' --data '%s' --threads 1 --json --log-steps", half,
            lm_corpus());

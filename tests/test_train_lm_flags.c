@@ -113,7 +113,8 @@ TEST(train_lm_resume_keeps_layer_options) {
   char err[4096], ck[512], args[2048], p2[512], want[8192] = "", got[8192] = "";
   const char *opts = "--capacity 0.75 --dispatch static --dtype bf16";
   char extra[1024];
-  snprintf(extra, sizeof extra, "%s --checkpoint '%s' --stop-after 20", opts, test_tmp_path("lm_opt_ck", ck, sizeof ck));
+  snprintf(extra, sizeof extra, "%s --checkpoint '%s' --stop-after 20", opts,
+           test_tmp_path("lm_opt_ck", ck, sizeof ck));
   char *full = train("lm_opt_full.jsonl", opts, err, sizeof err), *a = train("lm_opt_a.jsonl", extra, err, sizeof err);
   ASSERT(full && a);
   snprintf(args, sizeof args, "train --task lm --resume '%s' --data '%s' --threads 1 --json --log-steps", ck,
@@ -196,5 +197,6 @@ TEST(lm_times_and_layer_stats) {
   if (!ok_t) FAIL_("time shares after a step: attention %g, experts %g, router %g s: want all > 0", t.attention,
                    t.experts, t.router);
   ASSERT(t.attention == 0 && t.experts == 0 && t.router == 0);
-  if (counts[0] != 64 || counts[1] != 64) FAIL_("layer stats count %ld and %ld assignments: want 2 x 16 x 2 = 64", counts[0], counts[1]);
+  if (counts[0] != 64 || counts[1] != 64)
+    FAIL_("layer stats count %ld and %ld assignments: want 2 x 16 x 2 = 64", counts[0], counts[1]);
 }
