@@ -28,8 +28,10 @@ for model in moe dense; do
 done
 # The experts' shapes of one step (context 64 x batch 8 tokens, D 128): MoE 8 experts of H 256 top-2,
 # dense one of H 512.
-"$MOE" bench --shape 512,128,256,8,2 --threads "$THREADS" --reps 20 --json --quiet >"$OUT/bench-moe.json"
-"$MOE" bench --shape 512,128,512,1,1 --threads "$THREADS" --reps 20 --json --quiet >"$OUT/bench-dense.json"
+"$MOE" bench --shape 512,128,256,8,2 --routing uniform --dispatch dynamic --threads "$THREADS" --reps 20 --json \
+  --quiet >"$OUT/bench-moe.json"
+"$MOE" bench --shape 512,128,512,1,1 --routing uniform --dispatch dynamic --threads "$THREADS" --reps 20 --json \
+  --quiet >"$OUT/bench-dense.json"
 for model in moe dense; do
   echo "$model: moe bench of the experts' shape: $(grep -o '"gflops": [0-9.]*' "$OUT/bench-$model.json" | head -1)"
 done
