@@ -6,21 +6,16 @@ import json
 import os
 import sys
 
-TOKENS_PER_STEP = 512  # the script's context x batch
 RUNS = [("moe", "MoE, 8 experts top-2", "#e8590c"), ("dense", "dense, same active size", "#3b528b")]
 
 
 def curve(path):
-    """(seconds of training so far, validation loss) at each evaluation: each interval's steps at its
-    measured tokens/s."""
-    t, last, pts = 0.0, 0, []
+    """(seconds of training so far, validation loss) at each report (the train_seconds each gives)."""
+    pts = []
     for line in open(path):
         e = json.loads(line)
-        if "tokens_per_s" not in e:
-            continue
-        t += (e["step"] - last) * TOKENS_PER_STEP / e["tokens_per_s"]
-        last = e["step"]
-        pts.append((t, e["valid_loss"]))
+        if "train_seconds" in e:
+            pts.append((e["train_seconds"], e["valid_loss"]))
     return pts
 
 
@@ -33,6 +28,7 @@ def main():
     xmax = max(p[0] for _, _, c in curves for p in c)
     ys = [p[1] for _, _, c in curves for p in c]
     ymin, ymax = min(ys), max(ys)
+    ymax = ymax if ymax > ymin else ymin + 1  # one point, or all equal
     X = lambda x: L + (W - L - R) * x / xmax
     Y = lambda y: T + (H - T - B) * (ymax - y) / (ymax - ymin)
     s = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">'

@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "lm_data.h"
 #include "text_io.h"
+#include "train_data.h"
 
 int lm_stream_load(const char *cmd, const moe_tokenizer *t, const char *dir, const char *split, int context,
                    int32_t **ids, size_t *n) {
@@ -68,4 +69,29 @@ int lm_eval_loss(const char *cmd, moe_lm_t *m, const int32_t *ids, size_t n, int
   if (st != MOE_OK) return cli_fail(cmd);
   *loss = tokens ? sum / (double)tokens : 0;
   return 0;
+}
+
+int lm_order_init(lm_order *o, const int32_t *ids, size_t n, int T, int B, uint64_t seed) {
+  size_t nwin = (n - 1) / (size_t)T;
+  *o = (lm_order){ids, T, B, nwin < INT32_MAX / (size_t)T ? (int)nwin : INT32_MAX / T, 0, -1, seed, NULL};
+  o->per_epoch = o->nwin / B > 0 ? o->nwin / B : 1; /* fewer windows than B: a batch repeats some */
+  o->perm = malloc((size_t)o->nwin * sizeof *o->perm);
+  return !o->perm;
+}
+
+void lm_order_fill(lm_order *o, int64_t s, int32_t *x, int32_t *y, int32_t *sample) {
+  int T = o->T, epoch = (int)(s / o->per_epoch);
+  if (epoch != o->epoch) train_shuffle(o->perm, o->nwin, o->seed, o->epoch = epoch);
+  for (int b = 0; b < o->B; b++) {
+    int w = o->perm[((size_t)(s % o->per_epoch) * o->B + (size_t)b) % (size_t)o->nwin];
+    const int32_t *src = o->ids + (size_t)w * T;
+    memcpy(x + (size_t)b * T, src, (size_t)T * sizeof *x);
+    memcpy(y + (size_t)b * T, src + 1, (size_t)T * sizeof *y);
+    for (int t = 0; t < T; t++) sample[b * T + t] = w * T + t;
+  }
+}
+
+void lm_order_free(lm_order *o) {
+  free(o->perm);
+  o->perm = NULL;
 }

@@ -20,4 +20,19 @@ int lm_stream_load(const char *cmd, const moe_tokenizer *t, const char *dir, con
 int lm_eval_loss(const char *cmd, moe_lm_t *m, const int32_t *ids, size_t n, int T, int B, int max_windows,
                  double *loss);
 
+/* The training order: each epoch a permutation (a function of seed and epoch) of the stream's nwin
+ * non-overlapping windows of T + 1 tokens, B windows a step, per_epoch steps an epoch (the windows left
+ * over differ from epoch to epoch). A window is the same tokens every epoch, so its tokens are the
+ * samples whose experts assignment caching records: token t of window w is sample w T + t. */
+typedef struct {
+  const int32_t *ids;
+  int T, B, nwin, per_epoch, epoch;
+  uint64_t seed;
+  int32_t *perm; /* (nwin) the order of `epoch` */
+} lm_order;
+int lm_order_init(lm_order *o, const int32_t *ids, size_t n, int T, int B, uint64_t seed); /* 1: no memory */
+/* Step s's batch into x and y (B, T) and its samples into sample (B T). */
+void lm_order_fill(lm_order *o, int64_t s, int32_t *x, int32_t *y, int32_t *sample);
+void lm_order_free(lm_order *o);
+
 #endif

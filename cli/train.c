@@ -27,10 +27,7 @@ typedef struct {
   const char *data, *checkpoint, *resume, *trace;
   int json, log_steps, epochs, stop_after, batch, warmup, augment, threads;
   int skip_nan; /* --on-nan skip-step */
-  int dynamic_capacity, delta_launch; /* --capacity dynamic: per-expert capacities through RECOMPILE */
-  float headroom;
-  int cache_assignments;  /* --cache-assignments: DynaMoE's sample-assignment caching */
-  assign_cache_opts cache;
+  train_adjust adj; /* --capacity dynamic, --cache-assignments */
   float lr;
   uint64_t seed;
   moe_model_config model;
@@ -72,9 +69,7 @@ static void defaults(train_opts *o) {
   o->warmup = -1; /* one epoch */
   o->augment = 2;
   o->lr = 2e-3f;
-  o->delta_launch = 2;
-  o->headroom = 0.25f;
-  o->cache = (assign_cache_opts){.on = 0.96f, .off = 0.90f, .min_epoch = 10};
+  train_adjust_defaults(&o->adj);
   o->seed = 1;
   moe_model_config_default(&o->model);
   o->model.moe.D = 128;
@@ -94,7 +89,7 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
     const char *f = argv[i];
     if (cli_flag_is(f, "json")) { o->json = 1; continue; }
     if (cli_flag_is(f, "log_steps")) { o->log_steps = 1; continue; }
-    if (cli_flag_is(f, "cache_assignments")) { o->cache_assignments = 1; continue; }
+    if (cli_flag_is(f, "cache_assignments")) { o->adj.cache_assignments = 1; continue; }
     if (cli_progress_flag(f, &o->progress)) continue;
     if (i + 1 >= argc) {
       if (!cli_quiet_rank()) usage(stderr);
@@ -103,23 +98,18 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
     const char *v = argv[++i];
     int ok = 1, is_arch = 1;
     moe_status st = MOE_OK;
-    if (cli_flag_is(f, "experts")) ok = cli_parse_int(v, &m->E);
+    int adjust = train_adjust_flag(f, v, m, &o->adj, &ok, &st); /* 1: the layer's options, architecture */
+    if (adjust) is_arch = adjust == 1;
+    else if (cli_flag_is(f, "experts")) ok = cli_parse_int(v, &m->E);
     else if (cli_flag_is(f, "top_k")) ok = cli_parse_int(v, &m->top_k);
     else if (cli_flag_is(f, "hidden")) ok = cli_parse_int(v, &m->H);
     else if (cli_flag_is(f, "model")) ok = cli_parse_int(v, &m->D);
     else if (cli_flag_is(f, "blocks")) ok = cli_parse_int(v, &o->model.blocks);
     else if (cli_flag_is(f, "hier_experts")) ok = cli_parse_int(v, &m->inner_experts);
     else if (cli_flag_is(f, "hier_top_k")) ok = cli_parse_int(v, &m->inner_top_k);
-    else if (cli_flag_is(f, "capacity")) {
-      o->dynamic_capacity = !strcmp(v, "dynamic");
-      if (o->dynamic_capacity) m->dispatch = MOE_DISPATCH_STATIC, m->capacity_setting = 1.0f;
-      else ok = cli_parse_float(v, &m->capacity_setting);
-    }
-    else if (cli_flag_is(f, "dispatch")) st = moe_dispatch_parse(v, "--dispatch", &m->dispatch);
     else if (cli_flag_is(f, "priority")) st = moe_priority_parse(v, "--priority", &m->priority);
     else if (cli_flag_is(f, "router")) st = moe_router_parse(v, "--router", &m->router);
     else if (cli_flag_is(f, "activation")) st = moe_act_parse(v, "--activation", &m->act);
-    else if (cli_flag_is(f, "dtype")) st = moe_dtype_parse(v, "--dtype", &m->dtype);
     else if (cli_flag_is(f, "loss")) st = moe_loss_parse(v, "--loss", &o->model.loss);
     else if (cli_flag_is(f, "aux_weight")) ok = cli_parse_float(v, &o->model.aux_weight);
     else if (cli_flag_is(f, "z_weight")) ok = cli_parse_float(v, &o->model.z_weight);
@@ -144,11 +134,6 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
       else if (cli_flag_is(f, "pipeline")) ok = cli_parse_pipeline(v, &m->pipeline);
       else if (cli_flag_is(f, "memory_reuse")) st = moe_reuse_parse(v, "--memory-reuse", &m->memory_reuse);
       else if (cli_flag_is(f, "memory_budget")) ok = cli_parse_mib(v, &m->memory_budget);
-      else if (cli_flag_is(f, "delta_launch")) ok = cli_parse_int(v, &o->delta_launch) && o->delta_launch >= 0 && o->delta_launch < 60;
-      else if (cli_flag_is(f, "headroom")) ok = cli_parse_float(v, &o->headroom) && o->headroom >= 0 && o->headroom <= 10;
-      else if (cli_flag_is(f, "cache_on")) ok = cli_parse_float(v, &o->cache.on) && o->cache.on >= 0 && o->cache.on <= 1;
-      else if (cli_flag_is(f, "cache_off")) ok = cli_parse_float(v, &o->cache.off) && o->cache.off >= 0 && o->cache.off <= 1;
-      else if (cli_flag_is(f, "cache_min_epoch")) ok = cli_parse_int(v, &o->cache.min_epoch) && o->cache.min_epoch >= 0;
       else if (cli_flag_is(f, "seed")) {
         char *end;
         errno = 0;
@@ -172,8 +157,9 @@ static void save_extra(const train_opts *o, char *buf, size_t n) {
   snprintf(buf, n,
            "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%.9g;dynamic_capacity=%d;delta_launch=%d;headroom=%.9g;"
            "cache_assignments=%d;cache_on=%.9g;cache_off=%.9g;cache_min_epoch=%d",
-           o->epochs, o->batch, o->warmup, o->augment, (double)o->lr, o->dynamic_capacity, o->delta_launch,
-           (double)o->headroom, o->cache_assignments, (double)o->cache.on, (double)o->cache.off, o->cache.min_epoch);
+           o->epochs, o->batch, o->warmup, o->augment, (double)o->lr, o->adj.dynamic_capacity, o->adj.delta_launch,
+           (double)o->adj.headroom, o->adj.cache_assignments, (double)o->adj.cache.on, (double)o->adj.cache.off,
+           o->adj.cache.min_epoch);
 }
 
 /* The checkpoint's training options (the adjustments' are absent from older checkpoints); 0 if they
@@ -182,11 +168,12 @@ static int load_extra(const char *s, train_opts *o) {
   int n = sscanf(s,
                  "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%f;dynamic_capacity=%d;delta_launch=%d;headroom=%f;"
                  "cache_assignments=%d;cache_on=%f;cache_off=%f;cache_min_epoch=%d",
-                 &o->epochs, &o->batch, &o->warmup, &o->augment, &o->lr, &o->dynamic_capacity, &o->delta_launch,
-                 &o->headroom, &o->cache_assignments, &o->cache.on, &o->cache.off, &o->cache.min_epoch);
+                 &o->epochs, &o->batch, &o->warmup, &o->augment, &o->lr, &o->adj.dynamic_capacity,
+                 &o->adj.delta_launch, &o->adj.headroom, &o->adj.cache_assignments, &o->adj.cache.on,
+                 &o->adj.cache.off, &o->adj.cache.min_epoch);
   return (n == 5 || n == 12) && o->epochs > 0 && o->batch > 0 && o->warmup >= -1 && o->augment >= 0 &&
-         o->augment < 8 && o->lr > 0 && o->lr < 1e3f && o->delta_launch >= 0 && o->delta_launch < 60 &&
-         o->headroom >= 0 && o->headroom <= 10 && o->cache.min_epoch >= 0;
+         o->augment < 8 && o->lr > 0 && o->lr < 1e3f && o->adj.delta_launch >= 0 && o->adj.delta_launch < 60 &&
+         o->adj.headroom >= 0 && o->adj.headroom <= 10 && o->adj.cache.min_epoch >= 0;
 }
 
 typedef struct {
@@ -247,11 +234,13 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (!rc && o->trace && r == 0 && trace_open(&tw, o->trace, step) != MOE_OK) /* rank 0 writes: the counts */
     rc = 1;                                                                  /* are the whole batch's */
   double test_acc = -1;
+  train_blocks blocks = train_blocks_of_model(m);
   dyncap *dc = NULL;
-  if (!rc && o->dynamic_capacity && dyncap_start(&dc, m, B, o->delta_launch, o->headroom))
+  if (!rc && o->adj.dynamic_capacity && dyncap_start(&dc, &blocks, B, o->adj.delta_launch, o->adj.headroom))
     rc = cli_fail(CMD);
   assign_cache *ac = NULL;
-  if (!rc && o->cache_assignments && assign_cache_new(&ac, m, train->n, steps, o->delta_launch, &o->cache))
+  if (!rc && o->adj.cache_assignments &&
+      assign_cache_new(&ac, &blocks, train->n, steps, o->adj.delta_launch, &o->adj.cache))
     rc = cli_usage_error(CMD, "--cache-assignments: out of memory");
   int caching = 0;
   int64_t caching_from = -1;
@@ -267,9 +256,9 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     train_batch_epoch(&tb, o->seed, epoch, o->augment);
     for (int s = 0; s < steps && !interrupted; s++, step++) {
       train_batch_fill(&tb, s);
-      if (dc && dyncap_begin(dc, m, step)) { rc = cli_fail(CMD), local = 1; break; }
+      if (dc && dyncap_begin(dc, step)) { rc = cli_fail(CMD), local = 1; break; }
       const int32_t *ids = tb.perm + (size_t)s * B + b0;
-      if (ac && assign_cache_before(ac, m, step, ids, b1 - b0)) { rc = cli_fail(CMD), local = 1; break; }
+      if (ac && assign_cache_before(ac, step, ids, b1 - b0)) { rc = cli_fail(CMD), local = 1; break; }
       moe_model_stats st;
       moe_status ss = nan_guard_step(&ng, m, opt, tb.x + (size_t)b0 * F, tb.y + b0, b1 - b0,
                                      moe_lr_schedule(o->lr, step, warmup, total), &st);
@@ -289,8 +278,8 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
         break;
       }
       accumulate(&a, m, &st, B);
-      if (ac && assign_cache_after(ac, m, step, ids, b1 - b0)) { rc = cli_fail(CMD), local = 1; break; }
-      if (dc && dyncap_push(dc, m, step, st.loss)) { rc = cli_fail(CMD), local = 1; break; }
+      if (ac && assign_cache_after(ac, step, ids, b1 - b0)) { rc = cli_fail(CMD), local = 1; break; }
+      if (dc && dyncap_push(dc, step, st.loss)) { rc = cli_fail(CMD), local = 1; break; }
       if (tw.f && trace_step(&tw, m, step) != MOE_OK) {
         rc = cli_usage_error(CMD, "%s: write error", o->trace), local = 1;
         break;
@@ -369,8 +358,8 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
       {"--experts", l->E, NULL}, {"--top-k", l->top_k, NULL}, {"--hidden", l->H, NULL}, {"--model", l->D, NULL},
       {"--blocks", o->model.blocks, NULL}, {"--hier-experts", l->inner_experts, NULL},
       {"--hier-top-k", l->inner_top_k, NULL}, {"--capacity", l->capacity_setting, NULL},
-      {"--capacity dynamic", o->dynamic_capacity, NULL}, {"--delta-launch", o->delta_launch, NULL},
-      {"--headroom", o->headroom, NULL}, {"--dispatch", l->dispatch, moe_dispatch_name(l->dispatch)},
+      {"--capacity dynamic", o->adj.dynamic_capacity, NULL}, {"--delta-launch", o->adj.delta_launch, NULL},
+      {"--headroom", o->adj.headroom, NULL}, {"--dispatch", l->dispatch, moe_dispatch_name(l->dispatch)},
       {"--priority", l->priority, moe_priority_name(l->priority)}, {"--router", l->router, moe_router_name(l->router)},
       {"--activation", l->act, moe_act_name(l->act)}, {"--dtype", l->dtype, moe_compute_dtype_name(l->dtype)},
       {"--loss", o->model.loss, moe_loss_name(o->model.loss)}, {"--aux-weight", o->model.aux_weight, NULL},
@@ -378,9 +367,9 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
       {"--lr", o->lr, NULL}, {"--weight-decay", o->optim.weight_decay, NULL}, {"--momentum", o->optim.momentum, NULL},
       {"--warmup", o->warmup, NULL}, {"--batch", o->batch, NULL}, {"--epochs", o->epochs, NULL},
       {"--stop-after", o->stop_after, NULL}, {"--augment", o->augment, NULL},
-      {"--seed", cli_hash(&o->seed, sizeof o->seed), seed}, {"--cache-assignments", o->cache_assignments, NULL},
-      {"--cache-on", o->cache.on, NULL}, {"--cache-off", o->cache.off, NULL},
-      {"--cache-min-epoch", o->cache.min_epoch, NULL}, {"--on-nan skip-step", o->skip_nan, NULL},
+      {"--seed", cli_hash(&o->seed, sizeof o->seed), seed}, {"--cache-assignments", o->adj.cache_assignments, NULL},
+      {"--cache-on", o->adj.cache.on, NULL}, {"--cache-off", o->adj.cache.off, NULL},
+      {"--cache-min-epoch", o->adj.cache.min_epoch, NULL}, {"--on-nan skip-step", o->skip_nan, NULL},
       {"--pipeline", l->pipeline, NULL}, /* each micro-batch is an exchange: the counts must match */
       {"--checkpoint", o->checkpoint != NULL, NULL}, {"--resume", o->resume != NULL, NULL}, /* collectives */
       {"training images", train->n, NULL}, {"image rows", train->rows, NULL}, {"image columns", train->cols, NULL},
@@ -410,10 +399,10 @@ static int setup(int argc, char **argv, train_opts *o, int arch, const moe_datas
   if (!load_extra(ts.extra, o))
     return cli_usage_error(CMD, "%s: __metadata__ train='%s' is not a valid set of training options", o->resume, ts.extra);
   parse(argc, argv, o, &arch); /* flags given now win over the checkpoint's (they parsed once already) */
-  if ((o->dynamic_capacity || o->cache_assignments) && !cli_quiet_rank())
+  if ((o->adj.dynamic_capacity || o->adj.cache_assignments) && !cli_quiet_rank())
     fprintf(stderr, "moe train: resuming with %s: the trigger's state (smoothed counts, last epoch's "
                     "assignments) starts afresh, so this run is not bit-identical to one without a break\n",
-            o->dynamic_capacity ? "--capacity dynamic" : "--cache-assignments");
+            o->adj.dynamic_capacity ? "--capacity dynamic" : "--cache-assignments");
   if (!o->checkpoint) { /* a resumed run goes on saving where it came from, not nowhere */
     o->checkpoint = o->resume;
     if (!cli_quiet_rank()) fprintf(stderr, "moe train: --resume without --checkpoint: saving to %s\n", o->resume);

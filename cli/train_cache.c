@@ -16,6 +16,7 @@
 #include "train_cache.h"
 
 struct assign_cache {
+  train_blocks b;
   assign_cache_opts o;
   const moe_dist *dist; /* the model's ranks when more than one, else NULL */
   int n, L, k, on, steps;
@@ -46,16 +47,17 @@ static int trigger(const moe_metrics *m, moe_adjustment *out, void *user) {
   return 1;
 }
 
-int assign_cache_new(assign_cache **out, const moe_model_t *m, int n, int steps, int delta,
+int assign_cache_new(assign_cache **out, const train_blocks *b, int n, int steps, int delta,
                      const assign_cache_opts *o) {
   assign_cache *c = calloc(1, sizeof *c);
   if (!c) return 1;
+  c->b = *b;
   c->o = *o;
-  c->dist = moe_dist_size(m->cfg.moe.dist) > 1 ? m->cfg.moe.dist : NULL;
+  c->dist = moe_dist_size(b->cfg->dist) > 1 ? b->cfg->dist : NULL;
   c->n = n;
   c->steps = steps > 0 ? steps : 1;
-  c->L = m->cfg.blocks;
-  c->k = m->cfg.moe.top_k;
+  c->L = b->L;
+  c->k = b->cfg->top_k;
   c->per = (size_t)c->L * c->k;
   c->frac = -1;
   c->on_from = -1;
@@ -72,7 +74,7 @@ int assign_cache_new(assign_cache **out, const moe_model_t *m, int n, int steps,
   return 0;
 }
 
-int assign_cache_before(assign_cache *c, moe_model_t *m, int64_t step, const int32_t *ids, int n) {
+int assign_cache_before(assign_cache *c, int64_t step, const int32_t *ids, int n) {
   const moe_adjustment *adj;
   int has;
   if (moe_recompile_begin(c->rc, step, &adj, &has) != MOE_OK) return 1;
@@ -98,16 +100,17 @@ int assign_cache_before(assign_cache *c, moe_model_t *m, int64_t step, const int
     int32_t *b = c->buf + (size_t)l * n * c->k;
     for (int i = 0; i < n; i++) memcpy(b + (size_t)i * c->k, c->prev + (size_t)ids[i] * c->per + (size_t)l * c->k,
                                        sizeof(int32_t) * (size_t)c->k);
-    if (moe_layer_set_cached_experts(&m->layers[l], b, n) != MOE_OK) return 1;
+    if (moe_layer_set_cached_experts(&c->b.layers[l], b, n) != MOE_OK) return 1;
   }
   return 0;
 }
 
-int assign_cache_after(assign_cache *c, const moe_model_t *m, int64_t step, const int32_t *ids, int n) {
+int assign_cache_after(assign_cache *c, int64_t step, const int32_t *ids, int n) {
   for (int i = 0; i < n; i++) {
     int32_t *rec = c->cur + (size_t)ids[i] * c->per;
     for (int l = 0; l < c->L; l++)
-      memcpy(rec + (size_t)l * c->k, moe_model_layer_stats(m, l)->fresh + (size_t)i * c->k, sizeof(int32_t) * (size_t)c->k);
+      memcpy(rec + (size_t)l * c->k, train_block_stats(&c->b, l)->fresh + (size_t)i * c->k,
+             sizeof(int32_t) * (size_t)c->k);
     const int32_t *old = c->prev + (size_t)ids[i] * c->per;
     if (old[0] >= 0) {
       c->seen++;

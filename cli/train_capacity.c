@@ -13,6 +13,7 @@
 #include "train_capacity.h"
 
 struct dyncap {
+  train_blocks b;
   int E, L, B;
   float headroom;
   int32_t *cur;     /* (L E) applied capacities */
@@ -42,23 +43,24 @@ static int trigger(const moe_metrics *m, moe_adjustment *out, void *user) {
 }
 
 /* Returns 1 when a layer refused its capacities (moe_last_error says why). */
-static int apply(dyncap *d, moe_model_t *m, const int32_t *cap) {
+static int apply(dyncap *d, const int32_t *cap) {
   for (int i = 0; i < d->L; i++)
-    if (moe_layer_set_expert_capacity(&m->layers[i], cap + (size_t)i * d->E, d->B) != MOE_OK) return 1;
+    if (moe_layer_set_expert_capacity(&d->b.layers[i], cap + (size_t)i * d->E, d->B) != MOE_OK) return 1;
   return 0;
 }
 
-int dyncap_start(dyncap **out, moe_model_t *m, int B, int delta, float headroom) {
+int dyncap_start(dyncap **out, const train_blocks *b, int B, int delta, float headroom) {
   dyncap *d = calloc(1, sizeof *d);
-  int E = m->cfg.moe.E, L = m->cfg.blocks;
+  int E = b->cfg->E, L = b->L;
   if (!d) return 1;
+  d->b = *b;
   d->E = E;
   d->L = L;
   d->B = B;
   d->headroom = headroom;
   d->cur = malloc(sizeof(int32_t) * (size_t)(4 * L * E));
   d->ema = calloc((size_t)(L * E), sizeof *d->ema);
-  d->dist = moe_dist_size(m->cfg.moe.dist) > 1 ? m->cfg.moe.dist : NULL;
+  d->dist = moe_dist_size(b->cfg->dist) > 1 ? b->cfg->dist : NULL;
   d->agree = d->dist ? malloc(sizeof(double) * (size_t)(1 + L * E)) : NULL;
   if (!d->cur || !d->ema || (d->dist && !d->agree)) {
     free(d->cur);
@@ -71,14 +73,14 @@ int dyncap_start(dyncap **out, moe_model_t *m, int B, int delta, float headroom)
   d->decided = d->cur + L * E;
   d->counts = d->decided + L * E;
   /* start from the checkpoint's capacities (a resumed run), else from capacity_setting's C */
-  int C = (int)ceil((double)m->cfg.moe.capacity_setting * m->cfg.moe.top_k * B / E);
+  int C = (int)ceil((double)b->cfg->capacity_setting * b->cfg->top_k * B / E);
   for (int i = 0; i < L * E; i++) d->cur[i] = d->decided[i] = C > 0 ? C : 1;
   for (int i = 0; i < L; i++) {
-    const moe_layer_t *l = &m->layers[i];
+    const moe_layer_t *l = &b->layers[i];
     if (l->expert_capacity && l->expert_capacity_tokens == B)
       for (int e = 0; e < E; e++) d->cur[i * E + e] = d->decided[i * E + e] = l->expert_capacity[e];
   }
-  if (apply(d, m, d->cur) || moe_recompile_new(&d->rc, L * E, delta, trigger, d) != MOE_OK) {
+  if (apply(d, d->cur) || moe_recompile_new(&d->rc, L * E, delta, trigger, d) != MOE_OK) {
     dyncap_free(d);
     return 1;
   }
@@ -86,7 +88,7 @@ int dyncap_start(dyncap **out, moe_model_t *m, int B, int delta, float headroom)
   return 0;
 }
 
-int dyncap_begin(dyncap *d, moe_model_t *m, int64_t step) {
+int dyncap_begin(dyncap *d, int64_t step) {
   const moe_adjustment *adj;
   int has, n = d->L * d->E;
   if (moe_recompile_begin(d->rc, step, &adj, &has) != MOE_OK) return 1;
@@ -105,14 +107,14 @@ int dyncap_begin(dyncap *d, moe_model_t *m, int64_t step) {
   }
   if (has) { /* the recompile: only the buffers whose sizes change grow */
     memcpy(d->cur, cap, sizeof(int32_t) * (size_t)n);
-    if (apply(d, m, d->cur)) return 1;
+    if (apply(d, d->cur)) return 1;
   }
   return 0;
 }
 
-int dyncap_push(dyncap *d, const moe_model_t *m, int64_t step, double loss) {
+int dyncap_push(dyncap *d, int64_t step, double loss) {
   for (int i = 0; i < d->L; i++)
-    memcpy(d->counts + (size_t)i * d->E, moe_model_layer_stats(m, i)->expert_counts, sizeof(int32_t) * (size_t)d->E);
+    memcpy(d->counts + (size_t)i * d->E, train_block_stats(&d->b, i)->expert_counts, sizeof(int32_t) * (size_t)d->E);
   moe_metrics mt = {.iter = step, .loss = loss, .experts = d->L * d->E, .counts = d->counts};
   return moe_recompile_push(d->rc, &mt) != MOE_OK;
 }

@@ -71,15 +71,18 @@ void train_batch_epoch(train_batch *b, uint64_t seed, int epoch, int augment) {
   b->seed = seed;
   b->epoch = epoch;
   b->augment = augment;
-  int n = b->d->n;
-  for (int i = 0; i < n; i++) b->perm[i] = i;
+  train_shuffle(b->perm, b->d->n, seed, epoch);
+}
+
+void train_shuffle(int32_t *perm, int n, uint64_t seed, int epoch) {
+  for (int i = 0; i < n; i++) perm[i] = i;
   uint64_t s = mix(seed ^ mix((uint64_t)epoch + 0x51ED));
   for (int i = n - 1; i > 0; i--) { /* Fisher-Yates */
     s = mix(s);
     int j = (int)(s % (uint64_t)(i + 1));
-    int32_t t = b->perm[i];
-    b->perm[i] = b->perm[j];
-    b->perm[j] = t;
+    int32_t t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
   }
 }
 

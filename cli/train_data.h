@@ -27,6 +27,8 @@ int train_batch_init(train_batch *b, const moe_dataset *d, int B);
 void train_batch_free(train_batch *b);
 /* Fixes the epoch's order and augmentation. */
 void train_batch_epoch(train_batch *b, uint64_t seed, int epoch, int augment);
+/* perm (n) = epoch's order of 0..n-1, a function of (seed, epoch). */
+void train_shuffle(int32_t *perm, int n, uint64_t seed, int epoch);
 /* Fills x and y with batch s of the epoch. */
 void train_batch_fill(train_batch *b, int s);
 

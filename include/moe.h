@@ -854,6 +854,20 @@ moe_status moe_sim_run(const moe_sim_config *c, moe_sim_result *r);
  * (ms) against the swept values x (> 0; a log axis when they span more than 10x), written atomically. */
 moe_status moe_sim_plot_svg(const char *path, const char *key, const double *x, const moe_sim_result *r, int n);
 
+/* ---- language-model training: the MoE layers' stats and where a step's time goes ---- */
+/* Layer i's stats of the last forward (expert counts, the router's choices), as moe_model_layer_stats. */
+const moe_layer_stats *moe_lm_layer_stats(const moe_lm_t *m, int i);
+/* Seconds in the transformer layers of moe_lm_forward and moe_lm_backward calls (not decodes) since
+ * the last reset: the MoE layers (moe_layer_forward and _backward: their routing, dispatch, expert
+ * GEMMs and combine), the balance loss (the router probabilities it recomputes and their gradient),
+ * and attention with its norms and residual adds (the rest of a layer). Embedding, final norm, output
+ * head and cross-entropy are in none of them. */
+typedef struct {
+  double attention, experts, router;
+} moe_lm_times;
+void moe_lm_times_get(const moe_lm_t *m, moe_lm_times *out);
+void moe_lm_times_reset(moe_lm_t *m);
+
 #ifdef __cplusplus
 }
 #endif

@@ -285,7 +285,7 @@ TEST(lm_balance_loss_forward_backward) {
     ex[i * k + 1] = (ex[i * k] + 1 + (int32_t)(fd_next(&rng) % (E - 1))) % E;
   }
   double sums[2 * E] = {0};
-  moe__lbl b = {L, N, E, D, k, sums, sums + E};
+  moe__lbl b = {L, N, E, D, k, sums, sums + E, (double)L * N};
   for (int l = 0; l < L; l++)
     ASSERT_OK(moe__lbl_forward(&b, in + l * per, in + l * per + N * D, ex + l * N * k, probs[l], 2));
   lbl_ctx c = {L, N, E, D, k, ex, 0.5f};

@@ -6,47 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lm_corpus.h"
 #include "run_cli.h"
 #include "test.h"
 
-static const char *const SENTENCES[] = {
-    "the cat sat on the mat.", "a dog ran to the park.", "the experts route every token.",
-    "she read the old book by the fire.", "we walked home in the rain.",
-};
-
-/* DIR/{train,valid,test}.txt: 40, 6 and 6 documents of 5 lines, each line a sentence picked by an LCG. */
-static const char *corpus(void) {
-  static char dir[512];
-  static int done;
-  if (done) return dir;
-  char cmd[1024], path[600];
-  test_tmp_path("lm_corpus", dir, sizeof dir);
-  snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
-  if (system(cmd)) return dir;
-  static const char *const splits[] = {"train", "valid", "test"};
-  static const int docs[] = {40, 6, 6};
-  uint32_t s = 7;
-  for (int i = 0; i < 3; i++) {
-    snprintf(path, sizeof path, "%s/%s.txt", dir, splits[i]);
-    FILE *f = fopen(path, "wb");
-    if (!f) return dir;
-    for (int d = 0; d < docs[i]; d++)
-      for (int l = 0; l < 5; l++) {
-        s = s * 1664525u + 1013904223u;
-        fprintf(f, "%s%s", d && !l ? "\n" : "", SENTENCES[(s >> 16) % 5]);
-        fputs(l < 4 || d + 1 < docs[i] ? "\n" : "", f);
-      }
-    fclose(f);
-  }
-  done = 1;
-  return dir;
-}
-
-/* A tiny model's flags: context 16, one layer of 4 experts top-2, 40 steps with a report every 10. */
-#define TINY "--vocab 320 --context 16 --batch 4 --layers 1 --model 32 --heads 2 --kv-heads 1 --experts 4 " \
-             "--hidden 32 --steps 40 --eval-every 10 --lr 3e-3 --threads 1"
-
-/* Trains TINY once per process into checkpoint dir ck (its JSON lines in out); 0 when it worked. */
+/* Trains LM_TINY once per process into checkpoint dir ck (its JSON lines in out); 0 when it worked. */
 static int trained(const char **ck, const char **out) {
   static char c[512], o[512], err[2048];
   static int rc = -1;
@@ -54,25 +18,11 @@ static int trained(const char **ck, const char **out) {
   *out = test_tmp_path("lm_train.jsonl", o, sizeof o);
   if (rc >= 0) return rc;
   char args[2048];
-  snprintf(args, sizeof args, "train --task lm --data '%s' " TINY " --checkpoint '%s' --json --log-steps", corpus(), c);
+  snprintf(args, sizeof args, "train --task lm --data '%s' " LM_TINY " --checkpoint '%s' --json --log-steps",
+           lm_corpus(), c);
   rc = run_moe(NULL, args, o, err, sizeof err);
   if (rc) fprintf(stderr, "  moe %s -> %d: %s\n", args, rc, err);
   return rc;
-}
-
-/* The value of "key": in the first line of text (from p on) that has it; NAN when none. */
-static double json_num(const char *text, const char *key) {
-  char k[64];
-  snprintf(k, sizeof k, "\"%s\": ", key);
-  const char *p = strstr(text, k);
-  return p ? strtod(p + strlen(k), NULL) : NAN;
-}
-
-/* The lines of text holding "valid_loss", their values in v (at most n); their count. */
-static int valid_losses(const char *text, double *v, int n) {
-  int k = 0;
-  for (const char *p = text; k < n && (p = strstr(p, "\"valid_loss\": ")); p++) v[k++] = json_num(p, "valid_loss");
-  return k;
 }
 
 TEST(train_lm_validation_loss_drops) {
@@ -90,15 +40,6 @@ TEST(train_lm_validation_loss_drops) {
   ASSERT_NEAR(v[4], v[3], 0);
 }
 
-/* The --log-steps lines of text ({"step": N, "loss": X}, not the reports) appended to dst. */
-static void step_lines(const char *text, char *dst, size_t n) {
-  for (const char *p = text; (p = strstr(p, "{\"step\": ")); p++) {
-    const char *e = strchr(p, '\n'), *lr = strstr(p, "\"lr\"");
-    size_t k = strlen(dst);
-    if (e && (!lr || lr > e) && k + (size_t)(e - p) + 2 < n) strncat(dst, p, (size_t)(e - p + 1));
-  }
-}
-
 /* Stopped at step 20 and resumed, the run logs the uninterrupted run's losses bit for bit: the batches
  * are functions of (seed, step), the weights and Adam's moments are saved as F32, the step and the
  * schedule with them, and the kernels are deterministic for a thread count. */
@@ -108,10 +49,11 @@ TEST(train_lm_resume_matches_uninterrupted) {
   char half[512], p1[512], p2[512], args[2048], err[2048];
   test_tmp_path("lm_half", half, sizeof half);
   snprintf(args, sizeof args,
-           "train --task lm --data '%s' " TINY " --checkpoint '%s' --stop-after 20 --json --log-steps", corpus(), half);
+           "train --task lm --data '%s' " LM_TINY " --checkpoint '%s' --stop-after 20 --json --log-steps", lm_corpus(),
+           half);
   ASSERT_EQ_INT(run_moe(NULL, args, test_tmp_path("lm_p1.jsonl", p1, sizeof p1), err, sizeof err), 0);
   snprintf(args, sizeof args, "train --task lm --resume '%s' --data '%s' --threads 1 --json --log-steps", half,
-           corpus());
+           lm_corpus());
   if (run_moe(NULL, args, test_tmp_path("lm_p2.jsonl", p2, sizeof p2), err, sizeof err)) FAIL_("resume: %s", err);
   char *full = test_read_file(out, NULL), *a = test_read_file(p1, NULL), *b = test_read_file(p2, NULL);
   ASSERT(full && a && b);
@@ -137,13 +79,13 @@ TEST(eval_lm_perplexity_is_exp_loss) {
   const char *ck, *out;
   ASSERT_EQ_INT(trained(&ck, &out), 0);
   char args[2048], res[512], err[2048], text[1024];
-  snprintf(args, sizeof args, "eval --task lm --checkpoint '%s' --data '%s' --json", ck, corpus());
+  snprintf(args, sizeof args, "eval --task lm --checkpoint '%s' --data '%s' --json", ck, lm_corpus());
   ASSERT_EQ_INT(run_moe(NULL, args, test_tmp_path("lm_eval.json", res, sizeof res), err, sizeof err), 0);
   test_read_text(res, text, sizeof text);
   double loss = json_num(text, "test_loss"), ppl = json_num(text, "test_perplexity");
   ASSERT(loss > 0 && loss < 10);
   ASSERT_NEAR(ppl, exp(loss), 1e-4 * exp(loss));
-  snprintf(args, sizeof args, "eval --task lm --checkpoint '%s' --data '%s' --split valid --json", ck, corpus());
+  snprintf(args, sizeof args, "eval --task lm --checkpoint '%s' --data '%s' --split valid --json", ck, lm_corpus());
   ASSERT_EQ_INT(run_moe(NULL, args, res, err, sizeof err), 0);
   test_read_text(res, text, sizeof text);
   char *train = test_read_file(out, NULL);
@@ -225,7 +167,7 @@ TEST(train_lm_errors) {
     char line[1024] = "";
     for (const char *p = cases[i].args; *p; p++) { /* @: the corpus, #: the checkpoint */
       size_t k = strlen(line);
-      if (*p == '@' || *p == '#') snprintf(line + k, sizeof line - k, "'%s'", *p == '@' ? corpus() : ck);
+      if (*p == '@' || *p == '#') snprintf(line + k, sizeof line - k, "'%s'", *p == '@' ? lm_corpus() : ck);
       else if (k + 1 < sizeof line) line[k] = *p, line[k + 1] = 0;
     }
     snprintf(args, sizeof args, "%s", line);

@@ -30,7 +30,7 @@ moe_status moe__lbl_forward(moe__lbl *b, const float *xn, const float *wg, const
 }
 
 double moe__lbl_value(const moe__lbl *b) {
-  double rows = (double)b->L * b->N, aux = 0;
+  double rows = b->rows, aux = 0;
   for (int e = 0; e < b->E; e++) aux += (b->cnt[e] / rows) * (b->psum[e] / rows);
   return rows > 0 ? b->E * aux : 0.0;
 }
@@ -38,7 +38,7 @@ double moe__lbl_value(const moe__lbl *b) {
 moe_status moe__lbl_backward(const moe__lbl *b, float coef, const float *xn, const float *wg, const float *probs,
                              float *g, float *dwg, float *dxn, int nt) {
   int N = b->N, E = b->E, D = b->D;
-  double rows = (double)b->L * b->N;
+  double rows = b->rows;
   float G[E]; /* d(coef aux) / d p_{t,e}: the same for every token */
   for (int e = 0; e < E; e++) G[e] = (float)(coef * E * (b->cnt[e] / rows) / rows);
 #pragma omp parallel for num_threads(nt) schedule(static)

@@ -61,6 +61,7 @@ void moe__xent_backward(float *logits, const float *lse, const int32_t *targets,
 typedef struct {
   int L, N, E, D, k;
   double *cnt, *psum; /* (E) each: assignments and probability sums over the layers so far */
+  double rows;        /* L times the tokens the sums are over: L N, or over all ranks' tokens */
 } moe__lbl;
 /* probs (N, E) = softmax(xn wg^T); adds this layer's assignments experts (N, k) and probabilities. */
 moe_status moe__lbl_forward(moe__lbl *b, const float *xn, const float *wg, const int32_t *experts, float *probs,

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "arena.h"
+#include "dist/dist.h"
 #include "gemm.h"
 #include "internal.h"
 #include "kernels.h"
@@ -35,8 +36,13 @@ struct moe__lm_state {
   float *xnf, *rstdf, *logits, *lse; /* (N, D), (N), (N, V), (N) */
   int32_t *tokens, *targets;         /* (N) copies */
   float *dres, *dxn, *datt, *dqkv, *gl, *scratch; /* backward: (N, D) x2, (N, qd), (N, qkv), (N, E) */
-  double *bal;          /* (2 E) the balance loss's sums */
+  double *bal;          /* (2 E + 3) the balance loss's sums; expert-parallel, the cross-entropy's sum,
+                           count and tokens to add up over the ranks */
+  size_t dense_n;       /* floats in m->dense */
   moe__lbl lbl;
+  moe_layer_stats *lstats; /* (L) each MoE layer's stats of the last forward */
+  moe_lm_times times;      /* forwards (not decodes) and backwards since the last moe_lm_times_reset */
+  double lap_moe, lap_router; /* this pass's MoE layers and balance loss */
 };
 
 struct moe_lm_cache {
@@ -86,9 +92,9 @@ static moe_status check_config(const moe_lm_config *c) {
   MOE_TRY(c->aux_coef >= 0 && isfinite(c->aux_coef), MOE_ERR_ARG, "lm config: aux_coef must be >= 0, got %g",
           (double)c->aux_coef);
   MOE_TRY(l->act == MOE_ACT_SWIGLU && !l->gate_bias && !l->expert_bias && l->router == MOE_ROUTER_LINEAR &&
-              !l->inner_experts && !l->external_experts && !l->dist,
+              !l->inner_experts && !l->external_experts,
           MOE_ERR_ARG, "lm config: the feed-forward must be Mixtral's: swiglu experts, linear router, no biases, "
-                       "one process, no hierarchical or buffered experts");
+                       "no hierarchical or buffered experts");
   return MOE_OK;
 }
 
@@ -139,10 +145,11 @@ static void build_table(moe_lm_t *m) {
             moe_layer_grad(l, "gate.weight"));
     static const char *const hf[3] = {"w1", "w2", "w3"}, *const ours[3] = {"experts.fc1.weight",
                                                                          "experts.fc2.weight", "experts.fc3.weight"};
-    for (int e = 0; e < c->moe.E; e++)
+    int El = c->moe.E / moe_dist_size(c->moe.dist), e0 = moe_dist_rank(c->moe.dist) * El; /* this rank's */
+    for (int e = 0; e < El; e++)
       for (int j = 0; j < 3; j++) {
         size_t at = (size_t)e * H * D;
-        snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", i, e, hf[j]);
+        snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", i, e0 + e, hf[j]);
         add_ref(m, nm, 2, j == 1 ? D : H, j == 1 ? H : D, moe_layer_param(l, ours[j]) + at,
                 moe_layer_grad(l, ours[j]) + at);
       }
@@ -177,10 +184,11 @@ moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c) {
     s->a = calloc((size_t)L + 1, sizeof *s->a);
     s->cos_t = malloc((size_t)c->max_seq * h2 * 4);
     s->sin_t = malloc((size_t)c->max_seq * h2 * 4);
-    s->bal = calloc(2 * (size_t)E, sizeof *s->bal);
+    s->bal = calloc(2 * (size_t)E + 3, sizeof *s->bal);
+    s->lstats = calloc((size_t)L, sizeof *s->lstats);
   }
   if (!m->dense || !m->dense_grad || !m->layers || !m->refs || !s || !s->w || !s->g || !s->a || !s->cos_t ||
-      !s->sin_t || !s->bal) {
+      !s->sin_t || !s->bal || !s->lstats) {
     moe_lm_free(m);
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_lm_init: out of memory for %zu dense parameters", dense);
   }
@@ -192,6 +200,7 @@ moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c) {
     }
   }
   moe__rope_tables(s->cos_t, s->sin_t, c->max_seq, c->head_dim, c->rope_theta);
+  s->dense_n = dense;
   build_table(m);
   return MOE_OK;
 }
@@ -207,6 +216,7 @@ void moe_lm_free(moe_lm_t *m) {
     free(m->st->cos_t);
     free(m->st->sin_t);
     free(m->st->bal);
+    free(m->st->lstats);
     free(m->st);
   }
   free(m->layers);
@@ -225,12 +235,25 @@ void moe_lm_params_changed(moe_lm_t *m) {
   m->st->have_fwd = 0;
 }
 
+/* Advances the generator past n draws: the experts another rank holds. */
+static void skip_draws(uint64_t *st, size_t n) {
+  for (size_t i = 0; i < n; i++) moe__splitmix(st);
+}
+
 void moe_lm_init_params(moe_lm_t *m, uint64_t seed) {
   uint64_t st = seed * 0x9E3779B97F4A7C15ull + 1;
   const float sd = 0.02f * 1.7320508f; /* uniform on [-a, a] has standard deviation a / sqrt(3) */
+  const moe_layer_config *c = &m->cfg.moe;
+  /* expert-parallel: the draws of one process, the other ranks' experts skipped */
+  int El = c->E / moe_dist_size(c->dist), e0 = moe_dist_rank(c->dist) * El;
+  size_t per = 3 * (size_t)c->H * c->D; /* an expert's w1, w2, w3 */
   for (int i = 0; i < m->nrefs; i++) {
     moe_tensor_ref *r = &m->refs[i];
+    int e = -1, w = 0;
+    sscanf(r->name, "model.layers.%*d.block_sparse_moe.experts.%d.w%d", &e, &w);
+    if (e == e0 && w == 1) skip_draws(&st, (size_t)e0 * per);
     for (size_t j = 0; j < r->numel; j++) r->data[j] = r->ndim == 1 ? 1.0f : sd * moe__uniform(&st);
+    if (e == e0 + El - 1 && w == 3) skip_draws(&st, (size_t)(c->E - e0 - El) * per);
   }
   moe_lm_params_changed(m);
 }
@@ -307,6 +330,18 @@ static void add_rows(float *y, const float *x, size_t n, int nt) {
   for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+/* A pass over the layers of `secs` seconds: what its MoE layers and balance loss did not take is
+ * attention (with its norms and the residual adds). */
+static void add_times(moe__lm_state *s, double secs) {
+  s->times.experts += s->lap_moe;
+  s->times.router += s->lap_router;
+  s->times.attention += secs - s->lap_moe - s->lap_router;
+}
+
+const moe_layer_stats *moe_lm_layer_stats(const moe_lm_t *m, int i) { return &m->st->lstats[i]; }
+void moe_lm_times_get(const moe_lm_t *m, moe_lm_times *out) { *out = m->st->times; }
+void moe_lm_times_reset(moe_lm_t *m) { memset(&m->st->times, 0, sizeof m->st->times); }
+
 /* Layer i forward: attention, then the MoE feed-forward; a[i].res in, a[i + 1].res out. With kv the
  * tokens sit at positions kv->len on: their keys and values join the cache and attention reads it. */
 static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_stats *out) {
@@ -341,13 +376,35 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   g = gemm(false, true, N, D, qd, a->att, qd, w->wo, qd, 1.0f, a->mid, D);
   MOE_CHECK(moe__gemm_run(&g, 1, nt));
   moe__rmsnorm_forward(a->mid, w->ln2, N, D, c->rms_eps, a->xn2, a->rstd2, nt);
-  moe_layer_stats ls;
+  moe_layer_stats *ls = &s->lstats[i];
   moe_layer_t *l = &m->layers[i];
-  moe_status st = moe_layer_forward(l, a->xn2, N, s->a[i + 1].res, NULL, &ls);
+  double t0 = moe__now();
+  moe_status st = moe_layer_forward(l, a->xn2, N, s->a[i + 1].res, NULL, ls);
   MOE_TRY(st == MOE_OK, st, "layer %d: %s", i, moe_last_error());
+  double t1 = moe__now();
   add_rows(s->a[i + 1].res, a->mid, (size_t)N * D, nt);
-  out->dropped += ls.dropped;
-  return moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), ls.experts, a->probs, nt);
+  out->dropped += ls->dropped;
+  st = moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), ls->experts, a->probs, nt);
+  s->lap_moe += t1 - t0;
+  s->lap_router += moe__now() - t1;
+  return st;
+}
+
+/* Expert-parallel (data-parallel outside the MoE layers): the balance loss's sums, the cross-entropy
+ * sum *sum and its count over every rank's tokens, so that the loss and its gradient are the global
+ * batch's. Each rank's share of every parameter gradient is then a sum of parts, added up in backward. */
+static moe_status global_sums(moe_lm_t *m, double *sum) {
+  moe__lm_state *s = m->st;
+  const moe_dist *d = m->cfg.moe.dist;
+  int E = m->cfg.moe.E;
+  if (moe_dist_size(d) < 2) return MOE_OK;
+  double *g = s->bal + 2 * E;
+  g[0] = *sum, g[1] = s->count, g[2] = s->N;
+  MOE_CHECK(moe_dist_allreduce(d, s->bal, 2 * E + 3));
+  *sum = g[0];
+  s->count = (int)g[1];
+  s->lbl.rows = (double)m->cfg.n_layers * g[2];
+  return MOE_OK;
 }
 
 /* The forward of moe_lm_forward (kv NULL) and moe_lm_decode. */
@@ -377,13 +434,17 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   for (int i = 0; i < N; i++) s->targets[i] = targets ? targets[i] : -1;
   moe_lm_stats st = {0};
   memset(s->bal, 0, 2 * (size_t)c->moe.E * sizeof *s->bal);
-  s->lbl = (moe__lbl){c->n_layers, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E};
+  s->lbl = (moe__lbl){c->n_layers, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E, (double)c->n_layers * N};
   moe__embed_forward(s->embed, tokens, N, D, s->a[0].res);
+  s->lap_moe = s->lap_router = 0;
+  double t0 = moe__now();
   for (int i = 0; i < c->n_layers; i++) MOE_CHECK(layer_forward(m, i, kv, &st));
+  if (!kv) add_times(s, moe__now() - t0);
   moe__rmsnorm_forward(s->a[c->n_layers].res, s->normf, N, D, c->rms_eps, s->xnf, s->rstdf, s->nt);
   moe__gemm g = gemm(false, true, N, V, D, s->xnf, D, s->head, D, 0.0f, s->logits, V);
   MOE_CHECK(moe__gemm_run(&g, 1, s->nt));
   double sum = moe__xent_forward(s->logits, s->targets, N, V, s->lse, &s->count, s->nt);
+  if (!kv) MOE_CHECK(global_sums(m, &sum));
   st.tokens = s->count;
   st.ce = s->count ? sum / s->count : 0.0;
   st.aux = moe__lbl_value(&s->lbl);
@@ -444,11 +505,15 @@ static moe_status layer_backward(moe_lm_t *m, int i) {
   moe_layer_t *l = &m->layers[i];
   int N = s->N, D = c->moe.D, nt = s->nt, hd = c->head_dim, qd = c->n_heads * hd, nkv = c->n_kv_heads;
   int ld = qd + 2 * nkv * hd;
+  double t0 = moe__now();
   moe_status st = moe_layer_backward(l, s->dres, 0.0f, 0.0f, NULL, NULL, s->dxn);
   MOE_TRY(st == MOE_OK, st, "layer %d: %s", i, moe_last_error());
+  double t1 = moe__now();
   if (c->aux_coef > 0)
     MOE_CHECK(moe__lbl_backward(&s->lbl, c->aux_coef, a->xn2, moe_layer_param(l, "gate.weight"), a->probs, s->gl,
                                 moe_layer_grad(l, "gate.weight"), s->dxn, nt));
+  s->lap_moe += t1 - t0;
+  s->lap_router += moe__now() - t1;
   moe__rmsnorm_backward(s->dxn, a->mid, w->ln2, a->rstd2, N, D, s->dres, gw->ln2, nt); /* dres: d mid */
   moe__gemm g[2] = {gemm(true, false, D, qd, N, s->dres, D, a->att, qd, 1.0f, gw->wo, qd),   /* dWo += dmid^T att */
                     gemm(false, false, N, qd, D, s->dres, D, w->wo, qd, 0.0f, s->datt, qd)}; /* datt = dmid Wo */
@@ -477,7 +542,14 @@ moe_status moe_lm_backward(moe_lm_t *m) {
   MOE_CHECK(moe__gemm_run(g, 2, nt));
   memset(s->dres, 0, (size_t)N * D * 4);
   moe__rmsnorm_backward(s->dxn, s->a[c->n_layers].res, s->normf, s->rstdf, N, D, s->dres, s->gnormf, nt);
+  s->lap_moe = s->lap_router = 0;
+  double t0 = moe__now();
   for (int i = c->n_layers - 1; i >= 0; i--) MOE_CHECK(layer_backward(m, i));
+  add_times(s, moe__now() - t0);
   moe__embed_backward(s->gembed, s->tokens, N, D, s->dres);
+  if (moe_dist_size(c->moe.dist) > 1) { /* the replicated parameters' parts, summed over the ranks */
+    MOE_CHECK(moe__dist_allreduce_f32(c->moe.dist, m->dense_grad, (int)s->dense_n));
+    for (int i = 0; i < c->n_layers; i++) MOE_CHECK(moe_layer_reduce_grads(&m->layers[i]));
+  }
   return MOE_OK;
 }
