@@ -28,17 +28,23 @@ static void fill(float *a, int n, uint64_t s) {
   }
 }
 
+/* A layer made from c with the parameters every run here starts from. */
+static int init_layer(moe_layer_t *l, const moe_layer_config *c) {
+  if (moe_layer_init(l, c) != MOE_OK) return 0;
+  moe_layer_init_params(l, 7);
+  float *b = moe_layer_param(l, "experts.fc1.bias");
+  for (int i = 0; b && i < E * H; i++) b[i] = 0.01f * (float)(i % 7); /* biases that matter */
+  moe_layer_params_changed(l);
+  return 1;
+}
+
 /* One forward (with spec) and backward of a layer made from c with n micro-batches and strategy r. */
 static int run(const moe_layer_config *c, int n, moe_reuse r, const float *x, const float *dy, int T, run_out *o) {
   moe_layer_config cc = *c;
   cc.pipeline = n;
   cc.memory_reuse = r;
   moe_layer_t l;
-  if (moe_layer_init(&l, &cc) != MOE_OK) return 0;
-  moe_layer_init_params(&l, 7);
-  float *b = moe_layer_param(&l, "experts.fc1.bias");
-  for (int i = 0; b && i < E * H; i++) b[i] = 0.01f * (float)(i % 7); /* biases that matter */
-  moe_layer_params_changed(&l);
+  if (!init_layer(&l, &cc)) return 0;
   moe_layer_stats st;
   int ok = moe_layer_forward(&l, x, T, o->y, o->spec, &st) == MOE_OK;
   o->aux = st.aux_loss;
@@ -302,11 +308,7 @@ TEST(pipeline_reuse_auto_fits_budget) {
   for (int c = 0; c < 3; c++) {
     cfg.pipeline = 4, cfg.memory_reuse = MOE_REUSE_AUTO, cfg.memory_budget = cases[c].budget;
     moe_layer_t l;
-    ASSERT_OK(moe_layer_init(&l, &cfg));
-    moe_layer_init_params(&l, 7);
-    float *b = moe_layer_param(&l, "experts.fc1.bias");
-    for (int i = 0; b && i < E * H; i++) b[i] = 0.01f * (float)(i % 7); /* as run() sets them */
-    moe_layer_params_changed(&l);
+    ASSERT(init_layer(&l, &cfg));
     for (int step = 0; step < 3; step++) {
       moe_layer_stats st;
       ASSERT_OK(moe_layer_forward(&l, x, TMAX, o.y, o.spec, &st));
