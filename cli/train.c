@@ -36,6 +36,7 @@ typedef struct {
   moe_model_config model;
   moe_optim_config optim;
   cli_progress progress; /* --progress, --quiet */
+  int parallel_r[8], n_parallel_r; /* --parallel-r: Tutel's r, or several taken in turn step by step */
 } train_opts;
 
 static void usage(FILE *f) {
@@ -53,6 +54,8 @@ static void usage(FILE *f) {
     "       [--on-nan stop|skip-step] [--progress|--quiet]\n"
     "       [--pipeline N|auto] [--memory-reuse none|s2|s3|s4]   (the experts as N micro-batches; same bits;\n"
     "       auto: MPipeMoE's adaptive search over timed steps)\n"
+    "       [--parallel-r N|auto|N1,N2,...]   (under mpirun: every expert sharded over the ranks, Tutel's r;\n"
+    "       a list takes its values in turn, one per step)\n"
     "--epochs is the planned total (the learning-rate schedule's horizon); --stop-after N ends this run\n"
     "after epoch N, and --resume F continues from checkpoint F. --dtype bf16 runs the expert GEMMs in\n"
     "bf16 (fp32 accumulation, fp32 master weights); its checkpoints store the expert weights as BF16.\n"
@@ -142,6 +145,10 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
       else if (cli_flag_is(f, "on_nan")) ok = (o->skip_nan = !strcmp(v, "skip-step")) || !strcmp(v, "stop");
       else if (cli_flag_is(f, "pipeline")) ok = cli_parse_pipeline(v, &m->pipeline);
       else if (cli_flag_is(f, "memory_reuse")) st = moe_reuse_parse(v, "--memory-reuse", &m->memory_reuse);
+      else if (cli_flag_is(f, "parallel_r")) {
+        ok = (o->n_parallel_r = cli_parse_parallel_rs(v, o->parallel_r, 8)) > 0;
+        m->parallel_r = ok ? o->parallel_r[0] : m->parallel_r;
+      }
       else if (cli_flag_is(f, "delta_launch")) ok = cli_parse_int(v, &o->delta_launch) && o->delta_launch >= 0 && o->delta_launch < 60;
       else if (cli_flag_is(f, "headroom")) ok = cli_parse_float(v, &o->headroom) && o->headroom >= 0 && o->headroom <= 10;
       else if (cli_flag_is(f, "cache_on")) ok = cli_parse_float(v, &o->cache.on) && o->cache.on >= 0 && o->cache.on <= 1;
@@ -265,6 +272,9 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     train_batch_epoch(&tb, o->seed, epoch, o->augment);
     for (int s = 0; s < steps && !interrupted; s++, step++) {
       train_batch_fill(&tb, s);
+      for (int b = 0; o->n_parallel_r > 1 && b < m->cfg.blocks; b++) /* switching moves no weights */
+        if (moe_layer_set_parallel_r(&m->layers[b], o->parallel_r[step % o->n_parallel_r])) { rc = cli_fail(CMD), local = 1; break; }
+      if (rc) break;
       if (dc && dyncap_begin(dc, m, step)) { rc = cli_fail(CMD), local = 1; break; }
       const int32_t *ids = tb.perm + (size_t)s * B + b0;
       if (ac && assign_cache_before(ac, m, step, ids, b1 - b0)) { rc = cli_fail(CMD), local = 1; break; }
@@ -380,6 +390,7 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
       {"--cache-on", o->cache.on, NULL}, {"--cache-off", o->cache.off, NULL},
       {"--cache-min-epoch", o->cache.min_epoch, NULL}, {"--on-nan skip-step", o->skip_nan, NULL},
       {"--pipeline", l->pipeline, NULL}, /* each micro-batch is an exchange: the counts must match */
+      {"--parallel-r", cli_hash(o->parallel_r, sizeof(int) * (size_t)o->n_parallel_r) + l->parallel_r, NULL},
       {"--checkpoint", o->checkpoint != NULL, NULL}, {"--resume", o->resume != NULL, NULL}, /* collectives */
       {"training images", train->n, NULL}, {"image rows", train->rows, NULL}, {"image columns", train->cols, NULL},
       {"training labels (hash)", cli_hash(train->labels, (size_t)train->n), NULL}, {"test images", test->n, NULL},
