@@ -414,7 +414,8 @@ static int setup(int argc, char **argv, train_opts *o, int arch, const moe_datas
   moe_train_state ts;
   if (arch) return cli_usage_error(CMD, "--resume takes the model and optimizer from the checkpoint; drop the architecture flags");
   /* under mpirun each rank keeps its own experts, whatever number of ranks saved the file */
-  if (moe_checkpoint_load_ranks(o->resume, o->model.moe.dist, m, opt, &ts) != MOE_OK) return cli_fail(CMD);
+  if (moe_checkpoint_load_sharded(o->resume, o->model.moe.dist, o->model.moe.parallel_r, m, opt, &ts) != MOE_OK)
+    return cli_fail(CMD);
   if (!opt->m) return cli_usage_error(CMD, "%s: has no optimizer state to resume from", o->resume);
   if (!load_extra(ts.extra, o))
     return cli_usage_error(CMD, "%s: __metadata__ train='%s' is not a valid set of training options", o->resume, ts.extra);

@@ -868,6 +868,10 @@ int moe_layer_parallel_r(const moe_layer_t *l);
  * parameters (grads), the others may pass NULL; take: l's parameters from whole's, no exchange. */
 moe_status moe_layer_shard_gather(const moe_layer_t *l, int grads, moe_layer_t *whole);
 moe_status moe_layer_shard_take(moe_layer_t *l, const moe_layer_t *whole);
+/* moe_checkpoint_load_ranks with the model's layers sharded (parallel_r, not OFF: any r, any W; the file
+ * is the one-process format, whatever W and r saved it). */
+moe_status moe_checkpoint_load_sharded(const char *path, const moe_dist *d, int parallel_r, moe_model_t *m,
+                                       moe_optim_t *o, moe_train_state *ts);
 
 #ifdef __cplusplus
 }

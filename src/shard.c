@@ -120,40 +120,47 @@ static moe_status check_whole(const moe_layer_t *l, const moe_layer_t *whole, co
   return MOE_OK;
 }
 
-moe_status moe_layer_shard_gather(const moe_layer_t *l, int grads, moe_layer_t *whole) {
-  MOE_TRY(l && l->st && l->st->sh, MOE_ERR_ARG, "moe_layer_shard_gather: the layer is not sharded");
+moe_status moe__shard_gather_tensor(const moe_layer_t *l, const moe_param_info *p, const float *src, float *dst) {
   const moe_dist *d = l->cfg.dist;
   int W = moe_dist_size(d), root = moe_dist_rank(d) == 0;
-  if (root) MOE_CHECK(check_whole(l, whole, "moe_layer_shard_gather"));
-  float *buf = root ? malloc((whole->numel + 1) * 4) : NULL; /* a tensor's shards, rank after rank */
-  MOE_TRY(buf || !root, MOE_ERR_NOMEM, "moe_layer_shard_gather: out of memory for %zu floats", whole->numel);
-  moe_status st = MOE_OK;
-  for (int i = 0; i < l->nparams && !st; i++) {
-    const moe_param_info *p = &l->info[i];
-    const float *mine = (grads ? l->grads : l->params) + p->offset;
-    float *dst = root ? (grads ? whole->grads : whole->params) + twin(whole, p)->offset : NULL;
-    int64_t w[3];
-    int lo, hi;
-    if (!moe__shard_axis(l, p, 0, w, &lo, &hi)) { /* replicated: rank 0's copy */
-      if (root) memcpy(dst, mine, p->numel * 4);
-      continue;
-    }
-    st = moe_dist_gather(d, mine, (int)p->numel, buf);
-    for (int q = 0, at = 0; root && !st && q < W; at += (int)shard_numel(l, p, q), q++)
-      for (size_t k = 0; k < shard_numel(l, p, q); k++) dst[whole_of(l, p, q, k)] = buf[at + k];
+  int64_t w[3];
+  int lo, hi;
+  if (!moe__shard_axis(l, p, 0, w, &lo, &hi)) { /* replicated: rank 0's copy */
+    if (root) memcpy(dst, src, p->numel * 4);
+    return MOE_OK;
   }
+  size_t n = (size_t)(w[0] * w[1] * w[2]);
+  float *buf = root ? malloc(n * 4 + 4) : NULL; /* the shards, rank after rank */
+  MOE_TRY(buf || !root, MOE_ERR_NOMEM, "%s: out of memory gathering %zu floats", p->name, n);
+  moe_status st = moe_dist_gather(d, src, (int)p->numel, buf);
+  for (int q = 0, at = 0; root && !st && q < W; at += (int)shard_numel(l, p, q), q++)
+    for (size_t k = 0; k < shard_numel(l, p, q); k++) dst[whole_of(l, p, q, k)] = buf[at + k];
   free(buf);
   return st;
 }
 
-moe_status moe_layer_shard_take(moe_layer_t *l, const moe_layer_t *whole) {
-  MOE_CHECK(check_whole(l, whole, "moe_layer_shard_take"));
+void moe__shard_take_tensor(const moe_layer_t *l, const moe_param_info *p, const float *whole, float *dst) {
   int me = moe_dist_rank(l->cfg.dist);
+  for (size_t k = 0; k < p->numel; k++) dst[k] = whole[whole_of(l, p, me, k)];
+}
+
+moe_status moe_layer_shard_gather(const moe_layer_t *l, int grads, moe_layer_t *whole) {
+  MOE_TRY(l && l->st && l->st->sh, MOE_ERR_ARG, "moe_layer_shard_gather: the layer is not sharded");
+  int root = moe_dist_rank(l->cfg.dist) == 0;
+  if (root) MOE_CHECK(check_whole(l, whole, "moe_layer_shard_gather"));
   for (int i = 0; i < l->nparams; i++) {
     const moe_param_info *p = &l->info[i];
-    const float *src = whole->params + twin(whole, p)->offset;
-    for (size_t k = 0; k < p->numel; k++) l->params[p->offset + k] = src[whole_of(l, p, me, k)];
+    float *dst = root ? (grads ? whole->grads : whole->params) + twin(whole, p)->offset : NULL;
+    MOE_CHECK(moe__shard_gather_tensor(l, p, (grads ? l->grads : l->params) + p->offset, dst));
   }
+  return MOE_OK;
+}
+
+moe_status moe_layer_shard_take(moe_layer_t *l, const moe_layer_t *whole) {
+  MOE_CHECK(check_whole(l, whole, "moe_layer_shard_take"));
+  for (int i = 0; i < l->nparams; i++)
+    moe__shard_take_tensor(l, &l->info[i], whole->params + twin(whole, &l->info[i])->offset,
+                           l->params + l->info[i].offset);
   moe_layer_params_changed(l);
   return MOE_OK;
 }

@@ -54,6 +54,10 @@ int moe__shard_axis(const moe_layer_t *l, const moe_param_info *p, int q, int64_
 long long moe__shard_local(const moe_layer_t *l, const moe_param_info *p, size_t j);
 /* This forward's r (clipped): the rank's tasks, and the tasks' layer when r changed. */
 moe_status moe__shard_use(moe_layer_t *l, int r);
+/* Tensor p of l (params' or grads' layout: src, this rank's): rank 0 gets it whole at dst (collective;
+ * the other ranks' dst is not read), and this rank's part of it from whole (a copy when not split). */
+moe_status moe__shard_gather_tensor(const moe_layer_t *l, const moe_param_info *p, const float *src, float *dst);
+void moe__shard_take_tensor(const moe_layer_t *l, const moe_param_info *p, const float *whole, float *dst);
 /* The state, made at init; freed with the layer. */
 moe_status moe__shard_new(moe_layer_t *l);
 void moe__shard_free(moe_layer_t *l);

@@ -1,6 +1,8 @@
-/* `moe train --parallel-r` under mpirun (src/shard.c): switching r at every step (a list of r taken in
+/* `moe train --parallel-r` under mpirun (src/shard.c, src/checkpoint_dist.c): switching r at every step (a list of r taken in
  * turn) follows the run at one fixed r, and both the one-process run, within 1e-4 per step in loss:
- * W = 2 with E = 4 (r in {0, 1}) and W = 4 with E = 2 (W > E: r in {0, 1, 2}). Skipped without mpirun. */
+ * W = 2 with E = 4 (r in {0, 1}) and W = 4 with E = 2 (W > E: r in {0, 1, 2}). A checkpoint saved by
+ * sharded ranks is the one-process file: resumed with another W and r, the run goes on as one process
+ * does. Skipped without mpirun. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +12,8 @@
 #include "synth.h"
 #include "test.h"
 
-#define SH_TRAIN "train --top-k 1 --hidden 24 --model 16 --batch 24 --augment 1 --threads 1 --log-steps --epochs 1"
+#define SH_TRAIN "train --batch 24 --augment 1 --threads 1 --log-steps"
+#define SH_ARCH "--top-k 1 --hidden 24 --model 16 "
 
 /* `moe train` with args (under mpirun -np W when W > 1); its per-step losses into loss (n of them). */
 static int losses(int W, const char *args, double *loss, int *n) {
@@ -22,7 +25,11 @@ static int losses(int W, const char *args, double *loss, int *n) {
   int rc = system(cmd);
   *n = test_read_losses(out, loss, 64);
   if (!WIFEXITED(rc) || WEXITSTATUS(rc)) {
-    fprintf(stderr, "  %s: status %d\n", cmd, rc);
+    fprintf(stderr, "  %s: status %d, output:\n", cmd, rc);
+    FILE *f = fopen(out, "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) fprintf(stderr, "    %s", line);
+    if (f) fclose(f);
     return 0;
   }
   return 1;
@@ -31,8 +38,8 @@ static int losses(int W, const char *args, double *loss, int *n) {
 TEST(shard_train_switching_r_follows_fixed_r) {
   if (!test_have_mpirun()) return;
   const struct { int W; const char *E, *fixed, *cycle; } runs[] = {
-      {2, "--experts 4", "--parallel-r 1", "--parallel-r 0,1"},
-      {4, "--experts 2", "--parallel-r 2", "--parallel-r 0,1,2"},
+      {2, SH_ARCH "--experts 4 --epochs 1", "--parallel-r 1", "--parallel-r 0,1"},
+      {4, SH_ARCH "--experts 2 --epochs 1", "--parallel-r 2", "--parallel-r 0,1,2"},
   };
   for (int c = 0; c < 2; c++) {
     double one[64], fixed[64], cyc[64];
@@ -50,5 +57,25 @@ TEST(shard_train_switching_r_follows_fixed_r) {
       if (fabs(cyc[i] - fixed[i]) > 1e-4 || fabs(fixed[i] - one[i]) > 1e-4)
         FAIL_("W=%d %s, step %d: loss %.9g switching r (%s), %.9g at %s, %.9g in one process", runs[c].W, runs[c].E, i,
               cyc[i], runs[c].cycle, fixed[i], runs[c].fixed, one[i]);
+  }
+}
+
+TEST(shard_checkpoint_resumes_with_another_w_and_r) {
+  if (!test_have_mpirun()) return;
+  char ck[512], args[1024];
+  test_tmp_path("shard_ck.safetensors", ck, sizeof ck);
+  double one[64], first[64], rest[64];
+  int n1, nf, nr;
+  ASSERT(losses(1, SH_ARCH "--experts 2 --epochs 2", one, &n1));
+  snprintf(args, sizeof args, SH_ARCH "--experts 2 --epochs 2 --stop-after 1 --parallel-r 2 --checkpoint '%s'", ck);
+  ASSERT(losses(4, args, first, &nf));
+  snprintf(args, sizeof args, "--parallel-r 0 --resume '%s'", ck);
+  ASSERT(losses(2, args, rest, &nr));
+  ASSERT(nf >= 20);
+  ASSERT_EQ_INT(nf + nr, n1);
+  for (int i = 0; i < n1; i++) {
+    double got = i < nf ? first[i] : rest[i - nf];
+    if (fabs(got - one[i]) > 1e-4)
+      FAIL_("step %d: loss %.9g (W=4 r=2, resumed on W=2 r=0 after step %d), %.9g in one process", i, got, nf, one[i]);
   }
 }
