@@ -863,6 +863,9 @@ moe_status moe_layer_set_parallel_r(moe_layer_t *l, int r);
 /* The r the last forward ran (clipped to [0, ceil(W/E)]; the adaptive choice under MOE_PARALLEL_AUTO),
  * -1 before the first. */
 int moe_layer_parallel_r(const moe_layer_t *l);
+/* Whether the last forward was a trial of the adaptive r (MOE_PARALLEL_AUTO: the dictionary of setups
+ * per capacity window, Tutel's P2 1.7, searching), not its choice. */
+int moe_layer_parallel_r_trial(const moe_layer_t *l);
 /* Whole tensors <-> this rank's shards. whole is a layer of l's configuration without dist. gather
  * (collective): rank 0 gets every tensor of l's parameters (grads: its gradients) whole in whole's
  * parameters (grads), the others may pass NULL; take: l's parameters from whole's, no exchange. */

@@ -1,8 +1,8 @@
 /* Tutel's adaptive parallelism r (src/shard.c, src/transport_shard.c): under mpirun -np W (W = 2, 4;
  * the test runs itself as the ranks), a sharded layer gives, for every r from 0 to ceil(W/E) + 1
- * (clipped), the outputs, losses, input gradients and weight gradients of one process within 1e-5,
- * for E below, at and above W (W > E included, E not dividing W), with uneven token slices and a rank
- * without tokens. One sharded layer runs every r in turn (moe_layer_set_parallel_r): switching moves
+ * (clipped) and steps of the adaptive r (trials included), the outputs, losses, input gradients and
+ * weight gradients of one process within 1e-5, for E below, at and above W (W > E included, E not
+ * dividing W), with uneven token slices and a rank without tokens. One sharded layer runs every r in turn (moe_layer_set_parallel_r): switching moves
  * no weights. Skipped without mpirun. */
 #include <math.h>
 #include <stdio.h>
@@ -54,16 +54,20 @@ static void one_case(const moe_dist *d, int E, moe_act act, const int *cut, int 
   ASSERT_OK(moe_layer_shard_gather(&sh, 0, &got)); /* the sharded init draws the same model */
   if (root) ASSERT(tensors_close("params", got.params, ref.params, ref.numel, 0, 0));
   int m = (W + E - 1) / E;
-  for (int r = 0; r <= m + 1; r++) {
+  for (int it = 0; it <= m + 1 + 8; it++) { /* every r, clipped past m, then steps of the adaptive r */
+    int r = it <= m + 1 ? it : MOE_PARALLEL_AUTO;
     ASSERT_OK(moe_layer_set_parallel_r(&sh, r));
     moe_layer_zero_grad(&sh);
     ASSERT_OK(moe_layer_forward(&sh, x + (size_t)t0 * D, n, ys, NULL, &ss));
-    ASSERT_EQ_INT(moe_layer_parallel_r(&sh), r > m ? m : r);
+    int ran = moe_layer_parallel_r(&sh);
+    if (r == MOE_PARALLEL_AUTO) ASSERT(ran >= 0 && ran <= m);
+    else ASSERT_EQ_INT(ran, r > m ? m : r);
     ASSERT_OK(moe_layer_backward(&sh, dy + (size_t)t0 * D, 0.3f, 0.05f, NULL, NULL, dxs));
     ASSERT_OK(moe_layer_reduce_grads(&sh));
     ASSERT_OK(moe_layer_shard_gather(&sh, 1, &got));
     char what[96];
-    snprintf(what, sizeof what, "W=%d E=%d act=%d r=%d rank %d tokens [%d, %d)", W, E, act, r, q, t0, t0 + n);
+    snprintf(what, sizeof what, "W=%d E=%d act=%d r=%d (ran %d) rank %d tokens [%d, %d)", W, E, act, r, ran, q, t0,
+             t0 + n);
     int ok = tensors_close("y", ys, y + (size_t)t0 * D, (size_t)n * D, 1e-5, 1e-7) &&
              tensors_close("dx", dxs, dx + (size_t)t0 * D, (size_t)n * D, 1e-5, 1e-7) &&
              fabsf(ss.aux_loss - rs.aux_loss) <= 1e-5f * fabsf(rs.aux_loss) &&
