@@ -185,6 +185,7 @@ void moe__shard_free(moe_layer_t *l) {
   if (!sh) return;
   if (sh->cl_r >= 0) moe_layer_free(&sh->cl);
   if (sh->ar) moe__auto_r_free(sh->ar);
+  free(sh->wbuf);
   free(sh->ar);
   free(sh->tasks);
   free(sh);
@@ -305,10 +306,17 @@ static moe_status exchange_weights(moe_layer_t *l, int grads) {
     sc[q] = (int)ns, sd[q] = (int)out, rc[q] = (int)nr, rd[q] = (int)in;
     out += ns, in += nr;
   }
-  float *sb = malloc((out + in + 1) * 4), *rb = sb + out;
+  moe__shard *sh = l->st->sh;
+  if (out + in + 1 > sh->wcap) { /* kept between steps: a fresh buffer each step costs its page faults */
+    free(sh->wbuf);
+    sh->wcap = out + in + 1;
+    sh->wbuf = malloc(sh->wcap * 4);
+  }
+  float *sb = sh->wbuf, *rb = sb ? sb + out : NULL;
   moe_status st = sb && out + in < (size_t)INT32_MAX
                       ? MOE_OK
                       : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "sharded experts: cannot move %zu floats", out + in);
+  if (!sb) sh->wcap = 0;
   for (int q = 0; q < W && !st; q++) {
     if (grads) pieces(l, me, q, TASKS_TO_BUF, sb + sd[q], scratch);
     else pieces(l, q, me, SHARD_TO_BUF, sb + sd[q], scratch);
@@ -320,7 +328,6 @@ static moe_status exchange_weights(moe_layer_t *l, int grads) {
     if (grads) pieces(l, q, me, BUF_ADD_SHARD, rb + rd[q], scratch);
     else pieces(l, me, q, BUF_TO_TASKS, rb + rd[q], scratch);
   }
-  free(sb);
   free(scratch);
   return st;
 }

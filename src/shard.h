@@ -62,6 +62,8 @@ struct moe__shard_s {
   int nsend, nrecv;    /* segments of each kind */
   int srows;           /* rows this rank sends (its rows repeated once per slice) */
   float *sbuf;         /* (srows, D) send staging, in the work arena */
+  float *wbuf;         /* (wcap) the weights' exchange, sent then received */
+  size_t wcap;
   moe__auto_r *ar;     /* MOE_PARALLEL_AUTO: the dictionary, from the first forward */
   double t0, t1;       /* a trial step: its start (groups) and its last exchange's end */
 };
