@@ -114,3 +114,37 @@ TEST(shard_every_r_matches_one_process) {
     if (rc != 0 || !strstr(out, "1 passed, 0 failed")) FAIL_("W=%d: %s: status %d, output:\n%s", W, cmd, rc, out);
   }
 }
+
+/* One rank (no mpirun needed): a sharded layer over a moe_dist of size 1 is the plain layer, every r;
+ * what the sharded layout does not support is refused at init with a message. */
+TEST(shard_one_rank_and_refusals) {
+  moe_dist *d;
+  ASSERT_OK(moe_dist_init(&d, NULL, NULL));
+  if (moe_dist_size(d) == 1) {
+    int cut[2] = {0, T};
+    one_case(d, 3, MOE_ACT_SILU, cut, failed_);
+  }
+  moe_layer_config c;
+  moe_layer_config_default(&c);
+  ASSERT_EQ_INT(c.parallel_r, MOE_PARALLEL_OFF);
+  c.D = 4, c.H = 4, c.E = 3, c.dist = d, c.parallel_r = 1;
+  moe_layer_t l;
+  c.dispatch = MOE_DISPATCH_STATIC;
+  ASSERT_STATUS(moe_layer_init(&l, &c), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "dynamic dispatch"));
+  c.dispatch = MOE_DISPATCH_DYNAMIC, c.pipeline = 2;
+  ASSERT_STATUS(moe_layer_init(&l, &c), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "one micro-batch"));
+  c.pipeline = 1, c.parallel_r = -3;
+  ASSERT_STATUS(moe_layer_init(&l, &c), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "parallel_r"));
+  c.parallel_r = MOE_PARALLEL_OFF, c.E = 4;
+  ASSERT_OK(moe_layer_init(&l, &c));
+  ASSERT_STATUS(moe_layer_set_parallel_r(&l, 0), MOE_ERR_ARG); /* whole experts: not sharded */
+  ASSERT(strstr(moe_last_error(), "not sharded"));
+  moe_layer_free(&l);
+  moe_dist_finalize(d);
+  char err[512];
+  ASSERT(run_moe(NULL, "layer-run --weights w --input x --out o --parallel-r two", NULL, err, sizeof err) != 0);
+  ASSERT(strstr(err, "--parallel-r: 'two'"));
+}
