@@ -95,6 +95,7 @@ long long moe__shard_local(const moe_layer_t *l, const moe_param_info *p, size_t
 static size_t whole_of(const moe_layer_t *l, const moe_param_info *p, int q, size_t k) {
   int64_t w[3];
   int lo, hi, ax = moe__shard_axis(l, p, q, w, &lo, &hi);
+  if (!ax) return k; /* replicated: the whole tensor */
   int64_t A = ax == 1 ? hi - lo : w[1], B = ax == 2 ? hi - lo : w[2];
   int64_t e = (int64_t)k / (A * B), i = (int64_t)k / B % A, c = (int64_t)k % B;
   return (size_t)((e * w[1] + (ax == 1 ? i + lo : i)) * w[2] + (ax == 2 ? c + lo : c));

@@ -148,3 +148,17 @@ TEST(shard_one_rank_and_refusals) {
   ASSERT(run_moe(NULL, "layer-run --weights w --input x --out o --parallel-r two", NULL, err, sizeof err) != 0);
   ASSERT(strstr(err, "--parallel-r: 'two'"));
 }
+
+/* `moe layer-run --expert-parallel --parallel-r` on 3 ranks (E = 4: neither divides the other) writes the
+ * PyTorch reference of a fixture: the whole tensors go to the shards and the gradients come back whole. */
+TEST(shard_layer_run_matches_reference) {
+  if (!test_have_mpirun()) return;
+  char f[512], out[512], args[2048], err[1024];
+  snprintf(f, sizeof f, "%s/gelu_k2_cap1_index_dynamic", test_fixture_dir());
+  test_tmp_path("shard_lr.safetensors", out, sizeof out);
+  snprintf(args, sizeof args, "layer-run --weights '%s/w.safetensors' --input '%s/x.safetensors' --out '%s' "
+           "--backward --spec --expert-parallel --parallel-r 2 --threads 1", f, f, out);
+  if (run_moe(TEST_MPIRUN "-np 3", args, NULL, err, sizeof err)) FAIL_("mpirun -np 3 moe %s: %s", args, err);
+  snprintf(args, sizeof args, "compare '%s' '%s/ref.safetensors'", out, f);
+  if (run_moe(NULL, args, NULL, err, sizeof err)) FAIL_("3 ranks, r = 2: differs from the reference: %s", err);
+}
