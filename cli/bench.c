@@ -24,8 +24,7 @@ static void usage(FILE *f) {
           "usage: moe bench [--cases S,M,L] [--routing uniform,skewed] [--dispatch dynamic,static]\n"
           "                 [--dtype f32,bf16] [--shape T,D,H,E,k] [--threads N] [--reps R] [--json]\n"
           "                 [--expert-parallel] [--pipeline N|auto,... [--memory-reuse none|s2|s3|s4|auto]]\n"
-          "                 [--memory-budget MIB]\n"
-          "                 [--progress|--quiet]\n"
+          "                 [--memory-budget MIB] [--parallel-r N|auto,...] [--progress|--quiet]\n"
           "--cases, --routing, --dispatch and --dtype take a comma-separated subset (any order, each name\n"
           "once; default all, but --dtype f32). --dtype: the experts' compute dtypes; the ratio (roofline_ratio)\n"
           "is to the fp32 sgemm measured in the same run, so bf16 can exceed 1. --reps R: timed steps\n"
@@ -42,6 +41,9 @@ static void usage(FILE *f) {
           "both); peak_bytes shows the saving. auto (with --memory-budget, the layer's workspace in MiB):\n"
           "the strategy MPipeMoE's Eq. 10 models fastest among those that fit, from rates measured in the\n"
           "untimed first step, shown as auto:NAME.\n"
+          "--parallel-r N,...: expert-parallel, dynamic dispatch: every expert sharded over the ranks (Tutel),\n"
+          "each case once per r given (0: weights all-gathered; >= 1: tokens exchanged, clipped to ceil(W/E);\n"
+          "auto: the layer's choice), shown in column n as n/rR (R: the r that ran).\n"
           "Each case's timed steps show as a progress line on stderr on a terminal (--progress: anywhere,\n"
           "--quiet: nowhere).\n");
 }
@@ -145,7 +147,8 @@ static int check_tokens(moe_layer_t *l, const float *x, const float *y, const mo
 typedef struct { int threads, reps, json, ncases, nrouting, ndispatch, ndtype; const bench_case *cases[3];
                  int routing[2], dispatch[2], dtypes[2], expert_parallel, npipe, pipes[8]; moe_reuse reuse;
                  size_t budget;
-                 moe_dist *dist; cli_progress progress; } bench_opts;
+                 moe_dist *dist; cli_progress progress;
+                 int nrs, rs[8], parallel_r; /* --parallel-r: Tutel's r of each run, and the current one */ } bench_opts;
 
 static const moe_dtype DTYPES[2] = {MOE_DT_F32, MOE_DT_BF16}; /* the names in cmd_bench's dtn */
 
@@ -182,6 +185,7 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
   cfg.threads = o->threads;
   cfg.dtype = dtype;
   cfg.dist = o->dist; /* expert-parallel: this rank routes tokens [t0, t1) and owns E/W experts */
+  cfg.parallel_r = o->parallel_r;
   if (disp == MOE_DISPATCH_DYNAMIC || !o->dist) { /* where micro-batches run (moe_layer_config.pipeline) */
     cfg.pipeline = pipeline;
     cfg.memory_reuse = o->reuse;
@@ -213,7 +217,8 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
     goto done;
   }
   if (moe_layer_backward(&l, dyl, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
-  for (int w = 0; w < 64 && st.pipeline_trial; w++) /* --pipeline auto: the search's trial steps, untimed */
+  for (int w = 0; w < 64 && (st.pipeline_trial || moe_layer_parallel_r_trial(&l)); w++) /* --pipeline auto,
+     --parallel-r auto: the searches' trial steps, untimed */
     if (moe_layer_forward(&l, xl, Tl, y, NULL, &st) != MOE_OK ||
         moe_layer_backward(&l, dyl, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
   moe_layer_comm_reset(&l);
@@ -253,6 +258,8 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
   snprintf(pn, sizeof pn, cfg.pipeline ? "%d" : "auto:%d", st.pipeline);
   char rn[16]; /* the strategy, or auto:NAME */
   snprintf(rn, sizeof rn, "%s%s", cfg.memory_reuse == MOE_REUSE_AUTO ? "auto:" : "", moe_reuse_name(st.memory_reuse));
+  if (cfg.parallel_r != MOE_PARALLEL_OFF) /* and Tutel's r that ran */
+    snprintf(pn + strlen(pn), sizeof pn - strlen(pn), "/r%d", moe_layer_parallel_r(&l));
   if (rank != 0) goto done;
   if (o->dist && o->json)
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
@@ -346,7 +353,7 @@ static int parse_list(const char *f, const char *v, const char *const *names, in
 int cmd_bench(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   bench_opts o = {.threads = 0, .reps = 3, .ncases = 3, .nrouting = 2, .ndispatch = 2, .ndtype = 1, .npipe = 1,
-                  .pipes = {1},
+                  .pipes = {1}, .nrs = 1, .rs = {MOE_PARALLEL_OFF},
                   .routing = {0, 1}, .dispatch = {0, 1}, .dtypes = {0, 1}};
   int idx[3] = {0, 1, 2};
   bench_case custom = {"custom", 0, 0, 0, 0, 0};
@@ -364,6 +371,7 @@ int cmd_bench(int argc, char **argv) {
     if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o.threads) && o.threads >= 0;
     else if (cli_flag_is(f, "reps")) ok = cli_parse_int(v, &o.reps) && o.reps >= 1 && o.reps <= 100;
     else if (cli_flag_is(f, "pipeline")) ok = (o.npipe = parse_pipes(v, o.pipes)) > 0;
+    else if (cli_flag_is(f, "parallel_r")) ok = (o.nrs = cli_parse_parallel_rs(v, o.rs, 8)) > 0;
     else if (cli_flag_is(f, "memory_reuse")) {
       if (moe_reuse_parse(v, "--memory-reuse", &o.reuse) != MOE_OK) return cli_fail(CMD);
     }
@@ -410,11 +418,14 @@ int cmd_bench(int argc, char **argv) {
     for (int r = 0; r < o.nrouting && !rc; r++)
       for (int d = 0; d < o.ndispatch && !rc; d++)
         for (int t = 0; t < o.ndtype && !rc; t++)
-          for (int n = 0; n < o.npipe && !rc; n++) { /* static dispatch's exchanges run one micro-batch */
-            int pipes = o.dispatch[d] == MOE_DISPATCH_DYNAMIC || !o.dist;
-            if (n == 0 || pipes)
-              rc = run_case(&o, o.cases[c], o.routing[r], (moe_dispatch)o.dispatch[d], DTYPES[o.dtypes[t]],
-                            pipes ? o.pipes[n] : 1, sg);
-          }
+          for (int n = 0; n < o.npipe && !rc; n++) /* static dispatch's exchanges run one micro-batch */
+            for (int q = 0; q < o.nrs && !rc; q++) { /* the sharded layout: dynamic dispatch */
+              int pipes = o.dispatch[d] == MOE_DISPATCH_DYNAMIC || !o.dist;
+              o.parallel_r = o.dist ? o.rs[q] : MOE_PARALLEL_OFF;
+              if ((n == 0 || pipes) && (q == 0 || o.parallel_r != MOE_PARALLEL_OFF) &&
+                  (o.parallel_r == MOE_PARALLEL_OFF || o.dispatch[d] == MOE_DISPATCH_DYNAMIC))
+                rc = run_case(&o, o.cases[c], o.routing[r], (moe_dispatch)o.dispatch[d], DTYPES[o.dtypes[t]],
+                              pipes ? o.pipes[n] : 1, sg);
+            }
   return cli_dist_end(o.dist, CMD, rc);
 }

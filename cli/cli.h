@@ -20,6 +20,10 @@ struct cJSON;
 void cli_json_line(struct cJSON *o);
 /* --pipeline: a count of micro-batches >= 1, or "auto" (0: the layer's adaptive choice). */
 int cli_parse_pipeline(const char *s, int *out);
+/* --parallel-r: r >= 0 or auto (MOE_PARALLEL_AUTO); _rs: a comma-separated list of them (at most
+ * max), their number (0: not valid). cli/parallel_r.c */
+int cli_parse_parallel_r(const char *s, int *out);
+int cli_parse_parallel_rs(const char *s, int *out, int max);
 int cli_parse_float(const char *s, float *out);
 /* A size in MiB (a number > 0, fractions allowed) into bytes. */
 int cli_parse_mib(const char *s, size_t *bytes);

@@ -21,7 +21,8 @@ static void usage(FILE *f) {
           "                     [--router linear|cosine] [--threads N] [--dtype f32|bf16]\n"
           "                     [--out-dtype f32|bf16] [--expert-capacity C0,C1,...]\n"
           "                     [--pipeline N|auto] [--memory-reuse none|s2|s3|s4]\n"
-          "                     [--expert-parallel [--a2a linear|2dh] [--ranks-per-node G] [--placement P.json]]\n"
+          "                     [--expert-parallel [--a2a linear|2dh] [--ranks-per-node G] [--placement P.json]\n"
+          "                                        [--parallel-r N|auto]]\n"
           "--dtype picks the experts' compute dtype (default: the file's \"dtype\" metadata, else f32);\n"
           "--out-dtype the dtype of the float tensors written (default f32). --expert-capacity gives each\n"
           "expert its own capacity (static dispatch; DynaMoE's per-expert capacities), E counts.\n"
@@ -29,7 +30,8 @@ static void usage(FILE *f) {
           "the layer's adaptive choice), --memory-reuse s3|s2|s4 what backward restores instead of\n"
           "keeping (s3: the activations, recomputed; s2: the received rows, received again; s4: both).\n"
           "Under mpirun -np W, --expert-parallel spreads the experts over the ranks (each routes T/W of\n"
-          "the tokens); rank 0 writes OUT, equal to the one-process output.\n");
+          "the tokens); rank 0 writes OUT, equal to the one-process output. --parallel-r shards every expert\n"
+          "over the ranks instead (Tutel: r = 0 gathers the weights, r >= 1 moves tokens; any E and W).\n");
 }
 
 typedef struct {
@@ -43,11 +45,14 @@ typedef struct {
   float *in[5]; /* the inputs read from X, as float32 */
   moe_layer_overrides ov;
   moe_dist *dist; /* with --expert-parallel */
+  int parallel_r;  /* --parallel-r, MOE_PARALLEL_OFF without */
+  moe_layer_t whole; /* --parallel-r: the layer whole, which the shards come from and the gradients go to */
 } args_t;
 
 static int parse_args(int argc, char **argv, args_t *a) {
   memset(a, 0, sizeof *a);
   moe_layer_overrides_init(&a->ov);
+  a->parallel_r = MOE_PARALLEL_OFF;
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     if (cli_flag_is(f, "backward")) { a->backward = 1; continue; }
@@ -94,6 +99,8 @@ static int parse_args(int argc, char **argv, args_t *a) {
         return cli_usage_error(CMD, "--pipeline: '%s' is not a count of micro-batches >= 1 nor auto", v);
     } else if (cli_flag_is(f, "memory_reuse")) {
       moe_reuse x; st = moe_reuse_parse(v, "--memory-reuse", &x); a->ov.memory_reuse = (int)x;
+    } else if (cli_flag_is(f, "parallel_r")) {
+      if (!cli_parse_parallel_r(v, &a->parallel_r)) return cli_usage_error(CMD, "--parallel-r: '%s' (want r >= 0 or auto)", v);
     } else if (cli_flag_is(f, "expert_capacity")) {
       a->capacities = v;
     } else if (cli_flag_is(f, "out_dtype")) {
@@ -150,16 +157,17 @@ static void to_file_order(const args_t *a, int E, void *dst, const void *src, si
 
 /* The gradients of every weight: router gradients summed over the ranks, expert gradients gathered
  * from their owners into (E, ...) tensors. Rank 0 adds them to w. */
-static int add_grads(const args_t *a, moe_layer_t *l, moe_st_writer *w, float *scratch) {
+static int add_grads(args_t *a, moe_layer_t *l, moe_st_writer *w, float *scratch) {
   if (a->dist && moe_layer_reduce_grads(l) != MOE_OK) return cli_fail(CMD);
-  int root = moe_dist_rank(a->dist) == 0;
+  int root = moe_dist_rank(a->dist) == 0, sharded = a->whole.params != NULL;
+  if (sharded && moe_layer_shard_gather(l, 1, root ? &a->whole : NULL) != MOE_OK) return cli_fail(CMD);
   for (int i = 0; i < l->nparams; i++) {
-    const moe_param_info *p = &l->info[i];
+    const moe_param_info *p = sharded ? &a->whole.info[i] : &l->info[i]; /* the same tensors in order */
     int64_t shape[3] = {p->shape[0], p->shape[1], p->shape[2]};
-    const float *g = l->grads + p->offset;
+    const float *g = (sharded ? a->whole.grads : l->grads) + p->offset;
     int expert_rows = !strncmp(p->name, "experts.", 8), gate_rows = !strcmp(p->name, "gate.weight") ||
                                                                     !strcmp(p->name, "gate.bias");
-    if (a->dist && expert_rows) {
+    if (a->dist && expert_rows && !sharded) {
       if (gather(a->dist, g, p->numel, scratch)) return 1;
       shape[0] = l->cfg.E;
       g = scratch;
@@ -227,9 +235,24 @@ static int set_capacities(const args_t *a, moe_layer_t *l) {
   return rc;
 }
 
+/* --parallel-r: the layer whole from the file, then sharded over the ranks. */
+static int load_sharded(args_t *a, moe_st *wf, moe_layer_t *l) {
+  if (a->placement || !a->dist) return cli_usage_error(CMD, "--parallel-r needs --expert-parallel and no --placement");
+  a->ov.dist = NULL;
+  if (moe_layer_load(&a->whole, wf, &a->ov) != MOE_OK) return cli_fail(CMD);
+  moe_layer_config c = a->whole.cfg;
+  c.dist = a->dist;
+  c.parallel_r = a->parallel_r;
+  if (moe_layer_init(l, &c) != MOE_OK || moe_layer_shard_take(l, &a->whole) != MOE_OK) return cli_fail(CMD);
+  return 0;
+}
+
 static int run(args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_writer *w, float **bufs) {
   if (a->placement && placement_order(a, wf)) return 1;
-  if (moe_layer_load(l, wf, &a->ov) != MOE_OK) return cli_fail(CMD);
+  if (a->parallel_r != MOE_PARALLEL_OFF) {
+    if (load_sharded(a, wf, l)) return 1;
+  } else if (moe_layer_load(l, wf, &a->ov) != MOE_OK)
+    return cli_fail(CMD);
   if (a->capacities && set_capacities(a, l)) return 1;
   int D = l->cfg.D, k = l->cfg.top_k;
   moe_tensor_view x, sc;
@@ -312,7 +335,7 @@ static double shape_of(const moe_st *f, const char *name, char *text, size_t n) 
 static moe_status agree(const args_t *a, const moe_st *wf, const moe_st *xf) {
   const moe_layer_overrides *o = &a->ov;
   const char *caps = a->capacities ? a->capacities : "";
-  moe_dist_setting s[32] = {
+  moe_dist_setting s[33] = {
       {"--backward", a->backward, NULL}, {"--spec", a->spec, NULL}, {"--a2a", a->a2a, a->a2a ? "2dh" : "linear"},
       {"--ranks-per-node", a->ranks_per_node, NULL}, {"--placement", a->placement != NULL, a->placement},
       {"--expert-capacity", cli_hash(caps, strlen(caps)), caps}, {"--top_k", o->top_k, o->top_k < 0 ? FILE_S : NULL},
@@ -323,8 +346,9 @@ static moe_status agree(const args_t *a, const moe_st *wf, const moe_st *xf) {
       {"--router", o->router, o->router < 0 ? FILE_S : moe_router_name(o->router)},
       {"--dtype", o->dtype, o->dtype < 0 ? FILE_S : moe_compute_dtype_name(o->dtype)},
       {"--pipeline", o->pipeline, NULL}, /* each micro-batch is an exchange: the counts must match */
+      {"--parallel-r", a->parallel_r, NULL},
   };
-  int n = 15;
+  int n = 16;
   static const char *tensors[] = {"experts.fc1.weight", "experts.fc3.weight", "gate.weight", "gate.proj.weight",
                                   "x", "dy", "daux", "dz", "dspec"};
   static const char *meta[] = {"top_k", "capacity_setting", "normalize_topk", "activation", "dispatch",
@@ -375,6 +399,7 @@ int cmd_layer_run(int argc, char **argv) {
   for (int i = 0; i < 5; i++) free(a.in[i]);
   free(a.order);
   moe_layer_free(&l);
+  moe_layer_free(&a.whole);
   moe_st_writer_free(w);
   moe_st_close(xf);
   moe_st_close(wf);

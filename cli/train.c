@@ -33,6 +33,7 @@ typedef struct {
   moe_model_config model;
   moe_optim_config optim;
   cli_progress progress; /* --progress, --quiet */
+  int parallel_r[8], n_parallel_r; /* --parallel-r: Tutel's r, or several taken in turn step by step */
 } train_opts;
 
 static void usage(FILE *f) {
@@ -51,6 +52,8 @@ static void usage(FILE *f) {
     "       [--pipeline N|auto] [--memory-reuse none|s2|s3|s4|auto [--memory-budget MIB]]   (the experts as\n"
     "       N micro-batches; same bits; auto: MPipeMoE's adaptive search over timed steps; memory reuse\n"
     "       auto: the strategy Eq. 10 models fastest among those whose workspace fits the budget)\n"
+    "       [--parallel-r N|auto|N1,N2,...]   (under mpirun: every expert sharded over the ranks, Tutel's r;\n"
+    "       a list takes its values in turn, one per step)\n"
     "--epochs is the planned total (the learning-rate schedule's horizon); --stop-after N ends this run\n"
     "after epoch N, and --resume F continues from checkpoint F. --dtype bf16 runs the expert GEMMs in\n"
     "bf16 (fp32 accumulation, fp32 master weights); its checkpoints store the expert weights as BF16.\n"
@@ -134,6 +137,10 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
       else if (cli_flag_is(f, "pipeline")) ok = cli_parse_pipeline(v, &m->pipeline);
       else if (cli_flag_is(f, "memory_reuse")) st = moe_reuse_parse(v, "--memory-reuse", &m->memory_reuse);
       else if (cli_flag_is(f, "memory_budget")) ok = cli_parse_mib(v, &m->memory_budget);
+      else if (cli_flag_is(f, "parallel_r")) {
+        ok = (o->n_parallel_r = cli_parse_parallel_rs(v, o->parallel_r, 8)) > 0;
+        m->parallel_r = ok ? o->parallel_r[0] : m->parallel_r;
+      }
       else if (cli_flag_is(f, "seed")) {
         char *end;
         errno = 0;
@@ -256,6 +263,9 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     train_batch_epoch(&tb, o->seed, epoch, o->augment);
     for (int s = 0; s < steps && !interrupted; s++, step++) {
       train_batch_fill(&tb, s);
+      for (int b = 0; o->n_parallel_r > 1 && b < m->cfg.blocks; b++) /* switching moves no weights */
+        if (moe_layer_set_parallel_r(&m->layers[b], o->parallel_r[step % o->n_parallel_r])) { rc = cli_fail(CMD), local = 1; break; }
+      if (rc) break;
       if (dc && dyncap_begin(dc, step)) { rc = cli_fail(CMD), local = 1; break; }
       const int32_t *ids = tb.perm + (size_t)s * B + b0;
       if (ac && assign_cache_before(ac, step, ids, b1 - b0)) { rc = cli_fail(CMD), local = 1; break; }
@@ -371,6 +381,7 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
       {"--cache-on", o->adj.cache.on, NULL}, {"--cache-off", o->adj.cache.off, NULL},
       {"--cache-min-epoch", o->adj.cache.min_epoch, NULL}, {"--on-nan skip-step", o->skip_nan, NULL},
       {"--pipeline", l->pipeline, NULL}, /* each micro-batch is an exchange: the counts must match */
+      {"--parallel-r", cli_hash(o->parallel_r, sizeof(int) * (size_t)o->n_parallel_r) + l->parallel_r, NULL},
       {"--checkpoint", o->checkpoint != NULL, NULL}, {"--resume", o->resume != NULL, NULL}, /* collectives */
       {"training images", train->n, NULL}, {"image rows", train->rows, NULL}, {"image columns", train->cols, NULL},
       {"training labels (hash)", cli_hash(train->labels, (size_t)train->n), NULL}, {"test images", test->n, NULL},
@@ -394,7 +405,8 @@ static int setup(int argc, char **argv, train_opts *o, int arch, const moe_datas
   moe_train_state ts;
   if (arch) return cli_usage_error(CMD, "--resume takes the model and optimizer from the checkpoint; drop the architecture flags");
   /* under mpirun each rank keeps its own experts, whatever number of ranks saved the file */
-  if (moe_checkpoint_load_ranks(o->resume, o->model.moe.dist, m, opt, &ts) != MOE_OK) return cli_fail(CMD);
+  if (moe_checkpoint_load_sharded(o->resume, o->model.moe.dist, o->model.moe.parallel_r, m, opt, &ts) != MOE_OK)
+    return cli_fail(CMD);
   if (!opt->m) return cli_usage_error(CMD, "%s: has no optimizer state to resume from", o->resume);
   if (!load_extra(ts.extra, o))
     return cli_usage_error(CMD, "%s: __metadata__ train='%s' is not a valid set of training options", o->resume, ts.extra);

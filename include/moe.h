@@ -222,6 +222,11 @@ typedef struct {
   size_t memory_budget;   /* memory_reuse AUTO: the bytes the layer's workspace may reserve (its
                              routing and expert buffers, of which moe_layer_peak_bytes reports the
                              part a step used); when no strategy fits, S4 */
+  int parallel_r;         /* Tutel's adaptive parallelism (with dist, dynamic dispatch, pipeline 1):
+                             MOE_PARALLEL_OFF (default) is expert parallelism with whole experts per
+                             rank; otherwise every rank holds a shard of every expert (see the section
+                             "Adaptive parallelism r" below) and runs r = 0 (weights all-gathered,
+                             tokens local), 1 <= r <= ceil(W/E) (clipped), or -1: chosen per capacity */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,
@@ -867,6 +872,31 @@ typedef struct {
 } moe_lm_times;
 void moe_lm_times_get(const moe_lm_t *m, moe_lm_times *out);
 void moe_lm_times_reset(moe_lm_t *m);
+
+/* Adaptive parallelism r (Tutel, moe_layer_config.parallel_r): one sharded layout for every r, so
+ * that switching r moves no data. Rank q of W holds rows [H q / W, H (q + 1) / W) of every expert's
+ * hidden dimension (experts.fc1.weight (E, Hq, D), fc1.bias (E, Hq), fc2.weight (E, D, Hq), fc3.weight
+ * (E, Hq, D)) and columns [D q / W, D (q + 1) / W) of experts.fc2.bias (E, Dq). Any W and E (W > E
+ * too). Files and checkpoints keep the whole tensors. */
+#define MOE_PARALLEL_OFF (-2)
+#define MOE_PARALLEL_AUTO (-1)
+/* This layer's r from the next forward on (every rank must give the same); a sharded layer only. */
+moe_status moe_layer_set_parallel_r(moe_layer_t *l, int r);
+/* The r the last forward ran (clipped to [0, ceil(W/E)]; the adaptive choice under MOE_PARALLEL_AUTO),
+ * -1 before the first. */
+int moe_layer_parallel_r(const moe_layer_t *l);
+/* Whether the last forward was a trial of the adaptive r (MOE_PARALLEL_AUTO: the dictionary of setups
+ * per capacity window, Tutel's P2 1.7, searching), not its choice. */
+int moe_layer_parallel_r_trial(const moe_layer_t *l);
+/* Whole tensors <-> this rank's shards. whole is a layer of l's configuration without dist. gather
+ * (collective): rank 0 gets every tensor of l's parameters (grads: its gradients) whole in whole's
+ * parameters (grads), the others may pass NULL; take: l's parameters from whole's, no exchange. */
+moe_status moe_layer_shard_gather(const moe_layer_t *l, int grads, moe_layer_t *whole);
+moe_status moe_layer_shard_take(moe_layer_t *l, const moe_layer_t *whole);
+/* moe_checkpoint_load_ranks with the model's layers sharded (parallel_r, not OFF: any r, any W; the file
+ * is the one-process format, whatever W and r saved it). */
+moe_status moe_checkpoint_load_sharded(const char *path, const moe_dist *d, int parallel_r, moe_model_t *m,
+                                       moe_optim_t *o, moe_train_state *ts);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 
 #include "dist/dist.h"
 #include "internal.h"
+#include "shard.h"
 
 /* The model of m's configuration on one process: its expert tensors whole, (E, ...). */
 static moe_status whole_model(const moe_model_t *m, moe_model_t *whole) {
@@ -21,9 +22,23 @@ static int split_ref(const moe_tensor_ref *r) {
   return !strncmp(r->name, "blocks.", 7) && strstr(r->name, ".moe.experts.") != NULL;
 }
 
-/* Rank 0 gets n floats of every rank's src, in rank order, at dst; NULL dst on other ranks. Copies
- * when the tensor is replicated (every rank holds the same values). */
-static moe_status collect(const moe_dist *d, int split, const float *src, size_t n, float *dst) {
+/* Tutel's sharded layout (parallel_r, shard.h): the layer and tensor behind ref r of m, or NULL. */
+static const moe_param_info *sharded(const moe_model_t *m, const moe_tensor_ref *r, const moe_layer_t **l) {
+  int b, at = 0;
+  if (sscanf(r->name, "blocks.%d.moe.%n", &b, &at) != 1 || !at || b < 0 || b >= m->cfg.blocks) return NULL;
+  *l = &m->layers[b];
+  const moe_param_info *p = moe_layer_param_find(*l, r->name + at);
+  int64_t w[3];
+  int lo, hi;
+  return p && moe__shard_axis(*l, p, 0, w, &lo, &hi) ? p : NULL;
+}
+
+/* Rank 0 gets n floats of every rank's src, in rank order, at dst; NULL dst on other ranks (sh: the
+ * shards of sharded tensor sh of layer l instead). Copies when the tensor is replicated (every rank
+ * holds the same values). */
+static moe_status collect(const moe_dist *d, int split, const moe_layer_t *l, const moe_param_info *sh,
+                          const float *src, size_t n, float *dst) {
+  if (sh) return moe__shard_gather_tensor(l, sh, src, dst);
   if (split) return moe_dist_gather(d, src, (int)n, dst);
   if (dst) memcpy(dst, src, n * sizeof *src);
   return MOE_OK;
@@ -48,12 +63,14 @@ moe_status moe__checkpoint_save_ranks(const char *path, const moe_model_t *m, co
   size_t off = 0, woff = 0;
   for (int i = 0; st == MOE_OK && i < m->nrefs; i++) {
     const moe_tensor_ref *r = &m->refs[i];
+    const moe_layer_t *l = NULL;
+    const moe_param_info *sh = sharded(m, r, &l);
     int split = split_ref(r);
-    st = collect(d, split, r->data, r->numel, root ? w.refs[i].data : NULL);
-    if (st == MOE_OK && o) st = collect(d, split, o->m + off, r->numel, root ? wo.m + woff : NULL);
-    if (st == MOE_OK && o && o->v) st = collect(d, split, o->v + off, r->numel, root ? wo.v + woff : NULL);
+    st = collect(d, split, l, sh, r->data, r->numel, root ? w.refs[i].data : NULL);
+    if (st == MOE_OK && o) st = collect(d, split, l, sh, o->m + off, r->numel, root ? wo.m + woff : NULL);
+    if (st == MOE_OK && o && o->v) st = collect(d, split, l, sh, o->v + off, r->numel, root ? wo.v + woff : NULL);
     off += r->numel;
-    woff += split ? r->numel * (size_t)moe_dist_size(d) : r->numel;
+    woff += root ? w.refs[i].numel : 0; /* only rank 0 reads the whole model's state */
   }
   for (int b = 0; st == MOE_OK && root && b < m->cfg.blocks; b++) /* every rank holds all E capacities */
     if (m->layers[b].expert_capacity)
@@ -68,15 +85,18 @@ moe_status moe__checkpoint_save_ranks(const char *path, const moe_model_t *m, co
   return st;
 }
 
-/* Copies n floats of this rank's part of src (its slice when split) to dst. */
-static void take(const moe_dist *d, int split, const float *src, size_t n, float *dst) {
-  memcpy(dst, src + (split ? (size_t)moe_dist_rank(d) * n : 0), n * sizeof *src);
+/* Copies n floats of this rank's part of src (its slice when split; its shard of tensor sh of l) to dst. */
+static void take(const moe_dist *d, int split, const moe_layer_t *l, const moe_param_info *sh, const float *src,
+                 size_t n, float *dst) {
+  if (sh) moe__shard_take_tensor(l, sh, src, dst);
+  else memcpy(dst, src + (split ? (size_t)moe_dist_rank(d) * n : 0), n * sizeof *src);
 }
 
-static moe_status keep_own(const moe_dist *d, const moe_model_t *w, const moe_optim_t *wo, moe_model_t *m,
-                           moe_optim_t *o) {
+static moe_status keep_own(const moe_dist *d, int parallel_r, const moe_model_t *w, const moe_optim_t *wo,
+                           moe_model_t *m, moe_optim_t *o) {
   moe_model_config c = w->cfg;
   c.moe.dist = d;
+  c.moe.parallel_r = parallel_r;
   MOE_CHECK(moe_model_init(m, &c));
   if (o && wo->m) {
     MOE_CHECK(moe_optim_init(o, &wo->cfg, m));
@@ -85,12 +105,14 @@ static moe_status keep_own(const moe_dist *d, const moe_model_t *w, const moe_op
   size_t off = 0, woff = 0;
   for (int i = 0; i < m->nrefs; i++) {
     const moe_tensor_ref *r = &m->refs[i], *wr = &w->refs[i];
+    const moe_layer_t *l = NULL;
+    const moe_param_info *sh = sharded(m, r, &l);
     int split = split_ref(r);
-    MOE_TRY(wr->numel == r->numel * (split ? (size_t)moe_dist_size(d) : 1), MOE_ERR_STATE,
+    MOE_TRY(sh || wr->numel == r->numel * (split ? (size_t)moe_dist_size(d) : 1), MOE_ERR_STATE,
             "internal: tensor %s has %zu floats on a rank, %zu whole", r->name, r->numel, wr->numel);
-    take(d, split, wr->data, r->numel, r->data);
-    if (o && o->m) take(d, split, wo->m + woff, r->numel, o->m + off);
-    if (o && o->v) take(d, split, wo->v + woff, r->numel, o->v + off);
+    take(d, split, l, sh, wr->data, r->numel, r->data);
+    if (o && o->m) take(d, split, l, sh, wo->m + woff, r->numel, o->m + off);
+    if (o && o->v) take(d, split, l, sh, wo->v + woff, r->numel, o->v + off);
     off += r->numel;
     woff += wr->numel;
   }
@@ -105,6 +127,11 @@ static moe_status keep_own(const moe_dist *d, const moe_model_t *w, const moe_op
 
 moe_status moe_checkpoint_load_ranks(const char *path, const moe_dist *d, moe_model_t *m, moe_optim_t *o,
                                      moe_train_state *ts) {
+  return moe_checkpoint_load_sharded(path, d, MOE_PARALLEL_OFF, m, o, ts);
+}
+
+moe_status moe_checkpoint_load_sharded(const char *path, const moe_dist *d, int parallel_r, moe_model_t *m,
+                                       moe_optim_t *o, moe_train_state *ts) {
   if (moe_dist_size(d) <= 1) return moe_checkpoint_load(path, m, o, ts);
   MOE_TRY(path && m, MOE_ERR_ARG, "moe_checkpoint_load_ranks: NULL argument");
   memset(m, 0, sizeof *m);
@@ -112,7 +139,7 @@ moe_status moe_checkpoint_load_ranks(const char *path, const moe_dist *d, moe_mo
   moe_model_t w;
   moe_optim_t wo = {0};
   MOE_CHECK(moe_checkpoint_load(path, &w, o ? &wo : NULL, ts));
-  moe_status st = keep_own(d, &w, &wo, m, o);
+  moe_status st = keep_own(d, parallel_r, &w, &wo, m, o);
   if (st != MOE_OK) {
     if (o) moe_optim_free(o);
     moe_model_free(m);

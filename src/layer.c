@@ -10,6 +10,7 @@
 #include "adapt/pipe_model.h"
 #include "gemm.h"
 #include "layer_internal.h"
+#include "shard.h"
 
 #define LN_1_OVER_007 2.6592600369327779f /* Tutel's initial cosine logit scale, ln(1/0.07) */
 
@@ -26,7 +27,11 @@ void moe_layer_config_default(moe_layer_config *c) {
   c->gate_bias = 1;
   c->expert_bias = 1;
   c->pipeline = 1;
+  c->parallel_r = MOE_PARALLEL_OFF;
 }
+
+/* Tutel's sharded layout (shard.h): parallel_r set, over ranks. */
+static int sharded(const moe_layer_config *c) { return c->dist && c->parallel_r != MOE_PARALLEL_OFF; }
 
 static void add_param(moe_layer_t *l, const char *name, int ndim, int64_t a, int64_t b, int64_t c) {
   moe_param_info *p = &l->info[l->nparams++];
@@ -49,6 +54,8 @@ static moe_status check_pipeline(const moe_layer_config *c, int n, moe_reuse r) 
   MOE_TRY((unsigned)r <= MOE_REUSE_AUTO, MOE_ERR_ARG, "config: unknown memory_reuse %d", r);
   MOE_TRY(r != MOE_REUSE_AUTO || c->memory_budget > 0, MOE_ERR_ARG,
           "config: memory_reuse auto needs a memory_budget (bytes of workspace), got 0");
+  MOE_TRY(n == 1 || !sharded(c), MOE_ERR_ARG, "config: pipeline %d with parallel_r %d: the sharded layout runs one "
+          "micro-batch for now", n, c->parallel_r);
   return MOE_OK;
 }
 
@@ -75,11 +82,15 @@ static moe_status check_config(const moe_layer_config *c) {
     int W = moe_dist_size(c->dist);
     MOE_TRY(W <= MOE__EP_MAX_RANKS, MOE_ERR_ARG, "expert parallelism supports up to %d ranks, got %d",
             MOE__EP_MAX_RANKS, W);
-    MOE_TRY(c->E % W == 0, MOE_ERR_ARG, "config: expert parallelism needs E divisible by the ranks (E=%d, W=%d)",
+    MOE_TRY(c->E % W == 0 || sharded(c), MOE_ERR_ARG, "config: expert parallelism needs E divisible by the ranks (E=%d, W=%d)",
             c->E, W);
     MOE_TRY(c->inner_experts == 0, MOE_ERR_ARG, "config: expert parallelism does not support hierarchical MoE yet");
     MOE_TRY(!c->external_experts, MOE_ERR_ARG, "config: expert parallelism does not support expert buffering yet");
   }
+  MOE_TRY(c->parallel_r >= MOE_PARALLEL_OFF, MOE_ERR_ARG,
+          "config: parallel_r must be >= 0, -1 (auto) or %d (off), got %d", MOE_PARALLEL_OFF, c->parallel_r);
+  MOE_TRY(!sharded(c) || c->dispatch == MOE_DISPATCH_DYNAMIC, MOE_ERR_ARG,
+          "config: parallel_r %d needs dynamic dispatch", c->parallel_r);
   MOE_TRY(c->dtype == MOE_DT_F32 || c->dtype == MOE_DT_BF16, MOE_ERR_ARG,
           "config: the experts' dtype must be f32 or bf16, got %s", moe_dtype_name(c->dtype));
   MOE_TRY(!c->external_experts || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->inner_experts), MOE_ERR_ARG,
@@ -106,11 +117,17 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
     add_param(l, "gate.logit_scale", 1, 1, 0, 0);
   }
   if (!cfg->inner_experts && !cfg->external_experts) {
-    int64_t El = E / moe_dist_size(cfg->dist); /* this rank's experts */
+    int64_t El = E / moe_dist_size(cfg->dist), Dc = D; /* this rank's experts; fc2.bias's columns */
+    if (sharded(cfg)) { /* every expert, this rank's rows of H (shard.h) */
+      int W = moe_dist_size(cfg->dist), q = moe_dist_rank(cfg->dist);
+      El = E;
+      Dc = D * (q + 1) / W - D * q / W;
+      H = H * (q + 1) / W - H * q / W;
+    }
     add_param(l, "experts.fc1.weight", 3, El, H, D);
     if (cfg->expert_bias) add_param(l, "experts.fc1.bias", 2, El, H, 0);
     add_param(l, "experts.fc2.weight", 3, El, D, H);
-    if (cfg->expert_bias) add_param(l, "experts.fc2.bias", 2, El, D, 0);
+    if (cfg->expert_bias) add_param(l, "experts.fc2.bias", 2, El, Dc, 0);
     if (cfg->act == MOE_ACT_SWIGLU) add_param(l, "experts.fc3.weight", 3, El, H, D);
   }
   l->params = aligned_alloc(64, l->numel * 4);
@@ -124,13 +141,16 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
   }
   if (l->st) { /* external experts get their source with the cache (moe_layer_set_expert_cache) */
     l->st->tr = !cfg->dist ? &moe__transport_local
+                : sharded(cfg) ? &moe__transport_shard
                 : cfg->dispatch == MOE_DISPATCH_STATIC ? &moe__transport_static : &moe__transport_a2a;
-    l->st->src = cfg->inner_experts ? &moe__experts_inner : cfg->external_experts ? NULL : &moe__experts_own;
+    l->st->src = cfg->inner_experts ? &moe__experts_inner : cfg->external_experts ? NULL
+                 : sharded(cfg) ? &moe__experts_shard : &moe__experts_own;
     l->st->inner_stats = cfg->inner_experts ? calloc((size_t)E, sizeof *l->st->inner_stats) : NULL;
     l->st->reuse_pick = -1;
   }
+  int sh_fail = l->st && sharded(cfg) && moe__shard_new(l) != MOE_OK;
   if (!l->params || !l->grads || !l->st || (cfg->inner_experts && (!l->inner || !l->st->inner_stats)) ||
-      (bf && !l->st->wbf)) {
+      (bf && !l->st->wbf) || sh_fail) {
     size_t n = l->numel;
     moe_layer_free(l);
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_layer_init: cannot allocate %zu parameters", n);
@@ -205,6 +225,7 @@ void moe_layer_free(moe_layer_t *l) {
     free(l->st->inner_stats);
     if (l->st->ap) moe__auto_pipe_free(l->st->ap);
     free(l->st->ap);
+    moe__shard_free(l);
     free(l->st);
   }
   free(l->params);
@@ -296,11 +317,16 @@ void moe_layer_init_params(moe_layer_t *l, uint64_t seed) {
     /* expert-parallel: draw the whole (E, ...) tensor and keep this rank's slice, so that every W
      * initializes the same model */
     int sliced = l->cfg.dist && !strncmp(p->name, "experts.", 8);
+    int64_t whole[3];
+    int slo, shi, shard = moe__shard_axis(l, p, 0, whole, &slo, &shi); /* sharded: its rows of H */
     size_t lo = sliced ? (size_t)moe_dist_rank(l->cfg.dist) * p->numel : 0;
-    size_t total = sliced ? (size_t)moe_dist_size(l->cfg.dist) * p->numel : p->numel;
+    size_t total = shard ? (size_t)(whole[0] * whole[1] * whole[2]) : sliced ? (size_t)moe_dist_size(l->cfg.dist) * p->numel
+                                                                           : p->numel;
+    if (shard) bound = 1.0f / sqrtf((float)whole[2]);
     for (size_t j = 0; j < total; j++) {
       float u = bound * moe__uniform(&st);
-      if (j >= lo && j < lo + p->numel) d[j - lo] = u;
+      long long at = shard ? moe__shard_local(l, p, j) : j >= lo && j < lo + p->numel ? (long long)(j - lo) : -1;
+      if (at >= 0) d[at] = u;
     }
   }
   for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_init_params(&l->inner[e], moe__splitmix(&st));

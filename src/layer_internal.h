@@ -208,6 +208,7 @@ struct moe__layer_state {
    * refreshed before a forward after the parameters changed */
   uint16_t *wbf; /* (numel), at the parameters' offsets */
   int wbf_stale;
+  struct moe__shard_s *sh; /* Tutel's adaptive parallelism r (parallel_r set, with dist): shard.h */
 };
 
 /* gate.c: router, softmax, top-k, losses. The forward is cut in three so that the router can run

@@ -1,0 +1,200 @@
+/* The token flows of Tutel's adaptive parallelism r (shard.h): every rank routes its own tokens; its rows
+ * of expert e go, once per slice of e (the local repeat of P2 1.3), to the member of that slice's
+ * sub-group that shard.h names (itself at r = 0: nothing moves but the sizes); the member computes
+ * its slice of H on them and sends the partial outputs back, where the slices' outputs are summed
+ * (the local sum). Backward sends the output gradients the same way (each slice needs all of them)
+ * and sums the slices' input gradients on the way back. One all-to-all-v each way; the rows a rank
+ * receives are reordered task-major (source after source within a task), as in ep.c. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/dist.h"
+#include "shard.h"
+
+static int world(const moe_layer_t *l) { return moe_dist_size(l->cfg.dist); }
+
+/* Segments: (row of xs, row of the send staging, rows, slice) each rank sends; (row of the receive
+ * staging, row of the groups, rows) it receives. At most E + W sent (one per slice), W E received. */
+static size_t max_segs(const moe_layer_t *l) { return (size_t)(l->cfg.E + world(l)) * 4 + (size_t)world(l) * l->cfg.E * 3; }
+
+/* The adaptive r: the previous step's cost if it was a trial (the mean over ranks: every rank's
+ * dictionary stays the same). */
+static moe_status auto_record(moe_layer_t *l) {
+  moe__shard *sh = l->st->sh;
+  if (!sh->ar || sh->ar->trial < 0) return MOE_OK;
+  double t = sh->t1 - sh->t0;
+  MOE_CHECK(moe_dist_allreduce(l->cfg.dist, &t, 1));
+  return moe__auto_r_record(sh->ar, t / world(l));
+}
+
+/* This step's r: the one asked, clipped, or the dictionary's (a trial's while it searches). */
+static moe_status pick_r(moe_layer_t *l, int *r) {
+  moe__shard *sh = l->st->sh;
+  if (sh->r != MOE_PARALLEL_AUTO) {
+    *r = moe__shard_clip(world(l), l->cfg.E, sh->r);
+    return MOE_OK;
+  }
+  if (!sh->ar) {
+    sh->ar = malloc(sizeof *sh->ar);
+    MOE_TRY(sh->ar, MOE_ERR_NOMEM, "parallel_r auto: out of memory for the dictionary");
+    moe_status st = moe__auto_r_init(sh->ar, world(l), l->cfg.E);
+    if (st) {
+      free(sh->ar);
+      sh->ar = NULL;
+      return st;
+    }
+  }
+  MOE_CHECK(moe__auto_r_pick(sh->ar, (size_t)l->st->p.C, r));
+  sh->t0 = moe__now();
+  return MOE_OK;
+}
+
+static moe_status sh_begin(moe_layer_t *l, int T, size_t *route_bytes) {
+  (void)T;
+  MOE_CHECK(auto_record(l));
+  size_t W = (size_t)world(l), E = (size_t)l->cfg.E;
+  *route_bytes = moe__ep_route_bytes(l) + moe__arena_size(W * E * 4) + moe__arena_size(4 * W * sizeof(int)) +
+                 moe__arena_size(max_segs(l) * 4) + moe__arena_size((E + 1) * 4);
+  return MOE_OK;
+}
+
+static moe_status sh_groups(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  moe__shard *sh = s->sh;
+  moe__plan *p = &s->p;
+  int W = world(l), E = l->cfg.E, H = l->cfg.H, me = moe_dist_rank(l->cfg.dist);
+  int r;
+  MOE_CHECK(pick_r(l, &r));
+  MOE_CHECK(moe__shard_use(l, r));
+  moe__arena *a = &s->route;
+  sh->K = moe__arena_alloc(a, (size_t)W * E * 4);
+  sh->cnt = moe__arena_alloc(a, 4 * (size_t)W * sizeof(int));
+  sh->seg = moe__arena_alloc(a, max_segs(l) * 4);
+  p->goffs = moe__arena_alloc(a, (size_t)(sh->nt + 1) * 4);
+  MOE_TRY(sh->K && sh->cnt && sh->seg && p->goffs, MOE_ERR_STATE, "internal: exchange workspace too small");
+  int *sc = sh->cnt, *sd = sc + W, *rc = sc + 2 * W, *rd = sc + 3 * W;
+  for (int q = 0; q < W; q++) sc[q] = rc[q] = E, sd[q] = 0, rd[q] = q * E;
+  double t0 = moe__now();
+  MOE_CHECK(moe__dist_alltoallv_i32(l->cfg.dist, p->kept, sc, sd, sh->K, rc, rd)); /* every rank's kept rows */
+  moe__ep_book(l, t0, 4.0 * E * (W - 1));
+  const int32_t *K = sh->K;
+  /* the groups: my tasks, each the rows of its expert from the sources that send them to me */
+  p->ng = sh->nt;
+  p->goffs[0] = 0;
+  for (int t = 0; t < sh->nt; t++) {
+    int n = 0;
+    for (int q = 0; q < W; q++)
+      n += moe__shard_member(W, E, H, r, sh->tasks[t].e, sh->tasks[t].j, q) == me ? K[q * E + sh->tasks[t].e] : 0;
+    p->goffs[t + 1] = p->goffs[t] + n;
+  }
+  p->grows = p->goffs[sh->nt];
+  /* sent: my rows of every (e, j) to its member, destination after destination */
+  memset(sc, 0, 4 * (size_t)W * sizeof(int));
+  for (int e = 0; e < E; e++)
+    for (int j = 0; j < moe__shard_slices(W, E, H, r, e); j++) sc[moe__shard_member(W, E, H, r, e, j, me)] += K[me * E + e];
+  for (int q = 0, at = 0; q < W; at += sc[q++]) sd[q] = at;
+  sh->srows = sd[W - 1] + sc[W - 1];
+  int32_t *sg = sh->seg;
+  sh->nsend = 0;
+  for (int q = 0; q < W; q++) rc[q] = sd[q]; /* rc: each destination's next row, for now */
+  for (int e = 0; e < E; e++)
+    for (int j = 0; j < moe__shard_slices(W, E, H, r, e); j++) {
+      int q = moe__shard_member(W, E, H, r, e, j, me);
+      int32_t *x = sg + 4 * sh->nsend++;
+      x[0] = p->offs[e], x[1] = rc[q], x[2] = K[me * E + e], x[3] = j;
+      rc[q] += x[2];
+    }
+  /* received: from each source, its rows of my tasks in task order, into the task's rows */
+  int32_t *rg = sg + 4 * sh->nsend;
+  sh->nrecv = 0;
+  for (int q = 0, at = 0; q < W; q++) {
+    rd[q] = at;
+    for (int t = 0; t < sh->nt; t++) {
+      const moe__task *k = &sh->tasks[t];
+      if (moe__shard_member(W, E, H, r, k->e, k->j, q) != me) continue;
+      int got = p->goffs[t]; /* after the rows of the lower sources */
+      for (int u = 0; u < q; u++) got += moe__shard_member(W, E, H, r, k->e, k->j, u) == me ? K[u * E + k->e] : 0;
+      int32_t *x = rg + 3 * sh->nrecv++;
+      x[0] = at, x[1] = got, x[2] = K[q * E + k->e];
+      at += x[2];
+    }
+    rc[q] = at - rd[q];
+  }
+  return MOE_OK;
+}
+
+static size_t sh_work_bytes(const moe_layer_t *l) {
+  size_t D = (size_t)l->cfg.D;
+  return moe__arena_size((size_t)l->st->sh->srows * D * 4) + 4 * moe__arena_size((size_t)l->st->p.grows * D * 4);
+}
+
+static moe_status sh_alloc(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  size_t D = (size_t)l->cfg.D, R = (size_t)s->p.grows;
+  moe__arena *a = &s->work;
+  s->sh->sbuf = moe__arena_alloc(a, (size_t)s->sh->srows * D * 4);
+  s->xr = moe__arena_alloc(a, R * D * 4);
+  s->gx = moe__arena_alloc(a, R * D * 4);
+  s->gout = moe__arena_alloc(a, R * D * 4);
+  s->gdx = moe__arena_alloc(a, R * D * 4);
+  MOE_TRY((s->gdx || R == 0) && (s->sh->sbuf || s->sh->srows == 0), MOE_ERR_STATE,
+          "internal: exchange workspace too small");
+  return MOE_OK;
+}
+
+/* The exchange, its bytes booked: forward from the send staging to the receive staging, or back. */
+static moe_status exchange(moe_layer_t *l, int back) {
+  moe__shard *sh = l->st->sh;
+  int W = world(l), D = l->cfg.D, me = moe_dist_rank(l->cfg.dist);
+  int *sc = sh->cnt, *sd = sc + W, *rc = sc + 2 * W, *rd = sc + 3 * W;
+  double t0 = moe__now(), sent = 0;
+  for (int q = 0; q < W; q++) sent += q == me ? 0 : 4.0 * D * (back ? rc[q] : sc[q]);
+  if (back) MOE_CHECK(moe__dist_alltoallv_rows(l->cfg.dist, l->st->xr, rc, rd, sh->sbuf, sc, sd, D));
+  else MOE_CHECK(moe__dist_alltoallv_rows(l->cfg.dist, sh->sbuf, sc, sd, l->st->xr, rc, rd, D));
+  moe__ep_book(l, t0, sent);
+  return MOE_OK;
+}
+
+/* Copies n rows of D floats. */
+static void rows_copy(float *to, const float *from, int n, int D) {
+  if (n) memcpy(to, from, (size_t)n * D * 4);
+}
+
+static moe_status sh_send(moe_layer_t *l, int way, int i, const float *rows, float *g) {
+  (void)way, (void)i; /* one micro-batch (pipeline 1) */
+  moe__shard *sh = l->st->sh;
+  int D = l->cfg.D;
+  for (int k = 0; k < sh->nsend; k++) {
+    const int32_t *x = sh->seg + 4 * k;
+    rows_copy(sh->sbuf + (size_t)x[1] * D, rows + (size_t)x[0] * D, x[2], D);
+  }
+  MOE_CHECK(exchange(l, 0));
+  const int32_t *rg = sh->seg + 4 * sh->nsend;
+  for (int k = 0; k < sh->nrecv; k++)
+    rows_copy(g + (size_t)rg[3 * k + 1] * D, l->st->xr + (size_t)rg[3 * k] * D, rg[3 * k + 2], D);
+  return MOE_OK;
+}
+
+static moe_status sh_recv(moe_layer_t *l, int i, const float *g, float *rows) {
+  (void)i;
+  moe__shard *sh = l->st->sh;
+  int D = l->cfg.D;
+  const int32_t *rg = sh->seg + 4 * sh->nsend;
+  for (int k = 0; k < sh->nrecv; k++)
+    rows_copy(l->st->xr + (size_t)rg[3 * k] * D, g + (size_t)rg[3 * k + 1] * D, rg[3 * k + 2], D);
+  MOE_CHECK(exchange(l, 1));
+  for (int k = 0; k < sh->nsend; k++) { /* the local sum: slice 0 first, in slice order */
+    const int32_t *x = sh->seg + 4 * k;
+    float *to = rows + (size_t)x[0] * D;
+    const float *from = sh->sbuf + (size_t)x[1] * D;
+    if (x[3] == 0) rows_copy(to, from, x[2], D);
+    else
+      for (size_t u = 0; u < (size_t)x[2] * D; u++) to[u] += from[u];
+  }
+  sh->t1 = moe__now(); /* the last one ends a trial step (backward's) */
+  return MOE_OK;
+}
+
+const moe__transport moe__transport_shard = {"sharded", 0,        sh_begin, moe__ep_global_counts, sh_groups,
+                                             sh_work_bytes, sh_alloc, sh_send,  sh_recv, NULL,
+                                             moe__ep_agree};
