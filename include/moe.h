@@ -846,6 +846,36 @@ moe_status moe_sim_run(const moe_sim_config *c, moe_sim_result *r);
  * (ms) against the swept values x (> 0; a log axis when they span more than 10x), written atomically. */
 moe_status moe_sim_plot_svg(const char *path, const char *key, const double *x, const moe_sim_result *r, int n);
 
+
+/* ---- FlexMoE: replicas of hot experts (DESIGN 3.4) ----
+ * Each rank has E_v expert slots; a slot holds a replica of one expert, and an expert's tokens are
+ * split over its replicas. The scheduler (balance ratio over a threshold) and the policy maker (the
+ * step-time model of Eqs. 5, 7-9) decide Expand / Shrink / Migrate operations. */
+typedef struct {
+  double tps;                /* expert tokens per second, forward + backward (Eq. 7) */
+  double a2a_lat, a2a_bw;    /* a message between two ranks: seconds, bytes per second (Eq. 8) */
+  double ar_lat, ar_bw;      /* an all-reduce: seconds, bytes per second each rank sends (Eq. 9) */
+  double token_bytes;        /* one token's row */
+  double expert_bytes;       /* one expert's gradients (its weights); Expand and Migrate copy 3x this
+                                (weights and AdamW's two moments) */
+} moe_flex_env;
+/* The policy maker over a sequence of steps' counts, as in training: the placement carries over from
+ * step to step. ranks <= 64, slots * ranks >= experts; the initial placement is expert parallelism's
+ * blocks (each rank's own experts repeated in its spare slots). */
+typedef struct moe_flex_sim moe_flex_sim;
+typedef struct {
+  double balance_before, balance_after; /* Eq. 6: busiest rank's tokens over the mean */
+  double time_before, time_after;       /* Eq. 5's modelled step time (s) */
+  double xfer_s;                        /* the plan's state copies, one after another (s) */
+  int expands, shrinks, migrates;
+} moe_flex_step;
+moe_status moe_flex_sim_new(moe_flex_sim **out, int ranks, int slots, int experts, const moe_flex_env *env,
+                            double threshold);
+void moe_flex_sim_free(moe_flex_sim *s);
+/* One step: src (ranks, experts) tokens of each rank for each expert. Runs the scheduler, applies its
+ * plan and reports it. */
+moe_status moe_flex_sim_step(moe_flex_sim *s, const int64_t *src, moe_flex_step *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -130,6 +130,9 @@ moe_status moe__flex_cost(const moe__flex_table *t, const int64_t *Isrc, const m
  * runs disjoint pairs concurrently, P3 1.7). */
 double moe__flex_xfer_time(const moe__flex_env *env, const moe__flex_xfers *l, int from);
 
+/* The model's terms from moe_flex_env (moe.h): one link for every pair of ranks (one node). */
+moe__flex_env moe__flex_env_of(const moe_flex_env *e);
+
 /* ---- scheduler and policy maker (P3 Algorithms 1 and 2) ---- */
 
 typedef struct {
