@@ -16,6 +16,7 @@
 #include "train_cache.h"
 #include "train_capacity.h"
 #include "train_data.h"
+#include "train_flex.h"
 #include "train_lm.h"
 #include "train_nan.h"
 
@@ -30,6 +31,9 @@ typedef struct {
   int dynamic_capacity, delta_launch; /* --capacity dynamic: per-expert capacities through RECOMPILE */
   float headroom;
   int cache_assignments;  /* --cache-assignments: DynaMoE's sample-assignment caching */
+  int replicas, slots;    /* --replicas auto, --slots: FlexMoE (train_flex.c) */
+  float balance_threshold;
+  const char *replica_ops;
   assign_cache_opts cache;
   float lr;
   uint64_t seed;
@@ -51,6 +55,9 @@ static void usage(FILE *f) {
     "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
     "       [--seed S] [--threads N] [--checkpoint F] [--resume F] [--trace F] [--json] [--log-steps]\n"
     "       [--on-nan stop|skip-step] [--progress|--quiet]\n"
+    "       [--replicas auto|off [--slots E_v] [--balance-threshold 1.2] [--replica-ops OPS]]   (FlexMoE under\n"
+    "       mpirun: replicas of hot experts; OPS, a test hook replacing the policy: STEP:expand:E:G,\n"
+    "       STEP:shrink:E:G, STEP:migrate:A:I:B:J, comma-separated)\n"
     "       [--pipeline N|auto] [--memory-reuse none|s2|s3|s4]   (the experts as N micro-batches; same bits;\n"
     "       auto: MPipeMoE's adaptive search over timed steps)\n"
     "--epochs is the planned total (the learning-rate schedule's horizon); --stop-after N ends this run\n"
@@ -72,6 +79,7 @@ static void defaults(train_opts *o) {
   o->augment = 2;
   o->lr = 2e-3f;
   o->delta_launch = 2;
+  o->balance_threshold = 1.2f;
   o->headroom = 0.25f;
   o->cache = (assign_cache_opts){.on = 0.96f, .off = 0.90f, .min_epoch = 10};
   o->seed = 1;
@@ -143,6 +151,10 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
       else if (cli_flag_is(f, "pipeline")) ok = cli_parse_pipeline(v, &m->pipeline);
       else if (cli_flag_is(f, "memory_reuse")) st = moe_reuse_parse(v, "--memory-reuse", &m->memory_reuse);
       else if (cli_flag_is(f, "delta_launch")) ok = cli_parse_int(v, &o->delta_launch) && o->delta_launch >= 0 && o->delta_launch < 60;
+      else if (cli_flag_is(f, "replicas")) ok = (o->replicas = !strcmp(v, "auto")) || !strcmp(v, "off");
+      else if (cli_flag_is(f, "slots")) ok = cli_parse_int(v, &o->slots) && o->slots >= 1;
+      else if (cli_flag_is(f, "balance_threshold")) ok = cli_parse_float(v, &o->balance_threshold) && o->balance_threshold >= 1;
+      else if (cli_flag_is(f, "replica_ops")) o->replica_ops = v;
       else if (cli_flag_is(f, "headroom")) ok = cli_parse_float(v, &o->headroom) && o->headroom >= 0 && o->headroom <= 10;
       else if (cli_flag_is(f, "cache_on")) ok = cli_parse_float(v, &o->cache.on) && o->cache.on >= 0 && o->cache.on <= 1;
       else if (cli_flag_is(f, "cache_off")) ok = cli_parse_float(v, &o->cache.off) && o->cache.off >= 0 && o->cache.off <= 1;
@@ -257,6 +269,9 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   nan_guard ng = {0};
   if (!rc && nan_guard_init(&ng, o->skip_nan, m, opt)) rc = cli_usage_error(CMD, "--on-nan skip-step: out of memory");
   rc = cli_settle(dist, CMD, rc);
+  moe_flex_trainer *ft = NULL;
+  if (!rc && m->cfg.moe.replica_slots)
+    rc = cli_settle(dist, CMD, flex_start(&ft, m, o->balance_threshold, o->delta_launch, o->replica_ops, stdout));
   for (int epoch = start_epoch; epoch < last && !rc; epoch++) {
     epoch_acc a = {0};
     int64_t skipped0 = ng.skipped;
@@ -266,6 +281,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     for (int s = 0; s < steps && !interrupted; s++, step++) {
       train_batch_fill(&tb, s);
       if (dc && dyncap_begin(dc, m, step)) { rc = cli_fail(CMD), local = 1; break; }
+      if (ft && moe_flex_trainer_begin(ft, m, opt, step) != MOE_OK) { rc = cli_fail(CMD), local = 1; break; }
       const int32_t *ids = tb.perm + (size_t)s * B + b0;
       if (ac && assign_cache_before(ac, m, step, ids, b1 - b0)) { rc = cli_fail(CMD), local = 1; break; }
       moe_model_stats st;
@@ -289,6 +305,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       accumulate(&a, m, &st, B);
       if (ac && assign_cache_after(ac, m, step, ids, b1 - b0)) { rc = cli_fail(CMD), local = 1; break; }
       if (dc && dyncap_push(dc, m, step, st.loss)) { rc = cli_fail(CMD), local = 1; break; }
+      if (ft && moe_flex_trainer_push(ft, m, step, st.loss) != MOE_OK) { rc = cli_fail(CMD), local = 1; break; }
       if (tw.f && trace_step(&tw, m, step) != MOE_OK) {
         rc = cli_usage_error(CMD, "%s: write error", o->trace), local = 1;
         break;
@@ -344,6 +361,8 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (dc && !rc && moe_dist_rank(o->model.moe.dist) == 0) /* rank 0 reports, as on stdout */
     dyncap_report(dc, o->json ? stderr : stdout);
   dyncap_free(dc);
+  if (ft && !rc) flex_report(ft, o->json ? stderr : stdout, o->json);
+  moe_flex_trainer_free(ft);
   assign_cache_free(ac);
   if (rc) return rc;
   if (interrupted) {
@@ -443,6 +462,8 @@ int cmd_train(int argc, char **argv) {
   defaults(&o);
   int arch = 0, rc = parse(argc, argv, &o, &arch);
   o.model.moe.dist = dist;
+  if (o.replicas && dist) /* one spare slot per rank by default */
+    o.model.moe.replica_slots = o.slots ? o.slots : o.model.moe.E / moe_dist_size(dist) + 1;
   if (!rc && dist && moe_dist_rank(dist) != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 reports */
     rc = cli_usage_error(CMD, "rank %d: cannot silence stdout", moe_dist_rank(dist));
   moe_dataset train = {0}, test = {0};

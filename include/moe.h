@@ -215,6 +215,10 @@ typedef struct {
                              S2 keeps the received rows (T_DI) and the expert outputs (T_DO) of two
                              micro-batches only and receives T_DI again in backward (expert-parallel;
                              in one process T_DI is the dispatch rows, kept); S4 does both */
+  int replica_slots;      /* FlexMoE (expert-parallel, dynamic dispatch, one micro-batch): each rank has
+                             this many expert slots E_v >= E/W, holding replicas of hot experts that
+                             moe_flex_trainer places; its expert tensors have E_v rows, the distinct
+                             experts it holds in ascending id, then zeros. 0 = off: block ownership */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,
@@ -619,6 +623,8 @@ typedef struct {
   int32_t *capacity;     /* owned by the engine: (experts), filled by the trigger */
   int set_caching, caching;
   int set_top_k, top_k;
+  int set_placement;     /* capacity holds a FlexMoE placement instead (moe_flex_trainer's own layout);
+                            of several due at once, the newest */
 } moe_adjustment;
 /* Returns 1 when it filled `out` with an adjustment, 0 for none. Runs on the trigger thread. */
 typedef int (*moe_trigger_fn)(const moe_metrics *m, moe_adjustment *out, void *user);
@@ -875,6 +881,30 @@ void moe_flex_sim_free(moe_flex_sim *s);
 /* One step: src (ranks, experts) tokens of each rank for each expert. Runs the scheduler, applies its
  * plan and reports it. */
 moe_status moe_flex_sim_step(moe_flex_sim *s, const int64_t *src, moe_flex_step *out);
+/* Training with replicas: a model whose layers have replica_slots > 0 (expert-parallel). new profiles
+ * the experts' tokens per second and the all-to-all's and all-reduce's latency and bandwidth (a
+ * collective: every rank calls it; moe_flex_trainer_env gives the fitted terms). After every step,
+ * push hands the blocks' counts to a RECOMPILE trigger running the scheduler (balance ratio over
+ * `threshold`) and the policy maker; begin, before every step, lands the placements decided
+ * delta_launch + 1 steps earlier (rank 0's, on every rank), moving the experts' weights and optimizer
+ * state point to point. ops (NULL: none), a test hook that replaces the policy: "STEP:expand:E:G",
+ * "STEP:shrink:E:G" or "STEP:migrate:A:I:B:J" (A on rank I swaps with B on rank J), comma-separated,
+ * each landing at the start of STEP on every block. Training equals the run without replicas. */
+typedef struct moe_flex_trainer moe_flex_trainer;
+typedef struct {
+  int64_t steps, placements;            /* steps pushed, placement changes landed */
+  int64_t expands, shrinks, migrates;   /* their operations */
+  double bytes_moved;                   /* expert states copied between ranks, all ranks together */
+  double balance_sum, balance_last;     /* Eq. 6 with the replicas, the blocks' mean: summed over steps, last */
+  double balance_blocks_sum;            /* the same without replicas (expert parallelism's blocks) */
+} moe_flex_stats;
+moe_status moe_flex_trainer_new(moe_flex_trainer **out, moe_model_t *m, double threshold, int delta_launch,
+                                const char *ops);
+void moe_flex_trainer_free(moe_flex_trainer *t);
+void moe_flex_trainer_env(const moe_flex_trainer *t, moe_flex_env *env);
+moe_status moe_flex_trainer_begin(moe_flex_trainer *t, moe_model_t *m, moe_optim_t *o, int64_t step);
+moe_status moe_flex_trainer_push(moe_flex_trainer *t, const moe_model_t *m, int64_t step, double loss);
+void moe_flex_trainer_stats(const moe_flex_trainer *t, moe_flex_stats *s);
 
 #ifdef __cplusplus
 }
