@@ -31,7 +31,7 @@ typedef struct {
   int dynamic_capacity, delta_launch; /* --capacity dynamic: per-expert capacities through RECOMPILE */
   float headroom;
   int cache_assignments;  /* --cache-assignments: DynaMoE's sample-assignment caching */
-  int replicas, slots;    /* --replicas auto, --slots: FlexMoE (train_flex.c) */
+  int replicas, slots, replica_horizon; /* --replicas auto, --slots, --replica-horizon: FlexMoE (train_flex.c) */
   float balance_threshold;
   const char *replica_ops;
   assign_cache_opts cache;
@@ -55,8 +55,9 @@ static void usage(FILE *f) {
     "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
     "       [--seed S] [--threads N] [--checkpoint F] [--resume F] [--trace F] [--json] [--log-steps]\n"
     "       [--on-nan stop|skip-step] [--progress|--quiet]\n"
-    "       [--replicas auto|off [--slots E_v] [--balance-threshold 1.2] [--replica-ops OPS]]   (FlexMoE under\n"
-    "       mpirun: replicas of hot experts; OPS, a test hook replacing the policy: STEP:expand:E:G,\n"
+    "       [--replicas auto|off [--slots E_v] [--balance-threshold 1.2] [--replica-horizon 10]\n"
+    "       [--replica-ops OPS]]   (FlexMoE under mpirun: replicas of hot experts, a plan kept when the\n"
+    "       model says --replica-horizon steps repay its copies; OPS, a test hook replacing the policy: STEP:expand:E:G,\n"
     "       STEP:shrink:E:G, STEP:migrate:A:I:B:J, comma-separated)\n"
     "       [--pipeline N|auto] [--memory-reuse none|s2|s3|s4]   (the experts as N micro-batches; same bits;\n"
     "       auto: MPipeMoE's adaptive search over timed steps)\n"
@@ -155,6 +156,7 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
       else if (cli_flag_is(f, "slots")) ok = cli_parse_int(v, &o->slots) && o->slots >= 1;
       else if (cli_flag_is(f, "balance_threshold")) ok = cli_parse_float(v, &o->balance_threshold) && o->balance_threshold >= 1;
       else if (cli_flag_is(f, "replica_ops")) o->replica_ops = v;
+      else if (cli_flag_is(f, "replica_horizon")) ok = cli_parse_int(v, &o->replica_horizon) && o->replica_horizon >= 1;
       else if (cli_flag_is(f, "headroom")) ok = cli_parse_float(v, &o->headroom) && o->headroom >= 0 && o->headroom <= 10;
       else if (cli_flag_is(f, "cache_on")) ok = cli_parse_float(v, &o->cache.on) && o->cache.on >= 0 && o->cache.on <= 1;
       else if (cli_flag_is(f, "cache_off")) ok = cli_parse_float(v, &o->cache.off) && o->cache.off >= 0 && o->cache.off <= 1;
@@ -271,7 +273,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   rc = cli_settle(dist, CMD, rc);
   moe_flex_trainer *ft = NULL;
   if (!rc && m->cfg.moe.replica_slots)
-    rc = cli_settle(dist, CMD, flex_start(&ft, m, o->balance_threshold, o->delta_launch, o->replica_ops, stdout));
+    rc = cli_settle(dist, CMD, flex_start(&ft, m, o->balance_threshold, o->replica_horizon, o->delta_launch, o->replica_ops, stdout));
   for (int epoch = start_epoch; epoch < last && !rc; epoch++) {
     epoch_acc a = {0};
     int64_t skipped0 = ng.skipped;
@@ -399,6 +401,9 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
       {"--cache-on", o->cache.on, NULL}, {"--cache-off", o->cache.off, NULL},
       {"--cache-min-epoch", o->cache.min_epoch, NULL}, {"--on-nan skip-step", o->skip_nan, NULL},
       {"--pipeline", l->pipeline, NULL}, /* each micro-batch is an exchange: the counts must match */
+      {"--slots", l->replica_slots, NULL}, {"--balance-threshold", o->balance_threshold, NULL},
+      {"--replica-horizon", o->replica_horizon, NULL},
+      {"--replica-ops", o->replica_ops ? cli_hash(o->replica_ops, strlen(o->replica_ops)) : 0, NULL},
       {"--checkpoint", o->checkpoint != NULL, NULL}, {"--resume", o->resume != NULL, NULL}, /* collectives */
       {"training images", train->n, NULL}, {"image rows", train->rows, NULL}, {"image columns", train->cols, NULL},
       {"training labels (hash)", cli_hash(train->labels, (size_t)train->n), NULL}, {"test images", test->n, NULL},
@@ -422,7 +427,8 @@ static int setup(int argc, char **argv, train_opts *o, int arch, const moe_datas
   moe_train_state ts;
   if (arch) return cli_usage_error(CMD, "--resume takes the model and optimizer from the checkpoint; drop the architecture flags");
   /* under mpirun each rank keeps its own experts, whatever number of ranks saved the file */
-  if (moe_checkpoint_load_ranks(o->resume, o->model.moe.dist, m, opt, &ts) != MOE_OK) return cli_fail(CMD);
+  if (moe_checkpoint_load_replicas(o->resume, o->model.moe.dist, o->model.moe.replica_slots, m, opt, &ts) != MOE_OK)
+    return cli_fail(CMD);
   if (!opt->m) return cli_usage_error(CMD, "%s: has no optimizer state to resume from", o->resume);
   if (!load_extra(ts.extra, o))
     return cli_usage_error(CMD, "%s: __metadata__ train='%s' is not a valid set of training options", o->resume, ts.extra);

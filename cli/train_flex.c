@@ -6,8 +6,9 @@
 
 #include "cli.h"
 
-int flex_start(moe_flex_trainer **out, moe_model_t *m, float threshold, int delta, const char *ops, FILE *f) {
-  if (moe_flex_trainer_new(out, m, threshold, delta, ops) != MOE_OK) return cli_fail("train");
+int flex_start(moe_flex_trainer **out, moe_model_t *m, float threshold, int horizon, int delta, const char *ops,
+               FILE *f) {
+  if (moe_flex_trainer_new(out, m, threshold, horizon, delta, ops) != MOE_OK) return cli_fail("train");
   moe_flex_env e;
   moe_flex_trainer_env(*out, &e);
   fprintf(f, "replicas: %d slots per rank, balance threshold %.3g; profiled: %.4g expert tokens/s, all-to-all %.3g us "

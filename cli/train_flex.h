@@ -7,7 +7,8 @@
 #include "moe.h"
 
 /* Starts the replica trainer (a collective) and prints its profile on f (rank 0's stdout). */
-int flex_start(moe_flex_trainer **out, moe_model_t *m, float threshold, int delta, const char *ops, FILE *f);
+int flex_start(moe_flex_trainer **out, moe_model_t *m, float threshold, int horizon, int delta, const char *ops,
+               FILE *f);
 void flex_report(const moe_flex_trainer *t, FILE *f, int json);
 
 #endif

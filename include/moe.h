@@ -669,6 +669,10 @@ double moe_sgemm_gflops(int n, int threads, int reps);
  * One rank (d NULL or of size 1): moe_checkpoint_load. */
 moe_status moe_checkpoint_load_ranks(const char *path, const moe_dist *d, moe_model_t *m, moe_optim_t *o,
                                      moe_train_state *ts);
+/* The same with FlexMoE's replica slots per rank (replica_slots; 0: none): each rank starts with
+ * expert parallelism's blocks of experts, from a file any number of ranks saved. */
+moe_status moe_checkpoint_load_replicas(const char *path, const moe_dist *d, int slots, moe_model_t *m,
+                                        moe_optim_t *o, moe_train_state *ts);
 
 /* ---- byte-level BPE tokenizer (GPT-2's scheme; Hugging Face tokenizer.json) ----
  * Text is bytes: the pre-tokenizer cuts it as GPT-2's regex does (contractions, letters, digits, other
@@ -885,7 +889,8 @@ moe_status moe_flex_sim_step(moe_flex_sim *s, const int64_t *src, moe_flex_step 
  * the experts' tokens per second and the all-to-all's and all-reduce's latency and bandwidth (a
  * collective: every rank calls it; moe_flex_trainer_env gives the fitted terms). After every step,
  * push hands the blocks' counts to a RECOMPILE trigger running the scheduler (balance ratio over
- * `threshold`) and the policy maker; begin, before every step, lands the placements decided
+ * `threshold`) and the policy maker (a plan is kept when `horizon` steps, 0 for the default 10, of
+ * its modelled gain repay its copies); begin, before every step, lands the placements decided
  * delta_launch + 1 steps earlier (rank 0's, on every rank), moving the experts' weights and optimizer
  * state point to point. ops (NULL: none), a test hook that replaces the policy: "STEP:expand:E:G",
  * "STEP:shrink:E:G" or "STEP:migrate:A:I:B:J" (A on rank I swaps with B on rank J), comma-separated,
@@ -898,8 +903,8 @@ typedef struct {
   double balance_sum, balance_last;     /* Eq. 6 with the replicas, the blocks' mean: summed over steps, last */
   double balance_blocks_sum;            /* the same without replicas (expert parallelism's blocks) */
 } moe_flex_stats;
-moe_status moe_flex_trainer_new(moe_flex_trainer **out, moe_model_t *m, double threshold, int delta_launch,
-                                const char *ops);
+moe_status moe_flex_trainer_new(moe_flex_trainer **out, moe_model_t *m, double threshold, int horizon,
+                                int delta_launch, const char *ops);
 void moe_flex_trainer_free(moe_flex_trainer *t);
 void moe_flex_trainer_env(const moe_flex_trainer *t, moe_flex_env *env);
 moe_status moe_flex_trainer_begin(moe_flex_trainer *t, moe_model_t *m, moe_optim_t *o, int64_t step);

@@ -44,6 +44,10 @@ int moe__flex_replicas(const moe__flex_table *t, int e); /* n_e */
 /* The ranks holding e, ascending, into ranks (room for W); returns how many. */
 int moe__flex_ranks(const moe__flex_table *t, int e, int *ranks);
 
+/* The row of e among the distinct experts rank g holds, ascending (how a rank lays out its experts'
+ * parameters): the number of experts below e that g holds. */
+int moe__flex_row_on(const moe__flex_table *t, int g, int e);
+
 /* Room for `need` elements of `elem` bytes in *p (capacity *cap), grown by doubling. */
 moe_status moe__flex_reserve(void **p, int *cap, int need, size_t elem);
 

@@ -181,13 +181,6 @@ static int source_of(const moe__flex_table *t, int e, int g) {
   return src;
 }
 
-/* The row of expert e on rank g under t: the distinct experts g holds below e. */
-static int row_in(const moe__flex_table *t, int g, int e) {
-  int j = 0;
-  for (int x = 0; x < e; x++) j += moe__flex_count(t, x, g) > 0;
-  return j;
-}
-
 /* Whether rank g holds e under nt and not under ot: a copy it needs. */
 static int needs(const moe__flex_table *nt, const moe__flex_table *ot, int e, int g) {
   return moe__flex_count(nt, e, g) && !moe__flex_count(ot, e, g);
@@ -231,13 +224,13 @@ static moe_status land(moe_flex_trainer *t, moe_model_t *m, moe_optim_t *o, int 
   float *at = sbuf;
   for (int g = 0; st == MOE_OK && g < W; g++) /* in the order the receivers read: experts ascending */
     for (int e = 0; e < t->E; e++)
-      if (needs(&nt, ot, e, g) && source_of(ot, e, g) == me) at += pack(&r, row_in(ot, me, e), at, 1);
+      if (needs(&nt, ot, e, g) && source_of(ot, e, g) == me) at += pack(&r, moe__flex_row_on(ot, me, e), at, 1);
   if (st == MOE_OK) st = moe__dist_alltoallv_rows(t->dist, sbuf, sc, sd, rbuf, rc, rd, width);
   if (st == MOE_OK) {
     for (int j = 0; j < f->nh; j++) pack(&r, j, old + (size_t)width * j, 1);
     for (int j = 0, h = 0; h < t->E; h++) { /* the new rows, experts ascending */
       if (!moe__flex_count(&nt, h, me)) continue;
-      const float *from = moe__flex_count(ot, h, me) ? old + (size_t)width * row_in(ot, me, h)
+      const float *from = moe__flex_count(ot, h, me) ? old + (size_t)width * moe__flex_row_on(ot, me, h)
                                                      : rbuf + (size_t)width * rd[source_of(ot, h, me)]++;
       pack(&r, j++, (float *)from, 0);
     }
@@ -288,8 +281,8 @@ static moe_status parse_forced(moe_flex_trainer *t, const char *spec) {
   return MOE_OK;
 }
 
-moe_status moe_flex_trainer_new(moe_flex_trainer **out, moe_model_t *m, double threshold, int delta_launch,
-                                const char *ops) {
+moe_status moe_flex_trainer_new(moe_flex_trainer **out, moe_model_t *m, double threshold, int horizon,
+                                int delta_launch, const char *ops) {
   MOE_TRY(out && m, MOE_ERR_ARG, "moe_flex_trainer_new: NULL argument");
   const moe_layer_config *c = &m->cfg.moe;
   MOE_TRY(c->dist && c->replica_slots > 0 && m->layers[0].st->flex, MOE_ERR_ARG,
@@ -300,6 +293,7 @@ moe_status moe_flex_trainer_new(moe_flex_trainer **out, moe_model_t *m, double t
   *t = (moe_flex_trainer){.L = m->cfg.blocks, .W = moe_dist_size(c->dist), .E = c->E, .Ev = c->replica_slots,
                           .me = moe_dist_rank(c->dist), .dist = c->dist, .pol = moe__flex_policy_default()};
   t->pol.threshold = threshold;
+  if (horizon > 0) t->pol.horizon = horizon;
   t->payload = 3 + t->L * t->W * t->Ev;
   int n = t->L * t->W * t->E > t->payload ? t->L * t->W * t->E : t->payload;
   t->decided = calloc((size_t)t->L, sizeof *t->decided);
