@@ -1,6 +1,7 @@
 /* See run_cli.h. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 
 #include "run_cli.h"
@@ -20,4 +21,17 @@ int test_have_mpirun(void) {
   if (moe_dist_has_mpi() && system("command -v mpirun >/dev/null 2>&1") == 0) return 1;
   fprintf(stderr, "  SKIP: %s\n", moe_dist_has_mpi() ? "mpirun not found" : "libmoe built without MPI");
   return 0;
+}
+
+int test_read_losses(const char *path, double *loss, int max) {
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  char line[256];
+  int n = 0;
+  while (fgets(line, sizeof line, f) && n < max) {
+    char *p = strstr(line, "\"loss\": ");
+    if (!strncmp(line, "{\"step\"", 7) && p) loss[n++] = atof(p + 8);
+  }
+  fclose(f);
+  return n;
 }

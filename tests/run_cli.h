@@ -15,5 +15,7 @@ int run_moe(const char *env_prefix, const char *args, const char *out_path, char
 #define TEST_MPIRUN TEST_MPI_ENV "mpirun --oversubscribe "
 /* Whether the library has MPI and mpirun is on the PATH; prints SKIP with the reason otherwise. */
 int test_have_mpirun(void);
+/* Per-step losses from the --log-steps lines of a file (at most max); returns how many. */
+int test_read_losses(const char *path, double *loss, int max);
 
 #endif

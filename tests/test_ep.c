@@ -165,20 +165,6 @@ TEST(ep_rejects_what_it_does_not_support) {
   moe_dist_finalize(d);
 }
 
-/* Per-step losses from --log-steps lines of a file. */
-static int read_losses(const char *path, double *loss, int max) {
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
-  char line[256];
-  int n = 0;
-  while (fgets(line, sizeof line, f) && n < max) {
-    char *p = strstr(line, "\"loss\": ");
-    if (!strncmp(line, "{\"step\"", 7) && p) loss[n++] = atof(p + 8);
-  }
-  fclose(f);
-  return n;
-}
-
 /* `mpirun -np 2 moe train` (data + expert parallel, the same global batch) follows the one-process
  * loss curve within 1e-4 for 50 steps and reaches the same accuracy. */
 /* `moe train ARGS` with one process and under mpirun -np 2: the same per-step losses (within tol; tol
@@ -194,7 +180,7 @@ static void train_follows_one_process(const char *args, const char *mark, double
   snprintf(cmd, sizeof cmd, TEST_MPIRUN "-np 2 '%s' %s --data '%s' > '%s' 2>/dev/null", MOE_CLI, args, synth_data_dir(), two);
   ASSERT_EQ_INT(sh(cmd), 0);
   double a[64], b[64];
-  int na = read_losses(one, a, 64), nb = read_losses(two, b, 64);
+  int na = test_read_losses(one, a, 64), nb = test_read_losses(two, b, 64);
   ASSERT(na >= 50);
   ASSERT_EQ_INT(na, nb);
   for (int i = 0; i < na && tol >= 0; i++)

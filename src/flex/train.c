@@ -281,6 +281,32 @@ static moe_status parse_forced(moe_flex_trainer *t, const char *spec) {
   return MOE_OK;
 }
 
+/* The forced operations in step order on a copy of the placement: one that does not apply is an
+ * error now, on every rank alike, rather than a failure of one landing later. */
+static moe_status check_forced(moe_flex_trainer *t) {
+  moe__flex_table c = {0};
+  moe__flex_xfers x = {0};
+  MOE_CHECK(moe__flex_table_clone(&c, &t->decided[0]));
+  moe_status st = MOE_OK;
+  int64_t last = -1;
+  for (int i = 0; st == MOE_OK && i < t->nforced; i++) {
+    if (t->forced_at[i] < last)
+      st = moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "replica operations: step %lld after step %lld: list them in "
+                      "step order", (long long)t->forced_at[i], (long long)last);
+    last = t->forced_at[i];
+    if (st == MOE_OK) st = moe__flex_apply(&c, &t->forced[i], &x);
+    if (st != MOE_OK) {
+      char why[256];
+      snprintf(why, sizeof why, "%s", moe_last_error());
+      st = moe__error(st, __FILE__, __LINE__, "replica operation %d (at step %lld): %s", i + 1,
+                      (long long)t->forced_at[i], why);
+    }
+  }
+  moe__flex_xfers_free(&x);
+  moe__flex_table_free(&c);
+  return st;
+}
+
 moe_status moe_flex_trainer_new(moe_flex_trainer **out, moe_model_t *m, double threshold, int horizon,
                                 int delta_launch, const char *ops) {
   MOE_TRY(out && m, MOE_ERR_ARG, "moe_flex_trainer_new: NULL argument");
@@ -307,6 +333,7 @@ moe_status moe_flex_trainer_new(moe_flex_trainer **out, moe_model_t *m, double t
     if (st == MOE_OK) st = moe__flex_table_init(&t->blocks[b], t->W, c->E / t->W, c->E, 0);
   }
   if (st == MOE_OK) st = parse_forced(t, ops);
+  if (st == MOE_OK) st = check_forced(t);
   if (st == MOE_OK) st = profile(t, c);
   if (st == MOE_OK) st = moe_recompile_new(&t->rc, n, delta_launch, trigger, t);
   if (st != MOE_OK) {
