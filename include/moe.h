@@ -885,6 +885,15 @@ void moe_flex_sim_free(moe_flex_sim *s);
 /* One step: src (ranks, experts) tokens of each rank for each expert. Runs the scheduler, applies its
  * plan and reports it. */
 moe_status moe_flex_sim_step(moe_flex_sim *s, const int64_t *src, moe_flex_step *out);
+/* The model's terms measured on c's ranks (c->dist with more than one rank; a collective, every rank
+ * gets the same): tokens per second of the experts' GEMMs (from the sgemm rate at c->threads), the
+ * all-to-all's and the all-reduce's latency and bandwidth, each fitted over 4 sizes. */
+moe_status moe_flex_profile(const moe_layer_config *c, moe_flex_env *out);
+/* A layer with replica slots: the scheduler and policy maker once over its last forward's counts (plans
+ * kept when `horizon` steps, 0 for 10, repay their copies), the placement landing at once with the
+ * experts' weights (a collective; a layer outside a model has no optimizer state to move). */
+moe_status moe_layer_flex_rebalance(moe_layer_t *l, const moe_flex_env *env, double threshold, int horizon,
+                                    moe_flex_step *out);
 /* Training with replicas: a model whose layers have replica_slots > 0 (expert-parallel). new profiles
  * the experts' tokens per second and the all-to-all's and all-reduce's latency and bandwidth (a
  * collective: every rank calls it; moe_flex_trainer_env gives the fitted terms). After every step,

@@ -10,7 +10,7 @@ class LayerConfig(C.Structure):
                 ("normalize_topk", _i), ("act", _i), ("dispatch", _i), ("priority", _i), ("router", _i),
                 ("proj_dim", _i), ("gate_bias", _i), ("expert_bias", _i), ("threads", _i),
                 ("inner_experts", _i), ("inner_top_k", _i), ("dist", _p), ("external_experts", _i),
-                ("dtype", _i), ("pipeline", _i), ("memory_reuse", _i)]
+                ("dtype", _i), ("pipeline", _i), ("memory_reuse", _i), ("replica_slots", _i)]
 
 
 class ParamInfo(C.Structure):

@@ -136,6 +136,8 @@ double moe__flex_xfer_time(const moe__flex_env *env, const moe__flex_xfers *l, i
 
 /* The model's terms from moe_flex_env (moe.h): one link for every pair of ranks (one node). */
 moe__flex_env moe__flex_env_of(const moe_flex_env *e);
+/* MOE_ERR_ARG unless its rates are > 0 and its latencies and sizes >= 0. */
+moe_status moe__flex_check_env(const moe_flex_env *e);
 
 /* ---- scheduler and policy maker (P3 Algorithms 1 and 2) ---- */
 
@@ -158,6 +160,8 @@ typedef struct {
   double ratio0, ratio1, t0, t1; /* balance ratio and modelled step time before and after */
 } moe__flex_plan;                /* zeroed = empty */
 void moe__flex_plan_free(moe__flex_plan *p);
+/* What the plan did, for moe_flex_step (moe.h). */
+moe_flex_step moe__flex_step_of(const moe__flex_plan *p, const moe__flex_env *env);
 
 /* Algorithm 2: e0 = argmax I_e / n_e over the experts on the slowest rank (the largest modelled time;
  * ties to the lower rank, then the lower id). Every replica (e1, g) with e1 != e0 and n_e1 >= 2 is a

@@ -21,7 +21,7 @@ moe__flex_env moe__flex_env_of(const moe_flex_env *e) {
                          .grad_bytes = e->expert_bytes};
 }
 
-static moe_status check_env(const moe_flex_env *e) {
+moe_status moe__flex_check_env(const moe_flex_env *e) {
   MOE_TRY(e->tps > 0 && e->a2a_bw > 0 && e->ar_bw > 0, MOE_ERR_ARG,
           "flex: tokens per second %g, all-to-all bandwidth %g and all-reduce bandwidth %g must be > 0", e->tps,
           e->a2a_bw, e->ar_bw);
@@ -34,7 +34,7 @@ static moe_status check_env(const moe_flex_env *e) {
 moe_status moe_flex_sim_new(moe_flex_sim **out, int ranks, int slots, int experts, const moe_flex_env *env,
                             double threshold) {
   MOE_TRY(out && env, MOE_ERR_ARG, "moe_flex_sim_new: NULL argument");
-  MOE_CHECK(check_env(env));
+  MOE_CHECK(moe__flex_check_env(env));
   MOE_TRY(threshold >= 1, MOE_ERR_ARG, "flex: balance threshold %g is below 1 (the ratio of a perfect balance)",
           threshold);
   moe_flex_sim *s = calloc(1, sizeof *s);
@@ -58,18 +58,23 @@ void moe_flex_sim_free(moe_flex_sim *s) {
   free(s);
 }
 
+moe_flex_step moe__flex_step_of(const moe__flex_plan *p, const moe__flex_env *env) {
+  moe_flex_step out = {.balance_before = p->ratio0,
+                       .balance_after = p->ratio1,
+                       .time_before = p->t0,
+                       .time_after = p->t1,
+                       .xfer_s = moe__flex_xfer_time(env, &p->xfers, 0)};
+  for (int i = 0; i < p->nops; i++) {
+    moe__flex_kind k = p->ops[i].kind;
+    out.expands += k == MOE__FLEX_EXPAND;
+    out.shrinks += k == MOE__FLEX_SHRINK;
+    out.migrates += k == MOE__FLEX_MIGRATE;
+  }
+  return out;
+}
+
 moe_status moe_flex_sim_step(moe_flex_sim *s, const int64_t *src, moe_flex_step *out) {
   MOE_CHECK(moe__flex_schedule(&s->t, src, &s->env, &s->pol, &s->plan));
-  *out = (moe_flex_step){.balance_before = s->plan.ratio0,
-                         .balance_after = s->plan.ratio1,
-                         .time_before = s->plan.t0,
-                         .time_after = s->plan.t1,
-                         .xfer_s = moe__flex_xfer_time(&s->env, &s->plan.xfers, 0)};
-  for (int i = 0; i < s->plan.nops; i++) {
-    moe__flex_kind k = s->plan.ops[i].kind;
-    out->expands += k == MOE__FLEX_EXPAND;
-    out->shrinks += k == MOE__FLEX_SHRINK;
-    out->migrates += k == MOE__FLEX_MIGRATE;
-  }
+  *out = moe__flex_step_of(&s->plan, &s->env);
   return MOE_OK;
 }

@@ -13,14 +13,6 @@
 #include "dist/dist.h"
 #include "flex/wire.h"
 
-#define NREF 5 /* expert tensors of a block: fc1 and fc2 weights and biases, fc3 */
-
-typedef struct {
-  float *p[NREF], *m[NREF], *v[NREF], *g[NREF]; /* each tensor's rows: parameters, moments, gradients */
-  size_t n[NREF];                                /* one row's floats */
-  int nt;
-} block_rows;
-
 struct moe_flex_trainer {
   int L, W, E, Ev, me;
   const moe_dist *dist;
@@ -79,176 +71,11 @@ static int trigger(const moe_metrics *mt, moe_adjustment *out, void *user) {
   return 1;
 }
 
-/* Seconds of the fastest of 3 runs of an exchange of `rows` rows of D floats with every other rank. */
-static moe_status time_a2a(const moe_flex_trainer *t, int rows, int D, float *buf, double *s) {
-  int c[4 * MOE__FLEX_MAX_RANKS];
-  for (int q = 0; q < t->W; q++) c[q] = c[2 * t->W + q] = q == t->me ? 0 : rows, c[t->W + q] = c[3 * t->W + q] = q * rows;
-  *s = INFINITY;
-  for (int k = 0; k < 3; k++) {
-    double t0 = moe__now();
-    MOE_CHECK(moe__dist_alltoallv_rows(t->dist, buf, c, c + t->W, buf + (size_t)t->W * rows * D, c + 2 * t->W,
-                                       c + 3 * t->W, D));
-    *s = fmin(*s, moe__now() - t0);
-  }
-  return MOE_OK;
-}
-
-/* latency and bandwidth from (bytes, seconds), the seconds the mean over ranks so that every rank
- * fits the same; a fit that fails (noise: a slope <= 0) falls back to the largest sample's rate. */
-static moe_status fit_link(const moe_flex_trainer *t, const double *x, double *s, int n, moe__flex_link *out) {
-  MOE_CHECK(moe_dist_allreduce(t->dist, s, n));
-  for (int i = 0; i < n; i++) s[i] /= t->W;
-  if (moe__flex_fit(x, s, n, out) != MOE_OK || out->lat < 0) *out = (moe__flex_link){0, x[n - 1] / s[n - 1]};
-  return MOE_OK;
-}
-
-/* Start-up profile (P3 1.5): tokens per second of the experts' GEMMs (forward and backward: 6 GEMMs
- * of D x H per token, 9 with swiglu), and the all-to-all's and the all-reduce's latency and bandwidth
- * fitted over 4 sizes each. */
-static moe_status profile(moe_flex_trainer *t, const moe_layer_config *c) {
-  double flops = moe_sgemm_gflops(256, c->threads, 3) * 1e9;
-  double per_token = 2.0 * (c->act == MOE_ACT_SWIGLU ? 9 : 6) * c->D * c->H;
-  int sizes[4] = {1, 16, 64, 256}, D = c->D, W = t->W;
-  float *buf = calloc((size_t)2 * W * 256 * D, sizeof *buf);
-  MOE_TRY(buf, MOE_ERR_NOMEM, "replicas: profiling buffers");
-  double x[4], s[4];
-  moe__flex_link a2a, ar;
-  moe_status st = MOE_OK;
-  for (int i = 0; st == MOE_OK && i < 4; i++) {
-    x[i] = 4.0 * D * sizes[i];
-    st = time_a2a(t, sizes[i], D, buf, &s[i]);
-  }
-  if (st == MOE_OK) st = fit_link(t, x, s, 4, &a2a);
-  for (int i = 0; st == MOE_OK && i < 4; i++) {
-    int n = sizes[i] * D;
-    x[i] = 2.0 * (W - 1) / W * 4.0 * n;
-    s[i] = INFINITY;
-    for (int k = 0; st == MOE_OK && k < 3; k++) {
-      double t0 = moe__now();
-      st = moe__dist_allreduce_f32(t->dist, buf, n);
-      s[i] = fmin(s[i], moe__now() - t0);
-    }
-  }
-  if (st == MOE_OK) st = fit_link(t, x, s, 4, &ar);
-  free(buf);
-  MOE_CHECK(st);
-  double tps = flops / per_token;
-  MOE_CHECK(moe_dist_allreduce(t->dist, &tps, 1)); /* the mean: every rank plans alike */
-  t->penv = (moe_flex_env){.tps = tps / W, .a2a_lat = a2a.lat, .a2a_bw = a2a.bw, .ar_lat = ar.lat, .ar_bw = ar.bw,
-                           .token_bytes = 4.0 * D,
-                           .expert_bytes = (double)moe__flex_expert_floats(c) * 4};
-  t->env = moe__flex_env_of(&t->penv);
-  return MOE_OK;
-}
-
-/* Block b's expert tensors: their rows in the parameters, the gradients and the optimizer's moments
- * (o may be NULL, or hold no second moment). */
-static void rows_of(const moe_model_t *m, const moe_optim_t *o, int b, block_rows *r) {
-  char prefix[48];
-  snprintf(prefix, sizeof prefix, "blocks.%d.moe.experts.", b);
-  size_t off = 0, n = strlen(prefix);
-  *r = (block_rows){0};
-  for (int i = 0; i < m->nrefs; off += m->refs[i++].numel) {
-    const moe_tensor_ref *ref = &m->refs[i];
-    if (strncmp(ref->name, prefix, n) || r->nt == NREF) continue;
-    r->p[r->nt] = ref->data, r->g[r->nt] = ref->grad;
-    r->m[r->nt] = o && o->m ? o->m + off : NULL;
-    r->v[r->nt] = o && o->v ? o->v + off : NULL;
-    r->n[r->nt++] = ref->numel / (size_t)ref->shape[0];
-  }
-}
-
-/* Row j of the state (parameters, then the moments present) to or from a packed row. */
-static size_t pack(const block_rows *r, int j, float *x, int out) {
-  size_t k = 0;
-  for (int i = 0; i < r->nt; i++) {
-    float *a[3] = {r->p[i], r->m[i], r->v[i]};
-    for (int q = 0; q < 3; q++) {
-      if (!a[q]) continue;
-      float *row = a[q] + (size_t)j * r->n[i];
-      if (x) memcpy(out ? x + k : row, out ? row : x + k, r->n[i] * 4);
-      k += r->n[i];
-    }
-  }
-  return k;
-}
-
-/* The holder of e in t nearest to g in rank number (ties to the lower rank), as Expand's source. */
-static int source_of(const moe__flex_table *t, int e, int g) {
-  int src = -1;
-  for (int h = 0; h < t->W; h++)
-    if (moe__flex_count(t, e, h) && (src < 0 || abs(h - g) < abs(src - g))) src = h;
-  return src;
-}
-
-/* Whether rank g holds e under nt and not under ot: a copy it needs. */
-static int needs(const moe__flex_table *nt, const moe__flex_table *ot, int e, int g) {
-  return moe__flex_count(nt, e, g) && !moe__flex_count(ot, e, g);
-}
-
-/* nt's slots from `slots` and its counts from them. */
-static void set_slots(moe__flex_table *nt, const int *slots) {
-  memcpy(nt->slot, slots, sizeof(int) * (size_t)nt->W * nt->Ev);
-  memset(nt->n, 0, sizeof(int) * (size_t)nt->E * nt->W);
-  for (int i = 0; i < nt->W * nt->Ev; i++)
-    if (slots[i] >= 0 && slots[i] < nt->E) nt->n[(size_t)slots[i] * nt->W + i / nt->Ev]++;
-}
-
-/* Block b takes the placement `slots` (W x E_v): the copies its ranks need (each from the old holder
- * nearest in rank number), exchanged in one all-to-all-v of rows of one expert's state (weights and
- * moments), then each rank's rows laid out anew: its old row where it held the expert already, the
- * received one otherwise, zeros past its experts (which AdamW leaves at zero). */
+/* Block b of m takes the placement `slots`, its optimizer state with it. */
 static moe_status land(moe_flex_trainer *t, moe_model_t *m, moe_optim_t *o, int b, const int *slots) {
-  moe__flex_layer *f = m->layers[b].st->flex;
-  moe__flex_table nt = {0}, *ot = &f->t;
-  MOE_CHECK(moe__flex_table_clone(&nt, ot));
-  set_slots(&nt, slots);
-  moe_status st = moe__flex_table_check(&nt);
-  block_rows r;
-  rows_of(m, o, b, &r);
-  int width = (int)pack(&r, 0, NULL, 0), W = t->W, me = t->me, ns = 0, nr = 0, moved = 0;
-  int c[4 * MOE__FLEX_MAX_RANKS] = {0}, *sc = c, *sd = c + W, *rc = c + 2 * W, *rd = c + 3 * W;
-  for (int g = 0; g < W; g++)
-    for (int e = 0; e < t->E; e++)
-      if (needs(&nt, ot, e, g)) {
-        int src = source_of(ot, e, g);
-        sc[g] += src == me;
-        rc[src] += g == me;
-        moved++;
-      }
-  for (int q = 0; q < W; q++) sd[q] = ns, ns += sc[q], rd[q] = nr, nr += rc[q];
-  float *sbuf = malloc(4 * (size_t)width * (ns + 1)), *rbuf = malloc(4 * (size_t)width * (nr + 1));
-  float *old = malloc(4 * (size_t)width * t->Ev);
-  if (st == MOE_OK && (!sbuf || !rbuf || !old))
-    st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "replicas: %d expert states to move", ns + nr);
-  float *at = sbuf;
-  for (int g = 0; st == MOE_OK && g < W; g++) /* in the order the receivers read: experts ascending */
-    for (int e = 0; e < t->E; e++)
-      if (needs(&nt, ot, e, g) && source_of(ot, e, g) == me) at += pack(&r, moe__flex_row_on(ot, me, e), at, 1);
-  if (st == MOE_OK) st = moe__dist_alltoallv_rows(t->dist, sbuf, sc, sd, rbuf, rc, rd, width);
-  if (st == MOE_OK) {
-    for (int j = 0; j < f->nh; j++) pack(&r, j, old + (size_t)width * j, 1);
-    for (int j = 0, h = 0; h < t->E; h++) { /* the new rows, experts ascending */
-      if (!moe__flex_count(&nt, h, me)) continue;
-      const float *from = moe__flex_count(ot, h, me) ? old + (size_t)width * moe__flex_row_on(ot, me, h)
-                                                     : rbuf + (size_t)width * rd[source_of(ot, h, me)]++;
-      pack(&r, j++, (float *)from, 0);
-    }
-    moe__flex_table_assign(ot, &nt);
-    moe__flex_layer_sync_held(f);
-    for (int i = 0; i < r.nt; i++) {
-      size_t lo = (size_t)f->nh * r.n[i], n = (size_t)t->Ev * r.n[i] - lo;
-      memset(r.p[i] + lo, 0, n * 4);
-      memset(r.g[i] + lo, 0, n * 4);
-      if (r.m[i]) memset(r.m[i] + lo, 0, n * 4);
-      if (r.v[i]) memset(r.v[i] + lo, 0, n * 4);
-    }
-    t->stats.bytes_moved += 4.0 * width * moved;
-    moe_layer_params_changed(&m->layers[b]);
-  }
-  free(sbuf), free(rbuf), free(old);
-  moe__flex_table_free(&nt);
-  return st;
+  moe__flex_rows r;
+  moe__flex_rows_of(m, o, b, &r);
+  return moe__flex_land(&m->layers[b], &r, slots, &t->stats.bytes_moved);
 }
 
 /* The test hook's operations: "STEP:expand:E:G", "STEP:shrink:E:G" or "STEP:migrate:A:I:B:J",
@@ -334,7 +161,8 @@ moe_status moe_flex_trainer_new(moe_flex_trainer **out, moe_model_t *m, double t
   }
   if (st == MOE_OK) st = parse_forced(t, ops);
   if (st == MOE_OK) st = check_forced(t);
-  if (st == MOE_OK) st = profile(t, c);
+  if (st == MOE_OK) st = moe_flex_profile(c, &t->penv);
+  t->env = moe__flex_env_of(&t->penv);
   if (st == MOE_OK) st = moe_recompile_new(&t->rc, n, delta_launch, trigger, t);
   if (st != MOE_OK) {
     moe_flex_trainer_free(t);

@@ -19,6 +19,21 @@ typedef struct moe__flex_layer {
   float *sbuf;                      /* (rows, D) send staging, destination-major */
 } moe__flex_layer;
 
+/* A layer's expert tensors (fc1 and fc2 weights and biases, fc3): each one's rows in the parameters,
+ * the gradients and the optimizer's moments (NULL: none). */
+#define MOE__FLEX_NREF 5
+typedef struct {
+  float *p[MOE__FLEX_NREF], *m[MOE__FLEX_NREF], *v[MOE__FLEX_NREF], *g[MOE__FLEX_NREF];
+  size_t n[MOE__FLEX_NREF]; /* one row's floats */
+  int nt;
+} moe__flex_rows;
+/* Block b's of a model, its moments in o (may be NULL); a layer's own, without moments. */
+void moe__flex_rows_of(const moe_model_t *m, const moe_optim_t *o, int b, moe__flex_rows *r);
+void moe__flex_rows_of_layer(moe_layer_t *l, moe__flex_rows *r);
+/* l takes the placement `slots` (W x E_v, the same on every rank: a collective), the rows r of its
+ * experts' state moving with it; *bytes grows by the bytes copied between ranks, all ranks' together. */
+moe_status moe__flex_land(moe_layer_t *l, const moe__flex_rows *r, const int *slots, double *bytes);
+
 /* One expert's parameters (its rows of the expert tensors), in floats. */
 size_t moe__flex_expert_floats(const moe_layer_config *c);
 /* held and nh from the table's slots of this rank. */
