@@ -178,6 +178,10 @@ static int cached_forward(moe_layer_t *l, const float *x, const float *y, float 
 static int rebalance(bench_opts *o, moe_layer_t *l, const moe_layer_config *cfg, const bench_case *c, int skewed,
                      const float *x, int T, float *y, const float *dy, float *dx) {
   if (!o->profiled && moe_flex_profile(cfg, &o->env) != MOE_OK) return cli_fail(CMD);
+  if (!o->profiled && moe_dist_rank(o->dist) == 0)
+    fprintf(o->json ? stderr : stdout, "replicas: profiled %.4g expert tokens/s, all-to-all %.3g us + %.4g GB/s, "
+            "all-reduce %.3g us + %.4g GB/s\n", o->env.tps, o->env.a2a_lat * 1e6, o->env.a2a_bw / 1e9,
+            o->env.ar_lat * 1e6, o->env.ar_bw / 1e9);
   o->profiled = 1;
   moe_flex_step s;
   if (moe_layer_flex_rebalance(l, &o->env, 1.2, o->horizon, &s) != MOE_OK ||
