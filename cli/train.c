@@ -470,6 +470,8 @@ int cmd_train(int argc, char **argv) {
   o.model.moe.dist = dist;
   if (o.replicas && dist) /* one spare slot per rank by default */
     o.model.moe.replica_slots = o.slots ? o.slots : o.model.moe.E / moe_dist_size(dist) + 1;
+  else if (!rc && o.replicas)
+    fprintf(stderr, "moe train: --replicas auto: one process holds every expert; replicas need mpirun\n");
   if (!rc && dist && moe_dist_rank(dist) != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 reports */
     rc = cli_usage_error(CMD, "rank %d: cannot silence stdout", moe_dist_rank(dist));
   moe_dataset train = {0}, test = {0};
