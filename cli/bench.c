@@ -24,7 +24,8 @@ static void usage(FILE *f) {
           "usage: moe bench [--cases S,M,L] [--routing uniform,skewed] [--dispatch dynamic,static]\n"
           "                 [--dtype f32,bf16] [--shape T,D,H,E,k] [--threads N] [--reps R] [--json]\n"
           "                 [--expert-parallel] [--pipeline N|auto,... [--memory-reuse none|s2|s3|s4|auto]]\n"
-          "                 [--memory-budget MIB] [--parallel-r N|auto,...] [--progress|--quiet]\n"
+          "                 [--memory-budget MIB] [--parallel-r N|auto,...] [--replicas auto|off [--replica-horizon K]]\n"
+          "                 [--progress|--quiet]\n"
           "--cases, --routing, --dispatch and --dtype take a comma-separated subset (any order, each name\n"
           "once; default all, but --dtype f32). --dtype: the experts' compute dtypes; the ratio (roofline_ratio)\n"
           "is to the fp32 sgemm measured in the same run, so bf16 can exceed 1. --reps R: timed steps\n"
@@ -44,6 +45,9 @@ static void usage(FILE *f) {
           "--parallel-r N,...: expert-parallel, dynamic dispatch: every expert sharded over the ranks (Tutel),\n"
           "each case once per r given (0: weights all-gathered; >= 1: tokens exchanged, clipped to ceil(W/E);\n"
           "auto: the layer's choice), shown in column n as n/rR (R: the r that ran).\n"
+          "--replicas auto (expert-parallel, dynamic dispatch): FlexMoE's replicas, E/W + 1 slots a rank; the\n"
+          "policy maker runs once on the warm-up step's counts (a plan kept when K steps, default 10, of its\n"
+          "modelled gain repay its copies) and its balance ratio and modelled step are printed.\n"
           "Each case's timed steps show as a progress line on stderr on a terminal (--progress: anywhere,\n"
           "--quiet: nowhere).\n");
 }
@@ -148,7 +152,9 @@ typedef struct { int threads, reps, json, ncases, nrouting, ndispatch, ndtype; c
                  int routing[2], dispatch[2], dtypes[2], expert_parallel, npipe, pipes[8]; moe_reuse reuse;
                  size_t budget;
                  moe_dist *dist; cli_progress progress;
-                 int nrs, rs[8], parallel_r; /* --parallel-r: Tutel's r of each run, and the current one */ } bench_opts;
+                 int nrs, rs[8], parallel_r; /* --parallel-r: Tutel's r of each run, and the current one */
+                 int replicas, horizon, profiled; moe_flex_env env; /* --replicas auto: FlexMoE */
+               } bench_opts;
 
 static const moe_dtype DTYPES[2] = {MOE_DT_F32, MOE_DT_BF16}; /* the names in cmd_bench's dtn */
 
@@ -175,6 +181,29 @@ static int cached_forward(moe_layer_t *l, const float *x, const float *y, float 
   return 0;
 }
 
+/* --replicas auto: the policy maker once over the warm-up step's counts (the start-up profile on the
+ * first case), its placement landing before the timed steps (and one more untimed step after it). */
+static int rebalance(bench_opts *o, moe_layer_t *l, const moe_layer_config *cfg, const bench_case *c, int skewed,
+                     const float *x, int T, float *y, const float *dy, float *dx) {
+  if (!o->profiled && moe_flex_profile(cfg, &o->env) != MOE_OK) return cli_fail(CMD);
+  if (!o->profiled && moe_dist_rank(o->dist) == 0)
+    fprintf(o->json ? stderr : stdout, "replicas: profiled %.4g expert tokens/s, all-to-all %.3g us + %.4g GB/s, "
+            "all-reduce %.3g us + %.4g GB/s\n", o->env.tps, o->env.a2a_lat * 1e6, o->env.a2a_bw / 1e9,
+            o->env.ar_lat * 1e6, o->env.ar_bw / 1e9);
+  o->profiled = 1;
+  moe_flex_step s;
+  if (moe_layer_flex_rebalance(l, &o->env, 1.2, o->horizon, &s) != MOE_OK ||
+      moe_layer_forward(l, x, T, y, NULL, NULL) != MOE_OK ||
+      moe_layer_backward(l, dy, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK)
+    return cli_fail(CMD);
+  if (moe_dist_rank(o->dist) == 0)
+    fprintf(o->json ? stderr : stdout, "replicas, case %s %s: balance ratio %.3f -> %.3f, modelled step %.2f -> %.2f ms "
+            "(copies %.2f ms), expand %d shrink %d migrate %d\n", c->name, skewed ? "skewed" : "uniform",
+            s.balance_before, s.balance_after, s.time_before * 1e3, s.time_after * 1e3, s.xfer_s * 1e3, s.expands,
+            s.shrinks, s.migrates);
+  return 0;
+}
+
 static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch disp, moe_dtype dtype,
                     int pipeline, double sg) {
   moe_layer_config cfg;
@@ -192,6 +221,7 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
     cfg.memory_budget = o->budget;
   }
   int W = moe_dist_size(o->dist), rank = moe_dist_rank(o->dist);
+  if (o->replicas && disp == MOE_DISPATCH_DYNAMIC) cfg.replica_slots = c->E / W + 1; /* one spare slot a rank */
   int t0 = (int)((int64_t)c->T * rank / W), Tl = (int)((int64_t)c->T * (rank + 1) / W) - t0;
   moe_layer_t l;
   if (moe_layer_init(&l, &cfg) != MOE_OK) return cli_fail(CMD);
@@ -221,6 +251,7 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
      --parallel-r auto: the searches' trial steps, untimed */
     if (moe_layer_forward(&l, xl, Tl, y, NULL, &st) != MOE_OK ||
         moe_layer_backward(&l, dyl, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK) { rc = cli_fail(CMD); goto done; }
+  if (cfg.replica_slots && (rc = rebalance(o, &l, &cfg, c, skewed, xl, Tl, y, dyl, dx))) goto done;
   moe_layer_comm_reset(&l);
   char label[64];
   snprintf(label, sizeof label, "case %s %s %s %s", c->name, skewed ? "skewed" : "uniform", moe_dispatch_name(disp),
@@ -380,6 +411,8 @@ int cmd_bench(int argc, char **argv) {
     else if (cli_flag_is(f, "routing")) listed = o.nrouting = parse_list(f, v, rn, 2, o.routing, "routing");
     else if (cli_flag_is(f, "dispatch")) listed = o.ndispatch = parse_list(f, v, dn, 2, o.dispatch, "dispatch");
     else if (cli_flag_is(f, "dtype")) listed = o.ndtype = parse_list(f, v, dtn, 2, o.dtypes, "dtype");
+    else if (cli_flag_is(f, "replicas")) ok = (o.replicas = !strcmp(v, "auto")) || !strcmp(v, "off");
+    else if (cli_flag_is(f, "replica_horizon")) ok = cli_parse_int(v, &o.horizon) && o.horizon >= 1;
     else if (cli_flag_is(f, "shape")) {
       ok = parse_shape(v, &custom);
       o.ncases = 1;
@@ -391,6 +424,7 @@ int cmd_bench(int argc, char **argv) {
     if (cli_flag_is(f, "shape") || cli_flag_is(f, "cases")) given_cases |= cli_flag_is(f, "shape") ? 2 : 1;
   }
   if (given_cases == 3) return cli_usage_error(CMD, "--shape and --cases: give one or the other");
+  if (o.replicas && !o.expert_parallel) return cli_usage_error(CMD, "--replicas auto needs --expert-parallel");
   for (int i = 0; i < o.ncases; i++) o.cases[i] = idx[i] < 0 ? &custom : &CASES[idx[i]];
   if (o.expert_parallel && moe_dist_init(&o.dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
   cli_hold_errors(o.dist); /* a failure in a case: the failing ranks say so, then every rank stops */

@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "placement_flex.h"
 
 static const char *CMD = "placement";
 
@@ -22,6 +23,7 @@ static void usage(FILE *f) {
           "the weight of the correlation term of anticorr (default 0.5, as in the paper). --json: one JSON\n"
           "object per layer on stdout: {\"layer\", \"test_batches\", \"max_load\" and \"avg_max_load\" (each\n"
           "{\"original\": x, METHOD: y}), \"expert_device\"}.\n");
+  placement_flex_usage(f);
 }
 
 /* Writes the placement JSON (and a newline) to path atomically. */
@@ -40,6 +42,8 @@ static int save_json(const char *path, cJSON *root) {
 
 int cmd_placement(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
+  for (int i = 1; i + 1 < argc; i++) /* FlexMoE's replicas: its own flags and output */
+    if (cli_flag_is(argv[i], "method") && !strcmp(argv[i + 1], "flexmoe")) return placement_flex(argc, argv);
   const char *trace = NULL, *method_s = NULL, *out = NULL, *layer_s = "all";
   int devices = 0, experts = 0, json = 0;
   float corr = 0.5f;

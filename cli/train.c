@@ -16,6 +16,7 @@
 #include "train_cache.h"
 #include "train_capacity.h"
 #include "train_data.h"
+#include "train_flex.h"
 #include "train_lm.h"
 #include "train_nan.h"
 
@@ -28,6 +29,9 @@ typedef struct {
   int json, log_steps, epochs, stop_after, batch, warmup, augment, threads;
   int skip_nan; /* --on-nan skip-step */
   train_adjust adj; /* --capacity dynamic, --cache-assignments */
+  int replicas, slots, replica_horizon; /* --replicas auto, --slots, --replica-horizon: FlexMoE (train_flex.c) */
+  float balance_threshold;
+  const char *replica_ops;
   float lr;
   uint64_t seed;
   moe_model_config model;
@@ -49,6 +53,10 @@ static void usage(FILE *f) {
     "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
     "       [--seed S] [--threads N] [--checkpoint F] [--resume F] [--trace F] [--json] [--log-steps]\n"
     "       [--on-nan stop|skip-step] [--progress|--quiet]\n"
+    "       [--replicas auto|off [--slots E_v] [--balance-threshold 1.2] [--replica-horizon 10]\n"
+    "       [--replica-ops OPS]]   (FlexMoE under mpirun: replicas of hot experts, a plan kept when the\n"
+    "       model says --replica-horizon steps repay its copies; OPS, a test hook replacing the policy: STEP:expand:E:G,\n"
+    "       STEP:shrink:E:G, STEP:migrate:A:I:B:J, comma-separated)\n"
     "       [--pipeline N|auto] [--memory-reuse none|s2|s3|s4|auto [--memory-budget MIB]]   (the experts as\n"
     "       N micro-batches; same bits; auto: MPipeMoE's adaptive search over timed steps; memory reuse\n"
     "       auto: the strategy Eq. 10 models fastest among those whose workspace fits the budget)\n"
@@ -73,6 +81,7 @@ static void defaults(train_opts *o) {
   o->augment = 2;
   o->lr = 2e-3f;
   train_adjust_defaults(&o->adj);
+  o->balance_threshold = 1.2f;
   o->seed = 1;
   moe_model_config_default(&o->model);
   o->model.moe.D = 128;
@@ -141,6 +150,11 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
         ok = (o->n_parallel_r = cli_parse_parallel_rs(v, o->parallel_r, 8)) > 0;
         m->parallel_r = ok ? o->parallel_r[0] : m->parallel_r;
       }
+      else if (cli_flag_is(f, "replicas")) ok = (o->replicas = !strcmp(v, "auto")) || !strcmp(v, "off");
+      else if (cli_flag_is(f, "slots")) ok = cli_parse_int(v, &o->slots) && o->slots >= 1;
+      else if (cli_flag_is(f, "balance_threshold")) ok = cli_parse_float(v, &o->balance_threshold) && o->balance_threshold >= 1;
+      else if (cli_flag_is(f, "replica_ops")) o->replica_ops = v;
+      else if (cli_flag_is(f, "replica_horizon")) ok = cli_parse_int(v, &o->replica_horizon) && o->replica_horizon >= 1;
       else if (cli_flag_is(f, "seed")) {
         char *end;
         errno = 0;
@@ -255,6 +269,9 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   nan_guard ng = {0};
   if (!rc && nan_guard_init(&ng, o->skip_nan, m, opt)) rc = cli_usage_error(CMD, "--on-nan skip-step: out of memory");
   rc = cli_settle(dist, CMD, rc);
+  moe_flex_trainer *ft = NULL;
+  if (!rc && m->cfg.moe.replica_slots)
+    rc = cli_settle(dist, CMD, flex_start(&ft, m, o->balance_threshold, o->replica_horizon, o->adj.delta_launch, o->replica_ops, stdout));
   for (int epoch = start_epoch; epoch < last && !rc; epoch++) {
     epoch_acc a = {0};
     int64_t skipped0 = ng.skipped;
@@ -267,6 +284,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
         if (moe_layer_set_parallel_r(&m->layers[b], o->parallel_r[step % o->n_parallel_r])) { rc = cli_fail(CMD), local = 1; break; }
       if (rc) break;
       if (dc && dyncap_begin(dc, step)) { rc = cli_fail(CMD), local = 1; break; }
+      if (ft && moe_flex_trainer_begin(ft, m, opt, step) != MOE_OK) { rc = cli_fail(CMD), local = 1; break; }
       const int32_t *ids = tb.perm + (size_t)s * B + b0;
       if (ac && assign_cache_before(ac, step, ids, b1 - b0)) { rc = cli_fail(CMD), local = 1; break; }
       moe_model_stats st;
@@ -290,6 +308,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
       accumulate(&a, m, &st, B);
       if (ac && assign_cache_after(ac, step, ids, b1 - b0)) { rc = cli_fail(CMD), local = 1; break; }
       if (dc && dyncap_push(dc, step, st.loss)) { rc = cli_fail(CMD), local = 1; break; }
+      if (ft && moe_flex_trainer_push(ft, m, step, st.loss) != MOE_OK) { rc = cli_fail(CMD), local = 1; break; }
       if (tw.f && trace_step(&tw, m, step) != MOE_OK) {
         rc = cli_usage_error(CMD, "%s: write error", o->trace), local = 1;
         break;
@@ -345,6 +364,8 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (dc && !rc && moe_dist_rank(o->model.moe.dist) == 0) /* rank 0 reports, as on stdout */
     dyncap_report(dc, o->json ? stderr : stdout);
   dyncap_free(dc);
+  if (ft && !rc) flex_report(ft, o->json ? stderr : stdout, o->json);
+  moe_flex_trainer_free(ft);
   assign_cache_free(ac);
   if (rc) return rc;
   if (interrupted) {
@@ -382,6 +403,9 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
       {"--cache-min-epoch", o->adj.cache.min_epoch, NULL}, {"--on-nan skip-step", o->skip_nan, NULL},
       {"--pipeline", l->pipeline, NULL}, /* each micro-batch is an exchange: the counts must match */
       {"--parallel-r", cli_hash(o->parallel_r, sizeof(int) * (size_t)o->n_parallel_r) + l->parallel_r, NULL},
+      {"--slots", l->replica_slots, NULL}, {"--balance-threshold", o->balance_threshold, NULL},
+      {"--replica-horizon", o->replica_horizon, NULL},
+      {"--replica-ops", o->replica_ops ? cli_hash(o->replica_ops, strlen(o->replica_ops)) : 0, NULL},
       {"--checkpoint", o->checkpoint != NULL, NULL}, {"--resume", o->resume != NULL, NULL}, /* collectives */
       {"training images", train->n, NULL}, {"image rows", train->rows, NULL}, {"image columns", train->cols, NULL},
       {"training labels (hash)", cli_hash(train->labels, (size_t)train->n), NULL}, {"test images", test->n, NULL},
@@ -405,7 +429,9 @@ static int setup(int argc, char **argv, train_opts *o, int arch, const moe_datas
   moe_train_state ts;
   if (arch) return cli_usage_error(CMD, "--resume takes the model and optimizer from the checkpoint; drop the architecture flags");
   /* under mpirun each rank keeps its own experts, whatever number of ranks saved the file */
-  if (moe_checkpoint_load_sharded(o->resume, o->model.moe.dist, o->model.moe.parallel_r, m, opt, &ts) != MOE_OK)
+  if ((o->model.moe.replica_slots
+           ? moe_checkpoint_load_replicas(o->resume, o->model.moe.dist, o->model.moe.replica_slots, m, opt, &ts)
+           : moe_checkpoint_load_sharded(o->resume, o->model.moe.dist, o->model.moe.parallel_r, m, opt, &ts)) != MOE_OK)
     return cli_fail(CMD);
   if (!opt->m) return cli_usage_error(CMD, "%s: has no optimizer state to resume from", o->resume);
   if (!load_extra(ts.extra, o))
@@ -446,6 +472,10 @@ int cmd_train(int argc, char **argv) {
   defaults(&o);
   int arch = 0, rc = parse(argc, argv, &o, &arch);
   o.model.moe.dist = dist;
+  if (o.replicas && dist) /* one spare slot per rank by default */
+    o.model.moe.replica_slots = o.slots ? o.slots : o.model.moe.E / moe_dist_size(dist) + 1;
+  else if (!rc && o.replicas)
+    fprintf(stderr, "moe train: --replicas auto: one process holds every expert; replicas need mpirun\n");
   if (!rc && dist && moe_dist_rank(dist) != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 reports */
     rc = cli_usage_error(CMD, "rank %d: cannot silence stdout", moe_dist_rank(dist));
   moe_dataset train = {0}, test = {0};

@@ -227,6 +227,10 @@ typedef struct {
                              rank; otherwise every rank holds a shard of every expert (see the section
                              "Adaptive parallelism r" below) and runs r = 0 (weights all-gathered,
                              tokens local), 1 <= r <= ceil(W/E) (clipped), or -1: chosen per capacity */
+  int replica_slots;      /* FlexMoE (expert-parallel, dynamic dispatch, one micro-batch): each rank has
+                             this many expert slots E_v >= E/W, holding replicas of hot experts that
+                             moe_flex_trainer places; its expert tensors have E_v rows, the distinct
+                             experts it holds in ascending id, then zeros. 0 = off: block ownership */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,
@@ -632,6 +636,8 @@ typedef struct {
   int32_t *capacity;     /* owned by the engine: (experts), filled by the trigger */
   int set_caching, caching;
   int set_top_k, top_k;
+  int set_placement;     /* capacity holds a FlexMoE placement instead (moe_flex_trainer's own layout);
+                            of several due at once, the newest */
 } moe_adjustment;
 /* Returns 1 when it filled `out` with an adjustment, 0 for none. Runs on the trigger thread. */
 typedef int (*moe_trigger_fn)(const moe_metrics *m, moe_adjustment *out, void *user);
@@ -676,6 +682,10 @@ double moe_sgemm_gflops(int n, int threads, int reps);
  * One rank (d NULL or of size 1): moe_checkpoint_load. */
 moe_status moe_checkpoint_load_ranks(const char *path, const moe_dist *d, moe_model_t *m, moe_optim_t *o,
                                      moe_train_state *ts);
+/* The same with FlexMoE's replica slots per rank (replica_slots; 0: none): each rank starts with
+ * expert parallelism's blocks of experts, from a file any number of ranks saved. */
+moe_status moe_checkpoint_load_replicas(const char *path, const moe_dist *d, int slots, moe_model_t *m,
+                                        moe_optim_t *o, moe_train_state *ts);
 
 /* ---- byte-level BPE tokenizer (GPT-2's scheme; Hugging Face tokenizer.json) ----
  * Text is bytes: the pre-tokenizer cuts it as GPT-2's regex does (contractions, letters, digits, other
@@ -897,6 +907,69 @@ moe_status moe_layer_shard_take(moe_layer_t *l, const moe_layer_t *whole);
  * is the one-process format, whatever W and r saved it). */
 moe_status moe_checkpoint_load_sharded(const char *path, const moe_dist *d, int parallel_r, moe_model_t *m,
                                        moe_optim_t *o, moe_train_state *ts);
+
+/* ---- FlexMoE: replicas of hot experts (DESIGN 3.4) ----
+ * Each rank has E_v expert slots; a slot holds a replica of one expert, and an expert's tokens are
+ * split over its replicas. The scheduler (balance ratio over a threshold) and the policy maker (the
+ * step-time model of Eqs. 5, 7-9) decide Expand / Shrink / Migrate operations. */
+typedef struct {
+  double tps;                /* expert tokens per second, forward + backward (Eq. 7) */
+  double a2a_lat, a2a_bw;    /* a message between two ranks: seconds, bytes per second (Eq. 8) */
+  double ar_lat, ar_bw;      /* an all-reduce: seconds, bytes per second each rank sends (Eq. 9) */
+  double token_bytes;        /* one token's row */
+  double expert_bytes;       /* one expert's gradients (its weights); Expand and Migrate copy 3x this
+                                (weights and AdamW's two moments) */
+} moe_flex_env;
+/* The policy maker over a sequence of steps' counts, as in training: the placement carries over from
+ * step to step. ranks <= 64, slots * ranks >= experts; the initial placement is expert parallelism's
+ * blocks (each rank's own experts repeated in its spare slots). */
+typedef struct moe_flex_sim moe_flex_sim;
+typedef struct {
+  double balance_before, balance_after; /* Eq. 6: busiest rank's tokens over the mean */
+  double time_before, time_after;       /* Eq. 5's modelled step time (s) */
+  double xfer_s;                        /* the plan's state copies, one after another (s) */
+  int expands, shrinks, migrates;
+} moe_flex_step;
+moe_status moe_flex_sim_new(moe_flex_sim **out, int ranks, int slots, int experts, const moe_flex_env *env,
+                            double threshold);
+void moe_flex_sim_free(moe_flex_sim *s);
+/* One step: src (ranks, experts) tokens of each rank for each expert. Runs the scheduler, applies its
+ * plan and reports it. */
+moe_status moe_flex_sim_step(moe_flex_sim *s, const int64_t *src, moe_flex_step *out);
+/* The model's terms measured on c's ranks (c->dist with more than one rank; a collective, every rank
+ * gets the same): tokens per second of the experts' GEMMs (from the sgemm rate at c->threads), the
+ * all-to-all's and the all-reduce's latency and bandwidth, each fitted over 4 sizes. */
+moe_status moe_flex_profile(const moe_layer_config *c, moe_flex_env *out);
+/* A layer with replica slots: the scheduler and policy maker once over its last forward's counts (plans
+ * kept when `horizon` steps, 0 for 10, repay their copies), the placement landing at once with the
+ * experts' weights (a collective; a layer outside a model has no optimizer state to move). */
+moe_status moe_layer_flex_rebalance(moe_layer_t *l, const moe_flex_env *env, double threshold, int horizon,
+                                    moe_flex_step *out);
+/* Training with replicas: a model whose layers have replica_slots > 0 (expert-parallel). new profiles
+ * the experts' tokens per second and the all-to-all's and all-reduce's latency and bandwidth (a
+ * collective: every rank calls it; moe_flex_trainer_env gives the fitted terms). After every step,
+ * push hands the blocks' counts to a RECOMPILE trigger running the scheduler (balance ratio over
+ * `threshold`) and the policy maker (a plan is kept when `horizon` steps, 0 for the default 10, of
+ * its modelled gain repay its copies); begin, before every step, lands the placements decided
+ * delta_launch + 1 steps earlier (rank 0's, on every rank), moving the experts' weights and optimizer
+ * state point to point. ops (NULL: none), a test hook that replaces the policy: "STEP:expand:E:G",
+ * "STEP:shrink:E:G" or "STEP:migrate:A:I:B:J" (A on rank I swaps with B on rank J), comma-separated,
+ * each landing at the start of STEP on every block. Training equals the run without replicas. */
+typedef struct moe_flex_trainer moe_flex_trainer;
+typedef struct {
+  int64_t steps, placements;            /* steps pushed, placement changes landed */
+  int64_t expands, shrinks, migrates;   /* their operations */
+  double bytes_moved;                   /* expert states copied between ranks, all ranks together */
+  double balance_sum, balance_last;     /* Eq. 6 with the replicas, the blocks' mean: summed over steps, last */
+  double balance_blocks_sum;            /* the same without replicas (expert parallelism's blocks) */
+} moe_flex_stats;
+moe_status moe_flex_trainer_new(moe_flex_trainer **out, moe_model_t *m, double threshold, int horizon,
+                                int delta_launch, const char *ops);
+void moe_flex_trainer_free(moe_flex_trainer *t);
+void moe_flex_trainer_env(const moe_flex_trainer *t, moe_flex_env *env);
+moe_status moe_flex_trainer_begin(moe_flex_trainer *t, moe_model_t *m, moe_optim_t *o, int64_t step);
+moe_status moe_flex_trainer_push(moe_flex_trainer *t, const moe_model_t *m, int64_t step, double loss);
+void moe_flex_trainer_stats(const moe_flex_trainer *t, moe_flex_stats *s);
 
 #ifdef __cplusplus
 }

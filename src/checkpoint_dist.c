@@ -1,13 +1,17 @@
 /* Checkpoints under expert parallelism: rank r holds experts [r E/W, (r+1) E/W) of every block, and
  * their optimizer state; the file is the one-process format whatever W saved it. Saving gathers every
  * rank's experts on rank 0 (rank order is expert order), which writes; loading reads the whole file
- * on every rank and keeps its own experts, so a run may resume with another number of ranks. */
+ * on every rank and keeps its own experts, so a run may resume with another number of ranks. With
+ * FlexMoE's replicas (DESIGN 3.4) a rank's rows are the experts its slots hold: rank 0 takes each
+ * expert from its lowest holder, so the file is the same as without replicas; a load with replicas
+ * starts from expert parallelism's blocks. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dist/dist.h"
 #include "internal.h"
+#include "flex/wire.h"
 #include "shard.h"
 
 /* The model of m's configuration on one process: its expert tensors whole, (E, ...). */
@@ -44,6 +48,40 @@ static moe_status collect(const moe_dist *d, int split, const moe_layer_t *l, co
   return MOE_OK;
 }
 
+/* The placement of the block a tensor of the layers belongs to, or NULL without replicas. */
+static const moe__flex_layer *flex_of(const moe_model_t *m, const moe_tensor_ref *r) {
+  int b = -1;
+  if (sscanf(r->name, "blocks.%d.", &b) != 1 || b < 0 || b >= m->cfg.blocks) return NULL;
+  return m->layers[b].st->flex;
+}
+
+/* collect for a tensor whose rows are the experts the ranks' slots hold (n floats on each rank): all
+ * rows to rank 0, which keeps each expert's from its lowest holder, in expert order. */
+static moe_status collect_held(const moe_dist *d, const moe__flex_layer *f, const float *src, size_t n, float *dst) {
+  int W = f->W, E = f->t.E;
+  float *all = dst ? malloc(sizeof *all * n * (size_t)W) : NULL;
+  MOE_TRY(all || !dst, MOE_ERR_NOMEM, "checkpoint: %zu floats of every rank's experts", n);
+  moe_status st = moe_dist_gather(d, src, (int)n, all);
+  size_t per = n / (size_t)f->t.Ev;
+  for (int e = 0; st == MOE_OK && dst && e < E; e++) {
+    int g = 0;
+    while (!moe__flex_count(&f->t, e, g)) g++;
+    memcpy(dst + (size_t)e * per, all + (size_t)g * n + (size_t)moe__flex_row_on(&f->t, g, e) * per, per * 4);
+  }
+  free(all);
+  return st;
+}
+
+/* Rank 0 gets tensor r's values of every rank (src: its data or a moment of it) in the one-process
+ * layout. */
+static moe_status collect_ref(const moe_model_t *m, const moe_tensor_ref *r, const float *src, float *dst) {
+  const moe_dist *d = m->cfg.moe.dist;
+  const moe__flex_layer *f = split_ref(r) ? flex_of(m, r) : NULL;
+  const moe_layer_t *l = NULL;
+  const moe_param_info *sh = sharded(m, r, &l);
+  return f ? collect_held(d, f, src, r->numel, dst) : collect(d, split_ref(r), l, sh, src, r->numel, dst);
+}
+
 moe_status moe__checkpoint_save_ranks(const char *path, const moe_model_t *m, const moe_optim_t *o,
                                       const moe_train_state *ts) {
   const moe_dist *d = m->cfg.moe.dist;
@@ -63,14 +101,11 @@ moe_status moe__checkpoint_save_ranks(const char *path, const moe_model_t *m, co
   size_t off = 0, woff = 0;
   for (int i = 0; st == MOE_OK && i < m->nrefs; i++) {
     const moe_tensor_ref *r = &m->refs[i];
-    const moe_layer_t *l = NULL;
-    const moe_param_info *sh = sharded(m, r, &l);
-    int split = split_ref(r);
-    st = collect(d, split, l, sh, r->data, r->numel, root ? w.refs[i].data : NULL);
-    if (st == MOE_OK && o) st = collect(d, split, l, sh, o->m + off, r->numel, root ? wo.m + woff : NULL);
-    if (st == MOE_OK && o && o->v) st = collect(d, split, l, sh, o->v + off, r->numel, root ? wo.v + woff : NULL);
+    st = collect_ref(m, r, r->data, root ? w.refs[i].data : NULL);
+    if (st == MOE_OK && o) st = collect_ref(m, r, o->m + off, root ? wo.m + woff : NULL);
+    if (st == MOE_OK && o && o->v) st = collect_ref(m, r, o->v + off, root ? wo.v + woff : NULL);
     off += r->numel;
-    woff += root ? w.refs[i].numel : 0; /* only rank 0 reads the whole model's state */
+    woff += root ? w.refs[i].numel : 0;
   }
   for (int b = 0; st == MOE_OK && root && b < m->cfg.blocks; b++) /* every rank holds all E capacities */
     if (m->layers[b].expert_capacity)
@@ -92,11 +127,26 @@ static void take(const moe_dist *d, int split, const moe_layer_t *l, const moe_p
   else memcpy(dst, src + (split ? (size_t)moe_dist_rank(d) * n : 0), n * sizeof *src);
 }
 
-static moe_status keep_own(const moe_dist *d, int parallel_r, const moe_model_t *w, const moe_optim_t *wo,
+/* take for tensor r: its rows of the experts this rank holds when m has replicas, its shard when m is
+ * sharded (parallel_r). */
+static void take_ref(const moe_model_t *m, const moe_tensor_ref *r, const float *src, float *dst) {
+  const moe__flex_layer *f = split_ref(r) ? flex_of(m, r) : NULL;
+  if (!f) {
+    const moe_layer_t *l = NULL;
+    const moe_param_info *sh = sharded(m, r, &l);
+    take(m->cfg.moe.dist, split_ref(r), l, sh, src, r->numel, dst);
+    return;
+  }
+  size_t per = r->numel / (size_t)f->t.Ev;
+  for (int j = 0; j < f->nh; j++) memcpy(dst + (size_t)j * per, src + (size_t)f->held[j] * per, per * 4);
+}
+
+static moe_status keep_own(const moe_dist *d, int parallel_r, int slots, const moe_model_t *w, const moe_optim_t *wo,
                            moe_model_t *m, moe_optim_t *o) {
   moe_model_config c = w->cfg;
   c.moe.dist = d;
   c.moe.parallel_r = parallel_r;
+  c.moe.replica_slots = slots;
   MOE_CHECK(moe_model_init(m, &c));
   if (o && wo->m) {
     MOE_CHECK(moe_optim_init(o, &wo->cfg, m));
@@ -108,11 +158,11 @@ static moe_status keep_own(const moe_dist *d, int parallel_r, const moe_model_t 
     const moe_layer_t *l = NULL;
     const moe_param_info *sh = sharded(m, r, &l);
     int split = split_ref(r);
-    MOE_TRY(sh || wr->numel == r->numel * (split ? (size_t)moe_dist_size(d) : 1), MOE_ERR_STATE,
+    MOE_TRY(sh || slots || wr->numel == r->numel * (split ? (size_t)moe_dist_size(d) : 1), MOE_ERR_STATE,
             "internal: tensor %s has %zu floats on a rank, %zu whole", r->name, r->numel, wr->numel);
-    take(d, split, l, sh, wr->data, r->numel, r->data);
-    if (o && o->m) take(d, split, l, sh, wo->m + woff, r->numel, o->m + off);
-    if (o && o->v) take(d, split, l, sh, wo->v + woff, r->numel, o->v + off);
+    take_ref(m, r, wr->data, r->data);
+    if (o && o->m) take_ref(m, r, wo->m + woff, o->m + off);
+    if (o && o->v) take_ref(m, r, wo->v + woff, o->v + off);
     off += r->numel;
     woff += wr->numel;
   }
@@ -130,8 +180,22 @@ moe_status moe_checkpoint_load_ranks(const char *path, const moe_dist *d, moe_mo
   return moe_checkpoint_load_sharded(path, d, MOE_PARALLEL_OFF, m, o, ts);
 }
 
+/* The file on every rank, each keeping its part (parallel_r: its shards; slots: the blocks of replicas). */
+static moe_status load_kept(const char *path, const moe_dist *d, int parallel_r, int slots, moe_model_t *m,
+                            moe_optim_t *o, moe_train_state *ts);
+
 moe_status moe_checkpoint_load_sharded(const char *path, const moe_dist *d, int parallel_r, moe_model_t *m,
                                        moe_optim_t *o, moe_train_state *ts) {
+  return load_kept(path, d, parallel_r, 0, m, o, ts);
+}
+
+moe_status moe_checkpoint_load_replicas(const char *path, const moe_dist *d, int slots, moe_model_t *m,
+                                        moe_optim_t *o, moe_train_state *ts) {
+  return load_kept(path, d, MOE_PARALLEL_OFF, slots, m, o, ts);
+}
+
+static moe_status load_kept(const char *path, const moe_dist *d, int parallel_r, int slots, moe_model_t *m,
+                            moe_optim_t *o, moe_train_state *ts) {
   if (moe_dist_size(d) <= 1) return moe_checkpoint_load(path, m, o, ts);
   MOE_TRY(path && m, MOE_ERR_ARG, "moe_checkpoint_load_ranks: NULL argument");
   memset(m, 0, sizeof *m);
@@ -139,7 +203,7 @@ moe_status moe_checkpoint_load_sharded(const char *path, const moe_dist *d, int 
   moe_model_t w;
   moe_optim_t wo = {0};
   MOE_CHECK(moe_checkpoint_load(path, &w, o ? &wo : NULL, ts));
-  moe_status st = keep_own(d, parallel_r, &w, &wo, m, o);
+  moe_status st = keep_own(d, parallel_r, slots, &w, &wo, m, o);
   if (st != MOE_OK) {
     if (o) moe_optim_free(o);
     moe_model_free(m);

@@ -86,11 +86,19 @@ static moe_status check_config(const moe_layer_config *c) {
             c->E, W);
     MOE_TRY(c->inner_experts == 0, MOE_ERR_ARG, "config: expert parallelism does not support hierarchical MoE yet");
     MOE_TRY(!c->external_experts, MOE_ERR_ARG, "config: expert parallelism does not support expert buffering yet");
+    MOE_TRY(c->replica_slots == 0 || ((int64_t)c->replica_slots * W >= c->E && c->dispatch == MOE_DISPATCH_DYNAMIC &&
+                                      c->pipeline == 1),
+            MOE_ERR_ARG, "config: replica_slots %d needs E_v >= E/W (E=%d, W=%d), dynamic dispatch and pipeline 1",
+            c->replica_slots, c->E, W);
   }
   MOE_TRY(c->parallel_r >= MOE_PARALLEL_OFF, MOE_ERR_ARG,
           "config: parallel_r must be >= 0, -1 (auto) or %d (off), got %d", MOE_PARALLEL_OFF, c->parallel_r);
   MOE_TRY(!sharded(c) || c->dispatch == MOE_DISPATCH_DYNAMIC, MOE_ERR_ARG,
           "config: parallel_r %d needs dynamic dispatch", c->parallel_r);
+  MOE_TRY(c->replica_slots >= 0, MOE_ERR_ARG, "config: replica_slots must be >= 0, got %d", c->replica_slots);
+  MOE_TRY(!sharded(c) || !c->replica_slots, MOE_ERR_ARG,
+          "config: parallel_r %d and replica_slots %d: sharded experts have no replicas", c->parallel_r,
+          c->replica_slots);
   MOE_TRY(c->dtype == MOE_DT_F32 || c->dtype == MOE_DT_BF16, MOE_ERR_ARG,
           "config: the experts' dtype must be f32 or bf16, got %s", moe_dtype_name(c->dtype));
   MOE_TRY(!c->external_experts || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->inner_experts), MOE_ERR_ARG,
@@ -117,7 +125,8 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
     add_param(l, "gate.logit_scale", 1, 1, 0, 0);
   }
   if (!cfg->inner_experts && !cfg->external_experts) {
-    int64_t El = E / moe_dist_size(cfg->dist), Dc = D; /* this rank's experts; fc2.bias's columns */
+    int flex = cfg->dist && cfg->replica_slots; /* E_v rows: the experts this rank holds, then zeros */
+    int64_t El = flex ? cfg->replica_slots : E / moe_dist_size(cfg->dist), Dc = D; /* this rank's experts; fc2.bias's columns */
     if (sharded(cfg)) { /* every expert, this rank's rows of H (shard.h) */
       int W = moe_dist_size(cfg->dist), q = moe_dist_rank(cfg->dist);
       El = E;
@@ -142,11 +151,19 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
   if (l->st) { /* external experts get their source with the cache (moe_layer_set_expert_cache) */
     l->st->tr = !cfg->dist ? &moe__transport_local
                 : sharded(cfg) ? &moe__transport_shard
-                : cfg->dispatch == MOE_DISPATCH_STATIC ? &moe__transport_static : &moe__transport_a2a;
+                : cfg->dispatch == MOE_DISPATCH_STATIC ? &moe__transport_static
+                : cfg->replica_slots ? &moe__transport_flex : &moe__transport_a2a;
     l->st->src = cfg->inner_experts ? &moe__experts_inner : cfg->external_experts ? NULL
                  : sharded(cfg) ? &moe__experts_shard : &moe__experts_own;
     l->st->inner_stats = cfg->inner_experts ? calloc((size_t)E, sizeof *l->st->inner_stats) : NULL;
     l->st->reuse_pick = -1;
+  }
+  if (l->st && cfg->dist && cfg->replica_slots) {
+    moe_status st = moe__flex_layer_init(l);
+    if (st != MOE_OK) {
+      moe_layer_free(l);
+      return st;
+    }
   }
   int sh_fail = l->st && sharded(cfg) && moe__shard_new(l) != MOE_OK;
   if (!l->params || !l->grads || !l->st || (cfg->inner_experts && (!l->inner || !l->st->inner_stats)) ||
@@ -224,6 +241,7 @@ void moe_layer_free(moe_layer_t *l) {
     free(l->st->wbf);
     free(l->st->inner_stats);
     if (l->st->ap) moe__auto_pipe_free(l->st->ap);
+    moe__flex_layer_free(l);
     free(l->st->ap);
     moe__shard_free(l);
     free(l->st);
@@ -294,12 +312,19 @@ moe_status moe_layer_reduce_grads(moe_layer_t *l) {
   for (int i = 0; i < l->nparams; i++)
     if (!strncmp(l->info[i].name, "gate.", 5))
       MOE_CHECK(moe__dist_allreduce_f32(l->cfg.dist, l->grads + l->info[i].offset, (int)l->info[i].numel));
-  return MOE_OK;
+  return l->st->flex ? moe__flex_reduce_grads(l) : MOE_OK;
 }
 
 void moe_layer_set_threads(moe_layer_t *l, int threads) {
   l->cfg.threads = threads > 0 ? threads : 0;
   for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_set_threads(&l->inner[e], threads);
+}
+
+/* The row of this rank's expert tensors holding expert e, or -1 (expert-parallel). */
+static int layer_row(const moe_layer_t *l, int e) {
+  if (l->st->flex) return moe__flex_row(l, e);
+  int El = l->cfg.E / moe_dist_size(l->cfg.dist), lo = moe_dist_rank(l->cfg.dist) * El;
+  return e >= lo && e < lo + El ? e - lo : -1;
 }
 
 void moe_layer_init_params(moe_layer_t *l, uint64_t seed) {
@@ -314,18 +339,19 @@ void moe_layer_init_params(moe_layer_t *l, uint64_t seed) {
     }
     if (p->ndim == 1 || strstr(p->name, ".bias")) continue; /* biases start at zero */
     float bound = 1.0f / sqrtf((float)p->shape[p->ndim - 1]); /* fan_in is the last dim */
-    /* expert-parallel: draw the whole (E, ...) tensor and keep this rank's slice, so that every W
+    /* expert-parallel: draw the whole (E, ...) tensor and keep this rank's experts, so that every W
      * initializes the same model */
     int sliced = l->cfg.dist && !strncmp(p->name, "experts.", 8);
     int64_t whole[3];
     int slo, shi, shard = moe__shard_axis(l, p, 0, whole, &slo, &shi); /* sharded: its rows of H */
-    size_t lo = sliced ? (size_t)moe_dist_rank(l->cfg.dist) * p->numel : 0;
-    size_t total = shard ? (size_t)(whole[0] * whole[1] * whole[2]) : sliced ? (size_t)moe_dist_size(l->cfg.dist) * p->numel
-                                                                           : p->numel;
+    size_t per = p->numel / (size_t)p->shape[0]; /* one expert's (a row of this rank's tensor) */
+    size_t total = shard ? (size_t)(whole[0] * whole[1] * whole[2]) : sliced ? (size_t)l->cfg.E * per : p->numel;
     if (shard) bound = 1.0f / sqrtf((float)whole[2]);
     for (size_t j = 0; j < total; j++) {
       float u = bound * moe__uniform(&st);
-      long long at = shard ? moe__shard_local(l, p, j) : j >= lo && j < lo + p->numel ? (long long)(j - lo) : -1;
+      int row = sliced && !shard ? layer_row(l, (int)(j / per)) : 0;
+      long long at = shard ? moe__shard_local(l, p, j) : !sliced ? (long long)j
+                     : row >= 0 ? (long long)((size_t)row * per + j % per) : -1;
       if (at >= 0) d[at] = u;
     }
   }

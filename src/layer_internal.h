@@ -174,6 +174,7 @@ typedef struct {
 extern const moe__transport moe__transport_local;  /* transport_local.c */
 extern const moe__transport moe__transport_a2a;    /* ep.c: dynamic dispatch, all-to-all-v (Linear or 2DH) */
 extern const moe__transport moe__transport_static; /* ep_static.c: static dispatch's fixed exchanges */
+extern const moe__transport moe__transport_flex;   /* ep_flex.c: all-to-all-v over FlexMoE's replicas */
 
 /* micro.c: the experts' stage as n micro-batches, each a contiguous part of the groups' rows (one
  * destination: in process); route arena bytes for n micro-batches of at most ng groups. */
@@ -203,6 +204,7 @@ struct moe__layer_state {
   int reuse_pick;
   double reuse_meas[4];
   moe_comm_stats comm;      /* exchanges since the last reset */
+  struct moe__flex_layer *flex; /* replica_slots > 0: the placement table and its routing (ep_flex.c) */
   struct moe__auto_pipe_s *ap; /* the adaptive n (pipeline 0), from its first forward (adapt/pipe_model.h) */
   /* bf16 experts (cfg.dtype): bf16 copies of the parameters (only the expert weights are filled),
    * refreshed before a forward after the parameters changed */
@@ -261,6 +263,14 @@ moe_status moe__ep_global_counts(moe_layer_t *l, moe__view *v);
 moe_status moe__ep_agree(moe_layer_t *l, moe_status mine);
 /* Books one exchange: its time since t0 and the bytes this rank sent to others. */
 void moe__ep_book(moe_layer_t *l, double t0, double bytes);
+
+/* ep_flex.c: FlexMoE's replicas (cfg.replica_slots > 0). The initial placement (each rank's own block
+ * of experts), freed with the layer; the row of this rank's expert tensors holding expert e, or -1;
+ * the replicas' gradients summed over the ranks holding them (moe_layer_reduce_grads). */
+moe_status moe__flex_layer_init(moe_layer_t *l);
+void moe__flex_layer_free(moe_layer_t *l);
+int moe__flex_row(const moe_layer_t *l, int e);
+moe_status moe__flex_reduce_grads(moe_layer_t *l);
 
 
 #endif

@@ -56,7 +56,7 @@ static void *trigger_loop(void *arg) {
       x->a = a;
       x->a.apply_at = m.iter + delta + 1;
       x->a.capacity = cap;
-      if (a.set_capacity) memcpy(cap, r->trig_cap, sizeof(int32_t) * (size_t)r->E);
+      if (a.set_capacity || a.set_placement) memcpy(cap, r->trig_cap, sizeof(int32_t) * (size_t)r->E);
     }
     r->running = -1;
     pthread_cond_broadcast(&r->w.cv);
@@ -135,6 +135,7 @@ moe_status moe_recompile_begin(moe_recompile *r, int64_t i, const moe_adjustment
     r->stats.stall_seconds += moe__now() - t0;
   }
   *has = 0;
+  int64_t placed_at = -1; /* the newest placement due: each is whole, so it supersedes older ones */
   for (int k = 0; k < r->nres;) { /* every adjustment due by now, oldest first, merged */
     result *x = &r->res[k];
     if (x->a.apply_at > i) {
@@ -146,6 +147,11 @@ moe_status moe_recompile_begin(moe_recompile *r, int64_t i, const moe_adjustment
     r->current.apply_at = i;
     if (x->a.set_capacity) {
       r->current.set_capacity = 1;
+      memcpy(r->current_cap, x->cap, sizeof(int32_t) * (size_t)r->E);
+    }
+    if (x->a.set_placement && x->a.apply_at > placed_at) {
+      placed_at = x->a.apply_at;
+      r->current.set_placement = 1;
       memcpy(r->current_cap, x->cap, sizeof(int32_t) * (size_t)r->E);
     }
     if (x->a.set_caching) r->current.set_caching = 1, r->current.caching = x->a.caching;

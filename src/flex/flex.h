@@ -44,6 +44,10 @@ int moe__flex_replicas(const moe__flex_table *t, int e); /* n_e */
 /* The ranks holding e, ascending, into ranks (room for W); returns how many. */
 int moe__flex_ranks(const moe__flex_table *t, int e, int *ranks);
 
+/* The row of e among the distinct experts rank g holds, ascending (how a rank lays out its experts'
+ * parameters): the number of experts below e that g holds. */
+int moe__flex_row_on(const moe__flex_table *t, int g, int e);
+
 /* Room for `need` elements of `elem` bytes in *p (capacity *cap), grown by doubling. */
 moe_status moe__flex_reserve(void **p, int *cap, int need, size_t elem);
 
@@ -130,6 +134,11 @@ moe_status moe__flex_cost(const moe__flex_table *t, const int64_t *Isrc, const m
  * runs disjoint pairs concurrently, P3 1.7). */
 double moe__flex_xfer_time(const moe__flex_env *env, const moe__flex_xfers *l, int from);
 
+/* The model's terms from moe_flex_env (moe.h): one link for every pair of ranks (one node). */
+moe__flex_env moe__flex_env_of(const moe_flex_env *e);
+/* MOE_ERR_ARG unless its rates are > 0 and its latencies and sizes >= 0. */
+moe_status moe__flex_check_env(const moe_flex_env *e);
+
 /* ---- scheduler and policy maker (P3 Algorithms 1 and 2) ---- */
 
 typedef struct {
@@ -151,6 +160,8 @@ typedef struct {
   double ratio0, ratio1, t0, t1; /* balance ratio and modelled step time before and after */
 } moe__flex_plan;                /* zeroed = empty */
 void moe__flex_plan_free(moe__flex_plan *p);
+/* What the plan did, for moe_flex_step (moe.h). */
+moe_flex_step moe__flex_step_of(const moe__flex_plan *p, const moe__flex_env *env);
 
 /* Algorithm 2: e0 = argmax I_e / n_e over the experts on the slowest rank (the largest modelled time;
  * ties to the lower rank, then the lower id). Every replica (e1, g) with e1 != e0 and n_e1 >= 2 is a

@@ -86,6 +86,12 @@ int moe__flex_ranks(const moe__flex_table *t, int e, int *ranks) {
   return m;
 }
 
+int moe__flex_row_on(const moe__flex_table *t, int g, int e) {
+  int j = 0;
+  for (int x = 0; x < e; x++) j += moe__flex_count(t, x, g) > 0;
+  return j;
+}
+
 moe_status moe__flex_reserve(void **p, int *cap, int need, size_t elem) {
   if (need <= *cap) return MOE_OK;
   int c = *cap ? *cap : 8;

@@ -1,0 +1,34 @@
+/* moe train --replicas auto (DESIGN 3.4): each rank gets --slots expert slots (default E/W + 1, one
+ * spare), the start-up profile of the cost model is printed, placements decided by the policy maker
+ * land --delta-launch + 1 steps late through RECOMPILE, and the run's balance ratio and operations are
+ * reported at the end. */
+#include "train_flex.h"
+
+#include "cli.h"
+
+int flex_start(moe_flex_trainer **out, moe_model_t *m, float threshold, int horizon, int delta, const char *ops,
+               FILE *f) {
+  if (moe_flex_trainer_new(out, m, threshold, horizon, delta, ops) != MOE_OK) return cli_fail("train");
+  moe_flex_env e;
+  moe_flex_trainer_env(*out, &e);
+  fprintf(f, "replicas: %d slots per rank, balance threshold %.3g; profiled: %.4g expert tokens/s, all-to-all %.3g us "
+             "+ %.4g GB/s, all-reduce %.3g us + %.4g GB/s\n", m->cfg.moe.replica_slots, threshold, e.tps,
+          e.a2a_lat * 1e6, e.a2a_bw / 1e9, e.ar_lat * 1e6, e.ar_bw / 1e9);
+  return 0;
+}
+
+void flex_report(const moe_flex_trainer *t, FILE *f, int json) {
+  moe_flex_stats s;
+  moe_flex_trainer_stats(t, &s);
+  double n = s.steps ? (double)s.steps : 1;
+  if (json)
+    fprintf(f, "{\"replicas\": {\"placements\": %lld, \"expand\": %lld, \"shrink\": %lld, \"migrate\": %lld, "
+               "\"bytes_moved\": %.0f, \"balance_mean\": %.4f, \"balance_last\": %.4f, \"balance_without\": %.4f}}\n",
+            (long long)s.placements, (long long)s.expands, (long long)s.shrinks, (long long)s.migrates, s.bytes_moved,
+            s.balance_sum / n, s.balance_last, s.balance_blocks_sum / n);
+  else
+    fprintf(f, "replicas: %lld placements (expand %lld, shrink %lld, migrate %lld), %.0f bytes moved; balance ratio "
+               "mean %.4f (last %.4f), without replicas %.4f\n", (long long)s.placements, (long long)s.expands,
+            (long long)s.shrinks, (long long)s.migrates, s.bytes_moved, s.balance_sum / n, s.balance_last,
+            s.balance_blocks_sum / n);
+}

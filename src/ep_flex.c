@@ -1,0 +1,253 @@
+/* Expert parallelism over FlexMoE's replicas (moe__transport_flex, DESIGN 3.4): the placement table
+ * replaces block ownership. Each rank all-gathers its per-expert row counts (a W x E matrix, which
+ * also gives the counts over all ranks) and routes them with moe__flex_route: r[g][e][h] of rank g's
+ * expert-e rows go to rank h. A rank's rows of one expert are contiguous; it stages them
+ * destination-major (the first r[g][e][g] to itself, the next to each other rank in ascending order),
+ * exchanges them with one all-to-all-v, and reorders what it receives expert-major over the experts it
+ * holds (ascending: row j of its expert tensors holds the j-th), sources in rank order. The way back is
+ * the inverse. One micro-batch, dynamic dispatch (checked at init). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/dist.h"
+#include "flex/wire.h"
+
+void moe__flex_layer_sync_held(moe__flex_layer *f) {
+  f->nh = 0;
+  for (int e = 0; e < f->t.E; e++)
+    if (moe__flex_count(&f->t, e, f->me)) f->held[f->nh++] = e;
+}
+
+void moe__flex_layer_free(moe_layer_t *l) {
+  moe__flex_layer *f = l->st->flex;
+  if (!f) return;
+  moe__flex_table_free(&f->t);
+  free(f->held), free(f->Isrc), free(f->r), free(f->gather);
+  free(f);
+  l->st->flex = NULL;
+}
+
+moe_status moe__flex_layer_init(moe_layer_t *l) {
+  int W = moe_dist_size(l->cfg.dist), E = l->cfg.E, Ev = l->cfg.replica_slots;
+  moe__flex_layer *f = calloc(1, sizeof *f);
+  MOE_TRY(f, MOE_ERR_NOMEM, "replicas: out of memory");
+  l->st->flex = f;
+  f->W = W;
+  f->me = moe_dist_rank(l->cfg.dist);
+  MOE_CHECK(moe__flex_table_init(&f->t, W, Ev, E, 3 * 4 * moe__flex_expert_floats(&l->cfg))); /* + AdamW's moments */
+  f->held = malloc(sizeof *f->held * (size_t)Ev);
+  f->Isrc = malloc(sizeof *f->Isrc * (size_t)W * E);
+  f->r = malloc(sizeof *f->r * (size_t)W * E * W);
+  f->gather = malloc(sizeof *f->gather * (size_t)W * E);
+  MOE_TRY(f->held && f->Isrc && f->r && f->gather, MOE_ERR_NOMEM, "replicas: tables of %d experts",
+          E);
+  moe__flex_layer_sync_held(f);
+  return MOE_OK;
+}
+
+size_t moe__flex_expert_floats(const moe_layer_config *c) {
+  size_t H = (size_t)c->H, D = (size_t)c->D;
+  return (2 + (c->act == MOE_ACT_SWIGLU)) * H * D + (c->expert_bias ? H + D : 0);
+}
+
+int moe__flex_row(const moe_layer_t *l, int e) {
+  const moe__flex_layer *f = l->st->flex;
+  for (int j = 0; j < f->nh; j++)
+    if (f->held[j] == e) return j;
+  return -1;
+}
+
+static moe_status flex_begin(moe_layer_t *l, int T, size_t *route_bytes) {
+  (void)T;
+  *route_bytes = moe__ep_route_bytes(l);
+  return MOE_OK;
+}
+
+/* The W x E counts, all-gathered (a sum of rows that each rank fills its own of), and the counts over
+ * all ranks from them: one collective for both. */
+static moe_status flex_view(moe_layer_t *l, moe__view *v) {
+  moe__flex_layer *f = l->st->flex;
+  int W = f->W, E = l->cfg.E;
+  int32_t *counts = moe__arena_alloc(&l->st->route, (size_t)E * 4);
+  MOE_TRY(counts, MOE_ERR_STATE, "internal: routing workspace too small");
+  memset(f->gather, 0, sizeof *f->gather * (size_t)W * E);
+  for (int e = 0; e < E; e++) f->gather[(size_t)f->me * E + e] = v->counts[e];
+  MOE_CHECK(moe_dist_allreduce(l->cfg.dist, f->gather, W * E));
+  for (int e = 0; e < E; e++) {
+    double n = 0;
+    for (int g = 0; g < W; g++) n += f->Isrc[(size_t)g * E + e] = (int64_t)f->gather[(size_t)g * E + e];
+    counts[e] = (int32_t)n;
+  }
+  v->counts = counts;
+  return MOE_OK;
+}
+
+/* The routing, the exchange's counts and the groups: the experts this rank holds, each with the rows
+ * every rank sends it, sources in rank order. */
+static moe_status flex_groups(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  moe__flex_layer *f = s->flex;
+  moe__plan *p = &s->p;
+  int W = f->W, E = l->cfg.E, me = f->me;
+  for (int e = 0; e < E; e++) /* dynamic dispatch keeps every row: the gathered counts are the rows */
+    MOE_TRY(p->kept[e] == f->Isrc[(size_t)me * E + e], MOE_ERR_STATE,
+            "internal: replicas: expert %d has %d rows on rank %d, its count says %lld", e, p->kept[e], me,
+            (long long)f->Isrc[(size_t)me * E + e]);
+  MOE_CHECK(moe__flex_route(&f->t, f->Isrc, f->r));
+  int *sc = f->cnt, *sd = sc + W, *rc = sd + W, *rd = rc + W;
+  for (int h = 0, at = 0; h < W; h++) { /* send staging: destination-major, experts ascending */
+    sc[h] = 0;
+    sd[h] = at;
+    for (int e = 0; e < E; e++) sc[h] += (int)f->r[((size_t)me * E + e) * W + h];
+    at += sc[h];
+  }
+  p->ng = f->nh;
+  p->goffs = moe__arena_alloc(&s->route, (size_t)(f->nh + 1) * 4);
+  MOE_TRY(p->goffs, MOE_ERR_STATE, "internal: routing workspace too small");
+  p->goffs[0] = 0;
+  for (int j = 0; j < f->nh; j++) {
+    int64_t n = 0;
+    for (int q = 0; q < W; q++) n += f->r[((size_t)q * E + f->held[j]) * W + me];
+    p->goffs[j + 1] = p->goffs[j] + (int32_t)n;
+  }
+  p->grows = p->goffs[f->nh];
+  for (int q = 0, at = 0; q < W; q++) { /* receive staging: source-major, experts ascending */
+    rc[q] = 0;
+    rd[q] = at;
+    for (int e = 0; e < E; e++) rc[q] += (int)f->r[((size_t)q * E + e) * W + me];
+    at += rc[q];
+  }
+  return MOE_OK;
+}
+
+static size_t flex_work_bytes(const moe_layer_t *l) {
+  size_t R = (size_t)l->st->p.grows, rows = (size_t)l->st->p.rows, D = (size_t)l->cfg.D;
+  return moe__arena_size(rows * 4) + moe__arena_size(R * 4) + moe__arena_size(rows * D * 4) +
+         4 * moe__arena_size(R * D * 4); /* sperm, rperm, sbuf, xr, gx, gout, gdx */
+}
+
+/* sperm: each dispatch row's place in the send staging; rperm: each expert-major row's place in the
+ * receive staging. */
+static void flex_perms(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  moe__flex_layer *f = s->flex;
+  const moe__plan *p = &s->p;
+  int W = f->W, E = l->cfg.E, me = f->me;
+  const int *sd = f->cnt + W, *rd = f->cnt + 3 * W;
+  int at[MOE__FLEX_MAX_RANKS];
+  for (int h = 0; h < W; h++) at[h] = sd[h];
+  for (int e = 0; e < E; e++) {
+    int row = p->offs[e];
+    for (int h = 0; h < W; h++) { /* itself first (locality), then the other ranks ascending */
+      int dst = h == 0 ? me : h <= me ? h - 1 : h;
+      for (int64_t j = 0; j < f->r[((size_t)me * E + e) * W + dst]; j++) f->sperm[row++] = at[dst]++;
+    }
+  }
+  for (int q = 0; q < W; q++) at[q] = rd[q];
+  /* the receive staging from q: q's rows of every expert this rank holds, ascending */
+  for (int q = 0; q < W; q++)
+    for (int j = 0; j < f->nh; j++) {
+      int e = f->held[j], dst = p->goffs[j];
+      for (int r = 0; r < q; r++) dst += (int)f->r[((size_t)r * E + e) * W + me];
+      for (int64_t k = 0; k < f->r[((size_t)q * E + e) * W + me]; k++) f->rperm[dst + k] = at[q]++;
+    }
+}
+
+static moe_status flex_alloc(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  moe__flex_layer *f = s->flex;
+  size_t D = (size_t)l->cfg.D, R = (size_t)s->p.grows, rows = (size_t)s->p.rows;
+  moe__arena *a = &s->work;
+  f->sperm = moe__arena_alloc(a, rows * 4);
+  f->rperm = moe__arena_alloc(a, R * 4);
+  f->sbuf = moe__arena_alloc(a, rows * D * 4);
+  s->xr = moe__arena_alloc(a, R * D * 4);
+  s->gx = moe__arena_alloc(a, R * D * 4);
+  s->gout = moe__arena_alloc(a, R * D * 4);
+  s->gdx = moe__arena_alloc(a, R * D * 4);
+  MOE_TRY((f->sperm && f->sbuf) || rows == 0, MOE_ERR_STATE, "internal: exchange workspace too small");
+  MOE_TRY((f->rperm && s->gdx) || R == 0, MOE_ERR_STATE, "internal: exchange workspace too small");
+  flex_perms(l);
+  return MOE_OK;
+}
+
+/* The exchange (reverse: the way back), its bytes and time booked. */
+static moe_status exchange(moe_layer_t *l, int reverse, const float *send, float *recv) {
+  moe__flex_layer *f = l->st->flex;
+  int W = f->W, D = l->cfg.D;
+  const int *c = f->cnt, *sc = c + (reverse ? 2 : 0) * W, *sd = c + (reverse ? 3 : 1) * W;
+  const int *rc = c + (reverse ? 0 : 2) * W, *rd = c + (reverse ? 1 : 3) * W;
+  double t0 = moe__now(), sent = 0;
+  for (int q = 0; q < W; q++) sent += q == f->me ? 0 : 4.0 * D * sc[q];
+  MOE_CHECK(moe__dist_alltoallv_rows(l->cfg.dist, send, sc, sd, recv, rc, rd, D));
+  moe__ep_book(l, t0, sent);
+  return MOE_OK;
+}
+
+/* Rows to the replicas: staged destination-major, exchanged, reordered expert-major. */
+static moe_status flex_send(moe_layer_t *l, int way, int i, const float *rows, float *g) {
+  (void)way, (void)i;
+  moe__layer_state *s = l->st;
+  moe__flex_layer *f = s->flex;
+  int D = l->cfg.D, n = s->p.rows, R = s->p.grows;
+#pragma omp parallel for num_threads(s->threads) schedule(static)
+  for (int r = 0; r < n; r++) memcpy(f->sbuf + (size_t)f->sperm[r] * D, rows + (size_t)r * D, (size_t)D * 4);
+  MOE_CHECK(exchange(l, 0, f->sbuf, s->xr));
+#pragma omp parallel for num_threads(s->threads) schedule(static)
+  for (int r = 0; r < R; r++) memcpy(g + (size_t)r * D, s->xr + (size_t)f->rperm[r] * D, (size_t)D * 4);
+  return MOE_OK;
+}
+
+static moe_status flex_recv(moe_layer_t *l, int i, const float *g, float *rows) {
+  (void)i;
+  moe__layer_state *s = l->st;
+  moe__flex_layer *f = s->flex;
+  int D = l->cfg.D, n = s->p.rows, R = s->p.grows;
+#pragma omp parallel for num_threads(s->threads) schedule(static)
+  for (int r = 0; r < R; r++) memcpy(s->xr + (size_t)f->rperm[r] * D, g + (size_t)r * D, (size_t)D * 4);
+  MOE_CHECK(exchange(l, 1, s->xr, f->sbuf));
+#pragma omp parallel for num_threads(s->threads) schedule(static)
+  for (int r = 0; r < n; r++) memcpy(rows + (size_t)r * D, f->sbuf + (size_t)f->sperm[r] * D, (size_t)D * 4);
+  return MOE_OK;
+}
+
+/* The gradients of the experts held by several ranks, summed over their holders so that every holder
+ * applies the same update (training is the run without replicas). The replica groups (ascending
+ * expert id, P3 1.7) go as one sum over all ranks of a buffer with a row per group, each rank filling
+ * the rows of its groups (zeros elsewhere add nothing): one collective instead of a communicator per
+ * group. */
+moe_status moe__flex_reduce_grads(moe_layer_t *l) {
+  moe__flex_layer *f = l->st->flex;
+  moe__flex_group *groups = malloc(sizeof *groups * (size_t)l->cfg.E);
+  MOE_TRY(groups, MOE_ERR_NOMEM, "replicas: gradient groups of %d experts", l->cfg.E);
+  int ng = 0;
+  moe_status st = moe__flex_sync_groups(&f->t, -1, groups, &ng);
+  size_t per = 0; /* one expert's gradient floats over its tensors */
+  for (int i = 0; i < l->nparams; i++)
+    if (!strncmp(l->info[i].name, "experts.", 8)) per += l->info[i].numel / (size_t)l->info[i].shape[0];
+  float *buf = st == MOE_OK && ng ? calloc((size_t)ng * per, sizeof *buf) : NULL;
+  if (st == MOE_OK && ng && !buf) st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "replicas: %d gradient rows", ng);
+  for (int pass = 0; st == MOE_OK && ng && pass < 2; pass++) { /* 0: this rank's rows in, 1: the sums out */
+    for (int k = 0; k < ng; k++) {
+      int row = moe__flex_row(l, groups[k].expert);
+      if (row < 0) continue;
+      float *b = buf + (size_t)k * per;
+      for (int i = 0; i < l->nparams; i++) {
+        const moe_param_info *pi = &l->info[i];
+        if (strncmp(pi->name, "experts.", 8)) continue;
+        size_t n = pi->numel / (size_t)pi->shape[0];
+        float *gr = l->grads + pi->offset + (size_t)row * n;
+        memcpy(pass ? gr : b, pass ? b : gr, n * 4);
+        b += n;
+      }
+    }
+    if (!pass) st = moe__dist_allreduce_f32(l->cfg.dist, buf, (int)((size_t)ng * per));
+  }
+  free(buf);
+  free(groups);
+  return st;
+}
+
+const moe__transport moe__transport_flex = {"all-to-all-v over replicas", 0, flex_begin, flex_view, flex_groups,
+                                            flex_work_bytes, flex_alloc, flex_send, flex_recv, NULL,
+                                            moe__ep_agree};

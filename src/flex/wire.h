@@ -1,0 +1,42 @@
+/* FlexMoE wired into the layer (DESIGN 3.4): each layer's placement table and routing state
+ * (ep_flex.c), read by the trainer that changes the placement (src/flex/train.c). */
+#ifndef MOE_FLEX_WIRE_H
+#define MOE_FLEX_WIRE_H
+
+#include "flex/flex.h"
+#include "layer_internal.h"
+
+typedef struct moe__flex_layer {
+  moe__flex_table t; /* the placement every rank holds alike */
+  int W, me;
+  int nh;            /* distinct experts this rank holds: row j of its expert tensors holds held[j] */
+  int *held;         /* (E_v) ascending */
+  int64_t *Isrc;     /* (W, E) the last forward's rows per rank and expert, all-gathered */
+  int64_t *r;        /* (W, E, W) their routing (moe__flex_route) */
+  double *gather;    /* (W E) the all-gather's buffer */
+  int cnt[4 * MOE__FLEX_MAX_RANKS]; /* send counts, displacements, receive counts, displacements */
+  int32_t *sperm, *rperm;           /* dispatch row -> send staging row; expert-major row -> receive staging row */
+  float *sbuf;                      /* (rows, D) send staging, destination-major */
+} moe__flex_layer;
+
+/* A layer's expert tensors (fc1 and fc2 weights and biases, fc3): each one's rows in the parameters,
+ * the gradients and the optimizer's moments (NULL: none). */
+#define MOE__FLEX_NREF 5
+typedef struct {
+  float *p[MOE__FLEX_NREF], *m[MOE__FLEX_NREF], *v[MOE__FLEX_NREF], *g[MOE__FLEX_NREF];
+  size_t n[MOE__FLEX_NREF]; /* one row's floats */
+  int nt;
+} moe__flex_rows;
+/* Block b's of a model, its moments in o (may be NULL); a layer's own, without moments. */
+void moe__flex_rows_of(const moe_model_t *m, const moe_optim_t *o, int b, moe__flex_rows *r);
+void moe__flex_rows_of_layer(moe_layer_t *l, moe__flex_rows *r);
+/* l takes the placement `slots` (W x E_v, the same on every rank: a collective), the rows r of its
+ * experts' state moving with it; *bytes grows by the bytes copied between ranks, all ranks' together. */
+moe_status moe__flex_land(moe_layer_t *l, const moe__flex_rows *r, const int *slots, double *bytes);
+
+/* One expert's parameters (its rows of the expert tensors), in floats. */
+size_t moe__flex_expert_floats(const moe_layer_config *c);
+/* held and nh from the table's slots of this rank. */
+void moe__flex_layer_sync_held(moe__flex_layer *f);
+
+#endif
