@@ -845,6 +845,16 @@ moe_status moe_sim_run(const moe_sim_config *c, moe_sim_result *r);
 /* An SVG line chart of a sweep: the step, the busiest device's compute and the exposed communication
  * (ms) against the swept values x (> 0; a log axis when they span more than 10x), written atomically. */
 moe_status moe_sim_plot_svg(const char *path, const char *key, const double *x, const moe_sim_result *r, int n);
+/* This machine's rates for a config (moe simulate --calibrate): the sgemm rate of one rank while every
+ * rank runs them (threads each: the experts' GEMMs at 512 and 32 rows), and the token exchange among d's ranks fitted to lat + bytes / bw, bytes
+ * being what a rank sends one peer (with one rank: the exchange's copy to itself). Every rank calls it. */
+typedef struct {
+  int devices;       /* the ranks measured: devices_per_node */
+  double gemm_flops; /* FLOP/s of a large GEMM (Hockney's r_inf) */
+  double gemm_half_rows; /* rows at which a GEMM reaches half that rate (n_1/2): gemm_half_rows */
+  double bw, lat;    /* bytes/s and seconds: intra_bw, intra_lat */
+} moe_sim_machine;
+moe_status moe_sim_calibrate(const moe_dist *d, int threads, moe_sim_machine *out);
 
 #ifdef __cplusplus
 }

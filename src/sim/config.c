@@ -9,7 +9,7 @@
 
 static const char *const FIELDS[] = {
     "nodes", "devices_per_node", "intra_bw", "intra_lat", "inter_bw", "inter_lat", "host_bw", "gemm_flops",
-    "memory_bytes", "tokens", "d_model", "hidden", "experts", "top_k", "capacity_factor", "dtype_bytes", "zipf",
+    "gemm_half_rows", "memory_bytes", "tokens", "d_model", "hidden", "experts", "top_k", "capacity_factor", "dtype_bytes", "zipf",
     "load", "pipeline", "a2a", "reuse", "flex"};
 static const char *const A2A_NAMES[] = {"linear", "2dh"};
 
@@ -83,6 +83,7 @@ static moe_status read_config(const char *path, const cJSON *r, moe_sim_config *
   MOE_CHECK(get_num(path, r, "inter_lat", c->nodes > 1, 0, 1, &c->inter_lat));
   MOE_CHECK(get_num(path, r, "host_bw", 0, 1, BIG, &c->host_bw));
   MOE_CHECK(get_num(path, r, "gemm_flops", 1, 1, BIG, &c->gemm_flops));
+  MOE_CHECK(get_num(path, r, "gemm_half_rows", 0, 0, 1 << 20, &c->half_rows));
   MOE_CHECK(get_num(path, r, "memory_bytes", 0, 0, BIG, &c->mem_bytes));
   MOE_CHECK(get_int(path, r, "tokens", 1, 1, 1 << 30, &c->T));
   MOE_CHECK(get_int(path, r, "d_model", 1, 1, 1 << 20, &c->D));

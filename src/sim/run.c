@@ -66,8 +66,9 @@ static moe_status simulate(const moe_sim_config *c, const int64_t *send, const i
   MOE_CHECK(moe__sim_memory(c, send, r->n, local, &r->peak_bytes));
   r->fits = c->mem_bytes <= 0 || r->peak_bytes <= c->mem_bytes;
   /* Eq. 10 among the strategies that save memory, at the simulator's own rates: the all-to-all's
-   * elements per second on the busiest device, the GEMM's multiply-adds, the host link's elements. */
-  moe__speeds w = {c->gemm_flops / 2, t1.a2a1 > 0 ? (double)B * c->D / t1.a2a1 : INFINITY,
+   * elements per second on the busiest device (one device exchanges nothing: a rate Eq. 10 sees as
+   * free, it wants a finite one), the GEMM's multiply-adds, the host link's elements. */
+  moe__speeds w = {c->gemm_flops / 2, t1.a2a1 > 0 ? (double)B * c->D / t1.a2a1 : 1e300,
                    c->host_bw > 0 ? c->host_bw / c->elem : 0};
   unsigned allowed = MOE__REUSE_BIT(MOE__REUSE_S4) | (c->host_bw > 0 ? MOE__REUSE_BIT(MOE__REUSE_S2) |
                                                                            MOE__REUSE_BIT(MOE__REUSE_S3) : 0);

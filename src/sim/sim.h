@@ -15,7 +15,7 @@
 struct moe_sim_config {
   int nodes, dpn;                            /* devices = nodes * dpn */
   double intra_bw, intra_lat, inter_bw, inter_lat, host_bw; /* bytes/s and s */
-  double gemm_flops, mem_bytes;              /* mem_bytes 0: not checked */
+  double gemm_flops, half_rows, mem_bytes;   /* r_inf, n_1/2 of each expert's GEMM; mem_bytes 0: unchecked */
   int T, D, H, E, k, elem;                   /* tokens per device, model dim, hidden, experts, top-k, bytes */
   double cf;                                 /* capacity factor, 0: no capacity (nothing dropped) */
   double zipf;                               /* routing skew when load is NULL */

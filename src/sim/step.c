@@ -134,7 +134,9 @@ moe_status moe__sim_step(const moe_sim_config *c, const int64_t *send, int n, mo
     for (int h = 0; h < W; h++) {
       int64_t recv = 0;
       for (int g = 0; g < W; g++) recv += send[(size_t)g * W + h];
-      double rows = (double)moe__pipe_part((size_t)recv, n, i);
+      /* Hockney: each GEMM costs n_1/2 rows more; micro-batch i computes its run of the local experts. */
+      double rows = (double)moe__pipe_part((size_t)recv, n, i) +
+                    c->half_rows * (double)moe__pipe_part((size_t)(c->E / W), n, i);
       fw[(size_t)i * W + h] = 2 * 2 * rows * fma;                  /* two GEMMs, 2 FLOPs per multiply-add */
       bw[(size_t)i * W + h] = (2 * 4 + (recomp ? 2 : 0)) * rows * fma; /* twice the forward, + GEMM 1 again */
       off[(size_t)i * W + h] = off_elems > 0 ? rows * off_elems * c->elem / c->host_bw : 0;
