@@ -31,8 +31,8 @@ static void print_text(const moe_sim_result *r) {
   printf("pipeline n = %d%s, all-to-all %s (%d messages per device), memory reuse %s\n", r->n,
          r->auto_n ? " (Algorithm 1 over simulated trial steps)" : "", r->a2a, r->a2a_msgs, r->reuse);
   printf("peak memory %.4g GiB per device%s\n", r->peak_bytes / (1 << 30), r->fits ? "" : ": DOES NOT FIT");
-  printf("policies: Eq. 10 picks %s; Tutel's dictionary picks degree %d with %s\n", r->eq10_reuse, r->tutel_d,
-         r->tutel_a2a);
+  printf("parallelism r = %d; policies: Eq. 10 picks %s; Tutel's dictionary picks r = %d, degree %d with %s\n",
+         r->r, r->eq10_reuse, r->tutel_r, r->tutel_d, r->tutel_a2a);
   if (r->flex)
     printf("FlexMoE: balance ratio %.4g -> %.4g (%d operations, %.6g ms of transfers), step %.6g ms -> %.6g ms\n",
            r->balance_before, r->balance_after, r->flex_ops, r->flex_xfer_s * 1e3, r->step_before_s * 1e3,
@@ -43,10 +43,10 @@ static void print_json(const moe_sim_result *r) {
   printf("{\"devices\":%d,\"nodes\":%d,\"experts\":%d,\"tokens\":%d,\"capacity_factor\":%.17g,\"n\":%d,"
          "\"auto_n\":%s,\"a2a\":\"%s\",\"a2a_msgs\":%d,\"reuse\":\"%s\",\"step_s\":%.17g,\"compute_s\":%.17g,"
          "\"compute_min_s\":%.17g,\"slowest\":%d,\"exposed_comm_s\":%.17g,\"comm_s\":%.17g,\"peak_bytes\":%.17g,"
-         "\"fits\":%s,\"eq10_reuse\":\"%s\",\"tutel_d\":%d,\"tutel_a2a\":\"%s\"",
+         "\"fits\":%s,\"r\":%d,\"eq10_reuse\":\"%s\",\"tutel_r\":%d,\"tutel_d\":%d,\"tutel_a2a\":\"%s\"",
          r->devices, r->nodes, r->experts, r->tokens, r->capacity_factor, r->n, r->auto_n ? "true" : "false", r->a2a,
          r->a2a_msgs, r->reuse, r->step_s, r->compute_s, r->compute_min_s, r->slowest, r->exposed_comm_s, r->comm_s,
-         r->peak_bytes, r->fits ? "true" : "false", r->eq10_reuse, r->tutel_d, r->tutel_a2a);
+         r->peak_bytes, r->fits ? "true" : "false", r->r, r->eq10_reuse, r->tutel_r, r->tutel_d, r->tutel_a2a);
   if (r->flex)
     printf(",\"balance_before\":%.17g,\"balance_after\":%.17g,\"flex_ops\":%d,\"flex_xfer_s\":%.17g,"
            "\"step_before_s\":%.17g",
@@ -60,12 +60,12 @@ static int csv_row(char **buf, size_t *len, const char *key, double v, const moe
   int n = 0;
   if (!*len)
     n = snprintf(row, sizeof row, "%s,devices,nodes,experts,tokens,capacity_factor,n,a2a,reuse,step_s,compute_s,"
-                 "exposed_comm_s,comm_s,peak_bytes,eq10_reuse,tutel_d,tutel_a2a,balance_before,balance_after,"
+                 "exposed_comm_s,comm_s,peak_bytes,r,eq10_reuse,tutel_r,tutel_d,tutel_a2a,balance_before,balance_after,"
                  "step_before_s\n", key);
   n += snprintf(row + n, sizeof row - (size_t)n,
-                "%g,%d,%d,%d,%d,%g,%d,%s,%s,%.9g,%.9g,%.9g,%.9g,%.9g,%s,%d,%s,%.6g,%.6g,%.9g\n", v, r->devices,
+                "%g,%d,%d,%d,%d,%g,%d,%s,%s,%.9g,%.9g,%.9g,%.9g,%.9g,%d,%s,%d,%d,%s,%.6g,%.6g,%.9g\n", v, r->devices,
                 r->nodes, r->experts, r->tokens, r->capacity_factor, r->n, r->a2a, r->reuse, r->step_s,
-                r->compute_s, r->exposed_comm_s, r->comm_s, r->peak_bytes, r->eq10_reuse, r->tutel_d,
+                r->compute_s, r->exposed_comm_s, r->comm_s, r->peak_bytes, r->r, r->eq10_reuse, r->tutel_r, r->tutel_d,
                 r->tutel_a2a, r->flex ? r->balance_before : 0, r->flex ? r->balance_after : 0,
                 r->flex ? r->step_before_s : r->step_s);
   char *p = realloc(*buf, *len + (size_t)n + 1);

@@ -833,7 +833,9 @@ typedef struct {
   double peak_bytes;      /* the largest device's high-water mark (states + activation pools) */
   int fits;               /* peak_bytes <= the device memory (1 when the config gives none) */
   const char *eq10_reuse; /* the memory-saving strategy Eq. 10 picks for this micro-batch size */
-  int tutel_d;            /* Tutel's dictionary's pipelining degree and all-to-all for this capacity */
+  int r;                  /* Tutel's parallelism degree simulated (0 DP, 1 EP+DP, up to W/E: EP+DP+MP) */
+  int tutel_r;            /* Tutel's dictionary's degree r, pipelining degree and all-to-all for this capacity */
+  int tutel_d;
   const char *tutel_a2a;
   int flex;               /* replicas simulated: the fields below are set */
   double balance_before, balance_after; /* Eq. 6 before and after FlexMoE's plan */

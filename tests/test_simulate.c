@@ -7,11 +7,11 @@
 #include "sim/sim.h"
 #include "test.h"
 
-/* D 8, H 16, 4-byte elements, uniform routing, top-1, no capacity, n = 1, Linear, no reuse. */
+/* D 8, H 16, 4-byte elements, uniform routing, top-1, no capacity, n = 1, Linear, no reuse, r = 1. */
 static moe_sim_config base(int nodes, int dpn, int T, int E) {
   return (moe_sim_config){.nodes = nodes, .dpn = dpn, .intra_bw = 1e9, .intra_lat = 1e-5, .inter_bw = 1e8,
                           .inter_lat = 1e-4, .gemm_flops = 1e9, .T = T, .D = 8, .H = 16, .E = E, .k = 1,
-                          .elem = 4, .pipeline = 1};
+                          .elem = 4, .pipeline = 1, .r = 1};
 }
 
 /* 2 devices, 2 experts, 1000 tokens each, half to the other device: 500 tokens x 8 x 4 bytes one way;

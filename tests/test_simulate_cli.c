@@ -101,7 +101,7 @@ TEST(simulate_cli_bad_configs) {
   fclose(f);
   snprintf(args, sizeof args, "simulate --config %s", p);
   ASSERT(sim_moe(args) != 0);
-  if (!strstr(sim_err, "\"experts\" is 6, not a multiple of the 4 devices")) FAIL_("stderr: %s", sim_err);
+  if (!strstr(sim_err, "\"experts\" is 6: neither a multiple nor a divisor of the 4 devices")) FAIL_("stderr: %s", sim_err);
   f = fopen(p, "w");
   fputs("{\"devices_per_node\": 4}", f);
   fclose(f);
