@@ -30,7 +30,9 @@ static void print_text(const moe_sim_result *r) {
          r->comm_s * 1e3);
   printf("pipeline n = %d%s, all-to-all %s (%d messages per device), memory reuse %s\n", r->n,
          r->auto_n ? " (Algorithm 1 over simulated trial steps)" : "", r->a2a, r->a2a_msgs, r->reuse);
-  printf("peak memory %.4g GiB per device%s\n", r->peak_bytes / (1 << 30), r->fits ? "" : ": DOES NOT FIT");
+  printf("peak memory %.4g GiB per device%s", r->peak_bytes / (1 << 30), r->fits ? "" : ": DOES NOT FIT");
+  if (r->eq6_phi > 0) printf(" (Eq. 6 bounds the saving of reuse %s at %.4g)", r->reuse, r->eq6_phi);
+  printf("\n");
   printf("parallelism r = %d; policies: Eq. 10 picks %s; Tutel's dictionary picks r = %d, degree %d with %s\n",
          r->r, r->eq10_reuse, r->tutel_r, r->tutel_d, r->tutel_a2a);
   if (r->flex)
@@ -43,10 +45,10 @@ static void print_json(const moe_sim_result *r) {
   printf("{\"devices\":%d,\"nodes\":%d,\"experts\":%d,\"tokens\":%d,\"capacity_factor\":%.17g,\"n\":%d,"
          "\"auto_n\":%s,\"a2a\":\"%s\",\"a2a_msgs\":%d,\"reuse\":\"%s\",\"step_s\":%.17g,\"compute_s\":%.17g,"
          "\"compute_min_s\":%.17g,\"slowest\":%d,\"exposed_comm_s\":%.17g,\"comm_s\":%.17g,\"peak_bytes\":%.17g,"
-         "\"fits\":%s,\"r\":%d,\"eq10_reuse\":\"%s\",\"tutel_r\":%d,\"tutel_d\":%d,\"tutel_a2a\":\"%s\"",
+         "\"fits\":%s,\"eq6_phi\":%.17g,\"r\":%d,\"eq10_reuse\":\"%s\",\"tutel_r\":%d,\"tutel_d\":%d,\"tutel_a2a\":\"%s\"",
          r->devices, r->nodes, r->experts, r->tokens, r->capacity_factor, r->n, r->auto_n ? "true" : "false", r->a2a,
          r->a2a_msgs, r->reuse, r->step_s, r->compute_s, r->compute_min_s, r->slowest, r->exposed_comm_s, r->comm_s,
-         r->peak_bytes, r->fits ? "true" : "false", r->r, r->eq10_reuse, r->tutel_r, r->tutel_d, r->tutel_a2a);
+         r->peak_bytes, r->fits ? "true" : "false", r->eq6_phi, r->r, r->eq10_reuse, r->tutel_r, r->tutel_d, r->tutel_a2a);
   if (r->flex)
     printf(",\"balance_before\":%.17g,\"balance_after\":%.17g,\"flex_ops\":%d,\"flex_xfer_s\":%.17g,"
            "\"step_before_s\":%.17g",

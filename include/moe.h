@@ -832,6 +832,7 @@ typedef struct {
   double exposed_comm_s;  /* step_s - compute_s: what overlap did not hide on the busiest device */
   double peak_bytes;      /* the largest device's high-water mark (states + activation pools) */
   int fits;               /* peak_bytes <= the device memory (1 when the config gives none) */
+  double eq6_phi;         /* with reuse: MPipeMoE's Eq. 6 bound on the memory it saves (text's buffers) */
   const char *eq10_reuse; /* the memory-saving strategy Eq. 10 picks for this micro-batch size */
   int r;                  /* Tutel's parallelism degree simulated (0 DP, 1 EP+DP, up to W/E: EP+DP+MP) */
   int tutel_r;            /* Tutel's dictionary's degree r, pipelining degree and all-to-all for this capacity */

@@ -74,6 +74,8 @@ static moe_status simulate(const moe_sim_config *base, const moe_sim_config *c, 
   r->slowest = t.slowest, r->exposed_comm_s = t.step - t.comp_max;
   MOE_CHECK(moe__sim_memory(c, send, r->n, c->local, &r->peak_bytes));
   r->fits = c->mem_bytes <= 0 || r->peak_bytes <= c->mem_bytes;
+  moe__mem_shape sh = {(double)B, c->D, c->H, c->E, c->local};
+  r->eq6_phi = c->reuse == MOE__REUSE_NONE ? 0 : moe__mem_phi(&sh, r->n, moe__bufs_text);
   /* Eq. 10 among the strategies that save memory, at the simulator's own rates: the all-to-all's
    * elements per second on the busiest device (one device exchanges nothing: a rate Eq. 10 sees as
    * free, it wants a finite one), the GEMM's multiply-adds, the host link's elements. */
