@@ -155,3 +155,29 @@ TEST(simulate_policy_choices) {
   ASSERT_STATUS(moe_sim_run(&c, &r), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "at most 64"));
 }
+
+/* Tutel's r on 4 devices of one node holding one expert (m = 4), 10 tokens each: r = 2 is two shards
+ * of H/2 on devices {0, 1} and {2, 3}, source g using replica g % 2 of each, each shard all-gathered
+ * by its 2 replicas (2 x (1 message + half the shard)); r = 0 keeps every token home and all-gathers
+ * the expert over the 4; r = 4 splits H four ways with nothing to gather. */
+TEST(simulate_parallel_r) {
+  moe_sim_config c = base(1, 4, 10, 1);
+  int64_t per_expert[1] = {10}, send[16];
+  moe_sim_config dev;
+  double gather;
+  ASSERT_EQ_INT(moe__sim_r_max(&c), 4);
+  ASSERT_OK(moe__sim_parallel(&c, per_expert, 2, send, &dev, &gather));
+  static const int64_t want2[16] = {10, 0, 10, 0, 0, 10, 0, 10, 10, 0, 10, 0, 0, 10, 0, 10};
+  for (int i = 0; i < 16; i++)
+    if (send[i] != want2[i]) FAIL_("r 2: send[%d] = %lld, want %lld", i, (long long)send[i], (long long)want2[i]);
+  double shard = 2.0 * 8 * 16 * 4 / 2;
+  ASSERT_EQ_INT(dev.H, 8);
+  ASSERT_NEAR(gather, 2 * (1e-5 + 0.5 * shard / 1e9), 1e-15);
+  ASSERT_OK(moe__sim_parallel(&c, per_expert, 0, send, &dev, &gather));
+  for (int i = 0; i < 16; i++) ASSERT_EQ_INT((int)send[i], i % 5 == 0 ? 10 : 0);
+  ASSERT_NEAR(gather, 2 * (3 * 1e-5 + 0.75 * 2 * shard / 1e9), 1e-15);
+  ASSERT_OK(moe__sim_parallel(&c, per_expert, 4, send, &dev, &gather));
+  ASSERT_EQ_INT(dev.H, 4);
+  ASSERT_NEAR(gather, 0, 0);
+  ASSERT_STATUS(moe__sim_parallel(&c, per_expert, 5, send, &dev, &gather), MOE_ERR_ARG);
+}

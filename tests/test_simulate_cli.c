@@ -86,6 +86,8 @@ TEST(simulate_cli_bad_configs) {
       {", \"load\": [1, 2]", "\"load\" must be an array of 4 numbers (one per expert), has 2"},
       {", \"zipf\": 1, \"load\": [1, 1, 1, 1]", "give \"zipf\" or \"load\", not both"},
       {", \"flex\": 1", "\"flex\" must be true or false"},
+      {", \"r\": 2", "\"r\" is 2, want a number in [0, 1]"},
+      {", \"dispatch\": \"static\"", "\"dispatch\" static pads to the capacity: \"capacity_factor\" is required"},
   };
   char p[512], args[1024];
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
