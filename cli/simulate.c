@@ -1,6 +1,6 @@
 /* moe simulate: one training step of one MoE layer over a simulated cluster (DESIGN 4.6): the step
  * time, its breakdown, the peak memory and each adaptive policy's choice; --sweep writes CSV;
- * --calibrate measures this machine's GEMM rate for the config's gemm_flops. */
+ * --calibrate measures this machine's GEMM and exchange rates into a config. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,11 +12,13 @@ static const char *CMD = "simulate";
 static void usage(FILE *f) {
   fprintf(f, "usage: moe simulate --config F.json [--json]\n"
              "                    [--sweep devices|batch|capacity=V1,V2,... [-o OUT.csv] [--plot OUT.svg]]\n"
-             "       moe simulate --calibrate\n"
+             "       [mpirun -np W] moe simulate --calibrate [--threads N] [-o MACHINE.json]\n"
              "Text by default, --json one JSON line per run. --sweep runs the config once per value and writes\n"
              "CSV (to OUT.csv, else stdout) and with --plot an SVG chart of the step, compute and exposed\n"
-             "communication; devices keeps the experts per device. --calibrate prints this machine's sgemm\n"
-             "rate as the config's \"gemm_flops\".\n");
+             "communication; devices keeps the experts per device. --calibrate measures this machine (the\n"
+             "sgemm rate of each rank, N threads each, default the CPUs over the ranks, and the exchange\n"
+             "between the W ranks) and writes a config of W devices on one node with those rates (a layer of\n"
+             "case S to change) to MACHINE.json, else stdout.\n");
 }
 
 static void print_text(const moe_sim_result *r) {
@@ -28,9 +30,11 @@ static void print_text(const moe_sim_result *r) {
          r->comm_s * 1e3);
   printf("pipeline n = %d%s, all-to-all %s (%d messages per device), memory reuse %s\n", r->n,
          r->auto_n ? " (Algorithm 1 over simulated trial steps)" : "", r->a2a, r->a2a_msgs, r->reuse);
-  printf("peak memory %.4g GiB per device%s\n", r->peak_bytes / (1 << 30), r->fits ? "" : ": DOES NOT FIT");
-  printf("policies: Eq. 10 picks %s; Tutel's dictionary picks degree %d with %s\n", r->eq10_reuse, r->tutel_d,
-         r->tutel_a2a);
+  printf("peak memory %.4g GiB per device%s", r->peak_bytes / (1 << 30), r->fits ? "" : ": DOES NOT FIT");
+  if (r->eq6_phi > 0) printf(" (Eq. 6 bounds the saving of reuse %s at %.4g)", r->reuse, r->eq6_phi);
+  printf("\n");
+  printf("parallelism r = %d; policies: Eq. 10 picks %s; Tutel's dictionary picks r = %d, degree %d with %s\n",
+         r->r, r->eq10_reuse, r->tutel_r, r->tutel_d, r->tutel_a2a);
   if (r->flex)
     printf("FlexMoE: balance ratio %.4g -> %.4g (%d operations, %.6g ms of transfers), step %.6g ms -> %.6g ms\n",
            r->balance_before, r->balance_after, r->flex_ops, r->flex_xfer_s * 1e3, r->step_before_s * 1e3,
@@ -41,10 +45,10 @@ static void print_json(const moe_sim_result *r) {
   printf("{\"devices\":%d,\"nodes\":%d,\"experts\":%d,\"tokens\":%d,\"capacity_factor\":%.17g,\"n\":%d,"
          "\"auto_n\":%s,\"a2a\":\"%s\",\"a2a_msgs\":%d,\"reuse\":\"%s\",\"step_s\":%.17g,\"compute_s\":%.17g,"
          "\"compute_min_s\":%.17g,\"slowest\":%d,\"exposed_comm_s\":%.17g,\"comm_s\":%.17g,\"peak_bytes\":%.17g,"
-         "\"fits\":%s,\"eq10_reuse\":\"%s\",\"tutel_d\":%d,\"tutel_a2a\":\"%s\"",
+         "\"fits\":%s,\"eq6_phi\":%.17g,\"r\":%d,\"eq10_reuse\":\"%s\",\"tutel_r\":%d,\"tutel_d\":%d,\"tutel_a2a\":\"%s\"",
          r->devices, r->nodes, r->experts, r->tokens, r->capacity_factor, r->n, r->auto_n ? "true" : "false", r->a2a,
          r->a2a_msgs, r->reuse, r->step_s, r->compute_s, r->compute_min_s, r->slowest, r->exposed_comm_s, r->comm_s,
-         r->peak_bytes, r->fits ? "true" : "false", r->eq10_reuse, r->tutel_d, r->tutel_a2a);
+         r->peak_bytes, r->fits ? "true" : "false", r->eq6_phi, r->r, r->eq10_reuse, r->tutel_r, r->tutel_d, r->tutel_a2a);
   if (r->flex)
     printf(",\"balance_before\":%.17g,\"balance_after\":%.17g,\"flex_ops\":%d,\"flex_xfer_s\":%.17g,"
            "\"step_before_s\":%.17g",
@@ -58,12 +62,12 @@ static int csv_row(char **buf, size_t *len, const char *key, double v, const moe
   int n = 0;
   if (!*len)
     n = snprintf(row, sizeof row, "%s,devices,nodes,experts,tokens,capacity_factor,n,a2a,reuse,step_s,compute_s,"
-                 "exposed_comm_s,comm_s,peak_bytes,eq10_reuse,tutel_d,tutel_a2a,balance_before,balance_after,"
+                 "exposed_comm_s,comm_s,peak_bytes,r,eq10_reuse,tutel_r,tutel_d,tutel_a2a,balance_before,balance_after,"
                  "step_before_s\n", key);
   n += snprintf(row + n, sizeof row - (size_t)n,
-                "%g,%d,%d,%d,%d,%g,%d,%s,%s,%.9g,%.9g,%.9g,%.9g,%.9g,%s,%d,%s,%.6g,%.6g,%.9g\n", v, r->devices,
+                "%g,%d,%d,%d,%d,%g,%d,%s,%s,%.9g,%.9g,%.9g,%.9g,%.9g,%d,%s,%d,%d,%s,%.6g,%.6g,%.9g\n", v, r->devices,
                 r->nodes, r->experts, r->tokens, r->capacity_factor, r->n, r->a2a, r->reuse, r->step_s,
-                r->compute_s, r->exposed_comm_s, r->comm_s, r->peak_bytes, r->eq10_reuse, r->tutel_d,
+                r->compute_s, r->exposed_comm_s, r->comm_s, r->peak_bytes, r->r, r->eq10_reuse, r->tutel_r, r->tutel_d,
                 r->tutel_a2a, r->flex ? r->balance_before : 0, r->flex ? r->balance_after : 0,
                 r->flex ? r->step_before_s : r->step_s);
   char *p = realloc(*buf, *len + (size_t)n + 1);
@@ -106,10 +110,32 @@ static int sweep(moe_sim_config *c, const char *spec, const char *out, const cha
   return rc;
 }
 
+/* --calibrate: every rank measures (moe_sim_calibrate); rank 0 writes the machine's config. */
+static int calibrate_machine(const char *out, int threads) {
+  moe_dist *d;
+  if (moe_dist_init(&d, NULL, NULL) != MOE_OK) return cli_fail(CMD);
+  int W = moe_dist_size(d);
+  if (!threads) threads = cli_cpu_count() / W > 0 ? cli_cpu_count() / W : 1;
+  moe_sim_machine m;
+  int rc = moe_sim_calibrate(d, threads, &m) != MOE_OK ? cli_fail(CMD) : 0;
+  char text[512];
+  int n = snprintf(text, sizeof text,
+                   "{\"nodes\": 1, \"devices_per_node\": %d, \"intra_bw\": %.6g, \"intra_lat\": %.6g,\n"
+                   " \"gemm_flops\": %.6g, \"gemm_half_rows\": %.4g,\n \"tokens\": %d, \"d_model\": 512, \"hidden\": 2048, \"experts\": 8,"
+                   " \"top_k\": 2, \"capacity_factor\": 1.25}\n",
+                   m.devices, m.bw, m.lat, m.gemm_flops, m.gemm_half_rows, 2048 / W);
+  if (!rc && moe_dist_rank(d) == 0) {
+    if (!out) fputs(text, stdout);
+    else if (moe_write_file_atomic(out, text, (size_t)n) != MOE_OK) rc = cli_fail(CMD);
+  }
+  moe_dist_finalize(d);
+  return rc;
+}
+
 int cmd_simulate(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   const char *config = NULL, *spec = NULL, *out = NULL, *plot = NULL;
-  int json = 0, calibrate = 0;
+  int json = 0, calibrate = 0, threads = 0;
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     if (cli_flag_is(f, "json")) { json = 1; continue; }
@@ -120,16 +146,14 @@ int cmd_simulate(int argc, char **argv) {
     else if (cli_flag_is(f, "sweep")) spec = v;
     else if (!strcmp(f, "-o") || cli_flag_is(f, "out")) out = v;
     else if (cli_flag_is(f, "plot")) plot = v;
+    else if (cli_flag_is(f, "threads")) {
+      if (!cli_parse_int(v, &threads) || threads < 1) return cli_usage_error(CMD, "--threads: bad value '%s'", v);
+    }
     else { usage(stderr); return cli_usage_error(CMD, "unknown flag '%s'", f); }
   }
-  if (calibrate) {
-    /* The best of 3 n = 512 sgemms on every CPU this process may use: the rate one device computes at. */
-    double g = moe_sgemm_gflops(512, cli_cpu_count(), 3);
-    printf("{\"gemm_flops\": %.4g}\n", g * 1e9);
-    return 0;
-  }
+  if (calibrate) return calibrate_machine(out, threads);
   if (!config) { usage(stderr); return cli_usage_error(CMD, "--config F.json is required"); }
-  if ((out || plot) && !spec) return cli_usage_error(CMD, "-o / --plot: only a --sweep writes files");
+  if ((out || plot) && !spec) return cli_usage_error(CMD, "-o / --plot: only a --sweep or --calibrate writes files");
   moe_sim_config *c;
   if (moe_sim_config_load(config, &c) != MOE_OK) return cli_fail(CMD);
   int rc = 0;

@@ -855,8 +855,11 @@ typedef struct {
   double exposed_comm_s;  /* step_s - compute_s: what overlap did not hide on the busiest device */
   double peak_bytes;      /* the largest device's high-water mark (states + activation pools) */
   int fits;               /* peak_bytes <= the device memory (1 when the config gives none) */
+  double eq6_phi;         /* with reuse: MPipeMoE's Eq. 6 bound on the memory it saves (text's buffers) */
   const char *eq10_reuse; /* the memory-saving strategy Eq. 10 picks for this micro-batch size */
-  int tutel_d;            /* Tutel's dictionary's pipelining degree and all-to-all for this capacity */
+  int r;                  /* Tutel's parallelism degree simulated (0 DP, 1 EP+DP, up to W/E: EP+DP+MP) */
+  int tutel_r;            /* Tutel's dictionary's degree r, pipelining degree and all-to-all for this capacity */
+  int tutel_d;
   const char *tutel_a2a;
   int flex;               /* replicas simulated: the fields below are set */
   double balance_before, balance_after; /* Eq. 6 before and after FlexMoE's plan */
@@ -868,6 +871,16 @@ moe_status moe_sim_run(const moe_sim_config *c, moe_sim_result *r);
 /* An SVG line chart of a sweep: the step, the busiest device's compute and the exposed communication
  * (ms) against the swept values x (> 0; a log axis when they span more than 10x), written atomically. */
 moe_status moe_sim_plot_svg(const char *path, const char *key, const double *x, const moe_sim_result *r, int n);
+/* This machine's rates for a config (moe simulate --calibrate): the sgemm rate of one rank while every
+ * rank runs them (threads each: the experts' GEMMs at 512 and 32 rows), and the token exchange among d's ranks fitted to lat + bytes / bw, bytes
+ * being what a rank sends one peer (with one rank: the exchange's copy to itself). Every rank calls it. */
+typedef struct {
+  int devices;       /* the ranks measured: devices_per_node */
+  double gemm_flops; /* FLOP/s of a large GEMM (Hockney's r_inf) */
+  double gemm_half_rows; /* rows at which a GEMM reaches half that rate (n_1/2): gemm_half_rows */
+  double bw, lat;    /* bytes/s and seconds: intra_bw, intra_lat */
+} moe_sim_machine;
+moe_status moe_sim_calibrate(const moe_dist *d, int threads, moe_sim_machine *out);
 
 /* ---- language-model training: the MoE layers' stats and where a step's time goes ---- */
 /* Layer i's stats of the last forward (expert counts, the router's choices), as moe_model_layer_stats. */

@@ -7,11 +7,11 @@
 #include "sim/sim.h"
 #include "test.h"
 
-/* D 8, H 16, 4-byte elements, uniform routing, top-1, no capacity, n = 1, Linear, no reuse. */
+/* D 8, H 16, 4-byte elements, uniform routing, top-1, no capacity, n = 1, Linear, no reuse, r = 1. */
 static moe_sim_config base(int nodes, int dpn, int T, int E) {
   return (moe_sim_config){.nodes = nodes, .dpn = dpn, .intra_bw = 1e9, .intra_lat = 1e-5, .inter_bw = 1e8,
                           .inter_lat = 1e-4, .gemm_flops = 1e9, .T = T, .D = 8, .H = 16, .E = E, .k = 1,
-                          .elem = 4, .pipeline = 1};
+                          .elem = 4, .pipeline = 1, .r = 1};
 }
 
 /* 2 devices, 2 experts, 1000 tokens each, half to the other device: 500 tokens x 8 x 4 bytes one way;
@@ -154,4 +154,30 @@ TEST(simulate_policy_choices) {
   c.flex = 1, c.nodes = 17, c.E = 68;
   ASSERT_STATUS(moe_sim_run(&c, &r), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "at most 64"));
+}
+
+/* Tutel's r on 4 devices of one node holding one expert (m = 4), 10 tokens each: r = 2 is two shards
+ * of H/2 on devices {0, 1} and {2, 3}, source g using replica g % 2 of each, each shard all-gathered
+ * by its 2 replicas (2 x (1 message + half the shard)); r = 0 keeps every token home and all-gathers
+ * the expert over the 4; r = 4 splits H four ways with nothing to gather. */
+TEST(simulate_parallel_r) {
+  moe_sim_config c = base(1, 4, 10, 1);
+  int64_t per_expert[1] = {10}, send[16];
+  moe_sim_config dev;
+  double gather;
+  ASSERT_EQ_INT(moe__sim_r_max(&c), 4);
+  ASSERT_OK(moe__sim_parallel(&c, per_expert, 2, send, &dev, &gather));
+  static const int64_t want2[16] = {10, 0, 10, 0, 0, 10, 0, 10, 10, 0, 10, 0, 0, 10, 0, 10};
+  for (int i = 0; i < 16; i++)
+    if (send[i] != want2[i]) FAIL_("r 2: send[%d] = %lld, want %lld", i, (long long)send[i], (long long)want2[i]);
+  double shard = 2.0 * 8 * 16 * 4 / 2;
+  ASSERT_EQ_INT(dev.H, 8);
+  ASSERT_NEAR(gather, 2 * (1e-5 + 0.5 * shard / 1e9), 1e-15);
+  ASSERT_OK(moe__sim_parallel(&c, per_expert, 0, send, &dev, &gather));
+  for (int i = 0; i < 16; i++) ASSERT_EQ_INT((int)send[i], i % 5 == 0 ? 10 : 0);
+  ASSERT_NEAR(gather, 2 * (3 * 1e-5 + 0.75 * 2 * shard / 1e9), 1e-15);
+  ASSERT_OK(moe__sim_parallel(&c, per_expert, 4, send, &dev, &gather));
+  ASSERT_EQ_INT(dev.H, 4);
+  ASSERT_NEAR(gather, 0, 0);
+  ASSERT_STATUS(moe__sim_parallel(&c, per_expert, 5, send, &dev, &gather), MOE_ERR_ARG);
 }

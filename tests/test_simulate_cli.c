@@ -86,6 +86,8 @@ TEST(simulate_cli_bad_configs) {
       {", \"load\": [1, 2]", "\"load\" must be an array of 4 numbers (one per expert), has 2"},
       {", \"zipf\": 1, \"load\": [1, 1, 1, 1]", "give \"zipf\" or \"load\", not both"},
       {", \"flex\": 1", "\"flex\" must be true or false"},
+      {", \"r\": 2", "\"r\" is 2, want a number in [0, 1]"},
+      {", \"dispatch\": \"static\"", "\"dispatch\" static pads to the capacity: \"capacity_factor\" is required"},
   };
   char p[512], args[1024];
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -101,7 +103,7 @@ TEST(simulate_cli_bad_configs) {
   fclose(f);
   snprintf(args, sizeof args, "simulate --config %s", p);
   ASSERT(sim_moe(args) != 0);
-  if (!strstr(sim_err, "\"experts\" is 6, not a multiple of the 4 devices")) FAIL_("stderr: %s", sim_err);
+  if (!strstr(sim_err, "\"experts\" is 6: neither a multiple nor a divisor of the 4 devices")) FAIL_("stderr: %s", sim_err);
   f = fopen(p, "w");
   fputs("{\"devices_per_node\": 4}", f);
   fclose(f);
@@ -109,11 +111,16 @@ TEST(simulate_cli_bad_configs) {
   if (!strstr(sim_err, "field \"intra_bw\" is required")) FAIL_("stderr: %s", sim_err);
 }
 
-/* --calibrate prints a config line with this machine's GEMM rate (its value is not asserted: timing). */
+/* --calibrate writes a config of this machine's rates that --config runs (values not asserted: timing). */
 TEST(simulate_cli_calibrate) {
-  if (sim_moe("simulate --calibrate") != 0) FAIL_("exit non-zero: %s", sim_err);
+  char p[512], args[1024];
+  test_tmp_path("sim_machine.json", p, sizeof p);
+  snprintf(args, sizeof args, "simulate --calibrate --threads 1 -o %s", p);
+  if (sim_moe(args) != 0) FAIL_("exit non-zero: %s", sim_err);
+  snprintf(args, sizeof args, "simulate --config %s --json", p);
+  if (sim_moe(args) != 0) FAIL_("the calibrated config does not run: %s", sim_err);
   cJSON *j = cJSON_Parse(sim_out);
-  double g = j ? cJSON_GetNumberValue(cJSON_GetObjectItem(j, "gemm_flops")) : 0;
+  double step = j ? cJSON_GetNumberValue(cJSON_GetObjectItem(j, "step_s")) : 0;
   cJSON_Delete(j);
-  if (!(g > 0)) FAIL_("output: %s", sim_out);
+  if (!(step > 0)) FAIL_("output: %s", sim_out);
 }

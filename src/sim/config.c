@@ -9,9 +9,9 @@
 
 static const char *const FIELDS[] = {
     "nodes", "devices_per_node", "intra_bw", "intra_lat", "inter_bw", "inter_lat", "host_bw", "gemm_flops",
-    "memory_bytes", "tokens", "d_model", "hidden", "experts", "top_k", "capacity_factor", "dtype_bytes", "zipf",
-    "load", "pipeline", "a2a", "reuse", "flex"};
-static const char *const A2A_NAMES[] = {"linear", "2dh"};
+    "gemm_half_rows", "memory_bytes", "tokens", "d_model", "hidden", "experts", "top_k", "capacity_factor", "dtype_bytes", "zipf",
+    "load", "pipeline", "a2a", "reuse", "flex", "r", "dispatch"};
+static const char *const A2A_NAMES[] = {"linear", "2dh"}, *const DISPATCH_NAMES[] = {"dynamic", "static"};
 
 /* A number in [lo, hi]; absent: *out unchanged unless required. */
 static moe_status get_num(const char *path, const cJSON *r, const char *key, int required, double lo, double hi,
@@ -83,6 +83,7 @@ static moe_status read_config(const char *path, const cJSON *r, moe_sim_config *
   MOE_CHECK(get_num(path, r, "inter_lat", c->nodes > 1, 0, 1, &c->inter_lat));
   MOE_CHECK(get_num(path, r, "host_bw", 0, 1, BIG, &c->host_bw));
   MOE_CHECK(get_num(path, r, "gemm_flops", 1, 1, BIG, &c->gemm_flops));
+  MOE_CHECK(get_num(path, r, "gemm_half_rows", 0, 0, 1 << 20, &c->half_rows));
   MOE_CHECK(get_num(path, r, "memory_bytes", 0, 0, BIG, &c->mem_bytes));
   MOE_CHECK(get_int(path, r, "tokens", 1, 1, 1 << 30, &c->T));
   MOE_CHECK(get_int(path, r, "d_model", 1, 1, 1 << 20, &c->D));
@@ -94,7 +95,13 @@ static moe_status read_config(const char *path, const cJSON *r, moe_sim_config *
   int W = moe__sim_devices(c);
   MOE_TRY(W <= MOE__SIM_MAX_DEVICES, MOE_ERR_FORMAT, "%s: %d nodes x %d devices is %d, more than the %d simulated",
           path, c->nodes, c->dpn, W, MOE__SIM_MAX_DEVICES);
-  MOE_TRY(c->E % W == 0, MOE_ERR_FORMAT, "%s: \"experts\" is %d, not a multiple of the %d devices", path, c->E, W);
+  MOE_TRY(c->E % W == 0 || W % c->E == 0, MOE_ERR_FORMAT,
+          "%s: \"experts\" is %d: neither a multiple nor a divisor of the %d devices", path, c->E, W);
+  c->r = 1;
+  MOE_CHECK(get_int(path, r, "r", 0, 0, moe__sim_r_max(c), &c->r));
+  MOE_CHECK(get_name(path, r, "dispatch", DISPATCH_NAMES, 2, &c->padded));
+  MOE_TRY(!c->padded || c->cf > 0, MOE_ERR_FORMAT, "%s: \"dispatch\" static pads to the capacity: "
+          "\"capacity_factor\" is required", path);
   MOE_CHECK(read_skew(path, r, c));
   const cJSON *p = cJSON_GetObjectItemCaseSensitive(r, "pipeline");
   if (cJSON_IsString(p))
@@ -154,7 +161,10 @@ moe_status moe_sim_config_set(moe_sim_config *c, const char *key, double v) {
           MOE__SIM_MAX_DEVICES);
   MOE_TRY(W % c->dpn == 0, MOE_ERR_ARG, "sweep devices: %d is not a multiple of devices_per_node %d", W, c->dpn);
   MOE_TRY(!c->load, MOE_ERR_ARG, "sweep devices: the config's \"load\" fixes the experts at %d", c->E);
-  c->E = c->E / moe__sim_devices(c) * W;
+  int W0 = moe__sim_devices(c), m = moe__sim_r_max(c); /* devices per expert, kept */
+  MOE_TRY(W % m == 0, MOE_ERR_ARG, "sweep devices: %d is not a multiple of the config's %d devices per expert",
+          W, m);
+  c->E = c->E >= W0 ? c->E / W0 * W : W / m;
   c->nodes = W / c->dpn;
   MOE_TRY(c->nodes == 1 || c->inter_bw > 0, MOE_ERR_ARG,
           "sweep devices: %d devices span %d nodes but the config has no inter_bw", W, c->nodes);

@@ -15,7 +15,7 @@
 struct moe_sim_config {
   int nodes, dpn;                            /* devices = nodes * dpn */
   double intra_bw, intra_lat, inter_bw, inter_lat, host_bw; /* bytes/s and s */
-  double gemm_flops, mem_bytes;              /* mem_bytes 0: not checked */
+  double gemm_flops, half_rows, mem_bytes;   /* r_inf, n_1/2 of each expert's GEMM; mem_bytes 0: unchecked */
   int T, D, H, E, k, elem;                   /* tokens per device, model dim, hidden, experts, top-k, bytes */
   double cf;                                 /* capacity factor, 0: no capacity (nothing dropped) */
   double zipf;                               /* routing skew when load is NULL */
@@ -24,13 +24,24 @@ struct moe_sim_config {
   moe__a2a a2a;
   moe__reuse reuse;
   int flex;
+  int r;                                     /* Tutel's parallelism degree (parallel.c) */
+  int padded;                                /* "dispatch": "static": every expert's capacity travels */
+  int local;                                 /* GEMMs (experts or shards) per device: set by moe__sim_parallel */
 };
 
 static inline int moe__sim_devices(const moe_sim_config *c) { return c->nodes * c->dpn; }
 
 /* Tokens each device routes to each expert (E): T k split by the loads (largest remainder), then cut
- * to the capacity ceil(cf T k / E) when cf > 0. Every device routes alike. */
+ * to the capacity ceil(cf T k / E) when cf > 0, or padded to it (static dispatch). Every device
+ * routes alike. */
 moe_status moe__sim_route(const moe_sim_config *c, int64_t *per_expert);
+
+/* Tutel's degree r (parallel.c): the largest, W/E (1 when E >= W); and for r, the traffic send
+ * (W x W, tokens), the config each device computes with (H / r per GEMM, its GEMM count) and the
+ * weights' all-gather and gradients' reduce-scatter in seconds. */
+int moe__sim_r_max(const moe_sim_config *c);
+moe_status moe__sim_parallel(const moe_sim_config *c, const int64_t *per_expert, int r, int64_t *send,
+                             moe_sim_config *dev, double *gather_s);
 
 /* Seconds of one all-to-all in which device g sends bytes[g W + h] to h (collective: the slowest
  * device's time). Linear: each device's W - 1 messages, the intra-node ones over its own link, the

@@ -28,7 +28,7 @@ moe_status moe__sim_route(const moe_sim_config *c, int64_t *per_expert) {
   if (c->cf > 0) {
     int64_t cap = (int64_t)ceil(c->cf * (double)total / c->E);
     for (int e = 0; e < c->E; e++)
-      if (per_expert[e] > cap) per_expert[e] = cap;
+      if (per_expert[e] > cap || c->padded) per_expert[e] = cap;
   }
   return MOE_OK;
 }
@@ -38,6 +38,13 @@ static double link(int m, double lat, double bytes, double bw) { return m * lat 
 
 int moe__sim_msgs(const moe_sim_config *c, moe__a2a a) {
   return c->dpn - 1 + (a == MOE__A2A_2DH ? c->nodes - 1 : moe__sim_devices(c) - c->dpn);
+}
+
+static int any_sent(int W, const double *bytes) {
+  for (int g = 0; g < W; g++)
+    for (int h = 0; h < W; h++)
+      if (h != g && bytes[(size_t)g * W + h] > 0) return 1;
+  return 0;
 }
 
 double moe__sim_a2a(const moe_sim_config *c, moe__a2a a, const double *bytes) {
@@ -53,6 +60,7 @@ double moe__sim_a2a(const moe_sim_config *c, moe__a2a a, const double *bytes) {
     nic = fmax(nic, fmax(out, in));
   }
   int m_intra = P - 1, m_inter = a == MOE__A2A_2DH ? c->nodes - 1 : W - P;
+  if (!any_sent(W, bytes)) return 0; /* nothing leaves any device (r = 0): no exchange is made */
   for (int g = 0; g < W; g++) {
     /* Intra-node bytes out of and into g: Linear, those for g's node; 2DH's first phase, every byte
      * that changes local index (it goes to the device of its destination's local index first). */
@@ -134,7 +142,9 @@ moe_status moe__sim_step(const moe_sim_config *c, const int64_t *send, int n, mo
     for (int h = 0; h < W; h++) {
       int64_t recv = 0;
       for (int g = 0; g < W; g++) recv += send[(size_t)g * W + h];
-      double rows = (double)moe__pipe_part((size_t)recv, n, i);
+      /* Hockney: each GEMM costs n_1/2 rows more; micro-batch i computes its run of the local experts. */
+      double rows = (double)moe__pipe_part((size_t)recv, n, i) +
+                    c->half_rows * (double)moe__pipe_part((size_t)c->local, n, i);
       fw[(size_t)i * W + h] = 2 * 2 * rows * fma;                  /* two GEMMs, 2 FLOPs per multiply-add */
       bw[(size_t)i * W + h] = (2 * 4 + (recomp ? 2 : 0)) * rows * fma; /* twice the forward, + GEMM 1 again */
       off[(size_t)i * W + h] = off_elems > 0 ? rows * off_elems * c->elem / c->host_bw : 0;
