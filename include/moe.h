@@ -846,6 +846,18 @@ moe_status moe_sim_run(const moe_sim_config *c, moe_sim_result *r);
  * (ms) against the swept values x (> 0; a log axis when they span more than 10x), written atomically. */
 moe_status moe_sim_plot_svg(const char *path, const char *key, const double *x, const moe_sim_result *r, int n);
 
+/* ---- continuous batching (moe serve): the B slots of a KV cache hold sequences of their own lengths,
+ * which join and leave between decode steps. A cache is used either through moe_lm_decode (all slots at
+ * one length) or through these. ---- */
+/* Slot `slot`'s length (-1 when out of range); reset empties it for a new sequence. */
+int moe_lm_cache_slot_len(const moe_lm_cache *c, int slot);
+void moe_lm_cache_slot_reset(moe_lm_cache *c, int slot);
+/* tokens (n, T): row i runs at positions [len, len + T) of slot slots[i] (n distinct slots), appending
+ * its keys and values there; the (n, T, vocab) logits go to moe_lm_logits. A row's logits are those of
+ * decoding its sequence alone, to rounding (the batch's GEMMs have other shapes). */
+moe_status moe_lm_decode_slots(moe_lm_t *m, moe_lm_cache *c, const int *slots, int n, const int32_t *tokens,
+                               int T);
+
 #ifdef __cplusplus
 }
 #endif
