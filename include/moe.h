@@ -857,6 +857,8 @@ void moe_lm_cache_slot_reset(moe_lm_cache *c, int slot);
  * decoding its sequence alone, to rounding (the batch's GEMMs have other shapes). */
 moe_status moe_lm_decode_slots(moe_lm_t *m, moe_lm_cache *c, const int *slots, int n, const int32_t *tokens,
                                int T);
+/* (n_layers, E) tokens each expert got in the last decode through c (expert traces, moe serve --trace). */
+const int32_t *moe_lm_cache_expert_counts(const moe_lm_cache *c);
 
 #ifdef __cplusplus
 }

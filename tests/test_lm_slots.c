@@ -104,6 +104,13 @@ TEST(lm_decode_slots_equal_each_sequence_alone) {
   ASSERT(strstr(moe_last_error(), "slot 3"));
   moe_lm_cache_slot_reset(kv, 0);
   int32_t many[64] = {0};
+  ASSERT_OK(moe_lm_decode_slots(&m, kv, bad, 1, many, 5)); /* the trace counts: 5 tokens, top-2, per layer */
+  for (int l = 0; l < m.cfg.n_layers; l++) {
+    int sum = 0;
+    for (int e = 0; e < m.cfg.moe.E; e++) sum += moe_lm_cache_expert_counts(kv)[l * m.cfg.moe.E + e];
+    ASSERT_EQ_INT(sum, 5 * m.cfg.moe.top_k);
+  }
+  moe_lm_cache_slot_reset(kv, 0);
   ASSERT_STATUS(moe_lm_decode_slots(&m, kv, bad, 1, many, 65), MOE_ERR_ARG); /* past max_seq */
   moe_lm_cache_free(kv);
   moe_lm_free(&m);

@@ -44,6 +44,7 @@ struct moe_lm_cache {
   float *k, *v;   /* (L, B, max_seq, kvd) each, rotated keys and values */
   int *slot_len;  /* (B) each slot's length, for moe_lm_decode_slots */
   const int *row_slot; /* during a decode: the slot of each batch row (NULL: row b is slot b at len) */
+  int32_t *counts;     /* (L, E) tokens per expert in the last decode, for traces */
 };
 
 /* Where batch row b of a decode sits in the cache: its slot and the position of its first token. */
@@ -358,6 +359,7 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   MOE_TRY(st == MOE_OK, st, "layer %d: %s", i, moe_last_error());
   add_rows(s->a[i + 1].res, a->mid, (size_t)N * D, nt);
   out->dropped += ls.dropped;
+  if (kv) memcpy(kv->counts + (size_t)i * c->moe.E, ls.expert_counts, (size_t)c->moe.E * sizeof *kv->counts);
   return moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), ls.experts, a->probs, nt);
 }
 
@@ -418,12 +420,13 @@ moe_status moe_lm_cache_new(moe_lm_cache **out, const moe_lm_t *m, int B) {
   const moe_lm_config *c = &m->cfg;
   moe_lm_cache *kv = calloc(1, sizeof *kv);
   MOE_TRY(kv, MOE_ERR_NOMEM, "moe_lm_cache_new: out of memory");
-  *kv = (moe_lm_cache){c->n_layers, B, c->max_seq, c->n_kv_heads * c->head_dim, 0, NULL, NULL, NULL, NULL};
+  *kv = (moe_lm_cache){c->n_layers, B, c->max_seq, c->n_kv_heads * c->head_dim, 0, NULL, NULL, NULL, NULL, NULL};
   size_t n = (size_t)kv->L * B * kv->max_seq * kv->kvd;
   kv->k = malloc(n * 4);
   kv->v = malloc(n * 4);
   kv->slot_len = calloc((size_t)B, sizeof *kv->slot_len);
-  if (!kv->k || !kv->v || !kv->slot_len) {
+  kv->counts = calloc((size_t)c->n_layers * c->moe.E, sizeof *kv->counts);
+  if (!kv->k || !kv->v || !kv->slot_len || !kv->counts) {
     moe_lm_cache_free(kv);
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_lm_cache_new: out of memory for %zu keys and values", n);
   }
@@ -436,6 +439,7 @@ void moe_lm_cache_free(moe_lm_cache *kv) {
   free(kv->k);
   free(kv->v);
   free(kv->slot_len);
+  free(kv->counts);
   free(kv);
 }
 
@@ -457,6 +461,8 @@ moe_status moe_lm_decode(moe_lm_t *m, moe_lm_cache *kv, const int32_t *tokens, i
 int moe_lm_cache_slot_len(const moe_lm_cache *kv, int slot) {
   return slot >= 0 && slot < kv->B ? kv->slot_len[slot] : -1;
 }
+
+const int32_t *moe_lm_cache_expert_counts(const moe_lm_cache *kv) { return kv->counts; }
 
 void moe_lm_cache_slot_reset(moe_lm_cache *kv, int slot) {
   if (slot >= 0 && slot < kv->B) kv->slot_len[slot] = 0;
