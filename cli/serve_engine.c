@@ -42,6 +42,7 @@ int serve_submit(serve_engine *e, serve_req *r) {
     e->qtail = r;
     pthread_mutex_lock(&e->met->mu);
     e->met->queued++;
+    e->met->requests[0]++;
     pthread_mutex_unlock(&e->met->mu);
     pthread_cond_signal(&e->wake);
   }

@@ -89,6 +89,8 @@ char *serve_metrics_text(serve_metrics *m) {
   pthread_mutex_lock(&m->mu);
   put(&t, "# HELP moe_serve_requests_total HTTP responses by status class.\n# TYPE moe_serve_requests_total counter\n");
   for (int c = 1; c < 6; c++) put(&t, "moe_serve_requests_total{code=\"%dxx\"} %lld\n", c, (long long)m->requests[c]);
+  put(&t, "# HELP moe_serve_admitted_total Completion requests queued for the engine.\n"
+          "# TYPE moe_serve_admitted_total counter\nmoe_serve_admitted_total %lld\n", (long long)m->requests[0]);
   put(&t, "# HELP moe_serve_prompt_tokens_total Prompt tokens read.\n# TYPE moe_serve_prompt_tokens_total counter\n"
           "moe_serve_prompt_tokens_total %lld\n", (long long)m->prompt_tokens);
   put(&t, "# HELP moe_serve_generated_tokens_total Tokens generated.\n# TYPE moe_serve_generated_tokens_total counter\n"
