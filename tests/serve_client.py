@@ -22,7 +22,8 @@ def check(ok, what):
 
 
 def start():
-    p = subprocess.Popen([MOE, "serve", "--checkpoint", CK, "--port", "0", "--max-batch", "8"] + EXTRA,
+    p = subprocess.Popen([MOE, "serve", "--checkpoint", CK, "--port", "0", "--max-batch", "8",
+                          "--threads", "1"] + EXTRA,
                          stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline()  # printed once it listens
     if "listening on http://" not in line:
@@ -63,7 +64,7 @@ def complete(port, body):
 def generate(body):
     """moe generate --json with the request's prompt and parameters."""
     p = body["prompt"]
-    args = [MOE, "generate", "--checkpoint", CK, "--json", "--max-tokens", str(body["max_tokens"])]
+    args = [MOE, "generate", "--checkpoint", CK, "--json", "--threads", "1", "--max-tokens", str(body["max_tokens"])]
     args += ["--prompt", p] if isinstance(p, str) else ["--prompt-ids", " ".join(map(str, p))]
     for k, flag in (("temperature", "--temperature"), ("top_p", "--top-p"), ("seed", "--seed")):
         if k in body:
