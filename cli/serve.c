@@ -114,20 +114,26 @@ int cmd_serve(int argc, char **argv) {
   if (moe_lm_read_config(o.ck, &c)) return cli_fail(CMD);
   c.moe.threads = o.threads;
   if (moe_lm_load(&m, o.ck, &c)) return cli_fail(CMD);
-  if (load_tokenizer(o.ck, &tok)) return moe_lm_free(&m), cli_fail(CMD);
+  moe_lm_experts x = {0};
+  if ((o.cache && moe_lm_buffer_experts(&m, o.ck, o.cache, o.policy, &x)) || load_tokenizer(o.ck, &tok)) {
+    moe_lm_free(&m);
+    moe_lm_experts_free(&x);
+    return cli_fail(CMD);
+  }
   FILE *trace = o.trace ? fopen(o.trace, "w") : NULL;
   int rc = 1;
   if (o.trace && !trace) cli_usage_error(CMD, "--trace: cannot write '%s'", o.trace);
   else {
     if (trace) fprintf(trace, "step,layer,expert,tokens\n");
     serve_metrics met;
-    size_t expert_bytes = (size_t)c.moe.E * 3 * c.moe.H * c.moe.D * 4 * c.n_layers;
-    serve_metrics_init(&met, c.n_layers, NULL, expert_bytes);
+    size_t expert_bytes = (size_t)c.moe.E * 3 * c.moe.H * c.moe.D * (c.moe.dtype == MOE_DT_BF16 ? 2 : 4) * c.n_layers;
+    serve_metrics_init(&met, c.n_layers, x.caches, expert_bytes);
     rc = serve(&o, &m, tok, &met, trace, &sigs);
     serve_metrics_free(&met);
   }
   if (trace && fclose(trace)) rc = cli_usage_error(CMD, "--trace: cannot write '%s'", o.trace);
   moe_tokenizer_free(tok);
   moe_lm_free(&m);
+  moe_lm_experts_free(&x); /* after the layers that read from it */
   return rc;
 }

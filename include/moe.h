@@ -860,6 +860,19 @@ moe_status moe_lm_decode_slots(moe_lm_t *m, moe_lm_cache *c, const int *slots, i
 /* (n_layers, E) tokens each expert got in the last decode through c (expert traces, moe serve --trace). */
 const int32_t *moe_lm_cache_expert_counts(const moe_lm_cache *c);
 
+/* Expert buffering for a loaded model (deployment paper VI, moe serve --cache K): every MoE layer's
+ * experts are freed and served instead by an expert cache of K slots (policy p) reading dir's
+ * model.safetensors lazily (one file: not a sharded checkpoint); the outputs do not change. The experts'
+ * refs get data NULL: the model serves forward and decode only. Free m (moe_lm_free) before x. On an
+ * error m may be half converted: free it. */
+typedef struct {
+  moe_st *file;
+  moe_expert_cache **caches; /* (n) one per MoE layer */
+  int n;
+} moe_lm_experts;
+moe_status moe_lm_buffer_experts(moe_lm_t *m, const char *dir, int K, moe_cache_policy p, moe_lm_experts *x);
+void moe_lm_experts_free(moe_lm_experts *x);
+
 #ifdef __cplusplus
 }
 #endif

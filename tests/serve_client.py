@@ -88,6 +88,11 @@ def match(port):
             check(ids == want["ids"], "%s stream=%s: ids %s, moe generate %s" % (body, stream, ids, want["ids"]))
             if "text" in want:
                 check(text == want["text"], "%s stream=%s: text %r, moe generate %r" % (body, stream, text, want["text"]))
+    if "--cache" in EXTRA:  # one expert of four resident: a quarter of the bytes, some misses
+        m = dict(l.rsplit(" ", 1) for l in request(port, "GET", "/metrics")[2].splitlines() if not l.startswith("#"))
+        resident, every = int(m["moe_serve_resident_expert_bytes"]), int(m["moe_serve_all_expert_bytes"])
+        check(4 * resident == every, "resident expert bytes %d of %d" % (resident, every))
+        check(0 <= float(m['moe_serve_expert_cache_hit_rate{layer="1"}']) < 1, "hit rate %s" % m)
 
 
 def busy(port):

@@ -115,3 +115,34 @@ TEST(lm_decode_slots_equal_each_sequence_alone) {
   moe_lm_cache_free(kv);
   moe_lm_free(&m);
 }
+
+/* Expert buffering (moe_lm_buffer_experts): K = 1 and 2 of 4 experts resident, LIFO and LRU, give the
+ * all-resident model's logits bit for bit over a prompt and greedy steps; the caches count their misses. */
+TEST(lm_buffered_experts_decode_bit_identical) {
+  char dir[512];
+  moe_lm_t all, buf;
+  snprintf(dir, sizeof dir, "%s/lm/mixtral", test_fixture_dir());
+  ASSERT_OK(moe_lm_load(&all, dir, NULL));
+  seq want = {.n = 5, .prompt = {7, 7, 2, 40, 11}};
+  ASSERT(alone(&all, &want));
+  moe_lm_free(&all);
+  for (int K = 1; K <= 2; K++) {
+    moe_lm_experts x;
+    ASSERT_OK(moe_lm_load(&buf, dir, NULL));
+    ASSERT_OK(moe_lm_buffer_experts(&buf, dir, K, K == 1 ? MOE_CACHE_LIFO : MOE_CACHE_LRU, &x));
+    ASSERT(!moe_lm_find(&buf, "model.layers.0.block_sparse_moe.experts.1.w2.weight")->data);
+    seq got = want;
+    ASSERT(alone(&buf, &got));
+    ASSERT(!memcmp(got.logits, want.logits, sizeof got.logits));
+    moe_expert_cache_stats st;
+    moe_expert_cache_get_stats(x.caches[1], &st);
+    ASSERT(st.misses > 0 && st.accesses >= st.misses);
+    ASSERT_EQ_INT((int)st.resident_bytes, K * 3 * 32 * 32 * 4); /* w1, w2, w3 of 32 x 32, fp32 */
+    moe_lm_free(&buf);
+    moe_lm_experts_free(&x);
+  }
+  ASSERT_OK(moe_lm_load(&buf, dir, NULL));
+  moe_lm_experts x;
+  ASSERT_STATUS(moe_lm_buffer_experts(&buf, "/nonexistent", 2, MOE_CACHE_LIFO, &x), MOE_ERR_IO);
+  moe_lm_free(&buf);
+}

@@ -70,6 +70,25 @@ TEST(serve_matches_generate) {
   ASSERT(scenario("match", ""));
 }
 
+/* One expert of four resident per layer; the trace of the experts used loads as moe trace's do. */
+TEST(serve_matches_generate_with_expert_cache) {
+  if (!have_python()) return;
+  char trace[512], extra[700];
+  test_tmp_path("serve_trace.csv", trace, sizeof trace);
+  snprintf(extra, sizeof extra, "--cache 1 --policy lru --trace '%s'", trace);
+  ASSERT(scenario("match", extra));
+  moe_trace t;
+  ASSERT_OK(moe_trace_load(&t, trace, 4));
+  ASSERT(t.steps > 10 && t.layers == 2);
+  for (int64_t s = 0; s < t.steps; s++) { /* each step routes its tokens to top-2 experts, in each layer */
+    int per[2] = {0, 0};
+    for (int l = 0; l < 2; l++)
+      for (int e = 0; e < 4; e++) per[l] += t.tokens[(s * 2 + l) * 4 + e];
+    if (per[0] != per[1] || per[0] % 2 || !per[0]) FAIL_("trace step %lld: %d and %d tokens", (long long)s, per[0], per[1]);
+  }
+  moe_trace_free(&t);
+}
+
 TEST(serve_greedy_same_alone_and_in_busy_batch) {
   if (!have_python()) return;
   ASSERT(scenario("busy", ""));
