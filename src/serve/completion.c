@@ -51,7 +51,7 @@ static moe_status prompt(const cJSON *p, const moe_tokenizer *tok, int vocab, mo
 static moe_status parse(const cJSON *o, const moe_tokenizer *tok, int vocab, int max_seq, moe__completion *c) {
   MOE_TRY(cJSON_IsObject(o), MOE_ERR_FORMAT, "the body must be a JSON object");
   MOE_CHECK(prompt(cJSON_GetObjectItemCaseSensitive(o, "prompt"), tok, vocab, c));
-  double mt = 16, temp = 1, top_p = 1, seed = 0;
+  double left = max_seq - c->n_ids, mt = left < 16 && left >= 1 ? left : 16, temp = 1, top_p = 1, seed = 0;
   MOE_CHECK(number(o, "max_tokens", 1, 1, max_seq, &mt));
   MOE_CHECK(number(o, "temperature", 0, 0, 100, &temp));
   MOE_CHECK(number(o, "top_p", 0, 0, 1, &top_p));

@@ -12,7 +12,7 @@
 typedef struct {
   int32_t *ids;      /* the prompt's token ids (malloc'd; free with moe__completion_free) */
   int n_ids;
-  int max_tokens;    /* >= 1; 16 when absent, as OpenAI */
+  int max_tokens;    /* >= 1; when absent 16 as OpenAI, or fewer to fit the context */
   float temperature; /* >= 0, 1 when absent; 0 is greedy */
   float top_p;       /* (0, 1], 1 when absent */
   uint64_t seed;     /* 0 when absent (moe generate's default) */
