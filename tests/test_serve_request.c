@@ -24,7 +24,8 @@ TEST(serve_request_parse_fields_defaults_and_errors) {
       {"{\"prompt\": [50]}", "\"prompt\"[0] is not a token id in [0, 50)"},
       {"{\"prompt\": [1], \"seed\": 1.5}", "\"seed\" must be an integer"},
       {"{\"prompt\": [1], \"stream\": 1}", "\"stream\" must be true or false"},
-      {"{\"prompt\": [1]} x", "not valid JSON"},
+      {"{\"prompt\": [1]} x", "garbage after the JSON body"},
+      {"{\"prompt\": [1]", "not valid JSON"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     moe_status st = parse(bad[i][0], &c);
