@@ -3,7 +3,8 @@
 # what counts, not the text), served with every expert resident and with --cache E/4; at concurrency
 # 1, 8, 32 and 64 for SECONDS each: ab (apache2-utils) sending non-streamed completions, then
 # bench/serve_stream.py's asyncio clients streaming. Prints a table row per run and the expert-cache
-# hit rate from /metrics. cache=0: every expert resident.
+# hit rate from /metrics (cache=0: every expert resident), and plots tokens/s against concurrency
+# (bench/plot_serve.py) into bench-out/serve/serve_load.svg.
 # usage: bench/serve_load.sh [BUILD (build)] [SECONDS (10)] [THREADS (0: all)] [DATA (data/brown)]
 set -e
 cd "$(dirname "$0")/.."
@@ -23,6 +24,7 @@ printf '{"prompt": [5, 9, 1, 200], "max_tokens": %d, "temperature": 1.0, "seed":
 
 metric() { curl -s "http://127.0.0.1:$port/metrics" | awk -v k="$1" '$1 == k {print $2}'; }
 
+rm -f $out/results.jsonl
 for cache in 0 2; do
   flags=""; [ $cache -gt 0 ] && flags="--cache $cache"
   $MOE serve --checkpoint $CK --port 0 --max-batch 64 --threads "$THREADS" $flags >$out/port.txt 2>$out/serve.log &
@@ -36,8 +38,9 @@ for cache in 0 2; do
     p50=$(awk '$1 == "50%" {print $2}' $out/ab-$cache-$c.txt)
     p99=$(awk '$1 == "99%" {print $2}' $out/ab-$cache-$c.txt)
     stream=$(python3 bench/serve_stream.py $port $c "$SECS" $TOKENS)
-    echo "cache=$cache c=$c ab: $(awk "BEGIN {print $rps * $TOKENS}") tokens/s, request p50 $p50 ms p99 $p99 ms;" \
-         "stream: $stream"
+    tps=$(awk "BEGIN {print ${rps:-0} * $TOKENS}")
+    echo "cache=$cache c=$c ab: $tps tokens/s, request p50 $p50 ms p99 $p99 ms; stream: $stream"
+    echo "{\"cache\": $cache, \"ab_tokens_per_s\": $tps, \"stream\": $stream}" >>$out/results.jsonl
   done
   hits=$(curl -s "http://127.0.0.1:$port/metrics" | awk '/^moe_serve_expert_cache_hit_rate/ {printf "%s ", $2}')
   echo "cache=$cache hit rate per layer: $hits resident expert bytes $(metric moe_serve_resident_expert_bytes)" \
@@ -45,3 +48,4 @@ for cache in 0 2; do
   kill -TERM $pid
   wait $pid
 done
+python3 bench/plot_serve.py $out/results.jsonl $out/serve_load.svg
