@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "run_cli.h"
 #include "test.h"
 
 #define PYTHON "/usr/bin/python3" /* Debian's, as tests/test_python.c: no version manager's shim to start */
@@ -102,4 +103,21 @@ TEST(serve_bad_requests_disconnects_and_1000_connections) {
 TEST(serve_sigterm_finishes_requests_under_way) {
   if (!have_python()) return;
   ASSERT(scenario("sigterm", ""));
+}
+
+/* Flags the server cannot serve with: an error naming the value, exit 1, before listening. */
+TEST(serve_cli_errors) {
+  char args[1024], err[512], fx[600];
+  snprintf(fx, sizeof fx, "%s/lm/mixtral", test_fixture_dir());
+  static const char *const cases[][2] = {
+      {"--host localhost", "--host: 'localhost' is not an IPv4 address"},
+      {"--cache 9 --port 0", "K must be in [1, E=4], got 9"},
+      {"--policy fifo", "--policy: bad value 'fifo'"},
+      {"--max-batch 0", "--max-batch: bad value '0'"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    snprintf(args, sizeof args, "serve --checkpoint '%s' %s", fx, cases[i][0]);
+    int rc = run_moe(NULL, args, NULL, err, sizeof err);
+    if (rc != 1 || !strstr(err, cases[i][1])) FAIL_("moe %s -> %d: %s (want '%s')", args, rc, err, cases[i][1]);
+  }
 }

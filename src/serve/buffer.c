@@ -119,7 +119,9 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
   moe_status st = MOE_OK;
   char name[160];
   snprintf(name, sizeof name, "%s%s", prefix, names[0]);
-  int hf = !moe_st_has(f, name); /* no stacked fc1: Mixtral's PREFIX<e>.w1.weight, w2 and w3, no biases */
+  char hf_w1[160];
+  snprintf(hf_w1, sizeof hf_w1, "%s0.w1.weight", prefix);
+  int hf = !moe_st_has(f, name) && moe_st_has(f, hf_w1); /* Mixtral's PREFIX<e>.w1.weight, w2, w3, no biases */
   if (hf && !(c->hf = calloc((size_t)NT * l->E, sizeof *c->hf)))
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert cache: out of memory for %d experts' views", l->E);
   for (int t = 0; t < NT && st == MOE_OK; t++) {
