@@ -53,5 +53,6 @@ int cmd_trace(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 #endif

@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "serve/completion.h" /* moe__utf8_clean, as moe serve writes text */
 
 static const char *CMD = "generate";
 
@@ -102,17 +103,6 @@ static void emit(const moe_tokenizer *t, int32_t id, int first) {
   else printf("%s%d", first ? "" : " ", id);
 }
 
-/* Length of the well-formed UTF-8 sequence at s (n bytes left), 0 if there is none (RFC 3629). */
-static size_t utf8_len(const unsigned char *s, size_t n) {
-  int k = s[0] < 0x80 ? 1 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
-        : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
-  if (!k || (size_t)k > n) return 0;
-  unsigned lo = s[0] == 0xE0 ? 0xA0 : s[0] == 0xF0 ? 0x90 : 0x80, hi = s[0] == 0xED ? 0x9F : s[0] == 0xF4 ? 0x8F : 0xBF;
-  for (int i = 1; i < k; i++, lo = 0x80, hi = 0xBF)
-    if (s[i] < lo || s[i] > hi) return 0;
-  return (size_t)k;
-}
-
 /* The new tokens as one JSON line: their ids, and with a tokenizer their text, bytes that are not UTF-8
  * replaced by U+FFFD (JSON is Unicode; Python's errors="replace" does the same). */
 static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int prompt_tokens) {
@@ -125,13 +115,8 @@ static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int pro
     moe_status st = moe_tokenizer_decode(t, ids, (size_t)n, NULL, 0, &len); /* its length */
     text = st == MOE_OK || st == MOE_ERR_ARG ? malloc(len + 1) : NULL, utf = text ? malloc(3 * len + 1) : NULL;
     ok = text && utf && (!len || moe_tokenizer_decode(t, ids, (size_t)n, text, len, &len) == MOE_OK);
-    size_t w = 0;
-    for (size_t i = 0; ok && i < len;) {
-      size_t k = utf8_len((const unsigned char *)text + i, len - i);
-      if (k) memcpy(utf + w, text + i, k), w += k, i += k;
-      else memcpy(utf + w, "\xef\xbf\xbd", 3), w += 3, i++;
-    }
-    if (utf) utf[w] = 0;
+    size_t used;
+    if (ok) utf[moe__utf8_clean(text, len, 1, utf, &used)] = 0;
   }
   if (ok) {
     cJSON_AddNumberToObject(o, "prompt_tokens", prompt_tokens);

@@ -19,6 +19,7 @@ static void usage(FILE *f) {
           "  cachesim    expert-cache miss rates of a trace per layer (lifo, lru, fifo, belady)\n"
           "  placement   place experts on devices from a trace (greedy, anticorr) and compare Max Load\n"
           "  generate    sample tokens from a Hugging Face Mixtral checkpoint directory with a KV cache\n"
+          "  serve       an HTTP server (OpenAI completions) for such a checkpoint, with continuous batching\n"
           "  plot-trace  the expert-load heatmap of a trace (step x expert, one panel per layer) as PNG or SVG\n"
           "  tokenizer   train a byte-level BPE tokenizer (Hugging Face tokenizer.json); encode, decode\n"
           "  simulate    one training step of an MoE layer on a simulated cluster: time, memory, policies\n"
@@ -83,6 +84,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "trace")) return cmd_trace(argc - 1, argv + 1);
   if (!strcmp(argv[1], "tokenizer")) return cmd_tokenizer(argc - 1, argv + 1);
   if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
   if (!strcmp(argv[1], "simulate")) return cmd_simulate(argc - 1, argv + 1);
   fprintf(stderr, "moe: unknown command '%s'\n", argv[1]);
   usage(stderr);

@@ -75,4 +75,8 @@ put("tokenizer", "sample300.json", read("tok300.json"))
 ck = read("f32.st")
 put("json", "header.json", ck[8:8 + struct.unpack("<Q", ck[:8])[0]])
 put("json", "kinds.json", b' {"a": [1, -2.5e-3, true, false, null], "s": "\\u00e9\\n\\"", "o": {}} \n')
+# moe serve's request bodies: text and ids prompts, every field, a character split at the end.
+put("completion", "text.json", b'{"prompt": "the cat", "max_tokens": 5, "temperature": 0.7, "top_p": 0.9, "seed": 3, "stream": true}')
+put("completion", "ids.json", b'{"prompt": [1, 2, 3], "max_tokens": 60}')
+put("completion", "utf8.json", b'{"prompt": "caf\xc3\xa9 \xe2\x82", "model": "moe", "stream": false}')
 shutil.rmtree(tmp)

@@ -984,6 +984,33 @@ moe_status moe_flex_trainer_begin(moe_flex_trainer *t, moe_model_t *m, moe_optim
 moe_status moe_flex_trainer_push(moe_flex_trainer *t, const moe_model_t *m, int64_t step, double loss);
 void moe_flex_trainer_stats(const moe_flex_trainer *t, moe_flex_stats *s);
 
+/* ---- continuous batching (moe serve): the B slots of a KV cache hold sequences of their own lengths,
+ * which join and leave between decode steps. A cache is used either through moe_lm_decode (all slots at
+ * one length) or through these. ---- */
+/* Slot `slot`'s length (-1 when out of range); reset empties it for a new sequence. */
+int moe_lm_cache_slot_len(const moe_lm_cache *c, int slot);
+void moe_lm_cache_slot_reset(moe_lm_cache *c, int slot);
+/* tokens (n, T): row i runs at positions [len, len + T) of slot slots[i] (n distinct slots), appending
+ * its keys and values there; the (n, T, vocab) logits go to moe_lm_logits. A row's logits are those of
+ * decoding its sequence alone, to rounding (the batch's GEMMs have other shapes). */
+moe_status moe_lm_decode_slots(moe_lm_t *m, moe_lm_cache *c, const int *slots, int n, const int32_t *tokens,
+                               int T);
+/* (n_layers, E) tokens each expert got in the last decode through c (expert traces, moe serve --trace). */
+const int32_t *moe_lm_cache_expert_counts(const moe_lm_cache *c);
+
+/* Expert buffering for a loaded model (deployment paper VI, moe serve --cache K): every MoE layer's
+ * experts are freed and served instead by an expert cache of K slots (policy p) reading dir's
+ * model.safetensors lazily (one file: not a sharded checkpoint); the outputs do not change. The experts'
+ * refs get data NULL: the model serves forward and decode only. Free m (moe_lm_free) before x. On an
+ * error m may be half converted: free it. */
+typedef struct {
+  moe_st *file;
+  moe_expert_cache **caches; /* (n) one per MoE layer */
+  int n;
+} moe_lm_experts;
+moe_status moe_lm_buffer_experts(moe_lm_t *m, const char *dir, int K, moe_cache_policy p, moe_lm_experts *x);
+void moe_lm_experts_free(moe_lm_experts *x);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,6 +4,8 @@ set -e
 PKGS="cmake make gcc pkgconf libopenblas-openmp-dev libdnnl-dev libcjson-dev libpng-dev openmpi-bin libopenmpi-dev python3-numpy python3-torch"
 # scripts/fuzz.sh: clang, its libFuzzer and sanitizer runtimes, and its OpenMP runtime.
 PKGS="$PKGS clang libclang-rt-14-dev libomp-dev"
+# moe serve: libmicrohttpd; its tests and bench/serve_load.sh: curl and ab (apache2-utils).
+PKGS="$PKGS libmicrohttpd-dev curl apache2-utils"
 missing=""
 for p in $PKGS; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

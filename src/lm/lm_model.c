@@ -47,8 +47,15 @@ struct moe__lm_state {
 
 struct moe_lm_cache {
   int L, B, max_seq, kvd, len;
-  float *k, *v; /* (L, B, max_seq, kvd) each, rotated keys and values */
+  float *k, *v;   /* (L, B, max_seq, kvd) each, rotated keys and values */
+  int *slot_len;  /* (B) each slot's length, for moe_lm_decode_slots */
+  const int *row_slot; /* during a decode: the slot of each batch row (NULL: row b is slot b at len) */
+  int32_t *counts;     /* (L, E) tokens per expert in the last decode, for traces */
 };
+
+/* Where batch row b of a decode sits in the cache: its slot and the position of its first token. */
+static int row_slot(const moe_lm_cache *kv, int b) { return kv->row_slot ? kv->row_slot[b] : b; }
+static int row_pos(const moe_lm_cache *kv, int b) { return kv->row_slot ? kv->slot_len[kv->row_slot[b]] : kv->len; }
 
 void moe_lm_config_default(moe_lm_config *c) {
   memset(c, 0, sizeof *c);
@@ -354,24 +361,29 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   moe__rmsnorm_forward(a->res, w->ln1, N, D, c->rms_eps, a->xn1, a->rstd1, nt);
   moe__gemm g = gemm(false, true, N, ld, D, a->xn1, D, w->wqkv, D, 0.0f, a->qkv, ld);
   MOE_CHECK(moe__gemm_run(&g, 1, nt));
-  int pos0 = kv ? kv->len : 0;
-  moe__rope_apply(a->qkv, ld, s->B, s->T, c->n_heads, hd, pos0, s->cos_t, s->sin_t, 0, nt);
-  moe__rope_apply(a->qkv + qd, ld, s->B, s->T, nkv, hd, pos0, s->cos_t, s->sin_t, 0, nt);
   moe__attn at = attn_of(m, a);
-  if (kv) {
-    size_t kvd = (size_t)nkv * hd, bs = (size_t)kv->max_seq * kvd, lay = (size_t)i * kv->B * bs;
-    for (int r = 0; r < N; r++) {
-      size_t dst = lay + (size_t)(r / s->T) * bs + (size_t)(pos0 + r % s->T) * kvd;
-      memcpy(kv->k + dst, a->qkv + (size_t)r * ld + qd, kvd * 4);
-      memcpy(kv->v + dst, a->qkv + (size_t)r * ld + qd + kvd, kvd * 4);
+  if (kv) { /* each batch row at its own slot and position: rotate, append to the cache, attend */
+    size_t kvd = (size_t)nkv * hd, bs = (size_t)kv->max_seq * kvd, lay = (size_t)i * kv->B * bs, T = s->T;
+    for (int b = 0; b < s->B; b++) {
+      int pos0 = row_pos(kv, b);
+      float *q = a->qkv + (size_t)b * T * ld, *kb = kv->k + lay + (size_t)row_slot(kv, b) * bs,
+            *vb = kv->v + lay + (size_t)row_slot(kv, b) * bs;
+      moe__rope_apply(q, ld, 1, s->T, c->n_heads, hd, pos0, s->cos_t, s->sin_t, 0, nt);
+      moe__rope_apply(q + qd, ld, 1, s->T, nkv, hd, pos0, s->cos_t, s->sin_t, 0, nt);
+      for (size_t t = 0; t < T; t++) {
+        memcpy(kb + (pos0 + t) * kvd, q + t * ld + qd, kvd * 4);
+        memcpy(vb + (pos0 + t) * kvd, q + t * ld + qd + kvd, kvd * 4);
+      }
+      moe__attn one = at;
+      one.B = 1, one.pos0 = pos0, one.q = q, one.k = kb, one.v = vb, one.ldkv = (int)kvd, one.kv_bs = bs;
+      one.o = a->att + (size_t)b * T * qd, one.lse = a->lse + (size_t)b * c->n_heads * T;
+      moe__attn_forward(&one, s->scratch, nt);
     }
-    at.pos0 = pos0;
-    at.k = kv->k + lay;
-    at.v = kv->v + lay;
-    at.ldkv = (int)kvd;
-    at.kv_bs = bs;
+  } else {
+    moe__rope_apply(a->qkv, ld, s->B, s->T, c->n_heads, hd, 0, s->cos_t, s->sin_t, 0, nt);
+    moe__rope_apply(a->qkv + qd, ld, s->B, s->T, nkv, hd, 0, s->cos_t, s->sin_t, 0, nt);
+    moe__attn_forward(&at, s->scratch, nt);
   }
-  moe__attn_forward(&at, s->scratch, nt);
   memcpy(a->mid, a->res, (size_t)N * D * 4);
   g = gemm(false, true, N, D, qd, a->att, qd, w->wo, qd, 1.0f, a->mid, D);
   MOE_CHECK(moe__gemm_run(&g, 1, nt));
@@ -384,6 +396,7 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   double t1 = moe__now();
   add_rows(s->a[i + 1].res, a->mid, (size_t)N * D, nt);
   out->dropped += ls->dropped;
+  if (kv) memcpy(kv->counts + (size_t)i * c->moe.E, ls->expert_counts, (size_t)c->moe.E * sizeof *kv->counts);
   st = moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), ls->experts, a->probs, nt);
   s->lap_moe += t1 - t0;
   s->lap_router += moe__now() - t1;
@@ -413,7 +426,8 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   MOE_TRY(m && m->st && tokens, MOE_ERR_ARG, "moe_lm_forward: NULL argument");
   const moe_lm_config *c = &m->cfg;
   moe__lm_state *s = m->st;
-  int pos0 = kv ? kv->len : 0;
+  int pos0 = 0; /* the longest row's cached positions */
+  for (int b = 0; kv && b < B; b++) pos0 = row_pos(kv, b) > pos0 ? row_pos(kv, b) : pos0;
   MOE_TRY(B >= 1 && T >= 1 && pos0 + T <= c->max_seq, MOE_ERR_ARG,
           "moe_lm_forward: want B >= 1 and T in [1, max_seq=%d - %d positions already cached], got B=%d, T=%d",
           c->max_seq, pos0, B, T);
@@ -451,7 +465,8 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   st.loss = st.ce + c->aux_coef * st.aux;
   MOE_TRY(isfinite(st.loss), MOE_ERR_VALUE, "moe_lm_forward: the loss is %g (ce %g, aux %g)", st.loss, st.ce, st.aux);
   s->have_fwd = targets != NULL && !kv;
-  if (kv) kv->len += T;
+  for (int b = 0; kv && kv->row_slot && b < B; b++) kv->slot_len[kv->row_slot[b]] += T;
+  if (kv && !kv->row_slot) kv->len += T;
   if (out) *out = st;
   return MOE_OK;
 }
@@ -466,11 +481,13 @@ moe_status moe_lm_cache_new(moe_lm_cache **out, const moe_lm_t *m, int B) {
   const moe_lm_config *c = &m->cfg;
   moe_lm_cache *kv = calloc(1, sizeof *kv);
   MOE_TRY(kv, MOE_ERR_NOMEM, "moe_lm_cache_new: out of memory");
-  *kv = (moe_lm_cache){c->n_layers, B, c->max_seq, c->n_kv_heads * c->head_dim, 0, NULL, NULL};
+  *kv = (moe_lm_cache){c->n_layers, B, c->max_seq, c->n_kv_heads * c->head_dim, 0, NULL, NULL, NULL, NULL, NULL};
   size_t n = (size_t)kv->L * B * kv->max_seq * kv->kvd;
   kv->k = malloc(n * 4);
   kv->v = malloc(n * 4);
-  if (!kv->k || !kv->v) {
+  kv->slot_len = calloc((size_t)B, sizeof *kv->slot_len);
+  kv->counts = calloc((size_t)c->n_layers * c->moe.E, sizeof *kv->counts);
+  if (!kv->k || !kv->v || !kv->slot_len || !kv->counts) {
     moe_lm_cache_free(kv);
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_lm_cache_new: out of memory for %zu keys and values", n);
   }
@@ -482,17 +499,50 @@ void moe_lm_cache_free(moe_lm_cache *kv) {
   if (!kv) return;
   free(kv->k);
   free(kv->v);
+  free(kv->slot_len);
+  free(kv->counts);
   free(kv);
 }
 
 int moe_lm_cache_len(const moe_lm_cache *kv) { return kv->len; }
 void moe_lm_cache_reset(moe_lm_cache *kv) { kv->len = 0; }
 
-moe_status moe_lm_decode(moe_lm_t *m, moe_lm_cache *kv, const int32_t *tokens, int T) {
+static moe_status check_cache(const moe_lm_t *m, const moe_lm_cache *kv) {
   MOE_TRY(kv && m && kv->L == m->cfg.n_layers && kv->max_seq == m->cfg.max_seq &&
               kv->kvd == m->cfg.n_kv_heads * m->cfg.head_dim,
           MOE_ERR_ARG, "moe_lm_decode: the cache is not this model's");
+  return MOE_OK;
+}
+
+moe_status moe_lm_decode(moe_lm_t *m, moe_lm_cache *kv, const int32_t *tokens, int T) {
+  MOE_CHECK(check_cache(m, kv));
   return forward(m, tokens, NULL, kv->B, T, kv, NULL);
+}
+
+int moe_lm_cache_slot_len(const moe_lm_cache *kv, int slot) {
+  return slot >= 0 && slot < kv->B ? kv->slot_len[slot] : -1;
+}
+
+const int32_t *moe_lm_cache_expert_counts(const moe_lm_cache *kv) { return kv->counts; }
+
+void moe_lm_cache_slot_reset(moe_lm_cache *kv, int slot) {
+  if (slot >= 0 && slot < kv->B) kv->slot_len[slot] = 0;
+}
+
+moe_status moe_lm_decode_slots(moe_lm_t *m, moe_lm_cache *kv, const int *slots, int n, const int32_t *tokens,
+                               int T) {
+  MOE_CHECK(check_cache(m, kv));
+  MOE_TRY(slots && n >= 1 && n <= kv->B, MOE_ERR_ARG, "moe_lm_decode_slots: want 1 to B=%d slots, got %d", kv->B, n);
+  for (int i = 0; i < n; i++) {
+    MOE_TRY(slots[i] >= 0 && slots[i] < kv->B, MOE_ERR_ARG, "moe_lm_decode_slots: slot %d is not in [0, %d)",
+            slots[i], kv->B);
+    for (int j = 0; j < i; j++)
+      MOE_TRY(slots[j] != slots[i], MOE_ERR_ARG, "moe_lm_decode_slots: slot %d given twice", slots[i]);
+  }
+  kv->row_slot = slots;
+  moe_status st = forward(m, tokens, NULL, n, T, kv, NULL);
+  kv->row_slot = NULL;
+  return st;
 }
 
 /* Layer i backward: s->dres holds d a[i + 1].res on entry and d a[i].res on exit. */

@@ -19,7 +19,8 @@
 
 struct moe_expert_cache {
   const moe_st *f;
-  moe_tensor_view v[NT];     /* the (E, ...) tensors; name NULL when absent */
+  moe_tensor_view v[NT];     /* the (E, ...) tensors (Hugging Face layout: expert 0's); name NULL when absent */
+  moe_tensor_view *hf;       /* Hugging Face layout (a tensor per expert, Mixtral's): (NT, E) views, or NULL */
   size_t per[NT];            /* values per expert of each tensor */
   size_t esz[NT], off[NT];   /* bytes per value in a slot (2 for bf16 matrices, else 4), offset in a slot */
   size_t slot_bytes;
@@ -45,8 +46,8 @@ struct moe_expert_cache {
 /* Reads expert e's part of tensor t into dst (per[t] values of esz[t] bytes): straight from the file
  * when the dtypes agree, else through the scratch buffer, rounded to bf16 or widened to fp32. */
 static moe_status load_tensor(moe_expert_cache *c, int t, int e, void *dst) {
-  const moe_tensor_view *v = &c->v[t];
-  size_t n = c->per[t], fsz = moe_dtype_size(v->dtype), off = (size_t)e * n * fsz;
+  const moe_tensor_view *v = c->hf ? &c->hf[(size_t)t * c->E + e] : &c->v[t];
+  size_t n = c->per[t], fsz = moe_dtype_size(v->dtype), off = c->hf ? 0 : (size_t)e * n * fsz;
   if (fsz == c->esz[t]) return moe_st_read(c->f, v, off, n * fsz, dst);
   MOE_CHECK(moe_st_read(c->f, v, off, n * fsz, c->scratch));
   /* one thread, the loader's: the caller's GEMMs have the cores */
@@ -63,7 +64,7 @@ static moe_status load_expert(moe_expert_cache *c, int e, int slot) {
 }
 
 static void free_cache(moe_expert_cache *c) {
-  free(c->slots), free(c->scratch), free(c->slot_expert), free(c->where), free(c->inserted), free(c);
+  free(c->slots), free(c->scratch), free(c->slot_expert), free(c->where), free(c->inserted), free(c->hf), free(c);
 }
 
 static void *loader(void *arg) {
@@ -116,20 +117,34 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
   int needed[NT] = {1, l->expert_bias, 1, l->expert_bias, l->act == MOE_ACT_SWIGLU};
   size_t scratch = 0; /* bytes of the largest tensor part read in another dtype than its slot's */
   moe_status st = MOE_OK;
+  char name[160];
+  snprintf(name, sizeof name, "%s%s", prefix, names[0]);
+  char hf_w1[160];
+  snprintf(hf_w1, sizeof hf_w1, "%s0.w1.weight", prefix);
+  int hf = !moe_st_has(f, name) && moe_st_has(f, hf_w1); /* Mixtral's PREFIX<e>.w1.weight, w2, w3, no biases */
+  if (hf && !(c->hf = calloc((size_t)NT * l->E, sizeof *c->hf)))
+    st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert cache: out of memory for %d experts' views", l->E);
   for (int t = 0; t < NT && st == MOE_OK; t++) {
     if (!needed[t]) continue;
-    char name[160];
-    snprintf(name, sizeof name, "%s%s", prefix, names[t]);
-    st = moe_st_get(f, name, &c->v[t]);
+    int nd = want[t][1] ? 3 : 2, ok = 1;
+    for (int e = 0; e < (hf ? l->E : 1) && ok && st == MOE_OK; e++) { /* hf: each expert's tensor */
+      static const char *const hf_names[NT] = {"w1.weight", "(no bias)", "w2.weight", "(no bias)", "w3.weight"};
+      if (hf) snprintf(name, sizeof name, "%s%d.%s", prefix, e, hf_names[t]);
+      else snprintf(name, sizeof name, "%s%s", prefix, names[t]);
+      moe_tensor_view *v = hf ? &c->hf[(size_t)t * l->E + e] : &c->v[t];
+      if ((st = moe_st_get(f, name, v)) != MOE_OK) break;
+      if (hf && !e) c->v[t] = *v;
+      moe_dtype dt = v->dtype;
+      const int64_t *sh = v->shape + !hf; /* past the stacked tensors' leading E */
+      ok = (dt == MOE_DT_F32 || dt == MOE_DT_BF16) && dt == c->v[t].dtype && v->ndim == nd - hf &&
+           (hf || v->shape[0] == l->E) && sh[0] == want[t][0] && (nd == 2 || sh[1] == want[t][1]);
+    }
     if (st != MOE_OK) break;
-    int nd = want[t][1] ? 3 : 2;
-    moe_dtype dt = c->v[t].dtype;
-    int ok = (dt == MOE_DT_F32 || dt == MOE_DT_BF16) && c->v[t].ndim == nd && c->v[t].shape[0] == l->E &&
-             c->v[t].shape[1] == want[t][0] && (nd == 2 || c->v[t].shape[2] == want[t][1]);
     if (!ok)
-      st = moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: tensor '%s' is not F32 or BF16 (E=%d, %lld%s%lld)",
-                      moe_st_path(f), name, l->E, (long long)want[t][0], nd == 3 ? ", " : "",
+      st = moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: tensor '%s' is not F32 or BF16 (%s%lld%s%lld)",
+                      moe_st_path(f), name, hf ? "" : "E, ", (long long)want[t][0], nd == 3 ? ", " : "",
                       nd == 3 ? (long long)want[t][1] : 0LL);
+    moe_dtype dt = c->v[t].dtype;
     c->per[t] = (size_t)want[t][0] * (nd == 3 ? (size_t)want[t][1] : 1);
     c->esz[t] = nd == 3 && l->dtype == MOE_DT_BF16 ? 2 : 4; /* matrices in the compute dtype, biases fp32 */
     if (ok && moe_dtype_size(dt) != c->esz[t] && c->per[t] * moe_dtype_size(dt) > scratch)

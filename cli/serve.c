@@ -1,0 +1,139 @@
+/* moe serve: an HTTP server for a language model checkpoint with continuous batching (DESIGN 4.7).
+ * The engine (serve_engine.c) owns the model; libmicrohttpd (serve_http.c) the connections. SIGTERM or
+ * SIGINT: new requests get 503, those queued and running finish, then the process exits 0. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "serve.h"
+
+static const char *CMD = "serve";
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: moe serve --checkpoint DIR [--host 127.0.0.1] [--port 8080] [--max-batch B] [--threads N]\n"
+             "                 [--cache K] [--policy lifo|lru] [--trace F]\n"
+             "Serves POST /v1/completions (OpenAI's completion request: prompt as text, through DIR/tokenizer.json,\n"
+             "or token ids; max_tokens, temperature, top_p, seed, stream), GET /health and GET /metrics\n"
+             "(Prometheus). Up to B requests (default 32) decode together; others wait in a queue. --port 0:\n"
+             "a free port. Prints \"listening on http://HOST:PORT\" when ready. --cache K: K experts of each\n"
+             "MoE layer in memory (default all), the rest read on demand from DIR/model.safetensors, evicting\n"
+             "by --policy (default lifo). --trace F: the experts each decode step used, as moe trace writes.\n");
+}
+
+typedef struct {
+  const char *ck, *host, *trace;
+  int port, max_batch, threads, cache;
+  moe_cache_policy policy;
+} serve_opts;
+
+static int parse(int argc, char **argv, serve_opts *o) {
+  *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .max_batch = 32, .policy = MOE_CACHE_LIFO};
+  for (int i = 1; i < argc; i++) {
+    const char *f = argv[i];
+    if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f);
+    const char *v = argv[++i];
+    int ok = 1;
+    if (cli_flag_is(f, "checkpoint")) o->ck = v;
+    else if (cli_flag_is(f, "host")) o->host = v;
+    else if (cli_flag_is(f, "trace")) o->trace = v;
+    else if (cli_flag_is(f, "port")) ok = cli_parse_int(v, &o->port) && o->port >= 0 && o->port <= 65535;
+    else if (cli_flag_is(f, "max-batch")) ok = cli_parse_int(v, &o->max_batch) && o->max_batch >= 1 && o->max_batch <= 4096;
+    else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
+    else if (cli_flag_is(f, "cache")) ok = cli_parse_int(v, &o->cache) && o->cache >= 1;
+    else if (cli_flag_is(f, "policy")) {
+      ok = !strcmp(v, "lifo") || !strcmp(v, "lru");
+      o->policy = !strcmp(v, "lru") ? MOE_CACHE_LRU : MOE_CACHE_LIFO;
+    } else {
+      usage(stderr);
+      return cli_usage_error(CMD, "unknown flag '%s'", f);
+    }
+    if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
+  }
+  if (!o->ck) return cli_usage_error(CMD, "--checkpoint is required");
+  return 0;
+}
+
+/* Room for many connections: the soft limit on open files raised to the hard one. */
+static void more_files(void) {
+  struct rlimit r;
+  if (!getrlimit(RLIMIT_NOFILE, &r) && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
+/* The tokenizer of DIR when it has one (text prompts), else NULL (token ids only); -1 on a bad one. */
+static int load_tokenizer(const char *dir, moe_tokenizer **t) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  *t = NULL;
+  if (access(path, F_OK)) return 0;
+  return moe_tokenizer_load(t, path) == MOE_OK ? 0 : -1;
+}
+
+/* Serves until SIGTERM or SIGINT (blocked in every thread, taken here with sigwait). */
+static int serve(const serve_opts *o, moe_lm_t *m, const moe_tokenizer *tok, serve_metrics *met, FILE *trace,
+                 const sigset_t *sigs) {
+  serve_engine e;
+  serve_http *h;
+  int port;
+  if (serve_engine_start(&e, m, o->max_batch, met, trace)) return cli_fail(CMD);
+  if (serve_http_start(&h, o->host, o->port, &e, tok, &port)) {
+    serve_engine_drain(&e);
+    serve_engine_free(&e);
+    return cli_fail(CMD);
+  }
+  printf("listening on http://%s:%d\n", o->host, port);
+  fflush(stdout);
+  int sig;
+  sigwait(sigs, &sig);
+  fprintf(stderr, "moe serve: %s: finishing the requests under way\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  serve_engine_drain(&e);
+  serve_http_stop(h);
+  serve_engine_free(&e);
+  return 0;
+}
+
+int cmd_serve(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) return usage(stdout), 0;
+  serve_opts o;
+  if (parse(argc, argv, &o)) return 1;
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* before any thread starts: they inherit the mask */
+  signal(SIGPIPE, SIG_IGN);
+  more_files();
+  moe_lm_config c;
+  moe_lm_t m;
+  moe_tokenizer *tok;
+  if (moe_lm_read_config(o.ck, &c)) return cli_fail(CMD);
+  c.moe.threads = o.threads;
+  if (moe_lm_load(&m, o.ck, &c)) return cli_fail(CMD);
+  moe_lm_experts x = {0};
+  if ((o.cache && moe_lm_buffer_experts(&m, o.ck, o.cache, o.policy, &x)) || load_tokenizer(o.ck, &tok)) {
+    moe_lm_free(&m);
+    moe_lm_experts_free(&x);
+    return cli_fail(CMD);
+  }
+  FILE *trace = o.trace ? fopen(o.trace, "w") : NULL;
+  int rc = 1;
+  if (o.trace && !trace) cli_usage_error(CMD, "--trace: cannot write '%s'", o.trace);
+  else {
+    if (trace) fprintf(trace, "step,layer,expert,tokens\n");
+    serve_metrics met;
+    size_t expert_bytes = (size_t)c.moe.E * 3 * c.moe.H * c.moe.D * (c.moe.dtype == MOE_DT_BF16 ? 2 : 4) * c.n_layers;
+    serve_metrics_init(&met, c.n_layers, x.caches, expert_bytes);
+    rc = serve(&o, &m, tok, &met, trace, &sigs);
+    serve_metrics_free(&met);
+  }
+  if (trace && fclose(trace)) rc = cli_usage_error(CMD, "--trace: cannot write '%s'", o.trace);
+  moe_tokenizer_free(tok);
+  moe_lm_free(&m);
+  moe_lm_experts_free(&x); /* after the layers that read from it */
+  return rc;
+}

@@ -1,0 +1,309 @@
+/* moe serve's HTTP side on libmicrohttpd (serve.h): POST /v1/completions (OpenAI's completion shape,
+ * streamed as server-sent events when asked), GET /health and GET /metrics. One thread per connection
+ * (libmicrohttpd's), so that a handler can wait for its tokens on a condition variable; the engine's
+ * thread owns the model. Every error is a JSON body {"error": {"message", "type"}} with a 4xx or 5xx. */
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+#include "internal.h"
+#include "serve.h"
+
+#define MAX_BODY (1 << 20) /* a request body larger than this is refused (413) */
+
+struct serve_http {
+  struct MHD_Daemon *d;
+  serve_engine *e;
+  const moe_tokenizer *tok;
+  atomic_llong next_id;
+  pthread_mutex_t mu; /* guards busy */
+  pthread_cond_t idle;
+  int busy;           /* requests whose response is not yet complete */
+};
+
+typedef struct { /* one request on a connection: its body as it arrives */
+  char *body;
+  size_t n;
+  int too_big;
+} conn_req;
+
+typedef struct { /* the state of a response: the request, its text so far */
+  serve_http *h;
+  serve_req *r;
+  long long id;
+  int sent;            /* tokens turned into text */
+  char held[4];        /* bytes of a character split over tokens, for the next one */
+  size_t nheld;
+  char *pending;       /* stream: an event not yet (all) written */
+  size_t npending, at;
+  int finished;
+} reply;
+
+static enum MHD_Result send_text(struct MHD_Connection *c, serve_http *h, int status, const char *type, char *body) {
+  serve_metrics_status(h->e->met, status);
+  if (!body) return MHD_NO;
+  struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+  if (!r) return free(body), MHD_NO;
+  MHD_add_response_header(r, "Content-Type", type);
+  enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+  MHD_destroy_response(r);
+  return ok;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, serve_http *h, int status, cJSON *o) {
+  char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+  cJSON_Delete(o);
+  return send_text(c, h, status, "application/json", s);
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, serve_http *h, int status, const char *msg) {
+  cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+  cJSON_AddStringToObject(e, "message", msg);
+  cJSON_AddStringToObject(e, "type", status < 500 ? "invalid_request_error" : "server_error");
+  return send_json(c, h, status, o);
+}
+
+/* The text of r's tokens [p->sent, n) into a malloc'd string, and p->sent = n: with a tokenizer their
+ * bytes as UTF-8 (a character split over tokens waits for its end unless final), else their ids as
+ * moe generate prints them. */
+static char *new_text(reply *p, int n, int final) {
+  const moe_tokenizer *t = p->h->tok;
+  size_t len = p->nheld, k;
+  for (int i = p->sent; i < n; i++) len += t ? (moe_tokenizer_token_bytes(t, p->r->out[i], &k), k) : 12;
+  char *raw = malloc(len + 1), *out = malloc(3 * len + 1);
+  if (!raw || !out) return free(raw), free(out), NULL;
+  size_t w = 0;
+  if (!t) {
+    for (int i = p->sent; i < n; i++) w += (size_t)sprintf(out + w, "%s%d", i ? " " : "", p->r->out[i]);
+    out[w] = 0;
+    p->sent = n;
+    return free(raw), out;
+  }
+  memcpy(raw, p->held, p->nheld);
+  w = p->nheld;
+  for (int i = p->sent; i < n; i++) {
+    const char *b = moe_tokenizer_token_bytes(t, p->r->out[i], &k);
+    memcpy(raw + w, b, k), w += k;
+  }
+  size_t used, o = moe__utf8_clean(raw, w, final, out, &used);
+  p->nheld = w - used;
+  memcpy(p->held, raw + used, p->nheld);
+  out[o] = 0;
+  p->sent = n;
+  free(raw);
+  return out;
+}
+
+/* {"id", "object", "created", "model", "choices": [{"text", "index", "logprobs", "finish_reason",
+ * "token_ids"}]} for tokens [p->sent, n): the whole answer, or one event of a stream. */
+static cJSON *choice_json(reply *p, int n, int final) {
+  cJSON *o = cJSON_CreateObject(), *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+  char id[32], *text;
+  snprintf(id, sizeof id, "cmpl-%lld", p->id);
+  cJSON_AddStringToObject(o, "id", id);
+  cJSON_AddStringToObject(o, "object", "text_completion");
+  cJSON_AddNumberToObject(o, "created", (double)time(NULL));
+  cJSON_AddStringToObject(o, "model", "moe");
+  cJSON_AddItemToArray(ch, c);
+  cJSON *ids = cJSON_CreateIntArray(p->r->out + p->sent, n - p->sent);
+  if (!(text = new_text(p, n, final)) || !ids) return free(text), cJSON_Delete(ids), cJSON_Delete(o), NULL;
+  cJSON_AddStringToObject(c, "text", text);
+  free(text);
+  cJSON_AddNumberToObject(c, "index", 0);
+  cJSON_AddNullToObject(c, "logprobs");
+  if (final) cJSON_AddStringToObject(c, "finish_reason", "length");
+  else cJSON_AddNullToObject(c, "finish_reason");
+  cJSON_AddItemToObject(c, "token_ids", ids);
+  return o;
+}
+
+/* The next event of a stream into p->pending: the new tokens, then the last with its finish_reason,
+ * then [DONE]; 0 at the end. */
+static int next_event(reply *p) {
+  free(p->pending), p->pending = NULL, p->npending = p->at = 0;
+  if (p->finished) return 0;
+  int done, n = serve_wait(p->h->e, p->r, p->sent, &done);
+  char *s = NULL;
+  if (done < 0) {
+    cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(e, "message", p->r->err);
+    cJSON_AddStringToObject(e, "type", "server_error");
+    s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+  } else if (p->sent < p->r->c.max_tokens) {
+    cJSON *o = choice_json(p, n, n == p->r->c.max_tokens);
+    s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+  }
+  p->finished = done < 0 || (!s && p->sent == p->r->c.max_tokens);
+  size_t k = s ? strlen(s) : 0;
+  if (!s && !p->finished) return 0; /* out of memory: end the stream */
+  p->pending = malloc(k + 32);
+  if (!p->pending) return free(s), 0;
+  p->npending = (size_t)sprintf(p->pending, "data: %s\n\n", s ? s : "[DONE]");
+  free(s);
+  return 1;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  reply *p = cls;
+  if (p->at == p->npending && !next_event(p)) return MHD_CONTENT_READER_END_OF_STREAM;
+  size_t k = p->npending - p->at < max ? p->npending - p->at : max;
+  memcpy(buf, p->pending + p->at, k);
+  p->at += k;
+  return (ssize_t)k;
+}
+
+static void stream_free(void *cls) { /* the stream ended, or the client left mid-stream */
+  reply *p = cls;
+  serve_release(p->h->e, p->r);
+  free(p->pending);
+  free(p);
+}
+
+static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_req *q) {
+  const moe_lm_config *cfg = &h->e->m->cfg;
+  moe__completion req;
+  if (moe__completion_parse(q->body ? q->body : "", q->n, h->tok, cfg->vocab, cfg->max_seq, &req) != MOE_OK)
+    return send_error(c, h, 400, moe_last_error());
+  serve_req *r = serve_req_new(&req);
+  if (!r) return moe__completion_free(&req), send_error(c, h, 503, "out of memory for the request");
+  reply *p = calloc(1, sizeof *p);
+  if (!p || !serve_submit(h->e, r)) {
+    free(p);
+    r->refs = 1; /* the engine never saw it */
+    serve_release(h->e, r);
+    return send_error(c, h, 503, "the server is shutting down");
+  }
+  *p = (reply){.h = h, .r = r, .id = atomic_fetch_add(&h->next_id, 1)};
+  if (r->c.stream) {
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, p, stream_free);
+    if (!resp) return stream_free(p), MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    serve_metrics_status(h->e->met, 200);
+    enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return ok;
+  }
+  int done = 0, n = 0;
+  while (!done) n = serve_wait(h->e, r, n, &done);
+  enum MHD_Result ok;
+  if (done < 0) ok = send_error(c, h, 500, r->err);
+  else {
+    cJSON *o = choice_json(p, n, 1), *u = cJSON_CreateObject();
+    if (o && u) {
+      cJSON_AddNumberToObject(u, "prompt_tokens", r->c.n_ids);
+      cJSON_AddNumberToObject(u, "completion_tokens", n);
+      cJSON_AddNumberToObject(u, "total_tokens", r->c.n_ids + n);
+      cJSON_AddItemToObject(o, "usage", u), u = NULL;
+    }
+    cJSON_Delete(u);
+    ok = send_json(c, h, 200, o);
+  }
+  serve_release(h->e, r);
+  free(p);
+  return ok;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                              const char *version, const char *data, size_t *size, void **con_cls) {
+  (void)version;
+  serve_http *h = cls;
+  conn_req *q = *con_cls;
+  if (!q) { /* the headers: the body comes in the next calls */
+    if (!(q = calloc(1, sizeof *q))) return MHD_NO;
+    *con_cls = q;
+    pthread_mutex_lock(&h->mu);
+    h->busy++;
+    pthread_mutex_unlock(&h->mu);
+    return MHD_YES;
+  }
+  if (*size) {
+    if (!q->too_big && q->n + *size <= MAX_BODY) {
+      char *b = realloc(q->body, q->n + *size + 1);
+      if (!b) return MHD_NO;
+      memcpy(b + q->n, data, *size);
+      q->body = b, q->n += *size;
+    } else q->too_big = 1;
+    *size = 0;
+    return MHD_YES;
+  }
+  int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+  if (!strcmp(url, "/health")) {
+    if (!get) return send_error(c, h, 405, "GET /health");
+    int draining = serve_draining(h->e);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", draining ? "draining" : "ok");
+    return send_json(c, h, draining ? 503 : 200, o);
+  }
+  if (!strcmp(url, "/metrics")) {
+    if (!get) return send_error(c, h, 405, "GET /metrics");
+    return send_text(c, h, 200, "text/plain; version=0.0.4", serve_metrics_text(h->e->met));
+  }
+  if (!strcmp(url, "/v1/completions")) {
+    if (!post) return send_error(c, h, 405, "POST /v1/completions");
+    if (q->too_big) return send_error(c, h, 413, "the body is larger than 1 MiB");
+    return completion(c, h, q);
+  }
+  return send_error(c, h, 404, "no such endpoint: POST /v1/completions, GET /health and GET /metrics are served");
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
+  (void)c, (void)why;
+  serve_http *h = cls;
+  conn_req *q = *con_cls;
+  if (!q) return;
+  free(q->body);
+  free(q);
+  *con_cls = NULL;
+  pthread_mutex_lock(&h->mu);
+  if (!--h->busy) pthread_cond_broadcast(&h->idle);
+  pthread_mutex_unlock(&h->mu);
+}
+
+moe_status serve_http_start(serve_http **out, const char *host, int port, serve_engine *e, const moe_tokenizer *tok,
+                            int *bound) {
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
+    return moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "--host: '%s' is not an IPv4 address", host);
+  serve_http *h = calloc(1, sizeof *h);
+  if (!h) return moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "out of memory");
+  h->e = e, h->tok = tok;
+  pthread_mutex_init(&h->mu, NULL);
+  pthread_cond_init(&h->idle, NULL);
+  /* a thread per connection, polled with poll(): more than FD_SETSIZE connections at once */
+  h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0,
+                          NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&a,
+                          MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_CONNECTION_LIMIT, 4096u,
+                          MHD_OPTION_THREAD_STACK_SIZE, (size_t)256 << 10, MHD_OPTION_LISTEN_BACKLOG_SIZE, 4096u,
+                          MHD_OPTION_END);
+  if (!h->d) {
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->idle);
+    free(h);
+    return moe__error(MOE_ERR_IO, __FILE__, __LINE__, "cannot listen on %s:%d (in use, or not an address of this machine)", host,
+                          port);
+  }
+  const union MHD_DaemonInfo *i = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+  *bound = i ? i->port : port;
+  *out = h;
+  return MOE_OK;
+}
+
+void serve_http_stop(serve_http *h) {
+  pthread_mutex_lock(&h->mu);
+  while (h->busy) pthread_cond_wait(&h->idle, &h->mu);
+  pthread_mutex_unlock(&h->mu);
+  MHD_stop_daemon(h->d);
+  pthread_mutex_destroy(&h->mu);
+  pthread_cond_destroy(&h->idle);
+  free(h);
+}

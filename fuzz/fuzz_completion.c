@@ -1,0 +1,40 @@
+/* libFuzzer target: moe serve's request body (moe__completion_parse) with a tokenizer trained on a
+ * fixed text, and the UTF-8 cleaning of its bytes. A body that parses must respect the limits it was
+ * given; the cleaned text must be well-formed UTF-8 whatever the split. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/completion.h"
+
+static moe_tokenizer *tok(void) {
+  static moe_tokenizer *t;
+  static const char text[] = "the cat sat on the mat. experts route every token. caf\xc3\xa9";
+  if (!t && moe_tokenizer_train(&t, text, sizeof text - 1, 280) != MOE_OK) abort();
+  return t;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
+  moe__completion c;
+  int vocab = moe_tokenizer_vocab_size(tok());
+  if (moe__completion_parse((const char *)data, n, tok(), vocab, 64, &c) == MOE_OK) {
+    if (c.n_ids < 1 || c.max_tokens < 1 || c.n_ids + c.max_tokens > 64 || !(c.top_p > 0 && c.top_p <= 1) ||
+        !(c.temperature >= 0))
+      abort();
+    for (int i = 0; i < c.n_ids; i++)
+      if (c.ids[i] < 0 || c.ids[i] >= vocab) abort();
+    moe__completion_free(&c);
+  }
+  /* the bytes as generated text in two pieces, split at the first byte's value */
+  char *out = malloc(3 * n + 1);
+  size_t used, cut = n ? data[0] % (n + 1) : 0, w = moe__utf8_clean((const char *)data, cut, 0, out, &used);
+  size_t rest;
+  w += moe__utf8_clean((const char *)data + used, n - used, 1, out + w, &rest);
+  if (used + rest != n || used > cut || cut - used > 3) abort();
+  size_t again, w2;
+  char *twice = malloc(3 * w + 1);
+  w2 = moe__utf8_clean(out, w, 1, twice, &again); /* well-formed: unchanged */
+  if (w2 != w || memcmp(twice, out, w)) abort();
+  free(twice);
+  free(out);
+  return 0;
+}

@@ -1,0 +1,110 @@
+/* The request body of POST /v1/completions, and UTF-8 cleaning (completion.h). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "completion.h"
+#include "internal.h"
+#include "json.h"
+
+/* The field's number when it is one, integral when `integer`, in [lo, hi]; *v unchanged when absent. */
+static moe_status number(const cJSON *o, const char *name, int integer, double lo, double hi, double *v) {
+  const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+  if (!f || cJSON_IsNull(f)) return MOE_OK;
+  MOE_TRY(cJSON_IsNumber(f), MOE_ERR_VALUE, "\"%s\" must be a number", name);
+  double x = f->valuedouble;
+  MOE_TRY(!integer || x == floor(x), MOE_ERR_VALUE, "\"%s\" must be an integer, got %g", name, x);
+  MOE_TRY(x >= lo && x <= hi, MOE_ERR_VALUE, "\"%s\" must be in [%g, %g], got %g", name, lo, hi, x);
+  *v = x;
+  return MOE_OK;
+}
+
+/* The prompt's ids: a string through the tokenizer, or an array of ids. */
+static moe_status prompt(const cJSON *p, const moe_tokenizer *tok, int vocab, moe__completion *c) {
+  MOE_TRY(p, MOE_ERR_VALUE, "\"prompt\" is required");
+  if (cJSON_IsString(p)) {
+    MOE_TRY(tok, MOE_ERR_VALUE, "\"prompt\": this checkpoint has no tokenizer.json; send token ids ([1, 2, 3])");
+    size_t len = strlen(p->valuestring), k = 0;
+    MOE_TRY(len, MOE_ERR_VALUE, "\"prompt\" is empty");
+    c->ids = malloc(len * sizeof *c->ids);
+    MOE_TRY(c->ids, MOE_ERR_NOMEM, "\"prompt\": out of memory for %zu bytes", len);
+    MOE_CHECK(moe_tokenizer_encode(tok, p->valuestring, len, 0, c->ids, &k));
+    MOE_TRY(k <= INT32_MAX, MOE_ERR_VALUE, "\"prompt\" is too long");
+    c->n_ids = (int)k;
+    return MOE_OK;
+  }
+  MOE_TRY(cJSON_IsArray(p), MOE_ERR_VALUE, "\"prompt\" must be a string or an array of token ids");
+  int n = cJSON_GetArraySize(p);
+  MOE_TRY(n > 0, MOE_ERR_VALUE, "\"prompt\" is empty");
+  c->ids = malloc((size_t)n * sizeof *c->ids);
+  MOE_TRY(c->ids, MOE_ERR_NOMEM, "\"prompt\": out of memory for %d ids", n);
+  const cJSON *e;
+  cJSON_ArrayForEach(e, p) {
+    double v = cJSON_IsNumber(e) ? e->valuedouble : -1;
+    MOE_TRY(v >= 0 && v < vocab && v == floor(v), MOE_ERR_VALUE,
+            "\"prompt\"[%d] is not a token id in [0, %d)", c->n_ids, vocab);
+    c->ids[c->n_ids++] = (int32_t)v;
+  }
+  return MOE_OK;
+}
+
+static moe_status parse(const cJSON *o, const moe_tokenizer *tok, int vocab, int max_seq, moe__completion *c) {
+  MOE_TRY(cJSON_IsObject(o), MOE_ERR_FORMAT, "the body must be a JSON object");
+  MOE_CHECK(prompt(cJSON_GetObjectItemCaseSensitive(o, "prompt"), tok, vocab, c));
+  double left = max_seq - c->n_ids, mt = left < 16 && left >= 1 ? left : 16, temp = 1, top_p = 1, seed = 0;
+  MOE_CHECK(number(o, "max_tokens", 1, 1, max_seq, &mt));
+  MOE_CHECK(number(o, "temperature", 0, 0, 100, &temp));
+  MOE_CHECK(number(o, "top_p", 0, 0, 1, &top_p));
+  MOE_TRY(top_p > 0, MOE_ERR_VALUE, "\"top_p\" must be in (0, 1], got 0");
+  MOE_CHECK(number(o, "seed", 1, 0, 9007199254740992.0, &seed)); /* 2^53: exact in a double */
+  const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "stream");
+  MOE_TRY(!s || cJSON_IsNull(s) || cJSON_IsBool(s), MOE_ERR_VALUE, "\"stream\" must be true or false");
+  c->max_tokens = (int)mt, c->temperature = (float)temp, c->top_p = (float)top_p, c->seed = (uint64_t)seed;
+  c->stream = cJSON_IsTrue(s);
+  MOE_TRY(c->n_ids + (int64_t)c->max_tokens <= max_seq, MOE_ERR_VALUE,
+          "the prompt (%d tokens) and \"max_tokens\" %d exceed the model's context of %d", c->n_ids, c->max_tokens,
+          max_seq);
+  return MOE_OK;
+}
+
+moe_status moe__completion_parse(const char *body, size_t n, const moe_tokenizer *tok, int vocab, int max_seq,
+                                 moe__completion *c) {
+  memset(c, 0, sizeof *c);
+  cJSON *o;
+  MOE_CHECK(moe__json_parse("request", "body", body, n, &o));
+  moe_status st = parse(o, tok, vocab, max_seq, c);
+  cJSON_Delete(o);
+  if (st != MOE_OK) moe__completion_free(c);
+  return st;
+}
+
+void moe__completion_free(moe__completion *c) {
+  free(c->ids);
+  c->ids = NULL;
+  c->n_ids = 0;
+}
+
+/* Bytes of the well-formed sequence at s (n left): its length, 0 when it is not one, or -1 when the n
+ * bytes are a well-formed start that more bytes may complete (RFC 3629). */
+static int seq_len(const unsigned char *s, size_t n) {
+  int k = s[0] < 0x80 ? 1 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
+        : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
+  unsigned lo = s[0] == 0xE0 ? 0xA0 : s[0] == 0xF0 ? 0x90 : 0x80, hi = s[0] == 0xED ? 0x9F : s[0] == 0xF4 ? 0x8F : 0xBF;
+  for (int i = 1; i < k; i++, lo = 0x80, hi = 0xBF) {
+    if ((size_t)i == n) return -1;
+    if (s[i] < lo || s[i] > hi) return 0;
+  }
+  return k;
+}
+
+size_t moe__utf8_clean(const char *in, size_t n, int final, char *out, size_t *used) {
+  size_t i = 0, w = 0;
+  while (i < n) {
+    int k = seq_len((const unsigned char *)in + i, n - i);
+    if (k < 0 && !final) break; /* the rest may come with the next token */
+    if (k > 0) memcpy(out + w, in + i, (size_t)k), w += (size_t)k, i += (size_t)k;
+    else memcpy(out + w, "\xef\xbf\xbd", 3), w += 3, i++;
+  }
+  *used = i;
+  return w;
+}

@@ -1,0 +1,38 @@
+/* moe serve's request body and text (DESIGN 4.7): the parser of POST /v1/completions, apart from the
+ * HTTP server so that it can be fuzzed (fuzz/fuzz_completion.c), and the UTF-8 cleaning of generated
+ * bytes for JSON. */
+#ifndef MOE_SERVE_COMPLETION_H
+#define MOE_SERVE_COMPLETION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe.h"
+
+typedef struct {
+  int32_t *ids;      /* the prompt's token ids (malloc'd; free with moe__completion_free) */
+  int n_ids;
+  int max_tokens;    /* >= 1; when absent 16 as OpenAI, or fewer to fit the context */
+  float temperature; /* >= 0, 1 when absent; 0 is greedy */
+  float top_p;       /* (0, 1], 1 when absent */
+  uint64_t seed;     /* 0 when absent (moe generate's default) */
+  int stream;        /* server-sent events */
+} moe__completion;
+
+/* Parses the n bytes of body: a JSON object with "prompt" (a string, through tok, or an array of token
+ * ids in [0, vocab); tok NULL refuses strings), and optional "max_tokens", "temperature", "top_p",
+ * "seed" (integers >= 0 for the integers) and "stream" (a boolean); other fields ("model") are ignored.
+ * The prompt and max_tokens must fit the context of max_seq positions. MOE_ERR_FORMAT (not JSON, not
+ * an object) or MOE_ERR_VALUE (a field missing, of the wrong type or out of range), naming the field
+ * and its value. */
+moe_status moe__completion_parse(const char *body, size_t n, const moe_tokenizer *tok, int vocab, int max_seq,
+                                 moe__completion *out);
+void moe__completion_free(moe__completion *c);
+
+/* Copies the n bytes of in to out as UTF-8 (room for 3 n bytes): well-formed sequences as they are,
+ * each other byte as U+FFFD (as Python's errors="replace"). With final 0 an incomplete sequence at the
+ * end is left for the next call (streaming: a character split over tokens). Returns the bytes written;
+ * *used gets the input bytes consumed. */
+size_t moe__utf8_clean(const char *in, size_t n, int final, char *out, size_t *used);
+
+#endif

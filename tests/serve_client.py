@@ -1,0 +1,260 @@
+"""moe serve's tests as a real HTTP client (http.client and raw sockets): starts `MOE serve --checkpoint
+CK --port 0 EXTRA...`, reads the port it prints, runs one scenario and stops it with SIGTERM, checking
+that it exits 0. Prints what differs and exits 1 on a failure.
+usage: serve_client.py MOE CK SCENARIO [EXTRA...]; scenarios: match, busy, bad, sigterm."""
+import http.client
+import json
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+MOE, CK, SCENARIO, EXTRA = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+failures = []
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+        print("FAIL:", what, file=sys.stderr)
+
+
+def start():
+    p = subprocess.Popen([MOE, "serve", "--checkpoint", CK, "--port", "0", "--max-batch", "8",
+                          "--threads", "1"] + EXTRA,
+                         stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline()  # printed once it listens
+    if "listening on http://" not in line:
+        sys.exit("the server did not start: %r (exit %s)" % (line, p.wait()))
+    return p, int(line.rsplit(":", 1)[1])
+
+
+def request(port, method, path, body=None, raw=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+    c.request(method, path, body=data, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    out = r.status, r.getheader("Content-Type"), r.read().decode("utf-8")
+    c.close()
+    return out
+
+
+def complete(port, body):
+    """(ids, text) of a completion; streamed: the events' token_ids and text joined."""
+    status, ctype, text = request(port, "POST", "/v1/completions", body)
+    check(status == 200, "%s -> %d %s" % (body, status, text))
+    if status != 200:
+        return None, None
+    if not body.get("stream"):
+        ch = json.loads(text)["choices"][0]
+        return ch["token_ids"], ch["text"]
+    check(ctype == "text/event-stream", "stream content type %s" % ctype)
+    events = [e[len("data: "):] for e in text.split("\n\n") if e]
+    check(events[-1] == "[DONE]", "the stream ends with %r" % events[-1:])
+    ids, out = [], ""
+    for e in events[:-1]:
+        ch = json.loads(e)["choices"][0]
+        ids += ch["token_ids"]
+        out += ch["text"]
+    return ids, out
+
+
+def generate(body):
+    """moe generate --json with the request's prompt and parameters."""
+    p = body["prompt"]
+    args = [MOE, "generate", "--checkpoint", CK, "--json", "--threads", "1", "--max-tokens", str(body["max_tokens"])]
+    args += ["--prompt", p] if isinstance(p, str) else ["--prompt-ids", " ".join(map(str, p))]
+    for k, flag in (("temperature", "--temperature"), ("top_p", "--top-p"), ("seed", "--seed")):
+        if k in body:
+            args += [flag, str(body[k])]
+    return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+
+
+REQUESTS = [
+    {"prompt": "the cat sat", "max_tokens": 12, "temperature": 0.8, "top_p": 0.9, "seed": 3},
+    {"prompt": "experts route", "max_tokens": 20, "temperature": 0},
+    {"prompt": [5, 9, 1, 200], "max_tokens": 16, "temperature": 1.3, "seed": 11},
+    {"prompt": "a", "max_tokens": 1, "temperature": 1.0, "top_p": 0.5, "seed": 2},
+]
+
+
+def match(port):
+    for body in REQUESTS:
+        want = generate(body)
+        for stream in (False, True):
+            ids, text = complete(port, dict(body, stream=stream))
+            check(ids == want["ids"], "%s stream=%s: ids %s, moe generate %s" % (body, stream, ids, want["ids"]))
+            if "text" in want:
+                check(text == want["text"], "%s stream=%s: text %r, moe generate %r" % (body, stream, text, want["text"]))
+    if "--cache" in EXTRA:  # one expert of four resident: a quarter of the bytes, some misses
+        m = dict(l.rsplit(" ", 1) for l in request(port, "GET", "/metrics")[2].splitlines() if not l.startswith("#"))
+        resident, every = int(m["moe_serve_resident_expert_bytes"]), int(m["moe_serve_all_expert_bytes"])
+        check(4 * resident == every, "resident expert bytes %d of %d" % (resident, every))
+        check(0 <= float(m['moe_serve_expert_cache_hit_rate{layer="1"}']) < 1, "hit rate %s" % m)
+
+
+def busy(port):
+    greedy = [{"prompt": [i, 7, 3 * i], "max_tokens": 24, "temperature": 0} for i in range(1, 5)]
+    alone = [complete(port, b)[0] for b in greedy]
+    results = {}
+
+    def run(k, b):
+        results[k] = complete(port, b)[0]
+    # the same greedy requests among 24 sampled ones, all at once, streamed and not
+    jobs = [(("g", i), dict(b, stream=i % 2 == 1)) for i, b in enumerate(greedy)]
+    jobs += [(("s", i), {"prompt": [i + 1], "max_tokens": 30, "seed": i, "stream": i % 3 == 0}) for i in range(24)]
+    threads = [threading.Thread(target=run, args=j) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(len(greedy)):
+        check(results[("g", i)] == alone[i], "greedy %d: %s in the busy batch, %s alone" % (i, results[("g", i)], alone[i]))
+    metrics = request(port, "GET", "/metrics")[2]
+    steps = [l for l in metrics.splitlines() if l.startswith("moe_serve_batch_size_bucket")]
+    print("decode steps by batch size:", steps, file=sys.stderr)
+
+
+def bad(port):
+    cases = [
+        ("{", 400, "not valid JSON"),
+        ("[1, 2]", 400, "JSON object"),
+        ('{"max_tokens": 3}', 400, '"prompt" is required'),
+        ('{"prompt": 5}', 400, '"prompt" must be'),
+        ('{"prompt": []}', 400, "empty"),
+        ('{"prompt": [1, 100000]}', 400, '"prompt"[1] is not a token id'),
+        ('{"prompt": [1.5]}', 400, "not a token id"),
+        ('{"prompt": "hi", "max_tokens": 0}', 400, '"max_tokens" must be in [1'),
+        ('{"prompt": "hi", "max_tokens": 1e12}', 400, '"max_tokens" must be in [1'),
+        ('{"prompt": "hi", "max_tokens": "3"}', 400, '"max_tokens" must be a number'),
+        ('{"prompt": "hi", "temperature": -1}', 400, '"temperature"'),
+        ('{"prompt": "hi", "top_p": 0}', 400, '"top_p"'),
+        ('{"prompt": "hi", "seed": -2}', 400, '"seed"'),
+        ('{"prompt": "hi", "stream": "yes"}', 400, '"stream" must be true or false'),
+        (json.dumps({"prompt": "the cat " * 200}), 400, "exceed the model's context"),
+        (json.dumps({"prompt": [1] * 60, "max_tokens": 10}), 400, "exceed the model's context"),
+        ("x" * (1 << 21), 413, "larger than 1 MiB"),
+        ('{"prompt": "a\\u0000b"}', 200, ""),
+    ]
+    for raw, want, msg in cases:
+        status, ctype, text = request(port, "POST", "/v1/completions", raw=raw)
+        check(status == want, "%.60r -> %d, want %d: %s" % (raw, status, want, text))
+        if want != 200:
+            check(ctype == "application/json" and msg in json.loads(text)["error"]["message"],
+                  "%.60r: the error %s (%s) does not say %r" % (raw, text, ctype, msg))
+    for method, path, want in (("GET", "/v1/completions", 405), ("POST", "/health", 405), ("GET", "/nope", 404)):
+        status, _, text = request(port, method, path)
+        check(status == want and "error" in json.loads(text), "%s %s -> %d %s" % (method, path, status, text))
+    # a client that leaves mid-stream: the server goes on serving the others
+    for _ in range(3):
+        s = raw_post(port, json.dumps({"prompt": [1, 2], "max_tokens": 60, "stream": True}))
+        head = read_all(s, b"data: ")
+        check(head.split(b" ")[1] == b"200", "a stream that its client leaves: %r" % head[:60])
+        s.close()
+    # 1,000 connections open at once, each then asking for /health
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=300) for _ in range(1000)]
+    for s in socks:
+        s.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+    ok = 0
+    for s in socks:
+        data = b""
+        while True:
+            k = s.recv(4096)
+            if not k:
+                break
+            data += k
+        ok += data.startswith(b"HTTP/1.0 200") or data.startswith(b"HTTP/1.1 200")
+        s.close()
+    check(ok == 1000, "1,000 connections at once: %d answered 200" % ok)
+    ids, _ = complete(port, {"prompt": [3], "max_tokens": 5})
+    check(ids is not None and len(ids) == 5, "a completion after the bad requests: %s" % ids)
+    # the clients that left are dropped: nothing stays running
+    for _ in range(10000):
+        m = request(port, "GET", "/metrics")[2]
+        if "moe_serve_running 0" in m and "moe_serve_queue_length 0" in m:
+            break
+    check("moe_serve_running 0" in m, "requests still running after their clients left")
+    check('moe_serve_requests_total{code="4xx"} ' in m, "the metrics count the 4xx")
+
+
+def raw_post(port, body, send=None):
+    """A socket with a POST /v1/completions sent over HTTP/1.0 (the body ends with the connection); only
+    the first `send` bytes of the body when given."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=300)
+    head = "POST /v1/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n" % len(body)
+    s.sendall((head + body[:send]).encode())
+    return s
+
+
+def read_all(s, until=None):
+    data = b""
+    while until is None or until not in data:
+        k = s.recv(65536)
+        if not k:
+            break
+        data += k
+    return data
+
+
+def sigterm(port, p):
+    s1 = raw_post(port, json.dumps({"prompt": [4, 4], "max_tokens": 50, "stream": True}))
+    first = read_all(s1, b"\n\n{")  # the first event: the stream is under way
+    first += read_all(s1, b"\n\n") if not first.endswith(b"\n\n") else b""
+    c2 = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    c2.request("POST", "/v1/completions", body=json.dumps({"prompt": [9], "max_tokens": 40}))
+    for _ in range(100000):  # until the engine has it
+        if "moe_serve_admitted_total 2" in request(port, "GET", "/metrics")[2]:
+            break
+    half = json.dumps({"prompt": [1], "max_tokens": 2})
+    s3 = socket.create_connection(("127.0.0.1", port), timeout=300)  # a request whose body has not all come
+    s3.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n"
+                "Content-Length: %d\r\n\r\n" % len(half)).encode())
+    cont = read_all(s3, b"\r\n\r\n")  # 100 Continue: its handler runs, so the server waits for it
+    check(b" 100 " in cont, "Expect: 100-continue -> %r" % cont)
+    s3.sendall(half[:5].encode())
+    p.send_signal(signal.SIGTERM)
+    for _ in range(100000):  # /health says 503 once SIGTERM is taken
+        status, _, text = request(port, "GET", "/health")
+        if status != 200:
+            break
+    check(status == 503 and json.loads(text)["status"] == "draining", "/health after SIGTERM: %d %s" % (status, text))
+    status, _, text = request(port, "POST", "/v1/completions", {"prompt": [1], "max_tokens": 2})
+    check(status == 503 and "shutting down" in text, "a request after SIGTERM -> %d %s" % (status, text))
+    s3.sendall(half[5:].encode())
+    reply = read_all(s3)
+    check(reply.split(b" ")[1:2] == [b"503"], "a body completed after SIGTERM: %r" % reply[:80])
+    rest = read_all(s1)
+    body = (first + rest).split(b"\r\n\r\n", 1)[1]
+    events = [e[len(b"data: "):] for e in body.split(b"\n\n") if e]
+    ids = sum((json.loads(e)["choices"][0]["token_ids"] for e in events[:-1]), [])
+    check(events[-1] == b"[DONE]" and len(ids) == 50, "the stream under way at SIGTERM: %d tokens, last %r" % (len(ids), events[-1:]))
+    r2 = c2.getresponse()
+    out = json.loads(r2.read())
+    check(r2.status == 200 and len(out["choices"][0]["token_ids"]) == 40, "the request under way at SIGTERM: %d" % r2.status)
+
+
+def main():
+    p, port = start()
+    try:
+        status, _, text = request(port, "GET", "/health")
+        check(status == 200 and json.loads(text)["status"] == "ok", "/health -> %d %s" % (status, text))
+        if SCENARIO == "sigterm":
+            sigterm(port, p)
+        else:
+            {"match": match, "busy": busy, "bad": bad}[SCENARIO](port)
+            p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=300)
+        check(rc == 0, "the server exited %d after SIGTERM" % rc)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    print("%s: %d failures" % (SCENARIO, len(failures)), file=sys.stderr)
+    sys.exit(1 if failures else 0)
+
+
+main()

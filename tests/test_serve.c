@@ -1,0 +1,123 @@
+/* moe serve under a real HTTP client (tests/serve_client.py: Python's http.client and raw sockets) on
+ * a loopback port the kernel picks: a request alone gives moe generate's tokens and text for the same
+ * seed, streamed or not, with every expert resident or through the expert cache; greedy requests give
+ * the same tokens alone and in a busy batch; bad requests get a 4xx with a JSON error, and a client
+ * leaving mid-stream or 1,000 connections at once do not stop it; SIGTERM finishes the requests under
+ * way and exits 0. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "run_cli.h"
+#include "test.h"
+
+#define PYTHON "/usr/bin/python3" /* Debian's, as tests/test_python.c: no version manager's shim to start */
+
+/* A random model (vocab: a byte-level BPE tokenizer trained on a few sentences) saved once with its
+ * tokenizer.json; NULL after printing when it cannot be made. */
+static const char *checkpoint(void) {
+  static char dir[512];
+  static int state; /* 0 not yet, 1 made, -1 failed */
+  if (state) return state > 0 ? dir : NULL;
+  state = -1;
+  const char *text = "the cat sat on the mat. experts route every token to two of four experts. "
+                     "a dog ran to the park. caf\xc3\xa9 na\xc3\xafve \xe2\x82\xac.";
+  moe_tokenizer *t;
+  char path[600];
+  moe_lm_config c;
+  moe_lm_t m;
+  test_tmp_path("serve_lm", dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  if (moe_tokenizer_train(&t, text, strlen(text), 300)) return fprintf(stderr, "  tokenizer: %s\n", moe_last_error()), NULL;
+  moe_lm_config_default(&c);
+  c.vocab = moe_tokenizer_vocab_size(t);
+  c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 8, c.max_seq = 64;
+  c.moe.D = 32, c.moe.H = 32, c.moe.E = 4, c.moe.threads = 1;
+  int ok = moe_lm_init(&m, &c) == MOE_OK;
+  if (ok) {
+    moe_lm_init_params(&m, 5);
+    ok = moe_lm_save(&m, dir) == MOE_OK && moe_tokenizer_save(t, path) == MOE_OK;
+    moe_lm_free(&m);
+  }
+  moe_tokenizer_free(t);
+  if (!ok) return fprintf(stderr, "  checkpoint: %s\n", moe_last_error()), NULL;
+  state = 1;
+  return dir;
+}
+
+/* Runs a scenario of serve_client.py against the checkpoint (extra: more serve flags); 1 when it passed,
+ * after printing its report. */
+static int scenario(const char *name, const char *extra) {
+  const char *ck = checkpoint();
+  if (!ck) return 0;
+  char cmd[2048], log[512];
+  test_tmp_path("serve_client.log", log, sizeof log);
+  snprintf(cmd, sizeof cmd, PYTHON " '%s/../serve_client.py' '%s' '%s' %s %s >'%s' 2>&1", test_fixture_dir(), MOE_CLI,
+           ck, name, extra, log);
+  int rc = system(cmd);
+  char *out = test_read_file(log, NULL);
+  fprintf(stderr, "%s", out ? out : "  (no output)\n");
+  free(out);
+  return rc == 0;
+}
+
+static int have_python(void) {
+  if (system(PYTHON " -c 'import http.client' >/dev/null 2>&1") == 0) return 1;
+  fprintf(stderr, "  SKIP: " PYTHON " not found\n");
+  return 0;
+}
+
+TEST(serve_matches_generate) {
+  if (!have_python()) return;
+  ASSERT(scenario("match", ""));
+}
+
+/* One expert of four resident per layer; the trace of the experts used loads as moe trace's do. */
+TEST(serve_matches_generate_with_expert_cache) {
+  if (!have_python()) return;
+  char trace[512], extra[700];
+  test_tmp_path("serve_trace.csv", trace, sizeof trace);
+  snprintf(extra, sizeof extra, "--cache 1 --policy lru --trace '%s'", trace);
+  ASSERT(scenario("match", extra));
+  moe_trace t;
+  ASSERT_OK(moe_trace_load(&t, trace, 4));
+  ASSERT(t.steps > 10 && t.layers == 2);
+  for (int64_t s = 0; s < t.steps; s++) { /* each step routes its tokens to top-2 experts, in each layer */
+    int per[2] = {0, 0};
+    for (int l = 0; l < 2; l++)
+      for (int e = 0; e < 4; e++) per[l] += t.tokens[(s * 2 + l) * 4 + e];
+    if (per[0] != per[1] || per[0] % 2 || !per[0]) FAIL_("trace step %lld: %d and %d tokens", (long long)s, per[0], per[1]);
+  }
+  moe_trace_free(&t);
+}
+
+TEST(serve_greedy_same_alone_and_in_busy_batch) {
+  if (!have_python()) return;
+  ASSERT(scenario("busy", ""));
+}
+
+TEST(serve_bad_requests_disconnects_and_1000_connections) {
+  if (!have_python()) return;
+  ASSERT(scenario("bad", ""));
+}
+
+TEST(serve_sigterm_finishes_requests_under_way) {
+  if (!have_python()) return;
+  ASSERT(scenario("sigterm", ""));
+}
+
+/* Flags the server cannot serve with: an error naming the value, exit 1, before listening. */
+TEST(serve_cli_errors) {
+  char args[1024], err[512], fx[600];
+  snprintf(fx, sizeof fx, "%s/lm/mixtral", test_fixture_dir());
+  static const char *const cases[][2] = {
+      {"--host localhost", "--host: 'localhost' is not an IPv4 address"},
+      {"--cache 9 --port 0", "K must be in [1, E=4], got 9"},
+      {"--policy fifo", "--policy: bad value 'fifo'"},
+      {"--max-batch 0", "--max-batch: bad value '0'"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    snprintf(args, sizeof args, "serve --checkpoint '%s' %s", fx, cases[i][0]);
+    int rc = run_moe(NULL, args, NULL, err, sizeof err);
+    if (rc != 1 || !strstr(err, cases[i][1])) FAIL_("moe %s -> %d: %s (want '%s')", args, rc, err, cases[i][1]);
+  }
+}

@@ -1,0 +1,51 @@
+/* moe serve's request parser (moe__completion_parse) and UTF-8 cleaning (moe__utf8_clean) alone. */
+#include <string.h>
+
+#include "serve/completion.h"
+#include "test.h"
+
+static moe_status parse(const char *body, moe__completion *c) {
+  return moe__completion_parse(body, strlen(body), NULL, 50, 16, c);
+}
+
+TEST(serve_request_parse_fields_defaults_and_errors) {
+  moe__completion c;
+  ASSERT_OK(parse("{\"prompt\": [3, 4], \"model\": \"x\", \"n\": 1}", &c));
+  ASSERT(c.n_ids == 2 && c.ids[0] == 3 && c.ids[1] == 4 && c.max_tokens == 14 && c.temperature == 1 &&
+         c.top_p == 1 && c.seed == 0 && !c.stream); /* the default 16, cut to the context */
+  moe__completion_free(&c);
+  ASSERT_OK(parse("{\"prompt\": [0], \"max_tokens\": 15, \"temperature\": 0, \"top_p\": 0.5, \"seed\": 9, "
+                  "\"stream\": true}", &c));
+  ASSERT(c.max_tokens == 15 && c.temperature == 0 && c.top_p == 0.5f && c.seed == 9 && c.stream);
+  moe__completion_free(&c);
+  static const char *const bad[][2] = {
+      {"{\"prompt\": [1], \"max_tokens\": 16}", "exceed the model's context of 16"},
+      {"{\"prompt\": \"hi\"}", "no tokenizer.json"},
+      {"{\"prompt\": [50]}", "\"prompt\"[0] is not a token id in [0, 50)"},
+      {"{\"prompt\": [1], \"seed\": 1.5}", "\"seed\" must be an integer"},
+      {"{\"prompt\": [1], \"stream\": 1}", "\"stream\" must be true or false"},
+      {"{\"prompt\": [1]} x", "garbage after the JSON body"},
+      {"{\"prompt\": [1]", "not valid JSON"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    moe_status st = parse(bad[i][0], &c);
+    if (st == MOE_OK || !strstr(moe_last_error(), bad[i][1]))
+      FAIL_("%s: status %d, '%s', want '%s'", bad[i][0], st, moe_last_error(), bad[i][1]);
+    ASSERT(!c.ids);
+  }
+}
+
+TEST(serve_utf8_clean_holds_split_characters) {
+  char out[64];
+  size_t used;
+  /* e-acute split after its first byte: held, then whole with the next piece */
+  ASSERT_EQ_INT((int)moe__utf8_clean("caf\xc3", 4, 0, out, &used), 3);
+  ASSERT_EQ_INT((int)used, 3);
+  size_t w = moe__utf8_clean("\xc3\xa9!", 3, 1, out, &used);
+  ASSERT(w == 3 && !memcmp(out, "\xc3\xa9!", 3) && used == 3);
+  /* a byte that can start nothing, a surrogate, and a split sequence at the end: U+FFFD each */
+  w = moe__utf8_clean("a\xff\xed\xa0\x80\xe2\x82", 7, 1, out, &used);
+  const char want[] = "a\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd";
+  if (w != sizeof want - 1 || memcmp(out, want, w)) FAIL_("cleaned to %zu bytes", w);
+  ASSERT_EQ_INT((int)used, 7);
+}
