@@ -262,10 +262,17 @@ static moe_status agree(const moe_dist *d, const char *bad, const char *what) {
   return any == 0 ? MOE_OK : diverged(bad, what);
 }
 
+/* Whether all n values are finite, in one vectorized pass (x - x is 0 for a finite x, NaN otherwise). */
+static int all_finite(const float *a, size_t n) {
+  float acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (size_t i = 0; i < n; i++) acc += a[i] - a[i];
+  return acc == 0;
+}
 /* Describes the first non-finite value of tensor r's values a (named prefix + r->name) in bad, unless
  * bad already holds one. */
 static void find_bad(char *bad, size_t size, const char *prefix, const moe_tensor_ref *r, const float *a) {
-  if (bad[0]) return;
+  if (bad[0] || all_finite(a, r->numel)) return;
   size_t j = 0;
   while (j < r->numel && isfinite(a[j])) j++;
   if (j == r->numel) return;
