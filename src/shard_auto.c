@@ -14,24 +14,12 @@
 
 static uint64_t slot(const moe__auto_r *a, uint64_t key, int r) { return key * (uint64_t)(a->dict.r_max + 1) + (uint64_t)r; }
 
-static double from_bits(uint64_t v) {
-  double d;
-  memcpy(&d, &v, sizeof d);
-  return d;
-}
-
-static uint64_t to_bits(double d) {
-  uint64_t v;
-  memcpy(&v, &d, sizeof v);
-  return v;
-}
-
 /* The dictionary's cost of s at capacity c: r's fastest trial step, or pending (a->want = r). */
 static moe_status measured(void *user, size_t c, const moe__setup *s, double *seconds) {
   moe__auto_r *a = user;
   uint64_t runs, v, k = slot(a, c / a->dict.window, s->r);
   if (moe__u64map_get(&a->runs, k, &runs) && runs >= MOE__AUTO_REPS && moe__u64map_get(&a->secs, k, &v)) {
-    *seconds = from_bits(v);
+    *seconds = moe__double_of_u64(v);
     return MOE_OK;
   }
   a->want = s->r;
@@ -62,11 +50,11 @@ moe_status moe__auto_r_record(moe__auto_r *a, double seconds) {
   if (a->trial < 0) return MOE_OK;
   uint64_t k = slot(a, a->key, a->trial), runs = 0, best;
   moe__u64map_get(&a->runs, k, &runs);
-  double t = moe__u64map_get(&a->secs, k, &best) ? fmin(from_bits(best), seconds) : seconds;
+  double t = moe__u64map_get(&a->secs, k, &best) ? fmin(moe__double_of_u64(best), seconds) : seconds;
   a->measured += runs == 0;
   a->trial = -1;
   MOE_CHECK(moe__u64map_put(&a->runs, k, runs + 1));
-  return moe__u64map_put(&a->secs, k, to_bits(t));
+  return moe__u64map_put(&a->secs, k, moe__u64_of_double(t));
 }
 
 void moe__auto_r_free(moe__auto_r *a) {

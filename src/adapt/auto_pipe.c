@@ -7,25 +7,13 @@
 
 static uint64_t slot(uint64_t key, int cand) { return key * MOE__GRAN_MAX_CAND + (uint64_t)cand; }
 
-static double bits_to_double(uint64_t v) {
-  double d;
-  memcpy(&d, &v, sizeof d);
-  return d;
-}
-
-static uint64_t double_to_bits(double d) {
-  uint64_t v;
-  memcpy(&v, &d, sizeof v);
-  return v;
-}
-
 /* searchBestGran's cost of n at key B: the trials' fastest step (all ran before the search). */
 static moe_status measured(void *user, size_t B, int n, double *seconds) {
   moe__auto_pipe *a = user;
   uint64_t v;
   for (int i = 0; i < a->gran.ncand; i++)
     if (a->gran.cand[i] == n && moe__u64map_get(&a->secs, slot(B, i), &v)) {
-      *seconds = bits_to_double(v);
+      *seconds = moe__double_of_u64(v);
       return MOE_OK;
     }
   return moe__error(MOE_ERR_STATE, __FILE__, __LINE__, "internal: no trial of n = %d at key %zu", n, B);
@@ -58,10 +46,10 @@ moe_status moe__auto_pipe_record(moe__auto_pipe *a, double seconds) {
   if (a->trial < 0) return MOE_OK;
   uint64_t s = slot(a->key, a->trial), runs = 0, best;
   moe__u64map_get(&a->runs, s, &runs);
-  double t = moe__u64map_get(&a->secs, s, &best) ? fmin(bits_to_double(best), seconds) : seconds;
+  double t = moe__u64map_get(&a->secs, s, &best) ? fmin(moe__double_of_u64(best), seconds) : seconds;
   a->trial = -1;
   MOE_CHECK(moe__u64map_put(&a->runs, s, runs + 1));
-  return moe__u64map_put(&a->secs, s, double_to_bits(t));
+  return moe__u64map_put(&a->secs, s, moe__u64_of_double(t));
 }
 
 void moe__auto_pipe_free(moe__auto_pipe *a) {

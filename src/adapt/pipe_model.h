@@ -113,6 +113,17 @@ int moe__u64map_get(const moe__u64map *m, uint64_t key, uint64_t *val);
 /* Inserts or replaces; grows (doubling) at half full. Keys below UINT64_MAX. */
 moe_status moe__u64map_put(moe__u64map *m, uint64_t key, uint64_t val);
 void moe__u64map_free(moe__u64map *m);
+/* A double stored in a map value, bit for bit, and back. */
+static inline uint64_t moe__u64_of_double(double d) {
+  uint64_t v;
+  __builtin_memcpy(&v, &d, sizeof v);
+  return v;
+}
+static inline double moe__double_of_u64(uint64_t v) {
+  double d;
+  __builtin_memcpy(&d, &v, sizeof d);
+  return d;
+}
 
 /* ---- adaptive granularity (P4 Algorithm 1, with the find-by-n erratum) ---- */
 
