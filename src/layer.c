@@ -480,7 +480,8 @@ static moe_status agree(moe_layer_t *l, moe_status mine) {
   return l->st->tr->agree ? l->st->tr->agree(l, mine) : mine;
 }
 
-/* The expert workspace a forward of this plan reserves under strategy r (see moe_layer_forward). */
+/* The expert workspace a forward of this plan reserves under strategy r: the dispatch, the source's
+ * activations (one micro-batch's when they are recomputed), out and dout, dy = 0, the transport's. */
 static size_t work_bytes(moe_layer_t *l, int T, moe_reuse r) {
   moe__plan *p = &l->st->p;
   int shared = p->shared, slotted = p->slotted;
@@ -557,10 +558,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   p->shared = recomputes(reuse);
   p->slotted = n > 1 && !tr->in_place && recommunicates(reuse);
   int act_rows = p->shared ? p->mb_rows : p->grows; /* one micro-batch's, or all */
-  size_t rows_d = moe__arena_size((size_t)p->rows * D * 4);
-  size_t work = moe__dispatch_bytes(l) + s->src->bytes(l, p->ng, act_rows) + 2 * rows_d +
-                moe__arena_size((size_t)T * D * 4) + tr->work_bytes(l); /* out, dout, dy=0 */
-  MOE_CHECK(moe__arena_reserve(&s->work, work, "expert"));
+  MOE_CHECK(moe__arena_reserve(&s->work, work_bytes(l, T, reuse), "expert"));
   MOE_CHECK(moe__dispatch_forward(l, x));
   s->out = moe__arena_alloc(&s->work, (size_t)p->rows * D * 4);
   MOE_TRY(s->out || p->rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");

@@ -7,7 +7,6 @@
  * run are MOE__AUTO_REPS per distinct r the search asks for. Only r varies in the layer (the sharded
  * layout runs one micro-batch; the all-to-all is the moe_dist's), so every (degree, algorithm) gets r's
  * cost and the dictionary's entry is its r with degree 1 and Linear. */
-#include <math.h>
 #include <string.h>
 
 #include "shard.h"
@@ -48,13 +47,11 @@ moe_status moe__auto_r_pick(moe__auto_r *a, size_t capacity, int *r) {
 
 moe_status moe__auto_r_record(moe__auto_r *a, double seconds) {
   if (a->trial < 0) return MOE_OK;
-  uint64_t k = slot(a, a->key, a->trial), runs = 0, best;
-  moe__u64map_get(&a->runs, k, &runs);
-  double t = moe__u64map_get(&a->secs, k, &best) ? fmin(moe__double_of_u64(best), seconds) : seconds;
-  a->measured += runs == 0;
+  uint64_t k = slot(a, a->key, a->trial), runs;
   a->trial = -1;
-  MOE_CHECK(moe__u64map_put(&a->runs, k, runs + 1));
-  return moe__u64map_put(&a->secs, k, moe__u64_of_double(t));
+  MOE_CHECK(moe__trial_record(&a->runs, &a->secs, k, seconds, &runs));
+  a->measured += runs == 0;
+  return MOE_OK;
 }
 
 void moe__auto_r_free(moe__auto_r *a) {

@@ -1,6 +1,5 @@
 /* The adaptive micro-batch count of a layer: MPipeMoE's Algorithm 1 (granularity.c) with its trial runs
  * taken online from the layer's steps (see pipe_model.h). */
-#include <math.h>
 #include <string.h>
 
 #include "adapt/pipe_model.h"
@@ -44,12 +43,9 @@ moe_status moe__auto_pipe_pick(moe__auto_pipe *a, size_t rows, int *n) {
 
 moe_status moe__auto_pipe_record(moe__auto_pipe *a, double seconds) {
   if (a->trial < 0) return MOE_OK;
-  uint64_t s = slot(a->key, a->trial), runs = 0, best;
-  moe__u64map_get(&a->runs, s, &runs);
-  double t = moe__u64map_get(&a->secs, s, &best) ? fmin(moe__double_of_u64(best), seconds) : seconds;
+  uint64_t s = slot(a->key, a->trial);
   a->trial = -1;
-  MOE_CHECK(moe__u64map_put(&a->runs, s, runs + 1));
-  return moe__u64map_put(&a->secs, s, moe__u64_of_double(t));
+  return moe__trial_record(&a->runs, &a->secs, s, seconds, NULL);
 }
 
 void moe__auto_pipe_free(moe__auto_pipe *a) {

@@ -113,6 +113,9 @@ int moe__u64map_get(const moe__u64map *m, uint64_t key, uint64_t *val);
 /* Inserts or replaces; grows (doubling) at half full. Keys below UINT64_MAX. */
 moe_status moe__u64map_put(moe__u64map *m, uint64_t key, uint64_t val);
 void moe__u64map_free(moe__u64map *m);
+/* An adaptive search's trial of slot k took `seconds`: counts the run in runs (its count before in
+ * *before, may be NULL) and keeps the fastest time in secs. */
+moe_status moe__trial_record(moe__u64map *runs, moe__u64map *secs, uint64_t k, double seconds, uint64_t *before);
 /* A double stored in a map value, bit for bit, and back. */
 static inline uint64_t moe__u64_of_double(double d) {
   uint64_t v;

@@ -1,5 +1,6 @@
 /* A small hash map from 64-bit keys to 64-bit values for the adaptive caches (batch size -> n,
  * capacity bucket -> setup): open addressing with linear probing, no deletion, grown at half full. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "adapt/pipe_model.h"
@@ -52,4 +53,13 @@ void moe__u64map_free(moe__u64map *m) {
   free(m->keys);
   free(m->vals);
   *m = (moe__u64map){0};
+}
+
+moe_status moe__trial_record(moe__u64map *runs, moe__u64map *secs, uint64_t k, double seconds, uint64_t *before) {
+  uint64_t n = 0, best;
+  moe__u64map_get(runs, k, &n);
+  if (before) *before = n;
+  double t = moe__u64map_get(secs, k, &best) ? fmin(moe__double_of_u64(best), seconds) : seconds;
+  MOE_CHECK(moe__u64map_put(runs, k, n + 1));
+  return moe__u64map_put(secs, k, moe__u64_of_double(t));
 }
