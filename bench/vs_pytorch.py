@@ -170,49 +170,111 @@ class GShardLayer(nn.Module):
         return torch.einsum("tec,ecd->td", combine, ye), aux
 
 
+class SortedExperts(torch.autograd.Function):
+    """The experts over the sorted buffer: one gather of the tokens in expert order, for each expert
+    torch.addmm / torch.mm into views of preallocated buffers (no per-expert tensors, no torch.cat),
+    the combine weights applied, one index_add_ back; backward written out the same way, so autograd
+    records one node instead of a few per expert."""
+
+    @staticmethod
+    def forward(ctx, x, tok, counts, w, W1, b1, W2, b2):
+        N, (E, H, D) = tok.numel(), W1.shape
+        xs = x.index_select(0, tok)  # (N,D): the one gather
+        h, ye = x.new_empty(N, H), x.new_empty(N, D)
+        for e, (a, b) in enumerate(zip(counts[:-1], counts[1:])):
+            if b > a:
+                torch.addmm(b1[e], xs[a:b], W1[e].t(), out=h[a:b]).relu_()
+                torch.addmm(b2[e], h[a:b], W2[e].t(), out=ye[a:b])
+        ctx.save_for_backward(xs, h, ye, tok, w, W1, W2)
+        ctx.counts, ctx.T = counts, x.shape[0]
+        return x.new_zeros(x.shape).index_add_(0, tok, ye * w[:, None])  # the one scatter
+
+    @staticmethod
+    def backward(ctx, dy):
+        xs, h, ye, tok, w, W1, W2 = ctx.saved_tensors
+        dys = dy.index_select(0, tok)
+        dw = (dys * ye).sum(1)
+        dye = dys * w[:, None]
+        dh, dxs = torch.empty_like(h), torch.empty_like(xs)
+        dW1, dW2 = torch.zeros_like(W1), torch.zeros_like(W2)
+        db1, db2 = W1.new_zeros(W1.shape[:2]), W2.new_zeros(W2.shape[:2])
+        for e, (a, b) in enumerate(zip(ctx.counts[:-1], ctx.counts[1:])):
+            if b > a:
+                torch.mm(dye[a:b].t(), h[a:b], out=dW2[e])
+                torch.sum(dye[a:b], 0, out=db2[e])
+                torch.mm(dye[a:b], W2[e], out=dh[a:b]).mul_(h[a:b] > 0)
+                torch.mm(dh[a:b].t(), xs[a:b], out=dW1[e])
+                torch.sum(dh[a:b], 0, out=db1[e])
+                torch.mm(dh[a:b], W1[e], out=dxs[a:b])
+        dx = dy.new_zeros(ctx.T, dy.shape[1]).index_add_(0, tok, dxs)
+        return dx, None, None, dw, dW1, db1, dW2, db2
+
+
 class DroplessLayer(nn.Module):
-    """Sort the T*k (token, expert) pairs by expert, split by the per-expert counts, run each
-    expert's nn.Linear pair on its rows, scale by the combine weights, index_add_ into y."""
+    """Dropless, written for speed: the T*k (token, expert) pairs sorted by expert once, the experts
+    run on row ranges of the sorted buffer (SortedExperts), stacked (E,H,D) weights."""
 
     def __init__(self, w, k):
         super().__init__()
         self.router, self.k = Router(w, k), k
-        E, H, D = w["W1"].shape
-        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, D)) for _ in range(E))
-        with torch.no_grad():
-            for e, m in enumerate(self.experts):
-                m[0].weight.copy_(w["W1"][e]), m[0].bias.copy_(w["b1"][e])
-                m[2].weight.copy_(w["W2"][e]), m[2].bias.copy_(w["b2"][e])
+        self.W1, self.b1 = nn.Parameter(w["W1"].clone()), nn.Parameter(w["b1"].clone())
+        self.W2, self.b2 = nn.Parameter(w["W2"].clone()), nn.Parameter(w["b2"].clone())
 
     def forward(self, x):
         topw, topi, aux = self.router(x)
         flat_e = topi.reshape(-1)  # (T*k,) expert of each assignment
         _, order = torch.sort(flat_e, stable=True)
-        tok = order // self.k  # token of each sorted assignment
-        counts = torch.bincount(flat_e, minlength=len(self.experts)).tolist()
-        parts = torch.split(x[tok], counts)
-        ys = torch.cat([m(p) for m, p in zip(self.experts, parts)])
-        ys = ys * topw.reshape(-1)[order, None]
-        return x.new_zeros(x.shape).index_add_(0, tok, ys), aux
+        counts = [0] + torch.bincount(flat_e, minlength=self.W1.shape[0]).cumsum(0).tolist()
+        y = SortedExperts.apply(x, order // self.k, counts, topw.reshape(-1)[order],
+                                self.W1, self.b1, self.W2, self.b2)
+        return y, aux
+
+    def gemm_floor_ms(self, x, reps):
+        """Median ms of the same forward+backward GEMMs alone (six per expert, the routing's row
+        counts): what the layer costs without the gather, scatter, router and autograd."""
+        with torch.no_grad():
+            _, topi, _ = self.router(x)
+            n = torch.bincount(topi.reshape(-1), minlength=self.W1.shape[0]).tolist()
+            E, H, D = self.W1.shape
+            a, g, hb = x.new_ones(max(n), D), x.new_ones(max(n), D), x.new_ones(max(n), H)
+            def run():
+                for e, c in enumerate(n):
+                    if c:
+                        torch.mm(a[:c], self.W1[e].t(), out=hb[:c])
+                        torch.mm(hb[:c], self.W2[e].t(), out=g[:c])
+                        torch.mm(g[:c].t(), hb[:c])
+                        torch.mm(g[:c], self.W2[e], out=hb[:c])
+                        torch.mm(hb[:c].t(), a[:c])
+                        torch.mm(hb[:c], self.W1[e], out=g[:c])
+            run()
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                run()
+                ts.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(ts)
 
 
 # ---- 5. both references compute the same function (nothing dropped: C = T) ----
 def check_same(T=128, D=32, H=64, E=4, k=2, routing="skewed"):
+    """y, dx and every parameter's gradient of the two layers; the dropless layer's hand-written
+    backward is checked here against the GShard layer's autograd."""
     w = make_weights(D, H, E, routing, seed=1)
     gs, dl = GShardLayer(w, k), DroplessLayer(w, k)
     x = (torch.rand(T, D, generator=torch.Generator().manual_seed(2)) * 2 - 1).requires_grad_()
     dy = torch.randn(T, D, generator=torch.Generator().manual_seed(3))
-    grads = []
-    for run in (lambda: gs(x, capacity=T), lambda: dl(x)):
+    res = []
+    for layer, run in ((gs, lambda: gs(x, capacity=T)), (dl, lambda: dl(x))):
         x.grad = None
         y, aux = run()
         ((y * dy).sum() + AUX_COEF * aux).backward()
-        grads.append((y.detach(), x.grad.clone()))
-    for name, a, b in (("y", grads[0][0], grads[1][0]), ("dx", grads[0][1], grads[1][1])):
+        res.append(dict(y=y.detach(), dx=x.grad.clone(), **{n: p.grad for n, p in layer.named_parameters()}))
+    for name in res[0]:
+        a, b = res[0][name], res[1][name]
         rel = ((a - b).abs().max() / b.abs().max()).item()
         assert rel < 1e-4, "GShard and dropless %s differ: max relative error %.3g" % (name, rel)
-        say("check T=%d D=%d H=%d E=%d k=%d %s: GShard (C=T) vs dropless %s max rel err %.2g: ok"
-            % (T, D, H, E, k, routing, name, rel))
+    say("check T=%d D=%d H=%d E=%d k=%d %s: GShard (C=T) vs dropless, y, dx and %d parameter gradients"
+        " within 1e-4 relative: ok" % (T, D, H, E, k, routing, len(res[0]) - 2))
 
 
 def time_layer(layer, x, dy, reps):
@@ -248,6 +310,8 @@ def run_torch(shape, routing, reps):
     r = {}
     for name, layer in (("dropless", DroplessLayer(w, k)), ("gshard", GShardLayer(w, k))):
         r[name + "_fwd_ms"], r[name + "_fwdbwd_ms"] = time_layer(layer, x, dy, reps)
+        if name == "dropless":
+            r["mm_floor_fwdbwd_ms"] = layer.gemm_floor_ms(x, reps)
         del layer
     return r
 
@@ -295,21 +359,19 @@ def main():
             sys.exit("vs_pytorch: unknown routing %s (uniform or skewed)" % r)
     blas_report()
     use_moe = not (args.quick or args.torch_only)
-    # moe first, before torch has started its OpenMP threads, so they cannot compete with it
-    moe = run_moe(cases, routings) if use_moe else {}
-    if use_moe:
-        say("moe: blas %s, threads %s" % (next(iter(moe.values()), {}).get("blas"),
-                                          next(iter(moe.values()), {}).get("threads")))
     check_same()
 
-    hdr = "%-4s %-7s | %9s %9s %9s %9s %7s %7s | %9s %9s %9s %9s %7s %7s | %8s" % (
-        "case", "routing", "dyn", "static", "dropless", "gshard", "x drop", "x gs",
+    hdr = "%-4s %-7s | %9s %9s %9s %9s %9s %7s %7s %7s | %9s %9s %9s %9s %7s %7s | %8s" % (
+        "case", "routing", "dyn", "static", "dropless", "mm only", "gshard", "x drop", "x gs", "drop/mm",
         "dyn", "static", "dropless", "gshard", "x drop", "x gs", "peak MB")
-    say("%-12s | %-63s | %-63s |" % ("", "forward+backward ms (x: torch ms / moe dynamic ms)", "forward ms"))
+    say("%-12s | %-83s | %-63s |" % ("", "forward+backward ms (x: torch ms / moe dynamic ms)", "forward ms"))
     say(hdr)
     say("-" * len(hdr))
     fmt = lambda v, f="%9.2f": (f % v) if v is not None else "%*s" % (len(f % 0), "-")
     for c in cases:
+        # interleaved: each case's moe bench right before its torch layers, so a slower spell of a
+        # shared machine falls on both sides
+        moe = run_moe([c], routings) if use_moe else {}
         for r in routings:
             row = dict(case=c, routing=r, threads=args.threads, reps=args.reps,
                        coretype=coretype, **table[c])
@@ -320,16 +382,19 @@ def main():
                 row["moe_static_%s_ms" % p] = sta.get(p + "_ms")
                 row["speedup_%s_vs_dropless" % p] = ratio(row["dropless_%s_ms" % p], row["moe_dynamic_%s_ms" % p])
                 row["speedup_%s_vs_gshard" % p] = ratio(row["gshard_%s_ms" % p], row["moe_dynamic_%s_ms" % p])
+            row["dropless_over_mm_floor"] = ratio(row["dropless_fwdbwd_ms"], row["mm_floor_fwdbwd_ms"])
             row["moe_peak_bytes"] = dyn.get("peak_bytes")
             row["moe_blas"] = dyn.get("blas")
             cols = []
             for p in ("fwdbwd", "fwd"):
-                cols += [fmt(row["moe_dynamic_%s_ms" % p]), fmt(row["moe_static_%s_ms" % p]),
-                         fmt(row["dropless_%s_ms" % p]), fmt(row["gshard_%s_ms" % p]),
-                         fmt(row["speedup_%s_vs_dropless" % p], "%7.2f"),
-                         fmt(row["speedup_%s_vs_gshard" % p], "%7.2f")]
+                mm = [fmt(row["mm_floor_fwdbwd_ms"])] if p == "fwdbwd" else []
+                cols.append(" ".join([fmt(row["moe_dynamic_%s_ms" % p]), fmt(row["moe_static_%s_ms" % p]),
+                                      fmt(row["dropless_%s_ms" % p])] + mm + [fmt(row["gshard_%s_ms" % p]),
+                                      fmt(row["speedup_%s_vs_dropless" % p], "%7.2f"),
+                                      fmt(row["speedup_%s_vs_gshard" % p], "%7.2f")] +
+                                     ([fmt(row["dropless_over_mm_floor"], "%7.2f")] if mm else [])))
             pk = row["moe_peak_bytes"]
-            say("%-4s %-7s | %s | %s | %s" % (c, r, " ".join(cols[:6]), " ".join(cols[6:]),
+            say("%-4s %-7s | %s | %s | %s" % (c, r, cols[0], cols[1],
                                              fmt(pk / 2**20 if pk is not None else None, "%8.1f")))
             if args.json:
                 print(json.dumps(row), flush=True)
