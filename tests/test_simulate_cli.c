@@ -68,6 +68,21 @@ TEST(simulate_cli_sweep_csv) {
     for (char *q = strstr(s, "points=\""); *q != '/'; q++) points += *q == ',';
   if (lines != 3 || points != 9 || !strstr(text, "devices (log scale)") || !strstr(text, "</svg>"))
     FAIL_("SVG (%d lines, %d points):\n%s", lines, points, text);
+  /* The PNG: a PNG signature and the raster's 720 x 420 in its header; another image type refused. */
+  char png[512];
+  test_tmp_path("sim_sweep.png", png, sizeof png);
+  snprintf(args, sizeof args, "simulate --config %s --sweep devices=2,4,32 --plot %s", p, png);
+  if (sim_moe(args) != 0) FAIL_("--plot PNG exit non-zero: %s", sim_err);
+  FILE *f = fopen(png, "rb");
+  unsigned char head[24] = {0};
+  size_t got = f ? fread(head, 1, sizeof head, f) : 0;
+  if (f) fclose(f);
+  if (got != 24 || memcmp(head, "\x89PNG\r\n\x1a\n", 8) || memcmp(head + 12, "IHDR", 4) ||
+      (head[18] << 8 | head[19]) != 720 || (head[22] << 8 | head[23]) != 420)
+    FAIL_("%s: not a 720 x 420 PNG (%zu bytes read)", png, got);
+  snprintf(args, sizeof args, "simulate --config %s --sweep devices=2 --plot out.jpg", p);
+  ASSERT(sim_moe(args) != 0);
+  if (!strstr(sim_err, "unknown image type")) FAIL_("stderr: %s", sim_err);
   snprintf(args, sizeof args, "simulate --config %s --sweep nodes=2", p);
   ASSERT(sim_moe(args) != 0);
   if (!strstr(sim_err, "unknown key 'nodes'")) FAIL_("stderr: %s", sim_err);

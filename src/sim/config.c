@@ -9,7 +9,8 @@
 
 static const char *const FIELDS[] = {
     "nodes", "devices_per_node", "intra_bw", "intra_lat", "inter_bw", "inter_lat", "host_bw", "gemm_flops",
-    "gemm_half_rows", "memory_bytes", "tokens", "d_model", "hidden", "experts", "top_k", "capacity_factor", "dtype_bytes", "zipf",
+    "gemm_half_rows", "gemm_nt_flops", "gemm_nt_half_rows", "gemm_tn_flops", "gemm_tn_half_rows", "mem_bw",
+    "memory_bytes", "tokens", "d_model", "hidden", "experts", "top_k", "capacity_factor", "dtype_bytes", "zipf",
     "load", "pipeline", "a2a", "reuse", "flex", "r", "dispatch"};
 static const char *const A2A_NAMES[] = {"linear", "2dh"}, *const DISPATCH_NAMES[] = {"dynamic", "static"};
 
@@ -84,6 +85,11 @@ static moe_status read_config(const char *path, const cJSON *r, moe_sim_config *
   MOE_CHECK(get_num(path, r, "host_bw", 0, 1, BIG, &c->host_bw));
   MOE_CHECK(get_num(path, r, "gemm_flops", 1, 1, BIG, &c->gemm_flops));
   MOE_CHECK(get_num(path, r, "gemm_half_rows", 0, 0, 1 << 20, &c->half_rows));
+  MOE_CHECK(get_num(path, r, "gemm_nt_flops", 0, 1, BIG, &c->nt.flops));
+  MOE_CHECK(get_num(path, r, "gemm_nt_half_rows", 0, 0, 1 << 20, &c->nt.half_rows));
+  MOE_CHECK(get_num(path, r, "gemm_tn_flops", 0, 1, BIG, &c->tn.flops));
+  MOE_CHECK(get_num(path, r, "gemm_tn_half_rows", 0, 0, 1 << 20, &c->tn.half_rows));
+  MOE_CHECK(get_num(path, r, "mem_bw", 0, 1, BIG, &c->mem_bw));
   MOE_CHECK(get_num(path, r, "memory_bytes", 0, 0, BIG, &c->mem_bytes));
   MOE_CHECK(get_int(path, r, "tokens", 1, 1, 1 << 30, &c->T));
   MOE_CHECK(get_int(path, r, "d_model", 1, 1, 1 << 20, &c->D));
