@@ -58,6 +58,34 @@ static void print_json(const moe_sim_result *r) {
   printf("}\n");
 }
 
+/* The serving run of a config with "serve_trace": its trace's decode steps with the config's cache. */
+static int serve_run(const moe_sim_config *c, int json) {
+  moe_trace t = {0};
+  moe__sim_serve_result r;
+  if (moe_trace_load(&t, c->serve_trace, c->E) != MOE_OK || moe__sim_serve(c, &t, &r) != MOE_OK) {
+    moe_trace_free(&t);
+    return cli_fail(CMD);
+  }
+  moe_trace_free(&t);
+  if (json)
+    printf("{\"steps\":%lld,\"layers\":%d,\"tokens\":%lld,\"cache_experts\":%d,\"cache_policy\":\"%s\","
+           "\"accesses\":%lld,\"misses\":%lld,\"hit_rate\":%.17g,\"time_s\":%.17g,\"token_s\":%.17g,"
+           "\"fetch_s\":%.17g,\"fetch_wait_s\":%.17g}\n",
+           (long long)r.steps, r.layers, (long long)r.tokens, c->cache_k, moe_cache_policy_name(c->cache_policy),
+           (long long)r.accesses, (long long)r.misses, r.hit_rate, r.time_s, r.token_s, r.fetch_s, r.fetch_wait_s);
+  char cache[64] = "every expert resident";
+  if (c->cache_k)
+    snprintf(cache, sizeof cache, "%d expert slots per layer, %s", c->cache_k, moe_cache_policy_name(c->cache_policy));
+  if (!json)
+    printf("serving %lld decode steps of %d layer%s, %lld tokens; %s\n"
+           "hit rate %.4f (%lld misses of %lld expert accesses); %.6g ms per token (run %.6g ms; fetches %.6g ms, "
+           "%.6g ms of them waited for)\n",
+           (long long)r.steps, r.layers, r.layers == 1 ? "" : "s", (long long)r.tokens,
+           cache, r.hit_rate, (long long)r.misses, (long long)r.accesses,
+           r.token_s * 1e3, r.time_s * 1e3, r.fetch_s * 1e3, r.fetch_wait_s * 1e3);
+  return 0;
+}
+
 /* Appends one CSV row (the header first when *len is 0) to the growing buffer. */
 static int csv_row(char **buf, size_t *len, const char *key, double v, const moe_sim_result *r) {
   char row[1024];
@@ -167,7 +195,9 @@ int cmd_simulate(int argc, char **argv) {
   if (moe_sim_config_load(config, &c) != MOE_OK) return cli_fail(CMD);
   int rc = 0;
   moe_sim_result r;
-  if (spec) rc = sweep(c, spec, out, plot, png, json);
+  if (c->serve_trace && spec) rc = cli_usage_error(CMD, "--sweep: a serving run (\"serve_trace\") is not swept");
+  else if (c->serve_trace) rc = serve_run(c, json);
+  else if (spec) rc = sweep(c, spec, out, plot, png, json);
   else if (moe_sim_run(c, &r) != MOE_OK) rc = cli_fail(CMD);
   else if (json) print_json(&r);
   else print_text(&r);

@@ -37,6 +37,10 @@ struct moe_sim_config {
   int r;                                     /* Tutel's parallelism degree (parallel.c) */
   int padded;                                /* "dispatch": "static": every expert's capacity travels */
   int local;                                 /* GEMMs (experts or shards) per device: set by moe__sim_parallel */
+  char *serve_trace;                         /* a serving run over this trace (serve.c), or NULL */
+  int cache_k;                               /* its expert slots per layer, 0: every expert resident */
+  moe_cache_policy cache_policy;
+  double fetch_bw;                           /* bytes/s from the slow memory the experts are read from */
 };
 
 static inline int moe__sim_devices(const moe_sim_config *c) { return c->nodes * c->dpn; }
@@ -93,6 +97,19 @@ moe_status moe__sim_calibrate(const moe_dist *d, int threads, moe_sim_config *c)
 
 /* moe_sim_plot_svg's chart as a PNG raster (lines and ticks, no text), written atomically. */
 moe_status moe__sim_plot_png(const char *path, const char *key, const double *x, const moe_sim_result *r, int n);
+
+/* A serving run (serve.c): the trace's decode steps on one device with the config's expert cache. */
+#define MOE__SIM_SERVE_MAX_STEPS 16384 /* the per-step misses cost steps^2 / 2 steps of moe_cachesim */
+typedef struct {
+  int64_t steps, tokens, accesses, misses; /* tokens: of every step, through its first layer's router */
+  int layers;
+  double hit_rate;     /* 1 - misses / accesses */
+  double time_s;       /* the run: every layer of every step, one after another */
+  double token_s;      /* time_s / tokens */
+  double fetch_s;      /* the misses' reads at fetch_bw */
+  double fetch_wait_s; /* what of them the compute waited for (the rest ran beside the hits) */
+} moe__sim_serve_result;
+moe_status moe__sim_serve(const moe_sim_config *c, const moe_trace *t, moe__sim_serve_result *r);
 
 /* The largest device's high-water mark in bytes: pipe_model.h's states (Eq. 1, `local` experts) and
  * pools for the rows it receives, in n micro-batches under the config's reuse. */
