@@ -6,19 +6,21 @@
 #include <string.h>
 
 #include "cli.h"
+#include "sim/sim.h"
 
 static const char *CMD = "simulate";
 
 static void usage(FILE *f) {
   fprintf(f, "usage: moe simulate --config F.json [--json]\n"
-             "                    [--sweep devices|batch|capacity=V1,V2,... [-o OUT.csv] [--plot OUT.svg]]\n"
+             "                    [--sweep devices|batch|capacity=V1,V2,... [-o OUT.csv] [--plot OUT.svg|OUT.png]]\n"
              "       [mpirun -np W] moe simulate --calibrate [--threads N] [-o MACHINE.json]\n"
              "Text by default, --json one JSON line per run. --sweep runs the config once per value and writes\n"
-             "CSV (to OUT.csv, else stdout) and with --plot an SVG chart of the step, compute and exposed\n"
-             "communication; devices keeps the experts per device. --calibrate measures this machine (the\n"
-             "sgemm rate of each rank, N threads each, default the CPUs over the ranks, and the exchange\n"
-             "between the W ranks) and writes a config of W devices on one node with those rates (a layer of\n"
-             "case S to change) to MACHINE.json, else stdout.\n");
+             "CSV (to OUT.csv, else stdout) and with --plot a chart of the step, compute and exposed\n"
+             "communication (SVG with its labels, or a PNG raster without text); devices keeps the experts per device. --calibrate measures this machine (the\n"
+             "sgemm rate of each kind of the experts' GEMMs on each rank, N threads each, default the CPUs\n"
+             "over the ranks, the bandwidth of the layer's memory-bound passes, and the exchange between the\n"
+             "W ranks) and writes a config of W devices on one node with those rates (a layer of case S to\n"
+             "change) to MACHINE.json, else stdout.\n");
 }
 
 static void print_text(const moe_sim_result *r) {
@@ -56,6 +58,34 @@ static void print_json(const moe_sim_result *r) {
   printf("}\n");
 }
 
+/* The serving run of a config with "serve_trace": its trace's decode steps with the config's cache. */
+static int serve_run(const moe_sim_config *c, int json) {
+  moe_trace t = {0};
+  moe__sim_serve_result r;
+  if (moe_trace_load(&t, c->serve_trace, c->E) != MOE_OK || moe__sim_serve(c, &t, &r) != MOE_OK) {
+    moe_trace_free(&t);
+    return cli_fail(CMD);
+  }
+  moe_trace_free(&t);
+  if (json)
+    printf("{\"steps\":%lld,\"layers\":%d,\"tokens\":%lld,\"cache_experts\":%d,\"cache_policy\":\"%s\","
+           "\"accesses\":%lld,\"misses\":%lld,\"hit_rate\":%.17g,\"time_s\":%.17g,\"token_s\":%.17g,"
+           "\"fetch_s\":%.17g,\"fetch_wait_s\":%.17g}\n",
+           (long long)r.steps, r.layers, (long long)r.tokens, c->cache_k, moe_cache_policy_name(c->cache_policy),
+           (long long)r.accesses, (long long)r.misses, r.hit_rate, r.time_s, r.token_s, r.fetch_s, r.fetch_wait_s);
+  char cache[64] = "every expert resident";
+  if (c->cache_k)
+    snprintf(cache, sizeof cache, "%d expert slots per layer, %s", c->cache_k, moe_cache_policy_name(c->cache_policy));
+  if (!json)
+    printf("serving %lld decode steps of %d layer%s, %lld tokens; %s\n"
+           "hit rate %.4f (%lld misses of %lld expert accesses); %.6g ms per token (run %.6g ms; fetches %.6g ms, "
+           "%.6g ms of them waited for)\n",
+           (long long)r.steps, r.layers, r.layers == 1 ? "" : "s", (long long)r.tokens,
+           cache, r.hit_rate, (long long)r.misses, (long long)r.accesses,
+           r.token_s * 1e3, r.time_s * 1e3, r.fetch_s * 1e3, r.fetch_wait_s * 1e3);
+  return 0;
+}
+
 /* Appends one CSV row (the header first when *len is 0) to the growing buffer. */
 static int csv_row(char **buf, size_t *len, const char *key, double v, const moe_sim_result *r) {
   char row[1024];
@@ -77,8 +107,9 @@ static int csv_row(char **buf, size_t *len, const char *key, double v, const moe
   return 1;
 }
 
-/* One run per value of "key=v1,v2,...", as CSV to out (NULL: stdout) and a chart to plot (or NULL). */
-static int sweep(moe_sim_config *c, const char *spec, const char *out, const char *plot, int json) {
+/* One run per value of "key=v1,v2,...", as CSV to out (NULL: stdout) and a chart to plot (or NULL),
+ * a PNG when png, else an SVG. */
+static int sweep(moe_sim_config *c, const char *spec, const char *out, const char *plot, int png, int json) {
   const char *eq = strchr(spec, '=');
   if (!eq || eq == spec || !eq[1])
     return cli_usage_error(CMD, "--sweep: '%s' is not KEY=V1,V2,... (KEY devices, batch or capacity)", spec);
@@ -105,7 +136,7 @@ static int sweep(moe_sim_config *c, const char *spec, const char *out, const cha
   }
   if (!rc && out && moe_write_file_atomic(out, csv, len) != MOE_OK) rc = cli_fail(CMD);
   else if (!rc && !out && !json) fputs(csv, stdout);
-  if (!rc && plot && moe_sim_plot_svg(plot, key, xs, rs, n) != MOE_OK) rc = cli_fail(CMD);
+  if (!rc && plot && (png ? moe__sim_plot_png : moe_sim_plot_svg)(plot, key, xs, rs, n) != MOE_OK) rc = cli_fail(CMD);
   free(csv);
   return rc;
 }
@@ -116,14 +147,16 @@ static int calibrate_machine(const char *out, int threads) {
   if (moe_dist_init(&d, NULL, NULL) != MOE_OK) return cli_fail(CMD);
   int W = moe_dist_size(d);
   if (!threads) threads = cli_cpu_count() / W > 0 ? cli_cpu_count() / W : 1;
-  moe_sim_machine m;
-  int rc = moe_sim_calibrate(d, threads, &m) != MOE_OK ? cli_fail(CMD) : 0;
-  char text[512];
+  moe_sim_config m;
+  int rc = moe__sim_calibrate(d, threads, &m) != MOE_OK ? cli_fail(CMD) : 0;
+  char text[1024];
   int n = snprintf(text, sizeof text,
                    "{\"nodes\": 1, \"devices_per_node\": %d, \"intra_bw\": %.6g, \"intra_lat\": %.6g,\n"
-                   " \"gemm_flops\": %.6g, \"gemm_half_rows\": %.4g,\n \"tokens\": %d, \"d_model\": 512, \"hidden\": 2048, \"experts\": 8,"
-                   " \"top_k\": 2, \"capacity_factor\": 1.25}\n",
-                   m.devices, m.bw, m.lat, m.gemm_flops, m.gemm_half_rows, 2048 / W);
+                   " \"gemm_flops\": %.6g, \"gemm_half_rows\": %.4g, \"gemm_nt_flops\": %.6g, \"gemm_nt_half_rows\": %.4g,\n"
+                   " \"gemm_tn_flops\": %.6g, \"gemm_tn_half_rows\": %.4g, \"mem_bw\": %.6g,\n"
+                   " \"tokens\": %d, \"d_model\": 512, \"hidden\": 2048, \"experts\": 8, \"top_k\": 2, \"capacity_factor\": 1.25}\n",
+                   m.dpn, m.intra_bw, m.intra_lat, m.gemm_flops, m.half_rows, m.nt.flops, m.nt.half_rows, m.tn.flops,
+                   m.tn.half_rows, m.mem_bw, 2048 / W);
   if (!rc && moe_dist_rank(d) == 0) {
     if (!out) fputs(text, stdout);
     else if (moe_write_file_atomic(out, text, (size_t)n) != MOE_OK) rc = cli_fail(CMD);
@@ -154,11 +187,17 @@ int cmd_simulate(int argc, char **argv) {
   if (calibrate) return calibrate_machine(out, threads);
   if (!config) { usage(stderr); return cli_usage_error(CMD, "--config F.json is required"); }
   if ((out || plot) && !spec) return cli_usage_error(CMD, "-o / --plot: only a --sweep or --calibrate writes files");
+  size_t pl = plot ? strlen(plot) : 0;
+  int png = pl >= 4 && !strcmp(plot + pl - 4, ".png");
+  if (plot && !png && (pl < 4 || strcmp(plot + pl - 4, ".svg")))
+    return cli_usage_error(CMD, "--plot %s: unknown image type (want a name ending in .png or .svg)", plot);
   moe_sim_config *c;
   if (moe_sim_config_load(config, &c) != MOE_OK) return cli_fail(CMD);
   int rc = 0;
   moe_sim_result r;
-  if (spec) rc = sweep(c, spec, out, plot, json);
+  if (c->serve_trace && spec) rc = cli_usage_error(CMD, "--sweep: a serving run (\"serve_trace\") is not swept");
+  else if (c->serve_trace) rc = serve_run(c, json);
+  else if (spec) rc = sweep(c, spec, out, plot, png, json);
   else if (moe_sim_run(c, &r) != MOE_OK) rc = cli_fail(CMD);
   else if (json) print_json(&r);
   else print_text(&r);

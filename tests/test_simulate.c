@@ -30,6 +30,28 @@ TEST(simulate_one_node_no_overlap) {
   ASSERT_EQ_INT(r.n, 1);
 }
 
+/* The passes around the experts' GEMMs and the GEMM kinds, by hand on one device, 100 tokens to 2
+ * experts (2 GEMMs of each kind, 100 rows): forward 2 NT GEMMs of 2 D H (100 + 2 n_1/2) FLOPs,
+ * backward 2 NN and 2 TN; the router's 3 GEMMs of 2 T E D FLOPs at the NT rate; at mem_bw the
+ * expert side's elements (forward 4 rows H + 2 rows D, backward 4 rows H + rows D) and the token
+ * side's (T D 2 + 1 + 0 + 4, a D 2 + 1 + 3 + 1, T E (6 + k) + 6), 4 bytes each. */
+TEST(simulate_passes_and_gemm_kinds) {
+  moe_sim_config c = base(1, 1, 100, 2);
+  c.nt = (moe__sim_gemm){1e9, 10}, c.gemm_flops = 2e9, c.tn = (moe__sim_gemm){4e9, 20}, c.mem_bw = 1e8;
+  moe_sim_result r;
+  ASSERT_OK(moe_sim_run(&c, &r));
+  double DH2 = 2.0 * 8 * 16, gemms = 2 * DH2 * 120 / 1e9 + 2 * DH2 * 100 / 2e9 + 2 * DH2 * 140 / 4e9;
+  double router = 3 * 2.0 * 100 * 2 * 8 / 1e9;
+  double expert = (4 * 100 * 16 + 2 * 100 * 8 + 4 * 100 * 16 + 100 * 8) * 4 / 1e8;
+  double token = (7 * 800.0 + 7 * 800 + 13 * 200) * 4 / 1e8;
+  ASSERT_NEAR(r.step_s, gemms + router + expert + token, 1e-15);
+  ASSERT_NEAR(r.step_s, 1.27456e-3, 1e-15);
+  ASSERT_NEAR(r.compute_s, r.step_s, 1e-15);
+  c.mem_bw = 0; /* the passes and the router left out: the GEMMs alone */
+  ASSERT_OK(moe_sim_run(&c, &r));
+  ASSERT_NEAR(r.step_s, gemms, 1e-15);
+}
+
 /* 4 nodes x 4 devices, b bytes between every pair. Linear: 3 intra-node messages of b on the device's
  * link, concurrently 12 inter-node messages per device with the node's 4 x 12 b over its NIC. 2DH: 3
  * intra-node messages carrying the 12 b that change local index, then 3 inter-node messages, the NIC

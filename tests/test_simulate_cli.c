@@ -68,6 +68,21 @@ TEST(simulate_cli_sweep_csv) {
     for (char *q = strstr(s, "points=\""); *q != '/'; q++) points += *q == ',';
   if (lines != 3 || points != 9 || !strstr(text, "devices (log scale)") || !strstr(text, "</svg>"))
     FAIL_("SVG (%d lines, %d points):\n%s", lines, points, text);
+  /* The PNG: a PNG signature and the raster's 720 x 420 in its header; another image type refused. */
+  char png[512];
+  test_tmp_path("sim_sweep.png", png, sizeof png);
+  snprintf(args, sizeof args, "simulate --config %s --sweep devices=2,4,32 --plot %s", p, png);
+  if (sim_moe(args) != 0) FAIL_("--plot PNG exit non-zero: %s", sim_err);
+  FILE *f = fopen(png, "rb");
+  unsigned char head[24] = {0};
+  size_t got = f ? fread(head, 1, sizeof head, f) : 0;
+  if (f) fclose(f);
+  if (got != 24 || memcmp(head, "\x89PNG\r\n\x1a\n", 8) || memcmp(head + 12, "IHDR", 4) ||
+      (head[18] << 8 | head[19]) != 720 || (head[22] << 8 | head[23]) != 420)
+    FAIL_("%s: not a 720 x 420 PNG (%zu bytes read)", png, got);
+  snprintf(args, sizeof args, "simulate --config %s --sweep devices=2 --plot out.jpg", p);
+  ASSERT(sim_moe(args) != 0);
+  if (!strstr(sim_err, "unknown image type")) FAIL_("stderr: %s", sim_err);
   snprintf(args, sizeof args, "simulate --config %s --sweep nodes=2", p);
   ASSERT(sim_moe(args) != 0);
   if (!strstr(sim_err, "unknown key 'nodes'")) FAIL_("stderr: %s", sim_err);
@@ -123,4 +138,48 @@ TEST(simulate_cli_calibrate) {
   double step = j ? cJSON_GetNumberValue(cJSON_GetObjectItem(j, "step_s")) : 0;
   cJSON_Delete(j);
   if (!(step > 0)) FAIL_("output: %s", sim_out);
+}
+
+/* A serving run by hand: one layer of 4 experts (D 8, H 16) at 1 GFLOP/s, 2 slots (LIFO), 1 MB/s to
+ * the slow memory. Steps {0: 2, 1: 2}, {0: 4}, {2: 4}, {1: 4} tokens: misses 0, 1 (cold), hit 0, miss 2
+ * (evicting 1, the last in), miss 1: hit rate 1/5. A miss reads (2 D H + D + H) 4 bytes = 1.12 ms; an
+ * expert of r rows computes its two GEMMs in 2 x 2 D H r / 1e9 s = 0.512 r us, after its fetch: step 0
+ * ends at 2 x 1.12 ms + 1.024 us, the others take 2.048 us more than their fetch, if any. */
+TEST(simulate_cli_serving_run) {
+  char trace[512], p[512], args[1024];
+  test_tmp_path("sim_serve_trace.csv", trace, sizeof trace);
+  FILE *f = fopen(trace, "w");
+  fputs("step,layer,expert,tokens\n0,0,0,2\n0,0,1,2\n1,0,0,4\n2,0,2,4\n3,0,1,4\n", f);
+  fclose(f);
+  for (int k = 2; k >= 0; k -= 2) {
+    test_tmp_path("sim_serve.json", p, sizeof p);
+    f = fopen(p, "w");
+    fprintf(f, "{\"devices_per_node\": 1, \"intra_bw\": 1e9, \"intra_lat\": 0, \"gemm_flops\": 1e9, \"tokens\": 4,"
+               " \"d_model\": 8, \"hidden\": 16, \"experts\": 4, \"serve_trace\": \"%s\", \"cache_experts\": %d%s}",
+            trace, k, k ? ", \"fetch_bw\": 1e6" : "");
+    fclose(f);
+    snprintf(args, sizeof args, "simulate --config %s --json", p);
+    if (sim_moe(args) != 0) FAIL_("K %d: exit non-zero: %s", k, sim_err);
+    cJSON *j = cJSON_Parse(sim_out);
+    if (!j) FAIL_("not JSON: %s", sim_out);
+    double hit = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "hit_rate"));
+    double tok = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "token_s"));
+    int misses = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(j, "misses"));
+    int tokens = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(j, "tokens"));
+    cJSON_Delete(j);
+    ASSERT_EQ_INT(tokens, 16);
+    ASSERT_EQ_INT(misses, k ? 4 : 0);
+    ASSERT_NEAR(hit, k ? 0.2 : 1.0, 1e-12);
+    double run = k ? 2 * 1.12e-3 + 1.024e-6 + 2.048e-6 + 2 * (1.12e-3 + 2.048e-6) : 16 * 0.512e-6;
+    ASSERT_NEAR(tok, run / 16, 1e-15);
+  }
+  /* BELADY needs the future; a cache without a trace is no serving run. */
+  const char *bad[2][2] = {{", \"serve_trace\": \"t.csv\", \"cache_experts\": 2, \"fetch_bw\": 1e6, \"cache_policy\": \"belady\"",
+                            "\"cache_policy\" must be \"lifo\", \"lru\" or \"fifo\""},
+                           {", \"cache_experts\": 2, \"fetch_bw\": 1e6", "\"serve_trace\" is required"}};
+  for (int i = 0; i < 2; i++) {
+    snprintf(args, sizeof args, "simulate --config %s", sim_config("sim_serve_bad.json", bad[i][0], p, sizeof p));
+    ASSERT(sim_moe(args) != 0);
+    if (!strstr(sim_err, bad[i][1])) FAIL_("config %d: stderr: %s", i, sim_err);
+  }
 }

@@ -9,8 +9,10 @@
 
 static const char *const FIELDS[] = {
     "nodes", "devices_per_node", "intra_bw", "intra_lat", "inter_bw", "inter_lat", "host_bw", "gemm_flops",
-    "gemm_half_rows", "memory_bytes", "tokens", "d_model", "hidden", "experts", "top_k", "capacity_factor", "dtype_bytes", "zipf",
-    "load", "pipeline", "a2a", "reuse", "flex", "r", "dispatch"};
+    "gemm_half_rows", "gemm_nt_flops", "gemm_nt_half_rows", "gemm_tn_flops", "gemm_tn_half_rows", "mem_bw",
+    "memory_bytes", "tokens", "d_model", "hidden", "experts", "top_k", "capacity_factor", "dtype_bytes", "zipf",
+    "load", "pipeline", "a2a", "reuse", "flex", "r", "dispatch", "serve_trace", "cache_experts", "cache_policy",
+    "fetch_bw"};
 static const char *const A2A_NAMES[] = {"linear", "2dh"}, *const DISPATCH_NAMES[] = {"dynamic", "static"};
 
 /* A number in [lo, hi]; absent: *out unchanged unless required. */
@@ -66,6 +68,27 @@ static moe_status read_skew(const char *path, const cJSON *r, moe_sim_config *c)
   return MOE_OK;
 }
 
+/* The serving run's fields: the trace (a path as given), K slots (at most the experts), the policy
+ * (not BELADY's: the loader cannot see the future) and the slow memory's bandwidth, needed with K. */
+static moe_status read_serving(const char *path, const cJSON *r, moe_sim_config *c) {
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(r, "serve_trace"), *p = cJSON_GetObjectItemCaseSensitive(r, "cache_policy");
+  c->cache_policy = MOE_CACHE_LIFO;
+  MOE_CHECK(get_int(path, r, "cache_experts", 0, 0, c->E, &c->cache_k));
+  MOE_CHECK(get_num(path, r, "fetch_bw", c->cache_k > 0, 1, 1e30, &c->fetch_bw));
+  if (p) {
+    MOE_TRY(cJSON_IsString(p) && moe_cache_policy_parse(p->valuestring, "cache_policy", &c->cache_policy) == MOE_OK &&
+            c->cache_policy != MOE_CACHE_BELADY, MOE_ERR_FORMAT,
+            "%s: \"cache_policy\" must be \"lifo\", \"lru\" or \"fifo\"", path);
+  }
+  MOE_TRY(t || (!c->cache_k && !p && !c->fetch_bw), MOE_ERR_FORMAT,
+          "%s: \"cache_experts\", \"cache_policy\" and \"fetch_bw\" are for a serving run: \"serve_trace\" is required", path);
+  if (!t) return MOE_OK;
+  MOE_TRY(cJSON_IsString(t) && t->valuestring[0], MOE_ERR_FORMAT, "%s: \"serve_trace\" must be a file name", path);
+  c->serve_trace = strdup(t->valuestring);
+  MOE_TRY(c->serve_trace, MOE_ERR_NOMEM, "%s: \"serve_trace\"", path);
+  return MOE_OK;
+}
+
 static moe_status read_config(const char *path, const cJSON *r, moe_sim_config *c) {
   MOE_TRY(cJSON_IsObject(r), MOE_ERR_FORMAT, "%s: the config must be a JSON object", path);
   for (const cJSON *v = r->child; v; v = v->next) {
@@ -84,6 +107,11 @@ static moe_status read_config(const char *path, const cJSON *r, moe_sim_config *
   MOE_CHECK(get_num(path, r, "host_bw", 0, 1, BIG, &c->host_bw));
   MOE_CHECK(get_num(path, r, "gemm_flops", 1, 1, BIG, &c->gemm_flops));
   MOE_CHECK(get_num(path, r, "gemm_half_rows", 0, 0, 1 << 20, &c->half_rows));
+  MOE_CHECK(get_num(path, r, "gemm_nt_flops", 0, 1, BIG, &c->nt.flops));
+  MOE_CHECK(get_num(path, r, "gemm_nt_half_rows", 0, 0, 1 << 20, &c->nt.half_rows));
+  MOE_CHECK(get_num(path, r, "gemm_tn_flops", 0, 1, BIG, &c->tn.flops));
+  MOE_CHECK(get_num(path, r, "gemm_tn_half_rows", 0, 0, 1 << 20, &c->tn.half_rows));
+  MOE_CHECK(get_num(path, r, "mem_bw", 0, 1, BIG, &c->mem_bw));
   MOE_CHECK(get_num(path, r, "memory_bytes", 0, 0, BIG, &c->mem_bytes));
   MOE_CHECK(get_int(path, r, "tokens", 1, 1, 1 << 30, &c->T));
   MOE_CHECK(get_int(path, r, "d_model", 1, 1, 1 << 20, &c->D));
@@ -116,6 +144,7 @@ static moe_status read_config(const char *path, const cJSON *r, moe_sim_config *
   MOE_TRY(c->reuse != MOE__REUSE_S1, MOE_ERR_FORMAT, "%s: \"reuse\" is \"s1\", want none, s2, s3 or s4", path);
   MOE_TRY(c->host_bw > 0 || (c->reuse != MOE__REUSE_S2 && c->reuse != MOE__REUSE_S3), MOE_ERR_FORMAT,
           "%s: \"reuse\" %s offloads to the host: \"host_bw\" is required", path, moe__reuse_names[c->reuse]);
+  MOE_CHECK(read_serving(path, r, c));
   const cJSON *f = cJSON_GetObjectItemCaseSensitive(r, "flex");
   MOE_TRY(!f || cJSON_IsBool(f), MOE_ERR_FORMAT, "%s: \"flex\" must be true or false", path);
   c->flex = cJSON_IsTrue(f);
@@ -141,6 +170,7 @@ moe_status moe_sim_config_load(const char *path, moe_sim_config **out) {
 void moe_sim_config_free(moe_sim_config *c) {
   if (!c) return;
   free(c->load);
+  free(c->serve_trace);
   free(c);
 }
 

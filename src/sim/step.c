@@ -116,11 +116,62 @@ static void pass(streams *s, int n, const double *x, const double *y, const doub
   }
 }
 
+/* A kind's rates: its own where the config gives them, else gemm_flops and gemm_half_rows. */
+static moe__sim_gemm kind(const moe_sim_config *c, moe__sim_kind k) {
+  const moe__sim_gemm *g = k == MOE__SIM_NT ? &c->nt : k == MOE__SIM_TN ? &c->tn : NULL;
+  return g && g->flops > 0 ? *g : (moe__sim_gemm){c->gemm_flops, c->half_rows};
+}
+
+double moe__sim_gemm_s(const moe_sim_config *c, moe__sim_kind k, double rows, double gemms) {
+  moe__sim_gemm g = kind(c, k);
+  return 2.0 * c->D * c->H * (rows + g.half_rows * gemms) / g.flops;
+}
+
+double moe__sim_router_s(const moe_sim_config *c) { return 3 * 2.0 * c->T * c->E * c->D / kind(c, MOE__SIM_NT).flops; }
+
+/* Elements read plus written, counted pass by pass from the layer's loops (dispatch.c, gate.c,
+ * experts.c), for each part of a step (moe__sim_part): before the experts, x's check (T D), the
+ * logits' GEMM reading x (T D), logits, softmax, k top-k scans and the loss sums over T E ((6 + k)
+ * T E) and the gather (2 a D); after them the combine (a D in, T D out); backward, first dout and the
+ * weights' dot products (3 a D), last dx (T D + a D), the router's gradient over T E (6) and its
+ * GEMMs reading x and updating dx (3 T D). */
+double moe__sim_token_bytes(const moe_sim_config *c, double sent, moe__sim_part part) {
+  double TD = (double)c->T * c->D, TE = (double)c->T * c->E, aD = sent * c->D;
+  static const double td[4] = {2, 1, 0, 4}, ad[4] = {2, 1, 3, 1};
+  double te[4] = {6.0 + c->k, 0, 0, 6};
+  return (td[part] * TD + ad[part] * aD + te[part] * TE) * c->elem;
+}
+
+/* Forward: the fc1 bias and the activation over rows H (read and write each), the fc2 bias over rows
+ * D; backward: the activation's gradient (a1 and dh in, dh out) and the two bias gradients' sums. */
+double moe__sim_expert_bytes(const moe_sim_config *c, double rows, int backward) {
+  double rH = rows * c->H, rD = rows * c->D;
+  return (backward ? 4 * rH + rD : 4 * rH + 2 * rD) * c->elem;
+}
+
+static double at_bw(const moe_sim_config *c, double bytes) { return c->mem_bw > 0 ? bytes / c->mem_bw : 0; }
+
+/* The token side's part p (the same on every device: the busiest's `sent`), not overlapped: the
+ * compute and communication streams wait for the latest, then run it; the copy stream goes on. */
+static void token_part(streams *s, const moe_sim_config *c, double sent, moe__sim_part p, double *total) {
+  double t = 0;
+  if (c->mem_bw > 0) {
+    double router = moe__sim_router_s(c); /* its forward GEMM before the experts, its two gradients last */
+    t = moe__sim_token_bytes(c, sent, p) / c->mem_bw + (p == MOE__SIM_BEFORE ? router / 3 : p == MOE__SIM_LAST ?
+                                                        2 * router / 3 : 0);
+  }
+  double at = s->comm;
+  for (int g = 0; g < s->W; g++) at = fmax(at, s->comp[g]);
+  s->comm = at + t;
+  for (int g = 0; g < s->W; g++) s->comp[g] = at + t;
+  *total += t;
+}
+
 moe_status moe__sim_step(const moe_sim_config *c, const int64_t *send, int n, moe__a2a a, double tail,
                          moe__sim_times *out) {
   int W = moe__sim_devices(c);
   size_t WW = (size_t)W * W, nW = (size_t)n * W;
-  double *bytes = malloc(sizeof(double) * WW), *x = malloc(sizeof(double) * 2 * (size_t)n);
+  double *bytes = malloc(sizeof(double) * WW), *x = calloc(2 * (size_t)n, sizeof(double));
   double *buf = calloc(6 * nW + 2 * (size_t)W, sizeof(double));
   if (!bytes || !x || !buf) {
     free(bytes), free(x), free(buf);
@@ -133,7 +184,6 @@ moe_status moe__sim_step(const moe_sim_config *c, const int64_t *send, int n, mo
   int recomp = c->reuse == MOE__REUSE_S3 || c->reuse == MOE__REUSE_S4;
   /* Offloaded per token: T_M (H) under S2, T_DI (M) under S3. */
   double off_elems = c->reuse == MOE__REUSE_S2 ? c->H : c->reuse == MOE__REUSE_S3 ? c->D : 0;
-  double fma = (double)c->D * c->H / c->gemm_flops; /* seconds of one token's D x H GEMM: 2 D H FLOPs / 2 */
   for (int i = 0; i < n; i++) {
     for (size_t p = 0; p < WW; p++)
       bytes[p] = (double)moe__pipe_part((size_t)send[p], n, i) * c->D * c->elem;
@@ -142,26 +192,39 @@ moe_status moe__sim_step(const moe_sim_config *c, const int64_t *send, int n, mo
     for (int h = 0; h < W; h++) {
       int64_t recv = 0;
       for (int g = 0; g < W; g++) recv += send[(size_t)g * W + h];
-      /* Hockney: each GEMM costs n_1/2 rows more; micro-batch i computes its run of the local experts. */
-      double rows = (double)moe__pipe_part((size_t)recv, n, i) +
-                    c->half_rows * (double)moe__pipe_part((size_t)c->local, n, i);
-      fw[(size_t)i * W + h] = 2 * 2 * rows * fma;                  /* two GEMMs, 2 FLOPs per multiply-add */
-      bw[(size_t)i * W + h] = (2 * 4 + (recomp ? 2 : 0)) * rows * fma; /* twice the forward, + GEMM 1 again */
+      /* Micro-batch i computes its run of the local experts, each GEMM costing its kind's n_1/2 more:
+       * forward x W1^T, h W2^T (+ S3/S4's recomputed first); backward dout W2, da1 W1 and the weight
+       * gradients dout^T h, da1^T x, whose small side is the inner one. */
+      double rows = (double)moe__pipe_part((size_t)recv, n, i), g = (double)moe__pipe_part((size_t)c->local, n, i);
+      double nt = moe__sim_gemm_s(c, MOE__SIM_NT, rows, g);
+      fw[(size_t)i * W + h] = 2 * nt + at_bw(c, moe__sim_expert_bytes(c, rows, 0));
+      bw[(size_t)i * W + h] = (recomp ? nt : 0) + 2 * moe__sim_gemm_s(c, MOE__SIM_NN, rows, g) +
+                              2 * moe__sim_gemm_s(c, MOE__SIM_TN, rows, g) + at_bw(c, moe__sim_expert_bytes(c, rows, 1));
       off[(size_t)i * W + h] = off_elems > 0 ? rows * off_elems * c->elem / c->host_bw : 0;
     }
   }
+  double sent = 0, tok = 0; /* the most any device routes: its row of send */
+  for (int g = 0; g < W; g++) {
+    double r = 0;
+    for (int h = 0; h < W; h++) r += (double)send[(size_t)g * W + h];
+    sent = fmax(sent, r);
+  }
   out->a2a1 = n == 1 ? x[0] : 0;
+  token_part(&s, c, sent, MOE__SIM_BEFORE, &tok);
   pass(&s, n, x, x, fw, NULL, off_elems > 0 ? off : NULL, done);
+  token_part(&s, c, sent, MOE__SIM_AFTER, &tok);
   /* Backward: offloaded tensors come back on the copy stream, in micro-batch order. */
   for (int g = 0; g < W; g++) {
     s.copy[g] = fmax(s.copy[g], s.comm);
     for (int i = 0; i < n; i++) ready[(size_t)i * W + g] = s.copy[g] += off[(size_t)i * W + g];
   }
+  token_part(&s, c, sent, MOE__SIM_FIRST, &tok);
   pass(&s, n, xb, x, bw, ready, NULL, done + nW);
+  token_part(&s, c, sent, MOE__SIM_LAST, &tok);
   s.comm += tail, s.busy += tail;
   out->step = s.comm, out->comm = s.busy, out->comp_max = 0, out->comp_min = INFINITY, out->slowest = 0;
   for (int g = 0; g < W; g++) {
-    double t = 0;
+    double t = tok;
     for (int i = 0; i < n; i++) t += fw[(size_t)i * W + g] + bw[(size_t)i * W + g];
     if (t > out->comp_max) out->comp_max = t, out->slowest = g;
     out->comp_min = fmin(out->comp_min, t);
