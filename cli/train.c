@@ -364,7 +364,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (dc && !rc && moe_dist_rank(o->model.moe.dist) == 0) /* rank 0 reports, as on stdout */
     dyncap_report(dc, o->json ? stderr : stdout);
   dyncap_free(dc);
-  if (ft && !rc) flex_report(ft, o->json ? stderr : stdout, o->json);
+  if (ft && !rc) flex_report(ft, m, o->json ? stderr : stdout, o->json);
   moe_flex_trainer_free(ft);
   assign_cache_free(ac);
   if (rc) return rc;

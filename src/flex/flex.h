@@ -36,6 +36,9 @@ void moe__flex_table_free(moe__flex_table *t);
 moe_status moe__flex_table_clone(moe__flex_table *dst, const moe__flex_table *src);
 /* src's slots and counts into dst, which has src's W, E_v and E (no allocation). */
 void moe__flex_table_assign(moe__flex_table *dst, const moe__flex_table *src);
+/* t's slots from `slots` (W x E_v, rank-major) and its counts from them (moe__flex_table_check says
+ * whether the slots are valid). */
+void moe__flex_table_set_slots(moe__flex_table *t, const int *slots);
 /* The invariants of P3 1.1: every slot empty or a valid expert, the counts n equal to a recount of the
  * slots, every expert with at least one replica. MOE_ERR_STATE naming the first violation. */
 moe_status moe__flex_table_check(const moe__flex_table *t);
