@@ -473,7 +473,7 @@ int cmd_train(int argc, char **argv) {
   int arch = 0, rc = parse(argc, argv, &o, &arch);
   o.model.moe.dist = dist;
   if (o.replicas && dist) /* one spare slot per rank by default */
-    o.model.moe.replica_slots = o.slots ? o.slots : o.model.moe.E / moe_dist_size(dist) + 1;
+    o.model.moe.replica_slots = o.slots ? o.slots : flex_default_slots(o.resume, o.model.moe.E, moe_dist_size(dist));
   else if (!rc && o.replicas)
     fprintf(stderr, "moe train: --replicas auto: one process holds every expert; replicas need mpirun\n");
   if (!rc && dist && moe_dist_rank(dist) != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 reports */

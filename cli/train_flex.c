@@ -44,3 +44,8 @@ void flex_report(const moe_flex_trainer *t, const moe_model_t *m, FILE *f, int j
             (long long)s.shrinks, (long long)s.migrates, s.bytes_moved, s.balance_sum / n, s.balance_last,
             s.balance_blocks_sum / n, at_end);
 }
+
+int flex_default_slots(const char *resume, int E, int W) {
+  int slots = resume ? moe__checkpoint_replica_slots(resume, W) : 0;
+  return slots > 0 ? slots : E / W + 1;
+}

@@ -254,3 +254,15 @@ static const char *take_layout(moe_train_state *ts, char *layout) {
   *p = 0;
   return layout;
 }
+
+int moe__checkpoint_replica_slots(const char *path, int W) {
+  moe_st *f;
+  if (moe_st_open_lazy(&f, path) != MOE_OK) return 0;
+  const char *e = moe_st_meta(f, "E"), *train = moe_st_meta(f, "train");
+  const char *p = train ? strstr(train, LAYOUT_KEY) : NULL;
+  int E = e ? atoi(e) : 0, w = 0, Ev = 0;
+  int slots = p && sscanf(p + strlen(LAYOUT_KEY), "%dx%d:", &w, &Ev) == 2 && w == W && Ev > 0 ? Ev
+              : E > 0 && W > 0 ? E / W + 1 : 0;
+  moe_st_close(f);
+  return slots;
+}

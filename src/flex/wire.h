@@ -48,5 +48,9 @@ moe_status moe__flex_layout_write(const moe_model_t *m, char *buf, size_t n);
  * and the offending entry when s is malformed or a block's slots break the table's invariants. No
  * exchange: every rank reads the same text. */
 moe_status moe__flex_layout_read(moe_model_t *m, const char *s, const char *what);
+/* The slots per rank a run resumed from checkpoint path on W ranks takes by default: its placement's
+ * E_v when W ranks saved it with replicas, so that the run continues with that placement; else one
+ * spare slot per rank, E/W + 1. 0 when the file cannot be read (its load says why). */
+int moe__checkpoint_replica_slots(const char *path, int W);
 
 #endif
