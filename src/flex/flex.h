@@ -197,4 +197,16 @@ typedef struct {
  * rank >= 0 keeps the groups holding that rank (its own calls), -1 all. out has room for E. */
 moe_status moe__flex_sync_groups(const moe__flex_table *t, int rank, moe__flex_group *out, int *n);
 
+/* ---- the plot of moe placement --method flexmoe --plot ---- */
+
+typedef struct {
+  int64_t n;                                 /* steps */
+  const double *ratio_before, *ratio_after;  /* (n) Eq. 6 before and after each step's plan */
+  const double *time_before, *time_after;    /* (n) Eq. 5, seconds */
+  double threshold, ratio_max, time_max;     /* the scales: ratio from 1, time from 0 */
+} moe__flex_plot;
+/* Two panels over the steps (ratio on top, with the threshold; modelled step time below), each value
+ * before its plan light and after it dark, written to path as a PNG (atomically). */
+moe_status moe__flex_plot_png(const char *path, const moe__flex_plot *d);
+
 #endif
