@@ -202,3 +202,35 @@ TEST(flex_layer_rejects_what_replicas_do_not_support) {
   ASSERT_STATUS(moe_layer_init(&l, &c), MOE_ERR_ARG);
   moe_dist_finalize(d);
 }
+
+/* A checkpoint whose placement names an expert the model does not have, or leaves an expert without a
+ * replica, is refused on resume with the file, the block and the slot, not loaded into a wrong layout. */
+TEST(flex_train_rejects_a_bad_placement) {
+  if (!test_have_mpirun()) return;
+  static const char *const bad[][2] = {
+      {"2x3:0,0,7,2,2,3", "replica placement of block 0, slot 2: bad entry at '7,2,2,3'"},
+      {"2x3:0,0,0,2,2,3", "replica placement of block 0: flex table: expert 1 has no replica"},
+  };
+  moe_model_config c;
+  moe_model_config_default(&c);
+  c.in_dim = 144, c.classes = 10, c.moe.D = 8, c.moe.H = 8, c.moe.E = 4, c.moe.top_k = 2;
+  moe_optim_config oc;
+  moe_optim_config_default(&oc);
+  moe_model_t m;
+  moe_optim_t o;
+  ASSERT_OK(moe_model_init(&m, &c));
+  ASSERT_OK(moe_optim_init(&o, &oc, &m));
+  moe_model_init_params(&m, 1);
+  for (int i = 0; i < 2; i++) {
+    char ck[512], extra[700], err[4096];
+    test_tmp_path("flex_bad_placement.safetensors", ck, sizeof ck);
+    moe_train_state ts = {.epoch = 1, .step = 25, .seed = 1};
+    snprintf(ts.extra, sizeof ts.extra, "epochs=2;batch=24;warmup=0;augment=1;lr=0.001;replicas=%s", bad[i][0]);
+    ASSERT_OK(moe_checkpoint_save(ck, &m, &o, &ts));
+    snprintf(extra, sizeof extra, "--resume '%s' --replicas auto", ck);
+    ASSERT_EQ_INT(train_np(2, "train --threads 1", extra, NULL, err, sizeof err), 1);
+    if (!strstr(err, "flex_bad_placement.safetensors") || !strstr(err, bad[i][1])) FAIL_("placement %s: %s", bad[i][0], err);
+  }
+  moe_optim_free(&o);
+  moe_model_free(&m);
+}
