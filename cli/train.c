@@ -472,7 +472,7 @@ int cmd_train(int argc, char **argv) {
   defaults(&o);
   int arch = 0, rc = parse(argc, argv, &o, &arch);
   o.model.moe.dist = dist;
-  if (o.replicas && dist) /* one spare slot per rank by default */
+  if (o.replicas && dist) /* one spare slot per rank by default; resuming, the checkpoint's (train_flex.c) */
     o.model.moe.replica_slots = o.slots ? o.slots : flex_default_slots(o.resume, o.model.moe.E, moe_dist_size(dist));
   else if (!rc && o.replicas)
     fprintf(stderr, "moe train: --replicas auto: one process holds every expert; replicas need mpirun\n");
