@@ -3,13 +3,14 @@
  * each step's counts over all ranks; each rank is taken to route an equal share of every expert's
  * tokens (the trace does not say which rank a token came from). Prints per step the balance ratio and
  * the modelled step time before and after the step's plan, and its operations; --json one JSON line
- * per step. The model's terms are flags (defaults: the order of what `moe train --replicas auto`
+ * per step; --plot OUT.png draws both over the steps. The model's terms are flags (defaults: the order of what `moe train --replicas auto`
  * profiles on a 2-core CPU at D=128, H=512). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "flex/flex.h"
 #include "placement_flex.h"
 
 static const char *CMD = "placement";
@@ -18,15 +19,17 @@ void placement_flex_usage(FILE *f) {
   fprintf(f,
           "       moe placement --trace T --devices N --method flexmoe [--slots E_v] [--balance-threshold X]\n"
           "       [--layer L] [--experts E] [--model D] [--hidden H] [--tps TOKENS_PER_S] [--bandwidth BYTES_PER_S]\n"
-          "       [--latency S] [--json]\n"
+          "       [--latency S] [--json] [--plot OUT.png]\n"
           "flexmoe runs FlexMoE's policy maker over every step of one layer (default 0): per step the balance\n"
           "ratio and the modelled step time before and after its plan, and the plan's expand / shrink /\n"
-          "migrate counts (--json: one object per step). --slots defaults to E/N + 1, the threshold to 1.2.\n");
+          "migrate counts (--json: one object per step). --slots defaults to E/N + 1, the threshold to 1.2.\n"
+          "--plot draws the balance ratio (top) and the modelled step time (bottom) over the steps as a PNG.\n");
 }
 
 typedef struct {
   int devices, slots, layer, experts, D, H, json;
   float threshold, tps, bw, lat;
+  const char *plot;
 } flex_opts;
 
 static int parse(int argc, char **argv, flex_opts *o, const char **trace) {
@@ -41,6 +44,7 @@ static int parse(int argc, char **argv, flex_opts *o, const char **trace) {
     const char *v = argv[++i];
     int ok = 1;
     if (cli_flag_is(f, "trace")) *trace = v;
+    else if (cli_flag_is(f, "plot")) o->plot = v;
     else if (cli_flag_is(f, "method")) ok = !strcmp(v, "flexmoe");
     else if (cli_flag_is(f, "devices")) ok = cli_parse_int(v, &o->devices) && o->devices >= 1;
     else if (cli_flag_is(f, "slots")) ok = cli_parse_int(v, &o->slots) && o->slots >= 1;
@@ -77,6 +81,21 @@ static void split_counts(const int32_t *Ie, int E, int W, int64_t *src) {
     for (int e = 0; e < E; e++) src[(size_t)g * E + e] = Ie[e] / W + (g < Ie[e] % W);
 }
 
+/* --plot: the steps' ratios and times (4 series of n in v) drawn to o->plot, their scales printed. */
+static int plot(const flex_opts *o, const double *v, int64_t n) {
+  moe__flex_plot d = {.n = n, .ratio_before = v, .ratio_after = v + n, .time_before = v + 2 * n,
+                      .time_after = v + 3 * n, .threshold = o->threshold, .ratio_max = o->threshold};
+  for (int64_t i = 0; i < 2 * n; i++) {
+    d.ratio_max = v[i] > d.ratio_max ? v[i] : d.ratio_max;
+    d.time_max = v[2 * n + i] > d.time_max ? v[2 * n + i] : d.time_max;
+  }
+  if (moe__flex_plot_png(o->plot, &d) != MOE_OK) return cli_fail(CMD);
+  fprintf(o->json ? stderr : stdout, "plot: %s: balance ratio 1 to %.4g (top, threshold %.3g in grey), modelled "
+          "step 0 to %.6g s (bottom); light before each step's plan, dark after\n", o->plot, d.ratio_max,
+          o->threshold, d.time_max);
+  return 0;
+}
+
 int placement_flex(int argc, char **argv) {
   const char *trace = NULL;
   flex_opts o;
@@ -88,9 +107,10 @@ int placement_flex(int argc, char **argv) {
   moe_flex_env env = {.tps = o.tps, .a2a_lat = o.lat, .a2a_bw = o.bw, .ar_lat = o.lat, .ar_bw = o.bw,
                       .token_bytes = 4.0 * o.D, .expert_bytes = 4.0 * (2.0 * o.D * o.H + o.D + o.H)};
   moe_flex_sim *s = NULL;
-  int64_t *src = malloc(sizeof *src * (size_t)W * (size_t)E);
+  int64_t *src = malloc(sizeof *src * (size_t)W * (size_t)E), n = t.steps;
+  double *v = o.plot ? malloc(sizeof *v * 4 * (size_t)(n ? n : 1)) : NULL; /* --plot's 4 series */
   if (o.layer >= t.layers) rc = cli_usage_error(CMD, "--layer %d: the trace has %d layers", o.layer, t.layers);
-  else if (!src) rc = cli_usage_error(CMD, "out of memory");
+  else if (!src || (o.plot && !v)) rc = cli_usage_error(CMD, "out of memory");
   else if (moe_flex_sim_new(&s, W, slots, E, &env, o.threshold) != MOE_OK) rc = cli_fail(CMD);
   if (!rc)
     fprintf(o.json ? stderr : stdout,
@@ -101,9 +121,13 @@ int placement_flex(int argc, char **argv) {
     split_counts(t.tokens + ((size_t)step * t.layers + o.layer) * E, E, W, src);
     if (moe_flex_sim_step(s, src, &r) != MOE_OK) rc = cli_fail(CMD);
     else print_step(&o, step, &r);
+    if (v) v[step] = r.balance_before, v[n + step] = r.balance_after, v[2 * n + step] = r.time_before,
+           v[3 * n + step] = r.time_after;
   }
+  if (!rc && o.plot) rc = plot(&o, v, n);
   moe_flex_sim_free(s);
   free(src);
+  free(v);
   moe_trace_free(&t);
   return rc;
 }

@@ -364,7 +364,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (dc && !rc && moe_dist_rank(o->model.moe.dist) == 0) /* rank 0 reports, as on stdout */
     dyncap_report(dc, o->json ? stderr : stdout);
   dyncap_free(dc);
-  if (ft && !rc) flex_report(ft, o->json ? stderr : stdout, o->json);
+  if (ft && !rc) flex_report(ft, m, o->json ? stderr : stdout, o->json);
   moe_flex_trainer_free(ft);
   assign_cache_free(ac);
   if (rc) return rc;
@@ -472,8 +472,8 @@ int cmd_train(int argc, char **argv) {
   defaults(&o);
   int arch = 0, rc = parse(argc, argv, &o, &arch);
   o.model.moe.dist = dist;
-  if (o.replicas && dist) /* one spare slot per rank by default */
-    o.model.moe.replica_slots = o.slots ? o.slots : o.model.moe.E / moe_dist_size(dist) + 1;
+  if (o.replicas && dist) /* one spare slot per rank by default; resuming, the checkpoint's (train_flex.c) */
+    o.model.moe.replica_slots = o.slots ? o.slots : flex_default_slots(o.resume, o.model.moe.E, moe_dist_size(dist));
   else if (!rc && o.replicas)
     fprintf(stderr, "moe train: --replicas auto: one process holds every expert; replicas need mpirun\n");
   if (!rc && dist && moe_dist_rank(dist) != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 reports */

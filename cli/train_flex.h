@@ -9,6 +9,9 @@
 /* Starts the replica trainer (a collective) and prints its profile on f (rank 0's stdout). */
 int flex_start(moe_flex_trainer **out, moe_model_t *m, float threshold, int horizon, int delta, const char *ops,
                FILE *f);
-void flex_report(const moe_flex_trainer *t, FILE *f, int json);
+/* --slots' default: one spare slot per rank (E/W + 1); resuming, the checkpoint's E, and on as many
+ * ranks as saved it the slots of its placement. */
+int flex_default_slots(const char *resume, int E, int W);
+void flex_report(const moe_flex_trainer *t, const moe_model_t *m, FILE *f, int json);
 
 #endif

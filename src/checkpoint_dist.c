@@ -3,8 +3,10 @@
  * rank's experts on rank 0 (rank order is expert order), which writes; loading reads the whole file
  * on every rank and keeps its own experts, so a run may resume with another number of ranks. With
  * FlexMoE's replicas (DESIGN 3.4) a rank's rows are the experts its slots hold: rank 0 takes each
- * expert from its lowest holder, so the file is the same as without replicas; a load with replicas
- * starts from expert parallelism's blocks. */
+ * expert from its lowest holder, so the file is the same as without replicas, and the placement goes
+ * beside it in __metadata__ train (";replicas=" + moe__flex_layout_write, when there is a training
+ * state). A load with replicas on as many ranks with as many slots takes that placement back; with
+ * another number of ranks or slots it starts from expert parallelism's blocks. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +84,8 @@ static moe_status collect_ref(const moe_model_t *m, const moe_tensor_ref *r, con
   return f ? collect_held(d, f, src, r->numel, dst) : collect(d, split_ref(r), l, sh, src, r->numel, dst);
 }
 
+static moe_status with_layout(const moe_model_t *m, const moe_train_state *ts, moe_train_state *out);
+
 moe_status moe__checkpoint_save_ranks(const char *path, const moe_model_t *m, const moe_optim_t *o,
                                       const moe_train_state *ts) {
   const moe_dist *d = m->cfg.moe.dist;
@@ -111,9 +115,11 @@ moe_status moe__checkpoint_save_ranks(const char *path, const moe_model_t *m, co
     if (m->layers[b].expert_capacity)
       st = moe_layer_set_expert_capacity(&w.layers[b], m->layers[b].expert_capacity,
                                          m->layers[b].expert_capacity_tokens);
+  moe_train_state kept;
+  if (st == MOE_OK && ts && m->layers[0].st->flex) st = with_layout(m, ts, &kept); /* the same on every rank */
   if (st == MOE_OK && root) {
     wo.step = o ? o->step : 0;
-    st = moe_checkpoint_save(path, &w, o ? &wo : NULL, ts);
+    st = moe_checkpoint_save(path, &w, o ? &wo : NULL, ts && m->layers[0].st->flex ? &kept : ts);
   }
   moe_optim_free(&wo);
   moe_model_free(&w);
@@ -141,13 +147,16 @@ static void take_ref(const moe_model_t *m, const moe_tensor_ref *r, const float 
   for (int j = 0; j < f->nh; j++) memcpy(dst + (size_t)j * per, src + (size_t)f->held[j] * per, per * 4);
 }
 
-static moe_status keep_own(const moe_dist *d, int parallel_r, int slots, const moe_model_t *w, const moe_optim_t *wo,
-                           moe_model_t *m, moe_optim_t *o) {
+/* m (and o) of w's configuration on d, each rank keeping its part of w (and wo); layout: the placement
+ * the file keeps (NULL: none), taken when it is for these ranks and slots. */
+static moe_status keep_own(const moe_dist *d, int parallel_r, int slots, const char *layout, const char *path,
+                           const moe_model_t *w, const moe_optim_t *wo, moe_model_t *m, moe_optim_t *o) {
   moe_model_config c = w->cfg;
   c.moe.dist = d;
   c.moe.parallel_r = parallel_r;
   c.moe.replica_slots = slots;
   MOE_CHECK(moe_model_init(m, &c));
+  if (slots && layout) MOE_CHECK(moe__flex_layout_read(m, layout, path));
   if (o && wo->m) {
     MOE_CHECK(moe_optim_init(o, &wo->cfg, m));
     o->step = wo->step;
@@ -194,16 +203,25 @@ moe_status moe_checkpoint_load_replicas(const char *path, const moe_dist *d, int
   return load_kept(path, d, MOE_PARALLEL_OFF, slots, m, o, ts);
 }
 
+static const char *take_layout(moe_train_state *ts, char *layout);
+
 static moe_status load_kept(const char *path, const moe_dist *d, int parallel_r, int slots, moe_model_t *m,
                             moe_optim_t *o, moe_train_state *ts) {
-  if (moe_dist_size(d) <= 1) return moe_checkpoint_load(path, m, o, ts);
+  moe_train_state own;
+  if (!ts) ts = &own;
+  char layout[sizeof ts->extra];
+  if (moe_dist_size(d) <= 1) {
+    MOE_CHECK(moe_checkpoint_load(path, m, o, ts));
+    take_layout(ts, layout);
+    return MOE_OK;
+  }
   MOE_TRY(path && m, MOE_ERR_ARG, "moe_checkpoint_load_ranks: NULL argument");
   memset(m, 0, sizeof *m);
   if (o) memset(o, 0, sizeof *o);
   moe_model_t w;
   moe_optim_t wo = {0};
   MOE_CHECK(moe_checkpoint_load(path, &w, o ? &wo : NULL, ts));
-  moe_status st = keep_own(d, parallel_r, slots, &w, &wo, m, o);
+  moe_status st = keep_own(d, parallel_r, slots, take_layout(ts, layout), path, &w, &wo, m, o);
   if (st != MOE_OK) {
     if (o) moe_optim_free(o);
     moe_model_free(m);
@@ -214,4 +232,37 @@ static moe_status load_kept(const char *path, const moe_dist *d, int parallel_r,
   moe_optim_free(&wo);
   moe_model_free(&w);
   return st;
+}
+
+#define LAYOUT_KEY ";replicas="
+
+/* ts with the placement of m's blocks after its options: LAYOUT_KEY + moe__flex_layout_write. */
+static moe_status with_layout(const moe_model_t *m, const moe_train_state *ts, moe_train_state *out) {
+  *out = *ts;
+  size_t at = strlen(out->extra), key = strlen(LAYOUT_KEY);
+  MOE_TRY(at + key < sizeof out->extra, MOE_ERR_ARG, "checkpoint: no room for the replica placement after the "
+          "training options (%zu characters)", at);
+  memcpy(out->extra + at, LAYOUT_KEY, key + 1);
+  return moe__flex_layout_write(m, out->extra + at + key, sizeof out->extra - at - key);
+}
+
+/* The placement a checkpoint keeps, cut from ts's options into layout (room for them); NULL when none. */
+static const char *take_layout(moe_train_state *ts, char *layout) {
+  char *p = strstr(ts->extra, LAYOUT_KEY);
+  if (!p) return NULL;
+  snprintf(layout, sizeof ts->extra, "%s", p + strlen(LAYOUT_KEY));
+  *p = 0;
+  return layout;
+}
+
+int moe__checkpoint_replica_slots(const char *path, int W) {
+  moe_st *f;
+  if (moe_st_open_lazy(&f, path) != MOE_OK) return 0;
+  const char *e = moe_st_meta(f, "E"), *train = moe_st_meta(f, "train");
+  const char *p = train ? strstr(train, LAYOUT_KEY) : NULL;
+  int E = e ? atoi(e) : 0, w = 0, Ev = 0;
+  int slots = p && sscanf(p + strlen(LAYOUT_KEY), "%dx%d:", &w, &Ev) == 2 && w == W && Ev > 0 ? Ev
+              : E > 0 && W > 0 ? E / W + 1 : 0;
+  moe_st_close(f);
+  return slots;
 }

@@ -184,31 +184,37 @@ static moe_status exchange(moe_layer_t *l, int reverse, const float *send, float
   return MOE_OK;
 }
 
-/* Rows to the replicas: staged destination-major, exchanged, reordered expert-major. */
-static moe_status flex_send(moe_layer_t *l, int way, int i, const float *rows, float *g) {
-  (void)way, (void)i;
+/* dst[perm[r]] = src[r] (scatter) or dst[r] = src[perm[r]] for n rows of D floats. */
+static void permute_rows(const moe__layer_state *s, int n, int D, const int32_t *perm, int scatter, const float *src,
+                         float *dst) {
+#pragma omp parallel for num_threads(s->threads) schedule(static)
+  for (int r = 0; r < n; r++) {
+    size_t a = (size_t)(scatter ? perm[r] : r) * D, b = (size_t)(scatter ? r : perm[r]) * D;
+    memcpy(dst + a, src + b, (size_t)D * 4);
+  }
+}
+
+/* Rows to the replicas (reverse 0: dispatch rows in, expert-major rows out; staged destination-major,
+ * exchanged, reordered expert-major) or back (reverse 1: the mirror image). */
+static moe_status through(moe_layer_t *l, int reverse, const float *in, float *out) {
   moe__layer_state *s = l->st;
   moe__flex_layer *f = s->flex;
   int D = l->cfg.D, n = s->p.rows, R = s->p.grows;
-#pragma omp parallel for num_threads(s->threads) schedule(static)
-  for (int r = 0; r < n; r++) memcpy(f->sbuf + (size_t)f->sperm[r] * D, rows + (size_t)r * D, (size_t)D * 4);
-  MOE_CHECK(exchange(l, 0, f->sbuf, s->xr));
-#pragma omp parallel for num_threads(s->threads) schedule(static)
-  for (int r = 0; r < R; r++) memcpy(g + (size_t)r * D, s->xr + (size_t)f->rperm[r] * D, (size_t)D * 4);
+  float *stage_in = reverse ? s->xr : f->sbuf, *stage_out = reverse ? f->sbuf : s->xr;
+  permute_rows(s, reverse ? R : n, D, reverse ? f->rperm : f->sperm, 1, in, stage_in);
+  MOE_CHECK(exchange(l, reverse, stage_in, stage_out));
+  permute_rows(s, reverse ? n : R, D, reverse ? f->sperm : f->rperm, 0, stage_out, out);
   return MOE_OK;
+}
+
+static moe_status flex_send(moe_layer_t *l, int way, int i, const float *rows, float *g) {
+  (void)way, (void)i;
+  return through(l, 0, rows, g);
 }
 
 static moe_status flex_recv(moe_layer_t *l, int i, const float *g, float *rows) {
   (void)i;
-  moe__layer_state *s = l->st;
-  moe__flex_layer *f = s->flex;
-  int D = l->cfg.D, n = s->p.rows, R = s->p.grows;
-#pragma omp parallel for num_threads(s->threads) schedule(static)
-  for (int r = 0; r < R; r++) memcpy(s->xr + (size_t)f->rperm[r] * D, g + (size_t)r * D, (size_t)D * 4);
-  MOE_CHECK(exchange(l, 1, s->xr, f->sbuf));
-#pragma omp parallel for num_threads(s->threads) schedule(static)
-  for (int r = 0; r < n; r++) memcpy(rows + (size_t)r * D, f->sbuf + (size_t)f->sperm[r] * D, (size_t)D * 4);
-  return MOE_OK;
+  return through(l, 1, g, rows);
 }
 
 /* The gradients of the experts held by several ranks, summed over their holders so that every holder

@@ -59,3 +59,27 @@ TEST(flex_placement_rejects_bad_flags) {
   ASSERT_EQ_INT(run_moe(NULL, args, NULL, err, sizeof err), 1);
   ASSERT(strstr(err, "cannot hold E=8 experts"));
 }
+
+/* --plot: an 800 x 520 PNG of the ratio and the modelled step over the steps, its scales on stdout
+ * (the ratio's top is the first step's 600/210 before its plan). */
+TEST(flex_placement_plots_ratio_and_time) {
+  char trace[512], png[512], out[512], args[1400], err[4096], text[8192];
+  ASSERT(skewed_trace(trace, sizeof trace));
+  test_tmp_path("flex_placement.png", png, sizeof png);
+  test_tmp_path("flex_placement.txt", out, sizeof out);
+  snprintf(args, sizeof args, "placement --trace '%s' --devices 4 --method flexmoe --plot '%s'", trace, png);
+  if (run_moe(NULL, args, out, err, sizeof err)) FAIL_("placement --plot: %s", err);
+  test_read_text(out, text, sizeof text);
+  if (!strstr(text, "flex_placement.png: balance ratio 1 to 2.857 (top, threshold 1.2 in grey), modelled step 0 to"))
+    FAIL_("output: %s", text);
+  size_t n = 0;
+  unsigned char *b = (unsigned char *)test_read_file(png, &n);
+  ASSERT(b && n > 24);
+  ASSERT(!memcmp(b, "\x89PNG\r\n\x1a\n", 8) && !memcmp(b + 12, "IHDR", 4));
+  ASSERT_EQ_INT((b[16] << 24 | b[17] << 16 | b[18] << 8 | b[19]), 800);
+  ASSERT_EQ_INT((b[20] << 24 | b[21] << 16 | b[22] << 8 | b[23]), 520);
+  free(b);
+  snprintf(args, sizeof args, "placement --trace '%s' --devices 4 --method flexmoe --plot /nonexistent/x.png", trace);
+  ASSERT_EQ_INT(run_moe(NULL, args, NULL, err, sizeof err), 1);
+  if (!strstr(err, "/nonexistent/x.png")) FAIL_("stderr: %s", err);
+}

@@ -36,6 +36,9 @@ void moe__flex_table_free(moe__flex_table *t);
 moe_status moe__flex_table_clone(moe__flex_table *dst, const moe__flex_table *src);
 /* src's slots and counts into dst, which has src's W, E_v and E (no allocation). */
 void moe__flex_table_assign(moe__flex_table *dst, const moe__flex_table *src);
+/* t's slots from `slots` (W x E_v, rank-major) and its counts from them (moe__flex_table_check says
+ * whether the slots are valid). */
+void moe__flex_table_set_slots(moe__flex_table *t, const int *slots);
 /* The invariants of P3 1.1: every slot empty or a valid expert, the counts n equal to a recount of the
  * slots, every expert with at least one replica. MOE_ERR_STATE naming the first violation. */
 moe_status moe__flex_table_check(const moe__flex_table *t);
@@ -193,5 +196,17 @@ typedef struct {
  * rank issues the all-reduces in (the same order everywhere, so no two ranks wait on each other).
  * rank >= 0 keeps the groups holding that rank (its own calls), -1 all. out has room for E. */
 moe_status moe__flex_sync_groups(const moe__flex_table *t, int rank, moe__flex_group *out, int *n);
+
+/* ---- the plot of moe placement --method flexmoe --plot ---- */
+
+typedef struct {
+  int64_t n;                                 /* steps */
+  const double *ratio_before, *ratio_after;  /* (n) Eq. 6 before and after each step's plan */
+  const double *time_before, *time_after;    /* (n) Eq. 5, seconds */
+  double threshold, ratio_max, time_max;     /* the scales: ratio from 1, time from 0 */
+} moe__flex_plot;
+/* Two panels over the steps (ratio on top, with the threshold; modelled step time below), each value
+ * before its plan light and after it dark, written to path as a PNG (atomically). */
+moe_status moe__flex_plot_png(const char *path, const moe__flex_plot *d);
 
 #endif

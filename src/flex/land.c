@@ -53,14 +53,6 @@ static int needs(const moe__flex_table *nt, const moe__flex_table *ot, int e, in
   return moe__flex_count(nt, e, g) && !moe__flex_count(ot, e, g);
 }
 
-/* nt's slots from `slots` and its counts from them. */
-static void set_slots(moe__flex_table *nt, const int *slots) {
-  memcpy(nt->slot, slots, sizeof(int) * (size_t)nt->W * nt->Ev);
-  memset(nt->n, 0, sizeof(int) * (size_t)nt->E * nt->W);
-  for (int i = 0; i < nt->W * nt->Ev; i++)
-    if (slots[i] >= 0 && slots[i] < nt->E) nt->n[(size_t)slots[i] * nt->W + i / nt->Ev]++;
-}
-
 /* l takes the placement `slots` (W x E_v): the copies its ranks need (each from the old holder
  * nearest in rank number), exchanged in one all-to-all-v of rows of one expert's state (weights and
  * moments), then each rank's rows laid out anew: its old row where it held the expert already, the
@@ -69,7 +61,7 @@ moe_status moe__flex_land(moe_layer_t *l, const moe__flex_rows *rows, const int 
   moe__flex_layer *f = l->st->flex;
   moe__flex_table nt = {0}, *ot = &f->t;
   MOE_CHECK(moe__flex_table_clone(&nt, ot));
-  set_slots(&nt, slots);
+  moe__flex_table_set_slots(&nt, slots);
   moe_status st = moe__flex_table_check(&nt);
   const moe__flex_rows r = *rows;
   int width = (int)pack(&r, 0, NULL, 0), W = f->W, me = f->me, ns = 0, nr = 0, moved = 0, E = ot->E, Ev = ot->Ev;

@@ -50,6 +50,13 @@ void moe__flex_table_assign(moe__flex_table *dst, const moe__flex_table *src) {
   memcpy(dst->n, src->n, sizeof(int) * (size_t)src->E * (size_t)src->W);
 }
 
+void moe__flex_table_set_slots(moe__flex_table *t, const int *slots) {
+  memcpy(t->slot, slots, sizeof(int) * (size_t)t->W * t->Ev);
+  memset(t->n, 0, sizeof(int) * (size_t)t->E * t->W);
+  for (int i = 0; i < t->W * t->Ev; i++)
+    if (slots[i] >= 0 && slots[i] < t->E) t->n[(size_t)slots[i] * t->W + i / t->Ev]++;
+}
+
 moe_status moe__flex_table_check(const moe__flex_table *t) {
   int W = t->W, Ev = t->Ev, E = t->E;
   for (int g = 0; g < W; g++)
