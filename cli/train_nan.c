@@ -1,8 +1,9 @@
 /* A training step that watches for divergence (moe train --on-nan). The model reports the first
- * non-finite activation of the forward and gradient of the backward, and moe_model_check_finite the
- * parameters and optimizer state after the update; every rank gets the same answer. With skip-step a
- * non-finite forward or backward drops the update, and an update that made something non-finite is
- * undone from a copy taken before it (the only way back: the optimizer has already written it). */
+ * non-finite activation of the forward and gradient of the backward, and the checked update
+ * (moe_optim_step_checked) the parameters and optimizer state it wrote; every rank gets the same
+ * answer. With skip-step a non-finite forward or backward drops the update, and an update that made
+ * something non-finite is undone from a copy taken before it (the only way back: the optimizer has
+ * already written it). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,8 +47,7 @@ moe_status nan_guard_step(nan_guard *g, moe_model_t *m, moe_optim_t *o, const fl
   if (s == MOE_OK) s = moe_model_backward(m);
   if (s == MOE_OK) {
     if (g->skip) transfer(g, m, o, 1);
-    moe_optim_step(o, m, lr);
-    s = moe_model_check_finite(m, o);
+    s = moe_optim_step_checked(o, m, lr);
     if (s == MOE_ERR_VALUE && g->skip) {
       transfer(g, m, o, 0);
       o->step--;

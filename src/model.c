@@ -480,14 +480,16 @@ moe_status moe_model_backward(moe_model_t *m) {
   return agree(c->moe.dist, bad, "the backward");
 }
 
-moe_status moe_model_check_finite(const moe_model_t *m, const moe_optim_t *o) {
+moe_status moe__model_check_finite(const moe_model_t *m, const moe_optim_t *o, int scan) {
   MOE_TRY(m && m->refs, MOE_ERR_STATE, "moe_model_check_finite: model not initialized");
   char bad[256] = "";
   size_t off = 0;
-  for (int i = 0; i < m->nrefs; off += m->refs[i++].numel) {
+  for (int i = 0; scan && i < m->nrefs; off += m->refs[i++].numel) {
     find_bad(bad, sizeof bad, "", &m->refs[i], m->refs[i].data);
     if (o && o->m) find_bad(bad, sizeof bad, "optim.m.", &m->refs[i], o->m + off);
     if (o && o->v) find_bad(bad, sizeof bad, "optim.v.", &m->refs[i], o->v + off);
   }
   return agree(m->cfg.moe.dist, bad, "the parameters");
 }
+
+moe_status moe_model_check_finite(const moe_model_t *m, const moe_optim_t *o) { return moe__model_check_finite(m, o, 1); }
