@@ -229,12 +229,21 @@ static void softmax_ce(float *z, int n, int C, const uint8_t *labels, int stride
   }
 }
 
+/* Whether all n values are finite, in one vectorized pass (x - x is 0 for a finite x, NaN otherwise). */
+static int all_finite(const float *a, size_t n) {
+  float acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (size_t i = 0; i < n; i++) acc += a[i] - a[i];
+  return acc == 0;
+}
+
 /* Divergence: the forward checks its input and each activation as it is made. The first non-finite
  * value is described in s->bad (note), and the activation's non-finite values are zeroed (watch) so
  * that the forward still reaches its collectives (the other ranks would wait there forever); the
  * forward then fails on every rank. note returns whether a has one. */
 static int note(moe__model_state *s, int block, const char *what, const float *a, int rows, int cols) {
   size_t n = (size_t)rows * cols, j = 0;
+  if (all_finite(a, n)) return 0;
   while (j < n && isfinite(a[j])) j++;
   if (j == n) return 0;
   if (s->bad[0]) return 1;
@@ -262,13 +271,6 @@ static moe_status agree(const moe_dist *d, const char *bad, const char *what) {
   return any == 0 ? MOE_OK : diverged(bad, what);
 }
 
-/* Whether all n values are finite, in one vectorized pass (x - x is 0 for a finite x, NaN otherwise). */
-static int all_finite(const float *a, size_t n) {
-  float acc = 0;
-#pragma omp simd reduction(+ : acc)
-  for (size_t i = 0; i < n; i++) acc += a[i] - a[i];
-  return acc == 0;
-}
 /* Describes the first non-finite value of tensor r's values a (named prefix + r->name) in bad, unless
  * bad already holds one. */
 static void find_bad(char *bad, size_t size, const char *prefix, const moe_tensor_ref *r, const float *a) {
