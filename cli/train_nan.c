@@ -42,12 +42,14 @@ static void transfer(nan_guard *g, moe_model_t *m, moe_optim_t *o, int save) {
 
 moe_status nan_guard_step(nan_guard *g, moe_model_t *m, moe_optim_t *o, const float *x, const uint8_t *y, int B,
                           float lr, moe_model_stats *st) {
-  moe_model_zero_grad(m);
+  if (!g->grads_zero) moe_model_zero_grad(m);
+  g->grads_zero = 0;
   moe_status s = moe_model_forward(m, x, y, B, st);
   if (s == MOE_OK) s = moe_model_backward(m);
   if (s == MOE_OK) {
     if (g->skip) transfer(g, m, o, 1);
     s = moe_optim_step_checked(o, m, lr);
+    g->grads_zero = 1;
     if (s == MOE_ERR_VALUE && g->skip) {
       transfer(g, m, o, 0);
       o->step--;

@@ -77,17 +77,16 @@ typedef struct {
   float lr, bc1, bc2;
 } step_consts;
 
-/* Updates n parameters p from their gradients g and state mo, v (NULL for SGD) with weight decay wd.
- * Returns 0 when every updated value is finite (x - x is 0 then, NaN otherwise): the finiteness
+/* Updates n parameters p from their gradients g and state mo, v (NULL for SGD) with weight decay wd,
+ * then zeroes g when `zero` (each block while it is in L1, saving the next step a pass). Returns 0 when every updated value is finite (x - x is 0 then, NaN otherwise): the finiteness
  * check rides on the pass that writes them. simd: the arrays do not overlap, which the compiler
  * cannot know; each element is computed as a scalar loop would compute it. */
-static float update(const step_consts *k, float wd, float *p, const float *g, float *mo, float *v, size_t n) {
+static float update(const step_consts *k, float wd, float *p, float *g, float *mo, float *v, size_t n, int zero) {
   const moe_optim_config *c = k->c;
   float bad = 0, den[BLK];
   for (size_t b = 0; b < n; b += BLK) {
     int nb = n - b < BLK ? (int)(n - b) : BLK;
-    float *pb = p + b, *mb = mo + b;
-    const float *gb = g + b;
+    float *pb = p + b, *mb = mo + b, *gb = g + b;
     if (c->kind == MOE_OPT_ADAM) {
       float *vb = v + b;
 #pragma omp simd
@@ -111,14 +110,15 @@ static float update(const step_consts *k, float wd, float *p, const float *g, fl
         bad += (pb[j] - pb[j]) + (mb[j] - mb[j]);
       }
     }
+    if (zero) memset(gb, 0, (size_t)nb * sizeof *gb);
   }
   return bad;
 }
 
 /* One update of every ref, the flattened parameters split evenly over nt threads (one parallel
- * region for all tensors; a tensor may be shared by two threads). Returns whether every updated
+ * region for all tensors; a tensor may be shared by two threads), the gradients zeroed when `zero`. Returns whether every updated
  * parameter and state value is finite. */
-static int step_all(moe_optim_t *o, moe_tensor_ref *refs, int nrefs, float lr, int nt) {
+static int step_all(moe_optim_t *o, moe_tensor_ref *refs, int nrefs, float lr, int nt, int zero) {
   const moe_optim_config *c = &o->cfg;
   o->step++;
   step_consts k = {c, lr, 1.0f - powf(c->beta1, (float)o->step), 1.0f - powf(c->beta2, (float)o->step)};
@@ -135,28 +135,28 @@ static int step_all(moe_optim_t *o, moe_tensor_ref *refs, int nrefs, float lr, i
       if (a >= e) continue;
       moe_tensor_ref *r = &refs[i];
       float wd = moe_param_decays(r) ? c->weight_decay : 0.0f;
-      bad |= update(&k, wd, r->data + a, r->grad + a, o->m + off + a, o->v ? o->v + off + a : NULL, e - a) != 0;
+      bad |= update(&k, wd, r->data + a, r->grad + a, o->m + off + a, o->v ? o->v + off + a : NULL, e - a, zero) != 0;
     }
   }
   return !bad;
 }
 
 /* The step over a model's refs; returns whether everything it wrote is finite. */
-static int step_model(moe_optim_t *o, moe_model_t *m, float lr) {
-  int finite = step_all(o, m->refs, m->nrefs, lr, moe__threads(m->cfg.moe.threads));
+static int step_model(moe_optim_t *o, moe_model_t *m, float lr, int zero) {
+  int finite = step_all(o, m->refs, m->nrefs, lr, moe__threads(m->cfg.moe.threads), zero);
   for (int i = 0; i < m->cfg.blocks; i++) moe_layer_params_changed(&m->layers[i]); /* bf16 copies */
   return finite;
 }
 
-void moe_optim_step(moe_optim_t *o, moe_model_t *m, float lr) { (void)step_model(o, m, lr); }
+void moe_optim_step(moe_optim_t *o, moe_model_t *m, float lr) { (void)step_model(o, m, lr, 0); }
 
 moe_status moe_optim_step_checked(moe_optim_t *o, moe_model_t *m, float lr) {
   /* the scan that names the first bad value only when the update saw one; the ranks agree either way */
-  return moe__model_check_finite(m, o, !step_model(o, m, lr));
+  return moe__model_check_finite(m, o, !step_model(o, m, lr, 1));
 }
 
 void moe_optim_step_refs(moe_optim_t *o, moe_tensor_ref *refs, int nrefs, float lr) {
-  (void)step_all(o, refs, nrefs, lr, 1);
+  (void)step_all(o, refs, nrefs, lr, 1, 0);
 }
 
 float moe_lr_schedule(float base, int64_t s, int64_t warmup, int64_t total) {

@@ -597,7 +597,8 @@ TEST(model_optim_sgd_momentum) {
 
 /* A model of 2 x 8 x 64 x 96 expert weights plus the rest (over the optimizer's threading threshold)
  * on 2 threads: each parameter of a threaded, vectorized step must be bit for bit the scalar float
- * formula's, for AdamW and SGD; then a NaN gradient makes the checked step fail naming the tensor. */
+ * formula's, for AdamW and SGD, and the gradients left zeroed; then a NaN gradient makes the checked
+ * step fail naming the tensor. */
 TEST(model_optim_threaded_bits_and_checked_step) {
   for (int kind = 0; kind < 2; kind++) {
     moe_model_config c;
@@ -617,7 +618,7 @@ TEST(model_optim_threaded_bits_and_checked_step) {
     oc.kind = kind ? MOE_OPT_SGD : MOE_OPT_ADAM;
     oc.weight_decay = 0.1f;
     ASSERT_OK(moe_optim_init(&o, &oc, &m));
-    float *p = malloc(m.numel * 3 * sizeof *p), *mo = p + m.numel, *v = mo + m.numel;
+    float *p = malloc(m.numel * 4 * sizeof *p), *mo = p + m.numel, *v = mo + m.numel, *gs = v + m.numel;
     ASSERT(p);
     memset(mo, 0, 2 * m.numel * sizeof *mo);
     uint64_t rng = 5;
@@ -628,7 +629,7 @@ TEST(model_optim_threaded_bits_and_checked_step) {
       size_t off = 0, wrong = 0;
       for (int i = 0; i < m.nrefs; i++) {
         const moe_tensor_ref *r = &m.refs[i];
-        for (size_t j = 0; j < r->numel; j++) p[off + j] = r->data[j];
+        for (size_t j = 0; j < r->numel; j++) p[off + j] = r->data[j], gs[off + j] = r->grad[j];
         off += r->numel;
       }
       ASSERT_OK(moe_optim_step_checked(&o, &m, lr));
@@ -637,7 +638,10 @@ TEST(model_optim_threaded_bits_and_checked_step) {
         const moe_tensor_ref *r = &m.refs[i];
         float wd = moe_param_decays(r) ? oc.weight_decay : 0.0f;
         for (size_t j = 0; j < r->numel; j++, off++) {
-          float g = r->grad[j];
+          float g = gs[off];
+          if (r->grad[j] != 0 && !wrong++)
+            FAIL_("%s: the checked step left %s's gradient [%zu] = %g, not 0", moe_opt_name(oc.kind), r->name, j,
+                  r->grad[j]);
           if (kind == 0) {
             mo[off] = oc.beta1 * mo[off] + (1.0f - oc.beta1) * g;
             v[off] = oc.beta2 * v[off] + (1.0f - oc.beta2) * g * g;
