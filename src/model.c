@@ -494,4 +494,6 @@ moe_status moe__model_check_finite(const moe_model_t *m, const moe_optim_t *o, i
   return agree(m->cfg.moe.dist, bad, "the parameters");
 }
 
-moe_status moe_model_check_finite(const moe_model_t *m, const moe_optim_t *o) { return moe__model_check_finite(m, o, 1); }
+moe_status moe_model_check_finite(const moe_model_t *m, const moe_optim_t *o) {
+  return moe__model_check_finite(m, o, 1);
+}

@@ -78,9 +78,10 @@ typedef struct {
 } step_consts;
 
 /* Updates n parameters p from their gradients g and state mo, v (NULL for SGD) with weight decay wd,
- * then zeroes g when `zero` (each block while it is in L1, saving the next step a pass). Returns 0 when every updated value is finite (x - x is 0 then, NaN otherwise): the finiteness
- * check rides on the pass that writes them. simd: the arrays do not overlap, which the compiler
- * cannot know; each element is computed as a scalar loop would compute it. */
+ * then zeroes g when `zero` (each block while it is in L1, saving the next step a pass). Returns 0
+ * when every updated value is finite (x - x is 0 then, NaN otherwise): the finiteness check rides on
+ * the pass that writes them. simd: the arrays do not overlap, which the compiler cannot know; each
+ * element is computed as a scalar loop would compute it. */
 static float update(const step_consts *k, float wd, float *p, float *g, float *mo, float *v, size_t n, int zero) {
   const moe_optim_config *c = k->c;
   float bad = 0, den[BLK];
@@ -116,8 +117,8 @@ static float update(const step_consts *k, float wd, float *p, float *g, float *m
 }
 
 /* One update of every ref, the flattened parameters split evenly over nt threads (one parallel
- * region for all tensors; a tensor may be shared by two threads), the gradients zeroed when `zero`. Returns whether every updated
- * parameter and state value is finite. */
+ * region for all tensors; a tensor may be shared by two threads), the gradients zeroed when `zero`.
+ * Returns whether every updated parameter and state value is finite. */
 static int step_all(moe_optim_t *o, moe_tensor_ref *refs, int nrefs, float lr, int nt, int zero) {
   const moe_optim_config *c = &o->cfg;
   o->step++;
@@ -135,7 +136,8 @@ static int step_all(moe_optim_t *o, moe_tensor_ref *refs, int nrefs, float lr, i
       if (a >= e) continue;
       moe_tensor_ref *r = &refs[i];
       float wd = moe_param_decays(r) ? c->weight_decay : 0.0f;
-      bad |= update(&k, wd, r->data + a, r->grad + a, o->m + off + a, o->v ? o->v + off + a : NULL, e - a, zero) != 0;
+      float *v = o->v ? o->v + off + a : NULL;
+      bad |= update(&k, wd, r->data + a, r->grad + a, o->m + off + a, v, e - a, zero) != 0;
     }
   }
   return !bad;
