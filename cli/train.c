@@ -27,6 +27,7 @@ static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 typedef struct {
   const char *data, *checkpoint, *resume, *trace;
   int json, log_steps, epochs, stop_after, batch, warmup, augment, threads;
+  int val; /* --val N: evaluate on the last N training images, held out, instead of the test set */
   int skip_nan; /* --on-nan skip-step */
   train_adjust adj; /* --capacity dynamic, --cache-assignments */
   int replicas, slots, replica_horizon; /* --replicas auto, --slots, --replica-horizon: FlexMoE (train_flex.c) */
@@ -51,7 +52,7 @@ static void usage(FILE *f) {
     "       [--activation relu|gelu|silu|swiglu] [--loss cooperation|specification] [--dtype f32|bf16]\n"
     "       [--aux-weight W] [--z-weight W] [--optimizer adam|sgd] [--lr LR] [--weight-decay W]\n"
     "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
-    "       [--seed S] [--threads N] [--checkpoint F] [--resume F] [--trace F] [--json] [--log-steps]\n"
+    "       [--seed S] [--threads N] [--checkpoint F] [--resume F] [--trace F] [--json] [--log-steps] [--val N]\n"
     "       [--on-nan stop|skip-step] [--progress|--quiet]\n"
     "       [--replicas auto|off [--slots E_v] [--balance-threshold 1.2] [--replica-horizon 10]\n"
     "       [--replica-ops OPS]]   (FlexMoE under mpirun: replicas of hot experts, a plan kept when the\n"
@@ -68,7 +69,8 @@ static void usage(FILE *f) {
     "A step whose activations, gradients or updated weights go NaN or Inf stops training with the epoch,\n"
     "step, block and tensor (--on-nan stop, the default); --on-nan skip-step drops that step's update\n"
     "instead and goes on, counting the steps skipped. A progress line (rate, ETA) goes to stderr on a\n"
-    "terminal; --progress shows it anywhere, --quiet nowhere.\n"
+    "terminal; --progress shows it anywhere, --quiet nowhere. --val N trains on all but the last N training\n"
+    "images and reports the accuracy on those (val_acc, val_accuracy=) in place of the test set's.\n"
     "moe train --task lm --help: the language model's training.\n");
 }
 
@@ -141,6 +143,7 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
       else if (cli_flag_is(f, "epochs")) ok = cli_parse_int(v, &o->epochs) && o->epochs > 0;
       else if (cli_flag_is(f, "stop_after")) ok = cli_parse_int(v, &o->stop_after) && o->stop_after > 0;
       else if (cli_flag_is(f, "augment")) ok = cli_parse_int(v, &o->augment) && o->augment >= 0 && o->augment < 8;
+      else if (cli_flag_is(f, "val")) ok = cli_parse_int(v, &o->val) && o->val > 0;
       else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
       else if (cli_flag_is(f, "on_nan")) ok = (o->skip_nan = !strcmp(v, "skip-step")) || !strcmp(v, "stop");
       else if (cli_flag_is(f, "pipeline")) ok = cli_parse_pipeline(v, &m->pipeline);
@@ -254,7 +257,8 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   trace_writer tw = {0};
   if (!rc && o->trace && r == 0 && trace_open(&tw, o->trace, step) != MOE_OK) /* rank 0 writes: the counts */
     rc = 1;                                                                  /* are the whole batch's */
-  double test_acc = -1;
+  double test_acc = -1; /* of the test set, or with --val of the validation split */
+  const char *split = o->val ? "val" : "test";
   train_blocks blocks = train_blocks_of_model(m);
   dyncap *dc = NULL;
   if (!rc && o->adj.dynamic_capacity && dyncap_start(&dc, &blocks, B, o->adj.delta_launch, o->adj.headroom))
@@ -333,11 +337,11 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     double drop = a.assigned ? (double)a.dropped / a.assigned : 0, load = a.load_ratio / nsteps;
     if (o->json)
       printf("{\"epoch\": %d, \"steps\": %lld, \"loss\": %.6f, \"train_accuracy\": %.4f, \"aux_loss\": %.6f, "
-             "\"dropped_fraction\": %.6f, \"max_mean_load\": %.4f, \"steps_per_s\": %.2f, \"test_accuracy\": %.4f}\n",
-             epoch + 1, (long long)step, loss, acc, aux, drop, load, rate, test_acc);
+             "\"dropped_fraction\": %.6f, \"max_mean_load\": %.4f, \"steps_per_s\": %.2f, \"%s_accuracy\": %.4f}\n",
+             epoch + 1, (long long)step, loss, acc, aux, drop, load, rate, split, test_acc);
     else
       printf("epoch %d/%d: loss %.4f train_acc %.4f aux %.4f dropped %.4f max/mean load %.2f %.1f steps/s "
-             "test_acc %.4f\n", epoch + 1, o->epochs, loss, acc, aux, drop, load, rate, test_acc);
+             "%s_acc %.4f\n", epoch + 1, o->epochs, loss, acc, aux, drop, load, rate, split, test_acc);
     if (ng.skip && o->json)
       printf("{\"epoch\": %d, \"skipped_steps\": %lld}\n", epoch + 1, (long long)(ng.skipped - skipped0));
     else if (ng.skip)
@@ -374,8 +378,8 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     return 130;
   }
   if (test_acc < 0 && evaluate(m, test, 500, &test_acc)) return cli_fail(CMD);
-  if (o->json) printf("{\"test_accuracy\": %.4f}\n", test_acc); /* --json: JSON lines only on stdout */
-  else printf("test_accuracy=%.4f\n", test_acc);
+  if (o->json) printf("{\"%s_accuracy\": %.4f}\n", split, test_acc); /* --json: JSON lines only on stdout */
+  else printf("%s_accuracy=%.4f\n", split, test_acc);
   return 0;
 }
 
@@ -397,7 +401,7 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
       {"--z-weight", o->model.z_weight, NULL}, {"--optimizer", o->optim.kind, moe_opt_name(o->optim.kind)},
       {"--lr", o->lr, NULL}, {"--weight-decay", o->optim.weight_decay, NULL}, {"--momentum", o->optim.momentum, NULL},
       {"--warmup", o->warmup, NULL}, {"--batch", o->batch, NULL}, {"--epochs", o->epochs, NULL},
-      {"--stop-after", o->stop_after, NULL}, {"--augment", o->augment, NULL},
+      {"--stop-after", o->stop_after, NULL}, {"--augment", o->augment, NULL}, {"--val", o->val, NULL},
       {"--seed", cli_hash(&o->seed, sizeof o->seed), seed}, {"--cache-assignments", o->adj.cache_assignments, NULL},
       {"--cache-on", o->adj.cache.on, NULL}, {"--cache-off", o->adj.cache.off, NULL},
       {"--cache-min-epoch", o->adj.cache.min_epoch, NULL}, {"--on-nan skip-step", o->skip_nan, NULL},
@@ -487,6 +491,11 @@ int cmd_train(int argc, char **argv) {
     rc = cli_usage_error(CMD, "%s/t10k-images-idx3-ubyte has %dx%d images, %s/train-images-idx3-ubyte %dx%d: the test "
                          "set's images must have training's size", o.data, test.rows, test.cols, o.data, train.rows,
                          train.cols);
+  else if (!rc && o.val) { /* the test set makes way for the validation split */
+    moe_dataset_free(&test);
+    if (hold_out(&train, o.val, &test))
+      rc = cli_usage_error(CMD, "--val %d: want fewer than the %d training images (or out of memory)", o.val, train.n);
+  }
   rc = cli_settle(dist, CMD, rc);
   if (!rc && agree(dist, &o, &train, &test) != MOE_OK) rc = cli_fail(CMD); /* every rank knows: none is left waiting */
   rc = cli_settle(dist, CMD, rc);

@@ -39,6 +39,24 @@ moe_status load_split(const char *dir, const char *split, moe_dataset *d) {
   return moe_dataset_load_idx(d, img, lab);
 }
 
+int hold_out(moe_dataset *d, int n, moe_dataset *val) {
+  memset(val, 0, sizeof *val);
+  if (n <= 0 || n >= d->n) return 1;
+  size_t F = (size_t)d->rows * d->cols, first = (size_t)(d->n - n);
+  *val = *d;
+  val->n = n;
+  val->images = malloc((size_t)n * F * sizeof *val->images);
+  val->labels = malloc((size_t)n);
+  if (!val->images || !val->labels) {
+    moe_dataset_free(val);
+    return 1;
+  }
+  memcpy(val->images, d->images + first * F, (size_t)n * F * sizeof *val->images);
+  memcpy(val->labels, d->labels + first, (size_t)n);
+  d->n -= n;
+  return 0;
+}
+
 static uint64_t mix(uint64_t z) { /* splitmix64 finalizer */
   z += 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -14,6 +14,10 @@
  * is looked for in the current directory, then beside the build directory of this moe. */
 moe_status load_split(const char *dir, const char *split, moe_dataset *d);
 
+/* The validation split (moe train --val N): the last n samples of d copied into val, and d keeps the
+ * others. 1 when n is not in [1, d->n - 1] or memory runs out. */
+int hold_out(moe_dataset *d, int n, moe_dataset *val);
+
 typedef struct {
   const moe_dataset *d;
   int B, augment;

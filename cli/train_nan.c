@@ -1,8 +1,9 @@
 /* A training step that watches for divergence (moe train --on-nan). The model reports the first
- * non-finite activation of the forward and gradient of the backward, and moe_model_check_finite the
- * parameters and optimizer state after the update; every rank gets the same answer. With skip-step a
- * non-finite forward or backward drops the update, and an update that made something non-finite is
- * undone from a copy taken before it (the only way back: the optimizer has already written it). */
+ * non-finite activation of the forward and gradient of the backward, and the checked update
+ * (moe_optim_step_checked) the parameters and optimizer state it wrote; every rank gets the same
+ * answer. With skip-step a non-finite forward or backward drops the update, and an update that made
+ * something non-finite is undone from a copy taken before it (the only way back: the optimizer has
+ * already written it). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,13 +42,14 @@ static void transfer(nan_guard *g, moe_model_t *m, moe_optim_t *o, int save) {
 
 moe_status nan_guard_step(nan_guard *g, moe_model_t *m, moe_optim_t *o, const float *x, const uint8_t *y, int B,
                           float lr, moe_model_stats *st) {
-  moe_model_zero_grad(m);
+  if (!g->grads_zero) moe_model_zero_grad(m);
+  g->grads_zero = 0;
   moe_status s = moe_model_forward(m, x, y, B, st);
   if (s == MOE_OK) s = moe_model_backward(m);
   if (s == MOE_OK) {
     if (g->skip) transfer(g, m, o, 1);
-    moe_optim_step(o, m, lr);
-    s = moe_model_check_finite(m, o);
+    s = moe_optim_step_checked(o, m, lr);
+    g->grads_zero = 1;
     if (s == MOE_ERR_VALUE && g->skip) {
       transfer(g, m, o, 0);
       o->step--;

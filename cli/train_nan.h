@@ -8,6 +8,7 @@ typedef struct {
   int skip;        /* --on-nan skip-step (else stop) */
   int64_t skipped; /* steps whose update was dropped */
   float *copy;     /* skip-step: the parameters and optimizer state before the update */
+  int grads_zero;  /* the last step's update zeroed the gradients (moe_optim_step_checked) */
 } nan_guard;
 /* 0, or 1 when out of memory (moe_last_error unset: the caller says so). */
 int nan_guard_init(nan_guard *g, int skip, const moe_model_t *m, const moe_optim_t *o);

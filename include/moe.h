@@ -1011,6 +1011,13 @@ typedef struct {
 moe_status moe_lm_buffer_experts(moe_lm_t *m, const char *dir, int K, moe_cache_policy p, moe_lm_experts *x);
 void moe_lm_experts_free(moe_lm_experts *x);
 
+/* ---- a checked optimizer step ----
+ * moe_optim_step and then moe_model_check_finite(m, o) in the same pass over the parameters: the
+ * update notes whether each value it writes is finite, and only when one is not are they scanned
+ * for the first bad one to name. MOE_ERR_VALUE as moe_model_check_finite (on every rank). The
+ * gradients it read are left zeroed, as moe_model_zero_grad leaves them (the same pass, not another). */
+moe_status moe_optim_step_checked(moe_optim_t *o, moe_model_t *m, float lr);
+
 #ifdef __cplusplus
 }
 #endif

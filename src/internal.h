@@ -90,4 +90,9 @@ moe_status moe__checkpoint_save_ranks(const char *path, const moe_model_t *m, co
 /* refs.c: the entry of a parameter table (n refs) named `name`, or NULL. */
 const moe_tensor_ref *moe__ref_find(const moe_tensor_ref *refs, int n, const char *name);
 
+/* model.c: moe_model_check_finite, scanning the parameters and state for the first bad value only
+ * when scan is set (an optimizer pass already found every value finite otherwise); under expert
+ * parallelism the ranks agree either way. */
+moe_status moe__model_check_finite(const moe_model_t *m, const moe_optim_t *o, int scan);
+
 #endif

@@ -229,12 +229,21 @@ static void softmax_ce(float *z, int n, int C, const uint8_t *labels, int stride
   }
 }
 
+/* Whether all n values are finite, in one vectorized pass (x - x is 0 for a finite x, NaN otherwise). */
+static int all_finite(const float *a, size_t n) {
+  float acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (size_t i = 0; i < n; i++) acc += a[i] - a[i];
+  return acc == 0;
+}
+
 /* Divergence: the forward checks its input and each activation as it is made. The first non-finite
  * value is described in s->bad (note), and the activation's non-finite values are zeroed (watch) so
  * that the forward still reaches its collectives (the other ranks would wait there forever); the
  * forward then fails on every rank. note returns whether a has one. */
 static int note(moe__model_state *s, int block, const char *what, const float *a, int rows, int cols) {
   size_t n = (size_t)rows * cols, j = 0;
+  if (all_finite(a, n)) return 0;
   while (j < n && isfinite(a[j])) j++;
   if (j == n) return 0;
   if (s->bad[0]) return 1;
@@ -262,13 +271,6 @@ static moe_status agree(const moe_dist *d, const char *bad, const char *what) {
   return any == 0 ? MOE_OK : diverged(bad, what);
 }
 
-/* Whether all n values are finite, in one vectorized pass (x - x is 0 for a finite x, NaN otherwise). */
-static int all_finite(const float *a, size_t n) {
-  float acc = 0;
-#pragma omp simd reduction(+ : acc)
-  for (size_t i = 0; i < n; i++) acc += a[i] - a[i];
-  return acc == 0;
-}
 /* Describes the first non-finite value of tensor r's values a (named prefix + r->name) in bad, unless
  * bad already holds one. */
 static void find_bad(char *bad, size_t size, const char *prefix, const moe_tensor_ref *r, const float *a) {
@@ -480,14 +482,18 @@ moe_status moe_model_backward(moe_model_t *m) {
   return agree(c->moe.dist, bad, "the backward");
 }
 
-moe_status moe_model_check_finite(const moe_model_t *m, const moe_optim_t *o) {
+moe_status moe__model_check_finite(const moe_model_t *m, const moe_optim_t *o, int scan) {
   MOE_TRY(m && m->refs, MOE_ERR_STATE, "moe_model_check_finite: model not initialized");
   char bad[256] = "";
   size_t off = 0;
-  for (int i = 0; i < m->nrefs; off += m->refs[i++].numel) {
+  for (int i = 0; scan && i < m->nrefs; off += m->refs[i++].numel) {
     find_bad(bad, sizeof bad, "", &m->refs[i], m->refs[i].data);
     if (o && o->m) find_bad(bad, sizeof bad, "optim.m.", &m->refs[i], o->m + off);
     if (o && o->v) find_bad(bad, sizeof bad, "optim.v.", &m->refs[i], o->v + off);
   }
   return agree(m->cfg.moe.dist, bad, "the parameters");
+}
+
+moe_status moe_model_check_finite(const moe_model_t *m, const moe_optim_t *o) {
+  return moe__model_check_finite(m, o, 1);
 }

@@ -595,6 +595,83 @@ TEST(model_optim_sgd_momentum) {
   moe_model_free(&m);
 }
 
+/* A model of 2 x 8 x 64 x 96 expert weights plus the rest (over the optimizer's threading threshold)
+ * on 2 threads: each parameter of a threaded, vectorized step must be bit for bit the scalar float
+ * formula's, for AdamW and SGD, and the gradients left zeroed; then a NaN gradient makes the checked
+ * step fail naming the tensor. */
+TEST(model_optim_threaded_bits_and_checked_step) {
+  for (int kind = 0; kind < 2; kind++) {
+    moe_model_config c;
+    tiny_config(&c);
+    c.in_dim = 20;
+    c.moe.D = 64;
+    c.moe.H = 96;
+    c.moe.E = 8;
+    c.moe.threads = 2;
+    moe_model_t m;
+    moe_optim_t o;
+    memset(&o, 0, sizeof o);
+    ASSERT_OK(moe_model_init(&m, &c));
+    ASSERT(m.numel >= (1 << 16));
+    moe_optim_config oc;
+    moe_optim_config_default(&oc);
+    oc.kind = kind ? MOE_OPT_SGD : MOE_OPT_ADAM;
+    oc.weight_decay = 0.1f;
+    ASSERT_OK(moe_optim_init(&o, &oc, &m));
+    float *p = malloc(m.numel * 4 * sizeof *p), *mo = p + m.numel, *v = mo + m.numel, *gs = v + m.numel;
+    ASSERT(p);
+    memset(mo, 0, 2 * m.numel * sizeof *mo);
+    uint64_t rng = 5;
+    for (int i = 0; i < m.nrefs; i++) fd_fill(&rng, m.refs[i].data, m.refs[i].numel, -0.5, 0.5);
+    for (int t = 1; t <= 2 && !*failed_; t++) {
+      new_grads(&m, &rng);
+      const float lr = 0.01f, bc1 = 1.0f - powf(oc.beta1, (float)t), bc2 = 1.0f - powf(oc.beta2, (float)t);
+      size_t off = 0, wrong = 0;
+      for (int i = 0; i < m.nrefs; i++) {
+        const moe_tensor_ref *r = &m.refs[i];
+        for (size_t j = 0; j < r->numel; j++) p[off + j] = r->data[j], gs[off + j] = r->grad[j];
+        off += r->numel;
+      }
+      ASSERT_OK(moe_optim_step_checked(&o, &m, lr));
+      off = 0;
+      for (int i = 0; i < m.nrefs; i++) {
+        const moe_tensor_ref *r = &m.refs[i];
+        float wd = moe_param_decays(r) ? oc.weight_decay : 0.0f;
+        for (size_t j = 0; j < r->numel; j++, off++) {
+          float g = gs[off];
+          if (r->grad[j] != 0 && !wrong++)
+            FAIL_("%s: the checked step left %s's gradient [%zu] = %g, not 0", moe_opt_name(oc.kind), r->name, j,
+                  r->grad[j]);
+          if (kind == 0) {
+            mo[off] = oc.beta1 * mo[off] + (1.0f - oc.beta1) * g;
+            v[off] = oc.beta2 * v[off] + (1.0f - oc.beta2) * g * g;
+            float mh = mo[off] / bc1, vh = v[off] / bc2;
+            p[off] -= lr * (mh / (sqrtf(vh) + oc.eps) + wd * p[off]);
+          } else {
+            mo[off] = oc.momentum * mo[off] + g + wd * p[off];
+            p[off] -= lr * mo[off];
+          }
+          if (memcmp(&p[off], &r->data[j], 4) || memcmp(&mo[off], &o.m[off], 4) ||
+              (kind == 0 && memcmp(&v[off], &o.v[off], 4))) {
+            if (!wrong++)
+              FAIL_("%s step %d: %s[%zu] = %.9g (state %.9g), want %.9g (%.9g)", moe_opt_name(oc.kind), t, r->name,
+                    j, r->data[j], o.m[off], p[off], mo[off]);
+          }
+        }
+      }
+    }
+    const moe_tensor_ref *w = moe_model_find(&m, "blocks.0.moe.experts.fc2.weight");
+    ASSERT(w);
+    w->grad[77] = NAN;
+    moe_status st = moe_optim_step_checked(&o, &m, 0.01f);
+    if (st != MOE_ERR_VALUE || !strstr(moe_last_error(), "'blocks.0.moe.experts.fc2.weight' ["))
+      FAIL_("a NaN gradient: status %d, '%s'", st, moe_last_error());
+    free(p);
+    moe_optim_free(&o);
+    moe_model_free(&m);
+  }
+}
+
 TEST(model_optim_lr_schedule) {
   const float base = 0.1f;
   /* warm-up over 10 steps of 110 */

@@ -199,6 +199,53 @@ TEST(train_bad_input) {
 
 /* --trace: one row per (step, block, expert) with assignments, B * top-k per step and block, written
  * atomically (a killed run's leftover temporary file of the same path is removed). */
+/* dir/t10k-* := the last n samples of src's training split (IDX: a 16- or 8-byte header, then samples). */
+static int write_tail_split(const char *src, const char *dir, int n) {
+  const char *kinds[2] = {"images-idx3-ubyte", "labels-idx1-ubyte"};
+  int ok = 1;
+  for (int k = 0; k < 2 && ok; k++) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/train-%s", src, kinds[k]);
+    size_t len, head = k ? 8 : 16;
+    unsigned char *b = (unsigned char *)test_read_file(p, &len);
+    int total = b && len >= head ? b[4] << 24 | b[5] << 16 | b[6] << 8 | b[7] : 0;
+    size_t each = total ? (len - head) / (size_t)total : 0;
+    snprintf(p, sizeof p, "%s/t10k-%s", dir, kinds[k]);
+    FILE *f = total > n ? fopen(p, "wb") : NULL;
+    if (f) {
+      b[4] = 0, b[5] = 0, b[6] = (unsigned char)(n >> 8), b[7] = (unsigned char)n;
+      ok = fwrite(b, 1, head, f) == head && fwrite(b + len - (size_t)n * each, each, (size_t)n, f) == (size_t)n;
+      ok = fclose(f) == 0 && ok;
+    } else ok = 0;
+    free(b);
+  }
+  return ok;
+}
+
+/* --val N trains on all but the last N training samples and reports the accuracy on those: eval of its
+ * checkpoint on a test split made of exactly those samples gives the same figure. */
+TEST(train_validation_split) {
+  const char *data_dir = synth_data_dir();
+  char args[3000], out[512], err[2048], ck[512], dir[512], cmd[1200];
+  test_tmp_path("train_val_out.txt", out, sizeof out);
+  test_tmp_path("ck_val.safetensors", ck, sizeof ck);
+  snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 2 --val 150 --checkpoint '%s'", data_dir, ck);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
+  char *txt = test_read_file(out, NULL), *v = txt ? strstr(txt, "val_accuracy=") : NULL;
+  double acc = v ? atof(v + 13) : -1;
+  if (!v || !strstr(txt, "val_acc ") || strstr(txt, "test_acc")) FAIL_("moe train --val printed:\n%s", txt ? txt : "");
+  free(txt);
+  ASSERT(acc > 0.5);
+  test_tmp_path("valsynth", dir, sizeof dir);
+  snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/train-* '%s'/", dir, data_dir, dir);
+  ASSERT_EQ_INT(system(cmd), 0);
+  ASSERT(write_tail_split(data_dir, dir, 150));
+  ASSERT_NEAR(eval_accuracy(ck, dir), acc, 1e-9);
+  snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 1 --val 600", data_dir);
+  ASSERT(run_moe(NULL, args, NULL, err, sizeof err) != 0);
+  if (!strstr(err, "--val 600")) FAIL_("--val larger than the training set: '%s'", err);
+}
+
 TEST(train_trace) {
   const char *data_dir = synth_data_dir();
   char args[3000], err[2048], tr[512], stale[600];
