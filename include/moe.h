@@ -231,6 +231,9 @@ typedef struct {
                              this many expert slots E_v >= E/W, holding replicas of hot experts that
                              moe_flex_trainer places; its expert tensors have E_v rows, the distinct
                              experts it holds in ascending id, then zeros. 0 = off: block ownership */
+  int a2a_auto;           /* expert-parallel: Tutel's dictionary picks Linear or 2DH per capacity
+                             (moe_layer_setup); 2DH needs the grid moe_dist_set_a2a(2DH) makes, and
+                             is offered only with more than one node of more than one rank */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,
@@ -1010,6 +1013,28 @@ typedef struct {
 } moe_lm_experts;
 moe_status moe_lm_buffer_experts(moe_lm_t *m, const char *dir, int K, moe_cache_policy p, moe_lm_experts *x);
 void moe_lm_experts_free(moe_lm_experts *x);
+
+/* ---- Tutel's dictionary of setups (P2 1.7): parallel_r -1, pipeline 0 or a2a_auto ---- */
+/* A layer with any of them adaptive keeps one dictionary: key floor(capacity / window), value (r,
+ * micro-batches n, all-to-all algorithm), each entry found once by trial steps (the paper's ternary
+ * search over r per (n, algorithm) offered) and then returned without trials. The setup of the last
+ * forward; returns 0 (and *out zeroed) when the layer has no dictionary. */
+typedef struct {
+  int capacity, key, window; /* the forward's capacity, floor(capacity / window) */
+  int r;                     /* parallel_r that ran (-1: experts not sharded) */
+  int n;                     /* micro-batches */
+  moe_a2a a2a;
+  int trial;                 /* a trial step of the search, not the entry */
+  int searched;              /* what the dictionary chooses: bit 1 r, 2 n, 4 the all-to-all */
+  long long trials;          /* distinct setups tried so far, all keys */
+  int entries;               /* keys with an entry */
+  double bound;              /* the paper's trials per key for this search: (log_1.5 ceil(W/E) + 2)
+                                per (n, algorithm) offered when r is searched, else 1 each */
+  const char *note;          /* what the entries do not offer and why; "" when nothing is held back */
+} moe_layer_setup_info;
+int moe_layer_setup(const moe_layer_t *l, moe_layer_setup_info *out);
+/* "r 1, n 2, linear" and the rest of info in one line (no newline), for the CLI. */
+void moe_layer_setup_format(const moe_layer_setup_info *info, char *buf, size_t size);
 
 #ifdef __cplusplus
 }
