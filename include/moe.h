@@ -205,8 +205,8 @@ typedef struct {
   int pipeline;           /* MPipeMoE: the experts' stage runs as this many micro-batches, each a run of
                              experts (dynamic dispatch; expert-parallel, each its own exchange, and
                              every rank must give the same n); 1 = the whole batch at once (default);
-                             0 = adaptive: MPipeMoE's Algorithm 1 picks n per batch size from timed
-                             trial steps (stats.pipeline says which). Outputs, losses and all
+                             0 = adaptive: Tutel's dictionary (moe_layer_setup) picks n per capacity
+                             from timed trial steps (stats.pipeline says which). Outputs, losses and all
                              gradients are the same bits for every n */
   moe_reuse memory_reuse; /* with pipeline > 1: what backward restores instead of keeping (MPipeMoE
                              Table II on a CPU, where offloading to host memory keeps the tensor):
@@ -222,7 +222,7 @@ typedef struct {
   size_t memory_budget;   /* memory_reuse AUTO: the bytes the layer's workspace may reserve (its
                              routing and expert buffers, of which moe_layer_peak_bytes reports the
                              part a step used); when no strategy fits, S4 */
-  int parallel_r;         /* Tutel's adaptive parallelism (with dist, dynamic dispatch, pipeline 1):
+  int parallel_r;         /* Tutel's adaptive parallelism (with dist, dynamic dispatch, pipeline 1 or 0):
                              MOE_PARALLEL_OFF (default) is expert parallelism with whole experts per
                              rank; otherwise every rank holds a shard of every expert (see the section
                              "Adaptive parallelism r" below) and runs r = 0 (weights all-gathered,
@@ -293,7 +293,7 @@ typedef struct {
   int router_overlapped;        /* the router ran alongside the experts: cached experts, priority
                                    index, the layer's own experts (not inner layers nor a cache) */
   int pipeline;                 /* micro-batches this forward ran (pipeline 0: the adaptive choice) */
-  int pipeline_trial;           /* pipeline 0: this step tried an n for the search, not the choice */
+  int pipeline_trial;           /* the layer's dictionary (moe_layer_setup) tried a setup, not its entry */
   moe_reuse memory_reuse;       /* the strategy this forward ran (memory_reuse AUTO: its choice) */
 } moe_layer_stats;
 
