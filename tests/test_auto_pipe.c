@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "adapt/pipe_model.h"
@@ -230,4 +231,59 @@ TEST(auto_pipe_bench_prints_the_entry) {
     FAIL_("2 ranks: no dictionary line saying 2DH is not offered in:\n%s", text);
   ASSERT(run_moe(NULL, "bench --a2a sideways", NULL, err, sizeof err) != 0);
   ASSERT(strstr(err, "--a2a: bad value 'sideways'"));
+}
+
+/* On each of 4 ranks in 2 nodes of 2: a layer whose dictionary chooses n and Linear or 2DH gives, at
+ * every step (trials of both algorithms included), the bits of its first step (n 1, Linear), and every
+ * rank holds the same entry. */
+static void child_a2a(int *failed_) {
+  moe_dist *d = NULL;
+  ASSERT_OK(moe_dist_init(&d, NULL, NULL));
+  ASSERT_EQ_INT(moe_dist_size(d), 4);
+  ASSERT_OK(moe_dist_set_a2a(d, MOE_A2A_2DH, 2));
+  int rank = moe_dist_rank(d);
+  static float x[T * D], dy[T * D], y0[T * D], dx0[T * D], y[T * D], dx[T * D];
+  fill(x, T * D, 11 + (uint64_t)rank);
+  fill(dy, T * D, 23 + (uint64_t)rank);
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.D = D, cfg.H = H, cfg.E = E, cfg.threads = 1, cfg.dist = d, cfg.pipeline = 0, cfg.a2a_auto = 1;
+  moe_layer_t l;
+  ASSERT_OK(moe_layer_init(&l, &cfg));
+  moe_layer_init_params(&l, 3);
+  moe_layer_setup_info info;
+  int algos = 0, step = 0;
+  do {
+    ASSERT_OK(moe_layer_forward(&l, x, T, step ? y : y0, NULL, NULL));
+    ASSERT_OK(moe_layer_backward(&l, dy, 0.1f, 0.0f, NULL, NULL, step ? dx : dx0));
+    ASSERT_EQ_INT(moe_layer_setup(&l, &info), 1);
+    algos |= 1 << info.a2a;
+    if (step && (memcmp(y, y0, sizeof y) || memcmp(dx, dx0, sizeof dx)))
+      FAIL_("rank %d step %d (n %d, %s): y or dx differs from the first step", rank, step, info.n,
+            info.a2a == MOE_A2A_2DH ? "2DH" : "Linear");
+  } while (info.trial && ++step < 40);
+  ASSERT_EQ_INT(algos, 3);                       /* both tried */
+  ASSERT(info.trials == 4 && info.bound == 4 && !*info.note); /* n in {1, 2} (2 local experts) x 2 */
+  double mine[3] = {info.n, info.a2a, info.key}, sum[3] = {info.n, info.a2a, info.key};
+  ASSERT_OK(moe_dist_allreduce(d, sum, 3));
+  for (int i = 0; i < 3; i++) ASSERT(sum[i] == 4 * mine[i]); /* the same entry everywhere */
+  moe_layer_free(&l);
+  moe_dist_finalize(d);
+}
+
+TEST(auto_pipe_a2a_same_bits_and_entry_on_every_rank) {
+  if (getenv("OMPI_COMM_WORLD_SIZE")) { /* a rank */
+    child_a2a(failed_);
+    return;
+  }
+  if (!test_have_mpirun()) return;
+  char cmd[1024], out[8192] = "";
+  snprintf(cmd, sizeof cmd, "timeout 120 " TEST_MPIRUN "-np 4 /proc/%d/exe auto_pipe_a2a_same_bits_and_entry_on_every_rank 2>&1",
+           (int)getpid());
+  FILE *p = popen(cmd, "r");
+  ASSERT(p);
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = 0;
+  int rc = pclose(p);
+  if (rc != 0 || !strstr(out, "1 passed, 0 failed")) FAIL_("%s: status %d, output:\n%s", cmd, rc, out);
 }
