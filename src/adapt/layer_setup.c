@@ -1,7 +1,8 @@
 /* A layer's one dictionary of setups (Tutel P2 1.7, auto_pipe.c): what it searches follows the layer's
  * configuration (parallel_r -1: r; pipeline 0: n; a2a_auto: Linear or 2DH), and it offers only what the
  * layer can run: the sharded flows run one micro-batch, so with them n stays 1, and 2DH needs a grid of
- * more than one node of more than one rank (on one node or one rank per node it is Linear with copies).
+ * more than one node of more than one rank (on one node or one rank per node it is Linear with copies)
+ * and an all-to-all to run (static dispatch has none).
  * The entry's note says what was held back. The layer asks for its setup after routing, when the
  * capacity (global counts: the same on every rank) is known. */
 #include <stdio.h>
@@ -12,11 +13,13 @@
 
 enum { SEARCH_R = 1, SEARCH_N = 2, SEARCH_A = 4 };
 
-/* What the dictionary chooses now (moe_layer_set_parallel_r may switch r to or from auto). */
+/* What the dictionary chooses now, and the fixed n its trials run (moe_layer_set_parallel_r and
+ * moe_layer_set_pipeline may change them between steps); 0: nothing adaptive. */
 static unsigned space_of(const moe_layer_t *l) {
   const moe__shard *sh = l->st->sh;
-  return (sh && sh->r == MOE_PARALLEL_AUTO ? SEARCH_R : 0) | (!l->cfg.pipeline ? SEARCH_N : 0) |
-         (l->cfg.a2a_auto ? SEARCH_A : 0);
+  unsigned s = (sh && sh->r == MOE_PARALLEL_AUTO ? SEARCH_R : 0) | (!l->cfg.pipeline ? SEARCH_N : 0) |
+               (l->cfg.a2a_auto ? SEARCH_A : 0);
+  return s ? s | (unsigned)l->cfg.pipeline << 3 : 0;
 }
 
 static moe_status make(moe_layer_t *l, unsigned space) {
@@ -34,10 +37,11 @@ static moe_status make(moe_layer_t *l, unsigned space) {
     for (int n = 1; n <= MOE__AUTO_MAX_N && (n == 1 || n <= E / W); n *= 2) deg[nd++] = n; /* cut between experts */
   if (space & SEARCH_A) {
     algo[0] = MOE__A2A_LINEAR;
-    if (G > 1 && nodes > 1) na = 2;
+    int stat = l->cfg.dispatch == MOE_DISPATCH_STATIC; /* its exchanges are a reduce-scatter and an all-gather */
+    if (G > 1 && nodes > 1 && !stat) na = 2;
     else
-      snprintf(a_why, sizeof a_why, "2DH not offered: %s", !d ? "one process" : !G ? "no grid of nodes (moe_dist_set_a2a 2DH)"
-               : nodes == 1 ? "one node" : "one rank per node");
+      snprintf(a_why, sizeof a_why, "2DH not offered: %s", !d ? "one process" : stat ? "static dispatch has no all-to-all"
+               : !G ? "no grid of nodes (moe_dist_set_a2a 2DH)" : nodes == 1 ? "one node" : "one rank per node");
   }
   moe__auto_pipe *a = malloc(sizeof *a);
   MOE_TRY(a, MOE_ERR_NOMEM, "layer setup: out of memory for the dictionary");
@@ -98,7 +102,7 @@ int moe_layer_setup(const moe_layer_t *l, moe_layer_setup_info *out) {
   moe__dist_a2a_grid(l->cfg.dist, &nodes, &now);
   *out = (moe_layer_setup_info){.capacity = (int)a->capacity, .key = (int)a->key, .window = (int)a->dict.window,
                                 .r = moe_layer_parallel_r(l), .n = l->st->p.n, .a2a = now, .trial = a->trial,
-                                .searched = (int)a->space, .trials = a->measured, .entries = (int)a->dict.map.len,
+                                .searched = (int)(a->space & 7), .trials = a->measured, .entries = (int)a->dict.map.len,
                                 .bound = moe__setup_dict_bound(&a->dict), .note = a->note};
   return 1;
 }

@@ -227,7 +227,7 @@ typedef struct moe__auto_pipe_s {
   size_t capacity;        /* this step's capacity */
   double acc;             /* the current trial's seconds so far (its forward, its backward) */
   int64_t measured;       /* distinct setups tried: the trials of P2 1.7 */
-  unsigned space;         /* the layer's searched parts when made (adapt/layer_setup.c) */
+  unsigned space;         /* what the layer searched, and its fixed n, when made (adapt/layer_setup.c) */
   char note[256];         /* what the entries do not offer, and why (adapt/layer_setup.c) */
 } moe__auto_pipe;
 
