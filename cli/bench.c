@@ -25,6 +25,7 @@ static void usage(FILE *f) {
           "                 [--dtype f32,bf16] [--shape T,D,H,E,k] [--threads N] [--reps R] [--json]\n"
           "                 [--expert-parallel] [--pipeline N|auto,... [--memory-reuse none|s2|s3|s4|auto]]\n"
           "                 [--memory-budget MIB] [--parallel-r N|auto,...] [--replicas auto|off [--replica-horizon K]]\n"
+          "                 [--a2a linear|2dh|auto [--ranks-per-node G]]\n"
           "                 [--progress|--quiet]\n"
           "--cases, --routing, --dispatch and --dtype take a comma-separated subset (any order, each name\n"
           "once; default all, but --dtype f32). --dtype: the experts' compute dtypes; the ratio (roofline_ratio)\n"
@@ -45,6 +46,10 @@ static void usage(FILE *f) {
           "--parallel-r N,...: expert-parallel, dynamic dispatch: every expert sharded over the ranks (Tutel),\n"
           "each case once per r given (0: weights all-gathered; >= 1: tokens exchanged, clipped to ceil(W/E);\n"
           "auto: the layer's choice), shown in column n as n/rR (R: the r that ran).\n"
+          "--a2a (expert-parallel): the exchanges' all-to-all; auto: the layer's choice per capacity, 2DH only\n"
+          "over more than one node of more than one rank (--ranks-per-node G splits one machine into nodes).\n"
+          "With any of --pipeline, --parallel-r or --a2a auto, a line (JSON: \"setup\") after each case shows\n"
+          "the entry of the layer's dictionary of setups (Tutel): capacity, key, r, n, algorithm, trials.\n"
           "--replicas auto (expert-parallel, dynamic dispatch): FlexMoE's replicas, E/W + 1 slots a rank; the\n"
           "policy maker runs once on the warm-up step's counts (a plan kept when K steps, default 10, of its\n"
           "modelled gain repay its copies) and its balance ratio and modelled step are printed.\n"
@@ -153,6 +158,7 @@ typedef struct { int threads, reps, json, ncases, nrouting, ndispatch, ndtype; c
                  size_t budget;
                  moe_dist *dist; cli_progress progress;
                  int nrs, rs[8], parallel_r; /* --parallel-r: Tutel's r of each run, and the current one */
+                 moe_a2a a2a; int a2a_auto, ranks_per_node; /* --a2a, --ranks-per-node */
                  int replicas, horizon, profiled; moe_flex_env env; /* --replicas auto: FlexMoE */
                } bench_opts;
 
@@ -215,6 +221,7 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
   cfg.dtype = dtype;
   cfg.dist = o->dist; /* expert-parallel: this rank routes tokens [t0, t1) and owns E/W experts */
   cfg.parallel_r = o->parallel_r;
+  cfg.a2a_auto = o->a2a_auto;
   if (disp == MOE_DISPATCH_DYNAMIC || !o->dist) { /* where micro-batches run (moe_layer_config.pipeline) */
     cfg.pipeline = pipeline;
     cfg.memory_reuse = o->reuse;
@@ -292,13 +299,15 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
   if (cfg.parallel_r != MOE_PARALLEL_OFF) /* and Tutel's r that ran */
     snprintf(pn + strlen(pn), sizeof pn - strlen(pn), "/r%d", moe_layer_parallel_r(&l));
   if (rank != 0) goto done;
+  char setup[768]; /* the dictionary's entry, if the layer has one */
+  cli_setup_text(&l, o->json, setup, sizeof setup);
   if (o->dist && o->json)
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
            "\"routing\": \"%s\", \"dtype\": \"%s\", \"ranks\": %d, \"fwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, "
            "\"comm_ms\": %.3f, \"compute_ms\": %.3f, \"bytes_per_step\": %.0f, \"gflops\": %.2f, \"peak_bytes\": %zu, "
-           "\"dropped\": %d, \"threads\": %d, \"pipeline\": \"%s\", \"memory_reuse\": \"%s\", \"blas\": \"%s\"}\n",
+           "\"dropped\": %d, \"threads\": %d, \"pipeline\": \"%s\", \"memory_reuse\": \"%s\", \"blas\": \"%s\"%s}\n",
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, W, fwd, fb, comm_ms, fb - comm_ms, bytes, gflops,
-           peak, st.dropped, o->threads, pn, rn, moe_blas_info());
+           peak, st.dropped, o->threads, pn, rn, moe_blas_info(), setup);
   else if (o->dist)
     printf("%-4s %-8s %-8s %-5s %6s %9.1f %11.1f %9.1f %10.1f %12.1f %8d\n", c->name, rt, dn, dt, pn, fwd, fb,
            comm_ms, fb - comm_ms, bytes / 1048576.0, st.dropped);
@@ -307,12 +316,13 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
            "\"routing\": \"%s\", \"dtype\": \"%s\", \"fwd_ms\": %.3f, \"fwd_cached_ms\": %.3f, \"fwdbwd_ms\": %.3f, "
            "\"gflops\": %.2f, \"sgemm_gflops\": %.2f, \"roofline_ratio\": %.4f, \"peak_bytes\": %zu, "
            "\"peak_rss_bytes\": %zu, \"dropped\": %d, \"capacity\": %d, \"threads\": %d, \"pipeline\": \"%s\", "
-           "\"memory_reuse\": \"%s\", \"blas\": \"%s\"}\n",
+           "\"memory_reuse\": \"%s\", \"blas\": \"%s\"%s}\n",
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, fwd, fwd_cached, fb, gflops, sg, gflops / sg, peak, rss,
-           st.dropped, st.capacity, o->threads, pn, rn, moe_blas_info());
+           st.dropped, st.capacity, o->threads, pn, rn, moe_blas_info(), setup);
   else
     printf("%-4s %-8s %-8s %-5s %6s %9.1f %10.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, dt,
            pn, fwd, fwd_cached, fb, gflops, gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
+  if (!o->json && *setup) printf("%s\n", setup);
   fflush(stdout);
 done:
   free(x); free(y); free(dy); free(dx); free(tf); free(tb); free(tc); free(cache);
@@ -403,6 +413,8 @@ int cmd_bench(int argc, char **argv) {
     else if (cli_flag_is(f, "reps")) ok = cli_parse_int(v, &o.reps) && o.reps >= 1 && o.reps <= 100;
     else if (cli_flag_is(f, "pipeline")) ok = (o.npipe = parse_pipes(v, o.pipes)) > 0;
     else if (cli_flag_is(f, "parallel_r")) ok = (o.nrs = cli_parse_parallel_rs(v, o.rs, 8)) > 0;
+    else if (cli_flag_is(f, "a2a")) ok = cli_parse_a2a(v, &o.a2a, &o.a2a_auto);
+    else if (cli_flag_is(f, "ranks_per_node")) ok = cli_parse_int(v, &o.ranks_per_node) && o.ranks_per_node >= 0;
     else if (cli_flag_is(f, "memory_reuse")) {
       if (moe_reuse_parse(v, "--memory-reuse", &o.reuse) != MOE_OK) return cli_fail(CMD);
     }
@@ -428,6 +440,7 @@ int cmd_bench(int argc, char **argv) {
   for (int i = 0; i < o.ncases; i++) o.cases[i] = idx[i] < 0 ? &custom : &CASES[idx[i]];
   if (o.expert_parallel && moe_dist_init(&o.dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
   cli_hold_errors(o.dist); /* a failure in a case: the failing ranks say so, then every rank stops */
+  if (o.dist && moe_dist_set_a2a(o.dist, o.a2a, o.ranks_per_node) != MOE_OK) return cli_dist_end(o.dist, CMD, cli_fail(CMD));
   int W = moe_dist_size(o.dist), root = moe_dist_rank(o.dist) == 0;
   if (!o.threads) o.threads = cli_cpu_count() / W > 0 ? cli_cpu_count() / W : 1;
   double sg = moe_sgemm_gflops(2048, o.threads, 3);

@@ -24,6 +24,12 @@ int cli_parse_pipeline(const char *s, int *out);
  * max), their number (0: not valid). cli/parallel_r.c */
 int cli_parse_parallel_r(const char *s, int *out);
 int cli_parse_parallel_rs(const char *s, int *out, int max);
+/* --a2a linear|2dh|auto: the algorithm to set on the dist; auto sets 2DH's grid and *autom (the
+ * layers' dictionary picks per capacity). cli/parallel_r.c */
+int cli_parse_a2a(const char *s, moe_a2a *algo, int *autom);
+/* The layer's dictionary entry (moe_layer_setup) as a line for the text table ("" without one), or as a
+ * JSON member to append (", \"setup\": {...}"). cli/parallel_r.c */
+void cli_setup_text(const moe_layer_t *l, int json, char *buf, size_t n);
 int cli_parse_float(const char *s, float *out);
 /* A size in MiB (a number > 0, fractions allowed) into bytes. */
 int cli_parse_mib(const char *s, size_t *bytes);

@@ -21,7 +21,7 @@ static void usage(FILE *f) {
           "                     [--router linear|cosine] [--threads N] [--dtype f32|bf16]\n"
           "                     [--out-dtype f32|bf16] [--expert-capacity C0,C1,...]\n"
           "                     [--pipeline N|auto] [--memory-reuse none|s2|s3|s4]\n"
-          "                     [--expert-parallel [--a2a linear|2dh] [--ranks-per-node G] [--placement P.json]\n"
+          "                     [--expert-parallel [--a2a linear|2dh|auto] [--ranks-per-node G] [--placement P.json]\n"
           "                                        [--parallel-r N|auto]]\n"
           "--dtype picks the experts' compute dtype (default: the file's \"dtype\" metadata, else f32);\n"
           "--out-dtype the dtype of the float tensors written (default f32). --expert-capacity gives each\n"
@@ -31,7 +31,8 @@ static void usage(FILE *f) {
           "keeping (s3: the activations, recomputed; s2: the received rows, received again; s4: both).\n"
           "Under mpirun -np W, --expert-parallel spreads the experts over the ranks (each routes T/W of\n"
           "the tokens); rank 0 writes OUT, equal to the one-process output. --parallel-r shards every expert\n"
-          "over the ranks instead (Tutel: r = 0 gathers the weights, r >= 1 moves tokens; any E and W).\n");
+          "over the ranks instead (Tutel: r = 0 gathers the weights, r >= 1 moves tokens; any E and W).\n"
+          "--a2a auto: the layer's dictionary of setups picks Linear or 2DH per capacity.\n");
 }
 
 typedef struct {
@@ -40,6 +41,7 @@ typedef struct {
   const char *placement;
   int32_t *order; /* with --placement: the file's expert at each position (rank r owns r E/W ..) */
   moe_a2a a2a;
+  int a2a_auto; /* --a2a auto */
   moe_dtype out_dt;
   const char *capacities; /* --expert-capacity: E comma-separated counts, or NULL */
   float *in[5]; /* the inputs read from X, as float32 */
@@ -79,8 +81,7 @@ static int parse_args(int argc, char **argv, args_t *a) {
     } else if (cli_flag_is(f, "placement")) {
       a->placement = v;
     } else if (cli_flag_is(f, "a2a")) {
-      if (strcmp(v, "linear") && strcmp(v, "2dh")) return cli_usage_error(CMD, "--a2a: '%s' (want linear|2dh)", v);
-      a->a2a = strcmp(v, "linear") ? MOE_A2A_2DH : MOE_A2A_LINEAR;
+      if (!cli_parse_a2a(v, &a->a2a, &a->a2a_auto)) return cli_usage_error(CMD, "--a2a: '%s' (want linear|2dh|auto)", v);
     } else if (cli_flag_is(f, "ranks_per_node")) {
       if (!cli_parse_int(v, &a->ranks_per_node) || a->ranks_per_node < 0)
         return cli_usage_error(CMD, "--ranks-per-node: '%s' is not a count", v);
@@ -254,6 +255,7 @@ static int run(args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_writer 
   } else if (moe_layer_load(l, wf, &a->ov) != MOE_OK)
     return cli_fail(CMD);
   if (a->capacities && set_capacities(a, l)) return 1;
+  l->cfg.a2a_auto = a->a2a_auto; /* read at each forward */
   int D = l->cfg.D, k = l->cfg.top_k;
   moe_tensor_view x, sc;
   if (get_f32(a, 0, xf, "x", 2, -1, D, &x)) return 1;
@@ -336,7 +338,7 @@ static moe_status agree(const args_t *a, const moe_st *wf, const moe_st *xf) {
   const moe_layer_overrides *o = &a->ov;
   const char *caps = a->capacities ? a->capacities : "";
   moe_dist_setting s[33] = {
-      {"--backward", a->backward, NULL}, {"--spec", a->spec, NULL}, {"--a2a", a->a2a, a->a2a ? "2dh" : "linear"},
+      {"--backward", a->backward, NULL}, {"--spec", a->spec, NULL}, {"--a2a", a->a2a + 2 * a->a2a_auto, a->a2a_auto ? "auto" : a->a2a ? "2dh" : "linear"},
       {"--ranks-per-node", a->ranks_per_node, NULL}, {"--placement", a->placement != NULL, a->placement},
       {"--expert-capacity", cli_hash(caps, strlen(caps)), caps}, {"--top_k", o->top_k, o->top_k < 0 ? FILE_S : NULL},
       {"--capacity_setting", o->capacity_setting, NULL}, {"--normalize_topk", o->normalize_topk, NULL},

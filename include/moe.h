@@ -205,8 +205,8 @@ typedef struct {
   int pipeline;           /* MPipeMoE: the experts' stage runs as this many micro-batches, each a run of
                              experts (dynamic dispatch; expert-parallel, each its own exchange, and
                              every rank must give the same n); 1 = the whole batch at once (default);
-                             0 = adaptive: MPipeMoE's Algorithm 1 picks n per batch size from timed
-                             trial steps (stats.pipeline says which). Outputs, losses and all
+                             0 = adaptive: Tutel's dictionary (moe_layer_setup) picks n per capacity
+                             from timed trial steps (stats.pipeline says which). Outputs, losses and all
                              gradients are the same bits for every n */
   moe_reuse memory_reuse; /* with pipeline > 1: what backward restores instead of keeping (MPipeMoE
                              Table II on a CPU, where offloading to host memory keeps the tensor):
@@ -222,7 +222,7 @@ typedef struct {
   size_t memory_budget;   /* memory_reuse AUTO: the bytes the layer's workspace may reserve (its
                              routing and expert buffers, of which moe_layer_peak_bytes reports the
                              part a step used); when no strategy fits, S4 */
-  int parallel_r;         /* Tutel's adaptive parallelism (with dist, dynamic dispatch, pipeline 1):
+  int parallel_r;         /* Tutel's adaptive parallelism (with dist, dynamic dispatch, pipeline 1 or 0):
                              MOE_PARALLEL_OFF (default) is expert parallelism with whole experts per
                              rank; otherwise every rank holds a shard of every expert (see the section
                              "Adaptive parallelism r" below) and runs r = 0 (weights all-gathered,
@@ -231,6 +231,9 @@ typedef struct {
                              this many expert slots E_v >= E/W, holding replicas of hot experts that
                              moe_flex_trainer places; its expert tensors have E_v rows, the distinct
                              experts it holds in ascending id, then zeros. 0 = off: block ownership */
+  int a2a_auto;           /* expert-parallel: Tutel's dictionary picks Linear or 2DH per capacity
+                             (moe_layer_setup); 2DH needs the grid moe_dist_set_a2a(2DH) makes, and
+                             is offered only with more than one node of more than one rank */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,
@@ -290,7 +293,7 @@ typedef struct {
   int router_overlapped;        /* the router ran alongside the experts: cached experts, priority
                                    index, the layer's own experts (not inner layers nor a cache) */
   int pipeline;                 /* micro-batches this forward ran (pipeline 0: the adaptive choice) */
-  int pipeline_trial;           /* pipeline 0: this step tried an n for the search, not the choice */
+  int pipeline_trial;           /* the layer's dictionary (moe_layer_setup) tried a setup, not its entry */
   moe_reuse memory_reuse;       /* the strategy this forward ran (memory_reuse AUTO: its choice) */
 } moe_layer_stats;
 
@@ -1017,6 +1020,28 @@ void moe_lm_experts_free(moe_lm_experts *x);
  * for the first bad one to name. MOE_ERR_VALUE as moe_model_check_finite (on every rank). The
  * gradients it read are left zeroed, as moe_model_zero_grad leaves them (the same pass, not another). */
 moe_status moe_optim_step_checked(moe_optim_t *o, moe_model_t *m, float lr);
+
+/* ---- Tutel's dictionary of setups (P2 1.7): parallel_r -1, pipeline 0 or a2a_auto ---- */
+/* A layer with any of them adaptive keeps one dictionary: key floor(capacity / window), value (r,
+ * micro-batches n, all-to-all algorithm), each entry found once by trial steps (the paper's ternary
+ * search over r per (n, algorithm) offered) and then returned without trials. The setup of the last
+ * forward; returns 0 (and *out zeroed) when the layer has no dictionary. */
+typedef struct {
+  int capacity, key, window; /* the forward's capacity, floor(capacity / window) */
+  int r;                     /* parallel_r that ran (-1: experts not sharded) */
+  int n;                     /* micro-batches */
+  moe_a2a a2a;
+  int trial;                 /* a trial step of the search, not the entry */
+  int searched;              /* what the dictionary chooses: bit 1 r, 2 n, 4 the all-to-all */
+  long long trials;          /* distinct setups tried so far, all keys */
+  int entries;               /* keys with an entry */
+  double bound;              /* the paper's trials per key for this search: (log_1.5 ceil(W/E) + 2)
+                                per (n, algorithm) offered when r is searched, else 1 each */
+  const char *note;          /* what the entries do not offer and why; "" when nothing is held back */
+} moe_layer_setup_info;
+int moe_layer_setup(const moe_layer_t *l, moe_layer_setup_info *out);
+/* "r 1, n 2, linear" and the rest of info in one line (no newline), for the CLI. */
+void moe_layer_setup_format(const moe_layer_setup_info *info, char *buf, size_t size);
 
 #ifdef __cplusplus
 }

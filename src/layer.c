@@ -54,8 +54,8 @@ static moe_status check_pipeline(const moe_layer_config *c, int n, moe_reuse r) 
   MOE_TRY((unsigned)r <= MOE_REUSE_AUTO, MOE_ERR_ARG, "config: unknown memory_reuse %d", r);
   MOE_TRY(r != MOE_REUSE_AUTO || c->memory_budget > 0, MOE_ERR_ARG,
           "config: memory_reuse auto needs a memory_budget (bytes of workspace), got 0");
-  MOE_TRY(n == 1 || !sharded(c), MOE_ERR_ARG, "config: pipeline %d with parallel_r %d: the sharded layout runs one "
-          "micro-batch for now", n, c->parallel_r);
+  MOE_TRY(n <= 1 || !sharded(c), MOE_ERR_ARG, "config: pipeline %d with parallel_r %d: the sharded layout runs one "
+          "micro-batch for now (pipeline 0 keeps it at 1)", n, c->parallel_r);
   return MOE_OK;
 }
 
@@ -240,9 +240,8 @@ void moe_layer_free(moe_layer_t *l) {
     moe__arena_free(&l->st->work);
     free(l->st->wbf);
     free(l->st->inner_stats);
-    if (l->st->ap) moe__auto_pipe_free(l->st->ap);
+    moe__layer_setup_free(l);
     moe__flex_layer_free(l);
-    free(l->st->ap);
     moe__shard_free(l);
     free(l->st);
   }
@@ -413,44 +412,6 @@ static moe__ffn micro_ffn(const moe_layer_t *l, int i) {
   return moe__ffn_at(l, &l->st->f, l->st->p.shared ? 0 : l->st->p.mb[i].lo);
 }
 
-/* Adaptive n (pipeline 0): the state on first use, and the previous step's cost if it was a trial: the
- * mean over ranks of its seconds, so that every rank's search goes alike. */
-static moe_status auto_pipe_begin(moe_layer_t *l) {
-  moe__layer_state *s = l->st;
-  if (!s->ap) {
-    int W = moe_dist_size(l->cfg.dist);
-    s->ap = malloc(sizeof *s->ap);
-    MOE_TRY(s->ap, MOE_ERR_NOMEM, "moe_layer_forward: out of memory for the adaptive pipeline");
-    moe_status st = moe__auto_pipe_init(s->ap, l->cfg.E / W);
-    if (st) {
-      free(s->ap);
-      s->ap = NULL;
-      return st;
-    }
-  }
-  if (s->ap->trial < 0) return MOE_OK;
-  double t = s->ap->acc;
-  if (l->cfg.dist) MOE_CHECK(moe_dist_allreduce(l->cfg.dist, &t, 1));
-  return moe__auto_pipe_record(s->ap, t / moe_dist_size(l->cfg.dist));
-}
-
-/* Adds this call's seconds to the adaptive n's trial, if the step is one. */
-static void auto_pipe_time(moe_layer_t *l, double t0) {
-  if (l->st->ap && l->st->ap->trial >= 0) l->st->ap->acc += moe__now() - t0;
-}
-
-/* The most rows any rank's experts receive (before drops), from the counts over all ranks. */
-static size_t busiest_rows(const moe_layer_t *l) {
-  const moe__plan *p = &l->st->p;
-  size_t most = 0;
-  for (int q = 0; q < l->cfg.E / p->ng; q++) {
-    size_t r = 0;
-    for (int j = 0; j < p->ng; j++) r += (size_t)p->stat_counts[q * p->ng + j];
-    most = r > most ? r : most;
-  }
-  return most;
-}
-
 /* The experts' stage's end: every exchange the transport started has landed (also after a failure,
  * so that none writes into buffers after the call returns); st, or the transport's failure. */
 static moe_status finish(moe_layer_t *l, moe_status st) {
@@ -540,7 +501,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   s->have_fwd = 0;
   s->threads = moe__threads(l->cfg.threads);
   MOE_CHECK(agree(l, check_forward(l, x, T, y)));
-  if (!n) MOE_CHECK(auto_pipe_begin(l));
+  MOE_CHECK(moe__layer_setup_begin(l)); /* Tutel's dictionary (parallel_r, pipeline or a2a adaptive) */
   size_t route = 0;
   MOE_CHECK(tr->begin(l, T, &route));
   route += moe__gate_bytes(l, T, k) + moe__micro_bytes(n ? n : MOE__AUTO_MAX_N, l->cfg.E);
@@ -550,8 +511,8 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   moe__side_work router = moe__gate_work(l);
   if (!along) MOE_CHECK(moe__gemm_run_side(NULL, 0, s->threads, &router)); /* the router first */
   MOE_CHECK(moe__route(l));
+  MOE_CHECK(moe__layer_setup_pick(l, &n)); /* at this capacity: r, n and the all-to-all */
   MOE_CHECK(tr->groups(l)); /* now the rows this process's experts get are known */
-  if (!n) MOE_CHECK(moe__auto_pipe_pick(s->ap, busiest_rows(l), &n));
   MOE_CHECK(moe__split_rows(l, n));
   moe_reuse reuse = l->cfg.memory_reuse;
   if (reuse == MOE_REUSE_AUTO) MOE_CHECK(auto_reuse(l, T, route, &reuse));
@@ -593,10 +554,10 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     stats->weights = p->top_w;
     stats->router_overlapped = along;
     stats->pipeline = p->n;
-    stats->pipeline_trial = s->ap && s->ap->trial >= 0;
+    stats->pipeline_trial = s->ap && s->ap->trial;
     stats->memory_reuse = reuse;
   }
-  auto_pipe_time(l, t0);
+  moe__layer_setup_time(l, t0);
   return MOE_OK;
 }
 
@@ -615,6 +576,7 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_backward: layer not initialized");
   moe__layer_state *s = l->st;
   MOE_CHECK(agree(l, check_backward(l, dx)));
+  MOE_CHECK(moe__layer_setup_a2a(l));
   const moe__plan *p = &s->p;
   int T = p->T, D = l->cfg.D;
   s->have_fwd = 0; /* backward overwrites the forward's buffers: one backward per forward */
@@ -649,6 +611,6 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   MOE_CHECK(finish(l, st));
   moe__dispatch_backward(l, dxs, dx);
   MOE_CHECK(moe__gate_backward(l, dw, daux, dz, dx));
-  auto_pipe_time(l, t0);
+  moe__layer_setup_time(l, t0);
   return MOE_OK;
 }

@@ -185,9 +185,7 @@ void moe__shard_free(moe_layer_t *l) {
   moe__shard *sh = l->st->sh;
   if (!sh) return;
   if (sh->cl_r >= 0) moe_layer_free(&sh->cl);
-  if (sh->ar) moe__auto_r_free(sh->ar);
   free(sh->wbuf);
-  free(sh->ar);
   free(sh->tasks);
   free(sh);
   l->st->sh = NULL;
@@ -205,7 +203,7 @@ moe_status moe_layer_set_parallel_r(moe_layer_t *l, int r) {
 int moe_layer_parallel_r(const moe_layer_t *l) { return l && l->st && l->st->sh ? l->st->sh->r_now : -1; }
 
 int moe_layer_parallel_r_trial(const moe_layer_t *l) {
-  return l && l->st && l->st->sh && l->st->sh->ar && l->st->sh->ar->trial >= 0;
+  return l && l->st && l->st->sh && l->st->sh->r == MOE_PARALLEL_AUTO && l->st->ap && l->st->ap->trial;
 }
 
 moe_status moe__shard_use(moe_layer_t *l, int r) {

@@ -30,23 +30,6 @@ int moe__shard_member(int W, int E, int H, int r, int e, int j, int s);
 /* Rank p's tasks under r into t (at least E entries), ascending (e, j); their number. */
 int moe__shard_tasks(int W, int E, int H, int r, int p, moe__task *t);
 
-/* The adaptive r (shard_auto.c): Tutel's dictionary, its trials the layer's steps (MOE__AUTO_REPS
- * each, the fastest counts). pick gives the r of a step at this capacity (the same on every rank when
- * the capacity is, and the recorded costs are); record, after a trial step, its cost (the mean over
- * ranks of its seconds). */
-typedef struct {
-  moe__setup_dict dict;
-  moe__u64map runs, secs; /* (key, r) -> trial steps run, the fastest one's seconds (bits) */
-  int want;               /* the r the dictionary's search waits for, -1: none */
-  int trial;              /* the r this step tries, -1: not a trial */
-  uint64_t key;           /* its key */
-  int64_t measured;       /* distinct (key, r) tried: the trials of P2 1.7 */
-} moe__auto_r;
-moe_status moe__auto_r_init(moe__auto_r *a, int W, int E);
-moe_status moe__auto_r_pick(moe__auto_r *a, size_t capacity, int *r);
-moe_status moe__auto_r_record(moe__auto_r *a, double seconds);
-void moe__auto_r_free(moe__auto_r *a);
-
 struct moe__shard_s {
   int r;               /* asked: MOE_PARALLEL_AUTO or >= 0 */
   int r_now;           /* this forward's, clipped (-1 before the first) */
@@ -64,8 +47,6 @@ struct moe__shard_s {
   float *sbuf;         /* (srows, D) send staging, in the work arena */
   float *wbuf;         /* (wcap) the weights' exchange, sent then received */
   size_t wcap;
-  moe__auto_r *ar;     /* MOE_PARALLEL_AUTO: the dictionary, from the first forward */
-  double t0, t1;       /* a trial step: its start (groups) and its last exchange's end */
 };
 typedef struct moe__shard_s moe__shard;
 

@@ -17,41 +17,15 @@ static int world(const moe_layer_t *l) { return moe_dist_size(l->cfg.dist); }
  * staging, row of the groups, rows) it receives. At most E + W sent (one per slice), W E received. */
 static size_t max_segs(const moe_layer_t *l) { return (size_t)(l->cfg.E + world(l)) * 4 + (size_t)world(l) * l->cfg.E * 3; }
 
-/* The adaptive r: the previous step's cost if it was a trial (the mean over ranks: every rank's
- * dictionary stays the same). */
-static moe_status auto_record(moe_layer_t *l) {
-  moe__shard *sh = l->st->sh;
-  if (!sh->ar || sh->ar->trial < 0) return MOE_OK;
-  double t = sh->t1 - sh->t0;
-  MOE_CHECK(moe_dist_allreduce(l->cfg.dist, &t, 1));
-  return moe__auto_r_record(sh->ar, t / world(l));
-}
-
-/* This step's r: the one asked, clipped, or the dictionary's (a trial's while it searches). */
-static moe_status pick_r(moe_layer_t *l, int *r) {
-  moe__shard *sh = l->st->sh;
-  if (sh->r != MOE_PARALLEL_AUTO) {
-    *r = moe__shard_clip(world(l), l->cfg.E, sh->r);
-    return MOE_OK;
-  }
-  if (!sh->ar) {
-    sh->ar = malloc(sizeof *sh->ar);
-    MOE_TRY(sh->ar, MOE_ERR_NOMEM, "parallel_r auto: out of memory for the dictionary");
-    moe_status st = moe__auto_r_init(sh->ar, world(l), l->cfg.E);
-    if (st) {
-      free(sh->ar);
-      sh->ar = NULL;
-      return st;
-    }
-  }
-  MOE_CHECK(moe__auto_r_pick(sh->ar, (size_t)l->st->p.C, r));
-  sh->t0 = moe__now();
-  return MOE_OK;
+/* This step's r: the one asked, clipped, or the layer's dictionary's (adapt/layer_setup.c: its entry,
+ * a trial's r while it searches), picked after routing. */
+static int pick_r(const moe_layer_t *l) {
+  const moe__shard *sh = l->st->sh;
+  return sh->r != MOE_PARALLEL_AUTO ? moe__shard_clip(world(l), l->cfg.E, sh->r) : l->st->ap->now.r;
 }
 
 static moe_status sh_begin(moe_layer_t *l, int T, size_t *route_bytes) {
   (void)T;
-  MOE_CHECK(auto_record(l));
   size_t W = (size_t)world(l), E = (size_t)l->cfg.E;
   *route_bytes = moe__ep_route_bytes(l) + moe__arena_size(W * E * 4) + moe__arena_size(4 * W * sizeof(int)) +
                  moe__arena_size(max_segs(l) * 4) + moe__arena_size((E + 1) * 4);
@@ -63,8 +37,7 @@ static moe_status sh_groups(moe_layer_t *l) {
   moe__shard *sh = s->sh;
   moe__plan *p = &s->p;
   int W = world(l), E = l->cfg.E, H = l->cfg.H, me = moe_dist_rank(l->cfg.dist);
-  int r;
-  MOE_CHECK(pick_r(l, &r));
+  int r = pick_r(l);
   MOE_CHECK(moe__shard_use(l, r));
   moe__arena *a = &s->route;
   sh->K = moe__arena_alloc(a, (size_t)W * E * 4);
@@ -191,7 +164,6 @@ static moe_status sh_recv(moe_layer_t *l, int i, const float *g, float *rows) {
     else
       for (size_t u = 0; u < (size_t)x[2] * D; u++) to[u] += from[u];
   }
-  sh->t1 = moe__now(); /* the last one ends a trial step (backward's) */
   return MOE_OK;
 }
 

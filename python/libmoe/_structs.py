@@ -11,7 +11,7 @@ class LayerConfig(C.Structure):
                 ("proj_dim", _i), ("gate_bias", _i), ("expert_bias", _i), ("threads", _i),
                 ("inner_experts", _i), ("inner_top_k", _i), ("dist", _p), ("external_experts", _i),
                 ("dtype", _i), ("pipeline", _i), ("memory_reuse", _i), ("memory_budget", C.c_size_t),
-                ("parallel_r", _i), ("replica_slots", _i)]
+                ("parallel_r", _i), ("replica_slots", _i), ("a2a_auto", _i)]
 
 
 class ParamInfo(C.Structure):

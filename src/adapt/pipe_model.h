@@ -165,50 +165,27 @@ moe_status moe__gran_get(moe__gran *g, size_t B, int *n);
 int moe__gran_known(const moe__gran *g, size_t B, int *n);
 void moe__gran_free(moe__gran *g);
 
-/* ---- the adaptive n of a layer (moe_layer_config.pipeline = 0): Algorithm 1 online ---- */
-
-/* searchBestGran's trials are the layer's own steps: a batch size not known yet runs each candidate n
- * for MOE__AUTO_REPS steps (the first warms the workspace, the fastest is kept), then Algorithm 1
- * decides and remembers. The key is the most rows any rank's experts receive (the same on every rank,
- * from the global counts), in buckets of MOE__AUTO_ROWS rows (Tutel's R), so that routing noise does
- * not make every step a new size; a step's cost is the mean over ranks of its forward + backward
- * seconds (a sum over ranks: identical everywhere), so every rank picks the same n. */
-#define MOE__AUTO_ROWS 128
-#define MOE__AUTO_REPS 2
-#define MOE__AUTO_MAX_N 16
-typedef struct moe__auto_pipe_s {
-  moe__gran gran;
-  moe__u64map runs, secs; /* (key, candidate) -> steps run, and the fastest one's seconds (bits) */
-  uint64_t key;
-  int trial;              /* candidate index the current step tries, -1: not a trial */
-  double acc;             /* the current trial's seconds so far (its forward, its backward) */
-} moe__auto_pipe;
-
-/* Candidates {1, 2, 4, 8, 16} up to max_n (the local experts: micro-batches are cut between them). */
-moe_status moe__auto_pipe_init(moe__auto_pipe *a, int max_n);
-/* The n for a step whose busiest rank receives `rows` rows; a trial's n while the search runs. */
-moe_status moe__auto_pipe_pick(moe__auto_pipe *a, size_t rows, int *n);
-/* A trial step's cost (the mean over ranks of its seconds); nothing outside a trial. */
-moe_status moe__auto_pipe_record(moe__auto_pipe *a, double seconds);
-void moe__auto_pipe_free(moe__auto_pipe *a);
-
 /* ---- Tutel's dictionary of optimal setups (P2 1.7) ---- */
 
 typedef enum { MOE__A2A_LINEAR, MOE__A2A_2DH } moe__a2a;
 
 typedef struct {
   int r;     /* adaptive parallelism: 0 = DP, 1..ceil(W/E) = EP+DP+MP */
-  int d;     /* pipelining degree, 1, 2, 4 or 8 */
+  int d;     /* pipelining degree (micro-batches) */
   moe__a2a a;
 } moe__setup;
 
 /* The cost (seconds) of one step at this capacity with setup s: one trial. */
 typedef moe_status (*moe__setup_cost_fn)(void *user, size_t capacity, const moe__setup *s, double *seconds);
 
+#define MOE__SETUP_MAX_DEG 4
 typedef struct {
   size_t window; /* R: capacities c with the same floor(c / R) share an entry */
   int r_max;     /* ceil(W / E), or 1 without the search over r */
   int search_r;  /* 0: r stays 1 (a layer without switchable parallelism) */
+  int deg[MOE__SETUP_MAX_DEG], ndeg; /* the degrees tried: 1, 2, 4, 8 unless limited */
+  moe__a2a algo[2];
+  int nalgo;                         /* the algorithms tried: Linear, 2DH unless limited */
   moe__u64map map;
   double *memo; /* (r_max + 1) costs of one (d, a) search; NaN = not tried */
   moe__setup_cost_fn cost;
@@ -219,8 +196,58 @@ typedef struct {
 /* world, experts >= 1; window 0 means 128. */
 moe_status moe__setup_dict_init(moe__setup_dict *t, int world, int experts, int search_r, size_t window,
                                 moe__setup_cost_fn cost, void *user);
+/* Only these degrees (1 to 4 increasing values >= 1) and algorithms (1 or 2, distinct) are tried: a
+ * setup the layer cannot run is never offered. Before the first get. */
+moe_status moe__setup_dict_limit(moe__setup_dict *t, const int *deg, int ndeg, const moe__a2a *algo, int nalgo);
+/* The paper's trials per key for this dictionary: (log_1.5 ceil(W/E) + 2) per (degree, algorithm) when r
+ * is searched, else 1. */
+double moe__setup_dict_bound(const moe__setup_dict *t);
 /* The setup for this capacity: the dictionary's entry, else found by trials and remembered. */
 moe_status moe__setup_dict_get(moe__setup_dict *t, size_t capacity, moe__setup *out);
 void moe__setup_dict_free(moe__setup_dict *t);
+
+/* ---- the dictionary of a layer (parallel_r, pipeline or the all-to-all adaptive): its trials online ---- */
+
+/* The trials are the layer's own steps: a setup the search asks for and has no cost for stops the
+ * search (pending); the next MOE__AUTO_REPS steps run it (the first warms the workspace, the fastest
+ * counts) and the search starts again, the costs measured so far answered from the table, until it
+ * completes and the dictionary remembers its entry. The key is floor(capacity / MOE__AUTO_ROWS), the
+ * capacity the same on every rank (global counts), and a step's cost the mean over ranks of its
+ * forward + backward seconds (a sum over ranks: identical everywhere), so every rank picks alike. */
+#define MOE__AUTO_ROWS 128
+#define MOE__AUTO_REPS 2
+#define MOE__AUTO_MAX_N 8
+typedef struct moe__auto_pipe_s {
+  moe__setup_dict dict;
+  moe__u64map runs, secs; /* (key, r, degree, algorithm) -> trial steps run, the fastest one's seconds */
+  moe__setup want;        /* the setup the search waits for (want.d 0: none) */
+  moe__setup now;         /* this step's */
+  int trial;              /* this step tries a setup for the search */
+  uint64_t key;           /* this step's key */
+  size_t capacity;        /* this step's capacity */
+  double acc;             /* the current trial's seconds so far (its forward, its backward) */
+  int64_t measured;       /* distinct setups tried: the trials of P2 1.7 */
+  unsigned space;         /* what the layer searched, and its fixed n, when made (adapt/layer_setup.c) */
+  char note[256];         /* what the entries do not offer, and why (adapt/layer_setup.c) */
+} moe__auto_pipe;
+
+/* search_r over [0, ceil(W/E)] (else r 1), and the degrees and algorithms of moe__setup_dict_limit. */
+moe_status moe__auto_pipe_init(moe__auto_pipe *a, int W, int E, int search_r, const int *deg, int ndeg,
+                               const moe__a2a *algo, int nalgo);
+/* The setup of a step at this capacity: the entry, or a trial's setup while the search runs (a->trial). */
+moe_status moe__auto_pipe_pick(moe__auto_pipe *a, size_t capacity, moe__setup *s);
+/* A trial step's cost (the mean over ranks of its seconds); nothing outside a trial. */
+moe_status moe__auto_pipe_record(moe__auto_pipe *a, double seconds);
+void moe__auto_pipe_free(moe__auto_pipe *a);
+
+/* The layer's side (layer_setup.c): begin at a forward's start (the dictionary made or remade when
+ * what is adaptive changed, a trial step's cost recorded); pick after routing (the setup, n when
+ * pipeline is 0, the all-to-all switched); a2a at backward's start (the forward's algorithm again: the
+ * dist is shared); time adds a call's seconds since t0 to a trial step. */
+moe_status moe__layer_setup_begin(moe_layer_t *l);
+moe_status moe__layer_setup_pick(moe_layer_t *l, int *n);
+moe_status moe__layer_setup_a2a(moe_layer_t *l);
+void moe__layer_setup_time(moe_layer_t *l, double t0);
+void moe__layer_setup_free(moe_layer_t *l);
 
 #endif

@@ -1,5 +1,5 @@
 /* Tutel's dictionary of optimal setups (DIGEST P2 1.7): floor(capacity / R) -> (r, pipelining degree,
- * all-to-all algorithm), each entry found once by trials. Per (degree, algorithm): r = 0 and
+ * all-to-all algorithm), each entry found once by trials. Per (degree, algorithm) offered: r = 0 and
  * r = ceil(W/E) tried directly and r in [1, ceil(W/E) - 1], assumed convex, by a ternary-type search.
  *
  * The search is Fibonacci search, the integer form of golden-section search: each step keeps one of
@@ -12,19 +12,36 @@
 
 #include "adapt/pipe_model.h"
 
-static const int degrees[] = {1, 2, 4, 8}; /* above 8 "hardly" pays and inflates all-to-all overhead */
-
 moe_status moe__setup_dict_init(moe__setup_dict *t, int world, int experts, int search_r, size_t window,
                                 moe__setup_cost_fn cost, void *user) {
   MOE_TRY(t && cost, MOE_ERR_ARG, "setup_dict_init: NULL state or cost function");
   MOE_TRY(world >= 1 && experts >= 1, MOE_ERR_ARG, "setup_dict_init: world %d and experts %d must be >= 1",
           world, experts);
   int r_max = search_r ? world / experts + (world % experts != 0) : 1;
+  /* degrees above 8 "hardly" pay and inflate the all-to-all's overhead */
   *t = (moe__setup_dict){.window = window ? window : 128, .r_max = r_max, .search_r = search_r != 0,
+                         .deg = {1, 2, 4, 8}, .ndeg = 4, .algo = {MOE__A2A_LINEAR, MOE__A2A_2DH}, .nalgo = 2,
                          .cost = cost, .user = user};
   t->memo = malloc(sizeof *t->memo * ((size_t)r_max + 1));
   MOE_TRY(t->memo, MOE_ERR_NOMEM, "setup_dict_init: out of memory for %zu trial costs", (size_t)r_max + 1);
   return MOE_OK;
+}
+
+moe_status moe__setup_dict_limit(moe__setup_dict *t, const int *deg, int ndeg, const moe__a2a *algo, int nalgo) {
+  MOE_TRY(ndeg >= 1 && ndeg <= MOE__SETUP_MAX_DEG && nalgo >= 1 && nalgo <= 2, MOE_ERR_ARG,
+          "setup_dict_limit: %d degrees (want 1 to %d) and %d algorithms (want 1 or 2)", ndeg, MOE__SETUP_MAX_DEG, nalgo);
+  for (int i = 0; i < ndeg; i++)
+    MOE_TRY(deg[i] >= 1 && (i == 0 || deg[i] > deg[i - 1]), MOE_ERR_ARG,
+            "setup_dict_limit: degree[%d] = %d: degrees must be >= 1 and increasing", i, deg[i]);
+  MOE_TRY(nalgo == 1 || algo[0] != algo[1], MOE_ERR_ARG, "setup_dict_limit: the same algorithm twice");
+  for (int i = 0; i < ndeg; i++) t->deg[i] = deg[i];
+  for (int i = 0; i < nalgo; i++) t->algo[i] = algo[i];
+  t->ndeg = ndeg, t->nalgo = nalgo;
+  return MOE_OK;
+}
+
+double moe__setup_dict_bound(const moe__setup_dict *t) {
+  return (t->search_r ? log((double)t->r_max) / log(1.5) + 2 : 1) * t->ndeg * t->nalgo;
 }
 
 /* The cost of (r, d, a) at capacity c: remembered within one (d, a) search, else one trial. */
@@ -87,12 +104,14 @@ moe_status moe__setup_dict_get(moe__setup_dict *t, size_t capacity, moe__setup *
     return MOE_OK;
   }
   double best = INFINITY;
-  for (size_t i = 0; i < sizeof degrees / sizeof *degrees; i++)
-    for (int a = MOE__A2A_LINEAR; a <= MOE__A2A_2DH; a++) {
+  int one = !t->search_r && t->ndeg * t->nalgo == 1; /* one setup: nothing to try */
+  if (one) best = 0, *out = (moe__setup){.r = 1, .d = t->deg[0], .a = t->algo[0]};
+  for (int i = 0; i < t->ndeg && !one; i++)
+    for (int j = 0; j < t->nalgo; j++) {
       int r;
       double x;
-      MOE_CHECK(best_r(t, capacity, degrees[i], (moe__a2a)a, &r, &x));
-      if (x < best) best = x, *out = (moe__setup){.r = r, .d = degrees[i], .a = (moe__a2a)a};
+      MOE_CHECK(best_r(t, capacity, t->deg[i], t->algo[j], &r, &x));
+      if (x < best) best = x, *out = (moe__setup){.r = r, .d = t->deg[i], .a = t->algo[j]};
     }
   MOE_TRY(isfinite(best), MOE_ERR_VALUE, "setup trials at capacity %zu: no setup has a finite cost", capacity);
   return moe__u64map_put(&t->map, key, (uint64_t)out->r << 16 | (uint64_t)out->d << 8 | (uint64_t)out->a);

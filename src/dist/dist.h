@@ -37,4 +37,10 @@ moe_status moe__dist_allgather_f32(const moe_dist *d, const float *send, float *
 /* In-place sum of n floats over ranks. */
 moe_status moe__dist_allreduce_f32(const moe_dist *d, float *a, int n);
 
+/* Tutel's dictionary switches the token exchange's algorithm per step (adapt/layer_setup.c): the 2DH
+ * grid moe_dist_set_a2a(2DH) made, its ranks per node and nodes (0 when there is none) and the algorithm
+ * in use, and a switch between Linear and 2DH that keeps the grid (2DH needs one). Local: no exchange. */
+int moe__dist_a2a_grid(const moe_dist *d, int *nodes, moe_a2a *now);
+moe_status moe__dist_a2a_use(const moe_dist *d, moe_a2a algo);
+
 #endif

@@ -334,3 +334,19 @@ void moe_dist_abort(const moe_dist *d, int code) {
 
 int moe_dist_rank(const moe_dist *d) { return d ? d->rank : 0; }
 int moe_dist_size(const moe_dist *d) { return d ? d->size : 1; }
+
+int moe__dist_a2a_grid(const moe_dist *d, int *nodes, moe_a2a *now) {
+  int G = !d || ONE(d) || ST(d)->node == MPI_COMM_NULL ? 0 : ST(d)->G;
+  *nodes = G ? ST(d)->N : 0;
+  *now = !d || ONE(d) ? MOE_A2A_LINEAR : ST(d)->algo;
+  return G;
+}
+
+moe_status moe__dist_a2a_use(const moe_dist *d, moe_a2a algo) {
+  int nodes;
+  moe_a2a now;
+  MOE_TRY(algo == MOE_A2A_LINEAR || moe__dist_a2a_grid(d, &nodes, &now), MOE_ERR_STATE,
+          "2DH all-to-all: no grid of nodes (moe_dist_set_a2a with 2DH makes it)");
+  if (d && !ONE(d)) ST(d)->algo = algo;
+  return MOE_OK;
+}

@@ -80,3 +80,16 @@ int moe_dist_rank(const moe_dist *d) { return d ? d->rank : 0; }
 int moe_dist_size(const moe_dist *d) { return d ? d->size : 1; }
 
 void moe_dist_abort(const moe_dist *d, int code) { (void)d, (void)code; }
+
+int moe__dist_a2a_grid(const moe_dist *d, int *nodes, moe_a2a *now) {
+  (void)d;
+  *nodes = 0;
+  *now = MOE_A2A_LINEAR;
+  return 0;
+}
+
+moe_status moe__dist_a2a_use(const moe_dist *d, moe_a2a algo) {
+  (void)d;
+  MOE_TRY(algo == MOE_A2A_LINEAR, MOE_ERR_STATE, "2DH all-to-all: no grid of nodes without MPI");
+  return MOE_OK;
+}

@@ -1,0 +1,118 @@
+/* A layer's one dictionary of setups (Tutel P2 1.7, auto_pipe.c): what it searches follows the layer's
+ * configuration (parallel_r -1: r; pipeline 0: n; a2a_auto: Linear or 2DH), and it offers only what the
+ * layer can run: the sharded flows run one micro-batch, so with them n stays 1, and 2DH needs a grid of
+ * more than one node of more than one rank (on one node or one rank per node it is Linear with copies)
+ * and an all-to-all to run (static dispatch has none).
+ * The entry's note says what was held back. The layer asks for its setup after routing, when the
+ * capacity (global counts: the same on every rank) is known. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "dist/dist.h"
+#include "shard.h"
+
+enum { SEARCH_R = 1, SEARCH_N = 2, SEARCH_A = 4 };
+
+/* What the dictionary chooses now, and the fixed n its trials run (moe_layer_set_parallel_r and
+ * moe_layer_set_pipeline may change them between steps); 0: nothing adaptive. */
+static unsigned space_of(const moe_layer_t *l) {
+  const moe__shard *sh = l->st->sh;
+  unsigned s = (sh && sh->r == MOE_PARALLEL_AUTO ? SEARCH_R : 0) | (!l->cfg.pipeline ? SEARCH_N : 0) |
+               (l->cfg.a2a_auto ? SEARCH_A : 0);
+  return s ? s | (unsigned)l->cfg.pipeline << 3 : 0;
+}
+
+static moe_status make(moe_layer_t *l, unsigned space) {
+  const moe_dist *d = l->cfg.dist;
+  int W = moe_dist_size(d), E = l->cfg.E, deg[MOE__SETUP_MAX_DEG], nd = 0, nodes, na = 1;
+  moe_a2a now;
+  int G = moe__dist_a2a_grid(d, &nodes, &now);
+  moe__a2a algo[2] = {(moe__a2a)now, MOE__A2A_2DH};
+  char n_why[96] = "", a_why[128] = "";
+  if (!(space & SEARCH_N)) deg[nd++] = l->cfg.pipeline;
+  else if (l->st->sh) {
+    deg[nd++] = 1;
+    snprintf(n_why, sizeof n_why, "n > 1 not offered: the sharded flows (parallel_r) run one micro-batch");
+  } else
+    for (int n = 1; n <= MOE__AUTO_MAX_N && (n == 1 || n <= E / W); n *= 2) deg[nd++] = n; /* cut between experts */
+  if (space & SEARCH_A) {
+    algo[0] = MOE__A2A_LINEAR;
+    int stat = l->cfg.dispatch == MOE_DISPATCH_STATIC; /* its exchanges are a reduce-scatter and an all-gather */
+    if (G > 1 && nodes > 1 && !stat) na = 2;
+    else
+      snprintf(a_why, sizeof a_why, "2DH not offered: %s", !d ? "one process" : stat ? "static dispatch has no all-to-all"
+               : !G ? "no grid of nodes (moe_dist_set_a2a 2DH)" : nodes == 1 ? "one node" : "one rank per node");
+  }
+  moe__auto_pipe *a = malloc(sizeof *a);
+  MOE_TRY(a, MOE_ERR_NOMEM, "layer setup: out of memory for the dictionary");
+  moe_status st = moe__auto_pipe_init(a, W, E, (space & SEARCH_R) != 0, deg, nd, algo, na);
+  if (st) {
+    free(a);
+    return st;
+  }
+  a->space = space;
+  snprintf(a->note, sizeof a->note, "%s%s%s", n_why, *n_why && *a_why ? "; " : "", a_why);
+  l->st->ap = a;
+  return MOE_OK;
+}
+
+void moe__layer_setup_free(moe_layer_t *l) {
+  if (!l->st->ap) return;
+  moe__auto_pipe_free(l->st->ap);
+  free(l->st->ap);
+  l->st->ap = NULL;
+}
+
+moe_status moe__layer_setup_begin(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  unsigned space = space_of(l);
+  if (s->ap && s->ap->space != space) moe__layer_setup_free(l); /* another search: another dictionary */
+  if (!space) return MOE_OK;
+  if (!s->ap) return make(l, space);
+  if (!s->ap->trial) return MOE_OK;
+  double t = s->ap->acc; /* the trial step's seconds, summed over the ranks: every dictionary alike */
+  if (l->cfg.dist) MOE_CHECK(moe_dist_allreduce(l->cfg.dist, &t, 1));
+  return moe__auto_pipe_record(s->ap, t / moe_dist_size(l->cfg.dist));
+}
+
+moe_status moe__layer_setup_pick(moe_layer_t *l, int *n) {
+  moe__auto_pipe *a = l->st->ap;
+  if (!a) return MOE_OK;
+  moe__setup s;
+  MOE_CHECK(moe__auto_pipe_pick(a, (size_t)l->st->p.C, &s));
+  if (!l->cfg.pipeline) *n = s.d;
+  return moe__layer_setup_a2a(l);
+}
+
+moe_status moe__layer_setup_a2a(moe_layer_t *l) {
+  const moe__auto_pipe *a = l->st->ap;
+  return a && a->space & SEARCH_A ? moe__dist_a2a_use(l->cfg.dist, (moe_a2a)a->now.a) : MOE_OK;
+}
+
+void moe__layer_setup_time(moe_layer_t *l, double t0) {
+  if (l->st->ap && l->st->ap->trial) l->st->ap->acc += moe__now() - t0;
+}
+
+int moe_layer_setup(const moe_layer_t *l, moe_layer_setup_info *out) {
+  *out = (moe_layer_setup_info){.note = ""};
+  const moe__auto_pipe *a = l && l->st ? l->st->ap : NULL;
+  if (!a) return 0;
+  int nodes;
+  moe_a2a now;
+  moe__dist_a2a_grid(l->cfg.dist, &nodes, &now);
+  *out = (moe_layer_setup_info){.capacity = (int)a->capacity, .key = (int)a->key, .window = (int)a->dict.window,
+                                .r = moe_layer_parallel_r(l), .n = l->st->p.n, .a2a = now, .trial = a->trial,
+                                .searched = (int)(a->space & 7), .trials = a->measured, .entries = (int)a->dict.map.len,
+                                .bound = moe__setup_dict_bound(&a->dict), .note = a->note};
+  return 1;
+}
+
+void moe_layer_setup_format(const moe_layer_setup_info *i, char *buf, size_t size) {
+  char r[16] = "off";
+  if (i->r >= 0) snprintf(r, sizeof r, "%d", i->r);
+  snprintf(buf, size, "%s at capacity %d (key %d = floor(C / %d)): r %s%s, n %d%s, %s%s; %lld trials, %d entries "
+           "(bound %.1f a key)%s%s", i->trial ? "trial" : "entry", i->capacity, i->key, i->window, r,
+           i->searched & SEARCH_R ? "" : " (fixed)", i->n, i->searched & SEARCH_N ? "" : " (fixed)",
+           i->a2a == MOE_A2A_2DH ? "2DH" : "Linear", i->searched & SEARCH_A ? "" : " (fixed)", i->trials, i->entries,
+           i->bound, *i->note ? "; " : "", i->note);
+}
