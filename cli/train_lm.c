@@ -69,9 +69,9 @@ static void usage(FILE *f, int help) {
     "The MoE layers' options are moe train's: --capacity, --dispatch, --dtype bf16, --capacity dynamic\n"
     "(per-expert capacities, static dispatch), --cache-assignments (each window's tokens are the samples;\n"
     "an epoch is a pass over the windows). Each report gives tokens/s and the shares of the steps' time\n"
-    "in attention, the MoE layers, the router's balance loss and the rest, and the MoE layers' expert\n"
-    "GFLOP/s. The last line is valid_loss=... valid_perplexity=... (a JSON line with --json, whose\n"
-    "stdout is JSON lines only).\n");
+    "in attention, the MoE layers, the router (the layers' gates and the balance loss) and the rest, and\n"
+    "the MoE layers' expert GFLOP/s. The last line is valid_loss=... valid_perplexity=... (a JSON line\n"
+    "with --json, whose stdout is JSON lines only).\n");
 }
 
 static void defaults(lm_opts *o) {

@@ -292,6 +292,8 @@ typedef struct {
   int pipeline;                 /* micro-batches this forward ran (pipeline 0: the adaptive choice) */
   int pipeline_trial;           /* pipeline 0: this step tried an n for the search, not the choice */
   moe_reuse memory_reuse;       /* the strategy this forward ran (memory_reuse AUTO: its choice) */
+  double router_seconds;        /* this forward's router (gate logits, softmax, top-k, losses), apart
+                                   from what ran alongside the experts */
 } moe_layer_stats;
 
 moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg);
@@ -886,10 +888,11 @@ moe_status moe_sim_calibrate(const moe_dist *d, int threads, moe_sim_machine *ou
 /* Layer i's stats of the last forward (expert counts, the router's choices), as moe_model_layer_stats. */
 const moe_layer_stats *moe_lm_layer_stats(const moe_lm_t *m, int i);
 /* Seconds in the transformer layers of moe_lm_forward and moe_lm_backward calls (not decodes) since
- * the last reset: the MoE layers (moe_layer_forward and _backward: their routing, dispatch, expert
- * GEMMs and combine), the balance loss (the router probabilities it recomputes and their gradient),
- * and attention with its norms and residual adds (the rest of a layer). Embedding, final norm, output
- * head and cross-entropy are in none of them. */
+ * the last reset: the MoE layers (moe_layer_forward and _backward: their dispatch, expert GEMMs,
+ * combine and the router's backward), the router (the layers' forward routers, stats.router_seconds,
+ * and the balance loss: the router probabilities it recomputes and their gradient), and attention with
+ * its norms and residual adds (the rest of a layer). Embedding, final norm, output head and
+ * cross-entropy are in none of them. */
 typedef struct {
   double attention, experts, router;
 } moe_lm_times;
