@@ -801,7 +801,9 @@ moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);
  * (and both shapes). Tensors the model does not use are ignored. */
 moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
 /* Writes dir/model.safetensors (F32, HF names, {"format": "pt"}) and dir/config.json, each atomically,
- * creating dir when missing; an index json there is removed, since it would name other files. */
+ * creating dir when missing; an index json there is removed, since it would name other files. Expert-
+ * parallel (cfg.moe.dist), a collective: the one-process model, every rank's experts, written by rank 0.
+ * (Loading under expert parallelism reads each rank's own experts by name.) */
 moe_status moe_lm_save(const moe_lm_t *m, const char *dir);
 
 /* Generation: a KV cache of B sequences (every layer's rotated keys and values, up to max_seq
@@ -1013,6 +1015,16 @@ typedef struct {
 } moe_lm_experts;
 moe_status moe_lm_buffer_experts(moe_lm_t *m, const char *dir, int K, moe_cache_policy p, moe_lm_experts *x);
 void moe_lm_experts_free(moe_lm_experts *x);
+
+/* ---- language model under expert parallelism: vectors in the one-process order ---- */
+/* A vector over m's parameters in the order of m->refs (its weights, Adam's moments): under expert
+ * parallelism a rank's holds its own experts only. The one-process model's has moe_lm_whole_numel
+ * floats (m->numel with one process). moe_lm_gather (a collective) gives every rank the one-process
+ * vector of every rank's local ones (the replicated parameters rank 0's); moe_lm_scatter takes this
+ * rank's part of one (no exchange), as a resumed run does with the trainer state's moments. */
+size_t moe_lm_whole_numel(const moe_lm_t *m);
+moe_status moe_lm_gather(const moe_lm_t *m, const float *local, float *whole);
+moe_status moe_lm_scatter(const moe_lm_t *m, const float *whole, float *local);
 
 #ifdef __cplusplus
 }
