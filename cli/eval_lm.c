@@ -1,5 +1,7 @@
 /* moe eval --task lm: a language model checkpoint's loss and perplexity on a split of a text
- * directory (every non-overlapping window of the model's context), through the checkpoint's tokenizer. */
+ * directory (every non-overlapping window of the model's context), through the checkpoint's tokenizer.
+ * Under mpirun the experts are spread over the ranks (each reads its own from the checkpoint), every
+ * rank runs the same windows and rank 0 prints. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,6 +9,7 @@
 
 #include "cli.h"
 #include "lm_data.h"
+#include "rank_errors.h"
 #include "train_lm.h"
 
 static const char *CMD = "eval";
@@ -20,8 +23,7 @@ static void usage(FILE *f) {
              "(default data/brown, test), and its exponential.\n");
 }
 
-int cmd_eval_lm(int argc, char **argv) {
-  if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
+static int eval(int argc, char **argv, moe_dist *dist) {
   const char *ck = NULL, *data = "data/brown", *split = "test";
   int threads = 0, batch = 8, json = 0, context = 0;
   for (int i = 1; i < argc; i++) {
@@ -57,7 +59,8 @@ int cmd_eval_lm(int argc, char **argv) {
     return cli_fail(CMD);
   }
   c.moe.threads = threads;
-  int rc = moe_lm_load(&m, ck, &c) != MOE_OK ? cli_fail(CMD) : 0;
+  c.moe.dist = dist;
+  int rc = cli_settle(dist, CMD, moe_lm_load(&m, ck, &c) != MOE_OK ? cli_fail(CMD) : 0);
   if (!context) context = c.max_seq;
   if (!rc && context > c.max_seq)
     rc = cli_usage_error(CMD, "--context %d exceeds the model's max_position_embeddings %d", context, c.max_seq);
@@ -67,7 +70,7 @@ int cmd_eval_lm(int argc, char **argv) {
   size_t n = 0;
   double loss = 0;
   if (!rc) rc = lm_stream_load(CMD, t, data, split, context, &ids, &n);
-  if (!rc) rc = lm_eval_loss(CMD, &m, ids, n, context, batch, 0, &loss);
+  if (!rc) rc = lm_eval_loss(CMD, &m, ids, n, context, batch, 0, &loss); /* the same windows on every rank */
   if (!rc && json)
     printf("{\"%s_loss\": %.6f, \"%s_perplexity\": %.4f, \"tokens\": %zu}\n", split, loss, split, exp(loss), n);
   else if (!rc) printf("%s_loss=%.6f %s_perplexity=%.4f\n", split, loss, split, exp(loss));
@@ -75,4 +78,12 @@ int cmd_eval_lm(int argc, char **argv) {
   if (m.st) moe_lm_free(&m);
   moe_tokenizer_free(t);
   return rc;
+}
+
+int cmd_eval_lm(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
+  moe_dist *dist;
+  int rc = lm_dist_start(CMD, &dist, &argc, &argv);
+  if (!rc) rc = eval(argc, argv, dist);
+  return cli_dist_end(dist, CMD, rc); /* a failure not settled stops every rank: some may be in a collective */
 }

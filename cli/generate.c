@@ -1,7 +1,9 @@
 /* moe generate: tokens from a language model checkpoint (a Hugging Face Mixtral directory). The
  * prompt runs through the model once, filling the KV cache; each new token then costs one position.
  * --prompt "text" goes through the checkpoint's tokenizer.json (as `moe tokenizer encode` does) and
- * the new tokens' text goes to stdout; --prompt-ids takes ids and prints the new ids, one line. */
+ * the new tokens' text goes to stdout; --prompt-ids takes ids and prints the new ids, one line. Under
+ * mpirun the experts are spread over the ranks: every rank decodes the same sequence and takes rank
+ * 0's sample, which rank 0 prints. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +11,8 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "lm_data.h"
+#include "rank_errors.h"
 #include "serve/completion.h" /* moe__utf8_clean, as moe serve writes text */
 
 static const char *CMD = "generate";
@@ -131,6 +135,15 @@ static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int pro
   return ok ? 0 : cli_usage_error(CMD, "out of memory for the JSON line");
 }
 
+/* Expert-parallel: rank 0's token on every rank (their logits may differ in the last bits). */
+static int rank0_token(const moe_dist *d, int32_t *id) {
+  double v = moe_dist_rank(d) == 0 ? *id : 0;
+  if (moe_dist_size(d) < 2) return 0;
+  if (moe_dist_allreduce(d, &v, 1) != MOE_OK) return cli_fail(CMD);
+  *id = (int32_t)v;
+  return 0;
+}
+
 /* Prompt, then one token at a time; the new tokens are printed as they come. */
 static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *ids, int n) {
   const moe_lm_config *c = &m->cfg;
@@ -149,6 +162,7 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
       rc = cli_fail(CMD);
       break;
     }
+    if ((rc = cli_settle(m->cfg.moe.dist, CMD, rank0_token(m->cfg.moe.dist, &next)))) break;
     out[i] = next;
     if (!o->json) {
       emit(t, next, i == 0);
@@ -162,15 +176,18 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
   return rc;
 }
 
-int cmd_generate(int argc, char **argv) {
-  if (cli_wants_help(argc, argv)) return usage(stdout), 0;
+static int generate(int argc, char **argv, moe_dist *dist) {
   gen_opts o;
   if (parse(argc, argv, &o)) return 1;
   moe_lm_config c;
   moe_lm_t m;
   if (moe_lm_read_config(o.ck, &c)) return cli_fail(CMD);
   c.moe.threads = o.threads;
-  if (moe_lm_load(&m, o.ck, &c)) return cli_fail(CMD);
+  c.moe.dist = dist;
+  if (cli_settle(dist, CMD, moe_lm_load(&m, o.ck, &c) ? cli_fail(CMD) : 0)) {
+    if (m.st) moe_lm_free(&m); /* loaded here, not on another rank */
+    return 1;
+  }
   int32_t *ids = malloc((size_t)c.max_seq * sizeof *ids);
   moe_tokenizer *t = NULL;
   char path[4096];
@@ -179,9 +196,18 @@ int cmd_generate(int argc, char **argv) {
           : o.prompt ? parse_ids(o.prompt, c.vocab, ids, c.max_seq)
           : moe_tokenizer_load(&t, o.tokenizer ? o.tokenizer : path) != MOE_OK ? (cli_fail(CMD), -1)
           : encode_prompt(t, o.text, c.vocab, ids, c.max_seq);
-  int rc = n < 0 ? 1 : run(&m, &o, t, ids, n);
+  int rc = cli_settle(dist, CMD, n < 0);
+  if (!rc) rc = run(&m, &o, t, ids, n);
   free(ids);
   moe_tokenizer_free(t);
   moe_lm_free(&m);
   return rc;
+}
+
+int cmd_generate(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) return usage(stdout), 0;
+  moe_dist *dist;
+  int rc = lm_dist_start(CMD, &dist, &argc, &argv);
+  if (!rc) rc = generate(argc, argv, dist);
+  return cli_dist_end(dist, CMD, rc); /* a failure not settled stops every rank: some may be in a collective */
 }

@@ -5,6 +5,7 @@
 
 #include "cli.h"
 #include "lm_data.h"
+#include "rank_errors.h"
 #include "text_io.h"
 #include "train_data.h"
 
@@ -37,6 +38,20 @@ int lm_stream_load(const char *cmd, const moe_tokenizer *t, const char *dir, con
     *ids = NULL;
   }
   return rc;
+}
+
+int lm_dist_start(const char *cmd, moe_dist **d, int *argc, char ***argv) {
+  *d = NULL;
+  if (moe_dist_init(d, argc, argv) != MOE_OK) return cli_fail(cmd);
+  if (moe_dist_size(*d) < 2) {
+    moe_dist_finalize(*d);
+    *d = NULL;
+    return 0;
+  }
+  cli_hold_errors(*d); /* printed once, by rank 0, where every rank meets */
+  if (moe_dist_rank(*d) != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 reports */
+    return cli_usage_error(cmd, "rank %d: cannot silence stdout", moe_dist_rank(*d));
+  return 0;
 }
 
 int lm_eval_loss(const char *cmd, moe_lm_t *m, const int32_t *ids, size_t n, int T, int B, int max_windows,

@@ -20,6 +20,11 @@ int lm_stream_load(const char *cmd, const moe_tokenizer *t, const char *dir, con
 int lm_eval_loss(const char *cmd, moe_lm_t *m, const int32_t *ids, size_t n, int T, int B, int max_windows,
                  double *loss);
 
+/* Under mpirun (more than one rank): *d for the model's experts, errors held for cli_settle, and
+ * stdout silenced on ranks other than 0, which reports. One process: *d NULL. 0, or the exit status
+ * after printing; end with cli_dist_end. */
+int lm_dist_start(const char *cmd, moe_dist **d, int *argc, char ***argv);
+
 /* The training order: each epoch a permutation (a function of seed and epoch) of the stream's nwin
  * non-overlapping windows of T + 1 tokens, B windows a step, per_epoch steps an epoch (the windows left
  * over differ from epoch to epoch). A window is the same tokens every epoch, so its tokens are the

@@ -69,9 +69,9 @@ static void usage(FILE *f, int help) {
     "The MoE layers' options are moe train's: --capacity, --dispatch, --dtype bf16, --capacity dynamic\n"
     "(per-expert capacities, static dispatch), --cache-assignments (each window's tokens are the samples;\n"
     "an epoch is a pass over the windows). Each report gives tokens/s and the shares of the steps' time\n"
-    "in attention, the MoE layers, the router's balance loss and the rest, and the MoE layers' expert\n"
-    "GFLOP/s. The last line is valid_loss=... valid_perplexity=... (a JSON line with --json, whose\n"
-    "stdout is JSON lines only).\n");
+    "in attention, the MoE layers, the router (the layers' gates and the balance loss) and the rest, and\n"
+    "the MoE layers' expert GFLOP/s. The last line is valid_loss=... valid_perplexity=... (a JSON line\n"
+    "with --json, whose stdout is JSON lines only).\n");
 }
 
 static void defaults(lm_opts *o) {
@@ -201,35 +201,61 @@ static int options_parse(const char *s, lm_opts *o) {
 }
 
 /* The whole checkpoint: the model (HF directory), the tokenizer, then the trainer state, each file
- * written atomically; the state last, so a state on disk never runs ahead of the weights. */
+ * written atomically; the state last, so a state on disk never runs ahead of the weights. Expert-
+ * parallel, every rank takes part in each gather (the model's, Adam's moments) and rank 0 writes:
+ * its failure is settled by the caller. */
 static int save(const lm_opts *o, const moe_lm_t *m, const moe_tokenizer *t, const moe_optim_t *opt,
                 double train_s) {
   char path[4096], buf[32], opts[1024];
-  if (moe_lm_save(m, o->checkpoint) != MOE_OK) return cli_fail(CMD);
+  int writer = moe_dist_rank(m->cfg.moe.dist) == 0;
+  moe_status st = moe_lm_save(m, o->checkpoint);
+  size_t n = moe_lm_whole_numel(m);
+  float *mo = malloc(n * 4), *v = malloc(n * 4);
+  moe_status ex = mo && v ? moe_lm_gather(m, opt->m, mo) : MOE_ERR_NOMEM; /* collectives: on every rank */
+  if (ex == MOE_OK) ex = moe_lm_gather(m, opt->v, v);
+  if (st != MOE_OK || (!mo || !v)) /* the model's message, or this one */
+    return free(mo), free(v), st != MOE_OK ? cli_fail(CMD) : cli_usage_error(CMD, "out of memory for %zu moments", n);
+  st = ex;
   snprintf(path, sizeof path, "%s/tokenizer.json", o->checkpoint);
-  if (moe_tokenizer_save(t, path) != MOE_OK) return cli_fail(CMD);
-  moe_st_writer *w;
-  if (moe_st_writer_new(&w) != MOE_OK) return cli_fail(CMD);
-  int64_t shape[1] = {(int64_t)opt->n};
+  if (st == MOE_OK && writer) st = moe_tokenizer_save(t, path);
+  moe_st_writer *w = NULL;
+  if (st == MOE_OK && writer) st = moe_st_writer_new(&w);
+  int64_t shape[1] = {(int64_t)n};
   options_string(o, opts, sizeof opts);
-  moe_status st = moe_st_writer_add_f32(w, "optim.m", MOE_DT_F32, 1, shape, opt->m);
-  if (st == MOE_OK) st = moe_st_writer_add_f32(w, "optim.v", MOE_DT_F32, 1, shape, opt->v);
+  if (w && st == MOE_OK) st = moe_st_writer_add_f32(w, "optim.m", MOE_DT_F32, 1, shape, mo);
+  if (w && st == MOE_OK) st = moe_st_writer_add_f32(w, "optim.v", MOE_DT_F32, 1, shape, v);
   snprintf(buf, sizeof buf, "%lld", (long long)opt->step);
-  if (st == MOE_OK) st = moe_st_writer_meta(w, "step", buf);
+  if (w && st == MOE_OK) st = moe_st_writer_meta(w, "step", buf);
   snprintf(buf, sizeof buf, "%llu", (unsigned long long)o->seed);
-  if (st == MOE_OK) st = moe_st_writer_meta(w, "seed", buf);
-  if (st == MOE_OK) st = moe_st_writer_meta(w, "train", opts);
+  if (w && st == MOE_OK) st = moe_st_writer_meta(w, "seed", buf);
+  if (w && st == MOE_OK) st = moe_st_writer_meta(w, "train", opts);
   snprintf(buf, sizeof buf, "%.17g", train_s);
-  if (st == MOE_OK) st = moe_st_writer_meta(w, "train_seconds", buf);
+  if (w && st == MOE_OK) st = moe_st_writer_meta(w, "train_seconds", buf);
   state_path(path, sizeof path, o->checkpoint);
-  if (st == MOE_OK) st = moe_st_writer_save(w, path);
+  if (w && st == MOE_OK) st = moe_st_writer_save(w, path);
   moe_st_writer_free(w);
+  free(mo);
+  free(v);
   return st == MOE_OK ? 0 : cli_fail(CMD);
 }
 
-/* From DIR's trainer state: the options, the seed and the training seconds (then, given opt, sized
- * already: Adam's state and the step). */
-static int load_state(const char *dir, lm_opts *o, moe_optim_t *opt, double *train_s) {
+/* Adam's moments from the trainer state f, in the one-process order: this rank's part into opt. */
+static int moments(const moe_st *f, const moe_lm_t *m, moe_optim_t *opt) {
+  size_t n = moe_lm_whole_numel(m);
+  float *mo = malloc(n * 4), *v = malloc(n * 4);
+  int rc = !mo || !v ? cli_usage_error(CMD, "trainer state: out of memory for %zu moments", n)
+           : moe_st_get_f32(f, "optim.m", mo, n) != MOE_OK || moe_st_get_f32(f, "optim.v", v, n) != MOE_OK ||
+                   moe_lm_scatter(m, mo, opt->m) != MOE_OK || moe_lm_scatter(m, v, opt->v) != MOE_OK
+               ? cli_fail(CMD)
+               : 0;
+  free(mo);
+  free(v);
+  return rc;
+}
+
+/* From DIR's trainer state: the options, the seed and the training seconds (then, given m and opt,
+ * sized already: Adam's state and the step). */
+static int load_state(const char *dir, lm_opts *o, const moe_lm_t *m, moe_optim_t *opt, double *train_s) {
   char path[4096];
   state_path(path, sizeof path, dir);
   moe_st *f;
@@ -242,9 +268,7 @@ static int load_state(const char *dir, lm_opts *o, moe_optim_t *opt, double *tra
   if (!step || sscanf(step, "%lld", &s) != 1 || s < 0 || !seed || sscanf(seed, "%llu", &sd) != 1 ||
       !options_parse(moe_st_meta(f, "train"), o) || (secs && (sscanf(secs, "%lf", train_s) != 1 || !(*train_s >= 0))))
     rc = cli_usage_error(CMD, "%s: __metadata__ step, seed, train or train_seconds is missing or not valid", path);
-  else if (opt && (moe_st_get_f32(f, "optim.m", opt->m, opt->n) != MOE_OK ||
-                   moe_st_get_f32(f, "optim.v", opt->v, opt->n) != MOE_OK))
-    rc = cli_fail(CMD);
+  else if (opt && moments(f, m, opt)) rc = 1;
   moe_st_close(f);
   if (opt) opt->step = s;
   o->seed = sd;
@@ -273,9 +297,11 @@ static int setup(lm_opts *o, const moe_tokenizer *t, moe_lm_t *m, moe_optim_t *o
   moe_lm_config *c = &o->model;
   *train_s = 0;
   if (o->resume) {
+    const moe_dist *dist = c->moe.dist;
     if (moe_lm_read_config(o->resume, c) != MOE_OK) return cli_fail(CMD);
-    if (load_state(o->resume, o, NULL, train_s)) return 1; /* the layers' options, before the layers */
+    if (load_state(o->resume, o, NULL, NULL, train_s)) return 1; /* the layers' options, before the layers */
     c->moe.threads = o->threads;
+    c->moe.dist = dist; /* each rank reads its own experts */
     if (moe_lm_load(m, o->resume, c) != MOE_OK) return cli_fail(CMD);
   } else {
     if (o->dense) c->moe.H *= c->moe.top_k, c->moe.E = c->moe.top_k = 1;
@@ -292,7 +318,7 @@ static int setup(lm_opts *o, const moe_tokenizer *t, moe_lm_t *m, moe_optim_t *o
     return cli_usage_error(CMD, "the model has %d token ids, its tokenizer %d", m->cfg.vocab,
                            moe_tokenizer_vocab_size(t));
   if (moe_optim_init_n(opt, &o->optim, m->numel) != MOE_OK) return cli_fail(CMD);
-  if (o->resume && load_state(o->resume, o, opt, train_s)) return 1;
+  if (o->resume && load_state(o->resume, o, m, opt, train_s)) return 1;
   if (o->context > m->cfg.max_seq)
     return cli_usage_error(CMD, "context %d exceeds the model's max_position_embeddings %d", o->context,
                            m->cfg.max_seq);
@@ -465,7 +491,7 @@ static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, moe_optim_t *opt
     if ((step + 1) % o->eval_every && step + 1 != last && !out_of_time) continue;
     cli_progress_break(&o->progress);
     rc = report(o, m, d, step + 1, &acc, lr, train_s, &valid);
-    if (!rc && o->checkpoint) rc = save(o, m, t, opt, train_s);
+    if (!rc && o->checkpoint) rc = cli_settle(dist, CMD, save(o, m, t, opt, train_s));
     acc = (lm_acc){0};
   }
   cli_progress_break(&o->progress);
@@ -489,9 +515,8 @@ static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, moe_optim_t *opt
 /* Under mpirun: what expert parallelism does not run yet, and every rank's options and data against
  * rank 0's (moe_dist_agree), before the first collective of the model. */
 static int ep_check(const moe_dist *d, const lm_opts *o, const lm_streams *s) {
-  if (o->checkpoint || o->resume || o->adj.dynamic_capacity || o->adj.cache_assignments)
-    return cli_usage_error(CMD, "under mpirun --task lm takes no --checkpoint, --resume, --capacity dynamic or "
-                                "--cache-assignments yet");
+  if (o->adj.dynamic_capacity || o->adj.cache_assignments)
+    return cli_usage_error(CMD, "under mpirun --task lm takes no --capacity dynamic or --cache-assignments yet");
   if (o->batch < moe_dist_size(d))
     return cli_usage_error(CMD, "--batch %d is fewer than the %d ranks: each takes a slice of it", o->batch,
                            moe_dist_size(d));
@@ -516,20 +541,13 @@ static int ep_check(const moe_dist *d, const lm_opts *o, const lm_streams *s) {
 
 int cmd_train_lm(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout, 1); return 0; }
-  moe_dist *dist = NULL; /* under mpirun: experts over the ranks, the rest data-parallel */
-  if (moe_dist_init(&dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
-  if (moe_dist_size(dist) > 1) cli_hold_errors(dist); /* printed once, by rank 0, where every rank meets */
-  else {
-    moe_dist_finalize(dist);
-    dist = NULL;
-  }
+  moe_dist *dist; /* under mpirun: experts over the ranks, the rest data-parallel */
+  int rc = lm_dist_start(CMD, &dist, &argc, &argv);
   lm_opts o;
   defaults(&o);
   const char *fixed = NULL;
-  int rc = parse(argc, argv, &o, &fixed);
+  if (!rc) rc = parse(argc, argv, &o, &fixed);
   o.model.moe.dist = dist;
-  if (!rc && dist && moe_dist_rank(dist) != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 reports */
-    rc = cli_usage_error(CMD, "rank %d: cannot silence stdout", moe_dist_rank(dist));
   if (!rc && o.resume && fixed)
     rc = cli_usage_error(CMD, "--resume takes the model, tokenizer and schedule from %s; drop %s", o.resume, fixed);
   moe_tokenizer *t = NULL;
@@ -550,7 +568,7 @@ int cmd_train_lm(int argc, char **argv) {
                          o.data, d.ntrain, d.nvalid, o.context);
   if (!rc && o.resume && !o.checkpoint) { /* a resumed run goes on saving where it came from */
     o.checkpoint = o.resume;
-    fprintf(stderr, "moe train: --resume without --checkpoint: saving to %s\n", o.resume);
+    if (!cli_quiet_rank()) fprintf(stderr, "moe train: --resume without --checkpoint: saving to %s\n", o.resume);
   }
   if (!rc && o.epochs) { /* N passes' worth of windows, a schedule fixed from here on */
     size_t per = (size_t)o.batch * o.context;

@@ -295,6 +295,8 @@ typedef struct {
   int pipeline;                 /* micro-batches this forward ran (pipeline 0: the adaptive choice) */
   int pipeline_trial;           /* the layer's dictionary (moe_layer_setup) tried a setup, not its entry */
   moe_reuse memory_reuse;       /* the strategy this forward ran (memory_reuse AUTO: its choice) */
+  double router_seconds;        /* this forward's router (gate logits, softmax, top-k, losses), apart
+                                   from what ran alongside the experts */
 } moe_layer_stats;
 
 moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg);
@@ -802,7 +804,9 @@ moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);
  * (and both shapes). Tensors the model does not use are ignored. */
 moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
 /* Writes dir/model.safetensors (F32, HF names, {"format": "pt"}) and dir/config.json, each atomically,
- * creating dir when missing; an index json there is removed, since it would name other files. */
+ * creating dir when missing; an index json there is removed, since it would name other files. Expert-
+ * parallel (cfg.moe.dist), a collective: the one-process model, every rank's experts, written by rank 0.
+ * (Loading under expert parallelism reads each rank's own experts by name.) */
 moe_status moe_lm_save(const moe_lm_t *m, const char *dir);
 
 /* Generation: a KV cache of B sequences (every layer's rotated keys and values, up to max_seq
@@ -889,10 +893,11 @@ moe_status moe_sim_calibrate(const moe_dist *d, int threads, moe_sim_machine *ou
 /* Layer i's stats of the last forward (expert counts, the router's choices), as moe_model_layer_stats. */
 const moe_layer_stats *moe_lm_layer_stats(const moe_lm_t *m, int i);
 /* Seconds in the transformer layers of moe_lm_forward and moe_lm_backward calls (not decodes) since
- * the last reset: the MoE layers (moe_layer_forward and _backward: their routing, dispatch, expert
- * GEMMs and combine), the balance loss (the router probabilities it recomputes and their gradient),
- * and attention with its norms and residual adds (the rest of a layer). Embedding, final norm, output
- * head and cross-entropy are in none of them. */
+ * the last reset: the MoE layers (moe_layer_forward and _backward: their dispatch, expert GEMMs,
+ * combine and the router's backward), the router (the layers' forward routers, stats.router_seconds,
+ * and the balance loss: the router probabilities it recomputes and their gradient), and attention with
+ * its norms and residual adds (the rest of a layer). Embedding, final norm, output head and
+ * cross-entropy are in none of them. */
 typedef struct {
   double attention, experts, router;
 } moe_lm_times;
@@ -1042,6 +1047,16 @@ typedef struct {
 int moe_layer_setup(const moe_layer_t *l, moe_layer_setup_info *out);
 /* "r 1, n 2, linear" and the rest of info in one line (no newline), for the CLI. */
 void moe_layer_setup_format(const moe_layer_setup_info *info, char *buf, size_t size);
+
+/* ---- language model under expert parallelism: vectors in the one-process order ---- */
+/* A vector over m's parameters in the order of m->refs (its weights, Adam's moments): under expert
+ * parallelism a rank's holds its own experts only. The one-process model's has moe_lm_whole_numel
+ * floats (m->numel with one process). moe_lm_gather (a collective) gives every rank the one-process
+ * vector of every rank's local ones (the replicated parameters rank 0's); moe_lm_scatter takes this
+ * rank's part of one (no exchange), as a resumed run does with the trainer state's moments. */
+size_t moe_lm_whole_numel(const moe_lm_t *m);
+moe_status moe_lm_gather(const moe_lm_t *m, const float *local, float *whole);
+moe_status moe_lm_scatter(const moe_lm_t *m, const float *whole, float *local);
 
 #ifdef __cplusplus
 }

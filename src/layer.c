@@ -507,9 +507,11 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   route += moe__gate_bytes(l, T, k) + moe__micro_bytes(n ? n : MOE__AUTO_MAX_N, l->cfg.E);
   MOE_CHECK(moe__arena_reserve(&s->route, route, "router"));
   int along = router_alongside(l);
+  double tg = moe__now(); /* the router's seconds, for stats */
   MOE_CHECK(moe__gate_begin(l, x, T, k));
   moe__side_work router = moe__gate_work(l);
   if (!along) MOE_CHECK(moe__gemm_run_side(NULL, 0, s->threads, &router)); /* the router first */
+  double gate_s = moe__now() - tg;
   MOE_CHECK(moe__route(l));
   MOE_CHECK(moe__layer_setup_pick(l, &n)); /* at this capacity: r, n and the all-to-all */
   MOE_CHECK(tr->groups(l)); /* now the rows this process's experts get are known */
@@ -540,7 +542,9 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   }
   MOE_CHECK(finish(l, st));
   auto_reuse_measure(l, per_row * p->grows, expert_s, &comm0);
+  tg = moe__now();
   MOE_CHECK(moe__gate_end(l)); /* the losses (a collective when expert-parallel), after either order */
+  gate_s += moe__now() - tg;
   moe__combine_forward(l, s->out, y, spec);
   s->have_fwd = 1;
   if (stats) {
@@ -556,6 +560,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     stats->pipeline = p->n;
     stats->pipeline_trial = s->ap && s->ap->trial;
     stats->memory_reuse = reuse;
+    stats->router_seconds = gate_s;
   }
   moe__layer_setup_time(l, t0);
   return MOE_OK;

@@ -170,8 +170,9 @@ TEST(train_lm_reports_time_shares) {
   free(t);
 }
 
-/* The library's side: after a forward and backward the three time shares are positive, and reset
- * clears them; each layer's stats count N k assignments. */
+/* The library's side: after a forward and backward the three time shares are positive, the router's
+ * holds the layers' own router seconds (stats.router_seconds, each positive), and reset clears them;
+ * each layer's stats count N k assignments. */
 TEST(lm_times_and_layer_stats) {
   moe_lm_config c;
   moe_lm_config_default(&c);
@@ -187,15 +188,19 @@ TEST(lm_times_and_layer_stats) {
   ASSERT_OK(moe_lm_backward(&m));
   moe_lm_times t;
   moe_lm_times_get(&m, &t);
-  int ok_t = t.attention > 0 && t.experts > 0 && t.router > 0;
   long counts[2] = {0, 0};
-  for (int l = 0; l < 2; l++)
+  double gates[2];
+  for (int l = 0; l < 2; l++) {
     for (int e = 0; e < 4; e++) counts[l] += moe_lm_layer_stats(&m, l)->expert_counts[e];
+    gates[l] = moe_lm_layer_stats(&m, l)->router_seconds;
+  }
+  int ok_t = t.attention > 0 && t.experts > 0 && gates[0] > 0 && gates[1] > 0 && t.router >= gates[0] + gates[1];
   moe_lm_times_reset(&m);
   moe_lm_times_get(&m, &t);
   moe_lm_free(&m);
-  if (!ok_t) FAIL_("time shares after a step: attention %g, experts %g, router %g s: want all > 0", t.attention,
-                   t.experts, t.router);
+  if (!ok_t)
+    FAIL_("time shares after a step: attention %g, experts %g, router %g s, the layers' routers %g and %g s: want "
+          "all > 0, the router's at least the layers' sum", t.attention, t.experts, t.router, gates[0], gates[1]);
   ASSERT(t.attention == 0 && t.experts == 0 && t.router == 0);
   if (counts[0] != 64 || counts[1] != 64)
     FAIL_("layer stats count %ld and %ld assignments: want 2 x 16 x 2 = 64", counts[0], counts[1]);

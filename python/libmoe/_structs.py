@@ -34,7 +34,8 @@ class LayerStats(C.Structure):
     _fields_ = [("aux_loss", _f), ("z_loss", _f), ("capacity", _i), ("dropped", _i),
                 ("expert_counts", C.POINTER(C.c_int32)), ("experts", C.POINTER(C.c_int32)),
                 ("weights", C.POINTER(_f)), ("fresh", C.POINTER(C.c_int32)), ("router_overlapped", _i),
-                ("pipeline", _i), ("pipeline_trial", _i), ("memory_reuse", _i)]
+                ("pipeline", _i), ("pipeline_trial", _i), ("memory_reuse", _i),
+                ("router_seconds", C.c_double)]
 
 
 class LayerOverrides(C.Structure):

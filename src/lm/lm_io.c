@@ -12,6 +12,7 @@
 
 #include "internal.h"
 #include "json.h"
+#include "lm_dist.h"
 
 #define INDEX_JSON "model.safetensors.index.json"
 #define MAX_SHARDS 4096
@@ -253,6 +254,7 @@ static char *config_json(const moe_lm_config *c) {
 
 moe_status moe_lm_save(const moe_lm_t *m, const char *dir) {
   MOE_TRY(m && m->st && dir, MOE_ERR_ARG, "moe_lm_save: NULL argument");
+  if (moe_dist_size(m->cfg.moe.dist) > 1) return moe__lm_save_ranks(m, dir);
   MOE_TRY(mkdir(dir, 0755) == 0 || errno == EEXIST, MOE_ERR_IO, "%s: cannot create the directory: %s", dir,
           strerror(errno));
   char path[4096];

@@ -398,8 +398,8 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   out->dropped += ls->dropped;
   if (kv) memcpy(kv->counts + (size_t)i * c->moe.E, ls->expert_counts, (size_t)c->moe.E * sizeof *kv->counts);
   st = moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), ls->experts, a->probs, nt);
-  s->lap_moe += t1 - t0;
-  s->lap_router += moe__now() - t1;
+  s->lap_moe += t1 - t0 - ls->router_seconds;
+  s->lap_router += moe__now() - t1 + ls->router_seconds;
   return st;
 }
 

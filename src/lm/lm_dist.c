@@ -1,0 +1,113 @@
+/* The language model under expert parallelism (cfg.moe.dist, W ranks): rank r holds experts
+ * [r E/W, (r+1) E/W) of every layer, the other parameters replicated. Checkpoints are the one-process
+ * model's, whatever W: saving gathers every rank's experts and rank 0 writes; loading is moe_lm_load's
+ * (each rank reads its own tensors by name). A vector in the order of a model's refs (its parameters
+ * or Adam's moments) maps to and from the one-process order by the same names. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/dist.h"
+#include "internal.h"
+#include "lm_dist.h"
+
+/* The one-process model of m's configuration (every expert; zero parameters). */
+static moe_status whole_init(const moe_lm_t *m, moe_lm_t *whole) {
+  moe_lm_config c = m->cfg;
+  c.moe.dist = NULL;
+  return moe_lm_init(whole, &c);
+}
+
+/* Where each of m's refs starts in the one-process order (woff, m->nrefs) and in m's (loff). */
+static moe_status offsets(const moe_lm_t *m, size_t **woff, size_t **loff, size_t *wn) {
+  moe_lm_t w;
+  MOE_CHECK(whole_init(m, &w));
+  size_t *all = calloc((size_t)w.nrefs, sizeof *all);
+  *woff = malloc((size_t)m->nrefs * sizeof **woff);
+  *loff = malloc((size_t)m->nrefs * sizeof **loff);
+  moe_status st = all && *woff && *loff ? MOE_OK : MOE_ERR_NOMEM;
+  for (int i = 1; st == MOE_OK && i < w.nrefs; i++) all[i] = all[i - 1] + w.refs[i - 1].numel;
+  size_t at = 0;
+  for (int i = 0; st == MOE_OK && i < m->nrefs; i++) {
+    const moe_tensor_ref *r = moe__ref_find(w.refs, w.nrefs, m->refs[i].name);
+    (*woff)[i] = r ? all[r - w.refs] : 0; /* every name of a rank's model is the whole one's */
+    (*loff)[i] = at;
+    at += m->refs[i].numel;
+  }
+  *wn = w.numel;
+  free(all);
+  moe_lm_free(&w);
+  if (st != MOE_OK) {
+    free(*woff);
+    free(*loff);
+    MOE_TRY(0, st, "language model: out of memory for the offsets of %d tensors", m->nrefs);
+  }
+  return MOE_OK;
+}
+
+size_t moe_lm_whole_numel(const moe_lm_t *m) {
+  int W = moe_dist_size(m->cfg.moe.dist);
+  size_t experts = (size_t)m->cfg.n_layers * (m->cfg.moe.E - m->cfg.moe.E / W) * 3 * m->cfg.moe.H * m->cfg.moe.D;
+  return m->numel + experts; /* the experts the other ranks hold */
+}
+
+static int is_expert(const moe_tensor_ref *r) { return strstr(r->name, ".block_sparse_moe.experts.") != NULL; }
+
+moe_status moe_lm_gather(const moe_lm_t *m, const float *local, float *whole) {
+  MOE_TRY(m && m->st && local && whole, MOE_ERR_ARG, "moe_lm_gather: NULL argument");
+  const moe_dist *d = m->cfg.moe.dist;
+  if (moe_dist_size(d) < 2) {
+    memcpy(whole, local, m->numel * 4);
+    return MOE_OK;
+  }
+  size_t *woff, *loff, wn;
+  MOE_CHECK(offsets(m, &woff, &loff, &wn));
+  memset(whole, 0, wn * 4);
+  for (int i = 0; i < m->nrefs; i++) /* a sum of zeros and one rank's values: the replicated ones rank 0's */
+    if (is_expert(&m->refs[i]) || moe_dist_rank(d) == 0)
+      memcpy(whole + woff[i], local + loff[i], m->refs[i].numel * 4);
+  free(woff);
+  free(loff);
+  MOE_TRY(wn <= INT32_MAX, MOE_ERR_ARG, "moe_lm_gather: %zu floats are too many for one exchange", wn);
+  return moe__dist_allreduce_f32(d, whole, (int)wn);
+}
+
+moe_status moe_lm_scatter(const moe_lm_t *m, const float *whole, float *local) {
+  MOE_TRY(m && m->st && local && whole, MOE_ERR_ARG, "moe_lm_scatter: NULL argument");
+  if (moe_dist_size(m->cfg.moe.dist) < 2) {
+    memcpy(local, whole, m->numel * 4);
+    return MOE_OK;
+  }
+  size_t *woff, *loff, wn;
+  MOE_CHECK(offsets(m, &woff, &loff, &wn));
+  for (int i = 0; i < m->nrefs; i++) memcpy(local + loff[i], whole + woff[i], m->refs[i].numel * 4);
+  free(woff);
+  free(loff);
+  return MOE_OK;
+}
+
+/* The one-process model with every rank's parameters (a collective). */
+static moe_status whole_of(const moe_lm_t *m, moe_lm_t *whole) {
+  memset(whole, 0, sizeof *whole);
+  float *local = malloc(m->numel * 4), *all = malloc(moe_lm_whole_numel(m) * 4);
+  moe_status st = local && all ? MOE_OK : MOE_ERR_NOMEM;
+  for (size_t i = 0, at = 0; st == MOE_OK && i < (size_t)m->nrefs; at += m->refs[i].numel, i++)
+    memcpy(local + at, m->refs[i].data, m->refs[i].numel * 4);
+  if (st == MOE_OK) st = moe_lm_gather(m, local, all);
+  if (st == MOE_OK) st = whole_init(m, whole);
+  for (size_t i = 0, at = 0; st == MOE_OK && i < (size_t)whole->nrefs; at += whole->refs[i].numel, i++)
+    memcpy(whole->refs[i].data, all + at, whole->refs[i].numel * 4);
+  free(local);
+  free(all);
+  if (st != MOE_OK && whole->st) moe_lm_free(whole);
+  MOE_TRY(st != MOE_ERR_NOMEM, st, "language model: out of memory for the %zu parameters of every rank",
+          moe_lm_whole_numel(m));
+  return st;
+}
+
+moe_status moe__lm_save_ranks(const moe_lm_t *m, const char *dir) {
+  moe_lm_t w;
+  MOE_CHECK(whole_of(m, &w));
+  moe_status st = moe_dist_rank(m->cfg.moe.dist) == 0 ? moe_lm_save(&w, dir) : MOE_OK;
+  moe_lm_free(&w);
+  return st;
+}
