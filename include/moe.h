@@ -687,8 +687,9 @@ double moe_sgemm_gflops(int n, int threads, int reps);
  * One rank (d NULL or of size 1): moe_checkpoint_load. */
 moe_status moe_checkpoint_load_ranks(const char *path, const moe_dist *d, moe_model_t *m, moe_optim_t *o,
                                      moe_train_state *ts);
-/* The same with FlexMoE's replica slots per rank (replica_slots; 0: none): each rank starts with
- * expert parallelism's blocks of experts, from a file any number of ranks saved. */
+/* The same with FlexMoE's replica slots per rank (replica_slots; 0: none): with the file's replica
+ * placement when as many ranks with as many slots saved it, else expert parallelism's blocks of
+ * experts, from a file any number of ranks saved. */
 moe_status moe_checkpoint_load_replicas(const char *path, const moe_dist *d, int slots, moe_model_t *m,
                                         moe_optim_t *o, moe_train_state *ts);
 
@@ -855,7 +856,8 @@ typedef struct {
   const char *reuse;      /* memory reuse simulated: "none", "s2", "s3", "s4" */
   int a2a_msgs;           /* messages each device sends in one all-to-all */
   double step_s;          /* the step: when the slowest device ends */
-  double compute_s;       /* the busiest device's expert compute (forward + backward) */
+  double compute_s;       /* the busiest device's compute (forward + backward): the experts, and the
+                             token-side passes when the machine's mem_bw is set */
   double compute_min_s;   /* the least busy device's */
   int slowest;            /* the busiest device */
   double comm_s;          /* the communication stream's busy time (all-to-alls, replica all-reduces) */
@@ -958,7 +960,7 @@ void moe_flex_sim_free(moe_flex_sim *s);
  * plan and reports it. */
 moe_status moe_flex_sim_step(moe_flex_sim *s, const int64_t *src, moe_flex_step *out);
 /* The model's terms measured on c's ranks (c->dist with more than one rank; a collective, every rank
- * gets the same): tokens per second of the experts' GEMMs (from the sgemm rate at c->threads), the
+ * gets the same): tokens per second of the experts (a one-expert layer of c's shape timed forward and backward), the
  * all-to-all's and the all-reduce's latency and bandwidth, each fitted over 4 sizes. */
 moe_status moe_flex_profile(const moe_layer_config *c, moe_flex_env *out);
 /* A layer with replica slots: the scheduler and policy maker once over its last forward's counts (plans

@@ -205,7 +205,7 @@ struct moe__layer_state {
   double reuse_meas[4];
   moe_comm_stats comm;      /* exchanges since the last reset */
   struct moe__flex_layer *flex; /* replica_slots > 0: the placement table and its routing (ep_flex.c) */
-  struct moe__auto_pipe_s *ap; /* the adaptive n (pipeline 0), from its first forward (adapt/pipe_model.h) */
+  struct moe__auto_pipe_s *ap; /* the layer's dictionary of setups (r, n, all-to-all), when any is adaptive (adapt/pipe_model.h) */
   /* bf16 experts (cfg.dtype): bf16 copies of the parameters (only the expert weights are filled),
    * refreshed before a forward after the parameters changed */
   uint16_t *wbf; /* (numel), at the parameters' offsets */
