@@ -472,7 +472,7 @@ static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, moe_optim_t *opt
       rc = cli_usage_error(CMD, "step %lld: training diverged (loss %g); lower --lr", (long long)step + 1, st.loss);
       break;
     }
-    moe_optim_step_refs(opt, m->refs, m->nrefs, lr);
+    moe_optim_step_refs(opt, m->refs, m->nrefs, lr, m->cfg.moe.threads);
     moe_lm_params_changed(m);
     double secs = cli_now() - t0;
     train_s += secs;

@@ -830,9 +830,10 @@ moe_status moe_lm_sample(const float *logits, int V, float temperature, float to
 /* ---- optimizers over any parameter table (the language model's refs, say) ----
  * moe_optim_init and moe_optim_step are these over a moe_model_t's refs. The state (n = numel) is in
  * the table's order; a step updates every ref's data from its grad (the caller refreshes derived
- * copies after: moe_lm_params_changed). */
+ * copies after: moe_lm_params_changed), on `threads` threads (0: one per processor) for a large table;
+ * the bits do not depend on the thread count. */
 moe_status moe_optim_init_n(moe_optim_t *o, const moe_optim_config *c, size_t numel);
-void moe_optim_step_refs(moe_optim_t *o, moe_tensor_ref *refs, int nrefs, float lr);
+void moe_optim_step_refs(moe_optim_t *o, moe_tensor_ref *refs, int nrefs, float lr, int threads);
 
 /* ---- moe simulate: one training step (forward + backward) of one MoE layer over a simulated cluster
  * of nodes x devices, from the cost models the runtime decides with (DESIGN 4.6). A discrete-event

@@ -157,8 +157,8 @@ moe_status moe_optim_step_checked(moe_optim_t *o, moe_model_t *m, float lr) {
   return moe__model_check_finite(m, o, !step_model(o, m, lr, 1));
 }
 
-void moe_optim_step_refs(moe_optim_t *o, moe_tensor_ref *refs, int nrefs, float lr) {
-  (void)step_all(o, refs, nrefs, lr, 1, 0);
+void moe_optim_step_refs(moe_optim_t *o, moe_tensor_ref *refs, int nrefs, float lr, int threads) {
+  (void)step_all(o, refs, nrefs, lr, moe__threads(threads), 0);
 }
 
 float moe_lr_schedule(float base, int64_t s, int64_t warmup, int64_t total) {
