@@ -4,7 +4,8 @@
 Runs `moe bench --json` (libmoe, dynamic and static dispatch) and two reference MoE layers written
 as a competent PyTorch user would, then prints them side by side:
   GShardLayer    capacity-limited, dense (T,E,C) dispatch/combine tensors and einsums (GShard);
-  DroplessLayer  sort tokens by expert, torch.split, one nn.Linear pair per expert, index_add back.
+  DroplessLayer  written for speed: pairs sorted by expert once, one gather, torch.addmm / torch.mm per
+                 expert into views of the sorted buffer, one index_add_ back, a hand-written backward.
 Layer: y = sum_j w_j * W2_e relu(W1_e x + b1_e) + b2_e over the top-k experts e of a linear router
 (with bias) + softmax; combine weights renormalized over the top-k when k > 1.
 Loss for forward+backward: (y * dy).sum() + 0.01 * aux (GShard load-balancing loss), with a fixed dy;
@@ -42,6 +43,8 @@ ap.add_argument("--moe", default=os.path.join(REPO, "build", "moe"), help="the m
 ap.add_argument("--torch-only", action="store_true", help="do not run moe bench")
 ap.add_argument("--quick", action="store_true", help="tiny shapes, torch only (smoke test)")
 ap.add_argument("--json", action="store_true", help="JSON lines on stdout, the table on stderr")
+ap.add_argument("--malloc-default", action="store_true",
+                help="keep glibc's malloc settings (by default large blocks are kept for reuse, see below)")
 args = ap.parse_args()
 out = sys.stderr if args.json else sys.stdout  # human-readable output
 
@@ -76,6 +79,17 @@ if coretype:
 os.environ["OMP_NUM_THREADS"] = str(args.threads)
 
 import ctypes  # noqa: E402
+
+# PyTorch on CPU allocates each step's large tensors afresh; glibc serves blocks of 32 MB and more with
+# mmap and hands them back on free, so every step pays a page fault per 4 KiB it touches (on this VM
+# about as much as the experts' GEMMs at case S). Users are told to preload jemalloc or tcmalloc for
+# this; the same effect without a package: no mmap for large blocks, no trimming of the heap, so freed
+# blocks are reused (set before torch allocates anything). libmoe keeps its buffers between steps.
+if not args.malloc_default:
+    libc = ctypes.CDLL(None)
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+    if not (libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)):
+        sys.exit("vs_pytorch: mallopt refused the settings; rerun with --malloc-default")
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -104,6 +118,8 @@ def blas_report():
     if inherited and inherited != coretype:
         say("note: OPENBLAS_CORETYPE=%s from the environment replaced by %s (--coretype env keeps it)"
             % (inherited, coretype))
+    say("malloc: " + ("glibc defaults (--malloc-default)" if args.malloc_default
+                      else "large blocks from the heap, never trimmed: freed tensors reused without page faults"))
 
 
 # ---- 2. the reference layers ----
@@ -196,10 +212,13 @@ class SortedExperts(torch.autograd.Function):
         dw = (dys * ye).sum(1)
         dye = dys * w[:, None]
         dh, dxs = torch.empty_like(h), torch.empty_like(xs)
-        dW1, dW2 = torch.zeros_like(W1), torch.zeros_like(W2)
-        db1, db2 = W1.new_zeros(W1.shape[:2]), W2.new_zeros(W2.shape[:2])
+        dW1, dW2 = torch.empty_like(W1), torch.empty_like(W2)
+        db1, db2 = W1.new_empty(W1.shape[:2]), W2.new_empty(W2.shape[:2])
         for e, (a, b) in enumerate(zip(ctx.counts[:-1], ctx.counts[1:])):
-            if b > a:
+            if b == a:  # no rows: zero gradients, written once (not a zeroing pass over all of them)
+                for g in (dW1, dW2, db1, db2):
+                    g[e].zero_()
+            else:
                 torch.mm(dye[a:b].t(), h[a:b], out=dW2[e])
                 torch.sum(dye[a:b], 0, out=db2[e])
                 torch.mm(dye[a:b], W2[e], out=dh[a:b]).mul_(h[a:b] > 0)

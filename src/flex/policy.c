@@ -1,7 +1,8 @@
 /* The scheduler and the policy maker (P3 Algorithms 1 and 2): when the balance ratio is over the
  * threshold, replicate the slowest rank's expert with the most tokens per replica in place of a replica
  * of a cold one, as long as the cost model says the step gets faster by more than the copies cost
- * over K steps; then Migrates that shrink replica groups under the same rule. Every candidate is tried
+ * over K steps; then Migrates that shrink replica groups or move load off the slowest rank, under the
+ * same rule. Every candidate is tried
  * on a scratch copy of the table and costed with Eq. 5. */
 #include <stdlib.h>
 
@@ -105,12 +106,23 @@ moe_status moe__flex_make_plan(const moe__flex_table *t, const int64_t *Isrc, co
   return st;
 }
 
-/* The Migrate with the largest positive gain among the swaps of a on i (its only replica there, so a's
- * group loses i) with b on j (j also holds a) that add no rank to b's group: i already holds b, or b
- * leaves j. *found = 0 when none pays off. */
-static moe_status best_migrate(search *s, moe__flex_op *op, int *found) {
+/* Candidate cand costed; kept in *op when its gain beats *best. */
+static void consider(search *s, const moe__flex_op *cand, double *best, moe__flex_op *op, int *found,
+                     moe_status *st) {
+  double gain;
+  if (*st == MOE_OK && (*st = gain_of(s, cand, 1, &gain)) == MOE_OK && gain > *best)
+    *best = gain, *op = *cand, *found = 1;
+}
+
+/* The Migrate with the largest positive gain among two kinds of swap: a on i (its only replica there,
+ * so a's group loses i) with b on j (j also holds a) that add no rank to b's group; and, to move load
+ * off the slowest rank i (which Expand and Shrink cannot do once no replica is spare), any expert a
+ * there with the expert b of fewest tokens per replica on each other rank j (Ev (W - 1) candidates,
+ * not E^2 W^2). *found = 0 when none pays off. */
+static moe_status best_migrate(search *s, const int64_t *Ie, moe__flex_op *op, int *found) {
   const moe__flex_table *t = s->t;
   double best = 0;
+  moe_status st = MOE_OK;
   *found = 0;
   for (int a = 0; a < t->E; a++)
     for (int i = 0; i < t->W; i++) {
@@ -120,14 +132,23 @@ static moe_status best_migrate(search *s, moe__flex_op *op, int *found) {
         for (int b = 0; b < t->E; b++) {
           if (b == a || !moe__flex_count(t, b, j)) continue;
           if (!moe__flex_count(t, b, i) && moe__flex_count(t, b, j) > 1) continue;
-          moe__flex_op cand = {.kind = MOE__FLEX_MIGRATE, .e = a, .g = i, .b = b, .h = j};
-          double gain;
-          MOE_CHECK(gain_of(s, &cand, 1, &gain));
-          if (gain > best) best = gain, *op = cand, *found = 1;
+          consider(s, &(moe__flex_op){.kind = MOE__FLEX_MIGRATE, .e = a, .g = i, .b = b, .h = j}, &best, op, found, &st);
         }
       }
     }
-  return MOE_OK;
+  int slow = 0;
+  for (int g = 1; g < t->W; g++)
+    if (s->per_rank[g] > s->per_rank[slow]) slow = g;
+  for (int j = 0; j < t->W; j++) {
+    int b = -1;
+    for (int e = 0; e < t->E; e++)
+      if (j != slow && moe__flex_count(t, e, j) && !moe__flex_count(t, e, slow) && (b < 0 || cap_less(Ie, t, e, b)))
+        b = e;
+    for (int a = 0; b >= 0 && a < t->E; a++)
+      if (moe__flex_count(t, a, slow))
+        consider(s, &(moe__flex_op){.kind = MOE__FLEX_MIGRATE, .e = a, .g = slow, .b = b, .h = j}, &best, op, found, &st);
+  }
+  return st;
 }
 
 static moe_status record(moe__flex_table *t, moe__flex_plan *plan, const moe__flex_op *op) {
@@ -158,7 +179,7 @@ static moe_status schedule(moe__flex_table *t, const int64_t *Isrc, const moe__f
     moe__flex_op op;
     int found = 0;
     st = search_begin(&s, t, Isrc, env, p);
-    if (st == MOE_OK) st = best_migrate(&s, &op, &found);
+    if (st == MOE_OK) st = best_migrate(&s, Ie, &op, &found);
     search_end(&s);
     if (st != MOE_OK || !found) break;
     st = record(t, plan, &op);

@@ -62,14 +62,15 @@ static moe_status run_gemms(void *ctx) {
 
 /* GN expert GEMMs of one kind at 512 and 32 rows on the per-expert side: time = GN (rows + n_1/2)
  * 2 GD^2 / r_inf. NT and NN: (rows, GD) x (GD, GD); TN, a weight gradient: (GD, rows) x (rows, GD)
- * added into each GEMM's own (GD, GD). */
+ * added into each GEMM's own (GD, GD). The fastest runs give the rate: on a shared machine the others'
+ * load only adds time, and one loaded run would skew a prediction of every case. */
 static moe_status calibrate_gemm(const moe_dist *d, int threads, moe__sim_kind kind, moe__sim_gemm *out) {
   const int rows[2] = {512, 32};
   int tn = kind == MOE__SIM_TN;
   size_t a = (size_t)GN * rows[0] * GD, c = tn ? (size_t)GN * GD * GD : a;
   float *A = calloc(a, sizeof *A), *B = calloc(tn ? a : (size_t)GD * GD, sizeof *B), *C = calloc(c, sizeof *C);
   moe_status st = A && B && C ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "sim_calibrate: GEMMs");
-  double t[2] = {0, 0}, fastest;
+  double t[2] = {0, 0}, median;
   gemms g = {.threads = threads};
   for (int s = 0; s < 2 && st == MOE_OK; s++) {
     for (int e = 0; e < GN; e++) {
@@ -79,7 +80,7 @@ static moe_status calibrate_gemm(const moe_dist *d, int threads, moe__sim_kind k
                   : (moe__gemm){.tb = kind == MOE__SIM_NT, .M = rows[s], .N = GD, .K = GD, .alpha = 1, .A = A + in,
                                 .lda = GD, .B = B, .ldb = GD, .C = C + in, .ldc = GD};
     }
-    st = time_runs(d, run_gemms, &g, &fastest, &t[s]);
+    st = time_runs(d, run_gemms, &g, &t[s], &median);
   }
   free(A), free(B), free(C);
   MOE_CHECK(st);
@@ -105,7 +106,7 @@ static moe_status run_layer(void *ctx) {
   return moe_layer_backward(&s->l, s->dy, 0.01f, 0.0f, NULL, NULL, s->dx);
 }
 
-/* The memory-bound passes' bandwidth: the median step of a layer of case S's tokens and d_model whose
+/* The memory-bound passes' bandwidth: the fastest step of a layer of case S's tokens and d_model whose
  * experts are LH wide (their GEMMs are passes over their rows too: 6 a D elements for a kept
  * assignments), over the bytes step.c counts for it, less its router's GEMMs at the NT rate. */
 static moe_status calibrate_passes(const moe_dist *d, int threads, moe_sim_config *c) {
@@ -119,12 +120,12 @@ static moe_status calibrate_passes(const moe_dist *d, int threads, moe_sim_confi
   size_t n = (size_t)LT * LD;
   float *buf = malloc(sizeof *buf * 4 * n);
   moe_status st = buf ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "sim_calibrate: a layer of %d tokens", LT);
-  double fastest, t = 0;
+  double median, t = 0;
   moe_layer_stats ls;
   if (st == MOE_OK) {
     for (size_t i = 0; i < 2 * n; i++) buf[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
     s.x = buf, s.dy = buf + n, s.y = buf + 2 * n, s.dx = buf + 3 * n;
-    st = time_runs(d, run_layer, &s, &fastest, &t);
+    st = time_runs(d, run_layer, &s, &t, &median);
   }
   if (st == MOE_OK) st = moe_layer_forward(&s.l, s.x, LT, s.y, NULL, &ls);
   moe_layer_free(&s.l);
