@@ -4,7 +4,8 @@
 # both on the Brown corpus with one shared tokenizer of VOCAB ids. Each model trains for SECONDS of training steps
 # (`--time-budget`: evaluations and checkpoints are outside the budget, and the learning-rate schedule
 # runs on training seconds, so nothing is calibrated beforehand); validation loss every EVAL steps and
-# at the budget's end, test perplexity after, loss against training seconds as an SVG
+# at the budget's end, test perplexity after (of the last model, and of the one with the lowest
+# validation loss: --keep-best, early stopping), loss against training seconds as an SVG
 # (bench/plot_lm.py). Then `moe bench` of each model's expert shape (one step's tokens), for the
 # experts' GFLOP/s in training against the layer's benchmarked rate.
 #
@@ -25,12 +26,14 @@ TOK=$OUT/tokenizer-$VOCAB.json # named by its size: an older run's of another si
 for model in moe dense; do
   flags="--tokenizer $TOK --context $CONTEXT --batch $BATCH --threads $THREADS --json --quiet"
   [ $model = dense ] && flags="$flags --dense"
-  rm -rf "${OUT:?}/$model" # a fresh run, not a resumed one
+  rm -rf "${OUT:?}/$model" "${OUT:?}/$model-best" # a fresh run, not a resumed one
   "$MOE" train --task lm $flags --time-budget "$SECS" --eval-every "$EVAL" --checkpoint "$OUT/$model" \
-    >"$OUT/$model.jsonl"
+    --keep-best "$OUT/$model-best" >"$OUT/$model.jsonl"
   "$MOE" eval --task lm --checkpoint "$OUT/$model" --data data/brown --json >"$OUT/$model-test.json"
+  "$MOE" eval --task lm --checkpoint "$OUT/$model-best" --data data/brown --json >"$OUT/$model-best-test.json"
   echo "$model: $(tail -2 "$OUT/$model.jsonl" | head -1)"
-  echo "$model: $(cat "$OUT/$model-test.json")"
+  echo "$model: at the budget's end $(cat "$OUT/$model-test.json")"
+  echo "$model: at the lowest validation loss $(cat "$OUT/$model-best-test.json")"
 done
 # The experts' shapes of one step (CONTEXT x BATCH tokens, D 128): MoE 8 experts of H 256 top-2,
 # dense one of H 512.

@@ -29,7 +29,7 @@ static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 
 typedef struct {
-  const char *data, *tokenizer, *checkpoint, *resume;
+  const char *data, *tokenizer, *checkpoint, *resume, *keep_best;
   int json, log_steps, dense, vocab, context, batch, steps, epochs, stop_after, warmup, eval_every, eval_windows;
   int threads, steps_given;
   float lr;
@@ -50,7 +50,7 @@ static void usage(FILE *f, int help) {
     "       [--time-budget SECONDS] [--stop-after S] [--eval-every S] [--eval-windows N] [--seed S] [--threads N]\n"
     "       [--capacity X|dynamic [--delta-launch N] [--headroom H]] [--dispatch dynamic|static] [--dtype f32|bf16]\n"
     "       [--cache-assignments [--cache-on 0.96] [--cache-off 0.90] [--cache-min-epoch 10]]\n"
-    "       [--checkpoint DIR] [--resume DIR] [--json] [--log-steps] [--progress|--quiet]\n");
+    "       [--checkpoint DIR] [--keep-best DIR] [--resume DIR] [--json] [--log-steps] [--progress|--quiet]\n");
   if (!help) return;
   fprintf(f,
     "Trains a Mixtral-architecture decoder on DIR/train.txt (default data/brown: scripts/get-brown.sh),\n"
@@ -61,7 +61,9 @@ static void usage(FILE *f, int help) {
     "same active size, one expert of H x K (the MoE's top-k experts' width). Every --eval-every steps\n"
     "(default 100) and at the end: the validation loss and perplexity over --eval-windows (default 64)\n"
     "fixed windows of DIR/valid.txt, and a checkpoint in DIR (a Hugging Face Mixtral directory with\n"
-    "tokenizer.json and trainer_state.safetensors). --resume DIR continues from one (its model, its\n"
+    "tokenizer.json and trainer_state.safetensors). --keep-best DIR: the model and tokenizer of the lowest\n"
+    "validation loss so far, rewritten when an evaluation improves on it (early stopping: moe eval and\n"
+    "moe generate read it; a resume continues from --checkpoint). --resume DIR continues from one (its model, its\n"
     "options: only --stop-after, --threads, --checkpoint, --data and the output flags may be given).\n"
     "--stop-after S ends this run after step S of the planned --steps. --time-budget SECONDS: train\n"
     "until the training steps have taken that long (evaluations and checkpoints not counted; --steps, if\n"
@@ -119,6 +121,7 @@ static int parse(int argc, char **argv, lm_opts *o, const char **fixed) {
     } else if (cli_flag_is(f, "task")) kept = 1; /* "lm": cmd_train dispatched on it */
     else if (cli_flag_is(f, "data")) o->data = v, kept = 1;
     else if (cli_flag_is(f, "checkpoint")) o->checkpoint = v, kept = 1;
+    else if (cli_flag_is(f, "keep_best")) o->keep_best = v;
     else if (cli_flag_is(f, "resume")) o->resume = v, kept = 1;
     else if (cli_flag_is(f, "stop_after")) ok = cli_parse_int(v, &o->stop_after) && o->stop_after > 0, kept = 1;
     else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0, kept = 1;
@@ -236,6 +239,16 @@ static int save(const lm_opts *o, const moe_lm_t *m, const moe_tokenizer *t, con
   moe_st_writer_free(w);
   free(mo);
   free(v);
+  return st == MOE_OK ? 0 : cli_fail(CMD);
+}
+
+/* --keep-best: the model and tokenizer only (what eval and generate read), each file atomic; a
+ * collective under mpirun as save() is. */
+static int save_best(const lm_opts *o, const moe_lm_t *m, const moe_tokenizer *t) {
+  char path[4096];
+  moe_status st = moe_lm_save(m, o->keep_best);
+  snprintf(path, sizeof path, "%s/tokenizer.json", o->keep_best);
+  if (st == MOE_OK && moe_dist_rank(m->cfg.moe.dist) == 0) st = moe_tokenizer_save(t, path);
   return st == MOE_OK ? 0 : cli_fail(CMD);
 }
 
@@ -448,7 +461,7 @@ static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, moe_optim_t *opt
   int rc = x && y && ids && !lm_order_init(&ord, d->train, d->ntrain, T, B, o->seed)
                ? adjust_start(&adj, o, m, &ord)
                : cli_usage_error(CMD, "out of memory for a batch of %d x %d", B, T);
-  double valid = NAN;
+  double valid = NAN, best = INFINITY;
   lm_acc acc = {0};
   float lr = 0;
   cli_progress_start(&o->progress, 1, "steps", last);
@@ -492,6 +505,7 @@ static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, moe_optim_t *opt
     cli_progress_break(&o->progress);
     rc = report(o, m, d, step + 1, &acc, lr, train_s, &valid);
     if (!rc && o->checkpoint) rc = cli_settle(dist, CMD, save(o, m, t, opt, train_s));
+    if (!rc && o->keep_best && valid < best) best = valid, rc = cli_settle(dist, CMD, save_best(o, m, t));
     acc = (lm_acc){0};
   }
   cli_progress_break(&o->progress);
@@ -566,6 +580,9 @@ int cmd_train_lm(int argc, char **argv) {
   if (!rc && (d.ntrain < (size_t)o.context + 1 || d.nvalid < (size_t)o.context + 1)) /* --resume's context */
     rc = cli_usage_error(CMD, "%s: %zu training and %zu validation tokens, fewer than one window of context %d + 1",
                          o.data, d.ntrain, d.nvalid, o.context);
+  if (!rc && o.keep_best && o.checkpoint && !strcmp(o.keep_best, o.checkpoint))
+    rc = cli_usage_error(CMD, "--keep-best %s is the --checkpoint directory: the best model would overwrite the "
+                         "latest one its trainer state belongs to", o.keep_best);
   if (!rc && o.resume && !o.checkpoint) { /* a resumed run goes on saving where it came from */
     o.checkpoint = o.resume;
     if (!cli_quiet_rank()) fprintf(stderr, "moe train: --resume without --checkpoint: saving to %s\n", o.resume);

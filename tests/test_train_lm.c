@@ -97,6 +97,32 @@ TEST(eval_lm_perplexity_is_exp_loss) {
   ASSERT_NEAR(json_num(text, "valid_loss"), v[4], 0);
 }
 
+/* --keep-best holds the model of the lowest validation loss the run reported: its loss on the
+ * validation split (every window, the training's windows here) is that minimum, bit for bit; and it
+ * may not be the --checkpoint directory, whose trainer state belongs to the latest model. */
+TEST(train_lm_keep_best_is_the_lowest_validation_loss) {
+  char best[512], out[512], res[512], args[2048], err[2048], text[1024];
+  test_tmp_path("lm_best", best, sizeof best);
+  snprintf(args, sizeof args, "train --task lm --data '%s' " LM_TINY " --lr 0.05 --eval-every 5 --keep-best '%s' --json",
+           lm_corpus(), best);
+  if (run_moe(NULL, args, test_tmp_path("lm_best.jsonl", out, sizeof out), err, sizeof err)) FAIL_("%s", err);
+  char *train = test_read_file(out, NULL);
+  ASSERT(train);
+  double v[16], low = INFINITY;
+  int n = valid_losses(train, v, 16);
+  free(train);
+  ASSERT(n >= 4);
+  for (int i = 0; i < n; i++) low = fmin(low, v[i]);
+  snprintf(args, sizeof args, "eval --task lm --checkpoint '%s' --data '%s' --split valid --json", best, lm_corpus());
+  ASSERT_EQ_INT(run_moe(NULL, args, test_tmp_path("lm_best_eval.json", res, sizeof res), err, sizeof err), 0);
+  test_read_text(res, text, sizeof text);
+  ASSERT_NEAR(json_num(text, "valid_loss"), low, 0);
+  snprintf(args, sizeof args, "train --task lm --data '%s' " LM_TINY " --checkpoint '%s' --keep-best '%s'",
+           lm_corpus(), best, best);
+  ASSERT(run_moe(NULL, args, res, err, sizeof err) != 0);
+  if (!strstr(err, "--keep-best") || !strstr(err, "--checkpoint")) FAIL_("want an error naming both flags: %s", err);
+}
+
 /* --prompt goes through the checkpoint's tokenizer as `moe tokenizer encode` does: greedy text from
  * --prompt is the decoded greedy ids from --prompt-ids of the encoded prompt; a seed repeats a sample. */
 TEST(generate_lm_prompt_text) {
