@@ -5,16 +5,24 @@
 # `moe bench --expert-parallel` times the layer's fwd+bwd with every --pipeline value, side by side
 # in one run. Needs root (namespaces, tc); prints SKIP and exits 0 without.
 #
-#   bench/pipeline_link.sh [--moe build/moe] [--rates 10gbit,1gbit] [--cases M,L] [--pipeline 1,2,4] [--reps 3]
+#   bench/pipeline_link.sh [--moe build/moe] [--rates 10gbit,1gbit] [--cases M,L | --shape T,D,H,E,k]
+#                          [--pipeline 1,2,4 | --parallel-r 0,1,2,auto] [--reps 3]
+# --shape: one case of that shape instead of the standard ones; --parallel-r: Tutel's r (issue 17)
+# instead of the pipelining degree.
 set -eu
-MOE=build/moe RATES=10gbit,1gbit CASES=M PIPES=1,2,4 REPS=3
+MOE=build/moe RATES=10gbit,1gbit CASES=M PIPES=1,2,4 REPS=3 SHAPE= PR=
 while [ $# -gt 0 ]; do
   case "$1" in
     --moe) MOE=$2 ;; --rates) RATES=$2 ;; --cases) CASES=$2 ;; --pipeline) PIPES=$2 ;; --reps) REPS=$2 ;;
-    *) echo "usage: $0 [--moe PATH] [--rates R,...] [--cases C,...] [--pipeline N,...] [--reps R]" >&2; exit 2 ;;
+    --shape) SHAPE=$2 ;; --parallel-r) PR=$2 ;;
+    *) echo "usage: $0 [--moe PATH] [--rates R,...] [--cases C,... | --shape T,D,H,E,k]" \
+         "[--pipeline N,... | --parallel-r R,...] [--reps R]" >&2; exit 2 ;;
   esac
   shift 2
 done
+WHAT="--cases $CASES" HOW="--pipeline $PIPES"
+[ -z "$SHAPE" ] || WHAT="--shape $SHAPE"
+[ -z "$PR" ] || HOW="--parallel-r $PR"
 skip() { echo "SKIP: $*"; exit 0; }
 [ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces and tc)"
 for tool in ip tc mpirun; do command -v $tool >/dev/null || skip "needs $tool"; done
@@ -60,6 +68,6 @@ for rate in $(echo "$RATES" | tr , ' '); do
   ip netns exec $A mpirun --allow-run-as-root --oversubscribe -np 2 --host $IPA,$IPB \
     --bind-to none --mca plm_rsh_agent "$DIR/agent" --mca btl tcp,self --mca oob_tcp_if_include $IPA/24 \
     --mca btl_tcp_if_include $IPA/24 \
-    "$MOE" bench --expert-parallel --threads 1 --dispatch dynamic --routing uniform --cases "$CASES" \
-    --pipeline "$PIPES" --reps "$REPS"
+    "$MOE" bench --expert-parallel --threads 1 --dispatch dynamic --routing uniform $WHAT $HOW \
+    --reps "$REPS"
 done
