@@ -79,7 +79,9 @@ static moe_status make_plan(search *s, const int64_t *Ie, moe__flex_op ops[2], i
   for (int e1 = 0; e1 < t->E; e1++) {
     if (e1 == e0 || moe__flex_replicas(t, e1) < 2) continue;
     for (int g = 0; g < t->W; g++) {
-      if (!moe__flex_count(t, e1, g)) continue;
+      /* a replica on the rank that holds all of e0's takes no load off it: the pair's gain would be
+       * the Shrink's alone, paid for with a slot */
+      if (!moe__flex_count(t, e1, g) || moe__flex_count(t, e0, g) == moe__flex_replicas(t, e0)) continue;
       moe__flex_op cand[2] = {{.kind = MOE__FLEX_SHRINK, .e = e1, .g = g}, {.kind = MOE__FLEX_EXPAND, .e = e0, .g = g}};
       double gain;
       MOE_CHECK(gain_of(s, cand, 2, &gain));
