@@ -406,6 +406,7 @@ TEST(pipe_dict_buckets_and_brute_force) {
   for (int k = 0; k < 3; k++) {
     p.r_best = r_best[k];
     ASSERT_OK(moe__setup_dict_init(&t, 64, 8, 1, 0, setup_trial, &p));
+    t.margin = 0; /* the exact argmin (the margin has its own test) */
     for (int i = 0; i < 6; i++) {
       moe__setup best = {0}, got;
       double cbest = INFINITY;
@@ -432,6 +433,36 @@ TEST(pipe_dict_buckets_and_brute_force) {
       ASSERT_OK(moe__setup_dict_get(&t, 300, &s));
       ASSERT_EQ_INT(s.r, 8);
     }
+    moe__setup_dict_free(&t);
+  }
+}
+
+/* Degree 2 at 2% below degree 1's cost does not replace it (within the default 3% margin), at 5%
+ * below it does; degrees 4 and 8 cost more. */
+typedef struct {
+  double gain;
+} margin_probe;
+
+static moe_status margin_trial(void *user, size_t c, const moe__setup *s, double *seconds) {
+  (void)c;
+  double g = ((margin_probe *)user)->gain;
+  *seconds = s->d == 1 ? 1.0 : s->d == 2 ? 1.0 - g : 2.0;
+  return MOE_OK;
+}
+
+TEST(pipe_dict_margin_keeps_the_simpler_setup) {
+  const double gain[2] = {0.02, 0.05};
+  const int want[2] = {1, 2};
+  for (int i = 0; i < 2; i++) {
+    margin_probe p = {gain[i]};
+    moe__setup_dict t;
+    moe__setup s;
+    const moe__a2a lin = MOE__A2A_LINEAR;
+    ASSERT_OK(moe__setup_dict_init(&t, 2, 2, 0, 128, margin_trial, &p));
+    ASSERT_NEAR(t.margin, 0.03, 0);
+    ASSERT_OK(moe__setup_dict_limit(&t, (const int[]){1, 2, 4, 8}, 4, &lin, 1));
+    ASSERT_OK(moe__setup_dict_get(&t, 500, &s));
+    if (s.d != want[i]) FAIL_("degree 2 at %.0f%% below degree 1: chose degree %d, want %d", 100 * gain[i], s.d, want[i]);
     moe__setup_dict_free(&t);
   }
 }

@@ -191,6 +191,7 @@ typedef struct {
   moe__setup_cost_fn cost;
   void *user;
   int64_t trials;
+  double margin; /* a setup tried later replaces the best so far only when this much faster (init: 0.03) */
 } moe__setup_dict;
 
 /* world, experts >= 1; window 0 means 128. */

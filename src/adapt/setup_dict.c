@@ -21,7 +21,7 @@ moe_status moe__setup_dict_init(moe__setup_dict *t, int world, int experts, int 
   /* degrees above 8 "hardly" pay and inflate the all-to-all's overhead */
   *t = (moe__setup_dict){.window = window ? window : 128, .r_max = r_max, .search_r = search_r != 0,
                          .deg = {1, 2, 4, 8}, .ndeg = 4, .algo = {MOE__A2A_LINEAR, MOE__A2A_2DH}, .nalgo = 2,
-                         .cost = cost, .user = user};
+                         .cost = cost, .user = user, .margin = 0.03};
   t->memo = malloc(sizeof *t->memo * ((size_t)r_max + 1));
   MOE_TRY(t->memo, MOE_ERR_NOMEM, "setup_dict_init: out of memory for %zu trial costs", (size_t)r_max + 1);
   return MOE_OK;
@@ -111,7 +111,10 @@ moe_status moe__setup_dict_get(moe__setup_dict *t, size_t capacity, moe__setup *
       int r;
       double x;
       MOE_CHECK(best_r(t, capacity, t->deg[i], t->algo[j], &r, &x));
-      if (x < best) best = x, *out = (moe__setup){.r = r, .d = t->deg[i], .a = t->algo[j]};
+      /* setups come simplest first (degree 1, Linear); a later one must win by the margin, since a
+       * trial is a step or two on a machine whose steps vary by more than that */
+      if (x < (isfinite(best) ? best * (1 - t->margin) : best))
+        best = x, *out = (moe__setup){.r = r, .d = t->deg[i], .a = t->algo[j]};
     }
   MOE_TRY(isfinite(best), MOE_ERR_VALUE, "setup trials at capacity %zu: no setup has a finite cost", capacity);
   return moe__u64map_put(&t->map, key, (uint64_t)out->r << 16 | (uint64_t)out->d << 8 | (uint64_t)out->a);
