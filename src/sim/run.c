@@ -95,6 +95,7 @@ static moe_status simulate(const moe_sim_config *base, const moe_sim_config *c, 
   ctx.scratch = base ? malloc(sizeof *ctx.scratch * (size_t)W * W) : NULL;
   MOE_TRY(!base || ctx.scratch, MOE_ERR_NOMEM, "simulator: the dictionary's traffic of %d devices", W);
   moe_status st = moe__setup_dict_init(&d, W, c->E, base != NULL, 0, setup_cost, &ctx);
+  d.margin = 0; /* modelled costs have no noise to guard against: the exact argmin */
   if (st == MOE_OK) st = moe__setup_dict_get(&d, (size_t)cap, &s);
   moe__setup_dict_free(&d);
   free(ctx.scratch);
