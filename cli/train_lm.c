@@ -203,6 +203,16 @@ static int options_parse(const char *s, lm_opts *o) {
          a->delta_launch >= 0 && a->delta_launch < 60 && a->headroom >= 0 && a->headroom <= 10;
 }
 
+/* The model (HF directory) and its tokenizer.json in dir, each file atomic: what eval and generate
+ * read, the whole of a --keep-best directory. Expert-parallel, a collective (rank 0 writes). */
+static moe_status save_model(const char *dir, const moe_lm_t *m, const moe_tokenizer *t) {
+  char path[4096];
+  moe_status st = moe_lm_save(m, dir);
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  if (st == MOE_OK && moe_dist_rank(m->cfg.moe.dist) == 0) st = moe_tokenizer_save(t, path);
+  return st;
+}
+
 /* The whole checkpoint: the model (HF directory), the tokenizer, then the trainer state, each file
  * written atomically; the state last, so a state on disk never runs ahead of the weights. Expert-
  * parallel, every rank takes part in each gather (the model's, Adam's moments) and rank 0 writes:
@@ -211,7 +221,7 @@ static int save(const lm_opts *o, const moe_lm_t *m, const moe_tokenizer *t, con
                 double train_s) {
   char path[4096], buf[32], opts[1024];
   int writer = moe_dist_rank(m->cfg.moe.dist) == 0;
-  moe_status st = moe_lm_save(m, o->checkpoint);
+  moe_status st = save_model(o->checkpoint, m, t);
   size_t n = moe_lm_whole_numel(m);
   float *mo = malloc(n * 4), *v = malloc(n * 4);
   moe_status ex = mo && v ? moe_lm_gather(m, opt->m, mo) : MOE_ERR_NOMEM; /* collectives: on every rank */
@@ -219,8 +229,6 @@ static int save(const lm_opts *o, const moe_lm_t *m, const moe_tokenizer *t, con
   if (st != MOE_OK || (!mo || !v)) /* the model's message, or this one */
     return free(mo), free(v), st != MOE_OK ? cli_fail(CMD) : cli_usage_error(CMD, "out of memory for %zu moments", n);
   st = ex;
-  snprintf(path, sizeof path, "%s/tokenizer.json", o->checkpoint);
-  if (st == MOE_OK && writer) st = moe_tokenizer_save(t, path);
   moe_st_writer *w = NULL;
   if (st == MOE_OK && writer) st = moe_st_writer_new(&w);
   int64_t shape[1] = {(int64_t)n};
@@ -239,16 +247,6 @@ static int save(const lm_opts *o, const moe_lm_t *m, const moe_tokenizer *t, con
   moe_st_writer_free(w);
   free(mo);
   free(v);
-  return st == MOE_OK ? 0 : cli_fail(CMD);
-}
-
-/* --keep-best: the model and tokenizer only (what eval and generate read), each file atomic; a
- * collective under mpirun as save() is. */
-static int save_best(const lm_opts *o, const moe_lm_t *m, const moe_tokenizer *t) {
-  char path[4096];
-  moe_status st = moe_lm_save(m, o->keep_best);
-  snprintf(path, sizeof path, "%s/tokenizer.json", o->keep_best);
-  if (st == MOE_OK && moe_dist_rank(m->cfg.moe.dist) == 0) st = moe_tokenizer_save(t, path);
   return st == MOE_OK ? 0 : cli_fail(CMD);
 }
 
@@ -505,7 +503,8 @@ static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, moe_optim_t *opt
     cli_progress_break(&o->progress);
     rc = report(o, m, d, step + 1, &acc, lr, train_s, &valid);
     if (!rc && o->checkpoint) rc = cli_settle(dist, CMD, save(o, m, t, opt, train_s));
-    if (!rc && o->keep_best && valid < best) best = valid, rc = cli_settle(dist, CMD, save_best(o, m, t));
+    if (!rc && o->keep_best && valid < best)
+      best = valid, rc = cli_settle(dist, CMD, save_model(o->keep_best, m, t) == MOE_OK ? 0 : cli_fail(CMD));
     acc = (lm_acc){0};
   }
   cli_progress_break(&o->progress);

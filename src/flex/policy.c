@@ -2,8 +2,7 @@
  * threshold, replicate the slowest rank's expert with the most tokens per replica in place of a replica
  * of a cold one, as long as the cost model says the step gets faster by more than the copies cost
  * over K steps; then Migrates that shrink replica groups or move load off the slowest rank, under the
- * same rule. Every candidate is tried
- * on a scratch copy of the table and costed with Eq. 5. */
+ * same rule. Every candidate is tried on a scratch copy of the table and costed with Eq. 5. */
 #include <stdlib.h>
 
 #include "flex/flex.h"
@@ -66,12 +65,18 @@ static int cap_less(const int64_t *Ie, const moe__flex_table *t, int a, int b) {
   return Ie[a] * moe__flex_replicas(t, b) < Ie[b] * moe__flex_replicas(t, a);
 }
 
+/* The rank with the longest modelled step at the search's start (the first of equals). */
+static int slowest_rank(const search *s) {
+  int slow = 0;
+  for (int g = 1; g < s->t->W; g++)
+    if (s->per_rank[g] > s->per_rank[slow]) slow = g;
+  return slow;
+}
+
 static moe_status make_plan(search *s, const int64_t *Ie, moe__flex_op ops[2], int *nops) {
   const moe__flex_table *t = s->t;
   *nops = 0;
-  int slow = 0, e0 = -1;
-  for (int g = 1; g < t->W; g++)
-    if (s->per_rank[g] > s->per_rank[slow]) slow = g;
+  int slow = slowest_rank(s), e0 = -1;
   for (int e = 0; e < t->E; e++)
     if (moe__flex_count(t, e, slow) && (e0 < 0 || cap_less(Ie, t, e0, e))) e0 = e;
   if (e0 < 0 || !Ie[e0]) return MOE_OK;
@@ -138,9 +143,7 @@ static moe_status best_migrate(search *s, const int64_t *Ie, moe__flex_op *op, i
         }
       }
     }
-  int slow = 0;
-  for (int g = 1; g < t->W; g++)
-    if (s->per_rank[g] > s->per_rank[slow]) slow = g;
+  int slow = slowest_rank(s);
   for (int j = 0; j < t->W; j++) {
     int b = -1;
     for (int e = 0; e < t->E; e++)
