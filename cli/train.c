@@ -39,6 +39,8 @@ typedef struct {
   moe_optim_config optim;
   cli_progress progress; /* --progress, --quiet */
   int parallel_r[8], n_parallel_r; /* --parallel-r: Tutel's r, or several taken in turn step by step */
+  moe_a2a a2a; /* --a2a linear|2dh (auto: model.moe.a2a_auto, on 2DH's grid) */
+  int ranks_per_node; /* --ranks-per-node: 2DH's nodes */
 } train_opts;
 
 static void usage(FILE *f) {
@@ -63,6 +65,8 @@ static void usage(FILE *f) {
     "       auto: the strategy Eq. 10 models fastest among those whose workspace fits the budget)\n"
     "       [--parallel-r N|auto|N1,N2,...]   (under mpirun: every expert sharded over the ranks, Tutel's r;\n"
     "       a list takes its values in turn, one per step)\n"
+    "       [--a2a linear|2dh|auto [--ranks-per-node G]]   (under mpirun: the exchanges' all-to-all; auto: the\n"
+    "       layer's choice per capacity; --ranks-per-node G splits one machine into nodes of G ranks for 2DH)\n"
     "--epochs is the planned total (the learning-rate schedule's horizon); --stop-after N ends this run\n"
     "after epoch N, and --resume F continues from checkpoint F. --dtype bf16 runs the expert GEMMs in\n"
     "bf16 (fp32 accumulation, fp32 master weights); its checkpoints store the expert weights as BF16.\n"
@@ -153,6 +157,8 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
         ok = (o->n_parallel_r = cli_parse_parallel_rs(v, o->parallel_r, 8)) > 0;
         m->parallel_r = ok ? o->parallel_r[0] : m->parallel_r;
       }
+      else if (cli_flag_is(f, "a2a")) ok = cli_parse_a2a(v, &o->a2a, &m->a2a_auto);
+      else if (cli_flag_is(f, "ranks_per_node")) ok = cli_parse_int(v, &o->ranks_per_node) && o->ranks_per_node >= 0;
       else if (cli_flag_is(f, "replicas")) ok = (o->replicas = !strcmp(v, "auto")) || !strcmp(v, "off");
       else if (cli_flag_is(f, "slots")) ok = cli_parse_int(v, &o->slots) && o->slots >= 1;
       else if (cli_flag_is(f, "balance_threshold")) ok = cli_parse_float(v, &o->balance_threshold) && o->balance_threshold >= 1;
@@ -407,6 +413,8 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
       {"--cache-min-epoch", o->adj.cache.min_epoch, NULL}, {"--on-nan skip-step", o->skip_nan, NULL},
       {"--pipeline", l->pipeline, NULL}, /* each micro-batch is an exchange: the counts must match */
       {"--parallel-r", cli_hash(o->parallel_r, sizeof(int) * (size_t)o->n_parallel_r) + l->parallel_r, NULL},
+      {"--a2a", o->a2a + 2 * l->a2a_auto, l->a2a_auto ? "auto" : o->a2a ? "2dh" : "linear"},
+      {"--ranks-per-node", o->ranks_per_node, NULL},
       {"--slots", l->replica_slots, NULL}, {"--balance-threshold", o->balance_threshold, NULL},
       {"--replica-horizon", o->replica_horizon, NULL},
       {"--replica-ops", o->replica_ops ? cli_hash(o->replica_ops, strlen(o->replica_ops)) : 0, NULL},
@@ -455,9 +463,11 @@ static int setup(int argc, char **argv, train_opts *o, int arch, const moe_datas
   *start = ts.epoch;
   *step = ts.step;
   moe_model_set_threads(m, o->threads);
-  for (int b = 0; b < m->cfg.blocks; b++) /* a runtime choice, like the threads: not in the checkpoint */
+  for (int b = 0; b < m->cfg.blocks; b++) { /* runtime choices, like the threads: not in the checkpoint */
     if (moe_layer_set_pipeline(&m->layers[b], o->model.moe.pipeline, o->model.moe.memory_reuse) != MOE_OK)
       return cli_fail(CMD);
+    m->layers[b].cfg.a2a_auto = o->model.moe.a2a_auto; /* read at each forward */
+  }
   return 0;
 }
 
@@ -499,6 +509,8 @@ int cmd_train(int argc, char **argv) {
   rc = cli_settle(dist, CMD, rc);
   if (!rc && agree(dist, &o, &train, &test) != MOE_OK) rc = cli_fail(CMD); /* every rank knows: none is left waiting */
   rc = cli_settle(dist, CMD, rc);
+  if (!rc && dist && moe_dist_set_a2a(dist, o.a2a, o.ranks_per_node) != MOE_OK)
+    rc = cli_fail(CMD); /* other ranks may be inside the split: stopped by cli_dist_end */
   int start = 0;
   int64_t step = 0;
   if (!rc) rc = cli_settle(dist, CMD, setup(argc, argv, &o, arch, &train, &test, &m, &opt, &start, &step));

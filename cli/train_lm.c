@@ -39,6 +39,9 @@ typedef struct {
   moe_lm_config model;
   moe_optim_config optim;
   cli_progress progress;
+  int parallel_r[8], n_parallel_r; /* --parallel-r: Tutel's r, or several taken in turn step by step */
+  moe_a2a a2a;                     /* --a2a linear|2dh (auto: model.moe.a2a_auto, on 2DH's grid) */
+  int ranks_per_node;              /* --ranks-per-node: 2DH's nodes */
 } lm_opts;
 
 /* The synopsis, and with help the rest (after a bad flag only the synopsis, so the error stays in view). */
@@ -50,7 +53,8 @@ static void usage(FILE *f, int help) {
     "       [--time-budget SECONDS] [--stop-after S] [--eval-every S] [--eval-windows N] [--seed S] [--threads N]\n"
     "       [--capacity X|dynamic [--delta-launch N] [--headroom H]] [--dispatch dynamic|static] [--dtype f32|bf16]\n"
     "       [--cache-assignments [--cache-on 0.96] [--cache-off 0.90] [--cache-min-epoch 10]]\n"
-    "       [--checkpoint DIR] [--keep-best DIR] [--resume DIR] [--json] [--log-steps] [--progress|--quiet]\n");
+    "       [--checkpoint DIR] [--keep-best DIR] [--resume DIR] [--json] [--log-steps] [--progress|--quiet]\n"
+    "       [--parallel-r N|auto|N1,N2,...] [--a2a linear|2dh|auto [--ranks-per-node G]]   (under mpirun)\n");
   if (!help) return;
   fprintf(f,
     "Trains a Mixtral-architecture decoder on DIR/train.txt (default data/brown: scripts/get-brown.sh),\n"
@@ -64,7 +68,8 @@ static void usage(FILE *f, int help) {
     "tokenizer.json and trainer_state.safetensors). --keep-best DIR: the model and tokenizer of the lowest\n"
     "validation loss so far, rewritten when an evaluation improves on it (early stopping: moe eval and\n"
     "moe generate read it; a resume continues from --checkpoint). --resume DIR continues from one (its model, its\n"
-    "options: only --stop-after, --threads, --checkpoint, --data and the output flags may be given).\n"
+    "options: only --stop-after, --threads, --checkpoint, --data, the output flags and the mpirun ones below\n"
+    "may be given).\n"
     "--stop-after S ends this run after step S of the planned --steps. --time-budget SECONDS: train\n"
     "until the training steps have taken that long (evaluations and checkpoints not counted; --steps, if\n"
     "given, still stops it), the schedule (warm-up 5%%, cosine decay) running on training seconds.\n"
@@ -73,7 +78,12 @@ static void usage(FILE *f, int help) {
     "an epoch is a pass over the windows). Each report gives tokens/s and the shares of the steps' time\n"
     "in attention, the MoE layers, the router (the layers' gates and the balance loss) and the rest, and\n"
     "the MoE layers' expert GFLOP/s. The last line is valid_loss=... valid_perplexity=... (a JSON line\n"
-    "with --json, whose stdout is JSON lines only).\n");
+    "with --json, whose stdout is JSON lines only).\n"
+    "Under mpirun the MoE layers run expert-parallel (each rank E/W experts), the rest data-parallel.\n"
+    "--parallel-r N|auto: every expert sharded over the ranks instead (Tutel's r: 0 gathers the weights,\n"
+    "1 and up exchange the tokens; auto: chosen per capacity; a list takes its values in turn, one per\n"
+    "step); checkpoints keep the one-process format. --a2a: the exchanges' all-to-all (auto: the layers'\n"
+    "choice per capacity; --ranks-per-node G splits one machine into nodes of G ranks for 2DH).\n");
 }
 
 static void defaults(lm_opts *o) {
@@ -125,6 +135,11 @@ static int parse(int argc, char **argv, lm_opts *o, const char **fixed) {
     else if (cli_flag_is(f, "resume")) o->resume = v, kept = 1;
     else if (cli_flag_is(f, "stop_after")) ok = cli_parse_int(v, &o->stop_after) && o->stop_after > 0, kept = 1;
     else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0, kept = 1;
+    else if (cli_flag_is(f, "parallel_r")) {
+      ok = (o->n_parallel_r = cli_parse_parallel_rs(v, o->parallel_r, 8)) > 0, kept = 1;
+      c->moe.parallel_r = ok ? o->parallel_r[0] : c->moe.parallel_r;
+    } else if (cli_flag_is(f, "a2a")) ok = cli_parse_a2a(v, &o->a2a, &c->moe.a2a_auto), kept = 1;
+    else if (cli_flag_is(f, "ranks_per_node")) ok = cli_parse_int(v, &o->ranks_per_node) && o->ranks_per_node >= 0, kept = 1;
     else if (cli_flag_is(f, "tokenizer")) o->tokenizer = v;
     else if (cli_flag_is(f, "vocab")) ok = cli_parse_int(v, &o->vocab) && o->vocab >= 257;
     else if (cli_flag_is(f, "context")) ok = cli_parse_int(v, &o->context) && o->context > 0 && o->context <= 65536;
@@ -308,11 +323,13 @@ static int setup(lm_opts *o, const moe_tokenizer *t, moe_lm_t *m, moe_optim_t *o
   moe_lm_config *c = &o->model;
   *train_s = 0;
   if (o->resume) {
-    const moe_dist *dist = c->moe.dist;
+    moe_layer_config run = c->moe; /* the run's choices: dist, --parallel-r, --a2a */
     if (moe_lm_read_config(o->resume, c) != MOE_OK) return cli_fail(CMD);
     if (load_state(o->resume, o, NULL, NULL, train_s)) return 1; /* the layers' options, before the layers */
     c->moe.threads = o->threads;
-    c->moe.dist = dist; /* each rank reads its own experts */
+    c->moe.dist = run.dist; /* each rank reads its own experts (or its shards of each) */
+    c->moe.parallel_r = run.parallel_r;
+    c->moe.a2a_auto = run.a2a_auto;
     if (moe_lm_load(m, o->resume, c) != MOE_OK) return cli_fail(CMD);
   } else {
     if (o->dense) c->moe.H *= c->moe.top_k, c->moe.E = c->moe.top_k = 1;
@@ -466,6 +483,9 @@ static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, moe_optim_t *opt
   for (; !rc && step < last && !interrupted && !(o->time_budget && train_s >= o->time_budget); step++) {
     double t0 = cli_now();
     lm_order_fill(&ord, step, x, y, ids);
+    for (int i = 0; dist && o->n_parallel_r > 1 && i < m->cfg.n_layers && !rc; i++) /* switching moves no weights */
+      if (moe_layer_set_parallel_r(&m->layers[i], o->parallel_r[step % o->n_parallel_r]) != MOE_OK) rc = cli_fail(CMD);
+    if (rc) break;
     if ((adj.dc && dyncap_begin(adj.dc, step)) || (adj.ac && assign_cache_before(adj.ac, step, ids, N))) {
       rc = cli_fail(CMD);
       break;
@@ -545,7 +565,11 @@ static int ep_check(const moe_dist *d, const lm_opts *o, const lm_streams *s) {
       {"--stop-after", o->stop_after, NULL}, {"--time-budget", o->time_budget, NULL}, {"--lr", o->lr, NULL},
       {"--warmup", o->warmup, NULL}, {"--weight-decay", o->optim.weight_decay, NULL},
       {"--eval-every", o->eval_every, NULL}, {"--eval-windows", o->eval_windows, NULL},
-      {"--seed", cli_hash(&o->seed, sizeof o->seed), seed}, {"training tokens", (double)s->ntrain, NULL},
+      {"--seed", cli_hash(&o->seed, sizeof o->seed), seed},
+      {"--parallel-r", cli_hash(o->parallel_r, sizeof(int) * (size_t)o->n_parallel_r) + c->moe.parallel_r, NULL},
+      {"--a2a", o->a2a + 2 * c->moe.a2a_auto, c->moe.a2a_auto ? "auto" : o->a2a ? "2dh" : "linear"}, /* before */
+      {"--ranks-per-node", o->ranks_per_node, NULL},                                        /* 2DH's split */
+      {"training tokens", (double)s->ntrain, NULL},
       {"training tokens (hash)", cli_hash(s->train, s->ntrain * sizeof *s->train), NULL},
       {"validation tokens", (double)s->nvalid, NULL},
   };
@@ -571,6 +595,8 @@ int cmd_train_lm(int argc, char **argv) {
   if (!rc) rc = lm_stream_load(CMD, t, o.data, "train", o.context, (int32_t **)&d.train, &d.ntrain);
   if (!rc) rc = lm_stream_load(CMD, t, o.data, "valid", o.context, (int32_t **)&d.valid, &d.nvalid);
   if (dist && !(rc = cli_settle(dist, CMD, rc))) rc = cli_settle(dist, CMD, ep_check(dist, &o, &d));
+  if (!rc && dist && moe_dist_set_a2a(dist, o.a2a, o.ranks_per_node) != MOE_OK)
+    rc = cli_fail(CMD); /* other ranks may be inside the split: stopped by cli_dist_end */
   double train_s = 0;
   if (!rc && !o.resume && o.time_budget && o.warmup >= 0)
     rc = cli_usage_error(CMD, "--warmup counts steps; with --time-budget the warm-up is the budget's first 5%%");

@@ -1,5 +1,6 @@
 /* The language model under expert parallelism (cfg.moe.dist, W ranks): rank r holds experts
- * [r E/W, (r+1) E/W) of every layer, the other parameters replicated. Checkpoints are the one-process
+ * [r E/W, (r+1) E/W) of every layer, or with parallel_r (Tutel's sharded layout) its shard of every
+ * expert, the other parameters replicated. Checkpoints are the one-process
  * model's, whatever W: saving gathers every rank's experts and rank 0 writes; loading is moe_lm_load's
  * (each rank reads its own tensors by name). A vector in the order of a model's refs (its parameters
  * or Adam's moments) maps to and from the one-process order by the same names. */
@@ -44,13 +45,58 @@ static moe_status offsets(const moe_lm_t *m, size_t **woff, size_t **loff, size_
   return MOE_OK;
 }
 
-size_t moe_lm_whole_numel(const moe_lm_t *m) {
-  int W = moe_dist_size(m->cfg.moe.dist);
-  size_t experts = (size_t)m->cfg.n_layers * (m->cfg.moe.E - m->cfg.moe.E / W) * 3 * m->cfg.moe.H * m->cfg.moe.D;
-  return m->numel + experts; /* the experts the other ranks hold */
+static int is_expert(const moe_tensor_ref *r) { return strstr(r->name, ".block_sparse_moe.experts.") != NULL; }
+
+/* Whether m's experts are sharded (every rank a slice of each) rather than owned whole. */
+static int sharded(const moe_lm_t *m) {
+  return moe_dist_size(m->cfg.moe.dist) > 1 && m->cfg.moe.parallel_r != MOE_PARALLEL_OFF;
 }
 
-static int is_expert(const moe_tensor_ref *r) { return strstr(r->name, ".block_sparse_moe.experts.") != NULL; }
+void moe__lm_ref_whole(const moe_lm_t *m, const moe_tensor_ref *r, moe_tensor_ref *w) {
+  *w = *r;
+  if (!sharded(m) || !is_expert(r)) return;
+  int64_t H = m->cfg.moe.H, D = m->cfg.moe.D, w2 = strstr(r->name, ".w2.") != NULL;
+  w->shape[0] = w2 ? D : H;
+  w->shape[1] = w2 ? H : D;
+  w->numel = (size_t)(H * D);
+}
+
+long long moe__lm_ref_local(const moe_lm_t *m, const moe_tensor_ref *r, size_t j) {
+  if (!sharded(m) || !is_expert(r)) return (long long)j;
+  const moe_dist *d = m->cfg.moe.dist;
+  int64_t H = m->cfg.moe.H, D = m->cfg.moe.D, W = moe_dist_size(d), q = moe_dist_rank(d);
+  int64_t lo = H * q / W, hi = H * (q + 1) / W, w2 = strstr(r->name, ".w2.") != NULL;
+  int64_t row = (int64_t)j / (w2 ? H : D), col = (int64_t)j % (w2 ? H : D), h = w2 ? col : row;
+  if (h < lo || h >= hi) return -1;
+  return w2 ? row * (hi - lo) + col - lo : (int64_t)j - lo * D;
+}
+
+size_t moe_lm_whole_numel(const moe_lm_t *m) {
+  int W = moe_dist_size(m->cfg.moe.dist), El = sharded(m) ? m->cfg.moe.E : m->cfg.moe.E / W;
+  size_t n = (size_t)m->cfg.n_layers * (m->cfg.moe.E - El) * 3 * m->cfg.moe.H * m->cfg.moe.D;
+  for (int i = 0; i < m->nrefs; i++) { /* the experts the other ranks hold, or the shards */
+    moe_tensor_ref w;
+    moe__lm_ref_whole(m, &m->refs[i], &w);
+    n += w.numel;
+  }
+  return n;
+}
+
+/* Ref r's floats from src to dst: this rank's part of the whole tensor, from a vector in m's order
+ * into one in the one-process order (gather), or back. */
+static void place(const moe_lm_t *m, const moe_tensor_ref *r, const float *src, float *dst, int gather) {
+  moe_tensor_ref w;
+  moe__lm_ref_whole(m, r, &w);
+  if (w.numel == r->numel) { /* held whole */
+    memcpy(dst, src, r->numel * 4);
+    return;
+  }
+  for (size_t j = 0; j < w.numel; j++) {
+    long long k = moe__lm_ref_local(m, r, j);
+    if (k >= 0 && gather) dst[j] = src[k];
+    else if (k >= 0) dst[k] = src[j];
+  }
+}
 
 moe_status moe_lm_gather(const moe_lm_t *m, const float *local, float *whole) {
   MOE_TRY(m && m->st && local && whole, MOE_ERR_ARG, "moe_lm_gather: NULL argument");
@@ -64,7 +110,7 @@ moe_status moe_lm_gather(const moe_lm_t *m, const float *local, float *whole) {
   memset(whole, 0, wn * 4);
   for (int i = 0; i < m->nrefs; i++) /* a sum of zeros and one rank's values: the replicated ones rank 0's */
     if (is_expert(&m->refs[i]) || moe_dist_rank(d) == 0)
-      memcpy(whole + woff[i], local + loff[i], m->refs[i].numel * 4);
+      place(m, &m->refs[i], local + loff[i], whole + woff[i], 1);
   free(woff);
   free(loff);
   MOE_TRY(wn <= INT32_MAX, MOE_ERR_ARG, "moe_lm_gather: %zu floats are too many for one exchange", wn);
@@ -79,7 +125,7 @@ moe_status moe_lm_scatter(const moe_lm_t *m, const float *whole, float *local) {
   }
   size_t *woff, *loff, wn;
   MOE_CHECK(offsets(m, &woff, &loff, &wn));
-  for (int i = 0; i < m->nrefs; i++) memcpy(local + loff[i], whole + woff[i], m->refs[i].numel * 4);
+  for (int i = 0; i < m->nrefs; i++) place(m, &m->refs[i], whole + woff[i], local + loff[i], 0);
   free(woff);
   free(loff);
   return MOE_OK;

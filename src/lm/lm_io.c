@@ -183,6 +183,22 @@ static moe_status read_tensor(const moe_st *f, const moe_tensor_ref *r) {
   return moe__st_expect_finite(f, &v, 0, r->data, r->numel);
 }
 
+/* Ref r from f: the whole tensor, or under the sharded layout this rank's part of it (lm_dist.h). */
+static moe_status read_part(const moe_lm_t *m, const moe_st *f, const moe_tensor_ref *r) {
+  moe_tensor_ref w;
+  moe__lm_ref_whole(m, r, &w);
+  if (w.numel == r->numel) return read_tensor(f, r);
+  w.data = malloc(w.numel * 4);
+  MOE_TRY(w.data, MOE_ERR_NOMEM, "%s: out of memory for tensor '%s'", moe_st_path(f), r->name);
+  moe_status st = read_tensor(f, &w);
+  for (size_t j = 0; st == MOE_OK && j < w.numel; j++) {
+    long long k = moe__lm_ref_local(m, r, j);
+    if (k >= 0) r->data[k] = w.data[j];
+  }
+  free(w.data);
+  return st;
+}
+
 moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c) {
   MOE_TRY(m && dir, MOE_ERR_ARG, "moe_lm_load: NULL argument");
   moe_lm_config own;
@@ -196,7 +212,7 @@ moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c) {
   for (int i = 0; st == MOE_OK && i < m->nrefs; i++) {
     moe_st *f = NULL;
     st = shard_of(&s, dir, m->refs[i].name, &f);
-    if (st == MOE_OK) st = read_tensor(f, &m->refs[i]);
+    if (st == MOE_OK) st = read_part(m, f, &m->refs[i]);
   }
   shards_close(&s);
   if (st != MOE_OK) {

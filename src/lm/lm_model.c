@@ -11,6 +11,7 @@
 #include "gemm.h"
 #include "internal.h"
 #include "kernels.h"
+#include "lm_dist.h"
 
 typedef struct {
   float *ln1, *wqkv, *wo, *ln2; /* wqkv: q_proj, k_proj, v_proj stacked (qd + 2 kvd, D) */
@@ -132,7 +133,7 @@ static void add_dense(moe_lm_t *m, size_t *off, const char *name, int ndim, int6
 static void build_table(moe_lm_t *m) {
   const moe_lm_config *c = &m->cfg;
   moe__lm_state *s = m->st;
-  int64_t D = c->moe.D, V = c->vocab, H = c->moe.H, qd = (int64_t)c->n_heads * c->head_dim,
+  int64_t D = c->moe.D, V = c->vocab, qd = (int64_t)c->n_heads * c->head_dim,
           kvd = (int64_t)c->n_kv_heads * c->head_dim;
   size_t off = 0;
   char nm[128]; /* names fit the refs' 64 bytes: layers <= 1024, E <= 65536 */
@@ -152,12 +153,15 @@ static void build_table(moe_lm_t *m) {
             moe_layer_grad(l, "gate.weight"));
     static const char *const hf[3] = {"w1", "w2", "w3"}, *const ours[3] = {"experts.fc1.weight",
                                                                          "experts.fc2.weight", "experts.fc3.weight"};
-    int El = c->moe.E / moe_dist_size(c->moe.dist), e0 = moe_dist_rank(c->moe.dist) * El; /* this rank's */
+    /* this rank's experts El from e0, Hl rows of H each (all E, a shard of H each, when sharded) */
+    const moe_param_info *fc1 = moe_layer_param_find(l, ours[0]);
+    int El = (int)fc1->shape[0], e0 = El < c->moe.E ? moe_dist_rank(c->moe.dist) * El : 0;
+    int64_t Hl = fc1->shape[1];
     for (int e = 0; e < El; e++)
       for (int j = 0; j < 3; j++) {
-        size_t at = (size_t)e * H * D;
+        size_t at = (size_t)e * Hl * D;
         snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", i, e0 + e, hf[j]);
-        add_ref(m, nm, 2, j == 1 ? D : H, j == 1 ? H : D, moe_layer_param(l, ours[j]) + at,
+        add_ref(m, nm, 2, j == 1 ? D : Hl, j == 1 ? Hl : D, moe_layer_param(l, ours[j]) + at,
                 moe_layer_grad(l, ours[j]) + at);
       }
 #undef NAME
@@ -251,16 +255,22 @@ void moe_lm_init_params(moe_lm_t *m, uint64_t seed) {
   uint64_t st = seed * 0x9E3779B97F4A7C15ull + 1;
   const float sd = 0.02f * 1.7320508f; /* uniform on [-a, a] has standard deviation a / sqrt(3) */
   const moe_layer_config *c = &m->cfg.moe;
-  /* expert-parallel: the draws of one process, the other ranks' experts skipped */
-  int El = c->E / moe_dist_size(c->dist), e0 = moe_dist_rank(c->dist) * El;
+  /* expert-parallel: the draws of one process, the other ranks' experts (or parts of each) skipped */
+  int El = (int)moe_layer_param_find(&m->layers[0], "experts.fc1.weight")->shape[0];
+  int e0 = El < c->E ? moe_dist_rank(c->dist) * El : 0;
   size_t per = 3 * (size_t)c->H * c->D; /* an expert's w1, w2, w3 */
   for (int i = 0; i < m->nrefs; i++) {
-    moe_tensor_ref *r = &m->refs[i];
-    int e = -1, w = 0;
-    sscanf(r->name, "model.layers.%*d.block_sparse_moe.experts.%d.w%d", &e, &w);
-    if (e == e0 && w == 1) skip_draws(&st, (size_t)e0 * per);
-    for (size_t j = 0; j < r->numel; j++) r->data[j] = r->ndim == 1 ? 1.0f : sd * moe__uniform(&st);
-    if (e == e0 + El - 1 && w == 3) skip_draws(&st, (size_t)(c->E - e0 - El) * per);
+    moe_tensor_ref *r = &m->refs[i], w;
+    int e = -1, k = 0;
+    sscanf(r->name, "model.layers.%*d.block_sparse_moe.experts.%d.w%d", &e, &k);
+    if (e == e0 && k == 1) skip_draws(&st, (size_t)e0 * per);
+    moe__lm_ref_whole(m, r, &w);
+    for (size_t j = 0; j < w.numel; j++) {
+      float u = r->ndim == 1 ? 1.0f : sd * moe__uniform(&st);
+      long long at = moe__lm_ref_local(m, r, j);
+      if (at >= 0) r->data[at] = u;
+    }
+    if (e == e0 + El - 1 && k == 3) skip_draws(&st, (size_t)(c->E - e0 - El) * per);
   }
   moe_lm_params_changed(m);
 }
