@@ -52,50 +52,35 @@ static int sharded(const moe_lm_t *m) {
   return moe_dist_size(m->cfg.moe.dist) > 1 && m->cfg.moe.parallel_r != MOE_PARALLEL_OFF;
 }
 
-void moe__lm_ref_whole(const moe_lm_t *m, const moe_tensor_ref *r, moe_tensor_ref *w) {
-  *w = *r;
+void moe__lm_part_of(const moe_lm_t *m, const moe_tensor_ref *r, moe__lm_part *p) {
+  *p = (moe__lm_part){*r, 1, r->numel, 0, 0};
   if (!sharded(m) || !is_expert(r)) return;
-  int64_t H = m->cfg.moe.H, D = m->cfg.moe.D, w2 = strstr(r->name, ".w2.") != NULL;
-  w->shape[0] = w2 ? D : H;
-  w->shape[1] = w2 ? H : D;
-  w->numel = (size_t)(H * D);
-}
-
-long long moe__lm_ref_local(const moe_lm_t *m, const moe_tensor_ref *r, size_t j) {
-  if (!sharded(m) || !is_expert(r)) return (long long)j;
   const moe_dist *d = m->cfg.moe.dist;
   int64_t H = m->cfg.moe.H, D = m->cfg.moe.D, W = moe_dist_size(d), q = moe_dist_rank(d);
   int64_t lo = H * q / W, hi = H * (q + 1) / W, w2 = strstr(r->name, ".w2.") != NULL;
-  int64_t row = (int64_t)j / (w2 ? H : D), col = (int64_t)j % (w2 ? H : D), h = w2 ? col : row;
-  if (h < lo || h >= hi) return -1;
-  return w2 ? row * (hi - lo) + col - lo : (int64_t)j - lo * D;
+  p->whole.shape[0] = w2 ? D : H;
+  p->whole.shape[1] = w2 ? H : D;
+  p->whole.numel = (size_t)(H * D);
+  if (w2) *p = (moe__lm_part){p->whole, (size_t)D, (size_t)(hi - lo), (size_t)lo, (size_t)H};
+  else p->first = (size_t)(lo * D);
+}
+
+void moe__lm_part_copy(const moe__lm_part *p, const float *src, float *dst, int to_whole) {
+  for (size_t i = 0; i < p->runs; i++) {
+    size_t local = i * p->len, whole = p->first + i * p->stride;
+    memcpy(dst + (to_whole ? whole : local), src + (to_whole ? local : whole), p->len * 4);
+  }
 }
 
 size_t moe_lm_whole_numel(const moe_lm_t *m) {
   int W = moe_dist_size(m->cfg.moe.dist), El = sharded(m) ? m->cfg.moe.E : m->cfg.moe.E / W;
-  size_t n = (size_t)m->cfg.n_layers * (m->cfg.moe.E - El) * 3 * m->cfg.moe.H * m->cfg.moe.D;
-  for (int i = 0; i < m->nrefs; i++) { /* the experts the other ranks hold, or the shards */
-    moe_tensor_ref w;
-    moe__lm_ref_whole(m, &m->refs[i], &w);
-    n += w.numel;
+  size_t n = (size_t)m->cfg.n_layers * (m->cfg.moe.E - El) * 3 * m->cfg.moe.H * m->cfg.moe.D; /* others' experts */
+  for (int i = 0; i < m->nrefs; i++) { /* and every ref whole (a shard counts as its whole tensor) */
+    moe__lm_part p;
+    moe__lm_part_of(m, &m->refs[i], &p);
+    n += p.whole.numel;
   }
   return n;
-}
-
-/* Ref r's floats from src to dst: this rank's part of the whole tensor, from a vector in m's order
- * into one in the one-process order (gather), or back. */
-static void place(const moe_lm_t *m, const moe_tensor_ref *r, const float *src, float *dst, int gather) {
-  moe_tensor_ref w;
-  moe__lm_ref_whole(m, r, &w);
-  if (w.numel == r->numel) { /* held whole */
-    memcpy(dst, src, r->numel * 4);
-    return;
-  }
-  for (size_t j = 0; j < w.numel; j++) {
-    long long k = moe__lm_ref_local(m, r, j);
-    if (k >= 0 && gather) dst[j] = src[k];
-    else if (k >= 0) dst[k] = src[j];
-  }
 }
 
 moe_status moe_lm_gather(const moe_lm_t *m, const float *local, float *whole) {
@@ -109,8 +94,11 @@ moe_status moe_lm_gather(const moe_lm_t *m, const float *local, float *whole) {
   MOE_CHECK(offsets(m, &woff, &loff, &wn));
   memset(whole, 0, wn * 4);
   for (int i = 0; i < m->nrefs; i++) /* a sum of zeros and one rank's values: the replicated ones rank 0's */
-    if (is_expert(&m->refs[i]) || moe_dist_rank(d) == 0)
-      place(m, &m->refs[i], local + loff[i], whole + woff[i], 1);
+    if (is_expert(&m->refs[i]) || moe_dist_rank(d) == 0) {
+      moe__lm_part p;
+      moe__lm_part_of(m, &m->refs[i], &p);
+      moe__lm_part_copy(&p, local + loff[i], whole + woff[i], 1);
+    }
   free(woff);
   free(loff);
   MOE_TRY(wn <= INT32_MAX, MOE_ERR_ARG, "moe_lm_gather: %zu floats are too many for one exchange", wn);
@@ -125,7 +113,11 @@ moe_status moe_lm_scatter(const moe_lm_t *m, const float *whole, float *local) {
   }
   size_t *woff, *loff, wn;
   MOE_CHECK(offsets(m, &woff, &loff, &wn));
-  for (int i = 0; i < m->nrefs; i++) place(m, &m->refs[i], whole + woff[i], local + loff[i], 0);
+  for (int i = 0; i < m->nrefs; i++) {
+    moe__lm_part p;
+    moe__lm_part_of(m, &m->refs[i], &p);
+    moe__lm_part_copy(&p, whole + woff[i], local + loff[i], 0);
+  }
   free(woff);
   free(loff);
   return MOE_OK;

@@ -185,17 +185,14 @@ static moe_status read_tensor(const moe_st *f, const moe_tensor_ref *r) {
 
 /* Ref r from f: the whole tensor, or under the sharded layout this rank's part of it (lm_dist.h). */
 static moe_status read_part(const moe_lm_t *m, const moe_st *f, const moe_tensor_ref *r) {
-  moe_tensor_ref w;
-  moe__lm_ref_whole(m, r, &w);
-  if (w.numel == r->numel) return read_tensor(f, r);
-  w.data = malloc(w.numel * 4);
-  MOE_TRY(w.data, MOE_ERR_NOMEM, "%s: out of memory for tensor '%s'", moe_st_path(f), r->name);
-  moe_status st = read_tensor(f, &w);
-  for (size_t j = 0; st == MOE_OK && j < w.numel; j++) {
-    long long k = moe__lm_ref_local(m, r, j);
-    if (k >= 0) r->data[k] = w.data[j];
-  }
-  free(w.data);
+  moe__lm_part p;
+  moe__lm_part_of(m, r, &p);
+  if (p.whole.numel == r->numel) return read_tensor(f, r);
+  p.whole.data = malloc(p.whole.numel * 4);
+  MOE_TRY(p.whole.data, MOE_ERR_NOMEM, "%s: out of memory for tensor '%s'", moe_st_path(f), r->name);
+  moe_status st = read_tensor(f, &p.whole);
+  if (st == MOE_OK) moe__lm_part_copy(&p, p.whole.data, r->data, 0);
+  free(p.whole.data);
   return st;
 }
 

@@ -260,16 +260,20 @@ void moe_lm_init_params(moe_lm_t *m, uint64_t seed) {
   int e0 = El < c->E ? moe_dist_rank(c->dist) * El : 0;
   size_t per = 3 * (size_t)c->H * c->D; /* an expert's w1, w2, w3 */
   for (int i = 0; i < m->nrefs; i++) {
-    moe_tensor_ref *r = &m->refs[i], w;
+    moe_tensor_ref *r = &m->refs[i];
     int e = -1, k = 0;
     sscanf(r->name, "model.layers.%*d.block_sparse_moe.experts.%d.w%d", &e, &k);
     if (e == e0 && k == 1) skip_draws(&st, (size_t)e0 * per);
-    moe__lm_ref_whole(m, r, &w);
-    for (size_t j = 0; j < w.numel; j++) {
-      float u = r->ndim == 1 ? 1.0f : sd * moe__uniform(&st);
-      long long at = moe__lm_ref_local(m, r, j);
-      if (at >= 0) r->data[at] = u;
+    moe__lm_part p; /* sharded: the whole tensor's draws, this rank's runs of them kept */
+    moe__lm_part_of(m, r, &p);
+    size_t at = 0; /* the whole tensor's draws so far */
+    for (size_t run = 0; run < p.runs; run++) {
+      size_t from = p.first + run * p.stride;
+      skip_draws(&st, from - at);
+      for (size_t j = 0; j < p.len; j++) r->data[run * p.len + j] = r->ndim == 1 ? 1.0f : sd * moe__uniform(&st);
+      at = from + p.len;
     }
+    skip_draws(&st, p.whole.numel - at);
     if (e == e0 + El - 1 && k == 3) skip_draws(&st, (size_t)(c->E - e0 - El) * per);
   }
   moe_lm_params_changed(m);
