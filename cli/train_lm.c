@@ -139,7 +139,8 @@ static int parse(int argc, char **argv, lm_opts *o, const char **fixed) {
       ok = (o->n_parallel_r = cli_parse_parallel_rs(v, o->parallel_r, 8)) > 0, kept = 1;
       c->moe.parallel_r = ok ? o->parallel_r[0] : c->moe.parallel_r;
     } else if (cli_flag_is(f, "a2a")) ok = cli_parse_a2a(v, &o->a2a, &c->moe.a2a_auto), kept = 1;
-    else if (cli_flag_is(f, "ranks_per_node")) ok = cli_parse_int(v, &o->ranks_per_node) && o->ranks_per_node >= 0, kept = 1;
+    else if (cli_flag_is(f, "ranks_per_node"))
+      ok = cli_parse_int(v, &o->ranks_per_node) && o->ranks_per_node >= 0, kept = 1;
     else if (cli_flag_is(f, "tokenizer")) o->tokenizer = v;
     else if (cli_flag_is(f, "vocab")) ok = cli_parse_int(v, &o->vocab) && o->vocab >= 257;
     else if (cli_flag_is(f, "context")) ok = cli_parse_int(v, &o->context) && o->context > 0 && o->context <= 65536;
@@ -567,8 +568,8 @@ static int ep_check(const moe_dist *d, const lm_opts *o, const lm_streams *s) {
       {"--eval-every", o->eval_every, NULL}, {"--eval-windows", o->eval_windows, NULL},
       {"--seed", cli_hash(&o->seed, sizeof o->seed), seed},
       {"--parallel-r", cli_hash(o->parallel_r, sizeof(int) * (size_t)o->n_parallel_r) + c->moe.parallel_r, NULL},
-      {"--a2a", o->a2a + 2 * c->moe.a2a_auto, c->moe.a2a_auto ? "auto" : o->a2a ? "2dh" : "linear"}, /* before */
-      {"--ranks-per-node", o->ranks_per_node, NULL},                                        /* 2DH's split */
+      {"--a2a", o->a2a + 2 * c->moe.a2a_auto, c->moe.a2a_auto ? "auto" : o->a2a ? "2dh" : "linear"},
+      {"--ranks-per-node", o->ranks_per_node, NULL}, /* both before 2DH's split, where a difference hangs */
       {"training tokens", (double)s->ntrain, NULL},
       {"training tokens (hash)", cli_hash(s->train, s->ntrain * sizeof *s->train), NULL},
       {"validation tokens", (double)s->nvalid, NULL},

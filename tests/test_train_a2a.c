@@ -1,9 +1,8 @@
 /* `moe train --a2a linear|2dh|auto [--ranks-per-node G]` under mpirun: the exchanges' all-to-all is a
  * transport choice (2DH delivers the same rows in the same places), so 2DH (one machine split into nodes
- * of one rank) and auto give Linear's losses to the last printed digit, and ranks given different algorithms stop at start-up with a message naming
- * --a2a (before 2DH's communicator split, where they would hang). The mpirun cases print SKIP without
- * mpirun or MPI. */
-#include <math.h>
+ * of one rank) and auto give Linear's losses to the last printed digit, and ranks given different
+ * algorithms stop at start-up with a message naming --a2a (before 2DH's communicator split, where they
+ * would hang). The mpirun cases print SKIP without mpirun or MPI. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,6 @@
-/* moe train --task lm under mpirun: the MoE layers expert-parallel, the rest data-parallel, each rank
- * a slice of every batch; its per-step losses are one process's. SKIP without mpirun. */
+/* moe train --task lm under mpirun: the MoE layers expert-parallel (or sharded, --parallel-r), the rest
+ * data-parallel, each rank a slice of every batch; its per-step losses are one process's. SKIP without
+ * mpirun. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,12 +87,14 @@ TEST(train_lm_parallel_r_follows_one_process) {
   if (lm_run(1, args, got, &n, v, &nv, err, sizeof err)) FAIL_("moe %s: %s", args, err);
   ASSERT(n == 10 && nv == 2); /* the report at step 10 and the last line */
   double ev = lm_eval_valid(ck);
-  if (!(fabs(ev - v[0]) <= 1e-6)) FAIL_("r = 0 checkpoint: eval's valid_loss %.6f, the training reported %.6f", ev, v[0]);
+  if (!(fabs(ev - v[0]) <= 1e-6))
+    FAIL_("r = 0 checkpoint: eval's valid_loss %.6f, the training reported %.6f", ev, v[0]);
   snprintf(args, sizeof args, "--resume '%s' --parallel-r 1,2 --threads 1", ck);
   if (lm_run(1, args, rest, &nr, v, &nv, err, sizeof err)) FAIL_("moe %s: %s", args, err);
   ASSERT(nr == 10 && nv == 2);
   ev = lm_eval_valid(ck);
-  if (!(fabs(ev - v[0]) <= 1e-6)) FAIL_("resumed checkpoint: eval's valid_loss %.6f, the training reported %.6f", ev, v[0]);
+  if (!(fabs(ev - v[0]) <= 1e-6))
+    FAIL_("resumed checkpoint: eval's valid_loss %.6f, the training reported %.6f", ev, v[0]);
   memcpy(got + 10, rest, 10 * sizeof *rest);
   static const char *const runs[] = {"", "--parallel-r 2 --a2a 2dh --ranks-per-node 1", "--parallel-r 0,1,2"};
   for (int r = 0; r < 3; r++) {
