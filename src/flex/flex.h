@@ -203,6 +203,11 @@ typedef struct {
  * rank issues the all-reduces in (the same order everywhere, so no two ranks wait on each other).
  * rank >= 0 keeps the groups holding that rank (its own calls), -1 all. out has room for E. */
 moe_status moe__flex_sync_groups(const moe__flex_table *t, int rank, moe__flex_group *out, int *n);
+/* The replica groups merged by their ranks (what training all-reduces, one communicator and one sum
+ * per set): set_of (E) gets each expert's set, -1 for an expert held by one rank; masks (room for E)
+ * each set's ranks (bit g: rank g). Sets are numbered by their lowest expert, so issuing them in
+ * that order keeps P3 1.7's ascending order. Returns the number of sets. */
+int moe__flex_rank_sets(const moe__flex_table *t, int *set_of, uint64_t *masks);
 
 /* ---- the plot of moe placement --method flexmoe --plot ---- */
 
