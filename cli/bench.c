@@ -53,7 +53,8 @@ static void usage(FILE *f) {
           "the entry of the layer's dictionary of setups (Tutel): capacity, key, r, n, algorithm, trials.\n"
           "--replicas auto (expert-parallel, dynamic dispatch): FlexMoE's replicas, E/W + 1 slots a rank; the\n"
           "policy maker runs once on the warm-up step's counts (a plan kept when K steps, default 10, of its\n"
-          "modelled gain repay its copies) and its balance ratio and modelled step are printed.\n"
+          "modelled gain repay its copies) and its balance ratio and modelled step are printed, and after the\n"
+          "timed steps the modelled step over the measured one.\n"
           "Each case's timed steps show as a progress line on stderr on a terminal (--progress: anywhere,\n"
           "--quiet: nowhere).\n");
 }
@@ -195,8 +196,10 @@ static int rebalance(bench_opts *o, moe_layer_t *l, const moe_layer_config *cfg,
                      const float *x, int T, float *y, const float *dy, float *dx) {
   if (!o->profiled && moe_flex_profile(cfg, &o->env) != MOE_OK) return cli_fail(CMD);
   char prof[512];
-  flex_profile_text(&o->env, prof, sizeof prof);
-  if (!o->profiled && moe_dist_rank(o->dist) == 0) fprintf(o->json ? stderr : stdout, "replicas: profiled %s\n", prof);
+  if (!o->profiled && moe_dist_rank(o->dist) == 0) {
+    flex_profile_text(&o->env, prof, sizeof prof);
+    fprintf(o->json ? stderr : stdout, "replicas: profiled %s\n", prof);
+  }
   o->profiled = 1;
   moe_flex_step s;
   if (moe_layer_flex_rebalance(l, &o->env, 1.2, o->horizon, &s) != MOE_OK ||

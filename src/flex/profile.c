@@ -50,16 +50,6 @@ static moe_status time_pass(moe_layer_t *l, const float *x, float *y, float *dx,
 #define RATE_ROWS0 64    /* the smallest size; the others double it */
 #define RATE_BUDGET_S 12 /* about the compute the rate profile may take on a rank */
 
-/* Tokens per second of one expert of c's shape, forward and backward, at rows per expert 64, 128, ...
- * (out's rate buckets; the same on every rank). Timing the layer rather than its GEMMs counts what
- * runs beside them per token (the activation, the biases, dispatch and combine, the router's share)
- * and the GEMMs at their own shapes; timing it at several sizes counts that the per-row cost changes
- * with the rows (case M: about 15% more per row at 4,096 rows than at 256, the gap between Eq. 5's
- * step and the measured one once replicas gave two experts 4,000 rows each). The smallest size,
- * timed first, says how many sizes fit in RATE_BUDGET_S: the largest runs twice (its first pass grows
- * the layer's buffers, untimed), then the smaller ones without that first pass, each once (thrice
- * where a pass is short). The estimate doubles the smallest size's per-row time: the per-row cost
- * rises with the rows, here by up to 1.7x over this range. */
 /* Room for (rows, D) inputs, filled, then the outputs and the input gradients; NULL when out of memory. */
 static float *pass_buf(int rows, int D) {
   size_t nd = (size_t)rows * D;
@@ -68,6 +58,17 @@ static float *pass_buf(int rows, int D) {
   return b;
 }
 
+/* Tokens per second of one expert of c's shape, forward and backward, at rows per expert 64, 128, ...
+ * (out's rate buckets; the same on every rank). Timing the layer rather than its GEMMs counts what
+ * runs beside them per token (the activation, the biases, dispatch and combine, the router's share)
+ * and the GEMMs at their own shapes; timing it at several sizes counts that the per-row cost changes
+ * with the rows (case M: the skewed plan's two experts of about 4,000 rows ran 10-15% slower per row
+ * than the uniform step's sixteen of 512, and a rate taken at 256 rows left Eq. 5's step that much
+ * under the measured one). The smallest size, timed first, says how many sizes fit in RATE_BUDGET_S:
+ * the largest runs twice (its first pass grows the layer's buffers, untimed), then the smaller ones
+ * without that first pass, each once (thrice where a pass is short). The estimate doubles the
+ * smallest size's per-row time, since the per-row cost may rise with the rows (by 1.7x from 256 to
+ * 2,048 rows in one run of case M's expert here). */
 static moe_status time_rates(const moe_layer_config *c, const moe_dist *d, moe_flex_env *out) {
   moe_layer_config one;
   moe_layer_config_default(&one);
