@@ -16,6 +16,7 @@
 #include "cli.h"
 #include "progress.h"
 #include "rank_errors.h"
+#include "train_flex.h"
 
 static const char *CMD = "bench";
 
@@ -52,7 +53,8 @@ static void usage(FILE *f) {
           "the entry of the layer's dictionary of setups (Tutel): capacity, key, r, n, algorithm, trials.\n"
           "--replicas auto (expert-parallel, dynamic dispatch): FlexMoE's replicas, E/W + 1 slots a rank; the\n"
           "policy maker runs once on the warm-up step's counts (a plan kept when K steps, default 10, of its\n"
-          "modelled gain repay its copies) and its balance ratio and modelled step are printed.\n"
+          "modelled gain repay its copies) and its balance ratio and modelled step are printed, and after the\n"
+          "timed steps the modelled step over the measured one.\n"
           "Each case's timed steps show as a progress line on stderr on a terminal (--progress: anywhere,\n"
           "--quiet: nowhere).\n");
 }
@@ -160,6 +162,7 @@ typedef struct { int threads, reps, json, ncases, nrouting, ndispatch, ndtype; c
                  int nrs, rs[8], parallel_r; /* --parallel-r: Tutel's r of each run, and the current one */
                  moe_a2a a2a; int a2a_auto, ranks_per_node; /* --a2a, --ranks-per-node */
                  int replicas, horizon, profiled; moe_flex_env env; /* --replicas auto: FlexMoE */
+                 double modelled_ms; /* the case's modelled step after the plan */
                } bench_opts;
 
 static const moe_dtype DTYPES[2] = {MOE_DT_F32, MOE_DT_BF16}; /* the names in cmd_bench's dtn */
@@ -192,16 +195,18 @@ static int cached_forward(moe_layer_t *l, const float *x, const float *y, float 
 static int rebalance(bench_opts *o, moe_layer_t *l, const moe_layer_config *cfg, const bench_case *c, int skewed,
                      const float *x, int T, float *y, const float *dy, float *dx) {
   if (!o->profiled && moe_flex_profile(cfg, &o->env) != MOE_OK) return cli_fail(CMD);
-  if (!o->profiled && moe_dist_rank(o->dist) == 0)
-    fprintf(o->json ? stderr : stdout, "replicas: profiled %.4g expert tokens/s, all-to-all %.3g us + %.4g GB/s, "
-            "all-reduce %.3g us + %.4g GB/s\n", o->env.tps, o->env.a2a_lat * 1e6, o->env.a2a_bw / 1e9,
-            o->env.ar_lat * 1e6, o->env.ar_bw / 1e9);
+  char prof[512];
+  if (!o->profiled && moe_dist_rank(o->dist) == 0) {
+    flex_profile_text(&o->env, prof, sizeof prof);
+    fprintf(o->json ? stderr : stdout, "replicas: profiled %s\n", prof);
+  }
   o->profiled = 1;
   moe_flex_step s;
   if (moe_layer_flex_rebalance(l, &o->env, 1.2, o->horizon, &s) != MOE_OK ||
       moe_layer_forward(l, x, T, y, NULL, NULL) != MOE_OK ||
       moe_layer_backward(l, dy, 0.01f, 0.0f, NULL, NULL, dx) != MOE_OK)
     return cli_fail(CMD);
+  o->modelled_ms = s.time_after * 1e3;
   if (moe_dist_rank(o->dist) == 0)
     fprintf(o->json ? stderr : stdout, "replicas, case %s %s: balance ratio %.3f -> %.3f, modelled step %.2f -> %.2f ms "
             "(copies %.2f ms), expand %d shrink %d migrate %d\n", c->name, skewed ? "skewed" : "uniform",
@@ -323,6 +328,9 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
     printf("%-4s %-8s %-8s %-5s %6s %9.1f %10.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, dt,
            pn, fwd, fwd_cached, fb, gflops, gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
   if (!o->json && *setup) printf("%s\n", setup);
+  if (cfg.replica_slots)
+    fprintf(o->json ? stderr : stdout, "replicas, case %s %s: modelled step %.1f ms, measured %.1f ms: %.3f\n", c->name,
+            rt, o->modelled_ms, fb, o->modelled_ms / fb);
   fflush(stdout);
 done:
   free(x); free(y); free(dy); free(dx); free(tf); free(tb); free(tc); free(cache);

@@ -13,15 +13,24 @@ static const char *placement(const moe_model_t *m, char *buf, size_t n) {
   return moe__flex_layout_write(m, buf, n) == MOE_OK ? buf : "(too large to show)";
 }
 
+void flex_profile_text(const moe_flex_env *e, char *buf, size_t n) {
+  size_t at = (size_t)snprintf(buf, n, "expert tokens/s");
+  if (!e->rate_n) at += (size_t)snprintf(buf + at, at < n ? n - at : 0, " %.4g", e->tps);
+  for (int i = 0; i < e->rate_n; i++)
+    at += (size_t)snprintf(buf + at, at < n ? n - at : 0, " %.0f:%.4g", e->rate_rows[i], e->rate_tps[i]);
+  snprintf(buf + at, at < n ? n - at : 0, ", all-to-all %.3g us + %.4g GB/s, all-reduce %.3g us + %.4g GB/s",
+           e->a2a_lat * 1e6, e->a2a_bw / 1e9, e->ar_lat * 1e6, e->ar_bw / 1e9);
+}
+
 int flex_start(moe_flex_trainer **out, moe_model_t *m, float threshold, int horizon, int delta, const char *ops,
                FILE *f) {
   if (moe_flex_trainer_new(out, m, threshold, horizon, delta, ops) != MOE_OK) return cli_fail("train");
   moe_flex_env e;
   moe_flex_trainer_env(*out, &e);
-  fprintf(f, "replicas: %d slots per rank, balance threshold %.3g; profiled: %.4g expert tokens/s, all-to-all %.3g us "
-             "+ %.4g GB/s, all-reduce %.3g us + %.4g GB/s\n", m->cfg.moe.replica_slots, threshold, e.tps,
-          e.a2a_lat * 1e6, e.a2a_bw / 1e9, e.ar_lat * 1e6, e.ar_bw / 1e9);
   char buf[1024];
+  flex_profile_text(&e, buf, sizeof buf);
+  fprintf(f, "replicas: %d slots per rank, balance threshold %.3g; profiled: %s\n", m->cfg.moe.replica_slots,
+          threshold, buf);
   fprintf(f, "replicas: placement at the start %s\n", placement(m, buf, sizeof buf));
   return 0;
 }

@@ -936,13 +936,19 @@ moe_status moe_checkpoint_load_sharded(const char *path, const moe_dist *d, int 
  * Each rank has E_v expert slots; a slot holds a replica of one expert, and an expert's tokens are
  * split over its replicas. The scheduler (balance ratio over a threshold) and the policy maker (the
  * step-time model of Eqs. 5, 7-9) decide Expand / Shrink / Migrate operations. */
+#define MOE_FLEX_RATE_BUCKETS 8 /* moe_flex_env's rate profile: at most this many sizes */
 typedef struct {
-  double tps;                /* expert tokens per second, forward + backward (Eq. 7) */
+  double tps;                /* expert tokens per second, forward + backward (Eq. 7), where rate_n is 0 */
   double a2a_lat, a2a_bw;    /* a message between two ranks: seconds, bytes per second (Eq. 8) */
   double ar_lat, ar_bw;      /* an all-reduce: seconds, bytes per second each rank sends (Eq. 9) */
   double token_bytes;        /* one token's row */
   double expert_bytes;       /* one expert's gradients (its weights); Expand and Migrate copy 3x this
                                 (weights and AdamW's two moments) */
+  /* The rate by rows per expert (0 to MOE_FLEX_RATE_BUCKETS sizes, rate_rows ascending and > 0): an
+   * expert's per-row cost changes with its rows, and the model takes the rate at each expert's rows
+   * from these (per-row seconds interpolated linearly in log rows, the end sizes' beyond them). */
+  int rate_n;
+  double rate_rows[MOE_FLEX_RATE_BUCKETS], rate_tps[MOE_FLEX_RATE_BUCKETS];
 } moe_flex_env;
 /* The policy maker over a sequence of steps' counts, as in training: the placement carries over from
  * step to step. ranks <= 64, slots * ranks >= experts; the initial placement is expert parallelism's
@@ -961,8 +967,10 @@ void moe_flex_sim_free(moe_flex_sim *s);
  * plan and reports it. */
 moe_status moe_flex_sim_step(moe_flex_sim *s, const int64_t *src, moe_flex_step *out);
 /* The model's terms measured on c's ranks (c->dist with more than one rank; a collective, every rank
- * gets the same): tokens per second of the experts (a one-expert layer of c's shape timed forward and backward), the
- * all-to-all's and the all-reduce's latency and bandwidth, each fitted over 4 sizes. */
+ * gets rank 0's values of the mean over ranks, bit for bit): tokens per second of the experts (a
+ * one-expert layer of c's shape timed forward and backward) at 64, 128, ... rows, as many sizes as
+ * about 12 s of compute allows (tps: the largest size's), the all-to-all's and the all-reduce's
+ * latency and bandwidth, each fitted over 4 sizes. */
 moe_status moe_flex_profile(const moe_layer_config *c, moe_flex_env *out);
 /* A layer with replica slots: the scheduler and policy maker once over its last forward's counts (plans
  * kept when `horizon` steps, 0 for 10, repay their copies), the placement landing at once with the

@@ -22,6 +22,7 @@ void moe__flex_layer_free(moe_layer_t *l) {
   moe__flex_layer *f = l->st->flex;
   if (!f) return;
   moe__flex_table_free(&f->t);
+  moe__flex_comms_free(f->comms);
   free(f->held), free(f->Isrc), free(f->r), free(f->gather);
   free(f);
   l->st->flex = NULL;
@@ -215,43 +216,6 @@ static moe_status flex_send(moe_layer_t *l, int way, int i, const float *rows, f
 static moe_status flex_recv(moe_layer_t *l, int i, const float *g, float *rows) {
   (void)i;
   return through(l, 1, g, rows);
-}
-
-/* The gradients of the experts held by several ranks, summed over their holders so that every holder
- * applies the same update (training is the run without replicas). The replica groups (ascending
- * expert id, P3 1.7) go as one sum over all ranks of a buffer with a row per group, each rank filling
- * the rows of its groups (zeros elsewhere add nothing): one collective instead of a communicator per
- * group. */
-moe_status moe__flex_reduce_grads(moe_layer_t *l) {
-  moe__flex_layer *f = l->st->flex;
-  moe__flex_group *groups = malloc(sizeof *groups * (size_t)l->cfg.E);
-  MOE_TRY(groups, MOE_ERR_NOMEM, "replicas: gradient groups of %d experts", l->cfg.E);
-  int ng = 0;
-  moe_status st = moe__flex_sync_groups(&f->t, -1, groups, &ng);
-  size_t per = 0; /* one expert's gradient floats over its tensors */
-  for (int i = 0; i < l->nparams; i++)
-    if (!strncmp(l->info[i].name, "experts.", 8)) per += l->info[i].numel / (size_t)l->info[i].shape[0];
-  float *buf = st == MOE_OK && ng ? calloc((size_t)ng * per, sizeof *buf) : NULL;
-  if (st == MOE_OK && ng && !buf) st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "replicas: %d gradient rows", ng);
-  for (int pass = 0; st == MOE_OK && ng && pass < 2; pass++) { /* 0: this rank's rows in, 1: the sums out */
-    for (int k = 0; k < ng; k++) {
-      int row = moe__flex_row(l, groups[k].expert);
-      if (row < 0) continue;
-      float *b = buf + (size_t)k * per;
-      for (int i = 0; i < l->nparams; i++) {
-        const moe_param_info *pi = &l->info[i];
-        if (strncmp(pi->name, "experts.", 8)) continue;
-        size_t n = pi->numel / (size_t)pi->shape[0];
-        float *gr = l->grads + pi->offset + (size_t)row * n;
-        memcpy(pass ? gr : b, pass ? b : gr, n * 4);
-        b += n;
-      }
-    }
-    if (!pass) st = moe__dist_allreduce_f32(l->cfg.dist, buf, (int)((size_t)ng * per));
-  }
-  free(buf);
-  free(groups);
-  return st;
 }
 
 const moe__transport moe__transport_flex = {"all-to-all-v over replicas", 0, flex_begin, flex_view, flex_groups,

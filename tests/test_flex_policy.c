@@ -71,6 +71,50 @@ TEST(flex_cost_model_by_hand) {
   moe__flex_table_free(&t);
 }
 
+/* The profiled rate by rows per expert: buckets 256 rows at 1000 tokens/s (1 ms a row), 1024 at 500
+ * (2 ms) and 4096 at 400 (2.5 ms). 512 rows sit halfway up in log2 between 256 and 1024: 1.5 ms a row;
+ * 2048 halfway between 1024 and 4096: 2.25 ms; the ends' rates outside (100 rows at 1 ms, 8192 at
+ * 2.5 ms); without buckets, the one rate. In Eq. 5, an expert of 512 rows on one rank and one of
+ * 2048 on the other: per rank 0.001 + 512 x 0.0015 = 0.769 s and 0.001 + 2048 x 0.00225 = 4.609 s. */
+TEST(flex_cost_model_uses_the_rate_at_each_size) {
+  moe__flex_env env = {.compute = {0.001, 1000}, .rate_n = 3, .rate_rows = {256, 1024, 4096},
+                       .rate_tps = {1000, 500, 400}, .a2a_intra = {0, 1e9}, .a2a_inter = {0, 1e9},
+                       .allreduce = {0, 1e9}};
+  ASSERT_NEAR(moe__flex_compute_time(&env, 512), 0.001 + 512 * 0.0015, 1e-12);
+  ASSERT_NEAR(moe__flex_compute_time(&env, 2048), 0.001 + 2048 * 0.00225, 1e-12);
+  ASSERT_NEAR(moe__flex_compute_time(&env, 1024), 0.001 + 1024 * 0.002, 1e-12);
+  ASSERT_NEAR(moe__flex_compute_time(&env, 100), 0.001 + 100 * 0.001, 1e-12);
+  ASSERT_NEAR(moe__flex_compute_time(&env, 8192), 0.001 + 8192 * 0.0025, 1e-12);
+  ASSERT_NEAR(moe__flex_compute_time(&env, 0), 0, 0);
+  moe__flex_table t;
+  double T, per[2];
+  ASSERT_OK(moe__flex_table_init(&t, 2, 1, 2, 1)); /* expert 0 on rank 0, 1 on rank 1; no tokens move */
+  const int64_t I[4] = {512, 0, 0, 2048};
+  ASSERT_OK(moe__flex_cost(&t, I, &env, per, &T));
+  ASSERT_NEAR(per[0], 0.769, 1e-12);
+  ASSERT_NEAR(per[1], 4.609, 1e-12);
+  ASSERT_NEAR(T, 4.609, 1e-12);
+  env.rate_n = 1; /* one bucket: its rate at every size */
+  ASSERT_NEAR(moe__flex_compute_time(&env, 2048), 0.001 + 2048 * 0.001, 1e-12);
+  env.rate_n = 0; /* none: compute.bw */
+  ASSERT_OK(moe__flex_cost(&t, I, &env, per, &T));
+  ASSERT_NEAR(T, 0.001 + 2.048, 1e-12);
+  moe__flex_table_free(&t);
+  /* moe_flex_env's buckets reach the model, and bad ones are refused naming the bucket */
+  moe_flex_env pub = {.tps = 1000, .a2a_bw = 1e9, .ar_bw = 1e9, .rate_n = 2, .rate_rows = {256, 1024},
+                      .rate_tps = {1000, 500}};
+  ASSERT_OK(moe__flex_check_env(&pub));
+  moe__flex_env got = moe__flex_env_of(&pub);
+  ASSERT_NEAR(moe__flex_compute_time(&got, 512), 512 * 0.0015, 1e-12);
+  pub.rate_rows[1] = 256;
+  ASSERT_STATUS(moe__flex_check_env(&pub), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "rate bucket 1 (256 rows, 500 tokens/s)"));
+  pub.rate_rows[1] = 1024, pub.rate_tps[0] = 0;
+  ASSERT_STATUS(moe__flex_check_env(&pub), MOE_ERR_ARG);
+  pub.rate_tps[0] = 1000, pub.rate_n = MOE_FLEX_RATE_BUCKETS + 1;
+  ASSERT_STATUS(moe__flex_check_env(&pub), MOE_ERR_ARG);
+}
+
 TEST(flex_fit_recovers_latency_and_bandwidth) {
   /* seconds = 20 us + bytes / 3 GB/s over 1 kB .. 16 MB, exact and with +-1% alternating noise. */
   double x[15], s[15], noisy[15];

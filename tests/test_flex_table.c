@@ -177,3 +177,27 @@ TEST(flex_sync_groups_ascending) {
   moe__flex_xfers_free(&x);
   moe__flex_table_free(&t);
 }
+
+/* The groups merged by their ranks: one communicator and one sum for the experts held by the same
+ * ranks, numbered by their lowest expert; experts on one rank in none. */
+TEST(flex_rank_sets_merge_groups_of_the_same_ranks) {
+  moe__flex_table t;
+  moe__flex_xfers x = {0};
+  ASSERT_OK(moe__flex_table_init(&t, 4, 2, 4, 8)); /* "00" "11" "22" "33" */
+  int set_of[4];
+  uint64_t masks[4];
+  ASSERT_EQ_INT(moe__flex_rank_sets(&t, set_of, masks), 0);
+  for (int e = 0; e < 4; e++) ASSERT_EQ_INT(set_of[e], -1);
+  ASSERT_OK(moe__flex_migrate(&t, 2, 2, 3, 3, &x)); /* "00" "11" "32" "23": 2 and 3 on ranks 2, 3 */
+  ASSERT_OK(moe__flex_migrate(&t, 0, 0, 1, 1, &x)); /* "10" "01": 0 and 1 on ranks 0, 1 */
+  ASSERT_EQ_INT(moe__flex_rank_sets(&t, set_of, masks), 2);
+  const int want[4] = {0, 0, 1, 1};
+  for (int e = 0; e < 4; e++) ASSERT_EQ_INT(set_of[e], want[e]);
+  ASSERT(masks[0] == 0x3 && masks[1] == 0xC);
+  ASSERT_OK(moe__flex_migrate(&t, 1, 0, 3, 2, &x)); /* "30" "01" "12" "23": 0 {0,1}, 1 {1,2}, 2 {2,3}, 3 {0,3} */
+  ASSERT_EQ_INT(moe__flex_rank_sets(&t, set_of, masks), 4);
+  const uint64_t m[4] = {0x3, 0x6, 0xC, 0x9};
+  for (int e = 0; e < 4; e++) ASSERT(set_of[e] == e && masks[e] == m[e]);
+  moe__flex_xfers_free(&x);
+  moe__flex_table_free(&t);
+}

@@ -43,4 +43,13 @@ moe_status moe__dist_allreduce_f32(const moe_dist *d, float *a, int n);
 int moe__dist_a2a_grid(const moe_dist *d, int *nodes, moe_a2a *now);
 moe_status moe__dist_a2a_use(const moe_dist *d, moe_a2a algo);
 
+/* A sub-communicator of d's ranks (FlexMoE's replica groups, src/flex/grads.c): every rank of d calls
+ * moe__dist_group_split at the same point (a collective over d), member nonzero on the ranks that join;
+ * *out is the group, its ranks in d's order, on members and NULL on the others. The all-reduce is a
+ * collective over the group's ranks only. Free every group before d (NULL is fine). */
+typedef struct moe__dist_group moe__dist_group;
+moe_status moe__dist_group_split(const moe_dist *d, int member, moe__dist_group **out);
+moe_status moe__dist_group_allreduce_f32(moe__dist_group *g, float *a, int n);
+void moe__dist_group_free(moe__dist_group *g);
+
 #endif

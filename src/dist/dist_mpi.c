@@ -350,3 +350,32 @@ moe_status moe__dist_a2a_use(const moe_dist *d, moe_a2a algo) {
   if (d && !ONE(d)) ST(d)->algo = algo;
   return MOE_OK;
 }
+
+struct moe__dist_group {
+  MPI_Comm comm; /* MPI_COMM_NULL for one process without MPI: the sum is the rank's own */
+  int rank;      /* in d, for messages */
+};
+
+moe_status moe__dist_group_split(const moe_dist *d, int member, moe__dist_group **out) {
+  MPI_Comm c = MPI_COMM_NULL;
+  *out = NULL;
+  if (!ONE(d)) MPI_TRY(MPI_Comm_split(ST(d)->world, member ? 0 : MPI_UNDEFINED, d->rank, &c), "Comm_split");
+  if (!member) return MOE_OK;
+  *out = malloc(sizeof **out);
+  if (!*out && c != MPI_COMM_NULL) MPI_Comm_free(&c);
+  MOE_TRY(*out, MOE_ERR_NOMEM, "rank %d: a communicator of a rank group: out of memory", d->rank);
+  **out = (moe__dist_group){c, d->rank};
+  return MOE_OK;
+}
+
+moe_status moe__dist_group_allreduce_f32(moe__dist_group *g, float *a, int n) {
+  if (g->comm == MPI_COMM_NULL) return MOE_OK;
+  int rc = MPI_Allreduce(MPI_IN_PLACE, a, n, MPI_FLOAT, MPI_SUM, g->comm);
+  MOE_TRY(rc == MPI_SUCCESS, MOE_ERR_IO, "MPI Allreduce over a rank group failed on rank %d (error %d)", g->rank, rc);
+  return MOE_OK;
+}
+
+void moe__dist_group_free(moe__dist_group *g) {
+  if (g && g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
+  free(g);
+}

@@ -40,6 +40,21 @@ double moe__flex_balance(const moe__flex_table *t, const int64_t *Ie) {
   return total > 0 ? max / (total / t->W) : 1.0;
 }
 
+double moe__flex_compute_time(const moe__flex_env *env, double rows) {
+  if (rows <= 0) return 0;
+  int n = env->rate_n;
+  if (n <= 0) return moe__flex_link_time(env->compute, rows);
+  const double *x = env->rate_rows, *tps = env->rate_tps;
+  int i = 0; /* the bucket below rows (or the first), interpolated towards the next */
+  while (i + 2 < n && rows > x[i + 1]) i++;
+  double per_row = 1 / tps[i];
+  if (n > 1 && rows > x[i]) {
+    double f = fmin(1, log2(rows / x[i]) / log2(x[i + 1] / x[i]));
+    per_row += f * (1 / tps[i + 1] - 1 / tps[i]);
+  }
+  return env->compute.lat + rows * per_row;
+}
+
 static moe__flex_link link_between(const moe__flex_env *env, int g, int h) {
   int rpn = env->ranks_per_node;
   return rpn <= 0 || g / rpn == h / rpn ? env->a2a_intra : env->a2a_inter;
@@ -62,7 +77,7 @@ moe_status moe__flex_cost(const moe__flex_table *t, const int64_t *Isrc, const m
         tokens += x;
         if (h != g) recv[h] += (double)x * env->token_bytes;
       }
-      tg += moe__flex_link_time(env->compute, (double)tokens);
+      tg += moe__flex_compute_time(env, (double)tokens);
       int ranks[MOE__FLEX_MAX_RANKS], m = moe__flex_ranks(t, e, ranks);
       if (m > 1) tg += moe__flex_link_time(env->allreduce, 2.0 * (m - 1) / m * env->grad_bytes);
     }

@@ -114,6 +114,8 @@ moe_status moe__flex_fit(const double *x, const double *seconds, int n, moe__fle
 
 typedef struct {
   moe__flex_link compute;              /* tokens of one expert, forward + backward: bw is TPS (Eq. 7) */
+  int rate_n;                          /* > 0: the TPS by rows per expert replaces compute.bw */
+  double rate_rows[MOE_FLEX_RATE_BUCKETS], rate_tps[MOE_FLEX_RATE_BUCKETS];
   moe__flex_link a2a_intra, a2a_inter; /* bytes between two ranks of one node, of two nodes (Eq. 8) */
   int ranks_per_node;                  /* g and h share a node iff g / rpn == h / rpn; 0: one node */
   moe__flex_link allreduce;            /* bytes each rank sends in a ring all-reduce (Eq. 9) */
@@ -125,8 +127,13 @@ typedef struct {
  * split evenly over its replicas (rank g computes Ie * n[e][g] / n_e; routing realizes it up to
  * rounding). 1 when there are no tokens. */
 double moe__flex_balance(const moe__flex_table *t, const int64_t *Ie);
+/* Eq. 7 for one expert computing `rows` tokens on a rank: compute.lat + rows / TPS(rows), 0 for none.
+ * TPS(rows) is compute.bw without a rate profile; with one, the per-row seconds 1 / rate_tps
+ * interpolated linearly in log2(rows) between the two profiled sizes around rows, the end size's
+ * outside them. */
+double moe__flex_compute_time(const moe__flex_env *env, double rows);
 /* Eq. 5: the modelled step time of the layer, max over ranks g of
- *   sum over e on g of compute(tokens g computes for e)                      (Eq. 7)
+ *   sum over e on g of moe__flex_compute_time(tokens g computes for e)       (Eq. 7)
  * + 4 * sum over h != g of link(h, g)(token_bytes * tokens g computes for h)  (Eq. 8, per-GPU sum)
  * + sum over e on g held by m > 1 ranks of allreduce(2 (m-1)/m grad_bytes)    (Eq. 9, once per expert
  *   and rank: DIGEST P3 4.7),
@@ -196,6 +203,11 @@ typedef struct {
  * rank issues the all-reduces in (the same order everywhere, so no two ranks wait on each other).
  * rank >= 0 keeps the groups holding that rank (its own calls), -1 all. out has room for E. */
 moe_status moe__flex_sync_groups(const moe__flex_table *t, int rank, moe__flex_group *out, int *n);
+/* The replica groups merged by their ranks (what training all-reduces, one communicator and one sum
+ * per set): set_of (E) gets each expert's set, -1 for an expert held by one rank; masks (room for E)
+ * each set's ranks (bit g: rank g). Sets are numbered by their lowest expert, so issuing them in
+ * that order keeps P3 1.7's ascending order. Returns the number of sets. */
+int moe__flex_rank_sets(const moe__flex_table *t, int *set_of, uint64_t *masks);
 
 /* ---- the plot of moe placement --method flexmoe --plot ---- */
 

@@ -19,21 +19,57 @@ static moe_status time_a2a(const moe_dist *d, int rows, int D, float *buf, doubl
   return MOE_OK;
 }
 
-/* latency and bandwidth from (bytes, seconds), the seconds the mean over ranks so that every rank
- * fits the same; a fit that fails (noise: a slope <= 0) falls back to the largest sample's rate. */
+/* Mean over ranks of a (n), then rank 0's values on every rank (its own plus zeros: exact), so that
+ * every rank plans with the same bits. */
+static moe_status agree(const moe_dist *d, double *a, int n) {
+  MOE_CHECK(moe_dist_allreduce(d, a, n));
+  for (int i = 0; i < n; i++) a[i] = moe_dist_rank(d) ? 0 : a[i] / moe_dist_size(d);
+  return moe_dist_allreduce(d, a, n);
+}
+
+/* latency and bandwidth from (bytes, seconds), the seconds agreed (the mean over ranks) so that every
+ * rank fits the same; a fit that fails (noise: a slope <= 0) falls back to the largest sample's rate. */
 static moe_status fit_link(const moe_dist *d, const double *x, double *s, int n, moe__flex_link *out) {
-  MOE_CHECK(moe_dist_allreduce(d, s, n));
-  for (int i = 0; i < n; i++) s[i] /= moe_dist_size(d);
+  MOE_CHECK(agree(d, s, n));
   if (moe__flex_fit(x, s, n, out) != MOE_OK || out->lat < 0) *out = (moe__flex_link){0, x[n - 1] / s[n - 1]};
   return MOE_OK;
 }
 
-/* Tokens per second of one expert of c's shape, forward and backward, on this process: the fastest of
- * 3 passes (after one to warm up) of `n` tokens through a layer of that one expert. Timing the layer
- * rather than its GEMMs counts what runs beside them per token (the activation, the biases, dispatch
- * and combine, the router's share) and the GEMMs at their own shapes: a step of case M spent about
- * 18% more than the sgemm rate said, the gap between Eq. 5's step and the measured one. */
-static moe_status time_expert(const moe_layer_config *c, int n, double *tps) {
+/* Seconds of the fastest of `reps` forward + backward passes of n rows through l, after `warm` untimed. */
+static moe_status time_pass(moe_layer_t *l, const float *x, float *y, float *dx, int n, int warm, int reps, double *s) {
+  *s = INFINITY;
+  for (int k = 0; k < warm + reps; k++) {
+    double t0 = moe__now();
+    MOE_CHECK(moe_layer_forward(l, x, n, y, NULL, NULL));
+    MOE_CHECK(moe_layer_backward(l, x, 0, 0, NULL, NULL, dx)); /* any dy: x */
+    if (k >= warm) *s = fmin(*s, moe__now() - t0);
+  }
+  return MOE_OK;
+}
+
+#define RATE_ROWS0 64    /* the smallest size; the others double it */
+#define RATE_BUDGET_S 12 /* about the compute the rate profile may take on a rank */
+
+/* Room for (rows, D) inputs, filled, then the outputs and the input gradients; NULL when out of memory. */
+static float *pass_buf(int rows, int D) {
+  size_t nd = (size_t)rows * D;
+  float *b = malloc(sizeof *b * nd * 3);
+  for (size_t i = 0; b && i < nd; i++) b[i] = (float)((int)(i % 17) - 8) * 0.05f;
+  return b;
+}
+
+/* Tokens per second of one expert of c's shape, forward and backward, at rows per expert 64, 128, ...
+ * (out's rate buckets; the same on every rank). Timing the layer rather than its GEMMs counts what
+ * runs beside them per token (the activation, the biases, dispatch and combine, the router's share)
+ * and the GEMMs at their own shapes; timing it at several sizes counts that the per-row cost changes
+ * with the rows (case M: the skewed plan's two experts of about 4,000 rows ran 10-15% slower per row
+ * than the uniform step's sixteen of 512, and a rate taken at 256 rows left Eq. 5's step that much
+ * under the measured one). The smallest size, timed first, says how many sizes fit in RATE_BUDGET_S:
+ * the largest runs twice (its first pass grows the layer's buffers, untimed), then the smaller ones
+ * without that first pass, each once (thrice where a pass is short). The estimate doubles the
+ * smallest size's per-row time, since the per-row cost may rise with the rows (by 1.7x from 256 to
+ * 2,048 rows in one run of case M's expert here). */
+static moe_status time_rates(const moe_layer_config *c, const moe_dist *d, moe_flex_env *out) {
   moe_layer_config one;
   moe_layer_config_default(&one);
   one.D = c->D, one.H = c->H, one.E = 1, one.top_k = 1, one.act = c->act, one.dtype = c->dtype;
@@ -41,24 +77,34 @@ static moe_status time_expert(const moe_layer_config *c, int n, double *tps) {
   moe_layer_t l;
   MOE_CHECK(moe_layer_init(&l, &one));
   moe_layer_init_params(&l, 1);
-  size_t nd = (size_t)n * c->D;
-  float *buf = malloc(sizeof *buf * nd * 3), *x = buf, *y = buf + nd, *dx = buf + 2 * nd;
-  moe_status st = buf ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "replicas: profiling %d tokens", n);
-  for (size_t i = 0; buf && i < nd; i++) x[i] = (float)((int)(i % 17) - 8) * 0.05f;
-  double best = INFINITY;
-  for (int k = 0; st == MOE_OK && k < 4; k++) {
-    double t0 = moe__now();
-    st = moe_layer_forward(&l, x, n, y, NULL, NULL);
-    if (st == MOE_OK) st = moe_layer_backward(&l, x, 0, 0, NULL, NULL, dx); /* any dy: x */
-    if (k) best = fmin(best, moe__now() - t0);
+  size_t D = (size_t)c->D;
+  double s0 = 0, s[MOE_FLEX_RATE_BUCKETS] = {0};
+  int n = 1;
+  float *b = pass_buf(RATE_ROWS0, c->D);
+  moe_status st = b ? time_pass(&l, b, b + RATE_ROWS0 * D, b + 2 * RATE_ROWS0 * D, RATE_ROWS0, 1, 3, &s0)
+                    : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "replicas: profiling %d tokens", RATE_ROWS0);
+  free(b);
+  if (st == MOE_OK) st = agree(d, &s0, 1);
+  double per_row = 2 * s0 / RATE_ROWS0; /* an estimate for the larger sizes */
+  while (n < MOE_FLEX_RATE_BUCKETS && 3.0 * (RATE_ROWS0 << n) * per_row <= RATE_BUDGET_S) n++;
+  int top = RATE_ROWS0 << (n - 1);
+  b = st == MOE_OK ? pass_buf(top, c->D) : NULL;
+  if (st == MOE_OK && !b) st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "replicas: profiling %d tokens", top);
+  for (int i = n - 1; st == MOE_OK && i >= 0; i--) {
+    int rows = RATE_ROWS0 << i;
+    st = time_pass(&l, b, b + top * D, b + 2 * top * D, rows, i == n - 1, rows * per_row < 0.05 ? 3 : 1, &s[i]);
   }
-  free(buf);
+  free(b);
   moe_layer_free(&l);
-  if (st == MOE_OK) *tps = n / best;
-  return st;
+  if (st == MOE_OK) st = agree(d, s, n);
+  MOE_CHECK(st);
+  for (int i = 0; i < n; i++) out->rate_rows[i] = RATE_ROWS0 << i, out->rate_tps[i] = out->rate_rows[i] / s[i];
+  out->rate_n = n;
+  out->tps = out->rate_tps[n - 1];
+  return MOE_OK;
 }
 
-/* Start-up profile (P3 1.5): tokens per second of the experts (time_expert), and the all-to-all's and
+/* Start-up profile (P3 1.5): tokens per second of the experts (time_rates), and the all-to-all's and
  * the all-reduce's latency and bandwidth fitted over 4 sizes each. */
 moe_status moe_flex_profile(const moe_layer_config *c, moe_flex_env *out) {
   const moe_dist *d = c->dist;
@@ -86,13 +132,9 @@ moe_status moe_flex_profile(const moe_layer_config *c, moe_flex_env *out) {
   }
   if (st == MOE_OK) st = fit_link(d, x, s, 4, &ar);
   free(buf);
-  double tps = 0;
-  if (st == MOE_OK) st = time_expert(c, 256, &tps);
   MOE_CHECK(st);
-  MOE_CHECK(moe_dist_allreduce(d, &tps, 1)); /* the mean: every rank plans alike */
-  *out = (moe_flex_env){.tps = tps / W, .a2a_lat = a2a.lat, .a2a_bw = a2a.bw, .ar_lat = ar.lat, .ar_bw = ar.bw,
-                           .token_bytes = 4.0 * D,
-                           .expert_bytes = (double)moe__flex_expert_floats(c) * 4};
-  return MOE_OK;
+  *out = (moe_flex_env){.a2a_lat = a2a.lat, .a2a_bw = a2a.bw, .ar_lat = ar.lat, .ar_bw = ar.bw, .token_bytes = 4.0 * D,
+                        .expert_bytes = (double)moe__flex_expert_floats(c) * 4};
+  return time_rates(c, d, out);
 }
 

@@ -13,12 +13,15 @@ struct moe_flex_sim {
 
 moe__flex_env moe__flex_env_of(const moe_flex_env *e) {
   moe__flex_link a2a = {e->a2a_lat, e->a2a_bw};
-  return (moe__flex_env){.compute = {0, e->tps},
-                         .a2a_intra = a2a,
-                         .a2a_inter = a2a,
-                         .allreduce = {e->ar_lat, e->ar_bw},
-                         .token_bytes = e->token_bytes,
-                         .grad_bytes = e->expert_bytes};
+  moe__flex_env out = {.compute = {0, e->tps},
+                       .rate_n = e->rate_n,
+                       .a2a_intra = a2a,
+                       .a2a_inter = a2a,
+                       .allreduce = {e->ar_lat, e->ar_bw},
+                       .token_bytes = e->token_bytes,
+                       .grad_bytes = e->expert_bytes};
+  for (int i = 0; i < e->rate_n; i++) out.rate_rows[i] = e->rate_rows[i], out.rate_tps[i] = e->rate_tps[i];
+  return out;
 }
 
 moe_status moe__flex_check_env(const moe_flex_env *e) {
@@ -28,6 +31,12 @@ moe_status moe__flex_check_env(const moe_flex_env *e) {
   MOE_TRY(e->a2a_lat >= 0 && e->ar_lat >= 0 && e->token_bytes >= 0 && e->expert_bytes >= 0, MOE_ERR_ARG,
           "flex: latencies (%g, %g s) and sizes (%g, %g bytes) must be >= 0", e->a2a_lat, e->ar_lat,
           e->token_bytes, e->expert_bytes);
+  MOE_TRY(e->rate_n >= 0 && e->rate_n <= MOE_FLEX_RATE_BUCKETS, MOE_ERR_ARG, "flex: rate_n %d not in [0, %d]",
+          e->rate_n, MOE_FLEX_RATE_BUCKETS);
+  for (int i = 0; i < e->rate_n; i++)
+    MOE_TRY(e->rate_tps[i] > 0 && e->rate_rows[i] > (i ? e->rate_rows[i - 1] : 0), MOE_ERR_ARG,
+            "flex: rate bucket %d (%g rows, %g tokens/s): rows must rise above %g and the rate be > 0", i,
+            e->rate_rows[i], e->rate_tps[i], i ? e->rate_rows[i - 1] : 0.0);
   return MOE_OK;
 }
 

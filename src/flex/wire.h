@@ -6,6 +6,9 @@
 #include "flex/flex.h"
 #include "layer_internal.h"
 
+typedef struct moe__flex_comms moe__flex_comms; /* the replica groups' communicators (grads.c) */
+void moe__flex_comms_free(moe__flex_comms *c);
+
 typedef struct moe__flex_layer {
   moe__flex_table t; /* the placement every rank holds alike */
   int W, me;
@@ -17,6 +20,7 @@ typedef struct moe__flex_layer {
   int cnt[4 * MOE__FLEX_MAX_RANKS]; /* send counts, displacements, receive counts, displacements */
   int32_t *sperm, *rperm;           /* dispatch row -> send staging row; expert-major row -> receive staging row */
   float *sbuf;                      /* (rows, D) send staging, destination-major */
+  moe__flex_comms *comms;           /* for the placement they were made for; NULL: none yet */
 } moe__flex_layer;
 
 /* A layer's expert tensors (fc1 and fc2 weights and biases, fc3): each one's rows in the parameters,
