@@ -106,6 +106,13 @@ moe_status moe__stream_wait(const moe_dist *d, moe__ticket t) {
   return MOE_OK;
 }
 
+moe_status moe__stream_wait_timed(const moe_dist *d, moe__ticket t, double *seconds) {
+  double t0 = moe__now();
+  moe_status st = moe__stream_wait(d, t);
+  *seconds += moe__now() - t0;
+  return st;
+}
+
 void moe__stream_free(moe_dist *d) {
   if (!d || !d->stream) return;
   moe__worker_stop(&d->stream->w); /* the thread finishes what was posted first */
