@@ -54,8 +54,6 @@ static moe_status check_pipeline(const moe_layer_config *c, int n, moe_reuse r) 
   MOE_TRY((unsigned)r <= MOE_REUSE_AUTO, MOE_ERR_ARG, "config: unknown memory_reuse %d", r);
   MOE_TRY(r != MOE_REUSE_AUTO || c->memory_budget > 0, MOE_ERR_ARG,
           "config: memory_reuse auto needs a memory_budget (bytes of workspace), got 0");
-  MOE_TRY(n <= 1 || !sharded(c), MOE_ERR_ARG, "config: pipeline %d with parallel_r %d: the sharded layout runs one "
-          "micro-batch for now (pipeline 0 keeps it at 1)", n, c->parallel_r);
   return MOE_OK;
 }
 

@@ -1,8 +1,9 @@
-/* Micro-batch pipelining under expert parallelism (MPipeMoE), both dispatches: on 1 rank (a moe_dist of
- * size 1, no mpirun needed), and under mpirun -np 2 and 4 (the test runs itself as the ranks), every n
- * in {1, 2, 3, 4, 8} and every memory strategy gives, on each rank, the outputs, losses, input gradients
- * and non-expert weight gradients of n = 1 without reuse on the same ranks bit for bit, and the expert
- * weight gradients within 1e-6 relative; k = 1 and 2, uneven token slices and a rank without tokens.
+/* Micro-batch pipelining under expert parallelism (MPipeMoE), both dispatches and the sharded layout
+ * (Tutel's r): on 1 rank (a moe_dist of size 1, no mpirun needed), and under mpirun -np 2 and 4 (the
+ * test runs itself as the ranks), every n in {1, 2, 3, 4, 8} and every memory strategy gives, on each
+ * rank, the outputs, losses, input gradients and non-expert weight gradients of n = 1 without reuse on
+ * the same ranks (and r) bit for bit, and the expert weight gradients within 1e-6 relative; k = 1 and 2,
+ * uneven token slices and a rank without tokens; sharded, E below and above W and every r.
  * Skipped without mpirun (the one-rank case still runs). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +14,7 @@
 #include "run_cli.h"
 #include "test.h"
 
-enum { D = 12, H = 20, E = 8, T = 37 };
+enum { D = 12, H = 20, T = 37 };
 
 typedef struct {
   float y[T * D], dx[T * D];
@@ -40,7 +41,7 @@ static int run(moe_layer_config c, int pipe, moe_reuse r, const float *x, const 
   }
   moe_layer_init_params(&l, 17);
   float *g = moe_layer_param(&l, "gate.weight");
-  for (int i = 0; i < E * D; i++) g[i] *= 3.0f; /* uneven routing */
+  for (int i = 0; i < c.E * D; i++) g[i] *= 3.0f; /* uneven routing */
   moe_layer_params_changed(&l);
   moe_layer_stats st;
   int ok = moe_layer_forward(&l, x + (size_t)t0 * D, n, o->y, NULL, &st) == MOE_OK &&
@@ -71,32 +72,47 @@ static int same_as(const moe_layer_config *c, const run_out *o, const run_out *r
   return ok;
 }
 
+/* Every n and strategy against n = 1 without reuse, for layer c on this rank's tokens [t0, t0 + n). */
+static void against_one(const moe_layer_config *c, const char *name, const float *x, const float *dy, int t0, int n,
+                        int *failed_) {
+  static run_out ref, o;
+  const int ns[] = {1, 2, 3, 4, 8};
+  ASSERT(run(*c, 1, MOE_REUSE_NONE, x, dy, t0, n, &ref));
+  int ok = 1;
+  for (size_t i = 0; ok && i < sizeof ns / sizeof ns[0]; i++)
+    for (int r = MOE_REUSE_NONE; ok && r <= MOE_REUSE_S4; r++) {
+      char what[192];
+      snprintf(what, sizeof what, "W=%d rank %d tokens [%d, %d) %s k=%d n=%d %s", moe_dist_size(c->dist),
+               moe_dist_rank(c->dist), t0, t0 + n, name, c->top_k, ns[i], moe_reuse_name((moe_reuse)r));
+      ok = run(*c, ns[i], (moe_reuse)r, x, dy, t0, n, &o) && same_as(c, &o, &ref, n, what);
+      free(o.grads);
+    }
+  free(ref.grads);
+  ASSERT(ok);
+}
+
 /* Every case on this rank over the token cuts cut (W + 1 entries). */
 static void cases(moe_dist *d, const int *cut, int *failed_) {
   static float x[T * D], dy[T * D];
   fill(x, T * D, 5);
   fill(dy, T * D, 7);
   int q = moe_dist_rank(d), t0 = cut[q], n = cut[q + 1] - cut[q];
-  const int ns[] = {1, 2, 3, 4, 8};
-  for (int disp = 0; disp < 2; disp++)
-    for (int k = 1; k <= 2; k++) {
-      moe_layer_config c;
-      moe_layer_config_default(&c);
-      c.D = D, c.H = H, c.E = E, c.top_k = k, c.act = k == 1 ? MOE_ACT_GELU : MOE_ACT_SWIGLU, c.threads = 1;
-      c.dispatch = disp ? MOE_DISPATCH_STATIC : MOE_DISPATCH_DYNAMIC, c.capacity_setting = 1.0f, c.dist = d;
-      static run_out ref, o;
-      ASSERT(run(c, 1, MOE_REUSE_NONE, x, dy, t0, n, &ref));
-      int ok = 1;
-      for (size_t i = 0; ok && i < sizeof ns / sizeof ns[0]; i++)
-        for (int r = MOE_REUSE_NONE; ok && r <= MOE_REUSE_S4; r++) {
-          char what[160];
-          snprintf(what, sizeof what, "W=%d rank %d tokens [%d, %d) %s k=%d n=%d %s", moe_dist_size(d), q, t0, t0 + n,
-                   disp ? "static" : "dynamic", k, ns[i], moe_reuse_name((moe_reuse)r));
-          ok = run(c, ns[i], (moe_reuse)r, x, dy, t0, n, &o) && same_as(&c, &o, &ref, n, what);
-          free(o.grads);
-        }
-      free(ref.grads);
-      ASSERT(ok);
+  moe_layer_config c;
+  moe_layer_config_default(&c);
+  c.D = D, c.H = H, c.threads = 1, c.capacity_setting = 1.0f, c.dist = d;
+  for (int disp = 0; disp < 2 && !*failed_; disp++)
+    for (int k = 1; k <= 2 && !*failed_; k++) {
+      c.E = 8, c.top_k = k, c.act = k == 1 ? MOE_ACT_GELU : MOE_ACT_SWIGLU;
+      c.dispatch = disp ? MOE_DISPATCH_STATIC : MOE_DISPATCH_DYNAMIC;
+      against_one(&c, disp ? "static" : "dynamic", x, dy, t0, n, failed_);
+    }
+  c.dispatch = MOE_DISPATCH_DYNAMIC;
+  for (int E = 3; E <= 5 && !*failed_; E += 2) /* E below W = 4 (not dividing it), above both */
+    for (int r = 0; r <= (moe_dist_size(d) + E - 1) / E && !*failed_; r++) {
+      char name[48];
+      snprintf(name, sizeof name, "sharded E=%d r=%d", E, r);
+      c.E = E, c.top_k = 2, c.act = r % 2 ? MOE_ACT_GELU : MOE_ACT_SWIGLU, c.parallel_r = r;
+      against_one(&c, name, x, dy, t0, n, failed_);
     }
 }
 
