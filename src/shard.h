@@ -45,6 +45,7 @@ struct moe__shard_s {
   int nsend, nrecv;    /* segments of each kind */
   int srows;           /* rows this rank sends (its rows repeated once per slice) */
   float *sbuf;         /* (srows, D) send staging, in the work arena (two when slotted: one a way) */
+  float *back;         /* the rows the way back's local sums go to, once every exchange is in (finish) */
   int bwd_done;        /* micro-batches of this backward done (the gradients go back after the last) */
   float *wbuf;         /* (wcap) the weights' exchange, sent then received */
   size_t wcap;

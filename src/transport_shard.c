@@ -8,13 +8,14 @@
  * With micro-batches (MPipeMoE), micro-batch i is the tasks of experts [k0, k1) on every rank (micro.c,
  * plan.gkey): its rows are contiguous in each destination's part of the send staging and in each
  * source's part of the receive staging, so each micro-batch is one all-to-all-v of those parts each
- * way. They run on the caller's thread, one after the other: not yet overlapped with the experts
- * (on the communication stream these exchanges hung with a rank without tokens, cause not found).
- * The tasks' weights are gathered before the first exchange (alloc) and their gradients sent back in
- * backward's finish. */
+ * way, posted on the communication stream (comm_stream.h) in ep.c's order, i+1's before i's rows are
+ * unpacked. The way back lands in the send staging; the local sums run in finish, once every exchange
+ * is in. The tasks' weights are gathered before the first exchange (alloc) and their gradients sent
+ * back in backward's finish, so that no weight exchange meets a token exchange in flight. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm_stream.h"
 #include "dist/dist.h"
 #include "shard.h"
 
@@ -41,6 +42,7 @@ static moe_status sh_begin(moe_layer_t *l, int T, size_t *route_bytes) {
   *route_bytes = moe__ep_route_bytes(l) + moe__arena_size(W * E * 4) + moe__arena_size(4 * W * sizeof(int)) +
                  moe__arena_size(max_segs(l) * 4) + moe__arena_size((E + 1) * 4) + moe__arena_size(E * 4);
   l->st->sh->bwd_done = 0; /* a new forward, then its backward */
+  l->st->sh->back = NULL;
   return MOE_OK;
 }
 
@@ -111,13 +113,14 @@ static moe_status sh_groups(moe_layer_t *l) {
   return MOE_OK;
 }
 
-/* Send stagings: one, or two when backward sends the forward's inputs again (plan.slotted). */
+/* Stagings: one, or two when backward sends the forward's inputs again (plan.slotted): a way each. */
 static int ways(const moe_layer_t *l) { return l->st->p.slotted ? 2 : 1; }
 
 static size_t sh_work_bytes(const moe_layer_t *l) {
   size_t D = (size_t)l->cfg.D;
-  return (size_t)ways(l) * moe__arena_size((size_t)l->st->sh->srows * D * 4) +
-         4 * moe__arena_size((size_t)l->st->p.grows * D * 4);
+  size_t w = (size_t)ways(l);
+  return w * moe__arena_size((size_t)l->st->sh->srows * D * 4) + w * moe__arena_size((size_t)l->st->p.grows * D * 4) +
+         3 * moe__arena_size((size_t)l->st->p.grows * D * 4);
 }
 
 static moe_status sh_alloc(moe_layer_t *l) {
@@ -125,7 +128,7 @@ static moe_status sh_alloc(moe_layer_t *l) {
   size_t D = (size_t)l->cfg.D, R = (size_t)s->p.grows, S = (size_t)s->sh->srows;
   moe__arena *a = &s->work;
   s->sh->sbuf = moe__arena_alloc(a, (size_t)ways(l) * S * D * 4);
-  s->xr = moe__arena_alloc(a, R * D * 4);
+  s->xr = moe__arena_alloc(a, (size_t)ways(l) * R * D * 4);
   s->gx = moe__arena_alloc(a, R * D * 4);
   s->gout = moe__arena_alloc(a, R * D * 4);
   s->gdx = moe__arena_alloc(a, R * D * 4);
@@ -139,8 +142,9 @@ static int in_micro(const moe_layer_t *l, int i, int e) {
   return e >= m->k0 && e < m->k1;
 }
 
-/* Micro-batch i's exchange, its bytes booked: from the send staging sb to the receive staging, or back. */
-static moe_status exchange(moe_layer_t *l, int i, int back, float *sb) {
+/* Micro-batch i's exchange (back: the way back), from the send staging sb to the receive staging xr or
+ * back, its bytes booked; posted on the stream with micro-batches (*t its ticket), else run at once. */
+static moe_status exchange(moe_layer_t *l, int i, int back, float *sb, float *xr, uint64_t *t) {
   moe__shard *sh = l->st->sh;
   int W = world(l), D = l->cfg.D, me = moe_dist_rank(l->cfg.dist);
   int c[4 * MOE__EP_MAX_RANKS] = {0}, *sc = c, *sd = c + W, *rc = c + 2 * W, *rd = c + 3 * W;
@@ -163,8 +167,15 @@ static moe_status exchange(moe_layer_t *l, int i, int back, float *sb) {
     sd[q] = sd[q] < 0 ? 0 : sd[q], rd[q] = rd[q] < 0 ? 0 : rd[q];
     sent += q == me ? 0 : 4.0 * D * (back ? rc[q] : sc[q]);
   }
-  if (back) MOE_CHECK(moe__dist_alltoallv_rows(l->cfg.dist, l->st->xr, rc, rd, sb, sc, sd, D));
-  else MOE_CHECK(moe__dist_alltoallv_rows(l->cfg.dist, sb, sc, sd, l->st->xr, rc, rd, D));
+  for (int q = 0; back && q < 2 * W; q++) { /* the same counts, the other way */
+    int u = c[q];
+    c[q] = c[2 * W + q], c[2 * W + q] = u;
+  }
+  float *from = back ? xr : sb, *to = back ? sb : xr;
+  *t = 0;
+  if (l->st->p.n == 1) MOE_CHECK(moe__dist_alltoallv_rows(l->cfg.dist, from, sc, sd, to, rc, rd, D));
+  else MOE_CHECK(moe__stream_alltoallv_rows(l->cfg.dist, from, c, to, D, t));
+  if (*t) l->st->tk_last = *t;
   moe__ep_book(l, t0, sent);
   return MOE_OK;
 }
@@ -174,27 +185,33 @@ static void rows_copy(float *to, const float *from, int n, int D) {
   if (n) memcpy(to, from, (size_t)n * D * 4);
 }
 
-/* Micro-batch i's rows in (the way's whole send staging packed at i = 0), unpacked into g (its
- * groups' rows, from the micro-batch's first). */
+/* Micro-batch i's rows in: the way's whole send staging packed at i = 0, the next micro-batch's
+ * exchange posted before i's rows are unpacked into g (its groups' rows, from the micro-batch's first). */
 static moe_status sh_send(moe_layer_t *l, int way, int i, const float *rows, float *g) {
-  moe__shard *sh = l->st->sh;
-  int D = l->cfg.D, lo = l->st->p.mb[i].lo;
-  float *sb = sh->sbuf + (size_t)way * sh->srows * D;
-  for (int k = 0; k < sh->nsend && i == 0; k++) {
-    const int32_t *x = sh->seg + SEND_INTS * k;
-    rows_copy(sb + (size_t)x[1] * D, rows + (size_t)x[0] * D, x[2], D);
+  moe__layer_state *s = l->st;
+  moe__shard *sh = s->sh;
+  int D = l->cfg.D, lo = s->p.mb[i].lo;
+  float *sb = sh->sbuf + (size_t)way * sh->srows * D, *xr = s->xr + (size_t)way * s->p.grows * D;
+  uint64_t *next = &s->tk_next[way];
+  if (i == 0) {
+    for (int k = 0; k < sh->nsend; k++) {
+      const int32_t *x = sh->seg + SEND_INTS * k;
+      rows_copy(sb + (size_t)x[1] * D, rows + (size_t)x[0] * D, x[2], D);
+    }
+    MOE_CHECK(exchange(l, 0, 0, sb, xr, next));
   }
-  MOE_CHECK(exchange(l, i, 0, sb));
+  MOE_CHECK(moe__stream_wait_timed(l->cfg.dist, *next, &s->comm.seconds));
+  if (i + 1 < s->p.n) MOE_CHECK(exchange(l, i + 1, 0, sb, xr, next));
   const int32_t *rg = sh->seg + SEND_INTS * sh->nsend;
   for (int k = 0; k < sh->nrecv; k++) {
     const int32_t *x = rg + RECV_INTS * k;
-    if (in_micro(l, i, x[3])) rows_copy(g + (size_t)(x[1] - lo) * D, l->st->xr + (size_t)x[0] * D, x[2], D);
+    if (in_micro(l, i, x[3])) rows_copy(g + (size_t)(x[1] - lo) * D, xr + (size_t)x[0] * D, x[2], D);
   }
   return MOE_OK;
 }
 
 /* Micro-batch i's partial outputs back, through its part of the receive staging (free: send unpacked
- * it) into its part of the send staging, and summed into rows (slice 0 first, in slice order). */
+ * it) into its part of the send staging; finish sums them into rows. */
 static moe_status sh_recv(moe_layer_t *l, int i, const float *g, float *rows) {
   moe__shard *sh = l->st->sh;
   int D = l->cfg.D, lo = l->st->p.mb[i].lo;
@@ -203,23 +220,31 @@ static moe_status sh_recv(moe_layer_t *l, int i, const float *g, float *rows) {
     const int32_t *x = rg + RECV_INTS * k;
     if (in_micro(l, i, x[3])) rows_copy(l->st->xr + (size_t)x[0] * D, g + (size_t)(x[1] - lo) * D, x[2], D);
   }
-  MOE_CHECK(exchange(l, i, 1, sh->sbuf));
-  for (int k = 0; k < sh->nsend; k++) {
+  sh->back = rows;
+  uint64_t t;
+  return exchange(l, i, 1, sh->sbuf, l->st->xr, &t);
+}
+
+/* Every exchange in; then the local sums of the way back (slice 0 first, in slice order), and after a
+ * backward's last micro-batch the tasks' gradients back to the shards. */
+static moe_status sh_finish(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  moe__shard *sh = s->sh;
+  uint64_t t = s->tk_last;
+  s->tk_last = s->tk_next[0] = s->tk_next[1] = 0;
+  MOE_CHECK(moe__stream_wait_timed(l->cfg.dist, t, &s->comm.seconds));
+  float *rows = sh->back;
+  sh->back = NULL;
+  int D = l->cfg.D;
+  for (int k = 0; rows && k < sh->nsend; k++) {
     const int32_t *x = sh->seg + SEND_INTS * k;
-    if (!in_micro(l, i, x[4])) continue;
     float *to = rows + (size_t)x[0] * D;
     const float *from = sh->sbuf + (size_t)x[1] * D;
     if (x[3] == 0) rows_copy(to, from, x[2], D);
     else
       for (size_t u = 0; u < (size_t)x[2] * D; u++) to[u] += from[u];
   }
-  return MOE_OK;
-}
-
-/* After a backward's last micro-batch: the tasks' gradients back to the shards. */
-static moe_status sh_finish(moe_layer_t *l) {
-  moe__shard *sh = l->st->sh;
-  if (sh->bwd_done < l->st->p.n) return MOE_OK;
+  if (sh->bwd_done < s->p.n) return MOE_OK;
   sh->bwd_done = 0;
   return moe__shard_weights(l, 1);
 }
