@@ -36,7 +36,7 @@ static void usage(FILE *f) {
           "own (named custom) instead of --cases. fwd_cached (one process): the forward again with the\n"
           "router's last choice as cached experts, so that the router runs alongside the experts.\n"
           "--pipeline N,...: the cases run their experts as N micro-batches, once per N given (expert-\n"
-          "parallel: dynamic dispatch only, each micro-batch's exchange overlapping the previous one's experts);\n"
+          "parallel: each micro-batch's exchange overlapping the previous one's experts);\n"
           "auto: the layer's adaptive n, whose search (trial steps) runs before the timed steps, shown\n"
           "as auto:N.\n"
           "--memory-reuse: MPipeMoE's strategies (s3: one micro-batch's activations, recomputed; s2,\n"
@@ -227,11 +227,9 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
   cfg.dist = o->dist; /* expert-parallel: this rank routes tokens [t0, t1) and owns E/W experts */
   cfg.parallel_r = o->parallel_r;
   cfg.a2a_auto = o->a2a_auto;
-  if (disp == MOE_DISPATCH_DYNAMIC || !o->dist) { /* where micro-batches run (moe_layer_config.pipeline) */
-    cfg.pipeline = pipeline;
-    cfg.memory_reuse = o->reuse;
-    cfg.memory_budget = o->budget;
-  }
+  cfg.pipeline = pipeline; /* micro-batches (moe_layer_config.pipeline) */
+  cfg.memory_reuse = o->reuse;
+  cfg.memory_budget = o->budget;
   int W = moe_dist_size(o->dist), rank = moe_dist_rank(o->dist);
   if (o->replicas && disp == MOE_DISPATCH_DYNAMIC) cfg.replica_slots = c->E / W + 1; /* one spare slot a rank */
   int t0 = (int)((int64_t)c->T * rank / W), Tl = (int)((int64_t)c->T * (rank + 1) / W) - t0;
@@ -473,14 +471,13 @@ int cmd_bench(int argc, char **argv) {
     for (int r = 0; r < o.nrouting && !rc; r++)
       for (int d = 0; d < o.ndispatch && !rc; d++)
         for (int t = 0; t < o.ndtype && !rc; t++)
-          for (int n = 0; n < o.npipe && !rc; n++) /* static dispatch's exchanges run one micro-batch */
+          for (int n = 0; n < o.npipe && !rc; n++)
             for (int q = 0; q < o.nrs && !rc; q++) { /* the sharded layout: dynamic dispatch */
-              int pipes = o.dispatch[d] == MOE_DISPATCH_DYNAMIC || !o.dist;
               o.parallel_r = o.dist ? o.rs[q] : MOE_PARALLEL_OFF;
-              if ((n == 0 || pipes) && (q == 0 || o.parallel_r != MOE_PARALLEL_OFF) &&
+              if ((q == 0 || o.parallel_r != MOE_PARALLEL_OFF) &&
                   (o.parallel_r == MOE_PARALLEL_OFF || o.dispatch[d] == MOE_DISPATCH_DYNAMIC))
                 rc = run_case(&o, o.cases[c], o.routing[r], (moe_dispatch)o.dispatch[d], DTYPES[o.dtypes[t]],
-                              pipes ? o.pipes[n] : 1, sg);
+                              o.pipes[n], sg);
             }
   return cli_dist_end(o.dist, CMD, rc);
 }

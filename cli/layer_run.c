@@ -26,7 +26,7 @@ static void usage(FILE *f) {
           "--dtype picks the experts' compute dtype (default: the file's \"dtype\" metadata, else f32);\n"
           "--out-dtype the dtype of the float tensors written (default f32). --expert-capacity gives each\n"
           "expert its own capacity (static dispatch; DynaMoE's per-expert capacities), E counts.\n"
-          "--pipeline N runs the experts as N micro-batches (dynamic dispatch; the same output bits; auto:\n"
+          "--pipeline N runs the experts as N micro-batches (either dispatch; the same output bits; auto:\n"
           "the layer's adaptive choice), --memory-reuse s3|s2|s4 what backward restores instead of\n"
           "keeping (s3: the activations, recomputed; s2: the received rows, received again; s4: both).\n"
           "Under mpirun -np W, --expert-parallel spreads the experts over the ranks (each routes T/W of\n"

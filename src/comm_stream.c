@@ -75,12 +75,23 @@ static moe_status stream_of(const moe_dist *d, struct moe__stream **out) {
   return MOE_OK;
 }
 
+/* buf, or NULL when counts (W) are all 0: Open MPI's nonblocking all-to-all-v takes send == recv for
+ * MPI_IN_PLACE (and then sends the receive counts), and an empty buffer from an arena shares its
+ * address with the next one. */
+static void *moved(void *buf, const int *counts, int W) {
+  for (int q = 0; q < W; q++)
+    if (counts[q]) return buf;
+  return NULL;
+}
+
 moe_status moe__stream_alltoallv_rows(const moe_dist *d, const float *send, const int *counts, float *recv,
                                       int width, moe__ticket *t) {
   struct moe__stream *s;
   *t = 0;
   MOE_CHECK(stream_of(d, &s));
   int W = moe_dist_size(d);
+  send = moved((void *)send, counts, W);
+  recv = moved(recv, counts + 2 * W, W);
   if (!s) return moe__dist_alltoallv_rows(d, send, counts, counts + W, recv, counts + 2 * W, counts + 3 * W, width);
   pthread_mutex_lock(&s->w.mu);
   while (s->posted - s->done >= RING) pthread_cond_wait(&s->w.cv, &s->w.mu);
@@ -104,6 +115,13 @@ moe_status moe__stream_wait(const moe_dist *d, moe__ticket t) {
   pthread_mutex_unlock(&s->w.mu);
   MOE_TRY(st == MOE_OK, st, "%s", s->why);
   return MOE_OK;
+}
+
+moe_status moe__stream_wait_timed(const moe_dist *d, moe__ticket t, double *seconds) {
+  double t0 = moe__now();
+  moe_status st = moe__stream_wait(d, t);
+  *seconds += moe__now() - t0;
+  return st;
 }
 
 void moe__stream_free(moe_dist *d) {

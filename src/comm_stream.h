@@ -16,6 +16,8 @@ moe_status moe__stream_alltoallv_rows(const moe_dist *d, const float *send, cons
                                       int width, moe__ticket *t);
 /* Returns once exchange t and every one posted before it are done; the first failure of any of them. */
 moe_status moe__stream_wait(const moe_dist *d, moe__ticket t);
+/* moe__stream_wait, the seconds it waited added to *seconds: the exchanges' time that nothing hid. */
+moe_status moe__stream_wait_timed(const moe_dist *d, moe__ticket t, double *seconds);
 /* Stops the thread (after the exchanges posted); moe_dist_finalize calls it. */
 void moe__stream_free(moe_dist *d);
 

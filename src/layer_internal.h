@@ -31,10 +31,12 @@ typedef struct {
 void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w);
 
 /* One micro-batch of the experts' stage (MPipeMoE): groups [e0, e1), rows [lo, lo + rows) of all the
- * groups' rows (also where its activations sit when every micro-batch's are kept). */
+ * groups' rows (also where its activations sit when every micro-batch's are kept); keys [k0, k1) (see
+ * micro.c: local experts, the same as the groups, or global experts under plan.gkey). */
 typedef struct {
   int lo, rows;
   int e0, e1;
+  int k0, k1;
   int32_t *goffs; /* (ng + 1) first row of each group in the micro-batch, from 0 (empty outside it) */
 } moe__micro;
 #define MOE__MAX_MICRO 64
@@ -58,6 +60,8 @@ typedef struct {
   int32_t *cap;          /* (E) static: each expert's capacity in this forward */
   int ng, grows;         /* the groups: their number and rows */
   int32_t *goffs;        /* (ng + 1) first row of each group */
+  const int32_t *gkey;   /* (ng) each group's global expert, ascending (the sharded layout's tasks), or
+                          * NULL: group g is local expert g of every owner (micro.c cuts by these keys) */
   /* expert parallelism: per-rank blocks of the exchange */
   int32_t *rc;           /* (W, E/W) rows from rank s for local expert e */
   int32_t *perm;         /* (grows) each expert-major row's place in its micro-batch's staging */
@@ -177,7 +181,7 @@ extern const moe__transport moe__transport_static; /* ep_static.c: static dispat
 extern const moe__transport moe__transport_flex;   /* ep_flex.c: all-to-all-v over FlexMoE's replicas */
 
 /* micro.c: the experts' stage as n micro-batches, each a contiguous part of the groups' rows (one
- * destination: in process); route arena bytes for n micro-batches of at most ng groups. */
+ * destination: in process); route arena bytes for n micro-batches of at most ng groups and keys. */
 size_t moe__micro_bytes(int n, int ng);
 moe_status moe__split_rows(moe_layer_t *l, int n);
 

@@ -342,21 +342,28 @@ static moe_status shard_alloc(moe_layer_t *l, int ng, int rows, moe__ffn *f) {
   return moe__ffn_alloc(cl, ng, rows, f);
 }
 
+moe_status moe__shard_weights(moe_layer_t *l, int grads) {
+  MOE_CHECK(exchange_weights(l, grads));
+  if (!grads) moe_layer_params_changed(&l->st->sh->cl);
+  return MOE_OK;
+}
+
 static moe_status shard_forward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const moe__side_work *side) {
   moe_layer_t *cl = &l->st->sh->cl;
-  MOE_CHECK(exchange_weights(l, 0));
-  moe_layer_params_changed(cl);
   cl->st->threads = l->st->threads;
   return moe__experts_own.forward(cl, g, f, side);
 }
 
+/* Backward's first micro-batch zeroes the tasks' gradients; the transport sends them back after the last. */
 static moe_status shard_backward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const float *dy, float daux,
                                  float dz, float *dx) {
-  moe_layer_t *cl = &l->st->sh->cl;
-  moe_layer_zero_grad(cl);
+  moe__shard *sh = l->st->sh;
+  moe_layer_t *cl = &sh->cl;
+  if (!sh->bwd_done) moe_layer_zero_grad(cl);
   cl->st->threads = l->st->threads;
   MOE_CHECK(moe__experts_own.backward(cl, g, f, dy, daux, dz, dx));
-  return exchange_weights(l, 1);
+  sh->bwd_done++;
+  return MOE_OK;
 }
 
 const moe__expert_src moe__experts_shard = {"sharded", 0, shard_bytes, shard_alloc, shard_forward, shard_backward};

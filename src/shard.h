@@ -44,7 +44,9 @@ struct moe__shard_s {
                         * receive staging, row of the groups, rows) */
   int nsend, nrecv;    /* segments of each kind */
   int srows;           /* rows this rank sends (its rows repeated once per slice) */
-  float *sbuf;         /* (srows, D) send staging, in the work arena */
+  float *sbuf;         /* (srows, D) send staging, in the work arena (two when slotted: one a way) */
+  float *back;         /* the rows the way back's local sums go to, once every exchange is in (finish) */
+  int bwd_done;        /* micro-batches of this backward done (the gradients go back after the last) */
   float *wbuf;         /* (wcap) the weights' exchange, sent then received */
   size_t wcap;
 };
@@ -61,6 +63,10 @@ moe_status moe__shard_use(moe_layer_t *l, int r);
  * the other ranks' dst is not read), and this rank's part of it from whole (a copy when not split). */
 moe_status moe__shard_gather_tensor(const moe_layer_t *l, const moe_param_info *p, const float *src, float *dst);
 void moe__shard_take_tensor(const moe_layer_t *l, const moe_param_info *p, const float *whole, float *dst);
+/* The tasks' weights gathered from the shards into cl (grads 0: before a forward's experts), or their
+ * gradients added back to the shards (1: after a backward's); a collective, made while no exchange
+ * is in flight. */
+moe_status moe__shard_weights(moe_layer_t *l, int grads);
 /* The state, made at init; freed with the layer. */
 moe_status moe__shard_new(moe_layer_t *l);
 void moe__shard_free(moe_layer_t *l);

@@ -170,9 +170,10 @@ TEST(auto_pipe_layer_same_bits_while_searching) {
   moe_layer_free(&ad);
 }
 
-/* A sharded layer (a moe_dist of one process: no mpirun) with r and n adaptive: its flows run one
- * micro-batch, so the dictionary searches r alone (r = 0 and r = 1 here) and says so. */
-TEST(auto_pipe_sharded_layer_offers_one_micro_batch) {
+/* A sharded layer (a moe_dist of one process: no mpirun) with r and n adaptive: the dictionary searches
+ * (r, n) together, r = 0 and r = 1 here times n in {1, 2, 4, 8} (cut between the eight experts), and
+ * every step's output is the bits of n = 1 at r = 0 (one process: every r computes the same). */
+TEST(auto_pipe_sharded_layer_searches_r_and_n) {
   static float x[T * D], y[T * D], dy[T * D], dx[T * D];
   fill(x, T * D, 7);
   fill(dy, T * D, 3);
@@ -186,27 +187,30 @@ TEST(auto_pipe_sharded_layer_offers_one_micro_batch) {
   ASSERT_OK(moe_layer_init(&l, &cfg));
   moe_layer_init_params(&l, 3);
   moe_layer_stats st;
-  int steps = 0, rs = 0;
+  static float y1[T * D], dx1[T * D];
+  ASSERT_OK(moe_layer_forward(&l, x, T, y1, NULL, &st)); /* the first trial: r = 0, n = 1 */
+  ASSERT(st.pipeline == 1 && moe_layer_parallel_r(&l) == 0);
+  ASSERT_OK(moe_layer_backward(&l, dy, 0.1f, 0.0f, NULL, NULL, dx1));
+  int steps = 1, rs = 0, ns = 0;
   do {
     ASSERT_OK(moe_layer_forward(&l, x, T, y, NULL, &st));
     ASSERT_OK(moe_layer_backward(&l, dy, 0.1f, 0.0f, NULL, NULL, dx));
-    ASSERT_EQ_INT(st.pipeline, 1);
+    if (memcmp(y, y1, sizeof y) || memcmp(dx, dx1, sizeof dx))
+      FAIL_("step %d (r %d, n %d): y or dx differ from r = 0, n = 1", steps, moe_layer_parallel_r(&l), st.pipeline);
+    ns |= 1 << st.pipeline;
     rs |= 1 << moe_layer_parallel_r(&l);
-  } while (moe_layer_parallel_r_trial(&l) && ++steps < 20);
-  ASSERT_EQ_INT(steps, 2 * MOE__AUTO_REPS); /* r = 0 and r = ceil(1/8) = 1 */
+  } while (moe_layer_parallel_r_trial(&l) && ++steps < 40);
+  ASSERT_EQ_INT(steps, 2 * 4 * MOE__AUTO_REPS); /* r = 0 and r = ceil(1/8) = 1, n = 1, 2, 4, 8 */
   ASSERT_EQ_INT(rs, 3);
+  ASSERT_EQ_INT(ns, 0x116);
   moe_layer_setup_info info;
   ASSERT_EQ_INT(moe_layer_setup(&l, &info), 1);
-  ASSERT(info.searched == 3 && info.trials == 2 && info.n == 1 && !info.trial);
-  ASSERT(strstr(info.note, "n > 1 not offered: the sharded flows"));
-  ASSERT_OK(moe_layer_set_parallel_r(&l, 1)); /* r fixed from now on: a dictionary of n alone (here 1) */
+  ASSERT(info.searched == 3 && info.trials == 8 && !info.trial && !*info.note);
+  ASSERT_OK(moe_layer_set_parallel_r(&l, 1)); /* r fixed from now on: a dictionary of n alone */
   ASSERT_OK(moe_layer_forward(&l, x, T, y, NULL, &st));
   ASSERT_EQ_INT(moe_layer_setup(&l, &info), 1);
   ASSERT(info.searched == 2 && info.r == 1 && info.trials == 0);
   moe_layer_free(&l);
-  cfg.pipeline = 2;
-  ASSERT_STATUS(moe_layer_init(&l, &cfg), MOE_ERR_ARG);
-  ASSERT(strstr(moe_last_error(), "one micro-batch"));
   moe_dist_finalize(d);
 }
 

@@ -182,7 +182,8 @@ TEST(pipeline_config_checked) {
 /* moe layer-run with micro-batches writes the file that layer-run writes without them: in one process,
  * and expert-parallel under mpirun -np 2 and 3, Linear and 2DH (each micro-batch its own exchange,
  * whose rows sit apart from the other micro-batches'), where the bits of every n are those of n = 1 on
- * the same ranks and all-to-all. Ranks given different n are refused before any exchange. */
+ * the same ranks and all-to-all; static dispatch too, in one process and on 3 ranks. Ranks given
+ * different n are refused before any exchange. */
 TEST(pipeline_layer_run_same_file) {
   char w[512], x[512], a[512], b[512], args[4096], err[4096];
   snprintf(w, sizeof w, "%s/gelu_k2_cap1_index_dynamic/w.safetensors", test_fixture_dir()); /* E = 6 */
@@ -211,14 +212,14 @@ TEST(pipeline_layer_run_same_file) {
     if (rc) FAIL_("%s: exit %d: %s", args, rc, err);
   }
   ASSERT(test_same_file(a, b));
-  snprintf(args, sizeof args, "layer-run --weights %s --input %s --out %s --pipeline 2 --dispatch static %s", w, x,
-           b, "--expert-parallel");
-  if (mpi) { /* static dispatch's exchanges run one micro-batch */
-    char launch2[256];
-    snprintf(launch2, sizeof launch2, "%s-np 2", TEST_MPIRUN);
-    ASSERT(run_moe(launch2, args, NULL, err, sizeof err) != 0 && strstr(err, "dynamic dispatch"));
-  }
   if (!mpi) return;
+  for (int i = 0; i < 2; i++) { /* static dispatch expert-parallel: each micro-batch its own exchanges */
+    snprintf(args, sizeof args, "layer-run --weights %s --input %s --out %s --backward --dispatch static "
+             "--expert-parallel --threads 1 %s", w, x, i ? b : a, i ? "--pipeline 4 --memory-reuse s4" : "");
+    int rc = run_moe(TEST_MPIRUN "-np 3", args, NULL, err, sizeof err);
+    if (rc) FAIL_("mpirun -np 3 moe %s: exit %d: %s", args, rc, err);
+  }
+  ASSERT(test_same_file(a, b));
   char first[4608]; /* mpirun's first program (MPMD): the second, given to run_moe, adds --pipeline 2 */
   snprintf(args, sizeof args, "layer-run --expert-parallel --backward --threads 1 --weights %s --input %s --out %s", w,
            x, b);

@@ -1,8 +1,8 @@
 /* A layer's one dictionary of setups (Tutel P2 1.7, auto_pipe.c): what it searches follows the layer's
- * configuration (parallel_r -1: r; pipeline 0: n; a2a_auto: Linear or 2DH), and it offers only what the
- * layer can run: the sharded flows run one micro-batch, so with them n stays 1, and 2DH needs a grid of
- * more than one node of more than one rank (on one node or one rank per node it is Linear with copies)
- * and an all-to-all to run (static dispatch has none).
+ * configuration (parallel_r -1: r; pipeline 0: n, with r too; a2a_auto: Linear or 2DH), and it offers
+ * only what the layer can run: 2DH needs a grid of more than one node of more than one rank (on one
+ * node or one rank per node it is Linear with copies) and an all-to-all to run (static dispatch's
+ * exchanges are a reduce-scatter and an all-gather).
  * The entry's note says what was held back. The layer asks for its setup after routing, when the
  * capacity (global counts: the same on every rank) is known. */
 #include <stdio.h>
@@ -28,13 +28,11 @@ static moe_status make(moe_layer_t *l, unsigned space) {
   moe_a2a now;
   int G = moe__dist_a2a_grid(d, &nodes, &now);
   moe__a2a algo[2] = {(moe__a2a)now, MOE__A2A_2DH};
-  char n_why[96] = "", a_why[128] = "";
+  char a_why[128] = "";
+  int cuts = l->st->sh ? E : E / W; /* micro-batches are cut between experts: local ones, or (sharded) all */
   if (!(space & SEARCH_N)) deg[nd++] = l->cfg.pipeline;
-  else if (l->st->sh) {
-    deg[nd++] = 1;
-    snprintf(n_why, sizeof n_why, "n > 1 not offered: the sharded flows (parallel_r) run one micro-batch");
-  } else
-    for (int n = 1; n <= MOE__AUTO_MAX_N && (n == 1 || n <= E / W); n *= 2) deg[nd++] = n; /* cut between experts */
+  else
+    for (int n = 1; n <= MOE__AUTO_MAX_N && (n == 1 || n <= cuts); n *= 2) deg[nd++] = n;
   if (space & SEARCH_A) {
     algo[0] = MOE__A2A_LINEAR;
     int stat = l->cfg.dispatch == MOE_DISPATCH_STATIC; /* its exchanges are a reduce-scatter and an all-gather */
@@ -51,7 +49,7 @@ static moe_status make(moe_layer_t *l, unsigned space) {
     return st;
   }
   a->space = space;
-  snprintf(a->note, sizeof a->note, "%s%s%s", n_why, *n_why && *a_why ? "; " : "", a_why);
+  snprintf(a->note, sizeof a->note, "%s", a_why);
   l->st->ap = a;
   return MOE_OK;
 }
