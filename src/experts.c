@@ -1,5 +1,5 @@
-/* The FFN experts: one FFN per expert over its group of rows (moe__groups: x in, y out), as grouped
- * GEMMs; and the expert source of the layer's own parameters (moe__experts_own).
+/* The FFN experts: one FFN per expert over its group of rows (moe__groups: x in, y out), each expert
+ * whole on one thread or as grouped GEMMs (see "Whole experts"); and the expert source of the layer's own parameters (moe__experts_own).
  *   a1 = xs W1^T + b1, h = act(a1) (swiglu: h = silu(a1) * (xs W3^T)), out = h W2^T + b2.
  * Backward adds dW1, db1, dW2, db2 (and dW3) and yields dxs. Slices may be empty; static dispatch
  * passes padded slices of C rows. Backward reuses the forward's buffers once they are dead (h for
@@ -137,8 +137,8 @@ static int fwd_gemms(const moe_layer_t *l, const moe__groups *gr, const moe__ffn
 /* Whole experts. An expert whose GEMMs moe__gemm_run_fixed would each run as one tile (fp32) is one work
  * item: its GEMMs one after the other on one thread, its biases, activation and bias gradients on its
  * rows between them while they are in cache. At case L (64 experts of 64 rows) this takes the place of
- * a schedule per GEMM and a parallel pass over all rows between each two (eight barriers a step, and
- * the passes' memory traffic). The bits are those of the pass-by-pass schedule, which the experts with
+ * a schedule per GEMM and a parallel pass over all rows between each two (eleven parallel regions a
+ * step, and the passes' memory traffic). The bits are those of the pass-by-pass schedule, which the experts with
  * cut GEMMs (and bf16, whose copies are made over all rows at once) keep. */
 typedef struct {
   moe_layer_t *l;
