@@ -15,7 +15,7 @@
 #define MAX_TILES 4096 /* 64 KiB of stack */
 /* moe__gemm_run_fixed: a GEMM is cut only past this many flops (about 5 ms of one core), so most
  * expert GEMMs run whole, one per thread, and their tiles never depend on the rest of the list */
-#define FIXED_TILE_FLOPS 1073741824.0
+double moe__fixed_tile_flops = 1073741824.0;
 
 int moe__threads(int requested) { return requested > 0 ? requested : omp_get_num_procs(); }
 
@@ -62,6 +62,17 @@ moe_status moe__gemm_run_fixed(const moe__gemm *g, int n, int threads, const moe
   return run_tiles(g, n, threads, side, 1);
 }
 
+/* The parts a GEMM is cut into for tiles of about `target` flops, along its longer side of C. */
+static int tile_parts(const moe__gemm *q, double target) {
+  double f = (double)q->M * q->N * (q->K + 1);
+  int len = q->M >= q->N ? q->M : q->N;
+  int parts = (int)(f / target);
+  if (parts > len / MIN_TILE) parts = len / MIN_TILE;
+  return parts < 1 ? 1 : parts;
+}
+
+int moe__gemm_fixed_whole(const moe__gemm *g) { return tile_parts(g, moe__fixed_tile_flops) == 1; }
+
 static moe_status run_tiles(const moe__gemm *g, int n, int threads, const moe__side_work *side, int fixed) {
   threads = moe__threads(threads);
   for (int i = 0; i < n; i++)
@@ -78,19 +89,16 @@ static moe_status run_tiles(const moe__gemm *g, int n, int threads, const moe__s
   if (threads == 1 && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   double total = 0;
   for (int i = 0; i < n; i++) total += (double)g[i].M * g[i].N * (g[i].K + 1);
-  double target = fixed ? FIXED_TILE_FLOPS : threads == 1 ? INFINITY : total / (threads * TILES_PER_THREAD) + 1;
+  double target = fixed ? moe__fixed_tile_flops : threads == 1 ? INFINITY : total / (threads * TILES_PER_THREAD) + 1;
   /* tiles: (gemm index, split along M?, start, length); on the stack, read by every thread */
   struct { int gi, along_m, s, len; } tiles[MAX_TILES];
   int nt = 0;
   for (int i = 0; i < n; i++) {
     const moe__gemm *q = &g[i];
     if (q->M <= 0 || q->N <= 0) continue;
-    double f = (double)q->M * q->N * (q->K + 1);
     int along_m = q->M >= q->N;
     int len = along_m ? q->M : q->N;
-    int parts = (int)(f / target);
-    if (parts > len / MIN_TILE) parts = len / MIN_TILE;
-    if (parts < 1) parts = 1;
+    int parts = tile_parts(q, target);
     int budget = (MAX_TILES - nt) / (n - i); /* every GEMM left gets at least one tile */
     if (parts > budget) parts = budget > 0 ? budget : 1;
     int step = (len + parts - 1) / parts;

@@ -52,4 +52,10 @@ int moe__gemm_bf16_one(const moe__gemm *g);
 /* Threads to use for a requested count (0 = all cores). */
 int moe__threads(int requested);
 
+/* Whole expert GEMMs (experts.c). Whether moe__gemm_run_fixed runs g as one tile: such a GEMM gives the
+ * same bits through moe__gemm_one on any thread. */
+int moe__gemm_fixed_whole(const moe__gemm *g);
+/* The flops past which moe__gemm_run_fixed cuts a GEMM (2^30); tests lower it to cut small GEMMs. */
+extern double moe__fixed_tile_flops;
+
 #endif
