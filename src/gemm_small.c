@@ -142,7 +142,9 @@ static void run_nt(const moe__gemm *g) {
  * of A, m nb <= 16 accumulators of 16 lanes, their sums reduced together once at the end. The kernel
  * above would broadcast B's elements to vectors along the m rows, using m of their 16 lanes. */
 #define DOT_ROWS 8 /* rows of one dot tile */
-#define DOT_M 16   /* rows up to which they beat the kernel above: 5x at 1 row, 2x at 8, 1.05-1.2x at 16 */
+/* rows up to which they beat the kernel above, one thread: weights in cache 5x at 1 row, 2x at 8,
+ * 1.05-1.2x at 16; weights out of cache (with the prefetch below) 2-3.5x at 1 to 16 rows */
+#define DOT_M 16
 
 /* The 16 sums of v[0..15]'s lanes, in one vector: lane t is the sum of v[t]'s, halving the width
  * at each level (256-, 128-, 64-, 32-bit parts of pairs of vectors added together). */
@@ -214,7 +216,7 @@ static const dot_fn dots[DOT_ROWS][2] = {{dot_1_16, dot_1_1}, {dot_2_8, dot_2_1}
 
 /* The weights stream from memory (a layer's experts do not fit in cache), in tiles of a few short
  * rows that the hardware prefetcher leaves mostly to demand misses: each tile prefetches the rows of
- * a tile at least this far ahead (about 4x faster at m = 6 to 8 on weights out of cache). */
+ * a tile at least this far ahead (2 to 4x faster at 6 to 8 rows on weights out of cache). */
 #define DOT_PREFETCH 4096
 
 /* Rows i0 .. i0 + m - 1 (m <= 8), columns j0 .. j0 + n - 1 of C; the last columns past a multiple of
