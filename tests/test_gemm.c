@@ -120,16 +120,18 @@ TEST(gemm_side_work_runs_once_and_keeps_bits) {
  * TN with few inner steps, every tail of their 6-row by 64-column register tiles, inner dimensions
  * past the 512 of one block, operands with padded rows, beta 0 over NaN and beta 1; and a GEMM they
  * do not take (large on every side, alpha not 1) is left to the BLAS. */
-TEST(gemm_small_kernels_match_reference) {
+static int small_kernels_built(void) {
 #ifdef __AVX512F__
   int have = __builtin_cpu_supports("avx512f");
 #else
   int have = 0; /* built without AVX-512 */
 #endif
-  if (!have) {
-    fprintf(stderr, "  SKIP: no AVX-512 kernels in this build or CPU: the BLAS runs every GEMM\n");
-    return;
-  }
+  if (!have) fprintf(stderr, "  SKIP: no AVX-512 kernels in this build or CPU: the BLAS runs every GEMM\n");
+  return have;
+}
+
+TEST(gemm_small_kernels_match_reference) {
+  if (!small_kernels_built()) return;
   uint64_t s = 3;
   const int rows[] = {1, 5, 6, 7, 17, 64, 65, 128}, cols[] = {1, 15, 16, 17, 63, 64, 65, 200};
   const int inner[] = {1, 7, 64, 513, 1100};
@@ -167,4 +169,38 @@ TEST(gemm_small_kernels_match_reference) {
   scaled.M = 2;
   scaled.alpha = 0.5f;
   ASSERT(moe__gemm_small(&big) == 0 && moe__gemm_small(&scaled) == 0);
+}
+
+/* NT with few rows (the dot-product tiles, up to 16 rows; 17 is the broadcast kernel's again) against
+ * the double-precision loop: every row count, column counts below, at and past each tile's width
+ * (16 / m columns) with odd tails, inner dimensions below, at and past one 16-lane vector, padded
+ * rows, beta 0 over NaN and beta 1. Sums of up to 515 products of numbers in [-1, 1): fp32 error
+ * well under 1e-5 of the largest. */
+TEST(gemm_small_nt_few_rows_match_reference) {
+  if (!small_kernels_built()) return;
+  uint64_t s = 5;
+  const int cols[] = {1, 2, 3, 7, 16, 17, 33, 130}, inner[] = {1, 5, 16, 17, 129, 515};
+  for (int M = 1; M <= 17; M++)
+    for (int ci = 0; ci < 8; ci++)
+      for (int ki = 0; ki < 6; ki++) {
+        int N = cols[ci], K = inner[ki], lda = K + 3, ldb = K + 1, ldc = N + 2;
+        float *a = malloc((size_t)M * lda * 4), *b = malloc((size_t)N * ldb * 4), *c = malloc((size_t)M * ldc * 4);
+        float *want = malloc((size_t)M * N * 4), *got = malloc((size_t)M * N * 4), *c0 = malloc((size_t)M * ldc * 4);
+        for (int i = 0; i < M * lda; i++) a[i] = frand(&s);
+        for (int i = 0; i < N * ldb; i++) b[i] = frand(&s);
+        for (int beta = 0; beta <= 1; beta++) {
+          for (int i = 0; i < M * ldc; i++) c[i] = beta ? frand(&s) : NAN;
+          memcpy(c0, c, (size_t)M * ldc * 4);
+          moe__gemm g = {false, true, M, N, K, 1.0f, (float)beta, a, lda, b, ldb, c, ldc, false};
+          reference(&g, want);
+          ASSERT(moe__gemm_small(&g) == 1);
+          for (int i = 0; i < M; i++) memcpy(got + (size_t)i * N, c + (size_t)i * ldc, (size_t)N * 4);
+          if (!tensors_close("C", got, want, (size_t)M * N, 1e-5, 1e-5))
+            FAIL_("NT, M %d, N %d, K %d, beta %d", M, N, K, beta);
+          for (int i = 0; i < M; i++) /* the padding between rows of C is never written */
+            if (memcmp(c + (size_t)i * ldc + N, c0 + (size_t)i * ldc + N, (size_t)(ldc - N) * 4))
+              FAIL_("NT, M %d, N %d, K %d, beta %d: padding after row %d of C written", M, N, K, beta, i);
+        }
+        free(a), free(b), free(c), free(c0), free(want), free(got);
+      }
 }
