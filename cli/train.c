@@ -64,7 +64,7 @@ static void usage(FILE *f) {
     "       N micro-batches; same bits; auto: MPipeMoE's adaptive search over timed steps; memory reuse\n"
     "       auto: the strategy Eq. 10 models fastest among those whose workspace fits the budget)\n"
     "       [--parallel-r N|auto|N1,N2,...]   (under mpirun: every expert sharded over the ranks, Tutel's r;\n"
-    "       a list takes its values in turn, one per step)\n"
+    "       a list takes its values in turn, one per step; one process has no r and ignores it)\n"
     "       [--a2a linear|2dh|auto [--ranks-per-node G]]   (under mpirun: the exchanges' all-to-all; auto: the\n"
     "       layer's choice per capacity; --ranks-per-node G splits one machine into nodes of G ranks for 2DH)\n"
     "--epochs is the planned total (the learning-rate schedule's horizon); --stop-after N ends this run\n"
@@ -290,7 +290,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     train_batch_epoch(&tb, o->seed, epoch, o->augment);
     for (int s = 0; s < steps && !interrupted; s++, step++) {
       train_batch_fill(&tb, s);
-      for (int b = 0; o->n_parallel_r > 1 && b < m->cfg.blocks; b++) /* switching moves no weights */
+      for (int b = 0; dist && o->n_parallel_r > 1 && b < m->cfg.blocks; b++) /* switching moves no weights */
         if (moe_layer_set_parallel_r(&m->layers[b], o->parallel_r[step % o->n_parallel_r])) { rc = cli_fail(CMD), local = 1; break; }
       if (rc) break;
       if (dc && dyncap_begin(dc, step)) { rc = cli_fail(CMD), local = 1; break; }

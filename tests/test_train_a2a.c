@@ -15,18 +15,22 @@
 #define MPIRUN2 TEST_MPI_ENV "timeout -k 5 120 mpirun --oversubscribe "
 #define A2A_TRAIN "train --experts 4 --top-k 1 --hidden 24 --model 16 --epochs 1 --batch 48 --augment 1 --threads 1"
 
-/* `moe train` with args under mpirun -np 2 on the synthetic set: its per-step losses (*n of them), its
- * exit status, its stderr in err. */
-static int train2(const char *args, double *loss, int *n, char *err, size_t en) {
+/* `moe train` with args on the synthetic set, launched by launcher (mpirun or ""): its per-step losses
+ * (*n of them), its exit status, its stderr in err. */
+static int train_on(const char *launcher, const char *args, double *loss, int *n, char *err, size_t en) {
   char out[512], errp[512], cmd[4096];
   test_tmp_path("a2a_train.txt", out, sizeof out);
   test_tmp_path("a2a_train_err.txt", errp, sizeof errp);
-  snprintf(cmd, sizeof cmd, MPIRUN2 "-np 2 '%s' " A2A_TRAIN " --log-steps %s --data '%s' >'%s' 2>'%s'", MOE_CLI, args,
+  snprintf(cmd, sizeof cmd, "%s '%s' " A2A_TRAIN " --log-steps %s --data '%s' >'%s' 2>'%s'", launcher, MOE_CLI, args,
            synth_data_dir(), out, errp);
   int rc = system(cmd);
   *n = test_read_losses(out, loss, 64);
   test_read_text(errp, err, en);
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+static int train2(const char *args, double *loss, int *n, char *err, size_t en) {
+  return train_on(MPIRUN2 "-np 2", args, loss, n, err, en);
 }
 
 TEST(train_a2a_2dh_and_auto_follow_linear) {
@@ -80,4 +84,19 @@ TEST(train_a2a_flags_help_and_bad_value) {
     if (run_moe(NULL, args, NULL, err, sizeof err) == 0 || !strstr(err, "--a2a: bad value 'ring'"))
       FAIL_("moe %s: want an error naming --a2a, got: %s", args, err);
   }
+}
+
+/* One process has no exchange and no shards: --a2a and --parallel-r (a list too) change nothing. */
+TEST(train_a2a_and_parallel_r_in_one_process_change_nothing) {
+  static const char *const args[2] = {"", "--a2a 2dh --ranks-per-node 1 --parallel-r 0,1,2"};
+  double loss[2][64];
+  int n[2];
+  char err[4096];
+  for (int a = 0; a < 2; a++) {
+    int rc = train_on("", args[a], loss[a], &n[a], err, sizeof err);
+    if (rc) FAIL_("'%s': exit %d, stderr:\n%s", args[a], rc, err);
+  }
+  if (n[0] != 12 || n[1] != 12) FAIL_("%d and %d step losses, want 12 each", n[0], n[1]);
+  for (int s = 0; s < 12; s++)
+    if (loss[1][s] != loss[0][s]) FAIL_("step %d: loss %.9g with '%s', %.9g without", s + 1, loss[1][s], args[1], loss[0][s]);
 }
