@@ -168,10 +168,6 @@ TEST(pipeline_config_checked) {
   cfg.pipeline = -1;
   ASSERT_STATUS(moe_layer_init(&l, &cfg), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "pipeline"));
-  cfg.pipeline = 2;
-  cfg.inner_experts = 2, cfg.inner_top_k = 1;
-  ASSERT_STATUS(moe_layer_init(&l, &cfg), MOE_ERR_ARG);
-  ASSERT(strstr(moe_last_error(), "hierarchical"));
   moe_reuse r;
   ASSERT_OK(moe_reuse_parse("s4", "--memory-reuse", &r));
   ASSERT_EQ_INT(r, MOE_REUSE_S4);
