@@ -17,8 +17,8 @@ typedef struct {
   moe_layer_t *l;
   const moe__groups *g;
   int e0, e1; /* the micro-batch's experts */
-  int backward;
-  const float *dout; /* backward's output gradients (NULL without rows, as in forward) */
+  int backward;      /* not dout != NULL: an empty batch has no dout */
+  const float *dout; /* backward's output gradients */
   float daux, dz;
   float *dxs;
   moe_layer_stats *st;
@@ -42,15 +42,19 @@ static moe_status inner_one(const inner_job *j, int e) {
 /* The experts [e0, e1) of the micro-batch whose groups g are (layer.c passes each micro-batch's own
  * goffs): an expert whose rows are all in another micro-batch has none in g, and one without rows
  * runs in its own micro-batch too, as with one. */
-static void part_of(const moe_layer_t *l, const moe__groups *g, int *e0, int *e1) {
+static moe_status part_of(const moe_layer_t *l, const moe__groups *g, int *e0, int *e1) {
   const moe__plan *p = &l->st->p;
-  *e0 = 0, *e1 = g->n;
   for (int i = 0; i < p->n; i++)
-    if (p->mb[i].goffs == g->offs) *e0 = p->mb[i].e0, *e1 = p->mb[i].e1;
+    if (p->mb[i].goffs == g->offs) {
+      *e0 = p->mb[i].e0, *e1 = p->mb[i].e1;
+      return MOE_OK;
+    }
+  return moe__error(MOE_ERR_STATE, __FILE__, __LINE__, "internal: groups of none of the plan's %d micro-batches",
+                    p->n);
 }
 
 static moe_status run_inner(inner_job *j) {
-  part_of(j->l, j->g, &j->e0, &j->e1);
+  MOE_CHECK(part_of(j->l, j->g, &j->e0, &j->e1));
   int first = j->e1;
   moe_status bad = MOE_OK;
   char msg[1024] = "";
