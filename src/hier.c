@@ -1,7 +1,9 @@
 /* Hierarchical MoE (DynaMoE): the experts of a layer are themselves MoE layers, each with its own
  * router. The outer layer routes, dispatches and combines as usual; this expert source runs one inner
  * layer per expert on that expert's kept rows (the groups are the dispatch rows: hierarchical layers
- * are not expert-parallel). */
+ * are not expert-parallel). Micro-batches (micro.c) are cut between outer experts, so each inner layer
+ * runs in exactly one of them, on the rows it gets with one: a call runs only its micro-batch's inner
+ * layers, whose saved state (routing, activations) the other micro-batches leave alone. */
 #include <stdio.h>
 #include <string.h>
 
@@ -14,7 +16,9 @@
 typedef struct {
   moe_layer_t *l;
   const moe__groups *g;
-  const float *dout; /* backward's output gradients; NULL in forward */
+  int e0, e1; /* the micro-batch's experts */
+  int backward;      /* not dout != NULL: an empty batch has no dout */
+  const float *dout; /* backward's output gradients */
   float daux, dz;
   float *dxs;
   moe_layer_stats *st;
@@ -22,24 +26,40 @@ typedef struct {
 
 static moe_status inner_one(const inner_job *j, int e) {
   moe_layer_t *in = &j->l->inner[e];
-  int D = j->l->cfg.D, r0 = j->g->offs[e], n = j->g->kept[e], pad = j->g->offs[e + 1] - r0 - n;
+  /* plan.kept: the groups are the experts (in process), and every micro-batch has static padding */
+  int D = j->l->cfg.D, r0 = j->g->offs[e], n = j->l->st->p.kept[e], pad = j->g->offs[e + 1] - r0 - n;
   size_t at = (size_t)r0 * D;
   int threads = in->cfg.threads;
   in->cfg.threads = 1;
-  moe_status s = j->dout ? moe_layer_backward(in, j->dout + at, j->daux, j->dz, NULL, NULL, j->dxs + at)
+  moe_status s = j->backward ? moe_layer_backward(in, j->dout + at, j->daux, j->dz, NULL, NULL, j->dxs + at)
                          : moe_layer_forward(in, j->g->x + at, n, j->g->y + at, NULL, &j->st[e]);
   in->cfg.threads = threads;
-  float *out = j->dout ? j->dxs : j->g->y;
+  float *out = j->backward ? j->dxs : j->g->y;
   if (pad) memset(out + (size_t)(r0 + n) * D, 0, (size_t)pad * D * 4); /* static padding */
   return s;
 }
 
-static moe_status run_inner(const inner_job *j) {
-  int E = j->g->n, first = E;
+/* The experts [e0, e1) of the micro-batch whose groups g are (layer.c passes each micro-batch's own
+ * goffs): an expert whose rows are all in another micro-batch has none in g, and one without rows
+ * runs in its own micro-batch too, as with one. */
+static moe_status part_of(const moe_layer_t *l, const moe__groups *g, int *e0, int *e1) {
+  const moe__plan *p = &l->st->p;
+  for (int i = 0; i < p->n; i++)
+    if (p->mb[i].goffs == g->offs) {
+      *e0 = p->mb[i].e0, *e1 = p->mb[i].e1;
+      return MOE_OK;
+    }
+  return moe__error(MOE_ERR_STATE, __FILE__, __LINE__, "internal: groups of none of the plan's %d micro-batches",
+                    p->n);
+}
+
+static moe_status run_inner(inner_job *j) {
+  MOE_CHECK(part_of(j->l, j->g, &j->e0, &j->e1));
+  int first = j->e1;
   moe_status bad = MOE_OK;
   char msg[1024] = "";
 #pragma omp parallel for num_threads(j->l->st->threads) schedule(dynamic, 1)
-  for (int e = 0; e < E; e++) {
+  for (int e = j->e0; e < j->e1; e++) {
     moe_status s = inner_one(j, e);
     if (s != MOE_OK)
 #pragma omp critical(moe_hier_error)
@@ -57,9 +77,11 @@ static moe_status inner_forward(moe_layer_t *l, const moe__groups *g, const moe_
   (void)f, (void)side; /* the inner layers keep their own activations and run their own routers */
   moe__layer_state *s = l->st;
   moe_layer_stats *st = s->inner_stats;
-  MOE_CHECK(run_inner(&(inner_job){l, g, NULL, 0, 0, NULL, st}));
+  MOE_CHECK(run_inner(&(inner_job){l, g, 0, 0, 0, NULL, 0, 0, NULL, st}));
   s->inner_aux = s->inner_z = 0;
-  for (int e = 0; e < g->n; e++) { /* in expert order: the same sums as one after another */
+  /* in expert order: the same sums as one after another; after the last micro-batch, every inner
+   * layer's of this forward */
+  for (int e = 0; e < g->n; e++) {
     s->inner_aux += st[e].aux_loss;
     s->inner_z += st[e].z_loss;
   }
@@ -69,7 +91,7 @@ static moe_status inner_forward(moe_layer_t *l, const moe__groups *g, const moe_
 static moe_status inner_backward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const float *dout,
                                  float daux, float dz, float *dxs) {
   (void)f;
-  return run_inner(&(inner_job){l, g, dout, daux, dz, dxs, NULL});
+  return run_inner(&(inner_job){l, g, 0, 0, 1, dout, daux, dz, dxs, NULL});
 }
 
 /* The inner layers have workspaces of their own. */

@@ -48,9 +48,6 @@ static void add_param(moe_layer_t *l, const char *name, int ndim, int64_t a, int
 static moe_status check_pipeline(const moe_layer_config *c, int n, moe_reuse r) {
   MOE_TRY(n >= 0 && n <= MOE__MAX_MICRO, MOE_ERR_ARG,
           "config: pipeline (micro-batches) must be in [1, %d], or 0 (adaptive), got %d", MOE__MAX_MICRO, n);
-  MOE_TRY(n == 1 || !c->inner_experts, MOE_ERR_ARG,
-          "config: pipeline %d with hierarchical experts (inner_experts %d): inner layers run one micro-batch "
-          "for now", n, c->inner_experts);
   MOE_TRY((unsigned)r <= MOE_REUSE_AUTO, MOE_ERR_ARG, "config: unknown memory_reuse %d", r);
   MOE_TRY(r != MOE_REUSE_AUTO || c->memory_budget > 0, MOE_ERR_ARG,
           "config: memory_reuse auto needs a memory_budget (bytes of workspace), got 0");

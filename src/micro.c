@@ -1,14 +1,15 @@
 /* Micro-batches of the experts' stage (MPipeMoE 1.2): the groups (this process's experts) cut into n
  * runs of consecutive experts, each carrying about 1/n of the rows. The cuts fall between experts,
  * never inside one: an expert's GEMMs are then the very calls of the whole batch
- * (moe__gemm_run_fixed), so every n gives the same bits, weight gradients included; the price is
+ * (moe__gemm_run_fixed), and a hierarchical expert's inner layer runs once, in its own micro-batch
+ * (hier.c), so every n gives the same bits, weight gradients included; the price is
  * that micro-batches are as even as the experts' loads allow, and that n above the number of experts
  * with rows leaves some empty. The cuts are made over keys that every rank knows the loads of, so that
  * every rank cuts at the same experts and each micro-batch is one exchange: the local experts [k0, k1)
  * of every owner (their rows over all owners: the assignments over all ranks, dynamic; the capacity
  * slots computed, padding included, static), or, when the transport names each group's global expert
  * (plan.gkey: the sharded layout), the tasks of experts [k0, k1) on every rank. Part i keeps all ng
- * groups, those outside it empty. */
+ * groups, those outside it empty; its own are [e0, e1), experts without rows included. */
 #include <math.h>
 
 #include "layer_internal.h"
