@@ -249,10 +249,37 @@ static void run_nt_dot(const moe__gemm *g) {
   }
 }
 
+/* TN with at most TN_K inner steps (weight gradients of an inner expert's few rows): C, the gradient,
+ * which does not stay in cache from one expert to the next, is swept row block after row block over
+ * its whole width (B's few rows stay in L1) with the same columns of the block TN_AHEAD blocks down
+ * prefetched; the panels above walk C by 64-column strips and prefetch at most k rows of the next
+ * tile. One thread, 64 gradients of 512 x 128 and 128 x 512 in turn: 2.6-3.4x faster at k 1 and 2,
+ * 1.3-1.8x at 4, 0.8-0.9x at 8 and 16. */
+#define TN_K 5
+#define TN_AHEAD 2
+static void run_tn_few(const moe__gemm *g) {
+  const float *A = g->A, *B = g->B;
+  float *C = g->C;
+  for (int i = 0; i < g->M; i += MR) {
+    int mr = g->M - i < MR ? g->M - i : MR, pi = i + TN_AHEAD * MR, pr = g->M - pi < MR ? g->M - pi : MR;
+    for (int j = 0; j < g->N; j += NR) {
+      int nc = g->N - j < NR ? g->N - j : NR;
+      __mmask16 mk[4];
+      col_masks(nc, mk);
+      for (int r = 0; r < pr; r++) /* the same columns of a block of rows further down */
+        for (int q = 0; q < nc; q += 16) _mm_prefetch((const char *)(C + (long)(pi + r) * g->ldc + j + q), _MM_HINT_T0);
+      tiles[mr - 1][(nc + 15) / 16 - 1](g->K, A + i, 1, g->lda, B + j, g->ldb, C + (long)i * g->ldc + j, g->ldc, mk,
+                                          g->beta != 0.0f, g->beta, NULL, 0, 0);
+    }
+  }
+}
+
 int moe__gemm_small(const moe__gemm *g) {
   if (g->bf16 || g->alpha != 1.0f || !__builtin_cpu_supports("avx512f")) return 0;
   if (!g->ta && !g->tb && g->M <= SMALL) /* NN */
     run_tiles(g->M, g->N, g->K, g->A, g->lda, 1, g->B, g->ldb, g->beta, g->C, g->ldc, 0);
+  else if (g->ta && !g->tb && g->K <= TN_K) /* TN, few k */
+    run_tn_few(g);
   else if (g->ta && !g->tb && g->K <= SMALL) /* TN: a(i, k) = A[k][i] */
     run_tiles(g->M, g->N, g->K, g->A, 1, g->lda, g->B, g->ldb, g->beta, g->C, g->ldc, 1);
   else if (!g->ta && g->tb && g->M <= DOT_M) /* NT, few rows */

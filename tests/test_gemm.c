@@ -204,3 +204,33 @@ TEST(gemm_small_nt_few_rows_match_reference) {
         free(a), free(b), free(c), free(c0), free(want), free(got);
       }
 }
+
+/* TN weight gradients over few rows: C (N, K) = A^T B with A (m, N), B (m, K), m summed over. */
+TEST(gemm_small_tn_few_rows_match_reference) {
+  if (!small_kernels_built()) return;
+  uint64_t s = 7;
+  const int cols[] = {1, 2, 3, 7, 16, 17, 33, 130}, inner[] = {1, 5, 16, 17, 129, 515};
+  for (int m = 1; m <= 17; m++)
+    for (int ci = 0; ci < 8; ci++)
+      for (int ki = 0; ki < 6; ki++) {
+        int M = cols[ci], N = inner[ki], lda = M + 3, ldb = N + 1, ldc = N + 2;
+        float *a = malloc((size_t)m * lda * 4), *b = malloc((size_t)m * ldb * 4), *c = malloc((size_t)M * ldc * 4);
+        float *want = malloc((size_t)M * N * 4), *got = malloc((size_t)M * N * 4), *c0 = malloc((size_t)M * ldc * 4);
+        for (int i = 0; i < m * lda; i++) a[i] = frand(&s);
+        for (int i = 0; i < m * ldb; i++) b[i] = frand(&s);
+        for (int beta = 0; beta <= 1; beta++) {
+          for (int i = 0; i < M * ldc; i++) c[i] = beta ? frand(&s) : NAN;
+          memcpy(c0, c, (size_t)M * ldc * 4);
+          moe__gemm g = {true, false, M, N, m, 1.0f, (float)beta, a, lda, b, ldb, c, ldc, false};
+          reference(&g, want);
+          ASSERT(moe__gemm_small(&g) == 1);
+          for (int i = 0; i < M; i++) memcpy(got + (size_t)i * N, c + (size_t)i * ldc, (size_t)N * 4);
+          if (!tensors_close("C", got, want, (size_t)M * N, 1e-5, 1e-5))
+            FAIL_("TN, m %d, M %d, N %d, beta %d", m, M, N, beta);
+          for (int i = 0; i < M; i++) /* the padding between rows of C is never written */
+            if (memcmp(c + (size_t)i * ldc + N, c0 + (size_t)i * ldc + N, (size_t)(ldc - N) * 4))
+              FAIL_("TN, m %d, M %d, N %d, beta %d: padding after row %d of C written", m, M, N, beta, i);
+        }
+        free(a), free(b), free(c), free(c0), free(want), free(got);
+      }
+}
