@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "run_cli.h"
 #include "test.h"
@@ -21,6 +22,17 @@ int test_have_mpirun(void) {
   if (moe_dist_has_mpi() && system("command -v mpirun >/dev/null 2>&1") == 0) return 1;
   fprintf(stderr, "  SKIP: %s\n", moe_dist_has_mpi() ? "mpirun not found" : "libmoe built without MPI");
   return 0;
+}
+
+int test_mpirun_self(int W, const char *name, int timeout_s, char *cmd, size_t cn, char *out, size_t on) {
+  snprintf(cmd, cn, "timeout %d " TEST_MPIRUN "-np %d /proc/%d/exe %s 2>&1", timeout_s, W, (int)getpid(), name);
+  out[0] = 0;
+  FILE *p = popen(cmd, "r");
+  if (!p) return snprintf(out, on, "popen failed"), -1;
+  size_t n = fread(out, 1, on - 1, p);
+  out[n] = 0;
+  int rc = pclose(p);
+  return rc ? rc : strstr(out, "1 passed, 0 failed") ? 0 : -1;
 }
 
 int test_read_losses(const char *path, double *loss, int max) {

@@ -15,6 +15,11 @@ int run_moe(const char *env_prefix, const char *args, const char *out_path, char
 #define TEST_MPIRUN TEST_MPI_ENV "mpirun --oversubscribe "
 /* Whether the library has MPI and mpirun is on the PATH; prints SKIP with the reason otherwise. */
 int test_have_mpirun(void);
+/* Runs this test binary's test `name` again under mpirun with W ranks, for at most timeout_s seconds:
+ * 0 when it ends with status 0 and "1 passed, 0 failed", else mpirun's status (124: a rank hung),
+ * or -1 with status 0. The command goes to cmd and its output (stdout and stderr) to out, for the
+ * failure's message. */
+int test_mpirun_self(int W, const char *name, int timeout_s, char *cmd, size_t cn, char *out, size_t on);
 /* The per-step losses of `moe train --log-steps` output in path (at most max); their number. */
 int test_read_losses(const char *path, double *loss, int max);
 

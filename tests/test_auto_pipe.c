@@ -282,13 +282,7 @@ TEST(auto_pipe_a2a_same_bits_and_entry_on_every_rank) {
     return;
   }
   if (!test_have_mpirun()) return;
-  char cmd[1024], out[8192] = "";
-  snprintf(cmd, sizeof cmd, "timeout 120 " TEST_MPIRUN "-np 4 /proc/%d/exe auto_pipe_a2a_same_bits_and_entry_on_every_rank 2>&1",
-           (int)getpid());
-  FILE *p = popen(cmd, "r");
-  ASSERT(p);
-  size_t n = fread(out, 1, sizeof out - 1, p);
-  out[n] = 0;
-  int rc = pclose(p);
-  if (rc != 0 || !strstr(out, "1 passed, 0 failed")) FAIL_("%s: status %d, output:\n%s", cmd, rc, out);
+  char cmd[1024], out[8192];
+  int rc = test_mpirun_self(4, "auto_pipe_a2a_same_bits_and_entry_on_every_rank", 120, cmd, sizeof cmd, out, sizeof out);
+  if (rc) FAIL_("%s: status %d, output:\n%s", cmd, rc, out);
 }

@@ -49,13 +49,8 @@ TEST(ep_one_rank_fails_every_rank_returns) {
     return;
   }
   if (!test_have_mpirun()) return;
-  char cmd[1024], out[8192] = "";
-  snprintf(cmd, sizeof cmd, "timeout 120 " TEST_MPIRUN "-np 2 /proc/%d/exe ep_one_rank_fails_every_rank_returns 2>&1", (int)getpid());
-  FILE *p = popen(cmd, "r");
-  ASSERT(p);
-  size_t n = fread(out, 1, sizeof out - 1, p);
-  out[n] = 0;
-  int rc = pclose(p);
-  if (rc != 0 || !strstr(out, "1 passed, 0 failed")) /* 124 in the status: a rank hung in an exchange */
+  char cmd[1024], out[8192];
+  int rc = test_mpirun_self(2, "ep_one_rank_fails_every_rank_returns", 120, cmd, sizeof cmd, out, sizeof out);
+  if (rc) /* 124 in the status: a rank hung in an exchange */
     FAIL_("%s: status %d, output:\n%s", cmd, rc, out);
 }

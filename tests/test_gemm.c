@@ -171,11 +171,34 @@ TEST(gemm_small_kernels_match_reference) {
   ASSERT(moe__gemm_small(&big) == 0 && moe__gemm_small(&scaled) == 0);
 }
 
-/* NT with few rows (the dot-product tiles, up to 16 rows; 17 is the broadcast kernel's again) against
- * the double-precision loop: every row count, column counts below, at and past each tile's width
- * (16 / m columns) with odd tails, inner dimensions below, at and past one 16-lane vector, padded
- * rows, beta 0 over NaN and beta 1. Sums of up to 515 products of numbers in [-1, 1): fp32 error
- * well under 1e-5 of the largest. */
+/* One few-row shape against the double-precision loop (what names its form): A, B and C with padded
+ * rows, beta 0 over NaN and beta 1; C within 1e-5 and the padding between its rows never written. */
+static void check_padded_shape(bool ta, bool tb, int M, int N, int K, uint64_t *s, const char *what, int *failed_) {
+  int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2, ra = ta ? K : M, rb = tb ? N : K;
+  float *a = malloc((size_t)ra * lda * 4), *b = malloc((size_t)rb * ldb * 4), *c = malloc((size_t)M * ldc * 4);
+  float *want = malloc((size_t)M * N * 4), *got = malloc((size_t)M * N * 4), *c0 = malloc((size_t)M * ldc * 4);
+  for (int i = 0; i < ra * lda; i++) a[i] = frand(s);
+  for (int i = 0; i < rb * ldb; i++) b[i] = frand(s);
+  for (int beta = 0; beta <= 1; beta++) {
+    for (int i = 0; i < M * ldc; i++) c[i] = beta ? frand(s) : NAN;
+    memcpy(c0, c, (size_t)M * ldc * 4);
+    moe__gemm g = {ta, tb, M, N, K, 1.0f, (float)beta, a, lda, b, ldb, c, ldc, false};
+    reference(&g, want);
+    ASSERT(moe__gemm_small(&g) == 1);
+    for (int i = 0; i < M; i++) memcpy(got + (size_t)i * N, c + (size_t)i * ldc, (size_t)N * 4);
+    if (!tensors_close("C", got, want, (size_t)M * N, 1e-5, 1e-5))
+      FAIL_("%s, M %d, N %d, K %d, beta %d", what, M, N, K, beta);
+    for (int i = 0; i < M; i++)
+      if (memcmp(c + (size_t)i * ldc + N, c0 + (size_t)i * ldc + N, (size_t)(ldc - N) * 4))
+        FAIL_("%s, M %d, N %d, K %d, beta %d: padding after row %d of C written", what, M, N, K, beta, i);
+  }
+  free(a), free(b), free(c), free(c0), free(want), free(got);
+}
+
+/* NT with few rows (the dot-product tiles, up to 16 rows; 17 is the broadcast kernel's again): every
+ * row count, column counts below, at and past each tile's width (16 / m columns) with odd tails, inner
+ * dimensions below, at and past one 16-lane vector. Sums of up to 515 products of numbers in [-1, 1):
+ * fp32 error well under 1e-5 of the largest. */
 TEST(gemm_small_nt_few_rows_match_reference) {
   if (!small_kernels_built()) return;
   uint64_t s = 5;
@@ -183,29 +206,13 @@ TEST(gemm_small_nt_few_rows_match_reference) {
   for (int M = 1; M <= 17; M++)
     for (int ci = 0; ci < 8; ci++)
       for (int ki = 0; ki < 6; ki++) {
-        int N = cols[ci], K = inner[ki], lda = K + 3, ldb = K + 1, ldc = N + 2;
-        float *a = malloc((size_t)M * lda * 4), *b = malloc((size_t)N * ldb * 4), *c = malloc((size_t)M * ldc * 4);
-        float *want = malloc((size_t)M * N * 4), *got = malloc((size_t)M * N * 4), *c0 = malloc((size_t)M * ldc * 4);
-        for (int i = 0; i < M * lda; i++) a[i] = frand(&s);
-        for (int i = 0; i < N * ldb; i++) b[i] = frand(&s);
-        for (int beta = 0; beta <= 1; beta++) {
-          for (int i = 0; i < M * ldc; i++) c[i] = beta ? frand(&s) : NAN;
-          memcpy(c0, c, (size_t)M * ldc * 4);
-          moe__gemm g = {false, true, M, N, K, 1.0f, (float)beta, a, lda, b, ldb, c, ldc, false};
-          reference(&g, want);
-          ASSERT(moe__gemm_small(&g) == 1);
-          for (int i = 0; i < M; i++) memcpy(got + (size_t)i * N, c + (size_t)i * ldc, (size_t)N * 4);
-          if (!tensors_close("C", got, want, (size_t)M * N, 1e-5, 1e-5))
-            FAIL_("NT, M %d, N %d, K %d, beta %d", M, N, K, beta);
-          for (int i = 0; i < M; i++) /* the padding between rows of C is never written */
-            if (memcmp(c + (size_t)i * ldc + N, c0 + (size_t)i * ldc + N, (size_t)(ldc - N) * 4))
-              FAIL_("NT, M %d, N %d, K %d, beta %d: padding after row %d of C written", M, N, K, beta, i);
-        }
-        free(a), free(b), free(c), free(c0), free(want), free(got);
+        check_padded_shape(false, true, M, cols[ci], inner[ki], &s, "NT", failed_);
+        if (*failed_) return;
       }
 }
 
-/* TN weight gradients over few rows: C (N, K) = A^T B with A (m, N), B (m, K), m summed over. */
+/* TN weight gradients over few rows: C (M, N) = A^T B with A (m, M), B (m, N), the m rows summed over
+ * (K = m), every m to 17. */
 TEST(gemm_small_tn_few_rows_match_reference) {
   if (!small_kernels_built()) return;
   uint64_t s = 7;
@@ -213,24 +220,7 @@ TEST(gemm_small_tn_few_rows_match_reference) {
   for (int m = 1; m <= 17; m++)
     for (int ci = 0; ci < 8; ci++)
       for (int ki = 0; ki < 6; ki++) {
-        int M = cols[ci], N = inner[ki], lda = M + 3, ldb = N + 1, ldc = N + 2;
-        float *a = malloc((size_t)m * lda * 4), *b = malloc((size_t)m * ldb * 4), *c = malloc((size_t)M * ldc * 4);
-        float *want = malloc((size_t)M * N * 4), *got = malloc((size_t)M * N * 4), *c0 = malloc((size_t)M * ldc * 4);
-        for (int i = 0; i < m * lda; i++) a[i] = frand(&s);
-        for (int i = 0; i < m * ldb; i++) b[i] = frand(&s);
-        for (int beta = 0; beta <= 1; beta++) {
-          for (int i = 0; i < M * ldc; i++) c[i] = beta ? frand(&s) : NAN;
-          memcpy(c0, c, (size_t)M * ldc * 4);
-          moe__gemm g = {true, false, M, N, m, 1.0f, (float)beta, a, lda, b, ldb, c, ldc, false};
-          reference(&g, want);
-          ASSERT(moe__gemm_small(&g) == 1);
-          for (int i = 0; i < M; i++) memcpy(got + (size_t)i * N, c + (size_t)i * ldc, (size_t)N * 4);
-          if (!tensors_close("C", got, want, (size_t)M * N, 1e-5, 1e-5))
-            FAIL_("TN, m %d, M %d, N %d, beta %d", m, M, N, beta);
-          for (int i = 0; i < M; i++) /* the padding between rows of C is never written */
-            if (memcmp(c + (size_t)i * ldc + N, c0 + (size_t)i * ldc + N, (size_t)(ldc - N) * 4))
-              FAIL_("TN, m %d, M %d, N %d, beta %d: padding after row %d of C written", m, M, N, beta, i);
-        }
-        free(a), free(b), free(c), free(c0), free(want), free(got);
+        check_padded_shape(true, false, cols[ci], inner[ki], m, &s, "TN", failed_);
+        if (*failed_) return;
       }
 }

@@ -136,14 +136,8 @@ TEST(pipeline_ep_bits_match_one_micro_batch) {
   child(failed_); /* one rank, no mpirun */
   if (*failed_ || !test_have_mpirun()) return;
   for (int W = 2; W <= 4; W += 2) {
-    char cmd[1024], out[16384] = "";
-    snprintf(cmd, sizeof cmd, "timeout 300 " TEST_MPIRUN "-np %d /proc/%d/exe pipeline_ep_bits_match_one_micro_batch 2>&1",
-             W, (int)getpid());
-    FILE *p = popen(cmd, "r");
-    ASSERT(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int rc = pclose(p);
-    if (rc != 0 || !strstr(out, "1 passed, 0 failed")) FAIL_("W=%d: %s: status %d, output:\n%s", W, cmd, rc, out);
+    char cmd[1024], out[16384];
+    int rc = test_mpirun_self(W, "pipeline_ep_bits_match_one_micro_batch", 300, cmd, sizeof cmd, out, sizeof out);
+    if (rc) FAIL_("W=%d: %s: status %d, output:\n%s", W, cmd, rc, out);
   }
 }

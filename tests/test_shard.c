@@ -103,15 +103,9 @@ TEST(shard_every_r_matches_one_process) {
   }
   if (!test_have_mpirun()) return;
   for (int W = 2; W <= 4; W += 2) {
-    char cmd[1024], out[16384] = "";
-    snprintf(cmd, sizeof cmd, "timeout 120 " TEST_MPIRUN "-np %d /proc/%d/exe shard_every_r_matches_one_process 2>&1",
-             W, (int)getpid());
-    FILE *p = popen(cmd, "r");
-    ASSERT(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int rc = pclose(p);
-    if (rc != 0 || !strstr(out, "1 passed, 0 failed")) FAIL_("W=%d: %s: status %d, output:\n%s", W, cmd, rc, out);
+    char cmd[1024], out[16384];
+    int rc = test_mpirun_self(W, "shard_every_r_matches_one_process", 120, cmd, sizeof cmd, out, sizeof out);
+    if (rc) FAIL_("W=%d: %s: status %d, output:\n%s", W, cmd, rc, out);
   }
 }
 
