@@ -16,7 +16,6 @@
 typedef struct {
   moe_layer_t *l;
   const moe__groups *g;
-  int e0, e1; /* the micro-batch's experts */
   int backward;      /* not dout != NULL: an empty batch has no dout */
   const float *dout; /* backward's output gradients */
   float daux, dz;
@@ -39,27 +38,14 @@ static moe_status inner_one(const inner_job *j, int e) {
   return s;
 }
 
-/* The experts [e0, e1) of the micro-batch whose groups g are (layer.c passes each micro-batch's own
- * goffs): an expert whose rows are all in another micro-batch has none in g, and one without rows
- * runs in its own micro-batch too, as with one. */
-static moe_status part_of(const moe_layer_t *l, const moe__groups *g, int *e0, int *e1) {
-  const moe__plan *p = &l->st->p;
-  for (int i = 0; i < p->n; i++)
-    if (p->mb[i].goffs == g->offs) {
-      *e0 = p->mb[i].e0, *e1 = p->mb[i].e1;
-      return MOE_OK;
-    }
-  return moe__error(MOE_ERR_STATE, __FILE__, __LINE__, "internal: groups of none of the plan's %d micro-batches",
-                    p->n);
-}
-
-static moe_status run_inner(inner_job *j) {
-  MOE_CHECK(part_of(j->l, j->g, &j->e0, &j->e1));
-  int first = j->e1;
+/* The micro-batch's inner layers, [e0, e1) of its groups: an expert without rows runs in its own
+ * micro-batch too, as with one. */
+static moe_status run_inner(const inner_job *j) {
+  int first = j->g->e1;
   moe_status bad = MOE_OK;
   char msg[1024] = "";
 #pragma omp parallel for num_threads(j->l->st->threads) schedule(dynamic, 1)
-  for (int e = j->e0; e < j->e1; e++) {
+  for (int e = j->g->e0; e < j->g->e1; e++) {
     moe_status s = inner_one(j, e);
     if (s != MOE_OK)
 #pragma omp critical(moe_hier_error)
@@ -77,7 +63,7 @@ static moe_status inner_forward(moe_layer_t *l, const moe__groups *g, const moe_
   (void)f, (void)side; /* the inner layers keep their own activations and run their own routers */
   moe__layer_state *s = l->st;
   moe_layer_stats *st = s->inner_stats;
-  MOE_CHECK(run_inner(&(inner_job){l, g, 0, 0, 0, NULL, 0, 0, NULL, st}));
+  MOE_CHECK(run_inner(&(inner_job){l, g, 0, NULL, 0, 0, NULL, st}));
   s->inner_aux = s->inner_z = 0;
   /* in expert order: the same sums as one after another; after the last micro-batch, every inner
    * layer's of this forward */
@@ -91,7 +77,7 @@ static moe_status inner_forward(moe_layer_t *l, const moe__groups *g, const moe_
 static moe_status inner_backward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const float *dout,
                                  float daux, float dz, float *dxs) {
   (void)f;
-  return run_inner(&(inner_job){l, g, 0, 0, 1, dout, daux, dz, dxs, NULL});
+  return run_inner(&(inner_job){l, g, 1, dout, daux, dz, dxs, NULL});
 }
 
 /* The inner layers have workspaces of their own. */

@@ -398,7 +398,7 @@ static moe__groups micro_groups(const moe_layer_t *l, int i, const float *x, flo
   const moe__micro *m = &p->mb[i];
   size_t r = micro_at(l, i);
   const int32_t *kept = p->n == 1 && l->st->tr->in_place ? p->kept : NULL; /* static padding, in process */
-  return (moe__groups){p->ng, m->rows, m->goffs, kept, x + r, y + r};
+  return (moe__groups){p->ng, m->rows, m->e0, m->e1, m->goffs, kept, x + r, y + r};
 }
 
 /* Micro-batch i's activations: its own rows of them, or the one shared buffer under memory reuse (as the

@@ -109,9 +109,11 @@ typedef struct {
 } moe__router;
 
 /* Rows of expert groups: group g is rows [offs[g], offs[g + 1]) of x (in) and y (out); kept, when
- * not NULL, the rows in use at the start of each group (the rest is static padding). */
+ * not NULL, the rows in use at the start of each group (the rest is static padding). A micro-batch's
+ * groups are [e0, e1): the others have no rows in it. */
 typedef struct {
   int n, rows;
+  int e0, e1;
   const int32_t *offs, *kept;
   const float *x;
   float *y;
