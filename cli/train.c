@@ -26,7 +26,8 @@ static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 
 typedef struct {
   const char *data, *checkpoint, *resume, *trace;
-  int json, log_steps, epochs, stop_after, batch, warmup, augment, threads;
+  int json, log_steps, epochs, stop_after, batch, warmup, threads;
+  train_augment aug; /* --augment, --augment-rotate, --augment-scale */
   int val; /* --val N: evaluate on the last N training images, held out, instead of the test set */
   int skip_nan; /* --on-nan skip-step */
   train_adjust adj; /* --capacity dynamic, --cache-assignments */
@@ -53,7 +54,9 @@ static void usage(FILE *f) {
     "       (--delta-launch N: RECOMPILE decisions, capacity or caching, land N + 1 steps late)\n"
     "       [--activation relu|gelu|silu|swiglu] [--loss cooperation|specification] [--dtype f32|bf16]\n"
     "       [--aux-weight W] [--z-weight W] [--optimizer adam|sgd] [--lr LR] [--weight-decay W]\n"
-    "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N] [--augment PX]\n"
+    "       [--momentum M] [--warmup STEPS] [--batch B] [--epochs N] [--stop-after N]\n"
+    "       [--augment PX] [--augment-rotate DEG] [--augment-scale F]   (training images shifted by up to PX\n"
+    "       pixels, rotated by up to DEG degrees, scaled by 1 +- F: default 2, 15, 0.15; 0 turns one off)\n"
     "       [--seed S] [--threads N] [--checkpoint F] [--resume F] [--trace F] [--json] [--log-steps] [--val N]\n"
     "       [--on-nan stop|skip-step] [--progress|--quiet]\n"
     "       [--replicas auto|off [--slots E_v] [--balance-threshold 1.2] [--replica-horizon 10]\n"
@@ -84,7 +87,9 @@ static void defaults(train_opts *o) {
   o->epochs = 30;
   o->batch = 64;
   o->warmup = -1; /* one epoch */
-  o->augment = 2;
+  o->aug.shift = 2;
+  o->aug.rotate = 15; /* chosen on a validation split: BENCHMARKS "The recipe" */
+  o->aug.scale = 0.15f;
   o->lr = 2e-3f;
   train_adjust_defaults(&o->adj);
   o->balance_threshold = 1.2f;
@@ -146,7 +151,11 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
       else if (cli_flag_is(f, "batch")) ok = cli_parse_int(v, &o->batch) && o->batch > 0;
       else if (cli_flag_is(f, "epochs")) ok = cli_parse_int(v, &o->epochs) && o->epochs > 0;
       else if (cli_flag_is(f, "stop_after")) ok = cli_parse_int(v, &o->stop_after) && o->stop_after > 0;
-      else if (cli_flag_is(f, "augment")) ok = cli_parse_int(v, &o->augment) && o->augment >= 0 && o->augment < 8;
+      else if (cli_flag_is(f, "augment")) ok = cli_parse_int(v, &o->aug.shift) && o->aug.shift >= 0 && o->aug.shift < 8;
+      else if (cli_flag_is(f, "augment_rotate"))
+        ok = cli_parse_float(v, &o->aug.rotate) && o->aug.rotate >= 0 && o->aug.rotate <= 90;
+      else if (cli_flag_is(f, "augment_scale"))
+        ok = cli_parse_float(v, &o->aug.scale) && o->aug.scale >= 0 && o->aug.scale < 1;
       else if (cli_flag_is(f, "val")) ok = cli_parse_int(v, &o->val) && o->val > 0;
       else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
       else if (cli_flag_is(f, "on_nan")) ok = (o->skip_nan = !strcmp(v, "skip-step")) || !strcmp(v, "stop");
@@ -186,23 +195,25 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
 static void save_extra(const train_opts *o, char *buf, size_t n) {
   snprintf(buf, n,
            "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%.9g;dynamic_capacity=%d;delta_launch=%d;headroom=%.9g;"
-           "cache_assignments=%d;cache_on=%.9g;cache_off=%.9g;cache_min_epoch=%d",
-           o->epochs, o->batch, o->warmup, o->augment, (double)o->lr, o->adj.dynamic_capacity, o->adj.delta_launch,
+           "cache_assignments=%d;cache_on=%.9g;cache_off=%.9g;cache_min_epoch=%d;augment_rotate=%.9g;augment_scale=%.9g",
+           o->epochs, o->batch, o->warmup, o->aug.shift, (double)o->lr, o->adj.dynamic_capacity, o->adj.delta_launch,
            (double)o->adj.headroom, o->adj.cache_assignments, (double)o->adj.cache.on, (double)o->adj.cache.off,
-           o->adj.cache.min_epoch);
+           o->adj.cache.min_epoch, (double)o->aug.rotate, (double)o->aug.scale);
 }
 
-/* The checkpoint's training options (the adjustments' are absent from older checkpoints); 0 if they
- * are missing or out of range. */
+/* The checkpoint's training options (older checkpoints lack the adjustments' and then the rotation and
+ * scaling, which they trained without); 0 if they are missing or out of range. */
 static int load_extra(const char *s, train_opts *o) {
+  o->aug.rotate = o->aug.scale = 0;
   int n = sscanf(s,
                  "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%f;dynamic_capacity=%d;delta_launch=%d;headroom=%f;"
-                 "cache_assignments=%d;cache_on=%f;cache_off=%f;cache_min_epoch=%d",
-                 &o->epochs, &o->batch, &o->warmup, &o->augment, &o->lr, &o->adj.dynamic_capacity,
+                 "cache_assignments=%d;cache_on=%f;cache_off=%f;cache_min_epoch=%d;augment_rotate=%f;augment_scale=%f",
+                 &o->epochs, &o->batch, &o->warmup, &o->aug.shift, &o->lr, &o->adj.dynamic_capacity,
                  &o->adj.delta_launch, &o->adj.headroom, &o->adj.cache_assignments, &o->adj.cache.on,
-                 &o->adj.cache.off, &o->adj.cache.min_epoch);
-  return (n == 5 || n == 12) && o->epochs > 0 && o->batch > 0 && o->warmup >= -1 && o->augment >= 0 &&
-         o->augment < 8 && o->lr > 0 && o->lr < 1e3f && o->adj.delta_launch >= 0 && o->adj.delta_launch < 60 &&
+                 &o->adj.cache.off, &o->adj.cache.min_epoch, &o->aug.rotate, &o->aug.scale);
+  return (n == 5 || n == 12 || n == 14) && o->epochs > 0 && o->batch > 0 && o->warmup >= -1 && o->aug.shift >= 0 &&
+         o->aug.shift < 8 && o->aug.rotate >= 0 && o->aug.rotate <= 90 && o->aug.scale >= 0 && o->aug.scale < 1 &&
+         o->lr > 0 && o->lr < 1e3f && o->adj.delta_launch >= 0 && o->adj.delta_launch < 60 &&
          o->adj.headroom >= 0 && o->adj.headroom <= 10 && o->adj.cache.min_epoch >= 0;
 }
 
@@ -287,7 +298,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     int64_t skipped0 = ng.skipped;
     double t0 = cli_now();
     cli_progress_start(&o->progress, r == 0, "steps", steps); /* rank 0 reports */
-    train_batch_epoch(&tb, o->seed, epoch, o->augment);
+    train_batch_epoch(&tb, o->seed, epoch, &o->aug);
     for (int s = 0; s < steps && !interrupted; s++, step++) {
       train_batch_fill(&tb, s);
       for (int b = 0; dist && o->n_parallel_r > 1 && b < m->cfg.blocks; b++) /* switching moves no weights */
@@ -407,7 +418,8 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
       {"--z-weight", o->model.z_weight, NULL}, {"--optimizer", o->optim.kind, moe_opt_name(o->optim.kind)},
       {"--lr", o->lr, NULL}, {"--weight-decay", o->optim.weight_decay, NULL}, {"--momentum", o->optim.momentum, NULL},
       {"--warmup", o->warmup, NULL}, {"--batch", o->batch, NULL}, {"--epochs", o->epochs, NULL},
-      {"--stop-after", o->stop_after, NULL}, {"--augment", o->augment, NULL}, {"--val", o->val, NULL},
+      {"--stop-after", o->stop_after, NULL}, {"--augment", o->aug.shift, NULL}, {"--val", o->val, NULL},
+      {"--augment-rotate", o->aug.rotate, NULL}, {"--augment-scale", o->aug.scale, NULL},
       {"--seed", cli_hash(&o->seed, sizeof o->seed), seed}, {"--cache-assignments", o->adj.cache_assignments, NULL},
       {"--cache-on", o->adj.cache.on, NULL}, {"--cache-off", o->adj.cache.off, NULL},
       {"--cache-min-epoch", o->adj.cache.min_epoch, NULL}, {"--on-nan skip-step", o->skip_nan, NULL},

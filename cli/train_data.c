@@ -57,6 +57,9 @@ int hold_out(moe_dataset *d, int n, moe_dataset *val) {
   return 0;
 }
 
+/* A uniform draw in [-1, 1) from the top 53 bits of h. */
+static double unit_pm1(uint64_t h) { return (double)(h >> 11) * 0x1p-52 - 1.0; }
+
 static uint64_t mix(uint64_t z) { /* splitmix64 finalizer */
   z += 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -85,10 +88,10 @@ void train_batch_free(train_batch *b) {
   memset(b, 0, sizeof *b);
 }
 
-void train_batch_epoch(train_batch *b, uint64_t seed, int epoch, int augment) {
+void train_batch_epoch(train_batch *b, uint64_t seed, int epoch, const train_augment *aug) {
   b->seed = seed;
   b->epoch = epoch;
-  b->augment = augment;
+  b->aug = *aug;
   train_shuffle(b->perm, b->d->n, seed, epoch);
 }
 
@@ -106,17 +109,22 @@ void train_shuffle(int32_t *perm, int n, uint64_t seed, int epoch) {
 
 void train_batch_fill(train_batch *b, int s) {
   const moe_dataset *d = b->d;
-  int R = d->rows, C = d->cols, a = b->augment;
+  int R = d->rows, C = d->cols, a = b->aug.shift;
   for (int i = 0; i < b->B; i++) {
     int pos = s * b->B + i, idx = b->perm[pos];
     const float *src = d->images + (size_t)idx * R * C;
     float *dst = b->x + (size_t)i * R * C;
     b->y[i] = d->labels[idx];
+    uint64_t h = mix(b->seed ^ mix(((uint64_t)b->epoch << 32) ^ (uint64_t)pos));
     int dy = 0, dx = 0;
     if (a > 0) { /* a random shift of up to a pixels each way, zeros shifted in */
-      uint64_t h = mix(b->seed ^ mix(((uint64_t)b->epoch << 32) ^ (uint64_t)pos));
       dy = (int)(h % (uint64_t)(2 * a + 1)) - a;
       dx = (int)((h >> 32) % (uint64_t)(2 * a + 1)) - a;
+    }
+    if (b->aug.rotate > 0 || b->aug.scale > 0) {
+      uint64_t h1 = mix(h ^ 0x5CA1E), h2 = mix(h1);
+      augment_warp(src, dst, R, C, b->aug.rotate * unit_pm1(h1), 1.0 + b->aug.scale * unit_pm1(h2), dy, dx);
+      continue;
     }
     for (int r = 0; r < R; r++)
       for (int c = 0; c < C; c++) {

@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 
+#include "augment.h"
 #include "moe.h"
 
 /* The default --data: the repository's MNIST (scripts/get-mnist.sh). */
@@ -20,7 +21,8 @@ int hold_out(moe_dataset *d, int n, moe_dataset *val);
 
 typedef struct {
   const moe_dataset *d;
-  int B, augment;
+  int B;
+  train_augment aug;
   uint64_t seed;
   int epoch;
   int32_t *perm; /* (n) this epoch's order */
@@ -30,7 +32,7 @@ typedef struct {
 int train_batch_init(train_batch *b, const moe_dataset *d, int B);
 void train_batch_free(train_batch *b);
 /* Fixes the epoch's order and augmentation. */
-void train_batch_epoch(train_batch *b, uint64_t seed, int epoch, int augment);
+void train_batch_epoch(train_batch *b, uint64_t seed, int epoch, const train_augment *aug);
 /* perm (n) = epoch's order of 0..n-1, a function of (seed, epoch). */
 void train_shuffle(int32_t *perm, int n, uint64_t seed, int epoch);
 /* Fills x and y with batch s of the epoch. */

@@ -100,6 +100,10 @@ static void resume_is_bit_exact(const char *extra, int *failed_) {
 
 TEST(train_resume_is_bit_exact) { resume_is_bit_exact("", failed_); }
 
+/* The rotation and scaling are kept in the checkpoint: the resumed half, given no flags, draws the
+ * same distorted images (values unlike the defaults, so the defaults cannot stand in for them). */
+TEST(train_resume_keeps_rotation_and_scaling) { resume_is_bit_exact("--augment-rotate 12.5 --augment-scale 0.22", failed_); }
+
 /* bf16 experts: resumes bit-exactly too (from the fp32 masters), stores the expert matrices as BF16
  * beside their masters, learns, and eval from the checkpoint reproduces train's accuracy. */
 TEST(train_bf16) {
@@ -195,6 +199,13 @@ TEST(train_bad_input) {
   snprintf(args, sizeof args, "train --data '%s' --resume '%s' --experts 8", data_dir, good);
   ASSERT(run_moe(NULL, args, NULL, err, sizeof err) != 0);
   ASSERT(strstr(err, "--resume"));
+  /* distortions out of range are named */
+  const char *flags[3][2] = {{"--augment-rotate", "91"}, {"--augment-scale", "1"}, {"--augment-rotate", "-5"}};
+  for (int i = 0; i < 3; i++) {
+    snprintf(args, sizeof args, "train --data '%s' --epochs 1 %s=%s", data_dir, flags[i][0], flags[i][1]);
+    ASSERT(run_moe(NULL, args, NULL, err, sizeof err) != 0);
+    if (!strstr(err, flags[i][0]) || !strstr(err, flags[i][1])) FAIL_("%s %s is not named: %s", flags[i][0], flags[i][1], err);
+  }
 }
 
 /* --trace: one row per (step, block, expert) with assignments, B * top-k per step and block, written
