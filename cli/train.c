@@ -3,6 +3,7 @@
  * is test_accuracy=0.xxxx ({"test_accuracy": 0.xxxx} with --json, whose stdout is JSON lines only). Data order and augmentation are functions of (seed, epoch, position),
  * so a resumed run sees exactly the batches the uninterrupted run would have seen. */
 #include <errno.h>
+#include <omp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -293,6 +294,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   moe_flex_trainer *ft = NULL;
   if (!rc && m->cfg.moe.replica_slots)
     rc = cli_settle(dist, CMD, flex_start(&ft, m, o->balance_threshold, o->replica_horizon, o->adj.delta_launch, o->replica_ops, stdout));
+  int fill_threads = o->threads > 0 ? o->threads : omp_get_num_procs();
   for (int epoch = start_epoch; epoch < last && !rc; epoch++) {
     epoch_acc a = {0};
     int64_t skipped0 = ng.skipped;
@@ -300,7 +302,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     cli_progress_start(&o->progress, r == 0, "steps", steps); /* rank 0 reports */
     train_batch_epoch(&tb, o->seed, epoch, &o->aug);
     for (int s = 0; s < steps && !interrupted; s++, step++) {
-      train_batch_fill(&tb, s);
+      train_batch_fill(&tb, s, fill_threads);
       for (int b = 0; dist && o->n_parallel_r > 1 && b < m->cfg.blocks; b++) /* switching moves no weights */
         if (moe_layer_set_parallel_r(&m->layers[b], o->parallel_r[step % o->n_parallel_r])) { rc = cli_fail(CMD), local = 1; break; }
       if (rc) break;

@@ -107,9 +107,10 @@ void train_shuffle(int32_t *perm, int n, uint64_t seed, int epoch) {
   }
 }
 
-void train_batch_fill(train_batch *b, int s) {
+void train_batch_fill(train_batch *b, int s, int threads) {
   const moe_dataset *d = b->d;
   int R = d->rows, C = d->cols, a = b->aug.shift;
+#pragma omp parallel for num_threads(threads) if (b->aug.rotate > 0 || b->aug.scale > 0)
   for (int i = 0; i < b->B; i++) {
     int pos = s * b->B + i, idx = b->perm[pos];
     const float *src = d->images + (size_t)idx * R * C;

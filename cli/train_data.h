@@ -35,8 +35,9 @@ void train_batch_free(train_batch *b);
 void train_batch_epoch(train_batch *b, uint64_t seed, int epoch, const train_augment *aug);
 /* perm (n) = epoch's order of 0..n-1, a function of (seed, epoch). */
 void train_shuffle(int32_t *perm, int n, uint64_t seed, int epoch);
-/* Fills x and y with batch s of the epoch. */
-void train_batch_fill(train_batch *b, int s);
+/* Fills x and y with batch s of the epoch, the images on `threads` threads (the bits do not depend on
+ * how many). */
+void train_batch_fill(train_batch *b, int s, int threads);
 
 /* Accuracy of m on d, in batches of B. */
 int evaluate(moe_model_t *m, const moe_dataset *d, int B, double *acc);

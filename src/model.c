@@ -477,8 +477,13 @@ moe_status moe_model_backward(moe_model_t *m) {
     MOE_CHECK(moe__dist_allreduce_f32(c->moe.dist, m->dense_grad, (int)s->dense_n));
     for (int i = 0; i < L; i++) MOE_CHECK(moe_layer_reduce_grads(&m->layers[i]));
   }
+  /* every gradient finite? one pass over the tensors on the threads (the expert weights' dominate and
+   * are several); only when one is not, the serial scan that names the first */
+  int ok = 1;
+#pragma omp parallel for schedule(dynamic, 1) reduction(&& : ok) num_threads(nt)
+  for (int i = 0; i < m->nrefs; i++) ok = all_finite(m->refs[i].grad, m->refs[i].numel);
   char bad[256] = ""; /* the refs in reverse: about the order backward makes their gradients in */
-  for (int i = m->nrefs - 1; i >= 0; i--) find_bad(bad, sizeof bad, "grad.", &m->refs[i], m->refs[i].grad);
+  for (int i = m->nrefs - 1; i >= 0 && !ok; i--) find_bad(bad, sizeof bad, "grad.", &m->refs[i], m->refs[i].grad);
   return agree(c->moe.dist, bad, "the backward");
 }
 
