@@ -34,7 +34,7 @@ install(FILES ${CMAKE_BINARY_DIR}/libmoe-config.cmake ${CMAKE_BINARY_DIR}/libmoe
 # directory and run path (Debian's alternatives, and so its openblas.pc, may name the pthreads one);
 # oneDNN has no .pc.
 get_filename_component(MOE_DNNL_DIR ${DNNL_LIB} DIRECTORY)
-set(MOE_PC_LIBS_PRIVATE "-L${MOE_OPENBLAS_DIR} -Wl,-rpath,${MOE_OPENBLAS_DIR} -lopenblas -L${MOE_DNNL_DIR} -ldnnl ${OpenMP_C_FLAGS} -lm")
+set(MOE_PC_LIBS_PRIVATE "-L${MOE_OPENBLAS_DIR} -Wl,-rpath,${MOE_OPENBLAS_DIR} -lopenblas -L${MOE_DNNL_DIR} -ldnnl ${OpenMP_C_FLAGS} -lmvec -lm")
 # The .pc files name the prefix `cmake --install` installs into (--prefix may change it after
 # configuring), so cmake/install-pc.cmake writes them then, from these values.
 install(CODE "

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "act.h"
 #include "gemm.h"
 #include "layer_internal.h"
 
@@ -26,29 +27,6 @@ size_t moe__ffn_bytes(const moe_layer_t *l, int ng, int rows) {
   size_t E = (size_t)ng; /* the GEMM list, the weights of each group, and the cache's bookkeeping */
   return fwd + moe__arena_size(3 * E * sizeof(moe__gemm)) + moe__arena_size(E * sizeof(moe__expert_w)) +
          moe__arena_size(E) + moe__arena_size(E * sizeof(int));
-}
-
-static inline float sigmoidf(float a) { return 1.0f / (1.0f + expf(-a)); }
-
-static inline float act_f(moe_act act, float a) {
-  switch (act) {
-    case MOE_ACT_RELU: return a > 0 ? a : 0;
-    case MOE_ACT_GELU: return 0.5f * a * (1.0f + erff(a * 0.70710678118654752f));
-    default: return a * sigmoidf(a); /* silu, and the gate half of swiglu */
-  }
-}
-
-static inline float act_df(moe_act act, float a) {
-  switch (act) {
-    case MOE_ACT_RELU: return a > 0 ? 1.0f : 0.0f;
-    case MOE_ACT_GELU:
-      return 0.5f * (1.0f + erff(a * 0.70710678118654752f)) +
-             a * expf(-0.5f * a * a) * 0.39894228040143268f;
-    default: {
-      float sg = sigmoidf(a);
-      return sg * (1.0f + a * (1.0f - sg));
-    }
-  }
 }
 
 /* d[c] += the sum over rows [r0, r1) of src (rows m apart), for columns [c0, c1), row by row. */
@@ -215,29 +193,14 @@ static void add_rows(float *a, const float *b, int r0, int r1, int m) {
 
 /* Rows [r0, r1): h = act(a1) (swiglu: silu(a1) * a3). */
 static void fwd_act(const moe_layer_t *l, const moe__ffn *f, int r0, int r1) {
-  size_t H = (size_t)l->cfg.H;
-  moe_act act = l->cfg.act;
-  int glu = act == MOE_ACT_SWIGLU;
-  for (size_t i = r0 * H; i < r1 * H; i++)
-    f->h[i] = glu ? act_f(MOE_ACT_SILU, f->a1[i]) * f->a3[i] : act_f(act, f->a1[i]);
+  size_t H = (size_t)l->cfg.H, a = (size_t)r0 * H;
+  moe__act_forward(l->cfg.act, f->a1 + a, f->a3 ? f->a3 + a : NULL, f->h + a, (size_t)(r1 - r0) * H);
 }
 
 /* Rows [r0, r1) of backward through the activation: dh (in h's place) to da1, and da3 (swiglu). */
 static void bwd_act(const moe_layer_t *l, const moe__ffn *f, int r0, int r1) {
-  size_t H = (size_t)l->cfg.H;
-  moe_act act = l->cfg.act;
-  int glu = act == MOE_ACT_SWIGLU;
-  float *dh = f->h, *da3 = f->a3;
-  for (size_t i = r0 * H; i < r1 * H; i++) {
-    float a1 = f->a1[i];
-    if (glu) {
-      float a3 = f->a3[i];
-      da3[i] = dh[i] * act_f(MOE_ACT_SILU, a1);
-      dh[i] = dh[i] * a3 * act_df(MOE_ACT_SILU, a1);
-    } else {
-      dh[i] *= act_df(act, a1);
-    }
-  }
+  size_t H = (size_t)l->cfg.H, a = (size_t)r0 * H;
+  moe__act_backward(l->cfg.act, f->a1 + a, f->a3 ? f->a3 + a : NULL, f->h + a, (size_t)(r1 - r0) * H);
 }
 
 static void run_gemms(const moe__gemm *g, int n) {
