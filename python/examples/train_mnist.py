@@ -9,13 +9,13 @@ block h + MoE(LayerNorm(h)) with 8 experts of hidden size 512, top-2, gelu, dyna
 LayerNorm and Linear(128, 10); weights uniform in +-1/sqrt(fan_in), biases 0 (the MoE layer's from
 moe_layer_init_params); loss cross-entropy + 0.01 * the balance loss; AdamW (0.9, 0.999, 1e-8) with
 weight decay 0.01 on the weight matrices only; learning rate 2e-3 with one epoch of linear warm-up and
-cosine decay to 0 (libmoe.lr_schedule, the same function); 30 epochs of batches of 64, reshuffled each
+cosine decay to 0 (libmoe.lr_schedule, the same function); 60 epochs of batches of 64, reshuffled each
 epoch, every image shifted by up to 2 pixels each way, rotated by up to 15 degrees and scaled by up to
 15% (bilinear, zeros outside: cli/augment.c); test accuracy on the t10k
 split in batches of 500. The data order and the initial weights come from other random draws than the
 C trainer's, so the two runs agree in accuracy, not bit for bit.
 
-Usage: /usr/bin/python3 python/examples/train_mnist.py [--data data/mnist] [--epochs 30] [--seeds 1,2,3]
+Usage: /usr/bin/python3 python/examples/train_mnist.py [--data data/mnist] [--epochs 60] [--seeds 1,2,3]
            [--dtype f32|bf16] [--moe build/moe] [--tolerance 0.5]
 (PYTHONPATH is not needed from the source tree; data from scripts/get-mnist.sh.)
 """
@@ -148,7 +148,7 @@ def moe_train(args, seed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="data/mnist", help="IDX directory (scripts/get-mnist.sh writes data/mnist)")
-    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--epochs", type=int, default=60)
     ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=[1],
                     help="comma-separated seeds, one run each")
     ap.add_argument("--lr", type=float, default=2e-3)
