@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 scripts/get-mnist.sh data/mnist >/dev/null
 for cap in 1.0 2.0 3.0 4.0 dynamic; do
   start=$(date +%s.%N)
-  "$MOE" train --dispatch static --capacity $cap --epochs "$EPOCHS" --json > "$OUT/$cap.jsonl" 2>&1
+  "$MOE" train --dispatch static --capacity $cap --epochs "$EPOCHS" --augment-rotate 0 --augment-scale 0 --json > "$OUT/$cap.jsonl" 2>&1
   end=$(date +%s.%N)
   python3 -c "
 import json

@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.." 2>/dev/null || true
 scripts/get-mnist.sh data/mnist >/dev/null
 CK=$OUT/moe16.safetensors
-[ -f "$CK" ] || "$MOE" train --experts 16 --top-k 2 --blocks 2 --hidden 256 --epochs 8 --checkpoint "$CK" | tail -1
+[ -f "$CK" ] || "$MOE" train --experts 16 --top-k 2 --blocks 2 --hidden 256 --epochs 8 --augment-rotate 0 --augment-scale 0 --checkpoint "$CK" | tail -1
 "$MOE" trace --checkpoint "$CK" --batch 16 --out "$OUT/trace.csv"
 echo "K, throughput (samples/s), p50 batch latency (ms), hit rate, resident expert MiB of all"
 for K in $(seq 1 16); do
