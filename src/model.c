@@ -481,7 +481,8 @@ moe_status moe_model_backward(moe_model_t *m) {
    * are several); only when one is not, the serial scan that names the first */
   int ok = 1;
 #pragma omp parallel for schedule(dynamic, 1) reduction(&& : ok) num_threads(nt)
-  for (int i = 0; i < m->nrefs; i++) ok = all_finite(m->refs[i].grad, m->refs[i].numel);
+  for (int i = 0; i < m->nrefs; i++)
+    if (!all_finite(m->refs[i].grad, m->refs[i].numel)) ok = 0; /* the thread's own ok keeps a 0 it saw */
   char bad[256] = ""; /* the refs in reverse: about the order backward makes their gradients in */
   for (int i = m->nrefs - 1; i >= 0 && !ok; i--) find_bad(bad, sizeof bad, "grad.", &m->refs[i], m->refs[i].grad);
   return agree(c->moe.dist, bad, "the backward");

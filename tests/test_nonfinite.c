@@ -153,6 +153,40 @@ TEST(nonfinite_checkpoint_refused) {
 
 static float *ref(moe_model_t *m, const char *name) { return (float *)moe_model_find(m, name)->data; }
 
+/* A non-finite gradient in any one tensor fails the backward naming it, whichever of the 2 threads
+ * checks it and whatever that thread checks after it. */
+TEST(nonfinite_backward_names_any_gradient) {
+  moe_model_config c;
+  moe_model_config_default(&c);
+  c.in_dim = 5, c.classes = 3, c.blocks = 2;
+  c.moe.D = 6, c.moe.H = 4, c.moe.E = 4, c.moe.top_k = 2, c.moe.threads = 2;
+  moe_model_t m;
+  ASSERT_OK(moe_model_init(&m, &c));
+  moe_model_init_params(&m, 5);
+  float x[8 * 5];
+  uint8_t y[8];
+  for (int i = 0; i < 40; i++) x[i] = (float)((i * 5) % 9) / 9.0f - 0.5f;
+  for (int i = 0; i < 8; i++) y[i] = (uint8_t)(i % 3);
+  char msg[512] = "";
+  for (int i = 0; i < m.nrefs && !msg[0]; i++) {
+    moe_model_zero_grad(&m);
+    moe_status st = moe_model_forward(&m, x, y, 8, NULL);
+    if (st != MOE_OK) {
+      snprintf(msg, sizeof msg, "forward: %s", moe_last_error());
+      break;
+    }
+    m.refs[i].grad[m.refs[i].numel - 1] = NAN; /* the backward adds to it: it stays NaN */
+    char want[200];
+    snprintf(want, sizeof want, "went non-finite first at 'grad.%s' [", m.refs[i].name);
+    st = moe_model_backward(&m);
+    if (st != MOE_ERR_VALUE || !strstr(moe_last_error(), want))
+      snprintf(msg, sizeof msg, "NaN in %s's gradient: %s '%s', want '%s'", m.refs[i].name, moe_status_name(st),
+               moe_last_error(), want);
+  }
+  moe_model_free(&m);
+  if (msg[0]) FAIL_("%s", msg);
+}
+
 TEST(nonfinite_forward_names_block_and_tensor) {
   moe_model_config c;
   moe_model_config_default(&c);
