@@ -3,7 +3,6 @@
  * is test_accuracy=0.xxxx ({"test_accuracy": 0.xxxx} with --json, whose stdout is JSON lines only). Data order and augmentation are functions of (seed, epoch, position),
  * so a resumed run sees exactly the batches the uninterrupted run would have seen. */
 #include <errno.h>
-#include <omp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "gemm.h" /* moe__threads: --threads 0 as the library counts it */
 #include "progress.h"
 #include "rank_errors.h"
 #include "train_cache.h"
@@ -294,7 +294,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   moe_flex_trainer *ft = NULL;
   if (!rc && m->cfg.moe.replica_slots)
     rc = cli_settle(dist, CMD, flex_start(&ft, m, o->balance_threshold, o->replica_horizon, o->adj.delta_launch, o->replica_ops, stdout));
-  int fill_threads = o->threads > 0 ? o->threads : omp_get_num_procs();
+  int fill_threads = moe__threads(o->threads);
   for (int epoch = start_epoch; epoch < last && !rc; epoch++) {
     epoch_acc a = {0};
     int64_t skipped0 = ng.skipped;

@@ -109,8 +109,8 @@ void train_shuffle(int32_t *perm, int n, uint64_t seed, int epoch) {
 
 void train_batch_fill(train_batch *b, int s, int threads) {
   const moe_dataset *d = b->d;
-  int R = d->rows, C = d->cols, a = b->aug.shift;
-#pragma omp parallel for num_threads(threads) if (b->aug.rotate > 0 || b->aug.scale > 0)
+  int R = d->rows, C = d->cols, a = b->aug.shift, warp = b->aug.rotate > 0 || b->aug.scale > 0;
+#pragma omp parallel for num_threads(threads) if (warp) /* a shift alone is a copy, not worth the threads */
   for (int i = 0; i < b->B; i++) {
     int pos = s * b->B + i, idx = b->perm[pos];
     const float *src = d->images + (size_t)idx * R * C;
@@ -122,7 +122,7 @@ void train_batch_fill(train_batch *b, int s, int threads) {
       dy = (int)(h % (uint64_t)(2 * a + 1)) - a;
       dx = (int)((h >> 32) % (uint64_t)(2 * a + 1)) - a;
     }
-    if (b->aug.rotate > 0 || b->aug.scale > 0) {
+    if (warp) {
       uint64_t h1 = mix(h ^ 0x5CA1E), h2 = mix(h1);
       augment_warp(src, dst, R, C, b->aug.rotate * unit_pm1(h1), 1.0 + b->aug.scale * unit_pm1(h2), dy, dx);
       continue;

@@ -9,7 +9,6 @@
 #include "act.h"
 #include "vmath.h"
 
-
 static inline float sigmoidf(float a) { return 1.0f / (1.0f + expf(-a)); }
 
 static inline float act_f(moe_act act, float a) {
@@ -33,13 +32,26 @@ static inline float act_df(moe_act act, float a) {
 }
 
 #ifdef __AVX512F__
-/* The scalar formulas above, term for term. */
+/* The scalar formulas above, term for term, 16 values at a time. */
 static void gelu_forward(const float *a, float *h, size_t n) {
   const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f), s = _mm512_set1_ps(0.70710678118654752f);
   for (size_t i = 0; i < n; i += 16) {
     __mmask16 m = moe__lanes(n - i);
     __m512 x = _mm512_maskz_loadu_ps(m, a + i), e = _ZGVeN16v_erff(_mm512_mul_ps(x, s));
     _mm512_mask_storeu_ps(h + i, m, _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, e)));
+  }
+}
+
+static void gelu_backward(const float *a, float *dh, size_t n) {
+  const __m512 half = _mm512_set1_ps(0.5f), mhalf = _mm512_set1_ps(-0.5f), one = _mm512_set1_ps(1.0f);
+  const __m512 s = _mm512_set1_ps(0.70710678118654752f), k = _mm512_set1_ps(0.39894228040143268f);
+  for (size_t i = 0; i < n; i += 16) {
+    __mmask16 m = moe__lanes(n - i);
+    __m512 x = _mm512_maskz_loadu_ps(m, a + i);
+    __m512 e = _ZGVeN16v_erff(_mm512_mul_ps(x, s));
+    __m512 g = _ZGVeN16v_expf(_mm512_mul_ps(_mm512_mul_ps(mhalf, x), x));
+    __m512 d = _mm512_add_ps(_mm512_mul_ps(half, _mm512_add_ps(one, e)), _mm512_mul_ps(_mm512_mul_ps(x, g), k));
+    _mm512_mask_storeu_ps(dh + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, dh + i), d));
   }
 }
 
@@ -73,19 +85,6 @@ static void silu_backward(const float *a1, float *a3, float *dh, size_t n) {
     } else {
       _mm512_mask_storeu_ps(dh + i, m, _mm512_mul_ps(d, df));
     }
-  }
-}
-
-static void gelu_backward(const float *a, float *dh, size_t n) {
-  const __m512 half = _mm512_set1_ps(0.5f), mhalf = _mm512_set1_ps(-0.5f), one = _mm512_set1_ps(1.0f);
-  const __m512 s = _mm512_set1_ps(0.70710678118654752f), k = _mm512_set1_ps(0.39894228040143268f);
-  for (size_t i = 0; i < n; i += 16) {
-    __mmask16 m = moe__lanes(n - i);
-    __m512 x = _mm512_maskz_loadu_ps(m, a + i);
-    __m512 e = _ZGVeN16v_erff(_mm512_mul_ps(x, s));
-    __m512 g = _ZGVeN16v_expf(_mm512_mul_ps(_mm512_mul_ps(mhalf, x), x));
-    __m512 d = _mm512_add_ps(_mm512_mul_ps(half, _mm512_add_ps(one, e)), _mm512_mul_ps(_mm512_mul_ps(x, g), k));
-    _mm512_mask_storeu_ps(dh + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, dh + i), d));
   }
 }
 #endif
