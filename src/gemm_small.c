@@ -16,11 +16,32 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <threads.h>
 
 #define MR 6      /* rows of a register tile: 6 x 4 accumulators of 16 floats */
 #define NR 64     /* columns of a register tile */
 #define KC 512    /* inner-dimension block: a 64-column panel of it stays in L2 */
 #define SMALL 128 /* the small side up to which the library's panels cost more than they save */
+/* Each thread's copy of an operand (A^T for NT, B's strips for TN): 256 KiB, kept in L2 while it is
+ * read. On the heap, made once per thread: as thread-local data it would be part of every thread's
+ * stack, and threads with small stacks (an HTTP server's) could not start. */
+#define SCRATCH (SMALL * NR * 8)
+static tss_t scratch_key;
+static once_flag scratch_once = ONCE_FLAG_INIT;
+static int scratch_keyed;
+static void scratch_init(void) { scratch_keyed = tss_create(&scratch_key, free) == thrd_success; }
+/* This thread's scratch, or NULL when there is no memory for it (the GEMM then goes to the BLAS). */
+static float *scratch(void) {
+  call_once(&scratch_once, scratch_init);
+  if (!scratch_keyed) return NULL;
+  float *s = tss_get(scratch_key);
+  if (!s && (s = aligned_alloc(64, SCRATCH * sizeof *s)) && tss_set(scratch_key, s) != thrd_success) {
+    free(s);
+    s = NULL;
+  }
+  return s;
+}
 
 /* The masks of the vectors of a tile of n columns (n <= NR). */
 static inline void col_masks(int n, __mmask16 mk[4]) {
@@ -76,52 +97,77 @@ TILES(1) TILES(2) TILES(3) TILES(4) TILES(5) TILES(6)
 #define ROW(mr) {tile_##mr##_1, tile_##mr##_2, tile_##mr##_3, tile_##mr##_4}
 static const tile_fn tiles[MR][4] = {ROW(1), ROW(2), ROW(3), ROW(4), ROW(5), ROW(6)};
 
-/* C (M, N) = sum_k a(i, k) b(k, j) + beta C, a(i, k) at a[i * ar + k * ak], b's rows ldb apart: tiles
- * down a panel of B's columns, which stays in cache for the next tile while the next panel is
- * prefetched. With few k (TN, at most SMALL) the panel is first copied together: rows of the
- * weights' width apart, its rows would fall into the same few sets of the L1 cache. */
-static void run_tiles(int M, int N, int K, const float *a, long ar, long ak, const float *b, long ldb, float beta,
-                      float *c, long ldc, int copy_panel) {
-  static _Thread_local float bp[SMALL * NR] __attribute__((aligned(64)));
-  for (int k0 = 0; k0 < K; k0 += KC) {
-    int kc = K - k0 < KC ? K - k0 : KC;
-    for (int j = 0; j < N; j += NR) {
-      int nc = N - j < NR ? N - j : NR;
+/* NN: C (M, N) = A B + beta C: tiles down a panel of B's columns, which stays in cache for the next
+ * tile while the first tile prefetches the next panel. */
+static void run_nn(const moe__gemm *g) {
+  const float *A = g->A, *B = g->B;
+  for (int k0 = 0; k0 < g->K; k0 += KC) {
+    int kc = g->K - k0 < KC ? g->K - k0 : KC;
+    for (int j = 0; j < g->N; j += NR) {
+      int nc = g->N - j < NR ? g->N - j : NR, next = j + NR < g->N;
       __mmask16 mk[4];
       col_masks(nc, mk);
-      const float *panel = b + (long)k0 * ldb + j;
-      long pld = ldb;
-      if (copy_panel) {
-        for (int k = 0; k < kc; k++)
-          for (int q = 0; q < 4; q++) _mm512_store_ps(bp + k * NR + 16 * q, _mm512_maskz_loadu_ps(mk[q], panel + k * ldb + 16 * q));
-        panel = bp;
-        pld = NR;
-      }
-      for (int i = 0; i < M; i += MR) {
-        int mr = M - i < MR ? M - i : MR, load_c = k0 > 0 || beta != 0.0f;
-        /* prefetched: the next tile's rows of C (TN: few k, the tile waits for C), else the next
-         * panel of B while the first tile reads this one */
-        int pc = copy_panel && load_c && i + MR < M, pb = !copy_panel && i == 0 && j + NR < N;
-        tiles[mr - 1][(nc + 15) / 16 - 1](kc, a + i * ar + k0 * ak, ar, ak, panel, pld, c + i * ldc + j, ldc, mk,
-                                            load_c, k0 > 0 ? 1.0f : beta,
-                                            pc ? c + (i + MR) * ldc + j : panel + NR, pc ? ldc : ldb,
-                                            pc ? (M - i - MR < MR ? M - i - MR : MR) : pb ? kc : 0);
+      const float *panel = B + (long)k0 * g->ldb + j;
+      for (int i = 0; i < g->M; i += MR) {
+        int mr = g->M - i < MR ? g->M - i : MR, load_c = k0 > 0 || g->beta != 0.0f;
+        tiles[mr - 1][(nc + 15) / 16 - 1](kc, A + (long)i * g->lda + k0, g->lda, 1, panel, g->ldb,
+                                            g->C + (long)i * g->ldc + j, g->ldc, mk, load_c, k0 > 0 ? 1.0f : g->beta,
+                                            panel + NR, g->ldb, i == 0 && next ? kc : 0);
       }
     }
   }
 }
 
-/* NT: C^T (N, m) = B (N, K) A^T (K, m), through a copy of A^T in blocks of KC x NR. */
-static void run_nt(const moe__gemm *g) {
-  static _Thread_local float at[KC * NR] __attribute__((aligned(64)));
+/* TN with at most SMALL inner steps (the weight gradients): C (M, N), a gradient that does not stay
+ * in cache from one expert to the next, is swept a group of TN_GROUP row tiles at a time, strip after
+ * strip of NR columns, so each row is read along its length with the same rows' next strip
+ * prefetched; B is first copied into strips of NR columns (contiguous: rows of the weights' width
+ * apart, its rows would fall into the same few sets of the L1 cache), as many columns at a time as
+ * the scratch holds. One thread, case L's gradients (64 rows): 1.3-1.4x the 64-column strips down all of
+ * C's rows that the panels above walk. */
+#define TN_GROUP 8
+static void run_tn_rows(const moe__gemm *g, float *bp) {
+  const float *A = g->A, *B = g->B;
+  float *C = g->C;
+  int K = g->K, load_c = g->beta != 0.0f, width = SCRATCH / K / NR * NR;
+  for (int j0 = 0; j0 < g->N; j0 += width) {
+    int w = g->N - j0 < width ? g->N - j0 : width;
+    for (int j = 0; j < w; j += NR) {
+      __mmask16 mk[4];
+      col_masks(w - j < NR ? w - j : NR, mk);
+      for (int k = 0; k < K; k++)
+        for (int q = 0; q < 4; q++)
+          _mm512_store_ps(bp + ((long)j * K + k * NR) + 16 * q, _mm512_maskz_loadu_ps(mk[q], B + (long)k * g->ldb + j0 + j + 16 * q));
+    }
+    for (int i0 = 0; i0 < g->M; i0 += TN_GROUP * MR) {
+      int i1 = g->M - i0 < TN_GROUP * MR ? g->M : i0 + TN_GROUP * MR;
+      for (int j = 0; j < w; j += NR) {
+        int nc = w - j < NR ? w - j : NR, next = load_c && j + NR < w;
+        __mmask16 mk[4];
+        col_masks(nc, mk);
+        for (int i = i0; i < i1; i += MR) {
+          int mr = i1 - i < MR ? i1 - i : MR;
+          float *c = C + (long)i * g->ldc + j0 + j;
+          tiles[mr - 1][(nc + 15) / 16 - 1](K, A + i, 1, g->lda, bp + (long)j * K, NR, c, g->ldc, mk, load_c, g->beta,
+                                              c + NR, g->ldc, next ? mr : 0);
+        }
+      }
+    }
+  }
+}
+
+/* NT: C^T (N, m) = B (N, K) A^T (K, m), through a copy of A^T in blocks of K of equal length that
+ * the scratch holds (K = 768, whole: 1.2x the 512 + 256 of a fixed block, one thread at case L). */
+static void run_nt(const moe__gemm *g, float *at) {
   static _Thread_local float ct[MR * NR] __attribute__((aligned(64)));
   const float *A = g->A, *B = g->B;
+  int blocks = (g->K + SCRATCH / NR - 1) / (SCRATCH / NR), kb = (g->K + blocks - 1) / blocks;
   for (int i0 = 0; i0 < g->M; i0 += NR) {
     int mc = g->M - i0 < NR ? g->M - i0 : NR;
     __mmask16 mk[4];
     col_masks(mc, mk);
-    for (int k0 = 0; k0 < g->K; k0 += KC) {
-      int kc = g->K - k0 < KC ? g->K - k0 : KC;
+    for (int k0 = 0; k0 < g->K; k0 += kb) {
+      int kc = g->K - k0 < kb ? g->K - k0 : kb;
       for (int i = 0; i < mc; i++)
         for (int k = 0; k < kc; k++) at[k * NR + i] = A[(long)(i0 + i) * g->lda + k0 + k];
       for (int j = 0; j < g->N; j += MR) {
@@ -276,16 +322,18 @@ static void run_tn_few(const moe__gemm *g) {
 
 int moe__gemm_small(const moe__gemm *g) {
   if (g->bf16 || g->alpha != 1.0f || !__builtin_cpu_supports("avx512f")) return 0;
-  if (!g->ta && !g->tb && g->M <= SMALL) /* NN */
-    run_tiles(g->M, g->N, g->K, g->A, g->lda, 1, g->B, g->ldb, g->beta, g->C, g->ldc, 0);
-  else if (g->ta && !g->tb && g->K <= TN_K) /* TN, few k */
+  int nn = !g->ta && !g->tb, tn = g->ta && !g->tb, nt = !g->ta && g->tb;
+  float *s = NULL;
+  if (nn && g->M <= SMALL)
+    run_nn(g);
+  else if (tn && g->K <= TN_K) /* few k */
     run_tn_few(g);
-  else if (g->ta && !g->tb && g->K <= SMALL) /* TN: a(i, k) = A[k][i] */
-    run_tiles(g->M, g->N, g->K, g->A, 1, g->lda, g->B, g->ldb, g->beta, g->C, g->ldc, 1);
-  else if (!g->ta && g->tb && g->M <= DOT_M) /* NT, few rows */
+  else if (tn && g->K <= SMALL && (s = scratch())) /* a(i, k) = A[k][i] */
+    run_tn_rows(g, s);
+  else if (nt && g->M <= DOT_M) /* few rows */
     run_nt_dot(g);
-  else if (!g->ta && g->tb && g->M <= SMALL) /* NT */
-    run_nt(g);
+  else if (nt && g->M <= SMALL && (s = scratch()))
+    run_nt(g, s);
   else
     return 0;
   return 1;

@@ -118,7 +118,7 @@ TEST(gemm_side_work_runs_once_and_keeps_bits) {
 
 /* The small-side kernels (gemm_small.c) against the double-precision loop: NN and NT with few rows,
  * TN with few inner steps, every tail of their 6-row by 64-column register tiles, inner dimensions
- * past the 512 of one block, operands with padded rows, beta 0 over NaN and beta 1; and a GEMM they
+ * past one block (NN 512, NT 1024), operands with padded rows, beta 0 over NaN and beta 1; and a GEMM they
  * do not take (large on every side, alpha not 1) is left to the BLAS. */
 static int small_kernels_built(void) {
 #ifdef __AVX512F__
@@ -223,4 +223,17 @@ TEST(gemm_small_tn_few_rows_match_reference) {
         check_padded_shape(true, false, cols[ci], inner[ki], m, &s, "TN", failed_);
         if (*failed_) return;
       }
+}
+
+/* TN gradients wider than the part of B the kernel copies at a time (64 K columns of its 256 KiB
+ * scratch, rounded down to 64): one, two and three parts, the last narrower than a 64-column strip,
+ * and row counts past and short of a group of 8 row tiles. Also NT past one block of the inner
+ * dimension (1024): two and three equal blocks. */
+TEST(gemm_small_wide_gradients_and_long_rows_match_reference) {
+  if (!small_kernels_built()) return;
+  uint64_t s = 9;
+  const int tn[][3] = {{53, 641, 128}, {100, 1300, 100}, {7, 1030, 64}, {300, 2050, 6}}; /* M N K */
+  for (int i = 0; i < 4 && !*failed_; i++) check_padded_shape(true, false, tn[i][0], tn[i][1], tn[i][2], &s, "TN", failed_);
+  const int nt[][3] = {{64, 70, 2048}, {19, 33, 2100}, {128, 7, 3073}};
+  for (int i = 0; i < 3 && !*failed_; i++) check_padded_shape(false, true, nt[i][0], nt[i][1], nt[i][2], &s, "NT", failed_);
 }
