@@ -10,7 +10,8 @@
  *   m rows of A^T (a copy of A, the small operand) and broadcasting B's rows as they stream by;
  *   with up to 16 rows (the inner experts of a hierarchical layer), dot products along K instead.
  * Each register tile is MR rows by up to 64 columns (4 vectors, the last masked) accumulated over a
- * block of KC of the inner dimension; the results depend on the shape only, never on threads. */
+ * block of the inner dimension (KC for NN, up to 1024 for NT, all of it for TN); the results depend
+ * on the shape only, never on threads. */
 #include "gemm.h"
 
 #ifdef __AVX512F__
