@@ -10,7 +10,7 @@
  *   m rows of A^T (a copy of A, the small operand) and broadcasting B's rows as they stream by;
  *   with up to 16 rows (the inner experts of a hierarchical layer), dot products along K instead.
  * Each register tile is MR rows by up to 64 columns (4 vectors, the last masked) accumulated over a
- * block of the inner dimension (KC for NN, up to 1024 for NT, all of it for TN); the results depend
+ * block of the inner dimension (KC for NN, up to KC_NT for NT, all of it for TN); the results depend
  * on the shape only, never on threads. */
 #include "gemm.h"
 
@@ -24,10 +24,11 @@
 #define NR 64     /* columns of a register tile */
 #define KC 512    /* inner-dimension block: a 64-column panel of it stays in L2 */
 #define SMALL 128 /* the small side up to which the library's panels cost more than they save */
-/* Each thread's copy of an operand (A^T for NT, B's strips for TN): 256 KiB, kept in L2 while it is
+#define KC_NT 1024 /* NT's longest block of the inner dimension */
+/* Each thread's copy of an operand (A^T for NT, B's strips for TN): 512 KiB, kept in L2 while it is
  * read. On the heap, made once per thread: as thread-local data it would be part of every thread's
  * stack, and threads with small stacks (an HTTP server's) could not start. */
-#define SCRATCH (SMALL * NR * 8)
+#define SCRATCH (KC_NT * SMALL)
 static tss_t scratch_key;
 static once_flag scratch_once = ONCE_FLAG_INIT;
 static int scratch_keyed;
@@ -124,8 +125,8 @@ static void run_nn(const moe__gemm *g) {
  * strip of NR columns, so each row is read along its length with the same rows' next strip
  * prefetched; B is first copied into strips of NR columns (contiguous: rows of the weights' width
  * apart, its rows would fall into the same few sets of the L1 cache), as many columns at a time as
- * the scratch holds. One thread, case L's gradients (64 rows): 1.3-1.4x the 64-column strips down all of
- * C's rows that the panels above walk. */
+ * the scratch holds. Case L's gradients (64 rows), 2 threads: 1.2-1.4x the 64-column strips down
+ * all of C's rows of the NN panels. */
 #define TN_GROUP 8
 static void run_tn_rows(const moe__gemm *g, float *bp) {
   const float *A = g->A, *B = g->B;
@@ -157,24 +158,27 @@ static void run_tn_rows(const moe__gemm *g, float *bp) {
   }
 }
 
-/* NT: C^T (N, m) = B (N, K) A^T (K, m), through a copy of A^T in blocks of K of equal length that
- * the scratch holds (K = 768, whole: 1.2x the 512 + 256 of a fixed block, one thread at case L). */
+/* NT: C^T (N, m) = B (N, K) A^T (K, m), through a copy of A^T in blocks of K of equal length, at most
+ * KC_NT (K = 768 whole: 1.2x the 512 + 256 of a fixed block, one thread at case L), and of 64 rows:
+ * each tile of B's rows is read from memory once and multiplied by every block of rows while it is
+ * in L1 (an expert a few rows past 64 would otherwise stream its weights twice). */
 static void run_nt(const moe__gemm *g, float *at) {
   static _Thread_local float ct[MR * NR] __attribute__((aligned(64)));
   const float *A = g->A, *B = g->B;
-  int blocks = (g->K + SCRATCH / NR - 1) / (SCRATCH / NR), kb = (g->K + blocks - 1) / blocks;
-  for (int i0 = 0; i0 < g->M; i0 += NR) {
-    int mc = g->M - i0 < NR ? g->M - i0 : NR;
-    __mmask16 mk[4];
-    col_masks(mc, mk);
-    for (int k0 = 0; k0 < g->K; k0 += kb) {
-      int kc = g->K - k0 < kb ? g->K - k0 : kb;
-      for (int i = 0; i < mc; i++)
-        for (int k = 0; k < kc; k++) at[k * NR + i] = A[(long)(i0 + i) * g->lda + k0 + k];
-      for (int j = 0; j < g->N; j += MR) {
-        int mr = g->N - j < MR ? g->N - j : MR;
-        tiles[mr - 1][(mc + 15) / 16 - 1](kc, B + (long)j * g->ldb + k0, g->ldb, 1, at, NR, ct, NR, mk, 0, 0.0f, NULL, 0, 0);
-        float beta = k0 > 0 ? 1.0f : g->beta;
+  int blocks = (g->K + KC_NT - 1) / KC_NT, kb = (g->K + blocks - 1) / blocks;
+  for (int k0 = 0; k0 < g->K; k0 += kb) {
+    int kc = g->K - k0 < kb ? g->K - k0 : kb;
+    float beta = k0 > 0 ? 1.0f : g->beta;
+    for (int i = 0; i < g->M; i++) /* rows i0 + r of A at at + i0 kc + k NR + r */
+      for (int k = 0; k < kc; k++) at[(long)(i / NR) * NR * kc + k * NR + i % NR] = A[(long)i * g->lda + k0 + k];
+    for (int j = 0; j < g->N; j += MR) {
+      int mr = g->N - j < MR ? g->N - j : MR;
+      for (int i0 = 0; i0 < g->M; i0 += NR) {
+        int mc = g->M - i0 < NR ? g->M - i0 : NR;
+        __mmask16 mk[4];
+        col_masks(mc, mk);
+        tiles[mr - 1][(mc + 15) / 16 - 1](kc, B + (long)j * g->ldb + k0, g->ldb, 1, at + (long)i0 * kc, NR, ct, NR, mk,
+                                            0, 0.0f, NULL, 0, 0);
         for (int i = 0; i < mc; i++) {
           float *cr = g->C + (long)(i0 + i) * g->ldc + j;
           for (int r = 0; r < mr; r++) cr[r] = ct[r * NR + i] + (beta != 0.0f ? beta * cr[r] : 0.0f);

@@ -225,15 +225,16 @@ TEST(gemm_small_tn_few_rows_match_reference) {
       }
 }
 
-/* TN gradients wider than the part of B the kernel copies at a time (64 K columns of its 256 KiB
- * scratch, rounded down to 64): one, two and three parts, the last narrower than a 64-column strip,
- * and row counts past and short of a group of 8 row tiles. Also NT past one block of the inner
- * dimension (1024): two and three equal blocks. */
+/* TN gradients wider than the part of B the kernel copies at a time (its 512 KiB scratch over K,
+ * rounded down to 64 columns: 1024 at K 128, 1280 at 100, 2048 at 64): one, two and three parts, the
+ * last narrower than a 64-column strip, and row counts past and short of a group of 8 row tiles.
+ * Also NT past one block of the inner dimension (1024): two and three equal blocks, with up to 64
+ * rows and past 64 (two blocks of rows against each tile of B). */
 TEST(gemm_small_wide_gradients_and_long_rows_match_reference) {
   if (!small_kernels_built()) return;
   uint64_t s = 9;
-  const int tn[][3] = {{53, 641, 128}, {100, 1300, 100}, {7, 1030, 64}, {300, 2050, 6}}; /* M N K */
+  const int tn[][3] = {{53, 2100, 128}, {100, 1300, 100}, {7, 2050, 64}, {300, 641, 6}}; /* M N K */
   for (int i = 0; i < 4 && !*failed_; i++) check_padded_shape(true, false, tn[i][0], tn[i][1], tn[i][2], &s, "TN", failed_);
-  const int nt[][3] = {{64, 70, 2048}, {19, 33, 2100}, {128, 7, 3073}};
-  for (int i = 0; i < 3 && !*failed_; i++) check_padded_shape(false, true, nt[i][0], nt[i][1], nt[i][2], &s, "NT", failed_);
+  const int nt[][3] = {{64, 70, 2048}, {19, 33, 2100}, {128, 7, 3073}, {100, 8, 2100}};
+  for (int i = 0; i < 4 && !*failed_; i++) check_padded_shape(false, true, nt[i][0], nt[i][1], nt[i][2], &s, "NT", failed_);
 }
