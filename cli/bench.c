@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "bench_optim.h"
 #include "progress.h"
 #include "rank_errors.h"
 #include "train_flex.h"
@@ -28,6 +29,7 @@ static void usage(FILE *f) {
           "                 [--memory-budget MIB] [--parallel-r N|auto,...] [--replicas auto|off [--replica-horizon K]]\n"
           "                 [--a2a linear|2dh|auto [--ranks-per-node G]]\n"
           "                 [--progress|--quiet]\n"
+          "       moe bench --optimizer-params N,... [--threads N] [--reps R] [--json]\n"
           "--cases, --routing, --dispatch and --dtype take a comma-separated subset (any order, each name\n"
           "once; default all, but --dtype f32). --dtype: the experts' compute dtypes; the ratio (roofline_ratio)\n"
           "is to the fp32 sgemm measured in the same run, so bf16 can exceed 1. --reps R: timed steps\n"
@@ -56,7 +58,11 @@ static void usage(FILE *f) {
           "modelled gain repay its copies) and its balance ratio and modelled step are printed, and after the\n"
           "timed steps the modelled step over the measured one.\n"
           "Each case's timed steps show as a progress line on stderr on a terminal (--progress: anywhere,\n"
-          "--quiet: nowhere).\n");
+          "--quiet: nowhere).\n"
+          "--optimizer-params N,...: instead of the cases, the time of one AdamW step over N parameters\n"
+          "(median of --reps, default 3, after 3 untimed) and the memory bandwidth it reaches at 28 bytes a\n"
+          "parameter: moe train's update after each backward, a memory stream for a model larger than the\n"
+          "cache.\n");
 }
 
 typedef struct { const char *name; int T, D, H, E, k; } bench_case;
@@ -405,6 +411,8 @@ int cmd_bench(int argc, char **argv) {
   int idx[3] = {0, 1, 2};
   bench_case custom = {"custom", 0, 0, 0, 0, 0};
   int given_cases = 0; /* 1: --cases, 2: --shape */
+  long opt_params[8];
+  int nopt = 0; /* --optimizer-params: that bench alone */
   static const char *const cn[] = {"S", "M", "L"}, *const rn[] = {"uniform", "skewed"},
                            *const dn[] = {"dynamic", "static"}, *const dtn[] = {"f32", "bf16"};
   for (int i = 1; i < argc; i++) {
@@ -431,6 +439,7 @@ int cmd_bench(int argc, char **argv) {
     else if (cli_flag_is(f, "dtype")) listed = o.ndtype = parse_list(f, v, dtn, 2, o.dtypes, "dtype");
     else if (cli_flag_is(f, "replicas")) ok = (o.replicas = !strcmp(v, "auto")) || !strcmp(v, "off");
     else if (cli_flag_is(f, "replica_horizon")) ok = cli_parse_int(v, &o.horizon) && o.horizon >= 1;
+    else if (cli_flag_is(f, "optimizer_params")) ok = (nopt = bench_optim_parse(v, opt_params, 8)) > 0;
     else if (cli_flag_is(f, "shape")) {
       ok = parse_shape(v, &custom);
       o.ncases = 1;
@@ -443,6 +452,8 @@ int cmd_bench(int argc, char **argv) {
   }
   if (given_cases == 3) return cli_usage_error(CMD, "--shape and --cases: give one or the other");
   if (o.replicas && !o.expert_parallel) return cli_usage_error(CMD, "--replicas auto needs --expert-parallel");
+  if (nopt && o.expert_parallel) return cli_usage_error(CMD, "--optimizer-params runs in one process: not with --expert-parallel");
+  if (nopt) return bench_optim_run(opt_params, nopt, o.threads ? o.threads : cli_cpu_count(), o.reps, o.json);
   for (int i = 0; i < o.ncases; i++) o.cases[i] = idx[i] < 0 ? &custom : &CASES[idx[i]];
   if (o.expert_parallel && moe_dist_init(&o.dist, &argc, &argv) != MOE_OK) return cli_fail(CMD);
   cli_hold_errors(o.dist); /* a failure in a case: the failing ranks say so, then every rank stops */

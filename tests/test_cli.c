@@ -242,6 +242,30 @@ TEST(cli_bench_dtype_cases) {
   if (!strstr(err_text, "'S' given twice")) FAIL_("stderr '%s' does not name the repeated S", err_text);
 }
 
+/* moe bench --optimizer-params: a JSON line per count, each with its parameters, threads and a time
+ * (a step over 2^16 parameters is under a millisecond but never zero); a list it cannot read, or
+ * --expert-parallel beside it, fails naming the flag and the value. */
+TEST(cli_bench_optimizer_params) {
+  char out[4096];
+  int rc = bench_run("--optimizer-params 1000,65536 --threads 1 --reps 2 --json", out, sizeof out);
+  if (rc != 0) FAIL_("moe bench --optimizer-params failed (%d): %s", rc, err_text);
+  ASSERT(strstr(out, "{\"optimizer\": \"adam\", \"params\": 1000, \"threads\": 1, \"step_ms\": "));
+  const char *big = strstr(out, "\"params\": 65536, \"threads\": 1, \"step_ms\": ");
+  ASSERT(big);
+  double ms = atof(strstr(big, "\"step_ms\": ") + 12), gbs = atof(strstr(big, "\"gb_per_s\": ") + 13);
+  if (!(ms > 0 && gbs > 0)) FAIL_("step_ms %g, gb_per_s %g in '%s'", ms, gbs, out);
+  ASSERT(!strstr(out, "\"case\""));
+  const char *bad[] = {"0", "12,", "7x", "2000000000"};
+  for (int i = 0; i < 4; i++) {
+    char args[128];
+    snprintf(args, sizeof args, "--optimizer-params %s --reps 1", bad[i]);
+    ASSERT(bench_run(args, out, sizeof out) != 0);
+    if (!strstr(err_text, "--optimizer-params") || !strstr(err_text, bad[i])) FAIL_("stderr '%s' for '%s'", err_text, bad[i]);
+  }
+  ASSERT(bench_run("--optimizer-params 1000 --expert-parallel", out, sizeof out) != 0);
+  if (!strstr(err_text, "--expert-parallel")) FAIL_("stderr '%s' does not name --expert-parallel", err_text);
+}
+
 /* --flag=value is --flag value, for every subcommand (the split happens before dispatch). */
 TEST(cli_flag_equals_value) {
   char w[512], x[512], a[512], b[512], args[2048];
