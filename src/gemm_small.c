@@ -13,6 +13,7 @@
  * block of the inner dimension (KC for NN, up to KC_NT for NT, all of it for TN); the results depend
  * on the shape only, never on threads. */
 #include "gemm.h"
+#include "internal.h"
 
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -33,7 +34,8 @@ static tss_t scratch_key;
 static once_flag scratch_once = ONCE_FLAG_INIT;
 static int scratch_keyed;
 static void scratch_init(void) { scratch_keyed = tss_create(&scratch_key, free) == thrd_success; }
-/* This thread's scratch, or NULL when there is no memory for it (the GEMM then goes to the BLAS). */
+/* This thread's scratch, or NULL when there is no memory for it (the GEMM then goes to the BLAS);
+ * moe__gemm_small_scratch makes it ahead of the steps. */
 static float *scratch(void) {
   call_once(&scratch_once, scratch_init);
   if (!scratch_keyed) return NULL;
@@ -344,9 +346,23 @@ int moe__gemm_small(const moe__gemm *g) {
   return 1;
 }
 
+moe_status moe__gemm_small_scratch(int threads) {
+  if (!__builtin_cpu_supports("avx512f")) return MOE_OK;
+  int missing = 0;
+#pragma omp parallel num_threads(threads) reduction(| : missing)
+  missing |= !scratch();
+  MOE_TRY(!missing, MOE_ERR_NOMEM, "cannot allocate the small GEMMs' scratch (%d KiB a thread)",
+          (int)(SCRATCH * sizeof(float) >> 10));
+  return MOE_OK;
+}
+
 #else
 int moe__gemm_small(const moe__gemm *g) {
   (void)g;
   return 0;
+}
+moe_status moe__gemm_small_scratch(int threads) {
+  (void)threads;
+  return MOE_OK;
 }
 #endif

@@ -181,6 +181,11 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
       }
     }
   }
+  moe_status sc = moe__gemm_small_scratch(moe__threads(cfg->threads)); /* the steps then allocate none */
+  if (sc != MOE_OK) {
+    moe_layer_free(l);
+    return sc;
+  }
   memset(l->params, 0, l->numel * 4);
   memset(l->grads, 0, l->numel * 4);
   return MOE_OK;
