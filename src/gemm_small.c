@@ -127,8 +127,8 @@ static void run_nn(const moe__gemm *g) {
  * strip of NR columns, so each row is read along its length with the same rows' next strip
  * prefetched; B is first copied into strips of NR columns (contiguous: rows of the weights' width
  * apart, its rows would fall into the same few sets of the L1 cache), as many columns at a time as
- * the scratch holds. Case L's gradients (64 rows), 2 threads: 1.2-1.4x the 64-column strips down
- * all of C's rows of the NN panels. */
+ * the scratch holds. Case L's gradients alone (64 rows, 2 threads): 1.2-1.4x the 64-column strips
+ * down all of C's rows that the NN panels walk; inside the layer's backward, within the noise. */
 #define TN_GROUP 8
 static void run_tn_rows(const moe__gemm *g, float *bp) {
   const float *A = g->A, *B = g->B;
