@@ -81,12 +81,23 @@ TEST(nonfinite_layer_weights_refused) {
   ASSERT(test_read_file(out, NULL) == NULL);
 }
 
+/* The small model of these tests: 5 inputs, 3 classes, 2 blocks of 4 experts (D 6, H 4, k 2). */
+static void tiny_config(moe_model_config *c, int threads) {
+  moe_model_config_default(c);
+  c->in_dim = 5, c->classes = 3, c->blocks = 2;
+  c->moe.D = 6, c->moe.H = 4, c->moe.E = 4, c->moe.top_k = 2, c->moe.threads = threads;
+}
+
+/* A batch of 8 for it: x[i] = ((i * mul) % mod) / mod - 0.5, labels cycling over the 3 classes. */
+static void tiny_batch(float x[8 * 5], uint8_t y[8], int mul, int mod) {
+  for (int i = 0; i < 40; i++) x[i] = (float)((i * mul) % mod) / (float)mod - 0.5f;
+  for (int i = 0; i < 8; i++) y[i] = (uint8_t)(i % 3);
+}
+
 /* A small bf16 model with Adam, one step taken, saved to path. */
 static void save_model(int *failed_, const char *path) {
   moe_model_config c;
-  moe_model_config_default(&c);
-  c.in_dim = 5, c.classes = 3, c.blocks = 2;
-  c.moe.D = 6, c.moe.H = 4, c.moe.E = 4, c.moe.top_k = 2, c.moe.threads = 1;
+  tiny_config(&c, 1);
   c.moe.dtype = MOE_DT_BF16;
   moe_model_t m;
   moe_optim_t o;
@@ -97,8 +108,7 @@ static void save_model(int *failed_, const char *path) {
   moe_status st = moe_optim_init(&o, &oc, &m);
   float x[8 * 5];
   uint8_t y[8];
-  for (int i = 0; i < 40; i++) x[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
-  for (int i = 0; i < 8; i++) y[i] = (uint8_t)(i % 3);
+  tiny_batch(x, y, 7, 11);
   moe_model_zero_grad(&m);
   if (st == MOE_OK) st = moe_model_forward(&m, x, y, 8, NULL);
   if (st == MOE_OK) st = moe_model_backward(&m);
@@ -157,16 +167,13 @@ static float *ref(moe_model_t *m, const char *name) { return (float *)moe_model_
  * checks it and whatever that thread checks after it. */
 TEST(nonfinite_backward_names_any_gradient) {
   moe_model_config c;
-  moe_model_config_default(&c);
-  c.in_dim = 5, c.classes = 3, c.blocks = 2;
-  c.moe.D = 6, c.moe.H = 4, c.moe.E = 4, c.moe.top_k = 2, c.moe.threads = 2;
+  tiny_config(&c, 2);
   moe_model_t m;
   ASSERT_OK(moe_model_init(&m, &c));
   moe_model_init_params(&m, 5);
   float x[8 * 5];
   uint8_t y[8];
-  for (int i = 0; i < 40; i++) x[i] = (float)((i * 5) % 9) / 9.0f - 0.5f;
-  for (int i = 0; i < 8; i++) y[i] = (uint8_t)(i % 3);
+  tiny_batch(x, y, 5, 9);
   char msg[512] = "";
   for (int i = 0; i < m.nrefs && !msg[0]; i++) {
     moe_model_zero_grad(&m);
@@ -189,9 +196,7 @@ TEST(nonfinite_backward_names_any_gradient) {
 
 TEST(nonfinite_forward_names_block_and_tensor) {
   moe_model_config c;
-  moe_model_config_default(&c);
-  c.in_dim = 5, c.classes = 3, c.blocks = 2;
-  c.moe.D = 6, c.moe.H = 4, c.moe.E = 4, c.moe.top_k = 2, c.moe.threads = 1;
+  tiny_config(&c, 1);
   moe_model_t m;
   moe_optim_t o;
   moe_optim_config oc;
@@ -203,8 +208,7 @@ TEST(nonfinite_forward_names_block_and_tensor) {
   ASSERT_OK(st);
   float x[8 * 5];
   uint8_t y[8];
-  for (int i = 0; i < 40; i++) x[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
-  for (int i = 0; i < 8; i++) y[i] = (uint8_t)(i % 3);
+  tiny_batch(x, y, 7, 11);
   static const struct { const char *tensor; size_t at; float v; const char *want, *param; } cases[] = {
       {"in.bias", 2, INFINITY, "the forward went non-finite first at the input projection's output (in) [0, 2] = inf",
        "the parameters went non-finite first at 'in.bias' [2] = inf"},
