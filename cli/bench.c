@@ -69,16 +69,6 @@ typedef struct { const char *name; int T, D, H, E, k; } bench_case;
 static const bench_case CASES[] = {
     {"S", 2048, 512, 2048, 8, 2}, {"M", 4096, 1024, 4096, 16, 2}, {"L", 4096, 768, 3072, 64, 1}};
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static uint64_t rng = 88172645463325252ull;
 static float urand(void) { /* xorshift64 -> [-1, 1) */
   rng ^= rng << 13;
@@ -286,7 +276,7 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
     cli_progress_update(&o->progress, r + 1, label, NULL);
   }
   cli_progress_break(&o->progress);
-  double fwd = median(tf, o->reps), fb = median(tb, o->reps), fwd_cached = o->dist ? 0 : median(tc, o->reps);
+  double fwd = cli_median(tf, o->reps), fb = cli_median(tb, o->reps), fwd_cached = o->dist ? 0 : cli_median(tc, o->reps);
   moe_comm_stats cs;
   moe_layer_comm_stats(&l, &cs);
   double agg[4] = {fwd, fb, cs.seconds * 1e3 / o->reps, cs.bytes / o->reps}; /* means over ranks, bytes summed */

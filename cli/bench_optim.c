@@ -5,18 +5,12 @@
  * is a memory stream whose time grows with the parameters, not with the tokens of a batch. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "bench_optim.h"
 #include "cli.h"
 
 #define BYTES_PER_PARAM 28.0
 #define WARMUP 3
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 
 /* Parses "N,N,..." (each 1 to 2^30 parameters, at most max of them) into n; returns the count or -1. */
 int bench_optim_parse(const char *s, long *n, int max) {
@@ -55,8 +49,7 @@ static int one(long n, int threads, int reps, int json) {
       moe_optim_step_refs(&opt, &r, 1, 1e-3f, threads);
       if (i >= WARMUP) t[i - WARMUP] = cli_now() - s;
     }
-    qsort(t, (size_t)reps, sizeof *t, cmp_double);
-    double ms = 1e3 * (reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]));
+    double ms = 1e3 * cli_median(t, reps);
     double gbs = BYTES_PER_PARAM * (double)n / (ms * 1e-3) / 1e9;
     if (json)
       printf("{\"optimizer\": \"adam\", \"params\": %ld, \"threads\": %d, \"step_ms\": %.4f, \"gb_per_s\": %.2f}\n", n,

@@ -104,6 +104,18 @@ int cli_cpu_count(void) {
   return n > 0 ? (int)n : 1;
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+void cli_sort_doubles(double *v, int n) { qsort(v, (size_t)n, sizeof *v, cmp_double); }
+
+double cli_median(double *v, int n) {
+  cli_sort_doubles(v, n);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 double cli_now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);

@@ -43,6 +43,9 @@ double cli_hash(const void *p, size_t n);
 
 /* CPUs this process may run on (its affinity mask). */
 int cli_cpu_count(void);
+/* v (n values) in ascending order; their median (sorting them: n >= 1). */
+void cli_sort_doubles(double *v, int n);
+double cli_median(double *v, int n);
 /* Seconds on a monotonic clock. */
 double cli_now(void);
 

@@ -64,11 +64,6 @@ static int parse(const char *cmd, int argc, char **argv, infer_opts *o) {
   return 0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 static int run(const char *cmd, infer_opts *o, moe_model_t *m, moe_dataset *d) {
   int F = d->rows * d->cols, nb = d->n / o->batch + (d->n % o->batch != 0);
   if (F != m->cfg.in_dim)
@@ -98,7 +93,7 @@ static int run(const char *cmd, infer_opts *o, moe_model_t *m, moe_dataset *d) {
     free(lat);
     return rc;
   }
-  qsort(lat, (size_t)nb, sizeof *lat, cmp_double);
+  cli_sort_doubles(lat, nb);
   double acc = d->n ? (double)hits / d->n : 0, tput = wall > 0 ? d->n / wall : 0;
   double p50 = nb ? lat[nb / 2] : 0, p90 = nb ? lat[(nb * 9) / 10] : 0, p99 = nb ? lat[(nb * 99) / 100] : 0;
   free(lat);
