@@ -238,3 +238,14 @@ TEST(gemm_small_wide_gradients_and_long_rows_match_reference) {
   const int nt[][3] = {{64, 70, 2048}, {19, 33, 2100}, {128, 7, 3073}, {100, 8, 2100}};
   for (int i = 0; i < 4 && !*failed_; i++) check_padded_shape(false, true, nt[i][0], nt[i][1], nt[i][2], &s, "NT", failed_);
 }
+
+/* NT past 64 rows by up to 16 (case L's experts under uniform routing): the 64 rows through the tiles,
+ * the rest as dot products against each panel of B's rows; every such row count, B's rows in panels
+ * of 64 and more with a tail short of a tile, one and two blocks of the inner dimension. */
+TEST(gemm_small_nt_rows_past_64_match_reference) {
+  if (!small_kernels_built()) return;
+  uint64_t s = 11;
+  for (int M = 65; M <= 81 && !*failed_; M++) check_padded_shape(false, true, M, 137, 33, &s, "NT", failed_);
+  const int nt[][3] = {{66, 70, 2100}, {79, 13, 1500}, {80, 200, 100}};
+  for (int i = 0; i < 3 && !*failed_; i++) check_padded_shape(false, true, nt[i][0], nt[i][1], nt[i][2], &s, "NT", failed_);
+}
