@@ -19,6 +19,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <threads.h>
 
 #define MR 6      /* rows of a register tile: 6 x 4 accumulators of 16 floats */
@@ -26,10 +27,13 @@
 #define KC 512    /* inner-dimension block: a 64-column panel of it stays in L2 */
 #define SMALL 128 /* the small side up to which the library's panels cost more than they save */
 #define KC_NT 1024 /* NT's longest block of the inner dimension */
+#define NT_COLS 48 /* rows of B (8 tiles) whose products NT writes back to C together */
 /* Each thread's copy of an operand (A^T for NT, B's strips for TN): 512 KiB, kept in L2 while it is
- * read. On the heap, made once per thread: as thread-local data it would be part of every thread's
- * stack, and threads with small stacks (an HTTP server's) could not start. */
-#define SCRATCH (KC_NT * SMALL)
+ * read, and after it NT's products before their write-back. On the heap, made once per thread: as
+ * thread-local data it would be part of every thread's stack, and threads with small stacks (an HTTP
+ * server's) could not start. */
+#define COPY (KC_NT * SMALL)
+#define SCRATCH (COPY + SMALL * NT_COLS)
 static tss_t scratch_key;
 static once_flag scratch_once = ONCE_FLAG_INIT;
 static int scratch_keyed;
@@ -40,9 +44,12 @@ static float *scratch(void) {
   call_once(&scratch_once, scratch_init);
   if (!scratch_keyed) return NULL;
   float *s = tss_get(scratch_key);
-  if (!s && (s = aligned_alloc(64, SCRATCH * sizeof *s)) && tss_set(scratch_key, s) != thrd_success) {
-    free(s);
-    s = NULL;
+  if (!s && (s = aligned_alloc(64, SCRATCH * sizeof *s))) {
+    memset(s, 0, SCRATCH * sizeof *s); /* NT's write-back loads whole vectors, lanes it never stores included */
+    if (tss_set(scratch_key, s) != thrd_success) {
+      free(s);
+      s = NULL;
+    }
   }
   return s;
 }
@@ -72,7 +79,7 @@ static inline __attribute__((always_inline)) void tile(int mr, int nq, int kc, c
     __m512 bv[4];
     if (k < pfrows) /* what the next tile reads from memory, while this one computes */
 #pragma GCC unroll 4
-      for (int q = 0; q < 4; q++) _mm_prefetch((const char *)(pf + k * pfld + 16 * q), _MM_HINT_T1);
+      for (int q = 0; q < 4; q++) _mm_prefetch((const char *)(pf + k * pfld + 16 * q), _MM_HINT_T0);
 #pragma GCC unroll 4
     for (int q = 0; q < nq; q++) bv[q] = _mm512_maskz_loadu_ps(mk[q], b + k * ldb + 16 * q);
 #pragma GCC unroll 6
@@ -133,7 +140,7 @@ static void run_nn(const moe__gemm *g) {
 static void run_tn_rows(const moe__gemm *g, float *bp) {
   const float *A = g->A, *B = g->B;
   float *C = g->C;
-  int K = g->K, load_c = g->beta != 0.0f, width = SCRATCH / K / NR * NR;
+  int K = g->K, load_c = g->beta != 0.0f, width = COPY / K / NR * NR;
   for (int j0 = 0; j0 < g->N; j0 += width) {
     int w = g->N - j0 < width ? g->N - j0 : width;
     for (int j = 0; j < w; j += NR) {
@@ -274,6 +281,55 @@ static void run_nt_dot(const moe__gemm *g) {
   for (int j = 0; j < g->N; j += DOT_PANEL) dot_panel(g, 0, g->M, j, g->N - j < DOT_PANEL ? g->N - j : DOT_PANEL);
 }
 
+/* v[0..15] = its transpose (16 x 16): pairs of rows interleaved, then pairs of pairs, then 128-bit
+ * parts of rows 4 apart, then of rows 8 apart. */
+static inline __attribute__((always_inline)) void transpose16(__m512 v[16]) {
+  __m512 t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    v[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    v[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+    v[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    v[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) {
+    int h = i / 4 * 8 + i % 4;
+    t[h] = _mm512_shuffle_f32x4(v[h], v[h + 4], 0x88);
+    t[h + 4] = _mm512_shuffle_f32x4(v[h], v[h + 4], 0xdd);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) {
+    v[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+    v[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
+  }
+}
+
+/* C's rows i < m and columns < n = ct^T (+ beta C), ct holding n rows of NR (C's columns by its
+ * rows): a 16 x 16 transpose per 16 rows and 16 columns, stored as rows of 16 columns. */
+static void store_transposed(const float *ct, int n, int m, float *C, long ldc, float beta) {
+  for (int j0 = 0; j0 < n; j0 += 16) {
+    __mmask16 mk = n - j0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j0)) - 1);
+    for (int i0 = 0; i0 < m; i0 += 16) {
+      __m512 v[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; r++) v[r] = _mm512_load_ps(ct + (j0 + r) * NR + i0);
+      transpose16(v);
+      for (int i = 0; i < 16 && i0 + i < m; i++) {
+        float *c = C + (long)(i0 + i) * ldc + j0;
+        __m512 x = v[i];
+        if (beta != 0.0f) x = _mm512_add_ps(x, _mm512_mul_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(mk, c)));
+        _mm512_mask_storeu_ps(c, mk, x);
+      }
+    }
+  }
+}
+
 /* NT: C^T (N, m) = B (N, K) A^T (K, m), through a copy of A^T in blocks of K of equal length, at most
  * KC_NT (K = 768 whole: 1.2x the 512 + 256 of a fixed block, one thread at case L), and of 64 rows:
  * each tile of B's rows is read from memory once and multiplied by every block of rows while it is
@@ -281,9 +337,12 @@ static void run_nt_dot(const moe__gemm *g) {
  * a multiple of 64 (half of case L's experts under uniform routing) are dot products against each
  * panel of B's rows just read, while it is in cache: as a block of the tiles above they would use a
  * few of 16 lanes, and with 6 accumulators wait on the FMAs' latency (case L's two forward GEMMs over
- * 64 experts, 2 threads: 1.2-1.3x at 66 and 72 rows, 1.1-1.2x at 80). */
+ * 64 experts, 2 threads: 1.2-1.3x at 66 and 72 rows, 1.1-1.2x at 80). The products of NT_COLS rows
+ * of B are written back together, transposed 16 x 16 into rows of C: a row at a time, with scalars,
+ * the write-back took 10-15% of the forward GEMMs (1.05-1.15x for fc2, whose C takes three blocks of
+ * K; fc1 within the noise). */
 static void run_nt(const moe__gemm *g, float *at) {
-  static _Thread_local float ct[MR * NR] __attribute__((aligned(64)));
+  float *ct = at + COPY; /* the products of NT_COLS rows of B by each block of 64 rows */
   const float *A = g->A, *B = g->B;
   int tail = g->M > NR && g->M % NR <= DOT_M ? g->M % NR : 0, mt = g->M - tail;
   int blocks = (g->K + KC_NT - 1) / KC_NT, kb = (g->K + blocks - 1) / blocks;
@@ -297,22 +356,24 @@ static void run_nt(const moe__gemm *g, float *at) {
     part.beta = beta;
     for (int i = 0; i < mt; i++) /* rows i0 + r of A at at + i0 kc + k NR + r */
       for (int k = 0; k < kc; k++) at[(long)(i / NR) * NR * kc + k * NR + i % NR] = A[(long)i * g->lda + k0 + k];
-    for (int j = 0, jd = 0; j < g->N; j += MR) {
-      int mr = g->N - j < MR ? g->N - j : MR;
-      for (int i0 = 0; i0 < mt; i0 += NR) {
-        int mc = mt - i0 < NR ? mt - i0 : NR;
-        __mmask16 mk[4];
-        col_masks(mc, mk);
-        tiles[mr - 1][(mc + 15) / 16 - 1](kc, B + (long)j * g->ldb + k0, g->ldb, 1, at + (long)i0 * kc, NR, ct, NR, mk,
-                                            0, 0.0f, NULL, 0, 0);
-        for (int i = 0; i < mc; i++) {
-          float *cr = g->C + (long)(i0 + i) * g->ldc + j;
-          for (int r = 0; r < mr; r++) cr[r] = ct[r * NR + i] + (beta != 0.0f ? beta * cr[r] : 0.0f);
+    for (int jb = 0, jd = 0; jb < g->N; jb += NT_COLS) {
+      int jn = g->N - jb < NT_COLS ? g->N - jb : NT_COLS;
+      for (int j = jb; j < jb + jn; j += MR) {
+        int mr = jb + jn - j < MR ? jb + jn - j : MR;
+        for (int i0 = 0; i0 < mt; i0 += NR) {
+          int mc = mt - i0 < NR ? mt - i0 : NR;
+          __mmask16 mk[4];
+          col_masks(mc, mk);
+          tiles[mr - 1][(mc + 15) / 16 - 1](kc, B + (long)j * g->ldb + k0, g->ldb, 1, at + (long)i0 * kc, NR,
+                                              ct + (long)i0 * NT_COLS + (j - jb) * NR, NR, mk, 0, 0.0f, NULL, 0, 0);
         }
       }
-      if (tail && (j + mr - jd >= DOT_PANEL || j + mr == g->N)) {
-        dot_panel(&part, mt, tail, jd, j + mr - jd);
-        jd = j + mr;
+      for (int i0 = 0; i0 < mt; i0 += NR)
+        store_transposed(ct + (long)i0 * NT_COLS, jn, mt - i0 < NR ? mt - i0 : NR, g->C + (long)i0 * g->ldc + jb,
+                         g->ldc, beta);
+      if (tail && (jb + jn - jd >= DOT_PANEL || jb + jn == g->N)) {
+        dot_panel(&part, mt, tail, jd, jb + jn - jd);
+        jd = jb + jn;
       }
     }
   }
