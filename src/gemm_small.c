@@ -131,8 +131,8 @@ static void run_nn(const moe__gemm *g) {
 
 /* TN with at most SMALL inner steps (the weight gradients): C (M, N), a gradient that does not stay
  * in cache from one expert to the next, is swept a group of TN_GROUP row tiles at a time, strip after
- * strip of NR columns, so each row is read along its length with the same rows' next strip
- * prefetched; B is first copied into strips of NR columns (contiguous: rows of the weights' width
+ * strip of NR columns, so each row is read along its length with the same rows' strip two ahead
+ * prefetched (1.02-1.1x one ahead, four ahead slower); B is first copied into strips of NR columns (contiguous: rows of the weights' width
  * apart, its rows would fall into the same few sets of the L1 cache), as many columns at a time as
  * the scratch holds. Case L's gradients alone (64 rows, 2 threads): 1.2-1.4x the 64-column strips
  * down all of C's rows that the NN panels walk; inside the layer's backward, within the noise. */
@@ -153,14 +153,14 @@ static void run_tn_rows(const moe__gemm *g, float *bp) {
     for (int i0 = 0; i0 < g->M; i0 += TN_GROUP * MR) {
       int i1 = g->M - i0 < TN_GROUP * MR ? g->M : i0 + TN_GROUP * MR;
       for (int j = 0; j < w; j += NR) {
-        int nc = w - j < NR ? w - j : NR, next = load_c && j + NR < w;
+        int nc = w - j < NR ? w - j : NR, next = load_c && j + 2 * NR < w;
         __mmask16 mk[4];
         col_masks(nc, mk);
         for (int i = i0; i < i1; i += MR) {
           int mr = i1 - i < MR ? i1 - i : MR;
           float *c = C + (long)i * g->ldc + j0 + j;
           tiles[mr - 1][(nc + 15) / 16 - 1](K, A + i, 1, g->lda, bp + (long)j * K, NR, c, g->ldc, mk, load_c, g->beta,
-                                              c + NR, g->ldc, next ? mr : 0);
+                                              c + 2 * NR, g->ldc, next ? mr : 0);
         }
       }
     }
@@ -330,6 +330,24 @@ static void store_transposed(const float *ct, int n, int m, float *C, long ldc, 
   }
 }
 
+/* at = A^T (rows < m, columns < kc of A) in blocks of NR rows: A(i, k) at at + (i / NR) NR kc + k NR
+ * + i % NR; 16 x 16 transposes, rows past m as zeros. */
+static void copy_transposed(const float *A, long lda, int m, int kc, float *at) {
+  for (int i0 = 0; i0 < m; i0 += 16) {
+    float *dst = at + (long)(i0 / NR) * NR * kc + i0 % NR;
+    for (int k = 0; k < kc; k += 16) {
+      int nk = kc - k < 16 ? kc - k : 16;
+      __mmask16 mk = nk == 16 ? (__mmask16)0xffff : (__mmask16)((1u << nk) - 1);
+      __m512 v[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; r++)
+        v[r] = i0 + r < m ? _mm512_maskz_loadu_ps(mk, A + (long)(i0 + r) * lda + k) : _mm512_setzero_ps();
+      transpose16(v);
+      for (int t = 0; t < nk; t++) _mm512_store_ps(dst + (long)(k + t) * NR, v[t]);
+    }
+  }
+}
+
 /* NT: C^T (N, m) = B (N, K) A^T (K, m), through a copy of A^T in blocks of K of equal length, at most
  * KC_NT (K = 768 whole: 1.2x the 512 + 256 of a fixed block, one thread at case L), and of 64 rows:
  * each tile of B's rows is read from memory once and multiplied by every block of rows while it is
@@ -354,8 +372,7 @@ static void run_nt(const moe__gemm *g, float *at) {
     part.A = A + k0;
     part.B = B + k0;
     part.beta = beta;
-    for (int i = 0; i < mt; i++) /* rows i0 + r of A at at + i0 kc + k NR + r */
-      for (int k = 0; k < kc; k++) at[(long)(i / NR) * NR * kc + k * NR + i % NR] = A[(long)i * g->lda + k0 + k];
+    copy_transposed(A + k0, g->lda, mt, kc, at);
     for (int jb = 0, jd = 0; jb < g->N; jb += NT_COLS) {
       int jn = g->N - jb < NT_COLS ? g->N - jb : NT_COLS;
       for (int j = jb; j < jb + jn; j += MR) {
