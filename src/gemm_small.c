@@ -109,21 +109,26 @@ TILES(1) TILES(2) TILES(3) TILES(4) TILES(5) TILES(6)
 static const tile_fn tiles[MR][4] = {ROW(1), ROW(2), ROW(3), ROW(4), ROW(5), ROW(6)};
 
 /* NN: C (M, N) = A B + beta C: tiles down a panel of B's columns, which stays in cache for the next
- * tile while the first tile prefetches the next panel. */
+ * tile while the first tile prefetches the next panel (after a block of K's last panel, the next
+ * block's first: 1.03-1.05x where N is short, as dx's 768 columns). */
 static void run_nn(const moe__gemm *g) {
   const float *A = g->A, *B = g->B;
   for (int k0 = 0; k0 < g->K; k0 += KC) {
     int kc = g->K - k0 < KC ? g->K - k0 : KC;
     for (int j = 0; j < g->N; j += NR) {
-      int nc = g->N - j < NR ? g->N - j : NR, next = j + NR < g->N;
+      int nc = g->N - j < NR ? g->N - j : NR, pr = j + NR < g->N ? kc : 0;
       __mmask16 mk[4];
       col_masks(nc, mk);
-      const float *panel = B + (long)k0 * g->ldb + j;
+      const float *panel = B + (long)k0 * g->ldb + j, *pf = panel + NR;
+      if (!pr && k0 + kc < g->K) { /* the next block's first panel */
+        pf = B + (long)(k0 + kc) * g->ldb;
+        pr = g->K - k0 - kc < KC ? g->K - k0 - kc : KC;
+      }
       for (int i = 0; i < g->M; i += MR) {
         int mr = g->M - i < MR ? g->M - i : MR, load_c = k0 > 0 || g->beta != 0.0f;
         tiles[mr - 1][(nc + 15) / 16 - 1](kc, A + (long)i * g->lda + k0, g->lda, 1, panel, g->ldb,
                                             g->C + (long)i * g->ldc + j, g->ldc, mk, load_c, k0 > 0 ? 1.0f : g->beta,
-                                            panel + NR, g->ldb, i == 0 && next ? kc : 0);
+                                            pf, g->ldb, i == 0 ? pr : 0);
       }
     }
   }
@@ -132,7 +137,8 @@ static void run_nn(const moe__gemm *g) {
 /* TN with at most SMALL inner steps (the weight gradients): C (M, N), a gradient that does not stay
  * in cache from one expert to the next, is swept a group of TN_GROUP row tiles at a time, strip after
  * strip of NR columns, so each row is read along its length with the same rows' strip two ahead
- * prefetched (1.02-1.1x one ahead, four ahead slower); B is first copied into strips of NR columns (contiguous: rows of the weights' width
+ * prefetched (1.02-1.1x one ahead, four ahead slower), and from the group's last two strips on, the
+ * next group's first two (1.05-1.15x, most where C is narrow: fewer strips to a group); B is first copied into strips of NR columns (contiguous: rows of the weights' width
  * apart, its rows would fall into the same few sets of the L1 cache), as many columns at a time as
  * the scratch holds. Case L's gradients alone (64 rows, 2 threads): 1.2-1.4x the 64-column strips
  * down all of C's rows that the NN panels walk; inside the layer's backward, within the noise. */
@@ -153,14 +159,20 @@ static void run_tn_rows(const moe__gemm *g, float *bp) {
     for (int i0 = 0; i0 < g->M; i0 += TN_GROUP * MR) {
       int i1 = g->M - i0 < TN_GROUP * MR ? g->M : i0 + TN_GROUP * MR;
       for (int j = 0; j < w; j += NR) {
-        int nc = w - j < NR ? w - j : NR, next = load_c && j + 2 * NR < w;
+        int nc = w - j < NR ? w - j : NR, ahead = j + 2 * NR - (w + NR - 1) / NR * NR; /* >= 0: the next group's */
         __mmask16 mk[4];
         col_masks(nc, mk);
         for (int i = i0; i < i1; i += MR) {
-          int mr = i1 - i < MR ? i1 - i : MR;
-          float *c = C + (long)i * g->ldc + j0 + j;
+          int mr = i1 - i < MR ? i1 - i : MR, ni = i + TN_GROUP * MR, pr = 0;
+          float *c = C + (long)i * g->ldc + j0 + j, *pf = c + 2 * NR;
+          if (load_c && ahead < 0)
+            pr = mr;
+          else if (load_c && ahead < w && ni < g->M) {
+            pf = C + (long)ni * g->ldc + j0 + ahead;
+            pr = g->M - ni < MR ? g->M - ni : MR;
+          }
           tiles[mr - 1][(nc + 15) / 16 - 1](K, A + i, 1, g->lda, bp + (long)j * K, NR, c, g->ldc, mk, load_c, g->beta,
-                                              c + 2 * NR, g->ldc, next ? mr : 0);
+                                              pf, g->ldc, pr);
         }
       }
     }
