@@ -45,7 +45,7 @@ int moe__gemm_one(const moe__gemm *g);
  * AVX-512 kernels that read the large operand in place; returns 0, doing nothing, for any other GEMM
  * (or without AVX-512), which then goes to the BLAS. */
 int moe__gemm_small(const moe__gemm *g);
-/* Makes the small kernels' scratch (512 KiB a thread) of each of `threads` OpenMP threads now, so that
+/* Makes the small kernels' scratch (536 KiB a thread) of each of `threads` OpenMP threads now, so that
  * the GEMMs of the steps allocate nothing (layer init calls it); MOE_ERR_NOMEM without the memory. A
  * thread without its scratch later makes it on its first GEMM, or leaves the GEMM to the BLAS. */
 moe_status moe__gemm_small_scratch(int threads);

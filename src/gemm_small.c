@@ -8,7 +8,8 @@
  *   A's rows, which are contiguous along M;
  * - NT  C (m, N) = A B^T with B (N, K) (the forward): the kernel computes C^T, vectorized along the
  *   m rows of A^T (a copy of A, the small operand) and broadcasting B's rows as they stream by;
- *   with up to 16 rows (the inner experts of a hierarchical layer), dot products along K instead.
+ *   with up to 16 rows (the inner experts of a hierarchical layer), dot products along K instead, as
+ *   are the rows past a multiple of 64 by up to 16.
  * Each register tile is MR rows by up to 64 columns (4 vectors, the last masked) accumulated over a
  * block of the inner dimension (KC for NN, up to KC_NT for NT, all of it for TN); the results depend
  * on the shape only, never on threads. */
@@ -138,10 +139,12 @@ static void run_nn(const moe__gemm *g) {
  * in cache from one expert to the next, is swept a group of TN_GROUP row tiles at a time, strip after
  * strip of NR columns, so each row is read along its length with the same rows' strip two ahead
  * prefetched (1.02-1.1x one ahead, four ahead slower), and from the group's last two strips on, the
- * next group's first two (1.05-1.15x, most where C is narrow: fewer strips to a group); B is first copied into strips of NR columns (contiguous: rows of the weights' width
- * apart, its rows would fall into the same few sets of the L1 cache), as many columns at a time as
- * the scratch holds. Case L's gradients alone (64 rows, 2 threads): 1.2-1.4x the 64-column strips
- * down all of C's rows that the NN panels walk; inside the layer's backward, within the noise. */
+ * next group's first two where the columns copied at a time make two strips or more (1.05-1.15x, most
+ * where C is narrow: fewer strips to a group); B is first copied into strips of NR columns
+ * (contiguous: rows of the weights' width apart, its rows would fall into the same few sets of the L1
+ * cache), as many columns at a time as the scratch holds. Case L's gradients alone (64 rows, 2
+ * threads): 1.2-1.4x the 64-column strips down all of C's rows that the NN panels walk; inside the
+ * layer's backward, within the noise. */
 #define TN_GROUP 8
 static void run_tn_rows(const moe__gemm *g, float *bp) {
   const float *A = g->A, *B = g->B;
@@ -154,7 +157,8 @@ static void run_tn_rows(const moe__gemm *g, float *bp) {
       col_masks(w - j < NR ? w - j : NR, mk);
       for (int k = 0; k < K; k++)
         for (int q = 0; q < 4; q++)
-          _mm512_store_ps(bp + ((long)j * K + k * NR) + 16 * q, _mm512_maskz_loadu_ps(mk[q], B + (long)k * g->ldb + j0 + j + 16 * q));
+          _mm512_store_ps(bp + ((long)j * K + k * NR) + 16 * q,
+                          _mm512_maskz_loadu_ps(mk[q], B + (long)k * g->ldb + j0 + j + 16 * q));
     }
     for (int i0 = 0; i0 < g->M; i0 += TN_GROUP * MR) {
       int i1 = g->M - i0 < TN_GROUP * MR ? g->M : i0 + TN_GROUP * MR;
@@ -365,12 +369,12 @@ static void copy_transposed(const float *A, long lda, int m, int kc, float *at) 
  * each tile of B's rows is read from memory once and multiplied by every block of rows while it is
  * in L1 (an expert a few rows past 64 would otherwise stream its weights twice). Up to DOT_M rows past
  * a multiple of 64 (half of case L's experts under uniform routing) are dot products against each
- * panel of B's rows just read, while it is in cache: as a block of the tiles above they would use a
- * few of 16 lanes, and with 6 accumulators wait on the FMAs' latency (case L's two forward GEMMs over
- * 64 experts, 2 threads: 1.2-1.3x at 66 and 72 rows, 1.1-1.2x at 80). The products of NT_COLS rows
- * of B are written back together, transposed 16 x 16 into rows of C: a row at a time, with scalars,
- * the write-back took 10-15% of the forward GEMMs (1.05-1.15x for fc2, whose C takes three blocks of
- * K; fc1 within the noise). */
+ * panel of B's rows just read (two write-back groups, 96 rows), while it is in L2: as a block of the
+ * tiles above they would use a few of 16 lanes, and with 6 accumulators wait on the FMAs' latency
+ * (case L's two forward GEMMs over 64 experts, 2 threads: 1.2-1.3x at 66 and 72 rows, 1.1-1.2x at
+ * 80). The products of NT_COLS rows of B are written back together, transposed 16 x 16 into rows of
+ * C: a row at a time, with scalars, the write-back took 10-15% of the forward GEMMs (1.05-1.15x for
+ * fc2, whose C takes three blocks of K; fc1 within the noise). */
 static void run_nt(const moe__gemm *g, float *at) {
   float *ct = at + COPY; /* the products of NT_COLS rows of B by each block of 64 rows */
   const float *A = g->A, *B = g->B;

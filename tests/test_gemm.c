@@ -240,12 +240,14 @@ TEST(gemm_small_wide_gradients_and_long_rows_match_reference) {
 }
 
 /* NT past 64 rows by up to 16 (case L's experts under uniform routing): the 64 rows through the tiles,
- * the rest as dot products against each panel of B's rows; every such row count, B's rows in panels
- * of 64 and more with a tail short of a tile, one and two blocks of the inner dimension. */
+ * the rest as dot products against each panel of 96 rows of B; every such row count, one panel and
+ * several with a tail short of a tile, inner dimensions shorter than a vector, one block and two and
+ * three (16 rows past 64 with three), few columns. */
 TEST(gemm_small_nt_rows_past_64_match_reference) {
   if (!small_kernels_built()) return;
   uint64_t s = 11;
   for (int M = 65; M <= 81 && !*failed_; M++) check_padded_shape(false, true, M, 137, 33, &s, "NT", failed_);
-  const int nt[][3] = {{66, 70, 2100}, {79, 13, 1500}, {80, 200, 100}};
-  for (int i = 0; i < 3 && !*failed_; i++) check_padded_shape(false, true, nt[i][0], nt[i][1], nt[i][2], &s, "NT", failed_);
+  const int nt[][3] = {{66, 70, 2100}, {79, 13, 1500}, {80, 200, 100}, {72, 200, 2100}, {80, 145, 1500},
+                       {80, 49, 2049}, {70, 5, 3}};
+  for (int i = 0; i < 7 && !*failed_; i++) check_padded_shape(false, true, nt[i][0], nt[i][1], nt[i][2], &s, "NT", failed_);
 }
