@@ -55,12 +55,12 @@ static float *scratch(void) {
   return s;
 }
 
+/* The mask of a vector's first n lanes (all 16 from n = 16 on, none for n <= 0). */
+static inline __mmask16 lanes(int n) { return n >= 16 ? (__mmask16)0xffff : n > 0 ? (__mmask16)((1u << n) - 1) : 0; }
+
 /* The masks of the vectors of a tile of n columns (n <= NR). */
 static inline void col_masks(int n, __mmask16 mk[4]) {
-  for (int q = 0; q < 4; q++) {
-    int c = n - 16 * q;
-    mk[q] = c >= 16 ? (__mmask16)0xffff : c > 0 ? (__mmask16)((1u << c) - 1) : 0;
-  }
+  for (int q = 0; q < 4; q++) mk[q] = lanes(n - 16 * q);
 }
 
 /* acc (mr, nq vectors) = (first ? beta C : C) + sum over k < kc of a(r, k) b(k, :), a(r, k) at
@@ -223,7 +223,7 @@ static inline __attribute__((always_inline)) void dot_tile(int m, int nb, int K,
 #pragma GCC unroll 16
   for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
   for (int k = 0; k < K; k += 16) {
-    __mmask16 mk = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);
+    __mmask16 mk = lanes(K - k);
     __m512 b[16];
 #pragma GCC unroll 16
     for (int j = 0; j < nb; j++) {
@@ -330,7 +330,7 @@ static inline __attribute__((always_inline)) void transpose16(__m512 v[16]) {
  * rows): a 16 x 16 transpose per 16 rows and 16 columns, stored as rows of 16 columns. */
 static void store_transposed(const float *ct, int n, int m, float *C, long ldc, float beta) {
   for (int j0 = 0; j0 < n; j0 += 16) {
-    __mmask16 mk = n - j0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j0)) - 1);
+    __mmask16 mk = lanes(n - j0);
     for (int i0 = 0; i0 < m; i0 += 16) {
       __m512 v[16];
 #pragma GCC unroll 16
@@ -353,7 +353,7 @@ static void copy_transposed(const float *A, long lda, int m, int kc, float *at) 
     float *dst = at + (long)(i0 / NR) * NR * kc + i0 % NR;
     for (int k = 0; k < kc; k += 16) {
       int nk = kc - k < 16 ? kc - k : 16;
-      __mmask16 mk = nk == 16 ? (__mmask16)0xffff : (__mmask16)((1u << nk) - 1);
+      __mmask16 mk = lanes(nk);
       __m512 v[16];
 #pragma GCC unroll 16
       for (int r = 0; r < 16; r++)
