@@ -14,7 +14,7 @@ def curve(path):
     """(cumulative seconds, test accuracy) after each epoch of one run."""
     t, pts = 0.0, []
     for line in open(path):
-        if line.startswith("{") and "test_accuracy" in line:
+        if line.startswith('{"epoch"') and "test_accuracy" in line:  # not the run's closing {"test_accuracy": ...}
             e = json.loads(line)
             steps = e["steps"] - (pts[-1][2] if pts else 0)
             t += steps / e["steps_per_s"]

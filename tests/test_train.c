@@ -404,3 +404,39 @@ TEST(train_infer_progress) {
   ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
   if (strstr(err, "steps/s")) FAIL_("--quiet: stderr '%s' has a progress line", err);
 }
+
+/* bench/plot_study.py draws capacity_study.sh's figure from `moe train --json` logs: one curve per
+ * run, a point per epoch (the log's closing {"test_accuracy": ...} line is not an epoch). */
+TEST(plot_study_reads_train_json) {
+  const char *data_dir = synth_data_dir();
+  char args[3000], dir[512], log[600], svg[600], err[2048], cmd[4096];
+  test_tmp_path("study", dir, sizeof dir);
+  mkdir(dir, 0755);
+  const char *runs[2][2] = {{"1.0", "--dispatch static --capacity 1.0"}, {"dynamic", "--dispatch static --capacity dynamic"}};
+  for (int r = 0; r < 2; r++) {
+    snprintf(log, sizeof log, "%s/%s.jsonl", dir, runs[r][0]);
+    snprintf(args, sizeof args, "train --data '%s' " SMALL " --epochs 3 %s --json", data_dir, runs[r][1]);
+    ASSERT_EQ_INT(run_moe(NULL, args, log, err, sizeof err), 0);
+  }
+  snprintf(svg, sizeof svg, "%s/study.svg", dir);
+  snprintf(cmd, sizeof cmd, "python3 '%s/../../bench/plot_study.py' '%s' '%s' > '%s/plot.txt' 2>&1", MOE_FIXTURE_DIR,
+           dir, svg, dir);
+  int rc = system(cmd);
+  if (rc != 0) {
+    snprintf(log, sizeof log, "%s/plot.txt", dir);
+    char *txt = test_read_file(log, NULL);
+    fprintf(stderr, "  %s\n  status %d, output:\n%s\n", cmd, rc, txt ? txt : "(none)");
+    free(txt);
+    FAIL_("plot_study.py failed");
+  }
+  char *txt = test_read_file(svg, NULL);
+  ASSERT(txt);
+  int curves = 0, points = 0;
+  for (char *p = strstr(txt, "<polyline points=\""); p; p = strstr(p + 1, "<polyline points=\"")) {
+    curves++;
+    for (char *q = p + 18; *q && *q != '"'; q++) points += *q == ',';
+  }
+  free(txt);
+  ASSERT_EQ_INT(curves, 2);
+  ASSERT_EQ_INT(points, 6); /* 3 epochs each */
+}
