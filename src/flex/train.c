@@ -3,8 +3,9 @@
  * its own copy of the placement (the placement as it will be once its earlier decisions have landed)
  * and hands the new placement back; it lands delta_launch + 1 steps later. Rank 0's decisions are the
  * ones applied, on every rank at the same step (which metrics a trigger sees depends on timing). A
- * placement lands by moving, point to point, the weights and optimizer state of every expert a rank
- * newly holds from the holder nearest in rank number, then laying out each rank's rows anew. */
+ * placement lands through land.c: the weights and optimizer state of every expert a rank newly holds
+ * come from the holder nearest in rank number in one all-to-all-v, then each rank's rows are laid out
+ * anew. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
