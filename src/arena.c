@@ -10,7 +10,7 @@ moe_status moe__arena_reserve(moe__arena *a, size_t bytes, const char *what) {
     a->cap = 0;
     a->used = 0;
     if (bytes) {
-      a->base = aligned_alloc(64, moe__arena_size(bytes));
+      a->base = moe__alloc_big(moe__arena_size(bytes));
       MOE_TRY(a->base, MOE_ERR_NOMEM, "%s workspace: cannot allocate %zu bytes", what, bytes);
     }
     a->cap = moe__arena_size(bytes);

@@ -19,6 +19,13 @@ static inline double moe__now(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* The buffers a step sweeps through memory (a layer's parameters and gradients, its workspace, the
+ * optimizer's moments): 64-byte aligned, and from 4 MiB on whole 2 MiB pages advised as transparent
+ * huge pages, so that sweeping them takes a TLB entry per 2 MiB instead of per 4 KiB (case L's step
+ * 1.05x, BENCHMARKS.md). Freed with free(); moe__calloc_big zeroes them. */
+void *moe__alloc_big(size_t bytes);
+void *moe__calloc_big(size_t bytes);
+
 /* splitmix64: a tiny, well-mixed generator, so that initialization depends only on the seed. */
 static inline uint64_t moe__splitmix(uint64_t *s) {
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);

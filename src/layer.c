@@ -134,13 +134,13 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
     if (cfg->expert_bias) add_param(l, "experts.fc2.bias", 2, El, Dc, 0);
     if (cfg->act == MOE_ACT_SWIGLU) add_param(l, "experts.fc3.weight", 3, El, H, D);
   }
-  l->params = aligned_alloc(64, l->numel * 4);
-  l->grads = aligned_alloc(64, l->numel * 4);
+  l->params = moe__alloc_big(l->numel * 4);
+  l->grads = moe__alloc_big(l->numel * 4);
   l->st = calloc(1, sizeof *l->st);
   l->inner = cfg->inner_experts ? calloc((size_t)E, sizeof *l->inner) : NULL;
   int bf = cfg->dtype == MOE_DT_BF16 && moe_layer_param_find(l, "experts.fc1.weight");
   if (l->st && bf) {
-    l->st->wbf = aligned_alloc(64, (l->numel * 2 + 63) & ~(size_t)63);
+    l->st->wbf = moe__alloc_big(l->numel * 2);
     l->st->wbf_stale = 1;
   }
   if (l->st) { /* external experts get their source with the cache (moe_layer_set_expert_cache) */
