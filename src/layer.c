@@ -366,11 +366,11 @@ size_t moe_layer_peak_bytes(const moe_layer_t *l) {
 
 /* First non-finite entry of a (n, m), or -1. */
 static long long first_nonfinite(const float *a, size_t n, int nt) {
-  long long bad = -1;
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(max : bad)
+  long long first = (long long)n;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(min : first)
   for (size_t i = 0; i < n; i++)
-    if (!isfinite(a[i])) bad = (long long)i > bad ? (long long)i : bad;
-  return bad;
+    if (!isfinite(a[i]) && (long long)i < first) first = (long long)i;
+  return first < (long long)n ? first : -1;
 }
 
 /* Whether the router can run alongside the experts (DynaMoE 4.2): the experts come from the cache,

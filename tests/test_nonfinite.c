@@ -299,3 +299,25 @@ TEST(train_on_nan) {
   ASSERT(strstr(err, "--on-nan: bad value 'skip'"));
 #undef NAN_RUN
 }
+
+/* The layer refuses a non-finite input naming its first one (row, column and value), on any number
+ * of threads: two bad values, the later one first in the second thread's half. */
+TEST(nonfinite_layer_input_names_the_first) {
+  enum { T = 64, D = 16 };
+  for (int threads = 1; threads <= 2; threads++) {
+    moe_layer_config c;
+    moe_layer_config_default(&c);
+    c.D = D, c.H = 8, c.E = 4, c.threads = threads;
+    moe_layer_t l;
+    ASSERT_OK(moe_layer_init(&l, &c));
+    moe_layer_init_params(&l, 3);
+    float *x = calloc(T * D, sizeof *x), *y = calloc(T * D, sizeof *y);
+    ASSERT(x && y);
+    x[5 * D + 3] = INFINITY;
+    x[50 * D + 9] = NAN;
+    ASSERT_NONFINITE(moe_layer_forward(&l, x, T, y, NULL, NULL), "x[5, 3] is inf");
+    free(x);
+    free(y);
+    moe_layer_free(&l);
+  }
+}
