@@ -62,7 +62,8 @@ moe_status moe__gemm_run_fixed(const moe__gemm *g, int n, int threads, const moe
   return run_tiles(g, n, threads, side, 1);
 }
 
-/* The parts a GEMM is cut into for tiles of about `target` flops, along its longer side of C. */
+/* The parts a GEMM is cut into for tiles of about `target` flops (at most its longer side of C over
+ * MIN_TILE). */
 static int tile_parts(const moe__gemm *q, double target) {
   double f = (double)q->M * q->N * (q->K + 1);
   int len = q->M >= q->N ? q->M : q->N;
@@ -72,6 +73,27 @@ static int tile_parts(const moe__gemm *q, double target) {
 }
 
 int moe__gemm_fixed_whole(const moe__gemm *g) { return tile_parts(g, moe__fixed_tile_flops) == 1; }
+
+/* The grid of pm x pn tiles a GEMM of `parts` tiles is cut into: about square tiles, since each
+ * tile's BLAS call packs its own rows of A and columns of B again (strips down the whole of the
+ * longer side packed the shorter side's operand once per tile: 12% of case M skewed's samples in the
+ * BLAS's copies; square tiles 1.05x there), each part of rows at least SMALL_ROWS long. A GEMM of
+ * fewer than 2 SMALL_ROWS rows keeps the strips along its longer side.
+ * Like the strips, the grid depends on the GEMM's shape alone, so under moe__gemm_run_fixed the bits
+ * do not depend on the thread count. */
+#define SMALL_ROWS 256
+static void tile_grid(const moe__gemm *q, int parts, int *pm, int *pn) {
+  if (q->M < 2 * SMALL_ROWS) {
+    *pm = q->M >= q->N ? parts : 1;
+    *pn = q->M >= q->N ? 1 : parts;
+    return;
+  }
+  int m = (int)lround(sqrt((double)parts * q->M / q->N)), mmax = q->M / SMALL_ROWS < parts ? q->M / SMALL_ROWS : parts;
+  m = m < 1 ? 1 : m > mmax ? mmax : m;
+  int n = (parts + m - 1) / m, nmax = q->N / MIN_TILE > 1 ? q->N / MIN_TILE : 1;
+  *pm = m;
+  *pn = n < nmax ? n : nmax;
+}
 
 static moe_status run_tiles(const moe__gemm *g, int n, int threads, const moe__side_work *side, int fixed) {
   threads = moe__threads(threads);
@@ -90,26 +112,28 @@ static moe_status run_tiles(const moe__gemm *g, int n, int threads, const moe__s
   double total = 0;
   for (int i = 0; i < n; i++) total += (double)g[i].M * g[i].N * (g[i].K + 1);
   double target = fixed ? moe__fixed_tile_flops : threads == 1 ? INFINITY : total / (threads * TILES_PER_THREAD) + 1;
-  /* tiles: (gemm index, split along M?, start, length); on the stack, read by every thread */
-  struct { int gi, along_m, s, len; } tiles[MAX_TILES];
+  /* tiles: (gemm index, rows from m0, columns from n0, their counts); on the stack, read by every thread */
+  struct { int gi, m0, m, n0, n; } tiles[MAX_TILES];
   int nt = 0;
   for (int i = 0; i < n; i++) {
     const moe__gemm *q = &g[i];
     if (q->M <= 0 || q->N <= 0) continue;
-    int along_m = q->M >= q->N;
-    int len = along_m ? q->M : q->N;
     int parts = tile_parts(q, target);
     int budget = (MAX_TILES - nt) / (n - i); /* every GEMM left gets at least one tile */
     if (parts > budget) parts = budget > 0 ? budget : 1;
-    int step = (len + parts - 1) / parts;
-    step = (step + 15) & ~15; /* whole SIMD blocks */
-    for (int s = 0; s < len; s += step) {
-      tiles[nt].gi = i;
-      tiles[nt].along_m = along_m;
-      tiles[nt].s = s;
-      tiles[nt].len = s + step <= len ? step : len - s;
-      nt++;
-    }
+    int pm, pn;
+    tile_grid(q, parts, &pm, &pn);
+    if (pm * pn > budget) pm = q->M >= q->N ? parts : 1, pn = q->M >= q->N ? 1 : parts; /* strips */
+    int sm = ((q->M + pm - 1) / pm + 15) & ~15, sn = ((q->N + pn - 1) / pn + 15) & ~15; /* whole SIMD blocks */
+    for (int m0 = 0; m0 < q->M; m0 += sm)
+      for (int n0 = 0; n0 < q->N; n0 += sn) {
+        tiles[nt].gi = i;
+        tiles[nt].m0 = m0;
+        tiles[nt].m = m0 + sm <= q->M ? sm : q->M - m0;
+        tiles[nt].n0 = n0;
+        tiles[nt].n = n0 + sn <= q->N ? sn : q->N - n0;
+        nt++;
+      }
   }
   int failed = 0, items = nt + ns;
   /* BLAS must not thread, nor oneDNN, which threads whenever it is not inside an active region
@@ -128,8 +152,7 @@ static moe_status run_tiles(const moe__gemm *g, int n, int threads, const moe__s
       }
       int t = j - (int)before;
       const moe__gemm *q = &g[tiles[t].gi];
-      moe__gemm tile = tiles[t].along_m ? gemm_tile(q, tiles[t].s, tiles[t].len, 0, q->N)
-                                        : gemm_tile(q, 0, q->M, tiles[t].s, tiles[t].len);
+      moe__gemm tile = gemm_tile(q, tiles[t].m0, tiles[t].m, tiles[t].n0, tiles[t].n);
       failed |= !moe__gemm_one(&tile);
     }
   }

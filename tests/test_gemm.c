@@ -251,3 +251,40 @@ TEST(gemm_small_nt_rows_past_64_match_reference) {
                        {80, 49, 2049}, {70, 5, 3}};
   for (int i = 0; i < 7 && !*failed_; i++) check_padded_shape(false, true, nt[i][0], nt[i][1], nt[i][2], &s, "NT", failed_);
 }
+
+/* A GEMM cut into about square tiles (rows and columns of C) by moe__gemm_run_fixed: within the
+ * reference's tolerance, and the same bits on 1, 2 and 3 threads (the cut depends on the shape alone),
+ * every transpose and beta, with row and column counts that do not divide into the tiles. */
+TEST(gemm_square_tiles_match_reference_on_any_threads) {
+  uint64_t s = 7;
+  const int M = 1100, N = 903, K = 130;
+  size_t mn = (size_t)M * N;
+  float *A = malloc((size_t)M * K * 4), *B = malloc((size_t)K * N * 4), *C0 = malloc(mn * 4);
+  float *C[3] = {malloc(mn * 4), malloc(mn * 4), malloc(mn * 4)}, *ref = malloc(mn * 4);
+  ASSERT(A && B && C0 && C[0] && C[1] && C[2] && ref);
+  for (size_t i = 0; i < (size_t)M * K; i++) A[i] = frand(&s);
+  for (size_t i = 0; i < (size_t)K * N; i++) B[i] = frand(&s);
+  for (size_t i = 0; i < mn; i++) C0[i] = frand(&s);
+  double keep = moe__fixed_tile_flops;
+  moe__fixed_tile_flops = (double)M * N * (K + 1) / 9.5; /* 9 parts: 3 x 3 tiles */
+  int ok = 1;
+  for (int t = 0; t < 4 && ok; t++)
+    for (int beta = 0; beta <= 1 && ok; beta++) {
+      moe__gemm g = {t & 1, t >> 1, M, N, K, 1.0f, (float)beta, A, t & 1 ? M : K, B, t >> 1 ? K : N, C0, N, false};
+      reference(&g, ref);
+      for (int th = 0; th < 3; th++) {
+        memcpy(C[th], C0, mn * 4);
+        g.C = C[th];
+        ok &= moe__gemm_run_fixed(&g, 1, th + 1, NULL) == MOE_OK;
+      }
+      ok &= tensors_close("C", C[0], ref, mn, 1e-5, 1e-6);
+      for (int th = 1; th < 3; th++)
+        if (memcmp(C[0], C[th], mn * 4)) {
+          fprintf(stderr, "  transposes %d, beta %d: %d threads' bits differ from 1 thread's\n", t, beta, th + 1);
+          ok = 0;
+        }
+    }
+  moe__fixed_tile_flops = keep;
+  free(A), free(B), free(C0), free(C[0]), free(C[1]), free(C[2]), free(ref);
+  ASSERT(ok);
+}
