@@ -91,8 +91,13 @@ static void tile_grid(const moe__gemm *q, int parts, int *pm, int *pn) {
   int m = (int)lround(sqrt((double)parts * q->M / q->N)), mmax = q->M / SMALL_ROWS < parts ? q->M / SMALL_ROWS : parts;
   m = m < 1 ? 1 : m > mmax ? mmax : m;
   int n = (parts + m - 1) / m, nmax = q->N / MIN_TILE > 1 ? q->N / MIN_TILE : 1;
+  if (n > nmax) n = nmax;
+  if (m * n < parts) { /* too narrow for the grid to make its parts: strips down the rows */
+    m = parts;
+    n = 1;
+  }
   *pm = m;
-  *pn = n < nmax ? n : nmax;
+  *pn = n;
 }
 
 static moe_status run_tiles(const moe__gemm *g, int n, int threads, const moe__side_work *side, int fixed) {

@@ -20,11 +20,13 @@ static inline double moe__now(void) {
 }
 
 /* The buffers a step sweeps through memory (a layer's parameters and gradients, its workspace, the
- * optimizer's moments): 64-byte aligned, and from 4 MiB on whole 2 MiB pages advised as transparent
- * huge pages, so that sweeping them takes a TLB entry per 2 MiB instead of per 4 KiB (case L's step
- * 1.05x, BENCHMARKS.md). Freed with free(); moe__calloc_big zeroes them. */
+ * optimizer's moments): 64-byte aligned, and from 4 MiB on whole 2 MiB pages
+ * advised as transparent huge pages, so that sweeping them takes a TLB entry per 2 MiB instead of per
+ * 4 KiB (BENCHMARKS.md, "Huge pages"). Freed with free(); NULL (ENOMEM) for sizes that overflow.
+ * moe__calloc_big zeroes n * size bytes by writing them, so it is for buffers the next step writes
+ * anyway: a calloc's untouched pages cost nothing until used (a model's gradients when serving). */
 void *moe__alloc_big(size_t bytes);
-void *moe__calloc_big(size_t bytes);
+void *moe__calloc_big(size_t n, size_t size);
 
 /* splitmix64: a tiny, well-mixed generator, so that initialization depends only on the seed. */
 static inline uint64_t moe__splitmix(uint64_t *s) {

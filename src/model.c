@@ -79,8 +79,8 @@ moe_status moe_model_init(moe_model_t *m, const moe_model_config *c) {
   m->layers = calloc((size_t)L, sizeof *m->layers);
   m->st = calloc(1, sizeof *m->st);
   size_t dense = (size_t)D * in + D + (size_t)L * 2 * D + 2 * D + (size_t)C * D + C;
-  m->dense = moe__calloc_big(dense * 4);
-  m->dense_grad = moe__calloc_big(dense * 4);
+  m->dense = calloc(dense, 4);
+  m->dense_grad = calloc(dense, 4);
   size_t per_layer = 12 + (size_t)(c->moe.inner_experts ? c->moe.E : 0) * 12;
   m->refs = calloc((size_t)6 + (size_t)L * per_layer, sizeof *m->refs);
   if (m->st) {

@@ -42,8 +42,8 @@ moe_status moe_optim_init_n(moe_optim_t *o, const moe_optim_config *c, size_t nu
   MOE_TRY(c->weight_decay >= 0 && isfinite(c->weight_decay), MOE_ERR_ARG, "optimizer: weight_decay must be >= 0");
   o->cfg = *c;
   o->n = numel;
-  o->m = moe__calloc_big((o->n ? o->n : 1) * 4);
-  o->v = c->kind == MOE_OPT_ADAM ? moe__calloc_big((o->n ? o->n : 1) * 4) : NULL;
+  o->m = moe__calloc_big(o->n ? o->n : 1, 4);
+  o->v = c->kind == MOE_OPT_ADAM ? moe__calloc_big(o->n ? o->n : 1, 4) : NULL;
   if (!o->m || (c->kind == MOE_OPT_ADAM && !o->v)) {
     moe_optim_free(o);
     MOE_TRY(0, MOE_ERR_NOMEM, "optimizer: cannot allocate state for %zu parameters", numel);

@@ -1,6 +1,6 @@
 /* moe__alloc_big: small buffers 64-byte aligned, from 4 MiB on 2 MiB aligned (whole huge pages) and
- * writable over what was asked; moe__calloc_big zeroes; a layer's parameters, gradients and an
- * optimizer's moments take them (the alignment shows it). */
+ * writable over what was asked, sizes that overflow refused; moe__calloc_big zeroes; a layer's
+ * parameters, gradients and an optimizer's moments take them (the alignment shows it). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +16,7 @@ TEST(big_alloc_alignment_and_zeroing) {
   const size_t sizes[] = {1, 100, 4 * MIB - 1, 4 * MIB, 5 * MIB + 3};
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
     size_t n = sizes[i];
-    unsigned char *p = moe__alloc_big(n), *z = moe__calloc_big(n);
+    unsigned char *p = moe__alloc_big(n), *z = moe__calloc_big(n, 1);
     ASSERT(p && z);
     ASSERT(aligned(p, n >= 4 * MIB ? 2 * MIB : 64));
     ASSERT(aligned(z, n >= 4 * MIB ? 2 * MIB : 64));
@@ -27,6 +27,14 @@ TEST(big_alloc_alignment_and_zeroing) {
     free(p);
     free(z);
   }
+  /* what the rounding up to whole pages, or the count times the size, would wrap */
+  ASSERT(moe__alloc_big(SIZE_MAX - 100) == NULL);
+  ASSERT(moe__calloc_big(SIZE_MAX / 2, 4) == NULL);
+  ASSERT(moe__calloc_big(((size_t)1 << 62) + 1, 4) == NULL);
+  moe_optim_config oc;
+  moe_optim_config_default(&oc);
+  moe_optim_t o;
+  ASSERT_EQ_INT(moe_optim_init_n(&o, &oc, ((size_t)1 << 62) + 1), MOE_ERR_NOMEM);
 }
 
 TEST(big_alloc_holds_layer_and_optimizer_state) {

@@ -184,8 +184,8 @@ moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c) {
   size_t D = (size_t)c->moe.D, V = (size_t)c->vocab, qd = (size_t)c->n_heads * c->head_dim,
          kvd = (size_t)c->n_kv_heads * c->head_dim, h2 = (size_t)c->head_dim / 2;
   size_t dense = V * D * (c->tie_embeddings ? 1 : 2) + D + (size_t)L * (2 * D + (2 * qd + 2 * kvd) * D);
-  m->dense = moe__calloc_big(dense * 4);
-  m->dense_grad = moe__calloc_big(dense * 4);
+  m->dense = calloc(dense, 4);
+  m->dense_grad = calloc(dense, 4);
   m->layers = calloc((size_t)L, sizeof *m->layers);
   m->refs = calloc(3 + (size_t)L * (7 + 3 * (size_t)E), sizeof *m->refs);
   moe__lm_state *s = m->st = calloc(1, sizeof *m->st);
@@ -497,8 +497,8 @@ moe_status moe_lm_cache_new(moe_lm_cache **out, const moe_lm_t *m, int B) {
   MOE_TRY(kv, MOE_ERR_NOMEM, "moe_lm_cache_new: out of memory");
   *kv = (moe_lm_cache){c->n_layers, B, c->max_seq, c->n_kv_heads * c->head_dim, 0, NULL, NULL, NULL, NULL, NULL};
   size_t n = (size_t)kv->L * B * kv->max_seq * kv->kvd;
-  kv->k = moe__alloc_big(n * 4);
-  kv->v = moe__alloc_big(n * 4);
+  kv->k = malloc(n * 4);
+  kv->v = malloc(n * 4);
   kv->slot_len = calloc((size_t)B, sizeof *kv->slot_len);
   kv->counts = calloc((size_t)c->n_layers * c->moe.E, sizeof *kv->counts);
   if (!kv->k || !kv->v || !kv->slot_len || !kv->counts) {
