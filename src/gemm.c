@@ -77,24 +77,24 @@ int moe__gemm_fixed_whole(const moe__gemm *g) { return tile_parts(g, moe__fixed_
 /* The grid of pm x pn tiles a GEMM of `parts` tiles is cut into: about square tiles, since each
  * tile's BLAS call packs its own rows of A and columns of B again (strips down the whole of the
  * longer side packed the shorter side's operand once per tile: 12% of case M skewed's samples in the
- * BLAS's copies; square tiles 1.05x there), each part of rows at least SMALL_ROWS long. A GEMM of
- * fewer than 2 SMALL_ROWS rows keeps the strips along its longer side.
+ * BLAS's copies; square tiles 1.05x there), each part of rows at least SMALL_ROWS long. Strips along
+ * the longer side, as before, for a GEMM of fewer than 2 SMALL_ROWS rows, one too narrow for the grid
+ * to make its parts, and a grid of more tiles than the list's `budget` leaves it.
  * Like the strips, the grid depends on the GEMM's shape alone, so under moe__gemm_run_fixed the bits
  * do not depend on the thread count. */
 #define SMALL_ROWS 256
-static void tile_grid(const moe__gemm *q, int parts, int *pm, int *pn) {
-  if (q->M < 2 * SMALL_ROWS) {
-    *pm = q->M >= q->N ? parts : 1;
-    *pn = q->M >= q->N ? 1 : parts;
-    return;
+static void tile_grid(const moe__gemm *q, int parts, int budget, int *pm, int *pn) {
+  int m = 1, n = 0;
+  if (q->M >= 2 * SMALL_ROWS) {
+    int mmax = q->M / SMALL_ROWS < parts ? q->M / SMALL_ROWS : parts, nmax = q->N / MIN_TILE > 1 ? q->N / MIN_TILE : 1;
+    m = (int)lround(sqrt((double)parts * q->M / q->N));
+    m = m < 1 ? 1 : m > mmax ? mmax : m;
+    n = (parts + m - 1) / m;
+    if (n > nmax) n = nmax;
   }
-  int m = (int)lround(sqrt((double)parts * q->M / q->N)), mmax = q->M / SMALL_ROWS < parts ? q->M / SMALL_ROWS : parts;
-  m = m < 1 ? 1 : m > mmax ? mmax : m;
-  int n = (parts + m - 1) / m, nmax = q->N / MIN_TILE > 1 ? q->N / MIN_TILE : 1;
-  if (n > nmax) n = nmax;
-  if (m * n < parts) { /* too narrow for the grid to make its parts: strips down the rows */
-    m = parts;
-    n = 1;
+  if (m * n < parts || m * n > budget) { /* strips */
+    m = q->M >= q->N ? parts : 1;
+    n = q->M >= q->N ? 1 : parts;
   }
   *pm = m;
   *pn = n;
@@ -127,8 +127,7 @@ static moe_status run_tiles(const moe__gemm *g, int n, int threads, const moe__s
     int budget = (MAX_TILES - nt) / (n - i); /* every GEMM left gets at least one tile */
     if (parts > budget) parts = budget > 0 ? budget : 1;
     int pm, pn;
-    tile_grid(q, parts, &pm, &pn);
-    if (pm * pn > budget) pm = q->M >= q->N ? parts : 1, pn = q->M >= q->N ? 1 : parts; /* strips */
+    tile_grid(q, parts, budget, &pm, &pn);
     int sm = ((q->M + pm - 1) / pm + 15) & ~15, sn = ((q->N + pn - 1) / pn + 15) & ~15; /* whole SIMD blocks */
     for (int m0 = 0; m0 < q->M; m0 += sm)
       for (int n0 = 0; n0 < q->N; n0 += sn) {
