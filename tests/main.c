@@ -1,5 +1,8 @@
-/* Test runner: runs every registered test (or those whose name contains argv[1]) and prints
- * "N passed, N failed"; exits non-zero on any failure. */
+/* Test runner. `moe_tests` runs every registered test (`moe_tests TEXT`: those whose name contains
+ * TEXT) and prints "N passed, N failed, N skipped", exiting non-zero on any failure; `--list` prints
+ * the names, one a line; `--run NAME` runs that test alone and exits 0 (passed), 1 (failed) or
+ * TEST_SKIP_CODE (skipped), which is how ctest runs each (cmake/discover_tests.cmake). */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +14,17 @@
 static struct { const char *name; test_fn fn; } tests[MAX_TESTS];
 static int ntests;
 static char tmpdir[256];
+static int skipped; /* the running test called test_skip */
+
+void test_skip(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "  SKIP: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  skipped = 1;
+}
 
 void test_register(const char *name, test_fn fn) {
   if (ntests == MAX_TESTS) { fprintf(stderr, "too many tests\n"); abort(); }
@@ -63,22 +77,44 @@ size_t test_read_text(const char *path, char *dst, size_t n) {
   return got;
 }
 
+static int run_one(int i) {
+  int f = 0;
+  skipped = 0;
+  tests[i].fn(&f);
+  printf("%s %s\n", f ? "FAIL" : skipped ? "skip" : "ok  ", tests[i].name);
+  fflush(stdout);
+  return f ? 1 : skipped ? TEST_SKIP_CODE : 0;
+}
+
+static int usage(void) {
+  fprintf(stderr, "usage: moe_tests [TEXT | --list | --run NAME]\n");
+  return 2;
+}
+
 int main(int argc, char **argv) {
-  const char *filter = argc > 1 ? argv[1] : NULL;
+  if (argc > 1 && !strcmp(argv[1], "--list")) {
+    for (int i = 0; i < ntests; i++) printf("%s\n", tests[i].name);
+    return 0;
+  }
+  int exact = argc > 1 && !strcmp(argv[1], "--run");
+  if (exact && argc != 3) return usage();
+  const char *filter = argc > 1 + exact ? argv[1 + exact] : NULL;
+  if (filter && filter[0] == '-') return usage();
   snprintf(tmpdir, sizeof tmpdir, "/tmp/moe-tests-XXXXXX");
   if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 1; }
-  int passed = 0, failed = 0;
+  int passed = 0, failed = 0, skips = 0, last = 0;
   for (int i = 0; i < ntests; i++) {
-    if (filter && !strstr(tests[i].name, filter)) continue;
-    int f = 0;
-    tests[i].fn(&f);
-    printf("%s %s\n", f ? "FAIL" : "ok  ", tests[i].name);
-    fflush(stdout);
-    if (f) failed++; else passed++;
+    if (filter && (exact ? strcmp(tests[i].name, filter) : !strstr(tests[i].name, filter))) continue;
+    last = run_one(i);
+    if (last == 1) failed++; else if (last) skips++; else passed++;
   }
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed ? 1 : 0;
+  printf("%d passed, %d failed, %d skipped\n", passed, failed, skips);
+  if (exact && passed + failed + skips == 0) {
+    fprintf(stderr, "no test named %s (--list lists them)\n", filter);
+    return 1;
+  }
+  return failed ? 1 : exact ? last : 0;
 }

@@ -20,7 +20,7 @@ int run_moe(const char *env_prefix, const char *args, const char *out_path, char
 
 int test_have_mpirun(void) {
   if (moe_dist_has_mpi() && system("command -v mpirun >/dev/null 2>&1") == 0) return 1;
-  fprintf(stderr, "  SKIP: %s\n", moe_dist_has_mpi() ? "mpirun not found" : "libmoe built without MPI");
+  test_skip("%s", moe_dist_has_mpi() ? "mpirun not found" : "libmoe built without MPI");
   return 0;
 }
 

@@ -13,7 +13,8 @@ int run_moe(const char *env_prefix, const char *args, const char *out_path, char
  * until exit. TEST_MPI_ENV alone, to put another command (timeout) before mpirun. */
 #define TEST_MPI_ENV "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
 #define TEST_MPIRUN TEST_MPI_ENV "mpirun --oversubscribe "
-/* Whether the library has MPI and mpirun is on the PATH; prints SKIP with the reason otherwise. */
+/* Whether the library has MPI and mpirun is on the PATH; marks the test skipped (test_skip) with the
+ * reason otherwise. */
 int test_have_mpirun(void);
 /* Runs this test binary's test `name` again under mpirun with W ranks, for at most timeout_s seconds:
  * 0 when it ends with status 0 and "1 passed, 0 failed", else mpirun's status (124: a rank hung),

@@ -1,5 +1,5 @@
 /* A minimal test registry and assertion macros. Each test file defines tests with TEST(name) and
- * the runner (tests/main.c) runs them all, printing "N passed, N failed". An ASSERT prints both
+ * the runner (tests/main.c) runs them, printing "N passed, N failed, N skipped". An ASSERT prints both
  * expressions and values, then fails the current test. */
 #ifndef MOE_TEST_H
 #define MOE_TEST_H
@@ -12,6 +12,12 @@
 
 typedef void (*test_fn)(int *failed);
 void test_register(const char *name, test_fn fn);
+/* Marks the running test skipped (it could not run here: a missing tool, CPU feature or data set),
+ * printing why; a failure still counts as one. SKIP returns from the test too. */
+void test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#define SKIP(...) do { test_skip(__VA_ARGS__); return; } while (0)
+/* The exit status of `moe_tests --run NAME` for a skipped test (ctest's SKIP_RETURN_CODE). */
+#define TEST_SKIP_CODE 77
 
 #define TEST(name)                                                              \
   static void test_##name(int *failed_);                                        \

@@ -126,7 +126,7 @@ static int small_kernels_built(void) {
 #else
   int have = 0; /* built without AVX-512 */
 #endif
-  if (!have) fprintf(stderr, "  SKIP: no AVX-512 kernels in this build or CPU: the BLAS runs every GEMM\n");
+  if (!have) test_skip("no AVX-512 kernels in this build or CPU: the BLAS runs every GEMM");
   return have;
 }
 

@@ -32,12 +32,10 @@ static int sh(const char *cmd) {
 
 TEST(python_package_suite) {
 #if defined(__SANITIZE_ADDRESS__)
-  fprintf(stderr, "  SKIP: sanitizer build (python would need libasan preloaded); `make test` runs it\n");
-  return;
+  SKIP("sanitizer build (python would need libasan preloaded); `make test` runs it");
 #endif
   if (sh(PYTHON " -c 'import numpy, torch' >/dev/null 2>&1") != 0) {
-    fprintf(stderr, "  SKIP: " PYTHON " lacks numpy or torch (apt-get install python3-numpy python3-torch)\n");
-    return;
+    SKIP(PYTHON " lacks numpy or torch (apt-get install python3-numpy python3-torch)");
   }
   /* the repository is two levels above tests/fixtures; the library is in the moe binary's directory */
   char root[1024], lib[1024], abi[1024], out[512], cmd[4096];

@@ -62,7 +62,7 @@ static int scenario(const char *name, const char *extra) {
 
 static int have_python(void) {
   if (system(PYTHON " -c 'import http.client' >/dev/null 2>&1") == 0) return 1;
-  fprintf(stderr, "  SKIP: " PYTHON " not found\n");
+  test_skip(PYTHON " not found");
   return 0;
 }
 
