@@ -1,5 +1,5 @@
 /* The six expert GEMMs of an FFN layer alone, each over E experts of R rows, against a 2048^3 sgemm
- * measured in the same run: how close the small-GEMM kernels (src/gemm_small.c) come to the BLAS on
+ * measured in the same run: how close the small-GEMM kernels (src/kernels/gemm_small.c) come to the BLAS on
  * their own, without the layer's routing, activation and schedule around them (case L by default:
  * D 768, H 3072, 64 experts of 64 rows; `moe bench` gives the layer's ratio on the same shapes).
  * Each kind runs the layer's way: one expert's GEMM whole per work item, dynamically over the threads,
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "gemm.h"
+#include "kernels/gemm.h"
 #include "moe.h"
 
 static float *filled(size_t n, float scale) {

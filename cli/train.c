@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "gemm.h" /* moe__threads: --threads 0 as the library counts it */
+#include "internal.h" /* moe__threads: --threads 0 as the library counts it */
 #include "progress.h"
 #include "rank_errors.h"
 #include "train_cache.h"

@@ -10,7 +10,7 @@ What it checks:
      F32 otherwise, and everything else is F32. When the training checkpoint holds the fp32 masters
      (master.<name>), each BF16 matrix must be bit for bit PyTorch's own rounding of its master
      (`master.to(torch.bfloat16)`): the bytes are the bf16 values PyTorch itself would write.
-  2. The model's forward pass, reimplemented in PyTorch from the metadata and the tensors (src/model.c,
+  2. The model's forward pass, reimplemented in PyTorch from the metadata and the tensors (src/model/model.c,
      DESIGN 4.1): h = in(x); L pre-norm blocks h = h + MoE(LayerNorm(h)); the final LayerNorm; the head;
      the prediction is the first largest logit. The MoE layer: linear or cosine router, softmax, top-k
      with ties to the lower expert id, normalize_topk, capacity and drops under static dispatch
@@ -19,7 +19,7 @@ What it checks:
      to bf16 before each GEMM, the stored bf16 weights, fp32 accumulation, fp32 biases; the rest fp32.
      Hierarchical MoE (inner_experts > 0) and per-expert capacities (--capacity dynamic) are refused.
   3. The test split (t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte in IDX format, pixels / 255, as
-     src/dataset.c reads them) in batches of --batch (capacity depends on the batch, as in `moe eval`),
+     src/formats/idx.c reads them) in batches of --batch (capacity depends on the batch, as in `moe eval`),
      and the test accuracy. With --moe, `moe eval` on the same checkpoint, data and batch must print
      the same accuracy. A few differing predictions are accepted only when at most as many samples are
      near ties (top-2 logit margin or a routing probability gap below NEAR_TIE), where bf16 rounding
@@ -59,7 +59,7 @@ ST_DTYPES = {
 LN_EPS = float(np.float32(1e-5))           # MOE_LN_EPS, a float constant, promoted to double
 COS_EPS = float(np.float32(1e-12))         # the cosine router's norm floor
 LOG_MAX_SCALE = float(np.float32(math.log(100.0)))  # the cosine logit scale is clamped at 100
-SQRT1_2 = float(np.float32(math.sqrt(0.5)))  # experts.c's float constant in the GELU
+SQRT1_2 = float(np.float32(math.sqrt(0.5)))  # sources/ffn.c's float constant in the GELU
 NEAR_TIE = 1e-3  # margins below this may flip between implementations under bf16 rounding noise
 LAYER_RTOL = 1e-4  # moe layer-run's y against this script's, relative Frobenius error
 LAYER_META = ("top_k", "capacity_setting", "normalize_topk", "activation", "dispatch", "priority", "router",
@@ -242,7 +242,7 @@ def bf16_round(t):
 
 
 def layer_norm(x, g, b):
-    """As src/norm.c: row statistics in double, the normalization in float."""
+    """As src/kernels/norm.c: row statistics in double, the normalization in float."""
     xd = x.double()
     mu = xd.mean(dim=1, keepdim=True)
     rstd = (1.0 / torch.sqrt(((xd - mu) ** 2).mean(dim=1, keepdim=True) + LN_EPS)).float()
@@ -264,7 +264,7 @@ def router_logits(cfg, p, x):
 
 
 def capacity(cfg, T, maxc):
-    """route.c's capacity(): C from capacity_setting x, k, T and the largest per-expert count."""
+    """placement.c's capacity(): C from capacity_setting x, k, T and the largest per-expert count."""
     x = cfg.capacity_setting
     if cfg.dispatch == "dynamic" or x == 0:
         return maxc
@@ -302,7 +302,7 @@ def activation(cfg, a1, a3):
     if cfg.activation == "relu":
         return torch.relu(a1)
     if cfg.activation == "gelu":
-        # the erf GELU as experts.c writes it: F.gelu differs in the last bit for most inputs, and
+        # the erf GELU as sources/ffn.c writes it: F.gelu differs in the last bit for most inputs, and
         # under bf16 that moves some 0.5% of h to the neighbouring bf16 value
         return 0.5 * a1 * (1.0 + torch.erf(a1 * SQRT1_2))
     if cfg.activation == "silu":
@@ -380,7 +380,7 @@ def read_idx(path, magic, ndim):
 
 
 def load_test_split(data_dir):
-    """Images (n, rows * cols) as float32 pixel / 255 and labels (n), as src/dataset.c loads them."""
+    """Images (n, rows * cols) as float32 pixel / 255 and labels (n), as src/formats/idx.c loads them."""
     images = read_idx(f"{data_dir}/t10k-images-idx3-ubyte", 0x00000803, 3)
     labels = read_idx(f"{data_dir}/t10k-labels-idx1-ubyte", 0x00000801, 1)
     if images.shape[0] != labels.shape[0]:

@@ -1,8 +1,8 @@
-/* libFuzzer target: the strict JSON parser (src/json.c), which reads safetensors headers and placements. */
+/* libFuzzer target: the strict JSON parser (src/formats/json.c), which reads safetensors headers and placements. */
 #include <stddef.h>
 #include <stdint.h>
 
-#include "json.h"
+#include "formats/json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
   cJSON *root;

@@ -1,4 +1,4 @@
-/* libFuzzer target: safetensors (src/safetensors.c), read whole and lazily: every view by index and
+/* libFuzzer target: safetensors (src/formats/safetensors.c), read whole and lazily: every view by index and
  * by name, its values as floats where it is F32 or BF16, a non-finite scan, and the metadata. */
 #include <stdlib.h>
 

@@ -63,7 +63,11 @@ void moe__from_bf16(float *dst, const uint16_t *src, size_t n, int nt);
     if (moe__s != MOE_OK) return moe__s;                                        \
   } while (0)
 
-/* Index of s in names[n] into *out; otherwise MOE_ERR_ARG naming `field`, the value and the choices. */
+/* Threads to use for a requested count (0 = all cores) (base/threads.c). */
+int moe__threads(int requested);
+
+/* Index of s in names[n] into *out; otherwise MOE_ERR_ARG naming `field`, the value and the choices
+ * (base/names.c). */
 moe_status moe__parse_name(const char *s, const char *field, const char *const *names, int n, int *out);
 
 /* MOE_ERR_VALUE naming the file, the tensor and the index of the first non-finite value of x, which

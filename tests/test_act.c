@@ -1,11 +1,11 @@
-/* The activation functions (src/act.c) against double precision over [-12, 12] and beyond, forward
+/* The activation functions (src/kernels/act.c) against double precision over [-12, 12] and beyond, forward
  * and backward, for every activation; GELU's vector path (AVX-512 builds) gives each value the same
  * bits wherever it lies in the array. The bound is in units of float rounding of the terms that
  * cancel: (|a| + |f(a)|) 2^-23; the worst here is 1.0 (GELU forward through the vector erff; 0.42
  * through the scalar one). */
 #include <stdlib.h>
 
-#include "act.h"
+#include "kernels/act.h"
 #include "test.h"
 
 enum { N = 24011 }; /* not a multiple of 16: the masked last vector */

@@ -1,4 +1,4 @@
-/* Tests of the IDX dataset reader (src/dataset.c): small image and label files written into the
+/* Tests of the IDX dataset reader (src/formats/idx.c): small image and label files written into the
  * scratch directory, one good pair checked value by value, then each malformed case checked for its
  * exact status, a message naming the file, and a zeroed dataset. */
 #include <stdint.h>

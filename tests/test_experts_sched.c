@@ -1,4 +1,4 @@
-/* The experts' two schedules (src/experts.c): experts whose GEMMs run as one tile each run whole, one
+/* The experts' two schedules (src/sources/ffn.c): experts whose GEMMs run as one tile each run whole, one
  * work item an expert; the others pass by pass. The tests lower moe__fixed_tile_flops so that some or
  * all experts of a small layer take the pass-by-pass schedule, and check a step against the layer's
  * output in double precision (forward) and against the all-whole step (outputs, input gradients and
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "compare.h"
-#include "gemm.h"
+#include "kernels/gemm.h"
 #include "layer_ref.h"
 #include "test.h"
 

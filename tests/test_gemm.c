@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "compare.h"
-#include "gemm.h"
+#include "kernels/gemm.h"
 #include "test.h"
 
 static float frand(uint64_t *s) {

@@ -1,4 +1,4 @@
-/* Hierarchical MoE runs its inner layers at once, one per thread (hier.c): outputs, input gradients,
+/* Hierarchical MoE runs its inner layers at once, one per thread (sources/inner.c): outputs, input gradients,
  * losses and every inner layer's gradients are those of the same layer run on one thread, with
  * experts of many, few and no rows. And with micro-batches (cut between outer experts, so that each
  * inner layer runs in exactly one), under every memory-reuse strategy, they are those of one. */
@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "compare.h"
-#include "layer_internal.h" /* the plan, for the inner layers' rows */
+#include "layer/layer_internal.h" /* the plan, for the inner layers' rows */
 #include "test.h"
 
 enum { HD = 8, HH = 16, HE = 4, HT = 41 };

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 
 #include "fdcheck.h"
-#include "layer_internal.h" /* the inner layers' routing plans, to guard the hierarchical checks */
+#include "layer/layer_internal.h" /* the inner layers' routing plans, to guard the hierarchical checks */
 #include "test.h"
 
 /* ---------------------------------------------------------------- random parameters */

@@ -9,7 +9,7 @@
 
 #include "compare.h"
 #include "adapt/pipe_model.h"
-#include "layer_internal.h" /* the plan's micro-batches, for the workspace check */
+#include "layer/layer_internal.h" /* the plan's micro-batches, for the workspace check */
 #include "run_cli.h"
 #include "synth.h"
 #include "test.h"

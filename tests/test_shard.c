@@ -1,4 +1,4 @@
-/* Tutel's adaptive parallelism r (src/shard.c, src/transport_shard.c): under mpirun -np W (W = 2, 4;
+/* Tutel's adaptive parallelism r (src/shard/shard.c, src/shard/transport.c): under mpirun -np W (W = 2, 4;
  * the test runs itself as the ranks), a sharded layer gives, for every r from 0 to ceil(W/E) + 1
  * (clipped) and steps of the adaptive r (trials included), the outputs, losses, input gradients and
  * weight gradients of one process within 1e-5, for E below, at and above W (W > E included, E not

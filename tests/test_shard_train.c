@@ -1,4 +1,4 @@
-/* `moe train --parallel-r` under mpirun (src/shard.c, src/checkpoint_dist.c): switching r at every step (a list of r taken in
+/* `moe train --parallel-r` under mpirun (src/shard/shard.c, src/model/checkpoint_dist.c): switching r at every step (a list of r taken in
  * turn) follows the run at one fixed r, and both the one-process run, within 1e-4 per step in loss:
  * W = 2 with E = 4 (r in {0, 1}) and W = 4 with E = 2 (W > E: r in {0, 1, 2}). A checkpoint saved by
  * sharded ranks is the one-process file: resumed with another W and r, the run goes on as one process

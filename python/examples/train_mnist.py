@@ -4,7 +4,7 @@ runs `moe train` with the same options and seeds and compares the mean test accu
 (exit 1 when they differ by more than --tolerance points; one seed's runs differ by up to about 0.5
 points in either direction from the data order and initial weights alone, so compare over a few).
 
-The recipe (cli/train.c, src/model.c, src/optim.c): a Linear(784, 128) input projection, one pre-norm
+The recipe (cli/train.c, src/model/model.c, src/model/optim.c): a Linear(784, 128) input projection, one pre-norm
 block h + MoE(LayerNorm(h)) with 8 experts of hidden size 512, top-2, gelu, dynamic dispatch, then
 LayerNorm and Linear(128, 10); weights uniform in +-1/sqrt(fan_in), biases 0 (the MoE layer's from
 moe_layer_init_params); loss cross-entropy + 0.01 * the balance loss; AdamW (0.9, 0.999, 1e-8) with
@@ -37,7 +37,7 @@ from libmoe.torch import MoELayer  # noqa: E402
 
 
 class Classifier(nn.Module):
-    """src/model.c's classifier with one block, the MoE layer from libmoe."""
+    """src/model/model.c's classifier with one block, the MoE layer from libmoe."""
 
     def __init__(self, in_dim, classes, seed, dtype):
         super().__init__()

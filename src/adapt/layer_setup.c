@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #include "dist/dist.h"
-#include "shard.h"
+#include "shard/shard.h"
 
 enum { SEARCH_R = 1, SEARCH_N = 2, SEARCH_A = 4 };
 

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "internal.h"
-#include "worker.h"
+#include "base/worker.h"
 
 #define MAX_RESULTS 64 /* adjustments decided and not yet due */
 

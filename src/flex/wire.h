@@ -1,10 +1,10 @@
 /* FlexMoE wired into the layer (DESIGN 3.4): each layer's placement table and routing state
- * (ep_flex.c), read by the trainer that changes the placement (src/flex/train.c). */
+ * (flex/transport.c), read by the trainer that changes the placement (src/flex/train.c). */
 #ifndef MOE_FLEX_WIRE_H
 #define MOE_FLEX_WIRE_H
 
 #include "flex/flex.h"
-#include "layer_internal.h"
+#include "layer/layer_internal.h"
 
 typedef struct moe__flex_comms moe__flex_comms; /* the replica groups' communicators (grads.c) */
 void moe__flex_comms_free(moe__flex_comms *c);

@@ -7,7 +7,7 @@
 #include <omp.h>
 #include <string.h>
 
-#include "gemm.h"
+#include "kernels/gemm.h"
 #include "kernels.h"
 
 #define QB 64 /* query rows per block: the scores of a block fit in L2 for contexts of a few thousand */

@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "gemm.h"
+#include "kernels/gemm.h"
 #include "internal.h"
 #include "kernels.h"
 

@@ -1,7 +1,7 @@
 /* Expert buffering for the language model (moe.h, moe serve --cache K): each MoE layer of a loaded
  * model is swapped for one with external experts, served by an expert cache of K slots over the
  * checkpoint's model.safetensors (Mixtral's tensor per expert, read lazily); the experts' parameters
- * are freed. The outputs are the all-resident model's, bit for bit (buffer.c computes each expert with
+ * are freed. The outputs are the all-resident model's, bit for bit (sources/cache.c computes each expert with
  * the same kernels). */
 #include <stdio.h>
 #include <stdlib.h>

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "internal.h"
-#include "json.h"
+#include "formats/json.h"
 #include "lm_dist.h"
 
 #define INDEX_JSON "model.safetensors.index.json"

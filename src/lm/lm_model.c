@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena.h"
+#include "base/arena.h"
 #include "dist/dist.h"
-#include "gemm.h"
+#include "kernels/gemm.h"
 #include "internal.h"
 #include "kernels.h"
 #include "lm_dist.h"

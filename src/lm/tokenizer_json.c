@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "internal.h"
-#include "json.h"
+#include "formats/json.h"
 #include "lm/tokenizer.h"
 
 #define BAD(st, ...) moe__error((st), __FILE__, __LINE__, __VA_ARGS__)

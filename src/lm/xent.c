@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "kernels.h"
-#include "vmath.h"
+#include "kernels/vmath.h"
 
 double moe__xent_forward(const float *logits, const int32_t *targets, int n, int V, float *lse, int *count, int nt) {
   double total = 0;

@@ -5,7 +5,7 @@
 
 #include "completion.h"
 #include "internal.h"
-#include "json.h"
+#include "formats/json.h"
 
 /* The field's number when it is one, integral when `integer`, in [lo, hi]; *v unchanged when absent. */
 static moe_status number(const cJSON *o, const char *name, int integer, double lo, double hi, double *v) {

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "atomic_file.h"
+#include "formats/atomic_file.h"
 #include "internal.h"
 
 /* ---- color map: viridis sampled at 10 points (matplotlib), interpolated linearly in sRGB ---- */

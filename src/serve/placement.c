@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "internal.h"
-#include "json.h"
+#include "formats/json.h"
 
 static const char *method_names[] = {"greedy", "anticorr"};
 

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "dist/dist.h"
-#include "gemm.h"
+#include "kernels/gemm.h"
 #include "sim/sim.h"
 
 enum { REPS = 7, WIDTH = 256 /* exchange rows of 1 KiB */, GD = 1024 /* GEMMs of D = H = GD */, GN = 8 };

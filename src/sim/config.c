@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json.h"
+#include "formats/json.h"
 #include "sim/sim.h"
 
 static const char *const FIELDS[] = {

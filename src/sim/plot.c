@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "atomic_file.h"
+#include "formats/atomic_file.h"
 #include "internal.h"
 
 enum { W_ = 720, H_ = 420, L_ = 80, R_ = 170, T_ = 30, B_ = 60 };

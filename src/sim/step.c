@@ -129,8 +129,8 @@ double moe__sim_gemm_s(const moe_sim_config *c, moe__sim_kind k, double rows, do
 
 double moe__sim_router_s(const moe_sim_config *c) { return 3 * 2.0 * c->T * c->E * c->D / kind(c, MOE__SIM_NT).flops; }
 
-/* Elements read plus written, counted pass by pass from the layer's loops (dispatch.c, gate.c,
- * experts.c), for each part of a step (moe__sim_part): before the experts, x's check (T D), the
+/* Elements read plus written, counted pass by pass from the layer's loops (dispatch.c, router.c,
+ * sources/ffn.c), for each part of a step (moe__sim_part): before the experts, x's check (T D), the
  * logits' GEMM reading x (T D), logits, softmax, k top-k scans and the loss sums over T E ((6 + k)
  * T E) and the gather (2 a D); after them the combine (a D in, T D out); backward, first dout and the
  * weights' dot products (3 a D), last dx (T D + a D), the router's gradient over T E (6) and its

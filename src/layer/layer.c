@@ -1,0 +1,621 @@
+/* The MoE layer: parameter table, configuration checks, and forward/backward as the stages of
+ * layer_internal.h in order. The stages live in router.c, placement.c, dispatch.c, the transports and the
+ * expert sources; this file picks the transport and the source, orders the stages and owns the
+ * workspaces. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/dist.h"
+#include "adapt/pipe_model.h"
+#include "kernels/gemm.h"
+#include "layer/layer_internal.h"
+#include "shard/shard.h"
+
+#define LN_1_OVER_007 2.6592600369327779f /* Tutel's initial cosine logit scale, ln(1/0.07) */
+
+void moe_layer_config_default(moe_layer_config *c) {
+  memset(c, 0, sizeof *c);
+  c->top_k = 2;
+  c->capacity_setting = 1.0f;
+  c->normalize_topk = -1;
+  c->act = MOE_ACT_RELU;
+  c->dispatch = MOE_DISPATCH_DYNAMIC;
+  c->priority = MOE_PRIORITY_INDEX;
+  c->router = MOE_ROUTER_LINEAR;
+  c->proj_dim = 256;
+  c->gate_bias = 1;
+  c->expert_bias = 1;
+  c->pipeline = 1;
+  c->parallel_r = MOE_PARALLEL_OFF;
+}
+
+/* Tutel's sharded layout (shard.h): parallel_r set, over ranks. */
+static int sharded(const moe_layer_config *c) { return c->dist && c->parallel_r != MOE_PARALLEL_OFF; }
+
+static void add_param(moe_layer_t *l, const char *name, int ndim, int64_t a, int64_t b, int64_t c) {
+  moe_param_info *p = &l->info[l->nparams++];
+  p->name = name;
+  p->ndim = ndim;
+  p->shape[0] = a;
+  p->shape[1] = b;
+  p->shape[2] = c;
+  p->numel = (size_t)a * (ndim > 1 ? (size_t)b : 1) * (ndim > 2 ? (size_t)c : 1);
+  p->offset = l->numel;
+  l->numel += (p->numel + 15) & ~(size_t)15; /* each tensor starts 64-byte aligned */
+}
+
+static moe_status check_pipeline(const moe_layer_config *c, int n, moe_reuse r) {
+  MOE_TRY(n >= 0 && n <= MOE__MAX_MICRO, MOE_ERR_ARG,
+          "config: pipeline (micro-batches) must be in [1, %d], or 0 (adaptive), got %d", MOE__MAX_MICRO, n);
+  MOE_TRY((unsigned)r <= MOE_REUSE_AUTO, MOE_ERR_ARG, "config: unknown memory_reuse %d", r);
+  MOE_TRY(r != MOE_REUSE_AUTO || c->memory_budget > 0, MOE_ERR_ARG,
+          "config: memory_reuse auto needs a memory_budget (bytes of workspace), got 0");
+  return MOE_OK;
+}
+
+static moe_status check_config(const moe_layer_config *c) {
+  MOE_TRY(c->D > 0, MOE_ERR_ARG, "config: D must be > 0, got %d", c->D);
+  MOE_TRY(c->H > 0, MOE_ERR_ARG, "config: H must be > 0, got %d", c->H);
+  MOE_TRY(c->E > 0, MOE_ERR_ARG, "config: E (experts) must be > 0, got %d", c->E);
+  MOE_TRY(c->top_k >= 1 && c->top_k <= c->E, MOE_ERR_ARG, "config: top_k must be in [1, E=%d], got %d",
+          c->E, c->top_k);
+  MOE_TRY(isfinite(c->capacity_setting), MOE_ERR_ARG, "config: capacity_setting must be finite");
+  MOE_TRY(c->normalize_topk >= -1 && c->normalize_topk <= 1, MOE_ERR_ARG,
+          "config: normalize_topk must be -1 (auto), 0 or 1, got %d", c->normalize_topk);
+  MOE_TRY((unsigned)c->act <= MOE_ACT_SWIGLU, MOE_ERR_ARG, "config: unknown activation %d", c->act);
+  MOE_TRY((unsigned)c->dispatch <= MOE_DISPATCH_STATIC, MOE_ERR_ARG, "config: unknown dispatch %d",
+          c->dispatch);
+  MOE_TRY((unsigned)c->priority <= MOE_PRIORITY_SCORE, MOE_ERR_ARG, "config: unknown priority %d",
+          c->priority);
+  MOE_TRY((unsigned)c->router <= MOE_ROUTER_COSINE, MOE_ERR_ARG, "config: unknown router %d", c->router);
+  MOE_TRY(c->router != MOE_ROUTER_COSINE || c->proj_dim > 0, MOE_ERR_ARG,
+          "config: proj_dim must be > 0 for the cosine router, got %d", c->proj_dim);
+  MOE_TRY(c->threads >= 0, MOE_ERR_ARG, "config: threads must be >= 0, got %d", c->threads);
+  MOE_TRY(c->inner_experts >= 0, MOE_ERR_ARG, "config: inner_experts must be >= 0, got %d", c->inner_experts);
+  if (c->dist) {
+    int W = moe_dist_size(c->dist);
+    MOE_TRY(W <= MOE__EP_MAX_RANKS, MOE_ERR_ARG, "expert parallelism supports up to %d ranks, got %d",
+            MOE__EP_MAX_RANKS, W);
+    MOE_TRY(c->E % W == 0 || sharded(c), MOE_ERR_ARG, "config: expert parallelism needs E divisible by the ranks (E=%d, W=%d)",
+            c->E, W);
+    MOE_TRY(c->inner_experts == 0, MOE_ERR_ARG, "config: expert parallelism does not support hierarchical MoE yet");
+    MOE_TRY(!c->external_experts, MOE_ERR_ARG, "config: expert parallelism does not support expert buffering yet");
+    MOE_TRY(c->replica_slots == 0 || ((int64_t)c->replica_slots * W >= c->E && c->dispatch == MOE_DISPATCH_DYNAMIC &&
+                                      c->pipeline == 1),
+            MOE_ERR_ARG, "config: replica_slots %d needs E_v >= E/W (E=%d, W=%d), dynamic dispatch and pipeline 1",
+            c->replica_slots, c->E, W);
+  }
+  MOE_TRY(c->parallel_r >= MOE_PARALLEL_OFF, MOE_ERR_ARG,
+          "config: parallel_r must be >= 0, -1 (auto) or %d (off), got %d", MOE_PARALLEL_OFF, c->parallel_r);
+  MOE_TRY(!sharded(c) || c->dispatch == MOE_DISPATCH_DYNAMIC, MOE_ERR_ARG,
+          "config: parallel_r %d needs dynamic dispatch", c->parallel_r);
+  MOE_TRY(c->replica_slots >= 0, MOE_ERR_ARG, "config: replica_slots must be >= 0, got %d", c->replica_slots);
+  MOE_TRY(!sharded(c) || !c->replica_slots, MOE_ERR_ARG,
+          "config: parallel_r %d and replica_slots %d: sharded experts have no replicas", c->parallel_r,
+          c->replica_slots);
+  MOE_TRY(c->dtype == MOE_DT_F32 || c->dtype == MOE_DT_BF16, MOE_ERR_ARG,
+          "config: the experts' dtype must be f32 or bf16, got %s", moe_dtype_name(c->dtype));
+  MOE_TRY(!c->external_experts || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->inner_experts), MOE_ERR_ARG,
+          "config: buffered experts need dispatch=dynamic and no hierarchical experts");
+  MOE_CHECK(check_pipeline(c, c->pipeline, c->memory_reuse));
+  MOE_TRY(c->inner_experts == 0 || (c->inner_top_k >= 1 && c->inner_top_k <= c->inner_experts), MOE_ERR_ARG,
+          "config: inner_top_k must be in [1, inner_experts=%d], got %d", c->inner_experts, c->inner_top_k);
+  return MOE_OK;
+}
+
+moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
+  MOE_TRY(l && cfg, MOE_ERR_ARG, "moe_layer_init: NULL argument");
+  memset(l, 0, sizeof *l);
+  MOE_CHECK(check_config(cfg));
+  l->cfg = *cfg;
+  int64_t D = cfg->D, H = cfg->H, E = cfg->E, P = cfg->proj_dim;
+  if (cfg->router == MOE_ROUTER_LINEAR) {
+    add_param(l, "gate.weight", 2, E, D, 0);
+    if (cfg->gate_bias) add_param(l, "gate.bias", 1, E, 0, 0);
+  } else {
+    add_param(l, "gate.weight", 2, E, P, 0);
+    add_param(l, "gate.proj.weight", 2, P, D, 0);
+    add_param(l, "gate.proj.bias", 1, P, 0, 0);
+    add_param(l, "gate.logit_scale", 1, 1, 0, 0);
+  }
+  if (!cfg->inner_experts && !cfg->external_experts) {
+    int flex = cfg->dist && cfg->replica_slots; /* E_v rows: the experts this rank holds, then zeros */
+    int64_t El = flex ? cfg->replica_slots : E / moe_dist_size(cfg->dist), Dc = D; /* this rank's experts; fc2.bias's columns */
+    if (sharded(cfg)) { /* every expert, this rank's rows of H (shard.h) */
+      int W = moe_dist_size(cfg->dist), q = moe_dist_rank(cfg->dist);
+      El = E;
+      Dc = D * (q + 1) / W - D * q / W;
+      H = H * (q + 1) / W - H * q / W;
+    }
+    add_param(l, "experts.fc1.weight", 3, El, H, D);
+    if (cfg->expert_bias) add_param(l, "experts.fc1.bias", 2, El, H, 0);
+    add_param(l, "experts.fc2.weight", 3, El, D, H);
+    if (cfg->expert_bias) add_param(l, "experts.fc2.bias", 2, El, Dc, 0);
+    if (cfg->act == MOE_ACT_SWIGLU) add_param(l, "experts.fc3.weight", 3, El, H, D);
+  }
+  l->params = moe__alloc_big(l->numel * 4);
+  l->grads = moe__alloc_big(l->numel * 4);
+  l->st = calloc(1, sizeof *l->st);
+  l->inner = cfg->inner_experts ? calloc((size_t)E, sizeof *l->inner) : NULL;
+  int bf = cfg->dtype == MOE_DT_BF16 && moe_layer_param_find(l, "experts.fc1.weight");
+  if (l->st && bf) {
+    l->st->wbf = moe__alloc_big(l->numel * 2);
+    l->st->wbf_stale = 1;
+  }
+  if (l->st) { /* external experts get their source with the cache (moe_layer_set_expert_cache) */
+    l->st->tr = !cfg->dist ? &moe__transport_local
+                : sharded(cfg) ? &moe__transport_shard
+                : cfg->dispatch == MOE_DISPATCH_STATIC ? &moe__transport_static
+                : cfg->replica_slots ? &moe__transport_flex : &moe__transport_a2a;
+    l->st->src = cfg->inner_experts ? &moe__experts_inner : cfg->external_experts ? NULL
+                 : sharded(cfg) ? &moe__experts_shard : &moe__experts_own;
+    l->st->inner_stats = cfg->inner_experts ? calloc((size_t)E, sizeof *l->st->inner_stats) : NULL;
+    l->st->reuse_pick = -1;
+  }
+  if (l->st && cfg->dist && cfg->replica_slots) {
+    moe_status st = moe__flex_layer_init(l);
+    if (st != MOE_OK) {
+      moe_layer_free(l);
+      return st;
+    }
+  }
+  int sh_fail = l->st && sharded(cfg) && moe__shard_new(l) != MOE_OK;
+  if (!l->params || !l->grads || !l->st || (cfg->inner_experts && (!l->inner || !l->st->inner_stats)) ||
+      (bf && !l->st->wbf) || sh_fail) {
+    size_t n = l->numel;
+    moe_layer_free(l);
+    MOE_TRY(0, MOE_ERR_NOMEM, "moe_layer_init: cannot allocate %zu parameters", n);
+  }
+  if (l->inner) {
+    moe_layer_config ic = *cfg;
+    ic.E = cfg->inner_experts;
+    ic.top_k = cfg->inner_top_k;
+    ic.inner_experts = ic.inner_top_k = 0;
+    ic.normalize_topk = -1; /* by the inner k: the outer setting is about the outer k */
+    for (int e = 0; e < E; e++) {
+      moe_status st = moe_layer_init(&l->inner[e], &ic);
+      if (st != MOE_OK) {
+        moe_layer_free(l);
+        return st;
+      }
+    }
+  }
+  moe_status sc = moe__gemm_small_scratch(moe__threads(cfg->threads)); /* the steps then allocate none */
+  if (sc != MOE_OK) {
+    moe_layer_free(l);
+    return sc;
+  }
+  memset(l->params, 0, l->numel * 4);
+  memset(l->grads, 0, l->numel * 4);
+  return MOE_OK;
+}
+
+moe_status moe_layer_set_cached_experts(moe_layer_t *l, const int32_t *experts, int T) {
+  int k = l->cfg.top_k, E = l->cfg.E;
+  for (int t = 0; experts && t < T; t++)
+    for (int j = 0; j < k; j++) {
+      int32_t e = experts[(size_t)t * k + j];
+      MOE_TRY(e >= 0 && e < E, MOE_ERR_ARG, "cached expert %d of token %d is not in [0, %d)", e, t, E);
+      for (int i = 0; i < j; i++)
+        MOE_TRY(experts[(size_t)t * k + i] != e, MOE_ERR_ARG, "token %d has expert %d twice in its cached experts", t, e);
+    }
+  l->cached = experts;
+  l->cached_T = T;
+  return MOE_OK;
+}
+
+moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap, int tokens) {
+  if (!cap) {
+    free(l->expert_capacity);
+    l->expert_capacity = NULL;
+    l->expert_capacity_tokens = 0;
+    return MOE_OK;
+  }
+  MOE_TRY(tokens >= 0, MOE_ERR_ARG, "per-expert capacities: tokens must be >= 0, got %d", tokens);
+  MOE_TRY(l->cfg.dispatch == MOE_DISPATCH_STATIC, MOE_ERR_ARG, "per-expert capacities need static dispatch");
+  int64_t sum = 0;
+  for (int e = 0; e < l->cfg.E; e++) {
+    MOE_TRY(cap[e] >= 0 && cap[e] <= (1 << 24), MOE_ERR_ARG, "capacity of expert %d is %d: want [0, 2^24]", e, cap[e]);
+    sum += cap[e];
+  }
+  MOE_TRY(sum * l->cfg.D <= INT32_MAX / 2, MOE_ERR_ARG, "capacities summing to %lld rows are too many", (long long)sum);
+  if (!l->expert_capacity) {
+    l->expert_capacity = malloc(sizeof(int32_t) * (size_t)l->cfg.E);
+    MOE_TRY(l->expert_capacity, MOE_ERR_NOMEM, "out of memory");
+  }
+  memcpy(l->expert_capacity, cap, sizeof(int32_t) * (size_t)l->cfg.E);
+  l->expert_capacity_tokens = tokens;
+  return MOE_OK;
+}
+
+void moe_layer_free(moe_layer_t *l) {
+  if (!l) return;
+  if (l->inner) {
+    for (int e = 0; e < l->cfg.E; e++) moe_layer_free(&l->inner[e]);
+    free(l->inner);
+  }
+  if (l->st) {
+    moe__arena_free(&l->st->route);
+    moe__arena_free(&l->st->work);
+    free(l->st->wbf);
+    free(l->st->inner_stats);
+    moe__layer_setup_free(l);
+    moe__flex_layer_free(l);
+    moe__shard_free(l);
+    free(l->st);
+  }
+  free(l->params);
+  free(l->grads);
+  free(l->expert_capacity);
+  memset(l, 0, sizeof *l);
+}
+
+const moe_param_info *moe_layer_param_find(const moe_layer_t *l, const char *name) {
+  for (int i = 0; i < l->nparams; i++)
+    if (!strcmp(l->info[i].name, name)) return &l->info[i];
+  return NULL;
+}
+
+float *moe_layer_param(moe_layer_t *l, const char *name) {
+  const moe_param_info *p = moe_layer_param_find(l, name);
+  return p ? l->params + p->offset : NULL;
+}
+
+float *moe_layer_grad(moe_layer_t *l, const char *name) {
+  const moe_param_info *p = moe_layer_param_find(l, name);
+  return p ? l->grads + p->offset : NULL;
+}
+
+void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w) {
+  const struct { const char *name; float **slot; } map[] = {
+      {"gate.weight", &w->gw},         {"gate.bias", &w->gb},
+      {"gate.proj.weight", &w->pw},    {"gate.proj.bias", &w->pb},
+      {"gate.logit_scale", &w->scale}, {"experts.fc1.weight", &w->w1},
+      {"experts.fc1.bias", &w->b1},    {"experts.fc2.weight", &w->w2},
+      {"experts.fc2.bias", &w->b2},    {"experts.fc3.weight", &w->w3},
+  };
+  for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+    const moe_param_info *p = moe_layer_param_find(l, map[i].name);
+    *map[i].slot = p ? base + p->offset : NULL;
+  }
+}
+
+void moe_layer_params_changed(moe_layer_t *l) {
+  l->st->wbf_stale = 1;
+  for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_params_changed(&l->inner[e]);
+}
+
+void moe_layer_zero_grad(moe_layer_t *l) {
+  memset(l->grads, 0, l->numel * 4);
+  for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_zero_grad(&l->inner[e]);
+}
+
+moe_status moe_layer_set_pipeline(moe_layer_t *l, int n, moe_reuse r) {
+  MOE_CHECK(check_pipeline(&l->cfg, n, r));
+  l->cfg.pipeline = n;
+  l->cfg.memory_reuse = r;
+  l->st->reuse_pick = -1; /* AUTO decides again, for the new micro-batches */
+  memset(l->st->reuse_meas, 0, sizeof l->st->reuse_meas);
+  return MOE_OK;
+}
+
+moe_status moe_layer_set_top_k(moe_layer_t *l, int k) {
+  MOE_TRY(k >= 1 && k <= l->cfg.E, MOE_ERR_ARG, "top_k must be in [1, E=%d], got %d", l->cfg.E, k);
+  l->cfg.top_k = k;
+  return MOE_OK;
+}
+
+moe_status moe_layer_reduce_grads(moe_layer_t *l) {
+  if (!l->cfg.dist) return MOE_OK;
+  for (int i = 0; i < l->nparams; i++)
+    if (!strncmp(l->info[i].name, "gate.", 5))
+      MOE_CHECK(moe__dist_allreduce_f32(l->cfg.dist, l->grads + l->info[i].offset, (int)l->info[i].numel));
+  return l->st->flex ? moe__flex_reduce_grads(l) : MOE_OK;
+}
+
+void moe_layer_set_threads(moe_layer_t *l, int threads) {
+  l->cfg.threads = threads > 0 ? threads : 0;
+  for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_set_threads(&l->inner[e], threads);
+}
+
+/* The row of this rank's expert tensors holding expert e, or -1 (expert-parallel). */
+static int layer_row(const moe_layer_t *l, int e) {
+  if (l->st->flex) return moe__flex_row(l, e);
+  int El = l->cfg.E / moe_dist_size(l->cfg.dist), lo = moe_dist_rank(l->cfg.dist) * El;
+  return e >= lo && e < lo + El ? e - lo : -1;
+}
+
+void moe_layer_init_params(moe_layer_t *l, uint64_t seed) {
+  uint64_t st = seed;
+  memset(l->params, 0, l->numel * 4);
+  for (int i = 0; i < l->nparams; i++) {
+    const moe_param_info *p = &l->info[i];
+    float *d = l->params + p->offset;
+    if (!strcmp(p->name, "gate.logit_scale")) {
+      d[0] = LN_1_OVER_007;
+      continue;
+    }
+    if (p->ndim == 1 || strstr(p->name, ".bias")) continue; /* biases start at zero */
+    float bound = 1.0f / sqrtf((float)p->shape[p->ndim - 1]); /* fan_in is the last dim */
+    /* expert-parallel: draw the whole (E, ...) tensor and keep this rank's experts, so that every W
+     * initializes the same model */
+    int sliced = l->cfg.dist && !strncmp(p->name, "experts.", 8);
+    int64_t whole[3];
+    int slo, shi, shard = moe__shard_axis(l, p, 0, whole, &slo, &shi); /* sharded: its rows of H */
+    size_t per = p->numel / (size_t)p->shape[0]; /* one expert's (a row of this rank's tensor) */
+    size_t total = shard ? (size_t)(whole[0] * whole[1] * whole[2]) : sliced ? (size_t)l->cfg.E * per : p->numel;
+    if (shard) bound = 1.0f / sqrtf((float)whole[2]);
+    for (size_t j = 0; j < total; j++) {
+      float u = bound * moe__uniform(&st);
+      int row = sliced && !shard ? layer_row(l, (int)(j / per)) : 0;
+      long long at = shard ? moe__shard_local(l, p, j) : !sliced ? (long long)j
+                     : row >= 0 ? (long long)((size_t)row * per + j % per) : -1;
+      if (at >= 0) d[at] = u;
+    }
+  }
+  for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_init_params(&l->inner[e], moe__splitmix(&st));
+  moe_layer_params_changed(l);
+}
+
+size_t moe_layer_peak_bytes(const moe_layer_t *l) {
+  size_t b = l->st->route.peak + l->st->work.peak;
+  for (int e = 0; l->inner && e < l->cfg.E; e++) b += moe_layer_peak_bytes(&l->inner[e]);
+  return b;
+}
+
+/* First non-finite entry of a (n, m), or -1. */
+static long long first_nonfinite(const float *a, size_t n, int nt) {
+  long long first = (long long)n;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(min : first)
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(a[i]) && (long long)i < first) first = (long long)i;
+  return first < (long long)n ? first : -1;
+}
+
+/* Whether the router can run alongside the experts (DynaMoE 4.2): the experts come from the cache,
+ * so only the combine needs the router, provided that nothing before the experts reads its scores
+ * (placement in token order, not by score) and the source takes side work (the layer's own experts,
+ * not inner layers nor an expert cache). Expert-parallel ranks may differ in this: their collectives
+ * come in the same order either way. */
+static int router_alongside(const moe_layer_t *l) {
+  return l->cached && l->cfg.priority == MOE_PRIORITY_INDEX && l->st->src->alongside;
+}
+
+/* The buffer the experts read or write for dispatch rows `rows`: the rows themselves when the
+ * transport moves nothing, else its own. */
+static float *expert_side(const moe_layer_t *l, float *rows, float *own) { return l->st->tr->in_place ? rows : own; }
+
+/* Where micro-batch i starts in the experts' buffers: at its first row, or at row 0 of buffers that
+ * hold one micro-batch (plan.slotted), in floats. */
+static size_t micro_at(const moe_layer_t *l, int i) {
+  return l->st->p.slotted ? 0 : (size_t)l->st->p.mb[i].lo * l->cfg.D;
+}
+
+/* MPipeMoE Table II on a CPU (offloading to host memory keeps a tensor): the strategies that recompute
+ * T_M, and those that receive T_DI again (moving transports only: in process T_DI is the dispatch rows). */
+static int recomputes(moe_reuse r) { return r == MOE_REUSE_S3 || r == MOE_REUSE_S4; }
+static int recommunicates(moe_reuse r) { return r == MOE_REUSE_S2 || r == MOE_REUSE_S4; }
+
+/* Micro-batch i's groups, in and out of the experts' buffers x and y. */
+static moe__groups micro_groups(const moe_layer_t *l, int i, const float *x, float *y) {
+  const moe__plan *p = &l->st->p;
+  const moe__micro *m = &p->mb[i];
+  size_t r = micro_at(l, i);
+  const int32_t *kept = p->n == 1 && l->st->tr->in_place ? p->kept : NULL; /* static padding, in process */
+  return (moe__groups){p->ng, m->rows, m->e0, m->e1, m->goffs, kept, x + r, y + r};
+}
+
+/* Micro-batch i's activations: its own rows of them, or the one shared buffer under memory reuse (as the
+ * forward chose: the setting may change before backward). */
+static moe__ffn micro_ffn(const moe_layer_t *l, int i) {
+  return moe__ffn_at(l, &l->st->f, l->st->p.shared ? 0 : l->st->p.mb[i].lo);
+}
+
+/* The experts' stage's end: every exchange the transport started has landed (also after a failure,
+ * so that none writes into buffers after the call returns); st, or the transport's failure. */
+static moe_status finish(moe_layer_t *l, moe_status st) {
+  moe_status done = l->st->tr->finish ? l->st->tr->finish(l) : MOE_OK;
+  return st ? st : done;
+}
+
+/* A forward's arguments and inputs, checked before any exchange (see agree). */
+static moe_status check_forward(const moe_layer_t *l, const float *x, int T, const float *y) {
+  int D = l->cfg.D, k = l->cfg.top_k;
+  MOE_TRY(T >= 0, MOE_ERR_ARG, "moe_layer_forward: T must be >= 0, got %d", T);
+  MOE_TRY(T == 0 || (x && y), MOE_ERR_ARG, "moe_layer_forward: x and y must not be NULL");
+  MOE_TRY(l->st->src, MOE_ERR_STATE, "moe_layer_forward: the layer's experts need an expert cache");
+  MOE_TRY(!l->cached || l->cached_T == T, MOE_ERR_ARG, "moe_layer_forward: cached experts for %d tokens, got %d",
+          l->cached_T, T);
+  MOE_TRY((int64_t)T * k <= INT32_MAX / 2 && (int64_t)T * D <= INT32_MAX, MOE_ERR_ARG,
+          "moe_layer_forward: T=%d is too large for k=%d, D=%d", T, k, D);
+  long long bad = first_nonfinite(x, (size_t)T * D, l->st->threads);
+  MOE_TRY(bad < 0, MOE_ERR_VALUE, "x[%lld, %lld] is %g: inputs must be finite", bad / D, bad % D,
+          bad < 0 ? 0.0 : (double)x[bad]);
+  return MOE_OK;
+}
+
+/* This process's checks, agreed with the other ranks before any exchange: a rank that failed one and
+ * returned would leave the others waiting in the exchange, so all fail together. */
+static moe_status agree(moe_layer_t *l, moe_status mine) {
+  return l->st->tr->agree ? l->st->tr->agree(l, mine) : mine;
+}
+
+/* The expert workspace a forward of this plan reserves under strategy r: the dispatch, the source's
+ * activations (one micro-batch's when they are recomputed), out and dout, dy = 0, the transport's. */
+static size_t work_bytes(moe_layer_t *l, int T, moe_reuse r) {
+  moe__plan *p = &l->st->p;
+  int shared = p->shared, slotted = p->slotted;
+  p->shared = recomputes(r);
+  p->slotted = p->n > 1 && !l->st->tr->in_place && recommunicates(r);
+  size_t rows_d = moe__arena_size((size_t)p->rows * l->cfg.D * 4);
+  size_t w = moe__dispatch_bytes(l) + l->st->src->bytes(l, p->ng, p->shared ? p->mb_rows : p->grows) + 2 * rows_d +
+             moe__arena_size((size_t)T * l->cfg.D * 4) + l->st->tr->work_bytes(l); /* out, dout, dy=0 */
+  p->shared = shared, p->slotted = slotted;
+  return w;
+}
+
+/* memory_reuse AUTO: S4 until a step has measured the experts' and the exchanges' rates; then, once,
+ * the strategy Eq. 10 models fastest (ties to the one that saves less) among those whose workspace fits
+ * the budget on every rank, else S4. Every rank decides from the same sums. */
+static moe_status auto_reuse(moe_layer_t *l, int T, size_t route, moe_reuse *out) {
+  moe__layer_state *s = l->st;
+  *out = s->reuse_pick >= 0 ? (moe_reuse)s->reuse_pick : MOE_REUSE_S4;
+  /* undecided ranks all come here at each forward, so the all-reduce pairs up */
+  if (s->reuse_pick >= 0 || (!l->cfg.dist && s->reuse_meas[1] <= 0)) return MOE_OK;
+  static const moe_reuse order[4] = {MOE_REUSE_NONE, MOE_REUSE_S2, MOE_REUSE_S3, MOE_REUSE_S4};
+  double m[8];
+  memcpy(m, s->reuse_meas, sizeof s->reuse_meas);
+  for (int i = 0; i < 4; i++) m[4 + i] = route + work_bytes(l, T, order[i]) <= l->cfg.memory_budget;
+  if (l->cfg.dist) MOE_CHECK(moe_dist_allreduce(l->cfg.dist, m, 8));
+  if (m[0] <= 0 || m[1] <= 0) return MOE_OK; /* no rank has computed a row yet */
+  double cost[4], b = s->p.mb_rows > 0 ? (double)s->p.mb_rows : 1;
+  MOE_CHECK(moe__reuse_costs_cpu(b, l->cfg.D, l->cfg.H, m[0] / m[1], m[3] > 0 ? m[2] / m[3] : INFINITY, cost));
+  double best = INFINITY;
+  s->reuse_pick = MOE_REUSE_S4;
+  for (int i = 0; i < 4; i++)
+    if (m[4 + i] == moe_dist_size(l->cfg.dist) && cost[order[i]] < best) best = cost[order[i]], s->reuse_pick = order[i];
+  *out = (moe_reuse)s->reuse_pick;
+  return MOE_OK;
+}
+
+/* memory_reuse AUTO, undecided: this forward's experts (multiply-adds of their rows and the seconds
+ * of their GEMMs) and exchanges (elements moved and the seconds waited for them). */
+static void auto_reuse_measure(moe_layer_t *l, double madds, double secs, const moe_comm_stats *before) {
+  moe__layer_state *s = l->st;
+  if (l->cfg.memory_reuse != MOE_REUSE_AUTO || s->reuse_pick >= 0) return;
+  s->reuse_meas[0] += madds;
+  s->reuse_meas[1] += secs;
+  s->reuse_meas[2] += (s->comm.bytes - before->bytes) / 4;
+  s->reuse_meas[3] += s->comm.seconds - before->seconds;
+}
+
+moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,
+                             moe_layer_stats *stats) {
+  MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_forward: layer not initialized");
+  moe__layer_state *s = l->st;
+  const moe__transport *tr = s->tr;
+  moe__plan *p = &s->p;
+  int D = l->cfg.D, k = l->cfg.top_k, n = l->cfg.pipeline; /* 0: adaptive, chosen after routing */
+  double t0 = moe__now();
+  s->have_fwd = 0;
+  s->threads = moe__threads(l->cfg.threads);
+  MOE_CHECK(agree(l, check_forward(l, x, T, y)));
+  MOE_CHECK(moe__layer_setup_begin(l)); /* Tutel's dictionary (parallel_r, pipeline or a2a adaptive) */
+  size_t route = 0;
+  MOE_CHECK(tr->begin(l, T, &route));
+  route += moe__gate_bytes(l, T, k) + moe__micro_bytes(n ? n : MOE__AUTO_MAX_N, l->cfg.E);
+  MOE_CHECK(moe__arena_reserve(&s->route, route, "router"));
+  int along = router_alongside(l);
+  double tg = moe__now(); /* the router's seconds, for stats */
+  MOE_CHECK(moe__gate_begin(l, x, T, k));
+  moe__side_work router = moe__gate_work(l);
+  if (!along) MOE_CHECK(moe__gemm_run_side(NULL, 0, s->threads, &router)); /* the router first */
+  double gate_s = moe__now() - tg;
+  MOE_CHECK(moe__route(l));
+  MOE_CHECK(moe__layer_setup_pick(l, &n)); /* at this capacity: r, n and the all-to-all */
+  MOE_CHECK(tr->groups(l)); /* now the rows this process's experts get are known */
+  MOE_CHECK(moe__split_rows(l, n));
+  moe_reuse reuse = l->cfg.memory_reuse;
+  if (reuse == MOE_REUSE_AUTO) MOE_CHECK(auto_reuse(l, T, route, &reuse));
+  p->shared = recomputes(reuse);
+  p->slotted = n > 1 && !tr->in_place && recommunicates(reuse);
+  int act_rows = p->shared ? p->mb_rows : p->grows; /* one micro-batch's, or all */
+  MOE_CHECK(moe__arena_reserve(&s->work, work_bytes(l, T, reuse), "expert"));
+  MOE_CHECK(moe__dispatch_forward(l, x));
+  s->out = moe__arena_alloc(&s->work, (size_t)p->rows * D * 4);
+  MOE_TRY(s->out || p->rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
+  MOE_CHECK(tr->alloc(l));
+  MOE_CHECK(s->src->alloc(l, p->ng, act_rows, &s->f));
+  float *gx = expert_side(l, s->xs, s->gx), *gout = expert_side(l, s->out, s->gout);
+  moe_status st = MOE_OK;
+  moe_comm_stats comm0 = s->comm;
+  double expert_s = 0, per_row = (double)D * l->cfg.H * (l->cfg.act == MOE_ACT_SWIGLU ? 3 : 2);
+  for (int i = 0; i < p->n && !st; i++) { /* each micro-batch: its token exchange, its experts, its way back */
+    moe__groups g = micro_groups(l, i, gx, gout);
+    moe__ffn f = micro_ffn(l, i);
+    st = tr->send(l, 0, i, s->xs, gx + micro_at(l, i));
+    double te = moe__now();
+    if (!st) st = s->src->forward(l, &g, &f, along && i == 0 ? &router : NULL);
+    expert_s += moe__now() - te;
+    if (!st) st = tr->recv(l, i, gout + micro_at(l, i), s->out);
+  }
+  MOE_CHECK(finish(l, st));
+  auto_reuse_measure(l, per_row * p->grows, expert_s, &comm0);
+  tg = moe__now();
+  MOE_CHECK(moe__gate_end(l)); /* the losses (a collective when expert-parallel), after either order */
+  gate_s += moe__now() - tg;
+  moe__combine_forward(l, s->out, y, spec);
+  s->have_fwd = 1;
+  if (stats) {
+    stats->aux_loss = s->r.aux + s->inner_aux;
+    stats->z_loss = s->r.z + s->inner_z;
+    stats->capacity = p->C;
+    stats->dropped = p->dropped;
+    stats->expert_counts = p->stat_counts;
+    stats->experts = p->top_e;
+    stats->fresh = s->r.fresh;
+    stats->weights = p->top_w;
+    stats->router_overlapped = along;
+    stats->pipeline = p->n;
+    stats->pipeline_trial = s->ap && s->ap->trial;
+    stats->memory_reuse = reuse;
+    stats->router_seconds = gate_s;
+  }
+  moe__layer_setup_time(l, t0);
+  return MOE_OK;
+}
+
+/* A backward's preconditions, checked before any exchange (see agree). */
+static moe_status check_backward(const moe_layer_t *l, const float *dx) {
+  const moe__layer_state *s = l->st;
+  MOE_TRY(s->src && s->src->backward, MOE_ERR_STATE,
+          "moe_layer_backward: a layer with buffered experts is for inference only");
+  MOE_TRY(s->have_fwd, MOE_ERR_STATE, "moe_layer_backward: no forward pass to differentiate");
+  MOE_TRY(s->p.T == 0 || dx, MOE_ERR_ARG, "moe_layer_backward: dx must not be NULL");
+  return MOE_OK;
+}
+
+moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float dz,
+                              const float *dspec, const float *dweights, float *dx) {
+  MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_backward: layer not initialized");
+  moe__layer_state *s = l->st;
+  MOE_CHECK(agree(l, check_backward(l, dx)));
+  MOE_CHECK(moe__layer_setup_a2a(l));
+  const moe__plan *p = &s->p;
+  int T = p->T, D = l->cfg.D;
+  s->have_fwd = 0; /* backward overwrites the forward's buffers: one backward per forward */
+  double t0 = moe__now();
+  float *dw = moe__arena_alloc(&s->route, (size_t)T * p->k * 4);
+  float *dout = moe__arena_alloc(&s->work, (size_t)p->rows * D * 4);
+  float *dxs = s->out; /* the expert outputs are dead once the combine's backward has read them */
+  MOE_TRY((dw && dout) || T == 0, MOE_ERR_STATE, "internal: backward workspace too small");
+  if (!dy) { /* a loss on spec alone: y does not matter */
+    float *z = moe__arena_alloc(&s->work, (size_t)T * D * 4);
+    MOE_TRY(z || T == 0, MOE_ERR_STATE, "internal: backward workspace too small");
+    if (T) memset(z, 0, (size_t)T * D * 4);
+    dy = z;
+  }
+  MOE_CHECK(moe__combine_backward(l, s->out, dy, dspec, dout, dw));
+  if (dweights)
+    for (size_t i = 0; i < (size_t)T * p->k; i++) dw[i] += dweights[i];
+  /* the experts' side of dout and dxs: the forward's outputs are dead by now */
+  float *gx = expert_side(l, s->xs, s->gx), *gd = expert_side(l, dout, s->gout), *gdx = expert_side(l, dxs, s->gdx);
+  int recompute = p->shared && p->n > 1; /* the shared buffer holds the last one */
+  moe_status st = MOE_OK;
+  for (int i = 0; i < p->n && !st; i++) {
+    moe__groups g = micro_groups(l, i, gx, gdx); /* y: where a recompute may write, dead until dx */
+    moe__ffn f = micro_ffn(l, i);
+    size_t r = micro_at(l, i);
+    st = s->tr->send(l, 0, i, dout, gd + r);
+    if (!st && p->slotted) st = s->tr->send(l, 1, i, s->xs, gx + r); /* T_DI again (MPipeMoE S2, S4) */
+    if (!st && recompute) st = s->src->forward(l, &g, &f, NULL); /* T_M again (MPipeMoE S3, S4) */
+    if (!st) st = s->src->backward(l, &g, &f, gd + r, daux, dz, gdx + r);
+    if (!st) st = s->tr->recv(l, i, gdx + r, dxs);
+  }
+  MOE_CHECK(finish(l, st));
+  moe__dispatch_backward(l, dxs, dx);
+  MOE_CHECK(moe__gate_backward(l, dw, daux, dz, dx));
+  moe__layer_setup_time(l, t0);
+  return MOE_OK;
+}

@@ -1,0 +1,254 @@
+/* The token flows of Tutel's adaptive parallelism r (shard.h): every rank routes its own tokens; its rows
+ * of expert e go, once per slice of e (the local repeat of P2 1.3), to the member of that slice's
+ * sub-group that shard.h names (itself at r = 0: nothing moves but the sizes); the member computes
+ * its slice of H on them and sends the partial outputs back, where the slices' outputs are summed
+ * (the local sum). Backward sends the output gradients the same way (each slice needs all of them)
+ * and sums the slices' input gradients on the way back. One all-to-all-v each way; the rows a rank
+ * receives are reordered task-major (source after source within a task), as in transports/alltoall.c.
+ * With micro-batches (MPipeMoE), micro-batch i is the tasks of experts [k0, k1) on every rank (micro.c,
+ * plan.gkey): its rows are contiguous in each destination's part of the send staging and in each
+ * source's part of the receive staging, so each micro-batch is one all-to-all-v of those parts each
+ * way, posted on the communication stream (comm_stream.h) in transports/alltoall.c's order, i+1's before i's rows are
+ * unpacked. The way back lands in the send staging; the local sums run in finish, once every exchange
+ * is in. The tasks' weights are gathered before the first exchange (alloc) and their gradients sent
+ * back in backward's finish, so that no weight exchange meets a token exchange in flight. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/comm_stream.h"
+#include "dist/dist.h"
+#include "shard/shard.h"
+
+static int world(const moe_layer_t *l) { return moe_dist_size(l->cfg.dist); }
+
+/* Segments: (row of xs, row of the send staging, rows, slice, expert, destination) each rank sends;
+ * (row of the receive staging, row of the groups, rows, expert, source) it receives. At most E + W sent
+ * (one per slice), W E received. */
+enum { SEND_INTS = 6, RECV_INTS = 5 };
+static size_t max_segs(const moe_layer_t *l) {
+  return (size_t)(l->cfg.E + world(l)) * SEND_INTS + (size_t)world(l) * l->cfg.E * RECV_INTS;
+}
+
+/* This step's r: the one asked, clipped, or the layer's dictionary's (adapt/layer_setup.c: its entry,
+ * a trial's r while it searches), picked after routing. */
+static int pick_r(const moe_layer_t *l) {
+  const moe__shard *sh = l->st->sh;
+  return sh->r != MOE_PARALLEL_AUTO ? moe__shard_clip(world(l), l->cfg.E, sh->r) : l->st->ap->now.r;
+}
+
+static moe_status sh_begin(moe_layer_t *l, int T, size_t *route_bytes) {
+  (void)T;
+  size_t W = (size_t)world(l), E = (size_t)l->cfg.E;
+  *route_bytes = moe__ep_route_bytes(l) + moe__arena_size(W * E * 4) + moe__arena_size(4 * W * sizeof(int)) +
+                 moe__arena_size(max_segs(l) * 4) + moe__arena_size((E + 1) * 4) + moe__arena_size(E * 4);
+  l->st->sh->bwd_done = 0; /* a new forward, then its backward */
+  l->st->sh->back = NULL;
+  return MOE_OK;
+}
+
+static moe_status sh_groups(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  moe__shard *sh = s->sh;
+  moe__plan *p = &s->p;
+  int W = world(l), E = l->cfg.E, H = l->cfg.H, me = moe_dist_rank(l->cfg.dist);
+  int r = pick_r(l);
+  MOE_CHECK(moe__shard_use(l, r));
+  moe__arena *a = &s->route;
+  sh->K = moe__arena_alloc(a, (size_t)W * E * 4);
+  sh->cnt = moe__arena_alloc(a, 4 * (size_t)W * sizeof(int));
+  sh->seg = moe__arena_alloc(a, max_segs(l) * 4);
+  p->goffs = moe__arena_alloc(a, (size_t)(sh->nt + 1) * 4);
+  int32_t *key = moe__arena_alloc(a, (size_t)E * 4);
+  MOE_TRY(sh->K && sh->cnt && sh->seg && p->goffs && key, MOE_ERR_STATE, "internal: exchange workspace too small");
+  for (int t = 0; t < sh->nt; t++) key[t] = sh->tasks[t].e;
+  p->gkey = key; /* micro-batches cut by expert: the same cuts on every rank */
+  int *sc = sh->cnt, *sd = sc + W, *rc = sc + 2 * W, *rd = sc + 3 * W;
+  for (int q = 0; q < W; q++) sc[q] = rc[q] = E, sd[q] = 0, rd[q] = q * E;
+  double t0 = moe__now();
+  MOE_CHECK(moe__dist_alltoallv_i32(l->cfg.dist, p->kept, sc, sd, sh->K, rc, rd)); /* every rank's kept rows */
+  moe__ep_book(l, t0, 4.0 * E * (W - 1));
+  const int32_t *K = sh->K;
+  /* the groups: my tasks, each the rows of its expert from the sources that send them to me */
+  p->ng = sh->nt;
+  p->goffs[0] = 0;
+  for (int t = 0; t < sh->nt; t++) {
+    int n = 0;
+    for (int q = 0; q < W; q++)
+      n += moe__shard_member(W, E, H, r, sh->tasks[t].e, sh->tasks[t].j, q) == me ? K[q * E + sh->tasks[t].e] : 0;
+    p->goffs[t + 1] = p->goffs[t] + n;
+  }
+  p->grows = p->goffs[sh->nt];
+  /* sent: my rows of every (e, j) to its member, destination after destination */
+  memset(sc, 0, 4 * (size_t)W * sizeof(int));
+  for (int e = 0; e < E; e++)
+    for (int j = 0; j < moe__shard_slices(W, E, H, r, e); j++) sc[moe__shard_member(W, E, H, r, e, j, me)] += K[me * E + e];
+  for (int q = 0, at = 0; q < W; at += sc[q++]) sd[q] = at;
+  sh->srows = sd[W - 1] + sc[W - 1];
+  int32_t *sg = sh->seg;
+  sh->nsend = 0;
+  for (int q = 0; q < W; q++) rc[q] = sd[q]; /* rc: each destination's next row, for now */
+  for (int e = 0; e < E; e++)
+    for (int j = 0; j < moe__shard_slices(W, E, H, r, e); j++) {
+      int q = moe__shard_member(W, E, H, r, e, j, me);
+      int32_t *x = sg + SEND_INTS * sh->nsend++;
+      x[0] = p->offs[e], x[1] = rc[q], x[2] = K[me * E + e], x[3] = j, x[4] = e, x[5] = q;
+      rc[q] += x[2];
+    }
+  /* received: from each source, its rows of my tasks in task order, into the task's rows */
+  int32_t *rg = sg + SEND_INTS * sh->nsend;
+  sh->nrecv = 0;
+  for (int q = 0, at = 0; q < W; q++) {
+    rd[q] = at;
+    for (int t = 0; t < sh->nt; t++) {
+      const moe__task *k = &sh->tasks[t];
+      if (moe__shard_member(W, E, H, r, k->e, k->j, q) != me) continue;
+      int got = p->goffs[t]; /* after the rows of the lower sources */
+      for (int u = 0; u < q; u++) got += moe__shard_member(W, E, H, r, k->e, k->j, u) == me ? K[u * E + k->e] : 0;
+      int32_t *x = rg + RECV_INTS * sh->nrecv++;
+      x[0] = at, x[1] = got, x[2] = K[q * E + k->e], x[3] = k->e, x[4] = q;
+      at += x[2];
+    }
+    rc[q] = at - rd[q];
+  }
+  return MOE_OK;
+}
+
+/* Stagings: one, or two when backward sends the forward's inputs again (plan.slotted): a way each. */
+static int ways(const moe_layer_t *l) { return l->st->p.slotted ? 2 : 1; }
+
+static size_t sh_work_bytes(const moe_layer_t *l) {
+  size_t D = (size_t)l->cfg.D;
+  size_t w = (size_t)ways(l);
+  return w * moe__arena_size((size_t)l->st->sh->srows * D * 4) + w * moe__arena_size((size_t)l->st->p.grows * D * 4) +
+         3 * moe__arena_size((size_t)l->st->p.grows * D * 4);
+}
+
+static moe_status sh_alloc(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  size_t D = (size_t)l->cfg.D, R = (size_t)s->p.grows, S = (size_t)s->sh->srows;
+  moe__arena *a = &s->work;
+  s->sh->sbuf = moe__arena_alloc(a, (size_t)ways(l) * S * D * 4);
+  s->xr = moe__arena_alloc(a, (size_t)ways(l) * R * D * 4);
+  s->gx = moe__arena_alloc(a, R * D * 4);
+  s->gout = moe__arena_alloc(a, R * D * 4);
+  s->gdx = moe__arena_alloc(a, R * D * 4);
+  MOE_TRY((s->gdx || R == 0) && (s->sh->sbuf || S == 0), MOE_ERR_STATE, "internal: exchange workspace too small");
+  return moe__shard_weights(l, 0);
+}
+
+/* Whether a segment's expert is in micro-batch i (every micro-batch at n = 1). */
+static int in_micro(const moe_layer_t *l, int i, int e) {
+  const moe__micro *m = &l->st->p.mb[i];
+  return e >= m->k0 && e < m->k1;
+}
+
+/* Micro-batch i's exchange (back: the way back), from the send staging sb to the receive staging xr or
+ * back, its bytes booked; posted on the stream with micro-batches (*t its ticket), else run at once. */
+static moe_status exchange(moe_layer_t *l, int i, int back, float *sb, float *xr, uint64_t *t) {
+  moe__shard *sh = l->st->sh;
+  int W = world(l), D = l->cfg.D, me = moe_dist_rank(l->cfg.dist);
+  int c[4 * MOE__EP_MAX_RANKS] = {0}, *sc = c, *sd = c + W, *rc = c + 2 * W, *rd = c + 3 * W;
+  for (int q = 0; q < W; q++) sd[q] = rd[q] = -1;
+  for (int k = 0; k < sh->nsend; k++) { /* to each destination: its segments of the micro-batch's experts */
+    const int32_t *x = sh->seg + SEND_INTS * k;
+    if (!in_micro(l, i, x[4])) continue;
+    if (sd[x[5]] < 0) sd[x[5]] = x[1];
+    sc[x[5]] += x[2];
+  }
+  const int32_t *rg = sh->seg + SEND_INTS * sh->nsend;
+  for (int k = 0; k < sh->nrecv; k++) { /* from each source: its rows of the micro-batch's tasks */
+    const int32_t *x = rg + RECV_INTS * k;
+    if (!in_micro(l, i, x[3])) continue;
+    if (rd[x[4]] < 0) rd[x[4]] = x[0];
+    rc[x[4]] += x[2];
+  }
+  double t0 = moe__now(), sent = 0;
+  for (int q = 0; q < W; q++) {
+    sd[q] = sd[q] < 0 ? 0 : sd[q], rd[q] = rd[q] < 0 ? 0 : rd[q];
+    sent += q == me ? 0 : 4.0 * D * (back ? rc[q] : sc[q]);
+  }
+  for (int q = 0; back && q < 2 * W; q++) { /* the same counts, the other way */
+    int u = c[q];
+    c[q] = c[2 * W + q], c[2 * W + q] = u;
+  }
+  float *from = back ? xr : sb, *to = back ? sb : xr;
+  *t = 0;
+  if (l->st->p.n == 1) MOE_CHECK(moe__dist_alltoallv_rows(l->cfg.dist, from, sc, sd, to, rc, rd, D));
+  else MOE_CHECK(moe__stream_alltoallv_rows(l->cfg.dist, from, c, to, D, t));
+  if (*t) l->st->tk_last = *t;
+  moe__ep_book(l, t0, sent);
+  return MOE_OK;
+}
+
+/* Copies n rows of D floats. */
+static void rows_copy(float *to, const float *from, int n, int D) {
+  if (n) memcpy(to, from, (size_t)n * D * 4);
+}
+
+/* Micro-batch i's rows in: the way's whole send staging packed at i = 0, the next micro-batch's
+ * exchange posted before i's rows are unpacked into g (its groups' rows, from the micro-batch's first). */
+static moe_status sh_send(moe_layer_t *l, int way, int i, const float *rows, float *g) {
+  moe__layer_state *s = l->st;
+  moe__shard *sh = s->sh;
+  int D = l->cfg.D, lo = s->p.mb[i].lo;
+  float *sb = sh->sbuf + (size_t)way * sh->srows * D, *xr = s->xr + (size_t)way * s->p.grows * D;
+  uint64_t *next = &s->tk_next[way];
+  if (i == 0) {
+    for (int k = 0; k < sh->nsend; k++) {
+      const int32_t *x = sh->seg + SEND_INTS * k;
+      rows_copy(sb + (size_t)x[1] * D, rows + (size_t)x[0] * D, x[2], D);
+    }
+    MOE_CHECK(exchange(l, 0, 0, sb, xr, next));
+  }
+  MOE_CHECK(moe__stream_wait_timed(l->cfg.dist, *next, &s->comm.seconds));
+  if (i + 1 < s->p.n) MOE_CHECK(exchange(l, i + 1, 0, sb, xr, next));
+  const int32_t *rg = sh->seg + SEND_INTS * sh->nsend;
+  for (int k = 0; k < sh->nrecv; k++) {
+    const int32_t *x = rg + RECV_INTS * k;
+    if (in_micro(l, i, x[3])) rows_copy(g + (size_t)(x[1] - lo) * D, xr + (size_t)x[0] * D, x[2], D);
+  }
+  return MOE_OK;
+}
+
+/* Micro-batch i's partial outputs back, through its part of the receive staging (free: send unpacked
+ * it) into its part of the send staging; finish sums them into rows. */
+static moe_status sh_recv(moe_layer_t *l, int i, const float *g, float *rows) {
+  moe__shard *sh = l->st->sh;
+  int D = l->cfg.D, lo = l->st->p.mb[i].lo;
+  const int32_t *rg = sh->seg + SEND_INTS * sh->nsend;
+  for (int k = 0; k < sh->nrecv; k++) {
+    const int32_t *x = rg + RECV_INTS * k;
+    if (in_micro(l, i, x[3])) rows_copy(l->st->xr + (size_t)x[0] * D, g + (size_t)(x[1] - lo) * D, x[2], D);
+  }
+  sh->back = rows;
+  uint64_t t;
+  return exchange(l, i, 1, sh->sbuf, l->st->xr, &t);
+}
+
+/* Every exchange in; then the local sums of the way back (slice 0 first, in slice order), and after a
+ * backward's last micro-batch the tasks' gradients back to the shards. */
+static moe_status sh_finish(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  moe__shard *sh = s->sh;
+  uint64_t t = s->tk_last;
+  s->tk_last = s->tk_next[0] = s->tk_next[1] = 0;
+  MOE_CHECK(moe__stream_wait_timed(l->cfg.dist, t, &s->comm.seconds));
+  float *rows = sh->back;
+  sh->back = NULL;
+  int D = l->cfg.D;
+  for (int k = 0; rows && k < sh->nsend; k++) {
+    const int32_t *x = sh->seg + SEND_INTS * k;
+    float *to = rows + (size_t)x[0] * D;
+    const float *from = sh->sbuf + (size_t)x[1] * D;
+    if (x[3] == 0) rows_copy(to, from, x[2], D);
+    else
+      for (size_t u = 0; u < (size_t)x[2] * D; u++) to[u] += from[u];
+  }
+  if (sh->bwd_done < s->p.n) return MOE_OK;
+  sh->bwd_done = 0;
+  return moe__shard_weights(l, 1);
+}
+
+const moe__transport moe__transport_shard = {"sharded", 0,        sh_begin, moe__ep_global_counts, sh_groups,
+                                             sh_work_bytes, sh_alloc, sh_send,  sh_recv, sh_finish,
+                                             moe__ep_agree};

@@ -1,0 +1,327 @@
+/* Expert buffering (deployment paper VI; see moe.h): K slots in memory for the experts of one layer,
+ * the rest in the slow tier (a lazily opened safetensors file, read with pread by a loader thread).
+ * For each batch the active experts are served in increasing id order: loads of misses are queued
+ * as far ahead as free or evictable slots allow, and each expert computes as soon as it is resident,
+ * while the loader reads the next ones. Eviction: experts not active in this batch first, then by the
+ * policy (LIFO as in the paper, LRU, FIFO) among those already computed; an active expert not yet
+ * computed is evicted only when K is smaller than the batch's active experts (it streams through).
+ * A slot holds the expert's matrices in the layer's compute dtype (bf16: 2 bytes a value, what the
+ * GEMMs read) and its biases in fp32; the file's tensors may be F32 or BF16 either way: a load reads
+ * the bytes as they are when the dtypes agree, else reads and rounds (RNE) or widens. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layer/layer_internal.h"
+#include "base/worker.h"
+
+#define NT 5 /* fc1.weight, fc1.bias, fc2.weight, fc2.bias, fc3.weight */
+
+struct moe_expert_cache {
+  const moe_st *f;
+  moe_tensor_view v[NT];     /* the (E, ...) tensors (Hugging Face layout: expert 0's); name NULL when absent */
+  moe_tensor_view *hf;       /* Hugging Face layout (a tensor per expert, Mixtral's): (NT, E) views, or NULL */
+  size_t per[NT];            /* values per expert of each tensor */
+  size_t esz[NT], off[NT];   /* bytes per value in a slot (2 for bf16 matrices, else 4), offset in a slot */
+  size_t slot_bytes;
+  int E, K;
+  moe_cache_policy policy;
+  unsigned char *slots;      /* (K, slot_bytes), 64-byte aligned, each tensor too */
+  void *scratch;             /* the loader's buffer for tensors read in another dtype, or NULL */
+  int *slot_expert;          /* (K) expert held, or -1 */
+  int *where;                /* (E) slot of an expert, or -1 */
+  int64_t *inserted, *used;  /* (K) clock at load and at last use */
+  int64_t clock;
+  /* the loader thread and its queue (at most K loads in flight) */
+  moe__worker w; /* w.mu guards the queue */
+  int *q_expert, *q_slot, qhead, qlen, *ready; /* ready: 0 loading, 1 loaded, -1 failed */
+  int inflight;            /* the loader is reading a slot */
+  int D, H, act, bias;     /* the layer shape the cache was opened for */
+  moe_dtype dtype;         /* and its compute dtype: MOE_DT_F32 or MOE_DT_BF16 */
+  moe_status load_status;
+  char load_error[512];
+  moe_expert_cache_stats stats;
+};
+
+/* Reads expert e's part of tensor t into dst (per[t] values of esz[t] bytes): straight from the file
+ * when the dtypes agree, else through the scratch buffer, rounded to bf16 or widened to fp32. */
+static moe_status load_tensor(moe_expert_cache *c, int t, int e, void *dst) {
+  const moe_tensor_view *v = c->hf ? &c->hf[(size_t)t * c->E + e] : &c->v[t];
+  size_t n = c->per[t], fsz = moe_dtype_size(v->dtype), off = c->hf ? 0 : (size_t)e * n * fsz;
+  if (fsz == c->esz[t]) return moe_st_read(c->f, v, off, n * fsz, dst);
+  MOE_CHECK(moe_st_read(c->f, v, off, n * fsz, c->scratch));
+  /* one thread, the loader's: the caller's GEMMs have the cores */
+  if (v->dtype == MOE_DT_F32) moe__to_bf16(dst, c->scratch, n, 1);
+  else moe__from_bf16(dst, c->scratch, n, 1);
+  return MOE_OK;
+}
+
+static moe_status load_expert(moe_expert_cache *c, int e, int slot) {
+  unsigned char *dst = c->slots + (size_t)slot * c->slot_bytes;
+  for (int t = 0; t < NT; t++)
+    if (c->v[t].name) MOE_CHECK(load_tensor(c, t, e, dst + c->off[t]));
+  return MOE_OK;
+}
+
+static void free_cache(moe_expert_cache *c) {
+  free(c->slots), free(c->scratch), free(c->slot_expert), free(c->where), free(c->inserted), free(c->hf), free(c);
+}
+
+static void *loader(void *arg) {
+  moe_expert_cache *c = arg;
+  pthread_mutex_lock(&c->w.mu);
+  for (;;) {
+    while (!c->qlen && !c->w.stop) pthread_cond_wait(&c->w.cv, &c->w.mu);
+    if (c->w.stop) break;
+    int e = c->q_expert[c->qhead], s = c->q_slot[c->qhead];
+    c->qhead = (c->qhead + 1) % c->K;
+    c->qlen--;
+    c->inflight = 1;
+    pthread_mutex_unlock(&c->w.mu);
+    moe_status st = load_expert(c, e, s); /* the copy runs while the caller computes */
+    pthread_mutex_lock(&c->w.mu);
+    c->inflight = 0;
+    if (st != MOE_OK && c->load_status == MOE_OK) {
+      c->load_status = st;
+      snprintf(c->load_error, sizeof c->load_error, "%s", moe_last_error());
+    }
+    c->ready[s] = st == MOE_OK ? 1 : -1;
+    pthread_cond_broadcast(&c->w.cv);
+  }
+  pthread_mutex_unlock(&c->w.mu);
+  return NULL;
+}
+
+moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const char *prefix,
+                                 const moe_layer_config *l, int K, moe_cache_policy p) {
+  MOE_TRY(out && f && prefix && l, MOE_ERR_ARG, "moe_expert_cache_open: NULL argument");
+  MOE_TRY(K >= 1 && K <= l->E, MOE_ERR_ARG, "expert cache: K must be in [1, E=%d], got %d", l->E, K);
+  MOE_TRY(p != MOE_CACHE_BELADY && (unsigned)p <= MOE_CACHE_BELADY, MOE_ERR_ARG,
+          "expert cache: policy must be lifo, lru or fifo (belady knows the future: moe cachesim only)");
+  MOE_TRY(l->dtype == MOE_DT_F32 || l->dtype == MOE_DT_BF16, MOE_ERR_ARG,
+          "expert cache: the layer's dtype must be f32 or bf16, got %s", moe_dtype_name(l->dtype));
+  moe_expert_cache *c = calloc(1, sizeof *c);
+  MOE_TRY(c, MOE_ERR_NOMEM, "expert cache: out of memory");
+  c->f = f;
+  c->E = l->E;
+  c->K = K;
+  c->D = l->D;
+  c->H = l->H;
+  c->act = l->act;
+  c->bias = l->expert_bias;
+  c->dtype = l->dtype;
+  c->policy = p;
+  const char *names[NT] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight"};
+  int64_t D = l->D, H = l->H;
+  const int64_t want[NT][2] = {{H, D}, {H, 0}, {D, H}, {D, 0}, {H, D}};
+  int needed[NT] = {1, l->expert_bias, 1, l->expert_bias, l->act == MOE_ACT_SWIGLU};
+  size_t scratch = 0; /* bytes of the largest tensor part read in another dtype than its slot's */
+  moe_status st = MOE_OK;
+  char name[160];
+  snprintf(name, sizeof name, "%s%s", prefix, names[0]);
+  char hf_w1[160];
+  snprintf(hf_w1, sizeof hf_w1, "%s0.w1.weight", prefix);
+  int hf = !moe_st_has(f, name) && moe_st_has(f, hf_w1); /* Mixtral's PREFIX<e>.w1.weight, w2, w3, no biases */
+  if (hf && !(c->hf = calloc((size_t)NT * l->E, sizeof *c->hf)))
+    st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert cache: out of memory for %d experts' views", l->E);
+  for (int t = 0; t < NT && st == MOE_OK; t++) {
+    if (!needed[t]) continue;
+    int nd = want[t][1] ? 3 : 2, ok = 1;
+    for (int e = 0; e < (hf ? l->E : 1) && ok && st == MOE_OK; e++) { /* hf: each expert's tensor */
+      static const char *const hf_names[NT] = {"w1.weight", "(no bias)", "w2.weight", "(no bias)", "w3.weight"};
+      if (hf) snprintf(name, sizeof name, "%s%d.%s", prefix, e, hf_names[t]);
+      else snprintf(name, sizeof name, "%s%s", prefix, names[t]);
+      moe_tensor_view *v = hf ? &c->hf[(size_t)t * l->E + e] : &c->v[t];
+      if ((st = moe_st_get(f, name, v)) != MOE_OK) break;
+      if (hf && !e) c->v[t] = *v;
+      moe_dtype dt = v->dtype;
+      const int64_t *sh = v->shape + !hf; /* past the stacked tensors' leading E */
+      ok = (dt == MOE_DT_F32 || dt == MOE_DT_BF16) && dt == c->v[t].dtype && v->ndim == nd - hf &&
+           (hf || v->shape[0] == l->E) && sh[0] == want[t][0] && (nd == 2 || sh[1] == want[t][1]);
+    }
+    if (st != MOE_OK) break;
+    if (!ok)
+      st = moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: tensor '%s' is not F32 or BF16 (%s%lld%s%lld)",
+                      moe_st_path(f), name, hf ? "" : "E, ", (long long)want[t][0], nd == 3 ? ", " : "",
+                      nd == 3 ? (long long)want[t][1] : 0LL);
+    moe_dtype dt = c->v[t].dtype;
+    c->per[t] = (size_t)want[t][0] * (nd == 3 ? (size_t)want[t][1] : 1);
+    c->esz[t] = nd == 3 && l->dtype == MOE_DT_BF16 ? 2 : 4; /* matrices in the compute dtype, biases fp32 */
+    if (ok && moe_dtype_size(dt) != c->esz[t] && c->per[t] * moe_dtype_size(dt) > scratch)
+      scratch = c->per[t] * moe_dtype_size(dt);
+    c->off[t] = c->slot_bytes;
+    c->slot_bytes += (c->per[t] * c->esz[t] + 63) & ~(size_t)63; /* each tensor 64-byte aligned in the slot */
+  }
+  if (st == MOE_OK) {
+    c->slots = aligned_alloc(64, (size_t)K * c->slot_bytes);
+    c->scratch = scratch ? aligned_alloc(64, (scratch + 63) & ~(size_t)63) : NULL;
+    c->slot_expert = malloc(sizeof(int) * (size_t)K * 5);
+    c->where = malloc(sizeof(int) * (size_t)l->E);
+    c->inserted = calloc((size_t)K * 2, sizeof(int64_t));
+    if (!c->slots || (scratch && !c->scratch) || !c->slot_expert || !c->where || !c->inserted)
+      st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert cache: cannot allocate %d slots", K);
+  }
+  if (st != MOE_OK) {
+    free_cache(c);
+    return st;
+  }
+  c->used = c->inserted + K;
+  c->q_expert = c->slot_expert + K;
+  c->q_slot = c->q_expert + K;
+  c->ready = c->q_slot + K;
+  for (int s = 0; s < K; s++) c->slot_expert[s] = -1;
+  for (int e = 0; e < l->E; e++) c->where[e] = -1;
+  c->stats.resident_bytes = (size_t)K * c->slot_bytes;
+  c->stats.expert_bytes = c->slot_bytes;
+  c->stats.dtype = c->dtype;
+  if (!moe__worker_start(&c->w, loader, c)) {
+    free_cache(c);
+    MOE_TRY(0, MOE_ERR_NOMEM, "expert cache: cannot start the loader thread");
+  }
+  *out = c;
+  return MOE_OK;
+}
+
+void moe_expert_cache_free(moe_expert_cache *c) {
+  if (!c) return;
+  moe__worker_stop(&c->w);
+  free_cache(c);
+}
+
+void moe_expert_cache_get_stats(const moe_expert_cache *c, moe_expert_cache_stats *out) { *out = c->stats; }
+
+/* The slot to load expert `need` into, or -1 if none can be given now. By class: an empty slot, then
+ * an expert not active in this batch, then one already computed (by the policy within a class), and
+ * last, when K is smaller than the batch's active experts, a resident one still to compute that comes
+ * after `need` (the one that comes last: it streams through again later). Slots being loaded stay.
+ * Loading ahead (`now` false) takes only the first two classes, so evictions among this batch's
+ * experts happen in the paper's order: the expert is needed next and the others have run. */
+static int victim(const moe_expert_cache *c, const char *state, int need, int now) {
+  int best = -1, best_class = 4;
+  for (int s = 0; s < c->K; s++) {
+    int e = c->slot_expert[s];
+    if (e >= 0 && c->ready[s] != 1) continue;
+    int cls = e < 0 ? 0 : state[e] == 0 ? 1 : state[e] == 2 ? 2 : e > need ? 3 : 4; /* 0 inactive 1 to do 2 done */
+    if (cls == 4 || (!now && cls > 1)) continue; /* loading ahead takes only free or idle slots */
+    int better = cls < best_class;
+    if (!better && cls == best_class && cls > 0) {
+      switch (cls == 3 ? MOE_CACHE_BELADY : c->policy) {
+        case MOE_CACHE_LIFO: better = c->inserted[s] > c->inserted[best]; break;
+        case MOE_CACHE_FIFO: better = c->inserted[s] < c->inserted[best]; break;
+        case MOE_CACHE_LRU: better = c->used[s] < c->used[best]; break;
+        default: better = e > c->slot_expert[best]; break; /* needed last in this batch */
+      }
+    }
+    if (better) {
+      best = s;
+      best_class = cls;
+    }
+  }
+  return best;
+}
+
+/* The weights of the expert in slot v, as moe__ffn_forward reads them: the matrices through the
+ * fp32 pointers (w1, w2, w3) or the bf16 ones (w1h, w2h, w3h) by the dtype, the biases fp32. */
+static moe__expert_w slot_weights(const moe_expert_cache *c, int v) {
+  const unsigned char *base = c->slots + (size_t)v * c->slot_bytes;
+  const void *p[NT];
+  for (int t = 0; t < NT; t++) p[t] = c->v[t].name ? base + c->off[t] : NULL;
+  moe__expert_w w = {.b1 = p[1], .b2 = p[3]};
+  if (c->dtype == MOE_DT_BF16) {
+    w.w1h = p[0];
+    w.w2h = p[2];
+    w.w3h = p[4];
+  } else {
+    w.w1 = p[0];
+    w.w2 = p[2];
+    w.w3 = p[4];
+  }
+  return w;
+}
+
+/* The expert source of a layer with external experts: each expert computes as soon as the cache has it. */
+static moe_status cache_forward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const moe__side_work *side) {
+  (void)side; /* never given: the source does not take side work */
+  moe_expert_cache *c = l->cache;
+  int E = g->n;
+  moe__expert_w *w = f->w;
+  char *state = f->state;
+  int *order = f->order;
+  memset(w, 0, (size_t)E * sizeof *w); /* inactive experts have no rows, and no weights either */
+  int n = 0;
+  for (int e = 0; e < E; e++) {
+    state[e] = g->offs[e + 1] > g->offs[e];
+    if (state[e]) order[n++] = e;
+  }
+  c->stats.accesses += n;
+  pthread_mutex_lock(&c->w.mu);
+  moe_status computed = MOE_OK; /* the first failure of the experts' GEMMs, reported after the loads settle */
+  for (int i = 0; i < n && c->load_status == MOE_OK;) {
+    /* queue the loads of the experts still missing, in order, while a slot can be given */
+    for (int j = i; j < n; j++) {
+      int e = order[j];
+      if (c->where[e] >= 0) continue; /* resident, or on its way */
+      int v = victim(c, state, e, j == i);
+      if (v < 0) break;
+      if (c->slot_expert[v] >= 0) c->where[c->slot_expert[v]] = -1;
+      c->slot_expert[v] = e;
+      c->where[e] = v;
+      c->ready[v] = 0;
+      c->inserted[v] = ++c->clock;
+      int tail = (c->qhead + c->qlen) % c->K;
+      c->q_expert[tail] = e;
+      c->q_slot[tail] = v;
+      c->qlen++;
+      c->stats.misses++;
+      pthread_cond_broadcast(&c->w.cv);
+    }
+    int e = order[i];
+    if (c->where[e] < 0 || c->ready[c->where[e]] != 1) { /* not yet: wait for a load to finish */
+      pthread_cond_wait(&c->w.cv, &c->w.mu);
+      continue;
+    }
+    /* compute the run of consecutive resident experts starting at i, unlocked: the loader goes on */
+    int run = i;
+    while (run < n && c->where[order[run]] >= 0 && c->ready[c->where[order[run]]] == 1) {
+      int ej = order[run++];
+      w[ej] = slot_weights(c, c->where[ej]);
+      c->used[c->where[ej]] = ++c->clock;
+      state[ej] = 3; /* being computed: its slot stays */
+    }
+    pthread_mutex_unlock(&c->w.mu);
+    moe_status cst = moe__ffn_forward(l, g, f, e, order[run - 1] + 1, w, NULL); /* experts between: no rows */
+    if (computed == MOE_OK) computed = cst;
+    pthread_mutex_lock(&c->w.mu);
+    for (int j = i; j < run; j++) state[order[j]] = 2;
+    i = run;
+  }
+  moe_status st = c->load_status;
+  char msg[sizeof c->load_error];
+  if (st != MOE_OK) { /* let queued loads finish, then forget every slot that is not loaded */
+    while (c->qlen || c->inflight) pthread_cond_wait(&c->w.cv, &c->w.mu);
+    for (int v = 0; v < c->K; v++)
+      if (c->ready[v] != 1 && c->slot_expert[v] >= 0) c->where[c->slot_expert[v]] = -1, c->slot_expert[v] = -1;
+    snprintf(msg, sizeof msg, "%s", c->load_error);
+    c->load_status = MOE_OK; /* reported once */
+  }
+  pthread_mutex_unlock(&c->w.mu);
+  MOE_TRY(st == MOE_OK, st, "expert cache: %s", msg);
+  return computed;
+}
+
+/* Whether a cache was opened for this layer's shape (E, D, H, activation, biases, dtype). */
+static int cache_fits(const moe_expert_cache *c, const moe_layer_config *l) {
+  return c->E == l->E && c->D == l->D && c->H == l->H && c->act == (int)l->act && c->bias == l->expert_bias &&
+         c->dtype == l->dtype;
+}
+
+static const moe__expert_src cached_experts = {"expert cache", 0, moe__ffn_bytes, moe__ffn_alloc, cache_forward, NULL};
+
+moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c) {
+  MOE_TRY(l->cfg.external_experts || !c, MOE_ERR_ARG, "moe_layer_set_expert_cache: the layer was not made with external_experts");
+  MOE_TRY(!c || cache_fits(c, &l->cfg), MOE_ERR_SHAPE,
+          "moe_layer_set_expert_cache: the cache was opened for another layer shape (E, D, H, activation, biases, dtype)");
+  l->cache = c;
+  if (l->cfg.external_experts) l->st->src = c ? &cached_experts : NULL;
+  return MOE_OK;
+}
