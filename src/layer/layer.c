@@ -449,7 +449,7 @@ static size_t work_bytes(moe_layer_t *l, int T, moe_reuse r) {
   p->shared = recomputes(r);
   p->slotted = p->n > 1 && !l->st->tr->in_place && recommunicates(r);
   size_t rows_d = moe__arena_size((size_t)p->rows * l->cfg.D * 4);
-  size_t w = moe__dispatch_bytes(l) + l->st->src->bytes(l, p->ng, p->shared ? p->mb_rows : p->grows) + 2 * rows_d +
+  size_t w = moe__dispatch_bytes(p, l->cfg.D, l->cfg.dispatch) + l->st->src->bytes(l, p->ng, p->shared ? p->mb_rows : p->grows) + 2 * rows_d +
              moe__arena_size((size_t)T * l->cfg.D * 4) + l->st->tr->work_bytes(l); /* out, dout, dy=0 */
   p->shared = shared, p->slotted = slotted;
   return w;
@@ -490,6 +490,19 @@ static void auto_reuse_measure(moe_layer_t *l, double madds, double secs, const 
   s->reuse_meas[3] += s->comm.seconds - before->seconds;
 }
 
+/* Counts this process's assignments per expert, asks the transport for the tokens placement runs over
+ * (its view), and places them. */
+static moe_status place(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  moe__plan *p = &s->p;
+  memset(p->counts, 0, (size_t)l->cfg.E * 4);
+  for (size_t i = 0; i < (size_t)p->T * p->k; i++) p->counts[p->top_e[i]]++;
+  moe__view v = {p->T, 0, p->top_e, s->r.top_p, p->k, p->counts, s->r.order};
+  MOE_CHECK(s->tr->view(l, &v));
+  p->stat_counts = v.counts;
+  return moe__place(&l->cfg, l->expert_capacity, l->expert_capacity_tokens, &v, s->r.fill, &s->route, p);
+}
+
 moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, float *spec,
                              moe_layer_stats *stats) {
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_forward: layer not initialized");
@@ -512,17 +525,19 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   moe__side_work router = moe__gate_work(l);
   if (!along) MOE_CHECK(moe__gemm_run_side(NULL, 0, s->threads, &router)); /* the router first */
   double gate_s = moe__now() - tg;
-  MOE_CHECK(moe__route(l));
+  MOE_CHECK(place(l));
   MOE_CHECK(moe__layer_setup_pick(l, &n)); /* at this capacity: r, n and the all-to-all */
   MOE_CHECK(tr->groups(l)); /* now the rows this process's experts get are known */
-  MOE_CHECK(moe__split_rows(l, n));
+  MOE_CHECK(moe__split_rows(&l->cfg, n, &s->route, p));
   moe_reuse reuse = l->cfg.memory_reuse;
   if (reuse == MOE_REUSE_AUTO) MOE_CHECK(auto_reuse(l, T, route, &reuse));
   p->shared = recomputes(reuse);
   p->slotted = n > 1 && !tr->in_place && recommunicates(reuse);
   int act_rows = p->shared ? p->mb_rows : p->grows; /* one micro-batch's, or all */
   MOE_CHECK(moe__arena_reserve(&s->work, work_bytes(l, T, reuse), "expert"));
-  MOE_CHECK(moe__dispatch_forward(l, x));
+  s->dsp = (moe__dispatch){l->cfg.dispatch, D, s->threads, NULL, NULL};
+  MOE_CHECK(moe__dispatch_alloc(p, &s->dsp, &s->work, &s->xs));
+  moe__dispatch_forward(p, &s->dsp, x, s->xs);
   s->out = moe__arena_alloc(&s->work, (size_t)p->rows * D * 4);
   MOE_TRY(s->out || p->rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
   MOE_CHECK(tr->alloc(l));
@@ -545,7 +560,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   tg = moe__now();
   MOE_CHECK(moe__gate_end(l)); /* the losses (a collective when expert-parallel), after either order */
   gate_s += moe__now() - tg;
-  moe__combine_forward(l, s->out, y, spec);
+  moe__combine_forward(p, &s->dsp, s->out, y, spec);
   s->have_fwd = 1;
   if (stats) {
     stats->aux_loss = s->r.aux + s->inner_aux;
@@ -596,7 +611,7 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
     if (T) memset(z, 0, (size_t)T * D * 4);
     dy = z;
   }
-  MOE_CHECK(moe__combine_backward(l, s->out, dy, dspec, dout, dw));
+  MOE_CHECK(moe__combine_backward(p, &s->dsp, &s->work, s->out, dy, dspec, dout, dw));
   if (dweights)
     for (size_t i = 0; i < (size_t)T * p->k; i++) dw[i] += dweights[i];
   /* the experts' side of dout and dxs: the forward's outputs are dead by now */
@@ -614,7 +629,7 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
     if (!st) st = s->tr->recv(l, i, gdx + r, dxs);
   }
   MOE_CHECK(finish(l, st));
-  moe__dispatch_backward(l, dxs, dx);
+  moe__dispatch_backward(p, &s->dsp, dxs, dx);
   MOE_CHECK(moe__gate_backward(l, dw, daux, dz, dx));
   moe__layer_setup_time(l, t0);
   return MOE_OK;

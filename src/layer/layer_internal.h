@@ -18,6 +18,8 @@
 
 #include "base/arena.h"
 #include "kernels/gemm.h"
+#include "layer/plan.h"
+#include "layer/stages.h"
 #include "moe.h"
 
 /* Pointers into l->params (or l->grads: same layout); NULL for tensors the layer lacks. */
@@ -29,62 +31,6 @@ typedef struct {
   float *w3;              /* experts.fc3 (E, H, D) */
 } moe__weights;
 void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w);
-
-/* One micro-batch of the experts' stage (MPipeMoE): groups [e0, e1), rows [lo, lo + rows) of all the
- * groups' rows (also where its activations sit when every micro-batch's are kept); keys [k0, k1) (see
- * micro.c: local experts, the same as the groups, or global experts under plan.gkey). */
-typedef struct {
-  int lo, rows;
-  int e0, e1;
-  int k0, k1;
-  int32_t *goffs; /* (ng + 1) first row of each group in the micro-batch, from 0 (empty outside it) */
-} moe__micro;
-#define MOE__MAX_MICRO 64
-
-/* The routing plan: where every assignment goes. Made by the router and the placement, read by every
- * later stage. Rows are expert-sorted: expert e's rows are [offs[e], offs[e + 1]) of the dispatch
- * buffers. The groups are what this process's experts compute: without expert parallelism the
- * dispatch rows themselves; expert-parallel, the rows received from every rank, expert-major. */
-typedef struct {
-  int T, k;              /* this process's tokens, slots per token */
-  int C;                 /* capacity (static) or the largest count (dynamic) */
-  int rows;              /* dispatch rows: kept assignments (dynamic) or the capacities' sum (static) */
-  int dropped;           /* assignments dropped, over the placement's view of the tokens */
-  int32_t *top_e;        /* (T, k) expert of each slot */
-  float *top_w;          /* (T, k) its combine weight */
-  int32_t *row;          /* (T, k) its dispatch row, -1 if dropped */
-  int32_t *counts;       /* (E) this process's assignments per expert before dropping */
-  const int32_t *stat_counts; /* (E) the counts the stats report (over all ranks, expert-parallel) */
-  int32_t *kept;         /* (E) rows in use per expert (static: the rest of its slice is padding) */
-  int32_t *offs;         /* (E + 1) first row of each expert */
-  int32_t *cap;          /* (E) static: each expert's capacity in this forward */
-  int ng, grows;         /* the groups: their number and rows */
-  int32_t *goffs;        /* (ng + 1) first row of each group */
-  const int32_t *gkey;   /* (ng) each group's global expert, ascending (the sharded layout's tasks), or
-                          * NULL: group g is local expert g of every owner (micro.c cuts by these keys) */
-  /* expert parallelism: per-rank blocks of the exchange */
-  int32_t *rc;           /* (W, E/W) rows from rank s for local expert e */
-  int32_t *perm;         /* (grows) each expert-major row's place in its micro-batch's staging */
-  int t0, Tv;            /* static: this rank's first token among all ranks', and their number */
-  /* the experts' stage as n micro-batches (n = 1: the groups themselves) */
-  int n, mb_rows;        /* micro-batches, the rows of the largest */
-  int shared;            /* their activations (T_M) share one buffer (S3, S4), recomputed in backward */
-  int slotted;           /* the moving transport's buffers (T_DI, T_DO) hold two micro-batches, and
-                          * backward receives T_DI again (S2, S4): the experts' side of micro-batch i
-                          * starts at row 0 of its buffers, not at its first row */
-  moe__micro *mb;        /* (n) */
-} moe__plan;
-
-/* The tokens placement runs over: this process's, or all ranks' (static dispatch expert-parallel,
- * so that positions and drops are those of one process); tokens [t0, t0 + plan.T) are this rank's. */
-typedef struct {
-  int T, t0;
-  const int32_t *top_e;  /* (T, k) */
-  const float *score;    /* priority keys: score[t * stride] */
-  int stride;
-  const int32_t *counts; /* (E) assignments per expert over the view's ranks */
-  int32_t *order;        /* (T) scratch */
-} moe__view;
 
 /* The router's forward cache (router.c). */
 typedef struct {
@@ -107,17 +53,6 @@ typedef struct {
   double Tg;        /* tokens over all ranks */
   float aux, z;
 } moe__router;
-
-/* Rows of expert groups: group g is rows [offs[g], offs[g + 1]) of x (in) and y (out); kept, when
- * not NULL, the rows in use at the start of each group (the rest is static padding). A micro-batch's
- * groups are [e0, e1): the others have no rows in it. */
-typedef struct {
-  int n, rows;
-  int e0, e1;
-  const int32_t *offs, *kept;
-  const float *x;
-  float *y;
-} moe__groups;
 
 /* The FFN experts' activations (sources/ffn.c), kept for backward: for `rows` rows from one base, and
  * scratch for the groups' GEMM list and weights. */
@@ -182,10 +117,6 @@ extern const moe__transport moe__transport_a2a;    /* transports/alltoall.c: dyn
 extern const moe__transport moe__transport_static; /* transports/static_exchange.c: static dispatch's fixed exchanges */
 extern const moe__transport moe__transport_flex;   /* flex/transport.c: all-to-all-v over FlexMoE's replicas */
 
-/* micro.c: the experts' stage as n micro-batches, each a contiguous part of the groups' rows (one
- * destination: in process); route arena bytes for n micro-batches of at most ng groups and keys. */
-size_t moe__micro_bytes(int n, int ng);
-moe_status moe__split_rows(moe_layer_t *l, int n);
 
 struct moe__layer_state {
   moe__arena route; /* router and plan: sized from T, k, E, P */
@@ -202,7 +133,7 @@ struct moe__layer_state {
   float *xr;        /* (grows, D) its staging buffer (all-to-all-v: rows in source order) */
   uint64_t tk_next[2], tk_last; /* all-to-all-v on the communication thread: each way's next
                                  * micro-batch's exchange in, and the last exchange posted (tickets) */
-  float *mask, *comb;    /* (T, rows) static dispatch: dispatch mask and combine weights */
+  moe__dispatch dsp;     /* the dispatch's own tensors */
   float inner_aux, inner_z; /* hierarchical: sums over the inner layers */
   moe_layer_stats *inner_stats; /* hierarchical: each inner layer's last forward (they run at once) */
   /* memory_reuse AUTO: the strategy chosen (-1: not yet), and what the steps so far measured: the
@@ -230,20 +161,7 @@ moe_status moe__gate_end(moe_layer_t *l);
 /* dw (T, k): gradient of the combine weights. Adds router grads; dx += router contribution. */
 moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float dz, float *dx);
 
-/* placement.c: capacity and slot-major placement over the transport's view: fills the plan's counts, C,
- * row, kept, offs, cap, dropped and rows. */
-moe_status moe__route(moe_layer_t *l);
 
-/* dispatch.c: moving tokens to dispatch rows and back, dynamic (gather/scatter) or static (mask GEMMs). */
-size_t moe__dispatch_bytes(const moe_layer_t *l);
-/* x (T, D) -> xs (rows, D), allocated here */
-moe_status moe__dispatch_forward(moe_layer_t *l, const float *x);
-void moe__combine_forward(moe_layer_t *l, const float *out, float *y, float *spec);
-/* dout (rows, D) and dw (T, k) from dy and dspec. */
-moe_status moe__combine_backward(moe_layer_t *l, const float *out, const float *dy, const float *dspec, float *dout,
-                                  float *dw);
-/* dx (T, D) = gradient through the dispatch of dxs (rows, D). */
-void moe__dispatch_backward(moe_layer_t *l, const float *dxs, float *dx);
 
 /* sources/ffn.c: the FFN over groups of rows, for the sources that compute FFNs (own weights, the cache).
  * One expert's weights; the bf16 copies of the matrices are read instead when cfg.dtype is bf16. */

@@ -12,7 +12,7 @@
  * groups, those outside it empty; its own are [e0, e1), experts without rows included. */
 #include <math.h>
 
-#include "layer/layer_internal.h"
+#include "layer/stages.h"
 
 size_t moe__micro_bytes(int n, int ng) {
   return moe__arena_size((size_t)n * sizeof(moe__micro)) + moe__arena_size((size_t)n * (ng + 1) * 4) +
@@ -27,13 +27,12 @@ static int first_group(const moe__plan *p, int k) {
   return g;
 }
 
-moe_status moe__split_rows(moe_layer_t *l, int n) {
-  moe__plan *p = &l->st->p;
-  int ng = p->ng, E = l->cfg.E, nk = p->gkey ? E : ng, W = nk ? E / nk : 1;
-  int is_static = l->cfg.dispatch == MOE_DISPATCH_STATIC;
-  p->mb = moe__arena_alloc(&l->st->route, (size_t)n * sizeof *p->mb);
-  int32_t *offs = moe__arena_alloc(&l->st->route, (size_t)n * (ng + 1) * 4);
-  double *cum = moe__arena_alloc(&l->st->route, (size_t)(nk + 1) * sizeof *cum);
+moe_status moe__split_rows(const moe_layer_config *cfg, int n, moe__arena *route, moe__plan *p) {
+  int ng = p->ng, E = cfg->E, nk = p->gkey ? E : ng, W = nk ? E / nk : 1;
+  int is_static = cfg->dispatch == MOE_DISPATCH_STATIC;
+  p->mb = moe__arena_alloc(route, (size_t)n * sizeof *p->mb);
+  int32_t *offs = moe__arena_alloc(route, (size_t)n * (ng + 1) * 4);
+  double *cum = moe__arena_alloc(route, (size_t)(nk + 1) * sizeof *cum);
   MOE_TRY(p->mb && offs && cum, MOE_ERR_STATE, "internal: routing workspace too small");
   cum[0] = 0; /* the rows of key j on every owner, cumulated */
   for (int j = 0; j < nk; j++) {

@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "layer/layer_internal.h"
+#include "layer/stages.h"
 
 typedef struct { float p; int32_t t; } prio_key;
 
@@ -35,48 +35,41 @@ static void prio_sort(prio_key *k, int n) {
   }
 }
 
-static int capacity(const moe_layer_t *l, int T, int k, int maxc) {
-  float x = l->cfg.capacity_setting;
-  if (l->cfg.dispatch == MOE_DISPATCH_DYNAMIC || x == 0) return maxc;
-  double v = (double)fabsf(x) * k * T / l->cfg.E, r = nearbyint(v);
+static int capacity(const moe_layer_config *cfg, int T, int k, int maxc) {
+  float x = cfg->capacity_setting;
+  if (cfg->dispatch == MOE_DISPATCH_DYNAMIC || x == 0) return maxc;
+  double v = (double)fabsf(x) * k * T / cfg->E, r = nearbyint(v);
   if (fabs(v - r) <= 1e-6 * fmax(1.0, r)) v = r; /* 1.2f * 5 / 2 is 3, as the decimal setting says */
   double c = ceil(v);
   if (c > T) c = T; /* no expert gets more than T assignments: more slots would only be padding */
   return x > 0 || c < maxc ? (int)c : maxc;
 }
 
-moe_status moe__route(moe_layer_t *l) {
-  moe__layer_state *s = l->st;
-  moe__plan *p = &s->p;
-  int T = p->T, k = p->k, E = l->cfg.E;
-  memset(p->counts, 0, (size_t)E * 4);
-  for (size_t i = 0; i < (size_t)T * k; i++) p->counts[p->top_e[i]]++;
-  moe__view v = {T, 0, p->top_e, s->r.top_p, k, p->counts, s->r.order};
-  MOE_CHECK(s->tr->view(l, &v));
-  p->stat_counts = v.counts;
+moe_status moe__place(const moe_layer_config *cfg, const int32_t *ecap, int ecap_tokens, const moe__view *view,
+                      int32_t *fill, moe__arena *route, moe__plan *p) {
+  const moe__view v = *view;
+  int T = p->T, k = p->k, E = cfg->E;
   int maxc = 0;
   for (int e = 0; e < E; e++) maxc = v.counts[e] > maxc ? v.counts[e] : maxc;
-  int is_static = l->cfg.dispatch == MOE_DISPATCH_STATIC, Tv = v.T, t0 = v.t0;
-  int C = capacity(l, Tv, k, maxc);
+  int is_static = cfg->dispatch == MOE_DISPATCH_STATIC, Tv = v.T, t0 = v.t0;
+  int C = capacity(cfg, Tv, k, maxc);
   p->C = C;
   for (int e = 0; e < E; e++) { /* DynaMoE's per-expert capacities, scaled to this batch */
-    int64_t c = C, T0 = l->expert_capacity_tokens;
-    if (l->expert_capacity)
-      c = T0 > 0 && T0 != Tv ? (int64_t)ceil((double)l->expert_capacity[e] * Tv / T0 - 1e-9) : l->expert_capacity[e];
+    int64_t c = C, T0 = ecap_tokens;
+    if (ecap) c = T0 > 0 && T0 != Tv ? (int64_t)ceil((double)ecap[e] * Tv / T0 - 1e-9) : ecap[e];
     p->cap[e] = (int32_t)(c < Tv ? c : Tv);
   }
 
   int32_t *order = v.order;
   for (int t = 0; t < Tv; t++) order[t] = t;
-  if (l->cfg.priority == MOE_PRIORITY_SCORE && Tv > 1) {
-    prio_key *keys = moe__arena_alloc(&s->route, (size_t)Tv * sizeof *keys);
+  if (cfg->priority == MOE_PRIORITY_SCORE && Tv > 1) {
+    prio_key *keys = moe__arena_alloc(route, (size_t)Tv * sizeof *keys);
     MOE_TRY(keys, MOE_ERR_STATE, "internal: routing workspace too small");
     for (int t = 0; t < Tv; t++) keys[t] = (prio_key){v.score[(size_t)t * v.stride], t};
     prio_sort(keys, Tv);
     for (int t = 0; t < Tv; t++) order[t] = keys[t].t;
   }
 
-  int32_t *fill = s->r.fill;
   memset(fill, 0, (size_t)E * 4);
   p->dropped = 0; /* over the view: with the gathered routing, every rank counts all drops */
   for (int j = 0; j < k; j++)
@@ -94,13 +87,13 @@ moe_status moe__route(moe_layer_t *l) {
     p->kept[e] = is_static && p->counts[e] > Ce ? Ce : p->counts[e];
     p->offs[e + 1] = p->offs[e] + (is_static ? Ce : p->kept[e]);
   }
-  if (is_static && l->expert_capacity) {
+  if (is_static && ecap) {
     p->C = 0;
     for (int e = 0; e < E; e++) p->C = p->cap[e] > p->C ? p->cap[e] : p->C;
   }
   /* the same on every rank (the view is global): all fail together, before any exchange */
-  MOE_TRY((int64_t)p->offs[E] * l->cfg.D <= INT32_MAX / 2, MOE_ERR_ARG,
-          "%d expert rows of %d values are too many for one batch (capacities too large?)", p->offs[E], l->cfg.D);
+  MOE_TRY((int64_t)p->offs[E] * cfg->D <= INT32_MAX / 2, MOE_ERR_ARG,
+          "%d expert rows of %d values are too many for one batch (capacities too large?)", p->offs[E], cfg->D);
   p->rows = p->offs[E];
   for (size_t a = 0; a < (size_t)T * k; a++)
     if (p->row[a] >= 0) p->row[a] += p->offs[p->top_e[a]];
