@@ -517,12 +517,17 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(moe__layer_setup_begin(l)); /* Tutel's dictionary (parallel_r, pipeline or a2a adaptive) */
   size_t route = 0;
   MOE_CHECK(tr->begin(l, T, &route));
-  route += moe__gate_bytes(l, T, k) + moe__micro_bytes(n ? n : MOE__AUTO_MAX_N, l->cfg.E);
+  route += moe__router_bytes(&l->cfg, T, k) + moe__micro_bytes(n ? n : MOE__AUTO_MAX_N, l->cfg.E);
   MOE_CHECK(moe__arena_reserve(&s->route, route, "router"));
   int along = router_alongside(l);
   double tg = moe__now(); /* the router's seconds, for stats */
-  MOE_CHECK(moe__gate_begin(l, x, T, k));
-  moe__side_work router = moe__gate_work(l);
+  moe__weights w;
+  moe__weights_bind(l, l->params, &w);
+  MOE_CHECK(moe__router_begin(&l->cfg, &w, T, k, l->cached, &s->route, &s->r, p));
+  l->cached = NULL; /* one forward */
+  s->x = x;
+  moe__router_job job = {&l->cfg, &w, x, &s->r, p};
+  moe__side_work router = moe__router_work(&job);
   if (!along) MOE_CHECK(moe__gemm_run_side(NULL, 0, s->threads, &router)); /* the router first */
   double gate_s = moe__now() - tg;
   MOE_CHECK(place(l));
@@ -558,7 +563,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(finish(l, st));
   auto_reuse_measure(l, per_row * p->grows, expert_s, &comm0);
   tg = moe__now();
-  MOE_CHECK(moe__gate_end(l)); /* the losses (a collective when expert-parallel), after either order */
+  MOE_CHECK(moe__router_end(&l->cfg, &s->r, p)); /* the losses (a collective when expert-parallel), after either order */
   gate_s += moe__now() - tg;
   moe__combine_forward(p, &s->dsp, s->out, y, spec);
   s->have_fwd = 1;
@@ -630,7 +635,10 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   }
   MOE_CHECK(finish(l, st));
   moe__dispatch_backward(p, &s->dsp, dxs, dx);
-  MOE_CHECK(moe__gate_backward(l, dw, daux, dz, dx));
+  moe__weights w, gw;
+  moe__weights_bind(l, l->params, &w);
+  moe__weights_bind(l, l->grads, &gw);
+  MOE_CHECK(moe__router_backward(&l->cfg, &w, &gw, s->x, &s->r, p, dw, daux, dz, &s->route, s->threads, dx));
   moe__layer_setup_time(l, t0);
   return MOE_OK;
 }

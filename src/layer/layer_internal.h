@@ -22,37 +22,8 @@
 #include "layer/stages.h"
 #include "moe.h"
 
-/* Pointers into l->params (or l->grads: same layout); NULL for tensors the layer lacks. */
-typedef struct {
-  float *gw, *gb;         /* gate.weight (E, D|P), gate.bias (E) */
-  float *pw, *pb, *scale; /* gate.proj.weight (P, D), gate.proj.bias (P), gate.logit_scale (1) */
-  float *w1, *b1;         /* experts.fc1 (E, H, D), (E, H) */
-  float *w2, *b2;         /* experts.fc2 (E, D, H), (E, D) */
-  float *w3;              /* experts.fc3 (E, H, D) */
-} moe__weights;
 void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w);
 
-/* The router's forward cache (router.c). */
-typedef struct {
-  const float *x;   /* (T, D), caller's */
-  float *logits;    /* (T, E) */
-  float *probs;     /* (T, E) */
-  float *lse;       /* (T) logsumexp of the logits */
-  float *proj;      /* (T, P) cosine: projected tokens, normalized in place */
-  float *proj_norm; /* (T) */
-  float *emb;       /* (E, P) cosine: normalized expert embeddings */
-  float *emb_norm;  /* (E) */
-  float *top_p;     /* (T, k) probability of each slot's expert */
-  int32_t *fresh;   /* (T, k) the router's own top-k (differs from plan.top_e under caching) */
-  int use_cache;    /* plan.top_e came from the layer's cached experts */
-  int32_t *order;   /* (T) placement scratch */
-  int32_t *fill;    /* (E) placement scratch */
-  float *frac1;     /* (E) fraction of tokens whose top-1 is e */
-  double *acc;      /* (chunks + 1, 2 E + 2) the losses' sums: total, then each router chunk's */
-  moe__weights w;   /* the parameters, bound for the router's chunks */
-  double Tg;        /* tokens over all ranks */
-  float aux, z;
-} moe__router;
 
 /* The FFN experts' activations (sources/ffn.c), kept for backward: for `rows` rows from one base, and
  * scratch for the groups' GEMM list and weights. */
@@ -123,6 +94,7 @@ struct moe__layer_state {
   moe__arena work;  /* dispatch and expert tensors: sized after routing (rows, capacity) */
   int have_fwd;     /* a forward ran and backward has not consumed it yet */
   int threads;      /* resolved thread count */
+  const float *x;   /* (T, D) the forward's input, the caller's: the router's backward reads it */
   const moe__transport *tr;
   const moe__expert_src *src;
   moe__router r;
@@ -150,16 +122,6 @@ struct moe__layer_state {
   struct moe__shard_s *sh; /* Tutel's adaptive parallelism r (parallel_r set, with dist): shard.h */
 };
 
-/* router.c: router, softmax, top-k, losses. The forward is cut in three so that the router can run
- * alongside the experts when the assignment is known before it (sample-assignment caching):
- * begin (workspace; the cached experts, read once, into plan.top_e), the rows in fixed chunks of
- * tokens (side work, moe__gate_work), and end (the losses from the chunks' sums). */
-size_t moe__gate_bytes(const moe_layer_t *l, int T, int k);
-moe_status moe__gate_begin(moe_layer_t *l, const float *x, int T, int k);
-moe__side_work moe__gate_work(moe_layer_t *l);
-moe_status moe__gate_end(moe_layer_t *l);
-/* dw (T, k): gradient of the combine weights. Adds router grads; dx += router contribution. */
-moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float dz, float *dx);
 
 
 

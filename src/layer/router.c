@@ -6,7 +6,7 @@
 
 #include "dist/dist.h"
 #include "kernels/gemm.h"
-#include "layer/layer_internal.h"
+#include "layer/stages.h"
 
 #define COS_EPS 1e-12f
 #define LOG_MAX_SCALE 4.605170185988091f /* ln 100: the logit scale is clamped at 100 */
@@ -14,8 +14,8 @@
 
 static int gate_chunks(int T) { return (T + GATE_ROWS - 1) / GATE_ROWS; }
 
-size_t moe__gate_bytes(const moe_layer_t *l, int T, int k) {
-  size_t E = (size_t)l->cfg.E, P = (size_t)l->cfg.proj_dim, t = (size_t)T, tk = t * (size_t)k;
+size_t moe__router_bytes(const moe_layer_config *cfg, int T, int k) {
+  size_t E = (size_t)cfg->E, P = (size_t)cfg->proj_dim, t = (size_t)T, tk = t * (size_t)k;
   size_t b = 0;
   b += 3 * moe__arena_size(t * E * 4);             /* logits, probs, dprobs */
   b += moe__arena_size(t * 4) * 2;                 /* lse, order */
@@ -23,7 +23,7 @@ size_t moe__gate_bytes(const moe_layer_t *l, int T, int k) {
   b += moe__arena_size((size_t)(gate_chunks(T) + 1) * (2 * E + 2) * sizeof(double)); /* loss sums */
   b += 6 * moe__arena_size(tk * 4);                /* top_e, top_p, top_w, row, dw, fresh */
   b += 6 * moe__arena_size((E + 1) * 4);           /* counts, kept, offs, fill, frac1, cap */
-  if (l->cfg.router == MOE_ROUTER_COSINE)          /* proj, dproj, norms, emb, demb */
+  if (cfg->router == MOE_ROUTER_COSINE)            /* proj, dproj, norms, emb, demb */
     b += 2 * moe__arena_size(t * P * 4) + moe__arena_size(t * 4) + 2 * moe__arena_size(E * P * 4) +
          moe__arena_size(E * 4);
   return b;
@@ -63,25 +63,25 @@ static float cosine_scale(const moe__weights *w) {
 }
 
 /* Logits of tokens [t0, t0 + n) on the calling thread. The cosine router's expert embeddings are
- * normalized before (moe__gate_begin). */
-static void compute_logits(moe_layer_t *l, const moe__weights *w, const float *x, int t0, int n) {
-  moe__layer_state *s = l->st;
-  int D = l->cfg.D, E = l->cfg.E, P = l->cfg.proj_dim;
+ * normalized before (moe__router_begin). */
+static void compute_logits(const moe_layer_config *cfg, const moe__weights *w, const float *x, moe__router *r,
+                           int t0, int n) {
+  int D = cfg->D, E = cfg->E, P = cfg->proj_dim;
   x += (size_t)t0 * D;
-  float *logits = s->r.logits + (size_t)t0 * E;
-  if (l->cfg.router == MOE_ROUTER_LINEAR) {
+  float *logits = r->logits + (size_t)t0 * E;
+  if (cfg->router == MOE_ROUTER_LINEAR) {
     if (w->gb)
       for (int t = 0; t < n; t++) memcpy(logits + (size_t)t * E, w->gb, (size_t)E * 4);
     moe__gemm g = {false, true, n, E, D, 1.0f, w->gb ? 1.0f : 0.0f, x, D, w->gw, D, logits, E, false};
     moe__gemm_one(&g);
     return;
   }
-  float *proj = s->r.proj + (size_t)t0 * P;
+  float *proj = r->proj + (size_t)t0 * P;
   for (int t = 0; t < n; t++) memcpy(proj + (size_t)t * P, w->pb, (size_t)P * 4);
   moe__gemm g = {false, true, n, P, D, 1.0f, 1.0f, x, D, w->pw, D, proj, P, false};
   moe__gemm_one(&g);
-  for (int t = 0; t < n; t++) s->r.proj_norm[t0 + t] = normalize_row(proj + (size_t)t * P, P);
-  moe__gemm c = {false, true, n, E, P, cosine_scale(w), 0.0f, proj, P, s->r.emb, P, logits, E, false};
+  for (int t = 0; t < n; t++) r->proj_norm[t0 + t] = normalize_row(proj + (size_t)t * P, P);
+  moe__gemm c = {false, true, n, E, P, cosine_scale(w), 0.0f, proj, P, r->emb, P, logits, E, false};
   moe__gemm_one(&c);
 }
 
@@ -108,125 +108,122 @@ static void route_token(const float *logit, float *prob, float *lse, int E, int 
   }
 }
 
-moe_status moe__gate_begin(moe_layer_t *l, const float *x, int T, int k) {
-  moe__layer_state *s = l->st;
-  int E = l->cfg.E, P = l->cfg.proj_dim;
-  moe__arena *a = &s->route;
+moe_status moe__router_begin(const moe_layer_config *cfg, const moe__weights *w, int T, int k, const int32_t *cached,
+                             moe__arena *a, moe__router *r, moe__plan *p) {
+  int E = cfg->E, P = cfg->proj_dim;
   size_t te = (size_t)T * E, tk = (size_t)T * k;
-  s->r.logits = moe__arena_alloc(a, te * 4);
-  s->r.probs = moe__arena_alloc(a, te * 4);
-  s->r.lse = moe__arena_alloc(a, (size_t)T * 4);
-  s->r.order = moe__arena_alloc(a, (size_t)T * 4);
-  s->p.top_e = moe__arena_alloc(a, tk * 4);
-  s->r.top_p = moe__arena_alloc(a, tk * 4);
-  s->p.top_w = moe__arena_alloc(a, tk * 4);
-  s->p.row = moe__arena_alloc(a, tk * 4);
-  s->r.fresh = moe__arena_alloc(a, tk * 4);
-  s->p.counts = moe__arena_alloc(a, (size_t)(E + 1) * 4);
-  s->p.kept = moe__arena_alloc(a, (size_t)(E + 1) * 4);
-  s->p.offs = moe__arena_alloc(a, (size_t)(E + 1) * 4);
-  s->r.fill = moe__arena_alloc(a, (size_t)(E + 1) * 4);
-  s->r.frac1 = moe__arena_alloc(a, (size_t)(E + 1) * 4);
-  s->p.cap = moe__arena_alloc(a, (size_t)(E + 1) * 4);
-  s->r.acc = moe__arena_alloc(a, (size_t)(gate_chunks(T) + 1) * (2 * E + 2) * sizeof(double));
-  if (l->cfg.router == MOE_ROUTER_COSINE) {
-    s->r.proj = moe__arena_alloc(a, (size_t)T * P * 4);
-    s->r.proj_norm = moe__arena_alloc(a, (size_t)T * 4);
-    s->r.emb = moe__arena_alloc(a, (size_t)E * P * 4);
-    s->r.emb_norm = moe__arena_alloc(a, (size_t)E * 4);
+  r->logits = moe__arena_alloc(a, te * 4);
+  r->probs = moe__arena_alloc(a, te * 4);
+  r->lse = moe__arena_alloc(a, (size_t)T * 4);
+  r->order = moe__arena_alloc(a, (size_t)T * 4);
+  p->top_e = moe__arena_alloc(a, tk * 4);
+  r->top_p = moe__arena_alloc(a, tk * 4);
+  p->top_w = moe__arena_alloc(a, tk * 4);
+  p->row = moe__arena_alloc(a, tk * 4);
+  r->fresh = moe__arena_alloc(a, tk * 4);
+  p->counts = moe__arena_alloc(a, (size_t)(E + 1) * 4);
+  p->kept = moe__arena_alloc(a, (size_t)(E + 1) * 4);
+  p->offs = moe__arena_alloc(a, (size_t)(E + 1) * 4);
+  r->fill = moe__arena_alloc(a, (size_t)(E + 1) * 4);
+  r->frac1 = moe__arena_alloc(a, (size_t)(E + 1) * 4);
+  p->cap = moe__arena_alloc(a, (size_t)(E + 1) * 4);
+  r->acc = moe__arena_alloc(a, (size_t)(gate_chunks(T) + 1) * (2 * E + 2) * sizeof(double));
+  if (cfg->router == MOE_ROUTER_COSINE) {
+    r->proj = moe__arena_alloc(a, (size_t)T * P * 4);
+    r->proj_norm = moe__arena_alloc(a, (size_t)T * 4);
+    r->emb = moe__arena_alloc(a, (size_t)E * P * 4);
+    r->emb_norm = moe__arena_alloc(a, (size_t)E * 4);
   }
-  MOE_TRY(s->r.acc && (l->cfg.router != MOE_ROUTER_COSINE || s->r.emb_norm), MOE_ERR_STATE,
+  MOE_TRY(r->acc && (cfg->router != MOE_ROUTER_COSINE || r->emb_norm), MOE_ERR_STATE,
           "internal: router workspace too small");
-  s->r.x = x;
-  s->p.T = T;
-  s->p.k = k;
-  moe__weights_bind(l, l->params, &s->r.w);
-  if (l->cfg.router == MOE_ROUTER_COSINE) {
-    memcpy(s->r.emb, s->r.w.gw, (size_t)E * P * 4);
-    for (int e = 0; e < E; e++) s->r.emb_norm[e] = normalize_row(s->r.emb + (size_t)e * P, P);
+  p->T = T;
+  p->k = k;
+  if (cfg->router == MOE_ROUTER_COSINE) {
+    memcpy(r->emb, w->gw, (size_t)E * P * 4);
+    for (int e = 0; e < E; e++) r->emb_norm[e] = normalize_row(r->emb + (size_t)e * P, P);
   }
-  s->r.use_cache = l->cached != NULL;
-  if (l->cached) memcpy(s->p.top_e, l->cached, tk * 4); /* the experts are known before the router runs */
-  l->cached = NULL; /* one forward */
+  r->use_cache = cached != NULL;
+  if (cached) memcpy(p->top_e, cached, tk * 4); /* the experts are known before the router runs */
   return MOE_OK;
 }
 
-/* Router chunk c: tokens [c GATE_ROWS, (c + 1) GATE_ROWS) (side work: the layer is the context). */
-static void gate_rows(void *layer, int c) {
-  moe_layer_t *l = layer;
-  moe__layer_state *s = l->st;
-  int E = l->cfg.E, k = s->p.k, t0 = c * GATE_ROWS, t1 = t0 + GATE_ROWS < s->p.T ? t0 + GATE_ROWS : s->p.T;
-  compute_logits(l, &s->r.w, s->r.x, t0, t1 - t0);
-  int norm = l->cfg.normalize_topk < 0 ? k > 1 : l->cfg.normalize_topk;
+/* Router chunk c: tokens [c GATE_ROWS, (c + 1) GATE_ROWS) (side work: the job is the context). */
+static void gate_rows(void *job, int c) {
+  const moe__router_job *j = job;
+  const moe_layer_config *cfg = j->cfg;
+  moe__router *r = j->r;
+  moe__plan *p = j->p;
+  int E = cfg->E, k = p->k, t0 = c * GATE_ROWS, t1 = t0 + GATE_ROWS < p->T ? t0 + GATE_ROWS : p->T;
+  compute_logits(cfg, j->w, j->x, r, t0, t1 - t0);
+  int norm = cfg->normalize_topk < 0 ? k > 1 : cfg->normalize_topk;
   for (int t = t0; t < t1; t++) {
-    const float *prob = s->r.probs + (size_t)t * E;
-    int32_t *te = s->p.top_e + (size_t)t * k, *fr = s->r.fresh + (size_t)t * k;
-    float *tp = s->r.top_p + (size_t)t * k, *tw = s->p.top_w + (size_t)t * k;
-    route_token(s->r.logits + (size_t)t * E, s->r.probs + (size_t)t * E, s->r.lse + t, E, k, fr, tp);
-    if (s->r.use_cache) /* sample-assignment caching: the experts come from the cache, the weights from the gate */
-      for (int j = 0; j < k; j++) tp[j] = prob[te[j]];
+    const float *prob = r->probs + (size_t)t * E;
+    int32_t *te = p->top_e + (size_t)t * k, *fr = r->fresh + (size_t)t * k;
+    float *tp = r->top_p + (size_t)t * k, *tw = p->top_w + (size_t)t * k;
+    route_token(r->logits + (size_t)t * E, r->probs + (size_t)t * E, r->lse + t, E, k, fr, tp);
+    if (r->use_cache) /* sample-assignment caching: the experts come from the cache, the weights from the gate */
+      for (int i = 0; i < k; i++) tp[i] = prob[te[i]];
     else
       memcpy(te, fr, (size_t)k * 4);
     float sum = 0;
-    for (int j = 0; j < k; j++) sum += tp[j];
-    for (int j = 0; j < k; j++) tw[j] = norm ? tp[j] / sum : tp[j];
+    for (int i = 0; i < k; i++) sum += tp[i];
+    for (int i = 0; i < k; i++) tw[i] = norm ? tp[i] / sum : tp[i];
   }
   /* this chunk's loss sums, in token order: prob sums, top-1 counts, -, sum lse^2 */
-  double *acc = s->r.acc + (size_t)(c + 1) * (2 * E + 2);
+  double *acc = r->acc + (size_t)(c + 1) * (2 * E + 2);
   memset(acc, 0, (size_t)(2 * E + 2) * sizeof *acc);
   for (int t = t0; t < t1; t++) {
-    acc[2 * E + 1] += (double)s->r.lse[t] * s->r.lse[t];
-    acc[E + s->p.top_e[(size_t)t * k]] += 1;
-    const float *p = s->r.probs + (size_t)t * E;
-    for (int e = 0; e < E; e++) acc[e] += p[e];
+    acc[2 * E + 1] += (double)r->lse[t] * r->lse[t];
+    acc[E + p->top_e[(size_t)t * k]] += 1;
+    const float *pr = r->probs + (size_t)t * E;
+    for (int e = 0; e < E; e++) acc[e] += pr[e];
   }
 }
 
-moe_status moe__gate_end(moe_layer_t *l) {
-  moe__layer_state *s = l->st;
-  int E = l->cfg.E, E2 = 2 * E + 2, T = s->p.T;
+moe_status moe__router_end(const moe_layer_config *cfg, moe__router *r, const moe__plan *p) {
+  int E = cfg->E, E2 = 2 * E + 2, T = p->T;
   /* the losses from the chunks' sums in chunk order (the bits do not depend on the thread count),
    * summed over the ranks when expert-parallel: the balance loss and the z-loss are over all tokens */
-  double *acc = s->r.acc;
+  double *acc = r->acc;
   memset(acc, 0, (size_t)E2 * sizeof *acc);
   for (int c = 0; c < gate_chunks(T); c++)
     for (int i = 0; i < E2; i++) acc[i] += acc[(size_t)(c + 1) * E2 + i];
   acc[2 * E] = T;
-  if (l->cfg.dist) MOE_CHECK(moe_dist_allreduce(l->cfg.dist, acc, E2));
+  if (cfg->dist) MOE_CHECK(moe_dist_allreduce(cfg->dist, acc, E2));
   double Tg = acc[2 * E], aux = 0;
-  s->r.Tg = Tg;
+  r->Tg = Tg;
   for (int e = 0; e < E; e++) {
-    s->r.frac1[e] = Tg > 0 ? (float)(acc[E + e] / Tg) : 0.0f;
-    aux += Tg > 0 ? acc[e] / Tg * s->r.frac1[e] : 0.0;
+    r->frac1[e] = Tg > 0 ? (float)(acc[E + e] / Tg) : 0.0f;
+    aux += Tg > 0 ? acc[e] / Tg * r->frac1[e] : 0.0;
   }
-  s->r.aux = (float)(E * aux);
-  s->r.z = Tg > 0 ? (float)(acc[2 * E + 1] / Tg) : 0.0f;
+  r->aux = (float)(E * aux);
+  r->z = Tg > 0 ? (float)(acc[2 * E + 1] / Tg) : 0.0f;
   return MOE_OK;
 }
 
-moe__side_work moe__gate_work(moe_layer_t *l) { return (moe__side_work){gate_rows, l, gate_chunks(l->st->p.T)}; }
+moe__side_work moe__router_work(moe__router_job *job) { return (moe__side_work){gate_rows, job, gate_chunks(job->p->T)}; }
 
-moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float dz, float *dx) {
-  moe__layer_state *s = l->st;
-  int T = s->p.T, k = s->p.k, E = l->cfg.E, D = l->cfg.D, P = l->cfg.proj_dim, nt = s->threads;
-  const float *x = s->r.x;
-  moe__arena *a = &s->route;
+moe_status moe__router_backward(const moe_layer_config *cfg, const moe__weights *wp, const moe__weights *gwp,
+                                const float *x, const moe__router *r, const moe__plan *pl, const float *dw,
+                                float daux, float dz, moe__arena *a, int nt, float *dx) {
+  int T = pl->T, k = pl->k, E = cfg->E, D = cfg->D, P = cfg->proj_dim;
+  const moe__weights w = *wp, gw = *gwp;
   float *dl = moe__arena_alloc(a, (size_t)T * E * 4); /* dprobs, then dlogits in place */
   float *dp = NULL, *de = NULL;
-  if (l->cfg.router == MOE_ROUTER_COSINE) {
+  if (cfg->router == MOE_ROUTER_COSINE) {
     dp = moe__arena_alloc(a, (size_t)T * P * 4);
     de = moe__arena_alloc(a, (size_t)E * P * 4);
   }
-  MOE_TRY(dl && (l->cfg.router != MOE_ROUTER_COSINE || de), MOE_ERR_STATE,
+  MOE_TRY(dl && (cfg->router != MOE_ROUTER_COSINE || de), MOE_ERR_STATE,
           "internal: router backward workspace too small");
-  int norm = l->cfg.normalize_topk < 0 ? k > 1 : l->cfg.normalize_topk;
+  int norm = cfg->normalize_topk < 0 ? k > 1 : cfg->normalize_topk;
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int t = 0; t < T; t++) {
     float *g = dl + (size_t)t * E;
-    const float *p = s->r.probs + (size_t)t * E;
-    const float *tp = s->r.top_p + (size_t)t * k, *tw = s->p.top_w + (size_t)t * k, *d = dw + (size_t)t * k;
-    const int32_t *te = s->p.top_e + (size_t)t * k;
-    for (int e = 0; e < E; e++) g[e] = daux * E * s->r.frac1[e] / (float)s->r.Tg;
+    const float *p = r->probs + (size_t)t * E;
+    const float *tp = r->top_p + (size_t)t * k, *tw = pl->top_w + (size_t)t * k, *d = dw + (size_t)t * k;
+    const int32_t *te = pl->top_e + (size_t)t * k;
+    for (int e = 0; e < E; e++) g[e] = daux * E * r->frac1[e] / (float)r->Tg;
     if (norm) { /* w_j = p_j / S: dp_j = (dw_j - sum_i dw_i w_i) / S */
       float S = 0, dot = 0;
       for (int j = 0; j < k; j++) { S += tp[j]; dot += d[j] * tw[j]; }
@@ -236,13 +233,10 @@ moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float
     }
     float dot = 0;
     for (int e = 0; e < E; e++) dot += g[e] * p[e];
-    float zc = dz * 2.0f * s->r.lse[t] / (float)s->r.Tg;
+    float zc = dz * 2.0f * r->lse[t] / (float)r->Tg;
     for (int e = 0; e < E; e++) g[e] = p[e] * (g[e] - dot) + zc * p[e];
   }
-  moe__weights w, gw;
-  moe__weights_bind(l, l->params, &w);
-  moe__weights_bind(l, l->grads, &gw);
-  if (l->cfg.router == MOE_ROUTER_LINEAR) {
+  if (cfg->router == MOE_ROUTER_LINEAR) {
     moe__gemm g[2] = {
         {true, false, E, D, T, 1.0f, 1.0f, dl, E, x, D, gw.gw, D, false},   /* dWg += dl^T x */
         {false, false, T, D, E, 1.0f, 1.0f, dl, E, w.gw, D, dx, D, false},  /* dx += dl Wg */
@@ -256,16 +250,16 @@ moe_status moe__gate_backward(moe_layer_t *l, const float *dw, float daux, float
   float sc = cosine_scale(&w);
   if (w.scale[0] < LOG_MAX_SCALE) { /* d logits / d s = logits while unclamped */
     double acc = 0;
-    for (size_t i = 0; i < (size_t)T * E; i++) acc += (double)dl[i] * s->r.logits[i];
+    for (size_t i = 0; i < (size_t)T * E; i++) acc += (double)dl[i] * r->logits[i];
     gw.scale[0] += (float)acc;
   }
   moe__gemm g[2] = {
-      {false, false, T, P, E, sc, 0.0f, dl, E, s->r.emb, P, dp, P, false},  /* d proj_n = s dl emb_n */
-      {true, false, E, P, T, sc, 0.0f, dl, E, s->r.proj, P, de, P, false},  /* d emb_n = s dl^T proj_n */
+      {false, false, T, P, E, sc, 0.0f, dl, E, r->emb, P, dp, P, false},  /* d proj_n = s dl emb_n */
+      {true, false, E, P, T, sc, 0.0f, dl, E, r->proj, P, de, P, false},  /* d emb_n = s dl^T proj_n */
   };
   moe__gemm_run(g, 2, nt);
-  normalize_rows_backward(dp, s->r.proj, s->r.proj_norm, T, P, nt);
-  normalize_rows_backward(de, s->r.emb, s->r.emb_norm, E, P, nt);
+  normalize_rows_backward(dp, r->proj, r->proj_norm, T, P, nt);
+  normalize_rows_backward(de, r->emb, r->emb_norm, E, P, nt);
   for (size_t i = 0; i < (size_t)E * P; i++) gw.gw[i] += de[i];
   moe__gemm h[2] = {
       {true, false, P, D, T, 1.0f, 1.0f, dp, P, x, D, gw.pw, D, false},   /* dWp += dp^T x */

@@ -4,7 +4,61 @@
 #define MOE_LAYER_STAGES_H
 
 #include "base/arena.h"
+#include "kernels/gemm.h"
 #include "layer/plan.h"
+
+/* The layer's parameters (or their gradients: same layout) by tensor; NULL for tensors the layer lacks. */
+typedef struct {
+  float *gw, *gb;         /* gate.weight (E, D|P), gate.bias (E) */
+  float *pw, *pb, *scale; /* gate.proj.weight (P, D), gate.proj.bias (P), gate.logit_scale (1) */
+  float *w1, *b1;         /* experts.fc1 (E, H, D), (E, H) */
+  float *w2, *b2;         /* experts.fc2 (E, D, H), (E, D) */
+  float *w3;              /* experts.fc3 (E, H, D) */
+} moe__weights;
+
+/* router.c: the router's forward cache, kept for its backward. */
+typedef struct {
+  float *logits;    /* (T, E) */
+  float *probs;     /* (T, E) */
+  float *lse;       /* (T) logsumexp of the logits */
+  float *proj;      /* (T, P) cosine: projected tokens, normalized in place */
+  float *proj_norm; /* (T) */
+  float *emb;       /* (E, P) cosine: normalized expert embeddings */
+  float *emb_norm;  /* (E) */
+  float *top_p;     /* (T, k) probability of each slot's expert */
+  int32_t *fresh;   /* (T, k) the router's own top-k (differs from plan.top_e under caching) */
+  int use_cache;    /* plan.top_e came from the layer's cached experts */
+  int32_t *order;   /* (T) placement scratch */
+  int32_t *fill;    /* (E) placement scratch */
+  float *frac1;     /* (E) fraction of tokens whose top-1 is e */
+  double *acc;      /* (chunks + 1, 2 E + 2) the losses' sums: total, then each router chunk's */
+  double Tg;        /* tokens over all ranks */
+  float aux, z;
+} moe__router;
+
+/* The router's rows for one forward, as side work (moe__gemm_run_side): the job is their context. */
+typedef struct {
+  const moe_layer_config *cfg;
+  const moe__weights *w;
+  const float *x; /* (T, D) the forward's input */
+  moe__router *r;
+  moe__plan *p;
+} moe__router_job;
+/* The forward is cut in three so that the router can run alongside the experts when the assignment is
+ * known before it (sample-assignment caching): begin (the router's cache and the plan's arrays from the
+ * route arena for T tokens and k slots; the cached experts, when not NULL, into plan.top_e), the rows in
+ * fixed chunks of tokens (side work: x -> logits, probabilities, plan.top_e and plan.top_w, the chunks'
+ * loss sums), and end (the losses from the chunks' sums, over all ranks). */
+size_t moe__router_bytes(const moe_layer_config *cfg, int T, int k);
+moe_status moe__router_begin(const moe_layer_config *cfg, const moe__weights *w, int T, int k, const int32_t *cached,
+                             moe__arena *route, moe__router *r, moe__plan *p);
+moe__side_work moe__router_work(moe__router_job *job);
+moe_status moe__router_end(const moe_layer_config *cfg, moe__router *r, const moe__plan *p);
+/* dw (T, k): the gradient of the combine weights; adds the router's weight gradients to gw and its
+ * input gradient to dx (T, D), from the forward's input x. */
+moe_status moe__router_backward(const moe_layer_config *cfg, const moe__weights *w, const moe__weights *gw,
+                                const float *x, const moe__router *r, const moe__plan *p, const float *dw,
+                                float daux, float dz, moe__arena *route, int threads, float *dx);
 
 /* placement.c: capacity and slot-major placement of the view's tokens (plan.counts: this process's
  * assignments per expert): fills the plan's C, cap, row, kept, offs, dropped and rows. ecap: DynaMoE's
