@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "compare.h"
-#include "layer/layer_internal.h" /* the plan, for the inner layers' rows */
+#include "layer/plugins.h" /* the plan, for the inner layers' rows */
 #include "test.h"
 
 enum { HD = 8, HH = 16, HE = 4, HT = 41 };
@@ -50,7 +50,7 @@ static int run_hier(const hier_cfg *h, const float *x, const float *dy, int T, h
   out->empty = st.expert_counts ? st.expert_counts[0] == 0 : -1;
   out->pipeline = st.pipeline;
   out->own_rows = 1;
-  for (int e = 0; ok && e < c.E; e++) out->own_rows &= l.inner[e].st->p.T == l.st->p.kept[e];
+  for (int e = 0; ok && e < c.E; e++) out->own_rows &= moe__layer_inspect(&l.inner[e]).plan->T == moe__layer_inspect(&l).plan->kept[e];
   ok = ok && moe_layer_backward(&l, dy, 0.5f, 0.25f, NULL, NULL, out->dx) == MOE_OK;
   if (!ok) fprintf(stderr, "  n=%d %s: %s\n", h->n, moe_reuse_name(h->reuse), moe_last_error());
   out->numel = l.numel, out->inner_numel = l.inner[0].numel;

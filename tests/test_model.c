@@ -6,7 +6,7 @@
  *    along a random unit direction and on a few single elements (of experts that got tokens), with
  *    central differences (eps 1e-3). Routing is discontinuous: every perturbed forward must keep each
  *    block's expert of every slot, its expert counts and the drops (and each inner layer's, read from
- *    layer_internal.h), otherwise the test fails saying so. Biases and norm weights are randomized so
+ *    plugins.h), otherwise the test fails saying so. Biases and norm weights are randomized so
  *    that every gradient is exercised, and every tensor's gradient must be nonzero somewhere.
  *    MOE_GRADCHECK_VERBOSE=1 prints the worst errors.
  *  - model_forward_*: the loss, accuracy and predictions on a head with known logits; out-of-range
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 
 #include "fdcheck.h"
-#include "layer/layer_internal.h" /* the inner layers' routing plans, to guard the hierarchical checks */
+#include "layer/plugins.h" /* the inner layers' routing plans, to guard the hierarchical checks */
 #include "test.h"
 
 /* ---------------------------------------------------------------- random parameters */
@@ -95,7 +95,7 @@ static void mg_record_routing(mg_ctx *g, const moe_model_stats *st) {
     memcpy(g->experts0[b], ls->experts, sizeof g->experts0[b]);
     const moe_layer_t *l = &g->m.layers[b];
     for (int e = 0; l->inner && e < MG_E; e++) {
-      const moe__plan *is = &l->inner[e].st->p;
+      const moe__plan *is = moe__layer_inspect(&l->inner[e]).plan;
       g->inner_T0[b][e] = is->T;
       g->inner_k0[b][e] = is->k;
       g->inner_dropped0[b][e] = is->dropped;
@@ -137,7 +137,7 @@ static int mg_loss(void *ctx, double *F, const char *what) {
       }
     const moe_layer_t *l = &g->m.layers[b];
     for (int e = 0; l->inner && e < MG_E; e++) {
-      const moe__plan *is = &l->inner[e].st->p;
+      const moe__plan *is = moe__layer_inspect(&l->inner[e]).plan;
       int same = is->T == g->inner_T0[b][e] && is->k == g->inner_k0[b][e] && is->dropped == g->inner_dropped0[b][e];
       same = same && is->T * is->k <= MG_B * MG_K * MG_E;
       for (int a = 0; same && a < is->T * is->k; a++) same = is->top_e[a] == g->inner_top0[b][e][a];

@@ -9,7 +9,7 @@
 
 #include "compare.h"
 #include "adapt/pipe_model.h"
-#include "layer/layer_internal.h" /* the plan's micro-batches, for the workspace check */
+#include "layer/plugins.h" /* the plan's micro-batches, for the workspace check */
 #include "run_cli.h"
 #include "synth.h"
 #include "test.h"
@@ -127,7 +127,7 @@ TEST(pipeline_s4_keeps_one_micro_batch) {
     ASSERT_OK(moe_layer_init(&l, &cfg));
     moe_layer_init_params(&l, 9);
     ASSERT_OK(moe_layer_forward(&l, x, TMAX, y, NULL, NULL));
-    const moe__plan *p = &l.st->p;
+    const moe__plan *p = moe__layer_inspect(&l).plan;
     ASSERT_EQ_INT(p->n, 4);
     ASSERT_EQ_INT(p->grows, TMAX * 2);
     int rows = 0, largest = 0;
@@ -152,7 +152,7 @@ TEST(pipeline_s4_keeps_one_micro_batch) {
     moe__pools pools;
     ASSERT_OK(moe__pipe_pools((size_t)p->grows, (size_t)p->mb_rows, D, H, p->n,
                               r == MOE_REUSE_S4 ? MOE__REUSE_S4 : MOE__REUSE_NONE, 4, &pools));
-    ASSERT_EQ_INT((char *)l.st->f.h - (char *)l.st->f.a1, 2 * ((pools.m + 63) & ~(size_t)63));
+    ASSERT_EQ_INT((char *)moe__layer_inspect(&l).ffn->h - (char *)moe__layer_inspect(&l).ffn->a1, 2 * ((pools.m + 63) & ~(size_t)63));
     peak[r] = moe_layer_peak_bytes(&l);
     moe_layer_free(&l);
   }
@@ -297,7 +297,7 @@ TEST(pipeline_reuse_auto_fits_budget) {
     moe_layer_t l;
     ASSERT_OK(moe_layer_init(&l, &cfg));
     ASSERT_OK(moe_layer_forward(&l, x, TMAX, o.y, NULL, NULL));
-    peak[i] = l.st->route.cap + l.st->work.cap;
+    peak[i] = moe__layer_inspect(&l).route_cap + moe__layer_inspect(&l).work_cap;
     moe_layer_free(&l);
   }
   ASSERT(peak[1] < peak[0]);
@@ -319,7 +319,7 @@ TEST(pipeline_reuse_auto_fits_budget) {
         FAIL_("budget %zu, step %d (%s): the outputs differ from n = 1", cases[c].budget, step,
               moe_reuse_name(st.memory_reuse));
     }
-    ASSERT(l.st->route.cap + l.st->work.cap <= (cases[c].want == MOE_REUSE_S4 ? peak[1] : cases[c].budget));
+    ASSERT(moe__layer_inspect(&l).route_cap + moe__layer_inspect(&l).work_cap <= (cases[c].want == MOE_REUSE_S4 ? peak[1] : cases[c].budget));
     moe_layer_free(&l);
   }
   cfg.memory_budget = 0;

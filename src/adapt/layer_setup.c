@@ -11,25 +11,31 @@
 #include "dist/dist.h"
 #include "shard/shard.h"
 
+/* The policy's state: the dictionary, when anything is adaptive, and the last forward's micro-batches. */
+typedef struct {
+  moe__auto_pipe *ap;
+  int n;
+} setup_self;
+
 enum { SEARCH_R = 1, SEARCH_N = 2, SEARCH_A = 4 };
 
 /* What the dictionary chooses now, and the fixed n its trials run (moe_layer_set_parallel_r and
  * moe_layer_set_pipeline may change them between steps); 0: nothing adaptive. */
 static unsigned space_of(const moe_layer_t *l) {
-  const moe__shard *sh = l->st->sh;
+  const moe__shard *sh = moe__shard_of(l);
   unsigned s = (sh && sh->r == MOE_PARALLEL_AUTO ? SEARCH_R : 0) | (!l->cfg.pipeline ? SEARCH_N : 0) |
                (l->cfg.a2a_auto ? SEARCH_A : 0);
   return s ? s | (unsigned)l->cfg.pipeline << 3 : 0;
 }
 
-static moe_status make(moe_layer_t *l, unsigned space) {
+static moe_status make(setup_self *o, const moe_layer_t *l, unsigned space) {
   const moe_dist *d = l->cfg.dist;
   int W = moe_dist_size(d), E = l->cfg.E, deg[MOE__SETUP_MAX_DEG], nd = 0, nodes, na = 1;
   moe_a2a now;
   int G = moe__dist_a2a_grid(d, &nodes, &now);
   moe__a2a algo[2] = {(moe__a2a)now, MOE__A2A_2DH};
   char a_why[128] = "";
-  int cuts = l->st->sh ? E : E / W; /* micro-batches are cut between experts: local ones, or (sharded) all */
+  int cuts = moe__shard_of(l) ? E : E / W; /* micro-batches are cut between experts: local ones, or (sharded) all */
   if (!(space & SEARCH_N)) deg[nd++] = l->cfg.pipeline;
   else
     for (int n = 1; n <= MOE__AUTO_MAX_N && (n == 1 || n <= cuts); n *= 2) deg[nd++] = n;
@@ -50,56 +56,87 @@ static moe_status make(moe_layer_t *l, unsigned space) {
   }
   a->space = space;
   snprintf(a->note, sizeof a->note, "%s", a_why);
-  l->st->ap = a;
+  o->ap = a;
   return MOE_OK;
 }
 
-void moe__layer_setup_free(moe_layer_t *l) {
-  if (!l->st->ap) return;
-  moe__auto_pipe_free(l->st->ap);
-  free(l->st->ap);
-  l->st->ap = NULL;
+static void drop(setup_self *o) {
+  if (!o->ap) return;
+  moe__auto_pipe_free(o->ap);
+  free(o->ap);
+  o->ap = NULL;
 }
 
-moe_status moe__layer_setup_begin(moe_layer_t *l) {
-  moe__layer_state *s = l->st;
+static moe_status setup_init(const moe_layer_t *l, void **self) {
+  (void)l;
+  *self = calloc(1, sizeof(setup_self));
+  MOE_TRY(*self, MOE_ERR_NOMEM, "moe_layer_init: out of memory");
+  return MOE_OK;
+}
+
+static void setup_free(void *self) {
+  if (self) drop(self);
+  free(self);
+}
+
+static moe_status setup_begin(void *self, const moe_layer_t *l) {
+  setup_self *o = self;
   unsigned space = space_of(l);
-  if (s->ap && s->ap->space != space) moe__layer_setup_free(l); /* another search: another dictionary */
+  if (o->ap && o->ap->space != space) drop(o); /* another search: another dictionary */
   if (!space) return MOE_OK;
-  if (!s->ap) return make(l, space);
-  if (!s->ap->trial) return MOE_OK;
-  double t = s->ap->acc; /* the trial step's seconds, summed over the ranks: every dictionary alike */
+  if (!o->ap) return make(o, l, space);
+  if (!o->ap->trial) return MOE_OK;
+  double t = o->ap->acc; /* the trial step's seconds, summed over the ranks: every dictionary alike */
   if (l->cfg.dist) MOE_CHECK(moe_dist_allreduce(l->cfg.dist, &t, 1));
-  return moe__auto_pipe_record(s->ap, t / moe_dist_size(l->cfg.dist));
+  return moe__auto_pipe_record(o->ap, t / moe_dist_size(l->cfg.dist));
 }
 
-moe_status moe__layer_setup_pick(moe_layer_t *l, int *n) {
-  moe__auto_pipe *a = l->st->ap;
-  if (!a) return MOE_OK;
-  moe__setup s;
-  MOE_CHECK(moe__auto_pipe_pick(a, (size_t)l->st->p.C, &s));
-  if (!l->cfg.pipeline) *n = s.d;
-  return moe__layer_setup_a2a(l);
-}
-
-moe_status moe__layer_setup_a2a(moe_layer_t *l) {
-  const moe__auto_pipe *a = l->st->ap;
+static moe_status setup_a2a(void *self, const moe_layer_t *l) {
+  const moe__auto_pipe *a = ((setup_self *)self)->ap;
   return a && a->space & SEARCH_A ? moe__dist_a2a_use(l->cfg.dist, (moe_a2a)a->now.a) : MOE_OK;
 }
 
-void moe__layer_setup_time(moe_layer_t *l, double t0) {
-  if (l->st->ap && l->st->ap->trial) l->st->ap->acc += moe__now() - t0;
+static moe_status setup_pick(void *self, const moe_layer_t *l, const moe__plan *p, int *n, int *r) {
+  setup_self *o = self;
+  moe__auto_pipe *a = o->ap;
+  *r = -1;
+  if (!a) return MOE_OK;
+  moe__setup s;
+  MOE_CHECK(moe__auto_pipe_pick(a, (size_t)p->C, &s));
+  if (!l->cfg.pipeline) *n = s.d;
+  *r = a->now.r;
+  o->n = *n;
+  return setup_a2a(self, l);
+}
+
+static void setup_time(void *self, double t0) {
+  moe__auto_pipe *a = ((setup_self *)self)->ap;
+  if (a && a->trial) a->acc += moe__now() - t0;
+}
+
+static int setup_trial(const void *self) {
+  const moe__auto_pipe *a = ((const setup_self *)self)->ap;
+  return a && a->trial;
+}
+
+const moe__policy moe__policy_setup = {setup_init, setup_free, setup_begin, setup_pick, setup_a2a, setup_time,
+                                       setup_trial};
+
+int moe__layer_setup_trial(const moe_layer_t *l) {
+  const setup_self *o = moe__layer_policy(l);
+  return o && setup_trial(o);
 }
 
 int moe_layer_setup(const moe_layer_t *l, moe_layer_setup_info *out) {
   *out = (moe_layer_setup_info){.note = ""};
-  const moe__auto_pipe *a = l && l->st ? l->st->ap : NULL;
+  const setup_self *o = l ? moe__layer_policy(l) : NULL;
+  const moe__auto_pipe *a = o ? o->ap : NULL;
   if (!a) return 0;
   int nodes;
   moe_a2a now;
   moe__dist_a2a_grid(l->cfg.dist, &nodes, &now);
   *out = (moe_layer_setup_info){.capacity = (int)a->capacity, .key = (int)a->key, .window = (int)a->dict.window,
-                                .r = moe_layer_parallel_r(l), .n = l->st->p.n, .a2a = now, .trial = a->trial,
+                                .r = moe_layer_parallel_r(l), .n = o->n, .a2a = now, .trial = a->trial,
                                 .searched = (int)(a->space & 7), .trials = a->measured, .entries = (int)a->dict.map.len,
                                 .bound = moe__setup_dict_bound(&a->dict), .note = a->note};
   return 1;

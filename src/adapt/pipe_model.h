@@ -241,14 +241,4 @@ moe_status moe__auto_pipe_pick(moe__auto_pipe *a, size_t capacity, moe__setup *s
 moe_status moe__auto_pipe_record(moe__auto_pipe *a, double seconds);
 void moe__auto_pipe_free(moe__auto_pipe *a);
 
-/* The layer's side (layer_setup.c): begin at a forward's start (the dictionary made or remade when
- * what is adaptive changed, a trial step's cost recorded); pick after routing (the setup, n when
- * pipeline is 0, the all-to-all switched); a2a at backward's start (the forward's algorithm again: the
- * dist is shared); time adds a call's seconds since t0 to a trial step. */
-moe_status moe__layer_setup_begin(moe_layer_t *l);
-moe_status moe__layer_setup_pick(moe_layer_t *l, int *n);
-moe_status moe__layer_setup_a2a(moe_layer_t *l);
-void moe__layer_setup_time(moe_layer_t *l, double t0);
-void moe__layer_setup_free(moe_layer_t *l);
-
 #endif

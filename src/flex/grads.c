@@ -28,7 +28,7 @@ void moe__flex_comms_free(moe__flex_comms *c) {
 
 /* The communicators of t's sets and the buffer of this rank's largest (per: one expert's gradient floats). */
 static moe_status make(const moe_layer_t *l, size_t per, moe__flex_comms **out) {
-  const moe__flex_layer *f = l->st->flex;
+  const moe__flex_layer *f = moe__flex_of(l);
   const moe__flex_table *t = &f->t;
   size_t S = (size_t)t->W * t->Ev, E = (size_t)t->E;
   moe__flex_comms *c = calloc(1, sizeof *c);
@@ -77,7 +77,7 @@ static size_t pack(const moe_layer_t *l, const moe__flex_rows *r, const moe__fle
 /* The gradients of the experts held by several ranks, summed over their holders so that every holder
  * applies the same update (training is the run without replicas). */
 moe_status moe__flex_reduce_grads(moe_layer_t *l) {
-  moe__flex_layer *f = l->st->flex;
+  moe__flex_layer *f = moe__flex_of(l);
   moe__flex_rows r;
   moe__flex_rows_of_layer(l, &r);
   size_t per = 0;

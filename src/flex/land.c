@@ -58,7 +58,7 @@ static int needs(const moe__flex_table *nt, const moe__flex_table *ot, int e, in
  * moments), then each rank's rows laid out anew: its old row where it held the expert already, the
  * received one otherwise, zeros past its experts (which AdamW leaves at zero). */
 moe_status moe__flex_land(moe_layer_t *l, const moe__flex_rows *rows, const int *slots, double *bytes) {
-  moe__flex_layer *f = l->st->flex;
+  moe__flex_layer *f = moe__flex_of(l);
   moe__flex_table nt = {0}, *ot = &f->t;
   MOE_CHECK(moe__flex_table_clone(&nt, ot));
   moe__flex_table_set_slots(&nt, slots);
@@ -122,10 +122,10 @@ void moe__flex_rows_of_layer(moe_layer_t *l, moe__flex_rows *r) {
 
 moe_status moe_layer_flex_rebalance(moe_layer_t *l, const moe_flex_env *env, double threshold, int horizon,
                                     moe_flex_step *out) {
-  MOE_TRY(l && l->st && env && out, MOE_ERR_ARG, "moe_layer_flex_rebalance: NULL argument");
-  MOE_TRY(l->st->flex, MOE_ERR_ARG, "moe_layer_flex_rebalance: the layer has no replica slots");
+  MOE_TRY(l && env && out, MOE_ERR_ARG, "moe_layer_flex_rebalance: NULL argument");
+  MOE_TRY(moe__flex_of(l), MOE_ERR_ARG, "moe_layer_flex_rebalance: the layer has no replica slots");
   MOE_CHECK(moe__flex_check_env(env));
-  moe__flex_layer *f = l->st->flex;
+  moe__flex_layer *f = moe__flex_of(l);
   moe__flex_env e = moe__flex_env_of(env);
   moe__flex_policy pol = moe__flex_policy_default();
   pol.threshold = threshold;

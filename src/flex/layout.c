@@ -8,10 +8,10 @@
 #include "flex/wire.h"
 
 moe_status moe__flex_layout_write(const moe_model_t *m, char *buf, size_t n) {
-  const moe__flex_table *t0 = &m->layers[0].st->flex->t;
+  const moe__flex_table *t0 = &moe__flex_of(&m->layers[0])->t;
   size_t at = (size_t)snprintf(buf, n, "%dx%d:", t0->W, t0->Ev);
   for (int b = 0; b < m->cfg.blocks && at < n; b++) {
-    const moe__flex_table *t = &m->layers[b].st->flex->t;
+    const moe__flex_table *t = &moe__flex_of(&m->layers[b])->t;
     for (int i = 0; i < t->W * t->Ev && at < n; i++)
       at += (size_t)snprintf(buf + at, n - at, "%s%d", i ? "," : b ? "/" : "", t->slot[i]);
   }
@@ -21,7 +21,7 @@ moe_status moe__flex_layout_write(const moe_model_t *m, char *buf, size_t n) {
 }
 
 moe_status moe__flex_layout_read(moe_model_t *m, const char *s, const char *what) {
-  moe__flex_table *t0 = &m->layers[0].st->flex->t;
+  moe__flex_table *t0 = &moe__flex_of(&m->layers[0])->t;
   int W = 0, Ev = 0, at = 0;
   MOE_TRY(sscanf(s, "%dx%d:%n", &W, &Ev, &at) == 2 && at > 0, MOE_ERR_FORMAT,
           "%s: replica placement '%.40s' does not start with WxE_v:", what, s);
@@ -42,7 +42,7 @@ moe_status moe__flex_layout_read(moe_model_t *m, const char *s, const char *what
       slots[i] = (int)v;
       p = end + (want != 0);
     }
-    moe__flex_layer *f = m->layers[b].st->flex;
+    moe__flex_layer *f = moe__flex_of(&m->layers[b]);
     if (st == MOE_OK) moe__flex_table_set_slots(&f->t, slots);
     if (st == MOE_OK && (st = moe__flex_table_check(&f->t)) != MOE_OK) {
       char why[256];

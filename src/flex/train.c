@@ -41,7 +41,7 @@ static void book_balance(moe_flex_trainer *t, const moe_model_t *m) {
   for (int b = 0; b < t->L; b++) {
     const moe_layer_stats *ls = moe_model_layer_stats(m, b);
     for (int e = 0; e < t->E; e++) Ie[e] = ls->expert_counts[e];
-    with += moe__flex_balance(&m->layers[b].st->flex->t, Ie) / t->L;
+    with += moe__flex_balance(&moe__flex_of(&m->layers[b])->t, Ie) / t->L;
     without += moe__flex_balance(&t->blocks[b], Ie) / t->L;
   }
   free(Ie);
@@ -139,7 +139,7 @@ moe_status moe_flex_trainer_new(moe_flex_trainer **out, moe_model_t *m, double t
                                 int delta_launch, const char *ops) {
   MOE_TRY(out && m, MOE_ERR_ARG, "moe_flex_trainer_new: NULL argument");
   const moe_layer_config *c = &m->cfg.moe;
-  MOE_TRY(c->dist && c->replica_slots > 0 && m->layers[0].st->flex, MOE_ERR_ARG,
+  MOE_TRY(c->dist && c->replica_slots > 0 && moe__flex_of(&m->layers[0]), MOE_ERR_ARG,
           "replicas: the model's layers have no replica slots (replica_slots = 0 or one process)");
   MOE_TRY(threshold >= 1, MOE_ERR_ARG, "replicas: balance threshold %g is below 1", threshold);
   moe_flex_trainer *t = calloc(1, sizeof *t);
@@ -157,7 +157,7 @@ moe_status moe_flex_trainer_new(moe_flex_trainer **out, moe_model_t *m, double t
   moe_status st = t->decided && t->blocks && t->metrics && t->agree
                       ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "replicas: tables of %d blocks", t->L);
   for (int b = 0; st == MOE_OK && b < t->L; b++) {
-    st = moe__flex_table_clone(&t->decided[b], &m->layers[b].st->flex->t);
+    st = moe__flex_table_clone(&t->decided[b], &moe__flex_of(&m->layers[b])->t);
     if (st == MOE_OK) st = moe__flex_table_init(&t->blocks[b], t->W, c->E / t->W, c->E, 0);
   }
   if (st == MOE_OK) st = parse_forced(t, ops);
@@ -193,7 +193,7 @@ static moe_status land_forced(moe_flex_trainer *t, moe_model_t *m, moe_optim_t *
     for (int b = 0; b < t->L; b++) {
       moe__flex_table nt = {0};
       moe__flex_xfers x = {0};
-      MOE_CHECK(moe__flex_table_clone(&nt, &m->layers[b].st->flex->t));
+      MOE_CHECK(moe__flex_table_clone(&nt, &moe__flex_of(&m->layers[b])->t));
       moe_status st = moe__flex_apply(&nt, &t->forced[i], &x);
       if (st == MOE_OK) st = land(t, m, o, b, nt.slot);
       moe__flex_xfers_free(&x);
@@ -236,7 +236,7 @@ moe_status moe_flex_trainer_push(moe_flex_trainer *t, const moe_model_t *m, int6
   if (t->nforced) return MOE_OK;
   size_t WE = (size_t)t->W * t->E;
   for (int b = 0; b < t->L; b++)
-    for (size_t i = 0; i < WE; i++) t->metrics[(size_t)b * WE + i] = (int32_t)m->layers[b].st->flex->Isrc[i];
+    for (size_t i = 0; i < WE; i++) t->metrics[(size_t)b * WE + i] = (int32_t)moe__flex_of(&m->layers[b])->Isrc[i];
   int n = t->L * t->W * t->E > t->payload ? t->L * t->W * t->E : t->payload;
   moe_metrics mt = {.iter = step, .loss = loss, .experts = n, .counts = t->metrics};
   return moe_recompile_push(t->rc, &mt);

@@ -18,21 +18,21 @@ void moe__flex_layer_sync_held(moe__flex_layer *f) {
     if (moe__flex_count(&f->t, e, f->me)) f->held[f->nh++] = e;
 }
 
-void moe__flex_layer_free(moe_layer_t *l) {
-  moe__flex_layer *f = l->st->flex;
+static void flex_free(void *self) {
+  moe__flex_layer *f = self;
   if (!f) return;
   moe__flex_table_free(&f->t);
   moe__flex_comms_free(f->comms);
   free(f->held), free(f->Isrc), free(f->r), free(f->gather);
   free(f);
-  l->st->flex = NULL;
 }
 
-moe_status moe__flex_layer_init(moe_layer_t *l) {
+/* The initial placement: each rank's own block of experts. */
+static moe_status flex_init(const moe_layer_t *l, void **self) {
   int W = moe_dist_size(l->cfg.dist), E = l->cfg.E, Ev = l->cfg.replica_slots;
   moe__flex_layer *f = calloc(1, sizeof *f);
   MOE_TRY(f, MOE_ERR_NOMEM, "replicas: out of memory");
-  l->st->flex = f;
+  *self = f; /* the layer frees it, whatever follows */
   f->W = W;
   f->me = moe_dist_rank(l->cfg.dist);
   MOE_CHECK(moe__flex_table_init(&f->t, W, Ev, E, 3 * 4 * moe__flex_expert_floats(&l->cfg))); /* + AdamW's moments */
@@ -52,28 +52,29 @@ size_t moe__flex_expert_floats(const moe_layer_config *c) {
 }
 
 int moe__flex_row(const moe_layer_t *l, int e) {
-  const moe__flex_layer *f = l->st->flex;
+  const moe__flex_layer *f = moe__flex_of(l);
   for (int j = 0; j < f->nh; j++)
     if (f->held[j] == e) return j;
   return -1;
 }
 
-static moe_status flex_begin(moe_layer_t *l, int T, size_t *route_bytes) {
-  (void)T;
-  *route_bytes = moe__ep_route_bytes(l);
+static moe_status flex_begin(void *self, const moe__env *env, int T, size_t *route_bytes) {
+  (void)self, (void)T;
+  *route_bytes = moe__ep_route_bytes(&env->l->cfg);
   return MOE_OK;
 }
 
 /* The W x E counts, all-gathered (a sum of rows that each rank fills its own of), and the counts over
  * all ranks from them: one collective for both. */
-static moe_status flex_view(moe_layer_t *l, moe__view *v) {
-  moe__flex_layer *f = l->st->flex;
-  int W = f->W, E = l->cfg.E;
-  int32_t *counts = moe__arena_alloc(&l->st->route, (size_t)E * 4);
+static moe_status flex_view(void *self, const moe__env *env, const moe__plan *p, moe__view *v) {
+  (void)p;
+  moe__flex_layer *f = self;
+  int W = f->W, E = env->l->cfg.E;
+  int32_t *counts = moe__arena_alloc(env->route, (size_t)E * 4);
   MOE_TRY(counts, MOE_ERR_STATE, "internal: routing workspace too small");
   memset(f->gather, 0, sizeof *f->gather * (size_t)W * E);
   for (int e = 0; e < E; e++) f->gather[(size_t)f->me * E + e] = v->counts[e];
-  MOE_CHECK(moe_dist_allreduce(l->cfg.dist, f->gather, W * E));
+  MOE_CHECK(moe_dist_allreduce(env->l->cfg.dist, f->gather, W * E));
   for (int e = 0; e < E; e++) {
     double n = 0;
     for (int g = 0; g < W; g++) n += f->Isrc[(size_t)g * E + e] = (int64_t)f->gather[(size_t)g * E + e];
@@ -85,11 +86,9 @@ static moe_status flex_view(moe_layer_t *l, moe__view *v) {
 
 /* The routing, the exchange's counts and the groups: the experts this rank holds, each with the rows
  * every rank sends it, sources in rank order. */
-static moe_status flex_groups(moe_layer_t *l) {
-  moe__layer_state *s = l->st;
-  moe__flex_layer *f = s->flex;
-  moe__plan *p = &s->p;
-  int W = f->W, E = l->cfg.E, me = f->me;
+static moe_status flex_groups(void *self, const moe__env *env, moe__plan *p) {
+  moe__flex_layer *f = self;
+  int W = f->W, E = env->l->cfg.E, me = f->me;
   for (int e = 0; e < E; e++) /* dynamic dispatch keeps every row: the gathered counts are the rows */
     MOE_TRY(p->kept[e] == f->Isrc[(size_t)me * E + e], MOE_ERR_STATE,
             "internal: replicas: expert %d has %d rows on rank %d, its count says %lld", e, p->kept[e], me,
@@ -103,7 +102,7 @@ static moe_status flex_groups(moe_layer_t *l) {
     at += sc[h];
   }
   p->ng = f->nh;
-  p->goffs = moe__arena_alloc(&s->route, (size_t)(f->nh + 1) * 4);
+  p->goffs = moe__arena_alloc(env->route, (size_t)(f->nh + 1) * 4);
   MOE_TRY(p->goffs, MOE_ERR_STATE, "internal: routing workspace too small");
   p->goffs[0] = 0;
   for (int j = 0; j < f->nh; j++) {
@@ -121,19 +120,17 @@ static moe_status flex_groups(moe_layer_t *l) {
   return MOE_OK;
 }
 
-static size_t flex_work_bytes(const moe_layer_t *l) {
-  size_t R = (size_t)l->st->p.grows, rows = (size_t)l->st->p.rows, D = (size_t)l->cfg.D;
+static size_t flex_work_bytes(void *self, const moe__env *env, const moe__plan *p) {
+  (void)self;
+  size_t R = (size_t)p->grows, rows = (size_t)p->rows, D = (size_t)env->l->cfg.D;
   return moe__arena_size(rows * 4) + moe__arena_size(R * 4) + moe__arena_size(rows * D * 4) +
          4 * moe__arena_size(R * D * 4); /* sperm, rperm, sbuf, xr, gx, gout, gdx */
 }
 
 /* sperm: each dispatch row's place in the send staging; rperm: each expert-major row's place in the
  * receive staging. */
-static void flex_perms(moe_layer_t *l) {
-  moe__layer_state *s = l->st;
-  moe__flex_layer *f = s->flex;
-  const moe__plan *p = &s->p;
-  int W = f->W, E = l->cfg.E, me = f->me;
+static void flex_perms(moe__flex_layer *f, int E, const moe__plan *p) {
+  int W = f->W, me = f->me;
   const int *sd = f->cnt + W, *rd = f->cnt + 3 * W;
   int at[MOE__FLEX_MAX_RANKS];
   for (int h = 0; h < W; h++) at[h] = sd[h];
@@ -154,41 +151,38 @@ static void flex_perms(moe_layer_t *l) {
     }
 }
 
-static moe_status flex_alloc(moe_layer_t *l) {
-  moe__layer_state *s = l->st;
-  moe__flex_layer *f = s->flex;
-  size_t D = (size_t)l->cfg.D, R = (size_t)s->p.grows, rows = (size_t)s->p.rows;
-  moe__arena *a = &s->work;
+static moe_status flex_alloc(void *self, const moe__env *env, const moe__plan *p, moe__expert_bufs *b) {
+  moe__flex_layer *f = self;
+  size_t D = (size_t)env->l->cfg.D, R = (size_t)p->grows, rows = (size_t)p->rows;
+  moe__arena *a = env->work;
   f->sperm = moe__arena_alloc(a, rows * 4);
   f->rperm = moe__arena_alloc(a, R * 4);
   f->sbuf = moe__arena_alloc(a, rows * D * 4);
-  s->xr = moe__arena_alloc(a, R * D * 4);
-  s->gx = moe__arena_alloc(a, R * D * 4);
-  s->gout = moe__arena_alloc(a, R * D * 4);
-  s->gdx = moe__arena_alloc(a, R * D * 4);
+  f->xr = moe__arena_alloc(a, R * D * 4);
+  b->gx = moe__arena_alloc(a, R * D * 4);
+  b->gout = moe__arena_alloc(a, R * D * 4);
+  b->gdx = moe__arena_alloc(a, R * D * 4);
   MOE_TRY((f->sperm && f->sbuf) || rows == 0, MOE_ERR_STATE, "internal: exchange workspace too small");
-  MOE_TRY((f->rperm && s->gdx) || R == 0, MOE_ERR_STATE, "internal: exchange workspace too small");
-  flex_perms(l);
+  MOE_TRY((f->rperm && b->gdx) || R == 0, MOE_ERR_STATE, "internal: exchange workspace too small");
+  flex_perms(f, env->l->cfg.E, p);
   return MOE_OK;
 }
 
 /* The exchange (reverse: the way back), its bytes and time booked. */
-static moe_status exchange(moe_layer_t *l, int reverse, const float *send, float *recv) {
-  moe__flex_layer *f = l->st->flex;
-  int W = f->W, D = l->cfg.D;
+static moe_status exchange(moe__flex_layer *f, const moe__env *env, int reverse, const float *send, float *recv) {
+  int W = f->W, D = env->l->cfg.D;
   const int *c = f->cnt, *sc = c + (reverse ? 2 : 0) * W, *sd = c + (reverse ? 3 : 1) * W;
   const int *rc = c + (reverse ? 0 : 2) * W, *rd = c + (reverse ? 1 : 3) * W;
   double t0 = moe__now(), sent = 0;
   for (int q = 0; q < W; q++) sent += q == f->me ? 0 : 4.0 * D * sc[q];
-  MOE_CHECK(moe__dist_alltoallv_rows(l->cfg.dist, send, sc, sd, recv, rc, rd, D));
-  moe__ep_book(l, t0, sent);
+  MOE_CHECK(moe__dist_alltoallv_rows(env->l->cfg.dist, send, sc, sd, recv, rc, rd, D));
+  moe__ep_book(env, t0, sent);
   return MOE_OK;
 }
 
 /* dst[perm[r]] = src[r] (scatter) or dst[r] = src[perm[r]] for n rows of D floats. */
-static void permute_rows(const moe__layer_state *s, int n, int D, const int32_t *perm, int scatter, const float *src,
-                         float *dst) {
-#pragma omp parallel for num_threads(s->threads) schedule(static)
+static void permute_rows(int threads, int n, int D, const int32_t *perm, int scatter, const float *src, float *dst) {
+#pragma omp parallel for num_threads(threads) schedule(static)
   for (int r = 0; r < n; r++) {
     size_t a = (size_t)(scatter ? perm[r] : r) * D, b = (size_t)(scatter ? r : perm[r]) * D;
     memcpy(dst + a, src + b, (size_t)D * 4);
@@ -197,27 +191,27 @@ static void permute_rows(const moe__layer_state *s, int n, int D, const int32_t 
 
 /* Rows to the replicas (reverse 0: dispatch rows in, expert-major rows out; staged destination-major,
  * exchanged, reordered expert-major) or back (reverse 1: the mirror image). */
-static moe_status through(moe_layer_t *l, int reverse, const float *in, float *out) {
-  moe__layer_state *s = l->st;
-  moe__flex_layer *f = s->flex;
-  int D = l->cfg.D, n = s->p.rows, R = s->p.grows;
-  float *stage_in = reverse ? s->xr : f->sbuf, *stage_out = reverse ? f->sbuf : s->xr;
-  permute_rows(s, reverse ? R : n, D, reverse ? f->rperm : f->sperm, 1, in, stage_in);
-  MOE_CHECK(exchange(l, reverse, stage_in, stage_out));
-  permute_rows(s, reverse ? n : R, D, reverse ? f->sperm : f->rperm, 0, stage_out, out);
+static moe_status through(moe__flex_layer *f, const moe__env *env, const moe__plan *p, int reverse, const float *in,
+                          float *out) {
+  int D = env->l->cfg.D, n = p->rows, R = p->grows;
+  float *stage_in = reverse ? f->xr : f->sbuf, *stage_out = reverse ? f->sbuf : f->xr;
+  permute_rows(env->threads, reverse ? R : n, D, reverse ? f->rperm : f->sperm, 1, in, stage_in);
+  MOE_CHECK(exchange(f, env, reverse, stage_in, stage_out));
+  permute_rows(env->threads, reverse ? n : R, D, reverse ? f->sperm : f->rperm, 0, stage_out, out);
   return MOE_OK;
 }
 
-static moe_status flex_send(moe_layer_t *l, int way, int i, const float *rows, float *g) {
+static moe_status flex_send(void *self, const moe__env *env, const moe__plan *p, int way, int i, const float *rows,
+                            float *g) {
   (void)way, (void)i;
-  return through(l, 0, rows, g);
+  return through(self, env, p, 0, rows, g);
 }
 
-static moe_status flex_recv(moe_layer_t *l, int i, const float *g, float *rows) {
+static moe_status flex_recv(void *self, const moe__env *env, const moe__plan *p, int i, const float *g, float *rows) {
   (void)i;
-  return through(l, 1, g, rows);
+  return through(self, env, p, 1, g, rows);
 }
 
-const moe__transport moe__transport_flex = {"all-to-all-v over replicas", 0, flex_begin, flex_view, flex_groups,
-                                            flex_work_bytes, flex_alloc, flex_send, flex_recv, NULL,
-                                            moe__ep_agree};
+const moe__transport moe__transport_flex = {"all-to-all-v over replicas", 0, flex_init, flex_free, flex_begin,
+                                            flex_view, flex_groups, flex_work_bytes, flex_alloc, flex_send,
+                                            flex_recv, NULL, moe__ep_agree};

@@ -4,7 +4,7 @@
 #define MOE_FLEX_WIRE_H
 
 #include "flex/flex.h"
-#include "layer/layer_internal.h"
+#include "layer/plugins.h"
 
 typedef struct moe__flex_comms moe__flex_comms; /* the replica groups' communicators (grads.c) */
 void moe__flex_comms_free(moe__flex_comms *c);
@@ -20,6 +20,7 @@ typedef struct moe__flex_layer {
   int cnt[4 * MOE__FLEX_MAX_RANKS]; /* send counts, displacements, receive counts, displacements */
   int32_t *sperm, *rperm;           /* dispatch row -> send staging row; expert-major row -> receive staging row */
   float *sbuf;                      /* (rows, D) send staging, destination-major */
+  float *xr;                        /* (grows, D) receive staging, source-major */
   moe__flex_comms *comms;           /* for the placement they were made for; NULL: none yet */
 } moe__flex_layer;
 
@@ -40,6 +41,9 @@ moe_status moe__flex_land(moe_layer_t *l, const moe__flex_rows *r, const int *sl
 
 /* One expert's parameters (its rows of the expert tensors), in floats. */
 size_t moe__flex_expert_floats(const moe_layer_config *c);
+/* The FlexMoE state of layer l (its transport's), or NULL when it has no replica slots. */
+static inline moe__flex_layer *moe__flex_of(const moe_layer_t *l) { return moe__layer_transport(l, &moe__transport_flex); }
+
 /* held and nh from the table's slots of this rank. */
 void moe__flex_layer_sync_held(moe__flex_layer *f);
 

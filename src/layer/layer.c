@@ -1,5 +1,5 @@
 /* The MoE layer: parameter table, configuration checks, and forward/backward as the stages of
- * layer_internal.h in order. The stages live in router.c, placement.c, dispatch.c, the transports and the
+ * plugins.h in order. The stages live in router.c, placement.c, dispatch.c, the transports and the
  * expert sources; this file picks the transport and the source, orders the stages and owns the
  * workspaces. */
 #include <math.h>
@@ -9,8 +9,36 @@
 #include "dist/dist.h"
 #include "adapt/pipe_model.h"
 #include "kernels/gemm.h"
-#include "layer/layer_internal.h"
+#include "layer/plugins.h"
 #include "shard/shard.h"
+
+/* The layer's private state: what a forward leaves for its backward, the plug-ins and their state, and
+ * the two workspaces. No other file sees it: the stages and plug-ins get what they need by name. */
+struct moe__layer_state {
+  moe__arena route; /* router and plan: sized from T, k, E, P */
+  moe__arena work;  /* dispatch and expert tensors: sized after routing (rows, capacity) */
+  int have_fwd;     /* a forward ran and backward has not consumed it yet */
+  int threads;      /* resolved thread count */
+  const float *x;   /* (T, D) the forward's input, the caller's: the router's backward reads it */
+  const moe__transport *tr;
+  void *tr_self;
+  const moe__expert_src *src;
+  void *src_self;
+  const moe__policy *pol;
+  void *pol_self;
+  int setup_r;      /* the policy's r for this forward, or -1 */
+  moe__router r;
+  moe__plan p;
+  moe__ffn f;       /* the experts' activations: every micro-batch's, or one shared (memory reuse) */
+  float *xs, *out;  /* (rows, D) dispatch rows: expert inputs and outputs */
+  moe__expert_bufs xb; /* a moving transport's expert side */
+  moe__dispatch dsp;   /* the dispatch's own tensors */
+  /* memory_reuse AUTO: the strategy chosen (-1: not yet), and what the steps so far measured: the
+   * experts' multiply-adds and seconds in forward, the exchanges' elements and seconds */
+  int reuse_pick;
+  double reuse_meas[4];
+  moe_comm_stats comm; /* exchanges since the last reset */
+};
 
 #define LN_1_OVER_007 2.6592600369327779f /* Tutel's initial cosine logit scale, ln(1/0.07) */
 
@@ -104,6 +132,25 @@ static moe_status check_config(const moe_layer_config *c) {
   return MOE_OK;
 }
 
+/* The layer's plug-ins, chosen once from its configuration, each with its state: the transport, the
+ * expert source (external experts get theirs with the cache, moe_layer_set_expert_cache) and the
+ * adaptive setup's policy. */
+static moe_status plug_in(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  const moe_layer_config *cfg = &l->cfg;
+  s->tr = !cfg->dist ? &moe__transport_local
+          : sharded(cfg) ? &moe__transport_shard
+          : cfg->dispatch == MOE_DISPATCH_STATIC ? &moe__transport_static
+          : cfg->replica_slots ? &moe__transport_flex : &moe__transport_a2a;
+  s->src = cfg->inner_experts ? &moe__experts_inner : cfg->external_experts ? NULL
+           : sharded(cfg) ? &moe__experts_shard : &moe__experts_own;
+  s->pol = &moe__policy_setup;
+  s->reuse_pick = -1;
+  if (s->tr->init) MOE_CHECK(s->tr->init(l, &s->tr_self));
+  if (s->src && s->src->init) MOE_CHECK(s->src->init(l, s->tr_self, &s->src_self));
+  return s->pol->init(l, &s->pol_self);
+}
+
 moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
   MOE_TRY(l && cfg, MOE_ERR_ARG, "moe_layer_init: NULL argument");
   memset(l, 0, sizeof *l);
@@ -138,34 +185,15 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
   l->grads = moe__alloc_big(l->numel * 4);
   l->st = calloc(1, sizeof *l->st);
   l->inner = cfg->inner_experts ? calloc((size_t)E, sizeof *l->inner) : NULL;
-  int bf = cfg->dtype == MOE_DT_BF16 && moe_layer_param_find(l, "experts.fc1.weight");
-  if (l->st && bf) {
-    l->st->wbf = moe__alloc_big(l->numel * 2);
-    l->st->wbf_stale = 1;
-  }
-  if (l->st) { /* external experts get their source with the cache (moe_layer_set_expert_cache) */
-    l->st->tr = !cfg->dist ? &moe__transport_local
-                : sharded(cfg) ? &moe__transport_shard
-                : cfg->dispatch == MOE_DISPATCH_STATIC ? &moe__transport_static
-                : cfg->replica_slots ? &moe__transport_flex : &moe__transport_a2a;
-    l->st->src = cfg->inner_experts ? &moe__experts_inner : cfg->external_experts ? NULL
-                 : sharded(cfg) ? &moe__experts_shard : &moe__experts_own;
-    l->st->inner_stats = cfg->inner_experts ? calloc((size_t)E, sizeof *l->st->inner_stats) : NULL;
-    l->st->reuse_pick = -1;
-  }
-  if (l->st && cfg->dist && cfg->replica_slots) {
-    moe_status st = moe__flex_layer_init(l);
-    if (st != MOE_OK) {
-      moe_layer_free(l);
-      return st;
-    }
-  }
-  int sh_fail = l->st && sharded(cfg) && moe__shard_new(l) != MOE_OK;
-  if (!l->params || !l->grads || !l->st || (cfg->inner_experts && (!l->inner || !l->st->inner_stats)) ||
-      (bf && !l->st->wbf) || sh_fail) {
+  if (!l->params || !l->grads || !l->st || (cfg->inner_experts && !l->inner)) {
     size_t n = l->numel;
     moe_layer_free(l);
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_layer_init: cannot allocate %zu parameters", n);
+  }
+  moe_status ps = plug_in(l);
+  if (ps != MOE_OK) {
+    moe_layer_free(l);
+    return ps;
   }
   if (l->inner) {
     moe_layer_config ic = *cfg;
@@ -235,15 +263,14 @@ void moe_layer_free(moe_layer_t *l) {
     for (int e = 0; e < l->cfg.E; e++) moe_layer_free(&l->inner[e]);
     free(l->inner);
   }
-  if (l->st) {
-    moe__arena_free(&l->st->route);
-    moe__arena_free(&l->st->work);
-    free(l->st->wbf);
-    free(l->st->inner_stats);
-    moe__layer_setup_free(l);
-    moe__flex_layer_free(l);
-    moe__shard_free(l);
-    free(l->st);
+  moe__layer_state *s = l->st;
+  if (s) {
+    moe__arena_free(&s->route);
+    moe__arena_free(&s->work);
+    if (s->src && s->src->free) s->src->free(s->src_self);
+    if (s->tr && s->tr->free) s->tr->free(s->tr_self);
+    if (s->pol) s->pol->free(s->pol_self);
+    free(s);
   }
   free(l->params);
   free(l->grads);
@@ -282,7 +309,7 @@ void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w) {
 }
 
 void moe_layer_params_changed(moe_layer_t *l) {
-  l->st->wbf_stale = 1;
+  if (l->st->src && l->st->src->params_changed) l->st->src->params_changed(l->st->src_self);
   for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_params_changed(&l->inner[e]);
 }
 
@@ -311,7 +338,7 @@ moe_status moe_layer_reduce_grads(moe_layer_t *l) {
   for (int i = 0; i < l->nparams; i++)
     if (!strncmp(l->info[i].name, "gate.", 5))
       MOE_CHECK(moe__dist_allreduce_f32(l->cfg.dist, l->grads + l->info[i].offset, (int)l->info[i].numel));
-  return l->st->flex ? moe__flex_reduce_grads(l) : MOE_OK;
+  return moe__layer_transport(l, &moe__transport_flex) ? moe__flex_reduce_grads(l) : MOE_OK;
 }
 
 void moe_layer_set_threads(moe_layer_t *l, int threads) {
@@ -321,7 +348,7 @@ void moe_layer_set_threads(moe_layer_t *l, int threads) {
 
 /* The row of this rank's expert tensors holding expert e, or -1 (expert-parallel). */
 static int layer_row(const moe_layer_t *l, int e) {
-  if (l->st->flex) return moe__flex_row(l, e);
+  if (moe__layer_transport(l, &moe__transport_flex)) return moe__flex_row(l, e);
   int El = l->cfg.E / moe_dist_size(l->cfg.dist), lo = moe_dist_rank(l->cfg.dist) * El;
   return e >= lo && e < lo + El ? e - lo : -1;
 }
@@ -412,10 +439,17 @@ static moe__ffn micro_ffn(const moe_layer_t *l, int i) {
   return moe__ffn_at(l, &l->st->f, l->st->p.shared ? 0 : l->st->p.mb[i].lo);
 }
 
+/* What the plug-ins are handed at each call, in place of the layer. */
+static moe__env env_of(moe_layer_t *l) {
+  moe__layer_state *s = l->st;
+  return (moe__env){l, s->threads, &s->route, &s->work, &s->comm, s->setup_r};
+}
+
 /* The experts' stage's end: every exchange the transport started has landed (also after a failure,
  * so that none writes into buffers after the call returns); st, or the transport's failure. */
-static moe_status finish(moe_layer_t *l, moe_status st) {
-  moe_status done = l->st->tr->finish ? l->st->tr->finish(l) : MOE_OK;
+static moe_status finish(moe_layer_t *l, const moe__env *env, moe_status st) {
+  moe__layer_state *s = l->st;
+  moe_status done = s->tr->finish ? s->tr->finish(s->tr_self, env, &s->p) : MOE_OK;
   return st ? st : done;
 }
 
@@ -438,19 +472,23 @@ static moe_status check_forward(const moe_layer_t *l, const float *x, int T, con
 /* This process's checks, agreed with the other ranks before any exchange: a rank that failed one and
  * returned would leave the others waiting in the exchange, so all fail together. */
 static moe_status agree(moe_layer_t *l, moe_status mine) {
-  return l->st->tr->agree ? l->st->tr->agree(l, mine) : mine;
+  moe__env env = env_of(l);
+  return l->st->tr->agree ? l->st->tr->agree(l->st->tr_self, &env, mine) : mine;
 }
 
 /* The expert workspace a forward of this plan reserves under strategy r: the dispatch, the source's
  * activations (one micro-batch's when they are recomputed), out and dout, dy = 0, the transport's. */
 static size_t work_bytes(moe_layer_t *l, int T, moe_reuse r) {
-  moe__plan *p = &l->st->p;
+  moe__layer_state *s = l->st;
+  moe__plan *p = &s->p;
+  moe__env env = env_of(l);
   int shared = p->shared, slotted = p->slotted;
   p->shared = recomputes(r);
-  p->slotted = p->n > 1 && !l->st->tr->in_place && recommunicates(r);
+  p->slotted = p->n > 1 && !s->tr->in_place && recommunicates(r);
   size_t rows_d = moe__arena_size((size_t)p->rows * l->cfg.D * 4);
-  size_t w = moe__dispatch_bytes(p, l->cfg.D, l->cfg.dispatch) + l->st->src->bytes(l, p->ng, p->shared ? p->mb_rows : p->grows) + 2 * rows_d +
-             moe__arena_size((size_t)T * l->cfg.D * 4) + l->st->tr->work_bytes(l); /* out, dout, dy=0 */
+  size_t w = moe__dispatch_bytes(p, l->cfg.D, l->cfg.dispatch) +
+             s->src->bytes(s->src_self, &env, p->ng, p->shared ? p->mb_rows : p->grows) + 2 * rows_d +
+             moe__arena_size((size_t)T * l->cfg.D * 4) + s->tr->work_bytes(s->tr_self, &env, p); /* out, dout, dy=0 */
   p->shared = shared, p->slotted = slotted;
   return w;
 }
@@ -498,7 +536,8 @@ static moe_status place(moe_layer_t *l) {
   memset(p->counts, 0, (size_t)l->cfg.E * 4);
   for (size_t i = 0; i < (size_t)p->T * p->k; i++) p->counts[p->top_e[i]]++;
   moe__view v = {p->T, 0, p->top_e, s->r.top_p, p->k, p->counts, s->r.order};
-  MOE_CHECK(s->tr->view(l, &v));
+  moe__env env = env_of(l);
+  MOE_CHECK(s->tr->view(s->tr_self, &env, p, &v));
   p->stat_counts = v.counts;
   return moe__place(&l->cfg, l->expert_capacity, l->expert_capacity_tokens, &v, s->r.fill, &s->route, p);
 }
@@ -514,9 +553,11 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   s->have_fwd = 0;
   s->threads = moe__threads(l->cfg.threads);
   MOE_CHECK(agree(l, check_forward(l, x, T, y)));
-  MOE_CHECK(moe__layer_setup_begin(l)); /* Tutel's dictionary (parallel_r, pipeline or a2a adaptive) */
+  MOE_CHECK(s->pol->begin(s->pol_self, l)); /* Tutel's dictionary (parallel_r, pipeline or a2a adaptive) */
   size_t route = 0;
-  MOE_CHECK(tr->begin(l, T, &route));
+  s->setup_r = -1;
+  moe__env env = env_of(l);
+  MOE_CHECK(tr->begin(s->tr_self, &env, T, &route));
   route += moe__router_bytes(&l->cfg, T, k) + moe__micro_bytes(n ? n : MOE__AUTO_MAX_N, l->cfg.E);
   MOE_CHECK(moe__arena_reserve(&s->route, route, "router"));
   int along = router_alongside(l);
@@ -531,8 +572,9 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   if (!along) MOE_CHECK(moe__gemm_run_side(NULL, 0, s->threads, &router)); /* the router first */
   double gate_s = moe__now() - tg;
   MOE_CHECK(place(l));
-  MOE_CHECK(moe__layer_setup_pick(l, &n)); /* at this capacity: r, n and the all-to-all */
-  MOE_CHECK(tr->groups(l)); /* now the rows this process's experts get are known */
+  MOE_CHECK(s->pol->pick(s->pol_self, l, p, &n, &s->setup_r)); /* at this capacity: r, n and the all-to-all */
+  env = env_of(l);
+  MOE_CHECK(tr->groups(s->tr_self, &env, p)); /* now the rows this process's experts get are known */
   MOE_CHECK(moe__split_rows(&l->cfg, n, &s->route, p));
   moe_reuse reuse = l->cfg.memory_reuse;
   if (reuse == MOE_REUSE_AUTO) MOE_CHECK(auto_reuse(l, T, route, &reuse));
@@ -545,22 +587,22 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   moe__dispatch_forward(p, &s->dsp, x, s->xs);
   s->out = moe__arena_alloc(&s->work, (size_t)p->rows * D * 4);
   MOE_TRY(s->out || p->rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
-  MOE_CHECK(tr->alloc(l));
-  MOE_CHECK(s->src->alloc(l, p->ng, act_rows, &s->f));
-  float *gx = expert_side(l, s->xs, s->gx), *gout = expert_side(l, s->out, s->gout);
+  MOE_CHECK(tr->alloc(s->tr_self, &env, p, &s->xb));
+  MOE_CHECK(s->src->alloc(s->src_self, &env, p->ng, act_rows, &s->f));
+  float *gx = expert_side(l, s->xs, s->xb.gx), *gout = expert_side(l, s->out, s->xb.gout);
   moe_status st = MOE_OK;
   moe_comm_stats comm0 = s->comm;
   double expert_s = 0, per_row = (double)D * l->cfg.H * (l->cfg.act == MOE_ACT_SWIGLU ? 3 : 2);
   for (int i = 0; i < p->n && !st; i++) { /* each micro-batch: its token exchange, its experts, its way back */
     moe__groups g = micro_groups(l, i, gx, gout);
     moe__ffn f = micro_ffn(l, i);
-    st = tr->send(l, 0, i, s->xs, gx + micro_at(l, i));
+    st = tr->send(s->tr_self, &env, p, 0, i, s->xs, gx + micro_at(l, i));
     double te = moe__now();
-    if (!st) st = s->src->forward(l, &g, &f, along && i == 0 ? &router : NULL);
+    if (!st) st = s->src->forward(s->src_self, &env, p, &g, &f, along && i == 0 ? &router : NULL);
     expert_s += moe__now() - te;
-    if (!st) st = tr->recv(l, i, gout + micro_at(l, i), s->out);
+    if (!st) st = tr->recv(s->tr_self, &env, p, i, gout + micro_at(l, i), s->out);
   }
-  MOE_CHECK(finish(l, st));
+  MOE_CHECK(finish(l, &env, st));
   auto_reuse_measure(l, per_row * p->grows, expert_s, &comm0);
   tg = moe__now();
   MOE_CHECK(moe__router_end(&l->cfg, &s->r, p)); /* the losses (a collective when expert-parallel), after either order */
@@ -568,8 +610,10 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   moe__combine_forward(p, &s->dsp, s->out, y, spec);
   s->have_fwd = 1;
   if (stats) {
-    stats->aux_loss = s->r.aux + s->inner_aux;
-    stats->z_loss = s->r.z + s->inner_z;
+    float aux = s->r.aux, z = s->r.z;
+    if (s->src->losses) s->src->losses(s->src_self, &aux, &z);
+    stats->aux_loss = aux;
+    stats->z_loss = z;
     stats->capacity = p->C;
     stats->dropped = p->dropped;
     stats->expert_counts = p->stat_counts;
@@ -578,11 +622,11 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     stats->weights = p->top_w;
     stats->router_overlapped = along;
     stats->pipeline = p->n;
-    stats->pipeline_trial = s->ap && s->ap->trial;
+    stats->pipeline_trial = s->pol->trial(s->pol_self);
     stats->memory_reuse = reuse;
     stats->router_seconds = gate_s;
   }
-  moe__layer_setup_time(l, t0);
+  s->pol->time(s->pol_self, t0);
   return MOE_OK;
 }
 
@@ -601,7 +645,8 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_backward: layer not initialized");
   moe__layer_state *s = l->st;
   MOE_CHECK(agree(l, check_backward(l, dx)));
-  MOE_CHECK(moe__layer_setup_a2a(l));
+  MOE_CHECK(s->pol->backward(s->pol_self, l));
+  moe__env env = env_of(l);
   const moe__plan *p = &s->p;
   int T = p->T, D = l->cfg.D;
   s->have_fwd = 0; /* backward overwrites the forward's buffers: one backward per forward */
@@ -620,25 +665,49 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   if (dweights)
     for (size_t i = 0; i < (size_t)T * p->k; i++) dw[i] += dweights[i];
   /* the experts' side of dout and dxs: the forward's outputs are dead by now */
-  float *gx = expert_side(l, s->xs, s->gx), *gd = expert_side(l, dout, s->gout), *gdx = expert_side(l, dxs, s->gdx);
+  float *gx = expert_side(l, s->xs, s->xb.gx), *gd = expert_side(l, dout, s->xb.gout);
+  float *gdx = expert_side(l, dxs, s->xb.gdx);
   int recompute = p->shared && p->n > 1; /* the shared buffer holds the last one */
   moe_status st = MOE_OK;
   for (int i = 0; i < p->n && !st; i++) {
     moe__groups g = micro_groups(l, i, gx, gdx); /* y: where a recompute may write, dead until dx */
     moe__ffn f = micro_ffn(l, i);
     size_t r = micro_at(l, i);
-    st = s->tr->send(l, 0, i, dout, gd + r);
-    if (!st && p->slotted) st = s->tr->send(l, 1, i, s->xs, gx + r); /* T_DI again (MPipeMoE S2, S4) */
-    if (!st && recompute) st = s->src->forward(l, &g, &f, NULL); /* T_M again (MPipeMoE S3, S4) */
-    if (!st) st = s->src->backward(l, &g, &f, gd + r, daux, dz, gdx + r);
-    if (!st) st = s->tr->recv(l, i, gdx + r, dxs);
+    st = s->tr->send(s->tr_self, &env, p, 0, i, dout, gd + r);
+    if (!st && p->slotted) st = s->tr->send(s->tr_self, &env, p, 1, i, s->xs, gx + r); /* T_DI again (MPipeMoE S2, S4) */
+    if (!st && recompute) st = s->src->forward(s->src_self, &env, p, &g, &f, NULL); /* T_M again (MPipeMoE S3, S4) */
+    if (!st) st = s->src->backward(s->src_self, &env, p, &g, &f, gd + r, daux, dz, gdx + r);
+    if (!st) st = s->tr->recv(s->tr_self, &env, p, i, gdx + r, dxs);
   }
-  MOE_CHECK(finish(l, st));
+  MOE_CHECK(finish(l, &env, st));
   moe__dispatch_backward(p, &s->dsp, dxs, dx);
   moe__weights w, gw;
   moe__weights_bind(l, l->params, &w);
   moe__weights_bind(l, l->grads, &gw);
   MOE_CHECK(moe__router_backward(&l->cfg, &w, &gw, s->x, &s->r, p, dw, daux, dz, &s->route, s->threads, dx));
-  moe__layer_setup_time(l, t0);
+  s->pol->time(s->pol_self, t0);
   return MOE_OK;
+}
+
+void moe_layer_comm_stats(const moe_layer_t *l, moe_comm_stats *out) { *out = l->st->comm; }
+void moe_layer_comm_reset(moe_layer_t *l) { memset(&l->st->comm, 0, sizeof l->st->comm); }
+
+void *moe__layer_transport(const moe_layer_t *l, const moe__transport *t) {
+  return l->st && l->st->tr == t ? l->st->tr_self : NULL;
+}
+
+void *moe__layer_source(const moe_layer_t *l, const moe__expert_src *src) {
+  return l->st && l->st->src == src ? l->st->src_self : NULL;
+}
+
+void *moe__layer_policy(const moe_layer_t *l) { return l->st ? l->st->pol_self : NULL; }
+
+moe__layer_peek moe__layer_inspect(const moe_layer_t *l) {
+  const moe__layer_state *s = l->st;
+  return (moe__layer_peek){&s->p, &s->f, s->route.cap, s->work.cap};
+}
+
+void moe__layer_set_source(moe_layer_t *l, const moe__expert_src *src, void *self) {
+  l->st->src = src;
+  l->st->src_self = self;
 }

@@ -54,7 +54,7 @@ static moe_status collect(const moe_dist *d, int split, const moe_layer_t *l, co
 static const moe__flex_layer *flex_of(const moe_model_t *m, const moe_tensor_ref *r) {
   int b = -1;
   if (sscanf(r->name, "blocks.%d.", &b) != 1 || b < 0 || b >= m->cfg.blocks) return NULL;
-  return m->layers[b].st->flex;
+  return moe__flex_of(&m->layers[b]);
 }
 
 /* collect for a tensor whose rows are the experts the ranks' slots hold (n floats on each rank): all
@@ -116,10 +116,10 @@ moe_status moe__checkpoint_save_ranks(const char *path, const moe_model_t *m, co
       st = moe_layer_set_expert_capacity(&w.layers[b], m->layers[b].expert_capacity,
                                          m->layers[b].expert_capacity_tokens);
   moe_train_state kept;
-  if (st == MOE_OK && ts && m->layers[0].st->flex) st = with_layout(m, ts, &kept); /* the same on every rank */
+  if (st == MOE_OK && ts && moe__flex_of(&m->layers[0])) st = with_layout(m, ts, &kept); /* the same on every rank */
   if (st == MOE_OK && root) {
     wo.step = o ? o->step : 0;
-    st = moe_checkpoint_save(path, &w, o ? &wo : NULL, ts && m->layers[0].st->flex ? &kept : ts);
+    st = moe_checkpoint_save(path, &w, o ? &wo : NULL, ts && moe__flex_of(&m->layers[0]) ? &kept : ts);
   }
   moe_optim_free(&wo);
   moe_model_free(&w);

@@ -114,7 +114,7 @@ static const moe_param_info *twin(const moe_layer_t *whole, const moe_param_info
 }
 
 static moe_status check_whole(const moe_layer_t *l, const moe_layer_t *whole, const char *what) {
-  MOE_TRY(l && l->st && l->st->sh, MOE_ERR_ARG, "%s: the layer is not sharded (parallel_r off or no dist)", what);
+  MOE_TRY(l && moe__shard_of(l), MOE_ERR_ARG, "%s: the layer is not sharded (parallel_r off or no dist)", what);
   MOE_TRY(whole && whole->cfg.E == l->cfg.E && whole->cfg.H == l->cfg.H && whole->cfg.D == l->cfg.D &&
               whole->nparams == l->nparams && !whole->cfg.dist,
           MOE_ERR_ARG, "%s: the whole layer must have the sharded one's E, H, D and tensors, without dist", what);
@@ -146,7 +146,7 @@ void moe__shard_take_tensor(const moe_layer_t *l, const moe_param_info *p, const
 }
 
 moe_status moe_layer_shard_gather(const moe_layer_t *l, int grads, moe_layer_t *whole) {
-  MOE_TRY(l && l->st && l->st->sh, MOE_ERR_ARG, "moe_layer_shard_gather: the layer is not sharded");
+  MOE_TRY(l && moe__shard_of(l), MOE_ERR_ARG, "moe_layer_shard_gather: the layer is not sharded");
   int root = moe_dist_rank(l->cfg.dist) == 0;
   if (root) MOE_CHECK(check_whole(l, whole, "moe_layer_shard_gather"));
   for (int i = 0; i < l->nparams; i++) {
@@ -168,7 +168,9 @@ moe_status moe_layer_shard_take(moe_layer_t *l, const moe_layer_t *whole) {
 
 /* ---- the state and r ---- */
 
-moe_status moe__shard_new(moe_layer_t *l) {
+moe__shard *moe__shard_of(const moe_layer_t *l) { return moe__layer_transport(l, &moe__transport_shard); }
+
+moe_status moe__shard_new(const moe_layer_t *l, void **self) {
   moe__shard *sh = calloc(1, sizeof *sh);
   moe__task *t = malloc(sizeof *t * (size_t)l->cfg.E);
   if (!sh || !t) {
@@ -177,44 +179,53 @@ moe_status moe__shard_new(moe_layer_t *l) {
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_layer_init: out of memory for the sharded layout");
   }
   *sh = (moe__shard){.r = l->cfg.parallel_r, .r_now = -1, .tasks = t, .cl_r = -1};
-  l->st->sh = sh;
+  *self = sh;
   return MOE_OK;
 }
 
-void moe__shard_free(moe_layer_t *l) {
-  moe__shard *sh = l->st->sh;
+/* The tasks' layer. */
+static void free_cl(moe__shard *sh) {
+  if (sh->cl_r < 0) return;
+  moe_layer_free(&sh->cl);
+  sh->cl_r = -1;
+}
+
+void moe__shard_free(void *self) {
+  moe__shard *sh = self;
   if (!sh) return;
-  if (sh->cl_r >= 0) moe_layer_free(&sh->cl);
+  free_cl(sh);
+  moe__arena_free(&sh->work);
   free(sh->wbuf);
   free(sh->tasks);
   free(sh);
-  l->st->sh = NULL;
 }
 
 moe_status moe_layer_set_parallel_r(moe_layer_t *l, int r) {
-  MOE_TRY(l && l->st && l->st->sh, MOE_ERR_ARG,
+  moe__shard *sh = l ? moe__shard_of(l) : NULL;
+  MOE_TRY(sh, MOE_ERR_ARG,
           "moe_layer_set_parallel_r: the layer is not sharded (it needs parallel_r set at init, with dist)");
   MOE_TRY(r >= MOE_PARALLEL_AUTO, MOE_ERR_ARG, "moe_layer_set_parallel_r: r must be >= 0 or -1 (auto), got %d", r);
-  l->st->sh->r = r;
+  sh->r = r;
   l->cfg.parallel_r = r;
   return MOE_OK;
 }
 
-int moe_layer_parallel_r(const moe_layer_t *l) { return l && l->st && l->st->sh ? l->st->sh->r_now : -1; }
-
-int moe_layer_parallel_r_trial(const moe_layer_t *l) {
-  return l && l->st && l->st->sh && l->st->sh->r == MOE_PARALLEL_AUTO && l->st->ap && l->st->ap->trial;
+int moe_layer_parallel_r(const moe_layer_t *l) {
+  const moe__shard *sh = l ? moe__shard_of(l) : NULL;
+  return sh ? sh->r_now : -1;
 }
 
-moe_status moe__shard_use(moe_layer_t *l, int r) {
-  moe__shard *sh = l->st->sh;
-  const moe_layer_config *c = &l->cfg;
+int moe_layer_parallel_r_trial(const moe_layer_t *l) {
+  const moe__shard *sh = l ? moe__shard_of(l) : NULL;
+  return sh && sh->r == MOE_PARALLEL_AUTO && moe__layer_setup_trial(l);
+}
+
+moe_status moe__shard_use(moe__shard *sh, const moe_layer_config *c, int r) {
   int W = moe_dist_size(c->dist);
   sh->r_now = r;
   sh->nt = moe__shard_tasks(W, c->E, c->H, r, moe_dist_rank(c->dist), sh->tasks);
   if (sh->cl_r == r) return MOE_OK;
-  if (sh->cl_r >= 0) moe_layer_free(&sh->cl);
-  sh->cl_r = -1;
+  free_cl(sh);
   moe_layer_config tc;
   moe_layer_config_default(&tc);
   tc.D = c->D;
@@ -238,8 +249,8 @@ typedef enum { SHARD_TO_BUF, BUF_TO_TASKS, TASKS_TO_BUF, BUF_ADD_SHARD } piece_w
 
 /* Tensor p's block of task t (task ti of its rank) that rank q holds, moved `way` at buf (NULL:
  * counted only); its floats. */
-static size_t piece(moe_layer_t *l, const moe_param_info *p, const moe__task *t, int ti, int q, piece_way way,
-                    float *buf) {
+static size_t piece(moe__shard *sh, const moe_layer_t *l, const moe_param_info *p, const moe__task *t, int ti, int q,
+                    piece_way way, float *buf) {
   int64_t w[3];
   int lo, hi, ax = moe__shard_axis(l, p, q, w, &lo, &hi);
   int bias2 = !strcmp(p->name, "experts.fc2.bias");
@@ -248,15 +259,15 @@ static size_t piece(moe_layer_t *l, const moe_param_info *p, const moe__task *t,
   if (a >= b) return 0;
   int64_t runs = ax == 1 ? b - a : w[1], len = ax == 1 ? w[2] : b - a;
   if (!buf) return (size_t)(runs * len);
-  moe_layer_t *cl = &l->st->sh->cl;
+  moe_layer_t *cl = &sh->cl;
   const moe_param_info *cp = twin(cl, p);
   int64_t As = ax == 1 ? hi - lo : w[1], Bs = ax == 2 ? hi - lo : w[2]; /* the shard's (E, As, Bs) */
   int64_t Ac = cp->ndim > 1 ? cp->shape[1] : 1, Bc = cp->ndim > 2 ? cp->shape[2] : 1; /* the tasks' */
-  float *sh = (way == BUF_ADD_SHARD ? l->grads : l->params) + p->offset;
+  float *sd = (way == BUF_ADD_SHARD ? l->grads : l->params) + p->offset;
   float *tk = (way == TASKS_TO_BUF ? cl->grads : cl->params) + cp->offset;
   for (int64_t x = 0; x < runs; x++) {
     int64_t i = ax == 1 ? a + x : x;
-    float *s = sh + (t->e * As + (ax == 1 ? i - lo : i)) * Bs + (ax == 2 ? a - lo : 0);
+    float *s = sd + (t->e * As + (ax == 1 ? i - lo : i)) * Bs + (ax == 2 ? a - lo : 0);
     float *c = tk + (ti * Ac + (ax == 1 ? i - t0 : i)) * Bc + (ax == 2 ? a - t0 : 0);
     float *bx = buf + x * len;
     if (way == SHARD_TO_BUF) memcpy(bx, s, (size_t)len * 4);
@@ -270,8 +281,8 @@ static size_t piece(moe_layer_t *l, const moe_param_info *p, const moe__task *t,
 
 /* Every expert tensor's block of rank p's tasks that rank q holds (p or q is this rank), moved `way`
  * at buf (NULL: counted); its floats. */
-static size_t pieces(moe_layer_t *l, int p, int q, piece_way way, float *buf, moe__task *scratch) {
-  moe__shard *sh = l->st->sh;
+static size_t pieces(moe__shard *sh, const moe_layer_t *l, int p, int q, piece_way way, float *buf,
+                     moe__task *scratch) {
   const moe_layer_config *c = &l->cfg;
   int me = moe_dist_rank(c->dist), nt = sh->nt;
   const moe__task *t = sh->tasks;
@@ -284,14 +295,15 @@ static size_t pieces(moe_layer_t *l, int p, int q, piece_way way, float *buf, mo
     int64_t w[3];
     int lo, hi;
     if (!moe__shard_axis(l, &l->info[i], q, w, &lo, &hi)) continue;
-    for (int k = 0; k < nt; k++) n += piece(l, &l->info[i], &t[k], k, q, way, buf ? buf + n : NULL);
+    for (int k = 0; k < nt; k++) n += piece(sh, l, &l->info[i], &t[k], k, q, way, buf ? buf + n : NULL);
   }
   return n;
 }
 
 /* grads 0: the tasks' weights from the shards (owner q sends rank p its part of p's tasks); 1: their
  * gradients added to the shards (the way back). */
-static moe_status exchange_weights(moe_layer_t *l, int grads) {
+static moe_status exchange_weights(moe__shard *sh, const moe__env *env, int grads) {
+  const moe_layer_t *l = env->l;
   const moe_dist *d = l->cfg.dist;
   int W = moe_dist_size(d), me = moe_dist_rank(d);
   int c[4 * MOE__EP_MAX_RANKS]; /* to the owners' side: floats out, offsets out, floats in, offsets in */
@@ -300,12 +312,13 @@ static moe_status exchange_weights(moe_layer_t *l, int grads) {
   MOE_TRY(scratch, MOE_ERR_NOMEM, "sharded experts: out of memory");
   size_t out = 0, in = 0;
   for (int q = 0; q < W; q++) { /* grads 0: q is the task rank I send to; 1: the owner I send to */
-    size_t ns = grads ? pieces(l, me, q, TASKS_TO_BUF, NULL, scratch) : pieces(l, q, me, SHARD_TO_BUF, NULL, scratch);
-    size_t nr = grads ? pieces(l, q, me, BUF_ADD_SHARD, NULL, scratch) : pieces(l, me, q, BUF_TO_TASKS, NULL, scratch);
+    size_t ns = grads ? pieces(sh, l, me, q, TASKS_TO_BUF, NULL, scratch)
+                      : pieces(sh, l, q, me, SHARD_TO_BUF, NULL, scratch);
+    size_t nr = grads ? pieces(sh, l, q, me, BUF_ADD_SHARD, NULL, scratch)
+                      : pieces(sh, l, me, q, BUF_TO_TASKS, NULL, scratch);
     sc[q] = (int)ns, sd[q] = (int)out, rc[q] = (int)nr, rd[q] = (int)in;
     out += ns, in += nr;
   }
-  moe__shard *sh = l->st->sh;
   if (out + in + 1 > sh->wcap) { /* kept between steps: a fresh buffer each step costs its page faults */
     free(sh->wbuf);
     sh->wcap = out + in + 1;
@@ -317,53 +330,69 @@ static moe_status exchange_weights(moe_layer_t *l, int grads) {
                       : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "sharded experts: cannot move %zu floats", out + in);
   if (!sb) sh->wcap = 0;
   for (int q = 0; q < W && !st; q++) {
-    if (grads) pieces(l, me, q, TASKS_TO_BUF, sb + sd[q], scratch);
-    else pieces(l, q, me, SHARD_TO_BUF, sb + sd[q], scratch);
+    if (grads) pieces(sh, l, me, q, TASKS_TO_BUF, sb + sd[q], scratch);
+    else pieces(sh, l, q, me, SHARD_TO_BUF, sb + sd[q], scratch);
   }
   double t0 = moe__now();
   if (!st) st = moe__dist_alltoallv_rows(d, sb, sc, sd, rb, rc, rd, 1);
-  if (!st) moe__ep_book(l, t0, 4.0 * (double)(out - (size_t)sc[me]));
+  if (!st) moe__ep_book(env, t0, 4.0 * (double)(out - (size_t)sc[me]));
   for (int q = 0; q < W && !st; q++) {
-    if (grads) pieces(l, q, me, BUF_ADD_SHARD, rb + rd[q], scratch);
-    else pieces(l, me, q, BUF_TO_TASKS, rb + rd[q], scratch);
+    if (grads) pieces(sh, l, q, me, BUF_ADD_SHARD, rb + rd[q], scratch);
+    else pieces(sh, l, me, q, BUF_TO_TASKS, rb + rd[q], scratch);
   }
   free(scratch);
   return st;
 }
 
-static size_t shard_bytes(const moe_layer_t *l, int ng, int rows) { /* the tasks' layer has its own arena */
-  (void)l, (void)ng, (void)rows;
-  return 0;
+/* What the tasks' layer's FFN runs with: its own arena for the activations, the caller's threads. */
+static moe__env cl_env(moe__shard *sh, const moe__env *env) {
+  return (moe__env){&sh->cl, env->threads, env->route, &sh->work, env->comm, -1};
 }
 
-static moe_status shard_alloc(moe_layer_t *l, int ng, int rows, moe__ffn *f) {
-  moe_layer_t *cl = &l->st->sh->cl;
-  MOE_CHECK(moe__arena_reserve(&cl->st->work, moe__ffn_bytes(cl, ng, rows), "sharded expert"));
-  return moe__ffn_alloc(cl, ng, rows, f);
-}
+/* The state of the FFN source of the tasks' layer (its bf16 copies). */
+static void *cl_ffn(const moe__shard *sh) { return moe__layer_source(&sh->cl, &moe__experts_own); }
 
-moe_status moe__shard_weights(moe_layer_t *l, int grads) {
-  MOE_CHECK(exchange_weights(l, grads));
-  if (!grads) moe_layer_params_changed(&l->st->sh->cl);
+static moe_status shard_init(const moe_layer_t *l, void *transport, void **self) {
+  (void)l;
+  *self = transport; /* the transport's state, which it frees */
   return MOE_OK;
 }
 
-static moe_status shard_forward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const moe__side_work *side) {
-  moe_layer_t *cl = &l->st->sh->cl;
-  cl->st->threads = l->st->threads;
-  return moe__experts_own.forward(cl, g, f, side);
+static size_t shard_bytes(void *self, const moe__env *env, int ng, int rows) { /* the tasks' layer has its own arena */
+  (void)self, (void)env, (void)ng, (void)rows;
+  return 0;
+}
+
+static moe_status shard_alloc(void *self, const moe__env *env, int ng, int rows, moe__ffn *f) {
+  moe__shard *sh = self;
+  moe__env ce = cl_env(sh, env);
+  MOE_CHECK(moe__arena_reserve(&sh->work, moe__ffn_bytes(cl_ffn(sh), &ce, ng, rows), "sharded expert"));
+  return moe__ffn_alloc(cl_ffn(sh), &ce, ng, rows, f);
+}
+
+moe_status moe__shard_weights(moe__shard *sh, const moe__env *env, int grads) {
+  MOE_CHECK(exchange_weights(sh, env, grads));
+  if (!grads) moe_layer_params_changed(&sh->cl);
+  return MOE_OK;
+}
+
+static moe_status shard_forward(void *self, const moe__env *env, const moe__plan *p, const moe__groups *g,
+                                const moe__ffn *f, const moe__side_work *side) {
+  moe__shard *sh = self;
+  moe__env ce = cl_env(sh, env);
+  return moe__experts_own.forward(cl_ffn(sh), &ce, p, g, f, side);
 }
 
 /* Backward's first micro-batch zeroes the tasks' gradients; the transport sends them back after the last. */
-static moe_status shard_backward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const float *dy, float daux,
-                                 float dz, float *dx) {
-  moe__shard *sh = l->st->sh;
-  moe_layer_t *cl = &sh->cl;
-  if (!sh->bwd_done) moe_layer_zero_grad(cl);
-  cl->st->threads = l->st->threads;
-  MOE_CHECK(moe__experts_own.backward(cl, g, f, dy, daux, dz, dx));
+static moe_status shard_backward(void *self, const moe__env *env, const moe__plan *p, const moe__groups *g,
+                                 const moe__ffn *f, const float *dy, float daux, float dz, float *dx) {
+  moe__shard *sh = self;
+  if (!sh->bwd_done) moe_layer_zero_grad(&sh->cl);
+  moe__env ce = cl_env(sh, env);
+  MOE_CHECK(moe__experts_own.backward(cl_ffn(sh), &ce, p, g, f, dy, daux, dz, dx));
   sh->bwd_done++;
   return MOE_OK;
 }
 
-const moe__expert_src moe__experts_shard = {"sharded", 0, shard_bytes, shard_alloc, shard_forward, shard_backward};
+const moe__expert_src moe__experts_shard = {"sharded",   0,           shard_init,    NULL, NULL, shard_bytes,
+                                            shard_alloc, shard_forward, shard_backward, NULL};

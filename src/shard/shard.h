@@ -15,7 +15,7 @@
 #define MOE_SHARD_H
 
 #include "adapt/pipe_model.h"
-#include "layer/layer_internal.h"
+#include "layer/plugins.h"
 
 typedef struct {
   int e, j;   /* expert, slice (slice 0 adds fc2's bias) */
@@ -37,6 +37,7 @@ struct moe__shard_s {
   moe__task *tasks;    /* (E) */
   moe_layer_t cl;      /* the tasks' weights gathered: a one-process layer of nt experts of their width */
   int cl_r;            /* the r cl is built for (-1: none) */
+  moe__arena work;     /* cl's activations */
   /* the token exchange (shard/transport.c), in the route arena */
   int32_t *K;          /* (W, E) kept rows per expert of every rank */
   int *cnt;            /* (4 W) send counts, send displacements, receive counts, receive displacements */
@@ -49,6 +50,8 @@ struct moe__shard_s {
   int bwd_done;        /* micro-batches of this backward done (the gradients go back after the last) */
   float *wbuf;         /* (wcap) the weights' exchange, sent then received */
   size_t wcap;
+  uint64_t tk_next[2], tk_last; /* the exchanges' tickets (as in transports/alltoall.c) */
+  float *xr;           /* (grows, D) receive staging (two when slotted) */
 };
 typedef struct moe__shard_s moe__shard;
 
@@ -57,8 +60,10 @@ typedef struct moe__shard_s moe__shard;
 int moe__shard_axis(const moe_layer_t *l, const moe_param_info *p, int q, int64_t whole[3], int *lo, int *hi);
 /* Element j of tensor p whole: its index in this rank's shard, or -1 when another rank holds it. */
 long long moe__shard_local(const moe_layer_t *l, const moe_param_info *p, size_t j);
+/* The sharded state of layer l (its transport's), or NULL when it is not sharded. */
+moe__shard *moe__shard_of(const moe_layer_t *l);
 /* This forward's r (clipped): the rank's tasks, and the tasks' layer when r changed. */
-moe_status moe__shard_use(moe_layer_t *l, int r);
+moe_status moe__shard_use(moe__shard *sh, const moe_layer_config *c, int r);
 /* Tensor p of l (params' or grads' layout: src, this rank's): rank 0 gets it whole at dst (collective;
  * the other ranks' dst is not read), and this rank's part of it from whole (a copy when not split). */
 moe_status moe__shard_gather_tensor(const moe_layer_t *l, const moe_param_info *p, const float *src, float *dst);
@@ -66,10 +71,10 @@ void moe__shard_take_tensor(const moe_layer_t *l, const moe_param_info *p, const
 /* The tasks' weights gathered from the shards into cl (grads 0: before a forward's experts), or their
  * gradients added back to the shards (1: after a backward's); a collective, made while no exchange
  * is in flight. */
-moe_status moe__shard_weights(moe_layer_t *l, int grads);
-/* The state, made at init; freed with the layer. */
-moe_status moe__shard_new(moe_layer_t *l);
-void moe__shard_free(moe_layer_t *l);
+moe_status moe__shard_weights(moe__shard *sh, const moe__env *env, int grads);
+/* The state (the transport's, which the source shares), made at init; freed with the layer. */
+moe_status moe__shard_new(const moe_layer_t *l, void **self);
+void moe__shard_free(void *self);
 
 extern const moe__expert_src moe__experts_shard;    /* shard.c */
 extern const moe__transport moe__transport_shard;   /* shard/transport.c */

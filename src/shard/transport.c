@@ -19,44 +19,42 @@
 #include "dist/dist.h"
 #include "shard/shard.h"
 
-static int world(const moe_layer_t *l) { return moe_dist_size(l->cfg.dist); }
+static int world(const moe__env *env) { return moe_dist_size(env->l->cfg.dist); }
 
 /* Segments: (row of xs, row of the send staging, rows, slice, expert, destination) each rank sends;
  * (row of the receive staging, row of the groups, rows, expert, source) it receives. At most E + W sent
  * (one per slice), W E received. */
 enum { SEND_INTS = 6, RECV_INTS = 5 };
-static size_t max_segs(const moe_layer_t *l) {
-  return (size_t)(l->cfg.E + world(l)) * SEND_INTS + (size_t)world(l) * l->cfg.E * RECV_INTS;
+static size_t max_segs(const moe__env *env) {
+  return (size_t)(env->l->cfg.E + world(env)) * SEND_INTS + (size_t)world(env) * env->l->cfg.E * RECV_INTS;
 }
 
 /* This step's r: the one asked, clipped, or the layer's dictionary's (adapt/layer_setup.c: its entry,
  * a trial's r while it searches), picked after routing. */
-static int pick_r(const moe_layer_t *l) {
-  const moe__shard *sh = l->st->sh;
-  return sh->r != MOE_PARALLEL_AUTO ? moe__shard_clip(world(l), l->cfg.E, sh->r) : l->st->ap->now.r;
+static int pick_r(const moe__shard *sh, const moe__env *env) {
+  return sh->r != MOE_PARALLEL_AUTO ? moe__shard_clip(world(env), env->l->cfg.E, sh->r) : env->setup_r;
 }
 
-static moe_status sh_begin(moe_layer_t *l, int T, size_t *route_bytes) {
+static moe_status sh_begin(void *self, const moe__env *env, int T, size_t *route_bytes) {
   (void)T;
-  size_t W = (size_t)world(l), E = (size_t)l->cfg.E;
-  *route_bytes = moe__ep_route_bytes(l) + moe__arena_size(W * E * 4) + moe__arena_size(4 * W * sizeof(int)) +
-                 moe__arena_size(max_segs(l) * 4) + moe__arena_size((E + 1) * 4) + moe__arena_size(E * 4);
-  l->st->sh->bwd_done = 0; /* a new forward, then its backward */
-  l->st->sh->back = NULL;
+  moe__shard *sh = self;
+  size_t W = (size_t)world(env), E = (size_t)env->l->cfg.E;
+  *route_bytes = moe__ep_route_bytes(&env->l->cfg) + moe__arena_size(W * E * 4) + moe__arena_size(4 * W * sizeof(int)) +
+                 moe__arena_size(max_segs(env) * 4) + moe__arena_size((E + 1) * 4) + moe__arena_size(E * 4);
+  sh->bwd_done = 0; /* a new forward, then its backward */
+  sh->back = NULL;
   return MOE_OK;
 }
 
-static moe_status sh_groups(moe_layer_t *l) {
-  moe__layer_state *s = l->st;
-  moe__shard *sh = s->sh;
-  moe__plan *p = &s->p;
-  int W = world(l), E = l->cfg.E, H = l->cfg.H, me = moe_dist_rank(l->cfg.dist);
-  int r = pick_r(l);
-  MOE_CHECK(moe__shard_use(l, r));
-  moe__arena *a = &s->route;
+static moe_status sh_groups(void *self, const moe__env *env, moe__plan *p) {
+  moe__shard *sh = self;
+  int W = world(env), E = env->l->cfg.E, H = env->l->cfg.H, me = moe_dist_rank(env->l->cfg.dist);
+  int r = pick_r(sh, env);
+  MOE_CHECK(moe__shard_use(sh, &env->l->cfg, r));
+  moe__arena *a = env->route;
   sh->K = moe__arena_alloc(a, (size_t)W * E * 4);
   sh->cnt = moe__arena_alloc(a, 4 * (size_t)W * sizeof(int));
-  sh->seg = moe__arena_alloc(a, max_segs(l) * 4);
+  sh->seg = moe__arena_alloc(a, max_segs(env) * 4);
   p->goffs = moe__arena_alloc(a, (size_t)(sh->nt + 1) * 4);
   int32_t *key = moe__arena_alloc(a, (size_t)E * 4);
   MOE_TRY(sh->K && sh->cnt && sh->seg && p->goffs && key, MOE_ERR_STATE, "internal: exchange workspace too small");
@@ -65,8 +63,8 @@ static moe_status sh_groups(moe_layer_t *l) {
   int *sc = sh->cnt, *sd = sc + W, *rc = sc + 2 * W, *rd = sc + 3 * W;
   for (int q = 0; q < W; q++) sc[q] = rc[q] = E, sd[q] = 0, rd[q] = q * E;
   double t0 = moe__now();
-  MOE_CHECK(moe__dist_alltoallv_i32(l->cfg.dist, p->kept, sc, sd, sh->K, rc, rd)); /* every rank's kept rows */
-  moe__ep_book(l, t0, 4.0 * E * (W - 1));
+  MOE_CHECK(moe__dist_alltoallv_i32(env->l->cfg.dist, p->kept, sc, sd, sh->K, rc, rd)); /* every rank's kept rows */
+  moe__ep_book(env, t0, 4.0 * E * (W - 1));
   const int32_t *K = sh->K;
   /* the groups: my tasks, each the rows of its expert from the sources that send them to me */
   p->ng = sh->nt;
@@ -114,51 +112,52 @@ static moe_status sh_groups(moe_layer_t *l) {
 }
 
 /* Stagings: one, or two when backward sends the forward's inputs again (plan.slotted): a way each. */
-static int ways(const moe_layer_t *l) { return l->st->p.slotted ? 2 : 1; }
+static int ways(const moe__plan *p) { return p->slotted ? 2 : 1; }
 
-static size_t sh_work_bytes(const moe_layer_t *l) {
-  size_t D = (size_t)l->cfg.D;
-  size_t w = (size_t)ways(l);
-  return w * moe__arena_size((size_t)l->st->sh->srows * D * 4) + w * moe__arena_size((size_t)l->st->p.grows * D * 4) +
-         3 * moe__arena_size((size_t)l->st->p.grows * D * 4);
+static size_t sh_work_bytes(void *self, const moe__env *env, const moe__plan *p) {
+  const moe__shard *sh = self;
+  size_t D = (size_t)env->l->cfg.D;
+  size_t w = (size_t)ways(p);
+  return w * moe__arena_size((size_t)sh->srows * D * 4) + w * moe__arena_size((size_t)p->grows * D * 4) +
+         3 * moe__arena_size((size_t)p->grows * D * 4);
 }
 
-static moe_status sh_alloc(moe_layer_t *l) {
-  moe__layer_state *s = l->st;
-  size_t D = (size_t)l->cfg.D, R = (size_t)s->p.grows, S = (size_t)s->sh->srows;
-  moe__arena *a = &s->work;
-  s->sh->sbuf = moe__arena_alloc(a, (size_t)ways(l) * S * D * 4);
-  s->xr = moe__arena_alloc(a, (size_t)ways(l) * R * D * 4);
-  s->gx = moe__arena_alloc(a, R * D * 4);
-  s->gout = moe__arena_alloc(a, R * D * 4);
-  s->gdx = moe__arena_alloc(a, R * D * 4);
-  MOE_TRY((s->gdx || R == 0) && (s->sh->sbuf || S == 0), MOE_ERR_STATE, "internal: exchange workspace too small");
-  return moe__shard_weights(l, 0);
+static moe_status sh_alloc(void *self, const moe__env *env, const moe__plan *p, moe__expert_bufs *b) {
+  moe__shard *sh = self;
+  size_t D = (size_t)env->l->cfg.D, R = (size_t)p->grows, S = (size_t)sh->srows;
+  moe__arena *a = env->work;
+  sh->sbuf = moe__arena_alloc(a, (size_t)ways(p) * S * D * 4);
+  sh->xr = moe__arena_alloc(a, (size_t)ways(p) * R * D * 4);
+  b->gx = moe__arena_alloc(a, R * D * 4);
+  b->gout = moe__arena_alloc(a, R * D * 4);
+  b->gdx = moe__arena_alloc(a, R * D * 4);
+  MOE_TRY((b->gdx || R == 0) && (sh->sbuf || S == 0), MOE_ERR_STATE, "internal: exchange workspace too small");
+  return moe__shard_weights(sh, env, 0);
 }
 
 /* Whether a segment's expert is in micro-batch i (every micro-batch at n = 1). */
-static int in_micro(const moe_layer_t *l, int i, int e) {
-  const moe__micro *m = &l->st->p.mb[i];
+static int in_micro(const moe__plan *p, int i, int e) {
+  const moe__micro *m = &p->mb[i];
   return e >= m->k0 && e < m->k1;
 }
 
 /* Micro-batch i's exchange (back: the way back), from the send staging sb to the receive staging xr or
  * back, its bytes booked; posted on the stream with micro-batches (*t its ticket), else run at once. */
-static moe_status exchange(moe_layer_t *l, int i, int back, float *sb, float *xr, uint64_t *t) {
-  moe__shard *sh = l->st->sh;
-  int W = world(l), D = l->cfg.D, me = moe_dist_rank(l->cfg.dist);
+static moe_status exchange(moe__shard *sh, const moe__env *env, const moe__plan *p, int i, int back, float *sb,
+                           float *xr, uint64_t *t) {
+  int W = world(env), D = env->l->cfg.D, me = moe_dist_rank(env->l->cfg.dist);
   int c[4 * MOE__EP_MAX_RANKS] = {0}, *sc = c, *sd = c + W, *rc = c + 2 * W, *rd = c + 3 * W;
   for (int q = 0; q < W; q++) sd[q] = rd[q] = -1;
   for (int k = 0; k < sh->nsend; k++) { /* to each destination: its segments of the micro-batch's experts */
     const int32_t *x = sh->seg + SEND_INTS * k;
-    if (!in_micro(l, i, x[4])) continue;
+    if (!in_micro(p, i, x[4])) continue;
     if (sd[x[5]] < 0) sd[x[5]] = x[1];
     sc[x[5]] += x[2];
   }
   const int32_t *rg = sh->seg + SEND_INTS * sh->nsend;
   for (int k = 0; k < sh->nrecv; k++) { /* from each source: its rows of the micro-batch's tasks */
     const int32_t *x = rg + RECV_INTS * k;
-    if (!in_micro(l, i, x[3])) continue;
+    if (!in_micro(p, i, x[3])) continue;
     if (rd[x[4]] < 0) rd[x[4]] = x[0];
     rc[x[4]] += x[2];
   }
@@ -173,10 +172,10 @@ static moe_status exchange(moe_layer_t *l, int i, int back, float *sb, float *xr
   }
   float *from = back ? xr : sb, *to = back ? sb : xr;
   *t = 0;
-  if (l->st->p.n == 1) MOE_CHECK(moe__dist_alltoallv_rows(l->cfg.dist, from, sc, sd, to, rc, rd, D));
-  else MOE_CHECK(moe__stream_alltoallv_rows(l->cfg.dist, from, c, to, D, t));
-  if (*t) l->st->tk_last = *t;
-  moe__ep_book(l, t0, sent);
+  if (p->n == 1) MOE_CHECK(moe__dist_alltoallv_rows(env->l->cfg.dist, from, sc, sd, to, rc, rd, D));
+  else MOE_CHECK(moe__stream_alltoallv_rows(env->l->cfg.dist, from, c, to, D, t));
+  if (*t) sh->tk_last = *t;
+  moe__ep_book(env, t0, sent);
   return MOE_OK;
 }
 
@@ -187,55 +186,54 @@ static void rows_copy(float *to, const float *from, int n, int D) {
 
 /* Micro-batch i's rows in: the way's whole send staging packed at i = 0, the next micro-batch's
  * exchange posted before i's rows are unpacked into g (its groups' rows, from the micro-batch's first). */
-static moe_status sh_send(moe_layer_t *l, int way, int i, const float *rows, float *g) {
-  moe__layer_state *s = l->st;
-  moe__shard *sh = s->sh;
-  int D = l->cfg.D, lo = s->p.mb[i].lo;
-  float *sb = sh->sbuf + (size_t)way * sh->srows * D, *xr = s->xr + (size_t)way * s->p.grows * D;
-  uint64_t *next = &s->tk_next[way];
+static moe_status sh_send(void *self, const moe__env *env, const moe__plan *p, int way, int i, const float *rows,
+                          float *g) {
+  moe__shard *sh = self;
+  int D = env->l->cfg.D, lo = p->mb[i].lo;
+  float *sb = sh->sbuf + (size_t)way * sh->srows * D, *xr = sh->xr + (size_t)way * p->grows * D;
+  uint64_t *next = &sh->tk_next[way];
   if (i == 0) {
     for (int k = 0; k < sh->nsend; k++) {
       const int32_t *x = sh->seg + SEND_INTS * k;
       rows_copy(sb + (size_t)x[1] * D, rows + (size_t)x[0] * D, x[2], D);
     }
-    MOE_CHECK(exchange(l, 0, 0, sb, xr, next));
+    MOE_CHECK(exchange(sh, env, p, 0, 0, sb, xr, next));
   }
-  MOE_CHECK(moe__stream_wait_timed(l->cfg.dist, *next, &s->comm.seconds));
-  if (i + 1 < s->p.n) MOE_CHECK(exchange(l, i + 1, 0, sb, xr, next));
+  MOE_CHECK(moe__stream_wait_timed(env->l->cfg.dist, *next, &env->comm->seconds));
+  if (i + 1 < p->n) MOE_CHECK(exchange(sh, env, p, i + 1, 0, sb, xr, next));
   const int32_t *rg = sh->seg + SEND_INTS * sh->nsend;
   for (int k = 0; k < sh->nrecv; k++) {
     const int32_t *x = rg + RECV_INTS * k;
-    if (in_micro(l, i, x[3])) rows_copy(g + (size_t)(x[1] - lo) * D, xr + (size_t)x[0] * D, x[2], D);
+    if (in_micro(p, i, x[3])) rows_copy(g + (size_t)(x[1] - lo) * D, xr + (size_t)x[0] * D, x[2], D);
   }
   return MOE_OK;
 }
 
 /* Micro-batch i's partial outputs back, through its part of the receive staging (free: send unpacked
  * it) into its part of the send staging; finish sums them into rows. */
-static moe_status sh_recv(moe_layer_t *l, int i, const float *g, float *rows) {
-  moe__shard *sh = l->st->sh;
-  int D = l->cfg.D, lo = l->st->p.mb[i].lo;
+static moe_status sh_recv(void *self, const moe__env *env, const moe__plan *p, int i, const float *g, float *rows) {
+  moe__shard *sh = self;
+  int D = env->l->cfg.D, lo = p->mb[i].lo;
   const int32_t *rg = sh->seg + SEND_INTS * sh->nsend;
   for (int k = 0; k < sh->nrecv; k++) {
     const int32_t *x = rg + RECV_INTS * k;
-    if (in_micro(l, i, x[3])) rows_copy(l->st->xr + (size_t)x[0] * D, g + (size_t)(x[1] - lo) * D, x[2], D);
+    if (in_micro(p, i, x[3])) rows_copy(sh->xr + (size_t)x[0] * D, g + (size_t)(x[1] - lo) * D, x[2], D);
   }
   sh->back = rows;
   uint64_t t;
-  return exchange(l, i, 1, sh->sbuf, l->st->xr, &t);
+  return exchange(sh, env, p, i, 1, sh->sbuf, sh->xr, &t);
 }
 
 /* Every exchange in; then the local sums of the way back (slice 0 first, in slice order), and after a
  * backward's last micro-batch the tasks' gradients back to the shards. */
-static moe_status sh_finish(moe_layer_t *l) {
-  moe__layer_state *s = l->st;
-  moe__shard *sh = s->sh;
-  uint64_t t = s->tk_last;
-  s->tk_last = s->tk_next[0] = s->tk_next[1] = 0;
-  MOE_CHECK(moe__stream_wait_timed(l->cfg.dist, t, &s->comm.seconds));
+static moe_status sh_finish(void *self, const moe__env *env, const moe__plan *p) {
+  moe__shard *sh = self;
+  uint64_t t = sh->tk_last;
+  sh->tk_last = sh->tk_next[0] = sh->tk_next[1] = 0;
+  MOE_CHECK(moe__stream_wait_timed(env->l->cfg.dist, t, &env->comm->seconds));
   float *rows = sh->back;
   sh->back = NULL;
-  int D = l->cfg.D;
+  int D = env->l->cfg.D;
   for (int k = 0; rows && k < sh->nsend; k++) {
     const int32_t *x = sh->seg + SEND_INTS * k;
     float *to = rows + (size_t)x[0] * D;
@@ -244,11 +242,11 @@ static moe_status sh_finish(moe_layer_t *l) {
     else
       for (size_t u = 0; u < (size_t)x[2] * D; u++) to[u] += from[u];
   }
-  if (sh->bwd_done < s->p.n) return MOE_OK;
+  if (sh->bwd_done < p->n) return MOE_OK;
   sh->bwd_done = 0;
-  return moe__shard_weights(l, 1);
+  return moe__shard_weights(sh, env, 1);
 }
 
-const moe__transport moe__transport_shard = {"sharded", 0,        sh_begin, moe__ep_global_counts, sh_groups,
-                                             sh_work_bytes, sh_alloc, sh_send,  sh_recv, sh_finish,
-                                             moe__ep_agree};
+const moe__transport moe__transport_shard = {"sharded", 0,         moe__shard_new, moe__shard_free, sh_begin,
+                                             moe__ep_view, sh_groups, sh_work_bytes, sh_alloc,      sh_send,
+                                             sh_recv,   sh_finish, moe__ep_agree};

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "layer/layer_internal.h"
+#include "layer/plugins.h"
 #include "base/worker.h"
 
 #define NT 5 /* fc1.weight, fc1.bias, fc2.weight, fc2.bias, fc3.weight */
@@ -240,9 +240,10 @@ static moe__expert_w slot_weights(const moe_expert_cache *c, int v) {
 }
 
 /* The expert source of a layer with external experts: each expert computes as soon as the cache has it. */
-static moe_status cache_forward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f, const moe__side_work *side) {
-  (void)side; /* never given: the source does not take side work */
-  moe_expert_cache *c = l->cache;
+static moe_status cache_forward(void *self, const moe__env *env, const moe__plan *p, const moe__groups *g,
+                                const moe__ffn *f, const moe__side_work *side) {
+  (void)p, (void)side; /* never given: the source does not take side work */
+  moe_expert_cache *c = self;
   int E = g->n;
   moe__expert_w *w = f->w;
   char *state = f->state;
@@ -289,7 +290,7 @@ static moe_status cache_forward(moe_layer_t *l, const moe__groups *g, const moe_
       state[ej] = 3; /* being computed: its slot stays */
     }
     pthread_mutex_unlock(&c->w.mu);
-    moe_status cst = moe__ffn_forward(l, g, f, e, order[run - 1] + 1, w, NULL); /* experts between: no rows */
+    moe_status cst = moe__ffn_forward(env, g, f, e, order[run - 1] + 1, w, NULL); /* experts between: no rows */
     if (computed == MOE_OK) computed = cst;
     pthread_mutex_lock(&c->w.mu);
     for (int j = i; j < run; j++) state[order[j]] = 2;
@@ -315,13 +316,14 @@ static int cache_fits(const moe_expert_cache *c, const moe_layer_config *l) {
          c->dtype == l->dtype;
 }
 
-static const moe__expert_src cached_experts = {"expert cache", 0, moe__ffn_bytes, moe__ffn_alloc, cache_forward, NULL};
+static const moe__expert_src cached_experts = {"expert cache", 0,    NULL,           NULL,           NULL,
+                                               moe__ffn_bytes, moe__ffn_alloc, cache_forward, NULL, NULL};
 
 moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c) {
   MOE_TRY(l->cfg.external_experts || !c, MOE_ERR_ARG, "moe_layer_set_expert_cache: the layer was not made with external_experts");
   MOE_TRY(!c || cache_fits(c, &l->cfg), MOE_ERR_SHAPE,
           "moe_layer_set_expert_cache: the cache was opened for another layer shape (E, D, H, activation, biases, dtype)");
   l->cache = c;
-  if (l->cfg.external_experts) l->st->src = c ? &cached_experts : NULL;
+  if (l->cfg.external_experts) moe__layer_set_source(l, c ? &cached_experts : NULL, c);
   return MOE_OK;
 }

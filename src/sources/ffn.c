@@ -8,17 +8,48 @@
  * backward dout, da1, da3), rounded once where they are made, and accumulate in fp32: the rest
  * (biases, activations, their derivatives, bias gradients) stays fp32. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/act.h"
 #include "kernels/gemm.h"
-#include "layer/layer_internal.h"
+#include "layer/plugins.h"
 
 #define COLSUM_CHUNK 256
 
 static int is_bf16(const moe_layer_t *l) { return l->cfg.dtype == MOE_DT_BF16; }
 
-size_t moe__ffn_bytes(const moe_layer_t *l, int ng, int rows) {
+/* The source's state: the bf16 copies of the expert weights (cfg.dtype bf16; NULL otherwise), at the
+ * parameters' offsets, made again before a forward after the parameters changed. */
+typedef struct {
+  uint16_t *wbf;
+  int stale;
+} ffn_self;
+
+static moe_status own_init(const moe_layer_t *l, void *transport, void **self) {
+  (void)transport;
+  ffn_self *o = calloc(1, sizeof *o);
+  MOE_TRY(o, MOE_ERR_NOMEM, "moe_layer_init: out of memory");
+  *self = o;
+  if (is_bf16(l) && moe_layer_param_find(l, "experts.fc1.weight")) {
+    o->wbf = moe__alloc_big(l->numel * 2);
+    o->stale = 1;
+    MOE_TRY(o->wbf, MOE_ERR_NOMEM, "moe_layer_init: cannot allocate bf16 copies of %zu parameters", l->numel);
+  }
+  return MOE_OK;
+}
+
+static void own_free(void *self) {
+  ffn_self *o = self;
+  if (o) free(o->wbf);
+  free(o);
+}
+
+static void own_params_changed(void *self) { ((ffn_self *)self)->stale = 1; }
+
+size_t moe__ffn_bytes(void *self, const moe__env *env, int ng, int rows) {
+  (void)self;
+  const moe_layer_t *l = env->l;
   size_t r = (size_t)rows, H = (size_t)l->cfg.H, D = (size_t)l->cfg.D;
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
   size_t fwd = (glu ? 3 : 2) * moe__arena_size(r * H * 4); /* a1 (a3) h; the caller owns gx and gout */
@@ -37,9 +68,11 @@ static void colsum_rows(float *d, const float *src, int r0, int r1, int c0, int 
   }
 }
 
-moe_status moe__ffn_alloc(moe_layer_t *l, int ng, int rows, moe__ffn *f) {
+moe_status moe__ffn_alloc(void *self, const moe__env *env, int ng, int rows, moe__ffn *f) {
+  (void)self;
+  const moe_layer_t *l = env->l;
   int E = ng, H = l->cfg.H;
-  moe__arena *a = &l->st->work;
+  moe__arena *a = env->work;
   f->a1 = moe__arena_alloc(a, (size_t)rows * H * 4);
   f->a3 = l->cfg.act == MOE_ACT_SWIGLU ? moe__arena_alloc(a, (size_t)rows * H * 4) : NULL;
   f->h = moe__arena_alloc(a, (size_t)rows * H * 4);
@@ -82,9 +115,8 @@ moe__ffn moe__ffn_at(const moe_layer_t *l, const moe__ffn *f, int r) {
 }
 
 /* Expert e's weights in the layer's own parameters (and their bf16 copies). */
-static moe__expert_w own_weights(const moe_layer_t *l, const moe__weights *w, int e) {
+static moe__expert_w own_weights(const moe_layer_t *l, const uint16_t *wb, const moe__weights *w, int e) {
   size_t HD = (size_t)l->cfg.H * l->cfg.D, H = (size_t)l->cfg.H, D = (size_t)l->cfg.D;
-  const uint16_t *wb = l->st->wbf;
   const float *p = l->params;
   moe__expert_w r = {w->w1 + e * HD, w->b1 ? w->b1 + e * H : NULL, w->w2 + e * HD, w->b2 ? w->b2 + e * D : NULL,
                      w->w3 ? w->w3 + e * HD : NULL, NULL, NULL, NULL};
@@ -119,7 +151,9 @@ static int fwd_gemms(const moe_layer_t *l, const moe__groups *gr, const moe__ffn
  * step, and the passes' memory traffic). The bits are those of the pass-by-pass schedule, which the experts with
  * cut GEMMs (and bf16, whose copies are made over all rows at once) keep. */
 typedef struct {
-  moe_layer_t *l;
+  const moe_layer_t *l;
+  int threads;
+  const uint16_t *wbf;        /* backward: the bf16 copies of the weights, or NULL */
   const moe__groups *gr;
   const moe__ffn *f;
   const moe__expert_w *w;     /* forward: the experts' weights */
@@ -143,7 +177,7 @@ static int bwd_gemms(const ffn_ctx *c, int e, int stage, moe__gemm *g) {
   const float *dout = c->dout, *x = c->gr->x;
   float *dh = f->h;   /* h is dead once dW2 is done: dh, then da1, in its place */
   float *da3 = f->a3; /* swiglu: da3 in place of a3, read just before */
-  moe__expert_w ew = own_weights(l, &c->pw, e);
+  moe__expert_w ew = own_weights(l, c->wbf, &c->pw, e);
   switch (stage) {
     case 0: /* dW2 += dout^T h */
       g[n++] = gemm_of(bf, true, false, D, H, m, 1.0f, dout, f->db, xr, D, f->h, f->hb, hr, H,
@@ -264,7 +298,7 @@ static void pass_unit(const ffn_ctx *c, int kind, int e, int u) {
 /* One parallel pass of `kind` over the experts that do not run whole. */
 static void pass(const ffn_ctx *c, int kind) {
   int cols = kind == P_DB2 ? c->l->cfg.D : kind == P_DB1 ? c->l->cfg.H : 0;
-#pragma omp parallel num_threads(c->l->st->threads)
+#pragma omp parallel num_threads(c->threads)
   for (int e = c->e0; e < c->e1; e++) {
     if (whole(c, e)) continue;
     int m = c->gr->offs[e + 1] - c->gr->offs[e];
@@ -284,16 +318,17 @@ static moe_status run_stage(const ffn_ctx *c, int s, int items, int *ran) {
   moe__side_work side = {side_item, (void *)c, (c->side ? c->side->n : 0) + (e1 - e0)};
   *ran = n;
   if (!n && !items) return MOE_OK;
-  return moe__gemm_run_fixed(g, n, c->l->st->threads, items ? &side : NULL);
+  return moe__gemm_run_fixed(g, n, c->threads, items ? &side : NULL);
 }
 
-moe_status moe__ffn_forward(moe_layer_t *l, const moe__groups *gr, const moe__ffn *f, int e0, int e1,
+moe_status moe__ffn_forward(const moe__env *env, const moe__groups *gr, const moe__ffn *f, int e0, int e1,
                             const moe__expert_w *w, const moe__side_work *side) {
-  int D = l->cfg.D, H = l->cfg.H, nt = l->st->threads, n;
+  const moe_layer_t *l = env->l;
+  int D = l->cfg.D, H = l->cfg.H, nt = env->threads, n;
   bool bf = is_bf16(l);
   size_t lo = (size_t)gr->offs[e0], hi = (size_t)gr->offs[e1];
   if (bf) moe__to_bf16(f->xb + lo * D, gr->x + lo * D, (hi - lo) * D, nt);
-  ffn_ctx c = {.l = l, .gr = gr, .f = f, .w = w, .e0 = e0, .e1 = e1, .side = side};
+  ffn_ctx c = {.l = l, .threads = nt, .gr = gr, .f = f, .w = w, .e0 = e0, .e1 = e1, .side = side};
   MOE_CHECK(run_stage(&c, 0, 1, &n));
   if (!n) return MOE_OK; /* every expert ran whole */
   pass(&c, P_BIAS1);
@@ -305,34 +340,39 @@ moe_status moe__ffn_forward(moe_layer_t *l, const moe__groups *gr, const moe__ff
 }
 
 /* The bf16 copies of the expert weights, made again after the parameters changed. */
-static void refresh_bf16(moe_layer_t *l) {
-  moe__layer_state *s = l->st;
-  if (!s->wbf_stale) return;
+static void refresh_bf16(ffn_self *o, const moe_layer_t *l, int threads) {
+  if (!o->stale) return;
   for (int i = 0; i < l->nparams; i++) {
     const moe_param_info *p = &l->info[i];
     if (p->ndim == 3) /* experts.fc1/fc2/fc3.weight */
-      moe__to_bf16(s->wbf + p->offset, l->params + p->offset, p->numel, s->threads);
+      moe__to_bf16(o->wbf + p->offset, l->params + p->offset, p->numel, threads);
   }
-  s->wbf_stale = 0;
+  o->stale = 0;
 }
 
-static moe_status own_forward(moe_layer_t *l, const moe__groups *g, const moe__ffn *f,
-                              const moe__side_work *side) {
+static moe_status own_forward(void *self, const moe__env *env, const moe__plan *p, const moe__groups *g,
+                              const moe__ffn *f, const moe__side_work *side) {
+  (void)p;
+  ffn_self *o = self;
+  const moe_layer_t *l = env->l;
   int E = g->n;
-  if (is_bf16(l)) refresh_bf16(l);
+  if (is_bf16(l)) refresh_bf16(o, l, env->threads);
   moe__weights w;
   moe__weights_bind(l, l->params, &w);
   moe__expert_w *ew = f->w;
-  for (int e = 0; e < E; e++) ew[e] = own_weights(l, &w, e);
-  return moe__ffn_forward(l, g, f, 0, E, ew, side);
+  for (int e = 0; e < E; e++) ew[e] = own_weights(l, o->wbf, &w, e);
+  return moe__ffn_forward(env, g, f, 0, E, ew, side);
 }
 
-static moe_status own_backward(moe_layer_t *l, const moe__groups *gr, const moe__ffn *f, const float *dout,
-                               float daux, float dz, float *dxs) {
-  (void)daux, (void)dz; /* FFN experts have no losses of their own */
-  int D = l->cfg.D, H = l->cfg.H, rows = gr->rows, nt = l->st->threads, n;
+static moe_status own_backward(void *self, const moe__env *env, const moe__plan *p, const moe__groups *gr,
+                               const moe__ffn *f, const float *dout, float daux, float dz, float *dxs) {
+  (void)p, (void)daux, (void)dz; /* FFN experts have no losses of their own */
+  const ffn_self *o = self;
+  const moe_layer_t *l = env->l;
+  int D = l->cfg.D, H = l->cfg.H, rows = gr->rows, nt = env->threads, n;
   bool bf = is_bf16(l);
-  ffn_ctx c = {.l = l, .gr = gr, .f = f, .dout = dout, .dxs = dxs, .e1 = gr->n, .bwd = 1};
+  ffn_ctx c = {.l = l, .threads = nt, .wbf = o->wbf, .gr = gr, .f = f, .dout = dout, .dxs = dxs, .e1 = gr->n,
+               .bwd = 1};
   moe__weights_bind(l, l->params, &c.pw);
   moe__weights_bind(l, l->grads, &c.gw);
   if (bf) moe__to_bf16(f->db, dout, (size_t)rows * D, nt);
@@ -350,4 +390,5 @@ static moe_status own_backward(moe_layer_t *l, const moe__groups *gr, const moe_
   return run_stage(&c, 3, 0, &n);
 }
 
-const moe__expert_src moe__experts_own = {"own", 1, moe__ffn_bytes, moe__ffn_alloc, own_forward, own_backward};
+const moe__expert_src moe__experts_own = {"own",          1,              own_init,    own_free,     own_params_changed,
+                                          moe__ffn_bytes, moe__ffn_alloc, own_forward, own_backward, NULL};
