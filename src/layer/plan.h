@@ -38,10 +38,6 @@ typedef struct {
   int32_t *goffs;        /* (ng + 1) first row of each group */
   const int32_t *gkey;   /* (ng) each group's global expert, ascending (the sharded layout's tasks), or
                           * NULL: group g is local expert g of every owner (micro.c cuts by these keys) */
-  /* expert parallelism: per-rank blocks of the exchange */
-  int32_t *rc;           /* (W, E/W) rows from rank s for local expert e */
-  int32_t *perm;         /* (grows) each expert-major row's place in its micro-batch's staging */
-  int t0, Tv;            /* static: this rank's first token among all ranks', and their number */
   /* the experts' stage as n micro-batches (n = 1: the groups themselves) */
   int n, mb_rows;        /* micro-batches, the rows of the largest */
   int shared;            /* their activations (T_M) share one buffer (S3, S4), recomputed in backward */
