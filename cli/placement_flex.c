@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "flex/flex.h"
+#include "moe_plot.h"
 #include "placement_flex.h"
 
 static const char *CMD = "placement";
@@ -83,13 +83,13 @@ static void split_counts(const int32_t *Ie, int E, int W, int64_t *src) {
 
 /* --plot: the steps' ratios and times (4 series of n in v) drawn to o->plot, their scales printed. */
 static int plot(const flex_opts *o, const double *v, int64_t n) {
-  moe__flex_plot d = {.n = n, .ratio_before = v, .ratio_after = v + n, .time_before = v + 2 * n,
-                      .time_after = v + 3 * n, .threshold = o->threshold, .ratio_max = o->threshold};
+  moe_flex_plot d = {.n = n, .ratio_before = v, .ratio_after = v + n, .time_before = v + 2 * n,
+                     .time_after = v + 3 * n, .threshold = o->threshold, .ratio_max = o->threshold};
   for (int64_t i = 0; i < 2 * n; i++) {
     d.ratio_max = v[i] > d.ratio_max ? v[i] : d.ratio_max;
     d.time_max = v[2 * n + i] > d.time_max ? v[2 * n + i] : d.time_max;
   }
-  if (moe__flex_plot_png(o->plot, &d) != MOE_OK) return cli_fail(CMD);
+  if (moe_flex_plot_png(o->plot, &d) != MOE_OK) return cli_fail(CMD);
   fprintf(o->json ? stderr : stdout, "plot: %s: balance ratio 1 to %.4g (top, threshold %.3g in grey), modelled "
           "step 0 to %.6g s (bottom); light before each step's plan, dark after\n", o->plot, d.ratio_max,
           o->threshold, d.time_max);

@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "moe_plot.h"
 
 static const char *CMD = "plot-trace";
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "moe_plot.h"
 #include "sim/sim.h"
 
 static const char *CMD = "simulate";
@@ -136,7 +137,7 @@ static int sweep(moe_sim_config *c, const char *spec, const char *out, const cha
   }
   if (!rc && out && moe_write_file_atomic(out, csv, len) != MOE_OK) rc = cli_fail(CMD);
   else if (!rc && !out && !json) fputs(csv, stdout);
-  if (!rc && plot && (png ? moe__sim_plot_png : moe_sim_plot_svg)(plot, key, xs, rs, n) != MOE_OK) rc = cli_fail(CMD);
+  if (!rc && plot && (png ? moe_sim_plot_png : moe_sim_plot_svg)(plot, key, xs, rs, n) != MOE_OK) rc = cli_fail(CMD);
   free(csv);
   return rc;
 }

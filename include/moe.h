@@ -40,6 +40,13 @@ const char *moe_status_name(moe_status s); /* "MOE_ERR_SHAPE" */
 const char *moe_status_str(moe_status s);  /* "shape mismatch" */
 /* The message of the last failure on this thread: what failed, naming tensor/field/file and values. */
 const char *moe_last_error(void);
+/* Records the message (printf's fmt) as this thread's last error and returns st: for code built on
+ * libmoe (the plots of plot/moe_plot.h) to report its failures where the library's go. */
+moe_status moe_last_error_set(moe_status st, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 /* Writes n bytes to path atomically, as every file the library writes: path.tmp.<pid>, flushed and
  * fsynced, then renamed to path; on failure path is left as it was (MOE_ERR_IO names both files).
  * A path.tmp.<pid> that a killed writer left (its pid gone, its lock free) is removed first. */
@@ -593,35 +600,6 @@ moe_status moe_placement_eval(const moe_trace *t, int layer, int64_t s0, int64_t
                               const int *expert_device, double *max_load, double *avg_max_load,
                               int64_t *batches);
 
-/* ---- expert-load heatmaps of a trace (moe plot-trace) ---- */
-#define MOE_HEATMAP_PNG_COLS 1200 /* step columns at most in a PNG, and in an SVG */
-#define MOE_HEATMAP_SVG_COLS 600
-typedef struct {
-  int64_t steps;      /* steps of the trace */
-  int layer0, panels; /* the layers shown: layer0 .. layer0 + panels - 1, one panel each, top to bottom */
-  int experts;        /* rows of a panel, expert 0 at the top */
-  int cols;           /* columns: one per step, or (more than max_cols steps) max_cols averages; column c
-                       * covers steps [c * steps / cols, (c + 1) * steps / cols) */
-  float *value;       /* (panels, experts, cols): mean over the column's steps of tokens(step, layer, e) /
-                       * sum over e' of tokens(step, layer, e'), 0 for a step that routed nothing */
-  float vmax;         /* largest value (or 1 when all are 0): the linear color scale runs from 0 to vmax */
-  int width, height;  /* the raster: title, panels with axes, ticks and labels, a color bar per panel */
-  uint8_t *rgb;       /* (height, width, 3) 8-bit sRGB */
-  int x0, y0, cell_w, cell_h, panel_h; /* cell (p, e, c) covers the pixels x in [x0 + c * cell_w, + cell_w),
-                                        * y in [y0 + p * panel_h + e * cell_h, + cell_h) */
-} moe_heatmap;
-/* Builds the values and the raster of layer `layer` of t, or of every layer when layer < 0, with at most
- * max_cols columns (> 0). MOE_ERR_ARG for an empty trace (no steps, layers or experts) or a layer out of
- * range, MOE_ERR_VALUE for a raster too large. Free with moe_heatmap_free. */
-moe_status moe_heatmap_build(moe_heatmap *h, const moe_trace *t, int layer, int max_cols);
-void moe_heatmap_free(moe_heatmap *h);
-/* Write the raster as an 8-bit RGB PNG, or the values as an SVG (one <rect> per run of equal colors in a
- * row, axes, labels, a color bar); both atomically (temp file, fsync, rename). */
-moe_status moe_heatmap_write_png(const moe_heatmap *h, const char *path);
-moe_status moe_heatmap_write_svg(const moe_heatmap *h, const char *path);
-/* The color map (viridis, linear interpolation between 10 samples): v in [0, 1], clamped. */
-void moe_heatmap_color(float v, uint8_t rgb[3]);
-
 /* ---- RECOMPILE (DynaMoE section 3 and appendix B): the training loop pushes each iteration's
  * metrics without waiting; a trigger runs on its own thread with the most recent metrics while
  * iterations go on, and an adjustment it returns for the metrics of iteration j takes effect at the
@@ -878,9 +856,6 @@ typedef struct {
   int flex_ops;           /* Expand / Shrink / Migrate operations in the plan */
 } moe_sim_result;
 moe_status moe_sim_run(const moe_sim_config *c, moe_sim_result *r);
-/* An SVG line chart of a sweep: the step, the busiest device's compute and the exposed communication
- * (ms) against the swept values x (> 0; a log axis when they span more than 10x), written atomically. */
-moe_status moe_sim_plot_svg(const char *path, const char *key, const double *x, const moe_sim_result *r, int n);
 /* This machine's rates for a config (moe simulate --calibrate): the sgemm rate of one rank while every
  * rank runs them (threads each: the experts' GEMMs at 512 and 32 rows), and the token exchange among d's ranks fitted to lat + bytes / bw, bytes
  * being what a rank sends one peer (with one rank: the exchange's copy to itself). Every rank calls it. */

@@ -1,4 +1,4 @@
-/* Expert-load heatmaps (src/serve/heatmap.c) and `moe plot-trace`: values and downsampling on hand-made
+/* Expert-load heatmaps (plot/heatmap.c) and `moe plot-trace`: values and downsampling on hand-made
  * traces, a PNG read back through libpng (size, a hot cell in the color map's top color, a cold one in
  * its bottom color), an SVG's cells, and the command's errors (exit 1, a message, no output left). */
 #include <dirent.h>
@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include "moe_plot.h"
 #include "run_cli.h"
 #include "test.h"
 

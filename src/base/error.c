@@ -27,14 +27,28 @@ const char *moe_status_str(moe_status s) {
 
 const char *moe_last_error(void) { return last_error; }
 
+/* The arguments may include moe_last_error() itself (a prefix to it): formatted aside, then copied. */
+static moe_status set_error(moe_status st, const char *fmt, va_list ap) {
+  char msg[sizeof last_error];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  memcpy(last_error, msg, sizeof msg);
+  return st;
+}
+
 moe_status moe__error(moe_status st, const char *file, int line, const char *fmt, ...) {
   (void)file;
   (void)line;
-  char msg[sizeof last_error]; /* the arguments may include moe_last_error() itself: a prefix to it */
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  st = set_error(st, fmt, ap);
   va_end(ap);
-  memcpy(last_error, msg, sizeof msg);
+  return st;
+}
+
+moe_status moe_last_error_set(moe_status st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  st = set_error(st, fmt, ap);
+  va_end(ap);
   return st;
 }

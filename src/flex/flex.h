@@ -209,16 +209,4 @@ moe_status moe__flex_sync_groups(const moe__flex_table *t, int rank, moe__flex_g
  * that order keeps P3 1.7's ascending order. Returns the number of sets. */
 int moe__flex_rank_sets(const moe__flex_table *t, int *set_of, uint64_t *masks);
 
-/* ---- the plot of moe placement --method flexmoe --plot ---- */
-
-typedef struct {
-  int64_t n;                                 /* steps */
-  const double *ratio_before, *ratio_after;  /* (n) Eq. 6 before and after each step's plan */
-  const double *time_before, *time_after;    /* (n) Eq. 5, seconds */
-  double threshold, ratio_max, time_max;     /* the scales: ratio from 1, time from 0 */
-} moe__flex_plot;
-/* Two panels over the steps (ratio on top, with the threshold; modelled step time below), each value
- * before its plan light and after it dark, written to path as a PNG (atomically). */
-moe_status moe__flex_plot_png(const char *path, const moe__flex_plot *d);
-
 #endif

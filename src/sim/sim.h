@@ -95,9 +95,6 @@ double moe__sim_router_s(const moe_sim_config *c);
  * intra_bw and intra_lat of the exchange among d's ranks on one node. Every rank calls it. */
 moe_status moe__sim_calibrate(const moe_dist *d, int threads, moe_sim_config *c);
 
-/* moe_sim_plot_svg's chart as a PNG raster (lines and ticks, no text), written atomically. */
-moe_status moe__sim_plot_png(const char *path, const char *key, const double *x, const moe_sim_result *r, int n);
-
 /* A serving run (serve.c): the trace's decode steps on one device with the config's expert cache. */
 #define MOE__SIM_SERVE_MAX_STEPS 16384 /* the per-step misses cost steps^2 / 2 steps of moe_cachesim */
 typedef struct {

@@ -9,6 +9,7 @@
 
 #include "alloc_fail.h"
 #include "internal.h"
+#include "moe_plot.h"
 #include "test.h"
 
 enum { T = 6, D = 8, B = 5, IN = 12, CLASSES = 3 };

@@ -1,14 +1,12 @@
-/* Expert-load heatmaps of a trace (declared in moe.h): the values (share of each step's tokens per expert,
- * averaged over the steps of a column), a raster with a tiny built-in bitmap font for the labels, written
- * as PNG through libpng, and an SVG written by hand. Both files are written atomically. */
+/* Expert-load heatmaps of a trace (declared in moe_plot.h): the values (share of each step's tokens per
+ * expert, averaged over the steps of a column), a raster with a tiny built-in bitmap font for the labels,
+ * written as PNG (save.c's libpng encoder), and an SVG written by hand. Both files are written atomically. */
 #include <math.h>
-#include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats/atomic_file.h"
-#include "internal.h"
+#include "plot_internal.h"
 
 /* ---- color map: viridis sampled at 10 points (matplotlib), interpolated linearly in sRGB ---- */
 static const uint8_t VIRIDIS[10][3] = {
@@ -269,13 +267,13 @@ void moe_heatmap_free(moe_heatmap *h) {
 }
 
 moe_status moe_heatmap_build(moe_heatmap *h, const moe_trace *t, int layer, int max_cols) {
-  MOE_TRY(h && t, MOE_ERR_ARG, "moe_heatmap_build: NULL %s", h ? "trace" : "heatmap");
+  MOE_PLOT_TRY(h && t, MOE_ERR_ARG, "moe_heatmap_build: NULL %s", h ? "trace" : "heatmap");
   memset(h, 0, sizeof *h);
-  MOE_TRY(max_cols > 0, MOE_ERR_ARG, "moe_heatmap_build: max_cols %d, want > 0", max_cols);
-  MOE_TRY(t->steps > 0 && t->layers > 0 && t->experts > 0 && t->tokens, MOE_ERR_ARG,
+  MOE_PLOT_TRY(max_cols > 0, MOE_ERR_ARG, "moe_heatmap_build: max_cols %d, want > 0", max_cols);
+  MOE_PLOT_TRY(t->steps > 0 && t->layers > 0 && t->experts > 0 && t->tokens, MOE_ERR_ARG,
           "empty trace: nothing to plot (%lld steps, %d layers, %d experts)", (long long)t->steps, t->layers,
           t->experts);
-  MOE_TRY(layer < t->layers, MOE_ERR_ARG, "layer %d out of range: the trace has %d layer%s (0..%d)", layer,
+  MOE_PLOT_TRY(layer < t->layers, MOE_ERR_ARG, "layer %d out of range: the trace has %d layer%s (0..%d)", layer,
           t->layers, t->layers == 1 ? "" : "s", t->layers - 1);
   int E = t->experts, L = t->layers;
   h->steps = t->steps;
@@ -284,7 +282,7 @@ moe_status moe_heatmap_build(moe_heatmap *h, const moe_trace *t, int layer, int 
   h->experts = E;
   h->cols = t->steps < max_cols ? (int)t->steps : max_cols;
   h->value = calloc((size_t)h->panels * E * h->cols, sizeof *h->value);
-  if (!h->value) return moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "heatmap: out of memory");
+  if (!h->value) return moe_last_error_set(MOE_ERR_NOMEM, "heatmap: out of memory");
 
   /* values: the share of each step's tokens, averaged over the column's steps */
   float vmax = 0;
@@ -331,69 +329,31 @@ moe_status moe_heatmap_build(moe_heatmap *h, const moe_trace *t, int layer, int 
   int64_t height = TITLE_H + (int64_t)h->panels * h->panel_h;
   if (width * height > MAX_PIXELS) {
     moe_heatmap_free(h);
-    return moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "heatmap: %lld x %lld pixels is too large (%d experts, %d panels)",
-                      (long long)width, (long long)height, E, layer < 0 ? L : 1);
+    return moe_last_error_set(MOE_ERR_VALUE, "heatmap: %lld x %lld pixels is too large (%d experts, %d panels)",
+                              (long long)width, (long long)height, E, layer < 0 ? L : 1);
   }
   h->width = (int)width;
   h->height = (int)height;
   h->rgb = malloc((size_t)width * height * 3);
   if (!h->rgb) {
     moe_heatmap_free(h);
-    return moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "heatmap: out of memory for the raster");
+    return moe_last_error_set(MOE_ERR_NOMEM, "heatmap: out of memory for the raster");
   }
   draw(h, &g);
   return MOE_OK;
 }
 
 /* ---- writing, atomically ---- */
-static moe_status save_atomic(const moe_heatmap *h, const char *path, moe__file_writer write) {
-  MOE_TRY(h && path, MOE_ERR_ARG, "heatmap: NULL %s", h ? "path" : "heatmap");
-  MOE_TRY(h->value && h->rgb, MOE_ERR_STATE, "%s: the heatmap was not built", path);
-  return moe__save_atomic(path, write, (void *)h);
+static moe_status check_built(const moe_heatmap *h, const char *path) {
+  MOE_PLOT_TRY(h && path, MOE_ERR_ARG, "heatmap: NULL %s", h ? "path" : "heatmap");
+  MOE_PLOT_TRY(h->value && h->rgb, MOE_ERR_STATE, "%s: the heatmap was not built", path);
+  return MOE_OK;
 }
 
-typedef struct {
-  char *msg;
-  size_t n;
-} png_err_sink;
-
-static void png_on_error(png_structp png, png_const_charp text) {
-  png_err_sink *sink = png_get_error_ptr(png);
-  snprintf(sink->msg, sink->n, "libpng: %s", text);
-  png_longjmp(png, 1);
+moe_status moe_heatmap_write_png(const moe_heatmap *h, const char *path) {
+  moe_status st = check_built(h, path);
+  return st ? st : moe_plot__save_png(path, h->rgb, h->width, h->height, TITLE);
 }
-static void png_on_warning(png_structp png, png_const_charp text) {
-  (void)png;
-  (void)text;
-}
-
-static int write_png(FILE *fp, void *ctx, char *msg, size_t n) {
-  const moe_heatmap *h = ctx;
-  png_err_sink sink = {msg, n};
-  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &sink, png_on_error, png_on_warning);
-  if (!png) return snprintf(msg, n, "libpng: cannot create a writer"), 0;
-  png_infop info = png_create_info_struct(png);
-  if (!info) {
-    png_destroy_write_struct(&png, NULL);
-    return snprintf(msg, n, "libpng: cannot create the info struct"), 0;
-  }
-  if (setjmp(png_jmpbuf(png))) {
-    png_destroy_write_struct(&png, &info);
-    return 0;
-  }
-  png_init_io(png, fp);
-  png_set_IHDR(png, info, (png_uint_32)h->width, (png_uint_32)h->height, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
-               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-  png_text txt = {.compression = PNG_TEXT_COMPRESSION_NONE, .key = "Title", .text = (char *)TITLE};
-  png_set_text(png, info, &txt, 1);
-  png_write_info(png, info);
-  for (int y = 0; y < h->height; y++) png_write_row(png, h->rgb + (size_t)y * h->width * 3);
-  png_write_end(png, NULL);
-  png_destroy_write_struct(&png, &info);
-  return !ferror(fp);
-}
-
-moe_status moe_heatmap_write_png(const moe_heatmap *h, const char *path) { return save_atomic(h, path, write_png); }
 
 static void svg_text(FILE *fp, int x, int top, const char *anchor, const char *s) {
   fprintf(fp, "<text x=\"%d\" y=\"%d\"%s%s%s>%s</text>\n", x, top + CAP, anchor ? " text-anchor=\"" : "",
@@ -405,7 +365,7 @@ static void svg_frame(FILE *fp, int x, int y, int w, int h) {
           y - 1, w + 1, h + 1);
 }
 
-static int write_svg(FILE *fp, void *ctx, char *msg, size_t n) {
+static int write_svg(FILE *fp, const void *ctx, char *msg, size_t n) {
   const moe_heatmap *h = ctx;
   (void)msg;
   (void)n;
@@ -476,4 +436,7 @@ static int write_svg(FILE *fp, void *ctx, char *msg, size_t n) {
   return !ferror(fp);
 }
 
-moe_status moe_heatmap_write_svg(const moe_heatmap *h, const char *path) { return save_atomic(h, path, write_svg); }
+moe_status moe_heatmap_write_svg(const moe_heatmap *h, const char *path) {
+  moe_status st = check_built(h, path);
+  return st ? st : moe_plot__save(path, write_svg, h);
+}

@@ -1,12 +1,11 @@
 /* The sweep's chart (moe simulate --sweep --plot): a line chart of the step, the busiest device's
  * compute and the exposed communication against the swept value, as SVG (written here: the heatmap's
- * SVG is cells, not lines) or as a PNG raster, encoded by the heatmap's PNG writer. */
+ * SVG is cells, not lines) or as a PNG raster (save.c's encoder). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats/atomic_file.h"
-#include "internal.h"
+#include "plot_internal.h"
 
 enum { W_ = 720, H_ = 420, L_ = 80, R_ = 170, T_ = 30, B_ = 60 };
 
@@ -33,7 +32,7 @@ static double series(const moe_sim_result *r, int s) {
 static const char *const NAMES[] = {"step", "compute (busiest device)", "exposed communication"};
 static const uint8_t RGB[3][3] = {{0x20, 0x20, 0x20}, {0x1f, 0x77, 0xb4}, {0xd6, 0x27, 0x28}};
 
-static int write_chart(FILE *fp, void *ctx, char *msg, size_t n) {
+static int write_chart(FILE *fp, const void *ctx, char *msg, size_t n) {
   (void)msg, (void)n;
   const chart *c = ctx;
   fprintf(fp, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
@@ -98,10 +97,10 @@ static void draw_chart(const chart *c, uint8_t *rgb) {
 
 static moe_status make_chart(const char *path, const char *key, const double *x, const moe_sim_result *r, int n,
                              chart *c) {
-  MOE_TRY(n >= 1, MOE_ERR_ARG, "%s: a sweep chart needs at least one run", path);
+  MOE_PLOT_TRY(n >= 1, MOE_ERR_ARG, "%s: a sweep chart needs at least one run", path);
   *c = (chart){key, x, r, n, 0, x[0], x[0], 0};
   for (int i = 0; i < n; i++) {
-    MOE_TRY(isfinite(x[i]) && x[i] > 0, MOE_ERR_ARG, "%s: sweep value %g is not > 0", path, x[i]);
+    MOE_PLOT_TRY(isfinite(x[i]) && x[i] > 0, MOE_ERR_ARG, "%s: sweep value %g is not > 0", path, x[i]);
     c->x0 = fmin(c->x0, x[i]), c->x1 = fmax(c->x1, x[i]), c->ymax = fmax(c->ymax, series(r + i, 0));
   }
   c->logx = c->x1 > 10 * c->x0;
@@ -111,18 +110,18 @@ static moe_status make_chart(const char *path, const char *key, const double *x,
 
 moe_status moe_sim_plot_svg(const char *path, const char *key, const double *x, const moe_sim_result *r, int n) {
   chart c;
-  MOE_CHECK(make_chart(path, key, x, r, n, &c));
-  return moe__save_atomic(path, write_chart, &c);
+  moe_status st = make_chart(path, key, x, r, n, &c);
+  return st ? st : moe_plot__save(path, write_chart, &c);
 }
 
-moe_status moe__sim_plot_png(const char *path, const char *key, const double *x, const moe_sim_result *r, int n) {
+moe_status moe_sim_plot_png(const char *path, const char *key, const double *x, const moe_sim_result *r, int n) {
   chart c;
-  MOE_CHECK(make_chart(path, key, x, r, n, &c));
-  float none = 0; /* the writer wants values beside the raster; a chart has none */
-  moe_heatmap h = {.width = W_, .height = H_, .value = &none, .rgb = malloc((size_t)W_ * H_ * 3)};
-  MOE_TRY(h.rgb, MOE_ERR_NOMEM, "%s: a %d x %d raster", path, W_, H_);
-  draw_chart(&c, h.rgb);
-  moe_status st = moe_heatmap_write_png(&h, path);
-  free(h.rgb);
+  moe_status st = make_chart(path, key, x, r, n, &c);
+  if (st) return st;
+  uint8_t *rgb = malloc((size_t)W_ * H_ * 3);
+  MOE_PLOT_TRY(rgb, MOE_ERR_NOMEM, "%s: a %d x %d raster", path, W_, H_);
+  draw_chart(&c, rgb);
+  st = moe_plot__save_png(path, rgb, W_, H_, "moe simulate sweep: step, compute and exposed communication (ms)");
+  free(rgb);
   return st;
 }

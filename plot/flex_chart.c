@@ -1,13 +1,13 @@
 /* moe placement --method flexmoe --plot: the balance ratio and the modelled step time over the steps of
  * a trace, before (light) and after (dark) each step's plan, in two panels (the ratio on top, with the
- * threshold as a grey line), drawn as an RGB raster and written through the heatmap's PNG writer
- * (moe_heatmap_write_png: libpng, atomically). The raster has no text (the heatmap's font is its own);
- * the caller prints the axes' ranges. */
+ * threshold as a grey line), drawn as an RGB raster in the heatmap's colors and written as a PNG
+ * (save.c: libpng, atomically). The raster has no text (the heatmap's font is its own); the caller
+ * prints the axes' ranges. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "flex/flex.h"
+#include "plot_internal.h"
 
 enum { PW = 800, PH = 520, MARGIN = 20, GAP = 40 };
 
@@ -52,10 +52,10 @@ static void frame(const panel *p) {
   line(p->rgb, MARGIN, y0, MARGIN, y1, INK), line(p->rgb, x1, y0, x1, y1, INK);
 }
 
-moe_status moe__flex_plot_png(const char *path, const moe__flex_plot *d) {
-  MOE_TRY(d->n >= 1, MOE_ERR_ARG, "%s: no steps to plot", path);
+moe_status moe_flex_plot_png(const char *path, const moe_flex_plot *d) {
+  MOE_PLOT_TRY(d->n >= 1, MOE_ERR_ARG, "%s: no steps to plot", path);
   uint8_t *rgb = malloc((size_t)PW * PH * 3);
-  MOE_TRY(rgb, MOE_ERR_NOMEM, "%s: a %dx%d raster", path, PW, PH);
+  MOE_PLOT_TRY(rgb, MOE_ERR_NOMEM, "%s: a %dx%d raster", path, PW, PH);
   memset(rgb, 0xff, (size_t)PW * PH * 3);
   int ph = (PH - 2 * MARGIN - GAP) / 2;
   panel ratio = {rgb, MARGIN, ph, 1, d->ratio_max}, time = {rgb, MARGIN + ph + GAP, ph, 0, d->time_max};
@@ -67,9 +67,8 @@ moe_status moe__flex_plot_png(const char *path, const moe__flex_plot *d) {
   line(rgb, MARGIN, row_of(&ratio, d->threshold), PW - MARGIN - 1, row_of(&ratio, d->threshold), GREY);
   series(&ratio, d->ratio_before, d->n, before), series(&ratio, d->ratio_after, d->n, after);
   series(&time, d->time_before, d->n, before), series(&time, d->time_after, d->n, after);
-  float none = 0; /* the writer checks that a heatmap was built: this raster has no cell values */
-  moe_heatmap h = {.steps = d->n, .value = &none, .width = PW, .height = PH, .rgb = rgb};
-  moe_status st = moe_heatmap_write_png(&h, path);
+  moe_status st = moe_plot__save_png(path, rgb, PW, PH,
+                                     "FlexMoE placement per step: balance ratio (top), modelled step time (bottom)");
   free(rgb);
   return st;
 }
