@@ -82,7 +82,7 @@ moe_status moe__st_scan_finite(const moe_st *f, const moe_tensor_view *v);
 moe_status moe__st_expect_shape(const moe_st *f, const moe_tensor_view *v, const char *name, int ndim,
                                 const int64_t *shape);
 
-/* __metadata__ values of a safetensors file (layer_io.c): absent keys leave *out as it is; values
+/* __metadata__ values of a safetensors file (model/layer_io.c): absent keys leave *out as it is; values
  * that do not parse are MOE_ERR_FORMAT naming the file and key. */
 moe_status moe__meta_int(const moe_st *f, const char *key, int *out);
 moe_status moe__meta_float(const moe_st *f, const char *key, float *out);

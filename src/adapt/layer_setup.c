@@ -8,13 +8,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <math.h>
+#include <string.h>
+
+#include "adapt/layer_setup.h"
 #include "dist/dist.h"
 #include "shard/shard.h"
 
-/* The policy's state: the dictionary, when anything is adaptive, and the last forward's micro-batches. */
+/* The policy's state: the dictionary, when anything is adaptive, and the last forward's micro-batches;
+ * memory_reuse AUTO's strategy (-1: not yet chosen) and what the steps so far measured: the experts'
+ * multiply-adds and seconds in forward, the exchanges' elements and seconds. */
 typedef struct {
   moe__auto_pipe *ap;
   int n;
+  int reuse_pick;
+  double reuse_meas[4];
 } setup_self;
 
 enum { SEARCH_R = 1, SEARCH_N = 2, SEARCH_A = 4 };
@@ -69,9 +77,55 @@ static void drop(setup_self *o) {
 
 static moe_status setup_init(const moe_layer_t *l, void **self) {
   (void)l;
-  *self = calloc(1, sizeof(setup_self));
-  MOE_TRY(*self, MOE_ERR_NOMEM, "moe_layer_init: out of memory");
+  setup_self *o = calloc(1, sizeof *o);
+  MOE_TRY(o, MOE_ERR_NOMEM, "moe_layer_init: out of memory");
+  o->reuse_pick = -1;
+  *self = o;
   return MOE_OK;
+}
+
+static void setup_reconfigured(void *self) {
+  setup_self *o = self;
+  o->reuse_pick = -1;
+  memset(o->reuse_meas, 0, sizeof o->reuse_meas);
+}
+
+/* memory_reuse AUTO: S4 until a step has measured the experts' and the exchanges' rates; then, once,
+ * the strategy Eq. 10 models fastest (ties to the one that saves less) among those whose workspace fits
+ * the budget on every rank, else S4. Every rank decides from the same sums. */
+static moe_status setup_reuse(void *self, const moe_layer_t *l, const moe__plan *p, const size_t bytes[4],
+                              moe_reuse *out) {
+  setup_self *o = self;
+  *out = o->reuse_pick >= 0 ? (moe_reuse)o->reuse_pick : MOE_REUSE_S4;
+  /* undecided ranks all come here at each forward, so the all-reduce pairs up */
+  if (o->reuse_pick >= 0 || (!l->cfg.dist && o->reuse_meas[1] <= 0)) return MOE_OK;
+  static const moe_reuse order[4] = {MOE_REUSE_NONE, MOE_REUSE_S2, MOE_REUSE_S3, MOE_REUSE_S4};
+  double m[8];
+  memcpy(m, o->reuse_meas, sizeof o->reuse_meas);
+  for (int i = 0; i < 4; i++) m[4 + i] = bytes[i] <= l->cfg.memory_budget;
+  if (l->cfg.dist) MOE_CHECK(moe_dist_allreduce(l->cfg.dist, m, 8));
+  if (m[0] <= 0 || m[1] <= 0) return MOE_OK; /* no rank has computed a row yet */
+  double cost[4], b = p->mb_rows > 0 ? (double)p->mb_rows : 1;
+  MOE_CHECK(moe__reuse_costs_cpu(b, l->cfg.D, l->cfg.H, m[0] / m[1], m[3] > 0 ? m[2] / m[3] : INFINITY, cost));
+  double best = INFINITY;
+  o->reuse_pick = MOE_REUSE_S4;
+  for (int i = 0; i < 4; i++)
+    if (m[4 + i] == moe_dist_size(l->cfg.dist) && cost[order[i]] < best) best = cost[order[i]], o->reuse_pick = order[i];
+  *out = (moe_reuse)o->reuse_pick;
+  return MOE_OK;
+}
+
+/* memory_reuse AUTO, undecided: this forward's experts (multiply-adds of their rows and the seconds of
+ * their GEMMs) and exchanges (elements moved and the seconds waited for them). */
+static void setup_measure(void *self, const moe_layer_t *l, double madds, double secs, double elems,
+                          double comm_secs) {
+  (void)l;
+  setup_self *o = self;
+  if (o->reuse_pick >= 0) return;
+  o->reuse_meas[0] += madds;
+  o->reuse_meas[1] += secs;
+  o->reuse_meas[2] += elems;
+  o->reuse_meas[3] += comm_secs;
 }
 
 static void setup_free(void *self) {
@@ -119,8 +173,9 @@ static int setup_trial(const void *self) {
   return a && a->trial;
 }
 
-const moe__policy moe__policy_setup = {setup_init, setup_free, setup_begin, setup_pick, setup_a2a, setup_time,
-                                       setup_trial};
+const moe__policy moe__policy_setup = {setup_init,    setup_free,         setup_begin, setup_pick,
+                                       setup_reuse,   setup_measure,      setup_reconfigured,
+                                       setup_a2a,     setup_time,         setup_trial, MOE__AUTO_MAX_N};
 
 int moe__layer_setup_trial(const moe_layer_t *l) {
   const setup_self *o = moe__layer_policy(l);

@@ -70,6 +70,7 @@ static moe_status stream_of(const moe_dist *d, struct moe__stream **out) {
       MOE_TRY(0, MOE_ERR_NOMEM, "communication thread: cannot start it (out of memory or threads)");
     }
     m->stream = s;
+    m->stream_free = moe__stream_free;
   }
   *out = m->stream;
   return MOE_OK;

@@ -12,6 +12,7 @@ struct moe_dist {
   int thread_ok; /* MPI lets a second thread make the calls (MPI_THREAD_SERIALIZED): the stream may run */
   void *comm;    /* the MPI state (dist_mpi.c), NULL for one process without MPI */
   struct moe__stream *stream; /* the communication thread (comm_stream.c), started on first use */
+  void (*stream_free)(struct moe_dist *d); /* stops and frees it (set with it: the ranks' code names no stream) */
 };
 
 /* Each rank sends sendcounts[q] ints to rank q (contiguous, in rank order) and receives

@@ -14,7 +14,6 @@
 
 #include <time.h>
 
-#include "comm_stream.h"
 #include "dist.h"
 
 typedef struct {
@@ -79,7 +78,7 @@ static void free_grid(mpi_state *m) {
 
 void moe_dist_finalize(moe_dist *d) {
   if (!d) return;
-  moe__stream_free(d); /* its thread may still make MPI calls */
+  if (d->stream_free) d->stream_free(d); /* its thread may still make MPI calls */
   if (!ONE(d)) {
     mpi_state *m = ST(d);
     free_grid(m);

@@ -212,6 +212,20 @@ static moe_status flex_recv(void *self, const moe__env *env, const moe__plan *p,
   return through(self, env, p, 1, g, rows);
 }
 
+/* The whole tensor's element j in this rank's rows of the experts it holds, or -1. */
+static long long flex_local(void *self, const moe_layer_t *l, const moe_param_info *p, size_t j) {
+  (void)self;
+  size_t per = p->numel / (size_t)p->shape[0];
+  int row = moe__flex_row(l, (int)(j / per));
+  return row >= 0 ? (long long)((size_t)row * per + j % per) : -1;
+}
+
+static moe_status flex_reduce_grads(void *self, moe_layer_t *l) {
+  (void)self;
+  return moe__flex_reduce_grads(l);
+}
+
 const moe__transport moe__transport_flex = {"all-to-all-v over replicas", 0, flex_init, flex_free, flex_begin,
                                             flex_view, flex_groups, flex_work_bytes, flex_alloc, flex_send,
-                                            flex_recv, NULL, moe__ep_agree};
+                                            flex_recv, NULL, moe__ep_agree, moe__ep_whole, flex_local,
+                                            flex_reduce_grads};

@@ -6,6 +6,8 @@
 #include "flex/flex.h"
 #include "layer/plugins.h"
 
+extern const moe__transport moe__transport_flex; /* flex/transport.c: all-to-all-v over FlexMoE's replicas */
+
 typedef struct moe__flex_comms moe__flex_comms; /* the replica groups' communicators (grads.c) */
 void moe__flex_comms_free(moe__flex_comms *c);
 
@@ -43,6 +45,11 @@ moe_status moe__flex_land(moe_layer_t *l, const moe__flex_rows *r, const int *sl
 size_t moe__flex_expert_floats(const moe_layer_config *c);
 /* The FlexMoE state of layer l (its transport's), or NULL when it has no replica slots. */
 static inline moe__flex_layer *moe__flex_of(const moe_layer_t *l) { return moe__layer_transport(l, &moe__transport_flex); }
+
+/* The row of this rank's expert tensors holding expert e, or -1 (transport.c); the replicas' gradients
+ * summed over the ranks holding them (grads.c, moe_layer_reduce_grads). */
+int moe__flex_row(const moe_layer_t *l, int e);
+moe_status moe__flex_reduce_grads(moe_layer_t *l);
 
 /* held and nh from the table's slots of this rank. */
 void moe__flex_layer_sync_held(moe__flex_layer *f);

@@ -7,10 +7,8 @@
 #include <string.h>
 
 #include "dist/dist.h"
-#include "adapt/pipe_model.h"
 #include "kernels/gemm.h"
 #include "layer/plugins.h"
-#include "shard/shard.h"
 
 /* The layer's private state: what a forward leaves for its backward, the plug-ins and their state, and
  * the two workspaces. No other file sees it: the stages and plug-ins get what they need by name. */
@@ -33,10 +31,6 @@ struct moe__layer_state {
   float *xs, *out;  /* (rows, D) dispatch rows: expert inputs and outputs */
   moe__expert_bufs xb; /* a moving transport's expert side */
   moe__dispatch dsp;   /* the dispatch's own tensors */
-  /* memory_reuse AUTO: the strategy chosen (-1: not yet), and what the steps so far measured: the
-   * experts' multiply-adds and seconds in forward, the exchanges' elements and seconds */
-  int reuse_pick;
-  double reuse_meas[4];
   moe_comm_stats comm; /* exchanges since the last reset */
 };
 
@@ -58,8 +52,7 @@ void moe_layer_config_default(moe_layer_config *c) {
   c->parallel_r = MOE_PARALLEL_OFF;
 }
 
-/* Tutel's sharded layout (shard.h): parallel_r set, over ranks. */
-static int sharded(const moe_layer_config *c) { return c->dist && c->parallel_r != MOE_PARALLEL_OFF; }
+int moe__layer_sharded(const moe_layer_config *c) { return c->dist && c->parallel_r != MOE_PARALLEL_OFF; }
 
 static void add_param(moe_layer_t *l, const char *name, int ndim, int64_t a, int64_t b, int64_t c) {
   moe_param_info *p = &l->info[l->nparams++];
@@ -105,7 +98,7 @@ static moe_status check_config(const moe_layer_config *c) {
     int W = moe_dist_size(c->dist);
     MOE_TRY(W <= MOE__EP_MAX_RANKS, MOE_ERR_ARG, "expert parallelism supports up to %d ranks, got %d",
             MOE__EP_MAX_RANKS, W);
-    MOE_TRY(c->E % W == 0 || sharded(c), MOE_ERR_ARG, "config: expert parallelism needs E divisible by the ranks (E=%d, W=%d)",
+    MOE_TRY(c->E % W == 0 || moe__layer_sharded(c), MOE_ERR_ARG, "config: expert parallelism needs E divisible by the ranks (E=%d, W=%d)",
             c->E, W);
     MOE_TRY(c->inner_experts == 0, MOE_ERR_ARG, "config: expert parallelism does not support hierarchical MoE yet");
     MOE_TRY(!c->external_experts, MOE_ERR_ARG, "config: expert parallelism does not support expert buffering yet");
@@ -116,10 +109,10 @@ static moe_status check_config(const moe_layer_config *c) {
   }
   MOE_TRY(c->parallel_r >= MOE_PARALLEL_OFF, MOE_ERR_ARG,
           "config: parallel_r must be >= 0, -1 (auto) or %d (off), got %d", MOE_PARALLEL_OFF, c->parallel_r);
-  MOE_TRY(!sharded(c) || c->dispatch == MOE_DISPATCH_DYNAMIC, MOE_ERR_ARG,
+  MOE_TRY(!moe__layer_sharded(c) || c->dispatch == MOE_DISPATCH_DYNAMIC, MOE_ERR_ARG,
           "config: parallel_r %d needs dynamic dispatch", c->parallel_r);
   MOE_TRY(c->replica_slots >= 0, MOE_ERR_ARG, "config: replica_slots must be >= 0, got %d", c->replica_slots);
-  MOE_TRY(!sharded(c) || !c->replica_slots, MOE_ERR_ARG,
+  MOE_TRY(!moe__layer_sharded(c) || !c->replica_slots, MOE_ERR_ARG,
           "config: parallel_r %d and replica_slots %d: sharded experts have no replicas", c->parallel_r,
           c->replica_slots);
   MOE_TRY(c->dtype == MOE_DT_F32 || c->dtype == MOE_DT_BF16, MOE_ERR_ARG,
@@ -132,26 +125,18 @@ static moe_status check_config(const moe_layer_config *c) {
   return MOE_OK;
 }
 
-/* The layer's plug-ins, chosen once from its configuration, each with its state: the transport, the
- * expert source (external experts get theirs with the cache, moe_layer_set_expert_cache) and the
- * adaptive setup's policy. */
-static moe_status plug_in(moe_layer_t *l) {
+/* The plug-ins, each with its state. */
+static moe_status plug_in(moe_layer_t *l, const moe__plugins *pl) {
   moe__layer_state *s = l->st;
-  const moe_layer_config *cfg = &l->cfg;
-  s->tr = !cfg->dist ? &moe__transport_local
-          : sharded(cfg) ? &moe__transport_shard
-          : cfg->dispatch == MOE_DISPATCH_STATIC ? &moe__transport_static
-          : cfg->replica_slots ? &moe__transport_flex : &moe__transport_a2a;
-  s->src = cfg->inner_experts ? &moe__experts_inner : cfg->external_experts ? NULL
-           : sharded(cfg) ? &moe__experts_shard : &moe__experts_own;
-  s->pol = &moe__policy_setup;
-  s->reuse_pick = -1;
+  s->tr = pl->tr;
+  s->src = pl->src;
+  s->pol = pl->pol;
   if (s->tr->init) MOE_CHECK(s->tr->init(l, &s->tr_self));
   if (s->src && s->src->init) MOE_CHECK(s->src->init(l, s->tr_self, &s->src_self));
-  return s->pol->init(l, &s->pol_self);
+  return s->pol ? s->pol->init(l, &s->pol_self) : MOE_OK;
 }
 
-moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
+moe_status moe__layer_init(moe_layer_t *l, const moe_layer_config *cfg, const moe__plugins *pl) {
   MOE_TRY(l && cfg, MOE_ERR_ARG, "moe_layer_init: NULL argument");
   memset(l, 0, sizeof *l);
   MOE_CHECK(check_config(cfg));
@@ -169,7 +154,7 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
   if (!cfg->inner_experts && !cfg->external_experts) {
     int flex = cfg->dist && cfg->replica_slots; /* E_v rows: the experts this rank holds, then zeros */
     int64_t El = flex ? cfg->replica_slots : E / moe_dist_size(cfg->dist), Dc = D; /* this rank's experts; fc2.bias's columns */
-    if (sharded(cfg)) { /* every expert, this rank's rows of H (shard.h) */
+    if (moe__layer_sharded(cfg)) { /* every expert, this rank's rows of H (shard.h) */
       int W = moe_dist_size(cfg->dist), q = moe_dist_rank(cfg->dist);
       El = E;
       Dc = D * (q + 1) / W - D * q / W;
@@ -190,24 +175,10 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
     moe_layer_free(l);
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_layer_init: cannot allocate %zu parameters", n);
   }
-  moe_status ps = plug_in(l);
+  moe_status ps = plug_in(l, pl);
   if (ps != MOE_OK) {
     moe_layer_free(l);
     return ps;
-  }
-  if (l->inner) {
-    moe_layer_config ic = *cfg;
-    ic.E = cfg->inner_experts;
-    ic.top_k = cfg->inner_top_k;
-    ic.inner_experts = ic.inner_top_k = 0;
-    ic.normalize_topk = -1; /* by the inner k: the outer setting is about the outer k */
-    for (int e = 0; e < E; e++) {
-      moe_status st = moe_layer_init(&l->inner[e], &ic);
-      if (st != MOE_OK) {
-        moe_layer_free(l);
-        return st;
-      }
-    }
   }
   moe_status sc = moe__gemm_small_scratch(moe__threads(cfg->threads)); /* the steps then allocate none */
   if (sc != MOE_OK) {
@@ -322,8 +293,7 @@ moe_status moe_layer_set_pipeline(moe_layer_t *l, int n, moe_reuse r) {
   MOE_CHECK(check_pipeline(&l->cfg, n, r));
   l->cfg.pipeline = n;
   l->cfg.memory_reuse = r;
-  l->st->reuse_pick = -1; /* AUTO decides again, for the new micro-batches */
-  memset(l->st->reuse_meas, 0, sizeof l->st->reuse_meas);
+  if (l->st->pol) l->st->pol->reconfigured(l->st->pol_self); /* AUTO decides again, for the new micro-batches */
   return MOE_OK;
 }
 
@@ -338,19 +308,12 @@ moe_status moe_layer_reduce_grads(moe_layer_t *l) {
   for (int i = 0; i < l->nparams; i++)
     if (!strncmp(l->info[i].name, "gate.", 5))
       MOE_CHECK(moe__dist_allreduce_f32(l->cfg.dist, l->grads + l->info[i].offset, (int)l->info[i].numel));
-  return moe__layer_transport(l, &moe__transport_flex) ? moe__flex_reduce_grads(l) : MOE_OK;
+  return l->st->tr->reduce_grads ? l->st->tr->reduce_grads(l->st->tr_self, l) : MOE_OK;
 }
 
 void moe_layer_set_threads(moe_layer_t *l, int threads) {
   l->cfg.threads = threads > 0 ? threads : 0;
   for (int e = 0; l->inner && e < l->cfg.E; e++) moe_layer_set_threads(&l->inner[e], threads);
-}
-
-/* The row of this rank's expert tensors holding expert e, or -1 (expert-parallel). */
-static int layer_row(const moe_layer_t *l, int e) {
-  if (moe__layer_transport(l, &moe__transport_flex)) return moe__flex_row(l, e);
-  int El = l->cfg.E / moe_dist_size(l->cfg.dist), lo = moe_dist_rank(l->cfg.dist) * El;
-  return e >= lo && e < lo + El ? e - lo : -1;
 }
 
 void moe_layer_init_params(moe_layer_t *l, uint64_t seed) {
@@ -364,20 +327,17 @@ void moe_layer_init_params(moe_layer_t *l, uint64_t seed) {
       continue;
     }
     if (p->ndim == 1 || strstr(p->name, ".bias")) continue; /* biases start at zero */
-    float bound = 1.0f / sqrtf((float)p->shape[p->ndim - 1]); /* fan_in is the last dim */
-    /* expert-parallel: draw the whole (E, ...) tensor and keep this rank's experts, so that every W
-     * initializes the same model */
-    int sliced = l->cfg.dist && !strncmp(p->name, "experts.", 8);
-    int64_t whole[3];
-    int slo, shi, shard = moe__shard_axis(l, p, 0, whole, &slo, &shi); /* sharded: its rows of H */
-    size_t per = p->numel / (size_t)p->shape[0]; /* one expert's (a row of this rank's tensor) */
-    size_t total = shard ? (size_t)(whole[0] * whole[1] * whole[2]) : sliced ? (size_t)l->cfg.E * per : p->numel;
-    if (shard) bound = 1.0f / sqrtf((float)whole[2]);
+    /* expert-parallel: draw the whole tensor and keep this rank's part (the transport's layout), so
+     * that every W initializes the same model */
+    const moe__transport *tr = l->st->tr;
+    int split = tr->whole && !strncmp(p->name, "experts.", 8);
+    int64_t w[3] = {p->shape[0], p->ndim > 1 ? p->shape[1] : 1, p->ndim > 2 ? p->shape[2] : 1};
+    if (split) tr->whole(l->st->tr_self, l, p, w);
+    float bound = 1.0f / sqrtf((float)w[p->ndim - 1]); /* fan_in is the last dim */
+    size_t total = (size_t)(w[0] * w[1] * w[2]);
     for (size_t j = 0; j < total; j++) {
       float u = bound * moe__uniform(&st);
-      int row = sliced && !shard ? layer_row(l, (int)(j / per)) : 0;
-      long long at = shard ? moe__shard_local(l, p, j) : !sliced ? (long long)j
-                     : row >= 0 ? (long long)((size_t)row * per + j % per) : -1;
+      long long at = split ? tr->local(l->st->tr_self, l, p, j) : (long long)j;
       if (at >= 0) d[at] = u;
     }
   }
@@ -431,6 +391,19 @@ static moe__groups micro_groups(const moe_layer_t *l, int i, const float *x, flo
   size_t r = micro_at(l, i);
   const int32_t *kept = p->n == 1 && l->st->tr->in_place ? p->kept : NULL; /* static padding, in process */
   return (moe__groups){p->ng, m->rows, m->e0, m->e1, m->goffs, kept, x + r, y + r};
+}
+
+moe__ffn moe__ffn_at(const moe_layer_t *l, const moe__ffn *f, int r) {
+  size_t H = (size_t)l->cfg.H * r, D = (size_t)l->cfg.D * r;
+  moe__ffn v = *f;
+  v.a1 = f->a1 ? f->a1 + H : NULL;
+  v.a3 = f->a3 ? f->a3 + H : NULL;
+  v.h = f->h ? f->h + H : NULL;
+  v.xb = f->xb ? f->xb + D : NULL;
+  v.hb = f->hb ? f->hb + H : NULL;
+  v.db = f->db ? f->db + D : NULL;
+  v.d3b = f->d3b ? f->d3b + H : NULL;
+  return v;
 }
 
 /* Micro-batch i's activations: its own rows of them, or the one shared buffer under memory reuse (as the
@@ -493,39 +466,15 @@ static size_t work_bytes(moe_layer_t *l, int T, moe_reuse r) {
   return w;
 }
 
-/* memory_reuse AUTO: S4 until a step has measured the experts' and the exchanges' rates; then, once,
- * the strategy Eq. 10 models fastest (ties to the one that saves less) among those whose workspace fits
- * the budget on every rank, else S4. Every rank decides from the same sums. */
+/* memory_reuse AUTO: the policy's choice from the workspace each strategy would reserve (S4 without one). */
 static moe_status auto_reuse(moe_layer_t *l, int T, size_t route, moe_reuse *out) {
   moe__layer_state *s = l->st;
-  *out = s->reuse_pick >= 0 ? (moe_reuse)s->reuse_pick : MOE_REUSE_S4;
-  /* undecided ranks all come here at each forward, so the all-reduce pairs up */
-  if (s->reuse_pick >= 0 || (!l->cfg.dist && s->reuse_meas[1] <= 0)) return MOE_OK;
   static const moe_reuse order[4] = {MOE_REUSE_NONE, MOE_REUSE_S2, MOE_REUSE_S3, MOE_REUSE_S4};
-  double m[8];
-  memcpy(m, s->reuse_meas, sizeof s->reuse_meas);
-  for (int i = 0; i < 4; i++) m[4 + i] = route + work_bytes(l, T, order[i]) <= l->cfg.memory_budget;
-  if (l->cfg.dist) MOE_CHECK(moe_dist_allreduce(l->cfg.dist, m, 8));
-  if (m[0] <= 0 || m[1] <= 0) return MOE_OK; /* no rank has computed a row yet */
-  double cost[4], b = s->p.mb_rows > 0 ? (double)s->p.mb_rows : 1;
-  MOE_CHECK(moe__reuse_costs_cpu(b, l->cfg.D, l->cfg.H, m[0] / m[1], m[3] > 0 ? m[2] / m[3] : INFINITY, cost));
-  double best = INFINITY;
-  s->reuse_pick = MOE_REUSE_S4;
-  for (int i = 0; i < 4; i++)
-    if (m[4 + i] == moe_dist_size(l->cfg.dist) && cost[order[i]] < best) best = cost[order[i]], s->reuse_pick = order[i];
-  *out = (moe_reuse)s->reuse_pick;
-  return MOE_OK;
-}
-
-/* memory_reuse AUTO, undecided: this forward's experts (multiply-adds of their rows and the seconds
- * of their GEMMs) and exchanges (elements moved and the seconds waited for them). */
-static void auto_reuse_measure(moe_layer_t *l, double madds, double secs, const moe_comm_stats *before) {
-  moe__layer_state *s = l->st;
-  if (l->cfg.memory_reuse != MOE_REUSE_AUTO || s->reuse_pick >= 0) return;
-  s->reuse_meas[0] += madds;
-  s->reuse_meas[1] += secs;
-  s->reuse_meas[2] += (s->comm.bytes - before->bytes) / 4;
-  s->reuse_meas[3] += s->comm.seconds - before->seconds;
+  *out = MOE_REUSE_S4;
+  if (!s->pol) return MOE_OK;
+  size_t bytes[4];
+  for (int i = 0; i < 4; i++) bytes[i] = route + work_bytes(l, T, order[i]);
+  return s->pol->reuse(s->pol_self, l, &s->p, bytes, out);
 }
 
 /* Counts this process's assignments per expert, asks the transport for the tokens placement runs over
@@ -549,16 +498,17 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   const moe__transport *tr = s->tr;
   moe__plan *p = &s->p;
   int D = l->cfg.D, k = l->cfg.top_k, n = l->cfg.pipeline; /* 0: adaptive, chosen after routing */
+  if (!n && !s->pol) n = 1;
   double t0 = moe__now();
   s->have_fwd = 0;
   s->threads = moe__threads(l->cfg.threads);
   MOE_CHECK(agree(l, check_forward(l, x, T, y)));
-  MOE_CHECK(s->pol->begin(s->pol_self, l)); /* Tutel's dictionary (parallel_r, pipeline or a2a adaptive) */
+  if (s->pol) MOE_CHECK(s->pol->begin(s->pol_self, l)); /* Tutel's dictionary (parallel_r, pipeline or a2a adaptive) */
   size_t route = 0;
   s->setup_r = -1;
   moe__env env = env_of(l);
   MOE_CHECK(tr->begin(s->tr_self, &env, T, &route));
-  route += moe__router_bytes(&l->cfg, T, k) + moe__micro_bytes(n ? n : MOE__AUTO_MAX_N, l->cfg.E);
+  route += moe__router_bytes(&l->cfg, T, k) + moe__micro_bytes(n ? n : s->pol->max_micro, l->cfg.E);
   MOE_CHECK(moe__arena_reserve(&s->route, route, "router"));
   int along = router_alongside(l);
   double tg = moe__now(); /* the router's seconds, for stats */
@@ -572,7 +522,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   if (!along) MOE_CHECK(moe__gemm_run_side(NULL, 0, s->threads, &router)); /* the router first */
   double gate_s = moe__now() - tg;
   MOE_CHECK(place(l));
-  MOE_CHECK(s->pol->pick(s->pol_self, l, p, &n, &s->setup_r)); /* at this capacity: r, n and the all-to-all */
+  if (s->pol) MOE_CHECK(s->pol->pick(s->pol_self, l, p, &n, &s->setup_r)); /* at this capacity: r, n and the all-to-all */
   env = env_of(l);
   MOE_CHECK(tr->groups(s->tr_self, &env, p)); /* now the rows this process's experts get are known */
   MOE_CHECK(moe__split_rows(&l->cfg, n, &s->route, p));
@@ -603,7 +553,9 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     if (!st) st = tr->recv(s->tr_self, &env, p, i, gout + micro_at(l, i), s->out);
   }
   MOE_CHECK(finish(l, &env, st));
-  auto_reuse_measure(l, per_row * p->grows, expert_s, &comm0);
+  if (s->pol && l->cfg.memory_reuse == MOE_REUSE_AUTO)
+    s->pol->measure(s->pol_self, l, per_row * p->grows, expert_s, (s->comm.bytes - comm0.bytes) / 4,
+                    s->comm.seconds - comm0.seconds);
   tg = moe__now();
   MOE_CHECK(moe__router_end(&l->cfg, &s->r, p)); /* the losses (a collective when expert-parallel), after either order */
   gate_s += moe__now() - tg;
@@ -622,11 +574,11 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     stats->weights = p->top_w;
     stats->router_overlapped = along;
     stats->pipeline = p->n;
-    stats->pipeline_trial = s->pol->trial(s->pol_self);
+    stats->pipeline_trial = s->pol && s->pol->trial(s->pol_self);
     stats->memory_reuse = reuse;
     stats->router_seconds = gate_s;
   }
-  s->pol->time(s->pol_self, t0);
+  if (s->pol) s->pol->time(s->pol_self, t0);
   return MOE_OK;
 }
 
@@ -645,7 +597,7 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   MOE_TRY(l && l->st, MOE_ERR_STATE, "moe_layer_backward: layer not initialized");
   moe__layer_state *s = l->st;
   MOE_CHECK(agree(l, check_backward(l, dx)));
-  MOE_CHECK(s->pol->backward(s->pol_self, l));
+  if (s->pol) MOE_CHECK(s->pol->backward(s->pol_self, l));
   moe__env env = env_of(l);
   const moe__plan *p = &s->p;
   int T = p->T, D = l->cfg.D;
@@ -685,7 +637,7 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   moe__weights_bind(l, l->params, &w);
   moe__weights_bind(l, l->grads, &gw);
   MOE_CHECK(moe__router_backward(&l->cfg, &w, &gw, s->x, &s->r, p, dw, daux, dz, &s->route, s->threads, dx));
-  s->pol->time(s->pol_self, t0);
+  if (s->pol) s->pol->time(s->pol_self, t0);
   return MOE_OK;
 }
 

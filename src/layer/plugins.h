@@ -37,7 +37,7 @@ typedef struct {
   char *state;         /* (ng) the expert cache's bookkeeping */
   int *order;          /* (ng) */
 } moe__ffn;
-/* The activations of rows [r, ...) of f. */
+/* The activations of rows [r, ...) of f (layer.c). */
 moe__ffn moe__ffn_at(const moe_layer_t *l, const moe__ffn *f, int r);
 
 /* What the layer hands its transport and its expert source at each call, in place of itself: the public
@@ -112,29 +112,54 @@ typedef struct {
   /* before a forward's or backward's first exchange: `mine` is this process's checks; a failure on any
    * rank is returned on every rank (NULL: one process, mine) */
   moe_status (*agree)(void *self, const moe__env *env, moe_status mine);
+  /* How the expert tensors lie over the ranks (NULL: this process holds them whole): expert tensor p's
+   * whole shape (E, A, B) into w, and element j of the whole tensor's index in this rank's, or -1 when
+   * another rank holds it (moe_layer_init_params draws the whole tensor, so every rank count makes the
+   * same model). */
+  void (*whole)(void *self, const moe_layer_t *l, const moe_param_info *p, int64_t w[3]);
+  long long (*local)(void *self, const moe_layer_t *l, const moe_param_info *p, size_t j);
+  /* moe_layer_reduce_grads: the expert gradients summed over the ranks holding copies (NULL: none) */
+  moe_status (*reduce_grads)(void *self, moe_layer_t *l);
 } moe__transport;
 extern const moe__transport moe__transport_local;  /* transports/local.c */
 extern const moe__transport moe__transport_a2a;    /* transports/alltoall.c: dynamic dispatch, all-to-all-v (Linear or 2DH) */
 extern const moe__transport moe__transport_static; /* transports/static_exchange.c: static dispatch's fixed exchanges */
-extern const moe__transport moe__transport_flex;   /* flex/transport.c: all-to-all-v over FlexMoE's replicas */
 
 /* An optional policy the layer consults at fixed points of a step (the adaptive setup: Tutel's dictionary
- * of r, n and the all-to-all). begin: a forward's start, before routing; pick: after placement, the
- * micro-batches n (when they are adaptive) and r (-1: not chosen here); backward: a backward's start,
- * before its first exchange; time: a forward or backward that began at t0 has ended; trial: whether
- * this step tries a setup. */
+ * of r, n and the all-to-all, and MPipeMoE's memory reuse choice). begin: a forward's start, before
+ * routing; pick: after placement, the micro-batches n (when they are adaptive) and r (-1: not chosen
+ * here); reuse: memory_reuse AUTO's strategy for this forward, given the workspace each would reserve
+ * (bytes: none, S2, S3, S4); measure: what this forward's experts did (multiply-adds, seconds) and its
+ * exchanges (elements, seconds), for reuse; reconfigured: moe_layer_set_pipeline changed the setting;
+ * backward: a backward's start, before its first exchange; time: a forward or backward that began at
+ * t0 has ended; trial: whether this step tries a setup; max_micro: the most micro-batches pick chooses
+ * (the route workspace is sized for them). A layer without one runs n = 1 for pipeline 0 and S4 for
+ * memory_reuse AUTO. */
 typedef struct {
   moe_status (*init)(const moe_layer_t *l, void **self);
   void (*free)(void *self);
   moe_status (*begin)(void *self, const moe_layer_t *l);
   moe_status (*pick)(void *self, const moe_layer_t *l, const moe__plan *p, int *n, int *r);
+  moe_status (*reuse)(void *self, const moe_layer_t *l, const moe__plan *p, const size_t bytes[4], moe_reuse *out);
+  void (*measure)(void *self, const moe_layer_t *l, double madds, double secs, double elems, double comm_secs);
+  void (*reconfigured)(void *self);
   moe_status (*backward)(void *self, const moe_layer_t *l);
   void (*time)(void *self, double t0);
   int (*trial)(const void *self);
+  int max_micro;
 } moe__policy;
-extern const moe__policy moe__policy_setup; /* adapt/layer_setup.c */
-/* adapt/layer_setup.c: whether l's step now tries a setup of its dictionary. */
-int moe__layer_setup_trial(const moe_layer_t *l);
+
+/* A layer's plug-ins, chosen once at init (src/wiring/layer_init.c). */
+typedef struct {
+  const moe__transport *tr;
+  const moe__expert_src *src; /* NULL: external experts, given later with the cache */
+  const moe__policy *pol;     /* NULL: none */
+} moe__plugins;
+/* moe_layer_init with these plug-ins: the parameter table, the workspaces and the plug-ins' state, not
+ * the inner layers of a hierarchical layer (l->inner is made, zeroed, for the caller to initialize). */
+moe_status moe__layer_init(moe_layer_t *l, const moe_layer_config *cfg, const moe__plugins *pl);
+/* Whether a configuration shards every expert over the ranks (Tutel's parallel_r set, with dist). */
+int moe__layer_sharded(const moe_layer_config *c);
 
 /* The layer's plug-ins, for the features that reach them through the public API (layer.c): the state
  * of l's transport when it is t, of its source when it is src, of its policy (NULL otherwise); a
@@ -186,11 +211,10 @@ void moe__ep_book(const moe__env *env, double t0, double bytes);
 moe_status moe__ep_self_new(size_t bytes, void **self);
 void moe__ep_self_free(void *self);
 
-/* flex/transport.c: FlexMoE's replicas (cfg.replica_slots > 0, the transport's state). The row of this
- * rank's expert tensors holding expert e, or -1; the replicas' gradients summed over the ranks holding
- * them (moe_layer_reduce_grads). */
-int moe__flex_row(const moe_layer_t *l, int e);
-moe_status moe__flex_reduce_grads(moe_layer_t *l);
+/* The block layout of expert parallelism (transports/alltoall.c): rank q holds experts [q E/W, (q+1) E/W)
+ * (the transports' whole and local). */
+void moe__ep_whole(void *self, const moe_layer_t *l, const moe_param_info *p, int64_t w[3]);
+long long moe__ep_local(void *self, const moe_layer_t *l, const moe_param_info *p, size_t j);
 
 
 #endif

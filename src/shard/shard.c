@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "adapt/layer_setup.h"
 #include "dist/dist.h"
 #include "shard/shard.h"
 
@@ -236,7 +237,8 @@ moe_status moe__shard_use(moe__shard *sh, const moe_layer_config *c, int r) {
   tc.expert_bias = c->expert_bias;
   tc.act = c->act;
   tc.dtype = c->dtype;
-  MOE_CHECK(moe_layer_init(&sh->cl, &tc));
+  static const moe__plugins one_process = {&moe__transport_local, &moe__experts_own, NULL}; /* the FFN on its weights */
+  MOE_CHECK(moe__layer_init(&sh->cl, &tc, &one_process));
   sh->cl_r = r;
   return MOE_OK;
 }

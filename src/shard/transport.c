@@ -247,6 +247,20 @@ static moe_status sh_finish(void *self, const moe__env *env, const moe__plan *p)
   return moe__shard_weights(sh, env, 1);
 }
 
+/* Every expert, this rank's part of each tensor (shard.h). */
+static void sh_whole(void *self, const moe_layer_t *l, const moe_param_info *p, int64_t w[3]) {
+  (void)self;
+  int lo, hi;
+  if (!moe__shard_axis(l, p, 0, w, &lo, &hi)) /* not split: whole here */
+    w[0] = p->shape[0], w[1] = p->ndim > 1 ? p->shape[1] : 1, w[2] = p->ndim > 2 ? p->shape[2] : 1;
+}
+
+static long long sh_local(void *self, const moe_layer_t *l, const moe_param_info *p, size_t j) {
+  (void)self;
+  return moe__shard_local(l, p, j);
+}
+
 const moe__transport moe__transport_shard = {"sharded", 0,         moe__shard_new, moe__shard_free, sh_begin,
                                              moe__ep_view, sh_groups, sh_work_bytes, sh_alloc,      sh_send,
-                                             sh_recv,   sh_finish, moe__ep_agree};
+                                             sh_recv,   sh_finish, moe__ep_agree, sh_whole,       sh_local,
+                                             NULL};

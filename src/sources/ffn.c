@@ -101,19 +101,6 @@ static moe__gemm gemm_of(bool bf, bool ta, bool tb, int M, int N, int K, float b
                      bf ? (const void *)(bb + b0) : (const void *)(bf32 + b0), ldb, C, ldc, bf};
 }
 
-moe__ffn moe__ffn_at(const moe_layer_t *l, const moe__ffn *f, int r) {
-  size_t H = (size_t)l->cfg.H * r, D = (size_t)l->cfg.D * r;
-  moe__ffn v = *f;
-  v.a1 = f->a1 ? f->a1 + H : NULL;
-  v.a3 = f->a3 ? f->a3 + H : NULL;
-  v.h = f->h ? f->h + H : NULL;
-  v.xb = f->xb ? f->xb + D : NULL;
-  v.hb = f->hb ? f->hb + H : NULL;
-  v.db = f->db ? f->db + D : NULL;
-  v.d3b = f->d3b ? f->d3b + H : NULL;
-  return v;
-}
-
 /* Expert e's weights in the layer's own parameters (and their bf16 copies). */
 static moe__expert_w own_weights(const moe_layer_t *l, const uint16_t *wb, const moe__weights *w, int e) {
   size_t HD = (size_t)l->cfg.H * l->cfg.D, H = (size_t)l->cfg.H, D = (size_t)l->cfg.D;

@@ -244,6 +244,20 @@ moe_status moe__ep_view(void *self, const moe__env *env, const moe__plan *p, moe
   return moe__ep_global_counts(env, v);
 }
 
+void moe__ep_whole(void *self, const moe_layer_t *l, const moe_param_info *p, int64_t w[3]) {
+  (void)self;
+  w[0] = l->cfg.E;
+  w[1] = p->ndim > 1 ? p->shape[1] : 1;
+  w[2] = p->ndim > 2 ? p->shape[2] : 1;
+}
+
+long long moe__ep_local(void *self, const moe_layer_t *l, const moe_param_info *p, size_t j) {
+  (void)self;
+  size_t per = p->numel / (size_t)p->shape[0]; /* one expert's (a row of this rank's tensor) */
+  int El = l->cfg.E / moe_dist_size(l->cfg.dist), e = (int)(j / per) - moe_dist_rank(l->cfg.dist) * El;
+  return e >= 0 && e < El ? (long long)((size_t)e * per + j % per) : -1;
+}
+
 static moe_status a2a_begin(void *self, const moe__env *env, int T, size_t *route_bytes) {
   (void)self, (void)T;
   *route_bytes = moe__ep_route_bytes(&env->l->cfg);
@@ -252,4 +266,5 @@ static moe_status a2a_begin(void *self, const moe__env *env, int T, size_t *rout
 
 const moe__transport moe__transport_a2a = {"all-to-all-v", 0,         a2a_init,       moe__ep_self_free, a2a_begin,
                                            moe__ep_view,   a2a_groups, a2a_work_bytes, a2a_alloc,         a2a_send,
-                                           a2a_recv,       a2a_finish, moe__ep_agree};
+                                           a2a_recv,       a2a_finish, moe__ep_agree,  moe__ep_whole,     moe__ep_local,
+                                           NULL};

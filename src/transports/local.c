@@ -44,4 +44,5 @@ static moe_status local_recv(void *self, const moe__env *env, const moe__plan *p
 
 const moe__transport moe__transport_local = {"local",     1,          NULL,        NULL,       local_begin,
                                              local_view,  local_groups, local_work_bytes, local_alloc, local_send,
-                                             local_recv,  NULL,       NULL};
+                                             local_recv,  NULL,       NULL,        NULL,       NULL,
+                                             NULL};

@@ -230,4 +230,4 @@ static moe_status static_finish(void *self, const moe__env *env, const moe__plan
 const moe__transport moe__transport_static = {"static exchange", 0,           static_init,       moe__ep_self_free,
                                               static_begin,      static_view, static_groups,     static_work_bytes,
                                               static_alloc,      static_send, static_recv,       static_finish,
-                                              moe__ep_agree};
+                                              moe__ep_agree,     moe__ep_whole, moe__ep_local,     NULL};
