@@ -265,7 +265,7 @@ typedef struct {
   size_t numel;
 } moe_param_info;
 
-typedef struct moe__layer_state moe__layer_state; /* internal: arena and forward cache */
+typedef struct moe__layer_state moe__layer_state; /* internal: the layer's private state (src/layer/layer.c) */
 
 /* A hierarchical layer (inner_experts > 0) has only the gate tensors itself; expert e is the MoE
  * layer inner[e] (D, H, inner_experts, inner_top_k, the same options otherwise). Its aux_loss and
