@@ -56,14 +56,80 @@ TEST(tokenizer_pretoken_gpt2_split) {
   const char *want[] = {"Hello", " world", "'s", "  \n", " 123", "abc", "!!", " '", "ll", "'", "x", "\t",
                         "\xc3\xa9t\xc3\xa9", " _", "x", "  "};
   size_t n = strlen(text), i = 0, k = 0;
+  moe__pretok *pre;
+  ASSERT_OK(moe__pretok_new(&pre));
   for (; i < n; k++) {
-    size_t j = moe__tok_pretoken((const unsigned char *)text, n, i);
+    size_t j = moe__pretok_next(pre, (const unsigned char *)text, n, i);
     if (k >= sizeof want / sizeof *want) FAIL_("more pieces than expected, next '%.*s'", (int)(j - i), text + i);
     if (j - i != strlen(want[k]) || memcmp(text + i, want[k], j - i))
       FAIL_("piece %zu is '%.*s', want '%s'", k, (int)(j - i), text + i, want[k]);
     i = j;
   }
+  moe__pretok_free(pre);
   ASSERT_EQ_INT(k, sizeof want / sizeof *want);
+}
+
+/* GPT-2's regex over 318 lines of mixed Unicode (every script's letters and digits, combining marks,
+ * emoji, Unicode spaces, contractions) splits each line as JavaScript's regex with Unicode classes does
+ * (the reference of GPT-2's encoder port; fixtures made by dev/gen_pretok_fixture.js): the byte length
+ * of each pre-token, line by line. */
+TEST(tokenizer_pretoken_unicode_matches_reference) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/pretok_unicode.txt", test_fixture_dir());
+  char *text = test_read_file(path, NULL);
+  snprintf(path, sizeof path, "%s/pretok_unicode.splits", test_fixture_dir());
+  char *splits = test_read_file(path, NULL);
+  moe__pretok *pre = NULL;
+  int bad = !text || !splits || moe__pretok_new(&pre) != MOE_OK, lines = 0;
+  if (bad) fprintf(stderr, "  cannot read %s or its text, or make the pre-tokenizer\n", path);
+  for (char *line = text, *want = splits; !bad && *line; lines++) {
+    char *eol = strchr(line, '\n'), *weol = strchr(want, '\n');
+    if (!eol || !weol) break;
+    size_t n = (size_t)(eol - line), i = 0;
+    char got[4096] = "";
+    for (size_t w = 0; i < n && w < sizeof got - 16; i = moe__pretok_next(pre, (const unsigned char *)line, n, i))
+      w += (size_t)snprintf(got + w, sizeof got - w, "%s%zu", w ? " " : "",
+                            moe__pretok_next(pre, (const unsigned char *)line, n, i) - i);
+    if (strlen(got) != (size_t)(weol - want) || memcmp(got, want, strlen(got))) {
+      fprintf(stderr, "  line %d '%.*s': pre-token lengths %s, want %.*s\n", lines + 1, (int)n, line, got,
+              (int)(weol - want), want);
+      bad = 1;
+    }
+    line = eol + 1, want = weol + 1;
+  }
+  moe__pretok_free(pre);
+  free(text);
+  free(splits);
+  ASSERT(!bad);
+  ASSERT_EQ_INT(lines, 318);
+}
+
+/* A directory given as the tokenizer file is refused as a directory (its size used to read as LONG_MAX). */
+TEST(tokenizer_load_directory_refused) {
+  moe_tokenizer *t = NULL;
+  ASSERT_STATUS(moe_tokenizer_load(&t, test_fixture_dir()), MOE_ERR_IO);
+  ASSERT(!t);
+  if (!strstr(moe_last_error(), "must be a file, and this is a directory") || strstr(moe_last_error(), "bytes"))
+    FAIL_("message: %s", moe_last_error());
+}
+
+/* Bytes that are not UTF-8 are pre-tokens of one byte each, and the text's every byte is in one. */
+TEST(tokenizer_pretoken_invalid_utf8_bytes) {
+  const unsigned char text[] = "ab\xff\xfe cd\xc3 \xe2\x82";
+  size_t n = sizeof text - 1, i = 0, k = 0, want[] = {2, 1, 1, 3, 1, 1, 1, 1};
+  moe__pretok *pre;
+  ASSERT_OK(moe__pretok_new(&pre));
+  for (; i < n && k < 8; k++) {
+    size_t j = moe__pretok_next(pre, text, n, i);
+    if (j - i != want[k]) {
+      moe__pretok_free(pre);
+      FAIL_("piece %zu at byte %zu is %zu bytes, want %zu", k, i, j - i, want[k]);
+    }
+    i = j;
+  }
+  moe__pretok_free(pre);
+  ASSERT_EQ_INT(i, n);
+  ASSERT_EQ_INT(k, 8);
 }
 
 /* "the the the cat": words "the" x1, " the" x2, " cat" x1. Pairs (t,h) 3 and (h,e) 3 tie: 'h' (id

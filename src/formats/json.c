@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "internal.h"
 
@@ -36,6 +37,12 @@ moe_status moe__json_read(const char *path, const char *what, size_t max_bytes, 
   *out = NULL;
   FILE *fp = fopen(path, "rb");
   MOE_TRY(fp, MOE_ERR_IO, "%s: cannot open the %s: %s", path, what, strerror(errno));
+  struct stat sb; /* a directory opens, and its size reads as LONG_MAX */
+  if (fstat(fileno(fp), &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    fclose(fp);
+    MOE_TRY(0, MOE_ERR_IO, "%s: the %s must be a file, and this is %s", path, what,
+            S_ISDIR(sb.st_mode) ? "a directory" : "not a regular file");
+  }
   long n = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
   int fits = n >= 0 && (size_t)n <= max_bytes && fseek(fp, 0, SEEK_SET) == 0;
   char *text = fits ? malloc((size_t)n + 1) : NULL;

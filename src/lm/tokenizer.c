@@ -32,33 +32,6 @@ int moe__tok_byte_rank(int b) { /* the 188 printable characters (their own code 
   return r;
 }
 
-/* ---- pre-tokenizer ----
- * ASCII bytes get their Unicode class (letter, digit, whitespace, other); every byte >= 0x80 is a letter (a UTF-8
- * sequence stays inside its word; non-ASCII digits, spaces and punctuation split differently from
- * GPT-2's regex). Whitespace is \t \n \v \f \r and space, as Oniguruma's \s in Hugging Face. */
-static int is_space(unsigned c) { return c == ' ' || (c >= 9 && c <= 13); }
-static int is_letter(unsigned c) { return (c | 32) - 'a' < 26 || c >= 0x80; }
-static int is_digit(unsigned c) { return c - '0' < 10; }
-static int is_other(unsigned c) { return !is_space(c) && !is_letter(c) && !is_digit(c); }
-
-size_t moe__tok_pretoken(const unsigned char *s, size_t n, size_t i) {
-  if (s[i] == '\'' && i + 1 < n) { /* 's 't 'm 'd, then 're 've 'll */
-    if (s[i + 1] && strchr("stmd", s[i + 1])) return i + 2;
-    if (i + 2 < n && ((s[i + 1] == 'r' && s[i + 2] == 'e') || (s[i + 1] == 'v' && s[i + 2] == 'e') ||
-                      (s[i + 1] == 'l' && s[i + 2] == 'l')))
-      return i + 3;
-  }
-  size_t j = i + (s[i] == ' ' && i + 1 < n && !is_space(s[i + 1])); /* " ?" before a class run */
-  int (*cls)(unsigned) = is_letter(s[j]) ? is_letter : is_digit(s[j]) ? is_digit : is_other(s[j]) ? is_other : NULL;
-  if (cls) {
-    while (j < n && cls(s[j])) j++;
-    return j;
-  }
-  /* Whitespace: the run, less its last byte when a non-space follows (\s+(?!\S)); one byte at least. */
-  while (j < n && is_space(s[j])) j++;
-  return j < n && j - i > 1 ? j - 1 : j;
-}
-
 /* ---- state ---- */
 
 moe_tokenizer *moe__tok_alloc(int32_t vocab) {
@@ -161,8 +134,9 @@ static size_t bpe_word(const moe_tokenizer *t, const unsigned char *w, size_t n,
   }
 }
 
-/* A pre-token's ids, remembered per encode call (a text repeats its words). */
+/* A pre-token's ids, remembered per encode call (a text repeats its words), and the pre-tokenizer. */
 typedef struct {
+  moe__pretok *pre;
   moe__tok_map index; /* pre-token bytes -> offset in ids */
   int32_t *ids;       /* at each offset: the count, then the ids */
   size_t n, cap;
@@ -171,7 +145,7 @@ typedef struct {
 static moe_status encode_plain(const moe_tokenizer *t, word_cache *c, const unsigned char *s, size_t n,
                                int32_t *ids, size_t *k) {
   for (size_t i = 0, j; i < n; i = j) {
-    j = moe__tok_pretoken(s, n, i);
+    j = moe__pretok_next(c->pre, s, n, i);
     int isnew;
     int64_t *off = moe__tok_map_put(&c->index, s + i, j - i, (int64_t)c->n, &isnew);
     MOE_TRY(off, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory (word cache)");
@@ -231,7 +205,7 @@ moe_status moe_tokenizer_encode(const moe_tokenizer *t, const char *text, size_t
   for (int32_t id = 0, k = 0; special && id < t->vocab; id++)
     if (t->added[id]) a[k++] = (added_at){id, 0, SIZE_MAX};
   word_cache c = {0};
-  moe_status st = MOE_OK;
+  moe_status st = moe__pretok_new(&c.pre);
   *n_ids = 0;
   for (size_t i = 0; i < n && st == MOE_OK;) {
     size_t at = n;
@@ -244,6 +218,7 @@ moe_status moe_tokenizer_encode(const moe_tokenizer *t, const char *text, size_t
     }
   }
   free(a);
+  moe__pretok_free(c.pre);
   moe__tok_map_free(&c.index);
   free(c.ids);
   return st;

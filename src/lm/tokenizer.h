@@ -35,8 +35,11 @@ int moe__tok_byte_char(int b);
 int moe__tok_char_byte(uint32_t cp);
 /* The id GPT-2's vocabulary gives byte b: the rank of its code point among the 256. */
 int moe__tok_byte_rank(int b);
-/* The end of the pre-token that starts at byte i of s (n bytes): GPT-2's regex
- * 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ on bytes. */
-size_t moe__tok_pretoken(const unsigned char *s, size_t n, size_t i);
+/* pretok.c: GPT-2's pre-tokenizer (its regex over UTF-8 with Unicode classes), one per caller. next: the
+ * end of the pre-token that starts at byte i of s (n bytes), called for i = 0 and then each end in turn. */
+typedef struct moe__pretok moe__pretok;
+moe_status moe__pretok_new(moe__pretok **out);
+void moe__pretok_free(moe__pretok *p);
+size_t moe__pretok_next(moe__pretok *p, const unsigned char *s, size_t n, size_t i);
 
 #endif

@@ -1,5 +1,5 @@
 /* Learning byte-level BPE merges from a text (moe_tokenizer_train). The text is cut into pre-tokens
- * (GPT-2's regex, moe__tok_pretoken), counted once per distinct word; then each step merges the most
+ * (GPT-2's regex, pretok.c), counted once per distinct word; then each step merges the most
  * frequent adjacent pair of symbols over all words (ties: the smaller left id, then the smaller right
  * id). Pair counts are kept up to date incrementally: a merge revisits only the words that hold the
  * pair (each pair lists its words) and a max-heap holds the pairs, its stale entries fixed when they
@@ -156,16 +156,20 @@ static int apply_merge(trainer *T, int32_t p, int32_t c) {
 static moe_status split_words(trainer *T, const moe_tokenizer *t, const unsigned char *s, size_t n,
                               int32_t **pool) {
   moe__tok_map counts = {0};
+  moe__pretok *pre;
+  MOE_CHECK(moe__pretok_new(&pre));
   for (size_t i = 0, j; i < n; i = j) {
-    j = moe__tok_pretoken(s, n, i);
+    j = moe__pretok_next(pre, s, n, i);
     int isnew;
     int64_t *v = moe__tok_map_put(&counts, s + i, j - i, 0, &isnew);
     if (!v) {
+      moe__pretok_free(pre);
       moe__tok_map_free(&counts);
       return moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "moe_tokenizer_train: out of memory counting words");
     }
     ++*v;
   }
+  moe__pretok_free(pre);
   T->w = malloc((counts.n ? counts.n : 1) * sizeof *T->w);
   *pool = malloc((counts.keys_len ? counts.keys_len : 1) * sizeof **pool);
   if (!T->w || !*pool) {
