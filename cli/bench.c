@@ -304,9 +304,10 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
     printf("{\"case\": \"%s\", \"T\": %d, \"D\": %d, \"H\": %d, \"E\": %d, \"k\": %d, \"dispatch\": \"%s\", "
            "\"routing\": \"%s\", \"dtype\": \"%s\", \"ranks\": %d, \"fwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, "
            "\"comm_ms\": %.3f, \"compute_ms\": %.3f, \"bytes_per_step\": %.0f, \"gflops\": %.2f, \"peak_bytes\": %zu, "
-           "\"dropped\": %d, \"threads\": %d, \"pipeline\": \"%s\", \"memory_reuse\": \"%s\", \"blas\": \"%s\"%s}\n",
+           "\"dropped\": %d, \"threads\": %d, \"pipeline\": \"%s\", \"memory_reuse\": \"%s\", \"blas\": \"%s\", "
+           "\"cpu\": \"%s\"%s}\n",
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, W, fwd, fb, comm_ms, fb - comm_ms, bytes, gflops,
-           peak, st.dropped, o->threads, pn, rn, moe_blas_info(), setup);
+           peak, st.dropped, o->threads, pn, rn, moe_blas_info(), moe_cpu_info(), setup);
   else if (o->dist)
     printf("%-4s %-8s %-8s %-5s %6s %9.1f %11.1f %9.1f %10.1f %12.1f %8d\n", c->name, rt, dn, dt, pn, fwd, fb,
            comm_ms, fb - comm_ms, bytes / 1048576.0, st.dropped);
@@ -315,9 +316,9 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
            "\"routing\": \"%s\", \"dtype\": \"%s\", \"fwd_ms\": %.3f, \"fwd_cached_ms\": %.3f, \"fwdbwd_ms\": %.3f, "
            "\"gflops\": %.2f, \"sgemm_gflops\": %.2f, \"roofline_ratio\": %.4f, \"peak_bytes\": %zu, "
            "\"peak_rss_bytes\": %zu, \"dropped\": %d, \"capacity\": %d, \"threads\": %d, \"pipeline\": \"%s\", "
-           "\"memory_reuse\": \"%s\", \"blas\": \"%s\"%s}\n",
+           "\"memory_reuse\": \"%s\", \"blas\": \"%s\", \"cpu\": \"%s\"%s}\n",
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, fwd, fwd_cached, fb, gflops, sg, gflops / sg, peak, rss,
-           st.dropped, st.capacity, o->threads, pn, rn, moe_blas_info(), setup);
+           st.dropped, st.capacity, o->threads, pn, rn, moe_blas_info(), moe_cpu_info(), setup);
   else
     printf("%-4s %-8s %-8s %-5s %6s %9.1f %10.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, dt,
            pn, fwd, fwd_cached, fb, gflops, gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);
@@ -458,12 +459,12 @@ int cmd_bench(int argc, char **argv) {
                                                        : "; bf16 on oneDNN, not native: no AVX512-BF16";
   if (!o.json && root && o.dist) {
     printf("moe %s, %s%s, %d ranks x %d threads; per step: fwd+bwd, time in exchanges, bytes sent "
-           "(all ranks)\n", MOE_VERSION, moe_blas_info(), bfi, W, o.threads);
+           "(all ranks)\n%s\n", MOE_VERSION, moe_blas_info(), bfi, W, o.threads, moe_cpu_info());
     printf("%-4s %-8s %-8s %-5s %6s %9s %11s %9s %10s %12s %8s\n", "case", "routing", "dispatch", "dtype", "n",
            "fwd_ms", "fwdbwd_ms", "comm_ms", "compute_ms", "MiB_sent", "dropped");
   } else if (!o.json && root) {
-    printf("moe %s, %s%s, %d threads; fp32 sgemm 2048^3: %.1f GFLOP/s\n", MOE_VERSION, moe_blas_info(), bfi,
-           o.threads, sg);
+    printf("moe %s, %s%s, %d threads; fp32 sgemm 2048^3: %.1f GFLOP/s\n%s\n", MOE_VERSION, moe_blas_info(), bfi,
+           o.threads, sg, moe_cpu_info());
     printf("%-4s %-8s %-8s %-5s %6s %9s %10s %11s %9s %7s %10s %10s %8s\n", "case", "routing", "dispatch", "dtype",
            "n", "fwd_ms", "fwd_cached", "fwdbwd_ms", "GFLOP/s", "ratio", "peak_MiB", "rss_MiB", "dropped");
   }

@@ -23,7 +23,7 @@ static void usage(FILE *f) {
           "  plot-trace  the expert-load heatmap of a trace (step x expert, one panel per layer) as PNG or SVG\n"
           "  tokenizer   train a byte-level BPE tokenizer (Hugging Face tokenizer.json); encode, decode\n"
           "  simulate    one training step of an MoE layer on a simulated cluster: time, memory, policies\n"
-          "  --version   print the version and the BLAS in use\n");
+          "  --version   print the version, the BLAS in use, the CPU and the kernels chosen for it\n");
 }
 
 /* argv with every "--flag=value" as the two arguments "--flag" "value", so that each subcommand's
@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (!strcmp(argv[1], "--version")) {
-    printf("moe %s, %s\n", MOE_VERSION, moe_blas_info());
+    printf("moe %s, %s\n%s\n", MOE_VERSION, moe_blas_info(), moe_cpu_info());
     return 0;
   }
   if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {

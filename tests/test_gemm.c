@@ -288,3 +288,20 @@ TEST(gemm_square_tiles_match_reference_on_any_threads) {
   free(A), free(B), free(C0), free(C[0]), free(C[1]), free(C[2]), free(ref);
   ASSERT(ok);
 }
+
+/* moe_cpu_info names the features the kernels are chosen by as the CPU reports them, and the choice:
+ * the small-GEMM kernels are on exactly when this build and CPU have AVX-512. */
+TEST(cpu_info_matches_the_cpu) {
+  const char *s = moe_cpu_info();
+  if (!strstr(s, "(family ") || !strstr(s, "; kernels: small GEMMs ")) FAIL_("moe_cpu_info: %s", s);
+  __builtin_cpu_init();
+  ASSERT_EQ_INT(strstr(s, " avx2") != NULL || strstr(s, ": avx2") != NULL, __builtin_cpu_supports("avx2") != 0);
+  ASSERT_EQ_INT(strstr(s, "avx512f") != NULL, __builtin_cpu_supports("avx512f") != 0);
+#ifdef __AVX512F__
+  int on = __builtin_cpu_supports("avx512f");
+#else
+  int on = 0;
+#endif
+  ASSERT_EQ_INT(strstr(s, "small GEMMs AVX-512") != NULL, on);
+  ASSERT(!strchr(s, '"') && !strchr(s, '\n'));
+}
