@@ -773,12 +773,13 @@ moe_status moe_lm_backward(moe_lm_t *m);
  * that model.safetensors.index.json lists ("weight_map": tensor name -> file). c gets the fields the
  * config gives (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
  * num_key_value_heads, head_dim, max_position_embeddings, rope_theta, rms_norm_eps, tie_word_embeddings,
- * num_local_experts, num_experts_per_tok, and router_aux_loss_coef, which counts only when
- * output_router_logits is true, as in transformers); the rest is moe_lm_config_default's. Errors name
- * the file and the field. */
+ * num_local_experts, num_experts_per_tok, sliding_window (null or a window), and router_aux_loss_coef,
+ * which counts only when output_router_logits is true, as in transformers; a rope_scaling other than
+ * null is refused); the rest is moe_lm_config_default's. Errors name the file and the field. */
 moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);
 /* Builds m from c (NULL: moe_lm_read_config(dir), which a caller reads first to change layer options
- * or max_seq) and reads every parameter, F32, BF16 or F16, into fp32 (the experts' bf16 copies follow
+ * or max_seq), after checking c's sizes against the tensors' shapes (MOE_ERR_SHAPE naming config.json,
+ * the field and its value, before any allocation of their size), and reads every parameter, F32, BF16 or F16, into fp32 (the experts' bf16 copies follow
  * when c->moe.dtype is bf16). A tensor absent is MOE_ERR_MISSING, one of another shape MOE_ERR_SHAPE,
  * one of another dtype MOE_ERR_DTYPE, a NaN or Inf MOE_ERR_VALUE: each naming the file and the tensor
  * (and both shapes). Tensors the model does not use are ignored. */
