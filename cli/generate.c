@@ -154,7 +154,7 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
   if (moe_lm_cache_new(&kv, m, 1)) return cli_fail(CMD);
   uint64_t rng = o->seed;
   int rc = moe_lm_decode(m, kv, ids, n) ? cli_fail(CMD) : 0, T = n;
-  int32_t *out = ids + n; /* the new tokens follow the prompt (ids holds max_seq) */
+  int32_t *out = ids + n; /* the new tokens follow the prompt (ids holds both) */
   for (int i = 0; !rc && i < o->max_tokens; i++) {
     int32_t next;
     if (moe_lm_sample(moe_lm_logits(m) + (size_t)(T - 1) * c->vocab, c->vocab, o->temperature, o->top_p, &rng, &next) ||
@@ -188,14 +188,17 @@ static int generate(int argc, char **argv, moe_dist *dist) {
     if (m.st) moe_lm_free(&m); /* loaded here, not on another rank */
     return 1;
   }
-  int32_t *ids = malloc((size_t)c.max_seq * sizeof *ids);
+  /* the prompt (no more tokens than bytes) and the new tokens, not the whole context */
+  size_t want = strlen(o.prompt ? o.prompt : o.text) + (size_t)o.max_tokens;
+  int cap = want < (size_t)c.max_seq ? (int)want : c.max_seq;
+  int32_t *ids = malloc((size_t)cap * sizeof *ids);
   moe_tokenizer *t = NULL;
   char path[4096];
   snprintf(path, sizeof path, "%s/tokenizer.json", o.ck);
   int n = !ids ? (cli_usage_error(CMD, "out of memory"), -1)
-          : o.prompt ? parse_ids(o.prompt, c.vocab, ids, c.max_seq)
+          : o.prompt ? parse_ids(o.prompt, c.vocab, ids, cap)
           : moe_tokenizer_load(&t, o.tokenizer ? o.tokenizer : path) != MOE_OK ? (cli_fail(CMD), -1)
-          : encode_prompt(t, o.text, c.vocab, ids, c.max_seq);
+          : encode_prompt(t, o.text, c.vocab, ids, cap);
   int rc = cli_settle(dist, CMD, n < 0);
   if (!rc) rc = run(&m, &o, t, ids, n);
   free(ids);

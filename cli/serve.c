@@ -14,23 +14,30 @@ static const char *CMD = "serve";
 
 static void usage(FILE *f) {
   fprintf(f, "usage: moe serve --checkpoint DIR [--host 127.0.0.1] [--port 8080] [--max-batch B] [--threads N]\n"
-             "                 [--cache K] [--policy lifo|lru] [--trace F]\n"
+             "                 [--cache K] [--policy lifo|lru] [--trace F] [--context N]\n"
+             "                 [--max-connections C] [--timeout S]\n"
              "Serves POST /v1/completions (OpenAI's completion request: prompt as text, through DIR/tokenizer.json,\n"
              "or token ids; max_tokens, temperature, top_p, seed, stream), GET /health and GET /metrics\n"
              "(Prometheus). Up to B requests (default 32) decode together; others wait in a queue. --port 0:\n"
              "a free port. Prints \"listening on http://HOST:PORT\" when ready. --cache K: K experts of each\n"
              "MoE layer in memory (default all), the rest read on demand from DIR/model.safetensors, evicting\n"
-             "by --policy (default lifo). --trace F: the experts each decode step used, as moe trace writes.\n");
+             "by --policy (default lifo). --trace F: the experts each decode step used, as moe trace writes.\n"
+             "--context N: a request's prompt and max_tokens at most (default the model's\n"
+             "max_position_embeddings). --max-connections C (default 1024): past C connections /health still\n"
+             "answers and the rest get 503. --timeout S (default 30): a connection idle S seconds, or a request\n"
+             "whose body has not all come S seconds after its headers, is closed (SIGTERM waits no longer).\n");
 }
 
 typedef struct {
   const char *ck, *host, *trace;
   int port, max_batch, threads, cache;
   moe_cache_policy policy;
+  serve_http_opts http;
 } serve_opts;
 
 static int parse(int argc, char **argv, serve_opts *o) {
-  *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .max_batch = 32, .policy = MOE_CACHE_LIFO};
+  *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .max_batch = 32, .policy = MOE_CACHE_LIFO,
+                    .http = {.max_connections = 1024, .timeout_s = 30}};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f);
@@ -43,6 +50,10 @@ static int parse(int argc, char **argv, serve_opts *o) {
     else if (cli_flag_is(f, "max-batch")) ok = cli_parse_int(v, &o->max_batch) && o->max_batch >= 1 && o->max_batch <= 4096;
     else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
     else if (cli_flag_is(f, "cache")) ok = cli_parse_int(v, &o->cache) && o->cache >= 1;
+    else if (cli_flag_is(f, "context")) ok = cli_parse_int(v, &o->http.context) && o->http.context >= 1;
+    else if (cli_flag_is(f, "max-connections"))
+      ok = cli_parse_int(v, &o->http.max_connections) && o->http.max_connections >= 1 && o->http.max_connections <= 65536;
+    else if (cli_flag_is(f, "timeout")) ok = cli_parse_int(v, &o->http.timeout_s) && o->http.timeout_s >= 1;
     else if (cli_flag_is(f, "policy")) {
       ok = !strcmp(v, "lifo") || !strcmp(v, "lru");
       o->policy = !strcmp(v, "lru") ? MOE_CACHE_LRU : MOE_CACHE_LIFO;
@@ -81,7 +92,7 @@ static int serve(const serve_opts *o, moe_lm_t *m, const moe_tokenizer *tok, ser
   serve_http *h;
   int port;
   if (serve_engine_start(&e, m, o->max_batch, met, trace)) return cli_fail(CMD);
-  if (serve_http_start(&h, o->host, o->port, &e, tok, &port)) {
+  if (serve_http_start(&h, o->host, o->port, &e, tok, &o->http, &port)) {
     serve_engine_drain(&e);
     serve_engine_free(&e);
     return cli_fail(CMD);

@@ -86,10 +86,16 @@ int serve_draining(serve_engine *e);
 
 /* ---- HTTP ---- */
 typedef struct serve_http serve_http;
+typedef struct {
+  int context;         /* a request's prompt and max_tokens at most (0: the model's max_seq) */
+  int max_connections; /* connections served; past them /health still answers, the rest 503 */
+  int timeout_s;       /* a connection idle that long, or a request not all arrived, is closed */
+} serve_http_opts;
 /* Serves on host:port (port 0: one the kernel picks; *bound gets it). tok may be NULL. */
 moe_status serve_http_start(serve_http **out, const char *host, int port, serve_engine *e, const moe_tokenizer *tok,
-                            int *bound);
-/* Waits until no response is under way, then stops the daemon and frees. */
+                            const serve_http_opts *o, int *bound);
+/* Waits until no response counted before the drain is under way (those still arriving close within
+ * the timeout), then stops the daemon and frees. */
 void serve_http_stop(serve_http *h);
 
 #endif

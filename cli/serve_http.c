@@ -1,7 +1,11 @@
 /* moe serve's HTTP side on libmicrohttpd (serve.h): POST /v1/completions (OpenAI's completion shape,
  * streamed as server-sent events when asked), GET /health and GET /metrics. One thread per connection
  * (libmicrohttpd's), so that a handler can wait for its tokens on a condition variable; the engine's
- * thread owns the model. Every error is a JSON body {"error": {"message", "type"}} with a 4xx or 5xx. */
+ * thread owns the model. Every error is a JSON body {"error": {"message", "type"}} with a 4xx or 5xx.
+ * Connections are bounded: past --max-connections a reserve of RESERVE more is taken, each closed
+ * after a second idle, where /health is answered and everything else 503; beyond it libmicrohttpd
+ * closes them at once. A connection idle for --timeout seconds, or a request that has not all arrived
+ * that long after its headers, is closed, which also bounds the drain at SIGTERM. */
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <stdatomic.h>
@@ -16,21 +20,26 @@
 #include "serve.h"
 
 #define MAX_BODY (1 << 20) /* a request body larger than this is refused (413) */
+#define RESERVE 64u        /* connections past the limit, to answer /health and 503 */
 
 struct serve_http {
   struct MHD_Daemon *d;
   serve_engine *e;
   const moe_tokenizer *tok;
+  serve_http_opts o;
   atomic_llong next_id;
-  pthread_mutex_t mu; /* guards busy */
+  pthread_mutex_t mu; /* guards busy and open */
   pthread_cond_t idle;
-  int busy;           /* requests whose response is not yet complete */
+  int busy;           /* requests counted before the drain whose response is not yet complete */
+  int open;           /* connections */
 };
 
 typedef struct { /* one request on a connection: its body as it arrives */
   char *body;
   size_t n;
   int too_big;
+  int counted;        /* in busy: its headers came before the drain */
+  double deadline;    /* the body must have come by then */
 } conn_req;
 
 typedef struct { /* the state of a response: the request, its text so far */
@@ -171,7 +180,8 @@ static void stream_free(void *cls) { /* the stream ended, or the client left mid
 static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_req *q) {
   const moe_lm_config *cfg = &h->e->m->cfg;
   moe__completion req;
-  if (moe__completion_parse(q->body ? q->body : "", q->n, h->tok, cfg->vocab, cfg->max_seq, &req) != MOE_OK)
+  int context = h->o.context && h->o.context < cfg->max_seq ? h->o.context : cfg->max_seq;
+  if (moe__completion_parse(q->body ? q->body : "", q->n, h->tok, cfg->vocab, context, &req) != MOE_OK)
     return send_error(c, h, 400, moe_last_error());
   serve_req *r = serve_req_new(&req);
   if (!r) return moe__completion_free(&req), send_error(c, h, 503, "out of memory for the request");
@@ -219,14 +229,22 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
   serve_http *h = cls;
   conn_req *q = *con_cls;
   if (!q) { /* the headers: the body comes in the next calls */
+    const union MHD_ConnectionInfo *i = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (i && i->socket_context && strcmp(url, "/health"))
+      return send_error(c, h, 503, "the server is full: too many connections; try again later");
     if (!(q = calloc(1, sizeof *q))) return MHD_NO;
     *con_cls = q;
+    q->deadline = cli_now() + h->o.timeout_s;
+    q->counted = !serve_draining(h->e); /* the drain waits for those it found, not for newcomers */
     pthread_mutex_lock(&h->mu);
-    h->busy++;
+    h->busy += q->counted;
     pthread_mutex_unlock(&h->mu);
     return MHD_YES;
   }
   if (*size) {
+    double left = q->deadline - cli_now();
+    if (left <= 0) return MHD_NO; /* a body trickling in: closed */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, left < 1 ? 1u : (unsigned)left);
     if (!q->too_big && q->n + *size <= MAX_BODY) {
       char *b = realloc(q->body, q->n + *size + 1);
       if (!b) return MHD_NO;
@@ -261,28 +279,43 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
   serve_http *h = cls;
   conn_req *q = *con_cls;
   if (!q) return;
+  int counted = q->counted;
   free(q->body);
   free(q);
   *con_cls = NULL;
   pthread_mutex_lock(&h->mu);
-  if (!--h->busy) pthread_cond_broadcast(&h->idle);
+  if (counted && !--h->busy) pthread_cond_broadcast(&h->idle);
   pthread_mutex_unlock(&h->mu);
 }
 
+/* A connection past the limit is marked (its socket context non-NULL) and closed after a second idle. */
+static void connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+  serve_http *h = cls;
+  pthread_mutex_lock(&h->mu);
+  h->open += code == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1;
+  int over = code == MHD_CONNECTION_NOTIFY_STARTED && h->open > h->o.max_connections;
+  pthread_mutex_unlock(&h->mu);
+  if (!over) return;
+  *socket_context = h;
+  MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
+}
+
 moe_status serve_http_start(serve_http **out, const char *host, int port, serve_engine *e, const moe_tokenizer *tok,
-                            int *bound) {
+                            const serve_http_opts *o, int *bound) {
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
     return moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "--host: '%s' is not an IPv4 address", host);
   serve_http *h = calloc(1, sizeof *h);
   if (!h) return moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "out of memory");
-  h->e = e, h->tok = tok;
+  h->e = e, h->tok = tok, h->o = *o;
   pthread_mutex_init(&h->mu, NULL);
   pthread_cond_init(&h->idle, NULL);
   /* a thread per connection, polled with poll(): more than FD_SETSIZE connections at once */
   h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0,
                           NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&a,
-                          MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_CONNECTION_LIMIT, 4096u,
+                          MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_NOTIFY_CONNECTION, connection, h,
+                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections + RESERVE,
+                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->timeout_s,
                           MHD_OPTION_THREAD_STACK_SIZE, (size_t)256 << 10, MHD_OPTION_LISTEN_BACKLOG_SIZE, 4096u,
                           MHD_OPTION_END);
   if (!h->d) {

@@ -723,11 +723,12 @@ int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token);
  * load-balancing loss (HF load_balancing_loss_func: all layers' tokens and all k slots together). */
 typedef struct {
   int vocab, n_layers, n_heads, n_kv_heads, head_dim; /* n_heads a multiple of n_kv_heads, head_dim even */
-  int max_seq;           /* longest context (rotary tables, KV cache) */
+  int max_seq;           /* longest context; the rotary tables and a KV cache grow up to it as used */
   float rope_theta;      /* 1e6 as Mixtral */
   float rms_eps;         /* 1e-5 */
   float aux_coef;        /* router_aux_loss_coef: 0.001 as Mixtral; 0 leaves the balance loss out */
   int tie_embeddings;    /* the head reuses model.embed_tokens.weight */
+  int sliding_window;    /* 0: none; else a query sees its own key and the sliding_window - 1 before it */
   moe_layer_config moe;  /* D (the model width), H (intermediate_size), E, top_k, capacity, dispatch,
                             dtype...; act swiglu, no biases, linear router; moe.threads for the model */
 } moe_lm_config;
@@ -777,12 +778,13 @@ moe_status moe_lm_backward(moe_lm_t *m);
  * that model.safetensors.index.json lists ("weight_map": tensor name -> file). c gets the fields the
  * config gives (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
  * num_key_value_heads, head_dim, max_position_embeddings, rope_theta, rms_norm_eps, tie_word_embeddings,
- * num_local_experts, num_experts_per_tok, and router_aux_loss_coef, which counts only when
- * output_router_logits is true, as in transformers); the rest is moe_lm_config_default's. Errors name
- * the file and the field. */
+ * num_local_experts, num_experts_per_tok, sliding_window (null or a window), and router_aux_loss_coef,
+ * which counts only when output_router_logits is true, as in transformers; a rope_scaling other than
+ * null is refused); the rest is moe_lm_config_default's. Errors name the file and the field. */
 moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);
 /* Builds m from c (NULL: moe_lm_read_config(dir), which a caller reads first to change layer options
- * or max_seq) and reads every parameter, F32, BF16 or F16, into fp32 (the experts' bf16 copies follow
+ * or max_seq), after checking c's sizes against the tensors' shapes (MOE_ERR_SHAPE naming config.json,
+ * the field and its value, before any allocation of their size), and reads every parameter, F32, BF16 or F16, into fp32 (the experts' bf16 copies follow
  * when c->moe.dtype is bf16). A tensor absent is MOE_ERR_MISSING, one of another shape MOE_ERR_SHAPE,
  * one of another dtype MOE_ERR_DTYPE, a NaN or Inf MOE_ERR_VALUE: each naming the file and the tensor
  * (and both shapes). Tensors the model does not use are ignored. */
@@ -793,8 +795,8 @@ moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
  * (Loading under expert parallelism reads each rank's own experts by name.) */
 moe_status moe_lm_save(const moe_lm_t *m, const char *dir);
 
-/* Generation: a KV cache of B sequences (every layer's rotated keys and values, up to max_seq
- * positions). moe_lm_decode runs tokens (B, T) at positions [len, len + T) of the cache's sequences,
+/* Generation: a KV cache of B sequences (every layer's rotated keys and values, each sequence's
+ * buffers grown as it reaches further, up to max_seq positions; a slot reset frees its own). moe_lm_decode runs tokens (B, T) at positions [len, len + T) of the cache's sequences,
  * appends their keys and values, and leaves their (B, T, vocab) logits in moe_lm_logits: the logits a
  * full forward of the whole sequences gives, to rounding. len + T <= max_seq. */
 typedef struct moe_lm_cache moe_lm_cache;

@@ -1,7 +1,8 @@
 """moe serve's tests as a real HTTP client (http.client and raw sockets): starts `MOE serve --checkpoint
 CK --port 0 EXTRA...`, reads the port it prints, runs one scenario and stops it with SIGTERM, checking
 that it exits 0. Prints what differs and exits 1 on a failure.
-usage: serve_client.py MOE CK SCENARIO [EXTRA...]; scenarios: match, busy, bad, sigterm."""
+usage: serve_client.py MOE CK SCENARIO [EXTRA...]; scenarios: match, busy, bad, sigterm, full (EXTRA
+--max-connections 4 --timeout 2), drain (EXTRA --timeout 2)."""
 import http.client
 import json
 import resource
@@ -131,12 +132,14 @@ def bad(port):
         ('{"prompt": "hi", "max_tokens": "3"}', 400, '"max_tokens" must be a number'),
         ('{"prompt": "hi", "temperature": -1}', 400, '"temperature"'),
         ('{"prompt": "hi", "top_p": 0}', 400, '"top_p"'),
+        ('{"prompt": "hi", "top_p": 5e-324}', 400, '"top_p"'),  # > 0 as a double, 0 as the engine's float
+        ('{"prompt": "hi", "top_p": 5e-324, "stream": true}', 400, '"top_p"'),
         ('{"prompt": "hi", "seed": -2}', 400, '"seed"'),
         ('{"prompt": "hi", "stream": "yes"}', 400, '"stream" must be true or false'),
         (json.dumps({"prompt": "the cat " * 200}), 400, "exceed the model's context"),
         (json.dumps({"prompt": [1] * 60, "max_tokens": 10}), 400, "exceed the model's context"),
         ("x" * (1 << 21), 413, "larger than 1 MiB"),
-        ('{"prompt": "a\\u0000b"}', 200, ""),
+        ('{"prompt": "The\\u0000 jury said more words"}', 400, "\\u0000"),  # cJSON's strings end at the NUL
     ]
     for raw, want, msg in cases:
         status, ctype, text = request(port, "POST", "/v1/completions", raw=raw)
@@ -237,15 +240,44 @@ def sigterm(port, p):
     check(r2.status == 200 and len(out["choices"][0]["token_ids"]) == 40, "the request under way at SIGTERM: %d" % r2.status)
 
 
+def full(port):
+    """--max-connections 4 --timeout 2: with 5 idle connections /health answers and a completion gets
+    503; the idle ones are closed by the timeout, and then a completion is served."""
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=300) for _ in range(5)]
+    for _ in range(100000):  # the server counts a connection once its thread starts
+        status, _, text = request(port, "POST", "/v1/completions", {"prompt": [1], "max_tokens": 2})
+        if status != 200:
+            break
+    check(status == 503 and "full" in json.loads(text)["error"]["message"], "a completion when full -> %d %s" % (status, text))
+    status, _, text = request(port, "GET", "/health")
+    check(status == 200 and json.loads(text)["status"] == "ok", "/health when full -> %d %s" % (status, text))
+    for s in idle:  # closed by the server: recv sees the end
+        check(read_all(s) == b"", "an idle connection got data")
+        s.close()
+    ids, _ = complete(port, {"prompt": [3], "max_tokens": 5})
+    check(ids is not None and len(ids) == 5, "a completion after the idle connections left: %s" % ids)
+
+
+def drain(port, p):
+    """--timeout 2: a request whose body never comes does not hold SIGTERM's drain."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=300)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n")
+    check(b" 100 " in read_all(s, b"\r\n\r\n"), "Expect: 100-continue")  # its handler has run: it counts
+    s.sendall(b'{"prompt"')
+    p.send_signal(signal.SIGTERM)
+    check(read_all(s) == b"", "the request without its body is closed")
+    s.close()
+
+
 def main():
     p, port = start()
     try:
         status, _, text = request(port, "GET", "/health")
         check(status == 200 and json.loads(text)["status"] == "ok", "/health -> %d %s" % (status, text))
-        if SCENARIO == "sigterm":
-            sigterm(port, p)
+        if SCENARIO in ("sigterm", "drain"):
+            {"sigterm": sigterm, "drain": drain}[SCENARIO](port, p)
         else:
-            {"match": match, "busy": busy, "bad": bad}[SCENARIO](port)
+            {"match": match, "busy": busy, "bad": bad, "full": full}[SCENARIO](port)
             p.send_signal(signal.SIGTERM)
         rc = p.wait(timeout=300)
         check(rc == 0, "the server exited %d after SIGTERM" % rc)

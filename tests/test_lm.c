@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "run_cli.h"
 #include "test.h"
 
@@ -380,4 +382,63 @@ TEST(lm_sgd_fits_a_batch) {
   moe_lm_free(&m);
   fprintf(stderr, "  cross-entropy %.4f -> %.4f after 40 SGD steps\n", first, last);
   ASSERT(first > 3.0 && last < 0.5 * first);
+}
+
+/* The Mixtral fixture with config.json's `field` set to the JSON `value` (its weights linked), in dir. */
+static int patched_fixture(const char *field, const char *value, char *dir, size_t n) {
+  static int made;
+  char src[700], dst[700], name[96];
+  snprintf(name, sizeof name, "lm_patched_%d", made++);
+  test_tmp_path(name, dir, n);
+  snprintf(src, sizeof src, "%s/lm/mixtral/config.json", test_fixture_dir());
+  char *text = test_read_file(src, NULL);
+  cJSON *c = text ? cJSON_Parse(text) : NULL, *v = cJSON_Parse(value);
+  free(text);
+  cJSON_DeleteItemFromObjectCaseSensitive(c, field);
+  int ok = c && v && mkdir(dir, 0755) == 0 && cJSON_AddItemToObject(c, field, v);
+  if (!ok) cJSON_Delete(v);
+  char *out = ok ? cJSON_Print(c) : NULL;
+  cJSON_Delete(c);
+  snprintf(dst, sizeof dst, "%s/config.json", dir);
+  ok = out && moe_write_file_atomic(dst, out, strlen(out)) == MOE_OK;
+  free(out);
+  snprintf(src, sizeof src, "%s/lm/mixtral/model.safetensors", test_fixture_dir());
+  snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
+  return ok && symlink(src, dst) == 0;
+}
+
+/* Sizes in config.json that the weights do not have are errors naming the field and value before
+ * anything of their size is allocated, and max_position_embeddings costs only the positions used:
+ * each under a 1 GB address space (not under AddressSanitizer, which reserves terabytes). */
+TEST(lm_config_sizes_checked_against_tensors_in_bounded_memory) {
+  static const char *const cases[][3] = {
+      {"num_local_experts", "65536", "\"num_local_experts\" is 65536, but tensor"},
+      {"intermediate_size", "1000000", "\"intermediate_size\" is 1000000, but tensor"},
+      {"hidden_size", "1000000000", "\"hidden_size\" is 1000000000, but tensor"},
+      {"num_hidden_layers", "1000", "\"num_hidden_layers\" 1000 and \"num_local_experts\" 4 ask for tensor"},
+      {"max_position_embeddings", "1000000000", NULL},
+      {"max_position_embeddings", "20000000", NULL},
+      {"rope_scaling", "{\"type\": \"linear\", \"factor\": 2}", "\"rope_scaling\" of type linear is not supported"},
+      {"sliding_window", "0", "\"sliding_window\" must be a positive integer"},
+  };
+#if defined(__SANITIZE_ADDRESS__)
+  const char *limit = NULL;
+#else
+  const char *limit = "ulimit -v 1000000;";
+#endif
+  char dir[512], args[1024], err[1024], out[512], want[64] = "";
+  test_tmp_path("lm_patched.out", out, sizeof out);
+  snprintf(args, sizeof args, "generate --checkpoint '%s/lm/mixtral' --prompt-ids '1 2 3' --max-tokens 2 --threads 1",
+           test_fixture_dir());
+  ASSERT(run_moe(limit, args, out, err, sizeof err) == 0);
+  test_read_text(out, want, sizeof want);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ASSERT(patched_fixture(cases[i][0], cases[i][1], dir, sizeof dir));
+    snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt-ids '1 2 3' --max-tokens 2 --threads 1", dir);
+    int rc = run_moe(limit, args, out, err, sizeof err);
+    char got[64] = "";
+    test_read_text(out, got, sizeof got);
+    if (cases[i][2] ? rc != 1 || !strstr(err, cases[i][2]) : rc != 0 || strcmp(got, want))
+      FAIL_("%s %s -> %d: %s%s (want %s)", cases[i][0], cases[i][1], rc, err, got, cases[i][2] ? cases[i][2] : want);
+  }
 }

@@ -118,9 +118,11 @@ TEST(lm_rope_rotates_pairs_and_inverts) {
 }
 
 /* ---- attention ---- */
-typedef struct { int B, T, pos0, nh, nkv, hd, ld; const float *dO; } att_ctx;
+typedef struct { int B, T, pos0, nh, nkv, hd, ld; const float *dO; int window; } att_ctx;
 
-/* o (B, T - pos0, nh hd) for queries at positions [pos0, T) over all T keys of qkv (B, T, ld). */
+/* o (B, T - pos0, nh hd) for queries at positions [pos0, T) over all T keys of qkv (B, T, ld): query t
+ * sees keys [0, t], or with a window the last `window` of them (transformers' sliding_window mask,
+ * kv_idx > q_idx - sliding_window). */
 static void att_ref(const att_ctx *c, const double *qkv, double *o) {
   int qd = c->nh * c->hd, Tq = c->T - c->pos0;
   double *s = malloc((size_t)c->T * sizeof *s);
@@ -130,17 +132,18 @@ static void att_ref(const att_ctx *c, const double *qkv, double *o) {
       for (int t = c->pos0; t < c->T; t++) {
         const double *q = qkv + ((size_t)b * c->T + t) * c->ld + h * c->hd;
         double mx = -INFINITY, sum = 0;
-        for (int j = 0; j <= t; j++) {
+        int lo = c->window && t + 1 > c->window ? t + 1 - c->window : 0;
+        for (int j = lo; j <= t; j++) {
           const double *k = qkv + ((size_t)b * c->T + j) * c->ld + qd + g * c->hd;
           double dot = 0;
           for (int i = 0; i < c->hd; i++) dot += q[i] * k[i];
           s[j] = dot / sqrt((double)c->hd);
           mx = fmax(mx, s[j]);
         }
-        for (int j = 0; j <= t; j++) sum += (s[j] = exp(s[j] - mx));
+        for (int j = lo; j <= t; j++) sum += (s[j] = exp(s[j] - mx));
         double *out = o + ((size_t)b * Tq + t - c->pos0) * qd + h * c->hd;
         for (int i = 0; i < c->hd; i++) out[i] = 0;
-        for (int j = 0; j <= t; j++) {
+        for (int j = lo; j <= t; j++) {
           const double *v = qkv + ((size_t)b * c->T + j) * c->ld + qd + (c->nkv + g) * c->hd;
           for (int i = 0; i < c->hd; i++) out[i] += s[j] / sum * v[i];
         }
@@ -159,7 +162,17 @@ static double att_loss(const void *ctx, const double *in) {
   return L;
 }
 
-TEST(lm_attention_blocks_gqa_backward_and_cache) {
+static void attention_case(int *failed_, int window);
+
+TEST(lm_attention_blocks_gqa_backward_and_cache) { attention_case(failed_, 0); }
+
+/* Mixtral's sliding window: 70 keys, more than a query block, and 1 (each query its own value). */
+TEST(lm_attention_sliding_window) {
+  attention_case(failed_, 70);
+  if (!*failed_) attention_case(failed_, 1);
+}
+
+static void attention_case(int *failed_, int window) {
   enum { B = 2, T = 150, nh = 4, nkv = 2, hd = 8, qd = nh * hd, ld = qd + 2 * nkv * hd };
   size_t nqkv = (size_t)B * T * ld, no = (size_t)B * T * qd;
   float *qkv = malloc(nqkv * 4), *o = malloc(no * 4), *dO = malloc(no * 4), *d = malloc(nqkv * 4);
@@ -169,10 +182,10 @@ TEST(lm_attention_blocks_gqa_backward_and_cache) {
   uint64_t rng = 5;
   fd_fill(&rng, qkv, nqkv, -1.5, 1.5);
   fd_fill(&rng, dO, no, -1, 1);
-  moe__attn a = {B, T, 0, nh, nkv, hd, ld, ld, (size_t)T * ld, qkv, qkv + qd, qkv + qd + nkv * hd, o, lse};
+  moe__attn a = {B, T, 0, nh, nkv, hd, ld, ld, (size_t)T * ld, qkv, qkv + qd, qkv + qd + nkv * hd, o, lse, window};
   float *scratch = malloc(moe__attn_scratch(&a, 2));
   moe__attn_forward(&a, scratch, 2);
-  att_ctx c = {B, T, 0, nh, nkv, hd, ld, dO};
+  att_ctx c = {B, T, 0, nh, nkv, hd, ld, dO, window};
   double *in = to_double(qkv, nqkv);
   att_ref(&c, in, o64);
   double e = max_abs_diff(o, o64, no);

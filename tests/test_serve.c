@@ -2,8 +2,9 @@
  * a loopback port the kernel picks: a request alone gives moe generate's tokens and text for the same
  * seed, streamed or not, with every expert resident or through the expert cache; greedy requests give
  * the same tokens alone and in a busy batch; bad requests get a 4xx with a JSON error, and a client
- * leaving mid-stream or 1,000 connections at once do not stop it; SIGTERM finishes the requests under
- * way and exits 0. */
+ * leaving mid-stream or 1,000 connections at once do not stop it; past --max-connections /health still
+ * answers and the rest get 503, idle connections close after --timeout; SIGTERM finishes the requests
+ * under way and exits 0, not waiting for a body that never comes. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,6 +106,19 @@ TEST(serve_sigterm_finishes_requests_under_way) {
   ASSERT(scenario("sigterm", ""));
 }
 
+/* 5 idle connections on a server of 4: /health 200, a completion 503, the idle ones closed by the
+ * timeout, then a completion served. */
+TEST(serve_full_answers_health_and_closes_idle_connections) {
+  if (!have_python()) return;
+  ASSERT(scenario("full", "--max-connections 4 --timeout 2"));
+}
+
+/* A request whose headers came and whose body never does: SIGTERM's drain ends after the timeout. */
+TEST(serve_sigterm_does_not_wait_for_a_missing_body) {
+  if (!have_python()) return;
+  ASSERT(scenario("drain", "--timeout 2"));
+}
+
 /* Flags the server cannot serve with: an error naming the value, exit 1, before listening. */
 TEST(serve_cli_errors) {
   char args[1024], err[512], fx[600];
@@ -114,6 +128,9 @@ TEST(serve_cli_errors) {
       {"--cache 9 --port 0", "K must be in [1, E=4], got 9"},
       {"--policy fifo", "--policy: bad value 'fifo'"},
       {"--max-batch 0", "--max-batch: bad value '0'"},
+      {"--timeout 0", "--timeout: bad value '0'"},
+      {"--max-connections 0", "--max-connections: bad value '0'"},
+      {"--context 0", "--context: bad value '0'"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     snprintf(args, sizeof args, "serve --checkpoint '%s' %s", fx, cases[i][0]);

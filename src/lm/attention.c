@@ -24,24 +24,26 @@ static moe__gemm gemm(bool ta, bool tb, int M, int N, int K, float alpha, const 
   return (moe__gemm){ta, tb, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, false};
 }
 
-/* The probabilities of a block in place of its scores s (m, n): row r sees keys [0, p0 + r]. With
- * lse NULL the rows are softmaxed and their log-sum-exp stored in out_lse; else exp(s - lse). */
-static void block_probs(float *s, int m, int n, int p0, const float *lse, float *out_lse) {
+/* The probabilities of a block in place of its scores s (m, n): row r sees keys [0, p0 + r], the last
+ * `window` of them when window > 0 (the others get 0). With lse NULL the rows are softmaxed and their
+ * log-sum-exp stored in out_lse; else exp(s - lse). */
+static void block_probs(float *s, int m, int n, int p0, int window, const float *lse, float *out_lse) {
   for (int r = 0; r < m; r++) {
     float *row = s + (size_t)r * n;
-    int seen = p0 + r + 1;
+    int seen = p0 + r + 1, lo = window && seen > window ? seen - window : 0;
+    memset(row, 0, (size_t)lo * sizeof *row);
     if (lse) {
-      for (int j = 0; j < seen; j++) row[j] = expf(row[j] - lse[r]);
+      for (int j = lo; j < seen; j++) row[j] = expf(row[j] - lse[r]);
     } else {
       float mx = -INFINITY;
-      for (int j = 0; j < seen; j++) mx = row[j] > mx ? row[j] : mx;
+      for (int j = lo; j < seen; j++) mx = row[j] > mx ? row[j] : mx;
       double sum = 0;
-      for (int j = 0; j < seen; j++) {
+      for (int j = lo; j < seen; j++) {
         row[j] = expf(row[j] - mx);
         sum += row[j];
       }
       float inv = (float)(1.0 / sum);
-      for (int j = 0; j < seen; j++) row[j] *= inv;
+      for (int j = lo; j < seen; j++) row[j] *= inv;
       out_lse[r] = mx + (float)log(sum);
     }
     if (seen < n) memset(row + seen, 0, (size_t)(n - seen) * sizeof *row);
@@ -66,7 +68,7 @@ void moe__attn_forward(const moe__attn *a, float *scratch, int nt) {
       float *o = a->o + ((size_t)b * a->Tq + t0) * qd + (size_t)h * hd;
       moe__gemm g = gemm(false, true, m, n, hd, sc, q, a->ldq, k, a->ldkv, 0.0f, s, n);
       moe__gemm_one(&g);
-      block_probs(s, m, n, a->pos0 + t0, NULL, a->lse + ((size_t)b * a->nh + h) * a->Tq + t0);
+      block_probs(s, m, n, a->pos0 + t0, a->window, NULL, a->lse + ((size_t)b * a->nh + h) * a->Tq + t0);
       g = gemm(false, false, m, hd, n, 1.0f, s, n, v, a->ldkv, 0.0f, o, qd);
       moe__gemm_one(&g);
     }
@@ -106,7 +108,7 @@ void moe__attn_backward(const moe__attn *a, const float *do_, float *dq, float *
           g[1] = gemm(false, true, m, n, hd, 1.0f, dO, qd, v, lkv, 0.0f, dp, n);
           moe__gemm_one(&g[0]);
           moe__gemm_one(&g[1]);
-          block_probs(p, m, n, t0, lse, NULL);
+          block_probs(p, m, n, t0, a->window, lse, NULL);
           for (int r = 0; r < m; r++) {
             const float *orow = o + (size_t)r * qd, *drow = dO + (size_t)r * qd;
             float di = 0;

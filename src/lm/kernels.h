@@ -27,7 +27,8 @@ void moe__rope_apply(float *x, int ld, int B, int T, int heads, int hd, int pos0
 
 /* Causal grouped-query attention. q (B, Tq, nh * hd) with rows ldq floats apart; k, v (B, *, nkv * hd)
  * with rows ldkv and batches kv_bs floats apart (q, k and v may be one fused (B, T, qd + 2 kvd) buffer);
- * query t of batch b sits at position pos0 + t and sees keys [0, pos0 + t]; head h uses kv head
+ * query t of batch b sits at position pos0 + t and sees keys [0, pos0 + t], or with window > 0 the last
+ * `window` of them (Mixtral's sliding_window, as transformers masks it); head h uses kv head
  * h / (nh / nkv). o (B, Tq, nh * hd) = softmax(q k^T / sqrt(hd)) v; lse (B, nh, Tq) the log-sum-exp of each
  * row of scores, kept for backward. Queries go in blocks: a block's scores against the keys it sees are
  * one GEMM and never more than a block's rows exist per thread. */
@@ -36,6 +37,7 @@ typedef struct {
   size_t kv_bs;
   const float *q, *k, *v;
   float *o, *lse;
+  int window;
 } moe__attn;
 /* Bytes of scratch moe__attn_forward / _backward need for nt threads and Tk = pos0 + Tq keys. */
 size_t moe__attn_scratch(const moe__attn *a, int nt);

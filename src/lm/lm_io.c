@@ -68,6 +68,12 @@ static moe_status read_config(const char *path, const cJSON *r, moe_lm_config *c
   MOE_CHECK(get_int(path, r, "num_local_experts", 1, &c->moe.E));
   MOE_CHECK(get_int(path, r, "num_experts_per_tok", 1, &c->moe.top_k));
   MOE_CHECK(get_float(path, r, "rope_theta", &c->rope_theta));
+  MOE_CHECK(get_int(path, r, "sliding_window", 0, &c->sliding_window));
+  const cJSON *rs = cJSON_GetObjectItemCaseSensitive(r, "rope_scaling"), *ty = NULL;
+  if (cJSON_IsObject(rs) && !cJSON_IsString(ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type")))
+    ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
+  MOE_TRY(!rs || cJSON_IsNull(rs), MOE_ERR_FORMAT, "%s: \"rope_scaling\" of type %s is not supported (only null)",
+          path, cJSON_IsString(ty) ? ty->valuestring : "(none given)");
   MOE_CHECK(get_float(path, r, "rms_norm_eps", &c->rms_eps));
   MOE_CHECK(get_float(path, r, "router_aux_loss_coef", &c->aux_coef));
   int with_aux = 0;
@@ -196,16 +202,57 @@ static moe_status read_part(const moe_lm_t *m, const moe_st *f, const moe_tensor
   return st;
 }
 
+/* The config's sizes against the tensors that carry them, before anything of their size is allocated:
+ * a config.json that does not fit its weights is an error naming the field and its value, not gigabytes
+ * allocated (a shard's header alone is read). The last layer and expert vouch for the counts. */
+static moe_status check_sizes(const shards *s, const char *dir, const moe_lm_config *c) {
+  int64_t D = c->moe.D, hd = c->head_dim;
+  char names[5][128];
+  snprintf(names[0], 128, "model.embed_tokens.weight");
+  snprintf(names[1], 128, "model.layers.%d.self_attn.q_proj.weight", c->n_layers - 1);
+  snprintf(names[2], 128, "model.layers.%d.self_attn.k_proj.weight", c->n_layers - 1);
+  snprintf(names[3], 128, "model.layers.%d.block_sparse_moe.gate.weight", c->n_layers - 1);
+  snprintf(names[4], 128, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", c->n_layers - 1, c->moe.E - 1);
+  const struct { const char *rows; int64_t nrows; } want[5] = {
+      {"\"vocab_size\"", c->vocab},
+      {"\"num_attention_heads\" x \"head_dim\"", c->n_heads * hd},
+      {"\"num_key_value_heads\" x \"head_dim\"", c->n_kv_heads * hd},
+      {"\"num_local_experts\"", c->moe.E},
+      {"\"intermediate_size\"", c->moe.H},
+  };
+  for (int i = 0; i < 5; i++) {
+    moe_st *f = NULL;
+    moe_tensor_view v;
+    moe_status st = shard_of(s, dir, names[i], &f);
+    if (st == MOE_OK) st = moe_st_get(f, names[i], &v);
+    MOE_TRY(st == MOE_OK, MOE_ERR_SHAPE,
+            "%s/config.json: \"num_hidden_layers\" %d and \"num_local_experts\" %d ask for tensor '%s': %s", dir,
+            c->n_layers, c->moe.E, names[i], moe_last_error());
+    MOE_TRY(v.ndim == 2 && v.shape[0] == want[i].nrows, MOE_ERR_SHAPE,
+            "%s/config.json: %s is %lld, but tensor '%s' in %s has %lld rows", dir, want[i].rows,
+            (long long)want[i].nrows, names[i], moe_st_path(f), v.ndim ? (long long)v.shape[0] : 0LL);
+    MOE_TRY(v.shape[1] == D, MOE_ERR_SHAPE, "%s/config.json: \"hidden_size\" is %lld, but tensor '%s' in %s has %lld columns",
+            dir, (long long)D, names[i], moe_st_path(f), (long long)v.shape[1]);
+  }
+  return MOE_OK;
+}
+
 moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c) {
   MOE_TRY(m && dir, MOE_ERR_ARG, "moe_lm_load: NULL argument");
+  memset(m, 0, sizeof *m);
   moe_lm_config own;
   if (!c) {
     MOE_CHECK(moe_lm_read_config(dir, &own));
     c = &own;
   }
-  MOE_CHECK(moe_lm_init(m, c));
   shards s;
   moe_status st = shards_open(&s, dir);
+  if (st == MOE_OK) st = check_sizes(&s, dir, c);
+  if (st == MOE_OK) st = moe_lm_init(m, c);
+  if (st != MOE_OK) {
+    shards_close(&s);
+    return st;
+  }
   for (int i = 0; st == MOE_OK && i < m->nrefs; i++) {
     moe_st *f = NULL;
     st = shard_of(&s, dir, m->refs[i].name, &f);
@@ -258,7 +305,7 @@ static char *config_json(const moe_lm_config *c) {
   add(r, "router_aux_loss_coef", float_json(c->aux_coef), &ok);
   add(r, "output_router_logits", cJSON_CreateBool(c->aux_coef > 0), &ok);
   add(r, "tie_word_embeddings", cJSON_CreateBool(c->tie_embeddings), &ok);
-  add(r, "sliding_window", cJSON_CreateNull(), &ok);
+  add(r, "sliding_window", c->sliding_window ? cJSON_CreateNumber(c->sliding_window) : cJSON_CreateNull(), &ok);
   add(r, "attention_dropout", cJSON_CreateNumber(0), &ok);
   char *text = ok ? cJSON_Print(r) : NULL;
   cJSON_Delete(r);

@@ -32,7 +32,8 @@ struct moe__lm_state {
   int B, T, N, nt, count, have_fwd;
   lm_block *w, *g;      /* (L) parameters and their gradients */
   float *embed, *normf, *head, *gembed, *gnormf, *ghead;
-  float *cos_t, *sin_t; /* (max_seq, head_dim / 2) */
+  float *cos_t, *sin_t; /* (rope_n, head_dim / 2): grown with the positions used, up to max_seq */
+  int rope_n;
   lm_acts *a;           /* (L + 1): a[L].res is the last layer's output */
   float *xnf, *rstdf, *logits, *lse; /* (N, D), (N), (N, V), (N) */
   int32_t *tokens, *targets;         /* (N) copies */
@@ -48,7 +49,8 @@ struct moe__lm_state {
 
 struct moe_lm_cache {
   int L, B, max_seq, kvd, len;
-  float *k, *v;   /* (L, B, max_seq, kvd) each, rotated keys and values */
+  float **k, **v; /* (L, B): layer l's rotated keys and values of slot b, (cap[b], kvd) each */
+  int *cap;       /* (B) the positions each slot's buffers hold: grown as its sequence reaches them */
   int *slot_len;  /* (B) each slot's length, for moe_lm_decode_slots */
   const int *row_slot; /* during a decode: the slot of each batch row (NULL: row b is slot b at len) */
   int32_t *counts;     /* (L, E) tokens per expert in the last decode, for traces */
@@ -93,6 +95,10 @@ static moe_status check_config(const moe_lm_config *c) {
   MOE_TRY(c->head_dim > 0 && c->head_dim % 2 == 0, MOE_ERR_ARG, "lm config: head_dim must be even and > 0, got %d",
           c->head_dim);
   MOE_TRY(c->max_seq > 0, MOE_ERR_ARG, "lm config: max_seq must be > 0, got %d", c->max_seq);
+  MOE_TRY(c->sliding_window >= 0, MOE_ERR_ARG, "lm config: sliding_window must be >= 0, got %d", c->sliding_window);
+  MOE_TRY(((int64_t)c->n_heads + 2 * (int64_t)c->n_kv_heads) * c->head_dim <= INT32_MAX, MOE_ERR_ARG,
+          "lm config: (n_heads + 2 n_kv_heads) x head_dim must fit an int, got (%d + 2 x %d) x %d", c->n_heads,
+          c->n_kv_heads, c->head_dim);
   MOE_TRY(c->rope_theta > 0 && isfinite(c->rope_theta), MOE_ERR_ARG, "lm config: rope_theta must be > 0, got %g",
           (double)c->rope_theta);
   MOE_TRY(c->rms_eps > 0 && isfinite(c->rms_eps), MOE_ERR_ARG, "lm config: rms_eps must be > 0, got %g",
@@ -182,7 +188,7 @@ moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c) {
   m->cfg = *c;
   int L = c->n_layers, E = c->moe.E;
   size_t D = (size_t)c->moe.D, V = (size_t)c->vocab, qd = (size_t)c->n_heads * c->head_dim,
-         kvd = (size_t)c->n_kv_heads * c->head_dim, h2 = (size_t)c->head_dim / 2;
+         kvd = (size_t)c->n_kv_heads * c->head_dim;
   size_t dense = V * D * (c->tie_embeddings ? 1 : 2) + D + (size_t)L * (2 * D + (2 * qd + 2 * kvd) * D);
   m->dense = calloc(dense, 4);
   m->dense_grad = calloc(dense, 4);
@@ -193,13 +199,11 @@ moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c) {
     s->w = calloc((size_t)L, sizeof *s->w);
     s->g = calloc((size_t)L, sizeof *s->g);
     s->a = calloc((size_t)L + 1, sizeof *s->a);
-    s->cos_t = malloc((size_t)c->max_seq * h2 * 4);
-    s->sin_t = malloc((size_t)c->max_seq * h2 * 4);
     s->bal = calloc(2 * (size_t)E + 3, sizeof *s->bal);
     s->lstats = calloc((size_t)L, sizeof *s->lstats);
   }
-  if (!m->dense || !m->dense_grad || !m->layers || !m->refs || !s || !s->w || !s->g || !s->a || !s->cos_t ||
-      !s->sin_t || !s->bal || !s->lstats) {
+  if (!m->dense || !m->dense_grad || !m->layers || !m->refs || !s || !s->w || !s->g || !s->a || !s->bal ||
+      !s->lstats) {
     moe_lm_free(m);
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_lm_init: out of memory for %zu dense parameters", dense);
   }
@@ -210,7 +214,6 @@ moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c) {
       return st;
     }
   }
-  moe__rope_tables(s->cos_t, s->sin_t, c->max_seq, c->head_dim, c->rope_theta);
   s->dense_n = dense;
   build_table(m);
   return MOE_OK;
@@ -343,7 +346,7 @@ static moe__attn attn_of(const moe_lm_t *m, const lm_acts *a) {
   const moe_lm_config *c = &m->cfg;
   int hd = c->head_dim, qd = c->n_heads * hd, ld = qd + 2 * c->n_kv_heads * hd;
   return (moe__attn){m->st->B, m->st->T, 0, c->n_heads, c->n_kv_heads, hd, ld, ld, (size_t)m->st->T * ld,
-                     a->qkv, a->qkv + qd, a->qkv + qd + c->n_kv_heads * hd, a->att, a->lse};
+                     a->qkv, a->qkv + qd, a->qkv + qd + c->n_kv_heads * hd, a->att, a->lse, c->sliding_window};
 }
 
 static void add_rows(float *y, const float *x, size_t n, int nt) {
@@ -377,11 +380,11 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   MOE_CHECK(moe__gemm_run(&g, 1, nt));
   moe__attn at = attn_of(m, a);
   if (kv) { /* each batch row at its own slot and position: rotate, append to the cache, attend */
-    size_t kvd = (size_t)nkv * hd, bs = (size_t)kv->max_seq * kvd, lay = (size_t)i * kv->B * bs, T = s->T;
+    size_t kvd = (size_t)nkv * hd, T = s->T;
     for (int b = 0; b < s->B; b++) {
       int pos0 = row_pos(kv, b);
-      float *q = a->qkv + (size_t)b * T * ld, *kb = kv->k + lay + (size_t)row_slot(kv, b) * bs,
-            *vb = kv->v + lay + (size_t)row_slot(kv, b) * bs;
+      size_t cell = (size_t)i * kv->B + row_slot(kv, b);
+      float *q = a->qkv + (size_t)b * T * ld, *kb = kv->k[cell], *vb = kv->v[cell];
       moe__rope_apply(q, ld, 1, s->T, c->n_heads, hd, pos0, s->cos_t, s->sin_t, 0, nt);
       moe__rope_apply(q + qd, ld, 1, s->T, nkv, hd, pos0, s->cos_t, s->sin_t, 0, nt);
       for (size_t t = 0; t < T; t++) {
@@ -389,7 +392,7 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
         memcpy(vb + (pos0 + t) * kvd, q + t * ld + qd + kvd, kvd * 4);
       }
       moe__attn one = at;
-      one.B = 1, one.pos0 = pos0, one.q = q, one.k = kb, one.v = vb, one.ldkv = (int)kvd, one.kv_bs = bs;
+      one.B = 1, one.pos0 = pos0, one.q = q, one.k = kb, one.v = vb, one.ldkv = (int)kvd, one.kv_bs = 0;
       one.o = a->att + (size_t)b * T * qd, one.lse = a->lse + (size_t)b * c->n_heads * T;
       moe__attn_forward(&one, s->scratch, nt);
     }
@@ -434,6 +437,44 @@ static moe_status global_sums(moe_lm_t *m, double *sum) {
   return MOE_OK;
 }
 
+/* The positions a buffer of `have` grows to for n (<= max_seq): doubled at least, so that a sequence
+ * growing a token at a time reallocates log(n) times. */
+static int room(int have, int n, int max_seq) { return have > max_seq / 2 ? max_seq : 2 * have > n ? 2 * have : n; }
+
+static moe_status grow(float **buf, int n, size_t per) {
+  float *p = realloc(*buf, (size_t)n * per * 4);
+  MOE_TRY(p, MOE_ERR_NOMEM, "out of memory for %d positions of %zu floats", n, per);
+  *buf = p;
+  return MOE_OK;
+}
+
+/* The rotary tables of positions [0, n): formed anew whenever they grow. */
+static moe_status rope_reserve(moe_lm_t *m, int n) {
+  const moe_lm_config *c = &m->cfg;
+  moe__lm_state *s = m->st;
+  if (n <= s->rope_n) return MOE_OK;
+  int want = room(s->rope_n, n, c->max_seq);
+  MOE_CHECK(grow(&s->cos_t, want, (size_t)c->head_dim / 2));
+  MOE_CHECK(grow(&s->sin_t, want, (size_t)c->head_dim / 2));
+  moe__rope_tables(s->cos_t, s->sin_t, want, c->head_dim, c->rope_theta);
+  s->rope_n = want;
+  return MOE_OK;
+}
+
+/* Room in slot b's keys and values of every layer for n positions. */
+static moe_status kv_reserve(moe_lm_cache *kv, int b, int n) {
+  if (n <= kv->cap[b]) return MOE_OK;
+  int want = room(kv->cap[b], n, kv->max_seq);
+  for (int l = 0; l < kv->L; l++) {
+    size_t at = (size_t)l * kv->B + b;
+    moe_status st = grow(&kv->k[at], want, (size_t)kv->kvd);
+    if (st == MOE_OK) st = grow(&kv->v[at], want, (size_t)kv->kvd);
+    MOE_TRY(st == MOE_OK, st, "the KV cache of slot %d: %s", b, moe_last_error());
+  }
+  kv->cap[b] = want;
+  return MOE_OK;
+}
+
 /* The forward of moe_lm_forward (kv NULL) and moe_lm_decode. */
 static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *targets, int B, int T,
                           moe_lm_cache *kv, moe_lm_stats *out) {
@@ -447,6 +488,8 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
           c->max_seq, pos0, B, T);
   MOE_TRY((int64_t)B * T * (c->vocab > c->moe.D ? c->vocab : c->moe.D) <= INT32_MAX, MOE_ERR_ARG,
           "moe_lm_forward: a batch of %d x %d tokens is too large", B, T);
+  MOE_CHECK(rope_reserve(m, pos0 + T));
+  for (int b = 0; kv && b < B; b++) MOE_CHECK(kv_reserve(kv, row_slot(kv, b), row_pos(kv, b) + T));
   int N = B * T, V = c->vocab, D = c->moe.D;
   for (int i = 0; i < N; i++) {
     MOE_TRY(tokens[i] >= 0 && tokens[i] < V, MOE_ERR_VALUE, "moe_lm_forward: token [%d, %d] = %d is not in [0, %d)",
@@ -495,24 +538,37 @@ moe_status moe_lm_cache_new(moe_lm_cache **out, const moe_lm_t *m, int B) {
   const moe_lm_config *c = &m->cfg;
   moe_lm_cache *kv = calloc(1, sizeof *kv);
   MOE_TRY(kv, MOE_ERR_NOMEM, "moe_lm_cache_new: out of memory");
-  *kv = (moe_lm_cache){c->n_layers, B, c->max_seq, c->n_kv_heads * c->head_dim, 0, NULL, NULL, NULL, NULL, NULL};
-  size_t n = (size_t)kv->L * B * kv->max_seq * kv->kvd;
-  kv->k = malloc(n * 4);
-  kv->v = malloc(n * 4);
+  *kv = (moe_lm_cache){c->n_layers, B, c->max_seq, c->n_kv_heads * c->head_dim, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+  size_t n = (size_t)kv->L * B;
+  kv->k = calloc(n, sizeof *kv->k);
+  kv->v = calloc(n, sizeof *kv->v);
+  kv->cap = calloc((size_t)B, sizeof *kv->cap);
   kv->slot_len = calloc((size_t)B, sizeof *kv->slot_len);
   kv->counts = calloc((size_t)c->n_layers * c->moe.E, sizeof *kv->counts);
-  if (!kv->k || !kv->v || !kv->slot_len || !kv->counts) {
+  if (!kv->k || !kv->v || !kv->cap || !kv->slot_len || !kv->counts) {
     moe_lm_cache_free(kv);
-    MOE_TRY(0, MOE_ERR_NOMEM, "moe_lm_cache_new: out of memory for %zu keys and values", n);
+    MOE_TRY(0, MOE_ERR_NOMEM, "moe_lm_cache_new: out of memory for %d slots", B);
   }
   *out = kv;
   return MOE_OK;
 }
 
+/* Frees slot b's keys and values: a new sequence there grows them from nothing. */
+static void kv_release(moe_lm_cache *kv, int b) {
+  for (int l = 0; kv->k && kv->v && l < kv->L; l++) {
+    size_t at = (size_t)l * kv->B + b;
+    free(kv->k[at]), free(kv->v[at]);
+    kv->k[at] = kv->v[at] = NULL;
+  }
+  if (kv->cap) kv->cap[b] = 0;
+}
+
 void moe_lm_cache_free(moe_lm_cache *kv) {
   if (!kv) return;
+  for (int b = 0; b < kv->B; b++) kv_release(kv, b);
   free(kv->k);
   free(kv->v);
+  free(kv->cap);
   free(kv->slot_len);
   free(kv->counts);
   free(kv);
@@ -540,7 +596,9 @@ int moe_lm_cache_slot_len(const moe_lm_cache *kv, int slot) {
 const int32_t *moe_lm_cache_expert_counts(const moe_lm_cache *kv) { return kv->counts; }
 
 void moe_lm_cache_slot_reset(moe_lm_cache *kv, int slot) {
-  if (slot >= 0 && slot < kv->B) kv->slot_len[slot] = 0;
+  if (slot < 0 || slot >= kv->B) return;
+  kv->slot_len[slot] = 0;
+  kv_release(kv, slot);
 }
 
 moe_status moe_lm_decode_slots(moe_lm_t *m, moe_lm_cache *kv, const int *slots, int n, const int32_t *tokens,

@@ -55,7 +55,8 @@ static moe_status parse(const cJSON *o, const moe_tokenizer *tok, int vocab, int
   MOE_CHECK(number(o, "max_tokens", 1, 1, max_seq, &mt));
   MOE_CHECK(number(o, "temperature", 0, 0, 100, &temp));
   MOE_CHECK(number(o, "top_p", 0, 0, 1, &top_p));
-  MOE_TRY(top_p > 0, MOE_ERR_VALUE, "\"top_p\" must be in (0, 1], got 0");
+  /* the engine samples with the float: 5e-324 is 0 there */
+  MOE_TRY((float)top_p > 0, MOE_ERR_VALUE, "\"top_p\" must be in (0, 1] as a float (>= 1.4e-45), got %g", top_p);
   MOE_CHECK(number(o, "seed", 1, 0, 9007199254740992.0, &seed)); /* 2^53: exact in a double */
   const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "stream");
   MOE_TRY(!s || cJSON_IsNull(s) || cJSON_IsBool(s), MOE_ERR_VALUE, "\"stream\" must be true or false");
@@ -67,9 +68,22 @@ static moe_status parse(const cJSON *o, const moe_tokenizer *tok, int vocab, int
   return MOE_OK;
 }
 
+/* The offset of the first \u0000 escape in the n bytes of a JSON text, or -1: cJSON ends its strings at
+ * the NUL, so a prompt with one would be cut there. Backslashes appear only in strings' escapes. */
+static long nul_escape(const char *s, size_t n) {
+  for (size_t i = 0; i + 1 < n; i++)
+    if (s[i] == '\\') {
+      if (s[i + 1] == 'u' && i + 6 <= n && !memcmp(s + i + 2, "0000", 4)) return (long)i;
+      i++; /* the escaped character */
+    }
+  return -1;
+}
+
 moe_status moe__completion_parse(const char *body, size_t n, const moe_tokenizer *tok, int vocab, int max_seq,
                                  moe__completion *c) {
   memset(c, 0, sizeof *c);
+  long nul = nul_escape(body, n);
+  MOE_TRY(nul < 0, MOE_ERR_VALUE, "the body has \\u0000 at byte %ld: strings with NUL characters are refused", nul);
   cJSON *o;
   MOE_CHECK(moe__json_parse("request", "body", body, n, &o));
   moe_status st = parse(o, tok, vocab, max_seq, c);

@@ -19,7 +19,8 @@ typedef struct {
   int stream;        /* server-sent events */
 } moe__completion;
 
-/* Parses the n bytes of body: a JSON object with "prompt" (a string, through tok, or an array of token
+/* Parses the n bytes of body (none may be a \u0000 escape: cJSON's strings end at the NUL): a JSON
+ * object with "prompt" (a string, through tok, or an array of token
  * ids in [0, vocab); tok NULL refuses strings), and optional "max_tokens", "temperature", "top_p",
  * "seed" (integers >= 0 for the integers) and "stream" (a boolean); other fields ("model") are ignored.
  * The prompt and max_tokens must fit the context of max_seq positions. MOE_ERR_FORMAT (not JSON, not
