@@ -19,8 +19,8 @@ CK=$out/ck
 [ -f $CK/model.safetensors ] || $MOE train --task lm --data "$DATA" --vocab 1024 --context 256 --layers 4 --model 256 \
   --heads 8 --kv-heads 4 --experts 8 --hidden 512 --steps 20 --batch 4 --eval-every 20 --eval-windows 4 \
   --threads "$THREADS" --checkpoint $CK --quiet >/dev/null
-body=$out/body.json
-printf '{"prompt": [5, 9, 1, 200], "max_tokens": %d, "temperature": 1.0, "seed": 1}' $TOKENS >$body
+body=$out/body.json  # ignore_eos: every request TOKENS long
+printf '{"prompt": [5, 9, 1, 200], "max_tokens": %d, "temperature": 1.0, "seed": 1, "ignore_eos": true}' $TOKENS >$body
 
 metric() { curl -s "http://127.0.0.1:$port/metrics" | awk -v k="$1" '$1 == k {print $2}'; }
 

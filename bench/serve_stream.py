@@ -13,7 +13,7 @@ PORT, C, SECONDS, MAX_TOKENS = int(sys.argv[1]), int(sys.argv[2]), float(sys.arg
 
 async def one(i, ttft, per_token, counts):
     body = json.dumps({"prompt": [1 + i % 50, 7, 3], "max_tokens": MAX_TOKENS, "temperature": 1.0,
-                       "seed": i, "stream": True})
+                       "seed": i, "stream": True, "ignore_eos": True})  # a fixed load: no end of text
     t0 = time.perf_counter()
     r, w = await asyncio.open_connection("127.0.0.1", PORT)
     w.write(("POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"

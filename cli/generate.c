@@ -20,8 +20,11 @@ static const char *CMD = "generate";
 static void usage(FILE *f) {
   fprintf(f, "usage: moe generate --checkpoint DIR (--prompt \"text\" | --prompt-ids \"1 2 3\") [--max-tokens N]\n"
              "                    [--temperature T] [--top-p P] [--seed S] [--threads N] [--tokenizer F] [--json]\n"
+             "                    [--ignore-eos]\n"
              "Samples N new tokens (default 32) after the prompt: temperature 0 is greedy (default 1), top-p\n"
              "keeps the most probable tokens up to that mass (default 1); the same seed gives the same tokens.\n"
+             "Stops before N at the end of text (DIR/config.json's eos_token_id, the tokenizer's <|endoftext|>),\n"
+             "which is not printed, unless --ignore-eos.\n"
              "--prompt: the text through DIR/tokenizer.json (or --tokenizer F); prints the new text.\n"
              "--prompt-ids: prints the new token ids on one line. --json: one JSON line at the end instead,\n"
              "{\"prompt_tokens\", \"ids\", and with --prompt \"text\" (bytes that are not UTF-8 as U+FFFD)}.\n");
@@ -29,7 +32,7 @@ static void usage(FILE *f) {
 
 typedef struct {
   const char *ck, *prompt, *text, *tokenizer;
-  int max_tokens, threads, json;
+  int max_tokens, threads, json, ignore_eos;
   float temperature, top_p;
   uint64_t seed;
 } gen_opts;
@@ -55,8 +58,9 @@ static int parse(int argc, char **argv, gen_opts *o) {
   *o = (gen_opts){.max_tokens = 32, .temperature = 1.0f, .top_p = 1.0f};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
-    if (cli_flag_is(f, "json")) {
-      o->json = 1;
+    if (cli_flag_is(f, "json") || cli_flag_is(f, "ignore-eos")) { /* flags without a value */
+      if (cli_flag_is(f, "json")) o->json = 1;
+      else o->ignore_eos = 1;
       continue;
     }
     if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f);
@@ -144,8 +148,10 @@ static int rank0_token(const moe_dist *d, int32_t *id) {
   return 0;
 }
 
-/* Prompt, then one token at a time; the new tokens are printed as they come. */
-static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *ids, int n) {
+/* Prompt, then one token at a time until an id of eos (n_eos of them; none with --ignore-eos); the new
+ * tokens are printed as they come. */
+static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *ids, int n, const int32_t *eos,
+               int n_eos) {
   const moe_lm_config *c = &m->cfg;
   if (n + o->max_tokens > c->max_seq)
     return cli_usage_error(CMD, "the prompt (%d tokens) and --max-tokens %d exceed the model's context of %d", n,
@@ -155,23 +161,28 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
   uint64_t rng = o->seed;
   int rc = moe_lm_decode(m, kv, ids, n) ? cli_fail(CMD) : 0, T = n;
   int32_t *out = ids + n; /* the new tokens follow the prompt (ids holds both) */
-  for (int i = 0; !rc && i < o->max_tokens; i++) {
+  int k = 0;
+  for (; !rc && k < o->max_tokens; k++) {
     int32_t next;
-    if (moe_lm_sample(moe_lm_logits(m) + (size_t)(T - 1) * c->vocab, c->vocab, o->temperature, o->top_p, &rng, &next) ||
-        (i + 1 < o->max_tokens && moe_lm_decode(m, kv, &next, 1))) {
+    if (moe_lm_sample(moe_lm_logits(m) + (size_t)(T - 1) * c->vocab, c->vocab, o->temperature, o->top_p, &rng, &next)) {
       rc = cli_fail(CMD);
       break;
     }
     if ((rc = cli_settle(m->cfg.moe.dist, CMD, rank0_token(m->cfg.moe.dist, &next)))) break;
-    out[i] = next;
+    if (!o->ignore_eos && lm_is_eos(eos, n_eos, next)) break;
+    if (k + 1 < o->max_tokens && moe_lm_decode(m, kv, &next, 1)) { /* rank 0's token on every rank */
+      rc = cli_fail(CMD);
+      break;
+    }
+    out[k] = next;
     if (!o->json) {
-      emit(t, next, i == 0);
+      emit(t, next, k == 0);
       fflush(stdout);
     }
     T = 1;
   }
   if (!o->json) printf("\n");
-  else if (!rc) rc = print_json(t, out, o->max_tokens, n);
+  else if (!rc) rc = print_json(t, out, k, n);
   moe_lm_cache_free(kv);
   return rc;
 }
@@ -199,8 +210,10 @@ static int generate(int argc, char **argv, moe_dist *dist) {
           : o.prompt ? parse_ids(o.prompt, c.vocab, ids, cap)
           : moe_tokenizer_load(&t, o.tokenizer ? o.tokenizer : path) != MOE_OK ? (cli_fail(CMD), -1)
           : encode_prompt(t, o.text, c.vocab, ids, cap);
-  int rc = cli_settle(dist, CMD, n < 0);
-  if (!rc) rc = run(&m, &o, t, ids, n);
+  int32_t eos[LM_MAX_EOS];
+  int n_eos = n < 0 ? 0 : lm_eos_ids(CMD, o.ck, t, c.vocab, eos);
+  int rc = cli_settle(dist, CMD, n < 0 || n_eos < 0);
+  if (!rc) rc = run(&m, &o, t, ids, n, eos, n_eos);
   free(ids);
   moe_tokenizer_free(t);
   moe_lm_free(&m);

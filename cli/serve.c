@@ -17,9 +17,11 @@ static void usage(FILE *f) {
              "                 [--cache K] [--policy lifo|lru] [--trace F] [--context N]\n"
              "                 [--max-connections C] [--timeout S]\n"
              "Serves POST /v1/completions (OpenAI's completion request: prompt as text, through DIR/tokenizer.json,\n"
-             "or token ids; max_tokens, temperature, top_p, seed, stream), GET /health and GET /metrics\n"
-             "(Prometheus). Up to B requests (default 32) decode together; others wait in a queue. --port 0:\n"
-             "a free port. Prints \"listening on http://HOST:PORT\" when ready. --cache K: K experts of each\n"
+             "or token ids; max_tokens, temperature, top_p, seed, stream, ignore_eos; other fields are refused\n"
+             "unless turned off), GET /health and GET /metrics (Prometheus). A request stops at the end of text\n"
+             "(DIR/config.json's eos_token_id, the tokenizer's <|endoftext|>) unless ignore_eos. Up to B\n"
+             "requests (default 32) decode together; others wait in a queue. --port 0: a free port. Prints\n"
+             "\"listening on http://HOST:PORT\" when ready. --cache K: K experts of each\n"
              "MoE layer in memory (default all), the rest read on demand from DIR/model.safetensors, evicting\n"
              "by --policy (default lifo). --trace F: the experts each decode step used, as moe trace writes.\n"
              "--context N: a request's prompt and max_tokens at most (default the model's\n"
@@ -86,12 +88,12 @@ static int load_tokenizer(const char *dir, moe_tokenizer **t) {
 }
 
 /* Serves until SIGTERM or SIGINT (blocked in every thread, taken here with sigwait). */
-static int serve(const serve_opts *o, moe_lm_t *m, const moe_tokenizer *tok, serve_metrics *met, FILE *trace,
-                 const sigset_t *sigs) {
+static int serve(const serve_opts *o, moe_lm_t *m, const moe_tokenizer *tok, const int32_t *eos, int n_eos,
+                 serve_metrics *met, FILE *trace, const sigset_t *sigs) {
   serve_engine e;
   serve_http *h;
   int port;
-  if (serve_engine_start(&e, m, o->max_batch, met, trace)) return cli_fail(CMD);
+  if (serve_engine_start(&e, m, o->max_batch, met, trace, eos, n_eos)) return cli_fail(CMD);
   if (serve_http_start(&h, o->host, o->port, &e, tok, &o->http, &port)) {
     serve_engine_drain(&e);
     serve_engine_free(&e);
@@ -121,15 +123,19 @@ int cmd_serve(int argc, char **argv) {
   more_files();
   moe_lm_config c;
   moe_lm_t m;
-  moe_tokenizer *tok;
+  moe_tokenizer *tok = NULL;
   if (moe_lm_read_config(o.ck, &c)) return cli_fail(CMD);
   c.moe.threads = o.threads;
   if (moe_lm_load(&m, o.ck, &c)) return cli_fail(CMD);
   moe_lm_experts x = {0};
-  if ((o.cache && moe_lm_buffer_experts(&m, o.ck, o.cache, o.policy, &x)) || load_tokenizer(o.ck, &tok)) {
+  int32_t eos[LM_MAX_EOS];
+  int n_eos = 0;
+  if ((o.cache && moe_lm_buffer_experts(&m, o.ck, o.cache, o.policy, &x)) || load_tokenizer(o.ck, &tok) ||
+      (n_eos = lm_eos_ids(CMD, o.ck, tok, c.vocab, eos)) < 0) {
+    moe_tokenizer_free(tok);
     moe_lm_free(&m);
     moe_lm_experts_free(&x);
-    return cli_fail(CMD);
+    return n_eos < 0 ? 1 : cli_fail(CMD);
   }
   FILE *trace = o.trace ? fopen(o.trace, "w") : NULL;
   int rc = 1;
@@ -139,7 +145,7 @@ int cmd_serve(int argc, char **argv) {
     serve_metrics met;
     size_t expert_bytes = (size_t)c.moe.E * 3 * c.moe.H * c.moe.D * (c.moe.dtype == MOE_DT_BF16 ? 2 : 4) * c.n_layers;
     serve_metrics_init(&met, c.n_layers, x.caches, expert_bytes);
-    rc = serve(&o, &m, tok, &met, trace, &sigs);
+    rc = serve(&o, &m, tok, eos, n_eos, &met, trace, &sigs);
     serve_metrics_free(&met);
   }
   if (trace && fclose(trace)) rc = cli_usage_error(CMD, "--trace: cannot write '%s'", o.trace);

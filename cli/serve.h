@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdio.h>
 
+#include "lm_data.h"
 #include "moe.h"
 #include "serve/completion.h"
 
@@ -16,9 +17,9 @@ typedef struct {
   pthread_mutex_t mu;
   double start;                 /* when the server started */
   int64_t requests[6];          /* by status class: 1xx..5xx ([1]..[5]), [0] completions admitted */
-  int64_t prompt_tokens, tokens; /* prompt tokens read and tokens generated */
+  int64_t prompt_tokens, tokens; /* prompt tokens read and tokens generated (an end of text not counted) */
   double busy_s;                /* the engine's time in prefill and decode steps */
-  int64_t steps, batch_hist[SERVE_NBUCKETS + 1]; /* decode steps by batch size (powers of 2, then +Inf) */
+  int64_t steps, batch_sum, batch_hist[SERVE_NBUCKETS + 1]; /* decode steps by batch size (powers of 2, +Inf) */
   int64_t lat_hist[SERVE_NBUCKETS + 1], ttft_hist[SERVE_NBUCKETS + 1];
   double lat_sum, ttft_sum;
   int queued, running;          /* gauges */
@@ -39,7 +40,8 @@ typedef struct serve_req {
   moe__completion c;
   int32_t *out;        /* (c.max_tokens) the tokens generated so far: n_out of them */
   int n_out;
-  int done;            /* 1 all tokens out, -1 failed (err says why) */
+  int done;            /* 1 finished (max_tokens or the end of text), -1 failed (err says why) */
+  int eos;             /* done at the end-of-text token (finish_reason "stop"), not max_tokens */
   int gone;            /* the client left: the engine drops it */
   int refs;            /* the connection and the engine each hold one */
   int slot;
@@ -66,9 +68,12 @@ typedef struct {
   int *joined;           /* (2 B) the engine's scratch: slots joining, rows of a step */
   int32_t *last;         /* (B) the tokens of a step */
   int draining;          /* no new requests; the thread ends once the queue and slots are empty */
+  int32_t eos[LM_MAX_EOS]; /* the ids that end a request not asking to ignore them */
+  int n_eos;
 } serve_engine;
 
-moe_status serve_engine_start(serve_engine *e, moe_lm_t *m, int B, serve_metrics *met, FILE *trace);
+moe_status serve_engine_start(serve_engine *e, moe_lm_t *m, int B, serve_metrics *met, FILE *trace, const int32_t *eos,
+                              int n_eos);
 /* Stops taking requests, finishes those queued and running, joins the thread. */
 void serve_engine_drain(serve_engine *e);
 /* After the connections are gone (serve_http_stop). */

@@ -87,19 +87,23 @@ static void finish(serve_engine *e, serve_req *r, int how, const char *err) {
   unref(r);
 }
 
-/* Samples r's next token from its logits row (engine thread; publishes under e->mu). */
-static void take_token(serve_engine *e, serve_req *r, const float *logits) {
+/* Samples r's next token from its logits row (engine thread; publishes under e->mu): an end of text
+ * finishes r without it unless r ignores it. Returns 1 when r got a token. */
+static int take_token(serve_engine *e, serve_req *r, const float *logits) {
   int32_t t;
   moe_status st = moe_lm_sample(logits, e->m->cfg.vocab, r->c.temperature, r->c.top_p, &r->c.seed, &t);
+  int eos = st == MOE_OK && !r->c.ignore_eos && lm_is_eos(e->eos, e->n_eos, t);
   pthread_mutex_lock(&e->mu);
+  if (st == MOE_OK && !r->n_out) serve_metrics_latency(e->met, cli_now() - r->t_arrive, -1);
   if (st != MOE_OK) finish(e, r, -1, moe_last_error());
+  else if (eos) r->eos = 1, finish(e, r, 1, NULL);
   else {
     r->out[r->n_out++] = t;
-    if (r->n_out == 1) serve_metrics_latency(e->met, cli_now() - r->t_arrive, -1);
     if (r->n_out == r->c.max_tokens) finish(e, r, 1, NULL);
     else pthread_cond_broadcast(&r->cv);
   }
   pthread_mutex_unlock(&e->mu);
+  return st == MOE_OK && !eos;
 }
 
 /* One row per expert used in this step's decode, per layer. */
@@ -166,29 +170,31 @@ static void *engine(void *arg) {
     }
     pthread_mutex_unlock(&e->mu);
     double t0 = cli_now();
-    int prompt = 0;
+    int prompt = 0, got = 0;
     for (int i = 0; i < nj; i++) { /* the slots are the engine's: read them unlocked */
       serve_req *r = e->slots[joined[i]];
       moe_lm_cache_slot_reset(e->kv, joined[i]);
       prompt += r->c.n_ids;
       if (decode(e, &joined[i], 1, r->c.ids, r->c.n_ids))
-        take_token(e, r, moe_lm_logits(e->m) + (size_t)(r->c.n_ids - 1) * V);
+        got += take_token(e, r, moe_lm_logits(e->m) + (size_t)(r->c.n_ids - 1) * V);
     }
     int n = 0;
     for (int s = 0; s < e->B; s++)
       if (e->slots[s] && e->slots[s]->n_out) rows[n] = s, last[n++] = e->slots[s]->out[e->slots[s]->n_out - 1];
     if (n && decode(e, rows, n, last, 1))
-      for (int i = 0; i < n; i++) take_token(e, e->slots[rows[i]], moe_lm_logits(e->m) + (size_t)i * V);
-    serve_metrics_step(e->met, n, n + nj, prompt, cli_now() - t0);
+      for (int i = 0; i < n; i++) got += take_token(e, e->slots[rows[i]], moe_lm_logits(e->m) + (size_t)i * V);
+    serve_metrics_step(e->met, n, got, prompt, cli_now() - t0);
     pthread_mutex_lock(&e->mu);
   }
   pthread_mutex_unlock(&e->mu);
   return NULL;
 }
 
-moe_status serve_engine_start(serve_engine *e, moe_lm_t *m, int B, serve_metrics *met, FILE *trace) {
+moe_status serve_engine_start(serve_engine *e, moe_lm_t *m, int B, serve_metrics *met, FILE *trace, const int32_t *eos,
+                              int n_eos) {
   memset(e, 0, sizeof *e);
-  e->m = m, e->B = B, e->met = met, e->trace = trace;
+  e->m = m, e->B = B, e->met = met, e->trace = trace, e->n_eos = n_eos;
+  memcpy(e->eos, eos, (size_t)n_eos * sizeof *eos);
   e->slots = calloc((size_t)B, sizeof *e->slots);
   e->joined = malloc(2 * (size_t)B * sizeof *e->joined);
   e->last = malloc((size_t)B * sizeof *e->last);

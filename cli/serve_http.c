@@ -51,6 +51,7 @@ typedef struct { /* the state of a response: the request, its text so far */
   size_t nheld;
   char *pending;       /* stream: an event not yet (all) written */
   size_t npending, at;
+  int last;            /* stream: the event with the finish_reason is out */
   int finished;
 } reply;
 
@@ -73,7 +74,11 @@ static enum MHD_Result send_json(struct MHD_Connection *c, serve_http *h, int st
 
 static enum MHD_Result send_error(struct MHD_Connection *c, serve_http *h, int status, const char *msg) {
   cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
-  cJSON_AddStringToObject(e, "message", msg);
+  size_t n = strlen(msg), used;
+  char *utf = malloc(3 * n + 1); /* a message quoting the request may cut a character */
+  if (utf) utf[moe__utf8_clean(msg, n, 1, utf, &used)] = 0;
+  cJSON_AddStringToObject(e, "message", utf ? utf : msg);
+  free(utf);
   cJSON_AddStringToObject(e, "type", status < 500 ? "invalid_request_error" : "server_error");
   return send_json(c, h, status, o);
 }
@@ -110,7 +115,8 @@ static char *new_text(reply *p, int n, int final) {
 }
 
 /* {"id", "object", "created", "model", "choices": [{"text", "index", "logprobs", "finish_reason",
- * "token_ids"}]} for tokens [p->sent, n): the whole answer, or one event of a stream. */
+ * "token_ids"}]} for tokens [p->sent, n): the whole answer, or one event of a stream. The finish_reason
+ * of the final one: "stop" at the end of text, else "length" (max_tokens, which the context bounds). */
 static cJSON *choice_json(reply *p, int n, int final) {
   cJSON *o = cJSON_CreateObject(), *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
   char id[32], *text;
@@ -126,14 +132,14 @@ static cJSON *choice_json(reply *p, int n, int final) {
   free(text);
   cJSON_AddNumberToObject(c, "index", 0);
   cJSON_AddNullToObject(c, "logprobs");
-  if (final) cJSON_AddStringToObject(c, "finish_reason", "length");
+  if (final) cJSON_AddStringToObject(c, "finish_reason", p->r->eos ? "stop" : "length");
   else cJSON_AddNullToObject(c, "finish_reason");
   cJSON_AddItemToObject(c, "token_ids", ids);
   return o;
 }
 
-/* The next event of a stream into p->pending: the new tokens, then the last with its finish_reason,
- * then [DONE]; 0 at the end. */
+/* The next event of a stream into p->pending: the new tokens, then the last with its finish_reason (no
+ * tokens when the end of text came after the others), then [DONE]; 0 at the end. */
 static int next_event(reply *p) {
   free(p->pending), p->pending = NULL, p->npending = p->at = 0;
   if (p->finished) return 0;
@@ -145,12 +151,13 @@ static int next_event(reply *p) {
     cJSON_AddStringToObject(e, "type", "server_error");
     s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-  } else if (p->sent < p->r->c.max_tokens) {
-    cJSON *o = choice_json(p, n, n == p->r->c.max_tokens);
+  } else if (!p->last) {
+    cJSON *o = choice_json(p, n, done > 0);
     s = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
-  }
-  p->finished = done < 0 || (!s && p->sent == p->r->c.max_tokens);
+    p->last = s && done > 0;
+  } else p->finished = 1;
+  p->finished |= done < 0;
   size_t k = s ? strlen(s) : 0;
   if (!s && !p->finished) return 0; /* out of memory: end the stream */
   p->pending = malloc(k + 32);

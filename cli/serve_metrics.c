@@ -41,7 +41,7 @@ void serve_metrics_latency(serve_metrics *m, double ttft_s, double total_s) {
 
 void serve_metrics_step(serve_metrics *m, int rows, int new_tokens, int prompt_tokens, double s) {
   pthread_mutex_lock(&m->mu);
-  if (rows) observe(m->batch_hist, rows, 0), m->steps++;
+  if (rows) observe(m->batch_hist, rows, 0), m->steps++, m->batch_sum += rows;
   m->tokens += new_tokens, m->prompt_tokens += prompt_tokens, m->busy_s += s;
   pthread_mutex_unlock(&m->mu);
 }
@@ -104,7 +104,7 @@ char *serve_metrics_text(serve_metrics *m) {
           "moe_serve_queue_length %d\n", m->queued);
   put(&t, "# HELP moe_serve_running Requests in the running batch.\n# TYPE moe_serve_running gauge\n"
           "moe_serve_running %d\n", m->running);
-  histogram(&t, "moe_serve_batch_size", "Sequences per decode step.", m->batch_hist, 0, 0);
+  histogram(&t, "moe_serve_batch_size", "Sequences per decode step.", m->batch_hist, (double)m->batch_sum, 0);
   histogram(&t, "moe_serve_ttft_seconds", "Time to first token.", m->ttft_hist, m->ttft_sum, 1);
   histogram(&t, "moe_serve_request_seconds", "Request latency, arrival to last token.", m->lat_hist, m->lat_sum, 1);
   size_t resident = m->caches ? 0 : m->all_expert_bytes;

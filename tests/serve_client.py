@@ -2,9 +2,12 @@
 CK --port 0 EXTRA...`, reads the port it prints, runs one scenario and stops it with SIGTERM, checking
 that it exits 0. Prints what differs and exits 1 on a failure.
 usage: serve_client.py MOE CK SCENARIO [EXTRA...]; scenarios: match, busy, bad, sigterm, full (EXTRA
---max-connections 4 --timeout 2), drain (EXTRA --timeout 2)."""
+--max-connections 4 --timeout 2), drain (EXTRA --timeout 2), eos (on a copy of CK whose end of text is a
+token greedy decoding reaches), metrics."""
 import http.client
 import json
+import os
+import shutil
 import resource
 import signal
 import socket
@@ -22,8 +25,8 @@ def check(ok, what):
         print("FAIL:", what, file=sys.stderr)
 
 
-def start():
-    p = subprocess.Popen([MOE, "serve", "--checkpoint", CK, "--port", "0", "--max-batch", "8",
+def start(ck):
+    p = subprocess.Popen([MOE, "serve", "--checkpoint", ck, "--port", "0", "--max-batch", "8",
                           "--threads", "1"] + EXTRA,
                          stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline()  # printed once it listens
@@ -42,31 +45,36 @@ def request(port, method, path, body=None, raw=None):
     return out
 
 
-def complete(port, body):
-    """(ids, text) of a completion; streamed: the events' token_ids and text joined."""
+def complete(port, body, finish=None):
+    """(ids, text) of a completion; streamed: the events' token_ids and text joined. With finish: checks
+    that the (last) choice's finish_reason is it, and streamed that the others' are null."""
     status, ctype, text = request(port, "POST", "/v1/completions", body)
     check(status == 200, "%s -> %d %s" % (body, status, text))
     if status != 200:
         return None, None
     if not body.get("stream"):
         ch = json.loads(text)["choices"][0]
+        check(finish is None or ch["finish_reason"] == finish, "%s: finish_reason %s, want %s" % (body, ch["finish_reason"], finish))
         return ch["token_ids"], ch["text"]
     check(ctype == "text/event-stream", "stream content type %s" % ctype)
     events = [e[len("data: "):] for e in text.split("\n\n") if e]
     check(events[-1] == "[DONE]", "the stream ends with %r" % events[-1:])
     ids, out = [], ""
-    for e in events[:-1]:
+    for i, e in enumerate(events[:-1]):
         ch = json.loads(e)["choices"][0]
         ids += ch["token_ids"]
         out += ch["text"]
+        want = finish if i == len(events) - 2 else None
+        check(finish is None or ch["finish_reason"] == want, "%s: event %d finish_reason %s, want %s" % (body, i, ch["finish_reason"], want))
     return ids, out
 
 
-def generate(body):
+def generate(body, ck=CK):
     """moe generate --json with the request's prompt and parameters."""
     p = body["prompt"]
-    args = [MOE, "generate", "--checkpoint", CK, "--json", "--threads", "1", "--max-tokens", str(body["max_tokens"])]
+    args = [MOE, "generate", "--checkpoint", ck, "--json", "--threads", "1", "--max-tokens", str(body["max_tokens"])]
     args += ["--prompt", p] if isinstance(p, str) else ["--prompt-ids", " ".join(map(str, p))]
+    args += ["--ignore-eos"] if body.get("ignore_eos") else []
     for k, flag in (("temperature", "--temperature"), ("top_p", "--top-p"), ("seed", "--seed")):
         if k in body:
             args += [flag, str(body[k])]
@@ -139,6 +147,24 @@ def bad(port):
         (json.dumps({"prompt": "the cat " * 200}), 400, "exceed the model's context"),
         (json.dumps({"prompt": [1] * 60, "max_tokens": 10}), 400, "exceed the model's context"),
         ("x" * (1 << 21), 413, "larger than 1 MiB"),
+        # OpenAI's fields the server does not implement: refused by name and value unless turned off
+        ('{"prompt": "hi", "n": 2}', 400, '"n" 2 is not implemented by this server (only 1)'),
+        ('{"prompt": "hi", "best_of": 3}', 400, '"best_of" 3 is not implemented'),
+        ('{"prompt": "hi", "logprobs": 0}', 400, '"logprobs" 0 is not implemented'),
+        ('{"prompt": "hi", "echo": true}', 400, '"echo" true is not implemented'),
+        ('{"prompt": "hi", "suffix": "end"}', 400, '"suffix" "end" is not implemented'),
+        ('{"prompt": "hi", "stop": "\\n"}', 400, '"stop" "\\n" is not implemented'),
+        ('{"prompt": "hi", "stop": ["a", "b"]}', 400, '"stop" ["a","b"] is not implemented'),
+        ('{"prompt": "hi", "logit_bias": {"5": 100}}', 400, '"logit_bias" {"5":100} is not implemented'),
+        ('{"prompt": "hi", "presence_penalty": 0.5}', 400, '"presence_penalty" 0.5 is not implemented'),
+        ('{"prompt": "hi", "frequency_penalty": -1}', 400, '"frequency_penalty" -1 is not implemented'),
+        ('{"prompt": "hi", "stream_options": {"include_usage": true}}', 400, 'unknown field "stream_options"'),
+        ('{"prompt": "hi", "temprature": 0}', 400, 'unknown field "temprature"'),
+        ('{"prompt": "hi", "ignore_eos": 1}', 400, '"ignore_eos" must be true or false'),
+        ('{"prompt": "hi", "user": 5}', 400, '"user" must be a string'),
+        (json.dumps({"prompt": "hi", "max_tokens": 2, "model": "moe", "user": "u1", "n": 1, "best_of": 1,
+                     "logprobs": None, "echo": False, "suffix": None, "stop": None, "logit_bias": {},
+                     "presence_penalty": 0, "frequency_penalty": 0.0, "ignore_eos": False}), 200, None),
         ('{"prompt": "The\\u0000 jury said more words"}', 400, "\\u0000"),  # cJSON's strings end at the NUL
     ]
     for raw, want, msg in cases:
@@ -269,15 +295,91 @@ def drain(port, p):
     s.close()
 
 
+GREEDY = {"prompt": [5, 9, 1], "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+
+
+def eos_checkpoint():
+    """A copy of CK (links to its files) whose config.json's eos_token_id is the first token of GREEDY's
+    answer, from the third on, not among those before it: (the directory, the answer, that token's index)."""
+    want = generate(GREEDY)["ids"]
+    i = next((i for i in range(2, len(want)) if want[i] not in want[:i]), None)
+    if i is None:
+        sys.exit("greedy decoding repeats its first two tokens: %s" % want)
+    d = CK.rstrip("/") + "_eos"
+    shutil.rmtree(d, ignore_errors=True)
+    os.mkdir(d)
+    for f in os.listdir(CK):
+        if f != "config.json":
+            os.symlink(os.path.join(os.path.abspath(CK), f), os.path.join(d, f))
+    with open(os.path.join(CK, "config.json")) as f:
+        config = json.load(f)
+    config["eos_token_id"] = want[i]
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f)
+    return d, want, i
+
+
+def eos(port, ck, want, i):
+    """Generation stops at the end of text (not returned, finish_reason "stop"), as moe generate does;
+    ignore_eos goes on to max_tokens ("length")."""
+    stop = dict(GREEDY, ignore_eos=False)
+    check(generate(stop, ck)["ids"] == want[:i], "moe generate: %s, want %s" % (generate(stop, ck)["ids"], want[:i]))
+    check(generate(GREEDY, ck)["ids"] == want, "moe generate --ignore-eos: %s, want %s" % (generate(GREEDY, ck)["ids"], want))
+    first = dict(stop, prompt=stop["prompt"] + want[:i])  # the end of text is its first token
+    for stream in (False, True):
+        for body, ids, finish in ((stop, want[:i], "stop"), (GREEDY, want, "length"), (first, [], "stop")):
+            got, _ = complete(port, dict(body, stream=stream), finish)
+            check(got == ids, "%s stream=%s: %s, want %s" % (body, stream, got, ids))
+    sampled = {"prompt": "the cat sat", "max_tokens": 30, "temperature": 1.5, "seed": 4}
+    for seed in range(4):  # sampled: the same tokens as moe generate, whether the end of text comes or not
+        body = dict(sampled, seed=seed)
+        want = generate(body, ck)
+        got, text = complete(port, body, "stop" if len(want["ids"]) < 30 else "length")
+        check((got, text) == (want["ids"], want["text"]), "%s: %s %r, moe generate %s" % (body, got, text, want))
+
+
+def metrics(port):
+    """After 3 requests one after another (ignoring the end of text: known token counts) and a bad one,
+    each metric says what the server did."""
+    bodies = [{"prompt": [1, 2, 3], "max_tokens": 5}, {"prompt": [4, 5], "max_tokens": 7, "stream": True},
+              {"prompt": "the cat sat", "max_tokens": 3}]
+    prompt = 5 + json.loads(request(port, "POST", "/v1/completions", dict(bodies[2], ignore_eos=True))[2])["usage"]["prompt_tokens"]
+    for b in bodies[:2]:
+        complete(port, dict(b, ignore_eos=True), "length")
+    request(port, "POST", "/v1/completions", {"prompt": "hi", "n": 2})
+    m = dict(l.rsplit(" ", 1) for l in request(port, "GET", "/metrics")[2].splitlines() if not l.startswith("#"))
+    m = {k: float(v) for k, v in m.items()}
+    steps = 15 - 3  # each request: its first token from the prompt, each other one a decode step
+    want = {'moe_serve_requests_total{code="2xx"}': 4, 'moe_serve_requests_total{code="4xx"}': 1,  # /health too
+            'moe_serve_requests_total{code="5xx"}': 0, "moe_serve_admitted_total": 3,
+            "moe_serve_prompt_tokens_total": prompt, "moe_serve_generated_tokens_total": 15,
+            "moe_serve_queue_length": 0, "moe_serve_running": 0,
+            "moe_serve_batch_size_count": steps, "moe_serve_batch_size_sum": steps,  # one at a time: batches of 1
+            'moe_serve_batch_size_bucket{le="1"}': steps, 'moe_serve_batch_size_bucket{le="+Inf"}': steps,
+            "moe_serve_ttft_seconds_count": 3, "moe_serve_request_seconds_count": 3,
+            'moe_serve_expert_cache_hit_rate{layer="0"}': 1, 'moe_serve_expert_cache_hit_rate{layer="1"}': 1,
+            "moe_serve_all_expert_bytes": 2 * 4 * 3 * 32 * 32 * 4, "moe_serve_resident_expert_bytes": 2 * 4 * 3 * 32 * 32 * 4}
+    for k, v in want.items():
+        check(m.get(k) == v, "%s %s, want %s" % (k, m.get(k), v))
+    for k in ("moe_serve_tokens_per_second", "moe_serve_uptime_seconds", "moe_serve_ttft_seconds_sum",
+              "moe_serve_request_seconds_sum"):
+        check(m.get(k, 0) > 0, "%s %s, want > 0" % (k, m.get(k)))
+    check(m["moe_serve_ttft_seconds_sum"] <= m["moe_serve_request_seconds_sum"], "time to first token past the requests'")
+
+
 def main():
-    p, port = start()
+    ck = CK
+    if SCENARIO == "eos":
+        ck, want, i = eos_checkpoint()
+    p, port = start(ck)
     try:
         status, _, text = request(port, "GET", "/health")
         check(status == 200 and json.loads(text)["status"] == "ok", "/health -> %d %s" % (status, text))
         if SCENARIO in ("sigterm", "drain"):
             {"sigterm": sigterm, "drain": drain}[SCENARIO](port, p)
         else:
-            {"match": match, "busy": busy, "bad": bad, "full": full}[SCENARIO](port)
+            {"match": match, "busy": busy, "bad": bad, "full": full, "metrics": metrics,
+             "eos": lambda port: eos(port, ck, want, i)}[SCENARIO](port)
             p.send_signal(signal.SIGTERM)
         rc = p.wait(timeout=300)
         check(rc == 0, "the server exited %d after SIGTERM" % rc)

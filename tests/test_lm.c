@@ -407,9 +407,10 @@ static int patched_fixture(const char *field, const char *value, char *dir, size
   return ok && symlink(src, dst) == 0;
 }
 
-/* Sizes in config.json that the weights do not have are errors naming the field and value before
- * anything of their size is allocated, and max_position_embeddings costs only the positions used:
- * each under a 1 GB address space (not under AddressSanitizer, which reserves terabytes). */
+/* Sizes in config.json that the weights do not have, and an eos_token_id that is not a token id (or a
+ * list of at most 8), are errors naming the field and value before anything of their size is
+ * allocated, and max_position_embeddings costs only the positions used: each under a 1 GB address space
+ * (not under AddressSanitizer, which reserves terabytes). */
 TEST(lm_config_sizes_checked_against_tensors_in_bounded_memory) {
   static const char *const cases[][3] = {
       {"num_local_experts", "65536", "\"num_local_experts\" is 65536, but tensor"},
@@ -420,6 +421,9 @@ TEST(lm_config_sizes_checked_against_tensors_in_bounded_memory) {
       {"max_position_embeddings", "20000000", NULL},
       {"rope_scaling", "{\"type\": \"linear\", \"factor\": 2}", "\"rope_scaling\" of type linear is not supported"},
       {"sliding_window", "0", "\"sliding_window\" must be a positive integer"},
+      {"eos_token_id", "64", "\"eos_token_id\" 64 is not a token id in [0, 64) or a list of at most 8"},
+      {"eos_token_id", "[1, \"2\"]", "\"eos_token_id\" [1,\"2\"] is not a token id"},
+      {"eos_token_id", "[1, 2, 3, 4, 5, 6, 7, 8, 9]", "\"eos_token_id\" [1,2,3,4,5,6,7,8,9] is not"},
   };
 #if defined(__SANITIZE_ADDRESS__)
   const char *limit = NULL;

@@ -1,7 +1,9 @@
 /* moe serve under a real HTTP client (tests/serve_client.py: Python's http.client and raw sockets) on
  * a loopback port the kernel picks: a request alone gives moe generate's tokens and text for the same
  * seed, streamed or not, with every expert resident or through the expert cache; greedy requests give
- * the same tokens alone and in a busy batch; bad requests get a 4xx with a JSON error, and a client
+ * the same tokens alone and in a busy batch; generation stops at the end of text unless ignore_eos; the
+ * metrics count what the server did; bad requests, and OpenAI fields the server does not implement
+ * unless turned off, get a 4xx with a JSON error naming them, and a client
  * leaving mid-stream or 1,000 connections at once do not stop it; past --max-connections /health still
  * answers and the rest get 503, idle connections close after --timeout; SIGTERM finishes the requests
  * under way and exits 0, not waiting for a body that never comes. */
@@ -89,6 +91,21 @@ TEST(serve_matches_generate_with_expert_cache) {
     if (per[0] != per[1] || per[0] % 2 || !per[0]) FAIL_("trace step %lld: %d and %d tokens", (long long)s, per[0], per[1]);
   }
   moe_trace_free(&t);
+}
+
+/* On a copy of the checkpoint whose eos_token_id is a token greedy decoding reaches: requests stop
+ * there (finish_reason "stop", the token not returned), streamed or not, as moe generate does, and go
+ * on to max_tokens with ignore_eos ("length"). */
+TEST(serve_stops_at_end_of_text) {
+  if (!have_python()) return;
+  ASSERT(scenario("eos", ""));
+}
+
+/* Three requests of known prompt and token counts one after another, and a refused one: the requests
+ * by status, tokens, decode steps and their batch sizes, latencies' counts, gauges and expert bytes. */
+TEST(serve_metrics_count_what_the_server_did) {
+  if (!have_python()) return;
+  ASSERT(scenario("metrics", ""));
 }
 
 TEST(serve_greedy_same_alone_and_in_busy_batch) {

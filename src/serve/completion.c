@@ -19,6 +19,14 @@ static moe_status number(const cJSON *o, const char *name, int integer, double l
   return MOE_OK;
 }
 
+/* A boolean field into *v: 1 when true. */
+static moe_status flag(const cJSON *o, const char *name, int *v) {
+  const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+  MOE_TRY(!f || cJSON_IsNull(f) || cJSON_IsBool(f), MOE_ERR_VALUE, "\"%s\" must be true or false", name);
+  *v = cJSON_IsTrue(f);
+  return MOE_OK;
+}
+
 /* The prompt's ids: a string through the tokenizer, or an array of ids. */
 static moe_status prompt(const cJSON *p, const moe_tokenizer *tok, int vocab, moe__completion *c) {
   MOE_TRY(p, MOE_ERR_VALUE, "\"prompt\" is required");
@@ -48,8 +56,50 @@ static moe_status prompt(const cJSON *p, const moe_tokenizer *tok, int vocab, mo
   return MOE_OK;
 }
 
+/* OpenAI's completion fields this server does not implement, with the value that turns each off (null
+ * too): taken so that a client sending its defaults is served, refused otherwise, as its output would
+ * not be what the field asks for. */
+static const struct {
+  const char *name, *off;
+  int type; /* cJSON's of off */
+} UNSERVED[] = {
+    {"n", "1", cJSON_Number},        {"best_of", "1", cJSON_Number},    {"echo", "false", cJSON_False},
+    {"logprobs", "null", cJSON_NULL}, {"suffix", "null", cJSON_NULL},    {"stop", "null", cJSON_NULL},
+    {"logit_bias", "{}", cJSON_Object}, {"presence_penalty", "0", cJSON_Number},
+    {"frequency_penalty", "0", cJSON_Number},
+};
+static const char *const SERVED[] = {"prompt", "max_tokens", "temperature", "top_p", "seed", "stream", "ignore_eos"};
+
+/* Every field is served, or one of UNSERVED turned off; "model" and "user" are strings. */
+static moe_status fields(const cJSON *o) {
+  const cJSON *f;
+  cJSON_ArrayForEach(f, o) {
+    size_t i = 0, k = 0;
+    while (i < sizeof SERVED / sizeof *SERVED && strcmp(f->string, SERVED[i])) i++;
+    if (i < sizeof SERVED / sizeof *SERVED) continue; /* checked as it is read */
+    if (!strcmp(f->string, "model") || !strcmp(f->string, "user")) { /* one model; no effect on the output */
+      MOE_TRY(cJSON_IsString(f) || cJSON_IsNull(f), MOE_ERR_VALUE, "\"%s\" must be a string", f->string);
+      continue;
+    }
+    while (k < sizeof UNSERVED / sizeof *UNSERVED && strcmp(f->string, UNSERVED[k].name)) k++;
+    MOE_TRY(k < sizeof UNSERVED / sizeof *UNSERVED, MOE_ERR_VALUE,
+            "unknown field \"%.60s\" (served: prompt, max_tokens, temperature, top_p, seed, stream, ignore_eos; "
+            "model and user are taken and have no effect)", f->string);
+    int t = UNSERVED[k].type, off = cJSON_IsNull(f) || ((f->type & 0xFF) == t && (t != cJSON_Number ||
+              f->valuedouble == strtod(UNSERVED[k].off, NULL)) && (t != cJSON_Object || !f->child));
+    if (off) continue;
+    char *v = cJSON_PrintUnformatted(f);
+    moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "\"%s\" %.60s is not implemented by this server (only %s)",
+               f->string, v ? v : "", UNSERVED[k].off);
+    free(v);
+    return MOE_ERR_VALUE;
+  }
+  return MOE_OK;
+}
+
 static moe_status parse(const cJSON *o, const moe_tokenizer *tok, int vocab, int max_seq, moe__completion *c) {
   MOE_TRY(cJSON_IsObject(o), MOE_ERR_FORMAT, "the body must be a JSON object");
+  MOE_CHECK(fields(o));
   MOE_CHECK(prompt(cJSON_GetObjectItemCaseSensitive(o, "prompt"), tok, vocab, c));
   double left = max_seq - c->n_ids, mt = left < 16 && left >= 1 ? left : 16, temp = 1, top_p = 1, seed = 0;
   MOE_CHECK(number(o, "max_tokens", 1, 1, max_seq, &mt));
@@ -58,10 +108,9 @@ static moe_status parse(const cJSON *o, const moe_tokenizer *tok, int vocab, int
   /* the engine samples with the float: 5e-324 is 0 there */
   MOE_TRY((float)top_p > 0, MOE_ERR_VALUE, "\"top_p\" must be in (0, 1] as a float (>= 1.4e-45), got %g", top_p);
   MOE_CHECK(number(o, "seed", 1, 0, 9007199254740992.0, &seed)); /* 2^53: exact in a double */
-  const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "stream");
-  MOE_TRY(!s || cJSON_IsNull(s) || cJSON_IsBool(s), MOE_ERR_VALUE, "\"stream\" must be true or false");
+  MOE_CHECK(flag(o, "stream", &c->stream));
+  MOE_CHECK(flag(o, "ignore_eos", &c->ignore_eos));
   c->max_tokens = (int)mt, c->temperature = (float)temp, c->top_p = (float)top_p, c->seed = (uint64_t)seed;
-  c->stream = cJSON_IsTrue(s);
   MOE_TRY(c->n_ids + (int64_t)c->max_tokens <= max_seq, MOE_ERR_VALUE,
           "the prompt (%d tokens) and \"max_tokens\" %d exceed the model's context of %d", c->n_ids, c->max_tokens,
           max_seq);
