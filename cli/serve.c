@@ -17,9 +17,9 @@ static void usage(FILE *f) {
              "                 [--cache K] [--policy lifo|lru] [--trace F] [--context N]\n"
              "                 [--max-connections C] [--timeout S]\n"
              "Serves POST /v1/completions (OpenAI's completion request: prompt as text, through DIR/tokenizer.json,\n"
-             "or token ids; max_tokens, temperature, top_p, seed, stream, ignore_eos; other fields are refused\n"
-             "unless turned off), GET /health and GET /metrics (Prometheus). A request stops at the end of text\n"
-             "(DIR/config.json's eos_token_id, the tokenizer's <|endoftext|>) unless ignore_eos. Up to B\n"
+             "or token ids; max_tokens, temperature, top_p, seed, stream, ignore_eos, stop; other fields are\n"
+             "refused unless turned off), GET /health and GET /metrics (Prometheus). A request stops at the end\n"
+             "of text (DIR/config.json's eos_token_id, the tokenizer's <|endoftext|>) unless ignore_eos. Up to B\n"
              "requests (default 32) decode together; others wait in a queue. --port 0: a free port. Prints\n"
              "\"listening on http://HOST:PORT\" when ready. --cache K: K experts of each\n"
              "MoE layer in memory (default all), the rest read on demand from DIR/model.safetensors, evicting\n"
@@ -93,7 +93,7 @@ static int serve(const serve_opts *o, moe_lm_t *m, const moe_tokenizer *tok, con
   serve_engine e;
   serve_http *h;
   int port;
-  if (serve_engine_start(&e, m, o->max_batch, met, trace, eos, n_eos)) return cli_fail(CMD);
+  if (serve_engine_start(&e, m, tok, o->max_batch, met, trace, eos, n_eos)) return cli_fail(CMD);
   if (serve_http_start(&h, o->host, o->port, &e, tok, &o->http, &port)) {
     serve_engine_drain(&e);
     serve_engine_free(&e);

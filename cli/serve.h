@@ -41,7 +41,10 @@ typedef struct serve_req {
   int32_t *out;        /* (c.max_tokens) the tokens generated so far: n_out of them */
   int n_out;
   int done;            /* 1 finished (max_tokens or the end of text), -1 failed (err says why) */
-  int eos;             /* done at the end-of-text token (finish_reason "stop"), not max_tokens */
+  int stop;            /* done at the end of text or a stop string (finish_reason "stop"), not max_tokens */
+  char *text;          /* with stop strings: the text's bytes so far (the engine's) */
+  size_t n_text, cap_text;
+  size_t safe;         /* with stop strings: the bytes of text that may go out (before a stop string) */
   int gone;            /* the client left: the engine drops it */
   int refs;            /* the connection and the engine each hold one */
   int slot;
@@ -56,6 +59,7 @@ typedef struct serve_req {
  * step runs every running request's last token through the model together. ---- */
 typedef struct {
   moe_lm_t *m;
+  const moe_tokenizer *tok; /* the text of tokens, for stop strings (NULL: none are taken) */
   moe_lm_cache *kv;
   int B;
   serve_metrics *met;
@@ -72,8 +76,8 @@ typedef struct {
   int n_eos;
 } serve_engine;
 
-moe_status serve_engine_start(serve_engine *e, moe_lm_t *m, int B, serve_metrics *met, FILE *trace, const int32_t *eos,
-                              int n_eos);
+moe_status serve_engine_start(serve_engine *e, moe_lm_t *m, const moe_tokenizer *tok, int B, serve_metrics *met,
+                              FILE *trace, const int32_t *eos, int n_eos);
 /* Stops taking requests, finishes those queued and running, joins the thread. */
 void serve_engine_drain(serve_engine *e);
 /* After the connections are gone (serve_http_stop). */
@@ -83,8 +87,8 @@ serve_req *serve_req_new(moe__completion *c);
 /* Queues r; 0 when the engine is draining (r is untouched). */
 int serve_submit(serve_engine *e, serve_req *r);
 /* Waits until r has more than `have` tokens or is done; returns its token count and sets *done to
- * r->done (locks e->mu). */
-int serve_wait(serve_engine *e, serve_req *r, int have, int *done);
+ * r->done and *safe to r->safe (locks e->mu). */
+int serve_wait(serve_engine *e, serve_req *r, int have, int *done, size_t *safe);
 /* The connection's end of r: marks it gone when unfinished, drops the reference. */
 void serve_release(serve_engine *e, serve_req *r);
 int serve_draining(serve_engine *e);

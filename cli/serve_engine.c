@@ -29,6 +29,7 @@ static void unref(serve_req *r) {
   if (--r->refs) return;
   pthread_cond_destroy(&r->cv);
   moe__completion_free(&r->c);
+  free(r->text);
   free(r->out);
   free(r);
 }
@@ -50,11 +51,12 @@ int serve_submit(serve_engine *e, serve_req *r) {
   return ok;
 }
 
-int serve_wait(serve_engine *e, serve_req *r, int have, int *done) {
+int serve_wait(serve_engine *e, serve_req *r, int have, int *done, size_t *safe) {
   pthread_mutex_lock(&e->mu);
   while (r->n_out <= have && !r->done) pthread_cond_wait(&r->cv, &e->mu);
   int n = r->n_out;
   *done = r->done;
+  *safe = r->safe;
   pthread_mutex_unlock(&e->mu);
   return n;
 }
@@ -87,23 +89,52 @@ static void finish(serve_engine *e, serve_req *r, int how, const char *err) {
   unref(r);
 }
 
+/* Appends t's bytes to r's text and looks for r's stop strings in it (e->mu held: r->safe is read by
+ * the connection): 1 when one ends in the new bytes, r->safe where the first found starts; else 0,
+ * r->safe short of the longest end of the text that begins one; -1 when out of memory. */
+static int add_text(serve_engine *e, serve_req *r, int32_t t) {
+  size_t k;
+  const char *b = moe_tokenizer_token_bytes(e->tok, t, &k);
+  if (r->n_text + k > r->cap_text) {
+    char *p = realloc(r->text, 2 * r->cap_text + k);
+    if (!p) return -1;
+    r->text = p, r->cap_text = 2 * r->cap_text + k;
+  }
+  memcpy(r->text + r->n_text, b, k);
+  size_t from = r->n_text, n = r->n_text += k, at = n, hold = 0;
+  for (int i = 0; i < r->c.n_stop; i++) {
+    const char *s = r->c.stop[i];
+    size_t L = strlen(s);
+    for (size_t j = from + 1 >= L ? from + 1 - L : 0; j + L <= n && j < at; j++) /* matches ending in b */
+      if (!memcmp(r->text + j, s, L)) at = j;
+    for (size_t h = L - 1 < n ? L - 1 : n; h > hold; h--)
+      if (!memcmp(r->text + n - h, s, h)) hold = h;
+  }
+  r->safe = at < n ? at : n - hold;
+  return at < n;
+}
+
 /* Samples r's next token from its logits row (engine thread; publishes under e->mu): an end of text
- * finishes r without it unless r ignores it. Returns 1 when r got a token. */
+ * finishes r without it unless r ignores it, a stop string with it (its text cut where the string
+ * starts). Returns 1 when r got a token. */
 static int take_token(serve_engine *e, serve_req *r, const float *logits) {
   int32_t t;
   moe_status st = moe_lm_sample(logits, e->m->cfg.vocab, r->c.temperature, r->c.top_p, &r->c.seed, &t);
   int eos = st == MOE_OK && !r->c.ignore_eos && lm_is_eos(e->eos, e->n_eos, t);
   pthread_mutex_lock(&e->mu);
+  int stop = st == MOE_OK && !eos && r->c.n_stop ? add_text(e, r, t) : 0;
   if (st == MOE_OK && !r->n_out) serve_metrics_latency(e->met, cli_now() - r->t_arrive, -1);
-  if (st != MOE_OK) finish(e, r, -1, moe_last_error());
-  else if (eos) r->eos = 1, finish(e, r, 1, NULL);
+  if (st != MOE_OK || stop < 0) finish(e, r, -1, st != MOE_OK ? moe_last_error() : "out of memory for the text");
   else {
-    r->out[r->n_out++] = t;
-    if (r->n_out == r->c.max_tokens) finish(e, r, 1, NULL);
-    else pthread_cond_broadcast(&r->cv);
+    if (!eos) r->out[r->n_out++] = t;
+    r->stop = eos || stop;
+    if (r->stop || r->n_out == r->c.max_tokens) {
+      if (!stop) r->safe = r->n_text; /* the text held back for a stop string goes out */
+      finish(e, r, 1, NULL);
+    } else pthread_cond_broadcast(&r->cv);
   }
   pthread_mutex_unlock(&e->mu);
-  return st == MOE_OK && !eos;
+  return st == MOE_OK && !eos && stop >= 0;
 }
 
 /* One row per expert used in this step's decode, per layer. */
@@ -190,10 +221,10 @@ static void *engine(void *arg) {
   return NULL;
 }
 
-moe_status serve_engine_start(serve_engine *e, moe_lm_t *m, int B, serve_metrics *met, FILE *trace, const int32_t *eos,
-                              int n_eos) {
+moe_status serve_engine_start(serve_engine *e, moe_lm_t *m, const moe_tokenizer *tok, int B, serve_metrics *met,
+                              FILE *trace, const int32_t *eos, int n_eos) {
   memset(e, 0, sizeof *e);
-  e->m = m, e->B = B, e->met = met, e->trace = trace, e->n_eos = n_eos;
+  e->m = m, e->tok = tok, e->B = B, e->met = met, e->trace = trace, e->n_eos = n_eos;
   memcpy(e->eos, eos, (size_t)n_eos * sizeof *eos);
   e->slots = calloc((size_t)B, sizeof *e->slots);
   e->joined = malloc(2 * (size_t)B * sizeof *e->joined);

@@ -47,7 +47,10 @@ typedef struct { /* the state of a response: the request, its text so far */
   serve_req *r;
   long long id;
   int sent;            /* tokens turned into text */
-  char held[4];        /* bytes of a character split over tokens, for the next one */
+  size_t safe;         /* with stop strings: the text's bytes that may go out (serve_wait's) */
+  size_t start;        /* the text's bytes out before those held */
+  char held[MOE_COMPLETION_STOP_BYTES + 3]; /* bytes of a character split over tokens, or that may begin a
+                                               stop string, for the next event */
   size_t nheld;
   char *pending;       /* stream: an event not yet (all) written */
   size_t npending, at;
@@ -84,8 +87,9 @@ static enum MHD_Result send_error(struct MHD_Connection *c, serve_http *h, int s
 }
 
 /* The text of r's tokens [p->sent, n) into a malloc'd string, and p->sent = n: with a tokenizer their
- * bytes as UTF-8 (a character split over tokens waits for its end unless final), else their ids as
- * moe generate prints them. */
+ * bytes as UTF-8 (a character split over tokens waits for its end unless final; with stop strings
+ * nothing past p->safe goes out, and once final nothing more), else their ids as moe generate prints
+ * them. */
 static char *new_text(reply *p, int n, int final) {
   const moe_tokenizer *t = p->h->tok;
   size_t len = p->nheld, k;
@@ -105,9 +109,11 @@ static char *new_text(reply *p, int n, int final) {
     const char *b = moe_tokenizer_token_bytes(t, p->r->out[i], &k);
     memcpy(raw + w, b, k), w += k;
   }
-  size_t used, o = moe__utf8_clean(raw, w, final, out, &used);
-  p->nheld = w - used;
+  size_t upto = p->r->c.n_stop && p->safe - p->start < w ? p->safe - p->start : w;
+  size_t used, o = moe__utf8_clean(raw, upto, final, out, &used);
+  p->nheld = final ? 0 : w - used;
   memcpy(p->held, raw + used, p->nheld);
+  p->start += used;
   out[o] = 0;
   p->sent = n;
   free(raw);
@@ -116,7 +122,8 @@ static char *new_text(reply *p, int n, int final) {
 
 /* {"id", "object", "created", "model", "choices": [{"text", "index", "logprobs", "finish_reason",
  * "token_ids"}]} for tokens [p->sent, n): the whole answer, or one event of a stream. The finish_reason
- * of the final one: "stop" at the end of text, else "length" (max_tokens, which the context bounds). */
+ * of the final one: "stop" at the end of text or a stop string, else "length" (max_tokens, which the
+ * context bounds). */
 static cJSON *choice_json(reply *p, int n, int final) {
   cJSON *o = cJSON_CreateObject(), *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
   char id[32], *text;
@@ -132,7 +139,7 @@ static cJSON *choice_json(reply *p, int n, int final) {
   free(text);
   cJSON_AddNumberToObject(c, "index", 0);
   cJSON_AddNullToObject(c, "logprobs");
-  if (final) cJSON_AddStringToObject(c, "finish_reason", p->r->eos ? "stop" : "length");
+  if (final) cJSON_AddStringToObject(c, "finish_reason", p->r->stop ? "stop" : "length");
   else cJSON_AddNullToObject(c, "finish_reason");
   cJSON_AddItemToObject(c, "token_ids", ids);
   return o;
@@ -143,7 +150,7 @@ static cJSON *choice_json(reply *p, int n, int final) {
 static int next_event(reply *p) {
   free(p->pending), p->pending = NULL, p->npending = p->at = 0;
   if (p->finished) return 0;
-  int done, n = serve_wait(p->h->e, p->r, p->sent, &done);
+  int done, n = serve_wait(p->h->e, p->r, p->sent, &done, &p->safe);
   char *s = NULL;
   if (done < 0) {
     cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
@@ -211,7 +218,7 @@ static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_
     return ok;
   }
   int done = 0, n = 0;
-  while (!done) n = serve_wait(h->e, r, n, &done);
+  while (!done) n = serve_wait(h->e, r, n, &done, &p->safe);
   enum MHD_Result ok;
   if (done < 0) ok = send_error(c, h, 500, r->err);
   else {

@@ -22,6 +22,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
       abort();
     for (int i = 0; i < c.n_ids; i++)
       if (c.ids[i] < 0 || c.ids[i] >= vocab) abort();
+    if (c.n_stop < 0 || c.n_stop > MOE_COMPLETION_STOPS) abort();
+    for (int i = 0; i < c.n_stop; i++)
+      if (!c.stop[i][0] || strlen(c.stop[i]) > MOE_COMPLETION_STOP_BYTES) abort();
     moe__completion_free(&c);
   }
   /* the bytes as generated text in two pieces, split at the first byte's value */

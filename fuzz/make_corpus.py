@@ -79,5 +79,5 @@ put("json", "kinds.json", b' {"a": [1, -2.5e-3, true, false, null], "s": "\\u00e
 put("completion", "text.json", b'{"prompt": "the cat", "max_tokens": 5, "temperature": 0.7, "top_p": 0.9, "seed": 3, "stream": true}')
 put("completion", "ids.json", b'{"prompt": [1, 2, 3], "max_tokens": 60}')
 put("completion", "utf8.json", b'{"prompt": "caf\xc3\xa9 \xe2\x82", "model": "moe", "stream": false}')
-put("completion", "fields.json", b'{"prompt": [4], "ignore_eos": true, "user": "u", "n": 1, "echo": false, "stop": null, "logit_bias": {}, "presence_penalty": 0}')
+put("completion", "fields.json", b'{"prompt": [4], "ignore_eos": true, "user": "u", "n": 1, "echo": false, "stop": ["t", "cat"], "logit_bias": {}, "presence_penalty": 0}')
 shutil.rmtree(tmp)

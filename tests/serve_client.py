@@ -3,7 +3,7 @@ CK --port 0 EXTRA...`, reads the port it prints, runs one scenario and stops it 
 that it exits 0. Prints what differs and exits 1 on a failure.
 usage: serve_client.py MOE CK SCENARIO [EXTRA...]; scenarios: match, busy, bad, sigterm, full (EXTRA
 --max-connections 4 --timeout 2), drain (EXTRA --timeout 2), eos (on a copy of CK whose end of text is a
-token greedy decoding reaches), metrics."""
+token greedy decoding reaches), stop, metrics."""
 import http.client
 import json
 import os
@@ -153,8 +153,11 @@ def bad(port):
         ('{"prompt": "hi", "logprobs": 0}', 400, '"logprobs" 0 is not implemented'),
         ('{"prompt": "hi", "echo": true}', 400, '"echo" true is not implemented'),
         ('{"prompt": "hi", "suffix": "end"}', 400, '"suffix" "end" is not implemented'),
-        ('{"prompt": "hi", "stop": "\\n"}', 400, '"stop" "\\n" is not implemented'),
-        ('{"prompt": "hi", "stop": ["a", "b"]}', 400, '"stop" ["a","b"] is not implemented'),
+        ('{"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}', 400, '"stop" must be a string or an array of at most 4'),
+        ('{"prompt": "hi", "stop": 5}', 400, '"stop" must be a string or an array'),
+        ('{"prompt": "hi", "stop": ""}', 400, '"stop"[0] must be a string of 1 to 256 bytes'),
+        ('{"prompt": "hi", "stop": ["a", 5]}', 400, '"stop"[1] must be a string of 1 to 256 bytes'),
+        (json.dumps({"prompt": "hi", "stop": ["a", "x" * 257]}), 400, '"stop"[1] must be a string of 1 to 256 bytes'),
         ('{"prompt": "hi", "logit_bias": {"5": 100}}', 400, '"logit_bias" {"5":100} is not implemented'),
         ('{"prompt": "hi", "presence_penalty": 0.5}', 400, '"presence_penalty" 0.5 is not implemented'),
         ('{"prompt": "hi", "frequency_penalty": -1}', 400, '"frequency_penalty" -1 is not implemented'),
@@ -163,7 +166,7 @@ def bad(port):
         ('{"prompt": "hi", "ignore_eos": 1}', 400, '"ignore_eos" must be true or false'),
         ('{"prompt": "hi", "user": 5}', 400, '"user" must be a string'),
         (json.dumps({"prompt": "hi", "max_tokens": 2, "model": "moe", "user": "u1", "n": 1, "best_of": 1,
-                     "logprobs": None, "echo": False, "suffix": None, "stop": None, "logit_bias": {},
+                     "logprobs": None, "echo": False, "suffix": None, "stop": [], "logit_bias": {},
                      "presence_penalty": 0, "frequency_penalty": 0.0, "ignore_eos": False}), 200, None),
         ('{"prompt": "The\\u0000 jury said more words"}', 400, "\\u0000"),  # cJSON's strings end at the NUL
     ]
@@ -338,6 +341,28 @@ def eos(port, ck, want, i):
         check((got, text) == (want["ids"], want["text"]), "%s: %s %r, moe generate %s" % (body, got, text, want))
 
 
+def stop(port):
+    """Stop strings cut the text where the first found starts (finish_reason "stop"), streamed or not,
+    the tokens those of the request without them up to the one that completes it; none found: "length"."""
+    base = {"prompt": "the cat sat", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    full, text = complete(port, base, "length")
+    # strings first found at i, without U+FFFD (where bytes were not UTF-8): found in the bytes there
+    utf = lambda i, k: "\ufffd" not in text[i:i + k] and text.find(text[i:i + k]) == i
+    i = next((i for i in range(2, len(text) - 3) if utf(i, 3)), len(text))
+    j = next((j for j in range(i + 1, len(text) - 2) if utf(j, 2)), None)  # a later one
+    check(j is not None and utf(0, 1), "no stop strings to take from %r" % text)
+    if j is None or not utf(0, 1):
+        return
+    never = "\u00a7never"
+    for stops, cut in ((text[i:i + 3], i), ([never, text[j:j + 2], text[i:i + 3]], i), (text[:1], 0),
+                       (text[j:j + 2], j), ([never], None)):
+        for stream in (False, True):
+            body = dict(base, stop=stops, stream=stream)
+            ids, got = complete(port, body, "length" if cut is None else "stop")
+            check(got == text[:cut], "%s: %r, want %r" % (body, got, text[:cut]))
+            check(ids == full[:len(ids)] and (cut is not None or ids == full), "%s: tokens %s of %s" % (body, ids, full))
+
+
 def metrics(port):
     """After 3 requests one after another (ignoring the end of text: known token counts) and a bad one,
     each metric says what the server did."""
@@ -378,7 +403,7 @@ def main():
         if SCENARIO in ("sigterm", "drain"):
             {"sigterm": sigterm, "drain": drain}[SCENARIO](port, p)
         else:
-            {"match": match, "busy": busy, "bad": bad, "full": full, "metrics": metrics,
+            {"match": match, "busy": busy, "bad": bad, "full": full, "metrics": metrics, "stop": stop,
              "eos": lambda port: eos(port, ck, want, i)}[SCENARIO](port)
             p.send_signal(signal.SIGTERM)
         rc = p.wait(timeout=300)

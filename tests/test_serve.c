@@ -1,7 +1,8 @@
 /* moe serve under a real HTTP client (tests/serve_client.py: Python's http.client and raw sockets) on
  * a loopback port the kernel picks: a request alone gives moe generate's tokens and text for the same
  * seed, streamed or not, with every expert resident or through the expert cache; greedy requests give
- * the same tokens alone and in a busy batch; generation stops at the end of text unless ignore_eos; the
+ * the same tokens alone and in a busy batch; generation stops at the end of text unless ignore_eos, and
+ * at stop strings; the
  * metrics count what the server did; bad requests, and OpenAI fields the server does not implement
  * unless turned off, get a 4xx with a JSON error naming them, and a client
  * leaving mid-stream or 1,000 connections at once do not stop it; past --max-connections /health still
@@ -99,6 +100,13 @@ TEST(serve_matches_generate_with_expert_cache) {
 TEST(serve_stops_at_end_of_text) {
   if (!have_python()) return;
   ASSERT(scenario("eos", ""));
+}
+
+/* Stop strings, one or several, found or not, streamed or not (the stream holds back text that may
+ * begin one): the text ends where the first found starts. */
+TEST(serve_stop_strings) {
+  if (!have_python()) return;
+  ASSERT(scenario("stop", ""));
 }
 
 /* Three requests of known prompt and token counts one after another, and a refused one: the requests

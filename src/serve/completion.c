@@ -27,6 +27,24 @@ static moe_status flag(const cJSON *o, const char *name, int *v) {
   return MOE_OK;
 }
 
+/* "stop": a string or an array of them (null or [] for none), each copied into c. */
+static moe_status stops(const cJSON *f, const moe_tokenizer *tok, moe__completion *c) {
+  if (!f || cJSON_IsNull(f)) return MOE_OK;
+  int n = cJSON_IsString(f) ? 1 : cJSON_IsArray(f) ? cJSON_GetArraySize(f) : -1;
+  MOE_TRY(n >= 0 && n <= MOE_COMPLETION_STOPS, MOE_ERR_VALUE, "\"stop\" must be a string or an array of at most %d",
+          MOE_COMPLETION_STOPS);
+  MOE_TRY(!n || tok, MOE_ERR_VALUE, "\"stop\": this checkpoint has no tokenizer.json to make text of the tokens");
+  for (const cJSON *s = cJSON_IsString(f) ? f : f->child; c->n_stop < n; s = s->next) {
+    size_t len = cJSON_IsString(s) ? strlen(s->valuestring) : 0;
+    MOE_TRY(len >= 1 && len <= MOE_COMPLETION_STOP_BYTES, MOE_ERR_VALUE, "\"stop\"[%d] must be a string of 1 to %d bytes",
+            c->n_stop, MOE_COMPLETION_STOP_BYTES);
+    c->stop[c->n_stop] = malloc(len + 1);
+    MOE_TRY(c->stop[c->n_stop], MOE_ERR_NOMEM, "\"stop\": out of memory");
+    memcpy(c->stop[c->n_stop++], s->valuestring, len + 1);
+  }
+  return MOE_OK;
+}
+
 /* The prompt's ids: a string through the tokenizer, or an array of ids. */
 static moe_status prompt(const cJSON *p, const moe_tokenizer *tok, int vocab, moe__completion *c) {
   MOE_TRY(p, MOE_ERR_VALUE, "\"prompt\" is required");
@@ -64,11 +82,11 @@ static const struct {
   int type; /* cJSON's of off */
 } UNSERVED[] = {
     {"n", "1", cJSON_Number},        {"best_of", "1", cJSON_Number},    {"echo", "false", cJSON_False},
-    {"logprobs", "null", cJSON_NULL}, {"suffix", "null", cJSON_NULL},    {"stop", "null", cJSON_NULL},
-    {"logit_bias", "{}", cJSON_Object}, {"presence_penalty", "0", cJSON_Number},
-    {"frequency_penalty", "0", cJSON_Number},
+    {"logprobs", "null", cJSON_NULL}, {"suffix", "null", cJSON_NULL},    {"logit_bias", "{}", cJSON_Object},
+    {"presence_penalty", "0", cJSON_Number}, {"frequency_penalty", "0", cJSON_Number},
 };
-static const char *const SERVED[] = {"prompt", "max_tokens", "temperature", "top_p", "seed", "stream", "ignore_eos"};
+static const char *const SERVED[] = {"prompt", "max_tokens", "temperature", "top_p", "seed", "stream", "ignore_eos",
+                                     "stop"};
 
 /* Every field is served, or one of UNSERVED turned off; "model" and "user" are strings. */
 static moe_status fields(const cJSON *o) {
@@ -83,7 +101,7 @@ static moe_status fields(const cJSON *o) {
     }
     while (k < sizeof UNSERVED / sizeof *UNSERVED && strcmp(f->string, UNSERVED[k].name)) k++;
     MOE_TRY(k < sizeof UNSERVED / sizeof *UNSERVED, MOE_ERR_VALUE,
-            "unknown field \"%.60s\" (served: prompt, max_tokens, temperature, top_p, seed, stream, ignore_eos; "
+            "unknown field \"%.60s\" (served: prompt, max_tokens, temperature, top_p, seed, stream, ignore_eos, stop; "
             "model and user are taken and have no effect)", f->string);
     int t = UNSERVED[k].type, off = cJSON_IsNull(f) || ((f->type & 0xFF) == t && (t != cJSON_Number ||
               f->valuedouble == strtod(UNSERVED[k].off, NULL)) && (t != cJSON_Object || !f->child));
@@ -110,6 +128,7 @@ static moe_status parse(const cJSON *o, const moe_tokenizer *tok, int vocab, int
   MOE_CHECK(number(o, "seed", 1, 0, 9007199254740992.0, &seed)); /* 2^53: exact in a double */
   MOE_CHECK(flag(o, "stream", &c->stream));
   MOE_CHECK(flag(o, "ignore_eos", &c->ignore_eos));
+  MOE_CHECK(stops(cJSON_GetObjectItemCaseSensitive(o, "stop"), tok, c));
   c->max_tokens = (int)mt, c->temperature = (float)temp, c->top_p = (float)top_p, c->seed = (uint64_t)seed;
   MOE_TRY(c->n_ids + (int64_t)c->max_tokens <= max_seq, MOE_ERR_VALUE,
           "the prompt (%d tokens) and \"max_tokens\" %d exceed the model's context of %d", c->n_ids, c->max_tokens,
@@ -145,6 +164,7 @@ void moe__completion_free(moe__completion *c) {
   free(c->ids);
   c->ids = NULL;
   c->n_ids = 0;
+  for (; c->n_stop; c->n_stop--) free(c->stop[c->n_stop - 1]);
 }
 
 /* Bytes of the well-formed sequence at s (n left): its length, 0 when it is not one, or -1 when the n

@@ -9,6 +9,9 @@
 
 #include "moe.h"
 
+#define MOE_COMPLETION_STOPS 4        /* stop strings at most, as OpenAI */
+#define MOE_COMPLETION_STOP_BYTES 256 /* bytes of a stop string at most */
+
 typedef struct {
   int32_t *ids;      /* the prompt's token ids (malloc'd; free with moe__completion_free) */
   int n_ids;
@@ -18,15 +21,18 @@ typedef struct {
   uint64_t seed;     /* 0 when absent (moe generate's default) */
   int stream;        /* server-sent events */
   int ignore_eos;    /* go on past the end-of-text token */
+  char *stop[MOE_COMPLETION_STOPS]; /* the text ends before the first of these found (malloc'd) */
+  int n_stop;
 } moe__completion;
 
 /* Parses the n bytes of body (none may be a \u0000 escape: cJSON's strings end at the NUL): a JSON
  * object with "prompt" (a string, through tok, or an array of token
  * ids in [0, vocab); tok NULL refuses strings), and optional "max_tokens", "temperature", "top_p",
- * "seed" (integers >= 0 for the integers), "stream" and "ignore_eos" (booleans); "model" and "user"
- * (strings) have no effect. OpenAI's fields the server does not implement are taken only with the value
- * that turns them off or null ("n" 1, "best_of" 1, "echo" false, "logit_bias" {}, the penalties 0;
- * "logprobs", "suffix" and "stop" null); any other value, and any other field, is refused by name.
+ * "seed" (integers >= 0 for the integers), "stream" and "ignore_eos" (booleans), "stop" (a string or up
+ * to 4 in an array, each 1 to 256 bytes; it needs tok); "model" and "user" (strings) have no effect.
+ * OpenAI's fields the server does not implement are taken only with the value that turns them off or
+ * null ("n" 1, "best_of" 1, "echo" false, "logit_bias" {}, the penalties 0; "logprobs" and "suffix"
+ * null); any other value, and any other field, is refused by name.
  * The prompt and max_tokens must fit the context of max_seq positions. MOE_ERR_FORMAT (not JSON, not
  * an object) or MOE_ERR_VALUE (a field missing, of the wrong type or out of range), naming the field
  * and its value. */
