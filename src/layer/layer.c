@@ -1,7 +1,7 @@
 /* The MoE layer: parameter table, configuration checks, and forward/backward as the stages of
- * plugins.h in order. The stages live in router.c, placement.c, dispatch.c, the transports and the
- * expert sources; this file picks the transport and the source, orders the stages and owns the
- * workspaces. */
+ * plugins.h in order. The stages live in router.c, placement.c, micro.c, dispatch.c, the transport and
+ * the expert source (given at init: src/wiring/layer_init.c chooses them); this file orders the stages
+ * and owns the workspaces and the plug-ins' state. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +24,6 @@ struct moe__layer_state {
   void *src_self;
   const moe__policy *pol;
   void *pol_self;
-  int setup_r;      /* the policy's r for this forward, or -1 */
   moe__router r;
   moe__plan p;
   moe__ffn f;       /* the experts' activations: every micro-batch's, or one shared (memory reuse) */
@@ -415,7 +414,7 @@ static moe__ffn micro_ffn(const moe_layer_t *l, int i) {
 /* What the plug-ins are handed at each call, in place of the layer. */
 static moe__env env_of(moe_layer_t *l) {
   moe__layer_state *s = l->st;
-  return (moe__env){l, s->threads, &s->route, &s->work, &s->comm, s->setup_r};
+  return (moe__env){l, s->threads, &s->route, &s->work, &s->comm, -1};
 }
 
 /* The experts' stage's end: every exchange the transport started has landed (also after a failure,
@@ -505,7 +504,6 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(agree(l, check_forward(l, x, T, y)));
   if (s->pol) MOE_CHECK(s->pol->begin(s->pol_self, l)); /* Tutel's dictionary (parallel_r, pipeline or a2a adaptive) */
   size_t route = 0;
-  s->setup_r = -1;
   moe__env env = env_of(l);
   MOE_CHECK(tr->begin(s->tr_self, &env, T, &route));
   route += moe__router_bytes(&l->cfg, T, k) + moe__micro_bytes(n ? n : s->pol->max_micro, l->cfg.E);
@@ -522,8 +520,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   if (!along) MOE_CHECK(moe__gemm_run_side(NULL, 0, s->threads, &router)); /* the router first */
   double gate_s = moe__now() - tg;
   MOE_CHECK(place(l));
-  if (s->pol) MOE_CHECK(s->pol->pick(s->pol_self, l, p, &n, &s->setup_r)); /* at this capacity: r, n and the all-to-all */
-  env = env_of(l);
+  if (s->pol) MOE_CHECK(s->pol->pick(s->pol_self, l, p, &n, &env.setup_r)); /* at this capacity: r, n and the all-to-all */
   MOE_CHECK(tr->groups(s->tr_self, &env, p)); /* now the rows this process's experts get are known */
   MOE_CHECK(moe__split_rows(&l->cfg, n, &s->route, p));
   moe_reuse reuse = l->cfg.memory_reuse;

@@ -207,6 +207,13 @@ moe_status moe__ep_view(void *self, const moe__env *env, const moe__plan *p, moe
 moe_status moe__ep_agree(void *self, const moe__env *env, moe_status mine);
 /* Books one exchange: its time since t0 and the bytes this rank sent to others. */
 void moe__ep_book(const moe__env *env, double t0, double bytes);
+/* The exchanges a moving transport has posted on the communication thread (tickets): each way's next
+ * micro-batch's exchange in, and the last one posted. finish waits for them all (the stream runs in
+ * order: the last done, all are), booking the wait as time in exchanges, and forgets them. */
+typedef struct {
+  uint64_t next[2], last;
+} moe__tickets;
+moe_status moe__tickets_finish(moe__tickets *t, const moe__env *env);
 /* A transport's self of nothing but fields from calloc, and its free. */
 moe_status moe__ep_self_new(size_t bytes, void **self);
 void moe__ep_self_free(void *self);

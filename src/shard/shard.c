@@ -67,7 +67,7 @@ int moe__shard_tasks(int W, int E, int H, int r, int p, moe__task *t) {
 
 int moe__shard_axis(const moe_layer_t *l, const moe_param_info *p, int q, int64_t w[3], int *lo, int *hi) {
   const moe_layer_config *c = &l->cfg;
-  if (!c->dist || c->parallel_r == MOE_PARALLEL_OFF || strncmp(p->name, "experts.", 8)) return 0;
+  if (!moe__layer_sharded(c) || strncmp(p->name, "experts.", 8)) return 0;
   const char *n = p->name + 8;
   int64_t E = c->E, H = c->H, D = c->D;
   int axis = 1;

@@ -50,7 +50,7 @@ struct moe__shard_s {
   int bwd_done;        /* micro-batches of this backward done (the gradients go back after the last) */
   float *wbuf;         /* (wcap) the weights' exchange, sent then received */
   size_t wcap;
-  uint64_t tk_next[2], tk_last; /* the exchanges' tickets (as in transports/alltoall.c) */
+  moe__tickets tk;     /* the exchanges posted on the communication thread */
   float *xr;           /* (grows, D) receive staging (two when slotted) */
 };
 typedef struct moe__shard_s moe__shard;

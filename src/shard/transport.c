@@ -174,7 +174,7 @@ static moe_status exchange(moe__shard *sh, const moe__env *env, const moe__plan 
   *t = 0;
   if (p->n == 1) MOE_CHECK(moe__dist_alltoallv_rows(env->l->cfg.dist, from, sc, sd, to, rc, rd, D));
   else MOE_CHECK(moe__stream_alltoallv_rows(env->l->cfg.dist, from, c, to, D, t));
-  if (*t) sh->tk_last = *t;
+  if (*t) sh->tk.last = *t;
   moe__ep_book(env, t0, sent);
   return MOE_OK;
 }
@@ -191,7 +191,7 @@ static moe_status sh_send(void *self, const moe__env *env, const moe__plan *p, i
   moe__shard *sh = self;
   int D = env->l->cfg.D, lo = p->mb[i].lo;
   float *sb = sh->sbuf + (size_t)way * sh->srows * D, *xr = sh->xr + (size_t)way * p->grows * D;
-  uint64_t *next = &sh->tk_next[way];
+  uint64_t *next = &sh->tk.next[way];
   if (i == 0) {
     for (int k = 0; k < sh->nsend; k++) {
       const int32_t *x = sh->seg + SEND_INTS * k;
@@ -228,9 +228,7 @@ static moe_status sh_recv(void *self, const moe__env *env, const moe__plan *p, i
  * backward's last micro-batch the tasks' gradients back to the shards. */
 static moe_status sh_finish(void *self, const moe__env *env, const moe__plan *p) {
   moe__shard *sh = self;
-  uint64_t t = sh->tk_last;
-  sh->tk_last = sh->tk_next[0] = sh->tk_next[1] = 0;
-  MOE_CHECK(moe__stream_wait_timed(env->l->cfg.dist, t, &env->comm->seconds));
+  MOE_CHECK(moe__tickets_finish(&sh->tk, env));
   float *rows = sh->back;
   sh->back = NULL;
   int D = env->l->cfg.D;

@@ -22,7 +22,7 @@ static int world(const moe__env *env) { return moe_dist_size(env->l->cfg.dist); 
  * micro-batch's exchange in, and the last one posted), the staging (rows in source order), and the
  * rank blocks and permutation of this forward. */
 typedef struct {
-  uint64_t tk_next[2], tk_last;
+  moe__tickets tk;
   float *xr;     /* staging */
   int32_t *rc;   /* (W, E/W) rows from rank s for local expert e */
   int32_t *perm; /* (grows) each expert-major row's place in its micro-batch's staging */
@@ -161,16 +161,8 @@ static moe_status exchange(a2a_self *x, const moe__env *env, const moe__plan *p,
     MOE_CHECK(moe__dist_alltoallv_rows(env->l->cfg.dist, send, c, c + W, recv, c + 2 * W, c + 3 * W, D));
   else
     MOE_CHECK(moe__stream_alltoallv_rows(env->l->cfg.dist, send, c, recv, D, t));
-  if (*t) x->tk_last = *t;
+  if (*t) x->tk.last = *t;
   moe__ep_book(env, t0, sent);
-  return MOE_OK;
-}
-
-/* Waits for exchange t; the wait is booked as time in exchanges: the part the experts did not hide. */
-static moe_status await(const moe__env *env, uint64_t t) {
-  double t0 = moe__now();
-  MOE_CHECK(moe__stream_wait(env->l->cfg.dist, t));
-  env->comm->seconds += moe__now() - t0;
   return MOE_OK;
 }
 
@@ -181,9 +173,10 @@ static moe_status a2a_send(void *self, const moe__env *env, const moe__plan *p, 
                            float *g) {
   a2a_self *x = self;
   int D = env->l->cfg.D, lo = p->mb[i].lo, n = p->mb[i].rows;
-  uint64_t *next = &x->tk_next[way];
+  uint64_t *next = &x->tk.next[way];
   if (i == 0) MOE_CHECK(exchange(x, env, p, 0, 0, rows, staging(x, env, p, way, 0), next)); /* 2. */
-  MOE_CHECK(await(env, *next));
+  /* the wait is booked as time in exchanges: the part the experts did not hide */
+  MOE_CHECK(moe__stream_wait_timed(env->l->cfg.dist, *next, &env->comm->seconds));
   if (i + 1 < p->n) MOE_CHECK(exchange(x, env, p, i + 1, 0, rows, staging(x, env, p, way, i + 1), next));
   const float *in = staging(x, env, p, way, i);
 #pragma omp parallel for num_threads(env->threads) schedule(static)
@@ -203,13 +196,15 @@ static moe_status a2a_recv(void *self, const moe__env *env, const moe__plan *p, 
   return exchange(x, env, p, i, 1, out, rows, &t);
 }
 
-/* The stream runs in order: the last exchange posted done, all are. */
+moe_status moe__tickets_finish(moe__tickets *t, const moe__env *env) {
+  uint64_t last = t->last;
+  *t = (moe__tickets){{0, 0}, 0};
+  return moe__stream_wait_timed(env->l->cfg.dist, last, &env->comm->seconds);
+}
+
 static moe_status a2a_finish(void *self, const moe__env *env, const moe__plan *p) {
   (void)p;
-  a2a_self *x = self;
-  uint64_t t = x->tk_last;
-  x->tk_last = x->tk_next[0] = x->tk_next[1] = 0;
-  return await(env, t);
+  return moe__tickets_finish(&((a2a_self *)self)->tk, env);
 }
 
 moe_status moe__ep_agree(void *self, const moe__env *env, moe_status mine) {

@@ -20,7 +20,7 @@ static int world(const moe__env *env) { return moe_dist_size(env->l->cfg.dist); 
 /* The transport's state: the exchanges' tickets (as in transports/alltoall.c), the micro-batches'
  * staging, and where this rank's tokens sit among all ranks' (t0 of Tv). */
 typedef struct {
-  uint64_t tk_next[2], tk_last;
+  moe__tickets tk;
   float *xr;
   int t0, Tv;
 } static_self;
@@ -176,7 +176,7 @@ static moe_status exchange(static_self *x, const moe__env *env, const moe__plan 
   }
   double t0 = moe__now();
   MOE_CHECK(moe__stream_alltoallv_rows(env->l->cfg.dist, send, c, recv, D, t));
-  if (*t) x->tk_last = *t;
+  if (*t) x->tk.last = *t;
   moe__ep_book(env, t0, sent);
   return MOE_OK;
 }
@@ -188,7 +188,7 @@ static moe_status static_send(void *self, const moe__env *env, const moe__plan *
                               float *g) {
   static_self *x = self;
   if (p->n == 1) return whole_send(env, p, rows, g);
-  uint64_t *next = &x->tk_next[way];
+  uint64_t *next = &x->tk.next[way];
   if (i == 0) MOE_CHECK(exchange(x, env, p, 0, 0, rows, staging(x, env, p, way, 0), next));
   MOE_CHECK(moe__stream_wait_timed(env->l->cfg.dist, *next, &env->comm->seconds));
   if (i + 1 < p->n) MOE_CHECK(exchange(x, env, p, i + 1, 0, rows, staging(x, env, p, way, i + 1), next));
@@ -218,13 +218,9 @@ static moe_status static_recv(void *self, const moe__env *env, const moe__plan *
   return exchange(x, env, p, i, 1, g, rows, &t);
 }
 
-/* The stream runs in order: the last exchange posted done, all are. */
 static moe_status static_finish(void *self, const moe__env *env, const moe__plan *p) {
   (void)p;
-  static_self *x = self;
-  uint64_t t = x->tk_last;
-  x->tk_last = x->tk_next[0] = x->tk_next[1] = 0;
-  return moe__stream_wait_timed(env->l->cfg.dist, t, &env->comm->seconds);
+  return moe__tickets_finish(&((static_self *)self)->tk, env);
 }
 
 const moe__transport moe__transport_static = {"static exchange", 0,           static_init,       moe__ep_self_free,
