@@ -9,19 +9,23 @@
 static char info[768];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-/* The value of the first "key<tabs>: value" line of /proc/cpuinfo, or "" (at most n - 1 bytes). */
-static void cpuinfo(const char *key, char *out, size_t n) {
+/* The values of the first "key<tabs>: value" lines of /proc/cpuinfo with these n keys, read once ("" for
+ * a key it lacks; at most size - 1 bytes each). */
+static void cpuinfo(const char *const *keys, char **vals, int n, size_t size) {
   static char line[8192];
-  out[0] = 0;
+  for (int i = 0; i < n; i++) vals[i][0] = 0;
   FILE *f = fopen("/proc/cpuinfo", "r");
-  size_t k = strlen(key);
-  while (f && fgets(line, sizeof line, f))
-    if (!strncmp(line, key, k) && (line[k] == '\t' || line[k] == ' ' || line[k] == ':')) {
-      char *v = strchr(line, ':');
-      if (v) snprintf(out, n, "%s", v + 1 + (v[1] == ' '));
-      out[strcspn(out, "\n")] = 0;
-      break;
-    }
+  while (f && fgets(line, sizeof line, f)) {
+    char *v = strchr(line, ':');
+    if (!v) continue;
+    size_t k = (size_t)(v - line);
+    while (k && (line[k - 1] == '\t' || line[k - 1] == ' ')) k--;
+    for (int i = 0; i < n; i++)
+      if (!vals[i][0] && strlen(keys[i]) == k && !strncmp(line, keys[i], k)) {
+        snprintf(vals[i], size, "%s", v + 1 + (v[1] == ' '));
+        vals[i][strcspn(vals[i], "\n")] = 0;
+      }
+  }
   if (f) fclose(f);
 }
 
@@ -56,12 +60,10 @@ static void caches(char *out, size_t n) {
 }
 
 static void describe(void) {
-  char model[128], family[16], mod[16], cache[128];
-  static char flags[8192];
-  cpuinfo("model name", model, sizeof model);
-  cpuinfo("cpu family", family, sizeof family);
-  cpuinfo("model", mod, sizeof mod);
-  cpuinfo("flags", flags, sizeof flags);
+  static char model[8192], family[8192], mod[8192], flags[8192];
+  static const char *const keys[4] = {"model name", "cpu family", "model", "flags"};
+  char *vals[4] = {model, family, mod, flags}, cache[128];
+  cpuinfo(keys, vals, 4, sizeof flags);
   caches(cache, sizeof cache);
   static const char *const feats[] = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
                                       "amx_tile", "amx_bf16", "amx_int8"};
