@@ -32,7 +32,10 @@ static void usage(FILE *f) {
           "Under mpirun -np W, --expert-parallel spreads the experts over the ranks (each routes T/W of\n"
           "the tokens); rank 0 writes OUT, equal to the one-process output. --parallel-r shards every expert\n"
           "over the ranks instead (Tutel: r = 0 gathers the weights, r >= 1 moves tokens; any E and W).\n"
-          "--a2a auto: the layer's dictionary of setups picks Linear or 2DH per capacity.\n");
+          "--a2a auto: the layer's dictionary of setups picks Linear or 2DH per capacity.\n"
+          "The routing of open models comes from W: its __metadata__ score (softmax|sigmoid), n_group,\n"
+          "topk_group, group_score (max|top2_sum) and routed_scale, and its tensors gate.select_bias and\n"
+          "shared.* (shared experts; shared.gate.weight: gated).\n");
 }
 
 typedef struct {
@@ -337,7 +340,7 @@ static double shape_of(const moe_st *f, const char *name, char *text, size_t n) 
 static moe_status agree(const args_t *a, const moe_st *wf, const moe_st *xf) {
   const moe_layer_overrides *o = &a->ov;
   const char *caps = a->capacities ? a->capacities : "";
-  moe_dist_setting s[33] = {
+  moe_dist_setting s[38] = {
       {"--backward", a->backward, NULL}, {"--spec", a->spec, NULL}, {"--a2a", a->a2a + 2 * a->a2a_auto, a->a2a_auto ? "auto" : a->a2a ? "2dh" : "linear"},
       {"--ranks-per-node", a->ranks_per_node, NULL}, {"--placement", a->placement != NULL, a->placement},
       {"--expert-capacity", cli_hash(caps, strlen(caps)), caps}, {"--top_k", o->top_k, o->top_k < 0 ? FILE_S : NULL},
@@ -354,14 +357,16 @@ static moe_status agree(const args_t *a, const moe_st *wf, const moe_st *xf) {
   static const char *tensors[] = {"experts.fc1.weight", "experts.fc3.weight", "gate.weight", "gate.proj.weight",
                                   "x", "dy", "daux", "dz", "dspec"};
   static const char *meta[] = {"top_k", "capacity_setting", "normalize_topk", "activation", "dispatch",
-                               "priority", "router", "dtype"};
-  char names[17][48], shapes[9][32];
+                               "priority", "router", "dtype", "score", "n_group", "topk_group", "group_score",
+                               "routed_scale"};
+  enum { NMETA = sizeof meta / sizeof meta[0] };
+  char names[9 + NMETA][48], shapes[9][32];
   for (int i = 0; i < 9; i++, n++) {
     snprintf(names[i], sizeof names[i], "the shape of '%s'", tensors[i]);
     double v = shape_of(i < 4 ? wf : xf, tensors[i], shapes[i], sizeof shapes[i]);
     s[n] = (moe_dist_setting){names[i], v, shapes[i]};
   }
-  for (int i = 0; i < 8; i++, n++) {
+  for (int i = 0; i < NMETA; i++, n++) {
     const char *v = moe_st_meta(wf, meta[i]);
     snprintf(names[9 + i], sizeof names[9 + i], "the weights' __metadata__ %s", meta[i]);
     s[n] = (moe_dist_setting){names[9 + i], v ? cli_hash(v, strlen(v)) : -1, v ? v : "(none)"};

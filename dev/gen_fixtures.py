@@ -115,6 +115,39 @@ def expert_outputs(w, x, act):
     return out
 
 
+def shared_output(w, x, act):
+    """The shared experts' output (T,D): a dense FFN of every token (no biases), scaled per token by
+    sigmoid(x . shared.gate.weight) when the layer has that gate (Qwen2-MoE's shared_expert_gate)."""
+    a = x @ w["shared.fc1.weight"].t()
+    if act == "swiglu":
+        h = F.silu(a) * (x @ w["shared.fc3.weight"].t())
+    else:
+        h = {"relu": torch.relu, "silu": F.silu, "gelu": lambda v: 0.5 * v * (1.0 + torch.erf(v / math.sqrt(2.0)))}[act](a)
+    out = h @ w["shared.fc2.weight"].t()
+    if "shared.gate.weight" in w:
+        out = torch.sigmoid(x @ w["shared.gate.weight"].t()) * out
+    return out
+
+
+def choice_values(scores, w, cfg):
+    """What the top-k is chosen on (transformers' DeepSeek-V3 get_topk_indices, and DeepSeek-V2's
+    group_limited_greedy with the max group score): the scores plus the selection bias, and with
+    groups, the topk_group groups of best group score kept and the others' values set to 0.0."""
+    c = scores.detach()
+    if "gate.select_bias" in w:
+        c = c + w["gate.select_bias"].detach()
+    G = cfg.get("n_group", 0)
+    if G:
+        T, E = c.shape
+        g = c.view(T, G, E // G)
+        gs = g.max(dim=-1).values if cfg["group_score"] == "max" else g.topk(2, dim=-1).values.sum(dim=-1)
+        order = torch.sort(-gs, dim=1, stable=True).indices[:, :cfg["topk_group"]]
+        keep = torch.zeros(T, G, dtype=torch.bool)
+        keep[torch.arange(T)[:, None], order] = True
+        c = c.masked_fill(~keep[:, :, None].expand(T, G, E // G).reshape(T, E), 0.0)
+    return c
+
+
 def moe_reference(w, x, cfg):
     """The MoE layer of DESIGN 4.1, differentiable (float64 tensors in, autograd-ready tensors out).
 
@@ -127,16 +160,18 @@ def moe_reference(w, x, cfg):
     k = cfg["top_k"]
     logits = gate_logits(w, x, cfg)
     E = logits.shape[1]
-    probs = torch.softmax(logits, dim=1)
+    sigmoid = cfg.get("score", "softmax") == "sigmoid"
+    probs = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=1)  # the scores
 
-    # top-k: k largest probs, ties to the lower expert id (stable sort), indices not differentiable
+    # top-k: k largest choice values, ties to the lower expert id (stable sort), indices not differentiable
     with torch.no_grad():
-        order = torch.sort(-probs, dim=1, stable=True).indices
+        order = torch.sort(-choice_values(probs, w, cfg), dim=1, stable=True).indices
     topk_idx = order[:, :k]
     combine = torch.gather(probs, 1, topk_idx)
     normalize = cfg["normalize_topk"] if cfg["normalize_topk"] is not None else (k > 1)
     if normalize:
         combine = combine / combine.sum(dim=1, keepdim=True)
+    combine = combine * float(cfg.get("routed_scale", "1"))
 
     # capacity: slot-major placement, token order by index or by top probability (highest first)
     counts = torch.bincount(topk_idx.reshape(-1), minlength=E)
@@ -165,15 +200,20 @@ def moe_reference(w, x, cfg):
     sel = outs[topk_idx, torch.arange(T)[:, None]]  # (T, k, D): out_{e_j}(x[t])
     spec = sel * keep[:, :, None].to(sel.dtype)
     y = (combine[:, :, None] * spec).sum(dim=1)
+    if "shared.fc1.weight" in w:
+        y = y + shared_output(w, x, cfg["activation"])
 
     # losses
     frac = torch.bincount(topk_idx[:, 0], minlength=E).to(probs.dtype) / T  # constant
-    aux_loss = E * (probs.mean(dim=0) * frac).sum()
+    balance = probs / probs.sum(dim=1, keepdim=True) if sigmoid else probs  # sigmoid: normalized per token
+    aux_loss = E * (balance.mean(dim=0) * frac).sum()
     z_loss = (torch.logsumexp(logits, dim=1) ** 2).mean()
 
     return {
         "y": y, "aux_loss": aux_loss, "z_loss": z_loss, "spec": spec.reshape(T * k, D),
-        "logits": logits, "probs": probs, "topk_idx": topk_idx, "combine": combine, "keep": keep,
+        "logits": logits, "probs": probs, "topk_idx": topk_idx,
+        **({"choice": choice_values(probs, w, cfg)} if "gate.select_bias" in w or cfg.get("n_group") else {}),
+        **({"select_bias": w["gate.select_bias"].detach()} if "gate.select_bias" in w else {}), "combine": combine, "keep": keep,
         "expert_counts": counts, "capacity": C, "dropped": dropped,
     }
 
@@ -198,7 +238,8 @@ def moe_reference_grads(w, x, cfg, dy, daux, dz, dspec):
 
 BASE = dict(T=24, D=12, H=16, E=6, P=8, k=2, cap="1.0", act="relu", dispatch="dynamic",
             priority="index", normalize=None, router="linear", bias=True,
-            gate_scale=2.5, gate_bias_scale=1.0, logit_scale=None)
+            gate_scale=2.5, gate_bias_scale=1.0, logit_scale=None, score="softmax", select_bias=False,
+            n_group=0, topk_group=0, group_score="max", routed_scale="1", shared_H=0, shared_gate=False)
 
 
 def case(name, seed, **kw):
@@ -236,6 +277,16 @@ CASES = [
          gate_scale=2.0, gate_bias_scale=0.6),  # C = ceil(6.8) = 7; sizes not multiples of 4/8/16
     case("cosine_swiglu_k1_clamp_dynamic", 121, act="swiglu", k=1, router="cosine",
          logit_scale=4.75),  # s > ln 100: the scale is clamped, grad.gate.logit_scale is 0
+    # the routers and shared experts of open models (DESIGN 4.1b)
+    case("qwen2moe_shared_gate_swiglu_dynamic", 123, act="swiglu", k=2, normalize=False, bias=False,
+         shared_H=20, shared_gate=True),
+    case("dsv3_sigmoid_groups_top2_bias_scale_dynamic", 124, act="swiglu", E=8, k=3, normalize=True,
+         bias=False, score="sigmoid", select_bias=True, n_group=4, topk_group=2, group_score="top2_sum",
+         routed_scale="2.5", shared_H=12),
+    case("dsv2_softmax_groups_max_static", 125, E=8, k=2, normalize=False, dispatch="static",
+         n_group=4, topk_group=2, group_score="max", routed_scale="1.5"),
+    case("sigmoid_nonorm_shared_relu_score_static", 126, E=6, k=2, normalize=False, score="sigmoid",
+         dispatch="static", priority="score", shared_H=10, shared_gate=True),
 ]
 
 
@@ -267,6 +318,16 @@ def make_inputs(c):
         w["experts.fc2.bias"] = randn(E, D) * 0.1
     if c["act"] == "swiglu":
         w["experts.fc3.weight"] = randn(E, H, D) * (1.0 / math.sqrt(D))
+    if c["select_bias"]:
+        w["gate.select_bias"] = randn(E) * 0.3
+    if c["shared_H"]:
+        Hs = c["shared_H"]
+        w["shared.fc1.weight"] = randn(Hs, D) * (1.0 / math.sqrt(D))
+        if c["act"] == "swiglu":
+            w["shared.fc3.weight"] = randn(Hs, D) * (1.0 / math.sqrt(D))
+        w["shared.fc2.weight"] = randn(D, Hs) * (1.0 / math.sqrt(Hs))
+        if c["shared_gate"]:
+            w["shared.gate.weight"] = randn(1, D) * (1.0 / math.sqrt(D))
     x = randn(T, D)
     dy = randn(T, D)
     daux = torch.rand(1, dtype=f) + 0.5
@@ -278,24 +339,42 @@ def make_inputs(c):
 def cfg_of(c):
     return {"top_k": c["k"], "capacity_setting": c["cap"], "activation": c["act"],
             "normalize_topk": c["normalize"], "dispatch": c["dispatch"], "priority": c["priority"],
-            "router": c["router"]}
+            "router": c["router"], "score": c["score"], "n_group": c["n_group"],
+            "topk_group": c["topk_group"], "group_score": c["group_score"],
+            "routed_scale": c["routed_scale"]}
 
 
 def metadata_of(c):
     norm = c["normalize"] if c["normalize"] is not None else c["k"] > 1
-    return {"top_k": str(c["k"]), "capacity_setting": c["cap"], "activation": c["act"],
+    m = {"top_k": str(c["k"]), "capacity_setting": c["cap"], "activation": c["act"],
             "normalize_topk": "true" if norm else "false", "dispatch": c["dispatch"],
             "priority": c["priority"], "router": c["router"]}
+    if c["score"] != "softmax":
+        m["score"] = c["score"]
+    if c["n_group"]:
+        m.update(n_group=str(c["n_group"]), topk_group=str(c["topk_group"]), group_score=c["group_score"])
+    if c["routed_scale"] != "1":
+        m["routed_scale"] = c["routed_scale"]
+    return m
 
 
 def routing_margins(r, cfg):
     """Smallest gaps that the routing decisions depend on, so float32 rounding on the C side cannot
-    flip them: between adjacent sorted logits among the top k+1 of each token, and (priority=score)
-    relative gap between adjacent sorted top probabilities."""
-    logits = r["logits"].detach()
+    flip them: between adjacent sorted logits (or choice values, with a selection bias or groups)
+    among the top k+1 of each token, and (priority=score) relative gap between adjacent sorted top
+    probabilities."""
+    logits = r["choice"] if "choice" in r else r["logits"].detach()
     k, E = cfg["top_k"], logits.shape[1]
     s = torch.sort(logits, dim=1, descending=True).values[:, :min(k + 1, E)]
     lg = float((s[:, :-1] - s[:, 1:]).min()) if s.shape[1] > 1 else math.inf
+    G = cfg.get("n_group", 0)
+    if G and G > cfg["topk_group"]:  # the kept groups: the gap at the topk_group boundary
+        c = r["probs"].detach() + (r["select_bias"] if "select_bias" in r else 0)
+        g = c.view(c.shape[0], G, -1)
+        gs = g.max(dim=-1).values if cfg["group_score"] == "max" else g.topk(2, dim=-1).values.sum(dim=-1)
+        gs = torch.sort(gs, dim=1, descending=True).values
+        n = cfg["topk_group"]
+        lg = min(lg, float((gs[:, n - 1] - gs[:, n]).min()))
     pg = math.inf
     if cfg["priority"] == "score":
         top = torch.sort(r["probs"].detach().max(dim=1).values, descending=True).values
@@ -354,11 +433,14 @@ def check_loops(w, x, cfg, r):
                 o = o + w["experts.fc2.bias"][e]
             assert float((o - r["spec"][t * k + j]).abs().max()) < 1e-12
             y[t] += r["combine"][t, j] * o
+    if "shared.fc1.weight" in w:
+        y = y + shared_output(w, x, cfg["activation"])
     assert float((y - r["y"]).abs().max()) < 1e-12, "loop check of y"
     lse = torch.logsumexp(r["logits"], 1)
     assert abs(float((lse ** 2).mean() - r["z_loss"])) < 1e-12
     E = r["probs"].shape[1]
-    aux = sum(float(r["probs"][:, e].mean()) * float((r["topk_idx"][:, 0] == e).double().mean())
+    bal = r["probs"] / r["probs"].sum(1, keepdim=True) if cfg.get("score") == "sigmoid" else r["probs"]
+    aux = sum(float(bal[:, e].mean()) * float((r["topk_idx"][:, 0] == e).double().mean())
               for e in range(E)) * E
     assert abs(aux - float(r["aux_loss"])) < 1e-12
 

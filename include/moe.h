@@ -171,18 +171,24 @@ typedef enum { MOE_DISPATCH_DYNAMIC, MOE_DISPATCH_STATIC } moe_dispatch;
 typedef enum { MOE_PRIORITY_INDEX, MOE_PRIORITY_SCORE } moe_priority;
 typedef enum { MOE_ROUTER_LINEAR, MOE_ROUTER_COSINE } moe_router;
 typedef enum { MOE_REUSE_NONE, MOE_REUSE_S4, MOE_REUSE_S2, MOE_REUSE_S3, MOE_REUSE_AUTO } moe_reuse;
+typedef enum { MOE_SCORE_SOFTMAX, MOE_SCORE_SIGMOID } moe_score;
+typedef enum { MOE_GROUP_MAX, MOE_GROUP_TOP2_SUM } moe_group_score;
 
 const char *moe_act_name(moe_act a);
 const char *moe_dispatch_name(moe_dispatch d);
 const char *moe_priority_name(moe_priority p);
 const char *moe_router_name(moe_router r);
 const char *moe_reuse_name(moe_reuse r);
+const char *moe_score_name(moe_score s);             /* "softmax", "sigmoid" */
+const char *moe_group_score_name(moe_group_score g); /* "max", "top2_sum" */
 /* Parse the names above ("relu", "static", ...); MOE_ERR_ARG naming `field` on an unknown value. */
 moe_status moe_act_parse(const char *s, const char *field, moe_act *out);
 moe_status moe_dispatch_parse(const char *s, const char *field, moe_dispatch *out);
 moe_status moe_priority_parse(const char *s, const char *field, moe_priority *out);
 moe_status moe_router_parse(const char *s, const char *field, moe_router *out);
 moe_status moe_reuse_parse(const char *s, const char *field, moe_reuse *out); /* "none", "s4", "auto" */
+moe_status moe_score_parse(const char *s, const char *field, moe_score *out);
+moe_status moe_group_score_parse(const char *s, const char *field, moe_group_score *out);
 
 typedef struct {
   int D;                  /* model dim */
@@ -241,10 +247,33 @@ typedef struct {
   int a2a_auto;           /* expert-parallel: Tutel's dictionary picks Linear or 2DH per capacity
                              (moe_layer_setup); 2DH needs the grid moe_dist_set_a2a(2DH) makes, and
                              is offered only with more than one node of more than one rank */
+  /* The routers and shared experts of open MoE models (DESIGN 4.1b). */
+  moe_score score;        /* the router's scores: MOE_SCORE_SOFTMAX over all experts (default: Mixtral,
+                             Qwen, OLMoE; gpt-oss's softmax over the k selected logits is this with
+                             normalize_topk 1, equal in exact arithmetic), or MOE_SCORE_SIGMOID
+                             (DeepSeek-V3): each expert's score is sigmoid(logit), and the balance loss
+                             takes the scores normalized per token in place of probabilities */
+  int select_bias;        /* gate.select_bias (E): added to the scores to choose the groups and the top-k,
+                             not to the combine weights (DeepSeek-V3's e_score_correction_bias); not
+                             trained by gradient: moe_layer_balance_bias moves it */
+  int n_group;            /* group-limited selection: the experts as n_group groups of E / n_group in id
+                             order; the topk_group groups of best group score kept and the top-k chosen
+                             among their experts (the others' scores taken as 0, as transformers'
+                             DeepSeek code does); 0 = off */
+  int topk_group;
+  moe_group_score group_score; /* a group's score: its best expert's (MAX, DeepSeek-V2) or the sum of its
+                                  best two (TOP2_SUM, V3), from the scores with the selection bias */
+  float routed_scale;     /* the combine weights times this after any renormalization
+                             (routed_scaling_factor); 1 by default */
+  int shared_H;           /* shared experts: the width of one always-on FFN (the layer's activation, no
+                             biases; n shared experts of width h are one of width n h) whose output is
+                             added to the routed output of every token; 0 = none */
+  int shared_gate;        /* the shared output scaled per token by sigmoid(shared.gate.weight . x)
+                             (Qwen2-MoE's shared_expert_gate) */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,
- * pipeline 1, no memory reuse. */
+ * pipeline 1, no memory reuse, softmax scores, no groups, routed_scale 1, no shared experts. */
 void moe_layer_config_default(moe_layer_config *c);
 
 /* Parameters and their gradients live in one allocation each, described by a table of named tensors:
@@ -256,6 +285,10 @@ void moe_layer_config_default(moe_layer_config *c);
  *   experts.fc1.weight (E, H, D)   experts.fc1.bias (E, H)
  *   experts.fc2.weight (E, D, H)   experts.fc2.bias (E, D)
  *   experts.fc3.weight (E, H, D)   swiglu only
+ *   gate.select_bias   (E)            select_bias: not trained (moe_layer_balance_bias)
+ *   shared.fc1.weight  (Hs, D)        shared_H = Hs > 0: the shared FFN (fc3 only for swiglu)
+ *   shared.fc3.weight  (Hs, D)        shared.fc2.weight (D, Hs)
+ *   shared.gate.weight (1, D)         shared_gate
  * Expert-parallel, the experts.* tensors hold this rank's E/W experts: (E/W, H, D) and so on. */
 typedef struct {
   const char *name;
@@ -279,7 +312,7 @@ typedef struct moe_layer {
   const int32_t *cached;          /* (T, k) experts for the next forward only, or NULL */
   int cached_T;
   int nparams;
-  moe_param_info info[10];
+  moe_param_info info[16];
   size_t numel;  /* total parameter floats */
   float *params; /* (numel) */
   float *grads;  /* (numel); backward adds into it */
@@ -320,6 +353,12 @@ void moe_layer_zero_grad(moe_layer_t *l);
  * calls it; any other writer of the parameters must. */
 void moe_layer_params_changed(moe_layer_t *l);
 moe_status moe_layer_set_top_k(moe_layer_t *l, int k);
+/* DeepSeek-V3's aux-loss-free balancing (select_bias), called after a step: each expert's
+ * gate.select_bias moves by gamma towards balance, down when the last forward gave it more assignments
+ * (all k slots, before any dropping) than the mean over the experts, up when fewer, unchanged when
+ * equal; the counts summed over the ranks (a collective when expert-parallel). MOE_ERR_STATE without
+ * select_bias or before a forward. */
+moe_status moe_layer_balance_bias(moe_layer_t *l, float gamma);
 /* DynaMoE's per-expert capacities (static dispatch): expert e keeps at most cap[e] assignments in a
  * batch of `tokens` tokens (over all ranks, expert-parallel), and cap[e] T / tokens (rounded up) in a
  * batch of T; tokens = 0: cap[e] whatever the batch. They override capacity_setting; NULL returns to
@@ -364,8 +403,9 @@ moe_status moe_layer_reduce_grads(moe_layer_t *l);
 /* Peak bytes of the layer's workspace arena since init. */
 size_t moe_layer_peak_bytes(const moe_layer_t *l);
 
-/* Reads a layer from safetensors: D, H, E (and P) from the tensor shapes, options from __metadata__
- * (top_k, capacity_setting, activation, normalize_topk, dispatch, priority, router), then checks every
+/* Reads a layer from safetensors: D, H, E (and P, shared_H) from the tensor shapes, options from __metadata__
+ * (top_k, capacity_setting, activation, normalize_topk, dispatch, priority, router, score, n_group,
+ * topk_group, group_score, routed_scale; select_bias and shared_gate by their tensors), then checks every
  * tensor's dtype and shape. o, if not NULL, is applied after the metadata: a field left at its unset
  * value (see moe_layer_overrides_init) keeps the file's value. */
 typedef struct {

@@ -128,6 +128,33 @@ TEST(ep_layer_run_matches_one_process) {
   }
 }
 
+/* The routers and shared experts of open models (DESIGN 4.1b) expert-parallel: DeepSeek-V3's routing
+ * (sigmoid, selection bias, groups, scale, a shared expert; E = 8) and Qwen2-MoE's gated shared expert
+ * (E = 6) on 2 ranks (and 4 for E = 8) give one process's outputs and gradients: the shared experts'
+ * gradients summed over the ranks, the groups chosen per token alike. */
+TEST(ep_open_routing_matches_one_process) {
+  if (!test_have_mpirun()) SKIP("no mpirun or a library without MPI");
+  static const struct { const char *cas; int maxW; } cases[] = {
+      {"dsv3_sigmoid_groups_top2_bias_scale_dynamic", 4}, {"qwen2moe_shared_gate_swiglu_dynamic", 2}};
+  char ref[512], out[512], cmd[3000];
+  test_tmp_path("ep_open_ref.safetensors", ref, sizeof ref);
+  test_tmp_path("ep_open_out.safetensors", out, sizeof out);
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const char *fx = test_fixture_dir(), *n = cases[c].cas;
+    snprintf(cmd, sizeof cmd, "'%s' layer-run --weights '%s/%s/w.safetensors' --input '%s/%s/x.safetensors' "
+             "--out '%s' --backward --threads 1", MOE_CLI, fx, n, fx, n, ref);
+    ASSERT_EQ_INT(sh(cmd), 0);
+    for (int W = 2; W <= cases[c].maxW; W *= 2) {
+      unlink(out);
+      snprintf(cmd, sizeof cmd, TEST_MPIRUN "-np %d '%s' layer-run --weights '%s/%s/w.safetensors' --input "
+               "'%s/%s/x.safetensors' --out '%s' --backward --expert-parallel --threads 1 >/dev/null 2>&1",
+               W, MOE_CLI, fx, n, fx, n, out);
+      ASSERT_EQ_INT(sh(cmd), 0);
+      if (!same_outputs(out, ref)) FAIL_("W=%d, %s: expert-parallel output differs", W, n);
+    }
+  }
+}
+
 /* 2DH on uneven grids (3 nodes of 2, 2 nodes of 3: ranks per node differ from the node count)
  * against the PyTorch reference of a fixture with E = 6. */
 TEST(ep_2dh_uneven_grids_match_reference) {

@@ -39,8 +39,17 @@ typedef struct {
   int want_drops; /* assert that capacity drops happen */
 } gc_case;
 
+typedef struct { /* open models' routing and shared experts (DESIGN 4.1b) */
+  moe_score score;
+  int n_group, topk_group;
+  moe_group_score group_score;
+  float routed_scale;
+  int select_bias, shared_H, shared_gate;
+} gc_open;
+
 typedef struct {
   const gc_case *c;
+  const gc_open *o; /* or NULL */
   moe_layer_t l;
   int T, D, E, k;
   float *x, *y, *spec, *spec0, *dy, *dspec, *dw, *dx;
@@ -124,6 +133,16 @@ static int gc_run_checks(gc_ctx *g) {
   cfg.gate_bias = c->bias;
   cfg.expert_bias = c->bias;
   cfg.threads = 1;
+  if (g->o) {
+    cfg.score = g->o->score;
+    cfg.n_group = g->o->n_group;
+    cfg.topk_group = g->o->topk_group;
+    cfg.group_score = g->o->group_score;
+    cfg.routed_scale = g->o->routed_scale;
+    cfg.select_bias = g->o->select_bias;
+    cfg.shared_H = g->o->shared_H;
+    cfg.shared_gate = g->o->shared_gate;
+  }
   moe_status s = moe_layer_init(&g->l, &cfg);
   if (s != MOE_OK) {
     fprintf(stderr, "  [%s] moe_layer_init: %s\n", c->name, moe_last_error());
@@ -149,7 +168,8 @@ static int gc_run_checks(gc_ctx *g) {
 
   moe_layer_init_params(l, c->seed);
   uint64_t rng = c->seed ^ 0x5DEECE66Dull;
-  static const char *const biases[] = {"gate.bias", "gate.proj.bias", "experts.fc1.bias", "experts.fc2.bias"};
+  static const char *const biases[] = {"gate.bias", "gate.proj.bias", "experts.fc1.bias", "experts.fc2.bias",
+                                       "gate.select_bias"};
   for (size_t i = 0; i < sizeof biases / sizeof biases[0]; i++) {
     const moe_param_info *pi = moe_layer_param_find(l, biases[i]);
     if (pi) fd_fill(&rng, l->params + pi->offset, pi->numel, -0.3, 0.3);
@@ -195,6 +215,14 @@ static int gc_run_checks(gc_ctx *g) {
   if (!fd_tensor(f, "x", g->x, g->dx, (size_t)T * D, NULL, 0, &rng, L0)) return 0;
   for (int i = 0; i < l->nparams; i++) {
     const moe_param_info *pi = &l->info[i];
+    if (!strcmp(pi->name, "gate.select_bias")) { /* chooses, is not differentiated: no gradient at all */
+      for (size_t j = 0; j < pi->numel; j++)
+        if (l->grads[pi->offset + j] != 0.0f) {
+          fprintf(stderr, "  [%s] gate.select_bias[%zu] has gradient %g, want 0\n", c->name, j, l->grads[pi->offset + j]);
+          return 0;
+        }
+      continue;
+    }
     const int32_t *counts = strncmp(pi->name, "experts.", 8) ? NULL : g->counts0;
     if (!fd_tensor(f, pi->name, l->params + pi->offset, l->grads + pi->offset, pi->numel, counts, GC_E, &rng, L0))
       return 0;
@@ -207,10 +235,11 @@ static int gc_run_checks(gc_ctx *g) {
   return 1;
 }
 
-static int gc_run(const gc_case *c) {
+static int gc_run_open(const gc_case *c, const gc_open *o) {
   gc_ctx g;
   memset(&g, 0, sizeof g);
   g.c = c;
+  g.o = o;
   g.fd = (fd_check){.name = c->name, .loss = gc_loss, .ctx = &g, .eps = GC_EPS, .atol = GC_ATOL, .rtol = GC_RTOL,
                     .min_grad = GC_MIN_GRAD, .elems = GC_ELEMS};
   int ok = gc_run_checks(&g);
@@ -226,6 +255,8 @@ static int gc_run(const gc_case *c) {
   moe_layer_free(&g.l);
   return ok;
 }
+
+static int gc_run(const gc_case *c) { return gc_run_open(c, NULL); }
 
 #define LIN MOE_ROUTER_LINEAR
 #define COS MOE_ROUTER_COSINE
@@ -282,4 +313,33 @@ TEST(gradcheck_no_biases) {
   static const gc_case c = {"linear gelu dynamic k=2 no biases", LIN, MOE_ACT_GELU, DYN, IDX, 2, 1.0f, -1, 0,
                             19, 0};
   ASSERT(gc_run(&c));
+}
+
+/* The routers and shared experts of open models (DESIGN 4.1b). */
+TEST(gradcheck_shared_gated_swiglu_unnormalized) { /* Qwen2-MoE */
+  static const gc_case c = {"qwen2-moe: swiglu k=2 unnormalized, gated shared expert", LIN, MOE_ACT_SWIGLU, DYN, IDX,
+                            2, 1.0f, 0, 0, 31, 0};
+  static const gc_open o = {MOE_SCORE_SOFTMAX, 0, 0, MOE_GROUP_MAX, 1.0f, 0, 5, 1};
+  ASSERT(gc_run_open(&c, &o));
+}
+
+TEST(gradcheck_sigmoid_groups_bias_scaled_shared) { /* DeepSeek-V3 */
+  static const gc_case c = {"deepseek-v3: sigmoid, select bias, 2 groups top2_sum, scale 2.5, shared", LIN,
+                            MOE_ACT_SWIGLU, DYN, IDX, 2, 1.0f, 1, 0, 32, 0};
+  static const gc_open o = {MOE_SCORE_SIGMOID, 2, 1, MOE_GROUP_TOP2_SUM, 2.5f, 1, 7, 0};
+  ASSERT(gc_run_open(&c, &o));
+}
+
+TEST(gradcheck_softmax_groups_max_static_drops) { /* DeepSeek-V2 */
+  static const gc_case c = {"deepseek-v2: softmax, 2 groups max, scale 1.5, static drops", LIN, MOE_ACT_GELU, STA,
+                            SCO, 1, 1.0f, 0, 1, 33, 1};
+  static const gc_open o = {MOE_SCORE_SOFTMAX, 2, 1, MOE_GROUP_MAX, 1.5f, 0, 0, 0};
+  ASSERT(gc_run_open(&c, &o));
+}
+
+TEST(gradcheck_sigmoid_unnormalized_gated_relu) {
+  static const gc_case c = {"sigmoid k=2 unnormalized, gated shared relu", LIN, MOE_ACT_RELU, DYN, IDX, 2, 1.0f, 0, 1,
+                            34, 0};
+  static const gc_open o = {MOE_SCORE_SIGMOID, 0, 0, MOE_GROUP_MAX, 1.0f, 0, 6, 1};
+  ASSERT(gc_run_open(&c, &o));
 }

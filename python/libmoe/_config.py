@@ -13,14 +13,17 @@ ENUMS = {
     "router": (lib.moe_router_parse, lib.moe_router_name),
     "dtype": (lib.moe_dtype_parse, lib.moe_compute_dtype_name),
     "memory_reuse": (lib.moe_reuse_parse, lib.moe_reuse_name),
+    "score": (lib.moe_score_parse, lib.moe_score_name),
+    "group_score": (lib.moe_group_score_parse, lib.moe_group_score_name),
     "loss": (lib.moe_loss_parse, lib.moe_loss_name),
     "kind": (lib.moe_opt_parse, lib.moe_opt_name),
 }
-BOOLS = ("gate_bias", "expert_bias")
+BOOLS = ("gate_bias", "expert_bias", "select_bias", "shared_gate")
 # moe_layer_config fields a caller may set (dist and external_experts are for MPI and serving)
 LAYER = ("D", "H", "E", "top_k", "capacity_setting", "normalize_topk", "act", "dispatch", "priority",
          "router", "proj_dim", "gate_bias", "expert_bias", "threads", "inner_experts", "inner_top_k", "dtype",
-         "pipeline", "memory_reuse", "memory_budget")
+         "pipeline", "memory_reuse", "memory_budget", "score", "select_bias", "n_group", "topk_group",
+         "group_score", "routed_scale", "shared_H", "shared_gate")
 MODEL = ("in_dim", "classes", "blocks", "loss", "aux_weight", "z_weight")
 OPTIM = ("kind", "beta1", "beta2", "eps", "momentum", "weight_decay")
 # what moe_layer_load may override (moe_layer_overrides; the others keep the file's values)

@@ -11,7 +11,9 @@ class LayerConfig(C.Structure):
                 ("proj_dim", _i), ("gate_bias", _i), ("expert_bias", _i), ("threads", _i),
                 ("inner_experts", _i), ("inner_top_k", _i), ("dist", _p), ("external_experts", _i),
                 ("dtype", _i), ("pipeline", _i), ("memory_reuse", _i), ("memory_budget", C.c_size_t),
-                ("parallel_r", _i), ("replica_slots", _i), ("a2a_auto", _i)]
+                ("parallel_r", _i), ("replica_slots", _i), ("a2a_auto", _i),
+                ("score", _i), ("select_bias", _i), ("n_group", _i), ("topk_group", _i),
+                ("group_score", _i), ("routed_scale", _f), ("shared_H", _i), ("shared_gate", _i)]
 
 
 class ParamInfo(C.Structure):
@@ -26,7 +28,7 @@ class Layer(C.Structure):
 Layer._fields_ = [("cfg", LayerConfig), ("inner", C.POINTER(Layer)), ("cache", _p),
                   ("expert_capacity", C.POINTER(C.c_int32)), ("expert_capacity_tokens", _i),
                   ("cached", C.POINTER(C.c_int32)), ("cached_T", _i), ("nparams", _i),
-                  ("info", ParamInfo * 10), ("numel", C.c_size_t), ("params", C.POINTER(_f)),
+                  ("info", ParamInfo * 16), ("numel", C.c_size_t), ("params", C.POINTER(_f)),
                   ("grads", C.POINTER(_f)), ("st", _p)]
 
 

@@ -68,7 +68,9 @@ class Layer(Owner):
     D, H, E (required), top_k, capacity_setting, normalize_topk (None = auto), act ("relu", "gelu",
     "silu", "swiglu"), dispatch ("dynamic", "static"), priority ("index", "score"), router ("linear",
     "cosine"), proj_dim, gate_bias, expert_bias, threads (0 = all cores), inner_experts, inner_top_k,
-    dtype ("f32", "bf16": the experts' GEMMs). Unset fields take moe_layer_config_default's values.
+    dtype ("f32", "bf16": the experts' GEMMs), and the routing of open models: score ("softmax",
+    "sigmoid"), select_bias, n_group, topk_group, group_score ("max", "top2_sum"), routed_scale, shared_H,
+    shared_gate. Unset fields take moe_layer_config_default's values.
 
     params / grads: {name: numpy float32 array} views of the layer's own memory (no copy): writing a
     parameter changes the layer (call params_changed() afterwards for a bf16 layer). backward adds into

@@ -49,7 +49,10 @@ def layer_options(c):
     """libmoe.Layer keywords of a gen_fixtures case."""
     return dict(D=c["D"], H=c["H"], E=c["E"], top_k=c["k"], capacity_setting=float(c["cap"]),
                 normalize_topk=c["normalize"], act=c["act"], dispatch=c["dispatch"], priority=c["priority"],
-                router=c["router"], proj_dim=c["P"], gate_bias=c["bias"], expert_bias=c["bias"], threads=1)
+                router=c["router"], proj_dim=c["P"], gate_bias=c["bias"], expert_bias=c["bias"], threads=1,
+                score=c["score"], select_bias=c["select_bias"], n_group=c["n_group"], topk_group=c["topk_group"],
+                group_score=c["group_score"], routed_scale=float(c["routed_scale"]), shared_H=c["shared_H"],
+                shared_gate=c["shared_gate"])
 
 
 def raises(test, name, fn, *args, contains=None, **kw):

@@ -55,7 +55,7 @@ class Options(unittest.TestCase):
         y, st = layer.forward(np.ones((5, 4)))
         self.assertEqual(st.experts.shape, (5, 3))
         self.assertEqual(int(st.expert_counts.sum()), 15)
-        raises(self, "MOE_ERR_ARG", setattr, layer, "top_k", 5, contains="top_k must be in [1, E=4], got 5")
+        raises(self, "MOE_ERR_ARG", setattr, layer, "top_k", 5, contains="top_k must be in [1, 4], got 5")
 
     def test_micro_batches_give_the_same_bits(self):
         x = np.random.default_rng(3).standard_normal((40, 8), dtype=np.float32)

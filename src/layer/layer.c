@@ -25,6 +25,7 @@ struct moe__layer_state {
   const moe__policy *pol;
   void *pol_self;
   moe__router r;
+  moe__shared sh;   /* the shared experts' activations */
   moe__plan p;
   moe__ffn f;       /* the experts' activations: every micro-batch's, or one shared (memory reuse) */
   float *xs, *out;  /* (rows, D) dispatch rows: expert inputs and outputs */
@@ -49,6 +50,7 @@ void moe_layer_config_default(moe_layer_config *c) {
   c->expert_bias = 1;
   c->pipeline = 1;
   c->parallel_r = MOE_PARALLEL_OFF;
+  c->routed_scale = 1.0f;
 }
 
 int moe__layer_sharded(const moe_layer_config *c) { return c->dist && c->parallel_r != MOE_PARALLEL_OFF; }
@@ -71,6 +73,33 @@ static moe_status check_pipeline(const moe_layer_config *c, int n, moe_reuse r) 
   MOE_TRY((unsigned)r <= MOE_REUSE_AUTO, MOE_ERR_ARG, "config: unknown memory_reuse %d", r);
   MOE_TRY(r != MOE_REUSE_AUTO || c->memory_budget > 0, MOE_ERR_ARG,
           "config: memory_reuse auto needs a memory_budget (bytes of workspace), got 0");
+  return MOE_OK;
+}
+
+/* The top-k's candidates: all experts, or those of the kept groups. */
+static int candidates(const moe_layer_config *c) { return c->n_group > 0 ? c->topk_group * (c->E / c->n_group) : c->E; }
+
+/* The score, selection and shared-expert options (DESIGN 4.1b). */
+static moe_status check_routing(const moe_layer_config *c) {
+  MOE_TRY((unsigned)c->score <= MOE_SCORE_SIGMOID, MOE_ERR_ARG, "config: unknown score %d", c->score);
+  MOE_TRY(isfinite(c->routed_scale) && c->routed_scale > 0, MOE_ERR_ARG,
+          "config: routed_scale must be finite and > 0, got %g", (double)c->routed_scale);
+  MOE_TRY(c->select_bias == 0 || c->select_bias == 1, MOE_ERR_ARG, "config: select_bias must be 0 or 1, got %d",
+          c->select_bias);
+  MOE_TRY(c->shared_H >= 0, MOE_ERR_ARG, "config: shared_H must be >= 0, got %d", c->shared_H);
+  MOE_TRY(c->shared_gate == 0 || (c->shared_gate == 1 && c->shared_H > 0), MOE_ERR_ARG,
+          "config: shared_gate %d needs shared experts (shared_H > 0, got %d)", c->shared_gate, c->shared_H);
+  if (!c->n_group) return MOE_OK;
+  MOE_TRY(c->n_group > 0 && c->n_group <= MOE__MAX_GROUPS && c->E % c->n_group == 0, MOE_ERR_ARG,
+          "config: n_group must divide E=%d and be in [1, %d], got %d", c->E, MOE__MAX_GROUPS, c->n_group);
+  MOE_TRY(c->topk_group >= 1 && c->topk_group <= c->n_group, MOE_ERR_ARG,
+          "config: topk_group must be in [1, n_group=%d], got %d", c->n_group, c->topk_group);
+  MOE_TRY((unsigned)c->group_score <= MOE_GROUP_TOP2_SUM, MOE_ERR_ARG, "config: unknown group_score %d",
+          c->group_score);
+  MOE_TRY(c->group_score != MOE_GROUP_TOP2_SUM || c->E / c->n_group >= 2, MOE_ERR_ARG,
+          "config: group_score top2_sum needs groups of 2 or more experts (E=%d, n_group=%d)", c->E, c->n_group);
+  MOE_TRY(c->top_k <= candidates(c), MOE_ERR_ARG, "config: top_k %d exceeds the %d experts of the topk_group=%d groups",
+          c->top_k, candidates(c), c->topk_group);
   return MOE_OK;
 }
 
@@ -119,6 +148,7 @@ static moe_status check_config(const moe_layer_config *c) {
   MOE_TRY(!c->external_experts || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->inner_experts), MOE_ERR_ARG,
           "config: buffered experts need dispatch=dynamic and no hierarchical experts");
   MOE_CHECK(check_pipeline(c, c->pipeline, c->memory_reuse));
+  MOE_CHECK(check_routing(c));
   MOE_TRY(c->inner_experts == 0 || (c->inner_top_k >= 1 && c->inner_top_k <= c->inner_experts), MOE_ERR_ARG,
           "config: inner_top_k must be in [1, inner_experts=%d], got %d", c->inner_experts, c->inner_top_k);
   return MOE_OK;
@@ -150,6 +180,7 @@ moe_status moe__layer_init(moe_layer_t *l, const moe_layer_config *cfg, const mo
     add_param(l, "gate.proj.bias", 1, P, 0, 0);
     add_param(l, "gate.logit_scale", 1, 1, 0, 0);
   }
+  if (cfg->select_bias) add_param(l, "gate.select_bias", 1, E, 0, 0);
   if (!cfg->inner_experts && !cfg->external_experts) {
     int flex = cfg->dist && cfg->replica_slots; /* E_v rows: the experts this rank holds, then zeros */
     int64_t El = flex ? cfg->replica_slots : E / moe_dist_size(cfg->dist), Dc = D; /* this rank's experts; fc2.bias's columns */
@@ -164,6 +195,12 @@ moe_status moe__layer_init(moe_layer_t *l, const moe_layer_config *cfg, const mo
     add_param(l, "experts.fc2.weight", 3, El, D, H);
     if (cfg->expert_bias) add_param(l, "experts.fc2.bias", 2, El, Dc, 0);
     if (cfg->act == MOE_ACT_SWIGLU) add_param(l, "experts.fc3.weight", 3, El, H, D);
+  }
+  if (cfg->shared_H) {
+    add_param(l, "shared.fc1.weight", 2, cfg->shared_H, D, 0);
+    if (cfg->act == MOE_ACT_SWIGLU) add_param(l, "shared.fc3.weight", 2, cfg->shared_H, D, 0);
+    add_param(l, "shared.fc2.weight", 2, D, cfg->shared_H, 0);
+    if (cfg->shared_gate) add_param(l, "shared.gate.weight", 2, 1, D, 0);
   }
   l->params = moe__alloc_big(l->numel * 4);
   l->grads = moe__alloc_big(l->numel * 4);
@@ -271,6 +308,9 @@ void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w) {
       {"gate.logit_scale", &w->scale}, {"experts.fc1.weight", &w->w1},
       {"experts.fc1.bias", &w->b1},    {"experts.fc2.weight", &w->w2},
       {"experts.fc2.bias", &w->b2},    {"experts.fc3.weight", &w->w3},
+      {"gate.select_bias", &w->sbias}, {"shared.fc1.weight", &w->sw1},
+      {"shared.fc3.weight", &w->sw3},  {"shared.fc2.weight", &w->sw2},
+      {"shared.gate.weight", &w->sg},
   };
   for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
     const moe_param_info *p = moe_layer_param_find(l, map[i].name);
@@ -297,7 +337,7 @@ moe_status moe_layer_set_pipeline(moe_layer_t *l, int n, moe_reuse r) {
 }
 
 moe_status moe_layer_set_top_k(moe_layer_t *l, int k) {
-  MOE_TRY(k >= 1 && k <= l->cfg.E, MOE_ERR_ARG, "top_k must be in [1, E=%d], got %d", l->cfg.E, k);
+  MOE_TRY(k >= 1 && k <= candidates(&l->cfg), MOE_ERR_ARG, "top_k must be in [1, %d], got %d", candidates(&l->cfg), k);
   l->cfg.top_k = k;
   return MOE_OK;
 }
@@ -305,7 +345,7 @@ moe_status moe_layer_set_top_k(moe_layer_t *l, int k) {
 moe_status moe_layer_reduce_grads(moe_layer_t *l) {
   if (!l->cfg.dist) return MOE_OK;
   for (int i = 0; i < l->nparams; i++)
-    if (!strncmp(l->info[i].name, "gate.", 5))
+    if (!strncmp(l->info[i].name, "gate.", 5) || !strncmp(l->info[i].name, "shared.", 7)) /* every rank's copy */
       MOE_CHECK(moe__dist_allreduce_f32(l->cfg.dist, l->grads + l->info[i].offset, (int)l->info[i].numel));
   return l->st->tr->reduce_grads ? l->st->tr->reduce_grads(l->st->tr_self, l) : MOE_OK;
 }
@@ -506,7 +546,8 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   size_t route = 0;
   moe__env env = env_of(l);
   MOE_CHECK(tr->begin(s->tr_self, &env, T, &route));
-  route += moe__router_bytes(&l->cfg, T, k) + moe__micro_bytes(n ? n : s->pol->max_micro, l->cfg.E);
+  route += moe__router_bytes(&l->cfg, T, k) + moe__micro_bytes(n ? n : s->pol->max_micro, l->cfg.E) +
+           moe__shared_bytes(&l->cfg, T);
   MOE_CHECK(moe__arena_reserve(&s->route, route, "router"));
   int along = router_alongside(l);
   double tg = moe__now(); /* the router's seconds, for stats */
@@ -557,6 +598,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(moe__router_end(&l->cfg, &s->r, p)); /* the losses (a collective when expert-parallel), after either order */
   gate_s += moe__now() - tg;
   moe__combine_forward(p, &s->dsp, s->out, y, spec);
+  if (l->cfg.shared_H) MOE_CHECK(moe__shared_forward(&l->cfg, &w, x, T, &s->route, s->threads, &s->sh, y));
   s->have_fwd = 1;
   if (stats) {
     float aux = s->r.aux, z = s->r.z;
@@ -633,9 +675,29 @@ moe_status moe_layer_backward(moe_layer_t *l, const float *dy, float daux, float
   moe__weights w, gw;
   moe__weights_bind(l, l->params, &w);
   moe__weights_bind(l, l->grads, &gw);
+  if (l->cfg.shared_H) MOE_CHECK(moe__shared_backward(&l->cfg, &w, &gw, s->x, T, &s->sh, dy, &s->route, s->threads, dx));
   MOE_CHECK(moe__router_backward(&l->cfg, &w, &gw, s->x, &s->r, p, dw, daux, dz, &s->route, s->threads, dx));
   if (s->pol) s->pol->time(s->pol_self, t0);
   return MOE_OK;
+}
+
+moe_status moe_layer_balance_bias(moe_layer_t *l, float gamma) {
+  MOE_TRY(l && l->st && l->cfg.select_bias, MOE_ERR_STATE, "moe_layer_balance_bias: the layer has no select_bias");
+  MOE_TRY(isfinite(gamma) && gamma >= 0, MOE_ERR_ARG, "moe_layer_balance_bias: gamma must be finite and >= 0, got %g",
+          (double)gamma);
+  const moe__plan *p = &l->st->p;
+  MOE_TRY(p->counts && p->k > 0, MOE_ERR_STATE, "moe_layer_balance_bias: no forward to count assignments from");
+  int E = l->cfg.E;
+  double *c = malloc((size_t)E * sizeof *c), total = 0;
+  MOE_TRY(c, MOE_ERR_NOMEM, "moe_layer_balance_bias: out of memory");
+  for (int e = 0; e < E; e++) c[e] = p->counts[e];
+  moe_status st = l->cfg.dist ? moe_dist_allreduce(l->cfg.dist, c, E) : MOE_OK;
+  for (int e = 0; e < E; e++) total += c[e];
+  float *b = moe_layer_param(l, "gate.select_bias");
+  for (int e = 0; e < E && !st; e++) /* against the mean, compared exactly: count E versus the total */
+    b[e] += c[e] * E > total ? -gamma : c[e] * E < total ? gamma : 0.0f;
+  free(c);
+  return st;
 }
 
 void moe_layer_comm_stats(const moe_layer_t *l, moe_comm_stats *out) { *out = l->st->comm; }

@@ -1,5 +1,6 @@
-/* The router: logits (linear or cosine), softmax, top-k with optional renormalization, the GShard
- * balance loss and the z-loss, forward and backward. Capacity and placement are in placement.c. */
+/* The router: logits (linear or cosine), scores (softmax, or sigmoid), top-k (with a selection bias and
+ * groups: DeepSeek) with optional renormalization and scaling, the GShard balance loss and the z-loss,
+ * forward and backward. Capacity and placement are in placement.c. */
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -12,6 +13,9 @@
 #define LOG_MAX_SCALE 4.605170185988091f /* ln 100: the logit scale is clamped at 100 */
 #define GATE_ROWS 64 /* tokens per router work item: fixed, so the bits do not depend on the threads */
 
+/* Whether the top-k is chosen on values other than the scores: the selection bias, or groups. */
+static int own_choice(const moe_layer_config *cfg) { return cfg->select_bias || cfg->n_group > 0; }
+
 static int gate_chunks(int T) { return (T + GATE_ROWS - 1) / GATE_ROWS; }
 
 size_t moe__router_bytes(const moe_layer_config *cfg, int T, int k) {
@@ -23,6 +27,7 @@ size_t moe__router_bytes(const moe_layer_config *cfg, int T, int k) {
   b += moe__arena_size((size_t)(gate_chunks(T) + 1) * (2 * E + 2) * sizeof(double)); /* loss sums */
   b += 6 * moe__arena_size(tk * 4);                /* top_e, top_p, top_w, row, dw, fresh */
   b += 6 * moe__arena_size((E + 1) * 4);           /* counts, kept, offs, fill, frac1, cap */
+  if (own_choice(cfg)) b += moe__arena_size(t * E * 4); /* choice values */
   if (cfg->router == MOE_ROUTER_COSINE)            /* proj, dproj, norms, emb, demb */
     b += 2 * moe__arena_size(t * P * 4) + moe__arena_size(t * 4) + 2 * moe__arena_size(E * P * 4) +
          moe__arena_size(E * 4);
@@ -85,8 +90,39 @@ static void compute_logits(const moe_layer_config *cfg, const moe__weights *w, c
   moe__gemm_one(&c);
 }
 
-/* Softmax and top-k (ties to the lower id, slot 0 largest) of one token. */
-static void route_token(const float *logit, float *prob, float *lse, int E, int k, int32_t *te, float *tp) {
+/* The group-limited selection (DeepSeek) on one token's choice values c (E): keeps the topk_group groups
+ * of best group score (ties to the lower group) and sets the other groups' values to 0, as transformers'
+ * masked_fill does. */
+static void limit_groups(const moe_layer_config *cfg, float *c) {
+  int G = cfg->n_group, m = cfg->E / G;
+  float gs[MOE__MAX_GROUPS];
+  unsigned char keep[MOE__MAX_GROUPS] = {0};
+  for (int g = 0; g < G; g++) {
+    const float *v = c + (size_t)g * m;
+    float b1 = -INFINITY, b2 = -INFINITY; /* the group's best two */
+    for (int i = 0; i < m; i++) {
+      if (v[i] > b1) { b2 = b1; b1 = v[i]; }
+      else if (v[i] > b2) b2 = v[i];
+    }
+    gs[g] = cfg->group_score == MOE_GROUP_MAX ? b1 : b1 + b2;
+  }
+  for (int j = 0; j < cfg->topk_group; j++) {
+    int best = -1;
+    for (int g = 0; g < G; g++)
+      if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
+    keep[best] = 1;
+  }
+  for (int g = 0; g < G; g++)
+    if (!keep[g]) memset(c + (size_t)g * m, 0, (size_t)m * sizeof *c);
+}
+
+/* One token: its logsumexp, scores (softmax over the experts, or each expert's sigmoid) into prob, and
+ * its top-k (ties to the lower id, slot 0 largest) by the choice values: the scores, or (own_choice) the
+ * scores plus the selection bias, limited to the best groups, in c (E scratch). tp: the chosen experts'
+ * scores, without the bias. */
+static void route_token(const moe_layer_config *cfg, const float *sbias, const float *logit, float *prob, float *lse,
+                        int k, int32_t *te, float *tp, float *c) {
+  int E = cfg->E;
   float mx = -INFINITY;
   for (int e = 0; e < E; e++) mx = logit[e] > mx ? logit[e] : mx;
   double sum = 0;
@@ -95,13 +131,22 @@ static void route_token(const float *logit, float *prob, float *lse, int E, int 
     sum += prob[e];
   }
   *lse = mx + (float)log(sum);
-  for (int e = 0; e < E; e++) prob[e] = (float)(prob[e] / sum);
+  if (cfg->score == MOE_SCORE_SIGMOID)
+    for (int e = 0; e < E; e++) prob[e] = 1.0f / (1.0f + expf(-logit[e]));
+  else
+    for (int e = 0; e < E; e++) prob[e] = (float)(prob[e] / sum);
+  const float *choice = prob;
+  if (own_choice(cfg)) {
+    for (int e = 0; e < E; e++) c[e] = prob[e] + (sbias ? sbias[e] : 0.0f);
+    if (cfg->n_group > 0) limit_groups(cfg, c);
+    choice = c;
+  }
   for (int j = 0; j < k; j++) { /* k passes of selection: k is small */
     int best = -1;
     for (int e = 0; e < E; e++) {
       int taken = 0;
       for (int i = 0; i < j; i++) taken |= te[i] == e;
-      if (!taken && (best < 0 || prob[e] > prob[best])) best = e;
+      if (!taken && (best < 0 || choice[e] > choice[best])) best = e;
     }
     te[j] = best;
     tp[j] = prob[best];
@@ -128,13 +173,15 @@ moe_status moe__router_begin(const moe_layer_config *cfg, const moe__weights *w,
   r->frac1 = moe__arena_alloc(a, (size_t)(E + 1) * 4);
   p->cap = moe__arena_alloc(a, (size_t)(E + 1) * 4);
   r->acc = moe__arena_alloc(a, (size_t)(gate_chunks(T) + 1) * (2 * E + 2) * sizeof(double));
+  r->choice = own_choice(cfg) ? moe__arena_alloc(a, te * 4) : NULL;
   if (cfg->router == MOE_ROUTER_COSINE) {
     r->proj = moe__arena_alloc(a, (size_t)T * P * 4);
     r->proj_norm = moe__arena_alloc(a, (size_t)T * 4);
     r->emb = moe__arena_alloc(a, (size_t)E * P * 4);
     r->emb_norm = moe__arena_alloc(a, (size_t)E * 4);
   }
-  MOE_TRY(r->acc && (cfg->router != MOE_ROUTER_COSINE || r->emb_norm), MOE_ERR_STATE,
+  MOE_TRY(r->acc && (cfg->router != MOE_ROUTER_COSINE || r->emb_norm) && (r->choice || !own_choice(cfg) || !T),
+          MOE_ERR_STATE,
           "internal: router workspace too small");
   p->T = T;
   p->k = k;
@@ -142,6 +189,7 @@ moe_status moe__router_begin(const moe_layer_config *cfg, const moe__weights *w,
     memcpy(r->emb, w->gw, (size_t)E * P * 4);
     for (int e = 0; e < E; e++) r->emb_norm[e] = normalize_row(r->emb + (size_t)e * P, P);
   }
+  r->sbias = w->sbias;
   r->use_cache = cached != NULL;
   if (cached) memcpy(p->top_e, cached, tk * 4); /* the experts are known before the router runs */
   return MOE_OK;
@@ -160,23 +208,31 @@ static void gate_rows(void *job, int c) {
     const float *prob = r->probs + (size_t)t * E;
     int32_t *te = p->top_e + (size_t)t * k, *fr = r->fresh + (size_t)t * k;
     float *tp = r->top_p + (size_t)t * k, *tw = p->top_w + (size_t)t * k;
-    route_token(r->logits + (size_t)t * E, r->probs + (size_t)t * E, r->lse + t, E, k, fr, tp);
+    route_token(cfg, r->sbias, r->logits + (size_t)t * E, r->probs + (size_t)t * E, r->lse + t, k, fr, tp,
+                r->choice ? r->choice + (size_t)t * E : NULL);
     if (r->use_cache) /* sample-assignment caching: the experts come from the cache, the weights from the gate */
       for (int i = 0; i < k; i++) tp[i] = prob[te[i]];
     else
       memcpy(te, fr, (size_t)k * 4);
     float sum = 0;
     for (int i = 0; i < k; i++) sum += tp[i];
-    for (int i = 0; i < k; i++) tw[i] = norm ? tp[i] / sum : tp[i];
+    for (int i = 0; i < k; i++) tw[i] = (norm ? tp[i] / sum : tp[i]) * cfg->routed_scale;
   }
-  /* this chunk's loss sums, in token order: prob sums, top-1 counts, -, sum lse^2 */
+  /* this chunk's loss sums, in token order: prob sums, top-1 counts, -, sum lse^2 (sigmoid scores count
+   * normalized per token, as probabilities) */
   double *acc = r->acc + (size_t)(c + 1) * (2 * E + 2);
   memset(acc, 0, (size_t)(2 * E + 2) * sizeof *acc);
   for (int t = t0; t < t1; t++) {
     acc[2 * E + 1] += (double)r->lse[t] * r->lse[t];
     acc[E + p->top_e[(size_t)t * k]] += 1;
     const float *pr = r->probs + (size_t)t * E;
-    for (int e = 0; e < E; e++) acc[e] += pr[e];
+    float inv = 1.0f;
+    if (cfg->score == MOE_SCORE_SIGMOID) {
+      double ss = 0;
+      for (int e = 0; e < E; e++) ss += pr[e];
+      inv = (float)(1.0 / ss);
+    }
+    for (int e = 0; e < E; e++) acc[e] += pr[e] * inv;
   }
 }
 
@@ -216,24 +272,36 @@ moe_status moe__router_backward(const moe_layer_config *cfg, const moe__weights 
   }
   MOE_TRY(dl && (cfg->router != MOE_ROUTER_COSINE || de), MOE_ERR_STATE,
           "internal: router backward workspace too small");
-  int norm = cfg->normalize_topk < 0 ? k > 1 : cfg->normalize_topk;
+  int norm = cfg->normalize_topk < 0 ? k > 1 : cfg->normalize_topk, sig = cfg->score == MOE_SCORE_SIGMOID;
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int t = 0; t < T; t++) {
-    float *g = dl + (size_t)t * E;
-    const float *p = r->probs + (size_t)t * E;
-    const float *tp = r->top_p + (size_t)t * k, *tw = pl->top_w + (size_t)t * k, *d = dw + (size_t)t * k;
+    float *g = dl + (size_t)t * E; /* d scores, then d logits */
+    const float *p = r->probs + (size_t)t * E, *l = r->logits + (size_t)t * E;
+    const float *tp = r->top_p + (size_t)t * k, *d = dw + (size_t)t * k;
     const int32_t *te = pl->top_e + (size_t)t * k;
-    for (int e = 0; e < E; e++) g[e] = daux * E * r->frac1[e] / (float)r->Tg;
-    if (norm) { /* w_j = p_j / S: dp_j = (dw_j - sum_i dw_i w_i) / S */
-      float S = 0, dot = 0;
-      for (int j = 0; j < k; j++) { S += tp[j]; dot += d[j] * tw[j]; }
-      for (int j = 0; j < k; j++) g[te[j]] += (d[j] - dot) / S;
-    } else {
-      for (int j = 0; j < k; j++) g[te[j]] += d[j];
+    float ss = 1.0f, dot = 0; /* sigmoid: the balance loss's probabilities are p / ss */
+    if (sig) {
+      double s = 0;
+      for (int e = 0; e < E; e++) s += p[e];
+      ss = (float)s;
     }
-    float dot = 0;
-    for (int e = 0; e < E; e++) dot += g[e] * p[e];
+    for (int e = 0; e < E; e++) g[e] = daux * E * r->frac1[e] / (float)r->Tg;
+    if (sig) { /* through q = p / ss */
+      for (int e = 0; e < E; e++) dot += g[e] * p[e] / ss;
+      for (int e = 0; e < E; e++) g[e] = (g[e] - dot) / ss;
+    }
+    /* w_j = scale p_j / S when renormalized: dp_j = (u_j - sum_i u_i p_i / S) / S with u = scale dw */
+    float S = 0, dv = 0, sc = cfg->routed_scale;
+    for (int j = 0; j < k; j++) S += tp[j];
+    for (int j = 0; j < k; j++) dv += d[j] * sc * (tp[j] / S);
+    for (int j = 0; j < k; j++) g[te[j]] += norm ? (d[j] * sc - dv) / S : d[j] * sc;
     float zc = dz * 2.0f * r->lse[t] / (float)r->Tg;
+    if (sig) { /* each score its own sigmoid; the z-loss through softmax(logits) */
+      for (int e = 0; e < E; e++) g[e] = g[e] * p[e] * (1.0f - p[e]) + zc * expf(l[e] - r->lse[t]);
+      continue;
+    }
+    dot = 0;
+    for (int e = 0; e < E; e++) dot += g[e] * p[e];
     for (int e = 0; e < E; e++) g[e] = p[e] * (g[e] - dot) + zc * p[e];
   }
   if (cfg->router == MOE_ROUTER_LINEAR) {

@@ -5,7 +5,10 @@
 
 #include "base/arena.h"
 #include "kernels/gemm.h"
+#include "kernels/mlp.h"
 #include "layer/plan.h"
+
+#define MOE__MAX_GROUPS 64 /* group-limited selection: at most this many groups */
 
 /* The layer's parameters (or their gradients: same layout) by tensor; NULL for tensors the layer lacks. */
 typedef struct {
@@ -14,6 +17,9 @@ typedef struct {
   float *w1, *b1;         /* experts.fc1 (E, H, D), (E, H) */
   float *w2, *b2;         /* experts.fc2 (E, D, H), (E, D) */
   float *w3;              /* experts.fc3 (E, H, D) */
+  float *sbias;           /* gate.select_bias (E) */
+  float *sw1, *sw3, *sw2; /* shared.fc1 (Hs, D), shared.fc3 (Hs, D), shared.fc2 (D, Hs) */
+  float *sg;              /* shared.gate.weight (1, D) */
 } moe__weights;
 
 /* router.c: the router's forward cache, kept for its backward. */
@@ -27,6 +33,8 @@ typedef struct {
   float *emb_norm;  /* (E) */
   float *top_p;     /* (T, k) probability of each slot's expert */
   int32_t *fresh;   /* (T, k) the router's own top-k (differs from plan.top_e under caching) */
+  float *choice;    /* (T, E) the values the top-k is chosen on, with a selection bias or groups */
+  const float *sbias; /* (E) gate.select_bias, or NULL */
   int use_cache;    /* plan.top_e came from the layer's cached experts */
   int32_t *order;   /* (T) placement scratch */
   int32_t *fill;    /* (E) placement scratch */
@@ -59,6 +67,21 @@ moe_status moe__router_end(const moe_layer_config *cfg, moe__router *r, const mo
 moe_status moe__router_backward(const moe_layer_config *cfg, const moe__weights *w, const moe__weights *gw,
                                 const float *x, const moe__router *r, const moe__plan *p, const float *dw,
                                 float daux, float dz, moe__arena *route, int threads, float *dx);
+
+/* shared.c: the shared experts. Workspace bytes of a forward and its backward for T tokens; the
+ * forward adds their output to y, keeping in s what backward needs (from the arena); the backward adds
+ * their weight gradients into gw and their input gradient into dx. */
+typedef struct {
+  moe__mlp_acts acts;
+  float *out;  /* (T, D) the FFN's output, gated layers only */
+  float *gate; /* (T) sigmoid(x . shared.gate.weight), gated layers only */
+} moe__shared;
+size_t moe__shared_bytes(const moe_layer_config *cfg, int T);
+moe_status moe__shared_forward(const moe_layer_config *cfg, const moe__weights *w, const float *x, int T,
+                               moe__arena *a, int threads, moe__shared *s, float *y);
+moe_status moe__shared_backward(const moe_layer_config *cfg, const moe__weights *w, const moe__weights *gw,
+                                const float *x, int T, moe__shared *s, const float *dy, moe__arena *a,
+                                int threads, float *dx);
 
 /* placement.c: capacity and slot-major placement of the view's tokens (plan.counts: this process's
  * assignments per expert): fills the plan's C, cap, row, kept, offs, dropped and rows. ecap: DynaMoE's

@@ -14,6 +14,8 @@ static const char *dispatch_names[] = {"dynamic", "static"};
 static const char *priority_names[] = {"index", "score"};
 static const char *router_names[] = {"linear", "cosine"};
 static const char *reuse_names[] = {"none", "s4", "s2", "s3", "auto"}; /* moe_reuse order */
+static const char *score_names[] = {"softmax", "sigmoid"};
+static const char *group_score_names[] = {"max", "top2_sum"};
 #define COUNT(a) (int)(sizeof(a) / sizeof(a[0]))
 
 const char *moe_act_name(moe_act a) { return (unsigned)a < 4 ? act_names[a] : "?"; }
@@ -21,6 +23,8 @@ const char *moe_dispatch_name(moe_dispatch d) { return (unsigned)d < 2 ? dispatc
 const char *moe_priority_name(moe_priority p) { return (unsigned)p < 2 ? priority_names[p] : "?"; }
 const char *moe_router_name(moe_router r) { return (unsigned)r < 2 ? router_names[r] : "?"; }
 const char *moe_reuse_name(moe_reuse r) { return (unsigned)r <= MOE_REUSE_AUTO ? reuse_names[r] : "?"; }
+const char *moe_score_name(moe_score x) { return (unsigned)x < 2 ? score_names[x] : "?"; }
+const char *moe_group_score_name(moe_group_score g) { return (unsigned)g < 2 ? group_score_names[g] : "?"; }
 
 #define PARSE_ENUM(fn, type, names)                                       \
   moe_status fn(const char *s, const char *field, type *out) {            \
@@ -34,6 +38,8 @@ PARSE_ENUM(moe_dispatch_parse, moe_dispatch, dispatch_names)
 PARSE_ENUM(moe_priority_parse, moe_priority, priority_names)
 PARSE_ENUM(moe_router_parse, moe_router, router_names)
 PARSE_ENUM(moe_reuse_parse, moe_reuse, reuse_names)
+PARSE_ENUM(moe_score_parse, moe_score, score_names)
+PARSE_ENUM(moe_group_score_parse, moe_group_score, group_score_names)
 
 void moe_layer_overrides_init(moe_layer_overrides *o) {
   o->top_k = -1;
@@ -104,6 +110,13 @@ static moe_status config_from_file(const moe_st *f, moe_layer_config *c) {
     c->proj_dim = (int)v.shape[1];
   }
   c->gate_bias = moe_st_has(f, "gate.bias");
+  c->select_bias = moe_st_has(f, "gate.select_bias");
+  if (moe_st_has(f, "shared.fc1.weight")) {
+    MOE_CHECK(moe_st_get(f, "shared.fc1.weight", &v));
+    MOE_TRY(v.ndim == 2, MOE_ERR_SHAPE, "%s: shared.fc1.weight must be (shared_H, D), got %d dims", path, v.ndim);
+    c->shared_H = (int)v.shape[0];
+    c->shared_gate = moe_st_has(f, "shared.gate.weight");
+  }
   c->expert_bias = moe_st_has(f, "experts.fc1.bias") || moe_st_has(f, "experts.fc2.bias");
   return MOE_OK;
 }
@@ -117,6 +130,11 @@ moe_status moe__layer_meta_read(const moe_st *f, moe_layer_config *c) {
   META_ENUM(f, "priority", moe_priority_parse, c->priority);
   META_ENUM(f, "router", moe_router_parse, c->router);
   META_ENUM(f, "dtype", moe_dtype_parse, c->dtype);
+  META_ENUM(f, "score", moe_score_parse, c->score);
+  MOE_CHECK(moe__meta_int(f, "n_group", &c->n_group));
+  MOE_CHECK(moe__meta_int(f, "topk_group", &c->topk_group));
+  META_ENUM(f, "group_score", moe_group_score_parse, c->group_score);
+  MOE_CHECK(moe__meta_float(f, "routed_scale", &c->routed_scale));
   return MOE_OK;
 }
 
@@ -133,6 +151,18 @@ moe_status moe__layer_meta_write(const moe_layer_config *c, moe_st_writer *w) {
   MOE_CHECK(moe_st_writer_meta(w, "priority", moe_priority_name(c->priority)));
   MOE_CHECK(moe_st_writer_meta(w, "router", moe_router_name(c->router)));
   if (c->dtype != MOE_DT_F32) MOE_CHECK(moe_st_writer_meta(w, "dtype", moe_compute_dtype_name(c->dtype)));
+  if (c->score != MOE_SCORE_SOFTMAX) MOE_CHECK(moe_st_writer_meta(w, "score", moe_score_name(c->score)));
+  if (c->n_group) { /* written only when used, so that files of other layers stay as they were */
+    snprintf(buf, sizeof buf, "%d", c->n_group);
+    MOE_CHECK(moe_st_writer_meta(w, "n_group", buf));
+    snprintf(buf, sizeof buf, "%d", c->topk_group);
+    MOE_CHECK(moe_st_writer_meta(w, "topk_group", buf));
+    MOE_CHECK(moe_st_writer_meta(w, "group_score", moe_group_score_name(c->group_score)));
+  }
+  if (c->routed_scale != 1.0f) {
+    snprintf(buf, sizeof buf, "%.9g", (double)c->routed_scale);
+    MOE_CHECK(moe_st_writer_meta(w, "routed_scale", buf));
+  }
   return MOE_OK;
 }
 
@@ -156,7 +186,8 @@ static void apply_overrides(moe_layer_config *c, const moe_layer_overrides *o) {
  * expert order the rows of expert-indexed tensors (gate and experts) are taken in that order. */
 static moe_status copy_rows(moe_layer_t *l, const moe_st *f, const moe_param_info *p, const moe_tensor_view *v,
                             const int32_t *order, int sliced, int64_t e0) {
-  int by_expert = sliced || !strcmp(p->name, "gate.weight") || !strcmp(p->name, "gate.bias");
+  int by_expert = sliced || !strcmp(p->name, "gate.weight") || !strcmp(p->name, "gate.bias") ||
+                  !strcmp(p->name, "gate.select_bias");
   int64_t rows = p->shape[0];
   size_t per = p->numel / (size_t)rows;
   for (int64_t r = 0; r < rows; r++) {

@@ -25,6 +25,8 @@ moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg) {
   ic.top_k = cfg->inner_top_k;
   ic.inner_experts = ic.inner_top_k = 0;
   ic.normalize_topk = -1; /* by the inner k: the outer setting is about the outer k */
+  ic.select_bias = ic.n_group = ic.shared_H = ic.shared_gate = 0; /* the outer router's and the outer layer's */
+  ic.routed_scale = 1.0f;
   for (int e = 0; e < cfg->E; e++) {
     moe_status st = moe_layer_init(&l->inner[e], &ic);
     if (st != MOE_OK) {
