@@ -16,7 +16,7 @@ static const char *CMD = "serve";
 static void usage(FILE *f) {
   fprintf(f, "usage: moe serve --checkpoint DIR [--host 127.0.0.1] [--port 8080] [--max-batch B] [--threads N]\n"
              "                 [--cache K] [--policy lifo|lru] [--trace F] [--context N]\n"
-             "                 [--max-connections C] [--timeout S]\n"
+             "                 [--max-connections C] [--timeout S] [--dtype f32|bf16]\n"
              "Serves POST /v1/completions (OpenAI's completion request: prompt as text, through DIR/tokenizer.json,\n"
              "or token ids; max_tokens, temperature, top_p, seed, stream, ignore_eos, stop; other fields are\n"
              "refused unless turned off), GET /health and GET /metrics (Prometheus). A request stops at the end\n"
@@ -28,18 +28,20 @@ static void usage(FILE *f) {
              "--context N: a request's prompt and max_tokens at most (default the model's\n"
              "max_position_embeddings). --max-connections C (default 1024): past C connections /health still\n"
              "answers and the rest get 503. --timeout S (default 30): a connection idle S seconds, or a request\n"
-             "whose body has not all come S seconds after its headers, is closed (SIGTERM waits no longer).\n");
+             "whose body has not all come S seconds after its headers, is closed (SIGTERM waits no longer).\n"
+             "--dtype bf16: the experts' GEMMs in bf16 (bf16 weights and inputs, fp32 accumulation; default f32).\n");
 }
 
 typedef struct {
   const char *ck, *host, *trace;
   int port, max_batch, threads, cache;
+  moe_dtype dtype;
   moe_cache_policy policy;
   serve_http_opts http;
 } serve_opts;
 
 static int parse(int argc, char **argv, serve_opts *o) {
-  *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .max_batch = 32, .policy = MOE_CACHE_LIFO,
+  *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .max_batch = 32, .dtype = MOE_DT_F32, .policy = MOE_CACHE_LIFO,
                     .http = {.max_connections = 1024, .timeout_s = 30}};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
@@ -52,6 +54,7 @@ static int parse(int argc, char **argv, serve_opts *o) {
     else if (cli_flag_is(f, "port")) ok = cli_parse_int(v, &o->port) && o->port >= 0 && o->port <= 65535;
     else if (cli_flag_is(f, "max-batch")) ok = cli_parse_int(v, &o->max_batch) && o->max_batch >= 1 && o->max_batch <= 4096;
     else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
+    else if (cli_flag_is(f, "dtype")) ok = moe_dtype_parse(v, "--dtype", &o->dtype) == MOE_OK;
     else if (cli_flag_is(f, "cache")) ok = cli_parse_int(v, &o->cache) && o->cache >= 1;
     else if (cli_flag_is(f, "context")) ok = cli_parse_int(v, &o->http.context) && o->http.context >= 1;
     else if (cli_flag_is(f, "max-connections"))
@@ -150,6 +153,7 @@ int cmd_serve(int argc, char **argv) {
   moe_tokenizer *tok = NULL;
   if (moe_lm_read_config(o.ck, &c)) return cli_fail(CMD);
   c.moe.threads = o.threads;
+  c.moe.dtype = o.dtype;
   if (moe_lm_load(&m, o.ck, &c)) return cli_fail(CMD);
   moe_lm_experts x = {0};
   int32_t eos[LM_MAX_EOS];
