@@ -89,7 +89,7 @@ static moe_status rd(cursor *c, int n, uint64_t *v, const char *field) {
 /* A string: its length (at most max) and bytes; *ref gets where it lies. */
 static moe_status rd_str(cursor *c, uint64_t max, str_ref *ref, const char *field) {
   uint64_t len;
-  MOE_CHECK(rd(c, 8, &len, field));
+  MOE_CHECK(rd(c, 8, &len, "string length"));
   MOE_TRY(len <= max, MOE_ERR_FORMAT, "%s: %s %s length %" PRIu64 " exceeds %" PRIu64, c->g->path, c->what, field,
           len, max);
   MOE_CHECK(need(c, len, field));
@@ -159,9 +159,9 @@ static int key_ok(const uint8_t *p, uint64_t n) {
 static moe_status rd_kv(cursor *c, int64_t i) {
   moe_gguf *g = c->g;
   kv_entry *e = &g->kv[i];
-  snprintf(c->what, sizeof c->what, "metadata %" PRId64 " key", i);
+  snprintf(c->what, sizeof c->what, "metadata %" PRId64, i);
   str_ref k;
-  MOE_CHECK(rd_str(c, MOE__GGUF_MAX_KEY, &k, "length"));
+  MOE_CHECK(rd_str(c, MOE__GGUF_MAX_KEY, &k, "key"));
   MOE_TRY(key_ok(g->map + k.off, k.len), MOE_ERR_FORMAT,
           "%s: metadata %" PRId64 " at offset %" PRIu64 ": key is empty or not printable ASCII", g->path, i, k.off);
   e->key = malloc(k.len + 1);
@@ -227,9 +227,9 @@ static moe_status rd_alignment(moe_gguf *g) {
 static moe_status rd_tensor(cursor *c, int64_t i) {
   moe_gguf *g = c->g;
   moe_gguf_tensor *t = &g->t[i];
-  snprintf(c->what, sizeof c->what, "tensor info %" PRId64 " name", i);
+  snprintf(c->what, sizeof c->what, "tensor info %" PRId64, i);
   str_ref nm;
-  MOE_CHECK(rd_str(c, MOE__GGUF_MAX_NAME, &nm, "length"));
+  MOE_CHECK(rd_str(c, MOE__GGUF_MAX_NAME, &nm, "name"));
   MOE_TRY(nm.len > 0 && !memchr(g->map + nm.off, 0, nm.len), MOE_ERR_FORMAT,
           "%s: tensor info %" PRId64 ": name is empty or holds a NUL byte", g->path, i);
   memcpy(g->names[i], g->map + nm.off, nm.len);
@@ -325,9 +325,9 @@ static moe_status parse(moe_gguf *g) {
           p, version, version > 0xffff ? ": a big-endian file?" : "");
   uint64_t nt = le(g->map + 8, 8), nkv = le(g->map + 16, 8);
   MOE_TRY(nkv <= (g->size - 24) / MIN_KV_BYTES, MOE_ERR_FORMAT,
-          "%s: metadata_kv_count %" PRIu64 " cannot fit in the file's %zu bytes", p, nkv, g->size);
+          "%s: metadata_kv_count %" PRIu64 " cannot fit in the file's %zu bytes (truncated or corrupt)", p, nkv, g->size);
   MOE_TRY(nt <= (g->size - 24) / MIN_TENSOR_BYTES, MOE_ERR_FORMAT,
-          "%s: tensor_count %" PRIu64 " cannot fit in the file's %zu bytes", p, nt, g->size);
+          "%s: tensor_count %" PRIu64 " cannot fit in the file's %zu bytes (truncated or corrupt)", p, nt, g->size);
   g->kv = calloc(nkv ? nkv : 1, sizeof *g->kv);
   MOE_TRY(g->kv, MOE_ERR_NOMEM, "%s: out of memory for %" PRIu64 " metadata entries", p, nkv);
   cursor c = {.g = g, .pos = 24};
@@ -344,7 +344,7 @@ static moe_status parse(moe_gguf *g) {
   MOE_CHECK(copy_strings(g));
 
   MOE_TRY(nt <= (g->size - c.pos) / MIN_TENSOR_BYTES, MOE_ERR_FORMAT,
-          "%s: tensor_count %" PRIu64 " cannot fit in the %zu bytes after the metadata", p, nt, g->size - c.pos);
+          "%s: tensor_count %" PRIu64 " cannot fit in the %zu bytes after the metadata (truncated or corrupt)", p, nt, g->size - c.pos);
   g->t = calloc(nt ? nt : 1, sizeof *g->t);
   g->names = calloc(nt ? nt : 1, sizeof *g->names);
   MOE_TRY(g->t && g->names, MOE_ERR_NOMEM, "%s: out of memory for %" PRIu64 " tensors", p, nt);
