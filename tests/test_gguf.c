@@ -329,3 +329,174 @@ TEST(gguf_rejects_malformed) {
   ASSERT_STATUS(moe_gguf_open(&(moe_gguf *){0}, "/nonexistent/x.gguf"), MOE_ERR_IO);
   ASSERT(strstr(moe_last_error(), "/nonexistent/x.gguf"));
 }
+
+/* ---------------------------------------------------------------- the command line */
+
+/* A small MoE-shaped file with llama.cpp's names (F32): an embedding, a norm, a router, experts whose
+ * rows are 256 long (gate) and 32 long (down), and a 1-D bias. Returns the path; the weights in w. */
+static const char *moe_file(char *path, float **w) {
+  static const struct { const char *name; int ndim; int64_t ne[3]; } ts[] = {
+      {"token_embd.weight", 2, {256, 16, 1}},      {"blk.0.attn_norm.weight", 1, {256, 1, 1}},
+      {"blk.0.ffn_gate_inp.weight", 2, {256, 4, 1}}, {"blk.0.ffn_gate_exps.weight", 3, {256, 32, 4}},
+      {"blk.0.ffn_down_exps.weight", 3, {32, 256, 4}}, {"blk.0.attn_q.bias", 1, {256, 1, 1}}};
+  enum { NT = 6, MAXN = 256 * 32 * 4 };
+  *w = malloc(NT * MAXN * sizeof **w);
+  if (!*w) return NULL;
+  uint64_t seed = 11;
+  for (int i = 0; i < NT * MAXN; i++) (*w)[i] = 0.1f * moe__uniform(&seed);
+  moe_gguf_writer *wr;
+  if (moe_gguf_writer_new(&wr) != MOE_OK) return NULL;
+  const char *toks[] = {"<s>", "</s>", "a", "b", "c", "d", "e", "f", "g", "h"};
+  int ok = moe_gguf_writer_set_str(wr, "general.architecture", "llama") == MOE_OK &&
+           moe_gguf_writer_set_u32(wr, "llama.expert_count", 4) == MOE_OK &&
+           moe_gguf_writer_set_f32(wr, "llama.attention.layer_norm_rms_epsilon", 1e-5f) == MOE_OK &&
+           moe_gguf_writer_set_arr_str(wr, "tokenizer.ggml.tokens", toks, 10) == MOE_OK;
+  for (int i = 0; ok && i < NT; i++) {
+    size_t n = (size_t)(ts[i].ne[0] * ts[i].ne[1] * ts[i].ne[2]);
+    ok = moe_gguf_writer_add_tensor(wr, ts[i].name, MOE_GGUF_F32, ts[i].ndim, ts[i].ne, *w + i * MAXN, 4 * n) == MOE_OK;
+  }
+  ok = ok && moe_gguf_writer_save(wr, test_tmp_path("moe.gguf", path, 512)) == MOE_OK;
+  moe_gguf_writer_free(wr);
+  return ok ? path : NULL;
+}
+
+TEST(gguf_cli_info_and_quantize) {
+  char in[512], out[512], txt[512], args[2048], err[4096];
+  float *w = NULL;
+  ASSERT(moe_file(in, &w));
+  snprintf(args, sizeof args, "gguf info %s", in);
+  ASSERT_EQ_INT(run_moe(NULL, args, test_tmp_path("info.txt", txt, sizeof txt), err, sizeof err), 0);
+  size_t n;
+  char *t = test_read_file(txt, &n);
+  ASSERT(t);
+  int has = strstr(t, "tokenizer.ggml.tokens") && strstr(t, "10: [\"<s>\", \"</s>\", \"a\"") && strstr(t, "2 more]") &&
+            strstr(t, "blk.0.ffn_gate_exps.weight") && strstr(t, "256 x 32 x 4") && strstr(t, "131072");
+  if (!has) printf("%s", t);
+  free(t);
+  ASSERT(has);
+  snprintf(args, sizeof args, "gguf info %s --json", in);
+  ASSERT_EQ_INT(run_moe(NULL, args, txt, err, sizeof err), 0);
+  t = test_read_file(txt, &n);
+  ASSERT(t);
+  has = strstr(t, "{\"key\":\"llama.expert_count\",\"type\":\"u32\",\"value\":4}") &&
+        strstr(t, "\"elem_type\":\"string\",\"n\":10,\"head\":[\"<s>\",\"</s>\",\"a\",\"b\",\"c\",\"d\",\"e\",\"f\"]") &&
+        strstr(t, "{\"name\":\"blk.0.ffn_down_exps.weight\",\"type\":\"F32\",\"ne\":[32,256,4],\"bytes\":131072");
+  if (!has) printf("%s", t);
+  free(t);
+  ASSERT(has);
+
+  /* each type: the weights' types by llama.cpp's rules, the metadata kept, the values near the source */
+  static const struct { const char *type; moe_gguf_type t, down; int ftype; double tol; } cases[] = {
+      {"Q8_0", MOE_GGUF_Q8_0, MOE_GGUF_Q8_0, 7, 0.01},  {"q4_k", MOE_GGUF_Q4_K, MOE_GGUF_Q8_0, 14, 0.11},
+      {"Q6_K", MOE_GGUF_Q6_K, MOE_GGUF_Q8_0, 18, 0.03}, {"MXFP4", MOE_GGUF_MXFP4, MOE_GGUF_MXFP4, 38, 0.17},
+      {"BF16", MOE_GGUF_BF16, MOE_GGUF_BF16, 32, 0.003}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    snprintf(args, sizeof args, "quantize %s %s --type %s", in, test_tmp_path("q.gguf", out, sizeof out), cases[c].type);
+    if (run_moe(NULL, args, NULL, err, sizeof err)) FAIL_("moe %s: %s", args, err);
+    moe_gguf *g;
+    ASSERT_OK(moe_gguf_open(&g, out));
+    const char *arch;
+    uint32_t ft, experts;
+    ASSERT_OK(moe_gguf_get_str(g, "general.architecture", &arch));
+    ASSERT_OK(moe_gguf_get_u32(g, "general.file_type", &ft));
+    ASSERT_OK(moe_gguf_get_u32(g, "llama.expert_count", &experts));
+    ASSERT(!strcmp(arch, "llama") && experts == 4);
+    ASSERT_EQ_INT(ft, cases[c].ftype);
+    static const char *names[6] = {"token_embd.weight", "blk.0.attn_norm.weight", "blk.0.ffn_gate_inp.weight",
+                                   "blk.0.ffn_gate_exps.weight", "blk.0.ffn_down_exps.weight", "blk.0.attn_q.bias"};
+    moe_gguf_type want[6] = {cases[c].t, MOE_GGUF_F32, MOE_GGUF_F32, cases[c].t, cases[c].down, MOE_GGUF_F32};
+    for (int i = 0; i < 6; i++) {
+      moe_gguf_tensor v;
+      ASSERT_OK(moe_gguf_tensor_get(g, names[i], &v));
+      if (v.type != want[i])
+        FAIL_("--type %s: %s is %s, want %s", cases[c].type, names[i], moe_gguf_type_name(v.type),
+              moe_gguf_type_name(want[i]));
+      double e = 0, s = 0;
+      float row[256];
+      for (int64_t r = 0; r < v.nrows; r++) {
+        ASSERT_OK(moe_gguf_tensor_row_f32(g, &v, r, row));
+        const float *x = w + i * 256 * 32 * 4 + r * v.ne[0];
+        for (int64_t k = 0; k < v.ne[0]; k++) e += (double)(row[k] - x[k]) * (row[k] - x[k]), s += (double)x[k] * x[k];
+      }
+      if (!(sqrt(e / s) <= (want[i] == MOE_GGUF_F32 ? 0 : cases[c].tol)))
+        FAIL_("--type %s: %s relative RMS error %g", cases[c].type, names[i], sqrt(e / s));
+    }
+    moe_gguf_close(g);
+  }
+  free(w);
+  /* errors: a bad type, a malformed file (the field named), a missing subcommand */
+  snprintf(args, sizeof args, "quantize %s %s --type Q2_K", in, out);
+  ASSERT_EQ_INT(run_moe(NULL, args, NULL, err, sizeof err), 1);
+  ASSERT(strstr(err, "--type Q2_K: no codec"));
+  bytes f = {{0}, 0};
+  make(&f, BOOLV);
+  char bad[512];
+  snprintf(args, sizeof args, "gguf info %s", save(&f, "bad.gguf", bad));
+  ASSERT_EQ_INT(run_moe(NULL, args, NULL, err, sizeof err), 1);
+  ASSERT(strstr(err, "moe gguf:") && strstr(err, "bad.gguf") && strstr(err, "'moe.flag'): bool value 2"));
+  ASSERT_EQ_INT(run_moe(NULL, "gguf", NULL, err, sizeof err), 1);
+}
+
+/* A file laid out by dev/gguf_corpus.py in Python from the specification (not by libmoe's writer): every
+ * value type, arrays of several, an array of arrays, alignment 64, F32, F16 and Q8_0 tensors. */
+TEST(gguf_reads_independent_file) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/gguf_spec.gguf", test_fixture_dir());
+  moe_gguf *g;
+  ASSERT_OK(moe_gguf_open(&g, path));
+  ASSERT_EQ_INT(moe_gguf_alignment(g), 64);
+  ASSERT_EQ_INT(moe_gguf_kv_count(g), 19);
+  static const struct { const char *key; int64_t v; } ints[] = {
+      {"t.u8", 200}, {"t.i8", -100}, {"t.u16", 60000}, {"t.i16", -30000}, {"t.u32", 4000000000},
+      {"t.i32", -2000000000}, {"t.i64", -(INT64_C(1) << 62)}, {"t.bool", 1}};
+  for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+    int64_t v;
+    ASSERT_OK(moe_gguf_kv_int(g, moe_gguf_find_key(g, ints[i].key), 0, &v));
+    if (v != ints[i].v) FAIL_("%s = %lld, want %lld", ints[i].key, (long long)v, (long long)ints[i].v);
+  }
+  uint64_t u64;
+  int64_t v;
+  ASSERT_OK(moe_gguf_get_u64(g, "t.u64", &u64));
+  ASSERT(u64 == (UINT64_C(1) << 63) + 5);
+  ASSERT_STATUS(moe_gguf_kv_int(g, moe_gguf_find_key(g, "t.u64"), 0, &v), MOE_ERR_VALUE);
+  ASSERT_STATUS(moe_gguf_get_i32(g, "t.u32", &(int32_t){0}), MOE_ERR_VALUE);
+  int32_t i32;
+  ASSERT_OK(moe_gguf_get_i32(g, "t.i16", &i32));
+  ASSERT_EQ_INT(i32, -30000);
+  float f;
+  double d;
+  ASSERT_OK(moe_gguf_get_f32(g, "t.f32", &f));
+  ASSERT_OK(moe_gguf_kv_float(g, moe_gguf_find_key(g, "t.f64"), 0, &d));
+  ASSERT(f == 0.25f && d == -1.5);
+  const char *s;
+  size_t len;
+  ASSERT_OK(moe_gguf_get_str(g, "t.str", &s));
+  ASSERT(!strcmp(s, "h\xc3\xa9llo"));
+  int64_t ai[3];
+  float af[2];
+  ASSERT_OK(moe_gguf_get_arr_int(g, "t.arr_i32", ai, 3));
+  ASSERT(ai[0] == -1 && ai[1] == 0 && ai[2] == 7);
+  ASSERT_OK(moe_gguf_get_arr_int(g, "t.arr_bool", ai, 2));
+  ASSERT(ai[0] == 1 && ai[1] == 0);
+  ASSERT_OK(moe_gguf_get_arr_f32(g, "t.arr_f32", af, 2));
+  ASSERT(af[0] == 0.5f && af[1] == -2);
+  ASSERT_OK(moe_gguf_get_arr_str(g, "t.arr_str", 2, &s, &len));
+  ASSERT(!strcmp(s, "bc") && len == 2);
+  moe_gguf_kv kv;
+  ASSERT_OK(moe_gguf_kv_at(g, moe_gguf_find_key(g, "t.nested"), &kv));
+  ASSERT(kv.type == MOE_GGUFV_ARRAY && kv.elem_type == MOE_GGUFV_ARRAY && kv.n == 2);
+  ASSERT_STATUS(moe_gguf_kv_int(g, moe_gguf_find_key(g, "t.nested"), 0, &v), MOE_ERR_DTYPE);
+  float row[32];
+  moe_gguf_tensor t;
+  ASSERT_OK(moe_gguf_tensor_get(g, "t.f32", &t));
+  ASSERT_OK(moe_gguf_tensor_row_f32(g, &t, 1, row));
+  ASSERT(t.ne[0] == 4 && t.ne[1] == 2 && row[0] == 2.0f && row[3] == 3.5f);
+  ASSERT_OK(moe_gguf_tensor_get(g, "t.f16", &t));
+  ASSERT_OK(moe_gguf_tensor_row_f32(g, &t, 0, row));
+  ASSERT(row[0] == -4 && row[7] == 3);
+  ASSERT_OK(moe_gguf_tensor_get(g, "t.q8_0", &t));
+  ASSERT_EQ_INT(t.file_offset % 64, 0);
+  ASSERT_OK(moe_gguf_tensor_row_f32(g, &t, 1, row));
+  for (int i = 0; i < 32; i++) ASSERT(row[i] == 0.5f * (float)(i - 15));
+  moe_gguf_close(g);
+}
