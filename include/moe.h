@@ -118,7 +118,7 @@ moe_status moe_st_writer_meta(moe_st_writer *w, const char *key, const char *val
 /* Writes path.tmp.<pid>, flushes and fsyncs it, then renames it to path. */
 moe_status moe_st_writer_save(moe_st_writer *w, const char *path);
 
-/* ---- GGUF (llama.cpp's format, version 3): tensor types, reader, writer (DESIGN 4.9) ----
+/* ---- GGUF (llama.cpp's format, version 3): tensor types, reader, writer (DESIGN 4.8) ----
  * Tensor element types by their ggml ids (the values GGUF files store). Every id ggml defines has its
  * block size and name (so files with any of them open and list), but only the types below have a
  * codec: moe_gguf_dequantize and moe_gguf_quantize refuse the others with MOE_ERR_DTYPE. */
