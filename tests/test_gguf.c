@@ -500,3 +500,44 @@ TEST(gguf_reads_independent_file) {
   for (int i = 0; i < 32; i++) ASSERT(row[i] == 0.5f * (float)(i - 15));
   moe_gguf_close(g);
 }
+
+/* A file llama.cpp's Python package wrote (dev/gguf_ggml_ref.py: gguf-py's GGUFWriter and numpy codecs):
+ * it opens; each quantized tensor dequantizes to gguf-py's values; Q8_0 and Q4_0 quantize to gguf-py's
+ * bytes (its Q8_0 bit-exact with ggml's reference quantizer). */
+TEST(gguf_llama_cpp_reference) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/gguf_ggml_ref.gguf", test_fixture_dir());
+  moe_gguf *g;
+  ASSERT_OK(moe_gguf_open(&g, path));
+  uint32_t e;
+  ASSERT_OK(moe_gguf_get_u32(g, "llama.expert_count", &e));
+  ASSERT_EQ_INT(e, 8);
+  moe_gguf_tensor x, q, d;
+  ASSERT_OK(moe_gguf_tensor_get(g, "x", &x));
+  static const char *names[] = {"q8_0", "q4_0", "q4_k", "q5_k", "q6_k"};
+  for (int i = 0; i < 5; i++) {
+    char dn[32];
+    snprintf(dn, sizeof dn, "%s.deq", names[i]);
+    ASSERT_OK(moe_gguf_tensor_get(g, names[i], &q));
+    ASSERT_OK(moe_gguf_tensor_get(g, dn, &d));
+    ASSERT(q.ne[0] == 256 && q.nrows == 2 && d.ne[0] == 256 && d.nrows == 2);
+    for (int r = 0; r < 2; r++) {
+      float got[256], want[256];
+      ASSERT_OK(moe_gguf_tensor_row_f32(g, &q, r, got));
+      ASSERT_OK(moe_gguf_tensor_row_f32(g, &d, r, want));
+      for (int k = 0; k < 256; k++)
+        if (got[k] != want[k]) FAIL_("%s row %d value %d: %.9g, gguf-py %.9g", names[i], r, k, got[k], want[k]);
+    }
+    if (i >= 2) continue;
+    uint8_t mine[2 * 8 * 34];
+    float row[256];
+    for (int r = 0; r < 2; r++) {
+      ASSERT_OK(moe_gguf_tensor_row_f32(g, &x, r, row));
+      ASSERT_OK(moe_gguf_quantize(q.type, row, mine + r * q.nbytes / 2, 256));
+    }
+    for (size_t k = 0; k < q.nbytes; k++)
+      if (mine[k] != ((const uint8_t *)q.data)[k])
+        FAIL_("%s byte %zu: %02x, gguf-py %02x", names[i], k, mine[k], ((const uint8_t *)q.data)[k]);
+  }
+  moe_gguf_close(g);
+}
