@@ -780,8 +780,9 @@ int moe_dynamic_capacity(const int32_t *need, const int32_t *cur, int E, float h
 const char *moe_blas_info(void);
 /* The CPU as the kernels see it, on one line: its model name, family and model, the features they are
  * chosen by (AVX2, FMA, AVX-512's, VNNI, BF16, AMX), its data caches, and the kernels chosen on it
- * (small-GEMM kernels, activations, bf16 GEMMs), e.g. "AMD EPYC (family 25 model 1): avx2 fma; L1d 32K
- * L2 512K L3 32768K; kernels: small GEMMs off (...), activations one at a time, bf16 GEMMs ...". */
+ * (small-GEMM kernels, activations, bf16 GEMMs, Q8_0 dot products), e.g. "AMD EPYC (family 25 model 1): avx2 fma; L1d 32K
+ * L2 512K L3 32768K; kernels: small GEMMs off (...), activations one at a time, bf16 GEMMs ..., Q8_0 dot
+ * products AVX2". */
 const char *moe_cpu_info(void);
 /* OpenBLAS picks its kernels when it loads and takes this Zen 5 CPU for a Haswell (AVX2), as does an
  * OPENBLAS_CORETYPE=Haswell in the environment. Returns the OPENBLAS_CORETYPE value of faster
