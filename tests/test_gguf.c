@@ -31,7 +31,7 @@ static void pad(bytes *f, size_t a) {
 
 /* One thing wrong with the file, or nothing. */
 enum bad { GOOD, MAGIC, VERSION, KV_COUNT, T_COUNT, VTYPE, STRLEN, BOOLV, ARR_COUNT, DUP_KEY, ALIGN, NDIM, TTYPE,
-           ROWLEN, UNALIGNED, OVERLAP, DUP_NAME, DIM_OVERFLOW, LONG_NAME, KEY_BINARY, PAST_END, NBAD };
+           ROWLEN, UNALIGNED, OVERLAP, DUP_NAME, DIM_OVERFLOW, EMPTY_OVERFLOW, LONG_NAME, KEY_BINARY, PAST_END };
 
 /* The test file: 4 metadata entries (a string, a u32, a bool, an array of 3 strings) and 2 tensors
  * (t.a: F32 [8] at 0; t.b: Q8_0 [32, 2] at 32), alignment 32, as the specification lays them out. */
@@ -57,7 +57,8 @@ static void make(bytes *f, enum bad bad) {
   char long_name[66];
   memset(long_name, 'b', 65), long_name[65] = 0; /* one byte more than the specification allows */
   str(f, bad == DUP_NAME ? "t.a" : bad == LONG_NAME ? long_name : "t.b");
-  if (bad == DIM_OVERFLOW) le(f, 3, 4), le(f, 32, 8), le(f, UINT64_C(1) << 62, 8), le(f, 4, 8);
+  if (bad == DIM_OVERFLOW || bad == EMPTY_OVERFLOW) /* a zero row length must not hide the overflow (fuzz_gguf found it) */
+    le(f, 3, 4), le(f, bad == DIM_OVERFLOW ? 32 : 0, 8), le(f, UINT64_C(1) << 62, 8), le(f, 4, 8);
   else le(f, bad == NDIM ? 5 : 2, 4), le(f, bad == ROWLEN ? 16 : 32, 8), le(f, 2, 8);
   if (bad == NDIM) le(f, 1, 8), le(f, 1, 8), le(f, 1, 8);
   le(f, bad == TTYPE ? 4 : 8, 4);
@@ -299,6 +300,7 @@ TEST(gguf_rejects_malformed) {
       {OVERLAP, MOE_ERR_FORMAT, "tensors 't.a' and 't.b' overlap"},
       {DUP_NAME, MOE_ERR_FORMAT, "duplicate tensor name 't.a'"},
       {DIM_OVERFLOW, MOE_ERR_FORMAT, "tensor 't.b': dimension 1 = 4611686018427387904 makes the element count overflow"},
+      {EMPTY_OVERFLOW, MOE_ERR_FORMAT, "tensor 't.b': dimension 2 = 4 makes the element count overflow"},
       {LONG_NAME, MOE_ERR_FORMAT, "tensor info 1 name length 65 exceeds 64"},
       {KEY_BINARY, MOE_ERR_FORMAT, "metadata 1 at offset"},
       {PAST_END, MOE_ERR_FORMAT, "tensor 't.b': data at offset 64 + 68 bytes runs past the end"},

@@ -242,15 +242,19 @@ static moe_status rd_tensor(cursor *c, int64_t i) {
   MOE_TRY(nd >= 1 && nd <= MOE__GGUF_MAX_DIMS, MOE_ERR_FORMAT, "%s: tensor '%s': n_dimensions %" PRIu64 " (want 1-%d)",
           p, n, nd, MOE__GGUF_MAX_DIMS);
   t->ndim = (int)nd;
-  uint64_t count = 1;
+  /* the product of the non-zero dims must fit, so that nrows does even when ne[0] is 0 */
+  uint64_t nonzero = 1;
+  int empty = 0;
   for (int d = 0; d < 4; d++) {
     uint64_t v = 1;
     if (d < t->ndim) MOE_CHECK(rd(c, 8, &v, "dimension"));
-    MOE_TRY(v <= (uint64_t)INT64_MAX && (v == 0 || count <= (uint64_t)INT64_MAX / v), MOE_ERR_FORMAT,
+    MOE_TRY(v <= (uint64_t)INT64_MAX && (v == 0 || nonzero <= (uint64_t)INT64_MAX / v), MOE_ERR_FORMAT,
             "%s: tensor '%s': dimension %d = %" PRIu64 " makes the element count overflow", p, n, d, v);
-    count *= v;
+    if (v) nonzero *= v;
+    else empty = 1;
     t->ne[d] = (int64_t)v;
   }
+  uint64_t count = empty ? 0 : nonzero;
   t->nrows = t->ne[1] * t->ne[2] * t->ne[3];
   MOE_CHECK(rd(c, 4, &ty, "type"));
   t->type = (moe_gguf_type)(ty <= INT32_MAX ? ty : 0);

@@ -208,12 +208,15 @@ moe_status moe_gguf_writer_add_tensor(moe_gguf_writer *w, const char *name, moe_
   MOE_TRY(moe_gguf_type_name(type), MOE_ERR_ARG, "GGUF writer: tensor '%s': unknown type %d", name, (int)type);
   MOE_TRY(ndim >= 1 && ndim <= MOE__GGUF_MAX_DIMS, MOE_ERR_ARG, "GGUF writer: tensor '%s': %d dims (want 1-4)", name,
           ndim);
-  int64_t count = 1;
+  int64_t nonzero = 1, count; /* the product of the non-zero dims must fit, as the reader wants */
+  int empty = 0;
   for (int d = 0; d < ndim; d++) {
-    MOE_TRY(ne[d] >= 0 && (ne[d] == 0 || count <= INT64_MAX / ne[d]), MOE_ERR_ARG,
+    MOE_TRY(ne[d] >= 0 && (ne[d] == 0 || nonzero <= INT64_MAX / ne[d]), MOE_ERR_ARG,
             "GGUF writer: tensor '%s': bad dimension %d = %" PRId64, name, d, ne[d]);
-    count *= ne[d];
+    if (ne[d]) nonzero *= ne[d];
+    else empty = 1;
   }
+  count = empty ? 0 : nonzero;
   int blk = moe_gguf_type_block(type);
   MOE_TRY(ne[0] % blk == 0, MOE_ERR_SHAPE, "GGUF writer: tensor '%s': row length %" PRId64
           " is not a multiple of %s's block of %d", name, ne[0], moe_gguf_type_name(type), blk);
