@@ -28,9 +28,9 @@ static void text_value(const moe_gguf *g, int64_t i, moe_gguf_vtype t, uint64_t 
   const char *s;
   size_t len;
   if (t == MOE_GGUFV_STRING && moe_gguf_kv_str(g, i, j, &s, &len) == MOE_OK) {
-    size_t w = 0;
+    size_t w = 0; /* at most 60 bytes shown, 4 characters each: buf's 512 hold them */
     buf[w++] = '"';
-    for (size_t k = 0; k < len && w + 8 < n; k++) {
+    for (size_t k = 0; k < len && w + 32 < n; k++) {
       unsigned char c = (unsigned char)s[k];
       if (k == 60) {
         w += (size_t)snprintf(buf + w, n - w, "...(%zu bytes)", len);
@@ -39,7 +39,7 @@ static void text_value(const moe_gguf *g, int64_t i, moe_gguf_vtype t, uint64_t 
       w += (size_t)(c < 32 || c == '"' || c == '\\' ? snprintf(buf + w, n - w, "\\x%02x", c)
                                                      : snprintf(buf + w, n - w, "%c", c));
     }
-    snprintf(buf + (w < n - 1 ? w : n - 2), n - (w < n - 1 ? w : n - 2), "\"");
+    snprintf(buf + w, n - w, "\"");
   } else if (t == MOE_GGUFV_BOOL && moe_gguf_kv_int(g, i, j, &v) == MOE_OK) {
     snprintf(buf, n, "%s", v ? "true" : "false");
   } else if ((t == MOE_GGUFV_F32 || t == MOE_GGUFV_F64) && moe_gguf_kv_float(g, i, j, &d) == MOE_OK) {
