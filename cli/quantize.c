@@ -41,20 +41,25 @@ static moe_gguf_type target(const moe_gguf_tensor *t, moe_gguf_type want) {
   return t->ne[0] % 32 == 0 ? MOE_GGUF_Q8_0 : MOE_GGUF_F16;
 }
 
-/* t's rows converted to type `to` into a new buffer (*out, *n bytes). */
+#define CHUNK (1 << 20) /* values converted at a time: rows are quantized together, blocks in parallel */
+
+/* t's rows converted to type `to` into a new buffer (*out, *n bytes), a chunk of rows at a time (blocks
+ * never straddle rows, so a chunk quantizes as its rows would one by one). */
 static moe_status convert(const moe_gguf *g, const moe_gguf_tensor *t, moe_gguf_type to, void **out, size_t *n) {
   size_t row = (size_t)(t->ne[0] / moe_gguf_type_block(to)) * moe_gguf_type_block_bytes(to);
+  int64_t rows = t->ne[0] && t->ne[0] < CHUNK ? CHUNK / t->ne[0] : 1;
   *n = row * (size_t)t->nrows;
   unsigned char *dst = malloc(*n ? *n : 1);
-  float *x = malloc((size_t)(t->ne[0] ? t->ne[0] : 1) * sizeof *x);
+  float *x = malloc((size_t)(rows * t->ne[0] > 0 ? rows * t->ne[0] : 1) * sizeof *x);
   moe_status st = dst && x ? MOE_OK
                            : moe_last_error_set(MOE_ERR_NOMEM, "%s: out of memory converting tensor '%s'",
                                                 moe_gguf_path(g), t->name);
-  for (int64_t r = 0; st == MOE_OK && r < t->nrows; r++) {
-    st = moe_gguf_tensor_row_f32(g, t, r, x);
-    if (st == MOE_OK && (st = moe_gguf_quantize(to, x, dst + (size_t)r * row, t->ne[0])) != MOE_OK)
-      st = moe_last_error_set(st, "%s: tensor '%s' row %" PRId64 ": %s", moe_gguf_path(g), t->name, r,
-                              moe_last_error());
+  for (int64_t r0 = 0; st == MOE_OK && r0 < t->nrows; r0 += rows) {
+    int64_t nr = t->nrows - r0 < rows ? t->nrows - r0 : rows;
+    for (int64_t r = 0; st == MOE_OK && r < nr; r++) st = moe_gguf_tensor_row_f32(g, t, r0 + r, x + r * t->ne[0]);
+    if (st == MOE_OK && (st = moe_gguf_quantize(to, x, dst + (size_t)r0 * row, nr * t->ne[0])) != MOE_OK)
+      st = moe_last_error_set(st, "%s: tensor '%s' rows %" PRId64 "-%" PRId64 " (of %" PRId64 " values each): %s",
+                              moe_gguf_path(g), t->name, r0, r0 + nr - 1, t->ne[0], moe_last_error());
   }
   free(x);
   if (st != MOE_OK) free(dst), dst = NULL;

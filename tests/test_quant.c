@@ -339,3 +339,28 @@ TEST(quant_dot_q8_0) {
   float v = moe__dot_q8_0_avx2(a, b, N);
   if (memcmp(&v, &s, 4)) FAIL_("AVX2 %.9g != scalar %.9g", v, s);
 }
+
+/* Long rows are split over threads by blocks: the same bytes and values as one block at a time. */
+TEST(quant_parallel_same_bytes) {
+  enum { NB = 300, N = NB * 256 };
+  float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y), yb[256];
+  uint8_t *whole = malloc(NB * 210), *one = malloc(NB * 210);
+  ASSERT(x && y && whole && one);
+  uint64_t seed = 9;
+  for (int i = 0; i < N; i++) x[i] = moe__uniform(&seed);
+  static const moe_gguf_type ts[] = {MOE_GGUF_Q4_K, MOE_GGUF_Q6_K, MOE_GGUF_Q8_0};
+  for (int k = 0; k < 3; k++) {
+    int blk = moe_gguf_type_block(ts[k]);
+    size_t bb = moe_gguf_type_block_bytes(ts[k]);
+    int n = ts[k] == MOE_GGUF_Q8_0 ? N / 8 : N; /* 300 blocks of 32: still past the threshold */
+    ASSERT_OK(moe_gguf_quantize(ts[k], x, whole, n));
+    ASSERT_OK(moe_gguf_dequantize(ts[k], whole, y, n));
+    for (int b = 0; b < n / blk; b++) {
+      ASSERT_OK(moe_gguf_quantize(ts[k], x + b * blk, one + b * bb, blk));
+      ASSERT_OK(moe_gguf_dequantize(ts[k], one + b * bb, yb, blk));
+      if (memcmp(yb, y + b * blk, (size_t)blk * 4)) FAIL_("%s block %d differs", moe_gguf_type_name(ts[k]), b);
+    }
+    ASSERT(!memcmp(whole, one, (size_t)(n / blk) * bb));
+  }
+  free(x), free(y), free(whole), free(one);
+}

@@ -325,6 +325,9 @@ static void q_mxfp4(const float *x, uint8_t *b) {
 
 /* ---------------------------------------------------------------- rows */
 
+/* Blocks are independent: from this many on, they are split over threads (the bytes do not change). */
+#define PAR_BLOCKS 256
+
 typedef void (*deq_fn)(const uint8_t *, float *);
 typedef void (*q_fn)(const float *, uint8_t *);
 
@@ -368,7 +371,9 @@ moe_status moe_gguf_dequantize(moe_gguf_type t, const void *src, float *dst, int
     codecs(t, &deq, &q);
     int blk = moe_gguf_type_block(t);
     size_t bb = moe_gguf_type_block_bytes(t);
-    for (int64_t i = 0; i < n / blk; i++) deq(p + (size_t)i * bb, dst + i * blk);
+    int64_t nb = n / blk;
+#pragma omp parallel for schedule(static) num_threads(moe__threads(0)) if (nb >= PAR_BLOCKS)
+    for (int64_t i = 0; i < nb; i++) deq(p + (size_t)i * bb, dst + i * blk);
   }
   return MOE_OK;
 }
@@ -396,7 +401,9 @@ moe_status moe_gguf_quantize(moe_gguf_type t, const float *src, void *dst, int64
     codecs(t, &deq, &q);
     int blk = moe_gguf_type_block(t);
     size_t bb = moe_gguf_type_block_bytes(t);
-    for (int64_t i = 0; i < n / blk; i++) q(src + i * blk, p + (size_t)i * bb);
+    int64_t nb = n / blk;
+#pragma omp parallel for schedule(static) num_threads(moe__threads(0)) if (nb >= PAR_BLOCKS)
+    for (int64_t i = 0; i < nb; i++) q(src + i * blk, p + (size_t)i * bb);
   }
   return MOE_OK;
 }
