@@ -63,5 +63,7 @@ int cmd_tokenizer(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_gguf(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 #endif

@@ -118,6 +118,134 @@ moe_status moe_st_writer_meta(moe_st_writer *w, const char *key, const char *val
 /* Writes path.tmp.<pid>, flushes and fsyncs it, then renames it to path. */
 moe_status moe_st_writer_save(moe_st_writer *w, const char *path);
 
+/* ---- GGUF (llama.cpp's format, version 3): tensor types, reader, writer (DESIGN 4.8) ----
+ * Tensor element types by their ggml ids (the values GGUF files store). Every id ggml defines has its
+ * block size and name (so files with any of them open and list), but only the types below have a
+ * codec: moe_gguf_dequantize and moe_gguf_quantize refuse the others with MOE_ERR_DTYPE. */
+typedef enum {
+  MOE_GGUF_F32 = 0, MOE_GGUF_F16 = 1, MOE_GGUF_Q4_0 = 2, MOE_GGUF_Q8_0 = 8, MOE_GGUF_Q4_K = 12,
+  MOE_GGUF_Q5_K = 13, MOE_GGUF_Q6_K = 14, MOE_GGUF_BF16 = 30, MOE_GGUF_MXFP4 = 39
+} moe_gguf_type;
+/* "Q4_K" as ggml names it; NULL for an id ggml does not define (or no longer does). */
+const char *moe_gguf_type_name(moe_gguf_type t);
+/* The type named s (case-insensitive, "q8_0" or "Q8_0"), any ggml type; MOE_ERR_ARG naming `field`. */
+moe_status moe_gguf_type_parse(const char *s, const char *field, moe_gguf_type *out);
+/* Values per block (1 for F32/F16/BF16, 32 for Q8_0/Q4_0/MXFP4, 256 for the K-quants) and bytes per
+ * block; 0 for an unknown id. A row of n values (n a multiple of the block) takes
+ * n / block * block_bytes bytes. */
+int moe_gguf_type_block(moe_gguf_type t);
+size_t moe_gguf_type_block_bytes(moe_gguf_type t);
+/* 1 when the type has a codec here (the nine of moe_gguf_type). */
+int moe_gguf_type_supported(moe_gguf_type t);
+/* n values (a multiple of the type's block) from stored bytes to float32, as ggml dequantizes them
+ * (K-quants: (d * scale) * q - dmin * min per sub-block; MXFP4: e2m1 value * 2^(e - 127)). */
+moe_status moe_gguf_dequantize(moe_gguf_type t, const void *src, float *dst, int64_t n);
+/* n float32 values to the type, by round-to-nearest reference quantizers (Q8_0: scale amax / 127;
+ * Q4_0: scale max / -8; K-quants: a least-squares search of each sub-block's scale (and min), the
+ * scales quantized to 6 or 8 bits under an f16 super-block scale; MXFP4: a power-of-two scale from
+ * amax, each value to the nearest e2m1). MOE_ERR_VALUE for a non-finite value, or one beyond +-65504
+ * for the types with f16 values or scales. */
+moe_status moe_gguf_quantize(moe_gguf_type t, const float *src, void *dst, int64_t n);
+
+/* Metadata value types (the ids files store). */
+typedef enum {
+  MOE_GGUFV_U8, MOE_GGUFV_I8, MOE_GGUFV_U16, MOE_GGUFV_I16, MOE_GGUFV_U32, MOE_GGUFV_I32, MOE_GGUFV_F32,
+  MOE_GGUFV_BOOL, MOE_GGUFV_STRING, MOE_GGUFV_ARRAY, MOE_GGUFV_U64, MOE_GGUFV_I64, MOE_GGUFV_F64,
+  MOE_GGUFV_COUNT
+} moe_gguf_vtype;
+const char *moe_gguf_vtype_name(moe_gguf_vtype t); /* "u32", "string", "array", ... */
+
+/* One metadata entry: a scalar (n = 1) or an array of n values of elem_type (an array of arrays has
+ * elem_type MOE_GGUFV_ARRAY: it is read and checked, but its values are not accessible). */
+typedef struct {
+  const char *key;
+  moe_gguf_vtype type, elem_type; /* elem_type == type for scalars */
+  uint64_t n;
+} moe_gguf_kv;
+
+/* A tensor as stored: ne[0] is the row length (the innermost dimension, ggml's order, the reverse of
+ * PyTorch's shape), ne[1..ndim) the outer ones; data points into the mapped file. */
+typedef struct {
+  const char *name;
+  moe_gguf_type type;
+  int ndim;               /* 1..4 */
+  int64_t ne[4];          /* unused dimensions are 1 */
+  int64_t nrows;          /* ne[1] * ne[2] * ne[3] */
+  const void *data;       /* aligned to the file's alignment (relative to the mapping) */
+  size_t nbytes;
+  uint64_t file_offset;   /* where data starts in the file */
+} moe_gguf_tensor;
+
+typedef struct moe_gguf moe_gguf; /* an open, validated GGUF file (mmap'd, read-only) */
+/* Maps the file and checks all of it before returning: magic, version 3, counts, every key and value
+ * (types known, strings and arrays within the file, keys unique, printable ASCII), general.alignment
+ * (a power of two, u32), the tensor infos (names unique and at most 64 bytes, 1-4 dims, known types,
+ * rows a multiple of the block, sizes without overflow) and the data (offsets aligned, inside the
+ * file, not overlapping). MOE_ERR_FORMAT (MOE_ERR_DTYPE for an unknown tensor type) naming the file,
+ * the field, key or tensor and the value. */
+moe_status moe_gguf_open(moe_gguf **out, const char *path);
+void moe_gguf_close(moe_gguf *g);
+const char *moe_gguf_path(const moe_gguf *g);
+uint32_t moe_gguf_alignment(const moe_gguf *g);
+uint64_t moe_gguf_data_offset(const moe_gguf *g); /* file offset of the tensor data section */
+
+int64_t moe_gguf_kv_count(const moe_gguf *g);
+moe_status moe_gguf_kv_at(const moe_gguf *g, int64_t i, moe_gguf_kv *kv); /* i in [0, count) */
+int64_t moe_gguf_find_key(const moe_gguf *g, const char *key);            /* its index, or -1 */
+/* Element j of entry i (j = 0 for a scalar): as an integer (any integer type or bool; MOE_ERR_VALUE for
+ * a u64 beyond INT64_MAX), as a double (any numeric type), or as a string (NUL-terminated; len, when
+ * not NULL, counts embedded NULs too). MOE_ERR_DTYPE naming the key otherwise. */
+moe_status moe_gguf_kv_int(const moe_gguf *g, int64_t i, uint64_t j, int64_t *out);
+moe_status moe_gguf_kv_float(const moe_gguf *g, int64_t i, uint64_t j, double *out);
+moe_status moe_gguf_kv_str(const moe_gguf *g, int64_t i, uint64_t j, const char **s, size_t *len);
+/* Scalars by key: MOE_ERR_MISSING when absent, MOE_ERR_DTYPE when of another kind (an integer getter
+ * takes any integer type whose value fits: files store counts as u32 or u64), MOE_ERR_VALUE when it
+ * does not fit; each naming the file, the key, its type and value. f32 takes f32 or f64. */
+moe_status moe_gguf_get_u32(const moe_gguf *g, const char *key, uint32_t *out);
+moe_status moe_gguf_get_i32(const moe_gguf *g, const char *key, int32_t *out);
+moe_status moe_gguf_get_u64(const moe_gguf *g, const char *key, uint64_t *out);
+moe_status moe_gguf_get_f32(const moe_gguf *g, const char *key, float *out);
+moe_status moe_gguf_get_bool(const moe_gguf *g, const char *key, int *out);
+moe_status moe_gguf_get_str(const moe_gguf *g, const char *key, const char **out);
+/* Arrays by key: their length and element type; then elements j in [0, n) of an array of strings,
+ * of integers (into int64_t) or of floats (f32/f64 into float). */
+moe_status moe_gguf_get_arr(const moe_gguf *g, const char *key, moe_gguf_vtype *elem_type, uint64_t *n);
+moe_status moe_gguf_get_arr_str(const moe_gguf *g, const char *key, uint64_t j, const char **s, size_t *len);
+moe_status moe_gguf_get_arr_int(const moe_gguf *g, const char *key, int64_t *dst, uint64_t n);
+moe_status moe_gguf_get_arr_f32(const moe_gguf *g, const char *key, float *dst, uint64_t n);
+
+int64_t moe_gguf_tensor_count(const moe_gguf *g);
+moe_status moe_gguf_tensor_at(const moe_gguf *g, int64_t i, moe_gguf_tensor *t); /* in file order */
+/* MOE_ERR_MISSING naming the tensor and the file when absent. */
+moe_status moe_gguf_tensor_get(const moe_gguf *g, const char *name, moe_gguf_tensor *t);
+int moe_gguf_has_tensor(const moe_gguf *g, const char *name);
+/* Row r (of t->nrows) as ne[0] floats; MOE_ERR_DTYPE naming the file and tensor for a type without a
+ * codec. */
+moe_status moe_gguf_tensor_row_f32(const moe_gguf *g, const moe_gguf_tensor *t, int64_t r, float *dst);
+
+/* Collects metadata and tensors, then writes a GGUF v3 file atomically. Keys are written in the order
+ * first set (setting a key again replaces its value in place); tensors in the order added, each at an
+ * offset aligned to general.alignment (32 unless set, as a u32), padded with zeros. */
+typedef struct moe_gguf_writer moe_gguf_writer;
+moe_status moe_gguf_writer_new(moe_gguf_writer **out);
+void moe_gguf_writer_free(moe_gguf_writer *w);
+moe_status moe_gguf_writer_set_u32(moe_gguf_writer *w, const char *key, uint32_t v);
+moe_status moe_gguf_writer_set_i32(moe_gguf_writer *w, const char *key, int32_t v);
+moe_status moe_gguf_writer_set_u64(moe_gguf_writer *w, const char *key, uint64_t v);
+moe_status moe_gguf_writer_set_f32(moe_gguf_writer *w, const char *key, float v);
+moe_status moe_gguf_writer_set_bool(moe_gguf_writer *w, const char *key, int v);
+moe_status moe_gguf_writer_set_str(moe_gguf_writer *w, const char *key, const char *v);
+moe_status moe_gguf_writer_set_arr_str(moe_gguf_writer *w, const char *key, const char *const *v, uint64_t n);
+moe_status moe_gguf_writer_set_arr_i32(moe_gguf_writer *w, const char *key, const int32_t *v, uint64_t n);
+moe_status moe_gguf_writer_set_arr_f32(moe_gguf_writer *w, const char *key, const float *v, uint64_t n);
+/* Entry i of an open file, whatever its type, as it is stored there. */
+moe_status moe_gguf_writer_copy_kv(moe_gguf_writer *w, const moe_gguf *g, int64_t i);
+/* A tensor of ndim (1-4) dims ne (ggml's order, ne[0] the row length, a multiple of the type's
+ * block) and nbytes bytes of stored data. The data is NOT copied: it must stay valid until save. */
+moe_status moe_gguf_writer_add_tensor(moe_gguf_writer *w, const char *name, moe_gguf_type type, int ndim,
+                                      const int64_t *ne, const void *data, size_t nbytes);
+moe_status moe_gguf_writer_save(moe_gguf_writer *w, const char *path);
+
 /* ---- datasets: IDX files (the MNIST format) ---- */
 typedef struct {
   int n;           /* samples */
@@ -692,8 +820,9 @@ int moe_dynamic_capacity(const int32_t *need, const int32_t *cur, int E, float h
 const char *moe_blas_info(void);
 /* The CPU as the kernels see it, on one line: its model name, family and model, the features they are
  * chosen by (AVX2, FMA, AVX-512's, VNNI, BF16, AMX), its data caches, and the kernels chosen on it
- * (small-GEMM kernels, activations, bf16 GEMMs), e.g. "AMD EPYC (family 25 model 1): avx2 fma; L1d 32K
- * L2 512K L3 32768K; kernels: small GEMMs off (...), activations one at a time, bf16 GEMMs ...". */
+ * (small-GEMM kernels, activations, bf16 GEMMs, Q8_0 dot products), e.g. "AMD EPYC (family 25 model 1): avx2 fma; L1d 32K
+ * L2 512K L3 32768K; kernels: small GEMMs off (...), activations one at a time, bf16 GEMMs ..., Q8_0 dot
+ * products AVX2". */
 const char *moe_cpu_info(void);
 /* OpenBLAS picks its kernels when it loads and takes this Zen 5 CPU for a Haswell (AVX2), as does an
  * OPENBLAS_CORETYPE=Haswell in the environment. Returns the OPENBLAS_CORETYPE value of faster
