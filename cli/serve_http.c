@@ -51,6 +51,7 @@ typedef struct { /* the state of a response: the request, its text so far */
   moe_engine_state st; /* the request's state at the last wait */
   long long id;
   int sent;            /* tokens turned into text */
+  int timed;           /* its latencies are in the metrics */
   size_t start;        /* the text's bytes out before those held */
   char held[MOE_COMPLETION_STOP_BYTES + 3]; /* bytes of a character split over tokens, or that may begin a
                                                stop string, for the next event */
@@ -148,12 +149,21 @@ static cJSON *choice_json(reply *p, int n, int final) {
   return o;
 }
 
+/* A finished request's latencies into the metrics, once, before its last bytes go out (a client that
+ * then reads /metrics finds them). */
+static void record_latency(reply *p) {
+  if (p->st.done <= 0 || p->timed) return;
+  serve_metrics_latency(p->h->met, p->st.ttft_s, p->st.total_s);
+  p->timed = 1;
+}
+
 /* The next event of a stream into p->pending: the new tokens, then the last with its finish_reason (no
  * tokens when the end of text came after the others), then [DONE]; 0 at the end. */
 static int next_event(reply *p) {
   free(p->pending), p->pending = NULL, p->npending = p->at = 0;
   if (p->finished) return 0;
   moe_engine_wait(p->h->e, p->r, p->sent, &p->st);
+  record_latency(p);
   int done = p->st.done, n = p->st.n;
   char *s = NULL;
   if (done < 0) {
@@ -188,9 +198,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
   return (ssize_t)k;
 }
 
-/* The end of a response: its latencies when it finished, the request released. */
+/* The end of a response: the request released. */
 static void reply_free(reply *p) {
-  if (p->st.done > 0) serve_metrics_latency(p->h->met, p->st.ttft_s, p->st.total_s);
   moe_engine_release(p->h->e, p->r);
   moe__completion_free(&p->c);
   free(p->pending);
@@ -230,6 +239,7 @@ static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_
   }
   do moe_engine_wait(h->e, p->r, p->st.n, &p->st);
   while (!p->st.done);
+  record_latency(p);
   enum MHD_Result ok;
   int n = p->st.n;
   if (p->st.done < 0) ok = send_error(c, h, 500, p->st.error);

@@ -106,7 +106,7 @@ static int take_token(moe_engine *e, moe_engine_req *r, const float *logits) {
   if (st == MOE_OK && !r->n_out) r->ttft = moe__now() - r->t_submit;
   if (st != MOE_OK || stop < 0) finish(e, r, -1, st != MOE_OK ? moe_last_error() : "out of memory for the text");
   else {
-    if (!eos) r->out[r->n_out++] = t;
+    if (!eos) r->out[r->n_out++] = t, e->st.tokens++; /* counted before anyone can see the token */
     r->stop_hit = eos || stop;
     if (r->stop_hit || r->n_out == r->max_tokens) {
       if (!stop) r->safe = r->n_text; /* the text held back for a stop string goes out */
@@ -132,6 +132,7 @@ static int admit(moe_engine *e, int *joined) {
       continue;
     }
     e->st.running++;
+    e->st.prompt_tokens += r->n_prompt;
     r->slot = s;
     e->slots[s] = r;
     joined[n++] = s;
@@ -187,8 +188,6 @@ static void *engine(void *arg) {
     if (e->c.on_step) e->c.on_step(e->c.ctx, &step);
     pthread_mutex_lock(&e->mu);
     e->st.steps++;
-    e->st.tokens += step.tokens;
-    e->st.prompt_tokens += step.prompt_tokens;
     e->st.busy_s += step.seconds;
   }
   pthread_mutex_unlock(&e->mu);
