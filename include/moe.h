@@ -755,12 +755,31 @@ const char *moe_tokenizer_token_bytes(const moe_tokenizer *t, int32_t id, size_t
  * byte-level token by the text it stands for), or -1. */
 int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token);
 
-/* ---- a Mixtral-architecture language model (DESIGN 4.5) ----
- * Token embedding; n_layers pre-norm blocks h += Attn(RMSNorm(h)), h += MoE(RMSNorm(h)) with causal
- * grouped-query attention and rotary position embeddings (Hugging Face's rotate_half) and the libmoe
- * layer as the feed-forward (SwiGLU experts, softmax top-k router); RMSNorm and an output head, tied to
- * the embedding or not. Loss: mean cross-entropy over the counted targets plus aux_coef times Mixtral's
- * load-balancing loss (HF load_balancing_loss_func: all layers' tokens and all k slots together). */
+/* ---- a Mixtral-architecture language model and its relatives (DESIGN 4.5) ----
+ * Token embedding; n_layers pre-norm blocks h += Attn(RMSNorm(h)), h += FFN(RMSNorm(h)) with causal
+ * grouped-query attention and rotary position embeddings (Hugging Face's rotate_half); the feed-forward
+ * is the libmoe layer (SwiGLU experts, softmax top-k router, and with shared_H its always-on shared
+ * expert) or, in the layers dense_layers marks, a dense SwiGLU MLP of width dense_H; RMSNorm and an
+ * output head, tied to the embedding or not. Loss: mean cross-entropy over the counted targets plus
+ * aux_coef times the load-balancing loss (HF load_balancing_loss_func: all MoE layers' tokens and all
+ * k slots together). The family decides the Hugging Face tensor names and config.json; the attention
+ * options (qkv_bias, qk_norm, clip_qkv) are what its modeling file does:
+ *   Mixtral (model_type "mixtral"): block_sparse_moe.gate, block_sparse_moe.experts.<e>.w1/w2/w3;
+ *   Qwen2-MoE ("qwen2_moe"): q/k/v biases, mlp.gate, mlp.experts.<e>.gate_proj/up_proj/down_proj, the
+ *     shared expert mlp.shared_expert.* scaled by sigmoid(mlp.shared_expert_gate x), dense layers;
+ *   Qwen3-MoE ("qwen3_moe"): self_attn.q_norm/k_norm over each head's head_dim, mlp.* as Qwen2-MoE
+ *     without the shared expert, dense layers;
+ *   OLMoE ("olmoe"): self_attn.q_norm/k_norm over the whole q (n_heads head_dim) and k (n_kv_heads
+ *     head_dim) projections, optional clip_qkv, mlp.* as Qwen3-MoE, no dense layers. */
+typedef enum { MOE_LM_MIXTRAL = 0, MOE_LM_QWEN2_MOE, MOE_LM_QWEN3_MOE, MOE_LM_OLMOE } moe_lm_family;
+/* The family's model_type ("mixtral", ...); NULL when out of range. */
+const char *moe_lm_family_name(moe_lm_family f);
+typedef enum {
+  MOE_QK_NORM_NONE = 0,
+  MOE_QK_NORM_HEAD, /* RMSNorm of each head of q and k over head_dim, weights (head_dim) (Qwen3-MoE) */
+  MOE_QK_NORM_FULL, /* RMSNorm of the whole q and k projections, weights (n_heads / n_kv_heads x head_dim) (OLMoE) */
+} moe_lm_qk_norm;
+#define MOE_LM_MAX_LAYERS 1024
 typedef struct {
   int vocab, n_layers, n_heads, n_kv_heads, head_dim; /* n_heads a multiple of n_kv_heads, head_dim even */
   int max_seq;           /* longest context; the rotary tables and a KV cache grow up to it as used */
@@ -769,17 +788,26 @@ typedef struct {
   float aux_coef;        /* router_aux_loss_coef: 0.001 as Mixtral; 0 leaves the balance loss out */
   int tie_embeddings;    /* the head reuses model.embed_tokens.weight */
   int sliding_window;    /* 0: none; else a query sees its own key and the sliding_window - 1 before it */
-  moe_layer_config moe;  /* D (the model width), H (intermediate_size), E, top_k, capacity, dispatch,
-                            dtype...; act swiglu, no biases, linear router; moe.threads for the model */
+  moe_layer_config moe;  /* D (the model width), H (the experts' intermediate size), E, top_k,
+                            normalize_topk (norm_topk_prob), shared_H / shared_gate (Qwen2-MoE's shared
+                            expert), capacity, dispatch, dtype...; act swiglu, no biases, linear router;
+                            moe.threads for the model */
+  moe_lm_family family;  /* MOE_LM_MIXTRAL by default */
+  int qkv_bias;          /* q_proj, k_proj and v_proj have biases (Qwen2-MoE) */
+  moe_lm_qk_norm qk_norm; /* RMSNorm (eps rms_eps) of q and k after the projections, before RoPE */
+  float clip_qkv;        /* > 0: q, k and v clamped to [-clip_qkv, clip_qkv] after the norms (OLMoE); 0: no clamp */
+  int dense_H;           /* the dense layers' intermediate_size (Qwen2/3-MoE's intermediate_size) */
+  uint8_t dense_layers[MOE_LM_MAX_LAYERS / 8]; /* bit i % 8 of byte i / 8: layer i is a dense SwiGLU MLP
+                            (mlp.gate_proj/up_proj/down_proj, dense_H wide) instead of a MoE layer */
 } moe_lm_config;
-/* Mixtral's shape at a small size: vocab 4096, D 256, 4 layers, 8 heads, 4 kv heads, head_dim 32,
- * max_seq 256, H 512, 8 experts, top-2 renormalized, no-drop dynamic dispatch. */
+/* Whether layer i of c is a dense MLP layer (moe_lm_t.layers[i] is then unused: all zero). */
+int moe_lm_layer_dense(const moe_lm_config *c, int i);
 void moe_lm_config_default(moe_lm_config *c);
 
 typedef struct moe__lm_state moe__lm_state;
 typedef struct {
   moe_lm_config cfg;
-  moe_layer_t *layers;  /* (n_layers) the MoE feed-forwards */
+  moe_layer_t *layers;  /* (n_layers) the MoE feed-forwards; a dense layer's entry is all zero */
   int nrefs;
   moe_tensor_ref *refs; /* every parameter under its Hugging Face name, in HF order; an expert's w1, w2,
                            w3 are views into its layer's stacked experts.fc1/fc2/fc3 tensors */
