@@ -48,6 +48,11 @@ run("train", *small, "--experts", "2", "--capacity", "dynamic", "--dispatch", "s
 for name in ("f32.st", "bf16.st", "hier.st", "cap.st"):
     put("checkpoint", name, read(name))
     put("safetensors", name, read(name))
+# The language-model families' config.json (fuzz_checkpoint reads an input starting with '{' as one).
+fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "lm")
+for fam in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
+    with open(os.path.join(fixtures, fam, "config.json"), "rb") as f:
+        put("checkpoint", f"lm_{fam}.json", f.read())
 
 # Traces: the CLI's, and a hand-written one with CRLF and a gap in the steps.
 put("trace", "train.csv", read("trace.csv"))
