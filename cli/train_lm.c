@@ -372,14 +372,16 @@ typedef struct {
  * rank's experts take 1/W of the assignments, about) that took secs. */
 static void accumulate(lm_acc *a, const moe_lm_t *m, const moe_lm_stats *st, int N, int W, double secs) {
   const moe_layer_config *l = &m->cfg.moe;
-  double kept = (double)N * l->top_k * m->cfg.n_layers - st->dropped;
+  int moe_layers = 0;
+  for (int i = 0; i < m->cfg.n_layers; i++) moe_layers += !moe_lm_layer_dense(&m->cfg, i);
+  double kept = (double)N * l->top_k * moe_layers - st->dropped;
   moe_lm_times t;
   moe_lm_times_get(m, &t);
   a->ce += st->ce;
   a->secs += secs;
   a->flops += 18.0 * kept * l->D * l->H / W; /* SwiGLU: 3 GEMMs of 2 D H a row forward, 6 backward */
   a->dropped += st->dropped;
-  a->assigned += (double)N * l->top_k * m->cfg.n_layers;
+  a->assigned += (double)N * l->top_k * moe_layers;
   a->t.attention += t.attention;
   a->t.experts += t.experts;
   a->t.router += t.router;
@@ -426,6 +428,11 @@ typedef struct {
 static int adjust_start(lm_adjust *j, const lm_opts *o, moe_lm_t *m, const lm_order *ord) {
   train_blocks b = train_blocks_of_lm(m);
   *j = (lm_adjust){NULL, NULL, -1, 0, -1};
+  int dense = 0; /* Qwen's dense layers (mlp_only_layers, decoder_sparse_step) have no MoE layer to adjust */
+  for (int i = 0; i < m->cfg.n_layers; i++) dense |= moe_lm_layer_dense(&m->cfg, i);
+  if (dense && (o->adj.dynamic_capacity || o->adj.cache_assignments || o->n_parallel_r > 1))
+    return cli_usage_error(CMD, "--capacity dynamic, --cache-assignments and several --parallel-r need every layer "
+                                "to be MoE; %s has dense layers", o->resume ? o->resume : "the model");
   if (o->adj.dynamic_capacity && dyncap_start(&j->dc, &b, o->batch * o->context, o->adj.delta_launch, o->adj.headroom))
     return cli_fail(CMD);
   if (o->adj.cache_assignments && assign_cache_new(&j->ac, &b, ord->nwin * o->context, ord->per_epoch,

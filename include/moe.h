@@ -842,22 +842,38 @@ const float *moe_lm_logits(const moe_lm_t *m);
 /* Adds the gradient of the last forward's loss (which had targets) into every ref's grad. */
 moe_status moe_lm_backward(moe_lm_t *m);
 
-/* Hugging Face Mixtral checkpoint directories: config.json with model.safetensors, or with the shards
- * that model.safetensors.index.json lists ("weight_map": tensor name -> file). c gets the fields the
- * config gives (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
- * num_key_value_heads, head_dim, max_position_embeddings, rope_theta, rms_norm_eps, tie_word_embeddings,
- * num_local_experts, num_experts_per_tok, sliding_window (null or a window), and router_aux_loss_coef,
- * which counts only when output_router_logits is true, as in transformers; a rope_scaling other than
- * null is refused); the rest is moe_lm_config_default's. Errors name the file and the field. */
+/* Hugging Face checkpoint directories of the four families: config.json with model.safetensors, or
+ * with the shards that model.safetensors.index.json lists ("weight_map": tensor name -> file). The
+ * family is config.json's model_type ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"), else its
+ * architectures entry, else Mixtral. c gets the fields the config gives: vocab_size, hidden_size,
+ * num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings, rope_theta (or
+ * rope_parameters of rope_type default), rms_norm_eps, tie_word_embeddings, num_experts_per_tok and
+ * router_aux_loss_coef, which counts only when output_router_logits is true, as in transformers; then
+ *   mixtral: intermediate_size, head_dim, num_local_experts, sliding_window (null or a window);
+ *   qwen2_moe: moe_intermediate_size (moe.H), intermediate_size (dense_H), num_experts, norm_topk_prob,
+ *     decoder_sparse_step and mlp_only_layers (dense_layers), shared_expert_intermediate_size (moe.shared_H,
+ *     gated), qkv_bias (default true), layer_types (all "full_attention");
+ *   qwen3_moe: as qwen2_moe without the shared expert and qkv_bias, with head_dim (q/k norms per head);
+ *   olmoe: intermediate_size (moe.H), num_experts, norm_topk_prob, clip_qkv (null or > 0);
+ * absent fields take the family's transformers defaults (qwen: rms_norm_eps 1e-6, rope_theta 1e4,
+ * norm_topk_prob false...). Fields that change nothing computed are known and ignored (torch_dtype,
+ * transformers_version, bos/eos/pad_token_id, use_cache, initializer_range, a Qwen sliding_window or
+ * max_window_layers while use_sliding_window is false, OLMoE's router_z_loss_coef, which transformers
+ * does not add); any other field is MOE_ERR_FORMAT naming the file and the field, and so are values
+ * not implemented: rope_scaling other than null, use_sliding_window or attention_bias true, hidden_act
+ * other than silu, attention_dropout or router_jitter_noise other than 0. The rest is
+ * moe_lm_config_default's. Errors name the file and the field. */
 moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);
 /* Builds m from c (NULL: moe_lm_read_config(dir), which a caller reads first to change layer options
  * or max_seq), after checking c's sizes against the tensors' shapes (MOE_ERR_SHAPE naming config.json,
  * the field and its value, before any allocation of their size), and reads every parameter, F32, BF16 or F16, into fp32 (the experts' bf16 copies follow
  * when c->moe.dtype is bf16). A tensor absent is MOE_ERR_MISSING, one of another shape MOE_ERR_SHAPE,
  * one of another dtype MOE_ERR_DTYPE, a NaN or Inf MOE_ERR_VALUE: each naming the file and the tensor
- * (and both shapes). Tensors the model does not use are ignored. */
+ * (and both shapes). A tensor the model does not have is MOE_ERR_FORMAT naming the file and the tensor
+ * (except rotary_emb.inv_freq tables, which older transformers saved and are recomputed). */
 moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
-/* Writes dir/model.safetensors (F32, HF names, {"format": "pt"}) and dir/config.json, each atomically,
+/* Writes dir/model.safetensors (F32, the family's HF names, {"format": "pt"}) and dir/config.json (the
+ * family's model_type and fields; dense layers as mlp_only_layers), each atomically,
  * creating dir when missing; an index json there is removed, since it would name other files. Expert-
  * parallel (cfg.moe.dist), a collective: the one-process model, every rank's experts, written by rank 0.
  * (Loading under expert parallelism reads each rank's own experts by name.) */

@@ -322,3 +322,50 @@ TEST(lm_families_init_save_load) {
     moe_lm_free(&r);
   }
 }
+
+/* A tensor the model does not have (a Mixtral expert name in a Qwen checkpoint, lm_head beside tied
+ * embeddings) is an error naming the file and the tensor; an old rotary table is not. */
+TEST(lm_families_unknown_tensors_are_errors) {
+  static const struct { const char *family, *extra; int ok; } cases[] = {
+      {"qwen2_moe", "model.layers.0.block_sparse_moe.experts.0.w1.weight", 0},
+      {"qwen3_moe", "lm_head.weight", 0},
+      {"olmoe", "model.layers.0.mlp.experts.4.up_proj.weight", 0}, /* expert 4 of 4 */
+      {"olmoe", "model.layers.1.self_attn.rotary_emb.inv_freq", 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char dir[512], src[700], dst[700], name[64];
+    snprintf(name, sizeof name, "lm_extra_%zu", i);
+    test_tmp_path(name, dir, sizeof dir);
+    ASSERT(mkdir(dir, 0755) == 0);
+    lm_case_dir(cases[i].family, src, sizeof src);
+    snprintf(dst, sizeof dst, "%s/config.json", dir);
+    strcat(src, "/config.json");
+    char *text = test_read_file(src, NULL);
+    ASSERT(text && moe_write_file_atomic(dst, text, strlen(text)) == MOE_OK);
+    free(text);
+    *strrchr(src, '/') = 0;
+    strcat(src, "/model.safetensors");
+    moe_st *f = NULL;
+    moe_st_writer *w;
+    ASSERT_OK(moe_st_open(&f, src));
+    ASSERT_OK(moe_st_writer_new(&w));
+    for (int j = 0; j < moe_st_count(f); j++) {
+      moe_tensor_view v;
+      ASSERT_OK(moe_st_at(f, j, &v));
+      ASSERT_OK(moe_st_writer_add(w, v.name, v.dtype, v.ndim, v.shape, v.data));
+    }
+    float zero[4] = {0};
+    int64_t shape[1] = {4};
+    ASSERT_OK(moe_st_writer_add(w, cases[i].extra, MOE_DT_F32, 1, shape, zero));
+    snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
+    ASSERT_OK(moe_st_writer_save(w, dst));
+    moe_st_writer_free(w);
+    moe_st_close(f);
+    moe_lm_t m;
+    moe_status st = moe_lm_load(&m, dir, NULL);
+    if (st == MOE_OK) moe_lm_free(&m);
+    if (cases[i].ok ? st != MOE_OK : st != MOE_ERR_FORMAT || !strstr(moe_last_error(), cases[i].extra) ||
+                                         !strstr(moe_last_error(), dst))
+      FAIL_("%s with '%s': status %d, %s", cases[i].family, cases[i].extra, st, st ? moe_last_error() : "loaded");
+  }
+}

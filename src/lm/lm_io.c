@@ -415,6 +415,25 @@ static moe_status check_sizes(const shards *s, const char *dir, const moe_lm_con
   return MOE_OK;
 }
 
+/* Every tensor of the checkpoint is one of the model's (expert-parallel, another rank's experts count),
+ * or a rotary table older transformers saved (rotary_emb.inv_freq: recomputed): any other is an error,
+ * not a weight silently left out. */
+static moe_status check_unused(const shards *s, const moe_lm_t *m) {
+  const moe_lm_config *c = &m->cfg;
+  for (int i = 0; i < s->n; i++)
+    for (int j = 0; j < moe_st_count(s->files[i]); j++) {
+      moe_tensor_view v;
+      MOE_CHECK(moe_st_at(s->files[i], j, &v));
+      int layer = -1, e = -1, k;
+      if (moe_lm_find(m, v.name) || strstr(v.name, ".rotary_emb.inv_freq")) continue;
+      int other_rank = moe__lm_expert_of(c->family, v.name, &e, &k) && sscanf(v.name, "model.layers.%d.", &layer) == 1 &&
+                       layer < c->n_layers && !moe_lm_layer_dense(c, layer) && e < c->moe.E;
+      MOE_TRY(other_rank, MOE_ERR_FORMAT, "%s: tensor '%s' is not a parameter of the %s model config.json describes",
+              moe_st_path(s->files[i]), v.name, moe_lm_family_name(c->family));
+    }
+  return MOE_OK;
+}
+
 moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c) {
   MOE_TRY(m && dir, MOE_ERR_ARG, "moe_lm_load: NULL argument");
   memset(m, 0, sizeof *m);
@@ -436,6 +455,7 @@ moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c) {
     st = shard_of(&s, dir, m->refs[i].name, &f);
     if (st == MOE_OK) st = read_part(m, f, &m->refs[i]);
   }
+  if (st == MOE_OK) st = check_unused(&s, m);
   shards_close(&s);
   if (st != MOE_OK) {
     moe_lm_free(m);
