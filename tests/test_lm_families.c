@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "lm_check.h"
+#include "run_cli.h"
 #include "test.h"
 
 static const char *const families[] = {"qwen2_moe", "qwen3_moe", "olmoe"};
@@ -367,5 +368,38 @@ TEST(lm_families_unknown_tensors_are_errors) {
     if (cases[i].ok ? st != MOE_OK : st != MOE_ERR_FORMAT || !strstr(moe_last_error(), cases[i].extra) ||
                                          !strstr(moe_last_error(), dst))
       FAIL_("%s with '%s': status %d, %s", cases[i].family, cases[i].extra, st, st ? moe_last_error() : "loaded");
+  }
+}
+
+/* Greedy `moe generate` of each family's fixture: the full forwards' argmax chain in one process, and
+ * the same tokens with the experts over 2 ranks (each loading its own experts by the family's names;
+ * shared expert and dense layers replicated). The MPI half is skipped without mpirun. */
+TEST(lm_families_generate_one_process_and_expert_parallel) {
+  for (int fi = 0; fi < NFAM; fi++) {
+    char dir[512], args[1024], out1[512], out2[512], err[2048], text[256], want[256] = "";
+    lm_case_dir(families[fi], dir, sizeof dir);
+    test_tmp_path("lm_fam_gen1.txt", out1, sizeof out1);
+    test_tmp_path("lm_fam_gen2.txt", out2, sizeof out2);
+    snprintf(args, sizeof args, "generate --checkpoint %s --prompt-ids '5 9 1' --max-tokens 6 --temperature 0 "
+             "--ignore-eos --threads 1", dir);
+    if (run_moe(NULL, args, out1, err, sizeof err)) FAIL_("moe %s: %s", args, err);
+    test_read_text(out1, text, sizeof text);
+    moe_lm_t m;
+    ASSERT_OK(moe_lm_load(&m, dir, NULL));
+    int32_t seq[9] = {5, 9, 1};
+    size_t at = 0;
+    for (int n = 3; n < 9; n++) {
+      ASSERT_OK(moe_lm_forward(&m, seq, NULL, 1, n, NULL));
+      uint64_t rng = 0;
+      moe_lm_sample(moe_lm_logits(&m) + (size_t)(n - 1) * m.cfg.vocab, m.cfg.vocab, 0, 1, &rng, &seq[n]);
+      at += (size_t)snprintf(want + at, sizeof want - at, "%s%d", n > 3 ? " " : "", seq[n]);
+    }
+    moe_lm_free(&m);
+    snprintf(want + at, sizeof want - at, "\n");
+    if (strcmp(text, want)) FAIL_("%s: greedy generate printed '%s', the full forwards give '%s'", families[fi], text, want);
+    if (!test_have_mpirun()) continue;
+    if (run_moe(TEST_MPIRUN "-np 2", args, out2, err, sizeof err)) FAIL_("mpirun -np 2 moe %s: %s", args, err);
+    test_read_text(out2, text, sizeof text);
+    if (strcmp(text, want)) FAIL_("%s: 2 ranks generated '%s', one process '%s'", families[fi], text, want);
   }
 }
