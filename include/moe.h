@@ -959,13 +959,14 @@ typedef struct {
 moe_status moe_sim_calibrate(const moe_dist *d, int threads, moe_sim_machine *out);
 
 /* ---- language-model training: the MoE layers' stats and where a step's time goes ---- */
-/* Layer i's stats of the last forward (expert counts, the router's choices), as moe_model_layer_stats. */
+/* Layer i's stats of the last forward (expert counts, the router's choices), as moe_model_layer_stats;
+ * all zero for a dense layer. */
 const moe_layer_stats *moe_lm_layer_stats(const moe_lm_t *m, int i);
 /* Seconds in the transformer layers of moe_lm_forward and moe_lm_backward calls (not decodes) since
  * the last reset: the MoE layers (moe_layer_forward and _backward: their dispatch, expert GEMMs,
  * combine and the router's backward), the router (the layers' forward routers, stats.router_seconds,
  * and the balance loss: the router probabilities it recomputes and their gradient), and attention with
- * its norms and residual adds (the rest of a layer). Embedding, final norm, output head and
+ * its norms and residual adds (the rest of a layer, a dense layer's MLP included). Embedding, final norm, output head and
  * cross-entropy are in none of them. */
 typedef struct {
   double attention, experts, router;
