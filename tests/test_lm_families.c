@@ -447,3 +447,35 @@ TEST(train_lm_families_one_process_and_expert_parallel) {
         FAIL_("%s: step %d loss %.8f with 2 ranks, %.8f in one process", families[fi], s + 1, lb[s], la[s]);
   }
 }
+
+/* Each family with the MoE layers in bf16 (moe.dtype; dense layers and attention stay fp32): the fp32
+ * model's logits to bf16's rounding, and a backward that runs. */
+TEST(lm_families_bf16_experts) {
+  for (int fi = 0; fi < NFAM; fi++) {
+    char dir[512];
+    moe_lm_config c;
+    moe_lm_t m, h;
+    int B, T;
+    lm_case_dir(families[fi], dir, sizeof dir);
+    int32_t *t = fixture_tokens(dir, &B, &T);
+    ASSERT(t);
+    ASSERT_OK(moe_lm_read_config(dir, &c));
+    ASSERT_OK(moe_lm_load(&m, dir, &c));
+    c.moe.dtype = MOE_DT_BF16;
+    ASSERT_OK(moe_lm_load(&h, dir, &c));
+    size_t n = (size_t)B * T * c.vocab;
+    float *want = malloc(n * 4);
+    ASSERT(want);
+    ASSERT_OK(moe_lm_forward(&m, t, NULL, B, T, NULL));
+    memcpy(want, moe_lm_logits(&m), n * 4);
+    ASSERT_OK(moe_lm_forward(&h, t, t, B, T, NULL));
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(moe_lm_logits(&h)[i] - want[i]));
+    ASSERT_OK(moe_lm_backward(&h));
+    moe_lm_free(&m);
+    moe_lm_free(&h);
+    free(want), free(t);
+    fprintf(stderr, "  %s: bf16 experts' logits within %.3g of fp32's\n", families[fi], worst);
+    ASSERT(worst > 0 && worst < 0.05);
+  }
+}
