@@ -1,5 +1,5 @@
 /* moe serve: an HTTP server for a language model checkpoint with continuous batching (DESIGN 4.7).
- * The engine (serve_engine.c) owns the model; libmicrohttpd (serve_http.c) the connections. SIGTERM or
+ * The library's engine (moe_engine) owns the model; libmicrohttpd (serve_http.c) the connections. SIGTERM or
  * SIGINT: new requests get 503, those queued and running finish, then the process exits 0. */
 #include <signal.h>
 #include <stdlib.h>
@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "lm_data.h"
 #include "serve.h"
 
 static const char *CMD = "serve";
@@ -87,16 +88,39 @@ static int load_tokenizer(const char *dir, moe_tokenizer **t) {
   return moe_tokenizer_load(t, path) == MOE_OK ? 0 : -1;
 }
 
+/* What the engine's steps feed: the metrics, and the expert trace's rows (step,layer,expert,tokens). */
+typedef struct {
+  serve_metrics *met;
+  FILE *trace;
+  int64_t step;
+  int L, E;
+} step_sink;
+
+static void on_step(void *ctx, const moe_engine_step *s) {
+  step_sink *k = ctx;
+  serve_metrics_step(k->met, s->rows, s->tokens, s->prompt_tokens, s->seconds);
+}
+
+static void on_decode(void *ctx, const int32_t *cnt) { /* one row per expert used, per layer */
+  step_sink *k = ctx;
+  if (!k->trace) return;
+  for (int l = 0; l < k->L; l++)
+    for (int x = 0; x < k->E; x++)
+      if (cnt[l * k->E + x]) fprintf(k->trace, "%lld,%d,%d,%d\n", (long long)k->step, l, x, cnt[l * k->E + x]);
+  k->step++;
+}
+
 /* Serves until SIGTERM or SIGINT (blocked in every thread, taken here with sigwait). */
 static int serve(const serve_opts *o, moe_lm_t *m, const moe_tokenizer *tok, const int32_t *eos, int n_eos,
                  serve_metrics *met, FILE *trace, const sigset_t *sigs) {
-  serve_engine e;
+  step_sink sink = {met, trace, 0, m->cfg.n_layers, m->cfg.moe.E};
+  moe_engine_config ec = {o->max_batch, tok, eos, n_eos, on_step, on_decode, &sink};
+  moe_engine *e;
   serve_http *h;
   int port;
-  if (serve_engine_start(&e, m, tok, o->max_batch, met, trace, eos, n_eos)) return cli_fail(CMD);
-  if (serve_http_start(&h, o->host, o->port, &e, tok, &o->http, &port)) {
-    serve_engine_drain(&e);
-    serve_engine_free(&e);
+  if (moe_engine_new(&e, m, &ec)) return cli_fail(CMD);
+  if (serve_http_start(&h, o->host, o->port, e, &m->cfg, tok, met, &o->http, &port)) {
+    moe_engine_free(e);
     return cli_fail(CMD);
   }
   printf("listening on http://%s:%d\n", o->host, port);
@@ -104,9 +128,9 @@ static int serve(const serve_opts *o, moe_lm_t *m, const moe_tokenizer *tok, con
   int sig;
   sigwait(sigs, &sig);
   fprintf(stderr, "moe serve: %s: finishing the requests under way\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-  serve_engine_drain(&e);
+  moe_engine_drain(e);
   serve_http_stop(h);
-  serve_engine_free(&e);
+  moe_engine_free(e);
   return 0;
 }
 

@@ -24,8 +24,10 @@
 
 struct serve_http {
   struct MHD_Daemon *d;
-  serve_engine *e;
+  moe_engine *e;
+  const moe_lm_config *m;
   const moe_tokenizer *tok;
+  serve_metrics *met;
   serve_http_opts o;
   atomic_llong next_id;
   pthread_mutex_t mu; /* guards busy and open */
@@ -44,10 +46,11 @@ typedef struct { /* one request on a connection: its body as it arrives */
 
 typedef struct { /* the state of a response: the request, its text so far */
   serve_http *h;
-  serve_req *r;
+  moe__completion c;   /* the parsed body */
+  moe_engine_req *r;
+  moe_engine_state st; /* the request's state at the last wait */
   long long id;
   int sent;            /* tokens turned into text */
-  size_t safe;         /* with stop strings: the text's bytes that may go out (serve_wait's) */
   size_t start;        /* the text's bytes out before those held */
   char held[MOE_COMPLETION_STOP_BYTES + 3]; /* bytes of a character split over tokens, or that may begin a
                                                stop string, for the next event */
@@ -59,7 +62,7 @@ typedef struct { /* the state of a response: the request, its text so far */
 } reply;
 
 static enum MHD_Result send_text(struct MHD_Connection *c, serve_http *h, int status, const char *type, char *body) {
-  serve_metrics_status(h->e->met, status);
+  serve_metrics_status(h->met, status);
   if (!body) return MHD_NO;
   struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
   if (!r) return free(body), MHD_NO;
@@ -93,12 +96,12 @@ static enum MHD_Result send_error(struct MHD_Connection *c, serve_http *h, int s
 static char *new_text(reply *p, int n, int final) {
   const moe_tokenizer *t = p->h->tok;
   size_t len = p->nheld, k;
-  for (int i = p->sent; i < n; i++) len += t ? (moe_tokenizer_token_bytes(t, p->r->out[i], &k), k) : 12;
+  for (int i = p->sent; i < n; i++) len += t ? (moe_tokenizer_token_bytes(t, p->st.tokens[i], &k), k) : 12;
   char *raw = malloc(len + 1), *out = malloc(3 * len + 1);
   if (!raw || !out) return free(raw), free(out), NULL;
   size_t w = 0;
   if (!t) {
-    for (int i = p->sent; i < n; i++) w += (size_t)sprintf(out + w, "%s%d", i ? " " : "", p->r->out[i]);
+    for (int i = p->sent; i < n; i++) w += (size_t)sprintf(out + w, "%s%d", i ? " " : "", p->st.tokens[i]);
     out[w] = 0;
     p->sent = n;
     return free(raw), out;
@@ -106,10 +109,10 @@ static char *new_text(reply *p, int n, int final) {
   memcpy(raw, p->held, p->nheld);
   w = p->nheld;
   for (int i = p->sent; i < n; i++) {
-    const char *b = moe_tokenizer_token_bytes(t, p->r->out[i], &k);
+    const char *b = moe_tokenizer_token_bytes(t, p->st.tokens[i], &k);
     memcpy(raw + w, b, k), w += k;
   }
-  size_t upto = p->r->c.n_stop && p->safe - p->start < w ? p->safe - p->start : w;
+  size_t upto = p->c.n_stop && p->st.text_safe - p->start < w ? p->st.text_safe - p->start : w;
   size_t used, o = moe__utf8_clean(raw, upto, final, out, &used);
   p->nheld = final ? 0 : w - used;
   memcpy(p->held, raw + used, p->nheld);
@@ -133,13 +136,13 @@ static cJSON *choice_json(reply *p, int n, int final) {
   cJSON_AddNumberToObject(o, "created", (double)time(NULL));
   cJSON_AddStringToObject(o, "model", "moe");
   cJSON_AddItemToArray(ch, c);
-  cJSON *ids = cJSON_CreateIntArray(p->r->out + p->sent, n - p->sent);
+  cJSON *ids = cJSON_CreateIntArray(p->st.tokens + p->sent, n - p->sent);
   if (!(text = new_text(p, n, final)) || !ids) return free(text), cJSON_Delete(ids), cJSON_Delete(o), NULL;
   cJSON_AddStringToObject(c, "text", text);
   free(text);
   cJSON_AddNumberToObject(c, "index", 0);
   cJSON_AddNullToObject(c, "logprobs");
-  if (final) cJSON_AddStringToObject(c, "finish_reason", p->r->stop ? "stop" : "length");
+  if (final) cJSON_AddStringToObject(c, "finish_reason", p->st.stop ? "stop" : "length");
   else cJSON_AddNullToObject(c, "finish_reason");
   cJSON_AddItemToObject(c, "token_ids", ids);
   return o;
@@ -150,11 +153,12 @@ static cJSON *choice_json(reply *p, int n, int final) {
 static int next_event(reply *p) {
   free(p->pending), p->pending = NULL, p->npending = p->at = 0;
   if (p->finished) return 0;
-  int done, n = serve_wait(p->h->e, p->r, p->sent, &done, &p->safe);
+  moe_engine_wait(p->h->e, p->r, p->sent, &p->st);
+  int done = p->st.done, n = p->st.n;
   char *s = NULL;
   if (done < 0) {
     cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
-    cJSON_AddStringToObject(e, "message", p->r->err);
+    cJSON_AddStringToObject(e, "message", p->st.error);
     cJSON_AddStringToObject(e, "type", "server_error");
     s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
@@ -184,56 +188,63 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
   return (ssize_t)k;
 }
 
-static void stream_free(void *cls) { /* the stream ended, or the client left mid-stream */
-  reply *p = cls;
-  serve_release(p->h->e, p->r);
+/* The end of a response: its latencies when it finished, the request released. */
+static void reply_free(reply *p) {
+  if (p->st.done > 0) serve_metrics_latency(p->h->met, p->st.ttft_s, p->st.total_s);
+  moe_engine_release(p->h->e, p->r);
+  moe__completion_free(&p->c);
   free(p->pending);
   free(p);
 }
 
+static void stream_free(void *cls) { reply_free(cls); } /* the stream ended, or the client left mid-stream */
+
 static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_req *q) {
-  const moe_lm_config *cfg = &h->e->m->cfg;
-  moe__completion req;
-  int context = h->o.context && h->o.context < cfg->max_seq ? h->o.context : cfg->max_seq;
-  if (moe__completion_parse(q->body ? q->body : "", q->n, h->tok, cfg->vocab, context, &req) != MOE_OK)
-    return send_error(c, h, 400, moe_last_error());
-  serve_req *r = serve_req_new(&req);
-  if (!r) return moe__completion_free(&req), send_error(c, h, 503, "out of memory for the request");
   reply *p = calloc(1, sizeof *p);
-  if (!p || !serve_submit(h->e, r)) {
-    free(p);
-    r->refs = 1; /* the engine never saw it */
-    serve_release(h->e, r);
-    return send_error(c, h, 503, "the server is shutting down");
+  if (!p) return send_error(c, h, 503, "out of memory for the request");
+  int context = h->o.context && h->o.context < h->m->max_seq ? h->o.context : h->m->max_seq;
+  if (moe__completion_parse(q->body ? q->body : "", q->n, h->tok, h->m->vocab, context, &p->c) != MOE_OK)
+    return free(p), send_error(c, h, 400, moe_last_error());
+  moe_engine_params ep = {p->c.ids, p->c.n_ids, p->c.max_tokens, p->c.temperature, p->c.top_p, p->c.seed,
+                          p->c.ignore_eos, (const char *const *)p->c.stop, p->c.n_stop};
+  p->h = h;
+  p->id = atomic_fetch_add(&h->next_id, 1);
+  if (moe_engine_submit(h->e, &ep, &p->r) != MOE_OK) {
+    int draining = moe_engine_draining(h->e);
+    enum MHD_Result ok = send_error(c, h, draining ? 503 : 500, draining ? "the server is shutting down" : moe_last_error());
+    reply_free(p);
+    return ok;
   }
-  *p = (reply){.h = h, .r = r, .id = atomic_fetch_add(&h->next_id, 1)};
-  if (r->c.stream) {
+  pthread_mutex_lock(&h->met->mu);
+  h->met->requests[0]++;
+  pthread_mutex_unlock(&h->met->mu);
+  if (p->c.stream) {
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, p, stream_free);
-    if (!resp) return stream_free(p), MHD_NO;
+    if (!resp) return reply_free(p), MHD_NO;
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
-    serve_metrics_status(h->e->met, 200);
+    serve_metrics_status(h->met, 200);
     enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return ok;
   }
-  int done = 0, n = 0;
-  while (!done) n = serve_wait(h->e, r, n, &done, &p->safe);
+  do moe_engine_wait(h->e, p->r, p->st.n, &p->st);
+  while (!p->st.done);
   enum MHD_Result ok;
-  if (done < 0) ok = send_error(c, h, 500, r->err);
+  int n = p->st.n;
+  if (p->st.done < 0) ok = send_error(c, h, 500, p->st.error);
   else {
     cJSON *o = choice_json(p, n, 1), *u = cJSON_CreateObject();
     if (o && u) {
-      cJSON_AddNumberToObject(u, "prompt_tokens", r->c.n_ids);
+      cJSON_AddNumberToObject(u, "prompt_tokens", p->c.n_ids);
       cJSON_AddNumberToObject(u, "completion_tokens", n);
-      cJSON_AddNumberToObject(u, "total_tokens", r->c.n_ids + n);
+      cJSON_AddNumberToObject(u, "total_tokens", p->c.n_ids + n);
       cJSON_AddItemToObject(o, "usage", u), u = NULL;
     }
     cJSON_Delete(u);
     ok = send_json(c, h, 200, o);
   }
-  serve_release(h->e, r);
-  free(p);
+  reply_free(p);
   return ok;
 }
 
@@ -249,7 +260,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!(q = calloc(1, sizeof *q))) return MHD_NO;
     *con_cls = q;
     q->deadline = cli_now() + h->o.timeout_s;
-    q->counted = !serve_draining(h->e); /* the drain waits for those it found, not for newcomers */
+    q->counted = !moe_engine_draining(h->e); /* the drain waits for those it found, not for newcomers */
     pthread_mutex_lock(&h->mu);
     h->busy += q->counted;
     pthread_mutex_unlock(&h->mu);
@@ -271,14 +282,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
   int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
   if (!strcmp(url, "/health")) {
     if (!get) return send_error(c, h, 405, "GET /health");
-    int draining = serve_draining(h->e);
+    int draining = moe_engine_draining(h->e);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", draining ? "draining" : "ok");
     return send_json(c, h, draining ? 503 : 200, o);
   }
   if (!strcmp(url, "/metrics")) {
     if (!get) return send_error(c, h, 405, "GET /metrics");
-    return send_text(c, h, 200, "text/plain; version=0.0.4", serve_metrics_text(h->e->met));
+    return send_text(c, h, 200, "text/plain; version=0.0.4", serve_metrics_text(h->met, h->e));
   }
   if (!strcmp(url, "/v1/completions")) {
     if (!post) return send_error(c, h, 405, "POST /v1/completions");
@@ -314,14 +325,14 @@ static void connection(void *cls, struct MHD_Connection *c, void **socket_contex
   MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
 }
 
-moe_status serve_http_start(serve_http **out, const char *host, int port, serve_engine *e, const moe_tokenizer *tok,
-                            const serve_http_opts *o, int *bound) {
+moe_status serve_http_start(serve_http **out, const char *host, int port, moe_engine *e, const moe_lm_config *m,
+                            const moe_tokenizer *tok, serve_metrics *met, const serve_http_opts *o, int *bound) {
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
     return moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "--host: '%s' is not an IPv4 address", host);
   serve_http *h = calloc(1, sizeof *h);
   if (!h) return moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "out of memory");
-  h->e = e, h->tok = tok, h->o = *o;
+  h->e = e, h->m = m, h->tok = tok, h->met = met, h->o = *o;
   pthread_mutex_init(&h->mu, NULL);
   pthread_cond_init(&h->idle, NULL);
   /* a thread per connection, polled with poll(): more than FD_SETSIZE connections at once */

@@ -1084,6 +1084,75 @@ moe_status moe_lm_decode_slots(moe_lm_t *m, moe_lm_cache *c, const int *slots, i
 /* (n_layers, E) tokens each expert got in the last decode through c (expert traces, moe serve --trace). */
 const int32_t *moe_lm_cache_expert_counts(const moe_lm_cache *c);
 
+/* ---- the continuous-batching engine (DESIGN 4.7; moe serve's, usable from C with no HTTP) ----
+ * One thread owns the model and a KV cache of `slots` sequences. Between decode steps finished and
+ * released requests leave their slots and queued ones join (each prompt in one forward, alone, as moe
+ * generate runs it); then one decode step runs the last token of every running request through the
+ * model together. Each request samples with its own generator, so a request gives the tokens it gets
+ * alone, and moe generate's for the same seed (greedy: the same; sampled: to rounding of the logits). */
+typedef struct moe_engine moe_engine;
+typedef struct moe_engine_req moe_engine_req;
+typedef struct {
+  int rows;             /* sequences decoded together in the step (0: prompts only) */
+  int tokens;           /* tokens generated (an end token not counted) */
+  int prompt_tokens;    /* prompt tokens read */
+  double seconds;       /* the step's prefills and decode */
+} moe_engine_step;
+typedef struct {
+  int slots;                /* sequences decoded together (>= 1) */
+  const moe_tokenizer *tok; /* the text of tokens, for stop strings (NULL: requests may have none) */
+  const int32_t *eos;       /* n_eos ids (copied) that end a request, not kept, unless it ignores them */
+  int n_eos;
+  /* called on the engine's thread (NULL: not called): after each step with work, and after each
+   * forward through the model (a prompt, or a step's decode) with its (n_layers, E) tokens per expert
+   * (moe_lm_cache_expert_counts: expert traces) */
+  void (*on_step)(void *ctx, const moe_engine_step *s);
+  void (*on_decode)(void *ctx, const int32_t *expert_counts);
+  void *ctx;
+} moe_engine_config;
+typedef struct {
+  const int32_t *prompt;    /* n_prompt >= 1 ids in [0, vocab) (copied) */
+  int n_prompt;
+  int max_tokens;           /* >= 1; n_prompt + max_tokens <= the model's max_seq */
+  float temperature, top_p; /* as moe_lm_sample */
+  uint64_t seed;
+  int ignore_eos;           /* go on past the end tokens */
+  const char *const *stop;  /* n_stop strings (copied, at most MOE_ENGINE_STOPS): generation ends with */
+  int n_stop;               /* the token whose text completes one; the text to show ends before it */
+} moe_engine_params;
+#define MOE_ENGINE_STOPS 16
+typedef struct {
+  int n;                 /* tokens generated so far */
+  const int32_t *tokens; /* (n) valid until moe_engine_release; those given never change */
+  int done;              /* 0 running or queued, 1 finished, -1 failed (error says why) */
+  int stop;              /* finished at an end token or a stop string, not at max_tokens */
+  size_t text_safe;      /* with stop strings: the bytes of the tokens' text that may be shown (not a
+                            stop string nor the start of one); else the text's length */
+  const char *error;     /* when failed, valid until release */
+  double ttft_s, total_s; /* seconds from submit to the first token and to the end; -1 until known */
+} moe_engine_state;
+typedef struct {
+  int queued, running;   /* requests waiting for a slot, and in one */
+  int64_t steps, tokens, prompt_tokens;
+  double busy_s;         /* the thread's time in steps */
+} moe_engine_stats;
+
+/* Starts the engine's thread over m (which it owns until moe_engine_free; m's threads run the steps). */
+moe_status moe_engine_new(moe_engine **out, moe_lm_t *m, const moe_engine_config *c);
+/* Queues a request; *out is the caller's handle until moe_engine_release. MOE_ERR_STATE once draining,
+ * MOE_ERR_ARG naming the field for a bad one. */
+moe_status moe_engine_submit(moe_engine *e, const moe_engine_params *p, moe_engine_req **out);
+/* Waits until r has more than `have` tokens or is done (have -1: returns at once) and reports it. */
+void moe_engine_wait(moe_engine *e, moe_engine_req *r, int have, moe_engine_state *st);
+/* Drops the handle: an unfinished request is cancelled (it leaves its slot before the next step). */
+void moe_engine_release(moe_engine *e, moe_engine_req *r);
+void moe_engine_get_stats(moe_engine *e, moe_engine_stats *st);
+/* Takes no more requests, finishes those queued and running, and ends the thread; then free. */
+void moe_engine_drain(moe_engine *e);
+int moe_engine_draining(moe_engine *e);
+/* Drains first. */
+void moe_engine_free(moe_engine *e);
+
 /* Expert buffering for a loaded model (deployment paper VI, moe serve --cache K): every MoE layer's
  * experts are freed and served instead by an expert cache of K slots (policy p) reading dir's
  * model.safetensors lazily (one file: not a sharded checkpoint); the outputs do not change. The experts'
