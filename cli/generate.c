@@ -1,4 +1,4 @@
-/* moe generate: tokens from a language model checkpoint (a Hugging Face Mixtral directory). The
+/* moe generate: tokens from a language model checkpoint (a Hugging Face directory of a family moe.h lists). The
  * prompt runs through the model once, filling the KV cache; each new token then costs one position.
  * --prompt "text" goes through the checkpoint's tokenizer.json (as `moe tokenizer encode` does) and
  * the new tokens' text goes to stdout; --prompt-ids takes ids and prints the new ids, one line. Under

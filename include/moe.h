@@ -884,12 +884,31 @@ const char *moe_tokenizer_token_bytes(const moe_tokenizer *t, int32_t id, size_t
  * byte-level token by the text it stands for), or -1. */
 int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token);
 
-/* ---- a Mixtral-architecture language model (DESIGN 4.5) ----
- * Token embedding; n_layers pre-norm blocks h += Attn(RMSNorm(h)), h += MoE(RMSNorm(h)) with causal
- * grouped-query attention and rotary position embeddings (Hugging Face's rotate_half) and the libmoe
- * layer as the feed-forward (SwiGLU experts, softmax top-k router); RMSNorm and an output head, tied to
- * the embedding or not. Loss: mean cross-entropy over the counted targets plus aux_coef times Mixtral's
- * load-balancing loss (HF load_balancing_loss_func: all layers' tokens and all k slots together). */
+/* ---- a Mixtral-architecture language model and its relatives (DESIGN 4.5) ----
+ * Token embedding; n_layers pre-norm blocks h += Attn(RMSNorm(h)), h += FFN(RMSNorm(h)) with causal
+ * grouped-query attention and rotary position embeddings (Hugging Face's rotate_half); the feed-forward
+ * is the libmoe layer (SwiGLU experts, softmax top-k router, and with shared_H its always-on shared
+ * expert) or, in the layers dense_layers marks, a dense SwiGLU MLP of width dense_H; RMSNorm and an
+ * output head, tied to the embedding or not. Loss: mean cross-entropy over the counted targets plus
+ * aux_coef times the load-balancing loss (HF load_balancing_loss_func: all MoE layers' tokens and all
+ * k slots together). The family decides the Hugging Face tensor names and config.json; the attention
+ * options (qkv_bias, qk_norm, clip_qkv) are what its modeling file does:
+ *   Mixtral (model_type "mixtral"): block_sparse_moe.gate, block_sparse_moe.experts.<e>.w1/w2/w3;
+ *   Qwen2-MoE ("qwen2_moe"): q/k/v biases, mlp.gate, mlp.experts.<e>.gate_proj/up_proj/down_proj, the
+ *     shared expert mlp.shared_expert.* scaled by sigmoid(mlp.shared_expert_gate x), dense layers;
+ *   Qwen3-MoE ("qwen3_moe"): self_attn.q_norm/k_norm over each head's head_dim, mlp.* as Qwen2-MoE
+ *     without the shared expert, dense layers;
+ *   OLMoE ("olmoe"): self_attn.q_norm/k_norm over the whole q (n_heads head_dim) and k (n_kv_heads
+ *     head_dim) projections, optional clip_qkv, mlp.* as Qwen3-MoE, no dense layers. */
+typedef enum { MOE_LM_MIXTRAL = 0, MOE_LM_QWEN2_MOE, MOE_LM_QWEN3_MOE, MOE_LM_OLMOE } moe_lm_family;
+/* The family's model_type ("mixtral", ...); NULL when out of range. */
+const char *moe_lm_family_name(moe_lm_family f);
+typedef enum {
+  MOE_QK_NORM_NONE = 0,
+  MOE_QK_NORM_HEAD, /* RMSNorm of each head of q and k over head_dim, weights (head_dim) (Qwen3-MoE) */
+  MOE_QK_NORM_FULL, /* RMSNorm of the whole q and k projections, weights (n_heads / n_kv_heads x head_dim) (OLMoE) */
+} moe_lm_qk_norm;
+#define MOE_LM_MAX_LAYERS 1024
 typedef struct {
   int vocab, n_layers, n_heads, n_kv_heads, head_dim; /* n_heads a multiple of n_kv_heads, head_dim even */
   int max_seq;           /* longest context; the rotary tables and a KV cache grow up to it as used */
@@ -898,17 +917,26 @@ typedef struct {
   float aux_coef;        /* router_aux_loss_coef: 0.001 as Mixtral; 0 leaves the balance loss out */
   int tie_embeddings;    /* the head reuses model.embed_tokens.weight */
   int sliding_window;    /* 0: none; else a query sees its own key and the sliding_window - 1 before it */
-  moe_layer_config moe;  /* D (the model width), H (intermediate_size), E, top_k, capacity, dispatch,
-                            dtype...; act swiglu, no biases, linear router; moe.threads for the model */
+  moe_layer_config moe;  /* D (the model width), H (the experts' intermediate size), E, top_k,
+                            normalize_topk (norm_topk_prob), shared_H / shared_gate (Qwen2-MoE's shared
+                            expert), capacity, dispatch, dtype...; act swiglu, no biases, linear router;
+                            moe.threads for the model */
+  moe_lm_family family;  /* MOE_LM_MIXTRAL by default */
+  int qkv_bias;          /* q_proj, k_proj and v_proj have biases (Qwen2-MoE) */
+  moe_lm_qk_norm qk_norm; /* RMSNorm (eps rms_eps) of q and k after the projections, before RoPE */
+  float clip_qkv;        /* > 0: q, k and v clamped to [-clip_qkv, clip_qkv] after the norms (OLMoE); 0: no clamp */
+  int dense_H;           /* the dense layers' intermediate_size (Qwen2/3-MoE's intermediate_size) */
+  uint8_t dense_layers[MOE_LM_MAX_LAYERS / 8]; /* bit i % 8 of byte i / 8: layer i is a dense SwiGLU MLP
+                            (mlp.gate_proj/up_proj/down_proj, dense_H wide) instead of a MoE layer */
 } moe_lm_config;
-/* Mixtral's shape at a small size: vocab 4096, D 256, 4 layers, 8 heads, 4 kv heads, head_dim 32,
- * max_seq 256, H 512, 8 experts, top-2 renormalized, no-drop dynamic dispatch. */
+/* Whether layer i of c is a dense MLP layer (moe_lm_t.layers[i] is then unused: all zero). */
+int moe_lm_layer_dense(const moe_lm_config *c, int i);
 void moe_lm_config_default(moe_lm_config *c);
 
 typedef struct moe__lm_state moe__lm_state;
 typedef struct {
   moe_lm_config cfg;
-  moe_layer_t *layers;  /* (n_layers) the MoE feed-forwards */
+  moe_layer_t *layers;  /* (n_layers) the MoE feed-forwards; a dense layer's entry is all zero */
   int nrefs;
   moe_tensor_ref *refs; /* every parameter under its Hugging Face name, in HF order; an expert's w1, w2,
                            w3 are views into its layer's stacked experts.fc1/fc2/fc3 tensors */
@@ -943,22 +971,38 @@ const float *moe_lm_logits(const moe_lm_t *m);
 /* Adds the gradient of the last forward's loss (which had targets) into every ref's grad. */
 moe_status moe_lm_backward(moe_lm_t *m);
 
-/* Hugging Face Mixtral checkpoint directories: config.json with model.safetensors, or with the shards
- * that model.safetensors.index.json lists ("weight_map": tensor name -> file). c gets the fields the
- * config gives (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
- * num_key_value_heads, head_dim, max_position_embeddings, rope_theta, rms_norm_eps, tie_word_embeddings,
- * num_local_experts, num_experts_per_tok, sliding_window (null or a window), and router_aux_loss_coef,
- * which counts only when output_router_logits is true, as in transformers; a rope_scaling other than
- * null is refused); the rest is moe_lm_config_default's. Errors name the file and the field. */
+/* Hugging Face checkpoint directories of the four families: config.json with model.safetensors, or
+ * with the shards that model.safetensors.index.json lists ("weight_map": tensor name -> file). The
+ * family is config.json's model_type ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"), else its
+ * architectures entry, else Mixtral. c gets the fields the config gives: vocab_size, hidden_size,
+ * num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings, rope_theta (or
+ * rope_parameters of rope_type default), rms_norm_eps, tie_word_embeddings, num_experts_per_tok and
+ * router_aux_loss_coef, which counts only when output_router_logits is true, as in transformers; then
+ *   mixtral: intermediate_size, head_dim, num_local_experts, sliding_window (null or a window);
+ *   qwen2_moe: moe_intermediate_size (moe.H), intermediate_size (dense_H), num_experts, norm_topk_prob,
+ *     decoder_sparse_step and mlp_only_layers (dense_layers), shared_expert_intermediate_size (moe.shared_H,
+ *     gated), qkv_bias (default true), layer_types (all "full_attention");
+ *   qwen3_moe: as qwen2_moe without the shared expert and qkv_bias, with head_dim (q/k norms per head);
+ *   olmoe: intermediate_size (moe.H), num_experts, norm_topk_prob, clip_qkv (null or > 0);
+ * absent fields take the family's transformers defaults (qwen: rms_norm_eps 1e-6, rope_theta 1e4,
+ * norm_topk_prob false...). Fields that change nothing computed are known and ignored (torch_dtype,
+ * transformers_version, bos/eos/pad_token_id, use_cache, initializer_range, a Qwen sliding_window or
+ * max_window_layers while use_sliding_window is false, OLMoE's router_z_loss_coef, which transformers
+ * does not add); any other field is MOE_ERR_FORMAT naming the file and the field, and so are values
+ * not implemented: rope_scaling other than null, use_sliding_window or attention_bias true, hidden_act
+ * other than silu, attention_dropout or router_jitter_noise other than 0. The rest is
+ * moe_lm_config_default's. Errors name the file and the field. */
 moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);
 /* Builds m from c (NULL: moe_lm_read_config(dir), which a caller reads first to change layer options
  * or max_seq), after checking c's sizes against the tensors' shapes (MOE_ERR_SHAPE naming config.json,
  * the field and its value, before any allocation of their size), and reads every parameter, F32, BF16 or F16, into fp32 (the experts' bf16 copies follow
  * when c->moe.dtype is bf16). A tensor absent is MOE_ERR_MISSING, one of another shape MOE_ERR_SHAPE,
  * one of another dtype MOE_ERR_DTYPE, a NaN or Inf MOE_ERR_VALUE: each naming the file and the tensor
- * (and both shapes). Tensors the model does not use are ignored. */
+ * (and both shapes). A tensor the model does not have is MOE_ERR_FORMAT naming the file and the tensor
+ * (except rotary_emb.inv_freq tables, which older transformers saved and are recomputed). */
 moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
-/* Writes dir/model.safetensors (F32, HF names, {"format": "pt"}) and dir/config.json, each atomically,
+/* Writes dir/model.safetensors (F32, the family's HF names, {"format": "pt"}) and dir/config.json (the
+ * family's model_type and fields; dense layers as mlp_only_layers), each atomically,
  * creating dir when missing; an index json there is removed, since it would name other files. Expert-
  * parallel (cfg.moe.dist), a collective: the one-process model, every rank's experts, written by rank 0.
  * (Loading under expert parallelism reads each rank's own experts by name.) */
@@ -1044,13 +1088,14 @@ typedef struct {
 moe_status moe_sim_calibrate(const moe_dist *d, int threads, moe_sim_machine *out);
 
 /* ---- language-model training: the MoE layers' stats and where a step's time goes ---- */
-/* Layer i's stats of the last forward (expert counts, the router's choices), as moe_model_layer_stats. */
+/* Layer i's stats of the last forward (expert counts, the router's choices), as moe_model_layer_stats;
+ * all zero for a dense layer. */
 const moe_layer_stats *moe_lm_layer_stats(const moe_lm_t *m, int i);
 /* Seconds in the transformer layers of moe_lm_forward and moe_lm_backward calls (not decodes) since
  * the last reset: the MoE layers (moe_layer_forward and _backward: their dispatch, expert GEMMs,
  * combine and the router's backward), the router (the layers' forward routers, stats.router_seconds,
  * and the balance loss: the router probabilities it recomputes and their gradient), and attention with
- * its norms and residual adds (the rest of a layer). Embedding, final norm, output head and
+ * its norms and residual adds (the rest of a layer, a dense layer's MLP included). Embedding, final norm, output head and
  * cross-entropy are in none of them. */
 typedef struct {
   double attention, experts, router;
