@@ -144,6 +144,7 @@ cj_val *cj_array(cj_ctx *c, cj_vtype t, size_t n); /* n elements to fill */
 cj_val *cj_object(cj_ctx *c, cj_vtype t);
 cj_val *cj_map_get(const cj_map *m, const char *k, size_t n);
 void cj_map_set(cj_ctx *c, cj_map *m, cj_str k, cj_val *v);
+void cj_map_reserve(cj_ctx *c, cj_map *m, size_t cap);
 cj_val *cj_from_json(cj_ctx *c, const void *cjson); /* JSON.parse's value (a cJSON *) */
 
 int cj_truthy(const cj_val *v);

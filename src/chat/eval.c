@@ -367,6 +367,11 @@ static cj_val *call_expr(cj_ctx *c, const cj_node *e, cj_env *env) {
     args = more;
   }
   cj_val *fn = cj_eval(c, e->a, env);
+  const cj_node *f = e->a;
+  if (fn->t != V_FUNC && f->t == N_MEMBER && !f->flag && f->b->t == N_IDENT)
+    cj_fail(c, f->pos, "no method '%.*s' (a %s is not a function)", (int)f->b->s.n, f->b->s.s, cj_type_name(fn->t));
+  if (fn->t != V_FUNC && f->t == N_IDENT)
+    cj_fail(c, f->pos, "'%.*s' is not a function (a %s)", (int)f->s.n, f->s.s, cj_type_name(fn->t));
   return cj_call(c, fn, args, n, env, e->pos);
 }
 
@@ -481,6 +486,7 @@ static const cj_node *exec_for(cj_ctx *c, const cj_node *e, cj_env *env, cj_buf 
   for (size_t i = 0; i < n; i++) {
     cj_step(c, e->pos);
     cj_val *loop = cj_object(c, V_OBJECT);
+    cj_map_reserve(c, loop->map, 9);
     set_int(c, loop->map, "index", (double)i + 1);
     set_int(c, loop->map, "index0", (double)i);
     set_int(c, loop->map, "revindex", (double)(n - i));

@@ -109,24 +109,26 @@ cj_val *cj_map_get(const cj_map *m, const char *k, size_t n) {
   return NULL;
 }
 
+void cj_map_reserve(cj_ctx *c, cj_map *m, size_t cap) {
+  if (cap <= m->cap) return;
+  cj_str *keys = cj_alloc(c, cap * sizeof *keys);
+  cj_val **vals = cj_alloc(c, cap * sizeof *vals);
+  if (m->n) {
+    memcpy(keys, m->keys, m->n * sizeof *keys);
+    memcpy(vals, m->vals, m->n * sizeof *vals);
+  }
+  m->keys = keys;
+  m->vals = vals;
+  m->cap = cap;
+}
+
 void cj_map_set(cj_ctx *c, cj_map *m, cj_str k, cj_val *v) {
   for (size_t i = 0; i < m->n; i++)
     if (m->keys[i].n == k.n && !memcmp(m->keys[i].s, k.s, k.n)) {
       m->vals[i] = v;
       return;
     }
-  if (m->n == m->cap) {
-    size_t cap = m->cap ? 2 * m->cap : 4;
-    cj_str *keys = cj_alloc(c, cap * sizeof *keys);
-    cj_val **vals = cj_alloc(c, cap * sizeof *vals);
-    if (m->n) {
-      memcpy(keys, m->keys, m->n * sizeof *keys);
-      memcpy(vals, m->vals, m->n * sizeof *vals);
-    }
-    m->keys = keys;
-    m->vals = vals;
-    m->cap = cap;
-  }
+  if (m->n == m->cap) cj_map_reserve(c, m, m->cap ? 2 * m->cap : 4);
   m->keys[m->n] = k;
   m->vals[m->n++] = v;
 }
