@@ -158,6 +158,7 @@ function langCases() {
   // filters
   L('filter_tojson', '{{ v|tojson }}|{{ v|tojson(indent=2) }}|{{ "é\\n\\u0001🦙"|tojson }}|{{ "é🦙"|tojson(ensure_ascii=true) }}|{{ {"b": 1, "a": [], "c": {}}|tojson(indent=1, sort_keys=true) }}|{{ [1, 2]|tojson(separators=(",", ":")) }}|{{ 2.0|tojson }} {{ none|tojson }} {{ undefined_var|tojson }}', { v: { n: 1, f: 1.5, s: 'x"y', b: false, l: [1, [2]], o: { k: null } } });
   L('filter_strings', '{{ " a b "|trim }}|{{ "ab"|upper }}|{{ "AB"|lower }}|{{ "hello world-x"|title }}|{{ "hELLO"|capitalize }}|{{ "héllo🦙"|length }}|{{ "a\\nb\\n\\nc"|indent }}|{{ "a\\nb"|indent(2, first=true) }}|{{ "x"|string }}|{{ "ab"|join("-") }}');
+  L('case_unicode', '{{ s|upper }}|{{ s|lower }}|{{ s.title() }}|{{ s|capitalize }}|{{ "éa"|capitalize }}|{{ "ΟΔΟΣ ΣΑΣ"|lower }}|{{ "straße"|upper }}|{{ "İx"|lower }}|{{ "ÀB" is upper }} {{ "àb" is lower }} {{ ["é", "E", "d"]|sort }}', { s: 'Größe ÉCOLE ñandú Ωμέγα 🦙x' });
   L('filter_numbers', '{{ "42"|int }} {{ " 7x"|int }} {{ "x"|int }} {{ "x"|int(5) }} {{ "2.5e1"|float }} {{ 3.7|int }} {{ -3|abs }} {{ 2|float }} {{ 3|string }} {{ true|int }} {{ false|string }}');
   L('filter_lists', '{{ xs|length }} {{ xs|first }} {{ xs|last }} {{ xs|reverse }} {{ xs|sort }} {{ xs|join }} {{ xs|join(", ") }} {{ xs|unique }} {{ xs|list }} {{ xs|string }} {{ ["b", "A", "c"]|sort }} {{ xs|sort(reverse=true) }}', { xs: [3, 1, 2, 1] });
   L('filter_default', '{{ u|default("d") }} {{ ""|default("e") }} {{ ""|default("f", true) }} {{ none|default("g") }} {{ 0|default("h", boolean=true) }}');

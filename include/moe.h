@@ -1289,7 +1289,7 @@ size_t moe_lm_whole_numel(const moe_lm_t *m);
 moe_status moe_lm_gather(const moe_lm_t *m, const float *local, float *whole);
 moe_status moe_lm_scatter(const moe_lm_t *m, const float *whole, float *local);
 
-/* ---- chat templates (Hugging Face's Jinja chat_template; DESIGN 4.8) ----
+/* ---- chat templates (Hugging Face's Jinja chat_template; DESIGN 4.9) ----
  * A template renders byte for byte as @huggingface/jinja (the renderer of transformers.js) renders it,
  * its JavaScript semantics included: numbers are doubles, `==` is JavaScript's loose equality, strip()
  * and lstrip()/rstrip() take no argument and strip all whitespace, undefined names are undefined rather

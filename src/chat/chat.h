@@ -184,6 +184,12 @@ int cj_js_space(uint32_t cp);
 uint32_t cj_utf8_next(const char *s, size_t n, size_t i, size_t *len);
 size_t cj_utf16_len(const char *s, size_t n);
 cj_str cj_trim(cj_str s, int start, int end);
+/* JavaScript's toUpperCase / toLowerCase (glibc's C.UTF-8 simple mapping, with ß, İ and the final
+ * sigma as SpecialCasing maps them), title() (/\b\w/ upper: ASCII) and capitalize() (the first UTF-16
+ * unit upper, the rest as it is) (case.c). */
+typedef enum { CJ_UPPER, CJ_LOWER, CJ_TITLE, CJ_CAPITALIZE } cj_case;
+cj_val *cj_recase(cj_ctx *c, cj_str s, cj_case how);
+void cj_put_utf8(cj_ctx *c, cj_buf *b, uint32_t cp);
 
 /* ---- the evaluator ---- */
 cj_val *cj_eval(cj_ctx *c, const cj_node *e, cj_env *env);

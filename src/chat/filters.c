@@ -57,16 +57,11 @@ static int compare(cj_ctx *c, const cj_val *a, const cj_val *b, int case_sensiti
     return x < y ? -1 : x > y ? 1 : 0;
   }
   if (a->t != b->t || a->t != V_STR) cj_fail(c, pos, "cannot compare a %s with a %s", cj_type_name(a->t), cj_type_name(b->t));
-  size_t n = a->str.n < b->str.n ? a->str.n : b->str.n;
-  for (size_t i = 0; i < n; i++) {
-    int x = (unsigned char)a->str.s[i], y = (unsigned char)b->str.s[i];
-    if (!case_sensitive) {
-      x = x >= 'A' && x <= 'Z' ? x + 32 : x;
-      y = y >= 'A' && y <= 'Z' ? y + 32 : y;
-    }
-    if (x != y) return x < y ? -1 : 1;
-  }
-  return a->str.n < b->str.n ? -1 : a->str.n > b->str.n ? 1 : 0;
+  cj_str x = a->str, y = b->str;
+  if (!case_sensitive) x = cj_recase(c, x, CJ_LOWER)->str, y = cj_recase(c, y, CJ_LOWER)->str;
+  size_t n = x.n < y.n ? x.n : y.n;
+  int r = n ? memcmp(x.s, y.s, n) : 0;
+  return r ? (r < 0 ? -1 : 1) : x.n < y.n ? -1 : x.n > y.n ? 1 : 0;
 }
 
 typedef struct {
@@ -444,14 +439,10 @@ int cj_test(cj_ctx *c, const cj_val *v, cj_str name, const cj_val *arg, int has_
   if (cj_str_eq(name, "iterable")) return t == V_ARRAY || t == V_STR;
   if (cj_str_eq(name, "mapping")) return cj_is_object(v);
   if (cj_str_eq(name, "sequence")) return cj_is_array(v) || cj_is_object(v) || t == V_STR;
-  if (cj_str_eq(name, "lower") || cj_str_eq(name, "upper")) {
+  if (cj_str_eq(name, "lower") || cj_str_eq(name, "upper")) { /* s === s.toLowerCase() */
     if (t != V_STR) return 0;
-    int upper = name.s[0] == 'u';
-    for (size_t i = 0; i < v->str.n; i++) {
-      char ch = v->str.s[i];
-      if (upper ? (ch >= 'a' && ch <= 'z') : (ch >= 'A' && ch <= 'Z')) return 0;
-    }
-    return 1;
+    const cj_val *m = cj_recase(c, v->str, name.s[0] == 'u' ? CJ_UPPER : CJ_LOWER);
+    return m->str.n == v->str.n && !memcmp(m->str.s, v->str.s, v->str.n);
   }
   if (cj_str_eq(name, "defined")) return t != V_UNDEF;
   if (cj_str_eq(name, "undefined")) return t == V_UNDEF;

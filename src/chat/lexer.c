@@ -138,14 +138,6 @@ static int is_word(char ch) {
   return is_digit(ch) || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_';
 }
 
-static void put_utf8(cj_ctx *c, cj_buf *b, uint32_t cp) {
-  char u[4];
-  if (cp >= 0xD800 && cp < 0xE000) cp = 0xFFFD; /* a lone surrogate has no UTF-8 */
-  if (cp < 0x80) u[0] = (char)cp, cj_put(c, b, u, 1);
-  else if (cp < 0x800) u[0] = (char)(0xC0 | cp >> 6), u[1] = (char)(0x80 | (cp & 63)), cj_put(c, b, u, 2);
-  else u[0] = (char)(0xE0 | cp >> 12), u[1] = (char)(0x80 | ((cp >> 6) & 63)), u[2] = (char)(0x80 | (cp & 63)), cj_put(c, b, u, 3);
-}
-
 /* A quoted string from just after its opening quote; escapes as lexer.ts reads them. */
 static cj_str string_literal(lexer *L, char quote, size_t start) {
   cj_buf b = {0};
@@ -165,7 +157,7 @@ static cj_str string_literal(lexer *L, char quote, size_t start) {
           cp = cp * 16 + (uint32_t)d;
         }
         L->i += k;
-        put_utf8(L->c, &b, cp);
+        cj_put_utf8(L->c, &b, cp);
         continue;
       }
       const char *from = "ntrbfv'\"\\", *to = "\n\t\r\b\f\v'\"\\";

@@ -1,7 +1,6 @@
 /* The methods of strings (upper, strip, split, replace, ...) and objects (get, items, ...), and the
  * globals (namespace, range, raise_exception, strftime_now, true/false/none), as @huggingface/jinja
- * defines them: strip() and its kin take no argument and strip all whitespace, as there. Case mapping
- * is ASCII's (JavaScript maps every script; chat templates case ASCII names only). */
+ * defines them: strip() and its kin take no argument and strip all whitespace, as there. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -32,23 +31,6 @@ cj_val *cj_builtin_member(cj_ctx *c, cj_val *obj, cj_str name) {
 static cj_val *str_of(cj_ctx *c, cj_buf *b) {
   cj_val *v = cj_new(c, V_STR);
   v->str = b->s ? (cj_str){b->s, b->n} : (cj_str){"", 0};
-  return v;
-}
-
-static int is_word(unsigned char ch) {
-  return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_';
-}
-
-/* upper (1), lower (-1), title (2: /\b\w/ upper), capitalize (3: the first character upper). */
-static cj_val *recase(cj_ctx *c, cj_str s, int how) {
-  cj_val *v = cj_string(c, s.s, s.n);
-  char *p = (char *)v->str.s;
-  for (size_t i = 0; i < s.n; i++) {
-    int up = how == 1 || (how == 2 && is_word((unsigned char)p[i]) && (i == 0 || !is_word((unsigned char)p[i - 1]))) ||
-             (how == 3 && i == 0);
-    if (up && p[i] >= 'a' && p[i] <= 'z') p[i] = (char)(p[i] - 32);
-    else if (how == -1 && p[i] >= 'A' && p[i] <= 'Z') p[i] = (char)(p[i] + 32);
-  }
   return v;
 }
 
@@ -180,10 +162,10 @@ static cj_val *affix(cj_ctx *c, cj_str s, cj_val **args, size_t n, int end, size
 }
 
 static cj_val *string_method(cj_ctx *c, const char *m, cj_str s, cj_val **args, size_t n, size_t pos) {
-  if (!strcmp(m, "upper")) return recase(c, s, 1);
-  if (!strcmp(m, "lower")) return recase(c, s, -1);
-  if (!strcmp(m, "title")) return recase(c, s, 2);
-  if (!strcmp(m, "capitalize")) return recase(c, s, 3);
+  if (!strcmp(m, "upper")) return cj_recase(c, s, CJ_UPPER);
+  if (!strcmp(m, "lower")) return cj_recase(c, s, CJ_LOWER);
+  if (!strcmp(m, "title")) return cj_recase(c, s, CJ_TITLE);
+  if (!strcmp(m, "capitalize")) return cj_recase(c, s, CJ_CAPITALIZE);
   if (!strcmp(m, "strip") || !strcmp(m, "lstrip") || !strcmp(m, "rstrip")) {
     cj_str t = cj_trim(s, m[0] != 'r', m[0] != 'l');
     return cj_string(c, t.s, t.n);
