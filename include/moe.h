@@ -1312,6 +1312,9 @@ moe_status moe_chat_template_render(const char *tmpl, const char *context_json, 
  * enable_thinking, ...) are variables too, overriding the others. MOE_ERR_MISSING without a template. */
 moe_status moe_chat_template_render_config(const char *tokenizer, const char *conversation_json,
                                            int add_generation_prompt, int64_t now, char **out, size_t *len);
+/* Frees what a moe_ function handed out malloc'd (the rendered text above), for callers that do not
+ * share the library's C allocator (Python's ctypes). */
+void moe_free(void *p);
 
 #ifdef __cplusplus
 }

@@ -45,6 +45,8 @@ moe_status moe__chat_render(const char *tmpl, size_t n, const cJSON *context, in
   return MOE_OK;
 }
 
+void moe_free(void *p) { free(p); }
+
 moe_status moe_chat_template_render(const char *tmpl, const char *context_json, int64_t now, char **out, size_t *len) {
   MOE_TRY(tmpl && out, MOE_ERR_ARG, "moe_chat_template_render: NULL template or output");
   *out = NULL;
