@@ -280,7 +280,6 @@ cj_tok *cj_lex(cj_ctx *c, size_t *ntok) {
       size_t start = L.i++;
       cj_str v = string_literal(&L, ch, start);
       push(&L, T_STR, v.s, v.n, start);
-      L.v[L.n - 1].pos = s->pos[start];
       continue;
     }
     if (is_digit(ch)) {

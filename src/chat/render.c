@@ -16,32 +16,38 @@ moe_status moe__chat_render(const char *tmpl, size_t n, const cJSON *context, in
                             char **out, size_t *len) {
   *out = NULL;
   if (len) *len = 0;
-  cj_ctx c = {.tmpl = tmpl, .tmpl_len = n, .now = now, .lim = lim ? *lim : DEFAULT_LIMITS, .status = MOE_ERR_FORMAT};
-  if (setjmp(c.fail)) {
-    cj_free_all(&c);
-    return c.status;
+  /* On the heap: what a longjmp comes back to must not be a local changed after setjmp. */
+  cj_ctx *c = calloc(1, sizeof *c);
+  MOE_TRY(c, MOE_ERR_NOMEM, "chat template: out of memory");
+  *c = (cj_ctx){.tmpl = tmpl, .tmpl_len = n, .now = now, .lim = lim ? *lim : DEFAULT_LIMITS, .status = MOE_ERR_FORMAT};
+  if (setjmp(c->fail)) {
+    moe_status st = c->status;
+    cj_free_all(c);
+    free(c);
+    return st;
   }
   size_t ntok;
-  cj_tok *toks = cj_lex(&c, &ntok);
-  cj_list prog = cj_parse(&c, toks, ntok);
-  c.status = MOE_ERR_VALUE;
-  cj_env *env = cj_env_new(&c, NULL);
-  cj_set_globals(&c, env);
+  cj_tok *toks = cj_lex(c, &ntok);
+  cj_list prog = cj_parse(c, toks, ntok);
+  c->status = MOE_ERR_VALUE;
+  cj_env *env = cj_env_new(c, NULL);
+  cj_set_globals(c, env);
   for (const cJSON *e = context ? context->child : NULL; e; e = e->next) {
     cj_str name = cj_cstr(e->string);
     if (cj_map_get(&env->vars, name.s, name.n) || cj_str_eq(name, "namespace"))
-      cj_fail(&c, SIZE_MAX, "the context's '%s' is a built-in name", e->string);
-    cj_env_set(&c, env, name, cj_from_json(&c, e));
+      cj_fail(c, SIZE_MAX, "the context's '%s' is a built-in name", e->string);
+    cj_env_set(c, env, name, cj_from_json(c, e));
   }
   cj_buf b = {0};
-  cj_put(&c, &b, "", 0);
-  cj_exec_block(&c, &prog, env, &b);
+  cj_put(c, &b, "", 0);
+  cj_exec_block(c, &prog, env, &b);
   char *s = malloc(b.n + 1);
-  if (!s) cj_fail(&c, SIZE_MAX, "out of memory (%zu bytes of output)", b.n);
+  if (!s) cj_fail(c, SIZE_MAX, "out of memory (%zu bytes of output)", b.n);
   memcpy(s, b.s, b.n + 1);
   *out = s;
   if (len) *len = b.n;
-  cj_free_all(&c);
+  cj_free_all(c);
+  free(c);
   return MOE_OK;
 }
 
