@@ -15,7 +15,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: moe tokenizer template --tokenizer DIR [--generation-prompt] [--now SECONDS] < conversation.json\n"
           "Prints the conversation rendered by DIR/tokenizer_config.json's chat_template (or the config file\n"
-          "given), with its special tokens (bos_token, eos_token, ...) as variables.\n"
+          "given), with its special tokens (bos_token, eos_token, ...) as transformers.js passes them.\n"
           "stdin: a JSON list of messages ({\"role\": ..., \"content\": ...}), or an object with \"messages\"\n"
           "  and other variables (tools, enable_thinking, ...).\n"
           "--generation-prompt: add_generation_prompt = true (the text then ends where the reply starts).\n"

