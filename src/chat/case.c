@@ -29,11 +29,7 @@ void cj_put_utf8(cj_ctx *c, cj_buf *b, uint32_t cp) {
   }
 }
 
-static int is_word(unsigned char ch) {
-  return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_';
-}
-
-static int is_letter(uint32_t cp) { return utf8_locale ? iswalpha_l((wint_t)cp, utf8_locale) : cp < 128 && is_word((unsigned char)cp); }
+static int is_letter(uint32_t cp) { return utf8_locale ? iswalpha_l((wint_t)cp, utf8_locale) : cp < 128 && cj_is_word((unsigned char)cp); }
 
 static uint32_t map(uint32_t cp, int upper) {
   if (cp < 128) return upper ? (cp >= 'a' && cp <= 'z' ? cp - 32 : cp) : (cp >= 'A' && cp <= 'Z' ? cp + 32 : cp);
@@ -53,7 +49,7 @@ cj_val *cj_recase(cj_ctx *c, cj_str s, cj_case how) {
     int bad = cp == 0xFFFD && len == 1 && (unsigned char)s.s[i] >= 0x80; /* not UTF-8: kept as it is */
     int first = i == 0;
     if (bad || how == CJ_TITLE || (how == CJ_CAPITALIZE && (!first || cp >= 0x10000))) {
-      int up = how == CJ_TITLE && cp < 128 && is_word((unsigned char)cp) && (first || !is_word((unsigned char)s.s[i - 1]));
+      int up = how == CJ_TITLE && cp < 128 && cj_is_word((unsigned char)cp) && (first || !cj_is_word((unsigned char)s.s[i - 1]));
       if (up) cj_put_utf8(c, &b, map(cp, 1));
       else cj_put(c, &b, s.s + i, len);
     } else if (how != CJ_LOWER && cp == 0xDF) {
@@ -69,7 +65,5 @@ cj_val *cj_recase(cj_ctx *c, cj_str s, cj_case how) {
     }
     prev = cp;
   }
-  cj_val *v = cj_new(c, V_STR);
-  v->str = (cj_str){b.s, b.n};
-  return v;
+  return cj_buf_string(c, &b);
 }

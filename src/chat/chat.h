@@ -158,6 +158,8 @@ typedef struct {
   size_t n, cap;
 } cj_buf;
 void cj_put(cj_ctx *c, cj_buf *b, const char *s, size_t n);
+/* The buffer's bytes as a string value (no copy; "" when empty). */
+cj_val *cj_buf_string(cj_ctx *c, const cj_buf *b);
 static inline void cj_puts(cj_ctx *c, cj_buf *b, cj_str s) { cj_put(c, b, s.s, s.n); }
 
 /* JavaScript's Number.prototype.toString of x. */
@@ -180,6 +182,10 @@ int cj_strict_eq(const cj_val *a, const cj_val *b);
 
 /* ---- strings as JavaScript sees them (UTF-16 units, its \s) ---- */
 int cj_js_space(uint32_t cp);
+/* JavaScript's \w: ASCII letters, digits and _. */
+static inline int cj_is_word(unsigned char ch) {
+  return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_';
+}
 /* The code point at s[i] (invalid bytes: one unit each) and its length in bytes. */
 uint32_t cj_utf8_next(const char *s, size_t n, size_t i, size_t *len);
 size_t cj_utf16_len(const char *s, size_t n);

@@ -92,9 +92,7 @@ static cj_val *slice(cj_ctx *c, cj_val *obj, const cj_node *e, cj_env *env) {
       size_t i = (size_t)(start + (double)k * stepv);
       cj_put(c, &b, obj->str.s + off[i], off[i + 1] - off[i]);
     }
-    cj_val *s = cj_new(c, V_STR);
-    s->str = (cj_str){b.s, b.n};
-    return s;
+    return cj_buf_string(c, &b);
   }
   cj_val *r = cj_array(c, V_ARRAY, count);
   for (size_t k = 0; k < count; k++) r->arr.v[k] = obj->arr.v[(size_t)(start + (double)k * stepv)];
@@ -142,9 +140,7 @@ static cj_val *concat_raw(cj_ctx *c, const cj_val *a, const cj_val *b, size_t po
   cj_put(c, &buf, "", 0);
   cj_put_raw(c, &buf, a, pos);
   cj_put_raw(c, &buf, b, pos);
-  cj_val *v = cj_new(c, V_STR);
-  v->str = (cj_str){buf.s, buf.n};
-  return v;
+  return cj_buf_string(c, &buf);
 }
 
 static int str_contains(cj_str hay, cj_str needle) {
@@ -324,9 +320,7 @@ static cj_val *run_body(cj_ctx *c, const cj_list *body, cj_env *scope) {
   cj_buf b = {0};
   cj_put(c, &b, "", 0);
   cj_exec_block(c, body, scope, &b);
-  cj_val *v = cj_new(c, V_STR);
-  v->str = (cj_str){b.s, b.n};
-  return v;
+  return cj_buf_string(c, &b);
 }
 
 cj_val *cj_call(cj_ctx *c, cj_val *fn, cj_val **args, size_t nargs, cj_env *env, size_t pos) {
@@ -526,8 +520,7 @@ static const cj_node *exec(cj_ctx *c, const cj_list *l, cj_env *env, cj_buf *out
           cj_buf b = {0};
           cj_put(c, &b, "", 0);
           if ((jump = exec(c, &e->l1, env, &b))) return jump;
-          v = cj_new(c, V_STR);
-          v->str = (cj_str){b.s, b.n};
+          v = cj_buf_string(c, &b);
         }
         assign(c, e->a, v, env);
         break;
@@ -563,9 +556,7 @@ static const cj_node *exec(cj_ctx *c, const cj_list *l, cj_env *env, cj_buf *out
         cj_buf b = {0};
         cj_put(c, &b, "", 0);
         if ((jump = exec(c, &e->l1, env, &b))) return jump;
-        cj_val *s = cj_new(c, V_STR);
-        s->str = (cj_str){b.s, b.n};
-        put_result(c, out, cj_apply_filter(c, s, e->a, env), e->pos);
+        put_result(c, out, cj_apply_filter(c, cj_buf_string(c, &b), e->a, env), e->pos);
         break;
       }
       case N_BREAK: case N_CONTINUE: return e;

@@ -6,16 +6,10 @@
 
 #include "chat.h"
 
-static cj_val *str_val(cj_ctx *c, cj_buf *b) {
-  cj_val *v = cj_new(c, V_STR);
-  v->str = b->s ? (cj_str){b->s, b->n} : (cj_str){"", 0};
-  return v;
-}
-
 static cj_val *to_json(cj_ctx *c, const cj_val *v, const cj_json_opts *o, size_t pos) {
   cj_buf b = {0};
   cj_put_json(c, &b, v, o, 0, pos);
-  return str_val(c, &b);
+  return cj_buf_string(c, &b);
 }
 
 /* JavaScript's parseInt(s, 10) and parseFloat(s); NaN when no number starts the string. */
@@ -160,7 +154,7 @@ static cj_val *join(cj_ctx *c, const cj_val *a, cj_str sep, size_t pos) {
     if (i) cj_puts(c, &b, sep);
     if (a->arr.v[i]->t != V_NULL && a->arr.v[i]->t != V_UNDEF) cj_put_raw(c, &b, a->arr.v[i], pos);
   }
-  return str_val(c, &b);
+  return cj_buf_string(c, &b);
 }
 
 static cj_val *indent(cj_ctx *c, cj_str s, double width, int first, int blank) {
@@ -176,7 +170,7 @@ static cj_val *indent(cj_ctx *c, cj_str s, double width, int first, int blank) {
     cj_put(c, &b, "\n", 1);
     i = j + 1;
   }
-  return str_val(c, &b);
+  return cj_buf_string(c, &b);
 }
 
 static _Noreturn void unknown(cj_ctx *c, cj_str name, const cj_val *v, size_t pos) {
@@ -249,7 +243,7 @@ static cj_val *filter_plain(cj_ctx *c, cj_val *v, cj_str name, cj_env *env, size
     if (cj_str_eq(name, "string")) {
       cj_buf b = {0};
       cj_put_value(c, &b, v, pos);
-      return str_val(c, &b);
+      return cj_buf_string(c, &b);
     }
     unknown(c, name, v, pos);
   }
@@ -333,7 +327,7 @@ static cj_val *filter_call(cj_ctx *c, cj_val *v, const cj_node *f, cj_env *env) 
       if (i) cj_puts(c, &b, s);
       cj_put(c, &b, v->str.s + i, len);
     }
-    return str_val(c, &b);
+    return cj_buf_string(c, &b);
   }
   if (cj_str_eq(name, "int") || cj_str_eq(name, "float")) {
     int integer = name.s[0] == 'i';

@@ -134,9 +134,6 @@ static void strip_trailing(lexer *L) {
 }
 
 static int is_digit(char ch) { return ch >= '0' && ch <= '9'; }
-static int is_word(char ch) {
-  return is_digit(ch) || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_';
-}
 
 /* A quoted string from just after its opening quote; escapes as lexer.ts reads them. */
 static cj_str string_literal(lexer *L, char quote, size_t start) {
@@ -289,9 +286,9 @@ cj_tok *cj_lex(cj_ctx *c, size_t *ntok) {
       L.i = j;
       continue;
     }
-    if (is_word(ch)) {
+    if (cj_is_word((unsigned char)ch)) {
       size_t j = L.i;
-      while (j < s->n && is_word(s->s[j])) j++;
+      while (j < s->n && cj_is_word((unsigned char)s->s[j])) j++;
       push(&L, T_IDENT, s->s + L.i, j - L.i, L.i);
       L.i = j;
       continue;

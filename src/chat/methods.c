@@ -28,12 +28,6 @@ cj_val *cj_builtin_member(cj_ctx *c, cj_val *obj, cj_str name) {
   return NULL;
 }
 
-static cj_val *str_of(cj_ctx *c, cj_buf *b) {
-  cj_val *v = cj_new(c, V_STR);
-  v->str = b->s ? (cj_str){b->s, b->n} : (cj_str){"", 0};
-  return v;
-}
-
 static int has_prefix(cj_str s, cj_str p, int at_end) {
   return p.n <= s.n && !memcmp(s.s + (at_end ? s.n - p.n : 0), p.s, p.n);
 }
@@ -134,7 +128,7 @@ static cj_val *replace(cj_ctx *c, cj_str s, cj_val **args, size_t n, size_t pos)
       cj_utf8_next(s.s, s.n, i, &len);
       cj_put(c, &b, s.s + i, len);
     }
-    return str_of(c, &b);
+    return cj_buf_string(c, &b);
   }
   size_t i = 0;
   while (left > 0) {
@@ -146,7 +140,7 @@ static cj_val *replace(cj_ctx *c, cj_str s, cj_val **args, size_t n, size_t pos)
     left--;
   }
   cj_put(c, &b, s.s + i, s.n - i);
-  return str_of(c, &b);
+  return cj_buf_string(c, &b);
 }
 
 static cj_val *affix(cj_ctx *c, cj_str s, cj_val **args, size_t n, int end, size_t pos) {
@@ -263,7 +257,7 @@ static cj_val *strftime_now(cj_ctx *c, cj_val **args, size_t n, size_t pos) {
     else if (d == 'b') cj_put(c, &b, MONTHS[tm.tm_mon], 3);
     else cj_put(c, &b, num, (size_t)snprintf(num, sizeof num, d == 'Y' ? "%d" : "%02d", v));
   }
-  return str_of(c, &b);
+  return cj_buf_string(c, &b);
 }
 
 cj_val *cj_call_builtin(cj_ctx *c, cj_val *fn, cj_val **args, size_t n, cj_env *env, size_t pos) {

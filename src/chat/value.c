@@ -217,6 +217,12 @@ void cj_put(cj_ctx *c, cj_buf *b, const char *s, size_t n) {
   b->s[b->n] = 0;
 }
 
+cj_val *cj_buf_string(cj_ctx *c, const cj_buf *b) {
+  cj_val *v = cj_new(c, V_STR);
+  v->str = b->s ? (cj_str){b->s, b->n} : (cj_str){"", 0};
+  return v;
+}
+
 void cj_put_number(cj_ctx *c, cj_buf *b, double x) {
   char digits[40], out[16];
   if (isnan(x)) return cj_put(c, b, "NaN", 3);
