@@ -131,6 +131,9 @@ TEST(chat_template_errors) {
   ASSERT_STATUS(moe_chat_template_render("x", "[1]", NOW, &out, NULL), MOE_ERR_FORMAT);
   ASSERT_STATUS(moe_chat_template_render("x", "{\"a\": ", NOW, &out, NULL), MOE_ERR_FORMAT);
   ASSERT(out == NULL);
+  ASSERT_OK(moe_chat_template_render("{{ a }}", "{\"a\": 1, \"a\": 2}", NOW, &out, NULL)); /* JSON.parse: the last */
+  ASSERT(!strcmp(out, "2"));
+  free(out);
   ASSERT_OK(moe_chat_template_render("{{ a }}", NULL, NOW, &out, NULL));
   ASSERT(!strcmp(out, ""));
   free(out);

@@ -32,11 +32,12 @@ moe_status moe__chat_render(const char *tmpl, size_t n, const cJSON *context, in
   c->status = MOE_ERR_VALUE;
   cj_env *env = cj_env_new(c, NULL);
   cj_set_globals(c, env);
+  cj_map builtins = env->vars; /* a copy: the context's own names go after these */
   for (const cJSON *e = context ? context->child : NULL; e; e = e->next) {
     cj_str name = cj_cstr(e->string);
-    if (cj_map_get(&env->vars, name.s, name.n) || cj_str_eq(name, "namespace"))
+    if (cj_map_get(&builtins, name.s, name.n) || cj_str_eq(name, "namespace"))
       cj_fail(c, SIZE_MAX, "the context's '%s' is a built-in name", e->string);
-    cj_env_set(c, env, name, cj_from_json(c, e));
+    cj_env_set(c, env, name, cj_from_json(c, e)); /* a name twice: the last value, as JSON.parse */
   }
   cj_buf b = {0};
   cj_put(c, &b, "", 0);
