@@ -1334,6 +1334,35 @@ size_t moe_lm_whole_numel(const moe_lm_t *m);
 moe_status moe_lm_gather(const moe_lm_t *m, const float *local, float *whole);
 moe_status moe_lm_scatter(const moe_lm_t *m, const float *whole, float *local);
 
+/* ---- chat templates (Hugging Face's Jinja chat_template; DESIGN 4.9) ----
+ * A template renders byte for byte as @huggingface/jinja (the renderer of transformers.js) renders it,
+ * its JavaScript semantics included: numbers are doubles, `==` is JavaScript's loose equality, strip()
+ * and lstrip()/rstrip() take no argument and strip all whitespace, undefined names are undefined rather
+ * than errors. What it does not implement (a filter, test, method or statement it lacks: it has no
+ * `format`, `round` or string `split` filter either) is an error, MOE_ERR_FORMAT for the syntax and
+ * MOE_ERR_VALUE when rendering, naming the construct and its line:col in the template; so is
+ * raise_exception(msg) ("raise_exception: msg at L:C"). upper/lower/title/capitalize map ASCII
+ * letters only. A render is bounded (256 MiB of memory, 50 million steps, lists of 2^20 items,
+ * nesting 200 deep): past a bound it fails, naming it.
+ * now: the time strftime_now formats (Unix seconds, in UTC), or -1 for the clock in local time. */
+/* Renders tmpl over context_json, a JSON object whose members are the template's variables
+ * (messages, add_generation_prompt, bos_token, tools, ...; NULL or "" for none). *out: the text
+ * (malloc'd, NUL-terminated; free() it), *len its length (may be NULL). */
+moe_status moe_chat_template_render(const char *tmpl, const char *context_json, int64_t now, char **out, size_t *len);
+/* A model's chat template: tokenizer is a tokenizer_config.json or the directory holding it; its
+ * chat_template (a string, or the "default" of a list of {name, template}) renders over the
+ * conversation with the variables transformers.js's apply_chat_template gives it: messages,
+ * add_generation_prompt (0 or 1), tools and documents (none), the config's bos_token, eos_token,
+ * unk_token, sep_token, pad_token, cls_token and mask_token that are set (a string, or an object with
+ * a "content" string). conversation_json: a list of messages ({"role", "content", ...}), or an object
+ * with "messages" whose other members (tools, enable_thinking, ...) are variables too, overriding the
+ * others. MOE_ERR_MISSING without a template. */
+moe_status moe_chat_template_render_config(const char *tokenizer, const char *conversation_json,
+                                           int add_generation_prompt, int64_t now, char **out, size_t *len);
+/* Frees what a moe_ function handed out malloc'd (the rendered text above), for callers that do not
+ * share the library's C allocator (Python's ctypes). */
+void moe_free(void *p);
+
 #ifdef __cplusplus
 }
 #endif
