@@ -19,8 +19,10 @@ static void usage(FILE *f) {
              "                 [--max-connections C] [--timeout S] [--dtype f32|bf16]\n"
              "Serves POST /v1/completions (OpenAI's completion request: prompt as text, through DIR/tokenizer.json,\n"
              "or token ids; max_tokens, temperature, top_p, seed, stream, ignore_eos, stop; other fields are\n"
-             "refused unless turned off), GET /health and GET /metrics (Prometheus). A request stops at the end\n"
-             "of text (DIR/config.json's eos_token_id, the tokenizer's <|endoftext|>) unless ignore_eos. Up to B\n"
+             "refused unless turned off), POST /v1/chat/completions (messages through the chat_template of\n"
+             "DIR/tokenizer_config.json; the same fields), GET /v1/models, GET /health and GET /metrics\n"
+             "(Prometheus). A request stops at the end of text (DIR/config.json's eos_token_id, the tokenizer's\n"
+             "<|endoftext|>) unless ignore_eos. Up to B\n"
              "requests (default 32) decode together; others wait in a queue. --port 0: a free port. Prints\n"
              "\"listening on http://HOST:PORT\" when ready. --cache K: K experts of each\n"
              "MoE layer in memory (default all), the rest read on demand from DIR/model.safetensors, evicting\n"
@@ -165,6 +167,9 @@ int cmd_serve(int argc, char **argv) {
     moe_lm_experts_free(&x);
     return n_eos < 0 ? 1 : cli_fail(CMD);
   }
+  char chat_template[4096];
+  snprintf(chat_template, sizeof chat_template, "%s/tokenizer_config.json", o.ck);
+  o.http.chat_template = access(chat_template, R_OK) ? NULL : chat_template; /* chat needs the template */
   FILE *trace = o.trace ? fopen(o.trace, "w") : NULL;
   int rc = 1;
   if (o.trace && !trace) cli_usage_error(CMD, "--trace: cannot write '%s'", o.trace);

@@ -37,6 +37,7 @@ void serve_metrics_step(serve_metrics *m, int rows, int new_tokens, int prompt_t
 typedef struct serve_http serve_http;
 typedef struct {
   int context;         /* a request's prompt and max_tokens at most (0: the model's max_seq) */
+  const char *chat_template; /* the checkpoint's tokenizer_config.json (chat), or NULL: chat is refused */
   int max_connections; /* connections served; past them /health still answers, the rest 503 */
   int timeout_s;       /* a connection idle that long, or a request not all arrived, is closed */
 } serve_http_opts;

@@ -29,6 +29,7 @@ struct serve_http {
   const moe_tokenizer *tok;
   serve_metrics *met;
   serve_http_opts o;
+  time_t created;     /* when it started, for /v1/models */
   atomic_llong next_id;
   pthread_mutex_t mu; /* guards busy and open */
   pthread_cond_t idle;
@@ -52,6 +53,8 @@ typedef struct { /* the state of a response: the request, its text so far */
   long long id;
   int sent;            /* tokens turned into text */
   int timed;           /* its latencies are in the metrics */
+  int chat;            /* POST /v1/chat/completions: chat's shapes */
+  int role_sent;       /* chat stream: the first delta (with the role) is out */
   size_t start;        /* the text's bytes out before those held */
   char held[MOE_COMPLETION_STOP_BYTES + 3]; /* bytes of a character split over tokens, or that may begin a
                                                stop string, for the next event */
@@ -124,28 +127,37 @@ static char *new_text(reply *p, int n, int final) {
   return out;
 }
 
-/* {"id", "object", "created", "model", "choices": [{"text", "index", "logprobs", "finish_reason",
- * "token_ids"}]} for tokens [p->sent, n): the whole answer, or one event of a stream. The finish_reason
- * of the final one: "stop" at the end of text or a stop string, else "length" (max_tokens, which the
- * context bounds). */
+/* {"id", "object", "created", "model", "choices": [...]} for tokens [p->sent, n): the whole answer, or one
+ * event of a stream. A completion's choice is {"text", "index", "logprobs", "finish_reason", "token_ids"};
+ * a chat's {"index", "message": {"role", "content"}} or, streamed, {"index", "delta": {"role" in the
+ * first, "content"}}, with "logprobs" and "finish_reason". The finish_reason of the final one: "stop"
+ * at an end token or a stop string, else "length" (max_tokens, which the context bounds). */
 static cJSON *choice_json(reply *p, int n, int final) {
   cJSON *o = cJSON_CreateObject(), *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
-  char id[32], *text;
-  snprintf(id, sizeof id, "cmpl-%lld", p->id);
+  char id[40], *text;
+  snprintf(id, sizeof id, "%s-%lld", p->chat ? "chatcmpl" : "cmpl", p->id);
   cJSON_AddStringToObject(o, "id", id);
-  cJSON_AddStringToObject(o, "object", "text_completion");
+  cJSON_AddStringToObject(o, "object", !p->chat ? "text_completion" : p->c.stream ? "chat.completion.chunk" : "chat.completion");
   cJSON_AddNumberToObject(o, "created", (double)time(NULL));
   cJSON_AddStringToObject(o, "model", "moe");
   cJSON_AddItemToArray(ch, c);
   cJSON *ids = cJSON_CreateIntArray(p->st.tokens + p->sent, n - p->sent);
   if (!(text = new_text(p, n, final)) || !ids) return free(text), cJSON_Delete(ids), cJSON_Delete(o), NULL;
-  cJSON_AddStringToObject(c, "text", text);
-  free(text);
   cJSON_AddNumberToObject(c, "index", 0);
+  if (p->chat) {
+    cJSON *msg = cJSON_AddObjectToObject(c, p->c.stream ? "delta" : "message");
+    if (!p->c.stream || !p->role_sent) cJSON_AddStringToObject(msg, "role", "assistant");
+    p->role_sent = 1;
+    cJSON_AddStringToObject(msg, "content", text);
+    cJSON_Delete(ids);
+  } else {
+    cJSON_AddStringToObject(c, "text", text);
+    cJSON_AddItemToObject(c, "token_ids", ids);
+  }
+  free(text);
   cJSON_AddNullToObject(c, "logprobs");
   if (final) cJSON_AddStringToObject(c, "finish_reason", p->st.stop ? "stop" : "length");
   else cJSON_AddNullToObject(c, "finish_reason");
-  cJSON_AddItemToObject(c, "token_ids", ids);
   return o;
 }
 
@@ -208,12 +220,15 @@ static void reply_free(reply *p) {
 
 static void stream_free(void *cls) { reply_free(cls); } /* the stream ended, or the client left mid-stream */
 
-static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_req *q) {
+static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_req *q, int chat) {
   reply *p = calloc(1, sizeof *p);
   if (!p) return send_error(c, h, 503, "out of memory for the request");
   int context = h->o.context && h->o.context < h->m->max_seq ? h->o.context : h->m->max_seq;
-  if (moe__completion_parse(q->body ? q->body : "", q->n, h->tok, h->m->vocab, context, &p->c) != MOE_OK)
-    return free(p), send_error(c, h, 400, moe_last_error());
+  const char *body = q->body ? q->body : "";
+  moe_status st = chat ? moe__chat_parse(body, q->n, h->tok, h->o.chat_template, context, &p->c)
+                       : moe__completion_parse(body, q->n, h->tok, h->m->vocab, context, &p->c);
+  if (st != MOE_OK) return free(p), send_error(c, h, 400, moe_last_error());
+  p->chat = chat;
   moe_engine_params ep = {p->c.ids, p->c.n_ids, p->c.max_tokens, p->c.temperature, p->c.top_p, p->c.seed,
                           p->c.ignore_eos, (const char *const *)p->c.stop, p->c.n_stop};
   p->h = h;
@@ -301,12 +316,25 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!get) return send_error(c, h, 405, "GET /metrics");
     return send_text(c, h, 200, "text/plain; version=0.0.4", serve_metrics_text(h->met, h->e));
   }
-  if (!strcmp(url, "/v1/completions")) {
-    if (!post) return send_error(c, h, 405, "POST /v1/completions");
+  int chat = !strcmp(url, "/v1/chat/completions");
+  if (chat || !strcmp(url, "/v1/completions")) {
+    if (!post) return send_error(c, h, 405, chat ? "POST /v1/chat/completions" : "POST /v1/completions");
     if (q->too_big) return send_error(c, h, 413, "the body is larger than 1 MiB");
-    return completion(c, h, q);
+    return completion(c, h, q, chat);
   }
-  return send_error(c, h, 404, "no such endpoint: POST /v1/completions, GET /health and GET /metrics are served");
+  if (!strcmp(url, "/v1/models")) {
+    if (!get) return send_error(c, h, 405, "GET /v1/models");
+    cJSON *o = cJSON_CreateObject(), *d = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddItemToArray(d, m);
+    cJSON_AddStringToObject(m, "id", "moe");
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)h->created);
+    cJSON_AddStringToObject(m, "owned_by", "libmoe");
+    return send_json(c, h, 200, o);
+  }
+  return send_error(c, h, 404, "no such endpoint: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, "
+                               "GET /health and GET /metrics are served");
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
@@ -342,7 +370,7 @@ moe_status serve_http_start(serve_http **out, const char *host, int port, moe_en
     return moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "--host: '%s' is not an IPv4 address", host);
   serve_http *h = calloc(1, sizeof *h);
   if (!h) return moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "out of memory");
-  h->e = e, h->m = m, h->tok = tok, h->met = met, h->o = *o;
+  h->e = e, h->m = m, h->tok = tok, h->met = met, h->o = *o, h->created = time(NULL);
   pthread_mutex_init(&h->mu, NULL);
   pthread_cond_init(&h->idle, NULL);
   /* a thread per connection, polled with poll(): more than FD_SETSIZE connections at once */

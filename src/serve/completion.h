@@ -38,6 +38,15 @@ typedef struct {
  * and its value. */
 moe_status moe__completion_parse(const char *body, size_t n, const moe_tokenizer *tok, int vocab, int max_seq,
                                  moe__completion *out);
+/* POST /v1/chat/completions' body: "messages" (a non-empty list of {"role": system|developer|user|
+ * assistant|tool, "content": a string, a list of parts, or null for an assistant's}) rendered by the chat
+ * template of chat_template (a tokenizer_config.json or its directory, moe_chat_template_render_config,
+ * with the generation prompt) and encoded with the template's special tokens as tokens; then
+ * "max_tokens" (or "max_completion_tokens"), "temperature", "top_p", "seed", "stream", "ignore_eos" and
+ * "stop" as for completions, "logprobs" only false, OpenAI's other fields as there. Errors as
+ * moe__completion_parse's, and the template's. */
+moe_status moe__chat_parse(const char *body, size_t n, const moe_tokenizer *tok, const char *chat_template, int max_seq,
+                           moe__completion *out);
 void moe__completion_free(moe__completion *c);
 
 /* Copies the n bytes of in to out as UTF-8 (room for 3 n bytes): well-formed sequences as they are,
