@@ -212,13 +212,18 @@ static long nul_escape(const char *s, size_t n) {
   return -1;
 }
 
-moe_status moe__completion_parse(const char *body, size_t n, const moe_tokenizer *tok, int vocab, int max_seq,
-                                 moe__completion *c) {
+/* The body as JSON (c cleared): refused with a \u0000 escape. */
+static moe_status body_json(const char *body, size_t n, moe__completion *c, cJSON **o) {
   memset(c, 0, sizeof *c);
   long nul = nul_escape(body, n);
   MOE_TRY(nul < 0, MOE_ERR_VALUE, "the body has \\u0000 at byte %ld: strings with NUL characters are refused", nul);
+  return moe__json_parse("request", "body", body, n, o);
+}
+
+moe_status moe__completion_parse(const char *body, size_t n, const moe_tokenizer *tok, int vocab, int max_seq,
+                                 moe__completion *c) {
   cJSON *o;
-  MOE_CHECK(moe__json_parse("request", "body", body, n, &o));
+  MOE_CHECK(body_json(body, n, c, &o));
   moe_status st = parse(o, tok, vocab, max_seq, c);
   cJSON_Delete(o);
   if (st != MOE_OK) moe__completion_free(c);
@@ -227,11 +232,8 @@ moe_status moe__completion_parse(const char *body, size_t n, const moe_tokenizer
 
 moe_status moe__chat_parse(const char *body, size_t n, const moe_tokenizer *tok, const char *chat_template, int max_seq,
                            moe__completion *c) {
-  memset(c, 0, sizeof *c);
-  long nul = nul_escape(body, n);
-  MOE_TRY(nul < 0, MOE_ERR_VALUE, "the body has \\u0000 at byte %ld: strings with NUL characters are refused", nul);
   cJSON *o;
-  MOE_CHECK(moe__json_parse("request", "body", body, n, &o));
+  MOE_CHECK(body_json(body, n, c, &o));
   char *text = NULL;
   moe_status st = parse_chat(o, tok, chat_template, max_seq, c, &text);
   free(text);
