@@ -127,6 +127,68 @@ static char *new_text(reply *p, int n, int final) {
   return out;
 }
 
+/* A token's text for logprobs: its bytes, those that are not UTF-8 as U+FFFD (malloc'd), or its id. */
+static char *token_text(const serve_http *h, int32_t t) {
+  size_t k = 0, used;
+  const char *b = h->tok ? moe_tokenizer_token_bytes(h->tok, t, &k) : NULL;
+  char *out = malloc(3 * k + 16);
+  if (!out) return NULL;
+  if (!b) snprintf(out, 16, "%d", t);
+  else out[moe__utf8_clean(b, k, 1, out, &used)] = 0;
+  return out;
+}
+
+/* The log-probabilities of tokens [from, n) in OpenAI's completion shape ({"tokens", "token_logprobs",
+ * "top_logprobs", "text_offset"}) or chat's ({"content": [{"token", "logprob", "bytes", "top_logprobs"}]});
+ * NULL when the request did not ask for them (or out of memory). */
+static cJSON *logprobs_json(const reply *p, int from, int n) {
+  const moe_engine_state *st = &p->st;
+  if (!st->logprobs) return NULL;
+  cJSON *o = cJSON_CreateObject(), *content = p->chat ? cJSON_AddArrayToObject(o, "content") : NULL;
+  cJSON *toks = p->chat ? NULL : cJSON_AddArrayToObject(o, "tokens"), *lps = p->chat ? NULL : cJSON_AddArrayToObject(o, "token_logprobs");
+  cJSON *tops = p->chat ? NULL : cJSON_AddArrayToObject(o, "top_logprobs");
+  cJSON *offs = p->chat ? NULL : cJSON_AddArrayToObject(o, "text_offset");
+  size_t offset = p->start + p->nheld; /* the text's bytes before token `from` (completions) */
+  int ok = o != NULL;
+  for (int i = from; ok && i < n; i++) {
+    char *tt = token_text(p->h, st->tokens[i]);
+    cJSON *top = p->chat ? cJSON_CreateArray() : cJSON_CreateObject();
+    ok = tt && top;
+    for (int j = 0; ok && j < st->n_top; j++) {
+      char *a = token_text(p->h, st->top_ids[(size_t)i * st->n_top + j]);
+      double lp = st->top_logprobs[(size_t)i * st->n_top + j];
+      if (!a) ok = 0;
+      else if (p->chat) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "token", a);
+        cJSON_AddNumberToObject(e, "logprob", lp);
+        cJSON_AddItemToArray(top, e);
+      } else if (!cJSON_GetObjectItemCaseSensitive(top, a)) /* two ids of one text: the more probable */
+        cJSON_AddNumberToObject(top, a, lp);
+      free(a);
+    }
+    if (ok && p->chat) {
+      cJSON *e = cJSON_CreateObject();
+      cJSON_AddStringToObject(e, "token", tt);
+      cJSON_AddNumberToObject(e, "logprob", st->logprobs[i]);
+      cJSON_AddItemToObject(e, "top_logprobs", top), top = NULL;
+      cJSON_AddItemToArray(content, e);
+    } else if (ok) {
+      cJSON_AddItemToArray(toks, cJSON_CreateString(tt));
+      cJSON_AddItemToArray(lps, cJSON_CreateNumber(st->logprobs[i]));
+      cJSON_AddItemToArray(tops, top), top = NULL;
+      cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)offset));
+      size_t k = 0;
+      if (p->h->tok) moe_tokenizer_token_bytes(p->h->tok, st->tokens[i], &k);
+      offset += k;
+    }
+    cJSON_Delete(top);
+    free(tt);
+  }
+  if (!ok) cJSON_Delete(o);
+  return ok ? o : NULL;
+}
+
 /* {"id", "object", "created", "model", "choices": [...]} for tokens [p->sent, n): the whole answer, or one
  * event of a stream. A completion's choice is {"text", "index", "logprobs", "finish_reason", "token_ids"};
  * a chat's {"index", "message": {"role", "content"}} or, streamed, {"index", "delta": {"role" in the
@@ -141,8 +203,9 @@ static cJSON *choice_json(reply *p, int n, int final) {
   cJSON_AddNumberToObject(o, "created", (double)time(NULL));
   cJSON_AddStringToObject(o, "model", "moe");
   cJSON_AddItemToArray(ch, c);
-  cJSON *ids = cJSON_CreateIntArray(p->st.tokens + p->sent, n - p->sent);
-  if (!(text = new_text(p, n, final)) || !ids) return free(text), cJSON_Delete(ids), cJSON_Delete(o), NULL;
+  cJSON *ids = cJSON_CreateIntArray(p->st.tokens + p->sent, n - p->sent), *lp = logprobs_json(p, p->sent, n);
+  if (!(text = new_text(p, n, final)) || !ids || (p->st.logprobs && !lp))
+    return free(text), cJSON_Delete(ids), cJSON_Delete(lp), cJSON_Delete(o), NULL;
   cJSON_AddNumberToObject(c, "index", 0);
   if (p->chat) {
     cJSON *msg = cJSON_AddObjectToObject(c, p->c.stream ? "delta" : "message");
@@ -155,7 +218,8 @@ static cJSON *choice_json(reply *p, int n, int final) {
     cJSON_AddItemToObject(c, "token_ids", ids);
   }
   free(text);
-  cJSON_AddNullToObject(c, "logprobs");
+  if (lp) cJSON_AddItemToObject(c, "logprobs", lp);
+  else cJSON_AddNullToObject(c, "logprobs");
   if (final) cJSON_AddStringToObject(c, "finish_reason", p->st.stop ? "stop" : "length");
   else cJSON_AddNullToObject(c, "finish_reason");
   return o;
@@ -230,7 +294,8 @@ static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_
   if (st != MOE_OK) return free(p), send_error(c, h, 400, moe_last_error());
   p->chat = chat;
   moe_engine_params ep = {p->c.ids, p->c.n_ids, p->c.max_tokens, p->c.temperature, p->c.top_p, p->c.seed,
-                          p->c.ignore_eos, (const char *const *)p->c.stop, p->c.n_stop};
+                          p->c.ignore_eos, (const char *const *)p->c.stop, p->c.n_stop, p->c.logprobs,
+                          p->c.top_logprobs};
   p->h = h;
   p->id = atomic_fetch_add(&h->next_id, 1);
   if (moe_engine_submit(h->e, &ep, &p->r) != MOE_OK) {

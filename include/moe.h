@@ -1248,8 +1248,13 @@ typedef struct {
   int ignore_eos;           /* go on past the end tokens */
   const char *const *stop;  /* n_stop strings (copied, at most MOE_ENGINE_STOPS): generation ends with */
   int n_stop;               /* the token whose text completes one; the text to show ends before it */
+  int logprobs;             /* 1: each token's log-probability under the model (its softmax at
+                               temperature 1) and those of the top_logprobs most probable tokens (at most
+                               MOE_ENGINE_TOP_LOGPROBS; ties to the lower id); 0: none */
+  int top_logprobs;
 } moe_engine_params;
 #define MOE_ENGINE_STOPS 16
+#define MOE_ENGINE_TOP_LOGPROBS 20
 typedef struct {
   int n;                 /* tokens generated so far */
   const int32_t *tokens; /* (n) valid until moe_engine_release; those given never change */
@@ -1259,6 +1264,10 @@ typedef struct {
                             stop string nor the start of one); else the text's length */
   const char *error;     /* when failed, valid until release */
   double ttft_s, total_s; /* seconds from submit to the first token and to the end; -1 until known */
+  const float *logprobs; /* (n) with params.logprobs, else NULL */
+  const int32_t *top_ids; /* (n, n_top) the most probable tokens at each step, most probable first */
+  const float *top_logprobs; /* (n, n_top) their log-probabilities */
+  int n_top;
 } moe_engine_state;
 typedef struct {
   int queued, running;   /* requests waiting for a slot, and in one */

@@ -151,7 +151,7 @@ def bad(port):
         # OpenAI's fields the server does not implement: refused by name and value unless turned off
         ('{"prompt": "hi", "n": 2}', 400, '"n" 2 is not implemented by this server (only 1)'),
         ('{"prompt": "hi", "best_of": 3}', 400, '"best_of" 3 is not implemented'),
-        ('{"prompt": "hi", "logprobs": 0}', 400, '"logprobs" 0 is not implemented'),
+        ('{"prompt": "hi", "logprobs": 6}', 400, '"logprobs" must be in [0, 5]'),
         ('{"prompt": "hi", "echo": true}', 400, '"echo" true is not implemented'),
         ('{"prompt": "hi", "suffix": "end"}', 400, '"suffix" "end" is not implemented'),
         ('{"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}', 400, '"stop" must be a string or an array of at most 4'),
@@ -449,6 +449,36 @@ def chat_json(port, body):
     return out, finish, None
 
 
+def logprobs(port):
+    """Completions' logprobs (OpenAI's legacy shape) and chat's (content entries): greedy, each token is
+    its step's most probable; streamed or not, and chat or completion of the same prompt, the same values."""
+    body = {"prompt": "s:be brief\nu:a dog\na:", "max_tokens": 6, "temperature": 0, "ignore_eos": True, "logprobs": 3}
+    o = json.loads(request(port, "POST", "/v1/completions", body)[2])["choices"][0]
+    lp = o["logprobs"]
+    n = len(o["token_ids"])
+    check(n == 6 and all(len(x) == n for x in (lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], lp["text_offset"])),
+          "completion logprobs %s" % lp)
+    for i in range(n):
+        tops = lp["top_logprobs"][i]
+        check(1 <= len(tops) <= 3 and max(tops.values()) == lp["token_logprobs"][i] <= 0,
+              "token %d: logprob %s, alternatives %s" % (i, lp["token_logprobs"][i], tops))
+    check(lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0, "offsets %s" % lp["text_offset"])
+    status, _, text = request(port, "POST", "/v1/completions", dict(body, stream=True))
+    streamed = []
+    for e in [e[len("data: "):] for e in text.split("\n\n") if e][:-1]:
+        c = json.loads(e)["choices"][0]
+        streamed += c["logprobs"]["token_logprobs"] if c["logprobs"] else []
+    check(streamed == lp["token_logprobs"], "streamed logprobs %s, not %s" % (streamed, lp["token_logprobs"]))
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a dog"}]
+    c = json.loads(request(port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 6, "temperature": 0,
+                                                                   "ignore_eos": True, "logprobs": True,
+                                                                   "top_logprobs": 2})[2])["choices"][0]
+    content = c["logprobs"]["content"]
+    check([x["logprob"] for x in content] == lp["token_logprobs"], "chat logprobs %s, completion %s" % (content, lp))
+    check(all(len(x["top_logprobs"]) == 2 and x["top_logprobs"][0]["logprob"] == x["logprob"] for x in content),
+          "chat top_logprobs %s" % content)
+
+
 def chat(port):
     """A chat request answers what a completion of its messages rendered by the template (here by hand)
     answers, streamed or not; /v1/models lists the model; bad messages and fields are 400s naming them."""
@@ -473,6 +503,7 @@ def chat(port):
         want = json.loads(request(port, "POST", "/v1/completions", dict(base, prompt=prompt, temperature=0.9, seed=7,
                                                                      max_tokens=6))[2])
         check(content == want["choices"][0]["text"], "sampled chat %r, completion %r" % (content, want["choices"][0]["text"]))
+    logprobs(port)
     status, _, text = request(port, "GET", "/v1/models")
     check(status == 200 and json.loads(text)["data"][0]["id"] == "moe", "/v1/models -> %d %s" % (status, text))
     user = [{"role": "user", "content": "hi"}]
@@ -481,7 +512,8 @@ def chat(port):
                       ({"messages": [{"role": "wizard", "content": "x"}]}, 'role "wizard"'),
                       ({"messages": [{"role": "user", "content": 5}]}, '"messages"[0]: "content"'),
                       ({"messages": [{"content": "x"}]}, '"messages"[0] must be an object with a "role"'),
-                      ({"messages": user, "logprobs": True}, '"logprobs" true is not implemented by this server (only false)'),
+                      ({"messages": user, "top_logprobs": 2}, '"top_logprobs" needs "logprobs": true'),
+                      ({"messages": user, "logprobs": True, "top_logprobs": 21}, '"top_logprobs" must be in [0, 20]'),
                       ({"messages": user, "logprobs": False, "top_p": 2}, '"top_p" must be in [0, 1]'),
                       ({"messages": user, "prompt": "x"}, 'unknown field "prompt"'),
                       ({"messages": user, "n": 3}, '"n" 3 is not implemented')):

@@ -2,6 +2,7 @@
  * engine of fewer slots (so that some wait) each get the greedy tokens of decoding them alone with
  * moe_lm_decode; end tokens, release mid-generation, draining and bad requests. The language model is
  * the Mixtral fixture (tests/fixtures/lm/mixtral). */
+#include <math.h>
 #include <string.h>
 
 #include "test.h"
@@ -53,7 +54,7 @@ TEST(engine_batched_requests_get_their_tokens_alone) {
   ASSERT_OK(moe_engine_new(&e, &m, &c));
   moe_engine_req *req[NREQ];
   for (int r = 0; r < NREQ; r++) {
-    moe_engine_params p = {prompts[r], n[r], NEW, 0.0f, 1.0f, 0, 0, NULL, 0};
+    moe_engine_params p = {prompts[r], n[r], NEW, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0};
     ASSERT_OK(moe_engine_submit(e, &p, &req[r]));
   }
   for (int r = 0; r < NREQ; r++) {
@@ -98,9 +99,9 @@ TEST(engine_end_tokens_release_drain_and_errors) {
   moe_engine_config c = {.slots = 2, .eos = &eos, .n_eos = 1};
   moe_engine *e;
   ASSERT_OK(moe_engine_new(&e, &m, &c));
-  moe_engine_params p = {prompt, n, NEW, 0.0f, 1.0f, 0, 0, NULL, 0};
+  moe_engine_params p = {prompt, n, NEW, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0};
   moe_engine_req *a, *b, *long_one;
-  moe_engine_params lp = {prompt, 1, 40, 0.7f, 0.9f, 5, 1, NULL, 0};
+  moe_engine_params lp = {prompt, 1, 40, 0.7f, 0.9f, 5, 1, NULL, 0, 0, 0};
   ASSERT_OK(moe_engine_submit(e, &lp, &long_one));
   ASSERT_OK(moe_engine_submit(e, &p, &a));
   p.ignore_eos = 1;
@@ -123,15 +124,15 @@ TEST(engine_end_tokens_release_drain_and_errors) {
   moe_engine_release(e, a);
   moe_engine_release(e, b);
   moe_engine_req *bad;
-  moe_engine_params bp = {prompt, n, m.cfg.max_seq, 0.0f, 1.0f, 0, 0, NULL, 0};
+  moe_engine_params bp = {prompt, n, m.cfg.max_seq, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0};
   ASSERT_STATUS(moe_engine_submit(e, &bp, &bad), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "max_seq"));
   int32_t out_of_range = V;
-  moe_engine_params bv = {&out_of_range, 1, 2, 0.0f, 1.0f, 0, 0, NULL, 0};
+  moe_engine_params bv = {&out_of_range, 1, 2, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0};
   ASSERT_STATUS(moe_engine_submit(e, &bv, &bad), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "prompt token 0"));
   const char *stop[] = {"x"};
-  moe_engine_params bs = {prompt, n, 2, 0.0f, 1.0f, 0, 0, stop, 1};
+  moe_engine_params bs = {prompt, n, 2, 0.0f, 1.0f, 0, 0, stop, 1, 0, 0};
   ASSERT_STATUS(moe_engine_submit(e, &bs, &bad), MOE_ERR_ARG); /* no tokenizer */
   ASSERT(strstr(moe_last_error(), "tokenizer"));
   moe_engine_drain(e);
@@ -141,6 +142,54 @@ TEST(engine_end_tokens_release_drain_and_errors) {
   moe_engine_get_stats(e, &s);
   ASSERT_EQ_INT(s.running, 0);
   ASSERT_EQ_INT(s.queued, 0);
+  moe_engine_free(e);
+  moe_lm_free(&m);
+}
+
+/* logprobs: each token's log-probability and the top alternatives', from the logits of its step, equal
+ * (to rounding) those of a full forward of the sequence without a cache; greedy: the chosen token is the
+ * most probable alternative; sorted, ties to the lower id. */
+TEST(engine_logprobs_are_the_full_forwards) {
+  moe_lm_t m;
+  ASSERT(load(&m));
+  int32_t prompt[3] = {5, 9, 1}, seq[3 + NEW];
+  moe_engine_config c = {.slots = 2};
+  moe_engine *e;
+  ASSERT_OK(moe_engine_new(&e, &m, &c));
+  enum { TOP = 4 };
+  for (int sampled = 0; sampled < 2; sampled++) {
+    moe_engine_params p = {prompt, 3, NEW, sampled ? 0.9f : 0.0f, 1.0f, 7, 1, NULL, 0, 1, TOP};
+    moe_engine_req *r;
+    ASSERT_OK(moe_engine_submit(e, &p, &r));
+    moe_engine_state st = {0};
+    do moe_engine_wait(e, r, st.n, &st);
+    while (!st.done);
+    ASSERT(st.logprobs && st.n_top == TOP && st.n == NEW);
+    memcpy(seq, prompt, sizeof prompt);
+    memcpy(seq + 3, st.tokens, NEW * sizeof *seq);
+    ASSERT_OK(moe_lm_forward(&m, seq, NULL, 1, 3 + NEW - 1, NULL));
+    const float *lg = moe_lm_logits(&m);
+    for (int i = 0; i < NEW; i++) {
+      const float *row = lg + (size_t)(2 + i) * V;
+      double mx = row[0], sum = 0;
+      for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+      for (int v = 0; v < V; v++) sum += exp(row[v] - mx);
+      double want = row[st.tokens[i]] - mx - log(sum);
+      if (fabs(st.logprobs[i] - want) > 1e-4) FAIL_("token %d: logprob %g, full forward %g", i, st.logprobs[i], want);
+      for (int j = 0; j < TOP; j++) {
+        int32_t id = st.top_ids[i * TOP + j];
+        double w = row[id] - mx - log(sum);
+        if (fabs(st.top_logprobs[i * TOP + j] - w) > 1e-4) FAIL_("token %d alternative %d", i, j);
+        if (j) ASSERT(st.top_logprobs[i * TOP + j] <= st.top_logprobs[i * TOP + j - 1]);
+      }
+      if (!sampled) ASSERT_EQ_INT(st.top_ids[i * TOP], st.tokens[i]);
+    }
+    moe_engine_release(e, r);
+  }
+  moe_engine_req *bad;
+  moe_engine_params bp = {prompt, 3, 2, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 3};
+  ASSERT_STATUS(moe_engine_submit(e, &bp, &bad), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "top_logprobs"));
   moe_engine_free(e);
   moe_lm_free(&m);
 }

@@ -138,7 +138,7 @@ class Engine:
         """Queues a request; returns its handle for stream() / result()."""
         ids = _ids(prompt, self.lm.vocab, "prompt").reshape(-1)
         p = S.EngineParams(ids.ctypes.data_as(_I32), len(ids), max_tokens, temperature, top_p, seed, int(ignore_eos),
-                           None, 0)
+                           None, 0, 0, 0)
         r = C.c_void_p()
         check(lib.moe_engine_submit(self._e, C.byref(p), C.byref(r)))
         self._reqs.append(r)

@@ -89,14 +89,14 @@ static const struct {
   int type; /* cJSON's of off */
 } UNSERVED[] = {
     {"n", "1", cJSON_Number},        {"best_of", "1", cJSON_Number},    {"echo", "false", cJSON_False},
-    {"logprobs", "null", cJSON_NULL}, {"suffix", "null", cJSON_NULL},    {"logit_bias", "{}", cJSON_Object},
+    {"suffix", "null", cJSON_NULL},    {"logit_bias", "{}", cJSON_Object},
     {"presence_penalty", "0", cJSON_Number}, {"frequency_penalty", "0", cJSON_Number},
 };
 /* The fields each endpoint serves (checked as they are read), NULL-terminated, and their list for messages. */
 static const char *const SERVED[] = {"prompt", "max_tokens", "temperature", "top_p", "seed", "stream", "ignore_eos",
-                                     "stop", NULL};
+                                     "stop", "logprobs", NULL};
 static const char *const CHAT_SERVED[] = {"messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-                                          "seed", "stream", "ignore_eos", "stop", NULL};
+                                          "seed", "stream", "ignore_eos", "stop", "logprobs", "top_logprobs", NULL};
 
 static int listed(const char *const *names, const char *s) {
   while (*names && strcmp(*names, s)) names++;
@@ -109,11 +109,6 @@ static moe_status fields(const cJSON *o, const char *const *served) {
   cJSON_ArrayForEach(f, o) {
     size_t k = 0;
     if (listed(served, f->string)) continue; /* checked as it is read */
-    if (served == CHAT_SERVED && !strcmp(f->string, "logprobs")) { /* chat's is a flag */
-      MOE_TRY(cJSON_IsFalse(f) || cJSON_IsNull(f), MOE_ERR_VALUE,
-              "\"logprobs\" %s is not implemented by this server (only false)", cJSON_IsTrue(f) ? "true" : "(not false)");
-      continue;
-    }
     if (!strcmp(f->string, "model") || !strcmp(f->string, "user")) { /* one model; no effect on the output */
       MOE_TRY(cJSON_IsString(f) || cJSON_IsNull(f), MOE_ERR_VALUE, "\"%s\" must be a string", f->string);
       continue;
@@ -151,6 +146,16 @@ static moe_status sampling(const cJSON *o, const moe_tokenizer *tok, int max_seq
   MOE_CHECK(flag(o, "stream", &c->stream));
   MOE_CHECK(flag(o, "ignore_eos", &c->ignore_eos));
   MOE_CHECK(stops(cJSON_GetObjectItemCaseSensitive(o, "stop"), tok, c));
+  double top = -1; /* completions: "logprobs" is the alternatives' count; chat: a flag, and "top_logprobs" */
+  if (chat) {
+    MOE_CHECK(flag(o, "logprobs", &c->logprobs));
+    MOE_CHECK(number(o, "top_logprobs", 1, 0, MOE_ENGINE_TOP_LOGPROBS, &top));
+    MOE_TRY(c->logprobs || top < 0, MOE_ERR_VALUE, "\"top_logprobs\" needs \"logprobs\": true");
+  } else {
+    MOE_CHECK(number(o, "logprobs", 1, 0, 5, &top));
+    c->logprobs = top >= 0;
+  }
+  c->top_logprobs = top > 0 ? (int)top : 0;
   c->max_tokens = (int)mt, c->temperature = (float)temp, c->top_p = (float)top_p, c->seed = (uint64_t)seed;
   MOE_TRY(c->n_ids + (int64_t)c->max_tokens <= max_seq, MOE_ERR_VALUE,
           "the prompt (%d tokens) and \"max_tokens\" %d exceed the model's context of %d", c->n_ids, c->max_tokens,

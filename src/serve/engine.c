@@ -57,7 +57,8 @@ void moe_engine_wait(moe_engine *e, moe_engine_req *r, int have, moe_engine_stat
   pthread_mutex_lock(&e->mu);
   while (r->n_out <= have && !r->done) pthread_cond_wait(&r->cv, &e->mu);
   *st = (moe_engine_state){r->n_out, r->out, r->done, r->stop_hit, r->n_stop ? r->safe : r->n_text,
-                           r->done < 0 ? r->err : NULL, r->ttft, r->total};
+                           r->done < 0 ? r->err : NULL, r->ttft, r->total, r->lp, r->top_ids, r->top_lp,
+                           r->n_top > 0 ? r->n_top : 0};
   pthread_mutex_unlock(&e->mu);
 }
 
@@ -106,6 +107,7 @@ static int take_token(moe_engine *e, moe_engine_req *r, const float *logits) {
   if (st == MOE_OK && !r->n_out) r->ttft = moe__now() - r->t_submit;
   if (st != MOE_OK || stop < 0) finish(e, r, -1, st != MOE_OK ? moe_last_error() : "out of memory for the text");
   else {
+    if (!eos && r->n_top >= 0) moe__req_logprobs(r, logits, e->m->cfg.vocab, t);
     if (!eos) r->out[r->n_out++] = t, e->st.tokens++; /* counted before anyone can see the token */
     r->stop_hit = eos || stop;
     if (r->stop_hit || r->n_out == r->max_tokens) {

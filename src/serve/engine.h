@@ -16,6 +16,10 @@ struct moe_engine_req {
   char *stop[MOE_ENGINE_STOPS];
   int n_stop;
   int32_t *out;        /* (max_tokens) the tokens generated so far: n_out of them */
+  int n_top;           /* -1: no log-probabilities; else the alternatives kept per token */
+  float *lp;           /* (max_tokens) each token's log-probability, when n_top >= 0 */
+  int32_t *top_ids;    /* (max_tokens, n_top) */
+  float *top_lp;       /* (max_tokens, n_top) */
   int n_out;
   int done;            /* 1 finished, -1 failed (err says why) */
   int stop_hit;        /* finished at an end token or a stop string */
@@ -39,5 +43,8 @@ void moe__req_unref(moe_engine_req *r);
  * where the first found starts); else 0, r->safe short of the longest end of the text that begins one;
  * -1 when out of memory. */
 int moe__req_add_text(moe_engine_req *r, const char *b, size_t k);
+/* Token t's log-probability from the logits (V) of its step, and the n_top most probable tokens', into
+ * r's arrays at position r->n_out. */
+void moe__req_logprobs(moe_engine_req *r, const float *logits, int V, int32_t t);
 
 #endif
