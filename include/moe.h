@@ -818,6 +818,14 @@ int moe_dynamic_capacity(const int32_t *need, const int32_t *cur, int E, float h
 
 /* The BLAS in use and its kernel set, e.g. "OpenBLAS 0.3.21 (kernels SkylakeX, OpenMP)". */
 const char *moe_blas_info(void);
+/* Ends the OpenMP worker threads that the calling thread's parallel work (a model's init, load or steps)
+ * left waiting for its next parallel region. Every thread that runs the library's parallel work keeps
+ * such a team; once the teams' threads outnumber the processors, libgomp makes all of them spin less
+ * before sleeping, and each of the many small parallel regions of a decode step waits for its workers
+ * to wake: decoding on one thread after another did the loading ran 1.8-3.7x slower. A thread that
+ * hands a model to another (loads it, then serves it from an engine) calls this; moe_engine_new does
+ * it for its caller. A later parallel region of the thread starts a new team. */
+void moe_threads_release(void);
 /* The CPU as the kernels see it, on one line: its model name, family and model, the features they are
  * chosen by (AVX2, FMA, AVX-512's, VNNI, BF16, AMX), its data caches, and the kernels chosen on it
  * (small-GEMM kernels, activations, bf16 GEMMs, Q8_0 dot products), e.g. "AMD EPYC (family 25 model 1): avx2 fma; L1d 32K
@@ -1275,7 +1283,8 @@ typedef struct {
   double busy_s;         /* the thread's time in steps */
 } moe_engine_stats;
 
-/* Starts the engine's thread over m (which it owns until moe_engine_free; m's threads run the steps). */
+/* Starts the engine's thread over m (which it owns until moe_engine_free; m's threads run the steps),
+ * after releasing the calling thread's OpenMP workers (moe_threads_release). */
 moe_status moe_engine_new(moe_engine **out, moe_lm_t *m, const moe_engine_config *c);
 /* Queues a request; *out is the caller's handle until moe_engine_release. MOE_ERR_STATE once draining,
  * MOE_ERR_ARG naming the field for a bad one. */

@@ -2,8 +2,10 @@
  * engine of fewer slots (so that some wait) each get the greedy tokens of decoding them alone with
  * moe_lm_decode; end tokens, release mid-generation, draining and bad requests. The language model is
  * the Mixtral fixture (tests/fixtures/lm/mixtral). */
+#include <dirent.h>
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "test.h"
 
@@ -190,6 +192,53 @@ TEST(engine_logprobs_are_the_full_forwards) {
   moe_engine_params bp = {prompt, 3, 2, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 3};
   ASSERT_STATUS(moe_engine_submit(e, &bp, &bad), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "top_logprobs"));
+  moe_engine_free(e);
+  moe_lm_free(&m);
+}
+
+/* The threads of this process (/proc/self/task). */
+static int tasks(void) {
+  DIR *d = opendir("/proc/self/task");
+  int n = 0;
+  for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+  if (d) closedir(d);
+  return n;
+}
+
+/* A prompt decoded on the calling thread. */
+static void decode_here(moe_lm_t *m) {
+  moe_lm_cache *kv;
+  int32_t t[3] = {5, 9, 1};
+  if (moe_lm_cache_new(&kv, m, 1) == MOE_OK) {
+    moe_lm_decode(m, kv, t, 3);
+    moe_lm_cache_free(kv);
+  }
+}
+
+/* The thread count once it has come down to n (threads end a little after they are told to), polled for
+ * at most 5 s; the count then. */
+static int settles_to(int n) {
+  for (int i = 0; i < 5000 && tasks() != n; i++) usleep(1000);
+  return tasks();
+}
+
+/* moe_threads_release ends the calling thread's OpenMP team, and moe_engine_new does it for its caller,
+ * so that a model decoded on the engine's thread does not keep the loading thread's team beside its own. */
+TEST(threads_release_ends_the_callers_team) {
+  moe_lm_t m;
+  ASSERT(load(&m));
+  moe_lm_set_threads(&m, 2);
+  int base = tasks();
+  decode_here(&m); /* on this thread: its team of 2 stays, one worker more */
+  ASSERT_EQ_INT(tasks(), base + 1);
+  moe_threads_release();
+  ASSERT_EQ_INT(settles_to(base), base);
+  decode_here(&m);
+  ASSERT_EQ_INT(tasks(), base + 1);
+  moe_engine_config c = {.slots = 1};
+  moe_engine *e;
+  ASSERT_OK(moe_engine_new(&e, &m, &c)); /* this thread's team ends; the engine's thread starts */
+  ASSERT_EQ_INT(settles_to(base + 1), base + 1);
   moe_engine_free(e);
   moe_lm_free(&m);
 }

@@ -214,6 +214,7 @@ moe_status moe_engine_new(moe_engine **out, moe_lm_t *m, const moe_engine_config
   if (st == MOE_OK) {
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
+    moe_threads_release(); /* the engine's thread does the model's work from now on */
     e->started = !pthread_create(&e->th, NULL, engine, e);
     if (!e->started) st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "moe_engine_new: cannot start its thread");
   }
