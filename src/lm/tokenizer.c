@@ -1,9 +1,12 @@
-/* Byte-level BPE (GPT-2's scheme): the pre-tokenizer, encoding by merge rank, decoding, and the
- * tokenizer's state. Training is in tokenizer_train.c, tokenizer.json in tokenizer_json.c. */
-#include "lm/tokenizer.h"
+/* BPE: the tokenizer's state, added tokens, encoding by merge rank, decoding. GPT-2's byte-level BPE
+ * runs here alone (GPT-2's pre-tokenizer in pretok.c); a Hugging Face file's normalizers,
+ * pre-tokenizers and decoders run in tokenizer_pipeline.c. Training is in tokenizer_train.c,
+ * tokenizer.json in tokenizer_json.c. */
+#include "lm/tokenizer_hf.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "internal.h"
 
@@ -42,7 +45,8 @@ moe_tokenizer *moe__tok_alloc(int32_t vocab) {
   t->len = calloc((size_t)vocab, sizeof *t->len);
   t->added = calloc((size_t)vocab, 1);
   t->special = calloc((size_t)vocab, 1);
-  if (!t->bytes || !t->len || !t->added || !t->special) {
+  t->strip = calloc((size_t)vocab, 1);
+  if (!t->bytes || !t->len || !t->added || !t->special || !t->strip) {
     moe_tokenizer_free(t);
     return NULL;
   }
@@ -82,6 +86,9 @@ void moe_tokenizer_free(moe_tokenizer *t) {
   free(t->len);
   free(t->added);
   free(t->special);
+  free(t->strip);
+  free(t->post);
+  moe__tok_hf_free(t->hf);
   free(t->merges);
   moe__tok_map_free(&t->pair_rank);
   moe__tok_map_free(&t->by_bytes);
@@ -105,16 +112,8 @@ const char *moe_tokenizer_token_bytes(const moe_tokenizer *t, int32_t id, size_t
 
 /* ---- encode ---- */
 
-/* The ids of one pre-token w (n bytes) into out (room for n): its bytes, then the lowest-ranked
- * adjacent pair merged everywhere, again and again. Returns the count. */
-static size_t bpe_word(const moe_tokenizer *t, const unsigned char *w, size_t n, int32_t *out) {
-  const int64_t *whole = t->ignore_merges ? moe__tok_map_get(&t->by_bytes, w, n) : NULL;
-  if (whole) {
-    out[0] = (int32_t)*whole;
-    return 1;
-  }
-  for (size_t i = 0; i < n; i++) out[i] = t->byte_id[w[i]];
-  for (size_t m = n;;) {
+size_t moe__tok_merge(const moe_tokenizer *t, int32_t *out, size_t m) {
+  for (;;) {
     int64_t best = INT64_MAX;
     for (size_t i = 0; i + 1 < m; i++) {
       const int64_t *r = moe__tok_map_get(&t->pair_rank, (int32_t[2]){out[i], out[i + 1]}, 8);
@@ -134,37 +133,89 @@ static size_t bpe_word(const moe_tokenizer *t, const unsigned char *w, size_t n,
   }
 }
 
-/* A pre-token's ids, remembered per encode call (a text repeats its words), and the pre-tokenizer. */
+/* The ids of one pre-token w (n bytes) of a byte-level vocabulary into out (room for n): its bytes,
+ * then the merges. Returns the count. */
+static size_t bpe_word(const moe_tokenizer *t, const unsigned char *w, size_t n, int32_t *out) {
+  const int64_t *whole = t->ignore_merges ? moe__tok_map_get(&t->by_bytes, w, n) : NULL;
+  if (whole) {
+    out[0] = (int32_t)*whole;
+    return 1;
+  }
+  for (size_t i = 0; i < n; i++) out[i] = t->byte_id[w[i]];
+  return moe__tok_merge(t, out, n);
+}
+
+/* The ids being written: the caller's array (room for cap, fixed) or one grown as needed. */
 typedef struct {
-  moe__pretok *pre;
-  moe__tok_map index; /* pre-token bytes -> offset in ids */
-  int32_t *ids;       /* at each offset: the count, then the ids */
+  int32_t *ids;
+  size_t k, cap;
+  int grow;
+} id_buf;
+
+static moe_status room(id_buf *b, size_t more) {
+  if (b->k + more <= b->cap) return MOE_OK;
+  MOE_TRY(b->grow, MOE_ERR_ARG, "moe_tokenizer_encode: the ids need more room than the %zu given (this tokenizer can "
+          "give more ids than the text has bytes: use moe_tokenizer_encode_alloc)", b->cap);
+  size_t cap = 2 * b->cap + more + 256;
+  int32_t *p = realloc(b->ids, cap * sizeof *p);
+  MOE_TRY(p, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory (%zu ids)", cap);
+  b->ids = p;
+  b->cap = cap;
+  return MOE_OK;
+}
+
+/* A pre-token's ids, remembered per encode call (a text repeats its words), and the pre-tokenizers. */
+typedef struct {
+  moe__pretok *pre;       /* GPT-2's, for the plain path */
+  moe__tok_scratch *sc;   /* a Hugging Face pipeline's */
+  moe__tok_map index;     /* pre-token bytes -> offset in ids */
+  int32_t *ids;           /* at each offset: the count, then the ids */
   size_t n, cap;
 } word_cache;
 
-static moe_status encode_plain(const moe_tokenizer *t, word_cache *c, const unsigned char *s, size_t n,
-                               int32_t *ids, size_t *k) {
-  for (size_t i = 0, j; i < n; i = j) {
-    j = moe__pretok_next(c->pre, s, n, i);
-    int isnew;
-    int64_t *off = moe__tok_map_put(&c->index, s + i, j - i, (int64_t)c->n, &isnew);
-    MOE_TRY(off, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory (word cache)");
-    if (isnew) {
-      if (c->n + (j - i) + 1 > c->cap) {
-        size_t cap = 2 * c->cap + (j - i) + 1024;
-        int32_t *p = realloc(c->ids, cap * sizeof *p);
-        MOE_TRY(p, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory (word cache of %zu ids)", cap);
-        c->ids = p;
-        c->cap = cap;
-      }
-      size_t m = bpe_word(t, s + i, j - i, c->ids + c->n + 1);
-      c->ids[c->n] = (int32_t)m;
-      c->n += m + 1;
+static moe_status word_ids(const moe_tokenizer *t, word_cache *c, const unsigned char *w, size_t n, id_buf *b) {
+  int isnew;
+  int64_t *off = moe__tok_map_put(&c->index, w, n, (int64_t)c->n, &isnew);
+  MOE_TRY(off, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory (word cache)");
+  if (isnew) {
+    if (c->n + n + 1 > c->cap) {
+      size_t cap = 2 * c->cap + n + 1024;
+      int32_t *p = realloc(c->ids, cap * sizeof *p);
+      MOE_TRY(p, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory (word cache of %zu ids)", cap);
+      c->ids = p;
+      c->cap = cap;
     }
-    const int32_t *w = c->ids + *off;
-    memcpy(ids + *k, w + 1, (size_t)w[0] * sizeof *ids);
-    *k += (size_t)w[0];
+    size_t m = 0;
+    if (!t->hf || t->hf->byte_level) m = bpe_word(t, w, n, c->ids + c->n + 1);
+    else MOE_CHECK(moe__tok_bpe_chars(t, w, n, c->ids + c->n + 1, &m));
+    c->ids[c->n] = (int32_t)m;
+    c->n += m + 1;
   }
+  const int32_t *ids = c->ids + *off;
+  MOE_CHECK(room(b, (size_t)ids[0]));
+  memcpy(b->ids + b->k, ids + 1, (size_t)ids[0] * sizeof *ids);
+  b->k += (size_t)ids[0];
+  return MOE_OK;
+}
+
+/* One stretch of text between added tokens (at_start: it begins the text). */
+static moe_status encode_plain(const moe_tokenizer *t, word_cache *c, const unsigned char *s, size_t n, int at_start,
+                               id_buf *b) {
+  if (!t->hf) {
+    if (!c->pre) MOE_CHECK(moe__pretok_new(&c->pre));
+    for (size_t i = 0, j; i < n; i = j) {
+      j = moe__pretok_next(c->pre, s, n, i);
+      MOE_CHECK(word_ids(t, c, s + i, j - i, b));
+    }
+    return MOE_OK;
+  }
+  MOE_TRY(c->sc || (c->sc = moe__tok_scratch_new()), MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory");
+  const char *buf;
+  const size_t(*pcs)[2];
+  size_t count;
+  MOE_CHECK(moe__tok_pretokenize(t, c->sc, (const char *)s, n, at_start, &buf, &pcs, &count));
+  for (size_t i = 0; i < count; i++)
+    MOE_CHECK(word_ids(t, c, (const unsigned char *)buf + pcs[i][0], pcs[i][1] - pcs[i][0], b));
   return MOE_OK;
 }
 
@@ -175,6 +226,23 @@ typedef struct {
   size_t from; /* where that search started */
 } added_at;
 
+/* Whether the character before byte a and the one at byte b of text (n bytes) are not word characters
+ * (letters, digits, '_'): where a single_word added token may match. */
+static int word_char(utf8proc_int32_t c) {
+  utf8proc_category_t k = utf8proc_category(c);
+  return c == '_' || (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) ||
+         (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
+}
+
+static int alone(const char *text, size_t n, size_t a, size_t b) {
+  const unsigned char *u = (const unsigned char *)text;
+  utf8proc_int32_t c;
+  size_t k = a;
+  while (k > 0 && a - k < 4 && (u[k - 1] & 0xc0) == 0x80) k--;
+  if (a > 0 && k > 0 && utf8proc_iterate(u + k - 1, (utf8proc_ssize_t)(a - k + 1), &c) > 0 && word_char(c)) return 0;
+  return !(b < n && utf8proc_iterate(u + b, (utf8proc_ssize_t)(n - b), &c) > 0 && word_char(c));
+}
+
 /* The added token that occurs first in text[i, n) (the longest of those starting there), or -1; its
  * offset in *at (n when none). */
 static int32_t next_added(const moe_tokenizer *t, added_at *a, int na, const char *text, size_t n, size_t i,
@@ -183,7 +251,11 @@ static int32_t next_added(const moe_tokenizer *t, added_at *a, int na, const cha
   *at = n;
   for (int k = 0; k < na; k++) {
     if (a[k].at < i || a[k].from > i) { /* passed over (or never searched): search again from i */
-      const char *p = memmem(text + i, n - i, t->bytes[a[k].id], (size_t)t->len[a[k].id]);
+      const char *tok = t->bytes[a[k].id], *p = text + i;
+      size_t len = (size_t)t->len[a[k].id];
+      while ((p = memmem(p, n - (size_t)(p - text), tok, len)) && (t->strip[a[k].id] & MOE__TOK_SINGLE_WORD) &&
+             !alone(text, n, (size_t)(p - text), (size_t)(p - text) + len))
+        p++;
       a[k].at = p ? (size_t)(p - text) : n;
       a[k].from = i;
     }
@@ -195,32 +267,74 @@ static int32_t next_added(const moe_tokenizer *t, added_at *a, int na, const cha
   return best;
 }
 
-moe_status moe_tokenizer_encode(const moe_tokenizer *t, const char *text, size_t n, int special,
-                                int32_t *ids, size_t *n_ids) {
-  MOE_TRY(t && (text || !n) && ids && n_ids, MOE_ERR_ARG, "moe_tokenizer_encode: NULL argument");
-  int na = 0;
-  for (int32_t id = 0; special && id < t->vocab; id++) na += t->added[id];
+static int space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+/* The post-processor's ids around the text's (b->ids[0 .. b->k)). */
+static moe_status add_special(const moe_tokenizer *t, id_buf *b) {
+  int before = 0;
+  while (before < t->n_post && t->post[before] >= 0) before++;
+  MOE_CHECK(room(b, (size_t)t->n_post));
+  memmove(b->ids + before, b->ids, b->k * sizeof *b->ids);
+  memcpy(b->ids, t->post, (size_t)before * sizeof *b->ids);
+  b->k += (size_t)before;
+  for (int i = before + 1; i < t->n_post; i++) b->ids[b->k++] = t->post[i];
+  return MOE_OK;
+}
+
+static moe_status encode(const moe_tokenizer *t, const char *text, size_t n, int flags, id_buf *b) {
+  MOE_TRY(t && (text || !n), MOE_ERR_ARG, "moe_tokenizer_encode: NULL argument");
+  /* Added tokens: the special ones when asked, the others always (as HF's split_special_tokens). */
+  int na = 0, special = flags & MOE_TOKENIZER_SPECIAL;
+  for (int32_t id = 0; id < t->vocab; id++) na += t->added[id] && (special || !t->special[id]);
   added_at *a = malloc((na ? (size_t)na : 1) * sizeof *a);
   MOE_TRY(a, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory");
-  for (int32_t id = 0, k = 0; special && id < t->vocab; id++)
-    if (t->added[id]) a[k++] = (added_at){id, 0, SIZE_MAX};
+  for (int32_t id = 0, k = 0; id < t->vocab; id++)
+    if (t->added[id] && (special || !t->special[id])) a[k++] = (added_at){id, 0, SIZE_MAX};
   word_cache c = {0};
-  moe_status st = moe__pretok_new(&c.pre);
-  *n_ids = 0;
+  moe_status st = MOE_OK;
   for (size_t i = 0; i < n && st == MOE_OK;) {
-    size_t at = n;
+    size_t at = n, end = n;
     int32_t id = next_added(t, a, na, text, n, i, &at);
-    st = encode_plain(t, &c, (const unsigned char *)text + i, at - i, ids, n_ids);
-    i = at;
-    if (id >= 0) {
-      ids[(*n_ids)++] = id;
-      i += (size_t)t->len[id];
+    if (id >= 0) { /* lstrip and rstrip: the token takes the white space beside it */
+      end = at + (size_t)t->len[id];
+      while ((t->strip[id] & MOE__TOK_LSTRIP) && at > i && space(text[at - 1])) at--;
+      while ((t->strip[id] & MOE__TOK_RSTRIP) && end < n && space(text[end])) end++;
     }
+    st = encode_plain(t, &c, (const unsigned char *)text + i, at - i, i == 0, b);
+    if (st == MOE_OK && id >= 0 && (st = room(b, 1)) == MOE_OK) b->ids[b->k++] = id;
+    i = end;
   }
+  if (st == MOE_OK && (flags & MOE_TOKENIZER_ADD_SPECIAL) && t->n_post) st = add_special(t, b);
   free(a);
   moe__pretok_free(c.pre);
+  moe__tok_scratch_free(c.sc);
   moe__tok_map_free(&c.index);
   free(c.ids);
+  return st;
+}
+
+moe_status moe_tokenizer_encode(const moe_tokenizer *t, const char *text, size_t n, int flags, int32_t *ids,
+                                size_t *n_ids) {
+  MOE_TRY(ids && n_ids, MOE_ERR_ARG, "moe_tokenizer_encode: NULL argument");
+  id_buf b = {ids, 0, n, 0};
+  moe_status st = encode(t, text, n, flags, &b);
+  *n_ids = b.k;
+  return st;
+}
+
+moe_status moe_tokenizer_encode_alloc(const moe_tokenizer *t, const char *text, size_t n, int flags, int32_t **ids,
+                                      size_t *n_ids) {
+  MOE_TRY(ids && n_ids, MOE_ERR_ARG, "moe_tokenizer_encode_alloc: NULL argument");
+  id_buf b = {NULL, 0, 0, 1};
+  moe_status st = room(&b, n + 1);
+  if (st == MOE_OK) st = encode(t, text, n, flags, &b);
+  if (st != MOE_OK) {
+    free(b.ids);
+    b.ids = NULL;
+    b.k = 0;
+  }
+  *ids = b.ids;
+  *n_ids = b.k;
   return st;
 }
 
@@ -234,6 +348,15 @@ moe_status moe_tokenizer_decode(const moe_tokenizer *t, const int32_t *ids, size
     MOE_TRY(ids[i] >= 0 && ids[i] < t->vocab, MOE_ERR_VALUE,
             "moe_tokenizer_decode: ids[%zu] = %d is not a token id (the vocabulary has %d)", i, ids[i], t->vocab);
     need += (size_t)t->len[ids[i]];
+  }
+  if (!moe__tok_decode_is_concat(t)) { /* the file's decoders */
+    char *text;
+    MOE_CHECK(moe__tok_decode_hf(t, ids, n, &text, len));
+    int fits = *len <= cap && (out || !*len);
+    if (fits && *len) memcpy(out, text, *len);
+    free(text);
+    MOE_TRY(fits, MOE_ERR_ARG, "moe_tokenizer_decode: the text needs %zu bytes, the buffer holds %zu", *len, cap);
+    return MOE_OK;
   }
   *len = need;
   MOE_TRY(need <= cap && (out || !need), MOE_ERR_ARG,
