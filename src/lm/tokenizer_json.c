@@ -185,7 +185,7 @@ static moe_status check_settings(const char *path, const cJSON *model) {
 typedef struct {
   int32_t vocab;
   const char **names;
-  uint8_t *added, *strip;
+  uint8_t *added, *strip, *in_vocab; /* in_vocab: an added token that model.vocab has too */
 } numbering;
 
 /* An id in [0, 2^28) from x, or -1. */
@@ -217,7 +217,8 @@ static moe_status number_ids(const char *path, const cJSON *vocab, const cJSON *
   nb->names = calloc(n ? (size_t)n : 1, sizeof *nb->names);
   nb->added = calloc(n ? (size_t)n : 1, 1);
   nb->strip = calloc(n ? (size_t)n : 1, 1);
-  MOE_TRY(nb->names && nb->added && nb->strip, MOE_ERR_NOMEM, "%s: out of memory (vocabulary of %d)", path, n);
+  nb->in_vocab = calloc(n ? (size_t)n : 1, 1);
+  MOE_TRY(nb->names && nb->added && nb->strip && nb->in_vocab, MOE_ERR_NOMEM, "%s: out of memory (vocabulary of %d)", path, n);
   cJSON_ArrayForEach(it, vocab) {
     int32_t id = token_id(it);
     MOE_TRY(!nb->names[id], MOE_ERR_FORMAT, "%s: model.vocab gives id %d to both \"%.80s\" and \"%.80s\"", path, id,
@@ -230,6 +231,7 @@ static moe_status number_ids(const char *path, const cJSON *vocab, const cJSON *
     int32_t id = token_id(cJSON_GetObjectItemCaseSensitive(it, "id"));
     MOE_TRY(!nb->added[id] && (!nb->names[id] || !strcmp(nb->names[id], c)), MOE_ERR_FORMAT,
             "%s: added_tokens[%d] (\"%.80s\") has id %d, which is already \"%.80s\"", path, k, c, id, nb->names[id]);
+    nb->in_vocab[id] = nb->names[id] != NULL;
     nb->names[id] = c;
     nb->added[id] = 1 + cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "special"));
     nb->strip[id] = (uint8_t)(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "lstrip")) * MOE__TOK_LSTRIP |
@@ -268,6 +270,11 @@ static moe_status fill_vocab(const char *path, moe_tokenizer *t, const numbering
         : !moe__tok_set(t, id, buf, (size_t)n, nb->added[id] != 0, nb->added[id] == 2)
             ? moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", path)
             : MOE_OK;
+    /* An added token in model.vocab too is also the model's (BPE can make it). */
+    long nv = st == MOE_OK && nb->in_vocab[id] ? (byte_level ? token_bytes(s, buf) : (long)len) : 0;
+    int isnew;
+    if (nv > 0 && !moe__tok_map_put(&t->by_bytes, buf, (size_t)nv, id, &isnew))
+      st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", path);
     if (st != MOE_OK) {
       free(buf);
       return st;
@@ -380,6 +387,7 @@ static moe_status from_json(const char *path, const cJSON *root, moe_tokenizer *
   free(nb.names);
   free(nb.added);
   free(nb.strip);
+  free(nb.in_vocab);
   if (st != MOE_OK) {
     moe_tokenizer_free(t);
     return st;
