@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "lm/tokenizer.h"
+#include "run_cli.h"
 #include "test.h"
 
 /* Loads a tokenizer.json given as text; NULL (and a message) when it does not load. */
@@ -233,4 +235,45 @@ TEST(tokenizer_steps_decoders) {
   moe_tokenizer_free(t);
   if (len != 10 || memcmp(out, "Hey friend", 10)) FAIL_("Metaspace decode gave \"%.*s\"", (int)len, out);
   ASSERT_EQ_INT(bad, 0);
+}
+
+/* A directory: its tokenizer.json, and tokenizer_config.json's add_bos_token / add_eos_token in place
+ * of the post-processor (here: BOS only, where the file's template adds </s> too); the CLI's
+ * --add-special asks for them. */
+TEST(tokenizer_steps_directory_config) {
+  char dir[512], path[600], out[600], err[512];
+  test_tmp_path("tokdir", dir, sizeof dir);
+  mkdir(dir, 0755);
+  char json[sizeof SPM + 16];
+  snprintf(json, sizeof json, SPM, "true", "true");
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  FILE *f = fopen(path, "wb");
+  ASSERT(f);
+  fputs(json, f);
+  fclose(f);
+  snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+  f = fopen(path, "wb");
+  ASSERT(f);
+  fputs("{\"add_bos_token\": true, \"add_eos_token\": false, \"bos_token\": {\"content\": \"<s>\"}, \"eos_token\": \"</s>\"}", f);
+  fclose(f);
+  moe_tokenizer *t = NULL;
+  ASSERT_OK(moe_tokenizer_load(&t, dir));
+  int bad = !IDS(t, "a", MOE_TOKENIZER_ADD_SPECIAL, 1, 8) + !IDS(t, "a", 0, 8);
+  moe_tokenizer_free(t);
+  ASSERT_EQ_INT(bad, 0);
+  char args[1400];
+  test_tmp_path("tokdir_ids.txt", out, sizeof out);
+  snprintf(args, sizeof args, "tokenizer encode --tokenizer %s --add-special < /dev/null", dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
+  char *ids = test_read_file(out, NULL);
+  int same = ids && !strcmp(ids, "1\n");
+  free(ids);
+  if (!same) FAIL_("moe tokenizer encode --add-special of an empty text did not print \"1\" (stderr %s)", err);
+  /* A config naming a token the tokenizer lacks is refused naming it. */
+  f = fopen(path, "wb");
+  ASSERT(f);
+  fputs("{\"add_bos_token\": true, \"bos_token\": \"<bos>\"}", f);
+  fclose(f);
+  ASSERT_STATUS(moe_tokenizer_load(&t, dir), MOE_ERR_FORMAT);
+  ASSERT(strstr(moe_last_error(), "bos_token \"<bos>\" is not a token"));
 }
