@@ -97,6 +97,12 @@ void moe_tokenizer_free(moe_tokenizer *t) {
 
 int32_t moe_tokenizer_vocab_size(const moe_tokenizer *t) { return t->vocab; }
 
+int moe__tok_round_trips(const moe_tokenizer *t) {
+  int strips = 0;
+  for (int32_t i = 0; i < t->vocab; i++) strips |= t->strip[i];
+  return !t->hf && !strips;
+}
+
 int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token) {
   for (int32_t i = 0; i < t->vocab; i++)
     if (t->added[i] && (size_t)t->len[i] == strlen(token) && !memcmp(t->bytes[i], token, (size_t)t->len[i])) return i;

@@ -54,6 +54,9 @@ moe_status moe__pretok_new(moe__pretok **out);
 void moe__pretok_free(moe__pretok *p);
 size_t moe__pretok_next(moe__pretok *p, const unsigned char *s, size_t n, size_t i);
 
+/* Whether decode(encode(x)) == x for every byte string x encoded without ADD_SPECIAL: GPT-2's
+ * byte-level BPE alone, without added-token options (the fuzz targets check it). */
+int moe__tok_round_trips(const moe_tokenizer *t);
 /* The ids BPE gives one pre-token w of n bytes, starting from the symbols out[0 .. m) (room for n) and
  * merging the lowest-ranked adjacent pair everywhere, again and again; returns the count. */
 size_t moe__tok_merge(const moe_tokenizer *t, int32_t *out, size_t m);

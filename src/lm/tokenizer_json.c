@@ -101,9 +101,7 @@ static char *to_json(const moe_tokenizer *t) {
 
 moe_status moe_tokenizer_save(const moe_tokenizer *t, const char *path) {
   MOE_TRY(t && path, MOE_ERR_ARG, "moe_tokenizer_save: NULL argument");
-  int strips = 0;
-  for (int32_t i = 0; i < t->vocab; i++) strips |= t->strip[i];
-  MOE_TRY(!t->hf && !t->n_post && !strips, MOE_ERR_ARG, "%s: moe_tokenizer_save writes byte-level BPE tokenizers "
+  MOE_TRY(moe__tok_round_trips(t) && !t->n_post, MOE_ERR_ARG, "%s: moe_tokenizer_save writes byte-level BPE tokenizers "
           "without normalizers, post-processors or added-token options; this one was read with them", path);
   char *text = to_json(t);
   MOE_TRY(text, MOE_ERR_NOMEM, "%s: out of memory writing the tokenizer", path);
