@@ -61,7 +61,13 @@ int moe__tok_set(moe_tokenizer *t, int32_t id, const char *bytes, size_t len, in
   t->len[id] = (int32_t)len;
   t->added[id] = (uint8_t)added;
   t->special[id] = (uint8_t)special;
-  if (added) return 1;
+  if (added) {
+    int32_t *a = realloc(t->added_ids, (size_t)(t->n_added + 1) * sizeof *a);
+    if (!a) return 0;
+    t->added_ids = a;
+    a[t->n_added++] = id;
+    return 1;
+  }
   if (len == 1) t->byte_id[(unsigned char)bytes[0]] = id;
   return moe__tok_map_put(&t->by_bytes, bytes, len, id, &isnew) != NULL;
 }
@@ -87,6 +93,7 @@ void moe_tokenizer_free(moe_tokenizer *t) {
   free(t->added);
   free(t->special);
   free(t->strip);
+  free(t->added_ids);
   free(t->post);
   moe__tok_hf_free(t->hf);
   free(t->merges);
@@ -104,8 +111,10 @@ int moe__tok_round_trips(const moe_tokenizer *t) {
 }
 
 int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token) {
-  for (int32_t i = 0; i < t->vocab; i++)
-    if (t->added[i] && (size_t)t->len[i] == strlen(token) && !memcmp(t->bytes[i], token, (size_t)t->len[i])) return i;
+  for (int32_t k = 0; k < t->n_added; k++) {
+    int32_t i = t->added_ids[k];
+    if ((size_t)t->len[i] == strlen(token) && !memcmp(t->bytes[i], token, (size_t)t->len[i])) return i;
+  }
   const int64_t *v = moe__tok_map_get(&t->by_bytes, token, strlen(token));
   return v ? (int32_t)*v : -1;
 }
@@ -291,11 +300,10 @@ static moe_status encode(const moe_tokenizer *t, const char *text, size_t n, int
   MOE_TRY(t && (text || !n), MOE_ERR_ARG, "moe_tokenizer_encode: NULL argument");
   /* Added tokens: the special ones when asked, the others always (as HF's split_special_tokens). */
   int na = 0, special = flags & MOE_TOKENIZER_SPECIAL;
-  for (int32_t id = 0; id < t->vocab; id++) na += t->added[id] && (special || !t->special[id]);
-  added_at *a = malloc((na ? (size_t)na : 1) * sizeof *a);
+  added_at *a = malloc((t->n_added ? (size_t)t->n_added : 1) * sizeof *a);
   MOE_TRY(a, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory");
-  for (int32_t id = 0, k = 0; id < t->vocab; id++)
-    if (t->added[id] && (special || !t->special[id])) a[k++] = (added_at){id, 0, SIZE_MAX};
+  for (int32_t i = 0; i < t->n_added; i++)
+    if (special || !t->special[t->added_ids[i]]) a[na++] = (added_at){t->added_ids[i], 0, SIZE_MAX};
   word_cache c = {0};
   moe_status st = MOE_OK;
   for (size_t i = 0; i < n && st == MOE_OK;) {

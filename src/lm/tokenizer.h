@@ -19,6 +19,8 @@ struct moe_tokenizer {
   int32_t *len;             /* (vocab) */
   uint8_t *added;           /* (vocab) 1 for added tokens (<|endoftext|>): whole strings, never merged */
   uint8_t *special;         /* (vocab) the added token's "special" flag */
+  int32_t *added_ids;       /* (n_added) the added tokens' ids, in the order they were set */
+  int32_t n_added;
   int32_t byte_id[256];     /* the id of each single byte */
   int32_t n_merges;
   int32_t (*merges)[3];     /* (n_merges) left, right, merged id, in rank order */
