@@ -73,10 +73,15 @@ int moe__tok_set(moe_tokenizer *t, int32_t id, const char *bytes, size_t len, in
 }
 
 int moe__tok_add_merge(moe_tokenizer *t, int32_t left, int32_t right, int32_t merged) {
-  int32_t key[2] = {left, right}, (*m)[3] = realloc(t->merges, (size_t)(t->n_merges + 1) * sizeof *m);
+  int32_t key[2] = {left, right}, (*m)[3] = t->merges;
   int isnew;
-  if (!m) return 0;
-  t->merges = m;
+  if (t->n_merges == t->merges_cap) { /* doubling: files have hundreds of thousands of merges */
+    int32_t cap = 2 * t->merges_cap + 64;
+    m = realloc(t->merges, (size_t)cap * sizeof *m);
+    if (!m) return 0;
+    t->merges = m;
+    t->merges_cap = cap;
+  }
   if (!moe__tok_map_put(&t->pair_rank, key, sizeof key, t->n_merges, &isnew)) return 0;
   if (!isnew) return 1;
   m[t->n_merges][0] = left;

@@ -24,6 +24,7 @@ struct moe_tokenizer {
   int32_t byte_id[256];     /* the id of each single byte */
   int32_t n_merges;
   int32_t (*merges)[3];     /* (n_merges) left, right, merged id, in rank order */
+  int32_t merges_cap;       /* room in merges */
   moe__tok_map pair_rank;   /* the 8 bytes (left, right) -> rank */
   moe__tok_map by_bytes;    /* a byte-level token's bytes -> id (added tokens are not in it) */
   int ignore_merges;        /* HF's model.ignore_merges: a pre-token that is a token is that token */

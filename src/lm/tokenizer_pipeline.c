@@ -79,6 +79,7 @@ struct moe__tok_scratch {
   pieces pcs[2];
   marks mk;
   pcre2_match_data *md;
+  int match_error; /* PCRE2's error when a match failed (not for want of a match) */
 };
 
 moe__tok_scratch *moe__tok_scratch_new(void) {
@@ -117,7 +118,13 @@ static int find_matches(moe__tok_scratch *sc, const pcre2_code *re, const char *
   size_t prev = 0, at = 0;
   while (at < n) {
     int rc = pcre2_match(re, (PCRE2_SPTR)s, n, at, 0, sc->md, NULL);
-    if (rc < 0) break;
+    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) /* JIT's stack ran out: the interpreter keeps its own on the heap */
+      rc = pcre2_match(re, (PCRE2_SPTR)s, n, at, PCRE2_NO_JIT, sc->md, NULL);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      sc->match_error = rc;
+      return 0;
+    }
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(sc->md);
     if (ov[1] == ov[0]) { /* an empty match: look again one character on */
       at = ov[0] + char_len((const unsigned char *)s + ov[0], n - ov[0]);
@@ -234,7 +241,7 @@ static int keep_spans(const marks *m, keep_kind keep, int invert, size_t base, p
 static int rewrite(const moe__tok_step *st, const char *s, size_t n, int first, str *out) {
   if (st->kind == STEP_PREFIX_SPACE) return (n && s[0] == ' ') || put(out, " ", 1) ? put(out, s, n) : 0;
   /* Metaspace: spaces become the replacement, which is prepended as the scheme says. */
-  int starts = n >= st->text_len && !memcmp(s, st->text, st->text_len);
+  int starts = (n && s[0] == ' ') || (n >= st->text_len && !memcmp(s, st->text, st->text_len));
   if (!starts && (st->a == 2 || (st->a == 1 && first)) && !put(out, st->text, st->text_len)) return 0;
   for (size_t i = 0; i < n; i++)
     if (!(s[i] == ' ' ? put(out, st->text, st->text_len) : put(out, s + i, 1))) return 0;
@@ -296,6 +303,12 @@ moe_status moe__tok_pretokenize(const moe_tokenizer *t, moe__tok_scratch *sc, co
     pieces *out = in == &sc->pcs[0] ? &sc->pcs[1] : &sc->pcs[0];
     ok = pre_step(sc, &hf->pre[i], in, out, &at_start);
     in = out;
+  }
+  if (!ok && sc->match_error) {
+    PCRE2_UCHAR msg[160];
+    pcre2_get_error_message(sc->match_error, msg, sizeof msg);
+    sc->match_error = 0;
+    MOE_TRY(0, MOE_ERR_VALUE, "moe_tokenizer_encode: a pattern of the tokenizer failed on the text: %s", (char *)msg);
   }
   MOE_TRY(ok, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory (pre-tokenizer)");
   *buf = in->bytes.p;
