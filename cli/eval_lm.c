@@ -18,9 +18,9 @@ static void usage(FILE *f) {
   fprintf(f, "usage: moe eval --task lm --checkpoint DIR [--data DIR] [--split test|valid|train] [--context T]\n"
              "                [--batch B] [--threads N] [--json]\n"
              "Prints test_loss=... test_perplexity=... (valid_... for --split valid; a JSON line with --json):\n"
-             "the mean cross-entropy of the checkpoint (a Hugging Face Mixtral directory with tokenizer.json)\n"
-             "over every non-overlapping window of T tokens (default the model's context) of DIR/<split>.txt\n"
-             "(default data/brown, test), and its exponential.\n");
+             "the mean cross-entropy of the checkpoint (a Hugging Face directory of Mixtral, Qwen2/3-MoE or OLMoE\n"
+             "with tokenizer.json) over every non-overlapping window of T tokens (default the model's context)\n"
+             "of DIR/<split>.txt (default data/brown, test), and its exponential.\n");
 }
 
 static int eval(int argc, char **argv, moe_dist *dist) {

@@ -1,4 +1,4 @@
-/* moe generate: tokens from a language model checkpoint (a Hugging Face Mixtral directory). The
+/* moe generate: tokens from a language model checkpoint (a Hugging Face directory of a family moe.h lists). The
  * prompt runs through the model once, filling the KV cache; each new token then costs one position.
  * --prompt "text" goes through the checkpoint's tokenizer.json (as `moe tokenizer encode` does) and
  * the new tokens' text goes to stdout; --prompt-ids takes ids and prints the new ids, one line. Under
@@ -20,19 +20,21 @@ static const char *CMD = "generate";
 static void usage(FILE *f) {
   fprintf(f, "usage: moe generate --checkpoint DIR (--prompt \"text\" | --prompt-ids \"1 2 3\") [--max-tokens N]\n"
              "                    [--temperature T] [--top-p P] [--seed S] [--threads N] [--tokenizer F] [--json]\n"
-             "                    [--ignore-eos]\n"
+             "                    [--ignore-eos] [--dtype f32|bf16]\n"
              "Samples N new tokens (default 32) after the prompt: temperature 0 is greedy (default 1), top-p\n"
              "keeps the most probable tokens up to that mass (default 1); the same seed gives the same tokens.\n"
              "Stops before N at the end of text (DIR/config.json's eos_token_id, the tokenizer's <|endoftext|>),\n"
              "which is not printed, unless --ignore-eos.\n"
              "--prompt: the text through DIR/tokenizer.json (or --tokenizer F); prints the new text.\n"
              "--prompt-ids: prints the new token ids on one line. --json: one JSON line at the end instead,\n"
-             "{\"prompt_tokens\", \"ids\", and with --prompt \"text\" (bytes that are not UTF-8 as U+FFFD)}.\n");
+             "{\"prompt_tokens\", \"ids\", and with --prompt \"text\" (bytes that are not UTF-8 as U+FFFD)}.\n"
+             "--dtype bf16: the experts' GEMMs in bf16 (bf16 weights and inputs, fp32 accumulation; default f32).\n");
 }
 
 typedef struct {
   const char *ck, *prompt, *text, *tokenizer;
   int max_tokens, threads, json, ignore_eos;
+  moe_dtype dtype;
   float temperature, top_p;
   uint64_t seed;
 } gen_opts;
@@ -55,7 +57,7 @@ static int parse_ids(const char *s, int vocab, int32_t *ids, int cap) {
 }
 
 static int parse(int argc, char **argv, gen_opts *o) {
-  *o = (gen_opts){.max_tokens = 32, .temperature = 1.0f, .top_p = 1.0f};
+  *o = (gen_opts){.max_tokens = 32, .temperature = 1.0f, .top_p = 1.0f, .dtype = MOE_DT_F32};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     if (cli_flag_is(f, "json") || cli_flag_is(f, "ignore-eos")) { /* flags without a value */
@@ -75,6 +77,7 @@ static int parse(int argc, char **argv, gen_opts *o) {
     else if (cli_flag_is(f, "top-p")) ok = cli_parse_float(v, &o->top_p) && o->top_p > 0 && o->top_p <= 1;
     else if (cli_flag_is(f, "seed")) ok = cli_parse_int(v, &seed) && seed >= 0, o->seed = (uint64_t)seed;
     else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
+    else if (cli_flag_is(f, "dtype")) ok = moe_dtype_parse(v, "--dtype", &o->dtype) == MOE_OK;
     else {
       usage(stderr);
       return cli_usage_error(CMD, "unknown flag '%s'", f);
@@ -194,6 +197,7 @@ static int generate(int argc, char **argv, moe_dist *dist) {
   moe_lm_t m;
   if (moe_lm_read_config(o.ck, &c)) return cli_fail(CMD);
   c.moe.threads = o.threads;
+  c.moe.dtype = o.dtype;
   c.moe.dist = dist;
   if (cli_settle(dist, CMD, moe_lm_load(&m, o.ck, &c) ? cli_fail(CMD) : 0)) {
     if (m.st) moe_lm_free(&m); /* loaded here, not on another rank */

@@ -1,5 +1,5 @@
 /* moe serve: an HTTP server for a language model checkpoint with continuous batching (DESIGN 4.7).
- * The engine (serve_engine.c) owns the model; libmicrohttpd (serve_http.c) the connections. SIGTERM or
+ * The library's engine (moe_engine) owns the model; libmicrohttpd (serve_http.c) the connections. SIGTERM or
  * SIGINT: new requests get 503, those queued and running finish, then the process exits 0. */
 #include <signal.h>
 #include <stdlib.h>
@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "lm_data.h"
 #include "serve.h"
 
 static const char *CMD = "serve";
@@ -15,11 +16,13 @@ static const char *CMD = "serve";
 static void usage(FILE *f) {
   fprintf(f, "usage: moe serve --checkpoint DIR [--host 127.0.0.1] [--port 8080] [--max-batch B] [--threads N]\n"
              "                 [--cache K] [--policy lifo|lru] [--trace F] [--context N]\n"
-             "                 [--max-connections C] [--timeout S]\n"
+             "                 [--max-connections C] [--timeout S] [--dtype f32|bf16]\n"
              "Serves POST /v1/completions (OpenAI's completion request: prompt as text, through DIR/tokenizer.json,\n"
              "or token ids; max_tokens, temperature, top_p, seed, stream, ignore_eos, stop; other fields are\n"
-             "refused unless turned off), GET /health and GET /metrics (Prometheus). A request stops at the end\n"
-             "of text (DIR/config.json's eos_token_id, the tokenizer's <|endoftext|>) unless ignore_eos. Up to B\n"
+             "refused unless turned off), POST /v1/chat/completions (messages through the chat_template of\n"
+             "DIR/tokenizer_config.json; the same fields), GET /v1/models, GET /health and GET /metrics\n"
+             "(Prometheus). A request stops at the end of text (DIR/config.json's eos_token_id, the tokenizer's\n"
+             "<|endoftext|>) unless ignore_eos. Up to B\n"
              "requests (default 32) decode together; others wait in a queue. --port 0: a free port. Prints\n"
              "\"listening on http://HOST:PORT\" when ready. --cache K: K experts of each\n"
              "MoE layer in memory (default all), the rest read on demand from DIR/model.safetensors, evicting\n"
@@ -27,18 +30,20 @@ static void usage(FILE *f) {
              "--context N: a request's prompt and max_tokens at most (default the model's\n"
              "max_position_embeddings). --max-connections C (default 1024): past C connections /health still\n"
              "answers and the rest get 503. --timeout S (default 30): a connection idle S seconds, or a request\n"
-             "whose body has not all come S seconds after its headers, is closed (SIGTERM waits no longer).\n");
+             "whose body has not all come S seconds after its headers, is closed (SIGTERM waits no longer).\n"
+             "--dtype bf16: the experts' GEMMs in bf16 (bf16 weights and inputs, fp32 accumulation; default f32).\n");
 }
 
 typedef struct {
   const char *ck, *host, *trace;
   int port, max_batch, threads, cache;
+  moe_dtype dtype;
   moe_cache_policy policy;
   serve_http_opts http;
 } serve_opts;
 
 static int parse(int argc, char **argv, serve_opts *o) {
-  *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .max_batch = 32, .policy = MOE_CACHE_LIFO,
+  *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .max_batch = 32, .dtype = MOE_DT_F32, .policy = MOE_CACHE_LIFO,
                     .http = {.max_connections = 1024, .timeout_s = 30}};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
@@ -51,6 +56,7 @@ static int parse(int argc, char **argv, serve_opts *o) {
     else if (cli_flag_is(f, "port")) ok = cli_parse_int(v, &o->port) && o->port >= 0 && o->port <= 65535;
     else if (cli_flag_is(f, "max-batch")) ok = cli_parse_int(v, &o->max_batch) && o->max_batch >= 1 && o->max_batch <= 4096;
     else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
+    else if (cli_flag_is(f, "dtype")) ok = moe_dtype_parse(v, "--dtype", &o->dtype) == MOE_OK;
     else if (cli_flag_is(f, "cache")) ok = cli_parse_int(v, &o->cache) && o->cache >= 1;
     else if (cli_flag_is(f, "context")) ok = cli_parse_int(v, &o->http.context) && o->http.context >= 1;
     else if (cli_flag_is(f, "max-connections"))
@@ -87,16 +93,39 @@ static int load_tokenizer(const char *dir, moe_tokenizer **t) {
   return moe_tokenizer_load(t, path) == MOE_OK ? 0 : -1;
 }
 
+/* What the engine's steps feed: the metrics, and the expert trace's rows (step,layer,expert,tokens). */
+typedef struct {
+  serve_metrics *met;
+  FILE *trace;
+  int64_t step;
+  int L, E;
+} step_sink;
+
+static void on_step(void *ctx, const moe_engine_step *s) {
+  step_sink *k = ctx;
+  serve_metrics_step(k->met, s->rows, s->tokens, s->prompt_tokens, s->seconds);
+}
+
+static void on_decode(void *ctx, const int32_t *cnt) { /* one row per expert used, per layer */
+  step_sink *k = ctx;
+  if (!k->trace) return;
+  for (int l = 0; l < k->L; l++)
+    for (int x = 0; x < k->E; x++)
+      if (cnt[l * k->E + x]) fprintf(k->trace, "%lld,%d,%d,%d\n", (long long)k->step, l, x, cnt[l * k->E + x]);
+  k->step++;
+}
+
 /* Serves until SIGTERM or SIGINT (blocked in every thread, taken here with sigwait). */
 static int serve(const serve_opts *o, moe_lm_t *m, const moe_tokenizer *tok, const int32_t *eos, int n_eos,
                  serve_metrics *met, FILE *trace, const sigset_t *sigs) {
-  serve_engine e;
+  step_sink sink = {met, trace, 0, m->cfg.n_layers, m->cfg.moe.E};
+  moe_engine_config ec = {o->max_batch, tok, eos, n_eos, on_step, on_decode, &sink};
+  moe_engine *e;
   serve_http *h;
   int port;
-  if (serve_engine_start(&e, m, tok, o->max_batch, met, trace, eos, n_eos)) return cli_fail(CMD);
-  if (serve_http_start(&h, o->host, o->port, &e, tok, &o->http, &port)) {
-    serve_engine_drain(&e);
-    serve_engine_free(&e);
+  if (moe_engine_new(&e, m, &ec)) return cli_fail(CMD);
+  if (serve_http_start(&h, o->host, o->port, e, &m->cfg, tok, met, &o->http, &port)) {
+    moe_engine_free(e);
     return cli_fail(CMD);
   }
   printf("listening on http://%s:%d\n", o->host, port);
@@ -104,9 +133,9 @@ static int serve(const serve_opts *o, moe_lm_t *m, const moe_tokenizer *tok, con
   int sig;
   sigwait(sigs, &sig);
   fprintf(stderr, "moe serve: %s: finishing the requests under way\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-  serve_engine_drain(&e);
+  moe_engine_drain(e);
   serve_http_stop(h);
-  serve_engine_free(&e);
+  moe_engine_free(e);
   return 0;
 }
 
@@ -126,6 +155,7 @@ int cmd_serve(int argc, char **argv) {
   moe_tokenizer *tok = NULL;
   if (moe_lm_read_config(o.ck, &c)) return cli_fail(CMD);
   c.moe.threads = o.threads;
+  c.moe.dtype = o.dtype;
   if (moe_lm_load(&m, o.ck, &c)) return cli_fail(CMD);
   moe_lm_experts x = {0};
   int32_t eos[LM_MAX_EOS];
@@ -137,6 +167,9 @@ int cmd_serve(int argc, char **argv) {
     moe_lm_experts_free(&x);
     return n_eos < 0 ? 1 : cli_fail(CMD);
   }
+  char chat_template[4096];
+  snprintf(chat_template, sizeof chat_template, "%s/tokenizer_config.json", o.ck);
+  o.http.chat_template = access(chat_template, R_OK) ? NULL : chat_template; /* chat needs the template */
   FILE *trace = o.trace ? fopen(o.trace, "w") : NULL;
   int rc = 1;
   if (o.trace && !trace) cli_usage_error(CMD, "--trace: cannot write '%s'", o.trace);

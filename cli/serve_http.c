@@ -24,9 +24,12 @@
 
 struct serve_http {
   struct MHD_Daemon *d;
-  serve_engine *e;
+  moe_engine *e;
+  const moe_lm_config *m;
   const moe_tokenizer *tok;
+  serve_metrics *met;
   serve_http_opts o;
+  time_t created;     /* when it started, for /v1/models */
   atomic_llong next_id;
   pthread_mutex_t mu; /* guards busy and open */
   pthread_cond_t idle;
@@ -44,10 +47,14 @@ typedef struct { /* one request on a connection: its body as it arrives */
 
 typedef struct { /* the state of a response: the request, its text so far */
   serve_http *h;
-  serve_req *r;
+  moe__completion c;   /* the parsed body */
+  moe_engine_req *r;
+  moe_engine_state st; /* the request's state at the last wait */
   long long id;
   int sent;            /* tokens turned into text */
-  size_t safe;         /* with stop strings: the text's bytes that may go out (serve_wait's) */
+  int timed;           /* its latencies are in the metrics */
+  int chat;            /* POST /v1/chat/completions: chat's shapes */
+  int role_sent;       /* chat stream: the first delta (with the role) is out */
   size_t start;        /* the text's bytes out before those held */
   char held[MOE_COMPLETION_STOP_BYTES + 3]; /* bytes of a character split over tokens, or that may begin a
                                                stop string, for the next event */
@@ -59,7 +66,7 @@ typedef struct { /* the state of a response: the request, its text so far */
 } reply;
 
 static enum MHD_Result send_text(struct MHD_Connection *c, serve_http *h, int status, const char *type, char *body) {
-  serve_metrics_status(h->e->met, status);
+  serve_metrics_status(h->met, status);
   if (!body) return MHD_NO;
   struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
   if (!r) return free(body), MHD_NO;
@@ -93,12 +100,12 @@ static enum MHD_Result send_error(struct MHD_Connection *c, serve_http *h, int s
 static char *new_text(reply *p, int n, int final) {
   const moe_tokenizer *t = p->h->tok;
   size_t len = p->nheld, k;
-  for (int i = p->sent; i < n; i++) len += t ? (moe_tokenizer_token_bytes(t, p->r->out[i], &k), k) : 12;
+  for (int i = p->sent; i < n; i++) len += t ? (moe_tokenizer_token_bytes(t, p->st.tokens[i], &k), k) : 12;
   char *raw = malloc(len + 1), *out = malloc(3 * len + 1);
   if (!raw || !out) return free(raw), free(out), NULL;
   size_t w = 0;
   if (!t) {
-    for (int i = p->sent; i < n; i++) w += (size_t)sprintf(out + w, "%s%d", i ? " " : "", p->r->out[i]);
+    for (int i = p->sent; i < n; i++) w += (size_t)sprintf(out + w, "%s%d", i ? " " : "", p->st.tokens[i]);
     out[w] = 0;
     p->sent = n;
     return free(raw), out;
@@ -106,10 +113,10 @@ static char *new_text(reply *p, int n, int final) {
   memcpy(raw, p->held, p->nheld);
   w = p->nheld;
   for (int i = p->sent; i < n; i++) {
-    const char *b = moe_tokenizer_token_bytes(t, p->r->out[i], &k);
+    const char *b = moe_tokenizer_token_bytes(t, p->st.tokens[i], &k);
     memcpy(raw + w, b, k), w += k;
   }
-  size_t upto = p->r->c.n_stop && p->safe - p->start < w ? p->safe - p->start : w;
+  size_t upto = p->c.n_stop && p->st.text_safe - p->start < w ? p->st.text_safe - p->start : w;
   size_t used, o = moe__utf8_clean(raw, upto, final, out, &used);
   p->nheld = final ? 0 : w - used;
   memcpy(p->held, raw + used, p->nheld);
@@ -120,29 +127,110 @@ static char *new_text(reply *p, int n, int final) {
   return out;
 }
 
-/* {"id", "object", "created", "model", "choices": [{"text", "index", "logprobs", "finish_reason",
- * "token_ids"}]} for tokens [p->sent, n): the whole answer, or one event of a stream. The finish_reason
- * of the final one: "stop" at the end of text or a stop string, else "length" (max_tokens, which the
- * context bounds). */
+/* A token's text for logprobs: its bytes, those that are not UTF-8 as U+FFFD (malloc'd), or its id. */
+static char *token_text(const serve_http *h, int32_t t) {
+  size_t k = 0, used;
+  const char *b = h->tok ? moe_tokenizer_token_bytes(h->tok, t, &k) : NULL;
+  char *out = malloc(3 * k + 16);
+  if (!out) return NULL;
+  if (!b) snprintf(out, 16, "%d", t);
+  else out[moe__utf8_clean(b, k, 1, out, &used)] = 0;
+  return out;
+}
+
+/* The log-probabilities of tokens [from, n) in OpenAI's completion shape ({"tokens", "token_logprobs",
+ * "top_logprobs", "text_offset"}) or chat's ({"content": [{"token", "logprob", "bytes", "top_logprobs"}]});
+ * NULL when the request did not ask for them (or out of memory). */
+static cJSON *logprobs_json(const reply *p, int from, int n) {
+  const moe_engine_state *st = &p->st;
+  if (!st->logprobs) return NULL;
+  cJSON *o = cJSON_CreateObject(), *content = p->chat ? cJSON_AddArrayToObject(o, "content") : NULL;
+  cJSON *toks = p->chat ? NULL : cJSON_AddArrayToObject(o, "tokens"), *lps = p->chat ? NULL : cJSON_AddArrayToObject(o, "token_logprobs");
+  cJSON *tops = p->chat ? NULL : cJSON_AddArrayToObject(o, "top_logprobs");
+  cJSON *offs = p->chat ? NULL : cJSON_AddArrayToObject(o, "text_offset");
+  size_t offset = p->start + p->nheld; /* the text's bytes before token `from` (completions) */
+  int ok = o != NULL;
+  for (int i = from; ok && i < n; i++) {
+    char *tt = token_text(p->h, st->tokens[i]);
+    cJSON *top = p->chat ? cJSON_CreateArray() : cJSON_CreateObject();
+    ok = tt && top;
+    for (int j = 0; ok && j < st->n_top; j++) {
+      char *a = token_text(p->h, st->top_ids[(size_t)i * st->n_top + j]);
+      double lp = st->top_logprobs[(size_t)i * st->n_top + j];
+      if (!a) ok = 0;
+      else if (p->chat) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "token", a);
+        cJSON_AddNumberToObject(e, "logprob", lp);
+        cJSON_AddItemToArray(top, e);
+      } else if (!cJSON_GetObjectItemCaseSensitive(top, a)) /* two ids of one text: the more probable */
+        cJSON_AddNumberToObject(top, a, lp);
+      free(a);
+    }
+    if (ok && p->chat) {
+      cJSON *e = cJSON_CreateObject();
+      cJSON_AddStringToObject(e, "token", tt);
+      cJSON_AddNumberToObject(e, "logprob", st->logprobs[i]);
+      cJSON_AddItemToObject(e, "top_logprobs", top), top = NULL;
+      cJSON_AddItemToArray(content, e);
+    } else if (ok) {
+      cJSON_AddItemToArray(toks, cJSON_CreateString(tt));
+      cJSON_AddItemToArray(lps, cJSON_CreateNumber(st->logprobs[i]));
+      cJSON_AddItemToArray(tops, top), top = NULL;
+      cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)offset));
+      size_t k = 0;
+      if (p->h->tok) moe_tokenizer_token_bytes(p->h->tok, st->tokens[i], &k);
+      offset += k;
+    }
+    cJSON_Delete(top);
+    free(tt);
+  }
+  if (!ok) cJSON_Delete(o);
+  return ok ? o : NULL;
+}
+
+/* {"id", "object", "created", "model", "choices": [...]} for tokens [p->sent, n): the whole answer, or one
+ * event of a stream. A completion's choice is {"text", "index", "logprobs", "finish_reason", "token_ids"};
+ * a chat's {"index", "message": {"role", "content"}} or, streamed, {"index", "delta": {"role" in the
+ * first, "content"}}, with "logprobs" and "finish_reason". The finish_reason of the final one: "stop"
+ * at an end token or a stop string, else "length" (max_tokens, which the context bounds). */
 static cJSON *choice_json(reply *p, int n, int final) {
   cJSON *o = cJSON_CreateObject(), *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
-  char id[32], *text;
-  snprintf(id, sizeof id, "cmpl-%lld", p->id);
+  char id[40], *text;
+  snprintf(id, sizeof id, "%s-%lld", p->chat ? "chatcmpl" : "cmpl", p->id);
   cJSON_AddStringToObject(o, "id", id);
-  cJSON_AddStringToObject(o, "object", "text_completion");
+  cJSON_AddStringToObject(o, "object", !p->chat ? "text_completion" : p->c.stream ? "chat.completion.chunk" : "chat.completion");
   cJSON_AddNumberToObject(o, "created", (double)time(NULL));
   cJSON_AddStringToObject(o, "model", "moe");
   cJSON_AddItemToArray(ch, c);
-  cJSON *ids = cJSON_CreateIntArray(p->r->out + p->sent, n - p->sent);
-  if (!(text = new_text(p, n, final)) || !ids) return free(text), cJSON_Delete(ids), cJSON_Delete(o), NULL;
-  cJSON_AddStringToObject(c, "text", text);
-  free(text);
+  cJSON *ids = cJSON_CreateIntArray(p->st.tokens + p->sent, n - p->sent), *lp = logprobs_json(p, p->sent, n);
+  if (!(text = new_text(p, n, final)) || !ids || (p->st.logprobs && !lp))
+    return free(text), cJSON_Delete(ids), cJSON_Delete(lp), cJSON_Delete(o), NULL;
   cJSON_AddNumberToObject(c, "index", 0);
-  cJSON_AddNullToObject(c, "logprobs");
-  if (final) cJSON_AddStringToObject(c, "finish_reason", p->r->stop ? "stop" : "length");
+  if (p->chat) {
+    cJSON *msg = cJSON_AddObjectToObject(c, p->c.stream ? "delta" : "message");
+    if (!p->c.stream || !p->role_sent) cJSON_AddStringToObject(msg, "role", "assistant");
+    p->role_sent = 1;
+    cJSON_AddStringToObject(msg, "content", text);
+    cJSON_Delete(ids);
+  } else {
+    cJSON_AddStringToObject(c, "text", text);
+    cJSON_AddItemToObject(c, "token_ids", ids);
+  }
+  free(text);
+  if (lp) cJSON_AddItemToObject(c, "logprobs", lp);
+  else cJSON_AddNullToObject(c, "logprobs");
+  if (final) cJSON_AddStringToObject(c, "finish_reason", p->st.stop ? "stop" : "length");
   else cJSON_AddNullToObject(c, "finish_reason");
-  cJSON_AddItemToObject(c, "token_ids", ids);
   return o;
+}
+
+/* A finished request's latencies into the metrics, once, before its last bytes go out (a client that
+ * then reads /metrics finds them). */
+static void record_latency(reply *p) {
+  if (p->st.done <= 0 || p->timed) return;
+  serve_metrics_latency(p->h->met, p->st.ttft_s, p->st.total_s);
+  p->timed = 1;
 }
 
 /* The next event of a stream into p->pending: the new tokens, then the last with its finish_reason (no
@@ -150,11 +238,13 @@ static cJSON *choice_json(reply *p, int n, int final) {
 static int next_event(reply *p) {
   free(p->pending), p->pending = NULL, p->npending = p->at = 0;
   if (p->finished) return 0;
-  int done, n = serve_wait(p->h->e, p->r, p->sent, &done, &p->safe);
+  moe_engine_wait(p->h->e, p->r, p->sent, &p->st);
+  record_latency(p);
+  int done = p->st.done, n = p->st.n;
   char *s = NULL;
   if (done < 0) {
     cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
-    cJSON_AddStringToObject(e, "message", p->r->err);
+    cJSON_AddStringToObject(e, "message", p->st.error);
     cJSON_AddStringToObject(e, "type", "server_error");
     s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
@@ -184,56 +274,67 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
   return (ssize_t)k;
 }
 
-static void stream_free(void *cls) { /* the stream ended, or the client left mid-stream */
-  reply *p = cls;
-  serve_release(p->h->e, p->r);
+/* The end of a response: the request released. */
+static void reply_free(reply *p) {
+  moe_engine_release(p->h->e, p->r);
+  moe__completion_free(&p->c);
   free(p->pending);
   free(p);
 }
 
-static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_req *q) {
-  const moe_lm_config *cfg = &h->e->m->cfg;
-  moe__completion req;
-  int context = h->o.context && h->o.context < cfg->max_seq ? h->o.context : cfg->max_seq;
-  if (moe__completion_parse(q->body ? q->body : "", q->n, h->tok, cfg->vocab, context, &req) != MOE_OK)
-    return send_error(c, h, 400, moe_last_error());
-  serve_req *r = serve_req_new(&req);
-  if (!r) return moe__completion_free(&req), send_error(c, h, 503, "out of memory for the request");
+static void stream_free(void *cls) { reply_free(cls); } /* the stream ended, or the client left mid-stream */
+
+static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_req *q, int chat) {
   reply *p = calloc(1, sizeof *p);
-  if (!p || !serve_submit(h->e, r)) {
-    free(p);
-    r->refs = 1; /* the engine never saw it */
-    serve_release(h->e, r);
-    return send_error(c, h, 503, "the server is shutting down");
+  if (!p) return send_error(c, h, 503, "out of memory for the request");
+  int context = h->o.context && h->o.context < h->m->max_seq ? h->o.context : h->m->max_seq;
+  const char *body = q->body ? q->body : "";
+  moe_status st = chat ? moe__chat_parse(body, q->n, h->tok, h->o.chat_template, context, &p->c)
+                       : moe__completion_parse(body, q->n, h->tok, h->m->vocab, context, &p->c);
+  if (st != MOE_OK) return free(p), send_error(c, h, 400, moe_last_error());
+  p->chat = chat;
+  moe_engine_params ep = {p->c.ids, p->c.n_ids, p->c.max_tokens, p->c.temperature, p->c.top_p, p->c.seed,
+                          p->c.ignore_eos, (const char *const *)p->c.stop, p->c.n_stop, p->c.logprobs,
+                          p->c.top_logprobs};
+  p->h = h;
+  p->id = atomic_fetch_add(&h->next_id, 1);
+  if (moe_engine_submit(h->e, &ep, &p->r) != MOE_OK) {
+    int draining = moe_engine_draining(h->e);
+    enum MHD_Result ok = send_error(c, h, draining ? 503 : 500, draining ? "the server is shutting down" : moe_last_error());
+    reply_free(p);
+    return ok;
   }
-  *p = (reply){.h = h, .r = r, .id = atomic_fetch_add(&h->next_id, 1)};
-  if (r->c.stream) {
+  pthread_mutex_lock(&h->met->mu);
+  h->met->requests[0]++;
+  pthread_mutex_unlock(&h->met->mu);
+  if (p->c.stream) {
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, p, stream_free);
-    if (!resp) return stream_free(p), MHD_NO;
+    if (!resp) return reply_free(p), MHD_NO;
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
-    serve_metrics_status(h->e->met, 200);
+    serve_metrics_status(h->met, 200);
     enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return ok;
   }
-  int done = 0, n = 0;
-  while (!done) n = serve_wait(h->e, r, n, &done, &p->safe);
+  do moe_engine_wait(h->e, p->r, p->st.n, &p->st);
+  while (!p->st.done);
+  record_latency(p);
   enum MHD_Result ok;
-  if (done < 0) ok = send_error(c, h, 500, r->err);
+  int n = p->st.n;
+  if (p->st.done < 0) ok = send_error(c, h, 500, p->st.error);
   else {
     cJSON *o = choice_json(p, n, 1), *u = cJSON_CreateObject();
     if (o && u) {
-      cJSON_AddNumberToObject(u, "prompt_tokens", r->c.n_ids);
+      cJSON_AddNumberToObject(u, "prompt_tokens", p->c.n_ids);
       cJSON_AddNumberToObject(u, "completion_tokens", n);
-      cJSON_AddNumberToObject(u, "total_tokens", r->c.n_ids + n);
+      cJSON_AddNumberToObject(u, "total_tokens", p->c.n_ids + n);
       cJSON_AddItemToObject(o, "usage", u), u = NULL;
     }
     cJSON_Delete(u);
     ok = send_json(c, h, 200, o);
   }
-  serve_release(h->e, r);
-  free(p);
+  reply_free(p);
   return ok;
 }
 
@@ -249,7 +350,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!(q = calloc(1, sizeof *q))) return MHD_NO;
     *con_cls = q;
     q->deadline = cli_now() + h->o.timeout_s;
-    q->counted = !serve_draining(h->e); /* the drain waits for those it found, not for newcomers */
+    q->counted = !moe_engine_draining(h->e); /* the drain waits for those it found, not for newcomers */
     pthread_mutex_lock(&h->mu);
     h->busy += q->counted;
     pthread_mutex_unlock(&h->mu);
@@ -271,21 +372,34 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
   int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
   if (!strcmp(url, "/health")) {
     if (!get) return send_error(c, h, 405, "GET /health");
-    int draining = serve_draining(h->e);
+    int draining = moe_engine_draining(h->e);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", draining ? "draining" : "ok");
     return send_json(c, h, draining ? 503 : 200, o);
   }
   if (!strcmp(url, "/metrics")) {
     if (!get) return send_error(c, h, 405, "GET /metrics");
-    return send_text(c, h, 200, "text/plain; version=0.0.4", serve_metrics_text(h->e->met));
+    return send_text(c, h, 200, "text/plain; version=0.0.4", serve_metrics_text(h->met, h->e));
   }
-  if (!strcmp(url, "/v1/completions")) {
-    if (!post) return send_error(c, h, 405, "POST /v1/completions");
+  int chat = !strcmp(url, "/v1/chat/completions");
+  if (chat || !strcmp(url, "/v1/completions")) {
+    if (!post) return send_error(c, h, 405, chat ? "POST /v1/chat/completions" : "POST /v1/completions");
     if (q->too_big) return send_error(c, h, 413, "the body is larger than 1 MiB");
-    return completion(c, h, q);
+    return completion(c, h, q, chat);
   }
-  return send_error(c, h, 404, "no such endpoint: POST /v1/completions, GET /health and GET /metrics are served");
+  if (!strcmp(url, "/v1/models")) {
+    if (!get) return send_error(c, h, 405, "GET /v1/models");
+    cJSON *o = cJSON_CreateObject(), *d = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddItemToArray(d, m);
+    cJSON_AddStringToObject(m, "id", "moe");
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)h->created);
+    cJSON_AddStringToObject(m, "owned_by", "libmoe");
+    return send_json(c, h, 200, o);
+  }
+  return send_error(c, h, 404, "no such endpoint: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, "
+                               "GET /health and GET /metrics are served");
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
@@ -314,14 +428,14 @@ static void connection(void *cls, struct MHD_Connection *c, void **socket_contex
   MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
 }
 
-moe_status serve_http_start(serve_http **out, const char *host, int port, serve_engine *e, const moe_tokenizer *tok,
-                            const serve_http_opts *o, int *bound) {
+moe_status serve_http_start(serve_http **out, const char *host, int port, moe_engine *e, const moe_lm_config *m,
+                            const moe_tokenizer *tok, serve_metrics *met, const serve_http_opts *o, int *bound) {
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
     return moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "--host: '%s' is not an IPv4 address", host);
   serve_http *h = calloc(1, sizeof *h);
   if (!h) return moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "out of memory");
-  h->e = e, h->tok = tok, h->o = *o;
+  h->e = e, h->m = m, h->tok = tok, h->met = met, h->o = *o, h->created = time(NULL);
   pthread_mutex_init(&h->mu, NULL);
   pthread_cond_init(&h->idle, NULL);
   /* a thread per connection, polled with poll(): more than FD_SETSIZE connections at once */

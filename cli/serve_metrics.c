@@ -82,9 +82,11 @@ static void histogram(text *t, const char *name, const char *help, const int64_t
       (long long)acc);
 }
 
-char *serve_metrics_text(serve_metrics *m) {
+char *serve_metrics_text(serve_metrics *m, moe_engine *e) {
   text t = {malloc(4096), 0, 4096, 0};
   if (!t.p) return NULL;
+  moe_engine_stats es;
+  moe_engine_get_stats(e, &es);
   t.p[0] = 0;
   pthread_mutex_lock(&m->mu);
   put(&t, "# HELP moe_serve_requests_total HTTP responses by status class.\n# TYPE moe_serve_requests_total counter\n");
@@ -101,9 +103,9 @@ char *serve_metrics_text(serve_metrics *m) {
   put(&t, "# HELP moe_serve_uptime_seconds Seconds since the server started.\n# TYPE moe_serve_uptime_seconds gauge\n"
           "moe_serve_uptime_seconds %g\n", cli_now() - m->start);
   put(&t, "# HELP moe_serve_queue_length Requests waiting for a batch slot.\n# TYPE moe_serve_queue_length gauge\n"
-          "moe_serve_queue_length %d\n", m->queued);
+          "moe_serve_queue_length %d\n", es.queued);
   put(&t, "# HELP moe_serve_running Requests in the running batch.\n# TYPE moe_serve_running gauge\n"
-          "moe_serve_running %d\n", m->running);
+          "moe_serve_running %d\n", es.running);
   histogram(&t, "moe_serve_batch_size", "Sequences per decode step.", m->batch_hist, (double)m->batch_sum, 0);
   histogram(&t, "moe_serve_ttft_seconds", "Time to first token.", m->ttft_hist, m->ttft_sum, 1);
   histogram(&t, "moe_serve_request_seconds", "Request latency, arrival to last token.", m->lat_hist, m->lat_sum, 1);

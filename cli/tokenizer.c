@@ -117,6 +117,7 @@ static int decode(const moe_tokenizer *t) {
 }
 
 int cmd_tokenizer(int argc, char **argv) {
+  if (argc >= 2 && !strcmp(argv[1], "template")) return cmd_tokenizer_template(argc - 1, argv + 1);
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
   if (argc < 2) {
     usage(stderr);

@@ -49,7 +49,8 @@ static void usage(FILE *f, int help) {
   fprintf(f,
     "usage: moe train --task lm [--data DIR] [--tokenizer F] [--vocab N] [--context T] [--batch B]\n"
     "       [--layers N] [--model D] [--heads NH] [--kv-heads NKV] [--experts E] [--top-k K] [--hidden H]\n"
-    "       [--dense] [--aux-weight W] [--lr LR] [--weight-decay W] [--warmup S] [--steps S | --epochs N]\n"
+    "       [--dense] [--family mixtral|qwen2_moe|qwen3_moe|olmoe] [--aux-weight W] [--lr LR] [--weight-decay W]\n"
+    "       [--warmup S] [--steps S | --epochs N]\n"
     "       [--time-budget SECONDS] [--stop-after S] [--eval-every S] [--eval-windows N] [--seed S] [--threads N]\n"
     "       [--capacity X|dynamic [--delta-launch N] [--headroom H]] [--dispatch dynamic|static] [--dtype f32|bf16]\n"
     "       [--cache-assignments [--cache-on 0.96] [--cache-off 0.90] [--cache-min-epoch 10]]\n"
@@ -62,9 +63,12 @@ static void usage(FILE *f, int help) {
     "4096) learned from the training text. Defaults: context 64, batch 8, 2 layers, D 128, 4 heads,\n"
     "2 kv heads, 8 experts top-2 of H 256, lr 1e-3 (AdamW, weight decay 0.1, warm-up 5%% of the steps,\n"
     "cosine decay), 1000 steps. --epochs N: N passes' worth of tokens. --dense: the dense model of the\n"
-    "same active size, one expert of H x K (the MoE's top-k experts' width). Every --eval-every steps\n"
+    "same active size, one expert of H x K (the MoE's top-k experts' width). --family: the Hugging Face\n"
+    "family of the model and its checkpoint (default mixtral): qwen2_moe adds q/k/v biases and a shared\n"
+    "expert of width H with its sigmoid gate, qwen3_moe RMSNorms each head of q and k, olmoe the whole q\n"
+    "and k (and does not renormalize the top-k weights, as its released config). Every --eval-every steps\n"
     "(default 100) and at the end: the validation loss and perplexity over --eval-windows (default 64)\n"
-    "fixed windows of DIR/valid.txt, and a checkpoint in DIR (a Hugging Face Mixtral directory with\n"
+    "fixed windows of DIR/valid.txt, and a checkpoint in DIR (a Hugging Face directory of the family with\n"
     "tokenizer.json and trainer_state.safetensors). --keep-best DIR: the model and tokenizer of the lowest\n"
     "validation loss so far, rewritten when an evaluation improves on it (early stopping: moe eval and\n"
     "moe generate read it; a resume continues from --checkpoint). --resume DIR continues from one (its model, its\n"
@@ -142,6 +146,11 @@ static int parse(int argc, char **argv, lm_opts *o, const char **fixed) {
     else if (cli_flag_is(f, "ranks_per_node"))
       ok = cli_parse_int(v, &o->ranks_per_node) && o->ranks_per_node >= 0, kept = 1;
     else if (cli_flag_is(f, "tokenizer")) o->tokenizer = v;
+    else if (cli_flag_is(f, "family")) {
+      ok = 0;
+      for (int fam = 0; moe_lm_family_name(fam); fam++)
+        if (!strcmp(v, moe_lm_family_name(fam))) c->family = fam, ok = 1;
+    }
     else if (cli_flag_is(f, "vocab")) ok = cli_parse_int(v, &o->vocab) && o->vocab >= 257;
     else if (cli_flag_is(f, "context")) ok = cli_parse_int(v, &o->context) && o->context > 0 && o->context <= 65536;
     else if (cli_flag_is(f, "batch")) ok = cli_parse_int(v, &o->batch) && o->batch > 0 && o->batch <= 65536;
@@ -338,6 +347,13 @@ static int setup(lm_opts *o, const moe_tokenizer *t, moe_lm_t *m, moe_optim_t *o
       return cli_usage_error(CMD, "--model %d is not a multiple of --heads %d", c->moe.D, c->n_heads);
     c->head_dim = c->moe.D / c->n_heads;
     c->max_seq = o->context;
+    c->qkv_bias = c->family == MOE_LM_QWEN2_MOE;
+    c->qk_norm = c->family == MOE_LM_QWEN3_MOE ? MOE_QK_NORM_HEAD
+                 : c->family == MOE_LM_OLMOE   ? MOE_QK_NORM_FULL
+                                               : MOE_QK_NORM_NONE;
+    c->moe.shared_H = c->family == MOE_LM_QWEN2_MOE ? c->moe.H : 0;
+    c->moe.shared_gate = c->family == MOE_LM_QWEN2_MOE;
+    if (c->family == MOE_LM_OLMOE) c->moe.normalize_topk = 0;
     c->vocab = moe_tokenizer_vocab_size(t); /* fewer than --vocab when the text runs out of pairs */
     c->moe.threads = o->threads;
     if (moe_lm_init(m, c) != MOE_OK) return cli_fail(CMD);
@@ -372,14 +388,16 @@ typedef struct {
  * rank's experts take 1/W of the assignments, about) that took secs. */
 static void accumulate(lm_acc *a, const moe_lm_t *m, const moe_lm_stats *st, int N, int W, double secs) {
   const moe_layer_config *l = &m->cfg.moe;
-  double kept = (double)N * l->top_k * m->cfg.n_layers - st->dropped;
+  int moe_layers = 0;
+  for (int i = 0; i < m->cfg.n_layers; i++) moe_layers += !moe_lm_layer_dense(&m->cfg, i);
+  double kept = (double)N * l->top_k * moe_layers - st->dropped;
   moe_lm_times t;
   moe_lm_times_get(m, &t);
   a->ce += st->ce;
   a->secs += secs;
   a->flops += 18.0 * kept * l->D * l->H / W; /* SwiGLU: 3 GEMMs of 2 D H a row forward, 6 backward */
   a->dropped += st->dropped;
-  a->assigned += (double)N * l->top_k * m->cfg.n_layers;
+  a->assigned += (double)N * l->top_k * moe_layers;
   a->t.attention += t.attention;
   a->t.experts += t.experts;
   a->t.router += t.router;
@@ -426,6 +444,11 @@ typedef struct {
 static int adjust_start(lm_adjust *j, const lm_opts *o, moe_lm_t *m, const lm_order *ord) {
   train_blocks b = train_blocks_of_lm(m);
   *j = (lm_adjust){NULL, NULL, -1, 0, -1};
+  int dense = 0; /* Qwen's dense layers (mlp_only_layers, decoder_sparse_step) have no MoE layer to adjust */
+  for (int i = 0; i < m->cfg.n_layers; i++) dense |= moe_lm_layer_dense(&m->cfg, i);
+  if (dense && (o->adj.dynamic_capacity || o->adj.cache_assignments || o->n_parallel_r > 1))
+    return cli_usage_error(CMD, "--capacity dynamic, --cache-assignments and several --parallel-r need every layer "
+                                "to be MoE; %s has dense layers", o->resume ? o->resume : "the model");
   if (o->adj.dynamic_capacity && dyncap_start(&j->dc, &b, o->batch * o->context, o->adj.delta_launch, o->adj.headroom))
     return cli_fail(CMD);
   if (o->adj.cache_assignments && assign_cache_new(&j->ac, &b, ord->nwin * o->context, ord->per_epoch,

@@ -2,7 +2,9 @@
 """Writes the seed corpus of the fuzz targets into fuzz/corpus/<target>/: real files made by the moe
 CLI (tiny checkpoints, their trace and placement) and by hand (IDX, JSON). usage: make_corpus.py MOE
 (the moe binary of a build, e.g. build/moe). Run again after a format changes; the output is small."""
-import os, shutil, struct, subprocess, sys, tempfile
+import json, os, shutil, struct, subprocess, sys, tempfile
+
+import numpy as np
 
 moe = os.path.abspath(sys.argv[1])
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
@@ -48,6 +50,36 @@ run("train", *small, "--experts", "2", "--capacity", "dynamic", "--dispatch", "s
 for name in ("f32.st", "bf16.st", "hier.st", "cap.st"):
     put("checkpoint", name, read(name))
     put("safetensors", name, read(name))
+# The language-model families' checkpoints (fuzz_checkpoint reads an input starting with '{' as
+# config.json, NUL, model.safetensors): the fixtures' config.json alone (their weights are the fixtures'),
+# and tiny models of each family whole, drawn by the fixture generators.
+dev = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dev")
+sys.path.insert(0, dev)
+import lm_families_ref, mixtral_ref  # noqa: E402
+from gen_fixtures import write_safetensors  # noqa: E402
+fixtures = os.path.join(dev, "..", "tests", "fixtures", "lm")
+for fam in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
+    with open(os.path.join(fixtures, fam, "config.json"), "rb") as f:
+        put("checkpoint", f"lm_{fam}.json", f.read())
+tiny = dict(vocab_size=8, hidden_size=8, intermediate_size=4, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, num_experts_per_tok=2, rope_theta=10000.0, rms_norm_eps=1e-5,
+            router_aux_loss_coef=0.01, tie_word_embeddings=False)
+for fam in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
+    c = dict(tiny)
+    if fam == "mixtral":
+        c.update(head_dim=4, num_local_experts=2)
+        shapes, config = mixtral_ref.param_shapes(c), mixtral_ref.hf_config(c)
+    else:
+        c.update(num_experts=2, moe_intermediate_size=4, shared_expert_intermediate_size=4, mlp_only_layers=[1],
+                 head_dim=4, clip_qkv=2.0)
+        for k in {"qwen2_moe": ("head_dim", "clip_qkv"), "qwen3_moe": ("shared_expert_intermediate_size", "clip_qkv"),
+                  "olmoe": ("head_dim", "moe_intermediate_size", "shared_expert_intermediate_size",
+                            "mlp_only_layers")}[fam]:
+            del c[k]
+        shapes, config = lm_families_ref.param_shapes(fam, c), lm_families_ref.hf_config(fam, c)
+    path = os.path.join(tmp, f"{fam}.safetensors")
+    write_safetensors(path, [(n, np.full(s, 0.5, np.float32)) for n, s in shapes], {"format": "pt"})
+    put("checkpoint", f"lm_{fam}_tiny", json.dumps(config, sort_keys=True).encode() + b"\0" + read(path))
 
 # Traces: the CLI's, and a hand-written one with CRLF and a gap in the steps.
 put("trace", "train.csv", read("trace.csv"))

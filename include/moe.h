@@ -118,6 +118,134 @@ moe_status moe_st_writer_meta(moe_st_writer *w, const char *key, const char *val
 /* Writes path.tmp.<pid>, flushes and fsyncs it, then renames it to path. */
 moe_status moe_st_writer_save(moe_st_writer *w, const char *path);
 
+/* ---- GGUF (llama.cpp's format, version 3): tensor types, reader, writer (DESIGN 4.8) ----
+ * Tensor element types by their ggml ids (the values GGUF files store). Every id ggml defines has its
+ * block size and name (so files with any of them open and list), but only the types below have a
+ * codec: moe_gguf_dequantize and moe_gguf_quantize refuse the others with MOE_ERR_DTYPE. */
+typedef enum {
+  MOE_GGUF_F32 = 0, MOE_GGUF_F16 = 1, MOE_GGUF_Q4_0 = 2, MOE_GGUF_Q8_0 = 8, MOE_GGUF_Q4_K = 12,
+  MOE_GGUF_Q5_K = 13, MOE_GGUF_Q6_K = 14, MOE_GGUF_BF16 = 30, MOE_GGUF_MXFP4 = 39
+} moe_gguf_type;
+/* "Q4_K" as ggml names it; NULL for an id ggml does not define (or no longer does). */
+const char *moe_gguf_type_name(moe_gguf_type t);
+/* The type named s (case-insensitive, "q8_0" or "Q8_0"), any ggml type; MOE_ERR_ARG naming `field`. */
+moe_status moe_gguf_type_parse(const char *s, const char *field, moe_gguf_type *out);
+/* Values per block (1 for F32/F16/BF16, 32 for Q8_0/Q4_0/MXFP4, 256 for the K-quants) and bytes per
+ * block; 0 for an unknown id. A row of n values (n a multiple of the block) takes
+ * n / block * block_bytes bytes. */
+int moe_gguf_type_block(moe_gguf_type t);
+size_t moe_gguf_type_block_bytes(moe_gguf_type t);
+/* 1 when the type has a codec here (the nine of moe_gguf_type). */
+int moe_gguf_type_supported(moe_gguf_type t);
+/* n values (a multiple of the type's block) from stored bytes to float32, as ggml dequantizes them
+ * (K-quants: (d * scale) * q - dmin * min per sub-block; MXFP4: e2m1 value * 2^(e - 127)). */
+moe_status moe_gguf_dequantize(moe_gguf_type t, const void *src, float *dst, int64_t n);
+/* n float32 values to the type, by round-to-nearest reference quantizers (Q8_0: scale amax / 127;
+ * Q4_0: scale max / -8; K-quants: a least-squares search of each sub-block's scale (and min), the
+ * scales quantized to 6 or 8 bits under an f16 super-block scale; MXFP4: a power-of-two scale from
+ * amax, each value to the nearest e2m1). MOE_ERR_VALUE for a non-finite value, or one beyond +-65504
+ * for the types with f16 values or scales. */
+moe_status moe_gguf_quantize(moe_gguf_type t, const float *src, void *dst, int64_t n);
+
+/* Metadata value types (the ids files store). */
+typedef enum {
+  MOE_GGUFV_U8, MOE_GGUFV_I8, MOE_GGUFV_U16, MOE_GGUFV_I16, MOE_GGUFV_U32, MOE_GGUFV_I32, MOE_GGUFV_F32,
+  MOE_GGUFV_BOOL, MOE_GGUFV_STRING, MOE_GGUFV_ARRAY, MOE_GGUFV_U64, MOE_GGUFV_I64, MOE_GGUFV_F64,
+  MOE_GGUFV_COUNT
+} moe_gguf_vtype;
+const char *moe_gguf_vtype_name(moe_gguf_vtype t); /* "u32", "string", "array", ... */
+
+/* One metadata entry: a scalar (n = 1) or an array of n values of elem_type (an array of arrays has
+ * elem_type MOE_GGUFV_ARRAY: it is read and checked, but its values are not accessible). */
+typedef struct {
+  const char *key;
+  moe_gguf_vtype type, elem_type; /* elem_type == type for scalars */
+  uint64_t n;
+} moe_gguf_kv;
+
+/* A tensor as stored: ne[0] is the row length (the innermost dimension, ggml's order, the reverse of
+ * PyTorch's shape), ne[1..ndim) the outer ones; data points into the mapped file. */
+typedef struct {
+  const char *name;
+  moe_gguf_type type;
+  int ndim;               /* 1..4 */
+  int64_t ne[4];          /* unused dimensions are 1 */
+  int64_t nrows;          /* ne[1] * ne[2] * ne[3] */
+  const void *data;       /* aligned to the file's alignment (relative to the mapping) */
+  size_t nbytes;
+  uint64_t file_offset;   /* where data starts in the file */
+} moe_gguf_tensor;
+
+typedef struct moe_gguf moe_gguf; /* an open, validated GGUF file (mmap'd, read-only) */
+/* Maps the file and checks all of it before returning: magic, version 3, counts, every key and value
+ * (types known, strings and arrays within the file, keys unique, printable ASCII), general.alignment
+ * (a power of two, u32), the tensor infos (names unique and at most 64 bytes, 1-4 dims, known types,
+ * rows a multiple of the block, sizes without overflow) and the data (offsets aligned, inside the
+ * file, not overlapping). MOE_ERR_FORMAT (MOE_ERR_DTYPE for an unknown tensor type) naming the file,
+ * the field, key or tensor and the value. */
+moe_status moe_gguf_open(moe_gguf **out, const char *path);
+void moe_gguf_close(moe_gguf *g);
+const char *moe_gguf_path(const moe_gguf *g);
+uint32_t moe_gguf_alignment(const moe_gguf *g);
+uint64_t moe_gguf_data_offset(const moe_gguf *g); /* file offset of the tensor data section */
+
+int64_t moe_gguf_kv_count(const moe_gguf *g);
+moe_status moe_gguf_kv_at(const moe_gguf *g, int64_t i, moe_gguf_kv *kv); /* i in [0, count) */
+int64_t moe_gguf_find_key(const moe_gguf *g, const char *key);            /* its index, or -1 */
+/* Element j of entry i (j = 0 for a scalar): as an integer (any integer type or bool; MOE_ERR_VALUE for
+ * a u64 beyond INT64_MAX), as a double (any numeric type), or as a string (NUL-terminated; len, when
+ * not NULL, counts embedded NULs too). MOE_ERR_DTYPE naming the key otherwise. */
+moe_status moe_gguf_kv_int(const moe_gguf *g, int64_t i, uint64_t j, int64_t *out);
+moe_status moe_gguf_kv_float(const moe_gguf *g, int64_t i, uint64_t j, double *out);
+moe_status moe_gguf_kv_str(const moe_gguf *g, int64_t i, uint64_t j, const char **s, size_t *len);
+/* Scalars by key: MOE_ERR_MISSING when absent, MOE_ERR_DTYPE when of another kind (an integer getter
+ * takes any integer type whose value fits: files store counts as u32 or u64), MOE_ERR_VALUE when it
+ * does not fit; each naming the file, the key, its type and value. f32 takes f32 or f64. */
+moe_status moe_gguf_get_u32(const moe_gguf *g, const char *key, uint32_t *out);
+moe_status moe_gguf_get_i32(const moe_gguf *g, const char *key, int32_t *out);
+moe_status moe_gguf_get_u64(const moe_gguf *g, const char *key, uint64_t *out);
+moe_status moe_gguf_get_f32(const moe_gguf *g, const char *key, float *out);
+moe_status moe_gguf_get_bool(const moe_gguf *g, const char *key, int *out);
+moe_status moe_gguf_get_str(const moe_gguf *g, const char *key, const char **out);
+/* Arrays by key: their length and element type; then elements j in [0, n) of an array of strings,
+ * of integers (into int64_t) or of floats (f32/f64 into float). */
+moe_status moe_gguf_get_arr(const moe_gguf *g, const char *key, moe_gguf_vtype *elem_type, uint64_t *n);
+moe_status moe_gguf_get_arr_str(const moe_gguf *g, const char *key, uint64_t j, const char **s, size_t *len);
+moe_status moe_gguf_get_arr_int(const moe_gguf *g, const char *key, int64_t *dst, uint64_t n);
+moe_status moe_gguf_get_arr_f32(const moe_gguf *g, const char *key, float *dst, uint64_t n);
+
+int64_t moe_gguf_tensor_count(const moe_gguf *g);
+moe_status moe_gguf_tensor_at(const moe_gguf *g, int64_t i, moe_gguf_tensor *t); /* in file order */
+/* MOE_ERR_MISSING naming the tensor and the file when absent. */
+moe_status moe_gguf_tensor_get(const moe_gguf *g, const char *name, moe_gguf_tensor *t);
+int moe_gguf_has_tensor(const moe_gguf *g, const char *name);
+/* Row r (of t->nrows) as ne[0] floats; MOE_ERR_DTYPE naming the file and tensor for a type without a
+ * codec. */
+moe_status moe_gguf_tensor_row_f32(const moe_gguf *g, const moe_gguf_tensor *t, int64_t r, float *dst);
+
+/* Collects metadata and tensors, then writes a GGUF v3 file atomically. Keys are written in the order
+ * first set (setting a key again replaces its value in place); tensors in the order added, each at an
+ * offset aligned to general.alignment (32 unless set, as a u32), padded with zeros. */
+typedef struct moe_gguf_writer moe_gguf_writer;
+moe_status moe_gguf_writer_new(moe_gguf_writer **out);
+void moe_gguf_writer_free(moe_gguf_writer *w);
+moe_status moe_gguf_writer_set_u32(moe_gguf_writer *w, const char *key, uint32_t v);
+moe_status moe_gguf_writer_set_i32(moe_gguf_writer *w, const char *key, int32_t v);
+moe_status moe_gguf_writer_set_u64(moe_gguf_writer *w, const char *key, uint64_t v);
+moe_status moe_gguf_writer_set_f32(moe_gguf_writer *w, const char *key, float v);
+moe_status moe_gguf_writer_set_bool(moe_gguf_writer *w, const char *key, int v);
+moe_status moe_gguf_writer_set_str(moe_gguf_writer *w, const char *key, const char *v);
+moe_status moe_gguf_writer_set_arr_str(moe_gguf_writer *w, const char *key, const char *const *v, uint64_t n);
+moe_status moe_gguf_writer_set_arr_i32(moe_gguf_writer *w, const char *key, const int32_t *v, uint64_t n);
+moe_status moe_gguf_writer_set_arr_f32(moe_gguf_writer *w, const char *key, const float *v, uint64_t n);
+/* Entry i of an open file, whatever its type, as it is stored there. */
+moe_status moe_gguf_writer_copy_kv(moe_gguf_writer *w, const moe_gguf *g, int64_t i);
+/* A tensor of ndim (1-4) dims ne (ggml's order, ne[0] the row length, a multiple of the type's
+ * block) and nbytes bytes of stored data. The data is NOT copied: it must stay valid until save. */
+moe_status moe_gguf_writer_add_tensor(moe_gguf_writer *w, const char *name, moe_gguf_type type, int ndim,
+                                      const int64_t *ne, const void *data, size_t nbytes);
+moe_status moe_gguf_writer_save(moe_gguf_writer *w, const char *path);
+
 /* ---- datasets: IDX files (the MNIST format) ---- */
 typedef struct {
   int n;           /* samples */
@@ -692,8 +820,9 @@ int moe_dynamic_capacity(const int32_t *need, const int32_t *cur, int E, float h
 const char *moe_blas_info(void);
 /* The CPU as the kernels see it, on one line: its model name, family and model, the features they are
  * chosen by (AVX2, FMA, AVX-512's, VNNI, BF16, AMX), its data caches, and the kernels chosen on it
- * (small-GEMM kernels, activations, bf16 GEMMs), e.g. "AMD EPYC (family 25 model 1): avx2 fma; L1d 32K
- * L2 512K L3 32768K; kernels: small GEMMs off (...), activations one at a time, bf16 GEMMs ...". */
+ * (small-GEMM kernels, activations, bf16 GEMMs, Q8_0 dot products), e.g. "AMD EPYC (family 25 model 1): avx2 fma; L1d 32K
+ * L2 512K L3 32768K; kernels: small GEMMs off (...), activations one at a time, bf16 GEMMs ..., Q8_0 dot
+ * products AVX2". */
 const char *moe_cpu_info(void);
 /* OpenBLAS picks its kernels when it loads and takes this Zen 5 CPU for a Haswell (AVX2), as does an
  * OPENBLAS_CORETYPE=Haswell in the environment. Returns the OPENBLAS_CORETYPE value of faster
@@ -779,12 +908,31 @@ const char *moe_tokenizer_token_bytes(const moe_tokenizer *t, int32_t id, size_t
  * vocabulary token by its bytes as moe_tokenizer_token_bytes gives them), or -1. */
 int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token);
 
-/* ---- a Mixtral-architecture language model (DESIGN 4.5) ----
- * Token embedding; n_layers pre-norm blocks h += Attn(RMSNorm(h)), h += MoE(RMSNorm(h)) with causal
- * grouped-query attention and rotary position embeddings (Hugging Face's rotate_half) and the libmoe
- * layer as the feed-forward (SwiGLU experts, softmax top-k router); RMSNorm and an output head, tied to
- * the embedding or not. Loss: mean cross-entropy over the counted targets plus aux_coef times Mixtral's
- * load-balancing loss (HF load_balancing_loss_func: all layers' tokens and all k slots together). */
+/* ---- a Mixtral-architecture language model and its relatives (DESIGN 4.5) ----
+ * Token embedding; n_layers pre-norm blocks h += Attn(RMSNorm(h)), h += FFN(RMSNorm(h)) with causal
+ * grouped-query attention and rotary position embeddings (Hugging Face's rotate_half); the feed-forward
+ * is the libmoe layer (SwiGLU experts, softmax top-k router, and with shared_H its always-on shared
+ * expert) or, in the layers dense_layers marks, a dense SwiGLU MLP of width dense_H; RMSNorm and an
+ * output head, tied to the embedding or not. Loss: mean cross-entropy over the counted targets plus
+ * aux_coef times the load-balancing loss (HF load_balancing_loss_func: all MoE layers' tokens and all
+ * k slots together). The family decides the Hugging Face tensor names and config.json; the attention
+ * options (qkv_bias, qk_norm, clip_qkv) are what its modeling file does:
+ *   Mixtral (model_type "mixtral"): block_sparse_moe.gate, block_sparse_moe.experts.<e>.w1/w2/w3;
+ *   Qwen2-MoE ("qwen2_moe"): q/k/v biases, mlp.gate, mlp.experts.<e>.gate_proj/up_proj/down_proj, the
+ *     shared expert mlp.shared_expert.* scaled by sigmoid(mlp.shared_expert_gate x), dense layers;
+ *   Qwen3-MoE ("qwen3_moe"): self_attn.q_norm/k_norm over each head's head_dim, mlp.* as Qwen2-MoE
+ *     without the shared expert, dense layers;
+ *   OLMoE ("olmoe"): self_attn.q_norm/k_norm over the whole q (n_heads head_dim) and k (n_kv_heads
+ *     head_dim) projections, optional clip_qkv, mlp.* as Qwen3-MoE, no dense layers. */
+typedef enum { MOE_LM_MIXTRAL = 0, MOE_LM_QWEN2_MOE, MOE_LM_QWEN3_MOE, MOE_LM_OLMOE } moe_lm_family;
+/* The family's model_type ("mixtral", ...); NULL when out of range. */
+const char *moe_lm_family_name(moe_lm_family f);
+typedef enum {
+  MOE_QK_NORM_NONE = 0,
+  MOE_QK_NORM_HEAD, /* RMSNorm of each head of q and k over head_dim, weights (head_dim) (Qwen3-MoE) */
+  MOE_QK_NORM_FULL, /* RMSNorm of the whole q and k projections, weights (n_heads / n_kv_heads x head_dim) (OLMoE) */
+} moe_lm_qk_norm;
+#define MOE_LM_MAX_LAYERS 1024
 typedef struct {
   int vocab, n_layers, n_heads, n_kv_heads, head_dim; /* n_heads a multiple of n_kv_heads, head_dim even */
   int max_seq;           /* longest context; the rotary tables and a KV cache grow up to it as used */
@@ -793,17 +941,26 @@ typedef struct {
   float aux_coef;        /* router_aux_loss_coef: 0.001 as Mixtral; 0 leaves the balance loss out */
   int tie_embeddings;    /* the head reuses model.embed_tokens.weight */
   int sliding_window;    /* 0: none; else a query sees its own key and the sliding_window - 1 before it */
-  moe_layer_config moe;  /* D (the model width), H (intermediate_size), E, top_k, capacity, dispatch,
-                            dtype...; act swiglu, no biases, linear router; moe.threads for the model */
+  moe_layer_config moe;  /* D (the model width), H (the experts' intermediate size), E, top_k,
+                            normalize_topk (norm_topk_prob), shared_H / shared_gate (Qwen2-MoE's shared
+                            expert), capacity, dispatch, dtype...; act swiglu, no biases, linear router;
+                            moe.threads for the model */
+  moe_lm_family family;  /* MOE_LM_MIXTRAL by default */
+  int qkv_bias;          /* q_proj, k_proj and v_proj have biases (Qwen2-MoE) */
+  moe_lm_qk_norm qk_norm; /* RMSNorm (eps rms_eps) of q and k after the projections, before RoPE */
+  float clip_qkv;        /* > 0: q, k and v clamped to [-clip_qkv, clip_qkv] after the norms (OLMoE); 0: no clamp */
+  int dense_H;           /* the dense layers' intermediate_size (Qwen2/3-MoE's intermediate_size) */
+  uint8_t dense_layers[MOE_LM_MAX_LAYERS / 8]; /* bit i % 8 of byte i / 8: layer i is a dense SwiGLU MLP
+                            (mlp.gate_proj/up_proj/down_proj, dense_H wide) instead of a MoE layer */
 } moe_lm_config;
-/* Mixtral's shape at a small size: vocab 4096, D 256, 4 layers, 8 heads, 4 kv heads, head_dim 32,
- * max_seq 256, H 512, 8 experts, top-2 renormalized, no-drop dynamic dispatch. */
+/* Whether layer i of c is a dense MLP layer (moe_lm_t.layers[i] is then unused: all zero). */
+int moe_lm_layer_dense(const moe_lm_config *c, int i);
 void moe_lm_config_default(moe_lm_config *c);
 
 typedef struct moe__lm_state moe__lm_state;
 typedef struct {
   moe_lm_config cfg;
-  moe_layer_t *layers;  /* (n_layers) the MoE feed-forwards */
+  moe_layer_t *layers;  /* (n_layers) the MoE feed-forwards; a dense layer's entry is all zero */
   int nrefs;
   moe_tensor_ref *refs; /* every parameter under its Hugging Face name, in HF order; an expert's w1, w2,
                            w3 are views into its layer's stacked experts.fc1/fc2/fc3 tensors */
@@ -838,22 +995,38 @@ const float *moe_lm_logits(const moe_lm_t *m);
 /* Adds the gradient of the last forward's loss (which had targets) into every ref's grad. */
 moe_status moe_lm_backward(moe_lm_t *m);
 
-/* Hugging Face Mixtral checkpoint directories: config.json with model.safetensors, or with the shards
- * that model.safetensors.index.json lists ("weight_map": tensor name -> file). c gets the fields the
- * config gives (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
- * num_key_value_heads, head_dim, max_position_embeddings, rope_theta, rms_norm_eps, tie_word_embeddings,
- * num_local_experts, num_experts_per_tok, sliding_window (null or a window), and router_aux_loss_coef,
- * which counts only when output_router_logits is true, as in transformers; a rope_scaling other than
- * null is refused); the rest is moe_lm_config_default's. Errors name the file and the field. */
+/* Hugging Face checkpoint directories of the four families: config.json with model.safetensors, or
+ * with the shards that model.safetensors.index.json lists ("weight_map": tensor name -> file). The
+ * family is config.json's model_type ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"), else its
+ * architectures entry, else Mixtral. c gets the fields the config gives: vocab_size, hidden_size,
+ * num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings, rope_theta (or
+ * rope_parameters of rope_type default), rms_norm_eps, tie_word_embeddings, num_experts_per_tok and
+ * router_aux_loss_coef, which counts only when output_router_logits is true, as in transformers; then
+ *   mixtral: intermediate_size, head_dim, num_local_experts, sliding_window (null or a window);
+ *   qwen2_moe: moe_intermediate_size (moe.H), intermediate_size (dense_H), num_experts, norm_topk_prob,
+ *     decoder_sparse_step and mlp_only_layers (dense_layers), shared_expert_intermediate_size (moe.shared_H,
+ *     gated), qkv_bias (default true), layer_types (all "full_attention");
+ *   qwen3_moe: as qwen2_moe without the shared expert and qkv_bias, with head_dim (q/k norms per head);
+ *   olmoe: intermediate_size (moe.H), num_experts, norm_topk_prob, clip_qkv (null or > 0);
+ * absent fields take the family's transformers defaults (qwen: rms_norm_eps 1e-6, rope_theta 1e4,
+ * norm_topk_prob false...). Fields that change nothing computed are known and ignored (torch_dtype,
+ * transformers_version, bos/eos/pad_token_id, use_cache, initializer_range, a Qwen sliding_window or
+ * max_window_layers while use_sliding_window is false, OLMoE's router_z_loss_coef, which transformers
+ * does not add); any other field is MOE_ERR_FORMAT naming the file and the field, and so are values
+ * not implemented: rope_scaling other than null, use_sliding_window or attention_bias true, hidden_act
+ * other than silu, attention_dropout or router_jitter_noise other than 0. The rest is
+ * moe_lm_config_default's. Errors name the file and the field. */
 moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);
 /* Builds m from c (NULL: moe_lm_read_config(dir), which a caller reads first to change layer options
  * or max_seq), after checking c's sizes against the tensors' shapes (MOE_ERR_SHAPE naming config.json,
  * the field and its value, before any allocation of their size), and reads every parameter, F32, BF16 or F16, into fp32 (the experts' bf16 copies follow
  * when c->moe.dtype is bf16). A tensor absent is MOE_ERR_MISSING, one of another shape MOE_ERR_SHAPE,
  * one of another dtype MOE_ERR_DTYPE, a NaN or Inf MOE_ERR_VALUE: each naming the file and the tensor
- * (and both shapes). Tensors the model does not use are ignored. */
+ * (and both shapes). A tensor the model does not have is MOE_ERR_FORMAT naming the file and the tensor
+ * (except rotary_emb.inv_freq tables, which older transformers saved and are recomputed). */
 moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
-/* Writes dir/model.safetensors (F32, HF names, {"format": "pt"}) and dir/config.json, each atomically,
+/* Writes dir/model.safetensors (F32, the family's HF names, {"format": "pt"}) and dir/config.json (the
+ * family's model_type and fields; dense layers as mlp_only_layers), each atomically,
  * creating dir when missing; an index json there is removed, since it would name other files. Expert-
  * parallel (cfg.moe.dist), a collective: the one-process model, every rank's experts, written by rank 0.
  * (Loading under expert parallelism reads each rank's own experts by name.) */
@@ -939,13 +1112,14 @@ typedef struct {
 moe_status moe_sim_calibrate(const moe_dist *d, int threads, moe_sim_machine *out);
 
 /* ---- language-model training: the MoE layers' stats and where a step's time goes ---- */
-/* Layer i's stats of the last forward (expert counts, the router's choices), as moe_model_layer_stats. */
+/* Layer i's stats of the last forward (expert counts, the router's choices), as moe_model_layer_stats;
+ * all zero for a dense layer. */
 const moe_layer_stats *moe_lm_layer_stats(const moe_lm_t *m, int i);
 /* Seconds in the transformer layers of moe_lm_forward and moe_lm_backward calls (not decodes) since
  * the last reset: the MoE layers (moe_layer_forward and _backward: their dispatch, expert GEMMs,
  * combine and the router's backward), the router (the layers' forward routers, stats.router_seconds,
  * and the balance loss: the router probabilities it recomputes and their gradient), and attention with
- * its norms and residual adds (the rest of a layer). Embedding, final norm, output head and
+ * its norms and residual adds (the rest of a layer, a dense layer's MLP included). Embedding, final norm, output head and
  * cross-entropy are in none of them. */
 typedef struct {
   double attention, experts, router;
@@ -1063,6 +1237,84 @@ moe_status moe_lm_decode_slots(moe_lm_t *m, moe_lm_cache *c, const int *slots, i
 /* (n_layers, E) tokens each expert got in the last decode through c (expert traces, moe serve --trace). */
 const int32_t *moe_lm_cache_expert_counts(const moe_lm_cache *c);
 
+/* ---- the continuous-batching engine (DESIGN 4.7; moe serve's, usable from C with no HTTP) ----
+ * One thread owns the model and a KV cache of `slots` sequences. Between decode steps finished and
+ * released requests leave their slots and queued ones join (each prompt in one forward, alone, as moe
+ * generate runs it); then one decode step runs the last token of every running request through the
+ * model together. Each request samples with its own generator, so a request gives the tokens it gets
+ * alone, and moe generate's for the same seed (greedy: the same; sampled: to rounding of the logits). */
+typedef struct moe_engine moe_engine;
+typedef struct moe_engine_req moe_engine_req;
+typedef struct {
+  int rows;             /* sequences decoded together in the step (0: prompts only) */
+  int tokens;           /* tokens generated (an end token not counted) */
+  int prompt_tokens;    /* prompt tokens read */
+  double seconds;       /* the step's prefills and decode */
+} moe_engine_step;
+typedef struct {
+  int slots;                /* sequences decoded together (>= 1) */
+  const moe_tokenizer *tok; /* the text of tokens, for stop strings (NULL: requests may have none) */
+  const int32_t *eos;       /* n_eos ids (copied) that end a request, not kept, unless it ignores them */
+  int n_eos;
+  /* called on the engine's thread (NULL: not called): after each step with work, and after each
+   * forward through the model (a prompt, or a step's decode) with its (n_layers, E) tokens per expert
+   * (moe_lm_cache_expert_counts: expert traces) */
+  void (*on_step)(void *ctx, const moe_engine_step *s);
+  void (*on_decode)(void *ctx, const int32_t *expert_counts);
+  void *ctx;
+} moe_engine_config;
+typedef struct {
+  const int32_t *prompt;    /* n_prompt >= 1 ids in [0, vocab) (copied) */
+  int n_prompt;
+  int max_tokens;           /* >= 1; n_prompt + max_tokens <= the model's max_seq */
+  float temperature, top_p; /* as moe_lm_sample */
+  uint64_t seed;
+  int ignore_eos;           /* go on past the end tokens */
+  const char *const *stop;  /* n_stop strings (copied, at most MOE_ENGINE_STOPS): generation ends with */
+  int n_stop;               /* the token whose text completes one; the text to show ends before it */
+  int logprobs;             /* 1: each token's log-probability under the model (its softmax at
+                               temperature 1) and those of the top_logprobs most probable tokens (at most
+                               MOE_ENGINE_TOP_LOGPROBS; ties to the lower id); 0: none */
+  int top_logprobs;
+} moe_engine_params;
+#define MOE_ENGINE_STOPS 16
+#define MOE_ENGINE_TOP_LOGPROBS 20
+typedef struct {
+  int n;                 /* tokens generated so far */
+  const int32_t *tokens; /* (n) valid until moe_engine_release; those given never change */
+  int done;              /* 0 running or queued, 1 finished, -1 failed (error says why) */
+  int stop;              /* finished at an end token or a stop string, not at max_tokens */
+  size_t text_safe;      /* with stop strings: the bytes of the tokens' text that may be shown (not a
+                            stop string nor the start of one); else the text's length */
+  const char *error;     /* when failed, valid until release */
+  double ttft_s, total_s; /* seconds from submit to the first token and to the end; -1 until known */
+  const float *logprobs; /* (n) with params.logprobs, else NULL */
+  const int32_t *top_ids; /* (n, n_top) the most probable tokens at each step, most probable first */
+  const float *top_logprobs; /* (n, n_top) their log-probabilities */
+  int n_top;
+} moe_engine_state;
+typedef struct {
+  int queued, running;   /* requests waiting for a slot, and in one */
+  int64_t steps, tokens, prompt_tokens;
+  double busy_s;         /* the thread's time in steps */
+} moe_engine_stats;
+
+/* Starts the engine's thread over m (which it owns until moe_engine_free; m's threads run the steps). */
+moe_status moe_engine_new(moe_engine **out, moe_lm_t *m, const moe_engine_config *c);
+/* Queues a request; *out is the caller's handle until moe_engine_release. MOE_ERR_STATE once draining,
+ * MOE_ERR_ARG naming the field for a bad one. */
+moe_status moe_engine_submit(moe_engine *e, const moe_engine_params *p, moe_engine_req **out);
+/* Waits until r has more than `have` tokens or is done (have -1: returns at once) and reports it. */
+void moe_engine_wait(moe_engine *e, moe_engine_req *r, int have, moe_engine_state *st);
+/* Drops the handle: an unfinished request is cancelled (it leaves its slot before the next step). */
+void moe_engine_release(moe_engine *e, moe_engine_req *r);
+void moe_engine_get_stats(moe_engine *e, moe_engine_stats *st);
+/* Takes no more requests, finishes those queued and running, and ends the thread; then free. */
+void moe_engine_drain(moe_engine *e);
+int moe_engine_draining(moe_engine *e);
+/* Drains first. */
+void moe_engine_free(moe_engine *e);
+
 /* Expert buffering for a loaded model (deployment paper VI, moe serve --cache K): every MoE layer's
  * experts are freed and served instead by an expert cache of K slots (policy p) reading dir's
  * model.safetensors lazily (one file: not a sharded checkpoint); the outputs do not change. The experts'
@@ -1114,6 +1366,35 @@ void moe_layer_setup_format(const moe_layer_setup_info *info, char *buf, size_t 
 size_t moe_lm_whole_numel(const moe_lm_t *m);
 moe_status moe_lm_gather(const moe_lm_t *m, const float *local, float *whole);
 moe_status moe_lm_scatter(const moe_lm_t *m, const float *whole, float *local);
+
+/* ---- chat templates (Hugging Face's Jinja chat_template; DESIGN 4.9) ----
+ * A template renders byte for byte as @huggingface/jinja (the renderer of transformers.js) renders it,
+ * its JavaScript semantics included: numbers are doubles, `==` is JavaScript's loose equality, strip()
+ * and lstrip()/rstrip() take no argument and strip all whitespace, undefined names are undefined rather
+ * than errors. What it does not implement (a filter, test, method or statement it lacks: it has no
+ * `format`, `round` or string `split` filter either) is an error, MOE_ERR_FORMAT for the syntax and
+ * MOE_ERR_VALUE when rendering, naming the construct and its line:col in the template; so is
+ * raise_exception(msg) ("raise_exception: msg at L:C"). upper/lower/title/capitalize map ASCII
+ * letters only. A render is bounded (256 MiB of memory, 50 million steps, lists of 2^20 items,
+ * nesting 200 deep): past a bound it fails, naming it.
+ * now: the time strftime_now formats (Unix seconds, in UTC), or -1 for the clock in local time. */
+/* Renders tmpl over context_json, a JSON object whose members are the template's variables
+ * (messages, add_generation_prompt, bos_token, tools, ...; NULL or "" for none). *out: the text
+ * (malloc'd, NUL-terminated; free() it), *len its length (may be NULL). */
+moe_status moe_chat_template_render(const char *tmpl, const char *context_json, int64_t now, char **out, size_t *len);
+/* A model's chat template: tokenizer is a tokenizer_config.json or the directory holding it; its
+ * chat_template (a string, or the "default" of a list of {name, template}) renders over the
+ * conversation with the variables transformers.js's apply_chat_template gives it: messages,
+ * add_generation_prompt (0 or 1), tools and documents (none), the config's bos_token, eos_token,
+ * unk_token, sep_token, pad_token, cls_token and mask_token that are set (a string, or an object with
+ * a "content" string). conversation_json: a list of messages ({"role", "content", ...}), or an object
+ * with "messages" whose other members (tools, enable_thinking, ...) are variables too, overriding the
+ * others. MOE_ERR_MISSING without a template. */
+moe_status moe_chat_template_render_config(const char *tokenizer, const char *conversation_json,
+                                           int add_generation_prompt, int64_t now, char **out, size_t *len);
+/* Frees what a moe_ function handed out malloc'd (the rendered text above), for callers that do not
+ * share the library's C allocator (Python's ctypes). */
+void moe_free(void *p);
 
 #ifdef __cplusplus
 }

@@ -3,7 +3,7 @@ CK --port 0 EXTRA...`, reads the port it prints, runs one scenario and stops it 
 that it exits 0. Prints what differs and exits 1 on a failure.
 usage: serve_client.py MOE CK SCENARIO [EXTRA...]; scenarios: match, busy, bad, sigterm, full (EXTRA
 --max-connections 4 --timeout 2), drain (EXTRA --timeout 2), eos (on a copy of CK whose end of text is a
-token greedy decoding reaches), stop, metrics."""
+token greedy decoding reaches), stop, metrics, chat (on a copy of CK with a chat template)."""
 import http.client
 import json
 import os
@@ -151,7 +151,7 @@ def bad(port):
         # OpenAI's fields the server does not implement: refused by name and value unless turned off
         ('{"prompt": "hi", "n": 2}', 400, '"n" 2 is not implemented by this server (only 1)'),
         ('{"prompt": "hi", "best_of": 3}', 400, '"best_of" 3 is not implemented'),
-        ('{"prompt": "hi", "logprobs": 0}', 400, '"logprobs" 0 is not implemented'),
+        ('{"prompt": "hi", "logprobs": 6}', 400, '"logprobs" must be in [0, 5]'),
         ('{"prompt": "hi", "echo": true}', 400, '"echo" true is not implemented'),
         ('{"prompt": "hi", "suffix": "end"}', 400, '"suffix" "end" is not implemented'),
         ('{"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}', 400, '"stop" must be a string or an array of at most 4'),
@@ -177,7 +177,10 @@ def bad(port):
         if want != 200:
             check(ctype == "application/json" and msg in json.loads(text)["error"]["message"],
                   "%.60r: the error %s (%s) does not say %r" % (raw, text, ctype, msg))
-    for method, path, want in (("GET", "/v1/completions", 405), ("POST", "/health", 405), ("GET", "/nope", 404)):
+    status, _, text = request(port, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+    check(status == 400 and "tokenizer_config.json" in text, "chat without a template -> %d %s" % (status, text))
+    for method, path, want in (("GET", "/v1/completions", 405), ("POST", "/health", 405), ("GET", "/nope", 404),
+                               ("GET", "/v1/chat/completions", 405), ("POST", "/v1/models", 405)):
         status, _, text = request(port, method, path)
         check(status == want and "error" in json.loads(text), "%s %s -> %d %s" % (method, path, status, text))
     # a client that leaves mid-stream: the server goes on serving the others
@@ -400,10 +403,130 @@ def metrics(port):
     check(m["moe_serve_ttft_seconds_sum"] <= m["moe_serve_request_seconds_sum"], "time to first token past the requests'")
 
 
+# compact (the test model's context is 64 tokens): the role's initial, the content, a newline
+TEMPLATE = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}a:{% endif %}")
+
+
+def chat_checkpoint():
+    """A copy of CK (links to its files) with a tokenizer_config.json holding TEMPLATE."""
+    d = CK.rstrip("/") + "_chat"
+    shutil.rmtree(d, ignore_errors=True)
+    os.mkdir(d)
+    for f in os.listdir(CK):
+        os.symlink(os.path.join(os.path.abspath(CK), f), os.path.join(d, f))
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"chat_template": TEMPLATE, "eos_token": "<|endoftext|>"}, f)
+    return d
+
+
+def chat_json(port, body):
+    """(content, finish_reason, usage) of a chat completion; streamed: the deltas joined, checking the
+    chunks' shape (the role in the first, finish_reason in the last only, [DONE] at the end)."""
+    status, ctype, text = request(port, "POST", "/v1/chat/completions", body)
+    check(status == 200, "%s -> %d %s" % (body, status, text))
+    if status != 200:
+        return None, None, None
+    if not body.get("stream"):
+        o = json.loads(text)
+        check(o["object"] == "chat.completion" and o["id"].startswith("chatcmpl-"), "chat object %s" % o)
+        ch = o["choices"][0]
+        check(ch["message"]["role"] == "assistant", "chat role %s" % ch)
+        return ch["message"]["content"], ch["finish_reason"], o["usage"]
+    check(ctype == "text/event-stream", "chat stream content type %s" % ctype)
+    events = [e[len("data: "):] for e in text.split("\n\n") if e]
+    check(events[-1] == "[DONE]", "the chat stream ends with %r" % events[-1:])
+    out, finish = "", None
+    for i, e in enumerate(events[:-1]):
+        o = json.loads(e)
+        ch = o["choices"][0]
+        check(o["object"] == "chat.completion.chunk", "chunk object %s" % o["object"])
+        check(("role" in ch["delta"]) == (i == 0), "chunk %d delta %s" % (i, ch["delta"]))
+        out += ch["delta"].get("content", "")
+        last = i == len(events) - 2
+        check((ch["finish_reason"] is not None) == last, "chunk %d finish_reason %s" % (i, ch["finish_reason"]))
+        finish = ch["finish_reason"]
+    return out, finish, None
+
+
+def logprobs(port):
+    """Completions' logprobs (OpenAI's legacy shape) and chat's (content entries): greedy, each token is
+    its step's most probable; streamed or not, and chat or completion of the same prompt, the same values."""
+    body = {"prompt": "s:be brief\nu:a dog\na:", "max_tokens": 6, "temperature": 0, "ignore_eos": True, "logprobs": 3}
+    o = json.loads(request(port, "POST", "/v1/completions", body)[2])["choices"][0]
+    lp = o["logprobs"]
+    n = len(o["token_ids"])
+    check(n == 6 and all(len(x) == n for x in (lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], lp["text_offset"])),
+          "completion logprobs %s" % lp)
+    for i in range(n):
+        tops = lp["top_logprobs"][i]
+        check(1 <= len(tops) <= 3 and max(tops.values()) == lp["token_logprobs"][i] <= 0,
+              "token %d: logprob %s, alternatives %s" % (i, lp["token_logprobs"][i], tops))
+    check(lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0, "offsets %s" % lp["text_offset"])
+    status, _, text = request(port, "POST", "/v1/completions", dict(body, stream=True))
+    streamed = []
+    for e in [e[len("data: "):] for e in text.split("\n\n") if e][:-1]:
+        c = json.loads(e)["choices"][0]
+        streamed += c["logprobs"]["token_logprobs"] if c["logprobs"] else []
+    check(streamed == lp["token_logprobs"], "streamed logprobs %s, not %s" % (streamed, lp["token_logprobs"]))
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a dog"}]
+    c = json.loads(request(port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 6, "temperature": 0,
+                                                                   "ignore_eos": True, "logprobs": True,
+                                                                   "top_logprobs": 2})[2])["choices"][0]
+    content = c["logprobs"]["content"]
+    check([x["logprob"] for x in content] == lp["token_logprobs"], "chat logprobs %s, completion %s" % (content, lp))
+    check(all(len(x["top_logprobs"]) == 2 and x["top_logprobs"][0]["logprob"] == x["logprob"] for x in content),
+          "chat top_logprobs %s" % content)
+
+
+def chat(port):
+    """A chat request answers what a completion of its messages rendered by the template (here by hand)
+    answers, streamed or not; /v1/models lists the model; bad messages and fields are 400s naming them."""
+    convs = [[{"role": "user", "content": "the cat sat"}],
+             [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a dog"},
+              {"role": "assistant", "content": "the mat"}, {"role": "user", "content": "caf\u00e9"}]]
+    for msgs in convs:
+        prompt = "".join("%s:%s\n" % (m["role"][0], m["content"]) for m in msgs) + "a:"
+        base = {"max_tokens": 10, "temperature": 0, "ignore_eos": True}
+        status, _, text = request(port, "POST", "/v1/completions", dict(base, prompt=prompt))
+        want = json.loads(text)
+        for stream in (False, True):
+            content, finish, usage = chat_json(port, dict(base, messages=msgs, stream=stream))
+            check(content == want["choices"][0]["text"], "chat %s stream=%s: %r, completion %r" %
+                  (msgs, stream, content, want["choices"][0]["text"]))
+            check(finish == "length", "chat finish_reason %s" % finish)
+            if usage:
+                check(usage == want["usage"], "chat usage %s, completion %s" % (usage, want["usage"]))
+        sampled = dict(base, temperature=0.9, seed=7, max_completion_tokens=6)
+        del sampled["max_tokens"]
+        content, _, usage = chat_json(port, dict(sampled, messages=msgs))
+        want = json.loads(request(port, "POST", "/v1/completions", dict(base, prompt=prompt, temperature=0.9, seed=7,
+                                                                     max_tokens=6))[2])
+        check(content == want["choices"][0]["text"], "sampled chat %r, completion %r" % (content, want["choices"][0]["text"]))
+    logprobs(port)
+    status, _, text = request(port, "GET", "/v1/models")
+    check(status == 200 and json.loads(text)["data"][0]["id"] == "moe", "/v1/models -> %d %s" % (status, text))
+    user = [{"role": "user", "content": "hi"}]
+    for body, msg in (({"max_tokens": 2}, '"messages" must be a non-empty list'),
+                      ({"messages": []}, '"messages" must be a non-empty list'),
+                      ({"messages": [{"role": "wizard", "content": "x"}]}, 'role "wizard"'),
+                      ({"messages": [{"role": "user", "content": 5}]}, '"messages"[0]: "content"'),
+                      ({"messages": [{"content": "x"}]}, '"messages"[0] must be an object with a "role"'),
+                      ({"messages": user, "top_logprobs": 2}, '"top_logprobs" needs "logprobs": true'),
+                      ({"messages": user, "logprobs": True, "top_logprobs": 21}, '"top_logprobs" must be in [0, 20]'),
+                      ({"messages": user, "logprobs": False, "top_p": 2}, '"top_p" must be in [0, 1]'),
+                      ({"messages": user, "prompt": "x"}, 'unknown field "prompt"'),
+                      ({"messages": user, "n": 3}, '"n" 3 is not implemented')):
+        status, _, text = request(port, "POST", "/v1/chat/completions", body)
+        check(status == 400 and msg in json.loads(text)["error"]["message"], "%s -> %d %s (want %r)" % (body, status, text, msg))
+
+
 def main():
     ck = CK
     if SCENARIO == "eos":
         ck, want, i = eos_checkpoint()
+    if SCENARIO == "chat":
+        ck = chat_checkpoint()
     p, port = start(ck)
     try:
         status, _, text = request(port, "GET", "/health")
@@ -411,7 +534,7 @@ def main():
         if SCENARIO in ("sigterm", "drain"):
             {"sigterm": sigterm, "drain": drain}[SCENARIO](port, p)
         else:
-            {"match": match, "busy": busy, "bad": bad, "full": full, "metrics": metrics, "stop": stop,
+            {"match": match, "busy": busy, "bad": bad, "full": full, "metrics": metrics, "stop": stop, "chat": chat,
              "eos": lambda port: eos(port, ck, want, i)}[SCENARIO](port)
             p.send_signal(signal.SIGTERM)
         rc = p.wait(timeout=300)

@@ -17,11 +17,13 @@ static void abi_sizes(char *buf, size_t n) {
            SIZE_(moe_layer_config) SIZE_(moe_param_info) SIZE_(moe_layer_t) SIZE_(moe_layer_stats)
            SIZE_(moe_layer_overrides) SIZE_(moe_model_config) SIZE_(moe_tensor_ref) SIZE_(moe_model_t)
            SIZE_(moe_model_stats) SIZE_(moe_optim_config) SIZE_(moe_optim_t) SIZE_(moe_train_state)
-           SIZE_(moe_dataset),
+           SIZE_(moe_dataset) SIZE_(moe_lm_config) SIZE_(moe_lm_t) SIZE_(moe_engine_config) SIZE_(moe_engine_params)
+           SIZE_(moe_engine_state) SIZE_(moe_engine_stats),
            sizeof(moe_layer_config), sizeof(moe_param_info), sizeof(moe_layer_t), sizeof(moe_layer_stats),
            sizeof(moe_layer_overrides), sizeof(moe_model_config), sizeof(moe_tensor_ref), sizeof(moe_model_t),
            sizeof(moe_model_stats), sizeof(moe_optim_config), sizeof(moe_optim_t), sizeof(moe_train_state),
-           sizeof(moe_dataset));
+           sizeof(moe_dataset), sizeof(moe_lm_config), sizeof(moe_lm_t), sizeof(moe_engine_config),
+           sizeof(moe_engine_params), sizeof(moe_engine_state), sizeof(moe_engine_stats));
 #undef SIZE_
 }
 
@@ -46,9 +48,9 @@ TEST(python_package_suite) {
   abi_sizes(abi, sizeof abi);
   test_tmp_path("python_suite.txt", out, sizeof out);
   snprintf(cmd, sizeof cmd,
-           "MOE_LIBRARY='%s' MOE_ABI='%s' PYTHONDONTWRITEBYTECODE=1 " PYTHON
+           "MOE_LIBRARY='%s' MOE_CLI='%s' MOE_ABI='%s' PYTHONDONTWRITEBYTECODE=1 " PYTHON
            " -m unittest discover -s '%s/python/tests' >'%s' 2>&1",
-           lib, abi, root, out);
+           lib, MOE_CLI, abi, root, out);
   int rc = sh(cmd);
   char *text = test_read_file(out, NULL);
   /* every test ran: none may skip here (the ABI check skips only without MOE_ABI) */

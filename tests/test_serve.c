@@ -104,6 +104,14 @@ TEST(serve_stops_at_end_of_text) {
 
 /* Stop strings, one or several, found or not, streamed or not (the stream holds back text that may
  * begin one): the text ends where the first found starts. */
+/* POST /v1/chat/completions: the messages through the checkpoint's chat template answer what a
+ * completion of the rendered text answers (streamed as chat chunks or not), GET /v1/models, and bad
+ * messages get 400s naming them (serve_client.py chat). */
+TEST(serve_chat_completions_through_the_template) {
+  if (!have_python()) return;
+  ASSERT(scenario("chat", ""));
+}
+
 TEST(serve_stop_strings) {
   if (!have_python()) return;
   ASSERT(scenario("stop", ""));

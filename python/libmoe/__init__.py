@@ -1,10 +1,13 @@
 """libmoe from Python: the C library's MoE layer, classifier, optimizers, checkpoints and IDX reader
 over ctypes (no compilation step), with numpy arrays in and out. libmoe.torch adds a
-torch.autograd.Function and an nn.Module over the layer. Failures raise MoeError, which carries the
-status name and moe_last_error()."""
+torch.autograd.Function and an nn.Module over the layer; libmoe.chat renders chat templates; LM and
+Engine load a language model checkpoint, generate from it and batch requests.
+Failures raise MoeError, which carries the status name and moe_last_error()."""
 from ._lib import MoeError, lib
+from .chat import render_chat, render_chat_template
 from .data import Dataset, load_idx, load_split
 from .layer import Layer, LayerStats
+from .lm import LM, Engine
 from .model import Model, ModelStats, Optimizer, TrainState, load_checkpoint, lr_schedule, save_checkpoint
 
 
@@ -14,4 +17,5 @@ def blas_info():
 
 
 __all__ = ["MoeError", "Dataset", "load_idx", "load_split", "Layer", "LayerStats", "Model", "ModelStats",
-           "Optimizer", "TrainState", "load_checkpoint", "lr_schedule", "save_checkpoint", "blas_info"]
+           "Optimizer", "TrainState", "load_checkpoint", "lr_schedule", "save_checkpoint", "blas_info",
+           "render_chat", "render_chat_template", "LM", "Engine"]

@@ -86,9 +86,46 @@ class Dataset(C.Structure):
                 ("labels", C.POINTER(C.c_uint8))]
 
 
+class LMConfig(C.Structure):
+    _fields_ = [("vocab", _i), ("n_layers", _i), ("n_heads", _i), ("n_kv_heads", _i), ("head_dim", _i),
+                ("max_seq", _i), ("rope_theta", _f), ("rms_eps", _f), ("aux_coef", _f), ("tie_embeddings", _i),
+                ("sliding_window", _i), ("moe", LayerConfig), ("family", _i), ("qkv_bias", _i), ("qk_norm", _i),
+                ("clip_qkv", _f), ("dense_H", _i), ("dense_layers", C.c_uint8 * (1024 // 8))]
+
+
+class LM(C.Structure):
+    _fields_ = [("cfg", LMConfig), ("layers", C.POINTER(Layer)), ("nrefs", _i), ("refs", C.POINTER(TensorRef)),
+                ("numel", C.c_size_t), ("dense", C.POINTER(_f)), ("dense_grad", C.POINTER(_f)), ("st", _p)]
+
+
+class EngineConfig(C.Structure):
+    _fields_ = [("slots", _i), ("tok", _p), ("eos", C.POINTER(C.c_int32)), ("n_eos", _i), ("on_step", _p),
+                ("on_decode", _p), ("ctx", _p)]
+
+
+class EngineParams(C.Structure):
+    _fields_ = [("prompt", C.POINTER(C.c_int32)), ("n_prompt", _i), ("max_tokens", _i), ("temperature", _f),
+                ("top_p", _f), ("seed", C.c_uint64), ("ignore_eos", _i), ("stop", C.POINTER(C.c_char_p)),
+                ("n_stop", _i), ("logprobs", _i), ("top_logprobs", _i)]
+
+
+class EngineState(C.Structure):
+    _fields_ = [("n", _i), ("tokens", C.POINTER(C.c_int32)), ("done", _i), ("stop", _i), ("text_safe", C.c_size_t),
+                ("error", C.c_char_p), ("ttft_s", C.c_double), ("total_s", C.c_double),
+                ("logprobs", C.POINTER(_f)), ("top_ids", C.POINTER(C.c_int32)), ("top_logprobs", C.POINTER(_f)),
+                ("n_top", _i)]
+
+
+class EngineStats(C.Structure):
+    _fields_ = [("queued", _i), ("running", _i), ("steps", C.c_int64), ("tokens", C.c_int64),
+                ("prompt_tokens", C.c_int64), ("busy_s", C.c_double)]
+
+
 # C name -> mirror, for the size check of python/tests
 MIRRORS = {"moe_layer_config": LayerConfig, "moe_param_info": ParamInfo, "moe_layer_t": Layer,
            "moe_layer_stats": LayerStats, "moe_layer_overrides": LayerOverrides,
            "moe_model_config": ModelConfig, "moe_tensor_ref": TensorRef, "moe_model_t": Model,
            "moe_model_stats": ModelStats, "moe_optim_config": OptimConfig, "moe_optim_t": Optim,
-           "moe_train_state": TrainState, "moe_dataset": Dataset}
+           "moe_train_state": TrainState, "moe_dataset": Dataset, "moe_lm_config": LMConfig, "moe_lm_t": LM,
+           "moe_engine_config": EngineConfig, "moe_engine_params": EngineParams, "moe_engine_state": EngineState,
+           "moe_engine_stats": EngineStats}

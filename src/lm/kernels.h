@@ -15,6 +15,17 @@ void moe__rmsnorm_forward(const float *x, const float *w, int n, int d, float ep
 /* dx (n, d) += the gradient through the norm of dy; dw (d) += its gradient. */
 void moe__rmsnorm_backward(const float *dy, const float *x, const float *w, const float *rstd, int n, int d,
                            float *dx, float *dw, int nt);
+/* The same over n rows of d floats that lie `per` after one another in groups ld floats apart (the q
+ * heads of fused qkv rows: n = tokens x heads, per = heads, ld = the qkv row), all with the weights w (d);
+ * x, y, dy and dx laid out alike. */
+typedef struct {
+  int n, d, per;
+  size_t ld;
+} moe__rows;
+void moe__rmsnorm_rows_forward(const moe__rows *s, const float *x, const float *w, float eps, float *y, float *rstd,
+                               int nt);
+void moe__rmsnorm_rows_backward(const moe__rows *s, const float *dy, const float *x, const float *w, const float *rstd,
+                                float *dx, float *dw, int nt);
 
 /* Rotary tables for positions [0, npos): cos and sin (npos, hd/2) of pos * theta^(-2i/hd), the angle
  * formed in float32 as Hugging Face does (so long contexts round as theirs do). */

@@ -43,6 +43,9 @@ static moe_status buffer_layer(moe_lm_t *m, int i, int K, moe_cache_policy p, mo
 
 moe_status moe_lm_buffer_experts(moe_lm_t *m, const char *dir, int K, moe_cache_policy p, moe_lm_experts *x) {
   MOE_TRY(m && m->layers && dir && x, MOE_ERR_ARG, "moe_lm_buffer_experts: NULL argument");
+  MOE_TRY(m->cfg.family == MOE_LM_MIXTRAL, MOE_ERR_ARG,
+          "moe_lm_buffer_experts: expert buffering reads Mixtral's expert tensors (block_sparse_moe.experts.<e>.w1); "
+          "a %s model is not supported", moe_lm_family_name(m->cfg.family));
   memset(x, 0, sizeof *x);
   char path[4096];
   snprintf(path, sizeof path, "%s/model.safetensors", dir);

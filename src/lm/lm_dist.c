@@ -10,6 +10,7 @@
 #include "dist/dist.h"
 #include "internal.h"
 #include "lm_dist.h"
+#include "lm_family.h"
 
 /* The one-process model of m's configuration (every expert; zero parameters). */
 static moe_status whole_init(const moe_lm_t *m, moe_lm_t *whole) {
@@ -45,7 +46,13 @@ static moe_status offsets(const moe_lm_t *m, size_t **woff, size_t **loff, size_
   return MOE_OK;
 }
 
-static int is_expert(const moe_tensor_ref *r) { return strstr(r->name, ".block_sparse_moe.experts.") != NULL; }
+/* Whether r is a routed expert's tensor; *down: its down projection (fc2, (D, H)). */
+static int expert_ref(const moe_lm_t *m, const moe_tensor_ref *r, int *down) {
+  int e, j;
+  if (!moe__lm_expert_of(m->cfg.family, r->name, &e, &j)) return 0;
+  *down = moe__lm_family(m->cfg.family)->fc[j] == 1;
+  return 1;
+}
 
 /* Whether m's experts are sharded (every rank a slice of each) rather than owned whole. */
 static int sharded(const moe_lm_t *m) {
@@ -54,10 +61,11 @@ static int sharded(const moe_lm_t *m) {
 
 void moe__lm_part_of(const moe_lm_t *m, const moe_tensor_ref *r, moe__lm_part *p) {
   *p = (moe__lm_part){*r, 1, r->numel, 0, 0};
-  if (!sharded(m) || !is_expert(r)) return;
+  int w2;
+  if (!sharded(m) || !expert_ref(m, r, &w2)) return;
   const moe_dist *d = m->cfg.moe.dist;
   int64_t H = m->cfg.moe.H, D = m->cfg.moe.D, W = moe_dist_size(d), q = moe_dist_rank(d);
-  int64_t lo = H * q / W, hi = H * (q + 1) / W, w2 = strstr(r->name, ".w2.") != NULL;
+  int64_t lo = H * q / W, hi = H * (q + 1) / W;
   p->whole.shape[0] = w2 ? D : H;
   p->whole.shape[1] = w2 ? H : D;
   p->whole.numel = (size_t)(H * D);
@@ -74,7 +82,7 @@ void moe__lm_part_copy(const moe__lm_part *p, const float *src, float *dst, int 
 
 size_t moe_lm_whole_numel(const moe_lm_t *m) {
   int W = moe_dist_size(m->cfg.moe.dist), El = sharded(m) ? m->cfg.moe.E : m->cfg.moe.E / W;
-  size_t n = (size_t)m->cfg.n_layers * (m->cfg.moe.E - El) * 3 * m->cfg.moe.H * m->cfg.moe.D; /* others' experts */
+  size_t n = (size_t)moe__lm_moe_layers(&m->cfg) * (m->cfg.moe.E - El) * 3 * m->cfg.moe.H * m->cfg.moe.D; /* others' */
   for (int i = 0; i < m->nrefs; i++) { /* and every ref whole (a shard counts as its whole tensor) */
     moe__lm_part p;
     moe__lm_part_of(m, &m->refs[i], &p);
@@ -93,8 +101,9 @@ moe_status moe_lm_gather(const moe_lm_t *m, const float *local, float *whole) {
   size_t *woff, *loff, wn;
   MOE_CHECK(offsets(m, &woff, &loff, &wn));
   memset(whole, 0, wn * 4);
+  int down;
   for (int i = 0; i < m->nrefs; i++) /* a sum of zeros and one rank's values: the replicated ones rank 0's */
-    if (is_expert(&m->refs[i]) || moe_dist_rank(d) == 0) {
+    if (expert_ref(m, &m->refs[i], &down) || moe_dist_rank(d) == 0) {
       moe__lm_part p;
       moe__lm_part_of(m, &m->refs[i], &p);
       moe__lm_part_copy(&p, local + loff[i], whole + woff[i], 1);

@@ -1,7 +1,8 @@
-/* Hugging Face Mixtral checkpoints for the language model: config.json, one safetensors file or the
- * shards of an index, F32/BF16/F16 tensors. The model's reference table carries the HF names and
- * shapes (an expert's w1/w2/w3 are slices of the layer's stacked tensors), so loading and saving walk
- * it and nothing here knows the layout. */
+/* Hugging Face checkpoints of the language-model families (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE):
+ * config.json, one safetensors file or the shards of an index, F32/BF16/F16 tensors. config.json's
+ * fields are read by the family's list (anything else is an error naming it); the model's reference
+ * table carries the HF names and shapes (an expert's tensors are slices of the layer's stacked ones),
+ * so loading and saving walk it and only the size check knows a few names. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include "internal.h"
 #include "formats/json.h"
 #include "lm_dist.h"
+#include "lm_family.h"
 
 #define INDEX_JSON "model.safetensors.index.json"
 #define MAX_SHARDS 4096
@@ -48,16 +50,180 @@ static moe_status get_bool(const char *path, const cJSON *root, const char *key,
   return MOE_OK;
 }
 
-static moe_status read_config(const char *path, const cJSON *r, moe_lm_config *c) {
+/* A field that must be false when present (a feature not implemented: refused by name). */
+static moe_status refuse_true(const char *path, const cJSON *r, const char *key, const char *why) {
+  int on = 0;
+  MOE_CHECK(get_bool(path, r, key, &on));
+  MOE_TRY(!on, MOE_ERR_FORMAT, "%s: \"%s\" true is not supported (%s)", path, key, why);
+  return MOE_OK;
+}
+
+/* A number field that must be 0 when present (training noise libmoe does not add). */
+static moe_status refuse_nonzero(const char *path, const cJSON *r, const char *key) {
+  float v = 0;
+  MOE_CHECK(get_float(path, r, key, &v));
+  MOE_TRY(v == 0, MOE_ERR_FORMAT, "%s: \"%s\" %g is not supported (only 0)", path, key, (double)v);
+  return MOE_OK;
+}
+
+/* Fields every family reads, and those that change nothing the library computes (token ids, which the
+ * CLI reads itself, dtype and version notes, cache and init settings of transformers). */
+static const char *const common_fields[] = {
+    "architectures", "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "hidden_act", "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters",
+    "rms_norm_eps", "tie_word_embeddings", "router_aux_loss_coef", "output_router_logits", "num_experts_per_tok",
+    "attention_dropout", "torch_dtype", "dtype", "transformers_version", "bos_token_id", "eos_token_id",
+    "pad_token_id", "use_cache", "initializer_range", "_name_or_path", NULL};
+/* Each family's own, as its transformers configuration class has them. */
+static const char *const family_fields[][16] = {
+    [MOE_LM_MIXTRAL] = {"intermediate_size", "head_dim", "num_local_experts", "sliding_window", "router_jitter_noise",
+                        NULL},
+    [MOE_LM_QWEN2_MOE] = {"intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
+                          "num_experts", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "qkv_bias",
+                          "use_sliding_window", "sliding_window", "max_window_layers", "layer_types", NULL},
+    [MOE_LM_QWEN3_MOE] = {"intermediate_size", "moe_intermediate_size", "head_dim", "num_experts", "norm_topk_prob",
+                          "decoder_sparse_step", "mlp_only_layers", "attention_bias", "use_sliding_window",
+                          "sliding_window", "max_window_layers", NULL},
+    /* router_z_loss_coef: OLMoE's training code has a z-loss, transformers' OlmoeForCausalLM adds none */
+    [MOE_LM_OLMOE] = {"intermediate_size", "num_experts", "norm_topk_prob", "clip_qkv", "attention_bias",
+                      "router_z_loss_coef", NULL},
+};
+
+static int listed(const char *const *list, const char *key) {
+  for (; *list; list++)
+    if (!strcmp(*list, key)) return 1;
+  return 0;
+}
+
+/* The family of config.json: model_type, else the architecture, else Mixtral (older libmoe files). */
+static moe_status family_of(const char *path, const cJSON *r, moe_lm_family *out) {
   const cJSON *mt = cJSON_GetObjectItemCaseSensitive(r, "model_type");
-  MOE_TRY(!mt || (cJSON_IsString(mt) && !strcmp(mt->valuestring, "mixtral")), MOE_ERR_FORMAT,
-          "%s: \"model_type\" is %s, want \"mixtral\"", path, cJSON_IsString(mt) ? mt->valuestring : "not a string");
+  const cJSON *arch = cJSON_GetObjectItemCaseSensitive(r, "architectures"), *a;
+  MOE_TRY(!mt || cJSON_IsString(mt), MOE_ERR_FORMAT, "%s: \"model_type\" is not a string", path);
+  MOE_TRY(!arch || cJSON_IsArray(arch), MOE_ERR_FORMAT, "%s: \"architectures\" is not a list", path);
+  *out = MOE_LM_MIXTRAL;
+  int found = !mt;
+  for (int f = 0; mt && moe__lm_family(f); f++)
+    if (!strcmp(mt->valuestring, moe__lm_family(f)->model_type)) *out = f, found = 1;
+  MOE_TRY(found, MOE_ERR_FORMAT, "%s: \"model_type\" is \"%s\", want mixtral, qwen2_moe, qwen3_moe or olmoe", path,
+          mt->valuestring);
+  cJSON_ArrayForEach(a, arch) {
+    MOE_TRY(cJSON_IsString(a), MOE_ERR_FORMAT, "%s: \"architectures\" holds a non-string", path);
+    int known = -1;
+    for (int f = 0; moe__lm_family(f); f++)
+      if (!strcmp(a->valuestring, moe__lm_family(f)->architecture)) known = f;
+    MOE_TRY(known >= 0, MOE_ERR_FORMAT, "%s: \"architectures\" entry \"%s\" is not a causal LM libmoe runs", path,
+            a->valuestring);
+    if (!mt) *out = known, mt = a; /* the first architecture decides when model_type is absent */
+    MOE_TRY(known == (int)*out, MOE_ERR_FORMAT, "%s: \"architectures\" entry \"%s\" is not model_type \"%s\"'s", path,
+            a->valuestring, moe__lm_family(*out)->model_type);
+  }
+  return MOE_OK;
+}
+
+/* rope_scaling null (or absent) only; rope_parameters (transformers 5) of rope_type default, whose
+ * rope_theta counts. */
+static moe_status read_rope(const char *path, const cJSON *r, moe_lm_config *c) {
+  const cJSON *rs = cJSON_GetObjectItemCaseSensitive(r, "rope_scaling"), *ty = NULL;
+  if (cJSON_IsObject(rs) && !cJSON_IsString(ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type")))
+    ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
+  MOE_TRY(!rs || cJSON_IsNull(rs), MOE_ERR_FORMAT, "%s: \"rope_scaling\" of type %s is not supported (only null)",
+          path, cJSON_IsString(ty) ? ty->valuestring : "(none given)");
+  const cJSON *rp = cJSON_GetObjectItemCaseSensitive(r, "rope_parameters"), *it;
+  if (!rp || cJSON_IsNull(rp)) return MOE_OK;
+  MOE_TRY(cJSON_IsObject(rp), MOE_ERR_FORMAT, "%s: \"rope_parameters\" is not an object", path);
+  cJSON_ArrayForEach(it, rp) {
+    MOE_TRY(!strcmp(it->string, "rope_theta") || !strcmp(it->string, "rope_type"), MOE_ERR_FORMAT,
+            "%s: \"rope_parameters\" field \"%s\" is not supported", path, it->string);
+  }
+  ty = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
+  MOE_TRY(!ty || (cJSON_IsString(ty) && !strcmp(ty->valuestring, "default")), MOE_ERR_FORMAT,
+          "%s: \"rope_parameters\" of rope_type %s is not supported (only default)", path,
+          cJSON_IsString(ty) ? ty->valuestring : "(not a string)");
+  return get_float(path, rp, "rope_theta", &c->rope_theta);
+}
+
+/* decoder_sparse_step and mlp_only_layers as transformers' Qwen2/3-MoE decoder layers read them: layer
+ * i is MoE when it is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0. */
+static moe_status read_layer_kinds(const char *path, const cJSON *r, moe_lm_config *c) {
+  int step = 1;
+  MOE_CHECK(get_int(path, r, "decoder_sparse_step", 0, &step));
+  const cJSON *only = cJSON_GetObjectItemCaseSensitive(r, "mlp_only_layers"), *it;
+  MOE_TRY(!only || cJSON_IsNull(only) || cJSON_IsArray(only), MOE_ERR_FORMAT, "%s: \"mlp_only_layers\" is not a list",
+          path);
+  MOE_TRY(c->n_layers <= MOE_LM_MAX_LAYERS, MOE_ERR_FORMAT, "%s: \"num_hidden_layers\" %d is more than %d", path,
+          c->n_layers, MOE_LM_MAX_LAYERS);
+  memset(c->dense_layers, 0, sizeof c->dense_layers);
+  for (int i = 0; i < c->n_layers; i++)
+    if ((i + 1) % step) c->dense_layers[i / 8] |= (uint8_t)(1u << (i % 8));
+  cJSON_ArrayForEach(it, only) {
+    MOE_TRY(cJSON_IsNumber(it) && it->valuedouble == (int)it->valuedouble && it->valuedouble >= 0 &&
+                it->valuedouble < c->n_layers,
+            MOE_ERR_FORMAT, "%s: \"mlp_only_layers\" entry %g is not a layer in [0, %d)", path, it->valuedouble,
+            c->n_layers);
+    int i = (int)it->valuedouble;
+    c->dense_layers[i / 8] |= (uint8_t)(1u << (i % 8));
+  }
+  return MOE_OK;
+}
+
+static moe_status read_family(const char *path, const cJSON *r, moe_lm_config *c) {
+  const moe__lm_family_info *f = moe__lm_family(c->family);
+  MOE_CHECK(get_int(path, r, f->experts_key, 1, &c->moe.E));
+  MOE_CHECK(get_int(path, r, f->expert_H_key, 1, &c->moe.H));
+  if (c->family == MOE_LM_MIXTRAL) {
+    MOE_CHECK(get_int(path, r, "sliding_window", 0, &c->sliding_window));
+    return refuse_nonzero(path, r, "router_jitter_noise");
+  }
+  /* transformers' defaults where these families differ from Mixtral */
+  c->rope_theta = 10000.0f;
+  c->rms_eps = c->family == MOE_LM_OLMOE ? 1e-5f : 1e-6f;
+  c->aux_coef = c->family == MOE_LM_OLMOE ? 0.01f : 0.001f;
+  c->moe.normalize_topk = 0;
+  MOE_CHECK(get_bool(path, r, "norm_topk_prob", &c->moe.normalize_topk));
+  if (c->family == MOE_LM_OLMOE) {
+    c->qk_norm = MOE_QK_NORM_FULL;
+    const cJSON *clip = cJSON_GetObjectItemCaseSensitive(r, "clip_qkv");
+    if (clip && !cJSON_IsNull(clip)) {
+      MOE_TRY(cJSON_IsNumber(clip) && clip->valuedouble > 0 && isfinite((float)clip->valuedouble), MOE_ERR_FORMAT,
+              "%s: \"clip_qkv\" must be null or a positive number", path);
+      c->clip_qkv = (float)clip->valuedouble;
+    }
+    return refuse_true(path, r, "attention_bias", "OLMoE without attention biases only");
+  }
+  MOE_CHECK(refuse_true(path, r, "use_sliding_window", "transformers versions differ on its layers"));
+  MOE_CHECK(get_int(path, r, "intermediate_size", 0, &c->dense_H));
+  MOE_CHECK(read_layer_kinds(path, r, c));
+  if (c->family == MOE_LM_QWEN3_MOE) {
+    c->qk_norm = MOE_QK_NORM_HEAD;
+    return refuse_true(path, r, "attention_bias", "Qwen3-MoE without attention biases only");
+  }
+  c->qkv_bias = 1;
+  MOE_CHECK(get_bool(path, r, "qkv_bias", &c->qkv_bias));
+  MOE_CHECK(get_int(path, r, "shared_expert_intermediate_size", 1, &c->moe.shared_H));
+  c->moe.shared_gate = 1;
+  const cJSON *lt = cJSON_GetObjectItemCaseSensitive(r, "layer_types"), *it;
+  cJSON_ArrayForEach(it, lt) {
+    MOE_TRY(cJSON_IsString(it) && !strcmp(it->valuestring, "full_attention"), MOE_ERR_FORMAT,
+            "%s: \"layer_types\" other than \"full_attention\" are not supported", path);
+  }
+  return MOE_OK;
+}
+
+static moe_status read_config(const char *path, const cJSON *r, moe_lm_config *c) {
+  MOE_CHECK(family_of(path, r, &c->family));
+  const cJSON *it;
+  cJSON_ArrayForEach(it, r) {
+    MOE_TRY(listed(common_fields, it->string) || listed(family_fields[c->family], it->string), MOE_ERR_FORMAT,
+            "%s: field \"%s\" is not understood for model_type \"%s\"", path, it->string,
+            moe_lm_family_name(c->family));
+  }
   const cJSON *act = cJSON_GetObjectItemCaseSensitive(r, "hidden_act");
   MOE_TRY(!act || (cJSON_IsString(act) && !strcmp(act->valuestring, "silu")), MOE_ERR_FORMAT,
           "%s: \"hidden_act\" must be \"silu\" (SwiGLU experts)", path);
+  MOE_CHECK(refuse_nonzero(path, r, "attention_dropout"));
   MOE_CHECK(get_int(path, r, "vocab_size", 1, &c->vocab));
   MOE_CHECK(get_int(path, r, "hidden_size", 1, &c->moe.D));
-  MOE_CHECK(get_int(path, r, "intermediate_size", 1, &c->moe.H));
   MOE_CHECK(get_int(path, r, "num_hidden_layers", 1, &c->n_layers));
   MOE_CHECK(get_int(path, r, "num_attention_heads", 1, &c->n_heads));
   c->n_kv_heads = c->n_heads;
@@ -65,15 +231,10 @@ static moe_status read_config(const char *path, const cJSON *r, moe_lm_config *c
   c->head_dim = c->moe.D / c->n_heads;
   MOE_CHECK(get_int(path, r, "head_dim", 0, &c->head_dim));
   MOE_CHECK(get_int(path, r, "max_position_embeddings", 0, &c->max_seq));
-  MOE_CHECK(get_int(path, r, "num_local_experts", 1, &c->moe.E));
   MOE_CHECK(get_int(path, r, "num_experts_per_tok", 1, &c->moe.top_k));
+  MOE_CHECK(read_family(path, r, c));
   MOE_CHECK(get_float(path, r, "rope_theta", &c->rope_theta));
-  MOE_CHECK(get_int(path, r, "sliding_window", 0, &c->sliding_window));
-  const cJSON *rs = cJSON_GetObjectItemCaseSensitive(r, "rope_scaling"), *ty = NULL;
-  if (cJSON_IsObject(rs) && !cJSON_IsString(ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type")))
-    ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
-  MOE_TRY(!rs || cJSON_IsNull(rs), MOE_ERR_FORMAT, "%s: \"rope_scaling\" of type %s is not supported (only null)",
-          path, cJSON_IsString(ty) ? ty->valuestring : "(none given)");
+  MOE_CHECK(read_rope(path, r, c));
   MOE_CHECK(get_float(path, r, "rms_norm_eps", &c->rms_eps));
   MOE_CHECK(get_float(path, r, "router_aux_loss_coef", &c->aux_coef));
   int with_aux = 0;
@@ -204,36 +365,72 @@ static moe_status read_part(const moe_lm_t *m, const moe_st *f, const moe_tensor
 
 /* The config's sizes against the tensors that carry them, before anything of their size is allocated:
  * a config.json that does not fit its weights is an error naming the field and its value, not gigabytes
- * allocated (a shard's header alone is read). The last layer and expert vouch for the counts. */
+ * allocated (a shard's header alone is read). The last layer, the last MoE layer and its last expert
+ * vouch for the counts; the first dense layer and the shared expert for their widths. */
 static moe_status check_sizes(const shards *s, const char *dir, const moe_lm_config *c) {
+  const moe__lm_family_info *f = moe__lm_family(c->family);
   int64_t D = c->moe.D, hd = c->head_dim;
-  char names[5][128];
-  snprintf(names[0], 128, "model.embed_tokens.weight");
-  snprintf(names[1], 128, "model.layers.%d.self_attn.q_proj.weight", c->n_layers - 1);
-  snprintf(names[2], 128, "model.layers.%d.self_attn.k_proj.weight", c->n_layers - 1);
-  snprintf(names[3], 128, "model.layers.%d.block_sparse_moe.gate.weight", c->n_layers - 1);
-  snprintf(names[4], 128, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", c->n_layers - 1, c->moe.E - 1);
-  const struct { const char *rows; int64_t nrows; } want[5] = {
-      {"\"vocab_size\"", c->vocab},
-      {"\"num_attention_heads\" x \"head_dim\"", c->n_heads * hd},
-      {"\"num_key_value_heads\" x \"head_dim\"", c->n_kv_heads * hd},
-      {"\"num_local_experts\"", c->moe.E},
-      {"\"intermediate_size\"", c->moe.H},
-  };
-  for (int i = 0; i < 5; i++) {
-    moe_st *f = NULL;
-    moe_tensor_view v;
-    moe_status st = shard_of(s, dir, names[i], &f);
-    if (st == MOE_OK) st = moe_st_get(f, names[i], &v);
-    MOE_TRY(st == MOE_OK, MOE_ERR_SHAPE,
-            "%s/config.json: \"num_hidden_layers\" %d and \"num_local_experts\" %d ask for tensor '%s': %s", dir,
-            c->n_layers, c->moe.E, names[i], moe_last_error());
-    MOE_TRY(v.ndim == 2 && v.shape[0] == want[i].nrows, MOE_ERR_SHAPE,
-            "%s/config.json: %s is %lld, but tensor '%s' in %s has %lld rows", dir, want[i].rows,
-            (long long)want[i].nrows, names[i], moe_st_path(f), v.ndim ? (long long)v.shape[0] : 0LL);
-    MOE_TRY(v.shape[1] == D, MOE_ERR_SHAPE, "%s/config.json: \"hidden_size\" is %lld, but tensor '%s' in %s has %lld columns",
-            dir, (long long)D, names[i], moe_st_path(f), (long long)v.shape[1]);
+  int last_moe = -1, first_dense = -1, n = 0;
+  for (int i = 0; i < c->n_layers; i++)
+    if (moe_lm_layer_dense(c, i)) first_dense = first_dense < 0 ? i : first_dense;
+    else last_moe = i;
+  char names[7][128], rows[7][96];
+  int64_t nrows[7];
+#define WANT(field, count, ...)                                        \
+  do {                                                                 \
+    snprintf(names[n], 128, __VA_ARGS__);                              \
+    snprintf(rows[n], 96, "%s", field);                                \
+    nrows[n++] = (count);                                              \
+  } while (0)
+  WANT("\"vocab_size\"", c->vocab, "model.embed_tokens.weight");
+  WANT("\"num_attention_heads\" x \"head_dim\"", c->n_heads * hd, "model.layers.%d.self_attn.q_proj.weight",
+       c->n_layers - 1);
+  WANT("\"num_key_value_heads\" x \"head_dim\"", c->n_kv_heads * hd, "model.layers.%d.self_attn.k_proj.weight",
+       c->n_layers - 1);
+  if (last_moe >= 0) {
+    char key[48];
+    snprintf(key, sizeof key, "\"%s\"", f->experts_key);
+    WANT(key, c->moe.E, "model.layers.%d.%s.gate.weight", last_moe, f->ffn);
+    snprintf(key, sizeof key, "\"%s\"", f->expert_H_key);
+    WANT(key, c->moe.H, "model.layers.%d.%s.experts.%d.%s.weight", last_moe, f->ffn, c->moe.E - 1, f->expert[0]);
+    if (c->moe.shared_H)
+      WANT("\"shared_expert_intermediate_size\"", c->moe.shared_H, "model.layers.%d.mlp.shared_expert.gate_proj.weight",
+           last_moe);
   }
+  if (first_dense >= 0)
+    WANT("\"intermediate_size\"", c->dense_H, "model.layers.%d.mlp.gate_proj.weight", first_dense);
+#undef WANT
+  for (int i = 0; i < n; i++) {
+    moe_st *fl = NULL;
+    moe_tensor_view v;
+    moe_status st = shard_of(s, dir, names[i], &fl);
+    if (st == MOE_OK) st = moe_st_get(fl, names[i], &v);
+    MOE_TRY(st == MOE_OK, MOE_ERR_SHAPE, "%s/config.json: \"num_hidden_layers\" %d and \"%s\" %d ask for tensor '%s': %s",
+            dir, c->n_layers, f->experts_key, c->moe.E, names[i], moe_last_error());
+    MOE_TRY(v.ndim == 2 && v.shape[0] == nrows[i], MOE_ERR_SHAPE, "%s/config.json: %s is %lld, but tensor '%s' in %s has %lld rows",
+            dir, rows[i], (long long)nrows[i], names[i], moe_st_path(fl), v.ndim ? (long long)v.shape[0] : 0LL);
+    MOE_TRY(v.shape[1] == D, MOE_ERR_SHAPE, "%s/config.json: \"hidden_size\" is %lld, but tensor '%s' in %s has %lld columns",
+            dir, (long long)D, names[i], moe_st_path(fl), (long long)v.shape[1]);
+  }
+  return MOE_OK;
+}
+
+/* Every tensor of the checkpoint is one of the model's (expert-parallel, another rank's experts count),
+ * or a rotary table older transformers saved (rotary_emb.inv_freq: recomputed): any other is an error,
+ * not a weight silently left out. */
+static moe_status check_unused(const shards *s, const moe_lm_t *m) {
+  const moe_lm_config *c = &m->cfg;
+  for (int i = 0; i < s->n; i++)
+    for (int j = 0; j < moe_st_count(s->files[i]); j++) {
+      moe_tensor_view v;
+      MOE_CHECK(moe_st_at(s->files[i], j, &v));
+      int layer = -1, e = -1, k;
+      if (moe_lm_find(m, v.name) || strstr(v.name, ".rotary_emb.inv_freq")) continue;
+      int other_rank = moe__lm_expert_of(c->family, v.name, &e, &k) && sscanf(v.name, "model.layers.%d.", &layer) == 1 &&
+                       layer < c->n_layers && !moe_lm_layer_dense(c, layer) && e < c->moe.E;
+      MOE_TRY(other_rank, MOE_ERR_FORMAT, "%s: tensor '%s' is not a parameter of the %s model config.json describes",
+              moe_st_path(s->files[i]), v.name, moe_lm_family_name(c->family));
+    }
   return MOE_OK;
 }
 
@@ -258,6 +455,7 @@ moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c) {
     st = shard_of(&s, dir, m->refs[i].name, &f);
     if (st == MOE_OK) st = read_part(m, f, &m->refs[i]);
   }
+  if (st == MOE_OK) st = check_unused(&s, m);
   shards_close(&s);
   if (st != MOE_OK) {
     moe_lm_free(m);
@@ -285,11 +483,50 @@ static void add(cJSON *o, const char *key, cJSON *item, int *ok) {
   *ok = 0;
 }
 
+/* mlp_only_layers: the dense layers by number (decoder_sparse_step is written as 1). */
+static cJSON *dense_list(const moe_lm_config *c) {
+  cJSON *a = cJSON_CreateArray();
+  for (int i = 0; a && i < c->n_layers; i++)
+    if (moe_lm_layer_dense(c, i) && !cJSON_AddItemToArray(a, cJSON_CreateNumber(i))) {
+      cJSON_Delete(a);
+      return NULL;
+    }
+  return a;
+}
+
+/* The fields of the family beside Mixtral's common ones. */
+static void family_json(cJSON *r, const moe_lm_config *c, int *ok) {
+  const moe__lm_family_info *f = moe__lm_family(c->family);
+  if (c->family == MOE_LM_MIXTRAL) return;
+  const moe_layer_config *l = &c->moe;
+  add(r, f->experts_key, cJSON_CreateNumber(l->E), ok);
+  add(r, f->expert_H_key, cJSON_CreateNumber(l->H), ok);
+  add(r, "norm_topk_prob", cJSON_CreateBool(l->normalize_topk == 1 || (l->normalize_topk < 0 && l->top_k > 1)), ok);
+  if (c->family == MOE_LM_OLMOE) {
+    add(r, "clip_qkv", c->clip_qkv > 0 ? float_json(c->clip_qkv) : cJSON_CreateNull(), ok);
+    add(r, "attention_bias", cJSON_CreateBool(0), ok);
+    return;
+  }
+  if (c->dense_H) add(r, "intermediate_size", cJSON_CreateNumber(c->dense_H), ok);
+  add(r, "decoder_sparse_step", cJSON_CreateNumber(1), ok);
+  add(r, "mlp_only_layers", dense_list(c), ok);
+  add(r, "use_sliding_window", cJSON_CreateBool(0), ok);
+  if (c->family == MOE_LM_QWEN3_MOE) {
+    add(r, "head_dim", cJSON_CreateNumber(c->head_dim), ok);
+    add(r, "attention_bias", cJSON_CreateBool(0), ok);
+    return;
+  }
+  add(r, "shared_expert_intermediate_size", cJSON_CreateNumber(l->shared_H), ok);
+  add(r, "qkv_bias", cJSON_CreateBool(c->qkv_bias), ok);
+}
+
 static char *config_json(const moe_lm_config *c) {
+  const moe__lm_family_info *f = moe__lm_family(c->family);
+  int mixtral = c->family == MOE_LM_MIXTRAL;
   cJSON *r = cJSON_CreateObject(), *arch = cJSON_CreateArray();
-  int ok = arch && cJSON_AddItemToArray(arch, cJSON_CreateString("MixtralForCausalLM")) && arch->child;
+  int ok = arch && cJSON_AddItemToArray(arch, cJSON_CreateString(f->architecture)) && arch->child;
   add(r, "architectures", arch, &ok);
-  add(r, "model_type", cJSON_CreateString("mixtral"), &ok);
+  add(r, "model_type", cJSON_CreateString(f->model_type), &ok);
   add(r, "hidden_act", cJSON_CreateString("silu"), &ok);
   add(r, "torch_dtype", cJSON_CreateString("float32"), &ok);
   const struct { const char *key; int v; } ints[] = {
@@ -299,13 +536,18 @@ static char *config_json(const moe_lm_config *c) {
       {"head_dim", c->head_dim},          {"max_position_embeddings", c->max_seq},
       {"num_local_experts", c->moe.E},    {"num_experts_per_tok", c->moe.top_k},
   };
-  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) add(r, ints[i].key, cJSON_CreateNumber(ints[i].v), &ok);
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) /* Mixtral's; the others have their own names */
+    if (mixtral || (strcmp(ints[i].key, "intermediate_size") && strcmp(ints[i].key, "head_dim") &&
+                    strcmp(ints[i].key, "num_local_experts")))
+      add(r, ints[i].key, cJSON_CreateNumber(ints[i].v), &ok);
+  family_json(r, c, &ok);
   add(r, "rope_theta", float_json(c->rope_theta), &ok);
   add(r, "rms_norm_eps", float_json(c->rms_eps), &ok);
   add(r, "router_aux_loss_coef", float_json(c->aux_coef), &ok);
   add(r, "output_router_logits", cJSON_CreateBool(c->aux_coef > 0), &ok);
   add(r, "tie_word_embeddings", cJSON_CreateBool(c->tie_embeddings), &ok);
-  add(r, "sliding_window", c->sliding_window ? cJSON_CreateNumber(c->sliding_window) : cJSON_CreateNull(), &ok);
+  if (mixtral)
+    add(r, "sliding_window", c->sliding_window ? cJSON_CreateNumber(c->sliding_window) : cJSON_CreateNull(), &ok);
   add(r, "attention_dropout", cJSON_CreateNumber(0), &ok);
   char *text = ok ? cJSON_Print(r) : NULL;
   cJSON_Delete(r);

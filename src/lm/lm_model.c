@@ -1,6 +1,7 @@
-/* The Mixtral-architecture language model (moe.h, DESIGN 4.9): parameter table under Hugging Face
- * names, forward keeping every layer's activations in one arena, backward walking the layers in
- * reverse. q, k and v come from one GEMM with the three projections, which lie one after the other. */
+/* The Mixtral-architecture language model and its relatives (moe.h, DESIGN 4.9): parameter table
+ * under the family's Hugging Face names, forward keeping every layer's activations in one arena,
+ * backward walking the layers in reverse. q, k and v come from one GEMM with the three projections,
+ * which lie one after the other (their biases too); the families' q/k norms and clamp follow it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,22 +10,31 @@
 #include "base/arena.h"
 #include "dist/dist.h"
 #include "kernels/gemm.h"
+#include "kernels/mlp.h"
 #include "internal.h"
 #include "kernels.h"
 #include "lm_dist.h"
+#include "lm_family.h"
 
 typedef struct {
   float *ln1, *wqkv, *wo, *ln2; /* wqkv: q_proj, k_proj, v_proj stacked (qd + 2 kvd, D) */
+  float *bqkv;                  /* qkv_bias: their biases stacked (qd + 2 kvd), or NULL */
+  float *qn, *kn;               /* qk_norm: q_norm and k_norm weights, or NULL */
+  moe__mlp mlp;                 /* a dense layer's gate_proj (w1), up_proj (w3), down_proj (w2) */
 } lm_block;
 
 typedef struct { /* one layer's activations */
   float *res;          /* (N, D) the layer's input */
   float *xn1, *rstd1;  /* (N, D), (N) */
   float *qkv;          /* (N, qd + 2 kvd), q and k rotated */
+  float *raw, *pre;    /* with qk_norm or clip_qkv: (N, qkv) the projections before the norms, and
+                          with both the normed ones before the clamp (the clamp's mask) */
+  float *rstdq;        /* qk_norm: (N, q rows + k rows) the norms' rstd */
   float *att, *lse;    /* (N, qd), (B, nh, T) */
   float *mid;          /* (N, D) after attention */
   float *xn2, *rstd2;  /* (N, D), (N) */
   float *probs;        /* (N, E) router probabilities for the balance loss */
+  moe__mlp_acts mlp;   /* a dense layer's */
 } lm_acts;
 
 struct moe__lm_state {
@@ -37,7 +47,7 @@ struct moe__lm_state {
   lm_acts *a;           /* (L + 1): a[L].res is the last layer's output */
   float *xnf, *rstdf, *logits, *lse; /* (N, D), (N), (N, V), (N) */
   int32_t *tokens, *targets;         /* (N) copies */
-  float *dres, *dxn, *datt, *dqkv, *gl, *scratch; /* backward: (N, D) x2, (N, qd), (N, qkv), (N, E) */
+  float *dres, *dxn, *datt, *dqkv, *draw, *gl, *scratch; /* backward: (N, D) x2, (N, qd), (N, qkv) x2, (N, E) */
   double *bal;          /* (2 E + 3) the balance loss's sums; expert-parallel, the cross-entropy's sum,
                            count and tokens to add up over the ranks */
   size_t dense_n;       /* floats in m->dense */
@@ -83,6 +93,45 @@ void moe_lm_config_default(moe_lm_config *c) {
   c->moe.expert_bias = 0;
 }
 
+int moe_lm_layer_dense(const moe_lm_config *c, int i) {
+  return i >= 0 && i < MOE_LM_MAX_LAYERS && (c->dense_layers[i / 8] >> (i % 8) & 1);
+}
+
+/* Whether layer i of m is a MoE layer (has a moe_layer_t). */
+static int is_moe(const moe_lm_t *m, int i) { return !moe_lm_layer_dense(&m->cfg, i); }
+
+/* What the family's config.json can say: its attention options and layer kinds (so that a model saved
+ * in its family's layout reads back as itself). */
+static moe_status check_family(const moe_lm_config *c) {
+  const char *fam = moe_lm_family_name(c->family);
+  MOE_TRY(fam, MOE_ERR_ARG, "lm config: family %d is not one of mixtral, qwen2_moe, qwen3_moe, olmoe", (int)c->family);
+  int dense = 0;
+  for (int i = 0; i < c->n_layers; i++) dense |= moe_lm_layer_dense(c, i);
+  moe_lm_qk_norm qk = c->family == MOE_LM_QWEN3_MOE ? MOE_QK_NORM_HEAD
+                      : c->family == MOE_LM_OLMOE   ? MOE_QK_NORM_FULL
+                                                    : MOE_QK_NORM_NONE;
+  MOE_TRY(c->qk_norm == qk, MOE_ERR_ARG, "lm config: %s's q/k norm is %d, got %d", fam, (int)qk, (int)c->qk_norm);
+  MOE_TRY(!c->qkv_bias || c->family == MOE_LM_QWEN2_MOE, MOE_ERR_ARG, "lm config: q/k/v biases are Qwen2-MoE's, not %s's",
+          fam);
+  MOE_TRY(c->clip_qkv == 0 || c->family == MOE_LM_OLMOE, MOE_ERR_ARG, "lm config: clip_qkv is OLMoE's, not %s's", fam);
+  MOE_TRY(c->clip_qkv >= 0 && isfinite(c->clip_qkv), MOE_ERR_ARG, "lm config: clip_qkv must be >= 0, got %g",
+          (double)c->clip_qkv);
+  MOE_TRY(!dense || c->family == MOE_LM_QWEN2_MOE || c->family == MOE_LM_QWEN3_MOE, MOE_ERR_ARG,
+          "lm config: dense layers are Qwen2-MoE's and Qwen3-MoE's, not %s's", fam);
+  MOE_TRY(!dense || c->dense_H > 0, MOE_ERR_ARG, "lm config: dense layers need dense_H > 0, got %d", c->dense_H);
+  MOE_TRY(c->dense_H >= 0, MOE_ERR_ARG, "lm config: dense_H must be >= 0, got %d", c->dense_H);
+  MOE_TRY(!c->moe.shared_H || c->family == MOE_LM_QWEN2_MOE, MOE_ERR_ARG,
+          "lm config: the shared expert is Qwen2-MoE's, not %s's", fam);
+  MOE_TRY(c->family != MOE_LM_QWEN2_MOE || (c->moe.shared_H > 0 && c->moe.shared_gate), MOE_ERR_ARG,
+          "lm config: Qwen2-MoE has a gated shared expert (moe.shared_H > 0, moe.shared_gate 1)");
+  MOE_TRY((c->family != MOE_LM_OLMOE && c->family != MOE_LM_QWEN2_MOE) || c->head_dim * c->n_heads == c->moe.D,
+          MOE_ERR_ARG, "lm config: %s's head_dim is hidden_size / num_attention_heads, got %d x %d heads for %d", fam,
+          c->head_dim, c->n_heads, c->moe.D);
+  MOE_TRY(c->family == MOE_LM_MIXTRAL || !c->sliding_window, MOE_ERR_ARG,
+          "lm config: a sliding window is Mixtral's, not %s's", fam);
+  return MOE_OK;
+}
+
 static moe_status check_config(const moe_lm_config *c) {
   const moe_layer_config *l = &c->moe;
   MOE_TRY(c->vocab > 0 && l->D > 0 && l->H > 0 && l->E > 0, MOE_ERR_ARG,
@@ -106,10 +155,11 @@ static moe_status check_config(const moe_lm_config *c) {
   MOE_TRY(c->aux_coef >= 0 && isfinite(c->aux_coef), MOE_ERR_ARG, "lm config: aux_coef must be >= 0, got %g",
           (double)c->aux_coef);
   MOE_TRY(l->act == MOE_ACT_SWIGLU && !l->gate_bias && !l->expert_bias && l->router == MOE_ROUTER_LINEAR &&
-              !l->inner_experts && !l->external_experts,
-          MOE_ERR_ARG, "lm config: the feed-forward must be Mixtral's: swiglu experts, linear router, no biases, "
-                       "no hierarchical or buffered experts");
-  return MOE_OK;
+              !l->inner_experts && !l->external_experts && l->score == MOE_SCORE_SOFTMAX && !l->select_bias &&
+              !l->n_group && l->routed_scale == 1.0f,
+          MOE_ERR_ARG, "lm config: the feed-forward must be Mixtral's: swiglu experts, linear softmax router, no biases, "
+                       "no hierarchical or buffered experts, no selection bias, groups or routed scale");
+  return check_family(c);
 }
 
 static void add_ref(moe_lm_t *m, const char *name, int ndim, int64_t a, int64_t b, float *data, float *grad) {
@@ -136,40 +186,76 @@ static void add_dense(moe_lm_t *m, size_t *off, const char *name, int ndim, int6
   *off += m->refs[m->nrefs - 1].numel;
 }
 
+/* The refs of layer i's MoE feed-forward: the router, this rank's experts (El from e0, Hl rows of H
+ * each: all E, a shard of H each, when sharded) as slices of the layer's stacked tensors, and a
+ * shared expert's tensors. */
+static void add_moe_refs(moe_lm_t *m, int i) {
+  const moe_lm_config *c = &m->cfg;
+  const moe__lm_family_info *f = moe__lm_family(c->family);
+  moe_layer_t *l = &m->layers[i];
+  int64_t D = c->moe.D;
+  char nm[128];
+  snprintf(nm, sizeof nm, "model.layers.%d.%s.gate.weight", i, f->ffn);
+  add_ref(m, nm, 2, c->moe.E, D, moe_layer_param(l, "gate.weight"), moe_layer_grad(l, "gate.weight"));
+  static const char *const ours[3] = {"experts.fc1.weight", "experts.fc2.weight", "experts.fc3.weight"};
+  const moe_param_info *fc1 = moe_layer_param_find(l, ours[0]);
+  int El = (int)fc1->shape[0], e0 = El < c->moe.E ? moe_dist_rank(c->moe.dist) * El : 0;
+  int64_t Hl = fc1->shape[1];
+  for (int e = 0; e < El; e++)
+    for (int j = 0; j < 3; j++) {
+      size_t at = (size_t)e * Hl * D;
+      int k = f->fc[j]; /* fc2 (down) is (D, H) */
+      snprintf(nm, sizeof nm, "model.layers.%d.%s.experts.%d.%s.weight", i, f->ffn, e0 + e, f->expert[j]);
+      add_ref(m, nm, 2, k == 1 ? D : Hl, k == 1 ? Hl : D, moe_layer_param(l, ours[k]) + at, moe_layer_grad(l, ours[k]) + at);
+    }
+  if (!c->moe.shared_H) return;
+  static const char *const hf[4] = {"shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.down_proj",
+                                    "shared_expert_gate"},
+                           *const sh[4] = {"shared.fc1.weight", "shared.fc3.weight", "shared.fc2.weight",
+                                           "shared.gate.weight"};
+  for (int j = 0; j < 4; j++) {
+    const moe_param_info *p = moe_layer_param_find(l, sh[j]);
+    snprintf(nm, sizeof nm, "model.layers.%d.mlp.%s.weight", i, hf[j]);
+    add_ref(m, nm, 2, p->shape[0], p->shape[1], moe_layer_param(l, sh[j]), moe_layer_grad(l, sh[j]));
+  }
+}
+
 static void build_table(moe_lm_t *m) {
   const moe_lm_config *c = &m->cfg;
   moe__lm_state *s = m->st;
   int64_t D = c->moe.D, V = c->vocab, qd = (int64_t)c->n_heads * c->head_dim,
-          kvd = (int64_t)c->n_kv_heads * c->head_dim;
+          kvd = (int64_t)c->n_kv_heads * c->head_dim, hd = c->head_dim, dH = c->dense_H;
   size_t off = 0;
   char nm[128]; /* names fit the refs' 64 bytes: layers <= 1024, E <= 65536 */
-  float *unused, *unused_g; /* k_proj and v_proj: reached through wqkv */
+  float *unused, *unused_g; /* k_proj and v_proj (and their biases): reached through wqkv (bqkv) */
   add_dense(m, &off, "model.embed_tokens.weight", 2, V, D, &s->embed, &s->gembed);
   for (int i = 0; i < c->n_layers; i++) {
     lm_block *w = &s->w[i], *g = &s->g[i];
-    moe_layer_t *l = &m->layers[i];
 #define NAME(fmt) (snprintf(nm, sizeof nm, "model.layers.%d." fmt, i), nm)
     add_dense(m, &off, NAME("input_layernorm.weight"), 1, D, 0, &w->ln1, &g->ln1);
     add_dense(m, &off, NAME("self_attn.q_proj.weight"), 2, qd, D, &w->wqkv, &g->wqkv);
     add_dense(m, &off, NAME("self_attn.k_proj.weight"), 2, kvd, D, &unused, &unused_g);
     add_dense(m, &off, NAME("self_attn.v_proj.weight"), 2, kvd, D, &unused, &unused_g);
+    if (c->qkv_bias) {
+      add_dense(m, &off, NAME("self_attn.q_proj.bias"), 1, qd, 0, &w->bqkv, &g->bqkv);
+      add_dense(m, &off, NAME("self_attn.k_proj.bias"), 1, kvd, 0, &unused, &unused_g);
+      add_dense(m, &off, NAME("self_attn.v_proj.bias"), 1, kvd, 0, &unused, &unused_g);
+    }
+    if (c->qk_norm) {
+      int full = c->qk_norm == MOE_QK_NORM_FULL;
+      add_dense(m, &off, NAME("self_attn.q_norm.weight"), 1, full ? qd : hd, 0, &w->qn, &g->qn);
+      add_dense(m, &off, NAME("self_attn.k_norm.weight"), 1, full ? kvd : hd, 0, &w->kn, &g->kn);
+    }
     add_dense(m, &off, NAME("self_attn.o_proj.weight"), 2, D, qd, &w->wo, &g->wo);
     add_dense(m, &off, NAME("post_attention_layernorm.weight"), 1, D, 0, &w->ln2, &g->ln2);
-    add_ref(m, NAME("block_sparse_moe.gate.weight"), 2, c->moe.E, D, moe_layer_param(l, "gate.weight"),
-            moe_layer_grad(l, "gate.weight"));
-    static const char *const hf[3] = {"w1", "w2", "w3"}, *const ours[3] = {"experts.fc1.weight",
-                                                                         "experts.fc2.weight", "experts.fc3.weight"};
-    /* this rank's experts El from e0, Hl rows of H each (all E, a shard of H each, when sharded) */
-    const moe_param_info *fc1 = moe_layer_param_find(l, ours[0]);
-    int El = (int)fc1->shape[0], e0 = El < c->moe.E ? moe_dist_rank(c->moe.dist) * El : 0;
-    int64_t Hl = fc1->shape[1];
-    for (int e = 0; e < El; e++)
-      for (int j = 0; j < 3; j++) {
-        size_t at = (size_t)e * Hl * D;
-        snprintf(nm, sizeof nm, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", i, e0 + e, hf[j]);
-        add_ref(m, nm, 2, j == 1 ? D : Hl, j == 1 ? Hl : D, moe_layer_param(l, ours[j]) + at,
-                moe_layer_grad(l, ours[j]) + at);
-      }
+    if (is_moe(m, i)) {
+      add_moe_refs(m, i);
+    } else { /* HF's order: gate_proj, up_proj, down_proj */
+      w->mlp = g->mlp = (moe__mlp){(int)D, (int)dH, MOE_ACT_SWIGLU, NULL, NULL, NULL};
+      add_dense(m, &off, NAME("mlp.gate_proj.weight"), 2, dH, D, &w->mlp.w1, &g->mlp.w1);
+      add_dense(m, &off, NAME("mlp.up_proj.weight"), 2, dH, D, &w->mlp.w3, &g->mlp.w3);
+      add_dense(m, &off, NAME("mlp.down_proj.weight"), 2, D, dH, &w->mlp.w2, &g->mlp.w2);
+    }
 #undef NAME
   }
   add_dense(m, &off, "model.norm.weight", 1, D, 0, &s->normf, &s->gnormf);
@@ -181,19 +267,30 @@ static void build_table(moe_lm_t *m) {
   }
 }
 
+/* Floats of the parameters outside the MoE layers (build_table's dense ones). */
+static size_t dense_numel(const moe_lm_config *c) {
+  size_t D = (size_t)c->moe.D, V = (size_t)c->vocab, qd = (size_t)c->n_heads * c->head_dim,
+         kvd = (size_t)c->n_kv_heads * c->head_dim, n = V * D * (c->tie_embeddings ? 1 : 2) + D;
+  for (int i = 0; i < c->n_layers; i++) {
+    n += 2 * D + (2 * qd + 2 * kvd) * D;
+    if (c->qkv_bias) n += qd + 2 * kvd;
+    if (c->qk_norm) n += c->qk_norm == MOE_QK_NORM_FULL ? qd + kvd : 2 * (size_t)c->head_dim;
+    if (moe_lm_layer_dense(c, i)) n += 3 * (size_t)c->dense_H * D;
+  }
+  return n;
+}
+
 moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c) {
   MOE_TRY(m && c, MOE_ERR_ARG, "moe_lm_init: NULL argument");
   memset(m, 0, sizeof *m);
   MOE_CHECK(check_config(c));
   m->cfg = *c;
   int L = c->n_layers, E = c->moe.E;
-  size_t D = (size_t)c->moe.D, V = (size_t)c->vocab, qd = (size_t)c->n_heads * c->head_dim,
-         kvd = (size_t)c->n_kv_heads * c->head_dim;
-  size_t dense = V * D * (c->tie_embeddings ? 1 : 2) + D + (size_t)L * (2 * D + (2 * qd + 2 * kvd) * D);
+  size_t dense = dense_numel(c);
   m->dense = calloc(dense, 4);
   m->dense_grad = calloc(dense, 4);
   m->layers = calloc((size_t)L, sizeof *m->layers);
-  m->refs = calloc(3 + (size_t)L * (7 + 3 * (size_t)E), sizeof *m->refs);
+  m->refs = calloc(3 + (size_t)L * (20 + 3 * (size_t)E), sizeof *m->refs);
   moe__lm_state *s = m->st = calloc(1, sizeof *m->st);
   if (s) {
     s->w = calloc((size_t)L, sizeof *s->w);
@@ -208,6 +305,7 @@ moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c) {
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_lm_init: out of memory for %zu dense parameters", dense);
   }
   for (int i = 0; i < L; i++) {
+    if (!is_moe(m, i)) continue;
     moe_status st = moe_layer_init(&m->layers[i], &c->moe);
     if (st != MOE_OK) {
       moe_lm_free(m);
@@ -245,7 +343,8 @@ const moe_tensor_ref *moe_lm_find(const moe_lm_t *m, const char *name) {
 }
 
 void moe_lm_params_changed(moe_lm_t *m) {
-  for (int i = 0; i < m->cfg.n_layers; i++) moe_layer_params_changed(&m->layers[i]);
+  for (int i = 0; i < m->cfg.n_layers; i++)
+    if (is_moe(m, i)) moe_layer_params_changed(&m->layers[i]);
   m->st->have_fwd = 0;
 }
 
@@ -259,25 +358,29 @@ void moe_lm_init_params(moe_lm_t *m, uint64_t seed) {
   const float sd = 0.02f * 1.7320508f; /* uniform on [-a, a] has standard deviation a / sqrt(3) */
   const moe_layer_config *c = &m->cfg.moe;
   /* expert-parallel: the draws of one process, the other ranks' experts (or parts of each) skipped */
-  int El = (int)moe_layer_param_find(&m->layers[0], "experts.fc1.weight")->shape[0];
-  int e0 = El < c->E ? moe_dist_rank(c->dist) * El : 0;
-  size_t per = 3 * (size_t)c->H * c->D; /* an expert's w1, w2, w3 */
+  int first = 0;
+  while (first < m->cfg.n_layers - 1 && !is_moe(m, first)) first++;
+  const moe_param_info *fc1 = moe_layer_param_find(&m->layers[first], "experts.fc1.weight");
+  int El = fc1 ? (int)fc1->shape[0] : c->E, e0 = El < c->E ? moe_dist_rank(c->dist) * El : 0;
+  size_t per = 3 * (size_t)c->H * c->D; /* an expert's three tensors */
   for (int i = 0; i < m->nrefs; i++) {
     moe_tensor_ref *r = &m->refs[i];
-    int e = -1, k = 0;
-    sscanf(r->name, "model.layers.%*d.block_sparse_moe.experts.%d.w%d", &e, &k);
-    if (e == e0 && k == 1) skip_draws(&st, (size_t)e0 * per);
+    int e = -1, k = -1;
+    if (!moe__lm_expert_of(m->cfg.family, r->name, &e, &k)) e = -1;
+    if (e == e0 && k == 0) skip_draws(&st, (size_t)e0 * per);
+    int bias = strstr(r->name, ".bias") != NULL;
     moe__lm_part p; /* sharded: the whole tensor's draws, this rank's runs of them kept */
     moe__lm_part_of(m, r, &p);
     size_t at = 0; /* the whole tensor's draws so far */
     for (size_t run = 0; run < p.runs; run++) {
       size_t from = p.first + run * p.stride;
       skip_draws(&st, from - at);
-      for (size_t j = 0; j < p.len; j++) r->data[run * p.len + j] = r->ndim == 1 ? 1.0f : sd * moe__uniform(&st);
+      for (size_t j = 0; j < p.len; j++) /* norms 1, biases 0 (HF's _init_weights) */
+        r->data[run * p.len + j] = r->ndim == 1 ? (bias ? 0.0f : 1.0f) : sd * moe__uniform(&st);
       at = from + p.len;
     }
     skip_draws(&st, p.whole.numel - at);
-    if (e == e0 + El - 1 && k == 3) skip_draws(&st, (size_t)(c->E - e0 - El) * per);
+    if (e == e0 + El - 1 && k == 2) skip_draws(&st, (size_t)(c->E - e0 - El) * per);
   }
   moe_lm_params_changed(m);
 }
@@ -288,7 +391,8 @@ void moe_lm_zero_grad(moe_lm_t *m) {
 
 void moe_lm_set_threads(moe_lm_t *m, int threads) {
   m->cfg.moe.threads = threads;
-  for (int i = 0; i < m->cfg.n_layers; i++) moe_layer_set_threads(&m->layers[i], threads);
+  for (int i = 0; i < m->cfg.n_layers; i++)
+    if (is_moe(m, i)) moe_layer_set_threads(&m->layers[i], threads);
 }
 
 const float *moe_lm_logits(const moe_lm_t *m) { return m->st->logits; }
@@ -306,6 +410,8 @@ static size_t carve(moe_lm_t *m, int B, int T, int pos0, char *base) {
     if (base) (ptr) = (void *)(base + off);                   \
     off += moe__arena_size((n) * 4);                          \
   } while (0)
+  int shaped = c->qk_norm || c->clip_qkv > 0; /* q, k, v changed after the projections */
+  size_t qk_rows = c->qk_norm == MOE_QK_NORM_HEAD ? (size_t)c->n_heads + c->n_kv_heads : 2;
   for (int i = 0; i <= c->n_layers; i++) {
     lm_acts *a = &s->a[i];
     TAKE(a->res, N * D);
@@ -313,12 +419,22 @@ static size_t carve(moe_lm_t *m, int B, int T, int pos0, char *base) {
     TAKE(a->xn1, N * D);
     TAKE(a->rstd1, N);
     TAKE(a->qkv, N * qkv);
+    if (shaped) TAKE(a->raw, N * qkv);
+    if (c->qk_norm && c->clip_qkv > 0) TAKE(a->pre, N * qkv);
+    if (c->qk_norm) TAKE(a->rstdq, N * qk_rows);
     TAKE(a->att, N * qd);
     TAKE(a->lse, N * c->n_heads);
     TAKE(a->mid, N * D);
     TAKE(a->xn2, N * D);
     TAKE(a->rstd2, N);
-    TAKE(a->probs, N * E);
+    if (!moe_lm_layer_dense(c, i)) {
+      TAKE(a->probs, N * E);
+    } else {
+      const moe__mlp *mlp = &s->w[i].mlp;
+      float *buf = NULL;
+      TAKE(buf, moe__mlp_act_floats(mlp, (int)N));
+      if (base) a->mlp = moe__mlp_acts_at(mlp, (int)N, buf);
+    }
   }
   TAKE(s->xnf, N * D);
   TAKE(s->rstdf, N);
@@ -330,6 +446,7 @@ static size_t carve(moe_lm_t *m, int B, int T, int pos0, char *base) {
   TAKE(s->dxn, N * D);
   TAKE(s->datt, N * qd);
   TAKE(s->dqkv, N * qkv);
+  if (shaped) TAKE(s->draw, N * qkv);
   TAKE(s->gl, N * E);
 #undef TAKE
   moe__attn at = {.B = B, .Tq = T, .pos0 = pos0, .nh = c->n_heads, .nkv = c->n_kv_heads, .hd = c->head_dim};
@@ -366,6 +483,86 @@ const moe_layer_stats *moe_lm_layer_stats(const moe_lm_t *m, int i) { return &m-
 void moe_lm_times_get(const moe_lm_t *m, moe_lm_times *out) { *out = m->st->times; }
 void moe_lm_times_reset(moe_lm_t *m) { memset(&m->st->times, 0, sizeof m->st->times); }
 
+/* The q/k norms' rows: q's (is_k 0) or k's heads within the fused qkv rows of N tokens. */
+static moe__rows qk_rows(const moe_lm_config *c, int N, int is_k) {
+  int hd = c->head_dim, heads = is_k ? c->n_kv_heads : c->n_heads;
+  size_t ld = (size_t)(c->n_heads + 2 * c->n_kv_heads) * hd;
+  return c->qk_norm == MOE_QK_NORM_HEAD ? (moe__rows){N * heads, hd, heads, ld} : (moe__rows){N, heads * hd, 1, ld};
+}
+
+static void clamp_rows(float *x, size_t n, float lim, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (size_t i = 0; i < n; i++) x[i] = x[i] < -lim ? -lim : x[i] > lim ? lim : x[i];
+}
+
+/* q, k and v of layer i before the rotary embedding, in a->qkv: the projections (with their biases),
+ * the q/k norms and the clamp, keeping what backward needs. */
+static moe_status project(moe_lm_t *m, int i) {
+  const moe_lm_config *c = &m->cfg;
+  moe__lm_state *s = m->st;
+  lm_acts *a = &s->a[i];
+  const lm_block *w = &s->w[i];
+  int N = s->N, D = c->moe.D, nt = s->nt, qd = c->n_heads * c->head_dim, ld = qd + 2 * c->n_kv_heads * c->head_dim;
+  float *out = a->raw ? a->raw : a->qkv;
+  moe__gemm g = gemm(false, true, N, ld, D, a->xn1, D, w->wqkv, D, 0.0f, out, ld);
+  MOE_CHECK(moe__gemm_run(&g, 1, nt));
+  if (w->bqkv) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int t = 0; t < N; t++)
+      for (int j = 0; j < ld; j++) out[(size_t)t * ld + j] += w->bqkv[j];
+  }
+  if (!a->raw) return MOE_OK;
+  memcpy(a->qkv, a->raw, (size_t)N * ld * 4); /* v as it is; q and k overwritten by their norms */
+  if (c->qk_norm) {
+    moe__rows q = qk_rows(c, N, 0), k = qk_rows(c, N, 1);
+    moe__rmsnorm_rows_forward(&q, a->raw, w->qn, c->rms_eps, a->qkv, a->rstdq, nt);
+    moe__rmsnorm_rows_forward(&k, a->raw + qd, w->kn, c->rms_eps, a->qkv + qd, a->rstdq + q.n, nt);
+  }
+  if (a->pre) memcpy(a->pre, a->qkv, (size_t)N * ld * 4);
+  if (c->clip_qkv > 0) clamp_rows(a->qkv, (size_t)N * ld, c->clip_qkv, nt);
+  return MOE_OK;
+}
+
+/* Backward of project, from d qkv (before the rotary embedding) in s->dqkv: the weight and bias
+ * gradients, and d xn1 into s->dxn. */
+static moe_status unproject(moe_lm_t *m, int i) {
+  const moe_lm_config *c = &m->cfg;
+  moe__lm_state *s = m->st;
+  lm_acts *a = &s->a[i];
+  const lm_block *w = &s->w[i];
+  lm_block *gw = &s->g[i];
+  int N = s->N, D = c->moe.D, nt = s->nt, qd = c->n_heads * c->head_dim, ld = qd + 2 * c->n_kv_heads * c->head_dim;
+  float *d = s->dqkv;
+  if (c->clip_qkv > 0) { /* torch's clamp passes the gradient where min <= x <= max */
+    const float *x = a->pre ? a->pre : a->raw, lim = c->clip_qkv;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (size_t j = 0; j < (size_t)N * ld; j++)
+      if (!(x[j] >= -lim && x[j] <= lim)) d[j] = 0;
+  }
+  if (c->qk_norm) { /* d raw: v's as it is, q's and k's through their norms */
+    moe__rows q = qk_rows(c, N, 0), k = qk_rows(c, N, 1);
+    memset(s->draw, 0, (size_t)N * ld * 4);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int t = 0; t < N; t++)
+      memcpy(s->draw + (size_t)t * ld + qd + k.d * k.per, d + (size_t)t * ld + qd + k.d * k.per,
+             (size_t)(ld - qd - k.d * k.per) * 4);
+    moe__rmsnorm_rows_backward(&q, d, a->raw, w->qn, a->rstdq, s->draw, gw->qn, nt);
+    moe__rmsnorm_rows_backward(&k, d + qd, a->raw + qd, w->kn, a->rstdq + q.n, s->draw + qd, gw->kn, nt);
+    d = s->draw;
+  }
+  if (gw->bqkv) { /* column sums, each column one thread's */
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int j = 0; j < ld; j++) {
+      float acc = 0;
+      for (int t = 0; t < N; t++) acc += d[(size_t)t * ld + j];
+      gw->bqkv[j] += acc;
+    }
+  }
+  moe__gemm g[2] = {gemm(true, false, ld, D, N, d, ld, a->xn1, D, 1.0f, gw->wqkv, D),  /* dWqkv += dqkv^T xn1 */
+                    gemm(false, false, N, D, ld, d, ld, w->wqkv, D, 0.0f, s->dxn, D)}; /* dxn1 = dqkv Wqkv */
+  return moe__gemm_run(g, 2, nt);
+}
+
 /* Layer i forward: attention, then the MoE feed-forward; a[i].res in, a[i + 1].res out. With kv the
  * tokens sit at positions kv->len on: their keys and values join the cache and attention reads it. */
 static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_stats *out) {
@@ -376,8 +573,7 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   int N = s->N, D = c->moe.D, nt = s->nt, hd = c->head_dim, qd = c->n_heads * hd, nkv = c->n_kv_heads;
   int ld = qd + 2 * nkv * hd;
   moe__rmsnorm_forward(a->res, w->ln1, N, D, c->rms_eps, a->xn1, a->rstd1, nt);
-  moe__gemm g = gemm(false, true, N, ld, D, a->xn1, D, w->wqkv, D, 0.0f, a->qkv, ld);
-  MOE_CHECK(moe__gemm_run(&g, 1, nt));
+  MOE_CHECK(project(m, i));
   moe__attn at = attn_of(m, a);
   if (kv) { /* each batch row at its own slot and position: rotate, append to the cache, attend */
     size_t kvd = (size_t)nkv * hd, T = s->T;
@@ -402,9 +598,13 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
     moe__attn_forward(&at, s->scratch, nt);
   }
   memcpy(a->mid, a->res, (size_t)N * D * 4);
-  g = gemm(false, true, N, D, qd, a->att, qd, w->wo, qd, 1.0f, a->mid, D);
+  moe__gemm g = gemm(false, true, N, D, qd, a->att, qd, w->wo, qd, 1.0f, a->mid, D);
   MOE_CHECK(moe__gemm_run(&g, 1, nt));
   moe__rmsnorm_forward(a->mid, w->ln2, N, D, c->rms_eps, a->xn2, a->rstd2, nt);
+  if (!is_moe(m, i)) { /* the dense MLP, added to the residual in place */
+    memcpy(s->a[i + 1].res, a->mid, (size_t)N * D * 4);
+    return moe__mlp_forward(&w->mlp, N, a->xn2, &a->mlp, 1.0f, s->a[i + 1].res, nt);
+  }
   moe_layer_stats *ls = &s->lstats[i];
   moe_layer_t *l = &m->layers[i];
   double t0 = moe__now();
@@ -433,7 +633,7 @@ static moe_status global_sums(moe_lm_t *m, double *sum) {
   MOE_CHECK(moe_dist_allreduce(d, s->bal, 2 * E + 3));
   *sum = g[0];
   s->count = (int)g[1];
-  s->lbl.rows = (double)m->cfg.n_layers * g[2];
+  s->lbl.rows = (double)moe__lm_moe_layers(&m->cfg) * g[2];
   return MOE_OK;
 }
 
@@ -505,7 +705,8 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   for (int i = 0; i < N; i++) s->targets[i] = targets ? targets[i] : -1;
   moe_lm_stats st = {0};
   memset(s->bal, 0, 2 * (size_t)c->moe.E * sizeof *s->bal);
-  s->lbl = (moe__lbl){c->n_layers, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E, (double)c->n_layers * N};
+  int Lm = moe__lm_moe_layers(c); /* the balance loss is over the MoE layers' router logits */
+  s->lbl = (moe__lbl){Lm, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E, (double)Lm * N};
   moe__embed_forward(s->embed, tokens, N, D, s->a[0].res);
   s->lap_moe = s->lap_router = 0;
   double t0 = moe__now();
@@ -627,15 +828,20 @@ static moe_status layer_backward(moe_lm_t *m, int i) {
   moe_layer_t *l = &m->layers[i];
   int N = s->N, D = c->moe.D, nt = s->nt, hd = c->head_dim, qd = c->n_heads * hd, nkv = c->n_kv_heads;
   int ld = qd + 2 * nkv * hd;
-  double t0 = moe__now();
-  moe_status st = moe_layer_backward(l, s->dres, 0.0f, 0.0f, NULL, NULL, s->dxn);
-  MOE_TRY(st == MOE_OK, st, "layer %d: %s", i, moe_last_error());
-  double t1 = moe__now();
-  if (c->aux_coef > 0)
-    MOE_CHECK(moe__lbl_backward(&s->lbl, c->aux_coef, a->xn2, moe_layer_param(l, "gate.weight"), a->probs, s->gl,
-                                moe_layer_grad(l, "gate.weight"), s->dxn, nt));
-  s->lap_moe += t1 - t0;
-  s->lap_router += moe__now() - t1;
+  if (is_moe(m, i)) {
+    double t0 = moe__now();
+    moe_status st = moe_layer_backward(l, s->dres, 0.0f, 0.0f, NULL, NULL, s->dxn);
+    MOE_TRY(st == MOE_OK, st, "layer %d: %s", i, moe_last_error());
+    double t1 = moe__now();
+    if (c->aux_coef > 0)
+      MOE_CHECK(moe__lbl_backward(&s->lbl, c->aux_coef, a->xn2, moe_layer_param(l, "gate.weight"), a->probs, s->gl,
+                                  moe_layer_grad(l, "gate.weight"), s->dxn, nt));
+    s->lap_moe += t1 - t0;
+    s->lap_router += moe__now() - t1;
+  } else {
+    memset(s->dxn, 0, (size_t)N * D * 4);
+    MOE_CHECK(moe__mlp_backward(&w->mlp, &gw->mlp, N, a->xn2, &a->mlp, s->dres, s->dxn, nt));
+  }
   moe__rmsnorm_backward(s->dxn, a->mid, w->ln2, a->rstd2, N, D, s->dres, gw->ln2, nt); /* dres: d mid */
   moe__gemm g[2] = {gemm(true, false, D, qd, N, s->dres, D, a->att, qd, 1.0f, gw->wo, qd),   /* dWo += dmid^T att */
                     gemm(false, false, N, qd, D, s->dres, D, w->wo, qd, 0.0f, s->datt, qd)}; /* datt = dmid Wo */
@@ -644,9 +850,7 @@ static moe_status layer_backward(moe_lm_t *m, int i) {
   moe__attn_backward(&at, s->datt, s->dqkv, s->dqkv + qd, s->dqkv + qd + nkv * hd, s->scratch, nt);
   moe__rope_apply(s->dqkv, ld, s->B, s->T, c->n_heads, hd, 0, s->cos_t, s->sin_t, 1, nt);
   moe__rope_apply(s->dqkv + qd, ld, s->B, s->T, nkv, hd, 0, s->cos_t, s->sin_t, 1, nt);
-  g[0] = gemm(true, false, ld, D, N, s->dqkv, ld, a->xn1, D, 1.0f, gw->wqkv, D);  /* dWqkv += dqkv^T xn1 */
-  g[1] = gemm(false, false, N, D, ld, s->dqkv, ld, w->wqkv, D, 0.0f, s->dxn, D); /* dxn1 = dqkv Wqkv */
-  MOE_CHECK(moe__gemm_run(g, 2, nt));
+  MOE_CHECK(unproject(m, i));
   moe__rmsnorm_backward(s->dxn, a->res, w->ln1, a->rstd1, N, D, s->dres, gw->ln1, nt);
   return MOE_OK;
 }
@@ -671,7 +875,8 @@ moe_status moe_lm_backward(moe_lm_t *m) {
   moe__embed_backward(s->gembed, s->tokens, N, D, s->dres);
   if (moe_dist_size(c->moe.dist) > 1) { /* the replicated parameters' parts, summed over the ranks */
     MOE_CHECK(moe__dist_allreduce_f32(c->moe.dist, m->dense_grad, (int)s->dense_n));
-    for (int i = 0; i < c->n_layers; i++) MOE_CHECK(moe_layer_reduce_grads(&m->layers[i]));
+    for (int i = 0; i < c->n_layers; i++)
+      if (is_moe(m, i)) MOE_CHECK(moe_layer_reduce_grads(&m->layers[i]));
   }
   return MOE_OK;
 }

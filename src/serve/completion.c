@@ -1,5 +1,6 @@
-/* The request body of POST /v1/completions, and UTF-8 cleaning (completion.h). */
+/* The request bodies of POST /v1/completions and /v1/chat/completions, and UTF-8 cleaning (completion.h). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,19 +46,25 @@ static moe_status stops(const cJSON *f, const moe_tokenizer *tok, moe__completio
   return MOE_OK;
 }
 
+/* The ids of len bytes of text (special: added tokens' strings as their ids, as a chat template's). */
+static moe_status encode(const char *text, size_t len, const moe_tokenizer *tok, int special, moe__completion *c) {
+  size_t k = 0;
+  c->ids = malloc(len * sizeof *c->ids);
+  MOE_TRY(c->ids, MOE_ERR_NOMEM, "\"prompt\": out of memory for %zu bytes", len);
+  MOE_CHECK(moe_tokenizer_encode(tok, text, len, special, c->ids, &k));
+  MOE_TRY(k <= INT32_MAX, MOE_ERR_VALUE, "\"prompt\" is too long");
+  c->n_ids = (int)k;
+  return MOE_OK;
+}
+
 /* The prompt's ids: a string through the tokenizer, or an array of ids. */
 static moe_status prompt(const cJSON *p, const moe_tokenizer *tok, int vocab, moe__completion *c) {
   MOE_TRY(p, MOE_ERR_VALUE, "\"prompt\" is required");
   if (cJSON_IsString(p)) {
     MOE_TRY(tok, MOE_ERR_VALUE, "\"prompt\": this checkpoint has no tokenizer.json; send token ids ([1, 2, 3])");
-    size_t len = strlen(p->valuestring), k = 0;
+    size_t len = strlen(p->valuestring);
     MOE_TRY(len, MOE_ERR_VALUE, "\"prompt\" is empty");
-    c->ids = malloc(len * sizeof *c->ids);
-    MOE_TRY(c->ids, MOE_ERR_NOMEM, "\"prompt\": out of memory for %zu bytes", len);
-    MOE_CHECK(moe_tokenizer_encode(tok, p->valuestring, len, 0, c->ids, &k));
-    MOE_TRY(k <= INT32_MAX, MOE_ERR_VALUE, "\"prompt\" is too long");
-    c->n_ids = (int)k;
-    return MOE_OK;
+    return encode(p->valuestring, len, tok, 0, c);
   }
   MOE_TRY(cJSON_IsArray(p), MOE_ERR_VALUE, "\"prompt\" must be a string or an array of token ids");
   int n = cJSON_GetArraySize(p);
@@ -82,27 +89,38 @@ static const struct {
   int type; /* cJSON's of off */
 } UNSERVED[] = {
     {"n", "1", cJSON_Number},        {"best_of", "1", cJSON_Number},    {"echo", "false", cJSON_False},
-    {"logprobs", "null", cJSON_NULL}, {"suffix", "null", cJSON_NULL},    {"logit_bias", "{}", cJSON_Object},
+    {"suffix", "null", cJSON_NULL},    {"logit_bias", "{}", cJSON_Object},
     {"presence_penalty", "0", cJSON_Number}, {"frequency_penalty", "0", cJSON_Number},
 };
+/* The fields each endpoint serves (checked as they are read), NULL-terminated, and their list for messages. */
 static const char *const SERVED[] = {"prompt", "max_tokens", "temperature", "top_p", "seed", "stream", "ignore_eos",
-                                     "stop"};
+                                     "stop", "logprobs", NULL};
+static const char *const CHAT_SERVED[] = {"messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+                                          "seed", "stream", "ignore_eos", "stop", "logprobs", "top_logprobs", NULL};
+
+static int listed(const char *const *names, const char *s) {
+  while (*names && strcmp(*names, s)) names++;
+  return *names != NULL;
+}
 
 /* Every field is served, or one of UNSERVED turned off; "model" and "user" are strings. */
-static moe_status fields(const cJSON *o) {
+static moe_status fields(const cJSON *o, const char *const *served) {
   const cJSON *f;
   cJSON_ArrayForEach(f, o) {
-    size_t i = 0, k = 0;
-    while (i < sizeof SERVED / sizeof *SERVED && strcmp(f->string, SERVED[i])) i++;
-    if (i < sizeof SERVED / sizeof *SERVED) continue; /* checked as it is read */
+    size_t k = 0;
+    if (listed(served, f->string)) continue; /* checked as it is read */
     if (!strcmp(f->string, "model") || !strcmp(f->string, "user")) { /* one model; no effect on the output */
       MOE_TRY(cJSON_IsString(f) || cJSON_IsNull(f), MOE_ERR_VALUE, "\"%s\" must be a string", f->string);
       continue;
     }
     while (k < sizeof UNSERVED / sizeof *UNSERVED && strcmp(f->string, UNSERVED[k].name)) k++;
-    MOE_TRY(k < sizeof UNSERVED / sizeof *UNSERVED, MOE_ERR_VALUE,
-            "unknown field \"%.60s\" (served: prompt, max_tokens, temperature, top_p, seed, stream, ignore_eos, stop; "
-            "model and user are taken and have no effect)", f->string);
+    if (k == sizeof UNSERVED / sizeof *UNSERVED) {
+      char list[256] = "";
+      for (const char *const *n = served; *n; n++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", n == served ? "" : ", ", *n);
+      return moe__error(MOE_ERR_VALUE, __FILE__, __LINE__,
+                        "unknown field \"%.60s\" (served: %s; model and user are taken and have no effect)", f->string, list);
+    }
     int t = UNSERVED[k].type, off = cJSON_IsNull(f) || ((f->type & 0xFF) == t && (t != cJSON_Number ||
               f->valuedouble == strtod(UNSERVED[k].off, NULL)) && (t != cJSON_Object || !f->child));
     if (off) continue;
@@ -115,12 +133,11 @@ static moe_status fields(const cJSON *o) {
   return MOE_OK;
 }
 
-static moe_status parse(const cJSON *o, const moe_tokenizer *tok, int vocab, int max_seq, moe__completion *c) {
-  MOE_TRY(cJSON_IsObject(o), MOE_ERR_FORMAT, "the body must be a JSON object");
-  MOE_CHECK(fields(o));
-  MOE_CHECK(prompt(cJSON_GetObjectItemCaseSensitive(o, "prompt"), tok, vocab, c));
+/* The sampling fields, once the prompt's ids are in c; chat takes max_completion_tokens too. */
+static moe_status sampling(const cJSON *o, const moe_tokenizer *tok, int max_seq, int chat, moe__completion *c) {
   double left = max_seq - c->n_ids, mt = left < 16 && left >= 1 ? left : 16, temp = 1, top_p = 1, seed = 0;
   MOE_CHECK(number(o, "max_tokens", 1, 1, max_seq, &mt));
+  if (chat) MOE_CHECK(number(o, "max_completion_tokens", 1, 1, max_seq, &mt));
   MOE_CHECK(number(o, "temperature", 0, 0, 100, &temp));
   MOE_CHECK(number(o, "top_p", 0, 0, 1, &top_p));
   /* the engine samples with the float: 5e-324 is 0 there */
@@ -129,11 +146,64 @@ static moe_status parse(const cJSON *o, const moe_tokenizer *tok, int vocab, int
   MOE_CHECK(flag(o, "stream", &c->stream));
   MOE_CHECK(flag(o, "ignore_eos", &c->ignore_eos));
   MOE_CHECK(stops(cJSON_GetObjectItemCaseSensitive(o, "stop"), tok, c));
+  double top = -1; /* completions: "logprobs" is the alternatives' count; chat: a flag, and "top_logprobs" */
+  if (chat) {
+    MOE_CHECK(flag(o, "logprobs", &c->logprobs));
+    MOE_CHECK(number(o, "top_logprobs", 1, 0, MOE_ENGINE_TOP_LOGPROBS, &top));
+    MOE_TRY(c->logprobs || top < 0, MOE_ERR_VALUE, "\"top_logprobs\" needs \"logprobs\": true");
+  } else {
+    MOE_CHECK(number(o, "logprobs", 1, 0, 5, &top));
+    c->logprobs = top >= 0;
+  }
+  c->top_logprobs = top > 0 ? (int)top : 0;
   c->max_tokens = (int)mt, c->temperature = (float)temp, c->top_p = (float)top_p, c->seed = (uint64_t)seed;
   MOE_TRY(c->n_ids + (int64_t)c->max_tokens <= max_seq, MOE_ERR_VALUE,
           "the prompt (%d tokens) and \"max_tokens\" %d exceed the model's context of %d", c->n_ids, c->max_tokens,
           max_seq);
   return MOE_OK;
+}
+
+static moe_status parse(const cJSON *o, const moe_tokenizer *tok, int vocab, int max_seq, moe__completion *c) {
+  MOE_TRY(cJSON_IsObject(o), MOE_ERR_FORMAT, "the body must be a JSON object");
+  MOE_CHECK(fields(o, SERVED));
+  MOE_CHECK(prompt(cJSON_GetObjectItemCaseSensitive(o, "prompt"), tok, vocab, c));
+  return sampling(o, tok, max_seq, 0, c);
+}
+
+/* "messages": a non-empty list of {"role", "content", ...} with a known role and content a string, a
+ * list of parts, or null (an assistant's with tool calls), as the template takes them. */
+static moe_status messages(const cJSON *m) {
+  static const char *const roles[] = {"system", "developer", "user", "assistant", "tool", NULL};
+  MOE_TRY(cJSON_IsArray(m) && cJSON_GetArraySize(m) > 0, MOE_ERR_VALUE, "\"messages\" must be a non-empty list");
+  int i = 0;
+  for (const cJSON *e = m->child; e; e = e->next, i++) {
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role"), *content = cJSON_GetObjectItemCaseSensitive(e, "content");
+    MOE_TRY(cJSON_IsObject(e) && cJSON_IsString(role), MOE_ERR_VALUE, "\"messages\"[%d] must be an object with a \"role\"", i);
+    MOE_TRY(listed(roles, role->valuestring), MOE_ERR_VALUE,
+            "\"messages\"[%d]: role \"%.40s\" (want system, developer, user, assistant or tool)", i, role->valuestring);
+    MOE_TRY(cJSON_IsString(content) || cJSON_IsArray(content) || (cJSON_IsNull(content) && !strcmp(role->valuestring, "assistant")),
+            MOE_ERR_VALUE, "\"messages\"[%d]: \"content\" must be a string or a list of parts", i);
+  }
+  return MOE_OK;
+}
+
+static moe_status parse_chat(const cJSON *o, const moe_tokenizer *tok, const char *chat_template, int max_seq,
+                             moe__completion *c, char **text) {
+  MOE_TRY(cJSON_IsObject(o), MOE_ERR_FORMAT, "the body must be a JSON object");
+  MOE_CHECK(fields(o, CHAT_SERVED));
+  const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages");
+  MOE_CHECK(messages(m));
+  MOE_TRY(tok && chat_template, MOE_ERR_VALUE, "chat: this checkpoint has no %s",
+          tok ? "tokenizer_config.json with a chat_template" : "tokenizer.json");
+  char *conv = cJSON_PrintUnformatted(m);
+  MOE_TRY(conv, MOE_ERR_NOMEM, "chat: out of memory for the messages");
+  size_t len = 0;
+  moe_status st = moe_chat_template_render_config(chat_template, conv, 1, -1, text, &len);
+  free(conv);
+  MOE_CHECK(st);
+  MOE_TRY(len, MOE_ERR_VALUE, "chat: the chat template rendered the messages as no text");
+  MOE_CHECK(encode(*text, len, tok, 1, c)); /* the template's special tokens are tokens, as transformers does */
+  return sampling(o, tok, max_seq, 1, c);
 }
 
 /* The offset of the first \u0000 escape in the n bytes of a JSON text, or -1: cJSON ends its strings at
@@ -147,14 +217,31 @@ static long nul_escape(const char *s, size_t n) {
   return -1;
 }
 
-moe_status moe__completion_parse(const char *body, size_t n, const moe_tokenizer *tok, int vocab, int max_seq,
-                                 moe__completion *c) {
+/* The body as JSON (c cleared): refused with a \u0000 escape. */
+static moe_status body_json(const char *body, size_t n, moe__completion *c, cJSON **o) {
   memset(c, 0, sizeof *c);
   long nul = nul_escape(body, n);
   MOE_TRY(nul < 0, MOE_ERR_VALUE, "the body has \\u0000 at byte %ld: strings with NUL characters are refused", nul);
+  return moe__json_parse("request", "body", body, n, o);
+}
+
+moe_status moe__completion_parse(const char *body, size_t n, const moe_tokenizer *tok, int vocab, int max_seq,
+                                 moe__completion *c) {
   cJSON *o;
-  MOE_CHECK(moe__json_parse("request", "body", body, n, &o));
+  MOE_CHECK(body_json(body, n, c, &o));
   moe_status st = parse(o, tok, vocab, max_seq, c);
+  cJSON_Delete(o);
+  if (st != MOE_OK) moe__completion_free(c);
+  return st;
+}
+
+moe_status moe__chat_parse(const char *body, size_t n, const moe_tokenizer *tok, const char *chat_template, int max_seq,
+                           moe__completion *c) {
+  cJSON *o;
+  MOE_CHECK(body_json(body, n, c, &o));
+  char *text = NULL;
+  moe_status st = parse_chat(o, tok, chat_template, max_seq, c, &text);
+  free(text);
   cJSON_Delete(o);
   if (st != MOE_OK) moe__completion_free(c);
   return st;

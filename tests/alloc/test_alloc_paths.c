@@ -420,12 +420,19 @@ enum { LM_B = 2, LM_T = 5 };
 static const int32_t lm_tokens[LM_B * LM_T] = {1, 5, 9, 2, 7, 3, 3, 8, 0, 6};
 static const int32_t lm_targets[LM_B * LM_T] = {5, 9, 2, 7, -1, 3, 8, 0, 6, 4};
 
+static moe_lm_family lm_family; /* the language model's family for the paths below */
 static moe_lm_config lm_config(void) {
   moe_lm_config c;
   moe_lm_config_default(&c);
   c.vocab = 11, c.n_layers = 2, c.n_heads = 2, c.n_kv_heads = 1, c.head_dim = 4, c.max_seq = 8;
   c.moe.D = 8, c.moe.H = 12, c.moe.E = 4, c.moe.top_k = 2, c.moe.threads = 1;
   c.aux_coef = 0.01f;
+  c.family = lm_family;
+  if (lm_family == MOE_LM_QWEN2_MOE) { /* biases, the shared expert, a dense layer */
+    c.qkv_bias = 1, c.moe.shared_H = 6, c.moe.shared_gate = 1, c.dense_H = 10;
+    c.dense_layers[0] = 2;
+  }
+  if (lm_family == MOE_LM_OLMOE) c.qk_norm = MOE_QK_NORM_FULL, c.clip_qkv = 0.5f; /* norms, clamp */
   return c;
 }
 static moe_status lm_init(void) {
@@ -489,13 +496,18 @@ static moe_status tok_hf_round_trip(void) {
 
 TEST(alloc_fail_language_model) {
   paths_init();
-  RUN("lm_init", NULL, lm_init);
-  RUN("lm_forward", lm_init, lm_forward);
-  RUN("lm_backward", lm_forwarded, lm_backward);
-  RUN("lm_save", lm_init, lm_save);
-  ASSERT(!left_behind("model.safetensors") && !left_behind("config.json"));
-  RUN("lm_read_config + lm_load", NULL, lm_load);
-  RUN("lm_cache_new + decode", lm_init, lm_decode);
+  static const moe_lm_family fams[] = {MOE_LM_MIXTRAL, MOE_LM_QWEN2_MOE, MOE_LM_OLMOE};
+  for (int f = 0; f < 3; f++) {
+    lm_family = fams[f];
+    fprintf(stderr, "  language model of family %s\n", moe_lm_family_name(lm_family));
+    RUN("lm_init", NULL, lm_init);
+    RUN("lm_forward", lm_init, lm_forward);
+    RUN("lm_backward", lm_forwarded, lm_backward);
+    RUN("lm_save", lm_init, lm_save);
+    ASSERT(!left_behind("model.safetensors") && !left_behind("config.json"));
+    RUN("lm_read_config + lm_load", NULL, lm_load);
+    RUN("lm_cache_new + decode", lm_init, lm_decode);
+  }
   RUN("tokenizer_train", NULL, tok_train);
   RUN("tokenizer_save", tok_train, tok_save);
   RUN("tokenizer_load", NULL, tok_load);

@@ -1,0 +1,124 @@
+/* moe quantize: a GGUF file's weight matrices to another tensor type, as llama.cpp's quantize does
+ * for one type: tensors of 2 or more dims are converted (from any type with a codec), except the
+ * routers (ffn_gate_inp) and norms, which like the 1-D tensors (norms, biases) are kept as F32; the
+ * metadata is copied, with general.file_type and general.quantization_version set for the new type. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char *CMD = "quantize";
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: moe quantize IN.gguf OUT.gguf --type Q8_0|Q4_0|Q4_K|Q5_K|Q6_K|MXFP4|F16|BF16|F32\n"
+             "Writes OUT (atomically) with IN's metadata and tensors: those of 2 or more dims in the type\n"
+             "(rows whose length is not a multiple of its block: Q8_0 when a multiple of 32, else F16), the\n"
+             "1-D ones, norms and routers (*_norm.weight, ffn_gate_inp.weight) in F32. One line per tensor.\n");
+}
+
+/* llama.cpp's general.file_type (enum llama_ftype) for a file mostly of type t; -1 for none. */
+static int file_type(moe_gguf_type t) {
+  switch (t) {
+    case MOE_GGUF_F32: return 0;
+    case MOE_GGUF_F16: return 1;
+    case MOE_GGUF_Q4_0: return 2;
+    case MOE_GGUF_Q8_0: return 7;
+    case MOE_GGUF_Q4_K: return 14; /* MOSTLY_Q4_K_S: all Q4_K */
+    case MOE_GGUF_Q5_K: return 16; /* MOSTLY_Q5_K_S */
+    case MOE_GGUF_Q6_K: return 18;
+    case MOE_GGUF_BF16: return 32;
+    case MOE_GGUF_MXFP4: return 38; /* MOSTLY_MXFP4_MOE */
+  }
+  return -1;
+}
+
+/* The type tensor t gets when the file's weights go to `want`. */
+static moe_gguf_type target(const moe_gguf_tensor *t, moe_gguf_type want) {
+  if (t->ndim < 2 || strstr(t->name, "_norm.weight") || strstr(t->name, "ffn_gate_inp.weight")) return MOE_GGUF_F32;
+  if (t->ne[0] % moe_gguf_type_block(want) == 0) return want;
+  return t->ne[0] % 32 == 0 ? MOE_GGUF_Q8_0 : MOE_GGUF_F16;
+}
+
+#define CHUNK (1 << 20) /* values converted at a time: rows are quantized together, blocks in parallel */
+
+/* t's rows converted to type `to` into a new buffer (*out, *n bytes), a chunk of rows at a time (blocks
+ * never straddle rows, so a chunk quantizes as its rows would one by one). */
+static moe_status convert(const moe_gguf *g, const moe_gguf_tensor *t, moe_gguf_type to, void **out, size_t *n) {
+  size_t row = (size_t)(t->ne[0] / moe_gguf_type_block(to)) * moe_gguf_type_block_bytes(to);
+  int64_t rows = t->ne[0] && t->ne[0] < CHUNK ? CHUNK / t->ne[0] : 1;
+  *n = row * (size_t)t->nrows;
+  unsigned char *dst = malloc(*n ? *n : 1);
+  float *x = malloc((size_t)(rows * t->ne[0] > 0 ? rows * t->ne[0] : 1) * sizeof *x);
+  moe_status st = dst && x ? MOE_OK
+                           : moe_last_error_set(MOE_ERR_NOMEM, "%s: out of memory converting tensor '%s'",
+                                                moe_gguf_path(g), t->name);
+  for (int64_t r0 = 0; st == MOE_OK && r0 < t->nrows; r0 += rows) {
+    int64_t nr = t->nrows - r0 < rows ? t->nrows - r0 : rows;
+    for (int64_t r = 0; st == MOE_OK && r < nr; r++) st = moe_gguf_tensor_row_f32(g, t, r0 + r, x + r * t->ne[0]);
+    if (st == MOE_OK && (st = moe_gguf_quantize(to, x, dst + (size_t)r0 * row, nr * t->ne[0])) != MOE_OK)
+      st = moe_last_error_set(st, "%s: tensor '%s' rows %" PRId64 "-%" PRId64 " (of %" PRId64 " values each): %s",
+                              moe_gguf_path(g), t->name, r0, r0 + nr - 1, t->ne[0], moe_last_error());
+  }
+  free(x);
+  if (st != MOE_OK) free(dst), dst = NULL;
+  *out = dst;
+  return st;
+}
+
+static int quantize(const moe_gguf *g, const char *out, moe_gguf_type want) {
+  moe_gguf_writer *w = NULL;
+  int64_t nt = moe_gguf_tensor_count(g);
+  void **bufs = calloc((size_t)(nt ? nt : 1), sizeof *bufs);
+  moe_status st = bufs ? moe_gguf_writer_new(&w) : moe_last_error_set(MOE_ERR_NOMEM, "out of memory");
+  for (int64_t i = 0; st == MOE_OK && i < moe_gguf_kv_count(g); i++) st = moe_gguf_writer_copy_kv(w, g, i);
+  if (st == MOE_OK) st = moe_gguf_writer_set_u32(w, "general.file_type", (uint32_t)file_type(want));
+  if (st == MOE_OK && moe_gguf_type_block(want) > 1) st = moe_gguf_writer_set_u32(w, "general.quantization_version", 2);
+  uint64_t before = 0, after = 0;
+  for (int64_t i = 0; st == MOE_OK && i < nt; i++) {
+    moe_gguf_tensor t;
+    size_t n = 0;
+    if ((st = moe_gguf_tensor_at(g, i, &t)) != MOE_OK) break;
+    moe_gguf_type to = target(&t, want);
+    st = convert(g, &t, to, &bufs[i], &n);
+    if (st == MOE_OK) st = moe_gguf_writer_add_tensor(w, t.name, to, t.ndim, t.ne, bufs[i], n);
+    if (st == MOE_OK)
+      printf("%-40s %-6s -> %-6s %12zu -> %12zu bytes\n", t.name, moe_gguf_type_name(t.type), moe_gguf_type_name(to),
+             t.nbytes, n);
+    before += t.nbytes, after += n;
+  }
+  if (st == MOE_OK) st = moe_gguf_writer_save(w, out);
+  if (st == MOE_OK) printf("%s: %" PRIu64 " -> %" PRIu64 " bytes of tensors\n", out, before, after);
+  moe_gguf_writer_free(w);
+  for (int64_t i = 0; bufs && i < nt; i++) free(bufs[i]);
+  free(bufs);
+  return st == MOE_OK ? 0 : cli_fail(CMD);
+}
+
+int cmd_quantize(int argc, char **argv) {
+  if (cli_wants_help(argc, argv)) {
+    usage(stdout);
+    return 0;
+  }
+  const char *files[2] = {NULL, NULL}, *type = NULL;
+  int nf = 0;
+  for (int i = 1; i < argc; i++) {
+    if (cli_flag_is(argv[i], "type") && i + 1 < argc) type = argv[++i];
+    else if (nf < 2 && strncmp(argv[i], "--", 2)) files[nf++] = argv[i];
+    else return cli_usage_error(CMD, "unexpected argument '%s'", argv[i]);
+  }
+  if (nf != 2 || !type) {
+    usage(stderr);
+    return cli_usage_error(CMD, nf != 2 ? "IN.gguf and OUT.gguf are needed" : "--type is needed");
+  }
+  moe_gguf_type want;
+  if (moe_gguf_type_parse(type, "--type", &want) != MOE_OK) return cli_fail(CMD);
+  if (!moe_gguf_type_supported(want))
+    return cli_usage_error(CMD, "--type %s: no codec for it (want Q8_0|Q4_0|Q4_K|Q5_K|Q6_K|MXFP4|F16|BF16|F32)", type);
+  moe_gguf *g;
+  if (moe_gguf_open(&g, files[0]) != MOE_OK) return cli_fail(CMD);
+  int rc = quantize(g, files[1], want);
+  moe_gguf_close(g);
+  return rc;
+}

@@ -1,0 +1,191 @@
+"""The language model (moe_lm_t: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE checkpoints in Hugging Face's
+layout) and the continuous-batching engine (moe_engine) from Python, with numpy arrays in and out.
+LM.generate runs the loop `moe generate` runs (the prompt through the KV cache, then moe_lm_sample one
+token at a time from the request's splitmix64 generator), so the same seed gives the same tokens."""
+import ctypes as C
+import json
+import math
+import os
+
+import numpy as np
+
+from . import _structs as S
+from ._lib import Owner, check, fail, lib, text
+
+_P, _I32, _F32 = C.POINTER, C.POINTER(C.c_int32), C.POINTER(C.c_float)
+_LM = _P(S.LM)
+for _name, (_res, _args) in {
+        "moe_lm_read_config": (C.c_int, [C.c_char_p, _P(S.LMConfig)]),
+        "moe_lm_load": (C.c_int, [_LM, C.c_char_p, _P(S.LMConfig)]),
+        "moe_lm_free": (None, [_LM]),
+        "moe_lm_forward": (C.c_int, [_LM, _I32, _I32, C.c_int, C.c_int, C.c_void_p]),
+        "moe_lm_logits": (_F32, [_LM]),
+        "moe_lm_cache_new": (C.c_int, [_P(C.c_void_p), _LM, C.c_int]),
+        "moe_lm_cache_free": (None, [C.c_void_p]),
+        "moe_lm_decode": (C.c_int, [_LM, C.c_void_p, _I32, C.c_int]),
+        "moe_lm_sample": (C.c_int, [_F32, C.c_int, C.c_float, C.c_float, _P(C.c_uint64), _I32]),
+        "moe_engine_new": (C.c_int, [_P(C.c_void_p), _LM, _P(S.EngineConfig)]),
+        "moe_engine_submit": (C.c_int, [C.c_void_p, _P(S.EngineParams), _P(C.c_void_p)]),
+        "moe_engine_wait": (None, [C.c_void_p, C.c_void_p, C.c_int, _P(S.EngineState)]),
+        "moe_engine_release": (None, [C.c_void_p, C.c_void_p]),
+        "moe_engine_get_stats": (None, [C.c_void_p, _P(S.EngineStats)]),
+        "moe_engine_free": (None, [C.c_void_p])}.items():
+    _fn = getattr(lib, _name)
+    _fn.restype, _fn.argtypes = _res, _args
+
+
+def _ids(tokens, vocab, what):
+    a = np.ascontiguousarray(tokens, dtype=np.int32)
+    if a.size == 0 or a.min() < 0 or a.max() >= vocab:
+        raise fail("MOE_ERR_ARG", f"{what}: want token ids in [0, {vocab}), got {a.tolist()[:8]}")
+    return a
+
+
+def _eos_ids(path, vocab):
+    """config.json's eos_token_id (an id or a list), as moe generate reads it."""
+    with open(os.path.join(path, "config.json")) as f:
+        v = json.load(f).get("eos_token_id")
+    ids = [] if v is None else v if isinstance(v, list) else [v]
+    return [int(i) for i in ids if isinstance(i, int) and 0 <= i < vocab]
+
+
+class LM(Owner):
+    """A checkpoint directory (config.json and model.safetensors, or shards with their index) loaded by
+    moe_lm_load. threads: 0 = all cores; dtype "bf16": the experts' GEMMs in bf16. eos: the ids that end
+    generation (default: config.json's eos_token_id)."""
+    _free = lib.moe_lm_free
+
+    def __init__(self, path, threads=0, dtype="f32", eos=None):
+        cfg = S.LMConfig()
+        check(lib.moe_lm_read_config(text(path), C.byref(cfg)))
+        cfg.moe.threads = threads
+        d = C.c_int()
+        check(lib.moe_dtype_parse(text(dtype), b"dtype", C.byref(d)))
+        cfg.moe.dtype = d.value
+        self._c = None
+        m = S.LM()
+        check(lib.moe_lm_load(C.byref(m), text(path), C.byref(cfg)))
+        self._c = m
+        self.eos = list(eos) if eos is not None else _eos_ids(path, self.vocab)
+
+    vocab = property(lambda self: self._c.cfg.vocab)
+    max_seq = property(lambda self: self._c.cfg.max_seq)
+    family = property(lambda self: ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")[self._c.cfg.family])
+
+    def logits(self, tokens):
+        """(B, T, vocab) float32 logits of a full forward of tokens (B, T) (or (T,))."""
+        a = _ids(tokens, self.vocab, "tokens")
+        a2 = a.reshape(1, -1) if a.ndim == 1 else a
+        B, T = a2.shape
+        check(lib.moe_lm_forward(C.byref(self._c), a2.ctypes.data_as(_I32), None, B, T, None))
+        out = np.ctypeslib.as_array(lib.moe_lm_logits(C.byref(self._c)), shape=(B, T, self.vocab)).copy()
+        return out[0] if a.ndim == 1 else out
+
+    def stream(self, prompt, max_tokens=32, temperature=1.0, top_p=1.0, seed=0, ignore_eos=False, logprobs=False):
+        """Yields the new tokens one at a time (with logprobs: (token, its log-probability under the
+        model's distribution, the logits at temperature 1)), as moe generate prints them."""
+        ids = _ids(prompt, self.vocab, "prompt").reshape(-1)
+        if len(ids) + max_tokens > self.max_seq:
+            raise fail("MOE_ERR_ARG", f"the prompt ({len(ids)} tokens) and max_tokens {max_tokens} exceed the "
+                                      f"model's context of {self.max_seq}")
+        kv = C.c_void_p()
+        check(lib.moe_lm_cache_new(C.byref(kv), C.byref(self._c), 1))
+        try:
+            m, V = C.byref(self._c), self.vocab
+            rng, nxt = C.c_uint64(seed), C.c_int32()
+            check(lib.moe_lm_decode(m, kv, ids.ctypes.data_as(_I32), len(ids)))
+            row = len(ids) - 1
+            for k in range(max_tokens):
+                logits = lib.moe_lm_logits(m)
+                row_ptr = C.cast(C.addressof(logits.contents) + 4 * row * V, _F32)
+                check(lib.moe_lm_sample(row_ptr, V, temperature, top_p, C.byref(rng), C.byref(nxt)))
+                t = nxt.value
+                if not ignore_eos and t in self.eos:
+                    return
+                lp = None
+                if logprobs:
+                    lg = np.ctypeslib.as_array(row_ptr, shape=(V,)).astype(np.float64)
+                    mx = lg.max()
+                    lp = float(lg[t] - mx - math.log(np.exp(lg - mx).sum()))
+                if k + 1 < max_tokens:
+                    one = np.array([t], dtype=np.int32)
+                    check(lib.moe_lm_decode(m, kv, one.ctypes.data_as(_I32), 1))
+                row = 0
+                yield (t, lp) if logprobs else t
+        finally:
+            lib.moe_lm_cache_free(kv)
+
+    def generate(self, prompt, max_tokens=32, temperature=1.0, top_p=1.0, seed=0, ignore_eos=False, logprobs=False):
+        """The new tokens (a list; with logprobs, (tokens, their log-probabilities))."""
+        out = list(self.stream(prompt, max_tokens, temperature, top_p, seed, ignore_eos, logprobs))
+        return ([t for t, _ in out], [p for _, p in out]) if logprobs else out
+
+
+class Engine:
+    """The continuous-batching engine over an LM (which it uses until closed): submit several requests,
+    then stream or collect each one's tokens; each gets the tokens it would get alone."""
+
+    def __init__(self, lm, slots=8):
+        self.lm = lm
+        eos = (C.c_int32 * max(1, len(lm.eos)))(*lm.eos)
+        self._eos = eos
+        cfg = S.EngineConfig(slots, None, C.cast(eos, _I32), len(lm.eos), None, None, None)
+        e = C.c_void_p()
+        check(lib.moe_engine_new(C.byref(e), C.byref(lm._c), C.byref(cfg)))
+        self._e, self._reqs = e, []
+
+    def submit(self, prompt, max_tokens=32, temperature=1.0, top_p=1.0, seed=0, ignore_eos=False):
+        """Queues a request; returns its handle for stream() / result()."""
+        ids = _ids(prompt, self.lm.vocab, "prompt").reshape(-1)
+        p = S.EngineParams(ids.ctypes.data_as(_I32), len(ids), max_tokens, temperature, top_p, seed, int(ignore_eos),
+                           None, 0, 0, 0)
+        r = C.c_void_p()
+        check(lib.moe_engine_submit(self._e, C.byref(p), C.byref(r)))
+        self._reqs.append(r)
+        return r
+
+    def stream(self, r):
+        """Yields r's tokens as the engine makes them; then releases r."""
+        st, have = S.EngineState(), 0
+        try:
+            while True:
+                lib.moe_engine_wait(self._e, r, have, C.byref(st))
+                for i in range(have, st.n):
+                    yield st.tokens[i]
+                have = st.n
+                if st.done:
+                    if st.done < 0:
+                        raise fail("MOE_ERR_STATE", "engine request failed: " + st.error.decode(errors="replace"))
+                    return
+        finally:
+            self.release(r)
+
+    def result(self, r):
+        return list(self.stream(r))
+
+    def release(self, r):
+        if r in self._reqs:
+            self._reqs.remove(r)
+            lib.moe_engine_release(self._e, r)
+
+    def stats(self):
+        s = S.EngineStats()
+        lib.moe_engine_get_stats(self._e, C.byref(s))
+        return {k: getattr(s, k) for k, _ in S.EngineStats._fields_}
+
+    def close(self):
+        """Releases the requests not yet streamed, finishes those under way, and ends the engine."""
+        if self._e:
+            for r in list(self._reqs):
+                self.release(r)
+            lib.moe_engine_free(self._e)
+            self._e = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()

@@ -1,0 +1,77 @@
+"""libmoe.LM and libmoe.Engine on the language-model fixtures (tests/fixtures/lm: Mixtral and Qwen3-MoE):
+generate gives `moe generate`'s tokens for the same options (run as a subprocess: MOE_CLI, which
+tests/test_python.c sets), greedy and sampled; logprobs are those of a full forward's logits; the engine
+serving several requests at once gives each the tokens it gets alone."""
+import json
+import os
+import subprocess
+import unittest
+
+import numpy as np
+
+from common import ROOT, libmoe, raises
+
+LM_DIR = os.path.join(ROOT, "tests", "fixtures", "lm")
+CASES = [([5, 9, 1], dict(max_tokens=12, temperature=0.8, top_p=0.9, seed=3)),
+         ([7, 7, 2, 30], dict(max_tokens=10, temperature=0.0)),
+         ([3], dict(max_tokens=8, temperature=1.3, seed=11, ignore_eos=True))]
+
+
+def moe_generate(ck, prompt, opts):
+    args = [os.environ["MOE_CLI"], "generate", "--checkpoint", ck, "--json", "--prompt-ids", " ".join(map(str, prompt)),
+            "--max-tokens", str(opts["max_tokens"]), "--temperature", str(opts.get("temperature", 1.0)),
+            "--top-p", str(opts.get("top_p", 1.0)), "--seed", str(opts.get("seed", 0))]
+    args += ["--ignore-eos"] if opts.get("ignore_eos") else []
+    return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)["ids"]
+
+
+class LMTest(unittest.TestCase):
+    def test_generate_equals_moe_generate(self):
+        if not os.environ.get("MOE_CLI"):
+            self.skipTest("MOE_CLI not set (tests/test_python.c sets it)")
+        for fam in ("mixtral", "qwen3_moe"):
+            ck = os.path.join(LM_DIR, fam)
+            lm = libmoe.LM(ck, threads=1)
+            self.assertEqual(lm.family, fam)
+            for prompt, opts in CASES:
+                want = moe_generate(ck, prompt, opts)
+                self.assertEqual(lm.generate(prompt, **opts), want, f"{fam} {prompt} {opts}")
+                self.assertEqual(list(lm.stream(prompt, **opts)), want)
+
+    def test_logprobs_are_the_full_forwards(self):
+        lm = libmoe.LM(os.path.join(LM_DIR, "mixtral"), threads=1)
+        prompt = [5, 9, 1]
+        ids, lps = lm.generate(prompt, max_tokens=5, temperature=0.7, seed=2, ignore_eos=True, logprobs=True)
+        seq = prompt + ids
+        lg = lm.logits(np.array(seq[:-1], dtype=np.int32)).astype(np.float64)  # (T, V), a forward without cache
+        for k, (t, lp) in enumerate(zip(ids, lps)):
+            row = lg[len(prompt) - 1 + k]
+            want = row[t] - row.max() - np.log(np.exp(row - row.max()).sum())
+            self.assertAlmostEqual(lp, want, delta=1e-4, msg=f"token {k}")
+            self.assertLessEqual(lp, 0.0)
+
+    def test_engine_requests_together_get_their_tokens_alone(self):
+        lm = libmoe.LM(os.path.join(LM_DIR, "mixtral"), threads=1)
+        prompts = [[1 + i, (7 * i) % 60, 3] for i in range(6)]
+        alone = [lm.generate(p, max_tokens=9, temperature=0.0, ignore_eos=True) for p in prompts]
+        with libmoe.Engine(lm, slots=4) as e:
+            reqs = [e.submit(p, max_tokens=9, temperature=0.0, ignore_eos=True) for p in prompts]
+            got = [list(e.stream(r)) if i % 2 else e.result(r) for i, r in enumerate(reqs)]
+            self.assertEqual(got, alone)
+            s = e.stats()
+            self.assertEqual((s["tokens"], s["queued"], s["running"]), (6 * 9, 0, 0))
+            sampled = e.result(e.submit([5, 9, 1], max_tokens=12, temperature=0.8, top_p=0.9, seed=3))
+            self.assertEqual(sampled, lm.generate([5, 9, 1], max_tokens=12, temperature=0.8, top_p=0.9, seed=3))
+
+    def test_errors_name_the_problem(self):
+        raises(self, "MOE_ERR_IO", libmoe.LM, os.path.join(LM_DIR, "nope"))
+        lm = libmoe.LM(os.path.join(LM_DIR, "mixtral"), threads=1)
+        raises(self, "MOE_ERR_ARG", lm.generate, [lm.vocab], contains="want token ids")
+        raises(self, "MOE_ERR_ARG", lm.generate, [1], max_tokens=lm.max_seq, contains="exceed the model's context")
+        raises(self, "MOE_ERR_ARG", libmoe.LM, os.path.join(LM_DIR, "mixtral"), dtype="f16", contains="dtype")
+        with libmoe.Engine(lm, slots=2) as e:
+            raises(self, "MOE_ERR_ARG", e.submit, [1], max_tokens=0, contains="max_tokens")
+
+
+if __name__ == "__main__":
+    unittest.main()

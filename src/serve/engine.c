@@ -1,0 +1,248 @@
+/* The continuous-batching engine (moe.h, DESIGN 4.7). One thread owns the model: between decode steps
+ * finished and released requests leave their KV-cache slots and queued ones take free slots (their
+ * prompt runs alone, as in moe generate); then one decode step runs the last token of every running
+ * request through the model together. Each request samples with its own generator, so a request alone
+ * gives moe generate's tokens for the same seed. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/engine.h"
+
+#define MAX_EOS 64
+
+struct moe_engine {
+  moe_lm_t *m;
+  moe_engine_config c;
+  int32_t eos[MAX_EOS];
+  moe_lm_cache *kv;
+  pthread_mutex_t mu;    /* guards the queue, the requests' outputs, the flags and the stats */
+  pthread_cond_t wake;
+  pthread_t th;
+  moe_engine_req *qhead, *qtail, **slots; /* slots (B): the request in each, or NULL */
+  int *joined;           /* (2 B) the thread's scratch: slots joining, rows of a step */
+  int32_t *last;         /* (B) the tokens of a step */
+  int draining, started;
+  moe_engine_stats st;
+};
+
+static int is_eos(const moe_engine *e, int32_t t) {
+  for (int i = 0; i < e->c.n_eos; i++)
+    if (e->eos[i] == t) return 1;
+  return 0;
+}
+
+moe_status moe_engine_submit(moe_engine *e, const moe_engine_params *p, moe_engine_req **out) {
+  moe_engine_req *r;
+  MOE_CHECK(moe__req_new(e->m, p, e->c.tok != NULL, &r));
+  pthread_mutex_lock(&e->mu);
+  int ok = !e->draining;
+  if (ok) {
+    if (e->qtail) e->qtail->next = r;
+    else e->qhead = r;
+    e->qtail = r;
+    e->st.queued++;
+    pthread_cond_signal(&e->wake);
+  } else {
+    r->refs = 1; /* the engine never saw it */
+    moe__req_unref(r);
+  }
+  pthread_mutex_unlock(&e->mu);
+  MOE_TRY(ok, MOE_ERR_STATE, "moe_engine_submit: the engine is draining");
+  *out = r;
+  return MOE_OK;
+}
+
+void moe_engine_wait(moe_engine *e, moe_engine_req *r, int have, moe_engine_state *st) {
+  pthread_mutex_lock(&e->mu);
+  while (r->n_out <= have && !r->done) pthread_cond_wait(&r->cv, &e->mu);
+  *st = (moe_engine_state){r->n_out, r->out, r->done, r->stop_hit, r->n_stop ? r->safe : r->n_text,
+                           r->done < 0 ? r->err : NULL, r->ttft, r->total, r->lp, r->top_ids, r->top_lp,
+                           r->n_top > 0 ? r->n_top : 0};
+  pthread_mutex_unlock(&e->mu);
+}
+
+void moe_engine_release(moe_engine *e, moe_engine_req *r) {
+  if (!r) return;
+  pthread_mutex_lock(&e->mu);
+  r->gone = 1;
+  moe__req_unref(r);
+  pthread_mutex_unlock(&e->mu);
+}
+
+int moe_engine_draining(moe_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  int d = e->draining;
+  pthread_mutex_unlock(&e->mu);
+  return d;
+}
+
+void moe_engine_get_stats(moe_engine *e, moe_engine_stats *st) {
+  pthread_mutex_lock(&e->mu);
+  *st = e->st;
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* r leaves its slot (e->mu held): done (1) or failed (-1, err says why), or dropped when gone. */
+static void finish(moe_engine *e, moe_engine_req *r, int how, const char *err) {
+  if (!r->done) r->done = how;
+  if (err) snprintf(r->err, sizeof r->err, "%s", err);
+  if (r->slot >= 0) e->slots[r->slot] = NULL, e->st.running--;
+  r->total = moe__now() - r->t_submit;
+  r->slot = -1;
+  pthread_cond_broadcast(&r->cv);
+  moe__req_unref(r);
+}
+
+/* Samples r's next token from its logits row (the engine's thread; publishes under e->mu): an end token
+ * finishes r without it unless r ignores it, a stop string with it. Returns 1 when r got a token. */
+static int take_token(moe_engine *e, moe_engine_req *r, const float *logits) {
+  int32_t t;
+  moe_status st = moe_lm_sample(logits, e->m->cfg.vocab, r->temperature, r->top_p, &r->seed, &t);
+  int eos = st == MOE_OK && !r->ignore_eos && is_eos(e, t);
+  size_t k = 0;
+  const char *b = st == MOE_OK && e->c.tok ? moe_tokenizer_token_bytes(e->c.tok, t, &k) : NULL;
+  pthread_mutex_lock(&e->mu);
+  int stop = b && !eos ? moe__req_add_text(r, b, k) : 0;
+  if (st == MOE_OK && !r->n_out) r->ttft = moe__now() - r->t_submit;
+  if (st != MOE_OK || stop < 0) finish(e, r, -1, st != MOE_OK ? moe_last_error() : "out of memory for the text");
+  else {
+    if (!eos && r->n_top >= 0) moe__req_logprobs(r, logits, e->m->cfg.vocab, t);
+    if (!eos) r->out[r->n_out++] = t, e->st.tokens++; /* counted before anyone can see the token */
+    r->stop_hit = eos || stop;
+    if (r->stop_hit || r->n_out == r->max_tokens) {
+      if (!stop) r->safe = r->n_text; /* the text held back for a stop string goes out */
+      finish(e, r, 1, NULL);
+    } else pthread_cond_broadcast(&r->cv);
+  }
+  pthread_mutex_unlock(&e->mu);
+  return st == MOE_OK && !eos && stop >= 0;
+}
+
+/* Queued requests into free slots (e->mu held); returns how many joined, their slots in joined. */
+static int admit(moe_engine *e, int *joined) {
+  int n = 0;
+  for (int s = 0; s < e->c.slots && e->qhead; s++) {
+    if (e->slots[s]) continue;
+    moe_engine_req *r = e->qhead;
+    e->qhead = r->next;
+    if (!e->qhead) e->qtail = NULL;
+    e->st.queued--;
+    if (r->gone) { /* released while queued */
+      moe__req_unref(r);
+      s--;
+      continue;
+    }
+    e->st.running++;
+    e->st.prompt_tokens += r->n_prompt;
+    r->slot = s;
+    e->slots[s] = r;
+    joined[n++] = s;
+  }
+  return n;
+}
+
+/* Runs tokens through the slots; on failure every request there fails with the error. */
+static int decode(moe_engine *e, const int *slots, int n, const int32_t *tokens, int T) {
+  if (moe_lm_decode_slots(e->m, e->kv, slots, n, tokens, T) == MOE_OK) {
+    if (e->c.on_decode) e->c.on_decode(e->c.ctx, moe_lm_cache_expert_counts(e->kv));
+    return 1;
+  }
+  pthread_mutex_lock(&e->mu);
+  for (int i = 0; i < n; i++) finish(e, e->slots[slots[i]], -1, moe_last_error());
+  pthread_mutex_unlock(&e->mu);
+  return 0;
+}
+
+static void *engine(void *arg) {
+  moe_engine *e = arg;
+  int V = e->m->cfg.vocab, B = e->c.slots, *joined = e->joined, *rows = e->joined + B;
+  int32_t *last = e->last;
+  pthread_mutex_lock(&e->mu);
+  for (;;) {
+    int running = 0;
+    for (int s = 0; s < B; s++)
+      if (e->slots[s] && e->slots[s]->gone) finish(e, e->slots[s], -1, "the request was released");
+      else running += e->slots[s] != NULL;
+    int nj = admit(e, joined);
+    if (!nj && !running) {
+      if (e->draining && !e->qhead) break;
+      pthread_cond_wait(&e->wake, &e->mu);
+      continue;
+    }
+    pthread_mutex_unlock(&e->mu);
+    double t0 = moe__now();
+    moe_engine_step step = {0, 0, 0, 0};
+    for (int i = 0; i < nj; i++) { /* the slots are the engine's: read them unlocked */
+      moe_engine_req *r = e->slots[joined[i]];
+      moe_lm_cache_slot_reset(e->kv, joined[i]);
+      step.prompt_tokens += r->n_prompt;
+      if (decode(e, &joined[i], 1, r->prompt, r->n_prompt))
+        step.tokens += take_token(e, r, moe_lm_logits(e->m) + (size_t)(r->n_prompt - 1) * V);
+    }
+    int n = 0;
+    for (int s = 0; s < B; s++)
+      if (e->slots[s] && e->slots[s]->n_out) rows[n] = s, last[n++] = e->slots[s]->out[e->slots[s]->n_out - 1];
+    if (n && decode(e, rows, n, last, 1))
+      for (int i = 0; i < n; i++) step.tokens += take_token(e, e->slots[rows[i]], moe_lm_logits(e->m) + (size_t)i * V);
+    step.rows = n;
+    step.seconds = moe__now() - t0;
+    if (e->c.on_step) e->c.on_step(e->c.ctx, &step);
+    pthread_mutex_lock(&e->mu);
+    e->st.steps++;
+    e->st.busy_s += step.seconds;
+  }
+  pthread_mutex_unlock(&e->mu);
+  return NULL;
+}
+
+moe_status moe_engine_new(moe_engine **out, moe_lm_t *m, const moe_engine_config *c) {
+  MOE_TRY(out && m && c, MOE_ERR_ARG, "moe_engine_new: NULL argument");
+  MOE_TRY(c->slots >= 1, MOE_ERR_ARG, "moe_engine_new: slots must be >= 1, got %d", c->slots);
+  MOE_TRY(c->n_eos >= 0 && c->n_eos <= MAX_EOS && (!c->n_eos || c->eos), MOE_ERR_ARG,
+          "moe_engine_new: n_eos must be in [0, %d], got %d", MAX_EOS, c->n_eos);
+  moe_engine *e = calloc(1, sizeof *e);
+  MOE_TRY(e, MOE_ERR_NOMEM, "moe_engine_new: out of memory");
+  e->m = m, e->c = *c;
+  if (c->n_eos) memcpy(e->eos, c->eos, (size_t)c->n_eos * sizeof *e->eos);
+  e->c.eos = NULL;
+  e->slots = calloc((size_t)c->slots, sizeof *e->slots);
+  e->joined = malloc(2 * (size_t)c->slots * sizeof *e->joined);
+  e->last = malloc((size_t)c->slots * sizeof *e->last);
+  moe_status st = e->slots && e->joined && e->last ? moe_lm_cache_new(&e->kv, m, c->slots)
+                                                   : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "moe_engine_new: out of memory");
+  if (st == MOE_OK) {
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    e->started = !pthread_create(&e->th, NULL, engine, e);
+    if (!e->started) st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "moe_engine_new: cannot start its thread");
+  }
+  if (st != MOE_OK) {
+    moe_engine_free(e);
+    return st;
+  }
+  *out = e;
+  return MOE_OK;
+}
+
+void moe_engine_drain(moe_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  int join = e->started;
+  e->draining = 1;
+  e->started = 0;
+  pthread_cond_signal(&e->wake);
+  pthread_mutex_unlock(&e->mu);
+  if (join) pthread_join(e->th, NULL);
+}
+
+void moe_engine_free(moe_engine *e) {
+  if (!e) return;
+  if (e->kv) { /* the lock and the thread exist */
+    moe_engine_drain(e);
+    pthread_cond_destroy(&e->wake);
+    pthread_mutex_destroy(&e->mu);
+  }
+  moe_lm_cache_free(e->kv);
+  free(e->slots), free(e->joined), free(e->last);
+  free(e);
+}

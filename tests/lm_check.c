@@ -1,0 +1,91 @@
+/* Checking the language model against the PyTorch references of dev/mixtral_ref.py and
+ * dev/lm_families_ref.py (tests/fixtures/lm/<case>/): lm_check.h. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "lm_check.h"
+#include "test.h"
+
+/* Max |a - b| over n values, and where. */
+double lm_max_err(const float *a, const float *b, size_t n, size_t *at) {
+  double worst = 0;
+  *at = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = fabs((double)a[i] - b[i]);
+    if (!(d <= worst)) worst = d, *at = i;
+  }
+  return worst;
+}
+
+/* The fixture case's directory. */
+const char *lm_case_dir(const char *name, char *buf, size_t n) {
+  snprintf(buf, n, "%s/lm/%s", test_fixture_dir(), name);
+  return buf;
+}
+
+/* Loads the case, runs forward and backward and compares everything with ref.safetensors; returns 0
+ * (after printing) on a mismatch. */
+int lm_check_case(const char *name) {
+  char dir[512], path[600];
+  moe_lm_t m;
+  moe_st *ref = NULL;
+  int ok = 0;
+  if (moe_lm_load(&m, lm_case_dir(name, dir, sizeof dir), NULL) != MOE_OK) {
+    fprintf(stderr, "  %s: load: %s\n", name, moe_last_error());
+    return 0;
+  }
+  snprintf(path, sizeof path, "%s/ref.safetensors", dir);
+  moe_tensor_view tok, tgt, logits;
+  float loss, ce, aux;
+  moe_lm_stats st;
+  if (moe_st_open(&ref, path) || moe_st_get(ref, "tokens", &tok) || moe_st_get(ref, "targets", &tgt) ||
+      moe_st_get(ref, "logits", &logits) || moe_st_get_f32(ref, "loss", &loss, 1) ||
+      moe_st_get_f32(ref, "ce", &ce, 1) || moe_st_get_f32(ref, "aux", &aux, 1)) {
+    fprintf(stderr, "  %s: %s\n", name, moe_last_error());
+    goto done;
+  }
+  int B = (int)tok.shape[0], T = (int)tok.shape[1];
+  moe_lm_zero_grad(&m);
+  if (moe_lm_forward(&m, tok.data, tgt.data, B, T, &st)) {
+    fprintf(stderr, "  %s: forward: %s\n", name, moe_last_error());
+    goto done;
+  }
+  size_t at, nl = logits.nbytes / 4;
+  double e = lm_max_err(moe_lm_logits(&m), logits.data, nl, &at);
+  fprintf(stderr, "  %s: logits max err %.3g; loss %.7f vs %.7f, ce %.7f vs %.7f, aux %.7f vs %.7f\n", name, e,
+          st.loss, loss, st.ce, ce, st.aux, aux);
+  if (e > LM_TOL || fabs(st.loss - loss) > LM_TOL || fabs(st.ce - ce) > LM_TOL || fabs(st.aux - aux) > LM_TOL) {
+    fprintf(stderr, "  %s: logits or losses differ (logit %zu: %g vs %g)\n", name, at, moe_lm_logits(&m)[at],
+            ((const float *)logits.data)[at]);
+    goto done;
+  }
+  if (moe_lm_backward(&m)) {
+    fprintf(stderr, "  %s: backward: %s\n", name, moe_last_error());
+    goto done;
+  }
+  double worst = 0;
+  const char *wname = "";
+  for (int i = 0; i < m.nrefs; i++) {
+    const moe_tensor_ref *r = &m.refs[i];
+    char gname[80];
+    snprintf(gname, sizeof gname, "grad.%s", r->name);
+    float *want = malloc(r->numel * 4);
+    if (!want || moe_st_get_f32(ref, gname, want, r->numel)) {
+      fprintf(stderr, "  %s: %s\n", name, moe_last_error());
+      free(want);
+      goto done;
+    }
+    double ge = lm_max_err(r->grad, want, r->numel, &at);
+    if (ge > LM_TOL) fprintf(stderr, "  %s: %s[%zu] = %g, want %g\n", name, gname, at, r->grad[at], want[at]);
+    if (ge > worst || i == 0) worst = ge, wname = r->name;
+    free(want);
+  }
+  fprintf(stderr, "  %s: %d gradients, max err %.3g (%s)\n", name, m.nrefs, worst, wname);
+  ok = worst <= LM_TOL;
+done:
+  moe_st_close(ref);
+  moe_lm_free(&m);
+  return ok;
+}
+

@@ -1,0 +1,19 @@
+/* The language model against its PyTorch reference fixtures (tests/fixtures/lm/<case>/), for the tests. */
+#ifndef MOE_TEST_LM_CHECK_H
+#define MOE_TEST_LM_CHECK_H
+
+#include <stddef.h>
+
+#include "moe.h"
+
+#define LM_TOL 1e-4 /* absolute: logits, losses and gradients are of order 0.01 to 10 */
+
+/* Max |a - b| over n values, and where. */
+double lm_max_err(const float *a, const float *b, size_t n, size_t *at);
+/* The fixture case's directory, in buf. */
+const char *lm_case_dir(const char *name, char *buf, size_t n);
+/* Loads the case, runs forward and backward and compares the logits, losses and every parameter's
+ * gradient with its ref.safetensors within LM_TOL; returns 0 (after printing what differs) on a mismatch. */
+int lm_check_case(const char *name);
+
+#endif

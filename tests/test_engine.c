@@ -1,0 +1,195 @@
+/* The continuous-batching engine (moe_engine) from C, with no HTTP: requests submitted together to an
+ * engine of fewer slots (so that some wait) each get the greedy tokens of decoding them alone with
+ * moe_lm_decode; end tokens, release mid-generation, draining and bad requests. The language model is
+ * the Mixtral fixture (tests/fixtures/lm/mixtral). */
+#include <math.h>
+#include <string.h>
+
+#include "test.h"
+
+enum { NREQ = 8, NEW = 10, V = 64 };
+
+static int argmax(const float *l) {
+  int b = 0;
+  for (int i = 1; i < V; i++) b = l[i] > l[b] ? i : b;
+  return b;
+}
+
+/* Greedy decoding of a prompt alone, as moe generate does it. */
+static int alone(moe_lm_t *m, const int32_t *prompt, int n, int32_t *ids) {
+  moe_lm_cache *kv;
+  if (moe_lm_cache_new(&kv, m, 1) || moe_lm_decode(m, kv, prompt, n)) return 0;
+  const float *l = moe_lm_logits(m) + (size_t)(n - 1) * V;
+  for (int i = 0; i < NEW; i++) {
+    ids[i] = argmax(l);
+    if (moe_lm_decode(m, kv, &ids[i], 1)) return 0;
+    l = moe_lm_logits(m);
+  }
+  moe_lm_cache_free(kv);
+  return 1;
+}
+
+static int load(moe_lm_t *m) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/lm/mixtral", test_fixture_dir());
+  return moe_lm_load(m, dir, NULL) == MOE_OK && m->cfg.vocab == V;
+}
+
+static void prompt_of(int r, int32_t *p, int *n) {
+  *n = 1 + r % 5;
+  for (int i = 0; i < *n; i++) p[i] = (r * 13 + i * 7 + 3) % V;
+}
+
+TEST(engine_batched_requests_get_their_tokens_alone) {
+  moe_lm_t m;
+  ASSERT(load(&m));
+  int32_t prompts[NREQ][8], want[NREQ][NEW];
+  int n[NREQ];
+  for (int r = 0; r < NREQ; r++) {
+    prompt_of(r, prompts[r], &n[r]);
+    ASSERT(alone(&m, prompts[r], n[r], want[r]));
+  }
+  moe_engine_config c = {.slots = 3};
+  moe_engine *e;
+  ASSERT_OK(moe_engine_new(&e, &m, &c));
+  moe_engine_req *req[NREQ];
+  for (int r = 0; r < NREQ; r++) {
+    moe_engine_params p = {prompts[r], n[r], NEW, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0};
+    ASSERT_OK(moe_engine_submit(e, &p, &req[r]));
+  }
+  for (int r = 0; r < NREQ; r++) {
+    moe_engine_state st = {0};
+    int streamed = 0;
+    while (!st.done) { /* as a streaming client: each wait brings at least one more token, or the end */
+      moe_engine_wait(e, req[r], st.n, &st);
+      streamed++;
+    }
+    ASSERT_EQ_INT(st.done, 1);
+    ASSERT_EQ_INT(st.n, NEW);
+    ASSERT_EQ_INT(st.stop, 0); /* max_tokens */
+    ASSERT(st.ttft_s >= 0 && st.total_s >= st.ttft_s && streamed >= 1);
+    for (int i = 0; i < NEW; i++)
+      if (st.tokens[i] != want[r][i]) FAIL_("request %d token %d: %d, alone %d", r, i, st.tokens[i], want[r][i]);
+    moe_engine_release(e, req[r]);
+  }
+  moe_engine_stats s;
+  moe_engine_get_stats(e, &s);
+  ASSERT_EQ_INT(s.queued, 0);
+  ASSERT_EQ_INT(s.running, 0);
+  ASSERT_EQ_INT((int)s.tokens, NREQ * NEW);
+  int prompt_tokens = 0;
+  for (int r = 0; r < NREQ; r++) prompt_tokens += n[r];
+  ASSERT_EQ_INT((int)s.prompt_tokens, prompt_tokens);
+  moe_engine_free(e);
+  moe_lm_free(&m);
+}
+
+/* An end token ends a request without being kept (stop); ignore_eos goes on; a released request leaves
+ * its slot while another runs on; after the drain nothing is taken; bad requests name the field. */
+TEST(engine_end_tokens_release_drain_and_errors) {
+  moe_lm_t m;
+  ASSERT(load(&m));
+  int32_t prompt[8], want[NEW];
+  int n;
+  prompt_of(2, prompt, &n);
+  ASSERT(alone(&m, prompt, n, want));
+  int32_t eos = want[3];
+  int first = 0;
+  while (want[first] != eos) first++; /* its first appearance */
+  moe_engine_config c = {.slots = 2, .eos = &eos, .n_eos = 1};
+  moe_engine *e;
+  ASSERT_OK(moe_engine_new(&e, &m, &c));
+  moe_engine_params p = {prompt, n, NEW, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0};
+  moe_engine_req *a, *b, *long_one;
+  moe_engine_params lp = {prompt, 1, 40, 0.7f, 0.9f, 5, 1, NULL, 0, 0, 0};
+  ASSERT_OK(moe_engine_submit(e, &lp, &long_one));
+  ASSERT_OK(moe_engine_submit(e, &p, &a));
+  p.ignore_eos = 1;
+  ASSERT_OK(moe_engine_submit(e, &p, &b));
+  moe_engine_state st = {0};
+  moe_engine_wait(e, long_one, 0, &st); /* it has started: release it mid-generation */
+  moe_engine_release(e, long_one);
+  do moe_engine_wait(e, a, st.n, &st);
+  while (!st.done);
+  ASSERT_EQ_INT(st.done, 1);
+  ASSERT_EQ_INT(st.stop, 1);
+  ASSERT_EQ_INT(st.n, first);
+  for (int i = 0; i < first; i++) ASSERT_EQ_INT(st.tokens[i], want[i]);
+  st = (moe_engine_state){0};
+  do moe_engine_wait(e, b, st.n, &st);
+  while (!st.done);
+  ASSERT_EQ_INT(st.n, NEW);
+  ASSERT_EQ_INT(st.stop, 0);
+  for (int i = 0; i < NEW; i++) ASSERT_EQ_INT(st.tokens[i], want[i]);
+  moe_engine_release(e, a);
+  moe_engine_release(e, b);
+  moe_engine_req *bad;
+  moe_engine_params bp = {prompt, n, m.cfg.max_seq, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0};
+  ASSERT_STATUS(moe_engine_submit(e, &bp, &bad), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "max_seq"));
+  int32_t out_of_range = V;
+  moe_engine_params bv = {&out_of_range, 1, 2, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0};
+  ASSERT_STATUS(moe_engine_submit(e, &bv, &bad), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "prompt token 0"));
+  const char *stop[] = {"x"};
+  moe_engine_params bs = {prompt, n, 2, 0.0f, 1.0f, 0, 0, stop, 1, 0, 0};
+  ASSERT_STATUS(moe_engine_submit(e, &bs, &bad), MOE_ERR_ARG); /* no tokenizer */
+  ASSERT(strstr(moe_last_error(), "tokenizer"));
+  moe_engine_drain(e);
+  ASSERT(moe_engine_draining(e));
+  ASSERT_STATUS(moe_engine_submit(e, &p, &bad), MOE_ERR_STATE);
+  moe_engine_stats s;
+  moe_engine_get_stats(e, &s);
+  ASSERT_EQ_INT(s.running, 0);
+  ASSERT_EQ_INT(s.queued, 0);
+  moe_engine_free(e);
+  moe_lm_free(&m);
+}
+
+/* logprobs: each token's log-probability and the top alternatives', from the logits of its step, equal
+ * (to rounding) those of a full forward of the sequence without a cache; greedy: the chosen token is the
+ * most probable alternative; sorted, ties to the lower id. */
+TEST(engine_logprobs_are_the_full_forwards) {
+  moe_lm_t m;
+  ASSERT(load(&m));
+  int32_t prompt[3] = {5, 9, 1}, seq[3 + NEW];
+  moe_engine_config c = {.slots = 2};
+  moe_engine *e;
+  ASSERT_OK(moe_engine_new(&e, &m, &c));
+  enum { TOP = 4 };
+  for (int sampled = 0; sampled < 2; sampled++) {
+    moe_engine_params p = {prompt, 3, NEW, sampled ? 0.9f : 0.0f, 1.0f, 7, 1, NULL, 0, 1, TOP};
+    moe_engine_req *r;
+    ASSERT_OK(moe_engine_submit(e, &p, &r));
+    moe_engine_state st = {0};
+    do moe_engine_wait(e, r, st.n, &st);
+    while (!st.done);
+    ASSERT(st.logprobs && st.n_top == TOP && st.n == NEW);
+    memcpy(seq, prompt, sizeof prompt);
+    memcpy(seq + 3, st.tokens, NEW * sizeof *seq);
+    ASSERT_OK(moe_lm_forward(&m, seq, NULL, 1, 3 + NEW - 1, NULL));
+    const float *lg = moe_lm_logits(&m);
+    for (int i = 0; i < NEW; i++) {
+      const float *row = lg + (size_t)(2 + i) * V;
+      double mx = row[0], sum = 0;
+      for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+      for (int v = 0; v < V; v++) sum += exp(row[v] - mx);
+      double want = row[st.tokens[i]] - mx - log(sum);
+      if (fabs(st.logprobs[i] - want) > 1e-4) FAIL_("token %d: logprob %g, full forward %g", i, st.logprobs[i], want);
+      for (int j = 0; j < TOP; j++) {
+        int32_t id = st.top_ids[i * TOP + j];
+        double w = row[id] - mx - log(sum);
+        if (fabs(st.top_logprobs[i * TOP + j] - w) > 1e-4) FAIL_("token %d alternative %d", i, j);
+        if (j) ASSERT(st.top_logprobs[i * TOP + j] <= st.top_logprobs[i * TOP + j - 1]);
+      }
+      if (!sampled) ASSERT_EQ_INT(st.top_ids[i * TOP], st.tokens[i]);
+    }
+    moe_engine_release(e, r);
+  }
+  moe_engine_req *bad;
+  moe_engine_params bp = {prompt, 3, 2, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 3};
+  ASSERT_STATUS(moe_engine_submit(e, &bp, &bad), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "top_logprobs"));
+  moe_engine_free(e);
+  moe_lm_free(&m);
+}
