@@ -11,7 +11,8 @@
 #include "lm/tokenizer.h"
 
 static const char TEXT[] = "The jury said it's 1961. \xef\xac\x81 CAF\xc3\x89 \xe6\x97\xa5\xe6\x9c\xac 123456 <s>x</s> "
-                           "<mask>  \n\n\t<|endoftext|> \xf0\x9f\xa6\x99 \xc3\xa9t\xff\x00 end";
+                           "<mask>  \n\n\t<|endoftext|> \xf0\x9f\xa6\x99 \xc3\xa9t\xff\x00 end "
+                           "thethethethethethethethethethethethethethethethethethethethethethethethethethe"; /* a long word */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
   const char *path = fuzz_file(0, "tokenizer_json", data, n);
