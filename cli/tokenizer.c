@@ -1,6 +1,6 @@
 /* moe tokenizer train|encode|decode: a byte-level BPE tokenizer learned from a text (the Brown
  * corpus of scripts/get-brown.sh by default), saved as a Hugging Face tokenizer.json; text on stdin to
- * ids, and ids back to the exact bytes. */
+ * ids, and ids back to text, with libmoe's tokenizers or a model's (a tokenizer.json or its directory). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,14 +15,19 @@ static const char *CMD = "tokenizer";
 static void usage(FILE *f) {
   fprintf(f,
           "usage: moe tokenizer train [--data DIR|FILE] [--vocab N] --out tokenizer.json [--json]\n"
-          "       moe tokenizer encode --tokenizer F [--special] [--json]   < text  > ids\n"
-          "       moe tokenizer decode --tokenizer F                        < ids   > text\n"
+          "       moe tokenizer encode --tokenizer F [--special] [--add-special] [--json]  < text > ids\n"
+          "       moe tokenizer decode --tokenizer F                                       < ids  > text\n"
           "train: learns byte-level BPE merges from FILE, or DIR/train.txt (default data/brown, made by\n"
           "  scripts/get-brown.sh), up to N ids in all (default 4096, <|endoftext|> included); prints the\n"
           "  time taken and, when DIR has a valid.txt, its bytes per token (a JSON line with --json).\n"
+          "F: a tokenizer.json (libmoe's, or a Hugging Face BPE one: GPT-2, Llama 2/3, Mistral, Qwen,\n"
+          "  DeepSeek-V3, gpt-oss) or a directory holding one and, optionally, tokenizer_config.json.\n"
           "encode: the ids of stdin's bytes, separated by spaces (a JSON array with --json); --special\n"
-          "  turns <|endoftext|> written in the text into its id.\n"
-          "decode: ids separated by spaces, commas or newlines (a JSON array too) to the exact bytes.\n");
+          "  turns special tokens written in the text (<|endoftext|>) into their ids; --add-special adds\n"
+          "  the tokens the tokenizer puts around a text (BOS/EOS: its post-processor, or the directory's\n"
+          "  tokenizer_config.json add_bos_token/add_eos_token), as Hugging Face's add_special_tokens=True.\n"
+          "decode: ids separated by spaces, commas or newlines (a JSON array too) to text (libmoe's and\n"
+          "  byte-level tokenizers: the exact bytes).\n");
 }
 
 static int train(const char *data, int vocab, const char *out, int json) {
@@ -61,15 +66,12 @@ static int train(const char *data, int vocab, const char *out, int json) {
   return rc;
 }
 
-static int encode(const moe_tokenizer *t, int special, int json) {
+static int encode(const moe_tokenizer *t, int flags, int json) {
   size_t n, k = 0;
   char *text = cli_read_all(stdin, &n);
-  int32_t *ids = text ? malloc((n ? n : 1) * sizeof *ids) : NULL;
-  if (!ids) {
-    free(text);
-    return cli_usage_error(CMD, "cannot read stdin: %s", strerror(errno));
-  }
-  int rc = moe_tokenizer_encode(t, text, n, special, ids, &k) != MOE_OK ? cli_fail(CMD) : 0;
+  int32_t *ids = NULL;
+  if (!text) return cli_usage_error(CMD, "cannot read stdin: %s", strerror(errno));
+  int rc = moe_tokenizer_encode_alloc(t, text, n, flags, &ids, &k) != MOE_OK ? cli_fail(CMD) : 0;
   const char *sep = json ? ", " : " ";
   if (!rc && json) printf("[");
   for (size_t i = 0; !rc && i < k; i++) printf("%s%d", i ? sep : "", ids[i]);
@@ -122,12 +124,12 @@ int cmd_tokenizer(int argc, char **argv) {
     return 1;
   }
   const char *sub = argv[1], *data = "data/brown", *out = NULL, *tok = NULL;
-  int vocab = 4096, json = 0, special = 0;
+  int vocab = 4096, json = 0, flags = 0;
   for (int i = 2; i < argc; i++) {
-    if (cli_flag_is(argv[i], "json") || cli_flag_is(argv[i], "special")) {
-      *(cli_flag_is(argv[i], "json") ? &json : &special) = 1;
-      continue;
-    }
+    if (cli_flag_is(argv[i], "json")) json = 1;
+    else if (cli_flag_is(argv[i], "special")) flags |= MOE_TOKENIZER_SPECIAL;
+    else if (cli_flag_is(argv[i], "add-special")) flags |= MOE_TOKENIZER_ADD_SPECIAL;
+    if (cli_flag_is(argv[i], "json") || cli_flag_is(argv[i], "special") || cli_flag_is(argv[i], "add-special")) continue;
     if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", argv[i]);
     const char *f = argv[i], *v = argv[++i];
     if (cli_flag_is(f, "data")) data = v;
@@ -151,7 +153,7 @@ int cmd_tokenizer(int argc, char **argv) {
   if (!tok) return cli_usage_error(CMD, "%s: --tokenizer is required", sub);
   moe_tokenizer *t;
   if (moe_tokenizer_load(&t, tok) != MOE_OK) return cli_fail(CMD);
-  int rc = !strcmp(sub, "encode") ? encode(t, special, json) : decode(t);
+  int rc = !strcmp(sub, "encode") ? encode(t, flags, json) : decode(t);
   moe_tokenizer_free(t);
   return rc;
 }

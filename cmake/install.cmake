@@ -15,7 +15,7 @@ install(FILES include/moe.h TYPE INCLUDE)
 
 # Built with MPI: the package config finds it, libmoe.pc requires it.
 set(MOE_FIND_MPI "")
-set(MOE_PC_REQUIRES "libcjson libpcre2-8")
+set(MOE_PC_REQUIRES "libcjson libpcre2-8 libutf8proc")
 if(MPI_C_FOUND)
   set(MOE_FIND_MPI "find_dependency(MPI COMPONENTS C)")
   string(APPEND MOE_PC_REQUIRES " mpi-c")

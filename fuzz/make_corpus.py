@@ -113,3 +113,67 @@ put("completion", "ids.json", b'{"prompt": [1, 2, 3], "max_tokens": 60}')
 put("completion", "utf8.json", b'{"prompt": "caf\xc3\xa9 \xe2\x82", "model": "moe", "stream": false}')
 put("completion", "fields.json", b'{"prompt": [4], "ignore_eos": true, "user": "u", "n": 1, "echo": false, "stop": ["t", "cat"], "logit_bias": {}, "presence_penalty": 0}')
 shutil.rmtree(tmp)
+
+# tokenizer_json: small hand-made tokenizer.json files of each kind the loader takes (a few KB each).
+def tokenizer_json_seeds(put):
+    import json
+    bl = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or b >= 174]
+    chars = {b: chr(b) for b in bl}
+    chars.update({b: chr(256 + k) for k, b in enumerate(b for b in range(256) if b not in chars)})
+    def byte_vocab(extra):  # GPT-2's 256 byte characters, then extra tokens made of them
+        v = {chars[b]: i for i, b in enumerate(sorted(range(256), key=lambda b: (b not in bl, b)))}
+        for t in extra:
+            v[t] = len(v)
+        return v
+    G = "\u0120"  # GPT-2's character for the space
+    added = lambda *ts: [dict(id=i, content=c, special=s, lstrip=l, rstrip=r, single_word=w, normalized=False)
+                         for i, c, s, l, r, w in ts]
+    bl_model = lambda extra, merges, **kw: dict(type="BPE", vocab=byte_vocab(extra), merges=merges, **kw)
+    byte_level = lambda regex: {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": regex}
+    split = lambda rx, b="Isolated": {"type": "Split", "pattern": {"Regex": rx}, "behavior": b, "invert": False}
+    files = {
+        "gpt2.json": dict(added_tokens=added((259, "<|endoftext|>", True, False, False, False)), normalizer=None,
+                          pre_tokenizer=byte_level(True), post_processor=byte_level(True), decoder=byte_level(True),
+                          model=bl_model([G + "t", G + "th", "<|endoftext|>"], [G + " t", [G + "t", "h"]])),
+        "llama3.json": dict(added_tokens=added((258, "<|begin_of_text|>", True, False, False, False)), normalizer={"type": "NFC"},
+                            pre_tokenizer={"type": "Sequence", "pretokenizers": [split(
+                                "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+                                "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"), byte_level(False)]},
+                            post_processor={"type": "Sequence", "processors": [byte_level(True), {
+                                "type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                                                                         {"Sequence": {"id": "A", "type_id": 0}}],
+                                "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [258]}}}]},
+                            decoder=byte_level(True), model=bl_model(["Th", "The"], ["T h", ["Th", "e"]], ignore_merges=True)),
+        "deepseek.json": dict(added_tokens=added((257, "<\uff5cbegin\u2581of\u2581sentence\uff5c>", True, False, False, False)),
+                              normalizer={"type": "Sequence", "normalizers": []},
+                              pre_tokenizer={"type": "Sequence", "pretokenizers": [split("\\p{N}{1,3}"), split("[\u4e00-\u9fa5]+"),
+                                             split("\\s+(?!\\S)|\\s+", "MergedWithNext"), byte_level(False)]},
+                              decoder=byte_level(True), model=bl_model(["ab"], ["a b"])),
+        "llama2.json": dict(added_tokens=added((0, "<unk>", True, False, False, False), (1, "<s>", True, False, False, False),
+                                               (2, "</s>", True, False, False, False), (9, "<mask>", False, True, True, False)),
+                            normalizer={"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
+                                        {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+                            pre_tokenizer=None,
+                            post_processor={"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                            {"Sequence": {"id": "A", "type_id": 0}}],
+                                            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+                            decoder={"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                                     {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+                            model=dict(type="BPE", unk_token="<unk>", fuse_unk=True, byte_fallback=True, vocab={
+                                "<unk>": 0, "<s>": 1, "</s>": 2, "<0x0A>": 3, "<0xC3>": 4, "<0xA9>": 5, "\u2581": 6, "a": 7,
+                                "\u2581a": 8, "<mask>": 9, "T": 10, "h": 11, "e": 12, "\u2581T": 13}, merges=["\u2581 a", "\u2581 T"])),
+        "metaspace.json": dict(added_tokens=added((0, "<pad>", True, False, False, False), (1, "[X]", False, False, False, True)),
+                               normalizer={"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"},
+                                           {"type": "Strip", "strip_left": True, "strip_right": True}]},
+                               pre_tokenizer={"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
+                                              {"type": "Punctuation", "behavior": "Contiguous"},
+                                              {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True}]},
+                               post_processor={"type": "RobertaProcessing", "sep": ["</s>", 3], "cls": ["<s>", 2]},
+                               decoder={"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first"},
+                               model=dict(type="BPE", unk_token="<unk>", vocab={"<pad>": 0, "[X]": 1, "<s>": 2, "</s>": 3, "<unk>": 4,
+                                          "\u2581": 5, "t": 6, "h": 7, "e": 8, "\u2581t": 9, "1": 10, ".": 11}, merges=["\u2581 t"])),
+    }
+    for name, j in files.items():
+        put("tokenizer_json", name, json.dumps(j, ensure_ascii=False).encode())
+
+tokenizer_json_seeds(put)

@@ -853,43 +853,67 @@ moe_status moe_checkpoint_load_ranks(const char *path, const moe_dist *d, moe_mo
 moe_status moe_checkpoint_load_replicas(const char *path, const moe_dist *d, int slots, moe_model_t *m,
                                         moe_optim_t *o, moe_train_state *ts);
 
-/* ---- byte-level BPE tokenizer (GPT-2's scheme; Hugging Face tokenizer.json) ----
- * Text is bytes: the pre-tokenizer cuts it as GPT-2's regex does (contractions, letters, digits, other
- * symbols, each with an optional leading space, and whitespace), with ASCII classed exactly and every
- * byte >= 0x80 counted as a letter; each piece is then merged by BPE rank. Any bytes (invalid UTF-8,
- * NULs) encode, and decode gives them back byte for byte. A tokenizer is read-only once made: encode
- * and decode may run on many threads at once. */
+/* ---- BPE tokenizer (GPT-2's byte-level scheme; Hugging Face tokenizer.json) ----
+ * Text is bytes. libmoe's own tokenizers are GPT-2's byte-level BPE: the pre-tokenizer cuts text as
+ * GPT-2's regex does over UTF-8 with Unicode classes (contractions, letters, digits, other symbols,
+ * each with an optional leading space, and whitespace; a byte of invalid UTF-8 is a piece of its own),
+ * then each piece is merged by BPE rank; any bytes encode and decode gives them back byte for byte.
+ * Hugging Face tokenizer.json files of BPE models run as the tokenizers library runs them: byte-level
+ * vocabularies (GPT-2, Llama 3, Qwen2/3, DeepSeek-V3, gpt-oss) and vocabularies of strings with
+ * byte_fallback <0xNN> tokens, unk_token and fuse_unk (Llama 2, Mistral); ignore_merges; normalizers
+ * Sequence, Prepend, Replace, NFC, NFKC, NFD, NFKD, Lowercase, Strip; pre-tokenizers Split (the file's
+ * regex, PCRE2 with Unicode classes; every behavior, invert), ByteLevel, Metaspace, Digits, Punctuation,
+ * Sequence; added tokens (special or not, lstrip/rstrip/single_word) matched in the raw text before
+ * the rest; the post-processors TemplateProcessing, Roberta/BertProcessing, ByteLevel; decoders
+ * ByteLevel, ByteFallback, Metaspace, Fuse, Strip, Replace, Sequence. Anything else in a file is
+ * refused naming the field and value. A tokenizer is read-only once made: encode and decode may run on
+ * many threads at once. */
 typedef struct moe_tokenizer moe_tokenizer;
 /* The one special token moe_tokenizer_train adds (the last id): GPT-2's end of text, which is also the
  * beginning of the next one (documents are joined with it). */
 #define MOE_TOKENIZER_EOT "<|endoftext|>"
+/* Flags of moe_tokenizer_encode. SPECIAL: the strings of special added tokens in the text become their
+ * ids (non-special added tokens always do, as in Hugging Face); without it they are plain text, as HF's
+ * split_special_tokens. ADD_SPECIAL: the post-processor's tokens around the text (BOS/EOS), as HF's
+ * add_special_tokens=True; tokenizers without one add nothing. */
+#define MOE_TOKENIZER_SPECIAL 1
+#define MOE_TOKENIZER_ADD_SPECIAL 2
 /* Learns merges from the n bytes of text until the vocabulary has vocab_size ids (>= 257): ids 0..255
  * the bytes (GPT-2's order), then one per merge, then MOE_TOKENIZER_EOT. Each merge takes the most
  * frequent adjacent pair within pre-tokens (ties: the smaller left id, then the smaller right id);
  * deterministic. Fewer merges when the text runs out of pairs (moe_tokenizer_vocab_size tells). */
 moe_status moe_tokenizer_train(moe_tokenizer **out, const char *text, size_t n, int32_t vocab_size);
-/* Reads a tokenizer.json: ours, or a Hugging Face byte-level BPE one (model.type "BPE", pre_tokenizer
- * ByteLevel, merges as "left right" strings or [left, right] pairs, added_tokens) such as GPT-2's.
- * SentencePiece-style BPE (byte_fallback, Metaspace: Llama 2, Mistral, Mixtral), normalizers, other
- * pre-tokenizers and models are refused naming the field and value (MOE_ERR_FORMAT). */
+/* Reads a tokenizer.json (ours or a Hugging Face BPE one, above), or a directory holding one: then its
+ * tokenizer_config.json, when there, sets the tokens ADD_SPECIAL adds from add_bos_token/add_eos_token
+ * and bos_token/eos_token when it gives either flag (as transformers' Llama tokenizers do). Other models
+ * (Unigram, WordPiece), BPE dropout, subword prefixes and unsupported steps: MOE_ERR_FORMAT naming the
+ * field and value. */
 moe_status moe_tokenizer_load(moe_tokenizer **out, const char *path);
-/* Writes the tokenizer.json atomically (readable by Hugging Face tokenizers). */
+/* Writes the tokenizer.json atomically (readable by Hugging Face tokenizers): byte-level BPE without
+ * normalizers, post-processor or added-token options only (MOE_ERR_ARG for others). */
 moe_status moe_tokenizer_save(const moe_tokenizer *t, const char *path);
 void moe_tokenizer_free(moe_tokenizer *t);
 int32_t moe_tokenizer_vocab_size(const moe_tokenizer *t);
-/* The ids of the n bytes of text into ids (room for n: a token is at least one byte), their count in
- * *n_ids. special = 1 turns the added tokens' strings found in the text (<|endoftext|>) into their ids,
- * as Hugging Face does; 0 encodes the text as plain bytes. */
-moe_status moe_tokenizer_encode(const moe_tokenizer *t, const char *text, size_t n, int special, int32_t *ids,
+/* The ids of the n bytes of text into ids, their count in *n_ids; flags: MOE_TOKENIZER_* above (0 or
+ * 1 as before: 1 turns <|endoftext|> written in the text into its id). Room for n ids is enough for
+ * GPT-2-style tokenizers without ADD_SPECIAL; other tokenizers can give more ids than bytes (a prepended
+ * "▁", byte fallback, NFKC), which is MOE_ERR_ARG here: moe_tokenizer_encode_alloc has no such bound. */
+moe_status moe_tokenizer_encode(const moe_tokenizer *t, const char *text, size_t n, int flags, int32_t *ids,
                                 size_t *n_ids);
-/* The bytes of n ids into out (cap bytes, not NUL-terminated); *len = their count, set also when cap is
- * too small (MOE_ERR_ARG): call with cap 0 to learn it. MOE_ERR_VALUE naming an id out of range. */
+/* As moe_tokenizer_encode, into a new array *ids (free() it; NULL on error) of *n_ids ids. */
+moe_status moe_tokenizer_encode_alloc(const moe_tokenizer *t, const char *text, size_t n, int flags, int32_t **ids,
+                                      size_t *n_ids);
+/* The text of n ids into out (cap bytes, not NUL-terminated); *len = its length, set also when cap is
+ * too small (MOE_ERR_ARG): call with cap 0 to learn it. Byte-level tokenizers give the tokens' bytes;
+ * others run the file's decoders (a run of <0xNN> tokens that is not UTF-8 gives U+FFFD per byte, as
+ * HF). MOE_ERR_VALUE naming an id out of range. */
 moe_status moe_tokenizer_decode(const moe_tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap,
                                 size_t *len);
-/* The bytes of one id (not NUL-terminated, *len of them), or NULL when out of range. */
+/* The bytes of one id (not NUL-terminated, *len of them): a byte-level token's bytes, another
+ * vocabulary's token string (as "▁the", "<0x0A>"); NULL when out of range. */
 const char *moe_tokenizer_token_bytes(const moe_tokenizer *t, int32_t id, size_t *len);
 /* The id of the token whose bytes are the string (an added token such as MOE_TOKENIZER_EOT, or a
- * byte-level token by the text it stands for), or -1. */
+ * vocabulary token by its bytes as moe_tokenizer_token_bytes gives them), or -1. */
 int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token);
 
 /* ---- a Mixtral-architecture language model and its relatives (DESIGN 4.5) ----

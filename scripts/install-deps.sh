@@ -6,8 +6,8 @@ PKGS="cmake make gcc pkgconf libopenblas-openmp-dev libdnnl-dev libcjson-dev lib
 PKGS="$PKGS clang libclang-rt-14-dev libomp-dev"
 # moe serve: libmicrohttpd; its tests and bench/serve_load.sh: curl and ab (apache2-utils).
 PKGS="$PKGS libmicrohttpd-dev curl apache2-utils"
-# the tokenizer's pre-tokenizer: PCRE2 (Unicode classes)
-PKGS="$PKGS libpcre2-dev"
+# the tokenizer's pre-tokenizers: PCRE2 (Unicode classes); its normalizers: utf8proc (NFC, NFKC)
+PKGS="$PKGS libpcre2-dev libutf8proc-dev"
 missing=""
 for p in $PKGS; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -104,12 +104,13 @@ TEST(tokenizer_pretoken_unicode_matches_reference) {
   ASSERT_EQ_INT(lines, 318);
 }
 
-/* A directory given as the tokenizer file is refused as a directory (its size used to read as LONG_MAX). */
-TEST(tokenizer_load_directory_refused) {
+/* A directory stands for its tokenizer.json: one without is refused naming that file (a directory's
+ * size used to read as LONG_MAX). */
+TEST(tokenizer_load_directory_without_tokenizer_json) {
   moe_tokenizer *t = NULL;
   ASSERT_STATUS(moe_tokenizer_load(&t, test_fixture_dir()), MOE_ERR_IO);
   ASSERT(!t);
-  if (!strstr(moe_last_error(), "must be a file, and this is a directory") || strstr(moe_last_error(), "bytes"))
+  if (!strstr(moe_last_error(), "fixtures/tokenizer.json") || strstr(moe_last_error(), "bytes"))
     FAIL_("message: %s", moe_last_error());
 }
 
@@ -332,7 +333,7 @@ TEST(tokenizer_malformed_files_refused) {
     moe_status st;
     const char *needle;
   } cases[] = {
-      {"\"byte_fallback\": true, ", "[]", "", MOE_ERR_FORMAT, "model.byte_fallback is true"},
+      {"\"byte_fallback\": 3, ", "[]", "", MOE_ERR_FORMAT, "model.byte_fallback is 3, not a boolean"},
       {"\"dropout\": 0.1, ", "[]", "", MOE_ERR_FORMAT, "model.dropout is 0.1"},
       {"\"continuing_subword_prefix\": \"##\", ", "[]", "", MOE_ERR_FORMAT, "model.continuing_subword_prefix"},
       {"\"ignore_merges\": 3, ", "[]", "", MOE_ERR_FORMAT, "model.ignore_merges is 3"},
@@ -342,8 +343,19 @@ TEST(tokenizer_malformed_files_refused) {
       {"", "[\"\xc4\xa0 t\", \"q zz\"]", "", MOE_ERR_FORMAT, "model.merges[1]: \"zz\" is not in model.vocab"},
       {"", "[\"t h\"]", "", MOE_ERR_FORMAT, "model.merges[0]: the merge of \"t\" and \"h\""},
       {"", "{}", "", MOE_ERR_MISSING, "model.merges is missing"},
-      {"", "[]", "\"normalizer\": {\"type\": \"NFC\"}, ", MOE_ERR_FORMAT, "normalizer is of type \"NFC\""},
-      {"", "[]", "\"decoder\": {\"type\": \"Metaspace\"}, ", MOE_ERR_FORMAT, "decoder is of type \"Metaspace\""},
+      {"", "[]", "\"normalizer\": {\"type\": \"BertNormalizer\"}, ", MOE_ERR_FORMAT,
+       "normalizer is of type \"BertNormalizer\": not supported"},
+      {"", "[]", "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, {\"type\": \"Precompiled\"}]}, ",
+       MOE_ERR_FORMAT, "normalizer.normalizers[1] is of type \"Precompiled\""},
+      {"", "[]", "\"decoder\": {\"type\": \"Metaspace\"}, ", MOE_ERR_FORMAT, "a decoder other than ByteLevel"},
+      {"", "[]", "\"decoder\": {\"type\": \"WordPiece\"}, ", MOE_ERR_FORMAT, "decoder is of type \"WordPiece\""},
+      {"\"unk_token\": \"<unk>\", ", "[]", "", MOE_ERR_FORMAT, "model.unk_token \"<unk>\" is not in model.vocab"},
+      {"", "[]", "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\"}}]}, ",
+       MOE_ERR_FORMAT, "post_processor.single[0] names \"<s>\""},
+      {"", "[]", "\"post_processor\": {\"type\": \"RobertaProcessing\", \"cls\": [\"<s>\", 9999], \"sep\": [\"</s>\", 2]}, ",
+       MOE_ERR_FORMAT, "post_processor.cls[1] is not a token id"},
+      {"", "[]", "\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"ByteLevel\"}, {\"type\": \"Digits\"}]}, ",
+       MOE_ERR_FORMAT, "pre_tokenizer.pretokenizers[1] follows a ByteLevel pre-tokenizer"},
   };
   int bad = 0;
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -359,11 +371,15 @@ TEST(tokenizer_malformed_files_refused) {
   bad += !refused("nomodel.json", "{}", MOE_ERR_MISSING, "no \"model\" object");
   bad += !refused("unigram.json", "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", MOE_ERR_FORMAT,
                   "model.type is \"Unigram\"");
-  bad += !refused("meta.json", "{\"pre_tokenizer\": {\"type\": \"Metaspace\"}, \"model\": {\"vocab\": {}, \"merges\": []}}",
-                  MOE_ERR_FORMAT, "pre_tokenizer is of type \"Metaspace\"");
-  bad += !refused("prefix.json",
-                  "{\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true}, \"model\": {\"vocab\": {}, "
-                  "\"merges\": []}}", MOE_ERR_FORMAT, "pre_tokenizer.add_prefix_space is true");
+  bad += !refused("ws.json", "{\"pre_tokenizer\": {\"type\": \"Whitespace\"}, \"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}}",
+                  MOE_ERR_FORMAT, "pre_tokenizer is of type \"Whitespace\": not supported");
+  bad += !refused("behav.json", "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}, \"behavior\": "
+                  "\"Sideways\"}, \"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}}", MOE_ERR_FORMAT,
+                  "pre_tokenizer.behavior is \"Sideways\"");
+  bad += !refused("regex.json", "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(a\"}}, "
+                  "\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}}", MOE_ERR_FORMAT,
+                  "pre_tokenizer: the pattern \"(a\" does not compile");
+
   const char *bl = "{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"merges\": [], \"vocab\": ";
   char buf[512];
   snprintf(buf, sizeof buf, "%s{\"a\": 0, \"b\": 1.5}}}", bl);

@@ -1,9 +1,12 @@
-/* Byte-level BPE (GPT-2's scheme): the pre-tokenizer, encoding by merge rank, decoding, and the
- * tokenizer's state. Training is in tokenizer_train.c, tokenizer.json in tokenizer_json.c. */
-#include "lm/tokenizer.h"
+/* BPE: the tokenizer's state, added tokens, encoding by merge rank, decoding. GPT-2's byte-level BPE
+ * runs here alone (GPT-2's pre-tokenizer in pretok.c); a Hugging Face file's normalizers,
+ * pre-tokenizers and decoders run in tokenizer_pipeline.c. Training is in tokenizer_train.c,
+ * tokenizer.json in tokenizer_json.c. */
+#include "lm/tokenizer_hf.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "internal.h"
 
@@ -42,7 +45,8 @@ moe_tokenizer *moe__tok_alloc(int32_t vocab) {
   t->len = calloc((size_t)vocab, sizeof *t->len);
   t->added = calloc((size_t)vocab, 1);
   t->special = calloc((size_t)vocab, 1);
-  if (!t->bytes || !t->len || !t->added || !t->special) {
+  t->strip = calloc((size_t)vocab, 1);
+  if (!t->bytes || !t->len || !t->added || !t->special || !t->strip) {
     moe_tokenizer_free(t);
     return NULL;
   }
@@ -57,16 +61,27 @@ int moe__tok_set(moe_tokenizer *t, int32_t id, const char *bytes, size_t len, in
   t->len[id] = (int32_t)len;
   t->added[id] = (uint8_t)added;
   t->special[id] = (uint8_t)special;
-  if (added) return 1;
+  if (added) {
+    int32_t *a = realloc(t->added_ids, (size_t)(t->n_added + 1) * sizeof *a);
+    if (!a) return 0;
+    t->added_ids = a;
+    a[t->n_added++] = id;
+    return 1;
+  }
   if (len == 1) t->byte_id[(unsigned char)bytes[0]] = id;
   return moe__tok_map_put(&t->by_bytes, bytes, len, id, &isnew) != NULL;
 }
 
 int moe__tok_add_merge(moe_tokenizer *t, int32_t left, int32_t right, int32_t merged) {
-  int32_t key[2] = {left, right}, (*m)[3] = realloc(t->merges, (size_t)(t->n_merges + 1) * sizeof *m);
+  int32_t key[2] = {left, right}, (*m)[3] = t->merges;
   int isnew;
-  if (!m) return 0;
-  t->merges = m;
+  if (t->n_merges == t->merges_cap) { /* doubling: files have hundreds of thousands of merges */
+    int32_t cap = 2 * t->merges_cap + 64;
+    m = realloc(t->merges, (size_t)cap * sizeof *m);
+    if (!m) return 0;
+    t->merges = m;
+    t->merges_cap = cap;
+  }
   if (!moe__tok_map_put(&t->pair_rank, key, sizeof key, t->n_merges, &isnew)) return 0;
   if (!isnew) return 1;
   m[t->n_merges][0] = left;
@@ -82,6 +97,10 @@ void moe_tokenizer_free(moe_tokenizer *t) {
   free(t->len);
   free(t->added);
   free(t->special);
+  free(t->strip);
+  free(t->added_ids);
+  free(t->post);
+  moe__tok_hf_free(t->hf);
   free(t->merges);
   moe__tok_map_free(&t->pair_rank);
   moe__tok_map_free(&t->by_bytes);
@@ -90,9 +109,17 @@ void moe_tokenizer_free(moe_tokenizer *t) {
 
 int32_t moe_tokenizer_vocab_size(const moe_tokenizer *t) { return t->vocab; }
 
+int moe__tok_round_trips(const moe_tokenizer *t) {
+  int strips = 0;
+  for (int32_t i = 0; i < t->vocab; i++) strips |= t->strip[i];
+  return !t->hf && !strips;
+}
+
 int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token) {
-  for (int32_t i = 0; i < t->vocab; i++)
-    if (t->added[i] && (size_t)t->len[i] == strlen(token) && !memcmp(t->bytes[i], token, (size_t)t->len[i])) return i;
+  for (int32_t k = 0; k < t->n_added; k++) {
+    int32_t i = t->added_ids[k];
+    if ((size_t)t->len[i] == strlen(token) && !memcmp(t->bytes[i], token, (size_t)t->len[i])) return i;
+  }
   const int64_t *v = moe__tok_map_get(&t->by_bytes, token, strlen(token));
   return v ? (int32_t)*v : -1;
 }
@@ -105,16 +132,78 @@ const char *moe_tokenizer_token_bytes(const moe_tokenizer *t, int32_t id, size_t
 
 /* ---- encode ---- */
 
-/* The ids of one pre-token w (n bytes) into out (room for n): its bytes, then the lowest-ranked
- * adjacent pair merged everywhere, again and again. Returns the count. */
-static size_t bpe_word(const moe_tokenizer *t, const unsigned char *w, size_t n, int32_t *out) {
-  const int64_t *whole = t->ignore_merges ? moe__tok_map_get(&t->by_bytes, w, n) : NULL;
-  if (whole) {
-    out[0] = (int32_t)*whole;
-    return 1;
+/* The rank of the pair (a, b), or -1. */
+static int64_t pair_rank(const moe_tokenizer *t, int32_t a, int32_t b) {
+  const int64_t *r = moe__tok_map_get(&t->pair_rank, (int32_t[2]){a, b}, 8);
+  return r ? *r : -1;
+}
+
+/* A min-heap of pairs by (rank, position of the left symbol): the lowest rank first, leftmost among
+ * equals, as Hugging Face's BPE merges. */
+typedef struct {
+  int64_t rank;
+  size_t pos;
+} pair_at;
+
+static int before(pair_at a, pair_at b) { return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos); }
+
+static void heap_push(pair_at *h, size_t *n, pair_at x) {
+  size_t i = (*n)++;
+  for (; i && before(x, h[(i - 1) / 2]); i = (i - 1) / 2) h[i] = h[(i - 1) / 2];
+  h[i] = x;
+}
+
+static pair_at heap_pop(pair_at *h, size_t *n) {
+  pair_at top = h[0], x = h[--*n];
+  size_t i = 0;
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= *n) break;
+    if (c + 1 < *n && before(h[c + 1], h[c])) c++;
+    if (!before(h[c], x)) break;
+    h[i] = h[c];
+    i = c;
   }
-  for (size_t i = 0; i < n; i++) out[i] = t->byte_id[w[i]];
-  for (size_t m = n;;) {
+  if (*n) h[i] = x;
+  return top;
+}
+
+/* Long words: the same merges in O(m log m) with a heap over a linked list of symbols (the scan
+ * below is quadratic: a run of 100,000 letters took seconds). 0 when out of memory. */
+static int merge_heap(const moe_tokenizer *t, int32_t *out, size_t *m) {
+  size_t n = *m, hn = 0, *next = malloc(n * sizeof *next), *prev = malloc(n * sizeof *prev);
+  pair_at *h = malloc(n * 2 * sizeof *h); /* at most n - 1 pairs at first, then 2 per merge (n - 1) */
+  if (!next || !prev || !h) {
+    free(next), free(prev), free(h);
+    return 0;
+  }
+  for (size_t i = 0; i < n; i++) {
+    next[i] = i + 1, prev[i] = i - 1; /* n and SIZE_MAX: none */
+    int64_t r = i + 1 < n ? pair_rank(t, out[i], out[i + 1]) : -1;
+    if (r >= 0) heap_push(h, &hn, (pair_at){r, i});
+  }
+  while (hn) {
+    pair_at x = heap_pop(h, &hn);
+    size_t p = x.pos, q = next[p];
+    if (out[p] < 0 || q >= n || pair_rank(t, out[p], out[q]) != x.rank) continue; /* gone or changed */
+    out[p] = t->merges[x.rank][2];
+    out[q] = -1;
+    next[p] = next[q];
+    if (next[q] < n) prev[next[q]] = p;
+    int64_t r;
+    if (prev[p] < n && (r = pair_rank(t, out[prev[p]], out[p])) >= 0) heap_push(h, &hn, (pair_at){r, prev[p]});
+    if (next[p] < n && (r = pair_rank(t, out[p], out[next[p]])) >= 0) heap_push(h, &hn, (pair_at){r, p});
+  }
+  size_t j = 0;
+  for (size_t i = 0; i < n; i = next[i]) out[j++] = out[i];
+  *m = j;
+  free(next), free(prev), free(h);
+  return 1;
+}
+
+size_t moe__tok_merge(const moe_tokenizer *t, int32_t *out, size_t m) {
+  if (m > 64 && merge_heap(t, out, &m)) return m;
+  for (;;) { /* lowest rank first, every occurrence left to right (GPT-2's encoder) */
     int64_t best = INT64_MAX;
     for (size_t i = 0; i + 1 < m; i++) {
       const int64_t *r = moe__tok_map_get(&t->pair_rank, (int32_t[2]){out[i], out[i + 1]}, 8);
@@ -134,37 +223,89 @@ static size_t bpe_word(const moe_tokenizer *t, const unsigned char *w, size_t n,
   }
 }
 
-/* A pre-token's ids, remembered per encode call (a text repeats its words), and the pre-tokenizer. */
+/* The ids of one pre-token w (n bytes) of a byte-level vocabulary into out (room for n): its bytes,
+ * then the merges. Returns the count. */
+static size_t bpe_word(const moe_tokenizer *t, const unsigned char *w, size_t n, int32_t *out) {
+  const int64_t *whole = t->ignore_merges ? moe__tok_map_get(&t->by_bytes, w, n) : NULL;
+  if (whole) {
+    out[0] = (int32_t)*whole;
+    return 1;
+  }
+  for (size_t i = 0; i < n; i++) out[i] = t->byte_id[w[i]];
+  return moe__tok_merge(t, out, n);
+}
+
+/* The ids being written: the caller's array (room for cap, fixed) or one grown as needed. */
 typedef struct {
-  moe__pretok *pre;
-  moe__tok_map index; /* pre-token bytes -> offset in ids */
-  int32_t *ids;       /* at each offset: the count, then the ids */
+  int32_t *ids;
+  size_t k, cap;
+  int grow;
+} id_buf;
+
+static moe_status room(id_buf *b, size_t more) {
+  if (b->k + more <= b->cap) return MOE_OK;
+  MOE_TRY(b->grow, MOE_ERR_ARG, "moe_tokenizer_encode: the ids need more room than the %zu given (this tokenizer can "
+          "give more ids than the text has bytes: use moe_tokenizer_encode_alloc)", b->cap);
+  size_t cap = 2 * b->cap + more + 256;
+  int32_t *p = realloc(b->ids, cap * sizeof *p);
+  MOE_TRY(p, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory (%zu ids)", cap);
+  b->ids = p;
+  b->cap = cap;
+  return MOE_OK;
+}
+
+/* A pre-token's ids, remembered per encode call (a text repeats its words), and the pre-tokenizers. */
+typedef struct {
+  moe__pretok *pre;       /* GPT-2's, for the plain path */
+  moe__tok_scratch *sc;   /* a Hugging Face pipeline's */
+  moe__tok_map index;     /* pre-token bytes -> offset in ids */
+  int32_t *ids;           /* at each offset: the count, then the ids */
   size_t n, cap;
 } word_cache;
 
-static moe_status encode_plain(const moe_tokenizer *t, word_cache *c, const unsigned char *s, size_t n,
-                               int32_t *ids, size_t *k) {
-  for (size_t i = 0, j; i < n; i = j) {
-    j = moe__pretok_next(c->pre, s, n, i);
-    int isnew;
-    int64_t *off = moe__tok_map_put(&c->index, s + i, j - i, (int64_t)c->n, &isnew);
-    MOE_TRY(off, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory (word cache)");
-    if (isnew) {
-      if (c->n + (j - i) + 1 > c->cap) {
-        size_t cap = 2 * c->cap + (j - i) + 1024;
-        int32_t *p = realloc(c->ids, cap * sizeof *p);
-        MOE_TRY(p, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory (word cache of %zu ids)", cap);
-        c->ids = p;
-        c->cap = cap;
-      }
-      size_t m = bpe_word(t, s + i, j - i, c->ids + c->n + 1);
-      c->ids[c->n] = (int32_t)m;
-      c->n += m + 1;
+static moe_status word_ids(const moe_tokenizer *t, word_cache *c, const unsigned char *w, size_t n, id_buf *b) {
+  int isnew;
+  int64_t *off = moe__tok_map_put(&c->index, w, n, (int64_t)c->n, &isnew);
+  MOE_TRY(off, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory (word cache)");
+  if (isnew) {
+    if (c->n + n + 1 > c->cap) {
+      size_t cap = 2 * c->cap + n + 1024;
+      int32_t *p = realloc(c->ids, cap * sizeof *p);
+      MOE_TRY(p, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory (word cache of %zu ids)", cap);
+      c->ids = p;
+      c->cap = cap;
     }
-    const int32_t *w = c->ids + *off;
-    memcpy(ids + *k, w + 1, (size_t)w[0] * sizeof *ids);
-    *k += (size_t)w[0];
+    size_t m = 0;
+    if (!t->hf || t->hf->byte_level) m = bpe_word(t, w, n, c->ids + c->n + 1);
+    else MOE_CHECK(moe__tok_bpe_chars(t, w, n, c->ids + c->n + 1, &m));
+    c->ids[c->n] = (int32_t)m;
+    c->n += m + 1;
   }
+  const int32_t *ids = c->ids + *off;
+  MOE_CHECK(room(b, (size_t)ids[0]));
+  memcpy(b->ids + b->k, ids + 1, (size_t)ids[0] * sizeof *ids);
+  b->k += (size_t)ids[0];
+  return MOE_OK;
+}
+
+/* One stretch of text between added tokens (at_start: it begins the text). */
+static moe_status encode_plain(const moe_tokenizer *t, word_cache *c, const unsigned char *s, size_t n, int at_start,
+                               id_buf *b) {
+  if (!t->hf) {
+    if (!c->pre) MOE_CHECK(moe__pretok_new(&c->pre));
+    for (size_t i = 0, j; i < n; i = j) {
+      j = moe__pretok_next(c->pre, s, n, i);
+      MOE_CHECK(word_ids(t, c, s + i, j - i, b));
+    }
+    return MOE_OK;
+  }
+  MOE_TRY(c->sc || (c->sc = moe__tok_scratch_new()), MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory");
+  const char *buf;
+  const size_t(*pcs)[2];
+  size_t count;
+  MOE_CHECK(moe__tok_pretokenize(t, c->sc, (const char *)s, n, at_start, &buf, &pcs, &count));
+  for (size_t i = 0; i < count; i++)
+    MOE_CHECK(word_ids(t, c, (const unsigned char *)buf + pcs[i][0], pcs[i][1] - pcs[i][0], b));
   return MOE_OK;
 }
 
@@ -175,6 +316,23 @@ typedef struct {
   size_t from; /* where that search started */
 } added_at;
 
+/* Whether the character before byte a and the one at byte b of text (n bytes) are not word characters
+ * (letters, digits, '_'): where a single_word added token may match. */
+static int word_char(utf8proc_int32_t c) {
+  utf8proc_category_t k = utf8proc_category(c);
+  return c == '_' || (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) ||
+         (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
+}
+
+static int alone(const char *text, size_t n, size_t a, size_t b) {
+  const unsigned char *u = (const unsigned char *)text;
+  utf8proc_int32_t c;
+  size_t k = a;
+  while (k > 0 && a - k < 4 && (u[k - 1] & 0xc0) == 0x80) k--;
+  if (a > 0 && k > 0 && utf8proc_iterate(u + k - 1, (utf8proc_ssize_t)(a - k + 1), &c) > 0 && word_char(c)) return 0;
+  return !(b < n && utf8proc_iterate(u + b, (utf8proc_ssize_t)(n - b), &c) > 0 && word_char(c));
+}
+
 /* The added token that occurs first in text[i, n) (the longest of those starting there), or -1; its
  * offset in *at (n when none). */
 static int32_t next_added(const moe_tokenizer *t, added_at *a, int na, const char *text, size_t n, size_t i,
@@ -183,7 +341,11 @@ static int32_t next_added(const moe_tokenizer *t, added_at *a, int na, const cha
   *at = n;
   for (int k = 0; k < na; k++) {
     if (a[k].at < i || a[k].from > i) { /* passed over (or never searched): search again from i */
-      const char *p = memmem(text + i, n - i, t->bytes[a[k].id], (size_t)t->len[a[k].id]);
+      const char *tok = t->bytes[a[k].id], *p = text + i;
+      size_t len = (size_t)t->len[a[k].id];
+      while ((p = memmem(p, n - (size_t)(p - text), tok, len)) && (t->strip[a[k].id] & MOE__TOK_SINGLE_WORD) &&
+             !alone(text, n, (size_t)(p - text), (size_t)(p - text) + len))
+        p++;
       a[k].at = p ? (size_t)(p - text) : n;
       a[k].from = i;
     }
@@ -195,32 +357,73 @@ static int32_t next_added(const moe_tokenizer *t, added_at *a, int na, const cha
   return best;
 }
 
-moe_status moe_tokenizer_encode(const moe_tokenizer *t, const char *text, size_t n, int special,
-                                int32_t *ids, size_t *n_ids) {
-  MOE_TRY(t && (text || !n) && ids && n_ids, MOE_ERR_ARG, "moe_tokenizer_encode: NULL argument");
-  int na = 0;
-  for (int32_t id = 0; special && id < t->vocab; id++) na += t->added[id];
-  added_at *a = malloc((na ? (size_t)na : 1) * sizeof *a);
+static int space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+/* The post-processor's ids around the text's (b->ids[0 .. b->k)). */
+static moe_status add_special(const moe_tokenizer *t, id_buf *b) {
+  int before = 0;
+  while (before < t->n_post && t->post[before] >= 0) before++;
+  MOE_CHECK(room(b, (size_t)t->n_post));
+  memmove(b->ids + before, b->ids, b->k * sizeof *b->ids);
+  memcpy(b->ids, t->post, (size_t)before * sizeof *b->ids);
+  b->k += (size_t)before;
+  for (int i = before + 1; i < t->n_post; i++) b->ids[b->k++] = t->post[i];
+  return MOE_OK;
+}
+
+static moe_status encode(const moe_tokenizer *t, const char *text, size_t n, int flags, id_buf *b) {
+  MOE_TRY(t && (text || !n), MOE_ERR_ARG, "moe_tokenizer_encode: NULL argument");
+  /* Added tokens: the special ones when asked, the others always (as HF's split_special_tokens). */
+  int na = 0, special = flags & MOE_TOKENIZER_SPECIAL;
+  added_at *a = malloc((t->n_added ? (size_t)t->n_added : 1) * sizeof *a);
   MOE_TRY(a, MOE_ERR_NOMEM, "moe_tokenizer_encode: out of memory");
-  for (int32_t id = 0, k = 0; special && id < t->vocab; id++)
-    if (t->added[id]) a[k++] = (added_at){id, 0, SIZE_MAX};
+  for (int32_t i = 0; i < t->n_added; i++)
+    if (special || !t->special[t->added_ids[i]]) a[na++] = (added_at){t->added_ids[i], 0, SIZE_MAX};
   word_cache c = {0};
-  moe_status st = moe__pretok_new(&c.pre);
-  *n_ids = 0;
+  moe_status st = MOE_OK;
   for (size_t i = 0; i < n && st == MOE_OK;) {
-    size_t at = n;
+    size_t at = n, end = n;
     int32_t id = next_added(t, a, na, text, n, i, &at);
-    st = encode_plain(t, &c, (const unsigned char *)text + i, at - i, ids, n_ids);
-    i = at;
-    if (id >= 0) {
-      ids[(*n_ids)++] = id;
-      i += (size_t)t->len[id];
+    if (id >= 0) { /* lstrip and rstrip: the token takes the white space beside it */
+      end = at + (size_t)t->len[id];
+      while ((t->strip[id] & MOE__TOK_LSTRIP) && at > i && space(text[at - 1])) at--;
+      while ((t->strip[id] & MOE__TOK_RSTRIP) && end < n && space(text[end])) end++;
     }
+    st = encode_plain(t, &c, (const unsigned char *)text + i, at - i, i == 0, b);
+    if (st == MOE_OK && id >= 0 && (st = room(b, 1)) == MOE_OK) b->ids[b->k++] = id;
+    i = end;
   }
+  if (st == MOE_OK && (flags & MOE_TOKENIZER_ADD_SPECIAL) && t->n_post) st = add_special(t, b);
   free(a);
   moe__pretok_free(c.pre);
+  moe__tok_scratch_free(c.sc);
   moe__tok_map_free(&c.index);
   free(c.ids);
+  return st;
+}
+
+moe_status moe_tokenizer_encode(const moe_tokenizer *t, const char *text, size_t n, int flags, int32_t *ids,
+                                size_t *n_ids) {
+  MOE_TRY(ids && n_ids, MOE_ERR_ARG, "moe_tokenizer_encode: NULL argument");
+  id_buf b = {ids, 0, n, 0};
+  moe_status st = encode(t, text, n, flags, &b);
+  *n_ids = b.k;
+  return st;
+}
+
+moe_status moe_tokenizer_encode_alloc(const moe_tokenizer *t, const char *text, size_t n, int flags, int32_t **ids,
+                                      size_t *n_ids) {
+  MOE_TRY(ids && n_ids, MOE_ERR_ARG, "moe_tokenizer_encode_alloc: NULL argument");
+  id_buf b = {NULL, 0, 0, 1};
+  moe_status st = room(&b, n + 1);
+  if (st == MOE_OK) st = encode(t, text, n, flags, &b);
+  if (st != MOE_OK) {
+    free(b.ids);
+    b.ids = NULL;
+    b.k = 0;
+  }
+  *ids = b.ids;
+  *n_ids = b.k;
   return st;
 }
 
@@ -234,6 +437,15 @@ moe_status moe_tokenizer_decode(const moe_tokenizer *t, const int32_t *ids, size
     MOE_TRY(ids[i] >= 0 && ids[i] < t->vocab, MOE_ERR_VALUE,
             "moe_tokenizer_decode: ids[%zu] = %d is not a token id (the vocabulary has %d)", i, ids[i], t->vocab);
     need += (size_t)t->len[ids[i]];
+  }
+  if (!moe__tok_decode_is_concat(t)) { /* the file's decoders */
+    char *text;
+    MOE_CHECK(moe__tok_decode_hf(t, ids, n, &text, len));
+    int fits = *len <= cap && (out || !*len);
+    if (fits && *len) memcpy(out, text, *len);
+    free(text);
+    MOE_TRY(fits, MOE_ERR_ARG, "moe_tokenizer_decode: the text needs %zu bytes, the buffer holds %zu", *len, cap);
+    return MOE_OK;
   }
   *len = need;
   MOE_TRY(need <= cap && (out || !need), MOE_ERR_ARG,

@@ -475,6 +475,25 @@ static moe_status tok_round_trip(void) {
   return moe_tokenizer_decode(fx.tok, ids, n, back, sizeof back, &len);
 }
 
+/* Hugging Face files with the whole pipeline: normalizers, byte fallback, post-processor, decoders
+ * (Llama 2's kind), and Metaspace, Digits, Punctuation, NFKC, Lowercase (the fuzz seeds). */
+static moe_status hf_load(const char *name) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/../../fuzz/corpus/tokenizer_json/%s", test_fixture_dir(), name);
+  return moe_tokenizer_load(&fx.tok, path);
+}
+static moe_status tok_load_spm(void) { return hf_load("llama2.json"); }
+static moe_status tok_load_meta(void) { return hf_load("metaspace.json"); }
+static moe_status tok_hf_round_trip(void) {
+  int32_t *ids = NULL;
+  char back[4 * sizeof tok_text];
+  size_t n, len;
+  MOE_CHECK(moe_tokenizer_encode_alloc(fx.tok, tok_text, sizeof tok_text - 1, 3, &ids, &n));
+  moe_status st = moe_tokenizer_decode(fx.tok, ids, n, back, sizeof back, &len);
+  free(ids);
+  return st;
+}
+
 TEST(alloc_fail_language_model) {
   paths_init();
   static const moe_lm_family fams[] = {MOE_LM_MIXTRAL, MOE_LM_QWEN2_MOE, MOE_LM_OLMOE};
@@ -493,5 +512,9 @@ TEST(alloc_fail_language_model) {
   RUN("tokenizer_save", tok_train, tok_save);
   RUN("tokenizer_load", NULL, tok_load);
   RUN("tokenizer encode + decode", tok_train, tok_round_trip);
+  RUN("tokenizer_load (Hugging Face pipeline)", NULL, tok_load_spm);
+  RUN("tokenizer_load (Metaspace, NFKC)", NULL, tok_load_meta);
+  RUN("tokenizer encode_alloc + decode (pipeline)", tok_load_spm, tok_hf_round_trip);
+  RUN("tokenizer encode_alloc + decode (Metaspace)", tok_load_meta, tok_hf_round_trip);
   printf("  alloc_fail: %ld allocation failures injected so far\n", injected);
 }

