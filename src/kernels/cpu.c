@@ -7,7 +7,7 @@
 #include "kernels/quant.h"
 #include "moe.h"
 
-static char info[768];
+static char info[1024]; /* room for what describe() writes at most: no truncation */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 /* The values of the first "key<tabs>: value" lines of /proc/cpuinfo with these n keys, read once ("" for
@@ -78,7 +78,7 @@ static void describe(void) {
   int built512 = 0;
 #endif
   snprintf(info, sizeof info,
-           "%s (family %s model %s): %s; %s; kernels: small GEMMs %s, activations %s, bf16 GEMMs %s, "
+           "%.160s (family %.8s model %.8s): %s; %s; kernels: small GEMMs %s, activations %s, bf16 GEMMs %s, "
            "Q8_0 dot products %s",
            *model ? model : "unknown CPU", *family ? family : "?", *mod ? mod : "?", *fl ? fl : "no AVX2",
            *cache ? cache : "caches unknown",
