@@ -92,9 +92,8 @@ static int parse(int argc, char **argv, gen_opts *o) {
 /* The ids of --prompt's text (at most cap) through the tokenizer; -1 after printing on an error. */
 static int encode_prompt(const moe_tokenizer *t, const char *text, int vocab, int32_t *ids, int cap) {
   size_t len = strlen(text), k = 0;
-  int32_t *all = malloc((len ? len : 1) * sizeof *all);
-  int rc = !all ? cli_usage_error(CMD, "out of memory")
-           : moe_tokenizer_encode(t, text, len, 0, all, &k) != MOE_OK ? cli_fail(CMD)
+  int32_t *all = NULL; /* a tokenizer may give more ids than the text has bytes (byte fallback, a prepended "▁") */
+  int rc = moe_tokenizer_encode_alloc(t, text, len, 0, &all, &k) != MOE_OK ? cli_fail(CMD)
            : !k ? cli_usage_error(CMD, "--prompt: no text")
            : k > (size_t)cap ? cli_usage_error(CMD, "--prompt: %zu tokens, more than the model's context %d", k, cap)
            : moe_tokenizer_vocab_size(t) != vocab

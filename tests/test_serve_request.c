@@ -1,5 +1,7 @@
 /* moe serve's request parser (moe__completion_parse) and UTF-8 cleaning (moe__utf8_clean) alone. */
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "serve/completion.h"
 #include "test.h"
@@ -48,4 +50,27 @@ TEST(serve_utf8_clean_holds_split_characters) {
   const char want[] = "a\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd";
   if (w != sizeof want - 1 || memcmp(out, want, w)) FAIL_("cleaned to %zu bytes", w);
   ASSERT_EQ_INT((int)used, 7);
+}
+
+/* A prompt whose tokenizer gives more ids than the text has bytes (Llama 2's: "\n" is "▁" and <0x0A>)
+ * is encoded whole (the request's ids have room for them). */
+TEST(serve_request_prompt_with_more_ids_than_bytes) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/../../data/tokenizers/llama2/tokenizer.json", test_fixture_dir());
+  moe_tokenizer *t;
+  if (access(path, R_OK)) SKIP("no data/tokenizers/llama2 (scripts/get-tokenizers.sh fetches it)");
+  ASSERT_OK(moe_tokenizer_load(&t, path));
+  moe__completion c;
+  const char *body = "{\"prompt\": \"\\n\\n\", \"max_tokens\": 1}";
+  moe_status st = moe__completion_parse(body, strlen(body), t, moe_tokenizer_vocab_size(t), 64, &c);
+  if (st != MOE_OK) FAIL_("%s", moe_last_error());
+  int32_t *want = NULL;
+  size_t n = 0;
+  ASSERT_OK(moe_tokenizer_encode_alloc(t, "\n\n", 2, 0, &want, &n));
+  ASSERT(n > 2);
+  ASSERT_EQ_INT(c.n_ids, (int)n);
+  ASSERT(!memcmp(c.ids, want, n * sizeof *want));
+  free(want);
+  moe__completion_free(&c);
+  moe_tokenizer_free(t);
 }

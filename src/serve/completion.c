@@ -46,12 +46,11 @@ static moe_status stops(const cJSON *f, const moe_tokenizer *tok, moe__completio
   return MOE_OK;
 }
 
-/* The ids of len bytes of text (special: added tokens' strings as their ids, as a chat template's). */
+/* The ids of len bytes of text (special: added tokens' strings as their ids, as a chat template's); a
+ * tokenizer may give more ids than bytes (byte fallback, a prepended "▁"). */
 static moe_status encode(const char *text, size_t len, const moe_tokenizer *tok, int special, moe__completion *c) {
   size_t k = 0;
-  c->ids = malloc(len * sizeof *c->ids);
-  MOE_TRY(c->ids, MOE_ERR_NOMEM, "\"prompt\": out of memory for %zu bytes", len);
-  MOE_CHECK(moe_tokenizer_encode(tok, text, len, special, c->ids, &k));
+  MOE_CHECK(moe_tokenizer_encode_alloc(tok, text, len, special, &c->ids, &k));
   MOE_TRY(k <= INT32_MAX, MOE_ERR_VALUE, "\"prompt\" is too long");
   c->n_ids = (int)k;
   return MOE_OK;
