@@ -20,7 +20,7 @@ static const char *CMD = "generate";
 static void usage(FILE *f) {
   fprintf(f, "usage: moe generate --checkpoint DIR (--prompt \"text\" | --prompt-ids \"1 2 3\") [--max-tokens N]\n"
              "                    [--temperature T] [--top-p P] [--seed S] [--threads N] [--tokenizer F] [--json]\n"
-             "                    [--ignore-eos] [--dtype f32|bf16]\n"
+             "                    [--ignore-eos] [--dtype f32|bf16] [--logprobs N]\n"
              "Samples N new tokens (default 32) after the prompt: temperature 0 is greedy (default 1), top-p\n"
              "keeps the most probable tokens up to that mass (default 1); the same seed gives the same tokens.\n"
              "Stops before N at the end of text (DIR/config.json's eos_token_id, the tokenizer's <|endoftext|>),\n"
@@ -28,12 +28,15 @@ static void usage(FILE *f) {
              "--prompt: the text through DIR/tokenizer.json (or --tokenizer F); prints the new text.\n"
              "--prompt-ids: prints the new token ids on one line. --json: one JSON line at the end instead,\n"
              "{\"prompt_tokens\", \"ids\", and with --prompt \"text\" (bytes that are not UTF-8 as U+FFFD)}.\n"
-             "--dtype bf16: the experts' GEMMs in bf16 (bf16 weights and inputs, fp32 accumulation; default f32).\n");
+             "--dtype bf16: the experts' GEMMs in bf16 (bf16 weights and inputs, fp32 accumulation; default f32).\n"
+             "--logprobs N (with --json): each new token's log-probability under the model (its softmax at\n"
+             "temperature 1) as \"logprobs\", and the N (0 to 20) most probable tokens' as \"top_logprobs\".\n");
 }
 
 typedef struct {
   const char *ck, *prompt, *text, *tokenizer;
   int max_tokens, threads, json, ignore_eos;
+  int logprobs; /* -1: none; else the alternatives per token */
   moe_dtype dtype;
   float temperature, top_p;
   uint64_t seed;
@@ -57,7 +60,7 @@ static int parse_ids(const char *s, int vocab, int32_t *ids, int cap) {
 }
 
 static int parse(int argc, char **argv, gen_opts *o) {
-  *o = (gen_opts){.max_tokens = 32, .temperature = 1.0f, .top_p = 1.0f, .dtype = MOE_DT_F32};
+  *o = (gen_opts){.max_tokens = 32, .temperature = 1.0f, .top_p = 1.0f, .dtype = MOE_DT_F32, .logprobs = -1};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     if (cli_flag_is(f, "json") || cli_flag_is(f, "ignore-eos")) { /* flags without a value */
@@ -78,6 +81,7 @@ static int parse(int argc, char **argv, gen_opts *o) {
     else if (cli_flag_is(f, "seed")) ok = cli_parse_int(v, &seed) && seed >= 0, o->seed = (uint64_t)seed;
     else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0;
     else if (cli_flag_is(f, "dtype")) ok = moe_dtype_parse(v, "--dtype", &o->dtype) == MOE_OK;
+    else if (cli_flag_is(f, "logprobs")) ok = cli_parse_int(v, &o->logprobs) && o->logprobs >= 0 && o->logprobs <= 20;
     else {
       usage(stderr);
       return cli_usage_error(CMD, "unknown flag '%s'", f);
@@ -86,6 +90,7 @@ static int parse(int argc, char **argv, gen_opts *o) {
   }
   if (!o->ck || !o->prompt == !o->text)
     return cli_usage_error(CMD, "--checkpoint and one of --prompt and --prompt-ids are required");
+  if (o->logprobs >= 0 && !o->json) return cli_usage_error(CMD, "--logprobs needs --json");
   return 0;
 }
 
@@ -115,7 +120,30 @@ static void emit(const moe_tokenizer *t, int32_t id, int first) {
 
 /* The new tokens as one JSON line: their ids, and with a tokenizer their text, bytes that are not UTF-8
  * replaced by U+FFFD (JSON is Unicode; Python's errors="replace" does the same). */
-static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int prompt_tokens) {
+/* The log-probabilities of n tokens (each with top alternatives, their ids and log-probabilities) into o. */
+typedef struct {
+  int top;         /* alternatives per token, or -1: none */
+  float *lp;       /* (max_tokens) */
+  int32_t *top_id; /* (max_tokens, top) */
+  float *top_lp;   /* (max_tokens, top) */
+} gen_logprobs;
+
+static int add_logprobs(cJSON *o, const gen_logprobs *g, int n) {
+  cJSON *lp = cJSON_AddArrayToObject(o, "logprobs"), *top = cJSON_AddArrayToObject(o, "top_logprobs");
+  int ok = lp && top;
+  for (int i = 0; ok && i < n; i++) {
+    cJSON *alt = cJSON_CreateArray();
+    ok = alt && cJSON_AddItemToArray(lp, cJSON_CreateNumber(g->lp[i])) && cJSON_AddItemToArray(top, alt);
+    for (int j = 0; ok && j < g->top; j++) {
+      cJSON *e = cJSON_CreateObject();
+      ok = e && cJSON_AddItemToArray(alt, e) && cJSON_AddNumberToObject(e, "id", g->top_id[(size_t)i * g->top + j]) &&
+           cJSON_AddNumberToObject(e, "logprob", g->top_lp[(size_t)i * g->top + j]);
+    }
+  }
+  return ok;
+}
+
+static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int prompt_tokens, const gen_logprobs *g) {
   cJSON *o = cJSON_CreateObject(), *a = cJSON_CreateArray();
   int ok = o && a;
   for (int i = 0; ok && i < n; i++) ok = cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i])) && cJSON_GetArraySize(a) == i + 1;
@@ -132,6 +160,9 @@ static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int pro
     cJSON_AddNumberToObject(o, "prompt_tokens", prompt_tokens);
     cJSON_AddItemToObject(o, "ids", a), a = NULL;
     if (utf) cJSON_AddStringToObject(o, "text", utf);
+    ok = g->top < 0 || add_logprobs(o, g, n);
+  }
+  if (ok) {
     cli_json_line(o), o = NULL;
   }
   cJSON_Delete(o);
@@ -158,8 +189,14 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
   if (n + o->max_tokens > c->max_seq)
     return cli_usage_error(CMD, "the prompt (%d tokens) and --max-tokens %d exceed the model's context of %d", n,
                            o->max_tokens, c->max_seq);
+  gen_logprobs g = {o->logprobs < c->vocab ? o->logprobs : c->vocab, NULL, NULL, NULL};
+  size_t nt = (size_t)o->max_tokens * (g.top > 0 ? (size_t)g.top : 1);
+  if (g.top >= 0 && (!(g.lp = malloc(nt * 4 + 4)) || !(g.top_id = malloc(nt * 4 + 4)) || !(g.top_lp = malloc(nt * 4 + 4)))) {
+    free(g.lp), free(g.top_id), free(g.top_lp);
+    return cli_usage_error(CMD, "out of memory for --logprobs");
+  }
   moe_lm_cache *kv;
-  if (moe_lm_cache_new(&kv, m, 1)) return cli_fail(CMD);
+  if (moe_lm_cache_new(&kv, m, 1)) return free(g.lp), free(g.top_id), free(g.top_lp), cli_fail(CMD);
   uint64_t rng = o->seed;
   int rc = moe_lm_decode(m, kv, ids, n) ? cli_fail(CMD) : 0, T = n;
   int32_t *out = ids + n; /* the new tokens follow the prompt (ids holds both) */
@@ -172,6 +209,9 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
     }
     if ((rc = cli_settle(m->cfg.moe.dist, CMD, rank0_token(m->cfg.moe.dist, &next)))) break;
     if (!o->ignore_eos && lm_is_eos(eos, n_eos, next)) break;
+    if (g.top >= 0 && (rc = moe_lm_logprobs(moe_lm_logits(m) + (size_t)(T - 1) * c->vocab, c->vocab, next, g.top, &g.lp[k],
+                                            g.top_id + (size_t)k * g.top, g.top_lp + (size_t)k * g.top) ? cli_fail(CMD) : 0))
+      break;
     if (k + 1 < o->max_tokens && moe_lm_decode(m, kv, &next, 1)) { /* rank 0's token on every rank */
       rc = cli_fail(CMD);
       break;
@@ -184,8 +224,9 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
     T = 1;
   }
   if (!o->json) printf("\n");
-  else if (!rc) rc = print_json(t, out, k, n);
+  else if (!rc) rc = print_json(t, out, k, n, &g);
   moe_lm_cache_free(kv);
+  free(g.lp), free(g.top_id), free(g.top_lp);
   return rc;
 }
 

@@ -1056,6 +1056,11 @@ moe_status moe_lm_decode(moe_lm_t *m, moe_lm_cache *c, const int32_t *tokens, in
  * the same tokens. */
 moe_status moe_lm_sample(const float *logits, int V, float temperature, float top_p, uint64_t *rng,
                          int32_t *token);
+/* Token's log-probability under logits (V), their softmax at temperature 1, into *lp; and the n most
+ * probable tokens (most probable first, ties to the lower id) and theirs into top_ids and top_lp (n of
+ * each; NULL when n is 0). */
+moe_status moe_lm_logprobs(const float *logits, int V, int32_t token, int n, float *lp, int32_t *top_ids,
+                           float *top_lp);
 
 /* ---- optimizers over any parameter table (the language model's refs, say) ----
  * moe_optim_init and moe_optim_step are these over a moe_model_t's refs. The state (n = numel) is in

@@ -4,7 +4,6 @@ LM.generate runs the loop `moe generate` runs (the prompt through the KV cache, 
 token at a time from the request's splitmix64 generator), so the same seed gives the same tokens."""
 import ctypes as C
 import json
-import math
 import os
 
 import numpy as np
@@ -24,6 +23,7 @@ for _name, (_res, _args) in {
         "moe_lm_cache_free": (None, [C.c_void_p]),
         "moe_lm_decode": (C.c_int, [_LM, C.c_void_p, _I32, C.c_int]),
         "moe_lm_sample": (C.c_int, [_F32, C.c_int, C.c_float, C.c_float, _P(C.c_uint64), _I32]),
+        "moe_lm_logprobs": (C.c_int, [_F32, C.c_int, C.c_int32, C.c_int, _F32, _I32, _F32]),
         "moe_engine_new": (C.c_int, [_P(C.c_void_p), _LM, _P(S.EngineConfig)]),
         "moe_engine_submit": (C.c_int, [C.c_void_p, _P(S.EngineParams), _P(C.c_void_p)]),
         "moe_engine_wait": (None, [C.c_void_p, C.c_void_p, C.c_int, _P(S.EngineState)]),
@@ -102,16 +102,14 @@ class LM(Owner):
                 t = nxt.value
                 if not ignore_eos and t in self.eos:
                     return
-                lp = None
+                lp = C.c_float()
                 if logprobs:
-                    lg = np.ctypeslib.as_array(row_ptr, shape=(V,)).astype(np.float64)
-                    mx = lg.max()
-                    lp = float(lg[t] - mx - math.log(np.exp(lg - mx).sum()))
+                    check(lib.moe_lm_logprobs(row_ptr, V, t, 0, C.byref(lp), None, None))
                 if k + 1 < max_tokens:
                     one = np.array([t], dtype=np.int32)
                     check(lib.moe_lm_decode(m, kv, one.ctypes.data_as(_I32), 1))
                 row = 0
-                yield (t, lp) if logprobs else t
+                yield (t, lp.value) if logprobs else t
         finally:
             lib.moe_lm_cache_free(kv)
 

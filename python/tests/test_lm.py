@@ -38,6 +38,21 @@ class LMTest(unittest.TestCase):
                 self.assertEqual(lm.generate(prompt, **opts), want, f"{fam} {prompt} {opts}")
                 self.assertEqual(list(lm.stream(prompt, **opts)), want)
 
+    def test_logprobs_equal_moe_generate(self):
+        if not os.environ.get("MOE_CLI"):
+            self.skipTest("MOE_CLI not set (tests/test_python.c sets it)")
+        ck = os.path.join(LM_DIR, "mixtral")
+        args = [os.environ["MOE_CLI"], "generate", "--checkpoint", ck, "--json", "--prompt-ids", "5 9 1", "--max-tokens",
+                "6", "--temperature", "0.9", "--seed", "4", "--ignore-eos", "--logprobs", "2"]
+        want = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+        ids, lps = libmoe.LM(ck, threads=1).generate([5, 9, 1], max_tokens=6, temperature=0.9, seed=4, ignore_eos=True,
+                                                    logprobs=True)
+        self.assertEqual(ids, want["ids"])
+        np.testing.assert_allclose(lps, want["logprobs"], rtol=0, atol=1e-6)
+        for top, lp in zip(want["top_logprobs"], want["logprobs"]):
+            self.assertEqual(len(top), 2)
+            self.assertGreaterEqual(top[0]["logprob"], max(top[1]["logprob"], lp))
+
     def test_logprobs_are_the_full_forwards(self):
         lm = libmoe.LM(os.path.join(LM_DIR, "mixtral"), threads=1)
         prompt = [5, 9, 1]

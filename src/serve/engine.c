@@ -107,7 +107,9 @@ static int take_token(moe_engine *e, moe_engine_req *r, const float *logits) {
   if (st == MOE_OK && !r->n_out) r->ttft = moe__now() - r->t_submit;
   if (st != MOE_OK || stop < 0) finish(e, r, -1, st != MOE_OK ? moe_last_error() : "out of memory for the text");
   else {
-    if (!eos && r->n_top >= 0) moe__req_logprobs(r, logits, e->m->cfg.vocab, t);
+    if (!eos && r->n_top >= 0) /* arguments checked: cannot fail */
+      moe_lm_logprobs(logits, e->m->cfg.vocab, t, r->n_top, &r->lp[r->n_out], r->top_ids + (size_t)r->n_out * r->n_top,
+                      r->top_lp + (size_t)r->n_out * r->n_top);
     if (!eos) r->out[r->n_out++] = t, e->st.tokens++; /* counted before anyone can see the token */
     r->stop_hit = eos || stop;
     if (r->stop_hit || r->n_out == r->max_tokens) {

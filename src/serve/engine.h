@@ -43,8 +43,5 @@ void moe__req_unref(moe_engine_req *r);
  * where the first found starts); else 0, r->safe short of the longest end of the text that begins one;
  * -1 when out of memory. */
 int moe__req_add_text(moe_engine_req *r, const char *b, size_t k);
-/* Token t's log-probability from the logits (V) of its step, and the n_top most probable tokens', into
- * r's arrays at position r->n_out. */
-void moe__req_logprobs(moe_engine_req *r, const float *logits, int V, int32_t t);
 
 #endif

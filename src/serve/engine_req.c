@@ -1,6 +1,5 @@
 /* The engine's requests (moe.h, DESIGN 4.7): made from their parameters (checked, copied), their stop
  * strings matched against the text of the tokens as they come, freed with the last reference. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,7 +53,7 @@ moe_status moe__req_new(const moe_lm_t *m, const moe_engine_params *p, int have_
   r->seed = p->seed;
   r->ignore_eos = p->ignore_eos;
   r->n_stop = p->n_stop;
-  r->n_top = p->logprobs ? p->top_logprobs : -1;
+  r->n_top = p->logprobs ? (p->top_logprobs < V ? p->top_logprobs : V) : -1;
   r->refs = 2; /* the caller's handle and the engine's */
   r->slot = -1;
   r->ttft = r->total = -1;
@@ -88,25 +87,4 @@ int moe__req_add_text(moe_engine_req *r, const char *b, size_t k) {
   }
   r->safe = at < n ? at : n - hold;
   return at < n;
-}
-
-void moe__req_logprobs(moe_engine_req *r, const float *logits, int V, int32_t t) {
-  float mx = -INFINITY;
-  for (int v = 0; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
-  double sum = 0;
-  for (int v = 0; v < V; v++) sum += exp((double)logits[v] - mx);
-  float lse = mx + (float)log(sum);
-  int at = r->n_out, n = r->n_top;
-  r->lp[at] = logits[t] - lse;
-  int32_t *ids = r->top_ids + (size_t)at * n;
-  for (int j = 0; j < n && j < V; j++) { /* n passes of selection: n is small */
-    int best = -1;
-    for (int v = 0; v < V; v++) {
-      int taken = 0;
-      for (int i = 0; i < j; i++) taken |= ids[i] == v;
-      if (!taken && (best < 0 || logits[v] > logits[best])) best = v;
-    }
-    ids[j] = best;
-    r->top_lp[(size_t)at * n + j] = logits[best] - lse;
-  }
 }
