@@ -8,6 +8,7 @@ from .chat import render_chat, render_chat_template
 from .data import Dataset, load_idx, load_split
 from .layer import Layer, LayerStats
 from .lm import LM, Engine
+from .tokenizer import Tokenizer
 from .model import Model, ModelStats, Optimizer, TrainState, load_checkpoint, lr_schedule, save_checkpoint
 
 
@@ -18,4 +19,4 @@ def blas_info():
 
 __all__ = ["MoeError", "Dataset", "load_idx", "load_split", "Layer", "LayerStats", "Model", "ModelStats",
            "Optimizer", "TrainState", "load_checkpoint", "lr_schedule", "save_checkpoint", "blas_info",
-           "render_chat", "render_chat_template", "LM", "Engine"]
+           "render_chat", "render_chat_template", "LM", "Engine", "Tokenizer"]
