@@ -338,6 +338,36 @@ static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_
   return ok;
 }
 
+/* POST /tokenize: {"tokens", "count", "max_model_len"}; POST /detokenize: {"prompt"} (vLLM's shapes). */
+static enum MHD_Result tokens(struct MHD_Connection *c, serve_http *h, conn_req *q, int tokenize) {
+  moe__completion r;
+  const char *body = q->body ? q->body : "";
+  moe_status st = tokenize ? moe__tokenize_parse(body, q->n, h->tok, &r) : moe__detokenize_parse(body, q->n, h->m->vocab, &r);
+  if (st != MOE_OK) return send_error(c, h, 400, moe_last_error());
+  cJSON *o = cJSON_CreateObject();
+  if (tokenize) {
+    cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(r.ids, r.n_ids));
+    cJSON_AddNumberToObject(o, "count", r.n_ids);
+    cJSON_AddNumberToObject(o, "max_model_len", h->m->max_seq);
+  } else if (h->tok) { /* through the tokenizer's decoders (SentencePiece's "\u2581", byte fallback) */
+    size_t len = 0, used;
+    moe_tokenizer_decode(h->tok, r.ids, (size_t)r.n_ids, NULL, 0, &len); /* its length */
+    char *raw = malloc(len + 1), *text = malloc(3 * len + 1);
+    if (raw && text && moe_tokenizer_decode(h->tok, r.ids, (size_t)r.n_ids, raw, len, &len) == MOE_OK) {
+      text[moe__utf8_clean(raw, len, 1, text, &used)] = 0;
+      cJSON_AddStringToObject(o, "prompt", text);
+    }
+    free(raw), free(text);
+  } else {
+    reply p = {.h = h, .st = {.n = r.n_ids, .tokens = r.ids}}; /* the ids, as a completion's text without a tokenizer */
+    char *text = new_text(&p, r.n_ids, 1);
+    if (text) cJSON_AddStringToObject(o, "prompt", text);
+    free(text);
+  }
+  moe__completion_free(&r);
+  return send_json(c, h, 200, o);
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                               const char *version, const char *data, size_t *size, void **con_cls) {
   (void)version;
@@ -387,6 +417,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (q->too_big) return send_error(c, h, 413, "the body is larger than 1 MiB");
     return completion(c, h, q, chat);
   }
+  int tokenize = !strcmp(url, "/tokenize");
+  if (tokenize || !strcmp(url, "/detokenize")) {
+    if (!post) return send_error(c, h, 405, tokenize ? "POST /tokenize" : "POST /detokenize");
+    if (q->too_big) return send_error(c, h, 413, "the body is larger than 1 MiB");
+    return tokens(c, h, q, tokenize);
+  }
   if (!strcmp(url, "/v1/models")) {
     if (!get) return send_error(c, h, 405, "GET /v1/models");
     cJSON *o = cJSON_CreateObject(), *d = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
@@ -399,7 +435,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     return send_json(c, h, 200, o);
   }
   return send_error(c, h, 404, "no such endpoint: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, "
-                               "GET /health and GET /metrics are served");
+                               "POST /tokenize, POST /detokenize, GET /health and GET /metrics are served");
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {

@@ -504,6 +504,21 @@ def chat(port):
                                                                      max_tokens=6))[2])
         check(content == want["choices"][0]["text"], "sampled chat %r, completion %r" % (content, want["choices"][0]["text"]))
     logprobs(port)
+    for text in ("the cat sat on the mat", "caf\u00e9 <|endoftext|> na\u00efve"):  # /tokenize and /detokenize
+        status, _, out = request(port, "POST", "/tokenize", {"prompt": text, "model": "moe"})
+        o = json.loads(out)
+        check(status == 200 and o["count"] == len(o["tokens"]) and o["max_model_len"] == 64, "/tokenize %s" % out)
+        status, _, out = request(port, "POST", "/detokenize", {"tokens": o["tokens"]})
+        check(status == 200 and json.loads(out)["prompt"] == text, "/detokenize %s, want %r" % (out, text))
+    plain = json.loads(request(port, "POST", "/tokenize", {"prompt": "the cat"})[2])["tokens"]
+    want = json.loads(request(port, "POST", "/v1/completions", {"prompt": "the cat", "max_tokens": 1})[2])["usage"]
+    check(len(plain) == want["prompt_tokens"], "/tokenize %s, the completion's prompt %s" % (plain, want))
+    for path, body, msg in (("/tokenize", {"prompt": 5}, '"prompt" must be a string'),
+                            ("/tokenize", {"prompt": "x", "extra": 1}, 'unknown field "extra"'),
+                            ("/detokenize", {"tokens": [1, 100000]}, '"tokens"[1] is not a token id'),
+                            ("/detokenize", {"tokens": "x"}, '"tokens" must be a list')):
+        status, _, out = request(port, "POST", path, body)
+        check(status == 400 and msg in json.loads(out)["error"]["message"], "%s %s -> %d %s" % (path, body, status, out))
     status, _, text = request(port, "GET", "/v1/models")
     check(status == 200 and json.loads(text)["data"][0]["id"] == "moe", "/v1/models -> %d %s" % (status, text))
     user = [{"role": "user", "content": "hi"}]

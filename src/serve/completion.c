@@ -246,6 +246,62 @@ moe_status moe__chat_parse(const char *body, size_t n, const moe_tokenizer *tok,
   return st;
 }
 
+/* Every field of o is one of names (NULL-terminated); "model" a string. */
+static moe_status only(const cJSON *o, const char *const *names) {
+  MOE_TRY(cJSON_IsObject(o), MOE_ERR_FORMAT, "the body must be a JSON object");
+  for (const cJSON *f = o->child; f; f = f->next) {
+    if (!strcmp(f->string, "model")) {
+      MOE_TRY(cJSON_IsString(f) || cJSON_IsNull(f), MOE_ERR_VALUE, "\"model\" must be a string");
+      continue;
+    }
+    MOE_TRY(listed(names, f->string), MOE_ERR_VALUE, "unknown field \"%.60s\"", f->string);
+  }
+  return MOE_OK;
+}
+
+moe_status moe__tokenize_parse(const char *body, size_t n, const moe_tokenizer *tok, moe__completion *c) {
+  static const char *const names[] = {"prompt", "add_special_tokens", NULL};
+  cJSON *o;
+  MOE_CHECK(body_json(body, n, c, &o));
+  const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+  int add = 0;
+  size_t k = 0;
+  moe_status st = only(o, names);
+  if (!st) st = flag(o, "add_special_tokens", &add);
+  if (!st && !tok) st = moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "/tokenize: this checkpoint has no tokenizer.json");
+  if (!st && !cJSON_IsString(p)) st = moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "\"prompt\" must be a string");
+  if (!st) /* special tokens written in the text are theirs, as the chat template's are */
+    st = moe_tokenizer_encode_alloc(tok, p->valuestring, strlen(p->valuestring),
+                                    MOE_TOKENIZER_SPECIAL | (add ? MOE_TOKENIZER_ADD_SPECIAL : 0), &c->ids, &k);
+  if (!st && k > INT32_MAX) st = moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "\"prompt\" is too long");
+  c->n_ids = (int)k;
+  cJSON_Delete(o);
+  if (st != MOE_OK) moe__completion_free(c);
+  return st;
+}
+
+moe_status moe__detokenize_parse(const char *body, size_t n, int vocab, moe__completion *c) {
+  static const char *const names[] = {"tokens", NULL};
+  cJSON *o;
+  MOE_CHECK(body_json(body, n, c, &o));
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "tokens");
+  moe_status st = only(o, names);
+  if (!st && !cJSON_IsArray(t)) st = moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "\"tokens\" must be a list of token ids");
+  int m = st ? 0 : cJSON_GetArraySize(t);
+  if (!st && !(c->ids = malloc(((size_t)m + 1) * sizeof *c->ids))) st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "out of memory");
+  for (const cJSON *e = st ? NULL : t->child; e; e = e->next) {
+    double v = cJSON_IsNumber(e) ? e->valuedouble : -1;
+    if (!(v >= 0 && v < vocab && v == floor(v))) {
+      st = moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "\"tokens\"[%d] is not a token id in [0, %d)", c->n_ids, vocab);
+      break;
+    }
+    c->ids[c->n_ids++] = (int32_t)v;
+  }
+  cJSON_Delete(o);
+  if (st != MOE_OK) moe__completion_free(c);
+  return st;
+}
+
 void moe__completion_free(moe__completion *c) {
   free(c->ids);
   c->ids = NULL;

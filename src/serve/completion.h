@@ -50,6 +50,11 @@ moe_status moe__completion_parse(const char *body, size_t n, const moe_tokenizer
  * moe__completion_parse's, and the template's. */
 moe_status moe__chat_parse(const char *body, size_t n, const moe_tokenizer *tok, const char *chat_template, int max_seq,
                            moe__completion *out);
+/* POST /tokenize's body {"prompt": text, "add_special_tokens": bool} (vLLM's): its ids (special tokens
+ * written in the text as theirs; BOS/EOS with add_special_tokens) into c->ids; POST /detokenize's
+ * {"tokens": [ids]}: the ids, each in [0, vocab). "model" is taken; other fields are refused by name. */
+moe_status moe__tokenize_parse(const char *body, size_t n, const moe_tokenizer *tok, moe__completion *out);
+moe_status moe__detokenize_parse(const char *body, size_t n, int vocab, moe__completion *out);
 void moe__completion_free(moe__completion *c);
 
 /* Copies the n bytes of in to out as UTF-8 (room for 3 n bytes): well-formed sequences as they are,
