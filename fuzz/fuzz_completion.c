@@ -1,8 +1,11 @@
-/* libFuzzer target: moe serve's request body (moe__completion_parse) with a tokenizer trained on a
- * fixed text, and the UTF-8 cleaning of its bytes. A body that parses must respect the limits it was
- * given; the cleaned text must be well-formed UTF-8 whatever the split. */
+/* libFuzzer target: moe serve's request bodies (moe__completion_parse, and by the same bytes
+ * moe__chat_parse over a fixed chat template, moe__tokenize_parse and moe__detokenize_parse) with a
+ * tokenizer trained on a fixed text, and the UTF-8 cleaning of its bytes. A body that parses must respect
+ * the limits it was given; the cleaned text must be well-formed UTF-8 whatever the split. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "serve/completion.h"
 
@@ -13,9 +16,41 @@ static moe_tokenizer *tok(void) {
   return t;
 }
 
+/* A tokenizer_config.json with a chat template, written once. */
+static const char *chat_template(void) {
+  static char path[64];
+  if (path[0]) return path;
+  snprintf(path, sizeof path, "/tmp/fuzz_completion_%d.json", (int)getpid());
+  FILE *f = fopen(path, "w");
+  if (!f || fputs("{\"chat_template\": \"{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\\n{% endfor %}"
+                  "{% if add_generation_prompt %}assistant:{% endif %}\"}", f) < 0 || fclose(f))
+    abort();
+  return path;
+}
+
+/* The other bodies: what parses is within its limits. */
+static void other_bodies(const char *b, size_t n, int vocab) {
+  moe__completion c;
+  if (moe__chat_parse(b, n, tok(), chat_template(), 64, &c) == MOE_OK) {
+    if (c.n_ids < 1 || c.max_tokens < 1 || c.n_ids + c.max_tokens > 64) abort();
+    moe__completion_free(&c);
+  }
+  if (moe__tokenize_parse(b, n, tok(), &c) == MOE_OK) {
+    for (int i = 0; i < c.n_ids; i++)
+      if (c.ids[i] < 0 || c.ids[i] >= vocab) abort();
+    moe__completion_free(&c);
+  }
+  if (moe__detokenize_parse(b, n, vocab, &c) == MOE_OK) {
+    for (int i = 0; i < c.n_ids; i++)
+      if (c.ids[i] < 0 || c.ids[i] >= vocab) abort();
+    moe__completion_free(&c);
+  }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
   moe__completion c;
   int vocab = moe_tokenizer_vocab_size(tok());
+  other_bodies((const char *)data, n, vocab);
   if (moe__completion_parse((const char *)data, n, tok(), vocab, 64, &c) == MOE_OK) {
     if (c.n_ids < 1 || c.max_tokens < 1 || c.n_ids + c.max_tokens > 64 || !(c.top_p > 0 && c.top_p <= 1) ||
         !(c.temperature >= 0))
