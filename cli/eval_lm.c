@@ -1,5 +1,6 @@
 /* moe eval --task lm: a language model checkpoint's loss and perplexity on a split of a text
- * directory (every non-overlapping window of the model's context), through the checkpoint's tokenizer.
+ * directory (every non-overlapping window of the model's context), through the checkpoint's tokenizer,
+ * or on a file of token ids (another implementation's tokenization, to compare losses).
  * Under mpirun the experts are spread over the ranks (each reads its own from the checkpoint), every
  * rank runs the same windows and rank 0 prints. */
 #include <math.h>
@@ -16,15 +17,44 @@ static const char *CMD = "eval";
 
 static void usage(FILE *f) {
   fprintf(f, "usage: moe eval --task lm --checkpoint DIR [--data DIR] [--split test|valid|train] [--context T]\n"
-             "                [--batch B] [--threads N] [--json]\n"
+             "                [--batch B] [--threads N] [--json] [--tokens FILE]\n"
              "Prints test_loss=... test_perplexity=... (valid_... for --split valid; a JSON line with --json):\n"
              "the mean cross-entropy of the checkpoint (a Hugging Face directory of Mixtral, Qwen2/3-MoE or OLMoE\n"
              "with tokenizer.json) over every non-overlapping window of T tokens (default the model's context)\n"
-             "of DIR/<split>.txt (default data/brown, test), and its exponential.\n");
+             "of DIR/<split>.txt (default data/brown, test), and its exponential. --tokens FILE: the token ids of\n"
+             "FILE instead (decimal, separated by spaces, commas or newlines; no tokenizer needed), split \"tokens\".\n");
+}
+
+/* The token ids of a text file (decimal, separated by spaces, commas or newlines), each in [0, vocab). */
+static int read_ids(const char *path, int vocab, int32_t **ids, size_t *n) {
+  FILE *f = fopen(path, "r");
+  if (!f) return cli_usage_error(CMD, "--tokens: cannot read '%s'", path);
+  size_t cap = 4096;
+  *ids = malloc(cap * sizeof **ids);
+  *n = 0;
+  int rc = *ids ? 0 : cli_usage_error(CMD, "--tokens: out of memory");
+  for (long v; !rc;) {
+    int c;
+    while ((c = fgetc(f)) == ' ' || c == ',' || c == '\n' || c == '\r' || c == '\t') {}
+    if (c == EOF) break;
+    ungetc(c, f);
+    if (fscanf(f, "%ld", &v) != 1 || v < 0 || v >= vocab) {
+      rc = cli_usage_error(CMD, "%s: token %zu is not a token id in [0, %d)", path, *n, vocab);
+      break;
+    }
+    if (*n == cap) {
+      int32_t *p = realloc(*ids, 2 * cap * sizeof *p);
+      if (!p) rc = cli_usage_error(CMD, "--tokens: out of memory");
+      else *ids = p, cap *= 2;
+    }
+    if (!rc) (*ids)[(*n)++] = (int32_t)v;
+  }
+  fclose(f);
+  return rc;
 }
 
 static int eval(int argc, char **argv, moe_dist *dist) {
-  const char *ck = NULL, *data = "data/brown", *split = "test";
+  const char *ck = NULL, *data = "data/brown", *split = "test", *tokens = NULL;
   int threads = 0, batch = 8, json = 0, context = 0;
   for (int i = 1; i < argc; i++) {
     if (cli_flag_is(argv[i], "json")) {
@@ -42,6 +72,7 @@ static int eval(int argc, char **argv, moe_dist *dist) {
     else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &threads) && threads >= 0;
     else if (cli_flag_is(f, "batch")) ok = cli_parse_int(v, &batch) && batch > 0;
     else if (cli_flag_is(f, "context")) ok = cli_parse_int(v, &context) && context > 0;
+    else if (cli_flag_is(f, "tokens")) tokens = v, split = "tokens";
     else {
       usage(stderr);
       return cli_usage_error(CMD, "unknown flag '%s'", f);
@@ -54,7 +85,7 @@ static int eval(int argc, char **argv, moe_dist *dist) {
   moe_tokenizer *t = NULL;
   moe_lm_config c;
   moe_lm_t m = {0};
-  if (moe_tokenizer_load(&t, path) != MOE_OK || moe_lm_read_config(ck, &c) != MOE_OK) {
+  if ((!tokens && moe_tokenizer_load(&t, path) != MOE_OK) || moe_lm_read_config(ck, &c) != MOE_OK) {
     moe_tokenizer_free(t);
     return cli_fail(CMD);
   }
@@ -64,12 +95,14 @@ static int eval(int argc, char **argv, moe_dist *dist) {
   if (!context) context = c.max_seq;
   if (!rc && context > c.max_seq)
     rc = cli_usage_error(CMD, "--context %d exceeds the model's max_position_embeddings %d", context, c.max_seq);
-  if (!rc && moe_tokenizer_vocab_size(t) != c.vocab)
+  if (!rc && t && moe_tokenizer_vocab_size(t) != c.vocab)
     rc = cli_usage_error(CMD, "%s has %d token ids, the model %d", path, moe_tokenizer_vocab_size(t), c.vocab);
   int32_t *ids = NULL;
   size_t n = 0;
   double loss = 0;
-  if (!rc) rc = lm_stream_load(CMD, t, data, split, context, &ids, &n);
+  if (!rc) rc = tokens ? read_ids(tokens, c.vocab, &ids, &n) : lm_stream_load(CMD, t, data, split, context, &ids, &n);
+  if (!rc && tokens && n < (size_t)context + 1)
+    rc = cli_usage_error(CMD, "%s: %zu tokens, fewer than one window of --context %d + 1", tokens, n, context);
   if (!rc) rc = lm_eval_loss(CMD, &m, ids, n, context, batch, 0, &loss); /* the same windows on every rank */
   if (!rc && json)
     printf("{\"%s_loss\": %.6f, \"%s_perplexity\": %.4f, \"tokens\": %zu}\n", split, loss, split, exp(loss), n);
