@@ -1326,7 +1326,7 @@ void moe_engine_get_stats(moe_engine *e, moe_engine_stats *st);
 /* Takes no more requests, finishes those queued and running, and ends the thread; then free. */
 void moe_engine_drain(moe_engine *e);
 int moe_engine_draining(moe_engine *e);
-/* Drains first. */
+/* Drains first. Release every request handle before (their memory is freed by the last release). */
 void moe_engine_free(moe_engine *e);
 
 /* Expert buffering for a loaded model (deployment paper VI, moe serve --cache K): every MoE layer's
