@@ -62,6 +62,7 @@ int cmd_trace(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
 int cmd_tokenizer_template(int argc, char **argv); /* moe tokenizer template (chat_template.c) */
 int cmd_generate(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_gguf(int argc, char **argv);

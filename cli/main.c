@@ -18,7 +18,7 @@ static void usage(FILE *f) {
           "  trace       record a checkpoint's expert activations over a data set (DESIGN 4.4)\n"
           "  cachesim    expert-cache miss rates of a trace per layer (lifo, lru, fifo, belady)\n"
           "  placement   place experts on devices from a trace (greedy, anticorr) and compare Max Load\n"
-          "  generate    sample tokens from a Hugging Face checkpoint (Mixtral, Qwen2/3-MoE, OLMoE) with a KV cache\n"
+          "  generate    sample tokens from a Hugging Face checkpoint (Mixtral, Qwen2/3-MoE, OLMoE) with a KV cache\n"          "  chat        a conversation in the terminal through a checkpoint's chat template\n"
           "  serve       an HTTP server (OpenAI completions) for such a checkpoint, with continuous batching\n"
           "  plot-trace  the expert-load heatmap of a trace (step x expert, one panel per layer) as PNG or SVG\n"
           "  tokenizer   train a byte-level BPE tokenizer (Hugging Face tokenizer.json); encode, decode\n"
@@ -86,6 +86,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "trace")) return cmd_trace(argc - 1, argv + 1);
   if (!strcmp(argv[1], "tokenizer")) return cmd_tokenizer(argc - 1, argv + 1);
   if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "chat")) return cmd_chat(argc - 1, argv + 1);
   if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
   if (!strcmp(argv[1], "simulate")) return cmd_simulate(argc - 1, argv + 1);
   if (!strcmp(argv[1], "gguf")) return cmd_gguf(argc - 1, argv + 1);
