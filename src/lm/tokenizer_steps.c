@@ -102,6 +102,14 @@ static moe_status unsupported(const char *path, const char *where, const cJSON *
   return FMT("%s: %s is of type \"%.60s\": not supported (only %s)", path, where, ty, supported);
 }
 
+/* A Replace step (a normalizer or a decoder: the same fields): its pattern and content. */
+static moe_status replace(const char *path, const char *where, const cJSON *o, steps *v) {
+  moe__tok_step *st = push(v, STEP_REPLACE);
+  MOE_TRY(st, MOE_ERR_NOMEM, "%s: out of memory", path);
+  MOE_CHECK(pattern(path, where, o, st));
+  return text(path, where, o, "content", NULL, &st->with, &st->with_len);
+}
+
 /* ---- normalizers ---- */
 
 static moe_status normalizer(const char *path, const char *where, const cJSON *o, steps *v, moe_tokenizer *t) {
@@ -117,11 +125,7 @@ static moe_status normalizer(const char *path, const char *where, const cJSON *o
     MOE_TRY(st = push(v, STEP_PREPEND), MOE_ERR_NOMEM, "%s: out of memory", path);
     return text(path, where, o, "prepend", NULL, &st->text, &st->text_len);
   }
-  if (ty && !strcmp(ty, "Replace")) {
-    MOE_TRY(st = push(v, STEP_REPLACE), MOE_ERR_NOMEM, "%s: out of memory", path);
-    MOE_CHECK(pattern(path, where, o, st));
-    return text(path, where, o, "content", NULL, &st->with, &st->with_len);
-  }
+  if (ty && !strcmp(ty, "Replace")) return replace(path, where, o, v);
   if (ty && !strcmp(ty, "Strip")) {
     MOE_TRY(st = push(v, STEP_STRIP), MOE_ERR_NOMEM, "%s: out of memory", path);
     st->a = flag(o, "strip_left", 1);
@@ -228,11 +232,7 @@ static moe_status decoder(const char *path, const char *where, const cJSON *o, s
   static const step_kind KINDS[] = {STEP_BYTE_LEVEL, STEP_BYTE_FALLBACK, STEP_FUSE};
   for (int i = 0; ty && i < 3; i++)
     if (!strcmp(ty, SIMPLE[i])) return push(v, KINDS[i]) ? MOE_OK : NOMEM(path);
-  if (ty && !strcmp(ty, "Replace")) {
-    MOE_TRY(st = push(v, STEP_REPLACE), MOE_ERR_NOMEM, "%s: out of memory", path);
-    MOE_CHECK(pattern(path, where, o, st));
-    return text(path, where, o, "content", NULL, &st->with, &st->with_len);
-  }
+  if (ty && !strcmp(ty, "Replace")) return replace(path, where, o, v);
   if (ty && !strcmp(ty, "Strip")) {
     MOE_TRY(st = push(v, STEP_STRIP), MOE_ERR_NOMEM, "%s: out of memory", path);
     MOE_CHECK(count(path, where, o, "start", &st->a));
