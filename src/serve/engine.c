@@ -103,7 +103,8 @@ static int take_token(moe_engine *e, moe_engine_req *r, const float *logits) {
   size_t k = 0;
   const char *b = st == MOE_OK && e->c.tok ? moe_tokenizer_token_bytes(e->c.tok, t, &k) : NULL;
   pthread_mutex_lock(&e->mu);
-  int stop = b && !eos ? moe__req_add_text(r, b, k) : 0;
+  int stop = b && !eos && r->n_stop ? moe__req_add_text(r, b, k) : 0; /* the text is kept for stop strings only */
+  if (b && !eos && !r->n_stop) r->n_text += k;
   if (st == MOE_OK && !r->n_out) r->ttft = moe__now() - r->t_submit;
   if (st != MOE_OK || stop < 0) finish(e, r, -1, st != MOE_OK ? moe_last_error() : "out of memory for the text");
   else {
