@@ -84,10 +84,8 @@ static int answer(moe_engine *e, const moe_tokenizer *t, const chat_opts *o, con
   }
   if (!rc && st.done < 0) rc = cli_usage_error(CMD, "%s", st.error);
   size_t need = 0;
-  if (!rc) moe_tokenizer_decode(t, st.tokens, (size_t)st.n, NULL, 0, &need); /* its length */
-  *out = rc ? NULL : malloc(need + 1);
-  if (!rc && (!*out || moe_tokenizer_decode(t, st.tokens, (size_t)st.n, *out, need, &need))) rc = cli_fail(CMD);
-  if (!rc) (*out)[need] = 0;
+  *out = NULL;
+  if (!rc && moe_tokenizer_decode_alloc(t, st.tokens, (size_t)st.n, out, &need)) rc = cli_fail(CMD);
   printf("\n");
   moe_engine_release(e, r);
   free(conv), free(text), free(ids);

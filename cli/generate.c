@@ -150,9 +150,7 @@ static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int pro
   char *text = NULL, *utf = NULL;
   size_t len = 0;
   if (ok && t) {
-    moe_status st = moe_tokenizer_decode(t, ids, (size_t)n, NULL, 0, &len); /* its length */
-    text = st == MOE_OK || st == MOE_ERR_ARG ? malloc(len + 1) : NULL, utf = text ? malloc(3 * len + 1) : NULL;
-    ok = text && utf && (!len || moe_tokenizer_decode(t, ids, (size_t)n, text, len, &len) == MOE_OK);
+    ok = moe_tokenizer_decode_alloc(t, ids, (size_t)n, &text, &len) == MOE_OK && (utf = malloc(3 * len + 1));
     size_t used;
     if (ok) utf[moe__utf8_clean(text, len, 1, utf, &used)] = 0;
   }

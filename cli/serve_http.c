@@ -351,9 +351,8 @@ static enum MHD_Result tokens(struct MHD_Connection *c, serve_http *h, conn_req 
     cJSON_AddNumberToObject(o, "max_model_len", h->m->max_seq);
   } else if (h->tok) { /* through the tokenizer's decoders (SentencePiece's "\u2581", byte fallback) */
     size_t len = 0, used;
-    moe_tokenizer_decode(h->tok, r.ids, (size_t)r.n_ids, NULL, 0, &len); /* its length */
-    char *raw = malloc(len + 1), *text = malloc(3 * len + 1);
-    if (raw && text && moe_tokenizer_decode(h->tok, r.ids, (size_t)r.n_ids, raw, len, &len) == MOE_OK) {
+    char *raw = NULL, *text = NULL;
+    if (moe_tokenizer_decode_alloc(h->tok, r.ids, (size_t)r.n_ids, &raw, &len) == MOE_OK && (text = malloc(3 * len + 1))) {
       text[moe__utf8_clean(raw, len, 1, text, &used)] = 0;
       cJSON_AddStringToObject(o, "prompt", text);
     }

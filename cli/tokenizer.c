@@ -105,10 +105,8 @@ static int decode(const moe_tokenizer *t) {
     ids[k++] = (int32_t)v;
     i = (size_t)(end - text);
   }
-  /* Once to learn the length (or which id is out of range), once to write. */
-  moe_status st = rc ? MOE_OK : moe_tokenizer_decode(t, ids, k, NULL, 0, &len);
-  char *out = !rc && (st == MOE_OK || st == MOE_ERR_ARG) ? malloc(len ? len : 1) : NULL;
-  if (!rc && (!out || moe_tokenizer_decode(t, ids, k, out, len, &len) != MOE_OK)) rc = cli_fail(CMD);
+  char *out = NULL;
+  if (!rc && moe_tokenizer_decode_alloc(t, ids, k, &out, &len) != MOE_OK) rc = cli_fail(CMD);
   else if (!rc && fwrite(out, 1, len, stdout) != len) rc = cli_usage_error(CMD, "writing stdout: %s", strerror(errno));
   free(out);
   free(ids);

@@ -909,6 +909,9 @@ moe_status moe_tokenizer_encode_alloc(const moe_tokenizer *t, const char *text, 
  * HF). MOE_ERR_VALUE naming an id out of range. */
 moe_status moe_tokenizer_decode(const moe_tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap,
                                 size_t *len);
+/* As moe_tokenizer_decode, into a new buffer *out (NUL-terminated after its *len bytes; free() it; NULL
+ * on error), decoding once. */
+moe_status moe_tokenizer_decode_alloc(const moe_tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *len);
 /* The bytes of one id (not NUL-terminated, *len of them): a byte-level token's bytes, another
  * vocabulary's token string (as "▁the", "<0x0A>"); NULL when out of range. */
 const char *moe_tokenizer_token_bytes(const moe_tokenizer *t, int32_t id, size_t *len);

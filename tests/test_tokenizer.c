@@ -411,6 +411,14 @@ TEST(tokenizer_malformed_files_refused) {
   ASSERT(strstr(moe_last_error(), "ids[1] = 259"));
   ASSERT_STATUS(moe_tokenizer_decode(t, (int32_t[]){258}, 1, buf, 5, &len), MOE_ERR_ARG);
   ASSERT_EQ_INT(len, 13);
+  char *all = NULL;
+  ASSERT_STATUS(moe_tokenizer_decode_alloc(t, (int32_t[]){1, 259}, 2, &all, &len), MOE_ERR_VALUE);
+  ASSERT(!all && strstr(moe_last_error(), "ids[1] = 259"));
+  ASSERT_OK(moe_tokenizer_decode_alloc(t, (int32_t[]){258}, 1, &all, &len));
+  ASSERT_EQ_INT(len, 13);
+  ASSERT_OK(moe_tokenizer_decode(t, (int32_t[]){258}, 1, buf, sizeof buf, &len));
+  ASSERT(!memcmp(all, buf, 13) && !all[13]);
+  free(all);
   moe_tokenizer_free(t);
   ASSERT_EQ_INT(bad, 0);
 }

@@ -49,6 +49,12 @@ static int check_case(const moe_tokenizer *t, const cJSON *c, int k) {
     ok = 0;
   }
   free(back);
+  size_t la; /* and decoding into a new buffer, once, gives it too, NUL-terminated */
+  if (moe_tokenizer_decode_alloc(t, wids, nw, &back, &la) != MOE_OK || la != strlen(want_text) || strcmp(back, want_text)) {
+    fprintf(stderr, "  case %d: decode_alloc differs from the reference (%s)\n", k, moe_last_error());
+    ok = 0;
+  }
+  free(back);
   /* Our own ids decode back to the text where the reference's do. */
   if (ok && !strcmp(want_text, text)) {
     back = malloc(n + 1);

@@ -17,8 +17,8 @@ for _name, (_res, _args) in {
         "moe_tokenizer_vocab_size": (C.c_int32, [C.c_void_p]),
         "moe_tokenizer_encode_alloc": (C.c_int, [C.c_void_p, C.c_char_p, C.c_size_t, C.c_int, C.POINTER(_I32),
                                                  C.POINTER(C.c_size_t)]),
-        "moe_tokenizer_decode": (C.c_int, [C.c_void_p, _I32, C.c_size_t, C.c_char_p, C.c_size_t,
-                                           C.POINTER(C.c_size_t)]),
+        "moe_tokenizer_decode_alloc": (C.c_int, [C.c_void_p, _I32, C.c_size_t, C.POINTER(C.c_void_p),
+                                                 C.POINTER(C.c_size_t)]),
         "moe_tokenizer_token_id": (C.c_int32, [C.c_void_p, C.c_char_p])}.items():
     _fn = getattr(lib, _name)
     _fn.restype, _fn.argtypes = _res, _args
@@ -62,12 +62,12 @@ class Tokenizer:
 
     def decode_bytes(self, ids):
         a = np.ascontiguousarray(ids, dtype=np.int32)
-        n = C.c_size_t()
-        p = a.ctypes.data_as(_I32)
-        lib.moe_tokenizer_decode(self._t, p, a.size, None, 0, C.byref(n))  # its length (MOE_ERR_ARG: too small)
-        buf = C.create_string_buffer(n.value + 1)
-        check(lib.moe_tokenizer_decode(self._t, p, a.size, buf, n.value, C.byref(n)))
-        return buf.raw[:n.value]
+        out, n = C.c_void_p(), C.c_size_t()
+        check(lib.moe_tokenizer_decode_alloc(self._t, a.ctypes.data_as(_I32), a.size, C.byref(out), C.byref(n)))
+        try:
+            return C.string_at(out.value, n.value)
+        finally:
+            lib.moe_free(out)
 
     def decode(self, ids):
         """The text of ids (bytes that are not UTF-8 as U+FFFD)."""

@@ -429,15 +429,27 @@ moe_status moe_tokenizer_encode_alloc(const moe_tokenizer *t, const char *text, 
 
 /* ---- decode ---- */
 
-moe_status moe_tokenizer_decode(const moe_tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap,
-                                size_t *len) {
-  MOE_TRY(t && (ids || !n) && len, MOE_ERR_ARG, "moe_tokenizer_decode: NULL argument");
-  size_t need = 0;
+/* The ids checked, and the bytes of their tokens one after another in *need. */
+static moe_status check_ids(const moe_tokenizer *t, const int32_t *ids, size_t n, size_t *need) {
+  *need = 0;
   for (size_t i = 0; i < n; i++) {
     MOE_TRY(ids[i] >= 0 && ids[i] < t->vocab, MOE_ERR_VALUE,
             "moe_tokenizer_decode: ids[%zu] = %d is not a token id (the vocabulary has %d)", i, ids[i], t->vocab);
-    need += (size_t)t->len[ids[i]];
+    *need += (size_t)t->len[ids[i]];
   }
+  return MOE_OK;
+}
+
+/* The tokens' bytes one after another into out (room for them). */
+static void concat(const moe_tokenizer *t, const int32_t *ids, size_t n, char *out) {
+  for (size_t i = 0, k = 0; i < n; k += (size_t)t->len[ids[i++]]) memcpy(out + k, t->bytes[ids[i]], (size_t)t->len[ids[i]]);
+}
+
+moe_status moe_tokenizer_decode(const moe_tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap,
+                                size_t *len) {
+  MOE_TRY(t && (ids || !n) && len, MOE_ERR_ARG, "moe_tokenizer_decode: NULL argument");
+  size_t need;
+  MOE_CHECK(check_ids(t, ids, n, &need));
   if (!moe__tok_decode_is_concat(t)) { /* the file's decoders */
     char *text;
     MOE_CHECK(moe__tok_decode_hf(t, ids, n, &text, len));
@@ -450,6 +462,27 @@ moe_status moe_tokenizer_decode(const moe_tokenizer *t, const int32_t *ids, size
   *len = need;
   MOE_TRY(need <= cap && (out || !need), MOE_ERR_ARG,
           "moe_tokenizer_decode: the text needs %zu bytes, the buffer holds %zu", need, cap);
-  for (size_t i = 0, k = 0; i < n; k += (size_t)t->len[ids[i++]]) memcpy(out + k, t->bytes[ids[i]], (size_t)t->len[ids[i]]);
+  concat(t, ids, n, out);
+  return MOE_OK;
+}
+
+moe_status moe_tokenizer_decode_alloc(const moe_tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *len) {
+  MOE_TRY(t && (ids || !n) && out && len, MOE_ERR_ARG, "moe_tokenizer_decode_alloc: NULL argument");
+  *out = NULL;
+  size_t need;
+  MOE_CHECK(check_ids(t, ids, n, &need));
+  char *text = NULL;
+  if (moe__tok_decode_is_concat(t)) {
+    MOE_TRY(text = malloc(need + 1), MOE_ERR_NOMEM, "moe_tokenizer_decode_alloc: out of memory for %zu bytes", need);
+    concat(t, ids, n, text);
+    *len = need;
+  } else { /* the file's decoders, once */
+    MOE_CHECK(moe__tok_decode_hf(t, ids, n, &text, len));
+    char *p = realloc(text, *len + 1); /* room for the NUL */
+    if (!p) free(text);
+    MOE_TRY(text = p, MOE_ERR_NOMEM, "moe_tokenizer_decode_alloc: out of memory for %zu bytes", *len);
+  }
+  text[*len] = 0;
+  *out = text;
   return MOE_OK;
 }
