@@ -115,7 +115,7 @@ static int take_token(moe_engine *e, moe_engine_req *r, const float *logits) {
     r->stop_hit = eos || stop;
     if (r->stop_hit || r->n_out == r->max_tokens) {
       if (!stop) r->safe = r->n_text; /* the text held back for a stop string goes out */
-      finish(e, r, 1, NULL);
+      r->complete = 1;
     } else pthread_cond_broadcast(&r->cv);
   }
   pthread_mutex_unlock(&e->mu);
@@ -185,7 +185,8 @@ static void *engine(void *arg) {
     }
     int n = 0;
     for (int s = 0; s < B; s++)
-      if (e->slots[s] && e->slots[s]->n_out) rows[n] = s, last[n++] = e->slots[s]->out[e->slots[s]->n_out - 1];
+      if (e->slots[s] && e->slots[s]->n_out && !e->slots[s]->complete)
+        rows[n] = s, last[n++] = e->slots[s]->out[e->slots[s]->n_out - 1];
     if (n && decode(e, rows, n, last, 1))
       for (int i = 0; i < n; i++) step.tokens += take_token(e, e->slots[rows[i]], moe_lm_logits(e->m) + (size_t)i * V);
     step.rows = n;
@@ -194,6 +195,8 @@ static void *engine(void *arg) {
     pthread_mutex_lock(&e->mu);
     e->st.steps++;
     e->st.busy_s += step.seconds;
+    for (int s = 0; s < B; s++) /* the step counted: its complete requests are done */
+      if (e->slots[s] && e->slots[s]->complete) finish(e, e->slots[s], 1, NULL);
   }
   pthread_mutex_unlock(&e->mu);
   return NULL;

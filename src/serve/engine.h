@@ -23,6 +23,8 @@ struct moe_engine_req {
   int n_out;
   int done;            /* 1 finished, -1 failed (err says why) */
   int stop_hit;        /* finished at an end token or a stop string */
+  int complete;        /* every token is in: finished once its step is counted (stats, on_step), so that
+                          a caller seeing it done sees the step in the metrics too */
   char *text;          /* with stop strings: the text's bytes so far */
   size_t n_text, cap_text;
   size_t safe;         /* with stop strings: the bytes of text that may go out */
