@@ -72,20 +72,17 @@ static int answer(moe_engine *e, const moe_tokenizer *t, const chat_opts *o, con
   moe_engine_req *r = NULL;
   if (!rc && moe_engine_submit(e, &p, &r)) rc = cli_fail(CMD);
   moe_engine_state st = {0};
+  size_t shown = 0, k;
+  char *piece;
   while (!rc && !st.done) {
-    int have = st.n;
-    moe_engine_wait(e, r, have, &st);
-    for (int i = have; i < st.n; i++) {
-      size_t k;
-      const char *b = moe_tokenizer_token_bytes(t, st.tokens[i], &k);
-      fwrite(b, 1, k, stdout);
-    }
+    moe_engine_wait(e, r, st.n, &st);
+    if (moe_engine_text(e, r, shown, st.text_safe, &piece, &k)) rc = cli_fail(CMD);
+    else fwrite(piece, 1, k, stdout), free(piece), shown = st.text_safe;
     fflush(stdout);
   }
   if (!rc && st.done < 0) rc = cli_usage_error(CMD, "%s", st.error);
-  size_t need = 0;
   *out = NULL;
-  if (!rc && moe_tokenizer_decode_alloc(t, st.tokens, (size_t)st.n, out, &need)) rc = cli_fail(CMD);
+  if (!rc && moe_engine_text(e, r, 0, st.text_safe, out, &k)) rc = cli_fail(CMD);
   printf("\n");
   moe_engine_release(e, r);
   free(conv), free(text), free(ids);

@@ -110,12 +110,14 @@ static int encode_prompt(const moe_tokenizer *t, const char *text, int vocab, in
   return rc ? -1 : (int)k;
 }
 
-/* One new token: its text with a tokenizer, else its id. */
-static void emit(const moe_tokenizer *t, int32_t id, int first) {
+/* One new token: its text with a tokenizer (what it adds to the text, through d), else its id. */
+static int emit(moe_detokenizer *d, int32_t id, int first) {
+  const char *b;
   size_t len;
-  const char *b = t ? moe_tokenizer_token_bytes(t, id, &len) : NULL;
-  if (b) fwrite(b, 1, len, stdout);
-  else printf("%s%d", first ? "" : " ", id);
+  if (!d) return printf("%s%d", first ? "" : " ", id), 0;
+  if (moe_detokenizer_push(d, id, &b, &len)) return cli_fail(CMD);
+  fwrite(b, 1, len, stdout);
+  return 0;
 }
 
 /* The new tokens as one JSON line: their ids, and with a tokenizer their text, bytes that are not UTF-8
@@ -199,6 +201,8 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
   int rc = moe_lm_decode(m, kv, ids, n) ? cli_fail(CMD) : 0, T = n;
   int32_t *out = ids + n; /* the new tokens follow the prompt (ids holds both) */
   int k = 0;
+  moe_detokenizer *d = NULL;
+  if (!rc && t && !o->json && moe_detokenizer_new(&d, t)) rc = cli_fail(CMD);
   for (; !rc && k < o->max_tokens; k++) {
     int32_t next;
     if (moe_lm_sample(moe_lm_logits(m) + (size_t)(T - 1) * c->vocab, c->vocab, o->temperature, o->top_p, &rng, &next)) {
@@ -216,11 +220,16 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
     }
     out[k] = next;
     if (!o->json) {
-      emit(t, next, k == 0);
+      if ((rc = emit(d, next, k == 0))) break;
       fflush(stdout);
     }
     T = 1;
   }
+  const char *rest;
+  size_t len;
+  if (d && !rc && moe_detokenizer_flush(d, &rest, &len)) rc = cli_fail(CMD);
+  else if (d && !rc) fwrite(rest, 1, len, stdout);
+  moe_detokenizer_free(d);
   if (!o->json) printf("\n");
   else if (!rc) rc = print_json(t, out, k, n, &g);
   moe_lm_cache_free(kv);

@@ -55,10 +55,7 @@ typedef struct { /* the state of a response: the request, its text so far */
   int timed;           /* its latencies are in the metrics */
   int chat;            /* POST /v1/chat/completions: chat's shapes */
   int role_sent;       /* chat stream: the first delta (with the role) is out */
-  size_t start;        /* the text's bytes out before those held */
-  char held[MOE_COMPLETION_STOP_BYTES + 3]; /* bytes of a character split over tokens, or that may begin a
-                                               stop string, for the next event */
-  size_t nheld;
+  size_t start;        /* the text's bytes out */
   char *pending;       /* stream: an event not yet (all) written */
   size_t npending, at;
   int last;            /* stream: the event with the finish_reason is out */
@@ -93,37 +90,21 @@ static enum MHD_Result send_error(struct MHD_Connection *c, serve_http *h, int s
   return send_json(c, h, status, o);
 }
 
-/* The text of r's tokens [p->sent, n) into a malloc'd string, and p->sent = n: with a tokenizer their
- * bytes as UTF-8 (a character split over tokens waits for its end unless final; with stop strings
- * nothing past p->safe goes out, and once final nothing more), else their ids as moe generate prints
- * them. */
-static char *new_text(reply *p, int n, int final) {
-  const moe_tokenizer *t = p->h->tok;
-  size_t len = p->nheld, k;
-  for (int i = p->sent; i < n; i++) len += t ? (moe_tokenizer_token_bytes(t, p->st.tokens[i], &k), k) : 12;
-  char *raw = malloc(len + 1), *out = malloc(3 * len + 1);
-  if (!raw || !out) return free(raw), free(out), NULL;
-  size_t w = 0;
-  if (!t) {
+/* The text of r's tokens [p->sent, n) into a malloc'd string, and p->sent = n: with a tokenizer the
+ * engine's text from p->start up to what may be shown (characters split over tokens and what may begin
+ * a stop string wait for the next), else their ids as moe generate prints them. */
+static char *new_text(reply *p, int n) {
+  char *out = NULL;
+  size_t len;
+  if (p->h->tok) {
+    if (moe_engine_text(p->h->e, p->r, p->start, p->st.text_safe, &out, &len) != MOE_OK) return NULL;
+    p->start = p->st.text_safe;
+  } else if ((out = malloc(12 * (size_t)(n - p->sent) + 1))) {
+    size_t w = 0;
     for (int i = p->sent; i < n; i++) w += (size_t)sprintf(out + w, "%s%d", i ? " " : "", p->st.tokens[i]);
     out[w] = 0;
-    p->sent = n;
-    return free(raw), out;
   }
-  memcpy(raw, p->held, p->nheld);
-  w = p->nheld;
-  for (int i = p->sent; i < n; i++) {
-    const char *b = moe_tokenizer_token_bytes(t, p->st.tokens[i], &k);
-    memcpy(raw + w, b, k), w += k;
-  }
-  size_t upto = p->c.n_stop && p->st.text_safe - p->start < w ? p->st.text_safe - p->start : w;
-  size_t used, o = moe__utf8_clean(raw, upto, final, out, &used);
-  p->nheld = final ? 0 : w - used;
-  memcpy(p->held, raw + used, p->nheld);
-  p->start += used;
-  out[o] = 0;
-  p->sent = n;
-  free(raw);
+  if (out) p->sent = n;
   return out;
 }
 
@@ -148,7 +129,7 @@ static cJSON *logprobs_json(const reply *p, int from, int n) {
   cJSON *toks = p->chat ? NULL : cJSON_AddArrayToObject(o, "tokens"), *lps = p->chat ? NULL : cJSON_AddArrayToObject(o, "token_logprobs");
   cJSON *tops = p->chat ? NULL : cJSON_AddArrayToObject(o, "top_logprobs");
   cJSON *offs = p->chat ? NULL : cJSON_AddArrayToObject(o, "text_offset");
-  size_t offset = p->start + p->nheld; /* the text's bytes before token `from` (completions) */
+  size_t offset = p->start; /* the text's bytes before token `from` (completions) */
   int ok = o != NULL;
   for (int i = from; ok && i < n; i++) {
     char *tt = token_text(p->h, st->tokens[i]);
@@ -204,7 +185,7 @@ static cJSON *choice_json(reply *p, int n, int final) {
   cJSON_AddStringToObject(o, "model", "moe");
   cJSON_AddItemToArray(ch, c);
   cJSON *ids = cJSON_CreateIntArray(p->st.tokens + p->sent, n - p->sent), *lp = logprobs_json(p, p->sent, n);
-  if (!(text = new_text(p, n, final)) || !ids || (p->st.logprobs && !lp))
+  if (!(text = new_text(p, n)) || !ids || (p->st.logprobs && !lp))
     return free(text), cJSON_Delete(ids), cJSON_Delete(lp), cJSON_Delete(o), NULL;
   cJSON_AddNumberToObject(c, "index", 0);
   if (p->chat) {
@@ -359,7 +340,7 @@ static enum MHD_Result tokens(struct MHD_Connection *c, serve_http *h, conn_req 
     free(raw), free(text);
   } else {
     reply p = {.h = h, .st = {.n = r.n_ids, .tokens = r.ids}}; /* the ids, as a completion's text without a tokenizer */
-    char *text = new_text(&p, r.n_ids, 1);
+    char *text = new_text(&p, r.n_ids);
     if (text) cJSON_AddStringToObject(o, "prompt", text);
     free(text);
   }

@@ -918,6 +918,20 @@ const char *moe_tokenizer_token_bytes(const moe_tokenizer *t, int32_t id, size_t
 /* The id of the token whose bytes are the string (an added token such as MOE_TOKENIZER_EOT, or a
  * vocabulary token by its bytes as moe_tokenizer_token_bytes gives them), or -1. */
 int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token);
+/* Text as it is generated, token by token (what a stream shows; Hugging Face's DecodeStream, vLLM's
+ * incremental detokenizing): each push gives the text its token completes, as UTF-8 (bytes that are
+ * not UTF-8 as U+FFFD). A character split over tokens, or a byte-fallback run still incomplete, waits
+ * for the tokens that complete it; the decoders run over a window of the last tokens, so a piece such
+ * as SentencePiece's "▁the" gives " the" and the first token of the text no leading space, as the whole
+ * text's decode has it. The texts of every push and then the flush, one after another, are
+ * moe_tokenizer_decode of all the ids, with bytes that are not UTF-8 as U+FFFD. *text (*len bytes, not
+ * NUL-terminated) stays valid until the next call on d. */
+typedef struct moe_detokenizer moe_detokenizer;
+moe_status moe_detokenizer_new(moe_detokenizer **out, const moe_tokenizer *t);
+moe_status moe_detokenizer_push(moe_detokenizer *d, int32_t id, const char **text, size_t *len);
+/* The text still held (an incomplete character at the end, as U+FFFD); then d starts a new text. */
+moe_status moe_detokenizer_flush(moe_detokenizer *d, const char **text, size_t *len);
+void moe_detokenizer_free(moe_detokenizer *d);
 
 /* ---- a Mixtral-architecture language model and its relatives (DESIGN 4.5) ----
  * Token embedding; n_layers pre-norm blocks h += Attn(RMSNorm(h)), h += FFN(RMSNorm(h)) with causal
@@ -1269,7 +1283,8 @@ typedef struct {
 } moe_engine_step;
 typedef struct {
   int slots;                /* sequences decoded together (>= 1) */
-  const moe_tokenizer *tok; /* the text of tokens, for stop strings (NULL: requests may have none) */
+  const moe_tokenizer *tok; /* the text of tokens, for stop strings and moe_engine_text (NULL: requests
+                               may have no stop strings) */
   const int32_t *eos;       /* n_eos ids (copied) that end a request, not kept, unless it ignores them */
   int n_eos;
   /* called on the engine's thread (NULL: not called): after each step with work, and after each
@@ -1300,8 +1315,9 @@ typedef struct {
   const int32_t *tokens; /* (n) valid until moe_engine_release; those given never change */
   int done;              /* 0 running or queued, 1 finished, -1 failed (error says why) */
   int stop;              /* finished at an end token or a stop string, not at max_tokens */
-  size_t text_safe;      /* with stop strings: the bytes of the tokens' text that may be shown (not a
-                            stop string nor the start of one); else the text's length */
+  size_t text_safe;      /* with a tokenizer: the bytes of the tokens' text (moe_engine_text) that may
+                            be shown: complete characters (a moe_detokenizer's text), not a stop string
+                            nor the start of one; it only grows; 0 without a tokenizer */
   const char *error;     /* when failed, valid until release */
   double ttft_s, total_s; /* seconds from submit to the first token and to the end; -1 until known */
   const float *logprobs; /* (n) with params.logprobs, else NULL */
@@ -1323,6 +1339,10 @@ moe_status moe_engine_new(moe_engine **out, moe_lm_t *m, const moe_engine_config
 moe_status moe_engine_submit(moe_engine *e, const moe_engine_params *p, moe_engine_req **out);
 /* Waits until r has more than `have` tokens or is done (have -1: returns at once) and reports it. */
 void moe_engine_wait(moe_engine *e, moe_engine_req *r, int have, moe_engine_state *st);
+/* Bytes [from, to) of r's text (to <= a state's text_safe) into a new NUL-terminated buffer *out of *len
+ * bytes (free() it): UTF-8, as the tokenizer's decoders give the tokens' text. MOE_ERR_STATE without the
+ * engine's tokenizer, MOE_ERR_ARG for bytes not yet shown. */
+moe_status moe_engine_text(moe_engine *e, moe_engine_req *r, size_t from, size_t to, char **out, size_t *len);
 /* Drops the handle: an unfinished request is cancelled (it leaves its slot before the next step). */
 void moe_engine_release(moe_engine *e, moe_engine_req *r);
 void moe_engine_get_stats(moe_engine *e, moe_engine_stats *st);

@@ -4,9 +4,11 @@
  * the Mixtral fixture (tests/fixtures/lm/mixtral). */
 #include <dirent.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "base/utf8.h"
 #include "test.h"
 
 enum { NREQ = 8, NEW = 10, V = 64 };
@@ -241,4 +243,52 @@ TEST(threads_release_ends_the_callers_team) {
   ASSERT_EQ_INT(settles_to(base + 1), base + 1);
   moe_engine_free(e);
   moe_lm_free(&m);
+}
+
+/* The engine's text through a SentencePiece tokenizer (Llama 2's: "▁" pieces, byte fallback): a random
+ * model sampling over its whole vocabulary; the text read as it comes (moe_engine_text from each state's
+ * text_safe) joined is the whole decode with bytes that are not UTF-8 as U+FFFD, and has no "▁". */
+TEST(engine_text_streams_through_the_tokenizers_decoders) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/../../data/tokenizers/llama2/tokenizer.json", test_fixture_dir());
+  if (access(path, R_OK)) SKIP("no data/tokenizers/llama2 (scripts/get-tokenizers.sh fetches it)");
+  moe_tokenizer *t;
+  ASSERT_OK(moe_tokenizer_load(&t, path));
+  moe_lm_config c;
+  moe_lm_config_default(&c);
+  c.vocab = moe_tokenizer_vocab_size(t), c.n_layers = 1, c.n_heads = 2, c.n_kv_heads = 1, c.head_dim = 8;
+  c.max_seq = 64, c.moe.D = 16, c.moe.H = 16, c.moe.E = 2, c.moe.top_k = 1, c.moe.threads = 1;
+  moe_lm_t m;
+  ASSERT_OK(moe_lm_init(&m, &c));
+  moe_lm_init_params(&m, 3);
+  moe_engine_config ec = {.slots = 1, .tok = t};
+  moe_engine *e;
+  ASSERT_OK(moe_engine_new(&e, &m, &ec));
+  int32_t prompt[] = {1, 450, 4796}; /* <s> "▁The" "▁cat" */
+  moe_engine_params p = {prompt, 3, 40, 1.0f, 1.0f, 11, 1, NULL, 0, 0, 0};
+  moe_engine_req *r;
+  ASSERT_OK(moe_engine_submit(e, &p, &r));
+  moe_engine_state st = {0};
+  char got[4096], *piece, *all = NULL, *want = NULL;
+  size_t w = 0, k, n;
+  do {
+    moe_engine_wait(e, r, st.n, &st);
+    ASSERT_OK(moe_engine_text(e, r, w, st.text_safe, &piece, &k));
+    ASSERT(w + k < sizeof got);
+    memcpy(got + w, piece, k), w += k;
+    free(piece);
+  } while (!st.done);
+  ASSERT_EQ_INT(st.n, 40);
+  ASSERT_OK(moe_tokenizer_decode_alloc(t, st.tokens, (size_t)st.n, &all, &n));
+  ASSERT(want = malloc(3 * n + 1));
+  size_t used, nw = moe__utf8_clean(all, n, 1, want, &used);
+  if (nw != w || memcmp(got, want, w)) FAIL_("streamed \"%.*s\", decode \"%.*s\"", (int)w, got, (int)nw, want);
+  got[w] = 0;
+  ASSERT(!strstr(got, "\xe2\x96\x81"));
+  ASSERT_STATUS(moe_engine_text(e, r, 0, w + 1, &piece, &k), MOE_ERR_ARG); /* not shown yet: never */
+  free(all), free(want);
+  moe_engine_release(e, r);
+  moe_engine_free(e);
+  moe_lm_free(&m);
+  moe_tokenizer_free(t);
 }

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/utf8.h" /* moe__utf8_clean, which the server writes text with */
 #include "moe.h"
 
 #define MOE_COMPLETION_STOPS 4        /* stop strings at most, as OpenAI */
@@ -56,11 +57,5 @@ moe_status moe__chat_parse(const char *body, size_t n, const moe_tokenizer *tok,
 moe_status moe__tokenize_parse(const char *body, size_t n, const moe_tokenizer *tok, moe__completion *out);
 moe_status moe__detokenize_parse(const char *body, size_t n, int vocab, moe__completion *out);
 void moe__completion_free(moe__completion *c);
-
-/* Copies the n bytes of in to out as UTF-8 (room for 3 n bytes): well-formed sequences as they are,
- * each other byte as U+FFFD (as Python's errors="replace"). With final 0 an incomplete sequence at the
- * end is left for the next call (streaming: a character split over tokens). Returns the bytes written;
- * *used gets the input bytes consumed. */
-size_t moe__utf8_clean(const char *in, size_t n, int final, char *out, size_t *used);
 
 #endif

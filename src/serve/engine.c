@@ -34,7 +34,7 @@ static int is_eos(const moe_engine *e, int32_t t) {
 
 moe_status moe_engine_submit(moe_engine *e, const moe_engine_params *p, moe_engine_req **out) {
   moe_engine_req *r;
-  MOE_CHECK(moe__req_new(e->m, p, e->c.tok != NULL, &r));
+  MOE_CHECK(moe__req_new(e->m, p, e->c.tok, &r));
   pthread_mutex_lock(&e->mu);
   int ok = !e->draining;
   if (ok) {
@@ -56,10 +56,26 @@ moe_status moe_engine_submit(moe_engine *e, const moe_engine_params *p, moe_engi
 void moe_engine_wait(moe_engine *e, moe_engine_req *r, int have, moe_engine_state *st) {
   pthread_mutex_lock(&e->mu);
   while (r->n_out <= have && !r->done) pthread_cond_wait(&r->cv, &e->mu);
-  *st = (moe_engine_state){r->n_out, r->out, r->done, r->stop_hit, r->n_stop ? r->safe : r->n_text,
+  *st = (moe_engine_state){r->n_out, r->out, r->done, r->stop_hit, r->safe,
                            r->done < 0 ? r->err : NULL, r->ttft, r->total, r->lp, r->top_ids, r->top_lp,
                            r->n_top > 0 ? r->n_top : 0};
   pthread_mutex_unlock(&e->mu);
+}
+
+moe_status moe_engine_text(moe_engine *e, moe_engine_req *r, size_t from, size_t to, char **out, size_t *len) {
+  MOE_TRY(e && r && out && len, MOE_ERR_ARG, "moe_engine_text: NULL argument");
+  *out = NULL, *len = 0;
+  MOE_TRY(e->c.tok, MOE_ERR_STATE, "moe_engine_text: the engine has no tokenizer");
+  pthread_mutex_lock(&e->mu);
+  size_t safe = r->safe;
+  char *s = from <= to && to <= safe ? malloc(to - from + 1) : NULL;
+  if (s) memcpy(s, r->text + from, to - from), s[to - from] = 0; /* [0, safe) never changes */
+  pthread_mutex_unlock(&e->mu);
+  MOE_TRY(from <= to && to <= safe, MOE_ERR_ARG, "moe_engine_text: bytes [%zu, %zu) but the text has %zu to show",
+          from, to, safe);
+  MOE_TRY(s, MOE_ERR_NOMEM, "moe_engine_text: out of memory for %zu bytes", to - from);
+  *out = s, *len = to - from;
+  return MOE_OK;
 }
 
 void moe_engine_release(moe_engine *e, moe_engine_req *r) {
@@ -94,17 +110,25 @@ static void finish(moe_engine *e, moe_engine_req *r, int how, const char *err) {
   moe__req_unref(r);
 }
 
+/* Token t's text (t < 0: none) and, when it is r's last, what the detokenizer still held, into r's text
+ * (e->mu held): 1 when a stop string ends in it, else 0; -1 when out of memory. */
+static int add_token_text(moe_engine_req *r, int32_t t, int last) {
+  const char *b;
+  size_t k;
+  int stop = 0;
+  if (t >= 0) stop = moe_detokenizer_push(r->detok, t, &b, &k) != MOE_OK ? -1 : moe__req_add_text(r, b, k);
+  if (last && !stop) stop = moe_detokenizer_flush(r->detok, &b, &k) != MOE_OK ? -1 : moe__req_add_text(r, b, k);
+  return stop;
+}
+
 /* Samples r's next token from its logits row (the engine's thread; publishes under e->mu): an end token
  * finishes r without it unless r ignores it, a stop string with it. Returns 1 when r got a token. */
 static int take_token(moe_engine *e, moe_engine_req *r, const float *logits) {
   int32_t t;
   moe_status st = moe_lm_sample(logits, e->m->cfg.vocab, r->temperature, r->top_p, &r->seed, &t);
   int eos = st == MOE_OK && !r->ignore_eos && is_eos(e, t);
-  size_t k = 0;
-  const char *b = st == MOE_OK && e->c.tok ? moe_tokenizer_token_bytes(e->c.tok, t, &k) : NULL;
   pthread_mutex_lock(&e->mu);
-  int stop = b && !eos && r->n_stop ? moe__req_add_text(r, b, k) : 0; /* the text is kept for stop strings only */
-  if (b && !eos && !r->n_stop) r->n_text += k;
+  int stop = st == MOE_OK && r->detok ? add_token_text(r, eos ? -1 : t, eos || r->n_out + 1 == r->max_tokens) : 0;
   if (st == MOE_OK && !r->n_out) r->ttft = moe__now() - r->t_submit;
   if (st != MOE_OK || stop < 0) finish(e, r, -1, st != MOE_OK ? moe_last_error() : "out of memory for the text");
   else {
