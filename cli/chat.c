@@ -116,14 +116,14 @@ int cmd_chat(int argc, char **argv) {
   moe_lm_config c;
   moe_lm_t m;
   moe_tokenizer *t = NULL;
-  int32_t eos[LM_MAX_EOS];
+  int32_t eos[MOE_LM_MAX_EOS];
   int n_eos = 0;
   char path[4096];
   snprintf(path, sizeof path, "%s/tokenizer.json", o.ck);
   if (moe_lm_read_config(o.ck, &c) || moe_tokenizer_load(&t, path)) return moe_tokenizer_free(t), cli_fail(CMD);
   c.moe.threads = o.threads;
   if (moe_lm_load(&m, o.ck, &c)) return moe_tokenizer_free(t), cli_fail(CMD);
-  int rc = (n_eos = lm_eos_ids(CMD, o.ck, t, c.vocab, eos)) < 0 ? 1 : chat(&o, &m, t, eos, n_eos);
+  int rc = moe_lm_eos_ids(o.ck, t, c.vocab, eos, MOE_LM_MAX_EOS, &n_eos) ? cli_fail(CMD) : chat(&o, &m, t, eos, n_eos);
   moe_lm_free(&m);
   moe_tokenizer_free(t);
   return rc;

@@ -23,7 +23,8 @@ static void usage(FILE *f) {
              "                    [--ignore-eos] [--dtype f32|bf16] [--logprobs N]\n"
              "Samples N new tokens (default 32) after the prompt: temperature 0 is greedy (default 1), top-p\n"
              "keeps the most probable tokens up to that mass (default 1); the same seed gives the same tokens.\n"
-             "Stops before N at the end of text (DIR/config.json's eos_token_id, the tokenizer's <|endoftext|>),\n"
+             "Stops before N at the end of text (config.json's and generation_config.json's eos_token_id,\n"
+             "tokenizer_config.json's eos_token, the tokenizer's <|endoftext|>),\n"
              "which is not printed, unless --ignore-eos.\n"
              "--prompt: the text through DIR/tokenizer.json (or --tokenizer F); prints the new text.\n"
              "--prompt-ids: prints the new token ids on one line. --json: one JSON line at the end instead,\n"
@@ -261,9 +262,9 @@ static int generate(int argc, char **argv, moe_dist *dist) {
           : o.prompt ? parse_ids(o.prompt, c.vocab, ids, cap)
           : moe_tokenizer_load(&t, o.tokenizer ? o.tokenizer : path) != MOE_OK ? (cli_fail(CMD), -1)
           : encode_prompt(t, o.text, c.vocab, ids, cap);
-  int32_t eos[LM_MAX_EOS];
-  int n_eos = n < 0 ? 0 : lm_eos_ids(CMD, o.ck, t, c.vocab, eos);
-  int rc = cli_settle(dist, CMD, n < 0 || n_eos < 0);
+  int32_t eos[MOE_LM_MAX_EOS];
+  int n_eos = 0;
+  int rc = cli_settle(dist, CMD, n < 0 || (moe_lm_eos_ids(o.ck, t, c.vocab, eos, MOE_LM_MAX_EOS, &n_eos) && cli_fail(CMD)));
   if (!rc) rc = run(&m, &o, t, ids, n, eos, n_eos);
   free(ids);
   moe_tokenizer_free(t);

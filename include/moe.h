@@ -958,6 +958,7 @@ typedef enum {
   MOE_QK_NORM_FULL, /* RMSNorm of the whole q and k projections, weights (n_heads / n_kv_heads x head_dim) (OLMoE) */
 } moe_lm_qk_norm;
 #define MOE_LM_MAX_LAYERS 1024
+#define MOE_LM_MAX_EOS 16 /* room enough for the end ids of any model (moe_lm_eos_ids) */
 typedef struct {
   int vocab, n_layers, n_heads, n_kv_heads, head_dim; /* n_heads a multiple of n_kv_heads, head_dim even */
   int max_seq;           /* longest context; the rotary tables and a KV cache grow up to it as used */
@@ -1056,6 +1057,13 @@ moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
  * parallel (cfg.moe.dist), a collective: the one-process model, every rank's experts, written by rank 0.
  * (Loading under expert parallelism reads each rank's own experts by name.) */
 moe_status moe_lm_save(const moe_lm_t *m, const char *dir);
+/* The ids that end generation for the checkpoint directory dir (what Hugging Face's generate stops at):
+ * config.json's and generation_config.json's eos_token_id (an id or a list), tokenizer_config.json's
+ * eos_token by its id in t (a chat model's end of turn, such as "<|im_end|>"), and t's
+ * MOE_TOKENIZER_EOT; t may be NULL (the last two are then left out); files other than config.json may
+ * be absent. Each once, into eos (room for cap), *n of them; MOE_ERR_FORMAT naming the file, field and
+ * value for one that is not a token id in [0, vocab), MOE_ERR_ARG when more than cap. */
+moe_status moe_lm_eos_ids(const char *dir, const moe_tokenizer *t, int vocab, int32_t *eos, int cap, int *n);
 
 /* Generation: a KV cache of B sequences (every layer's rotated keys and values, each sequence's
  * buffers grown as it reaches further, up to max_seq positions; a slot reset frees its own). moe_lm_decode runs tokens (B, T) at positions [len, len + T) of the cache's sequences,
