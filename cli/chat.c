@@ -68,7 +68,7 @@ static int answer(moe_engine *e, const moe_tokenizer *t, const chat_opts *o, con
            : moe_chat_template_render_config(ck, conv, 1, -1, &text, &len) ? cli_fail(CMD)
            : moe_tokenizer_encode_alloc(t, text, len, MOE_TOKENIZER_SPECIAL, &ids, &n) ? cli_fail(CMD) : 0;
   moe_engine_params p = {ids, (int)n, o->max_tokens, o->temperature, o->top_p, (uint64_t)o->seed + (uint64_t)turn,
-                         0, NULL, 0, 0, 0};
+                         0, NULL, 0, 0, 0, 0};
   moe_engine_req *r = NULL;
   if (!rc && moe_engine_submit(e, &p, &r)) rc = cli_fail(CMD);
   moe_engine_state st = {0};

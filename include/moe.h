@@ -1305,7 +1305,7 @@ typedef struct {
 typedef struct {
   const int32_t *prompt;    /* n_prompt >= 1 ids in [0, vocab) (copied) */
   int n_prompt;
-  int max_tokens;           /* >= 1; n_prompt + max_tokens <= the model's max_seq */
+  int max_tokens;           /* >= 1 (0 with prompt_logprobs); n_prompt + max_tokens <= the model's max_seq */
   float temperature, top_p; /* as moe_lm_sample */
   uint64_t seed;
   int ignore_eos;           /* go on past the end tokens */
@@ -1315,6 +1315,10 @@ typedef struct {
                                temperature 1) and those of the top_logprobs most probable tokens (at most
                                MOE_ENGINE_TOP_LOGPROBS; ties to the lower id); 0: none */
   int top_logprobs;
+  int prompt_logprobs;      /* with logprobs 1: the prompt's tokens' log-probabilities and top_logprobs
+                               alternatives too (each from the logits of the position before it; the
+                               first token has none: NaN), what a completions server's echo gives;
+                               max_tokens may then be 0 (the prompt scored, nothing generated) */
 } moe_engine_params;
 #define MOE_ENGINE_STOPS 16
 #define MOE_ENGINE_TOP_LOGPROBS 20
@@ -1332,6 +1336,10 @@ typedef struct {
   const int32_t *top_ids; /* (n, n_top) the most probable tokens at each step, most probable first */
   const float *top_logprobs; /* (n, n_top) their log-probabilities */
   int n_top;
+  const float *prompt_logprobs;      /* (n_prompt) with params.prompt_logprobs once done or with a token
+                                        (the first NaN), else NULL */
+  const int32_t *prompt_top_ids;     /* (n_prompt, n_top) */
+  const float *prompt_top_logprobs;  /* (n_prompt, n_top) */
 } moe_engine_state;
 typedef struct {
   int queued, running;   /* requests waiting for a slot, and in one */

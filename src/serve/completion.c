@@ -87,13 +87,13 @@ static const struct {
   const char *name, *off;
   int type; /* cJSON's of off */
 } UNSERVED[] = {
-    {"n", "1", cJSON_Number},        {"best_of", "1", cJSON_Number},    {"echo", "false", cJSON_False},
+    {"n", "1", cJSON_Number},        {"best_of", "1", cJSON_Number},
     {"suffix", "null", cJSON_NULL},    {"logit_bias", "{}", cJSON_Object},
     {"presence_penalty", "0", cJSON_Number}, {"frequency_penalty", "0", cJSON_Number},
 };
 /* The fields each endpoint serves (checked as they are read), NULL-terminated, and their list for messages. */
 static const char *const SERVED[] = {"prompt", "max_tokens", "temperature", "top_p", "seed", "stream", "ignore_eos",
-                                     "stop", "logprobs", NULL};
+                                     "stop", "logprobs", "echo", NULL};
 static const char *const CHAT_SERVED[] = {"messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
                                           "seed", "stream", "ignore_eos", "stop", "logprobs", "top_logprobs", NULL};
 
@@ -135,7 +135,8 @@ static moe_status fields(const cJSON *o, const char *const *served) {
 /* The sampling fields, once the prompt's ids are in c; chat takes max_completion_tokens too. */
 static moe_status sampling(const cJSON *o, const moe_tokenizer *tok, int max_seq, int chat, moe__completion *c) {
   double left = max_seq - c->n_ids, mt = left < 16 && left >= 1 ? left : 16, temp = 1, top_p = 1, seed = 0;
-  MOE_CHECK(number(o, "max_tokens", 1, 1, max_seq, &mt));
+  if (!chat) MOE_CHECK(flag(o, "echo", &c->echo));
+  MOE_CHECK(number(o, "max_tokens", 1, !c->echo, max_seq, &mt)); /* 0 with echo: the prompt scored */
   if (chat) MOE_CHECK(number(o, "max_completion_tokens", 1, 1, max_seq, &mt));
   MOE_CHECK(number(o, "temperature", 0, 0, 100, &temp));
   MOE_CHECK(number(o, "top_p", 0, 0, 1, &top_p));

@@ -3,6 +3,7 @@
  * prompt runs alone, as in moe generate); then one decode step runs the last token of every running
  * request through the model together. Each request samples with its own generator, so a request alone
  * gives moe generate's tokens for the same seed. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,9 +57,11 @@ moe_status moe_engine_submit(moe_engine *e, const moe_engine_params *p, moe_engi
 void moe_engine_wait(moe_engine *e, moe_engine_req *r, int have, moe_engine_state *st) {
   pthread_mutex_lock(&e->mu);
   while (r->n_out <= have && !r->done) pthread_cond_wait(&r->cv, &e->mu);
+  int scored = r->scored;
   *st = (moe_engine_state){r->n_out, r->out, r->done, r->stop_hit, r->safe,
                            r->done < 0 ? r->err : NULL, r->ttft, r->total, r->lp, r->top_ids, r->top_lp,
-                           r->n_top > 0 ? r->n_top : 0};
+                           r->n_top > 0 ? r->n_top : 0, scored ? r->plp : NULL, scored ? r->ptop_ids : NULL,
+                           scored ? r->ptop_lp : NULL};
   pthread_mutex_unlock(&e->mu);
 }
 
@@ -146,6 +149,30 @@ static int take_token(moe_engine *e, moe_engine_req *r, const float *logits) {
   return st == MOE_OK && !eos && stop >= 0;
 }
 
+/* The prompt's log-probabilities from the logits of its positions (the engine's thread, before they are
+ * published: scored under e->mu). */
+static void score_prompt(moe_engine *e, moe_engine_req *r, const float *logits) {
+  int V = e->m->cfg.vocab, k = r->n_top;
+  r->plp[0] = NAN; /* nothing before it */
+  for (int j = 0; j < k; j++) r->ptop_ids[j] = -1, r->ptop_lp[j] = NAN;
+  for (int i = 1; i < r->n_prompt; i++) /* arguments checked: cannot fail */
+    moe_lm_logprobs(logits + (size_t)(i - 1) * V, V, r->prompt[i], k, &r->plp[i], r->ptop_ids + (size_t)i * k,
+                    r->ptop_lp + (size_t)i * k);
+  pthread_mutex_lock(&e->mu);
+  r->scored = 1;
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* A request of max_tokens 0 (its prompt scored) is complete after its prompt. */
+static int no_tokens(moe_engine *e, moe_engine_req *r) {
+  pthread_mutex_lock(&e->mu);
+  r->ttft = moe__now() - r->t_submit;
+  r->safe = r->n_text;
+  r->complete = 1;
+  pthread_mutex_unlock(&e->mu);
+  return 0;
+}
+
 /* Queued requests into free slots (e->mu held); returns how many joined, their slots in joined. */
 static int admit(moe_engine *e, int *joined) {
   int n = 0;
@@ -204,8 +231,10 @@ static void *engine(void *arg) {
       moe_engine_req *r = e->slots[joined[i]];
       moe_lm_cache_slot_reset(e->kv, joined[i]);
       step.prompt_tokens += r->n_prompt;
-      if (decode(e, &joined[i], 1, r->prompt, r->n_prompt))
-        step.tokens += take_token(e, r, moe_lm_logits(e->m) + (size_t)(r->n_prompt - 1) * V);
+      if (decode(e, &joined[i], 1, r->prompt, r->n_prompt)) {
+        if (r->plp) score_prompt(e, r, moe_lm_logits(e->m));
+        step.tokens += r->max_tokens ? take_token(e, r, moe_lm_logits(e->m) + (size_t)(r->n_prompt - 1) * V) : no_tokens(e, r);
+      }
     }
     int n = 0;
     for (int s = 0; s < B; s++)

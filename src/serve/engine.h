@@ -20,6 +20,10 @@ struct moe_engine_req {
   float *lp;           /* (max_tokens) each token's log-probability, when n_top >= 0 */
   int32_t *top_ids;    /* (max_tokens, n_top) */
   float *top_lp;       /* (max_tokens, n_top) */
+  float *plp;          /* (n_prompt) with prompt_logprobs: the prompt's tokens' log-probabilities */
+  int32_t *ptop_ids;   /* (n_prompt, n_top) */
+  float *ptop_lp;      /* (n_prompt, n_top) */
+  int scored;          /* the prompt's log-probabilities are in */
   int n_out;
   int done;            /* 1 finished, -1 failed (err says why) */
   int stop_hit;        /* finished at an end token or a stop string */

@@ -11,6 +11,7 @@ static void req_free(moe_engine_req *r) {
   free(r->prompt);
   free(r->out);
   free(r->lp), free(r->top_ids), free(r->top_lp);
+  free(r->plp), free(r->ptop_ids), free(r->ptop_lp);
   free(r->text);
   moe_detokenizer_free(r->detok);
   free(r);
@@ -19,7 +20,10 @@ static void req_free(moe_engine_req *r) {
 moe_status moe__req_new(const moe_lm_t *m, const moe_engine_params *p, const moe_tokenizer *tok, moe_engine_req **out) {
   int V = m->cfg.vocab, S = m->cfg.max_seq;
   MOE_TRY(p && p->prompt && p->n_prompt >= 1, MOE_ERR_ARG, "engine request: the prompt must have a token");
-  MOE_TRY(p->max_tokens >= 1, MOE_ERR_ARG, "engine request: max_tokens must be >= 1, got %d", p->max_tokens);
+  MOE_TRY(p->prompt_logprobs == 0 || (p->prompt_logprobs == 1 && p->logprobs == 1), MOE_ERR_ARG,
+          "engine request: prompt_logprobs must be 0, or 1 with logprobs 1, got %d", p->prompt_logprobs);
+  MOE_TRY(p->max_tokens >= !p->prompt_logprobs, MOE_ERR_ARG, "engine request: max_tokens must be >= %d, got %d",
+          !p->prompt_logprobs, p->max_tokens);
   MOE_TRY(p->n_prompt <= S && p->max_tokens <= S - p->n_prompt, MOE_ERR_ARG,
           "engine request: the prompt's %d tokens and max_tokens %d exceed the model's max_seq %d", p->n_prompt,
           p->max_tokens, S);
@@ -37,12 +41,16 @@ moe_status moe__req_new(const moe_lm_t *m, const moe_engine_params *p, const moe
           MOE_ERR_ARG, "engine request: top_logprobs must be in [0, %d] (with logprobs 1), got %d",
           MOE_ENGINE_TOP_LOGPROBS, p->top_logprobs);
   moe_engine_req *r = calloc(1, sizeof *r);
-  int ok = r && (r->prompt = malloc((size_t)p->n_prompt * 4)) && (r->out = malloc((size_t)p->max_tokens * 4));
+  int ok = r && (r->prompt = malloc((size_t)p->n_prompt * 4)) && (r->out = malloc((size_t)p->max_tokens * 4 + 4));
   for (int i = 0; ok && i < p->n_stop; i++) ok = (r->stop[i] = strdup(p->stop[i])) != NULL;
   size_t nt = (size_t)p->max_tokens * (p->top_logprobs ? (size_t)p->top_logprobs : 1);
   if (ok && tok) ok = moe_detokenizer_new(&r->detok, tok) == MOE_OK;
+  size_t np = (size_t)p->n_prompt * (p->top_logprobs ? (size_t)p->top_logprobs : 1);
   if (ok && p->logprobs)
-    ok = (r->lp = malloc((size_t)p->max_tokens * 4)) && (r->top_ids = malloc(nt * 4)) && (r->top_lp = malloc(nt * 4));
+    ok = (r->lp = malloc((size_t)p->max_tokens * 4 + 4)) && (r->top_ids = malloc(nt * 4 + 4)) &&
+         (r->top_lp = malloc(nt * 4 + 4));
+  if (ok && p->prompt_logprobs)
+    ok = (r->plp = malloc((size_t)p->n_prompt * 4)) && (r->ptop_ids = malloc(np * 4)) && (r->ptop_lp = malloc(np * 4));
   if (!ok) {
     req_free(r);
     MOE_TRY(0, MOE_ERR_NOMEM, "engine request: out of memory");
