@@ -13,7 +13,6 @@
 #include "cli.h"
 #include "lm_data.h"
 #include "rank_errors.h"
-#include "serve/completion.h" /* moe__utf8_clean, as moe serve writes text */
 
 static const char *CMD = "generate";
 
@@ -154,8 +153,7 @@ static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int pro
   size_t len = 0;
   if (ok && t) {
     ok = moe_tokenizer_decode_alloc(t, ids, (size_t)n, &text, &len) == MOE_OK && (utf = malloc(3 * len + 1));
-    size_t used;
-    if (ok) utf[moe__utf8_clean(text, len, 1, utf, &used)] = 0;
+    if (ok) moe_utf8_clean(text, len, utf);
   }
   if (ok) {
     cJSON_AddNumberToObject(o, "prompt_tokens", prompt_tokens);

@@ -127,7 +127,7 @@ static int serve(const serve_opts *o, moe_lm_t *m, const moe_tokenizer *tok, con
   if (moe_engine_new(&e, m, &ec)) return cli_fail(CMD);
   if (serve_http_start(&h, o->host, o->port, e, &m->cfg, tok, met, &o->http, &port)) {
     moe_engine_free(e);
-    return cli_fail(CMD);
+    return 1;
   }
   printf("listening on http://%s:%d\n", o->host, port);
   fflush(stdout);

@@ -17,7 +17,6 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
-#include "internal.h"
 #include "serve.h"
 
 #define MAX_BODY (1 << 20) /* a request body larger than this is refused (413) */
@@ -48,7 +47,7 @@ typedef struct { /* one request on a connection: its body as it arrives */
 
 typedef struct { /* the state of a response: the request, its text so far */
   serve_http *h;
-  moe__completion c;   /* the parsed body */
+  moe_request c;   /* the parsed body */
   moe_engine_req *r;
   moe_engine_state st; /* the request's state at the last wait */
   long long id;
@@ -84,9 +83,9 @@ static enum MHD_Result send_json(struct MHD_Connection *c, serve_http *h, int st
 
 static enum MHD_Result send_error(struct MHD_Connection *c, serve_http *h, int status, const char *msg) {
   cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
-  size_t n = strlen(msg), used;
+  size_t n = strlen(msg);
   char *utf = malloc(3 * n + 1); /* a message quoting the request may cut a character */
-  if (utf) utf[moe__utf8_clean(msg, n, 1, utf, &used)] = 0;
+  if (utf) moe_utf8_clean(msg, n, utf);
   cJSON_AddStringToObject(e, "message", utf ? utf : msg);
   free(utf);
   cJSON_AddStringToObject(e, "type", status < 500 ? "invalid_request_error" : "server_error");
@@ -113,12 +112,12 @@ static char *new_text(reply *p, int n) {
 
 /* A token's text for logprobs: its bytes, those that are not UTF-8 as U+FFFD (malloc'd), or its id. */
 static char *token_text(const serve_http *h, int32_t t) {
-  size_t k = 0, used;
+  size_t k = 0;
   const char *b = h->tok ? moe_tokenizer_token_bytes(h->tok, t, &k) : NULL;
   char *out = malloc(3 * k + 16);
   if (!out) return NULL;
   if (!b) snprintf(out, 16, "%d", t);
-  else out[moe__utf8_clean(b, k, 1, out, &used)] = 0;
+  else moe_utf8_clean(b, k, out);
   return out;
 }
 
@@ -126,13 +125,13 @@ static char *token_text(const serve_http *h, int32_t t) {
  * U+FFFD), or the ids as moe generate prints them. */
 static char *prompt_text(const reply *p) {
   char *raw = NULL, *out = NULL;
-  size_t len = 0, used;
+  size_t len = 0;
   if (!p->h->tok) {
     if ((out = malloc(12 * (size_t)p->c.n_ids + 1)))
       for (int i = 0, w = 0; i < p->c.n_ids; i++) w += sprintf(out + w, "%s%d", i ? " " : "", p->c.ids[i]);
   } else if (moe_tokenizer_decode_alloc(p->h->tok, p->c.ids, (size_t)p->c.n_ids, &raw, &len) == MOE_OK &&
              (out = malloc(3 * len + 1)))
-    out[moe__utf8_clean(raw, len, 1, out, &used)] = 0;
+    moe_utf8_clean(raw, len, out);
   free(raw);
   return out;
 }
@@ -307,7 +306,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 /* The end of a response: the request released. */
 static void reply_free(reply *p) {
   moe_engine_release(p->h->e, p->r);
-  moe__completion_free(&p->c);
+  moe_request_free(&p->c);
   free(p->pending);
   free(p);
 }
@@ -319,8 +318,8 @@ static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_
   if (!p) return send_error(c, h, 503, "out of memory for the request");
   int context = h->o.context && h->o.context < h->m->max_seq ? h->o.context : h->m->max_seq;
   const char *body = q->body ? q->body : "";
-  moe_status st = chat ? moe__chat_parse(body, q->n, h->tok, h->o.chat_template, context, &p->c)
-                       : moe__completion_parse(body, q->n, h->tok, h->m->vocab, context, &p->c);
+  moe_status st = chat ? moe_request_parse_chat(body, q->n, h->tok, h->o.chat_template, context, &p->c)
+                       : moe_request_parse_completion(body, q->n, h->tok, h->m->vocab, context, &p->c);
   if (st != MOE_OK) return free(p), send_error(c, h, 400, moe_last_error());
   p->chat = chat;
   moe_engine_params ep = {p->c.ids, p->c.n_ids, p->c.max_tokens, p->c.temperature, p->c.top_p, p->c.seed,
@@ -370,9 +369,9 @@ static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_
 
 /* POST /tokenize: {"tokens", "count", "max_model_len"}; POST /detokenize: {"prompt"} (vLLM's shapes). */
 static enum MHD_Result tokens(struct MHD_Connection *c, serve_http *h, conn_req *q, int tokenize) {
-  moe__completion r;
+  moe_request r;
   const char *body = q->body ? q->body : "";
-  moe_status st = tokenize ? moe__tokenize_parse(body, q->n, h->tok, &r) : moe__detokenize_parse(body, q->n, h->m->vocab, &r);
+  moe_status st = tokenize ? moe_request_parse_tokenize(body, q->n, h->tok, &r) : moe_request_parse_detokenize(body, q->n, h->m->vocab, &r);
   if (st != MOE_OK) return send_error(c, h, 400, moe_last_error());
   cJSON *o = cJSON_CreateObject();
   if (tokenize) {
@@ -380,10 +379,10 @@ static enum MHD_Result tokens(struct MHD_Connection *c, serve_http *h, conn_req 
     cJSON_AddNumberToObject(o, "count", r.n_ids);
     cJSON_AddNumberToObject(o, "max_model_len", h->m->max_seq);
   } else if (h->tok) { /* through the tokenizer's decoders (SentencePiece's "\u2581", byte fallback) */
-    size_t len = 0, used;
+    size_t len = 0;
     char *raw = NULL, *text = NULL;
     if (moe_tokenizer_decode_alloc(h->tok, r.ids, (size_t)r.n_ids, &raw, &len) == MOE_OK && (text = malloc(3 * len + 1))) {
-      text[moe__utf8_clean(raw, len, 1, text, &used)] = 0;
+      moe_utf8_clean(raw, len, text);
       cJSON_AddStringToObject(o, "prompt", text);
     }
     free(raw), free(text);
@@ -393,7 +392,7 @@ static enum MHD_Result tokens(struct MHD_Connection *c, serve_http *h, conn_req 
     if (text) cJSON_AddStringToObject(o, "prompt", text);
     free(text);
   }
-  moe__completion_free(&r);
+  moe_request_free(&r);
   return send_json(c, h, 200, o);
 }
 
@@ -493,13 +492,13 @@ static void connection(void *cls, struct MHD_Connection *c, void **socket_contex
   MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
 }
 
-moe_status serve_http_start(serve_http **out, const char *host, int port, moe_engine *e, const moe_lm_config *m,
+int serve_http_start(serve_http **out, const char *host, int port, moe_engine *e, const moe_lm_config *m,
                             const moe_tokenizer *tok, serve_metrics *met, const serve_http_opts *o, int *bound) {
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
-    return moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "--host: '%s' is not an IPv4 address", host);
+    return cli_usage_error("serve", "--host: '%s' is not an IPv4 address", host);
   serve_http *h = calloc(1, sizeof *h);
-  if (!h) return moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "out of memory");
+  if (!h) return cli_usage_error("serve", "out of memory");
   h->e = e, h->m = m, h->tok = tok, h->met = met, h->o = *o, h->created = time(NULL);
   pthread_mutex_init(&h->mu, NULL);
   pthread_cond_init(&h->idle, NULL);
@@ -515,13 +514,12 @@ moe_status serve_http_start(serve_http **out, const char *host, int port, moe_en
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->idle);
     free(h);
-    return moe__error(MOE_ERR_IO, __FILE__, __LINE__, "cannot listen on %s:%d (in use, or not an address of this machine)", host,
-                          port);
+    return cli_usage_error("serve", "cannot listen on %s:%d (in use, or not an address of this machine)", host, port);
   }
   const union MHD_DaemonInfo *i = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
   *bound = i ? i->port : port;
   *out = h;
-  return MOE_OK;
+  return 0;
 }
 
 void serve_http_stop(serve_http *h) {

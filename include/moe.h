@@ -1381,6 +1381,61 @@ typedef struct {
 moe_status moe_lm_buffer_experts(moe_lm_t *m, const char *dir, int K, moe_cache_policy p, moe_lm_experts *x);
 void moe_lm_experts_free(moe_lm_experts *x);
 
+/* ---- OpenAI-compatible request bodies (DESIGN 4.7): what moe serve parses, for any front-end ----
+ * The parsers of POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize bodies, apart
+ * from HTTP (and fuzzed: fuzz/fuzz_completion.c), giving a moe_request that maps onto moe_engine_params. */
+#define MOE_REQUEST_STOPS 4        /* stop strings at most, as OpenAI */
+#define MOE_REQUEST_STOP_BYTES 256 /* bytes of a stop string at most */
+
+typedef struct {
+  int32_t *ids;      /* the prompt's token ids (malloc'd; free with moe_request_free) */
+  int n_ids;
+  int max_tokens;    /* >= 1 (0 with echo); when absent 16 as OpenAI, or fewer to fit the context */
+  float temperature; /* >= 0, 1 when absent; 0 is greedy */
+  float top_p;       /* (0, 1], 1 when absent */
+  uint64_t seed;     /* 0 when absent (moe generate's default) */
+  int stream;        /* server-sent events */
+  int ignore_eos;    /* go on past the end-of-text token */
+  int echo;          /* completions: the prompt's text (and with logprobs its tokens') before the answer */
+  int logprobs;      /* each token's log-probability, and those of the top_logprobs most probable */
+  int top_logprobs;
+  char *stop[MOE_REQUEST_STOPS]; /* the text ends before the first of these found (malloc'd) */
+  int n_stop;
+} moe_request;
+
+/* Parses the n bytes of body (none may be a \u0000 escape: cJSON's strings end at the NUL): a JSON
+ * object with "prompt" (a string, through tok, or an array of token
+ * ids in [0, vocab); tok NULL refuses strings), and optional "max_tokens", "temperature", "top_p",
+ * "seed" (integers >= 0 for the integers), "stream", "ignore_eos" and "echo" (booleans; echo lets
+ * max_tokens be 0), "logprobs" (null, or the alternatives per token in [0, 5]), "stop" (a string or up
+ * to 4 in an array, each 1 to 256 bytes; it needs tok); "model" and "user" (strings) have no effect.
+ * OpenAI's fields the server does not implement are taken only with the value that turns them off or
+ * null ("n" 1, "best_of" 1, "logit_bias" {}, the penalties 0, "suffix" null); any other value, and any other field, is refused by name.
+ * The prompt and max_tokens must fit the context of max_seq positions. MOE_ERR_FORMAT (not JSON, not
+ * an object) or MOE_ERR_VALUE (a field missing, of the wrong type or out of range), naming the field
+ * and its value. */
+moe_status moe_request_parse_completion(const char *body, size_t n, const moe_tokenizer *tok, int vocab, int max_seq,
+                                 moe_request *out);
+/* POST /v1/chat/completions' body: "messages" (a non-empty list of {"role": system|developer|user|
+ * assistant|tool, "content": a string, a list of parts, or null for an assistant's}) rendered by the chat
+ * template of chat_template (a tokenizer_config.json or its directory, moe_chat_template_render_config,
+ * with the generation prompt) and encoded with the template's special tokens as tokens; then
+ * "max_tokens" (or "max_completion_tokens"), "temperature", "top_p", "seed", "stream", "ignore_eos" and
+ * "stop" as for completions, "logprobs" (a boolean) with "top_logprobs" (0 to 20), OpenAI's other fields as
+ * there. Errors as
+ * moe_request_parse_completion's, and the template's. */
+moe_status moe_request_parse_chat(const char *body, size_t n, const moe_tokenizer *tok, const char *chat_template, int max_seq,
+                           moe_request *out);
+/* POST /tokenize's body {"prompt": text, "add_special_tokens": bool} (vLLM's): its ids (special tokens
+ * written in the text as theirs; BOS/EOS with add_special_tokens) into c->ids; POST /detokenize's
+ * {"tokens": [ids]}: the ids, each in [0, vocab). "model" is taken; other fields are refused by name. */
+moe_status moe_request_parse_tokenize(const char *body, size_t n, const moe_tokenizer *tok, moe_request *out);
+moe_status moe_request_parse_detokenize(const char *body, size_t n, int vocab, moe_request *out);
+void moe_request_free(moe_request *c);
+/* The n bytes of in as UTF-8 into out (room for 3 n + 1 bytes; NUL-terminated): well-formed sequences as
+ * they are, every other byte as U+FFFD (Python's errors="replace"), as JSON needs text. Its length. */
+size_t moe_utf8_clean(const char *in, size_t n, char *out);
+
 /* ---- a checked optimizer step ----
  * moe_optim_step and then moe_model_check_finite(m, o) in the same pass over the parameters: the
  * update notes whether each value it writes is finite, and only when one is not are they scanned

@@ -1,6 +1,7 @@
 #include <string.h>
 
 #include "base/utf8.h"
+#include "moe.h"
 
 /* Bytes of the well-formed sequence at s (n left): its length, 0 when it is not one, or -1 when the n
  * bytes are a well-formed start that more bytes may complete (RFC 3629). */
@@ -24,5 +25,11 @@ size_t moe__utf8_clean(const char *in, size_t n, int final, char *out, size_t *u
     else memcpy(out + w, "\xef\xbf\xbd", 3), w += 3, i++;
   }
   *used = i;
+  return w;
+}
+
+size_t moe_utf8_clean(const char *in, size_t n, char *out) {
+  size_t used, w = moe__utf8_clean(in, n, 1, out, &used);
+  out[w] = 0;
   return w;
 }
