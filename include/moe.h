@@ -294,7 +294,11 @@ typedef struct {
 moe_status moe_dist_agree(const moe_dist *d, const moe_dist_setting *s, int n);
 
 /* ---- the MoE layer ---- */
-typedef enum { MOE_ACT_RELU, MOE_ACT_GELU, MOE_ACT_SILU, MOE_ACT_SWIGLU } moe_act;
+/* MOE_ACT_SWIGLU_OAI ("swiglu_oai"): gpt-oss's clamped SwiGLU of gate a1 = fc1 x and up a3 = fc3 x,
+ *   g = min(a1, limit), u = clamp(a3, -limit, limit), h = (u + 1) g sigmoid(alpha g),
+ * alpha and limit from the config (swiglu_alpha, swiglu_limit); the gradient is 0 where a value was
+ * clamped (torch's clamp). With expert_bias its experts have experts.fc3.bias too. */
+typedef enum { MOE_ACT_RELU, MOE_ACT_GELU, MOE_ACT_SILU, MOE_ACT_SWIGLU, MOE_ACT_SWIGLU_OAI } moe_act;
 typedef enum { MOE_DISPATCH_DYNAMIC, MOE_DISPATCH_STATIC } moe_dispatch;
 typedef enum { MOE_PRIORITY_INDEX, MOE_PRIORITY_SCORE } moe_priority;
 typedef enum { MOE_ROUTER_LINEAR, MOE_ROUTER_COSINE } moe_router;
@@ -398,10 +402,13 @@ typedef struct {
                              added to the routed output of every token; 0 = none */
   int shared_gate;        /* the shared output scaled per token by sigmoid(shared.gate.weight . x)
                              (Qwen2-MoE's shared_expert_gate) */
+  float swiglu_alpha;     /* act swiglu_oai: the sigmoid's gain (1.702 by default) and the clamp */
+  float swiglu_limit;     /* (7.0 by default), gpt-oss's swiglu_alpha and swiglu_limit */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,
- * pipeline 1, no memory reuse, softmax scores, no groups, routed_scale 1, no shared experts. */
+ * pipeline 1, no memory reuse, softmax scores, no groups, routed_scale 1, no shared experts,
+ * swiglu_alpha 1.702, swiglu_limit 7. */
 void moe_layer_config_default(moe_layer_config *c);
 
 /* Parameters and their gradients live in one allocation each, described by a table of named tensors:
@@ -412,7 +419,8 @@ void moe_layer_config_default(moe_layer_config *c);
  *   gate.logit_scale   (1)            cosine router: logits are multiplied by exp(min(s, ln 100))
  *   experts.fc1.weight (E, H, D)   experts.fc1.bias (E, H)
  *   experts.fc2.weight (E, D, H)   experts.fc2.bias (E, D)
- *   experts.fc3.weight (E, H, D)   swiglu only
+ *   experts.fc3.weight (E, H, D)   swiglu and swiglu_oai only
+ *   experts.fc3.bias   (E, H)         swiglu_oai with expert_bias (gpt-oss's up-projection bias)
  *   gate.select_bias   (E)            select_bias: not trained (moe_layer_balance_bias)
  *   shared.fc1.weight  (Hs, D)        shared_H = Hs > 0: the shared FFN (fc3 only for swiglu)
  *   shared.fc3.weight  (Hs, D)        shared.fc2.weight (D, Hs)
