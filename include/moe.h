@@ -942,8 +942,15 @@ int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token);
  *   Qwen3-MoE ("qwen3_moe"): self_attn.q_norm/k_norm over each head's head_dim, mlp.* as Qwen2-MoE
  *     without the shared expert, dense layers;
  *   OLMoE ("olmoe"): self_attn.q_norm/k_norm over the whole q (n_heads head_dim) and k (n_kv_heads
- *     head_dim) projections, optional clip_qkv, mlp.* as Qwen3-MoE, no dense layers. */
-typedef enum { MOE_LM_MIXTRAL = 0, MOE_LM_QWEN2_MOE, MOE_LM_QWEN3_MOE, MOE_LM_OLMOE } moe_lm_family;
+ *     head_dim) projections, optional clip_qkv, mlp.* as Qwen3-MoE, no dense layers;
+ *   gpt-oss ("gpt_oss"): q/k/v/o biases, attention sinks (self_attn.sinks), sliding-window layers
+ *     between full ones (full_layers), mlp.router.weight/bias (the router's bias; the softmax over the k
+ *     selected logits, which is normalize_topk 1), experts with biases and the clamped SwiGLU (moe.act
+ *     swiglu_oai). Its checkpoint's fused experts (mlp.experts.gate_up_proj (E, D, 2H) with gate and up
+ *     in interleaved columns, gate_up_proj_bias (E, 2H), down_proj (E, H, D)) are held as the layer's
+ *     tensors under the names mlp.experts.fc1.weight/bias (gate), fc3.weight/bias (up), fc2.weight
+ *     (E, D, H), and converted on load and save; mlp.experts.down_proj_bias keeps its name. */
+typedef enum { MOE_LM_MIXTRAL = 0, MOE_LM_QWEN2_MOE, MOE_LM_QWEN3_MOE, MOE_LM_OLMOE, MOE_LM_GPT_OSS } moe_lm_family;
 /* The family's model_type ("mixtral", ...); NULL when out of range. */
 const char *moe_lm_family_name(moe_lm_family f);
 typedef enum {
@@ -971,6 +978,12 @@ typedef struct {
   int dense_H;           /* the dense layers' intermediate_size (Qwen2/3-MoE's intermediate_size) */
   uint8_t dense_layers[MOE_LM_MAX_LAYERS / 8]; /* bit i % 8 of byte i / 8: layer i is a dense SwiGLU MLP
                             (mlp.gate_proj/up_proj/down_proj, dense_H wide) instead of a MoE layer */
+  int o_bias;            /* o_proj has a bias (gpt-oss's attention_bias, with qkv_bias) */
+  int attn_sinks;        /* self_attn.sinks (n_heads): each head's learned logit joins its softmax's
+                            denominator, with no value (gpt-oss) */
+  uint8_t full_layers[MOE_LM_MAX_LAYERS / 8]; /* with sliding_window, bit i % 8 of byte i / 8: layer i
+                            attends to every earlier position (gpt-oss's "full_attention" layer_types);
+                            the others (all, when none is set) keep the window */
 } moe_lm_config;
 /* Whether layer i of c is a dense MLP layer (moe_lm_t.layers[i] is then unused: all zero). */
 int moe_lm_layer_dense(const moe_lm_config *c, int i);
@@ -1027,6 +1040,15 @@ moe_status moe_lm_backward(moe_lm_t *m);
  *     gated), qkv_bias (default true), layer_types (all "full_attention");
  *   qwen3_moe: as qwen2_moe without the shared expert and qkv_bias, with head_dim (q/k norms per head);
  *   olmoe: intermediate_size (moe.H), num_experts, norm_topk_prob, clip_qkv (null or > 0);
+ *   gpt_oss: intermediate_size (moe.H), num_local_experts, head_dim, sliding_window, layer_types
+ *     ("sliding_attention" / "full_attention" per layer; absent: transformers' alternation, even layers
+ *     sliding), attention_bias (default true), swiglu_alpha and swiglu_limit; rope_theta 150000 by
+ *     default. Its default rotary scaling is YaRN, which is not implemented: "rope_scaling": null (or
+ *     rope_parameters of rope_type default) must be given, and output_router_logits must be false (its
+ *     balance loss is over the router's top-k scores); experts_per_token and initial_context_length of
+ *     the released configs are known and ignored. Experts stored in MXFP4 (gate_up_proj_blocks and
+ *     _scales, down_proj_blocks and _scales, with "quantization_config" {"quant_method": "mxfp4"}) are
+ *     dequantized on load;
  * absent fields take the family's transformers defaults (qwen: rms_norm_eps 1e-6, rope_theta 1e4,
  * norm_topk_prob false...). Fields that change nothing computed are known and ignored (torch_dtype,
  * transformers_version, bos/eos/pad_token_id, use_cache, initializer_range, a Qwen sliding_window or

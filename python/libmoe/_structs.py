@@ -91,7 +91,8 @@ class LMConfig(C.Structure):
     _fields_ = [("vocab", _i), ("n_layers", _i), ("n_heads", _i), ("n_kv_heads", _i), ("head_dim", _i),
                 ("max_seq", _i), ("rope_theta", _f), ("rms_eps", _f), ("aux_coef", _f), ("tie_embeddings", _i),
                 ("sliding_window", _i), ("moe", LayerConfig), ("family", _i), ("qkv_bias", _i), ("qk_norm", _i),
-                ("clip_qkv", _f), ("dense_H", _i), ("dense_layers", C.c_uint8 * (1024 // 8))]
+                ("clip_qkv", _f), ("dense_H", _i), ("dense_layers", C.c_uint8 * (1024 // 8)),
+                ("o_bias", _i), ("attn_sinks", _i), ("full_layers", C.c_uint8 * (1024 // 8))]
 
 
 class LM(C.Structure):
