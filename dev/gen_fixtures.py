@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 
 def write_safetensors(path, tensors, metadata=None):
-    """tensors: list of (name, numpy array of dtype float32 or int32). Writes atomically."""
-    codes = {np.dtype(np.float32): ("F32", "<f4"), np.dtype(np.int32): ("I32", "<i4")}
+    """tensors: list of (name, numpy array of dtype float32, int32 or uint8). Writes atomically."""
+    codes = {np.dtype(np.float32): ("F32", "<f4"), np.dtype(np.int32): ("I32", "<i4"), np.dtype(np.uint8): ("U8", "u1")}
     header, blobs, off = {}, [], 0
     if metadata is not None:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}

@@ -20,6 +20,9 @@ static const char *const families[] = {"qwen2_moe", "qwen3_moe", "olmoe"};
 TEST(lm_matches_pytorch_qwen2_moe) { ASSERT(lm_check_case("qwen2_moe")); }
 TEST(lm_matches_pytorch_qwen3_moe) { ASSERT(lm_check_case("qwen3_moe")); }
 TEST(lm_matches_pytorch_olmoe) { ASSERT(lm_check_case("olmoe")); }
+TEST(lm_matches_pytorch_gpt_oss) { ASSERT(lm_check_case("gpt_oss")); }
+/* the same model with its experts as gpt-oss checkpoints store them: MXFP4 blocks and scales, dequantized */
+TEST(lm_matches_pytorch_gpt_oss_mxfp4) { ASSERT(lm_check_case("gpt_oss_mxfp4")); }
 
 /* The fixture's tokens (B, T), malloc'd. */
 static int32_t *fixture_tokens(const char *dir, int *B, int *T) {
