@@ -31,8 +31,9 @@ odd ones, fc1.bias / fc3.bias the even / odd bias entries, fc2.weight (E, D, H) 
 The expert matrices are drawn as MXFP4 values (a 4-bit e2m1 value times a power of two per 32 along the
 input dimension), so that gpt_oss_mxfp4/ holds the same model with its experts as the checkpoints store them
 (gate_up_proj_blocks / _scales, down_proj_blocks / _scales, quantization_config mxfp4) and the same reference.
-A case is drawn again (next seed) when a token's k-th and (k+1)-th router logits are within 1e-3 or a gate or
-up value of a routed token lies within 1e-4 of a clamp bound (fp32 and fp64 must take the same side).
+A case is drawn again (next seed) when a token's k-th and (k+1)-th router logits are within 0.04 (fp32, fp64 and
+the bf16 experts' test must route alike) or a gate or up value of a routed token lies within 1e-4 of a clamp
+bound (fp32 and fp64 must take the same side).
 
 Usage: /usr/bin/python3 dev/gpt_oss_ref.py [outdir]   (default: <repo>/tests/fixtures/lm)
 """
@@ -163,7 +164,7 @@ def mxfp4_draw(g, rows, K):
     low nibble of byte i, 2i + 1 from the high one, times 2^(scale - 127)."""
     G = K // 32
     nib = torch.randint(0, 16, (rows, G, 32), generator=g)
-    scales = torch.randint(127 - 4, 127 - 1, (rows, G), generator=g)
+    scales = torch.randint(127 - 5, 127 - 2, (rows, G), generator=g)
     blocks = (nib[..., 0::2] | (nib[..., 1::2] << 4)).to(torch.uint8)
     vals = torch.tensor(FP4)[nib] * torch.pow(2.0, (scales - 127).float())[..., None]
     return blocks.numpy(), scales.to(torch.uint8).numpy(), vals.reshape(rows, K)
@@ -223,7 +224,7 @@ def main(argv):
         params, packed, tokens, targets = draw(c, seed)
         p64 = {n: t.double().requires_grad_() for n, t in params.items()}
         logits, ce, margins = forward(c, p64, tokens, targets)
-        if margins["route"] > 1e-3 and margins["clamp"] > 1e-4:
+        if margins["route"] > 0.04 and margins["clamp"] > 1e-4:
             break
         seed += 1000
     ce.backward()
