@@ -251,6 +251,31 @@ TEST(lm_families_bad_configs_name_file_and_field) {
        "model.layers.0.self_attn.v_proj.bias"},
       {"qwen2_moe", "vocab_size", "48", "model.layers.2.mlp.shared_expert_gate.weight", MOE_ERR_MISSING,
        "model.layers.2.mlp.shared_expert_gate.weight"},
+      {"gpt_oss", "rope_scaling", NULL, NULL, MOE_ERR_FORMAT, "no \"rope_scaling\": gpt_oss's default is YaRN"},
+      {"gpt_oss", "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 32.0, \"truncate\": false}", NULL,
+       MOE_ERR_FORMAT, "\"rope_scaling\" of type yarn is not supported"},
+      {"gpt_oss", "output_router_logits", "true", NULL, MOE_ERR_FORMAT, "\"output_router_logits\" true is not supported"},
+      {"gpt_oss", "layer_types", "[\"sliding_attention\"]", NULL, MOE_ERR_FORMAT,
+       "\"layer_types\" must be a list of \"num_hidden_layers\" 3 entries"},
+      {"gpt_oss", "layer_types", "[\"sliding_attention\", \"chunked_attention\", \"full_attention\"]", NULL,
+       MOE_ERR_FORMAT, "\"layer_types\" entry 1 is not"},
+      {"gpt_oss", "quantization_config", "{\"quant_method\": \"bitsandbytes\"}", NULL, MOE_ERR_FORMAT,
+       "\"quantization_config\" other than quant_method \"mxfp4\""},
+      {"gpt_oss", "experts_per_token", "3", NULL, MOE_ERR_FORMAT, "\"experts_per_token\" 3 is not \"num_experts_per_tok\" 2"},
+      {"gpt_oss", "swiglu_limit", "0", NULL, MOE_ERR_FORMAT, "\"swiglu_limit\" must be > 0"},
+      {"gpt_oss", "intermediate_size", "16", NULL, MOE_ERR_SHAPE,
+       "\"intermediate_size\" 16 do not fit tensor 'model.layers.2.mlp.experts.gate_up_proj'"},
+      {"gpt_oss_mxfp4", "intermediate_size", "16", NULL, MOE_ERR_SHAPE,
+       "\"intermediate_size\" 16 do not fit tensor 'model.layers.2.mlp.experts.gate_up_proj_blocks'"},
+      {"gpt_oss", "num_local_experts", "5", NULL, MOE_ERR_SHAPE,
+       "\"num_local_experts\" is 5, but tensor 'model.layers.2.mlp.router.weight'"},
+      {"gpt_oss", "vocab_size", "48", "model.layers.1.self_attn.sinks", MOE_ERR_MISSING, "model.layers.1.self_attn.sinks"},
+      {"gpt_oss", "vocab_size", "48", "model.layers.0.mlp.experts.gate_up_proj_bias", MOE_ERR_MISSING,
+       "model.layers.0.mlp.experts.gate_up_proj_bias"},
+      {"gpt_oss", "vocab_size", "48", "model.layers.1.mlp.experts.down_proj", MOE_ERR_MISSING,
+       "model.layers.1.mlp.experts.down_proj"},
+      {"gpt_oss_mxfp4", "vocab_size", "48", "model.layers.0.mlp.experts.down_proj_scales", MOE_ERR_MISSING,
+       "model.layers.0.mlp.experts.down_proj_scales"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char dir[512];
@@ -289,6 +314,21 @@ TEST(lm_families_config_layer_kinds_and_ignored_fields) {
                  sizeof dir));
   ASSERT_OK(moe_lm_read_config(dir, &c));
   ASSERT(c.rope_theta == 500000.0f);
+  /* gpt-oss: layer_types absent is transformers' alternation (even layers sliding), sliding_window absent 128 */
+  ASSERT(patched("gpt_oss", "layer_types", NULL, NULL, dir, sizeof dir));
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  ASSERT(c.family == MOE_LM_GPT_OSS && c.sliding_window == 4 && c.full_layers[0] == 2 && c.attn_sinks && c.o_bias);
+  ASSERT(c.moe.act == MOE_ACT_SWIGLU_OAI && c.moe.swiglu_limit == 1.5f && c.moe.swiglu_alpha == 1.702f && c.head_dim == 12);
+  ASSERT(c.aux_coef == 0 && c.moe.gate_bias && c.moe.expert_bias && c.moe.normalize_topk == 1);
+  ASSERT(patched("gpt_oss", "sliding_window", NULL, NULL, dir, sizeof dir));
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  ASSERT(c.sliding_window == 128 && c.full_layers[0] == 2); /* the fixture's layer_types: 1 full */
+  ASSERT(patched("gpt_oss", "sliding_window", "null", NULL, dir, sizeof dir));
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  ASSERT(c.sliding_window == 0 && c.full_layers[0] == 0); /* no window: every layer full */
+  ASSERT(patched("gpt_oss", "attention_bias", "false", NULL, dir, sizeof dir));
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  ASSERT(!c.qkv_bias && !c.o_bias);
 }
 
 /* A model built from a configuration (not a checkpoint) of each family: initialized as HF does (biases
