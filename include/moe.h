@@ -1060,7 +1060,8 @@ moe_status moe_lm_backward(moe_lm_t *m);
 moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);
 /* Builds m from c (NULL: moe_lm_read_config(dir), which a caller reads first to change layer options
  * or max_seq), after checking c's sizes against the tensors' shapes (MOE_ERR_SHAPE naming config.json,
- * the field and its value, before any allocation of their size), and reads every parameter, F32, BF16 or F16, into fp32 (the experts' bf16 copies follow
+ * the field and its value, before any allocation of their size), and reads every parameter, F32, BF16 or F16
+ * (gpt-oss's experts also MXFP4), into fp32 (the experts' bf16 copies follow
  * when c->moe.dtype is bf16). A tensor absent is MOE_ERR_MISSING, one of another shape MOE_ERR_SHAPE,
  * one of another dtype MOE_ERR_DTYPE, a NaN or Inf MOE_ERR_VALUE: each naming the file and the tensor
  * (and both shapes). A tensor the model does not have is MOE_ERR_FORMAT naming the file and the tensor

@@ -1,8 +1,9 @@
-/* Hugging Face checkpoints of the language-model families (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE):
- * config.json, one safetensors file or the shards of an index, F32/BF16/F16 tensors. config.json's
+/* Hugging Face checkpoints of the language-model families (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE,
+ * gpt-oss): config.json, one safetensors file or the shards of an index, F32/BF16/F16 tensors. config.json's
  * fields are read by the family's list (anything else is an error naming it); the model's reference
  * table carries the HF names and shapes (an expert's tensors are slices of the layer's stacked ones),
- * so loading and saving walk it and only the size check knows a few names. */
+ * so loading and saving walk it and only the size check knows a few names; gpt-oss's fused (or MXFP4)
+ * experts are converted by lm_gptoss.c, which reads through this file's shards. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
