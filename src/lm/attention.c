@@ -135,7 +135,8 @@ void moe__attn_sinks_backward(const moe__attn *a, const float *do_, float *dsink
     double acc = 0;
     for (int b = 0; b < a->B; b++)
       for (int t = 0; t < a->Tq; t++) {
-        const float *o = a->o + ((size_t)b * a->Tq + t) * qd + (size_t)h * hd, *d = do_ + ((size_t)b * a->Tq + t) * qd + (size_t)h * hd;
+        size_t at = ((size_t)b * a->Tq + t) * qd + (size_t)h * hd;
+        const float *o = a->o + at, *d = do_ + at;
         double di = 0;
         for (int j = 0; j < hd; j++) di += (double)o[j] * d[j];
         acc -= exp((double)a->sinks[h] - a->lse[((size_t)b * a->nh + h) * a->Tq + t]) * di;

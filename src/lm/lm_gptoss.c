@@ -166,8 +166,9 @@ moe_status moe__gptoss_write_ref(const moe_lm_t *m, const moe_tensor_ref *r, moe
 }
 
 int moe__gptoss_source(const moe_lm_config *c, const char *name) {
-  static const char *const kinds[] = {"gate_up_proj",        "gate_up_proj_bias", "down_proj",       "gate_up_proj_blocks",
-                                      "gate_up_proj_scales", "down_proj_blocks",  "down_proj_scales"};
+  static const char *const kinds[] = {"gate_up_proj",        "gate_up_proj_bias", "down_proj",
+                                      "gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks",
+                                      "down_proj_scales"};
   char kind[32];
   int layer, n = 0;
   if (c->family != MOE_LM_GPT_OSS || sscanf(name, "model.layers.%d.mlp.experts.%31[a-z_]%n", &layer, kind, &n) != 2 ||
@@ -195,7 +196,8 @@ moe_status moe__gptoss_check_sizes(const moe__lm_reader *rd, const char *dir, co
                  : v.ndim == 4 && v.shape[0] == E && v.shape[1] == 2 * H && v.shape[2] * 32 == D && v.shape[3] == 16;
   MOE_TRY(ok, MOE_ERR_SHAPE, "%s/config.json: \"num_local_experts\" %lld, \"hidden_size\" %lld and "
           "\"intermediate_size\" %lld do not fit tensor '%s' in %s (%s, got %d dims: %lld x %lld x ...)", dir,
-          (long long)E, (long long)D, (long long)H, n, moe_st_path(f), plain ? "want E x D x 2H" : "want E x 2H x D/32 x 16",
+          (long long)E, (long long)D, (long long)H, n, moe_st_path(f),
+          plain ? "want E x D x 2H" : "want E x 2H x D/32 x 16",
           v.ndim, (long long)v.shape[0], v.ndim > 1 ? (long long)v.shape[1] : 0LL);
   return MOE_OK;
 }

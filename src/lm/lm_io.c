@@ -111,7 +111,8 @@ static moe_status family_of(const char *path, const cJSON *r, moe_lm_family *out
   int found = !mt;
   for (int f = 0; mt && moe__lm_family(f); f++)
     if (!strcmp(mt->valuestring, moe__lm_family(f)->model_type)) *out = f, found = 1;
-  MOE_TRY(found, MOE_ERR_FORMAT, "%s: \"model_type\" is \"%s\", want mixtral, qwen2_moe, qwen3_moe, olmoe or gpt_oss", path,
+  MOE_TRY(found, MOE_ERR_FORMAT, "%s: \"model_type\" is \"%s\", want mixtral, qwen2_moe, qwen3_moe, olmoe or gpt_oss",
+          path,
           mt->valuestring);
   cJSON_ArrayForEach(a, arch) {
     MOE_TRY(cJSON_IsString(a), MOE_ERR_FORMAT, "%s: \"architectures\" holds a non-string", path);
@@ -132,8 +133,8 @@ static moe_status family_of(const char *path, const cJSON *r, moe_lm_family *out
 static moe_status read_rope(const char *path, const cJSON *r, moe_lm_config *c) {
   const cJSON *rs = cJSON_GetObjectItemCaseSensitive(r, "rope_scaling"), *ty = NULL;
   MOE_TRY(c->family != MOE_LM_GPT_OSS || rs || cJSON_GetObjectItemCaseSensitive(r, "rope_parameters"), MOE_ERR_FORMAT,
-          "%s: no \"rope_scaling\": gpt_oss's default is YaRN, which is not supported (\"rope_scaling\": null for plain "
-          "rotary embeddings)", path);
+          "%s: no \"rope_scaling\": gpt_oss's default is YaRN, which is not supported (\"rope_scaling\": null "
+          "for plain rotary embeddings)", path);
   if (cJSON_IsObject(rs) && !cJSON_IsString(ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type")))
     ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
   MOE_TRY(!rs || cJSON_IsNull(rs), MOE_ERR_FORMAT, "%s: \"rope_scaling\" of type %s is not supported (only null)",
@@ -196,10 +197,11 @@ static moe_status read_gpt_oss(const char *path, const cJSON *r, moe_lm_config *
   MOE_TRY(per == l->top_k, MOE_ERR_FORMAT, "%s: \"experts_per_token\" %d is not \"num_experts_per_tok\" %d", path, per,
           l->top_k);
   const cJSON *q = cJSON_GetObjectItemCaseSensitive(r, "quantization_config"), *qm;
-  MOE_TRY(!q || cJSON_IsNull(q) ||
-              (cJSON_IsString(qm = cJSON_GetObjectItemCaseSensitive(q, "quant_method")) && !strcmp(qm->valuestring, "mxfp4")),
+  qm = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
+  MOE_TRY(!q || cJSON_IsNull(q) || (cJSON_IsString(qm) && !strcmp(qm->valuestring, "mxfp4")),
           MOE_ERR_FORMAT, "%s: \"quantization_config\" other than quant_method \"mxfp4\" is not supported", path);
-  const cJSON *sw = cJSON_GetObjectItemCaseSensitive(r, "sliding_window"), *lt = cJSON_GetObjectItemCaseSensitive(r, "layer_types"), *it;
+  const cJSON *sw = cJSON_GetObjectItemCaseSensitive(r, "sliding_window"), *it;
+  const cJSON *lt = cJSON_GetObjectItemCaseSensitive(r, "layer_types");
   c->sliding_window = sw && cJSON_IsNull(sw) ? 0 : 128;
   MOE_CHECK(get_int(path, r, "sliding_window", 0, &c->sliding_window));
   MOE_TRY(c->n_layers <= MOE_LM_MAX_LAYERS, MOE_ERR_FORMAT, "%s: \"num_hidden_layers\" %d is more than %d", path,
@@ -660,8 +662,8 @@ moe_status moe_lm_save(const moe_lm_t *m, const char *dir) {
   moe_status st = moe_st_writer_meta(w, "format", "pt");
   for (int i = 0; st == MOE_OK && i < m->nrefs; i++) {
     const moe_tensor_ref *r = &m->refs[i];
-    st = moe__gptoss_converted(m->cfg.family, r->name) ? moe__gptoss_write_ref(m, r, w)
-                                                       : moe_st_writer_add_f32(w, r->name, MOE_DT_F32, r->ndim, r->shape, r->data);
+    if (moe__gptoss_converted(m->cfg.family, r->name)) st = moe__gptoss_write_ref(m, r, w); /* HF's fused layout */
+    else st = moe_st_writer_add_f32(w, r->name, MOE_DT_F32, r->ndim, r->shape, r->data);
   }
   path_in(path, sizeof path, dir, "model.safetensors");
   if (st == MOE_OK) st = moe_st_writer_save(w, path);

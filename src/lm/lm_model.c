@@ -15,7 +15,6 @@
 #include "kernels.h"
 #include "lm_dist.h"
 #include "lm_family.h"
-#include "lm_gptoss.h"
 
 typedef struct {
   float *ln1, *wqkv, *wo, *ln2; /* wqkv: q_proj, k_proj, v_proj stacked (qd + 2 kvd, D) */
@@ -117,8 +116,8 @@ static moe_status check_family(const moe_lm_config *c) {
   int oss = c->family == MOE_LM_GPT_OSS;
   MOE_TRY(!c->qkv_bias || c->family == MOE_LM_QWEN2_MOE || oss, MOE_ERR_ARG,
           "lm config: q/k/v biases are Qwen2-MoE's and gpt-oss's, not %s's", fam);
-  MOE_TRY(!c->o_bias || (oss && c->qkv_bias), MOE_ERR_ARG, "lm config: an o_proj bias is gpt-oss's (with qkv_bias), not %s's",
-          fam);
+  MOE_TRY(!c->o_bias || (oss && c->qkv_bias), MOE_ERR_ARG,
+          "lm config: an o_proj bias is gpt-oss's (with qkv_bias), not %s's", fam);
   MOE_TRY(!c->attn_sinks == !oss, MOE_ERR_ARG, "lm config: attention sinks are gpt-oss's and all it has, got %d for %s",
           c->attn_sinks, fam);
   int full = 0;
@@ -216,8 +215,9 @@ static void add_oss_refs(moe_lm_t *m, int i) {
     const moe_param_info *p = moe_layer_param_find(l, ours[j]);
     if (j == 5) snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.down_proj_bias", i);
     else snprintf(nm, sizeof nm, "model.layers.%d.mlp.%s", i, ours[j]);
-    if (p->ndim == 3) add_ref3(m, nm, p->shape[0], p->shape[1], p->shape[2], moe_layer_param(l, ours[j]), moe_layer_grad(l, ours[j]));
-    else add_ref(m, nm, 2, p->shape[0], p->shape[1], moe_layer_param(l, ours[j]), moe_layer_grad(l, ours[j]));
+    float *d = moe_layer_param(l, ours[j]), *g = moe_layer_grad(l, ours[j]);
+    if (p->ndim == 3) add_ref3(m, nm, p->shape[0], p->shape[1], p->shape[2], d, g);
+    else add_ref(m, nm, 2, p->shape[0], p->shape[1], d, g);
   }
 }
 
