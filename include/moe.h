@@ -969,10 +969,11 @@ typedef struct {
   int sliding_window;    /* 0: none; else a query sees its own key and the sliding_window - 1 before it */
   moe_layer_config moe;  /* D (the model width), H (the experts' intermediate size), E, top_k,
                             normalize_topk (norm_topk_prob), shared_H / shared_gate (Qwen2-MoE's shared
-                            expert), capacity, dispatch, dtype...; act swiglu, no biases, linear router;
+                            expert), capacity, dispatch, dtype...; act swiglu, no biases, linear router
+                            (gpt-oss: swiglu_oai with router and expert biases);
                             moe.threads for the model */
   moe_lm_family family;  /* MOE_LM_MIXTRAL by default */
-  int qkv_bias;          /* q_proj, k_proj and v_proj have biases (Qwen2-MoE) */
+  int qkv_bias;          /* q_proj, k_proj and v_proj have biases (Qwen2-MoE, gpt-oss) */
   moe_lm_qk_norm qk_norm; /* RMSNorm (eps rms_eps) of q and k after the projections, before RoPE */
   float clip_qkv;        /* > 0: q, k and v clamped to [-clip_qkv, clip_qkv] after the norms (OLMoE); 0: no clamp */
   int dense_H;           /* the dense layers' intermediate_size (Qwen2/3-MoE's intermediate_size) */
@@ -1027,9 +1028,9 @@ const float *moe_lm_logits(const moe_lm_t *m);
 /* Adds the gradient of the last forward's loss (which had targets) into every ref's grad. */
 moe_status moe_lm_backward(moe_lm_t *m);
 
-/* Hugging Face checkpoint directories of the four families: config.json with model.safetensors, or
+/* Hugging Face checkpoint directories of the five families: config.json with model.safetensors, or
  * with the shards that model.safetensors.index.json lists ("weight_map": tensor name -> file). The
- * family is config.json's model_type ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"), else its
+ * family is config.json's model_type ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"), else its
  * architectures entry, else Mixtral. c gets the fields the config gives: vocab_size, hidden_size,
  * num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings, rope_theta (or
  * rope_parameters of rope_type default), rms_norm_eps, tie_word_embeddings, num_experts_per_tok and
