@@ -989,6 +989,12 @@ typedef struct {
 /* Whether layer i of c is a dense MLP layer (moe_lm_t.layers[i] is then unused: all zero). */
 int moe_lm_layer_dense(const moe_lm_config *c, int i);
 void moe_lm_config_default(moe_lm_config *c);
+/* Sets c->family to f and the options its modeling code fixes, for a new model of the sizes c has:
+ * Qwen2-MoE q/k/v biases and a gated shared expert (moe.H wide unless shared_H is set); Qwen3-MoE and
+ * OLMoE their q/k norms, OLMoE's top-k not renormalized; gpt-oss q/k/v/o biases, sinks, the router's and
+ * experts' biases, the clamped SwiGLU, normalize_topk 1 and no balance loss (aux_coef 0); Mixtral none
+ * of them. Sizes, windows and the rest are left as they are. */
+void moe_lm_config_set_family(moe_lm_config *c, moe_lm_family f);
 
 typedef struct moe__lm_state moe__lm_state;
 typedef struct {

@@ -524,3 +524,44 @@ TEST(lm_families_bf16_experts) {
     ASSERT(worst > 0 && worst < 0.05);
   }
 }
+
+/* A new model of each family from moe_lm_config_set_family (what `moe train --family` builds): it
+ * initializes, trains a step, and its checkpoint loads back as the same configuration and logits
+ * (gpt-oss with a window over one of two layers). */
+TEST(lm_families_set_family_from_scratch) {
+  for (int f = MOE_LM_MIXTRAL; f <= MOE_LM_GPT_OSS; f++) {
+    moe_lm_config c;
+    moe_lm_config_default(&c);
+    c.vocab = 40, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 8, c.max_seq = 16;
+    c.moe.D = 32, c.moe.H = 16, c.moe.E = 4, c.moe.threads = 1;
+    moe_lm_config_set_family(&c, (moe_lm_family)f);
+    if (f == MOE_LM_GPT_OSS) c.sliding_window = 3, c.full_layers[0] = 2;
+    moe_lm_t m, r;
+    moe_status st = moe_lm_init(&m, &c);
+    if (st) FAIL_("%s: %s", moe_lm_family_name((moe_lm_family)f), moe_last_error());
+    moe_lm_init_params(&m, 3);
+    int32_t t[12] = {1, 5, 9, 2, 7, 3, 11, 4, 30, 8, 6, 0};
+    moe_lm_stats s;
+    ASSERT_OK(moe_lm_forward(&m, t, t + 1, 1, 11, &s));
+    ASSERT_OK(moe_lm_backward(&m));
+    char dir[512], name[64];
+    snprintf(name, sizeof name, "lm_set_family_%d", f);
+    ASSERT_OK(moe_lm_save(&m, test_tmp_path(name, dir, sizeof dir)));
+    ASSERT_OK(moe_lm_load(&r, dir, NULL));
+    const moe_layer_config *a = &c.moe, *b = &r.cfg.moe;
+    ASSERT((int)r.cfg.family == f && r.cfg.qkv_bias == c.qkv_bias && r.cfg.o_bias == c.o_bias &&
+           r.cfg.attn_sinks == c.attn_sinks && r.cfg.qk_norm == c.qk_norm && r.cfg.sliding_window == c.sliding_window &&
+           !memcmp(r.cfg.full_layers, c.full_layers, sizeof c.full_layers) && r.cfg.aux_coef == c.aux_coef);
+    ASSERT(b->act == a->act && b->gate_bias == a->gate_bias && b->expert_bias == a->expert_bias &&
+           b->normalize_topk == a->normalize_topk && b->shared_H == a->shared_H && b->shared_gate == a->shared_gate &&
+           b->swiglu_alpha == a->swiglu_alpha && b->swiglu_limit == a->swiglu_limit);
+    float la[11 * 40];
+    ASSERT_OK(moe_lm_forward(&m, t, NULL, 1, 11, NULL));
+    memcpy(la, moe_lm_logits(&m), sizeof la);
+    ASSERT_OK(moe_lm_forward(&r, t, NULL, 1, 11, NULL));
+    int same = !memcmp(la, moe_lm_logits(&r), sizeof la);
+    moe_lm_free(&m);
+    moe_lm_free(&r);
+    if (!same) FAIL_("%s: the saved model's logits differ", moe_lm_family_name((moe_lm_family)f));
+  }
+}

@@ -181,11 +181,8 @@ static moe_status read_layer_kinds(const char *path, const cJSON *r, moe_lm_conf
  * MXFP4 quantization its checkpoints declare. */
 static moe_status read_gpt_oss(const char *path, const cJSON *r, moe_lm_config *c) {
   moe_layer_config *l = &c->moe;
-  l->act = MOE_ACT_SWIGLU_OAI;
-  l->gate_bias = l->expert_bias = l->normalize_topk = 1;
-  c->attn_sinks = 1;
+  moe_lm_config_set_family(c, MOE_LM_GPT_OSS);
   c->rope_theta = 150000.0f;
-  c->qkv_bias = 1;
   MOE_CHECK(get_bool(path, r, "attention_bias", &c->qkv_bias));
   c->o_bias = c->qkv_bias;
   MOE_CHECK(get_float(path, r, "swiglu_alpha", &l->swiglu_alpha));

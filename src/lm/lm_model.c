@@ -94,6 +94,21 @@ void moe_lm_config_default(moe_lm_config *c) {
   c->moe.expert_bias = 0;
 }
 
+void moe_lm_config_set_family(moe_lm_config *c, moe_lm_family f) {
+  moe_layer_config *l = &c->moe;
+  int oss = f == MOE_LM_GPT_OSS;
+  c->family = f;
+  c->qkv_bias = f == MOE_LM_QWEN2_MOE || oss;
+  c->o_bias = c->attn_sinks = oss;
+  c->qk_norm = f == MOE_LM_QWEN3_MOE ? MOE_QK_NORM_HEAD : f == MOE_LM_OLMOE ? MOE_QK_NORM_FULL : MOE_QK_NORM_NONE;
+  l->shared_gate = f == MOE_LM_QWEN2_MOE;
+  l->shared_H = !l->shared_gate ? 0 : l->shared_H ? l->shared_H : l->H;
+  l->act = oss ? MOE_ACT_SWIGLU_OAI : MOE_ACT_SWIGLU;
+  l->gate_bias = l->expert_bias = oss;
+  if (f == MOE_LM_OLMOE) l->normalize_topk = 0;
+  if (oss) l->normalize_topk = 1, c->aux_coef = 0;
+}
+
 int moe_lm_layer_dense(const moe_lm_config *c, int i) {
   return i >= 0 && i < MOE_LM_MAX_LAYERS && (c->dense_layers[i / 8] >> (i % 8) & 1);
 }
