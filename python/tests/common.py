@@ -52,7 +52,8 @@ def layer_options(c):
                 router=c["router"], proj_dim=c["P"], gate_bias=c["bias"], expert_bias=c["bias"], threads=1,
                 score=c["score"], select_bias=c["select_bias"], n_group=c["n_group"], topk_group=c["topk_group"],
                 group_score=c["group_score"], routed_scale=float(c["routed_scale"]), shared_H=c["shared_H"],
-                shared_gate=c["shared_gate"])
+                shared_gate=c["shared_gate"], swiglu_alpha=float(c["swiglu_alpha"]),
+                swiglu_limit=float(c["swiglu_limit"]))
 
 
 def raises(test, name, fn, *args, contains=None, **kw):
