@@ -338,9 +338,10 @@ TEST(lm_config_sizes_checked_against_tensors_in_bounded_memory) {
       {"max_position_embeddings", "20000000", NULL},
       {"rope_scaling", "{\"type\": \"linear\", \"factor\": 2}", "\"rope_scaling\" of type linear is not supported"},
       {"sliding_window", "0", "\"sliding_window\" must be a positive integer"},
-      {"eos_token_id", "64", "\"eos_token_id\" 64 is not a token id in [0, 64) or a list of at most 8"},
+      {"eos_token_id", "64", "\"eos_token_id\" 64 is not a token id in [0, 64) or a list of them"},
       {"eos_token_id", "[1, \"2\"]", "\"eos_token_id\" [1,\"2\"] is not a token id"},
-      {"eos_token_id", "[1, 2, 3, 4, 5, 6, 7, 8, 9]", "\"eos_token_id\" [1,2,3,4,5,6,7,8,9] is not"},
+      {"eos_token_id", "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]",
+       "\"eos_token_id\": more than the 16 end ids there is room for"},
   };
 #if defined(__SANITIZE_ADDRESS__)
   const char *limit = NULL;
