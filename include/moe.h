@@ -934,8 +934,20 @@ int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token);
  *   Qwen3-MoE ("qwen3_moe"): self_attn.q_norm/k_norm over each head's head_dim, mlp.* as Qwen2-MoE
  *     without the shared expert, dense layers;
  *   OLMoE ("olmoe"): self_attn.q_norm/k_norm over the whole q (n_heads head_dim) and k (n_kv_heads
- *     head_dim) projections, optional clip_qkv, mlp.* as Qwen3-MoE, no dense layers. */
-typedef enum { MOE_LM_MIXTRAL = 0, MOE_LM_QWEN2_MOE, MOE_LM_QWEN3_MOE, MOE_LM_OLMOE } moe_lm_family;
+ *     head_dim) projections, optional clip_qkv, mlp.* as Qwen3-MoE, no dense layers;
+ *   DeepSeek-V2 / V2-Lite ("deepseek_v2") and DeepSeek-V3 ("deepseek_v3"): multi-head latent attention
+ *     (moe_lm_mla below; head_dim is qk_rope_head_dim, n_kv_heads is n_heads), mlp.gate (softmax or
+ *     sigmoid scores, groups, the selection bias mlp.gate.e_score_correction_bias, routed_scale: the
+ *     moe fields), mlp.experts.<e>.*, the ungated shared experts mlp.shared_experts.* (moe.shared_H),
+ *     dense layers; aux_coef 0 (transformers adds no balance loss for them). */
+typedef enum {
+  MOE_LM_MIXTRAL = 0,
+  MOE_LM_QWEN2_MOE,
+  MOE_LM_QWEN3_MOE,
+  MOE_LM_OLMOE,
+  MOE_LM_DEEPSEEK_V2,
+  MOE_LM_DEEPSEEK_V3
+} moe_lm_family;
 /* The family's model_type ("mixtral", ...); NULL when out of range. */
 const char *moe_lm_family_name(moe_lm_family f);
 typedef enum {
@@ -944,6 +956,35 @@ typedef enum {
   MOE_QK_NORM_FULL, /* RMSNorm of the whole q and k projections, weights (n_heads / n_kv_heads x head_dim) (OLMoE) */
 } moe_lm_qk_norm;
 #define MOE_LM_MAX_LAYERS 1024
+/* YaRN rotary scaling (rope_scaling {"type": "yarn"}; transformers' _compute_yarn_parameters, DeepSeek's
+ * DeepseekV2YarnRotaryEmbedding): dimension pair i keeps its frequency theta^(-2i/d) when it turns more
+ * than beta_fast times within original_max_pos, takes it divided by factor below beta_slow turns, and
+ * a linear ramp between (the ramp's ends floored and ceiled when truncate, transformers' default;
+ * gpt-oss sets false); cos and sin are scaled by get_mscale(factor, mscale) / get_mscale(factor,
+ * mscale_all_dim), get_mscale(s, m) = 0.1 m ln(s) + 1 (1 when s <= 1); the latent attention also
+ * multiplies its softmax scale by get_mscale(factor, mscale_all_dim)^2 when mscale_all_dim is not 0. */
+typedef struct {
+  float factor;                 /* > 1 turns YaRN on; 0: off */
+  int original_max_pos;         /* original_max_position_embeddings */
+  float beta_fast, beta_slow;   /* 32 and 1 in the configs that leave them out */
+  float mscale, mscale_all_dim; /* 1 and 0 in the configs that leave them out */
+  int truncate;                 /* 1 in the configs that leave it out */
+} moe_lm_yarn;
+/* Multi-head latent attention (DeepSeek-V2/V3): q = q_b_proj(RMSNorm(q_a_proj x)) when q_lora_rank > 0,
+ * else q_proj x: n_heads heads of qk_nope_dim + head_dim; kv_a_proj_with_mqa x gives the latent
+ * (kv_lora_rank, normed by kv_a_layernorm) and one rotary key (head_dim) that every head shares;
+ * kv_b_proj maps the normed latent to each head's key (qk_nope_dim) and value (v_head_dim); the rotary
+ * embedding turns the last head_dim of each q head and the shared key (pairs of adjacent dimensions
+ * with rope_interleave, DeepSeek's checkpoints; else rotate_half); softmax scale 1/sqrt(qk_nope_dim +
+ * head_dim), times YaRN's correction; o_proj (D, n_heads v_head_dim). A KV cache holds per token and
+ * layer the normed latent and the rotated key, kv_lora_rank + head_dim floats, and decodes with the
+ * key and value projections absorbed into the queries and outputs. */
+typedef struct {
+  int kv_lora_rank;       /* > 0 turns MLA on */
+  int q_lora_rank;        /* 0: q_proj */
+  int qk_nope_dim, v_head_dim;
+  int rope_interleave;
+} moe_lm_mla;
 typedef struct {
   int vocab, n_layers, n_heads, n_kv_heads, head_dim; /* n_heads a multiple of n_kv_heads, head_dim even */
   int max_seq;           /* longest context; the rotary tables and a KV cache grow up to it as used */
@@ -963,6 +1004,8 @@ typedef struct {
   int dense_H;           /* the dense layers' intermediate_size (Qwen2/3-MoE's intermediate_size) */
   uint8_t dense_layers[MOE_LM_MAX_LAYERS / 8]; /* bit i % 8 of byte i / 8: layer i is a dense SwiGLU MLP
                             (mlp.gate_proj/up_proj/down_proj, dense_H wide) instead of a MoE layer */
+  moe_lm_yarn yarn;      /* YaRN rotary scaling: yarn.factor 0 (default) leaves it off */
+  moe_lm_mla mla;        /* the DeepSeek families' latent attention; mla.kv_lora_rank 0 for the others */
 } moe_lm_config;
 /* Whether layer i of c is a dense MLP layer (moe_lm_t.layers[i] is then unused: all zero). */
 int moe_lm_layer_dense(const moe_lm_config *c, int i);
