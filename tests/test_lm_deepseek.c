@@ -21,21 +21,6 @@ TEST(lm_matches_pytorch_deepseek_v2) { ASSERT(lm_check_case("deepseek_v2")); }
 TEST(lm_matches_pytorch_deepseek_v3) { ASSERT(lm_check_case("deepseek_v3")); }
 TEST(lm_matches_pytorch_deepseek_v3_rotate_half) { ASSERT(lm_check_case("deepseek_v3_rotate_half")); }
 
-/* The fixture's tokens (B, T), malloc'd. */
-static int32_t *ds_tokens(const char *dir, int *B, int *T) {
-  char path[700];
-  snprintf(path, sizeof path, "%s/ref.safetensors", dir);
-  moe_st *f = NULL;
-  moe_tensor_view v;
-  int32_t *out = NULL;
-  if (moe_st_open(&f, path) == MOE_OK && moe_st_get(f, "tokens", &v) == MOE_OK && (out = malloc(v.nbytes))) {
-    memcpy(out, v.data, v.nbytes);
-    *B = (int)v.shape[0], *T = (int)v.shape[1];
-  }
-  moe_st_close(f);
-  return out;
-}
-
 /* The config.json fields as read: the latent attention, YaRN, the router and the layer kinds. */
 TEST(lm_deepseek_config_fields) {
   char dir[512];
@@ -67,7 +52,7 @@ TEST(lm_deepseek_latent_cache_decode_matches_full_forward) {
     moe_lm_t m;
     int B, T;
     ASSERT_OK(moe_lm_load(&m, lm_case_dir(cases[ci], dir, sizeof dir), NULL));
-    int32_t *t = ds_tokens(dir, &B, &T);
+    int32_t *t = lm_fixture_tokens(dir, &B, &T);
     ASSERT(t && T >= 5);
     size_t V = (size_t)m.cfg.vocab;
     float *full = malloc((size_t)B * T * V * 4);
@@ -102,5 +87,207 @@ TEST(lm_deepseek_latent_cache_decode_matches_full_forward) {
     moe_lm_free(&m);
     free(full), free(in), free(t);
     ASSERT(worst < 1e-5);
+  }
+}
+
+/* Load, save, load: DeepSeek's tensor names and config.json, the same configuration and bit-identical
+ * logits. */
+TEST(lm_deepseek_save_load_round_trip) {
+  for (int ci = 0; ci < NCASES; ci++) {
+    char src[512], dir[512], name[64];
+    lm_case_dir(cases[ci], src, sizeof src);
+    snprintf(name, sizeof name, "lm_saved_%s", cases[ci]);
+    test_tmp_path(name, dir, sizeof dir);
+    moe_lm_t m, r;
+    int B, T;
+    int32_t *t = lm_fixture_tokens(src, &B, &T);
+    ASSERT(t);
+    ASSERT_OK(moe_lm_load(&m, src, NULL));
+    ASSERT_OK(moe_lm_save(&m, dir));
+    ASSERT_OK(moe_lm_load(&r, dir, NULL));
+    if (memcmp(&m.cfg, &r.cfg, sizeof m.cfg)) FAIL_("%s: the saved config.json reads back as another config", cases[ci]);
+    ASSERT_EQ_INT(r.nrefs, m.nrefs);
+    for (int i = 0; i < m.nrefs; i++) ASSERT(!strcmp(m.refs[i].name, r.refs[i].name));
+    size_t n = (size_t)B * T * m.cfg.vocab;
+    float *la = malloc(n * 4);
+    ASSERT(la);
+    ASSERT_OK(moe_lm_forward(&m, t, NULL, B, T, NULL));
+    memcpy(la, moe_lm_logits(&m), n * 4);
+    ASSERT_OK(moe_lm_forward(&r, t, NULL, B, T, NULL));
+    int same = !memcmp(la, moe_lm_logits(&r), n * 4);
+    free(la), free(t);
+    moe_lm_free(&m);
+    moe_lm_free(&r);
+    if (!same) FAIL_("%s: the saved checkpoint's logits differ", cases[ci]);
+  }
+}
+
+/* SGD steps from each loaded checkpoint on its tokens as one sequence, then a save and load: the loss
+ * falls and the reloaded model has the trained loss (the selection bias, not a gradient parameter, stays). */
+TEST(lm_deepseek_train_from_checkpoint) {
+  for (int ci = 0; ci < NCASES; ci++) {
+    char src[512], dir[512], name[64];
+    lm_case_dir(cases[ci], src, sizeof src);
+    moe_lm_t m;
+    int B, T;
+    int32_t *t = lm_fixture_tokens(src, &B, &T);
+    ASSERT(t);
+    ASSERT_OK(moe_lm_load(&m, src, NULL));
+    const moe_tensor_ref *bias = moe_lm_find(&m, "model.layers.1.mlp.gate.e_score_correction_bias");
+    float b0 = bias ? bias->data[0] : 0;
+    double first = 0, last = 0;
+    for (int step = 0; step <= 12; step++) {
+      moe_lm_stats st;
+      moe_lm_zero_grad(&m);
+      moe_status s = moe_lm_forward(&m, t, t + 1, 1, B * T - 1, &st);
+      if (s == MOE_OK && step < 12) s = moe_lm_backward(&m);
+      if (s) FAIL_("%s step %d: %s", cases[ci], step, moe_last_error());
+      if (step == 0) first = st.loss;
+      last = st.loss;
+      for (int i = 0; step < 12 && i < m.nrefs; i++)
+        for (size_t j = 0; j < m.refs[i].numel; j++) m.refs[i].data[j] -= 0.2f * m.refs[i].grad[j];
+      moe_lm_params_changed(&m);
+    }
+    ASSERT(!bias || bias->data[0] == b0);
+    snprintf(name, sizeof name, "lm_trained_%s", cases[ci]);
+    ASSERT_OK(moe_lm_save(&m, test_tmp_path(name, dir, sizeof dir)));
+    moe_lm_free(&m);
+    moe_lm_stats again;
+    ASSERT_OK(moe_lm_load(&m, dir, NULL));
+    ASSERT_OK(moe_lm_forward(&m, t, t + 1, 1, B * T - 1, &again));
+    moe_lm_free(&m);
+    free(t);
+    fprintf(stderr, "  %s: loss %.4f -> %.4f after 12 SGD steps, %.4f reloaded\n", cases[ci], first, last, again.loss);
+    ASSERT(last < 0.8 * first);
+    ASSERT_NEAR(again.loss, last, 1e-6);
+  }
+}
+
+/* A model built from each case's configuration: initialized as HF does (norms 1, the selection bias 0),
+ * saved in DeepSeek's layout and loaded back with the same parameters. */
+TEST(lm_deepseek_init_save_load) {
+  for (int ci = 0; ci < NCASES; ci++) {
+    char src[512], dir[512], name[64];
+    moe_lm_config c;
+    ASSERT_OK(moe_lm_read_config(lm_case_dir(cases[ci], src, sizeof src), &c));
+    moe_lm_t m, r;
+    ASSERT_OK(moe_lm_init(&m, &c));
+    moe_lm_init_params(&m, 11);
+    for (int i = 0; i < m.nrefs; i++) {
+      const moe_tensor_ref *ref = &m.refs[i];
+      float want = strstr(ref->name, "norm.") ? 1.0f : strstr(ref->name, "correction_bias") ? 0.0f : -1.0f;
+      if (want >= 0 && (ref->data[0] != want || ref->data[ref->numel - 1] != want))
+        FAIL_("%s: %s starts %g, want %g", cases[ci], ref->name, ref->data[0], want);
+    }
+    snprintf(name, sizeof name, "lm_init_%s", cases[ci]);
+    ASSERT_OK(moe_lm_save(&m, test_tmp_path(name, dir, sizeof dir)));
+    ASSERT_OK(moe_lm_load(&r, dir, NULL));
+    ASSERT_EQ_INT(r.nrefs, m.nrefs);
+    for (int i = 0; i < m.nrefs; i++) ASSERT(!memcmp(m.refs[i].data, r.refs[i].data, m.refs[i].numel * 4));
+    moe_lm_free(&m);
+    moe_lm_free(&r);
+  }
+}
+
+/* The deepseek_v3 fixture's weights with one more tensor, in dir. */
+static void with_extra_tensor(const char *extra, char *dir, size_t n) {
+  static int made;
+  char src[700], dst[700], name[64];
+  snprintf(name, sizeof name, "lm_ds_extra_%d", made++);
+  test_tmp_path(name, dir, n);
+  mkdir(dir, 0755);
+  lm_case_dir("deepseek_v3", src, sizeof src);
+  strcat(src, "/config.json");
+  snprintf(dst, sizeof dst, "%s/config.json", dir);
+  char *text = test_read_file(src, NULL);
+  if (text) moe_write_file_atomic(dst, text, strlen(text));
+  free(text);
+  *strrchr(src, '/') = 0;
+  strcat(src, "/model.safetensors");
+  moe_st *f = NULL;
+  moe_st_writer *w = NULL;
+  if (moe_st_open(&f, src) == MOE_OK && moe_st_writer_new(&w) == MOE_OK) {
+    for (int j = 0; j < moe_st_count(f); j++) {
+      moe_tensor_view v;
+      if (moe_st_at(f, j, &v) == MOE_OK) moe_st_writer_add(w, v.name, v.dtype, v.ndim, v.shape, v.data);
+    }
+    float zero[4] = {0};
+    int64_t shape[1] = {4};
+    moe_st_writer_add(w, extra, MOE_DT_F32, 1, shape, zero);
+    snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
+    moe_st_writer_save(w, dst);
+  }
+  moe_st_writer_free(w);
+  moe_st_close(f);
+}
+
+/* DeepSeek-V3's multi-token-prediction layers (numbered from num_hidden_layers) are skipped with a note;
+ * any other tensor the model lacks is still an error naming the file and the tensor. */
+TEST(lm_deepseek_mtp_layers_skipped) {
+  char dir[512];
+  moe_lm_t m;
+  with_extra_tensor("model.layers.3.eh_proj.weight", dir, sizeof dir);
+  ASSERT_OK(moe_lm_load(&m, dir, NULL));
+  moe_lm_free(&m);
+  with_extra_tensor("model.layers.2.mlp.experts.8.up_proj.weight", dir, sizeof dir); /* expert 8 of 8 */
+  ASSERT_EQ_INT(moe_lm_load(&m, dir, NULL), MOE_ERR_FORMAT);
+  ASSERT(strstr(moe_last_error(), "model.layers.2.mlp.experts.8.up_proj.weight") && strstr(moe_last_error(), dir));
+}
+
+/* Fields not understood, values not implemented, sizes the weights do not have, tensors missing: each
+ * an error naming config.json (or the weights file) and the field (tensor). */
+TEST(lm_deepseek_bad_configs_name_file_and_field) {
+  static const struct {
+    const char *family, *field, *value, *drop;
+    moe_status st;
+    const char *want;
+  } bad[] = {
+      {"deepseek_v3", "quantization_config", "{\"quant_method\": \"fp8\"}", NULL, MOE_ERR_FORMAT,
+       "\"quantization_config\" is not supported"},
+      {"deepseek_v3", "rope_scaling", "{\"type\": \"dynamic\", \"factor\": 2}", NULL, MOE_ERR_FORMAT,
+       "\"rope_scaling\" of type dynamic is not supported"},
+      {"deepseek_v3", "rope_scaling", "{\"type\": \"yarn\", \"factor\": 4, \"low_freq_factor\": 1}", NULL,
+       MOE_ERR_FORMAT, "\"rope_scaling\" field \"low_freq_factor\" is not supported for yarn"},
+      {"deepseek_v3", "rope_scaling", "{\"type\": \"yarn\"}", NULL, MOE_ERR_FORMAT, "needs a number \"factor\""},
+      {"deepseek_v2", "rope_scaling", "{\"type\": \"yarn\", \"factor\": 0.5}", NULL, MOE_ERR_FORMAT,
+       "yarn wants factor >= 1"},
+      {"deepseek_v3", "topk_method", "\"bogus\"", NULL, MOE_ERR_FORMAT, "\"topk_method\" bogus is not supported"},
+      {"deepseek_v2", "scoring_func", "\"tanh\"", NULL, MOE_ERR_FORMAT, "\"scoring_func\" tanh is not supported"},
+      {"deepseek_v2", "n_group", NULL, NULL, MOE_ERR_FORMAT, "group_limited_greedy needs \"n_group\""},
+      {"deepseek_v3", "attention_bias", "true", NULL, MOE_ERR_FORMAT, "\"attention_bias\" true is not supported"},
+      {"deepseek_v3", "head_dim", "6", NULL, MOE_ERR_FORMAT, "\"head_dim\" 6 is not \"qk_rope_head_dim\" 8"},
+      {"deepseek_v3", "num_key_value_heads", "2", NULL, MOE_ERR_FORMAT,
+       "\"num_key_value_heads\" 2 is not \"num_attention_heads\" 4"},
+      {"deepseek_v3", "q_lora_rank", NULL, NULL, MOE_ERR_MISSING, "no \"q_lora_rank\""},
+      {"deepseek_v2_lite", "frobnicate", "1", NULL, MOE_ERR_FORMAT,
+       "field \"frobnicate\" is not understood for model_type \"deepseek_v2\""},
+      {"deepseek_v3", "kv_lora_rank", "13", NULL, MOE_ERR_SHAPE,
+       "\"kv_lora_rank\" + \"qk_rope_head_dim\" is 21, but tensor 'model.layers.2.self_attn.kv_a_proj_with_mqa.weight'"},
+      {"deepseek_v3", "v_head_dim", "6", NULL, MOE_ERR_SHAPE,
+       "(\"qk_nope_head_dim\" + \"v_head_dim\") is 48, but tensor 'model.layers.2.self_attn.kv_b_proj.weight'"},
+      {"deepseek_v3", "q_lora_rank", "10", NULL, MOE_ERR_SHAPE,
+       "\"q_lora_rank\" is 10, but tensor 'model.layers.2.self_attn.q_a_proj.weight'"},
+      {"deepseek_v3", "q_lora_rank", "null", NULL, MOE_ERR_SHAPE, "'model.layers.2.self_attn.q_proj.weight'"},
+      {"deepseek_v2_lite", "q_lora_rank", "8", NULL, MOE_ERR_SHAPE, "'model.layers.2.self_attn.q_a_proj.weight'"},
+      {"deepseek_v3", "n_shared_experts", "2", NULL, MOE_ERR_SHAPE,
+       "\"n_shared_experts\" x \"moe_intermediate_size\" is 20, but tensor "
+       "'model.layers.2.mlp.shared_experts.gate_proj.weight'"},
+      {"deepseek_v3", "first_k_dense_replace", "0", NULL, MOE_ERR_MISSING, "model.layers.0.mlp.gate.weight"},
+      {"deepseek_v3", "vocab_size", "40", "model.layers.1.mlp.gate.e_score_correction_bias", MOE_ERR_MISSING,
+       "model.layers.1.mlp.gate.e_score_correction_bias"},
+      {"deepseek_v2", "vocab_size", "40", "model.layers.0.self_attn.kv_a_layernorm.weight", MOE_ERR_MISSING,
+       "model.layers.0.self_attn.kv_a_layernorm.weight"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char dir[512];
+    ASSERT(lm_patched(bad[i].family, bad[i].field, bad[i].value, bad[i].drop, dir, sizeof dir));
+    moe_lm_t m;
+    moe_status st = moe_lm_load(&m, dir, NULL);
+    const char *err = moe_last_error();
+    if (st != bad[i].st || !strstr(err, bad[i].want) || !strstr(err, dir)) {
+      if (st == MOE_OK) moe_lm_free(&m);
+      FAIL_("%s %s=%s: status %d, '%s'; want %d and '%s' in %s", bad[i].family, bad[i].field,
+            bad[i].value ? bad[i].value : "(removed)", st, err, bad[i].st, bad[i].want, dir);
+    }
   }
 }

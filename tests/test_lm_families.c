@@ -21,21 +21,6 @@ TEST(lm_matches_pytorch_qwen2_moe) { ASSERT(lm_check_case("qwen2_moe")); }
 TEST(lm_matches_pytorch_qwen3_moe) { ASSERT(lm_check_case("qwen3_moe")); }
 TEST(lm_matches_pytorch_olmoe) { ASSERT(lm_check_case("olmoe")); }
 
-/* The fixture's tokens (B, T), malloc'd. */
-static int32_t *fixture_tokens(const char *dir, int *B, int *T) {
-  char path[700];
-  snprintf(path, sizeof path, "%s/ref.safetensors", dir);
-  moe_st *f = NULL;
-  moe_tensor_view v;
-  int32_t *out = NULL;
-  if (moe_st_open(&f, path) == MOE_OK && moe_st_get(f, "tokens", &v) == MOE_OK && (out = malloc(v.nbytes))) {
-    memcpy(out, v.data, v.nbytes);
-    *B = (int)v.shape[0], *T = (int)v.shape[1];
-  }
-  moe_st_close(f);
-  return out;
-}
-
 /* Each family's fixture position by position through the KV cache (the first tokens at once, then one
  * and the rest), against one forward of the whole sequences. */
 TEST(lm_families_kv_cache_decode_matches_full_forward) {
@@ -44,7 +29,7 @@ TEST(lm_families_kv_cache_decode_matches_full_forward) {
     moe_lm_t m;
     int B, T;
     ASSERT_OK(moe_lm_load(&m, lm_case_dir(families[fi], dir, sizeof dir), NULL));
-    int32_t *t = fixture_tokens(dir, &B, &T);
+    int32_t *t = lm_fixture_tokens(dir, &B, &T);
     ASSERT(t && T >= 5);
     size_t V = (size_t)m.cfg.vocab;
     float *full = malloc((size_t)B * T * V * 4);
@@ -99,7 +84,7 @@ TEST(lm_families_save_load_round_trip) {
     test_tmp_path(name, dir, sizeof dir);
     moe_lm_t m, r;
     int B, T;
-    int32_t *t = fixture_tokens(src, &B, &T);
+    int32_t *t = lm_fixture_tokens(src, &B, &T);
     ASSERT(t);
     ASSERT_OK(moe_lm_load(&m, src, NULL));
     ASSERT_OK(moe_lm_save(&m, dir));
@@ -138,7 +123,7 @@ TEST(lm_families_train_from_checkpoint) {
     lm_case_dir(families[fi], src, sizeof src);
     moe_lm_t m;
     int B, T;
-    int32_t *t = fixture_tokens(src, &B, &T);
+    int32_t *t = lm_fixture_tokens(src, &B, &T);
     ASSERT(t);
     ASSERT_OK(moe_lm_load(&m, src, NULL));
     double first = 0, last = 0;
@@ -167,43 +152,6 @@ TEST(lm_families_train_from_checkpoint) {
     ASSERT(last < 0.8 * first);
     ASSERT_NEAR(again.loss, last, 1e-6);
   }
-}
-
-/* The fixture of `family` with config.json's `field` set to the JSON `value` (NULL: removed) and its
- * weights linked, in dir; with `drop`, the weights written again without that tensor. */
-static int patched(const char *family, const char *field, const char *value, const char *drop, char *dir, size_t n) {
-  static int made;
-  char src[700], dst[700], name[96], fx[512];
-  snprintf(name, sizeof name, "lm_fam_patched_%d", made++);
-  test_tmp_path(name, dir, n);
-  lm_case_dir(family, fx, sizeof fx);
-  snprintf(src, sizeof src, "%s/config.json", fx);
-  char *text = test_read_file(src, NULL);
-  cJSON *c = text ? cJSON_Parse(text) : NULL, *v = value ? cJSON_Parse(value) : NULL;
-  free(text);
-  cJSON_DeleteItemFromObjectCaseSensitive(c, field);
-  int ok = c && (!value || v) && mkdir(dir, 0755) == 0 && (!v || cJSON_AddItemToObject(c, field, v));
-  if (!ok) cJSON_Delete(v);
-  char *out = ok ? cJSON_Print(c) : NULL;
-  cJSON_Delete(c);
-  snprintf(dst, sizeof dst, "%s/config.json", dir);
-  ok = out && moe_write_file_atomic(dst, out, strlen(out)) == MOE_OK;
-  free(out);
-  snprintf(src, sizeof src, "%s/model.safetensors", fx);
-  snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
-  if (!drop) return ok && symlink(src, dst) == 0;
-  moe_st *f = NULL;
-  moe_st_writer *w = NULL;
-  ok = ok && moe_st_open(&f, src) == MOE_OK && moe_st_writer_new(&w) == MOE_OK;
-  for (int i = 0; ok && i < moe_st_count(f); i++) {
-    moe_tensor_view t;
-    ok = moe_st_at(f, i, &t) == MOE_OK;
-    if (ok && strcmp(t.name, drop)) ok = moe_st_writer_add(w, t.name, t.dtype, t.ndim, t.shape, t.data) == MOE_OK;
-  }
-  ok = ok && moe_st_writer_save(w, dst) == MOE_OK;
-  moe_st_writer_free(w);
-  moe_st_close(f);
-  return ok;
 }
 
 /* Fields the loader does not understand, values it does not implement, sizes the weights do not have
@@ -250,7 +198,7 @@ TEST(lm_families_bad_configs_name_file_and_field) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char dir[512];
-    ASSERT(patched(cases[i].family, cases[i].field, cases[i].value, cases[i].drop, dir, sizeof dir));
+    ASSERT(lm_patched(cases[i].family, cases[i].field, cases[i].value, cases[i].drop, dir, sizeof dir));
     moe_lm_t m;
     moe_status st = moe_lm_load(&m, dir, NULL);
     const char *err = moe_last_error();
@@ -268,20 +216,20 @@ TEST(lm_families_bad_configs_name_file_and_field) {
 TEST(lm_families_config_layer_kinds_and_ignored_fields) {
   char dir[512];
   moe_lm_config c;
-  ASSERT(patched("qwen3_moe", "decoder_sparse_step", "2", NULL, dir, sizeof dir));
+  ASSERT(lm_patched("qwen3_moe", "decoder_sparse_step", "2", NULL, dir, sizeof dir));
   ASSERT_OK(moe_lm_read_config(dir, &c)); /* mlp_only_layers [0]: 0 dense, 1 MoE, 2 dense by the step */
   ASSERT(moe_lm_layer_dense(&c, 0) && !moe_lm_layer_dense(&c, 1) && moe_lm_layer_dense(&c, 2));
   ASSERT(c.family == MOE_LM_QWEN3_MOE && c.qk_norm == MOE_QK_NORM_HEAD && c.head_dim == 8 && c.dense_H == 28);
   ASSERT(c.moe.normalize_topk == 1 && c.moe.H == 12 && c.moe.E == 4);
-  ASSERT(patched("qwen2_moe", "model_type", NULL, NULL, dir, sizeof dir)); /* the architecture decides */
+  ASSERT(lm_patched("qwen2_moe", "model_type", NULL, NULL, dir, sizeof dir)); /* the architecture decides */
   ASSERT_OK(moe_lm_read_config(dir, &c));
   ASSERT(c.family == MOE_LM_QWEN2_MOE && c.qkv_bias && c.moe.shared_H == 20 && c.moe.shared_gate);
   ASSERT(moe_lm_layer_dense(&c, 1) && !moe_lm_layer_dense(&c, 0) && c.moe.normalize_topk == 0);
   ASSERT(c.sliding_window == 0); /* 4096 in the file, but use_sliding_window is false */
-  ASSERT(patched("olmoe", "router_z_loss_coef", "0.001", NULL, dir, sizeof dir));
+  ASSERT(lm_patched("olmoe", "router_z_loss_coef", "0.001", NULL, dir, sizeof dir));
   ASSERT_OK(moe_lm_read_config(dir, &c));
   ASSERT(c.family == MOE_LM_OLMOE && c.qk_norm == MOE_QK_NORM_FULL && c.clip_qkv == 1.25f && c.head_dim == 8);
-  ASSERT(patched("olmoe", "rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 500000.0}", NULL, dir,
+  ASSERT(lm_patched("olmoe", "rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 500000.0}", NULL, dir,
                  sizeof dir));
   ASSERT_OK(moe_lm_read_config(dir, &c));
   ASSERT(c.rope_theta == 500000.0f);
@@ -457,7 +405,7 @@ TEST(lm_families_bf16_experts) {
     moe_lm_t m, h;
     int B, T;
     lm_case_dir(families[fi], dir, sizeof dir);
-    int32_t *t = fixture_tokens(dir, &B, &T);
+    int32_t *t = lm_fixture_tokens(dir, &B, &T);
     ASSERT(t);
     ASSERT_OK(moe_lm_read_config(dir, &c));
     ASSERT_OK(moe_lm_load(&m, dir, &c));
