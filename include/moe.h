@@ -1049,9 +1049,10 @@ const float *moe_lm_logits(const moe_lm_t *m);
 /* Adds the gradient of the last forward's loss (which had targets) into every ref's grad. */
 moe_status moe_lm_backward(moe_lm_t *m);
 
-/* Hugging Face checkpoint directories of the four families: config.json with model.safetensors, or
+/* Hugging Face checkpoint directories of the six families: config.json with model.safetensors, or
  * with the shards that model.safetensors.index.json lists ("weight_map": tensor name -> file). The
- * family is config.json's model_type ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"), else its
+ * family is config.json's model_type ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2",
+ * "deepseek_v3"), else its
  * architectures entry, else Mixtral. c gets the fields the config gives: vocab_size, hidden_size,
  * num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings, rope_theta (or
  * rope_parameters of rope_type default), rms_norm_eps, tie_word_embeddings, num_experts_per_tok and
@@ -1062,12 +1063,22 @@ moe_status moe_lm_backward(moe_lm_t *m);
  *     gated), qkv_bias (default true), layer_types (all "full_attention");
  *   qwen3_moe: as qwen2_moe without the shared expert and qkv_bias, with head_dim (q/k norms per head);
  *   olmoe: intermediate_size (moe.H), num_experts, norm_topk_prob, clip_qkv (null or > 0);
+ *   deepseek_v2, deepseek_v3: kv_lora_rank, q_lora_rank (null: q_proj), qk_nope_head_dim,
+ *     qk_rope_head_dim (head_dim), v_head_dim (moe_lm_mla), rope_interleave (true), rope_scaling null or
+ *     yarn (moe_lm_yarn), n_routed_experts, moe_intermediate_size (moe.H), n_shared_experts (moe.shared_H
+ *     = n x H), intermediate_size (dense_H), first_k_dense_replace and moe_layer_freq (dense_layers),
+ *     scoring_func (softmax, sigmoid), topk_method (greedy; group_limited_greedy: groups, MAX;
+ *     noaux_tc: select_bias, groups, TOP2_SUM), n_group, topk_group, norm_topk_prob (only for top_k > 1),
+ *     routed_scaling_factor (V3 after the normalization, V2 only without it); aux_loss_alpha, seq_aux,
+ *     ep_size, pretraining_tp, num_nextn_predict_layers and auto_map known and ignored;
+ *     quantization_config, attention_bias or mlp_bias true refused; tensors of layers numbered from
+ *     num_hidden_layers (multi-token prediction) skipped on load with a note on stderr;
  * absent fields take the family's transformers defaults (qwen: rms_norm_eps 1e-6, rope_theta 1e4,
  * norm_topk_prob false...). Fields that change nothing computed are known and ignored (torch_dtype,
  * transformers_version, bos/eos/pad_token_id, use_cache, initializer_range, a Qwen sliding_window or
  * max_window_layers while use_sliding_window is false, OLMoE's router_z_loss_coef, which transformers
  * does not add); any other field is MOE_ERR_FORMAT naming the file and the field, and so are values
- * not implemented: rope_scaling other than null, use_sliding_window or attention_bias true, hidden_act
+ * not implemented: rope_scaling other than null (or DeepSeek's yarn), use_sliding_window or attention_bias true, hidden_act
  * other than silu, attention_dropout or router_jitter_noise other than 0. The rest is
  * moe_lm_config_default's. Errors name the file and the field. */
 moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);

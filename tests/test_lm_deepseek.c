@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "lm_check.h"
+#include "run_cli.h"
 #include "test.h"
 
 static const char *const cases[] = {"deepseek_v2_lite", "deepseek_v2", "deepseek_v3", "deepseek_v3_rotate_half"};
@@ -289,5 +290,32 @@ TEST(lm_deepseek_bad_configs_name_file_and_field) {
       FAIL_("%s %s=%s: status %d, '%s'; want %d and '%s' in %s", bad[i].family, bad[i].field,
             bad[i].value ? bad[i].value : "(removed)", st, err, bad[i].st, bad[i].want, dir);
     }
+  }
+}
+
+/* Greedy `moe generate` (the serving engine's slots over the latent cache) of each case: the argmax chain
+ * of full forwards. */
+TEST(lm_deepseek_generate_matches_full_forwards) {
+  for (int ci = 0; ci < NCASES; ci++) {
+    char dir[512], args[1024], out[512], err[2048], text[256], want[256] = "";
+    lm_case_dir(cases[ci], dir, sizeof dir);
+    test_tmp_path("lm_ds_gen.txt", out, sizeof out);
+    snprintf(args, sizeof args, "generate --checkpoint %s --prompt-ids '5 9 1' --max-tokens 6 --temperature 0 "
+             "--ignore-eos --threads 1", dir);
+    if (run_moe(NULL, args, out, err, sizeof err)) FAIL_("moe %s: %s", args, err);
+    test_read_text(out, text, sizeof text);
+    moe_lm_t m;
+    ASSERT_OK(moe_lm_load(&m, dir, NULL));
+    int32_t seq[9] = {5, 9, 1};
+    size_t at = 0;
+    for (int n = 3; n < 9; n++) {
+      ASSERT_OK(moe_lm_forward(&m, seq, NULL, 1, n, NULL));
+      uint64_t rng = 0;
+      moe_lm_sample(moe_lm_logits(&m) + (size_t)(n - 1) * m.cfg.vocab, m.cfg.vocab, 0, 1, &rng, &seq[n]);
+      at += (size_t)snprintf(want + at, sizeof want - at, "%s%d", n > 3 ? " " : "", seq[n]);
+    }
+    moe_lm_free(&m);
+    snprintf(want + at, sizeof want - at, "\n");
+    if (strcmp(text, want)) FAIL_("%s: greedy generate printed '%s', the full forwards give '%s'", cases[ci], text, want);
   }
 }
