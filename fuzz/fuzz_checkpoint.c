@@ -25,7 +25,7 @@ static void write_file(const char *path, const uint8_t *data, size_t n) {
 
 /* The checkpoint directory of a config.json input: its config and weights, or a link to the family's. */
 static const char *lm_checkpoint(const uint8_t *data, size_t n) {
-  static const char *const fams[] = {"qwen2_moe", "qwen3_moe", "olmoe"};
+  static const char *const fams[] = {"qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3"};
   const uint8_t *nul = memchr(data, 0, n);
   size_t nc = nul ? (size_t)(nul - data) : n;
   const char *fam = "mixtral";
