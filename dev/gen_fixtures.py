@@ -208,6 +208,15 @@ def moe_reference(w, x, cfg):
     balance = probs / probs.sum(dim=1, keepdim=True) if sigmoid else probs  # sigmoid: normalized per token
     aux_loss = E * (balance.mean(dim=0) * frac).sum()
     z_loss = (torch.logsumexp(logits, dim=1) ** 2).mean()
+    seq_aux = None
+    alpha = float(cfg.get("seq_aux_alpha", "0"))
+    if alpha > 0:  # DeepSeek-V3's sequence-wise balance loss (V3 paper eq. 17-20), all k slots counted
+        L = cfg.get("seq_len") or T
+        S = T // L
+        chosen = torch.zeros(T, E, dtype=probs.dtype).scatter_(1, topk_idx, 1.0)  # constant
+        f = chosen.view(S, L, E).sum(dim=1) * (E / (k * L))
+        P = (probs / probs.sum(dim=1, keepdim=True)).view(S, L, E).mean(dim=1)
+        seq_aux = alpha * (f * P).sum(dim=1).mean()
 
     return {
         "y": y, "aux_loss": aux_loss, "z_loss": z_loss, "spec": spec.reshape(T * k, D),
@@ -215,6 +224,7 @@ def moe_reference(w, x, cfg):
         **({"choice": choice_values(probs, w, cfg)} if "gate.select_bias" in w or cfg.get("n_group") else {}),
         **({"select_bias": w["gate.select_bias"].detach()} if "gate.select_bias" in w else {}), "combine": combine, "keep": keep,
         "expert_counts": counts, "capacity": C, "dropped": dropped,
+        **({"seq_aux_loss": seq_aux} if seq_aux is not None else {}),
     }
 
 
@@ -225,6 +235,8 @@ def moe_reference_grads(w, x, cfg, dy, daux, dz, dspec):
     xl = x.detach().clone().requires_grad_(True)
     r = moe_reference(leaves, xl, cfg)
     L = (dy * r["y"]).sum() + daux * r["aux_loss"] + dz * r["z_loss"] + (dspec * r["spec"]).sum()
+    if "seq_aux_loss" in r:  # the layer's backward adds it, alpha included
+        L = L + r["seq_aux_loss"]
     names = list(leaves)
     gs = torch.autograd.grad(L, [xl] + [leaves[n] for n in names], allow_unused=True)
     grads = {"x": gs[0]}
@@ -239,7 +251,8 @@ def moe_reference_grads(w, x, cfg, dy, daux, dz, dspec):
 BASE = dict(T=24, D=12, H=16, E=6, P=8, k=2, cap="1.0", act="relu", dispatch="dynamic",
             priority="index", normalize=None, router="linear", bias=True,
             gate_scale=2.5, gate_bias_scale=1.0, logit_scale=None, score="softmax", select_bias=False,
-            n_group=0, topk_group=0, group_score="max", routed_scale="1", shared_H=0, shared_gate=False)
+            n_group=0, topk_group=0, group_score="max", routed_scale="1", shared_H=0, shared_gate=False,
+            seq_aux_alpha="0", seq_len=0)
 
 
 def case(name, seed, **kw):
@@ -287,6 +300,11 @@ CASES = [
          n_group=4, topk_group=2, group_score="max", routed_scale="1.5"),
     case("sigmoid_nonorm_shared_relu_score_static", 126, E=6, k=2, normalize=False, score="sigmoid",
          dispatch="static", priority="score", shared_H=10, shared_gate=True),
+    # DeepSeek-V3's sequence-wise balance loss over 3 sequences of 8 tokens (and V2's softmax scores)
+    case("dsv3_seq_aux_sigmoid_bias_dynamic", 127, act="swiglu", E=8, k=3, normalize=True, bias=False,
+         score="sigmoid", select_bias=True, n_group=4, topk_group=2, group_score="top2_sum", routed_scale="2.5",
+         seq_aux_alpha="0.3", seq_len=8),
+    case("dsv2_seq_aux_softmax_static", 128, E=6, k=2, normalize=False, dispatch="static", seq_aux_alpha="0.5"),
 ]
 
 
@@ -341,7 +359,7 @@ def cfg_of(c):
             "normalize_topk": c["normalize"], "dispatch": c["dispatch"], "priority": c["priority"],
             "router": c["router"], "score": c["score"], "n_group": c["n_group"],
             "topk_group": c["topk_group"], "group_score": c["group_score"],
-            "routed_scale": c["routed_scale"]}
+            "routed_scale": c["routed_scale"], "seq_aux_alpha": c["seq_aux_alpha"], "seq_len": c["seq_len"]}
 
 
 def metadata_of(c):
@@ -355,6 +373,8 @@ def metadata_of(c):
         m.update(n_group=str(c["n_group"]), topk_group=str(c["topk_group"]), group_score=c["group_score"])
     if c["routed_scale"] != "1":
         m["routed_scale"] = c["routed_scale"]
+    if c["seq_aux_alpha"] != "0":
+        m.update(seq_aux_alpha=c["seq_aux_alpha"], seq_len=str(c["seq_len"]))
     return m
 
 
@@ -398,6 +418,8 @@ def reference_tensors(r, grads, weight_names):
            ("spec", f32(r["spec"])), ("expert_counts", i32(r["expert_counts"].numpy())),
            ("dropped", i32([r["dropped"]])), ("capacity", i32([r["capacity"]])),
            ("grad.x", f32(grads["x"]))]
+    if "seq_aux_loss" in r:
+        ref.append(("seq_aux_loss", f32(r["seq_aux_loss"])))
     return ref + [("grad." + n, f32(grads[n])) for n in weight_names]
 
 
@@ -443,6 +465,15 @@ def check_loops(w, x, cfg, r):
     aux = sum(float(bal[:, e].mean()) * float((r["topk_idx"][:, 0] == e).double().mean())
               for e in range(E)) * E
     assert abs(aux - float(r["aux_loss"])) < 1e-12
+    if "seq_aux_loss" in r:  # per sequence and expert, by counting
+        L = cfg.get("seq_len") or T
+        tot = 0.0
+        for s in range(T // L):
+            toks = range(s * L, (s + 1) * L)
+            for e in range(E):
+                f = sum(e in r["topk_idx"][t].tolist() for t in toks) * E / (k * L)
+                tot += f * sum(float(bal[t, e]) for t in toks) / L
+        assert abs(float(cfg["seq_aux_alpha"]) * tot / (T // L) - float(r["seq_aux_loss"])) < 1e-12
 
 
 def check_fd(w, x, cfg, dy, daux, dz, dspec):
@@ -452,7 +483,7 @@ def check_fd(w, x, cfg, dy, daux, dz, dspec):
     def L(ww, xx):
         r = moe_reference(ww, xx, cfg)
         return float((dy * r["y"]).sum() + daux * r["aux_loss"] + dz * r["z_loss"]
-                     + (dspec * r["spec"]).sum())
+                     + (dspec * r["spec"]).sum() + (r["seq_aux_loss"] if "seq_aux_loss" in r else 0))
     gen = torch.Generator().manual_seed(0)
     h = 1e-6
     for name in ["x"] + list(w):

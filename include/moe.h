@@ -398,6 +398,15 @@ typedef struct {
                              added to the routed output of every token; 0 = none */
   int shared_gate;        /* the shared output scaled per token by sigmoid(shared.gate.weight . x)
                              (Qwen2-MoE's shared_expert_gate) */
+  float seq_aux_alpha;    /* DeepSeek-V3's sequence-wise balance loss (its paper, eq. 17-20), which
+                             moe_layer_backward differentiates along with the output: alpha times the
+                             mean over the sequences of sum_i f_i P_i, f_i = E / (k T_s) x the tokens
+                             of the sequence that chose expert i (any of the k slots, before dropping),
+                             P_i = the mean over its tokens of the scores normalized per token (the
+                             probabilities, with softmax scores); stats.seq_aux_loss; 0 = off. One
+                             process, FFN experts only */
+  int seq_len;            /* the sequences of that loss: tokens [s seq_len, (s + 1) seq_len) of a forward
+                             (T a multiple of it); 0 = the whole forward is one sequence */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,
@@ -465,6 +474,7 @@ typedef struct {
   moe_reuse memory_reuse;       /* the strategy this forward ran (memory_reuse AUTO: its choice) */
   double router_seconds;        /* this forward's router (gate logits, softmax, top-k, losses), apart
                                    from what ran alongside the experts */
+  float seq_aux_loss;           /* seq_aux_alpha > 0: the sequence-wise balance loss, alpha included */
 } moe_layer_stats;
 
 moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg);

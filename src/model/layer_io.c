@@ -135,6 +135,8 @@ moe_status moe__layer_meta_read(const moe_st *f, moe_layer_config *c) {
   MOE_CHECK(moe__meta_int(f, "topk_group", &c->topk_group));
   META_ENUM(f, "group_score", moe_group_score_parse, c->group_score);
   MOE_CHECK(moe__meta_float(f, "routed_scale", &c->routed_scale));
+  MOE_CHECK(moe__meta_float(f, "seq_aux_alpha", &c->seq_aux_alpha));
+  MOE_CHECK(moe__meta_int(f, "seq_len", &c->seq_len));
   return MOE_OK;
 }
 
@@ -162,6 +164,12 @@ moe_status moe__layer_meta_write(const moe_layer_config *c, moe_st_writer *w) {
   if (c->routed_scale != 1.0f) {
     snprintf(buf, sizeof buf, "%.9g", (double)c->routed_scale);
     MOE_CHECK(moe_st_writer_meta(w, "routed_scale", buf));
+  }
+  if (c->seq_aux_alpha > 0) {
+    snprintf(buf, sizeof buf, "%.9g", (double)c->seq_aux_alpha);
+    MOE_CHECK(moe_st_writer_meta(w, "seq_aux_alpha", buf));
+    snprintf(buf, sizeof buf, "%d", c->seq_len);
+    MOE_CHECK(moe_st_writer_meta(w, "seq_len", buf));
   }
   return MOE_OK;
 }
