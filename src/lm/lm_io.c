@@ -26,8 +26,8 @@ static moe_status get_int(const char *path, const cJSON *root, const char *key, 
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
   MOE_TRY(v || !required, MOE_ERR_MISSING, "%s: no \"%s\"", path, key);
   if (!v || cJSON_IsNull(v)) return MOE_OK;
-  MOE_TRY(cJSON_IsNumber(v) && v->valuedouble == (int)v->valuedouble && v->valuedouble > 0 &&
-              v->valuedouble <= INT32_MAX,
+  MOE_TRY(cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble <= INT32_MAX && /* in range before the cast */
+              v->valuedouble == (int)v->valuedouble,
           MOE_ERR_FORMAT, "%s: \"%s\" must be a positive integer", path, key);
   *out = (int)v->valuedouble;
   return MOE_OK;
@@ -140,8 +140,8 @@ static int is_deepseek(moe_lm_family f) { return f == MOE_LM_DEEPSEEK_V2 || f ==
 static moe_status get_count(const char *path, const cJSON *root, const char *key, int *out) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
   if (!v || cJSON_IsNull(v)) return MOE_OK;
-  MOE_TRY(cJSON_IsNumber(v) && v->valuedouble == (int)v->valuedouble && v->valuedouble >= 0 &&
-              v->valuedouble <= INT32_MAX,
+  MOE_TRY(cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= INT32_MAX &&
+              v->valuedouble == (int)v->valuedouble,
           MOE_ERR_FORMAT, "%s: \"%s\" must be a non-negative integer", path, key);
   *out = (int)v->valuedouble;
   return MOE_OK;
@@ -225,8 +225,8 @@ static moe_status read_layer_kinds(const char *path, const cJSON *r, moe_lm_conf
   for (int i = 0; i < c->n_layers; i++)
     if ((i + 1) % step) c->dense_layers[i / 8] |= (uint8_t)(1u << (i % 8));
   cJSON_ArrayForEach(it, only) {
-    MOE_TRY(cJSON_IsNumber(it) && it->valuedouble == (int)it->valuedouble && it->valuedouble >= 0 &&
-                it->valuedouble < c->n_layers,
+    MOE_TRY(cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble < c->n_layers &&
+                it->valuedouble == (int)it->valuedouble,
             MOE_ERR_FORMAT, "%s: \"mlp_only_layers\" entry %g is not a layer in [0, %d)", path, it->valuedouble,
             c->n_layers);
     int i = (int)it->valuedouble;
