@@ -52,7 +52,7 @@ def layer_options(c):
                 router=c["router"], proj_dim=c["P"], gate_bias=c["bias"], expert_bias=c["bias"], threads=1,
                 score=c["score"], select_bias=c["select_bias"], n_group=c["n_group"], topk_group=c["topk_group"],
                 group_score=c["group_score"], routed_scale=float(c["routed_scale"]), shared_H=c["shared_H"],
-                shared_gate=c["shared_gate"])
+                shared_gate=c["shared_gate"], seq_aux_alpha=float(c["seq_aux_alpha"]), seq_len=c["seq_len"])
 
 
 def raises(test, name, fn, *args, contains=None, **kw):

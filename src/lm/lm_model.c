@@ -113,7 +113,7 @@ static int is_moe(const moe_lm_t *m, int i) { return !moe_lm_layer_dense(&m->cfg
 
 static int is_deepseek(moe_lm_family f) { return f == MOE_LM_DEEPSEEK_V2 || f == MOE_LM_DEEPSEEK_V3; }
 
-/* Whether layer i's attention is the latent one (the DeepSeek families'). */
+/* Whether the model's attention is the latent one (the DeepSeek families'). */
 static int is_mla(const moe_lm_config *c) { return c->mla.kv_lora_rank > 0; }
 
 /* The latent attention's sizes: the DeepSeek families have it and nothing of the others' attention. */
