@@ -294,7 +294,8 @@ TEST(lm_deepseek_bad_configs_name_file_and_field) {
 }
 
 /* Greedy `moe generate` (the serving engine's slots over the latent cache) of each case: the argmax chain
- * of full forwards. */
+ * of full forwards; DeepSeek-V3's also with the experts over 2 ranks (the selection bias and the shared
+ * experts replicated), skipped without mpirun. */
 TEST(lm_deepseek_generate_matches_full_forwards) {
   for (int ci = 0; ci < NCASES; ci++) {
     char dir[512], args[1024], out[512], err[2048], text[256], want[256] = "";
@@ -317,5 +318,9 @@ TEST(lm_deepseek_generate_matches_full_forwards) {
     moe_lm_free(&m);
     snprintf(want + at, sizeof want - at, "\n");
     if (strcmp(text, want)) FAIL_("%s: greedy generate printed '%s', the full forwards give '%s'", cases[ci], text, want);
+    if (!test_have_mpirun() || strcmp(cases[ci], "deepseek_v3")) continue; /* experts over 2 ranks */
+    if (run_moe(TEST_MPIRUN "-np 2", args, out, err, sizeof err)) FAIL_("mpirun -np 2 moe %s: %s", args, err);
+    test_read_text(out, text, sizeof text);
+    if (strcmp(text, want)) FAIL_("%s: 2 ranks generated '%s', one process '%s'", cases[ci], text, want);
   }
 }
