@@ -72,6 +72,12 @@ CASES = [
           norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True,
           rope_scaling=dict(type="yarn", factor=8.0, original_max_position_embeddings=64, beta_fast=32, beta_slow=1,
                             mscale=1.0, mscale_all_dim=0.8)), 2, 7),
+    # DeepSeek's sequence-wise balance loss, each batch row a sequence: libmoe's moe.seq_aux_alpha, which a
+    # caller sets (not config.json: the key below is not written there)
+    ("deepseek_v2_seq_aux", "deepseek_v2", 61,
+     dict(num_hidden_layers=2, q_lora_rank=None, n_routed_experts=6, num_experts_per_tok=2, n_shared_experts=1,
+          first_k_dense_replace=0, topk_method="greedy", scoring_func="softmax", norm_topk_prob=False,
+          routed_scaling_factor=1.0, rope_scaling=None, libmoe_seq_aux_alpha=0.25), 2, 6),
     ("deepseek_v3_rotate_half", "deepseek_v3", 59,
      dict(num_hidden_layers=2, q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=None,
           first_k_dense_replace=0, topk_method="noaux_tc", n_group=2, topk_group=1, scoring_func="sigmoid",
@@ -92,7 +98,7 @@ def hf_config(family, c):
     if family == "deepseek_v3":
         full.update(num_nextn_predict_layers=1, ep_size=1)
     full.update(BASE)
-    full.update(c)
+    full.update({k: v for k, v in c.items() if not k.startswith("libmoe_")})
     return full
 
 
@@ -227,18 +233,28 @@ def gate(family, c, p, h, margins):
     margins.append(margin_of(choice, k))
     idx = torch.topk(choice, k=k, dim=-1)[1]
     w = scores.gather(1, idx)
+    seq_aux = None
+    alpha = c.get("libmoe_seq_aux_alpha", 0)
+    if alpha:  # per batch row: f_i = E / (k T) x its tokens choosing i, P_i = the mean normalized score
+        B, T = h.shape[0] // c["seq_len"], c["seq_len"]
+        chosen = torch.zeros_like(scores).scatter_(1, idx, 1.0).view(B, T, E)
+        f = chosen.sum(dim=1) * (E / (k * T))
+        P = (scores / scores.sum(dim=1, keepdim=True)).view(B, T, E).mean(dim=1)
+        seq_aux = alpha * (f * P).sum(dim=1).mean()
     normed = k > 1 and c["norm_topk_prob"]
     if normed:
         w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
     if family == "deepseek_v3" or not normed:
         w = w * c["routed_scaling_factor"]
-    return idx, w
+    return idx, w, seq_aux
 
 
 def moe(family, c, p, x, margins):
     B, T, D = x.shape
     h = x.reshape(-1, D)
-    idx, w = gate(family, c, p, h, margins)
+    idx, w, seq_aux = gate(family, c, p, h, margins)
+    if seq_aux is not None:
+        c["seq_aux_terms"].append(seq_aux)
     out = torch.zeros_like(h)
     for e in range(c["n_routed_experts"]):
         tok, slot = torch.where(idx == e)
@@ -251,7 +267,8 @@ def moe(family, c, p, x, margins):
 
 def forward(family, c, params, tokens, targets):
     """Logits, ce, aux (0), loss, the smallest routing margin and 1.0 (no clamp), in float64."""
-    c = hf_config(family, c)
+    c = dict(hf_config(family, c), libmoe_seq_aux_alpha=c.get("libmoe_seq_aux_alpha", 0), seq_aux_terms=[],
+             seq_len=tokens.shape[1])
     T, eps = tokens.shape[1], c["rms_norm_eps"]
     cos, sin = rotary(c, T)
     x = params["model.embed_tokens.weight"][tokens]
@@ -267,7 +284,8 @@ def forward(family, c, params, tokens, targets):
     logits = x @ head.T
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
     aux = torch.zeros((), dtype=torch.float64)
-    return logits, ce, aux, ce, min(margins), 1.0
+    loss = ce + sum(c["seq_aux_terms"]) if c["seq_aux_terms"] else ce
+    return logits, ce, aux, loss, min(margins), 1.0
 
 
 def main(argv):

@@ -1004,6 +1004,9 @@ typedef struct {
   int tie_embeddings;    /* the head reuses model.embed_tokens.weight */
   int sliding_window;    /* 0: none; else a query sees its own key and the sliding_window - 1 before it */
   moe_layer_config moe;  /* D (the model width), H (the experts' intermediate size), E, top_k,
+                            seq_aux_alpha (DeepSeek's sequence-wise balance loss over each batch row, for
+                            training: a caller sets it, config.json's aux_loss_alpha is not read; one
+                            process; moe_lm_stats.seq_aux),
                             normalize_topk (norm_topk_prob), shared_H / shared_gate (Qwen2-MoE's shared
                             expert), capacity, dispatch, dtype...; act swiglu, no biases, linear router;
                             moe.threads for the model */
@@ -1034,11 +1037,13 @@ typedef struct {
 } moe_lm_t;
 
 typedef struct {
-  double loss;    /* ce + aux_coef * aux: what backward differentiates */
+  double loss;    /* ce + aux_coef * aux + seq_aux: what backward differentiates */
   double ce;      /* mean cross-entropy over the counted targets */
   double aux;     /* the load-balancing loss */
   int tokens;     /* targets counted (those >= 0) */
   int dropped;    /* assignments dropped for capacity, over the layers */
+  double seq_aux; /* with moe.seq_aux_alpha > 0: DeepSeek's sequence-wise balance loss (each batch row a
+                     sequence), alpha included, summed over the MoE layers; else 0 */
 } moe_lm_stats;
 
 moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c);

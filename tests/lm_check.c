@@ -32,12 +32,14 @@ const char *lm_case_dir(const char *name, char *buf, size_t n) {
 
 /* Loads the case, runs forward and backward and compares everything with ref.safetensors; returns 0
  * (after printing) on a mismatch. */
-int lm_check_case(const char *name) {
+int lm_check_case(const char *name) { return lm_check_case_config(name, NULL); }
+
+int lm_check_case_config(const char *name, const moe_lm_config *c) {
   char dir[512], path[600];
   moe_lm_t m;
   moe_st *ref = NULL;
   int ok = 0;
-  if (moe_lm_load(&m, lm_case_dir(name, dir, sizeof dir), NULL) != MOE_OK) {
+  if (moe_lm_load(&m, lm_case_dir(name, dir, sizeof dir), c) != MOE_OK) {
     fprintf(stderr, "  %s: load: %s\n", name, moe_last_error());
     return 0;
   }

@@ -22,6 +22,16 @@ TEST(lm_matches_pytorch_deepseek_v2) { ASSERT(lm_check_case("deepseek_v2")); }
 TEST(lm_matches_pytorch_deepseek_v3) { ASSERT(lm_check_case("deepseek_v3")); }
 TEST(lm_matches_pytorch_deepseek_v3_rotate_half) { ASSERT(lm_check_case("deepseek_v3_rotate_half")); }
 
+/* With moe.seq_aux_alpha (DeepSeek's sequence-wise balance loss, each batch row a sequence) set by the
+ * caller as the reference's case has it: the loss (ce plus every MoE layer's term) and every gradient. */
+TEST(lm_matches_pytorch_deepseek_v2_seq_aux) {
+  char dir[512];
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(lm_case_dir("deepseek_v2_seq_aux", dir, sizeof dir), &c));
+  c.moe.seq_aux_alpha = 0.25f;
+  ASSERT(lm_check_case_config("deepseek_v2_seq_aux", &c));
+}
+
 /* The config.json fields as read: the latent attention, YaRN, the router and the layer kinds. */
 TEST(lm_deepseek_config_fields) {
   char dir[512];

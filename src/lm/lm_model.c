@@ -759,6 +759,7 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   double t1 = moe__now();
   add_rows(s->a[i + 1].res, a->mid, (size_t)N * D, nt);
   out->dropped += ls->dropped;
+  out->seq_aux += ls->seq_aux_loss;
   if (kv) memcpy(kv->counts + (size_t)i * c->moe.E, ls->expert_counts, (size_t)c->moe.E * sizeof *kv->counts);
   st = is_deepseek(c->family) /* no model-wide balance loss (check_mla): nothing to sum */
            ? MOE_OK
@@ -860,6 +861,8 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   s->lbl = (moe__lbl){Lm, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E, (double)Lm * N};
   moe__embed_forward(s->embed, tokens, N, D, s->a[0].res);
   s->lap_moe = s->lap_router = 0;
+  for (int i = 0; i < c->n_layers; i++) /* the sequence-wise balance loss: each batch row a sequence */
+    if (is_moe(m, i)) m->layers[i].cfg.seq_len = T;
   double t0 = moe__now();
   for (int i = 0; i < c->n_layers; i++) MOE_CHECK(layer_forward(m, i, kv, &st));
   if (!kv) add_times(s, moe__now() - t0);
@@ -871,7 +874,7 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   st.tokens = s->count;
   st.ce = s->count ? sum / s->count : 0.0;
   st.aux = moe__lbl_value(&s->lbl);
-  st.loss = st.ce + c->aux_coef * st.aux;
+  st.loss = st.ce + c->aux_coef * st.aux + st.seq_aux;
   MOE_TRY(isfinite(st.loss), MOE_ERR_VALUE, "moe_lm_forward: the loss is %g (ce %g, aux %g)", st.loss, st.ce, st.aux);
   s->have_fwd = targets != NULL && !kv;
   for (int b = 0; kv && kv->row_slot && b < B; b++) kv->slot_len[kv->row_slot[b]] += T;
