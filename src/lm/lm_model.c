@@ -59,6 +59,7 @@ struct moe__lm_state {
   moe_lm_times times;      /* forwards (not decodes) and backwards since the last moe_lm_times_reset */
   double lap_moe, lap_router; /* this pass's MoE layers and balance loss */
   moe__mla_work mlaw;         /* the latent attention's backward buffers */
+  int decoding;               /* this pass is a cached decode (the latent attention carves other buffers) */
 };
 
 struct moe_lm_cache {
@@ -529,7 +530,7 @@ static size_t carve(moe_lm_t *m, int B, int T, int pos0, char *base) {
     TAKE(a->xn1, N * D);
     TAKE(a->rstd1, N);
     if (is_mla(c)) {
-      off += moe__mla_carve(c, N, &a->mla, base ? base + off : NULL);
+      off += moe__mla_carve(c, N, s->decoding, &a->mla, base ? base + off : NULL);
     } else {
       TAKE(a->qkv, N * qkv);
       TAKE(a->lse, N * c->n_heads);
@@ -850,7 +851,7 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
             i % T, targets[i], V);
   }
   s->have_fwd = 0;
-  s->B = B, s->T = T, s->N = N, s->nt = moe__threads(c->moe.threads);
+  s->B = B, s->T = T, s->N = N, s->nt = moe__threads(c->moe.threads), s->decoding = kv != NULL;
   MOE_CHECK(moe__arena_reserve(&s->arena, carve(m, B, T, pos0, NULL), "language model"));
   carve(m, B, T, pos0, s->arena.base);
   memcpy(s->tokens, tokens, (size_t)N * 4);

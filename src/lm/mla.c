@@ -51,9 +51,9 @@ int moe__mla_out_dim(const moe_lm_config *c) { return c->n_heads * c->mla.v_head
     off += moe__arena_size((n) * 4);                                                                                  \
   } while (0)
 
-size_t moe__mla_carve(const moe_lm_config *c, size_t N, moe__mla_acts *a, char *base) {
+size_t moe__mla_carve(const moe_lm_config *c, size_t N, int decode, moe__mla_acts *a, char *base) {
   dims d = dims_of(c);
-  size_t off = 0, nh = (size_t)d.nh, lat = (size_t)d.r + d.dr, wide = (size_t)d.dqk > lat ? (size_t)d.dqk : lat;
+  size_t off = 0, nh = (size_t)d.nh, lat = (size_t)d.r + d.dr;
   if (d.qr) {
     TAKE(a->qa, N * d.qr);
     TAKE(a->qan, N * d.qr);
@@ -62,10 +62,9 @@ size_t moe__mla_carve(const moe_lm_config *c, size_t N, moe__mla_acts *a, char *
   TAKE(a->kva, N * lat);
   TAKE(a->kvn, N * lat);
   TAKE(a->rstd_kv, N);
-  TAKE(a->kvb, N * nh * (d.dn + d.dv));
-  size_t q3 = 3 * nh * d.dqk, qdec = nh * (d.dqk + lat); /* a decode's queries and its absorbed ones */
-  TAKE(a->qkv, N * (q3 > qdec ? q3 : qdec));
-  TAKE(a->o, N * nh * wide);
+  if (!decode) TAKE(a->kvb, N * nh * (d.dn + d.dv));
+  TAKE(a->qkv, N * nh * (decode ? d.dqk + lat : 3 * (size_t)d.dqk)); /* a decode's queries and absorbed ones */
+  TAKE(a->o, N * nh * (decode ? lat : (size_t)d.dqk));
   TAKE(a->lse, N * nh);
   return off;
 }

@@ -19,10 +19,11 @@ typedef struct { /* one layer's activations */
   float *qa, *qan, *rstd_q; /* q_lora_rank > 0: (N, qr) q_a_proj's output and its norm, (N) */
   float *kva;               /* (N, r + dr) kv_a_proj_with_mqa's output */
   float *kvn, *rstd_kv;     /* (N, r + dr): the normed latent and the rotated key (a cache row), (N) */
-  float *kvb;               /* (N, nh (dn + dv)) kv_b_proj's output */
+  float *kvb;               /* (N, nh (dn + dv)) kv_b_proj's output (not in a decode) */
   float *qkv;               /* (N, 3 nh dqk): q rotated and scaled, k, v padded to dqk; a decode's
-                               absorbed queries */
-  float *o, *lse;           /* (N, nh dqk) the padded heads' outputs (a decode's latent ones), (N nh) */
+                               (N, nh dqk) queries, then (N, nh (r + dr)) absorbed ones */
+  float *o, *lse;           /* (N, nh dqk) the padded heads' outputs (a decode's (N, nh (r + dr))
+                               latent ones), (N nh) */
 } moe__mla_acts;
 
 typedef struct { /* backward's buffers, one set for all layers */
@@ -40,9 +41,9 @@ typedef struct {
 size_t moe__mla_numel(const moe_lm_config *c);
 /* The width of the attention output o_proj reads: n_heads v_head_dim. */
 int moe__mla_out_dim(const moe_lm_config *c);
-/* Bytes of a layer's activations for N tokens, carved from base when it is not NULL (64-byte aligned
- * pieces, as the model's arena). */
-size_t moe__mla_carve(const moe_lm_config *c, size_t N, moe__mla_acts *a, char *base);
+/* Bytes of a layer's activations for N tokens of a training forward or (decode) of a cached decode,
+ * carved from base when it is not NULL (64-byte aligned pieces, as the model's arena). */
+size_t moe__mla_carve(const moe_lm_config *c, size_t N, int decode, moe__mla_acts *a, char *base);
 size_t moe__mla_work_carve(const moe_lm_config *c, size_t N, moe__mla_work *w, char *base);
 /* att (N, n_heads v_head_dim) from xn1 (N, D) at positions [0, T). */
 moe_status moe__mla_forward(const moe__mla_ctx *x, const moe__mla_w *w, moe__mla_acts *a, const float *xn1,
