@@ -63,6 +63,7 @@ TEST(lm_deepseek_latent_cache_decode_matches_full_forward) {
     moe_lm_t m;
     int B, T;
     ASSERT_OK(moe_lm_load(&m, lm_case_dir(cases[ci], dir, sizeof dir), NULL));
+    moe_lm_set_threads(&m, 1); /* tiny: one thread is fastest */
     int32_t *t = lm_fixture_tokens(dir, &B, &T);
     ASSERT(t && T >= 5);
     size_t V = (size_t)m.cfg.vocab;
@@ -144,6 +145,7 @@ TEST(lm_deepseek_train_from_checkpoint) {
     int32_t *t = lm_fixture_tokens(src, &B, &T);
     ASSERT(t);
     ASSERT_OK(moe_lm_load(&m, src, NULL));
+    moe_lm_set_threads(&m, 1);
     const moe_tensor_ref *bias = moe_lm_find(&m, "model.layers.1.mlp.gate.e_score_correction_bias");
     float b0 = bias ? bias->data[0] : 0;
     double first = 0, last = 0;
