@@ -1112,7 +1112,8 @@ moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
  * (Loading under expert parallelism reads each rank's own experts by name.) */
 moe_status moe_lm_save(const moe_lm_t *m, const char *dir);
 
-/* Generation: a KV cache of B sequences (every layer's rotated keys and values, each sequence's
+/* Generation: a KV cache of B sequences (every layer's rotated keys and values, or with latent attention
+ * each token's normed latent and rotated shared key (moe_lm_mla), each sequence's
  * buffers grown as it reaches further, up to max_seq positions; a slot reset frees its own). moe_lm_decode runs tokens (B, T) at positions [len, len + T) of the cache's sequences,
  * appends their keys and values, and leaves their (B, T, vocab) logits in moe_lm_logits: the logits a
  * full forward of the whole sequences gives, to rounding. len + T <= max_seq. */
