@@ -104,11 +104,6 @@ int moe_lm_layer_dense(const moe_lm_config *c, int i) {
   return i >= 0 && i < MOE_LM_MAX_LAYERS && (c->dense_layers[i / 8] >> (i % 8) & 1);
 }
 
-/* The width of the attention output that o_proj reads. */
-static int att_dim(const moe_lm_config *c) {
-  return c->mla.kv_lora_rank > 0 ? moe__mla_out_dim(c) : c->n_heads * c->head_dim;
-}
-
 /* Whether layer i of m is a MoE layer (has a moe_layer_t). */
 static int is_moe(const moe_lm_t *m, int i) { return !moe_lm_layer_dense(&m->cfg, i); }
 
@@ -116,6 +111,9 @@ static int is_deepseek(moe_lm_family f) { return f == MOE_LM_DEEPSEEK_V2 || f ==
 
 /* Whether the model's attention is the latent one (the DeepSeek families'). */
 static int is_mla(const moe_lm_config *c) { return c->mla.kv_lora_rank > 0; }
+
+/* The width of the attention output that o_proj reads. */
+static int att_dim(const moe_lm_config *c) { return is_mla(c) ? moe__mla_out_dim(c) : c->n_heads * c->head_dim; }
 
 /* The latent attention's sizes: the DeepSeek families have it and nothing of the others' attention. */
 static moe_status check_mla(const moe_lm_config *c, const char *fam) {
@@ -383,7 +381,7 @@ static size_t dense_numel(const moe_lm_config *c) {
          kvd = (size_t)c->n_kv_heads * c->head_dim, n = V * D * (c->tie_embeddings ? 1 : 2) + D;
   for (int i = 0; i < c->n_layers; i++) {
     n += 2 * D + (size_t)att_dim(c) * D;
-    n += c->mla.kv_lora_rank > 0 ? moe__mla_numel(c) : (qd + 2 * kvd) * D;
+    n += is_mla(c) ? moe__mla_numel(c) : (qd + 2 * kvd) * D;
     if (c->qkv_bias) n += qd + 2 * kvd;
     if (c->qk_norm) n += c->qk_norm == MOE_QK_NORM_FULL ? qd + kvd : 2 * (size_t)c->head_dim;
     if (moe_lm_layer_dense(c, i)) n += 3 * (size_t)c->dense_H * D;
