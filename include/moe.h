@@ -1063,6 +1063,11 @@ moe_status moe_lm_forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
 const float *moe_lm_logits(const moe_lm_t *m);
 /* Adds the gradient of the last forward's loss (which had targets) into every ref's grad. */
 moe_status moe_lm_backward(moe_lm_t *m);
+/* DeepSeek-V3's aux-loss-free balancing for training: moe_layer_balance_bias(gamma) on every MoE layer
+ * (its mlp.gate.e_score_correction_bias moved by -gamma, +gamma or 0 by the last forward's
+ * assignments against their mean), after an optimizer step; MOE_ERR_STATE without moe.select_bias or
+ * before a forward. Call moe_lm_params_changed afterwards as after any write. */
+moe_status moe_lm_balance_bias(moe_lm_t *m, float gamma);
 
 /* Hugging Face checkpoint directories of the six families: config.json with model.safetensors, or
  * with the shards that model.safetensors.index.json lists ("weight_map": tensor name -> file). The

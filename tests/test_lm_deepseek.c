@@ -336,3 +336,39 @@ TEST(lm_deepseek_generate_matches_full_forwards) {
     if (strcmp(text, want)) FAIL_("%s: 2 ranks generated '%s', one process '%s'", cases[ci], text, want);
   }
 }
+
+/* moe_lm_balance_bias after a forward of DeepSeek-V3's fixture: each MoE layer's selection bias moves by
+ * exactly -gamma (more assignments than the mean), +gamma (fewer) or 0, the counts the layer stats'; a
+ * model without the bias (V2) is MOE_ERR_STATE. */
+TEST(lm_deepseek_balance_bias) {
+  char dir[512];
+  moe_lm_t m;
+  int B, T;
+  ASSERT_OK(moe_lm_load(&m, lm_case_dir("deepseek_v3", dir, sizeof dir), NULL));
+  moe_lm_set_threads(&m, 1);
+  int32_t *t = lm_fixture_tokens(dir, &B, &T);
+  ASSERT(t);
+  ASSERT_STATUS(moe_lm_balance_bias(&m, 0.01f), MOE_ERR_STATE); /* no forward yet */
+  ASSERT_OK(moe_lm_forward(&m, t, NULL, B, T, NULL));
+  int E = m.cfg.moe.E, moved = 0;
+  float before[3][8];
+  for (int i = 1; i < 3; i++) memcpy(before[i], moe_layer_param(&m.layers[i], "gate.select_bias"), (size_t)E * 4);
+  ASSERT_OK(moe_lm_balance_bias(&m, 0.01f));
+  for (int i = 1; i < 3; i++) {
+    const moe_layer_stats *ls = moe_lm_layer_stats(&m, i);
+    const float *b = moe_layer_param(&m.layers[i], "gate.select_bias");
+    int total = 0;
+    for (int e = 0; e < E; e++) total += ls->expert_counts[e];
+    for (int e = 0; e < E; e++) {
+      float want = ls->expert_counts[e] * E > total ? -0.01f : ls->expert_counts[e] * E < total ? 0.01f : 0.0f;
+      if (b[e] != before[i][e] + want) FAIL_("layer %d expert %d: bias %g -> %g, want a move of %g", i, e, before[i][e], b[e], want);
+      moved += want != 0;
+    }
+  }
+  ASSERT(moved > 0);
+  free(t);
+  moe_lm_free(&m);
+  ASSERT_OK(moe_lm_load(&m, lm_case_dir("deepseek_v2", dir, sizeof dir), NULL));
+  ASSERT_STATUS(moe_lm_balance_bias(&m, 0.01f), MOE_ERR_STATE);
+  moe_lm_free(&m);
+}

@@ -1045,3 +1045,13 @@ moe_status moe_lm_backward(moe_lm_t *m) {
   }
   return MOE_OK;
 }
+
+moe_status moe_lm_balance_bias(moe_lm_t *m, float gamma) {
+  MOE_TRY(m && m->st && m->cfg.moe.select_bias, MOE_ERR_STATE, "moe_lm_balance_bias: the model has no selection bias");
+  for (int i = 0; i < m->cfg.n_layers; i++)
+    if (is_moe(m, i)) {
+      moe_status st = moe_layer_balance_bias(&m->layers[i], gamma);
+      MOE_TRY(st == MOE_OK, st, "layer %d: %s", i, moe_last_error());
+    }
+  return MOE_OK;
+}
