@@ -1,5 +1,5 @@
 /* moe layer-run: one MoE layer from files (DESIGN 4.2). Reads the weights and options from W, x (and
- * dy, daux, dz, dspec for --backward) from X, and writes y, aux_loss, z_loss, expert_counts,
+ * dy, daux, dz, dspec for --backward) from X, and writes y, aux_loss, z_loss (seq_aux_loss), expert_counts,
  * dropped, capacity (and spec with --spec, grad.* with --backward) to OUT atomically: on any error nothing
  * is written. Inputs may be F32 or BF16; --out-dtype bf16 writes the float outputs as BF16. */
 #include <math.h>
@@ -35,7 +35,9 @@ static void usage(FILE *f) {
           "--a2a auto: the layer's dictionary of setups picks Linear or 2DH per capacity.\n"
           "The routing of open models comes from W: its __metadata__ score (softmax|sigmoid), n_group,\n"
           "topk_group, group_score (max|top2_sum) and routed_scale, and its tensors gate.select_bias and\n"
-          "shared.* (shared experts; shared.gate.weight: gated); swiglu_oai's swiglu_alpha and swiglu_limit.\n");
+          "shared.* (shared experts; shared.gate.weight: gated); swiglu_oai's swiglu_alpha and swiglu_limit;\n"
+          "seq_aux_alpha and seq_len add DeepSeek-V3's sequence-wise balance loss (written as seq_aux_loss;\n"
+          "--backward differentiates it).\n");
 }
 
 typedef struct {
@@ -309,7 +311,8 @@ static int run(args_t *a, moe_st *wf, moe_st *xf, moe_layer_t *l, moe_st_writer 
                moe_st_writer_add(w, "expert_counts", MOE_DT_I32, 1, &E, counts) ||
                moe_st_writer_add(w, "dropped", MOE_DT_I32, 1, &one, &dropped) ||
                moe_st_writer_add(w, "capacity", MOE_DT_I32, 1, &one, &capacity) ||
-               (a->spec && moe_st_writer_add_f32(w, "spec", a->out_dt, 2, spec_shape, spec))))
+               (a->spec && moe_st_writer_add_f32(w, "spec", a->out_dt, 2, spec_shape, spec)) ||
+               (l->cfg.seq_aux_alpha > 0 && moe_st_writer_add_f32(w, "seq_aux_loss", a->out_dt, 1, &one, &s.seq_aux_loss))))
     return cli_fail(CMD);
   if (a->backward) {
     moe_layer_zero_grad(l);

@@ -229,6 +229,15 @@ def moe_reference(w, x, cfg):
     balance = probs / probs.sum(dim=1, keepdim=True) if sigmoid else probs  # sigmoid: normalized per token
     aux_loss = E * (balance.mean(dim=0) * frac).sum()
     z_loss = (torch.logsumexp(logits, dim=1) ** 2).mean()
+    seq_aux = None
+    alpha = float(cfg.get("seq_aux_alpha", "0"))
+    if alpha > 0:  # DeepSeek-V3's sequence-wise balance loss (V3 paper eq. 17-20), all k slots counted
+        L = cfg.get("seq_len") or T
+        S = T // L
+        chosen = torch.zeros(T, E, dtype=probs.dtype).scatter_(1, topk_idx, 1.0)  # constant
+        f = chosen.view(S, L, E).sum(dim=1) * (E / (k * L))
+        P = (probs / probs.sum(dim=1, keepdim=True)).view(S, L, E).mean(dim=1)
+        seq_aux = alpha * (f * P).sum(dim=1).mean()
 
     return {
         "y": y, "aux_loss": aux_loss, "z_loss": z_loss, "spec": spec.reshape(T * k, D),
@@ -236,6 +245,7 @@ def moe_reference(w, x, cfg):
         **({"choice": choice_values(probs, w, cfg)} if "gate.select_bias" in w or cfg.get("n_group") else {}),
         **({"select_bias": w["gate.select_bias"].detach()} if "gate.select_bias" in w else {}), "combine": combine, "keep": keep,
         "expert_counts": counts, "capacity": C, "dropped": dropped,
+        **({"seq_aux_loss": seq_aux} if seq_aux is not None else {}),
     }
 
 
@@ -246,6 +256,8 @@ def moe_reference_grads(w, x, cfg, dy, daux, dz, dspec):
     xl = x.detach().clone().requires_grad_(True)
     r = moe_reference(leaves, xl, cfg)
     L = (dy * r["y"]).sum() + daux * r["aux_loss"] + dz * r["z_loss"] + (dspec * r["spec"]).sum()
+    if "seq_aux_loss" in r:  # the layer's backward adds it, alpha included
+        L = L + r["seq_aux_loss"]
     names = list(leaves)
     gs = torch.autograd.grad(L, [xl] + [leaves[n] for n in names], allow_unused=True)
     grads = {"x": gs[0]}
@@ -261,7 +273,7 @@ BASE = dict(T=24, D=12, H=16, E=6, P=8, k=2, cap="1.0", act="relu", dispatch="dy
             priority="index", normalize=None, router="linear", bias=True,
             gate_scale=2.5, gate_bias_scale=1.0, logit_scale=None, score="softmax", select_bias=False,
             n_group=0, topk_group=0, group_score="max", routed_scale="1", shared_H=0, shared_gate=False,
-            swiglu_alpha="1.702", swiglu_limit="7")
+            swiglu_alpha="1.702", swiglu_limit="7", seq_aux_alpha="0", seq_len=0)
 
 
 def case(name, seed, **kw):
@@ -315,6 +327,11 @@ CASES = [
     case("swiglu_oai_k3_cap1_score_static", 128, act="swiglu_oai", k=3, dispatch="static", priority="score",
          swiglu_alpha="2.5", swiglu_limit="0.875"),
     case("swiglu_oai_nobias_k1_dynamic", 129, act="swiglu_oai", k=1, bias=False),
+    # DeepSeek-V3's sequence-wise balance loss over 3 sequences of 8 tokens (and V2's softmax scores)
+    case("dsv3_seq_aux_sigmoid_bias_dynamic", 127, act="swiglu", E=8, k=3, normalize=True, bias=False,
+         score="sigmoid", select_bias=True, n_group=4, topk_group=2, group_score="top2_sum", routed_scale="2.5",
+         seq_aux_alpha="0.3", seq_len=8),
+    case("dsv2_seq_aux_softmax_static", 128, E=6, k=2, normalize=False, dispatch="static", seq_aux_alpha="0.5"),
 ]
 
 
@@ -372,7 +389,7 @@ def cfg_of(c):
             "router": c["router"], "score": c["score"], "n_group": c["n_group"],
             "topk_group": c["topk_group"], "group_score": c["group_score"],
             "routed_scale": c["routed_scale"], "swiglu_alpha": c["swiglu_alpha"],
-            "swiglu_limit": c["swiglu_limit"]}
+            "swiglu_limit": c["swiglu_limit"], "seq_aux_alpha": c["seq_aux_alpha"], "seq_len": c["seq_len"]}
 
 
 def metadata_of(c):
@@ -388,6 +405,8 @@ def metadata_of(c):
         m["routed_scale"] = c["routed_scale"]
     if c["act"] == "swiglu_oai":
         m.update(swiglu_alpha=c["swiglu_alpha"], swiglu_limit=c["swiglu_limit"])
+    if c["seq_aux_alpha"] != "0":
+        m.update(seq_aux_alpha=c["seq_aux_alpha"], seq_len=str(c["seq_len"]))
     return m
 
 
@@ -431,6 +450,8 @@ def reference_tensors(r, grads, weight_names):
            ("spec", f32(r["spec"])), ("expert_counts", i32(r["expert_counts"].numpy())),
            ("dropped", i32([r["dropped"]])), ("capacity", i32([r["capacity"]])),
            ("grad.x", f32(grads["x"]))]
+    if "seq_aux_loss" in r:
+        ref.append(("seq_aux_loss", f32(r["seq_aux_loss"])))
     return ref + [("grad." + n, f32(grads[n])) for n in weight_names]
 
 
@@ -483,6 +504,15 @@ def check_loops(w, x, cfg, r):
     aux = sum(float(bal[:, e].mean()) * float((r["topk_idx"][:, 0] == e).double().mean())
               for e in range(E)) * E
     assert abs(aux - float(r["aux_loss"])) < 1e-12
+    if "seq_aux_loss" in r:  # per sequence and expert, by counting
+        L = cfg.get("seq_len") or T
+        tot = 0.0
+        for s in range(T // L):
+            toks = range(s * L, (s + 1) * L)
+            for e in range(E):
+                f = sum(e in r["topk_idx"][t].tolist() for t in toks) * E / (k * L)
+                tot += f * sum(float(bal[t, e]) for t in toks) / L
+        assert abs(float(cfg["seq_aux_alpha"]) * tot / (T // L) - float(r["seq_aux_loss"])) < 1e-12
 
 
 def check_fd(w, x, cfg, dy, daux, dz, dspec):
@@ -492,7 +522,7 @@ def check_fd(w, x, cfg, dy, daux, dz, dspec):
     def L(ww, xx):
         r = moe_reference(ww, xx, cfg)
         return float((dy * r["y"]).sum() + daux * r["aux_loss"] + dz * r["z_loss"]
-                     + (dspec * r["spec"]).sum())
+                     + (dspec * r["spec"]).sum() + (r["seq_aux_loss"] if "seq_aux_loss" in r else 0))
     gen = torch.Generator().manual_seed(0)
     h = 1e-6
     for name in ["x"] + list(w):

@@ -214,10 +214,10 @@ def forward(family, c, params, tokens, targets):
     return logits, ce, aux, ce + c["router_aux_loss_coef"] * aux, min(margins), min(clip_margin)
 
 
-def draw(family, c, seed, B, T):
+def draw(family, c, seed, B, T, shapes=param_shapes):
     g = torch.Generator().manual_seed(seed)
     params = {}
-    for name, shape in param_shapes(family, c):
+    for name, shape in shapes(family, c):
         if name.endswith(".bias"):
             t = 0.1 * torch.randn(shape, generator=g)
         elif len(shape) == 1:
@@ -249,17 +249,21 @@ def write_case(d, config, tensors, tokens, targets, logits, losses, grads, meta)
     write_safetensors(os.path.join(d, "ref.safetensors"), ref, meta)
 
 
-def generate(name, family, seed, c, B, T, outdir):
+def generate(name, family, seed, c, B, T, outdir, model=None):
+    """model: (param_shapes, forward, hf_config) of other families (dev/deepseek_ref.py); these by default.
+    A parameter that gets no gradient (a buffer such as DeepSeek-V3's selection bias) has a zero one."""
+    shapes, fwd, config = model or (param_shapes, forward, hf_config)
     while True:
-        params, tokens, targets = draw(family, c, seed, B, T)
+        params, tokens, targets = draw(family, c, seed, B, T, shapes)
         p64 = {n: t.double().requires_grad_() for n, t in params.items()}
-        logits, ce, aux, loss, margin, clip_margin = forward(family, c, p64, tokens, targets)
+        logits, ce, aux, loss, margin, clip_margin = fwd(family, c, p64, tokens, targets)
         if margin > 1e-3 and clip_margin > 1e-4:
             break
         seed += 1000
     loss.backward()
-    write_case(os.path.join(outdir, name), hf_config(family, c), [(n, t.numpy()) for n, t in params.items()], tokens,
-               targets, logits, (loss, ce, aux), [(n, t.grad) for n, t in p64.items()],
+    write_case(os.path.join(outdir, name), config(family, c), [(n, t.numpy()) for n, t in params.items()], tokens,
+               targets, logits, (loss, ce, aux),
+               [(n, t.grad if t.grad is not None else torch.zeros_like(t)) for n, t in p64.items()],
                {"seed": seed, "margin": f"{margin:.6f}"})
     print(f"{name}: seed {seed}, loss {loss.item():.6f} (ce {ce.item():.6f}, aux {aux.item():.6f}), "
           f"routing margin {margin:.4f}, clamp margin {clip_margin:.4f}")

@@ -27,7 +27,8 @@ static void write_file(const char *path, const uint8_t *data, size_t n) {
 /* The checkpoint directory of a config.json input: its config and weights, or a link to the family's. */
 static const char *lm_checkpoint(const uint8_t *data, size_t n) {
   static const char *const fams[][2] = {{"qwen2_moe", "qwen2_moe"}, {"qwen3_moe", "qwen3_moe"}, {"olmoe", "olmoe"},
-                                        {"gpt_oss", "gpt_oss"}, {"mxfp4", "gpt_oss_mxfp4"}}; /* name, fixture */
+                                        {"gpt_oss", "gpt_oss"}, {"mxfp4", "gpt_oss_mxfp4"},
+                                        {"deepseek_v2", "deepseek_v2"}, {"deepseek_v3", "deepseek_v3"}}; /* name, fixture */
   const uint8_t *nul = memchr(data, 0, n);
   size_t nc = nul ? (size_t)(nul - data) : n;
   const char *fam = "mixtral";

@@ -55,10 +55,10 @@ for name in ("f32.st", "bf16.st", "hier.st", "cap.st"):
 # and tiny models of each family whole, drawn by the fixture generators.
 dev = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dev")
 sys.path.insert(0, dev)
-import lm_families_ref, mixtral_ref  # noqa: E402
+import deepseek_ref, lm_families_ref, mixtral_ref  # noqa: E402
 from gen_fixtures import write_safetensors  # noqa: E402
 fixtures = os.path.join(dev, "..", "tests", "fixtures", "lm")
-for fam in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
+for fam in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3"):
     with open(os.path.join(fixtures, fam, "config.json"), "rb") as f:
         put("checkpoint", f"lm_{fam}.json", f.read())
 tiny = dict(vocab_size=8, hidden_size=8, intermediate_size=4, num_hidden_layers=2, num_attention_heads=2,
@@ -101,6 +101,19 @@ for name, D in (("gpt_oss", 8), ("gpt_oss_mxfp4", 32)):
     write_safetensors(path, tensors, {"format": "pt"})
     config = gpt_oss_ref.hf_config(c, mxfp4=D == 32)
     put("checkpoint", f"lm_{name}_tiny", json.dumps(config, sort_keys=True).encode() + b"\0" + read(path))
+for fam in ("deepseek_v2", "deepseek_v3"):  # latent attention, a dense first layer, YaRN on V3
+    c = dict(deepseek_ref.BASE, vocab_size=8, hidden_size=8, intermediate_size=4, num_attention_heads=2,
+             num_key_value_heads=2, kv_lora_rank=4, qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=2,
+             moe_intermediate_size=4, num_hidden_layers=2, q_lora_rank=4 if fam == "deepseek_v3" else None,
+             n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+             topk_method="noaux_tc" if fam == "deepseek_v3" else "greedy", n_group=2, topk_group=1,
+             scoring_func="sigmoid" if fam == "deepseek_v3" else "softmax", norm_topk_prob=True,
+             routed_scaling_factor=2.0, rope_scaling=dict(type="yarn", factor=4.0, original_max_position_embeddings=16,
+                                                          mscale_all_dim=1.0) if fam == "deepseek_v3" else None)
+    shapes, config = deepseek_ref.param_shapes(fam, c), deepseek_ref.hf_config(fam, c)
+    path = os.path.join(tmp, f"{fam}.safetensors")
+    write_safetensors(path, [(n, np.full(s, 0.5, np.float32)) for n, s in shapes], {"format": "pt"})
+    put("checkpoint", f"lm_{fam}_tiny", json.dumps(config, sort_keys=True).encode() + b"\0" + read(path))
 
 # Traces: the CLI's, and a hand-written one with CRLF and a gap in the steps.
 put("trace", "train.csv", read("trace.csv"))

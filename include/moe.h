@@ -404,6 +404,15 @@ typedef struct {
                              (Qwen2-MoE's shared_expert_gate) */
   float swiglu_alpha;     /* act swiglu_oai: the sigmoid's gain (1.702 by default) and the clamp */
   float swiglu_limit;     /* (7.0 by default), gpt-oss's swiglu_alpha and swiglu_limit */
+  float seq_aux_alpha;    /* DeepSeek-V3's sequence-wise balance loss (its paper, eq. 17-20), which
+                             moe_layer_backward differentiates along with the output: alpha times the
+                             mean over the sequences of sum_i f_i P_i, f_i = E / (k T_s) x the tokens
+                             of the sequence that chose expert i (any of the k slots, before dropping),
+                             P_i = the mean over its tokens of the scores normalized per token (the
+                             probabilities, with softmax scores); stats.seq_aux_loss; 0 = off. One
+                             process, FFN experts only */
+  int seq_len;            /* the sequences of that loss: tokens [s seq_len, (s + 1) seq_len) of a forward
+                             (T a multiple of it); 0 = the whole forward is one sequence */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,
@@ -473,6 +482,7 @@ typedef struct {
   moe_reuse memory_reuse;       /* the strategy this forward ran (memory_reuse AUTO: its choice) */
   double router_seconds;        /* this forward's router (gate logits, softmax, top-k, losses), apart
                                    from what ran alongside the experts */
+  float seq_aux_loss;           /* seq_aux_alpha > 0: the sequence-wise balance loss, alpha included */
 } moe_layer_stats;
 
 moe_status moe_layer_init(moe_layer_t *l, const moe_layer_config *cfg);
@@ -963,8 +973,21 @@ void moe_detokenizer_free(moe_detokenizer *d);
  *     swiglu_oai). Its checkpoint's fused experts (mlp.experts.gate_up_proj (E, D, 2H) with gate and up
  *     in interleaved columns, gate_up_proj_bias (E, 2H), down_proj (E, H, D)) are held as the layer's
  *     tensors under the names mlp.experts.fc1.weight/bias (gate), fc3.weight/bias (up), fc2.weight
- *     (E, D, H), and converted on load and save; mlp.experts.down_proj_bias keeps its name. */
-typedef enum { MOE_LM_MIXTRAL = 0, MOE_LM_QWEN2_MOE, MOE_LM_QWEN3_MOE, MOE_LM_OLMOE, MOE_LM_GPT_OSS } moe_lm_family;
+ *     (E, D, H), and converted on load and save; mlp.experts.down_proj_bias keeps its name;
+ *   DeepSeek-V2 / V2-Lite ("deepseek_v2") and DeepSeek-V3 ("deepseek_v3"): multi-head latent attention
+ *     (moe_lm_mla below; head_dim is qk_rope_head_dim, n_kv_heads is n_heads), mlp.gate (softmax or
+ *     sigmoid scores, groups, the selection bias mlp.gate.e_score_correction_bias, routed_scale: the
+ *     moe fields), mlp.experts.<e>.*, the ungated shared experts mlp.shared_experts.* (moe.shared_H),
+ *     dense layers; aux_coef 0 (transformers adds no balance loss for them). */
+typedef enum {
+  MOE_LM_MIXTRAL = 0,
+  MOE_LM_QWEN2_MOE,
+  MOE_LM_QWEN3_MOE,
+  MOE_LM_OLMOE,
+  MOE_LM_GPT_OSS,
+  MOE_LM_DEEPSEEK_V2,
+  MOE_LM_DEEPSEEK_V3
+} moe_lm_family;
 /* The family's model_type ("mixtral", ...); NULL when out of range. */
 const char *moe_lm_family_name(moe_lm_family f);
 typedef enum {
@@ -974,6 +997,35 @@ typedef enum {
 } moe_lm_qk_norm;
 #define MOE_LM_MAX_LAYERS 1024
 #define MOE_LM_MAX_EOS 16 /* room enough for the end ids of any model (moe_lm_eos_ids) */
+/* YaRN rotary scaling (rope_scaling {"type": "yarn"}; transformers' _compute_yarn_parameters, DeepSeek's
+ * DeepseekV2YarnRotaryEmbedding): dimension pair i keeps its frequency theta^(-2i/d) when it turns more
+ * than beta_fast times within original_max_pos, takes it divided by factor below beta_slow turns, and
+ * a linear ramp between (the ramp's ends floored and ceiled when truncate, transformers' default;
+ * gpt-oss sets false); cos and sin are scaled by get_mscale(factor, mscale) / get_mscale(factor,
+ * mscale_all_dim), get_mscale(s, m) = 0.1 m ln(s) + 1 (1 when s <= 1); the latent attention also
+ * multiplies its softmax scale by get_mscale(factor, mscale_all_dim)^2 when mscale_all_dim is not 0. */
+typedef struct {
+  float factor;                 /* > 1 turns YaRN on; 0: off */
+  int original_max_pos;         /* original_max_position_embeddings */
+  float beta_fast, beta_slow;   /* 32 and 1 in the configs that leave them out */
+  float mscale, mscale_all_dim; /* 1 and 0 in the configs that leave them out */
+  int truncate;                 /* 1 in the configs that leave it out */
+} moe_lm_yarn;
+/* Multi-head latent attention (DeepSeek-V2/V3): q = q_b_proj(RMSNorm(q_a_proj x)) when q_lora_rank > 0,
+ * else q_proj x: n_heads heads of qk_nope_dim + head_dim; kv_a_proj_with_mqa x gives the latent
+ * (kv_lora_rank, normed by kv_a_layernorm) and one rotary key (head_dim) that every head shares;
+ * kv_b_proj maps the normed latent to each head's key (qk_nope_dim) and value (v_head_dim); the rotary
+ * embedding turns the last head_dim of each q head and the shared key (pairs of adjacent dimensions
+ * with rope_interleave, DeepSeek's checkpoints; else rotate_half); softmax scale 1/sqrt(qk_nope_dim +
+ * head_dim), times YaRN's correction; o_proj (D, n_heads v_head_dim). A KV cache holds per token and
+ * layer the normed latent and the rotated key, kv_lora_rank + head_dim floats, and decodes with the
+ * key and value projections absorbed into the queries and outputs. */
+typedef struct {
+  int kv_lora_rank;       /* > 0 turns MLA on */
+  int q_lora_rank;        /* 0: q_proj */
+  int qk_nope_dim, v_head_dim;
+  int rope_interleave;
+} moe_lm_mla;
 typedef struct {
   int vocab, n_layers, n_heads, n_kv_heads, head_dim; /* n_heads a multiple of n_kv_heads, head_dim even */
   int max_seq;           /* longest context; the rotary tables and a KV cache grow up to it as used */
@@ -983,6 +1035,9 @@ typedef struct {
   int tie_embeddings;    /* the head reuses model.embed_tokens.weight */
   int sliding_window;    /* 0: none; else a query sees its own key and the sliding_window - 1 before it */
   moe_layer_config moe;  /* D (the model width), H (the experts' intermediate size), E, top_k,
+                            seq_aux_alpha (DeepSeek's sequence-wise balance loss over each batch row, for
+                            training: a caller sets it, config.json's aux_loss_alpha is not read; one
+                            process; moe_lm_stats.seq_aux),
                             normalize_topk (norm_topk_prob), shared_H / shared_gate (Qwen2-MoE's shared
                             expert), capacity, dispatch, dtype...; act swiglu, no biases, linear router
                             (gpt-oss: swiglu_oai with router and expert biases);
@@ -1000,6 +1055,8 @@ typedef struct {
   uint8_t full_layers[MOE_LM_MAX_LAYERS / 8]; /* with sliding_window, bit i % 8 of byte i / 8: layer i
                             attends to every earlier position (gpt-oss's "full_attention" layer_types);
                             the others (all, when none is set) keep the window */
+  moe_lm_yarn yarn;      /* YaRN rotary scaling: yarn.factor 0 (default) leaves it off */
+  moe_lm_mla mla;        /* the DeepSeek families' latent attention; mla.kv_lora_rank 0 for the others */
 } moe_lm_config;
 /* Whether layer i of c is a dense MLP layer (moe_lm_t.layers[i] is then unused: all zero). */
 int moe_lm_layer_dense(const moe_lm_config *c, int i);
@@ -1024,11 +1081,13 @@ typedef struct {
 } moe_lm_t;
 
 typedef struct {
-  double loss;    /* ce + aux_coef * aux: what backward differentiates */
+  double loss;    /* ce + aux_coef * aux + seq_aux: what backward differentiates */
   double ce;      /* mean cross-entropy over the counted targets */
   double aux;     /* the load-balancing loss */
   int tokens;     /* targets counted (those >= 0) */
   int dropped;    /* assignments dropped for capacity, over the layers */
+  double seq_aux; /* with moe.seq_aux_alpha > 0: DeepSeek's sequence-wise balance loss (each batch row a
+                     sequence), alpha included, summed over the MoE layers; else 0 */
 } moe_lm_stats;
 
 moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c);
@@ -1048,10 +1107,16 @@ moe_status moe_lm_forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
 const float *moe_lm_logits(const moe_lm_t *m);
 /* Adds the gradient of the last forward's loss (which had targets) into every ref's grad. */
 moe_status moe_lm_backward(moe_lm_t *m);
+/* DeepSeek-V3's aux-loss-free balancing for training: moe_layer_balance_bias(gamma) on every MoE layer
+ * (its mlp.gate.e_score_correction_bias moved by -gamma, +gamma or 0 by the last forward's
+ * assignments against their mean), after an optimizer step; MOE_ERR_STATE without moe.select_bias or
+ * before a forward. Call moe_lm_params_changed afterwards as after any write. */
+moe_status moe_lm_balance_bias(moe_lm_t *m, float gamma);
 
-/* Hugging Face checkpoint directories of the five families: config.json with model.safetensors, or
+/* Hugging Face checkpoint directories of the seven families: config.json with model.safetensors, or
  * with the shards that model.safetensors.index.json lists ("weight_map": tensor name -> file). The
- * family is config.json's model_type ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"), else its
+ * family is config.json's model_type ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss",
+ * "deepseek_v2", "deepseek_v3"), else its
  * architectures entry, else Mixtral. c gets the fields the config gives: vocab_size, hidden_size,
  * num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings, rope_theta (or
  * rope_parameters of rope_type default), rms_norm_eps, tie_word_embeddings, num_experts_per_tok and
@@ -1065,18 +1130,28 @@ moe_status moe_lm_backward(moe_lm_t *m);
  *   gpt_oss: intermediate_size (moe.H), num_local_experts, head_dim, sliding_window, layer_types
  *     ("sliding_attention" / "full_attention" per layer; absent: transformers' alternation, even layers
  *     sliding), attention_bias (default true), swiglu_alpha and swiglu_limit; rope_theta 150000 by
- *     default. Its default rotary scaling is YaRN, which is not implemented: "rope_scaling": null (or
- *     rope_parameters of rope_type default) must be given, and output_router_logits must be false (its
+ *     default; rope_scaling yarn (moe_lm_yarn; absent: GptOssConfig's default, factor 32 over 4096
+ *     positions, betas 32 and 1, truncate false) or null; output_router_logits must be false (its
  *     balance loss is over the router's top-k scores); experts_per_token and initial_context_length of
  *     the released configs are known and ignored. Experts stored in MXFP4 (gate_up_proj_blocks and
  *     _scales, down_proj_blocks and _scales, with "quantization_config" {"quant_method": "mxfp4"}) are
  *     dequantized on load;
+ *   deepseek_v2, deepseek_v3: kv_lora_rank, q_lora_rank (null: q_proj), qk_nope_head_dim,
+ *     qk_rope_head_dim (head_dim), v_head_dim (moe_lm_mla), rope_interleave (true), rope_scaling null or
+ *     yarn (moe_lm_yarn), n_routed_experts, moe_intermediate_size (moe.H), n_shared_experts (moe.shared_H
+ *     = n x H), intermediate_size (dense_H), first_k_dense_replace and moe_layer_freq (dense_layers),
+ *     scoring_func (softmax, sigmoid), topk_method (greedy; group_limited_greedy: groups, MAX;
+ *     noaux_tc: select_bias, groups, TOP2_SUM), n_group, topk_group, norm_topk_prob (only for top_k > 1),
+ *     routed_scaling_factor (V3 after the normalization, V2 only without it); aux_loss_alpha, seq_aux,
+ *     ep_size, pretraining_tp, num_nextn_predict_layers and auto_map known and ignored;
+ *     quantization_config, attention_bias or mlp_bias true refused; tensors of layers numbered from
+ *     num_hidden_layers (multi-token prediction) skipped on load with a note on stderr;
  * absent fields take the family's transformers defaults (qwen: rms_norm_eps 1e-6, rope_theta 1e4,
  * norm_topk_prob false...). Fields that change nothing computed are known and ignored (torch_dtype,
  * transformers_version, bos/eos/pad_token_id, use_cache, initializer_range, a Qwen sliding_window or
  * max_window_layers while use_sliding_window is false, OLMoE's router_z_loss_coef, which transformers
  * does not add); any other field is MOE_ERR_FORMAT naming the file and the field, and so are values
- * not implemented: rope_scaling other than null, use_sliding_window or attention_bias true, hidden_act
+ * not implemented: rope_scaling other than null (or DeepSeek's and gpt-oss's yarn), use_sliding_window or attention_bias true, hidden_act
  * other than silu, attention_dropout or router_jitter_noise other than 0. The rest is
  * moe_lm_config_default's. Errors name the file and the field. */
 moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);
@@ -1103,7 +1178,8 @@ moe_status moe_lm_save(const moe_lm_t *m, const char *dir);
  * value for one that is not a token id in [0, vocab), MOE_ERR_ARG when more than cap. */
 moe_status moe_lm_eos_ids(const char *dir, const moe_tokenizer *t, int vocab, int32_t *eos, int cap, int *n);
 
-/* Generation: a KV cache of B sequences (every layer's rotated keys and values, each sequence's
+/* Generation: a KV cache of B sequences (every layer's rotated keys and values, or with latent attention
+ * each token's normed latent and rotated shared key (moe_lm_mla), each sequence's
  * buffers grown as it reaches further, up to max_seq positions; a slot reset frees its own). moe_lm_decode runs tokens (B, T) at positions [len, len + T) of the cache's sequences,
  * appends their keys and values, and leaves their (B, T, vocab) logits in moe_lm_logits: the logits a
  * full forward of the whole sequences gives, to rounding. len + T <= max_seq. */

@@ -1,8 +1,14 @@
 /* Checking the language model against the PyTorch references of dev/mixtral_ref.py and
- * dev/lm_families_ref.py (tests/fixtures/lm/<case>/): lm_check.h. */
+ * dev/lm_families_ref.py and dev/deepseek_ref.py (tests/fixtures/lm/<case>/), and fixtures changed for
+ * error tests: lm_check.h. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "lm_check.h"
 #include "test.h"
@@ -26,12 +32,14 @@ const char *lm_case_dir(const char *name, char *buf, size_t n) {
 
 /* Loads the case, runs forward and backward and compares everything with ref.safetensors; returns 0
  * (after printing) on a mismatch. */
-int lm_check_case(const char *name) {
+int lm_check_case(const char *name) { return lm_check_case_config(name, NULL); }
+
+int lm_check_case_config(const char *name, const moe_lm_config *c) {
   char dir[512], path[600];
   moe_lm_t m;
   moe_st *ref = NULL;
   int ok = 0;
-  if (moe_lm_load(&m, lm_case_dir(name, dir, sizeof dir), NULL) != MOE_OK) {
+  if (moe_lm_load(&m, lm_case_dir(name, dir, sizeof dir), c) != MOE_OK) {
     fprintf(stderr, "  %s: load: %s\n", name, moe_last_error());
     return 0;
   }
@@ -89,3 +97,54 @@ done:
   return ok;
 }
 
+/* The fixture's tokens (B, T), malloc'd. */
+int32_t *lm_fixture_tokens(const char *dir, int *B, int *T) {
+  char path[700];
+  snprintf(path, sizeof path, "%s/ref.safetensors", dir);
+  moe_st *f = NULL;
+  moe_tensor_view v;
+  int32_t *out = NULL;
+  if (moe_st_open(&f, path) == MOE_OK && moe_st_get(f, "tokens", &v) == MOE_OK && (out = malloc(v.nbytes))) {
+    memcpy(out, v.data, v.nbytes);
+    *B = (int)v.shape[0], *T = (int)v.shape[1];
+  }
+  moe_st_close(f);
+  return out;
+}
+
+/* The fixture of `family` with config.json's `field` set to the JSON `value` (NULL: removed) and its
+ * weights linked, in dir; with `drop`, the weights written again without that tensor. */
+int lm_patched(const char *family, const char *field, const char *value, const char *drop, char *dir, size_t n) {
+  static int made;
+  char src[700], dst[700], name[96], fx[512];
+  snprintf(name, sizeof name, "lm_fam_patched_%d", made++);
+  test_tmp_path(name, dir, n);
+  lm_case_dir(family, fx, sizeof fx);
+  snprintf(src, sizeof src, "%s/config.json", fx);
+  char *text = test_read_file(src, NULL);
+  cJSON *c = text ? cJSON_Parse(text) : NULL, *v = value ? cJSON_Parse(value) : NULL;
+  free(text);
+  cJSON_DeleteItemFromObjectCaseSensitive(c, field);
+  int ok = c && (!value || v) && mkdir(dir, 0755) == 0 && (!v || cJSON_AddItemToObject(c, field, v));
+  if (!ok) cJSON_Delete(v);
+  char *out = ok ? cJSON_Print(c) : NULL;
+  cJSON_Delete(c);
+  snprintf(dst, sizeof dst, "%s/config.json", dir);
+  ok = out && moe_write_file_atomic(dst, out, strlen(out)) == MOE_OK;
+  free(out);
+  snprintf(src, sizeof src, "%s/model.safetensors", fx);
+  snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
+  if (!drop) return ok && symlink(src, dst) == 0;
+  moe_st *f = NULL;
+  moe_st_writer *w = NULL;
+  ok = ok && moe_st_open(&f, src) == MOE_OK && moe_st_writer_new(&w) == MOE_OK;
+  for (int i = 0; ok && i < moe_st_count(f); i++) {
+    moe_tensor_view t;
+    ok = moe_st_at(f, i, &t) == MOE_OK;
+    if (ok && strcmp(t.name, drop)) ok = moe_st_writer_add(w, t.name, t.dtype, t.ndim, t.shape, t.data) == MOE_OK;
+  }
+  ok = ok && moe_st_writer_save(w, dst) == MOE_OK;
+  moe_st_writer_free(w);
+  moe_st_close(f);
+  return ok;
+}

@@ -3,6 +3,7 @@
 #define MOE_TEST_LM_CHECK_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "moe.h"
 
@@ -15,5 +16,13 @@ const char *lm_case_dir(const char *name, char *buf, size_t n);
 /* Loads the case, runs forward and backward and compares the logits, losses and every parameter's
  * gradient with its ref.safetensors within LM_TOL; returns 0 (after printing what differs) on a mismatch. */
 int lm_check_case(const char *name);
+/* As lm_check_case with the model loaded under config c (NULL: its config.json's). */
+int lm_check_case_config(const char *name, const moe_lm_config *c);
+/* The tokens (B, T) of the fixture in dir, malloc'd; NULL on failure. */
+int32_t *lm_fixture_tokens(const char *dir, int *B, int *T);
+/* The fixture case `family` with config.json's `field` set to the JSON `value` (NULL: removed) and its
+ * weights linked, in a new directory dir (of n bytes); with `drop`, the weights written again without
+ * that tensor. Returns 0 on failure. */
+int lm_patched(const char *family, const char *field, const char *value, const char *drop, char *dir, size_t n);
 
 #endif

@@ -75,6 +75,31 @@ TEST(cli_layer_run_matches_reference) {
   ASSERT(ok);
 }
 
+/* DeepSeek-V3's sequence-wise balance loss from the weights' metadata (seq_aux_alpha, seq_len): its value
+ * and, through --backward, the router's gradient as the PyTorch reference has them. */
+TEST(cli_layer_run_seq_aux_loss) {
+  char w[512], x[512], ref[512], out[512];
+  const char *cas = "dsv3_seq_aux_sigmoid_bias_dynamic";
+  snprintf(w, sizeof w, "%s/%s/w.safetensors", test_fixture_dir(), cas);
+  snprintf(x, sizeof x, "%s/%s/x.safetensors", test_fixture_dir(), cas);
+  snprintf(ref, sizeof ref, "%s/%s/ref.safetensors", test_fixture_dir(), cas);
+  test_tmp_path("out_seq_aux.safetensors", out, sizeof out);
+  if (layer_run(w, x, out, "--backward")) FAIL_("layer-run: %s", err_text);
+  moe_st *o = NULL, *r = NULL;
+  ASSERT_OK(moe_st_open(&o, out));
+  ASSERT_OK(moe_st_open(&r, ref));
+  const char *names[] = {"seq_aux_loss", "grad.gate.weight", "grad.x"};
+  int ok = 1;
+  for (int i = 0; i < 3; i++) {
+    moe_tensor_view a, b;
+    ok &= moe_st_get(o, names[i], &a) == MOE_OK && moe_st_get(r, names[i], &b) == MOE_OK &&
+          a.nbytes == b.nbytes && tensors_close(names[i], a.data, b.data, a.nbytes / 4, 1e-5, 1e-7);
+  }
+  moe_st_close(o);
+  moe_st_close(r);
+  ASSERT(ok);
+}
+
 TEST(cli_rejects_bad_k) {
   char w[512], x[512];
   fixture("w.safetensors", w, sizeof w);

@@ -1,4 +1,5 @@
 /* Regressions for what fuzzing (fuzz/) found. */
+#include "lm_check.h"
 #include "test.h"
 
 /* Saves m with *field = value in the metadata only (the tensors stay m's). */
@@ -66,4 +67,23 @@ TEST(fuzz_placement_anticorr_expert_limit) {
   if (!strstr(msg, "at most 4096 experts, the trace has 65536")) FAIL_("message: %s", msg);
   ASSERT_OK(greedy);
   ASSERT(dev[65535] == 1 && dev[3] == 0);
+}
+
+/* config.json integers far outside int (fuzz_checkpoint: "num_hidden_layers": 4.8e17 was cast to int
+ * before its range check, undefined behaviour) are errors naming the field; so are such layer numbers
+ * in mlp_only_layers and DeepSeek's counts that may be 0. */
+TEST(fuzz_lm_config_huge_integers) {
+  static const struct { const char *family, *field, *value, *want; } cases[] = {
+      {"deepseek_v3", "num_hidden_layers", "4.77778e17", "\"num_hidden_layers\" must be a positive integer"},
+      {"deepseek_v3", "first_k_dense_replace", "-3e18", "\"first_k_dense_replace\" must be a non-negative integer"},
+      {"qwen3_moe", "mlp_only_layers", "[1e30]", "\"mlp_only_layers\" entry 1e+30 is not a layer"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char dir[512];
+    moe_lm_config c;
+    ASSERT(lm_patched(cases[i].family, cases[i].field, cases[i].value, NULL, dir, sizeof dir));
+    moe_status st = moe_lm_read_config(dir, &c);
+    if (st != MOE_ERR_FORMAT || !strstr(moe_last_error(), cases[i].want))
+      FAIL_("%s %s=%s: status %d, '%s'", cases[i].family, cases[i].field, cases[i].value, st, moe_last_error());
+  }
 }

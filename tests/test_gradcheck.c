@@ -1,5 +1,6 @@
 /* Finite-difference checks of moe_layer_backward on small layers (T=10, D=6, H=8, E=4, P=5).
- * The loss is L = <dy, y> + daux * aux_loss + dz * z_loss + <dspec, spec> + <dw, weights>; for x and every
+ * The loss is L = <dy, y> + daux * aux_loss + dz * z_loss + <dspec, spec> + <dw, weights> (+ seq_aux_loss, alpha
+ * included, when the case has DeepSeek-V3's sequence-wise balance loss); for x and every
  * parameter tensor it compares the analytic gradient with central differences, (a) along a random
  * unit direction over the whole tensor and (b) on up to 6 single elements (for expert tensors, of
  * experts that received tokens). Routing (top-k, capacity drops) is discontinuous, so every perturbed
@@ -46,6 +47,8 @@ typedef struct { /* open models' routing and shared experts (DESIGN 4.1b) */
   float routed_scale;
   int select_bias, shared_H, shared_gate;
   float swiglu_limit; /* swiglu_oai's clamp; 0: the default */
+  float seq_aux_alpha; /* DeepSeek-V3's sequence-wise balance loss, in the loss with weight 1 */
+  int seq_len;
 } gc_open;
 
 typedef struct {
@@ -79,7 +82,7 @@ static int gc_loss(void *ctx, double *L, const char *what) {
     return 0;
   }
   int T = g->T, D = g->D, k = g->k;
-  double acc = (double)g->daux * st.aux_loss + (double)g->dz * st.z_loss;
+  double acc = (double)g->daux * st.aux_loss + (double)g->dz * st.z_loss + st.seq_aux_loss;
   for (int i = 0; i < T * D; i++) acc += (double)g->dy[i] * g->y[i];
   for (int i = 0; i < T * k * D; i++) acc += (double)g->dspec[i] * g->spec[i];
   for (int i = 0; i < T * k; i++) acc += (double)g->dw[i] * st.weights[i];
@@ -166,6 +169,8 @@ static int gc_run_checks(gc_ctx *g) {
     cfg.shared_H = g->o->shared_H;
     cfg.shared_gate = g->o->shared_gate;
     if (g->o->swiglu_limit > 0) cfg.swiglu_limit = g->o->swiglu_limit;
+    cfg.seq_aux_alpha = g->o->seq_aux_alpha;
+    cfg.seq_len = g->o->seq_len;
   }
   moe_status s = moe_layer_init(&g->l, &cfg);
   if (s != MOE_OK) {
@@ -347,34 +352,48 @@ TEST(gradcheck_no_biases) {
 TEST(gradcheck_shared_gated_swiglu_unnormalized) { /* Qwen2-MoE */
   static const gc_case c = {"qwen2-moe: swiglu k=2 unnormalized, gated shared expert", LIN, MOE_ACT_SWIGLU, DYN, IDX,
                             2, 1.0f, 0, 0, 31, 0};
-  static const gc_open o = {MOE_SCORE_SOFTMAX, 0, 0, MOE_GROUP_MAX, 1.0f, 0, 5, 1, 0};
+  static const gc_open o = {MOE_SCORE_SOFTMAX, 0, 0, MOE_GROUP_MAX, 1.0f, 0, 5, 1, 0, 0, 0};
   ASSERT(gc_run_open(&c, &o));
 }
 
 TEST(gradcheck_sigmoid_groups_bias_scaled_shared) { /* DeepSeek-V3 */
   static const gc_case c = {"deepseek-v3: sigmoid, select bias, 2 groups top2_sum, scale 2.5, shared", LIN,
                             MOE_ACT_SWIGLU, DYN, IDX, 2, 1.0f, 1, 0, 32, 0};
-  static const gc_open o = {MOE_SCORE_SIGMOID, 2, 1, MOE_GROUP_TOP2_SUM, 2.5f, 1, 7, 0, 0};
+  static const gc_open o = {MOE_SCORE_SIGMOID, 2, 1, MOE_GROUP_TOP2_SUM, 2.5f, 1, 7, 0, 0, 0, 0};
   ASSERT(gc_run_open(&c, &o));
 }
 
 TEST(gradcheck_softmax_groups_max_static_drops) { /* DeepSeek-V2 */
   static const gc_case c = {"deepseek-v2: softmax, 2 groups max, scale 1.5, static drops", LIN, MOE_ACT_GELU, STA,
                             SCO, 1, 1.0f, 0, 1, 33, 1};
-  static const gc_open o = {MOE_SCORE_SOFTMAX, 2, 1, MOE_GROUP_MAX, 1.5f, 0, 0, 0, 0};
+  static const gc_open o = {MOE_SCORE_SOFTMAX, 2, 1, MOE_GROUP_MAX, 1.5f, 0, 0, 0, 0, 0, 0};
   ASSERT(gc_run_open(&c, &o));
 }
 
 TEST(gradcheck_sigmoid_unnormalized_gated_relu) {
   static const gc_case c = {"sigmoid k=2 unnormalized, gated shared relu", LIN, MOE_ACT_RELU, DYN, IDX, 2, 1.0f, 0, 1,
                             34, 0};
-  static const gc_open o = {MOE_SCORE_SIGMOID, 0, 0, MOE_GROUP_MAX, 1.0f, 0, 6, 1, 0};
+  static const gc_open o = {MOE_SCORE_SIGMOID, 0, 0, MOE_GROUP_MAX, 1.0f, 0, 6, 1, 0, 0, 0};
   ASSERT(gc_run_open(&c, &o));
 }
 
 TEST(gradcheck_swiglu_oai_biases_clamped) { /* gpt-oss: the clamped SwiGLU with its up bias, the router's bias */
   static const gc_case c = {"gpt-oss: swiglu_oai limit 0.5, fc1/fc3/fc2 biases, router bias, k=2 normalized", LIN,
                             MOE_ACT_SWIGLU_OAI, DYN, IDX, 2, 1.0f, 1, 1, 41, 0};
-  static const gc_open o = {MOE_SCORE_SOFTMAX, 0, 0, MOE_GROUP_MAX, 1.0f, 0, 0, 0, 0.5f};
+  static const gc_open o = {MOE_SCORE_SOFTMAX, 0, 0, MOE_GROUP_MAX, 1.0f, 0, 0, 0, 0.5f, 0, 0};
+  ASSERT(gc_run_open(&c, &o));
+}
+
+TEST(gradcheck_sigmoid_seq_aux_loss) { /* DeepSeek-V3's sequence-wise balance loss over 2 sequences of 5 */
+  static const gc_case c = {"deepseek-v3: sigmoid, select bias, sequence-wise balance loss 0.8 over 2 x 5", LIN,
+                            MOE_ACT_SWIGLU, DYN, IDX, 2, 1.0f, 1, 0, 35, 0};
+  static const gc_open o = {MOE_SCORE_SIGMOID, 0, 0, MOE_GROUP_MAX, 2.5f, 1, 0, 0, 0, 0.8f, 5};
+  ASSERT(gc_run_open(&c, &o));
+}
+
+TEST(gradcheck_softmax_seq_aux_loss_one_sequence) { /* DeepSeek-V2's scores, the whole batch one sequence */
+  static const gc_case c = {"deepseek-v2: softmax, sequence-wise balance loss 0.6 over the batch", LIN, MOE_ACT_GELU,
+                            DYN, IDX, 2, 1.0f, 0, 1, 36, 0};
+  static const gc_open o = {MOE_SCORE_SOFTMAX, 0, 0, MOE_GROUP_MAX, 1.0f, 0, 0, 0, 0, 0.6f, 0};
   ASSERT(gc_run_open(&c, &o));
 }

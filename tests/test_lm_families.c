@@ -25,21 +25,6 @@ TEST(lm_matches_pytorch_gpt_oss) { ASSERT(lm_check_case("gpt_oss")); }
 /* the same model with its experts as gpt-oss checkpoints store them: MXFP4 blocks and scales, dequantized */
 TEST(lm_matches_pytorch_gpt_oss_mxfp4) { ASSERT(lm_check_case("gpt_oss_mxfp4")); }
 
-/* The fixture's tokens (B, T), malloc'd. */
-static int32_t *fixture_tokens(const char *dir, int *B, int *T) {
-  char path[700];
-  snprintf(path, sizeof path, "%s/ref.safetensors", dir);
-  moe_st *f = NULL;
-  moe_tensor_view v;
-  int32_t *out = NULL;
-  if (moe_st_open(&f, path) == MOE_OK && moe_st_get(f, "tokens", &v) == MOE_OK && (out = malloc(v.nbytes))) {
-    memcpy(out, v.data, v.nbytes);
-    *B = (int)v.shape[0], *T = (int)v.shape[1];
-  }
-  moe_st_close(f);
-  return out;
-}
-
 /* Each family's fixture position by position through the KV cache (the first tokens at once, then one
  * and the rest), against one forward of the whole sequences. */
 TEST(lm_families_kv_cache_decode_matches_full_forward) {
@@ -48,7 +33,7 @@ TEST(lm_families_kv_cache_decode_matches_full_forward) {
     moe_lm_t m;
     int B, T;
     ASSERT_OK(moe_lm_load(&m, lm_case_dir(families[fi], dir, sizeof dir), NULL));
-    int32_t *t = fixture_tokens(dir, &B, &T);
+    int32_t *t = lm_fixture_tokens(dir, &B, &T);
     ASSERT(t && T >= 5);
     size_t V = (size_t)m.cfg.vocab;
     float *full = malloc((size_t)B * T * V * 4);
@@ -103,7 +88,7 @@ TEST(lm_families_save_load_round_trip) {
     test_tmp_path(name, dir, sizeof dir);
     moe_lm_t m, r;
     int B, T;
-    int32_t *t = fixture_tokens(src, &B, &T);
+    int32_t *t = lm_fixture_tokens(src, &B, &T);
     ASSERT(t);
     ASSERT_OK(moe_lm_load(&m, src, NULL));
     ASSERT_OK(moe_lm_save(&m, dir));
@@ -142,7 +127,7 @@ TEST(lm_families_train_from_checkpoint) {
     lm_case_dir(families[fi], src, sizeof src);
     moe_lm_t m;
     int B, T;
-    int32_t *t = fixture_tokens(src, &B, &T);
+    int32_t *t = lm_fixture_tokens(src, &B, &T);
     ASSERT(t);
     ASSERT_OK(moe_lm_load(&m, src, NULL));
     double first = 0, last = 0;
@@ -171,43 +156,6 @@ TEST(lm_families_train_from_checkpoint) {
     ASSERT(last < 0.8 * first);
     ASSERT_NEAR(again.loss, last, 1e-6);
   }
-}
-
-/* The fixture of `family` with config.json's `field` set to the JSON `value` (NULL: removed) and its
- * weights linked, in dir; with `drop`, the weights written again without that tensor. */
-static int patched(const char *family, const char *field, const char *value, const char *drop, char *dir, size_t n) {
-  static int made;
-  char src[700], dst[700], name[96], fx[512];
-  snprintf(name, sizeof name, "lm_fam_patched_%d", made++);
-  test_tmp_path(name, dir, n);
-  lm_case_dir(family, fx, sizeof fx);
-  snprintf(src, sizeof src, "%s/config.json", fx);
-  char *text = test_read_file(src, NULL);
-  cJSON *c = text ? cJSON_Parse(text) : NULL, *v = value ? cJSON_Parse(value) : NULL;
-  free(text);
-  cJSON_DeleteItemFromObjectCaseSensitive(c, field);
-  int ok = c && (!value || v) && mkdir(dir, 0755) == 0 && (!v || cJSON_AddItemToObject(c, field, v));
-  if (!ok) cJSON_Delete(v);
-  char *out = ok ? cJSON_Print(c) : NULL;
-  cJSON_Delete(c);
-  snprintf(dst, sizeof dst, "%s/config.json", dir);
-  ok = out && moe_write_file_atomic(dst, out, strlen(out)) == MOE_OK;
-  free(out);
-  snprintf(src, sizeof src, "%s/model.safetensors", fx);
-  snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
-  if (!drop) return ok && symlink(src, dst) == 0;
-  moe_st *f = NULL;
-  moe_st_writer *w = NULL;
-  ok = ok && moe_st_open(&f, src) == MOE_OK && moe_st_writer_new(&w) == MOE_OK;
-  for (int i = 0; ok && i < moe_st_count(f); i++) {
-    moe_tensor_view t;
-    ok = moe_st_at(f, i, &t) == MOE_OK;
-    if (ok && strcmp(t.name, drop)) ok = moe_st_writer_add(w, t.name, t.dtype, t.ndim, t.shape, t.data) == MOE_OK;
-  }
-  ok = ok && moe_st_writer_save(w, dst) == MOE_OK;
-  moe_st_writer_free(w);
-  moe_st_close(f);
-  return ok;
 }
 
 /* Fields the loader does not understand, values it does not implement, sizes the weights do not have
@@ -251,9 +199,10 @@ TEST(lm_families_bad_configs_name_file_and_field) {
        "model.layers.0.self_attn.v_proj.bias"},
       {"qwen2_moe", "vocab_size", "48", "model.layers.2.mlp.shared_expert_gate.weight", MOE_ERR_MISSING,
        "model.layers.2.mlp.shared_expert_gate.weight"},
-      {"gpt_oss", "rope_scaling", NULL, NULL, MOE_ERR_FORMAT, "no \"rope_scaling\": gpt_oss's default is YaRN"},
-      {"gpt_oss", "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 32.0, \"truncate\": false}", NULL,
-       MOE_ERR_FORMAT, "\"rope_scaling\" of type yarn is not supported"},
+      {"gpt_oss", "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 32.0, \"attention_factor\": 2}", NULL,
+       MOE_ERR_FORMAT, "\"rope_scaling\" field \"attention_factor\" is not supported for yarn"},
+      {"gpt_oss", "rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 2}", NULL, MOE_ERR_FORMAT,
+       "\"rope_scaling\" of type linear is not supported"},
       {"gpt_oss", "output_router_logits", "true", NULL, MOE_ERR_FORMAT, "\"output_router_logits\" true is not supported"},
       {"gpt_oss", "layer_types", "[\"sliding_attention\"]", NULL, MOE_ERR_FORMAT,
        "\"layer_types\" must be a list of \"num_hidden_layers\" 3 entries"},
@@ -279,7 +228,7 @@ TEST(lm_families_bad_configs_name_file_and_field) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char dir[512];
-    ASSERT(patched(cases[i].family, cases[i].field, cases[i].value, cases[i].drop, dir, sizeof dir));
+    ASSERT(lm_patched(cases[i].family, cases[i].field, cases[i].value, cases[i].drop, dir, sizeof dir));
     moe_lm_t m;
     moe_status st = moe_lm_load(&m, dir, NULL);
     const char *err = moe_last_error();
@@ -297,38 +246,48 @@ TEST(lm_families_bad_configs_name_file_and_field) {
 TEST(lm_families_config_layer_kinds_and_ignored_fields) {
   char dir[512];
   moe_lm_config c;
-  ASSERT(patched("qwen3_moe", "decoder_sparse_step", "2", NULL, dir, sizeof dir));
+  ASSERT(lm_patched("qwen3_moe", "decoder_sparse_step", "2", NULL, dir, sizeof dir));
   ASSERT_OK(moe_lm_read_config(dir, &c)); /* mlp_only_layers [0]: 0 dense, 1 MoE, 2 dense by the step */
   ASSERT(moe_lm_layer_dense(&c, 0) && !moe_lm_layer_dense(&c, 1) && moe_lm_layer_dense(&c, 2));
   ASSERT(c.family == MOE_LM_QWEN3_MOE && c.qk_norm == MOE_QK_NORM_HEAD && c.head_dim == 8 && c.dense_H == 28);
   ASSERT(c.moe.normalize_topk == 1 && c.moe.H == 12 && c.moe.E == 4);
-  ASSERT(patched("qwen2_moe", "model_type", NULL, NULL, dir, sizeof dir)); /* the architecture decides */
+  ASSERT(lm_patched("qwen2_moe", "model_type", NULL, NULL, dir, sizeof dir)); /* the architecture decides */
   ASSERT_OK(moe_lm_read_config(dir, &c));
   ASSERT(c.family == MOE_LM_QWEN2_MOE && c.qkv_bias && c.moe.shared_H == 20 && c.moe.shared_gate);
   ASSERT(moe_lm_layer_dense(&c, 1) && !moe_lm_layer_dense(&c, 0) && c.moe.normalize_topk == 0);
   ASSERT(c.sliding_window == 0); /* 4096 in the file, but use_sliding_window is false */
-  ASSERT(patched("olmoe", "router_z_loss_coef", "0.001", NULL, dir, sizeof dir));
+  ASSERT(lm_patched("olmoe", "router_z_loss_coef", "0.001", NULL, dir, sizeof dir));
   ASSERT_OK(moe_lm_read_config(dir, &c));
   ASSERT(c.family == MOE_LM_OLMOE && c.qk_norm == MOE_QK_NORM_FULL && c.clip_qkv == 1.25f && c.head_dim == 8);
-  ASSERT(patched("olmoe", "rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 500000.0}", NULL, dir,
+  ASSERT(lm_patched("olmoe", "rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 500000.0}", NULL, dir,
                  sizeof dir));
   ASSERT_OK(moe_lm_read_config(dir, &c));
   ASSERT(c.rope_theta == 500000.0f);
   /* gpt-oss: layer_types absent is transformers' alternation (even layers sliding), sliding_window absent 128 */
-  ASSERT(patched("gpt_oss", "layer_types", NULL, NULL, dir, sizeof dir));
+  ASSERT(lm_patched("gpt_oss", "layer_types", NULL, NULL, dir, sizeof dir));
   ASSERT_OK(moe_lm_read_config(dir, &c));
   ASSERT(c.family == MOE_LM_GPT_OSS && c.sliding_window == 4 && c.full_layers[0] == 2 && c.attn_sinks && c.o_bias);
   ASSERT(c.moe.act == MOE_ACT_SWIGLU_OAI && c.moe.swiglu_limit == 1.5f && c.moe.swiglu_alpha == 1.702f && c.head_dim == 12);
   ASSERT(c.aux_coef == 0 && c.moe.gate_bias && c.moe.expert_bias && c.moe.normalize_topk == 1);
-  ASSERT(patched("gpt_oss", "sliding_window", NULL, NULL, dir, sizeof dir));
+  ASSERT(lm_patched("gpt_oss", "sliding_window", NULL, NULL, dir, sizeof dir));
   ASSERT_OK(moe_lm_read_config(dir, &c));
   ASSERT(c.sliding_window == 128 && c.full_layers[0] == 2); /* the fixture's layer_types: 1 full */
-  ASSERT(patched("gpt_oss", "sliding_window", "null", NULL, dir, sizeof dir));
+  ASSERT(lm_patched("gpt_oss", "sliding_window", "null", NULL, dir, sizeof dir));
   ASSERT_OK(moe_lm_read_config(dir, &c));
   ASSERT(c.sliding_window == 0 && c.full_layers[0] == 0); /* no window: every layer full */
-  ASSERT(patched("gpt_oss", "attention_bias", "false", NULL, dir, sizeof dir));
+  ASSERT(lm_patched("gpt_oss", "attention_bias", "false", NULL, dir, sizeof dir));
   ASSERT_OK(moe_lm_read_config(dir, &c));
   ASSERT(!c.qkv_bias && !c.o_bias);
+  /* gpt-oss's YaRN: the released configs' rope_scaling, and GptOssConfig's default when it is absent */
+  ASSERT(lm_patched("gpt_oss", "rope_scaling", "{\"beta_fast\": 32.0, \"beta_slow\": 1.0, \"factor\": 32.0, "
+                    "\"original_max_position_embeddings\": 4096, \"rope_type\": \"yarn\", \"truncate\": false}",
+                    NULL, dir, sizeof dir));
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  ASSERT(c.yarn.factor == 32 && c.yarn.original_max_pos == 4096 && c.yarn.beta_fast == 32 && c.yarn.beta_slow == 1 &&
+         c.yarn.mscale == 1 && c.yarn.mscale_all_dim == 0 && c.yarn.truncate == 0);
+  ASSERT(lm_patched("gpt_oss", "rope_scaling", NULL, NULL, dir, sizeof dir));
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  ASSERT(c.yarn.factor == 32 && c.yarn.original_max_pos == 4096 && c.yarn.truncate == 0);
 }
 
 /* A model built from a configuration (not a checkpoint) of each family: initialized as HF does (biases
@@ -502,7 +461,7 @@ TEST(lm_families_bf16_experts) {
     moe_lm_t m, h;
     int B, T;
     lm_case_dir(families[fi], dir, sizeof dir);
-    int32_t *t = fixture_tokens(dir, &B, &T);
+    int32_t *t = lm_fixture_tokens(dir, &B, &T);
     ASSERT(t);
     ASSERT_OK(moe_lm_read_config(dir, &c));
     ASSERT_OK(moe_lm_load(&m, dir, &c));

@@ -344,3 +344,35 @@ TEST(lm_balance_loss_forward_backward) {
   free(in64);
   ASSERT(ok);
 }
+
+/* YaRN's tables (moe__rope_tables_yarn) against its definition computed here in double: frequencies
+ * mixed between theta^(-2i/d) and that over the factor by the ramp between the correction dims, the
+ * ramp's ends floored and ceiled with truncate (DeepSeek, transformers' default) and not without it
+ * (gpt-oss), cos and sin times get_mscale(f, mscale) / get_mscale(f, mscale_all_dim). The two settings
+ * must differ here, so that the flag is seen to matter. */
+TEST(lm_rope_yarn_tables_match_definition) {
+  enum { NPOS = 40, HD = 16 };
+  float cs[2][NPOS * HD / 2], sn[NPOS * HD / 2];
+  const double theta = 10000, pi = 3.14159265358979323846;
+  for (int trunc = 0; trunc <= 1; trunc++) {
+    moe_lm_yarn y = {4.0f, 64, 32.0f, 1.0f, 1.0f, 0.5f, trunc};
+    moe__rope_tables_yarn(cs[trunc], sn, NPOS, HD, (float)theta, &y);
+    double dim_of[2], att = (0.1 * log(4.0) + 1) / (0.1 * 0.5 * log(4.0) + 1), worst = 0;
+    for (int j = 0; j < 2; j++) /* beta_fast 32, then beta_slow 1 */
+      dim_of[j] = HD * log(64 / ((j ? 1.0 : 32.0) * 2 * pi)) / (2 * log(theta));
+    double lo = trunc ? floor(dim_of[0]) : dim_of[0], hi = trunc ? ceil(dim_of[1]) : dim_of[1];
+    lo = fmax(lo, 0), hi = fmin(hi, HD - 1);
+    for (int i = 0; i < HD / 2; i++) {
+      double base = pow(theta, 2.0 * i / HD), ramp = fmin(fmax((i - lo) / (hi - lo), 0), 1);
+      double inv = ramp / (4.0 * base) + (1 - ramp) / base;
+      for (int p = 0; p < NPOS; p++) {
+        worst = fmax(worst, fabs(cs[trunc][p * HD / 2 + i] - cos(p * inv) * att));
+        worst = fmax(worst, fabs(sn[p * HD / 2 + i] - sin(p * inv) * att));
+      }
+    }
+    if (worst > 2e-5) FAIL_("yarn tables (truncate %d) differ from the definition by %g", trunc, worst);
+  }
+  double diff = 0;
+  for (int i = 0; i < NPOS * HD / 2; i++) diff = fmax(diff, fabs(cs[0][i] - cs[1][i]));
+  ASSERT(diff > 1e-3);
+}

@@ -146,3 +146,58 @@ TEST(open_routing_layer_file_round_trip) {
   moe_layer_free(&a);
   moe_layer_free(&b);
 }
+
+/* DeepSeek-V3's sequence-wise balance loss: its config errors (negative alpha or seq_len, hierarchical
+ * experts), a forward whose tokens are not whole sequences, a layer file keeping seq_aux_alpha and seq_len,
+ * and the loss's invariances: permuting the tokens inside a sequence leaves it, as sum_i f_i P_i is a
+ * sum over each sequence's tokens. */
+TEST(open_routing_seq_aux_loss) {
+  moe_layer_config c;
+  for (int what = 0; what < 3; what++) {
+    open_config(&c);
+    c.seq_aux_alpha = what == 0 ? -0.1f : 0.1f;
+    c.seq_len = what == 1 ? -4 : 4;
+    if (what == 2) c.inner_experts = 2, c.inner_top_k = 1;
+    moe_layer_t l;
+    ASSERT_STATUS(moe_layer_init(&l, &c), MOE_ERR_ARG);
+    ASSERT(strstr(moe_last_error(), "seq_aux_alpha") != NULL);
+  }
+  open_config(&c);
+  c.seq_aux_alpha = 0.5f;
+  c.seq_len = 4;
+  moe_layer_t a, b;
+  ASSERT_OK(moe_layer_init(&a, &c));
+  moe_layer_init_params(&a, 9);
+  enum { T = 8 };
+  float x[T * 8], xp[T * 8], y[T * 8];
+  fill(x, T * 8, 17, 1.0f);
+  moe_layer_stats s1, s2;
+  ASSERT_STATUS(moe_layer_forward(&a, x, 6, y, NULL, &s1), MOE_ERR_ARG); /* 6 tokens, sequences of 4 */
+  ASSERT(strstr(moe_last_error(), "seq_len 4") != NULL);
+  ASSERT_OK(moe_layer_forward(&a, x, T, y, NULL, &s1));
+  memcpy(xp, x, sizeof x); /* tokens 0 and 3 swapped: the same sequences */
+  memcpy(xp, x + 3 * 8, 8 * 4);
+  memcpy(xp + 3 * 8, x, 8 * 4);
+  ASSERT_OK(moe_layer_forward(&a, xp, T, y, NULL, &s2));
+  ASSERT(s1.seq_aux_loss > 0);
+  ASSERT_NEAR(s2.seq_aux_loss, s1.seq_aux_loss, 1e-6);
+  memcpy(xp, x, sizeof x); /* tokens 0 and 4 swapped: other sequences */
+  memcpy(xp, x + 4 * 8, 8 * 4);
+  memcpy(xp + 4 * 8, x, 8 * 4);
+  ASSERT_OK(moe_layer_forward(&a, xp, T, y, NULL, &s2));
+  ASSERT(fabs(s2.seq_aux_loss - s1.seq_aux_loss) > 1e-6);
+  char path[512];
+  test_tmp_path("seq_aux.safetensors", path, sizeof path);
+  moe_st_writer *w;
+  ASSERT_OK(moe_st_writer_new(&w));
+  ASSERT_OK(moe_layer_save_params(&a, w));
+  ASSERT_OK(moe_st_writer_save(w, path));
+  moe_st_writer_free(w);
+  moe_st *f;
+  ASSERT_OK(moe_st_open(&f, path));
+  ASSERT_OK(moe_layer_load(&b, f, NULL));
+  moe_st_close(f);
+  ASSERT(b.cfg.seq_aux_alpha == 0.5f && b.cfg.seq_len == 4);
+  moe_layer_free(&a);
+  moe_layer_free(&b);
+}

@@ -14,7 +14,7 @@ class LayerConfig(C.Structure):
                 ("parallel_r", _i), ("replica_slots", _i), ("a2a_auto", _i),
                 ("score", _i), ("select_bias", _i), ("n_group", _i), ("topk_group", _i),
                 ("group_score", _i), ("routed_scale", _f), ("shared_H", _i), ("shared_gate", _i),
-                ("swiglu_alpha", _f), ("swiglu_limit", _f)]
+                ("swiglu_alpha", _f), ("swiglu_limit", _f), ("seq_aux_alpha", _f), ("seq_len", _i)]
 
 
 class ParamInfo(C.Structure):
@@ -38,7 +38,7 @@ class LayerStats(C.Structure):
                 ("expert_counts", C.POINTER(C.c_int32)), ("experts", C.POINTER(C.c_int32)),
                 ("weights", C.POINTER(_f)), ("fresh", C.POINTER(C.c_int32)), ("router_overlapped", _i),
                 ("pipeline", _i), ("pipeline_trial", _i), ("memory_reuse", _i),
-                ("router_seconds", C.c_double)]
+                ("router_seconds", C.c_double), ("seq_aux_loss", _f)]
 
 
 class LayerOverrides(C.Structure):
@@ -87,12 +87,23 @@ class Dataset(C.Structure):
                 ("labels", C.POINTER(C.c_uint8))]
 
 
+class LMYarn(C.Structure):
+    _fields_ = [("factor", _f), ("original_max_pos", _i), ("beta_fast", _f), ("beta_slow", _f), ("mscale", _f),
+                ("mscale_all_dim", _f), ("truncate", _i)]
+
+
+class LMMla(C.Structure):
+    _fields_ = [("kv_lora_rank", _i), ("q_lora_rank", _i), ("qk_nope_dim", _i), ("v_head_dim", _i),
+                ("rope_interleave", _i)]
+
+
 class LMConfig(C.Structure):
     _fields_ = [("vocab", _i), ("n_layers", _i), ("n_heads", _i), ("n_kv_heads", _i), ("head_dim", _i),
                 ("max_seq", _i), ("rope_theta", _f), ("rms_eps", _f), ("aux_coef", _f), ("tie_embeddings", _i),
                 ("sliding_window", _i), ("moe", LayerConfig), ("family", _i), ("qkv_bias", _i), ("qk_norm", _i),
                 ("clip_qkv", _f), ("dense_H", _i), ("dense_layers", C.c_uint8 * (1024 // 8)),
-                ("o_bias", _i), ("attn_sinks", _i), ("full_layers", C.c_uint8 * (1024 // 8))]
+                ("o_bias", _i), ("attn_sinks", _i), ("full_layers", C.c_uint8 * (1024 // 8)), ("yarn", LMYarn),
+                ("mla", LMMla)]
 
 
 class LM(C.Structure):

@@ -39,6 +39,7 @@ class LayerStats:
     weights: np.ndarray      # (T, k) combine weights
     fresh: np.ndarray        # (T, k) the router's own top-k (differs from experts under caching)
     router_overlapped: bool
+    seq_aux_loss: float = 0.0  # seq_aux_alpha > 0: DeepSeek-V3's sequence-wise balance loss, alpha included
 
     @classmethod
     def from_c(cls, st, T, k, E, owner):
@@ -46,7 +47,7 @@ class LayerStats:
             return view(p, shape, owner, ctype).copy() if p else np.zeros(shape, np.dtype(ctype))
         return cls(float(st.aux_loss), float(st.z_loss), int(st.capacity), int(st.dropped),
                    copy(st.expert_counts, (E,)), copy(st.experts, (T, k)), copy(st.weights, (T, k), C.c_float),
-                   copy(st.fresh, (T, k)), bool(st.router_overlapped))
+                   copy(st.fresh, (T, k)), bool(st.router_overlapped), float(st.seq_aux_loss))
 
 
 def tensors(layer, owner, prefix=""):
@@ -70,7 +71,9 @@ class Layer(Owner):
     "cosine"), proj_dim, gate_bias, expert_bias, threads (0 = all cores), inner_experts, inner_top_k,
     dtype ("f32", "bf16": the experts' GEMMs), and the routing of open models: score ("softmax",
     "sigmoid"), select_bias, n_group, topk_group, group_score ("max", "top2_sum"), routed_scale, shared_H,
-    shared_gate. Unset fields take moe_layer_config_default's values.
+    shared_gate, seq_aux_alpha and seq_len (DeepSeek-V3's sequence-wise balance loss: stats.seq_aux_loss,
+    which backward differentiates along with the output). Unset fields take moe_layer_config_default's
+    values.
 
     params / grads: {name: numpy float32 array} views of the layer's own memory (no copy): writing a
     parameter changes the layer (call params_changed() afterwards for a bf16 layer). backward adds into

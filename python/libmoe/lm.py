@@ -1,4 +1,4 @@
-"""The language model (moe_lm_t: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE checkpoints in Hugging Face's
+"""The language model (moe_lm_t: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2/V3 checkpoints in Hugging Face's
 layout) and the continuous-batching engine (moe_engine) from Python, with numpy arrays in and out.
 LM.generate runs the loop `moe generate` runs (the prompt through the KV cache, then moe_lm_sample one
 token at a time from the request's splitmix64 generator), so the same seed gives the same tokens."""
@@ -68,7 +68,8 @@ class LM(Owner):
 
     vocab = property(lambda self: self._c.cfg.vocab)
     max_seq = property(lambda self: self._c.cfg.max_seq)
-    family = property(lambda self: ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")[self._c.cfg.family])
+    family = property(lambda self: ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v2",
+                                    "deepseek_v3")[self._c.cfg.family])
 
     def logits(self, tokens):
         """(B, T, vocab) float32 logits of a full forward of tokens (B, T) (or (T,))."""

@@ -53,7 +53,7 @@ def layer_options(c):
                 score=c["score"], select_bias=c["select_bias"], n_group=c["n_group"], topk_group=c["topk_group"],
                 group_score=c["group_score"], routed_scale=float(c["routed_scale"]), shared_H=c["shared_H"],
                 shared_gate=c["shared_gate"], swiglu_alpha=float(c["swiglu_alpha"]),
-                swiglu_limit=float(c["swiglu_limit"]))
+                swiglu_limit=float(c["swiglu_limit"]), seq_aux_alpha=float(c["seq_aux_alpha"]), seq_len=c["seq_len"])
 
 
 def raises(test, name, fn, *args, contains=None, **kw):

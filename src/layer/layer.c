@@ -92,6 +92,11 @@ static moe_status check_routing(const moe_layer_config *c) {
   MOE_TRY(c->shared_H >= 0, MOE_ERR_ARG, "config: shared_H must be >= 0, got %d", c->shared_H);
   MOE_TRY(c->shared_gate == 0 || (c->shared_gate == 1 && c->shared_H > 0), MOE_ERR_ARG,
           "config: shared_gate %d needs shared experts (shared_H > 0, got %d)", c->shared_gate, c->shared_H);
+  MOE_TRY(c->seq_aux_alpha >= 0 && isfinite(c->seq_aux_alpha) && c->seq_len >= 0, MOE_ERR_ARG,
+          "config: seq_aux_alpha must be finite and >= 0 and seq_len >= 0, got %g and %d", (double)c->seq_aux_alpha,
+          c->seq_len);
+  MOE_TRY(c->seq_aux_alpha == 0 || (!c->dist && !c->inner_experts && !c->external_experts), MOE_ERR_ARG,
+          "config: seq_aux_alpha (the sequence-wise balance loss) is for one process's FFN experts");
   if (!c->n_group) return MOE_OK;
   MOE_TRY(c->n_group > 0 && c->n_group <= MOE__MAX_GROUPS && c->E % c->n_group == 0, MOE_ERR_ARG,
           "config: n_group must divide E=%d and be in [1, %d], got %d", c->E, MOE__MAX_GROUPS, c->n_group);
@@ -617,6 +622,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
     if (s->src->losses) s->src->losses(s->src_self, &aux, &z);
     stats->aux_loss = aux;
     stats->z_loss = z;
+    stats->seq_aux_loss = s->r.seq_aux;
     stats->capacity = p->C;
     stats->dropped = p->dropped;
     stats->expert_counts = p->stat_counts;

@@ -28,6 +28,7 @@ size_t moe__router_bytes(const moe_layer_config *cfg, int T, int k) {
   b += 6 * moe__arena_size(tk * 4);                /* top_e, top_p, top_w, row, dw, fresh */
   b += 6 * moe__arena_size((E + 1) * 4);           /* counts, kept, offs, fill, frac1, cap */
   if (own_choice(cfg)) b += moe__arena_size(t * E * 4); /* choice values */
+  if (cfg->seq_aux_alpha > 0) b += moe__arena_size(t * E * 4); /* the sequences' f (S <= T) */
   if (cfg->router == MOE_ROUTER_COSINE)            /* proj, dproj, norms, emb, demb */
     b += 2 * moe__arena_size(t * P * 4) + moe__arena_size(t * 4) + 2 * moe__arena_size(E * P * 4) +
          moe__arena_size(E * 4);
@@ -174,6 +175,16 @@ moe_status moe__router_begin(const moe_layer_config *cfg, const moe__weights *w,
   p->cap = moe__arena_alloc(a, (size_t)(E + 1) * 4);
   r->acc = moe__arena_alloc(a, (size_t)(gate_chunks(T) + 1) * (2 * E + 2) * sizeof(double));
   r->choice = own_choice(cfg) ? moe__arena_alloc(a, te * 4) : NULL;
+  r->seq_aux = 0;
+  r->seq_f = NULL;
+  if (cfg->seq_aux_alpha > 0) {
+    r->seq_len = cfg->seq_len ? cfg->seq_len : T;
+    MOE_TRY(T % r->seq_len == 0, MOE_ERR_ARG, "layer forward: %d tokens are not whole sequences of seq_len %d", T,
+            cfg->seq_len);
+    r->seq_n = T / r->seq_len;
+    r->seq_f = moe__arena_alloc(a, te * 4);
+    MOE_TRY(r->seq_f || !T, MOE_ERR_STATE, "internal: router workspace too small");
+  }
   if (cfg->router == MOE_ROUTER_COSINE) {
     r->proj = moe__arena_alloc(a, (size_t)T * P * 4);
     r->proj_norm = moe__arena_alloc(a, (size_t)T * 4);
@@ -236,6 +247,30 @@ static void gate_rows(void *job, int c) {
   }
 }
 
+/* DeepSeek-V3's sequence-wise balance loss: per sequence f_i = E / (k T_s) x its tokens choosing i and
+ * P_i = mean of its tokens' scores normalized per token; alpha times the mean over the sequences of
+ * sum_i f_i P_i. Serial, in token order: the bits do not depend on the threads. */
+static void seq_aux_forward(const moe_layer_config *cfg, moe__router *r, const moe__plan *p) {
+  int E = cfg->E, k = p->k, L = r->seq_len;
+  double total = 0;
+  for (int s = 0; s < r->seq_n; s++) {
+    float *f = r->seq_f + (size_t)s * E;
+    memset(f, 0, (size_t)E * sizeof *f);
+    for (int t = s * L; t < (s + 1) * L; t++)
+      for (int j = 0; j < k; j++) f[p->top_e[(size_t)t * k + j]] += 1;
+    for (int e = 0; e < E; e++) f[e] *= (float)E / ((float)k * (float)L);
+    double sum = 0;
+    for (int t = s * L; t < (s + 1) * L; t++) {
+      const float *pr = r->probs + (size_t)t * E;
+      double ss = 0, dot = 0;
+      for (int e = 0; e < E; e++) ss += pr[e], dot += (double)f[e] * pr[e];
+      sum += dot / ss;
+    }
+    total += sum / L;
+  }
+  r->seq_aux = (float)(cfg->seq_aux_alpha * total / r->seq_n);
+}
+
 moe_status moe__router_end(const moe_layer_config *cfg, moe__router *r, const moe__plan *p) {
   int E = cfg->E, E2 = 2 * E + 2, T = p->T;
   /* the losses from the chunks' sums in chunk order (the bits do not depend on the thread count),
@@ -254,6 +289,7 @@ moe_status moe__router_end(const moe_layer_config *cfg, moe__router *r, const mo
   }
   r->aux = (float)(E * aux);
   r->z = Tg > 0 ? (float)(acc[2 * E + 1] / Tg) : 0.0f;
+  if (r->seq_f) seq_aux_forward(cfg, r, p);
   return MOE_OK;
 }
 
@@ -286,6 +322,11 @@ moe_status moe__router_backward(const moe_layer_config *cfg, const moe__weights 
       ss = (float)s;
     }
     for (int e = 0; e < E; e++) g[e] = daux * E * r->frac1[e] / (float)r->Tg;
+    if (r->seq_f) { /* the sequence-wise loss: alpha f_{s,e} / (S T_s) on the normalized scores */
+      const float *f = r->seq_f + (size_t)(t / r->seq_len) * E;
+      float c = cfg->seq_aux_alpha / ((float)r->seq_n * (float)r->seq_len);
+      for (int e = 0; e < E; e++) g[e] += c * f[e];
+    }
     if (sig) { /* through q = p / ss */
       for (int e = 0; e < E; e++) dot += g[e] * p[e] / ss;
       for (int e = 0; e < E; e++) g[e] = (g[e] - dot) / ss;

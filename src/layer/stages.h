@@ -42,6 +42,9 @@ typedef struct {
   double *acc;      /* (chunks + 1, 2 E + 2) the losses' sums: total, then each router chunk's */
   double Tg;        /* tokens over all ranks */
   float aux, z;
+  float *seq_f;     /* seq_aux_alpha > 0: (S, E) each sequence's f_i, for backward */
+  int seq_n, seq_len; /* its S sequences of seq_len tokens */
+  float seq_aux;    /* alpha times the loss */
 } moe__router;
 
 /* The router's rows for one forward, as side work (moe__gemm_run_side): the job is their context. */

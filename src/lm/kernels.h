@@ -36,6 +36,20 @@ void moe__rope_tables(float *cos_t, float *sin_t, int npos, int hd, float theta)
 void moe__rope_apply(float *x, int ld, int B, int T, int heads, int hd, int pos0, const float *cos_t,
                      const float *sin_t, int inverse, int nt);
 
+/* get_mscale of YaRN (moe.h moe_lm_yarn): 0.1 m ln(scale) + 1, or 1 when scale <= 1. */
+float moe__yarn_mscale(float scale, float m);
+/* As moe__rope_tables with YaRN's frequencies, cos and sin times its attention factor (moe_lm_yarn). */
+void moe__rope_tables_yarn(float *cos_t, float *sin_t, int npos, int hd, float theta, const moe_lm_yarn *y);
+/* Where moe__rope_rotate turns: in each row (ld floats) `heads` spans of hd floats, the first at off and
+ * each `stride` after the last; interleave pairs dimensions 2i and 2i + 1 (DeepSeek's checkpoints, the
+ * same dot products as transformers' permute-then-rotate_half), else i and i + hd/2. */
+typedef struct {
+  int ld, heads, stride, off, hd, interleave;
+} moe__rope_span;
+/* moe__rope_apply over the spans sp of x (B, T, ld). */
+void moe__rope_rotate(const moe__rope_span *sp, float *x, int B, int T, int pos0, const float *cos_t,
+                      const float *sin_t, int inverse, int nt);
+
 /* Causal grouped-query attention. q (B, Tq, nh * hd) with rows ldq floats apart; k, v (B, *, nkv * hd)
  * with rows ldkv and batches kv_bs floats apart (q, k and v may be one fused (B, T, qd + 2 kvd) buffer);
  * query t of batch b sits at position pos0 + t and sees keys [0, pos0 + t], or with window > 0 the last

@@ -15,6 +15,10 @@ static const moe__lm_family_info families[] = {
                       {"gate_proj", "up_proj", "down_proj"}, {0, 2, 1}},
     [MOE_LM_GPT_OSS] = {"gpt_oss", "GptOssForCausalLM", "num_local_experts", "intermediate_size", "mlp", "router",
                         {"", "", ""}, {0, 1, 2}},
+    [MOE_LM_DEEPSEEK_V2] = {"deepseek_v2", "DeepseekV2ForCausalLM", "n_routed_experts", "moe_intermediate_size", "mlp",
+                            "gate", {"gate_proj", "up_proj", "down_proj"}, {0, 2, 1}},
+    [MOE_LM_DEEPSEEK_V3] = {"deepseek_v3", "DeepseekV3ForCausalLM", "n_routed_experts", "moe_intermediate_size", "mlp",
+                            "gate", {"gate_proj", "up_proj", "down_proj"}, {0, 2, 1}},
 };
 
 const moe__lm_family_info *moe__lm_family(moe_lm_family f) {
@@ -42,4 +46,18 @@ int moe__lm_moe_layers(const moe_lm_config *c) {
   int n = 0;
   for (int i = 0; i < c->n_layers; i++) n += !moe_lm_layer_dense(c, i);
   return n;
+}
+
+int moe__lm_deepseek_layers(const moe_lm_config *c, int *first_k, int *freq) {
+  int k = 0;
+  while (k < c->n_layers && moe_lm_layer_dense(c, k)) k++;
+  for (int f = 1; f <= c->n_layers; f++) {
+    int same = 1;
+    for (int i = 0; i < c->n_layers && same; i++) same = moe_lm_layer_dense(c, i) == !(i >= k && i % f == 0);
+    if (same) {
+      *first_k = k, *freq = f;
+      return 1;
+    }
+  }
+  return 0;
 }

@@ -22,6 +22,10 @@ const moe__lm_family_info *moe__lm_family(moe_lm_family f);
  * then *e = e and *j = j. */
 int moe__lm_expert_of(moe_lm_family f, const char *name, int *e, int *j);
 
+/* DeepSeek's layer kinds: layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0.
+ * Whether c's dense layers are such a pattern, and then its two numbers (the smallest freq). */
+int moe__lm_deepseek_layers(const moe_lm_config *c, int *first_k, int *freq);
+
 /* The MoE layers of c (the others dense). */
 int moe__lm_moe_layers(const moe_lm_config *c);
 

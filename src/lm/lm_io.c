@@ -28,8 +28,8 @@ static moe_status get_int(const char *path, const cJSON *root, const char *key, 
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
   MOE_TRY(v || !required, MOE_ERR_MISSING, "%s: no \"%s\"", path, key);
   if (!v || cJSON_IsNull(v)) return MOE_OK;
-  MOE_TRY(cJSON_IsNumber(v) && v->valuedouble == (int)v->valuedouble && v->valuedouble > 0 &&
-              v->valuedouble <= INT32_MAX,
+  MOE_TRY(cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble <= INT32_MAX && /* in range before the cast */
+              v->valuedouble == (int)v->valuedouble,
           MOE_ERR_FORMAT, "%s: \"%s\" must be a positive integer", path, key);
   *out = (int)v->valuedouble;
   return MOE_OK;
@@ -76,8 +76,18 @@ static const char *const common_fields[] = {
     "rms_norm_eps", "tie_word_embeddings", "router_aux_loss_coef", "output_router_logits", "num_experts_per_tok",
     "attention_dropout", "torch_dtype", "dtype", "transformers_version", "bos_token_id", "eos_token_id",
     "pad_token_id", "use_cache", "initializer_range", "_name_or_path", NULL};
+/* DeepSeek's configuration_deepseek.py and transformers' DeepseekV2Config / DeepseekV3Config. Known and
+ * not used: aux_loss_alpha and seq_aux (DeepSeek's training-time balance loss, which neither modeling file
+ * adds at inference and transformers never adds), ep_size (its expert-parallel setting), pretraining_tp,
+ * num_nextn_predict_layers (the multi-token-prediction layers, skipped on load), auto_map. */
+#define DEEPSEEK_FIELDS                                                                                               \
+  "intermediate_size", "moe_intermediate_size", "n_routed_experts", "n_shared_experts", "routed_scaling_factor",     \
+      "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "head_dim", "topk_method", \
+      "n_group", "topk_group", "first_k_dense_replace", "moe_layer_freq", "norm_topk_prob", "scoring_func",          \
+      "aux_loss_alpha", "seq_aux", "attention_bias", "mlp_bias", "rope_interleave", "ep_size", "pretraining_tp",    \
+      "num_nextn_predict_layers", "auto_map", "quantization_config"
 /* Each family's own, as its transformers configuration class has them. */
-static const char *const family_fields[][16] = {
+static const char *const family_fields[][40] = {
     [MOE_LM_MIXTRAL] = {"intermediate_size", "head_dim", "num_local_experts", "sliding_window", "router_jitter_noise",
                         NULL},
     [MOE_LM_QWEN2_MOE] = {"intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
@@ -93,6 +103,8 @@ static const char *const family_fields[][16] = {
     [MOE_LM_GPT_OSS] = {"intermediate_size", "head_dim", "num_local_experts", "sliding_window", "layer_types",
                         "attention_bias", "swiglu_alpha", "swiglu_limit", "experts_per_token",
                         "initial_context_length", "quantization_config", NULL},
+    [MOE_LM_DEEPSEEK_V2] = {DEEPSEEK_FIELDS, NULL},
+    [MOE_LM_DEEPSEEK_V3] = {DEEPSEEK_FIELDS, NULL},
 };
 
 static int listed(const char *const *list, const char *key) {
@@ -111,7 +123,8 @@ static moe_status family_of(const char *path, const cJSON *r, moe_lm_family *out
   int found = !mt;
   for (int f = 0; mt && moe__lm_family(f); f++)
     if (!strcmp(mt->valuestring, moe__lm_family(f)->model_type)) *out = f, found = 1;
-  MOE_TRY(found, MOE_ERR_FORMAT, "%s: \"model_type\" is \"%s\", want mixtral, qwen2_moe, qwen3_moe, olmoe or gpt_oss",
+  MOE_TRY(found, MOE_ERR_FORMAT,
+          "%s: \"model_type\" is \"%s\", want mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, deepseek_v2 or deepseek_v3",
           path,
           mt->valuestring);
   cJSON_ArrayForEach(a, arch) {
@@ -128,15 +141,74 @@ static moe_status family_of(const char *path, const cJSON *r, moe_lm_family *out
   return MOE_OK;
 }
 
-/* rope_scaling null (or absent) only; rope_parameters (transformers 5) of rope_type default, whose
- * rope_theta counts. */
+static int is_deepseek(moe_lm_family f) { return f == MOE_LM_DEEPSEEK_V2 || f == MOE_LM_DEEPSEEK_V3; }
+
+/* A count field that may be 0: absent or null leaves *out as it is. */
+static moe_status get_count(const char *path, const cJSON *root, const char *key, int *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+  if (!v || cJSON_IsNull(v)) return MOE_OK;
+  MOE_TRY(cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= INT32_MAX &&
+              v->valuedouble == (int)v->valuedouble,
+          MOE_ERR_FORMAT, "%s: \"%s\" must be a non-negative integer", path, key);
+  *out = (int)v->valuedouble;
+  return MOE_OK;
+}
+
+/* A string field, one of `names` (NULL-terminated): its index in *out; absent leaves *out. */
+static moe_status get_choice(const char *path, const cJSON *root, const char *key, const char *const *names,
+                             int *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+  if (!v) return MOE_OK;
+  for (int i = 0; cJSON_IsString(v) && names[i]; i++)
+    if (!strcmp(v->valuestring, names[i])) {
+      *out = i;
+      return MOE_OK;
+    }
+  MOE_TRY(0, MOE_ERR_FORMAT, "%s: \"%s\" %s is not supported", path, key,
+          cJSON_IsString(v) ? v->valuestring : "(not a string)");
+}
+
+/* rope_scaling of type yarn (DeepSeek's, gpt-oss's): its fields into c->yarn, with transformers' and
+ * DeepseekV2YarnRotaryEmbedding's defaults; a field it does not have is an error naming it. */
+static moe_status read_yarn(const char *path, const cJSON *rs, moe_lm_config *c) {
+  static const char *const known[] = {"type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast",
+                                      "beta_slow", "mscale", "mscale_all_dim", "truncate", NULL};
+  const cJSON *it;
+  cJSON_ArrayForEach(it, rs) {
+    MOE_TRY(listed(known, it->string), MOE_ERR_FORMAT, "%s: \"rope_scaling\" field \"%s\" is not supported for yarn",
+            path, it->string);
+  }
+  moe_lm_yarn y = {0, 4096, 32, 1, 1, 0, 1};
+  MOE_TRY(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(rs, "factor")), MOE_ERR_FORMAT,
+          "%s: \"rope_scaling\" of type yarn needs a number \"factor\"", path);
+  MOE_CHECK(get_float(path, rs, "factor", &y.factor));
+  MOE_CHECK(get_int(path, rs, "original_max_position_embeddings", 0, &y.original_max_pos));
+  MOE_CHECK(get_float(path, rs, "beta_fast", &y.beta_fast));
+  MOE_CHECK(get_float(path, rs, "beta_slow", &y.beta_slow));
+  MOE_CHECK(get_float(path, rs, "mscale", &y.mscale));
+  MOE_CHECK(get_float(path, rs, "mscale_all_dim", &y.mscale_all_dim));
+  MOE_CHECK(get_bool(path, rs, "truncate", &y.truncate));
+  MOE_TRY(y.factor >= 1 && y.beta_fast > 0 && y.beta_slow > 0, MOE_ERR_FORMAT,
+          "%s: \"rope_scaling\" yarn wants factor >= 1 and positive betas, got factor %g, beta_fast %g, beta_slow %g",
+          path, (double)y.factor, (double)y.beta_fast, (double)y.beta_slow);
+  c->yarn = y;
+  return MOE_OK;
+}
+
+/* rope_scaling null (or absent), or yarn for the DeepSeek families and gpt-oss (whose config's default is
+ * GptOssConfig's YaRN: factor 32 over 4096 positions, betas 32 and 1, truncate false); rope_parameters
+ * (transformers 5) of rope_type default, whose rope_theta counts. */
 static moe_status read_rope(const char *path, const cJSON *r, moe_lm_config *c) {
   const cJSON *rs = cJSON_GetObjectItemCaseSensitive(r, "rope_scaling"), *ty = NULL;
-  MOE_TRY(c->family != MOE_LM_GPT_OSS || rs || cJSON_GetObjectItemCaseSensitive(r, "rope_parameters"), MOE_ERR_FORMAT,
-          "%s: no \"rope_scaling\": gpt_oss's default is YaRN, which is not supported (\"rope_scaling\": null "
-          "for plain rotary embeddings)", path);
+  int oss = c->family == MOE_LM_GPT_OSS;
+  if (oss && !rs && !cJSON_GetObjectItemCaseSensitive(r, "rope_parameters")) {
+    c->yarn = (moe_lm_yarn){32, 4096, 32, 1, 1, 0, 0};
+    return MOE_OK;
+  }
   if (cJSON_IsObject(rs) && !cJSON_IsString(ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type")))
     ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
+  if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "yarn") && (is_deepseek(c->family) || oss))
+    return read_yarn(path, rs, c);
   MOE_TRY(!rs || cJSON_IsNull(rs), MOE_ERR_FORMAT, "%s: \"rope_scaling\" of type %s is not supported (only null)",
           path, cJSON_IsString(ty) ? ty->valuestring : "(none given)");
   const cJSON *rp = cJSON_GetObjectItemCaseSensitive(r, "rope_parameters"), *it;
@@ -167,8 +239,8 @@ static moe_status read_layer_kinds(const char *path, const cJSON *r, moe_lm_conf
   for (int i = 0; i < c->n_layers; i++)
     if ((i + 1) % step) c->dense_layers[i / 8] |= (uint8_t)(1u << (i % 8));
   cJSON_ArrayForEach(it, only) {
-    MOE_TRY(cJSON_IsNumber(it) && it->valuedouble == (int)it->valuedouble && it->valuedouble >= 0 &&
-                it->valuedouble < c->n_layers,
+    MOE_TRY(cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble < c->n_layers &&
+                it->valuedouble == (int)it->valuedouble,
             MOE_ERR_FORMAT, "%s: \"mlp_only_layers\" entry %g is not a layer in [0, %d)", path, it->valuedouble,
             c->n_layers);
     int i = (int)it->valuedouble;
@@ -221,11 +293,84 @@ static moe_status read_gpt_oss(const char *path, const cJSON *r, moe_lm_config *
   return MOE_OK;
 }
 
+/* The router of DeepSeek's MoEGate: scoring_func, topk_method (V2's greedy or group_limited_greedy, V3's
+ * noaux_tc), groups, norm_topk_prob (only for top_k > 1) and routed_scaling_factor (V2 applies it only
+ * without the normalization, V3 after it). */
+static moe_status read_deepseek_router(const char *path, const cJSON *r, moe_lm_config *c) {
+  static const char *const scores[] = {"softmax", "sigmoid", NULL},
+                           *const methods[] = {"greedy", "group_limited_greedy", "noaux_tc", "gready", NULL};
+  int v3 = c->family == MOE_LM_DEEPSEEK_V3, score = v3, method = v3 ? 2 : 0, norm = v3, n_group = v3 ? 8 : 0,
+      topk_group = v3 ? 4 : 0;
+  float rsf = v3 ? 2.5f : 1.0f;
+  MOE_CHECK(get_choice(path, r, "scoring_func", scores, &score));
+  MOE_CHECK(get_choice(path, r, "topk_method", methods, &method));
+  MOE_CHECK(get_bool(path, r, "norm_topk_prob", &norm));
+  MOE_CHECK(get_float(path, r, "routed_scaling_factor", &rsf));
+  moe_layer_config *l = &c->moe;
+  l->score = score ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
+  l->normalize_topk = norm && l->top_k > 1;
+  l->routed_scale = v3 || !l->normalize_topk ? rsf : 1.0f;
+  l->select_bias = method == 2;
+  l->group_score = method == 2 ? MOE_GROUP_TOP2_SUM : MOE_GROUP_MAX;
+  l->n_group = l->topk_group = 0;
+  if (method == 1 || method == 2) {
+    MOE_CHECK(get_int(path, r, "n_group", 0, &n_group));
+    MOE_CHECK(get_int(path, r, "topk_group", 0, &topk_group));
+    MOE_TRY(n_group > 0 && topk_group > 0, MOE_ERR_FORMAT, "%s: \"topk_method\" %s needs \"n_group\" and \"topk_group\"",
+            path, methods[method]);
+    if (n_group > 1) l->n_group = n_group, l->topk_group = topk_group; /* one group limits nothing */
+  }
+  return MOE_OK;
+}
+
+/* DeepSeek-V2/V3: the latent attention's sizes, the shared experts, the layer kinds, the router. */
+static moe_status read_deepseek(const char *path, const cJSON *r, moe_lm_config *c) {
+  static const char *const need[] = {"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                     "v_head_dim", NULL};
+  for (int i = 0; need[i]; i++)
+    MOE_TRY(cJSON_GetObjectItemCaseSensitive(r, need[i]), MOE_ERR_MISSING, "%s: no \"%s\"", path, need[i]);
+  MOE_TRY(!cJSON_GetObjectItemCaseSensitive(r, "quantization_config"), MOE_ERR_FORMAT,
+          "%s: \"quantization_config\" is not supported (FP8 block-quantized weights: convert them to BF16 first)", path);
+  MOE_CHECK(refuse_true(path, r, "attention_bias", "DeepSeek without attention biases only"));
+  MOE_CHECK(refuse_true(path, r, "mlp_bias", "DeepSeek without MLP biases only"));
+  int v3 = c->family == MOE_LM_DEEPSEEK_V3, rope = 0, shared = v3, first_k = v3 ? 3 : 0, freq = 1;
+  moe_lm_mla *a = &c->mla;
+  c->rope_theta = 10000.0f;
+  c->rms_eps = 1e-6f;
+  MOE_CHECK(get_int(path, r, "kv_lora_rank", 1, &a->kv_lora_rank));
+  MOE_CHECK(get_int(path, r, "q_lora_rank", 0, &a->q_lora_rank)); /* null: q_proj */
+  MOE_CHECK(get_int(path, r, "qk_nope_head_dim", 1, &a->qk_nope_dim));
+  MOE_CHECK(get_int(path, r, "qk_rope_head_dim", 1, &rope));
+  MOE_CHECK(get_int(path, r, "v_head_dim", 1, &a->v_head_dim));
+  MOE_TRY(!cJSON_GetObjectItemCaseSensitive(r, "head_dim") || c->head_dim == rope, MOE_ERR_FORMAT,
+          "%s: \"head_dim\" %d is not \"qk_rope_head_dim\" %d", path, c->head_dim, rope);
+  MOE_TRY(c->n_kv_heads == c->n_heads, MOE_ERR_FORMAT, "%s: \"num_key_value_heads\" %d is not \"num_attention_heads\" %d",
+          path, c->n_kv_heads, c->n_heads);
+  c->head_dim = rope;
+  a->rope_interleave = 1;
+  MOE_CHECK(get_bool(path, r, "rope_interleave", &a->rope_interleave));
+  MOE_CHECK(get_int(path, r, "intermediate_size", 0, &c->dense_H));
+  const cJSON *ns = cJSON_GetObjectItemCaseSensitive(r, "n_shared_experts");
+  if (cJSON_IsNull(ns)) shared = 0;
+  MOE_CHECK(get_count(path, r, "n_shared_experts", &shared));
+  c->moe.shared_H = shared * c->moe.H;
+  c->moe.shared_gate = 0;
+  MOE_CHECK(get_count(path, r, "first_k_dense_replace", &first_k));
+  MOE_CHECK(get_int(path, r, "moe_layer_freq", 0, &freq));
+  MOE_TRY(c->n_layers <= MOE_LM_MAX_LAYERS, MOE_ERR_FORMAT, "%s: \"num_hidden_layers\" %d is more than %d", path,
+          c->n_layers, MOE_LM_MAX_LAYERS);
+  memset(c->dense_layers, 0, sizeof c->dense_layers);
+  for (int i = 0; i < c->n_layers; i++) /* DeepseekV2DecoderLayer's choice */
+    if (!(i >= first_k && i % freq == 0)) c->dense_layers[i / 8] |= (uint8_t)(1u << (i % 8));
+  return read_deepseek_router(path, r, c);
+}
+
 static moe_status read_family(const char *path, const cJSON *r, moe_lm_config *c) {
   const moe__lm_family_info *f = moe__lm_family(c->family);
   MOE_CHECK(get_int(path, r, f->experts_key, 1, &c->moe.E));
   MOE_CHECK(get_int(path, r, f->expert_H_key, 1, &c->moe.H));
   if (c->family == MOE_LM_GPT_OSS) return read_gpt_oss(path, r, c);
+  if (is_deepseek(c->family)) return read_deepseek(path, r, c);
   if (c->family == MOE_LM_MIXTRAL) {
     MOE_CHECK(get_int(path, r, "sliding_window", 0, &c->sliding_window));
     return refuse_nonzero(path, r, "router_jitter_noise");
@@ -294,7 +439,7 @@ static moe_status read_config(const char *path, const cJSON *r, moe_lm_config *c
   MOE_CHECK(get_float(path, r, "router_aux_loss_coef", &c->aux_coef));
   int with_aux = 0;
   MOE_CHECK(get_bool(path, r, "output_router_logits", &with_aux));
-  if (!with_aux) c->aux_coef = 0; /* transformers adds the balance loss only then */
+  if (!with_aux || is_deepseek(c->family)) c->aux_coef = 0; /* transformers adds the balance loss only then */
   c->tie_embeddings = 0;
   return get_bool(path, r, "tie_word_embeddings", &c->tie_embeddings);
 }
@@ -440,32 +585,57 @@ static moe_status check_sizes(const shards *s, const char *dir, const moe_lm_con
   for (int i = 0; i < c->n_layers; i++)
     if (moe_lm_layer_dense(c, i)) first_dense = first_dense < 0 ? i : first_dense;
     else last_moe = i;
-  char names[7][128], rows[7][96];
-  int64_t nrows[7];
-#define WANT(field, count, ...)                                        \
+  char names[9][128], rows[9][96], cols[9][96];
+  int64_t nrows[9], ncols[9];
+#define WANT(field, count, cfield, ccount, ...)                        \
   do {                                                                 \
     snprintf(names[n], 128, __VA_ARGS__);                              \
     snprintf(rows[n], 96, "%s", field);                                \
-    nrows[n++] = (count);                                              \
+    snprintf(cols[n], 96, "%s", cfield);                               \
+    nrows[n] = (count);                                                \
+    ncols[n++] = (ccount);                                             \
   } while (0)
-  WANT("\"vocab_size\"", c->vocab, "model.embed_tokens.weight");
-  WANT("\"num_attention_heads\" x \"head_dim\"", c->n_heads * hd, "model.layers.%d.self_attn.q_proj.weight",
-       c->n_layers - 1);
-  WANT("\"num_key_value_heads\" x \"head_dim\"", c->n_kv_heads * hd, "model.layers.%d.self_attn.k_proj.weight",
-       c->n_layers - 1);
+static const char hidden[] = "\"hidden_size\"";
+  WANT("\"vocab_size\"", c->vocab, hidden, D, "model.embed_tokens.weight");
+  const moe_lm_mla *a = &c->mla;
+  int64_t dqk = (int64_t)c->n_heads * (a->qk_nope_dim + hd), r = a->kv_lora_rank, last = c->n_layers - 1;
+  if (r) { /* the latent attention's */
+    WANT("\"kv_lora_rank\" + \"qk_rope_head_dim\"", r + hd, hidden, D, "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight",
+         (int)last);
+    WANT("\"num_attention_heads\" x (\"qk_nope_head_dim\" + \"v_head_dim\")",
+         (int64_t)c->n_heads * (a->qk_nope_dim + a->v_head_dim), "\"kv_lora_rank\"", r,
+         "model.layers.%d.self_attn.kv_b_proj.weight", (int)last);
+    if (a->q_lora_rank) {
+      WANT("\"q_lora_rank\"", a->q_lora_rank, hidden, D, "model.layers.%d.self_attn.q_a_proj.weight", (int)last);
+      WANT("\"num_attention_heads\" x (\"qk_nope_head_dim\" + \"qk_rope_head_dim\")", dqk, "\"q_lora_rank\"",
+           a->q_lora_rank, "model.layers.%d.self_attn.q_b_proj.weight", (int)last);
+    } else {
+      WANT("\"num_attention_heads\" x (\"qk_nope_head_dim\" + \"qk_rope_head_dim\")", dqk, hidden, D,
+           "model.layers.%d.self_attn.q_proj.weight", (int)last);
+    }
+  } else {
+    WANT("\"num_attention_heads\" x \"head_dim\"", c->n_heads * hd, hidden, D, "model.layers.%d.self_attn.q_proj.weight",
+         c->n_layers - 1);
+    WANT("\"num_key_value_heads\" x \"head_dim\"", c->n_kv_heads * hd, hidden, D, "model.layers.%d.self_attn.k_proj.weight",
+         c->n_layers - 1);
+  }
   if (last_moe >= 0) {
     char key[48];
     snprintf(key, sizeof key, "\"%s\"", f->experts_key);
-    WANT(key, c->moe.E, "model.layers.%d.%s.%s.weight", last_moe, f->ffn, f->router);
+    WANT(key, c->moe.E, hidden, D, "model.layers.%d.%s.%s.weight", last_moe, f->ffn, f->router);
     snprintf(key, sizeof key, "\"%s\"", f->expert_H_key);
     if (c->family != MOE_LM_GPT_OSS) /* its fused experts: moe__gptoss_check_sizes */
-      WANT(key, c->moe.H, "model.layers.%d.%s.experts.%d.%s.weight", last_moe, f->ffn, c->moe.E - 1, f->expert[0]);
-    if (c->moe.shared_H)
-      WANT("\"shared_expert_intermediate_size\"", c->moe.shared_H, "model.layers.%d.mlp.shared_expert.gate_proj.weight",
-           last_moe);
+      WANT(key, c->moe.H, hidden, D, "model.layers.%d.%s.experts.%d.%s.weight", last_moe, f->ffn, c->moe.E - 1,
+           f->expert[0]);
+    if (c->moe.shared_H && r)
+      WANT("\"n_shared_experts\" x \"moe_intermediate_size\"", c->moe.shared_H, hidden, D,
+           "model.layers.%d.mlp.shared_experts.gate_proj.weight", last_moe);
+    else if (c->moe.shared_H)
+      WANT("\"shared_expert_intermediate_size\"", c->moe.shared_H, hidden, D,
+           "model.layers.%d.mlp.shared_expert.gate_proj.weight", last_moe);
   }
   if (first_dense >= 0)
-    WANT("\"intermediate_size\"", c->dense_H, "model.layers.%d.mlp.gate_proj.weight", first_dense);
+    WANT("\"intermediate_size\"", c->dense_H, hidden, D, "model.layers.%d.mlp.gate_proj.weight", first_dense);
 #undef WANT
   for (int i = 0; i < n; i++) {
     moe_st *fl = NULL;
@@ -476,8 +646,8 @@ static moe_status check_sizes(const shards *s, const char *dir, const moe_lm_con
             dir, c->n_layers, f->experts_key, c->moe.E, names[i], moe_last_error());
     MOE_TRY(v.ndim == 2 && v.shape[0] == nrows[i], MOE_ERR_SHAPE, "%s/config.json: %s is %lld, but tensor '%s' in %s has %lld rows",
             dir, rows[i], (long long)nrows[i], names[i], moe_st_path(fl), v.ndim ? (long long)v.shape[0] : 0LL);
-    MOE_TRY(v.shape[1] == D, MOE_ERR_SHAPE, "%s/config.json: \"hidden_size\" is %lld, but tensor '%s' in %s has %lld columns",
-            dir, (long long)D, names[i], moe_st_path(fl), (long long)v.shape[1]);
+    MOE_TRY(v.shape[1] == ncols[i], MOE_ERR_SHAPE, "%s/config.json: %s is %lld, but tensor '%s' in %s has %lld columns",
+            dir, cols[i], (long long)ncols[i], names[i], moe_st_path(fl), (long long)v.shape[1]);
   }
   if (c->family != MOE_LM_GPT_OSS) return MOE_OK;
   shard_ctx x = {s, dir};
@@ -490,17 +660,25 @@ static moe_status check_sizes(const shards *s, const char *dir, const moe_lm_con
  * not a weight silently left out. */
 static moe_status check_unused(const shards *s, const moe_lm_t *m) {
   const moe_lm_config *c = &m->cfg;
+  int mtp = 0; /* DeepSeek's multi-token-prediction layers: numbered from num_hidden_layers, not used here */
   for (int i = 0; i < s->n; i++)
     for (int j = 0; j < moe_st_count(s->files[i]); j++) {
       moe_tensor_view v;
       MOE_CHECK(moe_st_at(s->files[i], j, &v));
       int layer = -1, e = -1, k;
       if (moe_lm_find(m, v.name) || strstr(v.name, ".rotary_emb.inv_freq") || moe__gptoss_source(c, v.name)) continue;
+      if (is_deepseek(c->family) && sscanf(v.name, "model.layers.%d.", &layer) == 1 && layer >= c->n_layers) {
+        mtp++;
+        continue;
+      }
       int other_rank = moe__lm_expert_of(c->family, v.name, &e, &k) && sscanf(v.name, "model.layers.%d.", &layer) == 1 &&
                        layer < c->n_layers && !moe_lm_layer_dense(c, layer) && e < c->moe.E;
       MOE_TRY(other_rank, MOE_ERR_FORMAT, "%s: tensor '%s' is not a parameter of the %s model config.json describes",
               moe_st_path(s->files[i]), v.name, moe_lm_family_name(c->family));
     }
+  if (mtp)
+    fprintf(stderr, "libmoe: %s: %d tensors of multi-token-prediction layers (model.layers.%d and on) skipped\n",
+            moe_st_path(s->files[0]), mtp, c->n_layers);
   return MOE_OK;
 }
 
@@ -570,6 +748,49 @@ static cJSON *dense_list(const moe_lm_config *c) {
   return a;
 }
 
+/* rope_scaling: null, or YaRN's fields. */
+static cJSON *yarn_json(const moe_lm_yarn *y) {
+  if (y->factor == 0) return cJSON_CreateNull();
+  cJSON *o = cJSON_CreateObject();
+  int ok = 1;
+  add(o, "type", cJSON_CreateString("yarn"), &ok);
+  add(o, "factor", float_json(y->factor), &ok);
+  add(o, "original_max_position_embeddings", cJSON_CreateNumber(y->original_max_pos), &ok);
+  add(o, "beta_fast", float_json(y->beta_fast), &ok);
+  add(o, "beta_slow", float_json(y->beta_slow), &ok);
+  add(o, "mscale", float_json(y->mscale), &ok);
+  add(o, "mscale_all_dim", float_json(y->mscale_all_dim), &ok);
+  add(o, "truncate", cJSON_CreateBool(y->truncate), &ok);
+  if (ok) return o;
+  cJSON_Delete(o);
+  return NULL;
+}
+
+/* DeepSeek's fields: what read_deepseek reads back as the same configuration. */
+static void deepseek_json(cJSON *r, const moe_lm_config *c, int *ok) {
+  const moe_layer_config *l = &c->moe;
+  const moe_lm_mla *a = &c->mla;
+  int first_k = 0, freq = 1;
+  moe__lm_deepseek_layers(c, &first_k, &freq); /* moe_lm_init checked that it is such a pattern */
+  static const char *const methods[] = {"greedy", "group_limited_greedy", "noaux_tc"};
+  add(r, "n_shared_experts", l->shared_H ? cJSON_CreateNumber(l->shared_H / l->H) : cJSON_CreateNull(), ok);
+  add(r, "first_k_dense_replace", cJSON_CreateNumber(first_k), ok);
+  add(r, "moe_layer_freq", cJSON_CreateNumber(freq), ok);
+  add(r, "kv_lora_rank", cJSON_CreateNumber(a->kv_lora_rank), ok);
+  add(r, "q_lora_rank", a->q_lora_rank ? cJSON_CreateNumber(a->q_lora_rank) : cJSON_CreateNull(), ok);
+  add(r, "qk_nope_head_dim", cJSON_CreateNumber(a->qk_nope_dim), ok);
+  add(r, "qk_rope_head_dim", cJSON_CreateNumber(c->head_dim), ok);
+  add(r, "v_head_dim", cJSON_CreateNumber(a->v_head_dim), ok);
+  add(r, "rope_interleave", cJSON_CreateBool(a->rope_interleave), ok);
+  add(r, "scoring_func", cJSON_CreateString(l->score == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax"), ok);
+  add(r, "topk_method", cJSON_CreateString(methods[l->select_bias ? 2 : l->n_group ? 1 : 0]), ok);
+  add(r, "n_group", cJSON_CreateNumber(l->n_group ? l->n_group : 1), ok);
+  add(r, "topk_group", cJSON_CreateNumber(l->n_group ? l->topk_group : 1), ok);
+  add(r, "routed_scaling_factor", float_json(l->routed_scale), ok);
+  add(r, "attention_bias", cJSON_CreateBool(0), ok);
+  add(r, "rope_scaling", yarn_json(&c->yarn), ok);
+}
+
 /* The fields of the family beside Mixtral's common ones. */
 static void family_json(cJSON *r, const moe_lm_config *c, int *ok) {
   const moe__lm_family_info *f = moe__lm_family(c->family);
@@ -592,7 +813,7 @@ static void family_json(cJSON *r, const moe_lm_config *c, int *ok) {
     add(r, "attention_bias", cJSON_CreateBool(c->qkv_bias), ok);
     add(r, "swiglu_alpha", float_json(l->swiglu_alpha), ok);
     add(r, "swiglu_limit", float_json(l->swiglu_limit), ok);
-    add(r, "rope_scaling", cJSON_CreateNull(), ok); /* absent would be YaRN */
+    add(r, "rope_scaling", yarn_json(&c->yarn), ok); /* null: absent would be YaRN */
     return;
   }
   add(r, "norm_topk_prob", cJSON_CreateBool(l->normalize_topk == 1 || (l->normalize_topk < 0 && l->top_k > 1)), ok);
@@ -602,6 +823,10 @@ static void family_json(cJSON *r, const moe_lm_config *c, int *ok) {
     return;
   }
   if (c->dense_H) add(r, "intermediate_size", cJSON_CreateNumber(c->dense_H), ok);
+  if (is_deepseek(c->family)) {
+    deepseek_json(r, c, ok);
+    return;
+  }
   add(r, "decoder_sparse_step", cJSON_CreateNumber(1), ok);
   add(r, "mlp_only_layers", dense_list(c), ok);
   add(r, "use_sliding_window", cJSON_CreateBool(0), ok);

@@ -15,6 +15,7 @@
 #include "kernels.h"
 #include "lm_dist.h"
 #include "lm_family.h"
+#include "mla.h"
 
 typedef struct {
   float *ln1, *wqkv, *wo, *ln2; /* wqkv: q_proj, k_proj, v_proj stacked (qd + 2 kvd, D) */
@@ -22,6 +23,7 @@ typedef struct {
   float *qn, *kn;               /* qk_norm: q_norm and k_norm weights, or NULL */
   float *bo, *sinks;            /* o_bias: o_proj's bias (D); attn_sinks: the sinks (n_heads); or NULL */
   moe__mlp mlp;                 /* a dense layer's gate_proj (w1), up_proj (w3), down_proj (w2) */
+  moe__mla_w mla;               /* the latent attention's (mla.kv_lora_rank > 0: wqkv unused) */
 } lm_block;
 
 typedef struct { /* one layer's activations */
@@ -36,6 +38,7 @@ typedef struct { /* one layer's activations */
   float *xn2, *rstd2;  /* (N, D), (N) */
   float *probs;        /* (N, E) router probabilities for the balance loss */
   moe__mlp_acts mlp;   /* a dense layer's */
+  moe__mla_acts mla;   /* the latent attention's (qkv and the q/k norms' unused) */
 } lm_acts;
 
 struct moe__lm_state {
@@ -56,11 +59,15 @@ struct moe__lm_state {
   moe_layer_stats *lstats; /* (L) each MoE layer's stats of the last forward */
   moe_lm_times times;      /* forwards (not decodes) and backwards since the last moe_lm_times_reset */
   double lap_moe, lap_router; /* this pass's MoE layers and balance loss */
+  moe__mla_work mlaw;         /* the latent attention's backward buffers */
+  int decoding;               /* this pass is a cached decode (the latent attention carves other buffers) */
 };
 
 struct moe_lm_cache {
   int L, B, max_seq, kvd, len;
-  float **k, **v; /* (L, B): layer l's rotated keys and values of slot b, (cap[b], kvd) each */
+  int latent;     /* the model's attention is latent (mla.h): one row of kvd floats per position in k */
+  float **k, **v; /* (L, B): layer l's rotated keys and values of slot b, (cap[b], kvd) each; with latent
+                     attention k holds the latent rows (mla.h) and v is unused (NULL) */
   int *cap;       /* (B) the positions each slot's buffers hold: grown as its sequence reaches them */
   int *slot_len;  /* (B) each slot's length, for moe_lm_decode_slots */
   const int *row_slot; /* during a decode: the slot of each batch row (NULL: row b is slot b at len) */
@@ -116,12 +123,62 @@ int moe_lm_layer_dense(const moe_lm_config *c, int i) {
 /* Whether layer i of m is a MoE layer (has a moe_layer_t). */
 static int is_moe(const moe_lm_t *m, int i) { return !moe_lm_layer_dense(&m->cfg, i); }
 
+static int is_deepseek(moe_lm_family f) { return f == MOE_LM_DEEPSEEK_V2 || f == MOE_LM_DEEPSEEK_V3; }
+
+/* Whether the model's attention is the latent one (the DeepSeek families'). */
+static int is_mla(const moe_lm_config *c) { return c->mla.kv_lora_rank > 0; }
+
+/* The width of the attention output that o_proj reads. */
+static int att_dim(const moe_lm_config *c) { return is_mla(c) ? moe__mla_out_dim(c) : c->n_heads * c->head_dim; }
+
+/* The latent attention's sizes: the DeepSeek families have it and nothing of the others' attention. */
+static moe_status check_mla(const moe_lm_config *c, const char *fam) {
+  const moe_lm_mla *a = &c->mla;
+  int ds = is_deepseek(c->family);
+  MOE_TRY(ds == (a->kv_lora_rank > 0) && a->kv_lora_rank >= 0, MOE_ERR_ARG,
+          "lm config: latent attention (mla.kv_lora_rank > 0) is the DeepSeek families', got %d for %s",
+          a->kv_lora_rank, fam);
+  if (!ds) return MOE_OK;
+  MOE_TRY(a->q_lora_rank >= 0 && a->qk_nope_dim > 0 && a->v_head_dim > 0 &&
+              a->v_head_dim <= a->qk_nope_dim + c->head_dim && (a->rope_interleave == 0 || a->rope_interleave == 1),
+          MOE_ERR_ARG,
+          "lm config: mla wants q_lora_rank >= 0, qk_nope_dim > 0, 0 < v_head_dim <= qk_nope_dim + head_dim and "
+          "rope_interleave 0 or 1, got %d, %d, %d (head_dim %d), %d",
+          a->q_lora_rank, a->qk_nope_dim, a->v_head_dim, c->head_dim, a->rope_interleave);
+  MOE_TRY(c->n_kv_heads == c->n_heads, MOE_ERR_ARG, "lm config: %s's n_kv_heads is n_heads (%d), got %d", fam,
+          c->n_heads, c->n_kv_heads);
+  int64_t nh = c->n_heads, dqk = (int64_t)a->qk_nope_dim + c->head_dim, lat = (int64_t)a->kv_lora_rank + c->head_dim;
+  MOE_TRY(nh * 3 * dqk <= INT32_MAX && nh * (dqk + lat) <= INT32_MAX && nh * (a->qk_nope_dim + a->v_head_dim) <= INT32_MAX,
+          MOE_ERR_ARG, "lm config: %s's heads x head sizes must fit an int", fam);
+  MOE_TRY(c->aux_coef == 0, MOE_ERR_ARG, "lm config: %s has no model-wide balance loss (aux_coef 0), got %g", fam,
+          (double)c->aux_coef);
+  return MOE_OK;
+}
+
+/* YaRN off (factor 0) or a factor >= 1 with its fields in range. */
+static moe_status check_yarn(const moe_lm_yarn *y) {
+  if (y->factor == 0) return MOE_OK;
+  MOE_TRY(y->factor >= 1 && isfinite(y->factor) && y->original_max_pos > 0 && y->beta_fast > 0 &&
+              isfinite(y->beta_fast) && y->beta_slow > 0 && isfinite(y->beta_slow) && isfinite(y->mscale) &&
+              isfinite(y->mscale_all_dim) && (y->truncate == 0 || y->truncate == 1),
+          MOE_ERR_ARG,
+          "lm config: yarn wants factor >= 1, original_max_pos > 0, betas > 0, finite mscales and truncate 0 or 1, "
+          "got factor %g, original_max_pos %d, beta_fast %g, beta_slow %g, mscale %g, mscale_all_dim %g, truncate %d",
+          (double)y->factor, y->original_max_pos, (double)y->beta_fast, (double)y->beta_slow, (double)y->mscale,
+          (double)y->mscale_all_dim, y->truncate);
+  return MOE_OK;
+}
+
 /* What the family's config.json can say: its attention options and layer kinds (so that a model saved
  * in its family's layout reads back as itself). */
 static moe_status check_family(const moe_lm_config *c) {
   const char *fam = moe_lm_family_name(c->family);
-  MOE_TRY(fam, MOE_ERR_ARG, "lm config: family %d is not one of mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss",
+  MOE_TRY(fam, MOE_ERR_ARG,
+          "lm config: family %d is not one of mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, deepseek_v2, deepseek_v3",
           (int)c->family);
+  MOE_CHECK(check_mla(c, fam));
+  MOE_CHECK(check_yarn(&c->yarn));
+  int ds = is_deepseek(c->family);
   int dense = 0;
   for (int i = 0; i < c->n_layers; i++) dense |= moe_lm_layer_dense(c, i);
   moe_lm_qk_norm qk = c->family == MOE_LM_QWEN3_MOE ? MOE_QK_NORM_HEAD
@@ -147,12 +204,19 @@ static moe_status check_family(const moe_lm_config *c) {
   MOE_TRY(c->clip_qkv == 0 || c->family == MOE_LM_OLMOE, MOE_ERR_ARG, "lm config: clip_qkv is OLMoE's, not %s's", fam);
   MOE_TRY(c->clip_qkv >= 0 && isfinite(c->clip_qkv), MOE_ERR_ARG, "lm config: clip_qkv must be >= 0, got %g",
           (double)c->clip_qkv);
-  MOE_TRY(!dense || c->family == MOE_LM_QWEN2_MOE || c->family == MOE_LM_QWEN3_MOE, MOE_ERR_ARG,
-          "lm config: dense layers are Qwen2-MoE's and Qwen3-MoE's, not %s's", fam);
+  MOE_TRY(!dense || c->family == MOE_LM_QWEN2_MOE || c->family == MOE_LM_QWEN3_MOE || ds, MOE_ERR_ARG,
+          "lm config: dense layers are Qwen2-MoE's, Qwen3-MoE's and DeepSeek's, not %s's", fam);
   MOE_TRY(!dense || c->dense_H > 0, MOE_ERR_ARG, "lm config: dense layers need dense_H > 0, got %d", c->dense_H);
   MOE_TRY(c->dense_H >= 0, MOE_ERR_ARG, "lm config: dense_H must be >= 0, got %d", c->dense_H);
-  MOE_TRY(!c->moe.shared_H || c->family == MOE_LM_QWEN2_MOE, MOE_ERR_ARG,
-          "lm config: the shared expert is Qwen2-MoE's, not %s's", fam);
+  MOE_TRY(!c->moe.shared_H || c->family == MOE_LM_QWEN2_MOE || ds, MOE_ERR_ARG,
+          "lm config: the shared expert is Qwen2-MoE's and DeepSeek's, not %s's", fam);
+  MOE_TRY(!ds || !c->moe.shared_gate, MOE_ERR_ARG, "lm config: %s's shared experts have no gate", fam);
+  MOE_TRY(!ds || c->moe.shared_H % c->moe.H == 0, MOE_ERR_ARG,
+          "lm config: %s's shared experts are n_shared_experts x moe.H wide, got shared_H %d for H %d", fam,
+          c->moe.shared_H, c->moe.H);
+  int first_k, freq;
+  MOE_TRY(!ds || moe__lm_deepseek_layers(c, &first_k, &freq), MOE_ERR_ARG,
+          "lm config: %s's dense layers must be the first first_k_dense_replace and those off moe_layer_freq", fam);
   MOE_TRY(c->family != MOE_LM_QWEN2_MOE || (c->moe.shared_H > 0 && c->moe.shared_gate), MOE_ERR_ARG,
           "lm config: Qwen2-MoE has a gated shared expert (moe.shared_H > 0, moe.shared_gate 1)");
   MOE_TRY((c->family != MOE_LM_OLMOE && c->family != MOE_LM_QWEN2_MOE) || c->head_dim * c->n_heads == c->moe.D,
@@ -187,10 +251,13 @@ static moe_status check_config(const moe_lm_config *c) {
           (double)c->aux_coef);
   int oss = c->family == MOE_LM_GPT_OSS; /* its clamped SwiGLU and biases: check_family */
   MOE_TRY((oss || (l->act == MOE_ACT_SWIGLU && !l->gate_bias && !l->expert_bias)) && l->router == MOE_ROUTER_LINEAR &&
-              !l->inner_experts && !l->external_experts && l->score == MOE_SCORE_SOFTMAX && !l->select_bias &&
-              !l->n_group && l->routed_scale == 1.0f,
-          MOE_ERR_ARG, "lm config: the feed-forward must be Mixtral's: swiglu experts, linear softmax router, no biases, "
-                       "no hierarchical or buffered experts, no selection bias, groups or routed scale");
+              !l->inner_experts && !l->external_experts,
+          MOE_ERR_ARG, "lm config: the feed-forward must be Mixtral's: swiglu experts, linear router, no biases, "
+                       "no hierarchical or buffered experts");
+  MOE_TRY(is_deepseek(c->family) ||
+              (l->score == MOE_SCORE_SOFTMAX && !l->select_bias && !l->n_group && l->routed_scale == 1.0f),
+          MOE_ERR_ARG, "lm config: sigmoid scores, a selection bias, groups and a routed scale are DeepSeek's, not %s's",
+          moe_lm_family_name(c->family) ? moe_lm_family_name(c->family) : "?");
   return check_family(c);
 }
 
@@ -256,6 +323,10 @@ static void add_moe_refs(moe_lm_t *m, int i) {
   char nm[128];
   snprintf(nm, sizeof nm, "model.layers.%d.%s.%s.weight", i, f->ffn, f->router);
   add_ref(m, nm, 2, c->moe.E, D, moe_layer_param(l, "gate.weight"), moe_layer_grad(l, "gate.weight"));
+  if (c->moe.select_bias) { /* DeepSeek-V3's; moved by moe_layer_balance_bias, its gradient stays 0 */
+    snprintf(nm, sizeof nm, "model.layers.%d.%s.gate.e_score_correction_bias", i, f->ffn);
+    add_ref(m, nm, 1, c->moe.E, 0, moe_layer_param(l, "gate.select_bias"), moe_layer_grad(l, "gate.select_bias"));
+  }
   if (c->family == MOE_LM_GPT_OSS) {
     add_oss_refs(m, i);
     return;
@@ -272,6 +343,16 @@ static void add_moe_refs(moe_lm_t *m, int i) {
       add_ref(m, nm, 2, k == 1 ? D : Hl, k == 1 ? Hl : D, moe_layer_param(l, ours[k]) + at, moe_layer_grad(l, ours[k]) + at);
     }
   if (!c->moe.shared_H) return;
+  if (is_deepseek(c->family)) { /* DeepSeek's n_shared_experts as one MLP, no gate */
+    static const char *const ds[3] = {"gate_proj", "up_proj", "down_proj"},
+                             *const dsh[3] = {"shared.fc1.weight", "shared.fc3.weight", "shared.fc2.weight"};
+    for (int j = 0; j < 3; j++) {
+      const moe_param_info *p = moe_layer_param_find(l, dsh[j]);
+      snprintf(nm, sizeof nm, "model.layers.%d.mlp.shared_experts.%s.weight", i, ds[j]);
+      add_ref(m, nm, 2, p->shape[0], p->shape[1], moe_layer_param(l, dsh[j]), moe_layer_grad(l, dsh[j]));
+    }
+    return;
+  }
   static const char *const hf[4] = {"shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.down_proj",
                                     "shared_expert_gate"},
                            *const sh[4] = {"shared.fc1.weight", "shared.fc3.weight", "shared.fc2.weight",
@@ -281,6 +362,29 @@ static void add_moe_refs(moe_lm_t *m, int i) {
     snprintf(nm, sizeof nm, "model.layers.%d.mlp.%s.weight", i, hf[j]);
     add_ref(m, nm, 2, p->shape[0], p->shape[1], moe_layer_param(l, sh[j]), moe_layer_grad(l, sh[j]));
   }
+}
+
+/* The latent attention's tensors in DeepSeek's order (q_proj, or q_a_proj, q_a_layernorm, q_b_proj;
+ * kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj). */
+static void add_mla_refs(moe_lm_t *m, size_t *off, int i, moe__mla_w *w, moe__mla_w *g) {
+  const moe_lm_config *c = &m->cfg;
+  const moe_lm_mla *a = &c->mla;
+  int64_t D = c->moe.D, qd = (int64_t)c->n_heads * (a->qk_nope_dim + c->head_dim), qr = a->q_lora_rank,
+          r = a->kv_lora_rank;
+  char nm[128];
+#define NAME(fmt) (snprintf(nm, sizeof nm, "model.layers.%d.self_attn." fmt, i), nm)
+  if (qr) {
+    add_dense(m, off, NAME("q_a_proj.weight"), 2, qr, D, &w->q_a, &g->q_a);
+    add_dense(m, off, NAME("q_a_layernorm.weight"), 1, qr, 0, &w->q_a_ln, &g->q_a_ln);
+    add_dense(m, off, NAME("q_b_proj.weight"), 2, qd, qr, &w->q_b, &g->q_b);
+  } else {
+    add_dense(m, off, NAME("q_proj.weight"), 2, qd, D, &w->q, &g->q);
+  }
+  add_dense(m, off, NAME("kv_a_proj_with_mqa.weight"), 2, r + c->head_dim, D, &w->kv_a, &g->kv_a);
+  add_dense(m, off, NAME("kv_a_layernorm.weight"), 1, r, 0, &w->kv_a_ln, &g->kv_a_ln);
+  add_dense(m, off, NAME("kv_b_proj.weight"), 2, (int64_t)c->n_heads * (a->qk_nope_dim + a->v_head_dim), r, &w->kv_b,
+            &g->kv_b);
+#undef NAME
 }
 
 static void build_table(moe_lm_t *m) {
@@ -296,20 +400,24 @@ static void build_table(moe_lm_t *m) {
     lm_block *w = &s->w[i], *g = &s->g[i];
 #define NAME(fmt) (snprintf(nm, sizeof nm, "model.layers.%d." fmt, i), nm)
     add_dense(m, &off, NAME("input_layernorm.weight"), 1, D, 0, &w->ln1, &g->ln1);
-    add_dense(m, &off, NAME("self_attn.q_proj.weight"), 2, qd, D, &w->wqkv, &g->wqkv);
-    add_dense(m, &off, NAME("self_attn.k_proj.weight"), 2, kvd, D, &unused, &unused_g);
-    add_dense(m, &off, NAME("self_attn.v_proj.weight"), 2, kvd, D, &unused, &unused_g);
-    if (c->qkv_bias) {
-      add_dense(m, &off, NAME("self_attn.q_proj.bias"), 1, qd, 0, &w->bqkv, &g->bqkv);
-      add_dense(m, &off, NAME("self_attn.k_proj.bias"), 1, kvd, 0, &unused, &unused_g);
-      add_dense(m, &off, NAME("self_attn.v_proj.bias"), 1, kvd, 0, &unused, &unused_g);
+    if (is_mla(c)) {
+      add_mla_refs(m, &off, i, &w->mla, &g->mla);
+    } else {
+      add_dense(m, &off, NAME("self_attn.q_proj.weight"), 2, qd, D, &w->wqkv, &g->wqkv);
+      add_dense(m, &off, NAME("self_attn.k_proj.weight"), 2, kvd, D, &unused, &unused_g);
+      add_dense(m, &off, NAME("self_attn.v_proj.weight"), 2, kvd, D, &unused, &unused_g);
+      if (c->qkv_bias) {
+        add_dense(m, &off, NAME("self_attn.q_proj.bias"), 1, qd, 0, &w->bqkv, &g->bqkv);
+        add_dense(m, &off, NAME("self_attn.k_proj.bias"), 1, kvd, 0, &unused, &unused_g);
+        add_dense(m, &off, NAME("self_attn.v_proj.bias"), 1, kvd, 0, &unused, &unused_g);
+      }
+      if (c->qk_norm) {
+        int full = c->qk_norm == MOE_QK_NORM_FULL;
+        add_dense(m, &off, NAME("self_attn.q_norm.weight"), 1, full ? qd : hd, 0, &w->qn, &g->qn);
+        add_dense(m, &off, NAME("self_attn.k_norm.weight"), 1, full ? kvd : hd, 0, &w->kn, &g->kn);
+      }
     }
-    if (c->qk_norm) {
-      int full = c->qk_norm == MOE_QK_NORM_FULL;
-      add_dense(m, &off, NAME("self_attn.q_norm.weight"), 1, full ? qd : hd, 0, &w->qn, &g->qn);
-      add_dense(m, &off, NAME("self_attn.k_norm.weight"), 1, full ? kvd : hd, 0, &w->kn, &g->kn);
-    }
-    add_dense(m, &off, NAME("self_attn.o_proj.weight"), 2, D, qd, &w->wo, &g->wo);
+    add_dense(m, &off, NAME("self_attn.o_proj.weight"), 2, D, att_dim(c), &w->wo, &g->wo);
     if (c->o_bias) add_dense(m, &off, NAME("self_attn.o_proj.bias"), 1, D, 0, &w->bo, &g->bo);
     if (c->attn_sinks) add_dense(m, &off, NAME("self_attn.sinks"), 1, c->n_heads, 0, &w->sinks, &g->sinks);
     add_dense(m, &off, NAME("post_attention_layernorm.weight"), 1, D, 0, &w->ln2, &g->ln2);
@@ -337,7 +445,8 @@ static size_t dense_numel(const moe_lm_config *c) {
   size_t D = (size_t)c->moe.D, V = (size_t)c->vocab, qd = (size_t)c->n_heads * c->head_dim,
          kvd = (size_t)c->n_kv_heads * c->head_dim, n = V * D * (c->tie_embeddings ? 1 : 2) + D;
   for (int i = 0; i < c->n_layers; i++) {
-    n += 2 * D + (2 * qd + 2 * kvd) * D;
+    n += 2 * D + (size_t)att_dim(c) * D;
+    n += is_mla(c) ? moe__mla_numel(c) : (qd + 2 * kvd) * D;
     if (c->qkv_bias) n += qd + 2 * kvd;
     n += (c->o_bias ? D : 0) + (c->attn_sinks ? (size_t)c->n_heads : 0);
     if (c->qk_norm) n += c->qk_norm == MOE_QK_NORM_FULL ? qd + kvd : 2 * (size_t)c->head_dim;
@@ -485,12 +594,16 @@ static size_t carve(moe_lm_t *m, int B, int T, int pos0, char *base) {
     if (i == c->n_layers) break;
     TAKE(a->xn1, N * D);
     TAKE(a->rstd1, N);
-    TAKE(a->qkv, N * qkv);
+    if (is_mla(c)) {
+      off += moe__mla_carve(c, N, s->decoding, &a->mla, base ? base + off : NULL);
+    } else {
+      TAKE(a->qkv, N * qkv);
+      TAKE(a->lse, N * c->n_heads);
+    }
     if (shaped) TAKE(a->raw, N * qkv);
     if (c->qk_norm && c->clip_qkv > 0) TAKE(a->pre, N * qkv);
     if (c->qk_norm) TAKE(a->rstdq, N * qk_rows);
-    TAKE(a->att, N * qd);
-    TAKE(a->lse, N * c->n_heads);
+    TAKE(a->att, N * att_dim(c));
     TAKE(a->mid, N * D);
     TAKE(a->xn2, N * D);
     TAKE(a->rstd2, N);
@@ -511,8 +624,12 @@ static size_t carve(moe_lm_t *m, int B, int T, int pos0, char *base) {
   TAKE(s->targets, N);
   TAKE(s->dres, N * D);
   TAKE(s->dxn, N * D);
-  TAKE(s->datt, N * qd);
-  TAKE(s->dqkv, N * qkv);
+  TAKE(s->datt, N * att_dim(c));
+  if (is_mla(c)) {
+    off += moe__mla_work_carve(c, N, &s->mlaw, base ? base + off : NULL);
+  } else {
+    TAKE(s->dqkv, N * qkv);
+  }
   if (shaped) TAKE(s->draw, N * qkv);
   TAKE(s->gl, N * E);
 #undef TAKE
@@ -639,16 +756,14 @@ static moe_status unproject(moe_lm_t *m, int i) {
   return moe__gemm_run(g, 2, nt);
 }
 
-/* Layer i forward: attention, then the MoE feed-forward; a[i].res in, a[i + 1].res out. With kv the
- * tokens sit at positions kv->len on: their keys and values join the cache and attention reads it. */
-static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_stats *out) {
+/* The grouped-query attention of layer i into a->att, from a->xn1: q, k and v projected and rotated (with kv,
+ * each batch row's keys and values appended to the cache at its position and attention over it). */
+static moe_status gqa_forward(moe_lm_t *m, int i, moe_lm_cache *kv) {
   const moe_lm_config *c = &m->cfg;
   moe__lm_state *s = m->st;
   lm_acts *a = &s->a[i];
-  const lm_block *w = &s->w[i];
-  int N = s->N, D = c->moe.D, nt = s->nt, hd = c->head_dim, qd = c->n_heads * hd, nkv = c->n_kv_heads;
+  int nt = s->nt, hd = c->head_dim, qd = c->n_heads * hd, nkv = c->n_kv_heads;
   int ld = qd + 2 * nkv * hd;
-  moe__rmsnorm_forward(a->res, w->ln1, N, D, c->rms_eps, a->xn1, a->rstd1, nt);
   MOE_CHECK(project(m, i));
   moe__attn at = attn_of(m, i);
   if (kv) { /* each batch row at its own slot and position: rotate, append to the cache, attend */
@@ -673,8 +788,38 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
     moe__rope_apply(a->qkv + qd, ld, s->B, s->T, nkv, hd, 0, s->cos_t, s->sin_t, 0, nt);
     moe__attn_forward(&at, s->scratch, nt);
   }
+  return MOE_OK;
+}
+
+static moe__mla_ctx mla_ctx(const moe_lm_t *m) {
+  const moe__lm_state *s = m->st;
+  return (moe__mla_ctx){&m->cfg, s->B, s->T, s->nt, s->cos_t, s->sin_t, s->scratch};
+}
+
+/* The latent attention of layer i into a->att (with kv, each batch row's latent rows appended to its slot). */
+static moe_status mla_forward(moe_lm_t *m, int i, moe_lm_cache *kv) {
+  moe__lm_state *s = m->st;
+  lm_acts *a = &s->a[i];
+  moe__mla_ctx x = mla_ctx(m);
+  if (!kv) return moe__mla_forward(&x, &s->w[i].mla, &a->mla, a->xn1, a->att);
+  float *rows[s->B];
+  int pos[s->B];
+  for (int b = 0; b < s->B; b++) rows[b] = kv->k[(size_t)i * kv->B + row_slot(kv, b)], pos[b] = row_pos(kv, b);
+  return moe__mla_decode(&x, &s->w[i].mla, &a->mla, a->xn1, rows, pos, a->att);
+}
+
+/* Layer i forward: attention, then the MoE feed-forward; a[i].res in, a[i + 1].res out. With kv the
+ * tokens sit at positions kv->len on: their keys and values join the cache and attention reads it. */
+static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_stats *out) {
+  const moe_lm_config *c = &m->cfg;
+  moe__lm_state *s = m->st;
+  lm_acts *a = &s->a[i];
+  const lm_block *w = &s->w[i];
+  int N = s->N, D = c->moe.D, nt = s->nt, ad = att_dim(c);
+  moe__rmsnorm_forward(a->res, w->ln1, N, D, c->rms_eps, a->xn1, a->rstd1, nt);
+  MOE_CHECK(is_mla(c) ? mla_forward(m, i, kv) : gqa_forward(m, i, kv));
   memcpy(a->mid, a->res, (size_t)N * D * 4);
-  moe__gemm g = gemm(false, true, N, D, qd, a->att, qd, w->wo, qd, 1.0f, a->mid, D);
+  moe__gemm g = gemm(false, true, N, D, ad, a->att, ad, w->wo, ad, 1.0f, a->mid, D);
   MOE_CHECK(moe__gemm_run(&g, 1, nt));
   if (w->bo) add_bias_rows(a->mid, N, D, w->bo, D, nt);
   moe__rmsnorm_forward(a->mid, w->ln2, N, D, c->rms_eps, a->xn2, a->rstd2, nt);
@@ -690,8 +835,11 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   double t1 = moe__now();
   add_rows(s->a[i + 1].res, a->mid, (size_t)N * D, nt);
   out->dropped += ls->dropped;
+  out->seq_aux += ls->seq_aux_loss;
   if (kv) memcpy(kv->counts + (size_t)i * c->moe.E, ls->expert_counts, (size_t)c->moe.E * sizeof *kv->counts);
-  if (!l->cfg.gate_bias) /* Mixtral's balance loss, over router logits without a bias: none for gpt-oss */
+  /* Mixtral's balance loss, over router logits without a bias: none for gpt-oss; DeepSeek has no
+   * model-wide one (check_mla) */
+  if (!l->cfg.gate_bias && !is_deepseek(c->family))
     st = moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), ls->experts, a->probs, nt);
   s->lap_moe += t1 - t0 - ls->router_seconds;
   s->lap_router += moe__now() - t1 + ls->router_seconds;
@@ -734,7 +882,10 @@ static moe_status rope_reserve(moe_lm_t *m, int n) {
   int want = room(s->rope_n, n, c->max_seq);
   MOE_CHECK(grow(&s->cos_t, want, (size_t)c->head_dim / 2));
   MOE_CHECK(grow(&s->sin_t, want, (size_t)c->head_dim / 2));
-  moe__rope_tables(s->cos_t, s->sin_t, want, c->head_dim, c->rope_theta);
+  if (c->yarn.factor > 0)
+    moe__rope_tables_yarn(s->cos_t, s->sin_t, want, c->head_dim, c->rope_theta, &c->yarn);
+  else
+    moe__rope_tables(s->cos_t, s->sin_t, want, c->head_dim, c->rope_theta);
   s->rope_n = want;
   return MOE_OK;
 }
@@ -746,7 +897,7 @@ static moe_status kv_reserve(moe_lm_cache *kv, int b, int n) {
   for (int l = 0; l < kv->L; l++) {
     size_t at = (size_t)l * kv->B + b;
     moe_status st = grow(&kv->k[at], want, (size_t)kv->kvd);
-    if (st == MOE_OK) st = grow(&kv->v[at], want, (size_t)kv->kvd);
+    if (st == MOE_OK && !kv->latent) st = grow(&kv->v[at], want, (size_t)kv->kvd);
     MOE_TRY(st == MOE_OK, st, "the KV cache of slot %d: %s", b, moe_last_error());
   }
   kv->cap[b] = want;
@@ -776,7 +927,7 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
             i % T, targets[i], V);
   }
   s->have_fwd = 0;
-  s->B = B, s->T = T, s->N = N, s->nt = moe__threads(c->moe.threads);
+  s->B = B, s->T = T, s->N = N, s->nt = moe__threads(c->moe.threads), s->decoding = kv != NULL;
   MOE_CHECK(moe__arena_reserve(&s->arena, carve(m, B, T, pos0, NULL), "language model"));
   carve(m, B, T, pos0, s->arena.base);
   memcpy(s->tokens, tokens, (size_t)N * 4);
@@ -787,6 +938,8 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   s->lbl = (moe__lbl){Lm, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E, (double)Lm * N};
   moe__embed_forward(s->embed, tokens, N, D, s->a[0].res);
   s->lap_moe = s->lap_router = 0;
+  for (int i = 0; i < c->n_layers; i++) /* the sequence-wise balance loss: each batch row a sequence */
+    if (is_moe(m, i)) m->layers[i].cfg.seq_len = T;
   double t0 = moe__now();
   for (int i = 0; i < c->n_layers; i++) MOE_CHECK(layer_forward(m, i, kv, &st));
   if (!kv) add_times(s, moe__now() - t0);
@@ -798,7 +951,7 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   st.tokens = s->count;
   st.ce = s->count ? sum / s->count : 0.0;
   st.aux = moe__lbl_value(&s->lbl);
-  st.loss = st.ce + c->aux_coef * st.aux;
+  st.loss = st.ce + c->aux_coef * st.aux + st.seq_aux;
   MOE_TRY(isfinite(st.loss), MOE_ERR_VALUE, "moe_lm_forward: the loss is %g (ce %g, aux %g)", st.loss, st.ce, st.aux);
   s->have_fwd = targets != NULL && !kv;
   for (int b = 0; kv && kv->row_slot && b < B; b++) kv->slot_len[kv->row_slot[b]] += T;
@@ -812,12 +965,18 @@ moe_status moe_lm_forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   return forward(m, tokens, targets, B, T, NULL, out);
 }
 
+/* Floats per position and layer in a cache: the rotated keys and the values of the kv heads, or with
+ * latent attention the normed latent and the rotated shared key. */
+static int cache_width(const moe_lm_config *c) {
+  return is_mla(c) ? c->mla.kv_lora_rank + c->head_dim : c->n_kv_heads * c->head_dim;
+}
+
 moe_status moe_lm_cache_new(moe_lm_cache **out, const moe_lm_t *m, int B) {
   MOE_TRY(out && m && m->st && B >= 1, MOE_ERR_ARG, "moe_lm_cache_new: NULL model or B < 1");
   const moe_lm_config *c = &m->cfg;
   moe_lm_cache *kv = calloc(1, sizeof *kv);
   MOE_TRY(kv, MOE_ERR_NOMEM, "moe_lm_cache_new: out of memory");
-  *kv = (moe_lm_cache){c->n_layers, B, c->max_seq, c->n_kv_heads * c->head_dim, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+  *kv = (moe_lm_cache){c->n_layers, B, c->max_seq, cache_width(c), 0, is_mla(c), NULL, NULL, NULL, NULL, NULL, NULL};
   size_t n = (size_t)kv->L * B;
   kv->k = calloc(n, sizeof *kv->k);
   kv->v = calloc(n, sizeof *kv->v);
@@ -857,8 +1016,8 @@ int moe_lm_cache_len(const moe_lm_cache *kv) { return kv->len; }
 void moe_lm_cache_reset(moe_lm_cache *kv) { kv->len = 0; }
 
 static moe_status check_cache(const moe_lm_t *m, const moe_lm_cache *kv) {
-  MOE_TRY(kv && m && kv->L == m->cfg.n_layers && kv->max_seq == m->cfg.max_seq &&
-              kv->kvd == m->cfg.n_kv_heads * m->cfg.head_dim,
+  MOE_TRY(kv && m && kv->L == m->cfg.n_layers && kv->max_seq == m->cfg.max_seq && kv->kvd == cache_width(&m->cfg) &&
+              kv->latent == is_mla(&m->cfg),
           MOE_ERR_ARG, "moe_lm_decode: the cache is not this model's");
   return MOE_OK;
 }
@@ -921,16 +1080,22 @@ static moe_status layer_backward(moe_lm_t *m, int i) {
     MOE_CHECK(moe__mlp_backward(&w->mlp, &gw->mlp, N, a->xn2, &a->mlp, s->dres, s->dxn, nt));
   }
   moe__rmsnorm_backward(s->dxn, a->mid, w->ln2, a->rstd2, N, D, s->dres, gw->ln2, nt); /* dres: d mid */
-  moe__gemm g[2] = {gemm(true, false, D, qd, N, s->dres, D, a->att, qd, 1.0f, gw->wo, qd),   /* dWo += dmid^T att */
-                    gemm(false, false, N, qd, D, s->dres, D, w->wo, qd, 0.0f, s->datt, qd)}; /* datt = dmid Wo */
+  int ad = att_dim(c);
+  moe__gemm g[2] = {gemm(true, false, D, ad, N, s->dres, D, a->att, ad, 1.0f, gw->wo, ad),   /* dWo += dmid^T att */
+                    gemm(false, false, N, ad, D, s->dres, D, w->wo, ad, 0.0f, s->datt, ad)}; /* datt = dmid Wo */
   MOE_CHECK(moe__gemm_run(g, 2, nt));
   if (gw->bo) add_col_sums(s->dres, N, D, gw->bo, D, nt);
-  moe__attn at = attn_of(m, i);
-  if (gw->sinks) moe__attn_sinks_backward(&at, s->datt, gw->sinks, nt);
-  moe__attn_backward(&at, s->datt, s->dqkv, s->dqkv + qd, s->dqkv + qd + nkv * hd, s->scratch, nt);
-  moe__rope_apply(s->dqkv, ld, s->B, s->T, c->n_heads, hd, 0, s->cos_t, s->sin_t, 1, nt);
-  moe__rope_apply(s->dqkv + qd, ld, s->B, s->T, nkv, hd, 0, s->cos_t, s->sin_t, 1, nt);
-  MOE_CHECK(unproject(m, i));
+  if (is_mla(c)) {
+    moe__mla_ctx x = mla_ctx(m);
+    MOE_CHECK(moe__mla_backward(&x, &w->mla, &gw->mla, &a->mla, &s->mlaw, a->xn1, s->datt, s->dxn));
+  } else {
+    moe__attn at = attn_of(m, i);
+    if (gw->sinks) moe__attn_sinks_backward(&at, s->datt, gw->sinks, nt);
+    moe__attn_backward(&at, s->datt, s->dqkv, s->dqkv + qd, s->dqkv + qd + nkv * hd, s->scratch, nt);
+    moe__rope_apply(s->dqkv, ld, s->B, s->T, c->n_heads, hd, 0, s->cos_t, s->sin_t, 1, nt);
+    moe__rope_apply(s->dqkv + qd, ld, s->B, s->T, nkv, hd, 0, s->cos_t, s->sin_t, 1, nt);
+    MOE_CHECK(unproject(m, i));
+  }
   moe__rmsnorm_backward(s->dxn, a->res, w->ln1, a->rstd1, N, D, s->dres, gw->ln1, nt);
   return MOE_OK;
 }
@@ -958,5 +1123,15 @@ moe_status moe_lm_backward(moe_lm_t *m) {
     for (int i = 0; i < c->n_layers; i++)
       if (is_moe(m, i)) MOE_CHECK(moe_layer_reduce_grads(&m->layers[i]));
   }
+  return MOE_OK;
+}
+
+moe_status moe_lm_balance_bias(moe_lm_t *m, float gamma) {
+  MOE_TRY(m && m->st && m->cfg.moe.select_bias, MOE_ERR_STATE, "moe_lm_balance_bias: the model has no selection bias");
+  for (int i = 0; i < m->cfg.n_layers; i++)
+    if (is_moe(m, i)) {
+      moe_status st = moe_layer_balance_bias(&m->layers[i], gamma);
+      MOE_TRY(st == MOE_OK, st, "layer %d: %s", i, moe_last_error());
+    }
   return MOE_OK;
 }

@@ -137,7 +137,9 @@ moe_status moe__layer_meta_read(const moe_st *f, moe_layer_config *c) {
   META_ENUM(f, "group_score", moe_group_score_parse, c->group_score);
   MOE_CHECK(moe__meta_float(f, "routed_scale", &c->routed_scale));
   MOE_CHECK(moe__meta_float(f, "swiglu_alpha", &c->swiglu_alpha));
-  return moe__meta_float(f, "swiglu_limit", &c->swiglu_limit);
+  MOE_CHECK(moe__meta_float(f, "swiglu_limit", &c->swiglu_limit));
+  MOE_CHECK(moe__meta_float(f, "seq_aux_alpha", &c->seq_aux_alpha));
+  return moe__meta_int(f, "seq_len", &c->seq_len);
 }
 
 moe_status moe__layer_meta_write(const moe_layer_config *c, moe_st_writer *w) {
@@ -170,6 +172,12 @@ moe_status moe__layer_meta_write(const moe_layer_config *c, moe_st_writer *w) {
     MOE_CHECK(moe_st_writer_meta(w, "swiglu_alpha", buf));
     snprintf(buf, sizeof buf, "%.9g", (double)c->swiglu_limit);
     MOE_CHECK(moe_st_writer_meta(w, "swiglu_limit", buf));
+  }
+  if (c->seq_aux_alpha > 0) {
+    snprintf(buf, sizeof buf, "%.9g", (double)c->seq_aux_alpha);
+    MOE_CHECK(moe_st_writer_meta(w, "seq_aux_alpha", buf));
+    snprintf(buf, sizeof buf, "%d", c->seq_len);
+    MOE_CHECK(moe_st_writer_meta(w, "seq_len", buf));
   }
   return MOE_OK;
 }
