@@ -16,10 +16,9 @@ train_blocks train_blocks_of_lm(moe_lm_t *m) {
 }
 
 void train_adjust_defaults(train_adjust *a) {
-  memset(a, 0, sizeof *a);
-  a->delta_launch = 2;
-  a->headroom = 0.25f;
-  a->cache = (assign_cache_opts){.on = 0.96f, .off = 0.90f, .min_epoch = 10};
+  moe_trainer_config c;
+  moe_trainer_config_default(&c);
+  *a = c.adjust;
 }
 
 /* The adjustments' flags: 1 when f is one. */

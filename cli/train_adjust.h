@@ -18,17 +18,10 @@ train_blocks train_blocks_of_model(moe_model_t *m);
 train_blocks train_blocks_of_lm(moe_lm_t *m);
 static inline const moe_layer_stats *train_block_stats(const train_blocks *b, int i) { return b->stats(b->model, i); }
 
-typedef struct {
-  float on, off;  /* switch on at frac_same >= on (from epoch min_epoch), off below off */
-  int min_epoch;
-} assign_cache_opts;
-
-typedef struct {
-  int dynamic_capacity, delta_launch; /* --capacity dynamic: per-expert capacities through RECOMPILE */
-  float headroom;
-  int cache_assignments; /* --cache-assignments: DynaMoE's sample-assignment caching */
-  assign_cache_opts cache;
-} train_adjust;
+/* The switch of caching, and the adjustments: --capacity dynamic (per-expert capacities through
+ * RECOMPILE), --cache-assignments (DynaMoE's sample-assignment caching); the library's defaults. */
+typedef moe_cache_switch assign_cache_opts;
+typedef moe_train_adjust train_adjust;
 void train_adjust_defaults(train_adjust *a);
 
 /* The flags with a value v of the layer's options (--capacity X|dynamic, --dispatch, --dtype; returns
