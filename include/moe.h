@@ -1447,9 +1447,15 @@ typedef struct {
   moe_status (*batch)(void *self, int64_t step, const int32_t **samples, int *n);
   /* Zeroes the gradients, then the batch's loss (keeping what backward needs) into st. */
   moe_status (*forward)(void *self, moe_train_batch_stats *st);
-  /* Adds the loss's gradients into the refs' grads; the seconds of forward and backward into st. */
+  /* Adds the loss's gradients into the refs' grads; the seconds of forward and backward into st. A
+   * non-finite activation or gradient may be MOE_ERR_VALUE from forward or backward (naming it): the
+   * trainer takes it for a non-finite loss. */
   moe_status (*backward)(void *self, moe_train_batch_stats *st);
   void (*params_changed)(void *self); /* after an update: derived copies (bf16 experts) */
+  /* The model's own update at rate lr (NULL: the optimizer over refs, then params_changed): it updates
+   * the parameters and their derived copies, and returns MOE_ERR_VALUE naming the first parameter or
+   * optimizer state it left non-finite (the classifier's moe_optim_step_checked). */
+  moe_status (*update)(void *self, moe_optim_t *opt, float lr);
   moe_status (*evaluate)(void *self, double *loss); /* the validation loss */
   moe_status (*save)(void *self, const char *dir);  /* the model's files (a collective) */
   /* Vectors over the refs <-> the one-process order (Adam's moments in the trainer state); as
@@ -1473,7 +1479,8 @@ typedef struct {
 } moe_train_adjust;
 
 typedef enum {
-  MOE_ON_NAN_STOP = 0, /* a non-finite loss ends training: MOE_ERR_VALUE "step S: training diverged (loss X)" */
+  MOE_ON_NAN_STOP = 0, /* a non-finite loss ends training: MOE_ERR_VALUE "step S: training diverged (loss X)",
+                          or the model's own MOE_ERR_VALUE */
   MOE_ON_NAN_SKIP,     /* the step's update is dropped (a non-finite loss or gradient) or undone (one that
                           made a parameter or Adam's state non-finite); counted in skipped */
 } moe_on_nan;
@@ -1552,6 +1559,11 @@ typedef struct {
   double train_seconds, best_loss; /* best_loss: the lowest validation loss so far (INFINITY: none) */
 } moe_trainer_info;
 void moe_trainer_get_info(const moe_trainer *t, moe_trainer_info *out);
+/* The trainer's optimizer (its moments in the model's ref order, opt->step the updates done), for a
+ * model whose checkpoints hold it in their own format (the classifier's moe_checkpoint_save and _load),
+ * and the steps done, set when resuming from such a checkpoint. */
+moe_optim_t *moe_trainer_optim(moe_trainer *t);
+void moe_trainer_set_step(moe_trainer *t, int64_t step);
 
 /* trainer_state.safetensors in a checkpoint directory (DESIGN 4.10): F32 optim.m and optim.v (Adam's
  * moments in the one-process model's ref order), __metadata__ step, seed, train_seconds and train (the

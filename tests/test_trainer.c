@@ -83,8 +83,10 @@ static moe_status toy_copy(void *self, const float *a, float *b) {
 static moe_train_model toy_model(toy *t) {
   for (int i = 0; i < TOY_N; i++) t->w[i] = 0.25f * (float)i;
   t->ref = (moe_tensor_ref){"toy.weight", 2, {2, 2, 0}, TOY_N, t->w, t->g};
-  moe_train_model m = {t, &t->ref, 1, TOY_N, NULL, NULL, TOY_N, 1, 1000, toy_batch, toy_forward, toy_backward,
-                       toy_params_changed, toy_evaluate, toy_save, toy_copy, toy_copy, NULL};
+  moe_train_model m = {.self = t, .refs = &t->ref, .nrefs = 1, .numel = TOY_N, .whole_numel = TOY_N, .samples = 1,
+                       .steps_per_epoch = 1000, .batch = toy_batch, .forward = toy_forward,
+                       .backward = toy_backward, .params_changed = toy_params_changed, .evaluate = toy_evaluate,
+                       .save = toy_save, .gather = toy_copy, .scatter = toy_copy};
   return m;
 }
 

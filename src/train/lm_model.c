@@ -135,9 +135,11 @@ moe_status moe_train_lm(moe_train_model *out, moe_lm_t *m, const moe_tokenizer *
     lm_free(k);
     MOE_TRY(0, MOE_ERR_NOMEM, "trainer: out of memory for a batch of %d x %d and %zu windows", B, T, nwin);
   }
-  *out = (moe_train_model){k, m->refs, m->nrefs, m->numel, d, &m->cfg.moe, moe_lm_whole_numel(m),
-                           (int64_t)k->nwin * T, k->per_epoch, lm_batch,
-                           lm_forward, lm_backward, lm_params_changed, lm_evaluate, lm_save, lm_gather, lm_scatter,
-                           lm_free};
+  *out = (moe_train_model){.self = k, .refs = m->refs, .nrefs = m->nrefs, .numel = m->numel, .dist = d,
+                           .layer = &m->cfg.moe, .whole_numel = moe_lm_whole_numel(m),
+                           .samples = (int64_t)k->nwin * T, .steps_per_epoch = k->per_epoch, .batch = lm_batch,
+                           .forward = lm_forward, .backward = lm_backward, .params_changed = lm_params_changed,
+                           .evaluate = lm_evaluate, .save = lm_save, .gather = lm_gather, .scatter = lm_scatter,
+                           .free = lm_free};
   return MOE_OK;
 }

@@ -73,6 +73,10 @@ int moe_trainer_done(const moe_trainer *t) {
   return t->step >= t->last || (t->cfg.time_budget && t->train_s >= t->cfg.time_budget);
 }
 
+moe_optim_t *moe_trainer_optim(moe_trainer *t) { return &t->opt; }
+
+void moe_trainer_set_step(moe_trainer *t, int64_t step) { t->step = step; }
+
 void moe_trainer_get_info(const moe_trainer *t, moe_trainer_info *out) {
   *out = (moe_trainer_info){t->step, t->last, t->skipped, t->train_s, t->best};
 }
@@ -110,33 +114,40 @@ static moe_status every_rank(const moe_dist *d, int *flag) {
   return MOE_OK;
 }
 
+/* The model's update (its own, or the optimizer over the refs and params_changed). */
+static moe_status model_update(moe_trainer *t, float lr) {
+  moe_train_model *m = &t->model;
+  if (m->update) return m->update(m->self, &t->opt, lr);
+  moe_optim_step_refs(&t->opt, m->refs, m->nrefs, lr, m->layer ? m->layer->threads : 0);
+  m->params_changed(m->self);
+  return MOE_OK;
+}
+
 /* The update, checked under MOE_ON_NAN_SKIP: a non-finite gradient drops it, one that leaves a
- * non-finite parameter or moment is undone. *skipped says which happened. */
+ * non-finite parameter or moment is undone. *skipped says which happened. A model's own update
+ * checks what it wrote itself (MOE_ERR_VALUE); the refs' update is checked here. */
 static moe_status update(moe_trainer *t, float lr, int *skipped) {
   moe_train_model *m = &t->model;
-  int threads = m->layer ? m->layer->threads : 0;
   *skipped = 0;
-  if (t->cfg.on_nan != MOE_ON_NAN_SKIP) {
-    moe_optim_step_refs(&t->opt, m->refs, m->nrefs, lr, threads);
-    m->params_changed(m->self);
-    return MOE_OK;
-  }
+  if (t->cfg.on_nan != MOE_ON_NAN_SKIP) return model_update(t, lr);
   int ok = 1;
-  for (int i = 0; i < m->nrefs && ok; i++) ok = all_finite(m->refs[i].grad, m->refs[i].numel);
-  MOE_CHECK(every_rank(m->dist, &ok));
+  for (int i = 0; !m->update && i < m->nrefs && ok; i++) ok = all_finite(m->refs[i].grad, m->refs[i].numel);
+  if (!m->update) MOE_CHECK(every_rank(m->dist, &ok));
   if (!ok) return *skipped = 1, MOE_OK;
   transfer(t, 1);
-  moe_optim_step_refs(&t->opt, m->refs, m->nrefs, lr, threads);
-  for (int i = 0; i < m->nrefs && ok; i++) ok = all_finite(m->refs[i].data, m->refs[i].numel);
-  if (ok && t->opt.m) ok = all_finite(t->opt.m, m->numel);
-  if (ok && t->opt.v) ok = all_finite(t->opt.v, m->numel);
-  MOE_CHECK(every_rank(m->dist, &ok));
+  moe_status st = model_update(t, lr);
+  if (st != MOE_OK && st != MOE_ERR_VALUE) return st;
+  ok = st == MOE_OK;
+  for (int i = 0; !m->update && i < m->nrefs && ok; i++) ok = all_finite(m->refs[i].data, m->refs[i].numel);
+  if (!m->update && ok && t->opt.m) ok = all_finite(t->opt.m, m->numel);
+  if (!m->update && ok && t->opt.v) ok = all_finite(t->opt.v, m->numel);
+  if (!m->update) MOE_CHECK(every_rank(m->dist, &ok));
   if (!ok) {
     transfer(t, 0);
     t->opt.step--;
     *skipped = 1;
+    m->params_changed(m->self); /* derived copies of the parameters restored */
   }
-  m->params_changed(m->self);
   return MOE_OK;
 }
 
@@ -188,13 +199,16 @@ moe_status moe_trainer_step(moe_trainer *t, moe_train_step *out) {
   MOE_CHECK(m->batch(m->self, step, &samples, &n));
   if (c->on_batch) MOE_CHECK(c->on_batch(c->ctx, step, samples, n));
   s->lr = moe_trainer_lr(c, step, t->train_s);
-  MOE_CHECK(m->forward(m->self, &s->batch));
-  int finite = isfinite(s->batch.loss);
-  if (!finite && c->on_nan != MOE_ON_NAN_SKIP)
-    MOE_TRY(0, MOE_ERR_VALUE, "step %lld: training diverged (loss %g)", (long long)step + 1, s->batch.loss);
-  if (finite) MOE_CHECK(m->backward(m->self, &s->batch));
-  if (finite) MOE_CHECK(update(t, s->lr, &s->skipped));
-  else s->skipped = 1;
+  /* non-finite: a loss, or MOE_ERR_VALUE from the model (an activation or gradient it names) */
+  int skip = c->on_nan == MOE_ON_NAN_SKIP;
+  moe_status st = m->forward(m->self, &s->batch);
+  if (st == MOE_OK && !isfinite(s->batch.loss))
+    st = moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "step %lld: training diverged (loss %g)", (long long)step + 1,
+                    s->batch.loss);
+  if (st == MOE_OK) st = m->backward(m->self, &s->batch);
+  if (st == MOE_OK) st = update(t, s->lr, &s->skipped);
+  if (st == MOE_ERR_VALUE && skip) st = MOE_OK, s->skipped = 1;
+  if (st != MOE_OK) return st;
   if (s->skipped) t->skipped++;
   t->step = step + 1; /* a skipped step is a step of the schedule too (opt.step counts updates) */
   s->seconds = moe__now() - t0;
