@@ -14,8 +14,7 @@
 #include "internal.h" /* moe__threads: --threads 0 as the library counts it */
 #include "progress.h"
 #include "rank_errors.h"
-#include "train_cache.h"
-#include "train_capacity.h"
+#include "train_adjust.h"
 #include "train_data.h"
 #include "train_flex.h"
 #include "train_lm.h"
@@ -269,8 +268,6 @@ typedef struct {
   int grads_zero;                         /* the last checked update left the gradients zeroed */
   moe_model_stats st;                     /* the last forward's */
   trace_writer tw;
-  dyncap *dc;
-  assign_cache *ac;
   moe_flex_trainer *ft;
   int caching;
   int64_t caching_from, skipped0;
@@ -336,6 +333,10 @@ static moe_status cls_update(void *self, moe_optim_t *opt, float lr) {
   return st;
 }
 
+static const moe_layer_stats *cls_layer_stats(void *self, int i) {
+  return moe_model_layer_stats(((cls_run *)self)->m, i);
+}
+
 /* The epoch's evaluation: the accuracy (the interface's loss is the error rate). */
 static moe_status cls_evaluate(void *self, double *loss) {
   cls_run *r = self;
@@ -353,9 +354,8 @@ static moe_status cls_on_batch(void *ctx, int64_t step, const int32_t *ids, int 
   for (int b = 0; m->cfg.moe.dist && r->o->n_parallel_r > 1 && b < m->cfg.blocks; b++) /* switching moves no weights */
     if (moe_layer_set_parallel_r(&m->layers[b], r->o->parallel_r[step % r->o->n_parallel_r]))
       return cls_failed(r, cli_fail(CMD), 1);
-  if ((r->dc && dyncap_begin(r->dc, step)) ||
-      (r->ft && moe_flex_trainer_begin(r->ft, m, moe_trainer_optim(r->tr), step) != MOE_OK) ||
-      (r->ac && assign_cache_before(r->ac, step, ids, n)))
+  (void)ids, (void)n;
+  if (r->ft && moe_flex_trainer_begin(r->ft, m, moe_trainer_optim(r->tr), step) != MOE_OK)
     return cls_failed(r, cli_fail(CMD), 1);
   return MOE_OK;
 }
@@ -373,17 +373,15 @@ static moe_status cls_on_step(void *ctx, const moe_train_step *s) {
       fprintf(stderr, "moe train: epoch %d, batch %d of %d (step %lld): update skipped: %s (further skips "
               "are counted)\n", r->epoch + 1, in_epoch + 1, r->steps, (long long)step, moe_last_error());
   } else {
-    const int32_t *ids = r->tb.perm + (size_t)in_epoch * r->B + r->b0;
     accumulate(&r->a, r->m, &r->st, r->B);
-    if ((r->ac && assign_cache_after(r->ac, step, ids, r->b1 - r->b0)) || (r->dc && dyncap_push(r->dc, step, r->st.loss)) ||
-        (r->ft && moe_flex_trainer_push(r->ft, r->m, step, r->st.loss) != MOE_OK))
-      return cls_failed(r, cli_fail(CMD), 1);
+    if (r->ft && moe_flex_trainer_push(r->ft, r->m, step, r->st.loss) != MOE_OK) return cls_failed(r, cli_fail(CMD), 1);
     if (r->tw.f && trace_step(&r->tw, r->m, step) != MOE_OK)
       return cls_failed(r, cli_usage_error(CMD, "%s: write error", r->o->trace), 1);
     progress(&r->o->progress, r->epoch + 1, r->o->epochs, in_epoch + 1, &r->a);
     if (r->o->log_steps) printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)step, r->st.loss);
   }
   if (in_epoch + 1 < r->steps) return MOE_OK;
+  r->frac_same = s->frac_same, r->caching = s->caching, r->caching_from = s->caching_from; /* for the report */
   cli_progress_break(&r->o->progress);
   if (interrupted) return r->interrupted = 1, MOE_ERR_STATE; /* no evaluation */
   r->rate = r->steps / (cli_now() - r->t0);
@@ -396,8 +394,6 @@ static moe_status cls_on_eval(void *ctx, const moe_train_step *s) {
   train_opts *o = r->o;
   epoch_acc *a = &r->a;
   int epoch = r->epoch;
-  if (r->ac && assign_cache_epoch(r->ac, &r->frac_same, &r->caching, &r->caching_from))
-    return cls_failed(r, cli_fail(CMD), 1);
   const char *split = o->val ? "val" : "test";
   double seen = a->seen ? a->seen : 1, nsteps = a->steps ? a->steps : 1; /* every step skipped: zeros */
   double loss = a->loss / seen, acc = a->correct / seen, aux = a->aux / nsteps;
@@ -415,10 +411,10 @@ static moe_status cls_on_eval(void *ctx, const moe_train_step *s) {
     printf("{\"epoch\": %d, \"skipped_steps\": %lld}\n", epoch + 1, (long long)(info.skipped - r->skipped0));
   else if (o->skip_nan)
     printf("  steps skipped (non-finite, --on-nan skip-step): %lld\n", (long long)(info.skipped - r->skipped0));
-  if (r->ac && !o->json)
+  if (o->adj.cache_assignments && !o->json)
     printf("  samples not reassigned since the last epoch: %.4f; caching %s (on from step %lld)\n", r->frac_same,
            r->caching ? "on" : "off", (long long)r->caching_from);
-  if (r->ac && o->json)
+  if (o->adj.cache_assignments && o->json)
     printf("{\"epoch\": %d, \"frac_same\": %.4f, \"caching\": %d, \"caching_from_step\": %lld}\n", epoch + 1,
            r->frac_same, r->caching, (long long)r->caching_from);
   fflush(stdout);
@@ -448,12 +444,6 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (!rc && train_batch_init(&r.tb, train, B)) rc = cli_usage_error(CMD, "out of memory");
   if (!rc && o->trace && rank == 0 && trace_open(&r.tw, o->trace, step) != MOE_OK) /* rank 0 writes: the counts */
     rc = 1;                                                                         /* are the whole batch's */
-  train_blocks blocks = train_blocks_of_model(m);
-  if (!rc && o->adj.dynamic_capacity && dyncap_start(&r.dc, &blocks, B, o->adj.delta_launch, o->adj.headroom))
-    rc = cli_fail(CMD);
-  if (!rc && o->adj.cache_assignments &&
-      assign_cache_new(&r.ac, &blocks, train->n, steps, o->adj.delta_launch, &o->adj.cache))
-    rc = cli_usage_error(CMD, "--cache-assignments: out of memory");
   moe_trainer_config tc;
   moe_trainer_config_default(&tc);
   tc.lr = o->lr;
@@ -474,7 +464,8 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
                            .layer = &m->cfg.moe, .whole_numel = m->numel, .samples = train->n,
                            .steps_per_epoch = steps, .batch = cls_batch, .forward = cls_forward,
                            .backward = cls_backward, .params_changed = cls_params_changed, .update = cls_update,
-                           .evaluate = cls_evaluate};
+                           .evaluate = cls_evaluate, .moe_layers = m->layers, .n_moe_layers = m->cfg.blocks,
+                           .layer_stats = cls_layer_stats, .rows = B};
   if (!rc && moe_trainer_new(&r.tr, &tc, &model) != MOE_OK) rc = cli_usage_error(CMD, "%s", moe_last_error());
   if (r.tr) { /* the optimizer's state, new or the checkpoint's, becomes the trainer's */
     moe_optim_t *to = moe_trainer_optim(r.tr);
@@ -509,12 +500,9 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (r.tw.f && trace_close(&r.tw) != MOE_OK && !rc) rc = 1;
   if (!local && !interrupted) rc = cli_settle(dist, CMD, rc); /* rank 0's trace file */
   train_batch_free(&r.tb);
-  if (r.dc && !rc && rank == 0) /* rank 0 reports, as on stdout */
-    dyncap_report(r.dc, o->json ? stderr : stdout);
-  dyncap_free(r.dc);
+  if (r.tr && !rc && rank == 0) train_capacity_report(r.tr, o->json ? stderr : stdout); /* rank 0 reports, as on stdout */
   if (r.ft && !rc) flex_report(r.ft, m, o->json ? stderr : stdout, o->json);
   moe_flex_trainer_free(r.ft);
-  assign_cache_free(r.ac);
   moe_trainer_free(r.tr);
   if (rc) return rc;
   if (interrupted) {

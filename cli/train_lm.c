@@ -16,8 +16,7 @@
 #include "progress.h"
 #include "rank_errors.h"
 #include "text_io.h"
-#include "train_cache.h"
-#include "train_capacity.h"
+#include "train_adjust.h"
 #include "train_lm.h"
 
 static const char *CMD = "train";
@@ -240,23 +239,11 @@ typedef struct {
   int steps;
 } lm_acc;
 
-/* The RECOMPILE adjustments of the run (either NULL when off), over the model's layers. */
-typedef struct {
-  dyncap *dc;
-  assign_cache *ac;
-  double frac_same;
-  int caching;
-  int64_t caching_from;
-} lm_adjust;
-
 typedef struct {
   lm_opts *o;
   moe_lm_t *m;
-  lm_adjust adj;
   lm_acc acc;
   int per_epoch; /* steps an epoch of the training windows */
-  const int32_t *ids; /* the step's samples (on_batch's), and their count */
-  int n_ids;
   double valid;  /* the last evaluation's loss */
   int rc;        /* a callback's failure, printed */
 } lm_run;
@@ -293,30 +280,14 @@ static void report(const lm_opts *o, const moe_train_step *s, const lm_acc *a) {
   fflush(stdout);
 }
 
-static int adjust_start(lm_adjust *j, const lm_opts *o, moe_lm_t *m, int64_t samples, int per_epoch) {
-  train_blocks b = train_blocks_of_lm(m);
-  *j = (lm_adjust){NULL, NULL, -1, 0, -1};
+/* The adjustments need every layer to be MoE; a resumed run's start afresh. */
+static int adjust_check(const lm_opts *o, const moe_lm_t *m) {
   int dense = 0; /* Qwen's dense layers (mlp_only_layers, decoder_sparse_step) have no MoE layer to adjust */
   for (int i = 0; i < m->cfg.n_layers; i++) dense |= moe_lm_layer_dense(&m->cfg, i);
   if (dense && (o->adj->dynamic_capacity || o->adj->cache_assignments || o->n_parallel_r > 1))
     return cli_usage_error(CMD, "--capacity dynamic, --cache-assignments and several --parallel-r need every layer "
                                 "to be MoE; %s has dense layers", o->resume ? o->resume : "the model");
-  if (o->adj->dynamic_capacity &&
-      dyncap_start(&j->dc, &b, o->tc.batch * o->tc.context, o->adj->delta_launch, o->adj->headroom))
-    return cli_fail(CMD);
-  if (o->adj->cache_assignments &&
-      assign_cache_new(&j->ac, &b, (int)samples, per_epoch, o->adj->delta_launch, &o->adj->cache))
-    return cli_usage_error(CMD, "--cache-assignments: out of memory for %d windows", (int)(samples / o->tc.context));
-  if ((j->dc || j->ac) && o->resume)
-    fprintf(stderr, "moe train: resuming with %s: its state starts afresh\n",
-            j->dc ? "--capacity dynamic" : "--cache-assignments");
   return 0;
-}
-
-static void adjust_end(lm_adjust *j, int rc, int json) {
-  if (j->dc && !rc) dyncap_report(j->dc, json ? stderr : stdout);
-  dyncap_free(j->dc);
-  assign_cache_free(j->ac);
 }
 
 /* A callback's failure, printed: the trainer returns this status, and the run its exit status. */
@@ -329,39 +300,24 @@ static moe_status failed(lm_run *r, int rc) {
 static moe_status on_batch(void *ctx, int64_t step, const int32_t *ids, int n) {
   lm_run *r = ctx;
   moe_lm_t *m = r->m;
-  r->ids = ids;
-  r->n_ids = n;
+  (void)ids, (void)n;
   for (int i = 0; m->cfg.moe.dist && r->o->n_parallel_r > 1 && i < m->cfg.n_layers; i++) /* switching moves no weights */
     if (moe_layer_set_parallel_r(&m->layers[i], r->o->parallel_r[step % r->o->n_parallel_r]) != MOE_OK)
       return failed(r, cli_fail(CMD));
-  if ((r->adj.dc && dyncap_begin(r->adj.dc, step)) || (r->adj.ac && assign_cache_before(r->adj.ac, step, ids, n)))
-    return failed(r, cli_fail(CMD));
   return MOE_OK;
 }
 
-/* After step `step` (0-based), the last of an epoch: the caching switch, and a line on it. */
-static int adjust_epoch(lm_adjust *j, const lm_opts *o, int64_t step, int per_epoch) {
-  if (!j->ac || (step + 1) % per_epoch) return 0;
-  if (assign_cache_epoch(j->ac, &j->frac_same, &j->caching, &j->caching_from)) return cli_fail(CMD);
-  if (o->json)
-    printf("{\"epoch\": %lld, \"frac_same\": %.4f, \"caching\": %d, \"caching_from_step\": %lld}\n",
-           (long long)((step + 1) / per_epoch), j->frac_same, j->caching, (long long)j->caching_from);
-  else
-    printf("  epoch %lld: samples not reassigned since the last epoch: %.4f; caching %s (on from step %lld)\n",
-           (long long)((step + 1) / per_epoch), j->frac_same, j->caching ? "on" : "off", (long long)j->caching_from);
-  return 0;
-}
-
-/* After the update: the adjustments' records, the step's line and the progress. */
+/* After the update: at an epoch's end the caching switch's line, the step's line and the progress. */
 static moe_status on_step(void *ctx, const moe_train_step *s) {
   lm_run *r = ctx;
-  int64_t step = s->step - 1;
   accumulate(&r->acc, s);
-  if ((r->adj.ac && assign_cache_after(r->adj.ac, step, r->ids, r->n_ids)) ||
-      (r->adj.dc && dyncap_push(r->adj.dc, step, s->batch.ce)))
-    return failed(r, cli_fail(CMD));
-  int rc = adjust_epoch(&r->adj, r->o, step, r->per_epoch);
-  if (rc) return failed(r, rc);
+  long long epoch = s->step / r->per_epoch;
+  if (s->epoch_end && r->o->json)
+    printf("{\"epoch\": %lld, \"frac_same\": %.4f, \"caching\": %d, \"caching_from_step\": %lld}\n", epoch,
+           s->frac_same, s->caching, (long long)s->caching_from);
+  else if (s->epoch_end)
+    printf("  epoch %lld: samples not reassigned since the last epoch: %.4f; caching %s (on from step %lld)\n", epoch,
+           s->frac_same, s->caching ? "on" : "off", (long long)s->caching_from);
   if (r->o->log_steps) printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)s->step, s->batch.ce);
   char extra[64];
   snprintf(extra, sizeof extra, "loss %.4f", r->acc.ce / r->acc.steps);
@@ -392,10 +348,13 @@ static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, const lm_streams
   moe_trainer *tr = NULL;
   if (moe_train_lm(&model, m, t, d->train, d->ntrain, d->valid, d->nvalid, &tc) != MOE_OK) return cli_fail(CMD);
   r.per_epoch = model.steps_per_epoch;
-  int rc = adjust_start(&r.adj, o, m, model.samples, model.steps_per_epoch);
+  int rc = adjust_check(o, m);
   if (rc) model.free(model.self);
   else if (moe_trainer_new(&tr, &tc, &model) != MOE_OK || (o->resume && moe_trainer_resume(tr, o->resume) != MOE_OK))
     rc = cli_fail(CMD);
+  if (!rc && o->resume && (o->adj->dynamic_capacity || o->adj->cache_assignments))
+    fprintf(stderr, "moe train: resuming with %s: its state starts afresh\n",
+            o->adj->dynamic_capacity ? "--capacity dynamic" : "--cache-assignments");
   moe_trainer_info info = {0};
   if (tr) moe_trainer_get_info(tr, &info);
   cli_progress_start(&o->progress, 1, "steps", info.last);
@@ -407,7 +366,7 @@ static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, const lm_streams
     if (s.evaluated) rc = cli_settle(dist, CMD, rc); /* the checkpoint's and keep-best's writes (rank 0's) */
   }
   cli_progress_break(&o->progress);
-  adjust_end(&r.adj, rc, o->json);
+  if (tr && !rc) train_capacity_report(tr, o->json ? stderr : stdout);
   if (tr) moe_trainer_get_info(tr, &info);
   if (!rc && interrupted) {
     fprintf(stderr, "\nmoe train: interrupted at step %lld; %s\n", (long long)info.step,

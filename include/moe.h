@@ -1443,6 +1443,13 @@ typedef struct {
   size_t whole_numel;            /* parameters of the one-process model (numel with one process) */
   int64_t samples;               /* the training data's samples: batch's sample ids are below it */
   int steps_per_epoch;           /* steps a pass over the training data takes */
+  /* The MoE layers DynaMoE's adjustments change (NULL: the model has none to adjust), all of
+   * configuration `layer`, their stats of the last forward, and the rows a step's batch puts through
+   * them (over all ranks: tokens for the language model, samples for the classifier). */
+  moe_layer_t *moe_layers;
+  int n_moe_layers;
+  const moe_layer_stats *(*layer_stats)(void *self, int i);
+  int rows;
   /* Step's batch (its sample ids into *samples, *n: sample-assignment caching's samples). */
   moe_status (*batch)(void *self, int64_t step, const int32_t **samples, int *n);
   /* Zeroes the gradients, then the batch's loss (keeping what backward needs) into st. */
@@ -1465,8 +1472,13 @@ typedef struct {
   void (*free)(void *self);
 } moe_train_model;
 
-/* DynaMoE's adjustments (RECOMPILE): per-expert dynamic capacity and sample-assignment caching. Kept in
- * the trainer state; their drivers run in the caller's on_batch and on_step callbacks (moe train's). */
+/* DynaMoE's adjustments (RECOMPILE, moe_recompile_*), which the trainer runs over the model's MoE
+ * layers: per-expert dynamic capacity (4.1: every step's expert counts go to a trigger thread, whose
+ * capacities (moe_dynamic_capacity over smoothed counts) take effect delta_launch + 1 steps later,
+ * rank 0's on every rank) and sample-assignment caching (4.2: each sample's experts recorded per epoch;
+ * at an epoch's end the fraction not reassigned, frac_same, switches caching on (>= on, from epoch
+ * min_epoch) or off (< off), delta_launch + 1 steps later; while on, a batch is routed with its samples'
+ * assignments of the previous epoch). Kept in the trainer state. */
 typedef struct {
   float on, off; /* caching switches on at frac_same >= on (from epoch min_epoch), off below off */
   int min_epoch;
@@ -1505,8 +1517,9 @@ typedef struct {
   uint64_t seed;                    /* 1 */
   moe_train_adjust adjust;          /* off; delta_launch 2, headroom 0.25, caching 0.96 / 0.90 from epoch 10 */
   /* Callbacks (NULL: none), on every rank; a status other than MOE_OK ends the step with it. on_batch
-   * runs after the step's batch is made, before its forward; on_step after the update, before an
-   * evaluation; on_eval after an evaluation, before the checkpoint. */
+   * runs after the step's batch is made and the capacities due applied, before the cached assignments
+   * and the forward; on_step after the update and the adjustments' records (an epoch's end included),
+   * before an evaluation; on_eval after an evaluation, before the checkpoint. */
   moe_status (*on_batch)(void *ctx, int64_t step, const int32_t *samples, int n);
   moe_status (*on_step)(void *ctx, const moe_train_step *s);
   moe_status (*on_eval)(void *ctx, const moe_train_step *s);
@@ -1521,6 +1534,10 @@ struct moe_train_step {
   double train_seconds;    /* all training steps' so far, resumed runs' included (rank 0's) */
   moe_train_batch_stats batch;
   int skipped;             /* MOE_ON_NAN_SKIP dropped or undid this step's update */
+  int epoch_end;           /* with assignment caching, the step ended an epoch: */
+  double frac_same;        /* its samples not reassigned since the epoch before (-1: no such epoch) */
+  int caching;             /* caching on now, */
+  int64_t caching_from;    /* from this step (-1: never on) */
   int evaluated;           /* an evaluation followed the step: */
   double valid_loss;       /* its loss (NAN when none) */
   int best;                /* the lowest validation loss so far (keep_best rewritten) */
@@ -1563,6 +1580,8 @@ void moe_trainer_get_info(const moe_trainer *t, moe_trainer_info *out);
  * model whose checkpoints hold it in their own format (the classifier's moe_checkpoint_save and _load),
  * and the steps done, set when resuming from such a checkpoint. */
 moe_optim_t *moe_trainer_optim(moe_trainer *t);
+/* With dynamic capacity: its recompile stats (recompiles are `adjustments`), and 1; else 0. */
+int moe_trainer_capacity_stats(const moe_trainer *t, moe_recompile_stats *out);
 void moe_trainer_set_step(moe_trainer *t, int64_t step);
 
 /* trainer_state.safetensors in a checkpoint directory (DESIGN 4.10): F32 optim.m and optim.v (Adam's

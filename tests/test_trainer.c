@@ -239,8 +239,13 @@ TEST(trainer_state_keeps_the_options) {
   moe_trainer_config c;
   moe_trainer_config_default(&c);
   c.steps = 7, c.warmup = 2, c.lr = 0.125f, c.optim.weight_decay = 0.25f, c.eval_every = 3, c.context = 5;
-  c.batch = 3, c.eval_windows = 9, c.seed = 1234567890123ull, c.adjust.cache_assignments = 1, c.adjust.cache.on = 0.5f;
+  c.batch = 3, c.eval_windows = 9, c.seed = 1234567890123ull, c.adjust.headroom = 0.75f, c.adjust.cache.on = 0.5f;
   moe_trainer *tr;
+  c.adjust.cache_assignments = 1; /* a model without MoE layers has nothing to adjust */
+  ASSERT_STATUS(moe_trainer_new(&tr, &c, &m), MOE_ERR_ARG);
+  c.adjust.cache_assignments = 0;
+  m = toy_model(&t);
+  m.layer = &l;
   ASSERT_OK(moe_trainer_new(&tr, &c, &m));
   for (int i = 0; i < 3; i++) ASSERT_OK(moe_trainer_step(tr, NULL));
   ASSERT_OK(moe_trainer_save(tr, ck));
@@ -260,7 +265,7 @@ TEST(trainer_state_keeps_the_options) {
   ASSERT_EQ_INT(r.batch, 3);
   ASSERT_EQ_INT(r.eval_windows, 9);
   ASSERT(r.seed == 1234567890123ull);
-  ASSERT_EQ_INT(r.adjust.cache_assignments, 1);
+  ASSERT_NEAR(r.adjust.headroom, 0.75, 0);
   ASSERT_NEAR(r.adjust.cache.on, 0.5, 0);
   ASSERT_NEAR(rl.capacity_setting, 1.5, 0);
   ASSERT_EQ_INT(rl.dispatch, MOE_DISPATCH_STATIC);
@@ -396,4 +401,67 @@ TEST(trainer_lm_resume_matches_uninterrupted) {
       FAIL_("%s differs after the resumed run", full.refs[i].name);
   moe_lm_free(&full);
   moe_lm_free(&resumed);
+}
+
+typedef struct {
+  int64_t ends[8];
+  double frac[8];
+  int n, caching;
+  int64_t caching_from;
+} epoch_log;
+
+static moe_status log_epochs(void *ctx, const moe_train_step *s) {
+  epoch_log *l = ctx;
+  if (!s->epoch_end) return MOE_OK;
+  l->ends[l->n] = s->step;
+  l->frac[l->n++] = s->frac_same;
+  l->caching = s->caching;
+  l->caching_from = s->caching_from;
+  return MOE_OK;
+}
+
+/* DynaMoE's adjustments run by the trainer itself: caching's epochs end every steps_per_epoch steps,
+ * frac_same unknown after the first and a fraction after the others, the switch on (thresholds 0, from
+ * epoch 1) delta_launch + 1 steps after the metrics of the step after the first epoch judged; dynamic
+ * capacity's trigger sees every step. */
+TEST(trainer_lm_runs_dynamoe_adjustments) {
+  int32_t tr[LM_TRAIN], va[LM_VALID];
+  stream(tr, LM_TRAIN, 11, 40);
+  stream(va, LM_VALID, 12, 40);
+  moe_trainer_config c;
+  moe_trainer_config_default(&c);
+  c.context = 8, c.batch = 16, c.eval_windows = 2, c.eval_every = 1000;
+  c.adjust.cache_assignments = 1, c.adjust.cache.on = 0, c.adjust.cache.min_epoch = 1, c.adjust.delta_launch = 0;
+  c.adjust.dynamic_capacity = 1;
+  epoch_log log = {0};
+  c.on_step = log_epochs;
+  c.ctx = &log;
+  moe_lm_config lc;
+  lm_cfg(&lc);
+  lc.moe.dispatch = MOE_DISPATCH_STATIC; /* per-expert capacities are static dispatch's */
+  moe_lm_t m = {0};
+  ASSERT_OK(moe_lm_init(&m, &lc));
+  moe_lm_init_params(&m, 3);
+  moe_train_model model;
+  moe_trainer *t;
+  ASSERT_OK(moe_train_lm(&model, &m, NULL, tr, LM_TRAIN, va, LM_VALID, &c));
+  int per = model.steps_per_epoch; /* 149 windows of 8 + 1, 16 a step */
+  ASSERT_EQ_INT(per, 9);
+  c.steps = 3 * per;
+  ASSERT_OK(moe_trainer_new(&t, &c, &model));
+  while (!moe_trainer_done(t)) ASSERT_OK(moe_trainer_step(t, NULL));
+  moe_recompile_stats rs;
+  int has = moe_trainer_capacity_stats(t, &rs);
+  moe_trainer_free(t);
+  moe_lm_free(&m);
+  ASSERT_EQ_INT(has, 1);
+  if (rs.triggers < 1 || rs.triggers > c.steps) FAIL_("%lld trigger calls for %d steps", (long long)rs.triggers, c.steps);
+  ASSERT_EQ_INT(log.n, 3);
+  for (int e = 0; e < 3; e++) ASSERT_EQ_INT(log.ends[e], (e + 1) * per);
+  ASSERT_NEAR(log.frac[0], -1, 0);
+  for (int e = 1; e < 3; e++)
+    if (!(log.frac[e] >= 0 && log.frac[e] <= 1)) FAIL_("epoch %d: frac_same %g", e + 1, log.frac[e]);
+  /* epoch 2's frac_same goes to the trigger with step 2 per + 1's metrics (0-based 2 per), on at the next */
+  ASSERT_EQ_INT(log.caching, 1);
+  ASSERT_EQ_INT(log.caching_from, 2 * per + 1);
 }

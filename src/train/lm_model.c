@@ -97,6 +97,8 @@ static moe_status lm_scatter(void *self, const float *whole, float *local) {
   return moe_lm_scatter(((lm_task *)self)->m, whole, local);
 }
 
+static const moe_layer_stats *lm_layer_stats(void *self, int i) { return moe_lm_layer_stats(((lm_task *)self)->m, i); }
+
 static void lm_free(void *self) {
   lm_task *k = self;
   if (!k) return;
@@ -140,6 +142,9 @@ moe_status moe_train_lm(moe_train_model *out, moe_lm_t *m, const moe_tokenizer *
                            .samples = (int64_t)k->nwin * T, .steps_per_epoch = k->per_epoch, .batch = lm_batch,
                            .forward = lm_forward, .backward = lm_backward, .params_changed = lm_params_changed,
                            .evaluate = lm_evaluate, .save = lm_save, .gather = lm_gather, .scatter = lm_scatter,
-                           .free = lm_free};
+                           .free = lm_free, .layer_stats = lm_layer_stats, .rows = B * T};
+  int dense = 0; /* Qwen's dense layers (mlp_only_layers, decoder_sparse_step) have no MoE layer to adjust */
+  for (int i = 0; i < m->cfg.n_layers; i++) dense |= moe_lm_layer_dense(&m->cfg, i);
+  if (!dense) out->moe_layers = m->layers, out->n_moe_layers = m->cfg.n_layers;
   return MOE_OK;
 }

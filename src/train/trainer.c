@@ -53,6 +53,16 @@ moe_status moe_trainer_new(moe_trainer **out, const moe_trainer_config *c, moe_t
       !(t->copy = malloc(t->model.numel * (1 + (t->opt.m != NULL) + (t->opt.v != NULL)) * sizeof *t->copy)))
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "trainer: out of memory for the skip-step copy of %zu "
                     "parameters", t->model.numel);
+  const moe_train_model *m = &t->model;
+  moe__train_blocks b = {m->moe_layers, m->n_moe_layers, m->layer, m->layer_stats, m->self};
+  const moe_train_adjust *a = &c->adjust;
+  if (st == MOE_OK && (a->dynamic_capacity || a->cache_assignments) && (!m->moe_layers || !m->layer_stats))
+    st = moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "trainer: dynamic capacity and assignment caching need every "
+                    "layer of the model to be MoE");
+  if (st == MOE_OK && a->dynamic_capacity)
+    st = moe__dyncap_start(&t->dc, &b, m->rows, a->delta_launch, a->headroom);
+  if (st == MOE_OK && a->cache_assignments)
+    st = moe__assign_cache_new(&t->ac, &b, (int)m->samples, m->steps_per_epoch, a->delta_launch, &a->cache);
   if (st != MOE_OK) {
     moe_trainer_free(t);
     return st;
@@ -66,6 +76,8 @@ void moe_trainer_free(moe_trainer *t) {
   if (t->model.free) t->model.free(t->model.self);
   moe_optim_free(&t->opt);
   free(t->copy);
+  moe__dyncap_free(t->dc);
+  moe__assign_cache_free(t->ac);
   free(t);
 }
 
@@ -74,6 +86,11 @@ int moe_trainer_done(const moe_trainer *t) {
 }
 
 moe_optim_t *moe_trainer_optim(moe_trainer *t) { return &t->opt; }
+
+int moe_trainer_capacity_stats(const moe_trainer *t, moe_recompile_stats *out) {
+  if (t->dc) moe__dyncap_stats(t->dc, out);
+  return t->dc != NULL;
+}
 
 void moe_trainer_set_step(moe_trainer *t, int64_t step) { t->step = step; }
 
@@ -197,7 +214,9 @@ moe_status moe_trainer_step(moe_trainer *t, moe_train_step *out) {
   const int32_t *samples;
   int n;
   MOE_CHECK(m->batch(m->self, step, &samples, &n));
+  if (t->dc) MOE_CHECK(moe__dyncap_begin(t->dc, step));
   if (c->on_batch) MOE_CHECK(c->on_batch(c->ctx, step, samples, n));
+  if (t->ac) MOE_CHECK(moe__assign_cache_before(t->ac, step, samples, n));
   s->lr = moe_trainer_lr(c, step, t->train_s);
   /* non-finite: a loss, or MOE_ERR_VALUE from the model (an activation or gradient it names) */
   int skip = c->on_nan == MOE_ON_NAN_SKIP;
@@ -216,6 +235,12 @@ moe_status moe_trainer_step(moe_trainer *t, moe_train_step *out) {
   if (c->time_budget) MOE_CHECK(agreed_seconds(m->dist, &t->train_s));
   s->step = step + 1;
   s->train_seconds = t->train_s;
+  if (t->ac && !s->skipped) MOE_CHECK(moe__assign_cache_after(t->ac, step, samples, n));
+  if (t->dc && !s->skipped) MOE_CHECK(moe__dyncap_push(t->dc, step, s->batch.ce));
+  s->frac_same = -1;
+  s->caching_from = -1;
+  s->epoch_end = t->ac && (step + 1) % m->steps_per_epoch == 0;
+  if (s->epoch_end) MOE_CHECK(moe__assign_cache_epoch(t->ac, &s->frac_same, &s->caching, &s->caching_from));
   if (c->on_step) MOE_CHECK(c->on_step(c->ctx, s));
   int out_of_time = c->time_budget && t->train_s >= c->time_budget;
   if ((step + 1) % c->eval_every && step + 1 != t->last && !out_of_time) return MOE_OK;

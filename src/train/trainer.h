@@ -2,7 +2,7 @@
 #ifndef MOE_TRAIN_TRAINER_H
 #define MOE_TRAIN_TRAINER_H
 
-#include "internal.h"
+#include "train/adjust.h"
 
 struct moe_trainer {
   moe_trainer_config cfg; /* warmup resolved */
@@ -14,6 +14,8 @@ struct moe_trainer {
   double best;            /* lowest validation loss so far */
   int64_t skipped;
   float *copy;            /* MOE_ON_NAN_SKIP: the parameters and Adam's state before an update */
+  moe__dyncap *dc;        /* DynaMoE's adjustments (NULL: off) */
+  moe__assign_cache *ac;
 };
 
 /* DIR/trainer_state.safetensors */
