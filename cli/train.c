@@ -428,9 +428,10 @@ static moe_status cls_on_eval(void *ctx, const moe_train_step *s) {
   return MOE_OK;
 }
 
-/* Epochs from start_epoch (step its first step) on the trainer, which takes over opt's state. */
+/* The epochs from step (an epoch's first: 0, or a checkpoint's) on the trainer, which takes over opt's
+ * state. */
 static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *train, moe_dataset *test,
-               int start_epoch, int64_t step) {
+               int64_t step) {
   int B = o->batch, steps = train->n / B;
   const moe_dist *dist = m->cfg.moe.dist;
   int W = moe_dist_size(dist), rank = moe_dist_rank(dist);
@@ -478,7 +479,6 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (!rc && m->cfg.moe.replica_slots)
     rc = cli_settle(dist, CMD, flex_start(&r.ft, m, o->balance_threshold, o->replica_horizon, o->adj.delta_launch,
                                           o->replica_ops, stdout));
-  (void)start_epoch; /* the trainer's step: an epoch's start */
   while (!rc && !moe_trainer_done(r.tr) && !interrupted) {
     moe_trainer_info info;
     moe_trainer_get_info(r.tr, &info);
@@ -558,7 +558,7 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
 /* The model and optimizer: from --resume's checkpoint (its training options, the flags given now
  * winning), or new. 0 or the exit status, its message held or printed. */
 static int setup(int argc, char **argv, train_opts *o, int arch, const moe_dataset *train, const moe_dataset *test,
-                 moe_model_t *m, moe_optim_t *opt, int *start, int64_t *step) {
+                 moe_model_t *m, moe_optim_t *opt, int64_t *step) {
   if (!o->resume) {
     o->model.in_dim = train->rows * train->cols;
     o->model.classes = train->classes > test->classes ? train->classes : test->classes;
@@ -589,7 +589,6 @@ static int setup(int argc, char **argv, train_opts *o, int arch, const moe_datas
   if (m->cfg.in_dim != train->rows * train->cols)
     return cli_usage_error(CMD, "the model takes %d features, the data has %d", m->cfg.in_dim, train->rows * train->cols);
   o->seed = ts.seed;
-  *start = ts.epoch;
   *step = ts.step;
   moe_model_set_threads(m, o->threads);
   for (int b = 0; b < m->cfg.blocks; b++) { /* runtime choices, like the threads: not in the checkpoint */
@@ -640,15 +639,14 @@ int cmd_train(int argc, char **argv) {
   rc = cli_settle(dist, CMD, rc);
   if (!rc && dist && moe_dist_set_a2a(dist, o.a2a, o.ranks_per_node) != MOE_OK)
     rc = cli_fail(CMD); /* other ranks may be inside the split: stopped by cli_dist_end */
-  int start = 0;
   int64_t step = 0;
-  if (!rc) rc = cli_settle(dist, CMD, setup(argc, argv, &o, arch, &train, &test, &m, &opt, &start, &step));
+  if (!rc) rc = cli_settle(dist, CMD, setup(argc, argv, &o, arch, &train, &test, &m, &opt, &step));
   if (!rc) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigint;
     sigaction(SIGINT, &sa, NULL);
-    rc = run(&o, &m, &opt, &train, &test, start, step);
+    rc = run(&o, &m, &opt, &train, &test, step);
   }
   moe_optim_free(&opt);
   moe_model_free(&m);

@@ -9,6 +9,7 @@ import numpy as np
 
 from . import _structs as S
 from ._lib import check, lib, text
+from .lm import LM
 
 _P, _I32 = C.POINTER, C.POINTER(C.c_int32)
 for _name, (_res, _args) in {
@@ -21,6 +22,8 @@ for _name, (_res, _args) in {
         "moe_trainer_step": (C.c_int, [C.c_void_p, _P(S.TrainStep)]),
         "moe_trainer_evaluate": (C.c_int, [C.c_void_p, _P(C.c_double)]),
         "moe_trainer_save": (C.c_int, [C.c_void_p, C.c_char_p]),
+        "moe_trainer_state_read": (C.c_int, [C.c_char_p, _P(S.TrainerConfig), _P(S.LayerConfig), C.c_void_p]),
+        "moe_trainer_resume": (C.c_int, [C.c_void_p, C.c_char_p]),
         "moe_trainer_get_info": (None, [C.c_void_p, _P(S.TrainerInfo)]),
         "moe_lm_stream_encode": (C.c_int, [C.c_void_p, C.c_char_p, C.c_size_t, _P(_I32), _P(C.c_size_t)]),
         "moe_free": (None, [C.c_void_p])}.items():
@@ -73,13 +76,14 @@ class Trainer:
     "stop" | "skip", context 64, batch 8, eval_windows 64, seed 1, dynamic_capacity, delta_launch,
     headroom, cache_assignments, cache_on, cache_off, cache_min_epoch. checkpoint: the directory written
     at each evaluation (the model, tokenizer.json with a tokenizer, trainer_state.safetensors). step()
-    runs one step and returns its numbers; run() steps until done."""
+    runs one step and returns its numbers; run() steps until done. Trainer.resume(DIR, ...) goes on from
+    a checkpoint."""
 
-    def __init__(self, lm, train, valid, tokenizer=None, checkpoint=None, keep_best=None, **options):
+    def __init__(self, lm, train, valid, tokenizer=None, checkpoint=None, keep_best=None, _state=None, **options):
         self._t = None
         self._keep = (lm, tokenizer, np.ascontiguousarray(train, np.int32), np.ascontiguousarray(valid, np.int32))
         self._paths = [None if p is None else text(p) for p in (checkpoint, keep_best)]
-        c = _config(options)
+        c = _config(options) if _state is None else _state
         c.checkpoint, c.keep_best = self._paths
         tr, va = self._keep[2], self._keep[3]
         model = S.TrainModel()
@@ -88,6 +92,28 @@ class Trainer:
         t = C.c_void_p()
         check(lib.moe_trainer_new(C.byref(t), C.byref(c), C.byref(model)))  # owns model from here on
         self._t = t
+
+    @classmethod
+    def resume(cls, path, train, valid, tokenizer=None, checkpoint=None, keep_best=None, stop_after=0, threads=0):
+        """A checkpoint directory's run (`moe train --task lm`'s or a Trainer's) going on from its step:
+        the model loaded with the layers' options its trainer state keeps, the schedule and options
+        from there too, saving to checkpoint (default: path) as `moe train --resume` does. .lm is the
+        model."""
+        cfg, c = S.LMConfig(), _config({})
+        check(lib.moe_lm_read_config(text(path), C.byref(cfg)))
+        check(lib.moe_trainer_state_read(text(path), C.byref(c), C.byref(cfg.moe), None))
+        cfg.moe.threads = threads
+        c.stop_after = stop_after
+        lm = LM.__new__(LM)
+        lm._c, lm.eos = None, []
+        m = S.LM()
+        check(lib.moe_lm_load(C.byref(m), text(path), C.byref(cfg)))
+        lm._c = m
+        self = cls(lm, train, valid, tokenizer, path if checkpoint is None else checkpoint, keep_best, _state=c)
+        check(lib.moe_trainer_resume(self._t, text(path)))
+        return self
+
+    lm = property(lambda self: self._keep[0])
 
     @property
     def done(self):

@@ -1,7 +1,7 @@
 """libmoe.Trainer: a run trained from Python (the tokenizer, the model and the token streams made as
 `moe train --task lm` makes them, the library's loop) stopped half way and resumed by `moe train
---resume` logs the uninterrupted CLI run's step losses and ends with its weights, bit for bit (MOE_CLI,
-which tests/test_python.c sets)."""
+--resume`, and a `moe train` run resumed by Trainer.resume, log the uninterrupted CLI run's step losses
+and end with its weights, bit for bit (MOE_CLI, which tests/test_python.c sets)."""
 import os
 import re
 import subprocess
@@ -68,6 +68,30 @@ class TrainerTest(unittest.TestCase):
         for f in ("model.safetensors", "config.json", "tokenizer.json"):
             with open(os.path.join(full_ck, f), "rb") as a, open(os.path.join(py_ck, f), "rb") as b:
                 self.assertTrue(a.read() == b.read(), f)
+
+    def test_moe_train_run_resumes_bit_for_bit_in_python(self):
+        cli = os.environ.get("MOE_CLI")
+        if not cli:
+            self.skipTest("MOE_CLI not set (tests/test_python.c sets it)")
+        d = tempfile.mkdtemp(prefix="libmoe_trainer_")
+        corpus(d)
+        full_ck, half_ck = os.path.join(d, "full"), os.path.join(d, "half")
+        run = lambda *a: subprocess.run([cli, "train", "--task", "lm", "--data", d, *TINY_FLAGS, "--json",
+                                         "--log-steps", *a], capture_output=True, text=True, check=True).stdout
+        want = step_losses(run("--checkpoint", full_ck))
+        self.assertEqual(step_losses(run("--checkpoint", half_ck, "--stop-after", "20")), want[:20])
+        tok = libmoe.Tokenizer(os.path.join(half_ck, "tokenizer.json"))
+        with open(os.path.join(d, "train.txt"), "rb") as f:
+            train = libmoe.lm_stream(tok, f.read())
+        with open(os.path.join(d, "valid.txt"), "rb") as f:
+            valid = libmoe.lm_stream(tok, f.read())
+        tr = libmoe.Trainer.resume(half_ck, train, valid, tokenizer=tok, threads=1)
+        self.assertEqual(tr.info()["step"], 20)
+        self.assertEqual(["%.9g" % s["ce"] for s in tr.run()], want[20:])
+        del tr
+        with open(os.path.join(full_ck, "model.safetensors"), "rb") as a, \
+                open(os.path.join(half_ck, "model.safetensors"), "rb") as b:
+            self.assertTrue(a.read() == b.read())
 
     def test_bad_options(self):
         tok = libmoe.Tokenizer.train(" ".join(SENTENCES) * 20, 300)
