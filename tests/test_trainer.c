@@ -245,6 +245,11 @@ TEST(trainer_state_keeps_the_options) {
   ASSERT_STATUS(moe_trainer_new(&tr, &c, &m), MOE_ERR_ARG);
   c.adjust.cache_assignments = 0;
   m = toy_model(&t);
+  m.save = NULL; /* a checkpoint needs the model's files */
+  c.checkpoint = ck;
+  ASSERT_STATUS(moe_trainer_new(&tr, &c, &m), MOE_ERR_ARG);
+  c.checkpoint = NULL;
+  m = toy_model(&t);
   m.layer = &l;
   ASSERT_OK(moe_trainer_new(&tr, &c, &m));
   for (int i = 0; i < 3; i++) ASSERT_OK(moe_trainer_step(tr, NULL));

@@ -48,6 +48,9 @@ moe_status moe_trainer_new(moe_trainer **out, const moe_trainer_config *c, moe_t
     st = moe__error(MOE_ERR_ARG, __FILE__, __LINE__,
                     "trainer: steps %d, eval_every %d, lr %g, time_budget %g, stop_after %d out of range", c->steps,
                     c->eval_every, (double)c->lr, (double)c->time_budget, c->stop_after);
+  if (st == MOE_OK && ((c->checkpoint && (!t->model.save || !t->model.gather)) || (c->keep_best && !t->model.save)))
+    st = moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "trainer: a checkpoint or keep_best directory needs the "
+                    "model's save and gather");
   if (st == MOE_OK) st = moe_optim_init_n(&t->opt, &c->optim, t->model.numel);
   if (st == MOE_OK && c->on_nan == MOE_ON_NAN_SKIP &&
       !(t->copy = malloc(t->model.numel * (1 + (t->opt.m != NULL) + (t->opt.v != NULL)) * sizeof *t->copy)))

@@ -83,6 +83,7 @@ moe_status moe_trainer_state_read(const char *dir, moe_trainer_config *c, moe_la
 
 moe_status moe_trainer_resume(moe_trainer *t, const char *dir) {
   char path[4096];
+  MOE_TRY(t->model.scatter, MOE_ERR_ARG, "trainer: resuming from %s needs the model's scatter", dir);
   moe__trainer_state_path(path, sizeof path, dir);
   moe_st *f;
   MOE_CHECK(moe_st_open(&f, path));
@@ -114,6 +115,7 @@ moe_status moe_trainer_resume(moe_trainer *t, const char *dir) {
 moe_status moe_trainer_save(moe_trainer *t, const char *dir) {
   char path[4096], buf[32], opts[1024];
   const moe_train_model *m = &t->model;
+  MOE_TRY(m->save && m->gather, MOE_ERR_ARG, "trainer: a checkpoint in %s needs the model's save and gather", dir);
   int writer = moe_dist_rank(m->dist) == 0;
   moe_status st = m->save(m->self, dir);
   size_t n = m->whole_numel;
