@@ -577,7 +577,11 @@ static int setup(int argc, char **argv, train_opts *o, int arch, const moe_datas
   if (!opt->m) return cli_usage_error(CMD, "%s: has no optimizer state to resume from", o->resume);
   if (!load_extra(ts.extra, o))
     return cli_usage_error(CMD, "%s: __metadata__ train='%s' is not a valid set of training options", o->resume, ts.extra);
+  int saved_batch = o->batch;
   parse(argc, argv, o, &arch); /* flags given now win over the checkpoint's (they parsed once already) */
+  if (o->batch != saved_batch && train->n / o->batch != train->n / saved_batch) /* the trainer's epochs are steps */
+    return cli_usage_error(CMD, "--batch %d on --resume: %s's %d epochs are %lld steps of batch %d; resume with "
+                           "its batch", o->batch, o->resume, ts.epoch, (long long)ts.step, saved_batch);
   if ((o->adj.dynamic_capacity || o->adj.cache_assignments) && !cli_quiet_rank())
     fprintf(stderr, "moe train: resuming with %s: the trigger's state (smoothed counts, last epoch's "
                     "assignments) starts afresh, so this run is not bit-identical to one without a break\n",
