@@ -15,11 +15,6 @@
  * names scripts/get-brown.sh; a split too short for one window of context + 1 tokens says so). */
 int lm_stream_load(const char *cmd, const moe_tokenizer *t, const char *dir, const char *split, int context,
                    int32_t **ids, size_t *n);
-/* The ids that end a text, into eos (room for LM_MAX_EOS): DIR/config.json's "eos_token_id" (an id or a
- * list of ids, as Hugging Face writes it) and the tokenizer's <|endoftext|> (t may be NULL). Their
- * count, or -1 after printing "moe <cmd>: ..." naming the field and value. */
-#define LM_MAX_EOS 9
-int lm_eos_ids(const char *cmd, const char *dir, const moe_tokenizer *t, int vocab, int32_t *eos);
 /* Whether id is one of the n in eos. */
 int lm_is_eos(const int32_t *eos, int n, int32_t id);
 

@@ -8,6 +8,7 @@
  * that long after its headers, is closed, which also bounds the drain at SIGTERM. */
 #include <arpa/inet.h>
 #include <microhttpd.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,10 +56,9 @@ typedef struct { /* the state of a response: the request, its text so far */
   int timed;           /* its latencies are in the metrics */
   int chat;            /* POST /v1/chat/completions: chat's shapes */
   int role_sent;       /* chat stream: the first delta (with the role) is out */
-  size_t start;        /* the text's bytes out before those held */
-  char held[MOE_COMPLETION_STOP_BYTES + 3]; /* bytes of a character split over tokens, or that may begin a
-                                               stop string, for the next event */
-  size_t nheld;
+  int echoed;          /* echo: the prompt is out */
+  size_t echo_len;     /* echo: the prompt's text's bytes */
+  size_t start;        /* the text's bytes out */
   char *pending;       /* stream: an event not yet (all) written */
   size_t npending, at;
   int last;            /* stream: the event with the finish_reason is out */
@@ -93,37 +93,21 @@ static enum MHD_Result send_error(struct MHD_Connection *c, serve_http *h, int s
   return send_json(c, h, status, o);
 }
 
-/* The text of r's tokens [p->sent, n) into a malloc'd string, and p->sent = n: with a tokenizer their
- * bytes as UTF-8 (a character split over tokens waits for its end unless final; with stop strings
- * nothing past p->safe goes out, and once final nothing more), else their ids as moe generate prints
- * them. */
-static char *new_text(reply *p, int n, int final) {
-  const moe_tokenizer *t = p->h->tok;
-  size_t len = p->nheld, k;
-  for (int i = p->sent; i < n; i++) len += t ? (moe_tokenizer_token_bytes(t, p->st.tokens[i], &k), k) : 12;
-  char *raw = malloc(len + 1), *out = malloc(3 * len + 1);
-  if (!raw || !out) return free(raw), free(out), NULL;
-  size_t w = 0;
-  if (!t) {
+/* The text of r's tokens [p->sent, n) into a malloc'd string, and p->sent = n: with a tokenizer the
+ * engine's text from p->start up to what may be shown (characters split over tokens and what may begin
+ * a stop string wait for the next), else their ids as moe generate prints them. */
+static char *new_text(reply *p, int n) {
+  char *out = NULL;
+  size_t len;
+  if (p->h->tok) {
+    if (moe_engine_text(p->h->e, p->r, p->start, p->st.text_safe, &out, &len) != MOE_OK) return NULL;
+    p->start = p->st.text_safe;
+  } else if ((out = malloc(12 * (size_t)(n - p->sent) + 1))) {
+    size_t w = 0;
     for (int i = p->sent; i < n; i++) w += (size_t)sprintf(out + w, "%s%d", i ? " " : "", p->st.tokens[i]);
     out[w] = 0;
-    p->sent = n;
-    return free(raw), out;
   }
-  memcpy(raw, p->held, p->nheld);
-  w = p->nheld;
-  for (int i = p->sent; i < n; i++) {
-    const char *b = moe_tokenizer_token_bytes(t, p->st.tokens[i], &k);
-    memcpy(raw + w, b, k), w += k;
-  }
-  size_t upto = p->c.n_stop && p->st.text_safe - p->start < w ? p->st.text_safe - p->start : w;
-  size_t used, o = moe__utf8_clean(raw, upto, final, out, &used);
-  p->nheld = final ? 0 : w - used;
-  memcpy(p->held, raw + used, p->nheld);
-  p->start += used;
-  out[o] = 0;
-  p->sent = n;
-  free(raw);
+  if (out) p->sent = n;
   return out;
 }
 
@@ -138,53 +122,93 @@ static char *token_text(const serve_http *h, int32_t t) {
   return out;
 }
 
+/* The prompt's text for echo (malloc'd): its ids through the tokenizer (bytes that are not UTF-8 as
+ * U+FFFD), or the ids as moe generate prints them. */
+static char *prompt_text(const reply *p) {
+  char *raw = NULL, *out = NULL;
+  size_t len = 0, used;
+  if (!p->h->tok) {
+    if ((out = malloc(12 * (size_t)p->c.n_ids + 1)))
+      for (int i = 0, w = 0; i < p->c.n_ids; i++) w += sprintf(out + w, "%s%d", i ? " " : "", p->c.ids[i]);
+  } else if (moe_tokenizer_decode_alloc(p->h->tok, p->c.ids, (size_t)p->c.n_ids, &raw, &len) == MOE_OK &&
+             (out = malloc(3 * len + 1)))
+    out[moe__utf8_clean(raw, len, 1, out, &used)] = 0;
+  free(raw);
+  return out;
+}
+
+/* a, sep and b in a new string; frees b (NULL when out of memory). */
+static char *joined(const char *a, const char *sep, char *b) {
+  char *s = malloc(strlen(a) + strlen(sep) + strlen(b) + 1);
+  if (s) sprintf(s, "%s%s%s", a, sep, b);
+  free(b);
+  return s;
+}
+
+/* One token's entry in logprobs_json's arrays (completions: toks, lps, tops, offs; chat: content): t, its
+ * log-probability lp (NaN, a prompt's first token: null) and n_top alternatives (ids, their lps). */
+typedef struct {
+  cJSON *content, *toks, *lps, *tops, *offs;
+  size_t offset; /* completions: the text's bytes before the token */
+} lp_arrays;
+
+static int add_entry(const reply *p, lp_arrays *a, int32_t t, float lp, const int32_t *ids, const float *alt, int n_top) {
+  char *tt = token_text(p->h, t);
+  cJSON *top = isnan(lp) ? cJSON_CreateNull() : p->chat ? cJSON_CreateArray() : cJSON_CreateObject();
+  int ok = tt && top;
+  for (int j = 0; ok && !isnan(lp) && j < n_top; j++) {
+    char *s = token_text(p->h, ids[j]);
+    if (!s) ok = 0;
+    else if (p->chat) {
+      cJSON *e = cJSON_CreateObject();
+      cJSON_AddStringToObject(e, "token", s);
+      cJSON_AddNumberToObject(e, "logprob", alt[j]);
+      cJSON_AddItemToArray(top, e);
+    } else if (!cJSON_GetObjectItemCaseSensitive(top, s)) /* two ids of one text: the more probable */
+      cJSON_AddNumberToObject(top, s, alt[j]);
+    free(s);
+  }
+  if (ok && p->chat) {
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "token", tt);
+    cJSON_AddNumberToObject(e, "logprob", lp);
+    cJSON_AddItemToObject(e, "top_logprobs", top), top = NULL;
+    cJSON_AddItemToArray(a->content, e);
+  } else if (ok) {
+    cJSON_AddItemToArray(a->toks, cJSON_CreateString(tt));
+    cJSON_AddItemToArray(a->lps, isnan(lp) ? cJSON_CreateNull() : cJSON_CreateNumber(lp));
+    cJSON_AddItemToArray(a->tops, top), top = NULL;
+    cJSON_AddItemToArray(a->offs, cJSON_CreateNumber((double)a->offset));
+    size_t k = 0;
+    if (p->h->tok) moe_tokenizer_token_bytes(p->h->tok, t, &k);
+    a->offset += k;
+  }
+  cJSON_Delete(top);
+  free(tt);
+  return ok;
+}
+
 /* The log-probabilities of tokens [from, n) in OpenAI's completion shape ({"tokens", "token_logprobs",
- * "top_logprobs", "text_offset"}) or chat's ({"content": [{"token", "logprob", "bytes", "top_logprobs"}]});
- * NULL when the request did not ask for them (or out of memory). */
-static cJSON *logprobs_json(const reply *p, int from, int n) {
+ * "top_logprobs", "text_offset"}) or chat's ({"content": [{"token", "logprob", "bytes", "top_logprobs"}]}),
+ * after the prompt's tokens when echo asks for them (prompt 1); NULL when the request did not ask for
+ * them (or out of memory). */
+static cJSON *logprobs_json(const reply *p, int from, int n, int prompt) {
   const moe_engine_state *st = &p->st;
   if (!st->logprobs) return NULL;
-  cJSON *o = cJSON_CreateObject(), *content = p->chat ? cJSON_AddArrayToObject(o, "content") : NULL;
-  cJSON *toks = p->chat ? NULL : cJSON_AddArrayToObject(o, "tokens"), *lps = p->chat ? NULL : cJSON_AddArrayToObject(o, "token_logprobs");
-  cJSON *tops = p->chat ? NULL : cJSON_AddArrayToObject(o, "top_logprobs");
-  cJSON *offs = p->chat ? NULL : cJSON_AddArrayToObject(o, "text_offset");
-  size_t offset = p->start + p->nheld; /* the text's bytes before token `from` (completions) */
-  int ok = o != NULL;
-  for (int i = from; ok && i < n; i++) {
-    char *tt = token_text(p->h, st->tokens[i]);
-    cJSON *top = p->chat ? cJSON_CreateArray() : cJSON_CreateObject();
-    ok = tt && top;
-    for (int j = 0; ok && j < st->n_top; j++) {
-      char *a = token_text(p->h, st->top_ids[(size_t)i * st->n_top + j]);
-      double lp = st->top_logprobs[(size_t)i * st->n_top + j];
-      if (!a) ok = 0;
-      else if (p->chat) {
-        cJSON *e = cJSON_CreateObject();
-        cJSON_AddStringToObject(e, "token", a);
-        cJSON_AddNumberToObject(e, "logprob", lp);
-        cJSON_AddItemToArray(top, e);
-      } else if (!cJSON_GetObjectItemCaseSensitive(top, a)) /* two ids of one text: the more probable */
-        cJSON_AddNumberToObject(top, a, lp);
-      free(a);
-    }
-    if (ok && p->chat) {
-      cJSON *e = cJSON_CreateObject();
-      cJSON_AddStringToObject(e, "token", tt);
-      cJSON_AddNumberToObject(e, "logprob", st->logprobs[i]);
-      cJSON_AddItemToObject(e, "top_logprobs", top), top = NULL;
-      cJSON_AddItemToArray(content, e);
-    } else if (ok) {
-      cJSON_AddItemToArray(toks, cJSON_CreateString(tt));
-      cJSON_AddItemToArray(lps, cJSON_CreateNumber(st->logprobs[i]));
-      cJSON_AddItemToArray(tops, top), top = NULL;
-      cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)offset));
-      size_t k = 0;
-      if (p->h->tok) moe_tokenizer_token_bytes(p->h->tok, st->tokens[i], &k);
-      offset += k;
-    }
-    cJSON_Delete(top);
-    free(tt);
+  cJSON *o = cJSON_CreateObject();
+  lp_arrays a = {0};
+  if (p->chat) a.content = cJSON_AddArrayToObject(o, "content");
+  else {
+    a.toks = cJSON_AddArrayToObject(o, "tokens"), a.lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    a.tops = cJSON_AddArrayToObject(o, "top_logprobs"), a.offs = cJSON_AddArrayToObject(o, "text_offset");
   }
+  int ok = o != NULL, k = st->n_top;
+  for (int i = 0; ok && prompt && i < p->c.n_ids; i++)
+    ok = add_entry(p, &a, p->c.ids[i], st->prompt_logprobs[i], st->prompt_top_ids + (size_t)i * k,
+                   st->prompt_top_logprobs + (size_t)i * k, k);
+  a.offset = p->echo_len + p->start; /* the text's bytes before token `from` (completions) */
+  for (int i = from; ok && i < n; i++)
+    ok = add_entry(p, &a, st->tokens[i], st->logprobs[i], st->top_ids + (size_t)i * k, st->top_logprobs + (size_t)i * k, k);
   if (!ok) cJSON_Delete(o);
   return ok ? o : NULL;
 }
@@ -203,9 +227,15 @@ static cJSON *choice_json(reply *p, int n, int final) {
   cJSON_AddNumberToObject(o, "created", (double)time(NULL));
   cJSON_AddStringToObject(o, "model", "moe");
   cJSON_AddItemToArray(ch, c);
-  cJSON *ids = cJSON_CreateIntArray(p->st.tokens + p->sent, n - p->sent), *lp = logprobs_json(p, p->sent, n);
-  if (!(text = new_text(p, n, final)) || !ids || (p->st.logprobs && !lp))
-    return free(text), cJSON_Delete(ids), cJSON_Delete(lp), cJSON_Delete(o), NULL;
+  int echo = p->c.echo && !p->echoed; /* this choice begins with the prompt */
+  char *ptext = echo ? prompt_text(p) : NULL;
+  if (ptext) p->echo_len = strlen(ptext);
+  cJSON *ids = echo ? cJSON_CreateIntArray(p->c.ids, p->c.n_ids) : cJSON_CreateArray(), *lp = logprobs_json(p, p->sent, n, echo);
+  for (int i = p->sent; ids && i < n; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(p->st.tokens[i]));
+  if (!(text = new_text(p, n)) || !ids || (p->st.logprobs && !lp) || (echo && !(text = joined(ptext, !p->h->tok && *text ? " " : "", text))))
+    return free(ptext), free(text), cJSON_Delete(ids), cJSON_Delete(lp), cJSON_Delete(o), NULL;
+  free(ptext);
+  p->echoed |= echo;
   cJSON_AddNumberToObject(c, "index", 0);
   if (p->chat) {
     cJSON *msg = cJSON_AddObjectToObject(c, p->c.stream ? "delta" : "message");
@@ -295,7 +325,7 @@ static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_
   p->chat = chat;
   moe_engine_params ep = {p->c.ids, p->c.n_ids, p->c.max_tokens, p->c.temperature, p->c.top_p, p->c.seed,
                           p->c.ignore_eos, (const char *const *)p->c.stop, p->c.n_stop, p->c.logprobs,
-                          p->c.top_logprobs};
+                          p->c.top_logprobs, p->c.echo && p->c.logprobs};
   p->h = h;
   p->id = atomic_fetch_add(&h->next_id, 1);
   if (moe_engine_submit(h->e, &ep, &p->r) != MOE_OK) {
@@ -359,7 +389,7 @@ static enum MHD_Result tokens(struct MHD_Connection *c, serve_http *h, conn_req 
     free(raw), free(text);
   } else {
     reply p = {.h = h, .st = {.n = r.n_ids, .tokens = r.ids}}; /* the ids, as a completion's text without a tokenizer */
-    char *text = new_text(&p, r.n_ids, 1);
+    char *text = new_text(&p, r.n_ids);
     if (text) cJSON_AddStringToObject(o, "prompt", text);
     free(text);
   }

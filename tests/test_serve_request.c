@@ -18,7 +18,10 @@ TEST(serve_request_parse_fields_defaults_and_errors) {
   moe__completion_free(&c);
   ASSERT_OK(parse("{\"prompt\": [0], \"max_tokens\": 15, \"temperature\": 0, \"top_p\": 0.5, \"seed\": 9, "
                   "\"stream\": true}", &c));
-  ASSERT(c.max_tokens == 15 && c.temperature == 0 && c.top_p == 0.5f && c.seed == 9 && c.stream);
+  ASSERT(c.max_tokens == 15 && c.temperature == 0 && c.top_p == 0.5f && c.seed == 9 && c.stream && !c.echo);
+  moe__completion_free(&c);
+  ASSERT_OK(parse("{\"prompt\": [0, 1], \"max_tokens\": 0, \"echo\": true, \"logprobs\": 1}", &c)); /* scoring */
+  ASSERT(c.max_tokens == 0 && c.echo && c.logprobs && c.top_logprobs == 1);
   moe__completion_free(&c);
   static const char *const bad[][2] = {
       {"{\"prompt\": [1], \"max_tokens\": 16}", "exceed the model's context of 16"},
@@ -26,6 +29,8 @@ TEST(serve_request_parse_fields_defaults_and_errors) {
       {"{\"prompt\": [50]}", "\"prompt\"[0] is not a token id in [0, 50)"},
       {"{\"prompt\": [1], \"seed\": 1.5}", "\"seed\" must be an integer"},
       {"{\"prompt\": [1], \"stream\": 1}", "\"stream\" must be true or false"},
+      {"{\"prompt\": [1], \"max_tokens\": 0}", "\"max_tokens\" must be in [1, 16]"},
+      {"{\"prompt\": [1], \"max_tokens\": 0, \"echo\": false}", "\"max_tokens\" must be in [1, 16]"},
       {"{\"prompt\": [1]} x", "garbage after the JSON body"},
       {"{\"prompt\": [1]", "not valid JSON"},
   };

@@ -3,8 +3,6 @@ layout) and the continuous-batching engine (moe_engine) from Python, with numpy 
 LM.generate runs the loop `moe generate` runs (the prompt through the KV cache, then moe_lm_sample one
 token at a time from the request's splitmix64 generator), so the same seed gives the same tokens."""
 import ctypes as C
-import json
-import os
 
 import numpy as np
 
@@ -21,6 +19,7 @@ for _name, (_res, _args) in {
         "moe_lm_init": (C.c_int, [_LM, _P(S.LMConfig)]),
         "moe_lm_init_params": (None, [_LM, C.c_uint64]),
         "moe_lm_save": (C.c_int, [_LM, C.c_char_p]),
+        "moe_lm_eos_ids": (C.c_int, [C.c_char_p, C.c_void_p, C.c_int, _I32, C.c_int, _P(C.c_int)]),
         "moe_lm_forward": (C.c_int, [_LM, _I32, _I32, C.c_int, C.c_int, C.c_void_p]),
         "moe_lm_logits": (_F32, [_LM]),
         "moe_lm_cache_new": (C.c_int, [_P(C.c_void_p), _LM, C.c_int]),
@@ -46,17 +45,16 @@ def _ids(tokens, vocab, what):
 
 
 def _eos_ids(path, vocab):
-    """config.json's eos_token_id (an id or a list), as moe generate reads it."""
-    with open(os.path.join(path, "config.json")) as f:
-        v = json.load(f).get("eos_token_id")
-    ids = [] if v is None else v if isinstance(v, list) else [v]
-    return [int(i) for i in ids if isinstance(i, int) and 0 <= i < vocab]
+    """config.json's and generation_config.json's eos_token_id (moe_lm_eos_ids without a tokenizer)."""
+    ids, n = (C.c_int32 * 16)(), C.c_int()
+    check(lib.moe_lm_eos_ids(text(path), None, vocab, ids, 16, C.byref(n)))
+    return list(ids[:n.value])
 
 
 class LM(Owner):
     """A checkpoint directory (config.json and model.safetensors, or shards with their index) loaded by
     moe_lm_load. threads: 0 = all cores; dtype "bf16": the experts' GEMMs in bf16. eos: the ids that end
-    generation (default: config.json's eos_token_id)."""
+    generation (default: config.json's and generation_config.json's eos_token_id)."""
     _free = lib.moe_lm_free
 
     def __init__(self, path, threads=0, dtype="f32", eos=None):

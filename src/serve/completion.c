@@ -87,13 +87,13 @@ static const struct {
   const char *name, *off;
   int type; /* cJSON's of off */
 } UNSERVED[] = {
-    {"n", "1", cJSON_Number},        {"best_of", "1", cJSON_Number},    {"echo", "false", cJSON_False},
+    {"n", "1", cJSON_Number},        {"best_of", "1", cJSON_Number},
     {"suffix", "null", cJSON_NULL},    {"logit_bias", "{}", cJSON_Object},
     {"presence_penalty", "0", cJSON_Number}, {"frequency_penalty", "0", cJSON_Number},
 };
 /* The fields each endpoint serves (checked as they are read), NULL-terminated, and their list for messages. */
 static const char *const SERVED[] = {"prompt", "max_tokens", "temperature", "top_p", "seed", "stream", "ignore_eos",
-                                     "stop", "logprobs", NULL};
+                                     "stop", "logprobs", "echo", NULL};
 static const char *const CHAT_SERVED[] = {"messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
                                           "seed", "stream", "ignore_eos", "stop", "logprobs", "top_logprobs", NULL};
 
@@ -135,7 +135,8 @@ static moe_status fields(const cJSON *o, const char *const *served) {
 /* The sampling fields, once the prompt's ids are in c; chat takes max_completion_tokens too. */
 static moe_status sampling(const cJSON *o, const moe_tokenizer *tok, int max_seq, int chat, moe__completion *c) {
   double left = max_seq - c->n_ids, mt = left < 16 && left >= 1 ? left : 16, temp = 1, top_p = 1, seed = 0;
-  MOE_CHECK(number(o, "max_tokens", 1, 1, max_seq, &mt));
+  if (!chat) MOE_CHECK(flag(o, "echo", &c->echo));
+  MOE_CHECK(number(o, "max_tokens", 1, !c->echo, max_seq, &mt)); /* 0 with echo: the prompt scored */
   if (chat) MOE_CHECK(number(o, "max_completion_tokens", 1, 1, max_seq, &mt));
   MOE_CHECK(number(o, "temperature", 0, 0, 100, &temp));
   MOE_CHECK(number(o, "top_p", 0, 0, 1, &top_p));
@@ -309,27 +310,3 @@ void moe__completion_free(moe__completion *c) {
   for (; c->n_stop; c->n_stop--) free(c->stop[c->n_stop - 1]);
 }
 
-/* Bytes of the well-formed sequence at s (n left): its length, 0 when it is not one, or -1 when the n
- * bytes are a well-formed start that more bytes may complete (RFC 3629). */
-static int seq_len(const unsigned char *s, size_t n) {
-  int k = s[0] < 0x80 ? 1 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
-        : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
-  unsigned lo = s[0] == 0xE0 ? 0xA0 : s[0] == 0xF0 ? 0x90 : 0x80, hi = s[0] == 0xED ? 0x9F : s[0] == 0xF4 ? 0x8F : 0xBF;
-  for (int i = 1; i < k; i++, lo = 0x80, hi = 0xBF) {
-    if ((size_t)i == n) return -1;
-    if (s[i] < lo || s[i] > hi) return 0;
-  }
-  return k;
-}
-
-size_t moe__utf8_clean(const char *in, size_t n, int final, char *out, size_t *used) {
-  size_t i = 0, w = 0;
-  while (i < n) {
-    int k = seq_len((const unsigned char *)in + i, n - i);
-    if (k < 0 && !final) break; /* the rest may come with the next token */
-    if (k > 0) memcpy(out + w, in + i, (size_t)k), w += (size_t)k, i += (size_t)k;
-    else memcpy(out + w, "\xef\xbf\xbd", 3), w += 3, i++;
-  }
-  *used = i;
-  return w;
-}

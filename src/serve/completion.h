@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/utf8.h" /* moe__utf8_clean, which the server writes text with */
 #include "moe.h"
 
 #define MOE_COMPLETION_STOPS 4        /* stop strings at most, as OpenAI */
@@ -15,12 +16,13 @@
 typedef struct {
   int32_t *ids;      /* the prompt's token ids (malloc'd; free with moe__completion_free) */
   int n_ids;
-  int max_tokens;    /* >= 1; when absent 16 as OpenAI, or fewer to fit the context */
+  int max_tokens;    /* >= 1 (0 with echo); when absent 16 as OpenAI, or fewer to fit the context */
   float temperature; /* >= 0, 1 when absent; 0 is greedy */
   float top_p;       /* (0, 1], 1 when absent */
   uint64_t seed;     /* 0 when absent (moe generate's default) */
   int stream;        /* server-sent events */
   int ignore_eos;    /* go on past the end-of-text token */
+  int echo;          /* completions: the prompt's text (and with logprobs its tokens') before the answer */
   int logprobs;      /* each token's log-probability, and those of the top_logprobs most probable */
   int top_logprobs;
   char *stop[MOE_COMPLETION_STOPS]; /* the text ends before the first of these found (malloc'd) */
@@ -30,11 +32,11 @@ typedef struct {
 /* Parses the n bytes of body (none may be a \u0000 escape: cJSON's strings end at the NUL): a JSON
  * object with "prompt" (a string, through tok, or an array of token
  * ids in [0, vocab); tok NULL refuses strings), and optional "max_tokens", "temperature", "top_p",
- * "seed" (integers >= 0 for the integers), "stream" and "ignore_eos" (booleans), "logprobs" (null, or
- * the alternatives per token in [0, 5]), "stop" (a string or up
+ * "seed" (integers >= 0 for the integers), "stream", "ignore_eos" and "echo" (booleans; echo lets
+ * max_tokens be 0), "logprobs" (null, or the alternatives per token in [0, 5]), "stop" (a string or up
  * to 4 in an array, each 1 to 256 bytes; it needs tok); "model" and "user" (strings) have no effect.
  * OpenAI's fields the server does not implement are taken only with the value that turns them off or
- * null ("n" 1, "best_of" 1, "echo" false, "logit_bias" {}, the penalties 0, "suffix" null); any other value, and any other field, is refused by name.
+ * null ("n" 1, "best_of" 1, "logit_bias" {}, the penalties 0, "suffix" null); any other value, and any other field, is refused by name.
  * The prompt and max_tokens must fit the context of max_seq positions. MOE_ERR_FORMAT (not JSON, not
  * an object) or MOE_ERR_VALUE (a field missing, of the wrong type or out of range), naming the field
  * and its value. */
@@ -56,11 +58,5 @@ moe_status moe__chat_parse(const char *body, size_t n, const moe_tokenizer *tok,
 moe_status moe__tokenize_parse(const char *body, size_t n, const moe_tokenizer *tok, moe__completion *out);
 moe_status moe__detokenize_parse(const char *body, size_t n, int vocab, moe__completion *out);
 void moe__completion_free(moe__completion *c);
-
-/* Copies the n bytes of in to out as UTF-8 (room for 3 n bytes): well-formed sequences as they are,
- * each other byte as U+FFFD (as Python's errors="replace"). With final 0 an incomplete sequence at the
- * end is left for the next call (streaming: a character split over tokens). Returns the bytes written;
- * *used gets the input bytes consumed. */
-size_t moe__utf8_clean(const char *in, size_t n, int final, char *out, size_t *used);
 
 #endif
