@@ -103,7 +103,8 @@ static int eval(int argc, char **argv, moe_dist *dist) {
   if (!rc) rc = tokens ? read_ids(tokens, c.vocab, &ids, &n) : lm_stream_load(CMD, t, data, split, context, &ids, &n);
   if (!rc && tokens && n < (size_t)context + 1)
     rc = cli_usage_error(CMD, "%s: %zu tokens, fewer than one window of --context %d + 1", tokens, n, context);
-  if (!rc) rc = lm_eval_loss(CMD, &m, ids, n, context, batch, 0, &loss); /* the same windows on every rank */
+  if (!rc && moe_lm_eval_windows(&m, ids, n, context, batch, 0, &loss) != MOE_OK) /* the same windows, every rank */
+    rc = cli_fail(CMD);
   if (!rc && json)
     printf("{\"%s_loss\": %.6f, \"%s_perplexity\": %.4f, \"tokens\": %zu}\n", split, loss, split, exp(loss), n);
   else if (!rc) printf("%s_loss=%.6f %s_perplexity=%.4f\n", split, loss, split, exp(loss));

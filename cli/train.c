@@ -14,12 +14,10 @@
 #include "internal.h" /* moe__threads: --threads 0 as the library counts it */
 #include "progress.h"
 #include "rank_errors.h"
-#include "train_cache.h"
-#include "train_capacity.h"
+#include "train_adjust.h"
 #include "train_data.h"
 #include "train_flex.h"
 #include "train_lm.h"
-#include "train_nan.h"
 
 static const char *CMD = "train";
 static volatile sig_atomic_t interrupted;
@@ -256,149 +254,266 @@ static void progress(cli_progress *p, int epoch, int epochs, int step, const epo
   cli_progress_update(p, step, label, extra);
 }
 
+/* ---- the run: the classifier behind the trainer's model interface, the rest in its callbacks ---- */
+
+typedef struct {
+  train_opts *o;
+  moe_model_t *m;
+  const moe_dataset *train, *test;
+  moe_trainer *tr;
+  train_batch tb;
+  int steps, B, b0, b1, F, fill_threads; /* data + expert parallel: every rank forms the same global batch
+                                            and takes its slice [b0, b1) */
+  int epoch;                              /* of tb's order (-1: none yet) */
+  int grads_zero;                         /* the last checked update left the gradients zeroed */
+  moe_model_stats st;                     /* the last forward's */
+  trace_writer tw;
+  moe_flex_trainer *ft;
+  int caching;
+  int64_t caching_from, skipped0;
+  double frac_same, t0, rate, test_acc;   /* test_acc: of the test set, or with --val of the validation split */
+  epoch_acc a;
+  /* A callback's failure, its message printed or held; local: the other ranks may be in a collective
+   * (left for cli_dist_end), else settled where every rank meets. interrupted: ^C before an evaluation. */
+  int rc, local, interrupted;
+} cls_run;
+
+static moe_status cls_failed(cls_run *r, int rc, int local) {
+  r->rc = rc;
+  r->local = local;
+  return MOE_ERR_STATE;
+}
+
+/* Step's batch: at an epoch's start its order and augmentation, the epoch's report reset. */
+static moe_status cls_batch(void *self, int64_t step, const int32_t **samples, int *n) {
+  cls_run *r = self;
+  int epoch = (int)(step / r->steps), s = (int)(step % r->steps);
+  if (epoch != r->epoch) {
+    moe_trainer_info info;
+    moe_trainer_get_info(r->tr, &info);
+    r->a = (epoch_acc){0};
+    r->skipped0 = info.skipped;
+    r->t0 = cli_now();
+    cli_progress_start(&r->o->progress, moe_dist_rank(r->m->cfg.moe.dist) == 0, "steps", r->steps); /* rank 0 reports */
+    train_batch_epoch(&r->tb, r->o->seed, r->epoch = epoch, &r->o->aug);
+  }
+  train_batch_fill(&r->tb, s, r->fill_threads);
+  *samples = r->tb.perm + (size_t)s * r->B + r->b0;
+  *n = r->b1 - r->b0;
+  return MOE_OK;
+}
+
+static moe_status cls_forward(void *self, moe_train_batch_stats *out) {
+  cls_run *r = self;
+  if (!r->grads_zero) moe_model_zero_grad(r->m);
+  r->grads_zero = 0;
+  memset(out, 0, sizeof *out);
+  moe_status st = moe_model_forward(r->m, r->tb.x + (size_t)r->b0 * r->F, r->tb.y + r->b0, r->b1 - r->b0, &r->st);
+  if (st != MOE_OK) return st;
+  out->loss = out->ce = r->st.loss;
+  out->dropped = r->st.dropped;
+  return MOE_OK;
+}
+
+static moe_status cls_backward(void *self, moe_train_batch_stats *st) {
+  (void)st;
+  return moe_model_backward(((cls_run *)self)->m);
+}
+
+static void cls_params_changed(void *self) {
+  cls_run *r = self;
+  for (int i = 0; i < r->m->cfg.blocks; i++) moe_layer_params_changed(&r->m->layers[i]); /* bf16 copies */
+}
+
+/* The update and its check in one pass (which leaves the gradients zeroed). */
+static moe_status cls_update(void *self, moe_optim_t *opt, float lr) {
+  cls_run *r = self;
+  moe_status st = moe_optim_step_checked(opt, r->m, lr);
+  r->grads_zero = 1;
+  return st;
+}
+
+static const moe_layer_stats *cls_layer_stats(void *self, int i) {
+  return moe_model_layer_stats(((cls_run *)self)->m, i);
+}
+
+/* The epoch's evaluation: the accuracy (the interface's loss is the error rate). */
+static moe_status cls_evaluate(void *self, double *loss) {
+  cls_run *r = self;
+  if (evaluate(r->m, r->test, 500, &r->test_acc))
+    return cls_failed(r, cli_usage_error(CMD, "epoch %d: evaluating the test set: %s", r->epoch + 1, moe_last_error()),
+                      1);
+  *loss = 1 - r->test_acc;
+  return MOE_OK;
+}
+
+/* Before the step's forward: --parallel-r's r, and the adjustments due. */
+static moe_status cls_on_batch(void *ctx, int64_t step, const int32_t *ids, int n) {
+  cls_run *r = ctx;
+  moe_model_t *m = r->m;
+  for (int b = 0; m->cfg.moe.dist && r->o->n_parallel_r > 1 && b < m->cfg.blocks; b++) /* switching moves no weights */
+    if (moe_layer_set_parallel_r(&m->layers[b], r->o->parallel_r[step % r->o->n_parallel_r]))
+      return cls_failed(r, cli_fail(CMD), 1);
+  (void)ids, (void)n;
+  if (r->ft && moe_flex_trainer_begin(r->ft, m, moe_trainer_optim(r->tr), step) != MOE_OK)
+    return cls_failed(r, cli_fail(CMD), 1);
+  return MOE_OK;
+}
+
+/* After the update (or its skip): the records, the trace, the progress; at an epoch's end its rate. */
+static moe_status cls_on_step(void *ctx, const moe_train_step *s) {
+  cls_run *r = ctx;
+  int64_t step = s->step - 1;
+  int in_epoch = (int)(step % r->steps);
+  if (s->skipped) {
+    cli_progress_break(&r->o->progress);
+    moe_trainer_info info;
+    moe_trainer_get_info(r->tr, &info);
+    if (info.skipped == 1 && moe_dist_rank(r->m->cfg.moe.dist) == 0)
+      fprintf(stderr, "moe train: epoch %d, batch %d of %d (step %lld): update skipped: %s (further skips "
+              "are counted)\n", r->epoch + 1, in_epoch + 1, r->steps, (long long)step, moe_last_error());
+  } else {
+    accumulate(&r->a, r->m, &r->st, r->B);
+    if (r->ft && moe_flex_trainer_push(r->ft, r->m, step, r->st.loss) != MOE_OK) return cls_failed(r, cli_fail(CMD), 1);
+    if (r->tw.f && trace_step(&r->tw, r->m, step) != MOE_OK)
+      return cls_failed(r, cli_usage_error(CMD, "%s: write error", r->o->trace), 1);
+    progress(&r->o->progress, r->epoch + 1, r->o->epochs, in_epoch + 1, &r->a);
+    if (r->o->log_steps) printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)step, r->st.loss);
+  }
+  if (in_epoch + 1 < r->steps) return MOE_OK;
+  r->frac_same = s->frac_same, r->caching = s->caching, r->caching_from = s->caching_from; /* for the report */
+  cli_progress_break(&r->o->progress);
+  if (interrupted) return r->interrupted = 1, MOE_ERR_STATE; /* no evaluation */
+  r->rate = r->steps / (cli_now() - r->t0);
+  return MOE_OK;
+}
+
+/* After the epoch's evaluation: the caching switch, the report, the checkpoint (a collective). */
+static moe_status cls_on_eval(void *ctx, const moe_train_step *s) {
+  cls_run *r = ctx;
+  train_opts *o = r->o;
+  epoch_acc *a = &r->a;
+  int epoch = r->epoch;
+  const char *split = o->val ? "val" : "test";
+  double seen = a->seen ? a->seen : 1, nsteps = a->steps ? a->steps : 1; /* every step skipped: zeros */
+  double loss = a->loss / seen, acc = a->correct / seen, aux = a->aux / nsteps;
+  double drop = a->assigned ? (double)a->dropped / a->assigned : 0, load = a->load_ratio / nsteps;
+  if (o->json)
+    printf("{\"epoch\": %d, \"steps\": %lld, \"loss\": %.6f, \"train_accuracy\": %.4f, \"aux_loss\": %.6f, "
+           "\"dropped_fraction\": %.6f, \"max_mean_load\": %.4f, \"steps_per_s\": %.2f, \"%s_accuracy\": %.4f}\n",
+           epoch + 1, (long long)s->step, loss, acc, aux, drop, load, r->rate, split, r->test_acc);
+  else
+    printf("epoch %d/%d: loss %.4f train_acc %.4f aux %.4f dropped %.4f max/mean load %.2f %.1f steps/s "
+           "%s_acc %.4f\n", epoch + 1, o->epochs, loss, acc, aux, drop, load, r->rate, split, r->test_acc);
+  moe_trainer_info info;
+  moe_trainer_get_info(r->tr, &info);
+  if (o->skip_nan && o->json)
+    printf("{\"epoch\": %d, \"skipped_steps\": %lld}\n", epoch + 1, (long long)(info.skipped - r->skipped0));
+  else if (o->skip_nan)
+    printf("  steps skipped (non-finite, --on-nan skip-step): %lld\n", (long long)(info.skipped - r->skipped0));
+  if (o->adj.cache_assignments && !o->json)
+    printf("  samples not reassigned since the last epoch: %.4f; caching %s (on from step %lld)\n", r->frac_same,
+           r->caching ? "on" : "off", (long long)r->caching_from);
+  if (o->adj.cache_assignments && o->json)
+    printf("{\"epoch\": %d, \"frac_same\": %.4f, \"caching\": %d, \"caching_from_step\": %lld}\n", epoch + 1,
+           r->frac_same, r->caching, (long long)r->caching_from);
+  fflush(stdout);
+  if (o->checkpoint) {
+    moe_train_state ts = {.epoch = epoch + 1, .step = s->step, .seed = o->seed};
+    save_extra(o, ts.extra, sizeof ts.extra);
+    /* under mpirun a collective, after which rank 0 writes */
+    int rc = moe_checkpoint_save(o->checkpoint, r->m, moe_trainer_optim(r->tr), &ts) != MOE_OK ? cli_fail(CMD) : 0;
+    if ((rc = cli_settle(r->m->cfg.moe.dist, CMD, rc))) return cls_failed(r, rc, 0);
+  }
+  return MOE_OK;
+}
+
+/* The epochs from step (an epoch's first: 0, or a checkpoint's) on the trainer, which takes over opt's
+ * state. */
 static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *train, moe_dataset *test,
-               int start_epoch, int64_t step) {
-  int B = o->batch, steps = train->n / B, F = train->rows * train->cols;
-  /* data + expert parallel: every rank forms the same global batch and takes its slice */
-  int W = moe_dist_size(m->cfg.moe.dist), r = moe_dist_rank(m->cfg.moe.dist);
-  int b0 = B * r / W, b1 = B * (r + 1) / W;
+               int64_t step) {
+  int B = o->batch, steps = train->n / B;
   const moe_dist *dist = m->cfg.moe.dist;
-  int warmup = o->warmup < 0 ? steps : o->warmup;
-  int64_t total = (int64_t)o->epochs * steps;
-  int last = o->stop_after && o->stop_after < o->epochs ? o->stop_after : o->epochs;
+  int W = moe_dist_size(dist), rank = moe_dist_rank(dist);
+  cls_run r = {.o = o, .m = m, .train = train, .test = test, .steps = steps, .B = B, .b0 = B * rank / W,
+               .b1 = B * (rank + 1) / W, .F = train->rows * train->cols, .fill_threads = moe__threads(o->threads),
+               .epoch = -1, .caching_from = -1, .frac_same = -1, .test_acc = -1};
   /* Under mpirun a failure that every rank meets at the same point (set-up, divergence, a checkpoint
    * rank 0 could not write) is settled there; any other (local: the others may be in a collective)
    * leaves the loops unsettled, for cli_dist_end to stop every rank. */
   int rc = steps ? 0 : cli_usage_error(CMD, "--batch %d is larger than the training set (%d)", B, train->n), local = 0;
-  train_batch tb = {0};
-  if (!rc && train_batch_init(&tb, train, B)) rc = cli_usage_error(CMD, "out of memory");
-  trace_writer tw = {0};
-  if (!rc && o->trace && r == 0 && trace_open(&tw, o->trace, step) != MOE_OK) /* rank 0 writes: the counts */
-    rc = 1;                                                                  /* are the whole batch's */
-  double test_acc = -1; /* of the test set, or with --val of the validation split */
-  const char *split = o->val ? "val" : "test";
-  train_blocks blocks = train_blocks_of_model(m);
-  dyncap *dc = NULL;
-  if (!rc && o->adj.dynamic_capacity && dyncap_start(&dc, &blocks, B, o->adj.delta_launch, o->adj.headroom))
-    rc = cli_fail(CMD);
-  assign_cache *ac = NULL;
-  if (!rc && o->adj.cache_assignments &&
-      assign_cache_new(&ac, &blocks, train->n, steps, o->adj.delta_launch, &o->adj.cache))
-    rc = cli_usage_error(CMD, "--cache-assignments: out of memory");
-  int caching = 0;
-  int64_t caching_from = -1;
-  double frac_same = -1;
-  nan_guard ng = {0};
-  if (!rc && nan_guard_init(&ng, o->skip_nan, m, opt)) rc = cli_usage_error(CMD, "--on-nan skip-step: out of memory");
-  rc = cli_settle(dist, CMD, rc);
-  moe_flex_trainer *ft = NULL;
-  if (!rc && m->cfg.moe.replica_slots)
-    rc = cli_settle(dist, CMD, flex_start(&ft, m, o->balance_threshold, o->replica_horizon, o->adj.delta_launch, o->replica_ops, stdout));
-  int fill_threads = moe__threads(o->threads);
-  for (int epoch = start_epoch; epoch < last && !rc; epoch++) {
-    epoch_acc a = {0};
-    int64_t skipped0 = ng.skipped;
-    double t0 = cli_now();
-    cli_progress_start(&o->progress, r == 0, "steps", steps); /* rank 0 reports */
-    train_batch_epoch(&tb, o->seed, epoch, &o->aug);
-    for (int s = 0; s < steps && !interrupted; s++, step++) {
-      train_batch_fill(&tb, s, fill_threads);
-      for (int b = 0; dist && o->n_parallel_r > 1 && b < m->cfg.blocks; b++) /* switching moves no weights */
-        if (moe_layer_set_parallel_r(&m->layers[b], o->parallel_r[step % o->n_parallel_r])) { rc = cli_fail(CMD), local = 1; break; }
-      if (rc) break;
-      if (dc && dyncap_begin(dc, step)) { rc = cli_fail(CMD), local = 1; break; }
-      if (ft && moe_flex_trainer_begin(ft, m, opt, step) != MOE_OK) { rc = cli_fail(CMD), local = 1; break; }
-      const int32_t *ids = tb.perm + (size_t)s * B + b0;
-      if (ac && assign_cache_before(ac, step, ids, b1 - b0)) { rc = cli_fail(CMD), local = 1; break; }
-      moe_model_stats st;
-      moe_status ss = nan_guard_step(&ng, m, opt, tb.x + (size_t)b0 * F, tb.y + b0, b1 - b0,
-                                     moe_lr_schedule(o->lr, step, warmup, total), &st);
-      if (ss == MOE_ERR_VALUE && ng.skip) {
-        cli_progress_break(&o->progress);
-        if (ng.skipped == 1 && r == 0)
-          fprintf(stderr, "moe train: epoch %d, batch %d of %d (step %lld): update skipped: %s (further skips "
-                  "are counted)\n", epoch + 1, s + 1, steps, (long long)step, moe_last_error());
-        continue;
-      }
-      if (ss != MOE_OK) { /* a divergence is found on every rank at the same step; anything else is local */
-        local = ss != MOE_ERR_VALUE;
-        rc = local ? cli_fail(CMD)
-                   : cli_usage_error(CMD, "epoch %d, batch %d of %d (step %lld): training diverged: %s; lower --lr, "
-                                     "or --on-nan skip-step drops such steps", epoch + 1, s + 1, steps, (long long)step,
-                                     moe_last_error());
-        break;
-      }
-      accumulate(&a, m, &st, B);
-      if (ac && assign_cache_after(ac, step, ids, b1 - b0)) { rc = cli_fail(CMD), local = 1; break; }
-      if (dc && dyncap_push(dc, step, st.loss)) { rc = cli_fail(CMD), local = 1; break; }
-      if (ft && moe_flex_trainer_push(ft, m, step, st.loss) != MOE_OK) { rc = cli_fail(CMD), local = 1; break; }
-      if (tw.f && trace_step(&tw, m, step) != MOE_OK) {
-        rc = cli_usage_error(CMD, "%s: write error", o->trace), local = 1;
-        break;
-      }
-      progress(&o->progress, epoch + 1, o->epochs, s + 1, &a);
-      if (o->log_steps) printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)step, st.loss);
-    }
-    cli_progress_break(&o->progress);
-    if (rc && !local) rc = cli_settle(dist, CMD, rc);
-    if (rc || interrupted) break;
-    double rate = steps / (cli_now() - t0);
-    if (evaluate(m, test, 500, &test_acc)) {
-      rc = cli_usage_error(CMD, "epoch %d: evaluating the test set: %s", epoch + 1, moe_last_error()), local = 1;
-      break;
-    }
-    if (ac && assign_cache_epoch(ac, &frac_same, &caching, &caching_from)) {
-      rc = cli_fail(CMD), local = 1;
-      break;
-    }
-    double seen = a.seen ? a.seen : 1, nsteps = a.steps ? a.steps : 1; /* every step skipped: zeros */
-    double loss = a.loss / seen, acc = a.correct / seen, aux = a.aux / nsteps;
-    double drop = a.assigned ? (double)a.dropped / a.assigned : 0, load = a.load_ratio / nsteps;
-    if (o->json)
-      printf("{\"epoch\": %d, \"steps\": %lld, \"loss\": %.6f, \"train_accuracy\": %.4f, \"aux_loss\": %.6f, "
-             "\"dropped_fraction\": %.6f, \"max_mean_load\": %.4f, \"steps_per_s\": %.2f, \"%s_accuracy\": %.4f}\n",
-             epoch + 1, (long long)step, loss, acc, aux, drop, load, rate, split, test_acc);
-    else
-      printf("epoch %d/%d: loss %.4f train_acc %.4f aux %.4f dropped %.4f max/mean load %.2f %.1f steps/s "
-             "%s_acc %.4f\n", epoch + 1, o->epochs, loss, acc, aux, drop, load, rate, split, test_acc);
-    if (ng.skip && o->json)
-      printf("{\"epoch\": %d, \"skipped_steps\": %lld}\n", epoch + 1, (long long)(ng.skipped - skipped0));
-    else if (ng.skip)
-      printf("  steps skipped (non-finite, --on-nan skip-step): %lld\n", (long long)(ng.skipped - skipped0));
-    if (ac && !o->json)
-      printf("  samples not reassigned since the last epoch: %.4f; caching %s (on from step %lld)\n", frac_same,
-             caching ? "on" : "off", (long long)caching_from);
-    if (ac && o->json)
-      printf("{\"epoch\": %d, \"frac_same\": %.4f, \"caching\": %d, \"caching_from_step\": %lld}\n", epoch + 1,
-             frac_same, caching, (long long)caching_from);
-    fflush(stdout);
-    if (o->checkpoint) {
-      moe_train_state ts = {.epoch = epoch + 1, .step = step, .seed = o->seed};
-      save_extra(o, ts.extra, sizeof ts.extra);
-      /* under mpirun a collective, after which rank 0 writes */
-      if (moe_checkpoint_save(o->checkpoint, m, opt, &ts) != MOE_OK) rc = cli_fail(CMD);
-      rc = cli_settle(dist, CMD, rc);
-    }
+  if (!rc && train_batch_init(&r.tb, train, B)) rc = cli_usage_error(CMD, "out of memory");
+  if (!rc && o->trace && rank == 0 && trace_open(&r.tw, o->trace, step) != MOE_OK) /* rank 0 writes: the counts */
+    rc = 1;                                                                         /* are the whole batch's */
+  moe_trainer_config tc;
+  moe_trainer_config_default(&tc);
+  tc.lr = o->lr;
+  tc.steps = o->epochs * steps;
+  tc.warmup = o->warmup < 0 ? steps : o->warmup; /* one epoch */
+  tc.stop_after = o->stop_after && o->stop_after < o->epochs ? o->stop_after * steps : 0;
+  tc.eval_every = steps ? steps : 1; /* an evaluation each epoch */
+  tc.optim = opt->cfg;
+  tc.on_nan = o->skip_nan ? MOE_ON_NAN_SKIP : MOE_ON_NAN_STOP;
+  tc.batch = B;
+  tc.seed = o->seed;
+  tc.adjust = o->adj;
+  tc.on_batch = cls_on_batch;
+  tc.on_step = cls_on_step;
+  tc.on_eval = cls_on_eval;
+  tc.ctx = &r;
+  moe_train_model model = {.self = &r, .refs = m->refs, .nrefs = m->nrefs, .numel = m->numel, .dist = dist,
+                           .layer = &m->cfg.moe, .whole_numel = m->numel, .samples = train->n,
+                           .steps_per_epoch = steps, .batch = cls_batch, .forward = cls_forward,
+                           .backward = cls_backward, .params_changed = cls_params_changed, .update = cls_update,
+                           .evaluate = cls_evaluate, .moe_layers = m->layers, .n_moe_layers = m->cfg.blocks,
+                           .layer_stats = cls_layer_stats, .rows = B};
+  if (!rc && moe_trainer_new(&r.tr, &tc, &model) != MOE_OK) rc = cli_usage_error(CMD, "%s", moe_last_error());
+  if (r.tr) { /* the optimizer's state, new or the checkpoint's, becomes the trainer's */
+    moe_optim_t *to = moe_trainer_optim(r.tr);
+    moe_optim_free(to);
+    *to = *opt;
+    memset(opt, 0, sizeof *opt);
+    moe_trainer_set_step(r.tr, step);
   }
-  if (tw.f && trace_close(&tw) != MOE_OK && !rc) rc = 1;
+  rc = cli_settle(dist, CMD, rc);
+  if (!rc && m->cfg.moe.replica_slots)
+    rc = cli_settle(dist, CMD, flex_start(&r.ft, m, o->balance_threshold, o->replica_horizon, o->adj.delta_launch,
+                                          o->replica_ops, stdout));
+  while (!rc && !moe_trainer_done(r.tr) && !interrupted) {
+    moe_trainer_info info;
+    moe_trainer_get_info(r.tr, &info);
+    moe_status st = moe_trainer_step(r.tr, NULL);
+    if (st == MOE_OK) continue;
+    if (r.interrupted) break;
+    int e = (int)(info.step / steps) + 1, b = (int)(info.step % steps) + 1;
+    if (r.rc) rc = r.rc, local = r.local;
+    else if (st == MOE_ERR_VALUE) /* a divergence is found on every rank at the same step; anything else is local */
+      rc = cli_usage_error(CMD, "epoch %d, batch %d of %d (step %lld): training diverged: %s; lower --lr, or "
+                           "--on-nan skip-step drops such steps", e, b, steps, (long long)info.step, moe_last_error());
+    else
+      rc = cli_fail(CMD), local = 1;
+    if (rc && !local && r.rc == 0) rc = cli_settle(dist, CMD, rc);
+  }
+  cli_progress_break(&o->progress);
+  moe_trainer_info info = {0};
+  if (r.tr) moe_trainer_get_info(r.tr, &info);
+  if (r.tw.f && trace_close(&r.tw) != MOE_OK && !rc) rc = 1;
   if (!local && !interrupted) rc = cli_settle(dist, CMD, rc); /* rank 0's trace file */
-  train_batch_free(&tb);
-  nan_guard_free(&ng);
-  if (dc && !rc && moe_dist_rank(o->model.moe.dist) == 0) /* rank 0 reports, as on stdout */
-    dyncap_report(dc, o->json ? stderr : stdout);
-  dyncap_free(dc);
-  if (ft && !rc) flex_report(ft, m, o->json ? stderr : stdout, o->json);
-  moe_flex_trainer_free(ft);
-  assign_cache_free(ac);
+  train_batch_free(&r.tb);
+  if (r.tr && !rc && rank == 0) train_capacity_report(r.tr, o->json ? stderr : stdout); /* rank 0 reports, as on stdout */
+  if (r.ft && !rc) flex_report(r.ft, m, o->json ? stderr : stdout, o->json);
+  moe_flex_trainer_free(r.ft);
+  moe_trainer_free(r.tr);
   if (rc) return rc;
   if (interrupted) {
-    fprintf(stderr, "\nmoe train: interrupted at step %lld; %s\n", (long long)step,
+    fprintf(stderr, "\nmoe train: interrupted at step %lld; %s\n", (long long)info.step,
             o->checkpoint ? "the last complete checkpoint is intact" : "no checkpoint was requested");
     return 130;
   }
-  if (test_acc < 0 && evaluate(m, test, 500, &test_acc)) return cli_fail(CMD);
-  if (o->json) printf("{\"%s_accuracy\": %.4f}\n", split, test_acc); /* --json: JSON lines only on stdout */
-  else printf("%s_accuracy=%.4f\n", split, test_acc);
+  const char *split = o->val ? "val" : "test";
+  if (r.test_acc < 0 && evaluate(m, test, 500, &r.test_acc)) return cli_fail(CMD);
+  if (o->json) printf("{\"%s_accuracy\": %.4f}\n", split, r.test_acc); /* --json: JSON lines only on stdout */
+  else printf("%s_accuracy=%.4f\n", split, r.test_acc);
   return 0;
 }
 
@@ -443,7 +558,7 @@ static moe_status agree(const moe_dist *d, const train_opts *o, const moe_datase
 /* The model and optimizer: from --resume's checkpoint (its training options, the flags given now
  * winning), or new. 0 or the exit status, its message held or printed. */
 static int setup(int argc, char **argv, train_opts *o, int arch, const moe_dataset *train, const moe_dataset *test,
-                 moe_model_t *m, moe_optim_t *opt, int *start, int64_t *step) {
+                 moe_model_t *m, moe_optim_t *opt, int64_t *step) {
   if (!o->resume) {
     o->model.in_dim = train->rows * train->cols;
     o->model.classes = train->classes > test->classes ? train->classes : test->classes;
@@ -462,7 +577,11 @@ static int setup(int argc, char **argv, train_opts *o, int arch, const moe_datas
   if (!opt->m) return cli_usage_error(CMD, "%s: has no optimizer state to resume from", o->resume);
   if (!load_extra(ts.extra, o))
     return cli_usage_error(CMD, "%s: __metadata__ train='%s' is not a valid set of training options", o->resume, ts.extra);
+  int saved_batch = o->batch;
   parse(argc, argv, o, &arch); /* flags given now win over the checkpoint's (they parsed once already) */
+  if (o->batch != saved_batch && train->n / o->batch != train->n / saved_batch) /* the trainer's epochs are steps */
+    return cli_usage_error(CMD, "--batch %d on --resume: %s's %d epochs are %lld steps of batch %d; resume with "
+                           "its batch", o->batch, o->resume, ts.epoch, (long long)ts.step, saved_batch);
   if ((o->adj.dynamic_capacity || o->adj.cache_assignments) && !cli_quiet_rank())
     fprintf(stderr, "moe train: resuming with %s: the trigger's state (smoothed counts, last epoch's "
                     "assignments) starts afresh, so this run is not bit-identical to one without a break\n",
@@ -474,7 +593,6 @@ static int setup(int argc, char **argv, train_opts *o, int arch, const moe_datas
   if (m->cfg.in_dim != train->rows * train->cols)
     return cli_usage_error(CMD, "the model takes %d features, the data has %d", m->cfg.in_dim, train->rows * train->cols);
   o->seed = ts.seed;
-  *start = ts.epoch;
   *step = ts.step;
   moe_model_set_threads(m, o->threads);
   for (int b = 0; b < m->cfg.blocks; b++) { /* runtime choices, like the threads: not in the checkpoint */
@@ -525,15 +643,14 @@ int cmd_train(int argc, char **argv) {
   rc = cli_settle(dist, CMD, rc);
   if (!rc && dist && moe_dist_set_a2a(dist, o.a2a, o.ranks_per_node) != MOE_OK)
     rc = cli_fail(CMD); /* other ranks may be inside the split: stopped by cli_dist_end */
-  int start = 0;
   int64_t step = 0;
-  if (!rc) rc = cli_settle(dist, CMD, setup(argc, argv, &o, arch, &train, &test, &m, &opt, &start, &step));
+  if (!rc) rc = cli_settle(dist, CMD, setup(argc, argv, &o, arch, &train, &test, &m, &opt, &step));
   if (!rc) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigint;
     sigaction(SIGINT, &sa, NULL);
-    rc = run(&o, &m, &opt, &train, &test, start, step);
+    rc = run(&o, &m, &opt, &train, &test, step);
   }
   moe_optim_free(&opt);
   moe_model_free(&m);

@@ -1,25 +1,20 @@
-/* The training loops' shared view of MoE layers and their adjustment flags (train_adjust.h). */
+/* The training commands' adjustment flags and report (train_adjust.h). */
 #include <string.h>
 
 #include "cli.h"
 #include "train_adjust.h"
 
-static const moe_layer_stats *model_stats(const void *m, int i) { return moe_model_layer_stats(m, i); }
-static const moe_layer_stats *lm_stats(const void *m, int i) { return moe_lm_layer_stats(m, i); }
-
-train_blocks train_blocks_of_model(moe_model_t *m) {
-  return (train_blocks){m->layers, m->cfg.blocks, &m->cfg.moe, model_stats, m};
-}
-
-train_blocks train_blocks_of_lm(moe_lm_t *m) {
-  return (train_blocks){m->layers, m->cfg.n_layers, &m->cfg.moe, lm_stats, m};
-}
-
 void train_adjust_defaults(train_adjust *a) {
-  memset(a, 0, sizeof *a);
-  a->delta_launch = 2;
-  a->headroom = 0.25f;
-  a->cache = (assign_cache_opts){.on = 0.96f, .off = 0.90f, .min_epoch = 10};
+  moe_trainer_config c;
+  moe_trainer_config_default(&c);
+  *a = c.adjust;
+}
+
+void train_capacity_report(const moe_trainer *t, FILE *f) {
+  moe_recompile_stats st;
+  if (!moe_trainer_capacity_stats(t, &st)) return;
+  fprintf(f, "dynamic capacity: %lld recompiles, %lld trigger calls, %lld stalls (%.3f s)\n", (long long)st.adjustments,
+          (long long)st.triggers, (long long)st.stalls, st.stall_seconds);
 }
 
 /* The adjustments' flags: 1 when f is one. */

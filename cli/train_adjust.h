@@ -1,35 +1,20 @@
-/* What the classifier's and the language model's training share: the MoE layers a training loop
- * adjusts (a view of either model's blocks), and the flags of the layers' options and of the RECOMPILE
- * adjustments (dynamic capacity, sample-assignment caching), parsed once for both. */
+/* What the classifier's and the language model's training share: the flags of the layers' options and
+ * of the RECOMPILE adjustments (dynamic capacity, sample-assignment caching), parsed once for both, and
+ * the adjustments' report (the trainer runs them). */
 #ifndef MOE_TRAIN_ADJUST_H
 #define MOE_TRAIN_ADJUST_H
 
+#include <stdio.h>
+
 #include "moe.h"
 
-/* A model's L MoE layers, all of configuration cfg, and their stats of the last forward. */
-typedef struct {
-  moe_layer_t *layers;
-  int L;
-  const moe_layer_config *cfg;
-  const moe_layer_stats *(*stats)(const void *model, int i);
-  const void *model;
-} train_blocks;
-train_blocks train_blocks_of_model(moe_model_t *m);
-train_blocks train_blocks_of_lm(moe_lm_t *m);
-static inline const moe_layer_stats *train_block_stats(const train_blocks *b, int i) { return b->stats(b->model, i); }
-
-typedef struct {
-  float on, off;  /* switch on at frac_same >= on (from epoch min_epoch), off below off */
-  int min_epoch;
-} assign_cache_opts;
-
-typedef struct {
-  int dynamic_capacity, delta_launch; /* --capacity dynamic: per-expert capacities through RECOMPILE */
-  float headroom;
-  int cache_assignments; /* --cache-assignments: DynaMoE's sample-assignment caching */
-  assign_cache_opts cache;
-} train_adjust;
+/* The switch of caching, and the adjustments: --capacity dynamic (per-expert capacities through
+ * RECOMPILE), --cache-assignments (DynaMoE's sample-assignment caching); the library's defaults. */
+typedef moe_cache_switch assign_cache_opts;
+typedef moe_train_adjust train_adjust;
 void train_adjust_defaults(train_adjust *a);
+/* With dynamic capacity, its line ("dynamic capacity: N recompiles, ...") on f. */
+void train_capacity_report(const moe_trainer *t, FILE *f);
 
 /* The flags with a value v of the layer's options (--capacity X|dynamic, --dispatch, --dtype; returns
  * 1) and of the adjustments (--delta-launch, --headroom, --cache-on, --cache-off, --cache-min-epoch;

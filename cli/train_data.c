@@ -92,19 +92,7 @@ void train_batch_epoch(train_batch *b, uint64_t seed, int epoch, const train_aug
   b->seed = seed;
   b->epoch = epoch;
   b->aug = *aug;
-  train_shuffle(b->perm, b->d->n, seed, epoch);
-}
-
-void train_shuffle(int32_t *perm, int n, uint64_t seed, int epoch) {
-  for (int i = 0; i < n; i++) perm[i] = i;
-  uint64_t s = mix(seed ^ mix((uint64_t)epoch + 0x51ED));
-  for (int i = n - 1; i > 0; i--) { /* Fisher-Yates */
-    s = mix(s);
-    int j = (int)(s % (uint64_t)(i + 1));
-    int32_t t = perm[i];
-    perm[i] = perm[j];
-    perm[j] = t;
-  }
+  moe_train_shuffle(b->perm, b->d->n, seed, epoch);
 }
 
 void train_batch_fill(train_batch *b, int s, int threads) {

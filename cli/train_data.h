@@ -33,8 +33,6 @@ int train_batch_init(train_batch *b, const moe_dataset *d, int B);
 void train_batch_free(train_batch *b);
 /* Fixes the epoch's order and augmentation. */
 void train_batch_epoch(train_batch *b, uint64_t seed, int epoch, const train_augment *aug);
-/* perm (n) = epoch's order of 0..n-1, a function of (seed, epoch). */
-void train_shuffle(int32_t *perm, int n, uint64_t seed, int epoch);
 /* Fills x and y with batch s of the epoch, the images on `threads` threads (the bits do not depend on
  * how many). */
 void train_batch_fill(train_batch *b, int s, int threads);

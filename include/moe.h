@@ -1618,6 +1618,201 @@ moe_status moe_chat_template_render_config(const char *tokenizer, const char *co
  * share the library's C allocator (Python's ctypes). */
 void moe_free(void *p);
 
+/* ---- training: moe_trainer, one loop over a model interface (DESIGN 4.10) ----
+ * A step: the model's batch for the step (a function of the seed and the step, so that a resumed run
+ * sees the batches the uninterrupted one would have), forward with the loss, backward, the optimizer's
+ * update at the schedule's rate (linear warm-up, cosine decay over the steps, or with a time budget
+ * over the training seconds); every eval_every steps, at stop_after and at the end: the validation
+ * loss, a checkpoint (the model's files and trainer_state.safetensors) and, when the loss is the
+ * lowest so far, the model alone in keep_best. Under expert parallelism (the model's dist) every rank
+ * runs the trainer on its slice of each batch; the training seconds are rank 0's, the files are
+ * written by rank 0. Resuming from a checkpoint gives the uninterrupted run's steps bit for bit. */
+typedef struct {
+  double loss;         /* what backward differentiates: the task's loss and its auxiliary terms */
+  double ce;           /* the task's loss (the language model's mean cross-entropy) */
+  int tokens;          /* targets counted */
+  int dropped;         /* expert assignments dropped for capacity, over the MoE layers and ranks */
+  double assigned;     /* expert assignments, over the MoE layers and ranks */
+  double expert_flops; /* this rank's experts' FLOPs, forward and backward (about) */
+  double attention_s, experts_s, router_s; /* where the step's time went, as moe_lm_times */
+} moe_train_batch_stats;
+/* The model interface: what a trainer needs of a model and its data. self is the implementation's;
+ * refs (parameters with their gradients, the optimizer's table) and numel this rank's. */
+typedef struct {
+  void *self;
+  moe_tensor_ref *refs;
+  int nrefs;
+  size_t numel;
+  const moe_dist *dist;          /* expert parallelism over its ranks; NULL: one process */
+  const moe_layer_config *layer; /* the MoE layers' options (kept in the trainer state) */
+  size_t whole_numel;            /* parameters of the one-process model (numel with one process) */
+  int64_t samples;               /* the training data's samples: batch's sample ids are below it */
+  int steps_per_epoch;           /* steps a pass over the training data takes */
+  /* The MoE layers DynaMoE's adjustments change (NULL: the model has none to adjust), all of
+   * configuration `layer`, their stats of the last forward, and the rows a step's batch puts through
+   * them (over all ranks: tokens for the language model, samples for the classifier). */
+  moe_layer_t *moe_layers;
+  int n_moe_layers;
+  const moe_layer_stats *(*layer_stats)(void *self, int i);
+  int rows;
+  /* Step's batch (its sample ids into *samples, *n: sample-assignment caching's samples). */
+  moe_status (*batch)(void *self, int64_t step, const int32_t **samples, int *n);
+  /* Zeroes the gradients, then the batch's loss (keeping what backward needs) into st. */
+  moe_status (*forward)(void *self, moe_train_batch_stats *st);
+  /* Adds the loss's gradients into the refs' grads; the seconds of forward and backward into st. A
+   * non-finite activation or gradient may be MOE_ERR_VALUE from forward or backward (naming it): the
+   * trainer takes it for a non-finite loss. */
+  moe_status (*backward)(void *self, moe_train_batch_stats *st);
+  void (*params_changed)(void *self); /* after an update: derived copies (bf16 experts) */
+  /* The model's own update at rate lr (NULL: the optimizer over refs, then params_changed): it updates
+   * the parameters and their derived copies, and returns MOE_ERR_VALUE naming the first parameter or
+   * optimizer state it left non-finite (the classifier's moe_optim_step_checked). */
+  moe_status (*update)(void *self, moe_optim_t *opt, float lr);
+  moe_status (*evaluate)(void *self, double *loss); /* the validation loss */
+  moe_status (*save)(void *self, const char *dir);  /* the model's files (a collective) */
+  /* Vectors over the refs <-> the one-process order (Adam's moments in the trainer state); as
+   * moe_lm_gather (a collective) and moe_lm_scatter. */
+  moe_status (*gather)(void *self, const float *local, float *whole);
+  moe_status (*scatter)(void *self, const float *whole, float *local);
+  void (*free)(void *self);
+} moe_train_model;
+
+/* DynaMoE's adjustments (RECOMPILE, moe_recompile_*), which the trainer runs over the model's MoE
+ * layers: per-expert dynamic capacity (4.1: every step's expert counts go to a trigger thread, whose
+ * capacities (moe_dynamic_capacity over smoothed counts) take effect delta_launch + 1 steps later,
+ * rank 0's on every rank) and sample-assignment caching (4.2: each sample's experts recorded per epoch;
+ * at an epoch's end the fraction not reassigned, frac_same, switches caching on (>= on, from epoch
+ * min_epoch) or off (< off), delta_launch + 1 steps later; while on, a batch is routed with its samples'
+ * assignments of the previous epoch). Kept in the trainer state. */
+typedef struct {
+  float on, off; /* caching switches on at frac_same >= on (from epoch min_epoch), off below off */
+  int min_epoch;
+} moe_cache_switch;
+typedef struct {
+  int dynamic_capacity, delta_launch; /* per-expert capacities through RECOMPILE, decisions delta late */
+  float headroom;
+  int cache_assignments;              /* DynaMoE 4.2's sample-assignment caching */
+  moe_cache_switch cache;
+} moe_train_adjust;
+
+typedef enum {
+  MOE_ON_NAN_STOP = 0, /* a non-finite loss ends training: MOE_ERR_VALUE "step S: training diverged (loss X)",
+                          or the model's own MOE_ERR_VALUE */
+  MOE_ON_NAN_SKIP,     /* the step's update is dropped (a non-finite loss or gradient) or undone (one that
+                          made a parameter or Adam's state non-finite); counted in skipped */
+} moe_on_nan;
+
+typedef struct moe_train_step moe_train_step;
+typedef struct {
+  float lr;            /* the peak rate (1e-3) */
+  int steps;           /* the schedule's length (1000) */
+  int warmup;          /* warm-up steps; -1 (the default): steps / 20 */
+  float time_budget;   /* > 0: train until the training steps took that many seconds (evaluations and
+                          checkpoints not counted), the schedule over the seconds (warm-up its first
+                          5%); steps still stops it. 0 (default): steps decide */
+  int stop_after;      /* > 0: this run ends after step stop_after of the schedule */
+  int eval_every;      /* steps between evaluations (100) */
+  moe_optim_config optim; /* AdamW, weight decay 0.1 */
+  moe_on_nan on_nan;
+  const char *checkpoint; /* directory of the checkpoint written at each evaluation, or NULL */
+  const char *keep_best;  /* directory of the model of the lowest validation loss, or NULL */
+  /* The data of the language model (moe_train_lm): windows of context + 1 tokens, batch of them a
+   * step, eval_windows fixed validation windows; the seed of the batch order (and the initialization). */
+  int context, batch, eval_windows; /* 64, 8, 64 */
+  uint64_t seed;                    /* 1 */
+  moe_train_adjust adjust;          /* off; delta_launch 2, headroom 0.25, caching 0.96 / 0.90 from epoch 10 */
+  /* Callbacks (NULL: none), on every rank; a status other than MOE_OK ends the step with it. on_batch
+   * runs after the step's batch is made and the capacities due applied, before the cached assignments
+   * and the forward; on_step after the update and the adjustments' records (an epoch's end included),
+   * before an evaluation; on_eval after an evaluation, before the checkpoint. */
+  moe_status (*on_batch)(void *ctx, int64_t step, const int32_t *samples, int n);
+  moe_status (*on_step)(void *ctx, const moe_train_step *s);
+  moe_status (*on_eval)(void *ctx, const moe_train_step *s);
+  void *ctx;
+} moe_trainer_config;
+void moe_trainer_config_default(moe_trainer_config *c);
+/* What a step did. */
+struct moe_train_step {
+  int64_t step;            /* steps done (this one's number, 1-based) */
+  float lr;
+  double seconds;          /* this step's (batch, callbacks, forward, backward, update) */
+  double train_seconds;    /* all training steps' so far, resumed runs' included (rank 0's) */
+  moe_train_batch_stats batch;
+  int skipped;             /* MOE_ON_NAN_SKIP dropped or undid this step's update */
+  int epoch_end;           /* with assignment caching, the step ended an epoch: */
+  double frac_same;        /* its samples not reassigned since the epoch before (-1: no such epoch) */
+  int caching;             /* caching on now, */
+  int64_t caching_from;    /* from this step (-1: never on) */
+  int evaluated;           /* an evaluation followed the step: */
+  double valid_loss;       /* its loss (NAN when none) */
+  int best;                /* the lowest validation loss so far (keep_best rewritten) */
+};
+/* The learning rate of step (0-based) that begins with train_s seconds of training behind it. */
+float moe_trainer_lr(const moe_trainer_config *c, int64_t step, double train_s);
+
+/* The language model on token streams (moe_lm_stream_encode): step s trains on c->batch windows of the
+ * training stream, in an order that is a permutation of its windows per epoch (a function of seed and
+ * epoch), under expert parallelism rank r of W taking rows [B r / W, B (r + 1) / W); evaluation is the
+ * mean cross-entropy over c->eval_windows windows of the validation stream (moe_lm_eval_windows); save
+ * writes the model (moe_lm_save) and, when t is not NULL, its tokenizer.json. m, t and the streams are
+ * the caller's, kept until the model's free. MOE_ERR_ARG for a stream shorter than one window. */
+moe_status moe_train_lm(moe_train_model *out, moe_lm_t *m, const moe_tokenizer *t, const int32_t *train,
+                        size_t n_train, const int32_t *valid, size_t n_valid, const moe_trainer_config *c);
+
+typedef struct moe_trainer moe_trainer;
+/* A trainer of model (which it owns from now on, freeing it with itself, even on failure) under c:
+ * the optimizer at step 0 (moe_trainer_resume continues a checkpoint). */
+moe_status moe_trainer_new(moe_trainer **out, const moe_trainer_config *c, moe_train_model *model);
+void moe_trainer_free(moe_trainer *t);
+/* Whether training is over: the last step done (stop_after, or steps), or the time budget spent. */
+int moe_trainer_done(const moe_trainer *t);
+/* One step (and the evaluation, checkpoint and keep-best it is due), into *out (may be NULL). On a
+ * failure the step is not counted; MOE_ERR_VALUE when the loss went non-finite under MOE_ON_NAN_STOP. */
+moe_status moe_trainer_step(moe_trainer *t, moe_train_step *out);
+/* The validation loss now (the model's evaluate). */
+moe_status moe_trainer_evaluate(moe_trainer *t, double *loss);
+/* Writes a checkpoint to dir: the model's files, then trainer_state.safetensors, each atomically (the
+ * state last, so that it never runs ahead of the weights). A collective under expert parallelism. */
+moe_status moe_trainer_save(moe_trainer *t, const char *dir);
+/* Steps done, training seconds so far, updates skipped (MOE_ON_NAN_SKIP), and the last of the
+ * schedule this run does. */
+typedef struct {
+  int64_t step, last, skipped;
+  double train_seconds, best_loss; /* best_loss: the lowest validation loss so far (INFINITY: none) */
+} moe_trainer_info;
+void moe_trainer_get_info(const moe_trainer *t, moe_trainer_info *out);
+/* The trainer's optimizer (its moments in the model's ref order, opt->step the updates done), for a
+ * model whose checkpoints hold it in their own format (the classifier's moe_checkpoint_save and _load),
+ * and the steps done, set when resuming from such a checkpoint. */
+moe_optim_t *moe_trainer_optim(moe_trainer *t);
+/* With dynamic capacity: its recompile stats (recompiles are `adjustments`), and 1; else 0. */
+int moe_trainer_capacity_stats(const moe_trainer *t, moe_recompile_stats *out);
+void moe_trainer_set_step(moe_trainer *t, int64_t step);
+
+/* trainer_state.safetensors in a checkpoint directory (DESIGN 4.10): F32 optim.m and optim.v (Adam's
+ * moments in the one-process model's ref order), __metadata__ step, seed, train_seconds and train (the
+ * options "context=..;batch=..;steps=..;..."). moe_trainer_state_read: the options into c (context,
+ * batch, steps, warmup, lr, optim.weight_decay, eval_every, eval_windows, time_budget, seed, adjust)
+ * and layer (capacity_setting, dispatch, dtype; NULL: not read), and the training seconds (may be
+ * NULL), before the model is built; MOE_ERR_FORMAT naming the file for a missing or bad field.
+ * moe_trainer_resume: a new trainer over the checkpoint's model goes on from the state's step with its
+ * moments and seconds (MOE_ERR_STATE when the step is past c->steps). */
+moe_status moe_trainer_state_read(const char *dir, moe_trainer_config *c, moe_layer_config *layer,
+                                  double *train_seconds);
+moe_status moe_trainer_resume(moe_trainer *t, const char *dir);
+
+/* The language model's data. A text's token stream: documents separated by an empty line ("\n\n"),
+ * each preceded by the tokenizer's <|endoftext|> (which ends the one before); *ids malloc'd (free()),
+ * *n of them. MOE_ERR_ARG when the tokenizer has no <|endoftext|>. */
+moe_status moe_lm_stream_encode(const moe_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n);
+/* The mean cross-entropy of m over up to max_windows (0: all) non-overlapping windows of T + 1 tokens of
+ * ids (n >= T + 1), evenly spaced over it, B at a time: the same windows on every call. */
+moe_status moe_lm_eval_windows(moe_lm_t *m, const int32_t *ids, size_t n, int T, int B, int max_windows,
+                               double *loss);
+/* perm (n) := a permutation of 0..n-1, a function of seed and epoch (Fisher-Yates over splitmix64):
+ * the trainers' data orders. */
+void moe_train_shuffle(int32_t *perm, int n, uint64_t seed, int epoch);
+
 #ifdef __cplusplus
 }
 #endif

@@ -135,6 +135,48 @@ class EngineStats(C.Structure):
                 ("prompt_tokens", C.c_int64), ("busy_s", C.c_double)]
 
 
+class TrainBatchStats(C.Structure):
+    _fields_ = [("loss", C.c_double), ("ce", C.c_double), ("tokens", _i), ("dropped", _i), ("assigned", C.c_double),
+                ("expert_flops", C.c_double), ("attention_s", C.c_double), ("experts_s", C.c_double),
+                ("router_s", C.c_double)]
+
+
+class TrainModel(C.Structure):  # filled by moe_train_lm, handed to moe_trainer_new; its functions stay opaque
+    _fields_ = [("self", _p), ("refs", _p), ("nrefs", _i), ("numel", C.c_size_t), ("dist", _p), ("layer", _p),
+                ("whole_numel", C.c_size_t), ("samples", C.c_int64), ("steps_per_epoch", _i), ("moe_layers", _p),
+                ("n_moe_layers", _i), ("layer_stats", _p), ("rows", _i)] + \
+        [(n, _p) for n in ("batch", "forward", "backward", "params_changed", "update", "evaluate", "save", "gather",
+                           "scatter", "free")]
+
+
+class CacheSwitch(C.Structure):
+    _fields_ = [("on", _f), ("off", _f), ("min_epoch", _i)]
+
+
+class TrainAdjust(C.Structure):
+    _fields_ = [("dynamic_capacity", _i), ("delta_launch", _i), ("headroom", _f), ("cache_assignments", _i),
+                ("cache", CacheSwitch)]
+
+
+class TrainerConfig(C.Structure):
+    _fields_ = [("lr", _f), ("steps", _i), ("warmup", _i), ("time_budget", _f), ("stop_after", _i), ("eval_every", _i),
+                ("optim", OptimConfig), ("on_nan", _i), ("checkpoint", C.c_char_p), ("keep_best", C.c_char_p),
+                ("context", _i), ("batch", _i), ("eval_windows", _i), ("seed", C.c_uint64), ("adjust", TrainAdjust),
+                ("on_batch", _p), ("on_step", _p), ("on_eval", _p), ("ctx", _p)]
+
+
+class TrainStep(C.Structure):
+    _fields_ = [("step", C.c_int64), ("lr", _f), ("seconds", C.c_double), ("train_seconds", C.c_double),
+                ("batch", TrainBatchStats), ("skipped", _i), ("epoch_end", _i), ("frac_same", C.c_double),
+                ("caching", _i), ("caching_from", C.c_int64), ("evaluated", _i), ("valid_loss", C.c_double),
+                ("best", _i)]
+
+
+class TrainerInfo(C.Structure):
+    _fields_ = [("step", C.c_int64), ("last", C.c_int64), ("skipped", C.c_int64), ("train_seconds", C.c_double),
+                ("best_loss", C.c_double)]
+
+
 # C name -> mirror, for the size check of python/tests
 MIRRORS = {"moe_layer_config": LayerConfig, "moe_param_info": ParamInfo, "moe_layer_t": Layer,
            "moe_layer_stats": LayerStats, "moe_layer_overrides": LayerOverrides,
@@ -142,4 +184,6 @@ MIRRORS = {"moe_layer_config": LayerConfig, "moe_param_info": ParamInfo, "moe_la
            "moe_model_stats": ModelStats, "moe_optim_config": OptimConfig, "moe_optim_t": Optim,
            "moe_train_state": TrainState, "moe_dataset": Dataset, "moe_lm_config": LMConfig, "moe_lm_t": LM,
            "moe_engine_config": EngineConfig, "moe_engine_params": EngineParams, "moe_engine_state": EngineState,
-           "moe_engine_stats": EngineStats}
+           "moe_engine_stats": EngineStats, "moe_train_batch_stats": TrainBatchStats, "moe_train_model": TrainModel,
+           "moe_cache_switch": CacheSwitch, "moe_train_adjust": TrainAdjust, "moe_trainer_config": TrainerConfig,
+           "moe_train_step": TrainStep, "moe_trainer_info": TrainerInfo}

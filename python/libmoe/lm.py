@@ -15,6 +15,10 @@ for _name, (_res, _args) in {
         "moe_lm_read_config": (C.c_int, [C.c_char_p, _P(S.LMConfig)]),
         "moe_lm_load": (C.c_int, [_LM, C.c_char_p, _P(S.LMConfig)]),
         "moe_lm_free": (None, [_LM]),
+        "moe_lm_config_default": (None, [_P(S.LMConfig)]),
+        "moe_lm_init": (C.c_int, [_LM, _P(S.LMConfig)]),
+        "moe_lm_init_params": (None, [_LM, C.c_uint64]),
+        "moe_lm_save": (C.c_int, [_LM, C.c_char_p]),
         "moe_lm_eos_ids": (C.c_int, [C.c_char_p, C.c_void_p, C.c_int, _I32, C.c_int, _P(C.c_int)]),
         "moe_lm_forward": (C.c_int, [_LM, _I32, _I32, C.c_int, C.c_int, C.c_void_p]),
         "moe_lm_logits": (_F32, [_LM]),
@@ -65,6 +69,39 @@ class LM(Owner):
         check(lib.moe_lm_load(C.byref(m), text(path), C.byref(cfg)))
         self._c = m
         self.eos = list(eos) if eos is not None else _eos_ids(path, self.vocab)
+
+    @classmethod
+    def create(cls, vocab, context, layers=2, model=128, heads=4, kv_heads=2, experts=8, top_k=2, hidden=256,
+               family="mixtral", seed=1, threads=0, eos=()):
+        """A new model as `moe train --task lm` makes one with these flags (--vocab being the tokenizer's
+        size, --context the longest sequence): moe_lm_init, then moe_lm_init_params(seed)."""
+        fams = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+        if family not in fams or model % heads:
+            raise fail("MOE_ERR_ARG", f"LM.create: family {family!r} (one of {fams}), model {model} a multiple "
+                                      f"of heads {heads}")
+        c = S.LMConfig()
+        lib.moe_lm_config_default(C.byref(c))
+        c.vocab, c.n_layers, c.n_heads, c.n_kv_heads, c.max_seq = vocab, layers, heads, kv_heads, context
+        c.moe.D, c.moe.H, c.moe.E, c.moe.top_k, c.moe.threads = model, hidden, experts, top_k, threads
+        c.head_dim, c.family = model // heads, fams.index(family)
+        c.qkv_bias = family == "qwen2_moe"
+        c.qk_norm = 1 if family == "qwen3_moe" else 2 if family == "olmoe" else 0
+        c.moe.shared_H = hidden if family == "qwen2_moe" else 0
+        c.moe.shared_gate = family == "qwen2_moe"
+        if family == "olmoe":
+            c.moe.normalize_topk = 0
+        self = cls.__new__(cls)
+        self._c = None
+        m = S.LM()
+        check(lib.moe_lm_init(C.byref(m), C.byref(c)))
+        self._c = m
+        lib.moe_lm_init_params(C.byref(m), seed)
+        self.eos = list(eos)
+        return self
+
+    def save(self, path):
+        """A Hugging Face directory (config.json, model.safetensors; moe_lm_save)."""
+        check(lib.moe_lm_save(C.byref(self._c), text(path)))
 
     vocab = property(lambda self: self._c.cfg.vocab)
     max_seq = property(lambda self: self._c.cfg.max_seq)

@@ -38,6 +38,12 @@ class Readme(unittest.TestCase):
         heading = "### The language model from Python"
         self.assertEqual(len(run(example(heading), heading).split("\n")), 5)  # four tokens, their log-probabilities
 
+    def test_training_example(self):
+        heading = "### Training a language model from Python"
+        losses = [float(line.split()[1]) for line in run(example(heading), heading).strip().split("\n")]
+        self.assertEqual(len(losses), 3)
+        self.assertLess(losses[2], losses[0])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -30,6 +30,8 @@ static struct {
   moe_lm_t lm;
   moe_lm_cache *kv;
   moe_tokenizer *tok;
+  moe_trainer *tr;
+  int32_t *ids;
   int have_l, have_m, have_o, have_lm, serving_k;
   float x[B * IN], y[T * D], dx[T * D];
   uint8_t labels[B];
@@ -50,8 +52,11 @@ static void free_all(void) {
   moe_heatmap_free(&fx.h);
   moe_recompile_free(fx.r);
   moe_lm_cache_free(fx.kv);
+  moe_trainer_free(fx.tr); /* before the model it trains */
+  free(fx.ids);
   if (fx.have_lm) moe_lm_free(&fx.lm);
   moe_tokenizer_free(fx.tok);
+  fx.tr = NULL, fx.ids = NULL;
   fx.have_l = fx.have_m = fx.have_o = fx.have_lm = 0;
   fx.f = NULL, fx.w = NULL, fx.r = NULL, fx.kv = NULL, fx.tok = NULL;
 }
@@ -516,5 +521,72 @@ TEST(alloc_fail_language_model) {
   RUN("tokenizer_load (Metaspace, NFKC)", NULL, tok_load_meta);
   RUN("tokenizer encode_alloc + decode (pipeline)", tok_load_spm, tok_hf_round_trip);
   RUN("tokenizer encode_alloc + decode (Metaspace)", tok_load_meta, tok_hf_round_trip);
+  printf("  alloc_fail: %ld allocation failures injected so far\n", injected);
+}
+
+/* ---- the trainer over the language model ---- */
+
+enum { TR_N = 60 };
+static int32_t tr_stream[TR_N];
+static int tr_adjust; /* the paths' trainers run DynaMoE's adjustments (static dispatch) */
+
+static moe_status tr_lm(void) {
+  for (int i = 0; i < TR_N; i++) tr_stream[i] = (i * 7 + i / 5) % 11;
+  moe_lm_config c = lm_config();
+  if (tr_adjust) c.moe.dispatch = MOE_DISPATCH_STATIC;
+  MOE_CHECK(moe_lm_init(&fx.lm, &c));
+  fx.have_lm = 1;
+  moe_lm_init_params(&fx.lm, 3);
+  return MOE_OK;
+}
+static moe_trainer_config tr_config(void) {
+  moe_trainer_config c;
+  moe_trainer_config_default(&c);
+  c.context = 4, c.batch = 2, c.eval_windows = 3, c.steps = 8, c.eval_every = 1, c.checkpoint = fx.lm_dir;
+  c.on_nan = MOE_ON_NAN_SKIP;
+  c.adjust.dynamic_capacity = c.adjust.cache_assignments = tr_adjust;
+  return c;
+}
+static moe_status tr_new(void) {
+  moe_trainer_config c = tr_config();
+  moe_train_model m;
+  MOE_CHECK(moe_train_lm(&m, &fx.lm, fx.tok, tr_stream, TR_N, tr_stream, TR_N, &c));
+  return moe_trainer_new(&fx.tr, &c, &m);
+}
+static moe_status tr_ready(void) {
+  MOE_CHECK(tr_lm());
+  return tr_new();
+}
+static moe_status tr_step(void) { return moe_trainer_step(fx.tr, NULL); } /* with an evaluation and a checkpoint */
+static moe_status tr_saved(void) { /* a checkpoint of step 1, and a new trainer of the same model */
+  MOE_CHECK(tr_ready());
+  MOE_CHECK(moe_trainer_step(fx.tr, NULL));
+  moe_trainer_free(fx.tr);
+  fx.tr = NULL;
+  return tr_new();
+}
+static moe_status tr_resume(void) { return moe_trainer_resume(fx.tr, fx.lm_dir); }
+static moe_status tr_state_read(void) {
+  moe_trainer_config c;
+  moe_trainer_config_default(&c);
+  moe_layer_config l = fx.lm.cfg.moe;
+  return moe_trainer_state_read(fx.lm_dir, &c, &l, NULL);
+}
+static moe_status tr_stream_encode(void) {
+  size_t n;
+  return moe_lm_stream_encode(fx.tok, tok_text, sizeof tok_text - 1, &fx.ids, &n);
+}
+
+TEST(alloc_fail_trainer) {
+  paths_init();
+  RUN("lm_stream_encode", tok_train, tr_stream_encode);
+  for (tr_adjust = 0; tr_adjust < 2; tr_adjust++) {
+    fprintf(stderr, "  trainer%s\n", tr_adjust ? " with dynamic capacity and assignment caching" : "");
+    RUN("train_lm + trainer_new", tr_lm, tr_new);
+    RUN("trainer_step (evaluation, checkpoint)", tr_ready, tr_step);
+    ASSERT(!left_behind("trainer_state.safetensors"));
+    RUN("trainer_state_read", tr_saved, tr_state_read);
+    RUN("trainer_resume", tr_saved, tr_resume);
+  }
   printf("  alloc_fail: %ld allocation failures injected so far\n", injected);
 }

@@ -1,4 +1,4 @@
-/* moe train --capacity dynamic: DynaMoE's per-expert capacities (4.1) driven by RECOMPILE (3). After
+/* Dynamic capacity (moe train --capacity dynamic): DynaMoE's per-expert capacities (4.1) driven by RECOMPILE (3). After
  * every step the blocks' expert counts go to a trigger thread, which decides new capacities with
  * moe_dynamic_capacity (headroom and hysteresis); a decision on the metrics of step j takes effect at
  * step j + delta_launch + 1, while training goes on. Capacities are counts for the training batch;
@@ -6,14 +6,13 @@
  * (global) counts, but when each sees which metrics depends on timing: rank 0's decisions are the
  * ones applied, on every rank at the same step, so that all agree on the (E, C, D) layout. */
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "train_capacity.h"
+#include "train/adjust.h"
 
-struct dyncap {
-  train_blocks b;
+struct moe__dyncap {
+  moe__train_blocks b;
   int E, L, B;
   float headroom;
   int32_t *cur;     /* (L E) applied capacities */
@@ -28,7 +27,7 @@ struct dyncap {
 };
 
 static int trigger(const moe_metrics *m, moe_adjustment *out, void *user) {
-  dyncap *d = user;
+  moe__dyncap *d = user;
   /* the need is smoothed over steps (a batch's counts are noisy): capacities follow the trend */
   for (int i = 0; i < m->experts; i++) {
     d->ema[i] = d->seen ? 0.9 * d->ema[i] + 0.1 * m->counts[i] : m->counts[i];
@@ -42,17 +41,15 @@ static int trigger(const moe_metrics *m, moe_adjustment *out, void *user) {
   return 1;
 }
 
-/* Returns 1 when a layer refused its capacities (moe_last_error says why). */
-static int apply(dyncap *d, const int32_t *cap) {
-  for (int i = 0; i < d->L; i++)
-    if (moe_layer_set_expert_capacity(&d->b.layers[i], cap + (size_t)i * d->E, d->B) != MOE_OK) return 1;
-  return 0;
+static moe_status apply(moe__dyncap *d, const int32_t *cap) {
+  for (int i = 0; i < d->L; i++) MOE_CHECK(moe_layer_set_expert_capacity(&d->b.layers[i], cap + (size_t)i * d->E, d->B));
+  return MOE_OK;
 }
 
-int dyncap_start(dyncap **out, const train_blocks *b, int B, int delta, float headroom) {
-  dyncap *d = calloc(1, sizeof *d);
+moe_status moe__dyncap_start(moe__dyncap **out, const moe__train_blocks *b, int B, int delta, float headroom) {
+  moe__dyncap *d = calloc(1, sizeof *d);
   int E = b->cfg->E, L = b->L;
-  if (!d) return 1;
+  MOE_TRY(d, MOE_ERR_NOMEM, "dynamic capacity: out of memory");
   d->b = *b;
   d->E = E;
   d->L = L;
@@ -67,7 +64,7 @@ int dyncap_start(dyncap **out, const train_blocks *b, int B, int delta, float he
     free(d->ema);
     free(d->agree);
     free(d);
-    return 1;
+    MOE_TRY(0, MOE_ERR_NOMEM, "dynamic capacity: out of memory for %d layers of %d experts", L, E);
   }
   d->smooth = d->cur + 3 * L * E;
   d->decided = d->cur + L * E;
@@ -80,18 +77,20 @@ int dyncap_start(dyncap **out, const train_blocks *b, int B, int delta, float he
     if (l->expert_capacity && l->expert_capacity_tokens == B)
       for (int e = 0; e < E; e++) d->cur[i * E + e] = d->decided[i * E + e] = l->expert_capacity[e];
   }
-  if (apply(d, d->cur) || moe_recompile_new(&d->rc, L * E, delta, trigger, d) != MOE_OK) {
-    dyncap_free(d);
-    return 1;
+  moe_status st = apply(d, d->cur);
+  if (st == MOE_OK) st = moe_recompile_new(&d->rc, L * E, delta, trigger, d);
+  if (st != MOE_OK) {
+    moe__dyncap_free(d);
+    return st;
   }
   *out = d;
-  return 0;
+  return MOE_OK;
 }
 
-int dyncap_begin(dyncap *d, int64_t step) {
+moe_status moe__dyncap_begin(moe__dyncap *d, int64_t step) {
   const moe_adjustment *adj;
   int has, n = d->L * d->E;
-  if (moe_recompile_begin(d->rc, step, &adj, &has) != MOE_OK) return 1;
+  MOE_CHECK(moe_recompile_begin(d->rc, step, &adj, &has));
   has = has && adj->set_capacity;
   const int32_t *cap = has ? adj->capacity : NULL;
   if (d->dist) { /* rank 0's decision (or none), on every rank */
@@ -100,33 +99,28 @@ int dyncap_begin(dyncap *d, int64_t step) {
       d->agree[0] = 1;
       for (int i = 0; i < n; i++) d->agree[1 + i] = cap[i];
     }
-    if (moe_dist_allreduce(d->dist, d->agree, 1 + n) != MOE_OK) return 1;
+    MOE_CHECK(moe_dist_allreduce(d->dist, d->agree, 1 + n));
     has = d->agree[0] > 0;
     for (int i = 0; has && i < n; i++) d->counts[i] = (int32_t)d->agree[1 + i]; /* scratch until dyncap_push */
     cap = d->counts;
   }
   if (has) { /* the recompile: only the buffers whose sizes change grow */
     memcpy(d->cur, cap, sizeof(int32_t) * (size_t)n);
-    if (apply(d, d->cur)) return 1;
+    MOE_CHECK(apply(d, d->cur));
   }
-  return 0;
+  return MOE_OK;
 }
 
-int dyncap_push(dyncap *d, int64_t step, double loss) {
+moe_status moe__dyncap_push(moe__dyncap *d, int64_t step, double loss) {
   for (int i = 0; i < d->L; i++)
-    memcpy(d->counts + (size_t)i * d->E, train_block_stats(&d->b, i)->expert_counts, sizeof(int32_t) * (size_t)d->E);
+    memcpy(d->counts + (size_t)i * d->E, d->b.stats(d->b.self, i)->expert_counts, sizeof(int32_t) * (size_t)d->E);
   moe_metrics mt = {.iter = step, .loss = loss, .experts = d->L * d->E, .counts = d->counts};
-  return moe_recompile_push(d->rc, &mt) != MOE_OK;
+  return moe_recompile_push(d->rc, &mt);
 }
 
-void dyncap_report(const dyncap *d, FILE *f) {
-  moe_recompile_stats st;
-  moe_recompile_get_stats(d->rc, &st);
-  fprintf(f, "dynamic capacity: %lld recompiles, %lld trigger calls, %lld stalls (%.3f s)\n", (long long)st.adjustments,
-          (long long)st.triggers, (long long)st.stalls, st.stall_seconds);
-}
+void moe__dyncap_stats(const moe__dyncap *d, moe_recompile_stats *out) { moe_recompile_get_stats(d->rc, out); }
 
-void dyncap_free(dyncap *d) {
+void moe__dyncap_free(moe__dyncap *d) {
   if (!d) return;
   moe_recompile_free(d->rc);
   free(d->cur);

@@ -1,4 +1,4 @@
-/* Sample-assignment caching (DynaMoE 4.2) in moe train: each sample's experts (every block, every
+/* Sample-assignment caching (DynaMoE 4.2) in the trainer: each sample's experts (every block, every
  * slot) are recorded per epoch; frac_same is the fraction of samples whose assignment did not change
  * since the previous epoch. The switch is a RECOMPILE adjustment (DynaMoE 3): each epoch's frac_same
  * goes to a trigger thread once, with the metrics of the next epoch's first step (so no newer metrics
@@ -13,11 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train_cache.h"
+#include "train/adjust.h"
 
-struct assign_cache {
-  train_blocks b;
-  assign_cache_opts o;
+struct moe__assign_cache {
+  moe__train_blocks b;
+  moe_cache_switch o;
   const moe_dist *dist; /* the model's ranks when more than one, else NULL */
   int n, L, k, on, steps;
   size_t per;             /* L k entries per sample */
@@ -35,7 +35,7 @@ struct assign_cache {
 /* On the trigger thread, once per epoch (frac_same changes at epoch ends): the thresholds, with
  * hysteresis, from epoch min_epoch. */
 static int trigger(const moe_metrics *m, moe_adjustment *out, void *user) {
-  assign_cache *c = user;
+  moe__assign_cache *c = user;
   int epoch = (int)(m->iter / c->steps);
   if (m->frac_same < 0 || epoch <= c->trig_epoch) return 0;
   c->trig_epoch = epoch;
@@ -47,10 +47,10 @@ static int trigger(const moe_metrics *m, moe_adjustment *out, void *user) {
   return 1;
 }
 
-int assign_cache_new(assign_cache **out, const train_blocks *b, int n, int steps, int delta,
-                     const assign_cache_opts *o) {
-  assign_cache *c = calloc(1, sizeof *c);
-  if (!c) return 1;
+moe_status moe__assign_cache_new(moe__assign_cache **out, const moe__train_blocks *b, int n, int steps, int delta,
+                                 const moe_cache_switch *o) {
+  moe__assign_cache *c = calloc(1, sizeof *c);
+  MOE_TRY(c, MOE_ERR_NOMEM, "assignment caching: out of memory");
   c->b = *b;
   c->o = *o;
   c->dist = moe_dist_size(b->cfg->dist) > 1 ? b->cfg->dist : NULL;
@@ -64,52 +64,55 @@ int assign_cache_new(assign_cache **out, const train_blocks *b, int n, int steps
   c->trig_epoch = -1;
   c->prev = malloc(sizeof(int32_t) * c->per * (size_t)n);
   c->cur = malloc(sizeof(int32_t) * c->per * (size_t)n);
-  if (!c->prev || !c->cur || moe_recompile_new(&c->rc, 1, delta, trigger, c) != MOE_OK) {
-    assign_cache_free(c);
-    return 1;
+  moe_status st = !c->prev || !c->cur ? moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "assignment caching: out of "
+                                                    "memory for %d samples", n)
+                                       : moe_recompile_new(&c->rc, 1, delta, trigger, c);
+  if (st != MOE_OK) {
+    moe__assign_cache_free(c);
+    return st;
   }
   memset(c->prev, 0xff, sizeof(int32_t) * c->per * (size_t)n);
   memset(c->cur, 0xff, sizeof(int32_t) * c->per * (size_t)n);
   *out = c;
-  return 0;
+  return MOE_OK;
 }
 
-int assign_cache_before(assign_cache *c, int64_t step, const int32_t *ids, int n) {
+moe_status moe__assign_cache_before(moe__assign_cache *c, int64_t step, const int32_t *ids, int n) {
   const moe_adjustment *adj;
   int has;
-  if (moe_recompile_begin(c->rc, step, &adj, &has) != MOE_OK) return 1;
+  MOE_CHECK(moe_recompile_begin(c->rc, step, &adj, &has));
   double sw[2] = {has && adj->set_caching, has && adj->caching}; /* (switch, on) */
   if (c->dist) { /* rank 0's switch, on every rank */
     if (moe_dist_rank(c->dist) != 0) sw[0] = sw[1] = 0;
-    if (moe_dist_allreduce(c->dist, sw, 2) != MOE_OK) return 1;
+    MOE_CHECK(moe_dist_allreduce(c->dist, sw, 2));
   }
   if (sw[0] > 0) {
     c->on = sw[1] > 0;
     if (c->on) c->on_from = step;
   }
-  if (!c->on) return 0;
+  if (!c->on) return MOE_OK;
   if (n > c->bcap) {
     free(c->buf);
     c->buf = malloc(sizeof(int32_t) * c->per * (size_t)n);
-    if (!c->buf) return 1;
-    c->bcap = n;
+    c->bcap = c->buf ? n : 0;
+    MOE_TRY(c->buf, MOE_ERR_NOMEM, "assignment caching: out of memory for a batch of %d", n);
   }
   for (int i = 0; i < n; i++)
-    if (c->prev[(size_t)ids[i] * c->per] < 0) return 0; /* a sample without a record: the router decides */
+    if (c->prev[(size_t)ids[i] * c->per] < 0) return MOE_OK; /* a sample without a record: the router decides */
   for (int l = 0; l < c->L; l++) {
     int32_t *b = c->buf + (size_t)l * n * c->k;
     for (int i = 0; i < n; i++) memcpy(b + (size_t)i * c->k, c->prev + (size_t)ids[i] * c->per + (size_t)l * c->k,
                                        sizeof(int32_t) * (size_t)c->k);
-    if (moe_layer_set_cached_experts(&c->b.layers[l], b, n) != MOE_OK) return 1;
+    MOE_CHECK(moe_layer_set_cached_experts(&c->b.layers[l], b, n));
   }
-  return 0;
+  return MOE_OK;
 }
 
-int assign_cache_after(assign_cache *c, int64_t step, const int32_t *ids, int n) {
+moe_status moe__assign_cache_after(moe__assign_cache *c, int64_t step, const int32_t *ids, int n) {
   for (int i = 0; i < n; i++) {
     int32_t *rec = c->cur + (size_t)ids[i] * c->per;
     for (int l = 0; l < c->L; l++)
-      memcpy(rec + (size_t)l * c->k, train_block_stats(&c->b, l)->fresh + (size_t)i * c->k,
+      memcpy(rec + (size_t)l * c->k, c->b.stats(c->b.self, l)->fresh + (size_t)i * c->k,
              sizeof(int32_t) * (size_t)c->k);
     const int32_t *old = c->prev + (size_t)ids[i] * c->per;
     if (old[0] >= 0) {
@@ -117,29 +120,30 @@ int assign_cache_after(assign_cache *c, int64_t step, const int32_t *ids, int n)
       c->same += !memcmp(rec, old, sizeof(int32_t) * c->per);
     }
   }
-  if (!c->fresh) return 0;
+  if (!c->fresh) return MOE_OK;
   c->fresh = 0;
   int32_t none = 0;
   moe_metrics mt = {.iter = step, .experts = 1, .counts = &none, .frac_same = c->frac};
-  return moe_recompile_push(c->rc, &mt) != MOE_OK;
+  return moe_recompile_push(c->rc, &mt);
 }
 
 /* Every rank gets every sample's record of this epoch: each record is known to one rank (-1 elsewhere),
  * so the sum of record + 1 over the ranks is that record + 1. */
-static int merge_records(assign_cache *c) {
+static moe_status merge_records(moe__assign_cache *c) {
   size_t n = c->per * (size_t)c->n;
   double *a = malloc(sizeof(double) * n);
-  if (!a) return 1;
+  MOE_TRY(a, MOE_ERR_NOMEM, "assignment caching: out of memory merging %zu records", n);
   for (size_t i = 0; i < n; i++) a[i] = (double)c->cur[i] + 1.0;
-  int rc = moe_dist_allreduce(c->dist, a, (int)n) != MOE_OK;
-  for (size_t i = 0; !rc && i < n; i++) c->cur[i] = (int32_t)a[i] - 1;
+  moe_status st = moe_dist_allreduce(c->dist, a, (int)n);
+  for (size_t i = 0; st == MOE_OK && i < n; i++) c->cur[i] = (int32_t)a[i] - 1;
   free(a);
-  return rc;
+  return st;
 }
 
-int assign_cache_epoch(assign_cache *c, double *frac_same, int *on, int64_t *on_from) {
+moe_status moe__assign_cache_epoch(moe__assign_cache *c, double *frac_same, int *on, int64_t *on_from) {
   double cnt[2] = {(double)c->same, (double)c->seen};
-  if (c->dist && (moe_dist_allreduce(c->dist, cnt, 2) != MOE_OK || merge_records(c))) return 1;
+  if (c->dist) MOE_CHECK(moe_dist_allreduce(c->dist, cnt, 2));
+  if (c->dist) MOE_CHECK(merge_records(c));
   c->frac = cnt[1] > 0 ? cnt[0] / cnt[1] : -1;
   c->fresh = c->frac >= 0;
   int32_t *t = c->prev;
@@ -150,10 +154,10 @@ int assign_cache_epoch(assign_cache *c, double *frac_same, int *on, int64_t *on_
   *frac_same = c->frac;
   *on = c->on;
   *on_from = c->on_from;
-  return 0;
+  return MOE_OK;
 }
 
-void assign_cache_free(assign_cache *c) {
+void moe__assign_cache_free(moe__assign_cache *c) {
   if (!c) return;
   moe_recompile_free(c->rc);
   free(c->prev);

@@ -1,0 +1,103 @@
+"""libmoe.Trainer: a run trained from Python (the tokenizer, the model and the token streams made as
+`moe train --task lm` makes them, the library's loop) stopped half way and resumed by `moe train
+--resume`, and a `moe train` run resumed by Trainer.resume, log the uninterrupted CLI run's step losses
+and end with its weights, bit for bit (MOE_CLI, which tests/test_python.c sets)."""
+import os
+import re
+import subprocess
+import tempfile
+import unittest
+
+from common import libmoe, raises
+
+SENTENCES = ["the cat sat on the mat .", "a dog ran in the park and the cat ran too .",
+             "we saw the old man by the river .", "she read the book while it rained outside .",
+             "the children played a game on the green grass ."]
+TINY = dict(context=16, batch=4, steps=40, eval_every=10, lr=3e-3)
+TINY_FLAGS = ["--vocab", "320", "--context", "16", "--batch", "4", "--layers", "1", "--model", "32", "--heads", "2",
+              "--kv-heads", "1", "--experts", "4", "--hidden", "32", "--steps", "40", "--eval-every", "10", "--lr",
+              "3e-3", "--threads", "1"]
+
+
+def corpus(d):
+    """train.txt and valid.txt: documents of a few sentences in a fixed order, an empty line between."""
+    for name, n, k in (("train.txt", 60, 7), ("valid.txt", 20, 3)):
+        docs = [" ".join(SENTENCES[(i * k + j) % 5] for j in range(1 + i % 3)) for i in range(n)]
+        with open(os.path.join(d, name), "w") as f:
+            f.write("\n\n".join(docs) + "\n")
+
+
+def step_losses(out):
+    """The --log-steps lines' losses as printed ({"step": N, "loss": X}), in order."""
+    return re.findall(r'^\{"step": \d+, "loss": ([-+.0-9a-z]+)\}$', out, re.M)
+
+
+class TrainerTest(unittest.TestCase):
+    def test_python_run_resumes_bit_for_bit_in_moe_train(self):
+        cli = os.environ.get("MOE_CLI")
+        if not cli:
+            self.skipTest("MOE_CLI not set (tests/test_python.c sets it)")
+        d = tempfile.mkdtemp(prefix="libmoe_trainer_")
+        corpus(d)
+        full_ck, py_ck = os.path.join(d, "full"), os.path.join(d, "py")
+        run = lambda *a: subprocess.run([cli, "train", "--task", "lm", *a], capture_output=True, text=True,
+                                        check=True).stdout
+        full = run("--data", d, *TINY_FLAGS, "--json", "--log-steps", "--checkpoint", full_ck)
+        want = step_losses(full)
+        self.assertEqual(len(want), 40)
+
+        with open(os.path.join(d, "train.txt"), "rb") as f:
+            train_text = f.read()
+        with open(os.path.join(d, "valid.txt"), "rb") as f:
+            valid_text = f.read()
+        tok = libmoe.Tokenizer.train(train_text, 320)
+        lm = libmoe.LM.create(tok.vocab_size, 16, layers=1, model=32, heads=2, kv_heads=1, experts=4, hidden=32,
+                              seed=1, threads=1)
+        tr = libmoe.Trainer(lm, libmoe.lm_stream(tok, train_text), libmoe.lm_stream(tok, valid_text), tokenizer=tok,
+                            checkpoint=py_ck, stop_after=20, **TINY)
+        steps = tr.run()
+        self.assertEqual([s["step"] for s in steps], list(range(1, 21)))
+        self.assertEqual(["%.9g" % s["ce"] for s in steps], want[:20])
+        self.assertEqual([s["step"] for s in steps if s["valid_loss"] is not None], [10, 20])
+        self.assertEqual(tr.info()["step"], 20)
+        del tr
+
+        rest = run("--resume", py_ck, "--data", d, "--threads", "1", "--json", "--log-steps")
+        self.assertEqual(step_losses(rest), want[20:])
+        self.assertEqual(rest.splitlines()[-1], full.splitlines()[-1])  # the last validation loss
+        for f in ("model.safetensors", "config.json", "tokenizer.json"):
+            with open(os.path.join(full_ck, f), "rb") as a, open(os.path.join(py_ck, f), "rb") as b:
+                self.assertTrue(a.read() == b.read(), f)
+
+    def test_moe_train_run_resumes_bit_for_bit_in_python(self):
+        cli = os.environ.get("MOE_CLI")
+        if not cli:
+            self.skipTest("MOE_CLI not set (tests/test_python.c sets it)")
+        d = tempfile.mkdtemp(prefix="libmoe_trainer_")
+        corpus(d)
+        full_ck, half_ck = os.path.join(d, "full"), os.path.join(d, "half")
+        run = lambda *a: subprocess.run([cli, "train", "--task", "lm", "--data", d, *TINY_FLAGS, "--json",
+                                         "--log-steps", *a], capture_output=True, text=True, check=True).stdout
+        want = step_losses(run("--checkpoint", full_ck))
+        self.assertEqual(step_losses(run("--checkpoint", half_ck, "--stop-after", "20")), want[:20])
+        tok = libmoe.Tokenizer(os.path.join(half_ck, "tokenizer.json"))
+        with open(os.path.join(d, "train.txt"), "rb") as f:
+            train = libmoe.lm_stream(tok, f.read())
+        with open(os.path.join(d, "valid.txt"), "rb") as f:
+            valid = libmoe.lm_stream(tok, f.read())
+        tr = libmoe.Trainer.resume(half_ck, train, valid, tokenizer=tok, threads=1)
+        self.assertEqual(tr.info()["step"], 20)
+        self.assertEqual(["%.9g" % s["ce"] for s in tr.run()], want[20:])
+        del tr
+        with open(os.path.join(full_ck, "model.safetensors"), "rb") as a, \
+                open(os.path.join(half_ck, "model.safetensors"), "rb") as b:
+            self.assertTrue(a.read() == b.read())
+
+    def test_bad_options(self):
+        tok = libmoe.Tokenizer.train(" ".join(SENTENCES) * 20, 300)
+        lm = libmoe.LM.create(tok.vocab_size, 8, layers=1, model=16, heads=2, kv_heads=1, experts=2, hidden=8)
+        ids = libmoe.lm_stream(tok, " ".join(SENTENCES) * 5)
+        with self.assertRaises(TypeError):
+            libmoe.Trainer(lm, ids, ids, stepz=3)
+        raises(self, "MOE_ERR_ARG", libmoe.Trainer, lm, ids[:5], ids, context=8, contains="fewer than one window")
+        raises(self, "MOE_ERR_ARG", libmoe.Trainer, lm, ids, ids, context=9, contains="max_position_embeddings")
