@@ -108,7 +108,7 @@ static void deq_q4_0(const uint8_t *b, float *y) {
 /* The 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes of Q4_K and Q5_K: j < 4 in
  * the low 6 bits of bytes j and j + 4; j >= 4 has its low 4 bits in byte j + 4 (scale low nibble,
  * min high nibble) and its top 2 bits in the spare top bits of bytes j - 4 (scale) and j (min). */
-static void scale_min(const uint8_t *s, int j, int *sc, int *m) {
+void moe__k4_scale_min(const uint8_t *s, int j, int *sc, int *m) {
   if (j < 4) {
     *sc = s[j] & 63, *m = s[j + 4] & 63;
   } else {
@@ -124,7 +124,7 @@ static void deq_k4(const uint8_t *b, const uint8_t *qh, const uint8_t *qs, float
   float d = f16_at(b), dmin = f16_at(b + 2);
   for (int j = 0; j < 8; j++) {
     int sc, m;
-    scale_min(b + 4, j, &sc, &m);
+    moe__k4_scale_min(b + 4, j, &sc, &m);
     float dj = d * (float)sc, mj = dmin * (float)m;
     const uint8_t *q = qs + 32 * (j / 2);
     for (int l = 0; l < 32; l++) {
@@ -253,7 +253,7 @@ static void q_k4(const float *x, uint8_t *b, uint8_t *qh, uint8_t *qs, int nmax)
   if (qh) memset(qh, 0, 32);
   for (int j = 0; j < 8; j++) {
     int ls, lm;
-    scale_min(s, j, &ls, &lm);
+    moe__k4_scale_min(s, j, &ls, &lm);
     float dj = d * (float)ls, mj = dmin * (float)lm;
     for (int l = 0; l < 32; l++) {
       int v = dj > 0 ? clampi((int)lrintf((x[32 * j + l] + mj) / dj), 0, nmax) : 0;

@@ -1,7 +1,8 @@
-/* Dot products of quantized rows (activations quantized per block as the weight type needs): Q8_0 x
- * Q8_0, scalar and AVX2, the latter compiled for AVX2 whatever the build's flags and taken only when
- * the CPU has it. Both sum each block's integer products exactly and add the blocks' scaled sums in
- * the same order, so they give the same bits. */
+/* Dot products of quantized weight rows with activations quantized per block (quant.h: the formats and
+ * the summation order every version follows): the activations' quantizers, Q8_0 and Q4_0 weights with
+ * Q8_0 activations, and the choice of version by the CPU's features. The AVX2 versions are compiled for
+ * AVX2 whatever the build's flags and handed out only when the CPU has it. */
+#include <math.h>
 #include <string.h>
 
 #include "kernels/quant.h"
@@ -12,51 +13,229 @@
 #endif
 
 #define Q8_BYTES 34 /* f16 scale, then 32 int8 values */
+#define Q4_BYTES 18 /* f16 scale, then 16 bytes of two 4-bit values each */
 
 static float scale_of(const uint8_t *b) { return moe__f16_to_f32((uint16_t)(b[0] | b[1] << 8)); }
 
-float moe__dot_q8_0_scalar(const void *a, const void *b, int64_t n) {
-  const uint8_t *x = a, *y = b;
-  float sum = 0;
-  for (int64_t i = 0; i < n / 32; i++, x += Q8_BYTES, y += Q8_BYTES) {
-    int32_t s = 0;
-    for (int j = 0; j < 32; j++) s += (int32_t)(int8_t)x[2 + j] * (int8_t)y[2 + j];
-    sum += (float)s * (scale_of(x) * scale_of(y));
-  }
-  return sum;
+/* ---------------------------------------------------------------- activations */
+
+static int k_quant(moe_gguf_type w) { return w == MOE_GGUF_Q4_K || w == MOE_GGUF_Q6_K; }
+
+int moe__qdot_has(moe_gguf_type w) {
+  return w == MOE_GGUF_Q8_0 || w == MOE_GGUF_Q4_0 || k_quant(w);
 }
+
+size_t moe__act_bytes(moe_gguf_type w, int64_t n) {
+  return k_quant(w) ? (size_t)(n / 256) * sizeof(moe__q8k) : (size_t)(n / 32) * Q8_BYTES;
+}
+
+/* The value of largest magnitude (the first of equals), and whether every value is finite. */
+static float signed_max(const float *x, int n, int *finite) {
+  float a = 0, s = 0;
+  int ok = 1;
+  for (int i = 0; i < n; i++) {
+    ok &= isfinite(x[i]) != 0;
+    if (fabsf(x[i]) > a) a = fabsf(x[i]), s = x[i];
+  }
+  *finite = ok;
+  return s;
+}
+
+/* Q8_0: d = amax / 127 stored as f16, values round(x / d) (halves away from zero) with the float d,
+ * as moe_gguf_quantize does. */
+static void act_q8_0(const float *x, uint8_t *b) {
+  int ok;
+  float d = fabsf(signed_max(x, 32, &ok)) / 127, id = d ? 1 / d : 0;
+  uint16_t h = moe__f32_to_f16(ok ? d : NAN);
+  b[0] = (uint8_t)h, b[1] = (uint8_t)(h >> 8);
+  for (int i = 0; i < 32; i++) b[2 + i] = ok ? (uint8_t)(int8_t)lrintf(roundf(x[i] * id)) : 0;
+}
+
+/* Q8_K as ggml makes it: the value of largest magnitude at -127, values rounded to nearest even,
+ * d = 1 / the inverse scale. */
+static void act_q8_K(const float *x, moe__q8k *b) {
+  int ok;
+  float max = signed_max(x, 256, &ok);
+  memset(b, 0, sizeof *b);
+  if (!ok) b->d = NAN;
+  if (!ok || max == 0) return;
+  float is = -127 / max;
+  for (int j = 0; j < 256; j++) {
+    long v = lrintf(is * x[j]);
+    b->q[j] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+    b->sums[j / 16] = (int16_t)(b->sums[j / 16] + b->q[j]);
+  }
+  b->d = 1 / is;
+}
+
+void moe__act_quantize(moe_gguf_type w, const float *x, void *a, int64_t n) {
+  if (k_quant(w)) {
+    moe__q8k *b = a;
+    for (int64_t i = 0; i < n / 256; i++) act_q8_K(x + 256 * i, b + i);
+  } else {
+    uint8_t *b = a;
+    for (int64_t i = 0; i < n / 32; i++) act_q8_0(x + 32 * i, b + Q8_BYTES * i);
+  }
+}
+
+void moe__act_dequantize(moe_gguf_type w, const void *a, float *x, int64_t n) {
+  if (k_quant(w)) {
+    const moe__q8k *b = a;
+    for (int64_t i = 0; i < n; i++) x[i] = b[i / 256].d * (float)b[i / 256].q[i % 256];
+  } else {
+    const uint8_t *b = a;
+    for (int64_t i = 0; i < n; i++) x[i] = scale_of(b + Q8_BYTES * (i / 32)) * (float)(int8_t)b[Q8_BYTES * (i / 32) + 2 + i % 32];
+  }
+}
+
+/* ---------------------------------------------------------------- scalar */
+
+static void q8_0_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  for (int r = 0; r < nr; r++) {
+    const uint8_t *x = w, *y = (const uint8_t *)a + r * astride;
+    float acc = 0;
+    for (int64_t i = 0; i < n / 32; i++, x += Q8_BYTES, y += Q8_BYTES) {
+      int32_t s = 0;
+      for (int j = 0; j < 32; j++) s += (int32_t)(int8_t)x[2 + j] * (int8_t)y[2 + j];
+      float d = scale_of(x) * scale_of(y);
+      float t = (float)s * d; /* a statement of its own: never fused with the sum */
+      acc += t;
+    }
+    out[r] = acc;
+  }
+}
+
+static void q4_0_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  for (int r = 0; r < nr; r++) {
+    const uint8_t *x = w, *y = (const uint8_t *)a + r * astride;
+    float acc = 0;
+    for (int64_t i = 0; i < n / 32; i++, x += Q4_BYTES, y += Q8_BYTES) {
+      int32_t s = 0;
+      for (int j = 0; j < 16; j++)
+        s += ((x[2 + j] & 15) - 8) * (int8_t)y[2 + j] + ((x[2 + j] >> 4) - 8) * (int8_t)y[18 + j];
+      float d = scale_of(x) * scale_of(y);
+      float t = (float)s * d; /* a statement of its own: never fused with the sum */
+      acc += t;
+    }
+    out[r] = acc;
+  }
+}
+
+/* ---------------------------------------------------------------- AVX2 */
 
 #ifdef HAVE_X86
-__attribute__((target("avx2"))) float moe__dot_q8_0_avx2(const void *a, const void *b, int64_t n) {
-  const uint8_t *x = a, *y = b;
-  float sum = 0;
+#define AVX2 __attribute__((target("avx2")))
+
+AVX2 static inline int32_t hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+/* Q8_0 weights of any bytes (-128 included): both sides widened to int16, madd's pair sums (at most
+ * 2 * 128 * 128) exact in int32. */
+AVX2 static void q8_0_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  float acc[MOE__QDOT_ROWS] = {0};
+  const uint8_t *x = w, *y = a;
   for (int64_t i = 0; i < n / 32; i++, x += Q8_BYTES, y += Q8_BYTES) {
-    /* widened to int16, madd's pair sums (at most 2 * 128 * 128) are exact in int32 for any bytes */
     __m256i x0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(x + 2)));
     __m256i x1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(x + 18)));
-    __m256i y0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y + 2)));
-    __m256i y1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y + 18)));
-    __m256i p32 = _mm256_add_epi32(_mm256_madd_epi16(x0, y0), _mm256_madd_epi16(x1, y1));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(p32), _mm256_extracti128_si256(p32, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-    sum += (float)_mm_cvtsi128_si32(s4) * (scale_of(x) * scale_of(y));
+    float dx = scale_of(x);
+    for (int r = 0; r < nr; r++) {
+      const uint8_t *yr = y + r * astride;
+      __m256i y0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(yr + 2)));
+      __m256i y1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(yr + 18)));
+      int32_t s = hsum_i32(_mm256_add_epi32(_mm256_madd_epi16(x0, y0), _mm256_madd_epi16(x1, y1)));
+      float d = dx * scale_of(yr);
+      float t = (float)s * d;
+      acc[r] += t;
+    }
   }
-  return sum;
+  for (int r = 0; r < nr; r++) out[r] = acc[r];
 }
 
-int moe__dot_q8_0_has_avx2(void) { return __builtin_cpu_supports("avx2"); }
+/* Q4_0: the nibbles (0..15) times the activations by maddubs, less 8 times the activations' pair sums
+ * (both int16 pair sums far from saturating), then widened to int32 by madd. */
+AVX2 static void q4_0_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  float acc[MOE__QDOT_ROWS] = {0};
+  const __m256i lo4 = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+  const uint8_t *x = w, *y = a;
+  for (int64_t i = 0; i < n / 32; i++, x += Q4_BYTES, y += Q8_BYTES) {
+    __m128i q = _mm_loadu_si128((const __m128i *)(x + 2));
+    __m256i q32 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), lo4); /* values 0..31 in order */
+    float dx = scale_of(x);
+    for (int r = 0; r < nr; r++) {
+      const uint8_t *yr = y + r * astride;
+      __m256i v = _mm256_loadu_si256((const __m256i *)(yr + 2));
+      __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q32, v), _mm256_maddubs_epi16(eight, v));
+      int32_t s = hsum_i32(_mm256_madd_epi16(p, ones));
+      float d = dx * scale_of(yr);
+      float t = (float)s * d;
+      acc[r] += t;
+    }
+  }
+  for (int r = 0; r < nr; r++) out[r] = acc[r];
+}
+
+static int cpu_avx2(void) { return __builtin_cpu_supports("avx2"); }
 #else
-float moe__dot_q8_0_avx2(const void *a, const void *b, int64_t n) {
-  (void)a, (void)b, (void)n;
-  return 0;
-}
-
-int moe__dot_q8_0_has_avx2(void) { return 0; }
+static int cpu_avx2(void) { return 0; }
 #endif
 
+/* ---------------------------------------------------------------- the choice */
+
+moe__isa moe__qdot_best(void) {
+  static int best = -1; /* decided once; a race writes the same value */
+  if (best < 0) best = cpu_avx2() ? MOE__ISA_AVX2 : MOE__ISA_SCALAR;
+  return (moe__isa)best;
+}
+
+const char *moe__isa_name(moe__isa isa) { return isa == MOE__ISA_AVX2 ? "AVX2" : "scalar"; }
+
+moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa) {
+  if (isa == MOE__ISA_SCALAR) {
+    switch (w) {
+      case MOE_GGUF_Q8_0: return q8_0_scalar;
+      case MOE_GGUF_Q4_0: return q4_0_scalar;
+      case MOE_GGUF_Q4_K: return moe__qdot_q4_K_scalar;
+      case MOE_GGUF_Q6_K: return moe__qdot_q6_K_scalar;
+      default: return NULL;
+    }
+  }
+#ifdef HAVE_X86
+  if (isa == MOE__ISA_AVX2 && cpu_avx2()) {
+    switch (w) {
+      case MOE_GGUF_Q8_0: return q8_0_avx2;
+      case MOE_GGUF_Q4_0: return q4_0_avx2;
+      case MOE_GGUF_Q4_K: return moe__qdot_q4_K_avx2;
+      case MOE_GGUF_Q6_K: return moe__qdot_q6_K_avx2;
+      default: return NULL;
+    }
+  }
+#endif
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- Q8_0 x Q8_0, one row */
+
+float moe__dot_q8_0_scalar(const void *a, const void *b, int64_t n) {
+  float s;
+  q8_0_scalar(a, b, 0, 1, n, &s);
+  return s;
+}
+
+float moe__dot_q8_0_avx2(const void *a, const void *b, int64_t n) {
+  float s = 0;
+  moe__qdot_fn f = moe__qdot_kernel(MOE_GGUF_Q8_0, MOE__ISA_AVX2);
+  if (f) f(a, b, 0, 1, n, &s);
+  return s;
+}
+
+int moe__dot_q8_0_has_avx2(void) { return moe__qdot_best() == MOE__ISA_AVX2; }
+
 float moe__dot_q8_0(const void *a, const void *b, int64_t n) {
-  static int avx2 = -1; /* decided once; a race writes the same value */
-  if (avx2 < 0) avx2 = moe__dot_q8_0_has_avx2();
-  return avx2 ? moe__dot_q8_0_avx2(a, b, n) : moe__dot_q8_0_scalar(a, b, n);
+  float s;
+  moe__qdot_kernel(MOE_GGUF_Q8_0, moe__qdot_best())(a, b, 0, 1, n, &s);
+  return s;
 }
