@@ -13,7 +13,8 @@ class LayerConfig(C.Structure):
                 ("dtype", _i), ("pipeline", _i), ("memory_reuse", _i), ("memory_budget", C.c_size_t),
                 ("parallel_r", _i), ("replica_slots", _i), ("a2a_auto", _i),
                 ("score", _i), ("select_bias", _i), ("n_group", _i), ("topk_group", _i),
-                ("group_score", _i), ("routed_scale", _f), ("shared_H", _i), ("shared_gate", _i)]
+                ("group_score", _i), ("routed_scale", _f), ("shared_H", _i), ("shared_gate", _i),
+                ("expert_type", _i)]
 
 
 class ParamInfo(C.Structure):
