@@ -17,10 +17,24 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "moe.h"
 
-/* IEEE binary16 to float (exact) and back (round to nearest even; overflow to infinity, NaN kept). */
+/* IEEE binary16 to float (exact) and back (round to nearest even; overflow to infinity, NaN kept).
+ * moe__half is the first, inline for the kernels: the bits assembled, a subnormal half scaled (exact). */
+static inline float moe__half(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, u;
+  float f;
+  if (e == 0) {
+    f = (float)m * 0x1p-24f;
+    return h & 0x8000 ? -f : f;
+  }
+  u = e == 31 ? (m ? 0x7fc00000u : 0x7f800000u) : (e + 112) << 23 | m << 13; /* a NaN: the quiet one */
+  u |= sign;
+  memcpy(&f, &u, 4);
+  return f;
+}
 float moe__f16_to_f32(uint16_t h);
 uint16_t moe__f32_to_f16(float f);
 
@@ -33,8 +47,20 @@ float moe__dot_q8_0_scalar(const void *a, const void *b, int64_t n);
 float moe__dot_q8_0_avx2(const void *a, const void *b, int64_t n);
 int moe__dot_q8_0_has_avx2(void);
 
-/* The 6-bit scale and min of sub-block j (0..7) from Q4_K's and Q5_K's 12 packed bytes s. */
-void moe__k4_scale_min(const uint8_t *s, int j, int *sc, int *m);
+/* The eight 6-bit scales and mins of Q4_K's and Q5_K's 12 packed bytes s, four bytes at a time:
+ * bytes 0-3 hold scales 0-3 in their low six bits and the top two bits of scales 4-7, bytes 4-7 the
+ * same for the mins, bytes 8-11 the low four bits of scales 4-7 (low nibbles) and mins 4-7 (high). */
+static inline uint32_t moe__le32(const uint8_t *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
+static inline void moe__put32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+}
+static inline void moe__k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+  uint32_t a = moe__le32(s), m = moe__le32(s + 4), c = moe__le32(s + 8);
+  moe__put32(sc, a & 0x3f3f3f3fu);
+  moe__put32(mn, m & 0x3f3f3f3fu);
+  moe__put32(sc + 4, (c & 0x0f0f0f0fu) | ((a >> 6) & 0x03030303u) << 4);
+  moe__put32(mn + 4, ((c >> 4) & 0x0f0f0f0fu) | ((m >> 6) & 0x03030303u) << 4);
+}
 
 /* Activations for the K-quants (ggml's Q8_K): 256 values as int8 in [-127, 127] times d, with the sums
  * of each 16 (what the weights' mins and offsets multiply). */

@@ -18,16 +18,11 @@
 #define Q4K_BYTES 144
 #define Q6K_BYTES 210
 
-static float f16_at(const uint8_t *p) { return moe__f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
-
-/* The eight scales and mins of a Q4_K block. */
-static void q4k_unpack(const uint8_t *b, int sc[8], int mn[8]) {
-  for (int j = 0; j < 8; j++) moe__k4_scale_min(b + 4, j, &sc[j], &mn[j]);
-}
+static inline float f16_at(const uint8_t *p) { return moe__half((uint16_t)(p[0] | p[1] << 8)); }
 
 /* The mins' part of a Q4_K block's integer sums with a: min_j times the activations' sum over
  * sub-block j (of 32: two of a's sums of 16). */
-static int32_t q4k_msum(const int mn[8], const moe__q8k *a) {
+static int32_t q4k_msum(const uint8_t mn[8], const moe__q8k *a) {
   int32_t s = 0;
   for (int j = 0; j < 8; j++) s += mn[j] * (a->sums[2 * j] + a->sums[2 * j + 1]);
   return s;
@@ -65,8 +60,8 @@ void moe__qdot_q4_K_scalar(const void *w, const void *a, size_t astride, int nr,
     const moe__q8k *y = (const moe__q8k *)((const char *)a + r * astride);
     float acc = 0;
     for (int64_t i = 0; i < n / 256; i++, b += Q4K_BYTES, y++) {
-      int sc[8], mn[8];
-      q4k_unpack(b, sc, mn);
+      uint8_t sc[8], mn[8];
+      moe__k4_scales(b + 4, sc, mn);
       int32_t isum = 0;
       for (int j = 0; j < 8; j++) {
         const uint8_t *q = b + 16 + 32 * (j / 2);
@@ -107,7 +102,7 @@ void moe__qdot_q6_K_scalar(const void *w, const void *a, size_t astride, int nr,
 /* ---------------------------------------------------------------- AVX2 */
 
 #ifdef HAVE_X86
-#define AVX2 __attribute__((target("avx2")))
+#define AVX2 __attribute__((target("avx2,f16c")))
 
 AVX2 static inline int32_t hsum_i32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -121,10 +116,13 @@ AVX2 static inline int32_t hsum_i32(__m256i v) {
 AVX2 void moe__qdot_q4_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
   float acc[MOE__QDOT_ROWS] = {0};
   const __m256i lo4 = _mm256_set1_epi8(15);
+  const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   const uint8_t *b = w;
   for (int64_t i = 0; i < n / 256; i++, b += Q4K_BYTES) {
-    int sc[8], mn[8];
-    q4k_unpack(b, sc, mn);
+    uint8_t sc[8], mn[8];
+    moe__k4_scales(b + 4, sc, mn);
+    /* the mins twice each as int16 lanes, against the activations' 16 sums: madd gives min_j (s_2j + s_2j+1) */
+    __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)mn), dup));
     __m256i lo[4], hi[4], s_lo[4], s_hi[4];
     for (int c = 0; c < 4; c++) {
       __m256i q = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
@@ -142,7 +140,8 @@ AVX2 void moe__qdot_q4_K_avx2(const void *w, const void *a, size_t astride, int 
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[c], y0), s_lo[c]));
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[c], y1), s_hi[c]));
       }
-      acc[r] = q4k_add(acc[r], b, y, hsum_i32(s), q4k_msum(mn, y));
+      int32_t msum = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->sums), mins));
+      acc[r] = q4k_add(acc[r], b, y, hsum_i32(s), msum);
     }
   }
   for (int r = 0; r < nr; r++) out[r] = acc[r];
