@@ -399,7 +399,8 @@ typedef struct {
   int shared_gate;        /* the shared output scaled per token by sigmoid(shared.gate.weight . x)
                              (Qwen2-MoE's shared_expert_gate) */
   int expert_type;        /* -1 (default) or MOE_GGUF_F32: the experts are fp32 parameters, computed in
-                             dtype. A quantized moe_gguf_type with kernels (Q8_0, Q4_0, Q4_K, Q6_K):
+                             dtype. A quantized moe_gguf_type with kernels (Q8_0, Q4_0, Q4_K, Q5_K,
+                             Q6_K, MXFP4):
                              the experts' weights are bytes of that type, for inference (backward is
                              MOE_ERR_ARG), given with moe_layer_bind_experts; the parameter table then
                              has no experts.*.weight (experts.fc1/fc2.bias stay fp32). Needs D and H
@@ -508,7 +509,7 @@ moe_status moe_layer_set_cached_experts(moe_layer_t *l, const int32_t *experts, 
 /* Changes threads for later calls (0 = all cores). */
 void moe_layer_set_threads(moe_layer_t *l, int threads);
 /* Quantized experts (DESIGN 4.8b): forward only, each expert's rows dotted with the rows of its tokens
- * quantized per block (Q8_0 blocks for Q8_0 and Q4_0 weights, ggml's Q8_K for the K-quants), by
+ * quantized per block (Q8_0 blocks for Q8_0, Q4_0 and MXFP4 weights, ggml's Q8_K for the K-quants), by
  * kernels chosen at run time by the CPU's features (moe_cpu_info names them).
  * moe_layer_quantize_experts: the layer's fp32 experts (experts.fc1/fc2/fc3.weight) quantized to
  * `type` into memory the layer owns, which its forwards then read (cfg.expert_type becomes type); the

@@ -11,8 +11,8 @@
 #include "kernels/quant.h"
 #include "test.h"
 
-static const moe_gguf_type kTypes[] = {MOE_GGUF_Q8_0, MOE_GGUF_Q4_0, MOE_GGUF_Q4_K, MOE_GGUF_Q6_K};
-#define NTYPES 4
+static const moe_gguf_type kTypes[] = {MOE_GGUF_Q8_0, MOE_GGUF_Q4_0, MOE_GGUF_Q4_K, MOE_GGUF_Q6_K, MOE_GGUF_Q5_K, MOE_GGUF_MXFP4};
+#define NTYPES 6
 
 static int is_k(moe_gguf_type t) { return moe_gguf_type_block(t) == 256; }
 
@@ -122,12 +122,17 @@ TEST(qdot_matches_float64) {
   free(w), free(x), free(wd), free(xd), free(wq), free(aq);
 }
 
-/* Random bytes for a block of type t, with finite f16 scales of exponent e (0..30) where they are. */
+/* Random bytes for a block of type t, with finite scales of exponent e (0..30: f16's biased exponent;
+ * MXFP4's E8M0 scale is 2^(e - 16)). */
 static void random_block(moe_gguf_type t, uint8_t *b, int e, uint64_t *seed) {
   size_t n = moe_gguf_type_block_bytes(t);
   for (size_t i = 0; i < n; i++) b[i] = (uint8_t)moe__splitmix(seed);
+  if (t == MOE_GGUF_MXFP4) { /* an E8M0 scale: 2^(e - 16) */
+    b[0] = (uint8_t)(112 + e);
+    return;
+  }
   int at[2] = {0, -1};
-  if (t == MOE_GGUF_Q4_K) at[1] = 2;
+  if (t == MOE_GGUF_Q4_K || t == MOE_GGUF_Q5_K) at[1] = 2;
   if (t == MOE_GGUF_Q6_K) at[0] = 208;
   for (int k = 0; k < 2 && at[k] >= 0; k++) b[at[k] + 1] = (uint8_t)((b[at[k] + 1] & 0x83) | e << 2);
 }

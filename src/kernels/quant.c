@@ -136,18 +136,15 @@ static void deq_q6_K(const uint8_t *b, float *y) {
   }
 }
 
-/* The e2m1 values doubled (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, times 2). */
-static const int8_t fp4_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-
-/* 2^(e - 128): the E8M0 scale halved, as the doubled e2m1 values need. */
-static float e8m0_half(int e) { return ldexpf(1.0f, e - 128); }
+/* MXFP4's values (quant.h) */
+const int8_t moe__fp4_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /* MXFP4: E8M0 scale, then 16 bytes: value i in the low nibble of byte i, value i + 16 in the high. */
 static void deq_mxfp4(const uint8_t *b, float *y) {
-  float d = e8m0_half(b[0]);
+  float d = moe__e8m0_half(b[0]);
   for (int i = 0; i < 16; i++) {
-    y[i] = (float)fp4_x2[b[1 + i] & 15] * d;
-    y[i + 16] = (float)fp4_x2[b[1 + i] >> 4] * d;
+    y[i] = (float)moe__fp4_x2[b[1 + i] & 15] * d;
+    y[i + 16] = (float)moe__fp4_x2[b[1 + i] >> 4] * d;
   }
 }
 
@@ -294,7 +291,7 @@ static void q_q6_K(const float *x, uint8_t *b) {
 static int nearest_fp4(float x, float d) {
   int best = 0;
   for (int i = 1; i < 16; i++)
-    if (fabsf((float)fp4_x2[i] * d - x) < fabsf((float)fp4_x2[best] * d - x)) best = i;
+    if (fabsf((float)moe__fp4_x2[i] * d - x) < fabsf((float)moe__fp4_x2[best] * d - x)) best = i;
   return best;
 }
 
@@ -302,7 +299,7 @@ static int nearest_fp4(float x, float d) {
 static void q_mxfp4(const float *x, uint8_t *b) {
   float amax = amax_of(x, 32, NULL);
   int e = amax > 0 ? clampi(ilogbf(amax) - 2 + 127, 0, 254) : 0;
-  float d = e8m0_half(e);
+  float d = moe__e8m0_half(e);
   b[0] = (uint8_t)e;
   for (int i = 0; i < 16; i++) b[1 + i] = (uint8_t)(nearest_fp4(x[i], d) | nearest_fp4(x[i + 16], d) << 4);
 }

@@ -8,8 +8,9 @@
  * product and sum a separate rounding (no fused multiply-add; separate statements, so that no
  * compiler contracts them): so the versions give the same bits, and a row's result does not depend on
  * how many rows a call computes with it. Per block, with dw the weight's scales, da the activation's:
- *   Q8_0, Q4_0:  acc += (float)isum * (dw * da)
- *   Q4_K:        acc += (d * da) * (float)isum;  acc -= (dmin * da) * (float)msum
+ *   Q8_0, Q4_0, MXFP4:  acc += (float)isum * (dw * da)   (MXFP4: isum over the doubled e2m1 values,
+ *                dw = 2^(e - 128))
+ *   Q4_K, Q5_K:  acc += (d * da) * (float)isum;  acc -= (dmin * da) * (float)msum
  *                (isum = sum over sub-blocks of scale_j * q.a, msum = sum of min_j * the a's sums)
  *   Q6_K:        acc += (d * da) * (float)isum   (isum = sum of scale_j * (q.a - 32 * a's sum)) */
 #ifndef MOE_QUANT_H
@@ -62,6 +63,16 @@ static inline void moe__k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]
   moe__put32(mn + 4, ((c >> 4) & 0x0f0f0f0fu) | ((m >> 6) & 0x03030303u) << 4);
 }
 
+/* MXFP4: the e2m1 values doubled (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, times 2), and the
+ * E8M0 scale halved, 2^(e - 128), as the doubled values need (bits assembled: exact, no libm). */
+extern const int8_t moe__fp4_x2[16];
+static inline float moe__e8m0_half(int e) {
+  uint32_t u = e >= 2 ? (uint32_t)(e - 1) << 23 : 0x00200000u << e; /* e 0 and 1: subnormal */
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
 /* Activations for the K-quants (ggml's Q8_K): 256 values as int8 in [-127, 127] times d, with the sums
  * of each 16 (what the weights' mins and offsets multiply). */
 typedef struct {
@@ -70,10 +81,10 @@ typedef struct {
   int16_t sums[16];
 } moe__q8k;
 
-/* The weight types with dot products here (Q8_0, Q4_0, Q4_K, Q6_K). */
+/* The weight types with dot products here (Q8_0, Q4_0, MXFP4, Q4_K, Q5_K, Q6_K). */
 int moe__qdot_has(moe_gguf_type w);
 /* The activations' format for weights of type w: Q8_0 blocks (the GGUF bytes, exactly what
- * moe_gguf_quantize(Q8_0) writes) for Q8_0 and Q4_0, moe__q8k for the K-quants. Rows of n values (a
+ * moe_gguf_quantize(Q8_0) writes) for Q8_0, Q4_0 and MXFP4, moe__q8k for the K-quants. Rows of n values (a
  * multiple of w's block): their bytes, the quantizer (values in [-127, 127]; a row with a value that is
  * not finite gets a NaN scale, so that its dot products are NaN) and its inverse (for references). */
 size_t moe__act_bytes(moe_gguf_type w, int64_t n);
@@ -94,8 +105,10 @@ moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa);
 
 /* quant_dot_k.c: the K-quants' kernels (moe__qdot_kernel hands them out). */
 void moe__qdot_q4_K_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_q5_K_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot_q6_K_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot_q4_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_q5_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 
 #endif

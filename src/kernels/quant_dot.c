@@ -1,6 +1,6 @@
 /* Dot products of quantized weight rows with activations quantized per block (quant.h: the formats and
- * the summation order every version follows): the activations' quantizers, Q8_0 and Q4_0 weights with
- * Q8_0 activations, and the choice of version by the CPU's features. The AVX2 versions (with F16C for
+ * the summation order every version follows): the activations' quantizers, Q8_0, Q4_0 and MXFP4 weights
+ * with Q8_0 activations, and the choice of version by the CPU's features. The AVX2 versions (with F16C for
  * the scales) are compiled for AVX2 whatever the build's flags and handed out only when the CPU has it. */
 #include <math.h>
 #include <string.h>
@@ -14,15 +14,16 @@
 
 #define Q8_BYTES 34 /* f16 scale, then 32 int8 values */
 #define Q4_BYTES 18 /* f16 scale, then 16 bytes of two 4-bit values each */
+#define MX_BYTES 17 /* E8M0 scale, then 16 bytes of two e2m1 values each */
 
 static inline float scale_of(const uint8_t *b) { return moe__half((uint16_t)(b[0] | b[1] << 8)); }
 
 /* ---------------------------------------------------------------- activations */
 
-static int k_quant(moe_gguf_type w) { return w == MOE_GGUF_Q4_K || w == MOE_GGUF_Q6_K; }
+static int k_quant(moe_gguf_type w) { return w == MOE_GGUF_Q4_K || w == MOE_GGUF_Q5_K || w == MOE_GGUF_Q6_K; }
 
 int moe__qdot_has(moe_gguf_type w) {
-  return w == MOE_GGUF_Q8_0 || w == MOE_GGUF_Q4_0 || k_quant(w);
+  return w == MOE_GGUF_Q8_0 || w == MOE_GGUF_Q4_0 || w == MOE_GGUF_MXFP4 || k_quant(w);
 }
 
 size_t moe__act_bytes(moe_gguf_type w, int64_t n) {
@@ -121,6 +122,23 @@ static void q4_0_scalar(const void *w, const void *a, size_t astride, int nr, in
   }
 }
 
+/* MXFP4: the doubled e2m1 values are integers (|v| <= 12), the scale 2^(e - 128). */
+static void mxfp4_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  for (int r = 0; r < nr; r++) {
+    const uint8_t *x = w, *y = (const uint8_t *)a + r * astride;
+    float acc = 0;
+    for (int64_t i = 0; i < n / 32; i++, x += MX_BYTES, y += Q8_BYTES) {
+      int32_t s = 0;
+      for (int j = 0; j < 16; j++)
+        s += moe__fp4_x2[x[1 + j] & 15] * (int8_t)y[2 + j] + moe__fp4_x2[x[1 + j] >> 4] * (int8_t)y[18 + j];
+      float d = moe__e8m0_half(x[0]) * scale_of(y);
+      float t = (float)s * d;
+      acc += t;
+    }
+    out[r] = acc;
+  }
+}
+
 /* ---------------------------------------------------------------- AVX2 */
 
 #ifdef HAVE_X86
@@ -185,6 +203,29 @@ AVX2 static void q4_0_avx2(const void *w, const void *a, size_t astride, int nr,
   for (int r = 0; r < nr; r++) out[r] = acc[r];
 }
 
+/* MXFP4: the nibbles looked up in the doubled e2m1 values (pshufb), then as Q8_0's, widened to int16. */
+AVX2 static void mxfp4_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  float acc[MOE__QDOT_ROWS] = {0};
+  const __m128i table = _mm_loadu_si128((const __m128i *)moe__fp4_x2), lo4 = _mm_set1_epi8(15);
+  const uint8_t *x = w, *y = a;
+  for (int64_t i = 0; i < n / 32; i++, x += MX_BYTES, y += Q8_BYTES) {
+    __m128i q = _mm_loadu_si128((const __m128i *)(x + 1));
+    __m256i x0 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(q, lo4)));
+    __m256i x1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), lo4)));
+    float dx = moe__e8m0_half(x[0]);
+    for (int r = 0; r < nr; r++) {
+      const uint8_t *yr = y + r * astride;
+      __m256i y0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(yr + 2)));
+      __m256i y1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(yr + 18)));
+      int32_t s = hsum_i32(_mm256_add_epi32(_mm256_madd_epi16(x0, y0), _mm256_madd_epi16(x1, y1)));
+      float d = dx * scale_avx(yr);
+      float t = (float)s * d;
+      acc[r] += t;
+    }
+  }
+  for (int r = 0; r < nr; r++) out[r] = acc[r];
+}
+
 static int cpu_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
 #else
 static int cpu_avx2(void) { return 0; }
@@ -205,7 +246,9 @@ moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa) {
     switch (w) {
       case MOE_GGUF_Q8_0: return q8_0_scalar;
       case MOE_GGUF_Q4_0: return q4_0_scalar;
+      case MOE_GGUF_MXFP4: return mxfp4_scalar;
       case MOE_GGUF_Q4_K: return moe__qdot_q4_K_scalar;
+      case MOE_GGUF_Q5_K: return moe__qdot_q5_K_scalar;
       case MOE_GGUF_Q6_K: return moe__qdot_q6_K_scalar;
       default: return NULL;
     }
@@ -215,7 +258,9 @@ moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa) {
     switch (w) {
       case MOE_GGUF_Q8_0: return q8_0_avx2;
       case MOE_GGUF_Q4_0: return q4_0_avx2;
+      case MOE_GGUF_MXFP4: return mxfp4_avx2;
       case MOE_GGUF_Q4_K: return moe__qdot_q4_K_avx2;
+      case MOE_GGUF_Q5_K: return moe__qdot_q5_K_avx2;
       case MOE_GGUF_Q6_K: return moe__qdot_q6_K_avx2;
       default: return NULL;
     }

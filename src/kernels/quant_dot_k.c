@@ -3,6 +3,8 @@
  *   Q4_K (144 bytes): f16 d, f16 dmin, 12 bytes of eight 6-bit scales and mins, qs[128]: bytes
  *        qs[32c, 32c + 32) hold sub-block 2c (of 32 values) in their low nibbles, 2c + 1 in the high;
  *        value = d * scale_j * q - dmin * min_j.
+ *   Q5_K (176 bytes): Q4_K's with qh[32] before qs: the fifth bit of value l of sub-block j is bit j
+ *        of qh[l].
  *   Q6_K (210 bytes): ql[128], qh[64], sixteen int8 scales, f16 d; value e: half h = e / 128, quarter
  *        k = (e % 128) / 32, lane l = e % 32: low 4 bits in nibble k / 2 of ql[64h + 32(k % 2) + l],
  *        top 2 at bit 2k of qh[32h + l]; value = d * scale_(e/16) * (q - 32). */
@@ -16,6 +18,7 @@
 #endif
 
 #define Q4K_BYTES 144
+#define Q5K_BYTES 176
 #define Q6K_BYTES 210
 
 static inline float f16_at(const uint8_t *p) { return moe__half((uint16_t)(p[0] | p[1] << 8)); }
@@ -54,25 +57,40 @@ static int32_t q6k_offset(const uint8_t *b, const moe__q8k *a) {
 
 /* ---------------------------------------------------------------- scalar */
 
-void moe__qdot_q4_K_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+/* Q4_K (qh_at 0) and Q5_K (qh_at 16: its fifth bits, bit j of qh[l] for value l of sub-block j). */
+static void k4_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out, size_t bytes,
+                      int qh_at) {
+  int qs_at = qh_at ? 48 : 16;
   for (int r = 0; r < nr; r++) {
     const uint8_t *b = w;
     const moe__q8k *y = (const moe__q8k *)((const char *)a + r * astride);
     float acc = 0;
-    for (int64_t i = 0; i < n / 256; i++, b += Q4K_BYTES, y++) {
+    for (int64_t i = 0; i < n / 256; i++, b += bytes, y++) {
       uint8_t sc[8], mn[8];
       moe__k4_scales(b + 4, sc, mn);
       int32_t isum = 0;
       for (int j = 0; j < 8; j++) {
-        const uint8_t *q = b + 16 + 32 * (j / 2);
+        const uint8_t *q = b + qs_at + 32 * (j / 2), *qh = b + qh_at;
         int32_t s = 0;
-        for (int l = 0; l < 32; l++) s += ((q[l] >> (4 * (j & 1))) & 15) * y->q[32 * j + l];
+        for (int l = 0; l < 32; l++) {
+          int v = (q[l] >> (4 * (j & 1))) & 15;
+          if (qh_at) v |= ((qh[l] >> j) & 1) << 4;
+          s += v * y->q[32 * j + l];
+        }
         isum += sc[j] * s;
       }
       acc = q4k_add(acc, b, y, isum, q4k_msum(mn, y));
     }
     out[r] = acc;
   }
+}
+
+void moe__qdot_q4_K_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  k4_scalar(w, a, astride, nr, n, out, Q4K_BYTES, 0);
+}
+
+void moe__qdot_q5_K_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  k4_scalar(w, a, astride, nr, n, out, Q5K_BYTES, 16);
 }
 
 void moe__qdot_q6_K_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
@@ -111,23 +129,31 @@ AVX2 static inline int32_t hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-/* Per pair of sub-blocks: nibbles (0..15) times activations by maddubs (pair sums at most 3810, no
- * saturation), then times the sub-block's scale (<= 63) by madd into int32. */
-AVX2 void moe__qdot_q4_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+/* Q4_K (qh_at 0) and Q5_K (qh_at 16), per pair of sub-blocks: the 4-bit values (with Q5_K's fifth bit:
+ * 0..31) times the activations by maddubs (pair sums at most 7874, no saturation), then times the
+ * sub-block's scale (<= 63) by madd into int32. */
+AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out,
+                                size_t bytes, int qh_at) {
   float acc[MOE__QDOT_ROWS] = {0};
-  const __m256i lo4 = _mm256_set1_epi8(15);
+  const __m256i lo4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
   const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   const uint8_t *b = w;
-  for (int64_t i = 0; i < n / 256; i++, b += Q4K_BYTES) {
+  int qs_at = qh_at ? 48 : 16;
+  for (int64_t i = 0; i < n / 256; i++, b += bytes) {
     uint8_t sc[8], mn[8];
     moe__k4_scales(b + 4, sc, mn);
     /* the mins twice each as int16 lanes, against the activations' 16 sums: madd gives min_j (s_2j + s_2j+1) */
     __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)mn), dup));
     __m256i lo[4], hi[4], s_lo[4], s_hi[4];
+    __m256i qh = qh_at ? _mm256_loadu_si256((const __m256i *)(b + qh_at)) : _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {
-      __m256i q = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+      __m256i q = _mm256_loadu_si256((const __m256i *)(b + qs_at + 32 * c));
       lo[c] = _mm256_and_si256(q, lo4);
       hi[c] = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
+      if (qh_at) { /* bit j of each qh byte, moved to bit 4 (16-bit shifts: the mask keeps each byte's own) */
+        lo[c] = _mm256_or_si256(lo[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+        hi[c] = _mm256_or_si256(hi[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+      }
       s_lo[c] = _mm256_set1_epi16((short)sc[2 * c]);
       s_hi[c] = _mm256_set1_epi16((short)sc[2 * c + 1]);
     }
@@ -145,6 +171,14 @@ AVX2 void moe__qdot_q4_K_avx2(const void *w, const void *a, size_t astride, int 
     }
   }
   for (int r = 0; r < nr; r++) out[r] = acc[r];
+}
+
+AVX2 void moe__qdot_q4_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  k4_avx2(w, a, astride, nr, n, out, Q4K_BYTES, 0);
+}
+
+AVX2 void moe__qdot_q5_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  k4_avx2(w, a, astride, nr, n, out, Q5K_BYTES, 16);
 }
 
 /* Per quarter (32 values, two sub-blocks of 16): the 6-bit values (0..63) assembled from ql and qh,
@@ -181,9 +215,12 @@ AVX2 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int 
   }
   for (int r = 0; r < nr; r++) out[r] = acc[r];
 }
-#else
+#else /* never handed out without x86-64 */
 void moe__qdot_q4_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  moe__qdot_q4_K_scalar(w, a, astride, nr, n, out); /* never handed out without x86-64 */
+  moe__qdot_q4_K_scalar(w, a, astride, nr, n, out);
+}
+void moe__qdot_q5_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  moe__qdot_q5_K_scalar(w, a, astride, nr, n, out);
 }
 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
   moe__qdot_q6_K_scalar(w, a, astride, nr, n, out);

@@ -108,7 +108,7 @@ static moe_status check_routing(const moe_layer_config *c) {
 moe_status moe__expert_type_check(const moe_layer_config *c, int type, const char *what) {
   const char *name = moe_gguf_type_name((moe_gguf_type)type);
   MOE_TRY(moe__qdot_has((moe_gguf_type)type), MOE_ERR_ARG,
-          "%s: experts of type %s (%d) have no kernels here: want Q8_0, Q4_0, Q4_K or Q6_K (F32 and BF16: dtype)",
+          "%s: experts of type %s (%d) have no kernels here: want Q8_0, Q4_0, Q4_K, Q5_K, Q6_K or MXFP4 (F32 and BF16: dtype)",
           what, name ? name : "unknown", type);
   int b = moe_gguf_type_block((moe_gguf_type)type);
   MOE_TRY(c->D % b == 0 && c->H % b == 0, MOE_ERR_ARG, "%s: %s experts need D and H multiples of its block of %d, got D=%d H=%d",
