@@ -19,7 +19,7 @@
 #include "layer/plugins.h"
 
 #define WROWS 16       /* weight rows dotted with every token row before the next ones */
-#define ITEMS_PER_THREAD 4
+#define ITEMS_PER_THREAD 8
 
 typedef struct {
   moe_gguf_type type;       /* 0 until experts are given */
