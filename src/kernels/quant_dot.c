@@ -158,72 +158,84 @@ AVX2 static inline int32_t hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-/* Q8_0 weights of any bytes (-128 included): both sides widened to int16, madd's pair sums (at most
- * 2 * 128 * 128) exact in int32. */
+/* The 32-value blocks (Q8_0, Q4_0, MXFP4 weights; Q8_0 activations): a block's 32 weight values as
+ * int8 in one vector, and its scale. */
+enum { B_Q8_0, B_Q4_0, B_MXFP4 };
+
+AVX2 static inline __m256i block_values(int kind, const uint8_t *x) {
+  if (kind == B_Q8_0) return _mm256_loadu_si256((const __m256i *)(x + 2));
+  __m128i q = _mm_loadu_si128((const __m128i *)(x + (kind == B_MXFP4 ? 1 : 2))), lo4 = _mm_set1_epi8(15);
+  __m128i lo = _mm_and_si128(q, lo4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), lo4); /* values 0-15, 16-31 */
+  if (kind == B_MXFP4) { /* the doubled e2m1 values by table */
+    __m128i table = _mm_loadu_si128((const __m128i *)moe__fp4_x2);
+    return _mm256_set_m128i(_mm_shuffle_epi8(table, hi), _mm_shuffle_epi8(table, lo));
+  }
+  return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+}
+
+AVX2 static inline float block_scale(int kind, const uint8_t *x) {
+  return kind == B_MXFP4 ? moe__e8m0_half(x[0]) : scale_avx(x);
+}
+
+/* The exact int32 lanes of a block's products: weights v (int8) with the activation block at y, both
+ * widened to int16 (any bytes, -128 included: madd's pair sums are at most 2 * 128 * 128). */
+AVX2 static inline __m256i block_products(__m256i v, const uint8_t *y) {
+  __m256i v0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), v1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+  __m256i y0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y + 2)));
+  __m256i y1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y + 18)));
+  return _mm256_add_epi32(_mm256_madd_epi16(v0, y0), _mm256_madd_epi16(v1, y1));
+}
+
+/* Four blocks at a time: their four integer sums reduced together (hadd), the four (float)isum *
+ * (dw * da) products made side by side (each lane the scalar version's operations, so its bits), then
+ * added to the accumulator one after the other in block order; the last blocks one at a time. */
+AVX2 static inline void b32_avx2(int kind, size_t wb, const void *w, const void *a, size_t astride, int nr, int64_t n,
+                                 float *out) {
+  float acc[MOE__QDOT_ROWS] = {0};
+  const uint8_t *x = w, *y = a;
+  int64_t nb = n / 32, i = 0;
+  for (; i + 4 <= nb; i += 4, x += 4 * wb, y += 4 * Q8_BYTES) {
+    __m256i v[4];
+    for (int b = 0; b < 4; b++) v[b] = block_values(kind, x + b * wb);
+    __m128 dw = _mm_setr_ps(block_scale(kind, x), block_scale(kind, x + wb), block_scale(kind, x + 2 * wb),
+                            block_scale(kind, x + 3 * wb));
+    for (int r = 0; r < nr; r++) {
+      const uint8_t *yr = y + r * astride;
+      __m256i p01 = _mm256_hadd_epi32(block_products(v[0], yr), block_products(v[1], yr + Q8_BYTES));
+      __m256i p23 = _mm256_hadd_epi32(block_products(v[2], yr + 2 * Q8_BYTES), block_products(v[3], yr + 3 * Q8_BYTES));
+      __m256i p = _mm256_hadd_epi32(p01, p23); /* per 128-bit half: the 4 blocks' partial sums */
+      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+      __m128 da = _mm_setr_ps(scale_avx(yr), scale_avx(yr + Q8_BYTES), scale_avx(yr + 2 * Q8_BYTES),
+                              scale_avx(yr + 3 * Q8_BYTES));
+      float t[4];
+      _mm_storeu_ps(t, _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_mul_ps(dw, da)));
+      for (int b = 0; b < 4; b++) acc[r] += t[b];
+    }
+  }
+  for (; i < nb; i++, x += wb, y += Q8_BYTES) {
+    __m256i v = block_values(kind, x);
+    float dx = block_scale(kind, x);
+    for (int r = 0; r < nr; r++) {
+      const uint8_t *yr = y + r * astride;
+      int32_t s = hsum_i32(block_products(v, yr));
+      float d = dx * scale_avx(yr);
+      float t = (float)s * d;
+      acc[r] += t;
+    }
+  }
+  for (int r = 0; r < nr; r++) out[r] = acc[r];
+}
+
 AVX2 static void q8_0_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  float acc[MOE__QDOT_ROWS] = {0};
-  const uint8_t *x = w, *y = a;
-  for (int64_t i = 0; i < n / 32; i++, x += Q8_BYTES, y += Q8_BYTES) {
-    __m256i x0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(x + 2)));
-    __m256i x1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(x + 18)));
-    float dx = scale_avx(x);
-    for (int r = 0; r < nr; r++) {
-      const uint8_t *yr = y + r * astride;
-      __m256i y0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(yr + 2)));
-      __m256i y1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(yr + 18)));
-      int32_t s = hsum_i32(_mm256_add_epi32(_mm256_madd_epi16(x0, y0), _mm256_madd_epi16(x1, y1)));
-      float d = dx * scale_avx(yr);
-      float t = (float)s * d;
-      acc[r] += t;
-    }
-  }
-  for (int r = 0; r < nr; r++) out[r] = acc[r];
+  b32_avx2(B_Q8_0, Q8_BYTES, w, a, astride, nr, n, out);
 }
 
-/* Q4_0: the nibbles (0..15) times the activations by maddubs, less 8 times the activations' pair sums
- * (both int16 pair sums far from saturating), then widened to int32 by madd. */
 AVX2 static void q4_0_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  float acc[MOE__QDOT_ROWS] = {0};
-  const __m256i lo4 = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
-  const uint8_t *x = w, *y = a;
-  for (int64_t i = 0; i < n / 32; i++, x += Q4_BYTES, y += Q8_BYTES) {
-    __m128i q = _mm_loadu_si128((const __m128i *)(x + 2));
-    __m256i q32 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), lo4); /* values 0..31 in order */
-    float dx = scale_avx(x);
-    for (int r = 0; r < nr; r++) {
-      const uint8_t *yr = y + r * astride;
-      __m256i v = _mm256_loadu_si256((const __m256i *)(yr + 2));
-      __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q32, v), _mm256_maddubs_epi16(eight, v));
-      int32_t s = hsum_i32(_mm256_madd_epi16(p, ones));
-      float d = dx * scale_avx(yr);
-      float t = (float)s * d;
-      acc[r] += t;
-    }
-  }
-  for (int r = 0; r < nr; r++) out[r] = acc[r];
+  b32_avx2(B_Q4_0, Q4_BYTES, w, a, astride, nr, n, out);
 }
 
-/* MXFP4: the nibbles looked up in the doubled e2m1 values (pshufb), then as Q8_0's, widened to int16. */
 AVX2 static void mxfp4_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  float acc[MOE__QDOT_ROWS] = {0};
-  const __m128i table = _mm_loadu_si128((const __m128i *)moe__fp4_x2), lo4 = _mm_set1_epi8(15);
-  const uint8_t *x = w, *y = a;
-  for (int64_t i = 0; i < n / 32; i++, x += MX_BYTES, y += Q8_BYTES) {
-    __m128i q = _mm_loadu_si128((const __m128i *)(x + 1));
-    __m256i x0 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(q, lo4)));
-    __m256i x1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), lo4)));
-    float dx = moe__e8m0_half(x[0]);
-    for (int r = 0; r < nr; r++) {
-      const uint8_t *yr = y + r * astride;
-      __m256i y0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(yr + 2)));
-      __m256i y1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(yr + 18)));
-      int32_t s = hsum_i32(_mm256_add_epi32(_mm256_madd_epi16(x0, y0), _mm256_madd_epi16(x1, y1)));
-      float d = dx * scale_avx(yr);
-      float t = (float)s * d;
-      acc[r] += t;
-    }
-  }
-  for (int r = 0; r < nr; r++) out[r] = acc[r];
+  b32_avx2(B_MXFP4, MX_BYTES, w, a, astride, nr, n, out);
 }
 
 static int cpu_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
