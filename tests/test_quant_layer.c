@@ -200,6 +200,11 @@ TEST(quant_layer_bound_bytes) {
   ASSERT_OK(moe_layer_forward(&b, x, T, yb, NULL, NULL));
   ASSERT(memcmp(y, yb, T * D * 4) == 0);
   ASSERT_STATUS(moe_layer_quantize_experts(&b, ty), MOE_ERR_STATE); /* it has no fp32 experts */
+  moe_st_writer *sw;
+  ASSERT_OK(moe_st_writer_new(&sw));
+  ASSERT_STATUS(moe_layer_save_params(&b, sw), MOE_ERR_STATE); /* nor any to save */
+  ASSERT_OK(moe_layer_save_params(&q, sw));                     /* its fp32 master */
+  moe_st_writer_free(sw);
   /* new fp32 weights: quantized again at the next forward, as the bytes made from them are */
   float *w1 = moe_layer_param(&q, "experts.fc1.weight");
   for (size_t i = 0; i < n; i += 3) w1[i] *= -0.5f;
@@ -225,8 +230,14 @@ TEST(quant_layer_refusals) {
   ASSERT_OK(moe_layer_forward(&l, x, 1, y, NULL, NULL));
   ASSERT_STATUS(moe_layer_backward(&l, y, 0, 0, NULL, NULL, dx), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "Q8_0") && strstr(moe_last_error(), "inference only"));
+  ASSERT_STATUS(moe_layer_set_pipeline(&l, 2, MOE_REUSE_NONE), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "Q8_0"));
   ASSERT_STATUS(moe_layer_quantize_experts(&l, MOE_GGUF_F16), MOE_ERR_ARG); /* no kernel */
   ASSERT_STATUS(moe_layer_quantize_experts(&l, MOE_GGUF_BF16), MOE_ERR_ARG);
+  moe_layer_param(&l, "experts.fc2.weight")[5] = NAN; /* not a value of any type: named, and no experts left */
+  ASSERT_STATUS(moe_layer_quantize_experts(&l, MOE_GGUF_Q4_K), MOE_ERR_VALUE);
+  ASSERT(strstr(moe_last_error(), "experts.fc2.weight") && strstr(moe_last_error(), "value 5"));
+  ASSERT_STATUS(moe_layer_forward(&l, x, 1, y, NULL, NULL), MOE_ERR_STATE);
   moe_layer_free(&l);
   struct {
     const char *why;

@@ -354,6 +354,8 @@ void moe_layer_zero_grad(moe_layer_t *l) {
 
 moe_status moe_layer_set_pipeline(moe_layer_t *l, int n, moe_reuse r) {
   MOE_CHECK(check_pipeline(&l->cfg, n, r));
+  MOE_TRY(l->cfg.expert_type <= 0 || n == 1, MOE_ERR_ARG, "moe_layer_set_pipeline: %s experts run the batch at once: n must be 1, got %d",
+          moe_gguf_type_name((moe_gguf_type)l->cfg.expert_type), n);
   l->cfg.pipeline = n;
   l->cfg.memory_reuse = r;
   if (l->st->pol) l->st->pol->reconfigured(l->st->pol_self); /* AUTO decides again, for the new micro-batches */

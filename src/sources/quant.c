@@ -151,7 +151,8 @@ static moe_status q_forward(void *self, const moe__env *env, const moe__plan *p,
   (void)p, (void)side; /* no side work: the source is not `alongside` */
   quant_self *q = self;
   const moe_layer_t *l = env->l;
-  MOE_TRY(q->type, MOE_ERR_STATE, "moe_layer_forward: the layer's %s experts are not given yet (moe_layer_bind_experts)",
+  MOE_TRY(q->type, MOE_ERR_STATE, "moe_layer_forward: the layer's %s experts are not given yet (moe_layer_bind_experts, "
+          "or a moe_layer_quantize_experts that succeeds)",
           moe_gguf_type_name((moe_gguf_type)l->cfg.expert_type));
   if (q->stale) MOE_CHECK(requantize(q, l));
   int D = l->cfg.D, H = l->cfg.H, rows = g->offs[g->n] - g->offs[0], nt = env->threads;
