@@ -213,10 +213,18 @@ static moe_status requantize(quant_self *q, const moe_layer_t *l) {
   return MOE_OK;
 }
 
-/* The layer switched to quantized experts of type t: its source's state. */
+/* The layer switched to quantized experts of type t: its source's state. An expert tensor this source
+ * does not apply (one a later feature adds) is refused rather than left out of the outputs. */
 static moe_status switch_to(moe_layer_t *l, moe_gguf_type t, const char *what, quant_self **out) {
   MOE_TRY(l && l->st, MOE_ERR_STATE, "%s: layer not initialized", what);
   MOE_CHECK(moe__expert_type_check(&l->cfg, (int)t, what));
+  static const char *const known[] = {"experts.fc1.weight", "experts.fc1.bias", "experts.fc2.weight",
+                                      "experts.fc2.bias", "experts.fc3.weight"};
+  for (int i = 0; i < l->nparams; i++) {
+    int ok = strncmp(l->info[i].name, "experts.", 8) != 0;
+    for (size_t j = 0; j < sizeof known / sizeof *known; j++) ok |= !strcmp(l->info[i].name, known[j]);
+    MOE_TRY(ok, MOE_ERR_ARG, "%s: quantized experts do not apply %s yet", what, l->info[i].name);
+  }
   void *self;
   MOE_CHECK(moe__layer_replace_source(l, &moe__experts_quant, &self));
   *out = self;
