@@ -32,8 +32,9 @@ static int32_t q4k_msum(const uint8_t mn[8], const moe__q8k *a) {
 }
 
 /* acc += (d * da) isum - (dmin * da) msum, each rounding on its own. */
-static float q4k_add(float acc, const uint8_t *b, const moe__q8k *a, int32_t isum, int32_t msum) {
-  float d = f16_at(b) * a->d, dm = f16_at(b + 2) * a->d;
+/* acc += (dw * da) isum - (dmw * da) msum, each rounding on its own (dw, dmw: the block's f16 d, dmin). */
+static inline float q4k_add(float acc, float dw, float dmw, float da, int32_t isum, int32_t msum) {
+  float d = dw * da, dm = dmw * da;
   float t = d * (float)isum;
   acc += t;
   float u = dm * (float)msum;
@@ -41,8 +42,8 @@ static float q4k_add(float acc, const uint8_t *b, const moe__q8k *a, int32_t isu
   return acc;
 }
 
-static float q6k_add(float acc, const uint8_t *b, const moe__q8k *a, int32_t isum) {
-  float d = f16_at(b + 208) * a->d;
+static inline float q6k_add(float acc, float dw, float da, int32_t isum) {
+  float d = dw * da;
   float t = d * (float)isum;
   acc += t;
   return acc;
@@ -79,7 +80,7 @@ static void k4_scalar(const void *w, const void *a, size_t astride, int nr, int6
         }
         isum += sc[j] * s;
       }
-      acc = q4k_add(acc, b, y, isum, q4k_msum(mn, y));
+      acc = q4k_add(acc, f16_at(b), f16_at(b + 2), y->d, isum, q4k_msum(mn, y));
     }
     out[r] = acc;
   }
@@ -111,7 +112,7 @@ void moe__qdot_q6_K_scalar(const void *w, const void *a, size_t astride, int nr,
         isum += (int8_t)b[192 + j] * s;
       }
       isum -= q6k_offset(b, y);
-      acc = q6k_add(acc, b, y, isum);
+      acc = q6k_add(acc, f16_at(b + 208), y->d, isum);
     }
     out[r] = acc;
   }
@@ -121,6 +122,13 @@ void moe__qdot_q6_K_scalar(const void *w, const void *a, size_t astride, int nr,
 
 #ifdef HAVE_X86
 #define AVX2 __attribute__((target("avx2,f16c")))
+
+/* The f16 at p by F16C: exactly f16_at's value. */
+AVX2 static inline float half_avx(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
 
 AVX2 static inline int32_t hsum_i32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -142,6 +150,7 @@ AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, in
   for (int64_t i = 0; i < n / 256; i++, b += bytes) {
     uint8_t sc[8], mn[8];
     moe__k4_scales(b + 4, sc, mn);
+    float dw = half_avx(b), dmw = half_avx(b + 2);
     /* the mins twice each as int16 lanes, against the activations' 16 sums: madd gives min_j (s_2j + s_2j+1) */
     __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)mn), dup));
     __m256i lo[4], hi[4], s_lo[4], s_hi[4];
@@ -167,7 +176,7 @@ AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, in
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[c], y1), s_hi[c]));
       }
       int32_t msum = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->sums), mins));
-      acc[r] = q4k_add(acc[r], b, y, hsum_i32(s), msum);
+      acc[r] = q4k_add(acc[r], dw, dmw, y->d, hsum_i32(s), msum);
     }
   }
   for (int r = 0; r < nr; r++) out[r] = acc[r];
@@ -189,6 +198,7 @@ AVX2 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int 
   const __m256i lo4 = _mm256_set1_epi8(15), lo2 = _mm256_set1_epi8(3);
   const uint8_t *b = w;
   for (int64_t i = 0; i < n / 256; i++, b += Q6K_BYTES) {
+    float dw = half_avx(b + 208);
     __m256i q[8], sc[8];
     for (int h = 0; h < 2; h++) {
       __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
@@ -210,7 +220,7 @@ AVX2 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int 
         __m256i v = _mm256_loadu_si256((const __m256i *)(y->q + 32 * t));
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], v), sc[t]));
       }
-      acc[r] = q6k_add(acc[r], b, y, hsum_i32(s) - q6k_offset(b, y));
+      acc[r] = q6k_add(acc[r], dw, y->d, hsum_i32(s) - q6k_offset(b, y));
     }
   }
   for (int r = 0; r < nr; r++) out[r] = acc[r];
