@@ -72,6 +72,19 @@ TEST(qdot_activation_quantizers) {
       ASSERT_EQ_INT(k[b].sums[j], s);
     }
   }
+  /* halves: away from zero for Q8_0 (d = 1 with amax 127), to even for Q8_K (scale 1 with max -127) */
+  const float ties[8] = {0.5f, 1.5f, -0.5f, -2.5f, 0.49999997f, 126.5f, -127.0f, 2.5f};
+  for (int i = 0; i < 256; i++) x[i] = ties[i % 8] * (i < 8 || i % 8 == 6 ? 1.0f : 0.25f);
+  moe__act_quantize(MOE_GGUF_Q8_0, x, got, 256);
+  ASSERT_OK(moe_gguf_quantize(MOE_GGUF_Q8_0, x, want, 256));
+  ASSERT(memcmp(got, want, 8 * 34) == 0);
+  ASSERT_EQ_INT((int8_t)got[2 + 0], 1);
+  ASSERT_EQ_INT((int8_t)got[2 + 3], -3);
+  ASSERT_EQ_INT((int8_t)got[2 + 4], 0);
+  moe__act_quantize(MOE_GGUF_Q4_K, x, k, 256);
+  ASSERT(k[0].d == 1.0f);
+  for (int i = 0; i < 256; i++)
+    if (k[0].q[i] != (int)lrintf(x[i])) FAIL_("Q8_K value %d of %.9g: %d, want %ld", i, x[i], k[0].q[i], lrintf(x[i]));
   x[7] = NAN; /* a value that is not finite: a NaN scale, not a number that looks right */
   moe__act_quantize(MOE_GGUF_Q8_0, x, got, 32);
   float back[32];

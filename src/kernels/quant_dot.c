@@ -42,6 +42,18 @@ static float signed_max(const float *x, int n, int *finite) {
   return s;
 }
 
+/* Rounding without libm calls (the quantizers run over every token's rows): to nearest, halves away
+ * from zero (roundf), and halves to even (lrintf in the default rounding mode) by adding and taking
+ * away 1.5 * 2^23, exact for |v| < 2^22. Both only for |v| <= 128 here. */
+static inline int round_away(float v) {
+  float t = truncf(v); /* v - t is exact */
+  return (int)t + (fabsf(v - t) >= 0.5f ? (v < 0 ? -1 : 1) : 0);
+}
+static inline int round_even(float v) {
+  float big = 0x1.8p23f, r = v + big;
+  return (int)(r - big);
+}
+
 /* Q8_0: d = amax / 127 stored as f16, values round(x / d) (halves away from zero) with the float d,
  * as moe_gguf_quantize does. */
 static void act_q8_0(const float *x, uint8_t *b) {
@@ -49,7 +61,7 @@ static void act_q8_0(const float *x, uint8_t *b) {
   float d = fabsf(signed_max(x, 32, &ok)) / 127, id = d ? 1 / d : 0;
   uint16_t h = moe__f32_to_f16(ok ? d : NAN);
   b[0] = (uint8_t)h, b[1] = (uint8_t)(h >> 8);
-  for (int i = 0; i < 32; i++) b[2 + i] = ok ? (uint8_t)(int8_t)lrintf(roundf(x[i] * id)) : 0;
+  for (int i = 0; i < 32; i++) b[2 + i] = ok ? (uint8_t)(int8_t)round_away(x[i] * id) : 0;
 }
 
 /* Q8_K as ggml makes it: the value of largest magnitude at -127, values rounded to nearest even,
@@ -62,7 +74,7 @@ static void act_q8_K(const float *x, moe__q8k *b) {
   if (!ok || max == 0) return;
   float is = -127 / max;
   for (int j = 0; j < 256; j++) {
-    long v = lrintf(is * x[j]);
+    int v = round_even(is * x[j]);
     b->q[j] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
     b->sums[j / 16] = (int16_t)(b->sums[j / 16] + b->q[j]);
   }
