@@ -4,6 +4,7 @@
  * moe_gguf_quantize and the Q8_K definition, and the AVX2 versions bit for bit against the scalar ones
  * on random bytes, odd block counts, extreme scales and every row count. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -201,4 +202,16 @@ TEST(qdot_avx2_bits_equal_scalar) {
           }
         }
   }
+}
+
+/* moe_cpu_info names the version the quantized experts run, which is AVX2 exactly when the CPU has it. */
+TEST(qdot_cpu_info_names_the_choice) {
+  __builtin_cpu_init();
+  int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  ASSERT_EQ_INT(moe__qdot_best() == MOE__ISA_AVX2, avx2);
+  char want[64];
+  snprintf(want, sizeof want, "quantized experts' dot products %s", avx2 ? "AVX2" : "scalar");
+  if (!strstr(moe_cpu_info(), want)) FAIL_("moe_cpu_info: '%s' lacks '%s'", moe_cpu_info(), want);
+  for (size_t t = 0; t < NTYPES; t++) ASSERT(moe__qdot_kernel(kTypes[t], MOE__ISA_SCALAR) != NULL);
+  ASSERT(!moe__qdot_kernel(MOE_GGUF_F16, MOE__ISA_SCALAR) && !moe__qdot_has(MOE_GGUF_BF16));
 }
