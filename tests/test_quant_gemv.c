@@ -175,21 +175,21 @@ static void random_act(moe_gguf_type t, uint8_t *a, int64_t n, int e, uint64_t *
 /* The AVX2 versions give the scalar ones' bits, and a row's bits do not depend on the rows with it. */
 TEST(qdot_avx2_bits_equal_scalar) {
   if (moe__qdot_best() != MOE__ISA_AVX2) SKIP("no AVX2 on this CPU: only the scalar versions exist here");
-  enum { MAXB = 7, R = MOE__QDOT_ROWS };
+  enum { MAXB = 9, R = MOE__QDOT_ROWS };
   uint64_t seed = 9;
   static uint8_t w[MAXB * 210], a[R * MAXB * sizeof(moe__q8k)];
-  const int counts[] = {1, 3, 7}, exps[] = {1, 8, 15, 22, 30}; /* f16 exponents: subnormal-ish to 2^15 */
+  const int counts[] = {1, 3, 7, 9}, exps[] = {0, 1, 8, 15, 22, 30}; /* f16 exponents: subnormal to 2^15 */
   for (int t = 0; t < NTYPES; t++) {
     moe_gguf_type ty = kTypes[t];
     moe__qdot_fn s = moe__qdot_kernel(ty, MOE__ISA_SCALAR), v = moe__qdot_kernel(ty, MOE__ISA_AVX2);
     ASSERT(s && v);
-    for (int c = 0; c < 3; c++)
-      for (int ei = 0; ei < 5; ei++)
+    for (int c = 0; c < 4; c++)
+      for (int ei = 0; ei < 6; ei++)
         for (int trial = 0; trial < 4; trial++) {
           int64_t n = (int64_t)counts[c] * moe_gguf_type_block(ty);
           size_t ab = moe__act_bytes(ty, n), bb = moe_gguf_type_block_bytes(ty);
-          for (int b = 0; b < counts[c]; b++) random_block(ty, w + b * bb, exps[(ei + b) % 5], &seed);
-          for (int r = 0; r < R; r++) random_act(ty, a + r * ab, n, exps[(ei + r + trial) % 5], &seed);
+          for (int b = 0; b < counts[c]; b++) random_block(ty, w + b * bb, exps[(ei + b) % 6], &seed);
+          for (int r = 0; r < R; r++) random_act(ty, a + r * ab, n, exps[(ei + r + trial) % 6], &seed);
           float os[R], ov[R], one;
           s(w, a, ab, R, n, os);
           v(w, a, ab, R, n, ov);

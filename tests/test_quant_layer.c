@@ -229,6 +229,7 @@ TEST(quant_layer_refusals) {
   ASSERT_OK(moe_layer_init(&l, &c));
   moe_layer_init_params(&l, 1);
   ASSERT_OK(moe_layer_quantize_experts(&l, MOE_GGUF_Q8_0));
+  ASSERT_OK(moe_layer_forward(&l, x, 0, y, NULL, NULL)); /* no tokens: nothing to do */
   ASSERT_OK(moe_layer_forward(&l, x, 1, y, NULL, NULL));
   ASSERT_STATUS(moe_layer_backward(&l, y, 0, 0, NULL, NULL, dx), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "Q8_0") && strstr(moe_last_error(), "inference only"));
