@@ -153,6 +153,7 @@ AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, in
     float dw = half_avx(b), dmw = half_avx(b + 2);
     /* the mins twice each as int16 lanes, against the activations' 16 sums: madd gives min_j (s_2j + s_2j+1) */
     __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)mn), dup));
+    __m128i scv = _mm_loadl_epi64((const __m128i *)sc); /* each scale broadcast by pshufb below */
     __m256i lo[4], hi[4], s_lo[4], s_hi[4];
     __m256i qh = qh_at ? _mm256_loadu_si256((const __m256i *)(b + qh_at)) : _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {
@@ -163,8 +164,8 @@ AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, in
         lo[c] = _mm256_or_si256(lo[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
         hi[c] = _mm256_or_si256(hi[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
       }
-      s_lo[c] = _mm256_set1_epi16((short)sc[2 * c]);
-      s_hi[c] = _mm256_set1_epi16((short)sc[2 * c + 1]);
+      s_lo[c] = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(scv, _mm_set1_epi8((char)(2 * c))));
+      s_hi[c] = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(scv, _mm_set1_epi8((char)(2 * c + 1))));
     }
     for (int r = 0; r < nr; r++) {
       const moe__q8k *y = (const moe__q8k *)((const char *)a + r * astride) + i;
@@ -192,13 +193,16 @@ AVX2 void moe__qdot_q5_K_avx2(const void *w, const void *a, size_t astride, int 
 
 /* Per quarter (32 values, two sub-blocks of 16): the 6-bit values (0..63) assembled from ql and qh,
  * times the activations by maddubs (pair sums at most 16002), then times the two sub-blocks' scales
- * (int8, as int16 lanes: the first 16 values' 8 pair sums take the first) by madd into int32. */
+ * (int8, as int16 lanes: the first 16 values' 8 pair sums take the first) by madd into int32; the
+ * offset of 32 from the activations' sums by madd too (at most 32 * 2 * 128 * 2032 per lane). */
 AVX2 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
   float acc[MOE__QDOT_ROWS] = {0};
   const __m256i lo4 = _mm256_set1_epi8(15), lo2 = _mm256_set1_epi8(3);
   const uint8_t *b = w;
   for (int64_t i = 0; i < n / 256; i++, b += Q6K_BYTES) {
     float dw = half_avx(b + 208);
+    __m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
+    __m256i sc16 = _mm256_cvtepi8_epi16(sc8); /* the 16 scales, against the activations' 16 sums */
     __m256i q[8], sc[8];
     for (int h = 0; h < 2; h++) {
       __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
@@ -209,18 +213,22 @@ AVX2 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int 
         __m256i low = _mm256_and_si256(k / 2 ? _mm256_srli_epi16(l, 4) : l, lo4);
         __m256i top = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), lo2);
         q[4 * h + k] = _mm256_or_si256(low, _mm256_slli_epi16(top, 4));
-        int j = 8 * h + 2 * k;
-        sc[4 * h + k] = _mm256_set_m128i(_mm_set1_epi16((int8_t)b[192 + j + 1]), _mm_set1_epi16((int8_t)b[192 + j]));
+        char j = (char)(8 * h + 2 * k); /* scales j (8 lanes) and j + 1 (8 lanes), widened */
+        __m128i pick = _mm_setr_epi8(j, j, j, j, j, j, j, j, (char)(j + 1), (char)(j + 1), (char)(j + 1), (char)(j + 1),
+                                     (char)(j + 1), (char)(j + 1), (char)(j + 1), (char)(j + 1));
+        sc[4 * h + k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
       }
     }
     for (int r = 0; r < nr; r++) {
       const moe__q8k *y = (const moe__q8k *)((const char *)a + r * astride) + i;
-      __m256i s = _mm256_setzero_si256();
+      /* less 32 scale_j sum_j: the values' offset, in the same lanes before the one reduction */
+      __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                   _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->sums), sc16), 5));
       for (int t = 0; t < 8; t++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(y->q + 32 * t));
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], v), sc[t]));
       }
-      acc[r] = q6k_add(acc[r], dw, y->d, hsum_i32(s) - q6k_offset(b, y));
+      acc[r] = q6k_add(acc[r], dw, y->d, hsum_i32(s));
     }
   }
   for (int r = 0; r < nr; r++) out[r] = acc[r];
