@@ -413,6 +413,14 @@ typedef struct {
                              process, FFN experts only */
   int seq_len;            /* the sequences of that loss: tokens [s seq_len, (s + 1) seq_len) of a forward
                              (T a multiple of it); 0 = the whole forward is one sequence */
+  int expert_type;        /* -1 (default) or MOE_GGUF_F32: the experts are fp32 parameters, computed in
+                             dtype. A quantized moe_gguf_type with kernels (Q8_0, Q4_0, Q4_K, Q5_K,
+                             Q6_K, MXFP4):
+                             the experts' weights are bytes of that type, for inference (backward is
+                             MOE_ERR_ARG), given with moe_layer_bind_experts; the parameter table then
+                             has no experts.*.weight (experts.fc1/fc2.bias stay fp32). Needs D and H
+                             multiples of the type's block, dtype f32, pipeline 1, no dist, no inner
+                             or external experts. See also moe_layer_quantize_experts */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,
@@ -518,6 +526,24 @@ moe_status moe_layer_set_expert_capacity(moe_layer_t *l, const int32_t *cap, int
 moe_status moe_layer_set_cached_experts(moe_layer_t *l, const int32_t *experts, int T);
 /* Changes threads for later calls (0 = all cores). */
 void moe_layer_set_threads(moe_layer_t *l, int threads);
+/* Quantized experts (DESIGN 4.8b): forward only, each expert's rows dotted with the rows of its tokens
+ * quantized per block (Q8_0 blocks for Q8_0, Q4_0 and MXFP4 weights, ggml's Q8_K for the K-quants), by
+ * kernels chosen at run time by the CPU's features (moe_cpu_info names them).
+ * moe_layer_quantize_experts: the layer's fp32 experts (experts.fc1/fc2/fc3.weight) quantized to
+ * `type` into memory the layer owns, which its forwards then read (cfg.expert_type becomes type); the
+ * fp32 parameters stay the master copy: after moe_layer_params_changed they are quantized again before
+ * the next forward. Values beyond what the type holds (not finite, or past the f16 range of its scales)
+ * are MOE_ERR_VALUE. A layer made with expert_type set has no fp32 experts: MOE_ERR_STATE.
+ * moe_layer_bind_experts: the experts' weights are the caller's bytes of type `type` in ggml's layout
+ * (a GGUF file's ffn_gate_exps, ffn_down_exps, ffn_up_exps tensors, e.g. mmap'd): fc1 (the gate,
+ * ne = [D, H, E]: E H rows of D values), fc2 (the down projection, ne = [H, D, E]), fc3 (the up, ne =
+ * [D, H, E]; swiglu only, NULL otherwise), not copied: they must stay valid and unchanged while the
+ * layer computes with them (until moe_layer_free, or another bind or quantize). Any fp32 experts of the
+ * layer are left as they are and not read. Both: backward is MOE_ERR_ARG afterwards; the configuration
+ * must allow the type (see expert_type). */
+moe_status moe_layer_quantize_experts(moe_layer_t *l, moe_gguf_type type);
+moe_status moe_layer_bind_experts(moe_layer_t *l, moe_gguf_type type, const void *fc1, const void *fc2,
+                                  const void *fc3);
 /* Changes the micro-batches and memory strategy for later calls (checked as in the config). */
 moe_status moe_layer_set_pipeline(moe_layer_t *l, int n, moe_reuse r);
 

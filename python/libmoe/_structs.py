@@ -14,7 +14,7 @@ class LayerConfig(C.Structure):
                 ("parallel_r", _i), ("replica_slots", _i), ("a2a_auto", _i),
                 ("score", _i), ("select_bias", _i), ("n_group", _i), ("topk_group", _i),
                 ("group_score", _i), ("routed_scale", _f), ("shared_H", _i), ("shared_gate", _i),
-                ("swiglu_alpha", _f), ("swiglu_limit", _f), ("seq_aux_alpha", _f), ("seq_len", _i)]
+                ("swiglu_alpha", _f), ("swiglu_limit", _f), ("seq_aux_alpha", _f), ("seq_len", _i), ("expert_type", _i)]
 
 
 class ParamInfo(C.Structure):

@@ -79,14 +79,14 @@ static void describe(void) {
 #endif
   snprintf(info, sizeof info,
            "%.160s (family %.8s model %.8s): %s; %s; kernels: small GEMMs %s, activations %s, bf16 GEMMs %s, "
-           "Q8_0 dot products %s",
+           "quantized experts' dot products %s",
            *model ? model : "unknown CPU", *family ? family : "?", *mod ? mod : "?", *fl ? fl : "no AVX2",
            *cache ? cache : "caches unknown",
            avx512 && built512 ? "AVX-512" : built512 ? "off (no AVX-512: the BLAS runs every GEMM)"
                                                       : "off (built without AVX-512: the BLAS runs every GEMM)",
            built512 ? "16 at a time (libmvec AVX-512)" : "one at a time",
            has_flag(flags, "avx512_bf16") ? "oneDNN with AVX512-BF16" : "oneDNN without AVX512-BF16 (slower)",
-           moe__dot_q8_0_has_avx2() ? "AVX2" : "scalar");
+           moe__isa_name(moe__qdot_best()));
   for (char *p = info; *p; p++) /* it goes into JSON as it is */
     if (*p == '"' || *p == '\\' || (unsigned char)*p < 32) *p = ' ';
 }

@@ -61,11 +61,7 @@ moe_status moe_gguf_type_parse(const char *s, const char *field, moe_gguf_type *
 
 /* ---------------------------------------------------------------- halves */
 
-float moe__f16_to_f32(uint16_t h) {
-  int e = (h >> 10) & 31, m = h & 1023;
-  float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 1024), e - 25);
-  return h & 0x8000 ? -v : v;
-}
+float moe__f16_to_f32(uint16_t h) { return moe__half(h); }
 
 uint16_t moe__f32_to_f16(float f) {
   uint32_t u;
@@ -105,27 +101,15 @@ static void deq_q4_0(const uint8_t *b, float *y) {
   }
 }
 
-/* The 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes of Q4_K and Q5_K: j < 4 in
- * the low 6 bits of bytes j and j + 4; j >= 4 has its low 4 bits in byte j + 4 (scale low nibble,
- * min high nibble) and its top 2 bits in the spare top bits of bytes j - 4 (scale) and j (min). */
-static void scale_min(const uint8_t *s, int j, int *sc, int *m) {
-  if (j < 4) {
-    *sc = s[j] & 63, *m = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
-    *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-  }
-}
-
 /* Q4_K and Q5_K (qh NULL for Q4_K): 8 sub-blocks of 32; bytes qs[32c..32c+32) hold sub-block 2c in
  * their low nibbles and 2c + 1 in their high ones; Q5_K's fifth bit of value l of sub-block j is bit j
  * of qh[l]. */
 static void deq_k4(const uint8_t *b, const uint8_t *qh, const uint8_t *qs, float *y) {
   float d = f16_at(b), dmin = f16_at(b + 2);
+  uint8_t sc[8], m[8];
+  moe__k4_scales(b + 4, sc, m);
   for (int j = 0; j < 8; j++) {
-    int sc, m;
-    scale_min(b + 4, j, &sc, &m);
-    float dj = d * (float)sc, mj = dmin * (float)m;
+    float dj = d * (float)sc[j], mj = dmin * (float)m[j];
     const uint8_t *q = qs + 32 * (j / 2);
     for (int l = 0; l < 32; l++) {
       int v = (q[l] >> (4 * (j & 1))) & 15;
@@ -152,18 +136,15 @@ static void deq_q6_K(const uint8_t *b, float *y) {
   }
 }
 
-/* The e2m1 values doubled (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, times 2). */
-static const int8_t fp4_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-
-/* 2^(e - 128): the E8M0 scale halved, as the doubled e2m1 values need. */
-static float e8m0_half(int e) { return ldexpf(1.0f, e - 128); }
+/* MXFP4's values (quant.h) */
+const int8_t moe__fp4_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /* MXFP4: E8M0 scale, then 16 bytes: value i in the low nibble of byte i, value i + 16 in the high. */
 static void deq_mxfp4(const uint8_t *b, float *y) {
-  float d = e8m0_half(b[0]);
+  float d = moe__e8m0_half(b[0]);
   for (int i = 0; i < 16; i++) {
-    y[i] = (float)fp4_x2[b[1 + i] & 15] * d;
-    y[i + 16] = (float)fp4_x2[b[1 + i] >> 4] * d;
+    y[i] = (float)moe__fp4_x2[b[1 + i] & 15] * d;
+    y[i + 16] = (float)moe__fp4_x2[b[1 + i] >> 4] * d;
   }
 }
 
@@ -251,10 +232,10 @@ static void q_k4(const float *x, uint8_t *b, uint8_t *qh, uint8_t *qs, int nmax)
   float d = f16_at(b), dmin = f16_at(b + 2);
   memset(qs, 0, 128);
   if (qh) memset(qh, 0, 32);
+  uint8_t ls[8], lm[8];
+  moe__k4_scales(s, ls, lm);
   for (int j = 0; j < 8; j++) {
-    int ls, lm;
-    scale_min(s, j, &ls, &lm);
-    float dj = d * (float)ls, mj = dmin * (float)lm;
+    float dj = d * (float)ls[j], mj = dmin * (float)lm[j];
     for (int l = 0; l < 32; l++) {
       int v = dj > 0 ? clampi((int)lrintf((x[32 * j + l] + mj) / dj), 0, nmax) : 0;
       qs[32 * (j / 2) + l] |= (uint8_t)((v & 15) << (4 * (j & 1)));
@@ -310,7 +291,7 @@ static void q_q6_K(const float *x, uint8_t *b) {
 static int nearest_fp4(float x, float d) {
   int best = 0;
   for (int i = 1; i < 16; i++)
-    if (fabsf((float)fp4_x2[i] * d - x) < fabsf((float)fp4_x2[best] * d - x)) best = i;
+    if (fabsf((float)moe__fp4_x2[i] * d - x) < fabsf((float)moe__fp4_x2[best] * d - x)) best = i;
   return best;
 }
 
@@ -318,7 +299,7 @@ static int nearest_fp4(float x, float d) {
 static void q_mxfp4(const float *x, uint8_t *b) {
   float amax = amax_of(x, 32, NULL);
   int e = amax > 0 ? clampi(ilogbf(amax) - 2 + 127, 0, 254) : 0;
-  float d = e8m0_half(e);
+  float d = moe__e8m0_half(e);
   b[0] = (uint8_t)e;
   for (int i = 0; i < 16; i++) b[1 + i] = (uint8_t)(nearest_fp4(x[i], d) | nearest_fp4(x[i + 16], d) << 4);
 }

@@ -1,23 +1,114 @@
-/* The GGUF tensor types' internals (quant.c, quant_dot.c): half-precision conversions and the Q8_0
- * dot product in its scalar and AVX2 versions, the latter chosen at run time by the CPU's features. */
+/* The GGUF tensor types' internals (quant.c, quant_dot.c, quant_dot_k.c): half-precision conversions,
+ * the activations quantized per block as each weight type's dot product needs, and the dot products of
+ * a quantized weight row with such activations, each in a scalar and an AVX2 version chosen at run time
+ * by the CPU's features.
+ *
+ * Every dot product sums each block's integer products exactly (in int32: no value or byte pattern
+ * overflows it) and adds the blocks' scaled sums into one float accumulator in block order, each
+ * product and sum a separate rounding (no fused multiply-add; separate statements, so that no
+ * compiler contracts them): so the versions give the same bits, and a row's result does not depend on
+ * how many rows a call computes with it. Per block, with dw the weight's scales, da the activation's:
+ *   Q8_0, Q4_0, MXFP4:  acc += (float)isum * (dw * da)   (MXFP4: isum over the doubled e2m1 values,
+ *                dw = 2^(e - 128))
+ *   Q4_K, Q5_K:  acc += (d * da) * (float)isum;  acc -= (dmin * da) * (float)msum
+ *                (isum = sum over sub-blocks of scale_j * q.a, msum = sum of min_j * the a's sums)
+ *   Q6_K:        acc += (d * da) * (float)isum   (isum = sum of scale_j * (q.a - 32 * a's sum)) */
 #ifndef MOE_QUANT_H
 #define MOE_QUANT_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "moe.h"
 
-/* IEEE binary16 to float (exact) and back (round to nearest even; overflow to infinity, NaN kept). */
+/* IEEE binary16 to float (exact) and back (round to nearest even; overflow to infinity, NaN kept).
+ * moe__half is the first, inline for the kernels: the bits assembled, a subnormal half scaled (exact). */
+static inline float moe__half(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, u;
+  float f;
+  if (e == 0) {
+    f = (float)m * 0x1p-24f;
+    return h & 0x8000 ? -f : f;
+  }
+  u = e == 31 ? (m ? 0x7fc00000u : 0x7f800000u) : (e + 112) << 23 | m << 13; /* a NaN: the quiet one */
+  u |= sign;
+  memcpy(&f, &u, 4);
+  return f;
+}
 float moe__f16_to_f32(uint16_t h);
 uint16_t moe__f32_to_f16(float f);
 
-/* The dot product of two Q8_0 rows of n values (n a multiple of 32): per block, the exact integer sum
- * of the products times d_a * d_b, summed in block order; both versions give the same bits.
- * moe__dot_q8_0 is the AVX2 one when the CPU has AVX2 (moe__dot_q8_0_avx2 returns 0 when not built
- * for x86-64: ask moe__dot_q8_0_has_avx2 first). */
+/* The dot product of two Q8_0 rows of n values (n a multiple of 32), any bytes: per block, the exact
+ * integer sum of the products times d_a * d_b, summed in block order; both versions give the same
+ * bits. moe__dot_q8_0 is the AVX2 one when the CPU has AVX2 (moe__dot_q8_0_avx2 returns 0 when not
+ * built for x86-64: ask moe__dot_q8_0_has_avx2 first). */
 float moe__dot_q8_0(const void *a, const void *b, int64_t n);
 float moe__dot_q8_0_scalar(const void *a, const void *b, int64_t n);
 float moe__dot_q8_0_avx2(const void *a, const void *b, int64_t n);
 int moe__dot_q8_0_has_avx2(void);
+
+/* The eight 6-bit scales and mins of Q4_K's and Q5_K's 12 packed bytes s, four bytes at a time:
+ * bytes 0-3 hold scales 0-3 in their low six bits and the top two bits of scales 4-7, bytes 4-7 the
+ * same for the mins, bytes 8-11 the low four bits of scales 4-7 (low nibbles) and mins 4-7 (high). */
+static inline uint32_t moe__le32(const uint8_t *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
+static inline void moe__put32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+}
+static inline void moe__k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+  uint32_t a = moe__le32(s), m = moe__le32(s + 4), c = moe__le32(s + 8);
+  moe__put32(sc, a & 0x3f3f3f3fu);
+  moe__put32(mn, m & 0x3f3f3f3fu);
+  moe__put32(sc + 4, (c & 0x0f0f0f0fu) | ((a >> 6) & 0x03030303u) << 4);
+  moe__put32(mn + 4, ((c >> 4) & 0x0f0f0f0fu) | ((m >> 6) & 0x03030303u) << 4);
+}
+
+/* MXFP4: the e2m1 values doubled (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, times 2), and the
+ * E8M0 scale halved, 2^(e - 128), as the doubled values need (bits assembled: exact, no libm). */
+extern const int8_t moe__fp4_x2[16];
+static inline float moe__e8m0_half(int e) {
+  uint32_t u = e >= 2 ? (uint32_t)(e - 1) << 23 : 0x00200000u << e; /* e 0 and 1: subnormal */
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Activations for the K-quants (ggml's Q8_K): 256 values as int8 in [-127, 127] times d, with the sums
+ * of each 16 (what the weights' mins and offsets multiply). */
+typedef struct {
+  float d;
+  int8_t q[256];
+  int16_t sums[16];
+} moe__q8k;
+
+/* The weight types with dot products here (Q8_0, Q4_0, MXFP4, Q4_K, Q5_K, Q6_K). */
+int moe__qdot_has(moe_gguf_type w);
+/* The activations' format for weights of type w: Q8_0 blocks (the GGUF bytes, exactly what
+ * moe_gguf_quantize(Q8_0) writes) for Q8_0, Q4_0 and MXFP4, moe__q8k for the K-quants. Rows of n values (a
+ * multiple of w's block): their bytes, the quantizer (values in [-127, 127]; a row with a value that is
+ * not finite gets a NaN scale, so that its dot products are NaN) and its inverse (for references). */
+size_t moe__act_bytes(moe_gguf_type w, int64_t n);
+void moe__act_quantize(moe_gguf_type w, const float *x, void *a, int64_t n);
+void moe__act_dequantize(moe_gguf_type w, const void *a, float *x, int64_t n);
+
+/* out[r] = the dot product of the weight row w (n values of its type) with activation row r, at
+ * a + r * astride bytes, for r < nr (1 to MOE__QDOT_ROWS): each weight block is decoded once for the
+ * nr rows. */
+#define MOE__QDOT_ROWS 4
+typedef void (*moe__qdot_fn)(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+typedef enum { MOE__ISA_SCALAR, MOE__ISA_AVX2 } moe__isa;
+/* The best version this CPU runs (decided once), its name ("AVX2", "scalar"), and the kernel of
+ * weight type w in version isa (NULL: no kernel for w, or isa not on this CPU / not built). */
+moe__isa moe__qdot_best(void);
+const char *moe__isa_name(moe__isa isa);
+moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa);
+
+/* quant_dot_k.c: the K-quants' kernels (moe__qdot_kernel hands them out). */
+void moe__qdot_q4_K_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_q5_K_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_q6_K_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_q4_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_q5_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 
 #endif

@@ -1,7 +1,8 @@
-/* Dot products of quantized rows (activations quantized per block as the weight type needs): Q8_0 x
- * Q8_0, scalar and AVX2, the latter compiled for AVX2 whatever the build's flags and taken only when
- * the CPU has it. Both sum each block's integer products exactly and add the blocks' scaled sums in
- * the same order, so they give the same bits. */
+/* Dot products of quantized weight rows with activations quantized per block (quant.h: the formats and
+ * the summation order every version follows): the activations' quantizers, Q8_0, Q4_0 and MXFP4 weights
+ * with Q8_0 activations, and the choice of version by the CPU's features. The AVX2 versions (with F16C for
+ * the scales) are compiled for AVX2 whatever the build's flags and handed out only when the CPU has it. */
+#include <math.h>
 #include <string.h>
 
 #include "kernels/quant.h"
@@ -12,51 +13,305 @@
 #endif
 
 #define Q8_BYTES 34 /* f16 scale, then 32 int8 values */
+#define Q4_BYTES 18 /* f16 scale, then 16 bytes of two 4-bit values each */
+#define MX_BYTES 17 /* E8M0 scale, then 16 bytes of two e2m1 values each */
 
-static float scale_of(const uint8_t *b) { return moe__f16_to_f32((uint16_t)(b[0] | b[1] << 8)); }
+static inline float scale_of(const uint8_t *b) { return moe__half((uint16_t)(b[0] | b[1] << 8)); }
 
-float moe__dot_q8_0_scalar(const void *a, const void *b, int64_t n) {
-  const uint8_t *x = a, *y = b;
-  float sum = 0;
-  for (int64_t i = 0; i < n / 32; i++, x += Q8_BYTES, y += Q8_BYTES) {
-    int32_t s = 0;
-    for (int j = 0; j < 32; j++) s += (int32_t)(int8_t)x[2 + j] * (int8_t)y[2 + j];
-    sum += (float)s * (scale_of(x) * scale_of(y));
-  }
-  return sum;
+/* ---------------------------------------------------------------- activations */
+
+static int k_quant(moe_gguf_type w) { return w == MOE_GGUF_Q4_K || w == MOE_GGUF_Q5_K || w == MOE_GGUF_Q6_K; }
+
+int moe__qdot_has(moe_gguf_type w) {
+  return w == MOE_GGUF_Q8_0 || w == MOE_GGUF_Q4_0 || w == MOE_GGUF_MXFP4 || k_quant(w);
 }
+
+size_t moe__act_bytes(moe_gguf_type w, int64_t n) {
+  return k_quant(w) ? (size_t)(n / 256) * sizeof(moe__q8k) : (size_t)(n / 32) * Q8_BYTES;
+}
+
+/* The value of largest magnitude (the first of equals), and whether every value is finite. */
+static float signed_max(const float *x, int n, int *finite) {
+  float a = 0, s = 0;
+  int ok = 1;
+  for (int i = 0; i < n; i++) {
+    ok &= isfinite(x[i]) != 0;
+    if (fabsf(x[i]) > a) a = fabsf(x[i]), s = x[i];
+  }
+  *finite = ok;
+  return s;
+}
+
+/* Rounding without libm calls (the quantizers run over every token's rows): to nearest, halves away
+ * from zero (roundf), and halves to even (lrintf in the default rounding mode) by adding and taking
+ * away 1.5 * 2^23, exact for |v| < 2^22. Both only for |v| <= 128 here. */
+static inline int round_away(float v) {
+  float t = truncf(v); /* v - t is exact */
+  return (int)t + (fabsf(v - t) >= 0.5f ? (v < 0 ? -1 : 1) : 0);
+}
+static inline int round_even(float v) {
+  float big = 0x1.8p23f, r = v + big;
+  return (int)(r - big);
+}
+
+/* Q8_0: d = amax / 127 stored as f16, values round(x / d) (halves away from zero) with the float d,
+ * as moe_gguf_quantize does. */
+static void act_q8_0(const float *x, uint8_t *b) {
+  int ok;
+  float d = fabsf(signed_max(x, 32, &ok)) / 127, id = d ? 1 / d : 0;
+  uint16_t h = moe__f32_to_f16(ok ? d : NAN);
+  b[0] = (uint8_t)h, b[1] = (uint8_t)(h >> 8);
+  for (int i = 0; i < 32; i++) b[2 + i] = ok ? (uint8_t)(int8_t)round_away(x[i] * id) : 0;
+}
+
+/* Q8_K as ggml makes it: the value of largest magnitude at -127, values rounded to nearest even,
+ * d = 1 / the inverse scale. */
+static void act_q8_K(const float *x, moe__q8k *b) {
+  int ok;
+  float max = signed_max(x, 256, &ok);
+  memset(b, 0, sizeof *b);
+  if (!ok) b->d = NAN;
+  if (!ok || max == 0) return;
+  float is = -127 / max;
+  for (int j = 0; j < 256; j++) {
+    int v = round_even(is * x[j]);
+    b->q[j] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+    b->sums[j / 16] = (int16_t)(b->sums[j / 16] + b->q[j]);
+  }
+  b->d = 1 / is;
+}
+
+void moe__act_quantize(moe_gguf_type w, const float *x, void *a, int64_t n) {
+  if (k_quant(w)) {
+    moe__q8k *b = a;
+    for (int64_t i = 0; i < n / 256; i++) act_q8_K(x + 256 * i, b + i);
+  } else {
+    uint8_t *b = a;
+    for (int64_t i = 0; i < n / 32; i++) act_q8_0(x + 32 * i, b + Q8_BYTES * i);
+  }
+}
+
+void moe__act_dequantize(moe_gguf_type w, const void *a, float *x, int64_t n) {
+  if (k_quant(w)) {
+    const moe__q8k *b = a;
+    for (int64_t i = 0; i < n; i++) x[i] = b[i / 256].d * (float)b[i / 256].q[i % 256];
+  } else {
+    const uint8_t *b = a;
+    for (int64_t i = 0; i < n; i++) x[i] = scale_of(b + Q8_BYTES * (i / 32)) * (float)(int8_t)b[Q8_BYTES * (i / 32) + 2 + i % 32];
+  }
+}
+
+/* ---------------------------------------------------------------- scalar */
+
+static void q8_0_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  for (int r = 0; r < nr; r++) {
+    const uint8_t *x = w, *y = (const uint8_t *)a + r * astride;
+    float acc = 0;
+    for (int64_t i = 0; i < n / 32; i++, x += Q8_BYTES, y += Q8_BYTES) {
+      int32_t s = 0;
+      for (int j = 0; j < 32; j++) s += (int32_t)(int8_t)x[2 + j] * (int8_t)y[2 + j];
+      float d = scale_of(x) * scale_of(y);
+      float t = (float)s * d; /* a statement of its own: never fused with the sum */
+      acc += t;
+    }
+    out[r] = acc;
+  }
+}
+
+static void q4_0_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  for (int r = 0; r < nr; r++) {
+    const uint8_t *x = w, *y = (const uint8_t *)a + r * astride;
+    float acc = 0;
+    for (int64_t i = 0; i < n / 32; i++, x += Q4_BYTES, y += Q8_BYTES) {
+      int32_t s = 0;
+      for (int j = 0; j < 16; j++)
+        s += ((x[2 + j] & 15) - 8) * (int8_t)y[2 + j] + ((x[2 + j] >> 4) - 8) * (int8_t)y[18 + j];
+      float d = scale_of(x) * scale_of(y);
+      float t = (float)s * d; /* a statement of its own: never fused with the sum */
+      acc += t;
+    }
+    out[r] = acc;
+  }
+}
+
+/* MXFP4: the doubled e2m1 values are integers (|v| <= 12), the scale 2^(e - 128). */
+static void mxfp4_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  for (int r = 0; r < nr; r++) {
+    const uint8_t *x = w, *y = (const uint8_t *)a + r * astride;
+    float acc = 0;
+    for (int64_t i = 0; i < n / 32; i++, x += MX_BYTES, y += Q8_BYTES) {
+      int32_t s = 0;
+      for (int j = 0; j < 16; j++)
+        s += moe__fp4_x2[x[1 + j] & 15] * (int8_t)y[2 + j] + moe__fp4_x2[x[1 + j] >> 4] * (int8_t)y[18 + j];
+      float d = moe__e8m0_half(x[0]) * scale_of(y);
+      float t = (float)s * d;
+      acc += t;
+    }
+    out[r] = acc;
+  }
+}
+
+/* ---------------------------------------------------------------- AVX2 */
 
 #ifdef HAVE_X86
-__attribute__((target("avx2"))) float moe__dot_q8_0_avx2(const void *a, const void *b, int64_t n) {
-  const uint8_t *x = a, *y = b;
-  float sum = 0;
-  for (int64_t i = 0; i < n / 32; i++, x += Q8_BYTES, y += Q8_BYTES) {
-    /* widened to int16, madd's pair sums (at most 2 * 128 * 128) are exact in int32 for any bytes */
-    __m256i x0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(x + 2)));
-    __m256i x1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(x + 18)));
-    __m256i y0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y + 2)));
-    __m256i y1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y + 18)));
-    __m256i p32 = _mm256_add_epi32(_mm256_madd_epi16(x0, y0), _mm256_madd_epi16(x1, y1));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(p32), _mm256_extracti128_si256(p32, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-    sum += (float)_mm_cvtsi128_si32(s4) * (scale_of(x) * scale_of(y));
+#define AVX2 __attribute__((target("avx2,f16c")))
+
+/* The f16 scale at b by F16C: exactly scale_of's value (a NaN may keep its payload). */
+AVX2 static inline float scale_avx(const uint8_t *b) {
+  uint16_t h;
+  memcpy(&h, b, 2);
+  return _cvtsh_ss(h);
+}
+
+AVX2 static inline int32_t hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+/* The 32-value blocks (Q8_0, Q4_0, MXFP4 weights; Q8_0 activations): a block's 32 weight values as
+ * int8 in one vector, and its scale. */
+enum { B_Q8_0, B_Q4_0, B_MXFP4 };
+
+AVX2 static inline __m256i block_values(int kind, const uint8_t *x) {
+  if (kind == B_Q8_0) return _mm256_loadu_si256((const __m256i *)(x + 2));
+  __m128i q = _mm_loadu_si128((const __m128i *)(x + (kind == B_MXFP4 ? 1 : 2))), lo4 = _mm_set1_epi8(15);
+  __m128i lo = _mm_and_si128(q, lo4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), lo4); /* values 0-15, 16-31 */
+  if (kind == B_MXFP4) { /* the doubled e2m1 values by table */
+    __m128i table = _mm_loadu_si128((const __m128i *)moe__fp4_x2);
+    return _mm256_set_m128i(_mm_shuffle_epi8(table, hi), _mm_shuffle_epi8(table, lo));
   }
-  return sum;
+  return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
 }
 
-int moe__dot_q8_0_has_avx2(void) { return __builtin_cpu_supports("avx2"); }
+AVX2 static inline float block_scale(int kind, const uint8_t *x) {
+  return kind == B_MXFP4 ? moe__e8m0_half(x[0]) : scale_avx(x);
+}
+
+/* The exact int32 lanes of a block's products: weights v (int8) with the activation block at y, both
+ * widened to int16 (any bytes, -128 included: madd's pair sums are at most 2 * 128 * 128). */
+AVX2 static inline __m256i block_products(__m256i v, const uint8_t *y) {
+  __m256i v0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), v1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+  __m256i y0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y + 2)));
+  __m256i y1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y + 18)));
+  return _mm256_add_epi32(_mm256_madd_epi16(v0, y0), _mm256_madd_epi16(v1, y1));
+}
+
+/* Four blocks at a time: their four integer sums reduced together (hadd), the four (float)isum *
+ * (dw * da) products made side by side (each lane the scalar version's operations, so its bits), then
+ * added to the accumulator one after the other in block order; the last blocks one at a time. */
+AVX2 static inline void b32_avx2(int kind, size_t wb, const void *w, const void *a, size_t astride, int nr, int64_t n,
+                                 float *out) {
+  float acc[MOE__QDOT_ROWS] = {0};
+  const uint8_t *x = w, *y = a;
+  int64_t nb = n / 32, i = 0;
+  for (; i + 4 <= nb; i += 4, x += 4 * wb, y += 4 * Q8_BYTES) {
+    __m256i v[4];
+    for (int b = 0; b < 4; b++) v[b] = block_values(kind, x + b * wb);
+    __m128 dw = _mm_setr_ps(block_scale(kind, x), block_scale(kind, x + wb), block_scale(kind, x + 2 * wb),
+                            block_scale(kind, x + 3 * wb));
+    for (int r = 0; r < nr; r++) {
+      const uint8_t *yr = y + r * astride;
+      __m256i p01 = _mm256_hadd_epi32(block_products(v[0], yr), block_products(v[1], yr + Q8_BYTES));
+      __m256i p23 = _mm256_hadd_epi32(block_products(v[2], yr + 2 * Q8_BYTES), block_products(v[3], yr + 3 * Q8_BYTES));
+      __m256i p = _mm256_hadd_epi32(p01, p23); /* per 128-bit half: the 4 blocks' partial sums */
+      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+      __m128 da = _mm_setr_ps(scale_avx(yr), scale_avx(yr + Q8_BYTES), scale_avx(yr + 2 * Q8_BYTES),
+                              scale_avx(yr + 3 * Q8_BYTES));
+      float t[4];
+      _mm_storeu_ps(t, _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_mul_ps(dw, da)));
+      for (int b = 0; b < 4; b++) acc[r] += t[b];
+    }
+  }
+  for (; i < nb; i++, x += wb, y += Q8_BYTES) {
+    __m256i v = block_values(kind, x);
+    float dx = block_scale(kind, x);
+    for (int r = 0; r < nr; r++) {
+      const uint8_t *yr = y + r * astride;
+      int32_t s = hsum_i32(block_products(v, yr));
+      float d = dx * scale_avx(yr);
+      float t = (float)s * d;
+      acc[r] += t;
+    }
+  }
+  for (int r = 0; r < nr; r++) out[r] = acc[r];
+}
+
+AVX2 static void q8_0_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  b32_avx2(B_Q8_0, Q8_BYTES, w, a, astride, nr, n, out);
+}
+
+AVX2 static void q4_0_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  b32_avx2(B_Q4_0, Q4_BYTES, w, a, astride, nr, n, out);
+}
+
+AVX2 static void mxfp4_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  b32_avx2(B_MXFP4, MX_BYTES, w, a, astride, nr, n, out);
+}
+
+static int cpu_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
 #else
-float moe__dot_q8_0_avx2(const void *a, const void *b, int64_t n) {
-  (void)a, (void)b, (void)n;
-  return 0;
-}
-
-int moe__dot_q8_0_has_avx2(void) { return 0; }
+static int cpu_avx2(void) { return 0; }
 #endif
 
+/* ---------------------------------------------------------------- the choice */
+
+moe__isa moe__qdot_best(void) {
+  static int best = -1; /* decided once; a race writes the same value */
+  if (best < 0) best = cpu_avx2() ? MOE__ISA_AVX2 : MOE__ISA_SCALAR;
+  return (moe__isa)best;
+}
+
+const char *moe__isa_name(moe__isa isa) { return isa == MOE__ISA_AVX2 ? "AVX2" : "scalar"; }
+
+moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa) {
+  if (isa == MOE__ISA_SCALAR) {
+    switch (w) {
+      case MOE_GGUF_Q8_0: return q8_0_scalar;
+      case MOE_GGUF_Q4_0: return q4_0_scalar;
+      case MOE_GGUF_MXFP4: return mxfp4_scalar;
+      case MOE_GGUF_Q4_K: return moe__qdot_q4_K_scalar;
+      case MOE_GGUF_Q5_K: return moe__qdot_q5_K_scalar;
+      case MOE_GGUF_Q6_K: return moe__qdot_q6_K_scalar;
+      default: return NULL;
+    }
+  }
+#ifdef HAVE_X86
+  if (isa == MOE__ISA_AVX2 && cpu_avx2()) {
+    switch (w) {
+      case MOE_GGUF_Q8_0: return q8_0_avx2;
+      case MOE_GGUF_Q4_0: return q4_0_avx2;
+      case MOE_GGUF_MXFP4: return mxfp4_avx2;
+      case MOE_GGUF_Q4_K: return moe__qdot_q4_K_avx2;
+      case MOE_GGUF_Q5_K: return moe__qdot_q5_K_avx2;
+      case MOE_GGUF_Q6_K: return moe__qdot_q6_K_avx2;
+      default: return NULL;
+    }
+  }
+#endif
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- Q8_0 x Q8_0, one row */
+
+float moe__dot_q8_0_scalar(const void *a, const void *b, int64_t n) {
+  float s;
+  q8_0_scalar(a, b, 0, 1, n, &s);
+  return s;
+}
+
+float moe__dot_q8_0_avx2(const void *a, const void *b, int64_t n) {
+  float s = 0;
+  moe__qdot_fn f = moe__qdot_kernel(MOE_GGUF_Q8_0, MOE__ISA_AVX2);
+  if (f) f(a, b, 0, 1, n, &s);
+  return s;
+}
+
+int moe__dot_q8_0_has_avx2(void) { return moe__qdot_best() == MOE__ISA_AVX2; }
+
 float moe__dot_q8_0(const void *a, const void *b, int64_t n) {
-  static int avx2 = -1; /* decided once; a race writes the same value */
-  if (avx2 < 0) avx2 = moe__dot_q8_0_has_avx2();
-  return avx2 ? moe__dot_q8_0_avx2(a, b, n) : moe__dot_q8_0_scalar(a, b, n);
+  float s;
+  moe__qdot_kernel(MOE_GGUF_Q8_0, moe__qdot_best())(a, b, 0, 1, n, &s);
+  return s;
 }

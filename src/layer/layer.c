@@ -9,6 +9,7 @@
 #include "dist/dist.h"
 #include "kernels/act.h"
 #include "kernels/gemm.h"
+#include "kernels/quant.h"
 #include "layer/plugins.h"
 
 /* The layer's private state: what a forward leaves for its backward, the plug-ins and their state, and
@@ -54,6 +55,7 @@ void moe_layer_config_default(moe_layer_config *c) {
   c->routed_scale = 1.0f;
   c->swiglu_alpha = 1.702f;
   c->swiglu_limit = 7.0f;
+  c->expert_type = -1;
 }
 
 int moe__layer_sharded(const moe_layer_config *c) { return c->dist && c->parallel_r != MOE_PARALLEL_OFF; }
@@ -111,6 +113,27 @@ static moe_status check_routing(const moe_layer_config *c) {
   return MOE_OK;
 }
 
+moe_status moe__expert_type_check(const moe_layer_config *c, int type, const char *what) {
+  const char *name = moe_gguf_type_name((moe_gguf_type)type);
+  MOE_TRY(moe__qdot_has((moe_gguf_type)type), MOE_ERR_ARG,
+          "%s: experts of type %s (%d) have no kernels here: want Q8_0, Q4_0, Q4_K, Q5_K, Q6_K or MXFP4 (F32 and BF16: dtype)",
+          what, name ? name : "unknown", type);
+  int b = moe_gguf_type_block((moe_gguf_type)type);
+  MOE_TRY(c->D % b == 0 && c->H % b == 0, MOE_ERR_ARG, "%s: %s experts need D and H multiples of its block of %d, got D=%d H=%d",
+          what, name, b, c->D, c->H);
+  MOE_TRY(c->dtype == MOE_DT_F32, MOE_ERR_ARG, "%s: %s experts with dtype %s: the dtype is that of fp32 experts' GEMMs, keep it f32",
+          what, name, moe_dtype_name(c->dtype));
+  MOE_TRY(!c->dist, MOE_ERR_ARG, "%s: %s experts are not expert-parallel (dist) yet", what, name);
+  MOE_TRY(!c->inner_experts, MOE_ERR_ARG, "%s: %s experts cannot be hierarchical (inner_experts)", what, name);
+  MOE_TRY(!c->external_experts, MOE_ERR_ARG, "%s: %s experts are the layer's, not an expert cache's (external_experts)",
+          what, name);
+  MOE_TRY(c->pipeline == 1, MOE_ERR_ARG, "%s: %s experts run the batch at once: pipeline must be 1, got %d", what, name,
+          c->pipeline);
+  MOE_TRY((unsigned)c->act <= MOE_ACT_SWIGLU, MOE_ERR_ARG, "%s: %s experts apply relu, gelu, silu or swiglu, not activation %d",
+          what, name, (int)c->act);
+  return MOE_OK;
+}
+
 static moe_status check_config(const moe_layer_config *c) {
   MOE_TRY(c->D > 0, MOE_ERR_ARG, "config: D must be > 0, got %d", c->D);
   MOE_TRY(c->H > 0, MOE_ERR_ARG, "config: H must be > 0, got %d", c->H);
@@ -162,6 +185,8 @@ static moe_status check_config(const moe_layer_config *c) {
           "config: the experts' dtype must be f32 or bf16, got %s", moe_dtype_name(c->dtype));
   MOE_TRY(!c->external_experts || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->inner_experts), MOE_ERR_ARG,
           "config: buffered experts need dispatch=dynamic and no hierarchical experts");
+  MOE_TRY(c->expert_type >= -1, MOE_ERR_ARG, "config: expert_type must be -1 or a moe_gguf_type, got %d", c->expert_type);
+  if (c->expert_type > 0) MOE_CHECK(moe__expert_type_check(c, c->expert_type, "config"));
   MOE_CHECK(check_pipeline(c, c->pipeline, c->memory_reuse));
   MOE_CHECK(check_routing(c));
   MOE_TRY(c->inner_experts == 0 || (c->inner_top_k >= 1 && c->inner_top_k <= c->inner_experts), MOE_ERR_ARG,
@@ -205,11 +230,12 @@ moe_status moe__layer_init(moe_layer_t *l, const moe_layer_config *cfg, const mo
       Dc = D * (q + 1) / W - D * q / W;
       H = H * (q + 1) / W - H * q / W;
     }
-    add_param(l, "experts.fc1.weight", 3, El, H, D);
+    int fp32 = cfg->expert_type <= 0; /* quantized experts: their weights are bound bytes, the biases stay */
+    if (fp32) add_param(l, "experts.fc1.weight", 3, El, H, D);
     if (cfg->expert_bias) add_param(l, "experts.fc1.bias", 2, El, H, 0);
-    add_param(l, "experts.fc2.weight", 3, El, D, H);
+    if (fp32) add_param(l, "experts.fc2.weight", 3, El, D, H);
     if (cfg->expert_bias) add_param(l, "experts.fc2.bias", 2, El, Dc, 0);
-    if (moe__act_gated(cfg->act)) add_param(l, "experts.fc3.weight", 3, El, H, D);
+    if (fp32 && moe__act_gated(cfg->act)) add_param(l, "experts.fc3.weight", 3, El, H, D);
     if (cfg->act == MOE_ACT_SWIGLU_OAI && cfg->expert_bias) add_param(l, "experts.fc3.bias", 2, El, H, 0);
   }
   if (cfg->shared_H) {
@@ -347,6 +373,8 @@ void moe_layer_zero_grad(moe_layer_t *l) {
 
 moe_status moe_layer_set_pipeline(moe_layer_t *l, int n, moe_reuse r) {
   MOE_CHECK(check_pipeline(&l->cfg, n, r));
+  MOE_TRY(l->cfg.expert_type <= 0 || n == 1, MOE_ERR_ARG, "moe_layer_set_pipeline: %s experts run the batch at once: n must be 1, got %d",
+          moe_gguf_type_name((moe_gguf_type)l->cfg.expert_type), n);
   l->cfg.pipeline = n;
   l->cfg.memory_reuse = r;
   if (l->st->pol) l->st->pol->reconfigured(l->st->pol_self); /* AUTO decides again, for the new micro-batches */
@@ -642,6 +670,8 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
 /* A backward's preconditions, checked before any exchange (see agree). */
 static moe_status check_backward(const moe_layer_t *l, const float *dx) {
   const moe__layer_state *s = l->st;
+  MOE_TRY(l->cfg.expert_type <= 0, MOE_ERR_ARG, "moe_layer_backward: the layer's %s experts are for inference only",
+          moe_gguf_type_name((moe_gguf_type)l->cfg.expert_type));
   MOE_TRY(s->src && s->src->backward, MOE_ERR_STATE,
           "moe_layer_backward: a layer with buffered experts is for inference only");
   MOE_TRY(s->have_fwd, MOE_ERR_STATE, "moe_layer_backward: no forward pass to differentiate");
@@ -734,6 +764,19 @@ void *moe__layer_policy(const moe_layer_t *l) { return l->st ? l->st->pol_self :
 moe__layer_peek moe__layer_inspect(const moe_layer_t *l) {
   const moe__layer_state *s = l->st;
   return (moe__layer_peek){&s->p, &s->f, s->route.cap, s->work.cap};
+}
+
+moe_status moe__layer_replace_source(moe_layer_t *l, const moe__expert_src *src, void **self) {
+  moe__layer_state *s = l->st;
+  if (s->src != src) {
+    void *fresh = NULL;
+    if (src->init) MOE_CHECK(src->init(l, s->tr_self, &fresh));
+    if (s->src && s->src->free) s->src->free(s->src_self);
+    s->src = src, s->src_self = fresh;
+    s->have_fwd = 0; /* the old source's activations are gone */
+  }
+  *self = s->src_self;
+  return MOE_OK;
 }
 
 void moe__layer_set_source(moe_layer_t *l, const moe__expert_src *src, void *self) {

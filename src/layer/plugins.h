@@ -82,6 +82,10 @@ typedef struct {
 } moe__expert_src;
 extern const moe__expert_src moe__experts_own;   /* sources/ffn.c */
 extern const moe__expert_src moe__experts_inner; /* sources/inner.c */
+extern const moe__expert_src moe__experts_quant; /* sources/quant.c: experts in a quantized GGUF type */
+/* Whether configuration c can have its experts in GGUF type `type` (kernels for it, D and H whole
+ * blocks, f32 dtype, one process, FFN experts of its own, pipeline 1); `what` starts the error. */
+moe_status moe__expert_type_check(const moe_layer_config *c, int type, const char *what);
 
 /* How tokens move between the dispatch rows and the experts' groups (DESIGN 3.2). init makes the
  * transport's own state (self: its exchanges' tickets, staging, rank blocks and permutations; NULL:
@@ -168,6 +172,9 @@ void *moe__layer_transport(const moe_layer_t *l, const moe__transport *t);
 void *moe__layer_source(const moe_layer_t *l, const moe__expert_src *src);
 void *moe__layer_policy(const moe_layer_t *l);
 void moe__layer_set_source(moe_layer_t *l, const moe__expert_src *src, void *self);
+/* Makes src l's expert source (its state from src->init, the old source's freed; nothing when it is
+ * already), its state in *self. */
+moe_status moe__layer_replace_source(moe_layer_t *l, const moe__expert_src *src, void **self);
 /* For tests: what l's last forward left (its plan, the experts' activations) and the bytes its two
  * workspaces hold. */
 typedef struct {

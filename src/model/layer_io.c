@@ -266,6 +266,9 @@ moe_status moe_layer_load(moe_layer_t *l, const moe_st *f, const moe_layer_overr
 }
 
 moe_status moe_layer_save_params(const moe_layer_t *l, moe_st_writer *w) {
+  MOE_TRY(l->cfg.expert_type <= 0 || moe_layer_param_find(l, "experts.fc1.weight"), MOE_ERR_STATE,
+          "moe_layer_save_params: the layer's %s experts are bytes bound to it, not parameters it could save",
+          moe_gguf_type_name((moe_gguf_type)l->cfg.expert_type));
   MOE_CHECK(moe_layer_save_grads(l, w, NULL));
   return moe__layer_meta_write(&l->cfg, w);
 }

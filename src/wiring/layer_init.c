@@ -11,7 +11,8 @@ static moe__plugins choose(const moe_layer_config *c) {
                              : c->dispatch == MOE_DISPATCH_STATIC ? &moe__transport_static
                              : c->replica_slots ? &moe__transport_flex : &moe__transport_a2a;
   const moe__expert_src *src = c->inner_experts ? &moe__experts_inner : c->external_experts ? NULL
-                               : moe__layer_sharded(c) ? &moe__experts_shard : &moe__experts_own;
+                               : moe__layer_sharded(c) ? &moe__experts_shard
+                               : c->expert_type > 0 ? &moe__experts_quant : &moe__experts_own;
   return (moe__plugins){tr, src, &moe__policy_setup};
 }
 

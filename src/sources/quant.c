@@ -1,0 +1,273 @@
+/* Experts in a quantized GGUF type (moe__experts_quant; DESIGN 4.8b), for inference:
+ *   a1 = xs W1^T + b1, a3 = xs W3^T (swiglu), h = act(a1) (swiglu: silu(a1) a3), out = h W2^T + b2,
+ * each product a row of W (its type's bytes, ggml's layout) dotted with a row of xs or h quantized per
+ * block (kernels/quant.h), so an expert's weights are read in their stored bytes and never widened.
+ * A forward is one OpenMP parallel region of four steps, each split over the threads: the input rows
+ * quantized (once, for both fc1 and fc3); fc1 and fc3 over (expert, span of H's rows) items, each item
+ * adding b1 and applying the activation to its span while it is in cache; h's rows quantized; fc2 over
+ * (expert, span of D's rows) items, adding b2. Within an item, the weight rows are taken 16 at a time
+ * and each dotted with the expert's token rows MOE__QDOT_ROWS at a time, so that the 16 rows stay in
+ * cache while every token reads them: a decode step (one row per expert) is a GEMV, a prefill a GEMM
+ * that reads each weight row from memory once. Every output is one dot product, whatever the split
+ * and the rows beside it: the results are the same bits for any thread count or batch. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "kernels/act.h"
+#include "kernels/quant.h"
+#include "layer/plugins.h"
+
+#define WROWS 16       /* weight rows dotted with every token row before the next ones */
+#define ITEMS_PER_THREAD 8
+
+typedef struct {
+  moe_gguf_type type;       /* 0 until experts are given */
+  const uint8_t *w1, *w2, *w3; /* the bytes read: the caller's, or own */
+  uint8_t *own;             /* quantized from the layer's fp32 experts (moe_layer_quantize_experts), or NULL */
+  int stale;                /* own must be made again from the parameters before the next forward */
+  uint8_t *xq, *hq;         /* this forward's quantized input rows and hidden rows (the work arena) */
+} quant_self;
+
+static moe_status q_init(const moe_layer_t *l, void *transport, void **self) {
+  (void)l, (void)transport;
+  quant_self *q = calloc(1, sizeof *q);
+  MOE_TRY(q, MOE_ERR_NOMEM, "moe_layer_init: out of memory");
+  *self = q;
+  return MOE_OK;
+}
+
+static void q_free(void *self) {
+  quant_self *q = self;
+  if (q) free(q->own);
+  free(q);
+}
+
+static void q_params_changed(void *self) {
+  quant_self *q = self;
+  q->stale = q->own != NULL;
+}
+
+/* Bytes of a row of n values of the experts' type. */
+static size_t row_bytes(moe_gguf_type t, int n) { return (size_t)(n / moe_gguf_type_block(t)) * moe_gguf_type_block_bytes(t); }
+
+static size_t q_bytes(void *self, const moe__env *env, int ng, int rows) {
+  const quant_self *q = self;
+  const moe_layer_t *l = env->l;
+  size_t r = (size_t)rows, H = (size_t)l->cfg.H;
+  moe_gguf_type t = q->type ? q->type : MOE_GGUF_Q8_0; /* not bound yet: forward says so, nothing is used */
+  return (l->cfg.act == MOE_ACT_SWIGLU ? 3 : 2) * moe__arena_size(r * H * 4) +
+         moe__arena_size(r * moe__act_bytes(t, l->cfg.D)) + moe__arena_size(r * moe__act_bytes(t, l->cfg.H)) +
+         moe__arena_size((size_t)ng * sizeof(int));
+}
+
+static moe_status q_alloc(void *self, const moe__env *env, int ng, int rows, moe__ffn *f) {
+  quant_self *q = self;
+  const moe_layer_t *l = env->l;
+  size_t r = (size_t)rows, H = (size_t)l->cfg.H;
+  moe_gguf_type t = q->type ? q->type : MOE_GGUF_Q8_0;
+  moe__arena *a = env->work;
+  memset(f, 0, sizeof *f);
+  f->a1 = moe__arena_alloc(a, r * H * 4);
+  f->a3 = l->cfg.act == MOE_ACT_SWIGLU ? moe__arena_alloc(a, r * H * 4) : NULL;
+  f->h = moe__arena_alloc(a, r * H * 4);
+  q->xq = moe__arena_alloc(a, r * moe__act_bytes(t, l->cfg.D));
+  q->hq = moe__arena_alloc(a, r * moe__act_bytes(t, l->cfg.H));
+  f->order = moe__arena_alloc(a, (size_t)ng * sizeof(int));
+  MOE_TRY(f->order && (f->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
+  return MOE_OK;
+}
+
+/* What a forward's items read. */
+typedef struct {
+  const moe_layer_t *l;
+  const quant_self *q;
+  const moe__groups *g;
+  const moe__ffn *f;
+  moe__qdot_fn dot;
+  const float *b1, *b2;
+  const int *active; /* the groups with rows, in order */
+  int nact, parts1, parts2;
+  size_t xab, hab, r1, r2; /* bytes of a quantized input row, hidden row; of a weight row of fc1/fc3, fc2 */
+} fwd_ctx;
+
+/* out[r * ldo + o] for the group's rows r and weight rows o in [o0, o1) of w (rows wb bytes apart),
+ * from the activation rows in (ab bytes apart). */
+static void rows_times(const fwd_ctx *c, const uint8_t *w, size_t wb, int o0, int o1, const uint8_t *in,
+                       size_t ab, int m, int n, float *out, int ldo) {
+  float t[MOE__QDOT_ROWS];
+  for (int ob = o0; ob < o1; ob += WROWS) {
+    int oe = ob + WROWS < o1 ? ob + WROWS : o1;
+    for (int r = 0; r < m; r += MOE__QDOT_ROWS) {
+      int nr = m - r < MOE__QDOT_ROWS ? m - r : MOE__QDOT_ROWS;
+      for (int o = ob; o < oe; o++) {
+        c->dot(w + (size_t)o * wb, in + (size_t)r * ab, ab, nr, n, t);
+        for (int i = 0; i < nr; i++) out[(size_t)(r + i) * ldo + o] = t[i];
+      }
+    }
+  }
+}
+
+/* fc1 (and fc3) over H's rows [part H / parts1, ...) of group e, then b1 and the activation there. */
+static void item1(const fwd_ctx *c, int e, int part) {
+  const moe_layer_t *l = c->l;
+  int D = l->cfg.D, H = l->cfg.H, r0 = c->g->offs[e], m = c->g->offs[e + 1] - r0;
+  int h0 = (int)((int64_t)H * part / c->parts1), h1 = (int)((int64_t)H * (part + 1) / c->parts1);
+  const uint8_t *in = c->q->xq + (size_t)r0 * c->xab;
+  float *a1 = c->f->a1 + (size_t)r0 * H, *a3 = c->f->a3 ? c->f->a3 + (size_t)r0 * H : NULL, *h = c->f->h + (size_t)r0 * H;
+  rows_times(c, c->q->w1 + (size_t)e * H * c->r1, c->r1, h0, h1, in, c->xab, m, D, a1, H);
+  if (a3) rows_times(c, c->q->w3 + (size_t)e * H * c->r1, c->r1, h0, h1, in, c->xab, m, D, a3, H);
+  for (int r = 0; r < m; r++) {
+    float *ar = a1 + (size_t)r * H;
+    if (c->b1)
+      for (int j = h0; j < h1; j++) ar[j] += c->b1[(size_t)e * H + j];
+    moe__act_forward(l->cfg.act, ar + h0, a3 ? a3 + (size_t)r * H + h0 : NULL, h + (size_t)r * H + h0, (size_t)(h1 - h0));
+  }
+}
+
+/* fc2 over D's rows [part D / parts2, ...) of group e, then b2. */
+static void item2(const fwd_ctx *c, int e, int part) {
+  const moe_layer_t *l = c->l;
+  int D = l->cfg.D, H = l->cfg.H, r0 = c->g->offs[e], m = c->g->offs[e + 1] - r0;
+  int d0 = (int)((int64_t)D * part / c->parts2), d1 = (int)((int64_t)D * (part + 1) / c->parts2);
+  float *y = c->g->y + (size_t)r0 * D;
+  rows_times(c, c->q->w2 + (size_t)e * D * c->r2, c->r2, d0, d1, c->q->hq + (size_t)r0 * c->hab, c->hab, m, H, y, D);
+  if (c->b2)
+    for (int r = 0; r < m; r++)
+      for (int j = d0; j < d1; j++) y[(size_t)r * D + j] += c->b2[(size_t)e * D + j];
+}
+
+/* Spans per group: enough items for every thread to take a few, none under WROWS rows. */
+static int parts_of(int rows, int nact, int threads) {
+  int p = (ITEMS_PER_THREAD * threads + nact - 1) / nact, most = rows / WROWS > 0 ? rows / WROWS : 1;
+  return p < most ? p : most;
+}
+
+/* The experts quantized again from the parameters (after moe_layer_params_changed). */
+static moe_status requantize(quant_self *q, const moe_layer_t *l);
+
+static moe_status q_forward(void *self, const moe__env *env, const moe__plan *p, const moe__groups *g,
+                            const moe__ffn *f, const moe__side_work *side) {
+  (void)p, (void)side; /* no side work: the source is not `alongside` */
+  quant_self *q = self;
+  const moe_layer_t *l = env->l;
+  MOE_TRY(q->type, MOE_ERR_STATE, "moe_layer_forward: the layer's %s experts are not given yet (moe_layer_bind_experts, "
+          "or a moe_layer_quantize_experts that succeeds)",
+          moe_gguf_type_name((moe_gguf_type)l->cfg.expert_type));
+  if (q->stale) MOE_CHECK(requantize(q, l));
+  int D = l->cfg.D, H = l->cfg.H, rows = g->offs[g->n] - g->offs[0], nt = env->threads;
+  int *active = f->order, nact = 0;
+  for (int e = 0; e < g->n; e++)
+    if (g->offs[e + 1] > g->offs[e]) active[nact++] = e;
+  if (!nact) return MOE_OK;
+  moe__weights w;
+  moe__weights_bind(l, l->params, &w);
+  fwd_ctx c = {l, q, g, f, moe__qdot_kernel(q->type, moe__qdot_best()), w.b1, w.b2, active, nact,
+               parts_of(H, nact, nt), parts_of(D, nact, nt), moe__act_bytes(q->type, D), moe__act_bytes(q->type, H),
+               row_bytes(q->type, D), row_bytes(q->type, H)};
+  const float *x = g->x + (size_t)g->offs[0] * D;
+  const float *h = f->h + (size_t)g->offs[0] * H;
+  uint8_t *xq = q->xq + (size_t)g->offs[0] * c.xab, *hq = q->hq + (size_t)g->offs[0] * c.hab;
+  int n1 = nact * c.parts1, n2 = nact * c.parts2;
+#pragma omp parallel num_threads(nt)
+  {
+#pragma omp for schedule(static)
+    for (int r = 0; r < rows; r++) moe__act_quantize(q->type, x + (size_t)r * D, xq + (size_t)r * c.xab, D);
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < n1; i++) item1(&c, active[i / c.parts1], i % c.parts1);
+#pragma omp for schedule(static)
+    for (int r = 0; r < rows; r++) moe__act_quantize(q->type, h + (size_t)r * H, hq + (size_t)r * c.hab, H);
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < n2; i++) item2(&c, active[i / c.parts2], i % c.parts2);
+  }
+  return MOE_OK;
+}
+
+static moe_status q_backward(void *self, const moe__env *env, const moe__plan *p, const moe__groups *g,
+                             const moe__ffn *f, const float *dy, float daux, float dz, float *dx) {
+  (void)self, (void)p, (void)g, (void)f, (void)dy, (void)daux, (void)dz, (void)dx;
+  return moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "moe_layer_backward: the layer's %s experts are for inference only",
+                    moe_gguf_type_name((moe_gguf_type)env->l->cfg.expert_type));
+}
+
+const moe__expert_src moe__experts_quant = {"quant", 0, q_init, q_free, q_params_changed, q_bytes, q_alloc,
+                                            q_forward, q_backward, NULL};
+
+/* ---------------------------------------------------------------- the public API */
+
+static moe_status requantize(quant_self *q, const moe_layer_t *l) {
+  const char *names[3] = {"experts.fc1.weight", "experts.fc2.weight", "experts.fc3.weight"};
+  const uint8_t **dst[3] = {&q->w1, &q->w2, &q->w3};
+  size_t at = 0;
+  for (int i = 0; i < 3; i++) {
+    const moe_param_info *pi = moe_layer_param_find(l, names[i]);
+    *dst[i] = NULL;
+    if (!pi) continue;
+    moe_status st = moe_gguf_quantize(q->type, l->params + pi->offset, q->own + at, (int64_t)pi->numel);
+    MOE_TRY(st == MOE_OK, st, "moe_layer_quantize_experts: %s to %s: %s", names[i], moe_gguf_type_name(q->type),
+            moe_last_error());
+    *dst[i] = q->own + at;
+    at += (size_t)(pi->numel / (size_t)moe_gguf_type_block(q->type)) * moe_gguf_type_block_bytes(q->type);
+  }
+  q->stale = 0;
+  return MOE_OK;
+}
+
+/* The layer switched to quantized experts of type t: its source's state. An expert tensor this source
+ * does not apply (one a later feature adds) is refused rather than left out of the outputs. */
+static moe_status switch_to(moe_layer_t *l, moe_gguf_type t, const char *what, quant_self **out) {
+  MOE_TRY(l && l->st, MOE_ERR_STATE, "%s: layer not initialized", what);
+  MOE_CHECK(moe__expert_type_check(&l->cfg, (int)t, what));
+  static const char *const known[] = {"experts.fc1.weight", "experts.fc1.bias", "experts.fc2.weight",
+                                      "experts.fc2.bias", "experts.fc3.weight"};
+  for (int i = 0; i < l->nparams; i++) {
+    int ok = strncmp(l->info[i].name, "experts.", 8) != 0;
+    for (size_t j = 0; j < sizeof known / sizeof *known; j++) ok |= !strcmp(l->info[i].name, known[j]);
+    MOE_TRY(ok, MOE_ERR_ARG, "%s: quantized experts do not apply %s yet", what, l->info[i].name);
+  }
+  void *self;
+  MOE_CHECK(moe__layer_replace_source(l, &moe__experts_quant, &self));
+  *out = self;
+  return MOE_OK;
+}
+
+moe_status moe_layer_quantize_experts(moe_layer_t *l, moe_gguf_type type) {
+  const char *what = "moe_layer_quantize_experts";
+  MOE_TRY(l && l->st, MOE_ERR_STATE, "%s: layer not initialized", what);
+  MOE_TRY(moe_layer_param_find(l, "experts.fc1.weight"), MOE_ERR_STATE,
+          "%s: the layer has no fp32 experts (made with expert_type %d or external experts): bind them with "
+          "moe_layer_bind_experts",
+          what, l->cfg.expert_type);
+  quant_self *q;
+  MOE_CHECK(switch_to(l, type, what, &q));
+  size_t bytes = 0;
+  for (int i = 0; i < l->nparams; i++)
+    if (l->info[i].ndim == 3) bytes += (l->info[i].numel / (size_t)moe_gguf_type_block(type)) * moe_gguf_type_block_bytes(type);
+  free(q->own);
+  q->own = moe__alloc_big(bytes);
+  q->type = 0;
+  MOE_TRY(q->own, MOE_ERR_NOMEM, "%s: cannot allocate %zu bytes of %s experts", what, bytes, moe_gguf_type_name(type));
+  q->type = type;
+  moe_status st = requantize(q, l);
+  if (st != MOE_OK) q->type = 0; /* no experts until a quantize or bind succeeds */
+  l->cfg.expert_type = (int)type;
+  return st;
+}
+
+moe_status moe_layer_bind_experts(moe_layer_t *l, moe_gguf_type type, const void *fc1, const void *fc2,
+                                  const void *fc3) {
+  const char *what = "moe_layer_bind_experts";
+  MOE_TRY(l && l->st, MOE_ERR_STATE, "%s: layer not initialized", what);
+  int glu = l->cfg.act == MOE_ACT_SWIGLU;
+  MOE_TRY(fc1 && fc2, MOE_ERR_ARG, "%s: fc1 (gate) and fc2 (down) must not be NULL", what);
+  MOE_TRY(!fc3 == !glu, MOE_ERR_ARG, "%s: fc3 (the up projection) is %s", what,
+          glu ? "needed with swiglu" : "only for swiglu: pass NULL");
+  quant_self *q;
+  MOE_CHECK(switch_to(l, type, what, &q));
+  free(q->own);
+  q->own = NULL, q->stale = 0;
+  q->type = type;
+  q->w1 = fc1, q->w2 = fc2, q->w3 = fc3;
+  l->cfg.expert_type = (int)type;
+  return MOE_OK;
+}

@@ -1,0 +1,217 @@
+/* The quantized dot products (src/kernels/quant_dot.c, quant_dot_k.c): each weight type's product with
+ * its activations against a float64 sum over the dequantized weights (moe_gguf_dequantize) and the
+ * dequantized activations (read from their fields here), the activations' quantizers against
+ * moe_gguf_quantize and the Q8_K definition, and the AVX2 versions bit for bit against the scalar ones
+ * on random bytes, odd block counts, extreme scales and every row count. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "kernels/quant.h"
+#include "test.h"
+
+static const moe_gguf_type kTypes[] = {MOE_GGUF_Q8_0, MOE_GGUF_Q4_0, MOE_GGUF_Q4_K, MOE_GGUF_Q6_K, MOE_GGUF_Q5_K, MOE_GGUF_MXFP4};
+#define NTYPES 6
+
+static int is_k(moe_gguf_type t) { return moe_gguf_type_block(t) == 256; }
+
+/* x[i] with magnitudes varying by block (a spread of 2^-6 to 2^6), so that scales differ. */
+static void random_row(float *x, int64_t n, int blk, uint64_t *seed) {
+  for (int64_t b = 0; b < n / blk; b++) {
+    float m = ldexpf(1.0f, (int)(moe__splitmix(seed) % 13) - 6);
+    for (int i = 0; i < blk; i++) x[b * blk + i] = m * moe__uniform(seed);
+  }
+}
+
+/* The activations' values from their fields: Q8_0 through the codec, Q8_K as d * q. */
+static void act_values(moe_gguf_type w, const void *a, float *x, int64_t n) {
+  if (!is_k(w)) {
+    moe_gguf_dequantize(MOE_GGUF_Q8_0, a, x, n);
+    return;
+  }
+  const moe__q8k *b = a;
+  for (int64_t i = 0; i < n; i++) x[i] = b[i / 256].d * (float)b[i / 256].q[i % 256];
+}
+
+/* Q8_0 activations are the codec's bytes; Q8_K: the largest magnitude at -127, every value within half
+ * a step, the sums those of the values. */
+TEST(qdot_activation_quantizers) {
+  enum { N = 256 * 5 };
+  uint64_t seed = 11;
+  float x[N];
+  random_row(x, N, 256, &seed);
+  x[300] = 0; /* and a block of zeros */
+  for (int i = 512; i < 768; i++) x[i] = 0;
+  uint8_t got[N / 32 * 34], want[N / 32 * 34];
+  moe__act_quantize(MOE_GGUF_Q8_0, x, got, N);
+  ASSERT_OK(moe_gguf_quantize(MOE_GGUF_Q8_0, x, want, N));
+  ASSERT(memcmp(got, want, sizeof got) == 0);
+  ASSERT_EQ_INT((int)moe__act_bytes(MOE_GGUF_Q4_0, N), (int)sizeof got);
+  moe__q8k k[N / 256];
+  ASSERT_EQ_INT((int)moe__act_bytes(MOE_GGUF_Q6_K, N), (int)sizeof k);
+  moe__act_quantize(MOE_GGUF_Q4_K, x, k, N);
+  for (int b = 0; b < N / 256; b++) {
+    float amax = 0, d = k[b].d;
+    int at = 0;
+    for (int i = 0; i < 256; i++)
+      if (fabsf(x[256 * b + i]) > amax) amax = fabsf(x[256 * b + i]), at = i;
+    if (amax == 0) {
+      ASSERT(d == 0);
+      continue;
+    }
+    ASSERT_NEAR(fabsf(d), amax / 127, 1e-6 * amax);
+    ASSERT_EQ_INT(k[b].q[at] * (x[256 * b + at] > 0 ? 1 : -1) * (d > 0 ? 1 : -1), 127);
+    for (int j = 0; j < 16; j++) {
+      int s = 0;
+      for (int i = 0; i < 16; i++) {
+        s += k[b].q[16 * j + i];
+        ASSERT(k[b].q[16 * j + i] >= -127 && k[b].q[16 * j + i] <= 127);
+        ASSERT(fabs((double)d * k[b].q[16 * j + i] - x[256 * b + 16 * j + i]) <= 0.5001 * fabs(d));
+      }
+      ASSERT_EQ_INT(k[b].sums[j], s);
+    }
+  }
+  /* halves: away from zero for Q8_0 (d = 1 with amax 127), to even for Q8_K (scale 1 with max -127) */
+  const float ties[8] = {0.5f, 1.5f, -0.5f, -2.5f, 0.49999997f, 126.5f, -127.0f, 2.5f};
+  for (int i = 0; i < 256; i++) x[i] = ties[i % 8] * (i < 8 || i % 8 == 6 ? 1.0f : 0.25f);
+  moe__act_quantize(MOE_GGUF_Q8_0, x, got, 256);
+  ASSERT_OK(moe_gguf_quantize(MOE_GGUF_Q8_0, x, want, 256));
+  ASSERT(memcmp(got, want, 8 * 34) == 0);
+  ASSERT_EQ_INT((int8_t)got[2 + 0], 1);
+  ASSERT_EQ_INT((int8_t)got[2 + 3], -3);
+  ASSERT_EQ_INT((int8_t)got[2 + 4], 0);
+  moe__act_quantize(MOE_GGUF_Q4_K, x, k, 256);
+  ASSERT(k[0].d == 1.0f);
+  for (int i = 0; i < 256; i++)
+    if (k[0].q[i] != (int)lrintf(x[i])) FAIL_("Q8_K value %d of %.9g: %d, want %ld", i, x[i], k[0].q[i], lrintf(x[i]));
+  x[7] = NAN; /* a value that is not finite: a NaN scale, not a number that looks right */
+  moe__act_quantize(MOE_GGUF_Q8_0, x, got, 32);
+  float back[32];
+  moe__act_dequantize(MOE_GGUF_Q8_0, got, back, 32);
+  ASSERT(isnan(back[0]));
+  x[7] = INFINITY;
+  moe__act_quantize(MOE_GGUF_Q4_K, x, k, 256);
+  ASSERT(isnan(k[0].d));
+}
+
+/* Each type's product against float64 over the dequantized operands, every version, every row count. */
+TEST(qdot_matches_float64) {
+  enum { N = 256 * 6, R = MOE__QDOT_ROWS };
+  uint64_t seed = 5;
+  float *w = malloc(N * 4), *x = malloc(R * N * 4), *wd = malloc(N * 4), *xd = malloc(R * N * 4);
+  uint8_t *wq = malloc(N * 2), *aq = malloc(R * moe__act_bytes(MOE_GGUF_Q4_K, N) + R * N);
+  for (int t = 0; t < NTYPES; t++) {
+    moe_gguf_type ty = kTypes[t];
+    int blk = moe_gguf_type_block(ty);
+    size_t ab = moe__act_bytes(ty, N);
+    random_row(w, N, blk, &seed);
+    random_row(x, (int64_t)R * N, blk, &seed);
+    ASSERT_OK(moe_gguf_quantize(ty, w, wq, N));
+    ASSERT_OK(moe_gguf_dequantize(ty, wq, wd, N));
+    for (int r = 0; r < R; r++) {
+      moe__act_quantize(ty, x + (size_t)r * N, aq + r * ab, N);
+      act_values(ty, aq + r * ab, xd + (size_t)r * N, N);
+    }
+    for (int isa = MOE__ISA_SCALAR; isa <= MOE__ISA_AVX2; isa++) {
+      moe__qdot_fn f = moe__qdot_kernel(ty, (moe__isa)isa);
+      if (!f) continue; /* AVX2 on a CPU without it: the bit-identity test says so */
+      for (int nr = 1; nr <= R; nr++) {
+        float out[R];
+        f(wq, aq, ab, nr, N, out);
+        for (int r = 0; r < nr; r++) {
+          double want = 0, mag = 0;
+          for (int i = 0; i < N; i++) {
+            double p = (double)wd[i] * xd[(size_t)r * N + i];
+            want += p, mag += fabs(p);
+          }
+          if (fabs(out[r] - want) > 2e-6 * mag)
+            FAIL_("%s %s rows %d row %d: %.9g, float64 %.9g (sum of |products| %.4g)", moe_gguf_type_name(ty),
+                  moe__isa_name((moe__isa)isa), nr, r, out[r], want, mag);
+        }
+      }
+    }
+  }
+  free(w), free(x), free(wd), free(xd), free(wq), free(aq);
+}
+
+/* Random bytes for a block of type t, with finite scales of exponent e (0..30: f16's biased exponent;
+ * MXFP4's E8M0 scale is 2^(e - 16)). */
+static void random_block(moe_gguf_type t, uint8_t *b, int e, uint64_t *seed) {
+  size_t n = moe_gguf_type_block_bytes(t);
+  for (size_t i = 0; i < n; i++) b[i] = (uint8_t)moe__splitmix(seed);
+  if (t == MOE_GGUF_MXFP4) { /* an E8M0 scale: 2^(e - 16) */
+    b[0] = (uint8_t)(112 + e);
+    return;
+  }
+  int at[2] = {0, -1};
+  if (t == MOE_GGUF_Q4_K || t == MOE_GGUF_Q5_K) at[1] = 2;
+  if (t == MOE_GGUF_Q6_K) at[0] = 208;
+  for (int k = 0; k < 2 && at[k] >= 0; k++) b[at[k] + 1] = (uint8_t)((b[at[k] + 1] & 0x83) | e << 2);
+}
+
+/* Random activations: Q8_0 blocks of scale exponent e, or Q8_K blocks of values in [-127, 127] with
+ * their sums and a scale of 2^(e - 15) (a tiny to a huge one). */
+static void random_act(moe_gguf_type t, uint8_t *a, int64_t n, int e, uint64_t *seed) {
+  if (!is_k(t)) {
+    for (int64_t b = 0; b < n / 32; b++) random_block(MOE_GGUF_Q8_0, a + 34 * b, e, seed);
+    for (int64_t b = 0; b < n / 32; b++)
+      for (int i = 0; i < 32; i++)
+        if (a[34 * b + 2 + i] == 0x80) a[34 * b + 2 + i] = 0x81; /* the quantizer's range */
+    return;
+  }
+  moe__q8k *k = (moe__q8k *)a;
+  for (int64_t b = 0; b < n / 256; b++) {
+    k[b].d = ldexpf(1.0f + moe__uniform(seed) * 0.5f, 4 * (e - 15));
+    for (int j = 0; j < 16; j++) {
+      int s = 0;
+      for (int i = 0; i < 16; i++) s += k[b].q[16 * j + i] = (int8_t)((int)(moe__splitmix(seed) % 255) - 127);
+      k[b].sums[j] = (int16_t)s;
+    }
+  }
+}
+
+/* The AVX2 versions give the scalar ones' bits, and a row's bits do not depend on the rows with it. */
+TEST(qdot_avx2_bits_equal_scalar) {
+  if (moe__qdot_best() != MOE__ISA_AVX2) SKIP("no AVX2 on this CPU: only the scalar versions exist here");
+  enum { MAXB = 9, R = MOE__QDOT_ROWS };
+  uint64_t seed = 9;
+  static uint8_t w[MAXB * 210], a[R * MAXB * sizeof(moe__q8k)];
+  const int counts[] = {1, 3, 7, 9}, exps[] = {0, 1, 8, 15, 22, 30}; /* f16 exponents: subnormal to 2^15 */
+  for (int t = 0; t < NTYPES; t++) {
+    moe_gguf_type ty = kTypes[t];
+    moe__qdot_fn s = moe__qdot_kernel(ty, MOE__ISA_SCALAR), v = moe__qdot_kernel(ty, MOE__ISA_AVX2);
+    ASSERT(s && v);
+    for (int c = 0; c < 4; c++)
+      for (int ei = 0; ei < 6; ei++)
+        for (int trial = 0; trial < 4; trial++) {
+          int64_t n = (int64_t)counts[c] * moe_gguf_type_block(ty);
+          size_t ab = moe__act_bytes(ty, n), bb = moe_gguf_type_block_bytes(ty);
+          for (int b = 0; b < counts[c]; b++) random_block(ty, w + b * bb, exps[(ei + b) % 6], &seed);
+          for (int r = 0; r < R; r++) random_act(ty, a + r * ab, n, exps[(ei + r + trial) % 6], &seed);
+          float os[R], ov[R], one;
+          s(w, a, ab, R, n, os);
+          v(w, a, ab, R, n, ov);
+          for (int r = 0; r < R; r++) {
+            if (memcmp(&os[r], &ov[r], 4))
+              FAIL_("%s, %d blocks, exponent %d, row %d: AVX2 %.9g != scalar %.9g", moe_gguf_type_name(ty),
+                    counts[c], exps[ei], r, ov[r], os[r]);
+            v(w, a + r * ab, ab, 1, n, &one);
+            if (memcmp(&one, &ov[r], 4)) FAIL_("%s row %d: alone %.9g, with others %.9g", moe_gguf_type_name(ty), r, one, ov[r]);
+          }
+        }
+  }
+}
+
+/* moe_cpu_info names the version the quantized experts run, which is AVX2 exactly when the CPU has it. */
+TEST(qdot_cpu_info_names_the_choice) {
+  __builtin_cpu_init();
+  int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  ASSERT_EQ_INT(moe__qdot_best() == MOE__ISA_AVX2, avx2);
+  char want[64];
+  snprintf(want, sizeof want, "quantized experts' dot products %s", avx2 ? "AVX2" : "scalar");
+  if (!strstr(moe_cpu_info(), want)) FAIL_("moe_cpu_info: '%s' lacks '%s'", moe_cpu_info(), want);
+  for (size_t t = 0; t < NTYPES; t++) ASSERT(moe__qdot_kernel(kTypes[t], MOE__ISA_SCALAR) != NULL);
+  ASSERT(!moe__qdot_kernel(MOE_GGUF_F16, MOE__ISA_SCALAR) && !moe__qdot_has(MOE_GGUF_BF16));
+}
