@@ -24,6 +24,7 @@ static void usage(FILE *f) {
           "  tokenizer   train a byte-level BPE tokenizer (Hugging Face tokenizer.json); encode, decode\n"
           "  simulate    one training step of an MoE layer on a simulated cluster: time, memory, policies\n"
           "  gguf        gguf info FILE: a GGUF file's metadata and tensor table\n"
+          "  convert     a language model from a Hugging Face directory to a GGUF file (llama.cpp's), and back\n"
           "  quantize    a GGUF file's weights to Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4, F16, BF16 or F32\n"
           "  --version   print the version, the BLAS in use, the CPU and the kernels chosen for it\n");
 }
@@ -91,6 +92,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "simulate")) return cmd_simulate(argc - 1, argv + 1);
   if (!strcmp(argv[1], "gguf")) return cmd_gguf(argc - 1, argv + 1);
   if (!strcmp(argv[1], "quantize")) return cmd_quantize(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "convert")) return cmd_convert(argc - 1, argv + 1);
   fprintf(stderr, "moe: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return 1;

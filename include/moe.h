@@ -245,6 +245,9 @@ moe_status moe_gguf_writer_copy_kv(moe_gguf_writer *w, const moe_gguf *g, int64_
 moe_status moe_gguf_writer_add_tensor(moe_gguf_writer *w, const char *name, moe_gguf_type type, int ndim,
                                       const int64_t *ne, const void *data, size_t nbytes);
 moe_status moe_gguf_writer_save(moe_gguf_writer *w, const char *path);
+/* llama.cpp's general.file_type (enum llama_ftype) of a file whose weights are of type t (the K-quants'
+ * all-one-type variants: Q4_K_S 14, Q5_K_S 16; MXFP4: MOSTLY_MXFP4_MOE 38); -1 for a type without a codec. */
+int moe_gguf_file_type(moe_gguf_type t);
 
 /* ---- datasets: IDX files (the MNIST format) ---- */
 typedef struct {
@@ -1042,6 +1045,30 @@ moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
  * parallel (cfg.moe.dist), a collective: the one-process model, every rank's experts, written by rank 0.
  * (Loading under expert parallelism reads each rank's own experts by name.) */
 moe_status moe_lm_save(const moe_lm_t *m, const char *dir);
+
+/* GGUF files (llama.cpp's format, DESIGN 4.8) stand wherever a checkpoint directory does: given a path
+ * ending in ".gguf" or a file starting with the GGUF magic, moe_lm_read_config reads the config from
+ * llama.cpp's keys (general.architecture llama with experts (Mixtral), qwen2moe, qwen3moe or olmoe;
+ * {arch}.block_count, .embedding_length, .feed_forward_length, .expert_feed_forward_length,
+ * .attention.head_count(_kv), .attention.key_length, .context_length, .rope.freq_base,
+ * .attention.layer_norm_rms_epsilon, .expert_count, .expert_used_count, ...; the vocabulary from
+ * token_embd.weight, tied embeddings when there is no output.weight) and moe_lm_load reads the weights
+ * by llama.cpp's tensor names (blk.N.attn_q, ffn_gate_exps...; llama's q and k rows, which llama.cpp's
+ * converter permutes per head, put back), every supported type dequantized to fp32. A tensor absent is
+ * MOE_ERR_MISSING, one of another shape MOE_ERR_SHAPE naming the file, the tensor and both shapes, an
+ * unknown architecture or a tensor the model does not have MOE_ERR_FORMAT naming it. */
+typedef struct {
+  moe_gguf_type type;    /* the weights' type: 2-D weights but norms and routers (those stay F32); a row
+                            not a multiple of the type's block is Q8_0 (a multiple of 32) or F16, as in
+                            moe quantize */
+  const char *tokenizer; /* NULL, or a tokenizer.json or a directory holding one (and tokenizer_config.json):
+                            written as llama.cpp's tokenizer.ggml.* keys (moe_tokenizer_load reads them) */
+  const char *name;      /* general.name; NULL: the family's model_type */
+} moe_lm_gguf_options;
+/* Writes m as llama.cpp's converter does (general.file_type, {arch}.* keys, tensor names, experts
+ * stacked in 3-D tensors), atomically. o NULL: F32, no tokenizer. MOE_ERR_ARG for a model spread over
+ * ranks or with a sliding window (llama's architecture has none). */
+moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gguf_options *o);
 
 /* Generation: a KV cache of B sequences (every layer's rotated keys and values, each sequence's
  * buffers grown as it reaches further, up to max_seq positions; a slot reset frees its own). moe_lm_decode runs tokens (B, T) at positions [len, len + T) of the cache's sequences,

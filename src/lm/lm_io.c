@@ -15,6 +15,7 @@
 #include "formats/json.h"
 #include "lm_dist.h"
 #include "lm_family.h"
+#include "lm_gguf.h"
 
 #define INDEX_JSON "model.safetensors.index.json"
 #define MAX_SHARDS 4096
@@ -246,6 +247,7 @@ static moe_status read_config(const char *path, const cJSON *r, moe_lm_config *c
 
 moe_status moe_lm_read_config(const char *dir, moe_lm_config *c) {
   MOE_TRY(dir && c, MOE_ERR_ARG, "moe_lm_read_config: NULL argument");
+  if (moe__lm_gguf_is(dir)) return moe__lm_gguf_read_config(dir, c);
   char path[4096];
   path_in(path, sizeof path, dir, "config.json");
   cJSON *root;
@@ -436,6 +438,7 @@ static moe_status check_unused(const shards *s, const moe_lm_t *m) {
 
 moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c) {
   MOE_TRY(m && dir, MOE_ERR_ARG, "moe_lm_load: NULL argument");
+  if (moe__lm_gguf_is(dir)) return moe__lm_gguf_load(m, dir, c);
   memset(m, 0, sizeof *m);
   moe_lm_config own;
   if (!c) {

@@ -16,6 +16,8 @@
 
 #include "internal.h"
 #include "formats/json.h"
+#include "lm/lm_gguf.h"
+#include "lm/tokenizer_gguf.h"
 #include "lm/tokenizer_hf.h"
 
 #define BAD(st, ...) moe__error((st), __FILE__, __LINE__, __VA_ARGS__)
@@ -349,7 +351,7 @@ static moe_status model_options(const char *path, const cJSON *model, const numb
   return MOE_OK;
 }
 
-static moe_status from_json(const char *path, const cJSON *root, moe_tokenizer **out) {
+moe_status moe__tok_from_json(const char *path, const cJSON *root, moe_tokenizer **out) {
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
   MOE_TRY(cJSON_IsObject(model), MOE_ERR_MISSING, "%s: no \"model\" object (not a tokenizer.json?)", path);
   MOE_CHECK(check_settings(path, model));
@@ -397,7 +399,7 @@ static moe_status from_json(const char *path, const cJSON *root, moe_tokenizer *
 static moe_status load_file(moe_tokenizer **out, const char *path) {
   cJSON *root;
   MOE_CHECK(moe__json_read(path, "tokenizer", MAX_FILE_BYTES, &root));
-  moe_status st = cJSON_IsObject(root) ? from_json(path, root, out)
+  moe_status st = cJSON_IsObject(root) ? moe__tok_from_json(path, root, out)
                                        : moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: not a JSON object", path);
   cJSON_Delete(root);
   return st;
@@ -444,6 +446,7 @@ static moe_status apply_config(const char *path, moe_tokenizer *t) {
 moe_status moe_tokenizer_load(moe_tokenizer **out, const char *path) {
   MOE_TRY(out && path, MOE_ERR_ARG, "moe_tokenizer_load: NULL argument");
   *out = NULL;
+  if (moe__lm_gguf_is(path)) return moe__tok_gguf_load(out, path);
   struct stat sb;
   if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return load_file(out, path);
   size_t n = strlen(path) + 32;
