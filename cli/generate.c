@@ -247,7 +247,7 @@ static int generate(int argc, char **argv, moe_dist *dist) {
   int32_t *ids = malloc((size_t)cap * sizeof *ids);
   moe_tokenizer *t = NULL;
   char path[4096];
-  snprintf(path, sizeof path, "%s/tokenizer.json", o.ck);
+  lm_tokenizer_path(o.ck, path, sizeof path);
   int n = !ids ? (cli_usage_error(CMD, "out of memory"), -1)
           : o.prompt ? parse_ids(o.prompt, c.vocab, ids, cap)
           : moe_tokenizer_load(&t, o.tokenizer ? o.tokenizer : path) != MOE_OK ? (cli_fail(CMD), -1)

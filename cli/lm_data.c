@@ -1,7 +1,10 @@
 /* Token streams of a text directory's splits, and the loss over fixed windows of one. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "formats/json.h" /* moe__json_read, as the library reads config.json */
@@ -18,7 +21,55 @@ static int add_eos(const cJSON *id, int vocab, int32_t *eos, int *n) {
   return 1;
 }
 
+static int is_file(const char *p) {
+  struct stat sb;
+  return stat(p, &sb) == 0 && !S_ISDIR(sb.st_mode);
+}
+
+const char *lm_tokenizer_path(const char *ck, char *buf, size_t n) {
+  snprintf(buf, n, is_file(ck) ? "%s" : "%s/tokenizer.json", ck);
+  return buf;
+}
+
+/* Whether the GGUF file has key; 0 when it cannot be opened (the model's loading says why). */
+static int gguf_has(const char *path, const char *key) {
+  moe_gguf *g;
+  if (moe_gguf_open(&g, path) != MOE_OK) return 0;
+  int has = moe_gguf_find_key(g, key) >= 0;
+  moe_gguf_close(g);
+  return has;
+}
+
+int lm_has_tokenizer(const char *ck) {
+  char path[4096];
+  return is_file(ck) ? gguf_has(ck, "tokenizer.ggml.model") : access(lm_tokenizer_path(ck, path, sizeof path), F_OK) == 0;
+}
+
+const char *lm_chat_template_path(const char *ck, char *buf, size_t n) {
+  if (is_file(ck)) return gguf_has(ck, "tokenizer.chat_template") ? ck : NULL;
+  snprintf(buf, n, "%s/tokenizer_config.json", ck);
+  return access(buf, R_OK) ? NULL : buf;
+}
+
+/* A GGUF checkpoint's EOS and EOT ids. */
+static int gguf_eos_ids(const char *cmd, const char *path, int vocab, int32_t *eos) {
+  moe_gguf *g;
+  if (moe_gguf_open(&g, path) != MOE_OK) return cli_fail(cmd), -1;
+  static const char *const keys[2] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"};
+  int n = 0, rc = 0;
+  for (int i = 0; i < 2 && !rc; i++) {
+    uint32_t id;
+    if (moe_gguf_find_key(g, keys[i]) < 0) continue;
+    if (moe_gguf_get_u32(g, keys[i], &id) != MOE_OK) rc = cli_fail(cmd);
+    else if (id >= (uint32_t)vocab) rc = cli_usage_error(cmd, "%s: %s %u is not a token id in [0, %d)", path, keys[i], id, vocab);
+    else if (!lm_is_eos(eos, n, (int32_t)id)) eos[n++] = (int32_t)id;
+  }
+  moe_gguf_close(g);
+  return rc ? -1 : n;
+}
+
 int lm_eos_ids(const char *cmd, const char *dir, const moe_tokenizer *t, int vocab, int32_t *eos) {
+  if (is_file(dir)) return gguf_eos_ids(cmd, dir, vocab, eos);
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", dir);
   cJSON *r;

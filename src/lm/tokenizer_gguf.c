@@ -293,3 +293,38 @@ moe_status moe__tok_gguf_load(moe_tokenizer **out, const char *path) {
   moe_gguf_close(g);
   return st;
 }
+
+moe_status moe__tok_gguf_chat_config(const char *path, cJSON **out) {
+  moe_gguf *g;
+  *out = NULL;
+  MOE_CHECK(moe_gguf_open(&g, path));
+  cJSON *cfg = cJSON_CreateObject();
+  moe_status st = cfg ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", path);
+  const char *tmpl;
+  if (st == MOE_OK && moe_gguf_find_key(g, "tokenizer.chat_template") >= 0 &&
+      (st = moe_gguf_get_str(g, "tokenizer.chat_template", &tmpl)) == MOE_OK && !cJSON_AddStringToObject(cfg, "chat_template", tmpl))
+    st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", path);
+  static const char *const keys[4][2] = {{"tokenizer.ggml.bos_token_id", "bos_token"},
+                                         {"tokenizer.ggml.eos_token_id", "eos_token"},
+                                         {"tokenizer.ggml.unknown_token_id", "unk_token"},
+                                         {"tokenizer.ggml.padding_token_id", "pad_token"}};
+  moe_gguf_vtype et;
+  uint64_t n = 0;
+  if (st == MOE_OK && moe_gguf_find_key(g, "tokenizer.ggml.tokens") >= 0)
+    st = moe_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n);
+  for (int k = 0; st == MOE_OK && n && k < 4; k++) {
+    uint32_t id;
+    const char *s;
+    if (moe_gguf_find_key(g, keys[k][0]) < 0) continue;
+    st = moe_gguf_get_u32(g, keys[k][0], &id);
+    if (st == MOE_OK && id >= n) st = moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: %s is %u, beyond the %llu tokens",
+                                                 path, keys[k][0], id, (unsigned long long)n);
+    if (st == MOE_OK) st = moe_gguf_get_arr_str(g, "tokenizer.ggml.tokens", id, &s, NULL);
+    if (st == MOE_OK && !cJSON_AddStringToObject(cfg, keys[k][1], s))
+      st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", path);
+  }
+  moe_gguf_close(g);
+  if (st != MOE_OK) cJSON_Delete(cfg);
+  else *out = cfg;
+  return st;
+}

@@ -181,21 +181,19 @@ static moe_status write_keys(moe_gguf_writer *w, tok_out *o) {
   return moe_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", prefix);
 }
 
-moe_status moe__tok_gguf_write(moe_gguf_writer *w, const char *tokenizer, int vocab) {
+moe_status moe__tok_gguf_write_loaded(moe_gguf_writer *w, const char *tokenizer, const moe_tokenizer *t, int vocab) {
   struct stat sb;
   int dir = stat(tokenizer, &sb) == 0 && S_ISDIR(sb.st_mode);
   size_t len = strlen(tokenizer) + 32;
   char *json = malloc(len), *cfgp = malloc(len);
-  moe_tokenizer *t = NULL;
   cJSON *root = NULL, *cfg = NULL;
   tok_out o = {0};
   moe_status st = json && cfgp ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "out of memory");
   if (st == MOE_OK) {
     snprintf(json, len, dir ? "%s/tokenizer.json" : "%s", tokenizer);
     snprintf(cfgp, len, "%s/tokenizer_config.json", tokenizer);
-    st = moe_tokenizer_load(&t, tokenizer); /* what runs it: every check, the post-processor's ids */
+    st = moe__json_read(json, "tokenizer", MAX_FILE_BYTES, &root);
   }
-  if (st == MOE_OK) st = moe__json_read(json, "tokenizer", MAX_FILE_BYTES, &root);
   if (st == MOE_OK && dir && stat(cfgp, &sb) == 0) st = moe__json_read(cfgp, "tokenizer config", MAX_FILE_BYTES, &cfg);
   if (st == MOE_OK && vocab > 0 && t->vocab > vocab)
     st = moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: the tokenizer has %d tokens, more than the model's vocabulary "
@@ -210,7 +208,14 @@ moe_status moe__tok_gguf_write(moe_gguf_writer *w, const char *tokenizer, int vo
   for (int32_t i = 0; o.names && i < o.n; i++) free(o.names[i]);
   free(o.names), free(o.type), free(o.score);
   cJSON_Delete(root), cJSON_Delete(cfg);
-  moe_tokenizer_free(t);
   free(json), free(cfgp);
+  return st;
+}
+
+moe_status moe__tok_gguf_write(moe_gguf_writer *w, const char *tokenizer, int vocab) {
+  moe_tokenizer *t;
+  MOE_CHECK(moe_tokenizer_load(&t, tokenizer)); /* what runs it: every check, the post-processor's ids */
+  moe_status st = moe__tok_gguf_write_loaded(w, tokenizer, t, vocab);
+  moe_tokenizer_free(t);
   return st;
 }
