@@ -68,8 +68,8 @@ static int gguf_eos_ids(const char *cmd, const char *path, int vocab, int32_t *e
   return rc ? -1 : n;
 }
 
-int lm_eos_ids(const char *cmd, const char *dir, const moe_tokenizer *t, int vocab, int32_t *eos) {
-  if (is_file(dir)) return gguf_eos_ids(cmd, dir, vocab, eos);
+/* config.json's eos_token_id. */
+static int config_eos_ids(const char *cmd, const char *dir, int vocab, int32_t *eos) {
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", dir);
   cJSON *r;
@@ -86,9 +86,14 @@ int lm_eos_ids(const char *cmd, const char *dir, const moe_tokenizer *t, int voc
                            path, text ? text : "?", vocab, LM_MAX_EOS - 1);
   free(text);
   cJSON_Delete(r);
-  int32_t eot = t ? moe_tokenizer_token_id(t, MOE_TOKENIZER_EOT) : -1;
-  if (ok && eot >= 0 && eot < vocab && !lm_is_eos(eos, n, eot)) eos[n++] = eot;
   return ok ? n : -1;
+}
+
+int lm_eos_ids(const char *cmd, const char *dir, const moe_tokenizer *t, int vocab, int32_t *eos) {
+  int n = is_file(dir) ? gguf_eos_ids(cmd, dir, vocab, eos) : config_eos_ids(cmd, dir, vocab, eos);
+  int32_t eot = t ? moe_tokenizer_token_id(t, MOE_TOKENIZER_EOT) : -1;
+  if (n >= 0 && eot >= 0 && eot < vocab && !lm_is_eos(eos, n, eot)) eos[n++] = eot;
+  return n;
 }
 
 int lm_is_eos(const int32_t *eos, int n, int32_t id) {

@@ -496,3 +496,60 @@ TEST(gguf_lm_convert_cli_and_generate_from_gguf) {
   ASSERT_EQ_INT(run_moe(NULL, args, NULL, err, sizeof err), 1);
   ASSERT(strstr(err, "moe quantize"));
 }
+
+/* A checkpoint with a tokenizer (trained here) and a chat template, converted by moe convert: the GGUF
+ * file carries both, and moe generate from a text prompt, the chat template's rendering and the EOS id
+ * are those of the directory. */
+TEST(gguf_lm_checkpoint_with_tokenizer_and_chat_template) {
+  char dir[512], gguf[512], path[700], args[1600], out1[512], out2[512], err[512];
+  test_tmp_path("ck", dir, sizeof dir);
+  test_tmp_path("ck.gguf", gguf, sizeof gguf);
+  test_tmp_path("gen_dir.txt", out1, sizeof out1);
+  test_tmp_path("gen_file.txt", out2, sizeof out2);
+  snprintf(path, sizeof path, "%s/tokenizer_sample.txt", test_fixture_dir());
+  size_t n;
+  char *text = test_read_file(path, &n);
+  ASSERT(text);
+  moe_tokenizer *t;
+  ASSERT_OK(moe_tokenizer_train(&t, text, n, 300));
+  free(text);
+  moe_lm_config c;
+  moe_lm_config_default(&c);
+  c.vocab = moe_tokenizer_vocab_size(t), c.n_layers = 1, c.moe.D = 32, c.moe.H = 32, c.moe.E = 4, c.head_dim = 8;
+  c.n_heads = 4, c.n_kv_heads = 2, c.max_seq = 64;
+  moe_lm_t m;
+  ASSERT_OK(moe_lm_init(&m, &c));
+  moe_lm_init_params(&m, 11);
+  ASSERT_OK(moe_lm_save(&m, dir));
+  moe_lm_free(&m);
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  ASSERT_OK(moe_tokenizer_save(t, path));
+  snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+  const char *cfg = "{\"eos_token\": \"<|endoftext|>\", \"chat_template\": \"{% for m in messages %}<{{ m.role }}>"
+                    "{{ m.content }}{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}\"}";
+  ASSERT_OK(moe_write_file_atomic(path, cfg, strlen(cfg)));
+  snprintf(args, sizeof args, "convert %s %s", dir, gguf);
+  ASSERT_EQ_INT(run_moe(NULL, args, NULL, err, sizeof err), 0);
+  moe_gguf *g;
+  uint32_t eos;
+  ASSERT_OK(moe_gguf_open(&g, gguf));
+  ASSERT_OK(moe_gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos));
+  ASSERT_EQ_INT(eos, moe_tokenizer_token_id(t, MOE_TOKENIZER_EOT));
+  moe_gguf_close(g);
+  moe_tokenizer_free(t);
+  const char *conv = "[{\"role\": \"user\", \"content\": \"hello there\"}]";
+  char *a = NULL, *b = NULL;
+  size_t la, lb;
+  ASSERT_OK(moe_chat_template_render_config(dir, conv, 1, -1, &a, &la));
+  ASSERT_OK(moe_chat_template_render_config(gguf, conv, 1, -1, &b, &lb));
+  int same = la == lb && !memcmp(a, b, la) && strstr(a, "<user>hello there<|endoftext|><assistant>");
+  if (!same) fprintf(stderr, "  rendered: \"%s\" vs \"%s\"\n", a, b);
+  free(a), free(b);
+  ASSERT(same);
+  const char *gen = "generate --checkpoint %s --prompt 'the cat sat on' --max-tokens 12 --temperature 0";
+  snprintf(args, sizeof args, gen, dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, out1, err, sizeof err), 0);
+  snprintf(args, sizeof args, gen, gguf);
+  ASSERT_EQ_INT(run_moe(NULL, args, out2, err, sizeof err), 0);
+  ASSERT(test_same_file(out1, out2));
+}

@@ -2,7 +2,8 @@
  * converter writes them (tokenizer_gguf.h): byte-level vocabularies as "gpt2" with their merges and the
  * pre-tokenizer's llama.cpp name, byte-fallback ones (Llama 2, Mistral) as "llama" with scores that
  * rank the merges (a token's score: minus the rank of the first merge that makes it), token types,
- * the BOS / EOS / unknown / padding ids, add_bos_token / add_eos_token and the chat template. */
+ * the BOS / EOS / unknown / padding ids (tokenizer_config.json's tokens, else config.json's ids),
+ * add_bos_token / add_eos_token and the chat template. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 typedef struct {
   const char *path;       /* the tokenizer.json */
   const cJSON *root, *cfg; /* cfg: tokenizer_config.json or NULL */
+  const cJSON *model_cfg;  /* the directory's config.json (its bos/eos_token_id) or NULL */
   const moe_tokenizer *t;
   int32_t n;              /* tokens written, padding included */
   char **names;           /* (n) token strings as the files spell them (owned: padding, joined merges) */
@@ -79,6 +81,14 @@ static int32_t config_id(const tok_out *o, const char *key) {
   return cJSON_IsString(x) ? moe_tokenizer_token_id(o->t, x->valuestring) : -1;
 }
 
+/* config.json's id for key (a number in [0, n)), or -1; the first of a list. */
+static int32_t model_config_id(const tok_out *o, const char *key) {
+  const cJSON *x = cJSON_GetObjectItemCaseSensitive(o->model_cfg, key);
+  if (cJSON_IsArray(x)) x = cJSON_GetArrayItem(x, 0);
+  return cJSON_IsNumber(x) && x->valuedouble >= 0 && x->valuedouble < o->t->vocab && x->valuedouble == (int32_t)x->valuedouble
+             ? (int32_t)x->valuedouble : -1;
+}
+
 /* The chat template: a string, or the "default" one of a list of {name, template}. */
 static const char *chat_template(const cJSON *cfg) {
   const cJSON *x = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"), *it;
@@ -97,6 +107,8 @@ static moe_status set_ids(moe_gguf_writer *w, const tok_out *o, int32_t unk) {
                     add_eos ? t->post[t->n_post - 1] : config_id(o, "eos_token"), unk, config_id(o, "pad_token")};
   static const char *const keys[4] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
                                       "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"};
+  if (ids[0] < 0) ids[0] = model_config_id(o, "bos_token_id"); /* as llama.cpp's SpecialVocab falls back */
+  if (ids[1] < 0) ids[1] = model_config_id(o, "eos_token_id");
   for (int i = 0; i < 4; i++)
     if (ids[i] >= 0) MOE_CHECK(moe_gguf_writer_set_u32(w, keys[i], (uint32_t)ids[i]));
   MOE_CHECK(moe_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", add_bos));
@@ -185,21 +197,23 @@ moe_status moe__tok_gguf_write_loaded(moe_gguf_writer *w, const char *tokenizer,
   struct stat sb;
   int dir = stat(tokenizer, &sb) == 0 && S_ISDIR(sb.st_mode);
   size_t len = strlen(tokenizer) + 32;
-  char *json = malloc(len), *cfgp = malloc(len);
-  cJSON *root = NULL, *cfg = NULL;
+  char *json = malloc(len), *cfgp = malloc(len), *mcfgp = malloc(len);
+  cJSON *root = NULL, *cfg = NULL, *mcfg = NULL;
   tok_out o = {0};
-  moe_status st = json && cfgp ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "out of memory");
+  moe_status st = json && cfgp && mcfgp ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "out of memory");
   if (st == MOE_OK) {
     snprintf(json, len, dir ? "%s/tokenizer.json" : "%s", tokenizer);
     snprintf(cfgp, len, "%s/tokenizer_config.json", tokenizer);
+    snprintf(mcfgp, len, "%s/config.json", tokenizer);
     st = moe__json_read(json, "tokenizer", MAX_FILE_BYTES, &root);
   }
   if (st == MOE_OK && dir && stat(cfgp, &sb) == 0) st = moe__json_read(cfgp, "tokenizer config", MAX_FILE_BYTES, &cfg);
+  if (st == MOE_OK && dir && stat(mcfgp, &sb) == 0) st = moe__json_read(mcfgp, "config", MAX_FILE_BYTES, &mcfg);
   if (st == MOE_OK && vocab > 0 && t->vocab > vocab)
     st = moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: the tokenizer has %d tokens, more than the model's vocabulary "
                     "of %d", json, t->vocab, vocab);
   if (st == MOE_OK) {
-    o = (tok_out){json, root, cfg, t, vocab > t->vocab ? vocab : t->vocab, NULL, NULL, NULL, 0};
+    o = (tok_out){json, root, cfg, mcfg, t, vocab > t->vocab ? vocab : t->vocab, NULL, NULL, NULL, 0};
     o.names = calloc((size_t)o.n, sizeof *o.names);
     o.type = calloc((size_t)o.n, sizeof *o.type);
     o.score = calloc((size_t)o.n, sizeof *o.score);
@@ -207,8 +221,8 @@ moe_status moe__tok_gguf_write_loaded(moe_gguf_writer *w, const char *tokenizer,
   }
   for (int32_t i = 0; o.names && i < o.n; i++) free(o.names[i]);
   free(o.names), free(o.type), free(o.score);
-  cJSON_Delete(root), cJSON_Delete(cfg);
-  free(json), free(cfgp);
+  cJSON_Delete(root), cJSON_Delete(cfg), cJSON_Delete(mcfg);
+  free(json), free(cfgp), free(mcfgp);
   return st;
 }
 
