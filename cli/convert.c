@@ -1,7 +1,8 @@
 /* moe convert: a language model between a Hugging Face checkpoint directory and a GGUF file, as
  * llama.cpp's convert_hf_to_gguf.py writes it (moe_lm_save_gguf): the weights in --type (norms, routers
  * and 1-D tensors F32), the tokenizer of SRC/tokenizer.json (or --tokenizer) as tokenizer.ggml.* keys;
- * back, a GGUF file to config.json and model.safetensors (F32). */
+ * back, a GGUF file to config.json and model.safetensors (F32), tokenizer.json and
+ * tokenizer_config.json. */
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -19,7 +20,8 @@ static void usage(FILE *f) {
              "olmoe): the weights in --type (default F32; norms, routers and 1-D tensors stay F32, rows not a\n"
              "multiple of the type's block Q8_0 or F16), the tokenizer of --tokenizer or SRC/tokenizer.json\n"
              "(with tokenizer_config.json) when there is one, general.name NAME.\n"
-             "SRC a GGUF file and DST a directory: config.json and model.safetensors (F32) of the model.\n");
+             "SRC a GGUF file and DST a directory: config.json and model.safetensors (F32) of the model, and its\n"
+             "tokenizer as tokenizer.json and tokenizer_config.json when it has one.\n");
 }
 
 static int is_dir(const char *p) {
@@ -65,6 +67,13 @@ int cmd_convert(int argc, char **argv) {
   moe_lm_t m;
   if (moe_lm_load(&m, files[0], NULL) != MOE_OK) return cli_fail(CMD);
   moe_status st = to_gguf ? moe_lm_save_gguf(&m, files[1], &o) : moe_lm_save(&m, files[1]);
+  int has_tok = 0;
+  moe_gguf *g;
+  if (st == MOE_OK && !to_gguf && (st = moe_gguf_open(&g, files[0])) == MOE_OK) {
+    has_tok = moe_gguf_find_key(g, "tokenizer.ggml.model") >= 0;
+    moe_gguf_close(g);
+  }
+  if (st == MOE_OK && has_tok) st = moe_tokenizer_gguf_to_hf(files[0], files[1]);
   if (st == MOE_OK)
     printf("%s: %s model, %zu parameters%s%s\n", files[1], moe_lm_family_name(m.cfg.family), m.numel,
            to_gguf ? ", weights " : "", to_gguf ? moe_gguf_type_name(o.type) : "");

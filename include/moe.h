@@ -921,6 +921,14 @@ const char *moe_tokenizer_token_bytes(const moe_tokenizer *t, int32_t id, size_t
 /* The id of the token whose bytes are the string (an added token such as MOE_TOKENIZER_EOT, or a
  * vocabulary token by its bytes as moe_tokenizer_token_bytes gives them), or -1. */
 int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token);
+/* moe_tokenizer_load also reads a GGUF file's tokenizer (a path ending in ".gguf" or a file starting
+ * with GGUF; DESIGN 4.8): tokenizer.ggml.model "gpt2" (byte-level BPE; tokenizer.ggml.pre one of gpt-2,
+ * olmo, llama-bpe, qwen2, deepseek-v3, gpt-4o, another an error naming it) or "llama" (SentencePiece
+ * BPE with byte fallback, merged by the scores), ADD_SPECIAL adding BOS / EOS as add_bos_token /
+ * add_eos_token say. moe_tokenizer_gguf_to_hf writes that tokenizer as dir/tokenizer.json and
+ * dir/tokenizer_config.json (chat_template, the special tokens, add_bos_token / add_eos_token), each
+ * atomically: moe_tokenizer_load(dir) then encodes as moe_tokenizer_load(path). */
+moe_status moe_tokenizer_gguf_to_hf(const char *path, const char *dir);
 
 /* ---- a Mixtral-architecture language model and its relatives (DESIGN 4.5) ----
  * Token embedding; n_layers pre-norm blocks h += Attn(RMSNorm(h)), h += FFN(RMSNorm(h)) with causal

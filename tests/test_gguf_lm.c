@@ -410,7 +410,17 @@ static int same_encoding(const moe_tokenizer *a, const moe_tokenizer *b, const c
   return 1;
 }
 
-static void check_model_tokenizer(int *failed_, const char *model) {
+/* moe_tokenizer_gguf_to_hf of gguf into a new directory `name`, loaded from there into *t. */
+static moe_status exported(const char *gguf, const char *name, moe_tokenizer **t) {
+  char dir[512];
+  test_tmp_path(name, dir, sizeof dir);
+  if (mkdir(dir, 0755)) return MOE_ERR_IO;
+  moe_status st = moe_tokenizer_gguf_to_hf(gguf, dir);
+  return st == MOE_OK ? moe_tokenizer_load(t, dir) : st;
+}
+
+/* export: also through moe_tokenizer_gguf_to_hf's tokenizer.json (the small vocabularies: time). */
+static void check_model_tokenizer(int *failed_, const char *model, int export) {
   char dir[600], path[700];
   snprintf(dir, sizeof dir, "%s/../../data/tokenizers/%s", test_fixture_dir(), model);
   snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -423,16 +433,23 @@ static void check_model_tokenizer(int *failed_, const char *model) {
   ASSERT_OK(tokenizer_gguf(dir, a, gguf));
   ASSERT_OK(moe_tokenizer_load(&b, gguf));
   int same = same_encoding(a, b, model);
+  moe_tokenizer *c = NULL;
+  if (same && export) {
+    moe_status st = exported(gguf, model, &c);
+    if (st != MOE_OK) fprintf(stderr, "  exported: %s\n", moe_last_error());
+    same = st == MOE_OK && same_encoding(a, c, model);
+  }
   moe_tokenizer_free(a);
   moe_tokenizer_free(b);
+  moe_tokenizer_free(c);
   ASSERT(same);
 }
 
-TEST(gguf_tokenizer_encodes_as_tokenizer_json_qwen3) { check_model_tokenizer(failed_, "qwen3"); }
-TEST(gguf_tokenizer_encodes_as_tokenizer_json_llama3) { check_model_tokenizer(failed_, "llama3"); }
-TEST(gguf_tokenizer_encodes_as_tokenizer_json_deepseek_v3) { check_model_tokenizer(failed_, "deepseek_v3"); }
-TEST(gguf_tokenizer_encodes_as_tokenizer_json_gptoss) { check_model_tokenizer(failed_, "gptoss"); }
-TEST(gguf_tokenizer_encodes_as_tokenizer_json_llama2) { check_model_tokenizer(failed_, "llama2"); }
+TEST(gguf_tokenizer_encodes_as_tokenizer_json_qwen3) { check_model_tokenizer(failed_, "qwen3", 0); }
+TEST(gguf_tokenizer_encodes_as_tokenizer_json_llama3) { check_model_tokenizer(failed_, "llama3", 0); }
+TEST(gguf_tokenizer_encodes_as_tokenizer_json_deepseek_v3) { check_model_tokenizer(failed_, "deepseek_v3", 0); }
+TEST(gguf_tokenizer_encodes_as_tokenizer_json_gptoss) { check_model_tokenizer(failed_, "gptoss", 0); }
+TEST(gguf_tokenizer_encodes_as_tokenizer_json_llama2) { check_model_tokenizer(failed_, "llama2", 1); }
 
 /* A byte-level tokenizer trained here (GPT-2's pre-tokenizer), saved as tokenizer.json: its GGUF
  * form encodes the same, and bad tokenizer.ggml.pre / .model values are errors naming them. */
@@ -460,9 +477,11 @@ TEST(gguf_tokenizer_trained_round_trips_and_bad_pre_is_an_error_naming_it) {
   ASSERT(!strcmp(pre, "gpt-2"));
   moe_gguf_close(g);
   ASSERT_OK(moe_tokenizer_load(&b, good));
-  int same = same_encoding(a, b, "trained");
+  moe_tokenizer *c = NULL;
+  int same = same_encoding(a, b, "trained") && exported(good, "tok_exported", &c) == MOE_OK && same_encoding(a, c, "exported");
   moe_tokenizer_free(a);
   moe_tokenizer_free(b);
+  moe_tokenizer_free(c);
   ASSERT(same);
   ASSERT_OK(rewrite(good, bad, NULL, NULL, "tokenizer.ggml.pre", "frobnicate"));
   ASSERT_STATUS(moe_tokenizer_load(&t, bad), MOE_ERR_FORMAT);
@@ -546,10 +565,25 @@ TEST(gguf_lm_checkpoint_with_tokenizer_and_chat_template) {
   if (!same) fprintf(stderr, "  rendered: \"%s\" vs \"%s\"\n", a, b);
   free(a), free(b);
   ASSERT(same);
+  /* back to a directory: the tokenizer and the template come along */
+  char back[512], *r = NULL;
+  size_t lr;
+  test_tmp_path("ck_back", back, sizeof back);
+  snprintf(args, sizeof args, "convert %s %s", gguf, back);
+  ASSERT_EQ_INT(run_moe(NULL, args, NULL, err, sizeof err), 0);
+  ASSERT_OK(moe_chat_template_render_config(back, conv, 1, -1, &r, &lr));
+  same = lr == la && strstr(r, "<user>hello there<|endoftext|><assistant>");
+  free(r);
+  ASSERT(same);
   const char *gen = "generate --checkpoint %s --prompt 'the cat sat on' --max-tokens 12 --temperature 0";
   snprintf(args, sizeof args, gen, dir);
   ASSERT_EQ_INT(run_moe(NULL, args, out1, err, sizeof err), 0);
   snprintf(args, sizeof args, gen, gguf);
   ASSERT_EQ_INT(run_moe(NULL, args, out2, err, sizeof err), 0);
   ASSERT(test_same_file(out1, out2));
+  snprintf(args, sizeof args, gen, back);
+  ASSERT_EQ_INT(run_moe(NULL, args, out2, err, sizeof err), 0);
+  ASSERT(test_same_file(out1, out2));
+  char words[256];
+  ASSERT(test_read_text(out1, words, sizeof words) > 0);
 }

@@ -10,6 +10,7 @@
  * The BOS and EOS ids are added by MOE_TOKENIZER_ADD_SPECIAL as tokenizer.ggml.add_bos_token /
  * add_eos_token say (default: BOS for "llama" only, as llama.cpp). */
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -267,21 +268,27 @@ static moe_status set_post(const vocab *v, moe_tokenizer *t) {
   return MOE_OK;
 }
 
+/* The tokenizer.json of g's tokenizer into *root (a new object), its vocabulary into v. */
+static moe_status gguf_json(moe_gguf *g, vocab *v, cJSON **root) {
+  *v = (vocab){g, moe_gguf_path(g), 0, NULL, NULL, NULL, 0};
+  *root = NULL;
+  const char *model;
+  MOE_CHECK(moe_gguf_get_str(g, "tokenizer.ggml.model", &model));
+  MOE_TRY(!strcmp(model, "gpt2") || !strcmp(model, "llama"), MOE_ERR_FORMAT,
+          "%s: tokenizer.ggml.model \"%s\" is not supported (gpt2 or llama)", v->path, model);
+  v->spm = !strcmp(model, "llama");
+  MOE_CHECK(read_vocab(v));
+  MOE_TRY(*root = cJSON_CreateObject(), MOE_ERR_NOMEM, "%s: out of memory", v->path);
+  return build_json(v, *root);
+}
+
 moe_status moe__tok_gguf_load(moe_tokenizer **out, const char *path) {
   *out = NULL;
   moe_gguf *g;
   MOE_CHECK(moe_gguf_open(&g, path));
-  vocab v = {g, moe_gguf_path(g), 0, NULL, NULL, NULL, 0};
-  const char *model;
-  moe_status st = moe_gguf_get_str(g, "tokenizer.ggml.model", &model);
-  if (st == MOE_OK && strcmp(model, "gpt2") && strcmp(model, "llama"))
-    st = moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: tokenizer.ggml.model \"%s\" is not supported (gpt2 or "
-                    "llama)", v.path, model);
-  if (st == MOE_OK) v.spm = !strcmp(model, "llama");
-  if (st == MOE_OK) st = read_vocab(&v);
-  cJSON *root = st == MOE_OK ? cJSON_CreateObject() : NULL;
-  if (st == MOE_OK && !root) st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", v.path);
-  if (st == MOE_OK) st = build_json(&v, root);
+  vocab v;
+  cJSON *root;
+  moe_status st = gguf_json(g, &v, &root);
   if (st == MOE_OK) st = moe__tok_from_json(v.path, root, out);
   if (st == MOE_OK) st = set_post(&v, *out);
   if (st != MOE_OK && *out) {
@@ -326,5 +333,41 @@ moe_status moe__tok_gguf_chat_config(const char *path, cJSON **out) {
   moe_gguf_close(g);
   if (st != MOE_OK) cJSON_Delete(cfg);
   else *out = cfg;
+  return st;
+}
+
+/* JSON text of x written atomically to dir/name. */
+static moe_status write_json(const cJSON *x, const char *dir, const char *name) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  char *text = cJSON_Print(x);
+  MOE_TRY(text, MOE_ERR_NOMEM, "%s: out of memory", path);
+  moe_status st = moe_write_file_atomic(path, text, strlen(text));
+  free(text);
+  return st;
+}
+
+moe_status moe_tokenizer_gguf_to_hf(const char *path, const char *dir) {
+  MOE_TRY(path && dir, MOE_ERR_ARG, "moe_tokenizer_gguf_to_hf: NULL argument");
+  moe_gguf *g;
+  MOE_CHECK(moe_gguf_open(&g, path));
+  vocab v;
+  cJSON *root = NULL, *cfg = NULL;
+  moe_status st = gguf_json(g, &v, &root);
+  moe_tokenizer *t = NULL;
+  if (st == MOE_OK) st = moe__tok_from_json(v.path, root, &t); /* what it writes reads back */
+  moe_tokenizer_free(t);
+  int add_bos = 0, add_eos = 0;
+  if (st == MOE_OK) st = get_flag(g, "tokenizer.ggml.add_bos_token", v.spm, &add_bos);
+  if (st == MOE_OK) st = get_flag(g, "tokenizer.ggml.add_eos_token", 0, &add_eos);
+  if (st == MOE_OK) st = moe__tok_gguf_chat_config(path, &cfg);
+  if (st == MOE_OK && (!cJSON_AddBoolToObject(cfg, "add_bos_token", add_bos) ||
+                       !cJSON_AddBoolToObject(cfg, "add_eos_token", add_eos)))
+    st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", path);
+  if (st == MOE_OK) st = write_json(root, dir, "tokenizer.json");
+  if (st == MOE_OK) st = write_json(cfg, dir, "tokenizer_config.json");
+  cJSON_Delete(root), cJSON_Delete(cfg);
+  vocab_free(&v);
+  moe_gguf_close(g);
   return st;
 }
