@@ -26,6 +26,7 @@ static void usage(FILE *f) {
              "Stops before N at the end of text (DIR/config.json's eos_token_id, the tokenizer's <|endoftext|>),\n"
              "which is not printed, unless --ignore-eos.\n"
              "--prompt: the text through DIR/tokenizer.json (or --tokenizer F); prints the new text.\n"
+             "DIR may be a GGUF file (llama.cpp's format): its tokenizer, EOS ids and weights come from it.\n"
              "--prompt-ids: prints the new token ids on one line. --json: one JSON line at the end instead,\n"
              "{\"prompt_tokens\", \"ids\", and with --prompt \"text\" (bytes that are not UTF-8 as U+FFFD)}.\n"
              "--dtype bf16: the experts' GEMMs in bf16 (bf16 weights and inputs, fp32 accumulation; default f32).\n"

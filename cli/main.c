@@ -18,7 +18,7 @@ static void usage(FILE *f) {
           "  trace       record a checkpoint's expert activations over a data set (DESIGN 4.4)\n"
           "  cachesim    expert-cache miss rates of a trace per layer (lifo, lru, fifo, belady)\n"
           "  placement   place experts on devices from a trace (greedy, anticorr) and compare Max Load\n"
-          "  generate    sample tokens from a Hugging Face checkpoint (Mixtral, Qwen2/3-MoE, OLMoE) with a KV cache\n"          "  chat        a conversation in the terminal through a checkpoint's chat template\n"
+          "  generate    sample tokens from a Hugging Face checkpoint or GGUF file (Mixtral, Qwen2/3-MoE, OLMoE)\n"          "  chat        a conversation in the terminal through a checkpoint's chat template\n"
           "  serve       an HTTP server (OpenAI completions) for such a checkpoint, with continuous batching\n"
           "  plot-trace  the expert-load heatmap of a trace (step x expert, one panel per layer) as PNG or SVG\n"
           "  tokenizer   train a byte-level BPE tokenizer (Hugging Face tokenizer.json); encode, decode\n"
