@@ -301,6 +301,38 @@ moe_status moe__tok_gguf_load(moe_tokenizer **out, const char *path) {
   return st;
 }
 
+/* cfg[key] = the text of token id (string s): a "gpt2" vocabulary token's string stands for bytes
+ * (GPT-2's characters); left out when those are not text (a NUL, not the 256 characters). */
+static moe_status add_token_text(const moe_gguf *g, cJSON *cfg, const char *key, uint32_t id, const char *s) {
+  const char *model = NULL;
+  int64_t type = MOE__TOK_NORMAL;
+  moe_gguf_get_str(g, "tokenizer.ggml.model", &model);
+  if (moe_gguf_find_key(g, "tokenizer.ggml.token_type") >= 0) {
+    moe_gguf_vtype et;
+    uint64_t n;
+    int64_t *types = NULL;
+    MOE_CHECK(moe_gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &n));
+    MOE_TRY(id < n && (types = malloc(n * sizeof *types)), id < n ? MOE_ERR_NOMEM : MOE_ERR_FORMAT,
+            "%s: tokenizer.ggml.token_type: %s", moe_gguf_path(g), id < n ? "out of memory" : "fewer entries than tokens");
+    moe_status st = moe_gguf_get_arr_int(g, "tokenizer.ggml.token_type", types, n);
+    type = types[id];
+    free(types);
+    MOE_CHECK(st);
+  }
+  char *text = malloc(strlen(s) + 1);
+  MOE_TRY(text, MOE_ERR_NOMEM, "%s: out of memory", moe_gguf_path(g));
+  long n = (long)strlen(s);
+  if (model && !strcmp(model, "gpt2") && type != MOE__TOK_CONTROL && type != MOE__TOK_USER_DEFINED &&
+      type != MOE__TOK_UNKNOWN)
+    n = moe__tok_string_bytes(s, text);
+  else
+    memcpy(text, s, (size_t)n);
+  int ok = n <= 0 || memchr(text, 0, (size_t)n) ? 1 : (text[n] = 0, cJSON_AddStringToObject(cfg, key, text) != NULL);
+  free(text);
+  MOE_TRY(ok, MOE_ERR_NOMEM, "%s: out of memory", moe_gguf_path(g));
+  return MOE_OK;
+}
+
 moe_status moe__tok_gguf_chat_config(const char *path, cJSON **out) {
   moe_gguf *g;
   *out = NULL;
@@ -327,8 +359,7 @@ moe_status moe__tok_gguf_chat_config(const char *path, cJSON **out) {
     if (st == MOE_OK && id >= n) st = moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: %s is %u, beyond the %llu tokens",
                                                  path, keys[k][0], id, (unsigned long long)n);
     if (st == MOE_OK) st = moe_gguf_get_arr_str(g, "tokenizer.ggml.tokens", id, &s, NULL);
-    if (st == MOE_OK && !cJSON_AddStringToObject(cfg, keys[k][1], s))
-      st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", path);
+    if (st == MOE_OK) st = add_token_text(g, cfg, keys[k][1], id, s);
   }
   moe_gguf_close(g);
   if (st != MOE_OK) cJSON_Delete(cfg);

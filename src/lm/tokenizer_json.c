@@ -117,7 +117,7 @@ moe_status moe_tokenizer_save(const moe_tokenizer *t, const char *path) {
 
 /* The bytes a token string stands for (GPT-2's characters, UTF-8 of code points below 0x800) into out
  * (room for strlen(s)); their count, or -1 when a character is not one of the 256. */
-static long token_bytes(const char *s, char *out) {
+long moe__tok_string_bytes(const char *s, char *out) {
   const unsigned char *p = (const unsigned char *)s;
   long n = 0;
   while (*p) {
@@ -257,7 +257,7 @@ static moe_status fill_vocab(const char *path, moe_tokenizer *t, const numbering
     if (!b) free(buf); /* realloc keeps the old block when it fails */
     MOE_TRY(b, MOE_ERR_NOMEM, "%s: out of memory", path);
     buf = b;
-    long n = nb->added[id] || !byte_level ? (long)len : token_bytes(s, buf);
+    long n = nb->added[id] || !byte_level ? (long)len : moe__tok_string_bytes(s, buf);
     if (nb->added[id] || !byte_level) memcpy(buf, s, len);
     t->strip[id] = nb->strip[id];
     const int64_t *dup = n > 0 && !nb->added[id] ? moe__tok_map_get(&t->by_bytes, buf, (size_t)n) : NULL;
@@ -271,7 +271,7 @@ static moe_status fill_vocab(const char *path, moe_tokenizer *t, const numbering
             ? moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", path)
             : MOE_OK;
     /* An added token in model.vocab too is also the model's (BPE can make it). */
-    long nv = st == MOE_OK && nb->in_vocab[id] ? (byte_level ? token_bytes(s, buf) : (long)len) : 0;
+    long nv = st == MOE_OK && nb->in_vocab[id] ? (byte_level ? moe__tok_string_bytes(s, buf) : (long)len) : 0;
     int isnew;
     if (nv > 0 && !moe__tok_map_put(&t->by_bytes, buf, (size_t)nv, id, &isnew))
       st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", path);
@@ -291,7 +291,7 @@ static moe_status fill_vocab(const char *path, moe_tokenizer *t, const numbering
 
 /* The id of a token string (of a byte-level vocabulary when byte_level), or -1. */
 static int32_t lookup(const moe_tokenizer *t, const char *s, char *buf, long *n, int byte_level) {
-  *n = byte_level ? token_bytes(s, buf) : (long)strlen(s);
+  *n = byte_level ? moe__tok_string_bytes(s, buf) : (long)strlen(s);
   if (!byte_level) memcpy(buf, s, (size_t)*n);
   const int64_t *v = *n > 0 ? moe__tok_map_get(&t->by_bytes, buf, (size_t)*n) : NULL;
   return v ? (int32_t)*v : -1;
