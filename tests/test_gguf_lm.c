@@ -79,6 +79,38 @@ TEST(gguf_lm_f32_gives_the_hf_logits_exactly_and_converts_back) {
   }
 }
 
+/* Files llama.cpp's own converter wrote from the Mixtral and OLMoE fixtures (dev/gguf_lm_llama_cpp.py,
+ * tests/fixtures/gguf_lm/): the config read from llama.cpp's keys is the fixture's, and the weights
+ * read by llama.cpp's names and undone from its permutation give the fixture's logits bit for bit.
+ * That converter (February 2025) writes no clamp_kqv for OLMoE: its clip is the one field taken from
+ * the fixture. */
+TEST(gguf_lm_llama_cpp_files_give_the_hf_logits) {
+  static const char *const fams[] = {"mixtral", "olmoe"};
+  for (int f = 0; f < 2; f++) {
+    char dir[512], gguf[600];
+    moe_lm_t hf, g;
+    moe_lm_config c;
+    ASSERT_OK(moe_lm_load(&hf, lm_case_dir(fams[f], dir, sizeof dir), NULL));
+    snprintf(gguf, sizeof gguf, "%s/gguf_lm/%s.gguf", test_fixture_dir(), fams[f]);
+    ASSERT_OK(moe_lm_read_config(gguf, &c));
+    const moe_lm_config *h = &hf.cfg;
+    ASSERT(c.family == h->family && c.vocab == h->vocab && c.n_layers == h->n_layers && c.n_heads == h->n_heads &&
+           c.n_kv_heads == h->n_kv_heads && c.head_dim == h->head_dim && c.max_seq == h->max_seq);
+    ASSERT(c.moe.D == h->moe.D && c.moe.H == h->moe.H && c.moe.E == h->moe.E && c.moe.top_k == h->moe.top_k);
+    ASSERT(c.rope_theta == h->rope_theta && c.rms_eps == h->rms_eps && c.tie_embeddings == h->tie_embeddings);
+    ASSERT(c.qk_norm == h->qk_norm && (c.moe.normalize_topk == 1) == (h->moe.normalize_topk != 0));
+    c.clip_qkv = h->clip_qkv;
+    ASSERT_OK(moe_lm_load(&g, gguf, &c));
+    float *a = logits(&hf, 2, 8), *b = logits(&g, 2, 8);
+    ASSERT(a && b);
+    size_t n = (size_t)16 * h->vocab, diff = 0;
+    for (size_t i = 0; i < n; i++) diff += a[i] != b[i];
+    if (diff) FAIL_("%s: %zu of %zu logits of llama.cpp's file differ from the checkpoint's", fams[f], diff, n);
+    free(a), free(b);
+    moe_lm_free(&hf), moe_lm_free(&g);
+  }
+}
+
 /* llama.cpp's converter writes llama's q_proj / k_proj as
  *   w.reshape(n_head, 2, rows / n_head / 2, D).swapaxes(1, 2).reshape(rows, D)
  * (LlamaModel.permute): row h hd + 2 i + j of the file is row h hd + j hd / 2 + i of the checkpoint.

@@ -102,6 +102,7 @@ static int add_ids(const vocab *v, cJSON *model_vocab, cJSON *added) {
 static moe_status gpt2_merges(const vocab *v, cJSON *merges) {
   moe_gguf_vtype et;
   uint64_t n;
+  if (moe_gguf_find_key(v->g, "tokenizer.ggml.merges") < 0) return MOE_OK; /* gguf-py leaves an empty list out */
   MOE_CHECK(moe_gguf_get_arr(v->g, "tokenizer.ggml.merges", &et, &n));
   MOE_TRY(et == MOE_GGUFV_STRING, MOE_ERR_FORMAT, "%s: tokenizer.ggml.merges is an array of %s, want strings", v->path,
           moe_gguf_vtype_name(et));
