@@ -1,6 +1,6 @@
 /* libFuzzer target: a GGUF file as a language model and its tokenizer (src/lm/lm_gguf*.c,
  * src/lm/tokenizer_gguf*.c): moe_lm_read_config, then for a config of at most 2^20 parameters
- * moe_lm_load and a forward of three tokens (finite logits: the loader refuses non-finite weights);
+ * moe_lm_load and a forward of three tokens;
  * moe_tokenizer_load and a text encoded and decoded back; the chat template rendered from the file's
  * metadata; moe_tokenizer_gguf_to_hf into a directory, whose tokenizer must load. */
 #include <math.h>
@@ -31,7 +31,7 @@ static void model(const char *path) {
   moe_lm_t m;
   if (moe_lm_load(&m, path, &c) != MOE_OK) return;
   int32_t t[3] = {0, c.vocab - 1, c.vocab / 2};
-  if (moe_lm_forward(&m, t, NULL, 1, 3, NULL) != MOE_OK) abort(); /* a loaded model runs */
+  moe_lm_forward(&m, t, NULL, 1, 3, NULL); /* finite weights can still overflow: an error naming the layer */
   moe_lm_free(&m);
 }
 
