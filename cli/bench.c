@@ -30,6 +30,8 @@ static void usage(FILE *f) {
           "                 [--a2a linear|2dh|auto [--ranks-per-node G]]\n"
           "                 [--progress|--quiet]\n"
           "       moe bench --optimizer-params N,... [--threads N] [--reps R] [--json]\n"
+          "       moe bench --lm DIR [--prompt-tokens P] [--gen-tokens N] [--threads N] [--reps R]\n"
+          "                 [--dtype f32|bf16] [--json]\n"
           "--cases, --routing, --dispatch and --dtype take a comma-separated subset (any order, each name\n"
           "once; default all, but --dtype f32). --dtype: the experts' compute dtypes; the ratio (roofline_ratio)\n"
           "is to the fp32 sgemm measured in the same run, so bf16 can exceed 1. --reps R: timed steps\n"
@@ -59,6 +61,10 @@ static void usage(FILE *f) {
           "timed steps the modelled step over the measured one.\n"
           "Each case's timed steps show as a progress line on stderr on a terminal (--progress: anywhere,\n"
           "--quiet: nowhere).\n"
+          "--lm DIR: a language model's speed as llama.cpp's llama-bench measures it: prefill, P tokens\n"
+          "(default 512) through an empty KV cache in one call, and decode, N tokens (default 128) one\n"
+          "call each from an empty cache; fixed pseudo-random tokens; tokens/s, medians of R runs after an\n"
+          "untimed one, and the weight bytes a decode step reads (GB/s at the median).\n"
           "--optimizer-params N,...: instead of the cases, the time of one AdamW step over N parameters\n"
           "(median of --reps, default 3, after 3 untimed) and the memory bandwidth it reaches at 28 bytes a\n"
           "parameter: moe train's update after each backward, a memory stream for a model larger than the\n"
@@ -396,6 +402,8 @@ static int parse_list(const char *f, const char *v, const char *const *names, in
 
 int cmd_bench(int argc, char **argv) {
   if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
+  for (int i = 1; i < argc; i++)
+    if (cli_flag_is(argv[i], "lm")) return cmd_bench_lm(argc, argv);
   bench_opts o = {.threads = 0, .reps = 3, .ncases = 3, .nrouting = 2, .ndispatch = 2, .ndtype = 1, .npipe = 1,
                   .pipes = {1}, .nrs = 1, .rs = {MOE_PARALLEL_OFF},
                   .routing = {0, 1}, .dispatch = {0, 1}, .dtypes = {0, 1}};

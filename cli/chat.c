@@ -68,24 +68,21 @@ static int answer(moe_engine *e, const moe_tokenizer *t, const chat_opts *o, con
            : moe_chat_template_render_config(ck, conv, 1, -1, &text, &len) ? cli_fail(CMD)
            : moe_tokenizer_encode_alloc(t, text, len, MOE_TOKENIZER_SPECIAL, &ids, &n) ? cli_fail(CMD) : 0;
   moe_engine_params p = {ids, (int)n, o->max_tokens, o->temperature, o->top_p, (uint64_t)o->seed + (uint64_t)turn,
-                         0, NULL, 0, 0, 0};
+                         0, NULL, 0, 0, 0, 0};
   moe_engine_req *r = NULL;
   if (!rc && moe_engine_submit(e, &p, &r)) rc = cli_fail(CMD);
   moe_engine_state st = {0};
+  size_t shown = 0, k;
+  char *piece;
   while (!rc && !st.done) {
-    int have = st.n;
-    moe_engine_wait(e, r, have, &st);
-    for (int i = have; i < st.n; i++) {
-      size_t k;
-      const char *b = moe_tokenizer_token_bytes(t, st.tokens[i], &k);
-      fwrite(b, 1, k, stdout);
-    }
+    moe_engine_wait(e, r, st.n, &st);
+    if (moe_engine_text(e, r, shown, st.text_safe, &piece, &k)) rc = cli_fail(CMD);
+    else fwrite(piece, 1, k, stdout), free(piece), shown = st.text_safe;
     fflush(stdout);
   }
   if (!rc && st.done < 0) rc = cli_usage_error(CMD, "%s", st.error);
-  size_t need = 0;
   *out = NULL;
-  if (!rc && moe_tokenizer_decode_alloc(t, st.tokens, (size_t)st.n, out, &need)) rc = cli_fail(CMD);
+  if (!rc && moe_engine_text(e, r, 0, st.text_safe, out, &k)) rc = cli_fail(CMD);
   printf("\n");
   moe_engine_release(e, r);
   free(conv), free(text), free(ids);
@@ -119,14 +116,14 @@ int cmd_chat(int argc, char **argv) {
   moe_lm_config c;
   moe_lm_t m;
   moe_tokenizer *t = NULL;
-  int32_t eos[LM_MAX_EOS];
+  int32_t eos[MOE_LM_MAX_EOS];
   int n_eos = 0;
   char path[4096];
   lm_tokenizer_path(o.ck, path, sizeof path);
   if (moe_lm_read_config(o.ck, &c) || moe_tokenizer_load(&t, path)) return moe_tokenizer_free(t), cli_fail(CMD);
   c.moe.threads = o.threads;
   if (moe_lm_load(&m, o.ck, &c)) return moe_tokenizer_free(t), cli_fail(CMD);
-  int rc = (n_eos = lm_eos_ids(CMD, o.ck, t, c.vocab, eos)) < 0 ? 1 : chat(&o, &m, t, eos, n_eos);
+  int rc = moe_lm_eos_ids(o.ck, t, c.vocab, eos, MOE_LM_MAX_EOS, &n_eos) ? cli_fail(CMD) : chat(&o, &m, t, eos, n_eos);
   moe_lm_free(&m);
   moe_tokenizer_free(t);
   return rc;

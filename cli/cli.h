@@ -51,6 +51,7 @@ double cli_now(void);
 
 int cmd_layer_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_lm(int argc, char **argv); /* moe bench --lm (bench_lm.c) */
 int cmd_compare(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);

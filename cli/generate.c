@@ -13,7 +13,6 @@
 #include "cli.h"
 #include "lm_data.h"
 #include "rank_errors.h"
-#include "serve/completion.h" /* moe__utf8_clean, as moe serve writes text */
 
 static const char *CMD = "generate";
 
@@ -23,7 +22,8 @@ static void usage(FILE *f) {
              "                    [--ignore-eos] [--dtype f32|bf16] [--logprobs N]\n"
              "Samples N new tokens (default 32) after the prompt: temperature 0 is greedy (default 1), top-p\n"
              "keeps the most probable tokens up to that mass (default 1); the same seed gives the same tokens.\n"
-             "Stops before N at the end of text (DIR/config.json's eos_token_id, the tokenizer's <|endoftext|>),\n"
+             "Stops before N at the end of text (config.json's and generation_config.json's eos_token_id,\n"
+             "tokenizer_config.json's eos_token, the tokenizer's <|endoftext|>),\n"
              "which is not printed, unless --ignore-eos.\n"
              "--prompt: the text through DIR/tokenizer.json (or --tokenizer F); prints the new text.\n"
              "DIR may be a GGUF file (llama.cpp's format): its tokenizer, EOS ids and weights come from it.\n"
@@ -111,12 +111,14 @@ static int encode_prompt(const moe_tokenizer *t, const char *text, int vocab, in
   return rc ? -1 : (int)k;
 }
 
-/* One new token: its text with a tokenizer, else its id. */
-static void emit(const moe_tokenizer *t, int32_t id, int first) {
+/* One new token: its text with a tokenizer (what it adds to the text, through d), else its id. */
+static int emit(moe_detokenizer *d, int32_t id, int first) {
+  const char *b;
   size_t len;
-  const char *b = t ? moe_tokenizer_token_bytes(t, id, &len) : NULL;
-  if (b) fwrite(b, 1, len, stdout);
-  else printf("%s%d", first ? "" : " ", id);
+  if (!d) return printf("%s%d", first ? "" : " ", id), 0;
+  if (moe_detokenizer_push(d, id, &b, &len)) return cli_fail(CMD);
+  fwrite(b, 1, len, stdout);
+  return 0;
 }
 
 /* The new tokens as one JSON line: their ids, and with a tokenizer their text, bytes that are not UTF-8
@@ -152,8 +154,7 @@ static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int pro
   size_t len = 0;
   if (ok && t) {
     ok = moe_tokenizer_decode_alloc(t, ids, (size_t)n, &text, &len) == MOE_OK && (utf = malloc(3 * len + 1));
-    size_t used;
-    if (ok) utf[moe__utf8_clean(text, len, 1, utf, &used)] = 0;
+    if (ok) moe_utf8_clean(text, len, utf);
   }
   if (ok) {
     cJSON_AddNumberToObject(o, "prompt_tokens", prompt_tokens);
@@ -200,6 +201,8 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
   int rc = moe_lm_decode(m, kv, ids, n) ? cli_fail(CMD) : 0, T = n;
   int32_t *out = ids + n; /* the new tokens follow the prompt (ids holds both) */
   int k = 0;
+  moe_detokenizer *d = NULL;
+  if (!rc && t && !o->json && moe_detokenizer_new(&d, t)) rc = cli_fail(CMD);
   for (; !rc && k < o->max_tokens; k++) {
     int32_t next;
     if (moe_lm_sample(moe_lm_logits(m) + (size_t)(T - 1) * c->vocab, c->vocab, o->temperature, o->top_p, &rng, &next)) {
@@ -217,11 +220,16 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
     }
     out[k] = next;
     if (!o->json) {
-      emit(t, next, k == 0);
+      if ((rc = emit(d, next, k == 0))) break;
       fflush(stdout);
     }
     T = 1;
   }
+  const char *rest;
+  size_t len;
+  if (d && !rc && moe_detokenizer_flush(d, &rest, &len)) rc = cli_fail(CMD);
+  else if (d && !rc) fwrite(rest, 1, len, stdout);
+  moe_detokenizer_free(d);
   if (!o->json) printf("\n");
   else if (!rc) rc = print_json(t, out, k, n, &g);
   moe_lm_cache_free(kv);
@@ -253,9 +261,9 @@ static int generate(int argc, char **argv, moe_dist *dist) {
           : o.prompt ? parse_ids(o.prompt, c.vocab, ids, cap)
           : moe_tokenizer_load(&t, o.tokenizer ? o.tokenizer : path) != MOE_OK ? (cli_fail(CMD), -1)
           : encode_prompt(t, o.text, c.vocab, ids, cap);
-  int32_t eos[LM_MAX_EOS];
-  int n_eos = n < 0 ? 0 : lm_eos_ids(CMD, o.ck, t, c.vocab, eos);
-  int rc = cli_settle(dist, CMD, n < 0 || n_eos < 0);
+  int32_t eos[MOE_LM_MAX_EOS];
+  int n_eos = 0;
+  int rc = cli_settle(dist, CMD, n < 0 || (moe_lm_eos_ids(o.ck, t, c.vocab, eos, MOE_LM_MAX_EOS, &n_eos) && cli_fail(CMD)));
   if (!rc) rc = run(&m, &o, t, ids, n, eos, n_eos);
   free(ids);
   moe_tokenizer_free(t);

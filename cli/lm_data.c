@@ -7,19 +7,10 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "formats/json.h" /* moe__json_read, as the library reads config.json */
 #include "lm_data.h"
 #include "rank_errors.h"
 #include "text_io.h"
 #include "train_data.h"
-
-/* Adds id to eos when it is a token id; 0 when not. */
-static int add_eos(const cJSON *id, int vocab, int32_t *eos, int *n) {
-  double x = cJSON_IsNumber(id) ? id->valuedouble : -1;
-  if (x < 0 || x >= vocab || x != (int32_t)x) return 0;
-  eos[(*n)++] = (int32_t)x;
-  return 1;
-}
 
 static int is_file(const char *p) {
   struct stat sb;
@@ -49,51 +40,6 @@ const char *lm_chat_template_path(const char *ck, char *buf, size_t n) {
   if (is_file(ck)) return gguf_has(ck, "tokenizer.chat_template") ? ck : NULL;
   snprintf(buf, n, "%s/tokenizer_config.json", ck);
   return access(buf, R_OK) ? NULL : buf;
-}
-
-/* A GGUF checkpoint's EOS and EOT ids. */
-static int gguf_eos_ids(const char *cmd, const char *path, int vocab, int32_t *eos) {
-  moe_gguf *g;
-  if (moe_gguf_open(&g, path) != MOE_OK) return cli_fail(cmd), -1;
-  static const char *const keys[2] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"};
-  int n = 0, rc = 0;
-  for (int i = 0; i < 2 && !rc; i++) {
-    uint32_t id;
-    if (moe_gguf_find_key(g, keys[i]) < 0) continue;
-    if (moe_gguf_get_u32(g, keys[i], &id) != MOE_OK) rc = cli_fail(cmd);
-    else if (id >= (uint32_t)vocab) rc = cli_usage_error(cmd, "%s: %s %u is not a token id in [0, %d)", path, keys[i], id, vocab);
-    else if (!lm_is_eos(eos, n, (int32_t)id)) eos[n++] = (int32_t)id;
-  }
-  moe_gguf_close(g);
-  return rc ? -1 : n;
-}
-
-/* config.json's eos_token_id. */
-static int config_eos_ids(const char *cmd, const char *dir, int vocab, int32_t *eos) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/config.json", dir);
-  cJSON *r;
-  if (moe__json_read(path, "config", 1 << 20, &r) != MOE_OK) return cli_fail(cmd), -1;
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(r, "eos_token_id"), *e;
-  int n = 0, ok = !v || cJSON_IsNull(v);
-  if (cJSON_IsNumber(v)) ok = add_eos(v, vocab, eos, &n);
-  if (cJSON_IsArray(v)) {
-    ok = cJSON_GetArraySize(v) < LM_MAX_EOS;
-    cJSON_ArrayForEach(e, v) ok = ok && add_eos(e, vocab, eos, &n);
-  }
-  char *text = ok ? NULL : cJSON_PrintUnformatted(v);
-  if (!ok) cli_usage_error(cmd, "%s: \"eos_token_id\" %.60s is not a token id in [0, %d) or a list of at most %d",
-                           path, text ? text : "?", vocab, LM_MAX_EOS - 1);
-  free(text);
-  cJSON_Delete(r);
-  return ok ? n : -1;
-}
-
-int lm_eos_ids(const char *cmd, const char *dir, const moe_tokenizer *t, int vocab, int32_t *eos) {
-  int n = is_file(dir) ? gguf_eos_ids(cmd, dir, vocab, eos) : config_eos_ids(cmd, dir, vocab, eos);
-  int32_t eot = t ? moe_tokenizer_token_id(t, MOE_TOKENIZER_EOT) : -1;
-  if (n >= 0 && eot >= 0 && eot < vocab && !lm_is_eos(eos, n, eot)) eos[n++] = eot;
-  return n;
 }
 
 int lm_is_eos(const int32_t *eos, int n, int32_t id) {

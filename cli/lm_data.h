@@ -14,10 +14,6 @@
  * names scripts/get-brown.sh; a split too short for one window of context + 1 tokens says so). */
 int lm_stream_load(const char *cmd, const moe_tokenizer *t, const char *dir, const char *split, int context,
                    int32_t **ids, size_t *n);
-/* The ids that end a text, into eos (room for LM_MAX_EOS): DIR/config.json's "eos_token_id" (an id or a
- * list of ids, as Hugging Face writes it) and the tokenizer's <|endoftext|> (t may be NULL). Their
- * count, or -1 after printing "moe <cmd>: ..." naming the field and value. */
-#define LM_MAX_EOS 9
 /* A checkpoint is a Hugging Face directory or a GGUF file (any other path: a file), which holds the
  * tokenizer (tokenizer.ggml.* keys, read by moe_tokenizer_load) and the chat template itself. */
 /* Where ck's tokenizer is: ck/tokenizer.json, or the GGUF file ck (into buf, n bytes). */
@@ -26,8 +22,6 @@ const char *lm_tokenizer_path(const char *ck, char *buf, size_t n);
  * (tokenizer_config.json; tokenizer.chat_template), and the path moe_chat_template_render_config takes. */
 int lm_has_tokenizer(const char *ck);
 const char *lm_chat_template_path(const char *ck, char *buf, size_t n);
-/* For a GGUF checkpoint the EOS ids are its tokenizer.ggml.eos_token_id and eot_token_id. */
-int lm_eos_ids(const char *cmd, const char *dir, const moe_tokenizer *t, int vocab, int32_t *eos);
 /* Whether id is one of the n in eos. */
 int lm_is_eos(const int32_t *eos, int n, int32_t id);
 

@@ -22,8 +22,8 @@ static void usage(FILE *f) {
              "refused unless turned off), POST /v1/chat/completions (messages through the chat_template of\n"
              "DIR/tokenizer_config.json; the same fields), GET /v1/models, POST /tokenize, POST /detokenize,\n"
              "GET /health and GET /metrics\n"
-             "(Prometheus). A request stops at the end of text (DIR/config.json's eos_token_id, the tokenizer's\n"
-             "<|endoftext|>) unless ignore_eos. Up to B\n"
+             "(Prometheus). A request stops at the end of text (config.json's and generation_config.json's\n"
+             "eos_token_id, tokenizer_config.json's eos_token, the tokenizer's <|endoftext|>) unless ignore_eos. Up to B\n"
              "requests (default 32) decode together; others wait in a queue. --port 0: a free port. Prints\n"
              "\"listening on http://HOST:PORT\" when ready. --cache K: K experts of each\n"
              "MoE layer in memory (default all), the rest read on demand from DIR/model.safetensors, evicting\n"
@@ -126,7 +126,7 @@ static int serve(const serve_opts *o, moe_lm_t *m, const moe_tokenizer *tok, con
   if (moe_engine_new(&e, m, &ec)) return cli_fail(CMD);
   if (serve_http_start(&h, o->host, o->port, e, &m->cfg, tok, met, &o->http, &port)) {
     moe_engine_free(e);
-    return cli_fail(CMD);
+    return 1;
   }
   printf("listening on http://%s:%d\n", o->host, port);
   fflush(stdout);
@@ -158,14 +158,14 @@ int cmd_serve(int argc, char **argv) {
   c.moe.dtype = o.dtype;
   if (moe_lm_load(&m, o.ck, &c)) return cli_fail(CMD);
   moe_lm_experts x = {0};
-  int32_t eos[LM_MAX_EOS];
+  int32_t eos[MOE_LM_MAX_EOS];
   int n_eos = 0;
   if ((o.cache && moe_lm_buffer_experts(&m, o.ck, o.cache, o.policy, &x)) || load_tokenizer(o.ck, &tok) ||
-      (n_eos = lm_eos_ids(CMD, o.ck, tok, c.vocab, eos)) < 0) {
+      moe_lm_eos_ids(o.ck, tok, c.vocab, eos, MOE_LM_MAX_EOS, &n_eos)) {
     moe_tokenizer_free(tok);
     moe_lm_free(&m);
     moe_lm_experts_free(&x);
-    return n_eos < 0 ? 1 : cli_fail(CMD);
+    return cli_fail(CMD);
   }
   char chat_template[4096];
   o.http.chat_template = lm_chat_template_path(o.ck, chat_template, sizeof chat_template); /* chat needs it */

@@ -8,7 +8,6 @@
 #include <stdio.h>
 
 #include "moe.h"
-#include "serve/completion.h"
 
 /* ---- metrics: counters the engine and the handlers add to, printed in Prometheus text ---- */
 #define SERVE_NBUCKETS 12
@@ -41,8 +40,9 @@ typedef struct {
   int max_connections; /* connections served; past them /health still answers, the rest 503 */
   int timeout_s;       /* a connection idle that long, or a request not all arrived, is closed */
 } serve_http_opts;
-/* Serves m through e on host:port (port 0: one the kernel picks; *bound gets it). tok may be NULL. */
-moe_status serve_http_start(serve_http **out, const char *host, int port, moe_engine *e, const moe_lm_config *m,
+/* Serves m through e on host:port (port 0: one the kernel picks; *bound gets it). tok may be NULL.
+ * Non-zero after printing why it cannot. */
+int serve_http_start(serve_http **out, const char *host, int port, moe_engine *e, const moe_lm_config *m,
                             const moe_tokenizer *tok, serve_metrics *met, const serve_http_opts *o, int *bound);
 /* Waits until no response counted before the drain is under way (those still arriving close within
  * the timeout), then stops the daemon and frees. */

@@ -8,6 +8,7 @@
  * that long after its headers, is closed, which also bounds the drain at SIGTERM. */
 #include <arpa/inet.h>
 #include <microhttpd.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,6 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
-#include "internal.h"
 #include "serve.h"
 
 #define MAX_BODY (1 << 20) /* a request body larger than this is refused (413) */
@@ -47,7 +47,7 @@ typedef struct { /* one request on a connection: its body as it arrives */
 
 typedef struct { /* the state of a response: the request, its text so far */
   serve_http *h;
-  moe__completion c;   /* the parsed body */
+  moe_request c;   /* the parsed body */
   moe_engine_req *r;
   moe_engine_state st; /* the request's state at the last wait */
   long long id;
@@ -55,10 +55,9 @@ typedef struct { /* the state of a response: the request, its text so far */
   int timed;           /* its latencies are in the metrics */
   int chat;            /* POST /v1/chat/completions: chat's shapes */
   int role_sent;       /* chat stream: the first delta (with the role) is out */
-  size_t start;        /* the text's bytes out before those held */
-  char held[MOE_COMPLETION_STOP_BYTES + 3]; /* bytes of a character split over tokens, or that may begin a
-                                               stop string, for the next event */
-  size_t nheld;
+  int echoed;          /* echo: the prompt is out */
+  size_t echo_len;     /* echo: the prompt's text's bytes */
+  size_t start;        /* the text's bytes out */
   char *pending;       /* stream: an event not yet (all) written */
   size_t npending, at;
   int last;            /* stream: the event with the finish_reason is out */
@@ -84,107 +83,131 @@ static enum MHD_Result send_json(struct MHD_Connection *c, serve_http *h, int st
 
 static enum MHD_Result send_error(struct MHD_Connection *c, serve_http *h, int status, const char *msg) {
   cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
-  size_t n = strlen(msg), used;
+  size_t n = strlen(msg);
   char *utf = malloc(3 * n + 1); /* a message quoting the request may cut a character */
-  if (utf) utf[moe__utf8_clean(msg, n, 1, utf, &used)] = 0;
+  if (utf) moe_utf8_clean(msg, n, utf);
   cJSON_AddStringToObject(e, "message", utf ? utf : msg);
   free(utf);
   cJSON_AddStringToObject(e, "type", status < 500 ? "invalid_request_error" : "server_error");
   return send_json(c, h, status, o);
 }
 
-/* The text of r's tokens [p->sent, n) into a malloc'd string, and p->sent = n: with a tokenizer their
- * bytes as UTF-8 (a character split over tokens waits for its end unless final; with stop strings
- * nothing past p->safe goes out, and once final nothing more), else their ids as moe generate prints
- * them. */
-static char *new_text(reply *p, int n, int final) {
-  const moe_tokenizer *t = p->h->tok;
-  size_t len = p->nheld, k;
-  for (int i = p->sent; i < n; i++) len += t ? (moe_tokenizer_token_bytes(t, p->st.tokens[i], &k), k) : 12;
-  char *raw = malloc(len + 1), *out = malloc(3 * len + 1);
-  if (!raw || !out) return free(raw), free(out), NULL;
-  size_t w = 0;
-  if (!t) {
+/* The text of r's tokens [p->sent, n) into a malloc'd string, and p->sent = n: with a tokenizer the
+ * engine's text from p->start up to what may be shown (characters split over tokens and what may begin
+ * a stop string wait for the next), else their ids as moe generate prints them. */
+static char *new_text(reply *p, int n) {
+  char *out = NULL;
+  size_t len;
+  if (p->h->tok) {
+    if (moe_engine_text(p->h->e, p->r, p->start, p->st.text_safe, &out, &len) != MOE_OK) return NULL;
+    p->start = p->st.text_safe;
+  } else if ((out = malloc(12 * (size_t)(n - p->sent) + 1))) {
+    size_t w = 0;
     for (int i = p->sent; i < n; i++) w += (size_t)sprintf(out + w, "%s%d", i ? " " : "", p->st.tokens[i]);
     out[w] = 0;
-    p->sent = n;
-    return free(raw), out;
   }
-  memcpy(raw, p->held, p->nheld);
-  w = p->nheld;
-  for (int i = p->sent; i < n; i++) {
-    const char *b = moe_tokenizer_token_bytes(t, p->st.tokens[i], &k);
-    memcpy(raw + w, b, k), w += k;
-  }
-  size_t upto = p->c.n_stop && p->st.text_safe - p->start < w ? p->st.text_safe - p->start : w;
-  size_t used, o = moe__utf8_clean(raw, upto, final, out, &used);
-  p->nheld = final ? 0 : w - used;
-  memcpy(p->held, raw + used, p->nheld);
-  p->start += used;
-  out[o] = 0;
-  p->sent = n;
-  free(raw);
+  if (out) p->sent = n;
   return out;
 }
 
 /* A token's text for logprobs: its bytes, those that are not UTF-8 as U+FFFD (malloc'd), or its id. */
 static char *token_text(const serve_http *h, int32_t t) {
-  size_t k = 0, used;
+  size_t k = 0;
   const char *b = h->tok ? moe_tokenizer_token_bytes(h->tok, t, &k) : NULL;
   char *out = malloc(3 * k + 16);
   if (!out) return NULL;
   if (!b) snprintf(out, 16, "%d", t);
-  else out[moe__utf8_clean(b, k, 1, out, &used)] = 0;
+  else moe_utf8_clean(b, k, out);
   return out;
 }
 
+/* The prompt's text for echo (malloc'd): its ids through the tokenizer (bytes that are not UTF-8 as
+ * U+FFFD), or the ids as moe generate prints them. */
+static char *prompt_text(const reply *p) {
+  char *raw = NULL, *out = NULL;
+  size_t len = 0;
+  if (!p->h->tok) {
+    if ((out = malloc(12 * (size_t)p->c.n_ids + 1)))
+      for (int i = 0, w = 0; i < p->c.n_ids; i++) w += sprintf(out + w, "%s%d", i ? " " : "", p->c.ids[i]);
+  } else if (moe_tokenizer_decode_alloc(p->h->tok, p->c.ids, (size_t)p->c.n_ids, &raw, &len) == MOE_OK &&
+             (out = malloc(3 * len + 1)))
+    moe_utf8_clean(raw, len, out);
+  free(raw);
+  return out;
+}
+
+/* a, sep and b in a new string; frees b (NULL when out of memory). */
+static char *joined(const char *a, const char *sep, char *b) {
+  char *s = malloc(strlen(a) + strlen(sep) + strlen(b) + 1);
+  if (s) sprintf(s, "%s%s%s", a, sep, b);
+  free(b);
+  return s;
+}
+
+/* One token's entry in logprobs_json's arrays (completions: toks, lps, tops, offs; chat: content): t, its
+ * log-probability lp (NaN, a prompt's first token: null) and n_top alternatives (ids, their lps). */
+typedef struct {
+  cJSON *content, *toks, *lps, *tops, *offs;
+  size_t offset; /* completions: the text's bytes before the token */
+} lp_arrays;
+
+static int add_entry(const reply *p, lp_arrays *a, int32_t t, float lp, const int32_t *ids, const float *alt, int n_top) {
+  char *tt = token_text(p->h, t);
+  cJSON *top = isnan(lp) ? cJSON_CreateNull() : p->chat ? cJSON_CreateArray() : cJSON_CreateObject();
+  int ok = tt && top;
+  for (int j = 0; ok && !isnan(lp) && j < n_top; j++) {
+    char *s = token_text(p->h, ids[j]);
+    if (!s) ok = 0;
+    else if (p->chat) {
+      cJSON *e = cJSON_CreateObject();
+      cJSON_AddStringToObject(e, "token", s);
+      cJSON_AddNumberToObject(e, "logprob", alt[j]);
+      cJSON_AddItemToArray(top, e);
+    } else if (!cJSON_GetObjectItemCaseSensitive(top, s)) /* two ids of one text: the more probable */
+      cJSON_AddNumberToObject(top, s, alt[j]);
+    free(s);
+  }
+  if (ok && p->chat) {
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "token", tt);
+    cJSON_AddNumberToObject(e, "logprob", lp);
+    cJSON_AddItemToObject(e, "top_logprobs", top), top = NULL;
+    cJSON_AddItemToArray(a->content, e);
+  } else if (ok) {
+    cJSON_AddItemToArray(a->toks, cJSON_CreateString(tt));
+    cJSON_AddItemToArray(a->lps, isnan(lp) ? cJSON_CreateNull() : cJSON_CreateNumber(lp));
+    cJSON_AddItemToArray(a->tops, top), top = NULL;
+    cJSON_AddItemToArray(a->offs, cJSON_CreateNumber((double)a->offset));
+    size_t k = 0;
+    if (p->h->tok) moe_tokenizer_token_bytes(p->h->tok, t, &k);
+    a->offset += k;
+  }
+  cJSON_Delete(top);
+  free(tt);
+  return ok;
+}
+
 /* The log-probabilities of tokens [from, n) in OpenAI's completion shape ({"tokens", "token_logprobs",
- * "top_logprobs", "text_offset"}) or chat's ({"content": [{"token", "logprob", "bytes", "top_logprobs"}]});
- * NULL when the request did not ask for them (or out of memory). */
-static cJSON *logprobs_json(const reply *p, int from, int n) {
+ * "top_logprobs", "text_offset"}) or chat's ({"content": [{"token", "logprob", "bytes", "top_logprobs"}]}),
+ * after the prompt's tokens when echo asks for them (prompt 1); NULL when the request did not ask for
+ * them (or out of memory). */
+static cJSON *logprobs_json(const reply *p, int from, int n, int prompt) {
   const moe_engine_state *st = &p->st;
   if (!st->logprobs) return NULL;
-  cJSON *o = cJSON_CreateObject(), *content = p->chat ? cJSON_AddArrayToObject(o, "content") : NULL;
-  cJSON *toks = p->chat ? NULL : cJSON_AddArrayToObject(o, "tokens"), *lps = p->chat ? NULL : cJSON_AddArrayToObject(o, "token_logprobs");
-  cJSON *tops = p->chat ? NULL : cJSON_AddArrayToObject(o, "top_logprobs");
-  cJSON *offs = p->chat ? NULL : cJSON_AddArrayToObject(o, "text_offset");
-  size_t offset = p->start + p->nheld; /* the text's bytes before token `from` (completions) */
-  int ok = o != NULL;
-  for (int i = from; ok && i < n; i++) {
-    char *tt = token_text(p->h, st->tokens[i]);
-    cJSON *top = p->chat ? cJSON_CreateArray() : cJSON_CreateObject();
-    ok = tt && top;
-    for (int j = 0; ok && j < st->n_top; j++) {
-      char *a = token_text(p->h, st->top_ids[(size_t)i * st->n_top + j]);
-      double lp = st->top_logprobs[(size_t)i * st->n_top + j];
-      if (!a) ok = 0;
-      else if (p->chat) {
-        cJSON *e = cJSON_CreateObject();
-        cJSON_AddStringToObject(e, "token", a);
-        cJSON_AddNumberToObject(e, "logprob", lp);
-        cJSON_AddItemToArray(top, e);
-      } else if (!cJSON_GetObjectItemCaseSensitive(top, a)) /* two ids of one text: the more probable */
-        cJSON_AddNumberToObject(top, a, lp);
-      free(a);
-    }
-    if (ok && p->chat) {
-      cJSON *e = cJSON_CreateObject();
-      cJSON_AddStringToObject(e, "token", tt);
-      cJSON_AddNumberToObject(e, "logprob", st->logprobs[i]);
-      cJSON_AddItemToObject(e, "top_logprobs", top), top = NULL;
-      cJSON_AddItemToArray(content, e);
-    } else if (ok) {
-      cJSON_AddItemToArray(toks, cJSON_CreateString(tt));
-      cJSON_AddItemToArray(lps, cJSON_CreateNumber(st->logprobs[i]));
-      cJSON_AddItemToArray(tops, top), top = NULL;
-      cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)offset));
-      size_t k = 0;
-      if (p->h->tok) moe_tokenizer_token_bytes(p->h->tok, st->tokens[i], &k);
-      offset += k;
-    }
-    cJSON_Delete(top);
-    free(tt);
+  cJSON *o = cJSON_CreateObject();
+  lp_arrays a = {0};
+  if (p->chat) a.content = cJSON_AddArrayToObject(o, "content");
+  else {
+    a.toks = cJSON_AddArrayToObject(o, "tokens"), a.lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    a.tops = cJSON_AddArrayToObject(o, "top_logprobs"), a.offs = cJSON_AddArrayToObject(o, "text_offset");
   }
+  int ok = o != NULL, k = st->n_top;
+  for (int i = 0; ok && prompt && i < p->c.n_ids; i++)
+    ok = add_entry(p, &a, p->c.ids[i], st->prompt_logprobs[i], st->prompt_top_ids + (size_t)i * k,
+                   st->prompt_top_logprobs + (size_t)i * k, k);
+  a.offset = p->echo_len + p->start; /* the text's bytes before token `from` (completions) */
+  for (int i = from; ok && i < n; i++)
+    ok = add_entry(p, &a, st->tokens[i], st->logprobs[i], st->top_ids + (size_t)i * k, st->top_logprobs + (size_t)i * k, k);
   if (!ok) cJSON_Delete(o);
   return ok ? o : NULL;
 }
@@ -203,9 +226,15 @@ static cJSON *choice_json(reply *p, int n, int final) {
   cJSON_AddNumberToObject(o, "created", (double)time(NULL));
   cJSON_AddStringToObject(o, "model", "moe");
   cJSON_AddItemToArray(ch, c);
-  cJSON *ids = cJSON_CreateIntArray(p->st.tokens + p->sent, n - p->sent), *lp = logprobs_json(p, p->sent, n);
-  if (!(text = new_text(p, n, final)) || !ids || (p->st.logprobs && !lp))
-    return free(text), cJSON_Delete(ids), cJSON_Delete(lp), cJSON_Delete(o), NULL;
+  int echo = p->c.echo && !p->echoed; /* this choice begins with the prompt */
+  char *ptext = echo ? prompt_text(p) : NULL;
+  if (ptext) p->echo_len = strlen(ptext);
+  cJSON *ids = echo ? cJSON_CreateIntArray(p->c.ids, p->c.n_ids) : cJSON_CreateArray(), *lp = logprobs_json(p, p->sent, n, echo);
+  for (int i = p->sent; ids && i < n; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(p->st.tokens[i]));
+  if (!(text = new_text(p, n)) || !ids || (p->st.logprobs && !lp) || (echo && !(text = joined(ptext, !p->h->tok && *text ? " " : "", text))))
+    return free(ptext), free(text), cJSON_Delete(ids), cJSON_Delete(lp), cJSON_Delete(o), NULL;
+  free(ptext);
+  p->echoed |= echo;
   cJSON_AddNumberToObject(c, "index", 0);
   if (p->chat) {
     cJSON *msg = cJSON_AddObjectToObject(c, p->c.stream ? "delta" : "message");
@@ -277,7 +306,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 /* The end of a response: the request released. */
 static void reply_free(reply *p) {
   moe_engine_release(p->h->e, p->r);
-  moe__completion_free(&p->c);
+  moe_request_free(&p->c);
   free(p->pending);
   free(p);
 }
@@ -289,13 +318,13 @@ static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_
   if (!p) return send_error(c, h, 503, "out of memory for the request");
   int context = h->o.context && h->o.context < h->m->max_seq ? h->o.context : h->m->max_seq;
   const char *body = q->body ? q->body : "";
-  moe_status st = chat ? moe__chat_parse(body, q->n, h->tok, h->o.chat_template, context, &p->c)
-                       : moe__completion_parse(body, q->n, h->tok, h->m->vocab, context, &p->c);
+  moe_status st = chat ? moe_request_parse_chat(body, q->n, h->tok, h->o.chat_template, context, &p->c)
+                       : moe_request_parse_completion(body, q->n, h->tok, h->m->vocab, context, &p->c);
   if (st != MOE_OK) return free(p), send_error(c, h, 400, moe_last_error());
   p->chat = chat;
   moe_engine_params ep = {p->c.ids, p->c.n_ids, p->c.max_tokens, p->c.temperature, p->c.top_p, p->c.seed,
                           p->c.ignore_eos, (const char *const *)p->c.stop, p->c.n_stop, p->c.logprobs,
-                          p->c.top_logprobs};
+                          p->c.top_logprobs, p->c.echo && p->c.logprobs};
   p->h = h;
   p->id = atomic_fetch_add(&h->next_id, 1);
   if (moe_engine_submit(h->e, &ep, &p->r) != MOE_OK) {
@@ -340,9 +369,9 @@ static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_
 
 /* POST /tokenize: {"tokens", "count", "max_model_len"}; POST /detokenize: {"prompt"} (vLLM's shapes). */
 static enum MHD_Result tokens(struct MHD_Connection *c, serve_http *h, conn_req *q, int tokenize) {
-  moe__completion r;
+  moe_request r;
   const char *body = q->body ? q->body : "";
-  moe_status st = tokenize ? moe__tokenize_parse(body, q->n, h->tok, &r) : moe__detokenize_parse(body, q->n, h->m->vocab, &r);
+  moe_status st = tokenize ? moe_request_parse_tokenize(body, q->n, h->tok, &r) : moe_request_parse_detokenize(body, q->n, h->m->vocab, &r);
   if (st != MOE_OK) return send_error(c, h, 400, moe_last_error());
   cJSON *o = cJSON_CreateObject();
   if (tokenize) {
@@ -350,20 +379,20 @@ static enum MHD_Result tokens(struct MHD_Connection *c, serve_http *h, conn_req 
     cJSON_AddNumberToObject(o, "count", r.n_ids);
     cJSON_AddNumberToObject(o, "max_model_len", h->m->max_seq);
   } else if (h->tok) { /* through the tokenizer's decoders (SentencePiece's "\u2581", byte fallback) */
-    size_t len = 0, used;
+    size_t len = 0;
     char *raw = NULL, *text = NULL;
     if (moe_tokenizer_decode_alloc(h->tok, r.ids, (size_t)r.n_ids, &raw, &len) == MOE_OK && (text = malloc(3 * len + 1))) {
-      text[moe__utf8_clean(raw, len, 1, text, &used)] = 0;
+      moe_utf8_clean(raw, len, text);
       cJSON_AddStringToObject(o, "prompt", text);
     }
     free(raw), free(text);
   } else {
     reply p = {.h = h, .st = {.n = r.n_ids, .tokens = r.ids}}; /* the ids, as a completion's text without a tokenizer */
-    char *text = new_text(&p, r.n_ids, 1);
+    char *text = new_text(&p, r.n_ids);
     if (text) cJSON_AddStringToObject(o, "prompt", text);
     free(text);
   }
-  moe__completion_free(&r);
+  moe_request_free(&r);
   return send_json(c, h, 200, o);
 }
 
@@ -463,13 +492,13 @@ static void connection(void *cls, struct MHD_Connection *c, void **socket_contex
   MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
 }
 
-moe_status serve_http_start(serve_http **out, const char *host, int port, moe_engine *e, const moe_lm_config *m,
+int serve_http_start(serve_http **out, const char *host, int port, moe_engine *e, const moe_lm_config *m,
                             const moe_tokenizer *tok, serve_metrics *met, const serve_http_opts *o, int *bound) {
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
-    return moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "--host: '%s' is not an IPv4 address", host);
+    return cli_usage_error("serve", "--host: '%s' is not an IPv4 address", host);
   serve_http *h = calloc(1, sizeof *h);
-  if (!h) return moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "out of memory");
+  if (!h) return cli_usage_error("serve", "out of memory");
   h->e = e, h->m = m, h->tok = tok, h->met = met, h->o = *o, h->created = time(NULL);
   pthread_mutex_init(&h->mu, NULL);
   pthread_cond_init(&h->idle, NULL);
@@ -485,13 +514,12 @@ moe_status serve_http_start(serve_http **out, const char *host, int port, moe_en
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->idle);
     free(h);
-    return moe__error(MOE_ERR_IO, __FILE__, __LINE__, "cannot listen on %s:%d (in use, or not an address of this machine)", host,
-                          port);
+    return cli_usage_error("serve", "cannot listen on %s:%d (in use, or not an address of this machine)", host, port);
   }
   const union MHD_DaemonInfo *i = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
   *bound = i ? i->port : port;
   *out = h;
-  return MOE_OK;
+  return 0;
 }
 
 void serve_http_stop(serve_http *h) {

@@ -1,5 +1,5 @@
-/* libFuzzer target: moe serve's request bodies (moe__completion_parse, and by the same bytes
- * moe__chat_parse over a fixed chat template, moe__tokenize_parse and moe__detokenize_parse) with a
+/* libFuzzer target: moe serve's request bodies (moe_request_parse_completion, and by the same bytes
+ * moe_request_parse_chat over a fixed chat template, moe_request_parse_tokenize and moe_request_parse_detokenize) with a
  * tokenizer trained on a fixed text, and the UTF-8 cleaning of its bytes. A body that parses must respect
  * the limits it was given; the cleaned text must be well-formed UTF-8 whatever the split. */
 #include <stdio.h>
@@ -7,7 +7,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "serve/completion.h"
+#include "base/utf8.h"
+#include "moe.h"
+
 
 static moe_tokenizer *tok(void) {
   static moe_tokenizer *t;
@@ -30,37 +32,37 @@ static const char *chat_template(void) {
 
 /* The other bodies: what parses is within its limits. */
 static void other_bodies(const char *b, size_t n, int vocab) {
-  moe__completion c;
-  if (moe__chat_parse(b, n, tok(), chat_template(), 64, &c) == MOE_OK) {
+  moe_request c;
+  if (moe_request_parse_chat(b, n, tok(), chat_template(), 64, &c) == MOE_OK) {
     if (c.n_ids < 1 || c.max_tokens < 1 || c.n_ids + c.max_tokens > 64) abort();
-    moe__completion_free(&c);
+    moe_request_free(&c);
   }
-  if (moe__tokenize_parse(b, n, tok(), &c) == MOE_OK) {
+  if (moe_request_parse_tokenize(b, n, tok(), &c) == MOE_OK) {
     for (int i = 0; i < c.n_ids; i++)
       if (c.ids[i] < 0 || c.ids[i] >= vocab) abort();
-    moe__completion_free(&c);
+    moe_request_free(&c);
   }
-  if (moe__detokenize_parse(b, n, vocab, &c) == MOE_OK) {
+  if (moe_request_parse_detokenize(b, n, vocab, &c) == MOE_OK) {
     for (int i = 0; i < c.n_ids; i++)
       if (c.ids[i] < 0 || c.ids[i] >= vocab) abort();
-    moe__completion_free(&c);
+    moe_request_free(&c);
   }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
-  moe__completion c;
+  moe_request c;
   int vocab = moe_tokenizer_vocab_size(tok());
   other_bodies((const char *)data, n, vocab);
-  if (moe__completion_parse((const char *)data, n, tok(), vocab, 64, &c) == MOE_OK) {
-    if (c.n_ids < 1 || c.max_tokens < 1 || c.n_ids + c.max_tokens > 64 || !(c.top_p > 0 && c.top_p <= 1) ||
+  if (moe_request_parse_completion((const char *)data, n, tok(), vocab, 64, &c) == MOE_OK) {
+    if (c.n_ids < 1 || c.max_tokens < !c.echo || c.n_ids + c.max_tokens > 64 || !(c.top_p > 0 && c.top_p <= 1) ||
         !(c.temperature >= 0))
       abort();
     for (int i = 0; i < c.n_ids; i++)
       if (c.ids[i] < 0 || c.ids[i] >= vocab) abort();
-    if (c.n_stop < 0 || c.n_stop > MOE_COMPLETION_STOPS) abort();
+    if (c.n_stop < 0 || c.n_stop > MOE_REQUEST_STOPS) abort();
     for (int i = 0; i < c.n_stop; i++)
-      if (!c.stop[i][0] || strlen(c.stop[i]) > MOE_COMPLETION_STOP_BYTES) abort();
-    moe__completion_free(&c);
+      if (!c.stop[i][0] || strlen(c.stop[i]) > MOE_REQUEST_STOP_BYTES) abort();
+    moe_request_free(&c);
   }
   /* the bytes as generated text in two pieces, split at the first byte's value */
   char *out = malloc(3 * n + 1);

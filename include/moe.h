@@ -929,6 +929,20 @@ int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token);
  * dir/tokenizer_config.json (chat_template, the special tokens, add_bos_token / add_eos_token), each
  * atomically: moe_tokenizer_load(dir) then encodes as moe_tokenizer_load(path). */
 moe_status moe_tokenizer_gguf_to_hf(const char *path, const char *dir);
+/* Text as it is generated, token by token (what a stream shows; Hugging Face's DecodeStream, vLLM's
+ * incremental detokenizing): each push gives the text its token completes, as UTF-8 (bytes that are
+ * not UTF-8 as U+FFFD). A character split over tokens, or a byte-fallback run still incomplete, waits
+ * for the tokens that complete it; the decoders run over a window of the last tokens, so a piece such
+ * as SentencePiece's "▁the" gives " the" and the first token of the text no leading space, as the whole
+ * text's decode has it. The texts of every push and then the flush, one after another, are
+ * moe_tokenizer_decode of all the ids, with bytes that are not UTF-8 as U+FFFD. *text (*len bytes, not
+ * NUL-terminated) stays valid until the next call on d. */
+typedef struct moe_detokenizer moe_detokenizer;
+moe_status moe_detokenizer_new(moe_detokenizer **out, const moe_tokenizer *t);
+moe_status moe_detokenizer_push(moe_detokenizer *d, int32_t id, const char **text, size_t *len);
+/* The text still held (an incomplete character at the end, as U+FFFD); then d starts a new text. */
+moe_status moe_detokenizer_flush(moe_detokenizer *d, const char **text, size_t *len);
+void moe_detokenizer_free(moe_detokenizer *d);
 
 /* ---- a Mixtral-architecture language model and its relatives (DESIGN 4.5) ----
  * Token embedding; n_layers pre-norm blocks h += Attn(RMSNorm(h)), h += FFN(RMSNorm(h)) with causal
@@ -955,6 +969,7 @@ typedef enum {
   MOE_QK_NORM_FULL, /* RMSNorm of the whole q and k projections, weights (n_heads / n_kv_heads x head_dim) (OLMoE) */
 } moe_lm_qk_norm;
 #define MOE_LM_MAX_LAYERS 1024
+#define MOE_LM_MAX_EOS 16 /* room enough for the end ids of any model (moe_lm_eos_ids) */
 typedef struct {
   int vocab, n_layers, n_heads, n_kv_heads, head_dim; /* n_heads a multiple of n_kv_heads, head_dim even */
   int max_seq;           /* longest context; the rotary tables and a KV cache grow up to it as used */
@@ -1053,6 +1068,14 @@ moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
  * parallel (cfg.moe.dist), a collective: the one-process model, every rank's experts, written by rank 0.
  * (Loading under expert parallelism reads each rank's own experts by name.) */
 moe_status moe_lm_save(const moe_lm_t *m, const char *dir);
+/* The ids that end generation for the checkpoint directory dir (what Hugging Face's generate stops at):
+ * config.json's and generation_config.json's eos_token_id (an id or a list), tokenizer_config.json's
+ * eos_token by its id in t (a chat model's end of turn, such as "<|im_end|>"), and t's
+ * MOE_TOKENIZER_EOT; t may be NULL (the last two are then left out); files other than config.json may
+ * be absent. A GGUF file (moe_lm_load's): its tokenizer.ggml.eos_token_id and eot_token_id, and t's
+ * MOE_TOKENIZER_EOT. Each once, into eos (room for cap), *n of them; MOE_ERR_FORMAT naming the file, field and
+ * value for one that is not a token id in [0, vocab), MOE_ERR_ARG when more than cap. */
+moe_status moe_lm_eos_ids(const char *dir, const moe_tokenizer *t, int vocab, int32_t *eos, int cap, int *n);
 
 /* GGUF files (llama.cpp's format, DESIGN 4.8) stand wherever a checkpoint directory does: given a path
  * ending in ".gguf" or a file starting with the GGUF magic, moe_lm_read_config reads the config from
@@ -1304,7 +1327,8 @@ typedef struct {
 } moe_engine_step;
 typedef struct {
   int slots;                /* sequences decoded together (>= 1) */
-  const moe_tokenizer *tok; /* the text of tokens, for stop strings (NULL: requests may have none) */
+  const moe_tokenizer *tok; /* the text of tokens, for stop strings and moe_engine_text (NULL: requests
+                               may have no stop strings) */
   const int32_t *eos;       /* n_eos ids (copied) that end a request, not kept, unless it ignores them */
   int n_eos;
   /* called on the engine's thread (NULL: not called): after each step with work, and after each
@@ -1317,7 +1341,7 @@ typedef struct {
 typedef struct {
   const int32_t *prompt;    /* n_prompt >= 1 ids in [0, vocab) (copied) */
   int n_prompt;
-  int max_tokens;           /* >= 1; n_prompt + max_tokens <= the model's max_seq */
+  int max_tokens;           /* >= 1 (0 with prompt_logprobs); n_prompt + max_tokens <= the model's max_seq */
   float temperature, top_p; /* as moe_lm_sample */
   uint64_t seed;
   int ignore_eos;           /* go on past the end tokens */
@@ -1327,6 +1351,10 @@ typedef struct {
                                temperature 1) and those of the top_logprobs most probable tokens (at most
                                MOE_ENGINE_TOP_LOGPROBS; ties to the lower id); 0: none */
   int top_logprobs;
+  int prompt_logprobs;      /* with logprobs 1: the prompt's tokens' log-probabilities and top_logprobs
+                               alternatives too (each from the logits of the position before it; the
+                               first token has none: NaN), what a completions server's echo gives;
+                               max_tokens may then be 0 (the prompt scored, nothing generated) */
 } moe_engine_params;
 #define MOE_ENGINE_STOPS 16
 #define MOE_ENGINE_TOP_LOGPROBS 20
@@ -1335,14 +1363,19 @@ typedef struct {
   const int32_t *tokens; /* (n) valid until moe_engine_release; those given never change */
   int done;              /* 0 running or queued, 1 finished, -1 failed (error says why) */
   int stop;              /* finished at an end token or a stop string, not at max_tokens */
-  size_t text_safe;      /* with stop strings: the bytes of the tokens' text that may be shown (not a
-                            stop string nor the start of one); else the text's length */
+  size_t text_safe;      /* with a tokenizer: the bytes of the tokens' text (moe_engine_text) that may
+                            be shown: complete characters (a moe_detokenizer's text), not a stop string
+                            nor the start of one; it only grows; 0 without a tokenizer */
   const char *error;     /* when failed, valid until release */
   double ttft_s, total_s; /* seconds from submit to the first token and to the end; -1 until known */
   const float *logprobs; /* (n) with params.logprobs, else NULL */
   const int32_t *top_ids; /* (n, n_top) the most probable tokens at each step, most probable first */
   const float *top_logprobs; /* (n, n_top) their log-probabilities */
   int n_top;
+  const float *prompt_logprobs;      /* (n_prompt) with params.prompt_logprobs once done or with a token
+                                        (the first NaN), else NULL */
+  const int32_t *prompt_top_ids;     /* (n_prompt, n_top) */
+  const float *prompt_top_logprobs;  /* (n_prompt, n_top) */
 } moe_engine_state;
 typedef struct {
   int queued, running;   /* requests waiting for a slot, and in one */
@@ -1358,6 +1391,10 @@ moe_status moe_engine_new(moe_engine **out, moe_lm_t *m, const moe_engine_config
 moe_status moe_engine_submit(moe_engine *e, const moe_engine_params *p, moe_engine_req **out);
 /* Waits until r has more than `have` tokens or is done (have -1: returns at once) and reports it. */
 void moe_engine_wait(moe_engine *e, moe_engine_req *r, int have, moe_engine_state *st);
+/* Bytes [from, to) of r's text (to <= a state's text_safe) into a new NUL-terminated buffer *out of *len
+ * bytes (free() it): UTF-8, as the tokenizer's decoders give the tokens' text. MOE_ERR_STATE without the
+ * engine's tokenizer, MOE_ERR_ARG for bytes not yet shown. */
+moe_status moe_engine_text(moe_engine *e, moe_engine_req *r, size_t from, size_t to, char **out, size_t *len);
 /* Drops the handle: an unfinished request is cancelled (it leaves its slot before the next step). */
 void moe_engine_release(moe_engine *e, moe_engine_req *r);
 void moe_engine_get_stats(moe_engine *e, moe_engine_stats *st);
@@ -1379,6 +1416,61 @@ typedef struct {
 } moe_lm_experts;
 moe_status moe_lm_buffer_experts(moe_lm_t *m, const char *dir, int K, moe_cache_policy p, moe_lm_experts *x);
 void moe_lm_experts_free(moe_lm_experts *x);
+
+/* ---- OpenAI-compatible request bodies (DESIGN 4.7): what moe serve parses, for any front-end ----
+ * The parsers of POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize bodies, apart
+ * from HTTP (and fuzzed: fuzz/fuzz_completion.c), giving a moe_request that maps onto moe_engine_params. */
+#define MOE_REQUEST_STOPS 4        /* stop strings at most, as OpenAI */
+#define MOE_REQUEST_STOP_BYTES 256 /* bytes of a stop string at most */
+
+typedef struct {
+  int32_t *ids;      /* the prompt's token ids (malloc'd; free with moe_request_free) */
+  int n_ids;
+  int max_tokens;    /* >= 1 (0 with echo); when absent 16 as OpenAI, or fewer to fit the context */
+  float temperature; /* >= 0, 1 when absent; 0 is greedy */
+  float top_p;       /* (0, 1], 1 when absent */
+  uint64_t seed;     /* 0 when absent (moe generate's default) */
+  int stream;        /* server-sent events */
+  int ignore_eos;    /* go on past the end-of-text token */
+  int echo;          /* completions: the prompt's text (and with logprobs its tokens') before the answer */
+  int logprobs;      /* each token's log-probability, and those of the top_logprobs most probable */
+  int top_logprobs;
+  char *stop[MOE_REQUEST_STOPS]; /* the text ends before the first of these found (malloc'd) */
+  int n_stop;
+} moe_request;
+
+/* Parses the n bytes of body (none may be a \u0000 escape: cJSON's strings end at the NUL): a JSON
+ * object with "prompt" (a string, through tok, or an array of token
+ * ids in [0, vocab); tok NULL refuses strings), and optional "max_tokens", "temperature", "top_p",
+ * "seed" (integers >= 0 for the integers), "stream", "ignore_eos" and "echo" (booleans; echo lets
+ * max_tokens be 0), "logprobs" (null, or the alternatives per token in [0, 5]), "stop" (a string or up
+ * to 4 in an array, each 1 to 256 bytes; it needs tok); "model" and "user" (strings) have no effect.
+ * OpenAI's fields the server does not implement are taken only with the value that turns them off or
+ * null ("n" 1, "best_of" 1, "logit_bias" {}, the penalties 0, "suffix" null); any other value, and any other field, is refused by name.
+ * The prompt and max_tokens must fit the context of max_seq positions. MOE_ERR_FORMAT (not JSON, not
+ * an object) or MOE_ERR_VALUE (a field missing, of the wrong type or out of range), naming the field
+ * and its value. */
+moe_status moe_request_parse_completion(const char *body, size_t n, const moe_tokenizer *tok, int vocab, int max_seq,
+                                 moe_request *out);
+/* POST /v1/chat/completions' body: "messages" (a non-empty list of {"role": system|developer|user|
+ * assistant|tool, "content": a string, a list of parts, or null for an assistant's}) rendered by the chat
+ * template of chat_template (a tokenizer_config.json or its directory, moe_chat_template_render_config,
+ * with the generation prompt) and encoded with the template's special tokens as tokens; then
+ * "max_tokens" (or "max_completion_tokens"), "temperature", "top_p", "seed", "stream", "ignore_eos" and
+ * "stop" as for completions, "logprobs" (a boolean) with "top_logprobs" (0 to 20), OpenAI's other fields as
+ * there. Errors as
+ * moe_request_parse_completion's, and the template's. */
+moe_status moe_request_parse_chat(const char *body, size_t n, const moe_tokenizer *tok, const char *chat_template, int max_seq,
+                           moe_request *out);
+/* POST /tokenize's body {"prompt": text, "add_special_tokens": bool} (vLLM's): its ids (special tokens
+ * written in the text as theirs; BOS/EOS with add_special_tokens) into c->ids; POST /detokenize's
+ * {"tokens": [ids]}: the ids, each in [0, vocab). "model" is taken; other fields are refused by name. */
+moe_status moe_request_parse_tokenize(const char *body, size_t n, const moe_tokenizer *tok, moe_request *out);
+moe_status moe_request_parse_detokenize(const char *body, size_t n, int vocab, moe_request *out);
+void moe_request_free(moe_request *c);
+/* The n bytes of in as UTF-8 into out (room for 3 n + 1 bytes; NUL-terminated): well-formed sequences as
+ * they are, every other byte as U+FFFD (Python's errors="replace"), as JSON needs text. Its length. */
+size_t moe_utf8_clean(const char *in, size_t n, char *out);
 
 /* ---- a checked optimizer step ----
  * moe_optim_step and then moe_model_check_finite(m, o) in the same pass over the parameters: the

@@ -152,7 +152,8 @@ def bad(port):
         ('{"prompt": "hi", "n": 2}', 400, '"n" 2 is not implemented by this server (only 1)'),
         ('{"prompt": "hi", "best_of": 3}', 400, '"best_of" 3 is not implemented'),
         ('{"prompt": "hi", "logprobs": 6}', 400, '"logprobs" must be in [0, 5]'),
-        ('{"prompt": "hi", "echo": true}', 400, '"echo" true is not implemented'),
+        ('{"prompt": "hi", "echo": 1}', 400, '"echo" must be true or false'),
+        ('{"prompt": "hi", "max_tokens": 0}', 400, '"max_tokens" must be in [1'),
         ('{"prompt": "hi", "suffix": "end"}', 400, '"suffix" "end" is not implemented'),
         ('{"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}', 400, '"stop" must be a string or an array of at most 4'),
         ('{"prompt": "hi", "stop": 5}', 400, '"stop" must be a string or an array'),
@@ -469,6 +470,7 @@ def logprobs(port):
         c = json.loads(e)["choices"][0]
         streamed += c["logprobs"]["token_logprobs"] if c["logprobs"] else []
     check(streamed == lp["token_logprobs"], "streamed logprobs %s, not %s" % (streamed, lp["token_logprobs"]))
+    echo_checks(port, body, o)
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a dog"}]
     c = json.loads(request(port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 6, "temperature": 0,
                                                                    "ignore_eos": True, "logprobs": True,
@@ -477,6 +479,33 @@ def logprobs(port):
     check([x["logprob"] for x in content] == lp["token_logprobs"], "chat logprobs %s, completion %s" % (content, lp))
     check(all(len(x["top_logprobs"]) == 2 and x["top_logprobs"][0]["logprob"] == x["logprob"] for x in content),
           "chat top_logprobs %s" % content)
+
+
+def echo_checks(port, body, o):
+    """echo (what lm-evaluation-harness asks a completions server for): the prompt's text and ids before
+    the answer's, its tokens' logprobs first (the first null), streamed or not; scoring the prompt and
+    the answer's ids with max_tokens 0 gives the answer's tokens the logprobs they were sampled with."""
+    prompt_ids = json.loads(request(port, "POST", "/tokenize", {"prompt": body["prompt"]})[2])["tokens"]
+    n, p = len(o["token_ids"]), len(prompt_ids)
+    e = json.loads(request(port, "POST", "/v1/completions", dict(body, echo=True))[2])["choices"][0]
+    check(e["text"] == body["prompt"] + o["text"] and e["token_ids"] == prompt_ids + o["token_ids"], "echo %s" % e)
+    lp = e["logprobs"]
+    check(all(len(x) == p + n for x in (lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], lp["text_offset"])),
+          "echo logprobs lengths %s" % lp)
+    check(lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None and
+          all(x is not None and x <= 0 for x in lp["token_logprobs"][1:]), "echo prompt logprobs %s" % lp)
+    check(lp["token_logprobs"][p:] == o["logprobs"]["token_logprobs"], "echo answer logprobs %s, not %s" %
+          (lp["token_logprobs"][p:], o["logprobs"]["token_logprobs"]))
+    check(lp["text_offset"][0] == 0 and lp["text_offset"][p] == len(body["prompt"].encode()), "echo offsets %s" % lp)
+    status, _, text = request(port, "POST", "/v1/completions", dict(body, echo=True, stream=True))
+    events = [json.loads(x[len("data: "):])["choices"][0] for x in [x for x in text.split("\n\n") if x][:-1]]
+    check("".join(c["text"] for c in events) == e["text"] and events[0]["text"].startswith(body["prompt"]),
+          "echo streamed %s" % events)
+    scored = json.loads(request(port, "POST", "/v1/completions", {"prompt": prompt_ids + o["token_ids"], "max_tokens": 0,
+                                                                  "echo": True, "logprobs": 1})[2])["choices"][0]
+    got, want = scored["logprobs"]["token_logprobs"][p:], o["logprobs"]["token_logprobs"]
+    check(scored["token_ids"] == prompt_ids + o["token_ids"] and scored["finish_reason"] == "length" and
+          len(got) == n and all(abs(a - b) < 1e-4 for a, b in zip(got, want)), "scored %s, sampled %s" % (got, want))
 
 
 def chat(port):

@@ -7,6 +7,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "base/utf8.h"
 #include "test.h"
 
 #define TEMPLATE "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\\n{% endfor %}" \
@@ -57,9 +58,11 @@ static char *answer(const char *dir, moe_lm_t *m, const moe_tokenizer *t, const 
     if (got[k] == eot || moe_lm_decode(m, kv, &got[k], 1)) break;
     l = moe_lm_logits(m);
   }
-  moe_tokenizer_decode(t, got, (size_t)k, NULL, 0, &len);
-  out = malloc(len + 1);
-  if (out && moe_tokenizer_decode(t, got, (size_t)k, out, len, &len) == MOE_OK) out[len] = 0;
+  char *raw = NULL;
+  size_t used;
+  if (moe_tokenizer_decode_alloc(t, got, (size_t)k, &raw, &len) == MOE_OK && (out = malloc(3 * len + 1)))
+    out[moe__utf8_clean(raw, len, 1, out, &used)] = 0; /* as a stream shows it: bytes not UTF-8 as U+FFFD */
+  free(raw);
 done:
   moe_lm_cache_free(kv);
   free(text), free(ids);

@@ -1,5 +1,6 @@
 /* `moe layer-run` end to end: a good run matches the reference, and each kind of bad input gets a
  * non-zero exit, a message naming the file, tensor or field, and no output file. */
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -377,4 +378,34 @@ TEST(cli_compare_json) {
   if (!ok) fprintf(stderr, "  printed: %s, stderr: %s\n", j, err);
   free(j);
   ASSERT(ok);
+}
+
+/* moe bench --lm: one JSON line with the prefill and decode counts, positive speeds, and the weight
+ * bytes a decode step reads, counted here by hand for the Mixtral fixture (untied): per layer the
+ * attention's projections, two norms, the router and k of the E experts; the head, one embedding row
+ * and the final norm. */
+TEST(cli_bench_lm_json) {
+  char out[4096], args[1024], dir[600];
+  snprintf(dir, sizeof dir, "%s/lm/mixtral", test_fixture_dir());
+  snprintf(args, sizeof args, "--lm '%s' --prompt-tokens 16 --gen-tokens 4 --reps 1 --threads 1 --json", dir);
+  int rc = bench_run(args, out, sizeof out);
+  if (rc != 0) FAIL_("moe bench --lm failed (%d): %s", rc, err_text);
+  cJSON *j = cJSON_Parse(out);
+  ASSERT(j);
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  ASSERT(!c.tie_embeddings && c.family == MOE_LM_MIXTRAL);
+  double D = c.moe.D, q = (double)c.n_heads * c.head_dim, kv = (double)c.n_kv_heads * c.head_dim;
+  double layer = D * (q + 2 * kv) + q * D + 2 * D + c.moe.E * D + c.moe.top_k * 3.0 * c.moe.H * D;
+  double bytes = 4 * (c.n_layers * layer + c.vocab * D + 2 * D);
+  ASSERT_EQ_INT((int)cJSON_GetObjectItem(j, "prefill_tokens")->valuedouble, 16);
+  ASSERT_EQ_INT((int)cJSON_GetObjectItem(j, "decode_tokens")->valuedouble, 4);
+  ASSERT(cJSON_GetObjectItem(j, "prefill_tok_s")->valuedouble > 0 && cJSON_GetObjectItem(j, "decode_tok_s")->valuedouble > 0);
+  double got = cJSON_GetObjectItem(j, "decode_weight_bytes")->valuedouble;
+  if (got != bytes) FAIL_("decode_weight_bytes %.0f, the tensors give %.0f", got, bytes);
+  cJSON_Delete(j);
+  ASSERT(bench_run("--lm /nonexistent --reps 1", out, sizeof out) != 0);
+  ASSERT(strstr(err_text, "/nonexistent"));
+  ASSERT(bench_run("--lm x --prompt-tokens 0 --gen-tokens 0", out, sizeof out) != 0);
+  ASSERT(strstr(err_text, "nothing to time"));
 }

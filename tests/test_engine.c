@@ -4,9 +4,11 @@
  * the Mixtral fixture (tests/fixtures/lm/mixtral). */
 #include <dirent.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "base/utf8.h"
 #include "test.h"
 
 enum { NREQ = 8, NEW = 10, V = 64 };
@@ -56,7 +58,7 @@ TEST(engine_batched_requests_get_their_tokens_alone) {
   ASSERT_OK(moe_engine_new(&e, &m, &c));
   moe_engine_req *req[NREQ];
   for (int r = 0; r < NREQ; r++) {
-    moe_engine_params p = {prompts[r], n[r], NEW, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0};
+    moe_engine_params p = {prompts[r], n[r], NEW, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0, 0};
     ASSERT_OK(moe_engine_submit(e, &p, &req[r]));
   }
   for (int r = 0; r < NREQ; r++) {
@@ -101,9 +103,9 @@ TEST(engine_end_tokens_release_drain_and_errors) {
   moe_engine_config c = {.slots = 2, .eos = &eos, .n_eos = 1};
   moe_engine *e;
   ASSERT_OK(moe_engine_new(&e, &m, &c));
-  moe_engine_params p = {prompt, n, NEW, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0};
+  moe_engine_params p = {prompt, n, NEW, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0, 0};
   moe_engine_req *a, *b, *long_one;
-  moe_engine_params lp = {prompt, 1, 40, 0.7f, 0.9f, 5, 1, NULL, 0, 0, 0};
+  moe_engine_params lp = {prompt, 1, 40, 0.7f, 0.9f, 5, 1, NULL, 0, 0, 0, 0};
   ASSERT_OK(moe_engine_submit(e, &lp, &long_one));
   ASSERT_OK(moe_engine_submit(e, &p, &a));
   p.ignore_eos = 1;
@@ -126,15 +128,15 @@ TEST(engine_end_tokens_release_drain_and_errors) {
   moe_engine_release(e, a);
   moe_engine_release(e, b);
   moe_engine_req *bad;
-  moe_engine_params bp = {prompt, n, m.cfg.max_seq, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0};
+  moe_engine_params bp = {prompt, n, m.cfg.max_seq, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0, 0};
   ASSERT_STATUS(moe_engine_submit(e, &bp, &bad), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "max_seq"));
   int32_t out_of_range = V;
-  moe_engine_params bv = {&out_of_range, 1, 2, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0};
+  moe_engine_params bv = {&out_of_range, 1, 2, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0, 0};
   ASSERT_STATUS(moe_engine_submit(e, &bv, &bad), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "prompt token 0"));
   const char *stop[] = {"x"};
-  moe_engine_params bs = {prompt, n, 2, 0.0f, 1.0f, 0, 0, stop, 1, 0, 0};
+  moe_engine_params bs = {prompt, n, 2, 0.0f, 1.0f, 0, 0, stop, 1, 0, 0, 0};
   ASSERT_STATUS(moe_engine_submit(e, &bs, &bad), MOE_ERR_ARG); /* no tokenizer */
   ASSERT(strstr(moe_last_error(), "tokenizer"));
   moe_engine_drain(e);
@@ -160,7 +162,7 @@ TEST(engine_logprobs_are_the_full_forwards) {
   ASSERT_OK(moe_engine_new(&e, &m, &c));
   enum { TOP = 4 };
   for (int sampled = 0; sampled < 2; sampled++) {
-    moe_engine_params p = {prompt, 3, NEW, sampled ? 0.9f : 0.0f, 1.0f, 7, 1, NULL, 0, 1, TOP};
+    moe_engine_params p = {prompt, 3, NEW, sampled ? 0.9f : 0.0f, 1.0f, 7, 1, NULL, 0, 1, TOP, 0};
     moe_engine_req *r;
     ASSERT_OK(moe_engine_submit(e, &p, &r));
     moe_engine_state st = {0};
@@ -189,9 +191,72 @@ TEST(engine_logprobs_are_the_full_forwards) {
     moe_engine_release(e, r);
   }
   moe_engine_req *bad;
-  moe_engine_params bp = {prompt, 3, 2, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 3};
+  moe_engine_params bp = {prompt, 3, 2, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 3, 0};
   ASSERT_STATUS(moe_engine_submit(e, &bp, &bad), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "top_logprobs"));
+  moe_engine_free(e);
+  moe_lm_free(&m);
+}
+
+/* The log-softmax of row at id (in double). */
+static double log_softmax(const float *row, int id) {
+  double mx = row[0], sum = 0;
+  for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+  for (int v = 0; v < V; v++) sum += exp(row[v] - mx);
+  return row[id] - mx - log(sum);
+}
+
+/* prompt_logprobs (a completions server's echo): each prompt token's log-probability and alternatives
+ * from the full forward's logits of the position before it, the first NaN; with max_tokens 0 the request
+ * is done after its prompt with no token; the others' tokens are those without it. */
+TEST(engine_prompt_logprobs_are_the_full_forwards) {
+  moe_lm_t m;
+  ASSERT(load(&m));
+  enum { P = 6, TOP = 3 };
+  int32_t prompt[P] = {5, 9, 1, 33, 7, 60};
+  moe_engine_config c = {.slots = 2};
+  moe_engine *e;
+  ASSERT_OK(moe_engine_new(&e, &m, &c));
+  ASSERT_OK(moe_lm_forward(&m, prompt, NULL, 1, P, NULL));
+  float *lg = malloc(sizeof(float) * P * V);
+  ASSERT(lg);
+  memcpy(lg, moe_lm_logits(&m), sizeof(float) * P * V);
+  for (int max_tokens = 0; max_tokens <= 4; max_tokens += 4) {
+    moe_engine_params p = {prompt, P, max_tokens, 0.0f, 1.0f, 0, 1, NULL, 0, 1, TOP, 1};
+    moe_engine_req *r;
+    ASSERT_OK(moe_engine_submit(e, &p, &r));
+    moe_engine_state st = {0};
+    do moe_engine_wait(e, r, st.n, &st);
+    while (!st.done);
+    ASSERT_EQ_INT(st.done, 1);
+    ASSERT_EQ_INT(st.n, max_tokens);
+    ASSERT(st.prompt_logprobs && st.prompt_top_ids && st.prompt_top_logprobs);
+    ASSERT(isnan(st.prompt_logprobs[0]) && st.prompt_top_ids[0] == -1);
+    for (int i = 1; i < P; i++) {
+      const float *row = lg + (size_t)(i - 1) * V;
+      double want = log_softmax(row, prompt[i]);
+      if (fabs(st.prompt_logprobs[i] - want) > 1e-4) FAIL_("prompt token %d: %g, full forward %g", i, st.prompt_logprobs[i], want);
+      for (int j = 0; j < TOP; j++) {
+        int32_t id = st.prompt_top_ids[i * TOP + j];
+        if (fabs(st.prompt_top_logprobs[i * TOP + j] - log_softmax(row, id)) > 1e-4) FAIL_("prompt %d alternative %d", i, j);
+        if (j) ASSERT(st.prompt_top_logprobs[i * TOP + j] <= st.prompt_top_logprobs[i * TOP + j - 1]);
+      }
+    }
+    if (max_tokens) { /* greedy: the first token is the best alternative after the prompt */
+      ASSERT_EQ_INT(st.tokens[0], st.top_ids[0]);
+      double want = log_softmax(lg + (size_t)(P - 1) * V, st.tokens[0]);
+      ASSERT(fabs(st.logprobs[0] - want) < 1e-4);
+    }
+    moe_engine_release(e, r);
+  }
+  moe_engine_req *bad;
+  moe_engine_params bp = {prompt, P, 0, 0.0f, 1.0f, 0, 0, NULL, 0, 0, 0, 0}; /* max_tokens 0 without scoring */
+  ASSERT_STATUS(moe_engine_submit(e, &bp, &bad), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "max_tokens"));
+  bp.max_tokens = 1, bp.prompt_logprobs = 1; /* scoring needs logprobs */
+  ASSERT_STATUS(moe_engine_submit(e, &bp, &bad), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "prompt_logprobs"));
+  free(lg);
   moe_engine_free(e);
   moe_lm_free(&m);
 }
@@ -241,4 +306,52 @@ TEST(threads_release_ends_the_callers_team) {
   ASSERT_EQ_INT(settles_to(base + 1), base + 1);
   moe_engine_free(e);
   moe_lm_free(&m);
+}
+
+/* The engine's text through a SentencePiece tokenizer (Llama 2's: "▁" pieces, byte fallback): a random
+ * model sampling over its whole vocabulary; the text read as it comes (moe_engine_text from each state's
+ * text_safe) joined is the whole decode with bytes that are not UTF-8 as U+FFFD, and has no "▁". */
+TEST(engine_text_streams_through_the_tokenizers_decoders) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/../../data/tokenizers/llama2/tokenizer.json", test_fixture_dir());
+  if (access(path, R_OK)) SKIP("no data/tokenizers/llama2 (scripts/get-tokenizers.sh fetches it)");
+  moe_tokenizer *t;
+  ASSERT_OK(moe_tokenizer_load(&t, path));
+  moe_lm_config c;
+  moe_lm_config_default(&c);
+  c.vocab = moe_tokenizer_vocab_size(t), c.n_layers = 1, c.n_heads = 2, c.n_kv_heads = 1, c.head_dim = 8;
+  c.max_seq = 64, c.moe.D = 16, c.moe.H = 16, c.moe.E = 2, c.moe.top_k = 1, c.moe.threads = 1;
+  moe_lm_t m;
+  ASSERT_OK(moe_lm_init(&m, &c));
+  moe_lm_init_params(&m, 3);
+  moe_engine_config ec = {.slots = 1, .tok = t};
+  moe_engine *e;
+  ASSERT_OK(moe_engine_new(&e, &m, &ec));
+  int32_t prompt[] = {1, 450, 4796}; /* <s> "▁The" "▁cat" */
+  moe_engine_params p = {prompt, 3, 40, 1.0f, 1.0f, 11, 1, NULL, 0, 0, 0, 0};
+  moe_engine_req *r;
+  ASSERT_OK(moe_engine_submit(e, &p, &r));
+  moe_engine_state st = {0};
+  char got[4096], *piece, *all = NULL, *want = NULL;
+  size_t w = 0, k, n;
+  do {
+    moe_engine_wait(e, r, st.n, &st);
+    ASSERT_OK(moe_engine_text(e, r, w, st.text_safe, &piece, &k));
+    ASSERT(w + k < sizeof got);
+    memcpy(got + w, piece, k), w += k;
+    free(piece);
+  } while (!st.done);
+  ASSERT_EQ_INT(st.n, 40);
+  ASSERT_OK(moe_tokenizer_decode_alloc(t, st.tokens, (size_t)st.n, &all, &n));
+  ASSERT(want = malloc(3 * n + 1));
+  size_t used, nw = moe__utf8_clean(all, n, 1, want, &used);
+  if (nw != w || memcmp(got, want, w)) FAIL_("streamed \"%.*s\", decode \"%.*s\"", (int)w, got, (int)nw, want);
+  got[w] = 0;
+  ASSERT(!strstr(got, "\xe2\x96\x81"));
+  ASSERT_STATUS(moe_engine_text(e, r, 0, w + 1, &piece, &k), MOE_ERR_ARG); /* not shown yet: never */
+  free(all), free(want);
+  moe_engine_release(e, r);
+  moe_engine_free(e);
+  moe_lm_free(&m);
+  moe_tokenizer_free(t);
 }

@@ -587,6 +587,10 @@ TEST(gguf_lm_checkpoint_with_tokenizer_and_chat_template) {
   ASSERT_OK(moe_gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos));
   ASSERT_EQ_INT(eos, moe_tokenizer_token_id(t, MOE_TOKENIZER_EOT));
   moe_gguf_close(g);
+  int32_t ends[MOE_LM_MAX_EOS];
+  int n_ends;
+  ASSERT_OK(moe_lm_eos_ids(gguf, NULL, c.vocab, ends, MOE_LM_MAX_EOS, &n_ends));
+  ASSERT(n_ends == 1 && ends[0] == (int32_t)eos);
   moe_tokenizer_free(t);
   const char *conv = "[{\"role\": \"user\", \"content\": \"hello there\"}]";
   char *a = NULL, *b = NULL;

@@ -1,31 +1,36 @@
-/* moe serve's request parser (moe__completion_parse) and UTF-8 cleaning (moe__utf8_clean) alone. */
+/* moe serve's request parser (moe_request_parse_completion) and UTF-8 cleaning (moe__utf8_clean) alone. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "serve/completion.h"
+#include "base/utf8.h"
 #include "test.h"
 
-static moe_status parse(const char *body, moe__completion *c) {
-  return moe__completion_parse(body, strlen(body), NULL, 50, 16, c);
+static moe_status parse(const char *body, moe_request *c) {
+  return moe_request_parse_completion(body, strlen(body), NULL, 50, 16, c);
 }
 
 TEST(serve_request_parse_fields_defaults_and_errors) {
-  moe__completion c;
+  moe_request c;
   ASSERT_OK(parse("{\"prompt\": [3, 4], \"model\": \"x\", \"n\": 1}", &c));
   ASSERT(c.n_ids == 2 && c.ids[0] == 3 && c.ids[1] == 4 && c.max_tokens == 14 && c.temperature == 1 &&
          c.top_p == 1 && c.seed == 0 && !c.stream); /* the default 16, cut to the context */
-  moe__completion_free(&c);
+  moe_request_free(&c);
   ASSERT_OK(parse("{\"prompt\": [0], \"max_tokens\": 15, \"temperature\": 0, \"top_p\": 0.5, \"seed\": 9, "
                   "\"stream\": true}", &c));
-  ASSERT(c.max_tokens == 15 && c.temperature == 0 && c.top_p == 0.5f && c.seed == 9 && c.stream);
-  moe__completion_free(&c);
+  ASSERT(c.max_tokens == 15 && c.temperature == 0 && c.top_p == 0.5f && c.seed == 9 && c.stream && !c.echo);
+  moe_request_free(&c);
+  ASSERT_OK(parse("{\"prompt\": [0, 1], \"max_tokens\": 0, \"echo\": true, \"logprobs\": 1}", &c)); /* scoring */
+  ASSERT(c.max_tokens == 0 && c.echo && c.logprobs && c.top_logprobs == 1);
+  moe_request_free(&c);
   static const char *const bad[][2] = {
       {"{\"prompt\": [1], \"max_tokens\": 16}", "exceed the model's context of 16"},
       {"{\"prompt\": \"hi\"}", "no tokenizer.json"},
       {"{\"prompt\": [50]}", "\"prompt\"[0] is not a token id in [0, 50)"},
       {"{\"prompt\": [1], \"seed\": 1.5}", "\"seed\" must be an integer"},
       {"{\"prompt\": [1], \"stream\": 1}", "\"stream\" must be true or false"},
+      {"{\"prompt\": [1], \"max_tokens\": 0}", "\"max_tokens\" must be in [1, 16]"},
+      {"{\"prompt\": [1], \"max_tokens\": 0, \"echo\": false}", "\"max_tokens\" must be in [1, 16]"},
       {"{\"prompt\": [1]} x", "garbage after the JSON body"},
       {"{\"prompt\": [1]", "not valid JSON"},
   };
@@ -60,9 +65,9 @@ TEST(serve_request_prompt_with_more_ids_than_bytes) {
   moe_tokenizer *t;
   if (access(path, R_OK)) SKIP("no data/tokenizers/llama2 (scripts/get-tokenizers.sh fetches it)");
   ASSERT_OK(moe_tokenizer_load(&t, path));
-  moe__completion c;
+  moe_request c;
   const char *body = "{\"prompt\": \"\\n\\n\", \"max_tokens\": 1}";
-  moe_status st = moe__completion_parse(body, strlen(body), t, moe_tokenizer_vocab_size(t), 64, &c);
+  moe_status st = moe_request_parse_completion(body, strlen(body), t, moe_tokenizer_vocab_size(t), 64, &c);
   if (st != MOE_OK) FAIL_("%s", moe_last_error());
   int32_t *want = NULL;
   size_t n = 0;
@@ -71,6 +76,6 @@ TEST(serve_request_prompt_with_more_ids_than_bytes) {
   ASSERT_EQ_INT(c.n_ids, (int)n);
   ASSERT(!memcmp(c.ids, want, n * sizeof *want));
   free(want);
-  moe__completion_free(&c);
+  moe_request_free(&c);
   moe_tokenizer_free(t);
 }

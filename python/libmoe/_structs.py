@@ -106,14 +106,15 @@ class EngineConfig(C.Structure):
 class EngineParams(C.Structure):
     _fields_ = [("prompt", C.POINTER(C.c_int32)), ("n_prompt", _i), ("max_tokens", _i), ("temperature", _f),
                 ("top_p", _f), ("seed", C.c_uint64), ("ignore_eos", _i), ("stop", C.POINTER(C.c_char_p)),
-                ("n_stop", _i), ("logprobs", _i), ("top_logprobs", _i)]
+                ("n_stop", _i), ("logprobs", _i), ("top_logprobs", _i), ("prompt_logprobs", _i)]
 
 
 class EngineState(C.Structure):
     _fields_ = [("n", _i), ("tokens", C.POINTER(C.c_int32)), ("done", _i), ("stop", _i), ("text_safe", C.c_size_t),
                 ("error", C.c_char_p), ("ttft_s", C.c_double), ("total_s", C.c_double),
                 ("logprobs", C.POINTER(_f)), ("top_ids", C.POINTER(C.c_int32)), ("top_logprobs", C.POINTER(_f)),
-                ("n_top", _i)]
+                ("n_top", _i), ("prompt_logprobs", C.POINTER(_f)), ("prompt_top_ids", C.POINTER(C.c_int32)),
+                ("prompt_top_logprobs", C.POINTER(_f))]
 
 
 class EngineStats(C.Structure):

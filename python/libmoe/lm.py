@@ -3,8 +3,6 @@ layout) and the continuous-batching engine (moe_engine) from Python, with numpy 
 LM.generate runs the loop `moe generate` runs (the prompt through the KV cache, then moe_lm_sample one
 token at a time from the request's splitmix64 generator), so the same seed gives the same tokens."""
 import ctypes as C
-import json
-import os
 
 import numpy as np
 
@@ -17,6 +15,7 @@ for _name, (_res, _args) in {
         "moe_lm_read_config": (C.c_int, [C.c_char_p, _P(S.LMConfig)]),
         "moe_lm_load": (C.c_int, [_LM, C.c_char_p, _P(S.LMConfig)]),
         "moe_lm_free": (None, [_LM]),
+        "moe_lm_eos_ids": (C.c_int, [C.c_char_p, C.c_void_p, C.c_int, _I32, C.c_int, _P(C.c_int)]),
         "moe_lm_forward": (C.c_int, [_LM, _I32, _I32, C.c_int, C.c_int, C.c_void_p]),
         "moe_lm_logits": (_F32, [_LM]),
         "moe_lm_cache_new": (C.c_int, [_P(C.c_void_p), _LM, C.c_int]),
@@ -29,11 +28,7 @@ for _name, (_res, _args) in {
         "moe_engine_wait": (None, [C.c_void_p, C.c_void_p, C.c_int, _P(S.EngineState)]),
         "moe_engine_release": (None, [C.c_void_p, C.c_void_p]),
         "moe_engine_get_stats": (None, [C.c_void_p, _P(S.EngineStats)]),
-        "moe_engine_free": (None, [C.c_void_p]),
-        "moe_gguf_open": (C.c_int, [_P(C.c_void_p), C.c_char_p]),
-        "moe_gguf_close": (None, [C.c_void_p]),
-        "moe_gguf_find_key": (C.c_int64, [C.c_void_p, C.c_char_p]),
-        "moe_gguf_get_u32": (C.c_int, [C.c_void_p, C.c_char_p, _P(C.c_uint32)])}.items():
+        "moe_engine_free": (None, [C.c_void_p])}.items():
     _fn = getattr(lib, _name)
     _fn.restype, _fn.argtypes = _res, _args
 
@@ -45,35 +40,17 @@ def _ids(tokens, vocab, what):
     return a
 
 
-def _gguf_eos_ids(path, vocab):
-    """A GGUF file's tokenizer.ggml.eos_token_id and eot_token_id."""
-    g, v, ids = C.c_void_p(), C.c_uint32(), []
-    check(lib.moe_gguf_open(C.byref(g), text(path)))
-    try:
-        for key in (b"tokenizer.ggml.eos_token_id", b"tokenizer.ggml.eot_token_id"):
-            if lib.moe_gguf_find_key(g, key) >= 0:
-                check(lib.moe_gguf_get_u32(g, key, C.byref(v)))
-                if v.value < vocab and v.value not in ids:
-                    ids.append(v.value)
-    finally:
-        lib.moe_gguf_close(g)
-    return ids
-
-
 def _eos_ids(path, vocab):
-    """config.json's eos_token_id (an id or a list), as moe generate reads it; a GGUF file's EOS ids."""
-    if os.path.isfile(path):
-        return _gguf_eos_ids(path, vocab)
-    with open(os.path.join(path, "config.json")) as f:
-        v = json.load(f).get("eos_token_id")
-    ids = [] if v is None else v if isinstance(v, list) else [v]
-    return [int(i) for i in ids if isinstance(i, int) and 0 <= i < vocab]
+    """config.json's and generation_config.json's eos_token_id (moe_lm_eos_ids without a tokenizer)."""
+    ids, n = (C.c_int32 * 16)(), C.c_int()
+    check(lib.moe_lm_eos_ids(text(path), None, vocab, ids, 16, C.byref(n)))
+    return list(ids[:n.value])
 
 
 class LM(Owner):
     """A checkpoint directory (config.json and model.safetensors, or shards with their index) or a GGUF
     file loaded by moe_lm_load. threads: 0 = all cores; dtype "bf16": the experts' GEMMs in bf16. eos: the ids that end
-    generation (default: config.json's eos_token_id)."""
+    generation (default: config.json's and generation_config.json's eos_token_id)."""
     _free = lib.moe_lm_free
 
     def __init__(self, path, threads=0, dtype="f32", eos=None):

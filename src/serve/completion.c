@@ -1,10 +1,9 @@
-/* The request bodies of POST /v1/completions and /v1/chat/completions, and UTF-8 cleaning (completion.h). */
+/* The request bodies of POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize (moe_request_*). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "completion.h"
 #include "internal.h"
 #include "formats/json.h"
 
@@ -29,16 +28,16 @@ static moe_status flag(const cJSON *o, const char *name, int *v) {
 }
 
 /* "stop": a string or an array of them (null or [] for none), each copied into c. */
-static moe_status stops(const cJSON *f, const moe_tokenizer *tok, moe__completion *c) {
+static moe_status stops(const cJSON *f, const moe_tokenizer *tok, moe_request *c) {
   if (!f || cJSON_IsNull(f)) return MOE_OK;
   int n = cJSON_IsString(f) ? 1 : cJSON_IsArray(f) ? cJSON_GetArraySize(f) : -1;
-  MOE_TRY(n >= 0 && n <= MOE_COMPLETION_STOPS, MOE_ERR_VALUE, "\"stop\" must be a string or an array of at most %d",
-          MOE_COMPLETION_STOPS);
+  MOE_TRY(n >= 0 && n <= MOE_REQUEST_STOPS, MOE_ERR_VALUE, "\"stop\" must be a string or an array of at most %d",
+          MOE_REQUEST_STOPS);
   MOE_TRY(!n || tok, MOE_ERR_VALUE, "\"stop\": this checkpoint has no tokenizer.json to make text of the tokens");
   for (const cJSON *s = cJSON_IsString(f) ? f : f->child; c->n_stop < n; s = s->next) {
     size_t len = cJSON_IsString(s) ? strlen(s->valuestring) : 0;
-    MOE_TRY(len >= 1 && len <= MOE_COMPLETION_STOP_BYTES, MOE_ERR_VALUE, "\"stop\"[%d] must be a string of 1 to %d bytes",
-            c->n_stop, MOE_COMPLETION_STOP_BYTES);
+    MOE_TRY(len >= 1 && len <= MOE_REQUEST_STOP_BYTES, MOE_ERR_VALUE, "\"stop\"[%d] must be a string of 1 to %d bytes",
+            c->n_stop, MOE_REQUEST_STOP_BYTES);
     c->stop[c->n_stop] = malloc(len + 1);
     MOE_TRY(c->stop[c->n_stop], MOE_ERR_NOMEM, "\"stop\": out of memory");
     memcpy(c->stop[c->n_stop++], s->valuestring, len + 1);
@@ -48,7 +47,7 @@ static moe_status stops(const cJSON *f, const moe_tokenizer *tok, moe__completio
 
 /* The ids of len bytes of text (special: added tokens' strings as their ids, as a chat template's); a
  * tokenizer may give more ids than bytes (byte fallback, a prepended "▁"). */
-static moe_status encode(const char *text, size_t len, const moe_tokenizer *tok, int special, moe__completion *c) {
+static moe_status encode(const char *text, size_t len, const moe_tokenizer *tok, int special, moe_request *c) {
   size_t k = 0;
   MOE_CHECK(moe_tokenizer_encode_alloc(tok, text, len, special, &c->ids, &k));
   MOE_TRY(k <= INT32_MAX, MOE_ERR_VALUE, "\"prompt\" is too long");
@@ -57,7 +56,7 @@ static moe_status encode(const char *text, size_t len, const moe_tokenizer *tok,
 }
 
 /* The prompt's ids: a string through the tokenizer, or an array of ids. */
-static moe_status prompt(const cJSON *p, const moe_tokenizer *tok, int vocab, moe__completion *c) {
+static moe_status prompt(const cJSON *p, const moe_tokenizer *tok, int vocab, moe_request *c) {
   MOE_TRY(p, MOE_ERR_VALUE, "\"prompt\" is required");
   if (cJSON_IsString(p)) {
     MOE_TRY(tok, MOE_ERR_VALUE, "\"prompt\": this checkpoint has no tokenizer.json; send token ids ([1, 2, 3])");
@@ -87,13 +86,13 @@ static const struct {
   const char *name, *off;
   int type; /* cJSON's of off */
 } UNSERVED[] = {
-    {"n", "1", cJSON_Number},        {"best_of", "1", cJSON_Number},    {"echo", "false", cJSON_False},
+    {"n", "1", cJSON_Number},        {"best_of", "1", cJSON_Number},
     {"suffix", "null", cJSON_NULL},    {"logit_bias", "{}", cJSON_Object},
     {"presence_penalty", "0", cJSON_Number}, {"frequency_penalty", "0", cJSON_Number},
 };
 /* The fields each endpoint serves (checked as they are read), NULL-terminated, and their list for messages. */
 static const char *const SERVED[] = {"prompt", "max_tokens", "temperature", "top_p", "seed", "stream", "ignore_eos",
-                                     "stop", "logprobs", NULL};
+                                     "stop", "logprobs", "echo", NULL};
 static const char *const CHAT_SERVED[] = {"messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
                                           "seed", "stream", "ignore_eos", "stop", "logprobs", "top_logprobs", NULL};
 
@@ -133,9 +132,10 @@ static moe_status fields(const cJSON *o, const char *const *served) {
 }
 
 /* The sampling fields, once the prompt's ids are in c; chat takes max_completion_tokens too. */
-static moe_status sampling(const cJSON *o, const moe_tokenizer *tok, int max_seq, int chat, moe__completion *c) {
+static moe_status sampling(const cJSON *o, const moe_tokenizer *tok, int max_seq, int chat, moe_request *c) {
   double left = max_seq - c->n_ids, mt = left < 16 && left >= 1 ? left : 16, temp = 1, top_p = 1, seed = 0;
-  MOE_CHECK(number(o, "max_tokens", 1, 1, max_seq, &mt));
+  if (!chat) MOE_CHECK(flag(o, "echo", &c->echo));
+  MOE_CHECK(number(o, "max_tokens", 1, !c->echo, max_seq, &mt)); /* 0 with echo: the prompt scored */
   if (chat) MOE_CHECK(number(o, "max_completion_tokens", 1, 1, max_seq, &mt));
   MOE_CHECK(number(o, "temperature", 0, 0, 100, &temp));
   MOE_CHECK(number(o, "top_p", 0, 0, 1, &top_p));
@@ -162,7 +162,7 @@ static moe_status sampling(const cJSON *o, const moe_tokenizer *tok, int max_seq
   return MOE_OK;
 }
 
-static moe_status parse(const cJSON *o, const moe_tokenizer *tok, int vocab, int max_seq, moe__completion *c) {
+static moe_status parse(const cJSON *o, const moe_tokenizer *tok, int vocab, int max_seq, moe_request *c) {
   MOE_TRY(cJSON_IsObject(o), MOE_ERR_FORMAT, "the body must be a JSON object");
   MOE_CHECK(fields(o, SERVED));
   MOE_CHECK(prompt(cJSON_GetObjectItemCaseSensitive(o, "prompt"), tok, vocab, c));
@@ -187,7 +187,7 @@ static moe_status messages(const cJSON *m) {
 }
 
 static moe_status parse_chat(const cJSON *o, const moe_tokenizer *tok, const char *chat_template, int max_seq,
-                             moe__completion *c, char **text) {
+                             moe_request *c, char **text) {
   MOE_TRY(cJSON_IsObject(o), MOE_ERR_FORMAT, "the body must be a JSON object");
   MOE_CHECK(fields(o, CHAT_SERVED));
   const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages");
@@ -217,32 +217,32 @@ static long nul_escape(const char *s, size_t n) {
 }
 
 /* The body as JSON (c cleared): refused with a \u0000 escape. */
-static moe_status body_json(const char *body, size_t n, moe__completion *c, cJSON **o) {
+static moe_status body_json(const char *body, size_t n, moe_request *c, cJSON **o) {
   memset(c, 0, sizeof *c);
   long nul = nul_escape(body, n);
   MOE_TRY(nul < 0, MOE_ERR_VALUE, "the body has \\u0000 at byte %ld: strings with NUL characters are refused", nul);
   return moe__json_parse("request", "body", body, n, o);
 }
 
-moe_status moe__completion_parse(const char *body, size_t n, const moe_tokenizer *tok, int vocab, int max_seq,
-                                 moe__completion *c) {
+moe_status moe_request_parse_completion(const char *body, size_t n, const moe_tokenizer *tok, int vocab, int max_seq,
+                                 moe_request *c) {
   cJSON *o;
   MOE_CHECK(body_json(body, n, c, &o));
   moe_status st = parse(o, tok, vocab, max_seq, c);
   cJSON_Delete(o);
-  if (st != MOE_OK) moe__completion_free(c);
+  if (st != MOE_OK) moe_request_free(c);
   return st;
 }
 
-moe_status moe__chat_parse(const char *body, size_t n, const moe_tokenizer *tok, const char *chat_template, int max_seq,
-                           moe__completion *c) {
+moe_status moe_request_parse_chat(const char *body, size_t n, const moe_tokenizer *tok, const char *chat_template, int max_seq,
+                           moe_request *c) {
   cJSON *o;
   MOE_CHECK(body_json(body, n, c, &o));
   char *text = NULL;
   moe_status st = parse_chat(o, tok, chat_template, max_seq, c, &text);
   free(text);
   cJSON_Delete(o);
-  if (st != MOE_OK) moe__completion_free(c);
+  if (st != MOE_OK) moe_request_free(c);
   return st;
 }
 
@@ -259,7 +259,7 @@ static moe_status only(const cJSON *o, const char *const *names) {
   return MOE_OK;
 }
 
-moe_status moe__tokenize_parse(const char *body, size_t n, const moe_tokenizer *tok, moe__completion *c) {
+moe_status moe_request_parse_tokenize(const char *body, size_t n, const moe_tokenizer *tok, moe_request *c) {
   static const char *const names[] = {"prompt", "add_special_tokens", NULL};
   cJSON *o;
   MOE_CHECK(body_json(body, n, c, &o));
@@ -276,11 +276,11 @@ moe_status moe__tokenize_parse(const char *body, size_t n, const moe_tokenizer *
   if (!st && k > INT32_MAX) st = moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "\"prompt\" is too long");
   c->n_ids = (int)k;
   cJSON_Delete(o);
-  if (st != MOE_OK) moe__completion_free(c);
+  if (st != MOE_OK) moe_request_free(c);
   return st;
 }
 
-moe_status moe__detokenize_parse(const char *body, size_t n, int vocab, moe__completion *c) {
+moe_status moe_request_parse_detokenize(const char *body, size_t n, int vocab, moe_request *c) {
   static const char *const names[] = {"tokens", NULL};
   cJSON *o;
   MOE_CHECK(body_json(body, n, c, &o));
@@ -298,38 +298,14 @@ moe_status moe__detokenize_parse(const char *body, size_t n, int vocab, moe__com
     c->ids[c->n_ids++] = (int32_t)v;
   }
   cJSON_Delete(o);
-  if (st != MOE_OK) moe__completion_free(c);
+  if (st != MOE_OK) moe_request_free(c);
   return st;
 }
 
-void moe__completion_free(moe__completion *c) {
+void moe_request_free(moe_request *c) {
   free(c->ids);
   c->ids = NULL;
   c->n_ids = 0;
   for (; c->n_stop; c->n_stop--) free(c->stop[c->n_stop - 1]);
 }
 
-/* Bytes of the well-formed sequence at s (n left): its length, 0 when it is not one, or -1 when the n
- * bytes are a well-formed start that more bytes may complete (RFC 3629). */
-static int seq_len(const unsigned char *s, size_t n) {
-  int k = s[0] < 0x80 ? 1 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
-        : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
-  unsigned lo = s[0] == 0xE0 ? 0xA0 : s[0] == 0xF0 ? 0x90 : 0x80, hi = s[0] == 0xED ? 0x9F : s[0] == 0xF4 ? 0x8F : 0xBF;
-  for (int i = 1; i < k; i++, lo = 0x80, hi = 0xBF) {
-    if ((size_t)i == n) return -1;
-    if (s[i] < lo || s[i] > hi) return 0;
-  }
-  return k;
-}
-
-size_t moe__utf8_clean(const char *in, size_t n, int final, char *out, size_t *used) {
-  size_t i = 0, w = 0;
-  while (i < n) {
-    int k = seq_len((const unsigned char *)in + i, n - i);
-    if (k < 0 && !final) break; /* the rest may come with the next token */
-    if (k > 0) memcpy(out + w, in + i, (size_t)k), w += (size_t)k, i += (size_t)k;
-    else memcpy(out + w, "\xef\xbf\xbd", 3), w += 3, i++;
-  }
-  *used = i;
-  return w;
-}

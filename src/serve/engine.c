@@ -3,6 +3,7 @@
  * prompt runs alone, as in moe generate); then one decode step runs the last token of every running
  * request through the model together. Each request samples with its own generator, so a request alone
  * gives moe generate's tokens for the same seed. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +35,7 @@ static int is_eos(const moe_engine *e, int32_t t) {
 
 moe_status moe_engine_submit(moe_engine *e, const moe_engine_params *p, moe_engine_req **out) {
   moe_engine_req *r;
-  MOE_CHECK(moe__req_new(e->m, p, e->c.tok != NULL, &r));
+  MOE_CHECK(moe__req_new(e->m, p, e->c.tok, &r));
   pthread_mutex_lock(&e->mu);
   int ok = !e->draining;
   if (ok) {
@@ -56,10 +57,28 @@ moe_status moe_engine_submit(moe_engine *e, const moe_engine_params *p, moe_engi
 void moe_engine_wait(moe_engine *e, moe_engine_req *r, int have, moe_engine_state *st) {
   pthread_mutex_lock(&e->mu);
   while (r->n_out <= have && !r->done) pthread_cond_wait(&r->cv, &e->mu);
-  *st = (moe_engine_state){r->n_out, r->out, r->done, r->stop_hit, r->n_stop ? r->safe : r->n_text,
+  int scored = r->scored;
+  *st = (moe_engine_state){r->n_out, r->out, r->done, r->stop_hit, r->safe,
                            r->done < 0 ? r->err : NULL, r->ttft, r->total, r->lp, r->top_ids, r->top_lp,
-                           r->n_top > 0 ? r->n_top : 0};
+                           r->n_top > 0 ? r->n_top : 0, scored ? r->plp : NULL, scored ? r->ptop_ids : NULL,
+                           scored ? r->ptop_lp : NULL};
   pthread_mutex_unlock(&e->mu);
+}
+
+moe_status moe_engine_text(moe_engine *e, moe_engine_req *r, size_t from, size_t to, char **out, size_t *len) {
+  MOE_TRY(e && r && out && len, MOE_ERR_ARG, "moe_engine_text: NULL argument");
+  *out = NULL, *len = 0;
+  MOE_TRY(e->c.tok, MOE_ERR_STATE, "moe_engine_text: the engine has no tokenizer");
+  pthread_mutex_lock(&e->mu);
+  size_t safe = r->safe;
+  char *s = from <= to && to <= safe ? malloc(to - from + 1) : NULL;
+  if (s) memcpy(s, r->text + from, to - from), s[to - from] = 0; /* [0, safe) never changes */
+  pthread_mutex_unlock(&e->mu);
+  MOE_TRY(from <= to && to <= safe, MOE_ERR_ARG, "moe_engine_text: bytes [%zu, %zu) but the text has %zu to show",
+          from, to, safe);
+  MOE_TRY(s, MOE_ERR_NOMEM, "moe_engine_text: out of memory for %zu bytes", to - from);
+  *out = s, *len = to - from;
+  return MOE_OK;
 }
 
 void moe_engine_release(moe_engine *e, moe_engine_req *r) {
@@ -94,17 +113,25 @@ static void finish(moe_engine *e, moe_engine_req *r, int how, const char *err) {
   moe__req_unref(r);
 }
 
+/* Token t's text (t < 0: none) and, when it is r's last, what the detokenizer still held, into r's text
+ * (e->mu held): 1 when a stop string ends in it, else 0; -1 when out of memory. */
+static int add_token_text(moe_engine_req *r, int32_t t, int last) {
+  const char *b;
+  size_t k;
+  int stop = 0;
+  if (t >= 0) stop = moe_detokenizer_push(r->detok, t, &b, &k) != MOE_OK ? -1 : moe__req_add_text(r, b, k);
+  if (last && !stop) stop = moe_detokenizer_flush(r->detok, &b, &k) != MOE_OK ? -1 : moe__req_add_text(r, b, k);
+  return stop;
+}
+
 /* Samples r's next token from its logits row (the engine's thread; publishes under e->mu): an end token
  * finishes r without it unless r ignores it, a stop string with it. Returns 1 when r got a token. */
 static int take_token(moe_engine *e, moe_engine_req *r, const float *logits) {
   int32_t t;
   moe_status st = moe_lm_sample(logits, e->m->cfg.vocab, r->temperature, r->top_p, &r->seed, &t);
   int eos = st == MOE_OK && !r->ignore_eos && is_eos(e, t);
-  size_t k = 0;
-  const char *b = st == MOE_OK && e->c.tok ? moe_tokenizer_token_bytes(e->c.tok, t, &k) : NULL;
   pthread_mutex_lock(&e->mu);
-  int stop = b && !eos && r->n_stop ? moe__req_add_text(r, b, k) : 0; /* the text is kept for stop strings only */
-  if (b && !eos && !r->n_stop) r->n_text += k;
+  int stop = st == MOE_OK && r->detok ? add_token_text(r, eos ? -1 : t, eos || r->n_out + 1 == r->max_tokens) : 0;
   if (st == MOE_OK && !r->n_out) r->ttft = moe__now() - r->t_submit;
   if (st != MOE_OK || stop < 0) finish(e, r, -1, st != MOE_OK ? moe_last_error() : "out of memory for the text");
   else {
@@ -120,6 +147,30 @@ static int take_token(moe_engine *e, moe_engine_req *r, const float *logits) {
   }
   pthread_mutex_unlock(&e->mu);
   return st == MOE_OK && !eos && stop >= 0;
+}
+
+/* The prompt's log-probabilities from the logits of its positions (the engine's thread, before they are
+ * published: scored under e->mu). */
+static void score_prompt(moe_engine *e, moe_engine_req *r, const float *logits) {
+  int V = e->m->cfg.vocab, k = r->n_top;
+  r->plp[0] = NAN; /* nothing before it */
+  for (int j = 0; j < k; j++) r->ptop_ids[j] = -1, r->ptop_lp[j] = NAN;
+  for (int i = 1; i < r->n_prompt; i++) /* arguments checked: cannot fail */
+    moe_lm_logprobs(logits + (size_t)(i - 1) * V, V, r->prompt[i], k, &r->plp[i], r->ptop_ids + (size_t)i * k,
+                    r->ptop_lp + (size_t)i * k);
+  pthread_mutex_lock(&e->mu);
+  r->scored = 1;
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* A request of max_tokens 0 (its prompt scored) is complete after its prompt. */
+static int no_tokens(moe_engine *e, moe_engine_req *r) {
+  pthread_mutex_lock(&e->mu);
+  r->ttft = moe__now() - r->t_submit;
+  r->safe = r->n_text;
+  r->complete = 1;
+  pthread_mutex_unlock(&e->mu);
+  return 0;
 }
 
 /* Queued requests into free slots (e->mu held); returns how many joined, their slots in joined. */
@@ -180,8 +231,10 @@ static void *engine(void *arg) {
       moe_engine_req *r = e->slots[joined[i]];
       moe_lm_cache_slot_reset(e->kv, joined[i]);
       step.prompt_tokens += r->n_prompt;
-      if (decode(e, &joined[i], 1, r->prompt, r->n_prompt))
-        step.tokens += take_token(e, r, moe_lm_logits(e->m) + (size_t)(r->n_prompt - 1) * V);
+      if (decode(e, &joined[i], 1, r->prompt, r->n_prompt)) {
+        if (r->plp) score_prompt(e, r, moe_lm_logits(e->m));
+        step.tokens += r->max_tokens ? take_token(e, r, moe_lm_logits(e->m) + (size_t)(r->n_prompt - 1) * V) : no_tokens(e, r);
+      }
     }
     int n = 0;
     for (int s = 0; s < B; s++)

@@ -20,14 +20,19 @@ struct moe_engine_req {
   float *lp;           /* (max_tokens) each token's log-probability, when n_top >= 0 */
   int32_t *top_ids;    /* (max_tokens, n_top) */
   float *top_lp;       /* (max_tokens, n_top) */
+  float *plp;          /* (n_prompt) with prompt_logprobs: the prompt's tokens' log-probabilities */
+  int32_t *ptop_ids;   /* (n_prompt, n_top) */
+  float *ptop_lp;      /* (n_prompt, n_top) */
+  int scored;          /* the prompt's log-probabilities are in */
   int n_out;
   int done;            /* 1 finished, -1 failed (err says why) */
   int stop_hit;        /* finished at an end token or a stop string */
   int complete;        /* every token is in: finished once its step is counted (stats, on_step), so that
                           a caller seeing it done sees the step in the metrics too */
-  char *text;          /* with stop strings: the text's bytes so far */
+  moe_detokenizer *detok; /* with the engine's tokenizer: the tokens' text as they come */
+  char *text;          /* the text's bytes so far (UTF-8) */
   size_t n_text, cap_text;
-  size_t safe;         /* with stop strings: the bytes of text that may go out */
+  size_t safe;         /* the bytes of text that may go out (not a stop string nor the start of one) */
   int gone;            /* the caller released it: the engine drops it */
   int refs;            /* the caller's handle and the engine's */
   int slot;            /* its KV-cache slot, or -1 */
@@ -37,8 +42,8 @@ struct moe_engine_req {
   struct moe_engine_req *next;
 };
 
-/* A request from p (checked against m; stop strings need have_tok), with two references. */
-moe_status moe__req_new(const moe_lm_t *m, const moe_engine_params *p, int have_tok, moe_engine_req **out);
+/* A request from p (checked against m; stop strings need tok, which gives its text), with two references. */
+moe_status moe__req_new(const moe_lm_t *m, const moe_engine_params *p, const moe_tokenizer *tok, moe_engine_req **out);
 /* Drops a reference (under the engine's lock); the last frees r. */
 void moe__req_unref(moe_engine_req *r);
 /* Appends k bytes of text and looks for r's stop strings in it: 1 when one ends in the new bytes (r->safe

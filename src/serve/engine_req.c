@@ -11,14 +11,19 @@ static void req_free(moe_engine_req *r) {
   free(r->prompt);
   free(r->out);
   free(r->lp), free(r->top_ids), free(r->top_lp);
+  free(r->plp), free(r->ptop_ids), free(r->ptop_lp);
   free(r->text);
+  moe_detokenizer_free(r->detok);
   free(r);
 }
 
-moe_status moe__req_new(const moe_lm_t *m, const moe_engine_params *p, int have_tok, moe_engine_req **out) {
+moe_status moe__req_new(const moe_lm_t *m, const moe_engine_params *p, const moe_tokenizer *tok, moe_engine_req **out) {
   int V = m->cfg.vocab, S = m->cfg.max_seq;
   MOE_TRY(p && p->prompt && p->n_prompt >= 1, MOE_ERR_ARG, "engine request: the prompt must have a token");
-  MOE_TRY(p->max_tokens >= 1, MOE_ERR_ARG, "engine request: max_tokens must be >= 1, got %d", p->max_tokens);
+  MOE_TRY(p->prompt_logprobs == 0 || (p->prompt_logprobs == 1 && p->logprobs == 1), MOE_ERR_ARG,
+          "engine request: prompt_logprobs must be 0, or 1 with logprobs 1, got %d", p->prompt_logprobs);
+  MOE_TRY(p->max_tokens >= !p->prompt_logprobs, MOE_ERR_ARG, "engine request: max_tokens must be >= %d, got %d",
+          !p->prompt_logprobs, p->max_tokens);
   MOE_TRY(p->n_prompt <= S && p->max_tokens <= S - p->n_prompt, MOE_ERR_ARG,
           "engine request: the prompt's %d tokens and max_tokens %d exceed the model's max_seq %d", p->n_prompt,
           p->max_tokens, S);
@@ -27,7 +32,7 @@ moe_status moe__req_new(const moe_lm_t *m, const moe_engine_params *p, int have_
             i, p->prompt[i], V);
   MOE_TRY(p->n_stop >= 0 && p->n_stop <= MOE_ENGINE_STOPS && (p->n_stop == 0 || p->stop), MOE_ERR_ARG,
           "engine request: n_stop must be in [0, %d], got %d", MOE_ENGINE_STOPS, p->n_stop);
-  MOE_TRY(!p->n_stop || have_tok, MOE_ERR_ARG, "engine request: stop strings need the engine's tokenizer");
+  MOE_TRY(!p->n_stop || tok, MOE_ERR_ARG, "engine request: stop strings need the engine's tokenizer");
   for (int i = 0; i < p->n_stop; i++)
     MOE_TRY(p->stop[i] && p->stop[i][0], MOE_ERR_ARG, "engine request: stop string %d is empty", i);
   MOE_TRY(p->logprobs == 0 || p->logprobs == 1, MOE_ERR_ARG, "engine request: logprobs must be 0 or 1, got %d",
@@ -36,11 +41,16 @@ moe_status moe__req_new(const moe_lm_t *m, const moe_engine_params *p, int have_
           MOE_ERR_ARG, "engine request: top_logprobs must be in [0, %d] (with logprobs 1), got %d",
           MOE_ENGINE_TOP_LOGPROBS, p->top_logprobs);
   moe_engine_req *r = calloc(1, sizeof *r);
-  int ok = r && (r->prompt = malloc((size_t)p->n_prompt * 4)) && (r->out = malloc((size_t)p->max_tokens * 4));
+  int ok = r && (r->prompt = malloc((size_t)p->n_prompt * 4)) && (r->out = malloc((size_t)p->max_tokens * 4 + 4));
   for (int i = 0; ok && i < p->n_stop; i++) ok = (r->stop[i] = strdup(p->stop[i])) != NULL;
   size_t nt = (size_t)p->max_tokens * (p->top_logprobs ? (size_t)p->top_logprobs : 1);
+  if (ok && tok) ok = moe_detokenizer_new(&r->detok, tok) == MOE_OK;
+  size_t np = (size_t)p->n_prompt * (p->top_logprobs ? (size_t)p->top_logprobs : 1);
   if (ok && p->logprobs)
-    ok = (r->lp = malloc((size_t)p->max_tokens * 4)) && (r->top_ids = malloc(nt * 4)) && (r->top_lp = malloc(nt * 4));
+    ok = (r->lp = malloc((size_t)p->max_tokens * 4 + 4)) && (r->top_ids = malloc(nt * 4 + 4)) &&
+         (r->top_lp = malloc(nt * 4 + 4));
+  if (ok && p->prompt_logprobs)
+    ok = (r->plp = malloc((size_t)p->n_prompt * 4)) && (r->ptop_ids = malloc(np * 4)) && (r->ptop_lp = malloc(np * 4));
   if (!ok) {
     req_free(r);
     MOE_TRY(0, MOE_ERR_NOMEM, "engine request: out of memory");
@@ -75,7 +85,7 @@ int moe__req_add_text(moe_engine_req *r, const char *b, size_t k) {
     if (!p) return -1;
     r->text = p, r->cap_text = 2 * r->cap_text + k;
   }
-  memcpy(r->text + r->n_text, b, k);
+  if (k) memcpy(r->text + r->n_text, b, k);
   size_t from = r->n_text, n = r->n_text += k, at = n, hold = 0;
   for (int i = 0; i < r->n_stop; i++) {
     const char *s = r->stop[i];

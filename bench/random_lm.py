@@ -1,0 +1,104 @@
+"""A random language model in a Hugging Face layout (config.json, model.safetensors, the tokenizer's
+files), for speed comparisons where the weights' values do not matter (bench/vs_llamacpp.sh): Mixtral
+or Qwen2-MoE, normal weights of std 0.02 and unit norms, from a fixed seed. numpy only; the
+safetensors file is written by hand (its format: an 8-byte header length, a JSON header, the data).
+usage: python3 bench/random_lm.py OUT_DIR --tokenizer DIR [--family mixtral|qwen2_moe] [--layers L]
+       [--model D] [--heads NH] [--kv-heads NKV] [--experts E] [--top-k K] [--hidden H]"""
+import argparse
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+
+
+def tensors(a, vocab):
+    """(name, shape) of every parameter, in HF order."""
+    D, hd = a.model, a.model // a.heads
+    q, kv = a.heads * hd, a.kv_heads * hd
+    yield "model.embed_tokens.weight", (vocab, D)
+    for i in range(a.layers):
+        p = "model.layers.%d." % i
+        yield p + "input_layernorm.weight", (D,)
+        for n, rows in (("q", q), ("k", kv), ("v", kv)):
+            yield p + "self_attn.%s_proj.weight" % n, (rows, D)
+            if a.family == "qwen2_moe":
+                yield p + "self_attn.%s_proj.bias" % n, (rows,)
+        yield p + "self_attn.o_proj.weight", (D, q)
+        yield p + "post_attention_layernorm.weight", (D,)
+        if a.family == "mixtral":
+            yield p + "block_sparse_moe.gate.weight", (a.experts, D)
+            for e in range(a.experts):
+                x = p + "block_sparse_moe.experts.%d." % e
+                yield x + "w1.weight", (a.hidden, D)
+                yield x + "w2.weight", (D, a.hidden)
+                yield x + "w3.weight", (a.hidden, D)
+        else:
+            yield p + "mlp.gate.weight", (a.experts, D)
+            for e in range(a.experts):
+                x = p + "mlp.experts.%d." % e
+                yield x + "gate_proj.weight", (a.hidden, D)
+                yield x + "up_proj.weight", (a.hidden, D)
+                yield x + "down_proj.weight", (D, a.hidden)
+            x = p + "mlp.shared_expert."
+            yield x + "gate_proj.weight", (a.hidden, D)
+            yield x + "up_proj.weight", (a.hidden, D)
+            yield x + "down_proj.weight", (D, a.hidden)
+            yield p + "mlp.shared_expert_gate.weight", (1, D)
+    yield "model.norm.weight", (D,)
+    yield "lm_head.weight", (vocab, D)
+
+
+def config(a, vocab):
+    c = {"architectures": ["MixtralForCausalLM" if a.family == "mixtral" else "Qwen2MoeForCausalLM"],
+         "model_type": a.family, "vocab_size": vocab, "hidden_size": a.model, "num_hidden_layers": a.layers,
+         "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads, "max_position_embeddings": 4096,
+         "rms_norm_eps": 1e-5, "rope_theta": 1e6, "tie_word_embeddings": False, "num_experts_per_tok": a.top_k}
+    if a.family == "mixtral":
+        c.update(intermediate_size=a.hidden, num_local_experts=a.experts, sliding_window=None)
+    else:
+        c.update(moe_intermediate_size=a.hidden, intermediate_size=a.hidden, num_experts=a.experts,
+                 shared_expert_intermediate_size=a.hidden, norm_topk_prob=False, decoder_sparse_step=1,
+                 mlp_only_layers=[])
+    return c
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--family", default="mixtral", choices=["mixtral", "qwen2_moe"])
+    for flag, v in (("layers", 8), ("model", 1024), ("heads", 16), ("kv-heads", 8), ("experts", 8), ("top-k", 2),
+                    ("hidden", 1792)):
+        p.add_argument("--" + flag, type=int, default=v)
+    a = p.parse_args()
+    with open(os.path.join(a.tokenizer, "tokenizer.json")) as f:
+        tok = json.load(f)
+    vocab = max([*tok["model"]["vocab"].values(), *(t["id"] for t in tok.get("added_tokens", []))]) + 1
+    os.makedirs(a.out, exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(a.tokenizer, f), os.path.join(a.out, f))
+    names = list(tensors(a, vocab))
+    header, off = {"__metadata__": {"format": "pt"}}, 0
+    for n, shape in names:
+        size = 4 * int(np.prod(shape))
+        header[n] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + size]}
+        off += size
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    rng = np.random.default_rng(0)
+    tmp = os.path.join(a.out, "model.safetensors.tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for n, shape in names:
+            x = np.ones(shape, np.float32) if n.endswith("norm.weight") else \
+                (rng.standard_normal(shape, np.float32) * 0.02)
+            f.write(x.astype("<f4").tobytes())
+    os.replace(tmp, os.path.join(a.out, "model.safetensors"))
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump(config(a, vocab), f, indent=1)
+    print("%s: %s, %d parameters" % (a.out, a.family, sum(int(np.prod(s)) for _, s in names)))
+
+
+main()
