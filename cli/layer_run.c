@@ -16,7 +16,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: moe layer-run --weights W.safetensors --input X.safetensors --out OUT.safetensors\n"
           "                     [--backward] [--spec] [--top_k K] [--capacity_setting X]\n"
-          "                     [--activation relu|gelu|silu|swiglu] [--normalize_topk true|false]\n"
+          "                     [--activation relu|gelu|silu|swiglu|swiglu_oai] [--normalize_topk true|false]\n"
           "                     [--dispatch dynamic|static] [--priority index|score]\n"
           "                     [--router linear|cosine] [--threads N] [--dtype f32|bf16]\n"
           "                     [--out-dtype f32|bf16] [--expert-capacity C0,C1,...]\n"
@@ -35,7 +35,7 @@ static void usage(FILE *f) {
           "--a2a auto: the layer's dictionary of setups picks Linear or 2DH per capacity.\n"
           "The routing of open models comes from W: its __metadata__ score (softmax|sigmoid), n_group,\n"
           "topk_group, group_score (max|top2_sum) and routed_scale, and its tensors gate.select_bias and\n"
-          "shared.* (shared experts; shared.gate.weight: gated).\n");
+          "shared.* (shared experts; shared.gate.weight: gated); swiglu_oai's swiglu_alpha and swiglu_limit.\n");
 }
 
 typedef struct {
@@ -340,7 +340,7 @@ static double shape_of(const moe_st *f, const char *name, char *text, size_t n) 
 static moe_status agree(const args_t *a, const moe_st *wf, const moe_st *xf) {
   const moe_layer_overrides *o = &a->ov;
   const char *caps = a->capacities ? a->capacities : "";
-  moe_dist_setting s[38] = {
+  moe_dist_setting s[40] = {
       {"--backward", a->backward, NULL}, {"--spec", a->spec, NULL}, {"--a2a", a->a2a + 2 * a->a2a_auto, a->a2a_auto ? "auto" : a->a2a ? "2dh" : "linear"},
       {"--ranks-per-node", a->ranks_per_node, NULL}, {"--placement", a->placement != NULL, a->placement},
       {"--expert-capacity", cli_hash(caps, strlen(caps)), caps}, {"--top_k", o->top_k, o->top_k < 0 ? FILE_S : NULL},
@@ -358,7 +358,7 @@ static moe_status agree(const args_t *a, const moe_st *wf, const moe_st *xf) {
                                   "x", "dy", "daux", "dz", "dspec"};
   static const char *meta[] = {"top_k", "capacity_setting", "normalize_topk", "activation", "dispatch",
                                "priority", "router", "dtype", "score", "n_group", "topk_group", "group_score",
-                               "routed_scale"};
+                               "routed_scale", "swiglu_alpha", "swiglu_limit"};
   enum { NMETA = sizeof meta / sizeof meta[0] };
   char names[9 + NMETA][48], shapes[9][32];
   for (int i = 0; i < 9; i++, n++) {

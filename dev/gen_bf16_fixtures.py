@@ -83,9 +83,10 @@ class RoundedMatmul(torch.autograd.Function):
         return gr @ br.transpose(-1, -2), ar.transpose(-1, -2) @ gr, None
 
 
-def expert_outputs_bf16(w, x, act, rnd=bf):
+def expert_outputs_bf16(w, x, act, rnd=bf, alpha=None, limit=None):
     """gen_fixtures.expert_outputs with the bf16 rounding points of the docstring: (E, T, D), dense over
-    all experts (rounding is per element, and unselected entries get zero cotangent)."""
+    all experts (rounding is per element, and unselected entries get zero cotangent). alpha, limit:
+    swiglu_oai's."""
     E = w["experts.fc1.weight"].shape[0]
     xe = x.expand(E, *x.shape)
 
@@ -103,6 +104,11 @@ def expert_outputs_bf16(w, x, act, rnd=bf):
         h = F.silu(a1)
     elif act == "swiglu":
         h = F.silu(a1) * mm(xe, "experts.fc3.weight")
+    elif act == "swiglu_oai":
+        a3 = mm(xe, "experts.fc3.weight")
+        if "experts.fc3.bias" in w:
+            a3 = a3 + w["experts.fc3.bias"][:, None, :]
+        h = G.swiglu_oai(a1, a3, alpha, limit)
     else:
         raise ValueError(act)
     out = mm(h, "experts.fc2.weight")
@@ -125,7 +131,7 @@ def experts_from(fn):
 
 def bf16_reference_grads(w, x, cfg, dy, daux, dz, dspec, rnd=bf):
     """gen_fixtures.moe_reference_grads with the bf16 expert pass (rnd = identity gives the fp32 one)."""
-    with experts_from(lambda w_, x_, act: expert_outputs_bf16(w_, x_, act, rnd)):
+    with experts_from(lambda w_, x_, act, **oai: expert_outputs_bf16(w_, x_, act, rnd, **oai)):
         return G.moe_reference_grads(w, x, cfg, dy, daux, dz, dspec)
 
 
@@ -169,7 +175,7 @@ def check_rows(w, x, cfg, r, grads, dy, daux, dz, dspec):
     autograd result: out against spec, every expert weight and bias gradient, and grad.x against the
     router's gradient (moe_reference with the expert outputs held constant) plus the scattered dxs."""
     T, D = x.shape
-    k, act = cfg["top_k"], cfg["activation"]
+    k, act, oai = cfg["top_k"], cfg["activation"], G.oai_of(cfg)
     spec = r["spec"].detach().reshape(T, k, D)
     combine = r["combine"].detach()
     dsp = dspec.reshape(T, k, D)
@@ -183,12 +189,19 @@ def check_rows(w, x, cfg, r, grads, dy, daux, dz, dspec):
         b1, b2 = get("experts.fc1.bias", e), get("experts.fc2.bias", e)
         a1 = xb @ W1b.t() + (b1 if b1 is not None else 0.0)
         f, fp = act_and_derivative(act, a1)
-        if act == "swiglu":
-            W3b = bf(w["experts.fc3.weight"][e])
-            a3 = xb @ W3b.t()
+        if act in ("swiglu", "swiglu_oai"):
+            W3b, b3 = bf(w["experts.fc3.weight"][e]), get("experts.fc3.bias", e)
+            a3 = xb @ W3b.t() + (b3 if b3 is not None else 0.0)
             h = f * a3
         else:
             h = f
+        if act == "swiglu_oai":  # written out: the clamps' masks pass the bounds, as torch's clamp
+            L, al = oai["limit"], oai["alpha"]
+            g, u = torch.clamp(a1, max=L), torch.clamp(a3, -L, L)
+            s = torch.sigmoid(al * g)
+            f = g * s  # the gate part; h = (u + 1) f
+            fp = (s + al * g * s * (1 - s)) * (a1 <= L).to(a1.dtype)
+            h = (u + 1) * f
         hb = bf(h)
         out = hb @ W2b.t() + (b2 if b2 is not None else 0.0)
         err = max(err, max_diff(out, spec[t, j]))
@@ -196,22 +209,24 @@ def check_rows(w, x, cfg, r, grads, dy, daux, dz, dspec):
         dout = combine[t, j, None] * dy[t] + dsp[t, j]
         doutb = bf(dout)
         dh = doutb @ W2b
-        da1 = dh * (a3 * fp if act == "swiglu" else fp)
+        da1 = dh * (a3 * fp if act == "swiglu" else (u + 1) * fp if act == "swiglu_oai" else fp)
         da1b = bf(da1)
         mine = {"experts.fc2.weight": doutb.t() @ hb, "experts.fc2.bias": dout.sum(0),
                 "experts.fc1.weight": da1b.t() @ xb, "experts.fc1.bias": da1.sum(0)}
         dxs = da1b @ W1b
-        if act == "swiglu":
-            da3b = bf(dh * f)
+        if act in ("swiglu", "swiglu_oai"):
+            da3 = dh * f * ((a3.abs() <= oai["limit"]).to(a3.dtype) if oai else 1.0)
+            da3b = bf(da3)
             mine["experts.fc3.weight"] = da3b.t() @ xb
+            mine["experts.fc3.bias"] = da3.sum(0)
             dxs = dxs + da3b @ W3b
         for n, g in mine.items():
             if n in grads:
                 err = max(err, max_diff(g, grads[n][e]))
         dx.index_add_(0, t, dxs)
 
-    outs = expert_outputs_bf16(w, x, act).detach()
-    with experts_from(lambda w_, x_, act_: outs):
+    outs = expert_outputs_bf16(w, x, act, **oai).detach()
+    with experts_from(lambda w_, x_, act_, **kw: outs):
         _, g_router = G.moe_reference_grads(w, x, cfg, dy, daux, dz, dspec)
     err = max(err, max_diff(g_router["x"] + dx, grads["x"]))
     assert err < 1e-10, f"per-row check: {err}"
@@ -239,6 +254,7 @@ CASES = [
     case("xbf16_swiglu_k1_dynamic", 207, act="swiglu", k=1, x_bf16=True),
     case("odd_gelu_k3_capneg_index_static", 208, act="gelu", k=3, cap="-1.25", dispatch="static",
          T=41, D=10, H=14, E=5),
+    case("swiglu_oai_k2_cap1_static", 209, act="swiglu_oai", dispatch="static", normalize=True, swiglu_limit="0.75"),
 ]
 
 ST_CODES = {torch.float32: ("F32", "<f4"), torch.bfloat16: ("BF16", "<u2")}

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 
 def write_safetensors(path, tensors, metadata=None):
-    """tensors: list of (name, numpy array of dtype float32 or int32). Writes atomically."""
-    codes = {np.dtype(np.float32): ("F32", "<f4"), np.dtype(np.int32): ("I32", "<i4")}
+    """tensors: list of (name, numpy array of dtype float32, int32 or uint8). Writes atomically."""
+    codes = {np.dtype(np.float32): ("F32", "<f4"), np.dtype(np.int32): ("I32", "<i4"), np.dtype(np.uint8): ("U8", "u1")}
     header, blobs, off = {}, [], 0
     if metadata is not None:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -92,9 +92,25 @@ def gate_logits(w, x, cfg):
     return scale * (pn @ mn.t())
 
 
-def expert_outputs(w, x, act):
+def swiglu_oai(gate, up, alpha, limit):
+    """gpt-oss's clamped SwiGLU (transformers' GptOssExperts): gate clamped above at limit, up to
+    [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate); torch's clamp gives 0 gradient where it clamps."""
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * gate * torch.sigmoid(gate * alpha)
+
+
+def oai_of(cfg):
+    """The clamped SwiGLU's alpha and limit as the C side holds them (float32 values), or {}."""
+    if cfg["activation"] != "swiglu_oai":
+        return {}
+    return {"alpha": float(np.float32(cfg["swiglu_alpha"])), "limit": float(np.float32(cfg["swiglu_limit"]))}
+
+
+def expert_outputs(w, x, act, alpha=None, limit=None):
     """out[e, t] = expert e applied to every token: (E, T, D). Dense over all experts (the reference
-    needs no efficiency; unselected entries get zero cotangent so the gradients are unaffected)."""
+    needs no efficiency; unselected entries get zero cotangent so the gradients are unaffected).
+    alpha, limit: swiglu_oai's."""
     a = torch.einsum("td,ehd->eth", x, w["experts.fc1.weight"])
     if "experts.fc1.bias" in w:
         a = a + w["experts.fc1.bias"][:, None, :]
@@ -107,6 +123,11 @@ def expert_outputs(w, x, act):
     elif act == "swiglu":
         g = torch.einsum("td,ehd->eth", x, w["experts.fc3.weight"])
         h = a * torch.sigmoid(a) * g
+    elif act == "swiglu_oai":
+        u = torch.einsum("td,ehd->eth", x, w["experts.fc3.weight"])
+        if "experts.fc3.bias" in w:
+            u = u + w["experts.fc3.bias"][:, None, :]
+        h = swiglu_oai(a, u, alpha, limit)
     else:
         raise ValueError(act)
     out = torch.einsum("eth,edh->etd", h, w["experts.fc2.weight"])
@@ -196,7 +217,7 @@ def moe_reference(w, x, cfg):
     dropped = int((~keep).sum())
 
     # experts and combine
-    outs = expert_outputs(w, x, cfg["activation"])  # (E, T, D)
+    outs = expert_outputs(w, x, cfg["activation"], **oai_of(cfg))  # (E, T, D)
     sel = outs[topk_idx, torch.arange(T)[:, None]]  # (T, k, D): out_{e_j}(x[t])
     spec = sel * keep[:, :, None].to(sel.dtype)
     y = (combine[:, :, None] * spec).sum(dim=1)
@@ -239,7 +260,8 @@ def moe_reference_grads(w, x, cfg, dy, daux, dz, dspec):
 BASE = dict(T=24, D=12, H=16, E=6, P=8, k=2, cap="1.0", act="relu", dispatch="dynamic",
             priority="index", normalize=None, router="linear", bias=True,
             gate_scale=2.5, gate_bias_scale=1.0, logit_scale=None, score="softmax", select_bias=False,
-            n_group=0, topk_group=0, group_score="max", routed_scale="1", shared_H=0, shared_gate=False)
+            n_group=0, topk_group=0, group_score="max", routed_scale="1", shared_H=0, shared_gate=False,
+            swiglu_alpha="1.702", swiglu_limit="7")
 
 
 def case(name, seed, **kw):
@@ -287,6 +309,12 @@ CASES = [
          n_group=4, topk_group=2, group_score="max", routed_scale="1.5"),
     case("sigmoid_nonorm_shared_relu_score_static", 126, E=6, k=2, normalize=False, score="sigmoid",
          dispatch="static", priority="score", shared_H=10, shared_gate=True),
+    # gpt-oss's experts: the clamped SwiGLU with fc1/fc3/fc2 biases, the router with its bias and the
+    # softmax over the k selected logits (normalize_topk); small limits so that the clamps bite
+    case("gptoss_swiglu_oai_k2_dynamic", 127, act="swiglu_oai", k=2, normalize=True, swiglu_limit="1.25"),
+    case("swiglu_oai_k3_cap1_score_static", 128, act="swiglu_oai", k=3, dispatch="static", priority="score",
+         swiglu_alpha="2.5", swiglu_limit="0.875"),
+    case("swiglu_oai_nobias_k1_dynamic", 129, act="swiglu_oai", k=1, bias=False),
 ]
 
 
@@ -316,8 +344,10 @@ def make_inputs(c):
     w["experts.fc2.weight"] = randn(E, D, H) * (1.0 / math.sqrt(H))
     if c["bias"]:
         w["experts.fc2.bias"] = randn(E, D) * 0.1
-    if c["act"] == "swiglu":
+    if c["act"] in ("swiglu", "swiglu_oai"):
         w["experts.fc3.weight"] = randn(E, H, D) * (1.0 / math.sqrt(D))
+    if c["act"] == "swiglu_oai" and c["bias"]:
+        w["experts.fc3.bias"] = randn(E, H) * 0.1
     if c["select_bias"]:
         w["gate.select_bias"] = randn(E) * 0.3
     if c["shared_H"]:
@@ -341,7 +371,8 @@ def cfg_of(c):
             "normalize_topk": c["normalize"], "dispatch": c["dispatch"], "priority": c["priority"],
             "router": c["router"], "score": c["score"], "n_group": c["n_group"],
             "topk_group": c["topk_group"], "group_score": c["group_score"],
-            "routed_scale": c["routed_scale"]}
+            "routed_scale": c["routed_scale"], "swiglu_alpha": c["swiglu_alpha"],
+            "swiglu_limit": c["swiglu_limit"]}
 
 
 def metadata_of(c):
@@ -355,6 +386,8 @@ def metadata_of(c):
         m.update(n_group=str(c["n_group"]), topk_group=str(c["topk_group"]), group_score=c["group_score"])
     if c["routed_scale"] != "1":
         m["routed_scale"] = c["routed_scale"]
+    if c["act"] == "swiglu_oai":
+        m.update(swiglu_alpha=c["swiglu_alpha"], swiglu_limit=c["swiglu_limit"])
     return m
 
 
@@ -405,7 +438,7 @@ def check_dense(w, x, cfg):
     """k = E, dynamic, normalized: y must equal the dense softmax mixture sum_e probs[t,e] out_e(x[t])."""
     cfg = dict(cfg, top_k=w["experts.fc1.weight"].shape[0], normalize_topk=True, dispatch="dynamic")
     r = moe_reference(w, x, cfg)
-    dense = torch.einsum("te,etd->td", r["probs"], expert_outputs(w, x, cfg["activation"]))
+    dense = torch.einsum("te,etd->td", r["probs"], expert_outputs(w, x, cfg["activation"], **oai_of(cfg)))
     err = float((dense - r["y"]).abs().max())
     assert err < 1e-12, f"dense mixture check: {err}"
 
@@ -425,9 +458,16 @@ def check_loops(w, x, cfg, r):
             if "experts.fc1.bias" in w:
                 a = a + w["experts.fc1.bias"][e]
             h = {"relu": lambda v: torch.clamp_min(v, 0), "gelu": lambda v: F.gelu(v),
-                 "silu": F.silu, "swiglu": F.silu}[cfg["activation"]](a)
+                 "silu": F.silu, "swiglu": F.silu, "swiglu_oai": F.silu}[cfg["activation"]](a)
             if cfg["activation"] == "swiglu":
                 h = h * (w["experts.fc3.weight"][e] @ x[t])
+            if cfg["activation"] == "swiglu_oai":  # written out: min, max, the sigmoid of alpha g
+                u = w["experts.fc3.weight"][e] @ x[t] + (w["experts.fc3.bias"][e] if "experts.fc3.bias" in w else 0)
+                p = oai_of(cfg)
+                g = torch.minimum(a, torch.tensor(p["limit"], dtype=a.dtype))
+                u = torch.maximum(torch.minimum(u, torch.tensor(p["limit"], dtype=a.dtype)),
+                                  torch.tensor(-p["limit"], dtype=a.dtype))
+                h = (u + 1) * g / (1 + torch.exp(-p["alpha"] * g))
             o = w["experts.fc2.weight"][e] @ h
             if "experts.fc2.bias" in w:
                 o = o + w["experts.fc2.bias"][e]
@@ -470,6 +510,14 @@ def check_fd(w, x, cfg, dy, daux, dz, dspec):
             assert abs(fd - g) <= 1e-6 * max(1.0, abs(g)), f"fd {name}[{i}]: {fd} vs {g}"
 
 
+def clamp_margin(w, x, limit):
+    """The smallest distance of a gate or up pre-activation (every expert, every token) to a clamp bound."""
+    def pre(n):
+        v = torch.einsum("td,ehd->eth", x, w[f"experts.{n}.weight"])
+        return v + w[f"experts.{n}.bias"][:, None, :] if f"experts.{n}.bias" in w else v
+    return min(float((pre("fc1") - limit).abs().min()), float((pre("fc3").abs() - limit).abs().min()))
+
+
 def generate(c, outdir, full_check):
     cfg = cfg_of(c)
     w32, x32, dy32, daux32, dz32, dspec32 = make_inputs(c)
@@ -487,6 +535,8 @@ def generate(c, outdir, full_check):
             check_dense(w, x, cfg)
     lg, pg = routing_margins(r, cfg)
     assert lg > 1e-4 and pg > 2e-5, f"{c['name']}: routing too close to a tie ({lg}, {pg})"
+    if cfg["activation"] == "swiglu_oai":  # float32 must clamp the same values: none near a bound
+        assert clamp_margin(w, x, oai_of(cfg)["limit"]) > 1e-4, f"{c['name']}: a value too close to the clamp"
     with torch.no_grad():  # the same routing when computed in float32, as the C side does
         r32 = moe_reference(w32, x32, cfg)
         assert torch.equal(r32["topk_idx"], r["topk_idx"]) and torch.equal(r32["keep"], r["keep"])

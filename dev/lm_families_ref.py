@@ -232,6 +232,23 @@ def draw(family, c, seed, B, T):
     return params, tokens, targets
 
 
+def write_case(d, config, tensors, tokens, targets, logits, losses, grads, meta):
+    """A fixture directory d: config.json; model.safetensors of tensors [(name, numpy array)]; ref.safetensors
+    with the tokens, targets, logits, loss, ce and aux (losses) and grad.<name> of grads [(name, tensor)],
+    as float32, and meta as its __metadata__."""
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    write_safetensors(os.path.join(d, "model.safetensors"), tensors, {"format": "pt"})
+    f32 = lambda t: t.detach().float().numpy()
+    loss, ce, aux = losses
+    ref = [("tokens", tokens.int().numpy()), ("targets", targets.int().numpy()), ("logits", f32(logits)),
+           ("loss", f32(loss.reshape(1))), ("ce", f32(ce.reshape(1))), ("aux", f32(aux.reshape(1)))]
+    ref += [("grad." + n, f32(g)) for n, g in grads]
+    write_safetensors(os.path.join(d, "ref.safetensors"), ref, meta)
+
+
 def generate(name, family, seed, c, B, T, outdir):
     while True:
         params, tokens, targets = draw(family, c, seed, B, T)
@@ -241,18 +258,9 @@ def generate(name, family, seed, c, B, T, outdir):
             break
         seed += 1000
     loss.backward()
-    d = os.path.join(outdir, name)
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(hf_config(family, c), f, indent=2, sort_keys=True)
-        f.write("\n")
-    write_safetensors(os.path.join(d, "model.safetensors"), [(n, t.numpy()) for n, t in params.items()],
-                      {"format": "pt"})
-    f32 = lambda t: t.detach().float().numpy()
-    ref = [("tokens", tokens.int().numpy()), ("targets", targets.int().numpy()), ("logits", f32(logits)),
-           ("loss", f32(loss.reshape(1))), ("ce", f32(ce.reshape(1))), ("aux", f32(aux.reshape(1)))]
-    ref += [("grad." + n, f32(t.grad)) for n, t in p64.items()]
-    write_safetensors(os.path.join(d, "ref.safetensors"), ref, {"seed": seed, "margin": f"{margin:.6f}"})
+    write_case(os.path.join(outdir, name), hf_config(family, c), [(n, t.numpy()) for n, t in params.items()], tokens,
+               targets, logits, (loss, ce, aux), [(n, t.grad) for n, t in p64.items()],
+               {"seed": seed, "margin": f"{margin:.6f}"})
     print(f"{name}: seed {seed}, loss {loss.item():.6f} (ce {ce.item():.6f}, aux {aux.item():.6f}), "
           f"routing margin {margin:.4f}, clamp margin {clip_margin:.4f}")
 

@@ -2,7 +2,8 @@
  * serving (moe_checkpoint_load_serving, all experts resident and behind a 1-slot cache); and an input
  * that starts with '{' as a language model's checkpoint directory (moe_lm_load): config.json up to a
  * NUL byte and model.safetensors after it, or without a NUL the weights of the fixture of the family the
- * config names (tests/fixtures/lm/<family>/model.safetensors, Mixtral's when it names none): every
+ * config names (tests/fixtures/lm/<family>/model.safetensors, Mixtral's when it names none; gpt-oss's
+ * MXFP4 fixture when it says mxfp4): every
  * family's fields, its tensor set, shapes, dtypes and counts, sizes checked against tensors. */
 #include <string.h>
 #include <sys/stat.h>
@@ -25,12 +26,13 @@ static void write_file(const char *path, const uint8_t *data, size_t n) {
 
 /* The checkpoint directory of a config.json input: its config and weights, or a link to the family's. */
 static const char *lm_checkpoint(const uint8_t *data, size_t n) {
-  static const char *const fams[] = {"qwen2_moe", "qwen3_moe", "olmoe"};
+  static const char *const fams[][2] = {{"qwen2_moe", "qwen2_moe"}, {"qwen3_moe", "qwen3_moe"}, {"olmoe", "olmoe"},
+                                        {"gpt_oss", "gpt_oss"}, {"mxfp4", "gpt_oss_mxfp4"}}; /* name, fixture */
   const uint8_t *nul = memchr(data, 0, n);
   size_t nc = nul ? (size_t)(nul - data) : n;
   const char *fam = "mixtral";
   for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++)
-    if (memmem(data, nc, fams[i], strlen(fams[i]))) fam = fams[i];
+    if (memmem(data, nc, fams[i][0], strlen(fams[i][0]))) fam = fams[i][1];
   if (!lm_dir[0]) {
     const char *tmp = getenv("TMPDIR");
     snprintf(lm_dir, sizeof lm_dir, "%s/moe-fuzz-%ld-lm", tmp && *tmp ? tmp : "/tmp", (long)getpid());

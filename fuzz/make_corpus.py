@@ -81,7 +81,31 @@ for fam in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
     path = os.path.join(tmp, f"{fam}.safetensors")
     write_safetensors(path, [(n, np.full(s, 0.5, np.float32)) for n, s in shapes], {"format": "pt"})
     put("checkpoint", f"lm_{fam}_tiny", json.dumps(config, sort_keys=True).encode() + b"\0" + read(path))
+<<<<<<< HEAD
     tiny_lm[fam] = (config, read(path))
+=======
+# gpt-oss: the fixtures' configs (dense and MXFP4 experts), and tiny models whole, the MXFP4 one's experts as
+# blocks and scales (rows of 32 values: D = H = 32).
+import gpt_oss_ref  # noqa: E402
+for name in ("gpt_oss", "gpt_oss_mxfp4"):
+    with open(os.path.join(fixtures, name, "config.json"), "rb") as f:
+        put("checkpoint", f"lm_{name}.json", f.read())
+for name, D in (("gpt_oss", 8), ("gpt_oss_mxfp4", 32)):
+    c = dict(tiny, hidden_size=D, intermediate_size=D, head_dim=4, num_local_experts=2, sliding_window=2,
+             swiglu_alpha=1.702, swiglu_limit=7.0, attention_bias=True, router_aux_loss_coef=0.9)
+    tensors = []
+    for n, s in gpt_oss_ref.param_shapes(c):
+        if D == 32 and n.endswith(("gate_up_proj", "down_proj")):
+            rows = 2 * D if n.endswith("gate_up_proj") else D
+            tensors += [(n + "_blocks", np.full((2, rows, 1, 16), 0x21, np.uint8)),
+                        (n + "_scales", np.full((2, rows, 1), 126, np.uint8))]
+        else:
+            tensors.append((n, np.full(s, 0.5, np.float32)))
+    path = os.path.join(tmp, f"{name}.safetensors")
+    write_safetensors(path, tensors, {"format": "pt"})
+    config = gpt_oss_ref.hf_config(c, mxfp4=D == 32)
+    put("checkpoint", f"lm_{name}_tiny", json.dumps(config, sort_keys=True).encode() + b"\0" + read(path))
+>>>>>>> main
 
 # Traces: the CLI's, and a hand-written one with CRLF and a gap in the steps.
 put("trace", "train.csv", read("trace.csv"))

@@ -297,7 +297,11 @@ typedef struct {
 moe_status moe_dist_agree(const moe_dist *d, const moe_dist_setting *s, int n);
 
 /* ---- the MoE layer ---- */
-typedef enum { MOE_ACT_RELU, MOE_ACT_GELU, MOE_ACT_SILU, MOE_ACT_SWIGLU } moe_act;
+/* MOE_ACT_SWIGLU_OAI ("swiglu_oai"): gpt-oss's clamped SwiGLU of gate a1 = fc1 x and up a3 = fc3 x,
+ *   g = min(a1, limit), u = clamp(a3, -limit, limit), h = (u + 1) g sigmoid(alpha g),
+ * alpha and limit from the config (swiglu_alpha, swiglu_limit); the gradient is 0 where a value was
+ * clamped (torch's clamp). With expert_bias its experts have experts.fc3.bias too. */
+typedef enum { MOE_ACT_RELU, MOE_ACT_GELU, MOE_ACT_SILU, MOE_ACT_SWIGLU, MOE_ACT_SWIGLU_OAI } moe_act;
 typedef enum { MOE_DISPATCH_DYNAMIC, MOE_DISPATCH_STATIC } moe_dispatch;
 typedef enum { MOE_PRIORITY_INDEX, MOE_PRIORITY_SCORE } moe_priority;
 typedef enum { MOE_ROUTER_LINEAR, MOE_ROUTER_COSINE } moe_router;
@@ -401,10 +405,13 @@ typedef struct {
                              added to the routed output of every token; 0 = none */
   int shared_gate;        /* the shared output scaled per token by sigmoid(shared.gate.weight . x)
                              (Qwen2-MoE's shared_expert_gate) */
+  float swiglu_alpha;     /* act swiglu_oai: the sigmoid's gain (1.702 by default) and the clamp */
+  float swiglu_limit;     /* (7.0 by default), gpt-oss's swiglu_alpha and swiglu_limit */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,
- * pipeline 1, no memory reuse, softmax scores, no groups, routed_scale 1, no shared experts. */
+ * pipeline 1, no memory reuse, softmax scores, no groups, routed_scale 1, no shared experts,
+ * swiglu_alpha 1.702, swiglu_limit 7. */
 void moe_layer_config_default(moe_layer_config *c);
 
 /* Parameters and their gradients live in one allocation each, described by a table of named tensors:
@@ -415,7 +422,8 @@ void moe_layer_config_default(moe_layer_config *c);
  *   gate.logit_scale   (1)            cosine router: logits are multiplied by exp(min(s, ln 100))
  *   experts.fc1.weight (E, H, D)   experts.fc1.bias (E, H)
  *   experts.fc2.weight (E, D, H)   experts.fc2.bias (E, D)
- *   experts.fc3.weight (E, H, D)   swiglu only
+ *   experts.fc3.weight (E, H, D)   swiglu and swiglu_oai only
+ *   experts.fc3.bias   (E, H)         swiglu_oai with expert_bias (gpt-oss's up-projection bias)
  *   gate.select_bias   (E)            select_bias: not trained (moe_layer_balance_bias)
  *   shared.fc1.weight  (Hs, D)        shared_H = Hs > 0: the shared FFN (fc3 only for swiglu)
  *   shared.fc3.weight  (Hs, D)        shared.fc2.weight (D, Hs)
@@ -959,8 +967,15 @@ void moe_detokenizer_free(moe_detokenizer *d);
  *   Qwen3-MoE ("qwen3_moe"): self_attn.q_norm/k_norm over each head's head_dim, mlp.* as Qwen2-MoE
  *     without the shared expert, dense layers;
  *   OLMoE ("olmoe"): self_attn.q_norm/k_norm over the whole q (n_heads head_dim) and k (n_kv_heads
- *     head_dim) projections, optional clip_qkv, mlp.* as Qwen3-MoE, no dense layers. */
-typedef enum { MOE_LM_MIXTRAL = 0, MOE_LM_QWEN2_MOE, MOE_LM_QWEN3_MOE, MOE_LM_OLMOE } moe_lm_family;
+ *     head_dim) projections, optional clip_qkv, mlp.* as Qwen3-MoE, no dense layers;
+ *   gpt-oss ("gpt_oss"): q/k/v/o biases, attention sinks (self_attn.sinks), sliding-window layers
+ *     between full ones (full_layers), mlp.router.weight/bias (the router's bias; the softmax over the k
+ *     selected logits, which is normalize_topk 1), experts with biases and the clamped SwiGLU (moe.act
+ *     swiglu_oai). Its checkpoint's fused experts (mlp.experts.gate_up_proj (E, D, 2H) with gate and up
+ *     in interleaved columns, gate_up_proj_bias (E, 2H), down_proj (E, H, D)) are held as the layer's
+ *     tensors under the names mlp.experts.fc1.weight/bias (gate), fc3.weight/bias (up), fc2.weight
+ *     (E, D, H), and converted on load and save; mlp.experts.down_proj_bias keeps its name. */
+typedef enum { MOE_LM_MIXTRAL = 0, MOE_LM_QWEN2_MOE, MOE_LM_QWEN3_MOE, MOE_LM_OLMOE, MOE_LM_GPT_OSS } moe_lm_family;
 /* The family's model_type ("mixtral", ...); NULL when out of range. */
 const char *moe_lm_family_name(moe_lm_family f);
 typedef enum {
@@ -980,19 +995,32 @@ typedef struct {
   int sliding_window;    /* 0: none; else a query sees its own key and the sliding_window - 1 before it */
   moe_layer_config moe;  /* D (the model width), H (the experts' intermediate size), E, top_k,
                             normalize_topk (norm_topk_prob), shared_H / shared_gate (Qwen2-MoE's shared
-                            expert), capacity, dispatch, dtype...; act swiglu, no biases, linear router;
+                            expert), capacity, dispatch, dtype...; act swiglu, no biases, linear router
+                            (gpt-oss: swiglu_oai with router and expert biases);
                             moe.threads for the model */
   moe_lm_family family;  /* MOE_LM_MIXTRAL by default */
-  int qkv_bias;          /* q_proj, k_proj and v_proj have biases (Qwen2-MoE) */
+  int qkv_bias;          /* q_proj, k_proj and v_proj have biases (Qwen2-MoE, gpt-oss) */
   moe_lm_qk_norm qk_norm; /* RMSNorm (eps rms_eps) of q and k after the projections, before RoPE */
   float clip_qkv;        /* > 0: q, k and v clamped to [-clip_qkv, clip_qkv] after the norms (OLMoE); 0: no clamp */
   int dense_H;           /* the dense layers' intermediate_size (Qwen2/3-MoE's intermediate_size) */
   uint8_t dense_layers[MOE_LM_MAX_LAYERS / 8]; /* bit i % 8 of byte i / 8: layer i is a dense SwiGLU MLP
                             (mlp.gate_proj/up_proj/down_proj, dense_H wide) instead of a MoE layer */
+  int o_bias;            /* o_proj has a bias (gpt-oss's attention_bias, with qkv_bias) */
+  int attn_sinks;        /* self_attn.sinks (n_heads): each head's learned logit joins its softmax's
+                            denominator, with no value (gpt-oss) */
+  uint8_t full_layers[MOE_LM_MAX_LAYERS / 8]; /* with sliding_window, bit i % 8 of byte i / 8: layer i
+                            attends to every earlier position (gpt-oss's "full_attention" layer_types);
+                            the others (all, when none is set) keep the window */
 } moe_lm_config;
 /* Whether layer i of c is a dense MLP layer (moe_lm_t.layers[i] is then unused: all zero). */
 int moe_lm_layer_dense(const moe_lm_config *c, int i);
 void moe_lm_config_default(moe_lm_config *c);
+/* Sets c->family to f and the options its modeling code fixes, for a new model of the sizes c has:
+ * Qwen2-MoE q/k/v biases and a gated shared expert (moe.H wide unless shared_H is set); Qwen3-MoE and
+ * OLMoE their q/k norms, OLMoE's top-k not renormalized; gpt-oss q/k/v/o biases, sinks, the router's and
+ * experts' biases, the clamped SwiGLU, normalize_topk 1 and no balance loss (aux_coef 0); Mixtral none
+ * of them. Sizes, windows and the rest are left as they are. */
+void moe_lm_config_set_family(moe_lm_config *c, moe_lm_family f);
 
 typedef struct moe__lm_state moe__lm_state;
 typedef struct {
@@ -1032,9 +1060,9 @@ const float *moe_lm_logits(const moe_lm_t *m);
 /* Adds the gradient of the last forward's loss (which had targets) into every ref's grad. */
 moe_status moe_lm_backward(moe_lm_t *m);
 
-/* Hugging Face checkpoint directories of the four families: config.json with model.safetensors, or
+/* Hugging Face checkpoint directories of the five families: config.json with model.safetensors, or
  * with the shards that model.safetensors.index.json lists ("weight_map": tensor name -> file). The
- * family is config.json's model_type ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"), else its
+ * family is config.json's model_type ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"), else its
  * architectures entry, else Mixtral. c gets the fields the config gives: vocab_size, hidden_size,
  * num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings, rope_theta (or
  * rope_parameters of rope_type default), rms_norm_eps, tie_word_embeddings, num_experts_per_tok and
@@ -1045,6 +1073,15 @@ moe_status moe_lm_backward(moe_lm_t *m);
  *     gated), qkv_bias (default true), layer_types (all "full_attention");
  *   qwen3_moe: as qwen2_moe without the shared expert and qkv_bias, with head_dim (q/k norms per head);
  *   olmoe: intermediate_size (moe.H), num_experts, norm_topk_prob, clip_qkv (null or > 0);
+ *   gpt_oss: intermediate_size (moe.H), num_local_experts, head_dim, sliding_window, layer_types
+ *     ("sliding_attention" / "full_attention" per layer; absent: transformers' alternation, even layers
+ *     sliding), attention_bias (default true), swiglu_alpha and swiglu_limit; rope_theta 150000 by
+ *     default. Its default rotary scaling is YaRN, which is not implemented: "rope_scaling": null (or
+ *     rope_parameters of rope_type default) must be given, and output_router_logits must be false (its
+ *     balance loss is over the router's top-k scores); experts_per_token and initial_context_length of
+ *     the released configs are known and ignored. Experts stored in MXFP4 (gate_up_proj_blocks and
+ *     _scales, down_proj_blocks and _scales, with "quantization_config" {"quant_method": "mxfp4"}) are
+ *     dequantized on load;
  * absent fields take the family's transformers defaults (qwen: rms_norm_eps 1e-6, rope_theta 1e4,
  * norm_topk_prob false...). Fields that change nothing computed are known and ignored (torch_dtype,
  * transformers_version, bos/eos/pad_token_id, use_cache, initializer_range, a Qwen sliding_window or
@@ -1056,7 +1093,8 @@ moe_status moe_lm_backward(moe_lm_t *m);
 moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);
 /* Builds m from c (NULL: moe_lm_read_config(dir), which a caller reads first to change layer options
  * or max_seq), after checking c's sizes against the tensors' shapes (MOE_ERR_SHAPE naming config.json,
- * the field and its value, before any allocation of their size), and reads every parameter, F32, BF16 or F16, into fp32 (the experts' bf16 copies follow
+ * the field and its value, before any allocation of their size), and reads every parameter, F32, BF16 or F16
+ * (gpt-oss's experts also MXFP4), into fp32 (the experts' bf16 copies follow
  * when c->moe.dtype is bf16). A tensor absent is MOE_ERR_MISSING, one of another shape MOE_ERR_SHAPE,
  * one of another dtype MOE_ERR_DTYPE, a NaN or Inf MOE_ERR_VALUE: each naming the file and the tensor
  * (and both shapes). A tensor the model does not have is MOE_ERR_FORMAT naming the file and the tensor

@@ -37,21 +37,25 @@ static void bf16_exact(float *a, size_t n) {
 static size_t slot_bytes(const moe_layer_config *c) {
   size_t m = c->dtype == MOE_DT_BF16 ? 2 : 4, HD = (size_t)c->H * c->D;
 #define PAD64(b) (((b) + 63) & ~(size_t)63)
-  return PAD64(HD * m) * (c->act == MOE_ACT_SWIGLU ? 3 : 2) +
-         (c->expert_bias ? PAD64((size_t)c->H * 4) + PAD64((size_t)c->D * 4) : 0);
+  return PAD64(HD * m) * (c->act == MOE_ACT_RELU ? 2 : 3) +
+         (c->expert_bias ? PAD64((size_t)c->H * 4) * (c->act == MOE_ACT_SWIGLU_OAI ? 2 : 1) + PAD64((size_t)c->D * 4) : 0);
 #undef PAD64
 }
 
 /* A layer of dtype dt whose file stores the expert matrices as fdt, served through K slots for every
  * K and policy over several batches, equals the all-resident layer of dtype dt bit for bit (an f32
  * layer reading a BF16 file is given bf16-exact weights, which the file then holds exactly). */
-static void check_equals_all_resident(int *failed_, moe_dtype dt, moe_dtype fdt) {
+static void check_equals_all_resident(int *failed_, moe_dtype dt, moe_dtype fdt, moe_act act) {
   moe_layer_config c;
   moe_layer_config_default(&c);
-  c.D = 16; c.H = 24; c.E = 8; c.top_k = 2; c.act = MOE_ACT_SWIGLU; c.threads = 2; c.dtype = dt;
+  c.D = 16; c.H = 24; c.E = 8; c.top_k = 2; c.act = act; c.threads = 2; c.dtype = dt;
+  c.swiglu_limit = 0.5f; /* swiglu_oai: some values clamp */
   moe_layer_t full;
   ASSERT_OK(moe_layer_init(&full, &c));
   moe_layer_init_params(&full, 3);
+  for (int i = 0; act == MOE_ACT_SWIGLU_OAI && i < full.nparams; i++) /* biases that count, fc3's too */
+    if (full.info[i].ndim == 2 && !strncmp(full.info[i].name, "experts.", 8))
+      for (size_t j = 0; j < full.info[i].numel; j++) full.params[full.info[i].offset + j] = 0.01f * (float)(j % 7) - 0.03f;
   float *g = moe_layer_param(&full, "gate.weight");
   for (int i = 0; i < c.E * c.D; i++) g[i] *= 4.0f; /* uneven routing: some experts idle per batch */
   if (dt == MOE_DT_F32 && fdt == MOE_DT_BF16)
@@ -59,7 +63,8 @@ static void check_equals_all_resident(int *failed_, moe_dtype dt, moe_dtype fdt)
       if (full.info[i].ndim == 3) bf16_exact(full.params + full.info[i].offset, full.info[i].numel);
   moe_layer_params_changed(&full);
   char path[512], name[64];
-  snprintf(name, sizeof name, "buffer_w_%s_%s.safetensors", moe_compute_dtype_name(dt), moe_dtype_name(fdt));
+  snprintf(name, sizeof name, "buffer_w_%s_%s_%s.safetensors", moe_compute_dtype_name(dt), moe_dtype_name(fdt),
+           moe_act_name(act));
   test_tmp_path(name, path, sizeof path);
   ASSERT_OK(save_layer(&full, fdt, path));
   moe_st *f;
@@ -124,12 +129,20 @@ static void check_equals_all_resident(int *failed_, moe_dtype dt, moe_dtype fdt)
   moe_layer_free(&full);
 }
 
-TEST(buffer_equals_all_resident) { check_equals_all_resident(failed_, MOE_DT_F32, MOE_DT_F32); }
+TEST(buffer_equals_all_resident) { check_equals_all_resident(failed_, MOE_DT_F32, MOE_DT_F32, MOE_ACT_SWIGLU); }
 /* bf16 slots: read as they are from a BF16 file, rounded (RNE) from an F32 one, as the layer's copies */
-TEST(buffer_bf16_equals_all_resident) { check_equals_all_resident(failed_, MOE_DT_BF16, MOE_DT_BF16); }
-TEST(buffer_bf16_from_f32_file_equals_all_resident) { check_equals_all_resident(failed_, MOE_DT_BF16, MOE_DT_F32); }
+TEST(buffer_bf16_equals_all_resident) { check_equals_all_resident(failed_, MOE_DT_BF16, MOE_DT_BF16, MOE_ACT_SWIGLU); }
+TEST(buffer_bf16_from_f32_file_equals_all_resident) {
+  check_equals_all_resident(failed_, MOE_DT_BF16, MOE_DT_F32, MOE_ACT_SWIGLU);
+}
 /* an f32 layer widens a BF16 file */
-TEST(buffer_f32_from_bf16_file_equals_all_resident) { check_equals_all_resident(failed_, MOE_DT_F32, MOE_DT_BF16); }
+TEST(buffer_f32_from_bf16_file_equals_all_resident) {
+  check_equals_all_resident(failed_, MOE_DT_F32, MOE_DT_BF16, MOE_ACT_SWIGLU);
+}
+/* gpt-oss's clamped SwiGLU: fc3.bias in the slot too */
+TEST(buffer_swiglu_oai_equals_all_resident) {
+  check_equals_all_resident(failed_, MOE_DT_F32, MOE_DT_F32, MOE_ACT_SWIGLU_OAI);
+}
 
 /* A bf16 slot takes the matrices at 2 bytes and the biases at 4: about half an f32 slot, exactly
  * when the tensors fill whole 64-byte lines; a cache serves only a layer of its dtype. */

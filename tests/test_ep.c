@@ -27,6 +27,7 @@ static int make_case(const char *w, const char *x, moe_act act, int k, moe_dispa
   moe_layer_config_default(&c);
   c.D = 12; c.H = 20; c.E = 8; c.top_k = k; c.act = act; c.dispatch = disp; c.priority = prio;
   c.capacity_setting = 1.0f; /* static: some assignments are dropped */
+  c.swiglu_limit = 0.5f;      /* swiglu_oai: values clamp */
   moe_layer_t l;
   if (moe_layer_init(&l, &c)) return 0;
   moe_layer_init_params(&l, 17);
@@ -79,13 +80,14 @@ TEST(ep_layer_run_matches_one_process) {
   test_tmp_path("ep_x.safetensors", x, sizeof x);
   test_tmp_path("ep_ref.safetensors", ref, sizeof ref);
   test_tmp_path("ep_out.safetensors", out, sizeof out);
-  const struct { moe_act act; int k; moe_dispatch disp; moe_priority prio; } cases[4] = {
+  const struct { moe_act act; int k; moe_dispatch disp; moe_priority prio; } cases[5] = {
       {MOE_ACT_GELU, 1, MOE_DISPATCH_DYNAMIC, MOE_PRIORITY_INDEX},
       {MOE_ACT_SWIGLU, 2, MOE_DISPATCH_DYNAMIC, MOE_PRIORITY_INDEX},
       {MOE_ACT_RELU, 2, MOE_DISPATCH_STATIC, MOE_PRIORITY_INDEX},
-      {MOE_ACT_SILU, 1, MOE_DISPATCH_STATIC, MOE_PRIORITY_SCORE}};
+      {MOE_ACT_SILU, 1, MOE_DISPATCH_STATIC, MOE_PRIORITY_SCORE},
+      {MOE_ACT_SWIGLU_OAI, 2, MOE_DISPATCH_STATIC, MOE_PRIORITY_INDEX}}; /* gpt-oss's, fc3.bias sliced too */
   int have_mpi = test_have_mpirun(); /* without: only W = 1 is checked */
-  for (int c = 0; c < 4; c++) {
+  for (int c = 0; c < 5; c++) {
     ASSERT(make_case(w, x, cases[c].act, cases[c].k, cases[c].disp, cases[c].prio));
     snprintf(cmd, sizeof cmd, "'%s' layer-run --weights '%s' --input '%s' --out '%s' --backward --threads 1",
              MOE_CLI, w, x, ref);

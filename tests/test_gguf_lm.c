@@ -374,6 +374,11 @@ TEST(gguf_lm_bad_files_are_errors_naming_the_tensor_shape_or_arch) {
   ASSERT_OK(rewrite(good, bad, NULL, NULL, "llama.rope.scaling.type", "yarn"));
   ASSERT_STATUS(moe_lm_read_config(bad, &c), MOE_ERR_FORMAT);
   ASSERT(error_names("llama.rope.scaling.type", "yarn", NULL));
+  /* a family without a GGUF architecture here: gpt-oss */
+  ASSERT_OK(moe_lm_load(&m, lm_case_dir("gpt_oss", dir, sizeof dir), NULL));
+  ASSERT_STATUS(moe_lm_save_gguf(&m, bad, NULL), MOE_ERR_ARG);
+  moe_lm_free(&m);
+  ASSERT(error_names("gpt_oss", "no GGUF architecture", NULL));
   /* a tensor the model does not have: output.weight, read with a config whose head is the embedding */
   ASSERT_OK(moe_lm_read_config(good, &c));
   c.tie_embeddings = 1;

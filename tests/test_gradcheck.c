@@ -45,6 +45,7 @@ typedef struct { /* open models' routing and shared experts (DESIGN 4.1b) */
   moe_group_score group_score;
   float routed_scale;
   int select_bias, shared_H, shared_gate;
+  float swiglu_limit; /* swiglu_oai's clamp; 0: the default */
 } gc_open;
 
 typedef struct {
@@ -114,6 +115,28 @@ static int gc_loss(void *ctx, double *L, const char *what) {
   return 1;
 }
 
+/* swiglu_oai: how many gate values (above the limit) and up values (outside +-limit) of all experts and
+ * tokens clamp, so that a case can assert that the zero-gradient paths are exercised. */
+static int gc_clamps(const gc_ctx *g) {
+  moe_layer_t *l = (moe_layer_t *)&g->l;
+  const float *w1 = moe_layer_param(l, "experts.fc1.weight"), *w3 = moe_layer_param(l, "experts.fc3.weight");
+  const float *b1 = moe_layer_param(l, "experts.fc1.bias"), *b3 = moe_layer_param(l, "experts.fc3.bias");
+  double lim = l->cfg.swiglu_limit;
+  int n = 0;
+  for (int e = 0; e < GC_E; e++)
+    for (int t = 0; t < GC_T; t++)
+      for (int j = 0; j < GC_H; j++) {
+        size_t r = (size_t)e * GC_H + j;
+        double a = b1 ? b1[r] : 0, u = b3 ? b3[r] : 0;
+        for (int d = 0; d < GC_D; d++) {
+          a += (double)g->x[t * GC_D + d] * w1[r * GC_D + d];
+          u += (double)g->x[t * GC_D + d] * w3[r * GC_D + d];
+        }
+        n += (a > lim) + (fabs(u) > lim);
+      }
+  return n;
+}
+
 static int gc_run_checks(gc_ctx *g) {
   const gc_case *c = g->c;
   int T = GC_T, D = GC_D, k = c->k;
@@ -142,6 +165,7 @@ static int gc_run_checks(gc_ctx *g) {
     cfg.select_bias = g->o->select_bias;
     cfg.shared_H = g->o->shared_H;
     cfg.shared_gate = g->o->shared_gate;
+    if (g->o->swiglu_limit > 0) cfg.swiglu_limit = g->o->swiglu_limit;
   }
   moe_status s = moe_layer_init(&g->l, &cfg);
   if (s != MOE_OK) {
@@ -169,7 +193,7 @@ static int gc_run_checks(gc_ctx *g) {
   moe_layer_init_params(l, c->seed);
   uint64_t rng = c->seed ^ 0x5DEECE66Dull;
   static const char *const biases[] = {"gate.bias", "gate.proj.bias", "experts.fc1.bias", "experts.fc2.bias",
-                                       "gate.select_bias"};
+                                       "gate.select_bias", "experts.fc3.bias"};
   for (size_t i = 0; i < sizeof biases / sizeof biases[0]; i++) {
     const moe_param_info *pi = moe_layer_param_find(l, biases[i]);
     if (pi) fd_fill(&rng, l->params + pi->offset, pi->numel, -0.3, 0.3);
@@ -193,6 +217,10 @@ static int gc_run_checks(gc_ctx *g) {
     return 0;
   }
   memcpy(g->counts0, st.expert_counts, sizeof g->counts0);
+  if (cfg.act == MOE_ACT_SWIGLU_OAI && gc_clamps(g) < 10) {
+    fprintf(stderr, "  [%s] only %d values clamp: the clamps are not exercised\n", c->name, gc_clamps(g));
+    return 0;
+  }
   g->dropped0 = st.dropped;
   if (c->want_drops && st.dropped == 0) {
     fprintf(stderr, "  [%s] no assignment was dropped: the drop path is not exercised\n", c->name);
@@ -319,27 +347,34 @@ TEST(gradcheck_no_biases) {
 TEST(gradcheck_shared_gated_swiglu_unnormalized) { /* Qwen2-MoE */
   static const gc_case c = {"qwen2-moe: swiglu k=2 unnormalized, gated shared expert", LIN, MOE_ACT_SWIGLU, DYN, IDX,
                             2, 1.0f, 0, 0, 31, 0};
-  static const gc_open o = {MOE_SCORE_SOFTMAX, 0, 0, MOE_GROUP_MAX, 1.0f, 0, 5, 1};
+  static const gc_open o = {MOE_SCORE_SOFTMAX, 0, 0, MOE_GROUP_MAX, 1.0f, 0, 5, 1, 0};
   ASSERT(gc_run_open(&c, &o));
 }
 
 TEST(gradcheck_sigmoid_groups_bias_scaled_shared) { /* DeepSeek-V3 */
   static const gc_case c = {"deepseek-v3: sigmoid, select bias, 2 groups top2_sum, scale 2.5, shared", LIN,
                             MOE_ACT_SWIGLU, DYN, IDX, 2, 1.0f, 1, 0, 32, 0};
-  static const gc_open o = {MOE_SCORE_SIGMOID, 2, 1, MOE_GROUP_TOP2_SUM, 2.5f, 1, 7, 0};
+  static const gc_open o = {MOE_SCORE_SIGMOID, 2, 1, MOE_GROUP_TOP2_SUM, 2.5f, 1, 7, 0, 0};
   ASSERT(gc_run_open(&c, &o));
 }
 
 TEST(gradcheck_softmax_groups_max_static_drops) { /* DeepSeek-V2 */
   static const gc_case c = {"deepseek-v2: softmax, 2 groups max, scale 1.5, static drops", LIN, MOE_ACT_GELU, STA,
                             SCO, 1, 1.0f, 0, 1, 33, 1};
-  static const gc_open o = {MOE_SCORE_SOFTMAX, 2, 1, MOE_GROUP_MAX, 1.5f, 0, 0, 0};
+  static const gc_open o = {MOE_SCORE_SOFTMAX, 2, 1, MOE_GROUP_MAX, 1.5f, 0, 0, 0, 0};
   ASSERT(gc_run_open(&c, &o));
 }
 
 TEST(gradcheck_sigmoid_unnormalized_gated_relu) {
   static const gc_case c = {"sigmoid k=2 unnormalized, gated shared relu", LIN, MOE_ACT_RELU, DYN, IDX, 2, 1.0f, 0, 1,
                             34, 0};
-  static const gc_open o = {MOE_SCORE_SIGMOID, 0, 0, MOE_GROUP_MAX, 1.0f, 0, 6, 1};
+  static const gc_open o = {MOE_SCORE_SIGMOID, 0, 0, MOE_GROUP_MAX, 1.0f, 0, 6, 1, 0};
+  ASSERT(gc_run_open(&c, &o));
+}
+
+TEST(gradcheck_swiglu_oai_biases_clamped) { /* gpt-oss: the clamped SwiGLU with its up bias, the router's bias */
+  static const gc_case c = {"gpt-oss: swiglu_oai limit 0.5, fc1/fc3/fc2 biases, router bias, k=2 normalized", LIN,
+                            MOE_ACT_SWIGLU_OAI, DYN, IDX, 2, 1.0f, 1, 1, 41, 0};
+  static const gc_open o = {MOE_SCORE_SOFTMAX, 0, 0, MOE_GROUP_MAX, 1.0f, 0, 0, 0, 0.5f};
   ASSERT(gc_run_open(&c, &o));
 }

@@ -14,12 +14,16 @@
 #include "run_cli.h"
 #include "test.h"
 
-static const char *const families[] = {"qwen2_moe", "qwen3_moe", "olmoe"};
+static const char *const families[] = {"qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"};
 #define NFAM (int)(sizeof families / sizeof families[0])
+#define NFAM_TRAIN 3 /* moe train --family: gpt_oss is not among its families */
 
 TEST(lm_matches_pytorch_qwen2_moe) { ASSERT(lm_check_case("qwen2_moe")); }
 TEST(lm_matches_pytorch_qwen3_moe) { ASSERT(lm_check_case("qwen3_moe")); }
 TEST(lm_matches_pytorch_olmoe) { ASSERT(lm_check_case("olmoe")); }
+TEST(lm_matches_pytorch_gpt_oss) { ASSERT(lm_check_case("gpt_oss")); }
+/* the same model with its experts as gpt-oss checkpoints store them: MXFP4 blocks and scales, dequantized */
+TEST(lm_matches_pytorch_gpt_oss_mxfp4) { ASSERT(lm_check_case("gpt_oss_mxfp4")); }
 
 /* The fixture's tokens (B, T), malloc'd. */
 static int32_t *fixture_tokens(const char *dir, int *B, int *T) {
@@ -247,6 +251,31 @@ TEST(lm_families_bad_configs_name_file_and_field) {
        "model.layers.0.self_attn.v_proj.bias"},
       {"qwen2_moe", "vocab_size", "48", "model.layers.2.mlp.shared_expert_gate.weight", MOE_ERR_MISSING,
        "model.layers.2.mlp.shared_expert_gate.weight"},
+      {"gpt_oss", "rope_scaling", NULL, NULL, MOE_ERR_FORMAT, "no \"rope_scaling\": gpt_oss's default is YaRN"},
+      {"gpt_oss", "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 32.0, \"truncate\": false}", NULL,
+       MOE_ERR_FORMAT, "\"rope_scaling\" of type yarn is not supported"},
+      {"gpt_oss", "output_router_logits", "true", NULL, MOE_ERR_FORMAT, "\"output_router_logits\" true is not supported"},
+      {"gpt_oss", "layer_types", "[\"sliding_attention\"]", NULL, MOE_ERR_FORMAT,
+       "\"layer_types\" must be a list of \"num_hidden_layers\" 3 entries"},
+      {"gpt_oss", "layer_types", "[\"sliding_attention\", \"chunked_attention\", \"full_attention\"]", NULL,
+       MOE_ERR_FORMAT, "\"layer_types\" entry 1 is not"},
+      {"gpt_oss", "quantization_config", "{\"quant_method\": \"bitsandbytes\"}", NULL, MOE_ERR_FORMAT,
+       "\"quantization_config\" other than quant_method \"mxfp4\""},
+      {"gpt_oss", "experts_per_token", "3", NULL, MOE_ERR_FORMAT, "\"experts_per_token\" 3 is not \"num_experts_per_tok\" 2"},
+      {"gpt_oss", "swiglu_limit", "0", NULL, MOE_ERR_FORMAT, "\"swiglu_limit\" must be > 0"},
+      {"gpt_oss", "intermediate_size", "16", NULL, MOE_ERR_SHAPE,
+       "\"intermediate_size\" 16 do not fit tensor 'model.layers.2.mlp.experts.gate_up_proj'"},
+      {"gpt_oss_mxfp4", "intermediate_size", "16", NULL, MOE_ERR_SHAPE,
+       "\"intermediate_size\" 16 do not fit tensor 'model.layers.2.mlp.experts.gate_up_proj_blocks'"},
+      {"gpt_oss", "num_local_experts", "5", NULL, MOE_ERR_SHAPE,
+       "\"num_local_experts\" is 5, but tensor 'model.layers.2.mlp.router.weight'"},
+      {"gpt_oss", "vocab_size", "48", "model.layers.1.self_attn.sinks", MOE_ERR_MISSING, "model.layers.1.self_attn.sinks"},
+      {"gpt_oss", "vocab_size", "48", "model.layers.0.mlp.experts.gate_up_proj_bias", MOE_ERR_MISSING,
+       "model.layers.0.mlp.experts.gate_up_proj_bias"},
+      {"gpt_oss", "vocab_size", "48", "model.layers.1.mlp.experts.down_proj", MOE_ERR_MISSING,
+       "model.layers.1.mlp.experts.down_proj"},
+      {"gpt_oss_mxfp4", "vocab_size", "48", "model.layers.0.mlp.experts.down_proj_scales", MOE_ERR_MISSING,
+       "model.layers.0.mlp.experts.down_proj_scales"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char dir[512];
@@ -285,6 +314,21 @@ TEST(lm_families_config_layer_kinds_and_ignored_fields) {
                  sizeof dir));
   ASSERT_OK(moe_lm_read_config(dir, &c));
   ASSERT(c.rope_theta == 500000.0f);
+  /* gpt-oss: layer_types absent is transformers' alternation (even layers sliding), sliding_window absent 128 */
+  ASSERT(patched("gpt_oss", "layer_types", NULL, NULL, dir, sizeof dir));
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  ASSERT(c.family == MOE_LM_GPT_OSS && c.sliding_window == 4 && c.full_layers[0] == 2 && c.attn_sinks && c.o_bias);
+  ASSERT(c.moe.act == MOE_ACT_SWIGLU_OAI && c.moe.swiglu_limit == 1.5f && c.moe.swiglu_alpha == 1.702f && c.head_dim == 12);
+  ASSERT(c.aux_coef == 0 && c.moe.gate_bias && c.moe.expert_bias && c.moe.normalize_topk == 1);
+  ASSERT(patched("gpt_oss", "sliding_window", NULL, NULL, dir, sizeof dir));
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  ASSERT(c.sliding_window == 128 && c.full_layers[0] == 2); /* the fixture's layer_types: 1 full */
+  ASSERT(patched("gpt_oss", "sliding_window", "null", NULL, dir, sizeof dir));
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  ASSERT(c.sliding_window == 0 && c.full_layers[0] == 0); /* no window: every layer full */
+  ASSERT(patched("gpt_oss", "attention_bias", "false", NULL, dir, sizeof dir));
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  ASSERT(!c.qkv_bias && !c.o_bias);
 }
 
 /* A model built from a configuration (not a checkpoint) of each family: initialized as HF does (biases
@@ -301,7 +345,7 @@ TEST(lm_families_init_save_load) {
     for (int i = 0; i < m.nrefs; i++) {
       const moe_tensor_ref *ref = &m.refs[i];
       const float *d = ref->data;
-      if (strstr(ref->name, ".bias")) {
+      if (strstr(ref->name, "bias")) {
         biases++;
         ASSERT(d[0] == 0 && d[ref->numel - 1] == 0);
       }
@@ -310,7 +354,8 @@ TEST(lm_families_init_save_load) {
         ASSERT(d[0] == 1 && d[ref->numel - 1] == 1);
       }
     }
-    ASSERT_EQ_INT(biases, c.qkv_bias ? 3 * c.n_layers : 0);
+    /* gpt-oss: q, k, v, o, the router's, the experts' fc1, fc3 (gate_up_proj_bias) and down_proj_bias */
+    ASSERT_EQ_INT(biases, c.family == MOE_LM_GPT_OSS ? 8 * c.n_layers : c.qkv_bias ? 3 * c.n_layers : 0);
     ASSERT_EQ_INT(norms, 2 * c.n_layers + 1 + (c.qk_norm ? 2 * c.n_layers : 0));
     snprintf(name, sizeof name, "lm_init_%s", families[fi]);
     ASSERT_OK(moe_lm_save(&m, test_tmp_path(name, dir, sizeof dir)));
@@ -410,7 +455,7 @@ TEST(lm_families_generate_one_process_and_expert_parallel) {
  * expert and biases replicated, the rest as every family's) also with the experts over 2 ranks, every
  * step's loss within 1e-4 of one process's. The MPI half is skipped without mpirun. */
 TEST(train_lm_families_one_process_and_expert_parallel) {
-  for (int fi = 0; fi < NFAM; fi++) {
+  for (int fi = 0; fi < NFAM_TRAIN; fi++) {
     char args[2048], one[512], two[512], ck[512], err[4096], path[600];
     test_tmp_path("lm_fam_train", ck, sizeof ck);
     snprintf(args, sizeof args, "train --task lm --data '%s' " LM_TINY " --layers 2 --steps 20 --family %s "
@@ -477,5 +522,46 @@ TEST(lm_families_bf16_experts) {
     free(want), free(t);
     fprintf(stderr, "  %s: bf16 experts' logits within %.3g of fp32's\n", families[fi], worst);
     ASSERT(worst > 0 && worst < 0.05);
+  }
+}
+
+/* A new model of each family from moe_lm_config_set_family (what `moe train --family` builds): it
+ * initializes, trains a step, and its checkpoint loads back as the same configuration and logits
+ * (gpt-oss with a window over one of two layers). */
+TEST(lm_families_set_family_from_scratch) {
+  for (int f = MOE_LM_MIXTRAL; f <= MOE_LM_GPT_OSS; f++) {
+    moe_lm_config c;
+    moe_lm_config_default(&c);
+    c.vocab = 40, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 8, c.max_seq = 16;
+    c.moe.D = 32, c.moe.H = 16, c.moe.E = 4, c.moe.threads = 1;
+    moe_lm_config_set_family(&c, (moe_lm_family)f);
+    if (f == MOE_LM_GPT_OSS) c.sliding_window = 3, c.full_layers[0] = 2;
+    moe_lm_t m, r;
+    moe_status st = moe_lm_init(&m, &c);
+    if (st) FAIL_("%s: %s", moe_lm_family_name((moe_lm_family)f), moe_last_error());
+    moe_lm_init_params(&m, 3);
+    int32_t t[12] = {1, 5, 9, 2, 7, 3, 11, 4, 30, 8, 6, 0};
+    moe_lm_stats s;
+    ASSERT_OK(moe_lm_forward(&m, t, t + 1, 1, 11, &s));
+    ASSERT_OK(moe_lm_backward(&m));
+    char dir[512], name[64];
+    snprintf(name, sizeof name, "lm_set_family_%d", f);
+    ASSERT_OK(moe_lm_save(&m, test_tmp_path(name, dir, sizeof dir)));
+    ASSERT_OK(moe_lm_load(&r, dir, NULL));
+    const moe_layer_config *a = &c.moe, *b = &r.cfg.moe;
+    ASSERT((int)r.cfg.family == f && r.cfg.qkv_bias == c.qkv_bias && r.cfg.o_bias == c.o_bias &&
+           r.cfg.attn_sinks == c.attn_sinks && r.cfg.qk_norm == c.qk_norm && r.cfg.sliding_window == c.sliding_window &&
+           !memcmp(r.cfg.full_layers, c.full_layers, sizeof c.full_layers) && r.cfg.aux_coef == c.aux_coef);
+    ASSERT(b->act == a->act && b->gate_bias == a->gate_bias && b->expert_bias == a->expert_bias &&
+           b->normalize_topk == a->normalize_topk && b->shared_H == a->shared_H && b->shared_gate == a->shared_gate &&
+           b->swiglu_alpha == a->swiglu_alpha && b->swiglu_limit == a->swiglu_limit);
+    float la[11 * 40];
+    ASSERT_OK(moe_lm_forward(&m, t, NULL, 1, 11, NULL));
+    memcpy(la, moe_lm_logits(&m), sizeof la);
+    ASSERT_OK(moe_lm_forward(&r, t, NULL, 1, 11, NULL));
+    int same = !memcmp(la, moe_lm_logits(&r), sizeof la);
+    moe_lm_free(&m);
+    moe_lm_free(&r);
+    if (!same) FAIL_("%s: the saved model's logits differ", moe_lm_family_name((moe_lm_family)f));
   }
 }

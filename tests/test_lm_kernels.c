@@ -118,11 +118,12 @@ TEST(lm_rope_rotates_pairs_and_inverts) {
 }
 
 /* ---- attention ---- */
-typedef struct { int B, T, pos0, nh, nkv, hd, ld; const float *dO; int window; } att_ctx;
+typedef struct { int B, T, pos0, nh, nkv, hd, ld; const float *dO; int window; const double *sinks; } att_ctx;
 
 /* o (B, T - pos0, nh hd) for queries at positions [pos0, T) over all T keys of qkv (B, T, ld): query t
  * sees keys [0, t], or with a window the last `window` of them (transformers' sliding_window mask,
- * kv_idx > q_idx - sliding_window). */
+ * kv_idx > q_idx - sliding_window); with sinks, head h's sinks[h] joins each softmax with no value (gpt-oss's
+ * eager_attention_forward: the sink column concatenated to the scores, dropped after the softmax). */
 static void att_ref(const att_ctx *c, const double *qkv, double *o) {
   int qd = c->nh * c->hd, Tq = c->T - c->pos0;
   double *s = malloc((size_t)c->T * sizeof *s);
@@ -131,7 +132,7 @@ static void att_ref(const att_ctx *c, const double *qkv, double *o) {
       int g = h / (c->nh / c->nkv);
       for (int t = c->pos0; t < c->T; t++) {
         const double *q = qkv + ((size_t)b * c->T + t) * c->ld + h * c->hd;
-        double mx = -INFINITY, sum = 0;
+        double mx = c->sinks ? c->sinks[h] : -INFINITY, sum = 0;
         int lo = c->window && t + 1 > c->window ? t + 1 - c->window : 0;
         for (int j = lo; j <= t; j++) {
           const double *k = qkv + ((size_t)b * c->T + j) * c->ld + qd + g * c->hd;
@@ -140,6 +141,7 @@ static void att_ref(const att_ctx *c, const double *qkv, double *o) {
           s[j] = dot / sqrt((double)c->hd);
           mx = fmax(mx, s[j]);
         }
+        if (c->sinks) sum = exp(c->sinks[h] - mx);
         for (int j = lo; j <= t; j++) sum += (s[j] = exp(s[j] - mx));
         double *out = o + ((size_t)b * Tq + t - c->pos0) * qd + h * c->hd;
         for (int i = 0; i < c->hd; i++) out[i] = 0;
@@ -162,17 +164,23 @@ static double att_loss(const void *ctx, const double *in) {
   return L;
 }
 
-static void attention_case(int *failed_, int window);
+static void attention_case(int *failed_, int window, int sinks);
 
-TEST(lm_attention_blocks_gqa_backward_and_cache) { attention_case(failed_, 0); }
+TEST(lm_attention_blocks_gqa_backward_and_cache) { attention_case(failed_, 0, 0); }
 
 /* Mixtral's sliding window: 70 keys, more than a query block, and 1 (each query its own value). */
 TEST(lm_attention_sliding_window) {
-  attention_case(failed_, 70);
-  if (!*failed_) attention_case(failed_, 1);
+  attention_case(failed_, 70, 0);
+  if (!*failed_) attention_case(failed_, 1, 0);
 }
 
-static void attention_case(int *failed_, int window) {
+/* gpt-oss's sinks, with its sliding window and without: forward, dqkv, dsinks and the cached decode. */
+TEST(lm_attention_sinks) {
+  attention_case(failed_, 0, 1);
+  if (!*failed_) attention_case(failed_, 70, 1);
+}
+
+static void attention_case(int *failed_, int window, int sinks) {
   enum { B = 2, T = 150, nh = 4, nkv = 2, hd = 8, qd = nh * hd, ld = qd + 2 * nkv * hd };
   size_t nqkv = (size_t)B * T * ld, no = (size_t)B * T * qd;
   float *qkv = malloc(nqkv * 4), *o = malloc(no * 4), *dO = malloc(no * 4), *d = malloc(nqkv * 4);
@@ -182,10 +190,14 @@ static void attention_case(int *failed_, int window) {
   uint64_t rng = 5;
   fd_fill(&rng, qkv, nqkv, -1.5, 1.5);
   fd_fill(&rng, dO, no, -1, 1);
-  moe__attn a = {B, T, 0, nh, nkv, hd, ld, ld, (size_t)T * ld, qkv, qkv + qd, qkv + qd + nkv * hd, o, lse, window};
+  float sk[nh] = {1.5f, -0.75f, 3.0f, 0.25f}, dsk[nh] = {0};
+  double sk64[nh];
+  for (int h = 0; h < nh; h++) sk64[h] = sk[h];
+  moe__attn a = {B, T, 0, nh, nkv, hd, ld, ld, (size_t)T * ld, qkv, qkv + qd, qkv + qd + nkv * hd, o, lse, window,
+                 sinks ? sk : NULL};
   float *scratch = malloc(moe__attn_scratch(&a, 2));
   moe__attn_forward(&a, scratch, 2);
-  att_ctx c = {B, T, 0, nh, nkv, hd, ld, dO, window};
+  att_ctx c = {B, T, 0, nh, nkv, hd, ld, dO, window, sinks ? sk64 : NULL};
   double *in = to_double(qkv, nqkv);
   att_ref(&c, in, o64);
   double e = max_abs_diff(o, o64, no);
@@ -197,6 +209,18 @@ static void attention_case(int *failed_, int window) {
     ok = fd_grad(att_loss, &c, in, (size_t)(B - 1) * T * ld + (size_t)t * ld, ld,
                  d + (size_t)(B - 1) * T * ld + (size_t)t * ld, ld / 2, "attention dqkv row");
   ASSERT(ok);
+  if (sinks) { /* central differences of each sink */
+    moe__attn_sinks_backward(&a, dO, dsk, 2);
+    for (int h = 0; h < nh; h++) {
+      double keep = sk64[h], lp, lm;
+      sk64[h] = keep + 1e-5, lp = att_loss(&c, in);
+      sk64[h] = keep - 1e-5, lm = att_loss(&c, in);
+      sk64[h] = keep;
+      double fd = (lp - lm) / 2e-5;
+      if (!(fabs(fd - dsk[h]) <= 1e-4 * fmax(1, fabs(fd)))) FAIL_("dsinks[%d] = %g, central difference %g", h, dsk[h], fd);
+      ASSERT(fabs(fd) > 1e-3); /* a sink that matters */
+    }
+  }
   /* decoding: queries [100, 150) against a cache of all 150 keys give the last rows of the full pass
    * (to rounding: the query blocks, so the GEMM shapes, differ) */
   a.Tq = T - 100;

@@ -85,6 +85,8 @@ TEST(pipeline_bits_match_one_micro_batch) {
       {MOE_ACT_GELU, 1, MOE_ROUTER_LINEAR, MOE_DT_F32, 0, MOE_DISPATCH_DYNAMIC},
       {MOE_ACT_GELU, 2, MOE_ROUTER_LINEAR, MOE_DT_F32, 97, MOE_DISPATCH_STATIC}, /* padded slots, some dropped */
       {MOE_ACT_SWIGLU, 1, MOE_ROUTER_LINEAR, MOE_DT_F32, 61, MOE_DISPATCH_STATIC},
+      {MOE_ACT_SWIGLU_OAI, 2, MOE_ROUTER_LINEAR, MOE_DT_F32, 97, MOE_DISPATCH_DYNAMIC}, /* gpt-oss's, fc3.bias */
+      {MOE_ACT_SWIGLU_OAI, 2, MOE_ROUTER_LINEAR, MOE_DT_BF16, 61, MOE_DISPATCH_STATIC},
   };
   const int ns[] = {2, 3, 4, 8, 64};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -93,6 +95,7 @@ TEST(pipeline_bits_match_one_micro_batch) {
     cfg.D = D, cfg.H = H, cfg.E = E, cfg.top_k = cases[c].k, cfg.act = cases[c].act;
     cfg.router = cases[c].router, cfg.proj_dim = 8, cfg.dtype = cases[c].dt, cfg.threads = 2;
     cfg.dispatch = cases[c].disp;
+    cfg.swiglu_limit = 0.25f; /* swiglu_oai: values clamp */
     moe_layer_t shape;
     ASSERT_OK(moe_layer_init(&shape, &cfg));
     static run_out ref, o;

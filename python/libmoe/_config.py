@@ -23,7 +23,7 @@ BOOLS = ("gate_bias", "expert_bias", "select_bias", "shared_gate")
 LAYER = ("D", "H", "E", "top_k", "capacity_setting", "normalize_topk", "act", "dispatch", "priority",
          "router", "proj_dim", "gate_bias", "expert_bias", "threads", "inner_experts", "inner_top_k", "dtype",
          "pipeline", "memory_reuse", "memory_budget", "score", "select_bias", "n_group", "topk_group",
-         "group_score", "routed_scale", "shared_H", "shared_gate")
+         "group_score", "routed_scale", "shared_H", "shared_gate", "swiglu_alpha", "swiglu_limit")
 MODEL = ("in_dim", "classes", "blocks", "loss", "aux_weight", "z_weight")
 OPTIM = ("kind", "beta1", "beta2", "eps", "momentum", "weight_decay")
 # what moe_layer_load may override (moe_layer_overrides; the others keep the file's values)

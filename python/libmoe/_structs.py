@@ -13,7 +13,8 @@ class LayerConfig(C.Structure):
                 ("dtype", _i), ("pipeline", _i), ("memory_reuse", _i), ("memory_budget", C.c_size_t),
                 ("parallel_r", _i), ("replica_slots", _i), ("a2a_auto", _i),
                 ("score", _i), ("select_bias", _i), ("n_group", _i), ("topk_group", _i),
-                ("group_score", _i), ("routed_scale", _f), ("shared_H", _i), ("shared_gate", _i)]
+                ("group_score", _i), ("routed_scale", _f), ("shared_H", _i), ("shared_gate", _i),
+                ("swiglu_alpha", _f), ("swiglu_limit", _f)]
 
 
 class ParamInfo(C.Structure):
@@ -90,7 +91,8 @@ class LMConfig(C.Structure):
     _fields_ = [("vocab", _i), ("n_layers", _i), ("n_heads", _i), ("n_kv_heads", _i), ("head_dim", _i),
                 ("max_seq", _i), ("rope_theta", _f), ("rms_eps", _f), ("aux_coef", _f), ("tie_embeddings", _i),
                 ("sliding_window", _i), ("moe", LayerConfig), ("family", _i), ("qkv_bias", _i), ("qk_norm", _i),
-                ("clip_qkv", _f), ("dense_H", _i), ("dense_layers", C.c_uint8 * (1024 // 8))]
+                ("clip_qkv", _f), ("dense_H", _i), ("dense_layers", C.c_uint8 * (1024 // 8)),
+                ("o_bias", _i), ("attn_sinks", _i), ("full_layers", C.c_uint8 * (1024 // 8))]
 
 
 class LM(C.Structure):

@@ -66,7 +66,7 @@ def tensors(layer, owner, prefix=""):
 class Layer(Owner):
     """An MoE layer of the C library, configured by the fields of moe_layer_config as keywords:
     D, H, E (required), top_k, capacity_setting, normalize_topk (None = auto), act ("relu", "gelu",
-    "silu", "swiglu"), dispatch ("dynamic", "static"), priority ("index", "score"), router ("linear",
+    "silu", "swiglu", "swiglu_oai" with swiglu_alpha and swiglu_limit), dispatch ("dynamic", "static"), priority ("index", "score"), router ("linear",
     "cosine"), proj_dim, gate_bias, expert_bias, threads (0 = all cores), inner_experts, inner_top_k,
     dtype ("f32", "bf16": the experts' GEMMs), and the routing of open models: score ("softmax",
     "sigmoid"), select_bias, n_group, topk_group, group_score ("max", "top2_sum"), routed_scale, shared_H,

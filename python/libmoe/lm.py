@@ -68,7 +68,7 @@ class LM(Owner):
 
     vocab = property(lambda self: self._c.cfg.vocab)
     max_seq = property(lambda self: self._c.cfg.max_seq)
-    family = property(lambda self: ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")[self._c.cfg.family])
+    family = property(lambda self: ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")[self._c.cfg.family])
 
     def logits(self, tokens):
         """(B, T, vocab) float32 logits of a full forward of tokens (B, T) (or (T,))."""

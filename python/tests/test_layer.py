@@ -48,6 +48,25 @@ class Options(unittest.TestCase):
         self.assertEqual((again["act"], again["normalize_topk"], again["dispatch"], again["dtype"]),
                          ("gelu", False, "static", "bf16"))
 
+    def test_swiglu_oai(self):
+        """gpt-oss's clamped SwiGLU: its options read back, fc3's bias, and one expert's output as numpy computes it."""
+        layer = libmoe.Layer(D=4, H=6, E=1, top_k=1, act="swiglu_oai", swiglu_alpha=1.5, swiglu_limit=0.5, threads=1)
+        self.assertEqual((layer.config["act"], layer.config["swiglu_alpha"], layer.config["swiglu_limit"]),
+                         ("swiglu_oai", 1.5, 0.5))
+        self.assertEqual(layer.params["experts.fc3.bias"].shape, (1, 6))
+        rng = np.random.default_rng(4)
+        for a in layer.params.values():
+            a[...] = rng.standard_normal(a.shape)
+        x = rng.standard_normal((5, 4)).astype(np.float32)
+        y, _ = layer.forward(x)
+        p = {n: a[0].astype(np.float64) for n, a in layer.params.items() if n.startswith("experts.")}
+        g = np.minimum(x @ p["experts.fc1.weight"].T + p["experts.fc1.bias"], 0.5)
+        u = np.clip(x @ p["experts.fc3.weight"].T + p["experts.fc3.bias"], -0.5, 0.5)
+        want = ((u + 1) * g / (1 + np.exp(-1.5 * g))) @ p["experts.fc2.weight"].T + p["experts.fc2.bias"]
+        assert_close("swiglu_oai y", y, want)
+        raises(self, "MOE_ERR_ARG", libmoe.Layer, D=4, H=6, E=2, act="swiglu_oai", swiglu_limit=0,
+               contains="swiglu_limit > 0")
+
     def test_top_k_per_call(self):
         layer = libmoe.Layer(D=4, H=8, E=4, threads=1)
         layer.init_params(1)

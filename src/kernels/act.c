@@ -125,3 +125,32 @@ void moe__act_backward(moe_act act, const float *a1, float *a3, float *dh, size_
     }
   }
 }
+
+/* gpt-oss's clamped SwiGLU, scalar: a NaN stays NaN through the clamps (comparisons false), as in torch. */
+void moe__act_oai_forward(float alpha, float limit, const float *a1, const float *a3, float *h, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float g = a1[i] > limit ? limit : a1[i], u = a3[i] > limit ? limit : a3[i] < -limit ? -limit : a3[i];
+    h[i] = (u + 1.0f) * g * sigmoidf(alpha * g);
+  }
+}
+
+/* d/dg of g sigmoid(alpha g) = s + alpha g s (1 - s); torch's clamp passes the gradient where
+ * min <= x <= max, so the bounds themselves pass. */
+void moe__act_oai_backward(float alpha, float limit, const float *a1, float *a3, float *dh, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float g = a1[i] > limit ? limit : a1[i], u = a3[i] > limit ? limit : a3[i] < -limit ? -limit : a3[i];
+    float s = sigmoidf(alpha * g), d = dh[i];
+    a3[i] = a3[i] >= -limit && a3[i] <= limit ? d * g * s : 0.0f;
+    dh[i] = a1[i] <= limit ? d * (u + 1.0f) * s * (1.0f + alpha * g * (1.0f - s)) : 0.0f;
+  }
+}
+
+void moe__act_cfg_forward(const moe_layer_config *c, const float *a1, const float *a3, float *h, size_t n) {
+  if (c->act == MOE_ACT_SWIGLU_OAI) moe__act_oai_forward(c->swiglu_alpha, c->swiglu_limit, a1, a3, h, n);
+  else moe__act_forward(c->act, a1, a3, h, n);
+}
+
+void moe__act_cfg_backward(const moe_layer_config *c, const float *a1, float *a3, float *dh, size_t n) {
+  if (c->act == MOE_ACT_SWIGLU_OAI) moe__act_oai_backward(c->swiglu_alpha, c->swiglu_limit, a1, a3, dh, n);
+  else moe__act_backward(c->act, a1, a3, dh, n);
+}

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dist/dist.h"
+#include "kernels/act.h"
 #include "kernels/gemm.h"
 #include "layer/plugins.h"
 
@@ -51,6 +52,8 @@ void moe_layer_config_default(moe_layer_config *c) {
   c->pipeline = 1;
   c->parallel_r = MOE_PARALLEL_OFF;
   c->routed_scale = 1.0f;
+  c->swiglu_alpha = 1.702f;
+  c->swiglu_limit = 7.0f;
 }
 
 int moe__layer_sharded(const moe_layer_config *c) { return c->dist && c->parallel_r != MOE_PARALLEL_OFF; }
@@ -112,7 +115,14 @@ static moe_status check_config(const moe_layer_config *c) {
   MOE_TRY(isfinite(c->capacity_setting), MOE_ERR_ARG, "config: capacity_setting must be finite");
   MOE_TRY(c->normalize_topk >= -1 && c->normalize_topk <= 1, MOE_ERR_ARG,
           "config: normalize_topk must be -1 (auto), 0 or 1, got %d", c->normalize_topk);
-  MOE_TRY((unsigned)c->act <= MOE_ACT_SWIGLU, MOE_ERR_ARG, "config: unknown activation %d", c->act);
+  MOE_TRY((unsigned)c->act <= MOE_ACT_SWIGLU_OAI, MOE_ERR_ARG, "config: unknown activation %d", c->act);
+  if (c->act == MOE_ACT_SWIGLU_OAI) { /* the shared FFN has no clamp; shards and replicas no fc3.bias */
+    MOE_TRY(isfinite(c->swiglu_alpha) && c->swiglu_limit > 0 && isfinite(c->swiglu_limit), MOE_ERR_ARG,
+            "config: swiglu_oai needs a finite swiglu_alpha and swiglu_limit > 0, got %g and %g",
+            (double)c->swiglu_alpha, (double)c->swiglu_limit);
+    MOE_TRY(!c->shared_H && !c->replica_slots && !moe__layer_sharded(c), MOE_ERR_ARG,
+            "config: swiglu_oai does not support shared experts, replica_slots or parallel_r yet");
+  }
   MOE_TRY((unsigned)c->dispatch <= MOE_DISPATCH_STATIC, MOE_ERR_ARG, "config: unknown dispatch %d",
           c->dispatch);
   MOE_TRY((unsigned)c->priority <= MOE_PRIORITY_SCORE, MOE_ERR_ARG, "config: unknown priority %d",
@@ -194,7 +204,8 @@ moe_status moe__layer_init(moe_layer_t *l, const moe_layer_config *cfg, const mo
     if (cfg->expert_bias) add_param(l, "experts.fc1.bias", 2, El, H, 0);
     add_param(l, "experts.fc2.weight", 3, El, D, H);
     if (cfg->expert_bias) add_param(l, "experts.fc2.bias", 2, El, Dc, 0);
-    if (cfg->act == MOE_ACT_SWIGLU) add_param(l, "experts.fc3.weight", 3, El, H, D);
+    if (moe__act_gated(cfg->act)) add_param(l, "experts.fc3.weight", 3, El, H, D);
+    if (cfg->act == MOE_ACT_SWIGLU_OAI && cfg->expert_bias) add_param(l, "experts.fc3.bias", 2, El, H, 0);
   }
   if (cfg->shared_H) {
     add_param(l, "shared.fc1.weight", 2, cfg->shared_H, D, 0);
@@ -308,6 +319,7 @@ void moe__weights_bind(const moe_layer_t *l, float *base, moe__weights *w) {
       {"gate.logit_scale", &w->scale}, {"experts.fc1.weight", &w->w1},
       {"experts.fc1.bias", &w->b1},    {"experts.fc2.weight", &w->w2},
       {"experts.fc2.bias", &w->b2},    {"experts.fc3.weight", &w->w3},
+      {"experts.fc3.bias", &w->b3},
       {"gate.select_bias", &w->sbias}, {"shared.fc1.weight", &w->sw1},
       {"shared.fc3.weight", &w->sw3},  {"shared.fc2.weight", &w->sw2},
       {"shared.gate.weight", &w->sg},
@@ -580,7 +592,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   float *gx = expert_side(l, s->xs, s->xb.gx), *gout = expert_side(l, s->out, s->xb.gout);
   moe_status st = MOE_OK;
   moe_comm_stats comm0 = s->comm;
-  double expert_s = 0, per_row = (double)D * l->cfg.H * (l->cfg.act == MOE_ACT_SWIGLU ? 3 : 2);
+  double expert_s = 0, per_row = (double)D * l->cfg.H * (moe__act_gated(l->cfg.act) ? 3 : 2);
   for (int i = 0; i < p->n && !st; i++) { /* each micro-batch: its token exchange, its experts, its way back */
     moe__groups g = micro_groups(l, i, gx, gout);
     moe__ffn f = micro_ffn(l, i);

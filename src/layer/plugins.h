@@ -186,6 +186,7 @@ moe__layer_peek moe__layer_inspect(const moe_layer_t *l);
 typedef struct {
   const float *w1, *b1, *w2, *b2, *w3;
   const uint16_t *w1h, *w2h, *w3h;
+  const float *b3; /* swiglu_oai with expert_bias: fc3's bias, else NULL */
 } moe__expert_w;
 size_t moe__ffn_bytes(void *self, const moe__env *env, int ng, int rows);
 moe_status moe__ffn_alloc(void *self, const moe__env *env, int ng, int rows, moe__ffn *f);

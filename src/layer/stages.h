@@ -16,7 +16,7 @@ typedef struct {
   float *pw, *pb, *scale; /* gate.proj.weight (P, D), gate.proj.bias (P), gate.logit_scale (1) */
   float *w1, *b1;         /* experts.fc1 (E, H, D), (E, H) */
   float *w2, *b2;         /* experts.fc2 (E, D, H), (E, D) */
-  float *w3;              /* experts.fc3 (E, H, D) */
+  float *w3, *b3;         /* experts.fc3 (E, H, D), (E, H) */
   float *sbias;           /* gate.select_bias (E) */
   float *sw1, *sw3, *sw2; /* shared.fc1 (Hs, D), shared.fc3 (Hs, D), shared.fc2 (D, Hs) */
   float *sg;              /* shared.gate.weight (1, D) */

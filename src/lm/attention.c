@@ -26,8 +26,10 @@ static moe__gemm gemm(bool ta, bool tb, int M, int N, int K, float alpha, const 
 
 /* The probabilities of a block in place of its scores s (m, n): row r sees keys [0, p0 + r], the last
  * `window` of them when window > 0 (the others get 0). With lse NULL the rows are softmaxed and their
- * log-sum-exp stored in out_lse; else exp(s - lse). */
-static void block_probs(float *s, int m, int n, int p0, int window, const float *lse, float *out_lse) {
+ * log-sum-exp stored in out_lse (with a sink, over the row and the sink's logit *sink); else
+ * exp(s - lse). */
+static void block_probs(float *s, int m, int n, int p0, int window, const float *sink, const float *lse,
+                        float *out_lse) {
   for (int r = 0; r < m; r++) {
     float *row = s + (size_t)r * n;
     int seen = p0 + r + 1, lo = window && seen > window ? seen - window : 0;
@@ -35,9 +37,9 @@ static void block_probs(float *s, int m, int n, int p0, int window, const float 
     if (lse) {
       for (int j = lo; j < seen; j++) row[j] = expf(row[j] - lse[r]);
     } else {
-      float mx = -INFINITY;
+      float mx = sink ? *sink : -INFINITY;
       for (int j = lo; j < seen; j++) mx = row[j] > mx ? row[j] : mx;
-      double sum = 0;
+      double sum = sink ? exp((double)(*sink - mx)) : 0;
       for (int j = lo; j < seen; j++) {
         row[j] = expf(row[j] - mx);
         sum += row[j];
@@ -68,7 +70,8 @@ void moe__attn_forward(const moe__attn *a, float *scratch, int nt) {
       float *o = a->o + ((size_t)b * a->Tq + t0) * qd + (size_t)h * hd;
       moe__gemm g = gemm(false, true, m, n, hd, sc, q, a->ldq, k, a->ldkv, 0.0f, s, n);
       moe__gemm_one(&g);
-      block_probs(s, m, n, a->pos0 + t0, a->window, NULL, a->lse + ((size_t)b * a->nh + h) * a->Tq + t0);
+      block_probs(s, m, n, a->pos0 + t0, a->window, a->sinks ? a->sinks + h : NULL, NULL,
+                  a->lse + ((size_t)b * a->nh + h) * a->Tq + t0);
       g = gemm(false, false, m, hd, n, 1.0f, s, n, v, a->ldkv, 0.0f, o, qd);
       moe__gemm_one(&g);
     }
@@ -108,7 +111,7 @@ void moe__attn_backward(const moe__attn *a, const float *do_, float *dq, float *
           g[1] = gemm(false, true, m, n, hd, 1.0f, dO, qd, v, lkv, 0.0f, dp, n);
           moe__gemm_one(&g[0]);
           moe__gemm_one(&g[1]);
-          block_probs(p, m, n, t0, a->window, lse, NULL);
+          block_probs(p, m, n, t0, a->window, NULL, lse, NULL);
           for (int r = 0; r < m; r++) {
             const float *orow = o + (size_t)r * qd, *drow = dO + (size_t)r * qd;
             float di = 0;
@@ -122,5 +125,22 @@ void moe__attn_backward(const moe__attn *a, const float *do_, float *dq, float *
           for (int i = 2; i < 5; i++) moe__gemm_one(&g[i]);
         }
     }
+  }
+}
+
+void moe__attn_sinks_backward(const moe__attn *a, const float *do_, float *dsinks, int nt) {
+  int hd = a->hd, qd = a->nh * hd;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int h = 0; h < a->nh; h++) { /* each head one thread's */
+    double acc = 0;
+    for (int b = 0; b < a->B; b++)
+      for (int t = 0; t < a->Tq; t++) {
+        size_t at = ((size_t)b * a->Tq + t) * qd + (size_t)h * hd;
+        const float *o = a->o + at, *d = do_ + at;
+        double di = 0;
+        for (int j = 0; j < hd; j++) di += (double)o[j] * d[j];
+        acc -= exp((double)a->sinks[h] - a->lse[((size_t)b * a->nh + h) * a->Tq + t]) * di;
+      }
+    dsinks[h] += (float)acc;
   }
 }

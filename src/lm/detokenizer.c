@@ -87,7 +87,8 @@ static moe_status push_window(moe_detokenizer *d, int final, const char **text, 
     if (st == MOE_OK) {
       *len = moe__utf8_clean(after + from, na - from, 1, d->out, &used);
       *text = d->out;
-      memmove(d->ids, d->ids + d->shown, (d->n - d->shown) * sizeof *d->ids); /* the window starts where it was */
+      if (d->n > d->shown) /* the window starts where it was */
+        memmove(d->ids, d->ids + d->shown, (d->n - d->shown) * sizeof *d->ids);
       d->n -= d->shown, d->shown = d->n;
     }
   }

@@ -49,6 +49,8 @@ typedef struct {
   const float *q, *k, *v;
   float *o, *lse;
   int window;
+  const float *sinks; /* (nh) or NULL: head h's logit sinks[h] joins each of its rows' softmax with no
+                         value (gpt-oss): o = sum_j p_j v_j with the p_j summing to below 1, lse with it */
 } moe__attn;
 /* Bytes of scratch moe__attn_forward / _backward need for nt threads and Tk = pos0 + Tq keys. */
 size_t moe__attn_scratch(const moe__attn *a, int nt);
@@ -57,6 +59,9 @@ void moe__attn_forward(const moe__attn *a, float *scratch, int nt);
  * and v. */
 void moe__attn_backward(const moe__attn *a, const float *do_, float *dq, float *dk, float *dv, float *scratch,
                         int nt);
+/* With sinks: dsinks (nh) += the gradient of the sinks, -sum over rows of p_sink (do_ . o) (a sink's value
+ * is 0, so its score's gradient is p_sink (0 - rowsum(dO o))); reads o and lse of the forward. */
+void moe__attn_sinks_backward(const moe__attn *a, const float *do_, float *dsinks, int nt);
 
 /* x (n, d) = rows tokens[i] of the table (vocab, d); backward adds dx's rows into dtable. */
 void moe__embed_forward(const float *table, const int32_t *tokens, int n, int d, float *x);

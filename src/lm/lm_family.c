@@ -6,13 +6,15 @@
 
 static const moe__lm_family_info families[] = {
     [MOE_LM_MIXTRAL] = {"mixtral", "MixtralForCausalLM", "num_local_experts", "intermediate_size", "block_sparse_moe",
-                        {"w1", "w2", "w3"}, {0, 1, 2}},
-    [MOE_LM_QWEN2_MOE] = {"qwen2_moe", "Qwen2MoeForCausalLM", "num_experts", "moe_intermediate_size", "mlp",
+                        "gate", {"w1", "w2", "w3"}, {0, 1, 2}},
+    [MOE_LM_QWEN2_MOE] = {"qwen2_moe", "Qwen2MoeForCausalLM", "num_experts", "moe_intermediate_size", "mlp", "gate",
                           {"gate_proj", "up_proj", "down_proj"}, {0, 2, 1}},
-    [MOE_LM_QWEN3_MOE] = {"qwen3_moe", "Qwen3MoeForCausalLM", "num_experts", "moe_intermediate_size", "mlp",
+    [MOE_LM_QWEN3_MOE] = {"qwen3_moe", "Qwen3MoeForCausalLM", "num_experts", "moe_intermediate_size", "mlp", "gate",
                           {"gate_proj", "up_proj", "down_proj"}, {0, 2, 1}},
-    [MOE_LM_OLMOE] = {"olmoe", "OlmoeForCausalLM", "num_experts", "intermediate_size", "mlp",
+    [MOE_LM_OLMOE] = {"olmoe", "OlmoeForCausalLM", "num_experts", "intermediate_size", "mlp", "gate",
                       {"gate_proj", "up_proj", "down_proj"}, {0, 2, 1}},
+    [MOE_LM_GPT_OSS] = {"gpt_oss", "GptOssForCausalLM", "num_local_experts", "intermediate_size", "mlp", "router",
+                        {"", "", ""}, {0, 1, 2}},
 };
 
 const moe__lm_family_info *moe__lm_family(moe_lm_family f) {

@@ -11,7 +11,9 @@ typedef struct {
   const char *experts_key;  /* the config field of the expert count: num_local_experts or num_experts */
   const char *expert_H_key; /* of the experts' width: intermediate_size or moe_intermediate_size */
   const char *ffn;          /* the feed-forward's module: block_sparse_moe or mlp */
-  const char *expert[3];    /* an expert's tensors in HF order: w1 w2 w3, or gate_proj up_proj down_proj */
+  const char *router;       /* its router's module: gate, or router (gpt-oss) */
+  const char *expert[3];    /* an expert's tensors in HF order: w1 w2 w3, or gate_proj up_proj down_proj;
+                               "" for gpt-oss, whose experts are fused tensors (lm_gptoss.h) */
   int fc[3];                /* expert[j] is a slice of the layer's experts.fc<fc[j] + 1>.weight */
 } moe__lm_family_info;
 

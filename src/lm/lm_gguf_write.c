@@ -141,6 +141,8 @@ moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gg
   if (!o) o = &def;
   const moe_lm_config *c = &m->cfg;
   MOE_TRY(moe_gguf_type_supported(o->type), MOE_ERR_DTYPE, "moe_lm_save_gguf: type %d has no codec", (int)o->type);
+  MOE_TRY(moe__lm_gguf_arch(c->family), MOE_ERR_ARG, "%s: the %s family has no GGUF architecture here (llama, "
+          "qwen2moe, qwen3moe, olmoe)", path, moe_lm_family_name(c->family));
   MOE_TRY(moe_dist_size(c->moe.dist) <= 1, MOE_ERR_ARG,
           "moe_lm_save_gguf: the model is spread over ranks; save it from one process");
   MOE_TRY(!c->sliding_window, MOE_ERR_ARG, "%s: a sliding window (%d) has no key in llama.cpp's %s architecture",

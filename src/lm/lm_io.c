@@ -1,8 +1,9 @@
-/* Hugging Face checkpoints of the language-model families (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE):
- * config.json, one safetensors file or the shards of an index, F32/BF16/F16 tensors. config.json's
+/* Hugging Face checkpoints of the language-model families (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE,
+ * gpt-oss): config.json, one safetensors file or the shards of an index, F32/BF16/F16 tensors. config.json's
  * fields are read by the family's list (anything else is an error naming it); the model's reference
  * table carries the HF names and shapes (an expert's tensors are slices of the layer's stacked ones),
- * so loading and saving walk it and only the size check knows a few names. */
+ * so loading and saving walk it and only the size check knows a few names; gpt-oss's fused (or MXFP4)
+ * experts are converted by lm_gptoss.c, which reads through this file's shards. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include "lm_dist.h"
 #include "lm_family.h"
 #include "lm_gguf.h"
+#include "lm_gptoss.h"
 
 #define INDEX_JSON "model.safetensors.index.json"
 #define MAX_SHARDS 4096
@@ -88,6 +90,10 @@ static const char *const family_fields[][16] = {
     /* router_z_loss_coef: OLMoE's training code has a z-loss, transformers' OlmoeForCausalLM adds none */
     [MOE_LM_OLMOE] = {"intermediate_size", "num_experts", "norm_topk_prob", "clip_qkv", "attention_bias",
                       "router_z_loss_coef", NULL},
+    /* experts_per_token and initial_context_length: the original OpenAI release's names, kept by its configs */
+    [MOE_LM_GPT_OSS] = {"intermediate_size", "head_dim", "num_local_experts", "sliding_window", "layer_types",
+                        "attention_bias", "swiglu_alpha", "swiglu_limit", "experts_per_token",
+                        "initial_context_length", "quantization_config", NULL},
 };
 
 static int listed(const char *const *list, const char *key) {
@@ -106,7 +112,8 @@ static moe_status family_of(const char *path, const cJSON *r, moe_lm_family *out
   int found = !mt;
   for (int f = 0; mt && moe__lm_family(f); f++)
     if (!strcmp(mt->valuestring, moe__lm_family(f)->model_type)) *out = f, found = 1;
-  MOE_TRY(found, MOE_ERR_FORMAT, "%s: \"model_type\" is \"%s\", want mixtral, qwen2_moe, qwen3_moe or olmoe", path,
+  MOE_TRY(found, MOE_ERR_FORMAT, "%s: \"model_type\" is \"%s\", want mixtral, qwen2_moe, qwen3_moe, olmoe or gpt_oss",
+          path,
           mt->valuestring);
   cJSON_ArrayForEach(a, arch) {
     MOE_TRY(cJSON_IsString(a), MOE_ERR_FORMAT, "%s: \"architectures\" holds a non-string", path);
@@ -126,6 +133,9 @@ static moe_status family_of(const char *path, const cJSON *r, moe_lm_family *out
  * rope_theta counts. */
 static moe_status read_rope(const char *path, const cJSON *r, moe_lm_config *c) {
   const cJSON *rs = cJSON_GetObjectItemCaseSensitive(r, "rope_scaling"), *ty = NULL;
+  MOE_TRY(c->family != MOE_LM_GPT_OSS || rs || cJSON_GetObjectItemCaseSensitive(r, "rope_parameters"), MOE_ERR_FORMAT,
+          "%s: no \"rope_scaling\": gpt_oss's default is YaRN, which is not supported (\"rope_scaling\": null "
+          "for plain rotary embeddings)", path);
   if (cJSON_IsObject(rs) && !cJSON_IsString(ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type")))
     ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
   MOE_TRY(!rs || cJSON_IsNull(rs), MOE_ERR_FORMAT, "%s: \"rope_scaling\" of type %s is not supported (only null)",
@@ -168,10 +178,55 @@ static moe_status read_layer_kinds(const char *path, const cJSON *r, moe_lm_conf
   return MOE_OK;
 }
 
+/* gpt-oss: transformers' GptOssConfig defaults, its layer_types (absent: even layers sliding) and the
+ * MXFP4 quantization its checkpoints declare. */
+static moe_status read_gpt_oss(const char *path, const cJSON *r, moe_lm_config *c) {
+  moe_layer_config *l = &c->moe;
+  moe_lm_config_set_family(c, MOE_LM_GPT_OSS);
+  c->rope_theta = 150000.0f;
+  MOE_CHECK(get_bool(path, r, "attention_bias", &c->qkv_bias));
+  c->o_bias = c->qkv_bias;
+  MOE_CHECK(get_float(path, r, "swiglu_alpha", &l->swiglu_alpha));
+  MOE_CHECK(get_float(path, r, "swiglu_limit", &l->swiglu_limit));
+  MOE_TRY(l->swiglu_limit > 0, MOE_ERR_FORMAT, "%s: \"swiglu_limit\" must be > 0", path);
+  MOE_CHECK(refuse_true(path, r, "output_router_logits", "gpt-oss's balance loss is over its top-k scores"));
+  int per = l->top_k;
+  MOE_CHECK(get_int(path, r, "experts_per_token", 0, &per));
+  MOE_TRY(per == l->top_k, MOE_ERR_FORMAT, "%s: \"experts_per_token\" %d is not \"num_experts_per_tok\" %d", path, per,
+          l->top_k);
+  const cJSON *q = cJSON_GetObjectItemCaseSensitive(r, "quantization_config"), *qm;
+  qm = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
+  MOE_TRY(!q || cJSON_IsNull(q) || (cJSON_IsString(qm) && !strcmp(qm->valuestring, "mxfp4")),
+          MOE_ERR_FORMAT, "%s: \"quantization_config\" other than quant_method \"mxfp4\" is not supported", path);
+  const cJSON *sw = cJSON_GetObjectItemCaseSensitive(r, "sliding_window"), *it;
+  const cJSON *lt = cJSON_GetObjectItemCaseSensitive(r, "layer_types");
+  c->sliding_window = sw && cJSON_IsNull(sw) ? 0 : 128;
+  MOE_CHECK(get_int(path, r, "sliding_window", 0, &c->sliding_window));
+  MOE_TRY(c->n_layers <= MOE_LM_MAX_LAYERS, MOE_ERR_FORMAT, "%s: \"num_hidden_layers\" %d is more than %d", path,
+          c->n_layers, MOE_LM_MAX_LAYERS);
+  MOE_TRY(!lt || cJSON_IsNull(lt) || (cJSON_IsArray(lt) && cJSON_GetArraySize(lt) == c->n_layers), MOE_ERR_FORMAT,
+          "%s: \"layer_types\" must be a list of \"num_hidden_layers\" %d entries", path, c->n_layers);
+  memset(c->full_layers, 0, sizeof c->full_layers);
+  for (int i = 0; i < c->n_layers; i++)
+    if (!lt || cJSON_IsNull(lt) ? i % 2 : 0) c->full_layers[i / 8] |= (uint8_t)(1u << (i % 8));
+  int i = 0;
+  const cJSON *list = cJSON_IsArray(lt) ? lt : NULL;
+  cJSON_ArrayForEach(it, list) {
+    int full = cJSON_IsString(it) && !strcmp(it->valuestring, "full_attention");
+    MOE_TRY(full || (cJSON_IsString(it) && !strcmp(it->valuestring, "sliding_attention")), MOE_ERR_FORMAT,
+            "%s: \"layer_types\" entry %d is not \"sliding_attention\" or \"full_attention\"", path, i);
+    if (full) c->full_layers[i / 8] |= (uint8_t)(1u << (i % 8));
+    i++;
+  }
+  if (!c->sliding_window) memset(c->full_layers, 0, sizeof c->full_layers); /* no window: every layer full */
+  return MOE_OK;
+}
+
 static moe_status read_family(const char *path, const cJSON *r, moe_lm_config *c) {
   const moe__lm_family_info *f = moe__lm_family(c->family);
   MOE_CHECK(get_int(path, r, f->experts_key, 1, &c->moe.E));
   MOE_CHECK(get_int(path, r, f->expert_H_key, 1, &c->moe.H));
+  if (c->family == MOE_LM_GPT_OSS) return read_gpt_oss(path, r, c);
   if (c->family == MOE_LM_MIXTRAL) {
     MOE_CHECK(get_int(path, r, "sliding_window", 0, &c->sliding_window));
     return refuse_nonzero(path, r, "router_jitter_noise");
@@ -365,6 +420,17 @@ static moe_status read_part(const moe_lm_t *m, const moe_st *f, const moe_tensor
   return st;
 }
 
+/* lm_gptoss.h's reader of the checkpoint's tensors: the shard holding a tensor. */
+typedef struct {
+  const shards *s;
+  const char *dir;
+} shard_ctx;
+
+static moe_status file_of(void *ctx, const char *name, moe_st **f) {
+  const shard_ctx *x = ctx;
+  return shard_of(x->s, x->dir, name, f);
+}
+
 /* The config's sizes against the tensors that carry them, before anything of their size is allocated:
  * a config.json that does not fit its weights is an error naming the field and its value, not gigabytes
  * allocated (a shard's header alone is read). The last layer, the last MoE layer and its last expert
@@ -392,9 +458,10 @@ static moe_status check_sizes(const shards *s, const char *dir, const moe_lm_con
   if (last_moe >= 0) {
     char key[48];
     snprintf(key, sizeof key, "\"%s\"", f->experts_key);
-    WANT(key, c->moe.E, "model.layers.%d.%s.gate.weight", last_moe, f->ffn);
+    WANT(key, c->moe.E, "model.layers.%d.%s.%s.weight", last_moe, f->ffn, f->router);
     snprintf(key, sizeof key, "\"%s\"", f->expert_H_key);
-    WANT(key, c->moe.H, "model.layers.%d.%s.experts.%d.%s.weight", last_moe, f->ffn, c->moe.E - 1, f->expert[0]);
+    if (c->family != MOE_LM_GPT_OSS) /* its fused experts: moe__gptoss_check_sizes */
+      WANT(key, c->moe.H, "model.layers.%d.%s.experts.%d.%s.weight", last_moe, f->ffn, c->moe.E - 1, f->expert[0]);
     if (c->moe.shared_H)
       WANT("\"shared_expert_intermediate_size\"", c->moe.shared_H, "model.layers.%d.mlp.shared_expert.gate_proj.weight",
            last_moe);
@@ -414,7 +481,10 @@ static moe_status check_sizes(const shards *s, const char *dir, const moe_lm_con
     MOE_TRY(v.shape[1] == D, MOE_ERR_SHAPE, "%s/config.json: \"hidden_size\" is %lld, but tensor '%s' in %s has %lld columns",
             dir, (long long)D, names[i], moe_st_path(fl), (long long)v.shape[1]);
   }
-  return MOE_OK;
+  if (c->family != MOE_LM_GPT_OSS) return MOE_OK;
+  shard_ctx x = {s, dir};
+  moe__lm_reader rd = {&x, file_of, read_tensor};
+  return moe__gptoss_check_sizes(&rd, dir, c, c->n_layers - 1);
 }
 
 /* Every tensor of the checkpoint is one of the model's (expert-parallel, another rank's experts count),
@@ -427,7 +497,7 @@ static moe_status check_unused(const shards *s, const moe_lm_t *m) {
       moe_tensor_view v;
       MOE_CHECK(moe_st_at(s->files[i], j, &v));
       int layer = -1, e = -1, k;
-      if (moe_lm_find(m, v.name) || strstr(v.name, ".rotary_emb.inv_freq")) continue;
+      if (moe_lm_find(m, v.name) || strstr(v.name, ".rotary_emb.inv_freq") || moe__gptoss_source(c, v.name)) continue;
       int other_rank = moe__lm_expert_of(c->family, v.name, &e, &k) && sscanf(v.name, "model.layers.%d.", &layer) == 1 &&
                        layer < c->n_layers && !moe_lm_layer_dense(c, layer) && e < c->moe.E;
       MOE_TRY(other_rank, MOE_ERR_FORMAT, "%s: tensor '%s' is not a parameter of the %s model config.json describes",
@@ -453,8 +523,14 @@ moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c) {
     shards_close(&s);
     return st;
   }
+  shard_ctx x = {&s, dir};
+  moe__lm_reader rd = {&x, file_of, read_tensor};
   for (int i = 0; st == MOE_OK && i < m->nrefs; i++) {
     moe_st *f = NULL;
+    if (moe__gptoss_converted(c->family, m->refs[i].name)) { /* from gpt-oss's fused tensors */
+      st = moe__gptoss_read_ref(&rd, m, &m->refs[i]);
+      continue;
+    }
     st = shard_of(&s, dir, m->refs[i].name, &f);
     if (st == MOE_OK) st = read_part(m, f, &m->refs[i]);
   }
@@ -504,6 +580,24 @@ static void family_json(cJSON *r, const moe_lm_config *c, int *ok) {
   const moe_layer_config *l = &c->moe;
   add(r, f->experts_key, cJSON_CreateNumber(l->E), ok);
   add(r, f->expert_H_key, cJSON_CreateNumber(l->H), ok);
+  if (c->family == MOE_LM_GPT_OSS) {
+    cJSON *lt = cJSON_CreateArray();
+    for (int i = 0; lt && i < c->n_layers; i++) {
+      int full = !c->sliding_window || (c->full_layers[i / 8] >> (i % 8) & 1);
+      if (!cJSON_AddItemToArray(lt, cJSON_CreateString(full ? "full_attention" : "sliding_attention"))) {
+        cJSON_Delete(lt);
+        lt = NULL;
+      }
+    }
+    add(r, "layer_types", lt, ok);
+    add(r, "head_dim", cJSON_CreateNumber(c->head_dim), ok);
+    add(r, "sliding_window", c->sliding_window ? cJSON_CreateNumber(c->sliding_window) : cJSON_CreateNull(), ok);
+    add(r, "attention_bias", cJSON_CreateBool(c->qkv_bias), ok);
+    add(r, "swiglu_alpha", float_json(l->swiglu_alpha), ok);
+    add(r, "swiglu_limit", float_json(l->swiglu_limit), ok);
+    add(r, "rope_scaling", cJSON_CreateNull(), ok); /* absent would be YaRN */
+    return;
+  }
   add(r, "norm_topk_prob", cJSON_CreateBool(l->normalize_topk == 1 || (l->normalize_topk < 0 && l->top_k > 1)), ok);
   if (c->family == MOE_LM_OLMOE) {
     add(r, "clip_qkv", c->clip_qkv > 0 ? float_json(c->clip_qkv) : cJSON_CreateNull(), ok);
@@ -568,7 +662,8 @@ moe_status moe_lm_save(const moe_lm_t *m, const char *dir) {
   moe_status st = moe_st_writer_meta(w, "format", "pt");
   for (int i = 0; st == MOE_OK && i < m->nrefs; i++) {
     const moe_tensor_ref *r = &m->refs[i];
-    st = moe_st_writer_add_f32(w, r->name, MOE_DT_F32, r->ndim, r->shape, r->data);
+    if (moe__gptoss_converted(m->cfg.family, r->name)) st = moe__gptoss_write_ref(m, r, w); /* HF's fused layout */
+    else st = moe_st_writer_add_f32(w, r->name, MOE_DT_F32, r->ndim, r->shape, r->data);
   }
   path_in(path, sizeof path, dir, "model.safetensors");
   if (st == MOE_OK) st = moe_st_writer_save(w, path);

@@ -20,6 +20,7 @@ typedef struct {
   float *ln1, *wqkv, *wo, *ln2; /* wqkv: q_proj, k_proj, v_proj stacked (qd + 2 kvd, D) */
   float *bqkv;                  /* qkv_bias: their biases stacked (qd + 2 kvd), or NULL */
   float *qn, *kn;               /* qk_norm: q_norm and k_norm weights, or NULL */
+  float *bo, *sinks;            /* o_bias: o_proj's bias (D); attn_sinks: the sinks (n_heads); or NULL */
   moe__mlp mlp;                 /* a dense layer's gate_proj (w1), up_proj (w3), down_proj (w2) */
 } lm_block;
 
@@ -93,6 +94,21 @@ void moe_lm_config_default(moe_lm_config *c) {
   c->moe.expert_bias = 0;
 }
 
+void moe_lm_config_set_family(moe_lm_config *c, moe_lm_family f) {
+  moe_layer_config *l = &c->moe;
+  int oss = f == MOE_LM_GPT_OSS;
+  c->family = f;
+  c->qkv_bias = f == MOE_LM_QWEN2_MOE || oss;
+  c->o_bias = c->attn_sinks = oss;
+  c->qk_norm = f == MOE_LM_QWEN3_MOE ? MOE_QK_NORM_HEAD : f == MOE_LM_OLMOE ? MOE_QK_NORM_FULL : MOE_QK_NORM_NONE;
+  l->shared_gate = f == MOE_LM_QWEN2_MOE;
+  l->shared_H = !l->shared_gate ? 0 : l->shared_H ? l->shared_H : l->H;
+  l->act = oss ? MOE_ACT_SWIGLU_OAI : MOE_ACT_SWIGLU;
+  l->gate_bias = l->expert_bias = oss;
+  if (f == MOE_LM_OLMOE) l->normalize_topk = 0;
+  if (oss) l->normalize_topk = 1, c->aux_coef = 0;
+}
+
 int moe_lm_layer_dense(const moe_lm_config *c, int i) {
   return i >= 0 && i < MOE_LM_MAX_LAYERS && (c->dense_layers[i / 8] >> (i % 8) & 1);
 }
@@ -104,15 +120,30 @@ static int is_moe(const moe_lm_t *m, int i) { return !moe_lm_layer_dense(&m->cfg
  * in its family's layout reads back as itself). */
 static moe_status check_family(const moe_lm_config *c) {
   const char *fam = moe_lm_family_name(c->family);
-  MOE_TRY(fam, MOE_ERR_ARG, "lm config: family %d is not one of mixtral, qwen2_moe, qwen3_moe, olmoe", (int)c->family);
+  MOE_TRY(fam, MOE_ERR_ARG, "lm config: family %d is not one of mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss",
+          (int)c->family);
   int dense = 0;
   for (int i = 0; i < c->n_layers; i++) dense |= moe_lm_layer_dense(c, i);
   moe_lm_qk_norm qk = c->family == MOE_LM_QWEN3_MOE ? MOE_QK_NORM_HEAD
                       : c->family == MOE_LM_OLMOE   ? MOE_QK_NORM_FULL
                                                     : MOE_QK_NORM_NONE;
   MOE_TRY(c->qk_norm == qk, MOE_ERR_ARG, "lm config: %s's q/k norm is %d, got %d", fam, (int)qk, (int)c->qk_norm);
-  MOE_TRY(!c->qkv_bias || c->family == MOE_LM_QWEN2_MOE, MOE_ERR_ARG, "lm config: q/k/v biases are Qwen2-MoE's, not %s's",
+  int oss = c->family == MOE_LM_GPT_OSS;
+  MOE_TRY(!c->qkv_bias || c->family == MOE_LM_QWEN2_MOE || oss, MOE_ERR_ARG,
+          "lm config: q/k/v biases are Qwen2-MoE's and gpt-oss's, not %s's", fam);
+  MOE_TRY(!c->o_bias || (oss && c->qkv_bias), MOE_ERR_ARG,
+          "lm config: an o_proj bias is gpt-oss's (with qkv_bias), not %s's", fam);
+  MOE_TRY(!c->attn_sinks == !oss, MOE_ERR_ARG, "lm config: attention sinks are gpt-oss's and all it has, got %d for %s",
+          c->attn_sinks, fam);
+  int full = 0;
+  for (int i = 0; i < c->n_layers; i++) full |= c->full_layers[i / 8] >> (i % 8) & 1;
+  MOE_TRY(!full || (oss && c->sliding_window), MOE_ERR_ARG,
+          "lm config: full-attention layers between sliding-window ones are gpt-oss's (with sliding_window), not %s's",
           fam);
+  MOE_TRY(!oss || (c->moe.act == MOE_ACT_SWIGLU_OAI && c->moe.gate_bias && c->moe.expert_bias && c->aux_coef == 0 &&
+                   c->moe.normalize_topk == 1 && !c->moe.dist),
+          MOE_ERR_ARG, "lm config: gpt-oss's feed-forward is the clamped SwiGLU (swiglu_oai) with router and expert "
+                       "biases, normalize_topk 1, no balance loss (aux_coef 0) and one process");
   MOE_TRY(c->clip_qkv == 0 || c->family == MOE_LM_OLMOE, MOE_ERR_ARG, "lm config: clip_qkv is OLMoE's, not %s's", fam);
   MOE_TRY(c->clip_qkv >= 0 && isfinite(c->clip_qkv), MOE_ERR_ARG, "lm config: clip_qkv must be >= 0, got %g",
           (double)c->clip_qkv);
@@ -127,8 +158,8 @@ static moe_status check_family(const moe_lm_config *c) {
   MOE_TRY((c->family != MOE_LM_OLMOE && c->family != MOE_LM_QWEN2_MOE) || c->head_dim * c->n_heads == c->moe.D,
           MOE_ERR_ARG, "lm config: %s's head_dim is hidden_size / num_attention_heads, got %d x %d heads for %d", fam,
           c->head_dim, c->n_heads, c->moe.D);
-  MOE_TRY(c->family == MOE_LM_MIXTRAL || !c->sliding_window, MOE_ERR_ARG,
-          "lm config: a sliding window is Mixtral's, not %s's", fam);
+  MOE_TRY(c->family == MOE_LM_MIXTRAL || oss || !c->sliding_window, MOE_ERR_ARG,
+          "lm config: a sliding window is Mixtral's and gpt-oss's, not %s's", fam);
   return MOE_OK;
 }
 
@@ -154,7 +185,8 @@ static moe_status check_config(const moe_lm_config *c) {
           (double)c->rms_eps);
   MOE_TRY(c->aux_coef >= 0 && isfinite(c->aux_coef), MOE_ERR_ARG, "lm config: aux_coef must be >= 0, got %g",
           (double)c->aux_coef);
-  MOE_TRY(l->act == MOE_ACT_SWIGLU && !l->gate_bias && !l->expert_bias && l->router == MOE_ROUTER_LINEAR &&
+  int oss = c->family == MOE_LM_GPT_OSS; /* its clamped SwiGLU and biases: check_family */
+  MOE_TRY((oss || (l->act == MOE_ACT_SWIGLU && !l->gate_bias && !l->expert_bias)) && l->router == MOE_ROUTER_LINEAR &&
               !l->inner_experts && !l->external_experts && l->score == MOE_SCORE_SOFTMAX && !l->select_bias &&
               !l->n_group && l->routed_scale == 1.0f,
           MOE_ERR_ARG, "lm config: the feed-forward must be Mixtral's: swiglu experts, linear softmax router, no biases, "
@@ -177,6 +209,33 @@ static void add_ref(moe_lm_t *m, const char *name, int ndim, int64_t a, int64_t 
   m->numel += r->numel;
 }
 
+/* A 3-D ref (a, b, c): gpt-oss's experts as the layer holds them. */
+static void add_ref3(moe_lm_t *m, const char *name, int64_t a, int64_t b, int64_t c, float *data, float *grad) {
+  add_ref(m, name, 2, a, b * c, data, grad);
+  moe_tensor_ref *r = &m->refs[m->nrefs - 1];
+  r->ndim = 3, r->shape[1] = b, r->shape[2] = c;
+}
+
+/* gpt-oss's MoE refs after the router's weight: its bias, then the experts in the layer's layout under
+ * the layer's names (lm_gptoss.h converts them from and to the checkpoint's fused tensors), and
+ * down_proj_bias, which is the layer's experts.fc2.bias as it is. */
+static void add_oss_refs(moe_lm_t *m, int i) {
+  moe_layer_t *l = &m->layers[i];
+  char nm[128];
+  snprintf(nm, sizeof nm, "model.layers.%d.mlp.router.bias", i);
+  add_ref(m, nm, 1, m->cfg.moe.E, 0, moe_layer_param(l, "gate.bias"), moe_layer_grad(l, "gate.bias"));
+  static const char *const ours[] = {"experts.fc1.weight", "experts.fc1.bias", "experts.fc3.weight",
+                                     "experts.fc3.bias", "experts.fc2.weight", "experts.fc2.bias"};
+  for (int j = 0; j < 6; j++) {
+    const moe_param_info *p = moe_layer_param_find(l, ours[j]);
+    if (j == 5) snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.down_proj_bias", i);
+    else snprintf(nm, sizeof nm, "model.layers.%d.mlp.%s", i, ours[j]);
+    float *d = moe_layer_param(l, ours[j]), *g = moe_layer_grad(l, ours[j]);
+    if (p->ndim == 3) add_ref3(m, nm, p->shape[0], p->shape[1], p->shape[2], d, g);
+    else add_ref(m, nm, 2, p->shape[0], p->shape[1], d, g);
+  }
+}
+
 /* The dense parameters in HF order, carved from m->dense (and the same offsets of dense_grad). */
 static void add_dense(moe_lm_t *m, size_t *off, const char *name, int ndim, int64_t a, int64_t b, float **p,
                       float **g) {
@@ -195,8 +254,12 @@ static void add_moe_refs(moe_lm_t *m, int i) {
   moe_layer_t *l = &m->layers[i];
   int64_t D = c->moe.D;
   char nm[128];
-  snprintf(nm, sizeof nm, "model.layers.%d.%s.gate.weight", i, f->ffn);
+  snprintf(nm, sizeof nm, "model.layers.%d.%s.%s.weight", i, f->ffn, f->router);
   add_ref(m, nm, 2, c->moe.E, D, moe_layer_param(l, "gate.weight"), moe_layer_grad(l, "gate.weight"));
+  if (c->family == MOE_LM_GPT_OSS) {
+    add_oss_refs(m, i);
+    return;
+  }
   static const char *const ours[3] = {"experts.fc1.weight", "experts.fc2.weight", "experts.fc3.weight"};
   const moe_param_info *fc1 = moe_layer_param_find(l, ours[0]);
   int El = (int)fc1->shape[0], e0 = El < c->moe.E ? moe_dist_rank(c->moe.dist) * El : 0;
@@ -247,6 +310,8 @@ static void build_table(moe_lm_t *m) {
       add_dense(m, &off, NAME("self_attn.k_norm.weight"), 1, full ? kvd : hd, 0, &w->kn, &g->kn);
     }
     add_dense(m, &off, NAME("self_attn.o_proj.weight"), 2, D, qd, &w->wo, &g->wo);
+    if (c->o_bias) add_dense(m, &off, NAME("self_attn.o_proj.bias"), 1, D, 0, &w->bo, &g->bo);
+    if (c->attn_sinks) add_dense(m, &off, NAME("self_attn.sinks"), 1, c->n_heads, 0, &w->sinks, &g->sinks);
     add_dense(m, &off, NAME("post_attention_layernorm.weight"), 1, D, 0, &w->ln2, &g->ln2);
     if (is_moe(m, i)) {
       add_moe_refs(m, i);
@@ -274,6 +339,7 @@ static size_t dense_numel(const moe_lm_config *c) {
   for (int i = 0; i < c->n_layers; i++) {
     n += 2 * D + (2 * qd + 2 * kvd) * D;
     if (c->qkv_bias) n += qd + 2 * kvd;
+    n += (c->o_bias ? D : 0) + (c->attn_sinks ? (size_t)c->n_heads : 0);
     if (c->qk_norm) n += c->qk_norm == MOE_QK_NORM_FULL ? qd + kvd : 2 * (size_t)c->head_dim;
     if (moe_lm_layer_dense(c, i)) n += 3 * (size_t)c->dense_H * D;
   }
@@ -368,15 +434,16 @@ void moe_lm_init_params(moe_lm_t *m, uint64_t seed) {
     int e = -1, k = -1;
     if (!moe__lm_expert_of(m->cfg.family, r->name, &e, &k)) e = -1;
     if (e == e0 && k == 0) skip_draws(&st, (size_t)e0 * per);
-    int bias = strstr(r->name, ".bias") != NULL;
+    int bias = strstr(r->name, ".bias") != NULL || strstr(r->name, "_bias") != NULL;
+    int sinks = strstr(r->name, ".sinks") != NULL;
     moe__lm_part p; /* sharded: the whole tensor's draws, this rank's runs of them kept */
     moe__lm_part_of(m, r, &p);
     size_t at = 0; /* the whole tensor's draws so far */
     for (size_t run = 0; run < p.runs; run++) {
       size_t from = p.first + run * p.stride;
       skip_draws(&st, from - at);
-      for (size_t j = 0; j < p.len; j++) /* norms 1, biases 0 (HF's _init_weights) */
-        r->data[run * p.len + j] = r->ndim == 1 ? (bias ? 0.0f : 1.0f) : sd * moe__uniform(&st);
+      for (size_t j = 0; j < p.len; j++) /* norms 1, biases 0, weights and sinks drawn (HF's _init_weights) */
+        r->data[run * p.len + j] = bias ? 0.0f : r->ndim == 1 && !sinks ? 1.0f : sd * moe__uniform(&st);
       at = from + p.len;
     }
     skip_draws(&st, p.whole.numel - at);
@@ -459,11 +526,31 @@ static moe__gemm gemm(bool ta, bool tb, int M, int N, int K, const float *A, int
   return (moe__gemm){ta, tb, M, N, K, 1.0f, beta, A, lda, B, ldb, C, ldc, false};
 }
 
-static moe__attn attn_of(const moe_lm_t *m, const lm_acts *a) {
+/* Layer i's attention: its window (none in gpt-oss's full-attention layers) and sinks. */
+static moe__attn attn_of(const moe_lm_t *m, int i) {
   const moe_lm_config *c = &m->cfg;
+  const lm_acts *a = &m->st->a[i];
   int hd = c->head_dim, qd = c->n_heads * hd, ld = qd + 2 * c->n_kv_heads * hd;
+  int window = c->full_layers[i / 8] >> (i % 8) & 1 ? 0 : c->sliding_window;
   return (moe__attn){m->st->B, m->st->T, 0, c->n_heads, c->n_kv_heads, hd, ld, ld, (size_t)m->st->T * ld,
-                     a->qkv, a->qkv + qd, a->qkv + qd + c->n_kv_heads * hd, a->att, a->lse, c->sliding_window};
+                     a->qkv, a->qkv + qd, a->qkv + qd + c->n_kv_heads * hd, a->att, a->lse, window, m->st->w[i].sinks};
+}
+
+/* Rows [0, N) of x (ld floats apart) += b (n). */
+static void add_bias_rows(float *x, int N, int ld, const float *b, int n, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int t = 0; t < N; t++)
+    for (int j = 0; j < n; j++) x[(size_t)t * ld + j] += b[j];
+}
+
+/* g (n) += the column sums of rows [0, N) of d (ld floats apart), each column one thread's. */
+static void add_col_sums(const float *d, int N, int ld, float *g, int n, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int j = 0; j < n; j++) {
+    float acc = 0;
+    for (int t = 0; t < N; t++) acc += d[(size_t)t * ld + j];
+    g[j] += acc;
+  }
 }
 
 static void add_rows(float *y, const float *x, size_t n, int nt) {
@@ -506,11 +593,7 @@ static moe_status project(moe_lm_t *m, int i) {
   float *out = a->raw ? a->raw : a->qkv;
   moe__gemm g = gemm(false, true, N, ld, D, a->xn1, D, w->wqkv, D, 0.0f, out, ld);
   MOE_CHECK(moe__gemm_run(&g, 1, nt));
-  if (w->bqkv) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int t = 0; t < N; t++)
-      for (int j = 0; j < ld; j++) out[(size_t)t * ld + j] += w->bqkv[j];
-  }
+  if (w->bqkv) add_bias_rows(out, N, ld, w->bqkv, ld, nt);
   if (!a->raw) return MOE_OK;
   memcpy(a->qkv, a->raw, (size_t)N * ld * 4); /* v as it is; q and k overwritten by their norms */
   if (c->qk_norm) {
@@ -550,14 +633,7 @@ static moe_status unproject(moe_lm_t *m, int i) {
     moe__rmsnorm_rows_backward(&k, d + qd, a->raw + qd, w->kn, a->rstdq + q.n, s->draw + qd, gw->kn, nt);
     d = s->draw;
   }
-  if (gw->bqkv) { /* column sums, each column one thread's */
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int j = 0; j < ld; j++) {
-      float acc = 0;
-      for (int t = 0; t < N; t++) acc += d[(size_t)t * ld + j];
-      gw->bqkv[j] += acc;
-    }
-  }
+  if (gw->bqkv) add_col_sums(d, N, ld, gw->bqkv, ld, nt);
   moe__gemm g[2] = {gemm(true, false, ld, D, N, d, ld, a->xn1, D, 1.0f, gw->wqkv, D),  /* dWqkv += dqkv^T xn1 */
                     gemm(false, false, N, D, ld, d, ld, w->wqkv, D, 0.0f, s->dxn, D)}; /* dxn1 = dqkv Wqkv */
   return moe__gemm_run(g, 2, nt);
@@ -574,7 +650,7 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   int ld = qd + 2 * nkv * hd;
   moe__rmsnorm_forward(a->res, w->ln1, N, D, c->rms_eps, a->xn1, a->rstd1, nt);
   MOE_CHECK(project(m, i));
-  moe__attn at = attn_of(m, a);
+  moe__attn at = attn_of(m, i);
   if (kv) { /* each batch row at its own slot and position: rotate, append to the cache, attend */
     size_t kvd = (size_t)nkv * hd, T = s->T;
     for (int b = 0; b < s->B; b++) {
@@ -600,6 +676,7 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   memcpy(a->mid, a->res, (size_t)N * D * 4);
   moe__gemm g = gemm(false, true, N, D, qd, a->att, qd, w->wo, qd, 1.0f, a->mid, D);
   MOE_CHECK(moe__gemm_run(&g, 1, nt));
+  if (w->bo) add_bias_rows(a->mid, N, D, w->bo, D, nt);
   moe__rmsnorm_forward(a->mid, w->ln2, N, D, c->rms_eps, a->xn2, a->rstd2, nt);
   if (!is_moe(m, i)) { /* the dense MLP, added to the residual in place */
     memcpy(s->a[i + 1].res, a->mid, (size_t)N * D * 4);
@@ -614,7 +691,8 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   add_rows(s->a[i + 1].res, a->mid, (size_t)N * D, nt);
   out->dropped += ls->dropped;
   if (kv) memcpy(kv->counts + (size_t)i * c->moe.E, ls->expert_counts, (size_t)c->moe.E * sizeof *kv->counts);
-  st = moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), ls->experts, a->probs, nt);
+  if (!l->cfg.gate_bias) /* Mixtral's balance loss, over router logits without a bias: none for gpt-oss */
+    st = moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), ls->experts, a->probs, nt);
   s->lap_moe += t1 - t0 - ls->router_seconds;
   s->lap_router += moe__now() - t1 + ls->router_seconds;
   return st;
@@ -846,7 +924,9 @@ static moe_status layer_backward(moe_lm_t *m, int i) {
   moe__gemm g[2] = {gemm(true, false, D, qd, N, s->dres, D, a->att, qd, 1.0f, gw->wo, qd),   /* dWo += dmid^T att */
                     gemm(false, false, N, qd, D, s->dres, D, w->wo, qd, 0.0f, s->datt, qd)}; /* datt = dmid Wo */
   MOE_CHECK(moe__gemm_run(g, 2, nt));
-  moe__attn at = attn_of(m, a);
+  if (gw->bo) add_col_sums(s->dres, N, D, gw->bo, D, nt);
+  moe__attn at = attn_of(m, i);
+  if (gw->sinks) moe__attn_sinks_backward(&at, s->datt, gw->sinks, nt);
   moe__attn_backward(&at, s->datt, s->dqkv, s->dqkv + qd, s->dqkv + qd + nkv * hd, s->scratch, nt);
   moe__rope_apply(s->dqkv, ld, s->B, s->T, c->n_heads, hd, 0, s->cos_t, s->sin_t, 1, nt);
   moe__rope_apply(s->dqkv + qd, ld, s->B, s->T, nkv, hd, 0, s->cos_t, s->sin_t, 1, nt);

@@ -9,7 +9,7 @@
 
 #include "internal.h"
 
-static const char *act_names[] = {"relu", "gelu", "silu", "swiglu"};
+static const char *act_names[] = {"relu", "gelu", "silu", "swiglu", "swiglu_oai"};
 static const char *dispatch_names[] = {"dynamic", "static"};
 static const char *priority_names[] = {"index", "score"};
 static const char *router_names[] = {"linear", "cosine"};
@@ -18,7 +18,7 @@ static const char *score_names[] = {"softmax", "sigmoid"};
 static const char *group_score_names[] = {"max", "top2_sum"};
 #define COUNT(a) (int)(sizeof(a) / sizeof(a[0]))
 
-const char *moe_act_name(moe_act a) { return (unsigned)a < 4 ? act_names[a] : "?"; }
+const char *moe_act_name(moe_act a) { return (unsigned)a < (unsigned)COUNT(act_names) ? act_names[a] : "?"; }
 const char *moe_dispatch_name(moe_dispatch d) { return (unsigned)d < 2 ? dispatch_names[d] : "?"; }
 const char *moe_priority_name(moe_priority p) { return (unsigned)p < 2 ? priority_names[p] : "?"; }
 const char *moe_router_name(moe_router r) { return (unsigned)r < 2 ? router_names[r] : "?"; }
@@ -117,7 +117,8 @@ static moe_status config_from_file(const moe_st *f, moe_layer_config *c) {
     c->shared_H = (int)v.shape[0];
     c->shared_gate = moe_st_has(f, "shared.gate.weight");
   }
-  c->expert_bias = moe_st_has(f, "experts.fc1.bias") || moe_st_has(f, "experts.fc2.bias");
+  c->expert_bias = moe_st_has(f, "experts.fc1.bias") || moe_st_has(f, "experts.fc2.bias") ||
+                   moe_st_has(f, "experts.fc3.bias");
   return MOE_OK;
 }
 
@@ -135,7 +136,8 @@ moe_status moe__layer_meta_read(const moe_st *f, moe_layer_config *c) {
   MOE_CHECK(moe__meta_int(f, "topk_group", &c->topk_group));
   META_ENUM(f, "group_score", moe_group_score_parse, c->group_score);
   MOE_CHECK(moe__meta_float(f, "routed_scale", &c->routed_scale));
-  return MOE_OK;
+  MOE_CHECK(moe__meta_float(f, "swiglu_alpha", &c->swiglu_alpha));
+  return moe__meta_float(f, "swiglu_limit", &c->swiglu_limit);
 }
 
 moe_status moe__layer_meta_write(const moe_layer_config *c, moe_st_writer *w) {
@@ -162,6 +164,12 @@ moe_status moe__layer_meta_write(const moe_layer_config *c, moe_st_writer *w) {
   if (c->routed_scale != 1.0f) {
     snprintf(buf, sizeof buf, "%.9g", (double)c->routed_scale);
     MOE_CHECK(moe_st_writer_meta(w, "routed_scale", buf));
+  }
+  if (c->act == MOE_ACT_SWIGLU_OAI) {
+    snprintf(buf, sizeof buf, "%.9g", (double)c->swiglu_alpha);
+    MOE_CHECK(moe_st_writer_meta(w, "swiglu_alpha", buf));
+    snprintf(buf, sizeof buf, "%.9g", (double)c->swiglu_limit);
+    MOE_CHECK(moe_st_writer_meta(w, "swiglu_limit", buf));
   }
   return MOE_OK;
 }

@@ -72,7 +72,8 @@ moe_status moe_engine_text(moe_engine *e, moe_engine_req *r, size_t from, size_t
   pthread_mutex_lock(&e->mu);
   size_t safe = r->safe;
   char *s = from <= to && to <= safe ? malloc(to - from + 1) : NULL;
-  if (s) memcpy(s, r->text + from, to - from), s[to - from] = 0; /* [0, safe) never changes */
+  if (s && to > from) memcpy(s, r->text + from, to - from); /* [0, safe) never changes */
+  if (s) s[to - from] = 0;
   pthread_mutex_unlock(&e->mu);
   MOE_TRY(from <= to && to <= safe, MOE_ERR_ARG, "moe_engine_text: bytes [%zu, %zu) but the text has %zu to show",
           from, to, safe);

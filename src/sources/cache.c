@@ -14,8 +14,9 @@
 
 #include "layer/plugins.h"
 #include "base/worker.h"
+#include "kernels/act.h"
 
-#define NT 5 /* fc1.weight, fc1.bias, fc2.weight, fc2.bias, fc3.weight */
+#define NT 6 /* fc1.weight, fc1.bias, fc2.weight, fc2.bias, fc3.weight, fc3.bias */
 
 struct moe_expert_cache {
   const moe_st *f;
@@ -111,10 +112,11 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
   c->bias = l->expert_bias;
   c->dtype = l->dtype;
   c->policy = p;
-  const char *names[NT] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight"};
+  const char *names[NT] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"};
   int64_t D = l->D, H = l->H;
-  const int64_t want[NT][2] = {{H, D}, {H, 0}, {D, H}, {D, 0}, {H, D}};
-  int needed[NT] = {1, l->expert_bias, 1, l->expert_bias, l->act == MOE_ACT_SWIGLU};
+  const int64_t want[NT][2] = {{H, D}, {H, 0}, {D, H}, {D, 0}, {H, D}, {H, 0}};
+  int needed[NT] = {1, l->expert_bias, 1, l->expert_bias, moe__act_gated(l->act),
+                    l->act == MOE_ACT_SWIGLU_OAI && l->expert_bias};
   size_t scratch = 0; /* bytes of the largest tensor part read in another dtype than its slot's */
   moe_status st = MOE_OK;
   char name[160];
@@ -128,7 +130,8 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
     if (!needed[t]) continue;
     int nd = want[t][1] ? 3 : 2, ok = 1;
     for (int e = 0; e < (hf ? l->E : 1) && ok && st == MOE_OK; e++) { /* hf: each expert's tensor */
-      static const char *const hf_names[NT] = {"w1.weight", "(no bias)", "w2.weight", "(no bias)", "w3.weight"};
+      static const char *const hf_names[NT] = {"w1.weight", "(no bias)", "w2.weight", "(no bias)", "w3.weight",
+                                                "(no bias)"};
       if (hf) snprintf(name, sizeof name, "%s%d.%s", prefix, e, hf_names[t]);
       else snprintf(name, sizeof name, "%s%s", prefix, names[t]);
       moe_tensor_view *v = hf ? &c->hf[(size_t)t * l->E + e] : &c->v[t];
@@ -226,7 +229,7 @@ static moe__expert_w slot_weights(const moe_expert_cache *c, int v) {
   const unsigned char *base = c->slots + (size_t)v * c->slot_bytes;
   const void *p[NT];
   for (int t = 0; t < NT; t++) p[t] = c->v[t].name ? base + c->off[t] : NULL;
-  moe__expert_w w = {.b1 = p[1], .b2 = p[3]};
+  moe__expert_w w = {.b1 = p[1], .b2 = p[3], .b3 = p[5]};
   if (c->dtype == MOE_DT_BF16) {
     w.w1h = p[0];
     w.w2h = p[2];

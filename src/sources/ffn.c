@@ -1,7 +1,8 @@
 /* The FFN experts: one FFN per expert over its group of rows (moe__groups: x in, y out), each expert
  * whole on one thread or as grouped GEMMs (see "Whole experts"); and the expert source of the layer's own parameters (moe__experts_own).
- *   a1 = xs W1^T + b1, h = act(a1) (swiglu: h = silu(a1) * (xs W3^T)), out = h W2^T + b2.
- * Backward adds dW1, db1, dW2, db2 (and dW3) and yields dxs. Slices may be empty; static dispatch
+ *   a1 = xs W1^T + b1, h = act(a1) (swiglu: h = silu(a1) * (xs W3^T); swiglu_oai: of a1 and
+ *   a3 = xs W3^T + b3), out = h W2^T + b2.
+ * Backward adds dW1, db1, dW2, db2 (and dW3, db3) and yields dxs. Slices may be empty; static dispatch
  * passes padded slices of C rows. Backward reuses the forward's buffers once they are dead (h for
  * dh then da1, a3 for da3), so the workspace holds per row only what backward must read.
  * With cfg.dtype bf16 the GEMMs take bf16 copies of the weights and of their inputs (xs, h; in
@@ -51,7 +52,7 @@ size_t moe__ffn_bytes(void *self, const moe__env *env, int ng, int rows) {
   (void)self;
   const moe_layer_t *l = env->l;
   size_t r = (size_t)rows, H = (size_t)l->cfg.H, D = (size_t)l->cfg.D;
-  int glu = l->cfg.act == MOE_ACT_SWIGLU;
+  int glu = moe__act_gated(l->cfg.act);
   size_t fwd = (glu ? 3 : 2) * moe__arena_size(r * H * 4); /* a1 (a3) h; the caller owns gx and gout */
   if (is_bf16(l)) /* xb hb db (d3b) */
     fwd += 2 * moe__arena_size(r * D * 2) + (glu ? 2 : 1) * moe__arena_size(r * H * 2);
@@ -74,7 +75,7 @@ moe_status moe__ffn_alloc(void *self, const moe__env *env, int ng, int rows, moe
   int E = ng, H = l->cfg.H;
   moe__arena *a = env->work;
   f->a1 = moe__arena_alloc(a, (size_t)rows * H * 4);
-  f->a3 = l->cfg.act == MOE_ACT_SWIGLU ? moe__arena_alloc(a, (size_t)rows * H * 4) : NULL;
+  f->a3 = moe__act_gated(l->cfg.act) ? moe__arena_alloc(a, (size_t)rows * H * 4) : NULL;
   f->h = moe__arena_alloc(a, (size_t)rows * H * 4);
   f->gemms = moe__arena_alloc(a, 3 * (size_t)E * sizeof *f->gemms);
   f->w = moe__arena_alloc(a, (size_t)E * sizeof(moe__expert_w));
@@ -86,7 +87,7 @@ moe_status moe__ffn_alloc(void *self, const moe__env *env, int ng, int rows, moe
     f->xb = moe__arena_alloc(a, (size_t)rows * D * 2);
     f->db = moe__arena_alloc(a, (size_t)rows * D * 2);
     f->hb = moe__arena_alloc(a, (size_t)rows * H * 2);
-    f->d3b = l->cfg.act == MOE_ACT_SWIGLU ? moe__arena_alloc(a, (size_t)rows * H * 2) : NULL;
+    f->d3b = moe__act_gated(l->cfg.act) ? moe__arena_alloc(a, (size_t)rows * H * 2) : NULL;
     MOE_TRY(f->hb || rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
   }
   return MOE_OK;
@@ -106,7 +107,7 @@ static moe__expert_w own_weights(const moe_layer_t *l, const uint16_t *wb, const
   size_t HD = (size_t)l->cfg.H * l->cfg.D, H = (size_t)l->cfg.H, D = (size_t)l->cfg.D;
   const float *p = l->params;
   moe__expert_w r = {w->w1 + e * HD, w->b1 ? w->b1 + e * H : NULL, w->w2 + e * HD, w->b2 ? w->b2 + e * D : NULL,
-                     w->w3 ? w->w3 + e * HD : NULL, NULL, NULL, NULL};
+                     w->w3 ? w->w3 + e * HD : NULL, NULL, NULL, NULL, w->b3 ? w->b3 + e * H : NULL};
   if (wb) {
     r.w1h = wb + (r.w1 - p);
     r.w2h = wb + (r.w2 - p);
@@ -126,7 +127,7 @@ static int fwd_gemms(const moe_layer_t *l, const moe__groups *gr, const moe__ffn
     return 1;
   }
   g[0] = gemm_of(bf, false, true, m, H, D, 0.0f, gr->x, f->xb, xr, D, w->w1, w->w1h, 0, D, f->a1 + hr, H);
-  if (l->cfg.act != MOE_ACT_SWIGLU) return 1;
+  if (!moe__act_gated(l->cfg.act)) return 1;
   g[1] = gemm_of(bf, false, true, m, H, D, 0.0f, gr->x, f->xb, xr, D, w->w3, w->w3h, 0, D, f->a3 + hr, H);
   return 2;
 }
@@ -157,7 +158,7 @@ static int bwd_gemms(const ffn_ctx *c, int e, int stage, moe__gemm *g) {
   const moe_layer_t *l = c->l;
   const moe__ffn *f = c->f;
   int D = l->cfg.D, H = l->cfg.H, r0 = c->gr->offs[e], m = c->gr->offs[e + 1] - r0;
-  int glu = l->cfg.act == MOE_ACT_SWIGLU, n = 0;
+  int glu = moe__act_gated(l->cfg.act), n = 0;
   if (m == 0) return 0; /* nothing to add (an expert of another micro-batch) */
   bool bf = is_bf16(l);
   size_t xr = (size_t)r0 * D, hr = (size_t)r0 * H;
@@ -215,13 +216,13 @@ static void add_rows(float *a, const float *b, int r0, int r1, int m) {
 /* Rows [r0, r1): h = act(a1) (swiglu: silu(a1) * a3). */
 static void fwd_act(const moe_layer_t *l, const moe__ffn *f, int r0, int r1) {
   size_t H = (size_t)l->cfg.H, a = (size_t)r0 * H;
-  moe__act_forward(l->cfg.act, f->a1 + a, f->a3 ? f->a3 + a : NULL, f->h + a, (size_t)(r1 - r0) * H);
+  moe__act_cfg_forward(&l->cfg, f->a1 + a, f->a3 ? f->a3 + a : NULL, f->h + a, (size_t)(r1 - r0) * H);
 }
 
 /* Rows [r0, r1) of backward through the activation: dh (in h's place) to da1, and da3 (swiglu). */
 static void bwd_act(const moe_layer_t *l, const moe__ffn *f, int r0, int r1) {
   size_t H = (size_t)l->cfg.H, a = (size_t)r0 * H;
-  moe__act_backward(l->cfg.act, f->a1 + a, f->a3 ? f->a3 + a : NULL, f->h + a, (size_t)(r1 - r0) * H);
+  moe__act_cfg_backward(&l->cfg, f->a1 + a, f->a3 ? f->a3 + a : NULL, f->h + a, (size_t)(r1 - r0) * H);
 }
 
 static void run_gemms(const moe__gemm *g, int n) {
@@ -239,6 +240,7 @@ static void whole_expert(const ffn_ctx *c, int e) {
     const moe__expert_w *w = &c->w[e];
     run_gemms(g, fwd_gemms(l, c->gr, f, w, e, 0, g));
     add_rows(f->a1, w->b1, r0, r1, H);
+    if (f->a3) add_rows(f->a3, w->b3, r0, r1, H);
     fwd_act(l, f, r0, r1);
     run_gemms(g, fwd_gemms(l, c->gr, f, w, e, 1, g));
     add_rows(c->gr->y, w->b2, r0, r1, D);
@@ -249,6 +251,7 @@ static void whole_expert(const ffn_ctx *c, int e) {
   if (c->gw.b2) colsum_rows(c->gw.b2 + (size_t)e * D, c->dout, r0, r1, 0, D, D);
   bwd_act(l, f, r0, r1);
   if (c->gw.b1) colsum_rows(c->gw.b1 + (size_t)e * H, f->h, r0, r1, 0, H, H);
+  if (c->gw.b3) colsum_rows(c->gw.b3 + (size_t)e * H, f->a3, r0, r1, 0, H, H);
   run_gemms(g, bwd_gemms(c, e, 2, g));
   run_gemms(g, bwd_gemms(c, e, 3, g));
 }
@@ -264,7 +267,7 @@ static void side_item(void *ctx, int i) {
 }
 
 /* The passes between the GEMMs of the experts that do not run whole, over units of rows or of columns. */
-enum { P_BIAS1, P_ACT, P_BIAS2, P_DB2, P_DACT, P_DB1 };
+enum { P_BIAS1, P_ACT, P_BIAS2, P_DB2, P_DACT, P_DB1, P_DB3 };
 #define PASS_ROWS 16
 
 static void pass_unit(const ffn_ctx *c, int kind, int e, int u) {
@@ -273,18 +276,22 @@ static void pass_unit(const ffn_ctx *c, int kind, int e, int u) {
   int D = l->cfg.D, H = l->cfg.H, r0 = c->gr->offs[e], r1 = c->gr->offs[e + 1];
   int c0 = u * COLSUM_CHUNK, a = r0 + u * PASS_ROWS, b = a + PASS_ROWS < r1 ? a + PASS_ROWS : r1;
   switch (kind) {
-    case P_BIAS1: add_rows(f->a1, c->w[e].b1, a, b, H); break;
+    case P_BIAS1:
+      add_rows(f->a1, c->w[e].b1, a, b, H);
+      if (f->a3) add_rows(f->a3, c->w[e].b3, a, b, H);
+      break;
     case P_ACT: fwd_act(l, f, a, b); break;
     case P_BIAS2: add_rows(c->gr->y, c->w[e].b2, a, b, D); break;
     case P_DB2: colsum_rows(c->gw.b2 + (size_t)e * D, c->dout, r0, r1, c0, c0 + COLSUM_CHUNK < D ? c0 + COLSUM_CHUNK : D, D); break;
     case P_DACT: bwd_act(l, f, a, b); break;
-    default: colsum_rows(c->gw.b1 + (size_t)e * H, f->h, r0, r1, c0, c0 + COLSUM_CHUNK < H ? c0 + COLSUM_CHUNK : H, H);
+    case P_DB1: colsum_rows(c->gw.b1 + (size_t)e * H, f->h, r0, r1, c0, c0 + COLSUM_CHUNK < H ? c0 + COLSUM_CHUNK : H, H); break;
+    default: colsum_rows(c->gw.b3 + (size_t)e * H, f->a3, r0, r1, c0, c0 + COLSUM_CHUNK < H ? c0 + COLSUM_CHUNK : H, H);
   }
 }
 
 /* One parallel pass of `kind` over the experts that do not run whole. */
 static void pass(const ffn_ctx *c, int kind) {
-  int cols = kind == P_DB2 ? c->l->cfg.D : kind == P_DB1 ? c->l->cfg.H : 0;
+  int cols = kind == P_DB2 ? c->l->cfg.D : kind == P_DB1 || kind == P_DB3 ? c->l->cfg.H : 0;
 #pragma omp parallel num_threads(c->threads)
   for (int e = c->e0; e < c->e1; e++) {
     if (whole(c, e)) continue;
@@ -373,6 +380,7 @@ static moe_status own_backward(void *self, const moe__env *env, const moe__plan 
     if (f->d3b) moe__to_bf16(f->d3b, f->a3, (size_t)rows * H, nt);
   }
   if (c.gw.b1) pass(&c, P_DB1);
+  if (c.gw.b3) pass(&c, P_DB3);
   MOE_CHECK(run_stage(&c, 2, 0, &n));
   return run_stage(&c, 3, 0, &n);
 }

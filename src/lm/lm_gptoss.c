@@ -1,0 +1,203 @@
+/* gpt-oss's fused expert tensors to and from the MoE layers' own (lm_gptoss.h). */
+#include "lm_gptoss.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* A converted ref: layer, fc 1 (gate), 3 (up) or 2 (down), weight or bias. */
+typedef struct {
+  int layer, fc, bias;
+} conv;
+
+static int parse(const char *name, conv *k) {
+  char kind[8];
+  int n = 0;
+  if (sscanf(name, "model.layers.%d.mlp.experts.fc%d.%7[a-z]%n", &k->layer, &k->fc, kind, &n) != 3 || name[n])
+    return 0;
+  k->bias = !strcmp(kind, "bias");
+  if (!k->bias && strcmp(kind, "weight")) return 0;
+  return k->fc == 1 || k->fc == 3 || (k->fc == 2 && !k->bias);
+}
+
+int moe__gptoss_converted(moe_lm_family f, const char *name) {
+  conv k;
+  return f == MOE_LM_GPT_OSS && parse(name, &k);
+}
+
+/* The checkpoint tensor of k and its shape (E, D, 2H), (E, 2H) or (E, H, D). */
+static int source_of(const moe_lm_config *c, const conv *k, char *hf, size_t n, int64_t shape[3]) {
+  int64_t E = c->moe.E, H = c->moe.H, D = c->moe.D;
+  const char *what = k->fc == 2 ? "down_proj" : k->bias ? "gate_up_proj_bias" : "gate_up_proj";
+  snprintf(hf, n, "model.layers.%d.mlp.experts.%s", k->layer, what);
+  shape[0] = E;
+  shape[1] = k->fc == 2 ? H : k->bias ? 2 * H : D;
+  shape[2] = k->fc == 2 ? D : 2 * H;
+  return k->bias ? 2 : 3;
+}
+
+/* One MXFP4 block as transformers stores it (16 bytes, value 2i in the low nibble of byte i and 2i + 1
+ * in the high one; its E8M0 scale apart) into 32 floats, through ggml's block layout (the scale, then
+ * value i in the low nibble of byte i and value i + 16 in the high), which libmoe's codec reads. */
+static moe_status mxfp4_block(const uint8_t *b, uint8_t scale, float *y) {
+  uint8_t q[17];
+  q[0] = scale;
+  for (int i = 0; i < 16; i++) {
+    int lo = (b[i / 2] >> (4 * (i & 1))) & 15, hi = (b[(i + 16) / 2] >> (4 * (i & 1))) & 15;
+    q[1 + i] = (uint8_t)(lo | hi << 4);
+  }
+  return moe_gguf_dequantize(MOE_GGUF_MXFP4, q, y, 32);
+}
+
+/* A view of `name` (U8, ndim dims of shape want): MOE_ERR_SHAPE naming the file otherwise. */
+static moe_status u8_view(const moe__lm_reader *rd, const char *name, int ndim, const int64_t *want, moe_st **f,
+                          moe_tensor_view *v) {
+  MOE_CHECK(rd->file_of(rd->ctx, name, f));
+  MOE_CHECK(moe_st_get(*f, name, v));
+  MOE_TRY(v->dtype == MOE_DT_U8, MOE_ERR_DTYPE, "%s: tensor '%s' is %s, want U8 (MXFP4)", moe_st_path(*f), name,
+          moe_dtype_name(v->dtype));
+  return moe__st_expect_shape(*f, v, name, ndim, want);
+}
+
+/* Converted weight r (fc1, fc3: rows 2j or 2j + 1 of the dequantized (E, 2H, D); fc2: (E, D, H) as it
+ * is) from hf's MXFP4 blocks and scales, a row at a time. */
+static moe_status read_mxfp4(const moe__lm_reader *rd, const moe_lm_config *c, const conv *k, const char *hf,
+                             const moe_tensor_ref *r) {
+  int64_t E = c->moe.E, H = c->moe.H, D = c->moe.D, R = k->fc == 2 ? D : 2 * H, K = k->fc == 2 ? H : D;
+  char bn[128], sn[128];
+  snprintf(bn, sizeof bn, "%s_blocks", hf);
+  snprintf(sn, sizeof sn, "%s_scales", hf);
+  MOE_TRY(K % 32 == 0, MOE_ERR_SHAPE, "tensor '%s': MXFP4 needs rows of a multiple of 32 values, got %lld", bn,
+          (long long)K);
+  int64_t G = K / 32, wb[4] = {E, R, G, 16}, ws[3] = {E, R, G};
+  moe_st *fb, *fs;
+  moe_tensor_view vb, vs;
+  MOE_CHECK(u8_view(rd, bn, 4, wb, &fb, &vb));
+  MOE_CHECK(u8_view(rd, sn, 3, ws, &fs, &vs));
+  uint8_t *blk = malloc((size_t)G * 17);
+  MOE_TRY(blk, MOE_ERR_NOMEM, "out of memory for a row of '%s'", bn);
+  uint8_t *sc = blk + G * 16;
+  moe_status st = MOE_OK;
+  int rows = (int)(k->fc == 2 ? D : H);
+  for (int64_t e = 0; e < E && st == MOE_OK; e++)
+    for (int j = 0; j < rows && st == MOE_OK; j++) {
+      int64_t src = e * R + (k->fc == 2 ? j : 2 * j + (k->fc == 3)); /* gate rows even, up rows odd */
+      float *y = r->data + ((size_t)e * rows + j) * (size_t)K;
+      st = moe_st_read(fb, &vb, (size_t)src * G * 16, (size_t)G * 16, blk);
+      if (st == MOE_OK) st = moe_st_read(fs, &vs, (size_t)src * G, (size_t)G, sc);
+      for (int64_t g = 0; g < G && st == MOE_OK; g++) st = mxfp4_block(blk + g * 16, sc[g], y + g * 32);
+      for (int64_t i = 0; i < K && st == MOE_OK; i++)
+        if (!isfinite(y[i]))
+          st = moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "%s: tensor '%s' row %lld has scale %d: not finite",
+                          moe_st_path(fs), sn, (long long)src, sc[i / 32]);
+    }
+  free(blk);
+  return st;
+}
+
+moe_status moe__gptoss_read_ref(const moe__lm_reader *rd, const moe_lm_t *m, const moe_tensor_ref *r) {
+  const moe_lm_config *c = &m->cfg;
+  conv k;
+  MOE_TRY(parse(r->name, &k), MOE_ERR_STATE, "internal: '%s' is not a converted gpt-oss tensor", r->name);
+  moe_tensor_ref t;
+  memset(&t, 0, sizeof t);
+  t.ndim = source_of(c, &k, t.name, sizeof t.name, t.shape);
+  moe_st *f = NULL;
+  char bn[128];
+  snprintf(bn, sizeof bn, "%s_blocks", t.name);
+  int plain = rd->file_of(rd->ctx, t.name, &f) == MOE_OK && moe_st_has(f, t.name);
+  if (!plain && !k.bias && rd->file_of(rd->ctx, bn, &f) == MOE_OK && moe_st_has(f, bn))
+    return read_mxfp4(rd, c, &k, t.name, r);
+  MOE_CHECK(rd->file_of(rd->ctx, t.name, &f)); /* absent: the error names the tensor */
+  size_t E = (size_t)c->moe.E, H = (size_t)c->moe.H, D = (size_t)c->moe.D, up = k.fc == 3;
+  t.numel = E * (size_t)t.shape[1] * (t.ndim == 3 ? (size_t)t.shape[2] : 1);
+  t.data = malloc(t.numel * 4 + 4);
+  MOE_TRY(t.data, MOE_ERR_NOMEM, "%s: out of memory for tensor '%s'", moe_st_path(f), t.name);
+  moe_status st = rd->read(f, &t);
+  for (size_t e = 0; st == MOE_OK && e < E; e++)
+    for (size_t j = 0; j < H; j++) {
+      if (k.bias) {
+        r->data[e * H + j] = t.data[e * 2 * H + 2 * j + up];
+        continue;
+      }
+      for (size_t d = 0; d < D; d++)
+        if (k.fc == 2) r->data[(e * D + d) * H + j] = t.data[(e * H + j) * D + d]; /* down_proj (E, H, D) */
+        else r->data[(e * H + j) * D + d] = t.data[(e * D + d) * 2 * H + 2 * j + up]; /* gate_up (E, D, 2H) */
+    }
+  free(t.data);
+  return st;
+}
+
+moe_status moe__gptoss_write_ref(const moe_lm_t *m, const moe_tensor_ref *r, moe_st_writer *w) {
+  const moe_lm_config *c = &m->cfg;
+  conv k;
+  MOE_TRY(parse(r->name, &k), MOE_ERR_STATE, "internal: '%s' is not a converted gpt-oss tensor", r->name);
+  if (k.fc == 3) return MOE_OK; /* with fc1's */
+  char hf[96], un[96];
+  int64_t shape[3];
+  int ndim = source_of(c, &k, hf, sizeof hf, shape);
+  snprintf(un, sizeof un, "model.layers.%d.mlp.experts.fc3.%s", k.layer, k.bias ? "bias" : "weight");
+  const moe_tensor_ref *u = moe_lm_find(m, un);
+  MOE_TRY(k.fc == 2 || u, MOE_ERR_STATE, "internal: no '%s' beside '%s'", un, r->name);
+  size_t E = (size_t)c->moe.E, H = (size_t)c->moe.H, D = (size_t)c->moe.D;
+  float *buf = malloc(r->numel * (k.fc == 2 ? 1 : 2) * 4);
+  MOE_TRY(buf, MOE_ERR_NOMEM, "out of memory for tensor '%s'", hf);
+  for (size_t e = 0; e < E; e++)
+    for (size_t j = 0; j < H; j++) {
+      if (k.bias) {
+        buf[e * 2 * H + 2 * j] = r->data[e * H + j];
+        buf[e * 2 * H + 2 * j + 1] = u->data[e * H + j];
+        continue;
+      }
+      for (size_t d = 0; d < D; d++)
+        if (k.fc == 2) {
+          buf[(e * H + j) * D + d] = r->data[(e * D + d) * H + j];
+        } else {
+          buf[(e * D + d) * 2 * H + 2 * j] = r->data[(e * H + j) * D + d];
+          buf[(e * D + d) * 2 * H + 2 * j + 1] = u->data[(e * H + j) * D + d];
+        }
+    }
+  moe_status st = moe_st_writer_add_f32(w, hf, MOE_DT_F32, ndim, shape, buf);
+  free(buf);
+  return st;
+}
+
+int moe__gptoss_source(const moe_lm_config *c, const char *name) {
+  static const char *const kinds[] = {"gate_up_proj",        "gate_up_proj_bias", "down_proj",
+                                      "gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks",
+                                      "down_proj_scales"};
+  char kind[32];
+  int layer, n = 0;
+  if (c->family != MOE_LM_GPT_OSS || sscanf(name, "model.layers.%d.mlp.experts.%31[a-z_]%n", &layer, kind, &n) != 2 ||
+      name[n] || layer < 0 || layer >= c->n_layers)
+    return 0;
+  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+    if (!strcmp(kind, kinds[i])) return 1;
+  return 0;
+}
+
+moe_status moe__gptoss_check_sizes(const moe__lm_reader *rd, const char *dir, const moe_lm_config *c, int i) {
+  char name[128], blocks[140];
+  snprintf(name, sizeof name, "model.layers.%d.mlp.experts.gate_up_proj", i);
+  snprintf(blocks, sizeof blocks, "%s_blocks", name);
+  int64_t E = c->moe.E, H = c->moe.H, D = c->moe.D;
+  moe_st *f = NULL;
+  moe_tensor_view v;
+  int plain = rd->file_of(rd->ctx, name, &f) == MOE_OK && moe_st_has(f, name);
+  const char *n = plain ? name : blocks;
+  moe_status st = rd->file_of(rd->ctx, n, &f);
+  if (st == MOE_OK) st = moe_st_get(f, n, &v);
+  MOE_TRY(st == MOE_OK, MOE_ERR_SHAPE, "%s/config.json: \"num_hidden_layers\" %d asks for tensor '%s' or its MXFP4 "
+          "blocks: %s", dir, c->n_layers, name, moe_last_error());
+  int ok = plain ? v.ndim == 3 && v.shape[0] == E && v.shape[1] == D && v.shape[2] == 2 * H
+                 : v.ndim == 4 && v.shape[0] == E && v.shape[1] == 2 * H && v.shape[2] * 32 == D && v.shape[3] == 16;
+  MOE_TRY(ok, MOE_ERR_SHAPE, "%s/config.json: \"num_local_experts\" %lld, \"hidden_size\" %lld and "
+          "\"intermediate_size\" %lld do not fit tensor '%s' in %s (%s, got %d dims: %lld x %lld x ...)", dir,
+          (long long)E, (long long)D, (long long)H, n, moe_st_path(f),
+          plain ? "want E x D x 2H" : "want E x 2H x D/32 x 16",
+          v.ndim, (long long)v.shape[0], v.ndim > 1 ? (long long)v.shape[1] : 0LL);
+  return MOE_OK;
+}
