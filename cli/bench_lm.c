@@ -51,13 +51,18 @@ static int run(moe_lm_t *m, const int32_t *ids, int n, int one_by_one, double *s
 }
 
 /* The weights one decode step reads, in bytes: every parameter but the experts no token uses (E - k
- * in each MoE layer; the used ones at dsize bytes a value) and the embedding rows but one. */
+ * in each MoE layer) and the embedding rows but one; the used experts at their stored size (quantized
+ * experts, bound bytes, are no parameters: blocks of the type; fp32 experts at dsize bytes a value). */
 static double active_bytes(const moe_lm_t *m, int dsize) {
   const moe_lm_config *c = &m->cfg;
+  int q = c->moe.expert_type > 0;
   double b = 0, expert = 3.0 * c->moe.H * c->moe.D;
+  double per = q ? (double)moe_gguf_type_block_bytes((moe_gguf_type)c->moe.expert_type) /
+                       moe_gguf_type_block((moe_gguf_type)c->moe.expert_type)
+                 : dsize;
   for (int i = 0; i < m->nrefs; i++) b += 4.0 * m->refs[i].numel;
   for (int i = 0; i < c->n_layers; i++)
-    if (!moe_lm_layer_dense(c, i)) b += expert * ((double)dsize * c->moe.top_k - 4.0 * c->moe.E);
+    if (!moe_lm_layer_dense(c, i)) b += expert * (per * c->moe.top_k - (q ? 0 : 4.0 * c->moe.E));
   return b - 4.0 * (c->vocab - 1) * c->moe.D * !c->tie_embeddings;
 }
 
@@ -96,6 +101,8 @@ int cmd_bench_lm(int argc, char **argv) {
     cJSON_AddStringToObject(j, "model", o.lm);
     cJSON_AddNumberToObject(j, "threads", o.threads);
     cJSON_AddStringToObject(j, "dtype", moe_compute_dtype_name(o.dtype));
+    cJSON_AddStringToObject(j, "experts", m.cfg.moe.expert_type > 0 ? moe_gguf_type_name((moe_gguf_type)m.cfg.moe.expert_type)
+                                                                    : moe_compute_dtype_name(o.dtype));
     for (int k = 0; k < 2; k++) {
       if (!lens[k]) continue;
       char key[32];
@@ -107,7 +114,9 @@ int cmd_bench_lm(int argc, char **argv) {
     cJSON_AddNumberToObject(j, "decode_weight_bytes", bytes);
     cli_json_line(j);
   } else if (!rc) {
-    printf("model %s, %s experts, %d threads, %d reps (median, min-max)\n", o.lm, moe_compute_dtype_name(o.dtype),
+    printf("model %s, %s experts, %d threads, %d reps (median, min-max)\n", o.lm,
+           m.cfg.moe.expert_type > 0 ? moe_gguf_type_name((moe_gguf_type)m.cfg.moe.expert_type)
+                                     : moe_compute_dtype_name(o.dtype),
            o.threads, o.reps);
     for (int k = 0; k < 2; k++) {
       if (!lens[k]) continue;

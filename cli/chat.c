@@ -119,7 +119,7 @@ int cmd_chat(int argc, char **argv) {
   int32_t eos[MOE_LM_MAX_EOS];
   int n_eos = 0;
   char path[4096];
-  snprintf(path, sizeof path, "%s/tokenizer.json", o.ck);
+  lm_tokenizer_path(o.ck, path, sizeof path);
   if (moe_lm_read_config(o.ck, &c) || moe_tokenizer_load(&t, path)) return moe_tokenizer_free(t), cli_fail(CMD);
   c.moe.threads = o.threads;
   if (moe_lm_load(&m, o.ck, &c)) return moe_tokenizer_free(t), cli_fail(CMD);

@@ -68,5 +68,6 @@ int cmd_simulate(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_gguf(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
 
 #endif

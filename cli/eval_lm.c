@@ -81,7 +81,7 @@ static int eval(int argc, char **argv, moe_dist *dist) {
   }
   if (!ck) return cli_usage_error(CMD, "--checkpoint is required");
   char path[4096];
-  snprintf(path, sizeof path, "%s/tokenizer.json", ck);
+  lm_tokenizer_path(ck, path, sizeof path);
   moe_tokenizer *t = NULL;
   moe_lm_config c;
   moe_lm_t m = {0};

@@ -26,6 +26,7 @@ static void usage(FILE *f) {
              "tokenizer_config.json's eos_token, the tokenizer's <|endoftext|>),\n"
              "which is not printed, unless --ignore-eos.\n"
              "--prompt: the text through DIR/tokenizer.json (or --tokenizer F); prints the new text.\n"
+             "DIR may be a GGUF file (llama.cpp's format): its tokenizer, EOS ids and weights come from it.\n"
              "--prompt-ids: prints the new token ids on one line. --json: one JSON line at the end instead,\n"
              "{\"prompt_tokens\", \"ids\", and with --prompt \"text\" (bytes that are not UTF-8 as U+FFFD)}.\n"
              "--dtype bf16: the experts' GEMMs in bf16 (bf16 weights and inputs, fp32 accumulation; default f32).\n"
@@ -255,7 +256,7 @@ static int generate(int argc, char **argv, moe_dist *dist) {
   int32_t *ids = malloc((size_t)cap * sizeof *ids);
   moe_tokenizer *t = NULL;
   char path[4096];
-  snprintf(path, sizeof path, "%s/tokenizer.json", o.ck);
+  lm_tokenizer_path(o.ck, path, sizeof path);
   int n = !ids ? (cli_usage_error(CMD, "out of memory"), -1)
           : o.prompt ? parse_ids(o.prompt, c.vocab, ids, cap)
           : moe_tokenizer_load(&t, o.tokenizer ? o.tokenizer : path) != MOE_OK ? (cli_fail(CMD), -1)

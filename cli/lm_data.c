@@ -1,12 +1,45 @@
 /* Token streams of a text directory's splits (the library's moe_lm_stream_encode of each file). */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "lm_data.h"
 #include "rank_errors.h"
 #include "text_io.h"
+
+static int is_file(const char *p) {
+  struct stat sb;
+  return stat(p, &sb) == 0 && !S_ISDIR(sb.st_mode);
+}
+
+const char *lm_tokenizer_path(const char *ck, char *buf, size_t n) {
+  snprintf(buf, n, is_file(ck) ? "%s" : "%s/tokenizer.json", ck);
+  return buf;
+}
+
+/* Whether the GGUF file has key; 0 when it cannot be opened (the model's loading says why). */
+static int gguf_has(const char *path, const char *key) {
+  moe_gguf *g;
+  if (moe_gguf_open(&g, path) != MOE_OK) return 0;
+  int has = moe_gguf_find_key(g, key) >= 0;
+  moe_gguf_close(g);
+  return has;
+}
+
+int lm_has_tokenizer(const char *ck) {
+  char path[4096];
+  return is_file(ck) ? gguf_has(ck, "tokenizer.ggml.model") : access(lm_tokenizer_path(ck, path, sizeof path), F_OK) == 0;
+}
+
+const char *lm_chat_template_path(const char *ck, char *buf, size_t n) {
+  if (is_file(ck)) return gguf_has(ck, "tokenizer.chat_template") ? ck : NULL;
+  snprintf(buf, n, "%s/tokenizer_config.json", ck);
+  return access(buf, R_OK) ? NULL : buf;
+}
 
 int lm_is_eos(const int32_t *eos, int n, int32_t id) {
   for (int i = 0; i < n; i++)

@@ -18,12 +18,13 @@ static void usage(FILE *f) {
           "  trace       record a checkpoint's expert activations over a data set (DESIGN 4.4)\n"
           "  cachesim    expert-cache miss rates of a trace per layer (lifo, lru, fifo, belady)\n"
           "  placement   place experts on devices from a trace (greedy, anticorr) and compare Max Load\n"
-          "  generate    sample tokens from a Hugging Face checkpoint (Mixtral, Qwen2/3-MoE, OLMoE) with a KV cache\n"          "  chat        a conversation in the terminal through a checkpoint's chat template\n"
+          "  generate    sample tokens from a Hugging Face checkpoint or GGUF file (Mixtral, Qwen2/3-MoE, OLMoE)\n"          "  chat        a conversation in the terminal through a checkpoint's chat template\n"
           "  serve       an HTTP server (OpenAI completions) for such a checkpoint, with continuous batching\n"
           "  plot-trace  the expert-load heatmap of a trace (step x expert, one panel per layer) as PNG or SVG\n"
           "  tokenizer   train a byte-level BPE tokenizer (Hugging Face tokenizer.json); encode, decode\n"
           "  simulate    one training step of an MoE layer on a simulated cluster: time, memory, policies\n"
           "  gguf        gguf info FILE: a GGUF file's metadata and tensor table\n"
+          "  convert     a language model from a Hugging Face directory to a GGUF file (llama.cpp's), and back\n"
           "  quantize    a GGUF file's weights to Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4, F16, BF16 or F32\n"
           "  --version   print the version, the BLAS in use, the CPU and the kernels chosen for it\n");
 }
@@ -91,6 +92,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "simulate")) return cmd_simulate(argc - 1, argv + 1);
   if (!strcmp(argv[1], "gguf")) return cmd_gguf(argc - 1, argv + 1);
   if (!strcmp(argv[1], "quantize")) return cmd_quantize(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "convert")) return cmd_convert(argc - 1, argv + 1);
   fprintf(stderr, "moe: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return 1;

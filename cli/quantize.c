@@ -18,22 +18,6 @@ static void usage(FILE *f) {
              "1-D ones, norms and routers (*_norm.weight, ffn_gate_inp.weight) in F32. One line per tensor.\n");
 }
 
-/* llama.cpp's general.file_type (enum llama_ftype) for a file mostly of type t; -1 for none. */
-static int file_type(moe_gguf_type t) {
-  switch (t) {
-    case MOE_GGUF_F32: return 0;
-    case MOE_GGUF_F16: return 1;
-    case MOE_GGUF_Q4_0: return 2;
-    case MOE_GGUF_Q8_0: return 7;
-    case MOE_GGUF_Q4_K: return 14; /* MOSTLY_Q4_K_S: all Q4_K */
-    case MOE_GGUF_Q5_K: return 16; /* MOSTLY_Q5_K_S */
-    case MOE_GGUF_Q6_K: return 18;
-    case MOE_GGUF_BF16: return 32;
-    case MOE_GGUF_MXFP4: return 38; /* MOSTLY_MXFP4_MOE */
-  }
-  return -1;
-}
-
 /* The type tensor t gets when the file's weights go to `want`. */
 static moe_gguf_type target(const moe_gguf_tensor *t, moe_gguf_type want) {
   if (t->ndim < 2 || strstr(t->name, "_norm.weight") || strstr(t->name, "ffn_gate_inp.weight")) return MOE_GGUF_F32;
@@ -73,7 +57,7 @@ static int quantize(const moe_gguf *g, const char *out, moe_gguf_type want) {
   void **bufs = calloc((size_t)(nt ? nt : 1), sizeof *bufs);
   moe_status st = bufs ? moe_gguf_writer_new(&w) : moe_last_error_set(MOE_ERR_NOMEM, "out of memory");
   for (int64_t i = 0; st == MOE_OK && i < moe_gguf_kv_count(g); i++) st = moe_gguf_writer_copy_kv(w, g, i);
-  if (st == MOE_OK) st = moe_gguf_writer_set_u32(w, "general.file_type", (uint32_t)file_type(want));
+  if (st == MOE_OK) st = moe_gguf_writer_set_u32(w, "general.file_type", (uint32_t)moe_gguf_file_type(want));
   if (st == MOE_OK && moe_gguf_type_block(want) > 1) st = moe_gguf_writer_set_u32(w, "general.quantization_version", 2);
   uint64_t before = 0, after = 0;
   for (int64_t i = 0; st == MOE_OK && i < nt; i++) {

@@ -88,10 +88,9 @@ static void more_files(void) {
 /* The tokenizer of DIR when it has one (text prompts), else NULL (token ids only); -1 on a bad one. */
 static int load_tokenizer(const char *dir, moe_tokenizer **t) {
   char path[4096];
-  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
   *t = NULL;
-  if (access(path, F_OK)) return 0;
-  return moe_tokenizer_load(t, path) == MOE_OK ? 0 : -1;
+  if (!lm_has_tokenizer(dir)) return 0;
+  return moe_tokenizer_load(t, lm_tokenizer_path(dir, path, sizeof path)) == MOE_OK ? 0 : -1;
 }
 
 /* What the engine's steps feed: the metrics, and the expert trace's rows (step,layer,expert,tokens). */
@@ -169,8 +168,7 @@ int cmd_serve(int argc, char **argv) {
     return cli_fail(CMD);
   }
   char chat_template[4096];
-  snprintf(chat_template, sizeof chat_template, "%s/tokenizer_config.json", o.ck);
-  o.http.chat_template = access(chat_template, R_OK) ? NULL : chat_template; /* chat needs the template */
+  o.http.chat_template = lm_chat_template_path(o.ck, chat_template, sizeof chat_template); /* chat needs it */
   FILE *trace = o.trace ? fopen(o.trace, "w") : NULL;
   int rc = 1;
   if (o.trace && !trace) cli_usage_error(CMD, "--trace: cannot write '%s'", o.trace);

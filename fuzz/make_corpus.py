@@ -61,6 +61,7 @@ fixtures = os.path.join(dev, "..", "tests", "fixtures", "lm")
 for fam in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3"):
     with open(os.path.join(fixtures, fam, "config.json"), "rb") as f:
         put("checkpoint", f"lm_{fam}.json", f.read())
+tiny_lm = {}  # family -> (config, safetensors bytes), for the GGUF seeds
 tiny = dict(vocab_size=8, hidden_size=8, intermediate_size=4, num_hidden_layers=2, num_attention_heads=2,
             num_key_value_heads=1, num_experts_per_tok=2, rope_theta=10000.0, rms_norm_eps=1e-5,
             router_aux_loss_coef=0.01, tie_word_embeddings=False)
@@ -80,6 +81,7 @@ for fam in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
     path = os.path.join(tmp, f"{fam}.safetensors")
     write_safetensors(path, [(n, np.full(s, 0.5, np.float32)) for n, s in shapes], {"format": "pt"})
     put("checkpoint", f"lm_{fam}_tiny", json.dumps(config, sort_keys=True).encode() + b"\0" + read(path))
+    tiny_lm[fam] = (config, read(path))
 # gpt-oss: the fixtures' configs (dense and MXFP4 experts), and tiny models whole, the MXFP4 one's experts as
 # blocks and scales (rows of 32 values: D = H = 32).
 import gpt_oss_ref  # noqa: E402
@@ -211,3 +213,36 @@ def tokenizer_json_seeds(put):
         put("tokenizer_json", name, json.dumps(j, ensure_ascii=False).encode())
 
 tokenizer_json_seeds(put)
+
+
+# gguf_lm: each family's tiny model as a GGUF file (moe convert --type q8_0: its rows of 8 go to F16),
+# and a Mixtral-shaped one with each kind of tokenizer of the tokenizer_json seeds as tokenizer.ggml.*
+# keys (gpt2 and llama3: byte-level "gpt2" with pre gpt-2 / llama-bpe; llama2: byte fallback, "llama").
+def gguf_lm_seeds():
+    global tmp
+    tmp = tempfile.mkdtemp()
+    def checkpoint(name, config, weights, tokenizer=None):
+        d = os.path.join(tmp, name)
+        os.makedirs(d)
+        open(os.path.join(d, "config.json"), "w").write(json.dumps(config, sort_keys=True))
+        open(os.path.join(d, "model.safetensors"), "wb").write(weights)
+        if tokenizer:
+            open(os.path.join(d, "tokenizer.json"), "wb").write(tokenizer)
+        return name
+    for fam, (config, weights) in tiny_lm.items():
+        run("convert", checkpoint(fam, config, weights), f"{fam}.gguf", "--type", "q8_0")
+        put("gguf_lm", f"{fam}.gguf", read(f"{fam}.gguf"))
+    toks = {}
+    tokenizer_json_seeds(lambda target, name, data: toks.__setitem__(name, data))
+    for name in ("gpt2.json", "llama3.json", "llama2.json"):
+        t = json.loads(toks[name])
+        vocab = 1 + max(list(t["model"]["vocab"].values()) + [a["id"] for a in t["added_tokens"]])
+        c = dict(tiny, head_dim=4, num_local_experts=2, vocab_size=vocab)
+        path = os.path.join(tmp, f"tok_{name}.safetensors")
+        write_safetensors(path, [(n, np.full(s, 0.5, np.float32)) for n, s in mixtral_ref.param_shapes(c)], {"format": "pt"})
+        gguf = "tok_" + name.replace(".json", ".gguf")
+        run("convert", checkpoint(gguf + ".d", mixtral_ref.hf_config(c), read(path), toks[name]), gguf)
+        put("gguf_lm", gguf, read(gguf))
+    shutil.rmtree(tmp)
+
+gguf_lm_seeds()

@@ -245,6 +245,9 @@ moe_status moe_gguf_writer_copy_kv(moe_gguf_writer *w, const moe_gguf *g, int64_
 moe_status moe_gguf_writer_add_tensor(moe_gguf_writer *w, const char *name, moe_gguf_type type, int ndim,
                                       const int64_t *ne, const void *data, size_t nbytes);
 moe_status moe_gguf_writer_save(moe_gguf_writer *w, const char *path);
+/* llama.cpp's general.file_type (enum llama_ftype) of a file whose weights are of type t (the K-quants'
+ * all-one-type variants: Q4_K_S 14, Q5_K_S 16; MXFP4: MOSTLY_MXFP4_MOE 38); -1 for a type without a codec. */
+int moe_gguf_file_type(moe_gguf_type t);
 
 /* ---- datasets: IDX files (the MNIST format) ---- */
 typedef struct {
@@ -962,6 +965,14 @@ const char *moe_tokenizer_token_bytes(const moe_tokenizer *t, int32_t id, size_t
 /* The id of the token whose bytes are the string (an added token such as MOE_TOKENIZER_EOT, or a
  * vocabulary token by its bytes as moe_tokenizer_token_bytes gives them), or -1. */
 int32_t moe_tokenizer_token_id(const moe_tokenizer *t, const char *token);
+/* moe_tokenizer_load also reads a GGUF file's tokenizer (a path ending in ".gguf" or a file starting
+ * with GGUF; DESIGN 4.8): tokenizer.ggml.model "gpt2" (byte-level BPE; tokenizer.ggml.pre one of gpt-2,
+ * olmo, llama-bpe, qwen2, deepseek-v3, gpt-4o, another an error naming it) or "llama" (SentencePiece
+ * BPE with byte fallback, merged by the scores), ADD_SPECIAL adding BOS / EOS as add_bos_token /
+ * add_eos_token say. moe_tokenizer_gguf_to_hf writes that tokenizer as dir/tokenizer.json and
+ * dir/tokenizer_config.json (chat_template, the special tokens, add_bos_token / add_eos_token), each
+ * atomically: moe_tokenizer_load(dir) then encodes as moe_tokenizer_load(path). */
+moe_status moe_tokenizer_gguf_to_hf(const char *path, const char *dir);
 /* Text as it is generated, token by token (what a stream shows; Hugging Face's DecodeStream, vLLM's
  * incremental detokenizing): each push gives the text its token completes, as UTF-8 (bytes that are
  * not UTF-8 as U+FFFD). A character split over tokens, or a byte-fallback run still incomplete, waits
@@ -1200,9 +1211,34 @@ moe_status moe_lm_save(const moe_lm_t *m, const char *dir);
  * config.json's and generation_config.json's eos_token_id (an id or a list), tokenizer_config.json's
  * eos_token by its id in t (a chat model's end of turn, such as "<|im_end|>"), and t's
  * MOE_TOKENIZER_EOT; t may be NULL (the last two are then left out); files other than config.json may
- * be absent. Each once, into eos (room for cap), *n of them; MOE_ERR_FORMAT naming the file, field and
+ * be absent. A GGUF file (moe_lm_load's): its tokenizer.ggml.eos_token_id and eot_token_id, and t's
+ * MOE_TOKENIZER_EOT. Each once, into eos (room for cap), *n of them; MOE_ERR_FORMAT naming the file, field and
  * value for one that is not a token id in [0, vocab), MOE_ERR_ARG when more than cap. */
 moe_status moe_lm_eos_ids(const char *dir, const moe_tokenizer *t, int vocab, int32_t *eos, int cap, int *n);
+
+/* GGUF files (llama.cpp's format, DESIGN 4.8) stand wherever a checkpoint directory does: given a path
+ * ending in ".gguf" or a file starting with the GGUF magic, moe_lm_read_config reads the config from
+ * llama.cpp's keys (general.architecture llama with experts (Mixtral), qwen2moe, qwen3moe or olmoe;
+ * {arch}.block_count, .embedding_length, .feed_forward_length, .expert_feed_forward_length,
+ * .attention.head_count(_kv), .attention.key_length, .context_length, .rope.freq_base,
+ * .attention.layer_norm_rms_epsilon, .expert_count, .expert_used_count, ...; the vocabulary from
+ * token_embd.weight, tied embeddings when there is no output.weight) and moe_lm_load reads the weights
+ * by llama.cpp's tensor names (blk.N.attn_q, ffn_gate_exps...; llama's q and k rows, which llama.cpp's
+ * converter permutes per head, put back), every supported type dequantized to fp32. A tensor absent is
+ * MOE_ERR_MISSING, one of another shape MOE_ERR_SHAPE naming the file, the tensor and both shapes, an
+ * unknown architecture or a tensor the model does not have MOE_ERR_FORMAT naming it. */
+typedef struct {
+  moe_gguf_type type;    /* the weights' type: 2-D weights but norms and routers (those stay F32); a row
+                            not a multiple of the type's block is Q8_0 (a multiple of 32) or F16, as in
+                            moe quantize */
+  const char *tokenizer; /* NULL, or a tokenizer.json or a directory holding one (and tokenizer_config.json):
+                            written as llama.cpp's tokenizer.ggml.* keys (moe_tokenizer_load reads them) */
+  const char *name;      /* general.name; NULL: the family's model_type */
+} moe_lm_gguf_options;
+/* Writes m as llama.cpp's converter does (general.file_type, {arch}.* keys, tensor names, experts
+ * stacked in 3-D tensors), atomically. o NULL: F32, no tokenizer. MOE_ERR_ARG for a model spread over
+ * ranks or with a sliding window (llama's architecture has none). */
+moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gguf_options *o);
 
 /* Generation: a KV cache of B sequences (every layer's rotated keys and values, or with latent attention
  * each token's normed latent and rotated shared key (moe_lm_mla), each sequence's

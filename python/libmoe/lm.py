@@ -52,8 +52,8 @@ def _eos_ids(path, vocab):
 
 
 class LM(Owner):
-    """A checkpoint directory (config.json and model.safetensors, or shards with their index) loaded by
-    moe_lm_load. threads: 0 = all cores; dtype "bf16": the experts' GEMMs in bf16. eos: the ids that end
+    """A checkpoint directory (config.json and model.safetensors, or shards with their index) or a GGUF
+    file loaded by moe_lm_load. threads: 0 = all cores; dtype "bf16": the experts' GEMMs in bf16. eos: the ids that end
     generation (default: config.json's and generation_config.json's eos_token_id)."""
     _free = lib.moe_lm_free
 

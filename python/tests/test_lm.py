@@ -1,7 +1,8 @@
 """libmoe.LM and libmoe.Engine on the language-model fixtures (tests/fixtures/lm: Mixtral and Qwen3-MoE):
 generate gives `moe generate`'s tokens for the same options (run as a subprocess: MOE_CLI, which
 tests/test_python.c sets), greedy and sampled; logprobs are those of a full forward's logits; the engine
-serving several requests at once gives each the tokens it gets alone."""
+serving several requests at once gives each the tokens it gets alone; a GGUF file of the Mixtral fixture
+runs as the directory does."""
 import json
 import os
 import subprocess
@@ -77,6 +78,16 @@ class LMTest(unittest.TestCase):
             self.assertEqual((s["tokens"], s["queued"], s["running"]), (6 * 9, 0, 0))
             sampled = e.result(e.submit([5, 9, 1], max_tokens=12, temperature=0.8, top_p=0.9, seed=3))
             self.assertEqual(sampled, lm.generate([5, 9, 1], max_tokens=12, temperature=0.8, top_p=0.9, seed=3))
+
+    def test_gguf_file_is_the_checkpoint(self):
+        """The Mixtral fixture as llama.cpp's converter wrote it (tests/fixtures/gguf_lm): the same logits
+        and tokens as the directory."""
+        ck, gguf = os.path.join(LM_DIR, "mixtral"), os.path.join(ROOT, "tests", "fixtures", "gguf_lm", "mixtral.gguf")
+        a, b = libmoe.LM(ck, threads=1), libmoe.LM(gguf, threads=1)
+        self.assertEqual(b.family, "mixtral")
+        self.assertTrue(np.array_equal(a.logits([[5, 9, 1], [2, 7, 7]]), b.logits([[5, 9, 1], [2, 7, 7]])))
+        prompt, opts = CASES[0]
+        self.assertEqual(a.generate(prompt, **opts), b.generate(prompt, **opts))
 
     def test_errors_name_the_problem(self):
         raises(self, "MOE_ERR_IO", libmoe.LM, os.path.join(LM_DIR, "nope"))

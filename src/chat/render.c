@@ -1,5 +1,6 @@
 /* The public entry points: a template rendered over a JSON context, and a model's chat template
- * (tokenizer_config.json) rendered over a conversation with its special tokens. */
+ * (tokenizer_config.json, or a GGUF file's tokenizer.chat_template) rendered over a conversation with
+ * its special tokens. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,8 @@
 #include <cjson/cJSON.h>
 
 #include "chat/chat_render.h"
+#include "lm/lm_gguf.h"
+#include "lm/tokenizer_gguf.h"
 
 static const cj_limits DEFAULT_LIMITS = {256u << 20, 50u * 1000 * 1000, 1u << 20, 200};
 
@@ -121,10 +124,15 @@ moe_status moe_chat_template_render_config(const char *tokenizer, const char *co
   struct stat s;
   int dir = stat(tokenizer, &s) == 0 && S_ISDIR(s.st_mode);
   snprintf(path, sizeof path, dir ? "%s/tokenizer_config.json" : "%s", tokenizer);
-  char *text = NULL;
-  MOE_CHECK(read_file(path, &text));
-  cJSON *cfg = cJSON_Parse(text);
-  free(text);
+  cJSON *cfg = NULL;
+  if (!dir && moe__lm_gguf_is(path)) { /* a GGUF file: its tokenizer.chat_template and special tokens */
+    MOE_CHECK(moe__tok_gguf_chat_config(path, &cfg));
+  } else {
+    char *text = NULL;
+    MOE_CHECK(read_file(path, &text));
+    cfg = cJSON_Parse(text);
+    free(text);
+  }
   if (!cJSON_IsObject(cfg)) {
     cJSON_Delete(cfg);
     return moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: not a JSON object", path);

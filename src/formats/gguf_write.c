@@ -311,3 +311,18 @@ moe_status moe_gguf_writer_save(moe_gguf_writer *w, const char *path) {
   free(h->p);
   return st;
 }
+
+int moe_gguf_file_type(moe_gguf_type t) {
+  switch (t) {
+    case MOE_GGUF_F32: return 0;
+    case MOE_GGUF_F16: return 1;
+    case MOE_GGUF_Q4_0: return 2;
+    case MOE_GGUF_Q8_0: return 7;
+    case MOE_GGUF_Q4_K: return 14; /* MOSTLY_Q4_K_S: all Q4_K */
+    case MOE_GGUF_Q5_K: return 16; /* MOSTLY_Q5_K_S */
+    case MOE_GGUF_Q6_K: return 18;
+    case MOE_GGUF_BF16: return 32;
+    case MOE_GGUF_MXFP4: return 38; /* MOSTLY_MXFP4_MOE */
+  }
+  return -1;
+}

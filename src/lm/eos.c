@@ -1,5 +1,6 @@
 /* The ids that end generation (moe_lm_eos_ids): what Hugging Face's generate stops at for a checkpoint
- * directory, from its config.json, generation_config.json and tokenizer_config.json. */
+ * directory, from its config.json, generation_config.json and tokenizer_config.json; for a GGUF file,
+ * from its tokenizer.ggml.* keys. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 
 #include "formats/json.h"
 #include "internal.h"
+#include "lm_gguf.h"
 
 typedef struct {
   int32_t *ids;
@@ -74,13 +76,34 @@ static moe_status add_eos_token(eos_set *s, const char *dir, const moe_tokenizer
   return st;
 }
 
+/* A GGUF file's tokenizer.ggml.eos_token_id and eot_token_id (the end of a chat turn), when there. */
+static moe_status add_gguf_ids(eos_set *s, const char *path) {
+  moe_gguf *g;
+  MOE_CHECK(moe_gguf_open(&g, path));
+  static const char *const keys[2] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"};
+  moe_status st = MOE_OK;
+  for (int i = 0; i < 2 && st == MOE_OK; i++) {
+    uint32_t id;
+    if (moe_gguf_find_key(g, keys[i]) < 0 || (st = moe_gguf_get_u32(g, keys[i], &id)) != MOE_OK) continue;
+    st = id < (uint32_t)s->vocab ? add(s, (int32_t)id, path, keys[i])
+                                 : moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: %s %u is not a token id in [0, %d)",
+                                              path, keys[i], id, s->vocab);
+  }
+  moe_gguf_close(g);
+  return st;
+}
+
 moe_status moe_lm_eos_ids(const char *dir, const moe_tokenizer *t, int vocab, int32_t *eos, int cap, int *n) {
   MOE_TRY(dir && eos && n && cap >= 1 && vocab >= 1, MOE_ERR_ARG, "moe_lm_eos_ids: bad argument");
   eos_set s = {eos, 0, cap, vocab};
   *n = 0;
-  MOE_CHECK(add_ids(&s, dir, "config.json", "eos_token_id", 1));
-  MOE_CHECK(add_ids(&s, dir, "generation_config.json", "eos_token_id", 0));
-  MOE_CHECK(add_eos_token(&s, dir, t));
+  if (moe__lm_gguf_is(dir)) {
+    MOE_CHECK(add_gguf_ids(&s, dir));
+  } else {
+    MOE_CHECK(add_ids(&s, dir, "config.json", "eos_token_id", 1));
+    MOE_CHECK(add_ids(&s, dir, "generation_config.json", "eos_token_id", 0));
+    MOE_CHECK(add_eos_token(&s, dir, t));
+  }
   int32_t eot = t ? moe_tokenizer_token_id(t, MOE_TOKENIZER_EOT) : -1;
   if (eot >= 0 && eot < vocab) MOE_CHECK(add(&s, eot, dir, MOE_TOKENIZER_EOT));
   *n = s.n;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "lm_gguf.h"
 
 /* Layer i's gate ref, and its experts' refs (whose data go away with the old layer). */
 static void retarget_refs(moe_lm_t *m, int i, moe_layer_t *l) {
@@ -46,6 +47,9 @@ moe_status moe_lm_buffer_experts(moe_lm_t *m, const char *dir, int K, moe_cache_
   MOE_TRY(m->cfg.family == MOE_LM_MIXTRAL, MOE_ERR_ARG,
           "moe_lm_buffer_experts: expert buffering reads Mixtral's expert tensors (block_sparse_moe.experts.<e>.w1); "
           "a %s model is not supported", moe_lm_family_name(m->cfg.family));
+  MOE_TRY(!moe__lm_gguf_is(dir), MOE_ERR_ARG,
+          "moe_lm_buffer_experts: %s: expert buffering reads a checkpoint directory's model.safetensors; GGUF files "
+          "are not supported", dir);
   memset(x, 0, sizeof *x);
   char path[4096];
   snprintf(path, sizeof path, "%s/model.safetensors", dir);

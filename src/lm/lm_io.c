@@ -16,6 +16,7 @@
 #include "formats/json.h"
 #include "lm_dist.h"
 #include "lm_family.h"
+#include "lm_gguf.h"
 #include "lm_gptoss.h"
 
 #define INDEX_JSON "model.safetensors.index.json"
@@ -446,6 +447,7 @@ static moe_status read_config(const char *path, const cJSON *r, moe_lm_config *c
 
 moe_status moe_lm_read_config(const char *dir, moe_lm_config *c) {
   MOE_TRY(dir && c, MOE_ERR_ARG, "moe_lm_read_config: NULL argument");
+  if (moe__lm_gguf_is(dir)) return moe__lm_gguf_read_config(dir, c);
   char path[4096];
   path_in(path, sizeof path, dir, "config.json");
   cJSON *root;
@@ -684,6 +686,7 @@ static moe_status check_unused(const shards *s, const moe_lm_t *m) {
 
 moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c) {
   MOE_TRY(m && dir, MOE_ERR_ARG, "moe_lm_load: NULL argument");
+  if (moe__lm_gguf_is(dir)) return moe__lm_gguf_load(m, dir, c);
   memset(m, 0, sizeof *m);
   moe_lm_config own;
   if (!c) {
@@ -875,6 +878,9 @@ static char *config_json(const moe_lm_config *c) {
 
 moe_status moe_lm_save(const moe_lm_t *m, const char *dir) {
   MOE_TRY(m && m->st && dir, MOE_ERR_ARG, "moe_lm_save: NULL argument");
+  MOE_TRY(m->cfg.moe.expert_type <= 0, MOE_ERR_ARG,
+          "moe_lm_save: %s: the experts are %s bytes, not parameters (load with moe.expert_type -1 to save)", dir,
+          moe_gguf_type_name((moe_gguf_type)m->cfg.moe.expert_type));
   if (moe_dist_size(m->cfg.moe.dist) > 1) return moe__lm_save_ranks(m, dir);
   MOE_TRY(mkdir(dir, 0755) == 0 || errno == EEXIST, MOE_ERR_IO, "%s: cannot create the directory: %s", dir,
           strerror(errno));

@@ -15,6 +15,7 @@
 #include "kernels.h"
 #include "lm_dist.h"
 #include "lm_family.h"
+#include "lm_gguf.h"
 #include "mla.h"
 
 typedef struct {
@@ -61,6 +62,7 @@ struct moe__lm_state {
   double lap_moe, lap_router; /* this pass's MoE layers and balance loss */
   moe__mla_work mlaw;         /* the latent attention's backward buffers */
   int decoding;               /* this pass is a cached decode (the latent attention carves other buffers) */
+  moe_gguf *mapped;           /* the file the layers' quantized experts are bound into (lm_gguf.c) */
 };
 
 struct moe_lm_cache {
@@ -333,8 +335,9 @@ static void add_moe_refs(moe_lm_t *m, int i) {
   }
   static const char *const ours[3] = {"experts.fc1.weight", "experts.fc2.weight", "experts.fc3.weight"};
   const moe_param_info *fc1 = moe_layer_param_find(l, ours[0]);
-  int El = (int)fc1->shape[0], e0 = El < c->moe.E ? moe_dist_rank(c->moe.dist) * El : 0;
-  int64_t Hl = fc1->shape[1];
+  /* quantized experts (expert_type) are bytes bound to the layer, not parameters: no refs */
+  int El = fc1 ? (int)fc1->shape[0] : 0, e0 = El && El < c->moe.E ? moe_dist_rank(c->moe.dist) * El : 0;
+  int64_t Hl = fc1 ? fc1->shape[1] : 0;
   for (int e = 0; e < El; e++)
     for (int j = 0; j < 3; j++) {
       size_t at = (size_t)e * Hl * D;
@@ -496,6 +499,7 @@ void moe_lm_free(moe_lm_t *m) {
   if (!m) return;
   for (int i = 0; m->layers && i < m->cfg.n_layers; i++) moe_layer_free(&m->layers[i]);
   if (m->st) {
+    moe_gguf_close(m->st->mapped); /* after the layers bound into it */
     moe__arena_free(&m->st->arena);
     free(m->st->w);
     free(m->st->g);
@@ -512,6 +516,8 @@ void moe_lm_free(moe_lm_t *m) {
   free(m->dense_grad);
   memset(m, 0, sizeof *m);
 }
+
+void moe__lm_keep_mapped(moe_lm_t *m, moe_gguf *g) { m->st->mapped = g; }
 
 const moe_tensor_ref *moe_lm_find(const moe_lm_t *m, const char *name) {
   return moe__ref_find(m->refs, m->nrefs, name);

@@ -48,6 +48,9 @@ int moe__tok_add_merge(moe_tokenizer *t, int32_t left, int32_t right, int32_t me
 int moe__tok_byte_char(int b);
 /* The byte a code point stands for, or -1. */
 int moe__tok_char_byte(uint32_t cp);
+/* tokenizer_json.c: the bytes a token string stands for (GPT-2's characters, UTF-8 of code points below
+ * 0x800) into out (room for strlen(s)); their count, or -1 when a character is not one of the 256. */
+long moe__tok_string_bytes(const char *s, char *out);
 /* The id GPT-2's vocabulary gives byte b: the rank of its code point among the 256. */
 int moe__tok_byte_rank(int b);
 /* pretok.c: GPT-2's pre-tokenizer (its regex over UTF-8 with Unicode classes), one per caller. next: the

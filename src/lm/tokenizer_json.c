@@ -16,6 +16,8 @@
 
 #include "internal.h"
 #include "formats/json.h"
+#include "lm/lm_gguf.h"
+#include "lm/tokenizer_gguf.h"
 #include "lm/tokenizer_hf.h"
 
 #define BAD(st, ...) moe__error((st), __FILE__, __LINE__, __VA_ARGS__)
@@ -115,7 +117,7 @@ moe_status moe_tokenizer_save(const moe_tokenizer *t, const char *path) {
 
 /* The bytes a token string stands for (GPT-2's characters, UTF-8 of code points below 0x800) into out
  * (room for strlen(s)); their count, or -1 when a character is not one of the 256. */
-static long token_bytes(const char *s, char *out) {
+long moe__tok_string_bytes(const char *s, char *out) {
   const unsigned char *p = (const unsigned char *)s;
   long n = 0;
   while (*p) {
@@ -255,7 +257,7 @@ static moe_status fill_vocab(const char *path, moe_tokenizer *t, const numbering
     if (!b) free(buf); /* realloc keeps the old block when it fails */
     MOE_TRY(b, MOE_ERR_NOMEM, "%s: out of memory", path);
     buf = b;
-    long n = nb->added[id] || !byte_level ? (long)len : token_bytes(s, buf);
+    long n = nb->added[id] || !byte_level ? (long)len : moe__tok_string_bytes(s, buf);
     if (nb->added[id] || !byte_level) memcpy(buf, s, len);
     t->strip[id] = nb->strip[id];
     const int64_t *dup = n > 0 && !nb->added[id] ? moe__tok_map_get(&t->by_bytes, buf, (size_t)n) : NULL;
@@ -269,7 +271,7 @@ static moe_status fill_vocab(const char *path, moe_tokenizer *t, const numbering
             ? moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", path)
             : MOE_OK;
     /* An added token in model.vocab too is also the model's (BPE can make it). */
-    long nv = st == MOE_OK && nb->in_vocab[id] ? (byte_level ? token_bytes(s, buf) : (long)len) : 0;
+    long nv = st == MOE_OK && nb->in_vocab[id] ? (byte_level ? moe__tok_string_bytes(s, buf) : (long)len) : 0;
     int isnew;
     if (nv > 0 && !moe__tok_map_put(&t->by_bytes, buf, (size_t)nv, id, &isnew))
       st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", path);
@@ -289,7 +291,7 @@ static moe_status fill_vocab(const char *path, moe_tokenizer *t, const numbering
 
 /* The id of a token string (of a byte-level vocabulary when byte_level), or -1. */
 static int32_t lookup(const moe_tokenizer *t, const char *s, char *buf, long *n, int byte_level) {
-  *n = byte_level ? token_bytes(s, buf) : (long)strlen(s);
+  *n = byte_level ? moe__tok_string_bytes(s, buf) : (long)strlen(s);
   if (!byte_level) memcpy(buf, s, (size_t)*n);
   const int64_t *v = *n > 0 ? moe__tok_map_get(&t->by_bytes, buf, (size_t)*n) : NULL;
   return v ? (int32_t)*v : -1;
@@ -349,7 +351,7 @@ static moe_status model_options(const char *path, const cJSON *model, const numb
   return MOE_OK;
 }
 
-static moe_status from_json(const char *path, const cJSON *root, moe_tokenizer **out) {
+moe_status moe__tok_from_json(const char *path, const cJSON *root, moe_tokenizer **out) {
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
   MOE_TRY(cJSON_IsObject(model), MOE_ERR_MISSING, "%s: no \"model\" object (not a tokenizer.json?)", path);
   MOE_CHECK(check_settings(path, model));
@@ -397,7 +399,7 @@ static moe_status from_json(const char *path, const cJSON *root, moe_tokenizer *
 static moe_status load_file(moe_tokenizer **out, const char *path) {
   cJSON *root;
   MOE_CHECK(moe__json_read(path, "tokenizer", MAX_FILE_BYTES, &root));
-  moe_status st = cJSON_IsObject(root) ? from_json(path, root, out)
+  moe_status st = cJSON_IsObject(root) ? moe__tok_from_json(path, root, out)
                                        : moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: not a JSON object", path);
   cJSON_Delete(root);
   return st;
@@ -444,6 +446,7 @@ static moe_status apply_config(const char *path, moe_tokenizer *t) {
 moe_status moe_tokenizer_load(moe_tokenizer **out, const char *path) {
   MOE_TRY(out && path, MOE_ERR_ARG, "moe_tokenizer_load: NULL argument");
   *out = NULL;
+  if (moe__lm_gguf_is(path)) return moe__tok_gguf_load(out, path);
   struct stat sb;
   if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return load_file(out, path);
   size_t n = strlen(path) + 32;

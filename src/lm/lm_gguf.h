@@ -1,0 +1,36 @@
+/* The language model in GGUF files (llama.cpp's architectures, keys and tensor names): lm_gguf.c reads
+ * the config and the weights, lm_gguf_write.c writes them; both map the model's Hugging Face names to
+ * llama.cpp's with moe__lm_gguf_name. */
+#ifndef MOE_LM_GGUF_H
+#define MOE_LM_GGUF_H
+
+#include "moe.h"
+
+/* Whether path names a GGUF file: it ends in ".gguf", or it is a regular file starting with "GGUF". */
+int moe__lm_gguf_is(const char *path);
+
+/* llama.cpp's architecture name of family f ("llama", "qwen2moe", "qwen3moe", "olmoe"). */
+const char *moe__lm_gguf_arch(moe_lm_family f);
+/* Whether llama.cpp's graph of f normalizes the top-k weights (its build_moe_ffn norm_w), the default
+ * when a file has no {arch}.expert_weights_norm. */
+int moe__lm_gguf_norm_default(moe_lm_family f);
+
+/* Where the model's parameter `hf` (a moe_lm_t ref name) lives in a GGUF file: tensor `name` (room for
+ * 64), as a slice `expert` (>= 0: the expert's rows of a stacked tensor of c->moe.E experts; -1: the
+ * whole tensor), its rows permuted per head as llama.cpp's converter does for llama's q and k (permute:
+ * the number of heads; 0: none). 0 when hf is no parameter libmoe knows. */
+int moe__lm_gguf_name(const moe_lm_config *c, const char *hf, char *name, int *expert, int *permute);
+
+/* Row r of a (rows) tensor permuted over `heads` heads holds this row of the Hugging Face one:
+ * llama.cpp's permute interleaves each head's two rotary halves (rows i and i + head_dim / 2 of a head
+ * become rows 2 i and 2 i + 1). */
+int64_t moe__lm_gguf_hf_row(int64_t r, int64_t rows, int heads);
+
+/* m keeps g open until moe_lm_free (lm_model.c): its layers' experts are bound into g's mapping. */
+void moe__lm_keep_mapped(moe_lm_t *m, moe_gguf *g);
+
+/* moe_lm_read_config and moe_lm_load of a GGUF file. */
+moe_status moe__lm_gguf_read_config(const char *path, moe_lm_config *c);
+moe_status moe__lm_gguf_load(moe_lm_t *m, const char *path, const moe_lm_config *c);
+
+#endif

@@ -1,0 +1,171 @@
+/* The language model to a GGUF file as llama.cpp's convert_hf_to_gguf.py writes it: general.* and
+ * {arch}.* keys, the tokenizer's tokenizer.ggml.* keys (tokenizer_gguf.c), every parameter under
+ * llama.cpp's name (llama's q and k rows permuted per head), each MoE layer's experts stacked into
+ * ffn_gate_exps / ffn_down_exps / ffn_up_exps (ne [D, H, E] and [H, D, E]). The weights take the asked
+ * type by llama.cpp's rule of thumb (and moe quantize's): 1-D tensors, norms and routers stay F32; a
+ * row whose length is not a multiple of the type's block falls back to Q8_0, or F16. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "lm/tokenizer_gguf.h"
+#include "lm_family.h"
+#include "lm_gguf.h"
+
+static int ends_with(const char *s, const char *tail) {
+  size_t n = strlen(s), k = strlen(tail);
+  return n >= k && !strcmp(s + n - k, tail);
+}
+
+static moe_gguf_type type_for(const char *name, int ndim, int64_t row, moe_gguf_type want) {
+  if (ndim < 2 || ends_with(name, "_norm.weight") || strstr(name, ".ffn_gate_inp") || !ends_with(name, ".weight"))
+    return MOE_GGUF_F32;
+  if (row % moe_gguf_type_block(want) == 0) return want;
+  return row % 32 == 0 ? MOE_GGUF_Q8_0 : MOE_GGUF_F16; /* as moe quantize */
+}
+
+/* The writer's tensors' bytes, kept until the file is saved. */
+typedef struct {
+  moe_gguf_writer *w;
+  moe_gguf_type type;
+  void **bufs;
+  int n, cap;
+} tensors;
+
+/* Adds tensor name of ne (ndim dims; rows = the product of ne[1..]) from the floats x, in the type
+ * type_for gives it. */
+static moe_status add(tensors *ts, const char *name, int ndim, const int64_t *ne, const float *x) {
+  int64_t rows = 1;
+  for (int d = 1; d < ndim; d++) rows *= ne[d];
+  moe_gguf_type t = type_for(name, ndim, ne[0], ts->type);
+  size_t nbytes = (size_t)(rows * (ne[0] / moe_gguf_type_block(t))) * moe_gguf_type_block_bytes(t);
+  if (ts->n == ts->cap) {
+    int cap = ts->cap ? 2 * ts->cap : 64;
+    void **b = realloc(ts->bufs, (size_t)cap * sizeof *b);
+    MOE_TRY(b, MOE_ERR_NOMEM, "out of memory");
+    ts->bufs = b, ts->cap = cap;
+  }
+  void *buf = malloc(nbytes ? nbytes : 1);
+  MOE_TRY(buf, MOE_ERR_NOMEM, "out of memory for tensor '%s' (%zu bytes)", name, nbytes);
+  ts->bufs[ts->n++] = buf;
+  moe_status st = moe_gguf_quantize(t, x, buf, rows * ne[0]);
+  MOE_TRY(st == MOE_OK, st, "tensor '%s' as %s: %s", name, moe_gguf_type_name(t), moe_last_error());
+  return moe_gguf_writer_add_tensor(ts->w, name, t, ndim, ne, buf, nbytes);
+}
+
+/* Ref r under its llama.cpp name (rows permuted for llama's q and k). */
+static moe_status add_ref(tensors *ts, const moe_lm_t *m, const moe_tensor_ref *r) {
+  char name[64];
+  int expert, permute;
+  MOE_TRY(moe__lm_gguf_name(&m->cfg, r->name, name, &expert, &permute), MOE_ERR_ARG, "no GGUF name for parameter '%s'",
+          r->name);
+  int64_t rows = r->ndim == 2 ? r->shape[0] : 1, cols = r->ndim == 2 ? r->shape[1] : r->shape[0];
+  int64_t ne[2] = {cols, rows};
+  if (!permute) return add(ts, name, r->ndim, ne, r->data);
+  float *x = malloc(r->numel * sizeof *x);
+  MOE_TRY(x, MOE_ERR_NOMEM, "out of memory for tensor '%s'", name);
+  for (int64_t g = 0; g < rows; g++)
+    memcpy(x + g * cols, r->data + moe__lm_gguf_hf_row(g, rows, permute) * cols, (size_t)cols * sizeof *x);
+  moe_status st = add(ts, name, r->ndim, ne, x);
+  free(x);
+  return st;
+}
+
+/* Layer i's experts as llama.cpp stacks them: the layer's (E, H, D) fc1 and fc3 and (E, D, H) fc2 are
+ * already ggml's [D, H, E] and [H, D, E]. */
+static moe_status add_experts(tensors *ts, const moe_lm_t *m, int i) {
+  static const char *const ours[3] = {"experts.fc1.weight", "experts.fc2.weight", "experts.fc3.weight"};
+  static const char *const theirs[3] = {"ffn_gate_exps", "ffn_down_exps", "ffn_up_exps"};
+  int64_t D = m->cfg.moe.D, H = m->cfg.moe.H, E = m->cfg.moe.E;
+  for (int k = 0; k < 3; k++) {
+    char name[64];
+    snprintf(name, sizeof name, "blk.%d.%s.weight", i, theirs[k]);
+    int64_t ne[3] = {k == 1 ? H : D, k == 1 ? D : H, E};
+    MOE_CHECK(add(ts, name, 3, ne, moe_layer_param(&m->layers[i], ours[k])));
+  }
+  return MOE_OK;
+}
+
+static moe_status set_counts(moe_gguf_writer *w, const char *arch, const char *const *keys, const int *v, int n) {
+  for (int i = 0; i < n; i++) {
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, keys[i]);
+    MOE_CHECK(moe_gguf_writer_set_u32(w, k, (uint32_t)v[i]));
+  }
+  return MOE_OK;
+}
+
+/* The general.* and {arch}.* keys, in the converter's order. */
+static moe_status set_keys(moe_gguf_writer *w, const moe_lm_t *m, const moe_lm_gguf_options *o) {
+  const moe_lm_config *c = &m->cfg;
+  const char *arch = moe__lm_gguf_arch(c->family);
+  char k[128];
+  MOE_CHECK(moe_gguf_writer_set_str(w, "general.architecture", arch));
+  MOE_CHECK(moe_gguf_writer_set_str(w, "general.type", "model"));
+  MOE_CHECK(moe_gguf_writer_set_str(w, "general.name", o->name ? o->name : moe_lm_family_name(c->family)));
+  int qwen = c->family == MOE_LM_QWEN2_MOE || c->family == MOE_LM_QWEN3_MOE;
+  int ff = qwen ? (c->dense_H ? c->dense_H : c->moe.H) : c->moe.H;
+  static const char *const common[] = {"block_count", "context_length", "embedding_length", "feed_forward_length",
+                                       "attention.head_count", "attention.head_count_kv"};
+  MOE_CHECK(set_counts(w, arch, common, (int[]){c->n_layers, c->max_seq, c->moe.D, ff, c->n_heads, c->n_kv_heads}, 6));
+  snprintf(k, sizeof k, "%s.rope.freq_base", arch);
+  MOE_CHECK(moe_gguf_writer_set_f32(w, k, c->rope_theta));
+  snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", arch);
+  MOE_CHECK(moe_gguf_writer_set_f32(w, k, c->rms_eps));
+  static const char *const rest[] = {"expert_count", "expert_used_count", "attention.key_length",
+                                     "attention.value_length"};
+  MOE_CHECK(set_counts(w, arch, rest, (int[]){c->moe.E, c->moe.top_k, c->head_dim, c->head_dim}, 4));
+  MOE_CHECK(moe_gguf_writer_set_u32(w, "general.file_type", (uint32_t)moe_gguf_file_type(o->type)));
+  if (c->family == MOE_LM_MIXTRAL) {
+    static const char *const llama[] = {"vocab_size", "rope.dimension_count"};
+    MOE_CHECK(set_counts(w, arch, llama, (int[]){c->vocab, c->head_dim}, 2));
+  }
+  if (qwen) {
+    static const char *const ex[] = {"expert_feed_forward_length", "expert_shared_feed_forward_length"};
+    MOE_CHECK(set_counts(w, arch, ex, (int[]){c->moe.H, c->moe.shared_H}, c->moe.shared_H ? 2 : 1));
+  }
+  if (c->clip_qkv > 0) {
+    snprintf(k, sizeof k, "%s.attention.clamp_kqv", arch);
+    MOE_CHECK(moe_gguf_writer_set_f32(w, k, c->clip_qkv));
+  }
+  int nt = c->moe.normalize_topk;
+  snprintf(k, sizeof k, "%s.expert_weights_norm", arch);
+  MOE_CHECK(moe_gguf_writer_set_bool(w, k, nt == 1 || (nt < 0 && c->moe.top_k > 1)));
+  return moe_gguf_writer_set_u32(w, "general.quantization_version", 2);
+}
+
+moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gguf_options *o) {
+  MOE_TRY(m && m->st && path, MOE_ERR_ARG, "moe_lm_save_gguf: NULL argument");
+  moe_lm_gguf_options def = {MOE_GGUF_F32, NULL, NULL};
+  if (!o) o = &def;
+  const moe_lm_config *c = &m->cfg;
+  MOE_TRY(moe_gguf_type_supported(o->type), MOE_ERR_DTYPE, "moe_lm_save_gguf: type %d has no codec", (int)o->type);
+  MOE_TRY(c->moe.expert_type <= 0, MOE_ERR_ARG,
+          "moe_lm_save_gguf: %s: the experts are %s bytes, not parameters (load with moe.expert_type -1 to save; "
+          "moe quantize converts a GGUF file's types)", path, moe_gguf_type_name((moe_gguf_type)c->moe.expert_type));
+  MOE_TRY(moe__lm_gguf_arch(c->family), MOE_ERR_ARG, "%s: the %s family has no GGUF architecture here (llama, "
+          "qwen2moe, qwen3moe, olmoe)", path, moe_lm_family_name(c->family));
+  MOE_TRY(moe_dist_size(c->moe.dist) <= 1, MOE_ERR_ARG,
+          "moe_lm_save_gguf: the model is spread over ranks; save it from one process");
+  MOE_TRY(!c->sliding_window, MOE_ERR_ARG, "%s: a sliding window (%d) has no key in llama.cpp's %s architecture",
+          path, c->sliding_window, moe__lm_gguf_arch(c->family));
+  tensors ts = {NULL, o->type, NULL, 0, 0};
+  MOE_CHECK(moe_gguf_writer_new(&ts.w));
+  moe_status st = set_keys(ts.w, m, o);
+  if (st == MOE_OK && o->tokenizer) st = moe__tok_gguf_write(ts.w, o->tokenizer, c->vocab);
+  int e, j;
+  for (int k = 0; st == MOE_OK && k < m->nrefs; k++) {
+    const moe_tensor_ref *r = &m->refs[k];
+    if (moe__lm_expert_of(c->family, r->name, &e, &j)) continue;
+    st = add_ref(&ts, m, r);
+    int layer;
+    if (st == MOE_OK && ends_with(r->name, ".gate.weight") && sscanf(r->name, "model.layers.%d.", &layer) == 1)
+      st = add_experts(&ts, m, layer); /* the router comes first, then the experts it routes to */
+  }
+  if (st == MOE_OK) st = moe_gguf_writer_save(ts.w, path);
+  moe_gguf_writer_free(ts.w);
+  for (int i = 0; i < ts.n; i++) free(ts.bufs[i]);
+  free(ts.bufs);
+  return st;
+}
