@@ -1224,7 +1224,11 @@ moe_status moe_lm_eos_ids(const char *dir, const moe_tokenizer *t, int vocab, in
  * .attention.layer_norm_rms_epsilon, .expert_count, .expert_used_count, ...; the vocabulary from
  * token_embd.weight, tied embeddings when there is no output.weight) and moe_lm_load reads the weights
  * by llama.cpp's tensor names (blk.N.attn_q, ffn_gate_exps...; llama's q and k rows, which llama.cpp's
- * converter permutes per head, put back), every supported type dequantized to fp32. A tensor absent is
+ * converter permutes per head, put back), every supported type dequantized to fp32 but the experts:
+ * moe_lm_read_config sets moe.expert_type to their type when every MoE layer's three stacks share one
+ * that moe_layer_bind_experts takes (D and H whole blocks of it), and moe_lm_load then binds them where
+ * they lie in the mapped file, kept open until moe_lm_free (expert_type -1: dequantized as the rest;
+ * moe_lm_save and moe_lm_save_gguf refuse a model whose experts are bound bytes). A tensor absent is
  * MOE_ERR_MISSING, one of another shape MOE_ERR_SHAPE naming the file, the tensor and both shapes, an
  * unknown architecture or a tensor the model does not have MOE_ERR_FORMAT naming it. */
 typedef struct {
