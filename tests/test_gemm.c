@@ -305,3 +305,35 @@ TEST(cpu_info_matches_the_cpu) {
   ASSERT_EQ_INT(strstr(s, "small GEMMs AVX-512") != NULL, on);
   ASSERT(!strchr(s, '"') && !strchr(s, '\n'));
 }
+
+/* moe__gemm_row (a decode step's y = alpha x W^T + beta y through sgemv, W's rows split over the
+ * threads): against a double-precision sum, with beta 0 and 1, odd sizes, a strided W, 1 and 2 threads;
+ * a GEMM of two rows goes to moe__gemm_run (the same bits). */
+TEST(gemm_row_matches_reference) {
+  enum { N = 1037, K = 301, LDB = 320 };
+  float *W = malloc(sizeof(float) * N * LDB), x[K], y[N], y0[N], y2[2 * N], yr[2 * N], x2[2 * K];
+  ASSERT(W);
+  uint64_t s = 3;
+  for (int i = 0; i < N * LDB; i++) W[i] = frand(&s);
+  for (int i = 0; i < K; i++) x[i] = frand(&s);
+  for (int i = 0; i < N; i++) y0[i] = (float)i / N;
+  for (int threads = 1; threads <= 2; threads++)
+    for (int beta = 0; beta <= 1; beta++) {
+      memcpy(y, y0, sizeof y);
+      moe__gemm g = {false, true, 1, N, K, 0.5f, (float)beta, x, K, W, LDB, y, N, false};
+      ASSERT_OK(moe__gemm_row(&g, threads));
+      for (int n = 0; n < N; n++) {
+        double want = beta * (double)y0[n];
+        for (int k = 0; k < K; k++) want += 0.5 * x[k] * (double)W[(size_t)n * LDB + k];
+        if (fabs(y[n] - want) > 1e-4) FAIL_("threads %d beta %d: y[%d] = %g, want %g", threads, beta, n, y[n], want);
+      }
+    }
+  memcpy(x2, x, sizeof x), memcpy(x2 + K, x, sizeof x);
+  memset(y2, 0, sizeof y2), memset(yr, 0, sizeof yr);
+  moe__gemm g2 = {false, true, 2, N, K, 1.0f, 0.0f, x2, K, W, LDB, y2, N, false}, r2 = g2;
+  r2.C = yr;
+  ASSERT_OK(moe__gemm_row(&g2, 2));
+  ASSERT_OK(moe__gemm_run(&r2, 1, 2));
+  ASSERT(!memcmp(y2, yr, sizeof y2));
+  free(W);
+}

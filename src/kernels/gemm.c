@@ -48,6 +48,24 @@ moe_status moe__gemm_run(const moe__gemm *g, int n, int threads) {
   return moe__gemm_run_side(g, n, threads, NULL);
 }
 
+moe_status moe__gemm_row(const moe__gemm *g, int threads) {
+  if (g->M != 1 || g->ta || !g->tb || g->bf16 || g->K <= 0) return moe__gemm_run(g, 1, threads);
+  int nt = moe__threads(threads), parts = 4 * nt, per = ((g->N + parts - 1) / parts + 15) & ~15;
+  const float *W = g->B, *x = g->A;
+#pragma omp parallel num_threads(nt)
+  {
+    omp_set_num_threads(1); /* the BLAS single-threaded inside, as in run_tiles */
+#pragma omp for schedule(static)
+    for (int p = 0; p < parts; p++) {
+      int n0 = p * per, n = n0 + per <= g->N ? per : g->N - n0;
+      if (n > 0)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, g->K, g->alpha, W + (size_t)n0 * g->ldb, g->ldb, x, 1, g->beta,
+                    g->C + n0, 1);
+    }
+  }
+  return MOE_OK;
+}
+
 /* The tiles: each GEMM cut into parts of about `target` flops (fixed: FIXED_TILE_FLOPS; else a share
  * of the list's total work per thread), in whole SIMD blocks; then one dynamic schedule. */
 static moe_status run_tiles(const moe__gemm *g, int n, int threads, const moe__side_work *side, int fixed);

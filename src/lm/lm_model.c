@@ -715,7 +715,7 @@ static moe_status project(moe_lm_t *m, int i) {
   int N = s->N, D = c->moe.D, nt = s->nt, qd = c->n_heads * c->head_dim, ld = qd + 2 * c->n_kv_heads * c->head_dim;
   float *out = a->raw ? a->raw : a->qkv;
   moe__gemm g = gemm(false, true, N, ld, D, a->xn1, D, w->wqkv, D, 0.0f, out, ld);
-  MOE_CHECK(moe__gemm_run(&g, 1, nt));
+  MOE_CHECK(moe__gemm_row(&g, nt));
   if (w->bqkv) add_bias_rows(out, N, ld, w->bqkv, ld, nt);
   if (!a->raw) return MOE_OK;
   memcpy(a->qkv, a->raw, (size_t)N * ld * 4); /* v as it is; q and k overwritten by their norms */
@@ -826,7 +826,7 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   MOE_CHECK(is_mla(c) ? mla_forward(m, i, kv) : gqa_forward(m, i, kv));
   memcpy(a->mid, a->res, (size_t)N * D * 4);
   moe__gemm g = gemm(false, true, N, D, ad, a->att, ad, w->wo, ad, 1.0f, a->mid, D);
-  MOE_CHECK(moe__gemm_run(&g, 1, nt));
+  MOE_CHECK(moe__gemm_row(&g, nt));
   if (w->bo) add_bias_rows(a->mid, N, D, w->bo, D, nt);
   moe__rmsnorm_forward(a->mid, w->ln2, N, D, c->rms_eps, a->xn2, a->rstd2, nt);
   if (!is_moe(m, i)) { /* the dense MLP, added to the residual in place */
@@ -951,7 +951,7 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   if (!kv) add_times(s, moe__now() - t0);
   moe__rmsnorm_forward(s->a[c->n_layers].res, s->normf, N, D, c->rms_eps, s->xnf, s->rstdf, s->nt);
   moe__gemm g = gemm(false, true, N, V, D, s->xnf, D, s->head, D, 0.0f, s->logits, V);
-  MOE_CHECK(moe__gemm_run(&g, 1, s->nt));
+  MOE_CHECK(moe__gemm_row(&g, s->nt));
   double sum = moe__xent_forward(s->logits, s->targets, N, V, s->lse, &s->count, s->nt);
   if (!kv) MOE_CHECK(global_sums(m, &sum));
   st.tokens = s->count;
