@@ -40,7 +40,7 @@ static void usage(FILE *f, int help) {
   fprintf(f,
     "usage: moe train --task lm [--data DIR] [--tokenizer F] [--vocab N] [--context T] [--batch B]\n"
     "       [--layers N] [--model D] [--heads NH] [--kv-heads NKV] [--experts E] [--top-k K] [--hidden H]\n"
-    "       [--dense] [--family mixtral|qwen2_moe|qwen3_moe|olmoe] [--aux-weight W] [--lr LR] [--weight-decay W]\n"
+    "       [--dense] [--family mixtral|qwen2_moe|qwen3_moe|olmoe|gpt_oss] [--aux-weight W] [--lr LR] [--weight-decay W]\n"
     "       [--warmup S] [--steps S | --epochs N]\n"
     "       [--time-budget SECONDS] [--stop-after S] [--eval-every S] [--eval-windows N] [--seed S] [--threads N]\n"
     "       [--capacity X|dynamic [--delta-launch N] [--headroom H]] [--dispatch dynamic|static] [--dtype f32|bf16]\n"
@@ -57,7 +57,10 @@ static void usage(FILE *f, int help) {
     "same active size, one expert of H x K (the MoE's top-k experts' width). --family: the Hugging Face\n"
     "family of the model and its checkpoint (default mixtral): qwen2_moe adds q/k/v biases and a shared\n"
     "expert of width H with its sigmoid gate, qwen3_moe RMSNorms each head of q and k, olmoe the whole q\n"
-    "and k (and does not renormalize the top-k weights, as its released config). Every --eval-every steps\n"
+    "and k (and does not renormalize the top-k weights, as its released config), gpt_oss q/k/v/o biases,\n"
+    "attention sinks, the router's and experts' biases and the clamped SwiGLU (no balance loss; one\n"
+    "process); the DeepSeek families need their latent attention's sizes, which these flags do not set.\n"
+    "Every --eval-every steps\n"
     "(default 100) and at the end: the validation loss and perplexity over --eval-windows (default 64)\n"
     "fixed windows of DIR/valid.txt, and a checkpoint in DIR (a Hugging Face directory of the family with\n"
     "tokenizer.json and trainer_state.safetensors). --keep-best DIR: the model and tokenizer of the lowest\n"
@@ -205,13 +208,7 @@ static int setup(lm_opts *o, const moe_tokenizer *t, moe_lm_t *m) {
       return cli_usage_error(CMD, "--model %d is not a multiple of --heads %d", c->moe.D, c->n_heads);
     c->head_dim = c->moe.D / c->n_heads;
     c->max_seq = o->tc.context;
-    c->qkv_bias = c->family == MOE_LM_QWEN2_MOE;
-    c->qk_norm = c->family == MOE_LM_QWEN3_MOE ? MOE_QK_NORM_HEAD
-                 : c->family == MOE_LM_OLMOE   ? MOE_QK_NORM_FULL
-                                               : MOE_QK_NORM_NONE;
-    c->moe.shared_H = c->family == MOE_LM_QWEN2_MOE ? c->moe.H : 0;
-    c->moe.shared_gate = c->family == MOE_LM_QWEN2_MOE;
-    if (c->family == MOE_LM_OLMOE) c->moe.normalize_topk = 0;
+    moe_lm_config_set_family(c, c->family); /* what the family's modeling code fixes */
     c->vocab = moe_tokenizer_vocab_size(t); /* fewer than --vocab when the text runs out of pairs */
     c->moe.threads = o->threads;
     if (moe_lm_init(m, c) != MOE_OK) return cli_fail(CMD);

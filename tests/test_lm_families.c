@@ -16,7 +16,6 @@
 
 static const char *const families[] = {"qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"};
 #define NFAM (int)(sizeof families / sizeof families[0])
-#define NFAM_TRAIN 3 /* moe train --family: gpt_oss is not among its families */
 
 TEST(lm_matches_pytorch_qwen2_moe) { ASSERT(lm_check_case("qwen2_moe")); }
 TEST(lm_matches_pytorch_qwen3_moe) { ASSERT(lm_check_case("qwen3_moe")); }
@@ -414,7 +413,7 @@ TEST(lm_families_generate_one_process_and_expert_parallel) {
  * expert and biases replicated, the rest as every family's) also with the experts over 2 ranks, every
  * step's loss within 1e-4 of one process's. The MPI half is skipped without mpirun. */
 TEST(train_lm_families_one_process_and_expert_parallel) {
-  for (int fi = 0; fi < NFAM_TRAIN; fi++) {
+  for (int fi = 0; fi < NFAM; fi++) {
     char args[2048], one[512], two[512], ck[512], err[4096], path[600];
     test_tmp_path("lm_fam_train", ck, sizeof ck);
     snprintf(args, sizeof args, "train --task lm --data '%s' " LM_TINY " --layers 2 --steps 20 --family %s "
