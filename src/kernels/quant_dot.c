@@ -8,6 +8,7 @@
 #include "kernels/quant.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_X86 1
 #endif
@@ -250,7 +251,11 @@ AVX2 static void mxfp4_avx2(const void *w, const void *a, size_t astride, int nr
   b32_avx2(B_MXFP4, MX_BYTES, w, a, astride, nr, n, out);
 }
 
-static int cpu_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
+/* AVX2 and F16C (CPUID leaf 1, ECX bit 29: clang's __builtin_cpu_supports has no "f16c"). */
+static int cpu_avx2(void) {
+  unsigned a, b, c, d;
+  return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+}
 #else
 static int cpu_avx2(void) { return 0; }
 #endif
