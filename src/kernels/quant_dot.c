@@ -6,11 +6,9 @@
 #include <string.h>
 
 #include "kernels/quant.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include "kernels/quant_avx2.h"
+#ifdef HAVE_X86
 #include <cpuid.h>
-#include <immintrin.h>
-#define HAVE_X86 1
 #endif
 
 #define Q8_BYTES 34 /* f16 scale, then 32 int8 values */
@@ -155,21 +153,6 @@ static void mxfp4_scalar(const void *w, const void *a, size_t astride, int nr, i
 /* ---------------------------------------------------------------- AVX2 */
 
 #ifdef HAVE_X86
-#define AVX2 __attribute__((target("avx2,f16c")))
-
-/* The f16 scale at b by F16C: exactly scale_of's value (a NaN may keep its payload). */
-AVX2 static inline float scale_avx(const uint8_t *b) {
-  uint16_t h;
-  memcpy(&h, b, 2);
-  return _cvtsh_ss(h);
-}
-
-AVX2 static inline int32_t hsum_i32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-  return _mm_cvtsi128_si32(s);
-}
 
 /* The 32-value blocks (Q8_0, Q4_0, MXFP4 weights; Q8_0 activations): a block's 32 weight values as
  * int8 in one vector, and its scale. */
@@ -187,7 +170,7 @@ AVX2 static inline __m256i block_values(int kind, const uint8_t *x) {
 }
 
 AVX2 static inline float block_scale(int kind, const uint8_t *x) {
-  return kind == B_MXFP4 ? moe__e8m0_half(x[0]) : scale_avx(x);
+  return kind == B_MXFP4 ? moe__e8m0_half(x[0]) : moe__half_avx(x);
 }
 
 /* The exact int32 lanes of a block's products: weights v (int8) with the activation block at y, both
@@ -218,8 +201,8 @@ AVX2 static inline void b32_avx2(int kind, size_t wb, const void *w, const void 
       __m256i p23 = _mm256_hadd_epi32(block_products(v[2], yr + 2 * Q8_BYTES), block_products(v[3], yr + 3 * Q8_BYTES));
       __m256i p = _mm256_hadd_epi32(p01, p23); /* per 128-bit half: the 4 blocks' partial sums */
       __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-      __m128 da = _mm_setr_ps(scale_avx(yr), scale_avx(yr + Q8_BYTES), scale_avx(yr + 2 * Q8_BYTES),
-                              scale_avx(yr + 3 * Q8_BYTES));
+      __m128 da = _mm_setr_ps(moe__half_avx(yr), moe__half_avx(yr + Q8_BYTES), moe__half_avx(yr + 2 * Q8_BYTES),
+                              moe__half_avx(yr + 3 * Q8_BYTES));
       float t[4];
       _mm_storeu_ps(t, _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_mul_ps(dw, da)));
       for (int b = 0; b < 4; b++) acc[r] += t[b];
@@ -230,8 +213,8 @@ AVX2 static inline void b32_avx2(int kind, size_t wb, const void *w, const void 
     float dx = block_scale(kind, x);
     for (int r = 0; r < nr; r++) {
       const uint8_t *yr = y + r * astride;
-      int32_t s = hsum_i32(block_products(v, yr));
-      float d = dx * scale_avx(yr);
+      int32_t s = moe__hsum_i32(block_products(v, yr));
+      float d = dx * moe__half_avx(yr);
       float t = (float)s * d;
       acc[r] += t;
     }

@@ -12,10 +12,7 @@
 
 #include "kernels/quant.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define HAVE_X86 1
-#endif
+#include "kernels/quant_avx2.h"
 
 #define Q4K_BYTES 144
 #define Q5K_BYTES 176
@@ -121,21 +118,6 @@ void moe__qdot_q6_K_scalar(const void *w, const void *a, size_t astride, int nr,
 /* ---------------------------------------------------------------- AVX2 */
 
 #ifdef HAVE_X86
-#define AVX2 __attribute__((target("avx2,f16c")))
-
-/* The f16 at p by F16C: exactly f16_at's value. */
-AVX2 static inline float half_avx(const uint8_t *p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
-AVX2 static inline int32_t hsum_i32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-  return _mm_cvtsi128_si32(s);
-}
 
 /* Q4_K (qh_at 0) and Q5_K (qh_at 16), per pair of sub-blocks: the 4-bit values (with Q5_K's fifth bit:
  * 0..31) times the activations by maddubs (pair sums at most 7874, no saturation), then times the
@@ -150,7 +132,7 @@ AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, in
   for (int64_t i = 0; i < n / 256; i++, b += bytes) {
     uint8_t sc[8], mn[8];
     moe__k4_scales(b + 4, sc, mn);
-    float dw = half_avx(b), dmw = half_avx(b + 2);
+    float dw = moe__half_avx(b), dmw = moe__half_avx(b + 2);
     /* the mins twice each as int16 lanes, against the activations' 16 sums: madd gives min_j (s_2j + s_2j+1) */
     __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)mn), dup));
     __m128i scv = _mm_loadl_epi64((const __m128i *)sc); /* each scale broadcast by pshufb below */
@@ -176,8 +158,8 @@ AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, in
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[c], y0), s_lo[c]));
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[c], y1), s_hi[c]));
       }
-      int32_t msum = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->sums), mins));
-      acc[r] = q4k_add(acc[r], dw, dmw, y->d, hsum_i32(s), msum);
+      int32_t msum = moe__hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->sums), mins));
+      acc[r] = q4k_add(acc[r], dw, dmw, y->d, moe__hsum_i32(s), msum);
     }
   }
   for (int r = 0; r < nr; r++) out[r] = acc[r];
@@ -200,7 +182,7 @@ AVX2 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int 
   const __m256i lo4 = _mm256_set1_epi8(15), lo2 = _mm256_set1_epi8(3);
   const uint8_t *b = w;
   for (int64_t i = 0; i < n / 256; i++, b += Q6K_BYTES) {
-    float dw = half_avx(b + 208);
+    float dw = moe__half_avx(b + 208);
     __m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
     __m256i sc16 = _mm256_cvtepi8_epi16(sc8); /* the 16 scales, against the activations' 16 sums */
     __m256i q[8], sc[8];
@@ -228,7 +210,7 @@ AVX2 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int 
         __m256i v = _mm256_loadu_si256((const __m256i *)(y->q + 32 * t));
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], v), sc[t]));
       }
-      acc[r] = q6k_add(acc[r], dw, y->d, hsum_i32(s));
+      acc[r] = q6k_add(acc[r], dw, y->d, moe__hsum_i32(s));
     }
   }
   for (int r = 0; r < nr; r++) out[r] = acc[r];
