@@ -24,7 +24,9 @@ static void usage(FILE *f) {
              "GET /health and GET /metrics\n"
              "(Prometheus). A request stops at the end of text (config.json's and generation_config.json's\n"
              "eos_token_id, tokenizer_config.json's eos_token, the tokenizer's <|endoftext|>) unless ignore_eos. Up to B\n"
-             "requests (default 32) decode together; others wait in a queue. --port 0: a free port. Prints\n"
+             "requests (default 32) decode together; others wait in a queue. --port 0: a free port. It listens\n"
+             "before loading the model (stderr: \"http://HOST:PORT answers 503 until the model is loaded\"): until\n"
+             "then /health says 503 \"loading\" and every request gets 503. Prints\n"
              "\"listening on http://HOST:PORT\" when ready. --cache K: K experts of each\n"
              "MoE layer in memory (default all), the rest read on demand from DIR/model.safetensors, evicting\n"
              "by --policy (default lifo). --trace F: the experts each decode step used, as moe trace writes.\n"
@@ -115,28 +117,60 @@ static void on_decode(void *ctx, const int32_t *cnt) { /* one row per expert use
   k->step++;
 }
 
-/* Serves until SIGTERM or SIGINT (blocked in every thread, taken here with sigwait). */
-static int serve(const serve_opts *o, moe_lm_t *m, const moe_tokenizer *tok, const int32_t *eos, int n_eos,
-                 serve_metrics *met, FILE *trace, const sigset_t *sigs) {
+/* Serves until SIGTERM or SIGINT (blocked in every thread, taken here with sigwait), then stops *h
+ * (NULL after) before the engine it calls goes. */
+static int serve(const serve_opts *o, serve_http **h, int port, moe_lm_t *m, const moe_tokenizer *tok,
+                 const int32_t *eos, int n_eos, serve_metrics *met, FILE *trace, const sigset_t *sigs) {
   step_sink sink = {met, trace, 0, m->cfg.n_layers, m->cfg.moe.E};
   moe_engine_config ec = {o->max_batch, tok, eos, n_eos, on_step, on_decode, &sink};
   moe_engine *e;
-  serve_http *h;
-  int port;
   if (moe_engine_new(&e, m, &ec)) return cli_fail(CMD);
-  if (serve_http_start(&h, o->host, o->port, e, &m->cfg, tok, met, &o->http, &port)) {
-    moe_engine_free(e);
-    return 1;
-  }
+  serve_http_ready(*h, e, &m->cfg, tok, o->http.chat_template);
   printf("listening on http://%s:%d\n", o->host, port);
   fflush(stdout);
   int sig;
   sigwait(sigs, &sig);
   fprintf(stderr, "moe serve: %s: finishing the requests under way\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   moe_engine_drain(e);
-  serve_http_stop(h);
+  serve_http_stop(*h);
+  *h = NULL;
   moe_engine_free(e);
   return 0;
+}
+
+/* Loads the model of c (the tokenizer, the end-of-text ids, the expert caches) while *h answers 503,
+ * then serves it. */
+static int load_and_serve(serve_opts *o, moe_lm_config *c, serve_http **h, int port, serve_metrics *met,
+                          const sigset_t *sigs) {
+  moe_lm_t m;
+  moe_tokenizer *tok = NULL;
+  if (moe_lm_load(&m, o->ck, c)) return cli_fail(CMD);
+  moe_lm_experts x = {0};
+  int32_t eos[MOE_LM_MAX_EOS];
+  int n_eos = 0;
+  if ((o->cache && moe_lm_buffer_experts(&m, o->ck, o->cache, o->policy, &x)) || load_tokenizer(o->ck, &tok) ||
+      moe_lm_eos_ids(o->ck, tok, c->vocab, eos, MOE_LM_MAX_EOS, &n_eos)) {
+    moe_tokenizer_free(tok);
+    moe_lm_free(&m);
+    moe_lm_experts_free(&x);
+    return cli_fail(CMD);
+  }
+  char chat_template[4096];
+  o->http.chat_template = lm_chat_template_path(o->ck, chat_template, sizeof chat_template); /* chat needs it */
+  FILE *trace = o->trace ? fopen(o->trace, "w") : NULL;
+  int rc = 1;
+  if (o->trace && !trace) cli_usage_error(CMD, "--trace: cannot write '%s'", o->trace);
+  else {
+    if (trace) fprintf(trace, "step,layer,expert,tokens\n");
+    met->L = c->n_layers, met->caches = x.caches; /* read by /metrics only once h is ready */
+    met->all_expert_bytes = (size_t)c->moe.E * 3 * c->moe.H * c->moe.D * (c->moe.dtype == MOE_DT_BF16 ? 2 : 4) * c->n_layers;
+    rc = serve(o, h, port, &m, tok, eos, n_eos, met, trace, sigs);
+  }
+  if (trace && fclose(trace)) rc = cli_usage_error(CMD, "--trace: cannot write '%s'", o->trace);
+  moe_tokenizer_free(tok);
+  moe_lm_free(&m);
+  moe_lm_experts_free(&x); /* after the layers that read from it */
+  return rc;
 }
 
 int cmd_serve(int argc, char **argv) {
@@ -151,38 +185,18 @@ int cmd_serve(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   more_files();
   moe_lm_config c;
-  moe_lm_t m;
-  moe_tokenizer *tok = NULL;
   if (moe_lm_read_config(o.ck, &c)) return cli_fail(CMD);
   c.moe.threads = o.threads;
   c.moe.dtype = o.dtype;
-  if (moe_lm_load(&m, o.ck, &c)) return cli_fail(CMD);
-  moe_lm_experts x = {0};
-  int32_t eos[MOE_LM_MAX_EOS];
-  int n_eos = 0;
-  if ((o.cache && moe_lm_buffer_experts(&m, o.ck, o.cache, o.policy, &x)) || load_tokenizer(o.ck, &tok) ||
-      moe_lm_eos_ids(o.ck, tok, c.vocab, eos, MOE_LM_MAX_EOS, &n_eos)) {
-    moe_tokenizer_free(tok);
-    moe_lm_free(&m);
-    moe_lm_experts_free(&x);
-    return cli_fail(CMD);
+  serve_metrics met;
+  serve_metrics_init(&met, 0, NULL, 0); /* the model's part once it is loaded */
+  serve_http *h;
+  int port, rc = 1;
+  if (!serve_http_start(&h, o.host, o.port, &met, &o.http, &port)) {
+    fprintf(stderr, "moe serve: http://%s:%d answers 503 until the model is loaded\n", o.host, port);
+    rc = load_and_serve(&o, &c, &h, port, &met, &sigs);
+    if (h) serve_http_stop(h); /* still loading, or the engine failed */
   }
-  char chat_template[4096];
-  o.http.chat_template = lm_chat_template_path(o.ck, chat_template, sizeof chat_template); /* chat needs it */
-  FILE *trace = o.trace ? fopen(o.trace, "w") : NULL;
-  int rc = 1;
-  if (o.trace && !trace) cli_usage_error(CMD, "--trace: cannot write '%s'", o.trace);
-  else {
-    if (trace) fprintf(trace, "step,layer,expert,tokens\n");
-    serve_metrics met;
-    size_t expert_bytes = (size_t)c.moe.E * 3 * c.moe.H * c.moe.D * (c.moe.dtype == MOE_DT_BF16 ? 2 : 4) * c.n_layers;
-    serve_metrics_init(&met, c.n_layers, x.caches, expert_bytes);
-    rc = serve(&o, &m, tok, eos, n_eos, &met, trace, &sigs);
-    serve_metrics_free(&met);
-  }
-  if (trace && fclose(trace)) rc = cli_usage_error(CMD, "--trace: cannot write '%s'", o.trace);
-  moe_tokenizer_free(tok);
-  moe_lm_free(&m);
-  moe_lm_experts_free(&x); /* after the layers that read from it */
+  serve_metrics_free(&met);
   return rc;
 }

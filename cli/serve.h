@@ -40,10 +40,13 @@ typedef struct {
   int max_connections; /* connections served; past them /health still answers, the rest 503 */
   int timeout_s;       /* a connection idle that long, or a request not all arrived, is closed */
 } serve_http_opts;
-/* Serves m through e on host:port (port 0: one the kernel picks; *bound gets it). tok may be NULL.
- * Non-zero after printing why it cannot. */
-int serve_http_start(serve_http **out, const char *host, int port, moe_engine *e, const moe_lm_config *m,
-                            const moe_tokenizer *tok, serve_metrics *met, const serve_http_opts *o, int *bound);
+/* Listens on host:port (port 0: one the kernel picks; *bound gets it), answering every request 503
+ * ("loading") until serve_http_ready. Non-zero after printing why it cannot. */
+int serve_http_start(serve_http **out, const char *host, int port, serve_metrics *met, const serve_http_opts *o,
+                     int *bound);
+/* From now on serves m through e (tok may be NULL; chat_template as in serve_http_opts). */
+void serve_http_ready(serve_http *h, moe_engine *e, const moe_lm_config *m, const moe_tokenizer *tok,
+                      const char *chat_template);
 /* Waits until no response counted before the drain is under way (those still arriving close within
  * the timeout), then stops the daemon and frees. */
 void serve_http_stop(serve_http *h);

@@ -1,5 +1,6 @@
 /* moe serve's HTTP side on libmicrohttpd (serve.h): POST /v1/completions (OpenAI's completion shape,
- * streamed as server-sent events when asked), GET /health and GET /metrics. One thread per connection
+ * streamed as server-sent events when asked), GET /health and GET /metrics. It listens before the model
+ * loads, answering everything 503 ("loading") until serve_http_ready. One thread per connection
  * (libmicrohttpd's), so that a handler can wait for its tokens on a condition variable; the engine's
  * thread owns the model. Every error is a JSON body {"error": {"message", "type"}} with a 4xx or 5xx.
  * Connections are bounded: past --max-connections a reserve of RESERVE more is taken, each closed
@@ -30,6 +31,7 @@ struct serve_http {
   serve_metrics *met;
   serve_http_opts o;
   time_t created;     /* when it started, for /v1/models */
+  atomic_int ready;   /* e, m and tok are set (released by serve_http_ready) */
   atomic_llong next_id;
   pthread_mutex_t mu; /* guards busy and open */
   pthread_cond_t idle;
@@ -408,7 +410,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!(q = calloc(1, sizeof *q))) return MHD_NO;
     *con_cls = q;
     q->deadline = cli_now() + h->o.timeout_s;
-    q->counted = !moe_engine_draining(h->e); /* the drain waits for those it found, not for newcomers */
+    /* the drain waits for those it found, not for newcomers; nothing is counted while loading */
+    q->counted = atomic_load(&h->ready) && !moe_engine_draining(h->e);
     pthread_mutex_lock(&h->mu);
     h->busy += q->counted;
     pthread_mutex_unlock(&h->mu);
@@ -428,6 +431,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     return MHD_YES;
   }
   int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+  if (!atomic_load(&h->ready)) {
+    if (strcmp(url, "/health")) return send_error(c, h, 503, "the model is loading; GET /health says when it is ready");
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", "loading");
+    return send_json(c, h, 503, o);
+  }
   if (!strcmp(url, "/health")) {
     if (!get) return send_error(c, h, 405, "GET /health");
     int draining = moe_engine_draining(h->e);
@@ -492,14 +501,14 @@ static void connection(void *cls, struct MHD_Connection *c, void **socket_contex
   MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
 }
 
-int serve_http_start(serve_http **out, const char *host, int port, moe_engine *e, const moe_lm_config *m,
-                            const moe_tokenizer *tok, serve_metrics *met, const serve_http_opts *o, int *bound) {
+int serve_http_start(serve_http **out, const char *host, int port, serve_metrics *met, const serve_http_opts *o,
+                     int *bound) {
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
     return cli_usage_error("serve", "--host: '%s' is not an IPv4 address", host);
   serve_http *h = calloc(1, sizeof *h);
   if (!h) return cli_usage_error("serve", "out of memory");
-  h->e = e, h->m = m, h->tok = tok, h->met = met, h->o = *o, h->created = time(NULL);
+  h->met = met, h->o = *o, h->created = time(NULL);
   pthread_mutex_init(&h->mu, NULL);
   pthread_cond_init(&h->idle, NULL);
   /* a thread per connection, polled with poll(): more than FD_SETSIZE connections at once */
@@ -520,6 +529,12 @@ int serve_http_start(serve_http **out, const char *host, int port, moe_engine *e
   *bound = i ? i->port : port;
   *out = h;
   return 0;
+}
+
+void serve_http_ready(serve_http *h, moe_engine *e, const moe_lm_config *m, const moe_tokenizer *tok,
+                      const char *chat_template) {
+  h->e = e, h->m = m, h->tok = tok, h->o.chat_template = chat_template;
+  atomic_store(&h->ready, 1);
 }
 
 void serve_http_stop(serve_http *h) {

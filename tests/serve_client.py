@@ -3,7 +3,9 @@ CK --port 0 EXTRA...`, reads the port it prints, runs one scenario and stops it 
 that it exits 0. Prints what differs and exits 1 on a failure.
 usage: serve_client.py MOE CK SCENARIO [EXTRA...]; scenarios: match, busy, bad, sigterm, full (EXTRA
 --max-connections 4 --timeout 2), drain (EXTRA --timeout 2), eos (on a copy of CK whose end of text is a
-token greedy decoding reaches), stop, metrics, chat (on a copy of CK with a chat template)."""
+token greedy decoding reaches), stop, metrics, chat (on a copy of CK with a chat template), loading (the
+server held mid-load)."""
+import fcntl
 import http.client
 import json
 import os
@@ -565,7 +567,65 @@ def chat(port):
         check(status == 400 and msg in json.loads(text)["error"]["message"], "%s -> %d %s (want %r)" % (body, status, text, msg))
 
 
+def loading():
+    """While the model loads, /health is 503 "loading" and everything else a 503 JSON error; then the
+    server answers as usual. The load is held deterministically: the checkpoint's tokenizer.json (read
+    after the weights, once the server listens) is a copy on which this process holds a write lease, so
+    the server's open() waits until the lease is let go."""
+    d = CK.rstrip("/") + "_loading"
+    shutil.rmtree(d, ignore_errors=True)
+    os.mkdir(d)
+    for f in os.listdir(CK):
+        if f != "tokenizer.json":
+            os.symlink(os.path.join(os.path.abspath(CK), f), os.path.join(d, f))
+    shutil.copy(os.path.join(CK, "tokenizer.json"), os.path.join(d, "tokenizer.json"))
+    signal.signal(signal.SIGIO, signal.SIG_IGN)  # the kernel's note that the lease is wanted
+    fd = os.open(os.path.join(d, "tokenizer.json"), os.O_RDONLY)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+    except OSError as e:
+        print("SKIP: this file system takes no write lease (%s), so the load cannot be held" % e, file=sys.stderr)
+        sys.exit(77)
+    p = subprocess.Popen([MOE, "serve", "--checkpoint", d, "--port", "0", "--threads", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stderr.readline()  # "moe serve: http://HOST:PORT answers 503 until the model is loaded"
+        if "answers 503" not in line:
+            sys.exit("the server did not listen while loading: %r (exit %s)" % (line, p.wait()))
+        port = int(line.split("http://", 1)[1].split(" ", 1)[0].rsplit(":", 1)[1])
+        status, _, text = request(port, "GET", "/health")
+        check(status == 503 and json.loads(text)["status"] == "loading", "/health while loading -> %d %s" % (status, text))
+        for method, path, body in (("POST", "/v1/completions", {"prompt": "the cat", "max_tokens": 2}),
+                                   ("GET", "/metrics", None), ("GET", "/v1/models", None), ("GET", "/nope", None)):
+            status, ctype, text = request(port, method, path, body)
+            check(status == 503 and ctype == "application/json" and "loading" in json.loads(text)["error"]["message"],
+                  "%s %s while loading -> %d %s" % (method, path, status, text))
+        check(p.poll() is None, "the server exited while loading")
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        line = p.stdout.readline()
+        check("listening on http://" in line, "after loading the server printed %r" % line)
+        status, _, text = request(port, "GET", "/health")
+        check(status == 200 and json.loads(text)["status"] == "ok", "/health once loaded -> %d %s" % (status, text))
+        ids, _ = complete(port, dict(GREEDY))
+        check(ids == generate(GREEDY)["ids"], "completion once loaded: %s, moe generate %s" % (ids, generate(GREEDY)["ids"]))
+        status, _, text = request(port, "GET", "/metrics")
+        check(status == 200 and 'moe_serve_requests_total{code="5xx"} 5' in text,
+              "/metrics counts the five 503s answered while loading:\n%s" % text)
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=300)
+        check(rc == 0, "the server exited %d after SIGTERM" % rc)
+    finally:
+        os.close(fd)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    print("loading: %d failures" % len(failures), file=sys.stderr)
+    sys.exit(1 if failures else 0)
+
+
 def main():
+    if SCENARIO == "loading":
+        loading()
     ck = CK
     if SCENARIO == "eos":
         ck, want, i = eos_checkpoint()
