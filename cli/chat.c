@@ -59,13 +59,13 @@ static int add_turn(cJSON *msgs, const char *role, const char *content) {
 }
 
 /* One answer to the conversation msgs: printed as it comes, its text into *answer (malloc'd). */
-static int answer(moe_engine *e, const moe_tokenizer *t, const chat_opts *o, const char *ck, cJSON *msgs, int turn,
-                  char **out) {
+static int answer(moe_engine *e, const moe_tokenizer *t, const moe_chat_template *tmpl, const chat_opts *o, cJSON *msgs,
+                  int turn, char **out) {
   char *conv = cJSON_PrintUnformatted(msgs), *text = NULL;
   int32_t *ids = NULL;
   size_t len = 0, n = 0;
   int rc = !conv ? cli_usage_error(CMD, "out of memory")
-           : moe_chat_template_render_config(ck, conv, 1, -1, &text, &len) ? cli_fail(CMD)
+           : moe_chat_template_apply(tmpl, conv, 1, -1, &text, &len) ? cli_fail(CMD)
            : moe_tokenizer_encode_alloc(t, text, len, MOE_TOKENIZER_SPECIAL, &ids, &n) ? cli_fail(CMD) : 0;
   moe_engine_params p = {ids, (int)n, o->max_tokens, o->temperature, o->top_p, (uint64_t)o->seed + (uint64_t)turn,
                          0, NULL, 0, 0, 0, 0};
@@ -89,7 +89,8 @@ static int answer(moe_engine *e, const moe_tokenizer *t, const chat_opts *o, con
   return rc;
 }
 
-static int chat(const chat_opts *o, moe_lm_t *m, const moe_tokenizer *t, const int32_t *eos, int n_eos) {
+static int chat(const chat_opts *o, moe_lm_t *m, const moe_tokenizer *t, const moe_chat_template *tmpl, const int32_t *eos,
+                int n_eos) {
   moe_engine_config ec = {1, t, eos, n_eos, NULL, NULL, NULL};
   moe_engine *e;
   if (moe_engine_new(&e, m, &ec)) return cli_fail(CMD);
@@ -100,7 +101,7 @@ static int chat(const chat_opts *o, moe_lm_t *m, const moe_tokenizer *t, const i
     line[strcspn(line, "\r\n")] = 0;
     if (!line[0]) break;
     char *reply = NULL;
-    rc = !add_turn(msgs, "user", line) ? cli_usage_error(CMD, "out of memory") : answer(e, t, o, o->ck, msgs, turn, &reply);
+    rc = !add_turn(msgs, "user", line) ? cli_usage_error(CMD, "out of memory") : answer(e, t, tmpl, o, msgs, turn, &reply);
     if (!rc && !add_turn(msgs, "assistant", reply)) rc = cli_usage_error(CMD, "out of memory");
     free(reply);
   }
@@ -116,15 +117,23 @@ int cmd_chat(int argc, char **argv) {
   moe_lm_config c;
   moe_lm_t m;
   moe_tokenizer *t = NULL;
+  moe_chat_template *tmpl = NULL;
   int32_t eos[MOE_LM_MAX_EOS];
   int n_eos = 0;
   char path[4096];
   lm_tokenizer_path(o.ck, path, sizeof path);
-  if (moe_lm_read_config(o.ck, &c) || moe_tokenizer_load(&t, path)) return moe_tokenizer_free(t), cli_fail(CMD);
+  if (moe_lm_read_config(o.ck, &c) || moe_tokenizer_load(&t, path) || moe_chat_template_load(&tmpl, o.ck)) {
+    moe_tokenizer_free(t);
+    return cli_fail(CMD);
+  }
   c.moe.threads = o.threads;
-  if (moe_lm_load(&m, o.ck, &c)) return moe_tokenizer_free(t), cli_fail(CMD);
-  int rc = moe_lm_eos_ids(o.ck, t, c.vocab, eos, MOE_LM_MAX_EOS, &n_eos) ? cli_fail(CMD) : chat(&o, &m, t, eos, n_eos);
-  moe_lm_free(&m);
+  int rc = 1;
+  if (moe_lm_load(&m, o.ck, &c)) cli_fail(CMD);
+  else {
+    rc = moe_lm_eos_ids(o.ck, t, c.vocab, eos, MOE_LM_MAX_EOS, &n_eos) ? cli_fail(CMD) : chat(&o, &m, t, tmpl, eos, n_eos);
+    moe_lm_free(&m);
+  }
+  moe_chat_template_free(tmpl);
   moe_tokenizer_free(t);
   return rc;
 }

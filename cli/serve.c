@@ -120,12 +120,13 @@ static void on_decode(void *ctx, const int32_t *cnt) { /* one row per expert use
 /* Serves until SIGTERM or SIGINT (blocked in every thread, taken here with sigwait), then stops *h
  * (NULL after) before the engine it calls goes. */
 static int serve(const serve_opts *o, serve_http **h, int port, moe_lm_t *m, const moe_tokenizer *tok,
-                 const int32_t *eos, int n_eos, serve_metrics *met, FILE *trace, const sigset_t *sigs) {
+                 const moe_chat_template *chat, const int32_t *eos, int n_eos, serve_metrics *met, FILE *trace,
+                 const sigset_t *sigs) {
   step_sink sink = {met, trace, 0, m->cfg.n_layers, m->cfg.moe.E};
   moe_engine_config ec = {o->max_batch, tok, eos, n_eos, on_step, on_decode, &sink};
   moe_engine *e;
   if (moe_engine_new(&e, m, &ec)) return cli_fail(CMD);
-  serve_http_ready(*h, e, &m->cfg, tok, o->http.chat_template);
+  serve_http_ready(*h, e, &m->cfg, tok, chat);
   printf("listening on http://%s:%d\n", o->host, port);
   fflush(stdout);
   int sig;
@@ -144,19 +145,22 @@ static int load_and_serve(serve_opts *o, moe_lm_config *c, serve_http **h, int p
                           const sigset_t *sigs) {
   moe_lm_t m;
   moe_tokenizer *tok = NULL;
+  moe_chat_template *chat = NULL;
   if (moe_lm_load(&m, o->ck, c)) return cli_fail(CMD);
   moe_lm_experts x = {0};
   int32_t eos[MOE_LM_MAX_EOS];
   int n_eos = 0;
+  char path[4096];
+  const char *chat_path = lm_chat_template_path(o->ck, path, sizeof path); /* chat needs it */
+  moe_status no_chat = MOE_OK; /* a tokenizer_config.json without a template: chat is refused */
   if ((o->cache && moe_lm_buffer_experts(&m, o->ck, o->cache, o->policy, &x)) || load_tokenizer(o->ck, &tok) ||
-      moe_lm_eos_ids(o->ck, tok, c->vocab, eos, MOE_LM_MAX_EOS, &n_eos)) {
+      moe_lm_eos_ids(o->ck, tok, c->vocab, eos, MOE_LM_MAX_EOS, &n_eos) ||
+      (chat_path && (no_chat = moe_chat_template_load(&chat, chat_path)) && no_chat != MOE_ERR_MISSING)) {
     moe_tokenizer_free(tok);
     moe_lm_free(&m);
     moe_lm_experts_free(&x);
     return cli_fail(CMD);
   }
-  char chat_template[4096];
-  o->http.chat_template = lm_chat_template_path(o->ck, chat_template, sizeof chat_template); /* chat needs it */
   FILE *trace = o->trace ? fopen(o->trace, "w") : NULL;
   int rc = 1;
   if (o->trace && !trace) cli_usage_error(CMD, "--trace: cannot write '%s'", o->trace);
@@ -164,9 +168,10 @@ static int load_and_serve(serve_opts *o, moe_lm_config *c, serve_http **h, int p
     if (trace) fprintf(trace, "step,layer,expert,tokens\n");
     met->L = c->n_layers, met->caches = x.caches; /* read by /metrics only once h is ready */
     met->all_expert_bytes = (size_t)c->moe.E * 3 * c->moe.H * c->moe.D * (c->moe.dtype == MOE_DT_BF16 ? 2 : 4) * c->n_layers;
-    rc = serve(o, h, port, &m, tok, eos, n_eos, met, trace, sigs);
+    rc = serve(o, h, port, &m, tok, chat, eos, n_eos, met, trace, sigs);
   }
   if (trace && fclose(trace)) rc = cli_usage_error(CMD, "--trace: cannot write '%s'", o->trace);
+  moe_chat_template_free(chat);
   moe_tokenizer_free(tok);
   moe_lm_free(&m);
   moe_lm_experts_free(&x); /* after the layers that read from it */

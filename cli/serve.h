@@ -36,7 +36,6 @@ void serve_metrics_step(serve_metrics *m, int rows, int new_tokens, int prompt_t
 typedef struct serve_http serve_http;
 typedef struct {
   int context;         /* a request's prompt and max_tokens at most (0: the model's max_seq) */
-  const char *chat_template; /* the checkpoint's tokenizer_config.json (chat), or NULL: chat is refused */
   int max_connections; /* connections served; past them /health still answers, the rest 503 */
   int timeout_s;       /* a connection idle that long, or a request not all arrived, is closed */
 } serve_http_opts;
@@ -44,9 +43,9 @@ typedef struct {
  * ("loading") until serve_http_ready. Non-zero after printing why it cannot. */
 int serve_http_start(serve_http **out, const char *host, int port, serve_metrics *met, const serve_http_opts *o,
                      int *bound);
-/* From now on serves m through e (tok may be NULL; chat_template as in serve_http_opts). */
+/* From now on serves m through e (tok may be NULL; chat NULL: chat is refused). */
 void serve_http_ready(serve_http *h, moe_engine *e, const moe_lm_config *m, const moe_tokenizer *tok,
-                      const char *chat_template);
+                      const moe_chat_template *chat);
 /* Waits until no response counted before the drain is under way (those still arriving close within
  * the timeout), then stops the daemon and frees. */
 void serve_http_stop(serve_http *h);

@@ -28,6 +28,7 @@ struct serve_http {
   moe_engine *e;
   const moe_lm_config *m;
   const moe_tokenizer *tok;
+  const moe_chat_template *chat; /* or NULL: chat is refused */
   serve_metrics *met;
   serve_http_opts o;
   time_t created;     /* when it started, for /v1/models */
@@ -320,7 +321,7 @@ static enum MHD_Result completion(struct MHD_Connection *c, serve_http *h, conn_
   if (!p) return send_error(c, h, 503, "out of memory for the request");
   int context = h->o.context && h->o.context < h->m->max_seq ? h->o.context : h->m->max_seq;
   const char *body = q->body ? q->body : "";
-  moe_status st = chat ? moe_request_parse_chat(body, q->n, h->tok, h->o.chat_template, context, &p->c)
+  moe_status st = chat ? moe_request_parse_chat(body, q->n, h->tok, h->chat, context, &p->c)
                        : moe_request_parse_completion(body, q->n, h->tok, h->m->vocab, context, &p->c);
   if (st != MOE_OK) return free(p), send_error(c, h, 400, moe_last_error());
   p->chat = chat;
@@ -532,8 +533,8 @@ int serve_http_start(serve_http **out, const char *host, int port, serve_metrics
 }
 
 void serve_http_ready(serve_http *h, moe_engine *e, const moe_lm_config *m, const moe_tokenizer *tok,
-                      const char *chat_template) {
-  h->e = e, h->m = m, h->tok = tok, h->o.chat_template = chat_template;
+                      const moe_chat_template *chat) {
+  h->e = e, h->m = m, h->tok = tok, h->chat = chat;
   atomic_store(&h->ready, 1);
 }
 

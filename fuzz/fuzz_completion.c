@@ -19,15 +19,18 @@ static moe_tokenizer *tok(void) {
 }
 
 /* A tokenizer_config.json with a chat template, written once. */
-static const char *chat_template(void) {
-  static char path[64];
-  if (path[0]) return path;
+static const moe_chat_template *chat_template(void) {
+  static moe_chat_template *t;
+  if (t) return t;
+  char path[64];
   snprintf(path, sizeof path, "/tmp/fuzz_completion_%d.json", (int)getpid());
   FILE *f = fopen(path, "w");
   if (!f || fputs("{\"chat_template\": \"{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\\n{% endfor %}"
-                  "{% if add_generation_prompt %}assistant:{% endif %}\"}", f) < 0 || fclose(f))
+                  "{% if add_generation_prompt %}assistant:{% endif %}\"}", f) < 0 || fclose(f) ||
+      moe_chat_template_load(&t, path))
     abort();
-  return path;
+  remove(path);
+  return t;
 }
 
 /* The other bodies: what parses is within its limits. */

@@ -1598,14 +1598,14 @@ moe_status moe_request_parse_completion(const char *body, size_t n, const moe_to
                                  moe_request *out);
 /* POST /v1/chat/completions' body: "messages" (a non-empty list of {"role": system|developer|user|
  * assistant|tool, "content": a string, a list of parts, or null for an assistant's}) rendered by the chat
- * template of chat_template (a tokenizer_config.json or its directory, moe_chat_template_render_config,
- * with the generation prompt) and encoded with the template's special tokens as tokens; then
+ * template (moe_chat_template_apply with the generation prompt; NULL: chat is refused) and encoded with the template's special tokens as tokens; then
  * "max_tokens" (or "max_completion_tokens"), "temperature", "top_p", "seed", "stream", "ignore_eos" and
  * "stop" as for completions, "logprobs" (a boolean) with "top_logprobs" (0 to 20), OpenAI's other fields as
  * there. Errors as
  * moe_request_parse_completion's, and the template's. */
-moe_status moe_request_parse_chat(const char *body, size_t n, const moe_tokenizer *tok, const char *chat_template, int max_seq,
-                           moe_request *out);
+typedef struct moe_chat_template moe_chat_template;
+moe_status moe_request_parse_chat(const char *body, size_t n, const moe_tokenizer *tok,
+                                  const moe_chat_template *chat_template, int max_seq, moe_request *out);
 /* POST /tokenize's body {"prompt": text, "add_special_tokens": bool} (vLLM's): its ids (special tokens
  * written in the text as theirs; BOS/EOS with add_special_tokens) into c->ids; POST /detokenize's
  * {"tokens": [ids]}: the ids, each in [0, vocab). "model" is taken; other fields are refused by name. */
@@ -1680,6 +1680,13 @@ moe_status moe_chat_template_render(const char *tmpl, const char *context_json, 
  * others. MOE_ERR_MISSING without a template. */
 moe_status moe_chat_template_render_config(const char *tokenizer, const char *conversation_json,
                                            int add_generation_prompt, int64_t now, char **out, size_t *len);
+/* The same in two steps, so that a server reads the template once: moe_chat_template_load reads
+ * tokenizer's chat template and special tokens (errors as above), moe_chat_template_apply renders it
+ * over a conversation (any number of times, from any threads at once). */
+moe_status moe_chat_template_load(moe_chat_template **out, const char *tokenizer);
+moe_status moe_chat_template_apply(const moe_chat_template *t, const char *conversation_json,
+                                   int add_generation_prompt, int64_t now, char **out, size_t *len);
+void moe_chat_template_free(moe_chat_template *t);
 /* Frees what a moe_ function handed out malloc'd (the rendered text above), for callers that do not
  * share the library's C allocator (Python's ctypes). */
 void moe_free(void *p);

@@ -1,8 +1,11 @@
 /* Chat templates against @huggingface/jinja (fixtures by dev/gen_chat_fixtures.js): the real models'
  * templates over conversations, and one template per language feature, byte for byte or failing
  * where it fails; then the errors' positions, the bounds, and moe tokenizer template. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -137,6 +140,56 @@ TEST(chat_template_errors) {
   ASSERT_OK(moe_chat_template_render("{{ a }}", NULL, NOW, &out, NULL));
   ASSERT(!strcmp(out, ""));
   free(out);
+}
+
+typedef struct {
+  const moe_chat_template *t;
+  const char *want;
+  int bad; /* renders that differed from want */
+} apply_job;
+
+static void *apply_many(void *arg) {
+  apply_job *j = arg;
+  for (int i = 0; i < 200; i++) {
+    char *out = NULL;
+    size_t len;
+    if (moe_chat_template_apply(j->t, "[{\"role\": \"user\", \"content\": \"hi\"}]", 1, NOW, &out, &len) ||
+        len != strlen(j->want) || memcmp(out, j->want, len))
+      j->bad++;
+    free(out);
+  }
+  return NULL;
+}
+
+/* A template loaded once (what moe serve does) renders what moe_chat_template_render_config renders,
+ * from two threads at once, after its file is gone; without a chat_template it is MOE_ERR_MISSING
+ * naming the file. */
+TEST(chat_template_loaded_once) {
+  char dir[512], path[600];
+  test_tmp_path("chat_once", dir, sizeof dir);
+  mkdir(dir, 0755); /* or there from an earlier run */
+  snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+  const char *cfg = "{\"bos_token\": {\"content\": \"<s>\"}, \"chat_template\": \"{{ bos_token }}{% for m in messages %}"
+                    "[{{ m.role }}] {{ m.content }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}\"}";
+  ASSERT_OK(moe_write_file_atomic(path, cfg, strlen(cfg)));
+  char *want = NULL;
+  ASSERT_OK(moe_chat_template_render_config(dir, "[{\"role\": \"user\", \"content\": \"hi\"}]", 1, NOW, &want, NULL));
+  ASSERT(!strcmp(want, "<s>[user] hi[assistant]"));
+  moe_chat_template *t;
+  ASSERT_OK(moe_chat_template_load(&t, dir));
+  ASSERT_EQ_INT(unlink(path), 0);
+  apply_job j[2] = {{t, want, 0}, {t, want, 0}};
+  pthread_t th;
+  ASSERT_EQ_INT(pthread_create(&th, NULL, apply_many, &j[0]), 0);
+  apply_many(&j[1]);
+  pthread_join(th, NULL);
+  moe_chat_template_free(t);
+  free(want);
+  ASSERT_EQ_INT(j[0].bad + j[1].bad, 0);
+  ASSERT_OK(moe_write_file_atomic(path, "{\"eos_token\": \"</s>\"}", 21));
+  ASSERT_STATUS(moe_chat_template_load(&t, dir), MOE_ERR_MISSING);
+  ASSERT(t == NULL && strstr(moe_last_error(), "tokenizer_config.json: no chat_template"));
+  ASSERT_STATUS(moe_chat_template_apply(NULL, "[]", 1, NOW, &want, NULL), MOE_ERR_ARG);
 }
 
 /* Bounds: hostile templates end in an error, quickly, naming the bound. */

@@ -116,37 +116,64 @@ static void put(cJSON *ctx, const char *key, cJSON *v) {
   else cJSON_AddItemToObject(ctx, key, v);
 }
 
+struct moe_chat_template {
+  char path[4096]; /* where it came from, for errors */
+  cJSON *cfg;      /* tokenizer_config.json's object (or a GGUF's, as one) */
+  const char *tmpl; /* its chat_template, inside cfg */
+};
+
+void moe_chat_template_free(moe_chat_template *t) {
+  if (t) cJSON_Delete(t->cfg);
+  free(t);
+}
+
+moe_status moe_chat_template_load(moe_chat_template **out, const char *tokenizer) {
+  MOE_TRY(out && tokenizer, MOE_ERR_ARG, "moe_chat_template_load: NULL argument");
+  *out = NULL;
+  moe_chat_template *t = calloc(1, sizeof *t);
+  MOE_TRY(t, MOE_ERR_NOMEM, "moe_chat_template_load: out of memory");
+  struct stat s;
+  int dir = stat(tokenizer, &s) == 0 && S_ISDIR(s.st_mode);
+  snprintf(t->path, sizeof t->path, dir ? "%s/tokenizer_config.json" : "%s", tokenizer);
+  moe_status st = MOE_OK;
+  if (!dir && moe__lm_gguf_is(t->path)) { /* a GGUF file: its tokenizer.chat_template and special tokens */
+    st = moe__tok_gguf_chat_config(t->path, &t->cfg);
+  } else {
+    char *text = NULL;
+    st = read_file(t->path, &text);
+    t->cfg = text ? cJSON_Parse(text) : NULL;
+    free(text);
+  }
+  if (st == MOE_OK && !cJSON_IsObject(t->cfg))
+    st = moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: not a JSON object", t->path);
+  if (st == MOE_OK && !(t->tmpl = template_of(t->cfg)))
+    st = moe__error(MOE_ERR_MISSING, __FILE__, __LINE__, "%s: no chat_template (a string, or a list with a \"default\")",
+                    t->path);
+  if (st != MOE_OK) return moe_chat_template_free(t), st;
+  *out = t;
+  return MOE_OK;
+}
+
 moe_status moe_chat_template_render_config(const char *tokenizer, const char *conversation_json,
                                            int add_generation_prompt, int64_t now, char **out, size_t *len) {
   MOE_TRY(tokenizer && conversation_json && out, MOE_ERR_ARG, "moe_chat_template_render_config: NULL argument");
   *out = NULL;
-  char path[4096];
-  struct stat s;
-  int dir = stat(tokenizer, &s) == 0 && S_ISDIR(s.st_mode);
-  snprintf(path, sizeof path, dir ? "%s/tokenizer_config.json" : "%s", tokenizer);
-  cJSON *cfg = NULL;
-  if (!dir && moe__lm_gguf_is(path)) { /* a GGUF file: its tokenizer.chat_template and special tokens */
-    MOE_CHECK(moe__tok_gguf_chat_config(path, &cfg));
-  } else {
-    char *text = NULL;
-    MOE_CHECK(read_file(path, &text));
-    cfg = cJSON_Parse(text);
-    free(text);
-  }
-  if (!cJSON_IsObject(cfg)) {
-    cJSON_Delete(cfg);
-    return moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__, "%s: not a JSON object", path);
-  }
-  const char *tmpl = template_of(cfg);
-  if (!tmpl) {
-    cJSON_Delete(cfg);
-    return moe__error(MOE_ERR_MISSING, __FILE__, __LINE__, "%s: no chat_template (a string, or a list with a \"default\")", path);
-  }
+  moe_chat_template *t;
+  MOE_CHECK(moe_chat_template_load(&t, tokenizer));
+  moe_status st = moe_chat_template_apply(t, conversation_json, add_generation_prompt, now, out, len);
+  moe_chat_template_free(t);
+  return st;
+}
+
+moe_status moe_chat_template_apply(const moe_chat_template *t, const char *conversation_json,
+                                   int add_generation_prompt, int64_t now, char **out, size_t *len) {
+  MOE_TRY(t && conversation_json && out, MOE_ERR_ARG, "moe_chat_template_apply: NULL argument");
+  *out = NULL;
+  const cJSON *cfg = t->cfg;
   cJSON *conv = cJSON_Parse(conversation_json), *ctx = cJSON_CreateObject();
   if (!cJSON_IsArray(conv) && !(cJSON_IsObject(conv) && cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(conv, "messages")))) {
     cJSON_Delete(conv);
     cJSON_Delete(ctx);
-    cJSON_Delete(cfg);
     return moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__,
                       "conversation: not a JSON list of messages, nor an object with \"messages\"");
   }
@@ -169,10 +196,9 @@ moe_status moe_chat_template_render_config(const char *tokenizer, const char *co
   } else {
     cJSON_ArrayForEach(e, conv) put(ctx, e->string, cJSON_Duplicate(e, 1));
   }
-  moe_status st = moe__chat_render(tmpl, strlen(tmpl), ctx, now, NULL, out, len);
-  if (st != MOE_OK) moe__error(st, __FILE__, __LINE__, "%s: %s", path, moe_last_error());
+  moe_status st = moe__chat_render(t->tmpl, strlen(t->tmpl), ctx, now, NULL, out, len);
+  if (st != MOE_OK) moe__error(st, __FILE__, __LINE__, "%s: %s", t->path, moe_last_error());
   cJSON_Delete(conv);
   cJSON_Delete(ctx);
-  cJSON_Delete(cfg);
   return st;
 }

@@ -186,7 +186,7 @@ static moe_status messages(const cJSON *m) {
   return MOE_OK;
 }
 
-static moe_status parse_chat(const cJSON *o, const moe_tokenizer *tok, const char *chat_template, int max_seq,
+static moe_status parse_chat(const cJSON *o, const moe_tokenizer *tok, const moe_chat_template *chat_template, int max_seq,
                              moe_request *c, char **text) {
   MOE_TRY(cJSON_IsObject(o), MOE_ERR_FORMAT, "the body must be a JSON object");
   MOE_CHECK(fields(o, CHAT_SERVED));
@@ -197,7 +197,7 @@ static moe_status parse_chat(const cJSON *o, const moe_tokenizer *tok, const cha
   char *conv = cJSON_PrintUnformatted(m);
   MOE_TRY(conv, MOE_ERR_NOMEM, "chat: out of memory for the messages");
   size_t len = 0;
-  moe_status st = moe_chat_template_render_config(chat_template, conv, 1, -1, text, &len);
+  moe_status st = moe_chat_template_apply(chat_template, conv, 1, -1, text, &len);
   free(conv);
   MOE_CHECK(st);
   MOE_TRY(len, MOE_ERR_VALUE, "chat: the chat template rendered the messages as no text");
@@ -234,8 +234,8 @@ moe_status moe_request_parse_completion(const char *body, size_t n, const moe_to
   return st;
 }
 
-moe_status moe_request_parse_chat(const char *body, size_t n, const moe_tokenizer *tok, const char *chat_template, int max_seq,
-                           moe_request *c) {
+moe_status moe_request_parse_chat(const char *body, size_t n, const moe_tokenizer *tok,
+                                  const moe_chat_template *chat_template, int max_seq, moe_request *c) {
   cJSON *o;
   MOE_CHECK(body_json(body, n, c, &o));
   char *text = NULL;
