@@ -315,6 +315,17 @@ def drain(port, p):
 GREEDY = {"prompt": [5, 9, 1], "max_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 
+def linked_copy(suffix, own=None):
+    """A directory CK + suffix linking to each of CK's files but own (its caller writes that one)."""
+    d = CK.rstrip("/") + suffix
+    shutil.rmtree(d, ignore_errors=True)
+    os.mkdir(d)
+    for f in os.listdir(CK):
+        if f != own:
+            os.symlink(os.path.join(os.path.abspath(CK), f), os.path.join(d, f))
+    return d
+
+
 def eos_checkpoint():
     """A copy of CK (links to its files) whose config.json's eos_token_id is the first token of GREEDY's
     answer, from the third on, not among those before it: (the directory, the answer, that token's index)."""
@@ -322,12 +333,7 @@ def eos_checkpoint():
     i = next((i for i in range(2, len(want)) if want[i] not in want[:i]), None)
     if i is None:
         sys.exit("greedy decoding repeats its first two tokens: %s" % want)
-    d = CK.rstrip("/") + "_eos"
-    shutil.rmtree(d, ignore_errors=True)
-    os.mkdir(d)
-    for f in os.listdir(CK):
-        if f != "config.json":
-            os.symlink(os.path.join(os.path.abspath(CK), f), os.path.join(d, f))
+    d = linked_copy("_eos", "config.json")
     with open(os.path.join(CK, "config.json")) as f:
         config = json.load(f)
     config["eos_token_id"] = want[i]
@@ -413,11 +419,7 @@ TEMPLATE = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% en
 
 def chat_checkpoint():
     """A copy of CK (links to its files) with a tokenizer_config.json holding TEMPLATE."""
-    d = CK.rstrip("/") + "_chat"
-    shutil.rmtree(d, ignore_errors=True)
-    os.mkdir(d)
-    for f in os.listdir(CK):
-        os.symlink(os.path.join(os.path.abspath(CK), f), os.path.join(d, f))
+    d = linked_copy("_chat")
     with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
         json.dump({"chat_template": TEMPLATE, "eos_token": "<|endoftext|>"}, f)
     return d
@@ -572,12 +574,7 @@ def loading():
     server answers as usual. The load is held deterministically: the checkpoint's tokenizer.json (read
     after the weights, once the server listens) is a copy on which this process holds a write lease, so
     the server's open() waits until the lease is let go."""
-    d = CK.rstrip("/") + "_loading"
-    shutil.rmtree(d, ignore_errors=True)
-    os.mkdir(d)
-    for f in os.listdir(CK):
-        if f != "tokenizer.json":
-            os.symlink(os.path.join(os.path.abspath(CK), f), os.path.join(d, f))
+    d = linked_copy("_loading", "tokenizer.json")
     shutil.copy(os.path.join(CK, "tokenizer.json"), os.path.join(d, "tokenizer.json"))
     signal.signal(signal.SIGIO, signal.SIG_IGN)  # the kernel's note that the lease is wanted
     fd = os.open(os.path.join(d, "tokenizer.json"), os.O_RDONLY)
