@@ -148,3 +148,87 @@ int lm_patched(const char *family, const char *field, const char *value, const c
   moe_st_close(f);
   return ok;
 }
+
+/* The logits of m on the tokens (B, T), malloc'd; NULL after printing on a failure. */
+static float *logits_of(moe_lm_t *m, const int32_t *t, int B, int T) {
+  size_t n = (size_t)B * T * m->cfg.vocab;
+  float *out = malloc(n * 4);
+  if (!out || moe_lm_forward(m, t, NULL, B, T, NULL)) {
+    fprintf(stderr, "  forward: %s\n", out ? moe_last_error() : "out of memory");
+    return free(out), NULL;
+  }
+  return memcpy(out, moe_lm_logits(m), n * 4);
+}
+
+int lm_check_save_load(const char *name, char *dir, size_t n) {
+  char src[512], tmp[64];
+  lm_case_dir(name, src, sizeof src);
+  snprintf(tmp, sizeof tmp, "lm_saved_%s", name);
+  test_tmp_path(tmp, dir, n);
+  int B, T, ok = 0;
+  int32_t *t = lm_fixture_tokens(src, &B, &T);
+  moe_lm_t m, r;
+  if (!t || moe_lm_load(&m, src, NULL)) return fprintf(stderr, "  %s: %s\n", name, moe_last_error()), free(t), 0;
+  if (moe_lm_save(&m, dir) || moe_lm_load(&r, dir, NULL)) {
+    fprintf(stderr, "  %s: save and load: %s\n", name, moe_last_error());
+    moe_lm_free(&m);
+    return free(t), 0;
+  }
+  float *a = logits_of(&m, t, B, T), *b = logits_of(&r, t, B, T);
+  if (memcmp(&m.cfg, &r.cfg, sizeof m.cfg)) fprintf(stderr, "  %s: the saved config.json reads back as another config\n", name);
+  else if (r.nrefs != m.nrefs) fprintf(stderr, "  %s: %d parameters saved, %d loaded\n", name, m.nrefs, r.nrefs);
+  else if (!a || !b || memcmp(a, b, (size_t)B * T * m.cfg.vocab * 4)) fprintf(stderr, "  %s: the saved checkpoint's logits differ\n", name);
+  else {
+    ok = 1;
+    for (int i = 0; ok && i < m.nrefs; i++)
+      if (strcmp(m.refs[i].name, r.refs[i].name))
+        ok = 0, fprintf(stderr, "  %s: parameter %d is %s, saved and loaded %s\n", name, i, m.refs[i].name, r.refs[i].name);
+  }
+  free(a), free(b), free(t);
+  moe_lm_free(&m);
+  moe_lm_free(&r);
+  return ok;
+}
+
+int lm_check_train_from_checkpoint(const char *name, int threads, const char *keep) {
+  char src[512], dir[512], tmp[64];
+  lm_case_dir(name, src, sizeof src);
+  int B, T;
+  int32_t *t = lm_fixture_tokens(src, &B, &T);
+  moe_lm_t m;
+  if (!t || moe_lm_load(&m, src, NULL)) return fprintf(stderr, "  %s: %s\n", name, moe_last_error()), free(t), 0;
+  if (threads) moe_lm_set_threads(&m, threads);
+  const moe_tensor_ref *k = keep ? moe_lm_find(&m, keep) : NULL;
+  float k0 = k ? k->data[0] : 0;
+  double first = 0, last = 0;
+  for (int step = 0; step <= 12; step++) {
+    moe_lm_stats st;
+    moe_lm_zero_grad(&m);
+    moe_status s = moe_lm_forward(&m, t, t + 1, 1, B * T - 1, &st); /* the tokens as one sequence */
+    if (s == MOE_OK && step < 12) s = moe_lm_backward(&m);
+    if (s) {
+      fprintf(stderr, "  %s step %d: %s\n", name, step, moe_last_error());
+      moe_lm_free(&m);
+      return free(t), 0;
+    }
+    if (step == 0) first = st.loss;
+    last = st.loss;
+    for (int i = 0; step < 12 && i < m.nrefs; i++)
+      for (size_t j = 0; j < m.refs[i].numel; j++) m.refs[i].data[j] -= 0.2f * m.refs[i].grad[j];
+    moe_lm_params_changed(&m);
+  }
+  int kept = !k || k->data[0] == k0;
+  snprintf(tmp, sizeof tmp, "lm_trained_%s", name);
+  moe_status s = moe_lm_save(&m, test_tmp_path(tmp, dir, sizeof dir));
+  moe_lm_free(&m);
+  moe_lm_stats again = {0};
+  if (s == MOE_OK && (s = moe_lm_load(&m, dir, NULL)) == MOE_OK) {
+    s = moe_lm_forward(&m, t, t + 1, 1, B * T - 1, &again);
+    moe_lm_free(&m);
+  }
+  free(t);
+  if (s) return fprintf(stderr, "  %s: trained, saved and loaded: %s\n", name, moe_last_error()), 0;
+  fprintf(stderr, "  %s: loss %.4f -> %.4f after 12 SGD steps, %.4f reloaded\n", name, first, last, again.loss);
+  if (!kept) fprintf(stderr, "  %s: %s changed in training\n", name, keep);
+  return kept && last < 0.8 * first && fabs(again.loss - last) <= 1e-6;
+}

@@ -24,5 +24,14 @@ int32_t *lm_fixture_tokens(const char *dir, int *B, int *T);
  * weights linked, in a new directory dir (of n bytes); with `drop`, the weights written again without
  * that tensor. Returns 0 on failure. */
 int lm_patched(const char *family, const char *field, const char *value, const char *drop, char *dir, size_t n);
+/* Loads the case, saves it into a new directory (its path in dir, of n bytes) and loads that: the
+ * same configuration, the same parameters by name and order, bit-identical logits on the fixture's
+ * tokens. Returns 0 (after printing what differs) on a failure. */
+int lm_check_save_load(const char *name, char *dir, size_t n);
+/* 12 SGD steps (rate 0.2) from the loaded case (on threads threads; 0: its default) on its tokens as one
+ * sequence, each predicting the next, then a save and load: the loss falls below 0.8 of the first, the
+ * reloaded model has the trained loss (within 1e-6), and the parameter keep (NULL: none), which has no
+ * gradient, has not changed. Returns 0 (after printing) on a failure. */
+int lm_check_train_from_checkpoint(const char *name, int threads, const char *keep);
 
 #endif

@@ -105,75 +105,15 @@ TEST(lm_deepseek_latent_cache_decode_matches_full_forward) {
 /* Load, save, load: DeepSeek's tensor names and config.json, the same configuration and bit-identical
  * logits. */
 TEST(lm_deepseek_save_load_round_trip) {
-  for (int ci = 0; ci < NCASES; ci++) {
-    char src[512], dir[512], name[64];
-    lm_case_dir(cases[ci], src, sizeof src);
-    snprintf(name, sizeof name, "lm_saved_%s", cases[ci]);
-    test_tmp_path(name, dir, sizeof dir);
-    moe_lm_t m, r;
-    int B, T;
-    int32_t *t = lm_fixture_tokens(src, &B, &T);
-    ASSERT(t);
-    ASSERT_OK(moe_lm_load(&m, src, NULL));
-    ASSERT_OK(moe_lm_save(&m, dir));
-    ASSERT_OK(moe_lm_load(&r, dir, NULL));
-    if (memcmp(&m.cfg, &r.cfg, sizeof m.cfg)) FAIL_("%s: the saved config.json reads back as another config", cases[ci]);
-    ASSERT_EQ_INT(r.nrefs, m.nrefs);
-    for (int i = 0; i < m.nrefs; i++) ASSERT(!strcmp(m.refs[i].name, r.refs[i].name));
-    size_t n = (size_t)B * T * m.cfg.vocab;
-    float *la = malloc(n * 4);
-    ASSERT(la);
-    ASSERT_OK(moe_lm_forward(&m, t, NULL, B, T, NULL));
-    memcpy(la, moe_lm_logits(&m), n * 4);
-    ASSERT_OK(moe_lm_forward(&r, t, NULL, B, T, NULL));
-    int same = !memcmp(la, moe_lm_logits(&r), n * 4);
-    free(la), free(t);
-    moe_lm_free(&m);
-    moe_lm_free(&r);
-    if (!same) FAIL_("%s: the saved checkpoint's logits differ", cases[ci]);
-  }
+  char dir[512];
+  for (int ci = 0; ci < NCASES; ci++) ASSERT(lm_check_save_load(cases[ci], dir, sizeof dir));
 }
 
 /* SGD steps from each loaded checkpoint on its tokens as one sequence, then a save and load: the loss
  * falls and the reloaded model has the trained loss (the selection bias, not a gradient parameter, stays). */
 TEST(lm_deepseek_train_from_checkpoint) {
-  for (int ci = 0; ci < NCASES; ci++) {
-    char src[512], dir[512], name[64];
-    lm_case_dir(cases[ci], src, sizeof src);
-    moe_lm_t m;
-    int B, T;
-    int32_t *t = lm_fixture_tokens(src, &B, &T);
-    ASSERT(t);
-    ASSERT_OK(moe_lm_load(&m, src, NULL));
-    moe_lm_set_threads(&m, 1);
-    const moe_tensor_ref *bias = moe_lm_find(&m, "model.layers.1.mlp.gate.e_score_correction_bias");
-    float b0 = bias ? bias->data[0] : 0;
-    double first = 0, last = 0;
-    for (int step = 0; step <= 12; step++) {
-      moe_lm_stats st;
-      moe_lm_zero_grad(&m);
-      moe_status s = moe_lm_forward(&m, t, t + 1, 1, B * T - 1, &st);
-      if (s == MOE_OK && step < 12) s = moe_lm_backward(&m);
-      if (s) FAIL_("%s step %d: %s", cases[ci], step, moe_last_error());
-      if (step == 0) first = st.loss;
-      last = st.loss;
-      for (int i = 0; step < 12 && i < m.nrefs; i++)
-        for (size_t j = 0; j < m.refs[i].numel; j++) m.refs[i].data[j] -= 0.2f * m.refs[i].grad[j];
-      moe_lm_params_changed(&m);
-    }
-    ASSERT(!bias || bias->data[0] == b0);
-    snprintf(name, sizeof name, "lm_trained_%s", cases[ci]);
-    ASSERT_OK(moe_lm_save(&m, test_tmp_path(name, dir, sizeof dir)));
-    moe_lm_free(&m);
-    moe_lm_stats again;
-    ASSERT_OK(moe_lm_load(&m, dir, NULL));
-    ASSERT_OK(moe_lm_forward(&m, t, t + 1, 1, B * T - 1, &again));
-    moe_lm_free(&m);
-    free(t);
-    fprintf(stderr, "  %s: loss %.4f -> %.4f after 12 SGD steps, %.4f reloaded\n", cases[ci], first, last, again.loss);
-    ASSERT(last < 0.8 * first);
-    ASSERT_NEAR(again.loss, last, 1e-6);
-  }
+  for (int ci = 0; ci < NCASES; ci++)
+    ASSERT(lm_check_train_from_checkpoint(cases[ci], 1, "model.layers.1.mlp.gate.e_score_correction_bias"));
 }
 
 /* A model built from each case's configuration: initialized as HF does (norms 1, the selection bias 0),
