@@ -21,7 +21,12 @@ What gpt-oss does (beside what every family does: RMSNorm, pre-norm blocks, GQA,
              (up + 1) * gate * sigmoid(alpha gate) @ down_proj[e] ((E, H, D)) + down_proj_bias[e], weighted.
   loss       cross-entropy only: output_router_logits is false (libmoe refuses it: transformers' balance loss
              would take the router's sparse top-k scores as logits).
-  rope       plain rotary embeddings with "rope_scaling": null (gpt-oss's default YaRN is not implemented).
+  rope       plain rotary embeddings with "rope_scaling": null (gpt_oss, gpt_oss_mxfp4), or YaRN as
+             modeling_rope_utils._compute_yarn_parameters computes it (gpt_oss_yarn: the releases' kind of
+             rope_scaling, truncate false, factor = max_position_embeddings / original_max_position_embeddings
+             so that both of transformers' readings of the factor agree): inv_freq blended between the
+             interpolated and extrapolated frequencies by a linear ramp over the correction range (not
+             rounded to whole dimensions when truncate is false), cos and sin times 0.1 ln(factor) + 1.
 
 The model is drawn small and random and written as a Hugging Face checkpoint directory (config.json,
 model.safetensors with the HF names and layout); ref.safetensors holds the float64 logits, loss and every
@@ -54,6 +59,8 @@ CONFIG = dict(vocab_size=48, hidden_size=32, intermediate_size=32, num_hidden_la
               layer_types=["sliding_attention", "full_attention", "sliding_attention"], rope_theta=10000.0,
               rms_norm_eps=1e-5, swiglu_alpha=1.702, swiglu_limit=1.5, attention_bias=True,
               tie_word_embeddings=False, router_aux_loss_coef=0.9)
+YARN = dict(rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=4096, beta_fast=32.0,
+                               beta_slow=1.0, truncate=False), max_position_embeddings=16384)
 SEED, B, T = 53, 2, 9  # T > 2 sliding_window: the window cuts the context, also in the cached decode test
 FP4 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
@@ -142,9 +149,35 @@ def moe(c, p, x, margins):
     return out.reshape(Bn, Tn, D)
 
 
+def yarn_cos_sin(T, dim, base, rs):
+    """_compute_yarn_parameters (inv_freq in float32) and the rotary embedding's cos and sin times the
+    attention factor; no mscale keys, so the factor is 0.1 ln(factor) + 1."""
+    f, orig = rs["factor"], rs["original_max_position_embeddings"]
+
+    def corr_dim(rot):
+        return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+    low, high = corr_dim(rs["beta_fast"]), corr_dim(rs["beta_slow"])
+    if rs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    extra = 1 - ramp  # where the extrapolated (unscaled) frequency is kept
+    inv = (1.0 / (f * pos_freqs)) * (1 - extra) + (1.0 / pos_freqs) * extra
+    ang = torch.outer(torch.arange(T, dtype=torch.float32), inv)
+    emb = torch.cat((ang, ang), dim=-1).double()
+    att = 0.1 * math.log(f) + 1.0
+    return emb.cos() * att, emb.sin() * att
+
+
 def forward(c, params, tokens, targets):
     Tn, eps, hd = tokens.shape[1], c["rms_norm_eps"], c["head_dim"]
-    cos, sin = rope_cos_sin(Tn, hd, c["rope_theta"])  # angles in float32 as transformers forms them
+    if c.get("rope_scaling"):
+        cos, sin = yarn_cos_sin(Tn, hd, c["rope_theta"], c["rope_scaling"])
+    else:
+        cos, sin = rope_cos_sin(Tn, hd, c["rope_theta"])  # angles in float32 as transformers forms them
     cos, sin = cos[:, : hd // 2], sin[:, : hd // 2]
     x = params["model.embed_tokens.weight"][tokens]
     margins = {"route": math.inf, "clamp": math.inf, "clamped": 0}
@@ -219,7 +252,14 @@ def main(argv):
     outdir = argv[1] if len(argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                                         "fixtures", "lm")
     torch.use_deterministic_algorithms(True)
-    c, seed = CONFIG, SEED
+    one_case(outdir, CONFIG, "gpt_oss")
+    one_case(outdir, dict(CONFIG, **YARN), "gpt_oss_yarn")
+
+
+def one_case(outdir, c, name):
+    """Draws the case c (from SEED on, until its margins hold) and writes it as name/ (and, for the plain
+    case, name_mxfp4/ with the experts as the checkpoints store them)."""
+    seed = SEED
     while True:
         params, packed, tokens, targets = draw(c, seed)
         p64 = {n: t.double().requires_grad_() for n, t in params.items()}
@@ -232,14 +272,14 @@ def main(argv):
     zero = torch.zeros(1, dtype=torch.float64)
     meta = {"seed": seed, "margin": f"{margins['route']:.6f}"}
     dense = [(n, t.numpy()) for n, t in params.items()]
-    write_case(os.path.join(outdir, "gpt_oss"), hf_config(c), dense, tokens, targets, logits, (ce, ce, zero), grads,
-               meta)
-    fused = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
-    quant = [(n, a) for n, a in dense if not n.endswith(fused)] + sorted(packed.items())
-    write_case(os.path.join(outdir, "gpt_oss_mxfp4"), hf_config(c, mxfp4=True), quant, tokens, targets, logits,
-               (ce, ce, zero), grads, meta)
+    write_case(os.path.join(outdir, name), hf_config(c), dense, tokens, targets, logits, (ce, ce, zero), grads, meta)
+    if not c.get("rope_scaling"):
+        fused = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+        quant = [(n, a) for n, a in dense if not n.endswith(fused)] + sorted(packed.items())
+        write_case(os.path.join(outdir, name + "_mxfp4"), hf_config(c, mxfp4=True), quant, tokens, targets, logits,
+                   (ce, ce, zero), grads, meta)
     assert margins["clamped"] > 0, "no value clamps: the clamped SwiGLU is not exercised"
-    print(f"gpt_oss: seed {seed}, loss {ce.item():.6f}, routing margin {margins['route']:.4f}, "
+    print(f"{name}: seed {seed}, loss {ce.item():.6f}, routing margin {margins['route']:.4f}, "
           f"clamp margin {margins['clamp']:.4f}, {margins['clamped']} values clamped")
 
 

@@ -23,6 +23,8 @@ TEST(lm_matches_pytorch_olmoe) { ASSERT(lm_check_case("olmoe")); }
 TEST(lm_matches_pytorch_gpt_oss) { ASSERT(lm_check_case("gpt_oss")); }
 /* the same model with its experts as gpt-oss checkpoints store them: MXFP4 blocks and scales, dequantized */
 TEST(lm_matches_pytorch_gpt_oss_mxfp4) { ASSERT(lm_check_case("gpt_oss_mxfp4")); }
+/* YaRN as the releases configure it (truncate false: the correction range not rounded) */
+TEST(lm_matches_pytorch_gpt_oss_yarn) { ASSERT(lm_check_case("gpt_oss_yarn")); }
 
 /* Each family's fixture position by position through the KV cache (the first tokens at once, then one
  * and the rest), against one forward of the whole sequences. */
