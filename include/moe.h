@@ -1101,8 +1101,13 @@ void moe_lm_config_default(moe_lm_config *c);
 /* Sets c->family to f and the options its modeling code fixes, for a new model of the sizes c has:
  * Qwen2-MoE q/k/v biases and a gated shared expert (moe.H wide unless shared_H is set); Qwen3-MoE and
  * OLMoE their q/k norms, OLMoE's top-k not renormalized; gpt-oss q/k/v/o biases, sinks, the router's and
- * experts' biases, the clamped SwiGLU, normalize_topk 1 and no balance loss (aux_coef 0); Mixtral none
- * of them. Sizes, windows and the rest are left as they are. */
+ * experts' biases, the clamped SwiGLU, normalize_topk 1 and no balance loss (aux_coef 0); DeepSeek-V2 and
+ * V3 the latent attention (head_dim, the per-head size given, becomes the key's and value's non-rotary
+ * width, with a rotary part half as wide; kv latent D / 4, V3's q latent D / 2), a dense first layer,
+ * shared experts (two routed experts wide for V2, one for V3), V2's softmax routing without
+ * renormalization, V3's sigmoid routing with the selection bias, renormalized, times 2.5, in 4 groups
+ * of which 2 are kept (when E is a multiple of 4 and top_k <= E / 2); Mixtral none of them. Sizes,
+ * windows and the rest are left as they are. */
 void moe_lm_config_set_family(moe_lm_config *c, moe_lm_family f);
 
 typedef struct moe__lm_state moe__lm_state;

@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "lm_check.h"
+#include "lm_corpus.h"
 #include "run_cli.h"
 #include "test.h"
 
@@ -311,4 +312,34 @@ TEST(lm_deepseek_balance_bias) {
   ASSERT_OK(moe_lm_load(&m, lm_case_dir("deepseek_v2", dir, sizeof dir), NULL));
   ASSERT_STATUS(moe_lm_balance_bias(&m, 0.01f), MOE_ERR_STATE);
   moe_lm_free(&m);
+}
+
+/* moe train --task lm --family deepseek_v2|deepseek_v3 (a new model: 2 layers, the first dense, 8 experts,
+ * 20 steps): the loss falls, the checkpoint is the family's with its latent attention, and moe eval reads it. */
+TEST(train_lm_deepseek_families) {
+  static const char *const fam[] = {"deepseek_v2", "deepseek_v3"};
+  for (int i = 0; i < 2; i++) {
+    char args[2048], out[512], ck[512], err[4096], lines[8192] = "";
+    test_tmp_path("lm_ds_train", ck, sizeof ck);
+    test_tmp_path("lm_ds_train.jsonl", out, sizeof out);
+    snprintf(args, sizeof args, "train --task lm --data '%s' " LM_TINY " --layers 2 --experts 8 --steps 20 --family %s "
+             "--checkpoint '%s' --json --log-steps", lm_corpus(), fam[i], ck);
+    if (run_moe(NULL, args, out, err, sizeof err)) FAIL_("moe %s: %s", args, err);
+    char *a = test_read_file(out, NULL);
+    ASSERT(a);
+    step_lines(a, lines, sizeof lines);
+    free(a);
+    double l[64];
+    int n = 0;
+    for (const char *p = lines; n < 64 && (p = strstr(p, "\"loss\": ")); p++) l[n++] = strtod(p + 8, NULL);
+    ASSERT_EQ_INT(n, 20);
+    fprintf(stderr, "  %s: loss %.4f -> %.4f in 20 steps\n", fam[i], l[0], l[19]);
+    ASSERT(l[19] < l[0] - 0.5);
+    moe_lm_config c;
+    ASSERT_OK(moe_lm_read_config(ck, &c));
+    ASSERT(!strcmp(moe_lm_family_name(c.family), fam[i]) && c.mla.kv_lora_rank > 0 && moe_lm_layer_dense(&c, 0) &&
+           !moe_lm_layer_dense(&c, 1) && c.moe.select_bias == i);
+    snprintf(args, sizeof args, "eval --task lm --checkpoint '%s' --data '%s' --threads 1", ck, lm_corpus());
+    if (run_moe(NULL, args, NULL, err, sizeof err)) FAIL_("moe %s: %s", args, err);
+  }
 }

@@ -433,13 +433,13 @@ TEST(lm_families_bf16_experts) {
 
 /* A new model of each family from moe_lm_config_set_family (what `moe train --family` builds): it
  * initializes, trains a step, and its checkpoint loads back as the same configuration and logits
- * (gpt-oss with a window over one of two layers). */
+ * (gpt-oss with a window over one of two layers; DeepSeek-V3 with 8 experts, so in groups). */
 TEST(lm_families_set_family_from_scratch) {
-  for (int f = MOE_LM_MIXTRAL; f <= MOE_LM_GPT_OSS; f++) {
+  for (int f = MOE_LM_MIXTRAL; f <= MOE_LM_DEEPSEEK_V3; f++) {
     moe_lm_config c;
     moe_lm_config_default(&c);
     c.vocab = 40, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 8, c.max_seq = 16;
-    c.moe.D = 32, c.moe.H = 16, c.moe.E = 4, c.moe.threads = 1;
+    c.moe.D = 32, c.moe.H = 16, c.moe.E = f == MOE_LM_DEEPSEEK_V3 ? 8 : 4, c.moe.threads = 1;
     moe_lm_config_set_family(&c, (moe_lm_family)f);
     if (f == MOE_LM_GPT_OSS) c.sliding_window = 3, c.full_layers[0] = 2;
     moe_lm_t m, r;
@@ -461,6 +461,12 @@ TEST(lm_families_set_family_from_scratch) {
     ASSERT(b->act == a->act && b->gate_bias == a->gate_bias && b->expert_bias == a->expert_bias &&
            b->normalize_topk == a->normalize_topk && b->shared_H == a->shared_H && b->shared_gate == a->shared_gate &&
            b->swiglu_alpha == a->swiglu_alpha && b->swiglu_limit == a->swiglu_limit);
+    ASSERT(!memcmp(&r.cfg.mla, &c.mla, sizeof c.mla) && r.cfg.head_dim == c.head_dim && r.cfg.n_kv_heads == c.n_kv_heads &&
+           !memcmp(r.cfg.dense_layers, c.dense_layers, sizeof c.dense_layers) && r.cfg.dense_H == c.dense_H);
+    ASSERT(b->score == a->score && b->select_bias == a->select_bias && b->routed_scale == a->routed_scale &&
+           b->n_group == a->n_group && b->topk_group == a->topk_group && (!a->n_group || b->group_score == a->group_score));
+    if (f == MOE_LM_DEEPSEEK_V3) ASSERT(c.mla.q_lora_rank > 0 && c.moe.n_group == 4 && c.moe.select_bias && c.moe.shared_H == 16);
+    if (f == MOE_LM_DEEPSEEK_V2) ASSERT(c.mla.kv_lora_rank == 8 && c.mla.q_lora_rank == 0 && c.head_dim == 4 && c.moe.shared_H == 32);
     float la[11 * 40];
     ASSERT_OK(moe_lm_forward(&m, t, NULL, 1, 11, NULL));
     memcpy(la, moe_lm_logits(&m), sizeof la);

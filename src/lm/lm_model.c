@@ -103,6 +103,33 @@ void moe_lm_config_default(moe_lm_config *c) {
   c->moe.expert_bias = 0;
 }
 
+/* DeepSeek's structure at c's sizes, in the proportions of its releases (V2-Lite's for V2, V3's for V3):
+ * each head's key and value head_dim wide (qk_nope_dim, v_head_dim) beside a rotary part half as wide
+ * (head_dim becomes qk_rope_head_dim), a kv latent of D / 4 (at least the head's width), q through a
+ * latent of D / 2 for V3 and directly for V2; a dense first layer (when there are more) as wide as the
+ * active experts; shared experts as wide as two (V2) or one (V3) routed expert; V2 routes by softmax
+ * without renormalizing, V3 by sigmoid with the selection bias, renormalized and scaled by 2.5, in 4
+ * groups of which 2 are kept when E allows; DeepSeek's interleaved rotary pairs; no model-wide
+ * balance loss (V3 balances through the selection bias, moe_lm_balance_bias). */
+static void set_deepseek(moe_lm_config *c, int v3) {
+  moe_layer_config *l = &c->moe;
+  int hd = c->head_dim;
+  c->n_kv_heads = c->n_heads;
+  c->mla = (moe_lm_mla){.kv_lora_rank = l->D / 4 > hd ? l->D / 4 : hd, .q_lora_rank = v3 ? l->D / 2 : 0,
+                        .qk_nope_dim = hd, .v_head_dim = hd, .rope_interleave = 1};
+  c->head_dim = hd / 2 > 2 ? hd / 2 & ~1 : 2;
+  c->aux_coef = 0;
+  if (c->n_layers > 1) c->dense_layers[0] |= 1, c->dense_H = c->dense_H ? c->dense_H : l->top_k * l->H;
+  l->shared_H = l->shared_H ? l->shared_H : (v3 ? 1 : 2) * l->H;
+  l->score = v3 ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
+  l->select_bias = v3;
+  l->normalize_topk = v3;
+  l->routed_scale = v3 ? 2.5f : 1.0f;
+  int groups = v3 && l->E % 4 == 0 && l->top_k <= l->E / 2;
+  l->n_group = groups ? 4 : 0, l->topk_group = groups ? 2 : 0;
+  l->group_score = MOE_GROUP_TOP2_SUM;
+}
+
 void moe_lm_config_set_family(moe_lm_config *c, moe_lm_family f) {
   moe_layer_config *l = &c->moe;
   int oss = f == MOE_LM_GPT_OSS;
@@ -116,6 +143,7 @@ void moe_lm_config_set_family(moe_lm_config *c, moe_lm_family f) {
   l->gate_bias = l->expert_bias = oss;
   if (f == MOE_LM_OLMOE) l->normalize_topk = 0;
   if (oss) l->normalize_topk = 1, c->aux_coef = 0;
+  if (f == MOE_LM_DEEPSEEK_V2 || f == MOE_LM_DEEPSEEK_V3) set_deepseek(c, f == MOE_LM_DEEPSEEK_V3);
 }
 
 int moe_lm_layer_dense(const moe_lm_config *c, int i) {
