@@ -146,16 +146,35 @@ static int add_logprobs(cJSON *o, const gen_logprobs *g, int n) {
   return ok;
 }
 
+/* The text of the n new tokens after the prompt's np (what a detokenizer following the prompt gives:
+ * UTF-8, SentencePiece's first piece keeping its space), malloc'd; NULL on failure. */
+static char *continuation(const moe_tokenizer *t, const int32_t *prompt, int np, const int32_t *ids, int n) {
+  moe_detokenizer *d = NULL;
+  char *text = NULL;
+  size_t len = 0, k;
+  const char *b;
+  int ok = moe_detokenizer_new(&d, t) == MOE_OK && moe_detokenizer_follow(d, prompt, (size_t)np) == MOE_OK;
+  for (int i = 0; ok && i <= n; i++) {
+    ok = (i < n ? moe_detokenizer_push(d, ids[i], &b, &k) : moe_detokenizer_flush(d, &b, &k)) == MOE_OK;
+    char *p = ok ? realloc(text, len + k + 1) : NULL;
+    if (!p) ok = 0;
+    else {
+      if (k) memcpy(p + len, b, k);
+      len += k, p[len] = 0, text = p;
+    }
+  }
+  moe_detokenizer_free(d);
+  if (!ok) free(text);
+  return ok ? text : NULL;
+}
+
+/* ids follow the prompt's prompt_tokens in one buffer. */
 static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int prompt_tokens, const gen_logprobs *g) {
   cJSON *o = cJSON_CreateObject(), *a = cJSON_CreateArray();
   int ok = o && a;
   for (int i = 0; ok && i < n; i++) ok = cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i])) && cJSON_GetArraySize(a) == i + 1;
-  char *text = NULL, *utf = NULL;
-  size_t len = 0;
-  if (ok && t) {
-    ok = moe_tokenizer_decode_alloc(t, ids, (size_t)n, &text, &len) == MOE_OK && (utf = malloc(3 * len + 1));
-    if (ok) moe_utf8_clean(text, len, utf);
-  }
+  char *utf = NULL;
+  if (ok && t) ok = (utf = continuation(t, ids - prompt_tokens, prompt_tokens, ids, n)) != NULL;
   if (ok) {
     cJSON_AddNumberToObject(o, "prompt_tokens", prompt_tokens);
     cJSON_AddItemToObject(o, "ids", a), a = NULL;
@@ -167,7 +186,6 @@ static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int pro
   }
   cJSON_Delete(o);
   cJSON_Delete(a);
-  free(text);
   free(utf);
   return ok ? 0 : cli_usage_error(CMD, "out of memory for the JSON line");
 }
@@ -202,7 +220,7 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
   int32_t *out = ids + n; /* the new tokens follow the prompt (ids holds both) */
   int k = 0;
   moe_detokenizer *d = NULL;
-  if (!rc && t && !o->json && moe_detokenizer_new(&d, t)) rc = cli_fail(CMD);
+  if (!rc && t && !o->json && (moe_detokenizer_new(&d, t) || moe_detokenizer_follow(d, ids, (size_t)n))) rc = cli_fail(CMD);
   for (; !rc && k < o->max_tokens; k++) {
     int32_t next;
     if (moe_lm_sample(moe_lm_logits(m) + (size_t)(T - 1) * c->vocab, c->vocab, o->temperature, o->top_p, &rng, &next)) {

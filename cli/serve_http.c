@@ -114,14 +114,44 @@ static char *new_text(reply *p, int n) {
 }
 
 /* A token's text for logprobs: its bytes, those that are not UTF-8 as U+FFFD (malloc'd), or its id. */
-static char *token_text(const serve_http *h, int32_t t) {
-  size_t k = 0;
-  const char *b = h->tok ? moe_tokenizer_token_bytes(h->tok, t, &k) : NULL;
-  char *out = malloc(3 * k + 16);
-  if (!out) return NULL;
-  if (!b) snprintf(out, 16, "%d", t);
-  else moe_utf8_clean(b, k, out);
-  return out;
+/* A token's text: what token t adds to the decoded text after token prev (-1: at the start), as decoding
+ * [prev, t] beside [prev] tells it (SentencePiece's "\u2581the" is " the", byte fallback's <0x0A> a newline,
+ * byte-level BPE's its bytes); the text of t alone when a decoder changed prev's. raw: those bytes (a
+ * character split over tokens comes in pieces), text: them as UTF-8 (U+FFFD for such pieces), both
+ * malloc'd. Without a tokenizer the id, as moe generate prints it. 0 when out of memory. */
+typedef struct {
+  char *raw, *text;
+  size_t n; /* raw's bytes */
+} token_piece;
+
+static int token_piece_of(const serve_http *h, int32_t prev, int32_t t, token_piece *out) {
+  memset(out, 0, sizeof *out);
+  char *a = NULL, *b = NULL;
+  size_t na = 0, nb = 0;
+  int32_t ids[2] = {prev, t};
+  if (!h->tok) {
+    if (!(out->raw = malloc(16))) return 0;
+    out->n = (size_t)snprintf(out->raw, 16, "%d", t);
+  } else if (prev >= 0 && moe_tokenizer_decode_alloc(h->tok, ids, 1, &a, &na) == MOE_OK &&
+             moe_tokenizer_decode_alloc(h->tok, ids, 2, &b, &nb) == MOE_OK && nb >= na && !memcmp(a, b, na)) {
+    if ((out->raw = malloc(nb - na + 1))) memcpy(out->raw, b + na, nb - na), out->n = nb - na;
+  } else if (moe_tokenizer_decode_alloc(h->tok, &t, 1, &b, &nb) == MOE_OK) {
+    out->raw = b, out->n = nb, b = NULL;
+  }
+  free(a), free(b);
+  out->text = out->raw ? malloc(3 * out->n + 1) : NULL;
+  if (!out->text) return free(out->raw), out->raw = NULL, 0;
+  moe_utf8_clean(out->raw, out->n, out->text);
+  return 1;
+}
+
+static void token_piece_free(token_piece *p) { free(p->raw), free(p->text); }
+
+/* OpenAI's "bytes" of a chat token: its raw bytes as numbers. */
+static cJSON *bytes_json(const token_piece *p) {
+  cJSON *a = cJSON_CreateArray();
+  for (size_t i = 0; a && i < p->n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)p->raw[i]));
+  return a;
 }
 
 /* The prompt's text for echo (malloc'd): its ids through the tokenizer (bytes that are not UTF-8 as
@@ -154,39 +184,39 @@ typedef struct {
   size_t offset; /* completions: the text's bytes before the token */
 } lp_arrays;
 
-static int add_entry(const reply *p, lp_arrays *a, int32_t t, float lp, const int32_t *ids, const float *alt, int n_top) {
-  char *tt = token_text(p->h, t);
+static int add_entry(const reply *p, lp_arrays *a, int32_t prev, int32_t t, float lp, const int32_t *ids,
+                     const float *alt, int n_top) {
+  token_piece tt, s;
   cJSON *top = isnan(lp) ? cJSON_CreateNull() : p->chat ? cJSON_CreateArray() : cJSON_CreateObject();
-  int ok = tt && top;
+  int ok = token_piece_of(p->h, prev, t, &tt) && top;
   for (int j = 0; ok && !isnan(lp) && j < n_top; j++) {
-    char *s = token_text(p->h, ids[j]);
-    if (!s) ok = 0;
+    if (!token_piece_of(p->h, prev, ids[j], &s)) ok = 0;
     else if (p->chat) {
       cJSON *e = cJSON_CreateObject();
-      cJSON_AddStringToObject(e, "token", s);
+      cJSON_AddStringToObject(e, "token", s.text);
       cJSON_AddNumberToObject(e, "logprob", alt[j]);
+      cJSON_AddItemToObject(e, "bytes", bytes_json(&s));
       cJSON_AddItemToArray(top, e);
-    } else if (!cJSON_GetObjectItemCaseSensitive(top, s)) /* two ids of one text: the more probable */
-      cJSON_AddNumberToObject(top, s, alt[j]);
-    free(s);
+    } else if (!cJSON_GetObjectItemCaseSensitive(top, s.text)) /* two ids of one text: the more probable */
+      cJSON_AddNumberToObject(top, s.text, alt[j]);
+    if (ok) token_piece_free(&s);
   }
   if (ok && p->chat) {
     cJSON *e = cJSON_CreateObject();
-    cJSON_AddStringToObject(e, "token", tt);
+    cJSON_AddStringToObject(e, "token", tt.text);
     cJSON_AddNumberToObject(e, "logprob", lp);
+    cJSON_AddItemToObject(e, "bytes", bytes_json(&tt));
     cJSON_AddItemToObject(e, "top_logprobs", top), top = NULL;
     cJSON_AddItemToArray(a->content, e);
   } else if (ok) {
-    cJSON_AddItemToArray(a->toks, cJSON_CreateString(tt));
+    cJSON_AddItemToArray(a->toks, cJSON_CreateString(tt.text));
     cJSON_AddItemToArray(a->lps, isnan(lp) ? cJSON_CreateNull() : cJSON_CreateNumber(lp));
     cJSON_AddItemToArray(a->tops, top), top = NULL;
     cJSON_AddItemToArray(a->offs, cJSON_CreateNumber((double)a->offset));
-    size_t k = 0;
-    if (p->h->tok) moe_tokenizer_token_bytes(p->h->tok, t, &k);
-    a->offset += k;
+    a->offset += tt.n;
   }
   cJSON_Delete(top);
-  free(tt);
+  token_piece_free(&tt);
   return ok;
 }
 
@@ -206,11 +236,14 @@ static cJSON *logprobs_json(const reply *p, int from, int n, int prompt) {
   }
   int ok = o != NULL, k = st->n_top;
   for (int i = 0; ok && prompt && i < p->c.n_ids; i++)
-    ok = add_entry(p, &a, p->c.ids[i], st->prompt_logprobs[i], st->prompt_top_ids + (size_t)i * k,
-                   st->prompt_top_logprobs + (size_t)i * k, k);
+    ok = add_entry(p, &a, i ? p->c.ids[i - 1] : -1, p->c.ids[i], st->prompt_logprobs[i],
+                   st->prompt_top_ids + (size_t)i * k, st->prompt_top_logprobs + (size_t)i * k, k);
   a.offset = p->echo_len + p->start; /* the text's bytes before token `from` (completions) */
-  for (int i = from; ok && i < n; i++)
-    ok = add_entry(p, &a, st->tokens[i], st->logprobs[i], st->top_ids + (size_t)i * k, st->top_logprobs + (size_t)i * k, k);
+  for (int i = from; ok && i < n; i++) {
+    int32_t prev = i ? st->tokens[i - 1] : p->c.n_ids ? p->c.ids[p->c.n_ids - 1] : -1;
+    ok = add_entry(p, &a, prev, st->tokens[i], st->logprobs[i], st->top_ids + (size_t)i * k,
+                   st->top_logprobs + (size_t)i * k, k);
+  }
   if (!ok) cJSON_Delete(o);
   return ok ? o : NULL;
 }

@@ -986,6 +986,10 @@ moe_status moe_detokenizer_new(moe_detokenizer **out, const moe_tokenizer *t);
 moe_status moe_detokenizer_push(moe_detokenizer *d, int32_t id, const char **text, size_t *len);
 /* The text still held (an incomplete character at the end, as U+FFFD); then d starts a new text. */
 moe_status moe_detokenizer_flush(moe_detokenizer *d, const char **text, size_t *len);
+/* d starts a new text that continues after the n context ids (a prompt, whose text is not given): the
+ * first token's text is then what it adds after them, as a server's completion follows its prompt
+ * (SentencePiece's "\u2581the" gives " the" there, not "the"); what d held is dropped. */
+moe_status moe_detokenizer_follow(moe_detokenizer *d, const int32_t *ids, size_t n);
 void moe_detokenizer_free(moe_detokenizer *d);
 
 /* ---- a Mixtral-architecture language model and its relatives (DESIGN 4.5) ----

@@ -4,7 +4,7 @@ that it exits 0. Prints what differs and exits 1 on a failure.
 usage: serve_client.py MOE CK SCENARIO [EXTRA...]; scenarios: match, busy, bad, sigterm, full (EXTRA
 --max-connections 4 --timeout 2), drain (EXTRA --timeout 2), eos (on a copy of CK whose end of text is a
 token greedy decoding reaches), stop, metrics, chat (on a copy of CK with a chat template), loading (the
-server held mid-load)."""
+server held mid-load), pieces (CK with Llama 2's SentencePiece tokenizer)."""
 import fcntl
 import http.client
 import json
@@ -620,6 +620,37 @@ def loading():
     sys.exit(1 if failures else 0)
 
 
+def pieces(port):
+    """Logprobs' token strings are the text each token adds (SentencePiece's "\u2581" a space, no raw pieces):
+    joined they are the echoed prompt and the completion, and each text_offset is the bytes before it."""
+    prompt = "Hello world, na\u00efve caf\u00e9 costs 12 euros."
+    status, _, text = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 5, "temperature": 0,
+                                                                "echo": True, "logprobs": 2, "ignore_eos": True})
+    check(status == 200, "pieces: %d %s" % (status, text))
+    if status != 200:
+        return
+    ch = json.loads(text)["choices"][0]
+    lp = ch["logprobs"]
+    toks = lp["tokens"]
+    check(ch["text"].startswith(prompt) and "".join(toks) == ch["text"], "tokens %s joined are not the text %r" % (toks, ch["text"]))
+    check(not any("\u2581" in t or t.startswith("<0x") for t in toks), "raw pieces among %s" % toks)
+    want = [len("".join(toks[:i]).encode()) for i in range(len(toks))]
+    check(lp["text_offset"] == want, "text_offset %s, want %s" % (lp["text_offset"], want))
+    body = {"prompt": prompt, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    ids, text = complete(port, body)
+    want = generate(body)
+    check(ids == want["ids"] and text == want["text"] and ch["text"] == prompt + text,
+          "completion %r %s, moe generate %r %s, echoed %r" % (text, ids, want["text"], want["ids"], ch["text"]))
+    alts = [k for d in lp["top_logprobs"][1:] for k in d]
+    check(alts and not any("\u2581" in k for k in alts), "raw pieces among the alternatives %s" % alts)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0, "logprobs": True,
+            "top_logprobs": 1, "ignore_eos": True}
+    status, _, text = request(port, "POST", "/v1/chat/completions", body)
+    if status == 200:  # a checkpoint with a chat template: each token's bytes are its text's
+        content = json.loads(text)["choices"][0]["logprobs"]["content"]
+        check(all(bytes(e["bytes"]).decode("utf-8", "replace") == e["token"] for e in content), "chat bytes %s" % content)
+
+
 def main():
     if SCENARIO == "loading":
         loading()
@@ -636,7 +667,7 @@ def main():
             {"sigterm": sigterm, "drain": drain}[SCENARIO](port, p)
         else:
             {"match": match, "busy": busy, "bad": bad, "full": full, "metrics": metrics, "stop": stop, "chat": chat,
-             "eos": lambda port: eos(port, ck, want, i)}[SCENARIO](port)
+             "pieces": pieces, "eos": lambda port: eos(port, ck, want, i)}[SCENARIO](port)
             p.send_signal(signal.SIGTERM)
         rc = p.wait(timeout=300)
         check(rc == 0, "the server exited %d after SIGTERM" % rc)

@@ -310,7 +310,8 @@ TEST(threads_release_ends_the_callers_team) {
 
 /* The engine's text through a SentencePiece tokenizer (Llama 2's: "▁" pieces, byte fallback): a random
  * model sampling over its whole vocabulary; the text read as it comes (moe_engine_text from each state's
- * text_safe) joined is the whole decode with bytes that are not UTF-8 as U+FFFD, and has no "▁". */
+ * text_safe) joined is what the tokens add to the prompt's decode (its first piece's space kept), with
+ * bytes that are not UTF-8 as U+FFFD, and has no "▁". */
 TEST(engine_text_streams_through_the_tokenizers_decoders) {
   char path[1024];
   snprintf(path, sizeof path, "%s/../../data/tokenizers/llama2/tokenizer.json", test_fixture_dir());
@@ -342,9 +343,16 @@ TEST(engine_text_streams_through_the_tokenizers_decoders) {
     free(piece);
   } while (!st.done);
   ASSERT_EQ_INT(st.n, 40);
-  ASSERT_OK(moe_tokenizer_decode_alloc(t, st.tokens, (size_t)st.n, &all, &n));
-  ASSERT(want = malloc(3 * n + 1));
-  size_t used, nw = moe__utf8_clean(all, n, 1, want, &used);
+  int32_t ids[43]; /* the text continues the prompt's: what the tokens add to its decode */
+  memcpy(ids, prompt, sizeof prompt);
+  memcpy(ids + 3, st.tokens, 40 * sizeof *ids);
+  char *pre = NULL;
+  size_t np;
+  ASSERT_OK(moe_tokenizer_decode_alloc(t, prompt, 3, &pre, &np));
+  ASSERT_OK(moe_tokenizer_decode_alloc(t, ids, 43, &all, &n));
+  ASSERT(np <= n && !memcmp(pre, all, np) && (want = malloc(3 * n + 1)));
+  free(pre);
+  size_t used, nw = moe__utf8_clean(all + np, n - np, 1, want, &used);
   if (nw != w || memcmp(got, want, w)) FAIL_("streamed \"%.*s\", decode \"%.*s\"", (int)w, got, (int)nw, want);
   got[w] = 0;
   ASSERT(!strstr(got, "\xe2\x96\x81"));

@@ -10,6 +10,7 @@
  * under way and exits 0, not waiting for a body that never comes. */
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "run_cli.h"
@@ -49,11 +50,9 @@ static const char *checkpoint(void) {
   return dir;
 }
 
-/* Runs a scenario of serve_client.py against the checkpoint (extra: more serve flags); 1 when it passed,
+/* Runs a scenario of serve_client.py against checkpoint ck (extra: more serve flags); 1 when it passed,
  * after printing its report (a scenario that cannot run here exits 77: a skip, and 1). */
-static int scenario(const char *name, const char *extra) {
-  const char *ck = checkpoint();
-  if (!ck) return 0;
+static int scenario_on(const char *ck, const char *name, const char *extra) {
   char cmd[2048], log[512];
   test_tmp_path("serve_client.log", log, sizeof log);
   snprintf(cmd, sizeof cmd, PYTHON " '%s/../serve_client.py' '%s' '%s' %s %s >'%s' 2>&1", test_fixture_dir(), MOE_CLI,
@@ -67,6 +66,12 @@ static int scenario(const char *name, const char *extra) {
     return 1;
   }
   return rc == 0;
+}
+
+/* The same on the checkpoint above. */
+static int scenario(const char *name, const char *extra) {
+  const char *ck = checkpoint();
+  return ck && scenario_on(ck, name, extra);
 }
 
 static int have_python(void) {
@@ -162,6 +167,28 @@ TEST(serve_sigterm_does_not_wait_for_a_missing_body) {
 TEST(serve_answers_503_while_loading) {
   if (!have_python()) return;
   ASSERT(scenario("loading", ""));
+}
+
+/* Logprobs' tokens with a SentencePiece tokenizer (Llama 2's, from scripts/get-tokenizers.sh): the text
+ * each token adds, not its raw piece, and the offsets of that text; chat's bytes. */
+TEST(serve_logprobs_token_text_sentencepiece) {
+  if (!have_python()) return;
+  char src[600], dir[512], path[700], cmd[2048];
+  snprintf(src, sizeof src, "%s/../../data/tokenizers/llama2", test_fixture_dir());
+  snprintf(path, sizeof path, "%s/tokenizer.json", src);
+  if (access(path, R_OK)) SKIP("no data/tokenizers/llama2 (scripts/get-tokenizers.sh fetches it)");
+  moe_lm_config c;
+  moe_lm_t m;
+  moe_lm_config_default(&c);
+  c.vocab = 32000, c.n_layers = 1, c.n_heads = 2, c.n_kv_heads = 1, c.head_dim = 8, c.max_seq = 64;
+  c.moe.D = 16, c.moe.H = 16, c.moe.E = 4, c.moe.threads = 1;
+  ASSERT_OK(moe_lm_init(&m, &c));
+  moe_lm_init_params(&m, 7);
+  ASSERT_OK(moe_lm_save(&m, test_tmp_path("serve_llama2", dir, sizeof dir)));
+  moe_lm_free(&m);
+  snprintf(cmd, sizeof cmd, "cp '%s/tokenizer.json' '%s/tokenizer_config.json' '%s/'", src, src, dir);
+  ASSERT_EQ_INT(system(cmd), 0);
+  ASSERT(scenario_on(dir, "pieces", ""));
 }
 
 /* Flags the server cannot serve with: an error naming the value, exit 1, before listening. */

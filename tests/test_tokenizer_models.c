@@ -3,7 +3,8 @@
  * @lenml/tokenizers, transformers.js's tokenizers: for each case of
  * tests/fixtures/tokenizers/<model>/expected.json (made by dev/gen_tokenizer_fixtures.js), the same
  * ids, our decode of its ids gives its decoded text (and so does streaming them one by one through a
- * moe_detokenizer), and decode(encode(text)) == text where its does.
+ * moe_detokenizer, and its second half through one following the first), and decode(encode(text)) ==
+ * text where its does.
  * A model whose tokenizer.json is absent is skipped. */
 #include <cjson/cJSON.h>
 #include <stdlib.h>
@@ -38,6 +39,40 @@ static int check_stream(const moe_tokenizer *t, const int32_t *ids, size_t n, co
   }
   moe_detokenizer_free(d);
   free(got);
+  return ok;
+}
+
+/* Whether the n bytes are UTF-8 that ends with a whole character. */
+static int utf8_whole(const char *s, size_t n) {
+  char *tmp = malloc(3 * n + 1);
+  int ok = tmp && moe_utf8_clean(s, n, tmp) == n && !memcmp(tmp, s, n);
+  free(tmp);
+  return ok;
+}
+
+/* A detokenizer following the first half of the ids gives, for the second half, what they add to the
+ * whole text's decode (want) after the first half's (checked where that is a prefix of want: not where
+ * a character is split at the half). */
+static int check_follow(const moe_tokenizer *t, const int32_t *ids, size_t n, const char *want, int k) {
+  size_t h = n / 2, lp = 0, len, w = 0;
+  char *prefix = NULL, *got = malloc(3 * strlen(want) + 64);
+  const char *piece;
+  moe_detokenizer *d = NULL;
+  int ok = got && moe_tokenizer_decode_alloc(t, ids, h, &prefix, &lp) == MOE_OK;
+  /* a prefix ending inside a character is no place to start a continuation's text */
+  if (ok && (lp > strlen(want) || memcmp(prefix, want, lp) || !utf8_whole(prefix, lp))) return free(prefix), free(got), 1;
+  ok = ok && moe_detokenizer_new(&d, t) == MOE_OK && moe_detokenizer_follow(d, ids, h) == MOE_OK;
+  for (size_t i = h; ok && i <= n; i++) {
+    ok = (i < n ? moe_detokenizer_push(d, ids[i], &piece, &len) : moe_detokenizer_flush(d, &piece, &len)) == MOE_OK;
+    if (ok && len) memcpy(got + w, piece, len), w += len;
+  }
+  if (!ok || w != strlen(want) - lp || memcmp(got, want + lp, w)) {
+    fprintf(stderr, "  case %d: following %zu of %zu ids gave \"%.*s\", want \"%.80s\" (%s)\n", k, h, n,
+            ok ? (int)(w > 80 ? 80 : w) : 0, got ? got : "", want + lp, moe_last_error());
+    ok = 0;
+  }
+  moe_detokenizer_free(d);
+  free(prefix), free(got);
   return ok;
 }
 
@@ -78,7 +113,7 @@ static int check_case(const moe_tokenizer *t, const cJSON *c, int k) {
     ok = 0;
   }
   free(back);
-  if (!check_stream(t, wids, nw, want_text, k)) ok = 0;
+  if (!check_stream(t, wids, nw, want_text, k) || !check_follow(t, wids, nw, want_text, k)) ok = 0;
   /* Our own ids decode back to the text where the reference's do. */
   if (ok && !strcmp(want_text, text)) {
     back = malloc(n + 1);

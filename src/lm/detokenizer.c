@@ -4,6 +4,7 @@
  * new ones, and gives the difference (vLLM's incremental detokenizing): decoders that treat the text's
  * first token apart (Metaspace dropping its space) see the same first token in both, so the difference
  * is what the new tokens add to the whole text's decode. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,6 +112,39 @@ moe_status moe_detokenizer_push(moe_detokenizer *d, int32_t id, const char **tex
   }
   d->ids[d->n++] = id;
   return push_window(d, 0, text, len);
+}
+
+/* Whether id is a byte-fallback token ("<0x80>" to "<0xBF>") of a byte that continues a character. */
+static int continuation_byte(const moe_tokenizer *t, int32_t id) {
+  size_t k;
+  const char *b = moe_tokenizer_token_bytes(t, id, &k);
+  unsigned v;
+  return b && k == 6 && !memcmp(b, "<0x", 3) && b[5] == '>' && sscanf(b + 3, "%2x", &v) == 1 && v >= 0x80 && v < 0xC0;
+}
+
+/* The window: the last of the context's ids, shown, so that the next token's text is what it adds after
+ * them (a SentencePiece piece keeps its space). A few ids cover a byte-fallback run of one character. */
+#define FOLLOW_IDS 6
+
+moe_status moe_detokenizer_follow(moe_detokenizer *d, const int32_t *ids, size_t n) {
+  MOE_TRY(d && (ids || !n), MOE_ERR_ARG, "moe_detokenizer_follow: NULL argument");
+  d->nheld = d->n = d->shown = 0;
+  if (d->concat || !n) return MOE_OK;
+  size_t k = n < FOLLOW_IDS ? n : FOLLOW_IDS;
+  for (size_t i = n - k; i < n; i++)
+    MOE_TRY(ids[i] >= 0 && ids[i] < moe_tokenizer_vocab_size(d->t), MOE_ERR_VALUE,
+            "moe_detokenizer_follow: %d is not a token id (the vocabulary has %d)", ids[i], moe_tokenizer_vocab_size(d->t));
+  /* the window starts at a character: a byte-fallback run cut after its first byte would not be UTF-8,
+   * and its decoders give every byte of such a run as U+FFFD, the ones that follow too */
+  while (k > 1 && continuation_byte(d->t, ids[n - k])) k--;
+  if (k > d->cap) {
+    int32_t *p = realloc(d->ids, FOLLOW_IDS * sizeof *p);
+    MOE_TRY(p, MOE_ERR_NOMEM, "moe_detokenizer_follow: out of memory");
+    d->ids = p, d->cap = FOLLOW_IDS;
+  }
+  memcpy(d->ids, ids + n - k, k * sizeof *ids);
+  d->n = d->shown = k;
+  return MOE_OK;
 }
 
 moe_status moe_detokenizer_flush(moe_detokenizer *d, const char **text, size_t *len) {

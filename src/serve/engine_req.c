@@ -44,7 +44,8 @@ moe_status moe__req_new(const moe_lm_t *m, const moe_engine_params *p, const moe
   int ok = r && (r->prompt = malloc((size_t)p->n_prompt * 4)) && (r->out = malloc((size_t)p->max_tokens * 4 + 4));
   for (int i = 0; ok && i < p->n_stop; i++) ok = (r->stop[i] = strdup(p->stop[i])) != NULL;
   size_t nt = (size_t)p->max_tokens * (p->top_logprobs ? (size_t)p->top_logprobs : 1);
-  if (ok && tok) ok = moe_detokenizer_new(&r->detok, tok) == MOE_OK;
+  if (ok && tok) /* the completion's text continues the prompt's */
+    ok = moe_detokenizer_new(&r->detok, tok) == MOE_OK && moe_detokenizer_follow(r->detok, p->prompt, (size_t)p->n_prompt) == MOE_OK;
   size_t np = (size_t)p->n_prompt * (p->top_logprobs ? (size_t)p->top_logprobs : 1);
   if (ok && p->logprobs)
     ok = (r->lp = malloc((size_t)p->max_tokens * 4 + 4)) && (r->top_ids = malloc(nt * 4 + 4)) &&
