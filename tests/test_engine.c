@@ -291,9 +291,11 @@ static int settles_to(int n) {
  * so that a model decoded on the engine's thread does not keep the loading thread's team beside its own. */
 TEST(threads_release_ends_the_callers_team) {
   moe_lm_t m;
-  ASSERT(load(&m));
-  moe_lm_set_threads(&m, 2);
   int base = tasks();
+  ASSERT(load(&m)); /* with AVX-512 its init runs a parallel region: this thread's team starts here */
+  moe_threads_release();
+  ASSERT_EQ_INT(settles_to(base), base);
+  moe_lm_set_threads(&m, 2);
   decode_here(&m); /* on this thread: its team of 2 stays, one worker more */
   ASSERT_EQ_INT(tasks(), base + 1);
   moe_threads_release();
