@@ -1136,6 +1136,10 @@ void moe_lm_zero_grad(moe_lm_t *m);
 void moe_lm_params_changed(moe_lm_t *m);
 void moe_lm_set_threads(moe_lm_t *m, int threads);
 const moe_tensor_ref *moe_lm_find(const moe_lm_t *m, const char *name);
+/* The type parameter `name` is computed in: MOE_GGUF_F32 for the fp32 ones (its ref's data), or the
+ * quantized type of a GGUF file's weight that moe_lm_load kept in its stored bytes (the ref's data is
+ * then unused; see moe_lm_load). MOE_GGUF_F32 also for a name m does not have. */
+moe_gguf_type moe_lm_param_type(const moe_lm_t *m, const char *name);
 /* tokens (B, T) in [0, vocab), T <= max_seq; targets (B, T) the next tokens (< 0: not counted), or
  * NULL for logits only. Keeps what backward needs. */
 moe_status moe_lm_forward(moe_lm_t *m, const int32_t *tokens, const int32_t *targets, int B, int T,
