@@ -1231,8 +1231,10 @@ moe_status moe_lm_eos_ids(const char *dir, const moe_tokenizer *t, int vocab, in
  * converter permutes per head, put back), every supported type dequantized to fp32 but the experts:
  * moe_lm_read_config sets moe.expert_type to their type when every MoE layer's three stacks share one
  * that moe_layer_bind_experts takes (D and H whole blocks of it), and moe_lm_load then binds them where
- * they lie in the mapped file, kept open until moe_lm_free (expert_type -1: dequantized as the rest;
- * moe_lm_save and moe_lm_save_gguf refuse a model whose experts are bound bytes). A tensor absent is
+ * they lie in the mapped file, kept open until moe_lm_free, and so the attention projections (q, k and v
+ * together), dense layers' MLPs, the embedding and the head whose types have kernels and whose rows are
+ * whole blocks (moe_lm_param_type; their refs are then unused) (expert_type -1: all dequantized;
+ * moe_lm_save, moe_lm_save_gguf and moe_lm_backward refuse a model with bound bytes). A tensor absent is
  * MOE_ERR_MISSING, one of another shape MOE_ERR_SHAPE naming the file, the tensor and both shapes, an
  * unknown architecture or a tensor the model does not have MOE_ERR_FORMAT naming it. */
 typedef struct {

@@ -21,21 +21,21 @@ static const moe_gguf_type kTypes[] = {MOE_GGUF_Q8_0, MOE_GGUF_Q4_0, MOE_GGUF_MX
 #define T_LEN 8
 
 /* A tiny model of family fam (widths whole K-quant blocks) written as type t to path. */
-static moe_status write_model(moe_lm_family fam, moe_gguf_type t, char *path, size_t n) {
+static moe_status write_model(moe_lm_family fam, moe_gguf_type t, int dense_H, char *path, size_t n) {
   moe_lm_config c;
   moe_lm_config_default(&c);
   moe_lm_config_set_family(&c, fam);
   c.vocab = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.max_seq = 32;
   c.moe.D = 256, c.moe.H = 256, c.moe.E = 3, c.moe.top_k = 2;
   if (fam == MOE_LM_QWEN3_MOE) { /* layer 0 dense, the embedding tied to the head */
-    c.dense_layers[0] = 1, c.dense_H = 256, c.tie_embeddings = 1;
+    c.dense_layers[0] = 1, c.dense_H = dense_H, c.tie_embeddings = 1;
   }
   moe_lm_t m;
   moe_status st = moe_lm_init(&m, &c);
   if (st != MOE_OK) return st;
   moe_lm_init_params(&m, 5);
   char name[64];
-  snprintf(name, sizeof name, "qdense_%d_%d.gguf", (int)fam, (int)t);
+  snprintf(name, sizeof name, "qdense_%d_%d_%d.gguf", (int)fam, (int)t, dense_H);
   test_tmp_path(name, path, n);
   moe_lm_gguf_options o = {t, NULL, NULL};
   st = moe_lm_save_gguf(&m, path, &o);
@@ -91,7 +91,7 @@ TEST(lm_quant_dense_near_widened_and_the_same_bits_for_decode_and_threads) {
       moe_gguf_type t = kTypes[k];
       char path[512];
       moe_lm_t q, w;
-      ASSERT_OK(write_model(fams[f], t, path, sizeof path));
+      ASSERT_OK(write_model(fams[f], t, 256, path, sizeof path));
       ASSERT_OK(load_both(path, &q, &w));
       const char *quantized[] = {"model.embed_tokens.weight", "model.layers.1.self_attn.q_proj.weight",
                                  "model.layers.1.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight",
@@ -142,7 +142,7 @@ TEST(lm_quant_dense_permuted_rows_put_back_exactly) {
   for (int k = 0; k < NTYPES; k++) {
     char path[512];
     moe_lm_t q, w;
-    ASSERT_OK(write_model(MOE_LM_MIXTRAL, kTypes[k], path, sizeof path));
+    ASSERT_OK(write_model(MOE_LM_MIXTRAL, kTypes[k], 256, path, sizeof path));
     ASSERT_OK(load_both(path, &q, &w));
     const char *names[4] = {"model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
                             "model.layers.1.self_attn.v_proj.weight", "model.layers.1.self_attn.o_proj.weight"};
@@ -169,7 +169,7 @@ TEST(lm_quant_dense_permuted_rows_put_back_exactly) {
 TEST(lm_quant_dense_is_inference_only) {
   char path[512], dir[512], out[512];
   moe_lm_t q, w;
-  ASSERT_OK(write_model(MOE_LM_MIXTRAL, MOE_GGUF_Q8_0, path, sizeof path));
+  ASSERT_OK(write_model(MOE_LM_MIXTRAL, MOE_GGUF_Q8_0, 256, path, sizeof path));
   ASSERT_OK(load_both(path, &q, &w));
   test_tmp_path("qdense_save", dir, sizeof dir);
   test_tmp_path("qdense_save.gguf", out, sizeof out);
@@ -184,6 +184,27 @@ TEST(lm_quant_dense_is_inference_only) {
   ASSERT_OK(moe_lm_forward(&w, t, y, 1, T_LEN, NULL));
   ASSERT_OK(moe_lm_backward(&w));
   ASSERT_OK(moe_lm_save_gguf(&w, out, NULL));
+  moe_lm_free(&q);
+  moe_lm_free(&w);
+}
+
+/* A dense layer whose down projection has no kernel (dense_H 40: not whole blocks, written F16) keeps
+ * its whole MLP in fp32, the attention still quantized; the logits stay near the widened model's. */
+TEST(lm_quant_dense_mlp_all_or_none) {
+  char path[512];
+  moe_lm_t q, w;
+  ASSERT_OK(write_model(MOE_LM_QWEN3_MOE, MOE_GGUF_Q4_K, 40, path, sizeof path));
+  ASSERT_OK(load_both(path, &q, &w));
+  ASSERT(moe_lm_param_type(&q, "model.layers.0.mlp.gate_proj.weight") == MOE_GGUF_F32);
+  ASSERT(moe_lm_param_type(&q, "model.layers.0.mlp.down_proj.weight") == MOE_GGUF_F32);
+  ASSERT(moe_lm_param_type(&q, "model.layers.0.self_attn.o_proj.weight") == MOE_GGUF_Q4_K);
+  size_t n = (size_t)T_LEN * q.cfg.vocab;
+  float *a = malloc(n * 4), *b = malloc(n * 4);
+  ASSERT(a && b && seq_logits(&q, 0, a) && seq_logits(&w, 0, b));
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(a[i] - b[i])), scale = fmax(scale, fabs(b[i]));
+  ASSERT(worst > 0 && worst < 0.05 * scale);
+  free(a), free(b);
   moe_lm_free(&q);
   moe_lm_free(&w);
 }

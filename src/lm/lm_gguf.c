@@ -284,19 +284,21 @@ static moe_status read_ref(const moe_gguf *g, const moe_lm_t *m, const moe_tenso
   return st;
 }
 
-/* Whether the layer's attn_q, attn_k and attn_v (of parameter `name`, when it is one of them) all have
- * a type with a dot kernel (moe__lm_bind_quant takes the three together). */
-static int qkv_fit(const moe_gguf *g, const moe_lm_t *m, const char *name) {
-  int i, n = 0;
-  if (!strstr(name, ".self_attn.") || strstr(name, "o_proj") || sscanf(name, "model.layers.%d.%n", &i, &n) != 1 || !n)
-    return 1;
-  static const char *const qkv[3] = {"q", "k", "v"};
-  for (int j = 0; j < 3; j++) {
+/* Whether the tensors computed together with parameter `name` all have a type with a dot kernel for
+ * their rows: a layer's attn_q, attn_k and attn_v (one product), a dense layer's ffn_gate, ffn_up and
+ * ffn_down (one MLP); any other parameter alone. */
+static int group_fits(const moe_gguf *g, const moe_lm_t *m, const char *name) {
+  int i, n = 0, D = m->cfg.moe.D, H = m->cfg.dense_H;
+  if (sscanf(name, "model.layers.%d.%n", &i, &n) != 1 || !n) return 1;
+  static const char *const attn[3] = {"attn_q", "attn_k", "attn_v"}, *const mlp[3] = {"ffn_gate", "ffn_up", "ffn_down"};
+  const char *const *group = !strncmp(name + n, "self_attn.", 10) && !strstr(name, "o_proj") ? attn
+                             : !strncmp(name + n, "mlp.", 4) ? mlp : NULL;
+  for (int j = 0; group && j < 3; j++) {
     char t_name[64];
     moe_gguf_tensor t;
-    snprintf(t_name, sizeof t_name, "blk.%d.attn_%s.weight", i, qkv[j]);
+    snprintf(t_name, sizeof t_name, "blk.%d.%s.weight", i, group[j]);
     if (!moe_gguf_has_tensor(g, t_name) || moe_gguf_tensor_get(g, t_name, &t) != MOE_OK ||
-        !moe__qmat_fits(t.type, m->cfg.moe.D))
+        !moe__qmat_fits(t.type, group == mlp && j == 2 ? H : D))
       return 0;
   }
   return 1;
@@ -309,7 +311,7 @@ static moe_status bind_or_read(const moe_gguf *g, moe_lm_t *m, const moe_tensor_
   located l;
   if (!moe__lm_quantizable(m, r->name)) return read_ref(g, m, r);
   MOE_CHECK(locate(g, m, r, &l));
-  if (!moe__qmat_fits(l.t.type, l.cols) || !qkv_fit(g, m, r->name)) return read_ref(g, m, r);
+  if (!moe__qmat_fits(l.t.type, l.cols) || !group_fits(g, m, r->name)) return read_ref(g, m, r);
   const uint8_t *w = l.t.data;
   uint8_t *own = NULL;
   if (l.permute) {

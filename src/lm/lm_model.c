@@ -533,8 +533,7 @@ void moe_lm_free(moe_lm_t *m) {
 
 void moe__lm_keep_mapped(moe_lm_t *m, moe_gguf *g) { m->st->mapped = g; }
 
-/* Where parameter `name` goes when it is computed in a quantized type (the matrices with a
- * moe__qmat slot), and the first of its kind when q/k/v must be bound together; NULL: it stays fp32. */
+/* Where parameter `name` goes when it is computed in a quantized type; NULL: it stays fp32. */
 static moe__qmat *quant_slot(const moe_lm_t *m, const char *name) {
   moe__lm_state *s = m->st;
   if (!strcmp(name, "model.embed_tokens.weight")) return &s->qembed;
