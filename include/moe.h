@@ -1145,6 +1145,10 @@ void moe_lm_zero_grad(moe_lm_t *m);
 void moe_lm_params_changed(moe_lm_t *m);
 void moe_lm_set_threads(moe_lm_t *m, int threads);
 const moe_tensor_ref *moe_lm_find(const moe_lm_t *m, const char *name);
+/* The type parameter `name` is computed in: MOE_GGUF_F32 for the fp32 ones (its ref's data), or the
+ * quantized type of a GGUF file's weight that moe_lm_load kept in its stored bytes (the ref's data is
+ * then unused; see moe_lm_load). MOE_GGUF_F32 also for a name m does not have. */
+moe_gguf_type moe_lm_param_type(const moe_lm_t *m, const char *name);
 /* tokens (B, T) in [0, vocab), T <= max_seq; targets (B, T) the next tokens (< 0: not counted), or
  * NULL for logits only. Keeps what backward needs. */
 moe_status moe_lm_forward(moe_lm_t *m, const int32_t *tokens, const int32_t *targets, int B, int T,
@@ -1236,8 +1240,10 @@ moe_status moe_lm_eos_ids(const char *dir, const moe_tokenizer *t, int vocab, in
  * converter permutes per head, put back), every supported type dequantized to fp32 but the experts:
  * moe_lm_read_config sets moe.expert_type to their type when every MoE layer's three stacks share one
  * that moe_layer_bind_experts takes (D and H whole blocks of it), and moe_lm_load then binds them where
- * they lie in the mapped file, kept open until moe_lm_free (expert_type -1: dequantized as the rest;
- * moe_lm_save and moe_lm_save_gguf refuse a model whose experts are bound bytes). A tensor absent is
+ * they lie in the mapped file, kept open until moe_lm_free, and so the attention projections (q, k and v
+ * together), dense layers' MLPs, the embedding and the head whose types have kernels and whose rows are
+ * whole blocks (moe_lm_param_type; their refs are then unused) (expert_type -1: all dequantized;
+ * moe_lm_save, moe_lm_save_gguf and moe_lm_backward refuse a model with bound bytes). A tensor absent is
  * MOE_ERR_MISSING, one of another shape MOE_ERR_SHAPE naming the file, the tensor and both shapes, an
  * unknown architecture or a tensor the model does not have MOE_ERR_FORMAT naming it. */
 typedef struct {

@@ -2,8 +2,9 @@
  * general.architecture llama (with experts: Mixtral), qwen2moe, qwen3moe or olmoe, the {arch}.* keys,
  * tensors by llama.cpp's names (lm_gguf_names.c) with the experts stacked in 3-D tensors and llama's q
  * and k rows permuted per head. The experts stay in their stored type when the layer has kernels for it
- * (moe_layer_bind_experts into the mapped file); every other weight is dequantized into the fp32 model;
- * each is checked against the config for its shape (ggml's order, ne[0] the row length) first. */
+ * (moe_layer_bind_experts into the mapped file), and so do the attention's projections, the dense
+ * layers' MLPs, the embedding and the head when their types have kernels (moe__lm_bind_quant); every
+ * other weight is dequantized into the fp32 model (all of them with moe.expert_type -1); each is checked against the config for its shape (ggml's order, ne[0] the row length) first. */
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,7 +17,7 @@
 #include "lm_dist.h"
 #include "lm_family.h"
 #include "lm_gguf.h"
-#include "kernels/quant.h"
+#include "kernels/quant_matmul.h"
 
 int moe__lm_gguf_is(const char *path) {
   size_t n = path ? strlen(path) : 0;
@@ -283,6 +284,47 @@ static moe_status read_ref(const moe_gguf *g, const moe_lm_t *m, const moe_tenso
   return st;
 }
 
+/* Whether the tensors computed together with parameter `name` all have a type with a dot kernel for
+ * their rows: a layer's attn_q, attn_k and attn_v (one product), a dense layer's ffn_gate, ffn_up and
+ * ffn_down (one MLP); any other parameter alone. */
+static int group_fits(const moe_gguf *g, const moe_lm_t *m, const char *name) {
+  int i, n = 0, D = m->cfg.moe.D, H = m->cfg.dense_H;
+  if (sscanf(name, "model.layers.%d.%n", &i, &n) != 1 || !n) return 1;
+  static const char *const attn[3] = {"attn_q", "attn_k", "attn_v"}, *const mlp[3] = {"ffn_gate", "ffn_up", "ffn_down"};
+  const char *const *group = !strncmp(name + n, "self_attn.", 10) && !strstr(name, "o_proj") ? attn
+                             : !strncmp(name + n, "mlp.", 4) ? mlp : NULL;
+  for (int j = 0; group && j < 3; j++) {
+    char t_name[64];
+    moe_gguf_tensor t;
+    snprintf(t_name, sizeof t_name, "blk.%d.%s.weight", i, group[j]);
+    if (!moe_gguf_has_tensor(g, t_name) || moe_gguf_tensor_get(g, t_name, &t) != MOE_OK ||
+        !moe__qmat_fits(t.type, group == mlp && j == 2 ? H : D))
+      return 0;
+  }
+  return 1;
+}
+
+/* Ref r (a non-expert weight of a model whose experts are bound) kept in its stored type where it lies
+ * in the mapped file when the model can compute it so (DESIGN 4.8b): llama's permuted q and k rows put
+ * back as whole rows into bytes the model owns (exact); else read into fp32 as read_ref does. */
+static moe_status bind_or_read(const moe_gguf *g, moe_lm_t *m, const moe_tensor_ref *r) {
+  located l;
+  if (!moe__lm_quantizable(m, r->name)) return read_ref(g, m, r);
+  MOE_CHECK(locate(g, m, r, &l));
+  if (!moe__qmat_fits(l.t.type, l.cols) || !group_fits(g, m, r->name)) return read_ref(g, m, r);
+  const uint8_t *w = l.t.data;
+  uint8_t *own = NULL;
+  if (l.permute) {
+    size_t rb = moe__qrow_bytes(l.t.type, l.cols);
+    own = malloc((size_t)l.rows * rb);
+    MOE_TRY(own, MOE_ERR_NOMEM, "%s: out of memory for tensor '%s'", moe_gguf_path(g), l.name);
+    for (int64_t k = 0; k < l.rows; k++) memcpy(own + moe__lm_gguf_hf_row(k, l.rows, l.permute) * rb, w + k * rb, rb);
+    w = own;
+  }
+  moe__lm_bind_quant(m, r->name, l.t.type, w, own);
+  return MOE_OK;
+}
+
 /* Layer i's routed experts (their slices of ffn_gate_exps, ffn_up_exps and ffn_down_exps) into its
  * stacked fp32 weights: the one place the experts are read, so that a source keeping them in their
  * stored type can take its place. */
@@ -393,7 +435,8 @@ moe_status moe__lm_gguf_load(moe_lm_t *m, const char *path, const moe_lm_config 
   }
   int e, j, bound = c->moe.expert_type > 0;
   for (int k = 0; st == MOE_OK && k < m->nrefs; k++)
-    if (!moe__lm_expert_of(c->family, m->refs[k].name, &e, &j)) st = read_ref(g, m, &m->refs[k]);
+    if (!moe__lm_expert_of(c->family, m->refs[k].name, &e, &j))
+      st = bound ? bind_or_read(g, m, &m->refs[k]) : read_ref(g, m, &m->refs[k]);
   for (int i = 0; st == MOE_OK && i < c->n_layers; i++)
     if (!moe_lm_layer_dense(c, i)) st = bound ? bind_experts(g, m, i) : load_experts(g, m, i);
   if (st == MOE_OK) st = check_unused(g, m);

@@ -4,6 +4,7 @@
 #ifndef MOE_LM_GGUF_H
 #define MOE_LM_GGUF_H
 
+#include "kernels/quant_matmul.h"
 #include "moe.h"
 
 /* Whether path names a GGUF file: it ends in ".gguf", or it is a regular file starting with "GGUF". */
@@ -26,8 +27,18 @@ int moe__lm_gguf_name(const moe_lm_config *c, const char *hf, char *name, int *e
  * become rows 2 i and 2 i + 1). */
 int64_t moe__lm_gguf_hf_row(int64_t r, int64_t rows, int heads);
 
-/* m keeps g open until moe_lm_free (lm_model.c): its layers' experts are bound into g's mapping. */
+/* m keeps g open until moe_lm_free (lm_model.c): its layers' experts (and its weights in quantized
+ * types) are bound into g's mapping. */
 void moe__lm_keep_mapped(moe_lm_t *m, moe_gguf *g);
+/* Whether parameter `name` of m can be computed in a quantized type (an attention projection (q, k
+ * and v only together), a dense layer's MLP weight, the embedding, the head); and that binding: its
+ * rows as bytes of type t (moe__qmat_fits for its row length) at w, which the model reads until
+ * moe_lm_free, and frees own (NULL, or the bytes w points into) then. The ref's fp32 values are left
+ * as they are (zero) and the model is inference-only. */
+int moe__lm_quantizable(const moe_lm_t *m, const char *name);
+/* The bytes parameter `name` is computed from, when bound; else NULL. */
+const moe__qmat *moe__lm_quant_weight(const moe_lm_t *m, const char *name);
+void moe__lm_bind_quant(moe_lm_t *m, const char *name, moe_gguf_type t, const void *w, void *own);
 
 /* moe_lm_read_config and moe_lm_load of a GGUF file. */
 moe_status moe__lm_gguf_read_config(const char *path, moe_lm_config *c);

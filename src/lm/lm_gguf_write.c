@@ -142,7 +142,8 @@ moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gg
   const moe_lm_config *c = &m->cfg;
   MOE_TRY(moe_gguf_type_supported(o->type), MOE_ERR_DTYPE, "moe_lm_save_gguf: type %d has no codec", (int)o->type);
   MOE_TRY(c->moe.expert_type <= 0, MOE_ERR_ARG,
-          "moe_lm_save_gguf: %s: the experts are %s bytes, not parameters (load with moe.expert_type -1 to save; "
+          "moe_lm_save_gguf: %s: the experts (and the weights with kernels of their type) are %s bytes, not "
+          "parameters (load with moe.expert_type -1 to save; "
           "moe quantize converts a GGUF file's types)", path, moe_gguf_type_name((moe_gguf_type)c->moe.expert_type));
   MOE_TRY(moe__lm_gguf_arch(c->family), MOE_ERR_ARG, "%s: the %s family has no GGUF architecture here (llama, "
           "qwen2moe, qwen3moe, olmoe)", path, moe_lm_family_name(c->family));

@@ -879,7 +879,8 @@ static char *config_json(const moe_lm_config *c) {
 moe_status moe_lm_save(const moe_lm_t *m, const char *dir) {
   MOE_TRY(m && m->st && dir, MOE_ERR_ARG, "moe_lm_save: NULL argument");
   MOE_TRY(m->cfg.moe.expert_type <= 0, MOE_ERR_ARG,
-          "moe_lm_save: %s: the experts are %s bytes, not parameters (load with moe.expert_type -1 to save)", dir,
+          "moe_lm_save: %s: the experts (and the weights with kernels of their type) are %s bytes, not parameters "
+          "(load with moe.expert_type -1 to save)", dir,
           moe_gguf_type_name((moe_gguf_type)m->cfg.moe.expert_type));
   if (moe_dist_size(m->cfg.moe.dist) > 1) return moe__lm_save_ranks(m, dir);
   MOE_TRY(mkdir(dir, 0755) == 0 || errno == EEXIST, MOE_ERR_IO, "%s: cannot create the directory: %s", dir,

@@ -10,7 +10,9 @@
 #include "base/arena.h"
 #include "dist/dist.h"
 #include "kernels/gemm.h"
+#include "kernels/act.h"
 #include "kernels/mlp.h"
+#include "kernels/quant_matmul.h"
 #include "internal.h"
 #include "kernels.h"
 #include "lm_dist.h"
@@ -25,6 +27,10 @@ typedef struct {
   float *bo, *sinks;            /* o_bias: o_proj's bias (D); attn_sinks: the sinks (n_heads); or NULL */
   moe__mlp mlp;                 /* a dense layer's gate_proj (w1), up_proj (w3), down_proj (w2) */
   moe__mla_w mla;               /* the latent attention's (mla.kv_lora_rank > 0: wqkv unused) */
+  /* weights kept in a quantized GGUF type (bound with moe__lm_bind_quant; .w NULL: the fp32 ones):
+   * q_proj, k_proj and v_proj (all three or none), o_proj, a dense layer's gate, up and down */
+  moe__qmat qkv[3], o, mlp1, mlp3, mlp2;
+  void *own[3];                 /* bytes of those the model owns (permuted rows), freed with it */
 } lm_block;
 
 typedef struct { /* one layer's activations */
@@ -63,6 +69,10 @@ struct moe__lm_state {
   moe__mla_work mlaw;         /* the latent attention's backward buffers */
   int decoding;               /* this pass is a cached decode (the latent attention carves other buffers) */
   moe_gguf *mapped;           /* the file the layers' quantized experts are bound into (lm_gguf.c) */
+  moe__qmat qembed, qhead;    /* the embedding and the head in a quantized type (.w NULL: fp32) */
+  moe_gguf_type *ref_type;    /* (nrefs) the type each ref is computed in: F32, or the bound one */
+  int quant;                  /* weights bound in a quantized type: inference only */
+  void *qscratch;             /* the quantized activations of a pass (moe__qmatmul) */
 };
 
 struct moe_lm_cache {
@@ -504,9 +514,10 @@ moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c) {
     s->a = calloc((size_t)L + 1, sizeof *s->a);
     s->bal = calloc(2 * (size_t)E + 3, sizeof *s->bal);
     s->lstats = calloc((size_t)L, sizeof *s->lstats);
+    s->ref_type = calloc(3 + (size_t)L * (20 + 3 * (size_t)E), sizeof *s->ref_type);
   }
   if (!m->dense || !m->dense_grad || !m->layers || !m->refs || !s || !s->w || !s->g || !s->a || !s->bal ||
-      !s->lstats) {
+      !s->lstats || !s->ref_type) {
     moe_lm_free(m);
     MOE_TRY(0, MOE_ERR_NOMEM, "moe_lm_init: out of memory for %zu dense parameters", dense);
   }
@@ -529,6 +540,9 @@ void moe_lm_free(moe_lm_t *m) {
   if (m->st) {
     moe_gguf_close(m->st->mapped); /* after the layers bound into it */
     moe__arena_free(&m->st->arena);
+    for (int i = 0; m->st->w && i < m->cfg.n_layers; i++)
+      for (int j = 0; j < 3; j++) free(m->st->w[i].own[j]);
+    free(m->st->ref_type);
     free(m->st->w);
     free(m->st->g);
     free(m->st->a);
@@ -546,6 +560,55 @@ void moe_lm_free(moe_lm_t *m) {
 }
 
 void moe__lm_keep_mapped(moe_lm_t *m, moe_gguf *g) { m->st->mapped = g; }
+
+/* Where parameter `name` goes when it is computed in a quantized type; NULL: it stays fp32. */
+static moe__qmat *quant_slot(const moe_lm_t *m, const char *name) {
+  moe__lm_state *s = m->st;
+  if (!strcmp(name, "model.embed_tokens.weight")) return &s->qembed;
+  if (!strcmp(name, "lm_head.weight")) return &s->qhead;
+  int i, n = 0;
+  if (sscanf(name, "model.layers.%d.%n", &i, &n) != 1 || !n || i < 0 || i >= m->cfg.n_layers) return NULL;
+  lm_block *w = &s->w[i];
+  const char *rest = name + n;
+  static const char *const attn[4] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                      "self_attn.v_proj.weight", "self_attn.o_proj.weight"};
+  static const char *const mlp[3] = {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+  moe__qmat *attn_slot[4] = {&w->qkv[0], &w->qkv[1], &w->qkv[2], &w->o}, *mlp_slot[3] = {&w->mlp1, &w->mlp3, &w->mlp2};
+  for (int j = 0; j < 4 && !is_mla(&m->cfg); j++)
+    if (!strcmp(rest, attn[j])) return attn_slot[j];
+  for (int j = 0; j < 3 && !is_moe(m, i); j++)
+    if (!strcmp(rest, mlp[j])) return mlp_slot[j];
+  return NULL;
+}
+
+int moe__lm_quantizable(const moe_lm_t *m, const char *name) { return quant_slot(m, name) != NULL; }
+
+const moe__qmat *moe__lm_quant_weight(const moe_lm_t *m, const char *name) {
+  const moe__qmat *q = quant_slot(m, name);
+  return q && q->w ? q : NULL;
+}
+
+void moe__lm_bind_quant(moe_lm_t *m, const char *name, moe_gguf_type t, const void *w, void *own) {
+  moe__lm_state *s = m->st;
+  moe__qmat *slot = quant_slot(m, name);
+  const moe_tensor_ref *r = moe_lm_find(m, name);
+  *slot = (moe__qmat){t, w, (int)r->shape[0], (int)r->shape[1]};
+  if (slot == &s->qembed && m->cfg.tie_embeddings) s->qhead = *slot; /* the head reads the same bytes */
+  s->ref_type[r - m->refs] = t;
+  s->quant = 1;
+  int i;
+  if (own && sscanf(name, "model.layers.%d.", &i) == 1)
+    for (int j = 0; j < 3; j++)
+      if (!s->w[i].own[j]) {
+        s->w[i].own[j] = own;
+        break;
+      }
+}
+
+moe_gguf_type moe_lm_param_type(const moe_lm_t *m, const char *name) {
+  const moe_tensor_ref *r = m && name ? moe_lm_find(m, name) : NULL;
+  return r ? m->st->ref_type[r - m->refs] : MOE_GGUF_F32;
+}
 
 const moe_tensor_ref *moe_lm_find(const moe_lm_t *m, const char *name) {
   return moe__ref_find(m->refs, m->nrefs, name);
@@ -666,6 +729,11 @@ static size_t carve(moe_lm_t *m, int B, int T, int pos0, char *base) {
   }
   if (shaped) TAKE(s->draw, N * qkv);
   TAKE(s->gl, N * E);
+  if (s->quant) { /* activations quantized for the widest input: D, the attention's, a dense layer's */
+    int I = c->moe.D > att_dim(c) ? c->moe.D : att_dim(c);
+    I = c->dense_H > I ? c->dense_H : I;
+    TAKE(s->qscratch, (moe__qmatmul_scratch((int)N, I) + 3) / 4);
+  }
 #undef TAKE
   moe__attn at = {.B = B, .Tq = T, .pos0 = pos0, .nh = c->n_heads, .nkv = c->n_kv_heads, .hd = c->head_dim};
   if (base) s->scratch = (float *)(base + off);
@@ -742,8 +810,12 @@ static moe_status project(moe_lm_t *m, int i) {
   const lm_block *w = &s->w[i];
   int N = s->N, D = c->moe.D, nt = s->nt, qd = c->n_heads * c->head_dim, ld = qd + 2 * c->n_kv_heads * c->head_dim;
   float *out = a->raw ? a->raw : a->qkv;
-  moe__gemm g = gemm(false, true, N, ld, D, a->xn1, D, w->wqkv, D, 0.0f, out, ld);
-  MOE_CHECK(moe__gemm_row(&g, nt));
+  if (w->qkv[0].w) {
+    moe__qmatmul(w->qkv, 3, a->xn1, N, D, out, ld, 0, s->qscratch, nt);
+  } else {
+    moe__gemm g = gemm(false, true, N, ld, D, a->xn1, D, w->wqkv, D, 0.0f, out, ld);
+    MOE_CHECK(moe__gemm_row(&g, nt));
+  }
   if (w->bqkv) add_bias_rows(out, N, ld, w->bqkv, ld, nt);
   if (!a->raw) return MOE_OK;
   memcpy(a->qkv, a->raw, (size_t)N * ld * 4); /* v as it is; q and k overwritten by their norms */
@@ -842,6 +914,21 @@ static moe_status mla_forward(moe_lm_t *m, int i, moe_lm_cache *kv) {
   return moe__mla_decode(&x, &s->w[i].mla, &a->mla, a->xn1, rows, pos, a->att);
 }
 
+/* Layer i's dense MLP with its weights in a quantized type (moe__mlp_forward's in fp32), added to
+ * a[i + 1].res: gate and up of xn2, SwiGLU, down of h. */
+static void quant_mlp_forward(moe_lm_t *m, int i) {
+  moe__lm_state *s = m->st;
+  const lm_block *w = &s->w[i];
+  lm_acts *a = &s->a[i];
+  int N = s->N, D = m->cfg.moe.D, H = m->cfg.dense_H;
+  moe__qmatmul(&w->mlp1, 1, a->xn2, N, D, a->mlp.a1, H, 0, s->qscratch, s->nt);
+  moe__qmatmul(&w->mlp3, 1, a->xn2, N, D, a->mlp.a3, H, 0, s->qscratch, s->nt);
+#pragma omp parallel for num_threads(s->nt) schedule(static)
+  for (int t = 0; t < N; t++)
+    moe__act_forward(MOE_ACT_SWIGLU, a->mlp.a1 + (size_t)t * H, a->mlp.a3 + (size_t)t * H, a->mlp.h + (size_t)t * H, (size_t)H);
+  moe__qmatmul(&w->mlp2, 1, a->mlp.h, N, H, s->a[i + 1].res, D, 1, s->qscratch, s->nt);
+}
+
 /* Layer i forward: attention, then the MoE feed-forward; a[i].res in, a[i + 1].res out. With kv the
  * tokens sit at positions kv->len on: their keys and values join the cache and attention reads it. */
 static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_stats *out) {
@@ -853,12 +940,17 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   moe__rmsnorm_forward(a->res, w->ln1, N, D, c->rms_eps, a->xn1, a->rstd1, nt);
   MOE_CHECK(is_mla(c) ? mla_forward(m, i, kv) : gqa_forward(m, i, kv));
   memcpy(a->mid, a->res, (size_t)N * D * 4);
-  moe__gemm g = gemm(false, true, N, D, ad, a->att, ad, w->wo, ad, 1.0f, a->mid, D);
-  MOE_CHECK(moe__gemm_row(&g, nt));
+  if (w->o.w) {
+    moe__qmatmul(&w->o, 1, a->att, N, ad, a->mid, D, 1, s->qscratch, nt);
+  } else {
+    moe__gemm g = gemm(false, true, N, D, ad, a->att, ad, w->wo, ad, 1.0f, a->mid, D);
+    MOE_CHECK(moe__gemm_row(&g, nt));
+  }
   if (w->bo) add_bias_rows(a->mid, N, D, w->bo, D, nt);
   moe__rmsnorm_forward(a->mid, w->ln2, N, D, c->rms_eps, a->xn2, a->rstd2, nt);
   if (!is_moe(m, i)) { /* the dense MLP, added to the residual in place */
     memcpy(s->a[i + 1].res, a->mid, (size_t)N * D * 4);
+    if (w->mlp1.w) return quant_mlp_forward(m, i), MOE_OK;
     return moe__mlp_forward(&w->mlp, N, a->xn2, &a->mlp, 1.0f, s->a[i + 1].res, nt);
   }
   moe_layer_stats *ls = &s->lstats[i];
@@ -970,7 +1062,13 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   memset(s->bal, 0, 2 * (size_t)c->moe.E * sizeof *s->bal);
   int Lm = moe__lm_moe_layers(c); /* the balance loss is over the MoE layers' router logits */
   s->lbl = (moe__lbl){Lm, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E, (double)Lm * N};
-  moe__embed_forward(s->embed, tokens, N, D, s->a[0].res);
+  if (s->qembed.w) { /* the rows looked up, dequantized */
+    size_t rb = moe__qrow_bytes(s->qembed.type, D);
+    for (int i = 0; i < N; i++)
+      MOE_CHECK(moe_gguf_dequantize(s->qembed.type, s->qembed.w + (size_t)tokens[i] * rb, s->a[0].res + (size_t)i * D, D));
+  } else {
+    moe__embed_forward(s->embed, tokens, N, D, s->a[0].res);
+  }
   s->lap_moe = s->lap_router = 0;
   for (int i = 0; i < c->n_layers; i++) /* the sequence-wise balance loss: each batch row a sequence */
     if (is_moe(m, i)) m->layers[i].cfg.seq_len = T;
@@ -978,8 +1076,12 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   for (int i = 0; i < c->n_layers; i++) MOE_CHECK(layer_forward(m, i, kv, &st));
   if (!kv) add_times(s, moe__now() - t0);
   moe__rmsnorm_forward(s->a[c->n_layers].res, s->normf, N, D, c->rms_eps, s->xnf, s->rstdf, s->nt);
-  moe__gemm g = gemm(false, true, N, V, D, s->xnf, D, s->head, D, 0.0f, s->logits, V);
-  MOE_CHECK(moe__gemm_row(&g, s->nt));
+  if (s->qhead.w) {
+    moe__qmatmul(&s->qhead, 1, s->xnf, N, D, s->logits, V, 0, s->qscratch, s->nt);
+  } else {
+    moe__gemm g = gemm(false, true, N, V, D, s->xnf, D, s->head, D, 0.0f, s->logits, V);
+    MOE_CHECK(moe__gemm_row(&g, s->nt));
+  }
   double sum = moe__xent_forward(s->logits, s->targets, N, V, s->lse, &s->count, s->nt);
   if (!kv) MOE_CHECK(global_sums(m, &sum));
   st.tokens = s->count;
@@ -1137,6 +1239,9 @@ static moe_status layer_backward(moe_lm_t *m, int i) {
 moe_status moe_lm_backward(moe_lm_t *m) {
   MOE_TRY(m && m->st, MOE_ERR_ARG, "moe_lm_backward: NULL argument");
   moe__lm_state *s = m->st;
+  MOE_TRY(!s->quant && m->cfg.moe.expert_type <= 0, MOE_ERR_ARG,
+          "moe_lm_backward: the model's weights are bytes of a quantized GGUF file, for inference only (load it "
+          "with moe.expert_type -1 to widen them to fp32 parameters)");
   MOE_TRY(s->have_fwd, MOE_ERR_STATE, "moe_lm_backward: no forward with targets to differentiate");
   s->have_fwd = 0; /* the logits become their gradient: one backward per forward */
   const moe_lm_config *c = &m->cfg;

@@ -5,20 +5,18 @@
  * A forward is one OpenMP parallel region of four steps, each split over the threads: the input rows
  * quantized (once, for both fc1 and fc3); fc1 and fc3 over (expert, span of H's rows) items, each item
  * adding b1 and applying the activation to its span while it is in cache; h's rows quantized; fc2 over
- * (expert, span of D's rows) items, adding b2. Within an item, the weight rows are taken 16 at a time
- * and each dotted with the expert's token rows MOE__QDOT_ROWS at a time, so that the 16 rows stay in
- * cache while every token reads them: a decode step (one row per expert) is a GEMV, a prefill a GEMM
- * that reads each weight row from memory once. Every output is one dot product, whatever the split
+ * (expert, span of D's rows) items, adding b2. An item's span goes through moe__qrows_times
+ * (kernels/quant_matmul.h): a decode step (one row per expert) is a GEMV, a prefill a GEMM that reads
+ * each weight row from memory once. Every output is one dot product, whatever the split
  * and the rows beside it: the results are the same bits for any thread count or batch. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 #include "kernels/act.h"
-#include "kernels/quant.h"
+#include "kernels/quant_matmul.h"
 #include "layer/plugins.h"
 
-#define WROWS 16       /* weight rows dotted with every token row before the next ones */
 #define ITEMS_PER_THREAD 8
 
 typedef struct {
@@ -47,9 +45,6 @@ static void q_params_changed(void *self) {
   quant_self *q = self;
   q->stale = q->own != NULL;
 }
-
-/* Bytes of a row of n values of the experts' type. */
-static size_t row_bytes(moe_gguf_type t, int n) { return (size_t)(n / moe_gguf_type_block(t)) * moe_gguf_type_block_bytes(t); }
 
 static size_t q_bytes(void *self, const moe__env *env, int ng, int rows) {
   const quant_self *q = self;
@@ -91,23 +86,6 @@ typedef struct {
   size_t xab, hab, r1, r2; /* bytes of a quantized input row, hidden row; of a weight row of fc1/fc3, fc2 */
 } fwd_ctx;
 
-/* out[r * ldo + o] for the group's rows r and weight rows o in [o0, o1) of w (rows wb bytes apart),
- * from the activation rows in (ab bytes apart). */
-static void rows_times(const fwd_ctx *c, const uint8_t *w, size_t wb, int o0, int o1, const uint8_t *in,
-                       size_t ab, int m, int n, float *out, int ldo) {
-  float t[MOE__QDOT_ROWS];
-  for (int ob = o0; ob < o1; ob += WROWS) {
-    int oe = ob + WROWS < o1 ? ob + WROWS : o1;
-    for (int r = 0; r < m; r += MOE__QDOT_ROWS) {
-      int nr = m - r < MOE__QDOT_ROWS ? m - r : MOE__QDOT_ROWS;
-      for (int o = ob; o < oe; o++) {
-        c->dot(w + (size_t)o * wb, in + (size_t)r * ab, ab, nr, n, t);
-        for (int i = 0; i < nr; i++) out[(size_t)(r + i) * ldo + o] = t[i];
-      }
-    }
-  }
-}
-
 /* fc1 (and fc3) over H's rows [part H / parts1, ...) of group e, then b1 and the activation there. */
 static void item1(const fwd_ctx *c, int e, int part) {
   const moe_layer_t *l = c->l;
@@ -115,8 +93,8 @@ static void item1(const fwd_ctx *c, int e, int part) {
   int h0 = (int)((int64_t)H * part / c->parts1), h1 = (int)((int64_t)H * (part + 1) / c->parts1);
   const uint8_t *in = c->q->xq + (size_t)r0 * c->xab;
   float *a1 = c->f->a1 + (size_t)r0 * H, *a3 = c->f->a3 ? c->f->a3 + (size_t)r0 * H : NULL, *h = c->f->h + (size_t)r0 * H;
-  rows_times(c, c->q->w1 + (size_t)e * H * c->r1, c->r1, h0, h1, in, c->xab, m, D, a1, H);
-  if (a3) rows_times(c, c->q->w3 + (size_t)e * H * c->r1, c->r1, h0, h1, in, c->xab, m, D, a3, H);
+  moe__qrows_times(c->dot, c->q->w1 + (size_t)e * H * c->r1, c->r1, h0, h1, in, c->xab, m, D, a1, H, 0);
+  if (a3) moe__qrows_times(c->dot, c->q->w3 + (size_t)e * H * c->r1, c->r1, h0, h1, in, c->xab, m, D, a3, H, 0);
   for (int r = 0; r < m; r++) {
     float *ar = a1 + (size_t)r * H;
     if (c->b1)
@@ -131,15 +109,15 @@ static void item2(const fwd_ctx *c, int e, int part) {
   int D = l->cfg.D, H = l->cfg.H, r0 = c->g->offs[e], m = c->g->offs[e + 1] - r0;
   int d0 = (int)((int64_t)D * part / c->parts2), d1 = (int)((int64_t)D * (part + 1) / c->parts2);
   float *y = c->g->y + (size_t)r0 * D;
-  rows_times(c, c->q->w2 + (size_t)e * D * c->r2, c->r2, d0, d1, c->q->hq + (size_t)r0 * c->hab, c->hab, m, H, y, D);
+  moe__qrows_times(c->dot, c->q->w2 + (size_t)e * D * c->r2, c->r2, d0, d1, c->q->hq + (size_t)r0 * c->hab, c->hab, m, H, y, D, 0);
   if (c->b2)
     for (int r = 0; r < m; r++)
       for (int j = d0; j < d1; j++) y[(size_t)r * D + j] += c->b2[(size_t)e * D + j];
 }
 
-/* Spans per group: enough items for every thread to take a few, none under WROWS rows. */
+/* Spans per group: enough items for every thread to take a few, none under MOE__QROWS_TILE rows. */
 static int parts_of(int rows, int nact, int threads) {
-  int p = (ITEMS_PER_THREAD * threads + nact - 1) / nact, most = rows / WROWS > 0 ? rows / WROWS : 1;
+  int p = (ITEMS_PER_THREAD * threads + nact - 1) / nact, most = rows / MOE__QROWS_TILE > 0 ? rows / MOE__QROWS_TILE : 1;
   return p < most ? p : most;
 }
 
@@ -164,7 +142,7 @@ static moe_status q_forward(void *self, const moe__env *env, const moe__plan *p,
   moe__weights_bind(l, l->params, &w);
   fwd_ctx c = {l, q, g, f, moe__qdot_kernel(q->type, moe__qdot_best()), w.b1, w.b2, active, nact,
                parts_of(H, nact, nt), parts_of(D, nact, nt), moe__act_bytes(q->type, D), moe__act_bytes(q->type, H),
-               row_bytes(q->type, D), row_bytes(q->type, H)};
+               moe__qrow_bytes(q->type, D), moe__qrow_bytes(q->type, H)};
   const float *x = g->x + (size_t)g->offs[0] * D;
   const float *h = f->h + (size_t)g->offs[0] * H;
   uint8_t *xq = q->xq + (size_t)g->offs[0] * c.xab, *hq = q->hq + (size_t)g->offs[0] * c.hab;
@@ -207,7 +185,7 @@ static moe_status requantize(quant_self *q, const moe_layer_t *l) {
     MOE_TRY(st == MOE_OK, st, "moe_layer_quantize_experts: %s to %s: %s", names[i], moe_gguf_type_name(q->type),
             moe_last_error());
     *dst[i] = q->own + at;
-    at += (size_t)(pi->numel / (size_t)moe_gguf_type_block(q->type)) * moe_gguf_type_block_bytes(q->type);
+    at += moe__qrow_bytes(q->type, (int64_t)pi->numel);
   }
   q->stale = 0;
   return MOE_OK;
@@ -242,7 +220,7 @@ moe_status moe_layer_quantize_experts(moe_layer_t *l, moe_gguf_type type) {
   MOE_CHECK(switch_to(l, type, what, &q));
   size_t bytes = 0;
   for (int i = 0; i < l->nparams; i++)
-    if (l->info[i].ndim == 3) bytes += (l->info[i].numel / (size_t)moe_gguf_type_block(type)) * moe_gguf_type_block_bytes(type);
+    if (l->info[i].ndim == 3) bytes += moe__qrow_bytes(type, (int64_t)l->info[i].numel);
   free(q->own);
   q->own = moe__alloc_big(bytes);
   q->type = 0;
