@@ -28,24 +28,6 @@ static int32_t q4k_msum(const uint8_t mn[8], const moe__q8k *a) {
   return s;
 }
 
-/* acc += (d * da) isum - (dmin * da) msum, each rounding on its own. */
-/* acc += (dw * da) isum - (dmw * da) msum, each rounding on its own (dw, dmw: the block's f16 d, dmin). */
-static inline float q4k_add(float acc, float dw, float dmw, float da, int32_t isum, int32_t msum) {
-  float d = dw * da, dm = dmw * da;
-  float t = d * (float)isum;
-  acc += t;
-  float u = dm * (float)msum;
-  acc -= u;
-  return acc;
-}
-
-static inline float q6k_add(float acc, float dw, float da, int32_t isum) {
-  float d = dw * da;
-  float t = d * (float)isum;
-  acc += t;
-  return acc;
-}
-
 /* The sum of scale_j * 32 * (the activations' sum over sub-block j of 16): Q6_K's offset. */
 static int32_t q6k_offset(const uint8_t *b, const moe__q8k *a) {
   int32_t s = 0;
@@ -77,7 +59,7 @@ static void k4_scalar(const void *w, const void *a, size_t astride, int nr, int6
         }
         isum += sc[j] * s;
       }
-      acc = q4k_add(acc, f16_at(b), f16_at(b + 2), y->d, isum, q4k_msum(mn, y));
+      acc = moe__q4k_add(acc, f16_at(b), f16_at(b + 2), y->d, isum, q4k_msum(mn, y));
     }
     out[r] = acc;
   }
@@ -109,7 +91,7 @@ void moe__qdot_q6_K_scalar(const void *w, const void *a, size_t astride, int nr,
         isum += (int8_t)b[192 + j] * s;
       }
       isum -= q6k_offset(b, y);
-      acc = q6k_add(acc, f16_at(b + 208), y->d, isum);
+      acc = moe__q6k_add(acc, f16_at(b + 208), y->d, isum);
     }
     out[r] = acc;
   }
@@ -159,7 +141,7 @@ AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, in
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[c], y1), s_hi[c]));
       }
       int32_t msum = moe__hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->sums), mins));
-      acc[r] = q4k_add(acc[r], dw, dmw, y->d, moe__hsum_i32(s), msum);
+      acc[r] = moe__q4k_add(acc[r], dw, dmw, y->d, moe__hsum_i32(s), msum);
     }
   }
   for (int r = 0; r < nr; r++) out[r] = acc[r];
@@ -210,7 +192,7 @@ AVX2 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int 
         __m256i v = _mm256_loadu_si256((const __m256i *)(y->q + 32 * t));
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], v), sc[t]));
       }
-      acc[r] = q6k_add(acc[r], dw, y->d, moe__hsum_i32(s));
+      acc[r] = moe__q6k_add(acc[r], dw, y->d, moe__hsum_i32(s));
     }
   }
   for (int r = 0; r < nr; r++) out[r] = acc[r];
