@@ -134,15 +134,13 @@ AVX512 static inline __m512i halves16(int a, int b) {
 AVX512 static inline void k4_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out,
                                     size_t bytes, int qh_at) {
   float acc[MOE__QDOT_ROWS] = {0};
-  const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   const __m512i lo4 = _mm512_set1_epi8(15), nib = halves16(0, 4);
   const uint8_t *b = w;
   int qs_at = qh_at ? 48 : 16;
   for (int64_t i = 0; i < n / 256; i++, b += bytes) {
-    uint8_t sc[8], mn[8];
-    moe__k4_scales(b + 4, sc, mn);
+    uint8_t sc[8];
+    __m256i mins = moe__k4_mins(b, sc);
     float dw = moe__half_avx(b), dmw = moe__half_avx(b + 2);
-    __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)mn), dup));
     __m512i q[4], s[4];
     for (int c = 0; c < 4; c++) {
       q[c] = _mm512_and_si512(_mm512_srlv_epi16(twice(b + qs_at + 32 * c), nib), lo4);
@@ -157,8 +155,7 @@ AVX512 static inline void k4_avx512(const void *w, const void *a, size_t astride
       __m512i t = _mm512_setzero_si512();
       for (int c = 0; c < 4; c++)
         t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[c], _mm512_loadu_si512(y->q + 64 * c)), s[c]);
-      int32_t msum = moe__hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->sums), mins));
-      acc[r] = moe__q4k_add(acc[r], dw, dmw, y->d, _mm512_reduce_add_epi32(t), msum);
+      acc[r] = moe__q4k_add(acc[r], dw, dmw, y->d, _mm512_reduce_add_epi32(t), moe__k4_msum(y, mins));
     }
   }
   for (int r = 0; r < nr; r++) out[r] = acc[r];

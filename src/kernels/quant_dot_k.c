@@ -108,15 +108,12 @@ AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, in
                                 size_t bytes, int qh_at) {
   float acc[MOE__QDOT_ROWS] = {0};
   const __m256i lo4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-  const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   const uint8_t *b = w;
   int qs_at = qh_at ? 48 : 16;
   for (int64_t i = 0; i < n / 256; i++, b += bytes) {
-    uint8_t sc[8], mn[8];
-    moe__k4_scales(b + 4, sc, mn);
+    uint8_t sc[8];
+    __m256i mins = moe__k4_mins(b, sc);
     float dw = moe__half_avx(b), dmw = moe__half_avx(b + 2);
-    /* the mins twice each as int16 lanes, against the activations' 16 sums: madd gives min_j (s_2j + s_2j+1) */
-    __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)mn), dup));
     __m128i scv = _mm_loadl_epi64((const __m128i *)sc); /* each scale broadcast by pshufb below */
     __m256i lo[4], hi[4], s_lo[4], s_hi[4];
     __m256i qh = qh_at ? _mm256_loadu_si256((const __m256i *)(b + qh_at)) : _mm256_setzero_si256();
@@ -140,8 +137,7 @@ AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, in
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[c], y0), s_lo[c]));
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[c], y1), s_hi[c]));
       }
-      int32_t msum = moe__hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->sums), mins));
-      acc[r] = moe__q4k_add(acc[r], dw, dmw, y->d, moe__hsum_i32(s), msum);
+      acc[r] = moe__q4k_add(acc[r], dw, dmw, y->d, moe__hsum_i32(s), moe__k4_msum(y, mins));
     }
   }
   for (int r = 0; r < nr; r++) out[r] = acc[r];
