@@ -110,8 +110,8 @@ void moe__act_dequantize(moe_gguf_type w, const void *a, float *x, int64_t n);
 
 /* out[r] = the dot product of the weight row w (n values of its type) with activation row r, at
  * a + r * astride bytes, for r < nr (1 to MOE__QDOT_ROWS): each weight block is decoded once for the
- * nr rows. */
-#define MOE__QDOT_ROWS 4
+ * nr rows (8 of them: half the decoding a row of 4, and the AVX-512 versions' registers hold it). */
+#define MOE__QDOT_ROWS 8
 typedef void (*moe__qdot_fn)(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 typedef enum { MOE__ISA_SCALAR, MOE__ISA_AVX2, MOE__ISA_AVX512 } moe__isa; /* each CPU with one has those before */
 /* The best version this CPU runs (decided once), its name ("AVX-512 VNNI", "AVX2", "scalar"), and the kernel of
