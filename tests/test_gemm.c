@@ -298,7 +298,7 @@ TEST(cpu_info_matches_the_cpu) {
   ASSERT_EQ_INT(strstr(s, " avx2") != NULL || strstr(s, ": avx2") != NULL, __builtin_cpu_supports("avx2") != 0);
   ASSERT_EQ_INT(strstr(s, "avx512f") != NULL, __builtin_cpu_supports("avx512f") != 0);
 #ifdef __AVX512F__
-  int on = __builtin_cpu_supports("avx512f") != 0;
+  int on = __builtin_cpu_supports("avx512f") != 0; /* a flag, not 1 */
 #else
   int on = 0;
 #endif

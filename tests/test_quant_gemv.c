@@ -1,8 +1,8 @@
 /* The quantized dot products (src/kernels/quant_dot.c, quant_dot_k.c): each weight type's product with
  * its activations against a float64 sum over the dequantized weights (moe_gguf_dequantize) and the
  * dequantized activations (read from their fields here), the activations' quantizers against
- * moe_gguf_quantize and the Q8_K definition, and the AVX2 versions bit for bit against the scalar ones
- * on random bytes, odd block counts, extreme scales and every row count. */
+ * moe_gguf_quantize and the Q8_K definition, and the AVX2 and AVX-512 versions bit for bit against the
+ * scalar ones on random bytes, odd block counts, extreme scales, NaN activations and every row count. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,9 +114,9 @@ TEST(qdot_matches_float64) {
       moe__act_quantize(ty, x + (size_t)r * N, aq + r * ab, N);
       act_values(ty, aq + r * ab, xd + (size_t)r * N, N);
     }
-    for (int isa = MOE__ISA_SCALAR; isa <= MOE__ISA_AVX2; isa++) {
+    for (int isa = MOE__ISA_SCALAR; isa <= MOE__ISA_AVX512; isa++) {
       moe__qdot_fn f = moe__qdot_kernel(ty, (moe__isa)isa);
-      if (!f) continue; /* AVX2 on a CPU without it: the bit-identity test says so */
+      if (!f) continue; /* a version this CPU lacks: the bit-identity test says so */
       for (int nr = 1; nr <= R; nr++) {
         float out[R];
         f(wq, aq, ab, nr, N, out);
@@ -172,45 +172,69 @@ static void random_act(moe_gguf_type t, uint8_t *a, int64_t n, int e, uint64_t *
   }
 }
 
-/* The AVX2 versions give the scalar ones' bits, and a row's bits do not depend on the rows with it. */
-TEST(qdot_avx2_bits_equal_scalar) {
-  if (moe__qdot_best() != MOE__ISA_AVX2) SKIP("no AVX2 on this CPU: only the scalar versions exist here");
-  enum { MAXB = 9, R = MOE__QDOT_ROWS };
+/* Version isa gives the scalar one's bits for every row count (and a row's bits do not depend on the
+ * rows with it), on block counts below, at and past a multiple of 8 (the AVX-512 versions' groups),
+ * with -128 weights and activations (any bytes: exact). A row of NaN scale gives NaN. */
+static void bits_equal_scalar(int *failed_, moe__isa isa) {
+  enum { MAXB = 17, R = MOE__QDOT_ROWS };
   uint64_t seed = 9;
   static uint8_t w[MAXB * 210], a[R * MAXB * sizeof(moe__q8k)];
-  const int counts[] = {1, 3, 7, 9}, exps[] = {0, 1, 8, 15, 22, 30}; /* f16 exponents: subnormal to 2^15 */
+  const int counts[] = {1, 3, 7, 8, 9, 17}, exps[] = {0, 1, 8, 15, 22, 30}; /* f16 exponents: subnormal to 2^15 */
   for (int t = 0; t < NTYPES; t++) {
     moe_gguf_type ty = kTypes[t];
-    moe__qdot_fn s = moe__qdot_kernel(ty, MOE__ISA_SCALAR), v = moe__qdot_kernel(ty, MOE__ISA_AVX2);
+    moe__qdot_fn s = moe__qdot_kernel(ty, MOE__ISA_SCALAR), v = moe__qdot_kernel(ty, isa);
     ASSERT(s && v);
-    for (int c = 0; c < 4; c++)
+    for (int c = 0; c < 6; c++)
       for (int ei = 0; ei < 6; ei++)
         for (int trial = 0; trial < 4; trial++) {
           int64_t n = (int64_t)counts[c] * moe_gguf_type_block(ty);
           size_t ab = moe__act_bytes(ty, n), bb = moe_gguf_type_block_bytes(ty);
           for (int b = 0; b < counts[c]; b++) random_block(ty, w + b * bb, exps[(ei + b) % 6], &seed);
           for (int r = 0; r < R; r++) random_act(ty, a + r * ab, n, exps[(ei + r + trial) % 6], &seed);
+          if (trial == 1 && !is_k(ty)) a[2 * ab + 2] = 0x80, w[ty == MOE_GGUF_Q8_0 ? 2 : 0] = 0x80; /* -128 (a scale byte else) */
+          if (trial == 2) { /* a NaN scale in row 1's last block */
+            if (is_k(ty)) ((moe__q8k *)(a + ab))[counts[c] - 1].d = NAN;
+            else a[ab + 34 * (n / 32 - 1)] = 0xff, a[ab + 34 * (n / 32 - 1) + 1] = 0x7f;
+          }
           float os[R], ov[R], one;
           s(w, a, ab, R, n, os);
-          v(w, a, ab, R, n, ov);
+          for (int nr = 1; nr <= R; nr++) {
+            v(w, a, ab, nr, n, ov);
+            for (int r = 0; r < nr; r++)
+              if (memcmp(&os[r], &ov[r], 4) && !(isnan(os[r]) && isnan(ov[r])))
+                FAIL_("%s %s, %d blocks, exponent %d, rows %d, row %d: %.9g != scalar %.9g", moe_gguf_type_name(ty),
+                      moe__isa_name(isa), counts[c], exps[ei], nr, r, ov[r], os[r]);
+          }
+          if (trial == 2) ASSERT(isnan(os[1]));
           for (int r = 0; r < R; r++) {
-            if (memcmp(&os[r], &ov[r], 4))
-              FAIL_("%s, %d blocks, exponent %d, row %d: AVX2 %.9g != scalar %.9g", moe_gguf_type_name(ty),
-                    counts[c], exps[ei], r, ov[r], os[r]);
             v(w, a + r * ab, ab, 1, n, &one);
-            if (memcmp(&one, &ov[r], 4)) FAIL_("%s row %d: alone %.9g, with others %.9g", moe_gguf_type_name(ty), r, one, ov[r]);
+            if (memcmp(&one, &ov[r], 4) && !(isnan(one) && isnan(ov[r])))
+              FAIL_("%s row %d: alone %.9g, with others %.9g", moe_gguf_type_name(ty), r, one, ov[r]);
           }
         }
   }
 }
 
-/* moe_cpu_info names the version the quantized experts run, which is AVX2 exactly when the CPU has it. */
+TEST(qdot_avx2_bits_equal_scalar) {
+  if (moe__qdot_best() < MOE__ISA_AVX2) SKIP("no AVX2 on this CPU: only the scalar versions exist here");
+  bits_equal_scalar(failed_, MOE__ISA_AVX2);
+}
+
+TEST(qdot_avx512_bits_equal_scalar) {
+  if (moe__qdot_best() < MOE__ISA_AVX512) SKIP("no AVX-512 VNNI on this CPU: its versions cannot run here");
+  bits_equal_scalar(failed_, MOE__ISA_AVX512);
+}
+
+/* moe_cpu_info names the version the quantized experts run: AVX-512 exactly when the CPU has F, BW, VL
+ * and VNNI, else AVX2 exactly when it has AVX2 and F16C. */
 TEST(qdot_cpu_info_names_the_choice) {
   __builtin_cpu_init();
   int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  ASSERT_EQ_INT(moe__qdot_best() == MOE__ISA_AVX2, avx2);
-  char want[64];
-  snprintf(want, sizeof want, "quantized experts' dot products %s", avx2 ? "AVX2" : "scalar");
+  int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  ASSERT_EQ_INT(moe__qdot_best(), avx512 ? MOE__ISA_AVX512 : avx2 ? MOE__ISA_AVX2 : MOE__ISA_SCALAR);
+  char want[80];
+  snprintf(want, sizeof want, "quantized experts' dot products %s", avx512 ? "AVX-512 VNNI" : avx2 ? "AVX2" : "scalar");
   if (!strstr(moe_cpu_info(), want)) FAIL_("moe_cpu_info: '%s' lacks '%s'", moe_cpu_info(), want);
   for (size_t t = 0; t < NTYPES; t++) ASSERT(moe__qdot_kernel(kTypes[t], MOE__ISA_SCALAR) != NULL);
   ASSERT(!moe__qdot_kernel(MOE_GGUF_F16, MOE__ISA_SCALAR) && !moe__qdot_has(MOE_GGUF_BF16));

@@ -81,6 +81,23 @@ typedef struct {
   int16_t sums[16];
 } moe__q8k;
 
+/* The K-quants' per-block float steps, every version's (each rounding on its own; dw, dmw: the block's
+ * f16 d, dmin; da: the activations' d): acc + (dw * da) isum - (dmw * da) msum, and acc + (dw * da) isum. */
+static inline float moe__q4k_add(float acc, float dw, float dmw, float da, int32_t isum, int32_t msum) {
+  float d = dw * da, dm = dmw * da;
+  float t = d * (float)isum;
+  acc += t;
+  float u = dm * (float)msum;
+  acc -= u;
+  return acc;
+}
+static inline float moe__q6k_add(float acc, float dw, float da, int32_t isum) {
+  float d = dw * da;
+  float t = d * (float)isum;
+  acc += t;
+  return acc;
+}
+
 /* The weight types with dot products here (Q8_0, Q4_0, MXFP4, Q4_K, Q5_K, Q6_K). */
 int moe__qdot_has(moe_gguf_type w);
 /* The activations' format for weights of type w: Q8_0 blocks (the GGUF bytes, exactly what
@@ -93,11 +110,11 @@ void moe__act_dequantize(moe_gguf_type w, const void *a, float *x, int64_t n);
 
 /* out[r] = the dot product of the weight row w (n values of its type) with activation row r, at
  * a + r * astride bytes, for r < nr (1 to MOE__QDOT_ROWS): each weight block is decoded once for the
- * nr rows. */
-#define MOE__QDOT_ROWS 4
+ * nr rows (8 of them: half the decoding a row of 4, and the AVX-512 versions' registers hold it). */
+#define MOE__QDOT_ROWS 8
 typedef void (*moe__qdot_fn)(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
-typedef enum { MOE__ISA_SCALAR, MOE__ISA_AVX2 } moe__isa;
-/* The best version this CPU runs (decided once), its name ("AVX2", "scalar"), and the kernel of
+typedef enum { MOE__ISA_SCALAR, MOE__ISA_AVX2, MOE__ISA_AVX512 } moe__isa; /* each CPU with one has those before */
+/* The best version this CPU runs (decided once), its name ("AVX-512 VNNI", "AVX2", "scalar"), and the kernel of
  * weight type w in version isa (NULL: no kernel for w, or isa not on this CPU / not built). */
 moe__isa moe__qdot_best(void);
 const char *moe__isa_name(moe__isa isa);
@@ -110,5 +127,12 @@ void moe__qdot_q6_K_scalar(const void *w, const void *a, size_t astride, int nr,
 void moe__qdot_q4_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot_q5_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+/* quant_dot_avx512.c: the AVX-512 versions (defined on x86-64 only; handed out by moe__qdot_kernel). */
+void moe__qdot_q8_0_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_q4_0_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_mxfp4_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_q4_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_q5_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_q6_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 
 #endif

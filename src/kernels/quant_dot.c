@@ -1,7 +1,8 @@
 /* Dot products of quantized weight rows with activations quantized per block (quant.h: the formats and
  * the summation order every version follows): the activations' quantizers, Q8_0, Q4_0 and MXFP4 weights
- * with Q8_0 activations, and the choice of version by the CPU's features. The AVX2 versions (with F16C for
- * the scales) are compiled for AVX2 whatever the build's flags and handed out only when the CPU has it. */
+ * with Q8_0 activations, and the choice of version by the CPU's features (the AVX-512 versions are in
+ * quant_dot_avx512.c). The AVX2 versions (with F16C for the scales) are compiled for AVX2 whatever the
+ * build's flags and handed out only when the CPU has it. */
 #include <math.h>
 #include <string.h>
 
@@ -239,19 +240,33 @@ static int cpu_avx2(void) {
   unsigned a, b, c, d;
   return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
 }
+
+/* AVX-512 F, BW, VL (CPUID leaf 7 EBX bits 16, 30, 31) and VNNI (ECX bit 11), with the OS saving the
+ * registers (OSXSAVE, then XCR0's SSE, AVX, opmask and both ZMM parts): by CPUID, as clang's
+ * __builtin_cpu_supports lacks some of these names. */
+static int cpu_avx512(void) {
+  unsigned a, b, c, d, lo, hi;
+  if (!cpu_avx2() || !__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || (b & 0xc0010000u) != 0xc0010000u || !(c >> 11 & 1)) return 0;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & 0xe6) == 0xe6;
+}
 #else
 static int cpu_avx2(void) { return 0; }
+static int cpu_avx512(void) { return 0; }
 #endif
 
 /* ---------------------------------------------------------------- the choice */
 
 moe__isa moe__qdot_best(void) {
   static int best = -1; /* decided once; a race writes the same value */
-  if (best < 0) best = cpu_avx2() ? MOE__ISA_AVX2 : MOE__ISA_SCALAR;
+  if (best < 0) best = cpu_avx512() ? MOE__ISA_AVX512 : cpu_avx2() ? MOE__ISA_AVX2 : MOE__ISA_SCALAR;
   return (moe__isa)best;
 }
 
-const char *moe__isa_name(moe__isa isa) { return isa == MOE__ISA_AVX2 ? "AVX2" : "scalar"; }
+const char *moe__isa_name(moe__isa isa) {
+  return isa == MOE__ISA_AVX512 ? "AVX-512 VNNI" : isa == MOE__ISA_AVX2 ? "AVX2" : "scalar";
+}
 
 moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa) {
   if (isa == MOE__ISA_SCALAR) {
@@ -277,6 +292,17 @@ moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa) {
       default: return NULL;
     }
   }
+  if (isa == MOE__ISA_AVX512 && cpu_avx512()) {
+    switch (w) {
+      case MOE_GGUF_Q8_0: return moe__qdot_q8_0_avx512;
+      case MOE_GGUF_Q4_0: return moe__qdot_q4_0_avx512;
+      case MOE_GGUF_MXFP4: return moe__qdot_mxfp4_avx512;
+      case MOE_GGUF_Q4_K: return moe__qdot_q4_K_avx512;
+      case MOE_GGUF_Q5_K: return moe__qdot_q5_K_avx512;
+      case MOE_GGUF_Q6_K: return moe__qdot_q6_K_avx512;
+      default: return NULL;
+    }
+  }
 #endif
   return NULL;
 }
@@ -296,7 +322,7 @@ float moe__dot_q8_0_avx2(const void *a, const void *b, int64_t n) {
   return s;
 }
 
-int moe__dot_q8_0_has_avx2(void) { return moe__qdot_best() == MOE__ISA_AVX2; }
+int moe__dot_q8_0_has_avx2(void) { return moe__qdot_best() >= MOE__ISA_AVX2; }
 
 float moe__dot_q8_0(const void *a, const void *b, int64_t n) {
   float s;

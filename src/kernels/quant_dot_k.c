@@ -28,24 +28,6 @@ static int32_t q4k_msum(const uint8_t mn[8], const moe__q8k *a) {
   return s;
 }
 
-/* acc += (d * da) isum - (dmin * da) msum, each rounding on its own. */
-/* acc += (dw * da) isum - (dmw * da) msum, each rounding on its own (dw, dmw: the block's f16 d, dmin). */
-static inline float q4k_add(float acc, float dw, float dmw, float da, int32_t isum, int32_t msum) {
-  float d = dw * da, dm = dmw * da;
-  float t = d * (float)isum;
-  acc += t;
-  float u = dm * (float)msum;
-  acc -= u;
-  return acc;
-}
-
-static inline float q6k_add(float acc, float dw, float da, int32_t isum) {
-  float d = dw * da;
-  float t = d * (float)isum;
-  acc += t;
-  return acc;
-}
-
 /* The sum of scale_j * 32 * (the activations' sum over sub-block j of 16): Q6_K's offset. */
 static int32_t q6k_offset(const uint8_t *b, const moe__q8k *a) {
   int32_t s = 0;
@@ -77,7 +59,7 @@ static void k4_scalar(const void *w, const void *a, size_t astride, int nr, int6
         }
         isum += sc[j] * s;
       }
-      acc = q4k_add(acc, f16_at(b), f16_at(b + 2), y->d, isum, q4k_msum(mn, y));
+      acc = moe__q4k_add(acc, f16_at(b), f16_at(b + 2), y->d, isum, q4k_msum(mn, y));
     }
     out[r] = acc;
   }
@@ -109,7 +91,7 @@ void moe__qdot_q6_K_scalar(const void *w, const void *a, size_t astride, int nr,
         isum += (int8_t)b[192 + j] * s;
       }
       isum -= q6k_offset(b, y);
-      acc = q6k_add(acc, f16_at(b + 208), y->d, isum);
+      acc = moe__q6k_add(acc, f16_at(b + 208), y->d, isum);
     }
     out[r] = acc;
   }
@@ -126,15 +108,12 @@ AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, in
                                 size_t bytes, int qh_at) {
   float acc[MOE__QDOT_ROWS] = {0};
   const __m256i lo4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-  const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   const uint8_t *b = w;
   int qs_at = qh_at ? 48 : 16;
   for (int64_t i = 0; i < n / 256; i++, b += bytes) {
-    uint8_t sc[8], mn[8];
-    moe__k4_scales(b + 4, sc, mn);
+    uint8_t sc[8];
+    __m256i mins = moe__k4_mins(b, sc);
     float dw = moe__half_avx(b), dmw = moe__half_avx(b + 2);
-    /* the mins twice each as int16 lanes, against the activations' 16 sums: madd gives min_j (s_2j + s_2j+1) */
-    __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)mn), dup));
     __m128i scv = _mm_loadl_epi64((const __m128i *)sc); /* each scale broadcast by pshufb below */
     __m256i lo[4], hi[4], s_lo[4], s_hi[4];
     __m256i qh = qh_at ? _mm256_loadu_si256((const __m256i *)(b + qh_at)) : _mm256_setzero_si256();
@@ -158,8 +137,7 @@ AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, in
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[c], y0), s_lo[c]));
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[c], y1), s_hi[c]));
       }
-      int32_t msum = moe__hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->sums), mins));
-      acc[r] = q4k_add(acc[r], dw, dmw, y->d, moe__hsum_i32(s), msum);
+      acc[r] = moe__q4k_add(acc[r], dw, dmw, y->d, moe__hsum_i32(s), moe__k4_msum(y, mins));
     }
   }
   for (int r = 0; r < nr; r++) out[r] = acc[r];
@@ -210,7 +188,7 @@ AVX2 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int 
         __m256i v = _mm256_loadu_si256((const __m256i *)(y->q + 32 * t));
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], v), sc[t]));
       }
-      acc[r] = q6k_add(acc[r], dw, y->d, moe__hsum_i32(s));
+      acc[r] = moe__q6k_add(acc[r], dw, y->d, moe__hsum_i32(s));
     }
   }
   for (int r = 0; r < nr; r++) out[r] = acc[r];

@@ -1,0 +1,121 @@
+/* The quantized dot products alone (src/kernels/quant_dot*.c), every version this CPU has, alternated
+ * in one run (issue 41): per weight type,
+ *   decode: one activation row against every row of a weight matrix of `--mib` MiB (beyond the caches),
+ *     in GB/s of weights read, next to a plain read loop over the same bytes by the same threads;
+ *   prefill: `--tokens` activation rows against 3584 weight rows (one expert's fc1 at D 1024, in cache),
+ *     weight rows 16 at a time, each with the tokens MOE__QDOT_ROWS at a time, as the layer does; in
+ *     multiply-adds (values times rows) per second.
+ * The best of `--reps` passes of each (the machine may be shared: the best is the least disturbed).
+ * usage: qdot_kernels [--n N] [--mib M] [--tokens T] [--threads K] [--reps R] [--types Q8_0,Q4_K,...] */
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+#include "kernels/quant.h"
+#include "moe.h"
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* Random bytes with moderate finite scales (f16 1.0-ish; MXFP4 2^0): no subnormal floats to slow a side. */
+static void fill_weights(moe_gguf_type t, uint8_t *w, size_t blocks, uint64_t *seed) {
+  size_t bb = moe_gguf_type_block_bytes(t);
+  for (size_t i = 0; i < blocks * bb; i++) w[i] = (uint8_t)moe__splitmix(seed);
+  for (size_t b = 0; b < blocks; b++) {
+    uint8_t *p = w + b * bb;
+    if (t == MOE_GGUF_MXFP4) p[0] = 127;
+    else if (t == MOE_GGUF_Q6_K) p[209] = 0x3c;
+    else p[1] = 0x3c, p[3] = 0x3c; /* Q8_0 / Q4_0: byte 3 is a value */
+  }
+}
+
+/* GB/s of summing the n bytes at p (as uint64) over the threads. */
+static double read_loop(const uint8_t *p, size_t n, int threads) {
+  const uint64_t *q = (const uint64_t *)p;
+  uint64_t x = 0;
+  double t0 = now();
+#pragma omp parallel for num_threads(threads) reduction(+ : x) schedule(static)
+  for (size_t i = 0; i < n / 8; i++) x += q[i];
+  double t = now() - t0;
+  volatile uint64_t sink = x; /* the reads happen */
+  (void)sink;
+  return (double)n / t / 1e9;
+}
+
+int main(int argc, char **argv) {
+  int n = 1024, mib = 256, tokens = 64, threads = 1, reps = 5;
+  const char *types = "Q8_0,Q4_0,MXFP4,Q4_K,Q5_K,Q6_K";
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--n") && i + 1 < argc) { n = atoi(argv[++i]); continue; }
+    if (!strcmp(argv[i], "--mib") && i + 1 < argc) { mib = atoi(argv[++i]); continue; }
+    if (!strcmp(argv[i], "--tokens") && i + 1 < argc) { tokens = atoi(argv[++i]); continue; }
+    if (!strcmp(argv[i], "--threads") && i + 1 < argc) { threads = atoi(argv[++i]); continue; }
+    if (!strcmp(argv[i], "--reps") && i + 1 < argc) { reps = atoi(argv[++i]); continue; }
+    if (!strcmp(argv[i], "--types") && i + 1 < argc) { types = argv[++i]; continue; }
+    fprintf(stderr, "usage: qdot_kernels [--n N] [--mib M] [--tokens T] [--threads K] [--reps R] [--types Q8_0,...]\n");
+    return 2;
+  }
+  if (n < 256 || n % 256 || mib < 1 || tokens < 1 || threads < 1 || reps < 1) {
+    fprintf(stderr, "qdot_kernels: --n a multiple of 256; --mib, --tokens, --threads, --reps >= 1\n");
+    return 2;
+  }
+  const int prefill_rows = 3584, wrows = 16;
+  size_t bytes = (size_t)mib << 20;
+  uint8_t *w = malloc(bytes);
+  float *x = malloc(sizeof(float) * (size_t)tokens * n), *out = malloc(sizeof(float) * (size_t)tokens * prefill_rows);
+  uint8_t *a = malloc((size_t)tokens * moe__act_bytes(MOE_GGUF_Q4_K, n) + (size_t)tokens * n);
+  if (!w || !x || !out || !a) return 1;
+  uint64_t seed = 7;
+  for (size_t i = 0; i < (size_t)tokens * n; i++) x[i] = moe__uniform(&seed);
+  printf("# %s\n# n %d, decode over %d MiB of weights, prefill %d tokens x %d rows, %d threads, %d rows a call, best of %d\n",
+         moe_cpu_info(), n, mib, tokens, prefill_rows, threads, MOE__QDOT_ROWS, reps);
+  printf("%-6s %-13s %10s %10s %12s\n", "type", "version", "decode_GB/s", "read_GB/s", "prefill_GMAC/s");
+  char list[256];
+  snprintf(list, sizeof list, "%s", types);
+  for (char *name = strtok(list, ","); name; name = strtok(NULL, ",")) {
+    moe_gguf_type ty;
+    if (moe_gguf_type_parse(name, "--types", &ty) != MOE_OK || !moe__qdot_has(ty)) {
+      fprintf(stderr, "qdot_kernels: no dot product for type %s\n", name);
+      return 2;
+    }
+    size_t rb = (size_t)n / moe_gguf_type_block(ty) * moe_gguf_type_block_bytes(ty), ab = moe__act_bytes(ty, n);
+    int64_t rows = (int64_t)(bytes / rb);
+    fill_weights(ty, w, (size_t)rows * (rb / moe_gguf_type_block_bytes(ty)), &seed);
+    for (int t = 0; t < tokens; t++) moe__act_quantize(ty, x + (size_t)t * n, a + (size_t)t * ab, n);
+    double best[3][3] = {{0}}; /* [isa][decode, read, prefill] */
+    for (int rep = 0; rep < reps; rep++)
+      for (int isa = MOE__ISA_AVX2; isa <= MOE__ISA_AVX512; isa++) {
+        moe__qdot_fn f = moe__qdot_kernel(ty, (moe__isa)isa);
+        if (!f) continue;
+        double t0 = now();
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t o = 0; o < rows; o++) f(w + (size_t)o * rb, a, ab, 1, n, out + (o & 1023));
+        double dec = (double)rows * rb / (now() - t0) / 1e9, rd = read_loop(w, (size_t)rows * rb, threads);
+        t0 = now();
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int ob = 0; ob < prefill_rows; ob += wrows)
+          for (int r = 0; r < tokens; r += MOE__QDOT_ROWS)
+            for (int o = ob; o < ob + wrows; o++)
+              f(w + (size_t)o * rb, a + (size_t)r * ab, ab, tokens - r < MOE__QDOT_ROWS ? tokens - r : MOE__QDOT_ROWS, n,
+                out + (size_t)o * tokens + r);
+        double pre = (double)tokens * prefill_rows * n / (now() - t0) / 1e9;
+        double v[3] = {dec, rd, pre};
+        for (int k = 0; k < 3; k++)
+          if (v[k] > best[isa][k]) best[isa][k] = v[k];
+      }
+    for (int isa = MOE__ISA_AVX2; isa <= MOE__ISA_AVX512; isa++)
+      if (best[isa][0] > 0)
+        printf("%-6s %-13s %10.1f %10.1f %12.1f\n", moe_gguf_type_name(ty), moe__isa_name((moe__isa)isa), best[isa][0],
+               best[isa][1], best[isa][2]);
+    fflush(stdout);
+  }
+  free(w), free(x), free(out), free(a);
+  return 0;
+}
