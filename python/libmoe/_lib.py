@@ -8,9 +8,36 @@ system loader's libmoe.so.0, then libmoe.so.
 import ctypes as C
 import os
 
-import numpy as np
 
-from . import _structs as S
+def _blas_coretype():
+    """The BLAS kernels `moe` runs with (cli/main.c restarts itself with OPENBLAS_CORETYPE=SKYLAKEX when
+    moe_blas_better_coretype says OpenBLAS chose kernels without AVX-512 on a CPU that has it: Debian 12's
+    OpenBLAS 0.3.21 does so on AMD's AVX-512 CPUs, Zen 4 and 5). The library's bits depend on the BLAS's
+    kernels, so this process asks for the same before OpenBLAS loads (it reads the variable once), and a
+    run started by `moe train` resumes here bit for bit, and the other way round."""
+    if "OPENBLAS_CORETYPE" in os.environ or "MOE_KEEP_BLAS_CORETYPE" in os.environ:
+        return
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read(1 << 16)
+    except OSError:
+        return
+    vendor = flags = ""
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "vendor_id" and not vendor:
+            vendor = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = value.split()
+    if vendor == "AuthenticAMD" and all(f in flags for f in ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd")):
+        os.environ["OPENBLAS_CORETYPE"] = "SKYLAKEX"
+
+
+_blas_coretype()  # before numpy, whose BLAS may be this OpenBLAS too
+
+import numpy as np  # noqa: E402
+
+from . import _structs as S  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 try:  # written by cmake --install only
@@ -37,6 +64,12 @@ def _load():
 
 
 lib = _load()
+lib.moe_blas_better_coretype.restype = C.c_char_p
+if lib.moe_blas_better_coretype():  # `moe` would restart with other kernels: its runs' bits differ from ours
+    import warnings
+    warnings.warn("libmoe: OpenBLAS chose kernels without AVX-512 here, where `moe` asks for %s: a run started by one "
+                  "resumes in the other with other bits (set OPENBLAS_CORETYPE before importing libmoe)"
+                  % lib.moe_blas_better_coretype().decode(), RuntimeWarning)
 
 _p = C.POINTER
 _status = C.c_int
