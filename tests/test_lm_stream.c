@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "run_cli.h"
 #include "test.h"
 
 enum { NEW = 10, MAXV = 256 };
@@ -264,4 +265,56 @@ TEST(lm_stream_resident_memory_under_its_bound) {
           (double)experts / mib);
   ASSERT(bound < experts / 2); /* the test can fail: all the experts resident would break it */
   ASSERT((size_t)(peak - base) * 1024 <= bound);
+}
+
+/* moe generate and eval --memory-budget: the ids and the loss of the run without a budget, and the JSON's
+ * "experts" with the caches' stats (every policy, prefetch off and on); flags that do not fit refused. */
+TEST(lm_stream_cli_same_outputs_and_stats) {
+  char dir[512], args[1400], out[512], err[1024], text[16384], want[4096];
+  snprintf(dir, sizeof dir, "%s/lm/qwen3_moe", test_fixture_dir());
+  test_tmp_path("stream_cli.txt", out, sizeof out);
+  const char *gen = "generate --checkpoint '%s' --prompt-ids '3 9 1' --max-tokens 12 --temperature 0.8 --seed 5 --json";
+  snprintf(args, sizeof args, gen, dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
+  test_read_text(out, want, sizeof want);
+  ASSERT(strstr(want, "\"ids\":[") && !strstr(want, "experts"));
+  const char *pol[5] = {"lifo", "lru", "fifo", "lfu", "lfru"};
+  for (int p = 0; p < 5; p++)
+    for (int ahead = 0; ahead < 2; ahead++) {
+      size_t n = (size_t)snprintf(args, sizeof args, gen, dir);
+      snprintf(args + n, sizeof args - n, " --memory-budget 7KiB --policy %s --prefetch %s", pol[p], ahead ? "on" : "off");
+      if (run_moe(NULL, args, out, err, sizeof err)) FAIL_("moe %s: %s", args, err);
+      test_read_text(out, text, sizeof text);
+      char *ids = strstr(text, "\"ids\":[");
+      ASSERT(ids);
+      if (strncmp(ids, strstr(want, "\"ids\":["), strcspn(strstr(want, "\"ids\":["), "]")))
+        FAIL_("%s: ids differ from the run without a budget:\n%s\n%s", args, text, want);
+      ASSERT(strstr(text, "\"experts\":{\"memory_budget\":7168,"));
+      ASSERT(strstr(text, "\"tokens\":") && strstr(text, "\"bytes_read_per_token\":"));
+      ASSERT(strstr(text, "\"layers\":[{\"layer\":1,\"slots\":1,")); /* layer 0 is dense */
+      ASSERT(strstr(text, ahead ? "\"prefetch\":true" : "\"prefetch_precision\":0,"));
+    }
+  /* eval: the loss of the whole model */
+  char ids[512];
+  test_tmp_path("stream_ids.txt", ids, sizeof ids);
+  FILE *f = fopen(ids, "w");
+  ASSERT(f);
+  for (int i = 0; i < 80; i++) fprintf(f, "%d ", (i * 7 + 3) % 40);
+  fclose(f);
+  snprintf(args, sizeof args, "eval --task lm --checkpoint '%s' --tokens '%s' --context 16 --json", dir, ids);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
+  test_read_text(out, want, sizeof want);
+  size_t n = strlen(args);
+  snprintf(args + n, sizeof args - n, " --memory-budget 8K --policy lfu");
+  if (run_moe(NULL, args, out, err, sizeof err)) FAIL_("moe %s: %s", args, err);
+  test_read_text(out, text, sizeof text);
+  ASSERT(!strncmp(text, want, strcspn(want, "}"))); /* the loss, perplexity and tokens */
+  ASSERT(strstr(text, "\"experts\": {\"memory_budget\":8192,\"policy\":\"lfu\""));
+  snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt-ids '3' --memory-budget 12X", dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 1);
+  snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt-ids '3' --policy lru", dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 1);
+  ASSERT(strstr(err, "--policy needs --memory-budget"));
+  snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt-ids '3' --memory-budget 1K --policy belady", dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 1);
 }
