@@ -21,7 +21,7 @@ static void usage(FILE *f) {
   fprintf(f, "usage: moe generate --checkpoint DIR (--prompt \"text\" | --prompt-ids \"1 2 3\") [--max-tokens N]\n"
              "                    [--temperature T] [--top-p P] [--seed S] [--threads N] [--tokenizer F] [--json]\n"
              "                    [--ignore-eos] [--dtype f32|bf16] [--logprobs N]\n"
-             "                    [--memory-budget SIZE [--policy P] [--prefetch on|off]]\n"
+             "                    [--memory-budget SIZE [--policy P] [--prefetch on|off] [--page-cache keep|drop]]\n"
              "Samples N new tokens (default 32) after the prompt: temperature 0 is greedy (default 1), top-p\n"
              "keeps the most probable tokens up to that mass (default 1); the same seed gives the same tokens.\n"
              "Stops before N at the end of text (config.json's and generation_config.json's eos_token_id,\n"

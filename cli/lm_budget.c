@@ -32,6 +32,8 @@ int lm_budget_flag(const char *f, const char *v, lm_budget_opts *o, int *ok) {
     *ok = moe_cache_policy_parse(v, "--policy", &o->s.policy) == MOE_OK && o->s.policy != MOE_CACHE_BELADY,
     o->policy_set = 1;
   else if (cli_flag_is(f, "prefetch")) *ok = !strcmp(v, "on") || !strcmp(v, "off"), o->s.prefetch = !strcmp(v, "on");
+  else if (cli_flag_is(f, "page-cache"))
+    *ok = !strcmp(v, "keep") || !strcmp(v, "drop"), o->s.keep_page_cache = !strcmp(v, "keep");
   else return 0;
   return 1;
 }
@@ -81,6 +83,7 @@ cJSON *lm_budget_json(const moe_lm_experts *x, const lm_budget_opts *o, int64_t 
   cJSON_AddNumberToObject(j, "memory_budget", (double)o->s.budget);
   cJSON_AddStringToObject(j, "policy", moe_cache_policy_name(o->s.policy));
   cJSON_AddBoolToObject(j, "prefetch", o->s.prefetch);
+  cJSON_AddBoolToObject(j, "page_cache_kept", o->s.keep_page_cache);
   cJSON_AddNumberToObject(j, "tokens", (double)tokens);
   add_stats(j, &t, tokens);
   cJSON_AddItemToObject(j, "layers", layers);

@@ -18,7 +18,9 @@ typedef struct {
   "experts read from the checkpoint on demand into caches of at most SIZE bytes together (equal per MoE\n" \
   "layer), never read at load; reads drop their pages from the page cache. --policy lifo|lru|fifo|lfu|\n" \
   "lfru (default lru) evicts; --prefetch on|off (default on) reads the next layer's experts ahead, as its\n" \
-  "router predicts them from this layer's hidden state. Outputs are those without a budget, bit for bit.\n"
+  "router predicts them from this layer's hidden state. --page-cache keep leaves the file's pages to the\n" \
+  "kernel's page cache (a second cache outside the budget, as mmap has). Outputs are those without a\n"    \
+  "budget, bit for bit.\n"
 
 void lm_budget_defaults(lm_budget_opts *o);
 /* Whether f is one of the flags (then *ok says whether its value v parses). */

@@ -17,6 +17,7 @@ static const char *CMD = "serve";
 static void usage(FILE *f) {
   fprintf(f, "usage: moe serve --checkpoint DIR [--host 127.0.0.1] [--port 8080] [--max-batch B] [--threads N]\n"
              "                 [--cache K | --memory-budget SIZE] [--policy P] [--prefetch on|off]\n"
+             "                 [--page-cache keep|drop]\n"
              "                 [--trace F] [--context N]\n"
              "                 [--max-connections C] [--timeout S] [--dtype f32|bf16]\n"
              "Serves POST /v1/completions (OpenAI's completion request: prompt as text, through DIR/tokenizer.json,\n"

@@ -761,6 +761,9 @@ size_t moe_expert_cache_slot_bytes(const moe_layer_config *l);
  * resident stay; the prediction is scored against the next forward's active experts (stats). Outputs
  * never change: only which experts are resident does. */
 moe_status moe_expert_cache_prefetch(moe_expert_cache *c, const int *experts, int n);
+/* Whether each read drops its pages from the page cache (posix_fadvise DONTNEED; the default, 1), so that
+ * the slots are the only cache; 0 leaves them to the kernel (a second cache, outside any budget). */
+void moe_expert_cache_set_drop_pages(moe_expert_cache *c, int drop);
 /* The layer (config.external_experts) takes its experts from c; NULL detaches. */
 moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c);
 /* Serving a checkpoint for inference, with its experts computing in `dtype`: -1 for the checkpoint's
@@ -1596,6 +1599,8 @@ typedef struct {
   size_t budget;             /* bytes of expert slots over all MoE layers (>= one expert per layer) */
   moe_cache_policy policy;   /* LIFO, LRU, FIFO, LFU or LFRU (default LRU) */
   int prefetch;              /* read the next layer's predicted experts ahead (default 1) */
+  int keep_page_cache;       /* 1: leave the file's pages in the page cache (the kernel's cache beside the
+                                slots, as with mmap); default 0: every read drops them */
 } moe_lm_stream_config;
 void moe_lm_stream_config_default(moe_lm_stream_config *s);
 /* Loads m as moe_lm_load does (c NULL: dir's config.json), without the experts' weights, and serves

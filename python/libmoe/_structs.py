@@ -112,7 +112,7 @@ class LM(C.Structure):
 
 
 class LMStreamConfig(C.Structure):  # moe_lm_stream_config
-    _fields_ = [("budget", C.c_size_t), ("policy", _i), ("prefetch", _i)]
+    _fields_ = [("budget", C.c_size_t), ("policy", _i), ("prefetch", _i), ("keep_page_cache", _i)]
 
 
 class LMExperts(C.Structure):  # moe_lm_experts

@@ -100,7 +100,7 @@ static moe_status predict(void *ctx, const moe_lm_t *m, int i, const float *h, i
 }
 
 /* Each MoE layer's cache of K slots over f. */
-static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, int K, moe_cache_policy policy) {
+static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, int K, moe_cache_policy policy, int keep) {
   const moe_lm_config *c = &m->cfg;
   const char *ffn = moe__lm_family(c->family)->ffn;
   for (int i = 0; i < c->n_layers; i++) {
@@ -109,6 +109,7 @@ static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, int K, moe_cache_p
     snprintf(prefix, sizeof prefix, "model.layers.%d.%s.experts.", i, ffn);
     MOE_CHECK(moe_expert_cache_open(&x->caches[i], x->file, prefix, &m->layers[i].cfg, K, policy));
     MOE_CHECK(moe_layer_set_expert_cache(&m->layers[i], x->caches[i]));
+    moe_expert_cache_set_drop_pages(x->caches[i], !keep);
   }
   return MOE_OK;
 }
@@ -154,7 +155,7 @@ moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_conf
   if (st == MOE_OK) st = moe_st_open_lazy(&x->file, path);
   if (st == MOE_OK && !(x->caches = calloc((size_t)x->n, sizeof *x->caches)))
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
-  if (st == MOE_OK) st = open_caches(m, x, K, s->policy);
+  if (st == MOE_OK) st = open_caches(m, x, K, s->policy, s->keep_page_cache);
   if (st == MOE_OK && s->prefetch) {
     struct moe_lm_prefetch *p = x->prefetch = calloc(1, sizeof *p);
     if (p) p->caches = x->caches, p->list = malloc((size_t)own.moe.E * sizeof *p->list), p->mark = malloc(2 * (size_t)own.moe.E);

@@ -40,6 +40,7 @@ struct moe_expert_cache {
   char *predicted;           /* (E) the experts of the last prefetch, to score against the next batch */
   int have_prediction;
   char *ahead;               /* (K) the slot was loaded by a prefetch and not used since */
+  int keep_pages;            /* moe_expert_cache_set_drop_pages(c, 0): reads leave the page cache as it is */
   unsigned char *slots;      /* (K, slot_bytes), 64-byte aligned, each tensor too */
   void *scratch;             /* the loader's buffer for tensors read in another dtype, or NULL */
   int *slot_expert;          /* (K) expert held, or -1 */
@@ -64,7 +65,7 @@ static moe_status load_tensor(moe_expert_cache *c, int t, int e, void *dst) {
   const moe_tensor_view *v = c->hf ? &c->hf[(size_t)t * c->E + e] : &c->v[t];
   size_t n = c->per[t], fsz = moe_dtype_size(v->dtype), off = c->hf ? 0 : (size_t)e * n * fsz;
   moe_status st = moe_st_read(c->f, v, off, n * fsz, fsz == c->esz[t] ? dst : c->scratch);
-  moe__st_drop_pages(c->f, v, off, n * fsz);
+  if (!c->keep_pages) moe__st_drop_pages(c->f, v, off, n * fsz);
   MOE_CHECK(st);
   /* one thread, the loader's: the caller's GEMMs have the cores */
   if (fsz != c->esz[t] && v->dtype == MOE_DT_F32) moe__to_bf16(dst, c->scratch, n, 1);
@@ -412,6 +413,12 @@ static moe_status cache_forward(void *self, const moe__env *env, const moe__plan
   pthread_mutex_unlock(&c->w.mu);
   MOE_TRY(st == MOE_OK, st, "expert cache: %s", msg);
   return computed;
+}
+
+void moe_expert_cache_set_drop_pages(moe_expert_cache *c, int drop) {
+  pthread_mutex_lock(&c->w.mu); /* the loader reads the flag under the same lock's ordering */
+  c->keep_pages = !drop;
+  pthread_mutex_unlock(&c->w.mu);
 }
 
 moe_status moe_expert_cache_prefetch(moe_expert_cache *c, const int *experts, int n) {
