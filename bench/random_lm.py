@@ -109,25 +109,30 @@ def main():
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * (-len(h) % 8)
     rng = np.random.default_rng(0)
-    pool = rng.standard_normal(1 << 26, np.float32) * 0.02 if a.pool else None
 
-    def draw(shape):
-        if pool is None:
-            return rng.standard_normal(shape, np.float32) * 0.02
-        n, at = int(np.prod(shape)), int(rng.integers(0, pool.size))
-        return np.resize(np.roll(pool, -at)[:min(n, pool.size)], n).reshape(shape) if n > pool.size - at \
-            else pool[at:at + n].reshape(shape)
+    def encode(x):  # the file's bytes: F32, or BF16 (the high half of each float, rounded to nearest even)
+        x = np.ascontiguousarray(x, "<f4")
+        if esize == 2:
+            u = x.view("<u4")
+            x = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+        return x.tobytes()
 
+    pool = encode(rng.standard_normal(1 << 26, np.float32) * 0.02) if a.pool else None
     tmp = os.path.join(a.out, "model.safetensors.tmp")
     with open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h)
         for n, shape in names:
-            x = np.ones(shape, np.float32) if n.endswith("norm.weight") else draw(shape)
-            x = x.astype("<f4")
-            if esize == 2:  # bf16: the high half of each float, rounded to nearest even
-                u = x.view("<u4")
-                x = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
-            f.write(x.tobytes())
+            size = esize * int(np.prod(shape))
+            if n.endswith("norm.weight"):
+                f.write(encode(np.ones(shape, np.float32)))
+            elif pool is None:
+                f.write(encode(rng.standard_normal(shape, np.float32) * 0.02))
+            else:  # whole values from a random place in the pool, wrapping around
+                at = int(rng.integers(0, len(pool) // esize)) * esize
+                while size:
+                    k = min(size, len(pool) - at)
+                    f.write(memoryview(pool)[at:at + k])
+                    size, at = size - k, 0
     os.replace(tmp, os.path.join(a.out, "model.safetensors"))
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(config(a, vocab), f, indent=1)
