@@ -260,7 +260,12 @@ void moe_expert_cache_free(moe_expert_cache *c) {
   free_cache(c);
 }
 
-void moe_expert_cache_get_stats(const moe_expert_cache *c, moe_expert_cache_stats *out) { *out = c->stats; }
+void moe_expert_cache_get_stats(const moe_expert_cache *c, moe_expert_cache_stats *out) {
+  moe_expert_cache *w = (moe_expert_cache *)c; /* the loader adds its loads under the lock */
+  pthread_mutex_lock(&w->w.mu);
+  *out = c->stats;
+  pthread_mutex_unlock(&w->w.mu);
+}
 
 double moe__lfru_score(double s, int64_t since, int half) { return s * exp2(-(double)since / half); }
 
