@@ -9,8 +9,8 @@
 # page cache as the cache, as a model mapped with mmap has (libmoe has no mmap loader; the whole model
 # loaded, 116 GB in fp32, does not fit). A budget is skipped when it and the dense weights (fp32) would not
 # fit the memory available. The cases run in turn, then again in reverse order (alternated, so that load
-# from others on the machine falls on both); each line is one run.
-# usage: bench/stream_budget.sh DIR [TOKENS]   (moe built in build/; needs ~62 GB free under DIR)
+# from others on the machine falls on both; PASSES=1: once); each line is one run.
+# usage: [KEEP=1] [PASSES=1|2] bench/stream_budget.sh DIR [TOKENS]   (moe in build/; ~62 GB free under DIR)
 set -eu
 DIR=${1:?usage: bench/stream_budget.sh DIR [TOKENS]}
 TOKENS=${2:-8}
@@ -42,7 +42,7 @@ rss = int(next(l for l in lines if l.startswith("RSS "))[4:]) / 1048576
 print("%-12s %10.3f %14.0f %12.2f %10.3f %9.1f %10.3f" % (sys.argv[1], j["tokens"] / j["seconds"],
       j["bytes_read_per_token"], rss, j["hit_rate"], j["stall_seconds"], j["prefetch_precision"]))' "$1"
 }
-for order in 1 2; do
+for order in $(seq 1 "${PASSES:-2}"); do
   if [ $order = 1 ]; then cases="pagecache 4G 8G 16G"; else cases="16G 8G 4G pagecache"; fi
   for c in $cases; do
     if [ "$c" = pagecache ]; then run "page cache" 1G keep; else run "$c" "$c" drop; fi
