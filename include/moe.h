@@ -761,8 +761,9 @@ size_t moe_expert_cache_slot_bytes(const moe_layer_config *l);
  * resident stay; the prediction is scored against the next forward's active experts (stats). Outputs
  * never change: only which experts are resident does. */
 moe_status moe_expert_cache_prefetch(moe_expert_cache *c, const int *experts, int n);
-/* Whether each read drops its pages from the page cache (posix_fadvise DONTNEED; the default, 1), so that
- * the slots are the only cache; 0 leaves them to the kernel (a second cache, outside any budget). */
+/* Whether each read drops its pages from the page cache (posix_fadvise DONTNEED), so that the slots are
+ * the only cache (moe_lm_load_streaming's default); 0, the default of moe_expert_cache_open, leaves them
+ * to the kernel (a second cache, outside any budget). */
 void moe_expert_cache_set_drop_pages(moe_expert_cache *c, int drop);
 /* The layer (config.external_experts) takes its experts from c; NULL detaches. */
 moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c);

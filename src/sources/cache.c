@@ -8,9 +8,10 @@
  * A slot holds the expert's matrices in the layer's compute dtype (bf16: 2 bytes a value, what the
  * GEMMs read) and its biases in fp32; the file's tensors may be F32 or BF16 either way: a load reads
  * the bytes as they are when the dtypes agree, else reads and rounds (RNE) or widens. Every read is
- * checked (a NaN or Inf, a short file: an error naming the tensor and the expert) and its pages dropped
- * from the page cache (posix_fadvise DONTNEED), so that the cache's own hit rate is what a run measures
- * and the file's pages do not fill the memory the budget leaves. Prefetch (moe_expert_cache_prefetch)
+ * checked (a NaN or Inf, a short file: an error naming the tensor and the expert) and, when asked
+ * (moe_expert_cache_set_drop_pages: streamed experts), its pages dropped from the page cache
+ * (posix_fadvise DONTNEED), so that the cache's own hit rate is what a run measures and the file's pages
+ * do not fill the memory the budget leaves. Prefetch (moe_expert_cache_prefetch)
  * queues loads of the next batch's predicted experts on the same loader, which reads them while another
  * layer computes. */
 #include <math.h>
@@ -40,7 +41,7 @@ struct moe_expert_cache {
   char *predicted;           /* (E) the experts of the last prefetch, to score against the next batch */
   int have_prediction;
   char *ahead;               /* (K) the slot was loaded by a prefetch and not used since */
-  int keep_pages;            /* moe_expert_cache_set_drop_pages(c, 0): reads leave the page cache as it is */
+  int keep_pages;            /* reads leave the page cache as it is (moe_expert_cache_set_drop_pages) */
   unsigned char *slots;      /* (K, slot_bytes), 64-byte aligned, each tensor too */
   void *scratch;             /* the loader's buffer for tensors read in another dtype, or NULL */
   int *slot_expert;          /* (K) expert held, or -1 */
@@ -180,6 +181,7 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
   c->bias = l->expert_bias;
   c->dtype = l->dtype;
   c->policy = p;
+  c->keep_pages = 1;
   int needed[NT];
   int64_t want[NT][2];
   c->slot_bytes = slot_layout(l, needed, want, c->per, c->esz, c->off);
