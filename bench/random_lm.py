@@ -1,9 +1,13 @@
 """A random language model in a Hugging Face layout (config.json, model.safetensors, the tokenizer's
-files), for speed comparisons where the weights' values do not matter (bench/vs_llamacpp.sh): Mixtral
-or Qwen2-MoE, normal weights of std 0.02 and unit norms, from a fixed seed. numpy only; the
-safetensors file is written by hand (its format: an 8-byte header length, a JSON header, the data).
-usage: python3 bench/random_lm.py OUT_DIR --tokenizer DIR [--family mixtral|qwen2_moe] [--layers L]
-       [--model D] [--heads NH] [--kv-heads NKV] [--experts E] [--top-k K] [--hidden H]"""
+files), for speed comparisons where the weights' values do not matter (bench/vs_llamacpp.sh,
+bench/stream_budget.sh): Mixtral, Qwen2-MoE or Qwen3-MoE, normal weights of std 0.02 and unit norms,
+from a fixed seed, in F32 or BF16. --pool draws every tensor from one block of 2^26 normals at random
+offsets instead (a file of tens of GB in minutes; the values repeat, which changes no timing). --vocab V
+without --tokenizer: no tokenizer files. numpy only; the safetensors file is written by hand (its format:
+an 8-byte header length, a JSON header, the data).
+usage: python3 bench/random_lm.py OUT_DIR (--tokenizer DIR | --vocab V) [--family mixtral|qwen2_moe|qwen3_moe]
+       [--layers L] [--model D] [--heads NH] [--kv-heads NKV] [--head-dim HD] [--experts E] [--top-k K]
+       [--hidden H] [--dtype f32|bf16] [--pool]"""
 import argparse
 import json
 import os
@@ -15,7 +19,7 @@ import numpy as np
 
 def tensors(a, vocab):
     """(name, shape) of every parameter, in HF order."""
-    D, hd = a.model, a.model // a.heads
+    D, hd = a.model, a.head_dim
     q, kv = a.heads * hd, a.kv_heads * hd
     yield "model.embed_tokens.weight", (vocab, D)
     for i in range(a.layers):
@@ -25,6 +29,9 @@ def tensors(a, vocab):
             yield p + "self_attn.%s_proj.weight" % n, (rows, D)
             if a.family == "qwen2_moe":
                 yield p + "self_attn.%s_proj.bias" % n, (rows,)
+        if a.family == "qwen3_moe":
+            yield p + "self_attn.q_norm.weight", (hd,)
+            yield p + "self_attn.k_norm.weight", (hd,)
         yield p + "self_attn.o_proj.weight", (D, q)
         yield p + "post_attention_layernorm.weight", (D,)
         if a.family == "mixtral":
@@ -41,6 +48,8 @@ def tensors(a, vocab):
                 yield x + "gate_proj.weight", (a.hidden, D)
                 yield x + "up_proj.weight", (a.hidden, D)
                 yield x + "down_proj.weight", (D, a.hidden)
+            if a.family == "qwen3_moe":
+                continue
             x = p + "mlp.shared_expert."
             yield x + "gate_proj.weight", (a.hidden, D)
             yield x + "up_proj.weight", (a.hidden, D)
@@ -51,12 +60,16 @@ def tensors(a, vocab):
 
 
 def config(a, vocab):
-    c = {"architectures": ["MixtralForCausalLM" if a.family == "mixtral" else "Qwen2MoeForCausalLM"],
+    arch = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+    c = {"architectures": [arch[a.family]],
          "model_type": a.family, "vocab_size": vocab, "hidden_size": a.model, "num_hidden_layers": a.layers,
          "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads, "max_position_embeddings": 4096,
          "rms_norm_eps": 1e-5, "rope_theta": 1e6, "tie_word_embeddings": False, "num_experts_per_tok": a.top_k}
     if a.family == "mixtral":
         c.update(intermediate_size=a.hidden, num_local_experts=a.experts, sliding_window=None)
+    elif a.family == "qwen3_moe":
+        c.update(moe_intermediate_size=a.hidden, intermediate_size=a.hidden, num_experts=a.experts, head_dim=a.head_dim,
+                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
     else:
         c.update(moe_intermediate_size=a.hidden, intermediate_size=a.hidden, num_experts=a.experts,
                  shared_expert_intermediate_size=a.hidden, norm_topk_prob=False, decoder_sparse_step=1,
@@ -67,34 +80,59 @@ def config(a, vocab):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("out")
-    p.add_argument("--tokenizer", required=True)
-    p.add_argument("--family", default="mixtral", choices=["mixtral", "qwen2_moe"])
-    for flag, v in (("layers", 8), ("model", 1024), ("heads", 16), ("kv-heads", 8), ("experts", 8), ("top-k", 2),
-                    ("hidden", 1792)):
+    p.add_argument("--tokenizer")
+    p.add_argument("--family", default="mixtral", choices=["mixtral", "qwen2_moe", "qwen3_moe"])
+    for flag, v in (("layers", 8), ("model", 1024), ("heads", 16), ("kv-heads", 8), ("head-dim", 0), ("experts", 8),
+                    ("top-k", 2), ("hidden", 1792), ("vocab", 0)):
         p.add_argument("--" + flag, type=int, default=v)
+    p.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
+    p.add_argument("--pool", action="store_true")
     a = p.parse_args()
-    with open(os.path.join(a.tokenizer, "tokenizer.json")) as f:
-        tok = json.load(f)
-    vocab = max([*tok["model"]["vocab"].values(), *(t["id"] for t in tok.get("added_tokens", []))]) + 1
+    a.head_dim = a.head_dim or a.model // a.heads
+    if bool(a.tokenizer) == bool(a.vocab):
+        p.error("one of --tokenizer and --vocab")
+    vocab = a.vocab
     os.makedirs(a.out, exist_ok=True)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(a.tokenizer, f), os.path.join(a.out, f))
+    if a.tokenizer:
+        with open(os.path.join(a.tokenizer, "tokenizer.json")) as f:
+            tok = json.load(f)
+        vocab = max([*tok["model"]["vocab"].values(), *(t["id"] for t in tok.get("added_tokens", []))]) + 1
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(a.tokenizer, f), os.path.join(a.out, f))
     names = list(tensors(a, vocab))
+    esize = 2 if a.dtype == "bf16" else 4
     header, off = {"__metadata__": {"format": "pt"}}, 0
     for n, shape in names:
-        size = 4 * int(np.prod(shape))
-        header[n] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + size]}
+        size = esize * int(np.prod(shape))
+        header[n] = {"dtype": a.dtype.upper(), "shape": list(shape), "data_offsets": [off, off + size]}
         off += size
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * (-len(h) % 8)
     rng = np.random.default_rng(0)
+
+    def encode(x):  # the file's bytes: F32, or BF16 (the high half of each float, rounded to nearest even)
+        x = np.ascontiguousarray(x, "<f4")
+        if esize == 2:
+            u = x.view("<u4")
+            x = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+        return x.tobytes()
+
+    pool = encode(rng.standard_normal(1 << 26, np.float32) * 0.02) if a.pool else None
     tmp = os.path.join(a.out, "model.safetensors.tmp")
     with open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h)
         for n, shape in names:
-            x = np.ones(shape, np.float32) if n.endswith("norm.weight") else \
-                (rng.standard_normal(shape, np.float32) * 0.02)
-            f.write(x.astype("<f4").tobytes())
+            size = esize * int(np.prod(shape))
+            if n.endswith("norm.weight"):
+                f.write(encode(np.ones(shape, np.float32)))
+            elif pool is None:
+                f.write(encode(rng.standard_normal(shape, np.float32) * 0.02))
+            else:  # whole values from a random place in the pool, wrapping around
+                at = int(rng.integers(0, len(pool) // esize)) * esize
+                while size:
+                    k = min(size, len(pool) - at)
+                    f.write(memoryview(pool)[at:at + k])
+                    size, at = size - k, 0
     os.replace(tmp, os.path.join(a.out, "model.safetensors"))
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(config(a, vocab), f, indent=1)

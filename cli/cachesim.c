@@ -1,7 +1,7 @@
 /* moe cachesim: replays an expert trace (DESIGN 4.4) through a K-slot expert cache per layer
  * (deployment paper VI) and prints the miss rate (misses / accesses) of every layer, the overall rate
  * (all layers' misses over all accesses) and the worst layer's rate (the paper's metric). With
- * --policy all, a table of the four policies side by side. */
+ * --policy all, a table of the six policies side by side (Belady's MIN the bound of the others). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,10 +11,17 @@
 static const char *CMD = "cachesim";
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: moe cachesim --trace T --policy lifo|lru|fifo|belady|all --cache K [--experts E] [--json]\n"
+  fprintf(f, "usage: moe cachesim --trace T --policy lifo|lru|fifo|lfu|lfru|belady|all --cache K [--experts E] [--json]\n"
                   "Simulates a cache of K experts per layer over the whole trace; --experts E checks that every\n"
                   "expert id is below E (default: inferred from the trace). --json: one JSON object per layer,\n"
                   "then one for all layers (\"layer\": \"overall\"), with the miss rate of each policy run.\n");
+}
+
+#define NP (MOE_CACHE_LFRU + 1) /* the policies, in moe_cache_policy's order */
+
+static void print_rates(const double *r) {
+  for (int k = 0; k < NP; k++) printf(" %8.4f", r[k]);
+  printf("\n");
 }
 
 static double rate(int64_t misses, int64_t accesses) { return accesses ? (double)misses / accesses : 0; }
@@ -62,13 +69,17 @@ int cmd_cachesim(int argc, char **argv) {
     return cli_usage_error(CMD, "--cache %d: more slots than the trace's %d experts per layer", K, E);
   }
 
-  int np = all ? 4 : 1, rc = 0;
-  int64_t acc_all = 0, miss_all[4] = {0}, acc = 0, miss = 0;
-  double worst[4] = {0};
-  int worst_layer[4] = {0};
-  if (all && !json) printf("%-8s %10s %8s %8s %8s %8s\n", "layer", "accesses", "lifo", "lru", "fifo", "belady");
+  int np = all ? NP : 1, rc = 0;
+  int64_t acc_all = 0, miss_all[NP] = {0}, acc = 0, miss = 0;
+  double worst[NP] = {0};
+  int worst_layer[NP] = {0};
+  if (all && !json) {
+    printf("%-8s %10s", "layer", "accesses");
+    for (int k = 0; k < NP; k++) printf(" %8s", moe_cache_policy_name((moe_cache_policy)k));
+    printf("\n");
+  }
   for (int l = 0; l < t.layers && !rc; l++) {
-    double r[4];
+    double r[NP];
     for (int k = 0; k < np && !rc; k++) {
       moe_cache_policy q = all ? (moe_cache_policy)k : p;
       if (moe_cachesim(&t, l, 0, t.steps, q, K, &acc, &miss) != MOE_OK) { rc = cli_fail(CMD); break; }
@@ -82,17 +93,23 @@ int cmd_cachesim(int argc, char **argv) {
       char name[16];
       snprintf(name, sizeof name, "%d", l);
       json_line(name, acc, r, np, all ? MOE_CACHE_LIFO : p);
-    } else if (all) printf("%-8d %10lld %8.4f %8.4f %8.4f %8.4f\n", l, (long long)acc, r[0], r[1], r[2], r[3]);
+    } else if (all) {
+      printf("%-8d %10lld", l, (long long)acc);
+      print_rates(r);
+    }
     else printf("layer %d: accesses %lld misses %lld miss_rate %.4f\n", l, (long long)acc, (long long)miss, r[0]);
   }
   if (!rc && json) {
-    double r[4];
+    double r[NP];
     for (int k = 0; k < np; k++) r[k] = rate(miss_all[k], acc_all);
     json_line("\"overall\"", acc_all, r, np, all ? MOE_CACHE_LIFO : p);
   } else if (!rc && all) {
-    printf("%-8s %10lld %8.4f %8.4f %8.4f %8.4f\n", "overall", (long long)acc_all, rate(miss_all[0], acc_all),
-           rate(miss_all[1], acc_all), rate(miss_all[2], acc_all), rate(miss_all[3], acc_all));
-    printf("%-8s %10s %8.4f %8.4f %8.4f %8.4f\n", "worst", "", worst[0], worst[1], worst[2], worst[3]);
+    double r[NP];
+    for (int k = 0; k < NP; k++) r[k] = rate(miss_all[k], acc_all);
+    printf("%-8s %10lld", "overall", (long long)acc_all);
+    print_rates(r);
+    printf("%-8s %10s", "worst", "");
+    print_rates(worst);
   } else if (!rc) {
     printf("overall: accesses %lld misses %lld miss_rate %.4f\n", (long long)acc_all, (long long)miss_all[0],
            rate(miss_all[0], acc_all));

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "lm_budget.h"
 #include "lm_data.h"
 #include "rank_errors.h"
 #include "train_lm.h"
@@ -18,11 +19,13 @@ static const char *CMD = "eval";
 static void usage(FILE *f) {
   fprintf(f, "usage: moe eval --task lm --checkpoint DIR [--data DIR] [--split test|valid|train] [--context T]\n"
              "                [--batch B] [--threads N] [--json] [--tokens FILE]\n"
+             "                [--memory-budget SIZE [--policy P] [--prefetch on|off] [--page-cache keep|drop]]\n"
              "Prints test_loss=... test_perplexity=... (valid_... for --split valid; a JSON line with --json):\n"
              "the mean cross-entropy of the checkpoint (a Hugging Face directory of Mixtral, Qwen2/3-MoE or OLMoE\n"
              "with tokenizer.json) over every non-overlapping window of T tokens (default the model's context)\n"
              "of DIR/<split>.txt (default data/brown, test), and its exponential. --tokens FILE: the token ids of\n"
-             "FILE instead (decimal, separated by spaces, commas or newlines; no tokenizer needed), split \"tokens\".\n");
+             "FILE instead (decimal, separated by spaces, commas or newlines; no tokenizer needed), split \"tokens\".\n"
+             LM_BUDGET_USAGE "With --json, \"experts\": the caches' stats over the windows (as moe generate's).\n");
 }
 
 /* The token ids of a text file (decimal, separated by spaces, commas or newlines), each in [0, vocab). */
@@ -56,6 +59,8 @@ static int read_ids(const char *path, int vocab, int32_t **ids, size_t *n) {
 static int eval(int argc, char **argv, moe_dist *dist) {
   const char *ck = NULL, *data = "data/brown", *split = "test", *tokens = NULL;
   int threads = 0, batch = 8, json = 0, context = 0;
+  lm_budget_opts bo;
+  lm_budget_defaults(&bo);
   for (int i = 1; i < argc; i++) {
     if (cli_flag_is(argv[i], "json")) {
       json = 1;
@@ -65,6 +70,8 @@ static int eval(int argc, char **argv, moe_dist *dist) {
     const char *f = argv[i], *v = argv[++i];
     int ok = 1;
     if (cli_flag_is(f, "task")) continue;
+    else if (lm_budget_flag(f, v, &bo, &ok)) {
+    }
     else if (cli_flag_is(f, "checkpoint")) ck = v;
     else if (cli_flag_is(f, "data")) data = v;
     else if (cli_flag_is(f, "split"))
@@ -91,7 +98,8 @@ static int eval(int argc, char **argv, moe_dist *dist) {
   }
   c.moe.threads = threads;
   c.moe.dist = dist;
-  int rc = cli_settle(dist, CMD, moe_lm_load(&m, ck, &c) != MOE_OK ? cli_fail(CMD) : 0);
+  moe_lm_experts x;
+  int rc = cli_settle(dist, CMD, lm_budget_load(&m, ck, &c, &bo, &x) != MOE_OK ? cli_fail(CMD) : 0);
   if (!context) context = c.max_seq;
   if (!rc && context > c.max_seq)
     rc = cli_usage_error(CMD, "--context %d exceeds the model's max_position_embeddings %d", context, c.max_seq);
@@ -105,11 +113,17 @@ static int eval(int argc, char **argv, moe_dist *dist) {
     rc = cli_usage_error(CMD, "%s: %zu tokens, fewer than one window of --context %d + 1", tokens, n, context);
   if (!rc && moe_lm_eval_windows(&m, ids, n, context, batch, 0, &loss) != MOE_OK) /* the same windows, every rank */
     rc = cli_fail(CMD);
+  cJSON *experts = !rc && json ? lm_budget_json(&x, &bo, (int64_t)(n - 1) / context * context) : NULL;
+  char *ej = experts ? cJSON_PrintUnformatted(experts) : NULL;
   if (!rc && json)
-    printf("{\"%s_loss\": %.6f, \"%s_perplexity\": %.4f, \"tokens\": %zu}\n", split, loss, split, exp(loss), n);
+    printf("{\"%s_loss\": %.6f, \"%s_perplexity\": %.4f, \"tokens\": %zu%s%s}\n", split, loss, split, exp(loss), n,
+           ej ? ", \"experts\": " : "", ej ? ej : "");
   else if (!rc) printf("%s_loss=%.6f %s_perplexity=%.4f\n", split, loss, split, exp(loss));
   free(ids);
+  cJSON_Delete(experts);
+  free(ej);
   if (m.st) moe_lm_free(&m);
+  moe_lm_experts_free(&x);
   moe_tokenizer_free(t);
   return rc;
 }

@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "lm_budget.h"
 #include "lm_data.h"
 #include "rank_errors.h"
 
@@ -20,6 +21,7 @@ static void usage(FILE *f) {
   fprintf(f, "usage: moe generate --checkpoint DIR (--prompt \"text\" | --prompt-ids \"1 2 3\") [--max-tokens N]\n"
              "                    [--temperature T] [--top-p P] [--seed S] [--threads N] [--tokenizer F] [--json]\n"
              "                    [--ignore-eos] [--dtype f32|bf16] [--logprobs N]\n"
+             "                    [--memory-budget SIZE [--policy P] [--prefetch on|off] [--page-cache keep|drop]]\n"
              "Samples N new tokens (default 32) after the prompt: temperature 0 is greedy (default 1), top-p\n"
              "keeps the most probable tokens up to that mass (default 1); the same seed gives the same tokens.\n"
              "Stops before N at the end of text (config.json's and generation_config.json's eos_token_id,\n"
@@ -31,7 +33,10 @@ static void usage(FILE *f) {
              "{\"prompt_tokens\", \"ids\", and with --prompt \"text\" (bytes that are not UTF-8 as U+FFFD)}.\n"
              "--dtype bf16: the experts' GEMMs in bf16 (bf16 weights and inputs, fp32 accumulation; default f32).\n"
              "--logprobs N (with --json): each new token's log-probability under the model (its softmax at\n"
-             "temperature 1) as \"logprobs\", and the N (0 to 20) most probable tokens' as \"top_logprobs\".\n");
+             "temperature 1) as \"logprobs\", and the N (0 to 20) most probable tokens' as \"top_logprobs\".\n"
+             LM_BUDGET_USAGE
+             "With --json, \"experts\": the caches' stats over the prompt and new tokens (hit rate, bytes read\n"
+             "per token, stall seconds, prefetch precision and recall; overall and per layer) and \"seconds\".\n");
 }
 
 typedef struct {
@@ -41,6 +46,7 @@ typedef struct {
   moe_dtype dtype;
   float temperature, top_p;
   uint64_t seed;
+  lm_budget_opts budget;
 } gen_opts;
 
 /* The prompt's ids (at most cap), each checked against the vocabulary; -1 after printing on an error. */
@@ -62,6 +68,7 @@ static int parse_ids(const char *s, int vocab, int32_t *ids, int cap) {
 
 static int parse(int argc, char **argv, gen_opts *o) {
   *o = (gen_opts){.max_tokens = 32, .temperature = 1.0f, .top_p = 1.0f, .dtype = MOE_DT_F32, .logprobs = -1};
+  lm_budget_defaults(&o->budget);
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     if (cli_flag_is(f, "json") || cli_flag_is(f, "ignore-eos")) { /* flags without a value */
@@ -72,7 +79,8 @@ static int parse(int argc, char **argv, gen_opts *o) {
     if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f);
     const char *v = argv[++i];
     int ok = 1, seed;
-    if (cli_flag_is(f, "checkpoint")) o->ck = v;
+    if (lm_budget_flag(f, v, &o->budget, &ok)) {
+    } else if (cli_flag_is(f, "checkpoint")) o->ck = v;
     else if (cli_flag_is(f, "prompt-ids")) o->prompt = v;
     else if (cli_flag_is(f, "prompt")) o->text = v;
     else if (cli_flag_is(f, "tokenizer")) o->tokenizer = v;
@@ -92,6 +100,7 @@ static int parse(int argc, char **argv, gen_opts *o) {
   if (!o->ck || !o->prompt == !o->text)
     return cli_usage_error(CMD, "--checkpoint and one of --prompt and --prompt-ids are required");
   if (o->logprobs >= 0 && !o->json) return cli_usage_error(CMD, "--logprobs needs --json");
+  if (!o->budget.s.budget && o->budget.policy_set) return cli_usage_error(CMD, "--policy needs --memory-budget");
   return 0;
 }
 
@@ -169,7 +178,8 @@ static char *continuation(const moe_tokenizer *t, const int32_t *prompt, int np,
 }
 
 /* ids follow the prompt's prompt_tokens in one buffer. */
-static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int prompt_tokens, const gen_logprobs *g) {
+static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int prompt_tokens, const gen_logprobs *g,
+                      cJSON *experts) {
   cJSON *o = cJSON_CreateObject(), *a = cJSON_CreateArray();
   int ok = o && a;
   for (int i = 0; ok && i < n; i++) ok = cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i])) && cJSON_GetArraySize(a) == i + 1;
@@ -180,12 +190,14 @@ static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int pro
     cJSON_AddItemToObject(o, "ids", a), a = NULL;
     if (utf) cJSON_AddStringToObject(o, "text", utf);
     ok = g->top < 0 || add_logprobs(o, g, n);
+    if (ok && experts) cJSON_AddItemToObject(o, "experts", experts), experts = NULL;
   }
   if (ok) {
     cli_json_line(o), o = NULL;
   }
   cJSON_Delete(o);
   cJSON_Delete(a);
+  cJSON_Delete(experts);
   free(utf);
   return ok ? 0 : cli_usage_error(CMD, "out of memory for the JSON line");
 }
@@ -201,8 +213,9 @@ static int rank0_token(const moe_dist *d, int32_t *id) {
 
 /* Prompt, then one token at a time until an id of eos (n_eos of them; none with --ignore-eos); the new
  * tokens are printed as they come. */
-static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *ids, int n, const int32_t *eos,
-               int n_eos) {
+static int run(moe_lm_t *m, const moe_lm_experts *x, const gen_opts *o, const moe_tokenizer *t, int32_t *ids, int n,
+               const int32_t *eos, int n_eos) {
+  double t0 = cli_now();
   const moe_lm_config *c = &m->cfg;
   if (n + o->max_tokens > c->max_seq)
     return cli_usage_error(CMD, "the prompt (%d tokens) and --max-tokens %d exceed the model's context of %d", n,
@@ -249,7 +262,11 @@ static int run(moe_lm_t *m, const gen_opts *o, const moe_tokenizer *t, int32_t *
   else if (d && !rc) fwrite(rest, 1, len, stdout);
   moe_detokenizer_free(d);
   if (!o->json) printf("\n");
-  else if (!rc) rc = print_json(t, out, k, n, &g);
+  else if (!rc) {
+    cJSON *experts = lm_budget_json(x, &o->budget, n + k);
+    if (experts) cJSON_AddNumberToObject(experts, "seconds", cli_now() - t0);
+    rc = print_json(t, out, k, n, &g, experts);
+  }
   moe_lm_cache_free(kv);
   free(g.lp), free(g.top_id), free(g.top_lp);
   return rc;
@@ -264,7 +281,8 @@ static int generate(int argc, char **argv, moe_dist *dist) {
   c.moe.threads = o.threads;
   c.moe.dtype = o.dtype;
   c.moe.dist = dist;
-  if (cli_settle(dist, CMD, moe_lm_load(&m, o.ck, &c) ? cli_fail(CMD) : 0)) {
+  moe_lm_experts x;
+  if (cli_settle(dist, CMD, lm_budget_load(&m, o.ck, &c, &o.budget, &x) ? cli_fail(CMD) : 0)) {
     if (m.st) moe_lm_free(&m); /* loaded here, not on another rank */
     return 1;
   }
@@ -282,10 +300,11 @@ static int generate(int argc, char **argv, moe_dist *dist) {
   int32_t eos[MOE_LM_MAX_EOS];
   int n_eos = 0;
   int rc = cli_settle(dist, CMD, n < 0 || (moe_lm_eos_ids(o.ck, t, c.vocab, eos, MOE_LM_MAX_EOS, &n_eos) && cli_fail(CMD)));
-  if (!rc) rc = run(&m, &o, t, ids, n, eos, n_eos);
+  if (!rc) rc = run(&m, &x, &o, t, ids, n, eos, n_eos);
   free(ids);
   moe_tokenizer_free(t);
   moe_lm_free(&m);
+  moe_lm_experts_free(&x);
   return rc;
 }
 

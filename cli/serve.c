@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "lm_budget.h"
 #include "lm_data.h"
 #include "serve.h"
 
@@ -15,7 +16,9 @@ static const char *CMD = "serve";
 
 static void usage(FILE *f) {
   fprintf(f, "usage: moe serve --checkpoint DIR [--host 127.0.0.1] [--port 8080] [--max-batch B] [--threads N]\n"
-             "                 [--cache K] [--policy lifo|lru] [--trace F] [--context N]\n"
+             "                 [--cache K | --memory-budget SIZE] [--policy P] [--prefetch on|off]\n"
+             "                 [--page-cache keep|drop]\n"
+             "                 [--trace F] [--context N]\n"
              "                 [--max-connections C] [--timeout S] [--dtype f32|bf16]\n"
              "Serves POST /v1/completions (OpenAI's completion request: prompt as text, through DIR/tokenizer.json,\n"
              "or token ids; max_tokens, temperature, top_p, seed, stream, ignore_eos, stop; other fields are\n"
@@ -29,7 +32,10 @@ static void usage(FILE *f) {
              "then /health says 503 \"loading\" and every request gets 503. Prints\n"
              "\"listening on http://HOST:PORT\" when ready. --cache K: K experts of each\n"
              "MoE layer in memory (default all), the rest read on demand from DIR/model.safetensors, evicting\n"
-             "by --policy (default lifo). --trace F: the experts each decode step used, as moe trace writes.\n"
+             "by --policy (default lifo; the model is loaded whole first, then its experts freed).\n"
+             LM_BUDGET_USAGE
+             "/metrics then has per layer the hit rate, bytes read, stall seconds and prefetch precision.\n"
+             "--trace F: the experts each decode step used, as moe trace writes.\n"
              "--context N: a request's prompt and max_tokens at most (default the model's\n"
              "max_position_embeddings). --max-connections C (default 1024): past C connections /health still\n"
              "answers and the rest get 503. --timeout S (default 30): a connection idle S seconds, or a request\n"
@@ -41,19 +47,21 @@ typedef struct {
   const char *ck, *host, *trace;
   int port, max_batch, threads, cache;
   moe_dtype dtype;
-  moe_cache_policy policy;
+  lm_budget_opts budget; /* its policy for --cache K too */
   serve_http_opts http;
 } serve_opts;
 
 static int parse(int argc, char **argv, serve_opts *o) {
-  *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .max_batch = 32, .dtype = MOE_DT_F32, .policy = MOE_CACHE_LIFO,
+  *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .max_batch = 32, .dtype = MOE_DT_F32,
                     .http = {.max_connections = 1024, .timeout_s = 30}};
+  lm_budget_defaults(&o->budget);
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     if (i + 1 >= argc) return cli_usage_error(CMD, "%s: missing value (or unknown flag)", f);
     const char *v = argv[++i];
     int ok = 1;
-    if (cli_flag_is(f, "checkpoint")) o->ck = v;
+    if (lm_budget_flag(f, v, &o->budget, &ok)) {
+    } else if (cli_flag_is(f, "checkpoint")) o->ck = v;
     else if (cli_flag_is(f, "host")) o->host = v;
     else if (cli_flag_is(f, "trace")) o->trace = v;
     else if (cli_flag_is(f, "port")) ok = cli_parse_int(v, &o->port) && o->port >= 0 && o->port <= 65535;
@@ -65,16 +73,17 @@ static int parse(int argc, char **argv, serve_opts *o) {
     else if (cli_flag_is(f, "max-connections"))
       ok = cli_parse_int(v, &o->http.max_connections) && o->http.max_connections >= 1 && o->http.max_connections <= 65536;
     else if (cli_flag_is(f, "timeout")) ok = cli_parse_int(v, &o->http.timeout_s) && o->http.timeout_s >= 1;
-    else if (cli_flag_is(f, "policy")) {
-      ok = !strcmp(v, "lifo") || !strcmp(v, "lru");
-      o->policy = !strcmp(v, "lru") ? MOE_CACHE_LRU : MOE_CACHE_LIFO;
-    } else {
+    else {
       usage(stderr);
       return cli_usage_error(CMD, "unknown flag '%s'", f);
     }
     if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
   }
   if (!o->ck) return cli_usage_error(CMD, "--checkpoint is required");
+  if (o->cache && o->budget.s.budget) return cli_usage_error(CMD, "--cache K and --memory-budget: one or the other");
+  if (!o->cache && !o->budget.s.budget && o->budget.policy_set)
+    return cli_usage_error(CMD, "--policy needs --cache K or --memory-budget");
+  if (o->cache && !o->budget.policy_set) o->budget.s.policy = MOE_CACHE_LIFO;
   return 0;
 }
 
@@ -146,14 +155,14 @@ static int load_and_serve(serve_opts *o, moe_lm_config *c, serve_http **h, int p
   moe_lm_t m;
   moe_tokenizer *tok = NULL;
   moe_chat_template *chat = NULL;
-  if (moe_lm_load(&m, o->ck, c)) return cli_fail(CMD);
-  moe_lm_experts x = {0};
+  moe_lm_experts x;
+  if (lm_budget_load(&m, o->ck, c, &o->budget, &x)) return cli_fail(CMD);
   int32_t eos[MOE_LM_MAX_EOS];
   int n_eos = 0;
   char path[4096];
   const char *chat_path = lm_chat_template_path(o->ck, path, sizeof path); /* chat needs it */
   moe_status no_chat = MOE_OK; /* a tokenizer_config.json without a template: chat is refused */
-  if ((o->cache && moe_lm_buffer_experts(&m, o->ck, o->cache, o->policy, &x)) || load_tokenizer(o->ck, &tok) ||
+  if ((o->cache && moe_lm_buffer_experts(&m, o->ck, o->cache, o->budget.s.policy, &x)) || load_tokenizer(o->ck, &tok) ||
       moe_lm_eos_ids(o->ck, tok, c->vocab, eos, MOE_LM_MAX_EOS, &n_eos) ||
       (chat_path && (no_chat = moe_chat_template_load(&chat, chat_path)) && no_chat != MOE_ERR_MISSING)) {
     moe_tokenizer_free(tok);

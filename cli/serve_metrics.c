@@ -110,14 +110,34 @@ char *serve_metrics_text(serve_metrics *m, moe_engine *e) {
   histogram(&t, "moe_serve_ttft_seconds", "Time to first token.", m->ttft_hist, m->ttft_sum, 1);
   histogram(&t, "moe_serve_request_seconds", "Request latency, arrival to last token.", m->lat_hist, m->lat_sum, 1);
   size_t resident = m->caches ? 0 : m->all_expert_bytes;
+  int L = m->L;
+  moe_expert_cache_stats *s = calloc((size_t)L + 1, sizeof *s);
+  if (!s) t.oom = 1, L = 0;
+  for (int l = 0; l < L; l++) {
+    if (m->caches && m->caches[l]) moe_expert_cache_get_stats(m->caches[l], &s[l]), resident += s[l].resident_bytes;
+  }
   put(&t, "# HELP moe_serve_expert_cache_hit_rate Active experts found resident, per MoE layer.\n"
           "# TYPE moe_serve_expert_cache_hit_rate gauge\n");
-  for (int l = 0; l < m->L; l++) {
-    moe_expert_cache_stats s = {0};
-    if (m->caches) moe_expert_cache_get_stats(m->caches[l], &s), resident += s.resident_bytes;
+  for (int l = 0; l < L; l++)
     put(&t, "moe_serve_expert_cache_hit_rate{layer=\"%d\"} %g\n", l,
-        s.accesses ? 1.0 - (double)s.misses / (double)s.accesses : 1.0);
-  }
+        s[l].accesses ? 1.0 - (double)s[l].misses / (double)s[l].accesses : 1.0);
+  put(&t, "# HELP moe_serve_expert_bytes_read_total Expert bytes read from the checkpoint, per MoE layer.\n"
+          "# TYPE moe_serve_expert_bytes_read_total counter\n");
+  for (int l = 0; l < L; l++) put(&t, "moe_serve_expert_bytes_read_total{layer=\"%d\"} %lld\n", l, (long long)s[l].bytes_read);
+  put(&t, "# HELP moe_serve_expert_stall_seconds_total Time waiting for experts to be read, per MoE layer.\n"
+          "# TYPE moe_serve_expert_stall_seconds_total counter\n");
+  for (int l = 0; l < L; l++) put(&t, "moe_serve_expert_stall_seconds_total{layer=\"%d\"} %g\n", l, s[l].stall_seconds);
+  put(&t, "# HELP moe_serve_expert_prefetch_precision Predicted experts the next batch used, per MoE layer.\n"
+          "# TYPE moe_serve_expert_prefetch_precision gauge\n");
+  for (int l = 0; l < L; l++)
+    put(&t, "moe_serve_expert_prefetch_precision{layer=\"%d\"} %g\n", l,
+        s[l].predicted ? (double)s[l].predicted_hit / (double)s[l].predicted : 0.0);
+  put(&t, "# HELP moe_serve_expert_prefetch_recall Active experts that were predicted, per MoE layer.\n"
+          "# TYPE moe_serve_expert_prefetch_recall gauge\n");
+  for (int l = 0; l < L; l++)
+    put(&t, "moe_serve_expert_prefetch_recall{layer=\"%d\"} %g\n", l,
+        s[l].actual ? (double)s[l].predicted_hit / (double)s[l].actual : 0.0);
+  free(s);
   put(&t, "# HELP moe_serve_resident_expert_bytes Expert weights in memory.\n"
           "# TYPE moe_serve_resident_expert_bytes gauge\nmoe_serve_resident_expert_bytes %zu\n"
           "# HELP moe_serve_all_expert_bytes Expert weights of the whole model.\n"

@@ -727,7 +727,7 @@ moe_status moe_checkpoint_load(const char *path, moe_model_t *m, moe_optim_t *o,
  * a loader thread reads misses while the experts already resident compute. Outputs equal the
  * all-resident layer's bit for bit. */
 typedef struct moe_expert_cache moe_expert_cache;
-typedef enum { MOE_CACHE_LIFO, MOE_CACHE_LRU, MOE_CACHE_FIFO, MOE_CACHE_BELADY } moe_cache_policy;
+typedef enum { MOE_CACHE_LIFO, MOE_CACHE_LRU, MOE_CACHE_FIFO, MOE_CACHE_BELADY, MOE_CACHE_LFU, MOE_CACHE_LFRU } moe_cache_policy;
 /* Reads the (E, ...) tensors `prefix`fc1.weight, fc1.bias, fc2.weight, fc2.bias (and fc3.weight for
  * swiglu) of f, for the layer l (D, H, E, activation, biases, dtype), through K slots. f must stay open.
  * A slot holds the matrices in l->dtype (bf16: 2 bytes a value, about half an fp32 slot) and the biases
@@ -738,13 +738,33 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
                                  const moe_layer_config *l, int K, moe_cache_policy p);
 void moe_expert_cache_free(moe_expert_cache *c);
 typedef struct {
-  int64_t accesses, misses; /* active experts asked for, and those not resident */
+  int64_t accesses, misses; /* active experts asked for, and those not resident nor on their way */
   size_t resident_bytes;    /* the K slots: K * expert_bytes */
   size_t expert_bytes;      /* one slot: the expert's matrices at the dtype's size (2 bytes bf16, 4 f32)
                                and its biases at 4, each tensor padded to a multiple of 64 bytes */
   moe_dtype dtype;          /* the slots' matrices: MOE_DT_F32 or MOE_DT_BF16 (the layer's dtype) */
+  int slots;                /* K */
+  int64_t loads;            /* experts read from the file (misses and prefetches) */
+  int64_t bytes_read;       /* bytes read from the file by those loads */
+  double stall_seconds;     /* the caller's time waiting for a load to finish */
+  int64_t prefetches;       /* loads asked ahead by moe_expert_cache_prefetch */
+  int64_t prefetch_used;    /* of those, experts active in the next batch before their eviction */
+  int64_t predicted, predicted_hit, actual; /* the predictions' experts, those the next batch used, and
+                               that batch's active experts: precision predicted_hit / predicted, recall
+                               predicted_hit / actual (over the batches that had a prediction) */
 } moe_expert_cache_stats;
 void moe_expert_cache_get_stats(const moe_expert_cache *c, moe_expert_cache_stats *out);
+/* The bytes of one slot (expert_bytes) of a cache opened for layer l: what a memory budget is divided by. */
+size_t moe_expert_cache_slot_bytes(const moe_layer_config *l);
+/* Reads the n experts (ids in [0, E)) ahead into free slots, or slots whose experts the policy would
+ * evict and which are not among them, without waiting: the next batch's predicted experts. Experts already
+ * resident stay; the prediction is scored against the next forward's active experts (stats). Outputs
+ * never change: only which experts are resident does. */
+moe_status moe_expert_cache_prefetch(moe_expert_cache *c, const int *experts, int n);
+/* Whether each read drops its pages from the page cache (posix_fadvise DONTNEED), so that the slots are
+ * the only cache (moe_lm_load_streaming's default); 0, the default of moe_expert_cache_open, leaves them
+ * to the kernel (a second cache, outside any budget). */
+void moe_expert_cache_set_drop_pages(moe_expert_cache *c, int drop);
 /* The layer (config.external_experts) takes its experts from c; NULL detaches. */
 moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c);
 /* Serving a checkpoint for inference, with its experts computing in `dtype`: -1 for the checkpoint's
@@ -779,8 +799,10 @@ moe_status moe_trace_load(moe_trace *t, const char *path, int experts);
 void moe_trace_free(moe_trace *t);
 
 /* Expert-cache policies (deployment paper VI): on a miss with the cache full, evict an expert not
- * active in this batch first, then by the policy: LIFO (the paper's), LRU, FIFO; BELADY evicts the
- * expert whose next use is farthest (MIN, knows the future). The access sequence is, batch after
+ * active in this batch first, then by the policy: LIFO (the paper's), LRU, FIFO, LFU (the fewest uses
+ * since the cache opened, evicted or not; ties to the least recently used), LFRU (a frequency-recency
+ * mix: each use adds 1 to a score that halves every E accesses of the layer; the lowest score goes);
+ * BELADY evicts the expert whose next use is farthest (MIN, knows the future). The access sequence is, batch after
  * batch, the active experts (tokens > 0) in increasing id order; an active expert not yet computed in
  * the current batch is never evicted. */
 const char *moe_cache_policy_name(moe_cache_policy p);
@@ -1570,11 +1592,38 @@ void moe_engine_free(moe_engine *e);
  * error m may be half converted: free it. */
 typedef struct {
   moe_st *file;
-  moe_expert_cache **caches; /* (n) one per MoE layer */
+  moe_expert_cache **caches; /* (n) one per MoE layer (NULL for a dense layer) */
   int n;
+  struct moe_lm_prefetch *prefetch; /* moe_lm_load_streaming's predictor, or NULL */
+  size_t budget;             /* moe_lm_load_streaming: the budget asked for; the slots' bytes are the
+                                caches' resident_bytes, summed (at most the budget) */
 } moe_lm_experts;
 moe_status moe_lm_buffer_experts(moe_lm_t *m, const char *dir, int K, moe_cache_policy p, moe_lm_experts *x);
 void moe_lm_experts_free(moe_lm_experts *x);
+
+/* ---- experts streamed from the checkpoint under a memory budget (DESIGN 4.11; moe generate, eval and
+ * serve --memory-budget SIZE): the model's dense weights are read and stay resident; the experts' are
+ * never read at load, but on demand from dir's model.safetensors (F32 or BF16, one tensor per expert:
+ * every family but gpt-oss) into expert caches (moe_expert_cache) whose slots together take at most
+ * `budget` bytes. Every read drops its pages from the page cache, and runs on each layer's loader
+ * thread while the experts already resident compute. With prefetch, before MoE layer l computes, the
+ * next MoE layer's router (after its post-attention norm) is applied to layer l's hidden state and its
+ * top-k experts (the union over the batch's rows) are read ahead into that layer's cache; each cache's
+ * stats score the prediction (precision and recall). Outputs are the all-resident model's bit for bit,
+ * whatever the budget, policy and prefetch: only when an expert is read changes. */
+typedef struct {
+  size_t budget;             /* bytes of expert slots over all MoE layers (>= one expert per layer) */
+  moe_cache_policy policy;   /* LIFO, LRU, FIFO, LFU or LFRU (default LRU) */
+  int prefetch;              /* read the next layer's predicted experts ahead (default 1) */
+  int keep_page_cache;       /* 1: leave the file's pages in the page cache (the kernel's cache beside the
+                                slots, as with mmap); default 0: every read drops them */
+} moe_lm_stream_config;
+void moe_lm_stream_config_default(moe_lm_stream_config *s);
+/* Loads m as moe_lm_load does (c NULL: dir's config.json), without the experts' weights, and serves
+ * its experts through x (free m, then x). The budget is divided equally between the MoE layers: K =
+ * budget / (MoE layers x moe_expert_cache_slot_bytes) slots each, at most E. */
+moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_config *c, const moe_lm_stream_config *s,
+                                 moe_lm_experts *x);
 
 /* ---- OpenAI-compatible request bodies (DESIGN 4.7): what moe serve parses, for any front-end ----
  * The parsers of POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize bodies, apart

@@ -66,6 +66,10 @@ void moe__from_bf16(float *dst, const uint16_t *src, size_t n, int nt);
 /* Threads to use for a requested count (0 = all cores) (base/threads.c). */
 int moe__threads(int requested);
 
+/* The LFRU cache policy's score (sources/cache.c, serve/cachesim.c): a score s, `since` accesses of the
+ * layer later, halved every `half` accesses; each use adds 1 to it. */
+double moe__lfru_score(double s, int64_t since, int half);
+
 /* Index of s in names[n] into *out; otherwise MOE_ERR_ARG naming `field`, the value and the choices
  * (base/names.c). */
 moe_status moe__parse_name(const char *s, const char *field, const char *const *names, int n, int *out);
@@ -74,6 +78,12 @@ moe_status moe__parse_name(const char *s, const char *field, const char *const *
  * holds the flat values [off, off + n) of tensor v of f (safetensors.c); NaN/Inf weights are refused
  * when loaded rather than spread through every output. */
 moe_status moe__st_expect_finite(const moe_st *f, const moe_tensor_view *v, size_t off, const float *x, size_t n);
+/* The same over n bf16 values (a slot of the expert cache). */
+moe_status moe__st_expect_finite_bf16(const moe_st *f, const moe_tensor_view *v, size_t off, const uint16_t *x,
+                                      size_t n);
+/* Drops bytes [off, off + n) of tensor v of a lazily opened f from the page cache (posix_fadvise
+ * DONTNEED: advice, no error); nothing for a file read into memory. */
+void moe__st_drop_pages(const moe_st *f, const moe_tensor_view *v, size_t off, size_t n);
 /* The same over the whole of an F32 or BF16 tensor, read in chunks (for weights left in the file). */
 moe_status moe__st_scan_finite(const moe_st *f, const moe_tensor_view *v);
 

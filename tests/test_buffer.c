@@ -80,9 +80,9 @@ static void check_equals_all_resident(int *failed_, moe_dtype dt, moe_dtype fdt,
       s = s * 6364136223846793005ull + 1442695040888963407ull;
       x[b][i] = (float)((s >> 40) * 0x1.0p-23) - 1.0f;
     }
-  const moe_cache_policy pol[3] = {MOE_CACHE_LIFO, MOE_CACHE_LRU, MOE_CACHE_FIFO};
+  const moe_cache_policy pol[5] = {MOE_CACHE_LIFO, MOE_CACHE_LRU, MOE_CACHE_FIFO, MOE_CACHE_LFU, MOE_CACHE_LFRU};
   for (int K = 1; K <= c.E; K++)
-    for (int p = 0; p < 3; p++) {
+    for (int p = 0; p < 5; p++) {
       moe_layer_config cb = c;
       cb.external_experts = 1;
       moe_layer_t lb;

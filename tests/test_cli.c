@@ -344,8 +344,9 @@ TEST(cli_refuses_unusable_values) {
   ASSERT_EQ_INT(run_moe(NULL, args, out, err_text, sizeof err_text), 0);
   test_read_text(out, text, sizeof text);
   ASSERT(!strcmp(text, "{\"layer\": 0, \"accesses\": 2, \"miss_rate\": {\"lifo\": 1.000000, \"lru\": 1.000000, "
-                       "\"fifo\": 1.000000, \"belady\": 1.000000}}\n{\"layer\": \"overall\", \"accesses\": 2, "
-                       "\"miss_rate\": {\"lifo\": 1.000000, \"lru\": 1.000000, \"fifo\": 1.000000, \"belady\": 1.000000}}\n"));
+                       "\"fifo\": 1.000000, \"belady\": 1.000000, \"lfu\": 1.000000, \"lfru\": 1.000000}}\n{\"layer\": "
+                       "\"overall\", \"accesses\": 2, \"miss_rate\": {\"lifo\": 1.000000, \"lru\": 1.000000, \"fifo\": "
+                       "1.000000, \"belady\": 1.000000, \"lfu\": 1.000000, \"lfru\": 1.000000}}\n"));
 }
 
 /* Without data, train says how to get it. */

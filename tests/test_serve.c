@@ -198,7 +198,10 @@ TEST(serve_cli_errors) {
   static const char *const cases[][2] = {
       {"--host localhost", "--host: 'localhost' is not an IPv4 address"},
       {"--cache 9 --port 0", "K must be in [1, E=4], got 9"},
-      {"--policy fifo", "--policy: bad value 'fifo'"},
+      {"--policy belady --cache 2", "--policy: bad value 'belady'"},
+      {"--policy fifo", "--policy needs --cache K or --memory-budget"},
+      {"--cache 2 --memory-budget 1G", "--cache K and --memory-budget: one or the other"},
+      {"--memory-budget 1K", "below one expert per MoE layer"},
       {"--max-batch 0", "--max-batch: bad value '0'"},
       {"--timeout 0", "--timeout: bad value '0'"},
       {"--max-connections 0", "--max-connections: bad value '0'"},

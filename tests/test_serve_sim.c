@@ -525,8 +525,9 @@ TEST(serve_cli_cachesim) {
   snprintf(args, sizeof args, "cachesim --trace '%s' --policy all --cache 2", tr);
   ASSERT_EQ_INT(serve_moe(args), 0);
   ASSERT(strstr(out_text, "belady"));
-  /* layer 0 rates: lifo .75, lru 1, fifo 1, belady .75 */
-  ASSERT(strstr(out_text, "0                 4   0.7500   1.0000   1.0000   0.7500\n"));
+  /* layer 0 rates: lifo .75, lru 1, fifo 1, belady .75, lfu 1 (1 and 2 used once: the least recent, 1,
+   * goes for 3), lfru 1 (1's score decayed longer) */
+  ASSERT(strstr(out_text, "0                 4   0.7500   1.0000   1.0000   0.7500   1.0000   1.0000\n"));
   /* errors: exit 1 with a message */
   snprintf(args, sizeof args, "cachesim --trace '%s' --policy mru --cache 2", tr);
   ASSERT_EQ_INT(serve_moe(args), 1);

@@ -111,6 +111,22 @@ class LM(C.Structure):
                 ("numel", C.c_size_t), ("dense", C.POINTER(_f)), ("dense_grad", C.POINTER(_f)), ("st", _p)]
 
 
+class LMStreamConfig(C.Structure):  # moe_lm_stream_config
+    _fields_ = [("budget", C.c_size_t), ("policy", _i), ("prefetch", _i), ("keep_page_cache", _i)]
+
+
+class LMExperts(C.Structure):  # moe_lm_experts
+    _fields_ = [("file", _p), ("caches", C.POINTER(_p)), ("n", _i), ("prefetch", _p), ("budget", C.c_size_t)]
+
+
+class ExpertCacheStats(C.Structure):  # moe_expert_cache_stats
+    _fields_ = [("accesses", C.c_int64), ("misses", C.c_int64), ("resident_bytes", C.c_size_t),
+                ("expert_bytes", C.c_size_t), ("dtype", _i), ("slots", _i), ("loads", C.c_int64),
+                ("bytes_read", C.c_int64), ("stall_seconds", C.c_double), ("prefetches", C.c_int64),
+                ("prefetch_used", C.c_int64), ("predicted", C.c_int64), ("predicted_hit", C.c_int64),
+                ("actual", C.c_int64)]
+
+
 class EngineConfig(C.Structure):
     _fields_ = [("slots", _i), ("tok", _p), ("eos", C.POINTER(C.c_int32)), ("n_eos", _i), ("on_step", _p),
                 ("on_decode", _p), ("ctx", _p)]

@@ -14,6 +14,11 @@ _LM = _P(S.LM)
 for _name, (_res, _args) in {
         "moe_lm_read_config": (C.c_int, [C.c_char_p, _P(S.LMConfig)]),
         "moe_lm_load": (C.c_int, [_LM, C.c_char_p, _P(S.LMConfig)]),
+        "moe_lm_stream_config_default": (None, [_P(S.LMStreamConfig)]),
+        "moe_lm_load_streaming": (C.c_int, [_LM, C.c_char_p, _P(S.LMConfig), _P(S.LMStreamConfig), _P(S.LMExperts)]),
+        "moe_lm_experts_free": (None, [_P(S.LMExperts)]),
+        "moe_cache_policy_parse": (C.c_int, [C.c_char_p, C.c_char_p, _P(C.c_int)]),
+        "moe_expert_cache_get_stats": (None, [C.c_void_p, _P(S.ExpertCacheStats)]),
         "moe_lm_free": (None, [_LM]),
         "moe_lm_config_default": (None, [_P(S.LMConfig)]),
         "moe_lm_init": (C.c_int, [_LM, _P(S.LMConfig)]),
@@ -51,24 +56,73 @@ def _eos_ids(path, vocab):
     return list(ids[:n.value])
 
 
+def _size(v):
+    """Bytes from an int or a string: a number with K, M, G or T (powers of 1024; "B" or "iB" may follow)."""
+    if isinstance(v, int):
+        n = v
+    else:
+        s, mult = str(v).strip(), 1
+        for suffix in ("iB", "B"):
+            s = s[:-len(suffix)] if s.endswith(suffix) else s
+        if s and s[-1].upper() in "KMGT":
+            mult, s = 1024 ** ("KMGT".index(s[-1].upper()) + 1), s[:-1]
+        try:
+            n = int(float(s) * mult)
+        except ValueError:
+            n = 0
+    if n < 1:
+        raise fail("MOE_ERR_ARG", f"memory_budget: want a size in bytes (or with K, M, G, T), got {v!r}")
+    return n
+
+
 class LM(Owner):
     """A checkpoint directory (config.json and model.safetensors, or shards with their index) or a GGUF
     file loaded by moe_lm_load. threads: 0 = all cores; dtype "bf16": the experts' GEMMs in bf16. eos: the ids that end
-    generation (default: config.json's and generation_config.json's eos_token_id)."""
+    generation (default: config.json's and generation_config.json's eos_token_id). memory_budget (bytes, or "8G"):
+    the experts streamed from the checkpoint into caches of at most that size (moe_lm_load_streaming; policy lifo,
+    lru, fifo, lfu or lfru; prefetch of the next layer's predicted experts); the outputs do not change."""
     _free = lib.moe_lm_free
 
-    def __init__(self, path, threads=0, dtype="f32", eos=None):
+    def __del__(self):  # the model, then the experts' caches it reads from
+        Owner.__del__(self)
+        if getattr(self, "_x", None) is not None:
+            lib.moe_lm_experts_free(C.byref(self._x))
+            self._x = None
+
+    def __init__(self, path, threads=0, dtype="f32", eos=None, memory_budget=None, policy="lru", prefetch=True):
         cfg = S.LMConfig()
         check(lib.moe_lm_read_config(text(path), C.byref(cfg)))
         cfg.moe.threads = threads
         d = C.c_int()
         check(lib.moe_dtype_parse(text(dtype), b"dtype", C.byref(d)))
         cfg.moe.dtype = d.value
-        self._c = None
+        self._c = self._x = None
         m = S.LM()
-        check(lib.moe_lm_load(C.byref(m), text(path), C.byref(cfg)))
+        if memory_budget is None:
+            check(lib.moe_lm_load(C.byref(m), text(path), C.byref(cfg)))
+        else:
+            sc, x, pol = S.LMStreamConfig(), S.LMExperts(), C.c_int()
+            lib.moe_lm_stream_config_default(C.byref(sc))
+            check(lib.moe_cache_policy_parse(text(policy), b"policy", C.byref(pol)))
+            sc.budget, sc.policy, sc.prefetch = _size(memory_budget), pol.value, int(bool(prefetch))
+            check(lib.moe_lm_load_streaming(C.byref(m), text(path), C.byref(cfg), C.byref(sc), C.byref(x)))
+            self._x = x
         self._c = m
         self.eos = list(eos) if eos is not None else _eos_ids(path, self.vocab)
+
+    def expert_stats(self):
+        """With memory_budget: each MoE layer's cache stats as a dict (layer, slots, accesses, misses, loads,
+        bytes_read, stall_seconds, prefetches, prefetch_used, predicted, predicted_hit, actual,
+        resident_bytes); [] without."""
+        out = []
+        for i in range(self._x.n if self._x is not None else 0):
+            if not self._x.caches[i]:
+                continue
+            st = S.ExpertCacheStats()
+            lib.moe_expert_cache_get_stats(self._x.caches[i], C.byref(st))
+            d = {k: getattr(st, k) for k, _ in S.ExpertCacheStats._fields_ if k not in ("dtype", "expert_bytes")}
+            out.append(dict(layer=i, **d))
+        return out
 
     @classmethod
     def create(cls, vocab, context, layers=2, model=128, heads=4, kv_heads=2, experts=8, top_k=2, hidden=256,

@@ -27,6 +27,28 @@ def moe_generate(ck, prompt, opts):
 
 
 class LMTest(unittest.TestCase):
+    def test_memory_budget_same_tokens_and_stats(self):
+        """Experts streamed under a budget of one expert per MoE layer: the tokens and logits of the whole
+        model, for every policy, with and without prefetch; the caches' stats count the reads."""
+        ck = os.path.join(LM_DIR, "qwen3_moe")
+        whole = libmoe.LM(ck, threads=1)
+        prompt, opts = CASES[0]
+        want, want_logits = whole.generate(prompt, **opts), whole.logits([5, 9, 1, 2])
+        self.assertEqual(whole.expert_stats(), [])
+        for policy in ("lifo", "lru", "fifo", "lfu", "lfru"):
+            for prefetch in (False, True):
+                lm = libmoe.LM(ck, threads=1, memory_budget="7K", policy=policy, prefetch=prefetch)
+                self.assertEqual([s["bytes_read"] for s in lm.expert_stats()], [0, 0])  # nothing read at load
+                self.assertEqual(lm.generate(prompt, **opts), want, f"{policy} prefetch {prefetch}")
+                self.assertTrue(np.array_equal(lm.logits([5, 9, 1, 2]), want_logits))
+                st = lm.expert_stats()
+                self.assertEqual([s["layer"] for s in st], [1, 2])  # layer 0 is dense
+                self.assertTrue(all(s["slots"] == 1 and 0 < s["misses"] <= s["accesses"] for s in st))
+                self.assertTrue(all(s["bytes_read"] == s["loads"] * 3 * 12 * 24 * 4 for s in st))
+                self.assertEqual(sum(s["predicted"] for s in st) > 0, prefetch)
+        raises(self, "MOE_ERR_ARG", libmoe.LM, ck, memory_budget="lots", contains="memory_budget")
+        raises(self, "MOE_ERR_ARG", libmoe.LM, ck, memory_budget=100, contains="below one expert per MoE layer")
+
     def test_generate_equals_moe_generate(self):
         if not os.environ.get("MOE_CLI"):
             self.skipTest("MOE_CLI not set (tests/test_python.c sets it)")

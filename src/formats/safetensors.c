@@ -363,10 +363,8 @@ moe_status moe__st_expect_shape(const moe_st *f, const moe_tensor_view *v, const
                     got, want);
 }
 
-moe_status moe__st_expect_finite(const moe_st *f, const moe_tensor_view *v, size_t off, const float *x, size_t n) {
-  size_t i = 0;
-  while (i < n && isfinite(x[i])) i++;
-  if (i == n) return MOE_OK;
+/* The error of a non-finite value at flat index off + i of v, whose value is x. */
+static moe_status not_finite(const moe_st *f, const moe_tensor_view *v, size_t off, size_t i, double x) {
   int64_t at[MOE_MAX_DIMS];
   uint64_t flat = off + i;
   for (int d = v->ndim - 1; d >= 0; d--) {
@@ -376,7 +374,24 @@ moe_status moe__st_expect_finite(const moe_st *f, const moe_tensor_view *v, size
   char where[96];
   shape_str(where, sizeof where, at, v->ndim);
   return moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "%s: tensor '%s' has a non-finite value, %g, at index %s (the first)",
-                    f->path, v->name, (double)x[i], where);
+                    f->path, v->name, x, where);
+}
+
+moe_status moe__st_expect_finite(const moe_st *f, const moe_tensor_view *v, size_t off, const float *x, size_t n) {
+  size_t i = 0;
+  while (i < n && isfinite(x[i])) i++;
+  return i == n ? MOE_OK : not_finite(f, v, off, i, (double)x[i]);
+}
+
+moe_status moe__st_expect_finite_bf16(const moe_st *f, const moe_tensor_view *v, size_t off, const uint16_t *x,
+                                      size_t n) {
+  size_t i = 0;
+  while (i < n && (x[i] & 0x7f80) != 0x7f80) i++; /* exponent all ones: Inf or NaN */
+  return i == n ? MOE_OK : not_finite(f, v, off, i, (x[i] & 0x7f) ? NAN : (x[i] >> 15) ? -INFINITY : INFINITY);
+}
+
+void moe__st_drop_pages(const moe_st *f, const moe_tensor_view *v, size_t off, size_t n) {
+  if (f && f->fd >= 0) posix_fadvise(f->fd, (off_t)(v->file_offset + off), (off_t)n, POSIX_FADV_DONTNEED);
 }
 
 moe_status moe__st_scan_finite(const moe_st *f, const moe_tensor_view *v) {

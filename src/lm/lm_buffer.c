@@ -9,6 +9,7 @@
 
 #include "internal.h"
 #include "lm_gguf.h"
+#include "lm_stream.h"
 
 /* Layer i's gate ref, and its experts' refs (whose data go away with the old layer). */
 static void retarget_refs(moe_lm_t *m, int i, moe_layer_t *l) {
@@ -65,6 +66,7 @@ moe_status moe_lm_buffer_experts(moe_lm_t *m, const char *dir, int K, moe_cache_
 void moe_lm_experts_free(moe_lm_experts *x) {
   for (int i = 0; x->caches && i < x->n; i++) moe_expert_cache_free(x->caches[i]);
   free(x->caches);
+  moe__lm_prefetch_free(x->prefetch);
   moe_st_close(x->file);
   memset(x, 0, sizeof *x);
 }

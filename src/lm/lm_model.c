@@ -18,6 +18,7 @@
 #include "lm_dist.h"
 #include "lm_family.h"
 #include "lm_gguf.h"
+#include "lm_stream.h"
 #include "mla.h"
 
 typedef struct {
@@ -73,6 +74,8 @@ struct moe__lm_state {
   moe_gguf_type *ref_type;    /* (nrefs) the type each ref is computed in: F32, or the bound one */
   int quant;                  /* weights bound in a quantized type: inference only */
   void *qscratch;             /* the quantized activations of a pass (moe__qmatmul) */
+  moe__lm_layer_hook hook;    /* streamed experts' prefetch (lm_stream.h), or NULL */
+  void *hook_ctx;
 };
 
 struct moe_lm_cache {
@@ -291,9 +294,9 @@ static moe_status check_config(const moe_lm_config *c) {
           (double)c->aux_coef);
   int oss = c->family == MOE_LM_GPT_OSS; /* its clamped SwiGLU and biases: check_family */
   MOE_TRY((oss || (l->act == MOE_ACT_SWIGLU && !l->gate_bias && !l->expert_bias)) && l->router == MOE_ROUTER_LINEAR &&
-              !l->inner_experts && !l->external_experts,
+              !l->inner_experts && (!l->external_experts || !oss),
           MOE_ERR_ARG, "lm config: the feed-forward must be Mixtral's: swiglu experts, linear router, no biases, "
-                       "no hierarchical or buffered experts");
+                       "no hierarchical experts (streamed ones, external_experts, for every family but gpt-oss)");
   MOE_TRY(is_deepseek(c->family) ||
               (l->score == MOE_SCORE_SOFTMAX && !l->select_bias && !l->n_group && l->routed_scale == 1.0f),
           MOE_ERR_ARG, "lm config: sigmoid scores, a selection bias, groups and a routed scale are DeepSeek's, not %s's",
@@ -608,6 +611,11 @@ void moe__lm_bind_quant(moe_lm_t *m, const char *name, moe_gguf_type t, const vo
 moe_gguf_type moe_lm_param_type(const moe_lm_t *m, const char *name) {
   const moe_tensor_ref *r = m && name ? moe_lm_find(m, name) : NULL;
   return r ? m->st->ref_type[r - m->refs] : MOE_GGUF_F32;
+}
+
+void moe__lm_set_hook(moe_lm_t *m, moe__lm_layer_hook fn, void *ctx) {
+  m->st->hook = fn;
+  m->st->hook_ctx = ctx;
 }
 
 const moe_tensor_ref *moe_lm_find(const moe_lm_t *m, const char *name) {
@@ -955,6 +963,7 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   }
   moe_layer_stats *ls = &s->lstats[i];
   moe_layer_t *l = &m->layers[i];
+  if (s->hook) MOE_CHECK(s->hook(s->hook_ctx, m, i, a->mid, N, nt));
   double t0 = moe__now();
   moe_status st = moe_layer_forward(l, a->xn2, N, s->a[i + 1].res, NULL, ls);
   MOE_TRY(st == MOE_OK, st, "layer %d: %s", i, moe_last_error());

@@ -6,7 +6,8 @@
  * On a miss with the cache full, LIFO / LRU / FIFO choose the victim in two rounds: first among the
  * cached experts not active in this batch, then among the active ones already computed; inside a
  * round LIFO evicts the most recently inserted, LRU the least recently used (hit or insert), FIFO
- * the oldest inserted. An expert active and not yet computed in this batch is never chosen while
+ * the oldest inserted, LFU the least used so far (ties: least recently), LFRU the lowest
+ * frequency-recency score (moe.h). An expert active and not yet computed in this batch is never chosen while
  * another candidate exists. When every cached expert is such an expert (possible only when the
  * batch has more than K active experts), the cache has exactly K slots and one must go: the one
  * needed last in this batch (the highest id), which is then a miss again when its turn comes; this
@@ -20,13 +21,14 @@
 
 #include "internal.h"
 
-static const char *policy_names[] = {"lifo", "lru", "fifo", "belady"};
+static const char *policy_names[] = {"lifo", "lru", "fifo", "belady", "lfu", "lfru"};
+#define NPOLICIES ((int)(sizeof policy_names / sizeof *policy_names))
 
-const char *moe_cache_policy_name(moe_cache_policy p) { return (unsigned)p < 4 ? policy_names[p] : "?"; }
+const char *moe_cache_policy_name(moe_cache_policy p) { return (unsigned)p < NPOLICIES ? policy_names[p] : "?"; }
 
 moe_status moe_cache_policy_parse(const char *s, const char *field, moe_cache_policy *out) {
   int v;
-  MOE_CHECK(moe__parse_name(s, field ? field : "policy", policy_names, 4, &v));
+  MOE_CHECK(moe__parse_name(s, field ? field : "policy", policy_names, NPOLICIES, &v));
   *out = (moe_cache_policy)v;
   return MOE_OK;
 }
@@ -38,10 +40,23 @@ typedef struct {
   char cached;
   int64_t inserted, used; /* access index of the insertion / of the last access */
   int64_t next;           /* BELADY: index of the next access, NEVER if none */
+  int64_t uses;           /* LFU: accesses so far, cached or not */
+  double score;           /* LFRU: the decaying score at the last access (moe__lfru_score) */
 } slot;
 
-/* The victim for LIFO / LRU / FIFO when expert e (active, being computed) misses. */
-static int pick_online(const slot *s, const int32_t *tok, int E, int e, moe_cache_policy p) {
+/* Whether x is a better victim than best under p (LIFO, LRU, FIFO, LFU, LFRU) at access index now. */
+static int worse_kept(const slot *x, const slot *best, moe_cache_policy p, int64_t now, int E) {
+  switch (p) {
+    case MOE_CACHE_LIFO: return x->inserted > best->inserted;
+    case MOE_CACHE_FIFO: return x->inserted < best->inserted;
+    case MOE_CACHE_LFU: return x->uses < best->uses || (x->uses == best->uses && x->used < best->used);
+    case MOE_CACHE_LFRU: return moe__lfru_score(x->score, now - x->used, E) < moe__lfru_score(best->score, now - best->used, E);
+    default: return x->used < best->used;
+  }
+}
+
+/* The victim for the online policies when expert e (active, being computed) misses at access now. */
+static int pick_online(const slot *s, const int32_t *tok, int E, int e, moe_cache_policy p, int64_t now) {
   for (int round = 0; round < 2; round++) {
     int best = -1;
     for (int x = 0; x < E; x++) {
@@ -49,10 +64,7 @@ static int pick_online(const slot *s, const int32_t *tok, int E, int e, moe_cach
       int active = tok[x] > 0;
       if (round == 0 ? active : (!active || x > e)) continue; /* round 1: active and computed (x < e) */
       if (best < 0) { best = x; continue; }
-      int better = p == MOE_CACHE_LIFO  ? s[x].inserted > s[best].inserted
-                   : p == MOE_CACHE_FIFO ? s[x].inserted < s[best].inserted
-                                         : s[x].used < s[best].used;
-      if (better) best = x;
+      if (worse_kept(&s[x], &s[best], p, now, E)) best = x;
     }
     if (best >= 0) return best;
   }
@@ -73,7 +85,7 @@ moe_status moe_cachesim(const moe_trace *t, int layer, int64_t s0, int64_t s1, m
                         int64_t *accesses, int64_t *misses) {
   MOE_TRY(t && accesses && misses, MOE_ERR_ARG, "moe_cachesim: NULL argument");
   MOE_CHECK(moe__trace_check_range(t, layer, s0, s1, "moe_cachesim"));
-  MOE_TRY((unsigned)p < 4, MOE_ERR_ARG, "moe_cachesim: unknown policy %d", (int)p);
+  MOE_TRY((unsigned)p < NPOLICIES, MOE_ERR_ARG, "moe_cachesim: unknown policy %d", (int)p);
   MOE_TRY(K >= 1, MOE_ERR_ARG, "moe_cachesim: cache size must be >= 1, got %d", K);
   const int E = t->experts, L = t->layers;
   const int32_t *tok = t->tokens + (size_t)layer * E; /* step s at tok + s * L * E */
@@ -112,7 +124,7 @@ moe_status moe_cachesim(const moe_trace *t, int layer, int64_t s0, int64_t s1, m
       if (!s[e].cached) {
         miss++;
         if (used == K) {
-          int v = p == MOE_CACHE_BELADY ? pick_min(s, E) : pick_online(s, bt, E, e, p);
+          int v = p == MOE_CACHE_BELADY ? pick_min(s, E) : pick_online(s, bt, E, e, p, i);
           s[v].cached = 0;
           used--;
         }
@@ -120,6 +132,8 @@ moe_status moe_cachesim(const moe_trace *t, int layer, int64_t s0, int64_t s1, m
         s[e].inserted = i;
         used++;
       }
+      s[e].score = moe__lfru_score(s[e].score, i - s[e].used, E) + 1;
+      s[e].uses++;
       s[e].used = i;
       if (next) s[e].next = next[i];
     }

@@ -3,11 +3,18 @@
  * For each batch the active experts are served in increasing id order: loads of misses are queued
  * as far ahead as free or evictable slots allow, and each expert computes as soon as it is resident,
  * while the loader reads the next ones. Eviction: experts not active in this batch first, then by the
- * policy (LIFO as in the paper, LRU, FIFO) among those already computed; an active expert not yet
+ * policy (LIFO as in the paper, LRU, FIFO, LFU, LFRU) among those already computed; an active expert not yet
  * computed is evicted only when K is smaller than the batch's active experts (it streams through).
  * A slot holds the expert's matrices in the layer's compute dtype (bf16: 2 bytes a value, what the
  * GEMMs read) and its biases in fp32; the file's tensors may be F32 or BF16 either way: a load reads
- * the bytes as they are when the dtypes agree, else reads and rounds (RNE) or widens. */
+ * the bytes as they are when the dtypes agree, else reads and rounds (RNE) or widens. Every read is
+ * checked (a NaN or Inf, a short file: an error naming the tensor and the expert) and, when asked
+ * (moe_expert_cache_set_drop_pages: streamed experts), its pages dropped from the page cache
+ * (posix_fadvise DONTNEED), so that the cache's own hit rate is what a run measures and the file's pages
+ * do not fill the memory the budget leaves. Prefetch (moe_expert_cache_prefetch)
+ * queues loads of the next batch's predicted experts on the same loader, which reads them while another
+ * layer computes. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +34,14 @@ struct moe_expert_cache {
   size_t slot_bytes;
   int E, K;
   moe_cache_policy policy;
+  size_t file_bytes;         /* bytes one load reads from the file */
+  int64_t *uses, *last;      /* (E) LFU: uses so far; LFRU: the access tick of the last use */
+  double *score;             /* (E) LFRU: the score at the last use */
+  int64_t tick;              /* accesses so far (LFU, LFRU) */
+  char *predicted;           /* (E) the experts of the last prefetch, to score against the next batch */
+  int have_prediction;
+  char *ahead;               /* (K) the slot was loaded by a prefetch and not used since */
+  int keep_pages;            /* reads leave the page cache as it is (moe_expert_cache_set_drop_pages) */
   unsigned char *slots;      /* (K, slot_bytes), 64-byte aligned, each tensor too */
   void *scratch;             /* the loader's buffer for tensors read in another dtype, or NULL */
   int *slot_expert;          /* (K) expert held, or -1 */
@@ -45,15 +60,20 @@ struct moe_expert_cache {
 };
 
 /* Reads expert e's part of tensor t into dst (per[t] values of esz[t] bytes): straight from the file
- * when the dtypes agree, else through the scratch buffer, rounded to bf16 or widened to fp32. */
+ * when the dtypes agree, else through the scratch buffer, rounded to bf16 or widened to fp32; then checks
+ * the values and drops the bytes read from the page cache. */
 static moe_status load_tensor(moe_expert_cache *c, int t, int e, void *dst) {
   const moe_tensor_view *v = c->hf ? &c->hf[(size_t)t * c->E + e] : &c->v[t];
   size_t n = c->per[t], fsz = moe_dtype_size(v->dtype), off = c->hf ? 0 : (size_t)e * n * fsz;
-  if (fsz == c->esz[t]) return moe_st_read(c->f, v, off, n * fsz, dst);
-  MOE_CHECK(moe_st_read(c->f, v, off, n * fsz, c->scratch));
+  moe_status st = moe_st_read(c->f, v, off, n * fsz, fsz == c->esz[t] ? dst : c->scratch);
+  if (!c->keep_pages) moe__st_drop_pages(c->f, v, off, n * fsz);
+  MOE_CHECK(st);
   /* one thread, the loader's: the caller's GEMMs have the cores */
-  if (v->dtype == MOE_DT_F32) moe__to_bf16(dst, c->scratch, n, 1);
-  else moe__from_bf16(dst, c->scratch, n, 1);
+  if (fsz != c->esz[t] && v->dtype == MOE_DT_F32) moe__to_bf16(dst, c->scratch, n, 1);
+  else if (fsz != c->esz[t]) moe__from_bf16(dst, c->scratch, n, 1);
+  st = c->esz[t] == 2 ? moe__st_expect_finite_bf16(c->f, v, off / fsz, dst, n)
+                      : moe__st_expect_finite(c->f, v, off / fsz, dst, n);
+  MOE_TRY(st == MOE_OK, st, "expert %d: %s", e, moe_last_error());
   return MOE_OK;
 }
 
@@ -65,7 +85,8 @@ static moe_status load_expert(moe_expert_cache *c, int e, int slot) {
 }
 
 static void free_cache(moe_expert_cache *c) {
-  free(c->slots), free(c->scratch), free(c->slot_expert), free(c->where), free(c->inserted), free(c->hf), free(c);
+  free(c->slots), free(c->scratch), free(c->slot_expert), free(c->where), free(c->inserted), free(c->hf);
+  free(c->uses), free(c->score), free(c->predicted), free(c);
 }
 
 static void *loader(void *arg) {
@@ -87,18 +108,66 @@ static void *loader(void *arg) {
       snprintf(c->load_error, sizeof c->load_error, "%s", moe_last_error());
     }
     c->ready[s] = st == MOE_OK ? 1 : -1;
+    c->stats.loads++;
+    c->stats.bytes_read += (int64_t)c->file_bytes;
     pthread_cond_broadcast(&c->w.cv);
   }
   pthread_mutex_unlock(&c->w.mu);
   return NULL;
 }
 
+static const char *const tensor_names[NT] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"};
+/* An expert's tensors under Hugging Face's names, one tensor per expert, for fc1, fc2 and fc3: Mixtral's
+ * PREFIX<e>.w1.weight and the others' PREFIX<e>.gate_proj.weight; no biases. */
+static const char *const hf_names[2][NT] = {{"w1.weight", NULL, "w2.weight", NULL, "w3.weight", NULL},
+                                            {"gate_proj.weight", NULL, "down_proj.weight", NULL, "up_proj.weight", NULL}};
+
+/* Which tensors layer l's experts have, their shapes past E (want[t][1] 0: a vector), and the slot's
+ * layout: values per expert, bytes per value (matrices in the compute dtype, biases fp32) and offsets,
+ * each tensor 64-byte aligned; returns the slot's bytes. */
+static size_t slot_layout(const moe_layer_config *l, int needed[NT], int64_t want[NT][2], size_t per[NT],
+                          size_t esz[NT], size_t off[NT]) {
+  int64_t D = l->D, H = l->H;
+  const int64_t w[NT][2] = {{H, D}, {H, 0}, {D, H}, {D, 0}, {H, D}, {H, 0}};
+  int nd[NT] = {1, l->expert_bias, 1, l->expert_bias, moe__act_gated(l->act),
+                l->act == MOE_ACT_SWIGLU_OAI && l->expert_bias};
+  size_t bytes = 0;
+  for (int t = 0; t < NT; t++) {
+    needed[t] = nd[t];
+    want[t][0] = w[t][0], want[t][1] = w[t][1];
+    per[t] = (size_t)w[t][0] * (w[t][1] ? (size_t)w[t][1] : 1);
+    esz[t] = w[t][1] && l->dtype == MOE_DT_BF16 ? 2 : 4;
+    off[t] = bytes;
+    if (nd[t]) bytes += (per[t] * esz[t] + 63) & ~(size_t)63;
+  }
+  return bytes;
+}
+
+size_t moe_expert_cache_slot_bytes(const moe_layer_config *l) {
+  int needed[NT];
+  int64_t want[NT][2];
+  size_t per[NT], esz[NT], off[NT];
+  return slot_layout(l, needed, want, per, esz, off);
+}
+
+/* Which of hf_names the file has under prefix (the first expert's fc1), or -1: the stacked (E, ...) tensors. */
+static int hf_layout(const moe_st *f, const char *prefix) {
+  char name[192];
+  snprintf(name, sizeof name, "%s%s", prefix, tensor_names[0]);
+  for (int k = 0; k < 2 && !moe_st_has(f, name); k++) {
+    char first[192];
+    snprintf(first, sizeof first, "%s0.%s", prefix, hf_names[k][0]);
+    if (moe_st_has(f, first)) return k;
+  }
+  return -1;
+}
+
 moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const char *prefix,
                                  const moe_layer_config *l, int K, moe_cache_policy p) {
   MOE_TRY(out && f && prefix && l, MOE_ERR_ARG, "moe_expert_cache_open: NULL argument");
   MOE_TRY(K >= 1 && K <= l->E, MOE_ERR_ARG, "expert cache: K must be in [1, E=%d], got %d", l->E, K);
-  MOE_TRY(p != MOE_CACHE_BELADY && (unsigned)p <= MOE_CACHE_BELADY, MOE_ERR_ARG,
-          "expert cache: policy must be lifo, lru or fifo (belady knows the future: moe cachesim only)");
+  MOE_TRY(p != MOE_CACHE_BELADY && (unsigned)p <= MOE_CACHE_LFRU, MOE_ERR_ARG,
+          "expert cache: policy must be lifo, lru, fifo, lfu or lfru (belady knows the future: moe cachesim only)");
   MOE_TRY(l->dtype == MOE_DT_F32 || l->dtype == MOE_DT_BF16, MOE_ERR_ARG,
           "expert cache: the layer's dtype must be f32 or bf16, got %s", moe_dtype_name(l->dtype));
   moe_expert_cache *c = calloc(1, sizeof *c);
@@ -112,48 +181,43 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
   c->bias = l->expert_bias;
   c->dtype = l->dtype;
   c->policy = p;
-  const char *names[NT] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"};
-  int64_t D = l->D, H = l->H;
-  const int64_t want[NT][2] = {{H, D}, {H, 0}, {D, H}, {D, 0}, {H, D}, {H, 0}};
-  int needed[NT] = {1, l->expert_bias, 1, l->expert_bias, moe__act_gated(l->act),
-                    l->act == MOE_ACT_SWIGLU_OAI && l->expert_bias};
+  c->keep_pages = 1;
+  int needed[NT];
+  int64_t want[NT][2];
+  c->slot_bytes = slot_layout(l, needed, want, c->per, c->esz, c->off);
   size_t scratch = 0; /* bytes of the largest tensor part read in another dtype than its slot's */
   moe_status st = MOE_OK;
-  char name[160];
-  snprintf(name, sizeof name, "%s%s", prefix, names[0]);
-  char hf_w1[160];
-  snprintf(hf_w1, sizeof hf_w1, "%s0.w1.weight", prefix);
-  int hf = !moe_st_has(f, name) && moe_st_has(f, hf_w1); /* Mixtral's PREFIX<e>.w1.weight, w2, w3, no biases */
-  if (hf && !(c->hf = calloc((size_t)NT * l->E, sizeof *c->hf)))
+  char name[192];
+  int hf = hf_layout(f, prefix);
+  if (hf >= 0 && !(c->hf = calloc((size_t)NT * l->E, sizeof *c->hf)))
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert cache: out of memory for %d experts' views", l->E);
   for (int t = 0; t < NT && st == MOE_OK; t++) {
     if (!needed[t]) continue;
-    int nd = want[t][1] ? 3 : 2, ok = 1;
-    for (int e = 0; e < (hf ? l->E : 1) && ok && st == MOE_OK; e++) { /* hf: each expert's tensor */
-      static const char *const hf_names[NT] = {"w1.weight", "(no bias)", "w2.weight", "(no bias)", "w3.weight",
-                                                "(no bias)"};
-      if (hf) snprintf(name, sizeof name, "%s%d.%s", prefix, e, hf_names[t]);
-      else snprintf(name, sizeof name, "%s%s", prefix, names[t]);
-      moe_tensor_view *v = hf ? &c->hf[(size_t)t * l->E + e] : &c->v[t];
+    int nd = want[t][1] ? 3 : 2, ok = 1, per_expert = hf >= 0;
+    for (int e = 0; e < (per_expert ? l->E : 1) && ok && st == MOE_OK; e++) { /* hf: each expert's tensor */
+      if (per_expert && !hf_names[hf][t]) {
+        st = moe__error(MOE_ERR_MISSING, __FILE__, __LINE__, "%s: the experts under '%s' have no %s (one tensor per expert has no biases)",
+                        moe_st_path(f), prefix, tensor_names[t]);
+        break;
+      }
+      if (per_expert) snprintf(name, sizeof name, "%s%d.%s", prefix, e, hf_names[hf][t]);
+      else snprintf(name, sizeof name, "%s%s", prefix, tensor_names[t]);
+      moe_tensor_view *v = per_expert ? &c->hf[(size_t)t * l->E + e] : &c->v[t];
       if ((st = moe_st_get(f, name, v)) != MOE_OK) break;
-      if (hf && !e) c->v[t] = *v;
+      if (per_expert && !e) c->v[t] = *v;
       moe_dtype dt = v->dtype;
-      const int64_t *sh = v->shape + !hf; /* past the stacked tensors' leading E */
-      ok = (dt == MOE_DT_F32 || dt == MOE_DT_BF16) && dt == c->v[t].dtype && v->ndim == nd - hf &&
-           (hf || v->shape[0] == l->E) && sh[0] == want[t][0] && (nd == 2 || sh[1] == want[t][1]);
+      const int64_t *sh = v->shape + !per_expert; /* past the stacked tensors' leading E */
+      ok = (dt == MOE_DT_F32 || dt == MOE_DT_BF16) && dt == c->v[t].dtype && v->ndim == nd - per_expert &&
+           (per_expert || v->shape[0] == l->E) && sh[0] == want[t][0] && (nd == 2 || sh[1] == want[t][1]);
     }
     if (st != MOE_OK) break;
     if (!ok)
       st = moe__error(MOE_ERR_SHAPE, __FILE__, __LINE__, "%s: tensor '%s' is not F32 or BF16 (%s%lld%s%lld)",
-                      moe_st_path(f), name, hf ? "" : "E, ", (long long)want[t][0], nd == 3 ? ", " : "",
+                      moe_st_path(f), name, per_expert ? "" : "E, ", (long long)want[t][0], nd == 3 ? ", " : "",
                       nd == 3 ? (long long)want[t][1] : 0LL);
-    moe_dtype dt = c->v[t].dtype;
-    c->per[t] = (size_t)want[t][0] * (nd == 3 ? (size_t)want[t][1] : 1);
-    c->esz[t] = nd == 3 && l->dtype == MOE_DT_BF16 ? 2 : 4; /* matrices in the compute dtype, biases fp32 */
-    if (ok && moe_dtype_size(dt) != c->esz[t] && c->per[t] * moe_dtype_size(dt) > scratch)
-      scratch = c->per[t] * moe_dtype_size(dt);
-    c->off[t] = c->slot_bytes;
-    c->slot_bytes += (c->per[t] * c->esz[t] + 63) & ~(size_t)63; /* each tensor 64-byte aligned in the slot */
+    size_t fsz = moe_dtype_size(c->v[t].dtype);
+    c->file_bytes += c->per[t] * fsz;
+    if (ok && fsz != c->esz[t] && c->per[t] * fsz > scratch) scratch = c->per[t] * fsz;
   }
   if (st == MOE_OK) {
     c->slots = aligned_alloc(64, (size_t)K * c->slot_bytes);
@@ -161,7 +225,11 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
     c->slot_expert = malloc(sizeof(int) * (size_t)K * 5);
     c->where = malloc(sizeof(int) * (size_t)l->E);
     c->inserted = calloc((size_t)K * 2, sizeof(int64_t));
-    if (!c->slots || (scratch && !c->scratch) || !c->slot_expert || !c->where || !c->inserted)
+    c->uses = calloc((size_t)l->E * 2, sizeof(int64_t));
+    c->score = calloc((size_t)l->E, sizeof(double));
+    c->predicted = calloc((size_t)l->E + (size_t)K, 1);
+    if (!c->slots || (scratch && !c->scratch) || !c->slot_expert || !c->where || !c->inserted || !c->uses ||
+        !c->score || !c->predicted)
       st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert cache: cannot allocate %d slots", K);
   }
   if (st != MOE_OK) {
@@ -169,6 +237,8 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
     return st;
   }
   c->used = c->inserted + K;
+  c->last = c->uses + l->E;
+  c->ahead = c->predicted + l->E;
   c->q_expert = c->slot_expert + K;
   c->q_slot = c->q_expert + K;
   c->ready = c->q_slot + K;
@@ -177,6 +247,7 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
   c->stats.resident_bytes = (size_t)K * c->slot_bytes;
   c->stats.expert_bytes = c->slot_bytes;
   c->stats.dtype = c->dtype;
+  c->stats.slots = K;
   if (!moe__worker_start(&c->w, loader, c)) {
     free_cache(c);
     MOE_TRY(0, MOE_ERR_NOMEM, "expert cache: cannot start the loader thread");
@@ -191,7 +262,39 @@ void moe_expert_cache_free(moe_expert_cache *c) {
   free_cache(c);
 }
 
-void moe_expert_cache_get_stats(const moe_expert_cache *c, moe_expert_cache_stats *out) { *out = c->stats; }
+void moe_expert_cache_get_stats(const moe_expert_cache *c, moe_expert_cache_stats *out) {
+  moe_expert_cache *w = (moe_expert_cache *)c; /* the loader adds its loads under the lock */
+  pthread_mutex_lock(&w->w.mu);
+  *out = c->stats;
+  pthread_mutex_unlock(&w->w.mu);
+}
+
+double moe__lfru_score(double s, int64_t since, int half) { return s * exp2(-(double)since / half); }
+
+/* Expert e is used (computed) now: the policies' counts. */
+static void count_use(moe_expert_cache *c, int e) {
+  int v = c->where[e];
+  c->used[v] = ++c->clock;
+  c->score[e] = moe__lfru_score(c->score[e], c->tick - c->last[e], c->E) + 1;
+  c->last[e] = c->tick++;
+  c->uses[e]++;
+  if (c->ahead[v]) c->stats.prefetch_used++, c->ahead[v] = 0;
+}
+
+/* Queues the load of expert e into slot v (under the lock). */
+static void queue_load(moe_expert_cache *c, int e, int v) {
+  if (c->slot_expert[v] >= 0) c->where[c->slot_expert[v]] = -1;
+  c->slot_expert[v] = e;
+  c->where[e] = v;
+  c->ready[v] = 0;
+  c->ahead[v] = 0;
+  c->inserted[v] = ++c->clock;
+  int tail = (c->qhead + c->qlen) % c->K;
+  c->q_expert[tail] = e;
+  c->q_slot[tail] = v;
+  c->qlen++;
+  pthread_cond_broadcast(&c->w.cv);
+}
 
 /* The slot to load expert `need` into, or -1 if none can be given now. By class: an empty slot, then
  * an expert not active in this batch, then one already computed (by the policy within a class), and
@@ -208,11 +311,19 @@ static int victim(const moe_expert_cache *c, const char *state, int need, int no
     if (cls == 4 || (!now && cls > 1)) continue; /* loading ahead takes only free or idle slots */
     int better = cls < best_class;
     if (!better && cls == best_class && cls > 0) {
+      int b = c->slot_expert[best];
       switch (cls == 3 ? MOE_CACHE_BELADY : c->policy) {
         case MOE_CACHE_LIFO: better = c->inserted[s] > c->inserted[best]; break;
         case MOE_CACHE_FIFO: better = c->inserted[s] < c->inserted[best]; break;
         case MOE_CACHE_LRU: better = c->used[s] < c->used[best]; break;
-        default: better = e > c->slot_expert[best]; break; /* needed last in this batch */
+        case MOE_CACHE_LFU:
+          better = c->uses[e] < c->uses[b] || (c->uses[e] == c->uses[b] && c->used[s] < c->used[best]);
+          break;
+        case MOE_CACHE_LFRU:
+          better = moe__lfru_score(c->score[e], c->tick - c->last[e], c->E) <
+                   moe__lfru_score(c->score[b], c->tick - c->last[b], c->E);
+          break;
+        default: better = e > b; break; /* needed last in this batch */
       }
     }
     if (better) {
@@ -259,6 +370,11 @@ static moe_status cache_forward(void *self, const moe__env *env, const moe__plan
   }
   c->stats.accesses += n;
   pthread_mutex_lock(&c->w.mu);
+  if (c->have_prediction) { /* the last prefetch's experts against this batch's */
+    for (int e = 0; e < E; e++) c->stats.predicted += c->predicted[e], c->stats.predicted_hit += c->predicted[e] && state[e];
+    c->stats.actual += n;
+    c->have_prediction = 0;
+  }
   moe_status computed = MOE_OK; /* the first failure of the experts' GEMMs, reported after the loads settle */
   for (int i = 0; i < n && c->load_status == MOE_OK;) {
     /* queue the loads of the experts still missing, in order, while a slot can be given */
@@ -267,21 +383,14 @@ static moe_status cache_forward(void *self, const moe__env *env, const moe__plan
       if (c->where[e] >= 0) continue; /* resident, or on its way */
       int v = victim(c, state, e, j == i);
       if (v < 0) break;
-      if (c->slot_expert[v] >= 0) c->where[c->slot_expert[v]] = -1;
-      c->slot_expert[v] = e;
-      c->where[e] = v;
-      c->ready[v] = 0;
-      c->inserted[v] = ++c->clock;
-      int tail = (c->qhead + c->qlen) % c->K;
-      c->q_expert[tail] = e;
-      c->q_slot[tail] = v;
-      c->qlen++;
+      queue_load(c, e, v);
       c->stats.misses++;
-      pthread_cond_broadcast(&c->w.cv);
     }
     int e = order[i];
     if (c->where[e] < 0 || c->ready[c->where[e]] != 1) { /* not yet: wait for a load to finish */
+      double t0 = moe__now();
       pthread_cond_wait(&c->w.cv, &c->w.mu);
+      c->stats.stall_seconds += moe__now() - t0;
       continue;
     }
     /* compute the run of consecutive resident experts starting at i, unlocked: the loader goes on */
@@ -289,7 +398,7 @@ static moe_status cache_forward(void *self, const moe__env *env, const moe__plan
     while (run < n && c->where[order[run]] >= 0 && c->ready[c->where[order[run]]] == 1) {
       int ej = order[run++];
       w[ej] = slot_weights(c, c->where[ej]);
-      c->used[c->where[ej]] = ++c->clock;
+      count_use(c, ej);
       state[ej] = 3; /* being computed: its slot stays */
     }
     pthread_mutex_unlock(&c->w.mu);
@@ -311,6 +420,34 @@ static moe_status cache_forward(void *self, const moe__env *env, const moe__plan
   pthread_mutex_unlock(&c->w.mu);
   MOE_TRY(st == MOE_OK, st, "expert cache: %s", msg);
   return computed;
+}
+
+void moe_expert_cache_set_drop_pages(moe_expert_cache *c, int drop) {
+  pthread_mutex_lock(&c->w.mu); /* the loader reads the flag under the same lock's ordering */
+  c->keep_pages = !drop;
+  pthread_mutex_unlock(&c->w.mu);
+}
+
+moe_status moe_expert_cache_prefetch(moe_expert_cache *c, const int *experts, int n) {
+  MOE_TRY(c && (experts || !n) && n >= 0, MOE_ERR_ARG, "moe_expert_cache_prefetch: NULL argument");
+  for (int i = 0; i < n; i++)
+    MOE_TRY(experts[i] >= 0 && experts[i] < c->E, MOE_ERR_ARG, "moe_expert_cache_prefetch: expert %d is not in [0, %d)",
+            experts[i], c->E);
+  pthread_mutex_lock(&c->w.mu);
+  memset(c->predicted, 0, (size_t)c->E);
+  for (int i = 0; i < n; i++) c->predicted[experts[i]] = 1; /* as victim's state: 1, to run, is kept */
+  c->have_prediction = 1;
+  for (int i = 0; i < n && c->load_status == MOE_OK; i++) {
+    int e = experts[i];
+    if (c->where[e] >= 0) continue;
+    int v = victim(c, c->predicted, e, 0); /* free slots, then experts not predicted */
+    if (v < 0) break;
+    queue_load(c, e, v);
+    c->ahead[v] = 1;
+    c->stats.prefetches++;
+  }
+  pthread_mutex_unlock(&c->w.mu);
+  return MOE_OK;
 }
 
 /* Whether a cache was opened for this layer's shape (E, D, H, activation, biases, dtype). */

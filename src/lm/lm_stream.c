@@ -1,0 +1,170 @@
+/* Experts streamed from the checkpoint under a memory budget (moe.h, moe_lm_load_streaming): the model
+ * is loaded with external experts (moe_lm_load reads no expert tensor then), each MoE layer gets an
+ * expert cache over the checkpoint's file with its share of the budget, and the layer hook
+ * (lm_stream.h) predicts the next MoE layer's experts from the current layer's hidden state and
+ * prefetches them. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "kernels.h"
+#include "kernels/gemm.h"
+#include "lm_family.h"
+#include "lm_gguf.h"
+#include "lm_stream.h"
+
+/* The predictor's buffers, grown with the rows of a pass. */
+struct moe_lm_prefetch {
+  moe_expert_cache **caches; /* the model's, by layer (moe_lm_experts.caches) */
+  int rows;        /* rows the buffers hold */
+  float *xn, *rstd, *logits; /* (rows, D), (rows), (rows, E) */
+  int *list;       /* (E) the predicted experts */
+  char *mark;      /* (2 E) the predicted experts, and a row's top-k so far */
+};
+
+void moe_lm_stream_config_default(moe_lm_stream_config *s) {
+  memset(s, 0, sizeof *s);
+  s->policy = MOE_CACHE_LRU;
+  s->prefetch = 1;
+}
+
+void moe__lm_prefetch_free(struct moe_lm_prefetch *p) {
+  if (!p) return;
+  free(p->xn), free(p->rstd), free(p->logits), free(p->list), free(p->mark), free(p);
+}
+
+/* The MoE layer after layer i, or -1. */
+static int next_moe(const moe_lm_t *m, int i) {
+  for (int j = i + 1; j < m->cfg.n_layers; j++)
+    if (!moe_lm_layer_dense(&m->cfg, j)) return j;
+  return -1;
+}
+
+/* The k largest of n scores into mark (ties to the lower index, as the router). */
+static void mark_top(const float *s, size_t n, int k, char *mark, char *taken) {
+  memset(taken, 0, n);
+  for (int j = 0; j < k && (size_t)j < n; j++) {
+    size_t best = n;
+    for (size_t e = 0; e < n; e++)
+      if (!taken[e] && (best == n || s[e] > s[best])) best = e;
+    taken[best] = 1;
+    mark[best] = 1;
+  }
+}
+
+/* The hook: layer j's router (its norm, weights, biases; sigmoid scores for DeepSeek-V3's selection bias)
+ * over layer i's hidden state h, and the union of the rows' top-k read ahead into layer j's cache. */
+static moe_status predict(void *ctx, const moe_lm_t *m, int i, const float *h, int N, int nt) {
+  struct moe_lm_prefetch *p = ctx;
+  int j = next_moe(m, i);
+  if (j < 0) return MOE_OK;
+  const moe_layer_config *lc = &m->layers[j].cfg;
+  int D = lc->D, E = lc->E;
+  if (N > p->rows) {
+    float *xn = realloc(p->xn, (size_t)N * D * 4), *rstd = realloc(p->rstd, (size_t)N * 4),
+          *lg = realloc(p->logits, (size_t)N * E * 4);
+    if (xn) p->xn = xn;
+    if (rstd) p->rstd = rstd;
+    if (lg) p->logits = lg;
+    MOE_TRY(xn && rstd && lg, MOE_ERR_NOMEM, "prefetch: out of memory for %d rows", N);
+    p->rows = N;
+  }
+  char name[96];
+  snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", j);
+  const moe_tensor_ref *ln = moe_lm_find(m, name);
+  MOE_TRY(ln && ln->data, MOE_ERR_STATE, "prefetch: the model has no '%s'", name);
+  moe__rmsnorm_forward(h, ln->data, N, D, m->cfg.rms_eps, p->xn, p->rstd, nt);
+  moe_layer_t *l = &m->layers[j];
+  const float *wg = moe_layer_param(l, "gate.weight"), *bg = moe_layer_param(l, "gate.bias"),
+              *sel = moe_layer_param(l, "gate.select_bias");
+  moe__gemm g = {false, true, N, E, D, 1.0f, 0.0f, p->xn, D, wg, D, p->logits, E, false};
+  MOE_CHECK(moe__gemm_run(&g, 1, nt));
+  memset(p->mark, 0, (size_t)E);
+  char *taken = p->mark + E;
+  for (int r = 0; r < N; r++) {
+    float *s = p->logits + (size_t)r * E;
+    for (int e = 0; e < E; e++) {
+      float v = s[e] + (bg ? bg[e] : 0.0f);
+      if (sel) v = 1.0f / (1.0f + expf(-v)) + sel[e];
+      s[e] = v;
+    }
+    mark_top(s, (size_t)E, lc->top_k, p->mark, taken);
+  }
+  int n = 0;
+  for (int e = 0; e < E; e++)
+    if (p->mark[e]) p->list[n++] = e;
+  return moe_expert_cache_prefetch(p->caches[j], p->list, n);
+}
+
+/* Each MoE layer's cache of K slots over f. */
+static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, int K, moe_cache_policy policy, int keep) {
+  const moe_lm_config *c = &m->cfg;
+  const char *ffn = moe__lm_family(c->family)->ffn;
+  for (int i = 0; i < c->n_layers; i++) {
+    if (moe_lm_layer_dense(c, i)) continue;
+    char prefix[96];
+    snprintf(prefix, sizeof prefix, "model.layers.%d.%s.experts.", i, ffn);
+    MOE_CHECK(moe_expert_cache_open(&x->caches[i], x->file, prefix, &m->layers[i].cfg, K, policy));
+    MOE_CHECK(moe_layer_set_expert_cache(&m->layers[i], x->caches[i]));
+    moe_expert_cache_set_drop_pages(x->caches[i], !keep);
+  }
+  return MOE_OK;
+}
+
+/* Slots per layer for the budget, or an error saying the least budget that works. */
+static moe_status slots_for(const moe_lm_t *m, size_t budget, int *K) {
+  const moe_lm_config *c = &m->cfg;
+  int Lm = moe__lm_moe_layers(c);
+  moe_layer_config lc = c->moe;
+  size_t slot = moe_expert_cache_slot_bytes(&lc), per_layer = Lm ? budget / Lm : 0;
+  MOE_TRY(Lm && per_layer >= slot, MOE_ERR_ARG,
+          "memory budget %zu bytes: below one expert per MoE layer (%d layers x %zu bytes = %zu bytes)", budget, Lm,
+          slot, (size_t)Lm * slot);
+  size_t k = per_layer / slot;
+  *K = k > (size_t)c->moe.E ? c->moe.E : (int)k;
+  return MOE_OK;
+}
+
+moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_config *c, const moe_lm_stream_config *s,
+                                 moe_lm_experts *x) {
+  MOE_TRY(m && dir && s && x, MOE_ERR_ARG, "moe_lm_load_streaming: NULL argument");
+  memset(m, 0, sizeof *m);
+  memset(x, 0, sizeof *x);
+  MOE_TRY(!moe__lm_gguf_is(dir), MOE_ERR_ARG,
+          "%s: streamed experts read a checkpoint directory's model.safetensors; GGUF files are not supported yet", dir);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+  MOE_TRY(access(path, F_OK) != 0, MOE_ERR_ARG,
+          "%s: streamed experts read one model.safetensors; a sharded checkpoint is not supported yet", dir);
+  moe_lm_config own;
+  if (!c) MOE_CHECK(moe_lm_read_config(dir, &own));
+  else own = *c;
+  MOE_TRY(own.family != MOE_LM_GPT_OSS, MOE_ERR_ARG,
+          "%s: gpt-oss's experts are fused tensors; streamed experts read one tensor per expert", dir);
+  MOE_TRY(!own.moe.dist, MOE_ERR_ARG, "moe_lm_load_streaming: one process only (no expert parallelism)");
+  own.moe.external_experts = 1;
+  MOE_CHECK(moe_lm_load(m, dir, &own));
+  x->budget = s->budget;
+  x->n = own.n_layers;
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  int K = 0;
+  moe_status st = slots_for(m, s->budget, &K);
+  if (st == MOE_OK) st = moe_st_open_lazy(&x->file, path);
+  if (st == MOE_OK && !(x->caches = calloc((size_t)x->n, sizeof *x->caches)))
+    st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
+  if (st == MOE_OK) st = open_caches(m, x, K, s->policy, s->keep_page_cache);
+  if (st == MOE_OK && s->prefetch) {
+    struct moe_lm_prefetch *p = x->prefetch = calloc(1, sizeof *p);
+    if (p) p->caches = x->caches, p->list = malloc((size_t)own.moe.E * sizeof *p->list), p->mark = malloc(2 * (size_t)own.moe.E);
+    if (!p || !p->list || !p->mark) st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "prefetch: out of memory");
+    else moe__lm_set_hook(m, predict, p);
+  }
+  if (st != MOE_OK) {
+    moe_lm_free(m);
+    moe_lm_experts_free(x);
+  }
+  return st;
+}

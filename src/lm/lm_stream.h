@@ -1,0 +1,15 @@
+/* The language model's hook for streamed experts (lm_stream.c): called before each MoE layer's
+ * feed-forward with that layer's hidden state, so that the next MoE layer's experts can be predicted
+ * and read ahead while this one computes. Set by moe_lm_load_streaming; lm_model.c calls it. */
+#ifndef MOE_LM_STREAM_H
+#define MOE_LM_STREAM_H
+
+#include "moe.h"
+
+/* h: (N, D) layer i's residual stream after its attention (the input of its post-attention norm). */
+typedef moe_status (*moe__lm_layer_hook)(void *ctx, const moe_lm_t *m, int i, const float *h, int N, int nt);
+void moe__lm_set_hook(moe_lm_t *m, moe__lm_layer_hook fn, void *ctx);
+/* Frees moe_lm_load_streaming's predictor (moe_lm_experts_free). */
+void moe__lm_prefetch_free(struct moe_lm_prefetch *p);
+
+#endif

@@ -1,0 +1,320 @@
+/* Experts streamed from the checkpoint under a memory budget (moe_lm_load_streaming): the logits and
+ * tokens of the all-resident model bit for bit for every policy, budget and prefetch setting (greedy and
+ * sampled with a seed), no expert read at load, a corrupt or short expert an error naming the tensor at
+ * its read, and the process's peak resident memory under dense + budget + a stated overhead. */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "run_cli.h"
+#include "test.h"
+
+enum { NEW = 10, MAXV = 256 };
+
+typedef struct {
+  int32_t ids[NEW];
+  float logits[NEW][MAXV];
+} run_out;
+
+/* A prompt and NEW tokens (temperature 0: greedy; else sampled with seed 7), keeping each step's logits. */
+static moe_status decode(moe_lm_t *m, float temperature, run_out *o) {
+  int V = m->cfg.vocab;
+  int32_t prompt[5] = {3, 9, 1, 7, 2};
+  moe_lm_cache *kv;
+  moe_status st = moe_lm_cache_new(&kv, m, 1);
+  if (st != MOE_OK) return st;
+  st = moe_lm_decode(m, kv, prompt, 5);
+  const float *l = moe_lm_logits(m) + 4 * (size_t)V;
+  uint64_t rng = 7;
+  for (int i = 0; i < NEW && st == MOE_OK; i++) {
+    memcpy(o->logits[i], l, (size_t)V * 4);
+    st = moe_lm_sample(l, V, temperature, 1.0f, &rng, &o->ids[i]);
+    if (st == MOE_OK) st = moe_lm_decode(m, kv, &o->ids[i], 1);
+    l = moe_lm_logits(m);
+  }
+  moe_lm_cache_free(kv);
+  return st;
+}
+
+/* The caches' stats summed over the layers. */
+static moe_expert_cache_stats total(const moe_lm_experts *x) {
+  moe_expert_cache_stats t = {0};
+  for (int i = 0; i < x->n; i++) {
+    if (!x->caches[i]) continue;
+    moe_expert_cache_stats s;
+    moe_expert_cache_get_stats(x->caches[i], &s);
+    t.accesses += s.accesses, t.misses += s.misses, t.loads += s.loads, t.bytes_read += s.bytes_read;
+    t.resident_bytes += s.resident_bytes, t.expert_bytes = s.expert_bytes;
+    t.prefetches += s.prefetches, t.prefetch_used += s.prefetch_used;
+    t.predicted += s.predicted, t.predicted_hit += s.predicted_hit, t.actual += s.actual;
+  }
+  return t;
+}
+
+static void check_family(int *failed_, const char *family, moe_dtype dt) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/lm/%s", test_fixture_dir(), family);
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  c.moe.dtype = dt;
+  ASSERT(c.vocab <= MAXV);
+  moe_lm_t all;
+  ASSERT_OK(moe_lm_load(&all, dir, &c));
+  static run_out want[2], got;
+  ASSERT_OK(decode(&all, 0.0f, &want[0]));
+  ASSERT_OK(decode(&all, 0.9f, &want[1]));
+  moe_lm_free(&all);
+  size_t slot = moe_expert_cache_slot_bytes(&c.moe);
+  int Lm = 0;
+  for (int i = 0; i < c.n_layers; i++) Lm += !moe_lm_layer_dense(&c, i);
+  const moe_cache_policy pol[5] = {MOE_CACHE_LIFO, MOE_CACHE_LRU, MOE_CACHE_FIFO, MOE_CACHE_LFU, MOE_CACHE_LFRU};
+  const int slots[3] = {1, 2, c.moe.E};
+  for (int p = 0; p < 5; p++)
+    for (int b = 0; b < 3; b++)
+      for (int ahead = 0; ahead < 2; ahead++)
+        for (int sampled = 0; sampled < 1 + (b == 0); sampled++) { /* sampled: with the fewest slots */
+          moe_lm_stream_config s;
+          moe_lm_stream_config_default(&s);
+          s.policy = pol[p];
+          s.prefetch = ahead;
+          s.budget = (size_t)Lm * slot * slots[b] + slot / 2; /* and a remainder left unused */
+          moe_lm_t m;
+          moe_lm_experts x;
+          ASSERT_OK(moe_lm_load_streaming(&m, dir, &c, &s, &x));
+          moe_expert_cache_stats t = total(&x);
+          ASSERT_EQ_INT(t.loads, 0); /* loading read no expert */
+          ASSERT_EQ_INT(t.resident_bytes, (size_t)Lm * slot * slots[b]);
+          ASSERT(t.resident_bytes <= s.budget);
+          moe_status st = decode(&m, sampled ? 0.9f : 0.0f, &got);
+          t = total(&x);
+          moe_lm_free(&m);
+          moe_lm_experts_free(&x);
+          ASSERT_OK(st);
+          if (memcmp(got.ids, want[sampled].ids, sizeof got.ids) || memcmp(got.logits, want[sampled].logits, sizeof got.logits))
+            FAIL_("%s %s, %s, %d slots, prefetch %d, %s: not the all-resident model's bits", family,
+                  moe_compute_dtype_name(dt), moe_cache_policy_name(pol[p]), slots[b], ahead,
+                  sampled ? "sampled" : "greedy");
+          ASSERT(t.accesses > 0 && t.misses > 0 && t.misses <= t.accesses);
+          ASSERT(t.misses <= t.loads && t.loads <= t.misses + t.prefetches); /* the last prefetch may be in flight */
+          ASSERT(t.bytes_read >= t.loads * (int64_t)(slot / 2)); /* at least the bf16 matrices per load */
+          if (slots[b] == c.moe.E && !ahead) ASSERT(t.misses <= (int64_t)Lm * c.moe.E); /* each expert once */
+          if (ahead) { /* predictions were made and scored; some of them were right and used */
+            ASSERT(t.predicted > 0 && t.actual > 0 && t.predicted_hit > 0);
+            ASSERT(t.predicted_hit <= t.predicted && t.predicted_hit <= t.actual);
+            if (slots[b] > 1 && Lm > 1) ASSERT(t.prefetches > 0);
+            ASSERT(t.prefetch_used <= t.prefetches);
+          } else {
+            ASSERT_EQ_INT(t.prefetches, 0);
+            ASSERT_EQ_INT(t.predicted, 0);
+          }
+        }
+}
+
+TEST(lm_stream_mixtral_bit_identical) { check_family(failed_, "mixtral", MOE_DT_F32); }
+TEST(lm_stream_mixtral_bf16_bit_identical) { check_family(failed_, "mixtral", MOE_DT_BF16); }
+/* a dense first layer (the prediction skips it) and gate_proj/up_proj/down_proj experts */
+TEST(lm_stream_qwen3_moe_bit_identical) { check_family(failed_, "qwen3_moe", MOE_DT_F32); }
+/* shared experts, sigmoid scores and a selection bias */
+TEST(lm_stream_deepseek_v3_bit_identical) { check_family(failed_, "deepseek_v3", MOE_DT_F32); }
+
+/* A copy of the fixture's files into dir. */
+static int copy_fixture(const char *family, const char *dir) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s' && cp '%s/lm/%s/config.json' '%s/lm/%s/model.safetensors' '%s'",
+           dir, dir, test_fixture_dir(), family, test_fixture_dir(), family, dir);
+  return system(cmd) == 0;
+}
+
+/* The file offset of tensor name's data in dir's model.safetensors. */
+static long long offset_of(const char *dir, const char *name, size_t *nbytes) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  moe_st *f;
+  if (moe_st_open_lazy(&f, path)) return -1;
+  moe_tensor_view v;
+  long long off = moe_st_get(f, name, &v) ? -1 : (long long)v.file_offset;
+  *nbytes = v.nbytes;
+  moe_st_close(f);
+  return off;
+}
+
+/* Decoding the streamed model of dir with a budget of one expert per layer (its file cut to cut bytes
+ * after loading when cut >= 0): its status, the message kept. */
+static moe_status stream_decode(const char *dir, long long cut, char *msg, size_t n) {
+  moe_lm_stream_config s;
+  moe_lm_stream_config_default(&s);
+  s.budget = (size_t)1 << 20;
+  moe_lm_t m;
+  moe_lm_experts x;
+  moe_status st = moe_lm_load_streaming(&m, dir, NULL, &s, &x);
+  static run_out o;
+  char path[1024];
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  if (st == MOE_OK && cut >= 0 && truncate(path, cut) != 0) st = MOE_ERR_IO;
+  if (st == MOE_OK) {
+    st = decode(&m, 0.0f, &o);
+    snprintf(msg, n, "%s", moe_last_error());
+    moe_status again = decode(&m, 0.0f, &o); /* the error once, then the same read again */
+    if (st != MOE_OK && again == MOE_OK) st = MOE_ERR_STATE;
+    moe_lm_free(&m);
+    moe_lm_experts_free(&x);
+  } else {
+    snprintf(msg, n, "%s", moe_last_error());
+  }
+  return st;
+}
+
+/* An expert holding a NaN, and a file cut short inside an expert while it is served: loading succeeds (no
+ * expert is read), the read of that expert fails naming its tensor, not a crash; a file already short
+ * when loaded is refused at once, naming the tensor past its end. */
+TEST(lm_stream_corrupt_or_short_expert_is_an_error_naming_it) {
+  char dir[512], path[600], msg[1024];
+  test_tmp_path("stream_corrupt", dir, sizeof dir);
+  ASSERT(copy_fixture("mixtral", dir));
+  const char *bad = "model.layers.1.block_sparse_moe.experts.2.w3.weight";
+  size_t nb;
+  long long off = offset_of(dir, bad, &nb);
+  ASSERT(off > 0);
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  int fd = open(path, O_WRONLY);
+  ASSERT(fd >= 0);
+  const unsigned char nan[4] = {0x00, 0x00, 0xc0, 0x7f}; /* a quiet NaN, little-endian F32 */
+  ASSERT(pwrite(fd, nan, 4, off + 40) == 4);
+  close(fd);
+  ASSERT_STATUS(stream_decode(dir, -1, msg, sizeof msg), MOE_ERR_VALUE);
+  if (!strstr(msg, bad) || !strstr(msg, "expert 2")) FAIL_("the message does not name the tensor: %s", msg);
+  ASSERT(copy_fixture("mixtral", dir));
+  ASSERT_STATUS(stream_decode(dir, off + (long long)nb / 2, msg, sizeof msg), MOE_ERR_IO);
+  /* the first expert read past the cut: bad or one after it in the file */
+  if (!strstr(msg, "reading tensor 'model.layers.") || !strstr(msg, "file shrank"))
+    FAIL_("the message does not name the tensor: %s", msg);
+  ASSERT_STATUS(stream_decode(dir, -1, msg, sizeof msg), MOE_ERR_FORMAT); /* still short */
+  if (!strstr(msg, bad)) FAIL_("the message does not name the tensor: %s", msg);
+}
+
+/* What streaming refuses: a budget below one expert per MoE layer (saying the least), gpt-oss. */
+TEST(lm_stream_refuses_what_it_cannot_serve) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/lm/mixtral", test_fixture_dir());
+  moe_lm_stream_config s;
+  moe_lm_stream_config_default(&s);
+  s.budget = 100;
+  moe_lm_t m;
+  moe_lm_experts x;
+  ASSERT_STATUS(moe_lm_load_streaming(&m, dir, NULL, &s, &x), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "below one expert per MoE layer"));
+  s.budget = (size_t)1 << 20;
+  snprintf(dir, sizeof dir, "%s/lm/gpt_oss", test_fixture_dir());
+  ASSERT_STATUS(moe_lm_load_streaming(&m, dir, NULL, &s, &x), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "gpt-oss"));
+}
+
+/* A field of /proc/self/status in KiB ("VmRSS:", "VmHWM:"), or -1. */
+static long long status_kib(const char *key) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long long v = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, key, strlen(key))) v = atoll(line + strlen(key));
+  if (f) fclose(f);
+  return v;
+}
+
+/* The process's peak resident memory while a model whose experts take 96 MiB decodes under an 8 MiB budget
+ * stays under what it has before loading + the dense weights + the slots + 24 MiB (the stated overhead:
+ * the arena of activations, the KV cache, the loader threads' stacks, the BLAS's buffers), less than half
+ * the experts: loading reads none of them, the slots hold what is read, and the file's pages are
+ * dropped. Needs /proc/self/clear_refs to reset the peak (Linux 4.0 on). */
+TEST(lm_stream_resident_memory_under_its_bound) {
+  moe_lm_config c;
+  moe_lm_config_default(&c);
+  c.vocab = 256, c.n_layers = 2, c.n_heads = 8, c.n_kv_heads = 4, c.head_dim = 32, c.max_seq = 64;
+  c.moe.D = 256, c.moe.H = 512, c.moe.E = 32, c.moe.top_k = 4;
+  char dir[512];
+  test_tmp_path("stream_rss", dir, sizeof dir);
+  moe_lm_t m;
+  ASSERT_OK(moe_lm_init(&m, &c));
+  moe_lm_init_params(&m, 3);
+  moe_status st = moe_lm_save(&m, dir);
+  size_t dense = 0;
+  moe_lm_free(&m);
+  ASSERT_OK(st);
+  const size_t experts = (size_t)2 * 32 * 3 * 256 * 512 * 4, mib = (size_t)1 << 20;
+  FILE *cr = fopen("/proc/self/clear_refs", "w");
+  if (!cr || fputs("5", cr) < 0 || fclose(cr) != 0) SKIP("cannot reset the peak resident memory (/proc/self/clear_refs)");
+  long long base = status_kib("VmRSS:");
+  if (base < 0 || status_kib("VmHWM:") < 0) SKIP("no VmRSS/VmHWM in /proc/self/status");
+  moe_lm_stream_config s;
+  moe_lm_stream_config_default(&s);
+  s.budget = 8 * mib;
+  moe_lm_experts x;
+  ASSERT_OK(moe_lm_load_streaming(&m, dir, NULL, &s, &x));
+  for (int i = 0; i < m.nrefs; i++) dense += m.refs[i].data ? m.refs[i].numel * 4 : 0;
+  static run_out o;
+  st = decode(&m, 0.9f, &o);
+  moe_expert_cache_stats t = total(&x);
+  long long peak = status_kib("VmHWM:");
+  moe_lm_free(&m);
+  moe_lm_experts_free(&x);
+  ASSERT_OK(st);
+  ASSERT(t.resident_bytes <= s.budget && t.loads > 4); /* experts came and went through the slots */
+  size_t bound = dense + s.budget + 24 * mib;
+  fprintf(stderr, "  peak %.1f MiB over the start, bound %.1f MiB (dense %.1f, budget %.1f), experts %.1f MiB\n",
+          (double)(peak - base) / 1024, (double)bound / mib, (double)dense / mib, (double)s.budget / mib,
+          (double)experts / mib);
+  ASSERT(bound < experts / 2); /* the test can fail: all the experts resident would break it */
+  ASSERT((size_t)(peak - base) * 1024 <= bound);
+}
+
+/* moe generate and eval --memory-budget: the ids and the loss of the run without a budget, and the JSON's
+ * "experts" with the caches' stats (every policy, prefetch off and on); flags that do not fit refused. */
+TEST(lm_stream_cli_same_outputs_and_stats) {
+  char dir[512], args[1400], out[512], err[1024], text[16384], want[4096];
+  snprintf(dir, sizeof dir, "%s/lm/qwen3_moe", test_fixture_dir());
+  test_tmp_path("stream_cli.txt", out, sizeof out);
+  const char *gen = "generate --checkpoint '%s' --prompt-ids '3 9 1' --max-tokens 12 --temperature 0.8 --seed 5 --json";
+  snprintf(args, sizeof args, gen, dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
+  test_read_text(out, want, sizeof want);
+  ASSERT(strstr(want, "\"ids\":[") && !strstr(want, "experts"));
+  const char *pol[5] = {"lifo", "lru", "fifo", "lfu", "lfru"};
+  for (int p = 0; p < 5; p++)
+    for (int ahead = 0; ahead < 2; ahead++) {
+      size_t n = (size_t)snprintf(args, sizeof args, gen, dir);
+      snprintf(args + n, sizeof args - n, " --memory-budget 7KiB --policy %s --prefetch %s", pol[p], ahead ? "on" : "off");
+      if (run_moe(NULL, args, out, err, sizeof err)) FAIL_("moe %s: %s", args, err);
+      test_read_text(out, text, sizeof text);
+      char *ids = strstr(text, "\"ids\":[");
+      ASSERT(ids);
+      if (strncmp(ids, strstr(want, "\"ids\":["), strcspn(strstr(want, "\"ids\":["), "]")))
+        FAIL_("%s: ids differ from the run without a budget:\n%s\n%s", args, text, want);
+      ASSERT(strstr(text, "\"experts\":{\"memory_budget\":7168,"));
+      ASSERT(strstr(text, "\"tokens\":") && strstr(text, "\"bytes_read_per_token\":"));
+      ASSERT(strstr(text, "\"layers\":[{\"layer\":1,\"slots\":1,")); /* layer 0 is dense */
+      ASSERT(strstr(text, ahead ? "\"prefetch\":true" : "\"prefetch_precision\":0,"));
+    }
+  /* eval: the loss of the whole model */
+  char ids[512];
+  test_tmp_path("stream_ids.txt", ids, sizeof ids);
+  FILE *f = fopen(ids, "w");
+  ASSERT(f);
+  for (int i = 0; i < 80; i++) fprintf(f, "%d ", (i * 7 + 3) % 40);
+  fclose(f);
+  snprintf(args, sizeof args, "eval --task lm --checkpoint '%s' --tokens '%s' --context 16 --json", dir, ids);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
+  test_read_text(out, want, sizeof want);
+  size_t n = strlen(args);
+  snprintf(args + n, sizeof args - n, " --memory-budget 8K --policy lfu");
+  if (run_moe(NULL, args, out, err, sizeof err)) FAIL_("moe %s: %s", args, err);
+  test_read_text(out, text, sizeof text);
+  ASSERT(!strncmp(text, want, strcspn(want, "}"))); /* the loss, perplexity and tokens */
+  ASSERT(strstr(text, "\"experts\": {\"memory_budget\":8192,\"policy\":\"lfu\""));
+  snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt-ids '3' --memory-budget 12X", dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 1);
+  snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt-ids '3' --policy lru", dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 1);
+  ASSERT(strstr(err, "--policy needs --memory-budget"));
+  snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt-ids '3' --memory-budget 1K --policy belady", dir);
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 1);
+}
