@@ -138,15 +138,15 @@ class EngineStats(C.Structure):
 class TrainBatchStats(C.Structure):
     _fields_ = [("loss", C.c_double), ("ce", C.c_double), ("tokens", _i), ("dropped", _i), ("assigned", C.c_double),
                 ("expert_flops", C.c_double), ("attention_s", C.c_double), ("experts_s", C.c_double),
-                ("router_s", C.c_double)]
+                ("router_s", C.c_double), ("aux", C.c_double), ("correct", _i)]
 
 
-class TrainModel(C.Structure):  # filled by moe_train_lm, handed to moe_trainer_new; its functions stay opaque
+class TrainModel(C.Structure):  # from moe_train_lm or _classifier, for moe_trainer_new; its functions opaque
     _fields_ = [("self", _p), ("refs", _p), ("nrefs", _i), ("numel", C.c_size_t), ("dist", _p), ("layer", _p),
                 ("whole_numel", C.c_size_t), ("samples", C.c_int64), ("steps_per_epoch", _i), ("moe_layers", _p),
                 ("n_moe_layers", _i), ("layer_stats", _p), ("rows", _i)] + \
         [(n, _p) for n in ("batch", "forward", "backward", "params_changed", "update", "evaluate", "save", "gather",
-                           "scatter", "free")]
+                           "scatter", "checkpoint", "free")]
 
 
 class CacheSwitch(C.Structure):
@@ -169,7 +169,7 @@ class TrainStep(C.Structure):
     _fields_ = [("step", C.c_int64), ("lr", _f), ("seconds", C.c_double), ("train_seconds", C.c_double),
                 ("batch", TrainBatchStats), ("skipped", _i), ("epoch_end", _i), ("frac_same", C.c_double),
                 ("caching", _i), ("caching_from", C.c_int64), ("evaluated", _i), ("valid_loss", C.c_double),
-                ("best", _i)]
+                ("best", _i), ("valid_accuracy", C.c_double)]
 
 
 class TrainerInfo(C.Structure):
