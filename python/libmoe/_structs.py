@@ -149,6 +149,10 @@ class TrainModel(C.Structure):  # from moe_train_lm or _classifier, for moe_trai
                            "scatter", "checkpoint", "free")]
 
 
+class Augment(C.Structure):
+    _fields_ = [("shift", _i), ("rotate", _f), ("scale", _f)]
+
+
 class CacheSwitch(C.Structure):
     _fields_ = [("on", _f), ("off", _f), ("min_epoch", _i)]
 
@@ -186,4 +190,4 @@ MIRRORS = {"moe_layer_config": LayerConfig, "moe_param_info": ParamInfo, "moe_la
            "moe_engine_config": EngineConfig, "moe_engine_params": EngineParams, "moe_engine_state": EngineState,
            "moe_engine_stats": EngineStats, "moe_train_batch_stats": TrainBatchStats, "moe_train_model": TrainModel,
            "moe_cache_switch": CacheSwitch, "moe_train_adjust": TrainAdjust, "moe_trainer_config": TrainerConfig,
-           "moe_train_step": TrainStep, "moe_trainer_info": TrainerInfo}
+           "moe_train_step": TrainStep, "moe_trainer_info": TrainerInfo, "moe_augment": Augment}
