@@ -153,8 +153,10 @@ static moe_status update(moe_trainer *t, float lr, int *skipped) {
   moe_train_model *m = &t->model;
   *skipped = 0;
   if (t->cfg.on_nan != MOE_ON_NAN_SKIP) return model_update(t, lr);
-  int ok = 1;
-  for (int i = 0; !m->update && i < m->nrefs && ok; i++) ok = all_finite(m->refs[i].grad, m->refs[i].numel);
+  int ok = 1, i = 0;
+  for (; !m->update && i < m->nrefs && ok; i++) ok = all_finite(m->refs[i].grad, m->refs[i].numel);
+  if (!ok) moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "step %lld: the gradient of %s is not finite",
+                      (long long)t->step + 1, m->refs[i - 1].name);
   if (!m->update) MOE_CHECK(every_rank(m->dist, &ok));
   if (!ok) return *skipped = 1, MOE_OK;
   transfer(t, 1);
@@ -164,6 +166,8 @@ static moe_status update(moe_trainer *t, float lr, int *skipped) {
   for (int i = 0; !m->update && i < m->nrefs && ok; i++) ok = all_finite(m->refs[i].data, m->refs[i].numel);
   if (!m->update && ok && t->opt.m) ok = all_finite(t->opt.m, m->numel);
   if (!m->update && ok && t->opt.v) ok = all_finite(t->opt.v, m->numel);
+  if (!m->update && !ok) moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "step %lld: the update left a parameter or "
+                                    "Adam's state not finite (undone)", (long long)t->step + 1);
   if (!m->update) MOE_CHECK(every_rank(m->dist, &ok));
   if (!ok) {
     transfer(t, 0);
