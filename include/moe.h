@@ -902,6 +902,14 @@ moe_status moe_checkpoint_load_ranks(const char *path, const moe_dist *d, moe_mo
  * experts, from a file any number of ranks saved. */
 moe_status moe_checkpoint_load_replicas(const char *path, const moe_dist *d, int slots, moe_model_t *m,
                                         moe_optim_t *o, moe_train_state *ts);
+/* The slots per rank a run resumed from checkpoint path on W ranks takes by default: its placement's
+ * E_v when W ranks saved it with replicas, so that the run continues with that placement; else one
+ * spare slot per rank, E/W + 1. 0 when the file cannot be read (moe_last_error says why). */
+int moe_checkpoint_replica_slots(const char *path, int W);
+/* The placement of m's blocks as text, kept in checkpoints (DESIGN 3.4): "WxE_v:" then each block's
+ * slots (rank-major, -1 empty) comma-separated, the blocks separated by '/'. MOE_ERR_ARG naming the
+ * size when it does not fit in n characters. */
+moe_status moe_flex_layout_write(const moe_model_t *m, char *buf, size_t n);
 
 /* ---- BPE tokenizer (GPT-2's byte-level scheme; Hugging Face tokenizer.json) ----
  * Text is bytes. libmoe's own tokenizers are GPT-2's byte-level BPE: the pre-tokenizer cuts text as
@@ -1331,6 +1339,26 @@ typedef struct {
   double bw, lat;    /* bytes/s and seconds: intra_bw, intra_lat */
 } moe_sim_machine;
 moe_status moe_sim_calibrate(const moe_dist *d, int threads, moe_sim_machine *out);
+/* The same measurements as a config for moe_sim_config_load (moe simulate --calibrate's JSON: one node of
+ * d's ranks, every GEMM kind's rate, mem_bw, the exchange's intra_bw and intra_lat, and a layer to
+ * simulate on them) into buf (n bytes; MOE_ERR_ARG when it does not fit). Every rank calls it. */
+moe_status moe_sim_calibrate_config(const moe_dist *d, int threads, char *buf, size_t n);
+/* A serving run (a config with "serve_trace"): the trace's decode steps on one device with the
+ * config's expert cache (at most 16384 steps). moe_sim_config_serves: whether c is one. MOE_ERR_ARG
+ * for a config without a trace, a trace of another expert count or too many steps. */
+typedef struct {
+  int64_t steps, tokens, accesses, misses; /* tokens: of every step, through its first layer's router */
+  int layers;
+  int cache_experts;        /* the cache's slots per layer (0: every expert resident) */
+  const char *cache_policy; /* its policy's name */
+  double hit_rate;          /* 1 - misses / accesses */
+  double time_s;            /* the run: every layer of every step, one after another */
+  double token_s;           /* time_s / tokens */
+  double fetch_s;           /* the misses' reads at fetch_bw */
+  double fetch_wait_s;      /* what of them the compute waited for (the rest ran beside the hits) */
+} moe_sim_serve_result;
+int moe_sim_config_serves(const moe_sim_config *c);
+moe_status moe_sim_serve(const moe_sim_config *c, moe_sim_serve_result *r);
 
 /* ---- language-model training: the MoE layers' stats and where a step's time goes ---- */
 /* Layer i's stats of the last forward (expert counts, the router's choices), as moe_model_layer_stats;

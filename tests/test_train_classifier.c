@@ -219,3 +219,31 @@ TEST(dataset_hold_out_takes_the_last_samples) {
   moe_dataset_free(&test);
 }
 
+/* The public helpers of FlexMoE's checkpoints: the slots a resumed run takes by default (the file's
+ * placement's E_v when as many ranks saved it, else E / W + 1; 0 for no file), and the placement text
+ * refused for a model without replica slots. */
+TEST(checkpoint_replica_slots_and_layout) {
+  moe_dataset train = {0}, test = {0};
+  ASSERT_OK(load(&train, &test));
+  moe_model_t m = {0};
+  ASSERT_OK(new_model(&m, &train)); /* E = 4 */
+  char plain[512], placed[512], buf[256];
+  test_tmp_path("slots_plain.safetensors", plain, sizeof plain);
+  test_tmp_path("slots_placed.safetensors", placed, sizeof placed);
+  moe_train_state ts = {.epoch = 1, .step = 1, .seed = 1};
+  ASSERT_OK(moe_checkpoint_save(plain, &m, NULL, &ts));
+  snprintf(ts.extra, sizeof ts.extra, "epochs=1;replicas=2x3:0,1,2,3,0,1");
+  ASSERT_OK(moe_checkpoint_save(placed, &m, NULL, &ts));
+  ASSERT_EQ_INT(moe_checkpoint_replica_slots(plain, 2), 3);
+  ASSERT_EQ_INT(moe_checkpoint_replica_slots(plain, 4), 2);
+  ASSERT_EQ_INT(moe_checkpoint_replica_slots(placed, 2), 3);
+  ASSERT_EQ_INT(moe_checkpoint_replica_slots(placed, 4), 2); /* saved by 2 ranks: blocks again */
+  snprintf(ts.extra, sizeof ts.extra, "epochs=1;replicas=2x5:0,1,2,3,-1,0,1,2,3,-1");
+  ASSERT_OK(moe_checkpoint_save(placed, &m, NULL, &ts));
+  ASSERT_EQ_INT(moe_checkpoint_replica_slots(placed, 2), 5);
+  ASSERT_EQ_INT(moe_checkpoint_replica_slots("/nonexistent/ck.safetensors", 2), 0);
+  ASSERT_STATUS(moe_flex_layout_write(&m, buf, sizeof buf), MOE_ERR_ARG);
+  moe_model_free(&m);
+  moe_dataset_free(&train);
+  moe_dataset_free(&test);
+}

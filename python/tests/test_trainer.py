@@ -36,12 +36,17 @@ def step_losses(out):
     return re.findall(r'^\{"step": \d+, "loss": ([-+.0-9a-z]+)\}$', out, re.M)
 
 
+def scratch(test, prefix):
+    """MOE_CLI and a new directory; the test skips without MOE_CLI."""
+    cli = os.environ.get("MOE_CLI")
+    if not cli:
+        test.skipTest("MOE_CLI not set (tests/test_python.c sets it)")
+    return cli, tempfile.mkdtemp(prefix=prefix)
+
+
 class TrainerTest(unittest.TestCase):
     def test_python_run_resumes_bit_for_bit_in_moe_train(self):
-        cli = os.environ.get("MOE_CLI")
-        if not cli:
-            self.skipTest("MOE_CLI not set (tests/test_python.c sets it)")
-        d = tempfile.mkdtemp(prefix="libmoe_trainer_")
+        cli, d = scratch(self, "libmoe_trainer_")
         corpus(d)
         full_ck, py_ck = os.path.join(d, "full"), os.path.join(d, "py")
         run = lambda *a: subprocess.run([cli, "train", "--task", "lm", *a], capture_output=True, text=True,
@@ -76,10 +81,7 @@ class TrainerTest(unittest.TestCase):
                 self.assertTrue(a.read() == b.read(), f)
 
     def test_moe_train_run_resumes_bit_for_bit_in_python(self):
-        cli = os.environ.get("MOE_CLI")
-        if not cli:
-            self.skipTest("MOE_CLI not set (tests/test_python.c sets it)")
-        d = tempfile.mkdtemp(prefix="libmoe_trainer_")
+        cli, d = scratch(self, "libmoe_trainer_")
         corpus(d)
         full_ck, half_ck = os.path.join(d, "full"), os.path.join(d, "half")
         run = lambda *a: subprocess.run([cli, "train", "--task", "lm", "--data", d, *TINY_FLAGS, "--json",
@@ -125,10 +127,7 @@ def idx_data(d):
 
 class ClassifierTrainerTest(unittest.TestCase):
     def test_python_classifier_run_logs_moe_trains_losses(self):
-        cli = os.environ.get("MOE_CLI")
-        if not cli:
-            self.skipTest("MOE_CLI not set (tests/test_python.c sets it)")
-        d = tempfile.mkdtemp(prefix="libmoe_cls_")
+        cli, d = scratch(self, "libmoe_cls_")
         idx_data(d)
         out = subprocess.run([cli, "train", "--data", d, "--experts", "4", "--top-k", "2", "--hidden", "32", "--model",
                               "32", "--blocks", "2", "--batch", "32", "--epochs", "3", "--seed", "3", "--lr", "3e-3",
