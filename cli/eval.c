@@ -49,7 +49,7 @@ int cmd_eval(int argc, char **argv) {
   if (load_split(data, "t10k", &test) != MOE_OK) rc = cli_fail(CMD);
   else if (test.rows * test.cols != m.cfg.in_dim)
     rc = cli_usage_error(CMD, "%s: the model takes %d features, the data has %d", ck, m.cfg.in_dim, test.rows * test.cols);
-  else if (evaluate(&m, &test, batch, &acc)) rc = cli_fail(CMD);
+  else if (moe_model_accuracy(&m, &test, batch, &acc) != MOE_OK) rc = cli_fail(CMD);
   else printf(json ? "{\"test_accuracy\": %.4f}\n" : "test_accuracy=%.4f\n", acc);
   moe_dataset_free(&test);
   moe_model_free(&m);

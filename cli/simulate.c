@@ -7,7 +7,6 @@
 
 #include "cli.h"
 #include "moe_plot.h"
-#include "sim/sim.h"
 
 static const char *CMD = "simulate";
 
@@ -61,22 +60,17 @@ static void print_json(const moe_sim_result *r) {
 
 /* The serving run of a config with "serve_trace": its trace's decode steps with the config's cache. */
 static int serve_run(const moe_sim_config *c, int json) {
-  moe_trace t = {0};
-  moe__sim_serve_result r;
-  if (moe_trace_load(&t, c->serve_trace, c->E) != MOE_OK || moe__sim_serve(c, &t, &r) != MOE_OK) {
-    moe_trace_free(&t);
-    return cli_fail(CMD);
-  }
-  moe_trace_free(&t);
+  moe_sim_serve_result r;
+  if (moe_sim_serve(c, &r) != MOE_OK) return cli_fail(CMD);
   if (json)
     printf("{\"steps\":%lld,\"layers\":%d,\"tokens\":%lld,\"cache_experts\":%d,\"cache_policy\":\"%s\","
            "\"accesses\":%lld,\"misses\":%lld,\"hit_rate\":%.17g,\"time_s\":%.17g,\"token_s\":%.17g,"
            "\"fetch_s\":%.17g,\"fetch_wait_s\":%.17g}\n",
-           (long long)r.steps, r.layers, (long long)r.tokens, c->cache_k, moe_cache_policy_name(c->cache_policy),
+           (long long)r.steps, r.layers, (long long)r.tokens, r.cache_experts, r.cache_policy,
            (long long)r.accesses, (long long)r.misses, r.hit_rate, r.time_s, r.token_s, r.fetch_s, r.fetch_wait_s);
   char cache[64] = "every expert resident";
-  if (c->cache_k)
-    snprintf(cache, sizeof cache, "%d expert slots per layer, %s", c->cache_k, moe_cache_policy_name(c->cache_policy));
+  if (r.cache_experts)
+    snprintf(cache, sizeof cache, "%d expert slots per layer, %s", r.cache_experts, r.cache_policy);
   if (!json)
     printf("serving %lld decode steps of %d layer%s, %lld tokens; %s\n"
            "hit rate %.4f (%lld misses of %lld expert accesses); %.6g ms per token (run %.6g ms; fetches %.6g ms, "
@@ -148,19 +142,11 @@ static int calibrate_machine(const char *out, int threads) {
   if (moe_dist_init(&d, NULL, NULL) != MOE_OK) return cli_fail(CMD);
   int W = moe_dist_size(d);
   if (!threads) threads = cli_cpu_count() / W > 0 ? cli_cpu_count() / W : 1;
-  moe_sim_config m;
-  int rc = moe__sim_calibrate(d, threads, &m) != MOE_OK ? cli_fail(CMD) : 0;
   char text[1024];
-  int n = snprintf(text, sizeof text,
-                   "{\"nodes\": 1, \"devices_per_node\": %d, \"intra_bw\": %.6g, \"intra_lat\": %.6g,\n"
-                   " \"gemm_flops\": %.6g, \"gemm_half_rows\": %.4g, \"gemm_nt_flops\": %.6g, \"gemm_nt_half_rows\": %.4g,\n"
-                   " \"gemm_tn_flops\": %.6g, \"gemm_tn_half_rows\": %.4g, \"mem_bw\": %.6g,\n"
-                   " \"tokens\": %d, \"d_model\": 512, \"hidden\": 2048, \"experts\": 8, \"top_k\": 2, \"capacity_factor\": 1.25}\n",
-                   m.dpn, m.intra_bw, m.intra_lat, m.gemm_flops, m.half_rows, m.nt.flops, m.nt.half_rows, m.tn.flops,
-                   m.tn.half_rows, m.mem_bw, 2048 / W);
+  int rc = moe_sim_calibrate_config(d, threads, text, sizeof text) != MOE_OK ? cli_fail(CMD) : 0;
   if (!rc && moe_dist_rank(d) == 0) {
     if (!out) fputs(text, stdout);
-    else if (moe_write_file_atomic(out, text, (size_t)n) != MOE_OK) rc = cli_fail(CMD);
+    else if (moe_write_file_atomic(out, text, strlen(text)) != MOE_OK) rc = cli_fail(CMD);
   }
   moe_dist_finalize(d);
   return rc;
@@ -196,8 +182,8 @@ int cmd_simulate(int argc, char **argv) {
   if (moe_sim_config_load(config, &c) != MOE_OK) return cli_fail(CMD);
   int rc = 0;
   moe_sim_result r;
-  if (c->serve_trace && spec) rc = cli_usage_error(CMD, "--sweep: a serving run (\"serve_trace\") is not swept");
-  else if (c->serve_trace) rc = serve_run(c, json);
+  if (moe_sim_config_serves(c) && spec) rc = cli_usage_error(CMD, "--sweep: a serving run (\"serve_trace\") is not swept");
+  else if (moe_sim_config_serves(c)) rc = serve_run(c, json);
   else if (spec) rc = sweep(c, spec, out, plot, png, json);
   else if (moe_sim_run(c, &r) != MOE_OK) rc = cli_fail(CMD);
   else if (json) print_json(&r);

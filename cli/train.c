@@ -3,6 +3,7 @@
  * is test_accuracy=0.xxxx ({"test_accuracy": 0.xxxx} with --json, whose stdout is JSON lines only). Data order and augmentation are functions of (seed, epoch, position),
  * so a resumed run sees exactly the batches the uninterrupted run would have seen. */
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +12,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "internal.h" /* moe__threads: --threads 0 as the library counts it */
 #include "progress.h"
 #include "rank_errors.h"
 #include "train_adjust.h"
@@ -26,7 +26,7 @@ static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 typedef struct {
   const char *data, *checkpoint, *resume, *trace;
   int json, log_steps, epochs, stop_after, batch, warmup, threads;
-  train_augment aug; /* --augment, --augment-rotate, --augment-scale */
+  moe_augment aug; /* --augment, --augment-rotate, --augment-scale */
   int val; /* --val N: evaluate on the last N training images, held out, instead of the test set */
   int skip_nan; /* --on-nan skip-step */
   train_adjust adj; /* --capacity dynamic, --cache-assignments */
@@ -223,7 +223,7 @@ typedef struct {
   int steps;
 } epoch_acc;
 
-static void accumulate(epoch_acc *a, const moe_model_t *m, const moe_model_stats *s, int B) {
+static void accumulate(epoch_acc *a, const moe_model_t *m, const moe_train_batch_stats *s, int B) {
   a->loss += s->loss * B;
   a->aux += s->aux;
   a->correct += s->correct;
@@ -254,19 +254,15 @@ static void progress(cli_progress *p, int epoch, int epochs, int step, const epo
   cli_progress_update(p, step, label, extra);
 }
 
-/* ---- the run: the classifier behind the trainer's model interface, the rest in its callbacks ---- */
+/* ---- the run: the classifier behind the trainer's model interface (moe_train_classifier), the
+ * printing, progress, trace, --parallel-r and FlexMoE in the trainer's callbacks ---- */
 
 typedef struct {
   train_opts *o;
   moe_model_t *m;
-  const moe_dataset *train, *test;
   moe_trainer *tr;
-  train_batch tb;
-  int steps, B, b0, b1, F, fill_threads; /* data + expert parallel: every rank forms the same global batch
-                                            and takes its slice [b0, b1) */
-  int epoch;                              /* of tb's order (-1: none yet) */
-  int grads_zero;                         /* the last checked update left the gradients zeroed */
-  moe_model_stats st;                     /* the last forward's */
+  int steps, B;
+  int epoch;                              /* of the epoch's report (-1: none yet) */
   trace_writer tw;
   moe_flex_trainer *ft;
   int caching;
@@ -284,73 +280,20 @@ static moe_status cls_failed(cls_run *r, int rc, int local) {
   return MOE_ERR_STATE;
 }
 
-/* Step's batch: at an epoch's start its order and augmentation, the epoch's report reset. */
-static moe_status cls_batch(void *self, int64_t step, const int32_t **samples, int *n) {
-  cls_run *r = self;
-  int epoch = (int)(step / r->steps), s = (int)(step % r->steps);
-  if (epoch != r->epoch) {
+/* Before the step's forward: --parallel-r's r, and the adjustments due. */
+static moe_status cls_on_batch(void *ctx, int64_t step, const int32_t *ids, int n) {
+  cls_run *r = ctx;
+  moe_model_t *m = r->m;
+  int epoch = (int)(step / r->steps);
+  if (epoch != r->epoch) { /* an epoch's start: its report reset */
     moe_trainer_info info;
     moe_trainer_get_info(r->tr, &info);
     r->a = (epoch_acc){0};
     r->skipped0 = info.skipped;
     r->t0 = cli_now();
-    cli_progress_start(&r->o->progress, moe_dist_rank(r->m->cfg.moe.dist) == 0, "steps", r->steps); /* rank 0 reports */
-    train_batch_epoch(&r->tb, r->o->seed, r->epoch = epoch, &r->o->aug);
+    r->epoch = epoch;
+    cli_progress_start(&r->o->progress, moe_dist_rank(m->cfg.moe.dist) == 0, "steps", r->steps); /* rank 0 reports */
   }
-  train_batch_fill(&r->tb, s, r->fill_threads);
-  *samples = r->tb.perm + (size_t)s * r->B + r->b0;
-  *n = r->b1 - r->b0;
-  return MOE_OK;
-}
-
-static moe_status cls_forward(void *self, moe_train_batch_stats *out) {
-  cls_run *r = self;
-  if (!r->grads_zero) moe_model_zero_grad(r->m);
-  r->grads_zero = 0;
-  memset(out, 0, sizeof *out);
-  moe_status st = moe_model_forward(r->m, r->tb.x + (size_t)r->b0 * r->F, r->tb.y + r->b0, r->b1 - r->b0, &r->st);
-  if (st != MOE_OK) return st;
-  out->loss = out->ce = r->st.loss;
-  out->dropped = r->st.dropped;
-  return MOE_OK;
-}
-
-static moe_status cls_backward(void *self, moe_train_batch_stats *st) {
-  (void)st;
-  return moe_model_backward(((cls_run *)self)->m);
-}
-
-static void cls_params_changed(void *self) {
-  cls_run *r = self;
-  for (int i = 0; i < r->m->cfg.blocks; i++) moe_layer_params_changed(&r->m->layers[i]); /* bf16 copies */
-}
-
-/* The update and its check in one pass (which leaves the gradients zeroed). */
-static moe_status cls_update(void *self, moe_optim_t *opt, float lr) {
-  cls_run *r = self;
-  moe_status st = moe_optim_step_checked(opt, r->m, lr);
-  r->grads_zero = 1;
-  return st;
-}
-
-static const moe_layer_stats *cls_layer_stats(void *self, int i) {
-  return moe_model_layer_stats(((cls_run *)self)->m, i);
-}
-
-/* The epoch's evaluation: the accuracy (the interface's loss is the error rate). */
-static moe_status cls_evaluate(void *self, double *loss) {
-  cls_run *r = self;
-  if (evaluate(r->m, r->test, 500, &r->test_acc))
-    return cls_failed(r, cli_usage_error(CMD, "epoch %d: evaluating the test set: %s", r->epoch + 1, moe_last_error()),
-                      1);
-  *loss = 1 - r->test_acc;
-  return MOE_OK;
-}
-
-/* Before the step's forward: --parallel-r's r, and the adjustments due. */
-static moe_status cls_on_batch(void *ctx, int64_t step, const int32_t *ids, int n) {
-  cls_run *r = ctx;
-  moe_model_t *m = r->m;
   for (int b = 0; m->cfg.moe.dist && r->o->n_parallel_r > 1 && b < m->cfg.blocks; b++) /* switching moves no weights */
     if (moe_layer_set_parallel_r(&m->layers[b], r->o->parallel_r[step % r->o->n_parallel_r]))
       return cls_failed(r, cli_fail(CMD), 1);
@@ -373,12 +316,13 @@ static moe_status cls_on_step(void *ctx, const moe_train_step *s) {
       fprintf(stderr, "moe train: epoch %d, batch %d of %d (step %lld): update skipped: %s (further skips "
               "are counted)\n", r->epoch + 1, in_epoch + 1, r->steps, (long long)step, moe_last_error());
   } else {
-    accumulate(&r->a, r->m, &r->st, r->B);
-    if (r->ft && moe_flex_trainer_push(r->ft, r->m, step, r->st.loss) != MOE_OK) return cls_failed(r, cli_fail(CMD), 1);
+    accumulate(&r->a, r->m, &s->batch, r->B);
+    if (r->ft && moe_flex_trainer_push(r->ft, r->m, step, s->batch.loss) != MOE_OK)
+      return cls_failed(r, cli_fail(CMD), 1);
     if (r->tw.f && trace_step(&r->tw, r->m, step) != MOE_OK)
       return cls_failed(r, cli_usage_error(CMD, "%s: write error", r->o->trace), 1);
     progress(&r->o->progress, r->epoch + 1, r->o->epochs, in_epoch + 1, &r->a);
-    if (r->o->log_steps) printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)step, r->st.loss);
+    if (r->o->log_steps) printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)step, s->batch.loss);
   }
   if (in_epoch + 1 < r->steps) return MOE_OK;
   r->frac_same = s->frac_same, r->caching = s->caching, r->caching_from = s->caching_from; /* for the report */
@@ -388,9 +332,10 @@ static moe_status cls_on_step(void *ctx, const moe_train_step *s) {
   return MOE_OK;
 }
 
-/* After the epoch's evaluation: the caching switch, the report, the checkpoint (a collective). */
+/* After the epoch's evaluation: the caching switch and the report (the trainer writes the checkpoint). */
 static moe_status cls_on_eval(void *ctx, const moe_train_step *s) {
   cls_run *r = ctx;
+  r->test_acc = s->valid_accuracy;
   train_opts *o = r->o;
   epoch_acc *a = &r->a;
   int epoch = r->epoch;
@@ -418,13 +363,6 @@ static moe_status cls_on_eval(void *ctx, const moe_train_step *s) {
     printf("{\"epoch\": %d, \"frac_same\": %.4f, \"caching\": %d, \"caching_from_step\": %lld}\n", epoch + 1,
            r->frac_same, r->caching, (long long)r->caching_from);
   fflush(stdout);
-  if (o->checkpoint) {
-    moe_train_state ts = {.epoch = epoch + 1, .step = s->step, .seed = o->seed};
-    save_extra(o, ts.extra, sizeof ts.extra);
-    /* under mpirun a collective, after which rank 0 writes */
-    int rc = moe_checkpoint_save(o->checkpoint, r->m, moe_trainer_optim(r->tr), &ts) != MOE_OK ? cli_fail(CMD) : 0;
-    if ((rc = cli_settle(r->m->cfg.moe.dist, CMD, rc))) return cls_failed(r, rc, 0);
-  }
   return MOE_OK;
 }
 
@@ -434,15 +372,13 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
                int64_t step) {
   int B = o->batch, steps = train->n / B;
   const moe_dist *dist = m->cfg.moe.dist;
-  int W = moe_dist_size(dist), rank = moe_dist_rank(dist);
-  cls_run r = {.o = o, .m = m, .train = train, .test = test, .steps = steps, .B = B, .b0 = B * rank / W,
-               .b1 = B * (rank + 1) / W, .F = train->rows * train->cols, .fill_threads = moe__threads(o->threads),
-               .epoch = -1, .caching_from = -1, .frac_same = -1, .test_acc = -1};
+  int rank = moe_dist_rank(dist);
+  cls_run r = {.o = o, .m = m, .steps = steps, .B = B, .epoch = -1, .caching_from = -1, .frac_same = -1,
+               .test_acc = -1};
   /* Under mpirun a failure that every rank meets at the same point (set-up, divergence, a checkpoint
    * rank 0 could not write) is settled there; any other (local: the others may be in a collective)
    * leaves the loops unsettled, for cli_dist_end to stop every rank. */
   int rc = steps ? 0 : cli_usage_error(CMD, "--batch %d is larger than the training set (%d)", B, train->n), local = 0;
-  if (!rc && train_batch_init(&r.tb, train, B)) rc = cli_usage_error(CMD, "out of memory");
   if (!rc && o->trace && rank == 0 && trace_open(&r.tw, o->trace, step) != MOE_OK) /* rank 0 writes: the counts */
     rc = 1;                                                                         /* are the whole batch's */
   moe_trainer_config tc;
@@ -454,6 +390,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   tc.eval_every = steps ? steps : 1; /* an evaluation each epoch */
   tc.optim = opt->cfg;
   tc.on_nan = o->skip_nan ? MOE_ON_NAN_SKIP : MOE_ON_NAN_STOP;
+  tc.checkpoint = o->checkpoint; /* after each evaluation */
   tc.batch = B;
   tc.seed = o->seed;
   tc.adjust = o->adj;
@@ -461,13 +398,12 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   tc.on_step = cls_on_step;
   tc.on_eval = cls_on_eval;
   tc.ctx = &r;
-  moe_train_model model = {.self = &r, .refs = m->refs, .nrefs = m->nrefs, .numel = m->numel, .dist = dist,
-                           .layer = &m->cfg.moe, .whole_numel = m->numel, .samples = train->n,
-                           .steps_per_epoch = steps, .batch = cls_batch, .forward = cls_forward,
-                           .backward = cls_backward, .params_changed = cls_params_changed, .update = cls_update,
-                           .evaluate = cls_evaluate, .moe_layers = m->layers, .n_moe_layers = m->cfg.blocks,
-                           .layer_stats = cls_layer_stats, .rows = B};
-  if (!rc && moe_trainer_new(&r.tr, &tc, &model) != MOE_OK) rc = cli_usage_error(CMD, "%s", moe_last_error());
+  char extra[sizeof(((moe_train_state *)0)->extra)];
+  save_extra(o, extra, sizeof extra);
+  moe_train_model model;
+  if (!rc && (moe_train_classifier(&model, m, train, test, &o->aug, extra, &tc) != MOE_OK ||
+              moe_trainer_new(&r.tr, &tc, &model) != MOE_OK))
+    rc = cli_usage_error(CMD, "%s", moe_last_error());
   if (r.tr) { /* the optimizer's state, new or the checkpoint's, becomes the trainer's */
     moe_optim_t *to = moe_trainer_optim(r.tr);
     moe_optim_free(to);
@@ -482,11 +418,15 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   while (!rc && !moe_trainer_done(r.tr) && !interrupted) {
     moe_trainer_info info;
     moe_trainer_get_info(r.tr, &info);
-    moe_status st = moe_trainer_step(r.tr, NULL);
+    moe_train_step s;
+    moe_status st = moe_trainer_step(r.tr, &s);
     if (st == MOE_OK) continue;
     if (r.interrupted) break;
     int e = (int)(info.step / steps) + 1, b = (int)(info.step % steps) + 1;
     if (r.rc) rc = r.rc, local = r.local;
+    else if (s.evaluated && isnan(s.valid_accuracy)) /* the evaluation itself failed */
+      rc = cli_usage_error(CMD, "epoch %d: evaluating the test set: %s", e, moe_last_error()), local = 1;
+    else if (s.evaluated) rc = cli_fail(CMD); /* the checkpoint, its failure settled by the trainer */
     else if (st == MOE_ERR_VALUE) /* a divergence is found on every rank at the same step; anything else is local */
       rc = cli_usage_error(CMD, "epoch %d, batch %d of %d (step %lld): training diverged: %s; lower --lr, or "
                            "--on-nan skip-step drops such steps", e, b, steps, (long long)info.step, moe_last_error());
@@ -499,7 +439,6 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   if (r.tr) moe_trainer_get_info(r.tr, &info);
   if (r.tw.f && trace_close(&r.tw) != MOE_OK && !rc) rc = 1;
   if (!local && !interrupted) rc = cli_settle(dist, CMD, rc); /* rank 0's trace file */
-  train_batch_free(&r.tb);
   if (r.tr && !rc && rank == 0) train_capacity_report(r.tr, o->json ? stderr : stdout); /* rank 0 reports, as on stdout */
   if (r.ft && !rc) flex_report(r.ft, m, o->json ? stderr : stdout, o->json);
   moe_flex_trainer_free(r.ft);
@@ -511,7 +450,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
     return 130;
   }
   const char *split = o->val ? "val" : "test";
-  if (r.test_acc < 0 && evaluate(m, test, 500, &r.test_acc)) return cli_fail(CMD);
+  if (r.test_acc < 0 && moe_model_accuracy(m, test, 500, &r.test_acc) != MOE_OK) return cli_fail(CMD);
   if (o->json) printf("{\"%s_accuracy\": %.4f}\n", split, r.test_acc); /* --json: JSON lines only on stdout */
   else printf("%s_accuracy=%.4f\n", split, r.test_acc);
   return 0;
@@ -635,7 +574,7 @@ int cmd_train(int argc, char **argv) {
                          train.cols);
   else if (!rc && o.val) { /* the test set makes way for the validation split */
     moe_dataset_free(&test);
-    if (hold_out(&train, o.val, &test))
+    if (moe_dataset_hold_out(&train, o.val, &test) != MOE_OK)
       rc = cli_usage_error(CMD, "--val %d: want fewer than the %d training images (or out of memory)", o.val, train.n);
   }
   rc = cli_settle(dist, CMD, rc);

@@ -6,11 +6,10 @@
 #include "train_flex.h"
 
 #include "cli.h"
-#include "flex/wire.h"
 
-/* The placement of m's blocks (moe__flex_layout_write), or why it is not shown. */
+/* The placement of m's blocks (moe_flex_layout_write), or why it is not shown. */
 static const char *placement(const moe_model_t *m, char *buf, size_t n) {
-  return moe__flex_layout_write(m, buf, n) == MOE_OK ? buf : "(too large to show)";
+  return moe_flex_layout_write(m, buf, n) == MOE_OK ? buf : "(too large to show)";
 }
 
 void flex_profile_text(const moe_flex_env *e, char *buf, size_t n) {
@@ -55,6 +54,6 @@ void flex_report(const moe_flex_trainer *t, const moe_model_t *m, FILE *f, int j
 }
 
 int flex_default_slots(const char *resume, int E, int W) {
-  int slots = resume ? moe__checkpoint_replica_slots(resume, W) : 0;
+  int slots = resume ? moe_checkpoint_replica_slots(resume, W) : 0;
   return slots > 0 ? slots : E / W + 1;
 }

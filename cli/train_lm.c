@@ -46,7 +46,8 @@ static void usage(FILE *f, int help) {
     "       [--time-budget SECONDS] [--stop-after S] [--eval-every S] [--eval-windows N] [--seed S] [--threads N]\n"
     "       [--capacity X|dynamic [--delta-launch N] [--headroom H]] [--dispatch dynamic|static] [--dtype f32|bf16]\n"
     "       [--cache-assignments [--cache-on 0.96] [--cache-off 0.90] [--cache-min-epoch 10]]\n"
-    "       [--checkpoint DIR] [--keep-best DIR] [--resume DIR] [--json] [--log-steps] [--progress|--quiet]\n"
+    "       [--checkpoint DIR] [--keep-best DIR] [--resume DIR] [--on-nan stop|skip-step] [--json] [--log-steps]\n"
+    "       [--progress|--quiet]\n"
     "       [--parallel-r N|auto|N1,N2,...] [--a2a linear|2dh|auto [--ranks-per-node G]]   (under mpirun)\n");
   if (!help) return;
   fprintf(f,
@@ -72,6 +73,9 @@ static void usage(FILE *f, int help) {
     "moe generate read it; a resume continues from --checkpoint). --resume DIR continues from one (its model, its\n"
     "options: only --stop-after, --threads, --checkpoint, --data, the output flags and the mpirun ones below\n"
     "may be given).\n"
+    "A step whose loss, gradients or updated weights go NaN or Inf stops training (--on-nan stop, the\n"
+    "default); --on-nan skip-step drops that step's update instead (undoing it when it made a weight or\n"
+    "Adam's state non-finite) and goes on, each report counting the steps skipped since the last.\n"
     "--stop-after S ends this run after step S of the planned --steps. --time-budget SECONDS: train\n"
     "until the training steps have taken that long (evaluations and checkpoints not counted; --steps, if\n"
     "given, still stops it), the schedule (warm-up 5%%, cosine decay) running on training seconds.\n"
@@ -128,6 +132,8 @@ static int parse(int argc, char **argv, lm_opts *o, const char **fixed) {
     else if (cli_flag_is(f, "resume")) o->resume = v, kept = 1;
     else if (cli_flag_is(f, "stop_after")) ok = cli_parse_int(v, &o->tc.stop_after) && o->tc.stop_after > 0, kept = 1;
     else if (cli_flag_is(f, "threads")) ok = cli_parse_int(v, &o->threads) && o->threads >= 0, kept = 1;
+    else if (cli_flag_is(f, "on_nan")) /* not in the trainer state: a resumed run takes it again */
+      ok = (o->tc.on_nan = !strcmp(v, "skip-step")) || !strcmp(v, "stop"), kept = 1;
     else if (cli_flag_is(f, "parallel_r")) {
       ok = (o->n_parallel_r = cli_parse_parallel_rs(v, o->parallel_r, 8)) > 0, kept = 1;
       c->moe.parallel_r = ok ? o->parallel_r[0] : c->moe.parallel_r;
@@ -246,6 +252,7 @@ typedef struct {
   lm_acc acc;
   int per_epoch; /* steps an epoch of the training windows */
   double valid;  /* the last evaluation's loss */
+  int64_t skipped, skipped_all; /* --on-nan skip-step: steps skipped since the last report, and in all */
   int rc;        /* a callback's failure, printed */
 } lm_run;
 
@@ -266,7 +273,7 @@ static void report(const lm_opts *o, const moe_train_step *s, const lm_acc *a) {
   double secs = a->secs > 0 ? a->secs : 1e-9, tok_s = (double)o->tc.batch * o->tc.context * a->steps / secs;
   double att = a->attention / secs, exp_ = a->experts / secs, rt = a->router / secs;
   double rest = 1 - att - exp_ - rt, gf = a->experts > 0 ? a->flops / a->experts / 1e9 : 0;
-  double loss = a->ce / a->steps, drop = a->assigned > 0 ? a->dropped / a->assigned : 0, valid = s->valid_loss;
+  double loss = a->steps ? a->ce / a->steps : 0, drop = a->assigned > 0 ? a->dropped / a->assigned : 0, valid = s->valid_loss;
   if (o->json)
     printf("{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"valid_loss\": %.6f, \"valid_perplexity\": %.4f, "
            "\"tokens_per_s\": %.1f, \"train_seconds\": %.3f, \"attention_share\": %.4f, \"experts_share\": %.4f, "
@@ -311,7 +318,13 @@ static moe_status on_batch(void *ctx, int64_t step, const int32_t *ids, int n) {
 /* After the update: at an epoch's end the caching switch's line, the step's line and the progress. */
 static moe_status on_step(void *ctx, const moe_train_step *s) {
   lm_run *r = ctx;
-  accumulate(&r->acc, s);
+  r->skipped += s->skipped;
+  if (s->skipped && !r->skipped_all++) {
+    cli_progress_break(&r->o->progress);
+    fprintf(stderr, "moe train: step %lld: update skipped: %s (further skips are counted)\n", (long long)s->step,
+            moe_last_error());
+  }
+  if (!s->skipped) accumulate(&r->acc, s); /* a skipped step's loss is not finite */
   long long epoch = s->step / r->per_epoch;
   if (s->epoch_end && r->o->json)
     printf("{\"epoch\": %lld, \"frac_same\": %.4f, \"caching\": %d, \"caching_from_step\": %lld}\n", epoch,
@@ -319,9 +332,9 @@ static moe_status on_step(void *ctx, const moe_train_step *s) {
   else if (s->epoch_end)
     printf("  epoch %lld: samples not reassigned since the last epoch: %.4f; caching %s (on from step %lld)\n", epoch,
            s->frac_same, s->caching ? "on" : "off", (long long)s->caching_from);
-  if (r->o->log_steps) printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)s->step, s->batch.ce);
+  if (r->o->log_steps && !s->skipped) printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)s->step, s->batch.ce);
   char extra[64];
-  snprintf(extra, sizeof extra, "loss %.4f", r->acc.ce / r->acc.steps);
+  snprintf(extra, sizeof extra, "loss %.4f", r->acc.steps ? r->acc.ce / r->acc.steps : 0);
   cli_progress_update(&r->o->progress, s->step, NULL, extra);
   return MOE_OK;
 }
@@ -331,6 +344,11 @@ static moe_status on_eval(void *ctx, const moe_train_step *s) {
   lm_run *r = ctx;
   cli_progress_break(&r->o->progress);
   report(r->o, s, &r->acc);
+  if (r->o->tc.on_nan == MOE_ON_NAN_SKIP && r->o->json)
+    printf("{\"step\": %lld, \"skipped_steps\": %lld}\n", (long long)s->step, (long long)r->skipped);
+  else if (r->o->tc.on_nan == MOE_ON_NAN_SKIP)
+    printf("  steps skipped (non-finite, --on-nan skip-step): %lld\n", (long long)r->skipped);
+  r->skipped = 0;
   r->valid = s->valid_loss;
   r->acc = (lm_acc){0};
   return MOE_OK;
@@ -361,9 +379,17 @@ static int run(lm_opts *o, moe_lm_t *m, const moe_tokenizer *t, const lm_streams
   cli_progress_start(&o->progress, 1, "steps", info.last);
   while (!rc && !moe_trainer_done(tr) && !interrupted) {
     moe_train_step s;
+    moe_trainer_get_info(tr, &info);
     moe_status st = moe_trainer_step(tr, &s);
-    rc = st == MOE_OK ? 0 : r.rc ? r.rc : st == MOE_ERR_VALUE ? cli_usage_error(CMD, "%s; lower --lr", moe_last_error())
-                                                             : cli_fail(CMD);
+    const char *e = moe_last_error(), *at = strncmp(e, "step ", 5) ? "step " : ""; /* the model's: no step */
+    char step[32] = "";
+    if (*at) snprintf(step, sizeof step, "%lld: ", (long long)info.step + 1);
+    if (st == MOE_OK || r.rc) rc = r.rc;
+    else if (s.evaluated && isnan(s.valid_loss)) /* a non-finite validation loss: the model is spent */
+      rc = cli_usage_error(CMD, "%s%sthe validation loss: %s", at, step, e);
+    else if (st == MOE_ERR_VALUE)
+      rc = cli_usage_error(CMD, "%s%s%s; lower --lr, or --on-nan skip-step drops such steps", at, step, e);
+    else rc = cli_fail(CMD);
     if (s.evaluated) rc = cli_settle(dist, CMD, rc); /* the checkpoint's and keep-best's writes (rank 0's) */
   }
   cli_progress_break(&o->progress);

@@ -261,6 +261,9 @@ typedef struct {
  * against the file size, and matching counts; errors name the file and the field. */
 moe_status moe_dataset_load_idx(moe_dataset *d, const char *images_path, const char *labels_path);
 void moe_dataset_free(moe_dataset *d);
+/* The validation split: the last n samples of d copied into val, d keeping the others. MOE_ERR_ARG
+ * when n is not in [1, d->n - 1]. */
+moe_status moe_dataset_hold_out(moe_dataset *d, int n, moe_dataset *val);
 
 /* ---- processes: MPI when built with it, else one process ----
  * moe_dist_init calls MPI_Init (when the library has MPI) and describes this process's place among
@@ -921,6 +924,14 @@ moe_status moe_checkpoint_load_ranks(const char *path, const moe_dist *d, moe_mo
  * experts, from a file any number of ranks saved. */
 moe_status moe_checkpoint_load_replicas(const char *path, const moe_dist *d, int slots, moe_model_t *m,
                                         moe_optim_t *o, moe_train_state *ts);
+/* The slots per rank a run resumed from checkpoint path on W ranks takes by default: its placement's
+ * E_v when W ranks saved it with replicas, so that the run continues with that placement; else one
+ * spare slot per rank, E/W + 1. 0 when the file cannot be read (moe_last_error says why). */
+int moe_checkpoint_replica_slots(const char *path, int W);
+/* The placement of m's blocks as text, kept in checkpoints (DESIGN 3.4): "WxE_v:" then each block's
+ * slots (rank-major, -1 empty) comma-separated, the blocks separated by '/'. MOE_ERR_ARG naming the
+ * size when it does not fit in n characters. */
+moe_status moe_flex_layout_write(const moe_model_t *m, char *buf, size_t n);
 
 /* ---- BPE tokenizer (GPT-2's byte-level scheme; Hugging Face tokenizer.json) ----
  * Text is bytes. libmoe's own tokenizers are GPT-2's byte-level BPE: the pre-tokenizer cuts text as
@@ -1365,6 +1376,26 @@ typedef struct {
   double bw, lat;    /* bytes/s and seconds: intra_bw, intra_lat */
 } moe_sim_machine;
 moe_status moe_sim_calibrate(const moe_dist *d, int threads, moe_sim_machine *out);
+/* The same measurements as a config for moe_sim_config_load (moe simulate --calibrate's JSON: one node of
+ * d's ranks, every GEMM kind's rate, mem_bw, the exchange's intra_bw and intra_lat, and a layer to
+ * simulate on them) into buf (n bytes; MOE_ERR_ARG when it does not fit). Every rank calls it. */
+moe_status moe_sim_calibrate_config(const moe_dist *d, int threads, char *buf, size_t n);
+/* A serving run (a config with "serve_trace"): the trace's decode steps on one device with the
+ * config's expert cache (at most 16384 steps). moe_sim_config_serves: whether c is one. MOE_ERR_ARG
+ * for a config without a trace, a trace of another expert count or too many steps. */
+typedef struct {
+  int64_t steps, tokens, accesses, misses; /* tokens: of every step, through its first layer's router */
+  int layers;
+  int cache_experts;        /* the cache's slots per layer (0: every expert resident) */
+  const char *cache_policy; /* its policy's name */
+  double hit_rate;          /* 1 - misses / accesses */
+  double time_s;            /* the run: every layer of every step, one after another */
+  double token_s;           /* time_s / tokens */
+  double fetch_s;           /* the misses' reads at fetch_bw */
+  double fetch_wait_s;      /* what of them the compute waited for (the rest ran beside the hits) */
+} moe_sim_serve_result;
+int moe_sim_config_serves(const moe_sim_config *c);
+moe_status moe_sim_serve(const moe_sim_config *c, moe_sim_serve_result *r);
 
 /* ---- language-model training: the MoE layers' stats and where a step's time goes ---- */
 /* Layer i's stats of the last forward (expert counts, the router's choices), as moe_model_layer_stats;
@@ -1772,6 +1803,8 @@ typedef struct {
   double assigned;     /* expert assignments, over the MoE layers and ranks */
   double expert_flops; /* this rank's experts' FLOPs, forward and backward (about) */
   double attention_s, experts_s, router_s; /* where the step's time went, as moe_lm_times */
+  double aux;          /* the classifier's auxiliary losses (moe_model_stats.aux; 0 for the language model) */
+  int correct;         /* the classifier's right predictions on this rank's slice of the batch */
 } moe_train_batch_stats;
 /* The model interface: what a trainer needs of a model and its data. self is the implementation's;
  * refs (parameters with their gradients, the optimizer's table) and numel this rank's. */
@@ -1805,12 +1838,17 @@ typedef struct {
    * the parameters and their derived copies, and returns MOE_ERR_VALUE naming the first parameter or
    * optimizer state it left non-finite (the classifier's moe_optim_step_checked). */
   moe_status (*update)(void *self, moe_optim_t *opt, float lr);
-  moe_status (*evaluate)(void *self, double *loss); /* the validation loss */
+  /* The validation loss, and the accuracy where the model has one (the classifier: its loss is the
+   * error rate; *accuracy is NAN when the model leaves it). */
+  moe_status (*evaluate)(void *self, double *loss, double *accuracy);
   moe_status (*save)(void *self, const char *dir);  /* the model's files (a collective) */
   /* Vectors over the refs <-> the one-process order (Adam's moments in the trainer state); as
    * moe_lm_gather (a collective) and moe_lm_scatter. */
   moe_status (*gather)(void *self, const float *local, float *whole);
   moe_status (*scatter)(void *self, const float *whole, float *local);
+  /* The model's own checkpoint, one file at path with the optimizer's state and the steps done (the
+   * classifier's moe_checkpoint_save), written in place of moe_trainer_save's directory; NULL: that. */
+  moe_status (*checkpoint)(void *self, const char *path, const moe_optim_t *opt, int64_t step);
   void (*free)(void *self);
 } moe_train_model;
 
@@ -1854,7 +1892,8 @@ typedef struct {
   const char *checkpoint; /* directory of the checkpoint written at each evaluation, or NULL */
   const char *keep_best;  /* directory of the model of the lowest validation loss, or NULL */
   /* The data of the language model (moe_train_lm): windows of context + 1 tokens, batch of them a
-   * step, eval_windows fixed validation windows; the seed of the batch order (and the initialization). */
+   * step, eval_windows fixed validation windows; the seed of the batch order (and the initialization).
+   * The classifier (moe_train_classifier) takes batch and seed. */
   int context, batch, eval_windows; /* 64, 8, 64 */
   uint64_t seed;                    /* 1 */
   moe_train_adjust adjust;          /* off; delta_launch 2, headroom 0.25, caching 0.96 / 0.90 from epoch 10 */
@@ -1883,6 +1922,7 @@ struct moe_train_step {
   int evaluated;           /* an evaluation followed the step: */
   double valid_loss;       /* its loss (NAN when none) */
   int best;                /* the lowest validation loss so far (keep_best rewritten) */
+  double valid_accuracy;   /* its accuracy (the classifier's; NAN when none) */
 };
 /* The learning rate of step (0-based) that begins with train_s seconds of training behind it. */
 float moe_trainer_lr(const moe_trainer_config *c, int64_t step, double train_s);
@@ -1895,6 +1935,27 @@ float moe_trainer_lr(const moe_trainer_config *c, int64_t step, double train_s);
  * the caller's, kept until the model's free. MOE_ERR_ARG for a stream shorter than one window. */
 moe_status moe_train_lm(moe_train_model *out, moe_lm_t *m, const moe_tokenizer *t, const int32_t *train,
                         size_t n_train, const int32_t *valid, size_t n_valid, const moe_trainer_config *c);
+
+/* The classifier m (moe_model_t) on images: step s of epoch e = s / steps_per_epoch (train->n / c->batch
+ * steps) trains on c->batch training samples in an order that is a permutation per epoch (a function of
+ * c->seed and e), each image augmented by aug (NULL: none) as a function of (seed, epoch, position); under
+ * expert parallelism rank r of W takes samples [B r / W, B (r + 1) / W) of each batch. Its update is
+ * moe_optim_step_checked (a non-finite parameter or moment named, MOE_ERR_VALUE); evaluation is the
+ * accuracy on valid (moe_model_accuracy, batches of 500), the loss its error rate; its checkpoint is
+ * moe_checkpoint_save's one file (epoch, step, seed and extra, the caller's options "key=value;..."
+ * that a resumed run keeps: NULL for none). m, the datasets and aug are the caller's, kept until the
+ * model's free. MOE_ERR_ARG when the batch is larger than the training set. */
+typedef struct {
+  int shift;           /* a shift of up to shift pixels each way (moe train's 2), zeros shifted in */
+  float rotate, scale; /* then, when either is not 0, a rotation by up to +-rotate degrees (15) and a
+                          scaling by a factor in [1 - scale, 1 + scale] (0.15) about the centre, bilinear */
+} moe_augment;
+moe_status moe_train_classifier(moe_train_model *out, moe_model_t *m, const moe_dataset *train,
+                                const moe_dataset *valid, const moe_augment *aug, const char *extra,
+                                const moe_trainer_config *c);
+/* The fraction of d's samples whose argmax prediction is the label, B samples a forward (under expert
+ * parallelism each rank forwards its slice of each and the hits are summed: a collective). */
+moe_status moe_model_accuracy(moe_model_t *m, const moe_dataset *d, int B, double *acc);
 
 typedef struct moe_trainer moe_trainer;
 /* A trainer of model (which it owns from now on, freeing it with itself, even on failure) under c:
@@ -1909,7 +1970,8 @@ moe_status moe_trainer_step(moe_trainer *t, moe_train_step *out);
 /* The validation loss now (the model's evaluate). */
 moe_status moe_trainer_evaluate(moe_trainer *t, double *loss);
 /* Writes a checkpoint to dir: the model's files, then trainer_state.safetensors, each atomically (the
- * state last, so that it never runs ahead of the weights). A collective under expert parallelism. */
+ * state last, so that it never runs ahead of the weights); a model with its own checkpoint (the
+ * classifier's) writes that file at dir instead. A collective under expert parallelism. */
 moe_status moe_trainer_save(moe_trainer *t, const char *dir);
 /* Steps done, training seconds so far, updates skipped (MOE_ON_NAN_SKIP), and the last of the
  * schedule this run does. */

@@ -1,7 +1,7 @@
-/* moe train's image distortions (cli/augment.c) against cases whose answer is known exactly: a shift
+/* moe train's image distortions (src/train/augment.c) against cases whose answer is known exactly: a shift
  * alone moves whole pixels, a quarter turn is a transpose and a flip, a 2x zoom about an odd image's
  * centre lands output pixels on source pixels and on midpoints between them. */
-#include "augment.h"
+#include "train/augment.h"
 #include "test.h"
 
 enum { N = 7 }; /* odd: the centre is a pixel */
@@ -13,7 +13,7 @@ static void fill(float *img) {
 TEST(augment_shift_moves_whole_pixels) {
   float src[N * N], dst[N * N];
   fill(src);
-  augment_warp(src, dst, N, N, 0.0, 1.0, 2, -1);
+  moe__augment_warp(src, dst, N, N, 0.0, 1.0, 2, -1);
   for (int r = 0; r < N; r++)
     for (int c = 0; c < N; c++) {
       int sr = r - 2, sc = c + 1;
@@ -25,11 +25,11 @@ TEST(augment_shift_moves_whole_pixels) {
 TEST(augment_quarter_turn_is_transpose_and_flip) {
   float src[N * N], dst[N * N];
   fill(src);
-  augment_warp(src, dst, N, N, 90.0, 1.0, 0, 0);
+  moe__augment_warp(src, dst, N, N, 90.0, 1.0, 0, 0);
   for (int r = 0; r < N; r++)
     for (int c = 0; c < N; c++) /* counter-clockwise: the top-right pixel goes to the top left */
       ASSERT_NEAR(dst[r * N + c], src[c * N + (N - 1 - r)], 1e-5);
-  augment_warp(src, dst, N, N, -90.0, 1.0, 0, 0);
+  moe__augment_warp(src, dst, N, N, -90.0, 1.0, 0, 0);
   for (int r = 0; r < N; r++)
     for (int c = 0; c < N; c++) ASSERT_NEAR(dst[r * N + c], src[(N - 1 - c) * N + r], 1e-5);
 }
@@ -37,7 +37,7 @@ TEST(augment_quarter_turn_is_transpose_and_flip) {
 TEST(augment_zoom_samples_pixels_and_midpoints) {
   float src[N * N], dst[N * N];
   fill(src);
-  augment_warp(src, dst, N, N, 0.0, 2.0, 0, 0);
+  moe__augment_warp(src, dst, N, N, 0.0, 2.0, 0, 0);
   const int m = N / 2;
   for (int r = 0; r < N; r++)
     for (int c = 0; c < N; c++) { /* output (r, c) reads source (m + (r - m) / 2, m + (c - m) / 2) */
@@ -47,7 +47,7 @@ TEST(augment_zoom_samples_pixels_and_midpoints) {
       ASSERT_NEAR(dst[r * N + c], want, 1e-5);
     }
   /* shrinking by 2 brings in zeros beyond the source's edge */
-  augment_warp(src, dst, N, N, 0.0, 0.5, 0, 0);
+  moe__augment_warp(src, dst, N, N, 0.0, 0.5, 0, 0);
   ASSERT_NEAR(dst[0], 0.0, 0.0);
   ASSERT_NEAR(dst[m * N + m], src[m * N + m], 1e-6);
   ASSERT_NEAR(dst[(m + 1) * N + m], src[(m + 2) * N + m], 1e-5);

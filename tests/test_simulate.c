@@ -203,3 +203,65 @@ TEST(simulate_parallel_r) {
   ASSERT_NEAR(gather, 0, 0);
   ASSERT_STATUS(moe__sim_parallel(&c, per_expert, 5, send, &dev, &gather), MOE_ERR_ARG);
 }
+
+/* The public serving run (moe_sim_serve) on simulate_cli_serving_run's hand-computed case: one layer of
+ * 4 experts, 2 LIFO slots, 1 MB/s to the slow memory: hit rate 1/5, 4 misses of 20 accesses' worth;
+ * a config without a trace is no serving run. */
+TEST(simulate_serve_api) {
+  char trace[512], p[512];
+  test_tmp_path("sim_api_trace.csv", trace, sizeof trace);
+  FILE *f = fopen(trace, "w");
+  fputs("step,layer,expert,tokens\n0,0,0,2\n0,0,1,2\n1,0,0,4\n2,0,2,4\n3,0,1,4\n", f);
+  fclose(f);
+  for (int with = 1; with >= 0; with--) {
+    test_tmp_path("sim_api.json", p, sizeof p);
+    f = fopen(p, "w");
+    fprintf(f, "{\"devices_per_node\": 1, \"intra_bw\": 1e9, \"intra_lat\": 0, \"gemm_flops\": 1e9, \"tokens\": 4,"
+               " \"d_model\": 8, \"hidden\": 16, \"experts\": 4");
+    if (with) fprintf(f, ", \"serve_trace\": \"%s\", \"cache_experts\": 2, \"fetch_bw\": 1e6", trace);
+    fputs("}", f);
+    fclose(f);
+    moe_sim_config *c;
+    ASSERT_OK(moe_sim_config_load(p, &c));
+    moe_sim_serve_result r;
+    ASSERT_EQ_INT(moe_sim_config_serves(c), with);
+    moe_status st = moe_sim_serve(c, &r);
+    moe_sim_config_free(c);
+    if (!with) {
+      ASSERT_EQ_INT(st, MOE_ERR_ARG);
+      continue;
+    }
+    ASSERT_OK(st);
+    ASSERT_EQ_INT(r.steps, 4);
+    ASSERT_EQ_INT(r.layers, 1);
+    ASSERT_EQ_INT(r.tokens, 16);
+    ASSERT_EQ_INT(r.misses, 4);
+    ASSERT_EQ_INT(r.accesses, 5);
+    ASSERT_EQ_INT(r.cache_experts, 2);
+    ASSERT(!strcmp(r.cache_policy, "lifo"));
+    ASSERT_NEAR(r.hit_rate, 0.2, 1e-12);
+    double run = 2 * 1.12e-3 + 1.024e-6 + 2.048e-6 + 2 * (1.12e-3 + 2.048e-6);
+    ASSERT_NEAR(r.time_s, run, 1e-15);
+    ASSERT_NEAR(r.fetch_s, 4 * 1.12e-3, 1e-15);
+  }
+}
+
+/* moe_sim_calibrate_config's text is a config moe_sim_config_load reads (one node of this one rank). */
+TEST(simulate_calibrate_config_loads) {
+  moe_dist *d;
+  ASSERT_OK(moe_dist_init(&d, NULL, NULL));
+  char text[1024], p[512];
+  moe_status st = moe_sim_calibrate_config(d, 1, text, sizeof text);
+  moe_dist_finalize(d);
+  ASSERT_OK(st);
+  ASSERT(strstr(text, "\"devices_per_node\": 1,") != NULL);
+  test_tmp_path("sim_calibrated.json", p, sizeof p);
+  FILE *f = fopen(p, "w");
+  fputs(text, f);
+  fclose(f);
+  moe_sim_config *c;
+  ASSERT_OK(moe_sim_config_load(p, &c));
+  ASSERT(c->gemm_flops > 0 && c->intra_bw > 0 && c->mem_bw >= 0);
+  ASSERT_EQ_INT(c->dpn, 1);
+  moe_sim_config_free(c);
+}

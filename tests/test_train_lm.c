@@ -184,6 +184,7 @@ TEST(train_lm_errors) {
       {"train --task lm --resume # --layers 3", "drop --layers"},
       {"train --task lm --resume /nonexistent/ck", "/nonexistent/ck"},
       {"train --task lm --bogus 1", "unknown flag '--bogus'"},
+      {"train --task lm --data @ --on-nan skip", "--on-nan: bad value 'skip'"},
       {"eval --task lm --data @", "--checkpoint is required"},
       {"eval --task lm --checkpoint # --data @ --context 99", "exceeds the model's max_position_embeddings 16"},
       {"generate --checkpoint # --prompt a --prompt-ids 1", "one of --prompt and --prompt-ids"},
@@ -201,4 +202,31 @@ TEST(train_lm_errors) {
     if (rc == 0 || !strstr(err, cases[i].want))
       FAIL_("moe %s -> %d, stderr '%s': want a failure naming '%s'", args, rc, err, cases[i].want);
   }
+}
+
+/* --lr 1e3 diverges within a few steps: --on-nan stop (the default) exits 1 naming the step and the
+ * way out; --on-nan skip-step goes on to the end, says why it skipped the first, and its reports count
+ * exactly the steps missing from the --log-steps lines (a skipped step logs none). */
+TEST(train_lm_on_nan) {
+  char args[2048], err[2048], out[512];
+  test_tmp_path("lm_on_nan.txt", out, sizeof out);
+  snprintf(args, sizeof args, "train --task lm --data '%s' " LM_TINY " --lr 1e3 --log-steps", lm_corpus());
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 1);
+  if (!strstr(err, "moe train: step ") || !strstr(err, "lower --lr, or --on-nan skip-step"))
+    FAIL_("stderr '%s': want the step and --on-nan skip-step", err);
+  snprintf(args, sizeof args, "train --task lm --data '%s' " LM_TINY " --lr 1e3 --log-steps --on-nan skip-step",
+           lm_corpus());
+  ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 0);
+  if (!strstr(err, ": update skipped: ") || !strstr(err, "further skips are counted"))
+    FAIL_("stderr '%s': want the first skip's reason", err);
+  char *text = test_read_file(out, NULL);
+  ASSERT(text != NULL);
+  const char *key = "steps skipped (non-finite, --on-nan skip-step): ";
+  int skipped = 0, reports = 0, logged = 0;
+  for (const char *p = text; (p = strstr(p, key)); p += strlen(key), reports++) skipped += atoi(p + strlen(key));
+  for (const char *p = text; (p = strstr(p, "{\"step\": ")); p++) logged += strstr(p, "\"loss\"") != NULL;
+  free(text);
+  ASSERT_EQ_INT(reports, 4); /* one per report: steps 10, 20, 30, 40 */
+  ASSERT(skipped > 0);
+  ASSERT_EQ_INT(logged + skipped, 40);
 }

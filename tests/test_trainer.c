@@ -59,8 +59,9 @@ static moe_status toy_backward(void *self, moe_train_batch_stats *st) {
 
 static void toy_params_changed(void *self) { (void)self; }
 
-static moe_status toy_evaluate(void *self, double *loss) {
+static moe_status toy_evaluate(void *self, double *loss, double *accuracy) {
   toy *t = self;
+  (void)accuracy; /* none */
   t->eval_steps[t->evals] = t->step + 1;
   *loss = t->eval_losses ? t->eval_losses[t->evals] : 1.0;
   t->evals++;

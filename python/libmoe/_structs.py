@@ -154,15 +154,19 @@ class EngineStats(C.Structure):
 class TrainBatchStats(C.Structure):
     _fields_ = [("loss", C.c_double), ("ce", C.c_double), ("tokens", _i), ("dropped", _i), ("assigned", C.c_double),
                 ("expert_flops", C.c_double), ("attention_s", C.c_double), ("experts_s", C.c_double),
-                ("router_s", C.c_double)]
+                ("router_s", C.c_double), ("aux", C.c_double), ("correct", _i)]
 
 
-class TrainModel(C.Structure):  # filled by moe_train_lm, handed to moe_trainer_new; its functions stay opaque
+class TrainModel(C.Structure):  # from moe_train_lm or _classifier, for moe_trainer_new; its functions opaque
     _fields_ = [("self", _p), ("refs", _p), ("nrefs", _i), ("numel", C.c_size_t), ("dist", _p), ("layer", _p),
                 ("whole_numel", C.c_size_t), ("samples", C.c_int64), ("steps_per_epoch", _i), ("moe_layers", _p),
                 ("n_moe_layers", _i), ("layer_stats", _p), ("rows", _i)] + \
         [(n, _p) for n in ("batch", "forward", "backward", "params_changed", "update", "evaluate", "save", "gather",
-                           "scatter", "free")]
+                           "scatter", "checkpoint", "free")]
+
+
+class Augment(C.Structure):
+    _fields_ = [("shift", _i), ("rotate", _f), ("scale", _f)]
 
 
 class CacheSwitch(C.Structure):
@@ -185,7 +189,7 @@ class TrainStep(C.Structure):
     _fields_ = [("step", C.c_int64), ("lr", _f), ("seconds", C.c_double), ("train_seconds", C.c_double),
                 ("batch", TrainBatchStats), ("skipped", _i), ("epoch_end", _i), ("frac_same", C.c_double),
                 ("caching", _i), ("caching_from", C.c_int64), ("evaluated", _i), ("valid_loss", C.c_double),
-                ("best", _i)]
+                ("best", _i), ("valid_accuracy", C.c_double)]
 
 
 class TrainerInfo(C.Structure):
@@ -202,4 +206,4 @@ MIRRORS = {"moe_layer_config": LayerConfig, "moe_param_info": ParamInfo, "moe_la
            "moe_engine_config": EngineConfig, "moe_engine_params": EngineParams, "moe_engine_state": EngineState,
            "moe_engine_stats": EngineStats, "moe_train_batch_stats": TrainBatchStats, "moe_train_model": TrainModel,
            "moe_cache_switch": CacheSwitch, "moe_train_adjust": TrainAdjust, "moe_trainer_config": TrainerConfig,
-           "moe_train_step": TrainStep, "moe_trainer_info": TrainerInfo}
+           "moe_train_step": TrainStep, "moe_trainer_info": TrainerInfo, "moe_augment": Augment}

@@ -2,11 +2,15 @@
 `moe train --task lm` makes them, the library's loop) stopped half way and resumed by `moe train
 --resume`, and a `moe train` run resumed by Trainer.resume, log the uninterrupted CLI run's step losses
 and end with its weights, bit for bit (MOE_CLI, which tests/test_python.c sets)."""
+import json
 import os
 import re
+import struct
 import subprocess
 import tempfile
 import unittest
+
+import numpy as np
 
 from common import libmoe, raises
 
@@ -32,12 +36,17 @@ def step_losses(out):
     return re.findall(r'^\{"step": \d+, "loss": ([-+.0-9a-z]+)\}$', out, re.M)
 
 
+def scratch(test, prefix):
+    """MOE_CLI and a new directory; the test skips without MOE_CLI."""
+    cli = os.environ.get("MOE_CLI")
+    if not cli:
+        test.skipTest("MOE_CLI not set (tests/test_python.c sets it)")
+    return cli, tempfile.mkdtemp(prefix=prefix)
+
+
 class TrainerTest(unittest.TestCase):
     def test_python_run_resumes_bit_for_bit_in_moe_train(self):
-        cli = os.environ.get("MOE_CLI")
-        if not cli:
-            self.skipTest("MOE_CLI not set (tests/test_python.c sets it)")
-        d = tempfile.mkdtemp(prefix="libmoe_trainer_")
+        cli, d = scratch(self, "libmoe_trainer_")
         corpus(d)
         full_ck, py_ck = os.path.join(d, "full"), os.path.join(d, "py")
         run = lambda *a: subprocess.run([cli, "train", "--task", "lm", *a], capture_output=True, text=True,
@@ -53,9 +62,11 @@ class TrainerTest(unittest.TestCase):
         tok = libmoe.Tokenizer.train(train_text, 320)
         lm = libmoe.LM.create(tok.vocab_size, 16, layers=1, model=32, heads=2, kv_heads=1, experts=4, hidden=32,
                               seed=1, threads=1)
+        seen = []
         tr = libmoe.Trainer(lm, libmoe.lm_stream(tok, train_text), libmoe.lm_stream(tok, valid_text), tokenizer=tok,
-                            checkpoint=py_ck, stop_after=20, **TINY)
+                            checkpoint=py_ck, stop_after=20, callback=seen.append, **TINY)
         steps = tr.run()
+        self.assertEqual(seen, steps)  # the callback saw every step's numbers
         self.assertEqual([s["step"] for s in steps], list(range(1, 21)))
         self.assertEqual(["%.9g" % s["ce"] for s in steps], want[:20])
         self.assertEqual([s["step"] for s in steps if s["valid_loss"] is not None], [10, 20])
@@ -70,10 +81,7 @@ class TrainerTest(unittest.TestCase):
                 self.assertTrue(a.read() == b.read(), f)
 
     def test_moe_train_run_resumes_bit_for_bit_in_python(self):
-        cli = os.environ.get("MOE_CLI")
-        if not cli:
-            self.skipTest("MOE_CLI not set (tests/test_python.c sets it)")
-        d = tempfile.mkdtemp(prefix="libmoe_trainer_")
+        cli, d = scratch(self, "libmoe_trainer_")
         corpus(d)
         full_ck, half_ck = os.path.join(d, "full"), os.path.join(d, "half")
         run = lambda *a: subprocess.run([cli, "train", "--task", "lm", "--data", d, *TINY_FLAGS, "--json",
@@ -101,3 +109,51 @@ class TrainerTest(unittest.TestCase):
             libmoe.Trainer(lm, ids, ids, stepz=3)
         raises(self, "MOE_ERR_ARG", libmoe.Trainer, lm, ids[:5], ids, context=8, contains="fewer than one window")
         raises(self, "MOE_ERR_ARG", libmoe.Trainer, lm, ids, ids, context=9, contains="max_position_embeddings")
+
+
+def idx_data(d):
+    """train- and t10k- IDX files: 8x8 images, each of 10 classes a noisy bright square at its own place."""
+    rng = np.random.default_rng(5)
+    for split, n in (("train", 256), ("t10k", 64)):
+        labels = rng.integers(0, 10, n).astype(np.uint8)
+        img = rng.integers(0, 60, (n, 8, 8))
+        for i, c in enumerate(labels):
+            img[i, (c // 5) * 4:(c // 5) * 4 + 3, (c % 5):(c % 5) + 3] += 180
+        with open(os.path.join(d, f"{split}-images-idx3-ubyte"), "wb") as f:
+            f.write(struct.pack(">IIII", 0x803, n, 8, 8) + img.astype(np.uint8).tobytes())
+        with open(os.path.join(d, f"{split}-labels-idx1-ubyte"), "wb") as f:
+            f.write(struct.pack(">II", 0x801, n) + labels.tobytes())
+
+
+class ClassifierTrainerTest(unittest.TestCase):
+    def test_python_classifier_run_logs_moe_trains_losses(self):
+        cli, d = scratch(self, "libmoe_cls_")
+        idx_data(d)
+        out = subprocess.run([cli, "train", "--data", d, "--experts", "4", "--top-k", "2", "--hidden", "32", "--model",
+                              "32", "--blocks", "2", "--batch", "32", "--epochs", "3", "--seed", "3", "--lr", "3e-3",
+                              "--threads", "1", "--json", "--log-steps", "--checkpoint", os.path.join(d, "cli.st")],
+                             capture_output=True, text=True, check=True).stdout
+        rows = [json.loads(line) for line in out.splitlines()]
+        want = ["%.9g" % r["loss"] for r in rows if "step" in r and "epoch" not in r]
+        epochs = [r for r in rows if "epoch" in r]
+        self.assertEqual(len(want), 24)
+
+        train, test = libmoe.load_split(d, "train"), libmoe.load_split(d, "t10k")
+        model = libmoe.Model(in_dim=64, classes=10, blocks=2, D=32, H=32, E=4, top_k=2, act="gelu", inner_top_k=1,
+                             threads=1)
+        model.init_params(3)
+        evals = []
+        tr = libmoe.Trainer.classifier(model, train, test, epochs=3, batch=32, seed=3, lr=3e-3,
+                                       checkpoint=os.path.join(d, "py.st"),
+                                       callback=lambda s: s["valid_accuracy"] is not None and evals.append(s))
+        steps = tr.run()
+        self.assertEqual(["%.9g" % s["loss"] for s in steps], want)
+        self.assertEqual([s["step"] for s in evals], [8, 16, 24])
+        self.assertEqual(["%.4f" % s["valid_accuracy"] for s in evals], ["%.4f" % e["test_accuracy"] for e in epochs])
+        for s in evals:
+            self.assertEqual(s["valid_loss"], 1 - s["valid_accuracy"])
+        self.assertGreater(evals[-1]["valid_accuracy"], 0.3)  # 10 classes: chance is 0.1
+        # the checkpoint holds the CLI's weights (its training options, metadata, are the CLI's alone)
+        a, b = libmoe.load_checkpoint(os.path.join(d, "cli.st")), libmoe.load_checkpoint(os.path.join(d, "py.st"))
+        for name, v in a[0].params.items():
+            self.assertTrue(np.array_equal(v, b[0].params[name]), name)

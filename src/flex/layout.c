@@ -7,7 +7,9 @@
 
 #include "flex/wire.h"
 
-moe_status moe__flex_layout_write(const moe_model_t *m, char *buf, size_t n) {
+moe_status moe_flex_layout_write(const moe_model_t *m, char *buf, size_t n) {
+  MOE_TRY(m->cfg.blocks > 0 && moe__flex_of(&m->layers[0]), MOE_ERR_ARG, "replicas: the model's layers have no "
+          "replica slots (replica_slots 0), so no placement");
   const moe__flex_table *t0 = &moe__flex_of(&m->layers[0])->t;
   size_t at = (size_t)snprintf(buf, n, "%dx%d:", t0->W, t0->Ev);
   for (int b = 0; b < m->cfg.blocks && at < n; b++) {

@@ -54,18 +54,10 @@ moe_status moe__flex_reduce_grads(moe_layer_t *l);
 /* held and nh from the table's slots of this rank. */
 void moe__flex_layer_sync_held(moe__flex_layer *f);
 
-/* The placement of m's blocks as text, kept in checkpoints (DESIGN 3.4): "WxE_v:" then each block's
- * slots (rank-major, -1 empty) comma-separated, the blocks separated by '/'. MOE_ERR_ARG naming the
- * size when it does not fit in n characters. */
-moe_status moe__flex_layout_write(const moe_model_t *m, char *buf, size_t n);
-/* m's blocks take the placement of text s (from moe__flex_layout_write) when it is for m's W and E_v;
+/* m's blocks take the placement of text s (from moe_flex_layout_write, moe.h) when it is for m's W and E_v;
  * another W or E_v leaves m's placement alone. MOE_ERR_FORMAT naming `what`
  * and the offending entry when s is malformed or a block's slots break the table's invariants. No
  * exchange: every rank reads the same text. */
 moe_status moe__flex_layout_read(moe_model_t *m, const char *s, const char *what);
-/* The slots per rank a run resumed from checkpoint path on W ranks takes by default: its placement's
- * E_v when W ranks saved it with replicas, so that the run continues with that placement; else one
- * spare slot per rank, E/W + 1. 0 when the file cannot be read (its load says why). */
-int moe__checkpoint_replica_slots(const char *path, int W);
 
 #endif

@@ -158,3 +158,21 @@ void moe_dataset_free(moe_dataset *d) {
   free(d->labels);
   memset(d, 0, sizeof *d);
 }
+
+moe_status moe_dataset_hold_out(moe_dataset *d, int n, moe_dataset *val) {
+  memset(val, 0, sizeof *val);
+  MOE_TRY(n > 0 && n < d->n, MOE_ERR_ARG, "hold out %d: want 1 to %d of the %d samples", n, d->n - 1, d->n);
+  size_t F = (size_t)d->rows * d->cols, first = (size_t)(d->n - n);
+  *val = *d;
+  val->n = n;
+  val->images = malloc((size_t)n * F * sizeof *val->images);
+  val->labels = malloc((size_t)n);
+  if (!val->images || !val->labels) {
+    moe_dataset_free(val);
+    MOE_TRY(0, MOE_ERR_NOMEM, "hold out %d: out of memory for %d x %zu", n, n, F);
+  }
+  memcpy(val->images, d->images + first * F, (size_t)n * F * sizeof *val->images);
+  memcpy(val->labels, d->labels + first, (size_t)n);
+  d->n -= n;
+  return MOE_OK;
+}

@@ -4,7 +4,7 @@
  * on every rank and keeps its own experts, so a run may resume with another number of ranks. With
  * FlexMoE's replicas (DESIGN 3.4) a rank's rows are the experts its slots hold: rank 0 takes each
  * expert from its lowest holder, so the file is the same as without replicas, and the placement goes
- * beside it in __metadata__ train (";replicas=" + moe__flex_layout_write, when there is a training
+ * beside it in __metadata__ train (";replicas=" + moe_flex_layout_write, when there is a training
  * state). A load with replicas on as many ranks with as many slots takes that placement back; with
  * another number of ranks or slots it starts from expert parallelism's blocks. */
 #include <stdio.h>
@@ -236,14 +236,14 @@ static moe_status load_kept(const char *path, const moe_dist *d, int parallel_r,
 
 #define LAYOUT_KEY ";replicas="
 
-/* ts with the placement of m's blocks after its options: LAYOUT_KEY + moe__flex_layout_write. */
+/* ts with the placement of m's blocks after its options: LAYOUT_KEY + moe_flex_layout_write. */
 static moe_status with_layout(const moe_model_t *m, const moe_train_state *ts, moe_train_state *out) {
   *out = *ts;
   size_t at = strlen(out->extra), key = strlen(LAYOUT_KEY);
   MOE_TRY(at + key < sizeof out->extra, MOE_ERR_ARG, "checkpoint: no room for the replica placement after the "
           "training options (%zu characters)", at);
   memcpy(out->extra + at, LAYOUT_KEY, key + 1);
-  return moe__flex_layout_write(m, out->extra + at + key, sizeof out->extra - at - key);
+  return moe_flex_layout_write(m, out->extra + at + key, sizeof out->extra - at - key);
 }
 
 /* The placement a checkpoint keeps, cut from ts's options into layout (room for them); NULL when none. */
@@ -255,7 +255,7 @@ static const char *take_layout(moe_train_state *ts, char *layout) {
   return layout;
 }
 
-int moe__checkpoint_replica_slots(const char *path, int W) {
+int moe_checkpoint_replica_slots(const char *path, int W) {
   moe_st *f;
   if (moe_st_open_lazy(&f, path) != MOE_OK) return 0;
   const char *e = moe_st_meta(f, "E"), *train = moe_st_meta(f, "train");

@@ -6,6 +6,7 @@
  * all-reduce), averaged over the ranks; the median where it is work (the machine's load shows in the
  * rates as it does in a step), the fastest for the exchange's latency (a median of a 1 KiB exchange
  * on loaded cores times the scheduler, not the link). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -190,5 +191,21 @@ moe_status moe_sim_calibrate(const moe_dist *d, int threads, moe_sim_machine *ou
   MOE_CHECK(moe__sim_calibrate(d, threads, &c));
   *out = (moe_sim_machine){.devices = c.dpn, .gemm_flops = c.gemm_flops, .gemm_half_rows = c.half_rows,
                            .bw = c.intra_bw, .lat = c.intra_lat};
+  return MOE_OK;
+}
+
+moe_status moe_sim_calibrate_config(const moe_dist *d, int threads, char *buf, size_t n) {
+  moe_sim_config m;
+  MOE_CHECK(moe__sim_calibrate(d, threads, &m));
+  int len = snprintf(buf, n,
+                     "{\"nodes\": 1, \"devices_per_node\": %d, \"intra_bw\": %.6g, \"intra_lat\": %.6g,\n"
+                     " \"gemm_flops\": %.6g, \"gemm_half_rows\": %.4g, \"gemm_nt_flops\": %.6g, \"gemm_nt_half_rows\": %.4g,\n"
+                     " \"gemm_tn_flops\": %.6g, \"gemm_tn_half_rows\": %.4g, \"mem_bw\": %.6g,\n"
+                     " \"tokens\": %d, \"d_model\": 512, \"hidden\": 2048, \"experts\": 8, \"top_k\": 2, "
+                     "\"capacity_factor\": 1.25}\n",
+                     m.dpn, m.intra_bw, m.intra_lat, m.gemm_flops, m.half_rows, m.nt.flops, m.nt.half_rows, m.tn.flops,
+                     m.tn.half_rows, m.mem_bw, 2048 / moe_dist_size(d));
+  MOE_TRY(len >= 0 && (size_t)len < n, MOE_ERR_ARG, "sim_calibrate: the config takes %d characters, room for %zu",
+          len, n);
   return MOE_OK;
 }

@@ -47,11 +47,12 @@ static double layer_step(const moe_sim_config *c, const int32_t *tok, int64_t mi
   return side + t;
 }
 
-moe_status moe__sim_serve(const moe_sim_config *c, const moe_trace *t, moe__sim_serve_result *r) {
+static moe_status serve_trace(const moe_sim_config *c, const moe_trace *t, moe_sim_serve_result *r) {
   MOE_TRY(t->experts == c->E, MOE_ERR_ARG, "simulator: the trace has %d experts, the config %d", t->experts, c->E);
   MOE_TRY(t->steps <= MOE__SIM_SERVE_MAX_STEPS, MOE_ERR_ARG, "simulator: the trace has %lld steps, at most %d are "
           "simulated", (long long)t->steps, MOE__SIM_SERVE_MAX_STEPS);
-  *r = (moe__sim_serve_result){.steps = t->steps, .layers = t->layers};
+  *r = (moe_sim_serve_result){.steps = t->steps, .layers = t->layers, .cache_experts = c->cache_k,
+                              .cache_policy = moe_cache_policy_name(c->cache_policy)};
   int64_t *miss = calloc((size_t)t->steps * t->layers + 1, sizeof *miss);
   MOE_TRY(miss, MOE_ERR_NOMEM, "simulator: misses of %lld steps", (long long)t->steps);
   moe_status st = MOE_OK;
@@ -79,4 +80,15 @@ moe_status moe__sim_serve(const moe_sim_config *c, const moe_trace *t, moe__sim_
   r->token_s = r->tokens ? total / (double)r->tokens : 0;
   r->fetch_s = (double)r->misses * fetch_one;
   return MOE_OK;
+}
+
+int moe_sim_config_serves(const moe_sim_config *c) { return c->serve_trace != NULL; }
+
+moe_status moe_sim_serve(const moe_sim_config *c, moe_sim_serve_result *r) {
+  MOE_TRY(c->serve_trace, MOE_ERR_ARG, "simulator: the config has no \"serve_trace\" to serve");
+  moe_trace t = {0};
+  moe_status st = moe_trace_load(&t, c->serve_trace, c->E);
+  if (st == MOE_OK) st = serve_trace(c, &t, r);
+  moe_trace_free(&t);
+  return st;
 }

@@ -95,18 +95,8 @@ double moe__sim_router_s(const moe_sim_config *c);
  * intra_bw and intra_lat of the exchange among d's ranks on one node. Every rank calls it. */
 moe_status moe__sim_calibrate(const moe_dist *d, int threads, moe_sim_config *c);
 
-/* A serving run (serve.c): the trace's decode steps on one device with the config's expert cache. */
-#define MOE__SIM_SERVE_MAX_STEPS 16384 /* the per-step misses cost steps^2 / 2 steps of moe_cachesim */
-typedef struct {
-  int64_t steps, tokens, accesses, misses; /* tokens: of every step, through its first layer's router */
-  int layers;
-  double hit_rate;     /* 1 - misses / accesses */
-  double time_s;       /* the run: every layer of every step, one after another */
-  double token_s;      /* time_s / tokens */
-  double fetch_s;      /* the misses' reads at fetch_bw */
-  double fetch_wait_s; /* what of them the compute waited for (the rest ran beside the hits) */
-} moe__sim_serve_result;
-moe_status moe__sim_serve(const moe_sim_config *c, const moe_trace *t, moe__sim_serve_result *r);
+#define MOE__SIM_SERVE_MAX_STEPS 16384 /* a serving run's (moe_sim_serve): the per-step misses cost steps^2 / 2
+                                           steps of moe_cachesim */
 
 /* The largest device's high-water mark in bytes: pipe_model.h's states (Eq. 1, `local` experts) and
  * pools for the rows it receives, in n micro-batches under the config's reuse. */

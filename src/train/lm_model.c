@@ -75,8 +75,9 @@ static moe_status lm_backward(void *self, moe_train_batch_stats *st) {
 
 static void lm_params_changed(void *self) { moe_lm_params_changed(((lm_task *)self)->m); }
 
-static moe_status lm_evaluate(void *self, double *loss) {
+static moe_status lm_evaluate(void *self, double *loss, double *accuracy) {
   lm_task *k = self;
+  (void)accuracy; /* none */
   return moe_lm_eval_windows(k->m, k->valid, k->n_valid, k->T, k->B, k->eval_windows, loss);
 }
 

@@ -48,15 +48,15 @@ moe_status moe_trainer_new(moe_trainer **out, const moe_trainer_config *c, moe_t
     st = moe__error(MOE_ERR_ARG, __FILE__, __LINE__,
                     "trainer: steps %d, eval_every %d, lr %g, time_budget %g, stop_after %d out of range", c->steps,
                     c->eval_every, (double)c->lr, (double)c->time_budget, c->stop_after);
-  if (st == MOE_OK && ((c->checkpoint && (!t->model.save || !t->model.gather)) || (c->keep_best && !t->model.save)))
+  const moe_train_model *m = &t->model;
+  if (st == MOE_OK && ((c->checkpoint && !m->checkpoint && (!m->save || !m->gather)) || (c->keep_best && !m->save)))
     st = moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "trainer: a checkpoint or keep_best directory needs the "
-                    "model's save and gather");
+                    "model's save and gather (or its own checkpoint)");
   if (st == MOE_OK) st = moe_optim_init_n(&t->opt, &c->optim, t->model.numel);
   if (st == MOE_OK && c->on_nan == MOE_ON_NAN_SKIP &&
       !(t->copy = malloc(t->model.numel * (1 + (t->opt.m != NULL) + (t->opt.v != NULL)) * sizeof *t->copy)))
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "trainer: out of memory for the skip-step copy of %zu "
                     "parameters", t->model.numel);
-  const moe_train_model *m = &t->model;
   moe__train_blocks b = {m->moe_layers, m->n_moe_layers, m->layer, m->layer_stats, m->self};
   const moe_train_adjust *a = &c->adjust;
   if (st == MOE_OK && (a->dynamic_capacity || a->cache_assignments) && (!m->moe_layers || !m->layer_stats))
@@ -101,7 +101,10 @@ void moe_trainer_get_info(const moe_trainer *t, moe_trainer_info *out) {
   *out = (moe_trainer_info){t->step, t->last, t->skipped, t->train_s, t->best};
 }
 
-moe_status moe_trainer_evaluate(moe_trainer *t, double *loss) { return t->model.evaluate(t->model.self, loss); }
+moe_status moe_trainer_evaluate(moe_trainer *t, double *loss) {
+  double acc;
+  return t->model.evaluate(t->model.self, loss, &acc);
+}
 
 /* Copies the parameters (ref by ref) and Adam's state to (save) or from the skip-step copy. */
 static void transfer(moe_trainer *t, int save) {
@@ -150,8 +153,10 @@ static moe_status update(moe_trainer *t, float lr, int *skipped) {
   moe_train_model *m = &t->model;
   *skipped = 0;
   if (t->cfg.on_nan != MOE_ON_NAN_SKIP) return model_update(t, lr);
-  int ok = 1;
-  for (int i = 0; !m->update && i < m->nrefs && ok; i++) ok = all_finite(m->refs[i].grad, m->refs[i].numel);
+  int ok = 1, i = 0;
+  for (; !m->update && i < m->nrefs && ok; i++) ok = all_finite(m->refs[i].grad, m->refs[i].numel);
+  if (!ok) moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "step %lld: the gradient of %s is not finite",
+                      (long long)t->step + 1, m->refs[i - 1].name);
   if (!m->update) MOE_CHECK(every_rank(m->dist, &ok));
   if (!ok) return *skipped = 1, MOE_OK;
   transfer(t, 1);
@@ -161,6 +166,8 @@ static moe_status update(moe_trainer *t, float lr, int *skipped) {
   for (int i = 0; !m->update && i < m->nrefs && ok; i++) ok = all_finite(m->refs[i].data, m->refs[i].numel);
   if (!m->update && ok && t->opt.m) ok = all_finite(t->opt.m, m->numel);
   if (!m->update && ok && t->opt.v) ok = all_finite(t->opt.v, m->numel);
+  if (!m->update && !ok) moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "step %lld: the update left a parameter or "
+                                    "Adam's state not finite (undone)", (long long)t->step + 1);
   if (!m->update) MOE_CHECK(every_rank(m->dist, &ok));
   if (!ok) {
     transfer(t, 0);
@@ -192,7 +199,7 @@ static moe_status settled(const moe_dist *d, moe_status st, const char *what, co
 static moe_status evaluate_and_save(moe_trainer *t, moe_train_step *s) {
   const moe_trainer_config *c = &t->cfg;
   s->evaluated = 1;
-  MOE_CHECK(t->model.evaluate(t->model.self, &s->valid_loss));
+  MOE_CHECK(t->model.evaluate(t->model.self, &s->valid_loss, &s->valid_accuracy));
   s->best = s->valid_loss < t->best;
   if (c->on_eval) MOE_CHECK(c->on_eval(c->ctx, s));
   if (c->checkpoint) MOE_CHECK(settled(t->model.dist, moe_trainer_save(t, c->checkpoint), "checkpoint", c->checkpoint));
@@ -209,7 +216,7 @@ moe_status moe_trainer_step(moe_trainer *t, moe_train_step *out) {
   const moe_trainer_config *c = &t->cfg;
   moe_train_model *m = &t->model;
   memset(s, 0, sizeof *s);
-  s->valid_loss = NAN;
+  s->valid_loss = s->valid_accuracy = NAN;
   MOE_TRY(!moe_trainer_done(t), MOE_ERR_STATE, "trainer: training is over (step %lld of %lld)",
           (long long)t->step, (long long)t->last);
   int64_t step = t->step; /* 0-based */

@@ -115,6 +115,7 @@ moe_status moe_trainer_resume(moe_trainer *t, const char *dir) {
 moe_status moe_trainer_save(moe_trainer *t, const char *dir) {
   char path[4096], buf[32], opts[1024];
   const moe_train_model *m = &t->model;
+  if (m->checkpoint) return m->checkpoint(m->self, dir, &t->opt, t->step);
   MOE_TRY(m->save && m->gather, MOE_ERR_ARG, "trainer: a checkpoint in %s needs the model's save and gather", dir);
   int writer = moe_dist_rank(m->dist) == 0;
   moe_status st = m->save(m->self, dir);

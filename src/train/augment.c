@@ -1,9 +1,9 @@
 /* See augment.h. */
 #include <math.h>
 
-#include "augment.h"
+#include "train/augment.h"
 
-void augment_warp(const float *src, float *dst, int R, int C, double deg, double zoom, int dy, int dx) {
+void moe__augment_warp(const float *src, float *dst, int R, int C, double deg, double zoom, int dy, int dx) {
   double a = deg * 3.14159265358979323846 / 180.0, cs = cos(a) / zoom, sn = sin(a) / zoom;
   double cy = (R - 1) * 0.5, cx = (C - 1) * 0.5;
   for (int r = 0; r < R; r++)
