@@ -235,21 +235,34 @@ AVX2 static void mxfp4_avx2(const void *w, const void *a, size_t astride, int nr
   b32_avx2(B_MXFP4, MX_BYTES, w, a, astride, nr, n, out);
 }
 
-/* AVX2 and F16C (CPUID leaf 1, ECX bit 29: clang's __builtin_cpu_supports has no "f16c"). */
-static int cpu_avx2(void) {
+/* AVX2 and F16C (CPUID leaf 1, ECX bit 29: clang's __builtin_cpu_supports has no "f16c"). Asked once:
+ * CPUID exits to the hypervisor in a VM, tens of microseconds each, and callers ask per matrix. */
+static int cpu_avx2_ask(void) {
   unsigned a, b, c, d;
   return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+}
+
+static int cpu_avx2(void) {
+  static int has = -1; /* a race writes the same value */
+  if (has < 0) has = cpu_avx2_ask();
+  return has;
 }
 
 /* AVX-512 F, BW, VL (CPUID leaf 7 EBX bits 16, 30, 31) and VNNI (ECX bit 11), with the OS saving the
  * registers (OSXSAVE, then XCR0's SSE, AVX, opmask and both ZMM parts): by CPUID, as clang's
  * __builtin_cpu_supports lacks some of these names. */
-static int cpu_avx512(void) {
+static int cpu_avx512_ask(void) {
   unsigned a, b, c, d, lo, hi;
   if (!cpu_avx2() || !__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return 0;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || (b & 0xc0010000u) != 0xc0010000u || !(c >> 11 & 1)) return 0;
   __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   return (lo & 0xe6) == 0xe6;
+}
+
+static int cpu_avx512(void) {
+  static int has = -1;
+  if (has < 0) has = cpu_avx512_ask();
+  return has;
 }
 #else
 static int cpu_avx2(void) { return 0; }
