@@ -5,7 +5,7 @@
 # Prints a table row per model: the medians in MB/s, their ratio, and whether the ids counts agree.
 # usage: bench/tokenizer_speed.sh NODE_MODULES_PARENT [TEXT] [RUNS]
 #   NODE_MODULES_PARENT: a directory where `npm install @lenml/tokenizers@3.7.2` was run
-#   TEXT: default the first 2 MB of data/brown/test.txt (scripts/get-brown.sh)
+#   TEXT: default data/brown/test.txt, its first 2 MB at most (scripts/get-brown.sh)
 set -e
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 NPM=${1:?usage: bench/tokenizer_speed.sh NODE_MODULES_PARENT [TEXT] [RUNS]}
