@@ -115,30 +115,30 @@ static char *new_text(reply *p, int n) {
 
 /* A token's text for logprobs: its bytes, those that are not UTF-8 as U+FFFD (malloc'd), or its id. */
 /* A token's text: what token t adds to the decoded text after token prev (-1: at the start), as decoding
- * [prev, t] beside [prev] tells it (SentencePiece's "\u2581the" is " the", byte fallback's <0x0A> a newline,
- * byte-level BPE's its bytes); the text of t alone when a decoder changed prev's. raw: those bytes (a
- * character split over tokens comes in pieces), text: them as UTF-8 (U+FFFD for such pieces), both
- * malloc'd. Without a tokenizer the id, as moe generate prints it. 0 when out of memory. */
+ * [prev, t] beside [prev] (its text `before`, nb bytes, decoded once for the token and its alternatives)
+ * tells it (SentencePiece's "\u2581the" is " the", byte fallback's <0x0A> a newline, byte-level BPE's its
+ * bytes); the text of t alone when a decoder changed prev's. raw: those bytes (a character split over
+ * tokens comes in pieces), text: them as UTF-8 (U+FFFD for such pieces), both malloc'd. Without a
+ * tokenizer the id, as moe generate prints it. 0 when out of memory. */
 typedef struct {
   char *raw, *text;
   size_t n; /* raw's bytes */
 } token_piece;
 
-static int token_piece_of(const serve_http *h, int32_t prev, int32_t t, token_piece *out) {
+static int token_piece_of(const serve_http *h, const char *before, size_t nb, int32_t prev, int32_t t, token_piece *out) {
   memset(out, 0, sizeof *out);
-  char *a = NULL, *b = NULL;
-  size_t na = 0, nb = 0;
+  char *b = NULL;
+  size_t n = 0;
   int32_t ids[2] = {prev, t};
   if (!h->tok) {
     if (!(out->raw = malloc(16))) return 0;
     out->n = (size_t)snprintf(out->raw, 16, "%d", t);
-  } else if (prev >= 0 && moe_tokenizer_decode_alloc(h->tok, ids, 1, &a, &na) == MOE_OK &&
-             moe_tokenizer_decode_alloc(h->tok, ids, 2, &b, &nb) == MOE_OK && nb >= na && !memcmp(a, b, na)) {
-    if ((out->raw = malloc(nb - na + 1))) memcpy(out->raw, b + na, nb - na), out->n = nb - na;
-  } else if (moe_tokenizer_decode_alloc(h->tok, &t, 1, &b, &nb) == MOE_OK) {
-    out->raw = b, out->n = nb, b = NULL;
+  } else if (before && moe_tokenizer_decode_alloc(h->tok, ids, 2, &b, &n) == MOE_OK && n >= nb && !memcmp(before, b, nb)) {
+    if ((out->raw = malloc(n - nb + 1))) memcpy(out->raw, b + nb, n - nb), out->n = n - nb;
+  } else if (moe_tokenizer_decode_alloc(h->tok, &t, 1, &out->raw, &out->n) != MOE_OK) {
+    out->raw = NULL;
   }
-  free(a), free(b);
+  free(b);
   out->text = out->raw ? malloc(3 * out->n + 1) : NULL;
   if (!out->text) return free(out->raw), out->raw = NULL, 0;
   moe_utf8_clean(out->raw, out->n, out->text);
@@ -187,10 +187,13 @@ typedef struct {
 static int add_entry(const reply *p, lp_arrays *a, int32_t prev, int32_t t, float lp, const int32_t *ids,
                      const float *alt, int n_top) {
   token_piece tt, s;
+  char *before = NULL; /* prev's text, for the token and its alternatives */
+  size_t nb = 0;
+  if (p->h->tok && prev >= 0 && moe_tokenizer_decode_alloc(p->h->tok, &prev, 1, &before, &nb) != MOE_OK) before = NULL;
   cJSON *top = isnan(lp) ? cJSON_CreateNull() : p->chat ? cJSON_CreateArray() : cJSON_CreateObject();
-  int ok = token_piece_of(p->h, prev, t, &tt) && top;
+  int ok = token_piece_of(p->h, before, nb, prev, t, &tt) && top;
   for (int j = 0; ok && !isnan(lp) && j < n_top; j++) {
-    if (!token_piece_of(p->h, prev, ids[j], &s)) ok = 0;
+    if (!token_piece_of(p->h, before, nb, prev, ids[j], &s)) ok = 0;
     else if (p->chat) {
       cJSON *e = cJSON_CreateObject();
       cJSON_AddStringToObject(e, "token", s.text);
@@ -217,6 +220,7 @@ static int add_entry(const reply *p, lp_arrays *a, int32_t prev, int32_t t, floa
   }
   cJSON_Delete(top);
   token_piece_free(&tt);
+  free(before);
   return ok;
 }
 
