@@ -3,14 +3,17 @@
  * a quantized weight row with such activations, each in a scalar and an AVX2 version chosen at run time
  * by the CPU's features.
  *
- * Every dot product sums each block's integer products exactly (in int32: no value or byte pattern
- * overflows it) and adds the blocks' scaled sums into one float accumulator in block order, each
- * product and sum a separate rounding (no fused multiply-add; separate statements, so that no
- * compiler contracts them): so the versions give the same bits, and a row's result does not depend on
- * how many rows a call computes with it. Per block, with dw the weight's scales, da the activation's:
- *   Q8_0, Q4_0, MXFP4:  acc += (float)isum * (dw * da)   (MXFP4: isum over the doubled e2m1 values,
- *                dw = 2^(e - 128))
- *   Q4_K, Q5_K:  acc += (d * da) * (float)isum;  acc -= (dmin * da) * (float)msum
+ * Every dot product sums integer products exactly (in int32: no value or byte pattern overflows it)
+ * and then follows a fixed order of float steps, each product and sum a separate rounding (no fused
+ * multiply-add; separate statements, so that no compiler contracts them): so the versions give the
+ * same bits, and a row's result does not depend on how many rows a call computes with it. With dw
+ * the weight block's scales and da the activation block's:
+ *   Q8_0, Q4_0, MXFP4 (32-value blocks): sixteen float lanes, as a 512-bit vector holds them; group k
+ *                of block b (its values 4k..4k+3, whose products a vpdpbusd lane sums) adds to lane
+ *                8 (b % 2) + k:  lane += (float)g * (dw * da); the lanes summed by moe__lanes16_sum.
+ *                (MXFP4: g over the doubled e2m1 values, dw = 2^(e - 128).) No horizontal sum per
+ *                block and no chain of one add per block: the vector versions keep the lanes.
+ *   Q4_K, Q5_K:  one accumulator in block order: acc += (d * da) * (float)isum;  acc -= (dmin * da) * (float)msum
  *                (isum = sum over sub-blocks of scale_j * q.a, msum = sum of min_j * the a's sums)
  *   Q6_K:        acc += (d * da) * (float)isum   (isum = sum of scale_j * (q.a - 32 * a's sum)) */
 #ifndef MOE_QUANT_H
@@ -39,9 +42,19 @@ static inline float moe__half(uint16_t h) {
 float moe__f16_to_f32(uint16_t h);
 uint16_t moe__f32_to_f16(float f);
 
-/* The dot product of two Q8_0 rows of n values (n a multiple of 32), any bytes: per block, the exact
- * integer sum of the products times d_a * d_b, summed in block order; both versions give the same
- * bits. moe__dot_q8_0 is the AVX2 one when the CPU has AVX2 (moe__dot_q8_0_avx2 returns 0 when not
+/* The 32-value block types, and the sum of their sixteen lanes (quant.h's order above): lanes k and
+ * k + 8, then those sums' k and k + 4, then k and k + 2, then the two (a 512-bit vector's halving). */
+enum { MOE__B32_Q8_0, MOE__B32_Q4_0, MOE__B32_MXFP4 };
+static inline float moe__lanes16_sum(const float l[16]) {
+  float s[8], t[4], u[2];
+  for (int k = 0; k < 8; k++) s[k] = l[k] + l[k + 8];
+  for (int k = 0; k < 4; k++) t[k] = s[k] + s[k + 4];
+  for (int k = 0; k < 2; k++) u[k] = t[k] + t[k + 2];
+  return u[0] + u[1];
+}
+
+/* The dot product of two Q8_0 rows of n values (n a multiple of 32), any bytes, in the order above; both versions give the
+ * same bits. moe__dot_q8_0 is the AVX2 one when the CPU has AVX2 (moe__dot_q8_0_avx2 returns 0 when not
  * built for x86-64: ask moe__dot_q8_0_has_avx2 first). */
 float moe__dot_q8_0(const void *a, const void *b, int64_t n);
 float moe__dot_q8_0_scalar(const void *a, const void *b, int64_t n);
@@ -80,23 +93,6 @@ typedef struct {
   int8_t q[256];
   int16_t sums[16];
 } moe__q8k;
-
-/* The K-quants' per-block float steps, every version's (each rounding on its own; dw, dmw: the block's
- * f16 d, dmin; da: the activations' d): acc + (dw * da) isum - (dmw * da) msum, and acc + (dw * da) isum. */
-static inline float moe__q4k_add(float acc, float dw, float dmw, float da, int32_t isum, int32_t msum) {
-  float d = dw * da, dm = dmw * da;
-  float t = d * (float)isum;
-  acc += t;
-  float u = dm * (float)msum;
-  acc -= u;
-  return acc;
-}
-static inline float moe__q6k_add(float acc, float dw, float da, int32_t isum) {
-  float d = dw * da;
-  float t = d * (float)isum;
-  acc += t;
-  return acc;
-}
 
 /* The weight types with dot products here (Q8_0, Q4_0, MXFP4, Q4_K, Q5_K, Q6_K). */
 int moe__qdot_has(moe_gguf_type w);

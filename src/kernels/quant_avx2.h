@@ -1,6 +1,5 @@
 /* What the quantized dot products' AVX2 versions share (quant_dot.c, quant_dot_k.c; the AVX-512 ones in
- * quant_dot_avx512.c use them too): the target attribute, an f16 scale through F16C, a horizontal sum,
- * and Q4_K's mins. Defines HAVE_X86 where they exist. */
+ * quant_dot_avx512.c use them too): the target attribute, an f16 scale through F16C and Q4_K's mins. Defines HAVE_X86 where they exist. */
 #ifndef MOE_QUANT_AVX2_H
 #define MOE_QUANT_AVX2_H
 
@@ -20,23 +19,21 @@ AVX2 static inline float moe__half_avx(const uint8_t *p) {
   return _cvtsh_ss(h);
 }
 
-AVX2 static inline int32_t moe__hsum_i32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-  return _mm_cvtsi128_si32(s);
+/* A Q4_K / Q5_K block b's eight scales (bytes 0-7) and mins (8-15), unpacked in registers as
+ * moe__k4_scales does (through memory, byte stores reloaded wider would stall); and its mins each twice
+ * as int16 lanes, against which the activations' 16 sums give by madd min_j (s_2j + s_2j+1) in lane j:
+ * moe__k4_msum8. */
+AVX2 static inline __m128i moe__k4_scales_v(const uint8_t *b) {
+  uint32_t a = moe__le32(b + 4), m = moe__le32(b + 8), c = moe__le32(b + 12);
+  return _mm_setr_epi32((int)(a & 0x3f3f3f3fu), (int)((c & 0x0f0f0f0fu) | ((a >> 6) & 0x03030303u) << 4),
+                        (int)(m & 0x3f3f3f3fu), (int)(((c >> 4) & 0x0f0f0f0fu) | ((m >> 6) & 0x03030303u) << 4));
 }
-
-/* A Q4_K / Q5_K block b's scales into sc, and its mins each twice as int16 lanes, against which the
- * activations' 16 sums give by madd min_j (s_2j + s_2j+1): moe__k4_msum. */
-AVX2 static inline __m256i moe__k4_mins(const uint8_t *b, uint8_t sc[8]) {
-  uint8_t mn[8];
-  moe__k4_scales(b + 4, sc, mn);
-  const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)mn), dup));
+AVX2 static inline __m256i moe__k4_mins(__m128i scales_mins) {
+  const __m128i dup = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+  return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(scales_mins, dup));
 }
-AVX2 static inline int32_t moe__k4_msum(const moe__q8k *y, __m256i mins) {
-  return moe__hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->sums), mins));
+AVX2 static inline __m256i moe__k4_msum8(const moe__q8k *y, __m256i mins) {
+  return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->sums), mins);
 }
 #endif
 

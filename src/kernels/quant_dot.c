@@ -103,52 +103,47 @@ void moe__act_dequantize(moe_gguf_type w, const void *a, float *x, int64_t n) {
 
 /* ---------------------------------------------------------------- scalar */
 
-static void q8_0_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+/* A 32-value block's weights as int8: Q8_0's as they lie, Q4_0's nibbles less 8 (values 0-15 the low
+ * nibbles, 16-31 the high), MXFP4's doubled e2m1 values; and its scale. */
+static void b32_values(int kind, const uint8_t *x, int8_t v[32]) {
+  for (int j = 0; j < 16; j++) {
+    if (kind == MOE__B32_Q8_0) v[j] = (int8_t)x[2 + j], v[16 + j] = (int8_t)x[18 + j];
+    else if (kind == MOE__B32_Q4_0) v[j] = (int8_t)((x[2 + j] & 15) - 8), v[16 + j] = (int8_t)((x[2 + j] >> 4) - 8);
+    else v[j] = moe__fp4_x2[x[1 + j] & 15], v[16 + j] = moe__fp4_x2[x[1 + j] >> 4];
+  }
+}
+
+static float b32_scale(int kind, const uint8_t *x) { return kind == MOE__B32_MXFP4 ? moe__e8m0_half(x[0]) : scale_of(x); }
+
+static void b32_scalar(int kind, size_t wb, const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
   for (int r = 0; r < nr; r++) {
     const uint8_t *x = w, *y = (const uint8_t *)a + r * astride;
-    float acc = 0;
-    for (int64_t i = 0; i < n / 32; i++, x += Q8_BYTES, y += Q8_BYTES) {
-      int32_t s = 0;
-      for (int j = 0; j < 32; j++) s += (int32_t)(int8_t)x[2 + j] * (int8_t)y[2 + j];
-      float d = scale_of(x) * scale_of(y);
-      float t = (float)s * d; /* a statement of its own: never fused with the sum */
-      acc += t;
+    float lane[16] = {0};
+    for (int64_t i = 0; i < n / 32; i++, x += wb, y += Q8_BYTES) {
+      int8_t v[32];
+      b32_values(kind, x, v);
+      float d = b32_scale(kind, x) * scale_of(y);
+      for (int k = 0; k < 8; k++) {
+        int32_t g = 0;
+        for (int j = 4 * k; j < 4 * k + 4; j++) g += (int32_t)v[j] * (int8_t)y[2 + j];
+        float t = (float)g * d; /* a statement of its own: never fused with the sum */
+        lane[8 * (i % 2) + k] += t;
+      }
     }
-    out[r] = acc;
+    out[r] = moe__lanes16_sum(lane);
   }
+}
+
+static void q8_0_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  b32_scalar(MOE__B32_Q8_0, Q8_BYTES, w, a, astride, nr, n, out);
 }
 
 static void q4_0_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  for (int r = 0; r < nr; r++) {
-    const uint8_t *x = w, *y = (const uint8_t *)a + r * astride;
-    float acc = 0;
-    for (int64_t i = 0; i < n / 32; i++, x += Q4_BYTES, y += Q8_BYTES) {
-      int32_t s = 0;
-      for (int j = 0; j < 16; j++)
-        s += ((x[2 + j] & 15) - 8) * (int8_t)y[2 + j] + ((x[2 + j] >> 4) - 8) * (int8_t)y[18 + j];
-      float d = scale_of(x) * scale_of(y);
-      float t = (float)s * d; /* a statement of its own: never fused with the sum */
-      acc += t;
-    }
-    out[r] = acc;
-  }
+  b32_scalar(MOE__B32_Q4_0, Q4_BYTES, w, a, astride, nr, n, out);
 }
 
-/* MXFP4: the doubled e2m1 values are integers (|v| <= 12), the scale 2^(e - 128). */
 static void mxfp4_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  for (int r = 0; r < nr; r++) {
-    const uint8_t *x = w, *y = (const uint8_t *)a + r * astride;
-    float acc = 0;
-    for (int64_t i = 0; i < n / 32; i++, x += MX_BYTES, y += Q8_BYTES) {
-      int32_t s = 0;
-      for (int j = 0; j < 16; j++)
-        s += moe__fp4_x2[x[1 + j] & 15] * (int8_t)y[2 + j] + moe__fp4_x2[x[1 + j] >> 4] * (int8_t)y[18 + j];
-      float d = moe__e8m0_half(x[0]) * scale_of(y);
-      float t = (float)s * d;
-      acc += t;
-    }
-    out[r] = acc;
-  }
+  b32_scalar(MOE__B32_MXFP4, MX_BYTES, w, a, astride, nr, n, out);
 }
 
 /* ---------------------------------------------------------------- AVX2 */
@@ -157,13 +152,11 @@ static void mxfp4_scalar(const void *w, const void *a, size_t astride, int nr, i
 
 /* The 32-value blocks (Q8_0, Q4_0, MXFP4 weights; Q8_0 activations): a block's 32 weight values as
  * int8 in one vector, and its scale. */
-enum { B_Q8_0, B_Q4_0, B_MXFP4 };
-
 AVX2 static inline __m256i block_values(int kind, const uint8_t *x) {
-  if (kind == B_Q8_0) return _mm256_loadu_si256((const __m256i *)(x + 2));
-  __m128i q = _mm_loadu_si128((const __m128i *)(x + (kind == B_MXFP4 ? 1 : 2))), lo4 = _mm_set1_epi8(15);
+  if (kind == MOE__B32_Q8_0) return _mm256_loadu_si256((const __m256i *)(x + 2));
+  __m128i q = _mm_loadu_si128((const __m128i *)(x + (kind == MOE__B32_MXFP4 ? 1 : 2))), lo4 = _mm_set1_epi8(15);
   __m128i lo = _mm_and_si128(q, lo4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), lo4); /* values 0-15, 16-31 */
-  if (kind == B_MXFP4) { /* the doubled e2m1 values by table */
+  if (kind == MOE__B32_MXFP4) { /* the doubled e2m1 values by table */
     __m128i table = _mm_loadu_si128((const __m128i *)moe__fp4_x2);
     return _mm256_set_m128i(_mm_shuffle_epi8(table, hi), _mm_shuffle_epi8(table, lo));
   }
@@ -171,68 +164,55 @@ AVX2 static inline __m256i block_values(int kind, const uint8_t *x) {
 }
 
 AVX2 static inline float block_scale(int kind, const uint8_t *x) {
-  return kind == B_MXFP4 ? moe__e8m0_half(x[0]) : moe__half_avx(x);
+  return kind == MOE__B32_MXFP4 ? moe__e8m0_half(x[0]) : moe__half_avx(x);
 }
 
-/* The exact int32 lanes of a block's products: weights v (int8) with the activation block at y, both
- * widened to int16 (any bytes, -128 included: madd's pair sums are at most 2 * 128 * 128). */
-AVX2 static inline __m256i block_products(__m256i v, const uint8_t *y) {
-  __m256i v0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), v1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+/* The block's eight group sums (values 4k..4k + 3), exact for any bytes (both sides widened to int16,
+ * madd's pairs then hadd's), in the lane order g0 g1 g4 g5 g2 g3 g6 g7; v0, v1: the weights' values
+ * 0-15 and 16-31 as int16. */
+AVX2 static inline __m256i block_groups(__m256i v0, __m256i v1, const uint8_t *y) {
   __m256i y0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y + 2)));
   __m256i y1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y + 18)));
-  return _mm256_add_epi32(_mm256_madd_epi16(v0, y0), _mm256_madd_epi16(v1, y1));
+  return _mm256_hadd_epi32(_mm256_madd_epi16(v0, y0), _mm256_madd_epi16(v1, y1));
 }
 
-/* Four blocks at a time: their four integer sums reduced together (hadd), the four (float)isum *
- * (dw * da) products made side by side (each lane the scalar version's operations, so its bits), then
- * added to the accumulator one after the other in block order; the last blocks one at a time. */
+/* Sixteen lanes a row as two 8-lane vectors, even blocks' and odd blocks' (in block_groups' order, put
+ * back in group order for the final sum). */
 AVX2 static inline void b32_avx2(int kind, size_t wb, const void *w, const void *a, size_t astride, int nr, int64_t n,
                                  float *out) {
-  float acc[MOE__QDOT_ROWS] = {0};
+  __m256 acc[MOE__QDOT_ROWS][2];
+  for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const uint8_t *x = w, *y = a;
-  int64_t nb = n / 32, i = 0;
-  for (; i + 4 <= nb; i += 4, x += 4 * wb, y += 4 * Q8_BYTES) {
-    __m256i v[4];
-    for (int b = 0; b < 4; b++) v[b] = block_values(kind, x + b * wb);
-    __m128 dw = _mm_setr_ps(block_scale(kind, x), block_scale(kind, x + wb), block_scale(kind, x + 2 * wb),
-                            block_scale(kind, x + 3 * wb));
-    for (int r = 0; r < nr; r++) {
-      const uint8_t *yr = y + r * astride;
-      __m256i p01 = _mm256_hadd_epi32(block_products(v[0], yr), block_products(v[1], yr + Q8_BYTES));
-      __m256i p23 = _mm256_hadd_epi32(block_products(v[2], yr + 2 * Q8_BYTES), block_products(v[3], yr + 3 * Q8_BYTES));
-      __m256i p = _mm256_hadd_epi32(p01, p23); /* per 128-bit half: the 4 blocks' partial sums */
-      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-      __m128 da = _mm_setr_ps(moe__half_avx(yr), moe__half_avx(yr + Q8_BYTES), moe__half_avx(yr + 2 * Q8_BYTES),
-                              moe__half_avx(yr + 3 * Q8_BYTES));
-      float t[4];
-      _mm_storeu_ps(t, _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_mul_ps(dw, da)));
-      for (int b = 0; b < 4; b++) acc[r] += t[b];
-    }
-  }
-  for (; i < nb; i++, x += wb, y += Q8_BYTES) {
+  for (int64_t i = 0; i < n / 32; i++, x += wb, y += Q8_BYTES) {
     __m256i v = block_values(kind, x);
-    float dx = block_scale(kind, x);
+    __m256i v0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), v1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+    float dw = block_scale(kind, x);
     for (int r = 0; r < nr; r++) {
       const uint8_t *yr = y + r * astride;
-      int32_t s = moe__hsum_i32(block_products(v, yr));
-      float d = dx * moe__half_avx(yr);
-      float t = (float)s * d;
-      acc[r] += t;
+      float d = dw * moe__half_avx(yr);
+      __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(block_groups(v0, v1, yr)), _mm256_set1_ps(d));
+      acc[r][i % 2] = _mm256_add_ps(acc[r][i % 2], t);
     }
   }
-  for (int r = 0; r < nr; r++) out[r] = acc[r];
+  const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  for (int r = 0; r < nr; r++) {
+    float l[16];
+    _mm256_storeu_ps(l, _mm256_permutevar8x32_ps(acc[r][0], order));
+    _mm256_storeu_ps(l + 8, _mm256_permutevar8x32_ps(acc[r][1], order));
+    out[r] = moe__lanes16_sum(l);
+  }
 }
 
 AVX2 static void q8_0_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  b32_avx2(B_Q8_0, Q8_BYTES, w, a, astride, nr, n, out);
+  b32_avx2(MOE__B32_Q8_0, Q8_BYTES, w, a, astride, nr, n, out);
 }
 
 AVX2 static void q4_0_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  b32_avx2(B_Q4_0, Q4_BYTES, w, a, astride, nr, n, out);
+  b32_avx2(MOE__B32_Q4_0, Q4_BYTES, w, a, astride, nr, n, out);
 }
 
 AVX2 static void mxfp4_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  b32_avx2(B_MXFP4, MX_BYTES, w, a, astride, nr, n, out);
+  b32_avx2(MOE__B32_MXFP4, MX_BYTES, w, a, astride, nr, n, out);
 }
 
 /* AVX2 and F16C (CPUID leaf 1, ECX bit 29: clang's __builtin_cpu_supports has no "f16c"). Asked once:
