@@ -70,7 +70,8 @@ int main(int argc, char **argv) {
     usage(stdout);
     return 0;
   }
-  static char **args; /* for the process's life (and reachable, for LeakSanitizer) */
+  static char **volatile args; /* for the process's life, and reachable for LeakSanitizer (volatile: a store the
+                                * optimizer may not drop, though nothing reads it) */
   argv = args = split_flag_values(argc, argv, &argc);
   if (!argv) {
     fprintf(stderr, "moe: out of memory\n");
