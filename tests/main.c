@@ -102,6 +102,9 @@ int main(int argc, char **argv) {
   if (filter && filter[0] == '-') return usage();
   snprintf(tmpdir, sizeof tmpdir, "/tmp/moe-tests-XXXXXX");
   if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 1; }
+  /* Open MPI's session directories under this process's own: two tests starting mpirun at once
+   * raced creating the shared /tmp/ompi.HOST.UID ("mkdir: File exists", orte_init failed). */
+  setenv("OMPI_MCA_orte_tmpdir_base", tmpdir, 1);
   int passed = 0, failed = 0, skips = 0, last = 0;
   for (int i = 0; i < ntests; i++) {
     if (filter && (exact ? strcmp(tests[i].name, filter) : !strstr(tests[i].name, filter))) continue;

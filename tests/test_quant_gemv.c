@@ -25,18 +25,23 @@ static void random_row(float *x, int64_t n, int blk, uint64_t *seed) {
   }
 }
 
-/* The activations' values from their fields: Q8_0 through the codec, Q8_K as d * q. */
+/* The activations' values from their fields: Q8_0's from their slots of pairs, Q8_K as d * q. */
 static void act_values(moe_gguf_type w, const void *a, float *x, int64_t n) {
-  if (!is_k(w)) {
-    moe_gguf_dequantize(MOE_GGUF_Q8_0, a, x, n);
+  if (!is_k(w)) { /* Q8_0's values and scales, in quant.h's layout */
+    for (int64_t i = 0; i < n; i++) {
+      const uint8_t *slot = (const uint8_t *)a + (i / 64) * MOE__ACT_PAIR_BYTES;
+      float d;
+      memcpy(&d, slot + 64 + 32 * (i / 32 % 2), 4);
+      x[i] = d * (float)(int8_t)(slot[i % 64] ^ 0x80);
+    }
     return;
   }
   const moe__q8k *b = a;
   for (int64_t i = 0; i < n; i++) x[i] = b[i / 256].d * (float)b[i / 256].q[i % 256];
 }
 
-/* Q8_0 activations are the codec's bytes; Q8_K: the largest magnitude at -127, every value within half
- * a step, the sums those of the values. */
+/* Q8_0 activations are the codec's values and scales (its bytes, laid out in pairs of blocks); Q8_K:
+ * the largest magnitude at -127, every value within half a step, the sums those of the values. */
 TEST(qdot_activation_quantizers) {
   enum { N = 256 * 5 };
   uint64_t seed = 11;
@@ -44,11 +49,19 @@ TEST(qdot_activation_quantizers) {
   random_row(x, N, 256, &seed);
   x[300] = 0; /* and a block of zeros */
   for (int i = 512; i < 768; i++) x[i] = 0;
-  uint8_t got[N / 32 * 34], want[N / 32 * 34];
+  uint8_t got[N / 64 * MOE__ACT_PAIR_BYTES], want[N / 32 * 34], packed[sizeof got];
+  float gv[N], wv[N];
   moe__act_quantize(MOE_GGUF_Q8_0, x, got, N);
   ASSERT_OK(moe_gguf_quantize(MOE_GGUF_Q8_0, x, want, N));
-  ASSERT(memcmp(got, want, sizeof got) == 0);
+  moe__act_from_q8_0(want, packed, N);
+  ASSERT(memcmp(got, packed, sizeof got) == 0);
+  moe__act_dequantize(MOE_GGUF_Q8_0, got, gv, N);
+  act_values(MOE_GGUF_Q8_0, got, wv, N);
+  ASSERT(memcmp(gv, wv, sizeof gv) == 0);
+  ASSERT_OK(moe_gguf_dequantize(MOE_GGUF_Q8_0, want, wv, N)); /* the codec's values */
+  ASSERT(memcmp(gv, wv, sizeof gv) == 0);
   ASSERT_EQ_INT((int)moe__act_bytes(MOE_GGUF_Q4_0, N), (int)sizeof got);
+  ASSERT_EQ_INT((int)moe__act_bytes(MOE_GGUF_Q8_0, 96), 2 * MOE__ACT_PAIR_BYTES); /* an odd block: a slot of its own */
   moe__q8k k[N / 256];
   ASSERT_EQ_INT((int)moe__act_bytes(MOE_GGUF_Q6_K, N), (int)sizeof k);
   moe__act_quantize(MOE_GGUF_Q4_K, x, k, N);
@@ -78,10 +91,11 @@ TEST(qdot_activation_quantizers) {
   for (int i = 0; i < 256; i++) x[i] = ties[i % 8] * (i < 8 || i % 8 == 6 ? 1.0f : 0.25f);
   moe__act_quantize(MOE_GGUF_Q8_0, x, got, 256);
   ASSERT_OK(moe_gguf_quantize(MOE_GGUF_Q8_0, x, want, 256));
-  ASSERT(memcmp(got, want, 8 * 34) == 0);
-  ASSERT_EQ_INT((int8_t)got[2 + 0], 1);
-  ASSERT_EQ_INT((int8_t)got[2 + 3], -3);
-  ASSERT_EQ_INT((int8_t)got[2 + 4], 0);
+  moe__act_from_q8_0(want, packed, 256);
+  ASSERT(memcmp(got, packed, 4 * MOE__ACT_PAIR_BYTES) == 0);
+  ASSERT_EQ_INT((int8_t)(got[0] ^ 0x80), 1);
+  ASSERT_EQ_INT((int8_t)(got[3] ^ 0x80), -3);
+  ASSERT_EQ_INT((int8_t)(got[4] ^ 0x80), 0);
   moe__act_quantize(MOE_GGUF_Q4_K, x, k, 256);
   ASSERT(k[0].d == 1.0f);
   for (int i = 0; i < 256; i++)
@@ -101,7 +115,9 @@ TEST(qdot_matches_float64) {
   enum { N = 256 * 6, R = MOE__QDOT_ROWS };
   uint64_t seed = 5;
   float *w = malloc(N * 4), *x = malloc(R * N * 4), *wd = malloc(N * 4), *xd = malloc(R * N * 4);
-  uint8_t *wq = malloc(N * 2), *aq = malloc(R * moe__act_bytes(MOE_GGUF_Q4_K, N) + R * N);
+  size_t amax = moe__act_bytes(MOE_GGUF_Q4_K, N) > moe__act_bytes(MOE_GGUF_Q8_0, N) ? moe__act_bytes(MOE_GGUF_Q4_K, N)
+                                                                                   : moe__act_bytes(MOE_GGUF_Q8_0, N);
+  uint8_t *wq = malloc(N * 2), *aq = malloc(R * amax);
   for (int t = 0; t < NTYPES; t++) {
     moe_gguf_type ty = kTypes[t];
     int blk = moe_gguf_type_block(ty);
@@ -178,7 +194,7 @@ static void random_act(moe_gguf_type t, uint8_t *a, int64_t n, int e, uint64_t *
 static void bits_equal_scalar(int *failed_, moe__isa isa) {
   enum { MAXB = 17, R = MOE__QDOT_ROWS };
   uint64_t seed = 9;
-  static uint8_t w[MAXB * 210], a[R * MAXB * sizeof(moe__q8k)];
+  static uint8_t w[MAXB * 210], a[R * MAXB * sizeof(moe__q8k)], q8[R * MAXB * 8 * 34];
   const int counts[] = {1, 3, 7, 8, 9, 17}, exps[] = {0, 1, 8, 15, 22, 30}; /* f16 exponents: subnormal to 2^15 */
   for (int t = 0; t < NTYPES; t++) {
     moe_gguf_type ty = kTypes[t];
@@ -190,12 +206,14 @@ static void bits_equal_scalar(int *failed_, moe__isa isa) {
           int64_t n = (int64_t)counts[c] * moe_gguf_type_block(ty);
           size_t ab = moe__act_bytes(ty, n), bb = moe_gguf_type_block_bytes(ty);
           for (int b = 0; b < counts[c]; b++) random_block(ty, w + b * bb, exps[(ei + b) % 6], &seed);
-          for (int r = 0; r < R; r++) random_act(ty, a + r * ab, n, exps[(ei + r + trial) % 6], &seed);
-          if (trial == 1 && !is_k(ty)) a[2 * ab + 2] = 0x80, w[ty == MOE_GGUF_Q8_0 ? 2 : 0] = 0x80; /* -128 (a scale byte else) */
+          size_t qb = (size_t)(n / 32) * 34; /* 32-value blocks: rows of Q8_0 bytes, then laid out as activations */
+          for (int r = 0; r < R; r++) random_act(ty, is_k(ty) ? a + r * ab : q8 + r * qb, n, exps[(ei + r + trial) % 6], &seed);
+          if (trial == 1 && !is_k(ty)) q8[2 * qb + 2] = 0x80, w[ty == MOE_GGUF_Q8_0 ? 2 : 0] = 0x80; /* -128 (a scale byte else) */
           if (trial == 2) { /* a NaN scale in row 1's last block */
             if (is_k(ty)) ((moe__q8k *)(a + ab))[counts[c] - 1].d = NAN;
-            else a[ab + 34 * (n / 32 - 1)] = 0xff, a[ab + 34 * (n / 32 - 1) + 1] = 0x7f;
+            else q8[qb + 34 * (n / 32 - 1)] = 0xff, q8[qb + 34 * (n / 32 - 1) + 1] = 0x7f;
           }
+          for (int r = 0; !is_k(ty) && r < R; r++) moe__act_from_q8_0(q8 + r * qb, a + r * ab, n);
           float os[R], ov[R], one;
           s(w, a, ab, R, n, os);
           for (int nr = 1; nr <= R; nr++) {

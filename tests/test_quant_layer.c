@@ -36,17 +36,12 @@ static void random_biases(moe_layer_t *l, uint64_t seed) {
   }
 }
 
-/* A row of activations quantized as the kernels do, and its values read back from the fields. */
+/* A row of activations quantized as the kernels do, and its values read back. */
 static void quantized_values(moe_gguf_type t, const float *x, double *out, int n) {
   uint8_t *a = malloc(moe__act_bytes(t, n));
   float *v = malloc((size_t)n * 4);
   moe__act_quantize(t, x, a, n);
-  if (moe_gguf_type_block(t) == 32) {
-    moe_gguf_dequantize(MOE_GGUF_Q8_0, a, v, n);
-  } else {
-    const moe__q8k *b = (const moe__q8k *)a;
-    for (int i = 0; i < n; i++) v[i] = b[i / 256].d * (float)b[i / 256].q[i % 256];
-  }
+  moe__act_dequantize(t, a, v, n); /* against the fields and the Q8_0 codec in test_quant_gemv.c */
   for (int i = 0; i < n; i++) out[i] = v[i];
   free(a), free(v);
 }

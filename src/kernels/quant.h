@@ -54,7 +54,7 @@ static inline float moe__lanes16_sum(const float l[16]) {
 }
 
 /* The dot product of two Q8_0 rows of n values (n a multiple of 32), any bytes, in the order above; both versions give the
- * same bits. moe__dot_q8_0 is the AVX2 one when the CPU has AVX2 (moe__dot_q8_0_avx2 returns 0 when not
+ * same bits (NaN where the second row's copy as activations cannot be allocated). moe__dot_q8_0 is the AVX2 one when the CPU has AVX2 (moe__dot_q8_0_avx2 returns 0 when not
  * built for x86-64: ask moe__dot_q8_0_has_avx2 first). */
 float moe__dot_q8_0(const void *a, const void *b, int64_t n);
 float moe__dot_q8_0_scalar(const void *a, const void *b, int64_t n);
@@ -96,12 +96,19 @@ typedef struct {
 
 /* The weight types with dot products here (Q8_0, Q4_0, MXFP4, Q4_K, Q5_K, Q6_K). */
 int moe__qdot_has(moe_gguf_type w);
-/* The activations' format for weights of type w: Q8_0 blocks (the GGUF bytes, exactly what
- * moe_gguf_quantize(Q8_0) writes) for Q8_0, Q4_0 and MXFP4, moe__q8k for the K-quants. Rows of n values (a
- * multiple of w's block): their bytes, the quantizer (values in [-127, 127]; a row with a value that is
- * not finite gets a NaN scale, so that its dot products are NaN) and its inverse (for references). */
+/* The activations' format for weights of type w: for Q8_0, Q4_0 and MXFP4, Q8_0 blocks (exactly the
+ * values and scales moe_gguf_quantize(Q8_0) writes) laid out as the kernels read them, per pair of
+ * blocks (64 values) a slot of MOE__ACT_PAIR_BYTES: the 64 values made unsigned (the int8 byte xor
+ * 0x80: a + 128, what vpdpbusd takes), then 16 floats, block 2p's scale eight times and block
+ * 2p + 1's eight times (one load each, no f16 to convert per weight row); an odd last block fills
+ * the first half of its slot, the rest zero. moe__q8k for the K-quants. Rows of n values (a multiple
+ * of w's block): their bytes, the quantizer (values in [-127, 127]; a row with a value that is not
+ * finite gets a NaN scale, so that its dot products are NaN), the same layout made from Q8_0 bytes
+ * (any bytes: for tests and references), and the inverse (for references). */
+#define MOE__ACT_PAIR_BYTES 128
 size_t moe__act_bytes(moe_gguf_type w, int64_t n);
 void moe__act_quantize(moe_gguf_type w, const float *x, void *a, int64_t n);
+void moe__act_from_q8_0(const void *q8_0, void *a, int64_t n);
 void moe__act_dequantize(moe_gguf_type w, const void *a, float *x, int64_t n);
 
 /* out[r] = the dot product of the weight row w (n values of its type) with activation row r, at

@@ -12,6 +12,22 @@
 #define HAVE_X86 1
 #define AVX2 __attribute__((target("avx2,f16c")))
 
+/* The vector kernels are inlined into each public function once per row count (MOE__QDOT_BY_ROWS), so
+ * that nr is a constant there and each row's lanes stay in registers (a runtime nr kept them in
+ * memory: a store and a reload on every block's add). */
+#define MOE__QDOT_INLINE static inline __attribute__((always_inline))
+#define MOE__QDOT_BY_ROWS(nr, f, ...) \
+  switch (nr) {                       \
+    case 1: f(__VA_ARGS__, 1); break; \
+    case 2: f(__VA_ARGS__, 2); break; \
+    case 3: f(__VA_ARGS__, 3); break; \
+    case 4: f(__VA_ARGS__, 4); break; \
+    case 5: f(__VA_ARGS__, 5); break; \
+    case 6: f(__VA_ARGS__, 6); break; \
+    case 7: f(__VA_ARGS__, 7); break; \
+    default: f(__VA_ARGS__, 8); break; \
+  }
+
 /* The f16 at p by F16C: exactly moe__half's value (a NaN may keep its payload). */
 AVX2 static inline float moe__half_avx(const uint8_t *p) {
   uint16_t h;

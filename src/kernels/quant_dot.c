@@ -4,6 +4,7 @@
  * quant_dot_avx512.c). The AVX2 versions (with F16C for the scales) are compiled for AVX2 whatever the
  * build's flags and handed out only when the CPU has it. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/quant.h"
@@ -27,7 +28,29 @@ int moe__qdot_has(moe_gguf_type w) {
 }
 
 size_t moe__act_bytes(moe_gguf_type w, int64_t n) {
-  return k_quant(w) ? (size_t)(n / 256) * sizeof(moe__q8k) : (size_t)(n / 32) * Q8_BYTES;
+  return k_quant(w) ? (size_t)(n / 256) * sizeof(moe__q8k) : (size_t)((n / 32 + 1) / 2) * MOE__ACT_PAIR_BYTES;
+}
+
+/* Q8_0 block q8 (34 bytes) into half h of a pair's slot, and the slot's start and half of block i. */
+static void pack_block(const uint8_t *q8, uint8_t *slot, int h) {
+  float d = scale_of(q8);
+  for (int j = 0; j < 32; j++) slot[32 * h + j] = q8[2 + j] ^ 0x80;
+  for (int k = 0; k < 8; k++) memcpy(slot + 64 + 32 * h + 4 * k, &d, 4);
+}
+static inline const uint8_t *slot_of(const void *a, int64_t i) {
+  return (const uint8_t *)a + (size_t)(i / 2) * MOE__ACT_PAIR_BYTES;
+}
+static inline float act_scale(const uint8_t *slot, int h) {
+  float d;
+  memcpy(&d, slot + 64 + 32 * h, 4);
+  return d;
+}
+
+void moe__act_from_q8_0(const void *q8_0, void *a, int64_t n) {
+  int64_t nb = n / 32;
+  if (nb % 2) memset((uint8_t *)a + (size_t)(nb / 2) * MOE__ACT_PAIR_BYTES, 0, MOE__ACT_PAIR_BYTES);
+  for (int64_t i = 0; i < nb; i++)
+    pack_block((const uint8_t *)q8_0 + Q8_BYTES * i, (uint8_t *)a + (size_t)(i / 2) * MOE__ACT_PAIR_BYTES, (int)(i % 2));
 }
 
 /* The value of largest magnitude (the first of equals), and whether every value is finite. */
@@ -86,8 +109,13 @@ void moe__act_quantize(moe_gguf_type w, const float *x, void *a, int64_t n) {
     moe__q8k *b = a;
     for (int64_t i = 0; i < n / 256; i++) act_q8_K(x + 256 * i, b + i);
   } else {
-    uint8_t *b = a;
-    for (int64_t i = 0; i < n / 32; i++) act_q8_0(x + 32 * i, b + Q8_BYTES * i);
+    int64_t nb = n / 32;
+    if (nb % 2) memset((uint8_t *)a + (size_t)(nb / 2) * MOE__ACT_PAIR_BYTES, 0, MOE__ACT_PAIR_BYTES);
+    for (int64_t i = 0; i < nb; i++) {
+      uint8_t q8[Q8_BYTES];
+      act_q8_0(x + 32 * i, q8);
+      pack_block(q8, (uint8_t *)a + (size_t)(i / 2) * MOE__ACT_PAIR_BYTES, (int)(i % 2));
+    }
   }
 }
 
@@ -96,8 +124,11 @@ void moe__act_dequantize(moe_gguf_type w, const void *a, float *x, int64_t n) {
     const moe__q8k *b = a;
     for (int64_t i = 0; i < n; i++) x[i] = b[i / 256].d * (float)b[i / 256].q[i % 256];
   } else {
-    const uint8_t *b = a;
-    for (int64_t i = 0; i < n; i++) x[i] = scale_of(b + Q8_BYTES * (i / 32)) * (float)(int8_t)b[Q8_BYTES * (i / 32) + 2 + i % 32];
+    for (int64_t i = 0; i < n; i++) {
+      const uint8_t *slot = slot_of(a, i / 32);
+      int h = (int)(i / 32 % 2);
+      x[i] = act_scale(slot, h) * (float)(int8_t)(slot[32 * h + i % 32] ^ 0x80);
+    }
   }
 }
 
@@ -117,15 +148,16 @@ static float b32_scale(int kind, const uint8_t *x) { return kind == MOE__B32_MXF
 
 static void b32_scalar(int kind, size_t wb, const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
   for (int r = 0; r < nr; r++) {
-    const uint8_t *x = w, *y = (const uint8_t *)a + r * astride;
+    const uint8_t *x = w, *ar = (const uint8_t *)a + r * astride;
     float lane[16] = {0};
-    for (int64_t i = 0; i < n / 32; i++, x += wb, y += Q8_BYTES) {
+    for (int64_t i = 0; i < n / 32; i++, x += wb) {
+      const uint8_t *slot = slot_of(ar, i), *y = slot + 32 * (i % 2);
       int8_t v[32];
       b32_values(kind, x, v);
-      float d = b32_scale(kind, x) * scale_of(y);
+      float d = b32_scale(kind, x) * act_scale(slot, (int)(i % 2));
       for (int k = 0; k < 8; k++) {
         int32_t g = 0;
-        for (int j = 4 * k; j < 4 * k + 4; j++) g += (int32_t)v[j] * (int8_t)y[2 + j];
+        for (int j = 4 * k; j < 4 * k + 4; j++) g += (int32_t)v[j] * (int8_t)(y[j] ^ 0x80);
         float t = (float)g * d; /* a statement of its own: never fused with the sum */
         lane[8 * (i % 2) + k] += t;
       }
@@ -169,32 +201,36 @@ AVX2 static inline float block_scale(int kind, const uint8_t *x) {
 
 /* The block's eight group sums (values 4k..4k + 3), exact for any bytes (both sides widened to int16,
  * madd's pairs then hadd's), in the lane order g0 g1 g4 g5 g2 g3 g6 g7; v0, v1: the weights' values
- * 0-15 and 16-31 as int16. */
+ * 0-15 and 16-31 as int16, y: the block's 32 activation bytes. */
 AVX2 static inline __m256i block_groups(__m256i v0, __m256i v1, const uint8_t *y) {
-  __m256i y0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y + 2)));
-  __m256i y1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y + 18)));
+  const __m128i u = _mm_set1_epi8((char)0x80); /* the activations' bytes back to int8 */
+  __m256i y0 = _mm256_cvtepi8_epi16(_mm_xor_si128(_mm_loadu_si128((const __m128i *)y), u));
+  __m256i y1 = _mm256_cvtepi8_epi16(_mm_xor_si128(_mm_loadu_si128((const __m128i *)(y + 16)), u));
   return _mm256_hadd_epi32(_mm256_madd_epi16(v0, y0), _mm256_madd_epi16(v1, y1));
 }
 
 /* Sixteen lanes a row as two 8-lane vectors, even blocks' and odd blocks' (in block_groups' order, put
  * back in group order for the final sum). */
-AVX2 static inline void b32_avx2(int kind, size_t wb, const void *w, const void *a, size_t astride, int nr, int64_t n,
-                                 float *out) {
+AVX2 MOE__QDOT_INLINE void b32_avx2(int kind, size_t wb, const void *w, const void *a, size_t astride, int64_t n,
+                                   float *out, int nr) {
   __m256 acc[MOE__QDOT_ROWS][2];
+  #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  const uint8_t *x = w, *y = a;
-  for (int64_t i = 0; i < n / 32; i++, x += wb, y += Q8_BYTES) {
+  const uint8_t *x = w;
+  for (int64_t i = 0; i < n / 32; i++, x += wb) {
     __m256i v = block_values(kind, x);
     __m256i v0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), v1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
     float dw = block_scale(kind, x);
+    #pragma GCC unroll 8
     for (int r = 0; r < nr; r++) {
-      const uint8_t *yr = y + r * astride;
-      float d = dw * moe__half_avx(yr);
-      __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(block_groups(v0, v1, yr)), _mm256_set1_ps(d));
+      const uint8_t *slot = slot_of((const uint8_t *)a + r * astride, i);
+      float d = dw * act_scale(slot, (int)(i % 2));
+      __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(block_groups(v0, v1, slot + 32 * (i % 2))), _mm256_set1_ps(d));
       acc[r][i % 2] = _mm256_add_ps(acc[r][i % 2], t);
     }
   }
   const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) {
     float l[16];
     _mm256_storeu_ps(l, _mm256_permutevar8x32_ps(acc[r][0], order));
@@ -204,15 +240,15 @@ AVX2 static inline void b32_avx2(int kind, size_t wb, const void *w, const void 
 }
 
 AVX2 static void q8_0_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  b32_avx2(MOE__B32_Q8_0, Q8_BYTES, w, a, astride, nr, n, out);
+  MOE__QDOT_BY_ROWS(nr, b32_avx2, MOE__B32_Q8_0, Q8_BYTES, w, a, astride, n, out)
 }
 
 AVX2 static void q4_0_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  b32_avx2(MOE__B32_Q4_0, Q4_BYTES, w, a, astride, nr, n, out);
+  MOE__QDOT_BY_ROWS(nr, b32_avx2, MOE__B32_Q4_0, Q4_BYTES, w, a, astride, n, out)
 }
 
 AVX2 static void mxfp4_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  b32_avx2(MOE__B32_MXFP4, MX_BYTES, w, a, astride, nr, n, out);
+  MOE__QDOT_BY_ROWS(nr, b32_avx2, MOE__B32_MXFP4, MX_BYTES, w, a, astride, n, out)
 }
 
 /* AVX2 and F16C (CPUID leaf 1, ECX bit 29: clang's __builtin_cpu_supports has no "f16c"). Asked once:
@@ -302,23 +338,23 @@ moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa) {
 
 /* ---------------------------------------------------------------- Q8_0 x Q8_0, one row */
 
-float moe__dot_q8_0_scalar(const void *a, const void *b, int64_t n) {
-  float s;
-  q8_0_scalar(a, b, 0, 1, n, &s);
-  return s;
+/* b as activations (malloc'd: these are for tests and references), dotted with a by version isa. */
+static float dot_q8_0_by(moe__isa isa, const void *a, const void *b, int64_t n) {
+  float s = NAN;
+  moe__qdot_fn f = moe__qdot_kernel(MOE_GGUF_Q8_0, isa);
+  void *act = malloc(moe__act_bytes(MOE_GGUF_Q8_0, n));
+  if (f && act) {
+    moe__act_from_q8_0(b, act, n);
+    f(a, act, 0, 1, n, &s);
+  }
+  free(act);
+  return f ? s : 0;
 }
 
-float moe__dot_q8_0_avx2(const void *a, const void *b, int64_t n) {
-  float s = 0;
-  moe__qdot_fn f = moe__qdot_kernel(MOE_GGUF_Q8_0, MOE__ISA_AVX2);
-  if (f) f(a, b, 0, 1, n, &s);
-  return s;
-}
+float moe__dot_q8_0_scalar(const void *a, const void *b, int64_t n) { return dot_q8_0_by(MOE__ISA_SCALAR, a, b, n); }
+
+float moe__dot_q8_0_avx2(const void *a, const void *b, int64_t n) { return dot_q8_0_by(MOE__ISA_AVX2, a, b, n); }
 
 int moe__dot_q8_0_has_avx2(void) { return moe__qdot_best() >= MOE__ISA_AVX2; }
 
-float moe__dot_q8_0(const void *a, const void *b, int64_t n) {
-  float s;
-  moe__qdot_kernel(MOE_GGUF_Q8_0, moe__qdot_best())(a, b, 0, 1, n, &s);
-  return s;
-}
+float moe__dot_q8_0(const void *a, const void *b, int64_t n) { return dot_q8_0_by(moe__qdot_best(), a, b, n); }

@@ -2,7 +2,7 @@
  * gives, so with the scalar versions' bits. Compiled for AVX-512 whatever the build's flags and handed out
  * by moe__qdot_kernel only when the CPU has it (CPUID there).
  *   Q8_0, Q4_0, MXFP4: two 32-value blocks a 512-bit vector; the weights' values v (int8) against the
- *     activations made unsigned (a + 128, by xor) with vpdpbusd, less 128 * the sum of v (made once per
+ *     activations, stored unsigned (a + 128: quant.h's layout), with vpdpbusd, less 128 * the sum of v (made once per
  *     weight block, by vpdpbusd too): exact for any bytes on both sides, -128 included. The 16 int32
  *     lanes are quant.h's sixteen groups: converted, scaled and added to a row's float lanes as they are.
  *   K-quants: 64 values a vector: the unsigned weight levels times the int8 activations by maddubs
@@ -17,21 +17,6 @@
 
 #define Q8_BYTES 34
 
-/* The kernels are inlined into each public function once per row count (BY_ROWS), so that nr is a
- * constant there and each row's sixteen lanes stay in a register (a runtime nr kept them in memory:
- * a store and a reload on every block's add). */
-#define INLINE static inline __attribute__((always_inline))
-#define BY_ROWS(nr, f, ...)                 \
-  switch (nr) {                             \
-    case 1: f(__VA_ARGS__, 1); break;       \
-    case 2: f(__VA_ARGS__, 2); break;       \
-    case 3: f(__VA_ARGS__, 3); break;       \
-    case 4: f(__VA_ARGS__, 4); break;       \
-    case 5: f(__VA_ARGS__, 5); break;       \
-    case 6: f(__VA_ARGS__, 6); break;       \
-    case 7: f(__VA_ARGS__, 7); break;       \
-    default: f(__VA_ARGS__, 8); break;      \
-  }
 
 /* ---------------------------------------------------------------- 32-value blocks */
 
@@ -68,7 +53,8 @@ AVX512 static inline __m512 join(__m256 lo, __m256 hi) {
 AVX512 static inline __m256 high(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
 
 /* Each row's sixteen lanes summed into out by moe__lanes16_sum's halvings. */
-AVX512 INLINE void lanes_out(const __m512 *acc, int nr, float *out) {
+AVX512 MOE__QDOT_INLINE void lanes_out(const __m512 *acc, int nr, float *out) {
+  #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) {
     __m256 s = _mm256_add_ps(_mm512_castps512_ps256(acc[r]), high(acc[r]));
     __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
@@ -82,13 +68,6 @@ AVX512 static inline __m512 pair_scales(int kind, const uint8_t *x, size_t wb) {
   return join(_mm256_set1_ps(moe__e8m0_half(x[0])), _mm256_set1_ps(moe__e8m0_half(x[wb])));
 }
 
-/* Two activation blocks (at y, y + 34) made unsigned: a + 128. */
-AVX512 static inline __m512i pair_act(const uint8_t *y) {
-  __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(y + 2))),
-                                 _mm256_loadu_si256((const __m256i *)(y + Q8_BYTES + 2)), 1);
-  return _mm512_xor_si512(a, _mm512_set1_epi8((char)0x80));
-}
-
 /* -128 * the sums of each four of v's values: what the activations' + 128 adds to the products. */
 AVX512 static inline __m512i offset(__m512i v) {
   __m512i z = _mm512_setzero_si512();
@@ -97,19 +76,21 @@ AVX512 static inline __m512i offset(__m512i v) {
 
 /* The sixteen lanes (quant.h) a row in one vector: a pair of blocks' groups are its 16 vpdpbusd
  * lanes; a last odd block adds to lanes 0-7 only. */
-AVX512 INLINE void b32_avx512(int kind, size_t wb, const void *w, const void *a, size_t astride, int64_t n,
+AVX512 MOE__QDOT_INLINE void b32_avx512(int kind, size_t wb, const void *w, const void *a, size_t astride, int64_t n,
                               float *out, int nr) {
   __m512 acc[MOE__QDOT_ROWS];
+  #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
-  const uint8_t *x = w, *y = a;
+  const uint8_t *x = w, *y = a; /* y: the pair's slot in row 0 (quant.h's activations) */
   int64_t nb = n / 32, i = 0;
-  for (; i + 2 <= nb; i += 2, x += 2 * wb, y += 2 * Q8_BYTES) {
+  for (; i + 2 <= nb; i += 2, x += 2 * wb, y += MOE__ACT_PAIR_BYTES) {
     __m512i v = pair_values(kind, x, wb), off = offset(v);
     __m512 dw = pair_scales(kind, x, wb);
+    #pragma GCC unroll 8
     for (int r = 0; r < nr; r++) {
       const uint8_t *yr = y + r * astride;
-      __m512 d = _mm512_mul_ps(dw, pair_f16(yr, Q8_BYTES));
-      __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(off, pair_act(yr), v)), d);
+      __m512 d = _mm512_mul_ps(dw, _mm512_loadu_ps(yr + 64));
+      __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(off, _mm512_loadu_si512(yr), v)), d);
       acc[r] = _mm512_add_ps(acc[r], t);
     }
   }
@@ -117,10 +98,13 @@ AVX512 INLINE void b32_avx512(int kind, size_t wb, const void *w, const void *a,
     __m256i v = _mm512_castsi512_si256(pair_values(kind, x, 0));
     __m256i z = _mm256_setzero_si256(), off = _mm256_sub_epi32(z, _mm256_dpbusd_epi32(z, _mm256_set1_epi8((char)0x80), v));
     float dw = kind == MOE__B32_MXFP4 ? moe__e8m0_half(x[0]) : moe__half_avx(x);
+    #pragma GCC unroll 8
     for (int r = 0; r < nr; r++) {
       const uint8_t *yr = y + r * astride;
-      __m256i ya = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(yr + 2)), _mm256_set1_epi8((char)0x80));
-      float d = dw * moe__half_avx(yr);
+      float da;
+      memcpy(&da, yr + 64, 4);
+      float d = dw * da;
+      __m256i ya = _mm256_loadu_si256((const __m256i *)yr);
       __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_dpbusd_epi32(off, ya, v)), _mm256_set1_ps(d));
       acc[r] = join(_mm256_add_ps(_mm512_castps512_ps256(acc[r]), t), high(acc[r]));
     }
@@ -129,15 +113,15 @@ AVX512 INLINE void b32_avx512(int kind, size_t wb, const void *w, const void *a,
 }
 
 AVX512 void moe__qdot_q8_0_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  BY_ROWS(nr, b32_avx512, MOE__B32_Q8_0, 34, w, a, astride, n, out)
+  MOE__QDOT_BY_ROWS(nr, b32_avx512, MOE__B32_Q8_0, 34, w, a, astride, n, out)
 }
 
 AVX512 void moe__qdot_q4_0_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  BY_ROWS(nr, b32_avx512, MOE__B32_Q4_0, 18, w, a, astride, n, out)
+  MOE__QDOT_BY_ROWS(nr, b32_avx512, MOE__B32_Q4_0, 18, w, a, astride, n, out)
 }
 
 AVX512 void moe__qdot_mxfp4_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  BY_ROWS(nr, b32_avx512, MOE__B32_MXFP4, 17, w, a, astride, n, out)
+  MOE__QDOT_BY_ROWS(nr, b32_avx512, MOE__B32_MXFP4, 17, w, a, astride, n, out)
 }
 
 /* ---------------------------------------------------------------- K-quants */
@@ -152,9 +136,10 @@ AVX512 static inline __m512i halves16(int a, int b) {
 
 /* Q4_K (qh_at 0) and Q5_K (qh_at 16): vector c holds sub-blocks 2c (qs chunk c's low nibbles) and 2c + 1
  * (its high ones), with Q5_K's fifth bits (bits 2c, 2c + 1 of qh) added as 16. */
-AVX512 INLINE void k4_avx512(const void *w, const void *a, size_t astride, int64_t n, float *out, size_t bytes,
+AVX512 MOE__QDOT_INLINE void k4_avx512(const void *w, const void *a, size_t astride, int64_t n, float *out, size_t bytes,
                              int qh_at, int nr) {
   __m512 acc[MOE__QDOT_ROWS];
+  #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
   const __m512i lo4 = _mm512_set1_epi8(15), nib = halves16(0, 4);
   const uint8_t *b = w;
@@ -174,6 +159,7 @@ AVX512 INLINE void k4_avx512(const void *w, const void *a, size_t astride, int64
       }
       s[c] = _mm512_permutexvar_epi16(_mm512_add_epi16(halves16(0, 1), _mm512_set1_epi16((short)(2 * c))), sc16);
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < nr; r++) {
       const moe__q8k *y = (const moe__q8k *)((const char *)a + r * astride) + i;
       __m512i t = _mm512_setzero_si512();
@@ -189,19 +175,20 @@ AVX512 INLINE void k4_avx512(const void *w, const void *a, size_t astride, int64
 }
 
 AVX512 void moe__qdot_q4_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  BY_ROWS(nr, k4_avx512, w, a, astride, n, out, 144, 0)
+  MOE__QDOT_BY_ROWS(nr, k4_avx512, w, a, astride, n, out, 144, 0)
 }
 
 AVX512 void moe__qdot_q5_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  BY_ROWS(nr, k4_avx512, w, a, astride, n, out, 176, 16)
+  MOE__QDOT_BY_ROWS(nr, k4_avx512, w, a, astride, n, out, 176, 16)
 }
 
 /* Q6_K: vector t holds values 64t..64t+63 (half t / 2, quarters 2 (t % 2) and 2 (t % 2) + 1): the low
  * bits are nibble t % 2 of ql[64 (t / 2) ...], 64 bytes as they lie; the top two of each quarter from
  * the same 32 qh bytes. Scales 4t..4t+3 eight 16-bit lanes each; the offset of 32 by the scales times
  * -32 against the activations' sums (vpmaddwd, at most 2 * 4096 * 2032 a lane). */
-AVX512 INLINE void q6k_avx512(const void *w, const void *a, size_t astride, int64_t n, float *out, int nr) {
+AVX512 MOE__QDOT_INLINE void q6k_avx512(const void *w, const void *a, size_t astride, int64_t n, float *out, int nr) {
   __m512 acc[MOE__QDOT_ROWS];
+  #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
   const __m512i lo4 = _mm512_set1_epi8(15), lo2 = _mm512_set1_epi8(3);
   static const int16_t eighth[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
@@ -220,6 +207,7 @@ AVX512 INLINE void q6k_avx512(const void *w, const void *a, size_t astride, int6
       q[t] = _mm512_or_si512(low, _mm512_slli_epi16(top, 4));
       s[t] = _mm512_permutexvar_epi16(_mm512_add_epi16(eighths, _mm512_set1_epi16((short)(4 * t))), _mm512_castsi256_si512(sc16));
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < nr; r++) {
       const moe__q8k *y = (const moe__q8k *)((const char *)a + r * astride) + i;
       __m512i u = _mm512_zextsi256_si512(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->sums), neg32));
@@ -232,7 +220,7 @@ AVX512 INLINE void q6k_avx512(const void *w, const void *a, size_t astride, int6
 }
 
 AVX512 void moe__qdot_q6_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  BY_ROWS(nr, q6k_avx512, w, a, astride, n, out)
+  MOE__QDOT_BY_ROWS(nr, q6k_avx512, w, a, astride, n, out)
 }
 
 #endif

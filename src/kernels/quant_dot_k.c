@@ -106,7 +106,8 @@ void moe__qdot_q6_K_scalar(const void *w, const void *a, size_t astride, int nr,
 #ifdef HAVE_X86
 
 /* Each row's sixteen float lanes (two vectors) summed into out. */
-AVX2 static inline void lanes_out(__m256 acc[][2], int nr, float *out) {
+AVX2 MOE__QDOT_INLINE void lanes_out(__m256 acc[][2], int nr, float *out) {
+  #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) {
     float l[16];
     _mm256_storeu_ps(l, acc[r][0]);
@@ -118,9 +119,10 @@ AVX2 static inline void lanes_out(__m256 acc[][2], int nr, float *out) {
 /* Q4_K (qh_at 0) and Q5_K (qh_at 16), per pair of sub-blocks: the 4-bit values (with Q5_K's fifth bit:
  * 0..31) times the activations by maddubs (pair sums at most 7874, no saturation), then times the
  * sub-block's scale (<= 63) by madd into int32. */
-AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out,
-                                size_t bytes, int qh_at) {
+AVX2 MOE__QDOT_INLINE void k4_avx2(const void *w, const void *a, size_t astride, int64_t n, float *out, size_t bytes,
+                                  int qh_at, int nr) {
   __m256 acc[MOE__QDOT_ROWS][2];
+  #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i lo4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
   const uint8_t *b = w;
@@ -142,6 +144,7 @@ AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, in
       s_lo[c] = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(scv, _mm_set1_epi8((char)(2 * c))));
       s_hi[c] = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(scv, _mm_set1_epi8((char)(2 * c + 1))));
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < nr; r++) {
       const moe__q8k *y = (const moe__q8k *)((const char *)a + r * astride) + i;
       __m256i s0 = _mm256_setzero_si256(), s1 = s0; /* lanes 0-7 (even sub-blocks), 8-15 (odd) */
@@ -161,19 +164,20 @@ AVX2 static inline void k4_avx2(const void *w, const void *a, size_t astride, in
 }
 
 AVX2 void moe__qdot_q4_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  k4_avx2(w, a, astride, nr, n, out, Q4K_BYTES, 0);
+  MOE__QDOT_BY_ROWS(nr, k4_avx2, w, a, astride, n, out, Q4K_BYTES, 0)
 }
 
 AVX2 void moe__qdot_q5_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
-  k4_avx2(w, a, astride, nr, n, out, Q5K_BYTES, 16);
+  MOE__QDOT_BY_ROWS(nr, k4_avx2, w, a, astride, n, out, Q5K_BYTES, 16)
 }
 
 /* Per quarter (32 values, two sub-blocks of 16): the 6-bit values (0..63) assembled from ql and qh,
  * times the activations by maddubs (pair sums at most 16002), then times the two sub-blocks' scales
  * (int8, as int16 lanes: the first 16 values' 8 pair sums take the first) by madd into int32; the
  * offset of 32 from the activations' sums by madd too (at most 32 * 2 * 128 * 2032 per lane). */
-AVX2 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+AVX2 MOE__QDOT_INLINE void q6k_avx2(const void *w, const void *a, size_t astride, int64_t n, float *out, int nr) {
   __m256 acc[MOE__QDOT_ROWS][2];
+  #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i lo4 = _mm256_set1_epi8(15), lo2 = _mm256_set1_epi8(3);
   const uint8_t *b = w;
@@ -197,6 +201,7 @@ AVX2 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int 
         sc[4 * h + k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
       }
     }
+    #pragma GCC unroll 8
     for (int r = 0; r < nr; r++) {
       const moe__q8k *y = (const moe__q8k *)((const char *)a + r * astride) + i;
       /* less 32 scale_j sum_j: the values' offset, in lanes 0-7; quarter t's products in lanes 8 (t % 2) on */
@@ -212,6 +217,10 @@ AVX2 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int 
     }
   }
   lanes_out(acc, nr, out);
+}
+
+AVX2 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
+  MOE__QDOT_BY_ROWS(nr, q6k_avx2, w, a, astride, n, out)
 }
 #else /* never handed out without x86-64 */
 void moe__qdot_q4_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
