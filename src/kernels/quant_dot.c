@@ -209,6 +209,21 @@ AVX2 static inline __m256i block_groups(__m256i v0, __m256i v1, const uint8_t *y
   return _mm256_hadd_epi32(_mm256_madd_epi16(v0, y0), _mm256_madd_epi16(v1, y1));
 }
 
+/* Block i (half h = i % 2 of its pair, a constant where this is inlined) into each row's lanes acc[r][h]. */
+AVX2 MOE__QDOT_INLINE void b32_avx2_block(int kind, const uint8_t *x, const void *a, size_t astride, int64_t i, int h,
+                                         __m256 acc[][2], int nr) {
+  __m256i v = block_values(kind, x);
+  __m256i v0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), v1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+  float dw = block_scale(kind, x);
+  #pragma GCC unroll 8
+  for (int r = 0; r < nr; r++) {
+    const uint8_t *slot = slot_of((const uint8_t *)a + r * astride, i);
+    float d = dw * act_scale(slot, h);
+    __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(block_groups(v0, v1, slot + 32 * h)), _mm256_set1_ps(d));
+    acc[r][h] = _mm256_add_ps(acc[r][h], t);
+  }
+}
+
 /* Sixteen lanes a row as two 8-lane vectors, even blocks' and odd blocks' (in block_groups' order, put
  * back in group order for the final sum). */
 AVX2 MOE__QDOT_INLINE void b32_avx2(int kind, size_t wb, const void *w, const void *a, size_t astride, int64_t n,
@@ -217,18 +232,12 @@ AVX2 MOE__QDOT_INLINE void b32_avx2(int kind, size_t wb, const void *w, const vo
   #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const uint8_t *x = w;
-  for (int64_t i = 0; i < n / 32; i++, x += wb) {
-    __m256i v = block_values(kind, x);
-    __m256i v0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), v1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
-    float dw = block_scale(kind, x);
-    #pragma GCC unroll 8
-    for (int r = 0; r < nr; r++) {
-      const uint8_t *slot = slot_of((const uint8_t *)a + r * astride, i);
-      float d = dw * act_scale(slot, (int)(i % 2));
-      __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(block_groups(v0, v1, slot + 32 * (i % 2))), _mm256_set1_ps(d));
-      acc[r][i % 2] = _mm256_add_ps(acc[r][i % 2], t);
-    }
+  int64_t nb = n / 32, i = 0;
+  for (; i + 2 <= nb; i += 2, x += 2 * wb) {
+    b32_avx2_block(kind, x, a, astride, i, 0, acc, nr);
+    b32_avx2_block(kind, x + wb, a, astride, i + 1, 1, acc, nr);
   }
+  if (i < nb) b32_avx2_block(kind, x, a, astride, i, 0, acc, nr);
   const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
   #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) {

@@ -201,13 +201,13 @@ AVX2 MOE__QDOT_INLINE void q6k_avx2(const void *w, const void *a, size_t astride
         sc[4 * h + k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
       }
     }
-    #pragma GCC unroll 8
     for (int r = 0; r < nr; r++) {
       const moe__q8k *y = (const moe__q8k *)((const char *)a + r * astride) + i;
       /* less 32 scale_j sum_j: the values' offset, in lanes 0-7; quarter t's products in lanes 8 (t % 2) on */
       __m256i s[2] = {_mm256_sub_epi32(_mm256_setzero_si256(),
                                        _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->sums), sc16), 5)),
                       _mm256_setzero_si256()};
+      #pragma GCC unroll 8
       for (int t = 0; t < 8; t++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(y->q + 32 * t));
         s[t % 2] = _mm256_add_epi32(s[t % 2], _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], v), sc[t]));
