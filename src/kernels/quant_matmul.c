@@ -1,7 +1,6 @@
 /* Quantized weights times quantized activations (quant_matmul.h). */
 #include "kernels/quant_matmul.h"
 
-#define ITEMS_PER_THREAD 8
 #define MAX_PARTS 8
 
 size_t moe__qrow_bytes(moe_gguf_type t, int64_t n) {
@@ -57,7 +56,7 @@ void moe__qmatmul(const moe__qmat *w, int nw, const float *x, int T, int ldx, fl
   }
   if (nw > MAX_PARTS) nw = MAX_PARTS; /* callers pass at most 3 */
   /* spans of whole MOE__QROWS_TILE-row tiles: enough items for every thread to take a few */
-  int span = (total + ITEMS_PER_THREAD * nt - 1) / (ITEMS_PER_THREAD * nt);
+  int span = (total + MOE__QITEMS_PER_THREAD * nt - 1) / (MOE__QITEMS_PER_THREAD * nt);
   span = span < MOE__QROWS_TILE ? MOE__QROWS_TILE : (int)round_up((size_t)span, MOE__QROWS_TILE);
   int first[MAX_PARTS + 1] = {0}, col0[MAX_PARTS] = {0};
   for (int j = 0; j < nw; j++) {

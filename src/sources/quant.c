@@ -17,7 +17,6 @@
 #include "kernels/quant_matmul.h"
 #include "layer/plugins.h"
 
-#define ITEMS_PER_THREAD 8
 
 typedef struct {
   moe_gguf_type type;       /* 0 until experts are given */
@@ -117,7 +116,7 @@ static void item2(const fwd_ctx *c, int e, int part) {
 
 /* Spans per group: enough items for every thread to take a few, none under MOE__QROWS_TILE rows. */
 static int parts_of(int rows, int nact, int threads) {
-  int p = (ITEMS_PER_THREAD * threads + nact - 1) / nact, most = rows / MOE__QROWS_TILE > 0 ? rows / MOE__QROWS_TILE : 1;
+  int p = (MOE__QITEMS_PER_THREAD * threads + nact - 1) / nact, most = rows / MOE__QROWS_TILE > 0 ? rows / MOE__QROWS_TILE : 1;
   return p < most ? p : most;
 }
 
