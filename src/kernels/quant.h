@@ -1,7 +1,7 @@
 /* The GGUF tensor types' internals (quant.c, quant_dot.c, quant_dot_k.c): half-precision conversions,
  * the activations quantized per block as each weight type's dot product needs, and the dot products of
- * a quantized weight row with such activations, each in a scalar and an AVX2 version chosen at run time
- * by the CPU's features.
+ * a quantized weight row with such activations, each in a scalar, an AVX2 and an AVX-512 version chosen
+ * at run time by the CPU's features.
  *
  * Every dot product sums integer products exactly (in int32: no value or byte pattern overflows it)
  * and then follows a fixed order of float steps, each product and sum a separate rounding (no fused
@@ -13,9 +13,11 @@
  *                8 (b % 2) + k:  lane += (float)g * (dw * da); the lanes summed by moe__lanes16_sum.
  *                (MXFP4: g over the doubled e2m1 values, dw = 2^(e - 128).) No horizontal sum per
  *                block and no chain of one add per block: the vector versions keep the lanes.
- *   Q4_K, Q5_K:  one accumulator in block order: acc += (d * da) * (float)isum;  acc -= (dmin * da) * (float)msum
- *                (isum = sum over sub-blocks of scale_j * q.a, msum = sum of min_j * the a's sums)
- *   Q6_K:        acc += (d * da) * (float)isum   (isum = sum of scale_j * (q.a - 32 * a's sum)) */
+ *   Q4_K, Q5_K, Q6_K (256-value blocks): the same sixteen lanes, each the int32 sum of an AVX-512
+ *                vpdpwssd lane (quant_dot_k.c says which values and scales go to which lane):
+ *                lane += (dw * da) * (float)isum_lane; Q4_K and Q5_K then lane -= (dmin * da) * (float)msum_j
+ *                for lanes j < 8 (msum_j = min_j times the activations' sum over sub-block j); Q6_K's
+ *                offset of 32 is in the integer lanes 0-7. Summed by moe__lanes16_sum. */
 #ifndef MOE_QUANT_H
 #define MOE_QUANT_H
 
@@ -53,9 +55,10 @@ static inline float moe__lanes16_sum(const float l[16]) {
   return u[0] + u[1];
 }
 
-/* The dot product of two Q8_0 rows of n values (n a multiple of 32), any bytes, in the order above; both versions give the
- * same bits (NaN where the second row's copy as activations cannot be allocated). moe__dot_q8_0 is the AVX2 one when the CPU has AVX2 (moe__dot_q8_0_avx2 returns 0 when not
- * built for x86-64: ask moe__dot_q8_0_has_avx2 first). */
+/* The dot product of two Q8_0 rows of n values (n a multiple of 32), any bytes, in the order above;
+ * the versions give the same bits (NaN where the second row's copy as activations cannot be
+ * allocated). moe__dot_q8_0 is the best version of the CPU (moe__dot_q8_0_avx2 returns 0 when not built
+ * for x86-64: ask moe__dot_q8_0_has_avx2 first). */
 float moe__dot_q8_0(const void *a, const void *b, int64_t n);
 float moe__dot_q8_0_scalar(const void *a, const void *b, int64_t n);
 float moe__dot_q8_0_avx2(const void *a, const void *b, int64_t n);

@@ -1,5 +1,7 @@
 /* What the quantized dot products' AVX2 versions share (quant_dot.c, quant_dot_k.c; the AVX-512 ones in
- * quant_dot_avx512.c use them too): the target attribute, an f16 scale through F16C and Q4_K's mins. Defines HAVE_X86 where they exist. */
+ * quant_dot_avx512.c use them too): the target attribute, the inlining per row count, f16 and 32-value
+ * block scales through F16C, the sum of two 8-lane vectors' lanes, and Q4_K's scales and mins.
+ * Defines HAVE_X86 where they exist. */
 #ifndef MOE_QUANT_AVX2_H
 #define MOE_QUANT_AVX2_H
 
@@ -33,6 +35,23 @@ AVX2 static inline float moe__half_avx(const uint8_t *p) {
   uint16_t h;
   memcpy(&h, p, 2);
   return _cvtsh_ss(h);
+}
+
+/* A 32-value block's scale: MXFP4's E8M0 (halved, as its values are doubled), else the f16 d. */
+AVX2 static inline float moe__b32_scale_avx(int kind, const uint8_t *x) {
+  return kind == MOE__B32_MXFP4 ? moe__e8m0_half(x[0]) : moe__half_avx(x);
+}
+
+/* Each row's sixteen lanes, held as two 8-lane vectors (lanes 0-7, 8-15), summed into out by
+ * moe__lanes16_sum. */
+AVX2 MOE__QDOT_INLINE void moe__lanes16_out(__m256 acc[][2], int nr, float *out) {
+  #pragma GCC unroll 8
+  for (int r = 0; r < nr; r++) {
+    float l[16];
+    _mm256_storeu_ps(l, acc[r][0]);
+    _mm256_storeu_ps(l + 8, acc[r][1]);
+    out[r] = moe__lanes16_sum(l);
+  }
 }
 
 /* A Q4_K / Q5_K block b's eight scales (bytes 0-7) and mins (8-15), unpacked in registers as

@@ -31,7 +31,7 @@ size_t moe__act_bytes(moe_gguf_type w, int64_t n) {
   return k_quant(w) ? (size_t)(n / 256) * sizeof(moe__q8k) : (size_t)((n / 32 + 1) / 2) * MOE__ACT_PAIR_BYTES;
 }
 
-/* Q8_0 block q8 (34 bytes) into half h of a pair's slot, and the slot's start and half of block i. */
+/* Q8_0 block q8 (34 bytes) into half h of a pair's slot; the slot of block i; half h's scale. */
 static void pack_block(const uint8_t *q8, uint8_t *slot, int h) {
   float d = scale_of(q8);
   for (int j = 0; j < 32; j++) slot[32 * h + j] = q8[2 + j] ^ 0x80;
@@ -40,6 +40,12 @@ static void pack_block(const uint8_t *q8, uint8_t *slot, int h) {
 static inline const uint8_t *slot_of(const void *a, int64_t i) {
   return (const uint8_t *)a + (size_t)(i / 2) * MOE__ACT_PAIR_BYTES;
 }
+/* Block i's Q8_0 bytes q8 into the row a of nb blocks (the odd last block's slot zeroed first). */
+static void put_block(void *a, int64_t nb, int64_t i, const uint8_t *q8) {
+  uint8_t *slot = (uint8_t *)a + (size_t)(i / 2) * MOE__ACT_PAIR_BYTES;
+  if (i == nb - 1 && nb % 2) memset(slot, 0, MOE__ACT_PAIR_BYTES);
+  pack_block(q8, slot, (int)(i % 2));
+}
 static inline float act_scale(const uint8_t *slot, int h) {
   float d;
   memcpy(&d, slot + 64 + 32 * h, 4);
@@ -47,10 +53,7 @@ static inline float act_scale(const uint8_t *slot, int h) {
 }
 
 void moe__act_from_q8_0(const void *q8_0, void *a, int64_t n) {
-  int64_t nb = n / 32;
-  if (nb % 2) memset((uint8_t *)a + (size_t)(nb / 2) * MOE__ACT_PAIR_BYTES, 0, MOE__ACT_PAIR_BYTES);
-  for (int64_t i = 0; i < nb; i++)
-    pack_block((const uint8_t *)q8_0 + Q8_BYTES * i, (uint8_t *)a + (size_t)(i / 2) * MOE__ACT_PAIR_BYTES, (int)(i % 2));
+  for (int64_t i = 0; i < n / 32; i++) put_block(a, n / 32, i, (const uint8_t *)q8_0 + Q8_BYTES * i);
 }
 
 /* The value of largest magnitude (the first of equals), and whether every value is finite. */
@@ -109,12 +112,10 @@ void moe__act_quantize(moe_gguf_type w, const float *x, void *a, int64_t n) {
     moe__q8k *b = a;
     for (int64_t i = 0; i < n / 256; i++) act_q8_K(x + 256 * i, b + i);
   } else {
-    int64_t nb = n / 32;
-    if (nb % 2) memset((uint8_t *)a + (size_t)(nb / 2) * MOE__ACT_PAIR_BYTES, 0, MOE__ACT_PAIR_BYTES);
-    for (int64_t i = 0; i < nb; i++) {
+    for (int64_t i = 0; i < n / 32; i++) {
       uint8_t q8[Q8_BYTES];
       act_q8_0(x + 32 * i, q8);
-      pack_block(q8, (uint8_t *)a + (size_t)(i / 2) * MOE__ACT_PAIR_BYTES, (int)(i % 2));
+      put_block(a, n / 32, i, q8);
     }
   }
 }
@@ -183,7 +184,7 @@ static void mxfp4_scalar(const void *w, const void *a, size_t astride, int nr, i
 #ifdef HAVE_X86
 
 /* The 32-value blocks (Q8_0, Q4_0, MXFP4 weights; Q8_0 activations): a block's 32 weight values as
- * int8 in one vector, and its scale. */
+ * int8 in one vector. */
 AVX2 static inline __m256i block_values(int kind, const uint8_t *x) {
   if (kind == MOE__B32_Q8_0) return _mm256_loadu_si256((const __m256i *)(x + 2));
   __m128i q = _mm_loadu_si128((const __m128i *)(x + (kind == MOE__B32_MXFP4 ? 1 : 2))), lo4 = _mm_set1_epi8(15);
@@ -193,10 +194,6 @@ AVX2 static inline __m256i block_values(int kind, const uint8_t *x) {
     return _mm256_set_m128i(_mm_shuffle_epi8(table, hi), _mm_shuffle_epi8(table, lo));
   }
   return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
-}
-
-AVX2 static inline float block_scale(int kind, const uint8_t *x) {
-  return kind == MOE__B32_MXFP4 ? moe__e8m0_half(x[0]) : moe__half_avx(x);
 }
 
 /* The block's eight group sums (values 4k..4k + 3), exact for any bytes (both sides widened to int16,
@@ -214,7 +211,7 @@ AVX2 MOE__QDOT_INLINE void b32_avx2_block(int kind, const uint8_t *x, const void
                                          __m256 acc[][2], int nr) {
   __m256i v = block_values(kind, x);
   __m256i v0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), v1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
-  float dw = block_scale(kind, x);
+  float dw = moe__b32_scale_avx(kind, x);
   #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) {
     const uint8_t *slot = slot_of((const uint8_t *)a + r * astride, i);
@@ -240,12 +237,9 @@ AVX2 MOE__QDOT_INLINE void b32_avx2(int kind, size_t wb, const void *w, const vo
   if (i < nb) b32_avx2_block(kind, x, a, astride, i, 0, acc, nr);
   const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
   #pragma GCC unroll 8
-  for (int r = 0; r < nr; r++) {
-    float l[16];
-    _mm256_storeu_ps(l, _mm256_permutevar8x32_ps(acc[r][0], order));
-    _mm256_storeu_ps(l + 8, _mm256_permutevar8x32_ps(acc[r][1], order));
-    out[r] = moe__lanes16_sum(l);
-  }
+  for (int r = 0; r < nr; r++)
+    for (int h = 0; h < 2; h++) acc[r][h] = _mm256_permutevar8x32_ps(acc[r][h], order);
+  moe__lanes16_out(acc, nr, out);
 }
 
 AVX2 static void q8_0_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {

@@ -2,8 +2,8 @@
  * gives, so with the scalar versions' bits. Compiled for AVX-512 whatever the build's flags and handed out
  * by moe__qdot_kernel only when the CPU has it (CPUID there).
  *   Q8_0, Q4_0, MXFP4: two 32-value blocks a 512-bit vector; the weights' values v (int8) against the
- *     activations, stored unsigned (a + 128: quant.h's layout), with vpdpbusd, less 128 * the sum of v (made once per
- *     weight block, by vpdpbusd too): exact for any bytes on both sides, -128 included. The 16 int32
+ *     activations, stored unsigned (a + 128: quant.h's layout), with vpdpbusd, less 128 * the sum of v
+ *     (made once per weight block, by vpdpbusd too): exact for any bytes on both sides, -128 included. The 16 int32
  *     lanes are quant.h's sixteen groups: converted, scaled and added to a row's float lanes as they are.
  *   K-quants: 64 values a vector: the unsigned weight levels times the int8 activations by maddubs
  *     (pair sums under 2^15: 2 * 63 * 128), times the sub-blocks' scales by vpdpwssd into int32: its
@@ -16,7 +16,6 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")))
 
 #define Q8_BYTES 34
-
 
 /* ---------------------------------------------------------------- 32-value blocks */
 
@@ -97,7 +96,7 @@ AVX512 MOE__QDOT_INLINE void b32_avx512(int kind, size_t wb, const void *w, cons
   if (i < nb) {
     __m256i v = _mm512_castsi512_si256(pair_values(kind, x, 0));
     __m256i z = _mm256_setzero_si256(), off = _mm256_sub_epi32(z, _mm256_dpbusd_epi32(z, _mm256_set1_epi8((char)0x80), v));
-    float dw = kind == MOE__B32_MXFP4 ? moe__e8m0_half(x[0]) : moe__half_avx(x);
+    float dw = moe__b32_scale_avx(kind, x);
     #pragma GCC unroll 8
     for (int r = 0; r < nr; r++) {
       const uint8_t *yr = y + r * astride;

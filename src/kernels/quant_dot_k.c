@@ -105,17 +105,6 @@ void moe__qdot_q6_K_scalar(const void *w, const void *a, size_t astride, int nr,
 
 #ifdef HAVE_X86
 
-/* Each row's sixteen float lanes (two vectors) summed into out. */
-AVX2 MOE__QDOT_INLINE void lanes_out(__m256 acc[][2], int nr, float *out) {
-  #pragma GCC unroll 8
-  for (int r = 0; r < nr; r++) {
-    float l[16];
-    _mm256_storeu_ps(l, acc[r][0]);
-    _mm256_storeu_ps(l + 8, acc[r][1]);
-    out[r] = moe__lanes16_sum(l);
-  }
-}
-
 /* Q4_K (qh_at 0) and Q5_K (qh_at 16), per pair of sub-blocks: the 4-bit values (with Q5_K's fifth bit:
  * 0..31) times the activations by maddubs (pair sums at most 7874, no saturation), then times the
  * sub-block's scale (<= 63) by madd into int32. */
@@ -160,7 +149,7 @@ AVX2 MOE__QDOT_INLINE void k4_avx2(const void *w, const void *a, size_t astride,
       acc[r][0] = _mm256_sub_ps(acc[r][0], _mm256_mul_ps(dm, _mm256_cvtepi32_ps(moe__k4_msum8(y, mins))));
     }
   }
-  lanes_out(acc, nr, out);
+  moe__lanes16_out(acc, nr, out);
 }
 
 AVX2 void moe__qdot_q4_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
@@ -216,7 +205,7 @@ AVX2 MOE__QDOT_INLINE void q6k_avx2(const void *w, const void *a, size_t astride
       for (int h = 0; h < 2; h++) acc[r][h] = _mm256_add_ps(acc[r][h], _mm256_mul_ps(d, _mm256_cvtepi32_ps(s[h])));
     }
   }
-  lanes_out(acc, nr, out);
+  moe__lanes16_out(acc, nr, out);
 }
 
 AVX2 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {

@@ -17,7 +17,6 @@
 #include "kernels/quant_matmul.h"
 #include "layer/plugins.h"
 
-
 typedef struct {
   moe_gguf_type type;       /* 0 until experts are given */
   const uint8_t *w1, *w2, *w3; /* the bytes read: the caller's, or own */
