@@ -51,7 +51,7 @@ static double read_loop(const uint8_t *p, size_t n, int threads) {
 
 int main(int argc, char **argv) {
   int n = 1024, mib = 256, tokens = 64, threads = 1, reps = 5;
-  const char *types = "Q8_0,Q4_0,MXFP4,Q4_K,Q5_K,Q6_K";
+  const char *types = "Q8_0,Q4_0,MXFP4,Q4_K,Q5_K,Q6_K,BF16,F16";
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--n") && i + 1 < argc) { n = atoi(argv[++i]); continue; }
     if (!strcmp(argv[i], "--mib") && i + 1 < argc) { mib = atoi(argv[++i]); continue; }
@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
   size_t bytes = (size_t)mib << 20;
   uint8_t *w = malloc(bytes);
   float *x = malloc(sizeof(float) * (size_t)tokens * n), *out = malloc(sizeof(float) * (size_t)tokens * prefill_rows);
-  uint8_t *a = malloc((size_t)tokens * moe__act_bytes(MOE_GGUF_Q4_K, n) + (size_t)tokens * n);
+  uint8_t *a = malloc((size_t)tokens * moe__act_bytes(MOE_GGUF_BF16, n)); /* fp32: the largest format */
   if (!w || !x || !out || !a) return 1;
   uint64_t seed = 7;
   for (size_t i = 0; i < (size_t)tokens * n; i++) x[i] = moe__uniform(&seed);
@@ -99,12 +99,16 @@ int main(int argc, char **argv) {
         for (int64_t o = 0; o < rows; o++) f(w + (size_t)o * rb, a, ab, 1, n, out + (o & 1023));
         double dec = (double)rows * rb / (now() - t0) / 1e9, rd = read_loop(w, (size_t)rows * rb, threads);
         t0 = now();
+        moe__qdot4_fn f4 = moe__qdot4_kernel(ty, (moe__isa)isa); /* four weight rows a call, as moe__qrows_times */
+        int rows = f4 ? MOE__QDOT4_ROWS : MOE__QDOT_ROWS;
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int ob = 0; ob < prefill_rows; ob += wrows)
-          for (int r = 0; r < tokens; r += MOE__QDOT_ROWS)
-            for (int o = ob; o < ob + wrows; o++)
-              f(w + (size_t)o * rb, a + (size_t)r * ab, ab, tokens - r < MOE__QDOT_ROWS ? tokens - r : MOE__QDOT_ROWS, n,
-                out + (size_t)o * tokens + r);
+          for (int r = 0; r < tokens; r += rows)
+            for (int o = ob; o < ob + wrows; o += f4 ? 4 : 1) {
+              int nr = tokens - r < rows ? tokens - r : rows;
+              if (f4) f4(w + (size_t)o * rb, rb, a + (size_t)r * ab, ab, nr, n, out + (size_t)o * tokens + r);
+              else f(w + (size_t)o * rb, a + (size_t)r * ab, ab, nr, n, out + (size_t)o * tokens + r);
+            }
         double pre = (double)tokens * prefill_rows * n / (now() - t0) / 1e9;
         double v[3] = {dec, rd, pre};
         for (int k = 0; k < 3; k++)

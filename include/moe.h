@@ -420,8 +420,8 @@ typedef struct {
   int seq_len;            /* the sequences of that loss: tokens [s seq_len, (s + 1) seq_len) of a forward
                              (T a multiple of it); 0 = the whole forward is one sequence */
   int expert_type;        /* -1 (default) or MOE_GGUF_F32: the experts are fp32 parameters, computed in
-                             dtype. A quantized moe_gguf_type with kernels (Q8_0, Q4_0, Q4_K, Q5_K,
-                             Q6_K, MXFP4):
+                             dtype. A moe_gguf_type with kernels (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K,
+                             MXFP4, BF16, F16):
                              the experts' weights are bytes of that type, for inference (backward is
                              MOE_ERR_ARG), given with moe_layer_bind_experts; the parameter table then
                              has no experts.*.weight (experts.fc1/fc2.bias stay fp32). Needs D and H

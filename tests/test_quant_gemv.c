@@ -244,10 +244,10 @@ TEST(qdot_avx512_bits_equal_scalar) {
 }
 
 /* moe_cpu_info names the version the quantized experts run: AVX-512 exactly when the CPU has F, BW, VL
- * and VNNI, else AVX2 exactly when it has AVX2 and F16C. */
+ * and VNNI, else AVX2 exactly when it has AVX2, FMA and F16C. */
 TEST(qdot_cpu_info_names_the_choice) {
   __builtin_cpu_init();
-  int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
   int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
   ASSERT_EQ_INT(moe__qdot_best(), avx512 ? MOE__ISA_AVX512 : avx2 ? MOE__ISA_AVX2 : MOE__ISA_SCALAR);
@@ -255,5 +255,119 @@ TEST(qdot_cpu_info_names_the_choice) {
   snprintf(want, sizeof want, "quantized experts' dot products %s", avx512 ? "AVX-512 VNNI" : avx2 ? "AVX2" : "scalar");
   if (!strstr(moe_cpu_info(), want)) FAIL_("moe_cpu_info: '%s' lacks '%s'", moe_cpu_info(), want);
   for (size_t t = 0; t < NTYPES; t++) ASSERT(moe__qdot_kernel(kTypes[t], MOE__ISA_SCALAR) != NULL);
-  ASSERT(!moe__qdot_kernel(MOE_GGUF_F16, MOE__ISA_SCALAR) && !moe__qdot_has(MOE_GGUF_BF16));
+  ASSERT(!moe__qdot_kernel(MOE_GGUF_F32, MOE__ISA_SCALAR) && !moe__qdot_has(MOE_GGUF_F32));
+}
+
+/* ---- BF16 and F16 weights with fp32 activations (quant_dot_float.c) */
+
+static const moe_gguf_type kFloatTypes[] = {MOE_GGUF_BF16, MOE_GGUF_F16};
+static const int kFloatLengths[] = {1, 5, 15, 16, 17, 31, 48, 100, 263};
+
+/* Against float64 over the stored weights' values and the activations, every version and row count. */
+TEST(qdot_float_matches_float64) {
+  enum { N = 263, R = MOE__QDOT_ROWS };
+  uint64_t seed = 21;
+  float w[N], wd[N], x[R * N], out[R];
+  uint16_t wq[N];
+  for (int t = 0; t < 2; t++)
+    for (int c = 0; c < 9; c++) {
+      int n = kFloatLengths[c];
+      random_row(w, n, 1, &seed);
+      random_row(x, (int64_t)R * n, 1, &seed);
+      ASSERT_OK(moe_gguf_quantize(kFloatTypes[t], w, wq, n));
+      ASSERT_OK(moe_gguf_dequantize(kFloatTypes[t], wq, wd, n));
+      ASSERT_EQ_INT((int)moe__act_bytes(kFloatTypes[t], n), 4 * n);
+      for (int isa = MOE__ISA_SCALAR; isa <= MOE__ISA_AVX512; isa++) {
+        moe__qdot_fn f = moe__qdot_kernel(kFloatTypes[t], (moe__isa)isa);
+        if (!f) continue; /* a version this CPU lacks: the bit-identity test says so */
+        for (int nr = 1; nr <= R; nr++) {
+          f(wq, x, (size_t)n * 4, nr, n, out);
+          for (int r = 0; r < nr; r++) {
+            double want = 0, mag = 0;
+            for (int i = 0; i < n; i++) want += (double)wd[i] * x[r * n + i], mag += fabs((double)wd[i] * x[r * n + i]);
+            if (fabs(out[r] - want) > 1e-6 * mag)
+              FAIL_("%s %s n %d rows %d row %d: %.9g, float64 %.9g", moe_gguf_type_name(kFloatTypes[t]),
+                    moe__isa_name((moe__isa)isa), n, nr, r, out[r], want);
+          }
+        }
+      }
+    }
+}
+
+/* Version isa gives the scalar one's bits on any weight bits (NaN, infinities, subnormals), lengths
+ * below, at and past sixteens, every row count, and a row's bits whatever rows are beside it. */
+static void float_bits_equal_scalar(int *failed_, moe__isa isa) {
+  enum { N = 263, R = MOE__QDOT_ROWS };
+  uint64_t seed = 23;
+  uint16_t w[N];
+  float x[R * N], os[R], ov[R], one;
+  for (int t = 0; t < 2; t++) {
+    moe__qdot_fn s = moe__qdot_kernel(kFloatTypes[t], MOE__ISA_SCALAR), v = moe__qdot_kernel(kFloatTypes[t], isa);
+    ASSERT(s && v);
+    for (int c = 0; c < 9; c++)
+      for (int trial = 0; trial < 4; trial++) {
+        int n = kFloatLengths[c];
+        for (int i = 0; i < n; i++) { /* any bits, or (trials 0-1) exponents that keep the sums finite */
+          uint16_t bits = (uint16_t)moe__splitmix(&seed), e = (uint16_t)(moe__splitmix(&seed) % 16);
+          w[i] = trial >= 2 ? bits : t ? (uint16_t)((bits & 0x83ff) | (8 + e) << 10) : (uint16_t)((bits & 0x807f) | (119 + e) << 7);
+        }
+        for (int i = 0; i < R * n; i++) x[i] = ldexpf(moe__uniform(&seed) - 0.5f, (int)(moe__splitmix(&seed) % 40) - 20);
+        if (trial == 1) x[n - 1] = -0.0f, w[n - 1] = 0x8000; /* negative zeros */
+        s(w, x, (size_t)n * 4, R, n, os);
+        for (int nr = 1; nr <= R; nr++) {
+          v(w, x, (size_t)n * 4, nr, n, ov);
+          for (int r = 0; r < nr; r++)
+            if (memcmp(&os[r], &ov[r], 4) && !(isnan(os[r]) && isnan(ov[r])))
+              FAIL_("%s %s, n %d, trial %d, rows %d, row %d: %.9g != scalar %.9g", moe_gguf_type_name(kFloatTypes[t]),
+                    moe__isa_name(isa), n, trial, nr, r, ov[r], os[r]);
+        }
+        for (int r = 0; r < R; r++) {
+          v(w, x + r * n, (size_t)n * 4, 1, n, &one);
+          if (memcmp(&one, &ov[r], 4) && !(isnan(one) && isnan(ov[r])))
+            FAIL_("%s row %d: alone %.9g, with others %.9g", moe_gguf_type_name(kFloatTypes[t]), r, one, ov[r]);
+        }
+      }
+  }
+}
+
+TEST(qdot_float_avx2_bits_equal_scalar) {
+  if (moe__qdot_best() < MOE__ISA_AVX2) SKIP("no AVX2 with FMA on this CPU: only the scalar versions exist here");
+  float_bits_equal_scalar(failed_, MOE__ISA_AVX2);
+}
+
+TEST(qdot_float_avx512_bits_equal_scalar) {
+  if (moe__qdot_best() < MOE__ISA_AVX512) SKIP("no AVX-512 VNNI on this CPU: its versions cannot run here");
+  float_bits_equal_scalar(failed_, MOE__ISA_AVX512);
+}
+
+/* The four-row kernels (where a type and CPU have one) give each output the scalar one-row kernel's bits,
+ * for 1 to 4 activation rows and lengths below, at and past sixteens. */
+TEST(qdot4_float_bits_equal_one_row) {
+  enum { N = 263, R = MOE__QDOT4_ROWS };
+  uint64_t seed = 29;
+  uint16_t w[4 * N];
+  float x[R * N], o4[4 * R], one[R];
+  int tested = 0;
+  for (int t = 0; t < 2; t++) {
+    moe__qdot4_fn f4 = moe__qdot4_kernel(kFloatTypes[t], moe__qdot_best());
+    moe__qdot_fn s = moe__qdot_kernel(kFloatTypes[t], MOE__ISA_SCALAR);
+    if (!f4) continue;
+    for (int c = 0; c < 9; c++) {
+      int n = kFloatLengths[c];
+      for (int i = 0; i < 4 * n; i++) w[i] = (uint16_t)moe__splitmix(&seed);
+      for (int i = 0; i < R * n; i++) x[i] = ldexpf(moe__uniform(&seed) - 0.5f, (int)(moe__splitmix(&seed) % 40) - 20);
+      for (int nr = 1; nr <= R; nr++) {
+        f4(w, (size_t)n * 2, x, (size_t)n * 4, nr, n, o4);
+        for (int j = 0; j < 4; j++) {
+          s(w + j * n, x, (size_t)n * 4, nr, n, one);
+          for (int r = 0; r < nr; r++)
+            if (memcmp(&o4[j * MOE__QDOT4_ROWS + r], &one[r], 4) && !(isnan(one[r]) && isnan(o4[j * MOE__QDOT4_ROWS + r])))
+              FAIL_("%s four rows, n %d, rows %d: weight row %d row %d %.9g != one row's %.9g",
+                    moe_gguf_type_name(kFloatTypes[t]), n, nr, j, r, o4[j * MOE__QDOT4_ROWS + r], one[r]);
+        }
+      }
+      tested++;
+    }
+  }
+  if (!tested) SKIP("no four-row kernel on this CPU (AVX-512 has them)");
 }

@@ -83,7 +83,9 @@ static void dequantized_experts(moe_layer_t *l, moe_gguf_type t) {
   moe_layer_params_changed(l);
 }
 
-static const moe_gguf_type kTypes[] = {MOE_GGUF_Q8_0, MOE_GGUF_Q4_0, MOE_GGUF_Q4_K, MOE_GGUF_Q6_K, MOE_GGUF_Q5_K, MOE_GGUF_MXFP4};
+static const moe_gguf_type kTypes[] = {MOE_GGUF_Q8_0, MOE_GGUF_Q4_0, MOE_GGUF_Q4_K, MOE_GGUF_Q6_K,
+                                       MOE_GGUF_Q5_K, MOE_GGUF_MXFP4, MOE_GGUF_BF16, MOE_GGUF_F16};
+#define NTYPES 8
 
 /* Every type with relu and swiglu (k 1 and 2 among them; one with static dispatch): the float64
  * reference (up to float rounding and the rare hidden value it moves across a rounding boundary: within
@@ -93,7 +95,7 @@ TEST(quant_layer_matches_references) {
   float *x = malloc(T * D * 4), *yq = malloc(T * D * 4), *yf = malloc(T * D * 4);
   double out[D];
   random_x(x, T * D, 1);
-  for (int ti = 0; ti < 6; ti++)
+  for (int ti = 0; ti < NTYPES; ti++)
     for (int ai = 0; ai < 2; ai++) {
         int k = (ai + ti) % 2 + 1; /* each type with both activations, and each activation with k 1 and 2 */
         moe_gguf_type ty = kTypes[ti];
@@ -154,7 +156,7 @@ static void exact_router(moe_layer_t *l, float *x, int n) {
 TEST(quant_layer_decode_equals_prefill) {
   float *x = malloc(T * D * 4), *y = malloc(T * D * 4), *y1 = malloc(T * D * 4);
   random_x(x, T * D, 2);
-  for (int ti = 0; ti < 6; ti++) {
+  for (int ti = 0; ti < NTYPES; ti++) {
     moe_layer_config c = config(ti % 2 ? MOE_ACT_SWIGLU : MOE_ACT_RELU, 2);
     moe_layer_t l;
     ASSERT_OK(moe_layer_init(&l, &c));
@@ -241,8 +243,8 @@ TEST(quant_layer_refusals) {
   ASSERT(strstr(moe_last_error(), "Q8_0") && strstr(moe_last_error(), "inference only"));
   ASSERT_STATUS(moe_layer_set_pipeline(&l, 2, MOE_REUSE_NONE), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "Q8_0"));
-  ASSERT_STATUS(moe_layer_quantize_experts(&l, MOE_GGUF_F16), MOE_ERR_ARG); /* no kernel */
-  ASSERT_STATUS(moe_layer_quantize_experts(&l, MOE_GGUF_BF16), MOE_ERR_ARG);
+  ASSERT_STATUS(moe_layer_quantize_experts(&l, MOE_GGUF_F32), MOE_ERR_ARG); /* no kernel */
+  ASSERT_STATUS(moe_layer_quantize_experts(&l, (moe_gguf_type)6), MOE_ERR_ARG); /* Q5_0: no codec here */
   moe_layer_param(&l, "experts.fc2.weight")[5] = NAN; /* not a value of any type: named, and no experts left */
   ASSERT_STATUS(moe_layer_quantize_experts(&l, MOE_GGUF_Q4_K), MOE_ERR_VALUE);
   ASSERT(strstr(moe_last_error(), "experts.fc2.weight") && strstr(moe_last_error(), "value 5"));

@@ -17,7 +17,10 @@
  *                vpdpwssd lane (quant_dot_k.c says which values and scales go to which lane):
  *                lane += (dw * da) * (float)isum_lane; Q4_K and Q5_K then lane -= (dmin * da) * (float)msum_j
  *                for lanes j < 8 (msum_j = min_j times the activations' sum over sub-block j); Q6_K's
- *                offset of 32 is in the integer lanes 0-7. Summed by moe__lanes16_sum. */
+ *                offset of 32 is in the integer lanes 0-7. Summed by moe__lanes16_sum.
+ *   BF16, F16:   fp32 activations as they are; value i of the row (padded with zeros to whole sixteens)
+ *                into lane i % 16 by one fused multiply-add, lane = fma(w_i, x_i, lane), in order of i;
+ *                summed by moe__lanes16_sum (quant_dot_float.c). */
 #ifndef MOE_QUANT_H
 #define MOE_QUANT_H
 
@@ -97,17 +100,18 @@ typedef struct {
   int16_t sums[16];
 } moe__q8k;
 
-/* The weight types with dot products here (Q8_0, Q4_0, MXFP4, Q4_K, Q5_K, Q6_K). */
+/* The weight types with dot products here (Q8_0, Q4_0, MXFP4, Q4_K, Q5_K, Q6_K, BF16, F16). */
 int moe__qdot_has(moe_gguf_type w);
 /* The activations' format for weights of type w: for Q8_0, Q4_0 and MXFP4, Q8_0 blocks (exactly the
  * values and scales moe_gguf_quantize(Q8_0) writes) laid out as the kernels read them, per pair of
  * blocks (64 values) a slot of MOE__ACT_PAIR_BYTES: the 64 values made unsigned (the int8 byte xor
  * 0x80: a + 128, what vpdpbusd takes), then 16 floats, block 2p's scale eight times and block
  * 2p + 1's eight times (one load each, no f16 to convert per weight row); an odd last block fills
- * the first half of its slot, the rest zero. moe__q8k for the K-quants. Rows of n values (a multiple
- * of w's block): their bytes, the quantizer (values in [-127, 127]; a row with a value that is not
- * finite gets a NaN scale, so that its dot products are NaN), the same layout made from Q8_0 bytes
- * (any bytes: for tests and references), and the inverse (for references). */
+ * the first half of its slot, the rest zero. moe__q8k for the K-quants. The fp32 values themselves
+ * for BF16 and F16. Rows of n values (a multiple of w's block): their bytes, the quantizer (values in
+ * [-127, 127]; a row with a value that is not finite gets a NaN scale, so that its dot products are
+ * NaN; for BF16 and F16 a copy), the same layout made from Q8_0 bytes (any bytes: for tests and
+ * references), and the inverse (for references). */
 #define MOE__ACT_PAIR_BYTES 128
 size_t moe__act_bytes(moe_gguf_type w, int64_t n);
 void moe__act_quantize(moe_gguf_type w, const float *x, void *a, int64_t n);
@@ -120,11 +124,17 @@ void moe__act_dequantize(moe_gguf_type w, const void *a, float *x, int64_t n);
 #define MOE__QDOT_ROWS 8
 typedef void (*moe__qdot_fn)(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 typedef enum { MOE__ISA_SCALAR, MOE__ISA_AVX2, MOE__ISA_AVX512 } moe__isa; /* each CPU with one has those before */
+/* Four weight rows at once (wb bytes apart) against nr activation rows (1 to MOE__QDOT4_ROWS): out[j *
+ * MOE__QDOT4_ROWS + r] for weight row j, each the bits of the one-row kernel's product (where a type
+ * has one: a prefill reuses each activation load four times). */
+#define MOE__QDOT4_ROWS 4
+typedef void (*moe__qdot4_fn)(const void *w, size_t wb, const void *a, size_t astride, int nr, int64_t n, float *out);
 /* The best version this CPU runs (decided once), its name ("AVX-512 VNNI", "AVX2", "scalar"), and the kernel of
  * weight type w in version isa (NULL: no kernel for w, or isa not on this CPU / not built). */
 moe__isa moe__qdot_best(void);
 const char *moe__isa_name(moe__isa isa);
 moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa);
+moe__qdot4_fn moe__qdot4_kernel(moe_gguf_type w, moe__isa isa); /* NULL: none (then one row at a time) */
 
 /* quant_dot_k.c: the K-quants' kernels (moe__qdot_kernel hands them out). */
 void moe__qdot_q4_K_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
@@ -133,6 +143,15 @@ void moe__qdot_q6_K_scalar(const void *w, const void *a, size_t astride, int nr,
 void moe__qdot_q4_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot_q5_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot_q6_K_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+/* quant_dot_float.c: BF16 and F16 weights (the vector versions defined on x86-64 only). */
+void moe__qdot_bf16_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_f16_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_bf16_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_f16_avx2(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_bf16_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot_f16_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot4_bf16_avx512(const void *w, size_t wb, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qdot4_f16_avx512(const void *w, size_t wb, const void *a, size_t astride, int nr, int64_t n, float *out);
 /* quant_dot_avx512.c: the AVX-512 versions (defined on x86-64 only; handed out by moe__qdot_kernel). */
 void moe__qdot_q8_0_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot_q4_0_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);

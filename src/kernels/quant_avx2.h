@@ -54,6 +54,23 @@ AVX2 MOE__QDOT_INLINE void moe__lanes16_out(__m256 acc[][2], int nr, float *out)
   }
 }
 
+/* The AVX-512 versions' (quant_dot_avx512.c, quant_dot_float.c): a vector's high 256 bits (AVX-512 F
+ * alone: no DQ needed), and each row's sixteen lanes in one vector summed into out by
+ * moe__lanes16_sum's halvings. */
+#define MOE__AVX512F __attribute__((target("avx512f,avx2,f16c,fma")))
+MOE__AVX512F static inline __m256 moe__high512(__m512 v) {
+  return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+MOE__AVX512F MOE__QDOT_INLINE void moe__lanes16_out512(const __m512 *acc, int nr, float *out) {
+  #pragma GCC unroll 8
+  for (int r = 0; r < nr; r++) {
+    __m256 s = _mm256_add_ps(_mm512_castps512_ps256(acc[r]), moe__high512(acc[r]));
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    out[r] = _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
+  }
+}
+
 /* A Q4_K / Q5_K block b's eight scales (bytes 0-7) and mins (8-15), unpacked in registers as
  * moe__k4_scales does (through memory, byte stores reloaded wider would stall); and its mins each twice
  * as int16 lanes, against which the activations' 16 sums give by madd min_j (s_2j + s_2j+1) in lane j:

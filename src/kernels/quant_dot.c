@@ -22,12 +22,14 @@ static inline float scale_of(const uint8_t *b) { return moe__half((uint16_t)(b[0
 /* ---------------------------------------------------------------- activations */
 
 static int k_quant(moe_gguf_type w) { return w == MOE_GGUF_Q4_K || w == MOE_GGUF_Q5_K || w == MOE_GGUF_Q6_K; }
+static int half_float(moe_gguf_type w) { return w == MOE_GGUF_BF16 || w == MOE_GGUF_F16; }
 
 int moe__qdot_has(moe_gguf_type w) {
-  return w == MOE_GGUF_Q8_0 || w == MOE_GGUF_Q4_0 || w == MOE_GGUF_MXFP4 || k_quant(w);
+  return w == MOE_GGUF_Q8_0 || w == MOE_GGUF_Q4_0 || w == MOE_GGUF_MXFP4 || k_quant(w) || half_float(w);
 }
 
 size_t moe__act_bytes(moe_gguf_type w, int64_t n) {
+  if (half_float(w)) return (size_t)n * 4;
   return k_quant(w) ? (size_t)(n / 256) * sizeof(moe__q8k) : (size_t)((n / 32 + 1) / 2) * MOE__ACT_PAIR_BYTES;
 }
 
@@ -108,7 +110,9 @@ static void act_q8_K(const float *x, moe__q8k *b) {
 }
 
 void moe__act_quantize(moe_gguf_type w, const float *x, void *a, int64_t n) {
-  if (k_quant(w)) {
+  if (half_float(w)) {
+    memcpy(a, x, (size_t)n * 4);
+  } else if (k_quant(w)) {
     moe__q8k *b = a;
     for (int64_t i = 0; i < n / 256; i++) act_q8_K(x + 256 * i, b + i);
   } else {
@@ -121,7 +125,9 @@ void moe__act_quantize(moe_gguf_type w, const float *x, void *a, int64_t n) {
 }
 
 void moe__act_dequantize(moe_gguf_type w, const void *a, float *x, int64_t n) {
-  if (k_quant(w)) {
+  if (half_float(w)) {
+    memcpy(x, a, (size_t)n * 4);
+  } else if (k_quant(w)) {
     const moe__q8k *b = a;
     for (int64_t i = 0; i < n; i++) x[i] = b[i / 256].d * (float)b[i / 256].q[i % 256];
   } else {
@@ -254,11 +260,12 @@ AVX2 static void mxfp4_avx2(const void *w, const void *a, size_t astride, int nr
   MOE__QDOT_BY_ROWS(nr, b32_avx2, MOE__B32_MXFP4, MX_BYTES, w, a, astride, n, out)
 }
 
-/* AVX2 and F16C (CPUID leaf 1, ECX bit 29: clang's __builtin_cpu_supports has no "f16c"). Asked once:
- * CPUID exits to the hypervisor in a VM, tens of microseconds each, and callers ask per matrix. */
+/* AVX2, FMA and F16C (CPUID leaf 1, ECX bits 12 and 29: clang's __builtin_cpu_supports has no "f16c").
+ * Asked once: CPUID exits to the hypervisor in a VM, tens of microseconds each, and callers ask per
+ * matrix. */
 static int cpu_avx2_ask(void) {
   unsigned a, b, c, d;
-  return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+  return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1) && (c >> 12 & 1);
 }
 
 static int cpu_avx2(void) {
@@ -309,6 +316,8 @@ moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa) {
       case MOE_GGUF_Q4_K: return moe__qdot_q4_K_scalar;
       case MOE_GGUF_Q5_K: return moe__qdot_q5_K_scalar;
       case MOE_GGUF_Q6_K: return moe__qdot_q6_K_scalar;
+      case MOE_GGUF_BF16: return moe__qdot_bf16_scalar;
+      case MOE_GGUF_F16: return moe__qdot_f16_scalar;
       default: return NULL;
     }
   }
@@ -321,6 +330,8 @@ moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa) {
       case MOE_GGUF_Q4_K: return moe__qdot_q4_K_avx2;
       case MOE_GGUF_Q5_K: return moe__qdot_q5_K_avx2;
       case MOE_GGUF_Q6_K: return moe__qdot_q6_K_avx2;
+      case MOE_GGUF_BF16: return moe__qdot_bf16_avx2;
+      case MOE_GGUF_F16: return moe__qdot_f16_avx2;
       default: return NULL;
     }
   }
@@ -332,10 +343,22 @@ moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa) {
       case MOE_GGUF_Q4_K: return moe__qdot_q4_K_avx512;
       case MOE_GGUF_Q5_K: return moe__qdot_q5_K_avx512;
       case MOE_GGUF_Q6_K: return moe__qdot_q6_K_avx512;
+      case MOE_GGUF_BF16: return moe__qdot_bf16_avx512;
+      case MOE_GGUF_F16: return moe__qdot_f16_avx512;
       default: return NULL;
     }
   }
 #endif
+  return NULL;
+}
+
+moe__qdot4_fn moe__qdot4_kernel(moe_gguf_type w, moe__isa isa) {
+#ifdef HAVE_X86
+  if (isa == MOE__ISA_AVX512 && cpu_avx512()) return w == MOE_GGUF_BF16 ? moe__qdot4_bf16_avx512
+                                                     : w == MOE_GGUF_F16  ? moe__qdot4_f16_avx512
+                                                                          : NULL;
+#endif
+  (void)w, (void)isa;
   return NULL;
 }
 

@@ -45,21 +45,9 @@ AVX512 static inline __m512 pair_f16(const uint8_t *x, size_t wb) {
   return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(at, h)));
 }
 
-/* Two 256-bit halves as one vector, and the high half (AVX-512 F alone: no DQ needed). */
+/* Two 256-bit halves as one vector (AVX-512 F alone: no DQ needed). */
 AVX512 static inline __m512 join(__m256 lo, __m256 hi) {
   return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
-}
-AVX512 static inline __m256 high(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
-
-/* Each row's sixteen lanes summed into out by moe__lanes16_sum's halvings. */
-AVX512 MOE__QDOT_INLINE void lanes_out(const __m512 *acc, int nr, float *out) {
-  #pragma GCC unroll 8
-  for (int r = 0; r < nr; r++) {
-    __m256 s = _mm256_add_ps(_mm512_castps512_ps256(acc[r]), high(acc[r]));
-    __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
-    out[r] = _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
-  }
 }
 
 AVX512 static inline __m512 pair_scales(int kind, const uint8_t *x, size_t wb) {
@@ -105,10 +93,10 @@ AVX512 MOE__QDOT_INLINE void b32_avx512(int kind, size_t wb, const void *w, cons
       float d = dw * da;
       __m256i ya = _mm256_loadu_si256((const __m256i *)yr);
       __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_dpbusd_epi32(off, ya, v)), _mm256_set1_ps(d));
-      acc[r] = join(_mm256_add_ps(_mm512_castps512_ps256(acc[r]), t), high(acc[r]));
+      acc[r] = join(_mm256_add_ps(_mm512_castps512_ps256(acc[r]), t), moe__high512(acc[r]));
     }
   }
-  lanes_out(acc, nr, out);
+  moe__lanes16_out512(acc, nr, out);
 }
 
 AVX512 void moe__qdot_q8_0_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
@@ -167,10 +155,10 @@ AVX512 MOE__QDOT_INLINE void k4_avx512(const void *w, const void *a, size_t astr
         t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[c], _mm512_loadu_si512(y->q + 64 * c)), s[c]);
       acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_set1_ps(dw * y->d), _mm512_cvtepi32_ps(t)));
       __m256 u = _mm256_mul_ps(_mm256_set1_ps(dmw * y->d), _mm256_cvtepi32_ps(moe__k4_msum8(y, mins)));
-      acc[r] = join(_mm256_sub_ps(_mm512_castps512_ps256(acc[r]), u), high(acc[r]));
+      acc[r] = join(_mm256_sub_ps(_mm512_castps512_ps256(acc[r]), u), moe__high512(acc[r]));
     }
   }
-  lanes_out(acc, nr, out);
+  moe__lanes16_out512(acc, nr, out);
 }
 
 AVX512 void moe__qdot_q4_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
@@ -215,7 +203,7 @@ AVX512 MOE__QDOT_INLINE void q6k_avx512(const void *w, const void *a, size_t ast
       acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_set1_ps(dw * y->d), _mm512_cvtepi32_ps(u)));
     }
   }
-  lanes_out(acc, nr, out);
+  moe__lanes16_out512(acc, nr, out);
 }
 
 AVX512 void moe__qdot_q6_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {

@@ -34,20 +34,21 @@ int moe__qmat_fits(moe_gguf_type t, int64_t n);
  * (`moe bench --lm`, 2 threads, Zen 5). */
 #define MOE__QITEMS_PER_THREAD 3
 
-/* out[r * ldo + o] (+= with add) for activation rows r < m (at in + r * ab, n values quantized for w's
- * type) and weight rows o in [o0, o1) (at w + o * wb), on the calling thread. The weight rows are
- * taken 16 at a time and each dotted with the activation rows MOE__QDOT_ROWS at a time, so that the
- * 16 rows stay in cache while every activation row reads them: with one activation row a GEMV, with
- * many a GEMM that reads each weight row from memory once. */
-void moe__qrows_times(moe__qdot_fn dot, const uint8_t *w, size_t wb, int o0, int o1, const uint8_t *in, size_t ab,
+/* out[r * ldo + o] (+= with add) for activation rows r < m (at in + r * ab, n values quantized for
+ * type t) and weight rows o in [o0, o1) of type t (at w + o * wb), on the calling thread, by the CPU's
+ * best kernels. The weight rows are taken 16 at a time and each dotted with the activation rows
+ * MOE__QDOT_ROWS at a time (four weight rows with MOE__QDOT4_ROWS where t has moe__qdot4_kernel), so
+ * that the 16 rows stay in cache while every activation row reads them: with one activation row a
+ * GEMV, with many a GEMM that reads each weight row from memory once. */
+void moe__qrows_times(moe_gguf_type t, const uint8_t *w, size_t wb, int o0, int o1, const uint8_t *in, size_t ab,
                       int m, int n, float *out, int ldo, int add);
 
 /* Bytes of the scratch moe__qmatmul needs for T activation rows of up to I values, any weight types. */
 size_t moe__qmatmul_scratch(int T, int I);
 /* y = x W_0^T | x W_1^T | ... (the nw matrices' outputs side by side in y's columns, all with x's
  * width cols): x (T, cols) ldx floats apart, y (T, sum of rows) ldy apart, overwritten or (add) added
- * to. x is quantized once for each activation format the weights need, into scratch; then the weight
- * rows are spread over nt OpenMP threads. */
+ * to (y apart from x). x is quantized once for each activation format the weights need, into scratch
+ * (BF16 and F16 weights read x itself); then the weight rows are spread over nt OpenMP threads. */
 void moe__qmatmul(const moe__qmat *w, int nw, const float *x, int T, int ldx, float *y, int ldy, int add,
                   void *scratch, int nt);
 

@@ -77,7 +77,6 @@ typedef struct {
   const quant_self *q;
   const moe__groups *g;
   const moe__ffn *f;
-  moe__qdot_fn dot;
   const float *b1, *b2;
   const int *active; /* the groups with rows, in order */
   int nact, parts1, parts2;
@@ -91,8 +90,8 @@ static void item1(const fwd_ctx *c, int e, int part) {
   int h0 = (int)((int64_t)H * part / c->parts1), h1 = (int)((int64_t)H * (part + 1) / c->parts1);
   const uint8_t *in = c->q->xq + (size_t)r0 * c->xab;
   float *a1 = c->f->a1 + (size_t)r0 * H, *a3 = c->f->a3 ? c->f->a3 + (size_t)r0 * H : NULL, *h = c->f->h + (size_t)r0 * H;
-  moe__qrows_times(c->dot, c->q->w1 + (size_t)e * H * c->r1, c->r1, h0, h1, in, c->xab, m, D, a1, H, 0);
-  if (a3) moe__qrows_times(c->dot, c->q->w3 + (size_t)e * H * c->r1, c->r1, h0, h1, in, c->xab, m, D, a3, H, 0);
+  moe__qrows_times(c->q->type, c->q->w1 + (size_t)e * H * c->r1, c->r1, h0, h1, in, c->xab, m, D, a1, H, 0);
+  if (a3) moe__qrows_times(c->q->type, c->q->w3 + (size_t)e * H * c->r1, c->r1, h0, h1, in, c->xab, m, D, a3, H, 0);
   for (int r = 0; r < m; r++) {
     float *ar = a1 + (size_t)r * H;
     if (c->b1)
@@ -107,7 +106,7 @@ static void item2(const fwd_ctx *c, int e, int part) {
   int D = l->cfg.D, H = l->cfg.H, r0 = c->g->offs[e], m = c->g->offs[e + 1] - r0;
   int d0 = (int)((int64_t)D * part / c->parts2), d1 = (int)((int64_t)D * (part + 1) / c->parts2);
   float *y = c->g->y + (size_t)r0 * D;
-  moe__qrows_times(c->dot, c->q->w2 + (size_t)e * D * c->r2, c->r2, d0, d1, c->q->hq + (size_t)r0 * c->hab, c->hab, m, H, y, D, 0);
+  moe__qrows_times(c->q->type, c->q->w2 + (size_t)e * D * c->r2, c->r2, d0, d1, c->q->hq + (size_t)r0 * c->hab, c->hab, m, H, y, D, 0);
   if (c->b2)
     for (int r = 0; r < m; r++)
       for (int j = d0; j < d1; j++) y[(size_t)r * D + j] += c->b2[(size_t)e * D + j];
@@ -138,7 +137,7 @@ static moe_status q_forward(void *self, const moe__env *env, const moe__plan *p,
   if (!nact) return MOE_OK;
   moe__weights w;
   moe__weights_bind(l, l->params, &w);
-  fwd_ctx c = {l, q, g, f, moe__qdot_kernel(q->type, moe__qdot_best()), w.b1, w.b2, active, nact,
+  fwd_ctx c = {l, q, g, f, w.b1, w.b2, active, nact,
                parts_of(H, nact, nt), parts_of(D, nact, nt), moe__act_bytes(q->type, D), moe__act_bytes(q->type, H),
                moe__qrow_bytes(q->type, D), moe__qrow_bytes(q->type, H)};
   const float *x = g->x + (size_t)g->offs[0] * D;
