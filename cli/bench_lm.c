@@ -56,16 +56,19 @@ static double value_bytes(moe_gguf_type t) { return (double)moe_gguf_type_block_
 /* The weights one decode step reads, in bytes: every parameter but the experts no token uses (E - k
  * in each MoE layer) and the embedding rows but one, each at the size of the type it is computed in
  * (a GGUF file's weights kept in their quantized type, moe_lm_param_type; fp32 ones at 4 bytes); the
- * used experts at their stored size (quantized experts, bound bytes, are no parameters: blocks of the
- * type; fp32 experts at dsize bytes a value). */
+ * used experts at their stored size (quantized experts, bound bytes, are no parameters: blocks of each
+ * projection's type, moe_layer_expert_type; fp32 experts at dsize bytes a value). */
 static double active_bytes(const moe_lm_t *m, int dsize) {
   const moe_lm_config *c = &m->cfg;
   int q = c->moe.expert_type > 0;
-  double b = 0, expert = 3.0 * c->moe.H * c->moe.D;
-  double per = q ? value_bytes((moe_gguf_type)c->moe.expert_type) : dsize;
+  double b = 0, matrix = (double)c->moe.H * c->moe.D;
   for (int i = 0; i < m->nrefs; i++) b += value_bytes(moe_lm_param_type(m, m->refs[i].name)) * m->refs[i].numel;
-  for (int i = 0; i < c->n_layers; i++)
-    if (!moe_lm_layer_dense(c, i)) b += expert * (per * c->moe.top_k - (q ? 0 : 4.0 * c->moe.E));
+  for (int i = 0; i < c->n_layers; i++) {
+    if (moe_lm_layer_dense(c, i)) continue;
+    double per = 0; /* bytes of one expert's values: its three projections */
+    for (int fc = 1; fc <= 3; fc++) per += q ? value_bytes(moe_layer_expert_type(&m->layers[i], fc)) : dsize;
+    b += matrix * (per * c->moe.top_k - (q ? 0 : 3 * 4.0 * c->moe.E));
+  }
   return b - value_bytes(moe_lm_param_type(m, "model.embed_tokens.weight")) * (c->vocab - 1) * c->moe.D * !c->tie_embeddings;
 }
 

@@ -550,6 +550,13 @@ void moe_layer_set_threads(moe_layer_t *l, int threads);
 moe_status moe_layer_quantize_experts(moe_layer_t *l, moe_gguf_type type);
 moe_status moe_layer_bind_experts(moe_layer_t *l, moe_gguf_type type, const void *fc1, const void *fc2,
                                   const void *fc3);
+/* The same with a type for each of fc1, fc2, fc3 (types[2] unused without swiglu), as llama.cpp's mixed
+ * files (Q4_K_M: some down projections Q6_K beside Q4_K gates) store them; each type must have kernels
+ * and hold D and H in whole blocks. The layer's expert_type becomes fc1's. */
+moe_status moe_layer_bind_experts_typed(moe_layer_t *l, const moe_gguf_type types[3], const void *fc1, const void *fc2,
+                                        const void *fc3);
+/* The type fc (1, 2 or 3) of the layer's experts is computed in: the bound or quantized type, else F32. */
+moe_gguf_type moe_layer_expert_type(const moe_layer_t *l, int fc);
 /* Changes the micro-batches and memory strategy for later calls (checked as in the config). */
 moe_status moe_layer_set_pipeline(moe_layer_t *l, int n, moe_reuse r);
 
@@ -1271,7 +1278,8 @@ moe_status moe_lm_eos_ids(const char *dir, const moe_tokenizer *t, int vocab, in
  * token_embd.weight, tied embeddings when there is no output.weight) and moe_lm_load reads the weights
  * by llama.cpp's tensor names (blk.N.attn_q, ffn_gate_exps...; llama's q and k rows, which llama.cpp's
  * converter permutes per head, put back), every supported type dequantized to fp32 but the experts:
- * moe_lm_read_config sets moe.expert_type to their type when every MoE layer's three stacks share one
+ * moe_lm_read_config sets moe.expert_type to the first gate stack's type when every MoE layer's three
+ * stacks are of types (one, or a mix as llama.cpp's _M files have: moe_layer_bind_experts_typed)
  * that moe_layer_bind_experts takes (D and H whole blocks of it), and moe_lm_load then binds them where
  * they lie in the mapped file, kept open until moe_lm_free, and so the attention projections (q, k and v
  * together), dense layers' MLPs, the embedding and the head whose types have kernels and whose rows are

@@ -190,11 +190,13 @@ TEST(lm_quant_dense_is_inference_only) {
   moe_lm_free(&w);
 }
 
-/* The GGUF file at path again with tensor `name` stored as F32 (every other tensor and key as it was). */
-static moe_status widen_tensor(const char *path, const char *name) {
+/* The GGUF file at path again with tensor `name` stored as type t (its values dequantized and quantized
+ * again; every other tensor and key as it was). */
+static moe_status retype_tensor(const char *path, const char *name, moe_gguf_type t2) {
   moe_gguf *g;
   moe_gguf_writer *w = NULL;
   float *f32 = NULL;
+  void *out = NULL;
   moe_status st = moe_gguf_open(&g, path);
   if (st != MOE_OK) return st;
   st = moe_gguf_writer_new(&w);
@@ -207,16 +209,18 @@ static moe_status widen_tensor(const char *path, const char *name) {
       st = moe_gguf_writer_add_tensor(w, t.name, t.type, t.ndim, t.ne, t.data, t.nbytes);
       continue;
     }
-    size_t bytes = (size_t)(t.ne[0] * t.nrows) * 4;
-    f32 = malloc(bytes);
-    if (!f32) st = MOE_ERR_NOMEM;
+    int64_t n = t.ne[0] * t.nrows;
+    size_t bytes = (size_t)(n / moe_gguf_type_block(t2)) * moe_gguf_type_block_bytes(t2);
+    f32 = malloc((size_t)n * 4), out = malloc(bytes);
+    if (!f32 || !out) st = MOE_ERR_NOMEM;
     for (int64_t r = 0; st == MOE_OK && r < t.nrows; r++) st = moe_gguf_tensor_row_f32(g, &t, r, f32 + r * t.ne[0]);
-    if (st == MOE_OK) st = moe_gguf_writer_add_tensor(w, t.name, MOE_GGUF_F32, t.ndim, t.ne, f32, bytes);
+    if (st == MOE_OK) st = moe_gguf_quantize(t2, f32, out, n);
+    if (st == MOE_OK) st = moe_gguf_writer_add_tensor(w, t.name, t2, t.ndim, t.ne, out, bytes);
   }
   if (st == MOE_OK) st = moe_gguf_writer_save(w, path);
   moe_gguf_writer_free(w);
   moe_gguf_close(g);
-  free(f32);
+  free(f32), free(out);
   return st;
 }
 
@@ -232,7 +236,7 @@ TEST(lm_quant_dense_mlp_all_or_none) {
   ASSERT(moe_lm_param_type(&q, "model.layers.0.mlp.gate_proj.weight") == MOE_GGUF_Q4_K);
   ASSERT(moe_lm_param_type(&q, "model.layers.0.mlp.down_proj.weight") == MOE_GGUF_F16);
   moe_lm_free(&q);
-  ASSERT_OK(widen_tensor(path, "blk.0.ffn_down.weight"));
+  ASSERT_OK(retype_tensor(path, "blk.0.ffn_down.weight", MOE_GGUF_F32));
   ASSERT_OK(load_both(path, &q, &w));
   ASSERT(moe_lm_param_type(&q, "model.layers.0.mlp.gate_proj.weight") == MOE_GGUF_F32);
   ASSERT(moe_lm_param_type(&q, "model.layers.0.mlp.down_proj.weight") == MOE_GGUF_F32);
@@ -244,6 +248,49 @@ TEST(lm_quant_dense_mlp_all_or_none) {
   for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(a[i] - b[i])), scale = fmax(scale, fabs(b[i]));
   ASSERT(worst > 0 && worst < 0.05 * scale);
   free(a), free(b);
+  moe_lm_free(&q);
+  moe_lm_free(&w);
+}
+
+/* Experts of mixed types, as llama.cpp's _M files store them (Q4_K gates with Q6_K down projections in
+ * some layers), stay in their types: each projection of each layer in its own (fc3 in a type whose
+ * activations differ from fc1's, BF16 beside Q4_K), the logits near the widened model's, the same bits
+ * for 1 and 2 threads, prefill and decode near. */
+TEST(lm_quant_mixed_expert_types_stay) {
+  char path[512];
+  moe_lm_t q, w;
+  ASSERT_OK(write_model(MOE_LM_MIXTRAL, MOE_GGUF_Q4_K, 256, path, sizeof path));
+  ASSERT_OK(retype_tensor(path, "blk.0.ffn_down_exps.weight", MOE_GGUF_Q6_K));
+  ASSERT_OK(retype_tensor(path, "blk.1.ffn_up_exps.weight", MOE_GGUF_Q8_0));
+  ASSERT_OK(retype_tensor(path, "blk.1.ffn_down_exps.weight", MOE_GGUF_BF16));
+  ASSERT_OK(load_both(path, &q, &w));
+  const moe_gguf_type want[2][3] = {{MOE_GGUF_Q4_K, MOE_GGUF_Q6_K, MOE_GGUF_Q4_K}, {MOE_GGUF_Q4_K, MOE_GGUF_BF16, MOE_GGUF_Q8_0}};
+  for (int i = 0; i < 2; i++)
+    for (int fc = 1; fc <= 3; fc++) {
+      if (moe_layer_expert_type(&q.layers[i], fc) != want[i][fc - 1])
+        FAIL_("layer %d fc%d: %s, want %s", i, fc, moe_gguf_type_name(moe_layer_expert_type(&q.layers[i], fc)),
+              moe_gguf_type_name(want[i][fc - 1]));
+      ASSERT(moe_layer_expert_type(&w.layers[i], fc) == MOE_GGUF_F32);
+    }
+  size_t n = (size_t)T_LEN * q.cfg.vocab;
+  float *pre = malloc(n * 4), *dec = malloc(n * 4), *two = malloc(n * 4), *ref = malloc(n * 4);
+  ASSERT(pre && dec && two && ref);
+  moe_lm_set_threads(&q, 1);
+  ASSERT(seq_logits(&q, 0, pre) && seq_logits(&q, 1, dec));
+  moe_lm_set_threads(&q, 2);
+  ASSERT(seq_logits(&q, 0, two));
+  ASSERT(seq_logits(&w, 0, ref));
+  double worst = 0, scale = 0, dworst = 0;
+  for (size_t i = 0; i < n; i++) {
+    worst = fmax(worst, fabs(pre[i] - ref[i]));
+    dworst = fmax(dworst, fabs(pre[i] - dec[i]));
+    scale = fmax(scale, fabs(ref[i]));
+    if (memcmp(&pre[i], &two[i], 4)) FAIL_("logit %zu: %.9g with 1 thread, %.9g with 2", i, pre[i], two[i]);
+  }
+  fprintf(stderr, "  mixed types: against the widened model %.2g, prefill against decode %.2g (of the largest logit)\n",
+          worst / scale, dworst / scale);
+  ASSERT(worst > 0 && worst / scale < 0.05 && dworst / scale < 0.02);
+  free(pre), free(dec), free(two), free(ref);
   moe_lm_free(&q);
   moe_lm_free(&w);
 }

@@ -48,20 +48,21 @@ static void quantized_values(moe_gguf_type t, const float *x, double *out, int n
 
 /* Expert e's output for x in float64 over the dequantized weights w1, w2, w3 (fp32 layout), with x and
  * the hidden row quantized per block first. */
-static void ref_expert(moe_gguf_type t, moe_act act, const float *w1, const float *w2, const float *w3,
+static void ref_expert(const moe_gguf_type t[3], moe_act act, const float *w1, const float *w2, const float *w3,
                        const float *b1, const float *b2, int e, const float *x, double *out) {
-  static double xq[D], hq[H];
+  static double xq[D], xq3[D], hq[H];
   static float h[H];
-  quantized_values(t, x, xq, D);
+  quantized_values(t[0], x, xq, D); /* for fc1; for fc3 in its type's format; h for fc2 */
+  quantized_values(t[2], x, xq3, D);
   for (int j = 0; j < H; j++) {
     double a1 = b1 ? b1[e * H + j] : 0, a3 = 0;
     for (int d = 0; d < D; d++) {
       a1 += (double)w1[((size_t)e * H + j) * D + d] * xq[d];
-      if (w3) a3 += (double)w3[((size_t)e * H + j) * D + d] * xq[d];
+      if (w3) a3 += (double)w3[((size_t)e * H + j) * D + d] * xq3[d];
     }
     h[j] = (float)(act == MOE_ACT_SWIGLU ? a1 / (1 + exp(-a1)) * a3 : a1 > 0 ? a1 : 0);
   }
-  quantized_values(t, h, hq, H);
+  quantized_values(t[1], h, hq, H);
   for (int d = 0; d < D; d++) {
     double s = b2 ? b2[e * D + d] : 0;
     for (int j = 0; j < H; j++) s += (double)w2[((size_t)e * D + d) * H + j] * hq[j];
@@ -69,18 +70,24 @@ static void ref_expert(moe_gguf_type t, moe_act act, const float *w1, const floa
   }
 }
 
-/* The layer's fp32 experts replaced by their quantized-then-dequantized values. */
-static void dequantized_experts(moe_layer_t *l, moe_gguf_type t) {
+/* The layer's fp32 experts replaced by their quantized-then-dequantized values (fc1, fc2, fc3 in t[0],
+ * t[1], t[2]); their bytes into bytes[i] when not NULL (malloc'd). */
+static void dequantized_experts_typed(moe_layer_t *l, const moe_gguf_type t[3], uint8_t **bytes) {
   const char *names[3] = {"experts.fc1.weight", "experts.fc2.weight", "experts.fc3.weight"};
   for (int i = 0; i < 3; i++) {
     const moe_param_info *p = moe_layer_param_find(l, names[i]);
     if (!p) continue;
-    uint8_t *b = malloc(p->numel / (size_t)moe_gguf_type_block(t) * moe_gguf_type_block_bytes(t));
-    moe_gguf_quantize(t, l->params + p->offset, b, (int64_t)p->numel);
-    moe_gguf_dequantize(t, b, l->params + p->offset, (int64_t)p->numel);
-    free(b);
+    uint8_t *b = malloc(p->numel / (size_t)moe_gguf_type_block(t[i]) * moe_gguf_type_block_bytes(t[i]));
+    moe_gguf_quantize(t[i], l->params + p->offset, b, (int64_t)p->numel);
+    moe_gguf_dequantize(t[i], b, l->params + p->offset, (int64_t)p->numel);
+    if (bytes) bytes[i] = b;
+    else free(b);
   }
   moe_layer_params_changed(l);
+}
+static void dequantized_experts(moe_layer_t *l, moe_gguf_type t) {
+  const moe_gguf_type ts[3] = {t, t, t};
+  dequantized_experts_typed(l, ts, NULL);
 }
 
 static const moe_gguf_type kTypes[] = {MOE_GGUF_Q8_0, MOE_GGUF_Q4_0, MOE_GGUF_Q4_K, MOE_GGUF_Q6_K,
@@ -123,12 +130,13 @@ TEST(quant_layer_matches_references) {
         const float *w1 = moe_layer_param(&f, "experts.fc1.weight"), *w2 = moe_layer_param(&f, "experts.fc2.weight"),
                     *w3 = moe_layer_param(&f, "experts.fc3.weight"), *b1 = moe_layer_param(&f, "experts.fc1.bias"),
                     *b2 = moe_layer_param(&f, "experts.fc2.bias");
+        const moe_gguf_type ts[3] = {ty, ty, ty};
         for (int t = 0; t < T; t++) {
           double want[D] = {0}, mag[D] = {0};
           for (int j = 0; j < k; j++) {
             int e = sq.experts[t * k + j];
             double g = sq.weights[t * k + j];
-            ref_expert(ty, act, w1, w2, w3, b1, b2, e, x + t * D, out);
+            ref_expert(ts, act, w1, w2, w3, b1, b2, e, x + t * D, out);
             for (int d = 0; d < D; d++) want[d] += g * out[d], mag[d] += fabs(g) * (fabs(out[d]) + 1);
           }
           for (int d = 0; d < D; d++)
@@ -271,4 +279,48 @@ TEST(quant_layer_refusals) {
   ASSERT_OK(moe_layer_init(&l, &c));
   ASSERT(moe_layer_param_find(&l, "experts.fc1.weight"));
   moe_layer_free(&l);
+}
+
+/* Experts bound with a type per projection (moe_layer_bind_experts_typed: a Q4_K gate, a Q6_K down
+ * projection, a BF16 up projection whose activations are fp32, not Q8_K) against the float64 reference
+ * that quantizes each projection's input for its own type; decode and prefill the same bits;
+ * moe_layer_expert_type names each; a type without kernels is refused naming it. */
+TEST(quant_layer_mixed_types) {
+  float *x = malloc(T * D * 4), *y = malloc(T * D * 4), *y1 = malloc(T * D * 4);
+  random_x(x, T * D, 8);
+  const moe_gguf_type ts[3] = {MOE_GGUF_Q4_K, MOE_GGUF_Q6_K, MOE_GGUF_BF16};
+  moe_layer_config c = config(MOE_ACT_SWIGLU, 2);
+  moe_layer_t l;
+  ASSERT_OK(moe_layer_init(&l, &c));
+  moe_layer_init_params(&l, 9);
+  random_biases(&l, 10);
+  exact_router(&l, x, T * D);
+  uint8_t *w[3];
+  dequantized_experts_typed(&l, ts, w);
+  const moe_gguf_type bad[3] = {MOE_GGUF_Q4_K, MOE_GGUF_F32, MOE_GGUF_Q4_K};
+  ASSERT_STATUS(moe_layer_bind_experts_typed(&l, bad, w[0], w[1], w[2]), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "F32"));
+  ASSERT_OK(moe_layer_bind_experts_typed(&l, ts, w[0], w[1], w[2]));
+  for (int fc = 1; fc <= 3; fc++) ASSERT(moe_layer_expert_type(&l, fc) == ts[fc - 1]);
+  moe_layer_stats st;
+  ASSERT_OK(moe_layer_forward(&l, x, T, y, NULL, &st));
+  const float *w1 = moe_layer_param(&l, "experts.fc1.weight"), *w2 = moe_layer_param(&l, "experts.fc2.weight"),
+              *w3 = moe_layer_param(&l, "experts.fc3.weight"), *b1 = moe_layer_param(&l, "experts.fc1.bias"),
+              *b2 = moe_layer_param(&l, "experts.fc2.bias");
+  double out[D];
+  for (int t = 0; t < T; t++) {
+    double want[D] = {0}, mag[D] = {0};
+    for (int j = 0; j < 2; j++) {
+      ref_expert(ts, MOE_ACT_SWIGLU, w1, w2, w3, b1, b2, st.experts[t * 2 + j], x + t * D, out);
+      for (int d = 0; d < D; d++) want[d] += st.weights[t * 2 + j] * out[d], mag[d] += fabs(st.weights[t * 2 + j]) * (fabs(out[d]) + 1);
+    }
+    for (int d = 0; d < D; d++)
+      if (fabs(y[t * D + d] - want[d]) > 2e-5 * mag[d]) FAIL_("token %d column %d: %.9g, float64 %.9g", t, d, y[t * D + d], want[d]);
+  }
+  for (int t = 0; t < T; t++) ASSERT_OK(moe_layer_forward(&l, x + t * D, 1, y1 + t * D, NULL, NULL));
+  for (int i = 0; i < T * D; i++)
+    if (memcmp(&y[i], &y1[i], 4)) FAIL_("token %d column %d: prefill %.9g, decode %.9g", i / D, i % D, y[i], y1[i]);
+  moe_layer_free(&l);
+  for (int i = 0; i < 3; i++) free(w[i]);
+  free(x), free(y), free(y1);
 }

@@ -113,6 +113,8 @@ int moe__qdot_has(moe_gguf_type w);
  * NaN; for BF16 and F16 a copy), the same layout made from Q8_0 bytes (any bytes: for tests and
  * references), and the inverse (for references). */
 #define MOE__ACT_PAIR_BYTES 128
+enum { MOE__ACT_Q8_0, MOE__ACT_Q8_K, MOE__ACT_F32, MOE__ACT_FORMATS };
+int moe__act_format(moe_gguf_type w); /* which of the three formats weights of type w take */
 size_t moe__act_bytes(moe_gguf_type w, int64_t n);
 void moe__act_quantize(moe_gguf_type w, const float *x, void *a, int64_t n);
 void moe__act_from_q8_0(const void *q8_0, void *a, int64_t n);

@@ -28,6 +28,8 @@ int moe__qdot_has(moe_gguf_type w) {
   return w == MOE_GGUF_Q8_0 || w == MOE_GGUF_Q4_0 || w == MOE_GGUF_MXFP4 || k_quant(w) || half_float(w);
 }
 
+int moe__act_format(moe_gguf_type w) { return half_float(w) ? MOE__ACT_F32 : k_quant(w) ? MOE__ACT_Q8_K : MOE__ACT_Q8_0; }
+
 size_t moe__act_bytes(moe_gguf_type w, int64_t n) {
   if (half_float(w)) return (size_t)n * 4;
   return k_quant(w) ? (size_t)(n / 256) * sizeof(moe__q8k) : (size_t)((n / 32 + 1) / 2) * MOE__ACT_PAIR_BYTES;

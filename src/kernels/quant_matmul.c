@@ -45,12 +45,8 @@ void moe__qrows_times(moe_gguf_type t, const uint8_t *w, size_t wb, int o0, int 
 
 /* The activation formats (quant.h): Q8_0 blocks of 32 for the weights of 32-value blocks, Q8_K rows
  * of 256 for the K-quants, each named by a weight type that takes it and made into scratch; fp32 for
- * BF16 and F16 weights, read from x where it lies. */
-enum { ACT_Q8_0, ACT_Q8_K, ACT_F32, ACT_FORMATS };
-static const moe_gguf_type kActType[ACT_FORMATS] = {MOE_GGUF_Q8_0, MOE_GGUF_Q4_K, MOE_GGUF_BF16};
-static int act_format(moe_gguf_type t) {
-  return t == MOE_GGUF_BF16 || t == MOE_GGUF_F16 ? ACT_F32 : moe_gguf_type_block(t) == 256 ? ACT_Q8_K : ACT_Q8_0;
-}
+ * BF16 and F16 weights, read from x where it lies (moe__act_format). */
+static const moe_gguf_type kActType[MOE__ACT_FORMATS] = {MOE_GGUF_Q8_0, MOE_GGUF_Q4_K, MOE_GGUF_BF16};
 
 static size_t round_up(size_t n, size_t b) { return (n + b - 1) / b * b; }
 
@@ -60,17 +56,17 @@ static size_t act_region(int f, int T, int I) {
   return (size_t)T * moe__act_bytes(t, (int64_t)round_up((size_t)I, (size_t)moe_gguf_type_block(t)));
 }
 
-size_t moe__qmatmul_scratch(int T, int I) { return act_region(ACT_Q8_0, T, I) + act_region(ACT_Q8_K, T, I); }
+size_t moe__qmatmul_scratch(int T, int I) { return act_region(MOE__ACT_Q8_0, T, I) + act_region(MOE__ACT_Q8_K, T, I); }
 
 void moe__qmatmul(const moe__qmat *w, int nw, const float *x, int T, int ldx, float *y, int ldy, int add,
                   void *scratch, int nt) {
   if (nw <= 0 || T <= 0) return;
   int I = w[0].cols, total = 0;
-  const uint8_t *in[ACT_FORMATS] = {scratch, (uint8_t *)scratch + act_region(ACT_Q8_0, T, I), (const uint8_t *)x};
-  size_t ab[ACT_FORMATS] = {moe__act_bytes(MOE_GGUF_Q8_0, I), moe__act_bytes(MOE_GGUF_Q4_K, I), (size_t)ldx * 4};
-  int need[ACT_FORMATS] = {0};
+  const uint8_t *in[MOE__ACT_FORMATS] = {scratch, (uint8_t *)scratch + act_region(MOE__ACT_Q8_0, T, I), (const uint8_t *)x};
+  size_t ab[MOE__ACT_FORMATS] = {moe__act_bytes(MOE_GGUF_Q8_0, I), moe__act_bytes(MOE_GGUF_Q4_K, I), (size_t)ldx * 4};
+  int need[MOE__ACT_FORMATS] = {0};
   for (int j = 0; j < nw && j < MAX_PARTS; j++) {
-    need[act_format(w[j].type)] = 1;
+    need[moe__act_format(w[j].type)] = 1;
     total += w[j].rows;
   }
   if (nw > MAX_PARTS) nw = MAX_PARTS; /* callers pass at most 3 */
@@ -85,7 +81,7 @@ void moe__qmatmul(const moe__qmat *w, int nw, const float *x, int T, int ldx, fl
   int items = first[nw];
 #pragma omp parallel num_threads(nt)
   {
-    for (int f = ACT_Q8_0; f <= ACT_Q8_K; f++) {
+    for (int f = MOE__ACT_Q8_0; f <= MOE__ACT_Q8_K; f++) {
       if (!need[f]) continue;
 #pragma omp for schedule(static)
       for (int r = 0; r < T; r++) moe__act_quantize(kActType[f], x + (size_t)r * ldx, (uint8_t *)in[f] + (size_t)r * ab[f], I);
@@ -94,7 +90,7 @@ void moe__qmatmul(const moe__qmat *w, int nw, const float *x, int T, int ldx, fl
     for (int i = 0; i < items; i++) {
       int j = 0;
       while (i >= first[j + 1]) j++;
-      int f = act_format(w[j].type), o0 = (i - first[j]) * span, o1 = o0 + span < w[j].rows ? o0 + span : w[j].rows;
+      int f = moe__act_format(w[j].type), o0 = (i - first[j]) * span, o1 = o0 + span < w[j].rows ? o0 + span : w[j].rows;
       moe__qrows_times(w[j].type, w[j].w, moe__qrow_bytes(w[j].type, I), o0, o1, in[f], ab[f], T, I, y + col0[j], ldy, add);
     }
   }

@@ -139,22 +139,24 @@ static moe_status read_family(const moe_gguf *g, const char *arch, moe_lm_config
   return MOE_OK;
 }
 
-/* The type every MoE layer's three expert stacks share, when the layer has kernels for it and D and H
- * are whole blocks of it: the experts then stay in it (bound, DESIGN 4.8b); else -1 (dequantized). */
+/* When every MoE layer's three expert stacks are of types with kernels that hold D and H in whole
+ * blocks (one type, or a mix such as llama.cpp's _M files make: Q4_K gates beside Q6_K down
+ * projections), the first gate stack's type: the experts then stay in their types (bound, DESIGN
+ * 4.8b); else -1 (dequantized). */
 static int experts_type(const moe_gguf *g, const moe_lm_config *c) {
   static const char *const stacks[3] = {"gate", "up", "down"};
-  int type = -1;
+  int first = -1;
   for (int i = 0; i < c->n_layers; i++)
     for (int j = 0; j < 3 && !moe_lm_layer_dense(c, i); j++) {
       char name[64];
       moe_gguf_tensor t;
       snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i, stacks[j]);
-      if (moe_gguf_tensor_get(g, name, &t) != MOE_OK || (type >= 0 && (int)t.type != type)) return -1;
-      type = (int)t.type;
+      if (moe_gguf_tensor_get(g, name, &t) != MOE_OK || !moe__qdot_has(t.type)) return -1;
+      int b = moe_gguf_type_block(t.type);
+      if (c->moe.D % b || c->moe.H % b) return -1;
+      if (first < 0) first = (int)t.type;
     }
-  if (type < 0 || !moe__qdot_has((moe_gguf_type)type)) return -1;
-  int b = moe_gguf_type_block((moe_gguf_type)type);
-  return c->moe.D % b == 0 && c->moe.H % b == 0 ? type : -1;
+  return first;
 }
 
 static moe_status read_config(const moe_gguf *g, moe_lm_config *c) {
@@ -339,22 +341,22 @@ static moe_status load_experts(const moe_gguf *g, const moe_lm_t *m, int i) {
   return MOE_OK;
 }
 
-/* Layer i's routed experts bound where they lie in the mapped file, in their stored type (the config's
- * expert_type), each stack checked for its type and shape first. */
+/* Layer i's routed experts bound where they lie in the mapped file, each stack in its stored type (a
+ * type with kernels: the config's expert_type says they all are), each checked for its shape first. */
 static moe_status bind_experts(const moe_gguf *g, const moe_lm_t *m, int i) {
   static const char *const stacks[3] = {"gate", "down", "up"}; /* the layer's fc1, fc2, fc3 */
   const moe_lm_config *c = &m->cfg;
   moe_gguf_tensor t[3];
+  moe_gguf_type types[3];
   for (int j = 0; j < 3; j++) {
     char name[64];
     snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i, stacks[j]);
     MOE_CHECK(moe_gguf_tensor_get(g, name, &t[j]));
-    MOE_TRY((int)t[j].type == c->moe.expert_type, MOE_ERR_DTYPE, "%s: tensor '%s' is %s, the other experts %s",
-            moe_gguf_path(g), name, moe_gguf_type_name(t[j].type), moe_gguf_type_name((moe_gguf_type)c->moe.expert_type));
     int64_t want[3] = {j == 1 ? c->moe.H : c->moe.D, j == 1 ? c->moe.D : c->moe.H, c->moe.E};
     MOE_CHECK(expect_shape(g, name, &t[j], want, 3));
+    types[j] = t[j].type;
   }
-  moe_status st = moe_layer_bind_experts(&m->layers[i], (moe_gguf_type)c->moe.expert_type, t[0].data, t[1].data, t[2].data);
+  moe_status st = moe_layer_bind_experts_typed(&m->layers[i], types, t[0].data, t[1].data, t[2].data);
   MOE_TRY(st == MOE_OK, st, "%s: layer %d's experts: %s", moe_gguf_path(g), i, moe_last_error());
   return MOE_OK;
 }

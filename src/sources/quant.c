@@ -18,12 +18,20 @@
 #include "layer/plugins.h"
 
 typedef struct {
-  moe_gguf_type type;       /* 0 until experts are given */
+  moe_gguf_type type;       /* 0 until experts are given; else fc1's type */
+  moe_gguf_type t2, t3;     /* fc2's and fc3's (a file may mix them: llama.cpp's _M files keep some down
+                               projections in Q6_K beside Q4_K gates) */
   const uint8_t *w1, *w2, *w3; /* the bytes read: the caller's, or own */
   uint8_t *own;             /* quantized from the layer's fp32 experts (moe_layer_quantize_experts), or NULL */
   int stale;                /* own must be made again from the parameters before the next forward */
-  uint8_t *xq, *hq;         /* this forward's quantized input rows and hidden rows (the work arena) */
+  uint8_t *xq, *xq3, *hq;   /* this forward's input rows quantized for fc1 and for fc3 (the same rows when
+                               their formats agree) and hidden rows for fc2 (the work arena) */
 } quant_self;
+
+/* Whether fc3's activations need a format of their own (a type with another activation format than fc1's). */
+static int own_x3(const quant_self *q, const moe_layer_t *l) {
+  return l->cfg.act == MOE_ACT_SWIGLU && q->t3 && moe__act_format(q->t3) != moe__act_format(q->type);
+}
 
 static moe_status q_init(const moe_layer_t *l, void *transport, void **self) {
   (void)l, (void)transport;
@@ -48,9 +56,11 @@ static size_t q_bytes(void *self, const moe__env *env, int ng, int rows) {
   const quant_self *q = self;
   const moe_layer_t *l = env->l;
   size_t r = (size_t)rows, H = (size_t)l->cfg.H;
-  moe_gguf_type t = q->type ? q->type : MOE_GGUF_Q8_0; /* not bound yet: forward says so, nothing is used */
+  /* not bound yet: forward says so, nothing is used */
+  moe_gguf_type t = q->type ? q->type : MOE_GGUF_Q8_0, t2 = q->t2 ? q->t2 : t;
   return (l->cfg.act == MOE_ACT_SWIGLU ? 3 : 2) * moe__arena_size(r * H * 4) +
-         moe__arena_size(r * moe__act_bytes(t, l->cfg.D)) + moe__arena_size(r * moe__act_bytes(t, l->cfg.H)) +
+         (own_x3(q, l) ? moe__arena_size(r * moe__act_bytes(q->t3, l->cfg.D)) : 0) +
+         moe__arena_size(r * moe__act_bytes(t, l->cfg.D)) + moe__arena_size(r * moe__act_bytes(t2, l->cfg.H)) +
          moe__arena_size((size_t)ng * sizeof(int));
 }
 
@@ -58,14 +68,15 @@ static moe_status q_alloc(void *self, const moe__env *env, int ng, int rows, moe
   quant_self *q = self;
   const moe_layer_t *l = env->l;
   size_t r = (size_t)rows, H = (size_t)l->cfg.H;
-  moe_gguf_type t = q->type ? q->type : MOE_GGUF_Q8_0;
+  moe_gguf_type t = q->type ? q->type : MOE_GGUF_Q8_0, t2 = q->t2 ? q->t2 : t;
   moe__arena *a = env->work;
   memset(f, 0, sizeof *f);
   f->a1 = moe__arena_alloc(a, r * H * 4);
   f->a3 = l->cfg.act == MOE_ACT_SWIGLU ? moe__arena_alloc(a, r * H * 4) : NULL;
   f->h = moe__arena_alloc(a, r * H * 4);
   q->xq = moe__arena_alloc(a, r * moe__act_bytes(t, l->cfg.D));
-  q->hq = moe__arena_alloc(a, r * moe__act_bytes(t, l->cfg.H));
+  q->xq3 = own_x3(q, l) ? moe__arena_alloc(a, r * moe__act_bytes(q->t3, l->cfg.D)) : q->xq;
+  q->hq = moe__arena_alloc(a, r * moe__act_bytes(t2, l->cfg.H));
   f->order = moe__arena_alloc(a, (size_t)ng * sizeof(int));
   MOE_TRY(f->order && (f->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
   return MOE_OK;
@@ -80,7 +91,8 @@ typedef struct {
   const float *b1, *b2;
   const int *active; /* the groups with rows, in order */
   int nact, parts1, parts2;
-  size_t xab, hab, r1, r2; /* bytes of a quantized input row, hidden row; of a weight row of fc1/fc3, fc2 */
+  size_t xab, x3ab, hab;  /* bytes of an input row quantized for fc1, for fc3; of a hidden row for fc2 */
+  size_t r1, r3, r2;      /* bytes of a weight row of fc1, fc3, fc2 */
 } fwd_ctx;
 
 /* fc1 (and fc3) over H's rows [part H / parts1, ...) of group e, then b1 and the activation there. */
@@ -88,10 +100,13 @@ static void item1(const fwd_ctx *c, int e, int part) {
   const moe_layer_t *l = c->l;
   int D = l->cfg.D, H = l->cfg.H, r0 = c->g->offs[e], m = c->g->offs[e + 1] - r0;
   int h0 = (int)((int64_t)H * part / c->parts1), h1 = (int)((int64_t)H * (part + 1) / c->parts1);
-  const uint8_t *in = c->q->xq + (size_t)r0 * c->xab;
+  const quant_self *q = c->q;
   float *a1 = c->f->a1 + (size_t)r0 * H, *a3 = c->f->a3 ? c->f->a3 + (size_t)r0 * H : NULL, *h = c->f->h + (size_t)r0 * H;
-  moe__qrows_times(c->q->type, c->q->w1 + (size_t)e * H * c->r1, c->r1, h0, h1, in, c->xab, m, D, a1, H, 0);
-  if (a3) moe__qrows_times(c->q->type, c->q->w3 + (size_t)e * H * c->r1, c->r1, h0, h1, in, c->xab, m, D, a3, H, 0);
+  moe__qrows_times(q->type, q->w1 + (size_t)e * H * c->r1, c->r1, h0, h1, q->xq + (size_t)r0 * c->xab, c->xab, m, D, a1,
+                   H, 0);
+  if (a3)
+    moe__qrows_times(q->t3, q->w3 + (size_t)e * H * c->r3, c->r3, h0, h1, q->xq3 + (size_t)r0 * c->x3ab, c->x3ab, m, D,
+                     a3, H, 0);
   for (int r = 0; r < m; r++) {
     float *ar = a1 + (size_t)r * H;
     if (c->b1)
@@ -106,7 +121,8 @@ static void item2(const fwd_ctx *c, int e, int part) {
   int D = l->cfg.D, H = l->cfg.H, r0 = c->g->offs[e], m = c->g->offs[e + 1] - r0;
   int d0 = (int)((int64_t)D * part / c->parts2), d1 = (int)((int64_t)D * (part + 1) / c->parts2);
   float *y = c->g->y + (size_t)r0 * D;
-  moe__qrows_times(c->q->type, c->q->w2 + (size_t)e * D * c->r2, c->r2, d0, d1, c->q->hq + (size_t)r0 * c->hab, c->hab, m, H, y, D, 0);
+  moe__qrows_times(c->q->t2, c->q->w2 + (size_t)e * D * c->r2, c->r2, d0, d1, c->q->hq + (size_t)r0 * c->hab, c->hab, m,
+                   H, y, D, 0);
   if (c->b2)
     for (int r = 0; r < m; r++)
       for (int j = d0; j < d1; j++) y[(size_t)r * D + j] += c->b2[(size_t)e * D + j];
@@ -137,21 +153,27 @@ static moe_status q_forward(void *self, const moe__env *env, const moe__plan *p,
   if (!nact) return MOE_OK;
   moe__weights w;
   moe__weights_bind(l, l->params, &w);
-  fwd_ctx c = {l, q, g, f, w.b1, w.b2, active, nact,
-               parts_of(H, nact, nt), parts_of(D, nact, nt), moe__act_bytes(q->type, D), moe__act_bytes(q->type, H),
-               moe__qrow_bytes(q->type, D), moe__qrow_bytes(q->type, H)};
+  int x3 = own_x3(q, l);
+  moe_gguf_type t3 = q->t3 ? q->t3 : q->type;
+  fwd_ctx c = {l, q, g, f, w.b1, w.b2, active, nact, parts_of(H, nact, nt), parts_of(D, nact, nt),
+               moe__act_bytes(q->type, D), moe__act_bytes(t3, D), moe__act_bytes(q->t2, H),
+               moe__qrow_bytes(q->type, D), moe__qrow_bytes(t3, D), moe__qrow_bytes(q->t2, H)};
   const float *x = g->x + (size_t)g->offs[0] * D;
   const float *h = f->h + (size_t)g->offs[0] * H;
-  uint8_t *xq = q->xq + (size_t)g->offs[0] * c.xab, *hq = q->hq + (size_t)g->offs[0] * c.hab;
+  uint8_t *xq = q->xq + (size_t)g->offs[0] * c.xab, *xq3 = q->xq3 + (size_t)g->offs[0] * c.x3ab;
+  uint8_t *hq = q->hq + (size_t)g->offs[0] * c.hab;
   int n1 = nact * c.parts1, n2 = nact * c.parts2;
 #pragma omp parallel num_threads(nt)
   {
 #pragma omp for schedule(static)
-    for (int r = 0; r < rows; r++) moe__act_quantize(q->type, x + (size_t)r * D, xq + (size_t)r * c.xab, D);
+    for (int r = 0; r < rows; r++) {
+      moe__act_quantize(q->type, x + (size_t)r * D, xq + (size_t)r * c.xab, D);
+      if (x3) moe__act_quantize(t3, x + (size_t)r * D, xq3 + (size_t)r * c.x3ab, D);
+    }
 #pragma omp for schedule(dynamic, 1)
     for (int i = 0; i < n1; i++) item1(&c, active[i / c.parts1], i % c.parts1);
 #pragma omp for schedule(static)
-    for (int r = 0; r < rows; r++) moe__act_quantize(q->type, h + (size_t)r * H, hq + (size_t)r * c.hab, H);
+    for (int r = 0; r < rows; r++) moe__act_quantize(q->t2, h + (size_t)r * H, hq + (size_t)r * c.hab, H);
 #pragma omp for schedule(dynamic, 1)
     for (int i = 0; i < n2; i++) item2(&c, active[i / c.parts2], i % c.parts2);
   }
@@ -222,27 +244,41 @@ moe_status moe_layer_quantize_experts(moe_layer_t *l, moe_gguf_type type) {
   q->own = moe__alloc_big(bytes);
   q->type = 0;
   MOE_TRY(q->own, MOE_ERR_NOMEM, "%s: cannot allocate %zu bytes of %s experts", what, bytes, moe_gguf_type_name(type));
-  q->type = type;
+  q->type = q->t2 = q->t3 = type;
   moe_status st = requantize(q, l);
   if (st != MOE_OK) q->type = 0; /* no experts until a quantize or bind succeeds */
   l->cfg.expert_type = (int)type;
   return st;
 }
 
-moe_status moe_layer_bind_experts(moe_layer_t *l, moe_gguf_type type, const void *fc1, const void *fc2,
-                                  const void *fc3) {
+moe_status moe_layer_bind_experts_typed(moe_layer_t *l, const moe_gguf_type types[3], const void *fc1, const void *fc2,
+                                        const void *fc3) {
   const char *what = "moe_layer_bind_experts";
-  MOE_TRY(l && l->st, MOE_ERR_STATE, "%s: layer not initialized", what);
+  MOE_TRY(l && l->st && types, MOE_ERR_STATE, "%s: layer not initialized", what);
   int glu = l->cfg.act == MOE_ACT_SWIGLU;
   MOE_TRY(fc1 && fc2, MOE_ERR_ARG, "%s: fc1 (gate) and fc2 (down) must not be NULL", what);
   MOE_TRY(!fc3 == !glu, MOE_ERR_ARG, "%s: fc3 (the up projection) is %s", what,
           glu ? "needed with swiglu" : "only for swiglu: pass NULL");
+  for (int i = 1; i < (glu ? 3 : 2); i++) MOE_CHECK(moe__expert_type_check(&l->cfg, (int)types[i], what));
   quant_self *q;
-  MOE_CHECK(switch_to(l, type, what, &q));
+  MOE_CHECK(switch_to(l, types[0], what, &q));
   free(q->own);
   q->own = NULL, q->stale = 0;
-  q->type = type;
+  q->type = types[0], q->t2 = types[1], q->t3 = glu ? types[2] : 0;
   q->w1 = fc1, q->w2 = fc2, q->w3 = fc3;
-  l->cfg.expert_type = (int)type;
+  l->cfg.expert_type = (int)types[0];
   return MOE_OK;
+}
+
+moe_status moe_layer_bind_experts(moe_layer_t *l, moe_gguf_type type, const void *fc1, const void *fc2,
+                                  const void *fc3) {
+  const moe_gguf_type types[3] = {type, type, type};
+  return moe_layer_bind_experts_typed(l, types, fc1, fc2, fc3);
+}
+
+moe_gguf_type moe_layer_expert_type(const moe_layer_t *l, int fc) {
+  if (!l || !l->st || l->cfg.expert_type <= 0 || fc < 1 || fc > 3) return MOE_GGUF_F32;
+  const quant_self *q = moe__layer_source(l, &moe__experts_quant);
+  if (!q || !q->type) return (moe_gguf_type)l->cfg.expert_type;
+  return fc == 1 ? q->type : fc == 2 ? q->t2 : q->t3 ? q->t3 : MOE_GGUF_F32;
 }
