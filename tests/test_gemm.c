@@ -290,7 +290,8 @@ TEST(gemm_square_tiles_match_reference_on_any_threads) {
 }
 
 /* moe_cpu_info names the features the kernels are chosen by as the CPU reports them, and the choice:
- * the small-GEMM kernels are on exactly when this build and CPU have AVX-512. */
+ * the small-GEMM kernels are on exactly when this build and CPU have AVX-512; on x86-64 the L1 data
+ * cache's size (from /sys, or CPUID in VMs without /sys's cache directory). */
 TEST(cpu_info_matches_the_cpu) {
   const char *s = moe_cpu_info();
   if (!strstr(s, "(family ") || !strstr(s, "; kernels: small GEMMs ")) FAIL_("moe_cpu_info: %s", s);
@@ -304,6 +305,10 @@ TEST(cpu_info_matches_the_cpu) {
 #endif
   ASSERT_EQ_INT(strstr(s, "small GEMMs AVX-512") != NULL, on);
   ASSERT(!strchr(s, '"') && !strchr(s, '\n'));
+#ifdef __x86_64__
+  const char *l1 = strstr(s, "L1d ");
+  if (!l1 || atoi(l1 + 4) < 8) FAIL_("moe_cpu_info names no L1 data cache: %s", s);
+#endif
 }
 
 /* moe__gemm_row (a decode step's y = alpha x W^T + beta y through sgemv, W's rows split over the

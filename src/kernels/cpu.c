@@ -1,11 +1,15 @@
 /* The CPU as the kernels see it (moe_cpu_info): its model, the features they are chosen by, its caches
- * (from Linux's /proc and /sys), and the choices made on it. */
+ * (from Linux's /proc and /sys, or CPUID where /sys has no cache directory, as in some VMs), and the
+ * choices made on it. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "kernels/quant.h"
 #include "moe.h"
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
 
 static char info[1024]; /* room for what describe() writes at most: no truncation */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -38,7 +42,33 @@ static int has_flag(const char *flags, const char *f) {
   return 0;
 }
 
-/* "L1d 32K L2 512K L3 32768K" from cpu0's cache directory. */
+/* The same from CPUID's deterministic cache parameters (leaf 4 on Intel, 0x8000001D on AMD: per subleaf
+ * the type in EAX bits 0-4, 0 ending the list, the level in bits 5-7; ways, partitions and line size
+ * less one in EBX, sets less one in ECX), or AMD's older leaves where a VM hides 0x8000001D (L1d KiB in
+ * 0x80000005 ECX bits 24-31, L2 KiB in 0x80000006 ECX bits 16-31; its L3 field is left out: VMs fill
+ * it with what no CPU has). */
+static void caches_cpuid(char *out, size_t n) {
+  out[0] = 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  unsigned a = 0, b = 0, c = 0, d = 0, leaf = 4;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return;
+  if (b == 0x68747541u) leaf = 0x8000001Du; /* "Auth"enticAMD */
+  else if (a < 4) return;
+  size_t w = 0;
+  for (unsigned i = 0; i < 8 && w < n; i++) {
+    if (!__get_cpuid_count(leaf, i, &a, &b, &c, &d) || (a & 31) == 0) break;
+    if ((a & 31) == 2) continue; /* instructions */
+    unsigned long long bytes = (unsigned long long)((b >> 22) + 1) * (((b >> 12) & 1023) + 1) * ((b & 4095) + 1) * (c + 1);
+    w += (size_t)snprintf(out + w, n - w, "%sL%u%s %lluK", w ? " " : "", (a >> 5) & 7, (a & 31) == 1 ? "d" : "", bytes >> 10);
+  }
+  unsigned l1 = 0, l2 = 0;
+  if (!w && leaf != 4 && __get_cpuid(0x80000005, &a, &b, &c, &d)) l1 = c >> 24;
+  if (!w && leaf != 4 && __get_cpuid(0x80000006, &a, &b, &c, &d)) l2 = c >> 16;
+  if (l1 && l2) snprintf(out, n, "L1d %uK L2 %uK", l1, l2);
+#endif
+}
+
+/* "L1d 32K L2 512K L3 32768K" from cpu0's cache directory, else from CPUID. */
 static void caches(char *out, size_t n) {
   size_t w = 0;
   out[0] = 0;
@@ -58,6 +88,7 @@ static void caches(char *out, size_t n) {
     if (!strcmp(type, "Instruction")) continue;
     w += (size_t)snprintf(out + w, n - w, "%sL%s%s %s", w ? " " : "", level, !strcmp(type, "Data") ? "d" : "", size);
   }
+  if (!w) caches_cpuid(out, n);
 }
 
 static void describe(void) {
