@@ -1849,6 +1849,10 @@ typedef struct {
   /* The model's own checkpoint, one file at path with the optimizer's state and the steps done (the
    * classifier's moe_checkpoint_save), written in place of moe_trainer_save's directory; NULL: that. */
   moe_status (*checkpoint)(void *self, const char *path, const moe_optim_t *opt, int64_t step);
+  /* DeepSeek-V3's aux-loss-free balancing after an update: every MoE layer's selection bias moved by
+   * gamma by the last forward's expert counts, summed over the ranks (moe_layer_balance_bias); NULL:
+   * the model has no selection bias. */
+  moe_status (*balance_bias)(void *self, float gamma);
   void (*free)(void *self);
 } moe_train_model;
 
@@ -1897,6 +1901,14 @@ typedef struct {
   int context, batch, eval_windows; /* 64, 8, 64 */
   uint64_t seed;                    /* 1 */
   moe_train_adjust adjust;          /* off; delta_launch 2, headroom 0.25, caching 0.96 / 0.90 from epoch 10 */
+  /* DeepSeek-V3's aux-loss-free load balancing (its paper's bias update speed gamma): after each update
+   * that is not skipped, every MoE layer's selection bias (gate.select_bias, e_score_correction_bias)
+   * moves by -bias_rate for an expert that got more than the mean of the step's assignments (all k
+   * slots, summed over the ranks) and +bias_rate for one that got fewer (the model's balance_bias).
+   * 0 (default): off, the bias stays what it was; DeepSeek-V3 trained with 0.001 (config.json carries no
+   * rate, so none is taken from it). > 0 needs a model with a selection bias (MOE_ERR_ARG). Kept in the
+   * trainer state; the biases are parameters of the model's files. */
+  float bias_rate;
   /* Callbacks (NULL: none), on every rank; a status other than MOE_OK ends the step with it. on_batch
    * runs after the step's batch is made and the capacities due applied, before the cached assignments
    * and the forward; on_step after the update and the adjustments' records (an epoch's end included),
@@ -1991,7 +2003,8 @@ void moe_trainer_set_step(moe_trainer *t, int64_t step);
 /* trainer_state.safetensors in a checkpoint directory (DESIGN 4.10): F32 optim.m and optim.v (Adam's
  * moments in the one-process model's ref order), __metadata__ step, seed, train_seconds and train (the
  * options "context=..;batch=..;steps=..;..."). moe_trainer_state_read: the options into c (context,
- * batch, steps, warmup, lr, optim.weight_decay, eval_every, eval_windows, time_budget, seed, adjust)
+ * batch, steps, warmup, lr, optim.weight_decay, eval_every, eval_windows, time_budget, seed, adjust,
+ * bias_rate: written only when not 0, so 0 when absent)
  * and layer (capacity_setting, dispatch, dtype; NULL: not read), and the training seconds (may be
  * NULL), before the model is built; MOE_ERR_FORMAT naming the file for a missing or bad field.
  * moe_trainer_resume: a new trainer over the checkpoint's model goes on from the state's step with its

@@ -101,6 +101,34 @@ class TrainerTest(unittest.TestCase):
                 open(os.path.join(half_ck, "model.safetensors"), "rb") as b:
             self.assertTrue(a.read() == b.read())
 
+    def test_bias_rate_run_resumes_bit_for_bit_in_python(self):
+        # DeepSeek-V3 with the aux-loss-free balancing: Trainer.resume takes bias_rate from the trainer state
+        cli, d = scratch(self, "libmoe_trainer_")
+        corpus(d)
+        full_ck, half_ck = os.path.join(d, "full"), os.path.join(d, "half")
+        flags = [*TINY_FLAGS, "--layers", "2", "--experts", "8", "--family", "deepseek_v3", "--bias-rate", "0.01"]
+        run = lambda *a: subprocess.run([cli, "train", "--task", "lm", "--data", d, *flags, "--json",
+                                         "--log-steps", *a], capture_output=True, text=True, check=True).stdout
+        want = step_losses(run("--checkpoint", full_ck))
+        self.assertEqual(step_losses(run("--checkpoint", half_ck, "--stop-after", "20")), want[:20])
+        tok = libmoe.Tokenizer(os.path.join(half_ck, "tokenizer.json"))
+        with open(os.path.join(d, "train.txt"), "rb") as f:
+            train = libmoe.lm_stream(tok, f.read())
+        with open(os.path.join(d, "valid.txt"), "rb") as f:
+            valid = libmoe.lm_stream(tok, f.read())
+        tr = libmoe.Trainer.resume(half_ck, train, valid, tokenizer=tok, threads=1)
+        self.assertEqual(["%.9g" % s["ce"] for s in tr.run()], want[20:])
+        del tr
+        with open(os.path.join(full_ck, "model.safetensors"), "rb") as a, \
+                open(os.path.join(half_ck, "model.safetensors"), "rb") as b:
+            self.assertTrue(a.read() == b.read())
+        with open(os.path.join(full_ck, "model.safetensors"), "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            t = json.loads(f.read(n))["model.layers.1.mlp.gate.e_score_correction_bias"]
+            f.seek(8 + n + t["data_offsets"][0])
+            bias = np.frombuffer(f.read(t["data_offsets"][1] - t["data_offsets"][0]), np.float32)
+        self.assertTrue(np.any(bias != 0))  # the balancing ran
+
     def test_bad_options(self):
         tok = libmoe.Tokenizer.train(" ".join(SENTENCES) * 20, 300)
         lm = libmoe.LM.create(tok.vocab_size, 8, layers=1, model=16, heads=2, kv_heads=1, experts=2, hidden=8)
@@ -109,6 +137,7 @@ class TrainerTest(unittest.TestCase):
             libmoe.Trainer(lm, ids, ids, stepz=3)
         raises(self, "MOE_ERR_ARG", libmoe.Trainer, lm, ids[:5], ids, context=8, contains="fewer than one window")
         raises(self, "MOE_ERR_ARG", libmoe.Trainer, lm, ids, ids, context=9, contains="max_position_embeddings")
+        raises(self, "MOE_ERR_ARG", libmoe.Trainer, lm, ids, ids, context=8, bias_rate=1e-3, contains="selection bias")
 
 
 def idx_data(d):

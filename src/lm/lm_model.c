@@ -122,8 +122,8 @@ void moe_lm_config_default(moe_lm_config *c) {
  * latent of D / 2 for V3 and directly for V2; a dense first layer (when there are more) as wide as the
  * active experts; shared experts as wide as two (V2) or one (V3) routed expert; V2 routes by softmax
  * without renormalizing, V3 by sigmoid with the selection bias, renormalized and scaled by 2.5, in 4
- * groups of which 2 are kept when E allows; DeepSeek's interleaved rotary pairs; no model-wide
- * balance loss (V3 balances through the selection bias, moe_lm_balance_bias). */
+ * groups of which 2 are kept when E allows (8 experts or more); DeepSeek's interleaved rotary pairs; no
+ * model-wide balance loss (V3 balances through the selection bias, moe_lm_balance_bias). */
 static void set_deepseek(moe_lm_config *c, int v3) {
   moe_layer_config *l = &c->moe;
   int hd = c->head_dim;
@@ -138,7 +138,7 @@ static void set_deepseek(moe_lm_config *c, int v3) {
   l->select_bias = v3;
   l->normalize_topk = v3;
   l->routed_scale = v3 ? 2.5f : 1.0f;
-  int groups = v3 && l->E % 4 == 0 && l->top_k <= l->E / 2;
+  int groups = v3 && l->E % 4 == 0 && l->E >= 8 && l->top_k <= l->E / 2; /* TOP2_SUM: 2 experts a group or more */
   l->n_group = groups ? 4 : 0, l->topk_group = groups ? 2 : 0;
   l->group_score = MOE_GROUP_TOP2_SUM;
 }

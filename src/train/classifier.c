@@ -106,6 +106,12 @@ static moe_status cls_update(void *self, moe_optim_t *opt, float lr) {
   return st;
 }
 
+static moe_status cls_balance_bias(void *self, float gamma) {
+  cls_task *k = self;
+  for (int i = 0; i < k->m->cfg.blocks; i++) MOE_CHECK(moe_layer_balance_bias(&k->m->layers[i], gamma));
+  return MOE_OK;
+}
+
 static moe_status cls_evaluate(void *self, double *loss, double *accuracy) {
   cls_task *k = self;
   MOE_CHECK(moe_model_accuracy(k->m, k->valid, EVAL_BATCH, accuracy));
@@ -167,7 +173,7 @@ moe_status moe_train_classifier(moe_train_model *out, moe_model_t *m, const moe_
                            .backward = cls_backward, .params_changed = cls_params_changed, .update = cls_update,
                            .evaluate = cls_evaluate, .checkpoint = cls_checkpoint, .moe_layers = m->layers,
                            .n_moe_layers = m->cfg.blocks, .layer_stats = cls_layer_stats, .rows = B,
-                           .free = cls_free};
+                           .free = cls_free, .balance_bias = m->cfg.moe.select_bias ? cls_balance_bias : NULL};
   return MOE_OK;
 }
 
