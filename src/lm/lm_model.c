@@ -241,9 +241,9 @@ static moe_status check_family(const moe_lm_config *c) {
           "lm config: full-attention layers between sliding-window ones are gpt-oss's (with sliding_window), not %s's",
           fam);
   MOE_TRY(!oss || (c->moe.act == MOE_ACT_SWIGLU_OAI && c->moe.gate_bias && c->moe.expert_bias && c->aux_coef == 0 &&
-                   c->moe.normalize_topk == 1 && !c->moe.dist),
+                   c->moe.normalize_topk == 1),
           MOE_ERR_ARG, "lm config: gpt-oss's feed-forward is the clamped SwiGLU (swiglu_oai) with router and expert "
-                       "biases, normalize_topk 1, no balance loss (aux_coef 0) and one process");
+                       "biases, normalize_topk 1 and no balance loss (aux_coef 0)");
   MOE_TRY(c->clip_qkv == 0 || c->family == MOE_LM_OLMOE, MOE_ERR_ARG, "lm config: clip_qkv is OLMoE's, not %s's", fam);
   MOE_TRY(c->clip_qkv >= 0 && isfinite(c->clip_qkv), MOE_ERR_ARG, "lm config: clip_qkv must be >= 0, got %g",
           (double)c->clip_qkv);
@@ -652,15 +652,15 @@ void moe_lm_init_params(moe_lm_t *m, uint64_t seed) {
     int sinks = strstr(r->name, ".sinks") != NULL;
     moe__lm_part p; /* sharded: the whole tensor's draws, this rank's runs of them kept */
     moe__lm_part_of(m, r, &p);
-    size_t at = 0; /* the whole tensor's draws so far */
+    int drawn = !bias && (r->ndim > 1 || sinks); /* norms 1, biases 0, weights and sinks drawn (HF's _init_weights) */
+    size_t at = 0; /* the whole tensor's draws so far (none for a norm or a bias) */
     for (size_t run = 0; run < p.runs; run++) {
       size_t from = p.first + run * p.stride;
-      skip_draws(&st, from - at);
-      for (size_t j = 0; j < p.len; j++) /* norms 1, biases 0, weights and sinks drawn (HF's _init_weights) */
-        r->data[run * p.len + j] = bias ? 0.0f : r->ndim == 1 && !sinks ? 1.0f : sd * moe__uniform(&st);
+      if (drawn) skip_draws(&st, from - at);
+      for (size_t j = 0; j < p.len; j++) r->data[run * p.len + j] = !drawn ? (bias ? 0.0f : 1.0f) : sd * moe__uniform(&st);
       at = from + p.len;
     }
-    skip_draws(&st, p.whole.numel - at);
+    if (drawn) skip_draws(&st, p.whole.numel - at);
     if (e == e0 + El - 1 && k == 2) skip_draws(&st, (size_t)(c->E - e0 - El) * per);
   }
   moe_lm_params_changed(m);
