@@ -1954,17 +1954,32 @@ moe_status moe_train_lm(moe_train_model *out, moe_lm_t *m, const moe_tokenizer *
  * expert parallelism rank r of W takes samples [B r / W, B (r + 1) / W) of each batch. Its update is
  * moe_optim_step_checked (a non-finite parameter or moment named, MOE_ERR_VALUE); evaluation is the
  * accuracy on valid (moe_model_accuracy, batches of 500), the loss its error rate; its checkpoint is
- * moe_checkpoint_save's one file (epoch, step, seed and extra, the caller's options "key=value;..."
- * that a resumed run keeps: NULL for none). m, the datasets and aug are the caller's, kept until the
- * model's free. MOE_ERR_ARG when the batch is larger than the training set. */
+ * moe_checkpoint_save's one file (epoch, step, seed and in extra the training options a resumed run
+ * keeps, moe_classifier_options_format's of c and aug: `moe train --resume` goes on from a checkpoint
+ * written from C or Python). m, the datasets and aug are the caller's, kept until the model's free.
+ * MOE_ERR_ARG when the batch is larger than the training set. */
 typedef struct {
   int shift;           /* a shift of up to shift pixels each way (moe train's 2), zeros shifted in */
   float rotate, scale; /* then, when either is not 0, a rotation by up to +-rotate degrees (15) and a
                           scaling by a factor in [1 - scale, 1 + scale] (0.15) about the centre, bilinear */
 } moe_augment;
 moe_status moe_train_classifier(moe_train_model *out, moe_model_t *m, const moe_dataset *train,
-                                const moe_dataset *valid, const moe_augment *aug, const char *extra,
-                                const moe_trainer_config *c);
+                                const moe_dataset *valid, const moe_augment *aug, const moe_trainer_config *c);
+/* The classifier's training options in its checkpoint (moe_train_state.extra, DESIGN 4.10):
+ * "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%.9g;dynamic_capacity=%d;delta_launch=%d;headroom=%.9g;
+ * cache_assignments=%d;cache_on=%.9g;cache_off=%.9g;cache_min_epoch=%d;augment_rotate=%.9g;
+ * augment_scale=%.9g" (augment: the shift). warmup -1 is one epoch, the default of moe train, which
+ * moe_train_classifier writes for a warm-up of steps_per_epoch steps. _parse: 1, or 0 for a missing or
+ * out-of-range field; checkpoints older than the adjustments have the first 5 fields, then 12, and
+ * without the rotation and scaling those read as 0 (they trained without). */
+typedef struct {
+  int epochs, batch, warmup;
+  float lr;
+  moe_train_adjust adjust;
+  moe_augment aug;
+} moe_classifier_options;
+void moe_classifier_options_format(const moe_classifier_options *o, char *buf, size_t n);
+int moe_classifier_options_parse(const char *s, moe_classifier_options *o);
 /* The fraction of d's samples whose argmax prediction is the label, B samples a forward (under expert
  * parallelism each rank forwards its slice of each and the hits are summed: a collective). */
 moe_status moe_model_accuracy(moe_model_t *m, const moe_dataset *d, int B, double *acc);

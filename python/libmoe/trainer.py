@@ -18,7 +18,7 @@ for _name, (_res, _args) in {
         "moe_train_lm": (C.c_int, [_P(S.TrainModel), _P(S.LM), C.c_void_p, _I32, C.c_size_t, _I32, C.c_size_t,
                                    _P(S.TrainerConfig)]),
         "moe_train_classifier": (C.c_int, [_P(S.TrainModel), _P(S.Model), _P(S.Dataset), _P(S.Dataset),
-                                           _P(S.Augment), C.c_char_p, _P(S.TrainerConfig)]),
+                                           _P(S.Augment), _P(S.TrainerConfig)]),
         "moe_trainer_new": (C.c_int, [_P(C.c_void_p), _P(S.TrainerConfig), _P(S.TrainModel)]),
         "moe_trainer_free": (None, [C.c_void_p]),
         "moe_trainer_done": (C.c_int, [C.c_void_p]),
@@ -139,7 +139,7 @@ class Trainer:
         aug = S.Augment(*augment)
         self._keep = (model, train, valid, tr, va, aug)
         m = S.TrainModel()
-        check(lib.moe_train_classifier(C.byref(m), C.byref(model._c), C.byref(tr), C.byref(va), C.byref(aug), None,
+        check(lib.moe_train_classifier(C.byref(m), C.byref(model._c), C.byref(tr), C.byref(va), C.byref(aug),
                                        C.byref(c)))
         self._start(c, m)
         return self

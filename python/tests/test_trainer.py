@@ -182,7 +182,22 @@ class ClassifierTrainerTest(unittest.TestCase):
         for s in evals:
             self.assertEqual(s["valid_loss"], 1 - s["valid_accuracy"])
         self.assertGreater(evals[-1]["valid_accuracy"], 0.3)  # 10 classes: chance is 0.1
-        # the checkpoint holds the CLI's weights (its training options, metadata, are the CLI's alone)
-        a, b = libmoe.load_checkpoint(os.path.join(d, "cli.st")), libmoe.load_checkpoint(os.path.join(d, "py.st"))
-        for name, v in a[0].params.items():
-            self.assertTrue(np.array_equal(v, b[0].params[name]), name)
+        # the checkpoint is the CLI's, byte for byte: its weights, Adam's state and the training options
+        with open(os.path.join(d, "cli.st"), "rb") as a, open(os.path.join(d, "py.st"), "rb") as b:
+            self.assertTrue(a.read() == b.read())
+
+        # stopped after the first epoch in Python, resumed by moe train: the CLI's losses and checkpoint
+        model = libmoe.Model(in_dim=64, classes=10, blocks=2, D=32, H=32, E=4, top_k=2, act="gelu", inner_top_k=1,
+                             threads=1)
+        model.init_params(3)
+        half = os.path.join(d, "half.st")
+        tr = libmoe.Trainer.classifier(model, train, test, epochs=3, batch=32, seed=3, lr=3e-3, checkpoint=half,
+                                       stop_after=8)
+        self.assertEqual(["%.9g" % s["loss"] for s in tr.run()], want[:8])
+        del tr
+        out = subprocess.run([cli, "train", "--data", d, "--resume", half, "--threads", "1", "--json", "--log-steps"],
+                             capture_output=True, text=True, check=True).stdout
+        rows = [json.loads(line) for line in out.splitlines()]
+        self.assertEqual(["%.9g" % r["loss"] for r in rows if "step" in r and "epoch" not in r], want[8:])
+        with open(os.path.join(d, "cli.st"), "rb") as a, open(half, "rb") as b:
+            self.assertTrue(a.read() == b.read())
