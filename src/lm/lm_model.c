@@ -240,10 +240,10 @@ static moe_status check_family(const moe_lm_config *c) {
   MOE_TRY(!full || (oss && c->sliding_window), MOE_ERR_ARG,
           "lm config: full-attention layers between sliding-window ones are gpt-oss's (with sliding_window), not %s's",
           fam);
-  MOE_TRY(!oss || (c->moe.act == MOE_ACT_SWIGLU_OAI && c->moe.gate_bias && c->moe.expert_bias && c->aux_coef == 0 &&
+  MOE_TRY(!oss || (c->moe.act == MOE_ACT_SWIGLU_OAI && c->moe.gate_bias && c->moe.expert_bias &&
                    c->moe.normalize_topk == 1),
           MOE_ERR_ARG, "lm config: gpt-oss's feed-forward is the clamped SwiGLU (swiglu_oai) with router and expert "
-                       "biases, normalize_topk 1 and no balance loss (aux_coef 0)");
+                       "biases and normalize_topk 1");
   MOE_TRY(c->clip_qkv == 0 || c->family == MOE_LM_OLMOE, MOE_ERR_ARG, "lm config: clip_qkv is OLMoE's, not %s's", fam);
   MOE_TRY(c->clip_qkv >= 0 && isfinite(c->clip_qkv), MOE_ERR_ARG, "lm config: clip_qkv must be >= 0, got %g",
           (double)c->clip_qkv);
@@ -972,10 +972,11 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   out->dropped += ls->dropped;
   out->seq_aux += ls->seq_aux_loss;
   if (kv) memcpy(kv->counts + (size_t)i * c->moe.E, ls->expert_counts, (size_t)c->moe.E * sizeof *kv->counts);
-  /* Mixtral's balance loss, over router logits without a bias: none for gpt-oss; DeepSeek has no
-   * model-wide one (check_mla) */
-  if (!l->cfg.gate_bias && !is_deepseek(c->family))
-    st = moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), ls->experts, a->probs, nt);
+  /* Mixtral's balance loss (gpt-oss's over its scores, only when on); DeepSeek has no model-wide one
+   * (check_mla) */
+  if (!is_deepseek(c->family) && (c->family != MOE_LM_GPT_OSS || c->aux_coef > 0))
+    st = moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), moe_layer_param(l, "gate.bias"),
+                          ls->experts, a->probs, nt);
   s->lap_moe += t1 - t0 - ls->router_seconds;
   s->lap_router += moe__now() - t1 + ls->router_seconds;
   return st;
@@ -1070,7 +1071,8 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   moe_lm_stats st = {0};
   memset(s->bal, 0, 2 * (size_t)c->moe.E * sizeof *s->bal);
   int Lm = moe__lm_moe_layers(c); /* the balance loss is over the MoE layers' router logits */
-  s->lbl = (moe__lbl){Lm, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E, (double)Lm * N};
+  s->lbl = (moe__lbl){Lm, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E, (double)Lm * N,
+                      c->family == MOE_LM_GPT_OSS};
   if (s->qembed.w) { /* the rows looked up, dequantized */
     size_t rb = moe__qrow_bytes(s->qembed.type, D);
     for (int i = 0; i < N; i++)
@@ -1216,8 +1218,9 @@ static moe_status layer_backward(moe_lm_t *m, int i) {
     MOE_TRY(st == MOE_OK, st, "layer %d: %s", i, moe_last_error());
     double t1 = moe__now();
     if (c->aux_coef > 0)
-      MOE_CHECK(moe__lbl_backward(&s->lbl, c->aux_coef, a->xn2, moe_layer_param(l, "gate.weight"), a->probs, s->gl,
-                                  moe_layer_grad(l, "gate.weight"), s->dxn, nt));
+      MOE_CHECK(moe__lbl_backward(&s->lbl, c->aux_coef, a->xn2, moe_layer_param(l, "gate.weight"),
+                                  moe_lm_layer_stats(m, i)->experts, a->probs, s->gl, moe_layer_grad(l, "gate.weight"),
+                                  moe_layer_grad(l, "gate.bias"), s->dxn, nt));
     s->lap_moe += t1 - t0;
     s->lap_router += moe__now() - t1;
   } else {
