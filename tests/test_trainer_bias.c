@@ -1,7 +1,7 @@
 /* The trainer's bias_rate (DeepSeek-V3's aux-loss-free balancing): after every step each MoE layer's
- * e_score_correction_bias has moved by the rule computed here from that step's expert counts; a run
- * stopped with a checkpoint and resumed equals the uninterrupted one bit for bit; a model without a
- * selection bias is refused; and under mpirun 2 ranks give one process's biases (SKIP without it). */
+ * e_score_correction_bias has moved by the rule computed here from that step's expert counts; a model
+ * without a selection bias is refused; and under mpirun 2 ranks give one process's biases (SKIP without
+ * it). Its resume bit for bit: tests/test_trainer.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,18 +11,10 @@
 #include "moe.h"
 #include "run_cli.h"
 #include "test.h"
+#include "trainer_lm.h"
 
-enum { STEPS = 10, STOP = 4, NTRAIN = 1200, NVALID = 300, E = 8 };
+enum { STEPS = 10, NTRAIN = 1200, NVALID = 300, E = 8 };
 #define RATE 0.01f
-
-/* A token stream with some structure: each token a function of the one before, now and then not. */
-static void stream(int32_t *ids, int n, uint64_t seed, int vocab) {
-  ids[0] = 1;
-  for (int i = 1; i < n; i++) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    ids[i] = (seed >> 60) ? (ids[i - 1] * 7 + 3) % vocab : (int32_t)((seed >> 33) % (uint64_t)vocab);
-  }
-}
 
 /* A tiny DeepSeek-V3: a dense first layer, then one MoE layer of 8 sigmoid-routed experts top-2 in 4
  * groups of which 2 are kept, with the selection bias (or Mixtral's, v3 0). */
@@ -76,8 +68,8 @@ static moe_status check_rule(void *ctx, const moe_train_step *s) {
 
 TEST(trainer_bias_rate_follows_the_rule) {
   int32_t tr[NTRAIN], va[NVALID];
-  stream(tr, NTRAIN, 11, 40);
-  stream(va, NVALID, 12, 40);
+  trainer_token_stream(tr, NTRAIN, 11, 40);
+  trainer_token_stream(va, NVALID, 12, 40);
   moe_lm_config lc;
   cfg(&lc, 1);
   moe_lm_t m = {0};
@@ -104,8 +96,8 @@ TEST(trainer_bias_rate_follows_the_rule) {
 /* bias_rate on Mixtral (no selection bias): MOE_ERR_ARG naming it; a negative rate: MOE_ERR_ARG. */
 TEST(trainer_bias_rate_needs_a_selection_bias) {
   int32_t tr[NTRAIN], va[NVALID];
-  stream(tr, NTRAIN, 11, 40);
-  stream(va, NVALID, 12, 40);
+  trainer_token_stream(tr, NTRAIN, 11, 40);
+  trainer_token_stream(va, NVALID, 12, 40);
   for (int v3 = 0; v3 < 2; v3++) {
     moe_lm_config lc;
     cfg(&lc, v3);
@@ -125,99 +117,14 @@ TEST(trainer_bias_rate_needs_a_selection_bias) {
   }
 }
 
-typedef struct {
-  double loss[STEPS + 1];
-  int n;
-} loss_log;
-
-static moe_status log_loss(void *ctx, const moe_train_step *s) {
-  loss_log *l = ctx;
-  l->loss[s->step] = s->batch.loss;
-  l->n++;
-  return MOE_OK;
-}
-
-#define TRY(x)                          \
-  do {                                  \
-    moe_status st_ = (x);               \
-    if (st_ != MOE_OK) return st_;      \
-  } while (0)
-
-static moe_status run(moe_lm_t *m, const moe_trainer_config *base, const int32_t *tr, const int32_t *va,
-                      const char *resume, loss_log *log) {
-  moe_trainer_config c = *base;
-  c.on_step = log_loss;
-  c.ctx = log;
-  moe_train_model model;
-  moe_trainer *t;
-  TRY(moe_train_lm(&model, m, NULL, tr, NTRAIN, va, NVALID, &c));
-  TRY(moe_trainer_new(&t, &c, &model));
-  moe_status st = resume ? moe_trainer_resume(t, resume) : MOE_OK;
-  while (st == MOE_OK && !moe_trainer_done(t)) st = moe_trainer_step(t, NULL);
-  moe_trainer_free(t);
-  return st;
-}
-
-/* Stopped after 4 steps with a checkpoint, the options (bias_rate among them) read back from its
- * trainer state and resumed: every step's loss and every parameter, the biases included, equal the
- * uninterrupted run's bit for bit. */
-TEST(trainer_bias_rate_resumes_bit_for_bit) {
-  int32_t tr[NTRAIN], va[NVALID];
-  stream(tr, NTRAIN, 11, 40);
-  stream(va, NVALID, 12, 40);
-  moe_trainer_config c;
-  train_cfg(&c);
-  moe_lm_config lc;
-  cfg(&lc, 1);
-  moe_lm_t full = {0}, half = {0}, back = {0};
-  loss_log a = {0}, b = {0};
-  ASSERT_OK(moe_lm_init(&full, &lc));
-  moe_lm_init_params(&full, c.seed);
-  ASSERT_OK(run(&full, &c, tr, va, NULL, &a));
-  char ck[512];
-  test_tmp_path("trainer_bias_ck", ck, sizeof ck);
-  moe_trainer_config h = c;
-  h.stop_after = STOP, h.checkpoint = ck;
-  ASSERT_OK(moe_lm_init(&half, &lc));
-  moe_lm_init_params(&half, c.seed);
-  ASSERT_OK(run(&half, &h, tr, va, NULL, &b));
-  moe_lm_free(&half);
-  moe_trainer_config r;
-  moe_trainer_config_default(&r);
-  moe_lm_config rc;
-  ASSERT_OK(moe_lm_read_config(ck, &rc));
-  ASSERT_OK(moe_trainer_state_read(ck, &r, &rc.moe, NULL));
-  if (r.bias_rate != RATE) FAIL_("the trainer state gives bias_rate %.9g, want %.9g", (double)r.bias_rate, (double)RATE);
-  rc.moe.threads = 1;
-  ASSERT_OK(moe_lm_load(&back, ck, &rc));
-  ASSERT_OK(run(&back, &r, tr, va, ck, &b));
-  ASSERT_EQ_INT(b.n, STEPS);
-  for (int s = 1; s <= STEPS; s++)
-    if (memcmp(&a.loss[s], &b.loss[s], sizeof(double)))
-      FAIL_("step %d: loss %.17g resumed, %.17g uninterrupted", s, b.loss[s], a.loss[s]);
-  ASSERT_EQ_INT(back.nrefs, full.nrefs);
-  int biases = 0;
-  for (int i = 0; i < full.nrefs; i++) {
-    biases += strstr(full.refs[i].name, "e_score_correction_bias") != NULL;
-    if (memcmp(full.refs[i].data, back.refs[i].data, full.refs[i].numel * sizeof(float)))
-      FAIL_("%s differs after the resumed run", full.refs[i].name);
-  }
-  ASSERT_EQ_INT(biases, 1);
-  const float *bias = bias_of(&full);
-  int moved = 0;
-  for (int e = 0; e < E; e++) moved += bias[e] != 0;
-  ASSERT(moved > 0);
-  moe_lm_free(&full);
-  moe_lm_free(&back);
-}
-
 /* The e_score_correction_bias of layer 1 of checkpoint dir into b. */
 static moe_status read_bias(const char *dir, float *b) {
   char path[1024];
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
   moe_st *f;
-  TRY(moe_st_open(&f, path));
-  moe_status st = moe_st_get_f32(f, "model.layers.1.mlp.gate.e_score_correction_bias", b, E);
+  moe_status st = moe_st_open(&f, path);
+  if (st != MOE_OK) return st;
+  st = moe_st_get_f32(f, "model.layers.1.mlp.gate.e_score_correction_bias", b, E);
   moe_st_close(f);
   return st;
 }

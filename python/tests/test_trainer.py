@@ -80,11 +80,13 @@ class TrainerTest(unittest.TestCase):
             with open(os.path.join(full_ck, f), "rb") as a, open(os.path.join(py_ck, f), "rb") as b:
                 self.assertTrue(a.read() == b.read(), f)
 
-    def test_moe_train_run_resumes_bit_for_bit_in_python(self):
+    def resumed_in_python(self, flags):
+        """`moe train --task lm` with flags run whole and stopped at step 20, the latter resumed by
+        Trainer.resume: the whole run's losses and model.safetensors, bit for bit; that file's path."""
         cli, d = scratch(self, "libmoe_trainer_")
         corpus(d)
         full_ck, half_ck = os.path.join(d, "full"), os.path.join(d, "half")
-        run = lambda *a: subprocess.run([cli, "train", "--task", "lm", "--data", d, *TINY_FLAGS, "--json",
+        run = lambda *a: subprocess.run([cli, "train", "--task", "lm", "--data", d, *flags, "--json",
                                          "--log-steps", *a], capture_output=True, text=True, check=True).stdout
         want = step_losses(run("--checkpoint", full_ck))
         self.assertEqual(step_losses(run("--checkpoint", half_ck, "--stop-after", "20")), want[:20])
@@ -100,29 +102,16 @@ class TrainerTest(unittest.TestCase):
         with open(os.path.join(full_ck, "model.safetensors"), "rb") as a, \
                 open(os.path.join(half_ck, "model.safetensors"), "rb") as b:
             self.assertTrue(a.read() == b.read())
+        return os.path.join(full_ck, "model.safetensors")
+
+    def test_moe_train_run_resumes_bit_for_bit_in_python(self):
+        self.resumed_in_python(TINY_FLAGS)
 
     def test_bias_rate_run_resumes_bit_for_bit_in_python(self):
         # DeepSeek-V3 with the aux-loss-free balancing: Trainer.resume takes bias_rate from the trainer state
-        cli, d = scratch(self, "libmoe_trainer_")
-        corpus(d)
-        full_ck, half_ck = os.path.join(d, "full"), os.path.join(d, "half")
-        flags = [*TINY_FLAGS, "--layers", "2", "--experts", "8", "--family", "deepseek_v3", "--bias-rate", "0.01"]
-        run = lambda *a: subprocess.run([cli, "train", "--task", "lm", "--data", d, *flags, "--json",
-                                         "--log-steps", *a], capture_output=True, text=True, check=True).stdout
-        want = step_losses(run("--checkpoint", full_ck))
-        self.assertEqual(step_losses(run("--checkpoint", half_ck, "--stop-after", "20")), want[:20])
-        tok = libmoe.Tokenizer(os.path.join(half_ck, "tokenizer.json"))
-        with open(os.path.join(d, "train.txt"), "rb") as f:
-            train = libmoe.lm_stream(tok, f.read())
-        with open(os.path.join(d, "valid.txt"), "rb") as f:
-            valid = libmoe.lm_stream(tok, f.read())
-        tr = libmoe.Trainer.resume(half_ck, train, valid, tokenizer=tok, threads=1)
-        self.assertEqual(["%.9g" % s["ce"] for s in tr.run()], want[20:])
-        del tr
-        with open(os.path.join(full_ck, "model.safetensors"), "rb") as a, \
-                open(os.path.join(half_ck, "model.safetensors"), "rb") as b:
-            self.assertTrue(a.read() == b.read())
-        with open(os.path.join(full_ck, "model.safetensors"), "rb") as f:
+        path = self.resumed_in_python([*TINY_FLAGS, "--layers", "2", "--experts", "8", "--family", "deepseek_v3",
+                                       "--bias-rate", "0.01"])
+        with open(path, "rb") as f:
             n = struct.unpack("<Q", f.read(8))[0]
             t = json.loads(f.read(n))["model.layers.1.mlp.gate.e_score_correction_bias"]
             f.seek(8 + n + t["data_offsets"][0])
