@@ -189,31 +189,12 @@ static int parse(int argc, char **argv, train_opts *o, int *arch) {
   return 0;
 }
 
-/* The training options that a resumed run must keep, as "key=value;..." in the checkpoint: the
- * schedule, and the RECOMPILE adjustments in use (dynamic capacity, assignment caching). */
-static void save_extra(const train_opts *o, char *buf, size_t n) {
-  snprintf(buf, n,
-           "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%.9g;dynamic_capacity=%d;delta_launch=%d;headroom=%.9g;"
-           "cache_assignments=%d;cache_on=%.9g;cache_off=%.9g;cache_min_epoch=%d;augment_rotate=%.9g;augment_scale=%.9g",
-           o->epochs, o->batch, o->warmup, o->aug.shift, (double)o->lr, o->adj.dynamic_capacity, o->adj.delta_launch,
-           (double)o->adj.headroom, o->adj.cache_assignments, (double)o->adj.cache.on, (double)o->adj.cache.off,
-           o->adj.cache.min_epoch, (double)o->aug.rotate, (double)o->aug.scale);
-}
-
-/* The checkpoint's training options (older checkpoints lack the adjustments' and then the rotation and
- * scaling, which they trained without); 0 if they are missing or out of range. */
+/* The checkpoint's training options (moe_classifier_options_parse) into o; 0 if missing or out of range. */
 static int load_extra(const char *s, train_opts *o) {
-  o->aug.rotate = o->aug.scale = 0;
-  int n = sscanf(s,
-                 "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%f;dynamic_capacity=%d;delta_launch=%d;headroom=%f;"
-                 "cache_assignments=%d;cache_on=%f;cache_off=%f;cache_min_epoch=%d;augment_rotate=%f;augment_scale=%f",
-                 &o->epochs, &o->batch, &o->warmup, &o->aug.shift, &o->lr, &o->adj.dynamic_capacity,
-                 &o->adj.delta_launch, &o->adj.headroom, &o->adj.cache_assignments, &o->adj.cache.on,
-                 &o->adj.cache.off, &o->adj.cache.min_epoch, &o->aug.rotate, &o->aug.scale);
-  return (n == 5 || n == 12 || n == 14) && o->epochs > 0 && o->batch > 0 && o->warmup >= -1 && o->aug.shift >= 0 &&
-         o->aug.shift < 8 && o->aug.rotate >= 0 && o->aug.rotate <= 90 && o->aug.scale >= 0 && o->aug.scale < 1 &&
-         o->lr > 0 && o->lr < 1e3f && o->adj.delta_launch >= 0 && o->adj.delta_launch < 60 &&
-         o->adj.headroom >= 0 && o->adj.headroom <= 10 && o->adj.cache.min_epoch >= 0;
+  moe_classifier_options c;
+  if (!moe_classifier_options_parse(s, &c)) return 0;
+  o->epochs = c.epochs, o->batch = c.batch, o->warmup = c.warmup, o->lr = c.lr, o->adj = c.adjust, o->aug = c.aug;
+  return 1;
 }
 
 typedef struct {
@@ -398,10 +379,8 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   tc.on_step = cls_on_step;
   tc.on_eval = cls_on_eval;
   tc.ctx = &r;
-  char extra[sizeof(((moe_train_state *)0)->extra)];
-  save_extra(o, extra, sizeof extra);
   moe_train_model model;
-  if (!rc && (moe_train_classifier(&model, m, train, test, &o->aug, extra, &tc) != MOE_OK ||
+  if (!rc && (moe_train_classifier(&model, m, train, test, &o->aug, &tc) != MOE_OK ||
               moe_trainer_new(&r.tr, &tc, &model) != MOE_OK))
     rc = cli_usage_error(CMD, "%s", moe_last_error());
   if (r.tr) { /* the optimizer's state, new or the checkpoint's, becomes the trainer's */

@@ -26,6 +26,7 @@ static void on_sigint(int sig) { (void)sig; interrupted = 1; }
 typedef struct {
   const char *data, *tokenizer, *resume;
   int json, log_steps, dense, vocab, epochs, threads, steps_given;
+  float aux_weight; /* --aux-weight, over the family's default (-1: not given) */
   moe_trainer_config tc; /* the schedule, the data's windows, the seed, --checkpoint and --keep-best */
   train_adjust *adj;     /* tc.adjust */
   moe_lm_config model;
@@ -41,6 +42,7 @@ static void usage(FILE *f, int help) {
     "usage: moe train --task lm [--data DIR] [--tokenizer F] [--vocab N] [--context T] [--batch B]\n"
     "       [--layers N] [--model D] [--heads NH] [--kv-heads NKV] [--experts E] [--top-k K] [--hidden H]\n"
     "       [--dense] [--family mixtral|qwen2_moe|qwen3_moe|olmoe|gpt_oss|deepseek_v2|deepseek_v3] [--aux-weight W]\n"
+    "       [--bias-rate G]\n"
     "       [--lr LR] [--weight-decay W]\n"
     "       [--warmup S] [--steps S | --epochs N]\n"
     "       [--time-budget SECONDS] [--stop-after S] [--eval-every S] [--eval-windows N] [--seed S] [--threads N]\n"
@@ -60,11 +62,15 @@ static void usage(FILE *f, int help) {
     "family of the model and its checkpoint (default mixtral): qwen2_moe adds q/k/v biases and a shared\n"
     "expert of width H with its sigmoid gate, qwen3_moe RMSNorms each head of q and k, olmoe the whole q\n"
     "and k (and does not renormalize the top-k weights, as its released config), gpt_oss q/k/v/o biases,\n"
-    "attention sinks, the router's and experts' biases and the clamped SwiGLU (no balance loss; one\n"
-    "process); deepseek_v2 and deepseek_v3 the latent attention (D/NH-wide keys and values beside a rotary\n"
+    "attention sinks, the router's and experts' biases and the clamped SwiGLU (no balance loss unless\n"
+    "--aux-weight W: then transformers' GptOss one, over the router's top-k scores; under mpirun no\n"
+    "--parallel-r); deepseek_v2 and deepseek_v3 the latent attention (D/NH-wide keys and values beside a rotary\n"
     "part half as wide, a kv latent of D/4, V3's q latent D/2), a dense first layer, shared experts, and\n"
-    "V2's softmax or V3's grouped sigmoid routing (moe_lm_config_set_family); no balance loss, and V3's\n"
-    "selection bias stays 0 (its aux-loss-free balancing is not applied by the trainer yet).\n"
+    "V2's softmax or V3's grouped sigmoid routing (moe_lm_config_set_family); no balance loss. --bias-rate G\n"
+    "(deepseek_v3): DeepSeek-V3's aux-loss-free balancing, after each step every MoE layer's selection bias\n"
+    "(e_score_correction_bias) moves down by G for an expert given more than the mean of the step's\n"
+    "assignments (over all ranks) and up by G for one given fewer; default 0, the bias left as it is\n"
+    "(DeepSeek-V3 trained with 0.001; config.json carries no rate). Kept in the trainer state.\n"
     "Every --eval-every steps\n"
     "(default 100) and at the end: the validation loss and perplexity over --eval-windows (default 64)\n"
     "fixed windows of DIR/valid.txt, and a checkpoint in DIR (a Hugging Face directory of the family with\n"
@@ -96,6 +102,7 @@ static void defaults(lm_opts *o) {
   memset(o, 0, sizeof *o);
   o->data = "data/brown";
   o->vocab = 4096;
+  o->aux_weight = -1;
   moe_trainer_config_default(&o->tc); /* context 64, batch 8, 1000 steps, warm-up 5%, lr 1e-3, AdamW 0.1 */
   o->adj = &o->tc.adjust;
   moe_lm_config_default(&o->model);
@@ -156,7 +163,8 @@ static int parse(int argc, char **argv, lm_opts *o, const char **fixed) {
     else if (cli_flag_is(f, "experts")) ok = cli_parse_int(v, &c->moe.E) && c->moe.E > 0;
     else if (cli_flag_is(f, "top_k")) ok = cli_parse_int(v, &c->moe.top_k) && c->moe.top_k > 0;
     else if (cli_flag_is(f, "hidden")) ok = cli_parse_int(v, &c->moe.H) && c->moe.H > 0;
-    else if (cli_flag_is(f, "aux_weight")) ok = cli_parse_float(v, &c->aux_coef) && c->aux_coef >= 0;
+    else if (cli_flag_is(f, "aux_weight")) ok = cli_parse_float(v, &o->aux_weight) && o->aux_weight >= 0;
+    else if (cli_flag_is(f, "bias_rate")) ok = cli_parse_float(v, &o->tc.bias_rate) && o->tc.bias_rate >= 0;
     else if (cli_flag_is(f, "lr")) ok = cli_parse_float(v, &o->tc.lr) && o->tc.lr > 0;
     else if (cli_flag_is(f, "weight_decay"))
       ok = cli_parse_float(v, &o->tc.optim.weight_decay) && o->tc.optim.weight_decay >= 0;
@@ -219,6 +227,7 @@ static int setup(lm_opts *o, const moe_tokenizer *t, moe_lm_t *m) {
     c->head_dim = c->moe.D / c->n_heads;
     c->max_seq = o->tc.context;
     moe_lm_config_set_family(c, c->family); /* what the family's modeling code fixes */
+    if (o->aux_weight >= 0) c->aux_coef = o->aux_weight;
     c->vocab = moe_tokenizer_vocab_size(t); /* fewer than --vocab when the text runs out of pairs */
     c->moe.threads = o->threads;
     if (moe_lm_init(m, c) != MOE_OK) return cli_fail(CMD);
@@ -423,7 +432,8 @@ static int ep_check(const moe_dist *d, const lm_opts *o, const lm_streams *s) {
       {"--experts", c->moe.E, NULL}, {"--top-k", c->moe.top_k, NULL}, {"--hidden", c->moe.H, NULL},
       {"--model", c->moe.D, NULL}, {"--layers", c->n_layers, NULL}, {"--heads", c->n_heads, NULL},
       {"--kv-heads", c->n_kv_heads, NULL}, {"--dense", o->dense, NULL}, {"--capacity", c->moe.capacity_setting, NULL},
-      {"--dispatch", c->moe.dispatch, NULL}, {"--dtype", c->moe.dtype, NULL}, {"--aux-weight", c->aux_coef, NULL},
+      {"--dispatch", c->moe.dispatch, NULL}, {"--dtype", c->moe.dtype, NULL}, {"--aux-weight", o->aux_weight, NULL},
+      {"--bias-rate", o->tc.bias_rate, NULL},
       {"--context", o->tc.context, NULL}, {"--batch", o->tc.batch, NULL}, {"--steps", o->tc.steps, NULL},
       {"--stop-after", o->tc.stop_after, NULL}, {"--time-budget", o->tc.time_budget, NULL}, {"--lr", o->tc.lr, NULL},
       {"--warmup", o->tc.warmup, NULL}, {"--weight-decay", o->tc.optim.weight_decay, NULL},

@@ -19,8 +19,10 @@ What gpt-oss does (beside what every family does: RMSNorm, pre-norm blocks, GQA,
   experts    gate_up = x @ gate_up_proj[e] + gate_up_proj_bias[e] ((E, D, 2H): x @ W, not W^T), gate the even
              columns, up the odd ones; gate clamped above at swiglu_limit, up to [-limit, limit];
              (up + 1) * gate * sigmoid(alpha gate) @ down_proj[e] ((E, H, D)) + down_proj_bias[e], weighted.
-  loss       cross-entropy only: output_router_logits is false (libmoe refuses it: transformers' balance loss
-             would take the router's sparse top-k scores as logits).
+  loss       cross-entropy, and with output_router_logits true (gpt_oss_aux) router_aux_loss_coef times
+             load_balancing_loss_func over what GptOssModel records as router_logits: GptOssTopKRouter's
+             output 0, its scores (the top-k softmax scattered into zeros), which that function softmaxes
+             again over all experts (the layers concatenated, no attention mask).
   rope       plain rotary embeddings with "rope_scaling": null (gpt_oss, gpt_oss_mxfp4), or YaRN as
              modeling_rope_utils._compute_yarn_parameters computes it (gpt_oss_yarn: the releases' kind of
              rope_scaling, truncate false, factor = max_position_embeddings / original_max_position_embeddings
@@ -134,6 +136,7 @@ def moe(c, p, x, margins):
     margins["route"] = min(margins["route"], float((srt[:, k - 1] - srt[:, k]).min()))
     top, idx = torch.topk(logits, k, dim=-1)
     scores = torch.zeros_like(logits).scatter(1, idx, torch.softmax(top, dim=1))
+    margins["scores"].append(scores)
     out = torch.zeros_like(h)
     for e in range(c["num_local_experts"]):
         tok = torch.where((idx == e).any(dim=1))[0]
@@ -180,7 +183,7 @@ def forward(c, params, tokens, targets):
         cos, sin = rope_cos_sin(Tn, hd, c["rope_theta"])  # angles in float32 as transformers forms them
     cos, sin = cos[:, : hd // 2], sin[:, : hd // 2]
     x = params["model.embed_tokens.weight"][tokens]
-    margins = {"route": math.inf, "clamp": math.inf, "clamped": 0}
+    margins = {"route": math.inf, "clamp": math.inf, "clamped": 0, "scores": []}
     for i in range(c["num_hidden_layers"]):
         pre = f"model.layers.{i}."
         p = {n[len(pre):]: t for n, t in params.items() if n.startswith(pre)}
@@ -188,7 +191,17 @@ def forward(c, params, tokens, targets):
         x = x + moe(c, p, rms_norm(x, p["post_attention_layernorm.weight"], eps), margins)
     logits = rms_norm(x, params["model.norm.weight"], eps) @ params["lm_head.weight"].T
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+    margins["aux"] = balance_loss(c, margins.pop("scores"))
     return logits, ce, margins
+
+
+def balance_loss(c, scores):
+    """load_balancing_loss_func (no attention mask) over the layers' recorded router outputs."""
+    E, k = c["num_local_experts"], c["num_experts_per_tok"]
+    routing = torch.softmax(torch.cat(scores, dim=0), dim=-1)
+    _, sel = torch.topk(routing, k, dim=-1)
+    tokens_per_expert = F.one_hot(sel, E).double().mean(dim=0)
+    return (tokens_per_expert * routing.mean(dim=0).unsqueeze(0)).sum() * E
 
 
 def mxfp4_draw(g, rows, K):
@@ -254,6 +267,7 @@ def main(argv):
     torch.use_deterministic_algorithms(True)
     one_case(outdir, CONFIG, "gpt_oss")
     one_case(outdir, dict(CONFIG, **YARN), "gpt_oss_yarn")
+    one_case(outdir, dict(CONFIG, output_router_logits=True), "gpt_oss_aux")
 
 
 def one_case(outdir, c, name):
@@ -267,19 +281,20 @@ def one_case(outdir, c, name):
         if margins["route"] > 0.04 and margins["clamp"] > 1e-4:
             break
         seed += 1000
-    ce.backward()
+    aux = margins["aux"] if c.get("output_router_logits") else torch.zeros(1, dtype=torch.float64)
+    loss = ce + c["router_aux_loss_coef"] * aux if c.get("output_router_logits") else ce
+    loss.backward()
     grads = libmoe_grads([(n, t.grad) for n, t in p64.items()])
-    zero = torch.zeros(1, dtype=torch.float64)
     meta = {"seed": seed, "margin": f"{margins['route']:.6f}"}
     dense = [(n, t.numpy()) for n, t in params.items()]
-    write_case(os.path.join(outdir, name), hf_config(c), dense, tokens, targets, logits, (ce, ce, zero), grads, meta)
-    if not c.get("rope_scaling"):
+    write_case(os.path.join(outdir, name), hf_config(c), dense, tokens, targets, logits, (loss, ce, aux), grads, meta)
+    if not c.get("rope_scaling") and not c.get("output_router_logits"):
         fused = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
         quant = [(n, a) for n, a in dense if not n.endswith(fused)] + sorted(packed.items())
         write_case(os.path.join(outdir, name + "_mxfp4"), hf_config(c, mxfp4=True), quant, tokens, targets, logits,
-                   (ce, ce, zero), grads, meta)
+                   (ce, ce, aux), grads, meta)
     assert margins["clamped"] > 0, "no value clamps: the clamped SwiGLU is not exercised"
-    print(f"{name}: seed {seed}, loss {ce.item():.6f}, routing margin {margins['route']:.4f}, "
+    print(f"{name}: seed {seed}, loss {loss.item():.6f}, routing margin {margins['route']:.4f}, "
           f"clamp margin {margins['clamp']:.4f}, {margins['clamped']} values clamped")
 
 

@@ -1857,6 +1857,10 @@ typedef struct {
   /* The model's own checkpoint, one file at path with the optimizer's state and the steps done (the
    * classifier's moe_checkpoint_save), written in place of moe_trainer_save's directory; NULL: that. */
   moe_status (*checkpoint)(void *self, const char *path, const moe_optim_t *opt, int64_t step);
+  /* DeepSeek-V3's aux-loss-free balancing after an update: every MoE layer's selection bias moved by
+   * gamma by the last forward's expert counts, summed over the ranks (moe_layer_balance_bias); NULL:
+   * the model has no selection bias. */
+  moe_status (*balance_bias)(void *self, float gamma);
   void (*free)(void *self);
 } moe_train_model;
 
@@ -1905,6 +1909,14 @@ typedef struct {
   int context, batch, eval_windows; /* 64, 8, 64 */
   uint64_t seed;                    /* 1 */
   moe_train_adjust adjust;          /* off; delta_launch 2, headroom 0.25, caching 0.96 / 0.90 from epoch 10 */
+  /* DeepSeek-V3's aux-loss-free load balancing (its paper's bias update speed gamma): after each update
+   * that is not skipped, every MoE layer's selection bias (gate.select_bias, e_score_correction_bias)
+   * moves by -bias_rate for an expert that got more than the mean of the step's assignments (all k
+   * slots, summed over the ranks) and +bias_rate for one that got fewer (the model's balance_bias).
+   * 0 (default): off, the bias stays what it was; DeepSeek-V3 trained with 0.001 (config.json carries no
+   * rate, so none is taken from it). > 0 needs a model with a selection bias (MOE_ERR_ARG). Kept in the
+   * trainer state; the biases are parameters of the model's files. */
+  float bias_rate;
   /* Callbacks (NULL: none), on every rank; a status other than MOE_OK ends the step with it. on_batch
    * runs after the step's batch is made and the capacities due applied, before the cached assignments
    * and the forward; on_step after the update and the adjustments' records (an epoch's end included),
@@ -1950,17 +1962,32 @@ moe_status moe_train_lm(moe_train_model *out, moe_lm_t *m, const moe_tokenizer *
  * expert parallelism rank r of W takes samples [B r / W, B (r + 1) / W) of each batch. Its update is
  * moe_optim_step_checked (a non-finite parameter or moment named, MOE_ERR_VALUE); evaluation is the
  * accuracy on valid (moe_model_accuracy, batches of 500), the loss its error rate; its checkpoint is
- * moe_checkpoint_save's one file (epoch, step, seed and extra, the caller's options "key=value;..."
- * that a resumed run keeps: NULL for none). m, the datasets and aug are the caller's, kept until the
- * model's free. MOE_ERR_ARG when the batch is larger than the training set. */
+ * moe_checkpoint_save's one file (epoch, step, seed and in extra the training options a resumed run
+ * keeps, moe_classifier_options_format's of c and aug: `moe train --resume` goes on from a checkpoint
+ * written from C or Python). m, the datasets and aug are the caller's, kept until the model's free.
+ * MOE_ERR_ARG when the batch is larger than the training set. */
 typedef struct {
   int shift;           /* a shift of up to shift pixels each way (moe train's 2), zeros shifted in */
   float rotate, scale; /* then, when either is not 0, a rotation by up to +-rotate degrees (15) and a
                           scaling by a factor in [1 - scale, 1 + scale] (0.15) about the centre, bilinear */
 } moe_augment;
 moe_status moe_train_classifier(moe_train_model *out, moe_model_t *m, const moe_dataset *train,
-                                const moe_dataset *valid, const moe_augment *aug, const char *extra,
-                                const moe_trainer_config *c);
+                                const moe_dataset *valid, const moe_augment *aug, const moe_trainer_config *c);
+/* The classifier's training options in its checkpoint (moe_train_state.extra, DESIGN 4.10):
+ * "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%.9g;dynamic_capacity=%d;delta_launch=%d;headroom=%.9g;
+ * cache_assignments=%d;cache_on=%.9g;cache_off=%.9g;cache_min_epoch=%d;augment_rotate=%.9g;
+ * augment_scale=%.9g" (augment: the shift). warmup -1 is one epoch, the default of moe train, which
+ * moe_train_classifier writes for a warm-up of steps_per_epoch steps. _parse: 1, or 0 for a missing or
+ * out-of-range field; checkpoints older than the adjustments have the first 5 fields, then 12, and
+ * without the rotation and scaling those read as 0 (they trained without). */
+typedef struct {
+  int epochs, batch, warmup;
+  float lr;
+  moe_train_adjust adjust;
+  moe_augment aug;
+} moe_classifier_options;
+void moe_classifier_options_format(const moe_classifier_options *o, char *buf, size_t n);
+int moe_classifier_options_parse(const char *s, moe_classifier_options *o);
 /* The fraction of d's samples whose argmax prediction is the label, B samples a forward (under expert
  * parallelism each rank forwards its slice of each and the hits are summed: a collective). */
 moe_status moe_model_accuracy(moe_model_t *m, const moe_dataset *d, int B, double *acc);
@@ -1999,7 +2026,8 @@ void moe_trainer_set_step(moe_trainer *t, int64_t step);
 /* trainer_state.safetensors in a checkpoint directory (DESIGN 4.10): F32 optim.m and optim.v (Adam's
  * moments in the one-process model's ref order), __metadata__ step, seed, train_seconds and train (the
  * options "context=..;batch=..;steps=..;..."). moe_trainer_state_read: the options into c (context,
- * batch, steps, warmup, lr, optim.weight_decay, eval_every, eval_windows, time_budget, seed, adjust)
+ * batch, steps, warmup, lr, optim.weight_decay, eval_every, eval_windows, time_budget, seed, adjust,
+ * bias_rate: written only when not 0, so 0 when absent)
  * and layer (capacity_setting, dispatch, dtype; NULL: not read), and the training seconds (may be
  * NULL), before the model is built; MOE_ERR_FORMAT naming the file for a missing or bad field.
  * moe_trainer_resume: a new trainer over the checkpoint's model goes on from the state's step with its

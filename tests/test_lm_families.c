@@ -25,6 +25,8 @@ TEST(lm_matches_pytorch_gpt_oss) { ASSERT(lm_check_case("gpt_oss")); }
 TEST(lm_matches_pytorch_gpt_oss_mxfp4) { ASSERT(lm_check_case("gpt_oss_mxfp4")); }
 /* YaRN as the releases configure it (truncate false: the correction range not rounded) */
 TEST(lm_matches_pytorch_gpt_oss_yarn) { ASSERT(lm_check_case("gpt_oss_yarn")); }
+/* output_router_logits true: transformers' balance loss over the router's top-k scores, its gradient */
+TEST(lm_matches_pytorch_gpt_oss_aux) { ASSERT(lm_check_case("gpt_oss_aux")); }
 
 /* Each family's fixture position by position through the KV cache (the first tokens at once, then one
  * and the rest), against one forward of the whole sequences. */
@@ -150,7 +152,6 @@ TEST(lm_families_bad_configs_name_file_and_field) {
        MOE_ERR_FORMAT, "\"rope_scaling\" field \"attention_factor\" is not supported for yarn"},
       {"gpt_oss", "rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 2}", NULL, MOE_ERR_FORMAT,
        "\"rope_scaling\" of type linear is not supported"},
-      {"gpt_oss", "output_router_logits", "true", NULL, MOE_ERR_FORMAT, "\"output_router_logits\" true is not supported"},
       {"gpt_oss", "layer_types", "[\"sliding_attention\"]", NULL, MOE_ERR_FORMAT,
        "\"layer_types\" must be a list of \"num_hidden_layers\" 3 entries"},
       {"gpt_oss", "layer_types", "[\"sliding_attention\", \"chunked_attention\", \"full_attention\"]", NULL,

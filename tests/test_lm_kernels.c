@@ -330,17 +330,75 @@ TEST(lm_balance_loss_forward_backward) {
     ex[i * k + 1] = (ex[i * k] + 1 + (int32_t)(fd_next(&rng) % (E - 1))) % E;
   }
   double sums[2 * E] = {0};
-  moe__lbl b = {L, N, E, D, k, sums, sums + E, (double)L * N};
+  moe__lbl b = {L, N, E, D, k, sums, sums + E, (double)L * N, 0};
   for (int l = 0; l < L; l++)
-    ASSERT_OK(moe__lbl_forward(&b, in + l * per, in + l * per + N * D, ex + l * N * k, probs[l], 2));
+    ASSERT_OK(moe__lbl_forward(&b, in + l * per, in + l * per + N * D, NULL, ex + l * N * k, probs[l], 2));
   lbl_ctx c = {L, N, E, D, k, ex, 0.5f};
   double *in64 = to_double(in, L * per);
   ASSERT_NEAR(0.5 * moe__lbl_value(&b), lbl_loss(&c, in64), 1e-6);
   memset(grad, 0, sizeof grad);
   for (int l = 0; l < L; l++)
-    ASSERT_OK(moe__lbl_backward(&b, 0.5f, in + l * per, in + l * per + N * D, probs[l], g, grad + l * per + N * D,
-                                grad + l * per, 2));
+    ASSERT_OK(moe__lbl_backward(&b, 0.5f, in + l * per, in + l * per + N * D, ex + l * N * k, probs[l], g,
+                                grad + l * per + N * D, NULL, grad + l * per, 2));
   int ok = fd_grad(lbl_loss, &c, in64, 0, L * per, grad, L * per, "balance loss d(xn, gate)");
+  free(in64);
+  ASSERT(ok);
+}
+
+/* gpt-oss's variant as transformers' GptOssForCausalLM computes it (modeling_gpt_oss.py at the commit
+ * dev/gpt_oss_ref.py cites): the router output it records as router_logits is its scores z, the softmax
+ * of the k selected logits x wg^T + bg scattered into zeros, which load_balancing_loss_func softmaxes
+ * again: P_e the mean of softmax(z)_e, F_e the selected experts' share. Each layer's xn (N, D), gate
+ * (E, D) and bias (E) in `in`. */
+static double lbl_sparse_loss(const void *ctx, const double *in) {
+  const lbl_ctx *c = ctx;
+  double F[8] = {0}, P[8] = {0}, rows = (double)c->L * c->N;
+  for (int l = 0; l < c->L; l++) {
+    const double *xn = in + (size_t)l * ((c->N + c->E) * c->D + c->E), *wg = xn + (size_t)c->N * c->D;
+    const double *bg = wg + (size_t)c->E * c->D;
+    for (int t = 0; t < c->N; t++) {
+      const int32_t *ex = c->ex + ((size_t)l * c->N + t) * c->k;
+      double lg[8], z[8] = {0}, mx = -INFINITY, s = 0, q = 0;
+      for (int e = 0; e < c->E; e++) {
+        lg[e] = bg[e];
+        for (int j = 0; j < c->D; j++) lg[e] += xn[t * c->D + j] * wg[e * c->D + j];
+      }
+      for (int j = 0; j < c->k; j++) mx = fmax(mx, lg[ex[j]]);
+      for (int j = 0; j < c->k; j++) s += exp(lg[ex[j]] - mx);
+      for (int j = 0; j < c->k; j++) z[ex[j]] = exp(lg[ex[j]] - mx) / s;
+      for (int e = 0; e < c->E; e++) q += exp(z[e]);
+      for (int e = 0; e < c->E; e++) P[e] += exp(z[e]) / q / rows;
+      for (int j = 0; j < c->k; j++) F[ex[j]] += 1 / rows;
+    }
+  }
+  double aux = 0;
+  for (int e = 0; e < c->E; e++) aux += F[e] * P[e];
+  return c->coef * c->E * aux;
+}
+
+TEST(lm_balance_loss_gpt_oss_scores) {
+  enum { L = 2, N = 7, E = 4, D = 5, k = 2, per = (N + E) * D + E };
+  float in[L * per], probs[L][N * E], g[N * E], grad[L * per];
+  int32_t ex[L * N * k];
+  uint64_t rng = 5;
+  fd_fill(&rng, in, L * per, -1, 1);
+  for (int i = 0; i < L * N; i++) {
+    ex[i * k] = (int32_t)(fd_next(&rng) % E);
+    ex[i * k + 1] = (ex[i * k] + 1 + (int32_t)(fd_next(&rng) % (E - 1))) % E;
+  }
+  double sums[2 * E] = {0};
+  moe__lbl b = {L, N, E, D, k, sums, sums + E, (double)L * N, 1};
+  for (int l = 0; l < L; l++)
+    ASSERT_OK(moe__lbl_forward(&b, in + l * per, in + l * per + N * D, in + l * per + (N + E) * D, ex + l * N * k,
+                               probs[l], 2));
+  lbl_ctx c = {L, N, E, D, k, ex, 0.5f};
+  double *in64 = to_double(in, L * per);
+  ASSERT_NEAR(0.5 * moe__lbl_value(&b), lbl_sparse_loss(&c, in64), 1e-6);
+  memset(grad, 0, sizeof grad);
+  for (int l = 0; l < L; l++)
+    ASSERT_OK(moe__lbl_backward(&b, 0.5f, in + l * per, in + l * per + N * D, ex + l * N * k, probs[l], g,
+                                grad + l * per + N * D, grad + l * per + (N + E) * D, grad + l * per, 2));
+  int ok = fd_grad(lbl_sparse_loss, &c, in64, 0, L * per, grad, L * per, "gpt-oss balance loss d(xn, gate, bias)");
   free(in64);
   ASSERT(ok);
 }

@@ -112,7 +112,7 @@ TEST(train_classifier_batches_evaluations_and_accuracy) {
   moe_augment aug = {1, 10, 0.1f};
   moe_train_model model;
   moe_trainer *t = NULL;
-  ASSERT_OK(moe_train_classifier(&model, &m, &train, &test, &aug, NULL, &tc));
+  ASSERT_OK(moe_train_classifier(&model, &m, &train, &test, &aug, &tc));
   ASSERT_OK(moe_trainer_new(&t, &tc, &model));
   while (!moe_trainer_done(t)) ASSERT_OK(moe_trainer_step(t, NULL));
   moe_trainer_free(t);
@@ -146,7 +146,7 @@ static moe_status train_epochs(moe_model_t *m, moe_optim_t *opt, const moe_datas
   moe_augment aug = {2, 15, 0.15f};
   moe_train_model model;
   moe_trainer *t = NULL;
-  CHECK_(moe_train_classifier(&model, m, train, test, &aug, "epochs=3;note=kept", &tc));
+  CHECK_(moe_train_classifier(&model, m, train, test, &aug, &tc));
   CHECK_(moe_trainer_new(&t, &tc, &model));
   moe_status st = MOE_OK;
   if (opt) {
@@ -181,7 +181,11 @@ TEST(train_classifier_resume_is_bit_exact) {
   ASSERT_EQ_INT(ts.epoch, 1);
   ASSERT_EQ_INT(ts.step, spe);
   ASSERT_EQ_INT(ts.seed, 3);
-  ASSERT(!strcmp(ts.extra, "epochs=3;note=kept"));
+  /* the options moe train --resume keeps, from the trainer's config and the augmentation */
+  moe_classifier_options co;
+  if (!moe_classifier_options_parse(ts.extra, &co)) FAIL_("extra '%s' is not a set of training options", ts.extra);
+  ASSERT(co.epochs == 3 && co.batch == B && co.warmup == -1 && co.lr == 2e-3f && co.aug.shift == 2 &&
+         co.aug.rotate == 15 && co.aug.scale == 0.15f && !co.adjust.dynamic_capacity);
   moe_model_set_threads(&back, 1);
   ASSERT_OK(train_epochs(&back, &opt, &train, &test, b, 1, 0, half));
   for (int s = 0; s < 3 * spe; s++)

@@ -11,6 +11,7 @@
 
 #include "moe.h"
 #include "test.h"
+#include "trainer_lm.h"
 
 /* ---- a toy model: loss 1/2 |w - target|^2, with scripted faults and evaluations ---- */
 
@@ -309,22 +310,7 @@ TEST(trainer_schedule_values) {
 
 /* ---- the language model ---- */
 
-#define TRY(expr)                       \
-  do {                                  \
-    moe_status st_ = (expr);            \
-    if (st_ != MOE_OK) return st_;      \
-  } while (0)
-
 enum { LM_STEPS = 12, LM_STOP = 5, LM_TRAIN = 1200, LM_VALID = 300 };
-
-/* A token stream with some structure to learn: each token a function of the one before, now and then not. */
-static void stream(int32_t *ids, int n, uint64_t seed, int vocab) {
-  ids[0] = 1;
-  for (int i = 1; i < n; i++) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    ids[i] = (seed >> 60) ? (ids[i - 1] * 7 + 3) % vocab : (int32_t)((seed >> 33) % (uint64_t)vocab);
-  }
-}
 
 static void lm_cfg(moe_lm_config *c) {
   moe_lm_config_default(c);
@@ -332,47 +318,25 @@ static void lm_cfg(moe_lm_config *c) {
   c->moe.D = 16, c->moe.H = 16, c->moe.E = 4, c->moe.top_k = 2, c->moe.threads = 1;
 }
 
-typedef struct {
-  double loss[LM_STEPS + 1];
-  int n;
-} loss_log;
-
-static moe_status log_loss(void *ctx, const moe_train_step *s) {
-  loss_log *l = ctx;
-  l->loss[s->step] = s->batch.loss;
-  l->n++;
-  return MOE_OK;
+static moe_status lm_run(moe_lm_t *m, const moe_trainer_config *c, const int32_t *tr, const int32_t *va,
+                         const char *resume, trainer_loss_log *log) {
+  return trainer_lm_run(m, c, tr, LM_TRAIN, va, LM_VALID, resume, log);
 }
 
-/* Steps until done on m (new, or resumed from dir); m's parameters are the result. */
-static moe_status lm_run(moe_lm_t *m, const moe_trainer_config *base, const int32_t *tr, const int32_t *va,
-                         const char *resume, loss_log *log) {
-  moe_trainer_config c = *base;
-  c.on_step = log_loss;
-  c.ctx = log;
-  moe_train_model model;
-  moe_trainer *t;
-  TRY(moe_train_lm(&model, m, NULL, tr, LM_TRAIN, va, LM_VALID, &c));
-  TRY(moe_trainer_new(&t, &c, &model));
-  moe_status st = resume ? moe_trainer_resume(t, resume) : MOE_OK;
-  while (st == MOE_OK && !moe_trainer_done(t)) st = moe_trainer_step(t, NULL);
-  moe_trainer_free(t);
-  return st;
-}
-
-/* Stopped after 5 steps with a checkpoint, then built from it and resumed: the steps' losses and the
- * final parameters equal the uninterrupted run's bit for bit. */
-TEST(trainer_lm_resume_matches_uninterrupted) {
+/* Stopped after 5 steps with a checkpoint, then built from it (the options read back from its trainer
+ * state) and resumed: the steps' losses and the final parameters equal the uninterrupted run's bit for
+ * bit. */
+static void resume_case(int *failed_, const moe_lm_config *model, float bias_rate) {
   int32_t tr[LM_TRAIN], va[LM_VALID];
-  stream(tr, LM_TRAIN, 11, 40);
-  stream(va, LM_VALID, 12, 40);
+  trainer_token_stream(tr, LM_TRAIN, 11, 40);
+  trainer_token_stream(va, LM_VALID, 12, 40);
   moe_trainer_config c;
   moe_trainer_config_default(&c);
   c.steps = LM_STEPS, c.eval_every = 4, c.context = 8, c.batch = 4, c.eval_windows = 6, c.lr = 3e-3f, c.seed = 7;
-  moe_lm_config lc;
-  lm_cfg(&lc);
+  c.bias_rate = bias_rate;
+  moe_lm_config lc = *model;
   moe_lm_t full = {0}, half = {0}, resumed = {0};
-  loss_log a = {0}, b = {0};
+  trainer_loss_log a = {0}, b = {0};
   ASSERT_OK(moe_lm_init(&full, &lc));
   moe_lm_init_params(&full, c.seed);
   ASSERT_OK(lm_run(&full, &c, tr, va, NULL, &a));
@@ -394,6 +358,7 @@ TEST(trainer_lm_resume_matches_uninterrupted) {
   moe_lm_config rc;
   ASSERT_OK(moe_lm_read_config(ck, &rc));
   ASSERT_OK(moe_trainer_state_read(ck, &r, &rc.moe, NULL));
+  if (r.bias_rate != bias_rate) FAIL_("the trainer state's bias_rate %.9g, want %.9g", r.bias_rate, bias_rate);
   rc.moe.threads = 1;
   ASSERT_OK(moe_lm_load(&resumed, ck, &rc));
   ASSERT_OK(lm_run(&resumed, &r, tr, va, ck, &b));
@@ -407,6 +372,33 @@ TEST(trainer_lm_resume_matches_uninterrupted) {
       FAIL_("%s differs after the resumed run", full.refs[i].name);
   moe_lm_free(&full);
   moe_lm_free(&resumed);
+}
+
+TEST(trainer_lm_resume_matches_uninterrupted) {
+  moe_lm_config lc;
+  lm_cfg(&lc);
+  resume_case(failed_, &lc, 0);
+}
+
+/* DeepSeek-V3 (a dense first layer, 8 experts in 4 groups) with the aux-loss-free balancing on: the
+ * biases, moved after each step, resume bit for bit too (tests/test_trainer_bias.c has the rule). */
+TEST(trainer_bias_rate_resumes_bit_for_bit) {
+  moe_lm_config lc;
+  lm_cfg(&lc);
+  lc.n_layers = 2, lc.moe.E = 8;
+  moe_lm_config_set_family(&lc, MOE_LM_DEEPSEEK_V3);
+  resume_case(failed_, &lc, 0.01f);
+  if (*failed_) return;
+  moe_lm_t m = {0}; /* the biases did move: the checkpoint's are not all 0 */
+  char ck[512];
+  moe_lm_config rc;
+  ASSERT_OK(moe_lm_read_config(test_tmp_path("trainer_lm_ck", ck, sizeof ck), &rc));
+  ASSERT_OK(moe_lm_load(&m, ck, &rc));
+  const moe_tensor_ref *b = moe_lm_find(&m, "model.layers.1.mlp.gate.e_score_correction_bias");
+  int moved = 0;
+  for (size_t e = 0; b && e < b->numel; e++) moved += b->data[e] != 0;
+  moe_lm_free(&m);
+  if (!moved) FAIL_("no selection bias moved in %d steps", LM_STOP);
 }
 
 typedef struct {
@@ -432,8 +424,8 @@ static moe_status log_epochs(void *ctx, const moe_train_step *s) {
  * capacity's trigger sees every step. */
 TEST(trainer_lm_runs_dynamoe_adjustments) {
   int32_t tr[LM_TRAIN], va[LM_VALID];
-  stream(tr, LM_TRAIN, 11, 40);
-  stream(va, LM_VALID, 12, 40);
+  trainer_token_stream(tr, LM_TRAIN, 11, 40);
+  trainer_token_stream(va, LM_VALID, 12, 40);
   moe_trainer_config c;
   moe_trainer_config_default(&c);
   c.context = 8, c.batch = 16, c.eval_windows = 2, c.eval_every = 1000;

@@ -162,7 +162,7 @@ class TrainModel(C.Structure):  # from moe_train_lm or _classifier, for moe_trai
                 ("whole_numel", C.c_size_t), ("samples", C.c_int64), ("steps_per_epoch", _i), ("moe_layers", _p),
                 ("n_moe_layers", _i), ("layer_stats", _p), ("rows", _i)] + \
         [(n, _p) for n in ("batch", "forward", "backward", "params_changed", "update", "evaluate", "save", "gather",
-                           "scatter", "checkpoint", "free")]
+                           "scatter", "checkpoint", "balance_bias", "free")]
 
 
 class Augment(C.Structure):
@@ -182,7 +182,7 @@ class TrainerConfig(C.Structure):
     _fields_ = [("lr", _f), ("steps", _i), ("warmup", _i), ("time_budget", _f), ("stop_after", _i), ("eval_every", _i),
                 ("optim", OptimConfig), ("on_nan", _i), ("checkpoint", C.c_char_p), ("keep_best", C.c_char_p),
                 ("context", _i), ("batch", _i), ("eval_windows", _i), ("seed", C.c_uint64), ("adjust", TrainAdjust),
-                ("on_batch", _p), ("on_step", _p), ("on_eval", _p), ("ctx", _p)]
+                ("bias_rate", _f), ("on_batch", _p), ("on_step", _p), ("on_eval", _p), ("ctx", _p)]
 
 
 class TrainStep(C.Structure):

@@ -18,7 +18,7 @@ for _name, (_res, _args) in {
         "moe_train_lm": (C.c_int, [_P(S.TrainModel), _P(S.LM), C.c_void_p, _I32, C.c_size_t, _I32, C.c_size_t,
                                    _P(S.TrainerConfig)]),
         "moe_train_classifier": (C.c_int, [_P(S.TrainModel), _P(S.Model), _P(S.Dataset), _P(S.Dataset),
-                                           _P(S.Augment), C.c_char_p, _P(S.TrainerConfig)]),
+                                           _P(S.Augment), _P(S.TrainerConfig)]),
         "moe_trainer_new": (C.c_int, [_P(C.c_void_p), _P(S.TrainerConfig), _P(S.TrainModel)]),
         "moe_trainer_free": (None, [C.c_void_p]),
         "moe_trainer_done": (C.c_int, [C.c_void_p]),
@@ -35,7 +35,8 @@ for _name, (_res, _args) in {
 
 _ON_NAN = {"stop": 0, "skip": 1}
 # the trainer's options: moe_trainer_config fields (weight_decay is optim's, the rest adjust's)
-_TOP = ("lr", "steps", "warmup", "time_budget", "stop_after", "eval_every", "context", "batch", "eval_windows", "seed")
+_TOP = ("lr", "steps", "warmup", "time_budget", "stop_after", "eval_every", "context", "batch", "eval_windows", "seed",
+        "bias_rate")
 _OPTIM = ("optimizer", "weight_decay", "momentum", "beta1", "beta2", "eps")
 _ADJUST = ("dynamic_capacity", "delta_launch", "headroom", "cache_assignments")
 _CACHE = {"cache_on": "on", "cache_off": "off", "cache_min_epoch": "min_epoch"}
@@ -87,7 +88,8 @@ class Trainer:
     warmup (steps / 20), time_budget (seconds; 0: steps decide), stop_after, eval_every 100, optimizer
     "adam" | "sgd", weight_decay 0.1, momentum, on_nan "stop" | "skip", context 64, batch 8,
     eval_windows 64, seed 1, dynamic_capacity, delta_launch, headroom, cache_assignments, cache_on,
-    cache_off, cache_min_epoch. checkpoint: the directory written at each evaluation (the model,
+    cache_off, cache_min_epoch, bias_rate (0: off; DeepSeek-V3's aux-loss-free balancing of the selection
+    bias after each step, e.g. 0.001; an error for a model without one). checkpoint: the directory written at each evaluation (the model,
     tokenizer.json with a tokenizer, trainer_state.safetensors). step() runs one step and returns its
     numbers, which callback (a callable) gets too; run() steps until done. Trainer.resume(DIR, ...) goes
     on from a checkpoint; Trainer.classifier(model, train, valid, ...) trains the classifier."""
@@ -137,7 +139,7 @@ class Trainer:
         aug = S.Augment(*augment)
         self._keep = (model, train, valid, tr, va, aug)
         m = S.TrainModel()
-        check(lib.moe_train_classifier(C.byref(m), C.byref(model._c), C.byref(tr), C.byref(va), C.byref(aug), None,
+        check(lib.moe_train_classifier(C.byref(m), C.byref(model._c), C.byref(tr), C.byref(va), C.byref(aug),
                                        C.byref(c)))
         self._start(c, m)
         return self

@@ -80,11 +80,13 @@ class TrainerTest(unittest.TestCase):
             with open(os.path.join(full_ck, f), "rb") as a, open(os.path.join(py_ck, f), "rb") as b:
                 self.assertTrue(a.read() == b.read(), f)
 
-    def test_moe_train_run_resumes_bit_for_bit_in_python(self):
+    def resumed_in_python(self, flags):
+        """`moe train --task lm` with flags run whole and stopped at step 20, the latter resumed by
+        Trainer.resume: the whole run's losses and model.safetensors, bit for bit; that file's path."""
         cli, d = scratch(self, "libmoe_trainer_")
         corpus(d)
         full_ck, half_ck = os.path.join(d, "full"), os.path.join(d, "half")
-        run = lambda *a: subprocess.run([cli, "train", "--task", "lm", "--data", d, *TINY_FLAGS, "--json",
+        run = lambda *a: subprocess.run([cli, "train", "--task", "lm", "--data", d, *flags, "--json",
                                          "--log-steps", *a], capture_output=True, text=True, check=True).stdout
         want = step_losses(run("--checkpoint", full_ck))
         self.assertEqual(step_losses(run("--checkpoint", half_ck, "--stop-after", "20")), want[:20])
@@ -100,6 +102,21 @@ class TrainerTest(unittest.TestCase):
         with open(os.path.join(full_ck, "model.safetensors"), "rb") as a, \
                 open(os.path.join(half_ck, "model.safetensors"), "rb") as b:
             self.assertTrue(a.read() == b.read())
+        return os.path.join(full_ck, "model.safetensors")
+
+    def test_moe_train_run_resumes_bit_for_bit_in_python(self):
+        self.resumed_in_python(TINY_FLAGS)
+
+    def test_bias_rate_run_resumes_bit_for_bit_in_python(self):
+        # DeepSeek-V3 with the aux-loss-free balancing: Trainer.resume takes bias_rate from the trainer state
+        path = self.resumed_in_python([*TINY_FLAGS, "--layers", "2", "--experts", "8", "--family", "deepseek_v3",
+                                       "--bias-rate", "0.01"])
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            t = json.loads(f.read(n))["model.layers.1.mlp.gate.e_score_correction_bias"]
+            f.seek(8 + n + t["data_offsets"][0])
+            bias = np.frombuffer(f.read(t["data_offsets"][1] - t["data_offsets"][0]), np.float32)
+        self.assertTrue(np.any(bias != 0))  # the balancing ran
 
     def test_bad_options(self):
         tok = libmoe.Tokenizer.train(" ".join(SENTENCES) * 20, 300)
@@ -109,6 +126,7 @@ class TrainerTest(unittest.TestCase):
             libmoe.Trainer(lm, ids, ids, stepz=3)
         raises(self, "MOE_ERR_ARG", libmoe.Trainer, lm, ids[:5], ids, context=8, contains="fewer than one window")
         raises(self, "MOE_ERR_ARG", libmoe.Trainer, lm, ids, ids, context=9, contains="max_position_embeddings")
+        raises(self, "MOE_ERR_ARG", libmoe.Trainer, lm, ids, ids, context=8, bias_rate=1e-3, contains="selection bias")
 
 
 def idx_data(d):
@@ -153,7 +171,22 @@ class ClassifierTrainerTest(unittest.TestCase):
         for s in evals:
             self.assertEqual(s["valid_loss"], 1 - s["valid_accuracy"])
         self.assertGreater(evals[-1]["valid_accuracy"], 0.3)  # 10 classes: chance is 0.1
-        # the checkpoint holds the CLI's weights (its training options, metadata, are the CLI's alone)
-        a, b = libmoe.load_checkpoint(os.path.join(d, "cli.st")), libmoe.load_checkpoint(os.path.join(d, "py.st"))
-        for name, v in a[0].params.items():
-            self.assertTrue(np.array_equal(v, b[0].params[name]), name)
+        # the checkpoint is the CLI's, byte for byte: its weights, Adam's state and the training options
+        with open(os.path.join(d, "cli.st"), "rb") as a, open(os.path.join(d, "py.st"), "rb") as b:
+            self.assertTrue(a.read() == b.read())
+
+        # stopped after the first epoch in Python, resumed by moe train: the CLI's losses and checkpoint
+        model = libmoe.Model(in_dim=64, classes=10, blocks=2, D=32, H=32, E=4, top_k=2, act="gelu", inner_top_k=1,
+                             threads=1)
+        model.init_params(3)
+        half = os.path.join(d, "half.st")
+        tr = libmoe.Trainer.classifier(model, train, test, epochs=3, batch=32, seed=3, lr=3e-3, checkpoint=half,
+                                       stop_after=8)
+        self.assertEqual(["%.9g" % s["loss"] for s in tr.run()], want[:8])
+        del tr
+        out = subprocess.run([cli, "train", "--data", d, "--resume", half, "--threads", "1", "--json", "--log-steps"],
+                             capture_output=True, text=True, check=True).stdout
+        rows = [json.loads(line) for line in out.splitlines()]
+        self.assertEqual(["%.9g" % r["loss"] for r in rows if "step" in r and "epoch" not in r], want[8:])
+        with open(os.path.join(d, "cli.st"), "rb") as a, open(half, "rb") as b:
+            self.assertTrue(a.read() == b.read())

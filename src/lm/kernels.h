@@ -89,18 +89,24 @@ void moe__xent_backward(float *logits, const float *lse, const int32_t *targets,
 
 /* Mixtral's load-balancing loss (HF load_balancing_loss_func): over the L layers' N tokens each,
  *   aux = E * sum_e F_e P_e,  F_e = assignments to e (all k slots) / (L N),  P_e = mean router probability.
- * Per layer the router probabilities are recomputed from its input xn (N, D) and gate weight (E, D). */
+ * Per layer the router probabilities are recomputed from its input xn (N, D) and gate weight (E, D).
+ * sparse (gpt-oss): what transformers' GptOss hands that function as router logits are the router's
+ * scores, z = the softmax of the k selected logits (x wg^T + bg) scattered into zeros, so its
+ * probabilities are softmax(z) over the E experts (F_e still the k selected). */
 typedef struct {
   int L, N, E, D, k;
   double *cnt, *psum; /* (E) each: assignments and probability sums over the layers so far */
   double rows;        /* L times the tokens the sums are over: L N, or over all ranks' tokens */
+  int sparse;
 } moe__lbl;
-/* probs (N, E) = softmax(xn wg^T); adds this layer's assignments experts (N, k) and probabilities. */
-moe_status moe__lbl_forward(moe__lbl *b, const float *xn, const float *wg, const int32_t *experts, float *probs,
-                            int nt);
+/* probs (N, E) = softmax(xn wg^T), or sparse the scores z of the selected experts (N, k) from
+ * xn wg^T + bg; adds this layer's assignments and probabilities. */
+moe_status moe__lbl_forward(moe__lbl *b, const float *xn, const float *wg, const float *bg, const int32_t *experts,
+                            float *probs, int nt);
 double moe__lbl_value(const moe__lbl *b);
-/* coef * aux through one layer: dwg (E, D) += and dxn (N, D) += their gradients; g (N, E) scratch. */
-moe_status moe__lbl_backward(const moe__lbl *b, float coef, const float *xn, const float *wg, const float *probs,
-                             float *g, float *dwg, float *dxn, int nt);
+/* coef * aux through one layer: dwg (E, D) +=, dbg (E) += (sparse) and dxn (N, D) += their gradients;
+ * g (N, E) scratch. */
+moe_status moe__lbl_backward(const moe__lbl *b, float coef, const float *xn, const float *wg, const int32_t *experts,
+                             const float *probs, float *g, float *dwg, float *dbg, float *dxn, int nt);
 
 #endif

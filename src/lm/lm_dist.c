@@ -11,6 +11,7 @@
 #include "internal.h"
 #include "lm_dist.h"
 #include "lm_family.h"
+#include "lm_gptoss.h"
 
 /* The one-process model of m's configuration (every expert; zero parameters). */
 static moe_status whole_init(const moe_lm_t *m, moe_lm_t *whole) {
@@ -46,9 +47,18 @@ static moe_status offsets(const moe_lm_t *m, size_t **woff, size_t **loff, size_
   return MOE_OK;
 }
 
+/* Whether r is one of gpt-oss's stacked expert tensors (every expert of a layer, the rank's E/W of them
+ * under expert parallelism): the converted gate/up/down and down_proj_bias. */
+static int stacked_ref(const moe_lm_t *m, const moe_tensor_ref *r) {
+  const char *b = strstr(r->name, ".mlp.experts.down_proj_bias");
+  return moe__gptoss_converted(m->cfg.family, r->name) || (m->cfg.family == MOE_LM_GPT_OSS && b && !b[27]);
+}
+
 /* Whether r is a routed expert's tensor; *down: its down projection (fc2, (D, H)). */
 static int expert_ref(const moe_lm_t *m, const moe_tensor_ref *r, int *down) {
   int e, j;
+  *down = 0;
+  if (stacked_ref(m, r)) return 1;
   if (!moe__lm_expert_of(m->cfg.family, r->name, &e, &j)) return 0;
   *down = moe__lm_family(m->cfg.family)->fc[j] == 1;
   return 1;
@@ -62,6 +72,13 @@ static int sharded(const moe_lm_t *m) {
 void moe__lm_part_of(const moe_lm_t *m, const moe_tensor_ref *r, moe__lm_part *p) {
   *p = (moe__lm_part){*r, 1, r->numel, 0, 0};
   int w2;
+  if (moe_dist_size(m->cfg.moe.dist) > 1 && !sharded(m) && stacked_ref(m, r)) { /* rows [q E/W, (q + 1) E/W) of the stacked tensor */
+    size_t per = r->numel / (size_t)r->shape[0];
+    p->whole.shape[0] = m->cfg.moe.E;
+    p->whole.numel = per * (size_t)m->cfg.moe.E;
+    p->first = per * (size_t)r->shape[0] * (size_t)moe_dist_rank(m->cfg.moe.dist);
+    return;
+  }
   if (!sharded(m) || !expert_ref(m, r, &w2)) return;
   const moe_dist *d = m->cfg.moe.dist;
   int64_t H = m->cfg.moe.H, D = m->cfg.moe.D, W = moe_dist_size(d), q = moe_dist_rank(d);
@@ -82,6 +99,7 @@ void moe__lm_part_copy(const moe__lm_part *p, const float *src, float *dst, int 
 
 size_t moe_lm_whole_numel(const moe_lm_t *m) {
   int W = moe_dist_size(m->cfg.moe.dist), El = sharded(m) ? m->cfg.moe.E : m->cfg.moe.E / W;
+  if (m->cfg.family == MOE_LM_GPT_OSS) El = m->cfg.moe.E; /* its stacked experts count whole below */
   size_t n = (size_t)moe__lm_moe_layers(&m->cfg) * (m->cfg.moe.E - El) * 3 * m->cfg.moe.H * m->cfg.moe.D; /* others' */
   for (int i = 0; i < m->nrefs; i++) { /* and every ref whole (a shard counts as its whole tensor) */
     moe__lm_part p;

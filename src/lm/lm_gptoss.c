@@ -39,6 +39,12 @@ static int source_of(const moe_lm_config *c, const conv *k, char *hf, size_t n, 
   return k->bias ? 2 : 3;
 }
 
+/* The checkpoint's expert that ref r's first row holds: expert-parallel, this rank's first (r has E/W
+ * experts, rank q's from q E/W); else 0. */
+static size_t first_expert(const moe_lm_config *c, const moe_tensor_ref *r) {
+  return r->shape[0] < c->moe.E ? (size_t)moe_dist_rank(c->moe.dist) * (size_t)r->shape[0] : 0;
+}
+
 /* One MXFP4 block as transformers stores it (16 bytes, value 2i in the low nibble of byte i and 2i + 1
  * in the high one; its E8M0 scale apart) into 32 floats, through ggml's block layout (the scale, then
  * value i in the low nibble of byte i and value i + 16 in the high), which libmoe's codec reads. */
@@ -82,9 +88,10 @@ static moe_status read_mxfp4(const moe__lm_reader *rd, const moe_lm_config *c, c
   uint8_t *sc = blk + G * 16;
   moe_status st = MOE_OK;
   int rows = (int)(k->fc == 2 ? D : H);
-  for (int64_t e = 0; e < E && st == MOE_OK; e++)
+  int64_t e0 = (int64_t)first_expert(c, r);
+  for (int64_t e = 0; e < r->shape[0] && st == MOE_OK; e++)
     for (int j = 0; j < rows && st == MOE_OK; j++) {
-      int64_t src = e * R + (k->fc == 2 ? j : 2 * j + (k->fc == 3)); /* gate rows even, up rows odd */
+      int64_t src = (e + e0) * R + (k->fc == 2 ? j : 2 * j + (k->fc == 3)); /* gate rows even, up rows odd */
       float *y = r->data + ((size_t)e * rows + j) * (size_t)K;
       st = moe_st_read(fb, &vb, (size_t)src * G * 16, (size_t)G * 16, blk);
       if (st == MOE_OK) st = moe_st_read(fs, &vs, (size_t)src * G, (size_t)G, sc);
@@ -113,19 +120,20 @@ moe_status moe__gptoss_read_ref(const moe__lm_reader *rd, const moe_lm_t *m, con
     return read_mxfp4(rd, c, &k, t.name, r);
   MOE_CHECK(rd->file_of(rd->ctx, t.name, &f)); /* absent: the error names the tensor */
   size_t E = (size_t)c->moe.E, H = (size_t)c->moe.H, D = (size_t)c->moe.D, up = k.fc == 3;
+  size_t El = (size_t)r->shape[0], e0 = first_expert(c, r);
   t.numel = E * (size_t)t.shape[1] * (t.ndim == 3 ? (size_t)t.shape[2] : 1);
   t.data = malloc(t.numel * 4 + 4);
   MOE_TRY(t.data, MOE_ERR_NOMEM, "%s: out of memory for tensor '%s'", moe_st_path(f), t.name);
   moe_status st = rd->read(f, &t);
-  for (size_t e = 0; st == MOE_OK && e < E; e++)
-    for (size_t j = 0; j < H; j++) {
+  for (size_t e = 0; st == MOE_OK && e < El; e++)
+    for (size_t j = 0, s = e + e0; j < H; j++) { /* s: the expert's place in the checkpoint */
       if (k.bias) {
-        r->data[e * H + j] = t.data[e * 2 * H + 2 * j + up];
+        r->data[e * H + j] = t.data[s * 2 * H + 2 * j + up];
         continue;
       }
       for (size_t d = 0; d < D; d++)
-        if (k.fc == 2) r->data[(e * D + d) * H + j] = t.data[(e * H + j) * D + d]; /* down_proj (E, H, D) */
-        else r->data[(e * H + j) * D + d] = t.data[(e * D + d) * 2 * H + 2 * j + up]; /* gate_up (E, D, 2H) */
+        if (k.fc == 2) r->data[(e * D + d) * H + j] = t.data[(s * H + j) * D + d]; /* down_proj (E, H, D) */
+        else r->data[(e * H + j) * D + d] = t.data[(s * D + d) * 2 * H + 2 * j + up]; /* gate_up (E, D, 2H) */
     }
   free(t.data);
   return st;

@@ -261,7 +261,7 @@ static moe_status read_gpt_oss(const char *path, const cJSON *r, moe_lm_config *
   MOE_CHECK(get_float(path, r, "swiglu_alpha", &l->swiglu_alpha));
   MOE_CHECK(get_float(path, r, "swiglu_limit", &l->swiglu_limit));
   MOE_TRY(l->swiglu_limit > 0, MOE_ERR_FORMAT, "%s: \"swiglu_limit\" must be > 0", path);
-  MOE_CHECK(refuse_true(path, r, "output_router_logits", "gpt-oss's balance loss is over its top-k scores"));
+  c->aux_coef = 0.9f; /* GptOssConfig's router_aux_loss_coef, counted with output_router_logits true */
   int per = l->top_k;
   MOE_CHECK(get_int(path, r, "experts_per_token", 0, &per));
   MOE_TRY(per == l->top_k, MOE_ERR_FORMAT, "%s: \"experts_per_token\" %d is not \"num_experts_per_tok\" %d", path, per,

@@ -122,8 +122,8 @@ void moe_lm_config_default(moe_lm_config *c) {
  * latent of D / 2 for V3 and directly for V2; a dense first layer (when there are more) as wide as the
  * active experts; shared experts as wide as two (V2) or one (V3) routed expert; V2 routes by softmax
  * without renormalizing, V3 by sigmoid with the selection bias, renormalized and scaled by 2.5, in 4
- * groups of which 2 are kept when E allows; DeepSeek's interleaved rotary pairs; no model-wide
- * balance loss (V3 balances through the selection bias, moe_lm_balance_bias). */
+ * groups of which 2 are kept when E allows (8 experts or more); DeepSeek's interleaved rotary pairs; no
+ * model-wide balance loss (V3 balances through the selection bias, moe_lm_balance_bias). */
 static void set_deepseek(moe_lm_config *c, int v3) {
   moe_layer_config *l = &c->moe;
   int hd = c->head_dim;
@@ -138,7 +138,7 @@ static void set_deepseek(moe_lm_config *c, int v3) {
   l->select_bias = v3;
   l->normalize_topk = v3;
   l->routed_scale = v3 ? 2.5f : 1.0f;
-  int groups = v3 && l->E % 4 == 0 && l->top_k <= l->E / 2;
+  int groups = v3 && l->E % 4 == 0 && l->E >= 8 && l->top_k <= l->E / 2; /* TOP2_SUM: 2 experts a group or more */
   l->n_group = groups ? 4 : 0, l->topk_group = groups ? 2 : 0;
   l->group_score = MOE_GROUP_TOP2_SUM;
 }
@@ -240,10 +240,10 @@ static moe_status check_family(const moe_lm_config *c) {
   MOE_TRY(!full || (oss && c->sliding_window), MOE_ERR_ARG,
           "lm config: full-attention layers between sliding-window ones are gpt-oss's (with sliding_window), not %s's",
           fam);
-  MOE_TRY(!oss || (c->moe.act == MOE_ACT_SWIGLU_OAI && c->moe.gate_bias && c->moe.expert_bias && c->aux_coef == 0 &&
-                   c->moe.normalize_topk == 1 && !c->moe.dist),
+  MOE_TRY(!oss || (c->moe.act == MOE_ACT_SWIGLU_OAI && c->moe.gate_bias && c->moe.expert_bias &&
+                   c->moe.normalize_topk == 1),
           MOE_ERR_ARG, "lm config: gpt-oss's feed-forward is the clamped SwiGLU (swiglu_oai) with router and expert "
-                       "biases, normalize_topk 1, no balance loss (aux_coef 0) and one process");
+                       "biases and normalize_topk 1");
   MOE_TRY(c->clip_qkv == 0 || c->family == MOE_LM_OLMOE, MOE_ERR_ARG, "lm config: clip_qkv is OLMoE's, not %s's", fam);
   MOE_TRY(c->clip_qkv >= 0 && isfinite(c->clip_qkv), MOE_ERR_ARG, "lm config: clip_qkv must be >= 0, got %g",
           (double)c->clip_qkv);
@@ -652,15 +652,15 @@ void moe_lm_init_params(moe_lm_t *m, uint64_t seed) {
     int sinks = strstr(r->name, ".sinks") != NULL;
     moe__lm_part p; /* sharded: the whole tensor's draws, this rank's runs of them kept */
     moe__lm_part_of(m, r, &p);
-    size_t at = 0; /* the whole tensor's draws so far */
+    int drawn = !bias && (r->ndim > 1 || sinks); /* norms 1, biases 0, weights and sinks drawn (HF's _init_weights) */
+    size_t at = 0; /* the whole tensor's draws so far (none for a norm or a bias) */
     for (size_t run = 0; run < p.runs; run++) {
       size_t from = p.first + run * p.stride;
-      skip_draws(&st, from - at);
-      for (size_t j = 0; j < p.len; j++) /* norms 1, biases 0, weights and sinks drawn (HF's _init_weights) */
-        r->data[run * p.len + j] = bias ? 0.0f : r->ndim == 1 && !sinks ? 1.0f : sd * moe__uniform(&st);
+      if (drawn) skip_draws(&st, from - at);
+      for (size_t j = 0; j < p.len; j++) r->data[run * p.len + j] = !drawn ? (bias ? 0.0f : 1.0f) : sd * moe__uniform(&st);
       at = from + p.len;
     }
-    skip_draws(&st, p.whole.numel - at);
+    if (drawn) skip_draws(&st, p.whole.numel - at);
     if (e == e0 + El - 1 && k == 2) skip_draws(&st, (size_t)(c->E - e0 - El) * per);
   }
   moe_lm_params_changed(m);
@@ -972,10 +972,11 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   out->dropped += ls->dropped;
   out->seq_aux += ls->seq_aux_loss;
   if (kv) memcpy(kv->counts + (size_t)i * c->moe.E, ls->expert_counts, (size_t)c->moe.E * sizeof *kv->counts);
-  /* Mixtral's balance loss, over router logits without a bias: none for gpt-oss; DeepSeek has no
-   * model-wide one (check_mla) */
-  if (!l->cfg.gate_bias && !is_deepseek(c->family))
-    st = moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), ls->experts, a->probs, nt);
+  /* Mixtral's balance loss (gpt-oss's over its scores, only when on); DeepSeek has no model-wide one
+   * (check_mla) */
+  if (!is_deepseek(c->family) && (c->family != MOE_LM_GPT_OSS || c->aux_coef > 0))
+    st = moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), moe_layer_param(l, "gate.bias"),
+                          ls->experts, a->probs, nt);
   s->lap_moe += t1 - t0 - ls->router_seconds;
   s->lap_router += moe__now() - t1 + ls->router_seconds;
   return st;
@@ -1070,7 +1071,8 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   moe_lm_stats st = {0};
   memset(s->bal, 0, 2 * (size_t)c->moe.E * sizeof *s->bal);
   int Lm = moe__lm_moe_layers(c); /* the balance loss is over the MoE layers' router logits */
-  s->lbl = (moe__lbl){Lm, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E, (double)Lm * N};
+  s->lbl = (moe__lbl){Lm, N, c->moe.E, D, c->moe.top_k, s->bal, s->bal + c->moe.E, (double)Lm * N,
+                      c->family == MOE_LM_GPT_OSS};
   if (s->qembed.w) { /* the rows looked up, dequantized */
     size_t rb = moe__qrow_bytes(s->qembed.type, D);
     for (int i = 0; i < N; i++)
@@ -1216,8 +1218,9 @@ static moe_status layer_backward(moe_lm_t *m, int i) {
     MOE_TRY(st == MOE_OK, st, "layer %d: %s", i, moe_last_error());
     double t1 = moe__now();
     if (c->aux_coef > 0)
-      MOE_CHECK(moe__lbl_backward(&s->lbl, c->aux_coef, a->xn2, moe_layer_param(l, "gate.weight"), a->probs, s->gl,
-                                  moe_layer_grad(l, "gate.weight"), s->dxn, nt));
+      MOE_CHECK(moe__lbl_backward(&s->lbl, c->aux_coef, a->xn2, moe_layer_param(l, "gate.weight"),
+                                  moe_lm_layer_stats(m, i)->experts, a->probs, s->gl, moe_layer_grad(l, "gate.weight"),
+                                  moe_layer_grad(l, "gate.bias"), s->dxn, nt));
     s->lap_moe += t1 - t0;
     s->lap_router += moe__now() - t1;
   } else {

@@ -106,6 +106,12 @@ static moe_status cls_update(void *self, moe_optim_t *opt, float lr) {
   return st;
 }
 
+static moe_status cls_balance_bias(void *self, float gamma) {
+  cls_task *k = self;
+  for (int i = 0; i < k->m->cfg.blocks; i++) MOE_CHECK(moe_layer_balance_bias(&k->m->layers[i], gamma));
+  return MOE_OK;
+}
+
 static moe_status cls_evaluate(void *self, double *loss, double *accuracy) {
   cls_task *k = self;
   MOE_CHECK(moe_model_accuracy(k->m, k->valid, EVAL_BATCH, accuracy));
@@ -134,9 +140,43 @@ static void cls_free(void *self) {
   free(k);
 }
 
+void moe_classifier_options_format(const moe_classifier_options *o, char *buf, size_t n) {
+  const moe_train_adjust *a = &o->adjust;
+  snprintf(buf, n,
+           "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%.9g;dynamic_capacity=%d;delta_launch=%d;headroom=%.9g;"
+           "cache_assignments=%d;cache_on=%.9g;cache_off=%.9g;cache_min_epoch=%d;augment_rotate=%.9g;augment_scale=%.9g",
+           o->epochs, o->batch, o->warmup, o->aug.shift, (double)o->lr, a->dynamic_capacity, a->delta_launch,
+           (double)a->headroom, a->cache_assignments, (double)a->cache.on, (double)a->cache.off, a->cache.min_epoch,
+           (double)o->aug.rotate, (double)o->aug.scale);
+}
+
+int moe_classifier_options_parse(const char *s, moe_classifier_options *o) {
+  moe_train_adjust *a = &o->adjust;
+  o->aug.rotate = o->aug.scale = 0;
+  int n = s ? sscanf(s,
+                     "epochs=%d;batch=%d;warmup=%d;augment=%d;lr=%f;dynamic_capacity=%d;delta_launch=%d;headroom=%f;"
+                     "cache_assignments=%d;cache_on=%f;cache_off=%f;cache_min_epoch=%d;augment_rotate=%f;"
+                     "augment_scale=%f",
+                     &o->epochs, &o->batch, &o->warmup, &o->aug.shift, &o->lr, &a->dynamic_capacity,
+                     &a->delta_launch, &a->headroom, &a->cache_assignments, &a->cache.on, &a->cache.off,
+                     &a->cache.min_epoch, &o->aug.rotate, &o->aug.scale)
+            : 0;
+  return (n == 5 || n == 12 || n == 14) && o->epochs > 0 && o->batch > 0 && o->warmup >= -1 && o->aug.shift >= 0 &&
+         o->aug.shift < 8 && o->aug.rotate >= 0 && o->aug.rotate <= 90 && o->aug.scale >= 0 && o->aug.scale < 1 &&
+         o->lr > 0 && o->lr < 1e3f && a->delta_launch >= 0 && a->delta_launch < 60 && a->headroom >= 0 &&
+         a->headroom <= 10 && a->cache.min_epoch >= 0;
+}
+
+/* What a resumed run keeps of c and aug (steps per epoch spe). */
+static void options_of(const moe_trainer_config *c, const moe_augment *aug, int spe, char *buf, size_t n) {
+  int w = c->warmup < 0 ? c->steps / 20 : c->warmup; /* the trainer's default, resolved */
+  moe_classifier_options o = {c->steps / spe, c->batch, w == spe ? -1 : w, c->lr, c->adjust, {0, 0, 0}};
+  if (aug) o.aug = *aug;
+  moe_classifier_options_format(&o, buf, n);
+}
+
 moe_status moe_train_classifier(moe_train_model *out, moe_model_t *m, const moe_dataset *train,
-                                const moe_dataset *valid, const moe_augment *aug, const char *extra,
-                                const moe_trainer_config *c) {
+                                const moe_dataset *valid, const moe_augment *aug, const moe_trainer_config *c) {
   memset(out, 0, sizeof *out);
   int B = c->batch, F = train->rows * train->cols;
   MOE_TRY(B > 0 && B <= train->n, MOE_ERR_ARG, "trainer: batch %d is not in [1, the %d training samples]", B,
@@ -152,7 +192,7 @@ moe_status moe_train_classifier(moe_train_model *out, moe_model_t *m, const moe_
                     .b0 = B * r / W, .b1 = B * (r + 1) / W, .F = F, .threads = moe__threads(m->cfg.moe.threads),
                     .epoch = -1};
     if (aug) k->aug = *aug;
-    snprintf(k->extra, sizeof k->extra, "%s", extra ? extra : "");
+    options_of(c, aug, k->steps, k->extra, sizeof k->extra);
     k->perm = malloc((size_t)train->n * sizeof *k->perm);
     k->x = malloc((size_t)B * F * sizeof *k->x);
     k->y = malloc((size_t)B);
@@ -167,7 +207,7 @@ moe_status moe_train_classifier(moe_train_model *out, moe_model_t *m, const moe_
                            .backward = cls_backward, .params_changed = cls_params_changed, .update = cls_update,
                            .evaluate = cls_evaluate, .checkpoint = cls_checkpoint, .moe_layers = m->layers,
                            .n_moe_layers = m->cfg.blocks, .layer_stats = cls_layer_stats, .rows = B,
-                           .free = cls_free};
+                           .free = cls_free, .balance_bias = m->cfg.moe.select_bias ? cls_balance_bias : NULL};
   return MOE_OK;
 }
 

@@ -75,6 +75,13 @@ static moe_status lm_backward(void *self, moe_train_batch_stats *st) {
 
 static void lm_params_changed(void *self) { moe_lm_params_changed(((lm_task *)self)->m); }
 
+static moe_status lm_balance_bias(void *self, float gamma) {
+  moe_lm_t *m = ((lm_task *)self)->m;
+  MOE_CHECK(moe_lm_balance_bias(m, gamma));
+  moe_lm_params_changed(m);
+  return MOE_OK;
+}
+
 static moe_status lm_evaluate(void *self, double *loss, double *accuracy) {
   lm_task *k = self;
   (void)accuracy; /* none */
@@ -143,7 +150,8 @@ moe_status moe_train_lm(moe_train_model *out, moe_lm_t *m, const moe_tokenizer *
                            .samples = (int64_t)k->nwin * T, .steps_per_epoch = k->per_epoch, .batch = lm_batch,
                            .forward = lm_forward, .backward = lm_backward, .params_changed = lm_params_changed,
                            .evaluate = lm_evaluate, .save = lm_save, .gather = lm_gather, .scatter = lm_scatter,
-                           .free = lm_free, .layer_stats = lm_layer_stats, .rows = B * T};
+                           .free = lm_free, .layer_stats = lm_layer_stats, .rows = B * T,
+                           .balance_bias = m->cfg.moe.select_bias ? lm_balance_bias : NULL};
   int dense = 0; /* Qwen's dense layers (mlp_only_layers, decoder_sparse_step) have no MoE layer to adjust */
   for (int i = 0; i < m->cfg.n_layers; i++) dense |= moe_lm_layer_dense(&m->cfg, i);
   if (!dense) out->moe_layers = m->layers, out->n_moe_layers = m->cfg.n_layers;

@@ -44,11 +44,17 @@ moe_status moe_trainer_new(moe_trainer **out, const moe_trainer_config *c, moe_t
   if (t->cfg.warmup < 0) t->cfg.warmup = t->cfg.steps / 20;
   t->last = c->stop_after > 0 && c->stop_after < c->steps ? c->stop_after : c->steps;
   t->best = INFINITY;
-  if (c->steps <= 0 || c->eval_every <= 0 || !(c->lr > 0) || !(c->time_budget >= 0) || c->stop_after < 0)
+  if (c->steps <= 0 || c->eval_every <= 0 || !(c->lr > 0) || !(c->time_budget >= 0) || c->stop_after < 0 ||
+      !(c->bias_rate >= 0 && isfinite(c->bias_rate)))
     st = moe__error(MOE_ERR_ARG, __FILE__, __LINE__,
-                    "trainer: steps %d, eval_every %d, lr %g, time_budget %g, stop_after %d out of range", c->steps,
-                    c->eval_every, (double)c->lr, (double)c->time_budget, c->stop_after);
+                    "trainer: steps %d, eval_every %d, lr %g, time_budget %g, stop_after %d, bias_rate %g out of range",
+                    c->steps, c->eval_every, (double)c->lr, (double)c->time_budget, c->stop_after,
+                    (double)c->bias_rate);
   const moe_train_model *m = &t->model;
+  if (st == MOE_OK && c->bias_rate > 0 && !m->balance_bias)
+    st = moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "trainer: bias_rate %g is DeepSeek-V3's aux-loss-free balancing "
+                    "of a selection bias (e_score_correction_bias), which this model's MoE layers do not have",
+                    (double)c->bias_rate);
   if (st == MOE_OK && ((c->checkpoint && !m->checkpoint && (!m->save || !m->gather)) || (c->keep_best && !m->save)))
     st = moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "trainer: a checkpoint or keep_best directory needs the "
                     "model's save and gather (or its own checkpoint)");
@@ -237,6 +243,7 @@ moe_status moe_trainer_step(moe_trainer *t, moe_train_step *out) {
   if (st == MOE_OK) st = m->backward(m->self, &s->batch);
   if (st == MOE_OK) st = update(t, s->lr, &s->skipped);
   if (st == MOE_ERR_VALUE && skip) st = MOE_OK, s->skipped = 1;
+  if (st == MOE_OK && c->bias_rate > 0 && !s->skipped) st = m->balance_bias(m->self, c->bias_rate);
   if (st != MOE_OK) return st;
   if (s->skipped) t->skipped++;
   t->step = step + 1; /* a skipped step is a step of the schedule too (opt.step counts updates) */

@@ -1,8 +1,10 @@
 /* trainer_state.safetensors (DESIGN 4.10): Adam's moments in the one-process order and the schedule,
  * the MoE layers' options and the adjustments as __metadata__, so that a resumed run goes on bit for
  * bit. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "train/trainer.h"
 
@@ -22,27 +24,30 @@ static void options_string(const moe_trainer_config *o, const moe_layer_config *
            o->eval_windows, (double)o->time_budget, (double)l->capacity_setting, (int)l->dispatch, (int)l->dtype,
            a->dynamic_capacity, a->delta_launch, (double)a->headroom, a->cache_assignments, (double)a->cache.on,
            (double)a->cache.off, a->cache.min_epoch);
+  size_t len = strlen(buf); /* only when on: the states of runs without it stay as they were */
+  if (o->bias_rate != 0 && len < n) snprintf(buf + len, n - len, ";bias_rate=%.9g", (double)o->bias_rate);
 }
 
 /* The options into o and l; 0 when missing or out of range. States from before the layers' options
- * have the first 8 fields. */
+ * have the first 8 fields, those without the bias balancing 19. */
 static int options_parse(const char *s, moe_trainer_config *o, moe_layer_config *l) {
   moe_train_adjust *a = &o->adjust;
   moe_layer_config keep = *l;
   int dispatch = l->dispatch, dtype = l->dtype;
+  o->bias_rate = 0;
   int n = s ? sscanf(s,
                      "context=%d;batch=%d;steps=%d;warmup=%d;lr=%f;weight_decay=%f;eval_every=%d;eval_windows=%d;"
                      "time_budget=%f;capacity=%f;dispatch=%d;dtype=%d;dynamic_capacity=%d;delta_launch=%d;"
-                     "headroom=%f;cache_assignments=%d;cache_on=%f;cache_off=%f;cache_min_epoch=%d",
+                     "headroom=%f;cache_assignments=%d;cache_on=%f;cache_off=%f;cache_min_epoch=%d;bias_rate=%f",
                      &o->context, &o->batch, &o->steps, &o->warmup, &o->lr, &o->optim.weight_decay, &o->eval_every,
                      &o->eval_windows, &o->time_budget, &keep.capacity_setting, &dispatch, &dtype,
                      &a->dynamic_capacity, &a->delta_launch, &a->headroom, &a->cache_assignments, &a->cache.on,
-                     &a->cache.off, &a->cache.min_epoch)
+                     &a->cache.off, &a->cache.min_epoch, &o->bias_rate)
               : 0;
   l->capacity_setting = keep.capacity_setting;
   l->dispatch = dispatch == MOE_DISPATCH_STATIC ? MOE_DISPATCH_STATIC : MOE_DISPATCH_DYNAMIC;
   l->dtype = dtype == MOE_DT_BF16 ? MOE_DT_BF16 : MOE_DT_F32;
-  return (n == 8 || n == 19) && o->context > 0 && o->batch > 0 && o->steps > 0 && o->warmup >= 0 && o->lr > 0 &&
+  return (n == 8 || n == 19 || n == 20) && isfinite(o->bias_rate) && o->bias_rate >= 0 && o->context > 0 && o->batch > 0 && o->steps > 0 && o->warmup >= 0 && o->lr > 0 &&
          o->eval_every > 0 && o->eval_windows > 0 && o->optim.weight_decay >= 0 && o->time_budget >= 0 &&
          a->delta_launch >= 0 && a->delta_launch < 60 && a->headroom >= 0 && a->headroom <= 10;
 }
