@@ -21,7 +21,7 @@ static void usage(FILE *f) {
           "  scripts/get-brown.sh), up to N ids in all (default 4096, <|endoftext|> included); prints the\n"
           "  time taken and, when DIR has a valid.txt, its bytes per token (a JSON line with --json).\n"
           "F: a tokenizer.json (libmoe's, or a Hugging Face BPE one: GPT-2, Llama 2/3, Mistral, Qwen,\n"
-          "  DeepSeek-V3, gpt-oss) or a directory holding one and, optionally, tokenizer_config.json.\n"
+          "  DeepSeek-V3, gpt-oss, Gemma 3) or a directory holding one and, optionally, tokenizer_config.json.\n"
           "encode: the ids of stdin's bytes, separated by spaces (a JSON array with --json); --special\n"
           "  turns special tokens written in the text (<|endoftext|>) into their ids; --add-special adds\n"
           "  the tokens the tokenizer puts around a text (BOS/EOS: its post-processor, or the directory's\n"

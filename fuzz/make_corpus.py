@@ -198,6 +198,23 @@ def tokenizer_json_seeds(put):
                             model=dict(type="BPE", unk_token="<unk>", fuse_unk=True, byte_fallback=True, vocab={
                                 "<unk>": 0, "<s>": 1, "</s>": 2, "<0x0A>": 3, "<0xC3>": 4, "<0xA9>": 5, "\u2581": 6, "a": 7,
                                 "\u2581a": 8, "<mask>": 9, "T": 10, "h": 11, "e": 12, "\u2581T": 13}, merges=["\u2581 a", "\u2581 T"])),
+        # Gemma 3's form: " " -> "▁" without Prepend, a Split on " " (a no-op after it), merges as pairs,
+        # non-special added tokens, one added token past the vocabulary, no Strip decoder
+        "gemma3.json": dict(added_tokens=added((0, "<pad>", True, False, False, False), (1, "<eos>", True, False, False, False),
+                                               (2, "<bos>", True, False, False, False), (3, "<unk>", True, False, False, False),
+                                               (4, "<start_of_turn>", True, False, False, False), (5, "<unused0>", False, False, False, False),
+                                               (6, "\n\n", False, False, False, False), (17, "<image_soft_token>", True, False, False, False)),
+                            normalizer={"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+                            pre_tokenizer={"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False},
+                            post_processor={"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                                            {"Sequence": {"id": "A", "type_id": 0}}],
+                                            "special_tokens": {"<bos>": {"id": "<bos>", "ids": [2], "tokens": ["<bos>"]}}},
+                            decoder={"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                                     {"type": "ByteFallback"}, {"type": "Fuse"}]},
+                            model=dict(type="BPE", unk_token="<unk>", fuse_unk=True, byte_fallback=True, ignore_merges=False, vocab={
+                                "<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<start_of_turn>": 4, "<unused0>": 5, "\n\n": 6,
+                                "<0x0A>": 7, "<0xF0>": 8, "<0x9F>": 9, "\u2581": 10, "T": 11, "h": 12, "e": 13, "Th": 14, "The": 15,
+                                "\u2581\u2581": 16}, merges=[["T", "h"], ["Th", "e"], ["\u2581", "\u2581"]])),
         "metaspace.json": dict(added_tokens=added((0, "<pad>", True, False, False, False), (1, "[X]", False, False, False, True)),
                                normalizer={"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"},
                                            {"type": "Strip", "strip_left": True, "strip_right": True}]},

@@ -81,6 +81,30 @@ TEST(chat_template_models) {
   ASSERT_EQ_INT(bad, 0);
 }
 
+/* Where Gemma 3's template raises (roles not alternating, content null), rendering fails and the error
+ * names the template's message and the file (@huggingface/jinja raises the same three messages). */
+TEST(chat_template_gemma3_raises) {
+  static const char *const convs[][2] = {
+      {"[{\"role\": \"user\", \"content\": \"one\"}, {\"role\": \"user\", \"content\": \"two\"}]",
+       "raise_exception: Conversation roles must alternate user/assistant/user/assistant/..."},
+      {"[{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"assistant\", \"content\": \"a\"}]",
+       "raise_exception: Conversation roles must alternate"},
+      {"[{\"role\": \"user\", \"content\": \"w\"}, {\"role\": \"assistant\", \"content\": null}]",
+       "raise_exception: Invalid content type"}};
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/chat/gemma3", test_fixture_dir());
+  for (size_t i = 0; i < sizeof convs / sizeof *convs; i++) {
+    char *out = NULL;
+    moe_status st = moe_chat_template_render_config(dir, convs[i][0], 1, NOW, &out, NULL);
+    free(out);
+    if (st == MOE_OK || !strstr(moe_last_error(), convs[i][1]) || !strstr(moe_last_error(), "tokenizer_config.json"))
+      fprintf(stderr, "  %s -> %s: %s\n", convs[i][0], moe_status_name(st), moe_last_error());
+    ASSERT(st != MOE_OK);
+    ASSERT(strstr(moe_last_error(), convs[i][1]) != NULL);
+    ASSERT(strstr(moe_last_error(), "tokenizer_config.json") != NULL);
+  }
+}
+
 TEST(chat_template_language) {
   cJSON *cases = read_json("lang.json");
   ASSERT(cases);

@@ -504,6 +504,8 @@ TEST(gguf_tokenizer_encodes_as_tokenizer_json_llama3) { check_model_tokenizer(fa
 TEST(gguf_tokenizer_encodes_as_tokenizer_json_deepseek_v3) { check_model_tokenizer(failed_, "deepseek_v3", 0); }
 TEST(gguf_tokenizer_encodes_as_tokenizer_json_gptoss) { check_model_tokenizer(failed_, "gptoss", 0); }
 TEST(gguf_tokenizer_encodes_as_tokenizer_json_llama2) { check_model_tokenizer(failed_, "llama2", 1); }
+TEST(gguf_tokenizer_encodes_as_tokenizer_json_llama3_1) { check_model_tokenizer(failed_, "llama3_1", 0); }
+TEST(gguf_tokenizer_encodes_as_tokenizer_json_mistral) { check_model_tokenizer(failed_, "mistral", 1); }
 
 /* A byte-level tokenizer trained here (GPT-2's pre-tokenizer), saved as tokenizer.json: its GGUF
  * form encodes the same, and bad tokenizer.ggml.pre / .model values are errors naming them. */

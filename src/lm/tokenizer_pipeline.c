@@ -362,9 +362,9 @@ static int fallback_byte(const char *s, size_t n) {
 static int flush_bytes(str *run, pieces *out) {
   if (!run->n) return 1;
   size_t base = out->bytes.n;
-  int ok = utf8proc_decompose((const utf8proc_uint8_t *)run->p, (utf8proc_ssize_t)run->n, NULL, 0, 0) >= 0
-               ? put(&out->bytes, run->p, run->n) : 1;
-  for (size_t i = 0; ok && out->bytes.n == base && i < run->n; i++) ok = put(&out->bytes, "\xef\xbf\xbd", 3);
+  int utf8 = utf8proc_decompose((const utf8proc_uint8_t *)run->p, (utf8proc_ssize_t)run->n, NULL, 0, 0) >= 0;
+  int ok = utf8 ? put(&out->bytes, run->p, run->n) : 1;
+  for (size_t i = 0; ok && !utf8 && i < run->n; i++) ok = put(&out->bytes, "\xef\xbf\xbd", 3);
   run->n = 0;
   return ok && add_piece(out, base, out->bytes.n);
 }
