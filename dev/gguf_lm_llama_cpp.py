@@ -53,7 +53,9 @@ def set_vocab(self):
     """No tokenizer: the fixtures have none (libmoe's tests of GGUF tokenizers use real ones)."""
 
 
-for fam, arch in (("mixtral", "MixtralForCausalLM"), ("olmoe", "OlmoeForCausalLM")):
+for fam, arch in (("mixtral", "MixtralForCausalLM"), ("olmoe", "OlmoeForCausalLM"),
+                  ("deepseek_v2_lite", "DeepseekV2ForCausalLM"), ("deepseek_v2", "DeepseekV2ForCausalLM"),
+                  ("deepseek_v3", "DeepseekV3ForCausalLM")):
     cls = conv.Model.from_model_architecture(arch)
     cls.set_vocab, cls.get_tensors = set_vocab, get_tensors
     out = root / "gguf_lm" / f"{fam}.gguf"
