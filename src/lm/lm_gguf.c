@@ -1,5 +1,6 @@
 /* The language model from a GGUF file as llama.cpp's converter writes it (convert_hf_to_gguf.py):
- * general.architecture llama (with experts: Mixtral), qwen2moe, qwen3moe or olmoe, the {arch}.* keys,
+ * general.architecture llama (with experts: Mixtral), qwen2moe, qwen3moe, olmoe or deepseek2 (its keys:
+ * lm_gguf_deepseek.c), the {arch}.* keys,
  * tensors by llama.cpp's names (lm_gguf_names.c) with the experts stacked in 3-D tensors and llama's q
  * and k rows permuted per head. The experts stay in their stored type when the layer has kernels for it
  * (moe_layer_bind_experts into the mapped file), and so do the attention's projections, the dense
