@@ -159,6 +159,16 @@ float *lm_logits(moe_lm_t *m, const int32_t *t, int B, int T) {
   return memcpy(out, moe_lm_logits(m), n * 4);
 }
 
+int lm_same_tensors(const char *what, const moe_lm_t *a, const moe_lm_t *b) {
+  if (b->nrefs != a->nrefs) return fprintf(stderr, "  %s: %d parameters, want %d\n", what, b->nrefs, a->nrefs), 0;
+  for (int i = 0; i < a->nrefs; i++) {
+    const moe_tensor_ref *r = &a->refs[i], *s = moe_lm_find(b, r->name);
+    if (!s || s->numel != r->numel || memcmp(s->data, r->data, r->numel * 4))
+      return fprintf(stderr, "  %s: tensor '%s' differs\n", what, r->name), 0;
+  }
+  return 1;
+}
+
 int lm_check_save_load(const char *name, char *dir, size_t n) {
   char src[512], tmp[64];
   lm_case_dir(name, src, sizeof src);
