@@ -15,9 +15,10 @@ static const char *CMD = "convert";
 static void usage(FILE *f) {
   fprintf(f, "usage: moe convert SRC DST [--type F32|F16|BF16|Q8_0|Q4_0|Q4_K|Q5_K|Q6_K|MXFP4] [--tokenizer PATH]\n"
              "                  [--name NAME]\n"
-             "SRC a Hugging Face checkpoint directory (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) and DST a .gguf file:\n"
-             "writes DST (atomically) as llama.cpp's converter does (architecture llama, qwen2moe, qwen3moe or\n"
-             "olmoe): the weights in --type (default F32; norms, routers and 1-D tensors stay F32, rows not a\n"
+             "SRC a Hugging Face checkpoint directory (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2/V3) and DST\n"
+             "a .gguf file: writes DST (atomically) as llama.cpp's converter does (architecture llama, qwen2moe,\n"
+             "qwen3moe, olmoe or deepseek2; a setting its keys cannot say, such as DeepSeek's expert groups, is an\n"
+             "error naming it): the weights in --type (default F32; norms, routers and 1-D tensors stay F32, rows not a\n"
              "multiple of the type's block Q8_0 or F16), the tokenizer of --tokenizer or SRC/tokenizer.json\n"
              "(with tokenizer_config.json) when there is one, general.name NAME.\n"
              "SRC a GGUF file and DST a directory: config.json and model.safetensors (F32) of the model, and its\n"

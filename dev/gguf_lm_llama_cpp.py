@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/gguf_lm/<family>.gguf with llama.cpp's own converter (convert_hf_to_gguf.py:
-its Model classes for MixtralForCausalLM and OlmoeForCausalLM, F32) from the
-fixtures tests/fixtures/lm/<family>/, the independent reference of tests/test_gguf_lm.c's
-gguf_lm_llama_cpp_files_give_the_hf_logits (names, shapes, llama's q/k permutation as llama.cpp writes
-them). The fixtures have no tokenizer (set_vocab writes none) and their weights are read here (no
+its Model classes for MixtralForCausalLM, OlmoeForCausalLM and DeepseekV2ForCausalLM /
+DeepseekV3ForCausalLM (DeepseekV2Model, deepseek2), F32) from the fixtures tests/fixtures/lm/<family>/,
+the independent reference of tests/test_gguf_lm.c's gguf_lm_llama_cpp_files_give_the_hf_logits and
+tests/test_gguf_deepseek.c (names, shapes, llama's q/k permutation, DeepSeek's keys as llama.cpp writes
+them; for deepseek_v2 and deepseek_v3 that converter drops n_group/topk_group and V3's mscale, which
+llama.cpp's graph does not compute). The fixtures have no tokenizer (set_vocab writes none) and their weights are read here (no
 safetensors package needed). Qwen3-MoE is not in the February 2025 converter, and
 the Qwen2-MoE fixture's dense layer (mlp_only_layers) has no name in its qwen2moe.
 usage: /usr/bin/python3 dev/gguf_lm_llama_cpp.py LLAMA_CPP_DIR (numpy and torch needed; sentencepiece
@@ -53,7 +55,9 @@ def set_vocab(self):
     """No tokenizer: the fixtures have none (libmoe's tests of GGUF tokenizers use real ones)."""
 
 
-for fam, arch in (("mixtral", "MixtralForCausalLM"), ("olmoe", "OlmoeForCausalLM")):
+for fam, arch in (("mixtral", "MixtralForCausalLM"), ("olmoe", "OlmoeForCausalLM"),
+                  ("deepseek_v2_lite", "DeepseekV2ForCausalLM"), ("deepseek_v2", "DeepseekV2ForCausalLM"),
+                  ("deepseek_v3", "DeepseekV3ForCausalLM")):
     cls = conv.Model.from_model_architecture(arch)
     cls.set_vocab, cls.get_tensors = set_vocab, get_tensors
     out = root / "gguf_lm" / f"{fam}.gguf"

@@ -149,8 +149,7 @@ int lm_patched(const char *family, const char *field, const char *value, const c
   return ok;
 }
 
-/* The logits of m on the tokens (B, T), malloc'd; NULL after printing on a failure. */
-static float *logits_of(moe_lm_t *m, const int32_t *t, int B, int T) {
+float *lm_logits(moe_lm_t *m, const int32_t *t, int B, int T) {
   size_t n = (size_t)B * T * m->cfg.vocab;
   float *out = malloc(n * 4);
   if (!out || moe_lm_forward(m, t, NULL, B, T, NULL)) {
@@ -158,6 +157,16 @@ static float *logits_of(moe_lm_t *m, const int32_t *t, int B, int T) {
     return free(out), NULL;
   }
   return memcpy(out, moe_lm_logits(m), n * 4);
+}
+
+int lm_same_tensors(const char *what, const moe_lm_t *a, const moe_lm_t *b) {
+  if (b->nrefs != a->nrefs) return fprintf(stderr, "  %s: %d parameters, want %d\n", what, b->nrefs, a->nrefs), 0;
+  for (int i = 0; i < a->nrefs; i++) {
+    const moe_tensor_ref *r = &a->refs[i], *s = moe_lm_find(b, r->name);
+    if (!s || s->numel != r->numel || memcmp(s->data, r->data, r->numel * 4))
+      return fprintf(stderr, "  %s: tensor '%s' differs\n", what, r->name), 0;
+  }
+  return 1;
 }
 
 int lm_check_save_load(const char *name, char *dir, size_t n) {
@@ -174,7 +183,7 @@ int lm_check_save_load(const char *name, char *dir, size_t n) {
     moe_lm_free(&m);
     return free(t), 0;
   }
-  float *a = logits_of(&m, t, B, T), *b = logits_of(&r, t, B, T);
+  float *a = lm_logits(&m, t, B, T), *b = lm_logits(&r, t, B, T);
   if (memcmp(&m.cfg, &r.cfg, sizeof m.cfg)) fprintf(stderr, "  %s: the saved config.json reads back as another config\n", name);
   else if (r.nrefs != m.nrefs) fprintf(stderr, "  %s: %d parameters saved, %d loaded\n", name, m.nrefs, r.nrefs);
   else if (!a || !b || memcmp(a, b, (size_t)B * T * m.cfg.vocab * 4)) fprintf(stderr, "  %s: the saved checkpoint's logits differ\n", name);

@@ -20,6 +20,11 @@ int lm_check_case(const char *name);
 int lm_check_case_config(const char *name, const moe_lm_config *c);
 /* The tokens (B, T) of the fixture in dir, malloc'd; NULL on failure. */
 int32_t *lm_fixture_tokens(const char *dir, int *B, int *T);
+/* The logits of m on the tokens t (B, T), malloc'd; NULL after printing on a failure. */
+float *lm_logits(moe_lm_t *m, const int32_t *t, int B, int T);
+/* Whether b has a's parameters (names, sizes, values bit for bit); prints the first that differs
+ * (what names the case). */
+int lm_same_tensors(const char *what, const moe_lm_t *a, const moe_lm_t *b);
 /* The fixture case `family` with config.json's `field` set to the JSON `value` (NULL: removed) and its
  * weights linked, in a new directory dir (of n bytes); with `drop`, the weights written again without
  * that tensor. Returns 0 on failure. */

@@ -10,7 +10,7 @@
 
 #include "test.h"
 
-#define MAX_TESTS 512
+#define MAX_TESTS 1024
 static struct { const char *name; test_fn fn; } tests[MAX_TESTS];
 static int ntests;
 static char tmpdir[256];

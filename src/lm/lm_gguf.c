@@ -1,5 +1,6 @@
 /* The language model from a GGUF file as llama.cpp's converter writes it (convert_hf_to_gguf.py):
- * general.architecture llama (with experts: Mixtral), qwen2moe, qwen3moe or olmoe, the {arch}.* keys,
+ * general.architecture llama (with experts: Mixtral), qwen2moe, qwen3moe, olmoe or deepseek2 (its keys:
+ * lm_gguf_deepseek.c), the {arch}.* keys,
  * tensors by llama.cpp's names (lm_gguf_names.c) with the experts stacked in 3-D tensors and llama's q
  * and k rows permuted per head. The experts stay in their stored type when the layer has kernels for it
  * (moe_layer_bind_experts into the mapped file), and so do the attention's projections, the dense
@@ -37,8 +38,7 @@ static const char *key(char *buf, const char *arch, const char *suffix) {
   return buf;
 }
 
-/* A positive count: required, or (when absent) *out left as it is. */
-static moe_status get_count(const moe_gguf *g, const char *arch, const char *suffix, int required, int *out) {
+moe_status moe__lm_gguf_count(const moe_gguf *g, const char *arch, const char *suffix, int required, int *out) {
   char k[128];
   key(k, arch, suffix);
   if (!required && moe_gguf_find_key(g, k) < 0) return MOE_OK;
@@ -68,23 +68,26 @@ static int has_tensor(const moe_gguf *g, const char *fmt, int layer) {
 /* Keys that change what the model computes but that libmoe does not implement: refused by name. */
 static moe_status refuse_keys(const moe_gguf *g, const char *arch, const moe_lm_config *c) {
   char k[128];
-  static const char *const unsupported[] = {"attention.sliding_window", "rope.scaling.factor", "expert_shared_count",
-                                            "leading_dense_block_count", "attn_logit_softcapping",
+  static const char *const unsupported[] = {"attention.sliding_window", "attn_logit_softcapping",
                                             "final_logit_softcapping", "logit_scale", "embedding_scale",
-                                            "residual_scale", "expert_weights_scale"};
-  for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
+                                            "residual_scale", /* deepseek2 reads the rest */
+                                            "rope.scaling.factor", "expert_shared_count",
+                                            "leading_dense_block_count", "expert_weights_scale"};
+  int ds = moe__lm_gguf_is_deepseek(c->family), n = ds ? 6 : (int)(sizeof unsupported / sizeof *unsupported);
+  for (int i = 0; i < n; i++)
     MOE_TRY(moe_gguf_find_key(g, key(k, arch, unsupported[i])) < 0, MOE_ERR_FORMAT,
             "%s: %s is not supported for %s", moe_gguf_path(g), k, arch);
+  if (ds) return MOE_OK; /* its rope, value length and gating: moe__lm_gguf_read_deepseek */
   const char *s;
   if (moe_gguf_find_key(g, key(k, arch, "rope.scaling.type")) >= 0) {
     MOE_CHECK(moe_gguf_get_str(g, k, &s));
     MOE_TRY(!strcmp(s, "none"), MOE_ERR_FORMAT, "%s: %s \"%s\" is not supported (only none)", moe_gguf_path(g), k, s);
   }
   int rope_dim = c->head_dim, v_len = c->head_dim;
-  MOE_CHECK(get_count(g, arch, "rope.dimension_count", 0, &rope_dim));
+  MOE_CHECK(moe__lm_gguf_count(g, arch, "rope.dimension_count", 0, &rope_dim));
   MOE_TRY(rope_dim == c->head_dim, MOE_ERR_FORMAT, "%s: %s.rope.dimension_count %d is not the head size %d (partial "
           "rotary embeddings are not supported)", moe_gguf_path(g), arch, rope_dim, c->head_dim);
-  MOE_CHECK(get_count(g, arch, "attention.value_length", 0, &v_len));
+  MOE_CHECK(moe__lm_gguf_count(g, arch, "attention.value_length", 0, &v_len));
   MOE_TRY(v_len == c->head_dim, MOE_ERR_FORMAT, "%s: %s.attention.value_length %d is not key_length %d",
           moe_gguf_path(g), arch, v_len, c->head_dim);
   if (moe_gguf_find_key(g, key(k, arch, "expert_gating_func")) >= 0) {
@@ -98,14 +101,14 @@ static moe_status refuse_keys(const moe_gguf *g, const char *arch, const moe_lm_
 /* The family's keys beside the common ones: the experts' width, dense layers, shared expert, norms. */
 static moe_status read_family(const moe_gguf *g, const char *arch, moe_lm_config *c) {
   int ff = 0;
-  MOE_CHECK(get_count(g, arch, "feed_forward_length", 0, &ff));
+  MOE_CHECK(moe__lm_gguf_count(g, arch, "feed_forward_length", 0, &ff));
   if (c->family == MOE_LM_MIXTRAL || c->family == MOE_LM_OLMOE) {
     char k[128];
     MOE_TRY(ff > 0, MOE_ERR_MISSING, "%s: no %s (the experts' width)", moe_gguf_path(g),
             key(k, arch, "feed_forward_length"));
     c->moe.H = ff;
   } else {
-    MOE_CHECK(get_count(g, arch, "expert_feed_forward_length", 1, &c->moe.H));
+    MOE_CHECK(moe__lm_gguf_count(g, arch, "expert_feed_forward_length", 1, &c->moe.H));
   }
   if (c->family == MOE_LM_OLMOE) {
     c->qk_norm = MOE_QK_NORM_FULL;
@@ -130,7 +133,7 @@ static moe_status read_family(const moe_gguf *g, const char *arch, moe_lm_config
   }
   if (c->family == MOE_LM_QWEN2_MOE) {
     c->qkv_bias = has_tensor(g, "blk.%d.attn_q.bias", 0);
-    MOE_CHECK(get_count(g, arch, "expert_shared_feed_forward_length", 0, &c->moe.shared_H));
+    MOE_CHECK(moe__lm_gguf_count(g, arch, "expert_shared_feed_forward_length", 0, &c->moe.shared_H));
     c->moe.shared_gate = c->moe.shared_H > 0;
   }
   c->moe.normalize_topk = moe__lm_gguf_norm_default(c->family);
@@ -163,24 +166,24 @@ static moe_status read_config(const moe_gguf *g, moe_lm_config *c) {
   const char *path = moe_gguf_path(g), *arch;
   MOE_CHECK(moe_gguf_get_str(g, "general.architecture", &arch));
   int family = -1;
-  for (int f = 0; moe__lm_gguf_arch(f); f++)
-    if (!strcmp(arch, moe__lm_gguf_arch(f))) family = f;
+  for (int f = MOE_LM_DEEPSEEK_V3; f >= 0; f--) /* deepseek2: V2 until its keys say V3 */
+    if (moe__lm_gguf_arch(f) && !strcmp(arch, moe__lm_gguf_arch(f))) family = f;
   MOE_TRY(family >= 0, MOE_ERR_FORMAT, "%s: general.architecture \"%s\" is not a language model libmoe runs (llama "
-          "with experts, qwen2moe, qwen3moe, olmoe)", path, arch);
+          "with experts, qwen2moe, qwen3moe, olmoe, deepseek2)", path, arch);
   moe_lm_config_default(c);
   c->family = family;
   c->aux_coef = 0; /* a training setting GGUF files do not carry */
   c->tie_embeddings = 0;
-  MOE_CHECK(get_count(g, arch, "block_count", 1, &c->n_layers));
+  MOE_CHECK(moe__lm_gguf_count(g, arch, "block_count", 1, &c->n_layers));
   MOE_TRY(c->n_layers <= MOE_LM_MAX_LAYERS, MOE_ERR_FORMAT, "%s: %s.block_count %d is more than %d", path, arch,
           c->n_layers, MOE_LM_MAX_LAYERS);
-  MOE_CHECK(get_count(g, arch, "embedding_length", 1, &c->moe.D));
-  MOE_CHECK(get_count(g, arch, "attention.head_count", 1, &c->n_heads));
+  MOE_CHECK(moe__lm_gguf_count(g, arch, "embedding_length", 1, &c->moe.D));
+  MOE_CHECK(moe__lm_gguf_count(g, arch, "attention.head_count", 1, &c->n_heads));
   c->n_kv_heads = c->n_heads;
-  MOE_CHECK(get_count(g, arch, "attention.head_count_kv", 0, &c->n_kv_heads));
+  MOE_CHECK(moe__lm_gguf_count(g, arch, "attention.head_count_kv", 0, &c->n_kv_heads));
   c->head_dim = c->moe.D / c->n_heads;
-  MOE_CHECK(get_count(g, arch, "attention.key_length", 0, &c->head_dim));
-  MOE_CHECK(get_count(g, arch, "context_length", 0, &c->max_seq));
+  MOE_CHECK(moe__lm_gguf_count(g, arch, "attention.key_length", 0, &c->head_dim));
+  MOE_CHECK(moe__lm_gguf_count(g, arch, "context_length", 0, &c->max_seq));
   c->rope_theta = 10000.0f; /* llama.cpp's default */
   MOE_CHECK(get_real(g, arch, "rope.freq_base", &c->rope_theta));
   char k[128];
@@ -189,9 +192,9 @@ static moe_status read_config(const moe_gguf *g, moe_lm_config *c) {
   MOE_CHECK(get_real(g, arch, "attention.layer_norm_rms_epsilon", &c->rms_eps));
   MOE_TRY(moe_gguf_find_key(g, key(k, arch, "expert_count")) >= 0, MOE_ERR_FORMAT,
           "%s: no %s: %s without experts is not a mixture of experts libmoe runs", path, k, arch);
-  MOE_CHECK(get_count(g, arch, "expert_count", 1, &c->moe.E));
-  MOE_CHECK(get_count(g, arch, "expert_used_count", 1, &c->moe.top_k));
-  MOE_CHECK(read_family(g, arch, c));
+  MOE_CHECK(moe__lm_gguf_count(g, arch, "expert_count", 1, &c->moe.E));
+  MOE_CHECK(moe__lm_gguf_count(g, arch, "expert_used_count", 1, &c->moe.top_k));
+  MOE_CHECK(moe__lm_gguf_is_deepseek(c->family) ? moe__lm_gguf_read_deepseek(g, c) : read_family(g, arch, c));
   MOE_CHECK(refuse_keys(g, arch, c));
   moe_gguf_tensor t;
   MOE_CHECK(moe_gguf_tensor_get(g, "token_embd.weight", &t));
@@ -200,7 +203,7 @@ static moe_status read_config(const moe_gguf *g, moe_lm_config *c) {
           (long long)t.ne[0], (long long)t.ne[1], c->moe.D, arch);
   c->vocab = (int)t.ne[1];
   int v = c->vocab;
-  MOE_CHECK(get_count(g, arch, "vocab_size", 0, &v));
+  MOE_CHECK(moe__lm_gguf_count(g, arch, "vocab_size", 0, &v));
   MOE_TRY(v == c->vocab, MOE_ERR_SHAPE, "%s: %s.vocab_size %d is not token_embd.weight's %d rows", path, arch, v,
           c->vocab);
   c->tie_embeddings = !moe_gguf_has_tensor(g, "output.weight");
@@ -362,8 +365,8 @@ static moe_status bind_experts(const moe_gguf *g, const moe_lm_t *m, int i) {
 }
 
 /* The config's sizes against the tensors that carry them before anything of their size is allocated
- * (as lm_io.c's check_sizes): the last layer's q and k, the last MoE layer's router and experts, the
- * first dense layer's MLP, the shared expert. */
+ * (as lm_io.c's check_sizes): the last layer's q and k (with latent attention q, kv_a and kv_b), the
+ * last MoE layer's router and experts, the first dense layer's MLP, the shared expert. */
 static moe_status check_sizes(const moe_gguf *g, const moe_lm_config *c) {
   int64_t D = c->moe.D, hd = c->head_dim, L = c->n_layers - 1;
   int last_moe = -1, first_dense = -1;
@@ -373,8 +376,17 @@ static moe_status check_sizes(const moe_gguf *g, const moe_lm_config *c) {
   struct { char name[64]; int ndim; int64_t ne[3]; } w[8];
   int n = 0;
 #define WANT(nd, a, b, e, ...) (snprintf(w[n].name, 64, __VA_ARGS__), w[n].ndim = nd, w[n].ne[0] = a, w[n].ne[1] = b, w[n].ne[2] = e, n++)
-  WANT(2, D, c->n_heads * hd, 1, "blk.%lld.attn_q.weight", (long long)L);
-  WANT(2, D, c->n_kv_heads * hd, 1, "blk.%lld.attn_k.weight", (long long)L);
+  const moe_lm_mla *a = &c->mla;
+  if (a->kv_lora_rank) { /* the latent attention's: q (through its latent or not), kv_a and kv_b */
+    int64_t qd = c->n_heads * (a->qk_nope_dim + hd), r = a->kv_lora_rank;
+    if (a->q_lora_rank) WANT(2, a->q_lora_rank, qd, 1, "blk.%lld.attn_q_b.weight", (long long)L);
+    else WANT(2, D, qd, 1, "blk.%lld.attn_q.weight", (long long)L);
+    WANT(2, D, r + hd, 1, "blk.%lld.attn_kv_a_mqa.weight", (long long)L);
+    WANT(2, r, c->n_heads * (a->qk_nope_dim + a->v_head_dim), 1, "blk.%lld.attn_kv_b.weight", (long long)L);
+  } else {
+    WANT(2, D, c->n_heads * hd, 1, "blk.%lld.attn_q.weight", (long long)L);
+    WANT(2, D, c->n_kv_heads * hd, 1, "blk.%lld.attn_k.weight", (long long)L);
+  }
   if (last_moe >= 0) {
     WANT(2, D, c->moe.E, 1, "blk.%d.ffn_gate_inp.weight", last_moe);
     WANT(3, D, c->moe.H, c->moe.E, "blk.%d.ffn_gate_exps.weight", last_moe);

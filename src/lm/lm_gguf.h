@@ -10,7 +10,8 @@
 /* Whether path names a GGUF file: it ends in ".gguf", or it is a regular file starting with "GGUF". */
 int moe__lm_gguf_is(const char *path);
 
-/* llama.cpp's architecture name of family f ("llama", "qwen2moe", "qwen3moe", "olmoe"). */
+/* llama.cpp's architecture name of family f ("llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2" for
+ * both DeepSeek families); NULL for a family without one here (gpt-oss). */
 const char *moe__lm_gguf_arch(moe_lm_family f);
 /* Whether llama.cpp's graph of f normalizes the top-k weights (its build_moe_ffn norm_w), the default
  * when a file has no {arch}.expert_weights_norm. */
@@ -39,6 +40,19 @@ int moe__lm_quantizable(const moe_lm_t *m, const char *name);
 /* The bytes parameter `name` is computed from, when bound; else NULL. */
 const moe__qmat *moe__lm_quant_weight(const moe_lm_t *m, const char *name);
 void moe__lm_bind_quant(moe_lm_t *m, const char *name, moe_gguf_type t, const void *w, void *own);
+
+/* A positive count {arch}.<suffix>: required, or (when absent) *out left as it is. */
+moe_status moe__lm_gguf_count(const moe_gguf *g, const char *arch, const char *suffix, int required, int *out);
+
+/* DeepSeek-V2/V3 as llama.cpp's deepseek2 (lm_gguf_deepseek.c). Whether f is one of them; its keys
+ * beside the common ones into c (the latent attention, shared experts, leading dense layers, the
+ * router, YaRN; c->family V3 for sigmoid scores, a selection bias, or renormalized weights scaled);
+ * MOE_ERR_ARG naming the setting when c has one those keys cannot say (path names the file); its keys
+ * after general.file_type, in the converter's order. */
+int moe__lm_gguf_is_deepseek(moe_lm_family f);
+moe_status moe__lm_gguf_read_deepseek(const moe_gguf *g, moe_lm_config *c);
+moe_status moe__lm_gguf_check_deepseek(const moe_lm_config *c, const char *path);
+moe_status moe__lm_gguf_write_deepseek(moe_gguf_writer *w, const moe_lm_config *c);
 
 /* moe_lm_read_config and moe_lm_load of a GGUF file. */
 moe_status moe__lm_gguf_read_config(const char *path, moe_lm_config *c);

@@ -14,6 +14,9 @@ static const struct {
     [MOE_LM_QWEN2_MOE] = {"qwen2moe", 0},
     [MOE_LM_QWEN3_MOE] = {"qwen3moe", 1},
     [MOE_LM_OLMOE] = {"olmoe", 0},
+    [MOE_LM_GPT_OSS] = {NULL, 0},
+    [MOE_LM_DEEPSEEK_V2] = {"deepseek2", 0}, /* V2 and V3 alike: llama.cpp's converter writes both so */
+    [MOE_LM_DEEPSEEK_V3] = {"deepseek2", 0},
 };
 
 const char *moe__lm_gguf_arch(moe_lm_family f) {
@@ -36,6 +39,16 @@ static const struct {
     {"self_attn.q_norm.weight", "attn_q_norm.weight"},
     {"self_attn.k_norm.weight", "attn_k_norm.weight"},
     {"self_attn.o_proj.weight", "attn_output.weight"},
+    {"self_attn.q_a_proj.weight", "attn_q_a.weight"}, /* DeepSeek's latent attention */
+    {"self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"},
+    {"self_attn.q_b_proj.weight", "attn_q_b.weight"},
+    {"self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"},
+    {"self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"},
+    {"self_attn.kv_b_proj.weight", "attn_kv_b.weight"},
+    {"mlp.gate.e_score_correction_bias", "exp_probs_b.bias"},
+    {"mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"},
+    {"mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight"},
+    {"mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"},
     {"post_attention_layernorm.weight", "ffn_norm.weight"},
     {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},
     {"mlp.gate.weight", "ffn_gate_inp.weight"},

@@ -1,6 +1,8 @@
 /* The language model to a GGUF file as llama.cpp's convert_hf_to_gguf.py writes it: general.* and
  * {arch}.* keys, the tokenizer's tokenizer.ggml.* keys (tokenizer_gguf.c), every parameter under
- * llama.cpp's name (llama's q and k rows permuted per head), each MoE layer's experts stacked into
+ * llama.cpp's name (llama's q and k rows permuted per head; DeepSeek's latent attention as attn_q_a,
+ * attn_q_a_norm, attn_q_b or attn_q, attn_kv_a_mqa, attn_kv_a_norm, attn_kv_b whole, its selection bias
+ * as exp_probs_b.bias), each MoE layer's experts stacked into
  * ffn_gate_exps / ffn_down_exps / ffn_up_exps (ne [D, H, E] and [H, D, E]). The weights take the asked
  * type by llama.cpp's rule of thumb (and moe quantize's): 1-D tensors, norms and routers stay F32; a
  * row whose length is not a multiple of the type's block falls back to Q8_0, or F16. */
@@ -96,7 +98,7 @@ static moe_status set_counts(moe_gguf_writer *w, const char *arch, const char *c
   return MOE_OK;
 }
 
-/* The general.* and {arch}.* keys, in the converter's order. */
+/* The general.* and {arch}.* keys, in the converter's order (deepseek2's: lm_gguf_deepseek.c). */
 static moe_status set_keys(moe_gguf_writer *w, const moe_lm_t *m, const moe_lm_gguf_options *o) {
   const moe_lm_config *c = &m->cfg;
   const char *arch = moe__lm_gguf_arch(c->family);
@@ -104,8 +106,8 @@ static moe_status set_keys(moe_gguf_writer *w, const moe_lm_t *m, const moe_lm_g
   MOE_CHECK(moe_gguf_writer_set_str(w, "general.architecture", arch));
   MOE_CHECK(moe_gguf_writer_set_str(w, "general.type", "model"));
   MOE_CHECK(moe_gguf_writer_set_str(w, "general.name", o->name ? o->name : moe_lm_family_name(c->family)));
-  int qwen = c->family == MOE_LM_QWEN2_MOE || c->family == MOE_LM_QWEN3_MOE;
-  int ff = qwen ? (c->dense_H ? c->dense_H : c->moe.H) : c->moe.H;
+  int qwen = c->family == MOE_LM_QWEN2_MOE || c->family == MOE_LM_QWEN3_MOE, ds = moe__lm_gguf_is_deepseek(c->family);
+  int ff = qwen || ds ? (c->dense_H ? c->dense_H : c->moe.H) : c->moe.H;
   static const char *const common[] = {"block_count", "context_length", "embedding_length", "feed_forward_length",
                                        "attention.head_count", "attention.head_count_kv"};
   MOE_CHECK(set_counts(w, arch, common, (int[]){c->n_layers, c->max_seq, c->moe.D, ff, c->n_heads, c->n_kv_heads}, 6));
@@ -113,6 +115,13 @@ static moe_status set_keys(moe_gguf_writer *w, const moe_lm_t *m, const moe_lm_g
   MOE_CHECK(moe_gguf_writer_set_f32(w, k, c->rope_theta));
   snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", arch);
   MOE_CHECK(moe_gguf_writer_set_f32(w, k, c->rms_eps));
+  if (ds) {
+    snprintf(k, sizeof k, "%s.expert_used_count", arch);
+    MOE_CHECK(moe_gguf_writer_set_u32(w, k, (uint32_t)c->moe.top_k));
+    MOE_CHECK(moe_gguf_writer_set_u32(w, "general.file_type", (uint32_t)moe_gguf_file_type(o->type)));
+    MOE_CHECK(moe__lm_gguf_write_deepseek(w, c));
+    return moe_gguf_writer_set_u32(w, "general.quantization_version", 2);
+  }
   static const char *const rest[] = {"expert_count", "expert_used_count", "attention.key_length",
                                      "attention.value_length"};
   MOE_CHECK(set_counts(w, arch, rest, (int[]){c->moe.E, c->moe.top_k, c->head_dim, c->head_dim}, 4));
@@ -146,7 +155,8 @@ moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gg
           "parameters (load with moe.expert_type -1 to save; "
           "moe quantize converts a GGUF file's types)", path, moe_gguf_type_name((moe_gguf_type)c->moe.expert_type));
   MOE_TRY(moe__lm_gguf_arch(c->family), MOE_ERR_ARG, "%s: the %s family has no GGUF architecture here (llama, "
-          "qwen2moe, qwen3moe, olmoe)", path, moe_lm_family_name(c->family));
+          "qwen2moe, qwen3moe, olmoe, deepseek2)", path, moe_lm_family_name(c->family));
+  if (moe__lm_gguf_is_deepseek(c->family)) MOE_CHECK(moe__lm_gguf_check_deepseek(c, path));
   MOE_TRY(moe_dist_size(c->moe.dist) <= 1, MOE_ERR_ARG,
           "moe_lm_save_gguf: the model is spread over ranks; save it from one process");
   MOE_TRY(!c->sliding_window, MOE_ERR_ARG, "%s: a sliding window (%d) has no key in llama.cpp's %s architecture",
