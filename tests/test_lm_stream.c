@@ -176,20 +176,27 @@ static moe_status stream_decode(const char *dir, long long cut, char *msg, size_
 /* An expert holding a NaN, and a file cut short inside an expert while it is served: loading succeeds (no
  * expert is read), the read of that expert fails naming its tensor, not a crash; a file already short
  * when loaded is refused at once, naming the tensor past its end. */
+/* A quiet NaN (F32) written at byte `at` of tensor name's data in dir's model.safetensors: the tensor's
+ * file offset (its bytes in *nb), or -1. */
+static long long poison(const char *dir, const char *name, long long at, size_t *nb) {
+  char path[1024];
+  long long off = offset_of(dir, name, nb);
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  int fd = off > 0 ? open(path, O_WRONLY) : -1;
+  const unsigned char nan[4] = {0x00, 0x00, 0xc0, 0x7f}; /* little-endian */
+  int ok = fd >= 0 && pwrite(fd, nan, 4, off + at) == 4;
+  if (fd >= 0) close(fd);
+  return ok ? off : -1;
+}
+
 TEST(lm_stream_corrupt_or_short_expert_is_an_error_naming_it) {
-  char dir[512], path[600], msg[1024];
+  char dir[512], msg[1024];
   test_tmp_path("stream_corrupt", dir, sizeof dir);
   ASSERT(copy_fixture("mixtral", dir));
   const char *bad = "model.layers.1.block_sparse_moe.experts.2.w3.weight";
   size_t nb;
-  long long off = offset_of(dir, bad, &nb);
+  long long off = poison(dir, bad, 40, &nb);
   ASSERT(off > 0);
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  int fd = open(path, O_WRONLY);
-  ASSERT(fd >= 0);
-  const unsigned char nan[4] = {0x00, 0x00, 0xc0, 0x7f}; /* a quiet NaN, little-endian F32 */
-  ASSERT(pwrite(fd, nan, 4, off + 40) == 4);
-  close(fd);
   ASSERT_STATUS(stream_decode(dir, -1, msg, sizeof msg), MOE_ERR_VALUE);
   if (!strstr(msg, bad) || !strstr(msg, "expert 2")) FAIL_("the message does not name the tensor: %s", msg);
   ASSERT(copy_fixture("mixtral", dir));
@@ -204,19 +211,13 @@ TEST(lm_stream_corrupt_or_short_expert_is_an_error_naming_it) {
 /* gpt-oss's fused gate_up_proj with a NaN in expert 2's slab: loading succeeds, the read of that expert
  * fails naming the tensor and the expert. */
 TEST(lm_stream_gpt_oss_corrupt_slab_is_an_error_naming_it) {
-  char dir[512], path[600], msg[1024];
+  char dir[512], msg[1024];
   test_tmp_path("stream_oss_corrupt", dir, sizeof dir);
   ASSERT(copy_fixture("gpt_oss", dir));
   const char *bad = "model.layers.1.mlp.experts.gate_up_proj";
   size_t nb;
-  long long off = offset_of(dir, bad, &nb);
-  ASSERT(off > 0);
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  int fd = open(path, O_WRONLY);
-  ASSERT(fd >= 0);
-  const unsigned char nan[4] = {0x00, 0x00, 0xc0, 0x7f}; /* a quiet NaN, little-endian F32 */
-  ASSERT(pwrite(fd, nan, 4, off + (long long)nb / 4 * 2 + 40) == 4); /* expert 2 of 4 */
-  close(fd);
+  ASSERT(offset_of(dir, bad, &nb) > 0);
+  ASSERT(poison(dir, bad, (long long)nb / 4 * 2 + 40, &nb) > 0); /* in expert 2 of 4's slab */
   ASSERT_STATUS(stream_decode(dir, -1, msg, sizeof msg), MOE_ERR_VALUE);
   if (!strstr(msg, bad) || !strstr(msg, "expert 2")) FAIL_("the message does not name the tensor and expert: %s", msg);
 }
