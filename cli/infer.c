@@ -156,6 +156,15 @@ static int infer_main(const char *cmd, int argc, char **argv) {
   infer_opts o;
   int rc = parse(cmd, argc, argv, &o);
   if (rc) return rc;
+  char cfg[4096];
+  snprintf(cfg, sizeof cfg, "%s/config.json", o.ck);
+  FILE *lm = fopen(cfg, "r");
+  if (lm) { /* a language model of any family: moe serve (and generate, eval) keep only some experts */
+    fclose(lm);
+    return cli_usage_error(cmd, "%s is a language model's directory (config.json): moe %s runs a moe train checkpoint "
+                           "of the classifier; for a language model use moe serve --cache K, or moe generate, eval or "
+                           "serve --memory-budget SIZE", o.ck, cmd);
+  }
   moe_model_t m;
   moe_dataset d = {0};
   /* without --cache: every expert resident (K = 0), in the dtype asked for, as moe_checkpoint_load */

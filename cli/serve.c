@@ -31,7 +31,7 @@ static void usage(FILE *f) {
              "before loading the model (stderr: \"http://HOST:PORT answers 503 until the model is loaded\"): until\n"
              "then /health says 503 \"loading\" and every request gets 503. Prints\n"
              "\"listening on http://HOST:PORT\" when ready. --cache K: K experts of each\n"
-             "MoE layer in memory (default all), the rest read on demand from DIR/model.safetensors, evicting\n"
+             "MoE layer in memory (default all; any family), the rest read on demand from DIR/model.safetensors, evicting\n"
              "by --policy (default lifo; the model is loaded whole first, then its experts freed).\n"
              LM_BUDGET_USAGE
              "/metrics then has per layer the hit rate, bytes read, stall seconds and prefetch precision.\n"
@@ -176,7 +176,9 @@ static int load_and_serve(serve_opts *o, moe_lm_config *c, serve_http **h, int p
   else {
     if (trace) fprintf(trace, "step,layer,expert,tokens\n");
     met->L = c->n_layers, met->caches = x.caches; /* read by /metrics only once h is ready */
-    met->all_expert_bytes = (size_t)c->moe.E * 3 * c->moe.H * c->moe.D * (c->moe.dtype == MOE_DT_BF16 ? 2 : 4) * c->n_layers;
+    int moe_layers = 0; /* every family's experts, biases included, in the slots' layout */
+    for (int i = 0; i < c->n_layers; i++) moe_layers += !moe_lm_layer_dense(c, i);
+    met->all_expert_bytes = (size_t)c->moe.E * moe_expert_cache_slot_bytes(&c->moe) * (size_t)moe_layers;
     rc = serve(o, h, port, &m, tok, chat, eos, n_eos, met, trace, sigs);
   }
   if (trace && fclose(trace)) rc = cli_usage_error(CMD, "--trace: cannot write '%s'", o->trace);

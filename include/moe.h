@@ -1630,9 +1630,9 @@ void moe_engine_free(moe_engine *e);
 
 /* Expert buffering for a loaded model (deployment paper VI, moe serve --cache K): every MoE layer's
  * experts are freed and served instead by an expert cache of K slots (policy p) reading dir's
- * model.safetensors lazily (one file: not a sharded checkpoint); the outputs do not change. The experts'
- * refs get data NULL: the model serves forward and decode only. Free m (moe_lm_free) before x. On an
- * error m may be half converted: free it. */
+ * model.safetensors lazily (one file: not a sharded checkpoint; any family, gpt-oss's fused experts
+ * too); the outputs do not change. The experts' refs get data NULL: the model serves forward and decode
+ * only. Free m (moe_lm_free) before x. On an error m may be half converted: free it. */
 typedef struct {
   moe_st *file;
   moe_expert_cache **caches; /* (n) one per MoE layer (NULL for a dense layer) */
@@ -1646,8 +1646,8 @@ void moe_lm_experts_free(moe_lm_experts *x);
 
 /* ---- experts streamed from the checkpoint under a memory budget (DESIGN 4.11; moe generate, eval and
  * serve --memory-budget SIZE): the model's dense weights are read and stay resident; the experts' are
- * never read at load, but on demand from dir's model.safetensors (F32 or BF16, one tensor per expert:
- * every family but gpt-oss) into expert caches (moe_expert_cache) whose slots together take at most
+ * never read at load, but on demand from dir's model.safetensors (F32 or BF16 tensors per expert or
+ * stacked, or gpt-oss's fused ones, dense or MXFP4, an expert's slab at a time) into expert caches (moe_expert_cache) whose slots together take at most
  * `budget` bytes. Every read drops its pages from the page cache, and runs on each layer's loader
  * thread while the experts already resident compute. With prefetch, before MoE layer l computes, the
  * next MoE layer's router (after its post-attention norm) is applied to layer l's hidden state and its

@@ -1,7 +1,7 @@
 """moe serve's tests as a real HTTP client (http.client and raw sockets): starts `MOE serve --checkpoint
 CK --port 0 EXTRA...`, reads the port it prints, runs one scenario and stops it with SIGTERM, checking
 that it exits 0. Prints what differs and exits 1 on a failure.
-usage: serve_client.py MOE CK SCENARIO [EXTRA...]; scenarios: match, busy, bad, sigterm, full (EXTRA
+usage: serve_client.py MOE CK SCENARIO [EXTRA...]; scenarios: match, ids (token-id prompts only), busy, bad, sigterm, full (EXTRA
 --max-connections 4 --timeout 2), drain (EXTRA --timeout 2), eos (on a copy of CK whose end of text is a
 token greedy decoding reaches), stop, metrics, chat (on a copy of CK with a chat template), loading (the
 server held mid-load), pieces (CK with Llama 2's SentencePiece tokenizer)."""
@@ -105,6 +105,21 @@ def match(port):
         resident, every = int(m["moe_serve_resident_expert_bytes"]), int(m["moe_serve_all_expert_bytes"])
         check(4 * resident == every, "resident expert bytes %d of %d" % (resident, every))
         check(0 <= float(m['moe_serve_expert_cache_hit_rate{layer="1"}']) < 1, "hit rate %s" % m)
+
+
+def ids(port):
+    """Token-id prompts only (a checkpoint without a tokenizer: the fixtures of every family), greedy and
+    sampled, against moe generate without EXTRA (every expert resident)."""
+    for body in ({"prompt": [1, 2, 3], "max_tokens": 10, "temperature": 0},
+                 {"prompt": [5, 9, 1, 7], "max_tokens": 8, "temperature": 1.1, "seed": 4}):
+        want = generate(body)
+        for stream in (False, True):
+            got, _ = complete(port, dict(body, stream=stream))
+            check(got == want["ids"], "%s stream=%s: ids %s, moe generate %s" % (body, stream, got, want["ids"]))
+    if "--cache" in EXTRA:  # fewer expert bytes resident than the whole model's, and some misses
+        m = dict(l.rsplit(" ", 1) for l in request(port, "GET", "/metrics")[2].splitlines() if not l.startswith("#"))
+        resident, every = int(m["moe_serve_resident_expert_bytes"]), int(m["moe_serve_all_expert_bytes"])
+        check(0 < resident < every, "resident expert bytes %d of %d" % (resident, every))
 
 
 def busy(port):
@@ -666,7 +681,7 @@ def main():
         if SCENARIO in ("sigterm", "drain"):
             {"sigterm": sigterm, "drain": drain}[SCENARIO](port, p)
         else:
-            {"match": match, "busy": busy, "bad": bad, "full": full, "metrics": metrics, "stop": stop, "chat": chat,
+            {"match": match, "ids": ids, "busy": busy, "bad": bad, "full": full, "metrics": metrics, "stop": stop, "chat": chat,
              "pieces": pieces, "eos": lambda port: eos(port, ck, want, i)}[SCENARIO](port)
             p.send_signal(signal.SIGTERM)
         rc = p.wait(timeout=300)

@@ -323,12 +323,17 @@ TEST(cli_help_everywhere) {
   }
 }
 
-/* Values a command cannot use are refused by name: infer's --policy belady (it needs the future), and
- * cachesim's --cache larger than the trace's experts; and cachesim --json. */
+/* Values a command cannot use are refused by name: infer's --policy belady (it needs the future) and a
+ * language model's directory, and cachesim's --cache larger than the trace's experts; and cachesim --json. */
 TEST(cli_refuses_unusable_values) {
   char trace[512], args[1024];
   ASSERT_EQ_INT(run_moe(NULL, "infer --checkpoint none.ck --cache 2 --policy belady", NULL, err_text, sizeof err_text), 1);
   ASSERT(strstr(err_text, "want lifo|lru|fifo"));
+  /* a language model's directory: infer runs the classifier; the message names the commands that serve it */
+  snprintf(args, sizeof args, "infer --checkpoint '%s/lm/qwen3_moe' --cache 1", test_fixture_dir());
+  ASSERT_EQ_INT(run_moe(NULL, args, NULL, err_text, sizeof err_text), 1);
+  if (!strstr(err_text, "language model's directory") || !strstr(err_text, "moe serve --cache K"))
+    FAIL_("moe %s: %s", args, err_text);
   test_tmp_path("small_trace.csv", trace, sizeof trace);
   FILE *f = fopen(trace, "w");
   ASSERT(f);

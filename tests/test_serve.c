@@ -104,6 +104,20 @@ TEST(serve_matches_generate_with_expert_cache) {
   moe_trace_free(&t);
 }
 
+/* moe serve --cache 1 (expert buffering, moe_lm_buffer_experts) on every family's fixture: token-id
+ * requests, greedy and sampled, give moe generate's tokens with every expert resident, and fewer expert
+ * bytes are resident than the model's. */
+TEST(serve_expert_cache_every_family) {
+  if (!have_python()) return;
+  static const char *const fam[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v2_lite",
+                                    "deepseek_v3", "gpt_oss", "gpt_oss_mxfp4"};
+  for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/lm/%s", test_fixture_dir(), fam[i]);
+    if (!scenario_on(dir, "ids", "--cache 1 --policy lru")) FAIL_("%s: serve --cache 1 differs (above)", fam[i]);
+  }
+}
+
 /* On a copy of the checkpoint whose eos_token_id is a token greedy decoding reaches: requests stop
  * there (finish_reason "stop", the token not returned), streamed or not, as moe generate does, and go
  * on to max_tokens with ignore_eos ("length"). */

@@ -68,41 +68,76 @@ static moe_status u8_view(const moe__lm_reader *rd, const char *name, int ndim, 
   return moe__st_expect_shape(*f, v, name, ndim, want);
 }
 
-/* Converted weight r (fc1, fc3: rows 2j or 2j + 1 of the dequantized (E, 2H, D); fc2: (E, D, H) as it
- * is) from hf's MXFP4 blocks and scales, a row at a time. */
-static moe_status read_mxfp4(const moe__lm_reader *rd, const moe_lm_config *c, const conv *k, const char *hf,
-                             const moe_tensor_ref *r) {
-  int64_t E = c->moe.E, H = c->moe.H, D = c->moe.D, R = k->fc == 2 ? D : 2 * H, K = k->fc == 2 ? H : D;
+/* A fused tensor's MXFP4 blocks and scales: R rows of K values (G blocks of 32) per expert. */
+typedef struct {
+  moe_st *fb, *fs;
+  moe_tensor_view vb, vs;
+  int64_t R, K, G;
+} mx_src;
+
+/* The blocks and scales of hf (gate_up_proj for k fc1 or fc3, down_proj for fc2), their shapes checked. */
+static moe_status mx_open(const moe__lm_reader *rd, const moe_lm_config *c, const conv *k, const char *hf, mx_src *x) {
+  int64_t E = c->moe.E, H = c->moe.H, D = c->moe.D;
+  x->R = k->fc == 2 ? D : 2 * H, x->K = k->fc == 2 ? H : D, x->G = x->K / 32;
   char bn[128], sn[128];
   snprintf(bn, sizeof bn, "%s_blocks", hf);
   snprintf(sn, sizeof sn, "%s_scales", hf);
-  MOE_TRY(K % 32 == 0, MOE_ERR_SHAPE, "tensor '%s': MXFP4 needs rows of a multiple of 32 values, got %lld", bn,
-          (long long)K);
-  int64_t G = K / 32, wb[4] = {E, R, G, 16}, ws[3] = {E, R, G};
-  moe_st *fb, *fs;
-  moe_tensor_view vb, vs;
-  MOE_CHECK(u8_view(rd, bn, 4, wb, &fb, &vb));
-  MOE_CHECK(u8_view(rd, sn, 3, ws, &fs, &vs));
-  uint8_t *blk = malloc((size_t)G * 17);
-  MOE_TRY(blk, MOE_ERR_NOMEM, "out of memory for a row of '%s'", bn);
+  MOE_TRY(x->K % 32 == 0, MOE_ERR_SHAPE, "tensor '%s': MXFP4 needs rows of a multiple of 32 values, got %lld", bn,
+          (long long)x->K);
+  int64_t wb[4] = {E, x->R, x->G, 16}, ws[3] = {E, x->R, x->G};
+  MOE_CHECK(u8_view(rd, bn, 4, wb, &x->fb, &x->vb));
+  return u8_view(rd, sn, 3, ws, &x->fs, &x->vs);
+}
+
+/* Expert e's part of converted weight k (fc1, fc3: rows 2j or 2j + 1 of its dequantized (2H, D); fc2: its
+ * (D, H) as it is) into dst, a row at a time through blk (G * 17 bytes). */
+static moe_status mx_expert(const mx_src *x, const conv *k, int64_t e, uint8_t *blk, float *dst) {
+  int64_t G = x->G, K = x->K, rows = k->fc == 2 ? x->R : x->R / 2;
   uint8_t *sc = blk + G * 16;
   moe_status st = MOE_OK;
-  int rows = (int)(k->fc == 2 ? D : H);
+  for (int64_t j = 0; j < rows && st == MOE_OK; j++) {
+    int64_t src = e * x->R + (k->fc == 2 ? j : 2 * j + (k->fc == 3)); /* gate rows even, up rows odd */
+    float *y = dst + (size_t)j * (size_t)K;
+    st = moe_st_read(x->fb, &x->vb, (size_t)src * G * 16, (size_t)G * 16, blk);
+    if (st == MOE_OK) st = moe_st_read(x->fs, &x->vs, (size_t)src * G, (size_t)G, sc);
+    for (int64_t g = 0; g < G && st == MOE_OK; g++) st = mxfp4_block(blk + g * 16, sc[g], y + g * 32);
+    for (int64_t i = 0; i < K && st == MOE_OK; i++)
+      if (!isfinite(y[i]))
+        st = moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "%s: tensor '%s' row %lld has scale %d: not finite",
+                        moe_st_path(x->fs), x->vs.name, (long long)src, sc[i / 32]);
+  }
+  return st;
+}
+
+/* Converted weight r from hf's MXFP4 blocks and scales, expert by expert. */
+static moe_status read_mxfp4(const moe__lm_reader *rd, const moe_lm_config *c, const conv *k, const char *hf,
+                             const moe_tensor_ref *r) {
+  mx_src x;
+  MOE_CHECK(mx_open(rd, c, k, hf, &x));
+  uint8_t *blk = malloc((size_t)x.G * 17);
+  MOE_TRY(blk, MOE_ERR_NOMEM, "out of memory for a row of '%s'", x.vb.name);
+  moe_status st = MOE_OK;
+  size_t El = (size_t)r->shape[0], part = r->numel / El; /* this rank's experts, from e0 */
   int64_t e0 = (int64_t)first_expert(c, r);
-  for (int64_t e = 0; e < r->shape[0] && st == MOE_OK; e++)
-    for (int j = 0; j < rows && st == MOE_OK; j++) {
-      int64_t src = (e + e0) * R + (k->fc == 2 ? j : 2 * j + (k->fc == 3)); /* gate rows even, up rows odd */
-      float *y = r->data + ((size_t)e * rows + j) * (size_t)K;
-      st = moe_st_read(fb, &vb, (size_t)src * G * 16, (size_t)G * 16, blk);
-      if (st == MOE_OK) st = moe_st_read(fs, &vs, (size_t)src * G, (size_t)G, sc);
-      for (int64_t g = 0; g < G && st == MOE_OK; g++) st = mxfp4_block(blk + g * 16, sc[g], y + g * 32);
-      for (int64_t i = 0; i < K && st == MOE_OK; i++)
-        if (!isfinite(y[i]))
-          st = moe__error(MOE_ERR_VALUE, __FILE__, __LINE__, "%s: tensor '%s' row %lld has scale %d: not finite",
-                          moe_st_path(fs), sn, (long long)src, sc[i / 32]);
-    }
+  for (size_t e = 0; e < El && st == MOE_OK; e++) st = mx_expert(&x, k, e0 + (int64_t)e, blk, r->data + e * part);
   free(blk);
   return st;
+}
+
+/* Expert e's part of converted ref k (dst: its (H, D), (D, H) or H values) from its slab of the checkpoint
+ * tensor (src: (D, 2H), (H, D) or 2H values): the gate's (even) or the up's (odd) columns, down_proj
+ * transposed. */
+static void convert_expert(const conv *k, size_t H, size_t D, const float *src, float *dst) {
+  size_t up = k->fc == 3;
+  for (size_t j = 0; j < H; j++) {
+    if (k->bias) {
+      dst[j] = src[2 * j + up];
+      continue;
+    }
+    for (size_t d = 0; d < D; d++)
+      if (k->fc == 2) dst[d * H + j] = src[j * D + d];
+      else dst[j * D + d] = src[d * 2 * H + 2 * j + up];
+  }
 }
 
 moe_status moe__gptoss_read_ref(const moe__lm_reader *rd, const moe_lm_t *m, const moe_tensor_ref *r) {
@@ -119,22 +154,13 @@ moe_status moe__gptoss_read_ref(const moe__lm_reader *rd, const moe_lm_t *m, con
   if (!plain && !k.bias && rd->file_of(rd->ctx, bn, &f) == MOE_OK && moe_st_has(f, bn))
     return read_mxfp4(rd, c, &k, t.name, r);
   MOE_CHECK(rd->file_of(rd->ctx, t.name, &f)); /* absent: the error names the tensor */
-  size_t E = (size_t)c->moe.E, H = (size_t)c->moe.H, D = (size_t)c->moe.D, up = k.fc == 3;
-  size_t El = (size_t)r->shape[0], e0 = first_expert(c, r);
+  size_t E = (size_t)c->moe.E, El = (size_t)r->shape[0], e0 = first_expert(c, r); /* this rank's experts */
   t.numel = E * (size_t)t.shape[1] * (t.ndim == 3 ? (size_t)t.shape[2] : 1);
   t.data = malloc(t.numel * 4 + 4);
   MOE_TRY(t.data, MOE_ERR_NOMEM, "%s: out of memory for tensor '%s'", moe_st_path(f), t.name);
   moe_status st = rd->read(f, &t);
-  for (size_t e = 0; st == MOE_OK && e < El; e++)
-    for (size_t j = 0, s = e + e0; j < H; j++) { /* s: the expert's place in the checkpoint */
-      if (k.bias) {
-        r->data[e * H + j] = t.data[s * 2 * H + 2 * j + up];
-        continue;
-      }
-      for (size_t d = 0; d < D; d++)
-        if (k.fc == 2) r->data[(e * D + d) * H + j] = t.data[(s * H + j) * D + d]; /* down_proj (E, H, D) */
-        else r->data[(e * H + j) * D + d] = t.data[(s * D + d) * 2 * H + 2 * j + up]; /* gate_up (E, D, 2H) */
-    }
+  for (size_t e = 0; st == MOE_OK && e < El; e++) /* e + e0: the expert's place in the checkpoint */
+    convert_expert(&k, (size_t)c->moe.H, (size_t)c->moe.D, t.data + (e + e0) * (t.numel / E), r->data + e * (r->numel / El));
   free(t.data);
   return st;
 }
@@ -174,9 +200,9 @@ moe_status moe__gptoss_write_ref(const moe_lm_t *m, const moe_tensor_ref *r, moe
 }
 
 int moe__gptoss_source(const moe_lm_config *c, const char *name) {
-  static const char *const kinds[] = {"gate_up_proj",        "gate_up_proj_bias", "down_proj",
+  static const char *const kinds[] = {"gate_up_proj",        "gate_up_proj_bias",   "down_proj",
                                       "gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks",
-                                      "down_proj_scales"};
+                                      "down_proj_scales",    "down_proj_bias"}; /* a ref, unless external */
   char kind[32];
   int layer, n = 0;
   if (c->family != MOE_LM_GPT_OSS || sscanf(name, "model.layers.%d.mlp.experts.%31[a-z_]%n", &layer, kind, &n) != 2 ||
@@ -207,5 +233,114 @@ moe_status moe__gptoss_check_sizes(const moe__lm_reader *rd, const char *dir, co
           (long long)E, (long long)D, (long long)H, n, moe_st_path(f),
           plain ? "want E x D x 2H" : "want E x 2H x D/32 x 16",
           v.ndim, (long long)v.shape[0], v.ndim > 1 ? (long long)v.shape[1] : 0LL);
+  return MOE_OK;
+}
+
+/* A streamed layer's fused tensors (moe__gptoss_expert_reader). */
+typedef struct {
+  const moe_st *f;
+  int layer, mx;
+  int64_t H, D;
+  moe_tensor_view gu, gub, dn, dnb; /* gate_up_proj (plain form), its bias, down_proj (plain form), its bias */
+  mx_src mgu, mdn;                  /* the MXFP4 forms */
+  float *slab;                      /* one expert's (D, 2H) of gate_up_proj as fp32, or a row's MXFP4 bytes */
+} oss_reader;
+
+/* lm_gptoss.h's reader over one file: the tensor's file, or MOE_ERR_MISSING naming it. */
+static moe_status one_file(void *ctx, const char *name, moe_st **f) {
+  oss_reader *o = ctx;
+  MOE_TRY(moe_st_has(o->f, name), MOE_ERR_MISSING, "%s: no tensor '%s'", moe_st_path(o->f), name);
+  *f = (moe_st *)o->f;
+  return MOE_OK;
+}
+
+/* Values [e n, (e + 1) n) of v (expert e's slab) into dst; their pages dropped when asked. */
+static moe_status slab(const oss_reader *o, const moe_tensor_view *v, int e, size_t n, float *dst, int drop) {
+  moe_status st = moe__lm_read_values(o->f, v, (size_t)e * n, n, dst);
+  if (drop) moe__st_drop_pages(o->f, v, (size_t)e * n * moe_dtype_size(v->dtype), n * moe_dtype_size(v->dtype));
+  return st;
+}
+
+/* The pages of expert e's rows of an MXFP4 tensor dropped. */
+static void mx_drop(const oss_reader *o, const mx_src *x, int e) {
+  size_t rows = (size_t)x->R, G = (size_t)x->G;
+  moe__st_drop_pages(o->f, &x->vb, (size_t)e * rows * G * 16, rows * G * 16);
+  moe__st_drop_pages(o->f, &x->vs, (size_t)e * rows * G, rows * G);
+}
+
+static moe_status oss_read(void *ctx, int e, float *const out[6], int drop) {
+  oss_reader *o = ctx;
+  size_t H = (size_t)o->H, D = (size_t)o->D;
+  const conv gate = {o->layer, 1, 0}, up = {o->layer, 3, 0}, down = {o->layer, 2, 0}, gate_b = {o->layer, 1, 1},
+             up_b = {o->layer, 3, 1};
+  if (o->mx) {
+    uint8_t *blk = (uint8_t *)o->slab;
+    MOE_CHECK(mx_expert(&o->mgu, &gate, e, blk, out[0]));
+    MOE_CHECK(mx_expert(&o->mgu, &up, e, blk, out[4]));
+    MOE_CHECK(mx_expert(&o->mdn, &down, e, blk, out[2]));
+    if (drop) mx_drop(o, &o->mgu, e), mx_drop(o, &o->mdn, e);
+  } else {
+    MOE_CHECK(slab(o, &o->gu, e, D * 2 * H, o->slab, drop));
+    convert_expert(&gate, H, D, o->slab, out[0]);
+    convert_expert(&up, H, D, o->slab, out[4]);
+    MOE_CHECK(slab(o, &o->dn, e, H * D, o->slab, drop));
+    convert_expert(&down, H, D, o->slab, out[2]);
+  }
+  MOE_CHECK(slab(o, &o->gub, e, 2 * H, o->slab, drop));
+  convert_expert(&gate_b, H, D, o->slab, out[1]);
+  convert_expert(&up_b, H, D, o->slab, out[5]);
+  return slab(o, &o->dnb, e, D, out[3], drop);
+}
+
+static void oss_free(void *ctx) {
+  oss_reader *o = ctx;
+  if (o) free(o->slab);
+  free(o);
+}
+
+/* View `name` of o's file, (E, a) or (E, a, b) (b 0: 2 dims), F32, BF16 or F16. */
+static moe_status plain_view(const oss_reader *o, const moe_lm_config *c, const char *what, int64_t a, int64_t b,
+                             moe_tensor_view *v) {
+  char name[128];
+  snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s", o->layer, what);
+  MOE_CHECK(moe_st_get(o->f, name, v));
+  int64_t want[3] = {c->moe.E, a, b};
+  MOE_CHECK(moe__st_expect_shape(o->f, v, name, b ? 3 : 2, want));
+  MOE_TRY(v->dtype == MOE_DT_F32 || v->dtype == MOE_DT_BF16 || v->dtype == MOE_DT_F16, MOE_ERR_DTYPE,
+          "%s: tensor '%s' is %s, want F32, BF16 or F16", moe_st_path(o->f), name, moe_dtype_name(v->dtype));
+  return MOE_OK;
+}
+
+moe_status moe__gptoss_expert_reader(const moe_st *f, const moe_lm_config *c, int i, moe__expert_reader *r) {
+  oss_reader *o = calloc(1, sizeof *o);
+  MOE_TRY(o, MOE_ERR_NOMEM, "expert reader: out of memory");
+  o->f = f, o->layer = i, o->H = c->moe.H, o->D = c->moe.D;
+  int64_t H = o->H, D = o->D;
+  char gu[96], dn[96];
+  snprintf(gu, sizeof gu, "model.layers.%d.mlp.experts.gate_up_proj", i);
+  snprintf(dn, sizeof dn, "model.layers.%d.mlp.experts.down_proj", i);
+  o->mx = !moe_st_has(f, gu);
+  moe__lm_reader rd = {o, one_file, NULL};
+  const conv gate = {i, 1, 0}, down = {i, 2, 0};
+  size_t bytes = 0, floats = (size_t)(D * 2 * H);
+  moe_status st = plain_view(o, c, "gate_up_proj_bias", 2 * H, 0, &o->gub);
+  if (st == MOE_OK) st = plain_view(o, c, "down_proj_bias", D, 0, &o->dnb);
+  if (st == MOE_OK && o->mx) {
+    st = mx_open(&rd, c, &gate, gu, &o->mgu);
+    if (st == MOE_OK) st = mx_open(&rd, c, &down, dn, &o->mdn);
+    if (st == MOE_OK) bytes = (size_t)(o->mgu.R * o->mgu.G + o->mdn.R * o->mdn.G) * 17;
+  } else if (st == MOE_OK) {
+    st = plain_view(o, c, "gate_up_proj", D, 2 * H, &o->gu);
+    if (st == MOE_OK) st = plain_view(o, c, "down_proj", H, D, &o->dn);
+    if (st == MOE_OK) bytes = (size_t)(3 * H * D) * moe_dtype_size(o->gu.dtype);
+  }
+  if (st == MOE_OK && !(o->slab = malloc(floats * 4)))
+    st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert reader: out of memory for an expert of '%s'", gu);
+  if (st != MOE_OK) {
+    oss_free(o);
+    return st;
+  }
+  bytes += (size_t)(2 * H) * moe_dtype_size(o->gub.dtype) + (size_t)D * moe_dtype_size(o->dnb.dtype);
+  *r = (moe__expert_reader){o, oss_read, oss_free, bytes};
   return MOE_OK;
 }

@@ -11,6 +11,7 @@
 #define MOE_LM_GPTOSS_H
 
 #include "moe.h"
+#include "sources/cache_reader.h"
 
 /* A checkpoint's tensors as lm_io.c reads them: the file holding a tensor (MOE_ERR_MISSING naming it
  * when none does), and a read into r (r's shape checked; F32, BF16 or F16 to fp32; finite). */
@@ -20,6 +21,9 @@ typedef struct {
   moe_status (*read)(const moe_st *f, const moe_tensor_ref *r);
 } moe__lm_reader;
 
+/* Values [off, off + n) of tensor v of f into dst as fp32 (F32, BF16 or F16), each finite (lm_io.c). */
+moe_status moe__lm_read_values(const moe_st *f, const moe_tensor_view *v, size_t off, size_t n, float *dst);
+
 /* Whether ref `name` of a model of family f is held in the layer's layout (converted on load and save). */
 int moe__gptoss_converted(moe_lm_family f, const char *name);
 /* Reads converted ref r of m from its checkpoint tensor (or that tensor's MXFP4 blocks and scales). */
@@ -27,10 +31,16 @@ moe_status moe__gptoss_read_ref(const moe__lm_reader *rd, const moe_lm_t *m, con
 /* Adds converted ref r's checkpoint tensor to w: fc1.weight's gate_up_proj (with fc3.weight's columns),
  * fc1.bias's gate_up_proj_bias (with fc3.bias's), fc2.weight's down_proj; nothing for fc3's. */
 moe_status moe__gptoss_write_ref(const moe_lm_t *m, const moe_tensor_ref *r, moe_st_writer *w);
-/* Whether `name` is a checkpoint tensor of a gpt-oss model c that the converted refs are read from. */
+/* Whether `name` is a checkpoint tensor of a gpt-oss model c's experts: one the converted refs are read
+ * from, or down_proj_bias (a ref itself, unless the experts are external). */
 int moe__gptoss_source(const moe_lm_config *c, const char *name);
 /* num_local_experts, hidden_size and intermediate_size of c against layer i's gate_up_proj (or its
  * blocks), before anything of their size is allocated: MOE_ERR_SHAPE naming dir's config.json. */
 moe_status moe__gptoss_check_sizes(const moe__lm_reader *rd, const char *dir, const moe_lm_config *c, int i);
+/* Layer i's experts of a gpt-oss model c read one at a time from f (the checkpoint's one file) for an
+ * expert cache (streamed or buffered experts): expert e's slabs of the fused tensors (or of their MXFP4
+ * blocks and scales; the leading dimension is the expert) converted by the code moe__gptoss_read_ref
+ * converts all of them with, so that the slots hold the resident model's values. */
+moe_status moe__gptoss_expert_reader(const moe_st *f, const moe_lm_config *c, int i, moe__expert_reader *r);
 
 #endif

@@ -533,23 +533,27 @@ static float half_to_float(uint16_t h) {
   return h & 0x8000 ? -v : v;
 }
 
+moe_status moe__lm_read_values(const moe_st *f, const moe_tensor_view *v, size_t off, size_t n, float *dst) {
+  if (v->dtype == MOE_DT_F16) {
+    uint16_t *h = malloc(n * 2 + 1);
+    MOE_TRY(h, MOE_ERR_NOMEM, "%s: out of memory for tensor '%s'", moe_st_path(f), v->name);
+    moe_status st = moe_st_read(f, v, off * 2, n * 2, h);
+    for (size_t i = 0; st == MOE_OK && i < n; i++) dst[i] = half_to_float(h[i]);
+    free(h);
+    MOE_CHECK(st);
+  } else {
+    MOE_TRY(v->dtype == MOE_DT_F32 || v->dtype == MOE_DT_BF16, MOE_ERR_DTYPE,
+            "%s: tensor '%s' is %s, want F32, BF16 or F16", moe_st_path(f), v->name, moe_dtype_name(v->dtype));
+    MOE_CHECK(moe_st_view_f32(f, v, off, n, dst));
+  }
+  return moe__st_expect_finite(f, v, off, dst, n);
+}
+
 static moe_status read_tensor(const moe_st *f, const moe_tensor_ref *r) {
   moe_tensor_view v;
   MOE_CHECK(moe_st_get(f, r->name, &v));
   MOE_CHECK(moe__st_expect_shape(f, &v, r->name, r->ndim, r->shape));
-  if (v.dtype == MOE_DT_F16) {
-    uint16_t *h = malloc(r->numel * 2 + 1);
-    MOE_TRY(h, MOE_ERR_NOMEM, "%s: out of memory for tensor '%s'", moe_st_path(f), r->name);
-    moe_status st = moe_st_read(f, &v, 0, r->numel * 2, h);
-    for (size_t i = 0; st == MOE_OK && i < r->numel; i++) r->data[i] = half_to_float(h[i]);
-    free(h);
-    MOE_CHECK(st);
-  } else {
-    MOE_TRY(v.dtype == MOE_DT_F32 || v.dtype == MOE_DT_BF16, MOE_ERR_DTYPE,
-            "%s: tensor '%s' is %s, want F32, BF16 or F16", moe_st_path(f), r->name, moe_dtype_name(v.dtype));
-    MOE_CHECK(moe_st_view_f32(f, &v, 0, r->numel, r->data));
-  }
-  return moe__st_expect_finite(f, &v, 0, r->data, r->numel);
+  return moe__lm_read_values(f, &v, 0, r->numel, r->data);
 }
 
 /* Ref r from f: the whole tensor, or under the sharded layout this rank's part of it (lm_dist.h). */

@@ -294,9 +294,9 @@ static moe_status check_config(const moe_lm_config *c) {
           (double)c->aux_coef);
   int oss = c->family == MOE_LM_GPT_OSS; /* its clamped SwiGLU and biases: check_family */
   MOE_TRY((oss || (l->act == MOE_ACT_SWIGLU && !l->gate_bias && !l->expert_bias)) && l->router == MOE_ROUTER_LINEAR &&
-              !l->inner_experts && (!l->external_experts || !oss),
+              !l->inner_experts,
           MOE_ERR_ARG, "lm config: the feed-forward must be Mixtral's: swiglu experts, linear router, no biases, "
-                       "no hierarchical experts (streamed ones, external_experts, for every family but gpt-oss)");
+                       "no hierarchical experts");
   MOE_TRY(is_deepseek(c->family) ||
               (l->score == MOE_SCORE_SOFTMAX && !l->select_bias && !l->n_group && l->routed_scale == 1.0f),
           MOE_ERR_ARG, "lm config: sigmoid scores, a selection bias, groups and a routed scale are DeepSeek's, not %s's",
@@ -328,7 +328,7 @@ static void add_ref3(moe_lm_t *m, const char *name, int64_t a, int64_t b, int64_
 
 /* gpt-oss's MoE refs after the router's weight: its bias, then the experts in the layer's layout under
  * the layer's names (lm_gptoss.h converts them from and to the checkpoint's fused tensors), and
- * down_proj_bias, which is the layer's experts.fc2.bias as it is. */
+ * down_proj_bias, which is the layer's experts.fc2.bias as it is; no expert refs for external experts. */
 static void add_oss_refs(moe_lm_t *m, int i) {
   moe_layer_t *l = &m->layers[i];
   char nm[128];
@@ -338,6 +338,7 @@ static void add_oss_refs(moe_lm_t *m, int i) {
                                      "experts.fc3.bias", "experts.fc2.weight", "experts.fc2.bias"};
   for (int j = 0; j < 6; j++) {
     const moe_param_info *p = moe_layer_param_find(l, ours[j]);
+    if (!p) continue; /* external experts: in the checkpoint's file, not parameters */
     if (j == 5) snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.down_proj_bias", i);
     else snprintf(nm, sizeof nm, "model.layers.%d.mlp.%s", i, ours[j]);
     float *d = moe_layer_param(l, ours[j]), *g = moe_layer_grad(l, ours[j]);

@@ -14,6 +14,7 @@
 #include "kernels/gemm.h"
 #include "lm_family.h"
 #include "lm_gguf.h"
+#include "lm_gptoss.h"
 #include "lm_stream.h"
 
 /* The predictor's buffers, grown with the rows of a pass. */
@@ -99,15 +100,24 @@ static moe_status predict(void *ctx, const moe_lm_t *m, int i, const float *h, i
   return moe_expert_cache_prefetch(p->caches[j], p->list, n);
 }
 
+moe_status moe__lm_open_cache(const moe_lm_t *m, moe_lm_experts *x, int i, const moe_layer_config *lc, int K,
+                              moe_cache_policy p) {
+  if (m->cfg.family == MOE_LM_GPT_OSS) {
+    moe__expert_reader r;
+    MOE_CHECK(moe__gptoss_expert_reader(x->file, &m->cfg, i, &r));
+    return moe__expert_cache_open_reader(&x->caches[i], lc, K, p, &r);
+  }
+  char prefix[96];
+  snprintf(prefix, sizeof prefix, "model.layers.%d.%s.experts.", i, moe__lm_family(m->cfg.family)->ffn);
+  return moe_expert_cache_open(&x->caches[i], x->file, prefix, lc, K, p);
+}
+
 /* Each MoE layer's cache of K slots over f. */
 static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, int K, moe_cache_policy policy, int keep) {
   const moe_lm_config *c = &m->cfg;
-  const char *ffn = moe__lm_family(c->family)->ffn;
   for (int i = 0; i < c->n_layers; i++) {
     if (moe_lm_layer_dense(c, i)) continue;
-    char prefix[96];
-    snprintf(prefix, sizeof prefix, "model.layers.%d.%s.experts.", i, ffn);
-    MOE_CHECK(moe_expert_cache_open(&x->caches[i], x->file, prefix, &m->layers[i].cfg, K, policy));
+    MOE_CHECK(moe__lm_open_cache(m, x, i, &m->layers[i].cfg, K, policy));
     MOE_CHECK(moe_layer_set_expert_cache(&m->layers[i], x->caches[i]));
     moe_expert_cache_set_drop_pages(x->caches[i], !keep);
   }
@@ -142,8 +152,6 @@ moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_conf
   moe_lm_config own;
   if (!c) MOE_CHECK(moe_lm_read_config(dir, &own));
   else own = *c;
-  MOE_TRY(own.family != MOE_LM_GPT_OSS, MOE_ERR_ARG,
-          "%s: gpt-oss's experts are fused tensors; streamed experts read one tensor per expert", dir);
   MOE_TRY(!own.moe.dist, MOE_ERR_ARG, "moe_lm_load_streaming: one process only (no expert parallelism)");
   own.moe.external_experts = 1;
   MOE_CHECK(moe_lm_load(m, dir, &own));

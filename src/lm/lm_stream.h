@@ -9,6 +9,10 @@
 /* h: (N, D) layer i's residual stream after its attention (the input of its post-attention norm). */
 typedef moe_status (*moe__lm_layer_hook)(void *ctx, const moe_lm_t *m, int i, const float *h, int N, int nt);
 void moe__lm_set_hook(moe_lm_t *m, moe__lm_layer_hook fn, void *ctx);
+/* Layer i's expert cache of K slots (policy p) over x->file, for layer config lc, into x->caches[i]: the
+ * family's tensor per expert, or gpt-oss's fused tensors through its reader (lm_gptoss.h). */
+moe_status moe__lm_open_cache(const moe_lm_t *m, moe_lm_experts *x, int i, const moe_layer_config *lc, int K,
+                              moe_cache_policy p);
 /* Frees moe_lm_load_streaming's predictor (moe_lm_experts_free). */
 void moe__lm_prefetch_free(struct moe_lm_prefetch *p);
 

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "layer/plugins.h"
+#include "sources/cache_reader.h"
 #include "base/worker.h"
 #include "kernels/act.h"
 
@@ -29,6 +30,8 @@ struct moe_expert_cache {
   const moe_st *f;
   moe_tensor_view v[NT];     /* the (E, ...) tensors (Hugging Face layout: expert 0's); name NULL when absent */
   moe_tensor_view *hf;       /* Hugging Face layout (a tensor per expert, Mixtral's): (NT, E) views, or NULL */
+  moe__expert_reader rd;     /* or the caller's reader (cache_reader.h): rd.read not NULL */
+  int needed[NT];            /* the tensors the layer's experts have */
   size_t per[NT];            /* values per expert of each tensor */
   size_t esz[NT], off[NT];   /* bytes per value in a slot (2 for bf16 matrices, else 4), offset in a slot */
   size_t slot_bytes;
@@ -77,14 +80,31 @@ static moe_status load_tensor(moe_expert_cache *c, int t, int e, void *dst) {
   return MOE_OK;
 }
 
+/* Expert e through the caller's reader: fp32 straight into an fp32 slot's tensors, the others through
+ * the scratch buffer and rounded to bf16 as a file's F32 tensor is. */
+static moe_status read_expert(moe_expert_cache *c, int e, unsigned char *dst) {
+  float *out[NT], *s = c->scratch;
+  for (int t = 0; t < NT; t++) {
+    out[t] = !c->needed[t] ? NULL : c->esz[t] == 4 ? (float *)(void *)(dst + c->off[t]) : s;
+    if (c->needed[t] && c->esz[t] != 4) s += c->per[t];
+  }
+  moe_status st = c->rd.read(c->rd.ctx, e, out, !c->keep_pages);
+  MOE_TRY(st == MOE_OK, st, "expert %d: %s", e, moe_last_error());
+  for (int t = 0; t < NT; t++)
+    if (out[t] && c->esz[t] != 4) moe__to_bf16((uint16_t *)(void *)(dst + c->off[t]), out[t], c->per[t], 1);
+  return MOE_OK;
+}
+
 static moe_status load_expert(moe_expert_cache *c, int e, int slot) {
   unsigned char *dst = c->slots + (size_t)slot * c->slot_bytes;
+  if (c->rd.read) return read_expert(c, e, dst);
   for (int t = 0; t < NT; t++)
-    if (c->v[t].name) MOE_CHECK(load_tensor(c, t, e, dst + c->off[t]));
+    if (c->needed[t]) MOE_CHECK(load_tensor(c, t, e, dst + c->off[t]));
   return MOE_OK;
 }
 
 static void free_cache(moe_expert_cache *c) {
+  if (c->rd.free) c->rd.free(c->rd.ctx);
   free(c->slots), free(c->scratch), free(c->slot_expert), free(c->where), free(c->inserted), free(c->hf);
   free(c->uses), free(c->score), free(c->predicted), free(c);
 }
@@ -162,9 +182,8 @@ static int hf_layout(const moe_st *f, const char *prefix) {
   return -1;
 }
 
-moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const char *prefix,
-                                 const moe_layer_config *l, int K, moe_cache_policy p) {
-  MOE_TRY(out && f && prefix && l, MOE_ERR_ARG, "moe_expert_cache_open: NULL argument");
+/* A cache of K slots for layer l, its slots' layout set and nothing allocated past it (calloc'd: free_cache). */
+static moe_status new_cache(moe_expert_cache **out, const moe_layer_config *l, int K, moe_cache_policy p) {
   MOE_TRY(K >= 1 && K <= l->E, MOE_ERR_ARG, "expert cache: K must be in [1, E=%d], got %d", l->E, K);
   MOE_TRY(p != MOE_CACHE_BELADY && (unsigned)p <= MOE_CACHE_LFRU, MOE_ERR_ARG,
           "expert cache: policy must be lifo, lru, fifo, lfu or lfru (belady knows the future: moe cachesim only)");
@@ -172,7 +191,6 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
           "expert cache: the layer's dtype must be f32 or bf16, got %s", moe_dtype_name(l->dtype));
   moe_expert_cache *c = calloc(1, sizeof *c);
   MOE_TRY(c, MOE_ERR_NOMEM, "expert cache: out of memory");
-  c->f = f;
   c->E = l->E;
   c->K = K;
   c->D = l->D;
@@ -182,9 +200,78 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
   c->dtype = l->dtype;
   c->policy = p;
   c->keep_pages = 1;
-  int needed[NT];
   int64_t want[NT][2];
-  c->slot_bytes = slot_layout(l, needed, want, c->per, c->esz, c->off);
+  c->slot_bytes = slot_layout(l, c->needed, want, c->per, c->esz, c->off);
+  *out = c;
+  return MOE_OK;
+}
+
+/* c's slots, bookkeeping and loader thread, with `scratch` bytes for the loader; frees c on an error. */
+static moe_status start_cache(moe_expert_cache *c, size_t scratch, moe_expert_cache **out) {
+  int K = c->K, E = c->E;
+  moe_status st = MOE_OK;
+  c->slots = aligned_alloc(64, (size_t)K * c->slot_bytes);
+  c->scratch = scratch ? aligned_alloc(64, (scratch + 63) & ~(size_t)63) : NULL;
+  c->slot_expert = malloc(sizeof(int) * (size_t)K * 5);
+  c->where = malloc(sizeof(int) * (size_t)E);
+  c->inserted = calloc((size_t)K * 2, sizeof(int64_t));
+  c->uses = calloc((size_t)E * 2, sizeof(int64_t));
+  c->score = calloc((size_t)E, sizeof(double));
+  c->predicted = calloc((size_t)E + (size_t)K, 1);
+  if (!c->slots || (scratch && !c->scratch) || !c->slot_expert || !c->where || !c->inserted || !c->uses ||
+      !c->score || !c->predicted)
+    st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert cache: cannot allocate %d slots", K);
+  if (st != MOE_OK) {
+    free_cache(c);
+    return st;
+  }
+  c->used = c->inserted + K;
+  c->last = c->uses + E;
+  c->ahead = c->predicted + E;
+  c->q_expert = c->slot_expert + K;
+  c->q_slot = c->q_expert + K;
+  c->ready = c->q_slot + K;
+  for (int s = 0; s < K; s++) c->slot_expert[s] = -1;
+  for (int e = 0; e < E; e++) c->where[e] = -1;
+  c->stats.resident_bytes = (size_t)K * c->slot_bytes;
+  c->stats.expert_bytes = c->slot_bytes;
+  c->stats.dtype = c->dtype;
+  c->stats.slots = K;
+  if (!moe__worker_start(&c->w, loader, c)) {
+    free_cache(c);
+    MOE_TRY(0, MOE_ERR_NOMEM, "expert cache: cannot start the loader thread");
+  }
+  *out = c;
+  return MOE_OK;
+}
+
+moe_status moe__expert_cache_open_reader(moe_expert_cache **out, const moe_layer_config *l, int K, moe_cache_policy p,
+                                         const moe__expert_reader *r) {
+  moe_expert_cache *c = NULL;
+  moe_status st = out && l && r && r->read ? new_cache(&c, l, K, p)
+                                             : moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "expert cache: NULL argument");
+  if (st != MOE_OK) {
+    if (r && r->free) r->free(r->ctx);
+    return st;
+  }
+  c->rd = *r;
+  c->file_bytes = r->file_bytes;
+  size_t scratch = 0; /* the bf16 matrices' fp32 values */
+  for (int t = 0; t < NT; t++)
+    if (c->needed[t] && c->esz[t] != 4) scratch += c->per[t] * 4;
+  return start_cache(c, scratch, out);
+}
+
+moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const char *prefix,
+                                 const moe_layer_config *l, int K, moe_cache_policy p) {
+  MOE_TRY(out && f && prefix && l, MOE_ERR_ARG, "moe_expert_cache_open: NULL argument");
+  moe_expert_cache *c;
+  MOE_CHECK(new_cache(&c, l, K, p));
+  c->f = f;
+  int64_t want[NT][2]; /* the shapes past E (the layout again: new_cache keeps only the slot's) */
+  size_t per[NT], esz[NT], off[NT];
+  int *needed = c->needed;
+  slot_layout(l, needed, want, per, esz, off);
   size_t scratch = 0; /* bytes of the largest tensor part read in another dtype than its slot's */
   moe_status st = MOE_OK;
   char name[192];
@@ -219,41 +306,11 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
     c->file_bytes += c->per[t] * fsz;
     if (ok && fsz != c->esz[t] && c->per[t] * fsz > scratch) scratch = c->per[t] * fsz;
   }
-  if (st == MOE_OK) {
-    c->slots = aligned_alloc(64, (size_t)K * c->slot_bytes);
-    c->scratch = scratch ? aligned_alloc(64, (scratch + 63) & ~(size_t)63) : NULL;
-    c->slot_expert = malloc(sizeof(int) * (size_t)K * 5);
-    c->where = malloc(sizeof(int) * (size_t)l->E);
-    c->inserted = calloc((size_t)K * 2, sizeof(int64_t));
-    c->uses = calloc((size_t)l->E * 2, sizeof(int64_t));
-    c->score = calloc((size_t)l->E, sizeof(double));
-    c->predicted = calloc((size_t)l->E + (size_t)K, 1);
-    if (!c->slots || (scratch && !c->scratch) || !c->slot_expert || !c->where || !c->inserted || !c->uses ||
-        !c->score || !c->predicted)
-      st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert cache: cannot allocate %d slots", K);
-  }
   if (st != MOE_OK) {
     free_cache(c);
     return st;
   }
-  c->used = c->inserted + K;
-  c->last = c->uses + l->E;
-  c->ahead = c->predicted + l->E;
-  c->q_expert = c->slot_expert + K;
-  c->q_slot = c->q_expert + K;
-  c->ready = c->q_slot + K;
-  for (int s = 0; s < K; s++) c->slot_expert[s] = -1;
-  for (int e = 0; e < l->E; e++) c->where[e] = -1;
-  c->stats.resident_bytes = (size_t)K * c->slot_bytes;
-  c->stats.expert_bytes = c->slot_bytes;
-  c->stats.dtype = c->dtype;
-  c->stats.slots = K;
-  if (!moe__worker_start(&c->w, loader, c)) {
-    free_cache(c);
-    MOE_TRY(0, MOE_ERR_NOMEM, "expert cache: cannot start the loader thread");
-  }
-  *out = c;
-  return MOE_OK;
+  return start_cache(c, scratch, out);
 }
 
 void moe_expert_cache_free(moe_expert_cache *c) {
@@ -339,7 +396,7 @@ static int victim(const moe_expert_cache *c, const char *state, int need, int no
 static moe__expert_w slot_weights(const moe_expert_cache *c, int v) {
   const unsigned char *base = c->slots + (size_t)v * c->slot_bytes;
   const void *p[NT];
-  for (int t = 0; t < NT; t++) p[t] = c->v[t].name ? base + c->off[t] : NULL;
+  for (int t = 0; t < NT; t++) p[t] = c->needed[t] ? base + c->off[t] : NULL;
   moe__expert_w w = {.b1 = p[1], .b2 = p[3], .b3 = p[5]};
   if (c->dtype == MOE_DT_BF16) {
     w.w1h = p[0];

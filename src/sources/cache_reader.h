@@ -1,0 +1,24 @@
+/* An expert cache whose experts are read by the caller's reader rather than from one tensor per expert
+ * or a stacked (E, ...) tensor of a file (sources/cache.c): for checkpoints that store experts in
+ * another layout (gpt-oss's fused, interleaved or MXFP4 tensors, lm_gptoss.h), converted on each load
+ * by the same code the resident loader converts them with. */
+#ifndef MOE_SOURCES_CACHE_READER_H
+#define MOE_SOURCES_CACHE_READER_H
+
+#include "moe.h"
+
+typedef struct {
+  void *ctx;
+  /* Expert e's tensors as fp32 into out[t], t in the cache's order fc1.weight (H, D), fc1.bias (H),
+   * fc2.weight (D, H), fc2.bias (D), fc3.weight (H, D), fc3.bias (H), NULL where the layer has none;
+   * every value finite, else an error naming the tensor. drop: drop the pages read from the page cache. */
+  moe_status (*read)(void *ctx, int e, float *const out[6], int drop);
+  void (*free)(void *ctx); /* ctx, when the cache is freed (also when opening it fails) */
+  size_t file_bytes;       /* bytes one expert's read takes from the file */
+} moe__expert_reader;
+
+/* moe_expert_cache_open with r in place of a file's tensors; the cache owns r.ctx from the call on. */
+moe_status moe__expert_cache_open_reader(moe_expert_cache **out, const moe_layer_config *l, int K, moe_cache_policy p,
+                                         const moe__expert_reader *r);
+
+#endif
