@@ -64,13 +64,16 @@ void moe__attn_forward(const moe__attn *a, float *scratch, int nt) {
 #pragma omp for schedule(dynamic, 1)
     for (int it = 0; it < items; it++) {
       int b = it / (a->nh * nb), h = it / nb % a->nh, blk = it % nb;
-      int t0 = blk * QB, m = a->Tq - t0 < QB ? a->Tq - t0 : QB, n = a->pos0 + t0 + m;
+      int t0 = blk * QB, m = a->Tq - t0 < QB ? a->Tq - t0 : QB, p0 = a->pos0 + t0;
+      /* keys from k0 on: with a window, those before the block's first row's window are never seen */
+      int k0 = a->window && p0 + 1 > a->window ? p0 + 1 - a->window : 0, n = p0 + m - k0;
       const float *q = a->q + ((size_t)b * a->Tq + t0) * a->ldq + (size_t)h * hd;
-      const float *k = a->k + b * a->kv_bs + (size_t)(h / grp) * hd, *v = a->v + b * a->kv_bs + (size_t)(h / grp) * hd;
+      const float *k = a->k + b * a->kv_bs + (size_t)(h / grp) * hd + (size_t)k0 * a->ldkv;
+      const float *v = a->v + b * a->kv_bs + (size_t)(h / grp) * hd + (size_t)k0 * a->ldkv;
       float *o = a->o + ((size_t)b * a->Tq + t0) * qd + (size_t)h * hd;
       moe__gemm g = gemm(false, true, m, n, hd, sc, q, a->ldq, k, a->ldkv, 0.0f, s, n);
       moe__gemm_one(&g);
-      block_probs(s, m, n, a->pos0 + t0, a->window, a->sinks ? a->sinks + h : NULL, NULL,
+      block_probs(s, m, n, p0 - k0, a->window, a->sinks ? a->sinks + h : NULL, NULL,
                   a->lse + ((size_t)b * a->nh + h) * a->Tq + t0);
       g = gemm(false, false, m, hd, n, 1.0f, s, n, v, a->ldkv, 0.0f, o, qd);
       moe__gemm_one(&g);
