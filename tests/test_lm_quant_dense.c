@@ -81,6 +81,34 @@ static int seq_logits(moe_lm_t *m, int one_by_one, float *out) {
   return ok;
 }
 
+/* How far q's logits are from the widened model w's (worst, relative to w's largest), a prefill from a
+ * token-by-token decode (dworst, the same), and how many differ between 1 and 2 threads; 0 when a pass
+ * fails. */
+typedef struct {
+  double worst, dworst;
+  size_t differ_threads;
+} logit_gaps;
+static int measure(moe_lm_t *q, moe_lm_t *w, logit_gaps *g) {
+  size_t n = (size_t)T_LEN * q->cfg.vocab;
+  float *pre = malloc(n * 4), *dec = malloc(n * 4), *two = malloc(n * 4), *ref = malloc(n * 4);
+  int ok = pre && dec && two && ref;
+  moe_lm_set_threads(q, 1);
+  ok = ok && seq_logits(q, 0, pre) && seq_logits(q, 1, dec);
+  moe_lm_set_threads(q, 2);
+  ok = ok && seq_logits(q, 0, two) && seq_logits(w, 0, ref);
+  double scale = 0;
+  memset(g, 0, sizeof *g);
+  for (size_t i = 0; ok && i < n; i++) {
+    g->worst = fmax(g->worst, fabs(pre[i] - ref[i]));
+    g->dworst = fmax(g->dworst, fabs(pre[i] - dec[i]));
+    scale = fmax(scale, fabs(ref[i]));
+    g->differ_threads += memcmp(&pre[i], &two[i], 4) != 0;
+  }
+  g->worst /= scale, g->dworst /= scale;
+  free(pre), free(dec), free(two), free(ref);
+  return ok;
+}
+
 /* Tolerances on the largest logit error relative to the largest logit against the widened model
  * (the activations' 8-bit quantization before every quantized product): measured 0.009-0.02 over the
  * types and the two families; asserted with room. A misread row or a permutation left in place gives
@@ -105,33 +133,18 @@ TEST(lm_quant_dense_near_widened_and_the_same_bits_for_decode_and_threads) {
         ASSERT(moe_lm_param_type(&w, quantized[i]) == MOE_GGUF_F32);
       }
       ASSERT(moe_lm_param_type(&q, "model.norm.weight") == MOE_GGUF_F32);
-      size_t n = (size_t)T_LEN * q.cfg.vocab;
-      float *pre = malloc(n * 4), *dec = malloc(n * 4), *two = malloc(n * 4), *ref = malloc(n * 4);
-      ASSERT(pre && dec && two && ref);
-      moe_lm_set_threads(&q, 1);
-      ASSERT(seq_logits(&q, 0, pre) && seq_logits(&q, 1, dec));
-      moe_lm_set_threads(&q, 2);
-      ASSERT(seq_logits(&q, 0, two));
-      ASSERT(seq_logits(&w, 0, ref));
-      double worst = 0, scale = 0, dworst = 0;
-      size_t differ_thr = 0;
-      for (size_t i = 0; i < n; i++) {
-        worst = fmax(worst, fabs(pre[i] - ref[i]));
-        dworst = fmax(dworst, fabs(pre[i] - dec[i]));
-        scale = fmax(scale, fabs(ref[i]));
-        differ_thr += pre[i] != two[i];
-      }
+      logit_gaps g;
+      ASSERT(measure(&q, &w, &g));
       int half = t == MOE_GGUF_BF16 || t == MOE_GGUF_F16; /* fp32 activations: only the sums' order differs */
       double tol = half ? 1e-5 : 0.05;
       fprintf(stderr, "  %s %s: largest logit error against the widened model / largest logit %.2g (tolerance %.2g)\n",
-              moe_lm_family_name(fams[f]), moe_gguf_type_name(t), worst / scale, tol);
+              moe_lm_family_name(fams[f]), moe_gguf_type_name(t), g.worst, tol);
       fprintf(stderr, "  %s %s: prefill against decode / largest logit %.2g (tolerance 0.02)\n",
-              moe_lm_family_name(fams[f]), moe_gguf_type_name(t), dworst / scale);
-      if (differ_thr || dworst > 0.02 * scale)
+              moe_lm_family_name(fams[f]), moe_gguf_type_name(t), g.dworst);
+      if (g.differ_threads || g.dworst > 0.02)
         FAIL_("%s %s: %zu logits differ between 1 and 2 threads; prefill and decode %g apart", moe_lm_family_name(fams[f]),
-              moe_gguf_type_name(t), differ_thr, dworst / scale);
-      ASSERT((worst > 0 || half) && worst / scale < tol); /* quantized activations always move some logit */
-      free(pre), free(dec), free(two), free(ref);
+              moe_gguf_type_name(t), g.differ_threads, g.dworst);
+      ASSERT((g.worst > 0 || half) && g.worst < tol); /* quantized activations always move some logit */
       moe_lm_free(&q);
       moe_lm_free(&w);
     }
@@ -272,25 +285,11 @@ TEST(lm_quant_mixed_expert_types_stay) {
               moe_gguf_type_name(want[i][fc - 1]));
       ASSERT(moe_layer_expert_type(&w.layers[i], fc) == MOE_GGUF_F32);
     }
-  size_t n = (size_t)T_LEN * q.cfg.vocab;
-  float *pre = malloc(n * 4), *dec = malloc(n * 4), *two = malloc(n * 4), *ref = malloc(n * 4);
-  ASSERT(pre && dec && two && ref);
-  moe_lm_set_threads(&q, 1);
-  ASSERT(seq_logits(&q, 0, pre) && seq_logits(&q, 1, dec));
-  moe_lm_set_threads(&q, 2);
-  ASSERT(seq_logits(&q, 0, two));
-  ASSERT(seq_logits(&w, 0, ref));
-  double worst = 0, scale = 0, dworst = 0;
-  for (size_t i = 0; i < n; i++) {
-    worst = fmax(worst, fabs(pre[i] - ref[i]));
-    dworst = fmax(dworst, fabs(pre[i] - dec[i]));
-    scale = fmax(scale, fabs(ref[i]));
-    if (memcmp(&pre[i], &two[i], 4)) FAIL_("logit %zu: %.9g with 1 thread, %.9g with 2", i, pre[i], two[i]);
-  }
-  fprintf(stderr, "  mixed types: against the widened model %.2g, prefill against decode %.2g (of the largest logit)\n",
-          worst / scale, dworst / scale);
-  ASSERT(worst > 0 && worst / scale < 0.05 && dworst / scale < 0.02);
-  free(pre), free(dec), free(two), free(ref);
+  logit_gaps g;
+  ASSERT(measure(&q, &w, &g));
+  fprintf(stderr, "  mixed types: against the widened model %.2g, prefill against decode %.2g (of the largest logit), "
+          "%zu logits differ between 1 and 2 threads\n", g.worst, g.dworst, g.differ_threads);
+  ASSERT(g.worst > 0 && g.worst < 0.05 && g.dworst < 0.02 && g.differ_threads == 0);
   moe_lm_free(&q);
   moe_lm_free(&w);
 }
