@@ -70,9 +70,8 @@ static int run(const char *cmd, infer_opts *o, moe_model_t *m, moe_dataset *d) {
     return cli_usage_error(cmd, "%s: the model takes %d features, the data has %d", o->ck, m->cfg.in_dim, F);
   double *lat = malloc(sizeof(double) * (size_t)(nb ? nb : 1));
   if (!lat) return cli_usage_error(cmd, "out of memory");
-  trace_writer tw = {0};
-  int rc = 0;
-  if (o->trace && trace_open(&tw, o->trace, 0) != MOE_OK) rc = 1;
+  moe_trace_writer *tw = NULL;
+  int rc = o->trace && moe_trace_writer_open(&tw, o->trace, 0) != MOE_OK ? cli_fail(cmd) : 0;
   long hits = 0;
   double t0 = cli_now();
   cli_progress_start(&o->progress, 1, "batches", nb);
@@ -83,12 +82,12 @@ static int run(const char *cmd, infer_opts *o, moe_model_t *m, moe_dataset *d) {
     lat[b] = (cli_now() - tb) * 1e3;
     const int32_t *p = moe_model_predictions(m);
     for (int i = 0; i < n; i++) hits += p[i] == d->labels[s + i];
-    if (tw.f && trace_step(&tw, m, b) != MOE_OK) rc = cli_usage_error(cmd, "%s: write error", o->trace);
+    if (tw && moe_trace_writer_add_model(tw, m, b) != MOE_OK) rc = cli_fail(cmd);
     cli_progress_update(&o->progress, b + 1, cmd, NULL);
   }
   cli_progress_break(&o->progress);
   double wall = cli_now() - t0;
-  if (tw.f && trace_close(&tw) != MOE_OK && !rc) rc = 1;
+  if (moe_trace_writer_close(tw) != MOE_OK && !rc) rc = cli_fail(cmd);
   if (rc) {
     free(lat);
     return rc;

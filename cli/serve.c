@@ -107,7 +107,7 @@ static int load_tokenizer(const char *dir, moe_tokenizer **t) {
 /* What the engine's steps feed: the metrics, and the expert trace's rows (step,layer,expert,tokens). */
 typedef struct {
   serve_metrics *met;
-  FILE *trace;
+  moe_trace_writer *trace;
   int64_t step;
   int L, E;
 } step_sink;
@@ -122,14 +122,14 @@ static void on_decode(void *ctx, const int32_t *cnt) { /* one row per expert use
   if (!k->trace) return;
   for (int l = 0; l < k->L; l++)
     for (int x = 0; x < k->E; x++)
-      if (cnt[l * k->E + x]) fprintf(k->trace, "%lld,%d,%d,%d\n", (long long)k->step, l, x, cnt[l * k->E + x]);
+      moe_trace_writer_add(k->trace, k->step, l, x, cnt[l * k->E + x]); /* memory only: it cannot fail here */
   k->step++;
 }
 
 /* Serves until SIGTERM or SIGINT (blocked in every thread, taken here with sigwait), then stops *h
  * (NULL after) before the engine it calls goes. */
 static int serve(const serve_opts *o, serve_http **h, int port, moe_lm_t *m, const moe_tokenizer *tok,
-                 const moe_chat_template *chat, const int32_t *eos, int n_eos, serve_metrics *met, FILE *trace,
+                 const moe_chat_template *chat, const int32_t *eos, int n_eos, serve_metrics *met, moe_trace_writer *trace,
                  const sigset_t *sigs) {
   step_sink sink = {met, trace, 0, m->cfg.n_layers, m->cfg.moe.E};
   moe_engine_config ec = {o->max_batch, tok, eos, n_eos, on_step, on_decode, &sink};
@@ -170,18 +170,17 @@ static int load_and_serve(serve_opts *o, moe_lm_config *c, serve_http **h, int p
     moe_lm_experts_free(&x);
     return cli_fail(CMD);
   }
-  FILE *trace = o->trace ? fopen(o->trace, "w") : NULL;
+  moe_trace_writer *trace = NULL;
   int rc = 1;
-  if (o->trace && !trace) cli_usage_error(CMD, "--trace: cannot write '%s'", o->trace);
+  if (o->trace && moe_trace_writer_open(&trace, o->trace, 0) != MOE_OK) cli_fail(CMD);
   else {
-    if (trace) fprintf(trace, "step,layer,expert,tokens\n");
     met->L = c->n_layers, met->caches = x.caches; /* read by /metrics only once h is ready */
     int moe_layers = 0; /* every family's experts, biases included, in the slots' layout */
     for (int i = 0; i < c->n_layers; i++) moe_layers += !moe_lm_layer_dense(c, i);
     met->all_expert_bytes = (size_t)c->moe.E * moe_expert_cache_slot_bytes(&c->moe) * (size_t)moe_layers;
     rc = serve(o, h, port, &m, tok, chat, eos, n_eos, met, trace, sigs);
   }
-  if (trace && fclose(trace)) rc = cli_usage_error(CMD, "--trace: cannot write '%s'", o->trace);
+  if (moe_trace_writer_close(trace) != MOE_OK) rc = cli_fail(CMD);
   moe_chat_template_free(chat);
   moe_tokenizer_free(tok);
   moe_lm_free(&m);

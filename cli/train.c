@@ -244,7 +244,7 @@ typedef struct {
   moe_trainer *tr;
   int steps, B;
   int epoch;                              /* of the epoch's report (-1: none yet) */
-  trace_writer tw;
+  moe_trace_writer *tw;
   moe_flex_trainer *ft;
   int caching;
   int64_t caching_from, skipped0;
@@ -300,8 +300,7 @@ static moe_status cls_on_step(void *ctx, const moe_train_step *s) {
     accumulate(&r->a, r->m, &s->batch, r->B);
     if (r->ft && moe_flex_trainer_push(r->ft, r->m, step, s->batch.loss) != MOE_OK)
       return cls_failed(r, cli_fail(CMD), 1);
-    if (r->tw.f && trace_step(&r->tw, r->m, step) != MOE_OK)
-      return cls_failed(r, cli_usage_error(CMD, "%s: write error", r->o->trace), 1);
+    if (r->tw && moe_trace_writer_add_model(r->tw, r->m, step) != MOE_OK) return cls_failed(r, cli_fail(CMD), 1);
     progress(&r->o->progress, r->epoch + 1, r->o->epochs, in_epoch + 1, &r->a);
     if (r->o->log_steps) printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)step, s->batch.loss);
   }
@@ -360,8 +359,8 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
    * rank 0 could not write) is settled there; any other (local: the others may be in a collective)
    * leaves the loops unsettled, for cli_dist_end to stop every rank. */
   int rc = steps ? 0 : cli_usage_error(CMD, "--batch %d is larger than the training set (%d)", B, train->n), local = 0;
-  if (!rc && o->trace && rank == 0 && trace_open(&r.tw, o->trace, step) != MOE_OK) /* rank 0 writes: the counts */
-    rc = 1;                                                                         /* are the whole batch's */
+  if (!rc && o->trace && rank == 0 && moe_trace_writer_open(&r.tw, o->trace, step) != MOE_OK) /* rank 0 writes: */
+    rc = cli_fail(CMD);                                                                       /* the whole batch's */
   moe_trainer_config tc;
   moe_trainer_config_default(&tc);
   tc.lr = o->lr;
@@ -416,7 +415,7 @@ static int run(train_opts *o, moe_model_t *m, moe_optim_t *opt, moe_dataset *tra
   cli_progress_break(&o->progress);
   moe_trainer_info info = {0};
   if (r.tr) moe_trainer_get_info(r.tr, &info);
-  if (r.tw.f && trace_close(&r.tw) != MOE_OK && !rc) rc = 1;
+  if (moe_trace_writer_close(r.tw) != MOE_OK && !rc) rc = cli_fail(CMD);
   if (!local && !interrupted) rc = cli_settle(dist, CMD, rc); /* rank 0's trace file */
   if (r.tr && !rc && rank == 0) train_capacity_report(r.tr, o->json ? stderr : stdout); /* rank 0 reports, as on stdout */
   if (r.ft && !rc) flex_report(r.ft, m, o->json ? stderr : stdout, o->json);

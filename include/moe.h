@@ -807,6 +807,15 @@ typedef struct {
  * expert), the limits above; errors give the file, line number and field. */
 moe_status moe_trace_load(moe_trace *t, const char *path, int experts);
 void moe_trace_free(moe_trace *t);
+/* Writes a trace moe_trace_load reads: rows kept in memory, the file written atomically by close.
+ * Opened at step `from` > 0 (a resumed run), the existing file's rows of earlier steps stay. add: one
+ * row (tokens 0: none); add_model: the classifier's last forward, a row per layer and expert used;
+ * close writes (MOE_ERR_IO naming the path when it cannot) and frees (NULL: nothing). */
+typedef struct moe_trace_writer moe_trace_writer;
+moe_status moe_trace_writer_open(moe_trace_writer **out, const char *path, int64_t from);
+moe_status moe_trace_writer_add(moe_trace_writer *t, int64_t step, int layer, int expert, int tokens);
+moe_status moe_trace_writer_add_model(moe_trace_writer *t, const moe_model_t *m, int64_t step);
+moe_status moe_trace_writer_close(moe_trace_writer *t);
 
 /* Expert-cache policies (deployment paper VI): on a miss with the cache full, evict an expert not
  * active in this batch first, then by the policy: LIFO (the paper's), LRU, FIFO, LFU (the fewest uses
