@@ -122,7 +122,7 @@ static void on_decode(void *ctx, const int32_t *cnt) { /* one row per expert use
   if (!k->trace) return;
   for (int l = 0; l < k->L; l++)
     for (int x = 0; x < k->E; x++)
-      moe_trace_writer_add(k->trace, k->step, l, x, cnt[l * k->E + x]); /* memory only: it cannot fail here */
+      moe_trace_writer_add(k->trace, k->step, l, x, cnt[l * k->E + x]); /* a row it cannot keep fails the close */
   k->step++;
 }
 

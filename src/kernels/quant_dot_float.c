@@ -93,11 +93,16 @@ AVX2_FMA void moe__qdot_f16_avx2(const void *w, const void *a, size_t astride, i
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c,fma")))
 
+/* Sixteen weights (fewer where m masks the rest: zeros) widened exactly. */
+AVX512 static inline __m512 widen16(int f16, __mmask16 m, const uint16_t *w) {
+  __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)w) : _mm256_maskz_loadu_epi16(m, w);
+  return f16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 /* Sixteen values (fewer where m masks the rest: zeros) into the rows' lanes. */
 AVX512 MOE__QDOT_INLINE void sixteen_avx512(int f16, __mmask16 m, const uint16_t *w, const uint8_t *a, size_t astride,
                                             __m512 *acc, int nr) {
-  __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)w) : _mm256_maskz_loadu_epi16(m, w);
-  __m512 v = f16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  __m512 v = widen16(f16, m, w);
   #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) {
     const float *x = (const float *)(a + r * astride);
@@ -131,9 +136,7 @@ AVX512 MOE__QDOT_INLINE void sixteen4_avx512(int f16, __mmask16 m, const void *w
   }
   #pragma GCC unroll 4
   for (int j = 0; j < 4; j++) {
-    const uint16_t *p = (const uint16_t *)((const uint8_t *)w + j * wb) + i;
-    __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
-    __m512 v = f16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    __m512 v = widen16(f16, m, (const uint16_t *)((const uint8_t *)w + j * wb) + i);
     #pragma GCC unroll 4
     for (int r = 0; r < nr; r++) acc[j][r] = _mm512_fmadd_ps(v, x[r], acc[j][r]);
   }

@@ -58,7 +58,8 @@ moe_status moe_trace_writer_add_model(moe_trace_writer *t, const moe_model_t *m,
 
 moe_status moe_trace_writer_close(moe_trace_writer *t) {
   if (!t) return MOE_OK;
-  int bad = fclose(t->f) != 0;
+  int bad = ferror(t->f) != 0; /* a row add could not keep: never a file without it */
+  bad |= fclose(t->f) != 0;
   moe_status st = bad ? moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "trace %s: out of memory", t->path)
                       : moe_write_file_atomic(t->path, t->buf, t->len);
   free(t->buf), free(t->path), free(t);
