@@ -105,16 +105,20 @@ void moe__attn_backward(const moe__attn *a, const float *do_, float *dq, float *
       }
       for (int h = kh * grp; h < (kh + 1) * grp; h++)
         for (int blk = 0; blk < nb; blk++) {
-          int t0 = blk * QB, m = T - t0 < QB ? T - t0 : QB, n = t0 + m;
+          /* keys from k0 on, as in the forward: the ones before the window get no gradient */
+          int t0 = blk * QB, m = T - t0 < QB ? T - t0 : QB, k0 = a->window && t0 + 1 > a->window ? t0 + 1 - a->window : 0;
+          int n = t0 + m - k0;
           size_t r0 = ((size_t)b * T + t0) * qd + (size_t)h * hd, rq = ((size_t)b * T + t0) * lq + (size_t)h * hd;
           const float *q = a->q + rq, *o = a->o + r0, *dO = do_ + r0;
+          const float *kb = k + (size_t)k0 * lkv, *vb = v + (size_t)k0 * lkv;
+          float *dkw = dkb + (size_t)k0 * lkv, *dvw = dvb + (size_t)k0 * lkv;
           const float *lse = a->lse + ((size_t)b * a->nh + h) * T + t0;
           moe__gemm g[5];
-          g[0] = gemm(false, true, m, n, hd, sc, q, lq, k, lkv, 0.0f, p, n);
-          g[1] = gemm(false, true, m, n, hd, 1.0f, dO, qd, v, lkv, 0.0f, dp, n);
+          g[0] = gemm(false, true, m, n, hd, sc, q, lq, kb, lkv, 0.0f, p, n);
+          g[1] = gemm(false, true, m, n, hd, 1.0f, dO, qd, vb, lkv, 0.0f, dp, n);
           moe__gemm_one(&g[0]);
           moe__gemm_one(&g[1]);
-          block_probs(p, m, n, t0, a->window, NULL, lse, NULL);
+          block_probs(p, m, n, t0 - k0, a->window, NULL, lse, NULL);
           for (int r = 0; r < m; r++) {
             const float *orow = o + (size_t)r * qd, *drow = dO + (size_t)r * qd;
             float di = 0;
@@ -122,9 +126,9 @@ void moe__attn_backward(const moe__attn *a, const float *do_, float *dq, float *
             float *pr = p + (size_t)r * n, *dr = dp + (size_t)r * n;
             for (int j = 0; j < n; j++) dr[j] = pr[j] * (dr[j] - di) * sc;
           }
-          g[2] = gemm(false, false, m, hd, n, 1.0f, dp, n, k, lkv, 0.0f, dq + rq, lq);
-          g[3] = gemm(true, false, n, hd, m, 1.0f, dp, n, q, lq, 1.0f, dkb, lkv);
-          g[4] = gemm(true, false, n, hd, m, 1.0f, p, n, dO, qd, 1.0f, dvb, lkv);
+          g[2] = gemm(false, false, m, hd, n, 1.0f, dp, n, kb, lkv, 0.0f, dq + rq, lq);
+          g[3] = gemm(true, false, n, hd, m, 1.0f, dp, n, q, lq, 1.0f, dkw, lkv);
+          g[4] = gemm(true, false, n, hd, m, 1.0f, p, n, dO, qd, 1.0f, dvw, lkv);
           for (int i = 2; i < 5; i++) moe__gemm_one(&g[i]);
         }
     }
