@@ -128,9 +128,13 @@ static int add_token_text(moe_engine_req *r, int32_t t, int last) {
 }
 
 /* Samples r's next token from its logits row (the engine's thread; publishes under e->mu): an end token
- * finishes r without it unless r ignores it, a stop string with it. Returns 1 when r got a token. */
+ * finishes r without it unless r ignores it, a stop string with it. Returns 1 when r got a token. The
+ * waiter is woken after the lock is let go (r stays: the engine's reference goes only in finish), so
+ * that it does not wake to block on the lock at once, a second switch per token beside the model's
+ * threads. */
 static int take_token(moe_engine *e, moe_engine_req *r, const float *logits) {
   int32_t t;
+  int wake = 0;
   moe_status st = moe_lm_sample(logits, e->m->cfg.vocab, r->temperature, r->top_p, &r->seed, &t);
   int eos = st == MOE_OK && !r->ignore_eos && is_eos(e, t);
   pthread_mutex_lock(&e->mu);
@@ -146,9 +150,10 @@ static int take_token(moe_engine *e, moe_engine_req *r, const float *logits) {
     if (r->stop_hit || r->n_out == r->max_tokens) {
       if (!stop) r->safe = r->n_text; /* the text held back for a stop string goes out */
       r->complete = 1;
-    } else pthread_cond_broadcast(&r->cv);
+    } else wake = 1;
   }
   pthread_mutex_unlock(&e->mu);
+  if (wake) pthread_cond_broadcast(&r->cv);
   return st == MOE_OK && !eos && stop >= 0;
 }
 
