@@ -2,8 +2,8 @@
  * finished and released requests leave their KV-cache slots and queued ones take free slots (their
  * prompts run first, those of one length in one forward, so that a burst of requests gets its first
  * tokens after one prefill rather than one per request); then one decode step runs the last token of
- * every running request through the model together. Each request samples with its own generator, so a request alone
- * gives moe generate's tokens for the same seed. */
+ * every running request through the model together. Each request samples with its own generator, so a
+ * request alone gives moe generate's tokens for the same seed. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
