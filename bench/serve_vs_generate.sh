@@ -22,7 +22,7 @@ PID=$!
 trap 'kill $PID 2>/dev/null' EXIT
 while ! grep -q listening "$WORK/moe.out"; do kill -0 $PID; sleep 0.1; done
 PORT=$(sed 's/.*://' "$WORK/moe.out")
-python3 "$HERE/serve_compare.py" "$PORT" moe 1 1 "$TOKENS" >/dev/null # warm: each generate loads afresh, serve once
+python3 "$HERE/serve_compare.py" "$PORT" moe 1 1 "$TOKENS" >/dev/null # untimed: the first request grows the buffers
 rm -f "$WORK/generate.jsonl" "$WORK/serve.jsonl"
 for r in $(seq "$RUNS"); do
   order="generate serve"; [ $((r % 2)) -eq 0 ] && order="serve generate"
