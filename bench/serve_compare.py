@@ -3,7 +3,9 @@
 time, each a distinct prompt of 8 token ids and MAX_TOKENS greedy tokens streamed (ignore_eos, so every
 request is MAX_TOKENS long), over raw HTTP/1.1 on asyncio streams. Prints one JSON line: tokens/s over
 the run's wall time, time to first token (p50, p95) and request latency (p50, p95) in ms, and the
-decode rate of the requests after their first token (tokens/s per request, median).
+decode rate of the requests after their first token (tokens/s per request, median: the MAX_TOKENS - 1
+tokens after the first over the time from the first event with text to the last, whether a server
+sends a token an event or, when the client lags, several).
 usage: serve_compare.py PORT KIND C R MAX_TOKENS   (KIND: moe or llama, for the body's extra fields)
        serve_compare.py PORT KIND --texts N MAX_TOKENS: the texts of N greedy requests, one JSON list"""
 import asyncio
@@ -65,8 +67,8 @@ async def load(c, n, max_tokens):
             end = time.perf_counter()
             if times:
                 ttft.append(times[0] - t0)
-                if len(times) > 1:
-                    rate.append((len(times) - 1) / (times[-1] - times[0]))
+                if len(times) > 1:  # every request is max_tokens long (ignore_eos): an event may carry more than one
+                    rate.append((max_tokens - 1) / (times[-1] - times[0]))
             lat.append(end - t0)
 
     t0 = time.perf_counter()

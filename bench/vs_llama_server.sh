@@ -5,11 +5,14 @@
 # other is loaded); for each concurrency (1, 8, 32) RUNS alternated runs (llama-server first in odd
 # runs) of bench/serve_compare.py: 32 streamed greedy requests of 64 tokens, distinct prompts of 8 ids
 # (llama-server's prompt cache off). First, the texts of 8 greedy requests are compared between the
-# two servers. Prints medians per concurrency, the CPU named, and `moe bench --lm`'s single-stream
-# decode rate for the server's c=1 row to be read against. Nothing of llama.cpp is in this repository:
+# two servers. Prints medians per concurrency, the CPU named, `moe bench --lm`'s single-stream decode
+# rate, and at concurrency 1 `moe generate`'s decode rate on the same prompt (bench/generate_rate.py, one
+# run alternated with each c=1 run) beside moe serve's, the figure issue 36 reads serve's c=1 rate
+# against (bench/serve_vs_generate.sh does only that comparison). Nothing of llama.cpp is in this repository:
 # give the directory of a build of it (its bin/llama-server).
 # usage: bench/vs_llama_server.sh LLAMA_BUILD_DIR [MOE] [RUNS] [TYPE] [THREADS]
 #   (default build/moe, 3 runs, f32, 2 threads; the model kept in $WORK, default /tmp/vs_llama_server;
+#   N requests of TOKENS tokens per run from the environment, default 32 and 64;
 #   needs data/tokenizers (scripts/get-tokenizers.sh) and /usr/bin/python3 with numpy)
 set -e
 LLAMA=${1:?usage: bench/vs_llama_server.sh LLAMA_BUILD_DIR [MOE] [RUNS] [TYPE] [THREADS]}
@@ -18,8 +21,8 @@ RUNS=${3:-3}
 TYPE=${4:-f32}
 THREADS=${5:-2}
 WORK=${WORK:-/tmp/vs_llama_server}
-N=32
-TOKENS=64
+N=${N:-32}
+TOKENS=${TOKENS:-64}
 SERVER=$LLAMA/bin/llama-server
 [ -x "$SERVER" ] || { echo "vs_llama_server: no $SERVER" >&2; exit 1; }
 HERE=$(dirname "$0")
@@ -55,7 +58,12 @@ rm -f "$WORK"/run_*.jsonl
 for c in 1 8 32; do
   for r in $(seq "$RUNS"); do
     order="llama moe"; [ $((r % 2)) -eq 0 ] && order="moe llama"
+    [ "$c" = 1 ] && order="generate $order" && [ $((r % 2)) -eq 0 ] && order="moe llama generate"
     for side in $order; do
+      if [ "$side" = generate ]; then
+        python3 "$HERE/generate_rate.py" "$MOE" "$G" "$THREADS" $TOKENS >>"$WORK/run_generate.jsonl"
+        continue
+      fi
       port=$MPORT; [ "$side" = llama ] && port=$LPORT
       python3 "$HERE/serve_compare.py" "$port" "$side" "$c" $N $TOKENS >>"$WORK/run_${side}_$c.jsonl"
     done
@@ -72,3 +80,10 @@ print("| %d | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |" % (r["concurrency"
 PY
   done
 done
+python3 - "$WORK/run_generate.jsonl" "$WORK/run_moe_1.jsonl" <<'PY'
+import json, statistics, sys
+g = statistics.median(json.loads(l)["decode_tokens_per_s"] for l in open(sys.argv[1]))
+s = statistics.median(json.loads(l)["decode_tokens_per_s_per_request"] for l in open(sys.argv[2]))
+print("moe generate decode (one stream, the same prompt and threads): %.1f tok/s; moe serve at concurrency 1: "
+      "%.1f tok/s per request, %.1f%% of generate's" % (g, s, 100 * s / g))
+PY

@@ -228,21 +228,22 @@ static int run(moe_lm_t *m, const moe_lm_experts *x, const gen_opts *o, const mo
   }
   moe_lm_cache *kv;
   if (moe_lm_cache_new(&kv, m, 1)) return free(g.lp), free(g.top_id), free(g.top_lp), cli_fail(CMD);
+  moe_lm_cache_last_logits(kv, 1); /* the prompt's next token only */
   uint64_t rng = o->seed;
-  int rc = moe_lm_decode(m, kv, ids, n) ? cli_fail(CMD) : 0, T = n;
+  int rc = moe_lm_decode(m, kv, ids, n) ? cli_fail(CMD) : 0;
   int32_t *out = ids + n; /* the new tokens follow the prompt (ids holds both) */
   int k = 0;
   moe_detokenizer *d = NULL;
   if (!rc && t && !o->json && (moe_detokenizer_new(&d, t) || moe_detokenizer_follow(d, ids, (size_t)n))) rc = cli_fail(CMD);
   for (; !rc && k < o->max_tokens; k++) {
     int32_t next;
-    if (moe_lm_sample(moe_lm_logits(m) + (size_t)(T - 1) * c->vocab, c->vocab, o->temperature, o->top_p, &rng, &next)) {
+    if (moe_lm_sample(moe_lm_logits(m), c->vocab, o->temperature, o->top_p, &rng, &next)) {
       rc = cli_fail(CMD);
       break;
     }
     if ((rc = cli_settle(m->cfg.moe.dist, CMD, rank0_token(m->cfg.moe.dist, &next)))) break;
     if (!o->ignore_eos && lm_is_eos(eos, n_eos, next)) break;
-    if (g.top >= 0 && (rc = moe_lm_logprobs(moe_lm_logits(m) + (size_t)(T - 1) * c->vocab, c->vocab, next, g.top, &g.lp[k],
+    if (g.top >= 0 && (rc = moe_lm_logprobs(moe_lm_logits(m), c->vocab, next, g.top, &g.lp[k],
                                             g.top_id + (size_t)k * g.top, g.top_lp + (size_t)k * g.top) ? cli_fail(CMD) : 0))
       break;
     if (k + 1 < o->max_tokens && moe_lm_decode(m, kv, &next, 1)) { /* rank 0's token on every rank */
@@ -254,7 +255,6 @@ static int run(moe_lm_t *m, const moe_lm_experts *x, const gen_opts *o, const mo
       if ((rc = emit(d, next, k == 0))) break;
       fflush(stdout);
     }
-    T = 1;
   }
   const char *rest;
   size_t len;

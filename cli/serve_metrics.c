@@ -95,6 +95,8 @@ char *serve_metrics_text(serve_metrics *m, moe_engine *e) {
           "# TYPE moe_serve_admitted_total counter\nmoe_serve_admitted_total %lld\n", (long long)m->requests[0]);
   put(&t, "# HELP moe_serve_prompt_tokens_total Prompt tokens read.\n# TYPE moe_serve_prompt_tokens_total counter\n"
           "moe_serve_prompt_tokens_total %lld\n", (long long)m->prompt_tokens);
+  put(&t, "# HELP moe_serve_prefills_total Forwards that ran prompts (the prompts of one length queued together in one).\n"
+          "# TYPE moe_serve_prefills_total counter\nmoe_serve_prefills_total %lld\n", (long long)es.prefills);
   put(&t, "# HELP moe_serve_generated_tokens_total Tokens generated.\n# TYPE moe_serve_generated_tokens_total counter\n"
           "moe_serve_generated_tokens_total %lld\n", (long long)m->tokens);
   put(&t, "# HELP moe_serve_tokens_per_second Tokens generated per second of the engine's busy time.\n"

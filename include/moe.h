@@ -1324,6 +1324,10 @@ void moe_lm_cache_free(moe_lm_cache *c);
 int moe_lm_cache_len(const moe_lm_cache *c);
 void moe_lm_cache_reset(moe_lm_cache *c);
 moe_status moe_lm_decode(moe_lm_t *m, moe_lm_cache *c, const int32_t *tokens, int T);
+/* on: c's decodes (moe_lm_decode, moe_lm_decode_slots) leave the logits of each row's last position only,
+ * (rows, vocab) in moe_lm_logits, skipping the output layer for a prompt's other positions (generating
+ * reads only the last); off (a new cache's): (rows, T, vocab). */
+void moe_lm_cache_last_logits(moe_lm_cache *c, int on);
 /* The next token from logits (V) into *token: temperature 0 takes the argmax (ties to the lower id); else
  * softmax(logits / temperature) cut to the smallest set of most probable tokens whose mass reaches top_p
  * (in (0, 1]; ties by id) and drawn with one uniform from *rng (splitmix64 state): the same seed gives
@@ -1546,9 +1550,10 @@ const int32_t *moe_lm_cache_expert_counts(const moe_lm_cache *c);
 
 /* ---- the continuous-batching engine (DESIGN 4.7; moe serve's, usable from C with no HTTP) ----
  * One thread owns the model and a KV cache of `slots` sequences. Between decode steps finished and
- * released requests leave their slots and queued ones join (each prompt in one forward, alone, as moe
- * generate runs it); then one decode step runs the last token of every running request through the
- * model together. Each request samples with its own generator, so a request gives the tokens it gets
+ * released requests leave their slots and every queued one that finds a free slot joins: their prompts
+ * run before the step, those of one length together in one forward (each from the logits of its last
+ * position, as moe generate runs a prompt); then one decode step runs the last token of every running
+ * request through the model together. Each request samples with its own generator, so a request gives the tokens it gets
  * alone, and moe generate's for the same seed (greedy: the same; sampled: to rounding of the logits). */
 typedef struct moe_engine moe_engine;
 typedef struct moe_engine_req moe_engine_req;
@@ -1557,7 +1562,10 @@ typedef struct {
   int tokens;           /* tokens generated (an end token not counted) */
   int prompt_tokens;    /* prompt tokens read */
   double seconds;       /* the step's prefills and decode */
+  int prefills;         /* forwards that ran prompts: those of one length run together, up to
+                           MOE_ENGINE_PREFILL_TOKENS tokens a forward; one wanting prompt_logprobs alone */
 } moe_engine_step;
+#define MOE_ENGINE_PREFILL_TOKENS 512
 typedef struct {
   int slots;                /* sequences decoded together (>= 1) */
   const moe_tokenizer *tok; /* the text of tokens, for stop strings and moe_engine_text (NULL: requests
@@ -1614,6 +1622,7 @@ typedef struct {
   int queued, running;   /* requests waiting for a slot, and in one */
   int64_t steps, tokens, prompt_tokens;
   double busy_s;         /* the thread's time in steps */
+  int64_t prefills;      /* forwards that ran prompts (moe_engine_step) */
 } moe_engine_stats;
 
 /* Starts the engine's thread over m (which it owns until moe_engine_free; m's threads run the steps),

@@ -4,6 +4,7 @@
  * the Mixtral fixture (tests/fixtures/lm/mixtral). */
 #include <dirent.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -85,6 +86,85 @@ TEST(engine_batched_requests_get_their_tokens_alone) {
   for (int r = 0; r < NREQ; r++) prompt_tokens += n[r];
   ASSERT_EQ_INT((int)s.prompt_tokens, prompt_tokens);
   moe_engine_free(e);
+  moe_lm_free(&m);
+}
+
+/* Holds the engine after its first step until the test lets it go, and keeps each step's counts. */
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int held, open, n;
+  moe_engine_step s[4 * NEW];
+} step_gate;
+
+static void gate_step(void *ctx, const moe_engine_step *s) {
+  step_gate *g = ctx;
+  pthread_mutex_lock(&g->mu);
+  if (g->n < 4 * NEW) g->s[g->n] = *s;
+  g->n++;
+  g->held = 1;
+  pthread_cond_broadcast(&g->cv);
+  while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* Requests queued while a step runs all join before the next decode step: the four of one prompt length
+ * in one forward, the one of another length in a second, the one wanting its prompt's log-probabilities
+ * (of the four's length) alone in a third; every one gets its first token from those prefills and decodes
+ * in that same step, and the greedy tokens of decoding it alone. */
+TEST(engine_queued_prompts_of_one_length_prefill_together) {
+  moe_lm_t m;
+  ASSERT(load(&m));
+  enum { NQ = 7 };
+  int32_t prompts[NQ][3], want[NQ][NEW];
+  int n[NQ] = {2, 3, 3, 3, 3, 2, 3};
+  for (int r = 0; r < NQ; r++) {
+    for (int i = 0; i < n[r]; i++) prompts[r][i] = (r * 11 + i * 5 + 1) % V;
+    ASSERT(alone(&m, prompts[r], n[r], want[r]));
+  }
+  step_gate g = {.n = 0};
+  pthread_mutex_init(&g.mu, NULL);
+  pthread_cond_init(&g.cv, NULL);
+  moe_engine_config c = {.slots = NQ, .on_step = gate_step, .ctx = &g};
+  moe_engine *e;
+  ASSERT_OK(moe_engine_new(&e, &m, &c));
+  moe_engine_req *req[NQ];
+  for (int r = 0; r < NQ; r++) {
+    int plp = r == NQ - 1;
+    moe_engine_params p = {prompts[r], n[r], NEW, 0.0f, 1.0f, 0, 0, NULL, 0, plp, 0, plp};
+    ASSERT_OK(moe_engine_submit(e, &p, &req[r]));
+    pthread_mutex_lock(&g.mu);
+    while (!r && !g.held) pthread_cond_wait(&g.cv, &g.mu); /* the first request's step is over */
+    g.open = r == NQ - 1;
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.mu);
+  }
+  for (int r = 0; r < NQ; r++) {
+    moe_engine_state st = {0};
+    do moe_engine_wait(e, req[r], st.n, &st);
+    while (!st.done);
+    ASSERT_EQ_INT(st.done, 1);
+    ASSERT_EQ_INT(st.n, NEW);
+    for (int i = 0; i < NEW; i++)
+      if (st.tokens[i] != want[r][i]) FAIL_("request %d token %d: %d, alone %d", r, i, st.tokens[i], want[r][i]);
+    moe_engine_release(e, req[r]);
+  }
+  moe_engine_stats es;
+  moe_engine_get_stats(e, &es);
+  ASSERT_EQ_INT((int)es.prefills, 1 + 3);
+  moe_engine_free(e);
+  ASSERT(g.n >= NEW);
+  const moe_engine_step *first = &g.s[0], *next = &g.s[1];
+  ASSERT_EQ_INT(first->prefills, 1); /* the first request alone: its prompt, its first decode */
+  ASSERT_EQ_INT(first->prompt_tokens, 2);
+  ASSERT_EQ_INT(first->rows, 1);
+  ASSERT_EQ_INT(next->prefills, 3);
+  ASSERT_EQ_INT(next->prompt_tokens, 4 * 3 + 2 + 3);
+  ASSERT_EQ_INT(next->rows, NQ);               /* the six that joined decode in the same step */
+  ASSERT_EQ_INT(next->tokens, (NQ - 1) + NQ);  /* their first tokens, then a token each */
+  for (int i = 2; i < g.n && i < 4 * NEW; i++) ASSERT_EQ_INT(g.s[i].prefills, 0);
+  pthread_cond_destroy(&g.cv);
+  pthread_mutex_destroy(&g.mu);
   moe_lm_free(&m);
 }
 

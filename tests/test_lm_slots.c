@@ -146,3 +146,43 @@ TEST(lm_buffered_experts_decode_bit_identical) {
   ASSERT_STATUS(moe_lm_buffer_experts(&buf, "/nonexistent", 2, MOE_CACHE_LIFO, &x), MOE_ERR_IO);
   moe_lm_free(&buf);
 }
+
+/* moe_lm_cache_last_logits: prompts of 3 tokens in 2 slots (moe_lm_decode_slots) and in a cache of one
+ * sequence (moe_lm_decode) leave one row of logits each, that of their last position in the full
+ * logits (to rounding: the output layer runs on other rows); the next decode after it, and turned off,
+ * the full (rows, T, vocab) again. */
+TEST(lm_cache_last_logits_are_the_last_positions) {
+  char dir[512];
+  moe_lm_t m;
+  snprintf(dir, sizeof dir, "%s/lm/mixtral", test_fixture_dir());
+  ASSERT_OK(moe_lm_load(&m, dir, NULL));
+  const int32_t p[2][3] = {{5, 9, 1}, {60, 3, 17}};
+  int slots[2] = {1, 0};
+  static float full[2][3][V], last[2][V];
+  moe_lm_cache *kv;
+  ASSERT_OK(moe_lm_cache_new(&kv, &m, 2));
+  for (int on = 0; on < 2; on++) {
+    moe_lm_cache_last_logits(kv, on);
+    for (int b = 0; b < 2; b++) moe_lm_cache_slot_reset(kv, b);
+    ASSERT_OK(moe_lm_decode_slots(&m, kv, slots, 2, &p[0][0], 3));
+    memcpy(on ? (float *)last : (float *)full, moe_lm_logits(&m), on ? sizeof last : sizeof full);
+  }
+  for (int b = 0; b < 2; b++)
+    for (int v = 0; v < V; v++) ASSERT_NEAR(last[b][v], full[b][2][v], 1e-5);
+  int32_t next[2] = {argmax(last[0]), argmax(last[1])};
+  ASSERT_OK(moe_lm_decode_slots(&m, kv, slots, 2, next, 1)); /* T 1: one row each, as without */
+  moe_lm_cache_last_logits(kv, 0);
+  ASSERT_EQ_INT(moe_lm_cache_slot_len(kv, 0), 4);
+  moe_lm_cache_free(kv);
+  moe_lm_cache *one;
+  ASSERT_OK(moe_lm_cache_new(&one, &m, 1));
+  moe_lm_cache_last_logits(one, 1);
+  ASSERT_OK(moe_lm_decode(&m, one, p[1], 3));
+  for (int v = 0; v < V; v++) ASSERT_NEAR(moe_lm_logits(&m)[v], full[1][2][v], 1e-5);
+  moe_lm_cache_last_logits(one, 0);
+  moe_lm_cache_reset(one);
+  ASSERT_OK(moe_lm_decode(&m, one, p[1], 3));
+  for (int v = 0; v < V; v++) ASSERT_NEAR(moe_lm_logits(&m)[2 * V + v], full[1][2][v], 1e-5);
+  moe_lm_cache_free(one);
+  moe_lm_free(&m);
+}

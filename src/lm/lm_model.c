@@ -87,6 +87,7 @@ struct moe_lm_cache {
   int *slot_len;  /* (B) each slot's length, for moe_lm_decode_slots */
   const int *row_slot; /* during a decode: the slot of each batch row (NULL: row b is slot b at len) */
   int32_t *counts;     /* (L, E) tokens per expert in the last decode, for traces */
+  int last_only;       /* decodes give the logits of each row's last position only (a prompt's next token) */
 };
 
 /* Where batch row b of a decode sits in the cache: its slot and the position of its first token. */
@@ -1088,13 +1089,20 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   for (int i = 0; i < c->n_layers; i++) MOE_CHECK(layer_forward(m, i, kv, &st));
   if (!kv) add_times(s, moe__now() - t0);
   moe__rmsnorm_forward(s->a[c->n_layers].res, s->normf, N, D, c->rms_eps, s->xnf, s->rstdf, s->nt);
+  int Nh = N; /* the rows through the output layer */
+  if (kv && kv->last_only && T > 1) { /* each row's last position, to the front (row b's is at or after b) */
+    for (int b = 0; b < B; b++) memmove(s->xnf + (size_t)b * D, s->xnf + ((size_t)b * T + T - 1) * D, (size_t)D * 4);
+    Nh = B;
+  }
   if (s->qhead.w) {
-    moe__qmatmul(&s->qhead, 1, s->xnf, N, D, s->logits, V, 0, s->qscratch, s->nt);
+    moe__qmatmul(&s->qhead, 1, s->xnf, Nh, D, s->logits, V, 0, s->qscratch, s->nt);
   } else {
-    moe__gemm g = gemm(false, true, N, V, D, s->xnf, D, s->head, D, 0.0f, s->logits, V);
+    moe__gemm g = gemm(false, true, Nh, V, D, s->xnf, D, s->head, D, 0.0f, s->logits, V);
     MOE_CHECK(moe__gemm_row(&g, s->nt));
   }
-  double sum = moe__xent_forward(s->logits, s->targets, N, V, s->lse, &s->count, s->nt);
+  double sum = 0; /* without targets (generation) there is no loss: the logits' normalizers are not needed */
+  s->count = 0;
+  if (targets) sum = moe__xent_forward(s->logits, s->targets, N, V, s->lse, &s->count, s->nt);
   if (!kv) MOE_CHECK(global_sums(m, &sum));
   st.tokens = s->count;
   st.ce = s->count ? sum / s->count : 0.0;
@@ -1124,7 +1132,7 @@ moe_status moe_lm_cache_new(moe_lm_cache **out, const moe_lm_t *m, int B) {
   const moe_lm_config *c = &m->cfg;
   moe_lm_cache *kv = calloc(1, sizeof *kv);
   MOE_TRY(kv, MOE_ERR_NOMEM, "moe_lm_cache_new: out of memory");
-  *kv = (moe_lm_cache){c->n_layers, B, c->max_seq, cache_width(c), 0, is_mla(c), NULL, NULL, NULL, NULL, NULL, NULL};
+  *kv = (moe_lm_cache){c->n_layers, B, c->max_seq, cache_width(c), 0, is_mla(c), NULL, NULL, NULL, NULL, NULL, NULL, 0};
   size_t n = (size_t)kv->L * B;
   kv->k = calloc(n, sizeof *kv->k);
   kv->v = calloc(n, sizeof *kv->v);
@@ -1174,6 +1182,8 @@ moe_status moe_lm_decode(moe_lm_t *m, moe_lm_cache *kv, const int32_t *tokens, i
   MOE_CHECK(check_cache(m, kv));
   return forward(m, tokens, NULL, kv->B, T, kv, NULL);
 }
+
+void moe_lm_cache_last_logits(moe_lm_cache *kv, int on) { kv->last_only = on != 0; }
 
 int moe_lm_cache_slot_len(const moe_lm_cache *kv, int slot) {
   return slot >= 0 && slot < kv->B ? kv->slot_len[slot] : -1;

@@ -1,8 +1,9 @@
 /* The continuous-batching engine (moe.h, DESIGN 4.7). One thread owns the model: between decode steps
  * finished and released requests leave their KV-cache slots and queued ones take free slots (their
- * prompt runs alone, as in moe generate); then one decode step runs the last token of every running
- * request through the model together. Each request samples with its own generator, so a request alone
- * gives moe generate's tokens for the same seed. */
+ * prompts run first, those of one length in one forward, so that a burst of requests gets its first
+ * tokens after one prefill rather than one per request); then one decode step runs the last token of
+ * every running request through the model together. Each request samples with its own generator, so a
+ * request alone gives moe generate's tokens for the same seed. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@ struct moe_engine {
   moe_engine_req *qhead, *qtail, **slots; /* slots (B): the request in each, or NULL */
   int *joined;           /* (2 B) the thread's scratch: slots joining, rows of a step */
   int32_t *last;         /* (B) the tokens of a step */
+  int32_t *ptok;         /* (MOE_ENGINE_PREFILL_TOKENS) the prompts of a prefill of several requests */
   int draining, started;
   moe_engine_stats st;
 };
@@ -126,9 +128,13 @@ static int add_token_text(moe_engine_req *r, int32_t t, int last) {
 }
 
 /* Samples r's next token from its logits row (the engine's thread; publishes under e->mu): an end token
- * finishes r without it unless r ignores it, a stop string with it. Returns 1 when r got a token. */
+ * finishes r without it unless r ignores it, a stop string with it. Returns 1 when r got a token. The
+ * waiter is woken after the lock is let go (r stays: the engine's reference goes only in finish), so
+ * that it does not wake to block on the lock at once, a second switch per token beside the model's
+ * threads. */
 static int take_token(moe_engine *e, moe_engine_req *r, const float *logits) {
   int32_t t;
+  int wake = 0;
   moe_status st = moe_lm_sample(logits, e->m->cfg.vocab, r->temperature, r->top_p, &r->seed, &t);
   int eos = st == MOE_OK && !r->ignore_eos && is_eos(e, t);
   pthread_mutex_lock(&e->mu);
@@ -144,9 +150,10 @@ static int take_token(moe_engine *e, moe_engine_req *r, const float *logits) {
     if (r->stop_hit || r->n_out == r->max_tokens) {
       if (!stop) r->safe = r->n_text; /* the text held back for a stop string goes out */
       r->complete = 1;
-    } else pthread_cond_broadcast(&r->cv);
+    } else wake = 1;
   }
   pthread_mutex_unlock(&e->mu);
+  if (wake) pthread_cond_broadcast(&r->cv);
   return st == MOE_OK && !eos && stop >= 0;
 }
 
@@ -209,6 +216,38 @@ static int decode(moe_engine *e, const int *slots, int n, const int32_t *tokens,
   return 0;
 }
 
+/* The prompts of the nj requests that joined (their slots in joined, in queue order; joined is spent):
+ * the first left and those after it with a prompt of its length run together, up to
+ * MOE_ENGINE_PREFILL_TOKENS tokens, each request's first token from the logits of its last position; one
+ * that wants its prompt's log-probabilities runs alone, with every position's logits. */
+static void prefill(moe_engine *e, int *joined, int nj, moe_engine_step *step) {
+  int V = e->m->cfg.vocab, *rows = e->joined + e->c.slots;
+  for (int i = 0; i < nj; i++) { /* the slots are the engine's: read them unlocked */
+    if (joined[i] < 0) continue;
+    moe_engine_req *r = e->slots[joined[i]];
+    int T = r->n_prompt, n = 0, all = r->plp != NULL;
+    rows[n++] = joined[i];
+    for (int j = i + 1; j < nj && !all && (n + 1) * T <= MOE_ENGINE_PREFILL_TOKENS; j++)
+      if (joined[j] >= 0 && e->slots[joined[j]]->n_prompt == T && !e->slots[joined[j]]->plp) {
+        memcpy(e->ptok + (size_t)n * T, e->slots[joined[j]]->prompt, (size_t)T * 4);
+        rows[n++] = joined[j], joined[j] = -1;
+      }
+    if (n > 1) memcpy(e->ptok, r->prompt, (size_t)T * 4);
+    for (int k = 0; k < n; k++) moe_lm_cache_slot_reset(e->kv, rows[k]);
+    step->prompt_tokens += n * T;
+    step->prefills++;
+    moe_lm_cache_last_logits(e->kv, !all);
+    int ok = decode(e, rows, n, n > 1 ? e->ptok : r->prompt, T);
+    moe_lm_cache_last_logits(e->kv, 1);
+    const float *logits = moe_lm_logits(e->m);
+    if (all && ok) score_prompt(e, r, logits);
+    for (int k = 0; ok && k < n; k++) {
+      moe_engine_req *q = e->slots[rows[k]];
+      step->tokens += q->max_tokens ? take_token(e, q, logits + (all ? (size_t)(T - 1) : (size_t)k) * V) : no_tokens(e, q);
+    }
+  }
+}
+
 static void *engine(void *arg) {
   moe_engine *e = arg;
   int V = e->m->cfg.vocab, B = e->c.slots, *joined = e->joined, *rows = e->joined + B;
@@ -227,16 +266,8 @@ static void *engine(void *arg) {
     }
     pthread_mutex_unlock(&e->mu);
     double t0 = moe__now();
-    moe_engine_step step = {0, 0, 0, 0};
-    for (int i = 0; i < nj; i++) { /* the slots are the engine's: read them unlocked */
-      moe_engine_req *r = e->slots[joined[i]];
-      moe_lm_cache_slot_reset(e->kv, joined[i]);
-      step.prompt_tokens += r->n_prompt;
-      if (decode(e, &joined[i], 1, r->prompt, r->n_prompt)) {
-        if (r->plp) score_prompt(e, r, moe_lm_logits(e->m));
-        step.tokens += r->max_tokens ? take_token(e, r, moe_lm_logits(e->m) + (size_t)(r->n_prompt - 1) * V) : no_tokens(e, r);
-      }
-    }
+    moe_engine_step step = {0};
+    prefill(e, joined, nj, &step);
     int n = 0;
     for (int s = 0; s < B; s++)
       if (e->slots[s] && e->slots[s]->n_out && !e->slots[s]->complete)
@@ -249,6 +280,7 @@ static void *engine(void *arg) {
     pthread_mutex_lock(&e->mu);
     e->st.steps++;
     e->st.busy_s += step.seconds;
+    e->st.prefills += step.prefills;
     for (int s = 0; s < B; s++) /* the step counted: its complete requests are done */
       if (e->slots[s] && e->slots[s]->complete) finish(e, e->slots[s], 1, NULL);
   }
@@ -269,9 +301,12 @@ moe_status moe_engine_new(moe_engine **out, moe_lm_t *m, const moe_engine_config
   e->slots = calloc((size_t)c->slots, sizeof *e->slots);
   e->joined = malloc(2 * (size_t)c->slots * sizeof *e->joined);
   e->last = malloc((size_t)c->slots * sizeof *e->last);
-  moe_status st = e->slots && e->joined && e->last ? moe_lm_cache_new(&e->kv, m, c->slots)
-                                                   : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "moe_engine_new: out of memory");
+  e->ptok = malloc(MOE_ENGINE_PREFILL_TOKENS * sizeof *e->ptok);
+  moe_status st = e->slots && e->joined && e->last && e->ptok
+                      ? moe_lm_cache_new(&e->kv, m, c->slots)
+                      : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "moe_engine_new: out of memory");
   if (st == MOE_OK) {
+    moe_lm_cache_last_logits(e->kv, 1);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     moe_threads_release(); /* the engine's thread does the model's work from now on */
@@ -304,6 +339,6 @@ void moe_engine_free(moe_engine *e) {
     pthread_mutex_destroy(&e->mu);
   }
   moe_lm_cache_free(e->kv);
-  free(e->slots), free(e->joined), free(e->last);
+  free(e->slots), free(e->joined), free(e->last), free(e->ptok);
   free(e);
 }
