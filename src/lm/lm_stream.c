@@ -30,6 +30,7 @@ void moe_lm_stream_config_default(moe_lm_stream_config *s) {
   memset(s, 0, sizeof *s);
   s->policy = MOE_CACHE_LRU;
   s->prefetch = 1;
+  s->placement = MOE_LM_PLACE_EQUAL;
 }
 
 void moe__lm_prefetch_free(struct moe_lm_prefetch *p) {
@@ -112,29 +113,15 @@ moe_status moe__lm_open_cache(const moe_lm_t *m, moe_lm_experts *x, int i, const
   return moe_expert_cache_open(&x->caches[i], x->file, prefix, lc, K, p);
 }
 
-/* Each MoE layer's cache of K slots over f. */
-static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, int K, moe_cache_policy policy, int keep) {
+/* Each MoE layer's cache over x->file, of K[j] slots for the j-th MoE layer. */
+static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, const int *K, moe_cache_policy policy, int keep) {
   const moe_lm_config *c = &m->cfg;
-  for (int i = 0; i < c->n_layers; i++) {
+  for (int i = 0, j = 0; i < c->n_layers; i++) {
     if (moe_lm_layer_dense(c, i)) continue;
-    MOE_CHECK(moe__lm_open_cache(m, x, i, &m->layers[i].cfg, K, policy));
+    MOE_CHECK(moe__lm_open_cache(m, x, i, &m->layers[i].cfg, K[j++], policy));
     MOE_CHECK(moe_layer_set_expert_cache(&m->layers[i], x->caches[i]));
     moe_expert_cache_set_drop_pages(x->caches[i], !keep);
   }
-  return MOE_OK;
-}
-
-/* Slots per layer for the budget, or an error saying the least budget that works. */
-static moe_status slots_for(const moe_lm_t *m, size_t budget, int *K) {
-  const moe_lm_config *c = &m->cfg;
-  int Lm = moe__lm_moe_layers(c);
-  moe_layer_config lc = c->moe;
-  size_t slot = moe_expert_cache_slot_bytes(&lc), per_layer = Lm ? budget / Lm : 0;
-  MOE_TRY(Lm && per_layer >= slot, MOE_ERR_ARG,
-          "memory budget %zu bytes: below one expert per MoE layer (%d layers x %zu bytes = %zu bytes)", budget, Lm,
-          slot, (size_t)Lm * slot);
-  size_t k = per_layer / slot;
-  *K = k > (size_t)c->moe.E ? c->moe.E : (int)k;
   return MOE_OK;
 }
 
@@ -158,12 +145,14 @@ moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_conf
   x->budget = s->budget;
   x->n = own.n_layers;
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  int K = 0;
-  moe_status st = slots_for(m, s->budget, &K);
+  int *K = malloc(sizeof *K * (size_t)own.n_layers);
+  moe_status st = K ? moe__lm_stream_slots(m, s, K) : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
   if (st == MOE_OK) st = moe_st_open_lazy(&x->file, path);
   if (st == MOE_OK && !(x->caches = calloc((size_t)x->n, sizeof *x->caches)))
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
   if (st == MOE_OK) st = open_caches(m, x, K, s->policy, s->keep_page_cache);
+  free(K);
+  if (st == MOE_OK) st = moe__lm_stream_pin(m, s, x);
   if (st == MOE_OK && s->prefetch) {
     struct moe_lm_prefetch *p = x->prefetch = calloc(1, sizeof *p);
     if (p) p->caches = x->caches, p->list = malloc((size_t)own.moe.E * sizeof *p->list), p->mark = malloc(2 * (size_t)own.moe.E);
