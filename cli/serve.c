@@ -35,7 +35,7 @@ static void usage(FILE *f) {
              "MoE layer in memory (default all; any family), the rest read on demand from DIR/model.safetensors, evicting\n"
              "by --policy (default lifo; the model is loaded whole first, then its experts freed).\n"
              LM_BUDGET_USAGE
-             "/metrics then has per layer the hit rate, bytes read, stall seconds and prefetch precision.\n"
+             "/metrics then has per layer the hit rate, bytes read, stall seconds, prefetch precision, slots and pins.\n"
              "--trace F: the experts each decode step used, as moe trace writes.\n"
              "--context N: a request's prompt and max_tokens at most (default the model's\n"
              "max_position_embeddings). --max-connections C (default 1024): past C connections /health still\n"
