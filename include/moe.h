@@ -1665,7 +1665,9 @@ void moe_lm_experts_free(moe_lm_experts *x);
 /* ---- experts streamed from the checkpoint under a memory budget (DESIGN 4.11; moe generate, eval and
  * serve --memory-budget SIZE): the model's dense weights are read and stay resident; the experts' are
  * never read at load, but on demand from dir's model.safetensors (F32 or BF16 tensors per expert or
- * stacked, or gpt-oss's fused ones, dense or MXFP4, an expert's slab at a time) into expert caches (moe_expert_cache) whose slots together take at most
+ * stacked, or gpt-oss's fused ones, dense or MXFP4, an expert's slab at a time), or from a GGUF file's
+ * stacked experts dequantized per expert (any type with a codec; MOE_ERR_ARG when c's expert_type says the
+ * experts compute in their stored type: moe.expert_type -1 streams them dequantized) into expert caches (moe_expert_cache) whose slots together take at most
  * `budget` bytes. Every read drops its pages from the page cache, and runs on each layer's loader
  * thread while the experts already resident compute. With prefetch, before MoE layer l computes, the
  * next MoE layer's router (after its post-attention norm) is applied to layer l's hidden state and its

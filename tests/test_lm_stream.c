@@ -58,14 +58,12 @@ static moe_expert_cache_stats total(const moe_lm_experts *x) {
   return t;
 }
 
-/* min_read: a load reads at least slot / min_read bytes (2: the matrices at bf16; MXFP4's 4.25 bits a
- * value and fp32 biases: 8). */
-static void check_family(int *failed_, const char *family, moe_dtype dt, int min_read) {
-  char dir[512];
-  snprintf(dir, sizeof dir, "%s/lm/%s", test_fixture_dir(), family);
-  moe_lm_config c;
-  ASSERT_OK(moe_lm_read_config(dir, &c));
-  c.moe.dtype = dt;
+/* The model at dir (a checkpoint directory or a GGUF file) loaded with config c, streamed under every
+ * policy, budget and prefetch setting: the all-resident model's logits and tokens bit for bit. min_read:
+ * a load reads at least slot / min_read bytes (2: the matrices at bf16; MXFP4's 4.25 bits a value and
+ * fp32 biases: 8). */
+static void check_streamed(int *failed_, const char *dir, moe_lm_config c, const char *family, int min_read) {
+  moe_dtype dt = c.moe.dtype;
   ASSERT(c.vocab <= MAXV);
   moe_lm_t all;
   ASSERT_OK(moe_lm_load(&all, dir, &c));
@@ -119,6 +117,15 @@ static void check_family(int *failed_, const char *family, moe_dtype dt, int min
         }
 }
 
+static void check_family(int *failed_, const char *family, moe_dtype dt, int min_read) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/lm/%s", test_fixture_dir(), family);
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  c.moe.dtype = dt;
+  check_streamed(failed_, dir, c, family, min_read);
+}
+
 TEST(lm_stream_mixtral_bit_identical) { check_family(failed_, "mixtral", MOE_DT_F32, 2); }
 TEST(lm_stream_mixtral_bf16_bit_identical) { check_family(failed_, "mixtral", MOE_DT_BF16, 2); }
 /* a dense first layer (the prediction skips it) and gate_proj/up_proj/down_proj experts */
@@ -131,6 +138,53 @@ TEST(lm_stream_gpt_oss_bit_identical) { check_family(failed_, "gpt_oss", MOE_DT_
 TEST(lm_stream_gpt_oss_bf16_bit_identical) { check_family(failed_, "gpt_oss", MOE_DT_BF16, 2); }
 /* MXFP4 blocks and scales dequantized per expert */
 TEST(lm_stream_gpt_oss_mxfp4_bit_identical) { check_family(failed_, "gpt_oss_mxfp4", MOE_DT_F32, 8); }
+
+/* A Mixtral-shaped model (2 layers of 4 experts, rows of 256: whole blocks of every type) written as a
+ * GGUF file of type t to path. */
+static moe_status write_gguf(const char *path, moe_gguf_type t) {
+  moe_lm_config c;
+  moe_lm_config_default(&c);
+  c.vocab = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.max_seq = 32;
+  c.moe.D = 256, c.moe.H = 256, c.moe.E = 4, c.moe.top_k = 2;
+  moe_lm_t m;
+  moe_status st = moe_lm_init(&m, &c);
+  if (st != MOE_OK) return st;
+  moe_lm_init_params(&m, 7);
+  moe_lm_gguf_options o = {t, NULL, NULL};
+  st = moe_lm_save_gguf(&m, path, &o);
+  moe_lm_free(&m);
+  return st;
+}
+
+/* GGUF files: each expert's rows of the stacked ffn_{gate,down,up}_exps tensors read and dequantized per
+ * expert, in f32 and bf16 slots: the all-resident model's bits (F32 files as they load; quantized ones
+ * with moe.expert_type -1, every weight dequantized: their stored type cannot stream yet, refused). */
+static void check_gguf(int *failed_, moe_gguf_type t, moe_dtype dt, int min_read) {
+  char path[512], name[64];
+  snprintf(name, sizeof name, "stream_%s.gguf", moe_gguf_type_name(t));
+  test_tmp_path(name, path, sizeof path);
+  ASSERT_OK(write_gguf(path, t));
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(path, &c));
+  c.moe.dtype = dt;
+  if (c.moe.expert_type > 0) {
+    moe_lm_stream_config s;
+    moe_lm_stream_config_default(&s);
+    s.budget = (size_t)1 << 30;
+    moe_lm_t m;
+    moe_lm_experts x;
+    ASSERT_STATUS(moe_lm_load_streaming(&m, path, &c, &s, &x), MOE_ERR_ARG);
+    if (!strstr(moe_last_error(), "cannot stream yet")) FAIL_("%s: %s", path, moe_last_error());
+    c.moe.expert_type = -1;
+  }
+  check_streamed(failed_, path, c, name, min_read);
+}
+
+TEST(lm_stream_gguf_f32_bit_identical) { check_gguf(failed_, MOE_GGUF_F32, MOE_DT_F32, 2); }
+TEST(lm_stream_gguf_bf16_slots_bit_identical) { check_gguf(failed_, MOE_GGUF_BF16, MOE_DT_BF16, 4); }
+TEST(lm_stream_gguf_q8_0_bit_identical) { check_gguf(failed_, MOE_GGUF_Q8_0, MOE_DT_F32, 4); }
+TEST(lm_stream_gguf_q4_k_bit_identical) { check_gguf(failed_, MOE_GGUF_Q4_K, MOE_DT_F32, 8); }
+TEST(lm_stream_gguf_q6_k_bit_identical) { check_gguf(failed_, MOE_GGUF_Q6_K, MOE_DT_F32, 8); }
 
 /* A copy of the fixture's files into dir. */
 static int copy_fixture(const char *family, const char *dir) {
@@ -153,8 +207,8 @@ static long long offset_of(const char *dir, const char *name, size_t *nbytes) {
   return off;
 }
 
-/* Decoding the streamed model of dir with a budget of one expert per layer (its file cut to cut bytes
- * after loading when cut >= 0): its status, the message kept. */
+/* Decoding the streamed model of dir (a directory, or a GGUF file) with a budget of 1 MiB (its file cut
+ * to cut bytes after loading when cut >= 0): its status, the message kept. */
 static moe_status stream_decode(const char *dir, long long cut, char *msg, size_t n) {
   moe_lm_stream_config s;
   moe_lm_stream_config_default(&s);
@@ -164,7 +218,8 @@ static moe_status stream_decode(const char *dir, long long cut, char *msg, size_
   moe_status st = moe_lm_load_streaming(&m, dir, NULL, &s, &x);
   static run_out o;
   char path[1024];
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  size_t n_dir = strlen(dir);
+  snprintf(path, sizeof path, n_dir > 5 && !strcmp(dir + n_dir - 5, ".gguf") ? "%s" : "%s/model.safetensors", dir);
   if (st == MOE_OK && cut >= 0 && truncate(path, cut) != 0) st = MOE_ERR_IO;
   if (st == MOE_OK) {
     st = decode(&m, 0.0f, &o);
@@ -226,6 +281,40 @@ TEST(lm_stream_gpt_oss_corrupt_slab_is_an_error_naming_it) {
   ASSERT(poison(dir, bad, (long long)nb / 4 * 2 + 40, &nb) > 0); /* in expert 2 of 4's slab */
   ASSERT_STATUS(stream_decode(dir, -1, msg, sizeof msg), MOE_ERR_VALUE);
   if (!strstr(msg, bad) || !strstr(msg, "expert 2")) FAIL_("the message does not name the tensor and expert: %s", msg);
+}
+
+/* A GGUF file with a NaN in expert 2's rows of a stacked tensor, then cut short inside them while it is
+ * served: loading succeeds, the read of that expert fails naming the tensor (and the expert), not a crash
+ * (the reads are preads, not the mapping's pages: no SIGBUS); still short at the next load, refused. */
+TEST(lm_stream_gguf_corrupt_or_short_expert_is_an_error_naming_it) {
+  char path[512], msg[1024];
+  test_tmp_path("stream_corrupt.gguf", path, sizeof path);
+  moe_lm_t m;
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/lm/mixtral", test_fixture_dir());
+  ASSERT_OK(moe_lm_load(&m, dir, NULL));
+  moe_status st = moe_lm_save_gguf(&m, path, NULL);
+  moe_lm_free(&m);
+  ASSERT_OK(st);
+  const char *bad = "blk.1.ffn_up_exps.weight";
+  moe_gguf *g;
+  moe_gguf_tensor t;
+  ASSERT_OK(moe_gguf_open(&g, path));
+  st = moe_gguf_tensor_get(g, bad, &t);
+  moe_gguf_close(g);
+  ASSERT_OK(st);
+  ASSERT_EQ_INT(t.type, MOE_GGUF_F32);
+  long long at = (long long)t.file_offset + (long long)(t.nbytes / 4) * 2 + 40; /* in expert 2 of 4 */
+  int fd = open(path, O_WRONLY);
+  const unsigned char nan[4] = {0x00, 0x00, 0xc0, 0x7f};
+  ASSERT(fd >= 0 && pwrite(fd, nan, 4, at) == 4);
+  close(fd);
+  ASSERT_STATUS(stream_decode(path, -1, msg, sizeof msg), MOE_ERR_VALUE);
+  if (!strstr(msg, bad) || !strstr(msg, "expert 2") || !strstr(msg, "non-finite")) FAIL_("the message does not name the tensor: %s", msg);
+  ASSERT_STATUS(stream_decode(path, (long long)t.file_offset + (long long)t.nbytes / 2, msg, sizeof msg), MOE_ERR_IO);
+  if (!strstr(msg, "reading tensor 'blk.") || !strstr(msg, "file shrank")) FAIL_("the message does not name the tensor: %s", msg);
+  ASSERT(stream_decode(path, -1, msg, sizeof msg) != MOE_OK); /* still short: refused at load */
+  if (!strstr(msg, "stream_corrupt.gguf")) FAIL_("the message does not name the file: %s", msg);
 }
 
 /* What streaming refuses: a budget below one expert per MoE layer (saying the least). */

@@ -113,12 +113,16 @@ moe_status moe__lm_open_cache(const moe_lm_t *m, moe_lm_experts *x, int i, const
   return moe_expert_cache_open(&x->caches[i], x->file, prefix, lc, K, p);
 }
 
-/* Each MoE layer's cache over x->file, of K[j] slots for the j-th MoE layer. */
-static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, const int *K, moe_cache_policy policy, int keep) {
+/* Each MoE layer's cache over x->file, or the GGUF file gguf (not NULL), of K[j] slots for the j-th MoE layer. */
+static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, const char *gguf, const int *K, moe_cache_policy policy,
+                              int keep) {
   const moe_lm_config *c = &m->cfg;
   for (int i = 0, j = 0; i < c->n_layers; i++) {
     if (moe_lm_layer_dense(c, i)) continue;
-    MOE_CHECK(moe__lm_open_cache(m, x, i, &m->layers[i].cfg, K[j++], policy));
+    moe__expert_reader r;
+    if (gguf) MOE_CHECK(moe__lm_gguf_expert_reader(gguf, c, i, &r));
+    MOE_CHECK(gguf ? moe__expert_cache_open_reader(&x->caches[i], &m->layers[i].cfg, K[j++], policy, &r)
+                   : moe__lm_open_cache(m, x, i, &m->layers[i].cfg, K[j++], policy));
     MOE_CHECK(moe_layer_set_expert_cache(&m->layers[i], x->caches[i]));
     moe_expert_cache_set_drop_pages(x->caches[i], !keep);
   }
@@ -130,16 +134,19 @@ moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_conf
   MOE_TRY(m && dir && s && x, MOE_ERR_ARG, "moe_lm_load_streaming: NULL argument");
   memset(m, 0, sizeof *m);
   memset(x, 0, sizeof *x);
-  MOE_TRY(!moe__lm_gguf_is(dir), MOE_ERR_ARG,
-          "%s: streamed experts read a checkpoint directory's model.safetensors; GGUF files are not supported yet", dir);
+  int gguf = moe__lm_gguf_is(dir);
   char path[4096];
   snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-  MOE_TRY(access(path, F_OK) != 0, MOE_ERR_ARG,
+  MOE_TRY(gguf || access(path, F_OK) != 0, MOE_ERR_ARG,
           "%s: streamed experts read one model.safetensors; a sharded checkpoint is not supported yet", dir);
   moe_lm_config own;
   if (!c) MOE_CHECK(moe_lm_read_config(dir, &own));
   else own = *c;
   MOE_TRY(!own.moe.dist, MOE_ERR_ARG, "moe_lm_load_streaming: one process only (no expert parallelism)");
+  MOE_TRY(!gguf || own.moe.expert_type <= 0, MOE_ERR_ARG,
+          "%s: its experts are computed in their stored type (%s), which cannot stream yet; moe.expert_type -1 "
+          "streams them dequantized (other outputs than the stored type's)",
+          dir, moe_gguf_type_name((moe_gguf_type)own.moe.expert_type));
   own.moe.external_experts = 1;
   MOE_CHECK(moe_lm_load(m, dir, &own));
   x->budget = s->budget;
@@ -147,10 +154,10 @@ moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_conf
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
   int *K = malloc(sizeof *K * (size_t)own.n_layers);
   moe_status st = K ? moe__lm_stream_slots(m, s, K) : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
-  if (st == MOE_OK) st = moe_st_open_lazy(&x->file, path);
+  if (st == MOE_OK && !gguf) st = moe_st_open_lazy(&x->file, path);
   if (st == MOE_OK && !(x->caches = calloc((size_t)x->n, sizeof *x->caches)))
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
-  if (st == MOE_OK) st = open_caches(m, x, K, s->policy, s->keep_page_cache);
+  if (st == MOE_OK) st = open_caches(m, x, gguf ? dir : NULL, K, s->policy, s->keep_page_cache);
   free(K);
   if (st == MOE_OK) st = moe__lm_stream_pin(m, s, x);
   if (st == MOE_OK && s->prefetch) {
