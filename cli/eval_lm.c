@@ -19,7 +19,8 @@ static const char *CMD = "eval";
 static void usage(FILE *f) {
   fprintf(f, "usage: moe eval --task lm --checkpoint DIR [--data DIR] [--split test|valid|train] [--context T]\n"
              "                [--batch B] [--threads N] [--json] [--tokens FILE]\n"
-             "                [--memory-budget SIZE [--policy P] [--prefetch on|off] [--page-cache keep|drop]]\n"
+             "                [--memory-budget SIZE [--policy P] [--prefetch on|off] [--page-cache keep|drop]\n"
+             "                 [--placement equal|miss-cost --placement-trace T.csv] [--pin-from T.csv [--pin N]]]\n"
              "Prints test_loss=... test_perplexity=... (valid_... for --split valid; a JSON line with --json):\n"
              "the mean cross-entropy of the checkpoint (a Hugging Face directory of Mixtral, Qwen2/3-MoE or OLMoE\n"
              "with tokenizer.json) over every non-overlapping window of T tokens (default the model's context)\n"
@@ -87,6 +88,7 @@ static int eval(int argc, char **argv, moe_dist *dist) {
     if (!ok) return cli_usage_error(CMD, "%s: bad value '%s'", f, v);
   }
   if (!ck) return cli_usage_error(CMD, "--checkpoint is required");
+  if (lm_budget_misuse(&bo)) return cli_usage_error(CMD, "%s", lm_budget_misuse(&bo));
   char path[4096];
   lm_tokenizer_path(ck, path, sizeof path);
   moe_tokenizer *t = NULL;

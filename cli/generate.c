@@ -21,7 +21,9 @@ static void usage(FILE *f) {
   fprintf(f, "usage: moe generate --checkpoint DIR (--prompt \"text\" | --prompt-ids \"1 2 3\") [--max-tokens N]\n"
              "                    [--temperature T] [--top-p P] [--seed S] [--threads N] [--tokenizer F] [--json]\n"
              "                    [--ignore-eos] [--dtype f32|bf16] [--logprobs N]\n"
-             "                    [--memory-budget SIZE [--policy P] [--prefetch on|off] [--page-cache keep|drop]]\n"
+             "                    [--memory-budget SIZE [--policy P] [--prefetch on|off] [--page-cache keep|drop]\n"
+             "                     [--placement equal|miss-cost --placement-trace T.csv] [--pin-from T.csv [--pin N]]]\n"
+             "                    [--trace T.csv]\n"
              "Samples N new tokens (default 32) after the prompt: temperature 0 is greedy (default 1), top-p\n"
              "keeps the most probable tokens up to that mass (default 1); the same seed gives the same tokens.\n"
              "Stops before N at the end of text (config.json's and generation_config.json's eos_token_id,\n"
@@ -35,12 +37,14 @@ static void usage(FILE *f) {
              "--logprobs N (with --json): each new token's log-probability under the model (its softmax at\n"
              "temperature 1) as \"logprobs\", and the N (0 to 20) most probable tokens' as \"top_logprobs\".\n"
              LM_BUDGET_USAGE
+             "--trace T.csv: the experts each forward used (step 0 the prompt, then one step a token), as serve\n"
+             "--trace writes (rank 0's under mpirun): what --placement-trace, --pin-from and moe cachesim read.\n"
              "With --json, \"experts\": the caches' stats over the prompt and new tokens (hit rate, bytes read\n"
              "per token, stall seconds, prefetch precision and recall; overall and per layer) and \"seconds\".\n");
 }
 
 typedef struct {
-  const char *ck, *prompt, *text, *tokenizer;
+  const char *ck, *prompt, *text, *tokenizer, *trace;
   int max_tokens, threads, json, ignore_eos;
   int logprobs; /* -1: none; else the alternatives per token */
   moe_dtype dtype;
@@ -84,6 +88,7 @@ static int parse(int argc, char **argv, gen_opts *o) {
     else if (cli_flag_is(f, "prompt-ids")) o->prompt = v;
     else if (cli_flag_is(f, "prompt")) o->text = v;
     else if (cli_flag_is(f, "tokenizer")) o->tokenizer = v;
+    else if (cli_flag_is(f, "trace")) o->trace = v;
     else if (cli_flag_is(f, "max-tokens")) ok = cli_parse_int(v, &o->max_tokens) && o->max_tokens >= 0;
     else if (cli_flag_is(f, "temperature")) ok = cli_parse_float(v, &o->temperature) && o->temperature >= 0;
     else if (cli_flag_is(f, "top-p")) ok = cli_parse_float(v, &o->top_p) && o->top_p > 0 && o->top_p <= 1;
@@ -101,6 +106,7 @@ static int parse(int argc, char **argv, gen_opts *o) {
     return cli_usage_error(CMD, "--checkpoint and one of --prompt and --prompt-ids are required");
   if (o->logprobs >= 0 && !o->json) return cli_usage_error(CMD, "--logprobs needs --json");
   if (!o->budget.s.budget && o->budget.policy_set) return cli_usage_error(CMD, "--policy needs --memory-budget");
+  if (lm_budget_misuse(&o->budget)) return cli_usage_error(CMD, "%s", lm_budget_misuse(&o->budget));
   return 0;
 }
 
@@ -211,10 +217,16 @@ static int rank0_token(const moe_dist *d, int32_t *id) {
   return 0;
 }
 
+/* The experts the last decode through kv used, as trace step `step` (nothing without a trace). */
+static int trace_step(moe_trace_writer *w, const moe_lm_t *m, const moe_lm_cache *kv, int64_t step) {
+  if (!w) return 0;
+  return moe_trace_writer_add_counts(w, step, moe_lm_cache_expert_counts(kv), m->cfg.n_layers, m->cfg.moe.E) ? cli_fail(CMD) : 0;
+}
+
 /* Prompt, then one token at a time until an id of eos (n_eos of them; none with --ignore-eos); the new
  * tokens are printed as they come. */
 static int run(moe_lm_t *m, const moe_lm_experts *x, const gen_opts *o, const moe_tokenizer *t, int32_t *ids, int n,
-               const int32_t *eos, int n_eos) {
+               const int32_t *eos, int n_eos, moe_trace_writer *trace) {
   double t0 = cli_now();
   const moe_lm_config *c = &m->cfg;
   if (n + o->max_tokens > c->max_seq)
@@ -230,7 +242,7 @@ static int run(moe_lm_t *m, const moe_lm_experts *x, const gen_opts *o, const mo
   if (moe_lm_cache_new(&kv, m, 1)) return free(g.lp), free(g.top_id), free(g.top_lp), cli_fail(CMD);
   moe_lm_cache_last_logits(kv, 1); /* the prompt's next token only */
   uint64_t rng = o->seed;
-  int rc = moe_lm_decode(m, kv, ids, n) ? cli_fail(CMD) : 0;
+  int rc = moe_lm_decode(m, kv, ids, n) ? cli_fail(CMD) : trace_step(trace, m, kv, 0);
   int32_t *out = ids + n; /* the new tokens follow the prompt (ids holds both) */
   int k = 0;
   moe_detokenizer *d = NULL;
@@ -246,8 +258,8 @@ static int run(moe_lm_t *m, const moe_lm_experts *x, const gen_opts *o, const mo
     if (g.top >= 0 && (rc = moe_lm_logprobs(moe_lm_logits(m), c->vocab, next, g.top, &g.lp[k],
                                             g.top_id + (size_t)k * g.top, g.top_lp + (size_t)k * g.top) ? cli_fail(CMD) : 0))
       break;
-    if (k + 1 < o->max_tokens && moe_lm_decode(m, kv, &next, 1)) { /* rank 0's token on every rank */
-      rc = cli_fail(CMD);
+    if (k + 1 < o->max_tokens && (moe_lm_decode(m, kv, &next, 1) ? cli_fail(CMD) : trace_step(trace, m, kv, k + 1))) {
+      rc = 1; /* rank 0's token on every rank */
       break;
     }
     out[k] = next;
@@ -300,7 +312,10 @@ static int generate(int argc, char **argv, moe_dist *dist) {
   int32_t eos[MOE_LM_MAX_EOS];
   int n_eos = 0;
   int rc = cli_settle(dist, CMD, n < 0 || (moe_lm_eos_ids(o.ck, t, c.vocab, eos, MOE_LM_MAX_EOS, &n_eos) && cli_fail(CMD)));
-  if (!rc) rc = run(&m, &x, &o, t, ids, n, eos, n_eos);
+  moe_trace_writer *trace = NULL;
+  if (!rc && o.trace && (!dist || moe_dist_rank(dist) == 0) && moe_trace_writer_open(&trace, o.trace, 0)) rc = cli_fail(CMD);
+  if (!rc) rc = run(&m, &x, &o, t, ids, n, eos, n_eos, trace);
+  if (moe_trace_writer_close(trace) && !rc) rc = cli_fail(CMD);
   free(ids);
   moe_tokenizer_free(t);
   moe_lm_free(&m);

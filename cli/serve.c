@@ -17,7 +17,8 @@ static const char *CMD = "serve";
 static void usage(FILE *f) {
   fprintf(f, "usage: moe serve --checkpoint DIR [--host 127.0.0.1] [--port 8080] [--max-batch B] [--threads N]\n"
              "                 [--cache K | --memory-budget SIZE] [--policy P] [--prefetch on|off]\n"
-             "                 [--page-cache keep|drop]\n"
+             "                 [--page-cache keep|drop] [--placement equal|miss-cost --placement-trace T.csv]\n"
+             "                 [--pin-from T.csv [--pin N]]\n"
              "                 [--trace F] [--context N]\n"
              "                 [--max-connections C] [--timeout S] [--dtype f32|bf16]\n"
              "Serves POST /v1/completions (OpenAI's completion request: prompt as text, through DIR/tokenizer.json,\n"
@@ -34,7 +35,7 @@ static void usage(FILE *f) {
              "MoE layer in memory (default all; any family), the rest read on demand from DIR/model.safetensors, evicting\n"
              "by --policy (default lifo; the model is loaded whole first, then its experts freed).\n"
              LM_BUDGET_USAGE
-             "/metrics then has per layer the hit rate, bytes read, stall seconds and prefetch precision.\n"
+             "/metrics then has per layer the hit rate, bytes read, stall seconds, prefetch precision, slots and pins.\n"
              "--trace F: the experts each decode step used, as moe trace writes.\n"
              "--context N: a request's prompt and max_tokens at most (default the model's\n"
              "max_position_embeddings). --max-connections C (default 1024): past C connections /health still\n"
@@ -84,6 +85,7 @@ static int parse(int argc, char **argv, serve_opts *o) {
   if (!o->cache && !o->budget.s.budget && o->budget.policy_set)
     return cli_usage_error(CMD, "--policy needs --cache K or --memory-budget");
   if (o->cache && !o->budget.policy_set) o->budget.s.policy = MOE_CACHE_LIFO;
+  if (lm_budget_misuse(&o->budget)) return cli_usage_error(CMD, "%s", lm_budget_misuse(&o->budget));
   return 0;
 }
 
@@ -120,10 +122,7 @@ static void on_step(void *ctx, const moe_engine_step *s) {
 static void on_decode(void *ctx, const int32_t *cnt) { /* one row per expert used, per layer */
   step_sink *k = ctx;
   if (!k->trace) return;
-  for (int l = 0; l < k->L; l++)
-    for (int x = 0; x < k->E; x++)
-      moe_trace_writer_add(k->trace, k->step, l, x, cnt[l * k->E + x]); /* a row it cannot keep fails the close */
-  k->step++;
+  moe_trace_writer_add_counts(k->trace, k->step++, cnt, k->L, k->E); /* a row it cannot keep fails the close */
 }
 
 /* Serves until SIGTERM or SIGINT (blocked in every thread, taken here with sigwait), then stops *h

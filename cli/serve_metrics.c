@@ -123,6 +123,12 @@ char *serve_metrics_text(serve_metrics *m, moe_engine *e) {
   for (int l = 0; l < L; l++)
     put(&t, "moe_serve_expert_cache_hit_rate{layer=\"%d\"} %g\n", l,
         s[l].accesses ? 1.0 - (double)s[l].misses / (double)s[l].accesses : 1.0);
+  put(&t, "# HELP moe_serve_expert_cache_slots Experts the cache holds, per MoE layer (--placement).\n"
+          "# TYPE moe_serve_expert_cache_slots gauge\n");
+  for (int l = 0; l < L; l++) put(&t, "moe_serve_expert_cache_slots{layer=\"%d\"} %d\n", l, s[l].slots);
+  put(&t, "# HELP moe_serve_expert_cache_pinned Of those, experts pinned (--pin-from), per MoE layer.\n"
+          "# TYPE moe_serve_expert_cache_pinned gauge\n");
+  for (int l = 0; l < L; l++) put(&t, "moe_serve_expert_cache_pinned{layer=\"%d\"} %d\n", l, s[l].pinned);
   put(&t, "# HELP moe_serve_expert_bytes_read_total Expert bytes read from the checkpoint, per MoE layer.\n"
           "# TYPE moe_serve_expert_bytes_read_total counter\n");
   for (int l = 0; l < L; l++) put(&t, "moe_serve_expert_bytes_read_total{layer=\"%d\"} %lld\n", l, (long long)s[l].bytes_read);

@@ -762,6 +762,7 @@ typedef struct {
   int64_t predicted, predicted_hit, actual; /* the predictions' experts, those the next batch used, and
                                that batch's active experts: precision predicted_hit / predicted, recall
                                predicted_hit / actual (over the batches that had a prediction) */
+  int pinned;               /* slots holding pinned experts (moe_expert_cache_pin), inside the K */
 } moe_expert_cache_stats;
 void moe_expert_cache_get_stats(const moe_expert_cache *c, moe_expert_cache_stats *out);
 /* The bytes of one slot (expert_bytes) of a cache opened for layer l: what a memory budget is divided by. */
@@ -771,6 +772,11 @@ size_t moe_expert_cache_slot_bytes(const moe_layer_config *l);
  * resident stay; the prediction is scored against the next forward's active experts (stats). Outputs
  * never change: only which experts are resident does. */
 moe_status moe_expert_cache_prefetch(moe_expert_cache *c, const int *experts, int n);
+/* Reads the n experts into free slots now (waiting for the reads) and keeps them there: never evicted,
+ * so never a miss. n < K (a slot stays for the others) unless n = K = E. Their reads count as loads and
+ * bytes read, not as misses. MOE_ERR_ARG for an id out of range or no free slot; a failed read is its
+ * error (naming the tensor), the slot left free. */
+moe_status moe_expert_cache_pin(moe_expert_cache *c, const int *experts, int n);
 /* Whether each read drops its pages from the page cache (posix_fadvise DONTNEED), so that the slots are
  * the only cache (moe_lm_load_streaming's default); 0, the default of moe_expert_cache_open, leaves them
  * to the kernel (a second cache, outside any budget). */
@@ -810,11 +816,14 @@ void moe_trace_free(moe_trace *t);
 /* Writes a trace moe_trace_load reads: rows kept in memory, the file written atomically by close.
  * Opened at step `from` > 0 (a resumed run), the existing file's rows of earlier steps stay. add: one
  * row (tokens 0: none); add_model: the classifier's last forward, a row per layer and expert used;
+ * add_counts: a language model's decode (moe_lm_cache_expert_counts), a row per layer and expert used;
  * close writes (MOE_ERR_IO naming the path when it cannot) and frees (NULL: nothing). */
 typedef struct moe_trace_writer moe_trace_writer;
 moe_status moe_trace_writer_open(moe_trace_writer **out, const char *path, int64_t from);
 moe_status moe_trace_writer_add(moe_trace_writer *t, int64_t step, int layer, int expert, int tokens);
 moe_status moe_trace_writer_add_model(moe_trace_writer *t, const moe_model_t *m, int64_t step);
+/* counts: (layers, experts) tokens per layer and expert (moe_lm_cache_expert_counts): a row for each > 0. */
+moe_status moe_trace_writer_add_counts(moe_trace_writer *t, int64_t step, const int32_t *counts, int layers, int experts);
 moe_status moe_trace_writer_close(moe_trace_writer *t);
 
 /* Expert-cache policies (deployment paper VI): on a miss with the cache full, evict an expert not
@@ -1665,24 +1674,38 @@ void moe_lm_experts_free(moe_lm_experts *x);
 /* ---- experts streamed from the checkpoint under a memory budget (DESIGN 4.11; moe generate, eval and
  * serve --memory-budget SIZE): the model's dense weights are read and stay resident; the experts' are
  * never read at load, but on demand from dir's model.safetensors (F32 or BF16 tensors per expert or
- * stacked, or gpt-oss's fused ones, dense or MXFP4, an expert's slab at a time) into expert caches (moe_expert_cache) whose slots together take at most
+ * stacked, or gpt-oss's fused ones, dense or MXFP4, an expert's slab at a time), or from a GGUF file's
+ * stacked experts dequantized per expert (any type with a codec; MOE_ERR_ARG when c's expert_type says the
+ * experts compute in their stored type: moe.expert_type -1 streams them dequantized) into expert caches (moe_expert_cache) whose slots together take at most
  * `budget` bytes. Every read drops its pages from the page cache, and runs on each layer's loader
  * thread while the experts already resident compute. With prefetch, before MoE layer l computes, the
  * next MoE layer's router (after its post-attention norm) is applied to layer l's hidden state and its
  * top-k experts (the union over the batch's rows) are read ahead into that layer's cache; each cache's
  * stats score the prediction (precision and recall). Outputs are the all-resident model's bit for bit,
  * whatever the budget, policy and prefetch: only when an expert is read changes. */
+typedef enum { MOE_LM_PLACE_EQUAL, MOE_LM_PLACE_MISS_COST } moe_lm_placement;
 typedef struct {
   size_t budget;             /* bytes of expert slots over all MoE layers (>= one expert per layer) */
   moe_cache_policy policy;   /* LIFO, LRU, FIFO, LFU or LFRU (default LRU) */
   int prefetch;              /* read the next layer's predicted experts ahead (default 1) */
   int keep_page_cache;       /* 1: leave the file's pages in the page cache (the kernel's cache beside the
                                 slots, as with mmap); default 0: every read drops them */
+  moe_lm_placement placement; /* how the budget's slots are placed across the MoE layers (default EQUAL) */
+  const moe_trace *placement_trace; /* MISS_COST: a trace of this model (layer = the model's layer index) */
+  const moe_trace *pin_trace; /* or NULL: pin each MoE layer's most used experts in this trace */
+  int pin;                   /* pinned per MoE layer (0: half the layer's slots), at most its slots - 1 */
 } moe_lm_stream_config;
 void moe_lm_stream_config_default(moe_lm_stream_config *s);
+const char *moe_lm_placement_name(moe_lm_placement p); /* "equal", "miss-cost" */
+moe_status moe_lm_placement_parse(const char *s, const char *field, moe_lm_placement *out);
 /* Loads m as moe_lm_load does (c NULL: dir's config.json), without the experts' weights, and serves
- * its experts through x (free m, then x). The budget is divided equally between the MoE layers: K =
- * budget / (MoE layers x moe_expert_cache_slot_bytes) slots each, at most E. */
+ * its experts through x (free m, then x). The budget buys T = budget / moe_expert_cache_slot_bytes
+ * slots. EQUAL: T / MoE layers each, at most E. MISS_COST: each layer's misses for every slot count are
+ * simulated (moe_cachesim, s->policy) over placement_trace, and the counts that minimise the sum of the
+ * layers' misses (each layer's miss reads the same bytes) within T slots, at least 1 and at most E a
+ * layer, are taken (exactly: dynamic programming over the layers; ties to more slots). With pin_trace,
+ * each MoE layer's `pin` experts active in the most of the trace's steps (ties to the lower id; never
+ * one the trace does not use) are read at load into its slots and never evicted (moe_expert_cache_pin). */
 moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_config *c, const moe_lm_stream_config *s,
                                  moe_lm_experts *x);
 

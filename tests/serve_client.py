@@ -105,6 +105,11 @@ def match(port):
         resident, every = int(m["moe_serve_resident_expert_bytes"]), int(m["moe_serve_all_expert_bytes"])
         check(4 * resident == every, "resident expert bytes %d of %d" % (resident, every))
         check(0 <= float(m['moe_serve_expert_cache_hit_rate{layer="1"}']) < 1, "hit rate %s" % m)
+    if "--pin-from" in EXTRA:  # --pin 1: one pinned expert a layer, where it has a slot for the others too
+        m = dict(l.rsplit(" ", 1) for l in request(port, "GET", "/metrics")[2].splitlines() if not l.startswith("#"))
+        slots = [int(m['moe_serve_expert_cache_slots{layer="%d"}' % i]) for i in (0, 1)]
+        pinned = [int(m['moe_serve_expert_cache_pinned{layer="%d"}' % i]) for i in (0, 1)]
+        check(sum(slots) == 4 and pinned == [min(1, k - 1) for k in slots], "slots %s, pinned %s" % (slots, pinned))
 
 
 def ids(port):

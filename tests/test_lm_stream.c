@@ -17,25 +17,31 @@ typedef struct {
   float logits[NEW][MAXV];
 } run_out;
 
-/* A prompt and NEW tokens (temperature 0: greedy; else sampled with seed 7), keeping each step's logits. */
-static moe_status decode(moe_lm_t *m, float temperature, run_out *o) {
+/* A prompt and NEW tokens (temperature 0: greedy; else sampled with seed 7), keeping each step's logits;
+ * with rec, each forward's expert counts as trace steps (NEW + 1 steps of n_layers x E). */
+static moe_status decode_traced(moe_lm_t *m, float temperature, run_out *o, int32_t *rec) {
   int V = m->cfg.vocab;
   int32_t prompt[5] = {3, 9, 1, 7, 2};
   moe_lm_cache *kv;
   moe_status st = moe_lm_cache_new(&kv, m, 1);
   if (st != MOE_OK) return st;
+  size_t cells = (size_t)m->cfg.n_layers * m->cfg.moe.E;
   st = moe_lm_decode(m, kv, prompt, 5);
+  if (rec && st == MOE_OK) memcpy(rec, moe_lm_cache_expert_counts(kv), cells * 4);
   const float *l = moe_lm_logits(m) + 4 * (size_t)V;
   uint64_t rng = 7;
   for (int i = 0; i < NEW && st == MOE_OK; i++) {
     memcpy(o->logits[i], l, (size_t)V * 4);
     st = moe_lm_sample(l, V, temperature, 1.0f, &rng, &o->ids[i]);
     if (st == MOE_OK) st = moe_lm_decode(m, kv, &o->ids[i], 1);
+    if (rec && st == MOE_OK) memcpy(rec + (i + 1) * cells, moe_lm_cache_expert_counts(kv), cells * 4);
     l = moe_lm_logits(m);
   }
   moe_lm_cache_free(kv);
   return st;
 }
+
+static moe_status decode(moe_lm_t *m, float temperature, run_out *o) { return decode_traced(m, temperature, o, NULL); }
 
 /* The caches' stats summed over the layers. */
 static moe_expert_cache_stats total(const moe_lm_experts *x) {
@@ -52,14 +58,12 @@ static moe_expert_cache_stats total(const moe_lm_experts *x) {
   return t;
 }
 
-/* min_read: a load reads at least slot / min_read bytes (2: the matrices at bf16; MXFP4's 4.25 bits a
- * value and fp32 biases: 8). */
-static void check_family(int *failed_, const char *family, moe_dtype dt, int min_read) {
-  char dir[512];
-  snprintf(dir, sizeof dir, "%s/lm/%s", test_fixture_dir(), family);
-  moe_lm_config c;
-  ASSERT_OK(moe_lm_read_config(dir, &c));
-  c.moe.dtype = dt;
+/* The model at dir (a checkpoint directory or a GGUF file) loaded with config c, streamed under every
+ * policy, budget and prefetch setting: the all-resident model's logits and tokens bit for bit. min_read:
+ * a load reads at least slot / min_read bytes (2: the matrices at bf16; MXFP4's 4.25 bits a value and
+ * fp32 biases: 8). */
+static void check_streamed(int *failed_, const char *dir, moe_lm_config c, const char *family, int min_read) {
+  moe_dtype dt = c.moe.dtype;
   ASSERT(c.vocab <= MAXV);
   moe_lm_t all;
   ASSERT_OK(moe_lm_load(&all, dir, &c));
@@ -113,6 +117,15 @@ static void check_family(int *failed_, const char *family, moe_dtype dt, int min
         }
 }
 
+static void check_family(int *failed_, const char *family, moe_dtype dt, int min_read) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/lm/%s", test_fixture_dir(), family);
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  c.moe.dtype = dt;
+  check_streamed(failed_, dir, c, family, min_read);
+}
+
 TEST(lm_stream_mixtral_bit_identical) { check_family(failed_, "mixtral", MOE_DT_F32, 2); }
 TEST(lm_stream_mixtral_bf16_bit_identical) { check_family(failed_, "mixtral", MOE_DT_BF16, 2); }
 /* a dense first layer (the prediction skips it) and gate_proj/up_proj/down_proj experts */
@@ -125,6 +138,53 @@ TEST(lm_stream_gpt_oss_bit_identical) { check_family(failed_, "gpt_oss", MOE_DT_
 TEST(lm_stream_gpt_oss_bf16_bit_identical) { check_family(failed_, "gpt_oss", MOE_DT_BF16, 2); }
 /* MXFP4 blocks and scales dequantized per expert */
 TEST(lm_stream_gpt_oss_mxfp4_bit_identical) { check_family(failed_, "gpt_oss_mxfp4", MOE_DT_F32, 8); }
+
+/* A Mixtral-shaped model (2 layers of 4 experts, rows of 256: whole blocks of every type) written as a
+ * GGUF file of type t to path. */
+static moe_status write_gguf(const char *path, moe_gguf_type t) {
+  moe_lm_config c;
+  moe_lm_config_default(&c);
+  c.vocab = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.max_seq = 32;
+  c.moe.D = 256, c.moe.H = 256, c.moe.E = 4, c.moe.top_k = 2;
+  moe_lm_t m;
+  moe_status st = moe_lm_init(&m, &c);
+  if (st != MOE_OK) return st;
+  moe_lm_init_params(&m, 7);
+  moe_lm_gguf_options o = {t, NULL, NULL};
+  st = moe_lm_save_gguf(&m, path, &o);
+  moe_lm_free(&m);
+  return st;
+}
+
+/* GGUF files: each expert's rows of the stacked ffn_{gate,down,up}_exps tensors read and dequantized per
+ * expert, in f32 and bf16 slots: the all-resident model's bits (F32 files as they load; quantized ones
+ * with moe.expert_type -1, every weight dequantized: their stored type cannot stream yet, refused). */
+static void check_gguf(int *failed_, moe_gguf_type t, moe_dtype dt, int min_read) {
+  char path[512], name[64];
+  snprintf(name, sizeof name, "stream_%s.gguf", moe_gguf_type_name(t));
+  test_tmp_path(name, path, sizeof path);
+  ASSERT_OK(write_gguf(path, t));
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(path, &c));
+  c.moe.dtype = dt;
+  if (c.moe.expert_type > 0) {
+    moe_lm_stream_config s;
+    moe_lm_stream_config_default(&s);
+    s.budget = (size_t)1 << 30;
+    moe_lm_t m;
+    moe_lm_experts x;
+    ASSERT_STATUS(moe_lm_load_streaming(&m, path, &c, &s, &x), MOE_ERR_ARG);
+    if (!strstr(moe_last_error(), "cannot stream yet")) FAIL_("%s: %s", path, moe_last_error());
+    c.moe.expert_type = -1;
+  }
+  check_streamed(failed_, path, c, name, min_read);
+}
+
+TEST(lm_stream_gguf_f32_bit_identical) { check_gguf(failed_, MOE_GGUF_F32, MOE_DT_F32, 2); }
+TEST(lm_stream_gguf_bf16_slots_bit_identical) { check_gguf(failed_, MOE_GGUF_BF16, MOE_DT_BF16, 4); }
+TEST(lm_stream_gguf_q8_0_bit_identical) { check_gguf(failed_, MOE_GGUF_Q8_0, MOE_DT_F32, 4); }
+TEST(lm_stream_gguf_q4_k_bit_identical) { check_gguf(failed_, MOE_GGUF_Q4_K, MOE_DT_F32, 8); }
+TEST(lm_stream_gguf_q6_k_bit_identical) { check_gguf(failed_, MOE_GGUF_Q6_K, MOE_DT_F32, 8); }
 
 /* A copy of the fixture's files into dir. */
 static int copy_fixture(const char *family, const char *dir) {
@@ -147,8 +207,8 @@ static long long offset_of(const char *dir, const char *name, size_t *nbytes) {
   return off;
 }
 
-/* Decoding the streamed model of dir with a budget of one expert per layer (its file cut to cut bytes
- * after loading when cut >= 0): its status, the message kept. */
+/* Decoding the streamed model of dir (a directory, or a GGUF file) with a budget of 1 MiB (its file cut
+ * to cut bytes after loading when cut >= 0): its status, the message kept. */
 static moe_status stream_decode(const char *dir, long long cut, char *msg, size_t n) {
   moe_lm_stream_config s;
   moe_lm_stream_config_default(&s);
@@ -158,7 +218,8 @@ static moe_status stream_decode(const char *dir, long long cut, char *msg, size_
   moe_status st = moe_lm_load_streaming(&m, dir, NULL, &s, &x);
   static run_out o;
   char path[1024];
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  size_t n_dir = strlen(dir);
+  snprintf(path, sizeof path, n_dir > 5 && !strcmp(dir + n_dir - 5, ".gguf") ? "%s" : "%s/model.safetensors", dir);
   if (st == MOE_OK && cut >= 0 && truncate(path, cut) != 0) st = MOE_ERR_IO;
   if (st == MOE_OK) {
     st = decode(&m, 0.0f, &o);
@@ -220,6 +281,40 @@ TEST(lm_stream_gpt_oss_corrupt_slab_is_an_error_naming_it) {
   ASSERT(poison(dir, bad, (long long)nb / 4 * 2 + 40, &nb) > 0); /* in expert 2 of 4's slab */
   ASSERT_STATUS(stream_decode(dir, -1, msg, sizeof msg), MOE_ERR_VALUE);
   if (!strstr(msg, bad) || !strstr(msg, "expert 2")) FAIL_("the message does not name the tensor and expert: %s", msg);
+}
+
+/* A GGUF file with a NaN in expert 2's rows of a stacked tensor, then cut short inside them while it is
+ * served: loading succeeds, the read of that expert fails naming the tensor (and the expert), not a crash
+ * (the reads are preads, not the mapping's pages: no SIGBUS); still short at the next load, refused. */
+TEST(lm_stream_gguf_corrupt_or_short_expert_is_an_error_naming_it) {
+  char path[512], msg[1024];
+  test_tmp_path("stream_corrupt.gguf", path, sizeof path);
+  moe_lm_t m;
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/lm/mixtral", test_fixture_dir());
+  ASSERT_OK(moe_lm_load(&m, dir, NULL));
+  moe_status st = moe_lm_save_gguf(&m, path, NULL);
+  moe_lm_free(&m);
+  ASSERT_OK(st);
+  const char *bad = "blk.1.ffn_up_exps.weight";
+  moe_gguf *g;
+  moe_gguf_tensor t;
+  ASSERT_OK(moe_gguf_open(&g, path));
+  st = moe_gguf_tensor_get(g, bad, &t);
+  moe_gguf_close(g);
+  ASSERT_OK(st);
+  ASSERT_EQ_INT(t.type, MOE_GGUF_F32);
+  long long at = (long long)t.file_offset + (long long)(t.nbytes / 4) * 2 + 40; /* in expert 2 of 4 */
+  int fd = open(path, O_WRONLY);
+  const unsigned char nan[4] = {0x00, 0x00, 0xc0, 0x7f};
+  ASSERT(fd >= 0 && pwrite(fd, nan, 4, at) == 4);
+  close(fd);
+  ASSERT_STATUS(stream_decode(path, -1, msg, sizeof msg), MOE_ERR_VALUE);
+  if (!strstr(msg, bad) || !strstr(msg, "expert 2") || !strstr(msg, "non-finite")) FAIL_("the message does not name the tensor: %s", msg);
+  ASSERT_STATUS(stream_decode(path, (long long)t.file_offset + (long long)t.nbytes / 2, msg, sizeof msg), MOE_ERR_IO);
+  if (!strstr(msg, "reading tensor 'blk.") || !strstr(msg, "file shrank")) FAIL_("the message does not name the tensor: %s", msg);
+  ASSERT(stream_decode(path, -1, msg, sizeof msg) != MOE_OK); /* still short: refused at load */
+  if (!strstr(msg, "stream_corrupt.gguf")) FAIL_("the message does not name the file: %s", msg);
 }
 
 /* What streaming refuses: a budget below one expert per MoE layer (saying the least). */
@@ -342,4 +437,218 @@ TEST(lm_stream_cli_same_outputs_and_stats) {
   ASSERT(strstr(err, "--policy needs --memory-budget"));
   snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt-ids '3' --memory-budget 1K --policy belady", dir);
   ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 1);
+}
+
+/* Placement and pins (qwen3_moe: layer 0 dense, layers 1 and 2 MoE of 4 experts). */
+enum { QL = 3, QE = 4, QSTEPS = NEW + 1 };
+
+/* The whole model's greedy run (its outputs, and its experts as a trace) on the qwen3_moe fixture. */
+static void qwen3_whole(int *failed_, const char *dir, moe_lm_config *c, run_out *want, int32_t *rec) {
+  ASSERT_OK(moe_lm_read_config(dir, c));
+  ASSERT(c->n_layers == QL && c->moe.E == QE && moe_lm_layer_dense(c, 0));
+  moe_lm_t all;
+  ASSERT_OK(moe_lm_load(&all, dir, c));
+  moe_status st = decode_traced(&all, 0.0f, want, rec);
+  moe_lm_free(&all);
+  ASSERT_OK(st);
+}
+
+/* A layer's simulated misses with k slots over the whole trace. */
+static int64_t sim_misses(const moe_trace *t, int layer, moe_cache_policy p, int k) {
+  int64_t acc, miss;
+  return moe_cachesim(t, layer, 0, t->steps, p, k, &acc, &miss) == MOE_OK ? miss : -1;
+}
+
+/* Miss-cost placement: on a crafted trace (layer 1 uses expert 0 only, layer 2 cycles through all four:
+ * LRU misses every access with fewer than 4 slots) 5 slots go 1 + 4 where equal placement gives 2 + 2;
+ * for every budget and policy, on that trace and on the model's own, the slots are what minimises the
+ * simulated misses over every split (brute force), never more than the budget buys; the outputs are the
+ * whole model's bit for bit. */
+TEST(lm_stream_placement_by_simulated_misses) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/lm/qwen3_moe", test_fixture_dir());
+  moe_lm_config c;
+  static run_out want, got;
+  static int32_t own[QSTEPS * QL * QE], crafted[QSTEPS * QL * QE];
+  qwen3_whole(failed_, dir, &c, &want, own);
+  for (int b = 0; b < QSTEPS; b++) {
+    crafted[(b * QL + 0) * QE + b % QE] = 1; /* the dense layer's rows: ignored */
+    crafted[(b * QL + 1) * QE + 0] = 2;
+    crafted[(b * QL + 2) * QE + b % QE] = 1;
+  }
+  moe_trace traces[2] = {{QSTEPS, QL, QE, crafted}, {QSTEPS, QL, QE, own}};
+  size_t slot = moe_expert_cache_slot_bytes(&c.moe);
+  const moe_cache_policy pol[5] = {MOE_CACHE_LIFO, MOE_CACHE_LRU, MOE_CACHE_FIFO, MOE_CACHE_LFU, MOE_CACHE_LFRU};
+  for (int tr = 0; tr < 2; tr++)
+    for (int p = 0; p < 5; p++)
+      for (int T = 2; T <= 2 * QE + 1; T++) {
+        moe_lm_stream_config s;
+        moe_lm_stream_config_default(&s);
+        s.budget = (size_t)T * slot + slot / 2;
+        s.policy = pol[p];
+        s.placement = MOE_LM_PLACE_MISS_COST;
+        s.placement_trace = &traces[tr];
+        s.prefetch = T % 2;
+        moe_lm_t m;
+        moe_lm_experts x;
+        ASSERT_OK(moe_lm_load_streaming(&m, dir, &c, &s, &x));
+        moe_expert_cache_stats s1, s2;
+        moe_expert_cache_get_stats(x.caches[1], &s1);
+        moe_expert_cache_get_stats(x.caches[2], &s2);
+        moe_status st = decode(&m, 0.0f, &got);
+        moe_lm_free(&m);
+        moe_lm_experts_free(&x);
+        ASSERT_OK(st);
+        if (memcmp(&got, &want, sizeof got)) FAIL_("trace %d, %s, %d slots: not the whole model's bits", tr, moe_cache_policy_name(pol[p]), T);
+        ASSERT(s1.slots >= 1 && s2.slots >= 1 && s1.slots + s2.slots <= T && s1.slots <= QE && s2.slots <= QE);
+        ASSERT(s1.resident_bytes + s2.resident_bytes <= s.budget);
+        int64_t best = INT64_MAX, chosen = sim_misses(&traces[tr], 1, pol[p], s1.slots) + sim_misses(&traces[tr], 2, pol[p], s2.slots);
+        for (int k1 = 1; k1 <= QE; k1++)
+          for (int k2 = 1; k2 <= QE && k1 + k2 <= T; k2++) {
+            int64_t v = sim_misses(&traces[tr], 1, pol[p], k1) + sim_misses(&traces[tr], 2, pol[p], k2);
+            if (v < best) best = v;
+          }
+        if (chosen != best)
+          FAIL_("trace %d, %s, %d slots: placed %d + %d (%lld simulated misses), the best split misses %lld", tr,
+                moe_cache_policy_name(pol[p]), T, s1.slots, s2.slots, (long long)chosen, (long long)best);
+        if (tr == 0 && T == 5 && pol[p] == MOE_CACHE_LRU) {
+          ASSERT_EQ_INT(s1.slots, 1);
+          ASSERT_EQ_INT(s2.slots, 4);
+        }
+      }
+  /* equal placement for the same 5 slots, and a trace of another model refused */
+  moe_lm_stream_config s;
+  moe_lm_stream_config_default(&s);
+  s.budget = 5 * slot;
+  moe_lm_t m;
+  moe_lm_experts x;
+  ASSERT_OK(moe_lm_load_streaming(&m, dir, &c, &s, &x));
+  moe_expert_cache_stats s1;
+  moe_expert_cache_get_stats(x.caches[1], &s1);
+  moe_lm_free(&m);
+  moe_lm_experts_free(&x);
+  ASSERT_EQ_INT(s1.slots, 2);
+  s.placement = MOE_LM_PLACE_MISS_COST;
+  ASSERT_STATUS(moe_lm_load_streaming(&m, dir, &c, &s, &x), MOE_ERR_ARG); /* no trace */
+  ASSERT(strstr(moe_last_error(), "needs a trace"));
+  moe_trace wide = {1, QL + 1, QE, crafted};
+  s.placement_trace = &wide;
+  ASSERT_STATUS(moe_lm_load_streaming(&m, dir, &c, &s, &x), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "a trace of another model"));
+}
+
+/* Pinned experts: each MoE layer's two most used experts of the whole model's run, read at load into 3
+ * slots and never evicted: the caches miss exactly what the simulator says for the trace without the
+ * pinned experts' accesses and the slots left (an evicted pinned expert would miss again), the pinned
+ * experts were used, and the outputs are the whole model's bit for bit; no room past K - 1 pins. */
+TEST(lm_stream_pinned_experts_never_miss) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/lm/qwen3_moe", test_fixture_dir());
+  moe_lm_config c;
+  static run_out want, got;
+  static int32_t own[QSTEPS * QL * QE], run[QSTEPS * QL * QE], rest[QSTEPS * QL * QE];
+  qwen3_whole(failed_, dir, &c, &want, own);
+  moe_trace t = {QSTEPS, QL, QE, own};
+  size_t slot = moe_expert_cache_slot_bytes(&c.moe);
+  const moe_cache_policy pol[4] = {MOE_CACHE_LIFO, MOE_CACHE_LRU, MOE_CACHE_FIFO, MOE_CACHE_LFU};
+  for (int p = 0; p < 4; p++) {
+    moe_lm_stream_config s;
+    moe_lm_stream_config_default(&s);
+    s.budget = 6 * slot;
+    s.policy = pol[p];
+    s.prefetch = 0;
+    s.pin_trace = &t;
+    s.pin = 2;
+    moe_lm_t m;
+    moe_lm_experts x;
+    ASSERT_OK(moe_lm_load_streaming(&m, dir, &c, &s, &x));
+    int more = 0; /* a third pin has no slot: one stays for the others */
+    moe_status extra = moe_expert_cache_pin(x.caches[1], &more, 1);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", moe_last_error());
+    moe_expert_cache_stats at_load[QL], after[QL];
+    for (int i = 1; i < QL; i++) moe_expert_cache_get_stats(x.caches[i], &at_load[i]);
+    memset(run, 0, sizeof run);
+    moe_status st = decode_traced(&m, 0.0f, &got, run);
+    for (int i = 1; i < QL; i++) moe_expert_cache_get_stats(x.caches[i], &after[i]);
+    moe_lm_free(&m);
+    moe_lm_experts_free(&x);
+    ASSERT_OK(st);
+    if (memcmp(&got, &want, sizeof got)) FAIL_("%s with pins: not the whole model's bits", moe_cache_policy_name(pol[p]));
+    ASSERT(memcmp(run, own, sizeof run) == 0); /* the same experts as the whole model's */
+    if (extra != MOE_ERR_ARG || !strstr(msg, "no slot")) FAIL_("a pin past K - 1: status %d, %s", extra, msg);
+    for (int i = 1; i < QL; i++) {
+      ASSERT_EQ_INT(at_load[i].slots, 3);
+      ASSERT_EQ_INT(at_load[i].pinned, 2);
+      ASSERT_EQ_INT(at_load[i].loads, 2); /* the pins, read at load */
+      ASSERT_EQ_INT(at_load[i].misses, 0);
+      /* the two experts active in the most steps (ties to the lower id), and the trace without them */
+      int64_t steps[QE] = {0};
+      for (int b = 0; b < QSTEPS; b++)
+        for (int e = 0; e < QE; e++) steps[e] += own[(b * QL + i) * QE + e] > 0;
+      int first = 0, second = -1;
+      for (int e = 1; e < QE; e++) first = steps[e] > steps[first] ? e : first;
+      for (int e = 0; e < QE; e++)
+        if (e != first && (second < 0 || steps[e] > steps[second])) second = e;
+      ASSERT(steps[first] > 0 && steps[second] > 0); /* the pinned experts were used */
+      memcpy(rest, own, sizeof rest);
+      int64_t pinned_uses = 0;
+      for (int b = 0; b < QSTEPS; b++) {
+        pinned_uses += (rest[(b * QL + i) * QE + first] > 0) + (rest[(b * QL + i) * QE + second] > 0);
+        rest[(b * QL + i) * QE + first] = rest[(b * QL + i) * QE + second] = 0;
+      }
+      moe_trace without = {QSTEPS, QL, QE, rest};
+      int64_t misses = after[i].misses, want_misses = sim_misses(&without, i, pol[p], 1);
+      if (misses != want_misses)
+        FAIL_("%s layer %d: %lld misses with experts %d and %d pinned, the simulator says %lld without them", moe_cache_policy_name(pol[p]),
+              i, (long long)misses, first, second, (long long)want_misses);
+      ASSERT_EQ_INT(after[i].loads, 2 + misses); /* a pinned expert is never read again */
+      ASSERT(after[i].accesses >= pinned_uses + misses);
+    }
+  }
+}
+
+/* moe generate --trace, then --placement miss-cost and --pin-from on that trace: the same ids, the JSON
+ * naming the placement and the pins; the flags refused where they do not fit. */
+TEST(lm_stream_cli_placement_and_pins) {
+  char dir[512], args[2048], out[512], err[1024], text[16384], want[4096], trace[512];
+  snprintf(dir, sizeof dir, "%s/lm/qwen3_moe", test_fixture_dir());
+  test_tmp_path("stream_place.txt", out, sizeof out);
+  test_tmp_path("stream_place_trace.csv", trace, sizeof trace);
+  const char *gen = "generate --checkpoint '%s' --prompt-ids '3 9 1' --max-tokens 12 --temperature 0.8 --seed 5 --json --ignore-eos";
+  size_t n = (size_t)snprintf(args, sizeof args, gen, dir);
+  snprintf(args + n, sizeof args - n, " --trace '%s'", trace);
+  if (run_moe(NULL, args, out, err, sizeof err)) FAIL_("moe %s: %s", args, err);
+  test_read_text(out, want, sizeof want);
+  moe_trace t;
+  ASSERT_OK(moe_trace_load(&t, trace, 4));
+  int64_t steps = t.steps;
+  int layers = t.layers;
+  moe_trace_free(&t);
+  ASSERT_EQ_INT(steps, 12); /* the prompt, then 11 tokens (the last is not decoded) */
+  ASSERT_EQ_INT(layers, 3);
+  const char *ids = strstr(want, "\"ids\":[");
+  ASSERT(ids);
+  /* 3 slots placed by the trace; 4 slots, 2 a layer, one of them pinned */
+  const char *runs[2][2] = {{" --memory-budget 11KiB --placement miss-cost --placement-trace '%s'", "\"placement\":\"miss-cost\""},
+                            {" --memory-budget 14KiB --pin-from '%s' --pin 1", "\"pinned\":2,\"layers\":["}};
+  for (int r = 0; r < 2; r++) {
+    n = (size_t)snprintf(args, sizeof args, gen, dir);
+    snprintf(args + n, sizeof args - n, runs[r][0], trace);
+    if (run_moe(NULL, args, out, err, sizeof err)) FAIL_("moe %s: %s", args, err);
+    test_read_text(out, text, sizeof text);
+    ASSERT(strstr(text, "\"ids\":["));
+    if (strncmp(strstr(text, "\"ids\":["), ids, strcspn(ids, "]"))) FAIL_("ids differ from the run without a budget:\n%s\n%s", text, want);
+    if (!strstr(text, runs[r][1])) FAIL_("moe %s: no %s in\n%s", args, runs[r][1], text);
+  }
+  const char *bad[4][2] = {{" --pin-from T.csv", "need --memory-budget"},
+                           {" --memory-budget 11K --placement miss-cost", "go together"},
+                           {" --memory-budget 11K --pin 1", "--pin needs --pin-from"},
+                           {" --memory-budget 11K --placement-trace /nonexistent.csv --placement miss-cost", "/nonexistent.csv"}};
+  for (int i = 0; i < 4; i++) {
+    n = (size_t)snprintf(args, sizeof args, gen, dir);
+    snprintf(args + n, sizeof args - n, "%s", bad[i][0]);
+    ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 1);
+    if (!strstr(err, bad[i][1])) FAIL_("moe %s: wanted '%s' in: %s", args, bad[i][1], err);
+  }
 }

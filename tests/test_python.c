@@ -20,14 +20,16 @@ static void abi_sizes(char *buf, size_t n) {
            SIZE_(moe_dataset) SIZE_(moe_lm_config) SIZE_(moe_lm_t) SIZE_(moe_engine_config) SIZE_(moe_engine_params)
            SIZE_(moe_engine_state) SIZE_(moe_engine_stats) SIZE_(moe_train_batch_stats) SIZE_(moe_train_model)
            SIZE_(moe_cache_switch) SIZE_(moe_train_adjust) SIZE_(moe_trainer_config) SIZE_(moe_train_step)
-           SIZE_(moe_trainer_info) SIZE_(moe_augment),
+           SIZE_(moe_trainer_info) SIZE_(moe_augment) SIZE_(moe_lm_stream_config) SIZE_(moe_lm_experts)
+           SIZE_(moe_expert_cache_stats) SIZE_(moe_trace),
            sizeof(moe_layer_config), sizeof(moe_param_info), sizeof(moe_layer_t), sizeof(moe_layer_stats),
            sizeof(moe_layer_overrides), sizeof(moe_model_config), sizeof(moe_tensor_ref), sizeof(moe_model_t),
            sizeof(moe_model_stats), sizeof(moe_optim_config), sizeof(moe_optim_t), sizeof(moe_train_state),
            sizeof(moe_dataset), sizeof(moe_lm_config), sizeof(moe_lm_t), sizeof(moe_engine_config),
            sizeof(moe_engine_params), sizeof(moe_engine_state), sizeof(moe_engine_stats),
            sizeof(moe_train_batch_stats), sizeof(moe_train_model), sizeof(moe_cache_switch), sizeof(moe_train_adjust),
-           sizeof(moe_trainer_config), sizeof(moe_train_step), sizeof(moe_trainer_info), sizeof(moe_augment));
+           sizeof(moe_trainer_config), sizeof(moe_train_step), sizeof(moe_trainer_info), sizeof(moe_augment),
+           sizeof(moe_lm_stream_config), sizeof(moe_lm_experts), sizeof(moe_expert_cache_stats), sizeof(moe_trace));
 #undef SIZE_
 }
 

@@ -85,10 +85,11 @@ TEST(serve_matches_generate) {
   ASSERT(scenario("match", ""));
 }
 
-/* One expert of four resident per layer; the trace of the experts used loads as moe trace's do. */
+/* One expert of four resident per layer; the trace of the experts used loads as moe trace's do; then
+ * streamed under a budget placed and pinned from that trace (/metrics: the slots and pins per layer). */
 TEST(serve_matches_generate_with_expert_cache) {
   if (!have_python()) return;
-  char trace[512], extra[700];
+  char trace[512], extra[1400];
   test_tmp_path("serve_trace.csv", trace, sizeof trace);
   snprintf(extra, sizeof extra, "--cache 1 --policy lru --trace '%s'", trace);
   ASSERT(scenario("match", extra));
@@ -102,6 +103,10 @@ TEST(serve_matches_generate_with_expert_cache) {
     if (per[0] != per[1] || per[0] % 2 || !per[0]) FAIL_("trace step %lld: %d and %d tokens", (long long)s, per[0], per[1]);
   }
   moe_trace_free(&t);
+  /* that trace places 4 slots (3 x 32 x 32 fp32 values each) by its simulated misses and pins from it */
+  snprintf(extra, sizeof extra, "--memory-budget 48K --placement miss-cost --placement-trace '%s' --pin-from '%s' --pin 1",
+           trace, trace);
+  ASSERT(scenario("match", extra));
 }
 
 /* moe serve --cache 1 (expert buffering, moe_lm_buffer_experts) on every family's fixture: token-id

@@ -112,7 +112,12 @@ class LM(C.Structure):
 
 
 class LMStreamConfig(C.Structure):  # moe_lm_stream_config
-    _fields_ = [("budget", C.c_size_t), ("policy", _i), ("prefetch", _i), ("keep_page_cache", _i)]
+    _fields_ = [("budget", C.c_size_t), ("policy", _i), ("prefetch", _i), ("keep_page_cache", _i), ("placement", _i),
+                ("placement_trace", _p), ("pin_trace", _p), ("pin", _i)]
+
+
+class Trace(C.Structure):  # moe_trace
+    _fields_ = [("steps", C.c_int64), ("layers", _i), ("experts", _i), ("tokens", C.POINTER(C.c_int32))]
 
 
 class LMExperts(C.Structure):  # moe_lm_experts
@@ -124,7 +129,7 @@ class ExpertCacheStats(C.Structure):  # moe_expert_cache_stats
                 ("expert_bytes", C.c_size_t), ("dtype", _i), ("slots", _i), ("loads", C.c_int64),
                 ("bytes_read", C.c_int64), ("stall_seconds", C.c_double), ("prefetches", C.c_int64),
                 ("prefetch_used", C.c_int64), ("predicted", C.c_int64), ("predicted_hit", C.c_int64),
-                ("actual", C.c_int64)]
+                ("actual", C.c_int64), ("pinned", _i)]
 
 
 class EngineConfig(C.Structure):
@@ -206,4 +211,6 @@ MIRRORS = {"moe_layer_config": LayerConfig, "moe_param_info": ParamInfo, "moe_la
            "moe_engine_config": EngineConfig, "moe_engine_params": EngineParams, "moe_engine_state": EngineState,
            "moe_engine_stats": EngineStats, "moe_train_batch_stats": TrainBatchStats, "moe_train_model": TrainModel,
            "moe_cache_switch": CacheSwitch, "moe_train_adjust": TrainAdjust, "moe_trainer_config": TrainerConfig,
-           "moe_train_step": TrainStep, "moe_trainer_info": TrainerInfo, "moe_augment": Augment}
+           "moe_train_step": TrainStep, "moe_trainer_info": TrainerInfo, "moe_augment": Augment,
+           "moe_lm_stream_config": LMStreamConfig, "moe_lm_experts": LMExperts,
+           "moe_expert_cache_stats": ExpertCacheStats, "moe_trace": Trace}

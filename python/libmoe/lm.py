@@ -18,6 +18,9 @@ for _name, (_res, _args) in {
         "moe_lm_load_streaming": (C.c_int, [_LM, C.c_char_p, _P(S.LMConfig), _P(S.LMStreamConfig), _P(S.LMExperts)]),
         "moe_lm_experts_free": (None, [_P(S.LMExperts)]),
         "moe_cache_policy_parse": (C.c_int, [C.c_char_p, C.c_char_p, _P(C.c_int)]),
+        "moe_lm_placement_parse": (C.c_int, [C.c_char_p, C.c_char_p, _P(C.c_int)]),
+        "moe_trace_load": (C.c_int, [_P(S.Trace), C.c_char_p, C.c_int]),
+        "moe_trace_free": (None, [_P(S.Trace)]),
         "moe_expert_cache_get_stats": (None, [C.c_void_p, _P(S.ExpertCacheStats)]),
         "moe_lm_free": (None, [_LM]),
         "moe_lm_config_default": (None, [_P(S.LMConfig)]),
@@ -80,7 +83,10 @@ class LM(Owner):
     file loaded by moe_lm_load. threads: 0 = all cores; dtype "bf16": the experts' GEMMs in bf16. eos: the ids that end
     generation (default: config.json's and generation_config.json's eos_token_id). memory_budget (bytes, or "8G"):
     the experts streamed from the checkpoint into caches of at most that size (moe_lm_load_streaming; policy lifo,
-    lru, fifo, lfu or lfru; prefetch of the next layer's predicted experts); the outputs do not change."""
+    lru, fifo, lfu or lfru; prefetch of the next layer's predicted experts); placement "miss-cost" with
+    placement_trace (a trace CSV of this model) places the slots across the layers by their simulated misses;
+    pin_from (a trace CSV) pins each layer's most used experts (pin per layer, 0: half its slots). The outputs
+    do not change."""
     _free = lib.moe_lm_free
 
     def __del__(self):  # the model, then the experts' caches it reads from
@@ -89,7 +95,8 @@ class LM(Owner):
             lib.moe_lm_experts_free(C.byref(self._x))
             self._x = None
 
-    def __init__(self, path, threads=0, dtype="f32", eos=None, memory_budget=None, policy="lru", prefetch=True):
+    def __init__(self, path, threads=0, dtype="f32", eos=None, memory_budget=None, policy="lru", prefetch=True,
+                 placement="equal", placement_trace=None, pin_from=None, pin=0):
         cfg = S.LMConfig()
         check(lib.moe_lm_read_config(text(path), C.byref(cfg)))
         cfg.moe.threads = threads
@@ -101,11 +108,22 @@ class LM(Owner):
         if memory_budget is None:
             check(lib.moe_lm_load(C.byref(m), text(path), C.byref(cfg)))
         else:
-            sc, x, pol = S.LMStreamConfig(), S.LMExperts(), C.c_int()
+            sc, x, pol, place = S.LMStreamConfig(), S.LMExperts(), C.c_int(), C.c_int()
             lib.moe_lm_stream_config_default(C.byref(sc))
             check(lib.moe_cache_policy_parse(text(policy), b"policy", C.byref(pol)))
+            check(lib.moe_lm_placement_parse(text(placement), b"placement", C.byref(place)))
             sc.budget, sc.policy, sc.prefetch = _size(memory_budget), pol.value, int(bool(prefetch))
-            check(lib.moe_lm_load_streaming(C.byref(m), text(path), C.byref(cfg), C.byref(sc), C.byref(x)))
+            sc.placement, sc.pin = place.value, pin
+            traces = [S.Trace(), S.Trace()]  # read for the load only
+            try:
+                for t, p, field in zip(traces, (placement_trace, pin_from), ("placement_trace", "pin_trace")):
+                    if p is not None:
+                        check(lib.moe_trace_load(C.byref(t), text(p), cfg.moe.E))
+                        setattr(sc, field, C.cast(C.pointer(t), C.c_void_p))
+                check(lib.moe_lm_load_streaming(C.byref(m), text(path), C.byref(cfg), C.byref(sc), C.byref(x)))
+            finally:
+                for t in traces:
+                    lib.moe_trace_free(C.byref(t))
             self._x = x
         self._c = m
         self.eos = list(eos) if eos is not None else _eos_ids(path, self.vocab)
@@ -113,7 +131,7 @@ class LM(Owner):
     def expert_stats(self):
         """With memory_budget: each MoE layer's cache stats as a dict (layer, slots, accesses, misses, loads,
         bytes_read, stall_seconds, prefetches, prefetch_used, predicted, predicted_hit, actual,
-        resident_bytes); [] without."""
+        resident_bytes, pinned); [] without."""
         out = []
         for i in range(self._x.n if self._x is not None else 0):
             if not self._x.caches[i]:

@@ -49,6 +49,28 @@ class LMTest(unittest.TestCase):
         raises(self, "MOE_ERR_ARG", libmoe.LM, ck, memory_budget="lots", contains="memory_budget")
         raises(self, "MOE_ERR_ARG", libmoe.LM, ck, memory_budget=100, contains="below one expert per MoE layer")
 
+    def test_memory_budget_placement_and_pins(self):
+        """Slots placed by a trace's simulated misses (layer 1 always uses expert 0, layer 2 cycles through the
+        four: 1 + 4 of 5 slots) and pins from it (one a layer, never evicted): the whole model's tokens."""
+        import tempfile
+        ck = os.path.join(LM_DIR, "qwen3_moe")
+        prompt, opts = CASES[0]
+        want = libmoe.LM(ck, threads=1).generate(prompt, **opts)
+        slot = 3 * 12 * 24 * 4
+        with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+            f.write("step,layer,expert,tokens\n" + "".join(f"{b},1,0,1\n{b},2,{b % 4},1\n" for b in range(8)))
+        try:
+            lm = libmoe.LM(ck, threads=1, memory_budget=5 * slot, placement="miss-cost", placement_trace=f.name)
+            self.assertEqual([s["slots"] for s in lm.expert_stats()], [1, 4])
+            self.assertEqual(lm.generate(prompt, **opts), want)
+            lm = libmoe.LM(ck, threads=1, memory_budget=4 * slot, pin_from=f.name, pin=1)
+            self.assertEqual([(s["slots"], s["pinned"], s["loads"]) for s in lm.expert_stats()], [(2, 1, 1), (2, 1, 1)])
+            self.assertEqual(lm.generate(prompt, **opts), want)
+            raises(self, "MOE_ERR_ARG", libmoe.LM, ck, memory_budget=5 * slot, placement="miss-cost", contains="needs a trace")
+            raises(self, "MOE_ERR_ARG", libmoe.LM, ck, memory_budget=5 * slot, placement="most", contains="placement")
+        finally:
+            os.unlink(f.name)
+
     def test_generate_equals_moe_generate(self):
         if not os.environ.get("MOE_CLI"):
             self.skipTest("MOE_CLI not set (tests/test_python.c sets it)")

@@ -419,7 +419,7 @@ static moe_status check_unused(const moe_gguf *g, const moe_lm_t *m) {
     for (int k = 0; st == MOE_OK && k < m->nrefs && !used; k++) used = !strcmp(names[k], t.name);
     int layer, n = 0;
     char stack[8];
-    if (!used && m->cfg.moe.expert_type > 0 && /* bound experts are no refs */
+    if (!used && (m->cfg.moe.expert_type > 0 || m->cfg.moe.external_experts) && /* bound or streamed: no refs */
         sscanf(t.name, "blk.%d.ffn_%7[a-z]_exps.weight%n", &layer, stack, &n) == 2 && !t.name[n])
       used = !moe_lm_layer_dense(&m->cfg, layer);
     if (st == MOE_OK && !used)
@@ -451,7 +451,7 @@ moe_status moe__lm_gguf_load(moe_lm_t *m, const char *path, const moe_lm_config 
   for (int k = 0; st == MOE_OK && k < m->nrefs; k++)
     if (!moe__lm_expert_of(c->family, m->refs[k].name, &e, &j))
       st = bound ? bind_or_read(g, m, &m->refs[k]) : read_ref(g, m, &m->refs[k]);
-  for (int i = 0; st == MOE_OK && i < c->n_layers; i++)
+  for (int i = 0; st == MOE_OK && !c->moe.external_experts && i < c->n_layers; i++) /* streamed: read later */
     if (!moe_lm_layer_dense(c, i)) st = bound ? bind_experts(g, m, i) : load_experts(g, m, i);
   if (st == MOE_OK) st = check_unused(g, m);
   if (st == MOE_OK && bound) moe__lm_keep_mapped(m, g); /* the experts' bytes: closed with the model */

@@ -6,6 +6,7 @@
 
 #include "kernels/quant_matmul.h"
 #include "moe.h"
+#include "sources/cache_reader.h"
 
 /* Whether path names a GGUF file: it ends in ".gguf", or it is a regular file starting with "GGUF". */
 int moe__lm_gguf_is(const char *path);
@@ -53,6 +54,11 @@ int moe__lm_gguf_is_deepseek(moe_lm_family f);
 moe_status moe__lm_gguf_read_deepseek(const moe_gguf *g, moe_lm_config *c);
 moe_status moe__lm_gguf_check_deepseek(const moe_lm_config *c, const char *path);
 moe_status moe__lm_gguf_write_deepseek(moe_gguf_writer *w, const moe_lm_config *c);
+
+/* Layer `layer`'s routed experts of the GGUF file at path for an expert cache (lm_gguf_stream.c): expert
+ * e's rows of each stacked ffn_{gate,down,up}_exps tensor read with pread and dequantized (any type with
+ * a codec, each projection its own) as moe_lm_load reads them; shapes checked against c at the call. */
+moe_status moe__lm_gguf_expert_reader(const char *path, const moe_lm_config *c, int layer, moe__expert_reader *out);
 
 /* moe_lm_read_config and moe_lm_load of a GGUF file. */
 moe_status moe__lm_gguf_read_config(const char *path, moe_lm_config *c);

@@ -30,6 +30,7 @@ void moe_lm_stream_config_default(moe_lm_stream_config *s) {
   memset(s, 0, sizeof *s);
   s->policy = MOE_CACHE_LRU;
   s->prefetch = 1;
+  s->placement = MOE_LM_PLACE_EQUAL;
 }
 
 void moe__lm_prefetch_free(struct moe_lm_prefetch *p) {
@@ -112,29 +113,19 @@ moe_status moe__lm_open_cache(const moe_lm_t *m, moe_lm_experts *x, int i, const
   return moe_expert_cache_open(&x->caches[i], x->file, prefix, lc, K, p);
 }
 
-/* Each MoE layer's cache of K slots over f. */
-static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, int K, moe_cache_policy policy, int keep) {
+/* Each MoE layer's cache over x->file, or the GGUF file gguf (not NULL), of K[j] slots for the j-th MoE layer. */
+static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, const char *gguf, const int *K, moe_cache_policy policy,
+                              int keep) {
   const moe_lm_config *c = &m->cfg;
-  for (int i = 0; i < c->n_layers; i++) {
+  for (int i = 0, j = 0; i < c->n_layers; i++) {
     if (moe_lm_layer_dense(c, i)) continue;
-    MOE_CHECK(moe__lm_open_cache(m, x, i, &m->layers[i].cfg, K, policy));
+    moe__expert_reader r;
+    if (gguf) MOE_CHECK(moe__lm_gguf_expert_reader(gguf, c, i, &r));
+    MOE_CHECK(gguf ? moe__expert_cache_open_reader(&x->caches[i], &m->layers[i].cfg, K[j++], policy, &r)
+                   : moe__lm_open_cache(m, x, i, &m->layers[i].cfg, K[j++], policy));
     MOE_CHECK(moe_layer_set_expert_cache(&m->layers[i], x->caches[i]));
     moe_expert_cache_set_drop_pages(x->caches[i], !keep);
   }
-  return MOE_OK;
-}
-
-/* Slots per layer for the budget, or an error saying the least budget that works. */
-static moe_status slots_for(const moe_lm_t *m, size_t budget, int *K) {
-  const moe_lm_config *c = &m->cfg;
-  int Lm = moe__lm_moe_layers(c);
-  moe_layer_config lc = c->moe;
-  size_t slot = moe_expert_cache_slot_bytes(&lc), per_layer = Lm ? budget / Lm : 0;
-  MOE_TRY(Lm && per_layer >= slot, MOE_ERR_ARG,
-          "memory budget %zu bytes: below one expert per MoE layer (%d layers x %zu bytes = %zu bytes)", budget, Lm,
-          slot, (size_t)Lm * slot);
-  size_t k = per_layer / slot;
-  *K = k > (size_t)c->moe.E ? c->moe.E : (int)k;
   return MOE_OK;
 }
 
@@ -143,27 +134,32 @@ moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_conf
   MOE_TRY(m && dir && s && x, MOE_ERR_ARG, "moe_lm_load_streaming: NULL argument");
   memset(m, 0, sizeof *m);
   memset(x, 0, sizeof *x);
-  MOE_TRY(!moe__lm_gguf_is(dir), MOE_ERR_ARG,
-          "%s: streamed experts read a checkpoint directory's model.safetensors; GGUF files are not supported yet", dir);
+  int gguf = moe__lm_gguf_is(dir);
   char path[4096];
   snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-  MOE_TRY(access(path, F_OK) != 0, MOE_ERR_ARG,
+  MOE_TRY(gguf || access(path, F_OK) != 0, MOE_ERR_ARG,
           "%s: streamed experts read one model.safetensors; a sharded checkpoint is not supported yet", dir);
   moe_lm_config own;
   if (!c) MOE_CHECK(moe_lm_read_config(dir, &own));
   else own = *c;
   MOE_TRY(!own.moe.dist, MOE_ERR_ARG, "moe_lm_load_streaming: one process only (no expert parallelism)");
+  MOE_TRY(!gguf || own.moe.expert_type <= 0, MOE_ERR_ARG,
+          "%s: its experts are computed in their stored type (%s), which cannot stream yet; moe.expert_type -1 "
+          "streams them dequantized (other outputs than the stored type's)",
+          dir, moe_gguf_type_name((moe_gguf_type)own.moe.expert_type));
   own.moe.external_experts = 1;
   MOE_CHECK(moe_lm_load(m, dir, &own));
   x->budget = s->budget;
   x->n = own.n_layers;
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  int K = 0;
-  moe_status st = slots_for(m, s->budget, &K);
-  if (st == MOE_OK) st = moe_st_open_lazy(&x->file, path);
+  int *K = malloc(sizeof *K * (size_t)own.n_layers);
+  moe_status st = K ? moe__lm_stream_slots(m, s, K) : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
+  if (st == MOE_OK && !gguf) st = moe_st_open_lazy(&x->file, path);
   if (st == MOE_OK && !(x->caches = calloc((size_t)x->n, sizeof *x->caches)))
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
-  if (st == MOE_OK) st = open_caches(m, x, K, s->policy, s->keep_page_cache);
+  if (st == MOE_OK) st = open_caches(m, x, gguf ? dir : NULL, K, s->policy, s->keep_page_cache);
+  free(K);
+  if (st == MOE_OK) st = moe__lm_stream_pin(m, s, x);
   if (st == MOE_OK && s->prefetch) {
     struct moe_lm_prefetch *p = x->prefetch = calloc(1, sizeof *p);
     if (p) p->caches = x->caches, p->list = malloc((size_t)own.moe.E * sizeof *p->list), p->mark = malloc(2 * (size_t)own.moe.E);

@@ -56,6 +56,13 @@ moe_status moe_trace_writer_add_model(moe_trace_writer *t, const moe_model_t *m,
   return MOE_OK;
 }
 
+moe_status moe_trace_writer_add_counts(moe_trace_writer *t, int64_t step, const int32_t *counts, int layers, int experts) {
+  MOE_TRY(t && counts, MOE_ERR_ARG, "moe_trace_writer_add_counts: NULL argument");
+  for (int l = 0; l < layers; l++)
+    for (int e = 0; e < experts; e++) MOE_CHECK(moe_trace_writer_add(t, step, l, e, counts[(size_t)l * experts + e]));
+  return MOE_OK;
+}
+
 moe_status moe_trace_writer_close(moe_trace_writer *t) {
   if (!t) return MOE_OK;
   int bad = ferror(t->f) != 0; /* a row add could not keep: never a file without it */

@@ -13,7 +13,7 @@
  * (posix_fadvise DONTNEED), so that the cache's own hit rate is what a run measures and the file's pages
  * do not fill the memory the budget leaves. Prefetch (moe_expert_cache_prefetch)
  * queues loads of the next batch's predicted experts on the same loader, which reads them while another
- * layer computes. */
+ * layer computes. Pinned experts (moe_expert_cache_pin) are read once and their slots never chosen. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +44,7 @@ struct moe_expert_cache {
   char *predicted;           /* (E) the experts of the last prefetch, to score against the next batch */
   int have_prediction;
   char *ahead;               /* (K) the slot was loaded by a prefetch and not used since */
+  char *pinned;              /* (K) the slot's expert is pinned (moe_expert_cache_pin): never a victim */
   int keep_pages;            /* reads leave the page cache as it is (moe_expert_cache_set_drop_pages) */
   unsigned char *slots;      /* (K, slot_bytes), 64-byte aligned, each tensor too */
   void *scratch;             /* the loader's buffer for tensors read in another dtype, or NULL */
@@ -217,7 +218,7 @@ static moe_status start_cache(moe_expert_cache *c, size_t scratch, moe_expert_ca
   c->inserted = calloc((size_t)K * 2, sizeof(int64_t));
   c->uses = calloc((size_t)E * 2, sizeof(int64_t));
   c->score = calloc((size_t)E, sizeof(double));
-  c->predicted = calloc((size_t)E + (size_t)K, 1);
+  c->predicted = calloc((size_t)E + 2 * (size_t)K, 1);
   if (!c->slots || (scratch && !c->scratch) || !c->slot_expert || !c->where || !c->inserted || !c->uses ||
       !c->score || !c->predicted)
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert cache: cannot allocate %d slots", K);
@@ -228,6 +229,7 @@ static moe_status start_cache(moe_expert_cache *c, size_t scratch, moe_expert_ca
   c->used = c->inserted + K;
   c->last = c->uses + E;
   c->ahead = c->predicted + E;
+  c->pinned = c->ahead + K;
   c->q_expert = c->slot_expert + K;
   c->q_slot = c->q_expert + K;
   c->ready = c->q_slot + K;
@@ -363,7 +365,7 @@ static int victim(const moe_expert_cache *c, const char *state, int need, int no
   int best = -1, best_class = 4;
   for (int s = 0; s < c->K; s++) {
     int e = c->slot_expert[s];
-    if (e >= 0 && c->ready[s] != 1) continue;
+    if ((e >= 0 && c->ready[s] != 1) || c->pinned[s]) continue;
     int cls = e < 0 ? 0 : state[e] == 0 ? 1 : state[e] == 2 ? 2 : e > need ? 3 : 4; /* 0 inactive 1 to do 2 done */
     if (cls == 4 || (!now && cls > 1)) continue; /* loading ahead takes only free or idle slots */
     int better = cls < best_class;
@@ -477,6 +479,33 @@ static moe_status cache_forward(void *self, const moe__env *env, const moe__plan
   pthread_mutex_unlock(&c->w.mu);
   MOE_TRY(st == MOE_OK, st, "expert cache: %s", msg);
   return computed;
+}
+
+moe_status moe_expert_cache_pin(moe_expert_cache *c, const int *experts, int n) {
+  MOE_TRY(c && (experts || !n) && n >= 0, MOE_ERR_ARG, "moe_expert_cache_pin: NULL argument");
+  pthread_mutex_lock(&c->w.mu);
+  int room = c->K - c->stats.pinned - (c->K < c->E); /* a slot stays for the experts not pinned */
+  moe_status st = MOE_OK;
+  for (int i = 0; i < n && st == MOE_OK; i++) {
+    int e = experts[i], v = e >= 0 && e < c->E ? c->where[e] : -1;
+    if (e < 0 || e >= c->E) st = moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "moe_expert_cache_pin: expert %d is not in [0, %d)", e, c->E);
+    else if (v >= 0 && c->pinned[v]) continue;
+    else if (room <= 0)
+      st = moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "moe_expert_cache_pin: %d slots, %d experts: no slot to pin expert %d in "
+                      "(one stays for the experts not pinned)", c->K, c->E, e);
+    for (int s = 0; st == MOE_OK && v < 0 && s < c->K; s++)
+      if (c->slot_expert[s] < 0) queue_load(c, e, v = s);
+    if (st == MOE_OK && v < 0) st = moe__error(MOE_ERR_ARG, __FILE__, __LINE__, "moe_expert_cache_pin: no free slot for expert %d", e);
+    while (st == MOE_OK && c->ready[v] == 0) pthread_cond_wait(&c->w.cv, &c->w.mu);
+    if (st == MOE_OK && c->ready[v] < 0) { /* the read's error, now rather than at a forward */
+      c->where[e] = -1, c->slot_expert[v] = -1;
+      st = moe__error(c->load_status, __FILE__, __LINE__, "moe_expert_cache_pin: %s", c->load_error);
+      c->load_status = MOE_OK;
+    }
+    if (st == MOE_OK) c->pinned[v] = 1, c->stats.pinned++, room--;
+  }
+  pthread_mutex_unlock(&c->w.mu);
+  return st;
 }
 
 void moe_expert_cache_set_drop_pages(moe_expert_cache *c, int drop) {
