@@ -550,8 +550,8 @@ void moe_layer_set_threads(moe_layer_t *l, int threads);
 moe_status moe_layer_quantize_experts(moe_layer_t *l, moe_gguf_type type);
 moe_status moe_layer_bind_experts(moe_layer_t *l, moe_gguf_type type, const void *fc1, const void *fc2,
                                   const void *fc3);
-/* The same with a type for each of fc1, fc2, fc3 (types[2] unused without swiglu), as llama.cpp's mixed
- * files (Q4_K_M: some down projections Q6_K beside Q4_K gates) store them; each type must have kernels
+/* The same with a type for each of fc1, fc2, fc3 (types[2] unused without swiglu or swiglu_oai), as
+ * llama.cpp's mixed files (Q4_K_M: some down projections Q6_K beside Q4_K gates) store them; each type must have kernels
  * and hold D and H in whole blocks. The layer's expert_type becomes fc1's. */
 moe_status moe_layer_bind_experts_typed(moe_layer_t *l, const moe_gguf_type types[3], const void *fc1, const void *fc2,
                                         const void *fc3);

@@ -241,3 +241,101 @@ int lm_check_train_from_checkpoint(const char *name, int threads, const char *ke
   if (!kept) fprintf(stderr, "  %s: %s changed in training\n", name, keep);
   return kept && last < 0.8 * first && fabs(again.loss - last) <= 1e-6;
 }
+
+/* Whether the config read from a file is the model's in everything it computes; prints what differs. */
+int lm_same_config(const char *what, const moe_lm_config *a, const moe_lm_config *b) {
+  const moe_layer_config *x = &a->moe, *y = &b->moe;
+  int dense = 0;
+  for (int i = 0; i < a->n_layers; i++) dense |= moe_lm_layer_dense(a, i);
+  const struct { const char *field; int same; } f[] = {
+      {"family", a->family == b->family},
+      {"sizes", a->vocab == b->vocab && a->n_layers == b->n_layers && a->n_heads == b->n_heads &&
+                    a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim && a->max_seq == b->max_seq},
+      {"rope_theta, rms_eps", a->rope_theta == b->rope_theta && a->rms_eps == b->rms_eps},
+      {"tie_embeddings", a->tie_embeddings == b->tie_embeddings},
+      {"moe sizes", x->D == y->D && x->H == y->H && x->E == y->E && x->top_k == y->top_k},
+      {"shared experts", x->shared_H == y->shared_H && x->shared_gate == y->shared_gate},
+      {"dense layers", !memcmp(a->dense_layers, b->dense_layers, sizeof a->dense_layers) &&
+                           (!dense || a->dense_H == b->dense_H)},
+      {"mla", !memcmp(&a->mla, &b->mla, sizeof a->mla)},
+      {"yarn", a->yarn.factor == b->yarn.factor && (a->yarn.factor == 0 || !memcmp(&a->yarn, &b->yarn, sizeof a->yarn))},
+      {"score", x->score == y->score},
+      {"select_bias", x->select_bias == y->select_bias},
+      {"normalize_topk", x->normalize_topk == y->normalize_topk},
+      {"routed_scale", x->routed_scale == y->routed_scale},
+      {"n_group", x->n_group == y->n_group},
+      {"biases, sinks", a->qkv_bias == b->qkv_bias && a->o_bias == b->o_bias && a->attn_sinks == b->attn_sinks &&
+                            x->gate_bias == y->gate_bias && x->expert_bias == y->expert_bias},
+      {"activation", x->act == y->act && x->swiglu_alpha == y->swiglu_alpha && x->swiglu_limit == y->swiglu_limit},
+      {"sliding window", a->sliding_window == b->sliding_window &&
+                             (!a->sliding_window || !memcmp(a->full_layers, b->full_layers, sizeof a->full_layers))},
+  };
+  for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+    if (!f[i].same) return fprintf(stderr, "  %s: the file's %s differs from the model's\n", what, f[i].field), 0;
+  return 1;
+}
+
+/* Whether a and b give the same logits on the fixture's tokens, bit for bit; prints how many differ. */
+int lm_same_logits(const char *what, const char *fixture, moe_lm_t *a, moe_lm_t *b) {
+  char dir[512];
+  int B, T;
+  int32_t *t = lm_fixture_tokens(lm_case_dir(fixture, dir, sizeof dir), &B, &T);
+  float *x = t ? lm_logits(a, t, B, T) : NULL, *y = t ? lm_logits(b, t, B, T) : NULL;
+  size_t n = (size_t)B * T * a->cfg.vocab, diff = 0;
+  for (size_t i = 0; x && y && i < n; i++) diff += x[i] != y[i];
+  if (diff) fprintf(stderr, "  %s: %zu of %zu logits differ\n", what, diff, n);
+  int ok = x && y && !diff;
+  free(t), free(x), free(y);
+  return ok;
+}
+
+/* m saved to a new path is MOE_ERR_ARG whose message names `setting`, and no file is left there. */
+int lm_gguf_refused(const moe_lm_t *m, const char *setting) {
+  char path[512];
+  test_tmp_path("refused.gguf", path, sizeof path);
+  moe_status st = moe_lm_save_gguf(m, path, NULL);
+  const char *e = moe_last_error();
+  int ok = st == MOE_ERR_ARG && strstr(e, setting) && access(path, F_OK) != 0;
+  if (!ok) fprintf(stderr, "  saving with %s: status %d, \"%s\"\n", setting, (int)st, st ? e : "");
+  return ok;
+}
+
+/* src copied to dst with tensor `drop` left out, tensor `shrink` one row shorter, key `key` set to the
+ * string `value` ("f32:<number>": that float; NULL: the key left out) (drop, shrink, key NULL:
+ * unchanged). */
+moe_status lm_gguf_rewrite(const char *src, const char *dst, const char *drop, const char *shrink, const char *key,
+                          const char *value) {
+  moe_gguf *g;
+  moe_gguf_writer *w = NULL;
+  moe_status st = moe_gguf_open(&g, src);
+  if (st != MOE_OK) return st;
+  st = moe_gguf_writer_new(&w);
+  for (int64_t i = 0; st == MOE_OK && i < moe_gguf_kv_count(g); i++) {
+    moe_gguf_kv kv;
+    st = moe_gguf_kv_at(g, i, &kv);
+    if (st == MOE_OK && !(key && !value && !strcmp(kv.key, key))) st = moe_gguf_writer_copy_kv(w, g, i);
+  }
+  if (st == MOE_OK && key && value)
+    st = !strncmp(value, "f32:", 4) ? moe_gguf_writer_set_f32(w, key, strtof(value + 4, NULL))
+                                    : moe_gguf_writer_set_str(w, key, value);
+  for (int64_t i = 0; st == MOE_OK && i < moe_gguf_tensor_count(g); i++) {
+    moe_gguf_tensor t;
+    st = moe_gguf_tensor_at(g, i, &t);
+    if (st != MOE_OK || (drop && !strcmp(t.name, drop))) continue;
+    int cut = shrink && !strcmp(t.name, shrink);
+    if (cut) t.nbytes -= t.nbytes / (size_t)t.ne[1], t.ne[1]--; /* a row of every matrix of the stack */
+    st = moe_gguf_writer_add_tensor(w, t.name, t.type, t.ndim, t.ne, t.data, t.nbytes);
+  }
+  if (st == MOE_OK) st = moe_gguf_writer_save(w, dst);
+  moe_gguf_writer_free(w);
+  moe_gguf_close(g);
+  return st;
+}
+
+/* Whether the last error names every one of the strings. */
+int lm_error_names(const char *a, const char *b, const char *c) {
+  const char *e = moe_last_error();
+  int ok = strstr(e, a) && (!b || strstr(e, b)) && (!c || strstr(e, c));
+  if (!ok) fprintf(stderr, "  error \"%s\" does not name %s %s %s\n", e, a, b ? b : "", c ? c : "");
+  return ok;
+}

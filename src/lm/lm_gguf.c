@@ -1,6 +1,6 @@
 /* The language model from a GGUF file as llama.cpp's converter writes it (convert_hf_to_gguf.py):
- * general.architecture llama (with experts: Mixtral), qwen2moe, qwen3moe, olmoe or deepseek2 (its keys:
- * lm_gguf_deepseek.c), the {arch}.* keys,
+ * general.architecture llama (with experts: Mixtral), qwen2moe, qwen3moe, olmoe, gpt-oss (its keys:
+ * lm_gguf_gptoss.c) or deepseek2 (its keys: lm_gguf_deepseek.c), the {arch}.* keys,
  * tensors by llama.cpp's names (lm_gguf_names.c) with the experts stacked in 3-D tensors and llama's q
  * and k rows permuted per head. The experts stay in their stored type when the layer has kernels for it
  * (moe_layer_bind_experts into the mapped file), and so do the attention's projections, the dense
@@ -65,21 +65,27 @@ static int has_tensor(const moe_gguf *g, const char *fmt, int layer) {
   return moe_gguf_has_tensor(g, name);
 }
 
-/* Keys that change what the model computes but that libmoe does not implement: refused by name. */
+/* Keys that change what the model computes but that libmoe does not implement: refused by name (but
+ * where the family's own reader takes them: deepseek2's and gpt-oss's). */
 static moe_status refuse_keys(const moe_gguf *g, const char *arch, const moe_lm_config *c) {
   char k[128];
-  static const char *const unsupported[] = {"attention.sliding_window", "attn_logit_softcapping",
-                                            "final_logit_softcapping", "logit_scale", "embedding_scale",
-                                            "residual_scale", /* deepseek2 reads the rest */
-                                            "rope.scaling.factor", "expert_shared_count",
-                                            "leading_dense_block_count", "expert_weights_scale"};
-  int ds = moe__lm_gguf_is_deepseek(c->family), n = ds ? 6 : (int)(sizeof unsupported / sizeof *unsupported);
-  for (int i = 0; i < n; i++)
-    MOE_TRY(moe_gguf_find_key(g, key(k, arch, unsupported[i])) < 0, MOE_ERR_FORMAT,
-            "%s: %s is not supported for %s", moe_gguf_path(g), k, arch);
+  enum { DS = 1, OSS = 2 };
+  static const struct {
+    const char *suffix;
+    int read_by;
+  } unsupported[] = {{"attention.sliding_window", OSS},       {"attention.sliding_window_pattern", OSS},
+                     {"rope.freq_base_swa", OSS},             {"attn_logit_softcapping", 0},
+                     {"final_logit_softcapping", 0},          {"logit_scale", 0},
+                     {"embedding_scale", 0},                  {"residual_scale", 0},
+                     {"rope.scaling.factor", DS | OSS},       {"expert_shared_count", DS},
+                     {"leading_dense_block_count", DS},       {"expert_weights_scale", DS}};
+  int ds = moe__lm_gguf_is_deepseek(c->family), oss = c->family == MOE_LM_GPT_OSS, who = ds ? DS : oss ? OSS : 0;
+  for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
+    MOE_TRY((unsupported[i].read_by & who) || moe_gguf_find_key(g, key(k, arch, unsupported[i].suffix)) < 0,
+            MOE_ERR_FORMAT, "%s: %s is not supported for %s", moe_gguf_path(g), k, arch);
   if (ds) return MOE_OK; /* its rope, value length and gating: moe__lm_gguf_read_deepseek */
   const char *s;
-  if (moe_gguf_find_key(g, key(k, arch, "rope.scaling.type")) >= 0) {
+  if (!oss && moe_gguf_find_key(g, key(k, arch, "rope.scaling.type")) >= 0) { /* gpt-oss's YaRN: its reader */
     MOE_CHECK(moe_gguf_get_str(g, k, &s));
     MOE_TRY(!strcmp(s, "none"), MOE_ERR_FORMAT, "%s: %s \"%s\" is not supported (only none)", moe_gguf_path(g), k, s);
   }
@@ -169,7 +175,7 @@ static moe_status read_config(const moe_gguf *g, moe_lm_config *c) {
   for (int f = MOE_LM_DEEPSEEK_V3; f >= 0; f--) /* deepseek2: V2 until its keys say V3 */
     if (moe__lm_gguf_arch(f) && !strcmp(arch, moe__lm_gguf_arch(f))) family = f;
   MOE_TRY(family >= 0, MOE_ERR_FORMAT, "%s: general.architecture \"%s\" is not a language model libmoe runs (llama "
-          "with experts, qwen2moe, qwen3moe, olmoe, deepseek2)", path, arch);
+          "with experts, qwen2moe, qwen3moe, olmoe, gpt-oss, deepseek2)", path, arch);
   moe_lm_config_default(c);
   c->family = family;
   c->aux_coef = 0; /* a training setting GGUF files do not carry */
@@ -194,7 +200,9 @@ static moe_status read_config(const moe_gguf *g, moe_lm_config *c) {
           "%s: no %s: %s without experts is not a mixture of experts libmoe runs", path, k, arch);
   MOE_CHECK(moe__lm_gguf_count(g, arch, "expert_count", 1, &c->moe.E));
   MOE_CHECK(moe__lm_gguf_count(g, arch, "expert_used_count", 1, &c->moe.top_k));
-  MOE_CHECK(moe__lm_gguf_is_deepseek(c->family) ? moe__lm_gguf_read_deepseek(g, c) : read_family(g, arch, c));
+  MOE_CHECK(moe__lm_gguf_is_deepseek(c->family) ? moe__lm_gguf_read_deepseek(g, c)
+            : c->family == MOE_LM_GPT_OSS      ? moe__lm_gguf_read_gptoss(g, c)
+                                               : read_family(g, arch, c));
   MOE_CHECK(refuse_keys(g, arch, c));
   moe_gguf_tensor t;
   MOE_CHECK(moe_gguf_tensor_get(g, "token_embd.weight", &t));
@@ -254,11 +262,13 @@ static moe_status locate(const moe_gguf *g, const moe_lm_t *m, const moe_tensor_
   MOE_TRY(moe__lm_gguf_name(c, whole->name, l->name, &expert, &l->permute), MOE_ERR_ARG,
           "%s: no GGUF name for parameter '%s'", moe_gguf_path(g), whole->name);
   MOE_CHECK(moe_gguf_tensor_get(g, l->name, &l->t));
-  l->rows = whole->ndim == 2 ? whole->shape[0] : 1;
-  l->cols = whole->ndim == 2 ? whole->shape[1] : whole->shape[0];
-  int64_t want[3] = {l->cols, l->rows, c->moe.E};
+  /* rows of cols values: a matrix's, a vector's one, a stack's (gpt-oss's experts, (E, H, D)) E x H */
+  int nd = whole->ndim;
+  l->cols = whole->shape[nd - 1];
+  l->rows = nd == 1 ? 1 : nd == 2 ? whole->shape[0] : whole->shape[0] * whole->shape[1];
+  int64_t want[3] = {l->cols, nd == 3 ? whole->shape[1] : l->rows, nd == 3 ? whole->shape[0] : c->moe.E};
   l->row0 = expert >= 0 ? expert * l->rows : 0;
-  return expect_shape(g, l->name, &l->t, want, expert >= 0 ? 3 : whole->ndim);
+  return expect_shape(g, l->name, &l->t, want, expert >= 0 ? 3 : nd);
 }
 
 /* The whole ref's values (rows x cols floats into dst) from its rows in the file, undoing llama's

@@ -10,8 +10,8 @@
 /* Whether path names a GGUF file: it ends in ".gguf", or it is a regular file starting with "GGUF". */
 int moe__lm_gguf_is(const char *path);
 
-/* llama.cpp's architecture name of family f ("llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2" for
- * both DeepSeek families); NULL for a family without one here (gpt-oss). */
+/* llama.cpp's architecture name of family f ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss",
+ * "deepseek2" for both DeepSeek families); NULL for a family without one. */
 const char *moe__lm_gguf_arch(moe_lm_family f);
 /* Whether llama.cpp's graph of f normalizes the top-k weights (its build_moe_ffn norm_w), the default
  * when a file has no {arch}.expert_weights_norm. */
@@ -53,6 +53,14 @@ int moe__lm_gguf_is_deepseek(moe_lm_family f);
 moe_status moe__lm_gguf_read_deepseek(const moe_gguf *g, moe_lm_config *c);
 moe_status moe__lm_gguf_check_deepseek(const moe_lm_config *c, const char *path);
 moe_status moe__lm_gguf_write_deepseek(moe_gguf_writer *w, const moe_lm_config *c);
+
+/* gpt-oss as llama.cpp's gpt-oss (lm_gguf_gptoss.c): its keys beside the common ones into c (the
+ * family's options, the experts' width, the sliding window and its layer pattern, YaRN); MOE_ERR_ARG
+ * naming the setting when c has one those keys cannot say (path names the file); its keys after
+ * general.file_type. */
+moe_status moe__lm_gguf_read_gptoss(const moe_gguf *g, moe_lm_config *c);
+moe_status moe__lm_gguf_check_gptoss(const moe_lm_config *c, const char *path);
+moe_status moe__lm_gguf_write_gptoss(moe_gguf_writer *w, const moe_lm_config *c);
 
 /* moe_lm_read_config and moe_lm_load of a GGUF file. */
 moe_status moe__lm_gguf_read_config(const char *path, moe_lm_config *c);

@@ -1,0 +1,183 @@
+/* gpt-oss in GGUF files as llama.cpp's gpt-oss architecture (lm_gguf_gptoss.c): the fixtures
+ * (tests/fixtures/lm/gpt_oss*, checked against PyTorch by test_lm_families.c) converted to F32 GGUF give
+ * the same logits bit for bit and convert back to the same tensors; the file has llama.cpp's keys and
+ * tensor names (bytes of the header, the experts split from the checkpoint's fused gate_up_proj as
+ * llama.cpp's converter splits them); the MXFP4 fixture's experts stay MXFP4 with the checkpoint's
+ * values; settings llama.cpp's keys cannot say are refused naming them; malformed files are errors
+ * naming the key or tensor. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lm_check.h"
+#include "test.h"
+
+/* llama.cpp's gpt-oss computes swiglu with limit 7 (the fixtures have 1.5) and YaRN with the ramp's ends
+ * floored and ceiled (truncate; the fixture has false): the models the fixtures become there. */
+static int load_llama_cpp_settings(const char *name, moe_lm_t *m) {
+  char dir[512];
+  moe_lm_config c;
+  lm_case_dir(name, dir, sizeof dir);
+  if (moe_lm_read_config(dir, &c) != MOE_OK) return fprintf(stderr, "  %s: %s\n", name, moe_last_error()), 0;
+  c.moe.swiglu_limit = 7.0f;
+  if (c.yarn.factor) c.yarn.truncate = 1;
+  if (moe_lm_load(m, dir, &c) != MOE_OK) return fprintf(stderr, "  %s: %s\n", name, moe_last_error()), 0;
+  return 1;
+}
+
+static const char *const CASES[] = {"gpt_oss", "gpt_oss_yarn", "gpt_oss_mxfp4"};
+
+TEST(gguf_gptoss_f32_gives_the_hf_logits_exactly_and_converts_back) {
+  for (size_t k = 0; k < sizeof CASES / sizeof *CASES; k++) {
+    const char *name = CASES[k];
+    char gguf[512], back[512], tmp[96];
+    moe_lm_t hf, g, h2;
+    moe_lm_config c;
+    ASSERT(load_llama_cpp_settings(name, &hf));
+    snprintf(tmp, sizeof tmp, "%s.gguf", name);
+    test_tmp_path(tmp, gguf, sizeof gguf);
+    ASSERT_OK(moe_lm_save_gguf(&hf, gguf, NULL));
+    ASSERT_OK(moe_lm_read_config(gguf, &c));
+    ASSERT_EQ_INT(c.moe.expert_type, -1); /* F32 experts: fp32 parameters */
+    ASSERT(lm_same_config(name, &hf.cfg, &c));
+    ASSERT(!memcmp(&hf.cfg.yarn, &c.yarn, sizeof c.yarn));
+    ASSERT_OK(moe_lm_load(&g, gguf, NULL));
+    ASSERT_EQ_INT(g.numel, hf.numel);
+    ASSERT(lm_same_logits(name, name, &hf, &g));
+    snprintf(tmp, sizeof tmp, "%s_back", name);
+    test_tmp_path(tmp, back, sizeof back);
+    ASSERT_OK(moe_lm_save(&g, back));
+    ASSERT_OK(moe_lm_load(&h2, back, NULL));
+    ASSERT(lm_same_tensors(name, &hf, &h2)); /* after HF -> GGUF -> HF */
+    fprintf(stderr, "  %s: logits equal, %d tensors back\n", name, hf.nrefs);
+    moe_lm_free(&hf), moe_lm_free(&g), moe_lm_free(&h2);
+  }
+}
+
+static uint32_t u32_at(const unsigned char *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t u64_at(const unsigned char *p) { return u32_at(p) | (uint64_t)u32_at(p + 4) << 32; }
+
+/* Value [a][b][c] of a (A, B, C) F32 tensor of a safetensors file. */
+static float st_at(const moe_st *f, const char *name, int64_t a, int64_t b, int64_t c) {
+  moe_tensor_view v;
+  float x = NAN;
+  if (moe_st_get(f, name, &v) == MOE_OK && v.dtype == MOE_DT_F32)
+    moe_st_read(f, &v, (size_t)(((a * v.shape[1] + b) * (v.ndim > 2 ? v.shape[2] : 1)) + c) * 4, 4, &x);
+  return x;
+}
+
+/* The gpt_oss fixture's file as bytes (magic, version, counts, the first key) and as llama.cpp's loader
+ * (src/models/openai-moe.cpp) reads it: its keys under their names and types, exactly the tensors it
+ * creates, in ggml's shapes; the experts' values where llama.cpp's converter puts them (gate_up_proj's
+ * even columns in ffn_gate_exps, odd ones in ffn_up_exps, down_proj transposed), read from the
+ * checkpoint apart from libmoe's converter (lm_gptoss.c). */
+TEST(gguf_gptoss_file_has_llama_cpp_keys_and_tensor_names) {
+  char dir[512], gguf[512], st_path[600];
+  moe_lm_t hf;
+  ASSERT(load_llama_cpp_settings("gpt_oss", &hf));
+  test_tmp_path("oss.gguf", gguf, sizeof gguf);
+  ASSERT_OK(moe_lm_save_gguf(&hf, gguf, NULL));
+  moe_lm_free(&hf);
+  size_t len;
+  unsigned char *bytes = (unsigned char *)test_read_file(gguf, &len);
+  ASSERT(bytes && len > 80);
+  ASSERT(!memcmp(bytes, "GGUF", 4));
+  ASSERT_EQ_INT(u32_at(bytes + 4), 3);
+  ASSERT_EQ_INT(u64_at(bytes + 8), 60);  /* tensors: 3 + 3 layers x 19 */
+  ASSERT_EQ_INT(u64_at(bytes + 16), 19); /* keys */
+  /* the first key: u64 length 20, "general.architecture", type 8 (string), u64 7, "gpt-oss" */
+  ASSERT_EQ_INT(u64_at(bytes + 24), 20);
+  ASSERT(!memcmp(bytes + 32, "general.architecture", 20));
+  ASSERT_EQ_INT(u32_at(bytes + 52), 8);
+  ASSERT_EQ_INT(u64_at(bytes + 56), 7);
+  ASSERT(!memcmp(bytes + 64, "gpt-oss", 7));
+  free(bytes);
+  moe_gguf *g;
+  ASSERT_OK(moe_gguf_open(&g, gguf));
+  const struct { const char *key; uint32_t v; } u32s[] = {
+      {"gpt-oss.block_count", 3}, {"gpt-oss.context_length", 64}, {"gpt-oss.embedding_length", 32},
+      {"gpt-oss.feed_forward_length", 32}, {"gpt-oss.attention.head_count", 4},
+      {"gpt-oss.attention.head_count_kv", 2}, {"gpt-oss.expert_count", 4}, {"gpt-oss.expert_used_count", 2},
+      {"gpt-oss.attention.key_length", 12}, {"gpt-oss.attention.value_length", 12},
+      {"gpt-oss.attention.sliding_window", 4}, {"gpt-oss.expert_feed_forward_length", 32},
+      {"general.file_type", 0}, {"general.quantization_version", 2}};
+  for (size_t i = 0; i < sizeof u32s / sizeof *u32s; i++) {
+    int64_t k = moe_gguf_find_key(g, u32s[i].key);
+    moe_gguf_kv kv;
+    uint32_t v;
+    if (k < 0) FAIL_("no key %s", u32s[i].key);
+    ASSERT_OK(moe_gguf_kv_at(g, k, &kv));
+    ASSERT_EQ_INT(kv.type, MOE_GGUFV_U32);
+    ASSERT_OK(moe_gguf_get_u32(g, u32s[i].key, &v));
+    ASSERT_EQ_INT(v, u32s[i].v);
+  }
+  /* layer_types sliding, full, sliding: llama.cpp's default pattern, no key; no YaRN: no rope.scaling */
+  ASSERT(moe_gguf_find_key(g, "gpt-oss.attention.sliding_window_pattern") < 0);
+  ASSERT(moe_gguf_find_key(g, "gpt-oss.rope.scaling.type") < 0);
+  float f;
+  ASSERT_OK(moe_gguf_get_f32(g, "gpt-oss.rope.freq_base", &f));
+  ASSERT(f == 10000.0f);
+  ASSERT_OK(moe_gguf_get_f32(g, "gpt-oss.attention.layer_norm_rms_epsilon", &f));
+  ASSERT(f == 1e-5f);
+  const struct { const char *name; int64_t ne[3]; } top[] = {
+      {"token_embd.weight", {32, 48, 1}}, {"output_norm.weight", {32, 1, 1}}, {"output.weight", {32, 48, 1}}};
+  static const char *const layer[][2] = {
+      {"attn_norm.weight", "32"}, {"post_attention_norm.weight", "32"}, {"attn_q.weight", "32 48"},
+      {"attn_k.weight", "32 24"}, {"attn_v.weight", "32 24"}, {"attn_output.weight", "48 32"}, {"attn_q.bias", "48"},
+      {"attn_k.bias", "24"}, {"attn_v.bias", "24"}, {"attn_output.bias", "32"}, {"attn_sinks.weight", "4"},
+      {"ffn_gate_inp.weight", "32 4"}, {"ffn_gate_inp.bias", "4"}, {"ffn_gate_exps.weight", "32 32 4"},
+      {"ffn_up_exps.weight", "32 32 4"}, {"ffn_down_exps.weight", "32 32 4"}, {"ffn_gate_exps.bias", "32 4"},
+      {"ffn_up_exps.bias", "32 4"}, {"ffn_down_exps.bias", "32 4"}};
+  int seen = 0;
+  for (size_t i = 0; i < 3; i++) {
+    moe_gguf_tensor t;
+    ASSERT_OK(moe_gguf_tensor_get(g, top[i].name, &t));
+    ASSERT(t.ne[0] == top[i].ne[0] && t.ne[1] == top[i].ne[1] && t.type == MOE_GGUF_F32);
+    seen++;
+  }
+  for (int l = 0; l < 3; l++)
+    for (size_t i = 0; i < sizeof layer / sizeof *layer; i++) {
+      char name[64];
+      int64_t ne[3] = {1, 1, 1};
+      snprintf(name, sizeof name, "blk.%d.%s", l, layer[i][0]);
+      sscanf(layer[i][1], "%" SCNd64 " %" SCNd64 " %" SCNd64, &ne[0], &ne[1], &ne[2]);
+      moe_gguf_tensor t;
+      ASSERT_OK(moe_gguf_tensor_get(g, name, &t));
+      if (t.ne[0] != ne[0] || t.ne[1] != ne[1] || t.ne[2] != ne[2] || t.type != MOE_GGUF_F32)
+        FAIL_("%s is %s [%lld, %lld, %lld], want F32 [%lld, %lld, %lld]", name, moe_gguf_type_name(t.type),
+              (long long)t.ne[0], (long long)t.ne[1], (long long)t.ne[2], (long long)ne[0], (long long)ne[1],
+              (long long)ne[2]);
+      seen++;
+    }
+  ASSERT_EQ_INT(seen, moe_gguf_tensor_count(g));
+  /* layer 2's experts against the checkpoint's fused tensors: gate_up_proj (E, D, 2H), down_proj
+   * (E, H, D), gate_up_proj_bias (E, 2H) */
+  moe_st *st;
+  snprintf(st_path, sizeof st_path, "%s/model.safetensors", lm_case_dir("gpt_oss", dir, sizeof dir));
+  ASSERT_OK(moe_st_open(&st, st_path));
+  const char *gu = "model.layers.2.mlp.experts.gate_up_proj", *dn = "model.layers.2.mlp.experts.down_proj";
+  const char *gub = "model.layers.2.mlp.experts.gate_up_proj_bias";
+  moe_gguf_tensor gate, up, down, gate_b, up_b;
+  ASSERT_OK(moe_gguf_tensor_get(g, "blk.2.ffn_gate_exps.weight", &gate));
+  ASSERT_OK(moe_gguf_tensor_get(g, "blk.2.ffn_up_exps.weight", &up));
+  ASSERT_OK(moe_gguf_tensor_get(g, "blk.2.ffn_down_exps.weight", &down));
+  ASSERT_OK(moe_gguf_tensor_get(g, "blk.2.ffn_gate_exps.bias", &gate_b));
+  ASSERT_OK(moe_gguf_tensor_get(g, "blk.2.ffn_up_exps.bias", &up_b));
+  int bad = 0;
+  for (int e = 0; e < 4; e++)
+    for (int j = 0; j < 32; j++) {
+      const float *gw = (const float *)gate.data + (e * 32 + j) * 32, *uw = (const float *)up.data + (e * 32 + j) * 32;
+      const float *dw = (const float *)down.data + (e * 32 + j) * 32; /* row j of expert e: output j */
+      for (int d = 0; d < 32; d++) {
+        bad += gw[d] != st_at(st, gu, e, d, 2 * j) || uw[d] != st_at(st, gu, e, d, 2 * j + 1);
+        bad += dw[d] != st_at(st, dn, e, d, j); /* down row j (output j) over the hidden d */
+      }
+      bad += ((const float *)gate_b.data)[e * 32 + j] != st_at(st, gub, e, 2 * j, 0);
+      bad += ((const float *)up_b.data)[e * 32 + j] != st_at(st, gub, e, 2 * j + 1, 0);
+    }
+  if (bad) FAIL_("%d expert values are not where llama.cpp's converter puts the checkpoint's", bad);
+  moe_st_close(st);
+  moe_gguf_close(g);
+}
