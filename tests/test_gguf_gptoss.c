@@ -181,3 +181,133 @@ TEST(gguf_gptoss_file_has_llama_cpp_keys_and_tensor_names) {
   moe_st_close(st);
   moe_gguf_close(g);
 }
+
+/* Row r of a ggml MXFP4 tensor (n values: n / 32 blocks of the E8M0 scale, then value i in the low
+ * nibble of byte i and value i + 16 in the high one) from the checkpoint's row: its blocks (16 bytes,
+ * value 2i in the low nibble of byte i, 2i + 1 in the high) and scales, as llama.cpp's converter
+ * repacks them (conversion/gpt_oss.py, transform_nibble_layout), but for -0 (nibble 8), which is 0
+ * (nibble 0) here: both are the value 0, and values are all that libmoe's model keeps of them. */
+static int no_minus_zero(int nibble) { return nibble == 8 ? 0 : nibble; }
+
+static void repack_row(const uint8_t *blocks, const uint8_t *scales, int n, uint8_t *out) {
+  for (int b = 0; b < n / 32; b++, out += 17) {
+    out[0] = scales[b];
+    for (int i = 0; i < 16; i++) {
+      int lo = (blocks[b * 16 + i / 2] >> (4 * (i & 1))) & 15, hi = (blocks[b * 16 + (i + 16) / 2] >> (4 * (i & 1))) & 15;
+      out[1 + i] = (uint8_t)(no_minus_zero(lo) | no_minus_zero(hi) << 4);
+    }
+  }
+}
+
+/* Whether tensor `name` of g (E x R rows of K values, MXFP4) holds the checkpoint's `hf`_blocks and
+ * _scales rows: its rows r of each expert are the checkpoint's rows 2r + first (step 2, gate_up_proj's
+ * gate or up) or r (step 1, down_proj), bytes as llama.cpp's converter repacks them. */
+static int same_mxfp4(const moe_gguf *g, const char *name, const moe_st *st, const char *hf, int step, int first) {
+  char bn[128], sn[128];
+  snprintf(bn, sizeof bn, "%s_blocks", hf);
+  snprintf(sn, sizeof sn, "%s_scales", hf);
+  moe_gguf_tensor t;
+  moe_tensor_view vb, vs;
+  if (moe_gguf_tensor_get(g, name, &t) || moe_st_get(st, bn, &vb) || moe_st_get(st, sn, &vs) || t.type != MOE_GGUF_MXFP4)
+    return fprintf(stderr, "  %s: not MXFP4 beside %s: %s\n", name, bn, moe_last_error()), 0;
+  int64_t K = t.ne[0], R = t.ne[1], E = t.ne[2], G = K / 32, bad = 0;
+  uint8_t row[17 * 64];
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t r = 0; r < R; r++) {
+      int64_t src = e * R * step + r * step + first;
+      repack_row((const uint8_t *)vb.data + src * G * 16, (const uint8_t *)vs.data + src * G, (int)K, row);
+      bad += memcmp(row, (const uint8_t *)t.data + (e * R + r) * G * 17, (size_t)G * 17) != 0;
+    }
+  if (bad) fprintf(stderr, "  %s: %lld of %lld rows are not the checkpoint's bytes\n", name, (long long)bad,
+                   (long long)(E * R));
+  return !bad;
+}
+
+/* src's tensors with the expert stacks (ffn_*_exps.weight) quantized to MXFP4 and the rest as they are,
+ * into dst: what llama.cpp's converter writes from an MXFP4 checkpoint with --outtype f32. */
+static moe_status mxfp4_experts(const char *src, const char *dst) {
+  moe_gguf *g;
+  moe_gguf_writer *w = NULL;
+  moe_status st = moe_gguf_open(&g, src);
+  if (st != MOE_OK) return st;
+  st = moe_gguf_writer_new(&w);
+  for (int64_t i = 0; st == MOE_OK && i < moe_gguf_kv_count(g); i++) st = moe_gguf_writer_copy_kv(w, g, i);
+  void *bufs[16] = {0};
+  int nb = 0;
+  for (int64_t i = 0; st == MOE_OK && i < moe_gguf_tensor_count(g); i++) {
+    moe_gguf_tensor t;
+    st = moe_gguf_tensor_at(g, i, &t);
+    if (st == MOE_OK && strstr(t.name, "_exps.weight") && nb < 16) {
+      size_t n = (size_t)(t.ne[0] * t.ne[1] * t.ne[2]), bytes = n / 32 * 17;
+      bufs[nb] = malloc(bytes);
+      st = moe_gguf_quantize(MOE_GGUF_MXFP4, t.data, bufs[nb], (int64_t)n);
+      t.type = MOE_GGUF_MXFP4, t.data = bufs[nb++], t.nbytes = bytes;
+    }
+    if (st == MOE_OK) st = moe_gguf_writer_add_tensor(w, t.name, t.type, t.ndim, t.ne, t.data, t.nbytes);
+  }
+  if (st == MOE_OK) st = moe_gguf_writer_save(w, dst);
+  moe_gguf_writer_free(w);
+  moe_gguf_close(g);
+  for (int i = 0; i < nb; i++) free(bufs[i]);
+  return st;
+}
+
+/* The MXFP4 fixture: written as MXFP4 its experts are the checkpoint's MXFP4 bytes (what llama.cpp's
+ * converter writes, -0 as 0: the dequantized values quantize back to them). A file of MXFP4 experts
+ * and F32 other weights (what the converter writes with --outtype f32) keeps them in that type on load
+ * (no fp32 experts; moe_layer_expert_type MXFP4 for gate, up and down) and gives, bit for bit, the
+ * logits of the checkpoint's model whose layers quantize their experts to MXFP4
+ * (moe_layer_quantize_experts): the same bytes through the same kernels. The same file widened
+ * (expert_type -1) has the checkpoint's values bit for bit. */
+TEST(gguf_gptoss_mxfp4_experts_stay_mxfp4_with_the_checkpoint_bytes) {
+  char dir[512], gguf[512], mixed[512], f32[512], st_path[600];
+  moe_lm_t hf, q, w;
+  ASSERT(load_llama_cpp_settings("gpt_oss_mxfp4", &hf));
+  test_tmp_path("oss_mxfp4.gguf", gguf, sizeof gguf);
+  moe_lm_gguf_options o = {MOE_GGUF_MXFP4, NULL, NULL};
+  ASSERT_OK(moe_lm_save_gguf(&hf, gguf, &o));
+  moe_gguf *g;
+  moe_st *st;
+  ASSERT_OK(moe_gguf_open(&g, gguf));
+  snprintf(st_path, sizeof st_path, "%s/model.safetensors", lm_case_dir("gpt_oss_mxfp4", dir, sizeof dir));
+  ASSERT_OK(moe_st_open(&st, st_path));
+  for (int l = 0; l < 3; l++) {
+    char name[64], hf_name[96];
+    snprintf(hf_name, sizeof hf_name, "model.layers.%d.mlp.experts.gate_up_proj", l);
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", l);
+    ASSERT(same_mxfp4(g, name, st, hf_name, 2, 0));
+    snprintf(name, sizeof name, "blk.%d.ffn_up_exps.weight", l);
+    ASSERT(same_mxfp4(g, name, st, hf_name, 2, 1));
+    snprintf(hf_name, sizeof hf_name, "model.layers.%d.mlp.experts.down_proj", l);
+    snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", l);
+    ASSERT(same_mxfp4(g, name, st, hf_name, 1, 0));
+  }
+  moe_st_close(st);
+  moe_gguf_close(g);
+  test_tmp_path("oss_f32.gguf", f32, sizeof f32);
+  test_tmp_path("oss_mixed.gguf", mixed, sizeof mixed);
+  ASSERT_OK(moe_lm_save_gguf(&hf, f32, NULL));
+  ASSERT_OK(mxfp4_experts(f32, mixed));
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(mixed, &c));
+  ASSERT_EQ_INT(c.moe.expert_type, MOE_GGUF_MXFP4);
+  ASSERT_OK(moe_lm_load(&q, mixed, NULL));
+  for (int l = 0; l < 3; l++) {
+    ASSERT(!moe_layer_param_find(&q.layers[l], "experts.fc1.weight"));
+    for (int fc = 1; fc <= 3; fc++) ASSERT(moe_layer_expert_type(&q.layers[l], fc) == MOE_GGUF_MXFP4);
+  }
+  c.moe.expert_type = -1;
+  ASSERT_OK(moe_lm_load(&w, mixed, &c));
+  static const char *const experts[] = {"fc1.weight", "fc1.bias", "fc3.weight", "fc3.bias", "fc2.weight"};
+  for (int l = 0; l < 3; l++)
+    for (int k = 0; k < 5; k++) {
+      char name[96];
+      snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s", l, experts[k]);
+      const moe_tensor_ref *a = moe_lm_find(&hf, name), *b = moe_lm_find(&w, name);
+      ASSERT(a && b && a->numel == b->numel);
+      if (memcmp(a->data, b->data, a->numel * 4)) FAIL_("%s: the file's values are not the checkpoint's", name);
+    }
+  for (int l = 0; l < 3; l++) ASSERT_OK(moe_layer_quantize_experts(&hf.layers[l], MOE_GGUF_MXFP4));
+  ASSERT(lm_same_logits("MXFP4 experts", "gpt_oss_mxfp4", &hf, &q));
+  moe_lm_free(&hf), moe_lm_free(&q), moe_lm_free(&w);
+}
