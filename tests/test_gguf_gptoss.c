@@ -311,3 +311,116 @@ TEST(gguf_gptoss_mxfp4_experts_stay_mxfp4_with_the_checkpoint_bytes) {
   ASSERT(lm_same_logits("MXFP4 experts", "gpt_oss_mxfp4", &hf, &q));
   moe_lm_free(&hf), moe_lm_free(&q), moe_lm_free(&w);
 }
+
+/* What llama.cpp's gpt-oss computes otherwise is refused when writing, naming the setting, with no file
+ * left: swiglu_limit (the fixtures' 1.5) and alpha, YaRN's truncate false (the fixture's), mscale, a
+ * layer pattern that is not "the last of every n", no sliding window, tied embeddings, no attention
+ * biases. */
+TEST(gguf_gptoss_settings_without_a_key_are_refused_naming_them) {
+  char dir[512];
+  moe_lm_t m;
+  ASSERT_OK(moe_lm_load(&m, lm_case_dir("gpt_oss", dir, sizeof dir), NULL));
+  ASSERT(lm_gguf_refused(&m, "swiglu_limit 1.5"));
+  m.cfg.moe.swiglu_limit = 7.0f, m.cfg.moe.swiglu_alpha = 1.5f;
+  ASSERT(lm_gguf_refused(&m, "swiglu_alpha 1.5"));
+  m.cfg.moe.swiglu_alpha = 1.702f;
+  m.cfg.full_layers[0] = 1; /* full, sliding, sliding */
+  ASSERT(lm_gguf_refused(&m, "layer_types"));
+  m.cfg.full_layers[0] = 2;
+  m.cfg.sliding_window = 0;
+  ASSERT(lm_gguf_refused(&m, "sliding window"));
+  m.cfg.sliding_window = 4;
+  m.cfg.tie_embeddings = 1;
+  ASSERT(lm_gguf_refused(&m, "tie_word_embeddings"));
+  m.cfg.tie_embeddings = 0;
+  m.cfg.o_bias = 0;
+  ASSERT(lm_gguf_refused(&m, "attention_bias"));
+  moe_lm_free(&m);
+  ASSERT_OK(moe_lm_load(&m, lm_case_dir("gpt_oss_yarn", dir, sizeof dir), NULL));
+  m.cfg.moe.swiglu_limit = 7.0f;
+  ASSERT(lm_gguf_refused(&m, "truncate"));
+  m.cfg.yarn.truncate = 1, m.cfg.yarn.mscale_all_dim = 1;
+  ASSERT(lm_gguf_refused(&m, "mscale_all_dim"));
+  moe_lm_free(&m);
+}
+
+/* A pattern other than llama.cpp's default is written as sliding_window_pattern and read back; YaRN's
+ * keys are llama.cpp's. */
+TEST(gguf_gptoss_layer_pattern_and_yarn_keys) {
+  char gguf[512];
+  moe_lm_t m;
+  ASSERT(load_llama_cpp_settings("gpt_oss_yarn", &m));
+  m.cfg.full_layers[0] = 4; /* sliding, sliding, full: the last of every 3 */
+  test_tmp_path("oss_pattern.gguf", gguf, sizeof gguf);
+  ASSERT_OK(moe_lm_save_gguf(&m, gguf, NULL));
+  moe_gguf *g;
+  ASSERT_OK(moe_gguf_open(&g, gguf));
+  uint32_t u;
+  float f;
+  const char *s;
+  ASSERT_OK(moe_gguf_get_u32(g, "gpt-oss.attention.sliding_window_pattern", &u));
+  ASSERT_EQ_INT(u, 3);
+  ASSERT_OK(moe_gguf_get_str(g, "gpt-oss.rope.scaling.type", &s));
+  ASSERT(!strcmp(s, "yarn"));
+  ASSERT_OK(moe_gguf_get_f32(g, "gpt-oss.rope.scaling.factor", &f));
+  ASSERT(f == 4.0f);
+  ASSERT_OK(moe_gguf_get_u32(g, "gpt-oss.rope.scaling.original_context_length", &u));
+  ASSERT_EQ_INT(u, 4096);
+  ASSERT_OK(moe_gguf_get_f32(g, "gpt-oss.rope.scaling.yarn_beta_fast", &f));
+  ASSERT(f == 32.0f);
+  ASSERT_OK(moe_gguf_get_f32(g, "gpt-oss.rope.scaling.yarn_beta_slow", &f));
+  ASSERT(f == 1.0f);
+  moe_gguf_close(g);
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(gguf, &c));
+  ASSERT(lm_same_config("pattern 3", &m.cfg, &c));
+  moe_lm_free(&m);
+}
+
+/* Malformed gpt-oss files are errors naming the key or tensor: a required key absent, one of another
+ * type, values llama.cpp's graph would compute otherwise, a tensor absent or of another shape. */
+TEST(gguf_gptoss_bad_files_are_errors_naming_the_key_or_tensor) {
+  char good[512], bad[512];
+  moe_lm_t m;
+  moe_lm_config c;
+  ASSERT(load_llama_cpp_settings("gpt_oss_yarn", &m));
+  test_tmp_path("oss_good.gguf", good, sizeof good);
+  test_tmp_path("oss_bad.gguf", bad, sizeof bad);
+  ASSERT_OK(moe_lm_save_gguf(&m, good, NULL));
+  moe_lm_free(&m);
+  const struct {
+    const char *drop, *shrink, *key, *value;
+    moe_status st;
+    const char *names, *also;
+  } cases[] = {
+      {NULL, NULL, "gpt-oss.attention.sliding_window", NULL, MOE_ERR_MISSING, "gpt-oss.attention.sliding_window", NULL},
+      {NULL, NULL, "gpt-oss.expert_feed_forward_length", NULL, MOE_ERR_MISSING, "gpt-oss.expert_feed_forward_length",
+       NULL},
+      {NULL, NULL, "gpt-oss.attention.sliding_window_pattern", "2", MOE_ERR_DTYPE,
+       "gpt-oss.attention.sliding_window_pattern", NULL},
+      {NULL, NULL, "gpt-oss.rope.scaling.type", "linear", MOE_ERR_FORMAT, "gpt-oss.rope.scaling.type", "linear"},
+      {NULL, NULL, "gpt-oss.rope.scaling.factor", NULL, MOE_ERR_MISSING, "gpt-oss.rope.scaling.factor", NULL},
+      {NULL, NULL, "gpt-oss.rope.scaling.yarn_attn_factor", "f32:2", MOE_ERR_FORMAT,
+       "gpt-oss.rope.scaling.yarn_attn_factor", NULL},
+      {NULL, NULL, "gpt-oss.rope.freq_base_swa", "f32:5000", MOE_ERR_FORMAT, "gpt-oss.rope.freq_base_swa", "5000"},
+      {NULL, NULL, "gpt-oss.final_logit_softcapping", "f32:30", MOE_ERR_FORMAT, "gpt-oss.final_logit_softcapping",
+       NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    ASSERT_OK(lm_gguf_rewrite(good, bad, cases[i].drop, cases[i].shrink, cases[i].key, cases[i].value));
+    moe_status st = moe_lm_read_config(bad, &c);
+    if (st != cases[i].st)
+      FAIL_("%s %s: %s, want %s (%s)", cases[i].key, cases[i].value ? cases[i].value : "left out",
+            moe_status_name(st), moe_status_name(cases[i].st), moe_last_error());
+    ASSERT(lm_error_names(cases[i].names, "oss_bad.gguf", cases[i].also));
+  }
+  ASSERT_OK(lm_gguf_rewrite(good, bad, "blk.1.attn_sinks.weight", NULL, NULL, NULL));
+  ASSERT_STATUS(moe_lm_load(&m, bad, NULL), MOE_ERR_MISSING);
+  ASSERT(lm_error_names("blk.1.attn_sinks.weight", "oss_bad.gguf", NULL));
+  ASSERT_OK(lm_gguf_rewrite(good, bad, NULL, "blk.2.ffn_up_exps.bias", NULL, NULL));
+  ASSERT_STATUS(moe_lm_load(&m, bad, NULL), MOE_ERR_SHAPE);
+  ASSERT(lm_error_names("blk.2.ffn_up_exps.bias", "[32, 3]", "[32, 4]"));
+  ASSERT_OK(lm_gguf_rewrite(good, bad, NULL, "blk.0.ffn_down_exps.weight", NULL, NULL));
+  ASSERT_STATUS(moe_lm_load(&m, bad, NULL), MOE_ERR_SHAPE);
+  ASSERT(lm_error_names("blk.0.ffn_down_exps.weight", "[32, 31, 4]", "[32, 32, 4]"));
+}
