@@ -1280,8 +1280,10 @@ moe_status moe_lm_eos_ids(const char *dir, const moe_tokenizer *t, int vocab, in
 
 /* GGUF files (llama.cpp's format, DESIGN 4.8) stand wherever a checkpoint directory does: given a path
  * ending in ".gguf" or a file starting with the GGUF magic, moe_lm_read_config reads the config from
- * llama.cpp's keys (general.architecture llama with experts (Mixtral), qwen2moe, qwen3moe, olmoe, or
- * deepseek2 (DeepSeek-V2/V3: the latent attention's, router's and YaRN's keys, README's GGUF section);
+ * llama.cpp's keys (general.architecture llama with experts (Mixtral), qwen2moe, qwen3moe, olmoe,
+ * gpt-oss (its sliding window, layer pattern and YaRN keys; swiglu_alpha 1.702 and swiglu_limit 7, YaRN
+ * truncated, as llama.cpp computes it) or deepseek2 (DeepSeek-V2/V3: the latent attention's, router's
+ * and YaRN's keys, README's GGUF section);
  * {arch}.block_count, .embedding_length, .feed_forward_length, .expert_feed_forward_length,
  * .attention.head_count(_kv), .attention.key_length, .context_length, .rope.freq_base,
  * .attention.layer_norm_rms_epsilon, .expert_count, .expert_used_count, ...; the vocabulary from
@@ -1307,8 +1309,10 @@ typedef struct {
 } moe_lm_gguf_options;
 /* Writes m as llama.cpp's converter does (general.file_type, {arch}.* keys, tensor names, experts
  * stacked in 3-D tensors), atomically. o NULL: F32, no tokenizer. MOE_ERR_ARG for a model spread over
- * ranks or with a sliding window (llama's architecture has none), of gpt-oss (no architecture here),
- * or DeepSeek with a setting deepseek2's keys cannot say (limiting expert groups, moe_layer_freq > 1,
+ * ranks or with a sliding window (llama's architecture has none), gpt-oss with a setting llama.cpp's
+ * gpt-oss keys cannot say (swiglu_alpha and swiglu_limit other than 1.702 and 7, YaRN truncate 0 or
+ * other mscales, full_layers other than the last of every n, no window, tied embeddings, no attention
+ * biases), or DeepSeek with a setting deepseek2's keys cannot say (limiting expert groups, moe_layer_freq > 1,
  * rope_interleave 0, YaRN with other betas than 32 and 1, untruncated, or mscale other than
  * mscale_all_dim), naming it. */
 moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gguf_options *o);
