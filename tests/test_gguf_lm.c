@@ -459,7 +459,19 @@ static void check_model_tokenizer(int *failed_, const char *model, int export) {
 TEST(gguf_tokenizer_encodes_as_tokenizer_json_qwen3) { check_model_tokenizer(failed_, "qwen3", 0); }
 TEST(gguf_tokenizer_encodes_as_tokenizer_json_llama3) { check_model_tokenizer(failed_, "llama3", 0); }
 TEST(gguf_tokenizer_encodes_as_tokenizer_json_deepseek_v3) { check_model_tokenizer(failed_, "deepseek_v3", 0); }
-TEST(gguf_tokenizer_encodes_as_tokenizer_json_gptoss) { check_model_tokenizer(failed_, "gptoss", 0); }
+/* gpt-oss's o200k tokenizer: llama.cpp's gpt2 model with its "gpt-4o" pre-tokenizer. */
+TEST(gguf_tokenizer_encodes_as_tokenizer_json_gptoss) {
+  check_model_tokenizer(failed_, "gptoss", 0);
+  char gguf[512];
+  moe_gguf *g;
+  const char *model, *pre;
+  if (access(test_tmp_path("tok_gptoss.gguf", gguf, sizeof gguf), R_OK)) return; /* skipped or failed above */
+  ASSERT_OK(moe_gguf_open(&g, gguf));
+  ASSERT_OK(moe_gguf_get_str(g, "tokenizer.ggml.model", &model));
+  ASSERT_OK(moe_gguf_get_str(g, "tokenizer.ggml.pre", &pre));
+  ASSERT(!strcmp(model, "gpt2") && !strcmp(pre, "gpt-4o"));
+  moe_gguf_close(g);
+}
 TEST(gguf_tokenizer_encodes_as_tokenizer_json_llama2) { check_model_tokenizer(failed_, "llama2", 1); }
 TEST(gguf_tokenizer_encodes_as_tokenizer_json_llama3_1) { check_model_tokenizer(failed_, "llama3_1", 0); }
 TEST(gguf_tokenizer_encodes_as_tokenizer_json_mistral) { check_model_tokenizer(failed_, "mistral", 1); }
