@@ -1,6 +1,7 @@
 /* Checking the language model against the PyTorch references of dev/mixtral_ref.py and
  * dev/lm_families_ref.py and dev/deepseek_ref.py (tests/fixtures/lm/<case>/), and fixtures changed for
  * error tests: lm_check.h. */
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -337,5 +338,64 @@ int lm_error_names(const char *a, const char *b, const char *c) {
   const char *e = moe_last_error();
   int ok = strstr(e, a) && (!b || strstr(e, b)) && (!c || strstr(e, c));
   if (!ok) fprintf(stderr, "  error \"%s\" does not name %s %s %s\n", e, a, b ? b : "", c ? c : "");
+  return ok;
+}
+
+int lm_load_edited(const char *name, void (*edit)(moe_lm_config *c, int e), int e, moe_lm_t *m) {
+  char dir[512];
+  moe_lm_config c;
+  lm_case_dir(name, dir, sizeof dir);
+  if (moe_lm_read_config(dir, &c) != MOE_OK) return fprintf(stderr, "  %s: %s\n", name, moe_last_error()), 0;
+  edit(&c, e);
+  if (moe_lm_load(m, dir, &c) != MOE_OK) return fprintf(stderr, "  %s: %s\n", name, moe_last_error()), 0;
+  return 1;
+}
+
+int lm_gguf_u32_is(const moe_gguf *g, const char *key, uint32_t want) {
+  int64_t k = moe_gguf_find_key(g, key);
+  moe_gguf_kv kv;
+  uint32_t v = 0;
+  int ok = k >= 0 && moe_gguf_kv_at(g, k, &kv) == MOE_OK && kv.type == MOE_GGUFV_U32 &&
+           moe_gguf_get_u32(g, key, &v) == MOE_OK && v == want;
+  if (!ok) fprintf(stderr, "  key %s: %s, want u32 %u\n", key, k < 0 ? "absent" : "another type or value", want);
+  return ok;
+}
+
+int lm_gguf_tensor_is(const moe_gguf *g, const char *name, const char *ne, moe_gguf_type type) {
+  int64_t want[3] = {1, 1, 1};
+  moe_gguf_tensor t;
+  sscanf(ne, "%" SCNd64 " %" SCNd64 " %" SCNd64, &want[0], &want[1], &want[2]);
+  int ok = moe_gguf_tensor_get(g, name, &t) == MOE_OK && t.ne[0] == want[0] && t.ne[1] == want[1] &&
+           t.ne[2] == want[2] && t.type == type;
+  if (!ok) fprintf(stderr, "  tensor %s: not %s [%s] (%s)\n", name, moe_gguf_type_name(type), ne, moe_last_error());
+  return ok;
+}
+
+/* Prints what failed (a step's error, or nothing when a check printed) and gives 0. */
+static int round_trip_failed(const char *name, const char *step, moe_status st) {
+  if (st != MOE_OK) fprintf(stderr, "  %s: %s: %s\n", name, step, moe_last_error());
+  return 0;
+}
+
+int lm_gguf_round_trip(const char *name, moe_lm_t *hf, const char *gguf) {
+  char back[512], tmp[96];
+  moe_lm_t g, h2;
+  moe_lm_config c;
+  moe_status st;
+  if ((st = moe_lm_save_gguf(hf, gguf, NULL)) || (st = moe_lm_read_config(gguf, &c)))
+    return round_trip_failed(name, "saved as GGUF and its config read", st);
+  if (!lm_same_config(name, &hf->cfg, &c)) return 0;
+  if ((st = moe_lm_load(&g, gguf, NULL))) return round_trip_failed(name, "loaded from GGUF", st);
+  int ok = g.numel == hf->numel && lm_same_logits(name, name, hf, &g);
+  snprintf(tmp, sizeof tmp, "%s_back", name);
+  test_tmp_path(tmp, back, sizeof back);
+  if (ok && ((st = moe_lm_save(&g, back)) || (st = moe_lm_load(&h2, back, NULL))))
+    ok = round_trip_failed(name, "saved and loaded as a checkpoint directory", st);
+  else if (ok) {
+    ok = lm_same_tensors(name, hf, &h2) && lm_same_config(name, &hf->cfg, &h2.cfg); /* after HF -> GGUF -> HF */
+    moe_lm_free(&h2);
+  }
+  if (ok) fprintf(stderr, "  %s: logits equal, %d tensors back\n", name, hf->nrefs);
+  moe_lm_free(&g);
   return ok;
 }

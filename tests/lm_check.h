@@ -55,5 +55,16 @@ moe_status lm_gguf_rewrite(const char *src, const char *dst, const char *drop, c
                            const char *value);
 /* Whether the last error names every one of the strings (b, c may be NULL); prints it otherwise. */
 int lm_error_names(const char *a, const char *b, const char *c);
+/* The fixture case `name` loaded under its config.json changed by edit(c, e); 0 after printing on a
+ * failure. */
+int lm_load_edited(const char *name, void (*edit)(moe_lm_config *c, int e), int e, moe_lm_t *m);
+/* Whether g has key `key` of type u32 and value want; prints what it has otherwise. */
+int lm_gguf_u32_is(const moe_gguf *g, const char *key, uint32_t want);
+/* Whether g has tensor `name` of type `type` and ne "a b c" (absent dims 1); prints otherwise. */
+int lm_gguf_tensor_is(const moe_gguf *g, const char *name, const char *ne, moe_gguf_type type);
+/* hf (the fixture case `name`'s model) saved as an F32 GGUF file at gguf and read back: the same
+ * config, as many parameters, the same logits bit for bit on the fixture's tokens; then saved from there
+ * as a checkpoint directory and loaded: the same tensors and config. 0 after printing on a failure. */
+int lm_gguf_round_trip(const char *name, moe_lm_t *hf, const char *gguf);
 
 #endif

@@ -5,7 +5,6 @@
  * llama.cpp's converter splits them); the MXFP4 fixture's experts stay MXFP4 with the checkpoint's
  * values; settings llama.cpp's keys cannot say are refused naming them; malformed files are errors
  * naming the key or tensor. */
-#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,43 +15,30 @@
 
 /* llama.cpp's gpt-oss computes swiglu with limit 7 (the fixtures have 1.5) and YaRN with the ramp's ends
  * floored and ceiled (truncate; the fixture has false): the models the fixtures become there. */
+static void llama_cpp_settings(moe_lm_config *c, int unused) {
+  (void)unused;
+  c->moe.swiglu_limit = 7.0f;
+  if (c->yarn.factor) c->yarn.truncate = 1;
+}
+
 static int load_llama_cpp_settings(const char *name, moe_lm_t *m) {
-  char dir[512];
-  moe_lm_config c;
-  lm_case_dir(name, dir, sizeof dir);
-  if (moe_lm_read_config(dir, &c) != MOE_OK) return fprintf(stderr, "  %s: %s\n", name, moe_last_error()), 0;
-  c.moe.swiglu_limit = 7.0f;
-  if (c.yarn.factor) c.yarn.truncate = 1;
-  if (moe_lm_load(m, dir, &c) != MOE_OK) return fprintf(stderr, "  %s: %s\n", name, moe_last_error()), 0;
-  return 1;
+  return lm_load_edited(name, llama_cpp_settings, 0, m);
 }
 
 static const char *const CASES[] = {"gpt_oss", "gpt_oss_yarn", "gpt_oss_mxfp4"};
 
 TEST(gguf_gptoss_f32_gives_the_hf_logits_exactly_and_converts_back) {
   for (size_t k = 0; k < sizeof CASES / sizeof *CASES; k++) {
-    const char *name = CASES[k];
-    char gguf[512], back[512], tmp[96];
-    moe_lm_t hf, g, h2;
+    char gguf[512], tmp[96];
+    moe_lm_t hf;
     moe_lm_config c;
-    ASSERT(load_llama_cpp_settings(name, &hf));
-    snprintf(tmp, sizeof tmp, "%s.gguf", name);
-    test_tmp_path(tmp, gguf, sizeof gguf);
-    ASSERT_OK(moe_lm_save_gguf(&hf, gguf, NULL));
-    ASSERT_OK(moe_lm_read_config(gguf, &c));
-    ASSERT_EQ_INT(c.moe.expert_type, -1); /* F32 experts: fp32 parameters */
-    ASSERT(lm_same_config(name, &hf.cfg, &c));
-    ASSERT(!memcmp(&hf.cfg.yarn, &c.yarn, sizeof c.yarn));
-    ASSERT_OK(moe_lm_load(&g, gguf, NULL));
-    ASSERT_EQ_INT(g.numel, hf.numel);
-    ASSERT(lm_same_logits(name, name, &hf, &g));
-    snprintf(tmp, sizeof tmp, "%s_back", name);
-    test_tmp_path(tmp, back, sizeof back);
-    ASSERT_OK(moe_lm_save(&g, back));
-    ASSERT_OK(moe_lm_load(&h2, back, NULL));
-    ASSERT(lm_same_tensors(name, &hf, &h2)); /* after HF -> GGUF -> HF */
-    fprintf(stderr, "  %s: logits equal, %d tensors back\n", name, hf.nrefs);
-    moe_lm_free(&hf), moe_lm_free(&g), moe_lm_free(&h2);
+    ASSERT(load_llama_cpp_settings(CASES[k], &hf));
+    snprintf(tmp, sizeof tmp, "%s.gguf", CASES[k]);
+    int ok = lm_gguf_round_trip(CASES[k], &hf, test_tmp_path(tmp, gguf, sizeof gguf));
+    ok = ok && moe_lm_read_config(gguf, &c) == MOE_OK && c.moe.expert_type == -1 && /* F32: fp32 parameters */
+         (c.yarn.factor == 0 || !memcmp(&hf.cfg.yarn, &c.yarn, sizeof c.yarn)); /* truncate too */
+    moe_lm_free(&hf);
+    ASSERT(ok);
   }
 }
 
@@ -103,16 +89,7 @@ TEST(gguf_gptoss_file_has_llama_cpp_keys_and_tensor_names) {
       {"gpt-oss.attention.key_length", 12}, {"gpt-oss.attention.value_length", 12},
       {"gpt-oss.attention.sliding_window", 4}, {"gpt-oss.expert_feed_forward_length", 32},
       {"general.file_type", 0}, {"general.quantization_version", 2}};
-  for (size_t i = 0; i < sizeof u32s / sizeof *u32s; i++) {
-    int64_t k = moe_gguf_find_key(g, u32s[i].key);
-    moe_gguf_kv kv;
-    uint32_t v;
-    if (k < 0) FAIL_("no key %s", u32s[i].key);
-    ASSERT_OK(moe_gguf_kv_at(g, k, &kv));
-    ASSERT_EQ_INT(kv.type, MOE_GGUFV_U32);
-    ASSERT_OK(moe_gguf_get_u32(g, u32s[i].key, &v));
-    ASSERT_EQ_INT(v, u32s[i].v);
-  }
+  for (size_t i = 0; i < sizeof u32s / sizeof *u32s; i++) ASSERT(lm_gguf_u32_is(g, u32s[i].key, u32s[i].v));
   /* layer_types sliding, full, sliding: llama.cpp's default pattern, no key; no YaRN: no rope.scaling */
   ASSERT(moe_gguf_find_key(g, "gpt-oss.attention.sliding_window_pattern") < 0);
   ASSERT(moe_gguf_find_key(g, "gpt-oss.rope.scaling.type") < 0);
@@ -121,8 +98,8 @@ TEST(gguf_gptoss_file_has_llama_cpp_keys_and_tensor_names) {
   ASSERT(f == 10000.0f);
   ASSERT_OK(moe_gguf_get_f32(g, "gpt-oss.attention.layer_norm_rms_epsilon", &f));
   ASSERT(f == 1e-5f);
-  const struct { const char *name; int64_t ne[3]; } top[] = {
-      {"token_embd.weight", {32, 48, 1}}, {"output_norm.weight", {32, 1, 1}}, {"output.weight", {32, 48, 1}}};
+  static const char *const top[][2] = {
+      {"token_embd.weight", "32 48"}, {"output_norm.weight", "32"}, {"output.weight", "32 48"}};
   static const char *const layer[][2] = {
       {"attn_norm.weight", "32"}, {"post_attention_norm.weight", "32"}, {"attn_q.weight", "32 48"},
       {"attn_k.weight", "32 24"}, {"attn_v.weight", "32 24"}, {"attn_output.weight", "48 32"}, {"attn_q.bias", "48"},
@@ -131,25 +108,12 @@ TEST(gguf_gptoss_file_has_llama_cpp_keys_and_tensor_names) {
       {"ffn_up_exps.weight", "32 32 4"}, {"ffn_down_exps.weight", "32 32 4"}, {"ffn_gate_exps.bias", "32 4"},
       {"ffn_up_exps.bias", "32 4"}, {"ffn_down_exps.bias", "32 4"}};
   int seen = 0;
-  for (size_t i = 0; i < 3; i++) {
-    moe_gguf_tensor t;
-    ASSERT_OK(moe_gguf_tensor_get(g, top[i].name, &t));
-    ASSERT(t.ne[0] == top[i].ne[0] && t.ne[1] == top[i].ne[1] && t.type == MOE_GGUF_F32);
-    seen++;
-  }
+  for (size_t i = 0; i < 3; i++, seen++) ASSERT(lm_gguf_tensor_is(g, top[i][0], top[i][1], MOE_GGUF_F32));
   for (int l = 0; l < 3; l++)
-    for (size_t i = 0; i < sizeof layer / sizeof *layer; i++) {
+    for (size_t i = 0; i < sizeof layer / sizeof *layer; i++, seen++) {
       char name[64];
-      int64_t ne[3] = {1, 1, 1};
       snprintf(name, sizeof name, "blk.%d.%s", l, layer[i][0]);
-      sscanf(layer[i][1], "%" SCNd64 " %" SCNd64 " %" SCNd64, &ne[0], &ne[1], &ne[2]);
-      moe_gguf_tensor t;
-      ASSERT_OK(moe_gguf_tensor_get(g, name, &t));
-      if (t.ne[0] != ne[0] || t.ne[1] != ne[1] || t.ne[2] != ne[2] || t.type != MOE_GGUF_F32)
-        FAIL_("%s is %s [%lld, %lld, %lld], want F32 [%lld, %lld, %lld]", name, moe_gguf_type_name(t.type),
-              (long long)t.ne[0], (long long)t.ne[1], (long long)t.ne[2], (long long)ne[0], (long long)ne[1],
-              (long long)ne[2]);
-      seen++;
+      ASSERT(lm_gguf_tensor_is(g, name, layer[i][1], MOE_GGUF_F32));
     }
   ASSERT_EQ_INT(seen, moe_gguf_tensor_count(g));
   /* layer 2's experts against the checkpoint's fused tensors: gate_up_proj (E, D, 2H), down_proj

@@ -41,8 +41,20 @@ int moe__lm_quantizable(const moe_lm_t *m, const char *name);
 const moe__qmat *moe__lm_quant_weight(const moe_lm_t *m, const char *name);
 void moe__lm_bind_quant(moe_lm_t *m, const char *name, moe_gguf_type t, const void *w, void *own);
 
+/* "{arch}.<suffix>" into buf (128 bytes); whether g has that key; a finite float there, positive (or
+ * with positive 0 non-negative), *out left as it is when absent. */
+const char *moe__lm_gguf_key(char *buf, const char *arch, const char *suffix);
+int moe__lm_gguf_has(const moe_gguf *g, const char *arch, const char *suffix);
+moe_status moe__lm_gguf_real(const moe_gguf *g, const char *arch, const char *suffix, int positive, float *out);
+/* {arch}.rope.scaling.*: type none (absent too; *on 0, y untouched, no factor) or yarn (*on 1) with its
+ * factor (>= 1) and original_context_length (absent: y's) into y; another type is an error naming it. */
+moe_status moe__lm_gguf_read_yarn(const moe_gguf *g, const char *arch, moe_lm_yarn *y, int *on);
 /* A positive count {arch}.<suffix>: required, or (when absent) *out left as it is. */
 moe_status moe__lm_gguf_count(const moe_gguf *g, const char *arch, const char *suffix, int required, int *out);
+
+/* Key {arch}.<suffix> set to v as a u32, or a f32 (lm_gguf_write.c). */
+moe_status moe__lm_gguf_set_u32(moe_gguf_writer *w, const char *arch, const char *suffix, int v);
+moe_status moe__lm_gguf_set_f32(moe_gguf_writer *w, const char *arch, const char *suffix, float v);
 
 /* DeepSeek-V2/V3 as llama.cpp's deepseek2 (lm_gguf_deepseek.c). Whether f is one of them; its keys
  * beside the common ones into c (the latent attention, shared experts, leading dense layers, the

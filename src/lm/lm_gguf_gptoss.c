@@ -14,29 +14,15 @@
 #include "lm_gguf.h"
 
 #define ARCH "gpt-oss"
+
+static const char *key(char *buf, const char *suffix) { return moe__lm_gguf_key(buf, ARCH, suffix); }
+static int has_key(const moe_gguf *g, const char *suffix) { return moe__lm_gguf_has(g, ARCH, suffix); }
 #define ALPHA 1.702f /* llama.cpp's build_moe_ffn: LLM_FFN_SWIGLU_OAI_MOE */
 #define LIMIT 7.0f
 #define PATTERN 2 /* llama.cpp's default sliding_window_pattern */
 
-static const char *key(char *buf, const char *suffix) {
-  snprintf(buf, 128, ARCH ".%s", suffix);
-  return buf;
-}
 
-static int has_key(const moe_gguf *g, const char *suffix) {
-  char k[128];
-  return moe_gguf_find_key(g, key(k, suffix)) >= 0;
-}
 
-/* A float key, finite and positive; *out left as it is when absent. */
-static moe_status get_float(const moe_gguf *g, const char *suffix, float *out) {
-  char k[128];
-  if (!has_key(g, suffix)) return MOE_OK;
-  MOE_CHECK(moe_gguf_get_f32(g, key(k, suffix), out));
-  MOE_TRY(isfinite(*out) && *out > 0, MOE_ERR_FORMAT, "%s: %s is %g, want a positive number", moe_gguf_path(g), k,
-          (double)*out);
-  return MOE_OK;
-}
 
 /* Layer i attends to every earlier position under llama.cpp's set_swa_pattern(n): the last of each n. */
 static int full_in_pattern(int i, int n) { return i % n >= n - 1; }
@@ -46,16 +32,11 @@ static int full_in_pattern(int i, int n) { return i % n >= n - 1; }
  * mscale_all_dim 0); the keys that would change that (an attention factor, a log multiplier, an
  * extrapolation factor other than 1) are refused by name. */
 static moe_status read_yarn(const moe_gguf *g, moe_lm_config *c) {
+  moe_lm_yarn y = {0, c->max_seq, 32, 1, 1, 0, 1};
+  int on;
+  MOE_CHECK(moe__lm_gguf_read_yarn(g, ARCH, &y, &on));
+  if (!on) return MOE_OK;
   char k[128];
-  const char *type = "none";
-  if (has_key(g, "rope.scaling.type")) MOE_CHECK(moe_gguf_get_str(g, key(k, "rope.scaling.type"), &type));
-  if (!strcmp(type, "none")) {
-    MOE_TRY(!has_key(g, "rope.scaling.factor"), MOE_ERR_FORMAT, "%s: %s without %s yarn is not supported",
-            moe_gguf_path(g), key(k, "rope.scaling.factor"), ARCH ".rope.scaling.type");
-    return MOE_OK;
-  }
-  MOE_TRY(!strcmp(type, "yarn"), MOE_ERR_FORMAT, "%s: %s \"%s\" is not supported (none or yarn)", moe_gguf_path(g),
-          key(k, "rope.scaling.type"), type);
   static const struct {
     const char *suffix;
     float value;
@@ -67,15 +48,8 @@ static moe_status read_yarn(const moe_gguf *g, moe_lm_config *c) {
     MOE_TRY(v == neutral[i].value, MOE_ERR_FORMAT, "%s: %s %g is not supported (only %g)", moe_gguf_path(g), k,
             (double)v, (double)neutral[i].value);
   }
-  moe_lm_yarn y = {0, c->max_seq, 32, 1, 1, 0, 1};
-  MOE_TRY(has_key(g, "rope.scaling.factor"), MOE_ERR_MISSING, "%s: yarn without %s", moe_gguf_path(g),
-          key(k, "rope.scaling.factor"));
-  MOE_CHECK(get_float(g, "rope.scaling.factor", &y.factor));
-  MOE_TRY(y.factor >= 1, MOE_ERR_FORMAT, "%s: %s is %g, want >= 1", moe_gguf_path(g), key(k, "rope.scaling.factor"),
-          (double)y.factor);
-  MOE_CHECK(moe__lm_gguf_count(g, ARCH, "rope.scaling.original_context_length", 0, &y.original_max_pos));
-  MOE_CHECK(get_float(g, "rope.scaling.yarn_beta_fast", &y.beta_fast));
-  MOE_CHECK(get_float(g, "rope.scaling.yarn_beta_slow", &y.beta_slow));
+  MOE_CHECK(moe__lm_gguf_real(g, ARCH, "rope.scaling.yarn_beta_fast", 1, &y.beta_fast));
+  MOE_CHECK(moe__lm_gguf_real(g, ARCH, "rope.scaling.yarn_beta_slow", 1, &y.beta_slow));
   c->yarn = y;
   return MOE_OK;
 }
@@ -138,26 +112,17 @@ moe_status moe__lm_gguf_check_gptoss(const moe_lm_config *c, const char *path) {
   return MOE_OK;
 }
 
-static moe_status set_u32(moe_gguf_writer *w, const char *suffix, int v) {
-  char k[128];
-  return moe_gguf_writer_set_u32(w, key(k, suffix), (uint32_t)v);
-}
-
-static moe_status set_f32(moe_gguf_writer *w, const char *suffix, float v) {
-  char k[128];
-  return moe_gguf_writer_set_f32(w, key(k, suffix), v);
-}
-
 moe_status moe__lm_gguf_write_gptoss(moe_gguf_writer *w, const moe_lm_config *c) {
-  MOE_CHECK(set_u32(w, "attention.sliding_window", c->sliding_window));
-  MOE_CHECK(set_u32(w, "expert_feed_forward_length", c->moe.H));
+  MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "attention.sliding_window", c->sliding_window));
+  MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "expert_feed_forward_length", c->moe.H));
   int n = pattern_of(c);
-  if (n != PATTERN) MOE_CHECK(set_u32(w, "attention.sliding_window_pattern", n));
+  if (n != PATTERN) MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "attention.sliding_window_pattern", n));
   if (c->yarn.factor == 0) return MOE_OK;
   char k[128];
   MOE_CHECK(moe_gguf_writer_set_str(w, key(k, "rope.scaling.type"), "yarn"));
-  MOE_CHECK(set_f32(w, "rope.scaling.factor", c->yarn.factor));
-  MOE_CHECK(set_u32(w, "rope.scaling.original_context_length", c->yarn.original_max_pos));
-  MOE_CHECK(set_f32(w, "rope.scaling.yarn_beta_fast", c->yarn.beta_fast));
-  return set_f32(w, "rope.scaling.yarn_beta_slow", c->yarn.beta_slow);
+  MOE_CHECK(moe__lm_gguf_set_f32(w, ARCH, "rope.scaling.factor", c->yarn.factor));
+  MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "rope.scaling.original_context_length",
+                                 c->yarn.original_max_pos));
+  MOE_CHECK(moe__lm_gguf_set_f32(w, ARCH, "rope.scaling.yarn_beta_fast", c->yarn.beta_fast));
+  return moe__lm_gguf_set_f32(w, ARCH, "rope.scaling.yarn_beta_slow", c->yarn.beta_slow);
 }

@@ -92,12 +92,20 @@ static moe_status add_experts(tensors *ts, const moe_lm_t *m, int i) {
   return MOE_OK;
 }
 
+moe_status moe__lm_gguf_set_u32(moe_gguf_writer *w, const char *arch, const char *suffix, int v) {
+  char k[128];
+  snprintf(k, sizeof k, "%s.%s", arch, suffix);
+  return moe_gguf_writer_set_u32(w, k, (uint32_t)v);
+}
+
+moe_status moe__lm_gguf_set_f32(moe_gguf_writer *w, const char *arch, const char *suffix, float v) {
+  char k[128];
+  snprintf(k, sizeof k, "%s.%s", arch, suffix);
+  return moe_gguf_writer_set_f32(w, k, v);
+}
+
 static moe_status set_counts(moe_gguf_writer *w, const char *arch, const char *const *keys, const int *v, int n) {
-  for (int i = 0; i < n; i++) {
-    char k[128];
-    snprintf(k, sizeof k, "%s.%s", arch, keys[i]);
-    MOE_CHECK(moe_gguf_writer_set_u32(w, k, (uint32_t)v[i]));
-  }
+  for (int i = 0; i < n; i++) MOE_CHECK(moe__lm_gguf_set_u32(w, arch, keys[i], v[i]));
   return MOE_OK;
 }
 
