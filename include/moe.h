@@ -424,7 +424,7 @@ typedef struct {
                              MXFP4, BF16, F16):
                              the experts' weights are bytes of that type, for inference (backward is
                              MOE_ERR_ARG), given with moe_layer_bind_experts; the parameter table then
-                             has no experts.*.weight (experts.fc1/fc2.bias stay fp32). Needs D and H
+                             has no experts.*.weight (experts.fc1/fc2/fc3.bias stay fp32). Needs D and H
                              multiples of the type's block, dtype f32, pipeline 1, no dist, no inner
                              or external experts. See also moe_layer_quantize_experts */
 } moe_layer_config;
@@ -543,7 +543,7 @@ void moe_layer_set_threads(moe_layer_t *l, int threads);
  * moe_layer_bind_experts: the experts' weights are the caller's bytes of type `type` in ggml's layout
  * (a GGUF file's ffn_gate_exps, ffn_down_exps, ffn_up_exps tensors, e.g. mmap'd): fc1 (the gate,
  * ne = [D, H, E]: E H rows of D values), fc2 (the down projection, ne = [H, D, E]), fc3 (the up, ne =
- * [D, H, E]; swiglu only, NULL otherwise), not copied: they must stay valid and unchanged while the
+ * [D, H, E]; swiglu and swiglu_oai only, NULL otherwise), not copied: they must stay valid and unchanged while the
  * layer computes with them (until moe_layer_free, or another bind or quantize). Any fp32 experts of the
  * layer are left as they are and not read. Both: backward is MOE_ERR_ARG afterwards; the configuration
  * must allow the type (see expert_type). */
