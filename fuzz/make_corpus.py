@@ -233,6 +233,7 @@ tokenizer_json_seeds(put)
 
 
 # gguf_lm: each family's tiny model as a GGUF file (moe convert --type q8_0: its rows of 8 go to F16),
+# gpt-oss's MXFP4 fixture as MXFP4,
 # and a Mixtral-shaped one with each kind of tokenizer of the tokenizer_json seeds as tokenizer.ggml.*
 # keys (gpt2 and llama3: byte-level "gpt2" with pre gpt-2 / llama-bpe; llama2: byte fallback, "llama").
 def gguf_lm_seeds():
@@ -249,6 +250,12 @@ def gguf_lm_seeds():
     for fam, (config, weights) in tiny_lm.items():
         run("convert", checkpoint(fam, config, weights), f"{fam}.gguf", "--type", "q8_0")
         put("gguf_lm", f"{fam}.gguf", read(f"{fam}.gguf"))
+    # gpt-oss: the MXFP4 fixture with llama.cpp's swiglu_limit 7, its experts (and other matrices) MXFP4
+    with open(os.path.join(fixtures, "gpt_oss_mxfp4", "config.json")) as f:
+        config = dict(json.load(f), swiglu_limit=7.0)
+    with open(os.path.join(fixtures, "gpt_oss_mxfp4", "model.safetensors"), "rb") as f:
+        run("convert", checkpoint("gpt_oss", config, f.read()), "gpt_oss.gguf", "--type", "mxfp4")
+    put("gguf_lm", "gpt_oss.gguf", read("gpt_oss.gguf"))
     toks = {}
     tokenizer_json_seeds(lambda target, name, data: toks.__setitem__(name, data))
     for name in ("gpt2.json", "llama3.json", "llama2.json"):

@@ -424,7 +424,7 @@ typedef struct {
                              MXFP4, BF16, F16):
                              the experts' weights are bytes of that type, for inference (backward is
                              MOE_ERR_ARG), given with moe_layer_bind_experts; the parameter table then
-                             has no experts.*.weight (experts.fc1/fc2.bias stay fp32). Needs D and H
+                             has no experts.*.weight (experts.fc1/fc2/fc3.bias stay fp32). Needs D and H
                              multiples of the type's block, dtype f32, pipeline 1, no dist, no inner
                              or external experts. See also moe_layer_quantize_experts */
 } moe_layer_config;
@@ -543,15 +543,15 @@ void moe_layer_set_threads(moe_layer_t *l, int threads);
  * moe_layer_bind_experts: the experts' weights are the caller's bytes of type `type` in ggml's layout
  * (a GGUF file's ffn_gate_exps, ffn_down_exps, ffn_up_exps tensors, e.g. mmap'd): fc1 (the gate,
  * ne = [D, H, E]: E H rows of D values), fc2 (the down projection, ne = [H, D, E]), fc3 (the up, ne =
- * [D, H, E]; swiglu only, NULL otherwise), not copied: they must stay valid and unchanged while the
+ * [D, H, E]; swiglu and swiglu_oai only, NULL otherwise), not copied: they must stay valid and unchanged while the
  * layer computes with them (until moe_layer_free, or another bind or quantize). Any fp32 experts of the
  * layer are left as they are and not read. Both: backward is MOE_ERR_ARG afterwards; the configuration
  * must allow the type (see expert_type). */
 moe_status moe_layer_quantize_experts(moe_layer_t *l, moe_gguf_type type);
 moe_status moe_layer_bind_experts(moe_layer_t *l, moe_gguf_type type, const void *fc1, const void *fc2,
                                   const void *fc3);
-/* The same with a type for each of fc1, fc2, fc3 (types[2] unused without swiglu), as llama.cpp's mixed
- * files (Q4_K_M: some down projections Q6_K beside Q4_K gates) store them; each type must have kernels
+/* The same with a type for each of fc1, fc2, fc3 (types[2] unused without swiglu or swiglu_oai), as
+ * llama.cpp's mixed files (Q4_K_M: some down projections Q6_K beside Q4_K gates) store them; each type must have kernels
  * and hold D and H in whole blocks. The layer's expert_type becomes fc1's. */
 moe_status moe_layer_bind_experts_typed(moe_layer_t *l, const moe_gguf_type types[3], const void *fc1, const void *fc2,
                                         const void *fc3);
@@ -1289,8 +1289,10 @@ moe_status moe_lm_eos_ids(const char *dir, const moe_tokenizer *t, int vocab, in
 
 /* GGUF files (llama.cpp's format, DESIGN 4.8) stand wherever a checkpoint directory does: given a path
  * ending in ".gguf" or a file starting with the GGUF magic, moe_lm_read_config reads the config from
- * llama.cpp's keys (general.architecture llama with experts (Mixtral), qwen2moe, qwen3moe, olmoe, or
- * deepseek2 (DeepSeek-V2/V3: the latent attention's, router's and YaRN's keys, README's GGUF section);
+ * llama.cpp's keys (general.architecture llama with experts (Mixtral), qwen2moe, qwen3moe, olmoe,
+ * gpt-oss (its sliding window, layer pattern and YaRN keys; swiglu_alpha 1.702 and swiglu_limit 7, YaRN
+ * truncated, as llama.cpp computes it) or deepseek2 (DeepSeek-V2/V3: the latent attention's, router's
+ * and YaRN's keys, README's GGUF section);
  * {arch}.block_count, .embedding_length, .feed_forward_length, .expert_feed_forward_length,
  * .attention.head_count(_kv), .attention.key_length, .context_length, .rope.freq_base,
  * .attention.layer_norm_rms_epsilon, .expert_count, .expert_used_count, ...; the vocabulary from
@@ -1316,8 +1318,10 @@ typedef struct {
 } moe_lm_gguf_options;
 /* Writes m as llama.cpp's converter does (general.file_type, {arch}.* keys, tensor names, experts
  * stacked in 3-D tensors), atomically. o NULL: F32, no tokenizer. MOE_ERR_ARG for a model spread over
- * ranks or with a sliding window (llama's architecture has none), of gpt-oss (no architecture here),
- * or DeepSeek with a setting deepseek2's keys cannot say (limiting expert groups, moe_layer_freq > 1,
+ * ranks or with a sliding window (llama's architecture has none), gpt-oss with a setting llama.cpp's
+ * gpt-oss keys cannot say (swiglu_alpha and swiglu_limit other than 1.702 and 7, YaRN truncate 0 or
+ * other mscales, full_layers other than the last of every n, no window, tied embeddings, no attention
+ * biases), or DeepSeek with a setting deepseek2's keys cannot say (limiting expert groups, moe_layer_freq > 1,
  * rope_interleave 0, YaRN with other betas than 32 and 1, untruncated, or mscale other than
  * mscale_all_dim), naming it. */
 moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gguf_options *o);

@@ -1,6 +1,7 @@
 /* Checking the language model against the PyTorch references of dev/mixtral_ref.py and
  * dev/lm_families_ref.py and dev/deepseek_ref.py (tests/fixtures/lm/<case>/), and fixtures changed for
  * error tests: lm_check.h. */
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -240,4 +241,161 @@ int lm_check_train_from_checkpoint(const char *name, int threads, const char *ke
   fprintf(stderr, "  %s: loss %.4f -> %.4f after 12 SGD steps, %.4f reloaded\n", name, first, last, again.loss);
   if (!kept) fprintf(stderr, "  %s: %s changed in training\n", name, keep);
   return kept && last < 0.8 * first && fabs(again.loss - last) <= 1e-6;
+}
+
+/* Whether the config read from a file is the model's in everything it computes; prints what differs. */
+int lm_same_config(const char *what, const moe_lm_config *a, const moe_lm_config *b) {
+  const moe_layer_config *x = &a->moe, *y = &b->moe;
+  int dense = 0;
+  for (int i = 0; i < a->n_layers; i++) dense |= moe_lm_layer_dense(a, i);
+  const struct { const char *field; int same; } f[] = {
+      {"family", a->family == b->family},
+      {"sizes", a->vocab == b->vocab && a->n_layers == b->n_layers && a->n_heads == b->n_heads &&
+                    a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim && a->max_seq == b->max_seq},
+      {"rope_theta, rms_eps", a->rope_theta == b->rope_theta && a->rms_eps == b->rms_eps},
+      {"tie_embeddings", a->tie_embeddings == b->tie_embeddings},
+      {"moe sizes", x->D == y->D && x->H == y->H && x->E == y->E && x->top_k == y->top_k},
+      {"shared experts", x->shared_H == y->shared_H && x->shared_gate == y->shared_gate},
+      {"dense layers", !memcmp(a->dense_layers, b->dense_layers, sizeof a->dense_layers) &&
+                           (!dense || a->dense_H == b->dense_H)},
+      {"mla", !memcmp(&a->mla, &b->mla, sizeof a->mla)},
+      {"yarn", a->yarn.factor == b->yarn.factor && (a->yarn.factor == 0 || !memcmp(&a->yarn, &b->yarn, sizeof a->yarn))},
+      {"score", x->score == y->score},
+      {"select_bias", x->select_bias == y->select_bias},
+      {"normalize_topk", x->normalize_topk == y->normalize_topk},
+      {"routed_scale", x->routed_scale == y->routed_scale},
+      {"n_group", x->n_group == y->n_group},
+      {"biases, sinks", a->qkv_bias == b->qkv_bias && a->o_bias == b->o_bias && a->attn_sinks == b->attn_sinks &&
+                            x->gate_bias == y->gate_bias && x->expert_bias == y->expert_bias},
+      {"activation", x->act == y->act && x->swiglu_alpha == y->swiglu_alpha && x->swiglu_limit == y->swiglu_limit},
+      {"sliding window", a->sliding_window == b->sliding_window &&
+                             (!a->sliding_window || !memcmp(a->full_layers, b->full_layers, sizeof a->full_layers))},
+  };
+  for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+    if (!f[i].same) return fprintf(stderr, "  %s: the file's %s differs from the model's\n", what, f[i].field), 0;
+  return 1;
+}
+
+/* Whether a and b give the same logits on the fixture's tokens, bit for bit; prints how many differ. */
+int lm_same_logits(const char *what, const char *fixture, moe_lm_t *a, moe_lm_t *b) {
+  char dir[512];
+  int B, T;
+  int32_t *t = lm_fixture_tokens(lm_case_dir(fixture, dir, sizeof dir), &B, &T);
+  float *x = t ? lm_logits(a, t, B, T) : NULL, *y = t ? lm_logits(b, t, B, T) : NULL;
+  size_t n = (size_t)B * T * a->cfg.vocab, diff = 0;
+  for (size_t i = 0; x && y && i < n; i++) diff += x[i] != y[i];
+  if (diff) fprintf(stderr, "  %s: %zu of %zu logits differ\n", what, diff, n);
+  int ok = x && y && !diff;
+  free(t), free(x), free(y);
+  return ok;
+}
+
+/* m saved to a new path is MOE_ERR_ARG whose message names `setting`, and no file is left there. */
+int lm_gguf_refused(const moe_lm_t *m, const char *setting) {
+  char path[512];
+  test_tmp_path("refused.gguf", path, sizeof path);
+  moe_status st = moe_lm_save_gguf(m, path, NULL);
+  const char *e = moe_last_error();
+  int ok = st == MOE_ERR_ARG && strstr(e, setting) && access(path, F_OK) != 0;
+  if (!ok) fprintf(stderr, "  saving with %s: status %d, \"%s\"\n", setting, (int)st, st ? e : "");
+  return ok;
+}
+
+/* src copied to dst with tensor `drop` left out, tensor `shrink` one row shorter, key `key` set to the
+ * string `value` ("f32:<number>": that float; NULL: the key left out) (drop, shrink, key NULL:
+ * unchanged). */
+moe_status lm_gguf_rewrite(const char *src, const char *dst, const char *drop, const char *shrink, const char *key,
+                          const char *value) {
+  moe_gguf *g;
+  moe_gguf_writer *w = NULL;
+  moe_status st = moe_gguf_open(&g, src);
+  if (st != MOE_OK) return st;
+  st = moe_gguf_writer_new(&w);
+  for (int64_t i = 0; st == MOE_OK && i < moe_gguf_kv_count(g); i++) {
+    moe_gguf_kv kv;
+    st = moe_gguf_kv_at(g, i, &kv);
+    if (st == MOE_OK && !(key && !value && !strcmp(kv.key, key))) st = moe_gguf_writer_copy_kv(w, g, i);
+  }
+  if (st == MOE_OK && key && value)
+    st = !strncmp(value, "f32:", 4) ? moe_gguf_writer_set_f32(w, key, strtof(value + 4, NULL))
+                                    : moe_gguf_writer_set_str(w, key, value);
+  for (int64_t i = 0; st == MOE_OK && i < moe_gguf_tensor_count(g); i++) {
+    moe_gguf_tensor t;
+    st = moe_gguf_tensor_at(g, i, &t);
+    if (st != MOE_OK || (drop && !strcmp(t.name, drop))) continue;
+    int cut = shrink && !strcmp(t.name, shrink);
+    if (cut) t.nbytes -= t.nbytes / (size_t)t.ne[1], t.ne[1]--; /* a row of every matrix of the stack */
+    st = moe_gguf_writer_add_tensor(w, t.name, t.type, t.ndim, t.ne, t.data, t.nbytes);
+  }
+  if (st == MOE_OK) st = moe_gguf_writer_save(w, dst);
+  moe_gguf_writer_free(w);
+  moe_gguf_close(g);
+  return st;
+}
+
+/* Whether the last error names every one of the strings. */
+int lm_error_names(const char *a, const char *b, const char *c) {
+  const char *e = moe_last_error();
+  int ok = strstr(e, a) && (!b || strstr(e, b)) && (!c || strstr(e, c));
+  if (!ok) fprintf(stderr, "  error \"%s\" does not name %s %s %s\n", e, a, b ? b : "", c ? c : "");
+  return ok;
+}
+
+int lm_load_edited(const char *name, void (*edit)(moe_lm_config *c, int e), int e, moe_lm_t *m) {
+  char dir[512];
+  moe_lm_config c;
+  lm_case_dir(name, dir, sizeof dir);
+  if (moe_lm_read_config(dir, &c) != MOE_OK) return fprintf(stderr, "  %s: %s\n", name, moe_last_error()), 0;
+  edit(&c, e);
+  if (moe_lm_load(m, dir, &c) != MOE_OK) return fprintf(stderr, "  %s: %s\n", name, moe_last_error()), 0;
+  return 1;
+}
+
+int lm_gguf_u32_is(const moe_gguf *g, const char *key, uint32_t want) {
+  int64_t k = moe_gguf_find_key(g, key);
+  moe_gguf_kv kv;
+  uint32_t v = 0;
+  int ok = k >= 0 && moe_gguf_kv_at(g, k, &kv) == MOE_OK && kv.type == MOE_GGUFV_U32 &&
+           moe_gguf_get_u32(g, key, &v) == MOE_OK && v == want;
+  if (!ok) fprintf(stderr, "  key %s: %s, want u32 %u\n", key, k < 0 ? "absent" : "another type or value", want);
+  return ok;
+}
+
+int lm_gguf_tensor_is(const moe_gguf *g, const char *name, const char *ne, moe_gguf_type type) {
+  int64_t want[3] = {1, 1, 1};
+  moe_gguf_tensor t;
+  sscanf(ne, "%" SCNd64 " %" SCNd64 " %" SCNd64, &want[0], &want[1], &want[2]);
+  int ok = moe_gguf_tensor_get(g, name, &t) == MOE_OK && t.ne[0] == want[0] && t.ne[1] == want[1] &&
+           t.ne[2] == want[2] && t.type == type;
+  if (!ok) fprintf(stderr, "  tensor %s: not %s [%s] (%s)\n", name, moe_gguf_type_name(type), ne, moe_last_error());
+  return ok;
+}
+
+/* Prints what failed (a step's error, or nothing when a check printed) and gives 0. */
+static int round_trip_failed(const char *name, const char *step, moe_status st) {
+  if (st != MOE_OK) fprintf(stderr, "  %s: %s: %s\n", name, step, moe_last_error());
+  return 0;
+}
+
+int lm_gguf_round_trip(const char *name, moe_lm_t *hf, const char *gguf) {
+  char back[512], tmp[96];
+  moe_lm_t g, h2;
+  moe_lm_config c;
+  moe_status st;
+  if ((st = moe_lm_save_gguf(hf, gguf, NULL)) || (st = moe_lm_read_config(gguf, &c)))
+    return round_trip_failed(name, "saved as GGUF and its config read", st);
+  if (!lm_same_config(name, &hf->cfg, &c)) return 0;
+  if ((st = moe_lm_load(&g, gguf, NULL))) return round_trip_failed(name, "loaded from GGUF", st);
+  int ok = g.numel == hf->numel && lm_same_logits(name, name, hf, &g);
+  snprintf(tmp, sizeof tmp, "%s_back", name);
+  test_tmp_path(tmp, back, sizeof back);
+  if (ok && ((st = moe_lm_save(&g, back)) || (st = moe_lm_load(&h2, back, NULL))))
+    ok = round_trip_failed(name, "saved and loaded as a checkpoint directory", st);
+  else if (ok) {
+    ok = lm_same_tensors(name, hf, &h2) && lm_same_config(name, &hf->cfg, &h2.cfg); /* after HF -> GGUF -> HF */
+    moe_lm_free(&h2);
+  }
+  if (ok) fprintf(stderr, "  %s: logits equal, %d tensors back\n", name, hf->nrefs);
+  moe_lm_free(&g);
+  return ok;
 }

@@ -39,4 +39,32 @@ int lm_check_save_load(const char *name, char *dir, size_t n);
  * gradient, has not changed. Returns 0 (after printing) on a failure. */
 int lm_check_train_from_checkpoint(const char *name, int threads, const char *keep);
 
+/* Whether the config read from a file is the model's (a) in everything it computes; prints what differs
+ * (what names the case). */
+int lm_same_config(const char *what, const moe_lm_config *a, const moe_lm_config *b);
+/* Whether a and b give the same logits on the tokens of the fixture case `fixture`, bit for bit;
+ * prints how many differ. */
+int lm_same_logits(const char *what, const char *fixture, moe_lm_t *a, moe_lm_t *b);
+/* Whether m saved as GGUF to a new path is MOE_ERR_ARG whose message names `setting`, with no file
+ * left there; prints the status and message otherwise. */
+int lm_gguf_refused(const moe_lm_t *m, const char *setting);
+/* src copied to dst with tensor `drop` left out, tensor `shrink` one row shorter (of every matrix of a
+ * stack), key `key` set to the string `value` ("f32:<number>": that float; NULL: the key left out)
+ * (drop, shrink, key NULL: unchanged). */
+moe_status lm_gguf_rewrite(const char *src, const char *dst, const char *drop, const char *shrink, const char *key,
+                           const char *value);
+/* Whether the last error names every one of the strings (b, c may be NULL); prints it otherwise. */
+int lm_error_names(const char *a, const char *b, const char *c);
+/* The fixture case `name` loaded under its config.json changed by edit(c, e); 0 after printing on a
+ * failure. */
+int lm_load_edited(const char *name, void (*edit)(moe_lm_config *c, int e), int e, moe_lm_t *m);
+/* Whether g has key `key` of type u32 and value want; prints what it has otherwise. */
+int lm_gguf_u32_is(const moe_gguf *g, const char *key, uint32_t want);
+/* Whether g has tensor `name` of type `type` and ne "a b c" (absent dims 1); prints otherwise. */
+int lm_gguf_tensor_is(const moe_gguf *g, const char *name, const char *ne, moe_gguf_type type);
+/* hf (the fixture case `name`'s model) saved as an F32 GGUF file at gguf and read back: the same
+ * config, as many parameters, the same logits bit for bit on the fixture's tokens; then saved from there
+ * as a checkpoint directory and loaded: the same tensors and config. 0 after printing on a failure. */
+int lm_gguf_round_trip(const char *name, moe_lm_t *hf, const char *gguf);
+
 #endif

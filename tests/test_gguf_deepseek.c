@@ -23,58 +23,8 @@ static void edit(moe_lm_config *c, int e) {
   if (e & INTERLEAVE) c->mla.rope_interleave = 1;
 }
 
-/* The fixture `name` loaded under its config.json changed by e; 0 after printing on a failure. */
-static int load_edited(const char *name, int e, moe_lm_t *m) {
-  char dir[512];
-  moe_lm_config c;
-  lm_case_dir(name, dir, sizeof dir);
-  if (moe_lm_read_config(dir, &c) != MOE_OK) return fprintf(stderr, "  %s: %s\n", name, moe_last_error()), 0;
-  edit(&c, e);
-  if (moe_lm_load(m, dir, &c) != MOE_OK) return fprintf(stderr, "  %s: %s\n", name, moe_last_error()), 0;
-  return 1;
-}
-
-/* Whether the config read from a file is the model's in everything it computes; prints what differs. */
-static int same_config(const char *what, const moe_lm_config *a, const moe_lm_config *b) {
-  const moe_layer_config *x = &a->moe, *y = &b->moe;
-  int dense = 0;
-  for (int i = 0; i < a->n_layers; i++) dense |= moe_lm_layer_dense(a, i);
-  const struct { const char *field; int same; } f[] = {
-      {"family", a->family == b->family},
-      {"sizes", a->vocab == b->vocab && a->n_layers == b->n_layers && a->n_heads == b->n_heads &&
-                    a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim && a->max_seq == b->max_seq},
-      {"rope_theta, rms_eps", a->rope_theta == b->rope_theta && a->rms_eps == b->rms_eps},
-      {"tie_embeddings", a->tie_embeddings == b->tie_embeddings},
-      {"moe sizes", x->D == y->D && x->H == y->H && x->E == y->E && x->top_k == y->top_k},
-      {"shared experts", x->shared_H == y->shared_H && x->shared_gate == y->shared_gate},
-      {"dense layers", !memcmp(a->dense_layers, b->dense_layers, sizeof a->dense_layers) &&
-                           (!dense || a->dense_H == b->dense_H)},
-      {"mla", !memcmp(&a->mla, &b->mla, sizeof a->mla)},
-      {"yarn", a->yarn.factor == b->yarn.factor && (a->yarn.factor == 0 || !memcmp(&a->yarn, &b->yarn, sizeof a->yarn))},
-      {"score", x->score == y->score},
-      {"select_bias", x->select_bias == y->select_bias},
-      {"normalize_topk", x->normalize_topk == y->normalize_topk},
-      {"routed_scale", x->routed_scale == y->routed_scale},
-      {"n_group", x->n_group == y->n_group},
-  };
-  for (size_t i = 0; i < sizeof f / sizeof *f; i++)
-    if (!f[i].same) return fprintf(stderr, "  %s: the file's %s differs from the model's\n", what, f[i].field), 0;
-  return 1;
-}
-
-/* Whether a and b give the same logits on the fixture's tokens, bit for bit; prints how many differ. */
-static int same_logits(const char *what, const char *fixture, moe_lm_t *a, moe_lm_t *b) {
-  char dir[512];
-  int B, T;
-  int32_t *t = lm_fixture_tokens(lm_case_dir(fixture, dir, sizeof dir), &B, &T);
-  float *x = t ? lm_logits(a, t, B, T) : NULL, *y = t ? lm_logits(b, t, B, T) : NULL;
-  size_t n = (size_t)B * T * a->cfg.vocab, diff = 0;
-  for (size_t i = 0; x && y && i < n; i++) diff += x[i] != y[i];
-  if (diff) fprintf(stderr, "  %s: %zu of %zu logits differ\n", what, diff, n);
-  int ok = x && y && !diff;
-  free(t), free(x), free(y);
-  return ok;
-}
+/* The fixture `name` loaded under its config.json changed by e. */
+static int load_edited(const char *name, int e, moe_lm_t *m) { return lm_load_edited(name, edit, e, m); }
 
 static const struct {
   const char *name;
@@ -89,27 +39,13 @@ static const struct {
 
 TEST(gguf_deepseek_f32_gives_the_hf_logits_exactly_and_converts_back) {
   for (size_t k = 0; k < sizeof CASES / sizeof *CASES; k++) {
-    const char *name = CASES[k].name;
-    char gguf[512], back[512], tmp[96];
-    moe_lm_t hf, g, h2;
-    moe_lm_config c;
-    ASSERT(load_edited(name, CASES[k].edit, &hf));
-    snprintf(tmp, sizeof tmp, "%s.gguf", name);
-    test_tmp_path(tmp, gguf, sizeof gguf);
-    ASSERT_OK(moe_lm_save_gguf(&hf, gguf, NULL));
-    ASSERT_OK(moe_lm_read_config(gguf, &c));
-    ASSERT(same_config(name, &hf.cfg, &c));
-    ASSERT_OK(moe_lm_load(&g, gguf, NULL));
-    ASSERT_EQ_INT(g.numel, hf.numel);
-    ASSERT(same_logits(name, name, &hf, &g));
-    snprintf(tmp, sizeof tmp, "%s_back", name);
-    test_tmp_path(tmp, back, sizeof back);
-    ASSERT_OK(moe_lm_save(&g, back));
-    ASSERT_OK(moe_lm_load(&h2, back, NULL));
-    ASSERT(lm_same_tensors(name, &hf, &h2)); /* after HF -> GGUF -> HF */
-    ASSERT(same_config(name, &hf.cfg, &h2.cfg));
-    fprintf(stderr, "  %s: logits equal, %d tensors back\n", name, hf.nrefs);
-    moe_lm_free(&hf), moe_lm_free(&g), moe_lm_free(&h2);
+    char gguf[512], tmp[96];
+    moe_lm_t hf;
+    ASSERT(load_edited(CASES[k].name, CASES[k].edit, &hf));
+    snprintf(tmp, sizeof tmp, "%s.gguf", CASES[k].name);
+    int ok = lm_gguf_round_trip(CASES[k].name, &hf, test_tmp_path(tmp, gguf, sizeof gguf));
+    moe_lm_free(&hf);
+    ASSERT(ok);
   }
 }
 
@@ -136,9 +72,9 @@ TEST(gguf_deepseek_llama_cpp_files_give_the_hf_logits) {
     ASSERT(load_edited(CONVERTED[k], edit_of(CONVERTED[k]), &hf));
     converted_path(CONVERTED[k], gguf, sizeof gguf);
     ASSERT_OK(moe_lm_read_config(gguf, &c));
-    ASSERT(same_config(CONVERTED[k], &hf.cfg, &c));
+    ASSERT(lm_same_config(CONVERTED[k], &hf.cfg, &c));
     ASSERT_OK(moe_lm_load(&g, gguf, &c));
-    ASSERT(same_logits(CONVERTED[k], CONVERTED[k], &hf, &g));
+    ASSERT(lm_same_logits(CONVERTED[k], CONVERTED[k], &hf, &g));
     moe_lm_free(&hf), moe_lm_free(&g);
   }
 }
@@ -204,32 +140,21 @@ TEST(gguf_deepseek_file_is_what_llama_cpp_converter_writes) {
   }
 }
 
-/* m saved to a new path is MOE_ERR_ARG whose message names `setting`, and no file is left there. */
-static int refused(const moe_lm_t *m, const char *setting) {
-  char path[512];
-  test_tmp_path("refused.gguf", path, sizeof path);
-  moe_status st = moe_lm_save_gguf(m, path, NULL);
-  const char *e = moe_last_error();
-  int ok = st == MOE_ERR_ARG && strstr(e, setting) && access(path, F_OK) != 0;
-  if (!ok) fprintf(stderr, "  saving with %s: status %d, \"%s\"\n", setting, (int)st, st ? e : "");
-  return ok;
-}
-
 TEST(gguf_deepseek_settings_without_a_key_are_refused_naming_them) {
   moe_lm_t m;
   ASSERT(load_edited("deepseek_v2", AS_IS, &m)); /* group_limited_greedy over 3 groups, 2 kept */
-  ASSERT(refused(&m, "n_group"));
+  ASSERT(lm_gguf_refused(&m, "n_group"));
   moe_lm_free(&m);
   ASSERT(load_edited("deepseek_v3", NO_GROUPS, &m)); /* mscale 1.0, mscale_all_dim 0.8 */
-  ASSERT(refused(&m, "mscale"));
+  ASSERT(lm_gguf_refused(&m, "mscale"));
   m.cfg.yarn.mscale = m.cfg.yarn.mscale_all_dim;
   m.cfg.yarn.beta_fast = 16;
-  ASSERT(refused(&m, "beta_fast"));
+  ASSERT(lm_gguf_refused(&m, "beta_fast"));
   m.cfg.yarn.beta_fast = 32, m.cfg.yarn.truncate = 0;
-  ASSERT(refused(&m, "truncate"));
+  ASSERT(lm_gguf_refused(&m, "truncate"));
   moe_lm_free(&m);
   ASSERT(load_edited("deepseek_v3_rotate_half", NO_GROUPS, &m));
-  ASSERT(refused(&m, "rope_interleave"));
+  ASSERT(lm_gguf_refused(&m, "rope_interleave"));
   moe_lm_free(&m);
   /* MoE layers every other layer (moe_layer_freq 2): layer 1 dense after MoE layer 0 */
   moe_lm_config c;
@@ -238,7 +163,7 @@ TEST(gguf_deepseek_settings_without_a_key_are_refused_naming_them) {
   c.dense_layers[0] |= 2;
   ASSERT_OK(moe_lm_init(&m, &c));
   moe_lm_init_params(&m, 3);
-  ASSERT(refused(&m, "moe_layer_freq"));
+  ASSERT(lm_gguf_refused(&m, "moe_layer_freq"));
   moe_lm_free(&m);
 }
 

@@ -28,8 +28,8 @@ static void random_x(float *x, int n, uint64_t seed) {
 
 /* The biases nonzero, so that their place is checked too. */
 static void random_biases(moe_layer_t *l, uint64_t seed) {
-  const char *names[2] = {"experts.fc1.bias", "experts.fc2.bias"};
-  for (int i = 0; i < 2; i++) {
+  const char *names[3] = {"experts.fc1.bias", "experts.fc2.bias", "experts.fc3.bias"}; /* fc3's: swiglu_oai */
+  for (int i = 0; i < 3; i++) {
     float *b = moe_layer_param(l, names[i]);
     const moe_param_info *p = moe_layer_param_find(l, names[i]);
     for (size_t j = 0; b && j < p->numel; j++) b[j] = 0.1f * moe__uniform(&seed);
@@ -46,25 +46,34 @@ static void quantized_values(moe_gguf_type t, const float *x, double *out, int n
   free(a), free(v);
 }
 
-/* Expert e's output for x in float64 over the dequantized weights w1, w2, w3 (fp32 layout), with x and
- * the hidden row quantized per block first. */
-static void ref_expert(const moe_gguf_type t[3], moe_act act, const float *w1, const float *w2, const float *w3,
-                       const float *b1, const float *b2, int e, const float *x, double *out) {
+/* The layer's activation of a1 and a3 in float64: relu, swiglu, or gpt-oss's clamped swiglu_oai with
+ * the config's alpha and limit. */
+static double ref_act(const moe_layer_config *c, double a1, double a3) {
+  if (c->act == MOE_ACT_RELU) return a1 > 0 ? a1 : 0;
+  if (c->act == MOE_ACT_SWIGLU) return a1 / (1 + exp(-a1)) * a3;
+  double lim = c->swiglu_limit, g = a1 < lim ? a1 : lim, u = a3 < -lim ? -lim : a3 > lim ? lim : a3;
+  return (u + 1) * g / (1 + exp(-c->swiglu_alpha * g));
+}
+
+/* Expert e's output for x in float64 over the dequantized weights w1, w2, w3 (fp32 layout) and the
+ * biases b[0..2] of fc1, fc2, fc3 (each may be NULL), with x and the hidden row quantized per block first. */
+static void ref_expert(const moe_gguf_type t[3], const moe_layer_config *c, const float *w1, const float *w2,
+                       const float *w3, const float *const b[3], int e, const float *x, double *out) {
   static double xq[D], xq3[D], hq[H];
   static float h[H];
   quantized_values(t[0], x, xq, D); /* for fc1; for fc3 in its type's format; h for fc2 */
   quantized_values(t[2], x, xq3, D);
   for (int j = 0; j < H; j++) {
-    double a1 = b1 ? b1[e * H + j] : 0, a3 = 0;
+    double a1 = b[0] ? b[0][e * H + j] : 0, a3 = b[2] ? b[2][e * H + j] : 0;
     for (int d = 0; d < D; d++) {
       a1 += (double)w1[((size_t)e * H + j) * D + d] * xq[d];
       if (w3) a3 += (double)w3[((size_t)e * H + j) * D + d] * xq3[d];
     }
-    h[j] = (float)(act == MOE_ACT_SWIGLU ? a1 / (1 + exp(-a1)) * a3 : a1 > 0 ? a1 : 0);
+    h[j] = (float)ref_act(c, a1, a3);
   }
   quantized_values(t[1], h, hq, H);
   for (int d = 0; d < D; d++) {
-    double s = b2 ? b2[e * D + d] : 0;
+    double s = b[1] ? b[1][e * D + d] : 0;
     for (int j = 0; j < H; j++) s += (double)w2[((size_t)e * D + d) * H + j] * hq[j];
     out[d] = s;
   }
@@ -94,7 +103,8 @@ static const moe_gguf_type kTypes[] = {MOE_GGUF_Q8_0, MOE_GGUF_Q4_0, MOE_GGUF_Q4
                                        MOE_GGUF_Q5_K, MOE_GGUF_MXFP4, MOE_GGUF_BF16, MOE_GGUF_F16};
 #define NTYPES 8
 
-/* Every type with relu and swiglu (k 1 and 2 among them; one with static dispatch): the float64
+/* Every type with relu, swiglu and gpt-oss's swiglu_oai (with fc3's bias; a limit that clamps) (k 1
+ * and 2 among them; one with static dispatch): the float64
  * reference (up to float rounding and the rare hidden value it moves across a rounding boundary: within
  * 2e-5 of the sum over slots of |weight| (|output| + 1); 1.8e-6 at most here), and the fp32 layer with
  * the dequantized experts (the activations' quantization: within 3% in norm; 0.7-1.8% here). */
@@ -103,11 +113,12 @@ TEST(quant_layer_matches_references) {
   double out[D];
   random_x(x, T * D, 1);
   for (int ti = 0; ti < NTYPES; ti++)
-    for (int ai = 0; ai < 2; ai++) {
-        int k = (ai + ti) % 2 + 1; /* each type with both activations, and each activation with k 1 and 2 */
+    for (int ai = 0; ai < 3; ai++) {
+        int k = (ai + ti) % 2 + 1; /* each type with every activation, and each activation with k 1 and 2 */
         moe_gguf_type ty = kTypes[ti];
-        moe_act act = ai ? MOE_ACT_SWIGLU : MOE_ACT_RELU;
+        moe_act act = ai == 2 ? MOE_ACT_SWIGLU_OAI : ai ? MOE_ACT_SWIGLU : MOE_ACT_RELU;
         moe_layer_config c = config(act, k);
+        c.swiglu_limit = 0.02f; /* about the size of a1 and a3 here: some clamped, some not */
         if (ti == 2 && ai) c.dispatch = MOE_DISPATCH_STATIC, c.capacity_setting = 0; /* padded groups, none dropped */
         moe_layer_t q, f;
         ASSERT_OK(moe_layer_init(&q, &c));
@@ -128,15 +139,16 @@ TEST(quant_layer_matches_references) {
           FAIL_("%s %s k=%d: relative distance to the fp32 layer %.4g", moe_gguf_type_name(ty), moe_act_name(act), k,
                 sqrt(err / norm));
         const float *w1 = moe_layer_param(&f, "experts.fc1.weight"), *w2 = moe_layer_param(&f, "experts.fc2.weight"),
-                    *w3 = moe_layer_param(&f, "experts.fc3.weight"), *b1 = moe_layer_param(&f, "experts.fc1.bias"),
-                    *b2 = moe_layer_param(&f, "experts.fc2.bias");
+                    *w3 = moe_layer_param(&f, "experts.fc3.weight");
+        const float *const b[3] = {moe_layer_param(&f, "experts.fc1.bias"), moe_layer_param(&f, "experts.fc2.bias"),
+                                   moe_layer_param(&f, "experts.fc3.bias")};
         const moe_gguf_type ts[3] = {ty, ty, ty};
         for (int t = 0; t < T; t++) {
           double want[D] = {0}, mag[D] = {0};
           for (int j = 0; j < k; j++) {
             int e = sq.experts[t * k + j];
             double g = sq.weights[t * k + j];
-            ref_expert(ts, act, w1, w2, w3, b1, b2, e, x + t * D, out);
+            ref_expert(ts, &c, w1, w2, w3, b, e, x + t * D, out);
             for (int d = 0; d < D; d++) want[d] += g * out[d], mag[d] += fabs(g) * (fabs(out[d]) + 1);
           }
           for (int d = 0; d < D; d++)
@@ -305,13 +317,13 @@ TEST(quant_layer_mixed_types) {
   moe_layer_stats st;
   ASSERT_OK(moe_layer_forward(&l, x, T, y, NULL, &st));
   const float *w1 = moe_layer_param(&l, "experts.fc1.weight"), *w2 = moe_layer_param(&l, "experts.fc2.weight"),
-              *w3 = moe_layer_param(&l, "experts.fc3.weight"), *b1 = moe_layer_param(&l, "experts.fc1.bias"),
-              *b2 = moe_layer_param(&l, "experts.fc2.bias");
+              *w3 = moe_layer_param(&l, "experts.fc3.weight");
+  const float *const b[3] = {moe_layer_param(&l, "experts.fc1.bias"), moe_layer_param(&l, "experts.fc2.bias"), NULL};
   double out[D];
   for (int t = 0; t < T; t++) {
     double want[D] = {0}, mag[D] = {0};
     for (int j = 0; j < 2; j++) {
-      ref_expert(ts, MOE_ACT_SWIGLU, w1, w2, w3, b1, b2, st.experts[t * 2 + j], x + t * D, out);
+      ref_expert(ts, &c, w1, w2, w3, b, st.experts[t * 2 + j], x + t * D, out);
       for (int d = 0; d < D; d++) want[d] += st.weights[t * 2 + j] * out[d], mag[d] += fabs(st.weights[t * 2 + j]) * (fabs(out[d]) + 1);
     }
     for (int d = 0; d < D; d++)

@@ -28,17 +28,19 @@ static void tile_rows(moe__qdot_fn dot, moe__qdot4_fn dot4, const uint8_t *w, si
   }
 }
 
-void moe__qrows_times(moe_gguf_type t, const uint8_t *w, size_t wb, int o0, int o1, const uint8_t *in, size_t ab, int m,
-                      int n, float *out, int ldo, int add) {
+moe__qkern moe__qkern_of(moe_gguf_type t) {
   moe__isa isa = moe__qdot_best();
-  moe__qdot_fn dot = moe__qdot_kernel(t, isa);
-  moe__qdot4_fn dot4 = moe__qdot4_kernel(t, isa);
-  int rows = dot4 ? MOE__QDOT4_ROWS : MOE__QDOT_ROWS;
+  return (moe__qkern){moe__qdot_kernel(t, isa), moe__qdot4_kernel(t, isa)};
+}
+
+void moe__qrows_times(const moe__qkern *k, const uint8_t *w, size_t wb, int o0, int o1, const uint8_t *in, size_t ab,
+                      int m, int n, float *out, int ldo, int add) {
+  int rows = k->dot4 ? MOE__QDOT4_ROWS : MOE__QDOT_ROWS;
   for (int ob = o0; ob < o1; ob += MOE__QROWS_TILE) {
     int oe = ob + MOE__QROWS_TILE < o1 ? ob + MOE__QROWS_TILE : o1;
     for (int r = 0; r < m; r += rows) {
       int nr = m - r < rows ? m - r : rows;
-      tile_rows(dot, dot4, w, wb, ob, oe, in + (size_t)r * ab, ab, nr, n, out + (size_t)r * ldo, ldo, add);
+      tile_rows(k->dot, k->dot4, w, wb, ob, oe, in + (size_t)r * ab, ab, nr, n, out + (size_t)r * ldo, ldo, add);
     }
   }
 }
@@ -74,7 +76,9 @@ void moe__qmatmul(const moe__qmat *w, int nw, const float *x, int T, int ldx, fl
   int span = (total + MOE__QITEMS_PER_THREAD * nt - 1) / (MOE__QITEMS_PER_THREAD * nt);
   span = span < MOE__QROWS_TILE ? MOE__QROWS_TILE : (int)round_up((size_t)span, MOE__QROWS_TILE);
   int first[MAX_PARTS + 1] = {0}, col0[MAX_PARTS] = {0};
+  moe__qkern k[MAX_PARTS];
   for (int j = 0; j < nw; j++) {
+    k[j] = moe__qkern_of(w[j].type);
     first[j + 1] = first[j] + (w[j].rows + span - 1) / span;
     col0[j] = j ? col0[j - 1] + w[j - 1].rows : 0;
   }
@@ -91,7 +95,7 @@ void moe__qmatmul(const moe__qmat *w, int nw, const float *x, int T, int ldx, fl
       int j = 0;
       while (i >= first[j + 1]) j++;
       int f = moe__act_format(w[j].type), o0 = (i - first[j]) * span, o1 = o0 + span < w[j].rows ? o0 + span : w[j].rows;
-      moe__qrows_times(w[j].type, w[j].w, moe__qrow_bytes(w[j].type, I), o0, o1, in[f], ab[f], T, I, y + col0[j], ldy, add);
+      moe__qrows_times(&k[j], w[j].w, moe__qrow_bytes(w[j].type, I), o0, o1, in[f], ab[f], T, I, y + col0[j], ldy, add);
     }
   }
 }

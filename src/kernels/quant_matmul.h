@@ -34,13 +34,21 @@ int moe__qmat_fits(moe_gguf_type t, int64_t n);
  * (`moe bench --lm`, 2 threads, Zen 5). */
 #define MOE__QITEMS_PER_THREAD 3
 
+/* The dot kernels of a weight type on this CPU (moe__qdot_best's), looked up once per product rather
+ * than per span of rows. */
+typedef struct {
+  moe__qdot_fn dot;
+  moe__qdot4_fn dot4; /* NULL: none (then one weight row at a time) */
+} moe__qkern;
+moe__qkern moe__qkern_of(moe_gguf_type t);
+
 /* out[r * ldo + o] (+= with add) for activation rows r < m (at in + r * ab, n values quantized for
- * type t) and weight rows o in [o0, o1) of type t (at w + o * wb), on the calling thread, by the CPU's
- * best kernels. The weight rows are taken 16 at a time and each dotted with the activation rows
- * MOE__QDOT_ROWS at a time (four weight rows with MOE__QDOT4_ROWS where t has moe__qdot4_kernel), so
+ * the weights' type) and weight rows o in [o0, o1) (at w + o * wb) of the type whose kernels k are, on
+ * the calling thread. The weight rows are taken 16 at a time and each dotted with the activation rows
+ * MOE__QDOT_ROWS at a time (four weight rows with MOE__QDOT4_ROWS where the type has k.dot4), so
  * that the 16 rows stay in cache while every activation row reads them: with one activation row a
  * GEMV, with many a GEMM that reads each weight row from memory once. */
-void moe__qrows_times(moe_gguf_type t, const uint8_t *w, size_t wb, int o0, int o1, const uint8_t *in, size_t ab,
+void moe__qrows_times(const moe__qkern *k, const uint8_t *w, size_t wb, int o0, int o1, const uint8_t *in, size_t ab,
                       int m, int n, float *out, int ldo, int add);
 
 /* Bytes of the scratch moe__qmatmul needs for T activation rows of up to I values, any weight types. */

@@ -129,8 +129,8 @@ moe_status moe__expert_type_check(const moe_layer_config *c, int type, const cha
           what, name);
   MOE_TRY(c->pipeline == 1, MOE_ERR_ARG, "%s: %s experts run the batch at once: pipeline must be 1, got %d", what, name,
           c->pipeline);
-  MOE_TRY((unsigned)c->act <= MOE_ACT_SWIGLU, MOE_ERR_ARG, "%s: %s experts apply relu, gelu, silu or swiglu, not activation %d",
-          what, name, (int)c->act);
+  MOE_TRY((unsigned)c->act <= MOE_ACT_SWIGLU_OAI, MOE_ERR_ARG,
+          "%s: %s experts apply relu, gelu, silu, swiglu or swiglu_oai, not activation %d", what, name, (int)c->act);
   return MOE_OK;
 }
 

@@ -1,6 +1,6 @@
 /* The language model from a GGUF file as llama.cpp's converter writes it (convert_hf_to_gguf.py):
- * general.architecture llama (with experts: Mixtral), qwen2moe, qwen3moe, olmoe or deepseek2 (its keys:
- * lm_gguf_deepseek.c), the {arch}.* keys,
+ * general.architecture llama (with experts: Mixtral), qwen2moe, qwen3moe, olmoe, gpt-oss (its keys:
+ * lm_gguf_gptoss.c) or deepseek2 (its keys: lm_gguf_deepseek.c), the {arch}.* keys,
  * tensors by llama.cpp's names (lm_gguf_names.c) with the experts stacked in 3-D tensors and llama's q
  * and k rows permuted per head. The experts stay in their stored type when the layer has kernels for it
  * (moe_layer_bind_experts into the mapped file), and so do the attention's projections, the dense
@@ -32,15 +32,19 @@ int moe__lm_gguf_is(const char *path) {
   return ok;
 }
 
-/* "{arch}.<suffix>" */
-static const char *key(char *buf, const char *arch, const char *suffix) {
+const char *moe__lm_gguf_key(char *buf, const char *arch, const char *suffix) {
   snprintf(buf, 128, "%s.%s", arch, suffix);
   return buf;
 }
 
+int moe__lm_gguf_has(const moe_gguf *g, const char *arch, const char *suffix) {
+  char k[128];
+  return moe_gguf_find_key(g, moe__lm_gguf_key(k, arch, suffix)) >= 0;
+}
+
 moe_status moe__lm_gguf_count(const moe_gguf *g, const char *arch, const char *suffix, int required, int *out) {
   char k[128];
-  key(k, arch, suffix);
+  moe__lm_gguf_key(k, arch, suffix);
   if (!required && moe_gguf_find_key(g, k) < 0) return MOE_OK;
   uint32_t v;
   MOE_CHECK(moe_gguf_get_u32(g, k, &v));
@@ -49,13 +53,32 @@ moe_status moe__lm_gguf_count(const moe_gguf *g, const char *arch, const char *s
   return MOE_OK;
 }
 
-static moe_status get_real(const moe_gguf *g, const char *arch, const char *suffix, float *out) {
+moe_status moe__lm_gguf_real(const moe_gguf *g, const char *arch, const char *suffix, int positive, float *out) {
   char k[128];
-  key(k, arch, suffix);
-  if (moe_gguf_find_key(g, k) < 0) return MOE_OK;
+  if (moe_gguf_find_key(g, moe__lm_gguf_key(k, arch, suffix)) < 0) return MOE_OK;
   MOE_CHECK(moe_gguf_get_f32(g, k, out));
-  MOE_TRY(isfinite(*out) && *out > 0, MOE_ERR_FORMAT, "%s: %s is %g, want a positive number", moe_gguf_path(g), k,
-          (double)*out);
+  MOE_TRY(isfinite(*out) && (positive ? *out > 0 : *out >= 0), MOE_ERR_FORMAT, "%s: %s is %g, want a %s number",
+          moe_gguf_path(g), k, (double)*out, positive ? "positive" : "non-negative");
+  return MOE_OK;
+}
+
+moe_status moe__lm_gguf_read_yarn(const moe_gguf *g, const char *arch, moe_lm_yarn *y, int *on) {
+  const char *path = moe_gguf_path(g), *type = "none";
+  char k[128];
+  *on = 0;
+  if (moe__lm_gguf_has(g, arch, "rope.scaling.type"))
+    MOE_CHECK(moe_gguf_get_str(g, moe__lm_gguf_key(k, arch, "rope.scaling.type"), &type));
+  int yarn = !strcmp(type, "yarn"), factor = moe__lm_gguf_has(g, arch, "rope.scaling.factor");
+  MOE_TRY(yarn || !strcmp(type, "none"), MOE_ERR_FORMAT, "%s: %s.rope.scaling.type \"%s\" is not supported (none or "
+          "yarn)", path, arch, type);
+  MOE_TRY(yarn || !factor, MOE_ERR_FORMAT, "%s: %s.rope.scaling.factor without %s.rope.scaling.type yarn is not "
+          "supported", path, arch, arch);
+  if (!yarn) return MOE_OK;
+  MOE_TRY(factor, MOE_ERR_MISSING, "%s: yarn without %s.rope.scaling.factor", path, arch);
+  MOE_CHECK(moe__lm_gguf_real(g, arch, "rope.scaling.factor", 1, &y->factor));
+  MOE_TRY(y->factor >= 1, MOE_ERR_FORMAT, "%s: %s.rope.scaling.factor is %g, want >= 1", path, arch, (double)y->factor);
+  MOE_CHECK(moe__lm_gguf_count(g, arch, "rope.scaling.original_context_length", 0, &y->original_max_pos));
+  *on = 1;
   return MOE_OK;
 }
 
@@ -65,21 +88,27 @@ static int has_tensor(const moe_gguf *g, const char *fmt, int layer) {
   return moe_gguf_has_tensor(g, name);
 }
 
-/* Keys that change what the model computes but that libmoe does not implement: refused by name. */
+/* Keys that change what the model computes but that libmoe does not implement: refused by name (but
+ * where the family's own reader takes them: deepseek2's and gpt-oss's). */
 static moe_status refuse_keys(const moe_gguf *g, const char *arch, const moe_lm_config *c) {
   char k[128];
-  static const char *const unsupported[] = {"attention.sliding_window", "attn_logit_softcapping",
-                                            "final_logit_softcapping", "logit_scale", "embedding_scale",
-                                            "residual_scale", /* deepseek2 reads the rest */
-                                            "rope.scaling.factor", "expert_shared_count",
-                                            "leading_dense_block_count", "expert_weights_scale"};
-  int ds = moe__lm_gguf_is_deepseek(c->family), n = ds ? 6 : (int)(sizeof unsupported / sizeof *unsupported);
-  for (int i = 0; i < n; i++)
-    MOE_TRY(moe_gguf_find_key(g, key(k, arch, unsupported[i])) < 0, MOE_ERR_FORMAT,
-            "%s: %s is not supported for %s", moe_gguf_path(g), k, arch);
+  enum { DS = 1, OSS = 2 };
+  static const struct {
+    const char *suffix;
+    int read_by;
+  } unsupported[] = {{"attention.sliding_window", OSS},       {"attention.sliding_window_pattern", OSS},
+                     {"rope.freq_base_swa", OSS},             {"attn_logit_softcapping", 0},
+                     {"final_logit_softcapping", 0},          {"logit_scale", 0},
+                     {"embedding_scale", 0},                  {"residual_scale", 0},
+                     {"rope.scaling.factor", DS | OSS},       {"expert_shared_count", DS},
+                     {"leading_dense_block_count", DS},       {"expert_weights_scale", DS}};
+  int ds = moe__lm_gguf_is_deepseek(c->family), oss = c->family == MOE_LM_GPT_OSS, who = ds ? DS : oss ? OSS : 0;
+  for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
+    MOE_TRY((unsupported[i].read_by & who) || moe_gguf_find_key(g, moe__lm_gguf_key(k, arch, unsupported[i].suffix)) < 0,
+            MOE_ERR_FORMAT, "%s: %s is not supported for %s", moe_gguf_path(g), k, arch);
   if (ds) return MOE_OK; /* its rope, value length and gating: moe__lm_gguf_read_deepseek */
   const char *s;
-  if (moe_gguf_find_key(g, key(k, arch, "rope.scaling.type")) >= 0) {
+  if (!oss && moe_gguf_find_key(g, moe__lm_gguf_key(k, arch, "rope.scaling.type")) >= 0) { /* gpt-oss's: its reader */
     MOE_CHECK(moe_gguf_get_str(g, k, &s));
     MOE_TRY(!strcmp(s, "none"), MOE_ERR_FORMAT, "%s: %s \"%s\" is not supported (only none)", moe_gguf_path(g), k, s);
   }
@@ -90,7 +119,7 @@ static moe_status refuse_keys(const moe_gguf *g, const char *arch, const moe_lm_
   MOE_CHECK(moe__lm_gguf_count(g, arch, "attention.value_length", 0, &v_len));
   MOE_TRY(v_len == c->head_dim, MOE_ERR_FORMAT, "%s: %s.attention.value_length %d is not key_length %d",
           moe_gguf_path(g), arch, v_len, c->head_dim);
-  if (moe_gguf_find_key(g, key(k, arch, "expert_gating_func")) >= 0) {
+  if (moe_gguf_find_key(g, moe__lm_gguf_key(k, arch, "expert_gating_func")) >= 0) {
     uint32_t f;
     MOE_CHECK(moe_gguf_get_u32(g, k, &f));
     MOE_TRY(f == 1, MOE_ERR_FORMAT, "%s: %s %u is not supported (only 1, softmax)", moe_gguf_path(g), k, f);
@@ -105,15 +134,14 @@ static moe_status read_family(const moe_gguf *g, const char *arch, moe_lm_config
   if (c->family == MOE_LM_MIXTRAL || c->family == MOE_LM_OLMOE) {
     char k[128];
     MOE_TRY(ff > 0, MOE_ERR_MISSING, "%s: no %s (the experts' width)", moe_gguf_path(g),
-            key(k, arch, "feed_forward_length"));
+            moe__lm_gguf_key(k, arch, "feed_forward_length"));
     c->moe.H = ff;
   } else {
     MOE_CHECK(moe__lm_gguf_count(g, arch, "expert_feed_forward_length", 1, &c->moe.H));
   }
   if (c->family == MOE_LM_OLMOE) {
     c->qk_norm = MOE_QK_NORM_FULL;
-    char k[128];
-    if (moe_gguf_find_key(g, key(k, arch, "attention.clamp_kqv")) >= 0) MOE_CHECK(get_real(g, arch, "attention.clamp_kqv", &c->clip_qkv));
+    MOE_CHECK(moe__lm_gguf_real(g, arch, "attention.clamp_kqv", 1, &c->clip_qkv)); /* absent: none */
   }
   if (c->family == MOE_LM_QWEN3_MOE) c->qk_norm = MOE_QK_NORM_HEAD;
   if (c->family == MOE_LM_QWEN2_MOE || c->family == MOE_LM_QWEN3_MOE) {
@@ -127,7 +155,7 @@ static moe_status read_family(const moe_gguf *g, const char *arch, moe_lm_config
     if (any) {
       char k[128];
       MOE_TRY(ff > 0, MOE_ERR_MISSING, "%s: no %s (the dense layers' width)", moe_gguf_path(g),
-              key(k, arch, "feed_forward_length"));
+              moe__lm_gguf_key(k, arch, "feed_forward_length"));
       c->dense_H = ff;
     }
   }
@@ -138,7 +166,8 @@ static moe_status read_family(const moe_gguf *g, const char *arch, moe_lm_config
   }
   c->moe.normalize_topk = moe__lm_gguf_norm_default(c->family);
   char k[128];
-  if (moe_gguf_find_key(g, key(k, arch, "expert_weights_norm")) >= 0) MOE_CHECK(moe_gguf_get_bool(g, k, &c->moe.normalize_topk));
+  if (moe__lm_gguf_has(g, arch, "expert_weights_norm"))
+    MOE_CHECK(moe_gguf_get_bool(g, moe__lm_gguf_key(k, arch, "expert_weights_norm"), &c->moe.normalize_topk));
   return MOE_OK;
 }
 
@@ -169,7 +198,7 @@ static moe_status read_config(const moe_gguf *g, moe_lm_config *c) {
   for (int f = MOE_LM_DEEPSEEK_V3; f >= 0; f--) /* deepseek2: V2 until its keys say V3 */
     if (moe__lm_gguf_arch(f) && !strcmp(arch, moe__lm_gguf_arch(f))) family = f;
   MOE_TRY(family >= 0, MOE_ERR_FORMAT, "%s: general.architecture \"%s\" is not a language model libmoe runs (llama "
-          "with experts, qwen2moe, qwen3moe, olmoe, deepseek2)", path, arch);
+          "with experts, qwen2moe, qwen3moe, olmoe, gpt-oss, deepseek2)", path, arch);
   moe_lm_config_default(c);
   c->family = family;
   c->aux_coef = 0; /* a training setting GGUF files do not carry */
@@ -185,16 +214,18 @@ static moe_status read_config(const moe_gguf *g, moe_lm_config *c) {
   MOE_CHECK(moe__lm_gguf_count(g, arch, "attention.key_length", 0, &c->head_dim));
   MOE_CHECK(moe__lm_gguf_count(g, arch, "context_length", 0, &c->max_seq));
   c->rope_theta = 10000.0f; /* llama.cpp's default */
-  MOE_CHECK(get_real(g, arch, "rope.freq_base", &c->rope_theta));
+  MOE_CHECK(moe__lm_gguf_real(g, arch, "rope.freq_base", 1, &c->rope_theta));
   char k[128];
-  MOE_TRY(moe_gguf_find_key(g, key(k, arch, "attention.layer_norm_rms_epsilon")) >= 0, MOE_ERR_MISSING,
+  MOE_TRY(moe_gguf_find_key(g, moe__lm_gguf_key(k, arch, "attention.layer_norm_rms_epsilon")) >= 0, MOE_ERR_MISSING,
           "%s: no %s", path, k);
-  MOE_CHECK(get_real(g, arch, "attention.layer_norm_rms_epsilon", &c->rms_eps));
-  MOE_TRY(moe_gguf_find_key(g, key(k, arch, "expert_count")) >= 0, MOE_ERR_FORMAT,
+  MOE_CHECK(moe__lm_gguf_real(g, arch, "attention.layer_norm_rms_epsilon", 1, &c->rms_eps));
+  MOE_TRY(moe_gguf_find_key(g, moe__lm_gguf_key(k, arch, "expert_count")) >= 0, MOE_ERR_FORMAT,
           "%s: no %s: %s without experts is not a mixture of experts libmoe runs", path, k, arch);
   MOE_CHECK(moe__lm_gguf_count(g, arch, "expert_count", 1, &c->moe.E));
   MOE_CHECK(moe__lm_gguf_count(g, arch, "expert_used_count", 1, &c->moe.top_k));
-  MOE_CHECK(moe__lm_gguf_is_deepseek(c->family) ? moe__lm_gguf_read_deepseek(g, c) : read_family(g, arch, c));
+  MOE_CHECK(moe__lm_gguf_is_deepseek(c->family) ? moe__lm_gguf_read_deepseek(g, c)
+            : c->family == MOE_LM_GPT_OSS      ? moe__lm_gguf_read_gptoss(g, c)
+                                               : read_family(g, arch, c));
   MOE_CHECK(refuse_keys(g, arch, c));
   moe_gguf_tensor t;
   MOE_CHECK(moe_gguf_tensor_get(g, "token_embd.weight", &t));
@@ -254,11 +285,13 @@ static moe_status locate(const moe_gguf *g, const moe_lm_t *m, const moe_tensor_
   MOE_TRY(moe__lm_gguf_name(c, whole->name, l->name, &expert, &l->permute), MOE_ERR_ARG,
           "%s: no GGUF name for parameter '%s'", moe_gguf_path(g), whole->name);
   MOE_CHECK(moe_gguf_tensor_get(g, l->name, &l->t));
-  l->rows = whole->ndim == 2 ? whole->shape[0] : 1;
-  l->cols = whole->ndim == 2 ? whole->shape[1] : whole->shape[0];
-  int64_t want[3] = {l->cols, l->rows, c->moe.E};
+  /* rows of cols values: a matrix's, a vector's one, a stack's (gpt-oss's experts, (E, H, D)) E x H */
+  int nd = whole->ndim;
+  l->cols = whole->shape[nd - 1];
+  l->rows = nd == 1 ? 1 : nd == 2 ? whole->shape[0] : whole->shape[0] * whole->shape[1];
+  int64_t want[3] = {l->cols, nd == 3 ? whole->shape[1] : l->rows, nd == 3 ? whole->shape[0] : c->moe.E};
   l->row0 = expert >= 0 ? expert * l->rows : 0;
-  return expect_shape(g, l->name, &l->t, want, expert >= 0 ? 3 : whole->ndim);
+  return expect_shape(g, l->name, &l->t, want, expert >= 0 ? 3 : nd);
 }
 
 /* The whole ref's values (rows x cols floats into dst) from its rows in the file, undoing llama's

@@ -11,8 +11,8 @@
 /* Whether path names a GGUF file: it ends in ".gguf", or it is a regular file starting with "GGUF". */
 int moe__lm_gguf_is(const char *path);
 
-/* llama.cpp's architecture name of family f ("llama", "qwen2moe", "qwen3moe", "olmoe", "deepseek2" for
- * both DeepSeek families); NULL for a family without one here (gpt-oss). */
+/* llama.cpp's architecture name of family f ("llama", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss",
+ * "deepseek2" for both DeepSeek families); NULL for a family without one. */
 const char *moe__lm_gguf_arch(moe_lm_family f);
 /* Whether llama.cpp's graph of f normalizes the top-k weights (its build_moe_ffn norm_w), the default
  * when a file has no {arch}.expert_weights_norm. */
@@ -42,8 +42,20 @@ int moe__lm_quantizable(const moe_lm_t *m, const char *name);
 const moe__qmat *moe__lm_quant_weight(const moe_lm_t *m, const char *name);
 void moe__lm_bind_quant(moe_lm_t *m, const char *name, moe_gguf_type t, const void *w, void *own);
 
+/* "{arch}.<suffix>" into buf (128 bytes); whether g has that key; a finite float there, positive (or
+ * with positive 0 non-negative), *out left as it is when absent. */
+const char *moe__lm_gguf_key(char *buf, const char *arch, const char *suffix);
+int moe__lm_gguf_has(const moe_gguf *g, const char *arch, const char *suffix);
+moe_status moe__lm_gguf_real(const moe_gguf *g, const char *arch, const char *suffix, int positive, float *out);
+/* {arch}.rope.scaling.*: type none (absent too; *on 0, y untouched, no factor) or yarn (*on 1) with its
+ * factor (>= 1) and original_context_length (absent: y's) into y; another type is an error naming it. */
+moe_status moe__lm_gguf_read_yarn(const moe_gguf *g, const char *arch, moe_lm_yarn *y, int *on);
 /* A positive count {arch}.<suffix>: required, or (when absent) *out left as it is. */
 moe_status moe__lm_gguf_count(const moe_gguf *g, const char *arch, const char *suffix, int required, int *out);
+
+/* Key {arch}.<suffix> set to v as a u32, or a f32 (lm_gguf_write.c). */
+moe_status moe__lm_gguf_set_u32(moe_gguf_writer *w, const char *arch, const char *suffix, int v);
+moe_status moe__lm_gguf_set_f32(moe_gguf_writer *w, const char *arch, const char *suffix, float v);
 
 /* DeepSeek-V2/V3 as llama.cpp's deepseek2 (lm_gguf_deepseek.c). Whether f is one of them; its keys
  * beside the common ones into c (the latent attention, shared experts, leading dense layers, the
@@ -59,6 +71,14 @@ moe_status moe__lm_gguf_write_deepseek(moe_gguf_writer *w, const moe_lm_config *
  * e's rows of each stacked ffn_{gate,down,up}_exps tensor read with pread and dequantized (any type with
  * a codec, each projection its own) as moe_lm_load reads them; shapes checked against c at the call. */
 moe_status moe__lm_gguf_expert_reader(const char *path, const moe_lm_config *c, int layer, moe__expert_reader *out);
+
+/* gpt-oss as llama.cpp's gpt-oss (lm_gguf_gptoss.c): its keys beside the common ones into c (the
+ * family's options, the experts' width, the sliding window and its layer pattern, YaRN); MOE_ERR_ARG
+ * naming the setting when c has one those keys cannot say (path names the file); its keys after
+ * general.file_type. */
+moe_status moe__lm_gguf_read_gptoss(const moe_gguf *g, moe_lm_config *c);
+moe_status moe__lm_gguf_check_gptoss(const moe_lm_config *c, const char *path);
+moe_status moe__lm_gguf_write_gptoss(moe_gguf_writer *w, const moe_lm_config *c);
 
 /* moe_lm_read_config and moe_lm_load of a GGUF file. */
 moe_status moe__lm_gguf_read_config(const char *path, moe_lm_config *c);

@@ -12,20 +12,17 @@
 #include "lm_family.h"
 #include "lm_gguf.h"
 
+#define ARCH "deepseek2"
+
+static const char *key(char *buf, const char *suffix) { return moe__lm_gguf_key(buf, ARCH, suffix); }
+static int has_key(const moe_gguf *g, const char *suffix) { return moe__lm_gguf_has(g, ARCH, suffix); }
+
 /* llama.cpp's expert_gating_func values (gguf-py's ExpertGatingFuncType) */
 enum { GATING_SOFTMAX = 1, GATING_SIGMOID = 2 };
 
 int moe__lm_gguf_is_deepseek(moe_lm_family f) { return f == MOE_LM_DEEPSEEK_V2 || f == MOE_LM_DEEPSEEK_V3; }
 
-static const char *key(char *buf, const char *suffix) {
-  snprintf(buf, 128, "deepseek2.%s", suffix);
-  return buf;
-}
 
-static int has_key(const moe_gguf *g, const char *suffix) {
-  char k[128];
-  return moe_gguf_find_key(g, key(k, suffix)) >= 0;
-}
 
 /* A count that may be 0 (u32); *out left as it is when absent. */
 static moe_status get_uint(const moe_gguf *g, const char *suffix, int *out) {
@@ -38,15 +35,6 @@ static moe_status get_uint(const moe_gguf *g, const char *suffix, int *out) {
   return MOE_OK;
 }
 
-/* A float key, finite and >= 0 (> 0 when positive); *out left as it is when absent. */
-static moe_status get_float(const moe_gguf *g, const char *suffix, int positive, float *out) {
-  char k[128];
-  if (moe_gguf_find_key(g, key(k, suffix)) < 0) return MOE_OK;
-  MOE_CHECK(moe_gguf_get_f32(g, k, out));
-  MOE_TRY(isfinite(*out) && (positive ? *out > 0 : *out >= 0), MOE_ERR_FORMAT, "%s: %s is %g, want a %s number",
-          moe_gguf_path(g), k, (double)*out, positive ? "positive" : "non-negative");
-  return MOE_OK;
-}
 
 /* The fewest significant digits of a decimal that reads back as x (config.json's number), and it. */
 static int shortest(float x, double *d) {
@@ -86,25 +74,12 @@ static float mscale_all_dim_of(float log_mul) {
  * the softmax scale times (1 + yarn_log_multiplier ln factor)^2, yarn_log_multiplier being 0.1
  * mscale_all_dim as the converter writes it. */
 static moe_status read_yarn(const moe_gguf *g, moe_lm_config *c) {
-  char k[128];
-  const char *type = "none";
-  if (has_key(g, "rope.scaling.type")) MOE_CHECK(moe_gguf_get_str(g, key(k, "rope.scaling.type"), &type));
-  if (!strcmp(type, "none")) {
-    MOE_TRY(!has_key(g, "rope.scaling.factor"), MOE_ERR_FORMAT, "%s: %s without %s yarn is not supported",
-            moe_gguf_path(g), key(k, "rope.scaling.factor"), "deepseek2.rope.scaling.type");
-    return MOE_OK;
-  }
-  MOE_TRY(!strcmp(type, "yarn"), MOE_ERR_FORMAT, "%s: %s \"%s\" is not supported (none or yarn)", moe_gguf_path(g),
-          key(k, "rope.scaling.type"), type);
   moe_lm_yarn y = {0, c->max_seq, 32, 1, 0, 0, 1};
-  MOE_TRY(has_key(g, "rope.scaling.factor"), MOE_ERR_MISSING, "%s: yarn without %s", moe_gguf_path(g),
-          key(k, "rope.scaling.factor"));
-  MOE_CHECK(get_float(g, "rope.scaling.factor", 1, &y.factor));
-  MOE_TRY(y.factor >= 1, MOE_ERR_FORMAT, "%s: %s is %g, want >= 1", moe_gguf_path(g), key(k, "rope.scaling.factor"),
-          (double)y.factor);
-  MOE_CHECK(moe__lm_gguf_count(g, "deepseek2", "rope.scaling.original_context_length", 0, &y.original_max_pos));
+  int on;
+  MOE_CHECK(moe__lm_gguf_read_yarn(g, ARCH, &y, &on));
+  if (!on) return MOE_OK;
   float log_mul = 0;
-  MOE_CHECK(get_float(g, "rope.scaling.yarn_log_multiplier", 0, &log_mul));
+  MOE_CHECK(moe__lm_gguf_real(g, ARCH, "rope.scaling.yarn_log_multiplier", 0, &log_mul));
   y.mscale = y.mscale_all_dim = mscale_all_dim_of(log_mul);
   c->yarn = y;
   return MOE_OK;
@@ -129,11 +104,11 @@ moe_status moe__lm_gguf_read_deepseek(const moe_gguf *g, moe_lm_config *c) {
   MOE_CHECK(refuse_keys(g));
   moe_lm_mla *a = &c->mla;
   int key_len = 0, rope = 0, shared = 0, first_k = 0;
-  MOE_CHECK(moe__lm_gguf_count(g, "deepseek2", "attention.kv_lora_rank", 1, &a->kv_lora_rank));
-  MOE_CHECK(moe__lm_gguf_count(g, "deepseek2", "attention.q_lora_rank", 0, &a->q_lora_rank)); /* absent: attn_q */
-  MOE_CHECK(moe__lm_gguf_count(g, "deepseek2", "attention.key_length", 1, &key_len));
-  MOE_CHECK(moe__lm_gguf_count(g, "deepseek2", "attention.value_length", 1, &a->v_head_dim));
-  MOE_CHECK(moe__lm_gguf_count(g, "deepseek2", "rope.dimension_count", 1, &rope));
+  MOE_CHECK(moe__lm_gguf_count(g, ARCH, "attention.kv_lora_rank", 1, &a->kv_lora_rank));
+  MOE_CHECK(moe__lm_gguf_count(g, ARCH, "attention.q_lora_rank", 0, &a->q_lora_rank)); /* absent: attn_q */
+  MOE_CHECK(moe__lm_gguf_count(g, ARCH, "attention.key_length", 1, &key_len));
+  MOE_CHECK(moe__lm_gguf_count(g, ARCH, "attention.value_length", 1, &a->v_head_dim));
+  MOE_CHECK(moe__lm_gguf_count(g, ARCH, "rope.dimension_count", 1, &rope));
   MOE_TRY(rope < key_len, MOE_ERR_FORMAT, "%s: deepseek2.rope.dimension_count %d is not less than %s %d", path, rope,
           key(k, "attention.key_length"), key_len);
   MOE_TRY(c->n_kv_heads == c->n_heads, MOE_ERR_FORMAT, "%s: %s %d is not attention.head_count %d", path,
@@ -141,7 +116,7 @@ moe_status moe__lm_gguf_read_deepseek(const moe_gguf *g, moe_lm_config *c) {
   c->head_dim = rope;
   a->qk_nope_dim = key_len - rope;
   a->rope_interleave = 1; /* llama.cpp ropes deepseek2 by adjacent pairs (LLAMA_ROPE_TYPE_NORM) */
-  MOE_CHECK(moe__lm_gguf_count(g, "deepseek2", "expert_feed_forward_length", 1, &c->moe.H));
+  MOE_CHECK(moe__lm_gguf_count(g, ARCH, "expert_feed_forward_length", 1, &c->moe.H));
   MOE_CHECK(get_uint(g, "expert_shared_count", &shared));
   c->moe.shared_H = shared * c->moe.H;
   c->moe.shared_gate = 0;
@@ -150,7 +125,7 @@ moe_status moe__lm_gguf_read_deepseek(const moe_gguf *g, moe_lm_config *c) {
           key(k, "leading_dense_block_count"), first_k, c->n_layers);
   for (int i = 0; i < first_k; i++) c->dense_layers[i / 8] |= (uint8_t)(1u << (i % 8));
   if (first_k) {
-    MOE_CHECK(moe__lm_gguf_count(g, "deepseek2", "feed_forward_length", 1, &c->dense_H));
+    MOE_CHECK(moe__lm_gguf_count(g, ARCH, "feed_forward_length", 1, &c->dense_H));
   }
   /* llm_build_moe_ffn: scores by the gating function, the selection bias exp_probs_b added to choose,
    * the chosen scores renormalized when expert_weights_norm, then times expert_weights_scale */
@@ -166,7 +141,7 @@ moe_status moe__lm_gguf_read_deepseek(const moe_gguf *g, moe_lm_config *c) {
   l->normalize_topk = 0;
   if (has_key(g, "expert_weights_norm")) MOE_CHECK(moe_gguf_get_bool(g, key(k, "expert_weights_norm"), &l->normalize_topk));
   l->routed_scale = 1.0f;
-  MOE_CHECK(get_float(g, "expert_weights_scale", 1, &l->routed_scale));
+  MOE_CHECK(moe__lm_gguf_real(g, ARCH, "expert_weights_scale", 1, &l->routed_scale));
   l->n_group = l->topk_group = 0;
   /* DeepSeek-V2's modeling file scales only unnormalized weights: a file that normalizes and scales is
    * V3's layout (which a V2 config.json could not say) */
@@ -203,39 +178,31 @@ moe_status moe__lm_gguf_check_deepseek(const moe_lm_config *c, const char *path)
   return MOE_OK;
 }
 
-static moe_status set_u32(moe_gguf_writer *w, const char *suffix, int v) {
-  char k[128];
-  return moe_gguf_writer_set_u32(w, key(k, suffix), (uint32_t)v);
-}
-
-static moe_status set_f32(moe_gguf_writer *w, const char *suffix, float v) {
-  char k[128];
-  return moe_gguf_writer_set_f32(w, key(k, suffix), v);
-}
-
 moe_status moe__lm_gguf_write_deepseek(moe_gguf_writer *w, const moe_lm_config *c) {
   const moe_layer_config *l = &c->moe;
   const moe_lm_mla *a = &c->mla;
   int first_k = 0, freq = 1;
   moe__lm_deepseek_layers(c, &first_k, &freq);
   char k[128];
-  MOE_CHECK(set_u32(w, "leading_dense_block_count", first_k));
-  MOE_CHECK(set_u32(w, "vocab_size", c->vocab));
-  if (a->q_lora_rank) MOE_CHECK(set_u32(w, "attention.q_lora_rank", a->q_lora_rank));
-  MOE_CHECK(set_u32(w, "attention.kv_lora_rank", a->kv_lora_rank));
-  MOE_CHECK(set_u32(w, "attention.key_length", a->qk_nope_dim + c->head_dim));
-  MOE_CHECK(set_u32(w, "attention.value_length", a->v_head_dim));
-  MOE_CHECK(set_u32(w, "expert_feed_forward_length", l->H));
-  MOE_CHECK(set_u32(w, "expert_count", l->E));
-  MOE_CHECK(set_u32(w, "expert_shared_count", l->shared_H / l->H));
-  MOE_CHECK(set_f32(w, "expert_weights_scale", l->routed_scale));
+  MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "leading_dense_block_count", first_k));
+  MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "vocab_size", c->vocab));
+  if (a->q_lora_rank) MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "attention.q_lora_rank", a->q_lora_rank));
+  MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "attention.kv_lora_rank", a->kv_lora_rank));
+  MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "attention.key_length", a->qk_nope_dim + c->head_dim));
+  MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "attention.value_length", a->v_head_dim));
+  MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "expert_feed_forward_length", l->H));
+  MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "expert_count", l->E));
+  MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "expert_shared_count", l->shared_H / l->H));
+  MOE_CHECK(moe__lm_gguf_set_f32(w, ARCH, "expert_weights_scale", l->routed_scale));
   MOE_CHECK(moe_gguf_writer_set_bool(w, key(k, "expert_weights_norm"), l->normalize_topk == 1 ||
                                      (l->normalize_topk < 0 && l->top_k > 1)));
-  MOE_CHECK(set_u32(w, "expert_gating_func", l->score == MOE_SCORE_SIGMOID ? GATING_SIGMOID : GATING_SOFTMAX));
-  MOE_CHECK(set_u32(w, "rope.dimension_count", c->head_dim));
+  MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "expert_gating_func",
+                                 l->score == MOE_SCORE_SIGMOID ? GATING_SIGMOID : GATING_SOFTMAX));
+  MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "rope.dimension_count", c->head_dim));
   if (c->yarn.factor == 0) return MOE_OK;
   MOE_CHECK(moe_gguf_writer_set_str(w, key(k, "rope.scaling.type"), "yarn"));
-  MOE_CHECK(set_f32(w, "rope.scaling.factor", c->yarn.factor));
-  MOE_CHECK(set_u32(w, "rope.scaling.original_context_length", c->yarn.original_max_pos));
-  return set_f32(w, "rope.scaling.yarn_log_multiplier", log_multiplier(c->yarn.mscale_all_dim));
+  MOE_CHECK(moe__lm_gguf_set_f32(w, ARCH, "rope.scaling.factor", c->yarn.factor));
+  MOE_CHECK(moe__lm_gguf_set_u32(w, ARCH, "rope.scaling.original_context_length", c->yarn.original_max_pos));
+  return moe__lm_gguf_set_f32(w, ARCH, "rope.scaling.yarn_log_multiplier",
+                              log_multiplier(c->yarn.mscale_all_dim));
 }

@@ -14,7 +14,7 @@ static const struct {
     [MOE_LM_QWEN2_MOE] = {"qwen2moe", 0},
     [MOE_LM_QWEN3_MOE] = {"qwen3moe", 1},
     [MOE_LM_OLMOE] = {"olmoe", 0},
-    [MOE_LM_GPT_OSS] = {NULL, 0},
+    [MOE_LM_GPT_OSS] = {"gpt-oss", 1}, /* SOFTMAX_WEIGHT: the softmax over the chosen logits */
     [MOE_LM_DEEPSEEK_V2] = {"deepseek2", 0}, /* V2 and V3 alike: llama.cpp's converter writes both so */
     [MOE_LM_DEEPSEEK_V3] = {"deepseek2", 0},
 };
@@ -39,6 +39,7 @@ static const struct {
     {"self_attn.q_norm.weight", "attn_q_norm.weight"},
     {"self_attn.k_norm.weight", "attn_k_norm.weight"},
     {"self_attn.o_proj.weight", "attn_output.weight"},
+    {"self_attn.o_proj.bias", "attn_output.bias"},
     {"self_attn.q_a_proj.weight", "attn_q_a.weight"}, /* DeepSeek's latent attention */
     {"self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"},
     {"self_attn.q_b_proj.weight", "attn_q_b.weight"},
@@ -61,6 +62,23 @@ static const struct {
     {"mlp.down_proj.weight", "ffn_down.weight"},
 };
 
+/* gpt-oss's own (its experts are whole stacks: the layer's tensors, lm_gptoss.h; its post-attention norm
+ * is llama.cpp's ATTN_POST_NORM there). */
+static const struct {
+  const char *hf, *gguf;
+} GPT_OSS[] = {
+    {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"self_attn.sinks", "attn_sinks.weight"},
+    {"mlp.router.weight", "ffn_gate_inp.weight"},
+    {"mlp.router.bias", "ffn_gate_inp.bias"},
+    {"mlp.experts.fc1.weight", "ffn_gate_exps.weight"},
+    {"mlp.experts.fc1.bias", "ffn_gate_exps.bias"},
+    {"mlp.experts.fc3.weight", "ffn_up_exps.weight"},
+    {"mlp.experts.fc3.bias", "ffn_up_exps.bias"},
+    {"mlp.experts.fc2.weight", "ffn_down_exps.weight"},
+    {"mlp.experts.down_proj_bias", "ffn_down_exps.bias"},
+};
+
 int moe__lm_gguf_name(const moe_lm_config *c, const char *hf, char *name, int *expert, int *permute) {
   *expert = -1;
   *permute = 0;
@@ -77,6 +95,8 @@ int moe__lm_gguf_name(const moe_lm_config *c, const char *hf, char *name, int *e
     snprintf(name, 64, "blk.%d.%s.weight", layer, stacked[moe__lm_family(c->family)->fc[j]]);
     return 1;
   }
+  for (size_t i = 0; c->family == MOE_LM_GPT_OSS && i < sizeof GPT_OSS / sizeof *GPT_OSS; i++)
+    if (!strcmp(hf + n, GPT_OSS[i].hf)) return snprintf(name, 64, "blk.%d.%s", layer, GPT_OSS[i].gguf), 1;
   for (size_t i = 0; i < sizeof LAYER / sizeof *LAYER; i++)
     if (!strcmp(hf + n, LAYER[i].hf)) {
       snprintf(name, 64, "blk.%d.%s", layer, LAYER[i].gguf);

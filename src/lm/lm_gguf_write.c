@@ -2,7 +2,8 @@
  * {arch}.* keys, the tokenizer's tokenizer.ggml.* keys (tokenizer_gguf.c), every parameter under
  * llama.cpp's name (llama's q and k rows permuted per head; DeepSeek's latent attention as attn_q_a,
  * attn_q_a_norm, attn_q_b or attn_q, attn_kv_a_mqa, attn_kv_a_norm, attn_kv_b whole, its selection bias
- * as exp_probs_b.bias), each MoE layer's experts stacked into
+ * as exp_probs_b.bias; gpt-oss's sinks, router bias and expert stacks with their biases, which are its
+ * layers' own tensors), each other MoE layer's experts stacked into
  * ffn_gate_exps / ffn_down_exps / ffn_up_exps (ne [D, H, E] and [H, D, E]). The weights take the asked
  * type by llama.cpp's rule of thumb (and moe quantize's): 1-D tensors, norms and routers stay F32; a
  * row whose length is not a multiple of the type's block falls back to Q8_0, or F16. */
@@ -62,9 +63,11 @@ static moe_status add_ref(tensors *ts, const moe_lm_t *m, const moe_tensor_ref *
   int expert, permute;
   MOE_TRY(moe__lm_gguf_name(&m->cfg, r->name, name, &expert, &permute), MOE_ERR_ARG, "no GGUF name for parameter '%s'",
           r->name);
-  int64_t rows = r->ndim == 2 ? r->shape[0] : 1, cols = r->ndim == 2 ? r->shape[1] : r->shape[0];
-  int64_t ne[2] = {cols, rows};
-  if (!permute) return add(ts, name, r->ndim, ne, r->data);
+  /* ggml's order, the reverse of the ref's: gpt-oss's (E, H, D) expert stacks are [D, H, E] */
+  int nd = r->ndim;
+  int64_t ne[3] = {r->shape[nd - 1], nd > 1 ? r->shape[nd - 2] : 1, nd > 2 ? r->shape[0] : 1};
+  int64_t rows = ne[1] * ne[2], cols = ne[0];
+  if (!permute) return add(ts, name, nd, ne, r->data);
   float *x = malloc(r->numel * sizeof *x);
   MOE_TRY(x, MOE_ERR_NOMEM, "out of memory for tensor '%s'", name);
   for (int64_t g = 0; g < rows; g++)
@@ -89,12 +92,20 @@ static moe_status add_experts(tensors *ts, const moe_lm_t *m, int i) {
   return MOE_OK;
 }
 
+moe_status moe__lm_gguf_set_u32(moe_gguf_writer *w, const char *arch, const char *suffix, int v) {
+  char k[128];
+  snprintf(k, sizeof k, "%s.%s", arch, suffix);
+  return moe_gguf_writer_set_u32(w, k, (uint32_t)v);
+}
+
+moe_status moe__lm_gguf_set_f32(moe_gguf_writer *w, const char *arch, const char *suffix, float v) {
+  char k[128];
+  snprintf(k, sizeof k, "%s.%s", arch, suffix);
+  return moe_gguf_writer_set_f32(w, k, v);
+}
+
 static moe_status set_counts(moe_gguf_writer *w, const char *arch, const char *const *keys, const int *v, int n) {
-  for (int i = 0; i < n; i++) {
-    char k[128];
-    snprintf(k, sizeof k, "%s.%s", arch, keys[i]);
-    MOE_CHECK(moe_gguf_writer_set_u32(w, k, (uint32_t)v[i]));
-  }
+  for (int i = 0; i < n; i++) MOE_CHECK(moe__lm_gguf_set_u32(w, arch, keys[i], v[i]));
   return MOE_OK;
 }
 
@@ -107,7 +118,7 @@ static moe_status set_keys(moe_gguf_writer *w, const moe_lm_t *m, const moe_lm_g
   MOE_CHECK(moe_gguf_writer_set_str(w, "general.type", "model"));
   MOE_CHECK(moe_gguf_writer_set_str(w, "general.name", o->name ? o->name : moe_lm_family_name(c->family)));
   int qwen = c->family == MOE_LM_QWEN2_MOE || c->family == MOE_LM_QWEN3_MOE, ds = moe__lm_gguf_is_deepseek(c->family);
-  int ff = qwen || ds ? (c->dense_H ? c->dense_H : c->moe.H) : c->moe.H;
+  int ff = qwen || ds ? (c->dense_H ? c->dense_H : c->moe.H) : c->moe.H; /* gpt-oss: its intermediate_size */
   static const char *const common[] = {"block_count", "context_length", "embedding_length", "feed_forward_length",
                                        "attention.head_count", "attention.head_count_kv"};
   MOE_CHECK(set_counts(w, arch, common, (int[]){c->n_layers, c->max_seq, c->moe.D, ff, c->n_heads, c->n_kv_heads}, 6));
@@ -126,6 +137,10 @@ static moe_status set_keys(moe_gguf_writer *w, const moe_lm_t *m, const moe_lm_g
                                      "attention.value_length"};
   MOE_CHECK(set_counts(w, arch, rest, (int[]){c->moe.E, c->moe.top_k, c->head_dim, c->head_dim}, 4));
   MOE_CHECK(moe_gguf_writer_set_u32(w, "general.file_type", (uint32_t)moe_gguf_file_type(o->type)));
+  if (c->family == MOE_LM_GPT_OSS) { /* its gating is the softmax over the chosen: no expert_weights_norm */
+    MOE_CHECK(moe__lm_gguf_write_gptoss(w, c));
+    return moe_gguf_writer_set_u32(w, "general.quantization_version", 2);
+  }
   if (c->family == MOE_LM_MIXTRAL) {
     static const char *const llama[] = {"vocab_size", "rope.dimension_count"};
     MOE_CHECK(set_counts(w, arch, llama, (int[]){c->vocab, c->head_dim}, 2));
@@ -155,11 +170,12 @@ moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gg
           "parameters (load with moe.expert_type -1 to save; "
           "moe quantize converts a GGUF file's types)", path, moe_gguf_type_name((moe_gguf_type)c->moe.expert_type));
   MOE_TRY(moe__lm_gguf_arch(c->family), MOE_ERR_ARG, "%s: the %s family has no GGUF architecture here (llama, "
-          "qwen2moe, qwen3moe, olmoe, deepseek2)", path, moe_lm_family_name(c->family));
+          "qwen2moe, qwen3moe, olmoe, gpt-oss, deepseek2)", path, moe_lm_family_name(c->family));
   if (moe__lm_gguf_is_deepseek(c->family)) MOE_CHECK(moe__lm_gguf_check_deepseek(c, path));
+  if (c->family == MOE_LM_GPT_OSS) MOE_CHECK(moe__lm_gguf_check_gptoss(c, path));
   MOE_TRY(moe_dist_size(c->moe.dist) <= 1, MOE_ERR_ARG,
           "moe_lm_save_gguf: the model is spread over ranks; save it from one process");
-  MOE_TRY(!c->sliding_window, MOE_ERR_ARG, "%s: a sliding window (%d) has no key in llama.cpp's %s architecture",
+  MOE_TRY(!c->sliding_window || c->family == MOE_LM_GPT_OSS, MOE_ERR_ARG, "%s: a sliding window (%d) has no key in llama.cpp's %s architecture",
           path, c->sliding_window, moe__lm_gguf_arch(c->family));
   tensors ts = {NULL, o->type, NULL, 0, 0};
   MOE_CHECK(moe_gguf_writer_new(&ts.w));

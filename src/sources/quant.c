@@ -1,5 +1,6 @@
 /* Experts in a quantized GGUF type (moe__experts_quant; DESIGN 4.8b), for inference:
- *   a1 = xs W1^T + b1, a3 = xs W3^T (swiglu), h = act(a1) (swiglu: silu(a1) a3), out = h W2^T + b2,
+ *   a1 = xs W1^T + b1, a3 = xs W3^T (+ b3) (swiglu, swiglu_oai), h = act(a1) (swiglu: silu(a1) a3;
+ *   swiglu_oai: gpt-oss's clamped one with the layer's alpha and limit), out = h W2^T + b2,
  * each product a row of W (its type's bytes, ggml's layout) dotted with a row of xs or h quantized per
  * block (kernels/quant.h), so an expert's weights are read in their stored bytes and never widened.
  * A forward is one OpenMP parallel region of four steps, each split over the threads: the input rows
@@ -18,8 +19,8 @@
 #include "layer/plugins.h"
 
 typedef struct {
-  moe_gguf_type type;       /* 0 until experts are given; else fc1's type */
-  moe_gguf_type t2, t3;     /* fc2's and fc3's (a file may mix them: llama.cpp's _M files keep some down
+  moe_gguf_type types[3];   /* fc1's, fc2's and fc3's (fc1's without an fc3); types[0] 0 until experts
+                               are given (a file may mix them: llama.cpp's _M files keep some down
                                projections in Q6_K beside Q4_K gates) */
   const uint8_t *w1, *w2, *w3; /* the bytes read: the caller's, or own */
   uint8_t *own;             /* quantized from the layer's fp32 experts (moe_layer_quantize_experts), or NULL */
@@ -30,7 +31,12 @@ typedef struct {
 
 /* Whether fc3's activations need a format of their own (a type with another activation format than fc1's). */
 static int own_x3(const quant_self *q, const moe_layer_t *l) {
-  return l->cfg.act == MOE_ACT_SWIGLU && q->t3 && moe__act_format(q->t3) != moe__act_format(q->type);
+  return moe__act_gated(l->cfg.act) && moe__act_format(q->types[2]) != moe__act_format(q->types[0]);
+}
+
+/* The types the arena is sized for: the bound ones, or Q8_0 before any (forward then says so). */
+static void sized_types(const quant_self *q, moe_gguf_type t[3]) {
+  for (int i = 0; i < 3; i++) t[i] = q->types[0] ? q->types[i] : MOE_GGUF_Q8_0;
 }
 
 static moe_status q_init(const moe_layer_t *l, void *transport, void **self) {
@@ -56,11 +62,11 @@ static size_t q_bytes(void *self, const moe__env *env, int ng, int rows) {
   const quant_self *q = self;
   const moe_layer_t *l = env->l;
   size_t r = (size_t)rows, H = (size_t)l->cfg.H;
-  /* not bound yet: forward says so, nothing is used */
-  moe_gguf_type t = q->type ? q->type : MOE_GGUF_Q8_0, t2 = q->t2 ? q->t2 : t;
-  return (l->cfg.act == MOE_ACT_SWIGLU ? 3 : 2) * moe__arena_size(r * H * 4) +
-         (own_x3(q, l) ? moe__arena_size(r * moe__act_bytes(q->t3, l->cfg.D)) : 0) +
-         moe__arena_size(r * moe__act_bytes(t, l->cfg.D)) + moe__arena_size(r * moe__act_bytes(t2, l->cfg.H)) +
+  moe_gguf_type t[3];
+  sized_types(q, t);
+  return (moe__act_gated(l->cfg.act) ? 3 : 2) * moe__arena_size(r * H * 4) +
+         (own_x3(q, l) ? moe__arena_size(r * moe__act_bytes(t[2], l->cfg.D)) : 0) +
+         moe__arena_size(r * moe__act_bytes(t[0], l->cfg.D)) + moe__arena_size(r * moe__act_bytes(t[1], l->cfg.H)) +
          moe__arena_size((size_t)ng * sizeof(int));
 }
 
@@ -68,15 +74,16 @@ static moe_status q_alloc(void *self, const moe__env *env, int ng, int rows, moe
   quant_self *q = self;
   const moe_layer_t *l = env->l;
   size_t r = (size_t)rows, H = (size_t)l->cfg.H;
-  moe_gguf_type t = q->type ? q->type : MOE_GGUF_Q8_0, t2 = q->t2 ? q->t2 : t;
+  moe_gguf_type t[3];
+  sized_types(q, t);
   moe__arena *a = env->work;
   memset(f, 0, sizeof *f);
   f->a1 = moe__arena_alloc(a, r * H * 4);
-  f->a3 = l->cfg.act == MOE_ACT_SWIGLU ? moe__arena_alloc(a, r * H * 4) : NULL;
+  f->a3 = moe__act_gated(l->cfg.act) ? moe__arena_alloc(a, r * H * 4) : NULL;
   f->h = moe__arena_alloc(a, r * H * 4);
-  q->xq = moe__arena_alloc(a, r * moe__act_bytes(t, l->cfg.D));
-  q->xq3 = own_x3(q, l) ? moe__arena_alloc(a, r * moe__act_bytes(q->t3, l->cfg.D)) : q->xq;
-  q->hq = moe__arena_alloc(a, r * moe__act_bytes(t2, l->cfg.H));
+  q->xq = moe__arena_alloc(a, r * moe__act_bytes(t[0], l->cfg.D));
+  q->xq3 = own_x3(q, l) ? moe__arena_alloc(a, r * moe__act_bytes(t[2], l->cfg.D)) : q->xq;
+  q->hq = moe__arena_alloc(a, r * moe__act_bytes(t[1], l->cfg.H));
   f->order = moe__arena_alloc(a, (size_t)ng * sizeof(int));
   MOE_TRY(f->order && (f->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
   return MOE_OK;
@@ -88,7 +95,8 @@ typedef struct {
   const quant_self *q;
   const moe__groups *g;
   const moe__ffn *f;
-  const float *b1, *b2;
+  const float *b1, *b2, *b3;
+  moe__qkern k1, k2, k3;  /* the kernels of fc1's, fc2's and fc3's types, looked up once a forward */
   const int *active; /* the groups with rows, in order */
   int nact, parts1, parts2;
   size_t xab, x3ab, hab;  /* bytes of an input row quantized for fc1, for fc3; of a hidden row for fc2 */
@@ -102,16 +110,18 @@ static void item1(const fwd_ctx *c, int e, int part) {
   int h0 = (int)((int64_t)H * part / c->parts1), h1 = (int)((int64_t)H * (part + 1) / c->parts1);
   const quant_self *q = c->q;
   float *a1 = c->f->a1 + (size_t)r0 * H, *a3 = c->f->a3 ? c->f->a3 + (size_t)r0 * H : NULL, *h = c->f->h + (size_t)r0 * H;
-  moe__qrows_times(q->type, q->w1 + (size_t)e * H * c->r1, c->r1, h0, h1, q->xq + (size_t)r0 * c->xab, c->xab, m, D, a1,
+  moe__qrows_times(&c->k1, q->w1 + (size_t)e * H * c->r1, c->r1, h0, h1, q->xq + (size_t)r0 * c->xab, c->xab, m, D, a1,
                    H, 0);
   if (a3)
-    moe__qrows_times(q->t3, q->w3 + (size_t)e * H * c->r3, c->r3, h0, h1, q->xq3 + (size_t)r0 * c->x3ab, c->x3ab, m, D,
+    moe__qrows_times(&c->k3, q->w3 + (size_t)e * H * c->r3, c->r3, h0, h1, q->xq3 + (size_t)r0 * c->x3ab, c->x3ab, m, D,
                      a3, H, 0);
   for (int r = 0; r < m; r++) {
-    float *ar = a1 + (size_t)r * H;
+    float *ar = a1 + (size_t)r * H, *ar3 = a3 ? a3 + (size_t)r * H : NULL;
     if (c->b1)
       for (int j = h0; j < h1; j++) ar[j] += c->b1[(size_t)e * H + j];
-    moe__act_forward(l->cfg.act, ar + h0, a3 ? a3 + (size_t)r * H + h0 : NULL, h + (size_t)r * H + h0, (size_t)(h1 - h0));
+    if (c->b3)
+      for (int j = h0; j < h1; j++) ar3[j] += c->b3[(size_t)e * H + j];
+    moe__act_cfg_forward(&l->cfg, ar + h0, ar3 ? ar3 + h0 : NULL, h + (size_t)r * H + h0, (size_t)(h1 - h0));
   }
 }
 
@@ -121,7 +131,7 @@ static void item2(const fwd_ctx *c, int e, int part) {
   int D = l->cfg.D, H = l->cfg.H, r0 = c->g->offs[e], m = c->g->offs[e + 1] - r0;
   int d0 = (int)((int64_t)D * part / c->parts2), d1 = (int)((int64_t)D * (part + 1) / c->parts2);
   float *y = c->g->y + (size_t)r0 * D;
-  moe__qrows_times(c->q->t2, c->q->w2 + (size_t)e * D * c->r2, c->r2, d0, d1, c->q->hq + (size_t)r0 * c->hab, c->hab, m,
+  moe__qrows_times(&c->k2, c->q->w2 + (size_t)e * D * c->r2, c->r2, d0, d1, c->q->hq + (size_t)r0 * c->hab, c->hab, m,
                    H, y, D, 0);
   if (c->b2)
     for (int r = 0; r < m; r++)
@@ -142,7 +152,7 @@ static moe_status q_forward(void *self, const moe__env *env, const moe__plan *p,
   (void)p, (void)side; /* no side work: the source is not `alongside` */
   quant_self *q = self;
   const moe_layer_t *l = env->l;
-  MOE_TRY(q->type, MOE_ERR_STATE, "moe_layer_forward: the layer's %s experts are not given yet (moe_layer_bind_experts, "
+  MOE_TRY(q->types[0], MOE_ERR_STATE, "moe_layer_forward: the layer's %s experts are not given yet (moe_layer_bind_experts, "
           "or a moe_layer_quantize_experts that succeeds)",
           moe_gguf_type_name((moe_gguf_type)l->cfg.expert_type));
   if (q->stale) MOE_CHECK(requantize(q, l));
@@ -154,10 +164,10 @@ static moe_status q_forward(void *self, const moe__env *env, const moe__plan *p,
   moe__weights w;
   moe__weights_bind(l, l->params, &w);
   int x3 = own_x3(q, l);
-  moe_gguf_type t3 = q->t3 ? q->t3 : q->type;
-  fwd_ctx c = {l, q, g, f, w.b1, w.b2, active, nact, parts_of(H, nact, nt), parts_of(D, nact, nt),
-               moe__act_bytes(q->type, D), moe__act_bytes(t3, D), moe__act_bytes(q->t2, H),
-               moe__qrow_bytes(q->type, D), moe__qrow_bytes(t3, D), moe__qrow_bytes(q->t2, H)};
+  const moe_gguf_type *t = q->types;
+  fwd_ctx c = {l, q, g, f, w.b1, w.b2, w.b3, moe__qkern_of(t[0]), moe__qkern_of(t[1]), moe__qkern_of(t[2]), active,
+               nact, parts_of(H, nact, nt), parts_of(D, nact, nt), moe__act_bytes(t[0], D), moe__act_bytes(t[2], D),
+               moe__act_bytes(t[1], H), moe__qrow_bytes(t[0], D), moe__qrow_bytes(t[2], D), moe__qrow_bytes(t[1], H)};
   const float *x = g->x + (size_t)g->offs[0] * D;
   const float *h = f->h + (size_t)g->offs[0] * H;
   uint8_t *xq = q->xq + (size_t)g->offs[0] * c.xab, *xq3 = q->xq3 + (size_t)g->offs[0] * c.x3ab;
@@ -167,13 +177,13 @@ static moe_status q_forward(void *self, const moe__env *env, const moe__plan *p,
   {
 #pragma omp for schedule(static)
     for (int r = 0; r < rows; r++) {
-      moe__act_quantize(q->type, x + (size_t)r * D, xq + (size_t)r * c.xab, D);
-      if (x3) moe__act_quantize(t3, x + (size_t)r * D, xq3 + (size_t)r * c.x3ab, D);
+      moe__act_quantize(t[0], x + (size_t)r * D, xq + (size_t)r * c.xab, D);
+      if (x3) moe__act_quantize(t[2], x + (size_t)r * D, xq3 + (size_t)r * c.x3ab, D);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int i = 0; i < n1; i++) item1(&c, active[i / c.parts1], i % c.parts1);
 #pragma omp for schedule(static)
-    for (int r = 0; r < rows; r++) moe__act_quantize(q->t2, h + (size_t)r * H, hq + (size_t)r * c.hab, H);
+    for (int r = 0; r < rows; r++) moe__act_quantize(t[1], h + (size_t)r * H, hq + (size_t)r * c.hab, H);
 #pragma omp for schedule(dynamic, 1)
     for (int i = 0; i < n2; i++) item2(&c, active[i / c.parts2], i % c.parts2);
   }
@@ -200,11 +210,11 @@ static moe_status requantize(quant_self *q, const moe_layer_t *l) {
     const moe_param_info *pi = moe_layer_param_find(l, names[i]);
     *dst[i] = NULL;
     if (!pi) continue;
-    moe_status st = moe_gguf_quantize(q->type, l->params + pi->offset, q->own + at, (int64_t)pi->numel);
-    MOE_TRY(st == MOE_OK, st, "moe_layer_quantize_experts: %s to %s: %s", names[i], moe_gguf_type_name(q->type),
+    moe_status st = moe_gguf_quantize(q->types[0], l->params + pi->offset, q->own + at, (int64_t)pi->numel);
+    MOE_TRY(st == MOE_OK, st, "moe_layer_quantize_experts: %s to %s: %s", names[i], moe_gguf_type_name(q->types[0]),
             moe_last_error());
     *dst[i] = q->own + at;
-    at += moe__qrow_bytes(q->type, (int64_t)pi->numel);
+    at += moe__qrow_bytes(q->types[0], (int64_t)pi->numel);
   }
   q->stale = 0;
   return MOE_OK;
@@ -216,7 +226,7 @@ static moe_status switch_to(moe_layer_t *l, moe_gguf_type t, const char *what, q
   MOE_TRY(l && l->st, MOE_ERR_STATE, "%s: layer not initialized", what);
   MOE_CHECK(moe__expert_type_check(&l->cfg, (int)t, what));
   static const char *const known[] = {"experts.fc1.weight", "experts.fc1.bias", "experts.fc2.weight",
-                                      "experts.fc2.bias", "experts.fc3.weight"};
+                                      "experts.fc2.bias", "experts.fc3.weight", "experts.fc3.bias"};
   for (int i = 0; i < l->nparams; i++) {
     int ok = strncmp(l->info[i].name, "experts.", 8) != 0;
     for (size_t j = 0; j < sizeof known / sizeof *known; j++) ok |= !strcmp(l->info[i].name, known[j]);
@@ -242,11 +252,11 @@ moe_status moe_layer_quantize_experts(moe_layer_t *l, moe_gguf_type type) {
     if (l->info[i].ndim == 3) bytes += moe__qrow_bytes(type, (int64_t)l->info[i].numel);
   free(q->own);
   q->own = moe__alloc_big(bytes);
-  q->type = 0;
+  q->types[0] = 0;
   MOE_TRY(q->own, MOE_ERR_NOMEM, "%s: cannot allocate %zu bytes of %s experts", what, bytes, moe_gguf_type_name(type));
-  q->type = q->t2 = q->t3 = type;
+  q->types[0] = q->types[1] = q->types[2] = type;
   moe_status st = requantize(q, l);
-  if (st != MOE_OK) q->type = 0; /* no experts until a quantize or bind succeeds */
+  if (st != MOE_OK) q->types[0] = 0; /* no experts until a quantize or bind succeeds */
   l->cfg.expert_type = (int)type;
   return st;
 }
@@ -255,16 +265,16 @@ moe_status moe_layer_bind_experts_typed(moe_layer_t *l, const moe_gguf_type type
                                         const void *fc3) {
   const char *what = "moe_layer_bind_experts";
   MOE_TRY(l && l->st && types, MOE_ERR_STATE, "%s: layer not initialized", what);
-  int glu = l->cfg.act == MOE_ACT_SWIGLU;
+  int glu = moe__act_gated(l->cfg.act);
   MOE_TRY(fc1 && fc2, MOE_ERR_ARG, "%s: fc1 (gate) and fc2 (down) must not be NULL", what);
   MOE_TRY(!fc3 == !glu, MOE_ERR_ARG, "%s: fc3 (the up projection) is %s", what,
-          glu ? "needed with swiglu" : "only for swiglu: pass NULL");
+          glu ? "needed with swiglu and swiglu_oai" : "only for swiglu and swiglu_oai: pass NULL");
   for (int i = 1; i < (glu ? 3 : 2); i++) MOE_CHECK(moe__expert_type_check(&l->cfg, (int)types[i], what));
   quant_self *q;
   MOE_CHECK(switch_to(l, types[0], what, &q));
   free(q->own);
   q->own = NULL, q->stale = 0;
-  q->type = types[0], q->t2 = types[1], q->t3 = glu ? types[2] : 0;
+  q->types[0] = types[0], q->types[1] = types[1], q->types[2] = glu ? types[2] : types[0];
   q->w1 = fc1, q->w2 = fc2, q->w3 = fc3;
   l->cfg.expert_type = (int)types[0];
   return MOE_OK;
@@ -279,6 +289,6 @@ moe_status moe_layer_bind_experts(moe_layer_t *l, moe_gguf_type type, const void
 moe_gguf_type moe_layer_expert_type(const moe_layer_t *l, int fc) {
   if (!l || !l->st || l->cfg.expert_type <= 0 || fc < 1 || fc > 3) return MOE_GGUF_F32;
   const quant_self *q = moe__layer_source(l, &moe__experts_quant);
-  if (!q || !q->type) return (moe_gguf_type)l->cfg.expert_type;
-  return fc == 1 ? q->type : fc == 2 ? q->t2 : q->t3 ? q->t3 : MOE_GGUF_F32;
+  if (!q || !q->types[0]) return (moe_gguf_type)l->cfg.expert_type;
+  return fc == 3 && !moe__act_gated(l->cfg.act) ? MOE_GGUF_F32 : q->types[fc - 1];
 }
