@@ -1268,8 +1268,9 @@ moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);
  * a model maps it changes the model: do not). MOE_NO_MMAP=1 in the environment reads them instead.
  * See DESIGN 4.8c. */
 moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
-/* Bytes of m's parameters that are pages of its checkpoint file (moe_lm_load's mapping): resident
- * memory counts them as the file's pages (RssFile), shared with the page cache; 0 when read. */
+/* Bytes of m's weights that are pages of its checkpoint file, not copies: the fp32 ones moe_lm_load
+ * mapped, and a GGUF file's weights kept in their stored type where they lie. Resident memory counts
+ * them as the file's pages (RssFile, shared with the page cache, once touched); 0 when all were read. */
 size_t moe_lm_mapped_bytes(const moe_lm_t *m);
 /* Writes dir/model.safetensors (F32, the family's HF names, {"format": "pt"}) and dir/config.json (the
  * family's model_type and fields; dense layers as mlp_only_layers), each atomically,

@@ -2,8 +2,9 @@
  * strictly (bounded header, known dtypes, shapes matching byte counts, offsets aligned to the dtype,
  * tensors covering the data region exactly once, no duplicate names, string-only __metadata__), so
  * the rest of the library can trust every view it hands out. The writer collects copies of tensors
- * and writes them atomically (temp file, fsync, rename). Not supported: memory mapping, lazy
- * loading, dtypes other than those in moe_dtype, and files whose tensors are not aligned to their
+ * and writes them atomically (temp file, fsync, rename). A lazily opened file reads through its
+ * descriptor (moe_st_read), which the language model's loader also maps tensors from (lm_map.h). Not
+ * supported: dtypes other than those in moe_dtype, and files whose tensors are not aligned to their
  * element size (the current HuggingFace writer always aligns them). */
 #if !defined(_GNU_SOURCE) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L

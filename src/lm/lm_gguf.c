@@ -334,6 +334,7 @@ static moe_status bind_or_read(const moe_gguf *g, moe_lm_t *m, const moe_tensor_
     w = own;
   }
   moe__lm_bind_quant(m, r->name, l.t.type, w, own);
+  if (!own) moe__lm_add_mapped_bytes(m, (size_t)l.rows * moe__qrow_bytes(l.t.type, l.cols));
   return MOE_OK;
 }
 
@@ -390,7 +391,7 @@ static moe_status load_experts(const moe_gguf *g, const moe_lm_t *m, int i, cons
 
 /* Layer i's routed experts bound where they lie in the mapped file, each stack in its stored type (a
  * type with kernels: the config's expert_type says they all are), each checked for its shape first. */
-static moe_status bind_experts(const moe_gguf *g, const moe_lm_t *m, int i) {
+static moe_status bind_experts(const moe_gguf *g, moe_lm_t *m, int i) {
   static const char *const stacks[3] = {"gate", "down", "up"}; /* the layer's fc1, fc2, fc3 */
   const moe_lm_config *c = &m->cfg;
   moe_gguf_tensor t[3];
@@ -405,6 +406,7 @@ static moe_status bind_experts(const moe_gguf *g, const moe_lm_t *m, int i) {
   }
   moe_status st = moe_layer_bind_experts_typed(&m->layers[i], types, t[0].data, t[1].data, t[2].data);
   MOE_TRY(st == MOE_OK, st, "%s: layer %d's experts: %s", moe_gguf_path(g), i, moe_last_error());
+  moe__lm_add_mapped_bytes(m, t[0].nbytes + t[1].nbytes + t[2].nbytes);
   return MOE_OK;
 }
 

@@ -94,7 +94,7 @@ moe_status moe__lm_map_items(moe_lm_t *m, moe__lm_map_item *x, int n, const int 
     total += got;
     k = j;
   }
-  moe__lm_set_mapped_bytes(m, total);
+  moe__lm_add_mapped_bytes(m, total);
   if (mapped) *mapped = total;
   return MOE_OK;
 }

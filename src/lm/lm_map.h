@@ -30,9 +30,10 @@ moe_status moe__lm_map_items(moe_lm_t *m, moe__lm_map_item *x, int n, const int 
 
 /* lm_model.c: m's buffers moved to ones a file's pages can be mapped into (base/file_map.h), phase[0]
  * the place in a page of m->dense's first byte, phase[1 + i] layer i's; the refs follow. Right after
- * moe_lm_init. The floats in m->dense. moe_lm_mapped_bytes's count, set by moe__lm_map_items. */
+ * moe_lm_init. The floats in m->dense. moe_lm_mapped_bytes's count, added to by
+ * moe__lm_map_items and by lm_gguf.c for the weights it binds where they lie in its mapped file. */
 moe_status moe__lm_place(moe_lm_t *m, const size_t *phase);
 size_t moe__lm_dense_floats(const moe_lm_t *m);
-void moe__lm_set_mapped_bytes(moe_lm_t *m, size_t n);
+void moe__lm_add_mapped_bytes(moe_lm_t *m, size_t n);
 
 #endif

@@ -587,7 +587,7 @@ moe_status moe__lm_place(moe_lm_t *m, const size_t *phase) {
 }
 
 size_t moe__lm_dense_floats(const moe_lm_t *m) { return m->st->dense_n; }
-void moe__lm_set_mapped_bytes(moe_lm_t *m, size_t n) { m->st->mapped_bytes = n; }
+void moe__lm_add_mapped_bytes(moe_lm_t *m, size_t n) { m->st->mapped_bytes += n; }
 size_t moe_lm_mapped_bytes(const moe_lm_t *m) { return m && m->st ? m->st->mapped_bytes : 0; }
 
 /* Where parameter `name` goes when it is computed in a quantized type; NULL: it stays fp32. */
