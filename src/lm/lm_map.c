@@ -41,11 +41,11 @@ static int buffer_of(const moe_lm_t *m, const moe_tensor_ref *r, size_t *at) {
  * multiple of 4: the floats' alignment, all the kernels ask of a weight; an item whose file offset
  * is not one is read). */
 #define CANDIDATES 8
-static void choose_phases(const moe_lm_t *m, const moe__lm_map_item *x, int n, size_t *phase) {
+static moe_status choose_phases(const moe_lm_t *m, const moe__lm_map_item *x, int n, size_t *phase) {
   int nb = 1 + m->cfg.n_layers;
   size_t pg = moe__map_page(), (*cand)[CANDIDATES][2] = calloc((size_t)nb, sizeof *cand);
+  MOE_TRY(cand, MOE_ERR_NOMEM, "moe_lm_load: out of memory");
   memset(phase, 0, (size_t)nb * sizeof *phase);
-  if (!cand) return; /* phase 0: items are read, not mapped */
   for (int k = 0; k < n; k++) {
     const moe_tensor_ref *r = &m->refs[x[k].ref];
     size_t at;
@@ -60,6 +60,7 @@ static void choose_phases(const moe_lm_t *m, const moe__lm_map_item *x, int n, s
     for (size_t j = 0, best = 0; j < CANDIDATES; j++)
       if (cand[b][j][1] > best) best = cand[b][j][1], phase[b] = cand[b][j][0];
   free(cand);
+  return MOE_OK;
 }
 
 static int by_file(const void *a, const void *b) {
@@ -74,8 +75,8 @@ moe_status moe__lm_map_items(moe_lm_t *m, moe__lm_map_item *x, int n, const int 
   if (!n) return MOE_OK; /* nothing to map: the buffers stay as moe_lm_init made them */
   size_t *phase = malloc((1 + (size_t)m->cfg.n_layers) * sizeof *phase), total = 0;
   MOE_TRY(phase, MOE_ERR_NOMEM, "%s: out of memory", paths[0]);
-  choose_phases(m, x, n, phase);
-  moe_status st = moe__lm_place(m, phase);
+  moe_status st = choose_phases(m, x, n, phase);
+  if (st == MOE_OK) st = moe__lm_place(m, phase);
   free(phase);
   MOE_CHECK(st);
   qsort(x, (size_t)n, sizeof *x, by_file);
