@@ -361,7 +361,7 @@ static moe_status map_refs(const moe_gguf *g, moe_lm_t *m, int bound, char *done
   moe_status st = MOE_OK;
   if (n && (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
     st = moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: cannot open: %s", path, strerror(errno));
-  if (st == MOE_OK && n) st = moe__lm_map_items(m, x, n, &fd, &path, NULL); /* the mappings keep the file */
+  if (st == MOE_OK && n) st = moe__lm_map_items(m, x, n, &fd, &path); /* the mappings keep the file */
   for (int k = 0; st == MOE_OK && k < n; k++) done[x[k].ref] = 1;
   if (fd >= 0) close(fd);
   free(x);

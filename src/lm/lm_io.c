@@ -715,7 +715,7 @@ static moe_status map_refs(moe_lm_t *m, const shards *s, const char *dir, char *
   moe_status st = x && fds && paths ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", dir);
   for (int i = 0; st == MOE_OK && i < s->n; i++) fds[i] = moe__st_fd(s->files[i]), paths[i] = moe_st_path(s->files[i]);
   for (int i = 0; st == MOE_OK && i < m->nrefs; i++) n += mappable(m, s, dir, i, &x[n]);
-  if (st == MOE_OK && n) st = moe__lm_map_items(m, x, n, fds, paths, NULL);
+  if (st == MOE_OK && n) st = moe__lm_map_items(m, x, n, fds, paths);
   for (int k = 0; st == MOE_OK && k < n; k++) done[x[k].ref] = 1;
   free(x), free(fds), free(paths);
   return st;

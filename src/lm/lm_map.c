@@ -69,9 +69,7 @@ static int by_file(const void *a, const void *b) {
   return x->off < y->off ? -1 : x->off > y->off;
 }
 
-moe_status moe__lm_map_items(moe_lm_t *m, moe__lm_map_item *x, int n, const int *fds, const char *const *paths,
-                             size_t *mapped) {
-  if (mapped) *mapped = 0;
+moe_status moe__lm_map_items(moe_lm_t *m, moe__lm_map_item *x, int n, const int *fds, const char *const *paths) {
   if (!n) return MOE_OK; /* nothing to map: the buffers stay as moe_lm_init made them */
   size_t *phase = malloc((1 + (size_t)m->cfg.n_layers) * sizeof *phase), total = 0;
   MOE_TRY(phase, MOE_ERR_NOMEM, "%s: out of memory", paths[0]);
@@ -96,6 +94,5 @@ moe_status moe__lm_map_items(moe_lm_t *m, moe__lm_map_item *x, int n, const int 
     k = j;
   }
   moe__lm_add_mapped_bytes(m, total);
-  if (mapped) *mapped = total;
   return MOE_OK;
 }

@@ -24,9 +24,8 @@ int moe__lm_mapping(void);
 /* Places m's buffers (moe__lm_place, right after moe_lm_init: nothing loaded yet) where the most bytes
  * of the n items fall at the same place in a page as in their files, then puts each item's bytes into
  * its ref, mapped where the pages line up and read where not (runs of items contiguous in the file and
- * in the model in one go). fds[i] and paths[i]: file i. *mapped (may be NULL): bytes mapped. */
-moe_status moe__lm_map_items(moe_lm_t *m, moe__lm_map_item *x, int n, const int *fds, const char *const *paths,
-                             size_t *mapped);
+ * in the model in one go), adding the bytes mapped to moe_lm_mapped_bytes. fds[i] and paths[i]: file i. */
+moe_status moe__lm_map_items(moe_lm_t *m, moe__lm_map_item *x, int n, const int *fds, const char *const *paths);
 
 /* lm_model.c: m's buffers moved to ones a file's pages can be mapped into (base/file_map.h), phase[0]
  * the place in a page of m->dense's first byte, phase[1 + i] layer i's; the refs follow. Right after
