@@ -1270,8 +1270,17 @@ moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);
  * when c->moe.dtype is bf16). A tensor absent is MOE_ERR_MISSING, one of another shape MOE_ERR_SHAPE,
  * one of another dtype MOE_ERR_DTYPE, a NaN or Inf MOE_ERR_VALUE: each naming the file and the tensor
  * (and both shapes). A tensor the model does not have is MOE_ERR_FORMAT naming the file and the tensor
- * (except rotary_emb.inv_freq tables, which older transformers saved and are recomputed). */
+ * (except rotary_emb.inv_freq tables, which older transformers saved and are recomputed).
+ * Parameters stored as the model keeps them (F32, whole, unpermuted; a GGUF file's too) are mapped
+ * from the file, not read: private copy-on-write pages of it, which the model unmaps when freed (a
+ * write to one, training, copies that page; the file is never written; a file changed on disk while
+ * a model maps it changes the model: do not). MOE_NO_MMAP=1 in the environment reads them instead.
+ * See DESIGN 4.8c. */
 moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
+/* Bytes of m's weights that are pages of its checkpoint file, not copies: the fp32 ones moe_lm_load
+ * mapped, and a GGUF file's weights kept in their stored type where they lie. Resident memory counts
+ * them as the file's pages (RssFile, shared with the page cache, once touched); 0 when all were read. */
+size_t moe_lm_mapped_bytes(const moe_lm_t *m);
 /* Writes dir/model.safetensors (F32, the family's HF names, {"format": "pt"}) and dir/config.json (the
  * family's model_type and fields; dense layers as mlp_only_layers), each atomically,
  * creating dir when missing; an index json there is removed, since it would name other files. Expert-

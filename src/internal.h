@@ -27,6 +27,12 @@ static inline double moe__now(void) {
  * anyway: a calloc's untouched pages cost nothing until used (a model's gradients when serving). */
 void *moe__alloc_big(size_t bytes);
 void *moe__calloc_big(size_t n, size_t size);
+/* A big buffer of n zero bytes (untouched pages: free until used) whose first byte lies `phase` bytes
+ * into a page (phase < the page size; 0: aligned as moe__alloc_big's), its own mapping so that a
+ * file's pages can be mapped into it (base/file_map.h: a model's parameters loaded from a checkpoint).
+ * Freed with moe__map_free(p, n, phase), the file's pages with it; NULL when out of memory. */
+void *moe__map_alloc(size_t n, size_t phase);
+void moe__map_free(void *p, size_t n, size_t phase);
 
 /* splitmix64: a tiny, well-mixed generator, so that initialization depends only on the seed. */
 static inline uint64_t moe__splitmix(uint64_t *s) {
@@ -86,6 +92,12 @@ moe_status moe__st_expect_finite_bf16(const moe_st *f, const moe_tensor_view *v,
 void moe__st_drop_pages(const moe_st *f, const moe_tensor_view *v, size_t off, size_t n);
 /* The same over the whole of an F32 or BF16 tensor, read in chunks (for weights left in the file). */
 moe_status moe__st_scan_finite(const moe_st *f, const moe_tensor_view *v);
+/* The index of x's first NaN or Inf, or n when all n are finite (at memory speed: a load checks
+ * every weight it reads or maps). */
+size_t moe__first_nonfinite(const float *x, size_t n);
+/* The descriptor a lazily opened file reads through (-1 when it was read whole): a view's file_offset
+ * is an offset in it. */
+int moe__st_fd(const moe_st *f);
 
 /* MOE_ERR_SHAPE naming the file, the tensor and both shapes unless v (tensor `name` of f) has shape
  * (ndim) (safetensors.c). */
@@ -101,6 +113,10 @@ moe_status moe__meta_bool(const moe_st *f, const char *key, int *out);
  * router) to and from __metadata__. */
 moe_status moe__layer_meta_read(const moe_st *f, moe_layer_config *c);
 moe_status moe__layer_meta_write(const moe_layer_config *c, moe_st_writer *w);
+
+/* layer.c: the layer's parameters (zero, none set yet) moved to a buffer that a file's pages can be
+ * mapped into (base/file_map.h), its first byte `phase` bytes into a page; freed by moe_layer_free. */
+moe_status moe__layer_params_at(moe_layer_t *l, size_t phase);
 
 /* serve/trace.c: MOE_ERR_ARG, named after the caller fn, unless t is a trace with layer `layer` and
  * steps [s0, s1) in range. */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -31,4 +32,27 @@ void *moe__calloc_big(size_t n, size_t size) {
   void *p = moe__alloc_big(n * size);
   if (p) memset(p, 0, n * size);
   return p;
+}
+
+/* The pages of a moe__map_alloc buffer: whole pages from the one holding its first byte. */
+static size_t region_bytes(size_t n, size_t phase) {
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  return (phase + (n ? n : 1) + pg - 1) / pg * pg;
+}
+
+void *moe__map_alloc(size_t n, size_t phase) {
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  if (phase >= pg || n > SIZE_MAX - 2 * HUGE_PAGE) return NULL;
+  size_t len = region_bytes(n, phase), align = len >= HUGE_FROM ? HUGE_PAGE : pg, extra = align - pg;
+  char *r = mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (r == MAP_FAILED) return NULL;
+  char *a = (char *)(((uintptr_t)r + align - 1) & ~(uintptr_t)(align - 1)); /* the slack unmapped */
+  if (a > r) munmap(r, (size_t)(a - r));
+  if (r + len + extra > a + len) munmap(a + len, (size_t)(r + len + extra - (a + len)));
+  if (align > pg) madvise(a, len, MADV_HUGEPAGE);
+  return a + phase;
+}
+
+void moe__map_free(void *p, size_t n, size_t phase) {
+  if (p) munmap((char *)p - phase, region_bytes(n, phase));
 }

@@ -2,8 +2,9 @@
  * strictly (bounded header, known dtypes, shapes matching byte counts, offsets aligned to the dtype,
  * tensors covering the data region exactly once, no duplicate names, string-only __metadata__), so
  * the rest of the library can trust every view it hands out. The writer collects copies of tensors
- * and writes them atomically (temp file, fsync, rename). Not supported: memory mapping, lazy
- * loading, dtypes other than those in moe_dtype, and files whose tensors are not aligned to their
+ * and writes them atomically (temp file, fsync, rename). A lazily opened file reads through its
+ * descriptor (moe_st_read), which the language model's loader also maps tensors from (lm_map.h). Not
+ * supported: dtypes other than those in moe_dtype, and files whose tensors are not aligned to their
  * element size (the current HuggingFace writer always aligns them). */
 #if !defined(_GNU_SOURCE) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L
@@ -289,6 +290,7 @@ static moe_status st_open(moe_st **out, const char *path, int lazy) {
 }
 
 const char *moe_st_path(const moe_st *f) { return f ? f->path : NULL; }
+int moe__st_fd(const moe_st *f) { return f->fd; }
 int moe_st_count(const moe_st *f) { return f ? f->n : 0; }
 
 moe_status moe_st_open(moe_st **out, const char *path) { return st_open(out, path, 0); }
@@ -377,9 +379,20 @@ static moe_status not_finite(const moe_st *f, const moe_tensor_view *v, size_t o
                     f->path, v->name, x, where);
 }
 
+size_t moe__first_nonfinite(const float *x, size_t n) {
+  for (size_t b = 0; b < n; b += 4096) { /* a block without an early exit vectorizes */
+    size_t e = n - b < 4096 ? n : b + 4096;
+    int bad = 0;
+#pragma omp simd reduction(| : bad)
+    for (size_t i = b; i < e; i++) bad |= !(x[i] - x[i] == 0.0f); /* Inf - Inf and NaN - NaN are NaN */
+    for (size_t i = b; bad && i < e; i++)
+      if (!isfinite(x[i])) return i;
+  }
+  return n;
+}
+
 moe_status moe__st_expect_finite(const moe_st *f, const moe_tensor_view *v, size_t off, const float *x, size_t n) {
-  size_t i = 0;
-  while (i < n && isfinite(x[i])) i++;
+  size_t i = moe__first_nonfinite(x, n);
   return i == n ? MOE_OK : not_finite(f, v, off, i, (double)x[i]);
 }
 

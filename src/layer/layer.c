@@ -34,6 +34,7 @@ struct moe__layer_state {
   moe__expert_bufs xb; /* a moving transport's expert side */
   moe__dispatch dsp;   /* the dispatch's own tensors */
   moe_comm_stats comm; /* exchanges since the last reset */
+  size_t params_phase; /* params: a moe__map_alloc buffer (file pages may be in it), at this phase */
 };
 
 #define LN_1_OVER_007 2.6592600369327779f /* Tutel's initial cosine logit scale, ln(1/0.07) */
@@ -244,8 +245,9 @@ moe_status moe__layer_init(moe_layer_t *l, const moe_layer_config *cfg, const mo
     add_param(l, "shared.fc2.weight", 2, D, cfg->shared_H, 0);
     if (cfg->shared_gate) add_param(l, "shared.gate.weight", 2, 1, D, 0);
   }
-  l->params = moe__alloc_big(l->numel * 4);
-  l->grads = moe__alloc_big(l->numel * 4);
+  /* untouched zero pages: a load maps or writes the parameters, only training touches the gradients */
+  l->params = moe__map_alloc(l->numel * 4, 0);
+  l->grads = moe__map_alloc(l->numel * 4, 0);
   l->st = calloc(1, sizeof *l->st);
   l->inner = cfg->inner_experts ? calloc((size_t)E, sizeof *l->inner) : NULL;
   if (!l->params || !l->grads || !l->st || (cfg->inner_experts && !l->inner)) {
@@ -263,8 +265,6 @@ moe_status moe__layer_init(moe_layer_t *l, const moe_layer_config *cfg, const mo
     moe_layer_free(l);
     return sc;
   }
-  memset(l->params, 0, l->numel * 4);
-  memset(l->grads, 0, l->numel * 4);
   return MOE_OK;
 }
 
@@ -313,6 +313,8 @@ void moe_layer_free(moe_layer_t *l) {
     free(l->inner);
   }
   moe__layer_state *s = l->st;
+  moe__map_free(l->params, l->numel * 4, s ? s->params_phase : 0);
+  moe__map_free(l->grads, l->numel * 4, 0);
   if (s) {
     moe__arena_free(&s->route);
     moe__arena_free(&s->work);
@@ -321,10 +323,17 @@ void moe_layer_free(moe_layer_t *l) {
     if (s->pol) s->pol->free(s->pol_self);
     free(s);
   }
-  free(l->params);
-  free(l->grads);
   free(l->expert_capacity);
   memset(l, 0, sizeof *l);
+}
+
+moe_status moe__layer_params_at(moe_layer_t *l, size_t phase) {
+  float *p = moe__map_alloc(l->numel * 4, phase);
+  MOE_TRY(p, MOE_ERR_NOMEM, "moe_layer_init: cannot allocate %zu parameters", l->numel);
+  moe__map_free(l->params, l->numel * 4, l->st->params_phase);
+  l->params = p; /* zero, as moe_layer_init left the old ones */
+  l->st->params_phase = phase;
+  return MOE_OK;
 }
 
 const moe_param_info *moe_layer_param_find(const moe_layer_t *l, const char *name) {

@@ -6,6 +6,7 @@
  * (moe_layer_bind_experts into the mapped file), and so do the attention's projections, the dense
  * layers' MLPs, the embedding and the head when their types have kernels (moe__lm_bind_quant); every
  * other weight is dequantized into the fp32 model (all of them with moe.expert_type -1); each is checked against the config for its shape (ggml's order, ne[0] the row length) first. */
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #include "lm_dist.h"
 #include "lm_family.h"
 #include "lm_gguf.h"
+#include "lm_map.h"
 #include "kernels/quant_matmul.h"
 
 int moe__lm_gguf_is(const char *path) {
@@ -296,15 +298,20 @@ static moe_status locate(const moe_gguf *g, const moe_lm_t *m, const moe_tensor_
 
 /* The whole ref's values (rows x cols floats into dst) from its rows in the file, undoing llama's
  * permutation, all finite. */
+static moe_status check_finite(const moe_gguf *g, const located *l, const float *dst) {
+  size_t n = (size_t)(l->rows * l->cols), i = moe__first_nonfinite(dst, n);
+  MOE_TRY(i == n, MOE_ERR_VALUE, "%s: tensor '%s' has a non-finite value, %g, at row %lld column %lld",
+          moe_gguf_path(g), l->name, (double)dst[i], (long long)(l->row0 + (int64_t)i / l->cols),
+          (long long)((int64_t)i % l->cols));
+  return MOE_OK;
+}
+
 static moe_status read_rows(const moe_gguf *g, const located *l, float *dst) {
   for (int64_t r = 0; r < l->rows; r++) {
     int64_t to = l->permute ? moe__lm_gguf_hf_row(r, l->rows, l->permute) : r;
     MOE_CHECK(moe_gguf_tensor_row_f32(g, &l->t, l->row0 + r, dst + to * l->cols));
   }
-  for (int64_t i = 0; i < l->rows * l->cols; i++)
-    MOE_TRY(isfinite(dst[i]), MOE_ERR_VALUE, "%s: tensor '%s' has a non-finite value, %g, at row %lld column %lld",
-            moe_gguf_path(g), l->name, (double)dst[i], (long long)(l->row0 + i / l->cols), (long long)(i % l->cols));
-  return MOE_OK;
+  return check_finite(g, l, dst);
 }
 
 /* Ref r from the file: all of it, or under the sharded layout this rank's part (lm_dist.h). */
@@ -360,26 +367,64 @@ static moe_status bind_or_read(const moe_gguf *g, moe_lm_t *m, const moe_tensor_
     w = own;
   }
   moe__lm_bind_quant(m, r->name, l.t.type, w, own);
+  if (!own) moe__lm_add_mapped_bytes(m, (size_t)l.rows * moe__qrow_bytes(l.t.type, l.cols));
   return MOE_OK;
+}
+
+/* Ref k of m if it is mappable (lm_map.h): F32 in the file, not permuted, the whole ref, and not a
+ * weight bind_or_read may keep in its stored type. */
+static int mappable(const moe_gguf *g, const moe_lm_t *m, int k, int bound, moe__lm_map_item *x) {
+  const moe_tensor_ref *r = &m->refs[k];
+  moe__lm_part p;
+  located l;
+  moe__lm_part_of(m, r, &p);
+  if (p.whole.numel != r->numel || (bound && moe__lm_quantizable(m, r->name))) return 0;
+  if (locate(g, m, r, &l) != MOE_OK || l.t.type != MOE_GGUF_F32 || l.permute) return 0; /* errors: the read's */
+  *x = (moe__lm_map_item){k, 0, l.t.file_offset + (uint64_t)(l.row0 * l.cols) * 4};
+  return 1;
+}
+
+/* The mappable refs mapped (or where their pages do not line up, read) into m, flagged in done. */
+static moe_status map_refs(const moe_gguf *g, moe_lm_t *m, int bound, char *done) {
+  const char *path = moe_gguf_path(g);
+  moe__lm_map_item *x = malloc((size_t)m->nrefs * sizeof *x);
+  MOE_TRY(x, MOE_ERR_NOMEM, "%s: out of memory", path);
+  int n = 0, fd = -1;
+  for (int k = 0; k < m->nrefs; k++) n += mappable(g, m, k, bound, &x[n]);
+  moe_status st = MOE_OK;
+  if (n && (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+    st = moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: cannot open: %s", path, strerror(errno));
+  if (st == MOE_OK && n) st = moe__lm_map_items(m, x, n, &fd, &path); /* the mappings keep the file */
+  for (int k = 0; st == MOE_OK && k < n; k++) done[x[k].ref] = 1;
+  if (fd >= 0) close(fd);
+  free(x);
+  return st;
+}
+
+/* A mapped ref's values, all finite (as a read checks them). */
+static moe_status check_mapped(const moe_gguf *g, const moe_lm_t *m, const moe_tensor_ref *r) {
+  located l;
+  MOE_CHECK(locate(g, m, r, &l));
+  return check_finite(g, &l, r->data);
 }
 
 /* Layer i's routed experts (their slices of ffn_gate_exps, ffn_up_exps and ffn_down_exps) into its
  * stacked fp32 weights: the one place the experts are read, so that a source keeping them in their
  * stored type can take its place. */
-static moe_status load_experts(const moe_gguf *g, const moe_lm_t *m, int i) {
+static moe_status load_experts(const moe_gguf *g, const moe_lm_t *m, int i, const char *mapped) {
   char prefix[32];
   int n = snprintf(prefix, sizeof prefix, "model.layers.%d.", i), e, j;
   for (int k = 0; k < m->nrefs; k++) {
     const moe_tensor_ref *r = &m->refs[k];
     if (!strncmp(r->name, prefix, (size_t)n) && moe__lm_expert_of(m->cfg.family, r->name, &e, &j))
-      MOE_CHECK(read_ref(g, m, r));
+      MOE_CHECK(mapped[k] ? check_mapped(g, m, r) : read_ref(g, m, r));
   }
   return MOE_OK;
 }
 
 /* Layer i's routed experts bound where they lie in the mapped file, each stack in its stored type (a
  * type with kernels: the config's expert_type says they all are), each checked for its shape first. */
-static moe_status bind_experts(const moe_gguf *g, const moe_lm_t *m, int i) {
+static moe_status bind_experts(const moe_gguf *g, moe_lm_t *m, int i) {
   static const char *const stacks[3] = {"gate", "down", "up"}; /* the layer's fc1, fc2, fc3 */
   const moe_lm_config *c = &m->cfg;
   moe_gguf_tensor t[3];
@@ -394,6 +439,7 @@ static moe_status bind_experts(const moe_gguf *g, const moe_lm_t *m, int i) {
   }
   moe_status st = moe_layer_bind_experts_typed(&m->layers[i], types, t[0].data, t[1].data, t[2].data);
   MOE_TRY(st == MOE_OK, st, "%s: layer %d's experts: %s", moe_gguf_path(g), i, moe_last_error());
+  moe__lm_add_mapped_bytes(m, t[0].nbytes + t[1].nbytes + t[2].nbytes);
   return MOE_OK;
 }
 
@@ -481,11 +527,17 @@ moe_status moe__lm_gguf_load(moe_lm_t *m, const char *path, const moe_lm_config 
     return st;
   }
   int e, j, bound = c->moe.expert_type > 0;
-  for (int k = 0; st == MOE_OK && k < m->nrefs; k++)
-    if (!moe__lm_expert_of(c->family, m->refs[k].name, &e, &j))
-      st = bound ? bind_or_read(g, m, &m->refs[k]) : read_ref(g, m, &m->refs[k]);
+  char *mapped = calloc((size_t)m->nrefs, 1);
+  st = mapped ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", path);
+  if (st == MOE_OK && moe__lm_mapping()) st = map_refs(g, m, bound, mapped);
+  for (int k = 0; st == MOE_OK && k < m->nrefs; k++) {
+    const moe_tensor_ref *r = &m->refs[k];
+    if (moe__lm_expert_of(c->family, r->name, &e, &j)) continue; /* the layers' turn, next */
+    st = mapped[k] ? check_mapped(g, m, r) : bound ? bind_or_read(g, m, r) : read_ref(g, m, r);
+  }
   for (int i = 0; st == MOE_OK && !c->moe.external_experts && i < c->n_layers; i++) /* streamed: read later */
-    if (!moe_lm_layer_dense(c, i)) st = bound ? bind_experts(g, m, i) : load_experts(g, m, i);
+    if (!moe_lm_layer_dense(c, i)) st = bound ? bind_experts(g, m, i) : load_experts(g, m, i, mapped);
+  free(mapped);
   if (st == MOE_OK) st = check_unused(g, m);
   if (st == MOE_OK && bound) moe__lm_keep_mapped(m, g); /* the experts' bytes: closed with the model */
   else moe_gguf_close(g);

@@ -18,6 +18,7 @@
 #include "lm_family.h"
 #include "lm_gguf.h"
 #include "lm_gptoss.h"
+#include "lm_map.h"
 
 #define INDEX_JSON "model.safetensors.index.json"
 #define MAX_SHARDS 4096
@@ -688,6 +689,47 @@ static moe_status check_unused(const shards *s, const moe_lm_t *m) {
   return MOE_OK;
 }
 
+/* Ref i of m if it is mappable (lm_map.h): F32 in its file, the whole tensor, of the ref's shape. */
+static int mappable(const moe_lm_t *m, const shards *s, const char *dir, int i, moe__lm_map_item *x) {
+  const moe_tensor_ref *r = &m->refs[i];
+  moe__lm_part p;
+  moe_st *f = NULL;
+  moe_tensor_view v;
+  if (moe__gptoss_converted(m->cfg.family, r->name)) return 0;
+  moe__lm_part_of(m, r, &p);
+  if (p.whole.numel != r->numel) return 0; /* a rank's part of the tensor: read */
+  /* errors here (a missing tensor, another shape) are the read's to report */
+  if (shard_of(s, dir, r->name, &f) != MOE_OK || !f || moe_st_get(f, r->name, &v) != MOE_OK) return 0;
+  if (v.dtype != MOE_DT_F32 || v.ndim != r->ndim || memcmp(v.shape, r->shape, (size_t)r->ndim * sizeof *v.shape)) return 0;
+  int k = 0;
+  while (s->files[k] != f) k++;
+  *x = (moe__lm_map_item){i, k, v.file_offset};
+  return 1;
+}
+
+/* The mappable refs mapped (or where their pages do not line up, read) into m, flagged in done. */
+static moe_status map_refs(moe_lm_t *m, const shards *s, const char *dir, char *done) {
+  moe__lm_map_item *x = malloc((size_t)m->nrefs * sizeof *x);
+  int *fds = malloc((size_t)s->n * sizeof *fds), n = 0;
+  const char **paths = malloc((size_t)s->n * sizeof *paths);
+  moe_status st = x && fds && paths ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", dir);
+  for (int i = 0; st == MOE_OK && i < s->n; i++) fds[i] = moe__st_fd(s->files[i]), paths[i] = moe_st_path(s->files[i]);
+  for (int i = 0; st == MOE_OK && i < m->nrefs; i++) n += mappable(m, s, dir, i, &x[n]);
+  if (st == MOE_OK && n) st = moe__lm_map_items(m, x, n, fds, paths);
+  for (int k = 0; st == MOE_OK && k < n; k++) done[x[k].ref] = 1;
+  free(x), free(fds), free(paths);
+  return st;
+}
+
+/* A mapped ref's values, all finite (as a read checks them). */
+static moe_status check_mapped(const shards *s, const char *dir, const moe_tensor_ref *r) {
+  moe_st *f = NULL;
+  moe_tensor_view v;
+  MOE_CHECK(shard_of(s, dir, r->name, &f));
+  MOE_CHECK(moe_st_get(f, r->name, &v));
+  return moe__st_expect_finite(f, &v, 0, r->data, r->numel);
+}
+
 moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c) {
   MOE_TRY(m && dir, MOE_ERR_ARG, "moe_lm_load: NULL argument");
   if (moe__lm_gguf_is(dir)) return moe__lm_gguf_load(m, dir, c);
@@ -707,8 +749,15 @@ moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c) {
   }
   shard_ctx x = {&s, dir};
   moe__lm_reader rd = {&x, file_of, read_tensor};
+  char *mapped = calloc((size_t)m->nrefs, 1);
+  st = mapped ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", dir);
+  if (st == MOE_OK && moe__lm_mapping()) st = map_refs(m, &s, dir, mapped);
   for (int i = 0; st == MOE_OK && i < m->nrefs; i++) {
     moe_st *f = NULL;
+    if (mapped[i]) {
+      st = check_mapped(&s, dir, &m->refs[i]);
+      continue;
+    }
     if (moe__gptoss_converted(c->family, m->refs[i].name)) { /* from gpt-oss's fused tensors */
       st = moe__gptoss_read_ref(&rd, m, &m->refs[i]);
       continue;
@@ -716,6 +765,7 @@ moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c) {
     st = shard_of(&s, dir, m->refs[i].name, &f);
     if (st == MOE_OK) st = read_part(m, f, &m->refs[i]);
   }
+  free(mapped);
   if (st == MOE_OK) st = check_unused(&s, m);
   shards_close(&s);
   if (st != MOE_OK) {

@@ -18,6 +18,8 @@
 #include "lm_dist.h"
 #include "lm_family.h"
 #include "lm_gguf.h"
+#include "lm_map.h"
+#include "base/file_map.h"
 #include "lm_stream.h"
 #include "mla.h"
 
@@ -63,6 +65,9 @@ struct moe__lm_state {
   double *bal;          /* (2 E + 3) the balance loss's sums; expert-parallel, the cross-entropy's sum,
                            count and tokens to add up over the ranks */
   size_t dense_n;       /* floats in m->dense */
+  size_t mapped_bytes;  /* of the parameters, pages of the checkpoint (lm_map.h) */
+  int dense_mappable;   /* m->dense is a moe__map_alloc buffer (file pages may be in it), at dense_phase */
+  size_t dense_phase;
   moe__lbl lbl;
   moe_layer_stats *lstats; /* (L) each MoE layer's stats of the last forward */
   moe_lm_times times;      /* forwards (not decodes) and backwards since the last moe_lm_times_reset */
@@ -541,6 +546,8 @@ moe_status moe_lm_init(moe_lm_t *m, const moe_lm_config *c) {
 
 void moe_lm_free(moe_lm_t *m) {
   if (!m) return;
+  if (m->st && m->st->dense_mappable) moe__map_free(m->dense, m->st->dense_n * 4, m->st->dense_phase);
+  else free(m->dense);
   for (int i = 0; m->layers && i < m->cfg.n_layers; i++) moe_layer_free(&m->layers[i]);
   if (m->st) {
     moe_gguf_close(m->st->mapped); /* after the layers bound into it */
@@ -559,12 +566,30 @@ void moe_lm_free(moe_lm_t *m) {
   }
   free(m->layers);
   free(m->refs);
-  free(m->dense);
   free(m->dense_grad);
   memset(m, 0, sizeof *m);
 }
 
 void moe__lm_keep_mapped(moe_lm_t *m, moe_gguf *g) { m->st->mapped = g; }
+
+moe_status moe__lm_place(moe_lm_t *m, const size_t *phase) {
+  moe__lm_state *s = m->st;
+  float *d = moe__map_alloc(s->dense_n * 4, phase[0]);
+  MOE_TRY(d, MOE_ERR_NOMEM, "moe_lm_init: out of memory for %zu dense parameters", s->dense_n);
+  if (s->dense_mappable) moe__map_free(m->dense, s->dense_n * 4, s->dense_phase);
+  else free(m->dense);
+  m->dense = d;
+  s->dense_mappable = 1, s->dense_phase = phase[0];
+  for (int i = 0; i < m->cfg.n_layers; i++)
+    if (is_moe(m, i)) MOE_CHECK(moe__layer_params_at(&m->layers[i], phase[1 + i]));
+  m->nrefs = 0, m->numel = 0;
+  build_table(m); /* the refs (and the blocks' pointers) into the new buffers */
+  return MOE_OK;
+}
+
+size_t moe__lm_dense_floats(const moe_lm_t *m) { return m->st->dense_n; }
+void moe__lm_add_mapped_bytes(moe_lm_t *m, size_t n) { m->st->mapped_bytes += n; }
+size_t moe_lm_mapped_bytes(const moe_lm_t *m) { return m && m->st ? m->st->mapped_bytes : 0; }
 
 /* Where parameter `name` goes when it is computed in a quantized type; NULL: it stays fp32. */
 static moe__qmat *quant_slot(const moe_lm_t *m, const char *name) {
