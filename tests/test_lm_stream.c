@@ -221,6 +221,9 @@ static void check_gguf(int *failed_, moe_gguf_type t, moe_dtype dt, int min_read
   snprintf(name, sizeof name, "stream_%s.gguf", moe_gguf_type_name(t));
   test_tmp_path(name, path, sizeof path);
   ASSERT_OK(write_gguf(path, t));
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(path, &c));
+  ASSERT_EQ_INT(c.moe.expert_type, t == MOE_GGUF_F32 ? -1 : (int)t); /* computed in the stored type */
   check_gguf_file(failed_, path, dt, min_read);
 }
 
@@ -229,6 +232,8 @@ TEST(lm_stream_gguf_bf16_slots_bit_identical) { check_gguf(failed_, MOE_GGUF_BF1
 TEST(lm_stream_gguf_q8_0_bit_identical) { check_gguf(failed_, MOE_GGUF_Q8_0, MOE_DT_F32, 4); }
 TEST(lm_stream_gguf_q4_k_bit_identical) { check_gguf(failed_, MOE_GGUF_Q4_K, MOE_DT_F32, 8); }
 TEST(lm_stream_gguf_q6_k_bit_identical) { check_gguf(failed_, MOE_GGUF_Q6_K, MOE_DT_F32, 8); }
+TEST(lm_stream_gguf_f16_bit_identical) { check_gguf(failed_, MOE_GGUF_F16, MOE_DT_F32, 4); }
+TEST(lm_stream_gguf_mxfp4_bit_identical) { check_gguf(failed_, MOE_GGUF_MXFP4, MOE_DT_F32, 8); }
 
 /* Experts of mixed types as llama.cpp's _M files have them, other per layer (layer 0: Q4_K, Q6_K, Q4_K;
  * layer 1: Q4_K, BF16, Q8_0, whose activations differ from fc1's): slots of other sizes per layer. */
