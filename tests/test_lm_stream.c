@@ -247,66 +247,58 @@ TEST(lm_stream_gguf_mixed_types_bit_identical) {
   check_gguf_file(failed_, path, MOE_DT_F32, 8);
 }
 
+/* The GGUF file at path streamed with config c under budget: every MoE layer's cache has `slots` slots of
+ * bytes[i] bytes (layer i). */
+static void expect_slots(int *failed_, const char *path, const moe_lm_config *c, size_t budget, int slots,
+                         const size_t *bytes) {
+  moe_lm_stream_config s;
+  moe_lm_stream_config_default(&s);
+  s.budget = budget;
+  moe_lm_t m;
+  moe_lm_experts x;
+  ASSERT_OK(moe_lm_load_streaming(&m, path, c, &s, &x));
+  moe_expert_cache_stats cs[8];
+  int L = c->n_layers < 8 ? c->n_layers : 8;
+  for (int i = 0; i < L; i++) moe_expert_cache_get_stats(x.caches[i], &cs[i]);
+  moe_lm_free(&m);
+  moe_lm_experts_free(&x);
+  for (int i = 0; i < L; i++) {
+    if (cs[i].slots != slots || cs[i].expert_bytes != bytes[i] || cs[i].resident_bytes != (size_t)slots * bytes[i])
+      FAIL_("budget %zu, layer %d: %d slots of %zu bytes (%zu resident), want %d of %zu", budget, i, cs[i].slots,
+            cs[i].expert_bytes, cs[i].resident_bytes, slots, bytes[i]);
+  }
+}
+
 /* The budget counts the stored bytes: a budget of one fp32 slot a layer holds 7 Q4_K experts a layer
  * (4.5 bits a value against 32; capped at E) and one dequantized; equal placement over layers whose slots
- * differ gives each as many slots as the sum of one slot of every layer fits. */
+ * differ gives each as many slots as the sum of one slot of every layer fits; miss-cost refuses them. */
 TEST(lm_stream_gguf_budget_counts_stored_bytes) {
   char path[512];
   test_tmp_path("stream_budget.gguf", path, sizeof path);
   ASSERT_OK(write_gguf(path, MOE_GGUF_Q4_K));
   moe_lm_config c;
   ASSERT_OK(moe_lm_read_config(path, &c));
+  ASSERT_EQ_INT(c.n_layers, 2);
   const moe_gguf_type q4[3] = {MOE_GGUF_Q4_K, MOE_GGUF_Q4_K, MOE_GGUF_Q4_K}, f32[3] = {0, 0, 0};
-  size_t fp = stored_slot(&c, f32), q = stored_slot(&c, q4);
+  const moe_gguf_type mixed[3] = {MOE_GGUF_Q4_K, MOE_GGUF_Q8_0, MOE_GGUF_Q4_K};
+  size_t fp = stored_slot(&c, f32), q = stored_slot(&c, q4), q1 = stored_slot(&c, mixed);
+  const size_t fps[2] = {fp, fp}, qs[2] = {q, q}, mix[2] = {q, q1};
   ASSERT_EQ_INT(fp / q, 7);
   ASSERT_EQ_INT(fp, moe_expert_cache_slot_bytes(&c.moe));
-  for (int deq = 0; deq < 2; deq++)
-    for (int k = 1; k <= 2; k++) {
-      moe_lm_stream_config s;
-      moe_lm_stream_config_default(&s);
-      s.budget = (size_t)c.n_layers * (deq ? fp : q * k) + q - 1;
-      if (deq) c.moe.expert_type = -1;
-      moe_lm_t m;
-      moe_lm_experts x;
-      ASSERT_OK(moe_lm_load_streaming(&m, path, &c, &s, &x));
-      for (int i = 0; i < c.n_layers; i++) {
-        moe_expert_cache_stats cs;
-        moe_expert_cache_get_stats(x.caches[i], &cs);
-        ASSERT_EQ_INT(cs.slots, deq ? 1 : k);
-        ASSERT_EQ_INT(cs.expert_bytes, deq ? fp : q);
-      }
-      moe_lm_free(&m);
-      moe_lm_experts_free(&x);
-    }
-  c.moe.expert_type = MOE_GGUF_Q4_K; /* 7 Q4_K slots a layer fit one fp32 one: capped at E = 4 */
+  for (int k = 1; k <= 2; k++) expect_slots(failed_, path, &c, 2 * q * k + q - 1, k, qs);
+  expect_slots(failed_, path, &c, 2 * fp, c.moe.E, qs); /* 7 a layer fit: capped at E = 4 */
+  c.moe.expert_type = -1;
+  expect_slots(failed_, path, &c, 2 * fp + q, 1, fps);
+  c.moe.expert_type = MOE_GGUF_Q4_K;
+  ASSERT_OK(gguf_retype(path, "blk.1.ffn_down_exps.weight", MOE_GGUF_Q8_0)); /* layer 1's slot larger */
+  ASSERT(q1 > q);
+  expect_slots(failed_, path, &c, 2 * (q + q1) + q, 2, mix); /* a third slot in layer 0 alone does not count */
   moe_lm_stream_config s;
   moe_lm_stream_config_default(&s);
-  s.budget = (size_t)c.n_layers * fp;
+  s.budget = 2 * (q + q1);
+  s.placement = MOE_LM_PLACE_MISS_COST; /* its trade of slots between layers assumes one size: refused */
   moe_lm_t m;
   moe_lm_experts x;
-  ASSERT_OK(moe_lm_load_streaming(&m, path, &c, &s, &x));
-  for (int i = 0; i < c.n_layers; i++) {
-    moe_expert_cache_stats cs;
-    moe_expert_cache_get_stats(x.caches[i], &cs);
-    ASSERT_EQ_INT(cs.slots, c.moe.E);
-  }
-  moe_lm_free(&m);
-  moe_lm_experts_free(&x);
-  ASSERT_OK(gguf_retype(path, "blk.1.ffn_down_exps.weight", MOE_GGUF_Q8_0)); /* layer 1's slot larger */
-  const moe_gguf_type mixed[3] = {MOE_GGUF_Q4_K, MOE_GGUF_Q8_0, MOE_GGUF_Q4_K};
-  size_t q1 = stored_slot(&c, mixed);
-  ASSERT(q1 > q);
-  s.budget = 2 * (q + q1) + q; /* two slots each: a third in layer 0 does not count */
-  ASSERT_OK(moe_lm_load_streaming(&m, path, &c, &s, &x));
-  for (int i = 0; i < c.n_layers; i++) {
-    moe_expert_cache_stats cs;
-    moe_expert_cache_get_stats(x.caches[i], &cs);
-    ASSERT_EQ_INT(cs.slots, 2);
-    ASSERT_EQ_INT(cs.resident_bytes, 2 * (i ? q1 : q));
-  }
-  moe_lm_free(&m);
-  moe_lm_experts_free(&x);
-  s.placement = MOE_LM_PLACE_MISS_COST; /* its trade of slots between layers assumes one size: refused */
   ASSERT_STATUS(moe_lm_load_streaming(&m, path, &c, &s, &x), MOE_ERR_ARG);
   if (!strstr(moe_last_error(), "slots of different sizes")) FAIL_("%s", moe_last_error());
 }
