@@ -100,7 +100,8 @@ void moe__qffn_forward(const moe__qffn *q, const moe_layer_t *l, const moe__grou
                        const uint8_t *const (*w)[3], const float *b1, const float *b2, const int *active, int nact,
                        int nt);
 /* Whether configuration c can have its experts in GGUF type `type` (kernels for it, D and H whole
- * blocks, f32 dtype, one process, FFN experts of its own, pipeline 1); `what` starts the error. */
+ * blocks, f32 dtype, one process, no inner experts, pipeline 1; external experts: an expert cache's slots
+ * in stored types); `what` starts the error. */
 moe_status moe__expert_type_check(const moe_layer_config *c, int type, const char *what);
 
 /* How tokens move between the dispatch rows and the experts' groups (DESIGN 3.2). init makes the

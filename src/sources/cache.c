@@ -35,8 +35,8 @@ struct moe_expert_cache {
   moe__qffn qb;              /* stored types (rd.type[0] > 0): the types (qb.t) and the forward's activations */
   const uint8_t *(*qw)[3];   /* stored types: (E) the slots' fc1, fc2, fc3 for moe__qffn_forward */
   int needed[NT];            /* the tensors the layer's experts have */
-  size_t per[NT];            /* values per expert of each tensor */
-  size_t esz[NT], off[NT];   /* bytes per value in a slot (2 for bf16 matrices, else 4), offset in a slot */
+  size_t per[NT];            /* values per expert of each tensor (stored types: bytes) */
+  size_t esz[NT], off[NT];   /* bytes per value in a slot (2 for bf16 matrices, stored types 1, else 4), offset in a slot */
   size_t slot_bytes;
   int E, K;
   moe_cache_policy policy;
@@ -90,7 +90,7 @@ static moe_status read_expert(moe_expert_cache *c, int e, unsigned char *dst) {
   float *out[NT], *s = c->scratch;
   for (int t = 0; t < NT; t++) {
     out[t] = !c->needed[t] ? NULL : c->esz[t] != 2 ? (float *)(void *)(dst + c->off[t]) : s;
-    if (c->needed[t] && c->esz[t] != 4) s += c->per[t];
+    if (c->needed[t] && c->esz[t] == 2) s += c->per[t];
   }
   moe_status st = c->rd.read(c->rd.ctx, e, out, !c->keep_pages);
   MOE_TRY(st == MOE_OK, st, "expert %d: %s", e, moe_last_error());
@@ -617,7 +617,8 @@ static const moe__expert_src cached_stored_experts = {"expert cache (stored type
 moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c) {
   MOE_TRY(l->cfg.external_experts || !c, MOE_ERR_ARG, "moe_layer_set_expert_cache: the layer was not made with external_experts");
   MOE_TRY(!c || cache_fits(c, &l->cfg), MOE_ERR_SHAPE,
-          "moe_layer_set_expert_cache: the cache was opened for another layer shape (E, D, H, activation, biases, dtype)");
+          "moe_layer_set_expert_cache: the cache was opened for another layer shape (E, D, H, activation, biases, dtype; "
+          "slots in stored types exactly for expert_type > 0)");
   l->cache = c;
   if (l->cfg.external_experts) moe__layer_set_source(l, !c ? NULL : c->qw ? &cached_stored_experts : &cached_experts, c);
   return MOE_OK;
