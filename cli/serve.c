@@ -174,9 +174,14 @@ static int load_and_serve(serve_opts *o, moe_lm_config *c, serve_http **h, int p
   if (o->trace && moe_trace_writer_open(&trace, o->trace, 0) != MOE_OK) cli_fail(CMD);
   else {
     met->L = c->n_layers, met->caches = x.caches; /* read by /metrics only once h is ready */
-    int moe_layers = 0; /* every family's experts, biases included, in the slots' layout */
-    for (int i = 0; i < c->n_layers; i++) moe_layers += !moe_lm_layer_dense(c, i);
-    met->all_expert_bytes = (size_t)c->moe.E * moe_expert_cache_slot_bytes(&c->moe) * (size_t)moe_layers;
+    met->all_expert_bytes = 0; /* every family's experts, biases included, in the slots' layout (each cache's own:
+                                  a GGUF file's stored types differ per layer) */
+    for (int i = 0; i < c->n_layers; i++) {
+      moe_expert_cache_stats cs = {.expert_bytes = moe_expert_cache_slot_bytes(&c->moe)};
+      if (moe_lm_layer_dense(c, i)) continue;
+      if (x.caches && x.caches[i]) moe_expert_cache_get_stats(x.caches[i], &cs);
+      met->all_expert_bytes += (size_t)c->moe.E * cs.expert_bytes;
+    }
     rc = serve(o, h, port, &m, tok, chat, eos, n_eos, met, trace, sigs);
   }
   if (moe_trace_writer_close(trace) != MOE_OK) rc = cli_fail(CMD);

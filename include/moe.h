@@ -426,7 +426,9 @@ typedef struct {
                              MOE_ERR_ARG), given with moe_layer_bind_experts; the parameter table then
                              has no experts.*.weight (experts.fc1/fc2/fc3.bias stay fp32). Needs D and H
                              multiples of the type's block, dtype f32, pipeline 1, no dist, no inner
-                             or external experts. See also moe_layer_quantize_experts */
+                             experts; with external_experts, an expert cache whose slots hold the
+                             stored types' bytes (moe_lm_load_streaming of a GGUF file). See also
+                             moe_layer_quantize_experts */
 } moe_layer_config;
 
 /* Defaults: k=2, capacity 1.0, normalize auto, relu, dynamic, index, linear, proj 256, biases on,
@@ -781,7 +783,8 @@ moe_status moe_expert_cache_pin(moe_expert_cache *c, const int *experts, int n);
  * the only cache (moe_lm_load_streaming's default); 0, the default of moe_expert_cache_open, leaves them
  * to the kernel (a second cache, outside any budget). */
 void moe_expert_cache_set_drop_pages(moe_expert_cache *c, int drop);
-/* The layer (config.external_experts) takes its experts from c; NULL detaches. */
+/* The layer (config.external_experts) takes its experts from c; NULL detaches. MOE_ERR_SHAPE for a cache
+ * of another shape, or of slots in stored types for a layer without expert_type > 0 (and the reverse). */
 moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c);
 /* Serving a checkpoint for inference, with its experts computing in `dtype`: -1 for the checkpoint's
  * own (its metadata "dtype"), else MOE_DT_F32 or MOE_DT_BF16, whatever dtype the file stores the expert

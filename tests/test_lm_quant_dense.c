@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gguf_retype.h"
 #include "lm/lm_gguf.h"
 #include "test.h"
 
@@ -203,40 +204,6 @@ TEST(lm_quant_dense_is_inference_only) {
   moe_lm_free(&w);
 }
 
-/* The GGUF file at path again with tensor `name` stored as type t (its values dequantized and quantized
- * again; every other tensor and key as it was). */
-static moe_status retype_tensor(const char *path, const char *name, moe_gguf_type t2) {
-  moe_gguf *g;
-  moe_gguf_writer *w = NULL;
-  float *f32 = NULL;
-  void *out = NULL;
-  moe_status st = moe_gguf_open(&g, path);
-  if (st != MOE_OK) return st;
-  st = moe_gguf_writer_new(&w);
-  for (int64_t i = 0; st == MOE_OK && i < moe_gguf_kv_count(g); i++) st = moe_gguf_writer_copy_kv(w, g, i);
-  for (int64_t i = 0; st == MOE_OK && i < moe_gguf_tensor_count(g); i++) {
-    moe_gguf_tensor t;
-    st = moe_gguf_tensor_at(g, i, &t);
-    if (st != MOE_OK) break;
-    if (strcmp(t.name, name)) {
-      st = moe_gguf_writer_add_tensor(w, t.name, t.type, t.ndim, t.ne, t.data, t.nbytes);
-      continue;
-    }
-    int64_t n = t.ne[0] * t.nrows;
-    size_t bytes = (size_t)(n / moe_gguf_type_block(t2)) * moe_gguf_type_block_bytes(t2);
-    f32 = malloc((size_t)n * 4), out = malloc(bytes);
-    if (!f32 || !out) st = MOE_ERR_NOMEM;
-    for (int64_t r = 0; st == MOE_OK && r < t.nrows; r++) st = moe_gguf_tensor_row_f32(g, &t, r, f32 + r * t.ne[0]);
-    if (st == MOE_OK) st = moe_gguf_quantize(t2, f32, out, n);
-    if (st == MOE_OK) st = moe_gguf_writer_add_tensor(w, t.name, t2, t.ndim, t.ne, out, bytes);
-  }
-  if (st == MOE_OK) st = moe_gguf_writer_save(w, path);
-  moe_gguf_writer_free(w);
-  moe_gguf_close(g);
-  free(f32), free(out);
-  return st;
-}
-
 /* A dense layer whose down projection has no kernel (stored F32) keeps its whole MLP in fp32, the
  * attention still quantized; the logits stay near the widened model's. Before, the same layer with the
  * down projection as the writer leaves it (dense_H 40, not whole Q4_K blocks: F16) keeps all three in
@@ -249,7 +216,7 @@ TEST(lm_quant_dense_mlp_all_or_none) {
   ASSERT(moe_lm_param_type(&q, "model.layers.0.mlp.gate_proj.weight") == MOE_GGUF_Q4_K);
   ASSERT(moe_lm_param_type(&q, "model.layers.0.mlp.down_proj.weight") == MOE_GGUF_F16);
   moe_lm_free(&q);
-  ASSERT_OK(retype_tensor(path, "blk.0.ffn_down.weight", MOE_GGUF_F32));
+  ASSERT_OK(gguf_retype(path, "blk.0.ffn_down.weight", MOE_GGUF_F32));
   ASSERT_OK(load_both(path, &q, &w));
   ASSERT(moe_lm_param_type(&q, "model.layers.0.mlp.gate_proj.weight") == MOE_GGUF_F32);
   ASSERT(moe_lm_param_type(&q, "model.layers.0.mlp.down_proj.weight") == MOE_GGUF_F32);
@@ -273,9 +240,9 @@ TEST(lm_quant_mixed_expert_types_stay) {
   char path[512];
   moe_lm_t q, w;
   ASSERT_OK(write_model(MOE_LM_MIXTRAL, MOE_GGUF_Q4_K, 256, path, sizeof path));
-  ASSERT_OK(retype_tensor(path, "blk.0.ffn_down_exps.weight", MOE_GGUF_Q6_K));
-  ASSERT_OK(retype_tensor(path, "blk.1.ffn_up_exps.weight", MOE_GGUF_Q8_0));
-  ASSERT_OK(retype_tensor(path, "blk.1.ffn_down_exps.weight", MOE_GGUF_BF16));
+  ASSERT_OK(gguf_retype(path, "blk.0.ffn_down_exps.weight", MOE_GGUF_Q6_K));
+  ASSERT_OK(gguf_retype(path, "blk.1.ffn_up_exps.weight", MOE_GGUF_Q8_0));
+  ASSERT_OK(gguf_retype(path, "blk.1.ffn_down_exps.weight", MOE_GGUF_BF16));
   ASSERT_OK(load_both(path, &q, &w));
   const moe_gguf_type want[2][3] = {{MOE_GGUF_Q4_K, MOE_GGUF_Q6_K, MOE_GGUF_Q4_K}, {MOE_GGUF_Q4_K, MOE_GGUF_BF16, MOE_GGUF_Q8_0}};
   for (int i = 0; i < 2; i++)

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "run_cli.h"
+#include "gguf_retype.h"
 #include "test.h"
 
 enum { NEW = 10, MAXV = 256 };
@@ -59,10 +60,12 @@ static moe_expert_cache_stats total(const moe_lm_experts *x) {
 }
 
 /* The model at dir (a checkpoint directory or a GGUF file) loaded with config c, streamed under every
- * policy, budget and prefetch setting: the all-resident model's logits and tokens bit for bit. min_read:
- * a load reads at least slot / min_read bytes (2: the matrices at bf16; MXFP4's 4.25 bits a value and
- * fp32 biases: 8). */
-static void check_streamed(int *failed_, const char *dir, moe_lm_config c, const char *family, int min_read) {
+ * policy, budget and prefetch setting: the all-resident model's logits and tokens bit for bit. slot: the
+ * bytes of a slot of each MoE layer (NULL: moe_expert_cache_slot_bytes in every layer). min_read: a load
+ * reads at least slot / min_read bytes (2: the matrices at bf16; MXFP4's 4.25 bits a value and fp32
+ * biases: 8). */
+static void check_streamed_slots(int *failed_, const char *dir, moe_lm_config c, const char *family, int min_read,
+                                 const size_t *slot_of) {
   moe_dtype dt = c.moe.dtype;
   ASSERT(c.vocab <= MAXV);
   moe_lm_t all;
@@ -71,9 +74,13 @@ static void check_streamed(int *failed_, const char *dir, moe_lm_config c, const
   ASSERT_OK(decode(&all, 0.0f, &want[0]));
   ASSERT_OK(decode(&all, 0.9f, &want[1]));
   moe_lm_free(&all);
-  size_t slot = moe_expert_cache_slot_bytes(&c.moe);
+  size_t slot = 0, row = 0; /* the smallest slot, and one slot of each MoE layer */
   int Lm = 0;
-  for (int i = 0; i < c.n_layers; i++) Lm += !moe_lm_layer_dense(&c, i);
+  for (int i = 0; i < c.n_layers; i++) {
+    if (moe_lm_layer_dense(&c, i)) continue;
+    size_t b = slot_of ? slot_of[Lm] : moe_expert_cache_slot_bytes(&c.moe);
+    slot = !slot || b < slot ? b : slot, row += b, Lm++;
+  }
   const moe_cache_policy pol[5] = {MOE_CACHE_LIFO, MOE_CACHE_LRU, MOE_CACHE_FIFO, MOE_CACHE_LFU, MOE_CACHE_LFRU};
   const int slots[3] = {1, 2, c.moe.E};
   for (int p = 0; p < 5; p++)
@@ -84,13 +91,13 @@ static void check_streamed(int *failed_, const char *dir, moe_lm_config c, const
           moe_lm_stream_config_default(&s);
           s.policy = pol[p];
           s.prefetch = ahead;
-          s.budget = (size_t)Lm * slot * slots[b] + slot / 2; /* and a remainder left unused */
+          s.budget = row * slots[b] + row / 2; /* and a remainder left unused */
           moe_lm_t m;
           moe_lm_experts x;
           ASSERT_OK(moe_lm_load_streaming(&m, dir, &c, &s, &x));
           moe_expert_cache_stats t = total(&x);
           ASSERT_EQ_INT(t.loads, 0); /* loading read no expert */
-          ASSERT_EQ_INT(t.resident_bytes, (size_t)Lm * slot * slots[b]);
+          ASSERT_EQ_INT(t.resident_bytes, row * slots[b]);
           ASSERT(t.resident_bytes <= s.budget);
           moe_status st = decode(&m, sampled ? 0.9f : 0.0f, &got);
           t = total(&x);
@@ -115,6 +122,10 @@ static void check_streamed(int *failed_, const char *dir, moe_lm_config c, const
             ASSERT_EQ_INT(t.predicted, 0);
           }
         }
+}
+
+static void check_streamed(int *failed_, const char *dir, moe_lm_config c, const char *family, int min_read) {
+  check_streamed_slots(failed_, dir, c, family, min_read, NULL);
 }
 
 static void check_family(int *failed_, const char *family, moe_dtype dt, int min_read) {
@@ -156,9 +167,55 @@ static moe_status write_gguf(const char *path, moe_gguf_type t) {
   return st;
 }
 
-/* GGUF files: each expert's rows of the stacked ffn_{gate,down,up}_exps tensors read and dequantized per
- * expert, in f32 and bf16 slots: the all-resident model's bits (F32 files as they load; quantized ones
- * with moe.expert_type -1, every weight dequantized: their stored type cannot stream yet, refused). */
+/* Bytes of a slot of GGUF experts in their stored types: each projection's rows (H, D, H rows of D, H, D
+ * values) 64-byte aligned; of fp32 ones when t is 0. */
+static size_t stored_slot(const moe_lm_config *c, const moe_gguf_type t[3]) {
+  const int64_t rows[3] = {c->moe.H, c->moe.D, c->moe.H}, cols[3] = {c->moe.D, c->moe.H, c->moe.D};
+  size_t bytes = 0;
+  for (int j = 0; j < 3; j++) {
+    size_t n = t[0] ? (size_t)(cols[j] / moe_gguf_type_block(t[j])) * moe_gguf_type_block_bytes(t[j]) : (size_t)cols[j] * 4;
+    bytes += ((size_t)rows[j] * n + 63) / 64 * 64;
+  }
+  return bytes;
+}
+
+/* The types of layer i's gate, down and up stacks in the GGUF file at path. */
+static void stack_types(const char *path, int i, moe_gguf_type t[3]) {
+  static const char *const stacks[3] = {"gate", "down", "up"};
+  moe_gguf *g;
+  t[0] = t[1] = t[2] = MOE_GGUF_F32;
+  if (moe_gguf_open(&g, path) != MOE_OK) return;
+  for (int j = 0; j < 3; j++) {
+    char name[64];
+    moe_gguf_tensor x;
+    snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i, stacks[j]);
+    if (moe_gguf_tensor_get(g, name, &x) == MOE_OK) t[j] = x.type;
+  }
+  moe_gguf_close(g);
+}
+
+/* GGUF files streamed: quantized ones (and BF16) by default in their stored types, the slots the file's
+ * bytes (counted per layer), computed by the quantized kernels; then with moe.expert_type -1 each
+ * expert's rows dequantized into f32 or bf16 slots. Either way the all-resident model's bits, loaded with
+ * the same config. */
+static void check_gguf_file(int *failed_, const char *path, moe_dtype dt, int min_read) {
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(path, &c));
+  if (c.moe.expert_type > 0) {
+    size_t slot[8];
+    ASSERT(c.n_layers <= 8);
+    for (int i = 0; i < c.n_layers; i++) {
+      moe_gguf_type t[3];
+      stack_types(path, i, t);
+      slot[i] = stored_slot(&c, t);
+    }
+    check_streamed_slots(failed_, path, c, path, 2, slot);
+    c.moe.expert_type = -1;
+  }
+  c.moe.dtype = dt;
+  check_streamed(failed_, path, c, path, min_read);
+}
+
 static void check_gguf(int *failed_, moe_gguf_type t, moe_dtype dt, int min_read) {
   char path[512], name[64];
   snprintf(name, sizeof name, "stream_%s.gguf", moe_gguf_type_name(t));
@@ -166,18 +223,8 @@ static void check_gguf(int *failed_, moe_gguf_type t, moe_dtype dt, int min_read
   ASSERT_OK(write_gguf(path, t));
   moe_lm_config c;
   ASSERT_OK(moe_lm_read_config(path, &c));
-  c.moe.dtype = dt;
-  if (c.moe.expert_type > 0) {
-    moe_lm_stream_config s;
-    moe_lm_stream_config_default(&s);
-    s.budget = (size_t)1 << 30;
-    moe_lm_t m;
-    moe_lm_experts x;
-    ASSERT_STATUS(moe_lm_load_streaming(&m, path, &c, &s, &x), MOE_ERR_ARG);
-    if (!strstr(moe_last_error(), "cannot stream yet")) FAIL_("%s: %s", path, moe_last_error());
-    c.moe.expert_type = -1;
-  }
-  check_streamed(failed_, path, c, name, min_read);
+  ASSERT_EQ_INT(c.moe.expert_type, t == MOE_GGUF_F32 ? -1 : (int)t); /* computed in the stored type */
+  check_gguf_file(failed_, path, dt, min_read);
 }
 
 TEST(lm_stream_gguf_f32_bit_identical) { check_gguf(failed_, MOE_GGUF_F32, MOE_DT_F32, 2); }
@@ -185,6 +232,76 @@ TEST(lm_stream_gguf_bf16_slots_bit_identical) { check_gguf(failed_, MOE_GGUF_BF1
 TEST(lm_stream_gguf_q8_0_bit_identical) { check_gguf(failed_, MOE_GGUF_Q8_0, MOE_DT_F32, 4); }
 TEST(lm_stream_gguf_q4_k_bit_identical) { check_gguf(failed_, MOE_GGUF_Q4_K, MOE_DT_F32, 8); }
 TEST(lm_stream_gguf_q6_k_bit_identical) { check_gguf(failed_, MOE_GGUF_Q6_K, MOE_DT_F32, 8); }
+TEST(lm_stream_gguf_f16_bit_identical) { check_gguf(failed_, MOE_GGUF_F16, MOE_DT_F32, 4); }
+TEST(lm_stream_gguf_mxfp4_bit_identical) { check_gguf(failed_, MOE_GGUF_MXFP4, MOE_DT_F32, 8); }
+
+/* Experts of mixed types as llama.cpp's _M files have them, other per layer (layer 0: Q4_K, Q6_K, Q4_K;
+ * layer 1: Q4_K, BF16, Q8_0, whose activations differ from fc1's): slots of other sizes per layer. */
+TEST(lm_stream_gguf_mixed_types_bit_identical) {
+  char path[512];
+  test_tmp_path("stream_mixed.gguf", path, sizeof path);
+  ASSERT_OK(write_gguf(path, MOE_GGUF_Q4_K));
+  ASSERT_OK(gguf_retype(path, "blk.0.ffn_down_exps.weight", MOE_GGUF_Q6_K));
+  ASSERT_OK(gguf_retype(path, "blk.1.ffn_up_exps.weight", MOE_GGUF_Q8_0));
+  ASSERT_OK(gguf_retype(path, "blk.1.ffn_down_exps.weight", MOE_GGUF_BF16));
+  check_gguf_file(failed_, path, MOE_DT_F32, 8);
+}
+
+/* The GGUF file at path streamed with config c under budget: every MoE layer's cache has `slots` slots of
+ * bytes[i] bytes (layer i). */
+static void expect_slots(int *failed_, const char *path, const moe_lm_config *c, size_t budget, int slots,
+                         const size_t *bytes) {
+  moe_lm_stream_config s;
+  moe_lm_stream_config_default(&s);
+  s.budget = budget;
+  moe_lm_t m;
+  moe_lm_experts x;
+  ASSERT_OK(moe_lm_load_streaming(&m, path, c, &s, &x));
+  moe_expert_cache_stats cs[8];
+  int L = c->n_layers < 8 ? c->n_layers : 8;
+  for (int i = 0; i < L; i++) moe_expert_cache_get_stats(x.caches[i], &cs[i]);
+  moe_lm_free(&m);
+  moe_lm_experts_free(&x);
+  for (int i = 0; i < L; i++) {
+    if (cs[i].slots != slots || cs[i].expert_bytes != bytes[i] || cs[i].resident_bytes != (size_t)slots * bytes[i])
+      FAIL_("budget %zu, layer %d: %d slots of %zu bytes (%zu resident), want %d of %zu", budget, i, cs[i].slots,
+            cs[i].expert_bytes, cs[i].resident_bytes, slots, bytes[i]);
+  }
+}
+
+/* The budget counts the stored bytes: a budget of one fp32 slot a layer holds 7 Q4_K experts a layer
+ * (4.5 bits a value against 32; capped at E) and one dequantized; equal placement over layers whose slots
+ * differ gives each as many slots as the sum of one slot of every layer fits; miss-cost refuses them. */
+TEST(lm_stream_gguf_budget_counts_stored_bytes) {
+  char path[512];
+  test_tmp_path("stream_budget.gguf", path, sizeof path);
+  ASSERT_OK(write_gguf(path, MOE_GGUF_Q4_K));
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(path, &c));
+  ASSERT_EQ_INT(c.n_layers, 2);
+  const moe_gguf_type q4[3] = {MOE_GGUF_Q4_K, MOE_GGUF_Q4_K, MOE_GGUF_Q4_K}, f32[3] = {0, 0, 0};
+  const moe_gguf_type mixed[3] = {MOE_GGUF_Q4_K, MOE_GGUF_Q8_0, MOE_GGUF_Q4_K};
+  size_t fp = stored_slot(&c, f32), q = stored_slot(&c, q4), q1 = stored_slot(&c, mixed);
+  const size_t fps[2] = {fp, fp}, qs[2] = {q, q}, mix[2] = {q, q1};
+  ASSERT_EQ_INT(fp / q, 7);
+  ASSERT_EQ_INT(fp, moe_expert_cache_slot_bytes(&c.moe));
+  for (int k = 1; k <= 2; k++) expect_slots(failed_, path, &c, 2 * q * k + q - 1, k, qs);
+  expect_slots(failed_, path, &c, 2 * fp, c.moe.E, qs); /* 7 a layer fit: capped at E = 4 */
+  c.moe.expert_type = -1;
+  expect_slots(failed_, path, &c, 2 * fp + q, 1, fps);
+  c.moe.expert_type = MOE_GGUF_Q4_K;
+  ASSERT_OK(gguf_retype(path, "blk.1.ffn_down_exps.weight", MOE_GGUF_Q8_0)); /* layer 1's slot larger */
+  ASSERT(q1 > q);
+  expect_slots(failed_, path, &c, 2 * (q + q1) + q, 2, mix); /* a third slot in layer 0 alone does not count */
+  moe_lm_stream_config s;
+  moe_lm_stream_config_default(&s);
+  s.budget = 2 * (q + q1);
+  s.placement = MOE_LM_PLACE_MISS_COST; /* its trade of slots between layers assumes one size: refused */
+  moe_lm_t m;
+  moe_lm_experts x;
+  ASSERT_STATUS(moe_lm_load_streaming(&m, path, &c, &s, &x), MOE_ERR_ARG);
+  if (!strstr(moe_last_error(), "slots of different sizes")) FAIL_("%s", moe_last_error());
+}
 
 /* A copy of the fixture's files into dir. */
 static int copy_fixture(const char *family, const char *dir) {
@@ -315,6 +432,40 @@ TEST(lm_stream_gguf_corrupt_or_short_expert_is_an_error_naming_it) {
   if (!strstr(msg, "reading tensor 'blk.") || !strstr(msg, "file shrank")) FAIL_("the message does not name the tensor: %s", msg);
   ASSERT(stream_decode(path, -1, msg, sizeof msg) != MOE_OK); /* still short: refused at load */
   if (!strstr(msg, "stream_corrupt.gguf")) FAIL_("the message does not name the file: %s", msg);
+}
+
+/* GGUF experts streamed in their stored types: a non-finite fp16 scale in a block of expert 2's rows
+ * (Q8_0's d, Q4_K's dmin, Q6_K's d at the block's end) is an error naming the tensor and the expert at
+ * its read; a file cut inside an expert's rows while it is served, an error naming the tensor. */
+TEST(lm_stream_gguf_stored_corrupt_scale_or_short_is_an_error_naming_it) {
+  const moe_gguf_type types[3] = {MOE_GGUF_Q8_0, MOE_GGUF_Q4_K, MOE_GGUF_Q6_K};
+  const size_t field[3] = {0, 2, 208};
+  for (int k = 0; k < 3; k++) {
+    char path[512], msg[1024];
+    test_tmp_path("stream_scale.gguf", path, sizeof path);
+    ASSERT_OK(write_gguf(path, types[k]));
+    const char *bad = "blk.1.ffn_up_exps.weight";
+    moe_gguf *g;
+    moe_gguf_tensor t;
+    ASSERT_OK(moe_gguf_open(&g, path));
+    moe_status st = moe_gguf_tensor_get(g, bad, &t);
+    moe_gguf_close(g);
+    ASSERT_OK(st);
+    ASSERT_EQ_INT(t.type, types[k]);
+    size_t bb = moe_gguf_type_block_bytes(types[k]);
+    long long at = (long long)t.file_offset + (long long)(t.nbytes / 4) * 2 + 3 * (long long)bb + (long long)field[k];
+    const unsigned char inf[2] = {0x00, 0x7c}; /* fp16 +Inf, little-endian */
+    int fd = open(path, O_WRONLY);
+    ASSERT(fd >= 0 && pwrite(fd, inf, 2, at) == 2);
+    close(fd);
+    ASSERT_STATUS(stream_decode(path, -1, msg, sizeof msg), MOE_ERR_VALUE);
+    if (!strstr(msg, bad) || !strstr(msg, "expert 2") || !strstr(msg, "non-finite scale"))
+      FAIL_("%s: the message does not name the tensor and expert: %s", moe_gguf_type_name(types[k]), msg);
+    ASSERT_OK(write_gguf(path, types[k]));
+    ASSERT_STATUS(stream_decode(path, (long long)t.file_offset + (long long)t.nbytes / 2, msg, sizeof msg), MOE_ERR_IO);
+    if (!strstr(msg, "reading tensor 'blk.") || !strstr(msg, "file shrank"))
+      FAIL_("%s: the message does not name the tensor: %s", moe_gguf_type_name(types[k]), msg);
+  }
 }
 
 /* What streaming refuses: a budget below one expert per MoE layer (saying the least). */

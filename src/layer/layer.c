@@ -126,8 +126,6 @@ moe_status moe__expert_type_check(const moe_layer_config *c, int type, const cha
           what, name, moe_dtype_name(c->dtype));
   MOE_TRY(!c->dist, MOE_ERR_ARG, "%s: %s experts are not expert-parallel (dist) yet", what, name);
   MOE_TRY(!c->inner_experts, MOE_ERR_ARG, "%s: %s experts cannot be hierarchical (inner_experts)", what, name);
-  MOE_TRY(!c->external_experts, MOE_ERR_ARG, "%s: %s experts are the layer's, not an expert cache's (external_experts)",
-          what, name);
   MOE_TRY(c->pipeline == 1, MOE_ERR_ARG, "%s: %s experts run the batch at once: pipeline must be 1, got %d", what, name,
           c->pipeline);
   MOE_TRY((unsigned)c->act <= MOE_ACT_SWIGLU_OAI, MOE_ERR_ARG,

@@ -83,8 +83,25 @@ typedef struct {
 extern const moe__expert_src moe__experts_own;   /* sources/ffn.c */
 extern const moe__expert_src moe__experts_inner; /* sources/inner.c */
 extern const moe__expert_src moe__experts_quant; /* sources/quant.c: experts in a quantized GGUF type */
+/* Experts in GGUF types computed from one weight pointer per expert and projection (sources/quant.c): the
+ * layer's quantized experts (pointers into its stacks) and an expert cache's slots of a file's bytes.
+ * t: fc1's, fc2's and fc3's types (fc3's is fc1's without one); xq, xq3, hq: the input rows quantized for
+ * fc1 and for fc3 (xq when their formats agree) and the hidden rows for fc2, from the work arena. */
+typedef struct {
+  moe_gguf_type t[3];
+  uint8_t *xq, *xq3, *hq;
+} moe__qffn;
+size_t moe__qffn_bytes(const moe_layer_config *c, const moe_gguf_type t[3], int rows);
+void moe__qffn_alloc(moe__arena *a, const moe_layer_config *c, const moe_gguf_type t[3], int rows, moe__qffn *q);
+/* The groups active[0..nact) of g, increasing and none with rows between them, with f's a1 (a3) h:
+ * group e's weights at w[e][0..2] (fc1, fc2, fc3 rows in ggml's layout), biases b1, b2, b3 (E, ...) or NULL.
+ * Every output is one dot product: the same bits for any subset of groups, split or thread count. */
+void moe__qffn_forward(const moe__qffn *q, const moe_layer_t *l, const moe__groups *g, const moe__ffn *f,
+                       const uint8_t *const (*w)[3], const float *b1, const float *b2, const float *b3,
+                       const int *active, int nact, int nt);
 /* Whether configuration c can have its experts in GGUF type `type` (kernels for it, D and H whole
- * blocks, f32 dtype, one process, FFN experts of its own, pipeline 1); `what` starts the error. */
+ * blocks, f32 dtype, one process, no inner experts, pipeline 1; external experts: an expert cache's slots
+ * in stored types); `what` starts the error. */
 moe_status moe__expert_type_check(const moe_layer_config *c, int type, const char *what);
 
 /* How tokens move between the dispatch rows and the experts' groups (DESIGN 3.2). init makes the

@@ -341,6 +341,6 @@ moe_status moe__gptoss_expert_reader(const moe_st *f, const moe_lm_config *c, in
     return st;
   }
   bytes += (size_t)(2 * H) * moe_dtype_size(o->gub.dtype) + (size_t)D * moe_dtype_size(o->dnb.dtype);
-  *r = (moe__expert_reader){o, oss_read, oss_free, bytes};
+  *r = (moe__expert_reader){.ctx = o, .read = oss_read, .free = oss_free, .file_bytes = bytes};
   return MOE_OK;
 }

@@ -113,18 +113,33 @@ moe_status moe__lm_open_cache(const moe_lm_t *m, moe_lm_experts *x, int i, const
   return moe_expert_cache_open(&x->caches[i], x->file, prefix, lc, K, p);
 }
 
-/* Each MoE layer's cache over x->file, or the GGUF file gguf (not NULL), of K[j] slots for the j-th MoE layer. */
-static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, const char *gguf, const int *K, moe_cache_policy policy,
-                              int keep) {
+/* Each MoE layer's cache over x->file, or its reader rd[i] (rd not NULL: GGUF files; each taken by its
+ * cache, its free set NULL), of K[j] slots for the j-th MoE layer. */
+static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, moe__expert_reader *rd, const int *K,
+                              moe_cache_policy policy, int keep) {
   const moe_lm_config *c = &m->cfg;
   for (int i = 0, j = 0; i < c->n_layers; i++) {
     if (moe_lm_layer_dense(c, i)) continue;
-    moe__expert_reader r;
-    if (gguf) MOE_CHECK(moe__lm_gguf_expert_reader(gguf, c, i, &r));
-    MOE_CHECK(gguf ? moe__expert_cache_open_reader(&x->caches[i], &m->layers[i].cfg, K[j++], policy, &r)
-                   : moe__lm_open_cache(m, x, i, &m->layers[i].cfg, K[j++], policy));
+    moe_status st = rd ? moe__expert_cache_open_reader(&x->caches[i], &m->layers[i].cfg, K[j++], policy, &rd[i])
+                       : moe__lm_open_cache(m, x, i, &m->layers[i].cfg, K[j++], policy);
+    if (rd) rd[i].free = NULL; /* the cache's now, opened or not */
+    MOE_CHECK(st);
     MOE_CHECK(moe_layer_set_expert_cache(&m->layers[i], x->caches[i]));
     moe_expert_cache_set_drop_pages(x->caches[i], !keep);
+  }
+  return MOE_OK;
+}
+
+/* The bytes of a slot of each MoE layer (slot[j] for the j-th): a GGUF file's by its readers (rd, not
+ * NULL: made here, each layer's at rd[i]), which know each projection's stored type. */
+static moe_status slot_sizes(const moe_lm_t *m, const char *gguf, moe__expert_reader *rd, size_t *slot) {
+  const moe_lm_config *c = &m->cfg;
+  for (int i = 0, j = 0; i < c->n_layers; i++) {
+    if (moe_lm_layer_dense(c, i)) continue;
+    slot[j] = moe_expert_cache_slot_bytes(&m->layers[i].cfg);
+    if (rd) MOE_CHECK(moe__lm_gguf_expert_reader(gguf, c, i, &rd[i]));
+    if (rd) MOE_CHECK(moe__expert_cache_reader_slot_bytes(&m->layers[i].cfg, &rd[i], &slot[j]));
+    j++;
   }
   return MOE_OK;
 }
@@ -143,22 +158,24 @@ moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_conf
   if (!c) MOE_CHECK(moe_lm_read_config(dir, &own));
   else own = *c;
   MOE_TRY(!own.moe.dist, MOE_ERR_ARG, "moe_lm_load_streaming: one process only (no expert parallelism)");
-  MOE_TRY(!gguf || own.moe.expert_type <= 0, MOE_ERR_ARG,
-          "%s: its experts are computed in their stored type (%s), which cannot stream yet; moe.expert_type -1 "
-          "streams them dequantized (other outputs than the stored type's)",
-          dir, moe_gguf_type_name((moe_gguf_type)own.moe.expert_type));
   own.moe.external_experts = 1;
   MOE_CHECK(moe_lm_load(m, dir, &own));
   x->budget = s->budget;
   x->n = own.n_layers;
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
   int *K = malloc(sizeof *K * (size_t)own.n_layers);
-  moe_status st = K ? moe__lm_stream_slots(m, s, K) : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
+  size_t *slot = malloc(sizeof *slot * (size_t)own.n_layers);
+  moe__expert_reader *rd = gguf ? calloc((size_t)own.n_layers, sizeof *rd) : NULL;
+  moe_status st = K && slot && (rd || !gguf) ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
+  if (st == MOE_OK) st = slot_sizes(m, dir, rd, slot);
+  if (st == MOE_OK) st = moe__lm_stream_slots(m, s, slot, K);
   if (st == MOE_OK && !gguf) st = moe_st_open_lazy(&x->file, path);
   if (st == MOE_OK && !(x->caches = calloc((size_t)x->n, sizeof *x->caches)))
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
-  if (st == MOE_OK) st = open_caches(m, x, gguf ? dir : NULL, K, s->policy, s->keep_page_cache);
-  free(K);
+  if (st == MOE_OK) st = open_caches(m, x, rd, K, s->policy, s->keep_page_cache);
+  for (int i = 0; rd && i < own.n_layers; i++) /* those no cache took */
+    if (rd[i].free) rd[i].free(rd[i].ctx);
+  free(K), free(slot), free(rd);
   if (st == MOE_OK) st = moe__lm_stream_pin(m, s, x);
   if (st == MOE_OK && s->prefetch) {
     struct moe_lm_prefetch *p = x->prefetch = calloc(1, sizeof *p);

@@ -13,9 +13,9 @@ void moe__lm_set_hook(moe_lm_t *m, moe__lm_layer_hook fn, void *ctx);
  * family's tensor per expert, or gpt-oss's fused tensors through its reader (lm_gptoss.h). */
 moe_status moe__lm_open_cache(const moe_lm_t *m, moe_lm_experts *x, int i, const moe_layer_config *lc, int K,
                               moe_cache_policy p);
-/* The slots of each MoE layer (K[j] for the j-th) from s's budget and placement (lm_stream_place.c), or
- * an error saying the least budget that works. */
-moe_status moe__lm_stream_slots(const moe_lm_t *m, const moe_lm_stream_config *s, int *K);
+/* The slots of each MoE layer (K[j] for the j-th, whose slots take slot[j] bytes) from s's budget and
+ * placement (lm_stream_place.c), or an error saying the least budget that works. */
+moe_status moe__lm_stream_slots(const moe_lm_t *m, const moe_lm_stream_config *s, const size_t *slot, int *K);
 /* s's pinned experts (none without s->pin_trace) read into x's caches. */
 moe_status moe__lm_stream_pin(const moe_lm_t *m, const moe_lm_stream_config *s, moe_lm_experts *x);
 /* Frees moe_lm_load_streaming's predictor (moe_lm_experts_free). */

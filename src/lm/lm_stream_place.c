@@ -74,20 +74,24 @@ static moe_status place_by_misses(const moe_lm_t *m, const moe_lm_stream_config 
   return st;
 }
 
-moe_status moe__lm_stream_slots(const moe_lm_t *m, const moe_lm_stream_config *s, int *K) {
+moe_status moe__lm_stream_slots(const moe_lm_t *m, const moe_lm_stream_config *s, const size_t *slot, int *K) {
   const moe_lm_config *c = &m->cfg;
-  int Lm = moe__lm_moe_layers(c), E = c->moe.E;
-  size_t slot = moe_expert_cache_slot_bytes(&c->moe), total = slot ? s->budget / slot : 0;
-  MOE_TRY(Lm && total >= (size_t)Lm, MOE_ERR_ARG,
-          "memory budget %zu bytes: below one expert per MoE layer (%d layers x %zu bytes = %zu bytes)", s->budget, Lm,
-          slot, (size_t)Lm * slot);
+  int Lm = moe__lm_moe_layers(c), E = c->moe.E, same = 1;
+  size_t row = 0; /* bytes of one slot in every MoE layer */
+  for (int j = 0; j < Lm; j++) row += slot[j], same &= slot[j] == slot[0];
+  MOE_TRY(Lm && row && s->budget >= row, MOE_ERR_ARG,
+          "memory budget %zu bytes: below one expert per MoE layer (%d layers, %zu bytes)", s->budget, Lm, row);
   MOE_TRY(s->placement == MOE_LM_PLACE_EQUAL || s->placement == MOE_LM_PLACE_MISS_COST, MOE_ERR_ARG,
           "memory budget: unknown placement %d", (int)s->placement);
-  int T = total > (size_t)Lm * E ? Lm * E : (int)total;
-  if (s->placement == MOE_LM_PLACE_EQUAL || T == Lm * E) {
-    for (int j = 0; j < Lm; j++) K[j] = T / Lm;
+  size_t each = s->budget / row; /* equal: as many slots in every layer */
+  if (s->placement == MOE_LM_PLACE_EQUAL || each >= (size_t)E) {
+    for (int j = 0; j < Lm; j++) K[j] = each < (size_t)E ? (int)each : E;
     return MOE_OK;
   }
+  MOE_TRY(same, MOE_ERR_ARG, "memory budget: placement miss-cost weighs slots of one size; this model's layers have "
+          "slots of different sizes (their experts' stored types differ): use placement equal");
+  size_t total = s->budget / slot[0];
+  int T = total > (size_t)Lm * E ? Lm * E : (int)total;
   MOE_TRY(s->placement_trace, MOE_ERR_ARG, "memory budget: placement miss-cost needs a trace (placement_trace)");
   MOE_CHECK(trace_fits(s->placement_trace, c, "placement"));
   int kmax = T - (Lm - 1) < E ? T - (Lm - 1) : E;

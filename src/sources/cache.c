@@ -23,6 +23,7 @@
 #include "sources/cache_reader.h"
 #include "base/worker.h"
 #include "kernels/act.h"
+#include "kernels/quant_matmul.h"
 
 #define NT 6 /* fc1.weight, fc1.bias, fc2.weight, fc2.bias, fc3.weight, fc3.bias */
 
@@ -31,9 +32,11 @@ struct moe_expert_cache {
   moe_tensor_view v[NT];     /* the (E, ...) tensors (Hugging Face layout: expert 0's); name NULL when absent */
   moe_tensor_view *hf;       /* Hugging Face layout (a tensor per expert, Mixtral's): (NT, E) views, or NULL */
   moe__expert_reader rd;     /* or the caller's reader (cache_reader.h): rd.read not NULL */
+  moe__qffn qb;              /* stored types (rd.type[0] > 0): the types (qb.t) and the forward's activations */
+  const uint8_t *(*qw)[3];   /* stored types: (E) the slots' fc1, fc2, fc3 for moe__qffn_forward */
   int needed[NT];            /* the tensors the layer's experts have */
-  size_t per[NT];            /* values per expert of each tensor */
-  size_t esz[NT], off[NT];   /* bytes per value in a slot (2 for bf16 matrices, else 4), offset in a slot */
+  size_t per[NT];            /* values per expert of each tensor (stored types: bytes) */
+  size_t esz[NT], off[NT];   /* bytes per value in a slot (2 for bf16 matrices, stored types 1, else 4), offset in a slot */
   size_t slot_bytes;
   int E, K;
   moe_cache_policy policy;
@@ -81,18 +84,18 @@ static moe_status load_tensor(moe_expert_cache *c, int t, int e, void *dst) {
   return MOE_OK;
 }
 
-/* Expert e through the caller's reader: fp32 straight into an fp32 slot's tensors, the others through
- * the scratch buffer and rounded to bf16 as a file's F32 tensor is. */
+/* Expert e through the caller's reader: stored types' bytes and fp32 straight into the slot's tensors,
+ * the others through the scratch buffer and rounded to bf16 as a file's F32 tensor is. */
 static moe_status read_expert(moe_expert_cache *c, int e, unsigned char *dst) {
   float *out[NT], *s = c->scratch;
   for (int t = 0; t < NT; t++) {
-    out[t] = !c->needed[t] ? NULL : c->esz[t] == 4 ? (float *)(void *)(dst + c->off[t]) : s;
-    if (c->needed[t] && c->esz[t] != 4) s += c->per[t];
+    out[t] = !c->needed[t] ? NULL : c->esz[t] != 2 ? (float *)(void *)(dst + c->off[t]) : s;
+    if (c->needed[t] && c->esz[t] == 2) s += c->per[t];
   }
   moe_status st = c->rd.read(c->rd.ctx, e, out, !c->keep_pages);
   MOE_TRY(st == MOE_OK, st, "expert %d: %s", e, moe_last_error());
   for (int t = 0; t < NT; t++)
-    if (out[t] && c->esz[t] != 4) moe__to_bf16((uint16_t *)(void *)(dst + c->off[t]), out[t], c->per[t], 1);
+    if (out[t] && c->esz[t] == 2) moe__to_bf16((uint16_t *)(void *)(dst + c->off[t]), out[t], c->per[t], 1);
   return MOE_OK;
 }
 
@@ -107,7 +110,7 @@ static moe_status load_expert(moe_expert_cache *c, int e, int slot) {
 static void free_cache(moe_expert_cache *c) {
   if (c->rd.free) c->rd.free(c->rd.ctx);
   free(c->slots), free(c->scratch), free(c->slot_expert), free(c->where), free(c->inserted), free(c->hf);
-  free(c->uses), free(c->score), free(c->predicted), free(c);
+  free(c->uses), free(c->score), free(c->predicted), free(c->qw), free(c);
 }
 
 static void *loader(void *arg) {
@@ -169,6 +172,26 @@ size_t moe_expert_cache_slot_bytes(const moe_layer_config *l) {
   int64_t want[NT][2];
   size_t per[NT], esz[NT], off[NT];
   return slot_layout(l, needed, want, per, esz, off);
+}
+
+/* The slot of experts kept in their stored types (t: fc1's, fc2's, fc3's; cache_reader.h): each
+ * projection's rows in ggml's layout, per[t] bytes (esz 1), 64-byte aligned; no biases. */
+static moe_status stored_layout(const moe_layer_config *l, const moe_gguf_type t[3], int needed[NT], size_t per[NT],
+                                size_t esz[NT], size_t off[NT], size_t *bytes) {
+  MOE_TRY(!l->expert_bias && (l->act == MOE_ACT_SWIGLU) == (t[2] != 0) && (unsigned)l->act <= MOE_ACT_SWIGLU, MOE_ERR_ARG,
+          "expert cache: experts in their stored types have no biases and fc3 only with swiglu");
+  const int64_t rows[3] = {l->H, l->D, l->H}, cols[3] = {l->D, l->H, l->D};
+  *bytes = 0;
+  for (int k = 0; k < NT; k++) {
+    int j = k / 2;
+    needed[k] = !(k % 2) && t[j];
+    per[k] = needed[k] ? (size_t)rows[j] * moe__qrow_bytes(t[j], cols[j]) : 0, esz[k] = 1, off[k] = *bytes;
+    MOE_TRY(!needed[k] || moe__qmat_fits(t[j], cols[j]), MOE_ERR_ARG,
+            "expert cache: fc%d in %s has no kernel here for rows of %lld values", j + 1, moe_gguf_type_name(t[j]),
+            (long long)cols[j]);
+    *bytes += (per[k] + 63) & ~(size_t)63;
+  }
+  return MOE_OK;
 }
 
 /* Which of hf_names the file has under prefix (the first expert's fc1), or -1: the stacked (E, ...) tensors. */
@@ -258,10 +281,28 @@ moe_status moe__expert_cache_open_reader(moe_expert_cache **out, const moe_layer
   }
   c->rd = *r;
   c->file_bytes = r->file_bytes;
+  if (r->type[0]) {
+    st = stored_layout(l, r->type, c->needed, c->per, c->esz, c->off, &c->slot_bytes);
+    memcpy(c->qb.t, r->type, sizeof c->qb.t);
+    if (!c->qb.t[2]) c->qb.t[2] = c->qb.t[0];
+    if (st == MOE_OK && !(c->qw = calloc((size_t)l->E, sizeof *c->qw)))
+      st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert cache: out of memory");
+    if (st != MOE_OK) {
+      free_cache(c);
+      return st;
+    }
+  }
   size_t scratch = 0; /* the bf16 matrices' fp32 values */
   for (int t = 0; t < NT; t++)
-    if (c->needed[t] && c->esz[t] != 4) scratch += c->per[t] * 4;
+    if (c->needed[t] && c->esz[t] == 2) scratch += c->per[t] * 4;
   return start_cache(c, scratch, out);
+}
+
+moe_status moe__expert_cache_reader_slot_bytes(const moe_layer_config *l, const moe__expert_reader *r, size_t *out) {
+  int needed[NT];
+  size_t per[NT], esz[NT], off[NT];
+  *out = moe_expert_cache_slot_bytes(l);
+  return r->type[0] ? stored_layout(l, r->type, needed, per, esz, off, out) : MOE_OK;
 }
 
 moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const char *prefix,
@@ -456,12 +497,22 @@ static moe_status cache_forward(void *self, const moe__env *env, const moe__plan
     int run = i;
     while (run < n && c->where[order[run]] >= 0 && c->ready[c->where[order[run]]] == 1) {
       int ej = order[run++];
-      w[ej] = slot_weights(c, c->where[ej]);
+      if (c->qw) {
+        const unsigned char *base = c->slots + (size_t)c->where[ej] * c->slot_bytes;
+        for (int j = 0; j < 3; j++) c->qw[ej][j] = c->needed[2 * j] ? base + c->off[2 * j] : NULL;
+      } else {
+        w[ej] = slot_weights(c, c->where[ej]);
+      }
       count_use(c, ej);
       state[ej] = 3; /* being computed: its slot stays */
     }
     pthread_mutex_unlock(&c->w.mu);
-    moe_status cst = moe__ffn_forward(env, g, f, e, order[run - 1] + 1, w, NULL); /* experts between: no rows */
+    moe_status cst = MOE_OK;
+    if (c->qw)
+      moe__qffn_forward(&c->qb, env->l, g, f, (const uint8_t *const (*)[3])c->qw, NULL, NULL, NULL, order + i, run - i,
+                        env->threads);
+    else
+      cst = moe__ffn_forward(env, g, f, e, order[run - 1] + 1, w, NULL); /* experts between: no rows */
     if (computed == MOE_OK) computed = cst;
     pthread_mutex_lock(&c->w.mu);
     for (int j = i; j < run; j++) state[order[j]] = 2;
@@ -536,20 +587,39 @@ moe_status moe_expert_cache_prefetch(moe_expert_cache *c, const int *experts, in
   return MOE_OK;
 }
 
-/* Whether a cache was opened for this layer's shape (E, D, H, activation, biases, dtype). */
+/* Whether a cache was opened for this layer's shape (E, D, H, activation, biases, dtype), with slots in
+ * stored types exactly when the layer's experts compute in them (expert_type > 0). */
 static int cache_fits(const moe_expert_cache *c, const moe_layer_config *l) {
   return c->E == l->E && c->D == l->D && c->H == l->H && c->act == (int)l->act && c->bias == l->expert_bias &&
-         c->dtype == l->dtype;
+         c->dtype == l->dtype && !c->qw == (l->expert_type <= 0);
 }
 
 static const moe__expert_src cached_experts = {"expert cache", 0,    NULL,           NULL,           NULL,
                                                moe__ffn_bytes, moe__ffn_alloc, cache_forward, NULL, NULL};
 
+/* A cache of slots in stored types: the fp32 FFN's activations and bookkeeping, and the quantized ones. */
+static size_t qcache_bytes(void *self, const moe__env *env, int ng, int rows) {
+  const moe_expert_cache *c = self;
+  return moe__ffn_bytes(self, env, ng, rows) + moe__qffn_bytes(&env->l->cfg, c->qb.t, rows);
+}
+
+static moe_status qcache_alloc(void *self, const moe__env *env, int ng, int rows, moe__ffn *f) {
+  moe_expert_cache *c = self;
+  MOE_CHECK(moe__ffn_alloc(self, env, ng, rows, f));
+  moe__qffn_alloc(env->work, &env->l->cfg, c->qb.t, rows, &c->qb);
+  MOE_TRY(c->qb.hq || rows == 0, MOE_ERR_STATE, "internal: expert workspace too small");
+  return MOE_OK;
+}
+
+static const moe__expert_src cached_stored_experts = {"expert cache (stored types)", 0, NULL, NULL, NULL,
+                                                      qcache_bytes, qcache_alloc, cache_forward, NULL, NULL};
+
 moe_status moe_layer_set_expert_cache(moe_layer_t *l, moe_expert_cache *c) {
   MOE_TRY(l->cfg.external_experts || !c, MOE_ERR_ARG, "moe_layer_set_expert_cache: the layer was not made with external_experts");
   MOE_TRY(!c || cache_fits(c, &l->cfg), MOE_ERR_SHAPE,
-          "moe_layer_set_expert_cache: the cache was opened for another layer shape (E, D, H, activation, biases, dtype)");
+          "moe_layer_set_expert_cache: the cache was opened for another layer shape (E, D, H, activation, biases, dtype; "
+          "slots in stored types exactly for expert_type > 0)");
   l->cache = c;
-  if (l->cfg.external_experts) moe__layer_set_source(l, c ? &cached_experts : NULL, c);
+  if (l->cfg.external_experts) moe__layer_set_source(l, !c ? NULL : c->qw ? &cached_stored_experts : &cached_experts, c);
   return MOE_OK;
 }

@@ -15,10 +15,19 @@ typedef struct {
   moe_status (*read)(void *ctx, int e, float *const out[6], int drop);
   void (*free)(void *ctx); /* ctx, when the cache is freed (also when opening it fails) */
   size_t file_bytes;       /* bytes one expert's read takes from the file */
+  /* 0: read gives fp32 as above. Else the experts stay in these stored GGUF types (fc1, fc2, fc3; fc3 0
+   * without swiglu; no biases): read writes the file's bytes of each projection's rows (ggml's layout)
+   * into out[0], out[2], out[4] (the slot's, typed float only by this signature) and checks what the
+   * type allows; the cache's experts compute from them with the quantized kernels (moe__qffn_forward). */
+  moe_gguf_type type[3];
 } moe__expert_reader;
 
 /* moe_expert_cache_open with r in place of a file's tensors; the cache owns r.ctx from the call on. */
 moe_status moe__expert_cache_open_reader(moe_expert_cache **out, const moe_layer_config *l, int K, moe_cache_policy p,
                                          const moe__expert_reader *r);
+
+/* Bytes of a slot of layer l's cache over r into out (its stored types' bytes, or
+ * moe_expert_cache_slot_bytes), or the error opening the cache would give for r's types. */
+moe_status moe__expert_cache_reader_slot_bytes(const moe_layer_config *l, const moe__expert_reader *r, size_t *out);
 
 #endif

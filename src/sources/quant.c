@@ -25,18 +25,32 @@ typedef struct {
   const uint8_t *w1, *w2, *w3; /* the bytes read: the caller's, or own */
   uint8_t *own;             /* quantized from the layer's fp32 experts (moe_layer_quantize_experts), or NULL */
   int stale;                /* own must be made again from the parameters before the next forward */
-  uint8_t *xq, *xq3, *hq;   /* this forward's input rows quantized for fc1 and for fc3 (the same rows when
-                               their formats agree) and hidden rows for fc2 (the work arena) */
+  moe__qffn b;              /* this forward's quantized activations (the work arena) */
+  const uint8_t *(*wp)[3];  /* (groups) each expert's fc1, fc2, fc3 in the stacks (the work arena) */
 } quant_self;
-
-/* Whether fc3's activations need a format of their own (a type with another activation format than fc1's). */
-static int own_x3(const quant_self *q, const moe_layer_t *l) {
-  return moe__act_gated(l->cfg.act) && moe__act_format(q->types[2]) != moe__act_format(q->types[0]);
-}
 
 /* The types the arena is sized for: the bound ones, or Q8_0 before any (forward then says so). */
 static void sized_types(const quant_self *q, moe_gguf_type t[3]) {
   for (int i = 0; i < 3; i++) t[i] = q->types[0] ? q->types[i] : MOE_GGUF_Q8_0;
+}
+
+/* Whether fc3's activations need a format of their own (a type with another activation format than fc1's). */
+static int own_x3(const moe_gguf_type t[3], const moe_layer_config *c) {
+  return moe__act_gated(c->act) && moe__act_format(t[2]) != moe__act_format(t[0]);
+}
+
+size_t moe__qffn_bytes(const moe_layer_config *c, const moe_gguf_type t[3], int rows) {
+  size_t r = (size_t)rows;
+  return (own_x3(t, c) ? moe__arena_size(r * moe__act_bytes(t[2], c->D)) : 0) +
+         moe__arena_size(r * moe__act_bytes(t[0], c->D)) + moe__arena_size(r * moe__act_bytes(t[1], c->H));
+}
+
+void moe__qffn_alloc(moe__arena *a, const moe_layer_config *c, const moe_gguf_type t[3], int rows, moe__qffn *q) {
+  size_t r = (size_t)rows;
+  memcpy(q->t, t, sizeof q->t);
+  q->xq = moe__arena_alloc(a, r * moe__act_bytes(t[0], c->D));
+  q->xq3 = own_x3(t, c) ? moe__arena_alloc(a, r * moe__act_bytes(t[2], c->D)) : q->xq;
+  q->hq = moe__arena_alloc(a, r * moe__act_bytes(t[1], c->H));
 }
 
 static moe_status q_init(const moe_layer_t *l, void *transport, void **self) {
@@ -59,15 +73,12 @@ static void q_params_changed(void *self) {
 }
 
 static size_t q_bytes(void *self, const moe__env *env, int ng, int rows) {
-  const quant_self *q = self;
   const moe_layer_t *l = env->l;
   size_t r = (size_t)rows, H = (size_t)l->cfg.H;
   moe_gguf_type t[3];
-  sized_types(q, t);
-  return (moe__act_gated(l->cfg.act) ? 3 : 2) * moe__arena_size(r * H * 4) +
-         (own_x3(q, l) ? moe__arena_size(r * moe__act_bytes(t[2], l->cfg.D)) : 0) +
-         moe__arena_size(r * moe__act_bytes(t[0], l->cfg.D)) + moe__arena_size(r * moe__act_bytes(t[1], l->cfg.H)) +
-         moe__arena_size((size_t)ng * sizeof(int));
+  sized_types(self, t);
+  return (moe__act_gated(l->cfg.act) ? 3 : 2) * moe__arena_size(r * H * 4) + moe__qffn_bytes(&l->cfg, t, rows) +
+         moe__arena_size((size_t)ng * sizeof(int)) + moe__arena_size((size_t)ng * 3 * sizeof(void *));
 }
 
 static moe_status q_alloc(void *self, const moe__env *env, int ng, int rows, moe__ffn *f) {
@@ -81,24 +92,23 @@ static moe_status q_alloc(void *self, const moe__env *env, int ng, int rows, moe
   f->a1 = moe__arena_alloc(a, r * H * 4);
   f->a3 = moe__act_gated(l->cfg.act) ? moe__arena_alloc(a, r * H * 4) : NULL;
   f->h = moe__arena_alloc(a, r * H * 4);
-  q->xq = moe__arena_alloc(a, r * moe__act_bytes(t[0], l->cfg.D));
-  q->xq3 = own_x3(q, l) ? moe__arena_alloc(a, r * moe__act_bytes(t[2], l->cfg.D)) : q->xq;
-  q->hq = moe__arena_alloc(a, r * moe__act_bytes(t[1], l->cfg.H));
+  moe__qffn_alloc(a, &l->cfg, t, rows, &q->b);
   f->order = moe__arena_alloc(a, (size_t)ng * sizeof(int));
-  MOE_TRY(f->order && (f->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
+  q->wp = moe__arena_alloc(a, (size_t)ng * 3 * sizeof(void *));
+  MOE_TRY(f->order && q->wp && (f->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
   return MOE_OK;
 }
 
 /* What a forward's items read. */
 typedef struct {
   const moe_layer_t *l;
-  const quant_self *q;
+  const moe__qffn *q;
+  const uint8_t *const (*w)[3];
   const moe__groups *g;
   const moe__ffn *f;
   const float *b1, *b2, *b3;
   moe__qkern k1, k2, k3;  /* the kernels of fc1's, fc2's and fc3's types, looked up once a forward */
-  const int *active; /* the groups with rows, in order */
-  int nact, parts1, parts2;
+  int parts1, parts2;
   size_t xab, x3ab, hab;  /* bytes of an input row quantized for fc1, for fc3; of a hidden row for fc2 */
   size_t r1, r3, r2;      /* bytes of a weight row of fc1, fc3, fc2 */
 } fwd_ctx;
@@ -108,13 +118,10 @@ static void item1(const fwd_ctx *c, int e, int part) {
   const moe_layer_t *l = c->l;
   int D = l->cfg.D, H = l->cfg.H, r0 = c->g->offs[e], m = c->g->offs[e + 1] - r0;
   int h0 = (int)((int64_t)H * part / c->parts1), h1 = (int)((int64_t)H * (part + 1) / c->parts1);
-  const quant_self *q = c->q;
+  const moe__qffn *q = c->q;
   float *a1 = c->f->a1 + (size_t)r0 * H, *a3 = c->f->a3 ? c->f->a3 + (size_t)r0 * H : NULL, *h = c->f->h + (size_t)r0 * H;
-  moe__qrows_times(&c->k1, q->w1 + (size_t)e * H * c->r1, c->r1, h0, h1, q->xq + (size_t)r0 * c->xab, c->xab, m, D, a1,
-                   H, 0);
-  if (a3)
-    moe__qrows_times(&c->k3, q->w3 + (size_t)e * H * c->r3, c->r3, h0, h1, q->xq3 + (size_t)r0 * c->x3ab, c->x3ab, m, D,
-                     a3, H, 0);
+  moe__qrows_times(&c->k1, c->w[e][0], c->r1, h0, h1, q->xq + (size_t)r0 * c->xab, c->xab, m, D, a1, H, 0);
+  if (a3) moe__qrows_times(&c->k3, c->w[e][2], c->r3, h0, h1, q->xq3 + (size_t)r0 * c->x3ab, c->x3ab, m, D, a3, H, 0);
   for (int r = 0; r < m; r++) {
     float *ar = a1 + (size_t)r * H, *ar3 = a3 ? a3 + (size_t)r * H : NULL;
     if (c->b1)
@@ -131,8 +138,7 @@ static void item2(const fwd_ctx *c, int e, int part) {
   int D = l->cfg.D, H = l->cfg.H, r0 = c->g->offs[e], m = c->g->offs[e + 1] - r0;
   int d0 = (int)((int64_t)D * part / c->parts2), d1 = (int)((int64_t)D * (part + 1) / c->parts2);
   float *y = c->g->y + (size_t)r0 * D;
-  moe__qrows_times(&c->k2, c->q->w2 + (size_t)e * D * c->r2, c->r2, d0, d1, c->q->hq + (size_t)r0 * c->hab, c->hab, m,
-                   H, y, D, 0);
+  moe__qrows_times(&c->k2, c->w[e][1], c->r2, d0, d1, c->q->hq + (size_t)r0 * c->hab, c->hab, m, H, y, D, 0);
   if (c->b2)
     for (int r = 0; r < m; r++)
       for (int j = d0; j < d1; j++) y[(size_t)r * D + j] += c->b2[(size_t)e * D + j];
@@ -142,6 +148,33 @@ static void item2(const fwd_ctx *c, int e, int part) {
 static int parts_of(int rows, int nact, int threads) {
   int p = (MOE__QITEMS_PER_THREAD * threads + nact - 1) / nact, most = rows / MOE__QROWS_TILE > 0 ? rows / MOE__QROWS_TILE : 1;
   return p < most ? p : most;
+}
+
+void moe__qffn_forward(const moe__qffn *q, const moe_layer_t *l, const moe__groups *g, const moe__ffn *f,
+                       const uint8_t *const (*w)[3], const float *b1, const float *b2, const float *b3,
+                       const int *active, int nact, int nt) {
+  if (nact <= 0) return;
+  int D = l->cfg.D, H = l->cfg.H, x3 = own_x3(q->t, &l->cfg);
+  fwd_ctx c = {l, q, w, g, f, b1, b2, b3, moe__qkern_of(q->t[0]), moe__qkern_of(q->t[1]), moe__qkern_of(q->t[2]),
+               parts_of(H, nact, nt), parts_of(D, nact, nt),
+               moe__act_bytes(q->t[0], D), moe__act_bytes(q->t[2], D), moe__act_bytes(q->t[1], H),
+               moe__qrow_bytes(q->t[0], D), moe__qrow_bytes(q->t[2], D), moe__qrow_bytes(q->t[1], H)};
+  int r0 = g->offs[active[0]], r1 = g->offs[active[nact - 1] + 1]; /* the groups between have no rows */
+  int n1 = nact * c.parts1, n2 = nact * c.parts2;
+#pragma omp parallel num_threads(nt)
+  {
+#pragma omp for schedule(static)
+    for (int r = r0; r < r1; r++) {
+      moe__act_quantize(q->t[0], g->x + (size_t)r * D, q->xq + (size_t)r * c.xab, D);
+      if (x3) moe__act_quantize(q->t[2], g->x + (size_t)r * D, q->xq3 + (size_t)r * c.x3ab, D);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < n1; i++) item1(&c, active[i / c.parts1], i % c.parts1);
+#pragma omp for schedule(static)
+    for (int r = r0; r < r1; r++) moe__act_quantize(q->t[1], f->h + (size_t)r * H, q->hq + (size_t)r * c.hab, H);
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < n2; i++) item2(&c, active[i / c.parts2], i % c.parts2);
+  }
 }
 
 /* The experts quantized again from the parameters (after moe_layer_params_changed). */
@@ -156,37 +189,17 @@ static moe_status q_forward(void *self, const moe__env *env, const moe__plan *p,
           "or a moe_layer_quantize_experts that succeeds)",
           moe_gguf_type_name((moe_gguf_type)l->cfg.expert_type));
   if (q->stale) MOE_CHECK(requantize(q, l));
-  int D = l->cfg.D, H = l->cfg.H, rows = g->offs[g->n] - g->offs[0], nt = env->threads;
-  int *active = f->order, nact = 0;
+  int D = l->cfg.D, H = l->cfg.H, *active = f->order, nact = 0;
+  size_t r1 = moe__qrow_bytes(q->b.t[0], D), r2 = moe__qrow_bytes(q->b.t[1], H), r3 = moe__qrow_bytes(q->b.t[2], D);
   for (int e = 0; e < g->n; e++)
-    if (g->offs[e + 1] > g->offs[e]) active[nact++] = e;
-  if (!nact) return MOE_OK;
+    if (g->offs[e + 1] > g->offs[e]) {
+      active[nact++] = e;
+      q->wp[e][0] = q->w1 + (size_t)e * H * r1, q->wp[e][1] = q->w2 + (size_t)e * D * r2;
+      q->wp[e][2] = q->w3 ? q->w3 + (size_t)e * H * r3 : NULL;
+    }
   moe__weights w;
   moe__weights_bind(l, l->params, &w);
-  int x3 = own_x3(q, l);
-  const moe_gguf_type *t = q->types;
-  fwd_ctx c = {l, q, g, f, w.b1, w.b2, w.b3, moe__qkern_of(t[0]), moe__qkern_of(t[1]), moe__qkern_of(t[2]), active,
-               nact, parts_of(H, nact, nt), parts_of(D, nact, nt), moe__act_bytes(t[0], D), moe__act_bytes(t[2], D),
-               moe__act_bytes(t[1], H), moe__qrow_bytes(t[0], D), moe__qrow_bytes(t[2], D), moe__qrow_bytes(t[1], H)};
-  const float *x = g->x + (size_t)g->offs[0] * D;
-  const float *h = f->h + (size_t)g->offs[0] * H;
-  uint8_t *xq = q->xq + (size_t)g->offs[0] * c.xab, *xq3 = q->xq3 + (size_t)g->offs[0] * c.x3ab;
-  uint8_t *hq = q->hq + (size_t)g->offs[0] * c.hab;
-  int n1 = nact * c.parts1, n2 = nact * c.parts2;
-#pragma omp parallel num_threads(nt)
-  {
-#pragma omp for schedule(static)
-    for (int r = 0; r < rows; r++) {
-      moe__act_quantize(t[0], x + (size_t)r * D, xq + (size_t)r * c.xab, D);
-      if (x3) moe__act_quantize(t[2], x + (size_t)r * D, xq3 + (size_t)r * c.x3ab, D);
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (int i = 0; i < n1; i++) item1(&c, active[i / c.parts1], i % c.parts1);
-#pragma omp for schedule(static)
-    for (int r = 0; r < rows; r++) moe__act_quantize(t[1], h + (size_t)r * H, hq + (size_t)r * c.hab, H);
-#pragma omp for schedule(dynamic, 1)
-    for (int i = 0; i < n2; i++) item2(&c, active[i / c.parts2], i % c.parts2);
-  }
+  moe__qffn_forward(&q->b, l, g, f, (const uint8_t *const (*)[3])q->wp, w.b1, w.b2, w.b3, active, nact, env->threads);
   return MOE_OK;
 }
 
@@ -225,6 +238,7 @@ static moe_status requantize(quant_self *q, const moe_layer_t *l) {
 static moe_status switch_to(moe_layer_t *l, moe_gguf_type t, const char *what, quant_self **out) {
   MOE_TRY(l && l->st, MOE_ERR_STATE, "%s: layer not initialized", what);
   MOE_CHECK(moe__expert_type_check(&l->cfg, (int)t, what));
+  MOE_TRY(!l->cfg.external_experts, MOE_ERR_ARG, "%s: the layer's experts are an expert cache's (external_experts)", what);
   static const char *const known[] = {"experts.fc1.weight", "experts.fc1.bias", "experts.fc2.weight",
                                       "experts.fc2.bias", "experts.fc3.weight", "experts.fc3.bias"};
   for (int i = 0; i < l->nparams; i++) {
