@@ -108,6 +108,18 @@ TEST(qdot_activation_quantizers) {
   x[7] = INFINITY;
   moe__act_quantize(MOE_GGUF_Q4_K, x, k, 256);
   ASSERT(isnan(k[0].d));
+  /* subnormal rows (the fuzzer's): 1 / d overflows; every value 0 with a zero scale, not an infinity
+   * converted to an integer (undefined: UBSan stops there) */
+  for (int i = 0; i < 256; i++) x[i] = (i % 3 - 1) * 1e-40f;
+  moe__act_quantize(MOE_GGUF_Q8_0, x, got, 256);
+  ASSERT_OK(moe_gguf_quantize(MOE_GGUF_Q8_0, x, want, 256));
+  moe__act_from_q8_0(want, packed, 256);
+  ASSERT(memcmp(got, packed, 4 * MOE__ACT_PAIR_BYTES) == 0);
+  moe__act_dequantize(MOE_GGUF_Q8_0, got, back, 32);
+  for (int i = 0; i < 32; i++) ASSERT(back[i] == 0);
+  moe__act_quantize(MOE_GGUF_Q4_K, x, k, 256);
+  ASSERT(k[0].d == 0);
+  for (int i = 0; i < 256; i++) ASSERT_EQ_INT(k[0].q[i], 0);
 }
 
 /* Each type's product against float64 over the dequantized operands, every version, every row count. */

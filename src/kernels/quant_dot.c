@@ -89,6 +89,7 @@ static inline int round_even(float v) {
 static void act_q8_0(const float *x, uint8_t *b) {
   int ok;
   float d = fabsf(signed_max(x, 32, &ok)) / 127, id = d ? 1 / d : 0;
+  if (isinf(id)) id = 0; /* d subnormal (its f16 is 0): every value 0, as the reference's lrintf gives */
   uint16_t h = moe__f32_to_f16(ok ? d : NAN);
   b[0] = (uint8_t)h, b[1] = (uint8_t)(h >> 8);
   for (int i = 0; i < 32; i++) b[2 + i] = ok ? (uint8_t)(int8_t)round_away(x[i] * id) : 0;
@@ -101,8 +102,8 @@ static void act_q8_K(const float *x, moe__q8k *b) {
   float max = signed_max(x, 256, &ok);
   memset(b, 0, sizeof *b);
   if (!ok) b->d = NAN;
-  if (!ok || max == 0) return;
   float is = -127 / max;
+  if (!ok || max == 0 || isinf(is)) return; /* a subnormal max: d = 1 / is would be 0, the block 0 */
   for (int j = 0; j < 256; j++) {
     int v = round_even(is * x[j]);
     b->q[j] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
