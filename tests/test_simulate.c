@@ -246,22 +246,3 @@ TEST(simulate_serve_api) {
   }
 }
 
-/* moe_sim_calibrate_config's text is a config moe_sim_config_load reads (one node of this one rank). */
-TEST(simulate_calibrate_config_loads) {
-  moe_dist *d;
-  ASSERT_OK(moe_dist_init(&d, NULL, NULL));
-  char text[1024], p[512];
-  moe_status st = moe_sim_calibrate_config(d, 1, text, sizeof text);
-  moe_dist_finalize(d);
-  ASSERT_OK(st);
-  ASSERT(strstr(text, "\"devices_per_node\": 1,") != NULL);
-  test_tmp_path("sim_calibrated.json", p, sizeof p);
-  FILE *f = fopen(p, "w");
-  fputs(text, f);
-  fclose(f);
-  moe_sim_config *c;
-  ASSERT_OK(moe_sim_config_load(p, &c));
-  ASSERT(c->gemm_flops > 0 && c->intra_bw > 0 && c->mem_bw >= 0);
-  ASSERT_EQ_INT(c->dpn, 1);
-  moe_sim_config_free(c);
-}

@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 
 #include "run_cli.h"
+#include "sim/sim.h"
 #include "test.h"
 
 /* A 2-node x 2-device config with `extra` appended to its fields. */
@@ -126,12 +127,19 @@ TEST(simulate_cli_bad_configs) {
   if (!strstr(sim_err, "field \"intra_bw\" is required")) FAIL_("stderr: %s", sim_err);
 }
 
-/* --calibrate writes a config of this machine's rates that --config runs (values not asserted: timing). */
+/* --calibrate (moe_sim_calibrate_config) writes a config of this machine's rates, one node of this one
+ * rank, that moe_sim_config_load reads and --config runs (the rates' values not asserted: timing). */
 TEST(simulate_cli_calibrate) {
   char p[512], args[1024];
   test_tmp_path("sim_machine.json", p, sizeof p);
   snprintf(args, sizeof args, "simulate --calibrate --threads 1 -o %s", p);
   if (sim_moe(args) != 0) FAIL_("exit non-zero: %s", sim_err);
+  moe_sim_config *c;
+  ASSERT_OK(moe_sim_config_load(p, &c));
+  int dpn = c->dpn, rates = c->gemm_flops > 0 && c->intra_bw > 0 && c->mem_bw >= 0;
+  moe_sim_config_free(c);
+  ASSERT_EQ_INT(dpn, 1);
+  ASSERT(rates);
   snprintf(args, sizeof args, "simulate --config %s --json", p);
   if (sim_moe(args) != 0) FAIL_("the calibrated config does not run: %s", sim_err);
   cJSON *j = cJSON_Parse(sim_out);
