@@ -32,7 +32,9 @@ static void usage(FILE *f) {
              "--prompt: the text through DIR/tokenizer.json (or --tokenizer F); prints the new text.\n"
              "DIR may be a GGUF file (llama.cpp's format): its tokenizer, EOS ids and weights come from it.\n"
              "--prompt-ids: prints the new token ids on one line. --json: one JSON line at the end instead,\n"
-             "{\"prompt_tokens\", \"ids\", and with --prompt \"text\" (bytes that are not UTF-8 as U+FFFD)}.\n"
+             "{\"prompt_tokens\", \"ids\", with --prompt \"text\" (bytes that are not UTF-8 as U+FFFD), the\n"
+             "seconds of the prompt's forward and of the new tokens' (\"prompt_seconds\", \"decode_seconds\") and\n"
+             "\"decode_tokens_per_s\", the new tokens' forwards (all but the last) over the latter}.\n"
              "--dtype bf16: the experts' GEMMs in bf16 (bf16 weights and inputs, fp32 accumulation; default f32).\n"
              "--logprobs N (with --json): each new token's log-probability under the model (its softmax at\n"
              "temperature 1) as \"logprobs\", and the N (0 to 20) most probable tokens' as \"top_logprobs\".\n"
@@ -184,8 +186,9 @@ static char *continuation(const moe_tokenizer *t, const int32_t *prompt, int np,
 }
 
 /* ids follow the prompt's prompt_tokens in one buffer. */
+/* times: the prompt's forward and the new tokens' (each token's forward and sample), in seconds. */
 static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int prompt_tokens, const gen_logprobs *g,
-                      cJSON *experts) {
+                      const double times[2], cJSON *experts) {
   cJSON *o = cJSON_CreateObject(), *a = cJSON_CreateArray();
   int ok = o && a;
   for (int i = 0; ok && i < n; i++) ok = cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i])) && cJSON_GetArraySize(a) == i + 1;
@@ -195,6 +198,9 @@ static int print_json(const moe_tokenizer *t, const int32_t *ids, int n, int pro
     cJSON_AddNumberToObject(o, "prompt_tokens", prompt_tokens);
     cJSON_AddItemToObject(o, "ids", a), a = NULL;
     if (utf) cJSON_AddStringToObject(o, "text", utf);
+    cJSON_AddNumberToObject(o, "prompt_seconds", times[0]);
+    cJSON_AddNumberToObject(o, "decode_seconds", times[1]);
+    if (n > 1) cJSON_AddNumberToObject(o, "decode_tokens_per_s", (n - 1) / times[1]); /* the last has no forward */
     ok = g->top < 0 || add_logprobs(o, g, n);
     if (ok && experts) cJSON_AddItemToObject(o, "experts", experts), experts = NULL;
   }
@@ -242,7 +248,9 @@ static int run(moe_lm_t *m, const moe_lm_experts *x, const gen_opts *o, const mo
   if (moe_lm_cache_new(&kv, m, 1)) return free(g.lp), free(g.top_id), free(g.top_lp), cli_fail(CMD);
   moe_lm_cache_last_logits(kv, 1); /* the prompt's next token only */
   uint64_t rng = o->seed;
+  double tp = cli_now();
   int rc = moe_lm_decode(m, kv, ids, n) ? cli_fail(CMD) : trace_step(trace, m, kv, 0);
+  double t1 = cli_now();
   int32_t *out = ids + n; /* the new tokens follow the prompt (ids holds both) */
   int k = 0;
   moe_detokenizer *d = NULL;
@@ -277,7 +285,7 @@ static int run(moe_lm_t *m, const moe_lm_experts *x, const gen_opts *o, const mo
   else if (!rc) {
     cJSON *experts = lm_budget_json(x, &o->budget, n + k);
     if (experts) cJSON_AddNumberToObject(experts, "seconds", cli_now() - t0);
-    rc = print_json(t, out, k, n, &g, experts);
+    rc = print_json(t, out, k, n, &g, (double[2]){t1 - tp, cli_now() - t1}, experts);
   }
   moe_lm_cache_free(kv);
   free(g.lp), free(g.top_id), free(g.top_lp);

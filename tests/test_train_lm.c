@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "lm_corpus.h"
 #include "run_cli.h"
 #include "test.h"
@@ -159,7 +161,14 @@ TEST(generate_lm_prompt_text) {
   char want[4096];
   snprintf(want, sizeof want, "\"ids\":[%s],\"text\":", want_ids);
   int json_ok = !strncmp(j, "{\"prompt_tokens\":", 17) && strstr(j, want) && !strchr(strchr(j, '\n') + 1, '\n');
-  if (!json_ok) fprintf(stderr, "  --json printed %s  want %s\n", j, want);
+  cJSON *o = cJSON_Parse(j); /* and its times: the rate is the new tokens' forwards (all but the last) a second */
+  int n = cJSON_GetArraySize(cJSON_GetObjectItem(o, "ids"));
+  double ps = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "prompt_seconds")),
+         ds = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "decode_seconds")),
+         rate = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "decode_tokens_per_s"));
+  cJSON_Delete(o);
+  json_ok = json_ok && n > 1 && ps > 0 && ds > 0 && fabs(rate * ds - (n - 1)) < 1e-9 * (n - 1);
+  if (!json_ok) fprintf(stderr, "  --json printed %s  want %s and the times\n", j, want);
   free(j);
   free(want_ids);
   ASSERT(json_ok);
