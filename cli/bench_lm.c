@@ -1,7 +1,8 @@
 /* moe bench --lm: a language model's prefill and decode speed, as llama.cpp's llama-bench measures
  * its pp and tg tests (so that the two compare on the same model): prefill runs P tokens through an
  * empty KV cache in one call; decode runs N tokens one call each from an empty cache; the tokens are
- * fixed pseudo-random ids (no sampling, as llama-bench). One untimed run of each first, then R timed. */
+ * fixed pseudo-random ids (no sampling, as llama-bench), and each call's logits those of its last
+ * position only (as llama-bench's batches ask). One untimed run of each first, then R timed. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +42,7 @@ static int parse(int argc, char **argv, lm_opts *o) {
 static int run(moe_lm_t *m, const int32_t *ids, int n, int one_by_one, double *secs) {
   moe_lm_cache *kv;
   if (moe_lm_cache_new(&kv, m, 1)) return cli_fail(CMD);
+  moe_lm_cache_last_logits(kv, 1);
   double t0 = cli_now();
   int rc = 0;
   for (int i = 0; !rc && i < n; i += one_by_one ? 1 : n) rc = moe_lm_decode(m, kv, ids + i, one_by_one ? 1 : n) ? cli_fail(CMD) : 0;
