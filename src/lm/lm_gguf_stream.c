@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/pread_all.h"
 #include "internal.h"
 #include "lm_gguf.h"
 
@@ -69,12 +70,9 @@ static moe_status check_stored(const gguf_reader *r, int j, int e, const uint8_t
 static moe_status read_slice(gguf_reader *r, int j, int e, float *out, int drop) {
   off_t at = (off_t)(r->offset[j] + (uint64_t)e * r->slice[j]);
   uint8_t *dst = r->stored ? (uint8_t *)(void *)out : r->buf;
-  for (size_t done = 0; done < r->slice[j];) { /* pread may return short counts */
-    ssize_t n = pread(r->fd, dst + done, r->slice[j] - done, at + (off_t)done);
-    if (n < 0 && errno == EINTR) continue;
-    MOE_TRY(n > 0, MOE_ERR_IO, "%s: reading tensor '%s': %s", r->path, r->name[j], n < 0 ? strerror(errno) : "file shrank");
-    done += (size_t)n;
-  }
+  char what[96];
+  snprintf(what, sizeof what, "tensor '%s'", r->name[j]);
+  MOE_CHECK(moe__pread_all(r->fd, r->path, what, at, dst, r->slice[j]));
   if (drop) posix_fadvise(r->fd, at, (off_t)r->slice[j], POSIX_FADV_DONTNEED);
   if (r->stored) return check_stored(r, j, e, dst);
   for (int64_t k = 0; k < r->rows[j]; k++)
