@@ -2,6 +2,7 @@
  * tokens of the all-resident model bit for bit for every policy, budget and prefetch setting (greedy and
  * sampled with a seed), no expert read at load, a corrupt or short expert an error naming the tensor at
  * its read, and the process's peak resident memory under dense + budget + a stated overhead. */
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,12 +154,12 @@ TEST(lm_stream_gpt_oss_bf16_bit_identical) { check_family(failed_, "gpt_oss", MO
 /* MXFP4 blocks and scales dequantized per expert */
 TEST(lm_stream_gpt_oss_mxfp4_bit_identical) { check_family(failed_, "gpt_oss_mxfp4", MOE_DT_F32, 8); }
 
-/* A Mixtral-shaped model (2 layers of 4 experts, rows of 256: whole blocks of every type) written as a
+/* A Mixtral-shaped model (L layers of 4 experts, rows of 256: whole blocks of every type) written as a
  * GGUF file of type t to path. */
-static moe_status write_gguf(const char *path, moe_gguf_type t) {
+static moe_status write_gguf_layers(const char *path, moe_gguf_type t, int L) {
   moe_lm_config c;
   moe_lm_config_default(&c);
-  c.vocab = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.max_seq = 32;
+  c.vocab = 64, c.n_layers = L, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.max_seq = 32;
   c.moe.D = 256, c.moe.H = 256, c.moe.E = 4, c.moe.top_k = 2;
   moe_lm_t m;
   moe_status st = moe_lm_init(&m, &c);
@@ -169,6 +170,8 @@ static moe_status write_gguf(const char *path, moe_gguf_type t) {
   moe_lm_free(&m);
   return st;
 }
+
+static moe_status write_gguf(const char *path, moe_gguf_type t) { return write_gguf_layers(path, t, 2); }
 
 /* Bytes of a slot of GGUF experts in their stored types: each projection's rows (H, D, H rows of D, H, D
  * values) 64-byte aligned; of fp32 ones when t is 0. */
@@ -305,6 +308,50 @@ TEST(lm_stream_gguf_budget_counts_stored_bytes) {
   moe_lm_experts x;
   ASSERT_STATUS(moe_lm_load_streaming(&m, path, &c, &s, &x), MOE_ERR_ARG);
   if (!strstr(moe_last_error(), "slots of different sizes")) FAIL_("%s", moe_last_error());
+}
+
+/* The process's open descriptors (those in /proc/self/fd, less the one reading it), or -1. */
+static int open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int n = -1; /* the directory's own */
+  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* A GGUF file of 6 MoE layers streamed (its experts in their stored type, then dequantized) holds one
+ * descriptor of the file, which every layer's reader shares (one each took 6), and none once freed. */
+TEST(lm_stream_gguf_layers_share_one_descriptor) {
+  char path[512];
+  test_tmp_path("stream_fds.gguf", path, sizeof path);
+  ASSERT_OK(write_gguf_layers(path, MOE_GGUF_Q8_0, 6));
+  if (open_fds() < 0) SKIP("no /proc/self/fd to count descriptors in");
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(path, &c));
+  for (int stored = 1; stored >= 0; stored--) {
+    c.moe.expert_type = stored ? MOE_GGUF_Q8_0 : -1;
+    moe_lm_stream_config s;
+    moe_lm_stream_config_default(&s);
+    s.budget = 6 * 2 * moe_expert_cache_slot_bytes(&c.moe);
+    int before = open_fds();
+    moe_lm_t m;
+    moe_lm_experts x;
+    ASSERT_OK(moe_lm_load_streaming(&m, path, &c, &s, &x));
+    int held = open_fds();
+    static run_out o;
+    moe_status st = decode(&m, 0.0f, &o); /* the experts are read through it */
+    int after_decode = open_fds();
+    moe_expert_cache_stats t = total(&x);
+    moe_lm_free(&m);
+    moe_lm_experts_free(&x);
+    ASSERT_OK(st);
+    ASSERT(t.loads > 0);
+    if (held - before != 1 || after_decode != held)
+      FAIL_("%s: %d descriptors held after loading 6 streamed layers, %d after decoding; want 1", stored ? "stored" : "fp32",
+            held - before, after_decode - before);
+    ASSERT_EQ_INT(open_fds(), before);
+  }
 }
 
 /* A copy of the fixture's files into dir. */

@@ -1,6 +1,7 @@
 /* A GGUF file's routed experts read one expert at a time for an expert cache (cache_reader.h;
  * moe_lm_load_streaming): expert e's rows of the stacked blk.<i>.ffn_{gate,down,up}_exps.weight (its
- * slice of each is contiguous: the expert is the outermost dimension) are read with pread, never
+ * slice of each is contiguous: the expert is the outermost dimension) are read with pread from one
+ * descriptor every layer's reader shares (moe__lm_gguf_fd: a 48-layer model holds one, not 48), never
  * through the mapping (a file cut short is an error, not a SIGBUS), and dequantized row by row with
  * the codec the resident loader uses (moe_gguf_dequantize), so the slots hold its values bit for bit;
  * each projection in its own stored type. With moe.expert_type > 0 (the experts compute in their stored
@@ -19,9 +20,33 @@
 #include "internal.h"
 #include "lm_gguf.h"
 
-typedef struct {
+struct moe__lm_gguf_fd {
   int fd;
-  char path[4096];
+  int refs; /* its opener's and each reader's; taken and dropped on the loading thread only */
+  char path[];
+};
+
+moe_status moe__lm_gguf_fd_open(moe__lm_gguf_fd **out, const char *path) {
+  moe__lm_gguf_fd *f = malloc(sizeof *f + strlen(path) + 1);
+  MOE_TRY(f, MOE_ERR_NOMEM, "%s: out of memory", path);
+  strcpy(f->path, path);
+  f->refs = 1;
+  if ((f->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+    free(f);
+    return moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: %s", path, strerror(errno));
+  }
+  *out = f;
+  return MOE_OK;
+}
+
+void moe__lm_gguf_fd_release(moe__lm_gguf_fd *f) {
+  if (!f || --f->refs) return;
+  close(f->fd);
+  free(f);
+}
+
+typedef struct {
+  moe__lm_gguf_fd *file;   /* shared with the other layers' readers */
   char name[3][64];        /* fc1 (gate), fc2 (down), fc3 (up) */
   moe_gguf_type type[3];
   int64_t rows[3], cols[3];
@@ -34,7 +59,7 @@ typedef struct {
 static void reader_free(void *ctx) {
   gguf_reader *r = ctx;
   if (!r) return;
-  if (r->fd >= 0) close(r->fd);
+  moe__lm_gguf_fd_release(r->file);
   free(r->buf), free(r);
 }
 
@@ -60,7 +85,7 @@ static moe_status check_stored(const gguf_reader *r, int j, int e, const uint8_t
       const uint8_t *p = b + i * bb + off[f];
       uint16_t h = (uint16_t)(p[0] | p[1] << 8);
       MOE_TRY((h & inf) != inf, MOE_ERR_VALUE, "%s: tensor '%s' (%s) has a non-finite %s at row %lld, block %lld",
-              r->path, r->name[j], moe_gguf_type_name(r->type[j]), bb == 2 ? "value" : "scale",
+              r->file->path, r->name[j], moe_gguf_type_name(r->type[j]), bb == 2 ? "value" : "scale",
               (long long)(e * r->rows[j] + (int64_t)(i * bb / r->row[j])), (long long)(i % (r->row[j] / bb)));
     }
   return MOE_OK;
@@ -72,14 +97,14 @@ static moe_status read_slice(gguf_reader *r, int j, int e, float *out, int drop)
   uint8_t *dst = r->stored ? (uint8_t *)(void *)out : r->buf;
   char what[96];
   snprintf(what, sizeof what, "tensor '%s'", r->name[j]);
-  MOE_CHECK(moe__pread_all(r->fd, r->path, what, at, dst, r->slice[j]));
-  if (drop) posix_fadvise(r->fd, at, (off_t)r->slice[j], POSIX_FADV_DONTNEED);
+  MOE_CHECK(moe__pread_all(r->file->fd, r->file->path, what, at, dst, r->slice[j]));
+  if (drop) posix_fadvise(r->file->fd, at, (off_t)r->slice[j], POSIX_FADV_DONTNEED);
   if (r->stored) return check_stored(r, j, e, dst);
   for (int64_t k = 0; k < r->rows[j]; k++)
     MOE_CHECK(moe_gguf_dequantize(r->type[j], r->buf + (size_t)k * r->row[j], out + k * r->cols[j], r->cols[j]));
   for (int64_t i = 0; i < r->rows[j] * r->cols[j]; i++)
     MOE_TRY(isfinite(out[i]), MOE_ERR_VALUE, "%s: tensor '%s' has a non-finite value, %g, at row %lld column %lld",
-            r->path, r->name[j], (double)out[i], (long long)(e * r->rows[j] + i / r->cols[j]), (long long)(i % r->cols[j]));
+            r->file->path, r->name[j], (double)out[i], (long long)(e * r->rows[j] + i / r->cols[j]), (long long)(i % r->cols[j]));
   return MOE_OK;
 }
 
@@ -89,15 +114,16 @@ static moe_status reader_read(void *ctx, int e, float *const out[6], int drop) {
   return MOE_OK;
 }
 
-moe_status moe__lm_gguf_expert_reader(const char *path, const moe_lm_config *c, int layer, moe__expert_reader *out) {
+moe_status moe__lm_gguf_expert_reader(const moe_gguf *g, moe__lm_gguf_fd *f, const moe_lm_config *c, int layer,
+                                      moe__expert_reader *out) {
+  const char *path = f->path;
   MOE_TRY(!c->moe.expert_bias, MOE_ERR_ARG, "%s: streamed GGUF experts have no biases here", path);
   gguf_reader *r = calloc(1, sizeof *r);
   MOE_TRY(r, MOE_ERR_NOMEM, "%s: out of memory", path);
-  r->fd = -1;
+  r->file = f;
+  f->refs++;
   r->stored = c->moe.expert_type > 0;
-  snprintf(r->path, sizeof r->path, "%s", path);
-  moe_gguf *g = NULL;
-  moe_status st = moe_gguf_open(&g, path);
+  moe_status st = MOE_OK;
   static const char *const stacks[3] = {"gate", "down", "up"};
   int64_t D = c->moe.D, H = c->moe.H, E = c->moe.E, most = 0;
   for (int j = 0; j < 3 && st == MOE_OK; j++) {
@@ -118,9 +144,6 @@ moe_status moe__lm_gguf_expert_reader(const char *path, const moe_lm_config *c, 
     r->slice[j] = (size_t)rows * r->row[j];
     most = (int64_t)r->slice[j] > most ? (int64_t)r->slice[j] : most;
   }
-  moe_gguf_close(g);
-  if (st == MOE_OK && (r->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-    st = moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: %s", path, strerror(errno));
   if (st == MOE_OK && !r->stored && !(r->buf = malloc((size_t)most)))
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory for an expert's rows", path);
   if (st != MOE_OK) {
