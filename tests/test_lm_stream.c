@@ -174,13 +174,15 @@ static moe_status write_gguf_layers(const char *path, moe_gguf_type t, int L) {
 static moe_status write_gguf(const char *path, moe_gguf_type t) { return write_gguf_layers(path, t, 2); }
 
 /* Bytes of a slot of GGUF experts in their stored types: each projection's rows (H, D, H rows of D, H, D
- * values) 64-byte aligned; of fp32 ones when t is 0. */
+ * values) 64-byte aligned, and with expert biases their fp32 values (H, D, H) 64-byte aligned; of fp32
+ * ones when t is 0. */
 static size_t stored_slot(const moe_lm_config *c, const moe_gguf_type t[3]) {
   const int64_t rows[3] = {c->moe.H, c->moe.D, c->moe.H}, cols[3] = {c->moe.D, c->moe.H, c->moe.D};
   size_t bytes = 0;
   for (int j = 0; j < 3; j++) {
     size_t n = t[0] ? (size_t)(cols[j] / moe_gguf_type_block(t[j])) * moe_gguf_type_block_bytes(t[j]) : (size_t)cols[j] * 4;
     bytes += ((size_t)rows[j] * n + 63) / 64 * 64;
+    if (c->moe.expert_bias) bytes += ((size_t)rows[j] * 4 + 63) / 64 * 64;
   }
   return bytes;
 }
@@ -241,6 +243,37 @@ TEST(lm_stream_gguf_q4_k_bit_identical) { check_gguf(failed_, MOE_GGUF_Q4_K, MOE
 TEST(lm_stream_gguf_q6_k_bit_identical) { check_gguf(failed_, MOE_GGUF_Q6_K, MOE_DT_F32, 8); }
 TEST(lm_stream_gguf_f16_bit_identical) { check_gguf(failed_, MOE_GGUF_F16, MOE_DT_F32, 4); }
 TEST(lm_stream_gguf_mxfp4_bit_identical) { check_gguf(failed_, MOE_GGUF_MXFP4, MOE_DT_F32, 8); }
+
+/* gpt-oss as llama.cpp's converter writes it (the MXFP4 fixture with llama.cpp's swiglu limit) to path:
+ * MXFP4 expert stacks and F32 biases (ffn_{gate,down,up}_exps.bias), swiglu_oai. */
+static moe_status write_gpt_oss_gguf(const char *path) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/lm/gpt_oss_mxfp4", test_fixture_dir());
+  moe_lm_config c;
+  moe_status st = moe_lm_read_config(dir, &c);
+  c.moe.swiglu_limit = 7.0f; /* llama.cpp's: the file cannot say the fixture's */
+  moe_lm_t m;
+  if (st == MOE_OK) st = moe_lm_load(&m, dir, &c);
+  if (st != MOE_OK) return st;
+  moe_lm_gguf_options o = {MOE_GGUF_MXFP4, NULL, NULL};
+  st = moe_lm_save_gguf(&m, path, &o);
+  moe_lm_free(&m);
+  return st;
+}
+
+/* A gpt-oss GGUF file streamed in MXFP4: the slots hold the file's bytes and the biases in fp32 (the
+ * budget counts both), computed by the kernels of the resident MXFP4 experts; then dequantized into fp32
+ * slots. Either way the all-resident model's bits. */
+TEST(lm_stream_gguf_gpt_oss_mxfp4_with_biases_bit_identical) {
+  char path[512];
+  test_tmp_path("stream_oss.gguf", path, sizeof path);
+  ASSERT_OK(write_gpt_oss_gguf(path));
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(path, &c));
+  ASSERT_EQ_INT(c.moe.expert_type, MOE_GGUF_MXFP4);
+  ASSERT(c.moe.expert_bias && c.moe.act == MOE_ACT_SWIGLU_OAI);
+  check_gguf_file(failed_, path, MOE_DT_F32, 8);
+}
 
 /* Experts of mixed types as llama.cpp's _M files have them, other per layer (layer 0: Q4_K, Q6_K, Q4_K;
  * layer 1: Q4_K, BF16, Q8_0, whose activations differ from fc1's): slots of other sizes per layer. */
@@ -517,6 +550,29 @@ TEST(lm_stream_gguf_stored_corrupt_scale_or_short_is_an_error_naming_it) {
     if (!strstr(msg, "reading tensor 'blk.") || !strstr(msg, "file shrank"))
       FAIL_("%s: the message does not name the tensor: %s", moe_gguf_type_name(types[k]), msg);
   }
+}
+
+/* A NaN in expert 2's row of a gpt-oss GGUF file's down-projection biases: loading succeeds, the read of
+ * that expert (MXFP4 slots, fp32 biases) fails naming the tensor and the expert. */
+TEST(lm_stream_gguf_gpt_oss_corrupt_bias_is_an_error_naming_it) {
+  char path[512], msg[1024];
+  test_tmp_path("stream_oss_nan.gguf", path, sizeof path);
+  ASSERT_OK(write_gpt_oss_gguf(path));
+  const char *bad = "blk.1.ffn_down_exps.bias";
+  moe_gguf *g;
+  moe_gguf_tensor t;
+  ASSERT_OK(moe_gguf_open(&g, path));
+  moe_status st = moe_gguf_tensor_get(g, bad, &t);
+  moe_gguf_close(g);
+  ASSERT_OK(st);
+  ASSERT(t.type == MOE_GGUF_F32 && t.ndim == 2);
+  const unsigned char nan[4] = {0x00, 0x00, 0xc0, 0x7f};
+  int fd = open(path, O_WRONLY);
+  ASSERT(fd >= 0 && pwrite(fd, nan, 4, (off_t)t.file_offset + (off_t)t.nbytes / 4 * 2 + 8) == 4); /* expert 2 of 4 */
+  close(fd);
+  ASSERT_STATUS(stream_decode(path, -1, msg, sizeof msg), MOE_ERR_VALUE);
+  if (!strstr(msg, bad) || !strstr(msg, "expert 2") || !strstr(msg, "non-finite"))
+    FAIL_("the message does not name the tensor and expert: %s", msg);
 }
 
 /* What streaming refuses: a budget below one expert per MoE layer (saying the least). */

@@ -75,7 +75,8 @@ void moe__lm_gguf_fd_release(moe__lm_gguf_fd *f);
 /* Layer `layer`'s routed experts of the GGUF file g (parsed once for every layer) for an expert cache
  * (lm_gguf_stream.c): expert e's rows of each stacked ffn_{gate,down,up}_exps tensor read with pread
  * from f (the reader takes a reference) and dequantized (any type with a codec, each projection its
- * own) as moe_lm_load reads them; shapes checked against c at the call. */
+ * own) as moe_lm_load reads them, or kept in their stored types (c->moe.expert_type > 0); with
+ * c->moe.expert_bias the ffn_*_exps.bias rows too, as fp32; shapes checked against c at the call. */
 moe_status moe__lm_gguf_expert_reader(const moe_gguf *g, moe__lm_gguf_fd *f, const moe_lm_config *c, int layer,
                                       moe__expert_reader *out);
 
