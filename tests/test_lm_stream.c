@@ -311,7 +311,7 @@ static void expect_slots(int *failed_, const char *path, const moe_lm_config *c,
 
 /* The budget counts the stored bytes: a budget of one fp32 slot a layer holds 7 Q4_K experts a layer
  * (4.5 bits a value against 32; capped at E) and one dequantized; equal placement over layers whose slots
- * differ gives each as many slots as the sum of one slot of every layer fits; miss-cost refuses them. */
+ * differ gives each as many slots as the sum of one slot of every layer fits. */
 TEST(lm_stream_gguf_budget_counts_stored_bytes) {
   char path[512];
   test_tmp_path("stream_budget.gguf", path, sizeof path);
@@ -333,14 +333,6 @@ TEST(lm_stream_gguf_budget_counts_stored_bytes) {
   ASSERT_OK(gguf_retype(path, "blk.1.ffn_down_exps.weight", MOE_GGUF_Q8_0)); /* layer 1's slot larger */
   ASSERT(q1 > q);
   expect_slots(failed_, path, &c, 2 * (q + q1) + q, 2, mix); /* a third slot in layer 0 alone does not count */
-  moe_lm_stream_config s;
-  moe_lm_stream_config_default(&s);
-  s.budget = 2 * (q + q1);
-  s.placement = MOE_LM_PLACE_MISS_COST; /* its trade of slots between layers assumes one size: refused */
-  moe_lm_t m;
-  moe_lm_experts x;
-  ASSERT_STATUS(moe_lm_load_streaming(&m, path, &c, &s, &x), MOE_ERR_ARG);
-  if (!strstr(moe_last_error(), "slots of different sizes")) FAIL_("%s", moe_last_error());
 }
 
 /* The process's open descriptors (those in /proc/self/fd, less the one reading it), or -1. */
@@ -793,6 +785,76 @@ TEST(lm_stream_placement_by_simulated_misses) {
   s.placement_trace = &wide;
   ASSERT_STATUS(moe_lm_load_streaming(&m, dir, &c, &s, &x), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "a trace of another model"));
+}
+
+/* Miss-cost placement by bytes over layers whose slots differ (layer 0's Q4_K experts, layer 1's with a
+ * Q8_0 down projection: larger): on a crafted trace (layer 0 uses expert 0 only, layer 1 cycles through
+ * all four) a budget of one slot of layer 0 and four of layer 1 goes 1 + 4 (equal: 2 + 2); for budgets
+ * from one slot a layer to every expert, on that trace and the model's own, under LRU and FIFO, the
+ * slots' bytes fit the budget and their simulated misses read the fewest bytes (a miss: a slot's) of
+ * every split that fits (brute force); the outputs are the whole model's bit for bit. */
+TEST(lm_stream_gguf_placement_by_bytes_over_mixed_types) {
+  char path[512];
+  test_tmp_path("stream_place_mixed.gguf", path, sizeof path);
+  ASSERT_OK(write_gguf(path, MOE_GGUF_Q4_K));
+  ASSERT_OK(gguf_retype(path, "blk.1.ffn_down_exps.weight", MOE_GGUF_Q8_0));
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(path, &c));
+  enum { L = 2, E = 4, STEPS = NEW + 1 };
+  ASSERT(c.n_layers == L && c.moe.E == E);
+  size_t slot[L];
+  for (int i = 0; i < L; i++) {
+    moe_gguf_type t[3];
+    stack_types(path, i, t);
+    slot[i] = stored_slot(&c, t);
+  }
+  ASSERT(slot[1] > slot[0]);
+  static run_out want, got;
+  static int32_t own[STEPS * L * E], crafted[STEPS * L * E];
+  moe_lm_t all;
+  ASSERT_OK(moe_lm_load(&all, path, &c));
+  moe_status st = decode_traced(&all, 0.0f, &want, own);
+  moe_lm_free(&all);
+  ASSERT_OK(st);
+  for (int b = 0; b < STEPS; b++) crafted[(b * L + 0) * E + 0] = 2, crafted[(b * L + 1) * E + b % E] = 1;
+  moe_trace traces[2] = {{STEPS, L, E, crafted}, {STEPS, L, E, own}};
+  const moe_cache_policy pol[2] = {MOE_CACHE_LRU, MOE_CACHE_FIFO};
+  size_t row = slot[0] + slot[1], step = slot[0] / 2;
+  for (int tr = 0; tr < 2; tr++)
+    for (int p = 0; p < 2; p++)
+      for (size_t budget = row; budget <= E * row; budget += step) {
+        moe_lm_stream_config s;
+        moe_lm_stream_config_default(&s);
+        s.budget = budget, s.policy = pol[p], s.prefetch = 0;
+        s.placement = MOE_LM_PLACE_MISS_COST;
+        s.placement_trace = &traces[tr];
+        moe_lm_t m;
+        moe_lm_experts x;
+        ASSERT_OK(moe_lm_load_streaming(&m, path, &c, &s, &x));
+        moe_expert_cache_stats cs[L];
+        for (int i = 0; i < L; i++) moe_expert_cache_get_stats(x.caches[i], &cs[i]);
+        st = tr == 0 && p == 0 ? decode(&m, 0.0f, &got) : MOE_OK; /* the slots' count does not change the outputs */
+        moe_lm_free(&m);
+        moe_lm_experts_free(&x);
+        ASSERT_OK(st);
+        if (tr == 0 && p == 0 && memcmp(&got, &want, sizeof got)) FAIL_("budget %zu: not the whole model's bits", budget);
+        ASSERT(cs[0].expert_bytes == slot[0] && cs[1].expert_bytes == slot[1]);
+        ASSERT(cs[0].resident_bytes + cs[1].resident_bytes <= budget);
+        int64_t best = INT64_MAX, chosen = 0;
+        for (int i = 0; i < L; i++) chosen += sim_misses(&traces[tr], i, pol[p], cs[i].slots) * (int64_t)slot[i];
+        for (int k0 = 1; k0 <= E; k0++)
+          for (int k1 = 1; k1 <= E && k0 * slot[0] + k1 * slot[1] <= budget; k1++) {
+            int64_t v = sim_misses(&traces[tr], 0, pol[p], k0) * (int64_t)slot[0] + sim_misses(&traces[tr], 1, pol[p], k1) * (int64_t)slot[1];
+            if (v < best) best = v;
+          }
+        if (chosen != best)
+          FAIL_("trace %d, %s, budget %zu: placed %d + %d (%lld bytes missed), the best split that fits misses %lld", tr,
+                moe_cache_policy_name(pol[p]), budget, cs[0].slots, cs[1].slots, (long long)chosen, (long long)best);
+        if (tr == 0 && p == 0 && budget >= slot[0] + 4 * slot[1] && budget < 2 * slot[0] + 4 * slot[1]) {
+          ASSERT_EQ_INT(cs[0].slots, 1);
+          ASSERT_EQ_INT(cs[1].slots, 4);
+        }
+      }
 }
 
 /* Pinned experts: each MoE layer's two most used experts of the whole model's run, read at load into 3
