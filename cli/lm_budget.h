@@ -23,10 +23,10 @@ typedef struct {
   "router predicts them from this layer's hidden state. --page-cache keep leaves the file's pages to the\n" \
   "kernel's page cache (a second cache outside the budget, as mmap has). --placement miss-cost\n"          \
   "--placement-trace T.csv places the slots across the layers by each layer's misses simulated over the\n" \
-  "trace (the policy's, with every slot count; the fewest misses in all), instead of equally. --pin-from\n" \
-  "T.csv reads each layer's most used experts in the trace at load and never evicts them (--pin N per\n"   \
-  "layer, default half the layer's slots; inside the budget). A trace: serve --trace or generate --trace\n" \
-  "of the same model. Outputs are those without a budget, bit for bit.\n"
+  "trace (the policy's, with every slot count; the fewest bytes missed in all), instead of equally.\n"    \
+  "--pin-from T.csv reads each layer's most used experts in the trace at load and never evicts them\n"    \
+  "(--pin N per layer, default half the layer's slots; inside the budget). A trace: serve --trace or\n"  \
+  "generate --trace of the same model. Outputs are those without a budget, bit for bit.\n"
 
 void lm_budget_defaults(lm_budget_opts *o);
 /* A message for flags given without what they need (the trace flags without --memory-budget, miss-cost

@@ -14,6 +14,27 @@
 
 static const char *CMD = "serve";
 
+/* The bytes MoE layer l holds its E experts in, biases included: E slots of its cache's layout (cache not
+ * NULL: streamed or buffered; a GGUF file's stored types differ per layer), or resident in their stored
+ * types (bound or quantized: each projection's rows in its type) beside its fp32 expert parameters (the
+ * biases, and a quantized layer's master copy), or in the fp32 (bf16) layout of a slot. */
+static size_t held_expert_bytes(const moe_layer_t *l, moe_expert_cache *cache) {
+  const moe_layer_config *c = &l->cfg;
+  moe_expert_cache_stats cs = {.expert_bytes = moe_expert_cache_slot_bytes(c)};
+  if (cache) moe_expert_cache_get_stats(cache, &cs);
+  if (cache || c->expert_type <= 0) return (size_t)c->E * cs.expert_bytes;
+  size_t bytes = 0;
+  const int64_t rows[3] = {c->H, c->D, c->H}, cols[3] = {c->D, c->H, c->D};
+  for (int fc = 1; fc <= 3; fc++) {
+    moe_gguf_type t = moe_layer_expert_type(l, fc);
+    if (fc == 3 && t == MOE_GGUF_F32) continue; /* no fc3: not gated */
+    bytes += (size_t)c->E * (size_t)rows[fc - 1] * (size_t)(cols[fc - 1] / moe_gguf_type_block(t)) * moe_gguf_type_block_bytes(t);
+  }
+  for (int j = 0; j < l->nparams; j++)
+    if (!strncmp(l->info[j].name, "experts.", 8)) bytes += l->info[j].numel * 4;
+  return bytes;
+}
+
 static void usage(FILE *f) {
   fprintf(f, "usage: moe serve --checkpoint DIR [--host 127.0.0.1] [--port 8080] [--max-batch B] [--threads N]\n"
              "                 [--cache K | --memory-budget SIZE] [--policy P] [--prefetch on|off]\n"
@@ -174,14 +195,9 @@ static int load_and_serve(serve_opts *o, moe_lm_config *c, serve_http **h, int p
   if (o->trace && moe_trace_writer_open(&trace, o->trace, 0) != MOE_OK) cli_fail(CMD);
   else {
     met->L = c->n_layers, met->caches = x.caches; /* read by /metrics only once h is ready */
-    met->all_expert_bytes = 0; /* every family's experts, biases included, in the slots' layout (each cache's own:
-                                  a GGUF file's stored types differ per layer) */
-    for (int i = 0; i < c->n_layers; i++) {
-      moe_expert_cache_stats cs = {.expert_bytes = moe_expert_cache_slot_bytes(&c->moe)};
-      if (moe_lm_layer_dense(c, i)) continue;
-      if (x.caches && x.caches[i]) moe_expert_cache_get_stats(x.caches[i], &cs);
-      met->all_expert_bytes += (size_t)c->moe.E * cs.expert_bytes;
-    }
+    met->all_expert_bytes = 0;
+    for (int i = 0; i < c->n_layers; i++)
+      if (!moe_lm_layer_dense(c, i)) met->all_expert_bytes += held_expert_bytes(&m.layers[i], x.caches ? x.caches[i] : NULL);
     rc = serve(o, h, port, &m, tok, chat, eos, n_eos, met, trace, sigs);
   }
   if (moe_trace_writer_close(trace) != MOE_OK) rc = cli_fail(CMD);

@@ -148,7 +148,7 @@ char *serve_metrics_text(serve_metrics *m, moe_engine *e) {
   free(s);
   put(&t, "# HELP moe_serve_resident_expert_bytes Expert weights in memory.\n"
           "# TYPE moe_serve_resident_expert_bytes gauge\nmoe_serve_resident_expert_bytes %zu\n"
-          "# HELP moe_serve_all_expert_bytes Expert weights of the whole model.\n"
+          "# HELP moe_serve_all_expert_bytes Expert weights of the whole model, in the bytes they are held in.\n"
           "# TYPE moe_serve_all_expert_bytes gauge\nmoe_serve_all_expert_bytes %zu\n", resident, m->all_expert_bytes);
   pthread_mutex_unlock(&m->mu);
   if (t.oom) free(t.p), t.p = NULL;

@@ -1715,11 +1715,14 @@ void moe_lm_stream_config_default(moe_lm_stream_config *s);
 const char *moe_lm_placement_name(moe_lm_placement p); /* "equal", "miss-cost" */
 moe_status moe_lm_placement_parse(const char *s, const char *field, moe_lm_placement *out);
 /* Loads m as moe_lm_load does (c NULL: dir's config.json), without the experts' weights, and serves
- * its experts through x (free m, then x). The budget buys T = budget / moe_expert_cache_slot_bytes
- * slots. EQUAL: T / MoE layers each, at most E. MISS_COST: each layer's misses for every slot count are
- * simulated (moe_cachesim, s->policy) over placement_trace, and the counts that minimise the sum of the
- * layers' misses (each layer's miss reads the same bytes) within T slots, at least 1 and at most E a
- * layer, are taken (exactly: dynamic programming over the layers; ties to more slots). With pin_trace,
+ * its experts through x (free m, then x). A slot takes moe_expert_cache_slot_bytes (a GGUF file's
+ * experts in their stored types: their bytes, each layer its own). EQUAL: budget / (one slot of every
+ * MoE layer) slots each, at most E. MISS_COST: each layer's misses for every slot count are simulated
+ * (moe_cachesim, s->policy) over placement_trace, and the counts that minimise the bytes the layers'
+ * misses read (each a slot's; with slots of one size, the fewest misses) with their slots' bytes within
+ * the budget, at least 1 and at most E a layer, are taken (dynamic programming over the layers and the
+ * budget in units of the slots' common divisor, exact up to max(2 layers E, 16384) units, coarser units
+ * rounded up past that; ties to more slots). With pin_trace,
  * each MoE layer's `pin` experts active in the most of the trace's steps (ties to the lower id; never
  * one the trace does not use) are read at load into its slots and never evicted (moe_expert_cache_pin). */
 moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_config *c, const moe_lm_stream_config *s,

@@ -4,7 +4,8 @@ that it exits 0. Prints what differs and exits 1 on a failure.
 usage: serve_client.py MOE CK SCENARIO [EXTRA...]; scenarios: match, ids (token-id prompts only), busy, bad, sigterm, full (EXTRA
 --max-connections 4 --timeout 2), drain (EXTRA --timeout 2), eos (on a copy of CK whose end of text is a
 token greedy decoding reaches), stop, metrics, chat (on a copy of CK with a chat template), loading (the
-server held mid-load), pieces (CK with Llama 2's SentencePiece tokenizer)."""
+server held mid-load), pieces (CK with Llama 2's SentencePiece tokenizer), expert_bytes (every expert
+resident: /metrics' expert bytes are $MOE_WANT_EXPERT_BYTES)."""
 import fcntl
 import http.client
 import json
@@ -438,6 +439,15 @@ TEMPLATE = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% en
             "{% if add_generation_prompt %}a:{% endif %}")
 
 
+def expert_bytes(port):
+    """Every expert resident: the whole model's expert bytes, and the resident ones, are those the caller
+    counted in the file (quantized experts in their types, not fp32)."""
+    m = dict(l.rsplit(" ", 1) for l in request(port, "GET", "/metrics")[2].splitlines() if not l.startswith("#"))
+    want = int(os.environ["MOE_WANT_EXPERT_BYTES"])
+    for k in ("moe_serve_all_expert_bytes", "moe_serve_resident_expert_bytes"):
+        check(int(m[k]) == want, "%s %s, want %d" % (k, m[k], want))
+
+
 def chat_checkpoint():
     """A copy of CK (links to its files) with a tokenizer_config.json holding TEMPLATE."""
     d = linked_copy("_chat")
@@ -688,7 +698,7 @@ def main():
             {"sigterm": sigterm, "drain": drain}[SCENARIO](port, p)
         else:
             {"match": match, "ids": ids, "busy": busy, "bad": bad, "full": full, "metrics": metrics, "stop": stop, "chat": chat,
-             "pieces": pieces, "eos": lambda port: eos(port, ck, want, i)}[SCENARIO](port)
+             "pieces": pieces, "expert_bytes": expert_bytes, "eos": lambda port: eos(port, ck, want, i)}[SCENARIO](port)
             p.send_signal(signal.SIGTERM)
         rc = p.wait(timeout=300)
         check(rc == 0, "the server exited %d after SIGTERM" % rc)

@@ -2,6 +2,7 @@
  * tokens of the all-resident model bit for bit for every policy, budget and prefetch setting (greedy and
  * sampled with a seed), no expert read at load, a corrupt or short expert an error naming the tensor at
  * its read, and the process's peak resident memory under dense + budget + a stated overhead. */
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,12 +154,12 @@ TEST(lm_stream_gpt_oss_bf16_bit_identical) { check_family(failed_, "gpt_oss", MO
 /* MXFP4 blocks and scales dequantized per expert */
 TEST(lm_stream_gpt_oss_mxfp4_bit_identical) { check_family(failed_, "gpt_oss_mxfp4", MOE_DT_F32, 8); }
 
-/* A Mixtral-shaped model (2 layers of 4 experts, rows of 256: whole blocks of every type) written as a
+/* A Mixtral-shaped model (L layers of 4 experts, rows of 256: whole blocks of every type) written as a
  * GGUF file of type t to path. */
-static moe_status write_gguf(const char *path, moe_gguf_type t) {
+static moe_status write_gguf_layers(const char *path, moe_gguf_type t, int L) {
   moe_lm_config c;
   moe_lm_config_default(&c);
-  c.vocab = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.max_seq = 32;
+  c.vocab = 64, c.n_layers = L, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.max_seq = 32;
   c.moe.D = 256, c.moe.H = 256, c.moe.E = 4, c.moe.top_k = 2;
   moe_lm_t m;
   moe_status st = moe_lm_init(&m, &c);
@@ -170,14 +171,18 @@ static moe_status write_gguf(const char *path, moe_gguf_type t) {
   return st;
 }
 
+static moe_status write_gguf(const char *path, moe_gguf_type t) { return write_gguf_layers(path, t, 2); }
+
 /* Bytes of a slot of GGUF experts in their stored types: each projection's rows (H, D, H rows of D, H, D
- * values) 64-byte aligned; of fp32 ones when t is 0. */
+ * values) 64-byte aligned, and with expert biases their fp32 values (H, D, H) 64-byte aligned; of fp32
+ * ones when t is 0. */
 static size_t stored_slot(const moe_lm_config *c, const moe_gguf_type t[3]) {
   const int64_t rows[3] = {c->moe.H, c->moe.D, c->moe.H}, cols[3] = {c->moe.D, c->moe.H, c->moe.D};
   size_t bytes = 0;
   for (int j = 0; j < 3; j++) {
     size_t n = t[0] ? (size_t)(cols[j] / moe_gguf_type_block(t[j])) * moe_gguf_type_block_bytes(t[j]) : (size_t)cols[j] * 4;
     bytes += ((size_t)rows[j] * n + 63) / 64 * 64;
+    if (c->moe.expert_bias) bytes += ((size_t)rows[j] * 4 + 63) / 64 * 64;
   }
   return bytes;
 }
@@ -239,6 +244,37 @@ TEST(lm_stream_gguf_q6_k_bit_identical) { check_gguf(failed_, MOE_GGUF_Q6_K, MOE
 TEST(lm_stream_gguf_f16_bit_identical) { check_gguf(failed_, MOE_GGUF_F16, MOE_DT_F32, 4); }
 TEST(lm_stream_gguf_mxfp4_bit_identical) { check_gguf(failed_, MOE_GGUF_MXFP4, MOE_DT_F32, 8); }
 
+/* gpt-oss as llama.cpp's converter writes it (the MXFP4 fixture with llama.cpp's swiglu limit) to path:
+ * MXFP4 expert stacks and F32 biases (ffn_{gate,down,up}_exps.bias), swiglu_oai. */
+static moe_status write_gpt_oss_gguf(const char *path) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/lm/gpt_oss_mxfp4", test_fixture_dir());
+  moe_lm_config c;
+  moe_status st = moe_lm_read_config(dir, &c);
+  c.moe.swiglu_limit = 7.0f; /* llama.cpp's: the file cannot say the fixture's */
+  moe_lm_t m;
+  if (st == MOE_OK) st = moe_lm_load(&m, dir, &c);
+  if (st != MOE_OK) return st;
+  moe_lm_gguf_options o = {MOE_GGUF_MXFP4, NULL, NULL};
+  st = moe_lm_save_gguf(&m, path, &o);
+  moe_lm_free(&m);
+  return st;
+}
+
+/* A gpt-oss GGUF file streamed in MXFP4: the slots hold the file's bytes and the biases in fp32 (the
+ * budget counts both), computed by the kernels of the resident MXFP4 experts; then dequantized into fp32
+ * slots. Either way the all-resident model's bits. */
+TEST(lm_stream_gguf_gpt_oss_mxfp4_with_biases_bit_identical) {
+  char path[512];
+  test_tmp_path("stream_oss.gguf", path, sizeof path);
+  ASSERT_OK(write_gpt_oss_gguf(path));
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(path, &c));
+  ASSERT_EQ_INT(c.moe.expert_type, MOE_GGUF_MXFP4);
+  ASSERT(c.moe.expert_bias && c.moe.act == MOE_ACT_SWIGLU_OAI);
+  check_gguf_file(failed_, path, MOE_DT_F32, 8);
+}
+
 /* Experts of mixed types as llama.cpp's _M files have them, other per layer (layer 0: Q4_K, Q6_K, Q4_K;
  * layer 1: Q4_K, BF16, Q8_0, whose activations differ from fc1's): slots of other sizes per layer. */
 TEST(lm_stream_gguf_mixed_types_bit_identical) {
@@ -275,7 +311,7 @@ static void expect_slots(int *failed_, const char *path, const moe_lm_config *c,
 
 /* The budget counts the stored bytes: a budget of one fp32 slot a layer holds 7 Q4_K experts a layer
  * (4.5 bits a value against 32; capped at E) and one dequantized; equal placement over layers whose slots
- * differ gives each as many slots as the sum of one slot of every layer fits; miss-cost refuses them. */
+ * differ gives each as many slots as the sum of one slot of every layer fits. */
 TEST(lm_stream_gguf_budget_counts_stored_bytes) {
   char path[512];
   test_tmp_path("stream_budget.gguf", path, sizeof path);
@@ -297,14 +333,50 @@ TEST(lm_stream_gguf_budget_counts_stored_bytes) {
   ASSERT_OK(gguf_retype(path, "blk.1.ffn_down_exps.weight", MOE_GGUF_Q8_0)); /* layer 1's slot larger */
   ASSERT(q1 > q);
   expect_slots(failed_, path, &c, 2 * (q + q1) + q, 2, mix); /* a third slot in layer 0 alone does not count */
-  moe_lm_stream_config s;
-  moe_lm_stream_config_default(&s);
-  s.budget = 2 * (q + q1);
-  s.placement = MOE_LM_PLACE_MISS_COST; /* its trade of slots between layers assumes one size: refused */
-  moe_lm_t m;
-  moe_lm_experts x;
-  ASSERT_STATUS(moe_lm_load_streaming(&m, path, &c, &s, &x), MOE_ERR_ARG);
-  if (!strstr(moe_last_error(), "slots of different sizes")) FAIL_("%s", moe_last_error());
+}
+
+/* The process's open descriptors (those in /proc/self/fd, less the one reading it), or -1. */
+static int open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int n = -1; /* the directory's own */
+  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* A GGUF file of 6 MoE layers streamed (its experts in their stored type, then dequantized) holds one
+ * descriptor of the file, which every layer's reader shares (one each took 6), and none once freed. */
+TEST(lm_stream_gguf_layers_share_one_descriptor) {
+  char path[512];
+  test_tmp_path("stream_fds.gguf", path, sizeof path);
+  ASSERT_OK(write_gguf_layers(path, MOE_GGUF_Q8_0, 6));
+  if (open_fds() < 0) SKIP("no /proc/self/fd to count descriptors in");
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(path, &c));
+  for (int stored = 1; stored >= 0; stored--) {
+    c.moe.expert_type = stored ? MOE_GGUF_Q8_0 : -1;
+    moe_lm_stream_config s;
+    moe_lm_stream_config_default(&s);
+    s.budget = 6 * 2 * moe_expert_cache_slot_bytes(&c.moe);
+    int before = open_fds();
+    moe_lm_t m;
+    moe_lm_experts x;
+    ASSERT_OK(moe_lm_load_streaming(&m, path, &c, &s, &x));
+    int held = open_fds();
+    static run_out o;
+    moe_status st = decode(&m, 0.0f, &o); /* the experts are read through it */
+    int after_decode = open_fds();
+    moe_expert_cache_stats t = total(&x);
+    moe_lm_free(&m);
+    moe_lm_experts_free(&x);
+    ASSERT_OK(st);
+    ASSERT(t.loads > 0);
+    if (held - before != 1 || after_decode != held)
+      FAIL_("%s: %d descriptors held after loading 6 streamed layers, %d after decoding; want 1", stored ? "stored" : "fp32",
+            held - before, after_decode - before);
+    ASSERT_EQ_INT(open_fds(), before);
+  }
 }
 
 /* A copy of the fixture's files into dir. */
@@ -470,6 +542,29 @@ TEST(lm_stream_gguf_stored_corrupt_scale_or_short_is_an_error_naming_it) {
     if (!strstr(msg, "reading tensor 'blk.") || !strstr(msg, "file shrank"))
       FAIL_("%s: the message does not name the tensor: %s", moe_gguf_type_name(types[k]), msg);
   }
+}
+
+/* A NaN in expert 2's row of a gpt-oss GGUF file's down-projection biases: loading succeeds, the read of
+ * that expert (MXFP4 slots, fp32 biases) fails naming the tensor and the expert. */
+TEST(lm_stream_gguf_gpt_oss_corrupt_bias_is_an_error_naming_it) {
+  char path[512], msg[1024];
+  test_tmp_path("stream_oss_nan.gguf", path, sizeof path);
+  ASSERT_OK(write_gpt_oss_gguf(path));
+  const char *bad = "blk.1.ffn_down_exps.bias";
+  moe_gguf *g;
+  moe_gguf_tensor t;
+  ASSERT_OK(moe_gguf_open(&g, path));
+  moe_status st = moe_gguf_tensor_get(g, bad, &t);
+  moe_gguf_close(g);
+  ASSERT_OK(st);
+  ASSERT(t.type == MOE_GGUF_F32 && t.ndim == 2);
+  const unsigned char nan[4] = {0x00, 0x00, 0xc0, 0x7f};
+  int fd = open(path, O_WRONLY);
+  ASSERT(fd >= 0 && pwrite(fd, nan, 4, (off_t)t.file_offset + (off_t)t.nbytes / 4 * 2 + 8) == 4); /* expert 2 of 4 */
+  close(fd);
+  ASSERT_STATUS(stream_decode(path, -1, msg, sizeof msg), MOE_ERR_VALUE);
+  if (!strstr(msg, bad) || !strstr(msg, "expert 2") || !strstr(msg, "non-finite"))
+    FAIL_("the message does not name the tensor and expert: %s", msg);
 }
 
 /* What streaming refuses: a budget below one expert per MoE layer (saying the least). */
@@ -690,6 +785,76 @@ TEST(lm_stream_placement_by_simulated_misses) {
   s.placement_trace = &wide;
   ASSERT_STATUS(moe_lm_load_streaming(&m, dir, &c, &s, &x), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "a trace of another model"));
+}
+
+/* Miss-cost placement by bytes over layers whose slots differ (layer 0's Q4_K experts, layer 1's with a
+ * Q8_0 down projection: larger): on a crafted trace (layer 0 uses expert 0 only, layer 1 cycles through
+ * all four) a budget of one slot of layer 0 and four of layer 1 goes 1 + 4 (equal: 2 + 2); for budgets
+ * from one slot a layer to every expert, on that trace and the model's own, under LRU and FIFO, the
+ * slots' bytes fit the budget and their simulated misses read the fewest bytes (a miss: a slot's) of
+ * every split that fits (brute force); the outputs are the whole model's bit for bit. */
+TEST(lm_stream_gguf_placement_by_bytes_over_mixed_types) {
+  char path[512];
+  test_tmp_path("stream_place_mixed.gguf", path, sizeof path);
+  ASSERT_OK(write_gguf(path, MOE_GGUF_Q4_K));
+  ASSERT_OK(gguf_retype(path, "blk.1.ffn_down_exps.weight", MOE_GGUF_Q8_0));
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(path, &c));
+  enum { L = 2, E = 4, STEPS = NEW + 1 };
+  ASSERT(c.n_layers == L && c.moe.E == E);
+  size_t slot[L];
+  for (int i = 0; i < L; i++) {
+    moe_gguf_type t[3];
+    stack_types(path, i, t);
+    slot[i] = stored_slot(&c, t);
+  }
+  ASSERT(slot[1] > slot[0]);
+  static run_out want, got;
+  static int32_t own[STEPS * L * E], crafted[STEPS * L * E];
+  moe_lm_t all;
+  ASSERT_OK(moe_lm_load(&all, path, &c));
+  moe_status st = decode_traced(&all, 0.0f, &want, own);
+  moe_lm_free(&all);
+  ASSERT_OK(st);
+  for (int b = 0; b < STEPS; b++) crafted[(b * L + 0) * E + 0] = 2, crafted[(b * L + 1) * E + b % E] = 1;
+  moe_trace traces[2] = {{STEPS, L, E, crafted}, {STEPS, L, E, own}};
+  const moe_cache_policy pol[2] = {MOE_CACHE_LRU, MOE_CACHE_FIFO};
+  size_t row = slot[0] + slot[1], step = slot[0] / 2;
+  for (int tr = 0; tr < 2; tr++)
+    for (int p = 0; p < 2; p++)
+      for (size_t budget = row; budget <= E * row; budget += step) {
+        moe_lm_stream_config s;
+        moe_lm_stream_config_default(&s);
+        s.budget = budget, s.policy = pol[p], s.prefetch = 0;
+        s.placement = MOE_LM_PLACE_MISS_COST;
+        s.placement_trace = &traces[tr];
+        moe_lm_t m;
+        moe_lm_experts x;
+        ASSERT_OK(moe_lm_load_streaming(&m, path, &c, &s, &x));
+        moe_expert_cache_stats cs[L];
+        for (int i = 0; i < L; i++) moe_expert_cache_get_stats(x.caches[i], &cs[i]);
+        st = tr == 0 && p == 0 ? decode(&m, 0.0f, &got) : MOE_OK; /* the slots' count does not change the outputs */
+        moe_lm_free(&m);
+        moe_lm_experts_free(&x);
+        ASSERT_OK(st);
+        if (tr == 0 && p == 0 && memcmp(&got, &want, sizeof got)) FAIL_("budget %zu: not the whole model's bits", budget);
+        ASSERT(cs[0].expert_bytes == slot[0] && cs[1].expert_bytes == slot[1]);
+        ASSERT(cs[0].resident_bytes + cs[1].resident_bytes <= budget);
+        int64_t best = INT64_MAX, chosen = 0;
+        for (int i = 0; i < L; i++) chosen += sim_misses(&traces[tr], i, pol[p], cs[i].slots) * (int64_t)slot[i];
+        for (int k0 = 1; k0 <= E; k0++)
+          for (int k1 = 1; k1 <= E && k0 * slot[0] + k1 * slot[1] <= budget; k1++) {
+            int64_t v = sim_misses(&traces[tr], 0, pol[p], k0) * (int64_t)slot[0] + sim_misses(&traces[tr], 1, pol[p], k1) * (int64_t)slot[1];
+            if (v < best) best = v;
+          }
+        if (chosen != best)
+          FAIL_("trace %d, %s, budget %zu: placed %d + %d (%lld bytes missed), the best split that fits misses %lld", tr,
+                moe_cache_policy_name(pol[p]), budget, cs[0].slots, cs[1].slots, (long long)chosen, (long long)best);
+        if (tr == 0 && p == 0 && budget >= slot[0] + 4 * slot[1] && budget < 2 * slot[0] + 4 * slot[1]) {
+          ASSERT_EQ_INT(cs[0].slots, 1);
+          ASSERT_EQ_INT(cs[1].slots, 4);
+        }
+      }
 }
 
 /* Pinned experts: each MoE layer's two most used experts of the whole model's run, read at load into 3

@@ -123,6 +123,40 @@ TEST(serve_expert_cache_every_family) {
   }
 }
 
+/* /metrics counts resident quantized experts in the bytes they are held in: a gpt-oss GGUF file of MXFP4
+ * experts and F32 biases (its experts bound in MXFP4) has the bytes of the file's expert tensors, not
+ * their fp32 size (about 7 times more). */
+TEST(serve_metrics_count_quantized_experts_as_held) {
+  if (!have_python()) return;
+  char dir[512], path[512], want[64];
+  snprintf(dir, sizeof dir, "%s/lm/gpt_oss_mxfp4", test_fixture_dir());
+  test_tmp_path("serve_oss.gguf", path, sizeof path);
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  c.moe.swiglu_limit = 7.0f; /* llama.cpp's: the file cannot say the fixture's */
+  moe_lm_t m;
+  ASSERT_OK(moe_lm_load(&m, dir, &c));
+  moe_lm_gguf_options o = {MOE_GGUF_MXFP4, NULL, NULL};
+  moe_status st = moe_lm_save_gguf(&m, path, &o);
+  moe_lm_free(&m);
+  ASSERT_OK(st);
+  moe_gguf *g;
+  ASSERT_OK(moe_gguf_open(&g, path));
+  size_t bytes = 0, fp32 = 0;
+  for (int64_t i = 0; i < moe_gguf_tensor_count(g); i++) {
+    moe_gguf_tensor t;
+    if (moe_gguf_tensor_at(g, i, &t) == MOE_OK && strstr(t.name, "_exps."))
+      bytes += t.nbytes, fp32 += (size_t)(t.ne[0] * t.ne[1] * t.ne[2]) * 4;
+  }
+  moe_gguf_close(g);
+  ASSERT(bytes > 0 && fp32 > 5 * bytes);
+  snprintf(want, sizeof want, "%zu", bytes);
+  setenv("MOE_WANT_EXPERT_BYTES", want, 1);
+  int ok = scenario_on(path, "expert_bytes", "");
+  unsetenv("MOE_WANT_EXPERT_BYTES");
+  ASSERT(ok);
+}
+
 /* On a copy of the checkpoint whose eos_token_id is a token greedy decoding reaches: requests stop
  * there (finish_reason "stop", the token not returned), streamed or not, as moe generate does, and go
  * on to max_tokens with ignore_eos ("length"). */

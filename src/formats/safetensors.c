@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "base/pread_all.h"
 #include "formats/atomic_file.h"
 #include "internal.h"
 #include "formats/json.h"
@@ -305,14 +306,9 @@ moe_status moe_st_read(const moe_st *f, const moe_tensor_view *v, size_t off, si
     memcpy(dst, (const unsigned char *)v->data + off, n);
     return MOE_OK;
   }
-  size_t done = 0;
-  while (done < n) { /* pread may return short counts */
-    ssize_t r = pread(f->fd, (char *)dst + done, n - done, (off_t)(v->file_offset + off + done));
-    if (r < 0 && errno == EINTR) continue;
-    MOE_TRY(r > 0, MOE_ERR_IO, "%s: reading tensor '%s': %s", f->path, v->name, r < 0 ? strerror(errno) : "file shrank");
-    done += (size_t)r;
-  }
-  return MOE_OK;
+  char what[320];
+  snprintf(what, sizeof what, "tensor '%s'", v->name);
+  return moe__pread_all(f->fd, f->path, what, (off_t)(v->file_offset + off), dst, n);
 }
 
 static void fill_view(const moe_st *f, const st_entry *e, moe_tensor_view *v) {

@@ -94,11 +94,12 @@ typedef struct {
 size_t moe__qffn_bytes(const moe_layer_config *c, const moe_gguf_type t[3], int rows);
 void moe__qffn_alloc(moe__arena *a, const moe_layer_config *c, const moe_gguf_type t[3], int rows, moe__qffn *q);
 /* The groups active[0..nact) of g, increasing and none with rows between them, with f's a1 (a3) h:
- * group e's weights at w[e][0..2] (fc1, fc2, fc3 rows in ggml's layout), biases b1, b2, b3 (E, ...) or NULL.
- * Every output is one dot product: the same bits for any subset of groups, split or thread count. */
+ * group e's weights at w[e][0..2] (fc1, fc2, fc3 rows in ggml's layout), its biases at b[e][0..2] (fc1's H,
+ * fc2's D, fc3's H values; b NULL, or an entry NULL: none), each expert's own (the layer's stacks, or a
+ * cache's slots). Every output is one dot product: the same bits for any subset of groups, split or
+ * thread count. */
 void moe__qffn_forward(const moe__qffn *q, const moe_layer_t *l, const moe__groups *g, const moe__ffn *f,
-                       const uint8_t *const (*w)[3], const float *b1, const float *b2, const float *b3,
-                       const int *active, int nact, int nt);
+                       const uint8_t *const (*w)[3], const float *const (*b)[3], const int *active, int nact, int nt);
 /* Whether configuration c can have its experts in GGUF type `type` (kernels for it, D and H whole
  * blocks, f32 dtype, one process, no inner experts, pipeline 1; external experts: an expert cache's slots
  * in stored types); `what` starts the error. */

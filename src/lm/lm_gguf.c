@@ -497,9 +497,11 @@ static moe_status check_unused(const moe_gguf *g, const moe_lm_t *m) {
     int used = 0;
     for (int k = 0; st == MOE_OK && k < m->nrefs && !used; k++) used = !strcmp(names[k], t.name);
     int layer, n = 0;
-    char stack[8];
-    if (!used && (m->cfg.moe.expert_type > 0 || m->cfg.moe.external_experts) && /* bound or streamed: no refs */
-        sscanf(t.name, "blk.%d.ffn_%7[a-z]_exps.weight%n", &layer, stack, &n) == 2 && !t.name[n])
+    char stack[8], kind[8];
+    const moe_layer_config *mc = &m->cfg.moe; /* bound or streamed stacks have no refs, streamed biases neither */
+    if (!used && (mc->expert_type > 0 || mc->external_experts) &&
+        sscanf(t.name, "blk.%d.ffn_%7[a-z]_exps.%7[a-z]%n", &layer, stack, kind, &n) == 3 && !t.name[n] &&
+        (!strcmp(kind, "weight") || (mc->external_experts && mc->expert_bias && !strcmp(kind, "bias"))))
       used = !moe_lm_layer_dense(&m->cfg, layer);
     if (st == MOE_OK && !used)
       st = moe__error(MOE_ERR_FORMAT, __FILE__, __LINE__,

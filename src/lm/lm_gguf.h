@@ -67,10 +67,18 @@ moe_status moe__lm_gguf_read_deepseek(const moe_gguf *g, moe_lm_config *c);
 moe_status moe__lm_gguf_check_deepseek(const moe_lm_config *c, const char *path);
 moe_status moe__lm_gguf_write_deepseek(moe_gguf_writer *w, const moe_lm_config *c);
 
-/* Layer `layer`'s routed experts of the GGUF file at path for an expert cache (lm_gguf_stream.c): expert
- * e's rows of each stacked ffn_{gate,down,up}_exps tensor read with pread and dequantized (any type with
- * a codec, each projection its own) as moe_lm_load reads them; shapes checked against c at the call. */
-moe_status moe__lm_gguf_expert_reader(const char *path, const moe_lm_config *c, int layer, moe__expert_reader *out);
+/* A GGUF file's descriptor, shared by the streamed layers' readers: opened once (one reference, the
+ * opener's), closed when the last reference is released (each reader holds one until it is freed). */
+typedef struct moe__lm_gguf_fd moe__lm_gguf_fd;
+moe_status moe__lm_gguf_fd_open(moe__lm_gguf_fd **out, const char *path);
+void moe__lm_gguf_fd_release(moe__lm_gguf_fd *f);
+/* Layer `layer`'s routed experts of the GGUF file g (parsed once for every layer) for an expert cache
+ * (lm_gguf_stream.c): expert e's rows of each stacked ffn_{gate,down,up}_exps tensor read with pread
+ * from f (the reader takes a reference) and dequantized (any type with a codec, each projection its
+ * own) as moe_lm_load reads them, or kept in their stored types (c->moe.expert_type > 0); with
+ * c->moe.expert_bias the ffn_*_exps.bias rows too, as fp32; shapes checked against c at the call. */
+moe_status moe__lm_gguf_expert_reader(const moe_gguf *g, moe__lm_gguf_fd *f, const moe_lm_config *c, int layer,
+                                      moe__expert_reader *out);
 
 /* gpt-oss as llama.cpp's gpt-oss (lm_gguf_gptoss.c): its keys beside the common ones into c (the
  * family's options, the experts' width, the sliding window and its layer pattern, YaRN); MOE_ERR_ARG

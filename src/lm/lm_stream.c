@@ -131,17 +131,24 @@ static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, moe__expert_reader
 }
 
 /* The bytes of a slot of each MoE layer (slot[j] for the j-th): a GGUF file's by its readers (rd, not
- * NULL: made here, each layer's at rd[i]), which know each projection's stored type. */
+ * NULL: made here, each layer's at rd[i]), which know each projection's stored type. The file is parsed
+ * and opened once for every layer: the readers share its descriptor, closed with the last of them. */
 static moe_status slot_sizes(const moe_lm_t *m, const char *gguf, moe__expert_reader *rd, size_t *slot) {
   const moe_lm_config *c = &m->cfg;
-  for (int i = 0, j = 0; i < c->n_layers; i++) {
+  moe_gguf *g = NULL;
+  moe__lm_gguf_fd *f = NULL;
+  moe_status st = rd ? moe_gguf_open(&g, gguf) : MOE_OK;
+  if (st == MOE_OK && rd) st = moe__lm_gguf_fd_open(&f, gguf);
+  for (int i = 0, j = 0; st == MOE_OK && i < c->n_layers; i++) {
     if (moe_lm_layer_dense(c, i)) continue;
     slot[j] = moe_expert_cache_slot_bytes(&m->layers[i].cfg);
-    if (rd) MOE_CHECK(moe__lm_gguf_expert_reader(gguf, c, i, &rd[i]));
-    if (rd) MOE_CHECK(moe__expert_cache_reader_slot_bytes(&m->layers[i].cfg, &rd[i], &slot[j]));
+    if (rd) st = moe__lm_gguf_expert_reader(g, f, c, i, &rd[i]);
+    if (rd && st == MOE_OK) st = moe__expert_cache_reader_slot_bytes(&m->layers[i].cfg, &rd[i], &slot[j]);
     j++;
   }
-  return MOE_OK;
+  moe__lm_gguf_fd_release(f);
+  moe_gguf_close(g);
+  return st;
 }
 
 moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_config *c, const moe_lm_stream_config *s,

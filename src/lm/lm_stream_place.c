@@ -41,34 +41,73 @@ static moe_status miss_curve(const moe_trace *t, int i, moe_cache_policy p, int 
   return MOE_OK;
 }
 
-/* Slots per MoE layer (K[j], j over the MoE layers) from T slots, each in [1, kmax], minimising the sum
- * of the simulated misses; exact where a greedy pass by marginal hits is not (FIFO's and LIFO's miss
- * curves need not be convex). best[j][u]: the least misses of the first j layers with u slots. */
-static moe_status place_by_misses(const moe_lm_t *m, const moe_lm_stream_config *s, int Lm, int T, int kmax, int *K) {
+/* The budget's units for placing by bytes: at most this many per slot a model could place (Lm E), and
+ * at least MIN_UNITS, so that the table stays small; exact (units of the slots' common divisor) below
+ * that, else each layer's slots round up by less than a unit (of about budget / (2 Lm E) bytes). */
+#define UNITS_PER_SLOT 2
+#define MIN_UNITS 16384
+
+static size_t gcd(size_t a, size_t b) {
+  while (b) {
+    size_t t = a % b;
+    a = b, b = t;
+  }
+  return a;
+}
+
+/* Slots per MoE layer (K[j], j over the MoE layers, each in [1, E]) whose bytes (K[j] slot[j], summed)
+ * fit the budget, minimising the bytes the simulated misses read (each a slot's: with slots of one size,
+ * the fewest misses): a knapsack over the budget in units of g
+ * bytes (k slots of layer j take ceil(k slot[j] / g) of the floor(budget / g) units: never past the
+ * budget; g the slots' greatest common divisor, so exact, unless that makes more units than the
+ * bound above), exact where a greedy pass by marginal hits is not (FIFO's and LIFO's miss curves
+ * need not be convex). best[j][u]: the least bytes missed by the first j layers in u units; ties to the
+ * most slots, and the most units. *placed 0: no split fits the units (rounding): the caller places equally. */
+static moe_status place_by_misses(const moe_lm_t *m, const moe_lm_stream_config *s, int Lm, const size_t *slot,
+                                  size_t row, int *K, int *placed) {
   const moe_lm_config *c = &m->cfg;
+  int E = c->moe.E;
+  size_t budget = s->budget, all = 0, g = 0;
+  for (int j = 0; j < Lm; j++) all += (size_t)E * slot[j], g = gcd(g, slot[j]);
+  budget = budget < all ? budget : all; /* past every expert resident: no use */
+  size_t most = (size_t)UNITS_PER_SLOT * Lm * E > MIN_UNITS ? (size_t)UNITS_PER_SLOT * Lm * E : MIN_UNITS;
+  if (budget / g > most) g = (budget + most - 1) / most;
+  size_t T = budget / g;
+  int kmax = 1; /* the most slots a layer can take: the others keep one each */
+  for (int j = 0; j < Lm; j++) {
+    size_t k = (budget - row) / slot[j] + 1;
+    kmax = k > (size_t)E ? E : (int)k > kmax ? (int)k : kmax;
+  }
   int64_t *miss = malloc(sizeof *miss * (size_t)Lm * (kmax + 1)), *best = malloc(sizeof *best * (size_t)(Lm + 1) * (T + 1));
   int *pick = malloc(sizeof *pick * (size_t)(Lm + 1) * (T + 1));
   moe_status st = miss && best && pick ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "placement: out of memory");
   for (int i = 0, j = 0; st == MOE_OK && i < c->n_layers; i++)
     if (!moe_lm_layer_dense(c, i)) st = miss_curve(s->placement_trace, i, s->policy, kmax, miss + (size_t)j++ * (kmax + 1));
   const int64_t NONE = INT64_MAX;
-  for (int u = 0; st == MOE_OK && u <= T; u++) best[u] = u ? NONE : 0;
+  for (size_t u = 0; st == MOE_OK && u <= T; u++) best[u] = u ? NONE : 0;
   for (int j = 1; st == MOE_OK && j <= Lm; j++)
-    for (int u = 0; u <= T; u++) {
+    for (size_t u = 0; u <= T; u++) {
       int64_t *b = best + (size_t)j * (T + 1) + u;
       *b = NONE;
-      for (int k = 1; k <= kmax && k <= u; k++) {
-        int64_t prev = best[(size_t)(j - 1) * (T + 1) + u - k];
+      for (int k = 1; k <= kmax; k++) {
+        size_t w = ((size_t)k * slot[j - 1] + g - 1) / g;
+        if (w > u) break;
+        int64_t prev = best[(size_t)(j - 1) * (T + 1) + u - w];
         if (prev == NONE) continue;
-        int64_t v = prev + miss[(size_t)(j - 1) * (kmax + 1) + k];
+        int64_t v = prev + miss[(size_t)(j - 1) * (kmax + 1) + k] * (int64_t)slot[j - 1]; /* the bytes they read */
         if (v < *b || (v == *b && k > pick[(size_t)j * (T + 1) + u])) *b = v, pick[(size_t)j * (T + 1) + u] = k;
       }
     }
-  if (st == MOE_OK) {
-    int u = T; /* the fewest misses over every total, ties to the most slots */
-    for (int v = T; v >= 0; v--)
-      if (best[(size_t)Lm * (T + 1) + v] < best[(size_t)Lm * (T + 1) + u]) u = v;
-    for (int j = Lm; j >= 1; j--) u -= K[j - 1] = pick[(size_t)j * (T + 1) + u];
+  *placed = 0;
+  size_t u = T; /* the fewest misses over every total, ties to the most units */
+  for (size_t v = T + 1; st == MOE_OK && v-- > 0;)
+    if (best[(size_t)Lm * (T + 1) + v] < best[(size_t)Lm * (T + 1) + u]) u = v;
+  if (st == MOE_OK && best[(size_t)Lm * (T + 1) + u] != NONE) {
+    for (int j = Lm; j >= 1; j--) {
+      K[j - 1] = pick[(size_t)j * (T + 1) + u];
+      u -= ((size_t)K[j - 1] * slot[j - 1] + g - 1) / g;
+    }
+    *placed = 1;
   }
   free(miss), free(best), free(pick);
   return st;
@@ -76,26 +115,22 @@ static moe_status place_by_misses(const moe_lm_t *m, const moe_lm_stream_config 
 
 moe_status moe__lm_stream_slots(const moe_lm_t *m, const moe_lm_stream_config *s, const size_t *slot, int *K) {
   const moe_lm_config *c = &m->cfg;
-  int Lm = moe__lm_moe_layers(c), E = c->moe.E, same = 1;
+  int Lm = moe__lm_moe_layers(c), E = c->moe.E;
   size_t row = 0; /* bytes of one slot in every MoE layer */
-  for (int j = 0; j < Lm; j++) row += slot[j], same &= slot[j] == slot[0];
+  for (int j = 0; j < Lm; j++) row += slot[j];
   MOE_TRY(Lm && row && s->budget >= row, MOE_ERR_ARG,
           "memory budget %zu bytes: below one expert per MoE layer (%d layers, %zu bytes)", s->budget, Lm, row);
   MOE_TRY(s->placement == MOE_LM_PLACE_EQUAL || s->placement == MOE_LM_PLACE_MISS_COST, MOE_ERR_ARG,
           "memory budget: unknown placement %d", (int)s->placement);
   size_t each = s->budget / row; /* equal: as many slots in every layer */
-  if (s->placement == MOE_LM_PLACE_EQUAL || each >= (size_t)E) {
-    for (int j = 0; j < Lm; j++) K[j] = each < (size_t)E ? (int)each : E;
-    return MOE_OK;
+  int placed = 0;
+  if (s->placement == MOE_LM_PLACE_MISS_COST && each < (size_t)E) {
+    MOE_TRY(s->placement_trace, MOE_ERR_ARG, "memory budget: placement miss-cost needs a trace (placement_trace)");
+    MOE_CHECK(trace_fits(s->placement_trace, c, "placement"));
+    MOE_CHECK(place_by_misses(m, s, Lm, slot, row, K, &placed));
   }
-  MOE_TRY(same, MOE_ERR_ARG, "memory budget: placement miss-cost weighs slots of one size; this model's layers have "
-          "slots of different sizes (their experts' stored types differ): use placement equal");
-  size_t total = s->budget / slot[0];
-  int T = total > (size_t)Lm * E ? Lm * E : (int)total;
-  MOE_TRY(s->placement_trace, MOE_ERR_ARG, "memory budget: placement miss-cost needs a trace (placement_trace)");
-  MOE_CHECK(trace_fits(s->placement_trace, c, "placement"));
-  int kmax = T - (Lm - 1) < E ? T - (Lm - 1) : E;
-  return place_by_misses(m, s, Lm, T, kmax, K);
+  for (int j = 0; j < Lm && !placed; j++) K[j] = each < (size_t)E ? (int)each : E;
+  return MOE_OK;
 }
 
 /* Layer i's n experts active in the most steps of t (ties to the lower id), none the trace never uses,

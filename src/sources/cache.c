@@ -34,6 +34,7 @@ struct moe_expert_cache {
   moe__expert_reader rd;     /* or the caller's reader (cache_reader.h): rd.read not NULL */
   moe__qffn qb;              /* stored types (rd.type[0] > 0): the types (qb.t) and the forward's activations */
   const uint8_t *(*qw)[3];   /* stored types: (E) the slots' fc1, fc2, fc3 for moe__qffn_forward */
+  const float *(*qbias)[3];  /* stored types with biases: (E) the slots' fc1, fc2, fc3 biases, or NULL */
   int needed[NT];            /* the tensors the layer's experts have */
   size_t per[NT];            /* values per expert of each tensor (stored types: bytes) */
   size_t esz[NT], off[NT];   /* bytes per value in a slot (2 for bf16 matrices, stored types 1, else 4), offset in a slot */
@@ -110,7 +111,7 @@ static moe_status load_expert(moe_expert_cache *c, int e, int slot) {
 static void free_cache(moe_expert_cache *c) {
   if (c->rd.free) c->rd.free(c->rd.ctx);
   free(c->slots), free(c->scratch), free(c->slot_expert), free(c->where), free(c->inserted), free(c->hf);
-  free(c->uses), free(c->score), free(c->predicted), free(c->qw), free(c);
+  free(c->uses), free(c->score), free(c->predicted), free(c->qw), free(c->qbias), free(c);
 }
 
 static void *loader(void *arg) {
@@ -175,21 +176,26 @@ size_t moe_expert_cache_slot_bytes(const moe_layer_config *l) {
 }
 
 /* The slot of experts kept in their stored types (t: fc1's, fc2's, fc3's; cache_reader.h): each
- * projection's rows in ggml's layout, per[t] bytes (esz 1), 64-byte aligned; no biases. */
+ * projection's rows in ggml's layout, per[t] bytes (esz 1), and the layer's biases in fp32 (gpt-oss's:
+ * fc1's and fc3's H values, fc2's D), each 64-byte aligned. */
 static moe_status stored_layout(const moe_layer_config *l, const moe_gguf_type t[3], int needed[NT], size_t per[NT],
                                 size_t esz[NT], size_t off[NT], size_t *bytes) {
-  MOE_TRY(!l->expert_bias && (l->act == MOE_ACT_SWIGLU) == (t[2] != 0) && (unsigned)l->act <= MOE_ACT_SWIGLU, MOE_ERR_ARG,
-          "expert cache: experts in their stored types have no biases and fc3 only with swiglu");
+  MOE_TRY(moe__act_gated(l->act) == (t[2] != 0) && (unsigned)l->act <= MOE_ACT_SWIGLU_OAI, MOE_ERR_ARG,
+          "expert cache: experts in their stored types have fc3 exactly with a gated activation (swiglu, swiglu_oai)");
+  int64_t want[NT][2];
+  size_t vals[NT], fsz[NT], foff[NT];
+  slot_layout(l, needed, want, vals, fsz, foff); /* which tensors, and the biases' values */
   const int64_t rows[3] = {l->H, l->D, l->H}, cols[3] = {l->D, l->H, l->D};
   *bytes = 0;
   for (int k = 0; k < NT; k++) {
     int j = k / 2;
-    needed[k] = !(k % 2) && t[j];
-    per[k] = needed[k] ? (size_t)rows[j] * moe__qrow_bytes(t[j], cols[j]) : 0, esz[k] = 1, off[k] = *bytes;
-    MOE_TRY(!needed[k] || moe__qmat_fits(t[j], cols[j]), MOE_ERR_ARG,
+    if (k % 2) per[k] = vals[k], esz[k] = 4;
+    else per[k] = needed[k] ? (size_t)rows[j] * moe__qrow_bytes(t[j], cols[j]) : 0, esz[k] = 1;
+    off[k] = *bytes;
+    MOE_TRY(k % 2 || !needed[k] || moe__qmat_fits(t[j], cols[j]), MOE_ERR_ARG,
             "expert cache: fc%d in %s has no kernel here for rows of %lld values", j + 1, moe_gguf_type_name(t[j]),
             (long long)cols[j]);
-    *bytes += (per[k] + 63) & ~(size_t)63;
+    if (needed[k]) *bytes += (per[k] * esz[k] + 63) & ~(size_t)63;
   }
   return MOE_OK;
 }
@@ -285,7 +291,8 @@ moe_status moe__expert_cache_open_reader(moe_expert_cache **out, const moe_layer
     st = stored_layout(l, r->type, c->needed, c->per, c->esz, c->off, &c->slot_bytes);
     memcpy(c->qb.t, r->type, sizeof c->qb.t);
     if (!c->qb.t[2]) c->qb.t[2] = c->qb.t[0];
-    if (st == MOE_OK && !(c->qw = calloc((size_t)l->E, sizeof *c->qw)))
+    if (st == MOE_OK && (!(c->qw = calloc((size_t)l->E, sizeof *c->qw)) ||
+                         (l->expert_bias && !(c->qbias = calloc((size_t)l->E, sizeof *c->qbias)))))
       st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert cache: out of memory");
     if (st != MOE_OK) {
       free_cache(c);
@@ -500,6 +507,8 @@ static moe_status cache_forward(void *self, const moe__env *env, const moe__plan
       if (c->qw) {
         const unsigned char *base = c->slots + (size_t)c->where[ej] * c->slot_bytes;
         for (int j = 0; j < 3; j++) c->qw[ej][j] = c->needed[2 * j] ? base + c->off[2 * j] : NULL;
+        for (int j = 0; j < 3 && c->qbias; j++)
+          c->qbias[ej][j] = c->needed[2 * j + 1] ? (const float *)(const void *)(base + c->off[2 * j + 1]) : NULL;
       } else {
         w[ej] = slot_weights(c, c->where[ej]);
       }
@@ -509,8 +518,8 @@ static moe_status cache_forward(void *self, const moe__env *env, const moe__plan
     pthread_mutex_unlock(&c->w.mu);
     moe_status cst = MOE_OK;
     if (c->qw)
-      moe__qffn_forward(&c->qb, env->l, g, f, (const uint8_t *const (*)[3])c->qw, NULL, NULL, NULL, order + i, run - i,
-                        env->threads);
+      moe__qffn_forward(&c->qb, env->l, g, f, (const uint8_t *const (*)[3])c->qw, (const float *const (*)[3])c->qbias,
+                        order + i, run - i, env->threads);
     else
       cst = moe__ffn_forward(env, g, f, e, order[run - 1] + 1, w, NULL); /* experts between: no rows */
     if (computed == MOE_OK) computed = cst;

@@ -16,9 +16,10 @@ typedef struct {
   void (*free)(void *ctx); /* ctx, when the cache is freed (also when opening it fails) */
   size_t file_bytes;       /* bytes one expert's read takes from the file */
   /* 0: read gives fp32 as above. Else the experts stay in these stored GGUF types (fc1, fc2, fc3; fc3 0
-   * without swiglu; no biases): read writes the file's bytes of each projection's rows (ggml's layout)
+   * without a gated activation): read writes the file's bytes of each projection's rows (ggml's layout)
    * into out[0], out[2], out[4] (the slot's, typed float only by this signature) and checks what the
-   * type allows; the cache's experts compute from them with the quantized kernels (moe__qffn_forward). */
+   * type allows, and the biases (gpt-oss's), where out[1], out[3], out[5] are not NULL, as fp32 as above;
+   * the cache's experts compute from them with the quantized kernels (moe__qffn_forward). */
   moe_gguf_type type[3];
 } moe__expert_reader;
 

@@ -27,6 +27,7 @@ typedef struct {
   int stale;                /* own must be made again from the parameters before the next forward */
   moe__qffn b;              /* this forward's quantized activations (the work arena) */
   const uint8_t *(*wp)[3];  /* (groups) each expert's fc1, fc2, fc3 in the stacks (the work arena) */
+  const float *(*bp)[3];    /* (groups) its fc1, fc2, fc3 biases in the parameters, or NULL (the work arena) */
 } quant_self;
 
 /* The types the arena is sized for: the bound ones, or Q8_0 before any (forward then says so). */
@@ -78,7 +79,7 @@ static size_t q_bytes(void *self, const moe__env *env, int ng, int rows) {
   moe_gguf_type t[3];
   sized_types(self, t);
   return (moe__act_gated(l->cfg.act) ? 3 : 2) * moe__arena_size(r * H * 4) + moe__qffn_bytes(&l->cfg, t, rows) +
-         moe__arena_size((size_t)ng * sizeof(int)) + moe__arena_size((size_t)ng * 3 * sizeof(void *));
+         moe__arena_size((size_t)ng * sizeof(int)) + 2 * moe__arena_size((size_t)ng * 3 * sizeof(void *));
 }
 
 static moe_status q_alloc(void *self, const moe__env *env, int ng, int rows, moe__ffn *f) {
@@ -95,7 +96,8 @@ static moe_status q_alloc(void *self, const moe__env *env, int ng, int rows, moe
   moe__qffn_alloc(a, &l->cfg, t, rows, &q->b);
   f->order = moe__arena_alloc(a, (size_t)ng * sizeof(int));
   q->wp = moe__arena_alloc(a, (size_t)ng * 3 * sizeof(void *));
-  MOE_TRY(f->order && q->wp && (f->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
+  q->bp = moe__arena_alloc(a, (size_t)ng * 3 * sizeof(void *));
+  MOE_TRY(f->order && q->wp && q->bp && (f->h || rows == 0), MOE_ERR_STATE, "internal: expert workspace too small");
   return MOE_OK;
 }
 
@@ -106,7 +108,7 @@ typedef struct {
   const uint8_t *const (*w)[3];
   const moe__groups *g;
   const moe__ffn *f;
-  const float *b1, *b2, *b3;
+  const float *const (*b)[3];
   moe__qkern k1, k2, k3;  /* the kernels of fc1's, fc2's and fc3's types, looked up once a forward */
   int parts1, parts2;
   size_t xab, x3ab, hab;  /* bytes of an input row quantized for fc1, for fc3; of a hidden row for fc2 */
@@ -120,14 +122,15 @@ static void item1(const fwd_ctx *c, int e, int part) {
   int h0 = (int)((int64_t)H * part / c->parts1), h1 = (int)((int64_t)H * (part + 1) / c->parts1);
   const moe__qffn *q = c->q;
   float *a1 = c->f->a1 + (size_t)r0 * H, *a3 = c->f->a3 ? c->f->a3 + (size_t)r0 * H : NULL, *h = c->f->h + (size_t)r0 * H;
+  const float *b1 = c->b ? c->b[e][0] : NULL, *b3 = c->b ? c->b[e][2] : NULL;
   moe__qrows_times(&c->k1, c->w[e][0], c->r1, h0, h1, q->xq + (size_t)r0 * c->xab, c->xab, m, D, a1, H, 0);
   if (a3) moe__qrows_times(&c->k3, c->w[e][2], c->r3, h0, h1, q->xq3 + (size_t)r0 * c->x3ab, c->x3ab, m, D, a3, H, 0);
   for (int r = 0; r < m; r++) {
     float *ar = a1 + (size_t)r * H, *ar3 = a3 ? a3 + (size_t)r * H : NULL;
-    if (c->b1)
-      for (int j = h0; j < h1; j++) ar[j] += c->b1[(size_t)e * H + j];
-    if (c->b3)
-      for (int j = h0; j < h1; j++) ar3[j] += c->b3[(size_t)e * H + j];
+    if (b1)
+      for (int j = h0; j < h1; j++) ar[j] += b1[j];
+    if (b3)
+      for (int j = h0; j < h1; j++) ar3[j] += b3[j];
     moe__act_cfg_forward(&l->cfg, ar + h0, ar3 ? ar3 + h0 : NULL, h + (size_t)r * H + h0, (size_t)(h1 - h0));
   }
 }
@@ -139,9 +142,10 @@ static void item2(const fwd_ctx *c, int e, int part) {
   int d0 = (int)((int64_t)D * part / c->parts2), d1 = (int)((int64_t)D * (part + 1) / c->parts2);
   float *y = c->g->y + (size_t)r0 * D;
   moe__qrows_times(&c->k2, c->w[e][1], c->r2, d0, d1, c->q->hq + (size_t)r0 * c->hab, c->hab, m, H, y, D, 0);
-  if (c->b2)
+  const float *b2 = c->b ? c->b[e][1] : NULL;
+  if (b2)
     for (int r = 0; r < m; r++)
-      for (int j = d0; j < d1; j++) y[(size_t)r * D + j] += c->b2[(size_t)e * D + j];
+      for (int j = d0; j < d1; j++) y[(size_t)r * D + j] += b2[j];
 }
 
 /* Spans per group: enough items for every thread to take a few, none under MOE__QROWS_TILE rows. */
@@ -151,11 +155,10 @@ static int parts_of(int rows, int nact, int threads) {
 }
 
 void moe__qffn_forward(const moe__qffn *q, const moe_layer_t *l, const moe__groups *g, const moe__ffn *f,
-                       const uint8_t *const (*w)[3], const float *b1, const float *b2, const float *b3,
-                       const int *active, int nact, int nt) {
+                       const uint8_t *const (*w)[3], const float *const (*b)[3], const int *active, int nact, int nt) {
   if (nact <= 0) return;
   int D = l->cfg.D, H = l->cfg.H, x3 = own_x3(q->t, &l->cfg);
-  fwd_ctx c = {l, q, w, g, f, b1, b2, b3, moe__qkern_of(q->t[0]), moe__qkern_of(q->t[1]), moe__qkern_of(q->t[2]),
+  fwd_ctx c = {l, q, w, g, f, b, moe__qkern_of(q->t[0]), moe__qkern_of(q->t[1]), moe__qkern_of(q->t[2]),
                parts_of(H, nact, nt), parts_of(D, nact, nt),
                moe__act_bytes(q->t[0], D), moe__act_bytes(q->t[2], D), moe__act_bytes(q->t[1], H),
                moe__qrow_bytes(q->t[0], D), moe__qrow_bytes(q->t[2], D), moe__qrow_bytes(q->t[1], H)};
@@ -191,15 +194,18 @@ static moe_status q_forward(void *self, const moe__env *env, const moe__plan *p,
   if (q->stale) MOE_CHECK(requantize(q, l));
   int D = l->cfg.D, H = l->cfg.H, *active = f->order, nact = 0;
   size_t r1 = moe__qrow_bytes(q->b.t[0], D), r2 = moe__qrow_bytes(q->b.t[1], H), r3 = moe__qrow_bytes(q->b.t[2], D);
+  moe__weights w;
+  moe__weights_bind(l, l->params, &w);
   for (int e = 0; e < g->n; e++)
     if (g->offs[e + 1] > g->offs[e]) {
       active[nact++] = e;
       q->wp[e][0] = q->w1 + (size_t)e * H * r1, q->wp[e][1] = q->w2 + (size_t)e * D * r2;
       q->wp[e][2] = q->w3 ? q->w3 + (size_t)e * H * r3 : NULL;
+      q->bp[e][0] = w.b1 ? w.b1 + (size_t)e * H : NULL, q->bp[e][1] = w.b2 ? w.b2 + (size_t)e * D : NULL;
+      q->bp[e][2] = w.b3 ? w.b3 + (size_t)e * H : NULL;
     }
-  moe__weights w;
-  moe__weights_bind(l, l->params, &w);
-  moe__qffn_forward(&q->b, l, g, f, (const uint8_t *const (*)[3])q->wp, w.b1, w.b2, w.b3, active, nact, env->threads);
+  moe__qffn_forward(&q->b, l, g, f, (const uint8_t *const (*)[3])q->wp, (const float *const (*)[3])q->bp, active, nact,
+                    env->threads);
   return MOE_OK;
 }
 
