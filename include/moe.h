@@ -1349,7 +1349,7 @@ void moe_lm_cache_free(moe_lm_cache *c);
 int moe_lm_cache_len(const moe_lm_cache *c);
 void moe_lm_cache_reset(moe_lm_cache *c);
 moe_status moe_lm_decode(moe_lm_t *m, moe_lm_cache *c, const int32_t *tokens, int T);
-/* on: c's decodes (moe_lm_decode, moe_lm_decode_slots) leave the logits of each row's last position only,
+/* on: c's decodes (moe_lm_decode, moe_lm_decode_slots, moe_lm_decode_ragged) leave the logits of each row's last position only,
  * (rows, vocab) in moe_lm_logits, skipping the output layer for a prompt's other positions (generating
  * reads only the last); off (a new cache's): (rows, T, vocab). */
 void moe_lm_cache_last_logits(moe_lm_cache *c, int on);
@@ -1570,6 +1570,14 @@ void moe_lm_cache_slot_reset(moe_lm_cache *c, int slot);
  * decoding its sequence alone, to rounding (the batch's GEMMs have other shapes). */
 moe_status moe_lm_decode_slots(moe_lm_t *m, moe_lm_cache *c, const int *slots, int n, const int32_t *tokens,
                                int T);
+/* The ragged form, what a continuous-batching step runs in one forward (new prompts of any length and
+ * running sequences' next tokens): slot slots[i] gets counts[i] >= 1 tokens, at positions [len, len +
+ * counts[i]) of it; tokens holds row 0's counts[0], then row 1's, ...; the (sum of counts, vocab) logits
+ * go to moe_lm_logits in that order (with moe_lm_cache_last_logits on, (n, vocab): row i slot slots[i]'s
+ * last position). moe_lm_decode_slots is the case of counts all T. Each row's logits are those of its
+ * sequence alone, to rounding. */
+moe_status moe_lm_decode_ragged(moe_lm_t *m, moe_lm_cache *c, const int *slots, int n, const int32_t *tokens,
+                                const int *counts);
 /* (n_layers, E) tokens each expert got in the last decode through c (expert traces, moe serve --trace). */
 const int32_t *moe_lm_cache_expert_counts(const moe_lm_cache *c);
 

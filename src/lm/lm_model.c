@@ -53,7 +53,8 @@ typedef struct { /* one layer's activations */
 
 struct moe__lm_state {
   moe__arena arena;
-  int B, T, N, nt, count, have_fwd;
+  int B, T, N, nt, count, have_fwd; /* a ragged decode's rows have their own token counts: T the most */
+  int *row0;            /* (B + 1) where each batch row's tokens start among the N (b T when not ragged) */
   lm_block *w, *g;      /* (L) parameters and their gradients */
   float *embed, *normf, *head, *gembed, *gnormf, *ghead;
   float *cos_t, *sin_t; /* (rope_n, head_dim / 2): grown with the positions used, up to max_seq */
@@ -705,12 +706,12 @@ void moe_lm_set_threads(moe_lm_t *m, int threads) {
 
 const float *moe_lm_logits(const moe_lm_t *m) { return m->st->logits; }
 
-/* The arena's buffers for a (B, T) batch at positions from pos0: sizes only when base is NULL (returns
- * the bytes). */
-static size_t carve(moe_lm_t *m, int B, int T, int pos0, char *base) {
+/* The arena's buffers for B batch rows of N tokens in all, T at most a row, at positions up to pos0 + T:
+ * sizes only when base is NULL (returns the bytes). */
+static size_t carve(moe_lm_t *m, int B, int T, size_t N, int pos0, char *base) {
   const moe_lm_config *c = &m->cfg;
   moe__lm_state *s = m->st;
-  size_t N = (size_t)B * T, D = (size_t)c->moe.D, qd = (size_t)c->n_heads * c->head_dim,
+  size_t D = (size_t)c->moe.D, qd = (size_t)c->n_heads * c->head_dim,
          qkv = qd + 2 * (size_t)c->n_kv_heads * c->head_dim, E = (size_t)c->moe.E;
   size_t off = 0;
 #define TAKE(ptr, n)                                          \
@@ -754,6 +755,7 @@ static size_t carve(moe_lm_t *m, int B, int T, int pos0, char *base) {
   TAKE(s->lse, N);
   TAKE(s->tokens, N);
   TAKE(s->targets, N);
+  TAKE(s->row0, (size_t)B + 1);
   TAKE(s->dres, N * D);
   TAKE(s->dxn, N * D);
   TAKE(s->datt, N * att_dim(c));
@@ -908,20 +910,20 @@ static moe_status gqa_forward(moe_lm_t *m, int i, moe_lm_cache *kv) {
   MOE_CHECK(project(m, i));
   moe__attn at = attn_of(m, i);
   if (kv) { /* each batch row at its own slot and position: rotate, append to the cache, attend */
-    size_t kvd = (size_t)nkv * hd, T = s->T;
+    size_t kvd = (size_t)nkv * hd;
     for (int b = 0; b < s->B; b++) {
-      int pos0 = row_pos(kv, b);
+      int pos0 = row_pos(kv, b), T = s->row0[b + 1] - s->row0[b];
       size_t cell = (size_t)i * kv->B + row_slot(kv, b);
-      float *q = a->qkv + (size_t)b * T * ld, *kb = kv->k[cell], *vb = kv->v[cell];
-      moe__rope_apply(q, ld, 1, s->T, c->n_heads, hd, pos0, s->cos_t, s->sin_t, 0, nt);
-      moe__rope_apply(q + qd, ld, 1, s->T, nkv, hd, pos0, s->cos_t, s->sin_t, 0, nt);
-      for (size_t t = 0; t < T; t++) {
-        memcpy(kb + (pos0 + t) * kvd, q + t * ld + qd, kvd * 4);
-        memcpy(vb + (pos0 + t) * kvd, q + t * ld + qd + kvd, kvd * 4);
+      float *q = a->qkv + (size_t)s->row0[b] * ld, *kb = kv->k[cell], *vb = kv->v[cell];
+      moe__rope_apply(q, ld, 1, T, c->n_heads, hd, pos0, s->cos_t, s->sin_t, 0, nt);
+      moe__rope_apply(q + qd, ld, 1, T, nkv, hd, pos0, s->cos_t, s->sin_t, 0, nt);
+      for (int t = 0; t < T; t++) {
+        memcpy(kb + (pos0 + t) * kvd, q + (size_t)t * ld + qd, kvd * 4);
+        memcpy(vb + (pos0 + t) * kvd, q + (size_t)t * ld + qd + kvd, kvd * 4);
       }
       moe__attn one = at;
-      one.B = 1, one.pos0 = pos0, one.q = q, one.k = kb, one.v = vb, one.ldkv = (int)kvd, one.kv_bs = 0;
-      one.o = a->att + (size_t)b * T * qd, one.lse = a->lse + (size_t)b * c->n_heads * T;
+      one.B = 1, one.Tq = T, one.pos0 = pos0, one.q = q, one.k = kb, one.v = vb, one.ldkv = (int)kvd, one.kv_bs = 0;
+      one.o = a->att + (size_t)s->row0[b] * qd, one.lse = a->lse + (size_t)s->row0[b] * c->n_heads;
       moe__attn_forward(&one, s->scratch, nt);
     }
   } else {
@@ -934,7 +936,7 @@ static moe_status gqa_forward(moe_lm_t *m, int i, moe_lm_cache *kv) {
 
 static moe__mla_ctx mla_ctx(const moe_lm_t *m) {
   const moe__lm_state *s = m->st;
-  return (moe__mla_ctx){&m->cfg, s->B, s->T, s->nt, s->cos_t, s->sin_t, s->scratch};
+  return (moe__mla_ctx){&m->cfg, s->B, s->T, s->N, s->nt, s->cos_t, s->sin_t, s->scratch};
 }
 
 /* The latent attention of layer i into a->att (with kv, each batch row's latent rows appended to its slot). */
@@ -946,7 +948,7 @@ static moe_status mla_forward(moe_lm_t *m, int i, moe_lm_cache *kv) {
   float *rows[s->B];
   int pos[s->B];
   for (int b = 0; b < s->B; b++) rows[b] = kv->k[(size_t)i * kv->B + row_slot(kv, b)], pos[b] = row_pos(kv, b);
-  return moe__mla_decode(&x, &s->w[i].mla, &a->mla, a->xn1, rows, pos, a->att);
+  return moe__mla_decode(&x, &s->w[i].mla, &a->mla, a->xn1, rows, pos, s->row0, a->att);
 }
 
 /* Layer i's dense MLP with its weights in a quantized type (moe__mlp_forward's in fp32), added to
@@ -1067,32 +1069,44 @@ static moe_status kv_reserve(moe_lm_cache *kv, int b, int n) {
   return MOE_OK;
 }
 
-/* The forward of moe_lm_forward (kv NULL) and moe_lm_decode. */
+/* The forward of moe_lm_forward (kv NULL) and the decodes: B rows of T tokens each, or (a ragged decode)
+ * counts[b] tokens in row b, one row's after another's. */
 static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *targets, int B, int T,
-                          moe_lm_cache *kv, moe_lm_stats *out) {
+                          const int *counts, moe_lm_cache *kv, moe_lm_stats *out) {
   MOE_TRY(m && m->st && tokens, MOE_ERR_ARG, "moe_lm_forward: NULL argument");
   const moe_lm_config *c = &m->cfg;
   moe__lm_state *s = m->st;
-  int pos0 = 0; /* the longest row's cached positions */
-  for (int b = 0; kv && b < B; b++) pos0 = row_pos(kv, b) > pos0 ? row_pos(kv, b) : pos0;
-  MOE_TRY(B >= 1 && T >= 1 && pos0 + T <= c->max_seq, MOE_ERR_ARG,
-          "moe_lm_forward: want B >= 1 and T in [1, max_seq=%d - %d positions already cached], got B=%d, T=%d",
-          c->max_seq, pos0, B, T);
-  MOE_TRY((int64_t)B * T * (c->vocab > c->moe.D ? c->vocab : c->moe.D) <= INT32_MAX, MOE_ERR_ARG,
-          "moe_lm_forward: a batch of %d x %d tokens is too large", B, T);
-  MOE_CHECK(rope_reserve(m, pos0 + T));
-  for (int b = 0; kv && b < B; b++) MOE_CHECK(kv_reserve(kv, row_slot(kv, b), row_pos(kv, b) + T));
-  int N = B * T, V = c->vocab, D = c->moe.D;
-  for (int i = 0; i < N; i++) {
-    MOE_TRY(tokens[i] >= 0 && tokens[i] < V, MOE_ERR_VALUE, "moe_lm_forward: token [%d, %d] = %d is not in [0, %d)",
-            i / T, i % T, tokens[i], V);
-    MOE_TRY(!targets || targets[i] < V, MOE_ERR_VALUE, "moe_lm_forward: target [%d, %d] = %d is not below %d", i / T,
-            i % T, targets[i], V);
+  MOE_TRY(B >= 1, MOE_ERR_ARG, "moe_lm_forward: want B >= 1, got %d", B);
+  int64_t N = 0;
+  int end = 0, Tmax = 0; /* the furthest position a row reaches, the most tokens a row has */
+  for (int b = 0; b < B; b++) {
+    int n = counts ? counts[b] : T, p = kv ? row_pos(kv, b) : 0;
+    MOE_TRY(n >= 1 && p + n <= c->max_seq, MOE_ERR_ARG,
+            "moe_lm_forward: row %d: want 1 to max_seq=%d - %d positions already cached tokens, got %d", b, c->max_seq,
+            p, n);
+    N += n;
+    end = p + n > end ? p + n : end;
+    Tmax = n > Tmax ? n : Tmax;
   }
+  MOE_TRY(N * (c->vocab > c->moe.D ? c->vocab : c->moe.D) <= INT32_MAX, MOE_ERR_ARG,
+          "moe_lm_forward: a batch of %lld tokens is too large", (long long)N);
+  MOE_CHECK(rope_reserve(m, end));
   s->have_fwd = 0;
-  s->B = B, s->T = T, s->N = N, s->nt = moe__threads(c->moe.threads), s->decoding = kv != NULL;
-  MOE_CHECK(moe__arena_reserve(&s->arena, carve(m, B, T, pos0, NULL), "language model"));
-  carve(m, B, T, pos0, s->arena.base);
+  s->B = B, s->T = Tmax, s->N = (int)N, s->nt = moe__threads(c->moe.threads), s->decoding = kv != NULL;
+  MOE_CHECK(moe__arena_reserve(&s->arena, carve(m, B, Tmax, (size_t)N, end - Tmax, NULL), "language model"));
+  carve(m, B, Tmax, (size_t)N, end - Tmax, s->arena.base);
+  s->row0[0] = 0;
+  for (int b = 0; b < B; b++) s->row0[b + 1] = s->row0[b] + (counts ? counts[b] : T);
+  int V = c->vocab, D = c->moe.D;
+  for (int b = 0; b < B; b++)
+    for (int i = s->row0[b]; i < s->row0[b + 1]; i++) {
+      MOE_TRY(tokens[i] >= 0 && tokens[i] < V, MOE_ERR_VALUE,
+              "moe_lm_forward: token [%d, %d] = %d is not in [0, %d)", b, i - s->row0[b], tokens[i], V);
+      MOE_TRY(!targets || targets[i] < V, MOE_ERR_VALUE, "moe_lm_forward: target [%d, %d] = %d is not below %d", b,
+              i - s->row0[b], targets[i], V);
+    }
+  for (int b = 0; kv && b < B; b++)
+    MOE_CHECK(kv_reserve(kv, row_slot(kv, b), row_pos(kv, b) + s->row0[b + 1] - s->row0[b]));
   memcpy(s->tokens, tokens, (size_t)N * 4);
   for (int i = 0; i < N; i++) s->targets[i] = targets ? targets[i] : -1;
   moe_lm_stats st = {0};
@@ -1108,15 +1122,16 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
     moe__embed_forward(s->embed, tokens, N, D, s->a[0].res);
   }
   s->lap_moe = s->lap_router = 0;
-  for (int i = 0; i < c->n_layers; i++) /* the sequence-wise balance loss: each batch row a sequence */
-    if (is_moe(m, i)) m->layers[i].cfg.seq_len = T;
+  for (int i = 0; i < c->n_layers; i++) /* the sequence-wise balance loss: each batch row a sequence (a
+                                         ragged decode's, which has no loss to give, the batch one) */
+    if (is_moe(m, i)) m->layers[i].cfg.seq_len = counts ? 0 : T;
   double t0 = moe__now();
   for (int i = 0; i < c->n_layers; i++) MOE_CHECK(layer_forward(m, i, kv, &st));
   if (!kv) add_times(s, moe__now() - t0);
   moe__rmsnorm_forward(s->a[c->n_layers].res, s->normf, N, D, c->rms_eps, s->xnf, s->rstdf, s->nt);
   int Nh = N; /* the rows through the output layer */
-  if (kv && kv->last_only && T > 1) { /* each row's last position, to the front (row b's is at or after b) */
-    for (int b = 0; b < B; b++) memmove(s->xnf + (size_t)b * D, s->xnf + ((size_t)b * T + T - 1) * D, (size_t)D * 4);
+  if (kv && kv->last_only && N > B) { /* each row's last position, to the front (row b's is at or after b) */
+    for (int b = 0; b < B; b++) memmove(s->xnf + (size_t)b * D, s->xnf + ((size_t)s->row0[b + 1] - 1) * D, (size_t)D * 4);
     Nh = B;
   }
   if (s->qhead.w) {
@@ -1135,7 +1150,7 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
   st.loss = st.ce + c->aux_coef * st.aux + st.seq_aux;
   MOE_TRY(isfinite(st.loss), MOE_ERR_VALUE, "moe_lm_forward: the loss is %g (ce %g, aux %g)", st.loss, st.ce, st.aux);
   s->have_fwd = targets != NULL && !kv;
-  for (int b = 0; kv && kv->row_slot && b < B; b++) kv->slot_len[kv->row_slot[b]] += T;
+  for (int b = 0; kv && kv->row_slot && b < B; b++) kv->slot_len[kv->row_slot[b]] += s->row0[b + 1] - s->row0[b];
   if (kv && !kv->row_slot) kv->len += T;
   if (out) *out = st;
   return MOE_OK;
@@ -1143,7 +1158,7 @@ static moe_status forward(moe_lm_t *m, const int32_t *tokens, const int32_t *tar
 
 moe_status moe_lm_forward(moe_lm_t *m, const int32_t *tokens, const int32_t *targets, int B, int T,
                           moe_lm_stats *out) {
-  return forward(m, tokens, targets, B, T, NULL, out);
+  return forward(m, tokens, targets, B, T, NULL, NULL, out);
 }
 
 /* Floats per position and layer in a cache: the rotated keys and the values of the kv heads, or with
@@ -1205,7 +1220,7 @@ static moe_status check_cache(const moe_lm_t *m, const moe_lm_cache *kv) {
 
 moe_status moe_lm_decode(moe_lm_t *m, moe_lm_cache *kv, const int32_t *tokens, int T) {
   MOE_CHECK(check_cache(m, kv));
-  return forward(m, tokens, NULL, kv->B, T, kv, NULL);
+  return forward(m, tokens, NULL, kv->B, T, NULL, kv, NULL);
 }
 
 void moe_lm_cache_last_logits(moe_lm_cache *kv, int on) { kv->last_only = on != 0; }
@@ -1222,20 +1237,30 @@ void moe_lm_cache_slot_reset(moe_lm_cache *kv, int slot) {
   kv_release(kv, slot);
 }
 
-moe_status moe_lm_decode_slots(moe_lm_t *m, moe_lm_cache *kv, const int *slots, int n, const int32_t *tokens,
-                               int T) {
+/* moe_lm_decode_ragged, and moe_lm_decode_slots (counts NULL: T tokens each). */
+static moe_status decode_rows(moe_lm_t *m, moe_lm_cache *kv, const int *slots, int n, const int32_t *tokens,
+                              const int *counts, int T, const char *fn) {
   MOE_CHECK(check_cache(m, kv));
-  MOE_TRY(slots && n >= 1 && n <= kv->B, MOE_ERR_ARG, "moe_lm_decode_slots: want 1 to B=%d slots, got %d", kv->B, n);
+  MOE_TRY(slots && n >= 1 && n <= kv->B, MOE_ERR_ARG, "%s: want 1 to B=%d slots, got %d", fn, kv->B, n);
   for (int i = 0; i < n; i++) {
-    MOE_TRY(slots[i] >= 0 && slots[i] < kv->B, MOE_ERR_ARG, "moe_lm_decode_slots: slot %d is not in [0, %d)",
-            slots[i], kv->B);
-    for (int j = 0; j < i; j++)
-      MOE_TRY(slots[j] != slots[i], MOE_ERR_ARG, "moe_lm_decode_slots: slot %d given twice", slots[i]);
+    MOE_TRY(slots[i] >= 0 && slots[i] < kv->B, MOE_ERR_ARG, "%s: slot %d is not in [0, %d)", fn, slots[i], kv->B);
+    for (int j = 0; j < i; j++) MOE_TRY(slots[j] != slots[i], MOE_ERR_ARG, "%s: slot %d given twice", fn, slots[i]);
   }
   kv->row_slot = slots;
-  moe_status st = forward(m, tokens, NULL, n, T, kv, NULL);
+  moe_status st = forward(m, tokens, NULL, n, T, counts, kv, NULL);
   kv->row_slot = NULL;
   return st;
+}
+
+moe_status moe_lm_decode_slots(moe_lm_t *m, moe_lm_cache *kv, const int *slots, int n, const int32_t *tokens,
+                               int T) {
+  return decode_rows(m, kv, slots, n, tokens, NULL, T, "moe_lm_decode_slots");
+}
+
+moe_status moe_lm_decode_ragged(moe_lm_t *m, moe_lm_cache *kv, const int *slots, int n, const int32_t *tokens,
+                                const int *counts) {
+  MOE_TRY(counts, MOE_ERR_ARG, "moe_lm_decode_ragged: NULL counts");
+  return decode_rows(m, kv, slots, n, tokens, counts, 0, "moe_lm_decode_ragged");
 }
 
 /* Layer i backward: s->dres holds d a[i + 1].res on entry and d a[i].res on exit. */

@@ -88,7 +88,7 @@ size_t moe__mla_work_carve(const moe_lm_config *c, size_t N, moe__mla_work *w, c
 /* The queries (N, nh dqk) into q, rows ldq apart, before the rotary embedding. */
 static moe_status project_q(const moe__mla_ctx *x, const dims *d, const moe__mla_w *w, moe__mla_acts *a,
                             const float *xn1, float *q, int ldq) {
-  int N = x->B * x->T, qd = d->nh * d->dqk;
+  int N = x->N, qd = d->nh * d->dqk;
   if (!d->qr) {
     moe__gemm g = gemm(false, true, N, qd, d->D, xn1, d->D, w->q, d->D, 0.0f, q, ldq);
     return moe__gemm_run(&g, 1, x->nt);
@@ -103,7 +103,7 @@ static moe_status project_q(const moe__mla_ctx *x, const dims *d, const moe__mla
 /* kva and its normed latent in kvn (the key's part copied, not yet rotated). */
 static moe_status project_latent(const moe__mla_ctx *x, const dims *d, const moe__mla_w *w, moe__mla_acts *a,
                                  const float *xn1) {
-  int N = x->B * x->T, lat = d->r + d->dr;
+  int N = x->N, lat = d->r + d->dr;
   moe__gemm g = gemm(false, true, N, lat, d->D, xn1, d->D, w->kv_a, d->D, 0.0f, a->kva, lat);
   MOE_CHECK(moe__gemm_run(&g, 1, x->nt));
   memcpy(a->kvn, a->kva, (size_t)N * lat * 4);
@@ -136,7 +136,7 @@ static moe__attn train_attn(const moe__mla_ctx *x, const dims *d, const moe__mla
 moe_status moe__mla_forward(const moe__mla_ctx *x, const moe__mla_w *w, moe__mla_acts *a, const float *xn1,
                             float *att) {
   dims d = dims_of(x->c);
-  int N = x->B * x->T, nt = x->nt, nh = d.nh, dqk = d.dqk, lat = d.r + d.dr, kvw = d.dn + d.dv;
+  int N = x->N, nt = x->nt, nh = d.nh, dqk = d.dqk, lat = d.r + d.dr, kvw = d.dn + d.dv;
   MOE_CHECK(project_q(x, &d, w, a, xn1, a->qkv, d.ld));
   MOE_CHECK(project_latent(x, &d, w, a, xn1));
   moe__rope_span qs = q_span(x->c, &d, d.ld), ks = k_span(x->c, &d);
@@ -168,7 +168,7 @@ moe_status moe__mla_forward(const moe__mla_ctx *x, const moe__mla_w *w, moe__mla
 moe_status moe__mla_backward(const moe__mla_ctx *x, const moe__mla_w *w, const moe__mla_w *g, const moe__mla_acts *a,
                              moe__mla_work *k, const float *xn1, const float *datt, float *dxn1) {
   dims d = dims_of(x->c);
-  int N = x->B * x->T, nt = x->nt, nh = d.nh, dqk = d.dqk, lat = d.r + d.dr, kvw = d.dn + d.dv, qd = nh * dqk;
+  int N = x->N, nt = x->nt, nh = d.nh, dqk = d.dqk, lat = d.r + d.dr, kvw = d.dn + d.dv, qd = nh * dqk;
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int t = 0; t < N; t++)
     for (int h = 0; h < nh; h++) {
@@ -221,18 +221,19 @@ moe_status moe__mla_backward(const moe__mla_ctx *x, const moe__mla_w *w, const m
 }
 
 moe_status moe__mla_decode(const moe__mla_ctx *x, const moe__mla_w *w, moe__mla_acts *a, const float *xn1,
-                           float *const *rows, const int *pos0, float *att) {
+                           float *const *rows, const int *pos0, const int *row0, float *att) {
   dims d = dims_of(x->c);
-  int N = x->B * x->T, T = x->T, nt = x->nt, nh = d.nh, qd = nh * d.dqk, lat = d.r + d.dr, kvw = d.dn + d.dv;
+  int N = x->N, nt = x->nt, nh = d.nh, qd = nh * d.dqk, lat = d.r + d.dr, kvw = d.dn + d.dv;
   int la = nh * lat; /* an absorbed query row: each head's latent-width query and its rope part */
   float *q = a->qkv, *qa = a->qkv + (size_t)N * qd;
   MOE_CHECK(project_q(x, &d, w, a, xn1, q, qd));
   MOE_CHECK(project_latent(x, &d, w, a, xn1));
   moe__rope_span qs = q_span(x->c, &d, qd), ks = k_span(x->c, &d);
   for (int b = 0; b < x->B; b++) {
-    moe__rope_rotate(&qs, q + (size_t)b * T * qd, 1, T, pos0[b], x->cos_t, x->sin_t, 0, nt);
-    moe__rope_rotate(&ks, a->kvn + (size_t)b * T * lat, 1, T, pos0[b], x->cos_t, x->sin_t, 0, nt);
-    memcpy(rows[b] + (size_t)pos0[b] * lat, a->kvn + (size_t)b * T * lat, (size_t)T * lat * 4);
+    int T = row0[b + 1] - row0[b];
+    moe__rope_rotate(&qs, q + (size_t)row0[b] * qd, 1, T, pos0[b], x->cos_t, x->sin_t, 0, nt);
+    moe__rope_rotate(&ks, a->kvn + (size_t)row0[b] * lat, 1, T, pos0[b], x->cos_t, x->sin_t, 0, nt);
+    memcpy(rows[b] + (size_t)pos0[b] * lat, a->kvn + (size_t)row0[b] * lat, (size_t)T * lat * 4);
   }
   moe__gemm g[nh];
   for (int h = 0; h < nh; h++) /* q_nope_h W_k,h: (N, dn) (dn, r) */
@@ -249,8 +250,8 @@ moe_status moe__mla_decode(const moe__mla_ctx *x, const moe__mla_w *w, moe__mla_
       for (int j = 0; j < lat; j++) r[j] *= s;
     }
   for (int b = 0; b < x->B; b++) {
-    moe__attn at = {1, T, pos0[b], nh, 1, lat, la, lat, 0, qa + (size_t)b * T * la, rows[b], rows[b],
-                    a->o + (size_t)b * T * la, a->lse + (size_t)b * nh * T, 0, NULL};
+    moe__attn at = {1, row0[b + 1] - row0[b], pos0[b], nh, 1, lat, la, lat, 0, qa + (size_t)row0[b] * la, rows[b],
+                    rows[b], a->o + (size_t)row0[b] * la, a->lse + (size_t)row0[b] * nh, 0, NULL};
     moe__attn_forward(&at, x->scratch, nt);
   }
   for (int h = 0; h < nh; h++) /* o_h's latent part through W_v,h: (N, r) (dv, r)^T */

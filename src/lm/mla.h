@@ -32,7 +32,7 @@ typedef struct { /* backward's buffers, one set for all layers */
 
 typedef struct {
   const moe_lm_config *c;
-  int B, T, nt;
+  int B, T, N, nt;             /* N: the tokens, B T (a ragged decode's rows have their own counts) */
   const float *cos_t, *sin_t; /* the rotary tables (head_dim = qk_rope_head_dim) */
   float *scratch;             /* moe__attn_scratch's bytes for (B, T) at the positions used */
 } moe__mla_ctx;
@@ -51,9 +51,10 @@ moe_status moe__mla_forward(const moe__mla_ctx *x, const moe__mla_w *w, moe__mla
 /* From datt (the gradient of att): the weights' gradients added into g, dxn1 (N, D) overwritten. */
 moe_status moe__mla_backward(const moe__mla_ctx *x, const moe__mla_w *w, const moe__mla_w *g, const moe__mla_acts *a,
                              moe__mla_work *k, const float *xn1, const float *datt, float *dxn1);
-/* Batch row b's T tokens at positions pos0[b] on: their cache rows (r + dr floats each) appended to
- * rows[b] (room for pos0[b] + T of them), then attention over rows[b][0, pos0[b] + T). */
+/* Batch row b's T = row0[b + 1] - row0[b] tokens (from token row0[b] of the N) at positions pos0[b] on:
+ * their cache rows (r + dr floats each) appended to rows[b] (room for pos0[b] + T of them), then
+ * attention over rows[b][0, pos0[b] + T). */
 moe_status moe__mla_decode(const moe__mla_ctx *x, const moe__mla_w *w, moe__mla_acts *a, const float *xn1,
-                           float *const *rows, const int *pos0, float *att);
+                           float *const *rows, const int *pos0, const int *row0, float *att);
 
 #endif
