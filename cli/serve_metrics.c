@@ -95,8 +95,12 @@ char *serve_metrics_text(serve_metrics *m, moe_engine *e) {
           "# TYPE moe_serve_admitted_total counter\nmoe_serve_admitted_total %lld\n", (long long)m->requests[0]);
   put(&t, "# HELP moe_serve_prompt_tokens_total Prompt tokens read.\n# TYPE moe_serve_prompt_tokens_total counter\n"
           "moe_serve_prompt_tokens_total %lld\n", (long long)m->prompt_tokens);
-  put(&t, "# HELP moe_serve_prefills_total Forwards that ran prompts (the prompts of one length queued together in one).\n"
+  put(&t, "# HELP moe_serve_prefills_total Forwards that ran prompts (a step's, with every prompt that joined and "
+          "fits and the running requests' tokens; one wanting prompt_logprobs alone).\n"
           "# TYPE moe_serve_prefills_total counter\nmoe_serve_prefills_total %lld\n", (long long)es.prefills);
+  put(&t, "# HELP moe_serve_forwards_total Forwards through the model (one a step, and one a prompt wanting "
+          "prompt_logprobs).\n# TYPE moe_serve_forwards_total counter\nmoe_serve_forwards_total %lld\n",
+          (long long)es.forwards);
   put(&t, "# HELP moe_serve_generated_tokens_total Tokens generated.\n# TYPE moe_serve_generated_tokens_total counter\n"
           "moe_serve_generated_tokens_total %lld\n", (long long)m->tokens);
   put(&t, "# HELP moe_serve_tokens_per_second Tokens generated per second of the engine's busy time.\n"
@@ -108,7 +112,7 @@ char *serve_metrics_text(serve_metrics *m, moe_engine *e) {
           "moe_serve_queue_length %d\n", es.queued);
   put(&t, "# HELP moe_serve_running Requests in the running batch.\n# TYPE moe_serve_running gauge\n"
           "moe_serve_running %d\n", es.running);
-  histogram(&t, "moe_serve_batch_size", "Sequences per decode step.", m->batch_hist, (double)m->batch_sum, 0);
+  histogram(&t, "moe_serve_batch_size", "Running requests' tokens per step (beside the prompts that joined).", m->batch_hist, (double)m->batch_sum, 0);
   histogram(&t, "moe_serve_ttft_seconds", "Time to first token.", m->ttft_hist, m->ttft_sum, 1);
   histogram(&t, "moe_serve_request_seconds", "Request latency, arrival to last token.", m->lat_hist, m->lat_sum, 1);
   size_t resident = m->caches ? 0 : m->all_expert_bytes;

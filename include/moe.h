@@ -1582,21 +1582,25 @@ moe_status moe_lm_decode_ragged(moe_lm_t *m, moe_lm_cache *c, const int *slots, 
 const int32_t *moe_lm_cache_expert_counts(const moe_lm_cache *c);
 
 /* ---- the continuous-batching engine (DESIGN 4.7; moe serve's, usable from C with no HTTP) ----
- * One thread owns the model and a KV cache of `slots` sequences. Between decode steps finished and
- * released requests leave their slots and every queued one that finds a free slot joins: their prompts
- * run before the step, those of one length together in one forward (each from the logits of its last
- * position, as moe generate runs a prompt); then one decode step runs the last token of every running
- * request through the model together. Each request samples with its own generator, so a request gives the tokens it gets
+ * One thread owns the model and a KV cache of `slots` sequences. Between steps finished and released
+ * requests leave their slots and every queued one that finds a free slot joins; then one forward
+ * (moe_lm_decode_ragged) runs the prompts that joined, of any lengths, in join order while they fit in
+ * MOE_ENGINE_PREFILL_TOKENS (the first always; the rest wait for the next step), and the last token of
+ * every running request: each gets its next token from the logits of its last position, as moe
+ * generate runs a prompt. A prompt wanting prompt_logprobs runs alone first, with every position's
+ * logits. Each request samples with its own generator, so a request gives the tokens it gets
  * alone, and moe generate's for the same seed (greedy: the same; sampled: to rounding of the logits). */
 typedef struct moe_engine moe_engine;
 typedef struct moe_engine_req moe_engine_req;
 typedef struct {
-  int rows;             /* sequences decoded together in the step (0: prompts only) */
+  int rows;             /* running requests' tokens in the step's forward (0: prompts only) */
   int tokens;           /* tokens generated (an end token not counted) */
   int prompt_tokens;    /* prompt tokens read */
-  double seconds;       /* the step's prefills and decode */
-  int prefills;         /* forwards that ran prompts: those of one length run together, up to
-                           MOE_ENGINE_PREFILL_TOKENS tokens a forward; one wanting prompt_logprobs alone */
+  double seconds;       /* the step's forwards */
+  int prefills;         /* forwards that ran prompts: the step's one when it held any, and one for each
+                           prompt wanting prompt_logprobs (alone) */
+  int prompts;          /* prompts in the step's forward (beside the `rows` running requests' tokens) */
+  int forwards;         /* forwards through the model: 1, and one for each prompt wanting prompt_logprobs */
 } moe_engine_step;
 #define MOE_ENGINE_PREFILL_TOKENS 512
 typedef struct {
@@ -1656,6 +1660,7 @@ typedef struct {
   int64_t steps, tokens, prompt_tokens;
   double busy_s;         /* the thread's time in steps */
   int64_t prefills;      /* forwards that ran prompts (moe_engine_step) */
+  int64_t forwards;      /* forwards through the model (moe_engine_step) */
 } moe_engine_stats;
 
 /* Starts the engine's thread over m (which it owns until moe_engine_free; m's threads run the steps),

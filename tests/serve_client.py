@@ -420,6 +420,7 @@ def metrics(port):
             'moe_serve_requests_total{code="5xx"}': 0, "moe_serve_admitted_total": 3,
             "moe_serve_prompt_tokens_total": prompt, "moe_serve_generated_tokens_total": 15,
             "moe_serve_prefills_total": 3,  # one forward a prompt: they came one after another
+            "moe_serve_forwards_total": 15,  # one a token: each request's first from its prompt's
             "moe_serve_queue_length": 0, "moe_serve_running": 0,
             "moe_serve_batch_size_count": steps, "moe_serve_batch_size_sum": steps,  # one at a time: batches of 1
             'moe_serve_batch_size_bucket{le="1"}': steps, 'moe_serve_batch_size_bucket{le="+Inf"}': steps,

@@ -20,18 +20,23 @@ static int argmax(const float *l) {
   return b;
 }
 
-/* Greedy decoding of a prompt alone, as moe generate does it. */
-static int alone(moe_lm_t *m, const int32_t *prompt, int n, int32_t *ids) {
+/* k tokens of a prompt alone, drawn as moe generate does (temperature 0: greedy). */
+static int alone_sampled(moe_lm_t *m, const int32_t *prompt, int n, float temp, uint64_t seed, int32_t *ids, int k) {
   moe_lm_cache *kv;
   if (moe_lm_cache_new(&kv, m, 1) || moe_lm_decode(m, kv, prompt, n)) return 0;
   const float *l = moe_lm_logits(m) + (size_t)(n - 1) * V;
-  for (int i = 0; i < NEW; i++) {
-    ids[i] = argmax(l);
-    if (moe_lm_decode(m, kv, &ids[i], 1)) return 0;
+  for (int i = 0; i < k; i++) {
+    if (moe_lm_sample(l, V, temp, 0.9f, &seed, &ids[i])) return 0;
+    if (!temp && ids[i] != argmax(l)) return 0;
+    if (i + 1 < k && moe_lm_decode(m, kv, &ids[i], 1)) return 0;
     l = moe_lm_logits(m);
   }
   moe_lm_cache_free(kv);
   return 1;
+}
+
+static int alone(moe_lm_t *m, const int32_t *prompt, int n, int32_t *ids) {
+  return alone_sampled(m, prompt, n, 0.0f, 0, ids, NEW);
 }
 
 static int load(moe_lm_t *m) {
@@ -108,37 +113,57 @@ static void gate_step(void *ctx, const moe_engine_step *s) {
   pthread_mutex_unlock(&g->mu);
 }
 
-/* Requests queued while a step runs all join before the next decode step: the four of one prompt length
- * in one forward, the one of another length in a second, the one wanting its prompt's log-probabilities
- * (of the four's length) alone in a third; every one gets its first token from those prefills and decodes
- * in that same step, and the greedy tokens of decoding it alone. */
-TEST(engine_queued_prompts_of_one_length_prefill_together) {
+static void gate_init(step_gate *g) {
+  memset(g, 0, sizeof *g);
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_cond_init(&g->cv, NULL);
+}
+
+static void gate_free(step_gate *g) {
+  pthread_cond_destroy(&g->cv);
+  pthread_mutex_destroy(&g->mu);
+}
+
+/* Submits the nq requests p: the first alone, the others while the engine holds after the first's step,
+ * then lets it go. */
+static int submit_held(moe_engine *e, step_gate *g, const moe_engine_params *p, int nq, moe_engine_req **req) {
+  for (int r = 0; r < nq; r++) {
+    if (moe_engine_submit(e, &p[r], &req[r])) return 0;
+    pthread_mutex_lock(&g->mu);
+    while (!r && !g->held) pthread_cond_wait(&g->cv, &g->mu); /* the first request's step is over */
+    g->open = r == nq - 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+  }
+  return 1;
+}
+
+/* Requests queued while a step runs, with prompts of five lengths, all join the next step and run in
+ * its one forward (moe_lm_decode_ragged) with the running request's token; the one wanting its prompt's
+ * log-probabilities runs its prompt alone first and joins the forward as a running request. Counted:
+ * the forwards, prompts and rows of each step; every request, greedy and sampled, gets the tokens of
+ * running it alone. */
+TEST(engine_queued_prompts_of_any_length_run_in_one_forward) {
   moe_lm_t m;
   ASSERT(load(&m));
   enum { NQ = 7 };
-  int32_t prompts[NQ][3], want[NQ][NEW];
-  int n[NQ] = {2, 3, 3, 3, 3, 2, 3};
+  int32_t prompts[NQ][6], want[NQ][NEW];
+  int n[NQ] = {2, 3, 5, 1, 4, 3, 6};
+  moe_engine_params p[NQ];
   for (int r = 0; r < NQ; r++) {
+    int plp = r == NQ - 1;
+    float temp = r % 2 ? 0.8f : 0.0f;
     for (int i = 0; i < n[r]; i++) prompts[r][i] = (r * 11 + i * 5 + 1) % V;
-    ASSERT(alone(&m, prompts[r], n[r], want[r]));
+    ASSERT(alone_sampled(&m, prompts[r], n[r], temp, 100 + r, want[r], NEW));
+    p[r] = (moe_engine_params){prompts[r], n[r], NEW, temp, 0.9f, 100 + r, 1, NULL, 0, plp, 0, plp};
   }
-  step_gate g = {.n = 0};
-  pthread_mutex_init(&g.mu, NULL);
-  pthread_cond_init(&g.cv, NULL);
+  static step_gate g;
+  gate_init(&g);
   moe_engine_config c = {.slots = NQ, .on_step = gate_step, .ctx = &g};
   moe_engine *e;
   ASSERT_OK(moe_engine_new(&e, &m, &c));
   moe_engine_req *req[NQ];
-  for (int r = 0; r < NQ; r++) {
-    int plp = r == NQ - 1;
-    moe_engine_params p = {prompts[r], n[r], NEW, 0.0f, 1.0f, 0, 0, NULL, 0, plp, 0, plp};
-    ASSERT_OK(moe_engine_submit(e, &p, &req[r]));
-    pthread_mutex_lock(&g.mu);
-    while (!r && !g.held) pthread_cond_wait(&g.cv, &g.mu); /* the first request's step is over */
-    g.open = r == NQ - 1;
-    pthread_cond_broadcast(&g.cv);
-    pthread_mutex_unlock(&g.mu);
-  }
+  ASSERT(submit_held(e, &g, p, NQ, req));
   for (int r = 0; r < NQ; r++) {
     moe_engine_state st = {0};
     do moe_engine_wait(e, req[r], st.n, &st);
@@ -151,20 +176,77 @@ TEST(engine_queued_prompts_of_one_length_prefill_together) {
   }
   moe_engine_stats es;
   moe_engine_get_stats(e, &es);
-  ASSERT_EQ_INT((int)es.prefills, 1 + 3);
   moe_engine_free(e);
-  ASSERT(g.n >= NEW);
+  /* the first: its prompt (1 step) and NEW - 1 tokens; the others joined in step 2 and need NEW steps */
+  ASSERT_EQ_INT(g.n, 1 + NEW);
+  ASSERT_EQ_INT((int)es.steps, 1 + NEW);
+  ASSERT_EQ_INT((int)es.forwards, 1 + NEW + 1); /* one a step, and the scored prompt's alone */
+  ASSERT_EQ_INT((int)es.prefills, 1 + 2);
+  ASSERT_EQ_INT((int)es.tokens, NQ * NEW);
   const moe_engine_step *first = &g.s[0], *next = &g.s[1];
-  ASSERT_EQ_INT(first->prefills, 1); /* the first request alone: its prompt, its first decode */
+  ASSERT_EQ_INT(first->forwards, 1); /* the first request alone: its prompt, its first token */
+  ASSERT_EQ_INT(first->prefills, 1);
+  ASSERT_EQ_INT(first->prompts, 1);
   ASSERT_EQ_INT(first->prompt_tokens, 2);
-  ASSERT_EQ_INT(first->rows, 1);
-  ASSERT_EQ_INT(next->prefills, 3);
-  ASSERT_EQ_INT(next->prompt_tokens, 4 * 3 + 2 + 3);
-  ASSERT_EQ_INT(next->rows, NQ);               /* the six that joined decode in the same step */
-  ASSERT_EQ_INT(next->tokens, (NQ - 1) + NQ);  /* their first tokens, then a token each */
-  for (int i = 2; i < g.n && i < 4 * NEW; i++) ASSERT_EQ_INT(g.s[i].prefills, 0);
-  pthread_cond_destroy(&g.cv);
-  pthread_mutex_destroy(&g.mu);
+  ASSERT_EQ_INT(first->rows, 0);
+  ASSERT_EQ_INT(first->tokens, 1);
+  ASSERT_EQ_INT(next->forwards, 2);  /* the scored prompt alone, then everyone */
+  ASSERT_EQ_INT(next->prefills, 2);
+  ASSERT_EQ_INT(next->prompts, NQ - 2);
+  ASSERT_EQ_INT(next->prompt_tokens, 3 + 5 + 1 + 4 + 3 + 6);
+  ASSERT_EQ_INT(next->rows, 2);      /* the first request and the scored one */
+  ASSERT_EQ_INT(next->tokens, 1 + (NQ - 2) + 2);
+  for (int i = 2; i < g.n; i++) {
+    ASSERT_EQ_INT(g.s[i].forwards, 1);
+    ASSERT_EQ_INT(g.s[i].prefills, 0);
+    ASSERT_EQ_INT(g.s[i].prompts, 0);
+    ASSERT_EQ_INT(g.s[i].rows, i < NEW ? NQ : NQ - 2); /* the first and the scored one: done in step NEW */
+  }
+  gate_free(&g);
+  moe_lm_free(&m);
+}
+
+/* Prompts that joined together past MOE_ENGINE_PREFILL_TOKENS: those that fit run in the step's forward,
+ * in the order they came, the next waits for the following step; each still gets its tokens alone. */
+TEST(engine_prompts_past_the_step_budget_wait_a_step) {
+  moe_lm_t m;
+  ASSERT(load(&m));
+  enum { NQ = 10, LONG = 60, K = 3 };
+  ASSERT(m.cfg.max_seq >= LONG + K && 8 * LONG <= MOE_ENGINE_PREFILL_TOKENS && 9 * LONG > MOE_ENGINE_PREFILL_TOKENS);
+  static int32_t prompts[NQ][LONG], want[NQ][K];
+  moe_engine_params p[NQ];
+  for (int r = 0; r < NQ; r++) {
+    int n = r ? LONG : 2;
+    for (int i = 0; i < n; i++) prompts[r][i] = (r * 7 + i * 3 + 2) % V;
+    ASSERT(alone_sampled(&m, prompts[r], n, 0.0f, 0, want[r], K));
+    p[r] = (moe_engine_params){prompts[r], n, K, 0.0f, 1.0f, 0, 1, NULL, 0, 0, 0, 0};
+  }
+  static step_gate g;
+  gate_init(&g);
+  moe_engine_config c = {.slots = NQ, .on_step = gate_step, .ctx = &g};
+  moe_engine *e;
+  ASSERT_OK(moe_engine_new(&e, &m, &c));
+  moe_engine_req *req[NQ];
+  ASSERT(submit_held(e, &g, p, NQ, req));
+  for (int r = 0; r < NQ; r++) {
+    moe_engine_state st = {0};
+    do moe_engine_wait(e, req[r], st.n, &st);
+    while (!st.done);
+    ASSERT_EQ_INT(st.n, K);
+    for (int i = 0; i < K; i++)
+      if (st.tokens[i] != want[r][i]) FAIL_("request %d token %d: %d, alone %d", r, i, st.tokens[i], want[r][i]);
+    moe_engine_release(e, req[r]);
+  }
+  moe_engine_free(e);
+  ASSERT_EQ_INT(g.s[1].prompts, 8);
+  ASSERT_EQ_INT(g.s[1].prompt_tokens, 8 * LONG);
+  ASSERT_EQ_INT(g.s[1].rows, 1);
+  ASSERT_EQ_INT(g.s[2].prompts, 1); /* the ninth, with the first (its last token) and the eight */
+  ASSERT_EQ_INT(g.s[2].prompt_tokens, LONG);
+  ASSERT_EQ_INT(g.s[2].rows, 1 + 8);
+  for (int i = 0; i < g.n; i++) ASSERT_EQ_INT(g.s[i].forwards, 1);
+  ASSERT_EQ_INT(g.n, 2 + K);       /* the ninth's K tokens from step 3 on */
+  gate_free(&g);
   moe_lm_free(&m);
 }
 

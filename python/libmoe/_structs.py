@@ -153,7 +153,8 @@ class EngineState(C.Structure):
 
 class EngineStats(C.Structure):
     _fields_ = [("queued", _i), ("running", _i), ("steps", C.c_int64), ("tokens", C.c_int64),
-                ("prompt_tokens", C.c_int64), ("busy_s", C.c_double), ("prefills", C.c_int64)]
+                ("prompt_tokens", C.c_int64), ("busy_s", C.c_double), ("prefills", C.c_int64),
+                ("forwards", C.c_int64)]
 
 
 class TrainBatchStats(C.Structure):

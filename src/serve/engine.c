@@ -1,9 +1,11 @@
-/* The continuous-batching engine (moe.h, DESIGN 4.7). One thread owns the model: between decode steps
- * finished and released requests leave their KV-cache slots and queued ones take free slots (their
- * prompts run first, those of one length in one forward, so that a burst of requests gets its first
- * tokens after one prefill rather than one per request); then one decode step runs the last token of
- * every running request through the model together. Each request samples with its own generator, so a
- * request alone gives moe generate's tokens for the same seed. */
+/* The continuous-batching engine (moe.h, DESIGN 4.7). One thread owns the model: between steps
+ * finished and released requests leave their KV-cache slots and queued ones take free slots; then one
+ * forward (moe_lm_decode_ragged) runs the prompts of those that joined, of any length, up to
+ * MOE_ENGINE_PREFILL_TOKENS of them, and the last token of every running request together, so that a
+ * burst of requests gets its first tokens after one forward and the running ones wait for no other. A
+ * request wanting its prompt's log-probabilities runs its prompt alone first (every position's logits).
+ * Each request samples with its own generator, so a request alone gives moe generate's tokens for the
+ * same seed. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,9 +24,10 @@ struct moe_engine {
   pthread_cond_t wake;
   pthread_t th;
   moe_engine_req *qhead, *qtail, **slots; /* slots (B): the request in each, or NULL */
-  int *joined;           /* (2 B) the thread's scratch: slots joining, rows of a step */
-  int32_t *last;         /* (B) the tokens of a step */
-  int32_t *ptok;         /* (MOE_ENGINE_PREFILL_TOKENS) the prompts of a prefill of several requests */
+  int *rows, *counts, *waiting; /* (B) each: the thread's scratch: a step's slots and their token counts,
+                                   the slots whose prompts wait */
+  int32_t *tok;          /* (max(MOE_ENGINE_PREFILL_TOKENS, max_seq) + B) the tokens of a step */
+  int64_t joins;         /* requests that took a slot */
   int draining, started;
   moe_engine_stats st;
 };
@@ -181,8 +184,8 @@ static int no_tokens(moe_engine *e, moe_engine_req *r) {
   return 0;
 }
 
-/* Queued requests into free slots (e->mu held); returns how many joined, their slots in joined. */
-static int admit(moe_engine *e, int *joined) {
+/* Queued requests into free slots (e->mu held); returns how many joined. */
+static int admit(moe_engine *e) {
   int n = 0;
   for (int s = 0; s < e->c.slots && e->qhead; s++) {
     if (e->slots[s]) continue;
@@ -198,15 +201,19 @@ static int admit(moe_engine *e, int *joined) {
     e->st.running++;
     e->st.prompt_tokens += r->n_prompt;
     r->slot = s;
+    r->joined = e->joins++;
     e->slots[s] = r;
-    joined[n++] = s;
+    n++;
   }
   return n;
 }
 
-/* Runs tokens through the slots; on failure every request there fails with the error. */
-static int decode(moe_engine *e, const int *slots, int n, const int32_t *tokens, int T) {
-  if (moe_lm_decode_slots(e->m, e->kv, slots, n, tokens, T) == MOE_OK) {
+/* Runs counts[i] tokens through slot slots[i], one forward; on failure every request there fails with
+ * the error. */
+static int decode(moe_engine *e, const int *slots, int n, const int32_t *tokens, const int *counts,
+                  moe_engine_step *step) {
+  step->forwards++;
+  if (moe_lm_decode_ragged(e->m, e->kv, slots, n, tokens, counts) == MOE_OK) {
     if (e->c.on_decode) e->c.on_decode(e->c.ctx, moe_lm_cache_expert_counts(e->kv));
     return 1;
   }
@@ -216,49 +223,78 @@ static int decode(moe_engine *e, const int *slots, int n, const int32_t *tokens,
   return 0;
 }
 
-/* The prompts of the nj requests that joined (their slots in joined, in queue order; joined is spent):
- * the first left and those after it with a prompt of its length run together, up to
- * MOE_ENGINE_PREFILL_TOKENS tokens, each request's first token from the logits of its last position; one
- * that wants its prompt's log-probabilities runs alone, with every position's logits. */
-static void prefill(moe_engine *e, int *joined, int nj, moe_engine_step *step) {
-  int V = e->m->cfg.vocab, *rows = e->joined + e->c.slots;
-  for (int i = 0; i < nj; i++) { /* the slots are the engine's: read them unlocked */
-    if (joined[i] < 0) continue;
-    moe_engine_req *r = e->slots[joined[i]];
-    int T = r->n_prompt, n = 0, all = r->plp != NULL;
-    rows[n++] = joined[i];
-    for (int j = i + 1; j < nj && !all && (n + 1) * T <= MOE_ENGINE_PREFILL_TOKENS; j++)
-      if (joined[j] >= 0 && e->slots[joined[j]]->n_prompt == T && !e->slots[joined[j]]->plp) {
-        memcpy(e->ptok + (size_t)n * T, e->slots[joined[j]]->prompt, (size_t)T * 4);
-        rows[n++] = joined[j], joined[j] = -1;
-      }
-    if (n > 1) memcpy(e->ptok, r->prompt, (size_t)T * 4);
-    for (int k = 0; k < n; k++) moe_lm_cache_slot_reset(e->kv, rows[k]);
-    step->prompt_tokens += n * T;
+/* r's first token (or, with max_tokens 0, its end) from the logits of its prompt's last position. */
+static int first_token(moe_engine *e, moe_engine_req *r, const float *logits) {
+  return r->max_tokens ? take_token(e, r, logits) : no_tokens(e, r);
+}
+
+/* The prompts of requests wanting their log-probabilities, each alone with every position's logits. */
+static void score_prompts(moe_engine *e, moe_engine_step *step) {
+  int V = e->m->cfg.vocab;
+  for (int s = 0; s < e->c.slots; s++) { /* the slots are the engine's: read them unlocked */
+    moe_engine_req *r = e->slots[s];
+    if (!r || r->fed || !r->plp) continue;
+    r->fed = 1;
+    moe_lm_cache_slot_reset(e->kv, s);
+    step->prompt_tokens += r->n_prompt;
     step->prefills++;
-    moe_lm_cache_last_logits(e->kv, !all);
-    int ok = decode(e, rows, n, n > 1 ? e->ptok : r->prompt, T);
+    moe_lm_cache_last_logits(e->kv, 0);
+    int ok = decode(e, &s, 1, r->prompt, &r->n_prompt, step);
     moe_lm_cache_last_logits(e->kv, 1);
-    const float *logits = moe_lm_logits(e->m);
-    if (all && ok) score_prompt(e, r, logits);
-    for (int k = 0; ok && k < n; k++) {
-      moe_engine_req *q = e->slots[rows[k]];
-      step->tokens += q->max_tokens ? take_token(e, q, logits + (all ? (size_t)(T - 1) : (size_t)k) * V) : no_tokens(e, q);
+    if (!ok) continue;
+    score_prompt(e, r, moe_lm_logits(e->m));
+    step->tokens += first_token(e, r, moe_lm_logits(e->m) + (size_t)(r->n_prompt - 1) * V);
+  }
+}
+
+/* A step's forward: the waiting prompts in the order their requests joined, while they fit in
+ * MOE_ENGINE_PREFILL_TOKENS (the first always: a longer prompt runs with the running requests alone),
+ * and the last token of every running request; each gets its next token from the logits of its last
+ * position. */
+static void step_forward(moe_engine *e, moe_engine_step *step) {
+  int V = e->m->cfg.vocab, B = e->c.slots, *rows = e->rows, *counts = e->counts, *wait = e->waiting;
+  int nw = 0, n = 0, np, used = 0;
+  for (int s = 0; s < B; s++) /* insertion by join order: a few slots */
+    if (e->slots[s] && !e->slots[s]->fed) {
+      int j = nw++;
+      for (; j > 0 && e->slots[wait[j - 1]]->joined > e->slots[s]->joined; j--) wait[j] = wait[j - 1];
+      wait[j] = s;
     }
+  for (int i = 0; i < nw; i++) {
+    moe_engine_req *r = e->slots[wait[i]];
+    if (used && used + r->n_prompt > MOE_ENGINE_PREFILL_TOKENS) break;
+    r->fed = 1;
+    moe_lm_cache_slot_reset(e->kv, wait[i]);
+    memcpy(e->tok + used, r->prompt, (size_t)r->n_prompt * sizeof *e->tok);
+    used += r->n_prompt;
+    rows[n] = wait[i], counts[n++] = r->n_prompt;
+  }
+  np = n;
+  for (int s = 0; s < B; s++)
+    if (e->slots[s] && e->slots[s]->n_out && !e->slots[s]->complete)
+      e->tok[used + n - np] = e->slots[s]->out[e->slots[s]->n_out - 1], rows[n] = s, counts[n++] = 1;
+  step->prompt_tokens += used;
+  step->prefills += np > 0;
+  step->prompts = np;
+  step->rows = n - np;
+  if (!n || !decode(e, rows, n, e->tok, counts, step)) return;
+  const float *logits = moe_lm_logits(e->m);
+  for (int i = 0; i < n; i++) {
+    moe_engine_req *r = e->slots[rows[i]];
+    step->tokens += i < np ? first_token(e, r, logits + (size_t)i * V) : take_token(e, r, logits + (size_t)i * V);
   }
 }
 
 static void *engine(void *arg) {
   moe_engine *e = arg;
-  int V = e->m->cfg.vocab, B = e->c.slots, *joined = e->joined, *rows = e->joined + B;
-  int32_t *last = e->last;
+  int B = e->c.slots;
   pthread_mutex_lock(&e->mu);
   for (;;) {
     int running = 0;
     for (int s = 0; s < B; s++)
       if (e->slots[s] && e->slots[s]->gone) finish(e, e->slots[s], -1, "the request was released");
       else running += e->slots[s] != NULL;
-    int nj = admit(e, joined);
+    int nj = admit(e);
     if (!nj && !running) {
       if (e->draining && !e->qhead) break;
       pthread_cond_wait(&e->wake, &e->mu);
@@ -267,20 +303,15 @@ static void *engine(void *arg) {
     pthread_mutex_unlock(&e->mu);
     double t0 = moe__now();
     moe_engine_step step = {0};
-    prefill(e, joined, nj, &step);
-    int n = 0;
-    for (int s = 0; s < B; s++)
-      if (e->slots[s] && e->slots[s]->n_out && !e->slots[s]->complete)
-        rows[n] = s, last[n++] = e->slots[s]->out[e->slots[s]->n_out - 1];
-    if (n && decode(e, rows, n, last, 1))
-      for (int i = 0; i < n; i++) step.tokens += take_token(e, e->slots[rows[i]], moe_lm_logits(e->m) + (size_t)i * V);
-    step.rows = n;
+    score_prompts(e, &step);
+    step_forward(e, &step);
     step.seconds = moe__now() - t0;
     if (e->c.on_step) e->c.on_step(e->c.ctx, &step);
     pthread_mutex_lock(&e->mu);
     e->st.steps++;
     e->st.busy_s += step.seconds;
     e->st.prefills += step.prefills;
+    e->st.forwards += step.forwards;
     for (int s = 0; s < B; s++) /* the step counted: its complete requests are done */
       if (e->slots[s] && e->slots[s]->complete) finish(e, e->slots[s], 1, NULL);
   }
@@ -299,10 +330,12 @@ moe_status moe_engine_new(moe_engine **out, moe_lm_t *m, const moe_engine_config
   if (c->n_eos) memcpy(e->eos, c->eos, (size_t)c->n_eos * sizeof *e->eos);
   e->c.eos = NULL;
   e->slots = calloc((size_t)c->slots, sizeof *e->slots);
-  e->joined = malloc(2 * (size_t)c->slots * sizeof *e->joined);
-  e->last = malloc((size_t)c->slots * sizeof *e->last);
-  e->ptok = malloc(MOE_ENGINE_PREFILL_TOKENS * sizeof *e->ptok);
-  moe_status st = e->slots && e->joined && e->last && e->ptok
+  e->rows = malloc((size_t)c->slots * sizeof *e->rows);
+  e->counts = malloc((size_t)c->slots * sizeof *e->counts);
+  e->waiting = malloc((size_t)c->slots * sizeof *e->waiting);
+  int most = m->cfg.max_seq > MOE_ENGINE_PREFILL_TOKENS ? m->cfg.max_seq : MOE_ENGINE_PREFILL_TOKENS;
+  e->tok = malloc(((size_t)most + c->slots) * sizeof *e->tok);
+  moe_status st = e->slots && e->rows && e->counts && e->waiting && e->tok
                       ? moe_lm_cache_new(&e->kv, m, c->slots)
                       : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "moe_engine_new: out of memory");
   if (st == MOE_OK) {
@@ -339,6 +372,6 @@ void moe_engine_free(moe_engine *e) {
     pthread_mutex_destroy(&e->mu);
   }
   moe_lm_cache_free(e->kv);
-  free(e->slots), free(e->joined), free(e->last), free(e->ptok);
+  free(e->slots), free(e->rows), free(e->counts), free(e->waiting), free(e->tok);
   free(e);
 }

@@ -36,6 +36,8 @@ struct moe_engine_req {
   int gone;            /* the caller released it: the engine drops it */
   int refs;            /* the caller's handle and the engine's */
   int slot;            /* its KV-cache slot, or -1 */
+  int64_t joined;      /* when it took its slot (the engine's count of joins): prompts run in that order */
+  int fed;             /* its prompt is in its slot's cache */
   double t_submit, ttft, total;
   char err[256];
   pthread_cond_t cv;   /* signalled on each new token and at the end */
