@@ -244,6 +244,14 @@ moe_status moe_gguf_writer_copy_kv(moe_gguf_writer *w, const moe_gguf *g, int64_
  * block) and nbytes bytes of stored data. The data is NOT copied: it must stay valid until save. */
 moe_status moe_gguf_writer_add_tensor(moe_gguf_writer *w, const char *name, moe_gguf_type type, int ndim,
                                       const int64_t *ne, const void *data, size_t nbytes);
+/* A tensor whose bytes are made at save: fill(ctx, off, dst, n) writes bytes [off, off + n) of its stored
+ * data into dst, off a multiple of chunk and n = chunk but for the last (chunk 0: the whole tensor in one
+ * call). Save makes every filled tensor's chunks, in order, in one buffer of the largest chunk, and
+ * writes each before the next is made; a fill's error (its message kept) ends the save, the file
+ * unwritten. ctx must stay valid until save. */
+typedef moe_status (*moe_gguf_fill_fn)(void *ctx, size_t off, void *dst, size_t n);
+moe_status moe_gguf_writer_add_tensor_fill(moe_gguf_writer *w, const char *name, moe_gguf_type type, int ndim,
+                                           const int64_t *ne, size_t chunk, moe_gguf_fill_fn fill, void *ctx);
 moe_status moe_gguf_writer_save(moe_gguf_writer *w, const char *path);
 /* llama.cpp's general.file_type (enum llama_ftype) of a file whose weights are of type t (the K-quants'
  * all-one-type variants: Q4_K_S 14, Q5_K_S 16; MXFP4: MOSTLY_MXFP4_MOE 38); -1 for a type without a codec. */

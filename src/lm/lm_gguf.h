@@ -72,6 +72,13 @@ moe_status moe__lm_gguf_write_deepseek(moe_gguf_writer *w, const moe_lm_config *
  * a codec, each projection its own) as moe_lm_load reads them; shapes checked against c at the call. */
 moe_status moe__lm_gguf_expert_reader(const char *path, const moe_lm_config *c, int layer, moe__expert_reader *out);
 
+/* Opens layer `layer`'s expert reader (fp32 reads) for moe__lm_save_gguf. */
+typedef moe_status (*moe__lm_open_experts)(void *ctx, int layer, moe__expert_reader *out);
+/* moe_lm_save_gguf, the experts of a MoE layer that m does not hold (external experts) read with
+ * open(ctx, layer) at save, one expert's projection at a time, one layer's reader open at a time. */
+moe_status moe__lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gguf_options *o,
+                             moe__lm_open_experts open, void *ctx);
+
 /* gpt-oss as llama.cpp's gpt-oss (lm_gguf_gptoss.c): its keys beside the common ones into c (the
  * family's options, the experts' width, the sliding window and its layer pattern, YaRN); MOE_ERR_ARG
  * naming the setting when c has one those keys cannot say (path names the file); its keys after
