@@ -1345,6 +1345,15 @@ typedef struct {
  * rope_interleave 0, YaRN with other betas than 32 and 1, untruncated, or mscale other than
  * mscale_all_dim), naming it. */
 moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gguf_options *o);
+/* The checkpoint src (a directory or a GGUF file, as moe_lm_load reads it; its experts dequantized) written
+ * to path as moe_lm_save_gguf writes the loaded model, the very same bytes, without ever holding its
+ * experts: the dense weights are loaded (fp32) and each expert stack made at save from src one
+ * expert's projection at a time (read as moe_lm_load_streaming reads it). Held at once: the dense
+ * weights, one expert's projection in fp32 and the file's bytes of it, and one chunk of the output
+ * tensor (an expert's rows in the type, or 2^20 values of a dense tensor). gpt-oss and sharded
+ * checkpoints are loaded whole. A short or corrupt expert tensor is an error naming it and the file,
+ * which is left unwritten. numel (or NULL): the model's parameters. moe convert. */
+moe_status moe_lm_convert_gguf(const char *src, const char *path, const moe_lm_gguf_options *o, size_t *numel);
 
 /* Generation: a KV cache of B sequences (every layer's rotated keys and values, or with latent attention
  * each token's normed latent and rotated shared key (moe_lm_mla), each sequence's
