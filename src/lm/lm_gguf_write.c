@@ -85,7 +85,7 @@ static moe_status expert_rows(source *src, int64_t r0, const float **x) {
   float *out[6] = {0};
   out[2 * src->proj] = s->x;
   moe_status st = s->rd.read(s->rd.ctx, (int)e, out, 1);
-  MOE_TRY(st == MOE_OK, st, "writing '%s': expert %lld: %s", src->name, (long long)e, moe_last_error());
+  MOE_TRY(st == MOE_OK, st, "writing '%s': %s", src->name, moe_last_error()); /* the reader names the expert */
   *x = s->x + (r0 - e * src->expert_rows) * src->cols;
   return MOE_OK;
 }
