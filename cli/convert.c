@@ -1,8 +1,8 @@
 /* moe convert: a language model between a Hugging Face checkpoint directory and a GGUF file, as
- * llama.cpp's convert_hf_to_gguf.py writes it (moe_lm_convert_gguf: the experts streamed from SRC one
+ * llama.cpp's convert_hf_to_gguf.py writes it (moe_lm_convert: the experts streamed from SRC one
  * at a time, never all in memory): the weights in --type (norms, routers and 1-D tensors F32), the
  * tokenizer of SRC/tokenizer.json (or --tokenizer) as tokenizer.ggml.* keys; back, a GGUF file to
- * config.json and model.safetensors (F32; the whole model loaded), tokenizer.json and
+ * config.json and model.safetensors (F32, the experts streamed too), tokenizer.json and
  * tokenizer_config.json. */
 #include <stdio.h>
 #include <string.h>
@@ -23,7 +23,8 @@ static void usage(FILE *f) {
              "(default F32; norms, routers, biases and 1-D tensors stay F32, rows not a\n"
              "multiple of the type's block Q8_0 or F16), the tokenizer of --tokenizer or SRC/tokenizer.json\n"
              "(with tokenizer_config.json) when there is one, general.name NAME. The experts are read from SRC one\n"
-             "at a time while DST is written: memory holds the dense weights and about one expert's tensor.\n"
+             "at a time while DST is written (either way): memory holds the dense weights and about one expert's\n"
+             "tensor.\n"
              "SRC a GGUF file and DST a directory: config.json and model.safetensors (F32) of the model, and its\n"
              "tokenizer as tokenizer.json and tokenizer_config.json when it has one.\n");
 }
@@ -71,17 +72,7 @@ int cmd_convert(int argc, char **argv) {
   moe_lm_config c;
   if (moe_lm_read_config(files[0], &c) != MOE_OK) return cli_fail(CMD);
   size_t numel = 0;
-  moe_status st;
-  if (to_gguf) st = moe_lm_convert_gguf(files[0], files[1], &o, &numel); /* the experts streamed */
-  else {
-    moe_lm_t m;
-    c.moe.expert_type = -1; /* every weight as fp32 parameters, which the writer takes */
-    if ((st = moe_lm_load(&m, files[0], &c)) == MOE_OK) {
-      st = moe_lm_save(&m, files[1]);
-      numel = m.numel;
-      moe_lm_free(&m);
-    }
-  }
+  moe_status st = moe_lm_convert(files[0], files[1], &o, &numel); /* the experts streamed */
   int has_tok = 0;
   moe_gguf *g;
   if (st == MOE_OK && !to_gguf && (st = moe_gguf_open(&g, files[0])) == MOE_OK) {

@@ -1,8 +1,9 @@
-/* moe_lm_convert_gguf (moe convert): the experts streamed from the checkpoint at save give the very
- * bytes moe_lm_save_gguf writes from the whole model in memory (each family, each of F32, Q8_0 and
- * Q4_K, a directory and a GGUF file as source); the peak resident memory of a conversion stays under
- * the dense weights and a few tensors, well below the experts; a corrupt expert tensor is an error that
- * names it, through the CLI too, and leaves no file. */
+/* moe_lm_convert (moe convert): the experts streamed from the checkpoint at save give the very
+ * bytes moe_lm_save_gguf (each family, each of F32, Q8_0 and Q4_K, a directory and a GGUF file as
+ * source) and moe_lm_save (GGUF files back to directories) write from the whole model in memory; the
+ * peak resident memory of a conversion either way stays under the dense weights and a few tensors, well
+ * below the experts; a corrupt expert tensor is an error that names it, through the CLI too, and leaves
+ * no file. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,30 +36,39 @@ static int same_file(const char *what, const char *a, const char *b) {
   return same;
 }
 
-/* src converted to type t streamed and, from the model loaded whole (every weight fp32), by
- * moe_lm_save_gguf: the same bytes. */
-static int same_as_in_memory(const char *src, const char *tag, moe_gguf_type t) {
+/* src converted streamed and, from the model loaded whole (every weight fp32), by moe_lm_save_gguf (type
+ * t) or, to_dir, moe_lm_save: the same bytes (a directory's model.safetensors and config.json). */
+static int same_as_in_memory(const char *src, const char *tag, moe_gguf_type t, int to_dir) {
   char streamed[512], whole[512], name[96];
-  snprintf(name, sizeof name, "convert_%s_streamed.gguf", tag);
+  snprintf(name, sizeof name, to_dir ? "convert_%s_streamed" : "convert_%s_streamed.gguf", tag);
   test_tmp_path(name, streamed, sizeof streamed);
-  snprintf(name, sizeof name, "convert_%s_whole.gguf", tag);
+  snprintf(name, sizeof name, to_dir ? "convert_%s_whole" : "convert_%s_whole.gguf", tag);
   test_tmp_path(name, whole, sizeof whole);
   moe_lm_gguf_options o = {t, NULL, NULL};
   size_t numel = 0;
   moe_lm_config c;
   moe_lm_t m;
-  if (moe_lm_convert_gguf(src, streamed, &o, &numel) != MOE_OK || moe_lm_read_config(src, &c) != MOE_OK) {
+  if (moe_lm_convert(src, streamed, &o, &numel) != MOE_OK || moe_lm_read_config(src, &c) != MOE_OK) {
     fprintf(stderr, "  %s: %s\n", tag, moe_last_error());
     return 0;
   }
   c.moe.expert_type = -1;
   if (moe_lm_load(&m, src, &c) != MOE_OK) return fprintf(stderr, "  %s: %s\n", tag, moe_last_error()), 0;
-  moe_status st = moe_lm_save_gguf(&m, whole, &o);
+  moe_status st = to_dir ? moe_lm_save(&m, whole) : moe_lm_save_gguf(&m, whole, &o);
   size_t want = m.numel;
   moe_lm_free(&m);
   if (st != MOE_OK) return fprintf(stderr, "  %s: %s\n", tag, moe_last_error()), 0;
   if (numel != want) return fprintf(stderr, "  %s: %zu parameters, the model has %zu\n", tag, numel, want), 0;
-  return same_file(tag, streamed, whole);
+  if (!to_dir) return same_file(tag, streamed, whole);
+  int same = 1;
+  static const char *const files[2] = {"model.safetensors", "config.json"};
+  for (int k = 0; k < 2; k++) {
+    char a[700], b[700];
+    snprintf(a, sizeof a, "%s/%s", streamed, files[k]);
+    snprintf(b, sizeof b, "%s/%s", whole, files[k]);
+    same &= same_file(tag, a, b);
+  }
+  return same;
 }
 
 /* Each family once (Mixtral's per-expert w1/w2/w3, Qwen's gate_proj with a shared expert, DeepSeek's
@@ -72,11 +82,11 @@ TEST(lm_convert_streamed_is_moe_lm_save_gguf_byte_for_byte) {
                {"olmoe", MOE_GGUF_Q8_0},      {"deepseek_v2_lite", MOE_GGUF_F32}};
   char dir[512];
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
-    if (!same_as_in_memory(lm_case_dir(cases[k].fixture, dir, sizeof dir), cases[k].fixture, cases[k].t))
+    if (!same_as_in_memory(lm_case_dir(cases[k].fixture, dir, sizeof dir), cases[k].fixture, cases[k].t, 0))
       FAIL_("%s as %s: the streamed file is not moe_lm_save_gguf's", cases[k].fixture, moe_gguf_type_name(cases[k].t));
   char gguf[512];
   snprintf(gguf, sizeof gguf, "%s/gguf_lm/olmoe.gguf", test_fixture_dir());
-  if (!same_as_in_memory(gguf, "olmoe_gguf", MOE_GGUF_Q8_0))
+  if (!same_as_in_memory(gguf, "olmoe_gguf", MOE_GGUF_Q8_0, 0))
     FAIL_("%s as Q8_0: the streamed file is not moe_lm_save_gguf's", gguf);
   moe_lm_config c;
   moe_lm_config_default(&c);
@@ -88,11 +98,28 @@ TEST(lm_convert_streamed_is_moe_lm_save_gguf_byte_for_byte) {
   moe_status st = moe_lm_save(&m, test_tmp_path("convert_q4_k", dir, sizeof dir));
   moe_lm_free(&m);
   ASSERT_OK(st);
-  if (!same_as_in_memory(dir, "q4_k", MOE_GGUF_Q4_K)) FAIL_("rows of 256 as Q4_K: the streamed file is not moe_lm_save_gguf's");
+  if (!same_as_in_memory(dir, "q4_k", MOE_GGUF_Q4_K, 0)) FAIL_("rows of 256 as Q4_K: the streamed file is not moe_lm_save_gguf's");
 }
 
-/* A Mixtral-shaped model whose experts (48 MiB fp32) dwarf its dense part (2 MiB), converted to Q8_0:
- * the peak resident memory over the start stays under the dense weights + 4 expert projections + 16 MiB
+/* GGUF files back to directories, streamed: moe_lm_save's files of the loaded model, byte for byte
+ * (llama.cpp's converter's files of Mixtral (its q and k rows put back) and DeepSeek-V2-Lite, and
+ * libmoe's Q8_0 file of Qwen3-MoE, dequantized). */
+TEST(lm_convert_gguf_to_directory_is_moe_lm_save_byte_for_byte) {
+  char gguf[512];
+  static const char *const files[] = {"mixtral", "deepseek_v2_lite"};
+  for (int k = 0; k < 2; k++) {
+    snprintf(gguf, sizeof gguf, "%s/gguf_lm/%s.gguf", test_fixture_dir(), files[k]);
+    if (!same_as_in_memory(gguf, files[k], MOE_GGUF_F32, 1)) FAIL_("%s: the streamed directory is not moe_lm_save's", gguf);
+  }
+  char dir[512];
+  moe_lm_gguf_options o = {MOE_GGUF_Q8_0, NULL, NULL};
+  test_tmp_path("convert_qwen3_q8_0.gguf", gguf, sizeof gguf);
+  ASSERT_OK(moe_lm_convert(lm_case_dir("qwen3_moe", dir, sizeof dir), gguf, &o, NULL));
+  if (!same_as_in_memory(gguf, "qwen3_q8_0", MOE_GGUF_F32, 1)) FAIL_("%s: the streamed directory is not moe_lm_save's", gguf);
+}
+
+/* A Mixtral-shaped model whose experts (48 MiB fp32) dwarf its dense part (2 MiB), converted to Q8_0
+ * and that file back to a directory: each one's peak resident memory over its start stays under the dense weights + 4 expert projections + 16 MiB
  * (the stated overhead: the reader's and the writer's buffers, libc's arenas), less than half the
  * experts: loading reads none of them and the save holds one at a time. */
 TEST(lm_convert_peak_memory_is_dense_plus_a_few_tensors) {
@@ -112,17 +139,21 @@ TEST(lm_convert_peak_memory_is_dense_plus_a_few_tensors) {
   moe_lm_free(&m);
   ASSERT_OK(st);
   const size_t mib = (size_t)1 << 20, experts = (size_t)2 * 16 * 3 * 256 * 512 * 4, proj = (size_t)256 * 512 * 4;
-  long long base = lm_peak_reset_kib();
-  if (base < 0) SKIP("cannot reset and read the peak resident memory (/proc/self/clear_refs, VmHWM)");
   moe_lm_gguf_options o = {MOE_GGUF_Q8_0, NULL, NULL};
-  ASSERT_OK(moe_lm_convert_gguf(dir, out, &o, NULL));
-  long long peak = lm_status_kib("VmHWM:");
-  size_t bound = dense + 4 * proj + 16 * mib;
-  fprintf(stderr, "  peak %.1f MiB over the start, bound %.1f MiB (dense %.1f, a projection %.1f), experts %.1f MiB\n",
-          (double)(peak - base) / 1024, (double)bound / mib, (double)dense / mib, (double)proj / mib,
-          (double)experts / mib);
-  ASSERT(bound < experts / 2); /* the test can fail: the experts resident would break it */
-  ASSERT((size_t)(peak - base) * 1024 <= bound);
+  for (int back = 0; back < 2; back++) { /* the directory to Q8_0, then that file back to a directory */
+    char again[512];
+    test_tmp_path("convert_rss_back", again, sizeof again);
+    long long base = lm_peak_reset_kib();
+    if (base < 0) SKIP("cannot reset and read the peak resident memory (/proc/self/clear_refs, VmHWM)");
+    ASSERT_OK(moe_lm_convert(back ? out : dir, back ? again : out, &o, NULL));
+    long long peak = lm_status_kib("VmHWM:");
+    size_t bound = dense + 4 * proj + 16 * mib;
+    fprintf(stderr, "  %s: peak %.1f MiB over the start, bound %.1f MiB (dense %.1f, a projection %.1f), experts %.1f MiB\n",
+            back ? "GGUF -> directory" : "directory -> GGUF", (double)(peak - base) / 1024, (double)bound / mib,
+            (double)dense / mib, (double)proj / mib, (double)experts / mib);
+    ASSERT(bound < experts / 2); /* the test can fail: the experts resident would break it */
+    ASSERT((size_t)(peak - base) * 1024 <= bound);
+  }
 }
 
 /* A NaN in expert 2's w3 of layer 1: moe convert fails (non-zero) naming the tensor and the expert, and

@@ -25,7 +25,7 @@ typedef struct {
   int64_t ne[4];
   const void *data;
   size_t nbytes;
-  moe_gguf_fill_fn fill; /* or NULL: data */
+  moe_fill_fn fill; /* or NULL: data */
   void *ctx;
   size_t chunk;          /* bytes a fill call makes (the last may be fewer) */
 } wtensor;
@@ -261,7 +261,7 @@ moe_status moe_gguf_writer_add_tensor(moe_gguf_writer *w, const char *name, moe_
 }
 
 moe_status moe_gguf_writer_add_tensor_fill(moe_gguf_writer *w, const char *name, moe_gguf_type type, int ndim,
-                                           const int64_t *ne, size_t chunk, moe_gguf_fill_fn fill, void *ctx) {
+                                           const int64_t *ne, size_t chunk, moe_fill_fn fill, void *ctx) {
   wtensor *t;
   uint64_t n;
   MOE_TRY(fill, MOE_ERR_ARG, "GGUF writer: tensor '%s': NULL fill", name ? name : "(NULL)");

@@ -31,14 +31,11 @@ static moe_gguf_type type_for(const char *name, int ndim, int64_t row, moe_gguf_
   return row % 32 == 0 ? MOE_GGUF_Q8_0 : MOE_GGUF_F16; /* as moe quantize */
 }
 
-/* What the save shares: the experts' reader (one layer's open at a time) and its fp32 buffer of one
- * expert's projection. */
+/* What the save shares: the experts read from the checkpoint (NULL: none) and the fp32 buffer of one
+ * expert's projection they are read into. */
 typedef struct {
-  moe__lm_open_experts open;
-  void *open_ctx;
-  moe__expert_reader rd;
-  int layer;    /* rd's layer, or -1 */
-  float *x;     /* (most) the projection read */
+  moe__lm_expert_src *in;
+  float *x;
   size_t most;
 } stream;
 
@@ -76,16 +73,7 @@ static moe_status expert_rows(source *src, int64_t r0, const float **x) {
     *x = src->x + r0 * src->cols;
     return MOE_OK;
   }
-  if (s->layer != src->layer) {
-    if (s->rd.free) s->rd.free(s->rd.ctx);
-    s->rd = (moe__expert_reader){0}, s->layer = -1;
-    MOE_CHECK(s->open(s->open_ctx, src->layer, &s->rd));
-    s->layer = src->layer;
-  }
-  float *out[6] = {0};
-  out[2 * src->proj] = s->x;
-  moe_status st = s->rd.read(s->rd.ctx, (int)e, out, 1);
-  MOE_TRY(st == MOE_OK, st, "writing '%s': %s", src->name, moe_last_error()); /* the reader names the expert */
+  MOE_CHECK(moe__lm_expert_src_read(s->in, src->layer, src->proj, (int)e, s->x, src->name));
   *x = s->x + (r0 - e * src->expert_rows) * src->cols;
   return MOE_OK;
 }
@@ -154,7 +142,7 @@ static moe_status add_experts(tensors *ts, const moe_lm_t *m, int i) {
     snprintf(name, sizeof name, "blk.%d.%s.weight", i, theirs[k]);
     int64_t ne[3] = {k == 1 ? H : D, k == 1 ? D : H, E};
     const float *x = moe_layer_param(&m->layers[i], ours[k]);
-    MOE_TRY(x || ts->s.open, MOE_ERR_STATE, "moe_lm_save_gguf: layer %d's experts are not parameters (streamed or "
+    MOE_TRY(x || ts->s.in, MOE_ERR_STATE, "moe_lm_save_gguf: layer %d's experts are not parameters (streamed or "
             "bound): moe_lm_convert writes them from the checkpoint", i);
     MOE_CHECK(add(ts, name, 3, ne, (source){.x = x, .layer = i, .proj = k, .expert_rows = ne[1]}));
   }
@@ -231,7 +219,7 @@ static moe_status set_keys(moe_gguf_writer *w, const moe_lm_t *m, const moe_lm_g
 }
 
 moe_status moe__lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gguf_options *o,
-                             moe__lm_open_experts open, void *open_ctx) {
+                             moe__lm_expert_src *in) {
   MOE_TRY(m && m->st && path, MOE_ERR_ARG, "moe_lm_save_gguf: NULL argument");
   moe_lm_gguf_options def = {MOE_GGUF_F32, NULL, NULL};
   if (!o) o = &def;
@@ -249,7 +237,7 @@ moe_status moe__lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_g
           "moe_lm_save_gguf: the model is spread over ranks; save it from one process");
   MOE_TRY(!c->sliding_window || c->family == MOE_LM_GPT_OSS, MOE_ERR_ARG, "%s: a sliding window (%d) has no key in llama.cpp's %s architecture",
           path, c->sliding_window, moe__lm_gguf_arch(c->family));
-  tensors ts = {.type = o->type, .s = {.open = open, .open_ctx = open_ctx, .layer = -1}};
+  tensors ts = {.type = o->type, .s = {.in = in}};
   MOE_CHECK(moe_gguf_writer_new(&ts.w));
   moe_status st = set_keys(ts.w, m, o);
   if (st == MOE_OK && o->tokenizer) st = moe__tok_gguf_write(ts.w, o->tokenizer, c->vocab);
@@ -266,12 +254,12 @@ moe_status moe__lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_g
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory for an expert (%zu bytes)", path, ts.s.most);
   if (st == MOE_OK) st = moe_gguf_writer_save(ts.w, path);
   moe_gguf_writer_free(ts.w);
-  if (ts.s.rd.free) ts.s.rd.free(ts.s.rd.ctx);
+  if (in) moe__lm_expert_src_close(in);
   for (int i = 0; i < ts.n; i++) free(ts.src[i]);
   free(ts.src), free(ts.s.x);
   return st;
 }
 
 moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gguf_options *o) {
-  return moe__lm_save_gguf(m, path, o, NULL, NULL);
+  return moe__lm_save_gguf(m, path, o, NULL);
 }
