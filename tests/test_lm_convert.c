@@ -173,3 +173,21 @@ TEST(lm_convert_corrupt_expert_is_an_error_naming_it) {
     FAIL_("exit %d, and the message does not name the tensor: %s", rc, err);
   ASSERT(access(out, F_OK) != 0);
 }
+
+/* A model whose experts an expert cache serves (moe_lm_buffer_experts: no values in the model) is not
+ * saved either way: an error, not a read of NULL. */
+TEST(lm_convert_buffered_model_is_refused_by_the_writers) {
+  char dir[512], out[512];
+  moe_lm_t m;
+  moe_lm_experts x;
+  ASSERT_OK(moe_lm_load(&m, lm_case_dir("mixtral", dir, sizeof dir), NULL));
+  moe_status st = moe_lm_buffer_experts(&m, dir, 2, MOE_CACHE_LRU, &x);
+  moe_status a = st == MOE_OK ? moe_lm_save(&m, test_tmp_path("convert_buffered", out, sizeof out)) : st;
+  moe_status b = st == MOE_OK ? moe_lm_save_gguf(&m, test_tmp_path("convert_buffered.gguf", out, sizeof out), NULL) : st;
+  moe_lm_free(&m);
+  moe_lm_experts_free(&x);
+  ASSERT_OK(st);
+  ASSERT_STATUS(a, MOE_ERR_STATE);
+  ASSERT_STATUS(b, MOE_ERR_STATE);
+  ASSERT(access(out, F_OK) != 0);
+}

@@ -125,6 +125,8 @@ static moe_status add_ref(tensors *ts, const moe_lm_t *m, const moe_tensor_ref *
   int expert, permute;
   MOE_TRY(moe__lm_gguf_name(&m->cfg, r->name, name, &expert, &permute), MOE_ERR_ARG, "no GGUF name for parameter '%s'",
           r->name);
+  MOE_TRY(r->data || !r->numel, MOE_ERR_STATE, "moe_lm_save_gguf: parameter '%s' has no values (served by an expert "
+          "cache)", r->name);
   /* ggml's order, the reverse of the ref's: gpt-oss's (E, H, D) expert stacks are [D, H, E] */
   int nd = r->ndim;
   int64_t ne[3] = {r->shape[nd - 1], nd > 1 ? r->shape[nd - 2] : 1, nd > 2 ? r->shape[0] : 1};

@@ -1007,6 +1007,9 @@ moe_status moe__lm_save_dir(const moe_lm_t *m, const char *dir, moe__lm_expert_s
   for (int i = 0; st == MOE_OK && i < m->nrefs; i++) {
     const moe_tensor_ref *r = &m->refs[i];
     if (moe__gptoss_converted(m->cfg.family, r->name)) st = moe__gptoss_write_ref(m, r, w); /* HF's fused layout */
+    else if (!r->data && r->numel) /* moe_lm_buffer_experts' experts */
+      st = moe__error(MOE_ERR_STATE, __FILE__, __LINE__, "moe_lm_save: parameter '%s' has no values (served by an "
+                      "expert cache)", r->name);
     else {
       saved t = {.x = r->data};
       snprintf(t.name, sizeof t.name, "%s", r->name);
