@@ -118,20 +118,6 @@ TEST(lm_convert_gguf_to_directory_is_moe_lm_save_byte_for_byte) {
   if (!same_as_in_memory(gguf, "qwen3_q8_0", MOE_GGUF_F32, 1)) FAIL_("%s: the streamed directory is not moe_lm_save's", gguf);
 }
 
-/* Under AddressSanitizer the resident memory of reading a GGUF file's experts grows by about a projection
- * a read (87 MiB here, 3 MiB with ASAN_OPTIONS=quarantine_size_mb=0, 6 MiB without the sanitizer) though
- * the reads allocate nothing: that bound is asserted in the plain build only. */
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
-
 /* A Mixtral-shaped model whose experts (48 MiB fp32) dwarf its dense part (2 MiB), converted to Q8_0
  * and that file back to a directory: each one's peak resident memory over its start stays under the dense weights + 4 expert projections + 16 MiB
  * (the stated overhead: the reader's and the writer's buffers, libc's arenas), less than half the
@@ -166,7 +152,6 @@ TEST(lm_convert_peak_memory_is_dense_plus_a_few_tensors) {
             back ? "GGUF -> directory" : "directory -> GGUF", (double)(peak - base) / 1024, (double)bound / mib,
             (double)dense / mib, (double)proj / mib, (double)experts / mib);
     ASSERT(bound < experts / 2); /* the test can fail: the experts resident would break it */
-    if (back && SANITIZED) continue; /* see above */
     ASSERT((size_t)(peak - base) * 1024 <= bound);
   }
 }
