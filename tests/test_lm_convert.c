@@ -71,8 +71,29 @@ static int same_as_in_memory(const char *src, const char *tag, moe_gguf_type t, 
   return same;
 }
 
+/* The fixture case's checkpoint with every tensor stored BF16 (rounded), in a new directory dir. */
+static int bf16_copy(const char *fixture, char *dir, size_t n) {
+  char src[512], path[1024];
+  moe_st *f = NULL;
+  moe_st_writer *w = NULL;
+  snprintf(path, sizeof path, "%s/model.safetensors", lm_case_dir(fixture, src, sizeof src));
+  int ok = lm_copy_fixture(fixture, test_tmp_path("convert_bf16", dir, n)) && moe_st_open(&f, path) == MOE_OK &&
+           moe_st_writer_new(&w) == MOE_OK;
+  for (int i = 0; ok && i < moe_st_count(f); i++) {
+    moe_tensor_view v;
+    ok = moe_st_at(f, i, &v) == MOE_OK && v.dtype == MOE_DT_F32 &&
+         moe_st_writer_add_f32(w, v.name, MOE_DT_BF16, v.ndim, v.shape, v.data) == MOE_OK;
+  }
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  ok = ok && moe_st_writer_save(w, path) == MOE_OK;
+  moe_st_writer_free(w);
+  moe_st_close(f);
+  return ok;
+}
+
 /* Each family once (Mixtral's per-expert w1/w2/w3, Qwen's gate_proj with a shared expert, DeepSeek's
- * leading dense layer), each type once, and a GGUF file's stacks dequantized; Q4_K also on a model of
+ * leading dense layer), each type once, BF16 tensors (widened as read), and a GGUF file's stacks
+ * dequantized; Q4_K also on a model of
  * rows of 256 (whole Q4_K blocks: the fixtures' rows are shorter, Q8_0 by the fallback). */
 TEST(lm_convert_streamed_is_moe_lm_save_gguf_byte_for_byte) {
   static const struct {
@@ -84,6 +105,8 @@ TEST(lm_convert_streamed_is_moe_lm_save_gguf_byte_for_byte) {
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
     if (!same_as_in_memory(lm_case_dir(cases[k].fixture, dir, sizeof dir), cases[k].fixture, cases[k].t, 0))
       FAIL_("%s as %s: the streamed file is not moe_lm_save_gguf's", cases[k].fixture, moe_gguf_type_name(cases[k].t));
+  ASSERT(bf16_copy("mixtral", dir, sizeof dir));
+  if (!same_as_in_memory(dir, "mixtral_bf16", MOE_GGUF_Q8_0, 0)) FAIL_("mixtral in BF16 as Q8_0: the streamed file is not moe_lm_save_gguf's");
   char gguf[512];
   snprintf(gguf, sizeof gguf, "%s/gguf_lm/olmoe.gguf", test_fixture_dir());
   if (!same_as_in_memory(gguf, "olmoe_gguf", MOE_GGUF_Q8_0, 0))
