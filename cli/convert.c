@@ -22,11 +22,11 @@ static void usage(FILE *f) {
              "expert groups or gpt-oss's swiglu_limit other than 7, is an error naming it): the weights in --type\n"
              "(default F32; norms, routers, biases and 1-D tensors stay F32, rows not a\n"
              "multiple of the type's block Q8_0 or F16), the tokenizer of --tokenizer or SRC/tokenizer.json\n"
-             "(with tokenizer_config.json) when there is one, general.name NAME. The experts are read from SRC one\n"
-             "at a time while DST is written (either way): memory holds the dense weights and about one expert's\n"
-             "tensor.\n"
+             "(with tokenizer_config.json) when there is one, general.name NAME.\n"
              "SRC a GGUF file and DST a directory: config.json and model.safetensors (F32) of the model, and its\n"
-             "tokenizer as tokenizer.json and tokenizer_config.json when it has one.\n");
+             "tokenizer as tokenizer.json and tokenizer_config.json when it has one.\n"
+             "Either way the experts are read from SRC one at a time while DST is written: memory holds the dense\n"
+             "weights and about one expert's tensor (gpt-oss and sharded directories are loaded whole).\n");
 }
 
 static int is_dir(const char *p) {
