@@ -1,7 +1,8 @@
 /* moe convert: a language model between a Hugging Face checkpoint directory and a GGUF file, as
- * llama.cpp's convert_hf_to_gguf.py writes it (moe_lm_save_gguf): the weights in --type (norms, routers
- * and 1-D tensors F32), the tokenizer of SRC/tokenizer.json (or --tokenizer) as tokenizer.ggml.* keys;
- * back, a GGUF file to config.json and model.safetensors (F32), tokenizer.json and
+ * llama.cpp's convert_hf_to_gguf.py writes it (moe_lm_convert: the experts streamed from SRC one
+ * at a time, never all in memory): the weights in --type (norms, routers and 1-D tensors F32), the
+ * tokenizer of SRC/tokenizer.json (or --tokenizer) as tokenizer.ggml.* keys; back, a GGUF file to
+ * config.json and model.safetensors (F32, the experts streamed too), tokenizer.json and
  * tokenizer_config.json. */
 #include <stdio.h>
 #include <string.h>
@@ -23,7 +24,9 @@ static void usage(FILE *f) {
              "multiple of the type's block Q8_0 or F16), the tokenizer of --tokenizer or SRC/tokenizer.json\n"
              "(with tokenizer_config.json) when there is one, general.name NAME.\n"
              "SRC a GGUF file and DST a directory: config.json and model.safetensors (F32) of the model, and its\n"
-             "tokenizer as tokenizer.json and tokenizer_config.json when it has one.\n");
+             "tokenizer as tokenizer.json and tokenizer_config.json when it has one.\n"
+             "Either way the experts are read from SRC one at a time while DST is written: memory holds the dense\n"
+             "weights and about one expert's tensor (gpt-oss and sharded directories are loaded whole).\n");
 }
 
 static int is_dir(const char *p) {
@@ -66,12 +69,10 @@ int cmd_convert(int argc, char **argv) {
   char path[4096];
   snprintf(path, sizeof path, "%s/tokenizer.json", files[0]);
   if (to_gguf && !tok && access(path, R_OK) == 0) o.tokenizer = files[0];
-  moe_lm_t m;
   moe_lm_config c;
   if (moe_lm_read_config(files[0], &c) != MOE_OK) return cli_fail(CMD);
-  c.moe.expert_type = -1; /* every weight as fp32 parameters, which the writers take */
-  if (moe_lm_load(&m, files[0], &c) != MOE_OK) return cli_fail(CMD);
-  moe_status st = to_gguf ? moe_lm_save_gguf(&m, files[1], &o) : moe_lm_save(&m, files[1]);
+  size_t numel = 0;
+  moe_status st = moe_lm_convert(files[0], files[1], &o, &numel); /* the experts streamed */
   int has_tok = 0;
   moe_gguf *g;
   if (st == MOE_OK && !to_gguf && (st = moe_gguf_open(&g, files[0])) == MOE_OK) {
@@ -80,8 +81,7 @@ int cmd_convert(int argc, char **argv) {
   }
   if (st == MOE_OK && has_tok) st = moe_tokenizer_gguf_to_hf(files[0], files[1]);
   if (st == MOE_OK)
-    printf("%s: %s model, %zu parameters%s%s\n", files[1], moe_lm_family_name(m.cfg.family), m.numel,
+    printf("%s: %s model, %zu parameters%s%s\n", files[1], moe_lm_family_name(c.family), numel,
            to_gguf ? ", weights " : "", to_gguf ? moe_gguf_type_name(o.type) : "");
-  moe_lm_free(&m);
   return st == MOE_OK ? 0 : cli_fail(CMD);
 }

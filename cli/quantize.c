@@ -1,7 +1,9 @@
 /* moe quantize: a GGUF file's weight matrices to another tensor type, as llama.cpp's quantize does
  * for one type: tensors of 2 or more dims are converted (from any type with a codec), except the
  * routers (ffn_gate_inp) and norms, which like the 1-D tensors (norms, biases) are kept as F32; the
- * metadata is copied, with general.file_type and general.quantization_version set for the new type. */
+ * metadata is copied, with general.file_type and general.quantization_version set for the new type.
+ * Each tensor is converted as the file is written, a chunk of rows at a time: memory holds a chunk, not
+ * the output. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,56 +29,58 @@ static moe_gguf_type target(const moe_gguf_tensor *t, moe_gguf_type want) {
 
 #define CHUNK (1 << 20) /* values converted at a time: rows are quantized together, blocks in parallel */
 
-/* t's rows converted to type `to` into a new buffer (*out, *n bytes), a chunk of rows at a time (blocks
- * never straddle rows, so a chunk quantizes as its rows would one by one). */
-static moe_status convert(const moe_gguf *g, const moe_gguf_tensor *t, moe_gguf_type to, void **out, size_t *n) {
-  size_t row = (size_t)(t->ne[0] / moe_gguf_type_block(to)) * moe_gguf_type_block_bytes(to);
-  int64_t rows = t->ne[0] && t->ne[0] < CHUNK ? CHUNK / t->ne[0] : 1;
-  *n = row * (size_t)t->nrows;
-  unsigned char *dst = malloc(*n ? *n : 1);
-  float *x = malloc((size_t)(rows * t->ne[0] > 0 ? rows * t->ne[0] : 1) * sizeof *x);
-  moe_status st = dst && x ? MOE_OK
-                           : moe_last_error_set(MOE_ERR_NOMEM, "%s: out of memory converting tensor '%s'",
-                                                moe_gguf_path(g), t->name);
-  for (int64_t r0 = 0; st == MOE_OK && r0 < t->nrows; r0 += rows) {
-    int64_t nr = t->nrows - r0 < rows ? t->nrows - r0 : rows;
-    for (int64_t r = 0; st == MOE_OK && r < nr; r++) st = moe_gguf_tensor_row_f32(g, t, r0 + r, x + r * t->ne[0]);
-    if (st == MOE_OK && (st = moe_gguf_quantize(to, x, dst + (size_t)r0 * row, nr * t->ne[0])) != MOE_OK)
-      st = moe_last_error_set(st, "%s: tensor '%s' rows %" PRId64 "-%" PRId64 " (of %" PRId64 " values each): %s",
-                              moe_gguf_path(g), t->name, r0, r0 + nr - 1, t->ne[0], moe_last_error());
-  }
-  free(x);
-  if (st != MOE_OK) free(dst), dst = NULL;
-  *out = dst;
+/* A tensor of the input converted as the file is written (the writer's fill): a chunk of rows at a
+ * time into the writer's buffer (blocks never straddle rows, so a chunk quantizes as its rows would
+ * one by one), through one shared buffer of floats; the output never held whole. */
+typedef struct {
+  const moe_gguf *g;
+  moe_gguf_tensor t;
+  moe_gguf_type to;
+  size_t row;    /* bytes of an output row */
+  float **x;     /* the shared buffer of a chunk's values */
+} job;
+
+static moe_status fill(void *ctx, size_t off, void *dst, size_t n) {
+  const job *j = ctx;
+  int64_t r0 = (int64_t)(off / j->row), nr = (int64_t)(n / j->row), ne0 = j->t.ne[0];
+  moe_status st = MOE_OK;
+  for (int64_t r = 0; st == MOE_OK && r < nr; r++) st = moe_gguf_tensor_row_f32(j->g, &j->t, r0 + r, *j->x + r * ne0);
+  if (st == MOE_OK && (st = moe_gguf_quantize(j->to, *j->x, dst, nr * ne0)) != MOE_OK)
+    st = moe_last_error_set(st, "%s: tensor '%s' rows %" PRId64 "-%" PRId64 " (of %" PRId64 " values each): %s",
+                            moe_gguf_path(j->g), j->t.name, r0, r0 + nr - 1, ne0, moe_last_error());
   return st;
 }
 
 static int quantize(const moe_gguf *g, const char *out, moe_gguf_type want) {
   moe_gguf_writer *w = NULL;
-  int64_t nt = moe_gguf_tensor_count(g);
-  void **bufs = calloc((size_t)(nt ? nt : 1), sizeof *bufs);
-  moe_status st = bufs ? moe_gguf_writer_new(&w) : moe_last_error_set(MOE_ERR_NOMEM, "out of memory");
+  int64_t nt = moe_gguf_tensor_count(g), most = 1; /* values of the largest chunk */
+  job *jobs = calloc((size_t)(nt ? nt : 1), sizeof *jobs);
+  float *x = NULL;
+  moe_status st = jobs ? moe_gguf_writer_new(&w) : moe_last_error_set(MOE_ERR_NOMEM, "out of memory");
   for (int64_t i = 0; st == MOE_OK && i < moe_gguf_kv_count(g); i++) st = moe_gguf_writer_copy_kv(w, g, i);
   if (st == MOE_OK) st = moe_gguf_writer_set_u32(w, "general.file_type", (uint32_t)moe_gguf_file_type(want));
   if (st == MOE_OK && moe_gguf_type_block(want) > 1) st = moe_gguf_writer_set_u32(w, "general.quantization_version", 2);
   uint64_t before = 0, after = 0;
   for (int64_t i = 0; st == MOE_OK && i < nt; i++) {
-    moe_gguf_tensor t;
-    size_t n = 0;
-    if ((st = moe_gguf_tensor_at(g, i, &t)) != MOE_OK) break;
-    moe_gguf_type to = target(&t, want);
-    st = convert(g, &t, to, &bufs[i], &n);
-    if (st == MOE_OK) st = moe_gguf_writer_add_tensor(w, t.name, to, t.ndim, t.ne, bufs[i], n);
+    job *j = &jobs[i];
+    if ((st = moe_gguf_tensor_at(g, i, &j->t)) != MOE_OK) break;
+    j->g = g, j->to = target(&j->t, want), j->x = &x;
+    j->row = (size_t)(j->t.ne[0] / moe_gguf_type_block(j->to)) * moe_gguf_type_block_bytes(j->to);
+    int64_t rows = j->t.ne[0] && j->t.ne[0] < CHUNK ? CHUNK / j->t.ne[0] : 1;
+    if (rows * j->t.ne[0] > most) most = rows * j->t.ne[0];
+    st = moe_gguf_writer_add_tensor_fill(w, j->t.name, j->to, j->t.ndim, j->t.ne, (size_t)rows * j->row, fill, j);
+    size_t n = j->row * (size_t)j->t.nrows;
     if (st == MOE_OK)
-      printf("%-40s %-6s -> %-6s %12zu -> %12zu bytes\n", t.name, moe_gguf_type_name(t.type), moe_gguf_type_name(to),
-             t.nbytes, n);
-    before += t.nbytes, after += n;
+      printf("%-40s %-6s -> %-6s %12zu -> %12zu bytes\n", j->t.name, moe_gguf_type_name(j->t.type),
+             moe_gguf_type_name(j->to), j->t.nbytes, n);
+    before += j->t.nbytes, after += n;
   }
+  if (st == MOE_OK && !(x = malloc((size_t)most * sizeof *x)))
+    st = moe_last_error_set(MOE_ERR_NOMEM, "out of memory for %" PRId64 " values", most);
   if (st == MOE_OK) st = moe_gguf_writer_save(w, out);
   if (st == MOE_OK) printf("%s: %" PRIu64 " -> %" PRIu64 " bytes of tensors\n", out, before, after);
   moe_gguf_writer_free(w);
-  for (int64_t i = 0; bufs && i < nt; i++) free(bufs[i]);
-  free(bufs);
+  free(jobs), free(x);
   return st == MOE_OK ? 0 : cli_fail(CMD);
 }
 

@@ -104,6 +104,13 @@ moe_status moe_st_get_f32(const moe_st *f, const char *name, float *dst, size_t 
 /* __metadata__ string value or NULL. */
 const char *moe_st_meta(const moe_st *f, const char *key);
 
+/* Bytes [off, off + n) of a tensor's stored data into dst, for a writer's filled tensor
+ * (moe_st_writer_add_fill, moe_gguf_writer_add_tensor_fill): off a multiple of the tensor's chunk and n
+ * the chunk but for the last. The writer makes every filled tensor at save, its chunks in order in one
+ * buffer of the largest chunk, each written before the next is made; a fill's error (its message kept)
+ * ends the save, the file unwritten. */
+typedef moe_status (*moe_fill_fn)(void *ctx, size_t off, void *dst, size_t n);
+
 typedef struct moe_st_writer moe_st_writer; /* collects tensors, then writes atomically */
 moe_status moe_st_writer_new(moe_st_writer **out);
 void moe_st_writer_free(moe_st_writer *w);
@@ -114,6 +121,10 @@ moe_status moe_st_writer_add(moe_st_writer *w, const char *name, moe_dtype dt, i
  * are MOE_ERR_ARG. Copied. */
 moe_status moe_st_writer_add_f32(moe_st_writer *w, const char *name, moe_dtype dt, int ndim, const int64_t *shape,
                                  const float *data);
+/* A tensor whose bytes fill makes at save (moe_fill_fn; chunk 0: the whole tensor in one call). ctx
+ * must stay valid until save. */
+moe_status moe_st_writer_add_fill(moe_st_writer *w, const char *name, moe_dtype dt, int ndim, const int64_t *shape,
+                                  size_t chunk, moe_fill_fn fill, void *ctx);
 moe_status moe_st_writer_meta(moe_st_writer *w, const char *key, const char *value);
 /* Writes path.tmp.<pid>, flushes and fsyncs it, then renames it to path. */
 moe_status moe_st_writer_save(moe_st_writer *w, const char *path);
@@ -244,6 +255,10 @@ moe_status moe_gguf_writer_copy_kv(moe_gguf_writer *w, const moe_gguf *g, int64_
  * block) and nbytes bytes of stored data. The data is NOT copied: it must stay valid until save. */
 moe_status moe_gguf_writer_add_tensor(moe_gguf_writer *w, const char *name, moe_gguf_type type, int ndim,
                                       const int64_t *ne, const void *data, size_t nbytes);
+/* A tensor whose stored bytes fill makes at save (moe_fill_fn; chunk 0: the whole tensor in one call);
+ * its size follows from ne and type. ctx must stay valid until save. */
+moe_status moe_gguf_writer_add_tensor_fill(moe_gguf_writer *w, const char *name, moe_gguf_type type, int ndim,
+                                           const int64_t *ne, size_t chunk, moe_fill_fn fill, void *ctx);
 moe_status moe_gguf_writer_save(moe_gguf_writer *w, const char *path);
 /* llama.cpp's general.file_type (enum llama_ftype) of a file whose weights are of type t (the K-quants'
  * all-one-type variants: Q4_K_S 14, Q5_K_S 16; MXFP4: MOSTLY_MXFP4_MOE 38); -1 for a type without a codec. */
@@ -1337,6 +1352,16 @@ typedef struct {
  * rope_interleave 0, YaRN with other betas than 32 and 1, untruncated, or mscale other than
  * mscale_all_dim), naming it. */
 moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gguf_options *o);
+/* The checkpoint src (a directory or a GGUF file, as moe_lm_load reads it; its experts dequantized)
+ * written to dst as the loaded model would be, the very same bytes, without ever holding its experts:
+ * dst ending in ".gguf" as moe_lm_save_gguf writes (options o), else a directory as moe_lm_save writes
+ * (o unused). The dense weights are loaded (fp32) and each expert tensor made at save from src one
+ * expert's projection at a time (read as moe_lm_load_streaming reads it). Held at once: the dense
+ * weights, one expert's projection in fp32 (and the file's bytes of it when they are another type),
+ * one chunk of the output tensor. gpt-oss and sharded checkpoints are loaded whole. A short or corrupt
+ * expert tensor is an error naming it and the file, and dst is left unwritten. numel (or NULL): the
+ * model's parameters. moe convert. */
+moe_status moe_lm_convert(const char *src, const char *dst, const moe_lm_gguf_options *o, size_t *numel);
 
 /* Generation: a KV cache of B sequences (every layer's rotated keys and values, or with latent attention
  * each token's normed latent and rotated shared key (moe_lm_mla), each sequence's

@@ -1,6 +1,7 @@
 /* Checking the language model against the PyTorch references of dev/mixtral_ref.py and
  * dev/lm_families_ref.py and dev/deepseek_ref.py (tests/fixtures/lm/<case>/), and fixtures changed for
  * error tests: lm_check.h. */
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -398,4 +399,50 @@ int lm_gguf_round_trip(const char *name, moe_lm_t *hf, const char *gguf) {
   if (ok) fprintf(stderr, "  %s: logits equal, %d tensors back\n", name, hf->nrefs);
   moe_lm_free(&g);
   return ok;
+}
+
+int lm_copy_fixture(const char *family, const char *dir) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s' && cp '%s/lm/%s/config.json' '%s/lm/%s/model.safetensors' '%s'",
+           dir, dir, test_fixture_dir(), family, test_fixture_dir(), family, dir);
+  return system(cmd) == 0;
+}
+
+long long lm_st_offset(const char *dir, const char *name, size_t *nbytes) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  moe_st *f;
+  if (moe_st_open_lazy(&f, path)) return -1;
+  moe_tensor_view v;
+  long long off = moe_st_get(f, name, &v) ? -1 : (long long)v.file_offset;
+  *nbytes = v.nbytes;
+  moe_st_close(f);
+  return off;
+}
+
+long long lm_st_poison(const char *dir, const char *name, long long at, size_t *nb) {
+  char path[1024];
+  long long off = lm_st_offset(dir, name, nb);
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  int fd = off > 0 ? open(path, O_WRONLY) : -1;
+  const unsigned char nan[4] = {0x00, 0x00, 0xc0, 0x7f}; /* little-endian */
+  int ok = fd >= 0 && pwrite(fd, nan, 4, off + at) == 4;
+  if (fd >= 0) close(fd);
+  return ok ? off : -1;
+}
+
+long long lm_status_kib(const char *key) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long long v = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, key, strlen(key))) v = atoll(line + strlen(key));
+  if (f) fclose(f);
+  return v;
+}
+
+long long lm_peak_reset_kib(void) {
+  FILE *cr = fopen("/proc/self/clear_refs", "w");
+  if (!cr || fputs("5", cr) < 0 || fclose(cr) != 0) return -1;
+  return lm_status_kib("VmHWM:") < 0 ? -1 : lm_status_kib("VmRSS:");
 }

@@ -67,4 +67,17 @@ int lm_gguf_tensor_is(const moe_gguf *g, const char *name, const char *ne, moe_g
  * as a checkpoint directory and loaded: the same tensors and config. 0 after printing on a failure. */
 int lm_gguf_round_trip(const char *name, moe_lm_t *hf, const char *gguf);
 
+/* A copy of the fixture case `family`'s config.json and model.safetensors into dir (made afresh); 0 on failure. */
+int lm_copy_fixture(const char *family, const char *dir);
+/* The file offset of tensor name's data in dir's model.safetensors (its bytes in *nbytes), or -1. */
+long long lm_st_offset(const char *dir, const char *name, size_t *nbytes);
+/* A quiet NaN (F32) written at byte `at` of tensor name's data in dir's model.safetensors: the tensor's
+ * file offset (its bytes in *nb), or -1. */
+long long lm_st_poison(const char *dir, const char *name, long long at, size_t *nb);
+/* A field of /proc/self/status in KiB ("VmRSS:", "VmHWM:"), or -1. */
+long long lm_status_kib(const char *key);
+/* Resets the process's peak resident memory (VmHWM) to its current (Linux 4.0 on); returns that, VmRSS in
+ * KiB, or -1 when it cannot. */
+long long lm_peak_reset_kib(void);
+
 #endif

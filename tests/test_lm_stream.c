@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "lm_check.h"
 #include "run_cli.h"
 #include "gguf_retype.h"
 #include "test.h"
@@ -379,27 +380,6 @@ TEST(lm_stream_gguf_layers_share_one_descriptor) {
   }
 }
 
-/* A copy of the fixture's files into dir. */
-static int copy_fixture(const char *family, const char *dir) {
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s' && cp '%s/lm/%s/config.json' '%s/lm/%s/model.safetensors' '%s'",
-           dir, dir, test_fixture_dir(), family, test_fixture_dir(), family, dir);
-  return system(cmd) == 0;
-}
-
-/* The file offset of tensor name's data in dir's model.safetensors. */
-static long long offset_of(const char *dir, const char *name, size_t *nbytes) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  moe_st *f;
-  if (moe_st_open_lazy(&f, path)) return -1;
-  moe_tensor_view v;
-  long long off = moe_st_get(f, name, &v) ? -1 : (long long)v.file_offset;
-  *nbytes = v.nbytes;
-  moe_st_close(f);
-  return off;
-}
-
 /* Decoding the streamed model of dir (a directory, or a GGUF file) with a budget of 1 MiB (its file cut
  * to cut bytes after loading when cut >= 0): its status, the message kept. */
 static moe_status stream_decode(const char *dir, long long cut, char *msg, size_t n) {
@@ -430,30 +410,17 @@ static moe_status stream_decode(const char *dir, long long cut, char *msg, size_
 /* An expert holding a NaN, and a file cut short inside an expert while it is served: loading succeeds (no
  * expert is read), the read of that expert fails naming its tensor, not a crash; a file already short
  * when loaded is refused at once, naming the tensor past its end. */
-/* A quiet NaN (F32) written at byte `at` of tensor name's data in dir's model.safetensors: the tensor's
- * file offset (its bytes in *nb), or -1. */
-static long long poison(const char *dir, const char *name, long long at, size_t *nb) {
-  char path[1024];
-  long long off = offset_of(dir, name, nb);
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  int fd = off > 0 ? open(path, O_WRONLY) : -1;
-  const unsigned char nan[4] = {0x00, 0x00, 0xc0, 0x7f}; /* little-endian */
-  int ok = fd >= 0 && pwrite(fd, nan, 4, off + at) == 4;
-  if (fd >= 0) close(fd);
-  return ok ? off : -1;
-}
-
 TEST(lm_stream_corrupt_or_short_expert_is_an_error_naming_it) {
   char dir[512], msg[1024];
   test_tmp_path("stream_corrupt", dir, sizeof dir);
-  ASSERT(copy_fixture("mixtral", dir));
+  ASSERT(lm_copy_fixture("mixtral", dir));
   const char *bad = "model.layers.1.block_sparse_moe.experts.2.w3.weight";
   size_t nb;
-  long long off = poison(dir, bad, 40, &nb);
+  long long off = lm_st_poison(dir, bad, 40, &nb);
   ASSERT(off > 0);
   ASSERT_STATUS(stream_decode(dir, -1, msg, sizeof msg), MOE_ERR_VALUE);
   if (!strstr(msg, bad) || !strstr(msg, "expert 2")) FAIL_("the message does not name the tensor: %s", msg);
-  ASSERT(copy_fixture("mixtral", dir));
+  ASSERT(lm_copy_fixture("mixtral", dir));
   ASSERT_STATUS(stream_decode(dir, off + (long long)nb / 2, msg, sizeof msg), MOE_ERR_IO);
   /* the first expert read past the cut: bad or one after it in the file */
   if (!strstr(msg, "reading tensor 'model.layers.") || !strstr(msg, "file shrank"))
@@ -467,11 +434,11 @@ TEST(lm_stream_corrupt_or_short_expert_is_an_error_naming_it) {
 TEST(lm_stream_gpt_oss_corrupt_slab_is_an_error_naming_it) {
   char dir[512], msg[1024];
   test_tmp_path("stream_oss_corrupt", dir, sizeof dir);
-  ASSERT(copy_fixture("gpt_oss", dir));
+  ASSERT(lm_copy_fixture("gpt_oss", dir));
   const char *bad = "model.layers.1.mlp.experts.gate_up_proj";
   size_t nb;
-  ASSERT(offset_of(dir, bad, &nb) > 0);
-  ASSERT(poison(dir, bad, (long long)nb / 4 * 2 + 40, &nb) > 0); /* in expert 2 of 4's slab */
+  ASSERT(lm_st_offset(dir, bad, &nb) > 0);
+  ASSERT(lm_st_poison(dir, bad, (long long)nb / 4 * 2 + 40, &nb) > 0); /* in expert 2 of 4's slab */
   ASSERT_STATUS(stream_decode(dir, -1, msg, sizeof msg), MOE_ERR_VALUE);
   if (!strstr(msg, bad) || !strstr(msg, "expert 2")) FAIL_("the message does not name the tensor and expert: %s", msg);
 }
@@ -580,17 +547,6 @@ TEST(lm_stream_refuses_what_it_cannot_serve) {
   ASSERT(strstr(moe_last_error(), "below one expert per MoE layer"));
 }
 
-/* A field of /proc/self/status in KiB ("VmRSS:", "VmHWM:"), or -1. */
-static long long status_kib(const char *key) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long long v = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (!strncmp(line, key, strlen(key))) v = atoll(line + strlen(key));
-  if (f) fclose(f);
-  return v;
-}
-
 /* The process's peak resident memory while a model whose experts take 96 MiB decodes under an 8 MiB budget
  * stays under what it has before loading + the dense weights + the slots + 24 MiB (the stated overhead:
  * the arena of activations, the KV cache, the loader threads' stacks, the BLAS's buffers), less than half
@@ -611,10 +567,8 @@ TEST(lm_stream_resident_memory_under_its_bound) {
   moe_lm_free(&m);
   ASSERT_OK(st);
   const size_t experts = (size_t)2 * 32 * 3 * 256 * 512 * 4, mib = (size_t)1 << 20;
-  FILE *cr = fopen("/proc/self/clear_refs", "w");
-  if (!cr || fputs("5", cr) < 0 || fclose(cr) != 0) SKIP("cannot reset the peak resident memory (/proc/self/clear_refs)");
-  long long base = status_kib("VmRSS:");
-  if (base < 0 || status_kib("VmHWM:") < 0) SKIP("no VmRSS/VmHWM in /proc/self/status");
+  long long base = lm_peak_reset_kib();
+  if (base < 0) SKIP("cannot reset and read the peak resident memory (/proc/self/clear_refs, VmHWM)");
   moe_lm_stream_config s;
   moe_lm_stream_config_default(&s);
   s.budget = 8 * mib;
@@ -624,7 +578,7 @@ TEST(lm_stream_resident_memory_under_its_bound) {
   static run_out o;
   st = decode(&m, 0.9f, &o);
   moe_expert_cache_stats t = total(&x);
-  long long peak = status_kib("VmHWM:");
+  long long peak = lm_status_kib("VmHWM:");
   moe_lm_free(&m);
   moe_lm_experts_free(&x);
   ASSERT_OK(st);

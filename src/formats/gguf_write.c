@@ -1,7 +1,9 @@
 /* The GGUF writer: metadata entries are kept encoded as the file stores them (type id, then the value),
- * tensors as pointers to the caller's data; save lays out the header, the entries, the tensor infos
- * and the data, each tensor at an offset aligned to general.alignment and padded with zeros, and
- * writes it all atomically. */
+ * tensors as pointers to the caller's data or as fill callbacks; save lays out the header, the entries,
+ * the tensor infos (every size follows from shape and type) and the data, each tensor at an offset
+ * aligned to general.alignment and padded with zeros, and writes it all atomically. A filled tensor's
+ * bytes are made at save, a chunk at a time, into one buffer reused for every chunk of every tensor:
+ * a file of any size is written holding the largest chunk. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,9 @@ typedef struct {
   int64_t ne[4];
   const void *data;
   size_t nbytes;
+  moe_fill_fn fill; /* or NULL: data */
+  void *ctx;
+  size_t chunk;          /* bytes a fill call makes (the last may be fewer) */
 } wtensor;
 
 struct moe_gguf_writer {
@@ -30,6 +35,7 @@ struct moe_gguf_writer {
   int64_t nkv, kv_cap;
   wtensor *t;
   int64_t nt, t_cap;
+  size_t chunk; /* the largest chunk of a filled tensor: the buffer save makes them in */
 };
 
 moe_status moe_gguf_writer_new(moe_gguf_writer **out) {
@@ -199,8 +205,9 @@ moe_status moe_gguf_writer_copy_kv(moe_gguf_writer *w, const moe_gguf *g, int64_
   return set(w, kv.key, &b);
 }
 
-moe_status moe_gguf_writer_add_tensor(moe_gguf_writer *w, const char *name, moe_gguf_type type, int ndim,
-                                      const int64_t *ne, const void *data, size_t nbytes) {
+/* Checks a tensor's name, type and shape, and appends it (its data not set): its bytes into *nbytes. */
+static moe_status add(moe_gguf_writer *w, const char *name, moe_gguf_type type, int ndim, const int64_t *ne,
+                      wtensor **out, uint64_t *nbytes) {
   MOE_TRY(name && *name, MOE_ERR_ARG, "GGUF writer: empty or NULL tensor name");
   /* at most 63 bytes: what llama.cpp loads */
   MOE_TRY(strlen(name) < MOE__GGUF_MAX_NAME, MOE_ERR_ARG, "GGUF writer: tensor name '%s' is longer than %d bytes",
@@ -220,10 +227,7 @@ moe_status moe_gguf_writer_add_tensor(moe_gguf_writer *w, const char *name, moe_
   int blk = moe_gguf_type_block(type);
   MOE_TRY(ne[0] % blk == 0, MOE_ERR_SHAPE, "GGUF writer: tensor '%s': row length %" PRId64
           " is not a multiple of %s's block of %d", name, ne[0], moe_gguf_type_name(type), blk);
-  uint64_t need = (uint64_t)(count / blk) * moe_gguf_type_block_bytes(type);
-  MOE_TRY(nbytes == need, MOE_ERR_SHAPE, "GGUF writer: tensor '%s': %zu bytes given, its shape as %s takes %" PRIu64,
-          name, nbytes, moe_gguf_type_name(type), need);
-  MOE_TRY(data || !nbytes, MOE_ERR_ARG, "GGUF writer: tensor '%s': NULL data", name);
+  *nbytes = (uint64_t)(count / blk) * moe_gguf_type_block_bytes(type);
   for (int64_t i = 0; i < w->nt; i++)
     MOE_TRY(strcmp(w->t[i].name, name), MOE_ERR_ARG, "GGUF writer: duplicate tensor name '%s'", name);
   if (w->nt == w->t_cap) {
@@ -233,10 +237,37 @@ moe_status moe_gguf_writer_add_tensor(moe_gguf_writer *w, const char *name, moe_
     w->t = t, w->t_cap = cap;
   }
   wtensor *t = &w->t[w->nt];
-  *t = (wtensor){.name = strdup(name), .type = type, .ndim = ndim, .data = data, .nbytes = nbytes};
+  *t = (wtensor){.name = strdup(name), .type = type, .ndim = ndim, .nbytes = (size_t)*nbytes};
   MOE_TRY(t->name, MOE_ERR_NOMEM, "GGUF writer: out of memory");
   for (int d = 0; d < 4; d++) t->ne[d] = d < ndim ? ne[d] : 1;
   w->nt++;
+  *out = t;
+  return MOE_OK;
+}
+
+moe_status moe_gguf_writer_add_tensor(moe_gguf_writer *w, const char *name, moe_gguf_type type, int ndim,
+                                      const int64_t *ne, const void *data, size_t nbytes) {
+  wtensor *t;
+  uint64_t need;
+  MOE_TRY(data || !nbytes, MOE_ERR_ARG, "GGUF writer: tensor '%s': NULL data", name ? name : "(NULL)");
+  MOE_CHECK(add(w, name, type, ndim, ne, &t, &need));
+  if (nbytes != need) {
+    w->nt--, free(t->name);
+    MOE_TRY(0, MOE_ERR_SHAPE, "GGUF writer: tensor '%s': %zu bytes given, its shape as %s takes %" PRIu64, name,
+            nbytes, moe_gguf_type_name(type), need);
+  }
+  t->data = data;
+  return MOE_OK;
+}
+
+moe_status moe_gguf_writer_add_tensor_fill(moe_gguf_writer *w, const char *name, moe_gguf_type type, int ndim,
+                                           const int64_t *ne, size_t chunk, moe_fill_fn fill, void *ctx) {
+  wtensor *t;
+  uint64_t n;
+  MOE_TRY(fill, MOE_ERR_ARG, "GGUF writer: tensor '%s': NULL fill", name ? name : "(NULL)");
+  MOE_CHECK(add(w, name, type, ndim, ne, &t, &n));
+  t->fill = fill, t->ctx = ctx, t->chunk = chunk && chunk < t->nbytes ? chunk : t->nbytes;
+  if (w->chunk < t->chunk) w->chunk = t->chunk;
   return MOE_OK;
 }
 
@@ -259,6 +290,9 @@ typedef struct {
   const moe_gguf_writer *w;
   buf head; /* everything before the data section, padding included */
   uint64_t align;
+  void *chunk;          /* the filled tensors' buffer */
+  moe_status fill_st;   /* a fill's error, and its message */
+  char fill_msg[512];
 } save_ctx;
 
 static int write_zeros(FILE *fp, uint64_t n) {
@@ -268,14 +302,28 @@ static int write_zeros(FILE *fp, uint64_t n) {
   return 1;
 }
 
+/* t's bytes, from its data or chunk by chunk from its fill (an error kept in c). */
+static int write_tensor(FILE *fp, save_ctx *c, const wtensor *t) {
+  if (!t->fill) return !t->nbytes || fwrite(t->data, 1, t->nbytes, fp) == t->nbytes;
+  for (size_t off = 0; off < t->nbytes; off += t->chunk) {
+    size_t n = t->nbytes - off < t->chunk ? t->nbytes - off : t->chunk;
+    if ((c->fill_st = t->fill(t->ctx, off, c->chunk, n)) != MOE_OK) {
+      snprintf(c->fill_msg, sizeof c->fill_msg, "%s", moe_last_error());
+      return 0;
+    }
+    if (fwrite(c->chunk, 1, n, fp) != n) return 0;
+  }
+  return 1;
+}
+
 static int write_file(FILE *fp, void *ctx, char *msg, size_t n) {
   (void)msg, (void)n;
-  const save_ctx *c = ctx;
+  save_ctx *c = ctx;
   if (fwrite(c->head.p, 1, c->head.n, fp) != c->head.n) return 0;
   for (int64_t i = 0; i < c->w->nt; i++) {
     const wtensor *t = &c->w->t[i];
     uint64_t pad = (c->align - t->nbytes % c->align) % c->align;
-    if ((t->nbytes && fwrite(t->data, 1, t->nbytes, fp) != t->nbytes) || !write_zeros(fp, pad)) return 0;
+    if (!write_tensor(fp, c, t) || !write_zeros(fp, pad)) return 0;
   }
   return 1;
 }
@@ -306,9 +354,14 @@ moe_status moe_gguf_writer_save(moe_gguf_writer *w, const char *path) {
   static const uint8_t zeros[1 << 12];
   uint64_t pad = (c.align - h->n % c.align) % c.align;
   for (; pad; pad -= pad < sizeof zeros ? pad : sizeof zeros) put(h, zeros, pad < sizeof zeros ? pad : sizeof zeros);
-  moe_status st = h->failed ? moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory for the header", path)
-                            : moe__save_atomic(path, write_file, &c);
-  free(h->p);
+  c.chunk = w->chunk ? malloc(w->chunk) : NULL;
+  moe_status st = h->failed || (w->chunk && !c.chunk)
+                      ? moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory for the header or a chunk of %zu bytes",
+                                   path, w->chunk)
+                      : moe__save_atomic(path, write_file, &c);
+  if (c.fill_st != MOE_OK) /* the file is not written: the fill's own error, not a write's */
+    st = moe__error(c.fill_st, __FILE__, __LINE__, "%s", c.fill_msg);
+  free(h->p), free(c.chunk);
   return st;
 }
 

@@ -1,7 +1,7 @@
 /* Safetensors reading and writing. The reader loads a whole file into memory and validates it
  * strictly (bounded header, known dtypes, shapes matching byte counts, offsets aligned to the dtype,
  * tensors covering the data region exactly once, no duplicate names, string-only __metadata__), so
- * the rest of the library can trust every view it hands out. The writer collects copies of tensors
+ * the rest of the library can trust every view it hands out. The writer collects copies of tensors (or fill callbacks, made a chunk at a time into one buffer at save)
  * and writes them atomically (temp file, fsync, rename). A lazily opened file reads through its
  * descriptor (moe_st_read), which the language model's loader also maps tensors from (lm_map.h). Not
  * supported: dtypes other than those in moe_dtype, and files whose tensors are not aligned to their
@@ -459,8 +459,11 @@ typedef struct {
   moe_dtype dt;
   int ndim;
   int64_t shape[MOE_MAX_DIMS];
-  void *data;
+  void *data;            /* a copy, or NULL: fill */
   size_t nbytes;
+  moe_fill_fn fill;
+  void *ctx;
+  size_t chunk;          /* bytes a fill call makes (the last may be fewer) */
   uint64_t off; /* in the data region, set when saving */
 } wr_tensor;
 
@@ -469,6 +472,7 @@ struct moe_st_writer {
   int n, cap;
   struct { char *k, *v; } *m; /* metadata, in insertion order */
   int nm, capm;
+  size_t chunk; /* the largest chunk of a filled tensor: the buffer save makes them in */
 };
 
 /* Makes room for element n of a growable array: the (maybe moved) array, or NULL if out of memory. */
@@ -494,8 +498,9 @@ void moe_st_writer_free(moe_st_writer *w) {
   free(w->t), free(w->m), free(w);
 }
 
-moe_status moe_st_writer_add(moe_st_writer *w, const char *name, moe_dtype dt, int ndim,
-                             const int64_t *shape, const void *data) {
+/* Checks a tensor's name, dtype and shape and appends it, its data not set (*out; its bytes in *nbytes). */
+static moe_status add_entry(moe_st_writer *w, const char *name, moe_dtype dt, int ndim, const int64_t *shape,
+                            wr_tensor **out, uint64_t *nbytes) {
   MOE_TRY(w && name, MOE_ERR_ARG, "moe_st_writer_add: NULL %s", w ? "name" : "writer");
   MOE_TRY(name[0] && strcmp(name, "__metadata__"), MOE_ERR_ARG, "moe_st_writer_add: invalid tensor name '%s'", name);
   MOE_TRY((unsigned)dt < MOE_DT_COUNT, MOE_ERR_ARG, "tensor '%s': invalid dtype %d", name, (int)dt);
@@ -507,19 +512,42 @@ moe_status moe_st_writer_add(moe_st_writer *w, const char *name, moe_dtype dt, i
   for (int i = 0; i < w->n; i++)
     MOE_TRY(strcmp(w->t[i].name, name), MOE_ERR_ARG, "tensor '%s' added twice", name);
   int ok;
-  uint64_t nbytes = shape_bytes(shape, ndim, moe_dtype_size(dt), &ok);
+  *nbytes = shape_bytes(shape, ndim, moe_dtype_size(dt), &ok);
   MOE_TRY(ok, MOE_ERR_ARG, "tensor '%s': element count overflows", name);
-  MOE_TRY(data || nbytes == 0, MOE_ERR_ARG, "tensor '%s': NULL data", name);
-  wr_tensor *t = grow(w->t, &w->cap, w->n, sizeof *t), *e = t ? &t[w->n] : NULL;
-  if (t) w->t = t;
-  char *nm = e ? dup_str(name) : NULL;
-  void *copy = nm ? malloc(nbytes ? (size_t)nbytes : 1) : NULL;
-  if (!copy) free(nm);
-  MOE_TRY(copy, MOE_ERR_NOMEM, "tensor '%s': out of memory for %" PRIu64 " bytes", name, nbytes);
-  *e = (wr_tensor){.name = nm, .dt = dt, .ndim = ndim, .data = copy, .nbytes = (size_t)nbytes};
-  if (nbytes) memcpy(copy, data, (size_t)nbytes);
-  if (ndim) memcpy(e->shape, shape, (size_t)ndim * sizeof *shape);
-  w->n++;
+  wr_tensor *t = grow(w->t, &w->cap, w->n, sizeof *t);
+  MOE_TRY(t, MOE_ERR_NOMEM, "tensor '%s': out of memory", name);
+  w->t = t;
+  char *nm = dup_str(name);
+  MOE_TRY(nm, MOE_ERR_NOMEM, "tensor '%s': out of memory", name);
+  *out = &t[w->n++];
+  **out = (wr_tensor){.name = nm, .dt = dt, .ndim = ndim, .nbytes = (size_t)*nbytes};
+  if (ndim) memcpy((*out)->shape, shape, (size_t)ndim * sizeof *shape);
+  return MOE_OK;
+}
+
+moe_status moe_st_writer_add(moe_st_writer *w, const char *name, moe_dtype dt, int ndim,
+                             const int64_t *shape, const void *data) {
+  wr_tensor *e;
+  uint64_t nbytes;
+  MOE_CHECK(add_entry(w, name, dt, ndim, shape, &e, &nbytes));
+  e->data = data || !nbytes ? malloc(nbytes ? (size_t)nbytes : 1) : NULL;
+  if (!e->data) {
+    free(e->name), w->n--;
+    MOE_TRY(data, MOE_ERR_ARG, "tensor '%s': NULL data", name);
+    MOE_TRY(0, MOE_ERR_NOMEM, "tensor '%s': out of memory for %" PRIu64 " bytes", name, nbytes);
+  }
+  if (nbytes) memcpy(e->data, data, (size_t)nbytes);
+  return MOE_OK;
+}
+
+moe_status moe_st_writer_add_fill(moe_st_writer *w, const char *name, moe_dtype dt, int ndim, const int64_t *shape,
+                                  size_t chunk, moe_fill_fn fill, void *ctx) {
+  MOE_TRY(fill, MOE_ERR_ARG, "tensor '%s': NULL fill", name ? name : "(NULL)");
+  wr_tensor *e;
+  uint64_t nbytes;
+  MOE_CHECK(add_entry(w, name, dt, ndim, shape, &e, &nbytes));
+  e->fill = fill, e->ctx = ctx, e->chunk = chunk && chunk < e->nbytes ? chunk : e->nbytes;
+  if (w->chunk < e->chunk) w->chunk = e->chunk;
   return MOE_OK;
 }
 
@@ -590,31 +618,53 @@ static char *build_header(moe_st_writer *w) {
   return s;
 }
 
-typedef struct { const moe_st_writer *w; char *hdr; } file_ctx;
+typedef struct {
+  const moe_st_writer *w;
+  char *hdr;
+  void *chunk;        /* the filled tensors' buffer */
+  moe_status fill_st; /* a fill's error, and its message */
+  char fill_msg[512];
+} file_ctx;
+
+/* e's bytes, copied or chunk by chunk from its fill (an error kept in c). */
+static int write_tensor(FILE *fp, file_ctx *c, const wr_tensor *e) {
+  if (!e->fill) return !e->nbytes || fwrite(e->data, 1, e->nbytes, fp) == e->nbytes;
+  for (size_t off = 0; off < e->nbytes; off += e->chunk) {
+    size_t n = e->nbytes - off < e->chunk ? e->nbytes - off : e->chunk;
+    if ((c->fill_st = e->fill(e->ctx, off, c->chunk, n)) != MOE_OK) {
+      snprintf(c->fill_msg, sizeof c->fill_msg, "%s", moe_last_error());
+      return 0;
+    }
+    if (fwrite(c->chunk, 1, n, fp) != n) return 0;
+  }
+  return 1;
+}
 
 static int write_file(FILE *fp, void *ctx, char *msg, size_t n) {
   (void)msg, (void)n;
-  const moe_st_writer *w = ((const file_ctx *)ctx)->w;
-  const char *hdr = ((const file_ctx *)ctx)->hdr;
-  size_t len = strlen(hdr), pad = (8 - len % 8) % 8; /* data region starts at a multiple of 8 */
+  file_ctx *c = ctx;
+  const moe_st_writer *w = c->w;
+  size_t len = strlen(c->hdr), pad = (8 - len % 8) % 8; /* data region starts at a multiple of 8 */
   unsigned char lb[8];
   for (int i = 0; i < 8; i++) lb[i] = (unsigned char)((uint64_t)(len + pad) >> (8 * i));
-  if (fwrite(lb, 1, 8, fp) != 8 || fwrite(hdr, 1, len, fp) != len) return 0;
+  if (fwrite(lb, 1, 8, fp) != 8 || fwrite(c->hdr, 1, len, fp) != len) return 0;
   for (size_t i = 0; i < pad; i++)
     if (fputc(' ', fp) == EOF) return 0;
   for (size_t sz = 8; sz >= 1; sz /= 2) /* the order build_header assigned the offsets in */
-    for (int i = 0; i < w->n; i++) {
-      const wr_tensor *e = &w->t[i];
-      if (moe_dtype_size(e->dt) == sz && e->nbytes && fwrite(e->data, 1, e->nbytes, fp) != e->nbytes) return 0;
-    }
+    for (int i = 0; i < w->n; i++)
+      if (moe_dtype_size(w->t[i].dt) == sz && !write_tensor(fp, c, &w->t[i])) return 0;
   return 1;
 }
 
 moe_status moe_st_writer_save(moe_st_writer *w, const char *path) {
   MOE_TRY(w && path, MOE_ERR_ARG, "moe_st_writer_save: NULL %s", w ? "path" : "writer");
-  file_ctx c = {w, build_header(w)};
-  MOE_TRY(c.hdr, MOE_ERR_NOMEM, "%s: out of memory building the header", path);
-  moe_status st = moe__save_atomic(path, write_file, &c);
-  free(c.hdr);
+  file_ctx c = {.w = w, .hdr = build_header(w), .chunk = w->chunk ? malloc(w->chunk) : NULL};
+  moe_status st = !c.hdr || (w->chunk && !c.chunk)
+                      ? moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory for the header or a chunk of %zu bytes",
+                                   path, w->chunk)
+                      : moe__save_atomic(path, write_file, &c);
+  if (c.fill_st != MOE_OK) /* the file is not written: the fill's own error, not a write's */
+    st = moe__error(c.fill_st, __FILE__, __LINE__, "%s", c.fill_msg);
+  free(c.hdr), free(c.chunk);
   return st;
 }

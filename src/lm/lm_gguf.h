@@ -80,6 +80,23 @@ void moe__lm_gguf_fd_release(moe__lm_gguf_fd *f);
 moe_status moe__lm_gguf_expert_reader(const moe_gguf *g, moe__lm_gguf_fd *f, const moe_lm_config *c, int layer,
                                       moe__expert_reader *out);
 
+/* The experts a save reads from the checkpoint when the model does not hold them (moe_lm_convert,
+ * lm_convert.c): open(ctx, layer) opens a layer's reader (fp32 reads); one layer's is open at a time. */
+typedef struct {
+  moe_status (*open)(void *ctx, int layer, moe__expert_reader *out);
+  void *ctx;
+  moe__expert_reader rd;
+  int layer; /* rd's layer, or -1 */
+} moe__lm_expert_src;
+/* Projection proj (0: fc1 (H, D), 1: fc2 (D, H), 2: fc3 (H, D)) of layer's expert e as fp32 into dst,
+ * the layer's reader opened first (another's closed); an error names `what`, the tensor being written. */
+moe_status moe__lm_expert_src_read(moe__lm_expert_src *s, int layer, int proj, int e, float *dst, const char *what);
+void moe__lm_expert_src_close(moe__lm_expert_src *s);
+/* moe_lm_save_gguf and moe_lm_save, the experts of a MoE layer that m does not hold (external experts)
+ * read from in at save, one expert's projection at a time (in NULL: m must hold them); in is closed after. */
+moe_status moe__lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gguf_options *o, moe__lm_expert_src *in);
+moe_status moe__lm_save_dir(const moe_lm_t *m, const char *dir, moe__lm_expert_src *in);
+
 /* gpt-oss as llama.cpp's gpt-oss (lm_gguf_gptoss.c): its keys beside the common ones into c (the
  * family's options, the experts' width, the sliding window and its layer pattern, YaRN); MOE_ERR_ARG
  * naming the setting when c has one those keys cannot say (path names the file); its keys after

@@ -2,7 +2,7 @@
  * moe_lm_load_streaming): expert e's rows of the stacked blk.<i>.ffn_{gate,down,up}_exps.weight (its
  * slice of each is contiguous: the expert is the outermost dimension) are read with pread from one
  * descriptor every layer's reader shares (moe__lm_gguf_fd: a 48-layer model holds one, not 48), never
- * through the mapping (a file cut short is an error, not a SIGBUS), and dequantized row by row with
+ * through the mapping (a file cut short is an error, not a SIGBUS), and dequantized, all its rows in one call, with
  * the codec the resident loader uses (moe_gguf_dequantize), so the slots hold its values bit for bit;
  * each projection in its own stored type. With moe.expert_type > 0 (the experts compute in their stored
  * types, as the resident model binds them) the slots hold the file's bytes as they are, and a read
@@ -106,8 +106,8 @@ static moe_status read_slice(gguf_reader *r, int j, int e, float *out, int drop)
   MOE_CHECK(moe__pread_all(r->file->fd, r->file->path, what, at, dst, r->slice[j]));
   if (drop) posix_fadvise(r->file->fd, at, (off_t)r->slice[j], POSIX_FADV_DONTNEED);
   if (raw) return check_stored(r, j, e, dst);
-  for (int64_t k = 0; k < r->rows[j]; k++)
-    MOE_CHECK(moe_gguf_dequantize(r->type[j], r->buf + (size_t)k * r->row[j], out + k * r->cols[j], r->cols[j]));
+  /* the rows at once: blocks never straddle rows, and one call splits them over threads */
+  MOE_CHECK(moe_gguf_dequantize(r->type[j], r->buf, out, r->rows[j] * r->cols[j]));
   for (int64_t i = 0; i < r->rows[j] * r->cols[j]; i++)
     MOE_TRY(isfinite(out[i]), MOE_ERR_VALUE, "%s: tensor '%s' has a non-finite value, %g, at row %lld column %lld",
             r->file->path, r->name[j], (double)out[i], (long long)(e * r->rows[j] + i / r->cols[j]), (long long)(i % r->cols[j]));

@@ -6,7 +6,10 @@
  * layers' own tensors), each other MoE layer's experts stacked into
  * ffn_gate_exps / ffn_down_exps / ffn_up_exps (ne [D, H, E] and [H, D, E]). The weights take the asked
  * type by llama.cpp's rule of thumb (and moe quantize's): 1-D tensors, norms and routers stay F32; a
- * row whose length is not a multiple of the type's block falls back to Q8_0, or F16. */
+ * row whose length is not a multiple of the type's block falls back to Q8_0, or F16. Every tensor is
+ * made at save (the writer's fill), a chunk of rows at a time: the file is written holding the model's
+ * fp32 values and one chunk, and experts the model does not hold (moe_lm_convert's) are read then, one
+ * expert's projection at a time. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,33 +31,92 @@ static moe_gguf_type type_for(const char *name, int ndim, int64_t row, moe_gguf_
   return row % 32 == 0 ? MOE_GGUF_Q8_0 : MOE_GGUF_F16; /* as moe quantize */
 }
 
-/* The writer's tensors' bytes, kept until the file is saved. */
+/* What the save shares: the experts read from the checkpoint (NULL: none) and the fp32 buffer of one
+ * expert's projection they are read into. */
+typedef struct {
+  moe__lm_expert_src *in;
+  float *x;
+  size_t most;
+} stream;
+
+/* One tensor's source: the fp32 values of a ref or of a layer's resident expert stack (rows permuted
+ * per head for llama's q and k), or projection `proj` of layer `layer`'s experts, read expert by expert. */
+typedef struct {
+  stream *s;
+  const char *name; /* the writer's copy is the file's; this one for errors */
+  char own[64];
+  const float *x;   /* or NULL: read */
+  int64_t rows, cols;
+  int permute, layer, proj;
+  int64_t expert_rows; /* rows of one expert (a chunk of an expert stack) */
+  moe_gguf_type type;
+  size_t row_bytes;
+} source;
+
+/* The writer and its tensors' sources, kept until the file is saved. */
 typedef struct {
   moe_gguf_writer *w;
   moe_gguf_type type;
-  void **bufs;
+  stream s;
+  source **src;
   int n, cap;
 } tensors;
 
-/* Adds tensor name of ne (ndim dims; rows = the product of ne[1..]) from the floats x, in the type
- * type_for gives it. */
-static moe_status add(tensors *ts, const char *name, int ndim, const int64_t *ne, const float *x) {
-  int64_t rows = 1;
-  for (int d = 1; d < ndim; d++) rows *= ne[d];
-  moe_gguf_type t = type_for(name, ndim, ne[0], ts->type);
-  size_t nbytes = (size_t)(rows * (ne[0] / moe_gguf_type_block(t))) * moe_gguf_type_block_bytes(t);
+#define CHUNK_VALUES ((int64_t)1 << 20) /* a dense tensor's values made at a time */
+
+/* Rows [r0, r0 + n) of expert stack src (all of expert e's or within them) as fp32: the resident
+ * values, or the expert's projection read into the shared buffer (layer's reader opened first). */
+static moe_status expert_rows(source *src, int64_t r0, const float **x) {
+  stream *s = src->s;
+  int64_t e = r0 / src->expert_rows;
+  if (src->x) {
+    *x = src->x + r0 * src->cols;
+    return MOE_OK;
+  }
+  MOE_CHECK(moe__lm_expert_src_read(s->in, src->layer, src->proj, (int)e, s->x, src->name));
+  *x = s->x + (r0 - e * src->expert_rows) * src->cols;
+  return MOE_OK;
+}
+
+/* The writer's fill: the stored bytes [off, off + n) of src's tensor, whole rows, quantized row by row
+ * (the bytes of the whole tensor quantized at once: blocks never straddle rows). */
+static moe_status fill(void *ctx, size_t off, void *dst, size_t n) {
+  source *src = ctx;
+  int64_t r0 = (int64_t)(off / src->row_bytes), nr = (int64_t)(n / src->row_bytes);
+  const float *x = src->x;
+  if (src->expert_rows) MOE_CHECK(expert_rows(src, r0, &x));
+  else x += r0 * src->cols;
+  moe_status st = MOE_OK;
+  for (int64_t r = 0; r < (src->permute ? nr : 1) && st == MOE_OK; r++) /* permuted: a row at a time */
+    st = src->permute ? moe_gguf_quantize(src->type, src->x + moe__lm_gguf_hf_row(r0 + r, src->rows, src->permute) * src->cols,
+                                          (uint8_t *)dst + r * src->row_bytes, src->cols)
+                      : moe_gguf_quantize(src->type, x, dst, nr * src->cols);
+  MOE_TRY(st == MOE_OK, st, "tensor '%s' as %s: %s", src->name, moe_gguf_type_name(src->type), moe_last_error());
+  return MOE_OK;
+}
+
+/* Adds tensor name of ne (ndim dims; rows = the product of ne[1..]) from src (x, permute, and for an
+ * expert stack layer, proj and expert_rows set), in the type type_for gives it. */
+static moe_status add(tensors *ts, const char *name, int ndim, const int64_t *ne, source src) {
+  src.rows = 1, src.cols = ne[0];
+  for (int d = 1; d < ndim; d++) src.rows *= ne[d];
+  src.type = type_for(name, ndim, ne[0], ts->type);
+  src.row_bytes = (size_t)(ne[0] / moe_gguf_type_block(src.type)) * moe_gguf_type_block_bytes(src.type);
+  src.s = &ts->s;
+  snprintf(src.own, sizeof src.own, "%s", name);
   if (ts->n == ts->cap) {
     int cap = ts->cap ? 2 * ts->cap : 64;
-    void **b = realloc(ts->bufs, (size_t)cap * sizeof *b);
+    source **b = realloc(ts->src, (size_t)cap * sizeof *b);
     MOE_TRY(b, MOE_ERR_NOMEM, "out of memory");
-    ts->bufs = b, ts->cap = cap;
+    ts->src = b, ts->cap = cap;
   }
-  void *buf = malloc(nbytes ? nbytes : 1);
-  MOE_TRY(buf, MOE_ERR_NOMEM, "out of memory for tensor '%s' (%zu bytes)", name, nbytes);
-  ts->bufs[ts->n++] = buf;
-  moe_status st = moe_gguf_quantize(t, x, buf, rows * ne[0]);
-  MOE_TRY(st == MOE_OK, st, "tensor '%s' as %s: %s", name, moe_gguf_type_name(t), moe_last_error());
-  return moe_gguf_writer_add_tensor(ts->w, name, t, ndim, ne, buf, nbytes);
+  source *p = malloc(sizeof *p);
+  MOE_TRY(p, MOE_ERR_NOMEM, "out of memory for tensor '%s'", name);
+  *p = src;
+  p->name = p->own;
+  ts->src[ts->n++] = p;
+  int64_t rows = src.expert_rows ? src.expert_rows : src.cols < CHUNK_VALUES ? CHUNK_VALUES / src.cols : 1;
+  return moe_gguf_writer_add_tensor_fill(ts->w, name, src.type, ndim, ne, (size_t)rows * src.row_bytes, fill, p);
 }
 
 /* Ref r under its llama.cpp name (rows permuted for llama's q and k). */
@@ -63,22 +125,16 @@ static moe_status add_ref(tensors *ts, const moe_lm_t *m, const moe_tensor_ref *
   int expert, permute;
   MOE_TRY(moe__lm_gguf_name(&m->cfg, r->name, name, &expert, &permute), MOE_ERR_ARG, "no GGUF name for parameter '%s'",
           r->name);
+  MOE_TRY(r->data || !r->numel, MOE_ERR_STATE, "moe_lm_save_gguf: parameter '%s' has no values (served by an expert "
+          "cache)", r->name);
   /* ggml's order, the reverse of the ref's: gpt-oss's (E, H, D) expert stacks are [D, H, E] */
   int nd = r->ndim;
   int64_t ne[3] = {r->shape[nd - 1], nd > 1 ? r->shape[nd - 2] : 1, nd > 2 ? r->shape[0] : 1};
-  int64_t rows = ne[1] * ne[2], cols = ne[0];
-  if (!permute) return add(ts, name, nd, ne, r->data);
-  float *x = malloc(r->numel * sizeof *x);
-  MOE_TRY(x, MOE_ERR_NOMEM, "out of memory for tensor '%s'", name);
-  for (int64_t g = 0; g < rows; g++)
-    memcpy(x + g * cols, r->data + moe__lm_gguf_hf_row(g, rows, permute) * cols, (size_t)cols * sizeof *x);
-  moe_status st = add(ts, name, r->ndim, ne, x);
-  free(x);
-  return st;
+  return add(ts, name, nd, ne, (source){.x = r->data, .permute = permute});
 }
 
 /* Layer i's experts as llama.cpp stacks them: the layer's (E, H, D) fc1 and fc3 and (E, D, H) fc2 are
- * already ggml's [D, H, E] and [H, D, E]. */
+ * already ggml's [D, H, E] and [H, D, E]; read an expert at a time when the layer does not hold them. */
 static moe_status add_experts(tensors *ts, const moe_lm_t *m, int i) {
   static const char *const ours[3] = {"experts.fc1.weight", "experts.fc2.weight", "experts.fc3.weight"};
   static const char *const theirs[3] = {"ffn_gate_exps", "ffn_down_exps", "ffn_up_exps"};
@@ -87,8 +143,13 @@ static moe_status add_experts(tensors *ts, const moe_lm_t *m, int i) {
     char name[64];
     snprintf(name, sizeof name, "blk.%d.%s.weight", i, theirs[k]);
     int64_t ne[3] = {k == 1 ? H : D, k == 1 ? D : H, E};
-    MOE_CHECK(add(ts, name, 3, ne, moe_layer_param(&m->layers[i], ours[k])));
+    const float *x = moe_layer_param(&m->layers[i], ours[k]);
+    MOE_TRY(x || ts->s.in, MOE_ERR_STATE, "moe_lm_save_gguf: layer %d's experts are not parameters (streamed or "
+            "bound): moe_lm_convert writes them from the checkpoint", i);
+    MOE_CHECK(add(ts, name, 3, ne, (source){.x = x, .layer = i, .proj = k, .expert_rows = ne[1]}));
   }
+  size_t most = (size_t)(D * H) * sizeof(float);
+  if (!moe_layer_param(&m->layers[i], ours[0]) && most > ts->s.most) ts->s.most = most;
   return MOE_OK;
 }
 
@@ -159,7 +220,8 @@ static moe_status set_keys(moe_gguf_writer *w, const moe_lm_t *m, const moe_lm_g
   return moe_gguf_writer_set_u32(w, "general.quantization_version", 2);
 }
 
-moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gguf_options *o) {
+moe_status moe__lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gguf_options *o,
+                             moe__lm_expert_src *in) {
   MOE_TRY(m && m->st && path, MOE_ERR_ARG, "moe_lm_save_gguf: NULL argument");
   moe_lm_gguf_options def = {MOE_GGUF_F32, NULL, NULL};
   if (!o) o = &def;
@@ -177,7 +239,7 @@ moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gg
           "moe_lm_save_gguf: the model is spread over ranks; save it from one process");
   MOE_TRY(!c->sliding_window || c->family == MOE_LM_GPT_OSS, MOE_ERR_ARG, "%s: a sliding window (%d) has no key in llama.cpp's %s architecture",
           path, c->sliding_window, moe__lm_gguf_arch(c->family));
-  tensors ts = {NULL, o->type, NULL, 0, 0};
+  tensors ts = {.type = o->type, .s = {.in = in}};
   MOE_CHECK(moe_gguf_writer_new(&ts.w));
   moe_status st = set_keys(ts.w, m, o);
   if (st == MOE_OK && o->tokenizer) st = moe__tok_gguf_write(ts.w, o->tokenizer, c->vocab);
@@ -190,9 +252,16 @@ moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gg
     if (st == MOE_OK && ends_with(r->name, ".gate.weight") && sscanf(r->name, "model.layers.%d.", &layer) == 1)
       st = add_experts(&ts, m, layer); /* the router comes first, then the experts it routes to */
   }
+  if (st == MOE_OK && ts.s.most && !(ts.s.x = malloc(ts.s.most)))
+    st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory for an expert (%zu bytes)", path, ts.s.most);
   if (st == MOE_OK) st = moe_gguf_writer_save(ts.w, path);
   moe_gguf_writer_free(ts.w);
-  for (int i = 0; i < ts.n; i++) free(ts.bufs[i]);
-  free(ts.bufs);
+  if (in) moe__lm_expert_src_close(in);
+  for (int i = 0; i < ts.n; i++) free(ts.src[i]);
+  free(ts.src), free(ts.s.x);
   return st;
+}
+
+moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gguf_options *o) {
+  return moe__lm_save_gguf(m, path, o, NULL);
 }

@@ -930,7 +930,66 @@ static char *config_json(const moe_lm_config *c) {
   return text;
 }
 
-moe_status moe_lm_save(const moe_lm_t *m, const char *dir) {
+/* A tensor of the saved file, made at save (the writer's fill): a ref's fp32 values copied a chunk at a
+ * time, or an expert's projection the model does not hold, read from the checkpoint whole into the
+ * writer's buffer. */
+typedef struct {
+  const float *x;       /* or NULL: read */
+  moe__lm_expert_src *in;
+  int layer, proj, e;
+  char name[64];
+} saved;
+
+static moe_status fill_saved(void *ctx, size_t off, void *dst, size_t n) {
+  const saved *t = ctx;
+  if (!t->x) return moe__lm_expert_src_read(t->in, t->layer, t->proj, t->e, dst, t->name);
+  memcpy(dst, (const char *)t->x + off, n);
+  return MOE_OK;
+}
+
+#define SAVE_CHUNK ((size_t)4 << 20) /* bytes of a ref copied at a time */
+
+/* Adds t (its fields set; kept in the list *ts of *n, grown here) under t.name of shape (a, b), or of
+ * ref r's shape. */
+static moe_status add_saved(moe_st_writer *w, saved ***ts, int *n, saved t, int ndim, const int64_t *shape) {
+  saved **g = realloc(*ts, (size_t)(*n + 1) * sizeof *g), *p = g ? malloc(sizeof *p) : NULL;
+  if (g) *ts = g;
+  MOE_TRY(p, MOE_ERR_NOMEM, "tensor '%s': out of memory", t.name);
+  *p = t;
+  g[(*n)++] = p;
+  return moe_st_writer_add_fill(w, p->name, MOE_DT_F32, ndim, shape, p->x ? SAVE_CHUNK : 0, fill_saved, p);
+}
+
+/* Layer i's experts under their Hugging Face names, read from in at save: where the refs of a model
+ * holding them would be (after the router and its selection bias), in their order. */
+static moe_status add_streamed_experts(const moe_lm_t *m, moe_st_writer *w, moe__lm_expert_src *in, int i,
+                                       saved ***ts, int *n) {
+  const moe__lm_family_info *f = moe__lm_family(m->cfg.family);
+  int64_t D = m->cfg.moe.D, H = m->cfg.moe.H;
+  for (int e = 0; e < m->cfg.moe.E; e++)
+    for (int j = 0; j < 3; j++) {
+      saved t = {.in = in, .layer = i, .proj = f->fc[j], .e = e};
+      snprintf(t.name, sizeof t.name, "model.layers.%d.%s.experts.%d.%s.weight", i, f->ffn, e, f->expert[j]);
+      int64_t shape[2] = {t.proj == 1 ? D : H, t.proj == 1 ? H : D};
+      MOE_CHECK(add_saved(w, ts, n, t, 2, shape));
+    }
+  return MOE_OK;
+}
+
+/* Whether ref r is the last of layer i's refs before its experts' (the router, or its selection bias)
+ * in a model whose layer i holds no experts. */
+static int experts_follow(const moe_lm_t *m, const moe_tensor_ref *r, int *i) {
+  const moe__lm_family_info *f = moe__lm_family(m->cfg.family);
+  char want[128];
+  if (sscanf(r->name, "model.layers.%d.", i) != 1 || *i < 0 || *i >= m->cfg.n_layers || moe_lm_layer_dense(&m->cfg, *i) ||
+      moe_layer_param(&m->layers[*i], "experts.fc1.weight"))
+    return 0;
+  if (m->cfg.moe.select_bias) snprintf(want, sizeof want, "model.layers.%d.%s.gate.e_score_correction_bias", *i, f->ffn);
+  else snprintf(want, sizeof want, "model.layers.%d.%s.%s.weight", *i, f->ffn, f->router);
+  return !strcmp(r->name, want);
+}
+
+moe_status moe__lm_save_dir(const moe_lm_t *m, const char *dir, moe__lm_expert_src *in) {
   MOE_TRY(m && m->st && dir, MOE_ERR_ARG, "moe_lm_save: NULL argument");
   MOE_TRY(m->cfg.moe.expert_type <= 0, MOE_ERR_ARG,
           "moe_lm_save: %s: the experts (and the weights with kernels of their type) are %s bytes, not parameters "
@@ -942,15 +1001,31 @@ moe_status moe_lm_save(const moe_lm_t *m, const char *dir) {
   char path[4096];
   moe_st_writer *w;
   MOE_CHECK(moe_st_writer_new(&w));
+  saved **ts = NULL;
+  int n = 0, layer;
   moe_status st = moe_st_writer_meta(w, "format", "pt");
   for (int i = 0; st == MOE_OK && i < m->nrefs; i++) {
     const moe_tensor_ref *r = &m->refs[i];
     if (moe__gptoss_converted(m->cfg.family, r->name)) st = moe__gptoss_write_ref(m, r, w); /* HF's fused layout */
-    else st = moe_st_writer_add_f32(w, r->name, MOE_DT_F32, r->ndim, r->shape, r->data);
+    else if (!r->data && r->numel) /* moe_lm_buffer_experts' experts */
+      st = moe__error(MOE_ERR_STATE, __FILE__, __LINE__, "moe_lm_save: parameter '%s' has no values (served by an "
+                      "expert cache)", r->name);
+    else {
+      saved t = {.x = r->data};
+      snprintf(t.name, sizeof t.name, "%s", r->name);
+      st = add_saved(w, &ts, &n, t, r->ndim, r->shape);
+    }
+    if (st == MOE_OK && experts_follow(m, r, &layer))
+      st = in ? add_streamed_experts(m, w, in, layer, &ts, &n)
+              : moe__error(MOE_ERR_STATE, __FILE__, __LINE__, "moe_lm_save: layer %d's experts are not parameters "
+                           "(streamed): moe_lm_convert writes them from the checkpoint", layer);
   }
   path_in(path, sizeof path, dir, "model.safetensors");
   if (st == MOE_OK) st = moe_st_writer_save(w, path);
   moe_st_writer_free(w);
+  if (in) moe__lm_expert_src_close(in);
+  for (int i = 0; i < n; i++) free(ts[i]);
+  free(ts);
   MOE_CHECK(st);
   path_in(path, sizeof path, dir, INDEX_JSON);
   MOE_TRY(unlink(path) == 0 || errno == ENOENT, MOE_ERR_IO, "%s: cannot remove the old index: %s", path,
@@ -962,3 +1037,5 @@ moe_status moe_lm_save(const moe_lm_t *m, const char *dir) {
   free(text);
   return st;
 }
+
+moe_status moe_lm_save(const moe_lm_t *m, const char *dir) { return moe__lm_save_dir(m, dir, NULL); }

@@ -312,11 +312,10 @@ moe_status moe__expert_cache_reader_slot_bytes(const moe_layer_config *l, const 
   return r->type[0] ? stored_layout(l, r->type, needed, per, esz, off, out) : MOE_OK;
 }
 
-moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const char *prefix,
-                                 const moe_layer_config *l, int K, moe_cache_policy p) {
-  MOE_TRY(out && f && prefix && l, MOE_ERR_ARG, "moe_expert_cache_open: NULL argument");
-  moe_expert_cache *c;
-  MOE_CHECK(new_cache(&c, l, K, p));
+/* c's views of the experts' tensors under prefix in f, and into *scratch the bytes of the largest part
+ * read in another dtype than its slot's; frees c on an error. */
+static moe_status open_views(moe_expert_cache *c, const moe_st *f, const char *prefix, const moe_layer_config *l,
+                             size_t *scratch_out) {
   c->f = f;
   int64_t want[NT][2]; /* the shapes past E (the layout again: new_cache keeps only the slot's) */
   size_t per[NT], esz[NT], off[NT];
@@ -356,11 +355,45 @@ moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const 
     c->file_bytes += c->per[t] * fsz;
     if (ok && fsz != c->esz[t] && c->per[t] * fsz > scratch) scratch = c->per[t] * fsz;
   }
-  if (st != MOE_OK) {
-    free_cache(c);
-    return st;
-  }
+  if (st != MOE_OK) free_cache(c);
+  *scratch_out = scratch;
+  return st;
+}
+
+moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const char *prefix,
+                                 const moe_layer_config *l, int K, moe_cache_policy p) {
+  MOE_TRY(out && f && prefix && l, MOE_ERR_ARG, "moe_expert_cache_open: NULL argument");
+  moe_expert_cache *c;
+  size_t scratch;
+  MOE_CHECK(new_cache(&c, l, K, p));
+  MOE_CHECK(open_views(c, f, prefix, l, &scratch));
   return start_cache(c, scratch, out);
+}
+
+static moe_status st_read(void *ctx, int e, float *const out[6], int drop) {
+  moe_expert_cache *c = ctx;
+  c->keep_pages = !drop;
+  for (int t = 0; t < NT; t++)
+    if (out[t] && c->needed[t]) MOE_CHECK(load_tensor(c, t, e, out[t]));
+  return MOE_OK;
+}
+
+static void st_free(void *ctx) { free_cache(ctx); }
+
+moe_status moe__expert_st_reader(const moe_st *f, const char *prefix, const moe_layer_config *l,
+                                 moe__expert_reader *out) {
+  moe_layer_config fp32 = *l; /* fp32 values whatever the layer computes in */
+  fp32.dtype = MOE_DT_F32;
+  moe_expert_cache *c;
+  size_t scratch;
+  MOE_CHECK(new_cache(&c, &fp32, 1, MOE_CACHE_LRU));
+  MOE_CHECK(open_views(c, f, prefix, &fp32, &scratch));
+  if (scratch && !(c->scratch = aligned_alloc(64, (scratch + 63) & ~(size_t)63))) {
+    free_cache(c);
+    MOE_TRY(0, MOE_ERR_NOMEM, "%s: out of memory for an expert's tensor (%zu bytes)", moe_st_path(f), scratch);
+  }
+  *out = (moe__expert_reader){.ctx = c, .read = st_read, .free = st_free, .file_bytes = c->file_bytes};
+  return MOE_OK;
 }
 
 void moe_expert_cache_free(moe_expert_cache *c) {

@@ -31,4 +31,10 @@ moe_status moe__expert_cache_open_reader(moe_expert_cache **out, const moe_layer
  * moe_expert_cache_slot_bytes), or the error opening the cache would give for r's types. */
 moe_status moe__expert_cache_reader_slot_bytes(const moe_layer_config *l, const moe__expert_reader *r, size_t *out);
 
+/* A reader over the experts under prefix in f (the tensors moe_expert_cache_open reads, F32 or BF16, per
+ * expert or stacked) giving fp32 values, without slots or a loader thread: each read reads the asked
+ * tensors of one expert now, checked as a cache's loads are (moe_lm_convert). f must stay open. */
+moe_status moe__expert_st_reader(const moe_st *f, const char *prefix, const moe_layer_config *l,
+                                 moe__expert_reader *out);
+
 #endif
