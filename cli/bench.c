@@ -313,9 +313,9 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
            "\"routing\": \"%s\", \"dtype\": \"%s\", \"ranks\": %d, \"fwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, "
            "\"comm_ms\": %.3f, \"compute_ms\": %.3f, \"bytes_per_step\": %.0f, \"gflops\": %.2f, \"peak_bytes\": %zu, "
            "\"dropped\": %d, \"threads\": %d, \"pipeline\": \"%s\", \"memory_reuse\": \"%s\", \"blas\": \"%s\", "
-           "\"cpu\": \"%s\"%s}\n",
+           "\"cpu\": %s%s}\n",
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, W, fwd, fb, comm_ms, fb - comm_ms, bytes, gflops,
-           peak, st.dropped, o->threads, pn, rn, moe_blas_info(), moe_cpu_info(), setup);
+           peak, st.dropped, o->threads, pn, rn, moe_blas_info(), moe_cpu_json(), setup);
   else if (o->dist)
     printf("%-4s %-8s %-8s %-5s %6s %9.1f %11.1f %9.1f %10.1f %12.1f %8d\n", c->name, rt, dn, dt, pn, fwd, fb,
            comm_ms, fb - comm_ms, bytes / 1048576.0, st.dropped);
@@ -324,9 +324,9 @@ static int run_case(bench_opts *o, const bench_case *c, int skewed, moe_dispatch
            "\"routing\": \"%s\", \"dtype\": \"%s\", \"fwd_ms\": %.3f, \"fwd_cached_ms\": %.3f, \"fwdbwd_ms\": %.3f, "
            "\"gflops\": %.2f, \"sgemm_gflops\": %.2f, \"roofline_ratio\": %.4f, \"peak_bytes\": %zu, "
            "\"peak_rss_bytes\": %zu, \"dropped\": %d, \"capacity\": %d, \"threads\": %d, \"pipeline\": \"%s\", "
-           "\"memory_reuse\": \"%s\", \"blas\": \"%s\", \"cpu\": \"%s\"%s}\n",
+           "\"memory_reuse\": \"%s\", \"blas\": \"%s\", \"cpu\": %s%s}\n",
            c->name, c->T, c->D, c->H, c->E, c->k, dn, rt, dt, fwd, fwd_cached, fb, gflops, sg, gflops / sg, peak, rss,
-           st.dropped, st.capacity, o->threads, pn, rn, moe_blas_info(), moe_cpu_info(), setup);
+           st.dropped, st.capacity, o->threads, pn, rn, moe_blas_info(), moe_cpu_json(), setup);
   else
     printf("%-4s %-8s %-8s %-5s %6s %9.1f %10.1f %11.1f %9.1f %7.3f %10.1f %10.1f %8d\n", c->name, rt, dn, dt,
            pn, fwd, fwd_cached, fb, gflops, gflops / sg, peak / 1048576.0, rss / 1048576.0, st.dropped);

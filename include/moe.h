@@ -942,11 +942,20 @@ const char *moe_blas_info(void);
  * it for its caller. A later parallel region of the thread starts a new team. */
 void moe_threads_release(void);
 /* The CPU as the kernels see it, on one line: its model name, family and model, the features they are
- * chosen by (AVX2, FMA, AVX-512's, VNNI, BF16, AMX), its data caches, and the kernels chosen on it
- * (small-GEMM kernels, activations, bf16 GEMMs, Q8_0 dot products), e.g. "AMD EPYC (family 25 model 1): avx2 fma; L1d 32K
- * L2 512K L3 32768K; kernels: small GEMMs off (...), activations one at a time, bf16 GEMMs ..., Q8_0 dot
- * products AVX2". */
+ * chosen by (AVX2, FMA, F16C, AVX-512's, VNNI, BF16, AMX), its data caches and logical CPUs, and the
+ * kernels chosen on it (small-GEMM kernels with their blocking, which follows the L2's size;
+ * activations, bf16 GEMMs, quantized dot products), e.g. "AMD EPYC (family 25 model 17): avx2 fma ...;
+ * L1d 32K L2 1024K L3 32768K, 2 CPUs; kernels: small GEMMs AVX-512 (blocks of K: NN 512, NT up to 1024,
+ * for an L2 of 1024K; 536 KiB scratch a thread), ...". MOE_CPU_CACHE_L1D, MOE_CPU_CACHE_L2 and
+ * MOE_CPU_CACHE_L3 (bytes, or with a K or M suffix), set before the library's first GEMM, stand for the
+ * caches found, to test the choices made for other CPUs (NT's blocks change the summation order). */
 const char *moe_cpu_info(void);
+/* The same as one JSON object: "model", "vendor", "family", "model_number", "features" (a list of names
+ * as /proc/cpuinfo spells them), "l1d_bytes", "l2_bytes", "l3_bytes" (0: unknown), "caches_from"
+ * ("sysfs", "cpuid" or "none", "+env" where the environment set one), "cpus", "small_gemm" ("AVX-512"
+ * or "off"), "gemm_kc", "gemm_kc_nt" (the blocks of K), "gemm_scratch_bytes" (a thread's; 0 when
+ * off), "activations", "bf16_gemm", "quant_dot". */
+const char *moe_cpu_json(void);
 /* OpenBLAS picks its kernels when it loads and takes this Zen 5 CPU for a Haswell (AVX2), as does an
  * OPENBLAS_CORETYPE=Haswell in the environment. Returns the OPENBLAS_CORETYPE value of faster
  * kernels this CPU supports ("SKYLAKEX" for AVX-512) when slower ones were loaded, else NULL (also

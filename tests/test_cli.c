@@ -240,6 +240,16 @@ TEST(cli_bench_dtype_cases) {
   ASSERT(!strstr(out, "\"case\": \"M\"") && !strstr(out, "\"case\": \"L\""));
 
   ASSERT(strstr(out, "\"fwd_cached_ms\": ")); /* bench fails if the cached forward's bits differ */
+  /* the CPU as an object: its caches and features, and the small GEMMs' blocks */
+  cJSON *j = cJSON_Parse(out), *cpu = cJSON_GetObjectItem(j, "cpu");
+  if (!cJSON_IsObject(cpu)) FAIL_("no \"cpu\" object in %s", out);
+  const char *nums[] = {"family", "model_number", "l1d_bytes", "l2_bytes", "l3_bytes", "cpus", "gemm_kc", "gemm_kc_nt"};
+  for (int i = 0; i < 8; i++)
+    if (!cJSON_IsNumber(cJSON_GetObjectItem(cpu, nums[i]))) FAIL_("\"cpu\" has no number \"%s\": %s", nums[i], out);
+  ASSERT(cJSON_IsArray(cJSON_GetObjectItem(cpu, "features")) && cJSON_IsString(cJSON_GetObjectItem(cpu, "model")));
+  ASSERT(cJSON_GetObjectItem(cpu, "gemm_kc_nt")->valueint == 2 * cJSON_GetObjectItem(cpu, "gemm_kc")->valueint);
+  ASSERT(cJSON_GetObjectItem(cpu, "cpus")->valueint >= 1);
+  cJSON_Delete(j);
 
   /* both routings and dispatches; --progress: a line per case on stderr, stdout still JSON only */
   rc = bench_run("--shape 300,16,24,6,2 --reps 1 --json --progress", out, sizeof out);

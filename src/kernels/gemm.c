@@ -203,10 +203,8 @@ const char *moe_blas_better_coretype(void) {
   /* MOE_KEEP_BLAS_CORETYPE keeps whatever OpenBLAS loaded; MOE_BLAS_REEXEC marks the process that
    * was already restarted, so a BLAS that ignores the variable cannot make a loop. */
   if (getenv("MOE_KEEP_BLAS_CORETYPE") || getenv("MOE_BLAS_REEXEC")) return NULL;
-  __builtin_cpu_init();
-  int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-               __builtin_cpu_supports("avx512cd");
+  int avx512 = moe__cpu_has(MOE__CPU_AVX512F | MOE__CPU_AVX512BW | MOE__CPU_AVX512DQ | MOE__CPU_AVX512VL |
+                            MOE__CPU_AVX512CD);
   const char *core = openblas_get_corename();
   int has512 = core && (strstr(core, "SkylakeX") || strstr(core, "Cooperlake") || strstr(core, "SapphireRapids") ||
                         strstr(core, "Zen4") || strstr(core, "ZEN4"));

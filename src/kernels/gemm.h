@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 
+#include "base/cpu.h"
 #include "moe.h"
 
 typedef struct {
@@ -50,10 +51,23 @@ int moe__gemm_one(const moe__gemm *g);
  * AVX-512 kernels that read the large operand in place; returns 0, doing nothing, for any other GEMM
  * (or without AVX-512), which then goes to the BLAS. */
 int moe__gemm_small(const moe__gemm *g);
-/* Makes the small kernels' scratch (536 KiB a thread) of each of `threads` OpenMP threads now, so that
- * the GEMMs of the steps allocate nothing (layer init calls it); MOE_ERR_NOMEM without the memory. A
- * thread without its scratch later makes it on its first GEMM, or leaves the GEMM to the BLAS. */
+/* The small kernels' blocking, derived from the CPU's caches by moe__gemm_params_for (gemm_params.c
+ * says how): the same on one CPU whatever the threads. */
+typedef struct {
+  int kc;        /* NN's block of the inner dimension (does not change the bits) */
+  int kc_nt;     /* NT's longest block of the inner dimension (changes the summation order) */
+  long long l2;  /* the L2 size they were derived from, as taken (a power of two) */
+} moe__gemm_params;
+/* For a CPU's description (NULL: defaults); for this CPU, found once. */
+moe__gemm_params moe__gemm_params_for(const moe__cpu *c);
+const moe__gemm_params *moe__gemm_params_get(void);
+/* Makes the small kernels' scratch (kc_nt x 128 + 128 x 48 floats a thread: 536 KiB at kc_nt 1024) of
+ * each of `threads` OpenMP threads now, so that the GEMMs of the steps allocate nothing (layer init
+ * calls it); MOE_ERR_NOMEM without the memory. A thread without its scratch later makes it on its
+ * first GEMM, or leaves the GEMM to the BLAS. */
 moe_status moe__gemm_small_scratch(int threads);
+/* The bytes of that scratch a thread (0 in a build without AVX-512). */
+long moe__gemm_small_scratch_bytes(void);
 /* gemm_bf16.c: oneDNN's bf16 matmul (or the widening path where it has none), set up once before
  * the first bf16 GEMM; and one GEMM (returns 0 when out of memory). */
 void moe__gemm_bf16_init(void);

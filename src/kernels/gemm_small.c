@@ -11,8 +11,8 @@
  *   with up to 16 rows (the inner experts of a hierarchical layer), dot products along K instead, as
  *   are the rows past a multiple of 64 by up to 16.
  * Each register tile is MR rows by up to 64 columns (4 vectors, the last masked) accumulated over a
- * block of the inner dimension (KC for NN, up to KC_NT for NT, all of it for TN); the results depend
- * on the shape only, never on threads. */
+ * block of the inner dimension (kc for NN, up to kc_nt for NT, all of it for TN: moe__gemm_params,
+ * from the L2's size); the results depend on the shape and those blocks only, never on threads. */
 #include "kernels/gemm.h"
 #include "internal.h"
 
@@ -25,16 +25,14 @@
 
 #define MR 6      /* rows of a register tile: 6 x 4 accumulators of 16 floats */
 #define NR 64     /* columns of a register tile */
-#define KC 512    /* inner-dimension block: a 64-column panel of it stays in L2 */
 #define SMALL 128 /* the small side up to which the library's panels cost more than they save */
-#define KC_NT 1024 /* NT's longest block of the inner dimension */
 #define NT_COLS 48 /* rows of B (8 tiles) whose products NT writes back to C together */
-/* Each thread's copy of an operand (A^T for NT, B's strips for TN): 512 KiB, kept in L2 while it is
- * read, and after it NT's products before their write-back. On the heap, made once per thread: as
- * thread-local data it would be part of every thread's stack, and threads with small stacks (an HTTP
- * server's) could not start. */
-#define COPY (KC_NT * SMALL)
-#define SCRATCH (COPY + SMALL * NT_COLS)
+/* Each thread's copy of an operand (A^T for NT, B's strips for TN): kc_nt x SMALL floats (512 KiB at
+ * kc_nt 1024), kept in L2 while it is read, and after it NT's products before their write-back. On the
+ * heap, made once per thread: as thread-local data it would be part of every thread's stack, and
+ * threads with small stacks (an HTTP server's) could not start. */
+static long copy_floats(void) { return (long)moe__gemm_params_get()->kc_nt * SMALL; }
+static long scratch_floats(void) { return copy_floats() + SMALL * NT_COLS; }
 static tss_t scratch_key;
 static once_flag scratch_once = ONCE_FLAG_INIT;
 static int scratch_keyed;
@@ -45,8 +43,8 @@ static float *scratch(void) {
   call_once(&scratch_once, scratch_init);
   if (!scratch_keyed) return NULL;
   float *s = tss_get(scratch_key);
-  if (!s && (s = aligned_alloc(64, SCRATCH * sizeof *s))) {
-    memset(s, 0, SCRATCH * sizeof *s); /* NT's write-back loads whole vectors, lanes it never stores included */
+  if (!s && (s = aligned_alloc(64, scratch_floats() * sizeof *s))) {
+    memset(s, 0, scratch_floats() * sizeof *s); /* NT's write-back loads whole vectors, lanes it never stores included */
     if (tss_set(scratch_key, s) != thrd_success) {
       free(s);
       s = NULL;
@@ -114,8 +112,9 @@ static const tile_fn tiles[MR][4] = {ROW(1), ROW(2), ROW(3), ROW(4), ROW(5), ROW
  * block's first: 1.03-1.05x where N is short, as dx's 768 columns). */
 static void run_nn(const moe__gemm *g) {
   const float *A = g->A, *B = g->B;
-  for (int k0 = 0; k0 < g->K; k0 += KC) {
-    int kc = g->K - k0 < KC ? g->K - k0 : KC;
+  const int block = moe__gemm_params_get()->kc;
+  for (int k0 = 0; k0 < g->K; k0 += block) {
+    int kc = g->K - k0 < block ? g->K - k0 : block;
     for (int j = 0; j < g->N; j += NR) {
       int nc = g->N - j < NR ? g->N - j : NR, pr = j + NR < g->N ? kc : 0;
       __mmask16 mk[4];
@@ -123,7 +122,7 @@ static void run_nn(const moe__gemm *g) {
       const float *panel = B + (long)k0 * g->ldb + j, *pf = panel + NR;
       if (!pr && k0 + kc < g->K) { /* the next block's first panel */
         pf = B + (long)(k0 + kc) * g->ldb;
-        pr = g->K - k0 - kc < KC ? g->K - k0 - kc : KC;
+        pr = g->K - k0 - kc < block ? g->K - k0 - kc : block;
       }
       for (int i = 0; i < g->M; i += MR) {
         int mr = g->M - i < MR ? g->M - i : MR, load_c = k0 > 0 || g->beta != 0.0f;
@@ -149,7 +148,7 @@ static void run_nn(const moe__gemm *g) {
 static void run_tn_rows(const moe__gemm *g, float *bp) {
   const float *A = g->A, *B = g->B;
   float *C = g->C;
-  int K = g->K, load_c = g->beta != 0.0f, width = COPY / K / NR * NR;
+  int K = g->K, load_c = g->beta != 0.0f, width = (int)(copy_floats() / K / NR * NR);
   for (int j0 = 0; j0 < g->N; j0 += width) {
     int w = g->N - j0 < width ? g->N - j0 : width;
     for (int j = 0; j < w; j += NR) {
@@ -365,7 +364,7 @@ static void copy_transposed(const float *A, long lda, int m, int kc, float *at) 
 }
 
 /* NT: C^T (N, m) = B (N, K) A^T (K, m), through a copy of A^T in blocks of K of equal length, at most
- * KC_NT (K = 768 whole: 1.2x the 512 + 256 of a fixed block, one thread at case L), and of 64 rows:
+ * kc_nt (1024 on a 1 MiB L2; K = 768 whole: 1.2x the 512 + 256 of a fixed block, one thread at case L), and of 64 rows:
  * each tile of B's rows is read from memory once and multiplied by every block of rows while it is
  * in L1 (an expert a few rows past 64 would otherwise stream its weights twice). Up to DOT_M rows past
  * a multiple of 64 (half of case L's experts under uniform routing) are dot products against each
@@ -376,10 +375,11 @@ static void copy_transposed(const float *A, long lda, int m, int kc, float *at) 
  * C: a row at a time, with scalars, the write-back took 10-15% of the forward GEMMs (1.05-1.15x for
  * fc2, whose C takes three blocks of K; fc1 within the noise). */
 static void run_nt(const moe__gemm *g, float *at) {
-  float *ct = at + COPY; /* the products of NT_COLS rows of B by each block of 64 rows */
+  float *ct = at + copy_floats(); /* the products of NT_COLS rows of B by each block of 64 rows */
   const float *A = g->A, *B = g->B;
+  const int kmax = moe__gemm_params_get()->kc_nt;
   int tail = g->M > NR && g->M % NR <= DOT_M ? g->M % NR : 0, mt = g->M - tail;
-  int blocks = (g->K + KC_NT - 1) / KC_NT, kb = (g->K + blocks - 1) / blocks;
+  int blocks = (g->K + kmax - 1) / kmax, kb = (g->K + blocks - 1) / blocks;
   for (int k0 = 0; k0 < g->K; k0 += kb) {
     int kc = g->K - k0 < kb ? g->K - k0 : kb;
     float beta = k0 > 0 ? 1.0f : g->beta;
@@ -438,7 +438,7 @@ static void run_tn_few(const moe__gemm *g) {
 }
 
 int moe__gemm_small(const moe__gemm *g) {
-  if (g->bf16 || g->alpha != 1.0f || !__builtin_cpu_supports("avx512f")) return 0;
+  if (g->bf16 || g->alpha != 1.0f || !moe__cpu_has(MOE__CPU_AVX512F)) return 0;
   int nn = !g->ta && !g->tb, tn = g->ta && !g->tb, nt = !g->ta && g->tb;
   float *s = NULL;
   if (nn && g->M <= SMALL)
@@ -456,17 +456,20 @@ int moe__gemm_small(const moe__gemm *g) {
   return 1;
 }
 
+long moe__gemm_small_scratch_bytes(void) { return scratch_floats() * (long)sizeof(float); }
+
 moe_status moe__gemm_small_scratch(int threads) {
-  if (!__builtin_cpu_supports("avx512f")) return MOE_OK;
+  if (!moe__cpu_has(MOE__CPU_AVX512F)) return MOE_OK;
   int missing = 0;
 #pragma omp parallel num_threads(threads) reduction(| : missing)
   missing |= !scratch();
   MOE_TRY(!missing, MOE_ERR_NOMEM, "cannot allocate the small GEMMs' scratch (%d KiB a thread)",
-          (int)(SCRATCH * sizeof(float) >> 10));
+          (int)(moe__gemm_small_scratch_bytes() >> 10));
   return MOE_OK;
 }
 
 #else
+long moe__gemm_small_scratch_bytes(void) { return 0; }
 int moe__gemm_small(const moe__gemm *g) {
   (void)g;
   return 0;

@@ -7,11 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/cpu.h"
 #include "kernels/quant.h"
 #include "kernels/quant_avx2.h"
-#ifdef HAVE_X86
-#include <cpuid.h>
-#endif
 
 #define Q8_BYTES 34 /* f16 scale, then 32 int8 values */
 #define Q4_BYTES 18 /* f16 scale, then 16 bytes of two 4-bit values each */
@@ -263,35 +261,12 @@ AVX2 static void mxfp4_avx2(const void *w, const void *a, size_t astride, int nr
   MOE__QDOT_BY_ROWS(nr, b32_avx2, MOE__B32_MXFP4, MX_BYTES, w, a, astride, n, out)
 }
 
-/* AVX2, FMA and F16C (CPUID leaf 1, ECX bits 12 and 29: clang's __builtin_cpu_supports has no "f16c").
- * Asked once: CPUID exits to the hypervisor in a VM, tens of microseconds each, and callers ask per
- * matrix. */
-static int cpu_avx2_ask(void) {
-  unsigned a, b, c, d;
-  return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1) && (c >> 12 & 1);
-}
-
-static int cpu_avx2(void) {
-  static int has = -1; /* a race writes the same value */
-  if (has < 0) has = cpu_avx2_ask();
-  return has;
-}
-
-/* AVX-512 F, BW, VL (CPUID leaf 7 EBX bits 16, 30, 31) and VNNI (ECX bit 11), with the OS saving the
- * registers (OSXSAVE, then XCR0's SSE, AVX, opmask and both ZMM parts): by CPUID, as clang's
- * __builtin_cpu_supports lacks some of these names. */
-static int cpu_avx512_ask(void) {
-  unsigned a, b, c, d, lo, hi;
-  if (!cpu_avx2() || !__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return 0;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || (b & 0xc0010000u) != 0xc0010000u || !(c >> 11 & 1)) return 0;
-  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  return (lo & 0xe6) == 0xe6;
-}
+/* AVX2, FMA and F16C (F16C for the scales); for AVX-512 also F, BW, VL and VNNI (base/cpu.h asks the
+ * CPU once, the OS's saving of the registers included). */
+static int cpu_avx2(void) { return moe__cpu_has(MOE__CPU_AVX2 | MOE__CPU_FMA | MOE__CPU_F16C); }
 
 static int cpu_avx512(void) {
-  static int has = -1;
-  if (has < 0) has = cpu_avx512_ask();
-  return has;
+  return cpu_avx2() && moe__cpu_has(MOE__CPU_AVX512F | MOE__CPU_AVX512BW | MOE__CPU_AVX512VL | MOE__CPU_AVX512_VNNI);
 }
 #else
 static int cpu_avx2(void) { return 0; }
