@@ -5,12 +5,15 @@
 # a one-token prompt, 2 threads: llama-bench (-p 0 -n TOKENS, its tokens/s) against `moe generate
 # --memory-budget BUDGET` (default LIMIT less 1 GiB for the dense weights, the KV cache and the process;
 # the experts read into a budgeted cache with next-layer prefetch, the page cache dropped behind its reads).
-# The file: Mixtral-8x7B's shape (8 experts of width 14336, hidden 4096, 32 heads, 8 kv heads, top-2, vocabulary 32000) with
-# LAYERS layers (default 8: 6.7 GB in Q4_K) of random BF16 weights (bench/random_lm.py --pool; random
-# routing is nearly uniform, the hardest case for a cache), converted by `moe convert` to TYPE. The page
-# cache is dropped before every run (root: /proc/sys/vm/drop_caches), the two sides alternate over RUNS
-# rounds, and each run prints its tokens/s, its cgroup's peak memory and (libmoe) bytes read per token and
-# the cache's hit rate. An unlimited round (no cgroup, the file cached after a warm-up) is printed first.
+# The file: Mixtral-8x7B's shape (8 experts of width 14336, hidden 4096, 32 heads, 8 kv heads, top-2) with
+# LAYERS layers (default 8: 6.7 GB in Q4_K) of random BF16 weights and Llama 2's tokenizer (vocabulary
+# 32000; bench/random_lm.py --pool, data/tokenizers from scripts/get-tokenizers.sh; random routing is
+# nearly uniform, the hardest case for a cache), converted by `moe convert` to TYPE (streamed: about 2.7
+# GB of memory for the 8 layers' 24 GB). The page cache is dropped before every run (root:
+# /proc/sys/vm/drop_caches), the two sides alternate over RUNS rounds, and each run prints its tokens/s,
+# its cgroup's peak memory (the page cache it read included), its process's peak resident memory
+# (/usr/bin/time's, the file's mapped pages included) and (libmoe) bytes read per token and the cache's
+# hit rate. An unlimited round (no cgroup, the file cached after a warm-up) is printed first.
 # Nothing of llama.cpp is in this repository: give the directory of a build of it (its bin/llama-bench).
 # usage: bench/stream_vs_llamacpp.sh LLAMA_BUILD_DIR DIR [LIMIT (4G)] [RUNS (3)] [TOKENS (16)]
 #   env: MOE (build/moe), TYPE (q4_k), LAYERS (8), BUDGET (LIMIT - 1G), KEEP=1 keeps DIR's files
@@ -31,7 +34,7 @@ PY=/usr/bin/python3
 HF=$DIR/mixtral$LAYERS
 G=$DIR/mixtral$LAYERS-$TYPE.gguf
 if [ ! -f "$G" ]; then
-  [ -f "$HF/model.safetensors" ] || $PY "$(dirname "$0")/random_lm.py" "$HF" --vocab 32000 --family mixtral \
+  [ -f "$HF/model.safetensors" ] || $PY "$(dirname "$0")/random_lm.py" "$HF" --tokenizer data/tokenizers/llama2 --family mixtral \
     --layers "$LAYERS" --model 4096 --heads 32 --kv-heads 8 --head-dim 128 --experts 8 --top-k 2 --hidden 14336 \
     --dtype bf16 --pool --max-pos 4096 >/dev/null
   "$MOE" convert "$HF" "$G" --type "$TYPE" >/dev/null
@@ -54,37 +57,46 @@ fi
 in_cgroup() { sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG" "$@"; }
 drop() { sync && echo 3 >/proc/sys/vm/drop_caches; }
 
-llama() { # $1: limited or free; prints "tok/s peak_GiB"
+RSS=$(mktemp)
+llama() { # $1: limited or free; prints "tok/s peak_GiB max_RSS_GiB"
   if [ "$1" = limited ]; then drop && reset_peak; set -- in_cgroup; else set --; fi
-  out=$("$@" "$BENCH" -m "$G" -p 0 -n "$TOKENS" -r 1 -t 2 -o json 2>/dev/null) || { echo "llama-bench failed" >&2; exit 1; }
+  out=$("$@" /usr/bin/time -o "$RSS" -f %M "$BENCH" -m "$G" -p 0 -n "$TOKENS" -r 1 -t 2 -o json 2>/dev/null) ||
+    { echo "llama-bench failed" >&2; exit 1; }
   p=$([ $# -gt 0 ] && peak || echo 0)
-  echo "$out" | $PY -c 'import json, sys; print("%.3f %.2f" % (json.load(sys.stdin)[0]["avg_ts"], int(sys.argv[1]) / 2**30))' "$p"
+  echo "$out" | $PY -c 'import json, sys; print("%.3f %.2f %.2f" % (json.load(sys.stdin)[0]["avg_ts"], int(sys.argv[1]) / 2**30,
+                                                                   int(sys.argv[2]) / 2**20))' "$p" "$(tail -n 1 "$RSS")"
 }
-moe() { # $1: limited or free; prints "tok/s peak_GiB bytes/token hit_rate"
+moe() { # $1: limited or free; prints "tok/s peak_GiB max_RSS_GiB bytes/token hit_rate"
   if [ "$1" = limited ]; then drop && reset_peak; set -- in_cgroup; b="--memory-budget $BUDGET"; else set --; b=; fi
   # shellcheck disable=SC2086 # b: a flag and its value, or nothing
-  out=$("$@" "$MOE" generate --checkpoint "$G" --prompt-ids 1 --max-tokens "$TOKENS" --temperature 0 --ignore-eos \
+  out=$("$@" /usr/bin/time -o "$RSS" -f %M "$MOE" generate --checkpoint "$G" --prompt-ids 1 --max-tokens "$TOKENS" --temperature 0 --ignore-eos \
         --threads 2 $b --json 2>/dev/null) || { echo "moe generate failed" >&2; exit 1; }
   p=$([ $# -gt 0 ] && peak || echo 0)
   echo "$out" | $PY -c '
 import json, sys
 j = json.loads(next(l for l in sys.stdin.read().splitlines() if l.startswith("{")))
 x = j.get("experts") or {}
-print("%.3f %.2f %.0f %.3f" % (j["decode_tokens_per_s"], int(sys.argv[1]) / 2**30, x.get("bytes_read_per_token", 0),
-      x.get("hit_rate", 1)))' "$p"
+print("%.3f %.2f %.2f %.0f %.3f" % (j["decode_tokens_per_s"], int(sys.argv[1]) / 2**30, int(sys.argv[2]) / 2**20,
+      x.get("bytes_read_per_token", 0), x.get("hit_rate", 1)))' "$p" "$(tail -n 1 "$RSS")"
 }
 
 echo "# CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), 2 threads; $(basename "$G")" \
      "$(du -h "$G" | cut -f1); cgroup limit $LIMIT, libmoe's budget $BUDGET; $TOKENS tokens from 1, greedy"
-printf "%-8s %-10s %9s %9s %13s %8s\n" side memory tok/s peak_GiB bytes/token hit_rate
+F="%-9s %-9s %8s %13s %11s %13s %8s\n"
+# shellcheck disable=SC2059 # F: the table's format
+printf "$F" side memory tok/s cgroup_peak_GiB max_RSS_GiB bytes/token hit_rate
 llama free >/dev/null # untimed: the file into the page cache for the unlimited round
-printf "%-8s %-10s %9s %9s\n" llama.cpp unlimited $(llama free)
-printf "%-8s %-10s %9s %9s %13s %8s\n" libmoe unlimited $(moe free)
+# shellcheck disable=SC2046,SC2059 # each side's figures as fields
+printf "$F" llama.cpp unlimited $(llama free) - -
+# shellcheck disable=SC2046,SC2059
+printf "$F" libmoe unlimited $(moe free)
 for r in $(seq "$RUNS"); do
   order="llama moe"; [ $((r % 2)) -eq 0 ] && order="moe llama"
   for side in $order; do
-    if [ "$side" = llama ]; then printf "%-8s %-10s %9s %9s\n" llama.cpp "$LIMIT" $(llama limited)
-    else printf "%-8s %-10s %9s %9s %13s %8s\n" libmoe "$LIMIT" $(moe limited); fi
+    # shellcheck disable=SC2046,SC2059
+    if [ "$side" = llama ]; then printf "$F" llama.cpp "$LIMIT" $(llama limited) - -
+    else printf "$F" libmoe "$LIMIT" $(moe limited); fi
   done
 done
+rm -f "$RSS"
 rmdir "$CG" 2>/dev/null || true
