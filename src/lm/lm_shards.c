@@ -38,9 +38,19 @@ static moe_status add_file(moe__lm_shards *s, const char *name) {
   return MOE_OK;
 }
 
-/* File i, opened if it is not yet; `what`: the tensor it is opened for, for the error. */
+/* The first tensor the index says file i holds (for an error opening it), or NULL. */
+static const char *first_tensor(const moe__lm_shards *s, int i) {
+  const cJSON *it;
+  cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(s->index, "weight_map"))
+    if (!strcmp(it->valuestring, s->names[i])) return it->string;
+  return NULL;
+}
+
+/* File i, opened if it is not yet; `what`: the tensor it is opened for (NULL: the index's first of it),
+ * for the error. */
 static moe_status open_file(moe__lm_shards *s, int i, const char *what) {
   if (s->files[i]) return MOE_OK;
+  if (!what && s->index) what = first_tensor(s, i);
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", s->dir, s->names[i]);
   moe_status st = moe_st_open_lazy(&s->files[i], path);
