@@ -225,7 +225,7 @@ TEST(lm_convert_sharded_is_the_unsharded_byte_for_byte) {
   if (!same_file("qwen3_moe directory", fa, fb)) FAIL_("the sharded checkpoint's directory is not the unsharded one's");
 }
 
-/* moe convert of a sharded checkpoint whose shard is missing, or cut short inside its experts: non-zero,
+/* moe convert of a sharded checkpoint whose shard is missing, or cut short: non-zero,
  * naming the shard (and the tensor), and no file left. */
 TEST(lm_convert_sharded_missing_or_short_shard_is_an_error_naming_it) {
   char src[512], dir[512], out[512], shard[1024], args[1400], err[2048];

@@ -1,7 +1,7 @@
 /* Expert buffering for the language model (moe.h, moe serve --cache K): each MoE layer of a loaded
  * model is swapped for one with external experts, served by an expert cache of K slots over the
- * checkpoint's model.safetensors (read lazily: the family's tensor per expert, or gpt-oss's fused
- * tensors, lm_stream.c's moe__lm_open_cache); the experts' parameters are freed. The outputs are the
+ * checkpoint's model.safetensors or the shards of its index (read lazily: the family's tensor per
+ * expert, or gpt-oss's fused tensors in one file, lm_stream.c's moe__lm_open_cache); the experts' parameters are freed. The outputs are the
  * all-resident model's, bit for bit (sources/cache.c computes each expert with the same kernels). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +54,7 @@ static moe_status buffer_layer(moe_lm_t *m, moe__lm_shards *files, int i, int K,
 moe_status moe_lm_buffer_experts(moe_lm_t *m, const char *dir, int K, moe_cache_policy p, moe_lm_experts *x) {
   MOE_TRY(m && m->layers && dir && x, MOE_ERR_ARG, "moe_lm_buffer_experts: NULL argument");
   MOE_TRY(!moe__lm_gguf_is(dir), MOE_ERR_ARG,
-          "moe_lm_buffer_experts: %s: expert buffering reads a checkpoint directory's model.safetensors; GGUF files "
+          "moe_lm_buffer_experts: %s: expert buffering reads a checkpoint directory's safetensors files; GGUF files "
           "are not supported", dir);
   MOE_TRY(!m->cfg.moe.dist, MOE_ERR_ARG, "moe_lm_buffer_experts: one process only (no expert parallelism)");
   memset(x, 0, sizeof *x);

@@ -84,6 +84,7 @@ static moe_status read_index(moe__lm_shards *s) {
 }
 
 moe_status moe__lm_shards_open(moe__lm_shards **out, const char *dir, int all) {
+  *out = NULL; /* on an error too: the caller may release it */
   moe__lm_shards *s = calloc(1, sizeof *s);
   MOE_TRY(s, MOE_ERR_NOMEM, "%s: out of memory", dir);
   s->refs = 1;

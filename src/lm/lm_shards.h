@@ -20,7 +20,7 @@ typedef struct {
   int refs;
 } moe__lm_shards;
 
-/* dir's files; all: open each now (a missing or malformed one is an error here). */
+/* dir's files; all: open each now (a missing or malformed one is an error here). *out NULL on an error. */
 moe_status moe__lm_shards_open(moe__lm_shards **out, const char *dir, int all);
 void moe__lm_shards_release(moe__lm_shards *s);
 /* Whether dir has an index (its checkpoint is sharded). */
