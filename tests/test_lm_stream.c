@@ -537,9 +537,10 @@ TEST(lm_stream_gguf_gpt_oss_corrupt_bias_is_an_error_naming_it) {
     FAIL_("the message does not name the tensor and expert: %s", msg);
 }
 
-/* What streaming refuses: a budget below one expert per MoE layer (saying the least). */
+/* What streaming refuses: a budget below one expert per MoE layer (saying the least); a sharded gpt-oss
+ * checkpoint (its reader reads one file), saying so. */
 TEST(lm_stream_refuses_what_it_cannot_serve) {
-  char dir[512];
+  char dir[512], shards[512];
   snprintf(dir, sizeof dir, "%s/lm/mixtral", test_fixture_dir());
   moe_lm_stream_config s;
   moe_lm_stream_config_default(&s);
@@ -548,6 +549,11 @@ TEST(lm_stream_refuses_what_it_cannot_serve) {
   moe_lm_experts x;
   ASSERT_STATUS(moe_lm_load_streaming(&m, dir, NULL, &s, &x), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "below one expert per MoE layer"));
+  snprintf(dir, sizeof dir, "%s/lm/gpt_oss", test_fixture_dir());
+  ASSERT(lm_shard_checkpoint(dir, test_tmp_path("stream_oss_shards", shards, sizeof shards), 2));
+  s.budget = (size_t)1 << 20;
+  ASSERT_STATUS(moe_lm_load_streaming(&m, shards, NULL, &s, &x), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "a sharded gpt-oss checkpoint is not supported"));
 }
 
 /* The process's peak resident memory while a model whose experts take 96 MiB decodes under an 8 MiB budget

@@ -1,9 +1,9 @@
 /* Experts streamed from the checkpoint under a memory budget (moe.h, moe_lm_load_streaming): the model
  * is loaded with external experts (moe_lm_load reads no expert tensor then), each MoE layer gets an
  * expert cache over the checkpoint's file, or the shards of its index (lm_shards.h: each shard opened
- * once, on its first expert tensor, and shared by every layer's cache), with its share of the budget, and the layer hook
- * (lm_stream.h) predicts the next MoE layer's experts from the current layer's hidden state and
- * prefetches them. */
+ * once, on its first expert tensor, and shared by every layer's cache), with its share of the budget,
+ * and the layer hook (lm_stream.h) predicts the next MoE layer's experts from the current layer's hidden
+ * state and prefetches them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
