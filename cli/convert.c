@@ -26,7 +26,7 @@ static void usage(FILE *f) {
              "SRC a GGUF file and DST a directory: config.json and model.safetensors (F32) of the model, and its\n"
              "tokenizer as tokenizer.json and tokenizer_config.json when it has one.\n"
              "Either way the experts are read from SRC one at a time while DST is written: memory holds the dense\n"
-             "weights and about one expert's tensor (gpt-oss and sharded directories are loaded whole).\n");
+             "weights and about one expert's tensor, from model.safetensors or its shards (gpt-oss is loaded whole).\n");
 }
 
 static int is_dir(const char *p) {

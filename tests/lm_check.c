@@ -408,6 +408,38 @@ int lm_copy_fixture(const char *family, const char *dir) {
   return system(cmd) == 0;
 }
 
+const char *lm_shard_path(const char *dir, int k, int n, char *buf, size_t size) {
+  snprintf(buf, size, "%s/model-%05d-of-%05d.safetensors", dir, k, n);
+  return buf;
+}
+
+int lm_shard_checkpoint(const char *src, const char *dir, int n) {
+  char cmd[2048], path[1024];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s' && cp '%s/config.json' '%s'", dir, dir, src, dir);
+  snprintf(path, sizeof path, "%s/model.safetensors", src);
+  moe_st *f = NULL;
+  moe_st_writer *w[8] = {0};
+  cJSON *index = cJSON_CreateObject(), *map = cJSON_AddObjectToObject(index, "weight_map");
+  int ok = n >= 1 && n <= 8 && system(cmd) == 0 && moe_st_open(&f, path) == MOE_OK && map;
+  for (int k = 0; ok && k < n; k++) ok = moe_st_writer_new(&w[k]) == MOE_OK;
+  for (int i = 0; ok && i < moe_st_count(f); i++) {
+    moe_tensor_view v;
+    ok = moe_st_at(f, i, &v) == MOE_OK && moe_st_writer_add(w[i % n], v.name, v.dtype, v.ndim, v.shape, v.data) == MOE_OK &&
+         cJSON_AddStringToObject(map, v.name, strrchr(lm_shard_path(dir, i % n + 1, n, path, sizeof path), '/') + 1);
+  }
+  for (int k = 0; ok && k < n; k++) ok = moe_st_writer_save(w[k], lm_shard_path(dir, k + 1, n, path, sizeof path)) == MOE_OK;
+  char *text = ok ? cJSON_Print(index) : NULL;
+  snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+  FILE *out = text ? fopen(path, "w") : NULL;
+  ok = out && fputs(text, out) >= 0;
+  if (out) ok &= fclose(out) == 0;
+  for (int k = 0; k < n; k++) moe_st_writer_free(w[k]);
+  moe_st_close(f);
+  cJSON_Delete(index);
+  free(text);
+  return ok;
+}
+
 long long lm_st_offset(const char *dir, const char *name, size_t *nbytes) {
   char path[1024];
   snprintf(path, sizeof path, "%s/model.safetensors", dir);

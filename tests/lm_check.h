@@ -69,6 +69,12 @@ int lm_gguf_round_trip(const char *name, moe_lm_t *hf, const char *gguf);
 
 /* A copy of the fixture case `family`'s config.json and model.safetensors into dir (made afresh); 0 on failure. */
 int lm_copy_fixture(const char *family, const char *dir);
+/* The checkpoint directory src's config.json, and its model.safetensors split into n shards
+ * model-0000k-of-0000n.safetensors (tensor i in shard i % n, as stored: an expert's projections in
+ * different shards) named by a model.safetensors.index.json, in dir (made afresh); 0 on failure. */
+int lm_shard_checkpoint(const char *src, const char *dir, int n);
+/* The path of shard k (from 1) of n that lm_shard_checkpoint wrote in dir, in buf. */
+const char *lm_shard_path(const char *dir, int k, int n, char *buf, size_t size);
 /* The file offset of tensor name's data in dir's model.safetensors (its bytes in *nbytes), or -1. */
 long long lm_st_offset(const char *dir, const char *name, size_t *nbytes);
 /* A quiet NaN (F32) written at byte `at` of tensor name's data in dir's model.safetensors: the tensor's

@@ -142,7 +142,7 @@ TEST(lm_convert_gguf_to_directory_is_moe_lm_save_byte_for_byte) {
 }
 
 /* A Mixtral-shaped model whose experts (48 MiB fp32) dwarf its dense part (2 MiB), converted to Q8_0
- * and that file back to a directory: each one's peak resident memory over its start stays under the dense weights + 4 expert projections + 16 MiB
+ * from its directory and from its checkpoint split into 3 shards, and that file back to a directory: each one's peak resident memory over its start stays under the dense weights + 4 expert projections + 16 MiB
  * (the stated overhead: the reader's and the writer's buffers, libc's arenas), less than half the
  * experts: loading reads none of them and the save holds one at a time. */
 TEST(lm_convert_peak_memory_is_dense_plus_a_few_tensors) {
@@ -162,18 +162,21 @@ TEST(lm_convert_peak_memory_is_dense_plus_a_few_tensors) {
   moe_lm_free(&m);
   ASSERT_OK(st);
   const size_t mib = (size_t)1 << 20, experts = (size_t)2 * 16 * 3 * 256 * 512 * 4, proj = (size_t)256 * 512 * 4;
+  char shards[512];
+  ASSERT(lm_shard_checkpoint(dir, test_tmp_path("convert_rss_shards", shards, sizeof shards), 3));
   moe_lm_gguf_options o = {MOE_GGUF_Q8_0, NULL, NULL};
-  for (int back = 0; back < 2; back++) { /* the directory to Q8_0, then that file back to a directory */
+  static const char *const what[3] = {"directory -> GGUF", "3 shards -> GGUF", "GGUF -> directory"};
+  for (int k = 0; k < 3; k++) { /* the directory and its shards to Q8_0, then that file back to a directory */
     char again[512];
     test_tmp_path("convert_rss_back", again, sizeof again);
     long long base = lm_peak_reset_kib();
     if (base < 0) SKIP("cannot reset and read the peak resident memory (/proc/self/clear_refs, VmHWM)");
-    ASSERT_OK(moe_lm_convert(back ? out : dir, back ? again : out, &o, NULL));
+    ASSERT_OK(moe_lm_convert(k == 0 ? dir : k == 1 ? shards : out, k < 2 ? out : again, &o, NULL));
     long long peak = lm_status_kib("VmHWM:");
     size_t bound = dense + 4 * proj + 16 * mib;
     fprintf(stderr, "  %s: peak %.1f MiB over the start, bound %.1f MiB (dense %.1f, a projection %.1f), experts %.1f MiB\n",
-            back ? "GGUF -> directory" : "directory -> GGUF", (double)(peak - base) / 1024, (double)bound / mib,
-            (double)dense / mib, (double)proj / mib, (double)experts / mib);
+            what[k], (double)(peak - base) / 1024, (double)bound / mib, (double)dense / mib, (double)proj / mib,
+            (double)experts / mib);
     ASSERT(bound < experts / 2); /* the test can fail: the experts resident would break it */
     ASSERT((size_t)(peak - base) * 1024 <= bound);
   }
@@ -195,6 +198,50 @@ TEST(lm_convert_corrupt_expert_is_an_error_naming_it) {
   if (rc == 0 || !strstr(err, bad) || !strstr(err, "expert 2") || !strstr(err, "blk.1.ffn_up_exps.weight"))
     FAIL_("exit %d, and the message does not name the tensor: %s", rc, err);
   ASSERT(access(out, F_OK) != 0);
+}
+
+/* A checkpoint split into 3 shards (an expert's projections in different shards) converts streamed to the
+ * very bytes its unsharded directory converts to: Mixtral (F32 and Q8_0) and Qwen3-MoE (Q4_K fallback),
+ * and to a directory too. */
+TEST(lm_convert_sharded_is_the_unsharded_byte_for_byte) {
+  static const struct {
+    const char *fixture;
+    moe_gguf_type t;
+  } cases[] = {{"mixtral", MOE_GGUF_F32}, {"mixtral", MOE_GGUF_Q8_0}, {"qwen3_moe", MOE_GGUF_Q4_K}};
+  char src[512], dir[512], a[512], b[512];
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    moe_lm_gguf_options o = {cases[k].t, NULL, NULL};
+    ASSERT(lm_shard_checkpoint(lm_case_dir(cases[k].fixture, src, sizeof src), test_tmp_path("convert_shards", dir, sizeof dir), 3));
+    ASSERT_OK(moe_lm_convert(src, test_tmp_path("convert_unsharded.gguf", a, sizeof a), &o, NULL));
+    ASSERT_OK(moe_lm_convert(dir, test_tmp_path("convert_sharded.gguf", b, sizeof b), &o, NULL));
+    if (!same_file(cases[k].fixture, a, b)) FAIL_("%s as %s: the sharded checkpoint's file is not the unsharded one's",
+                                                  cases[k].fixture, moe_gguf_type_name(cases[k].t));
+  }
+  ASSERT_OK(moe_lm_convert(src, test_tmp_path("convert_unsharded_dir", a, sizeof a), NULL, NULL));
+  ASSERT_OK(moe_lm_convert(dir, test_tmp_path("convert_sharded_dir", b, sizeof b), NULL, NULL));
+  char fa[700], fb[700];
+  snprintf(fa, sizeof fa, "%s/model.safetensors", a);
+  snprintf(fb, sizeof fb, "%s/model.safetensors", b);
+  if (!same_file("qwen3_moe directory", fa, fb)) FAIL_("the sharded checkpoint's directory is not the unsharded one's");
+}
+
+/* moe convert of a sharded checkpoint whose shard is missing, or cut short: non-zero,
+ * naming the shard (and the tensor), and no file left. */
+TEST(lm_convert_sharded_missing_or_short_shard_is_an_error_naming_it) {
+  char src[512], dir[512], out[512], shard[1024], args[1400], err[2048];
+  ASSERT(lm_shard_checkpoint(lm_case_dir("mixtral", src, sizeof src), test_tmp_path("convert_bad_shards", dir, sizeof dir), 3));
+  test_tmp_path("convert_bad_shards.gguf", out, sizeof out);
+  lm_shard_path(dir, 3, 3, shard, sizeof shard);
+  snprintf(args, sizeof args, "convert %s %s --type Q8_0", dir, out);
+  for (int missing = 0; missing < 2; missing++) {
+    ASSERT(missing ? unlink(shard) == 0 : truncate(shard, 4096) == 0);
+    unlink(out);
+    int rc = run_moe(NULL, args, NULL, err, sizeof err);
+    if (rc == 0 || !strstr(err, "model-00003-of-00003.safetensors") || !strstr(err, "tensor 'model.layers."))
+      FAIL_("%s shard: exit %d, and the message does not name the shard and a tensor: %s", missing ? "a missing" : "a short",
+            rc, err);
+    ASSERT(access(out, F_OK) != 0);
+  }
 }
 
 /* A model whose experts an expert cache serves (moe_lm_buffer_experts: no values in the model) is not

@@ -3,6 +3,7 @@
  * alone with moe_lm_decode. */
 #include <string.h>
 
+#include "lm_check.h"
 #include "test.h"
 
 enum { NSEQ = 4, NEW = 8, V = 64 };
@@ -117,19 +118,23 @@ TEST(lm_decode_slots_equal_each_sequence_alone) {
 }
 
 /* Expert buffering (moe_lm_buffer_experts): K = 1 and 2 of 4 experts resident, LIFO and LRU, give the
- * all-resident model's logits bit for bit over a prompt and greedy steps; the caches count their misses. */
+ * all-resident model's logits bit for bit over a prompt and greedy steps, from the checkpoint and from it
+ * split into 3 shards; the caches count their misses. */
 TEST(lm_buffered_experts_decode_bit_identical) {
-  char dir[512];
+  char dir[512], shards[512];
   moe_lm_t all, buf;
   snprintf(dir, sizeof dir, "%s/lm/mixtral", test_fixture_dir());
+  ASSERT(lm_shard_checkpoint(dir, test_tmp_path("buffered_shards", shards, sizeof shards), 3));
   ASSERT_OK(moe_lm_load(&all, dir, NULL));
   seq want = {.n = 5, .prompt = {7, 7, 2, 40, 11}};
   ASSERT(alone(&all, &want));
   moe_lm_free(&all);
-  for (int K = 1; K <= 2; K++) {
+  for (int k = 0; k < 4; k++) {
+    int K = 1 + k % 2;
+    const char *from = k < 2 ? dir : shards;
     moe_lm_experts x;
-    ASSERT_OK(moe_lm_load(&buf, dir, NULL));
-    ASSERT_OK(moe_lm_buffer_experts(&buf, dir, K, K == 1 ? MOE_CACHE_LIFO : MOE_CACHE_LRU, &x));
+    ASSERT_OK(moe_lm_load(&buf, from, NULL));
+    ASSERT_OK(moe_lm_buffer_experts(&buf, from, K, K == 1 ? MOE_CACHE_LIFO : MOE_CACHE_LRU, &x));
     ASSERT(!moe_lm_find(&buf, "model.layers.0.block_sparse_moe.experts.1.w2.weight")->data);
     seq got = want;
     ASSERT(alone(&buf, &got));

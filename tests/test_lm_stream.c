@@ -4,9 +4,12 @@
  * its read, and the process's peak resident memory under dense + budget + a stated overhead. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "lm_check.h"
 #include "run_cli.h"
@@ -534,9 +537,10 @@ TEST(lm_stream_gguf_gpt_oss_corrupt_bias_is_an_error_naming_it) {
     FAIL_("the message does not name the tensor and expert: %s", msg);
 }
 
-/* What streaming refuses: a budget below one expert per MoE layer (saying the least). */
+/* What streaming refuses: a budget below one expert per MoE layer (saying the least); a sharded gpt-oss
+ * checkpoint (its reader reads one file), saying so. */
 TEST(lm_stream_refuses_what_it_cannot_serve) {
-  char dir[512];
+  char dir[512], shards[512];
   snprintf(dir, sizeof dir, "%s/lm/mixtral", test_fixture_dir());
   moe_lm_stream_config s;
   moe_lm_stream_config_default(&s);
@@ -545,6 +549,11 @@ TEST(lm_stream_refuses_what_it_cannot_serve) {
   moe_lm_experts x;
   ASSERT_STATUS(moe_lm_load_streaming(&m, dir, NULL, &s, &x), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "below one expert per MoE layer"));
+  snprintf(dir, sizeof dir, "%s/lm/gpt_oss", test_fixture_dir());
+  ASSERT(lm_shard_checkpoint(dir, test_tmp_path("stream_oss_shards", shards, sizeof shards), 2));
+  s.budget = (size_t)1 << 20;
+  ASSERT_STATUS(moe_lm_load_streaming(&m, shards, NULL, &s, &x), MOE_ERR_ARG);
+  ASSERT(strstr(moe_last_error(), "a sharded gpt-oss checkpoint is not supported"));
 }
 
 /* The process's peak resident memory while a model whose experts take 96 MiB decodes under an 8 MiB budget
@@ -925,4 +934,134 @@ TEST(lm_stream_cli_placement_and_pins) {
     ASSERT_EQ_INT(run_moe(NULL, args, out, err, sizeof err), 1);
     if (!strstr(err, bad[i][1])) FAIL_("moe %s: wanted '%s' in: %s", args, bad[i][1], err);
   }
+}
+
+/* The fixture case `family`'s checkpoint split into 3 shards (lm_shard_checkpoint: an expert's projections
+ * in different shards) in a new directory dir; the model loaded whole from there decodes as the
+ * unsharded fixture does, bit for bit. */
+static int sharded_fixture(const char *family, char *dir, size_t n) {
+  char src[512], name[96];
+  snprintf(src, sizeof src, "%s/lm/%s", test_fixture_dir(), family);
+  snprintf(name, sizeof name, "stream_shards_%s", family);
+  if (!lm_shard_checkpoint(src, test_tmp_path(name, dir, n), 3)) return fprintf(stderr, "  cannot shard %s\n", src), 0;
+  static run_out a, b;
+  moe_lm_t m;
+  moe_status st = moe_lm_load(&m, src, NULL);
+  if (st == MOE_OK) st = decode(&m, 0.0f, &a), moe_lm_free(&m);
+  if (st == MOE_OK && (st = moe_lm_load(&m, dir, NULL)) == MOE_OK) st = decode(&m, 0.0f, &b), moe_lm_free(&m);
+  if (st != MOE_OK) return fprintf(stderr, "  %s: %s\n", family, moe_last_error()), 0;
+  return !memcmp(&a, &b, sizeof a);
+}
+
+/* A sharded checkpoint streamed under a small budget (Mixtral's w1/w2/w3 and Qwen3-MoE's
+ * gate/up/down_proj of one expert in different shards): the all-resident model's tokens and logits bit
+ * for bit, greedy and sampled, with and without prefetch, no expert read at load. */
+static void check_sharded(int *failed_, const char *family) {
+  char dir[512];
+  ASSERT(sharded_fixture(family, dir, sizeof dir));
+  moe_lm_config c;
+  ASSERT_OK(moe_lm_read_config(dir, &c));
+  check_streamed(failed_, dir, c, family, 2, 1);
+}
+
+TEST(lm_stream_sharded_mixtral_bit_identical) { check_sharded(failed_, "mixtral"); }
+TEST(lm_stream_sharded_qwen3_moe_bit_identical) { check_sharded(failed_, "qwen3_moe"); }
+
+/* The 3 shards of a streamed checkpoint are opened once each for every layer's cache (3 descriptors
+ * held, not one a layer), and closed with the last cache. */
+TEST(lm_stream_sharded_layers_share_one_descriptor_a_shard) {
+  char dir[512];
+  ASSERT(sharded_fixture("mixtral", dir, sizeof dir));
+  if (open_fds() < 0) SKIP("no /proc/self/fd to count descriptors in");
+  moe_lm_stream_config s;
+  moe_lm_stream_config_default(&s);
+  s.budget = (size_t)1 << 20;
+  int before = open_fds();
+  moe_lm_t m;
+  moe_lm_experts x;
+  ASSERT_OK(moe_lm_load_streaming(&m, dir, NULL, &s, &x));
+  int held = open_fds();
+  static run_out o;
+  moe_status st = decode(&m, 0.0f, &o);
+  int after_decode = open_fds();
+  moe_expert_cache_stats t = total(&x);
+  moe_lm_free(&m);
+  moe_lm_experts_free(&x);
+  ASSERT_OK(st);
+  ASSERT(t.loads > 0);
+  if (held - before != 3 || after_decode != held)
+    FAIL_("%d descriptors held after loading 3 shards streamed, %d after decoding; want 3", held - before,
+          after_decode - before);
+  ASSERT_EQ_INT(open_fds(), before);
+}
+
+/* dir's index with tensor `name` said to be in file `shard`. */
+static int index_points(const char *dir, const char *name, const char *shard) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+  FILE *f = fopen(path, "rb");
+  char text[1 << 16];
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  if (f) fclose(f);
+  text[n] = 0;
+  cJSON *root = cJSON_Parse(text), *map = cJSON_GetObjectItem(root, "weight_map");
+  int ok = map && cJSON_GetObjectItem(map, name) && cJSON_ReplaceItemInObject(map, name, cJSON_CreateString(shard));
+  char *out = ok ? cJSON_Print(root) : NULL;
+  f = out ? fopen(path, "w") : NULL;
+  ok = f && fputs(out, f) >= 0;
+  if (f) ok &= fclose(f) == 0;
+  cJSON_Delete(root);
+  free(out);
+  return ok;
+}
+
+/* Whether msg names every one of the strings (c may be NULL); prints it otherwise. */
+static int names(const char *msg, const char *a, const char *b, const char *c) {
+  if (strstr(msg, a) && strstr(msg, b) && (!c || strstr(msg, c))) return 1;
+  fprintf(stderr, "  the message does not name '%s', '%s'%s%s: %s\n", a, b, c ? ", " : "", c ? c : "", msg);
+  return 0;
+}
+
+/* A sharded checkpoint gone bad: a shard missing, or cut short, refused at load naming the shard; a shard
+ * cut short while the model is served, an error at the read naming the shard and the tensor; the index
+ * naming a shard that lacks the tensor, refused at load naming both. Never a crash. */
+TEST(lm_stream_sharded_missing_short_or_wrong_shard_is_an_error_naming_it) {
+  char dir[512], shard[1024], msg[1024];
+  const char *file = "model-00002-of-00003.safetensors";
+  ASSERT(sharded_fixture("mixtral", dir, sizeof dir));
+  lm_shard_path(dir, 2, 3, shard, sizeof shard);
+  ASSERT(truncate(shard, 4096) == 0);
+  ASSERT_STATUS(stream_decode(dir, -1, msg, sizeof msg), MOE_ERR_FORMAT);
+  ASSERT(names(msg, file, "model.layers.", NULL));
+  ASSERT(unlink(shard) == 0);
+  ASSERT(stream_decode(dir, -1, msg, sizeof msg) != MOE_OK);
+  ASSERT(names(msg, file, "No such file", NULL));
+  /* cut while served: the experts read after it fail naming the shard and a tensor of it */
+  ASSERT(sharded_fixture("mixtral", dir, sizeof dir));
+  moe_lm_stream_config s;
+  moe_lm_stream_config_default(&s);
+  s.budget = (size_t)1 << 20;
+  moe_lm_t m;
+  moe_lm_experts x;
+  ASSERT_OK(moe_lm_load_streaming(&m, dir, NULL, &s, &x));
+  static run_out o;
+  moe_status st = truncate(shard, 4096) == 0 ? decode(&m, 0.0f, &o) : MOE_ERR_IO;
+  snprintf(msg, sizeof msg, "%s", moe_last_error());
+  moe_lm_free(&m);
+  moe_lm_experts_free(&x);
+  ASSERT_STATUS(st, MOE_ERR_IO);
+  ASSERT(names(msg, file, "reading tensor 'model.layers.", "experts."));
+  /* the index says shard 2 holds a tensor of shard 1 */
+  ASSERT(sharded_fixture("mixtral", dir, sizeof dir));
+  const char *moved = "model.layers.1.block_sparse_moe.experts.2.w3.weight";
+  char own[1024];
+  lm_shard_path(dir, 1, 3, own, sizeof own);
+  moe_st *f;
+  ASSERT_OK(moe_st_open_lazy(&f, own));
+  int in_first = moe_st_has(f, moved);
+  moe_st_close(f);
+  const char *wrong = in_first ? file : "model-00001-of-00003.safetensors";
+  ASSERT(index_points(dir, moved, wrong));
+  ASSERT_STATUS(stream_decode(dir, -1, msg, sizeof msg), MOE_ERR_MISSING);
+  ASSERT(names(msg, wrong, moved, NULL));
 }

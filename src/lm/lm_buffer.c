@@ -1,7 +1,7 @@
 /* Expert buffering for the language model (moe.h, moe serve --cache K): each MoE layer of a loaded
  * model is swapped for one with external experts, served by an expert cache of K slots over the
- * checkpoint's model.safetensors (read lazily: the family's tensor per expert, or gpt-oss's fused
- * tensors, lm_stream.c's moe__lm_open_cache); the experts' parameters are freed. The outputs are the
+ * checkpoint's model.safetensors or the shards of its index (read lazily: the family's tensor per
+ * expert, or gpt-oss's fused tensors in one file, lm_stream.c's moe__lm_open_cache); the experts' parameters are freed. The outputs are the
  * all-resident model's, bit for bit (sources/cache.c computes each expert with the same kernels). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,11 +27,12 @@ static void retarget(float **p, const moe_layer_t *o, float *obase, moe_layer_t 
 
 /* MoE layer i with its experts from x->caches[i]: a layer with external experts taking the old one's
  * other tensors (router, biases, shared experts), and the model's refs moved to them. */
-static moe_status buffer_layer(moe_lm_t *m, int i, int K, moe_cache_policy p, moe_lm_experts *x) {
+static moe_status buffer_layer(moe_lm_t *m, moe__lm_shards *files, int i, int K, moe_cache_policy p,
+                               moe_lm_experts *x) {
   moe_layer_t *o = &m->layers[i];
   moe_layer_config lc = o->cfg;
   lc.external_experts = 1;
-  MOE_CHECK(moe__lm_open_cache(m, x, i, &lc, K, p));
+  MOE_CHECK(moe__lm_open_cache(m, x, files, i, &lc, K, p));
   moe_layer_t l;
   MOE_CHECK(moe_layer_init(&l, &lc));
   for (int k = 0; k < l.nparams; k++) {
@@ -53,18 +54,18 @@ static moe_status buffer_layer(moe_lm_t *m, int i, int K, moe_cache_policy p, mo
 moe_status moe_lm_buffer_experts(moe_lm_t *m, const char *dir, int K, moe_cache_policy p, moe_lm_experts *x) {
   MOE_TRY(m && m->layers && dir && x, MOE_ERR_ARG, "moe_lm_buffer_experts: NULL argument");
   MOE_TRY(!moe__lm_gguf_is(dir), MOE_ERR_ARG,
-          "moe_lm_buffer_experts: %s: expert buffering reads a checkpoint directory's model.safetensors; GGUF files "
+          "moe_lm_buffer_experts: %s: expert buffering reads a checkpoint directory's safetensors files; GGUF files "
           "are not supported", dir);
   MOE_TRY(!m->cfg.moe.dist, MOE_ERR_ARG, "moe_lm_buffer_experts: one process only (no expert parallelism)");
   memset(x, 0, sizeof *x);
-  char path[4096];
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  MOE_CHECK(moe_st_open_lazy(&x->file, path));
+  moe__lm_shards *files = NULL;
   x->n = m->cfg.n_layers;
   x->caches = calloc((size_t)x->n, sizeof *x->caches);
   moe_status st = x->caches ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
+  if (st == MOE_OK) st = moe__lm_expert_files(m, dir, x, &files);
   for (int i = 0; i < x->n && st == MOE_OK; i++)
-    if (!moe_lm_layer_dense(&m->cfg, i)) st = buffer_layer(m, i, K, p, x);
+    if (!moe_lm_layer_dense(&m->cfg, i)) st = buffer_layer(m, files, i, K, p, x);
+  moe__lm_shards_release(files); /* the caches hold them */
   if (st != MOE_OK) moe_lm_experts_free(x); /* the layers swapped so far stay, without their caches: m is only to free */
   return st;
 }

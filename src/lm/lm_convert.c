@@ -1,17 +1,18 @@
 /* A checkpoint converted without its experts in memory (moe.h, moe_lm_convert): the model is loaded
  * with external experts (its dense weights fp32, no expert read), and the writers (moe_lm_save_gguf's,
  * moe_lm_save's) read each expert's projections at save through the readers the streamed experts use:
- * a safetensors file's per-expert or stacked F32/BF16 tensors (moe__expert_st_reader) or a GGUF file's
- * stacks dequantized (moe__lm_gguf_expert_reader). Their values are moe_lm_load's, so the file is the
- * loaded model's byte for byte. gpt-oss (its experts' biases are refs of the layer) and sharded
- * checkpoints (a reader reads one file) are loaded whole. */
+ * a directory's per-expert or stacked F32/BF16 tensors, in model.safetensors or in whichever shard of
+ * the index holds each (moe__expert_st_reader over lm_shards.h's files, each shard opened once for every
+ * layer), or a GGUF file's stacks dequantized (moe__lm_gguf_expert_reader). Their values are
+ * moe_lm_load's, so the file is the loaded model's byte for byte. gpt-oss (its experts' biases are refs
+ * of the layer) is loaded whole. */
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "internal.h"
 #include "lm_family.h"
 #include "lm_gguf.h"
+#include "lm_shards.h"
 
 moe_status moe__lm_expert_src_read(moe__lm_expert_src *s, int layer, int proj, int e, float *dst, const char *what) {
   if (s->layer != layer) {
@@ -34,7 +35,7 @@ void moe__lm_expert_src_close(moe__lm_expert_src *s) {
 
 typedef struct {
   const moe_lm_t *m;
-  moe_st *file;          /* a directory's model.safetensors, or NULL: src is a GGUF file */
+  moe__lm_shards *files; /* a directory's model.safetensors or shards, or NULL: src is a GGUF file */
   moe_gguf *g;           /* else the GGUF file, parsed once */
   moe__lm_gguf_fd *fd;   /* and its descriptor, which every layer's reader shares */
 } converter;
@@ -42,10 +43,12 @@ typedef struct {
 static moe_status open_experts(void *ctx, int layer, moe__expert_reader *out) {
   const converter *v = ctx;
   const moe_lm_config *c = &v->m->cfg;
-  if (!v->file) return moe__lm_gguf_expert_reader(v->g, v->fd, c, layer, out);
+  if (!v->files) return moe__lm_gguf_expert_reader(v->g, v->fd, c, layer, out);
   char prefix[96];
   snprintf(prefix, sizeof prefix, "model.layers.%d.%s.experts.", layer, moe__lm_family(c->family)->ffn);
-  return moe__expert_st_reader(v->file, prefix, &v->m->layers[layer].cfg, out);
+  moe__st_files fs;
+  moe__lm_shards_files(v->files, &fs);
+  return moe__expert_st_reader(&fs, prefix, &v->m->layers[layer].cfg, out);
 }
 
 static int ends_with(const char *s, const char *tail) {
@@ -59,16 +62,13 @@ moe_status moe_lm_convert(const char *src, const char *dst, const moe_lm_gguf_op
   MOE_CHECK(moe_lm_read_config(src, &c));
   c.moe.expert_type = -1; /* every weight as fp32 values, which the writers take */
   int gguf = moe__lm_gguf_is(src);
-  char file[4096];
-  snprintf(file, sizeof file, "%s/model.safetensors.index.json", src);
-  int stream = c.family != MOE_LM_GPT_OSS && !c.moe.dist && (gguf || access(file, F_OK) != 0);
+  int stream = c.family != MOE_LM_GPT_OSS && !c.moe.dist;
   c.moe.external_experts = stream;
   moe_lm_t m;
   MOE_CHECK(moe_lm_load(&m, src, &c));
   converter v = {&m, NULL, NULL, NULL};
   moe__lm_expert_src in = {.open = open_experts, .ctx = &v, .layer = -1};
-  snprintf(file, sizeof file, "%s/model.safetensors", src);
-  moe_status st = stream && !gguf ? moe_st_open_lazy(&v.file, file) : MOE_OK;
+  moe_status st = stream && !gguf ? moe__lm_shards_open(&v.files, src, 0) : MOE_OK;
   if (st == MOE_OK && stream && gguf && (st = moe_gguf_open(&v.g, src)) == MOE_OK) st = moe__lm_gguf_fd_open(&v.fd, src);
   if (st == MOE_OK)
     st = ends_with(dst, ".gguf") ? moe__lm_save_gguf(&m, dst, o, stream ? &in : NULL)
@@ -77,7 +77,7 @@ moe_status moe_lm_convert(const char *src, const char *dst, const moe_lm_gguf_op
     *numel = m.numel + (stream ? (size_t)moe__lm_moe_layers(&c) * (size_t)c.moe.E * 3 * (size_t)c.moe.D * (size_t)c.moe.H : 0);
   moe__lm_gguf_fd_release(v.fd);
   moe_gguf_close(v.g);
-  moe_st_close(v.file);
+  moe__lm_shards_release(v.files);
   moe_lm_free(&m);
   return st;
 }

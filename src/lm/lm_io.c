@@ -19,9 +19,8 @@
 #include "lm_gguf.h"
 #include "lm_gptoss.h"
 #include "lm_map.h"
+#include "lm_shards.h"
 
-#define INDEX_JSON "model.safetensors.index.json"
-#define MAX_SHARDS 4096
 
 static void path_in(char *buf, size_t n, const char *dir, const char *file) { snprintf(buf, n, "%s/%s", dir, file); }
 
@@ -460,72 +459,7 @@ moe_status moe_lm_read_config(const char *dir, moe_lm_config *c) {
   return st;
 }
 
-/* The checkpoint's files, opened lazily: one, or the index's shards, with the index to find them. */
-typedef struct {
-  cJSON *index;   /* weight_map of the index, or NULL for one file */
-  int n;
-  char **names;   /* (n) shard file names */
-  moe_st **files; /* (n) */
-} shards;
-
-static void shards_close(shards *s) {
-  for (int i = 0; i < s->n; i++) {
-    moe_st_close(s->files[i]);
-    free(s->names[i]);
-  }
-  free(s->files);
-  free(s->names);
-  cJSON_Delete(s->index);
-}
-
-static moe_status shard_open(shards *s, const char *dir, const char *name) {
-  char path[4096];
-  MOE_TRY(!strchr(name, '/'), MOE_ERR_FORMAT, "%s/" INDEX_JSON ": shard '%s' is not a file name in the directory", dir,
-          name);
-  MOE_TRY(s->n < MAX_SHARDS, MOE_ERR_FORMAT, "%s/" INDEX_JSON ": more than %d shards", dir, MAX_SHARDS);
-  if (!s->n) {
-    s->names = calloc(MAX_SHARDS, sizeof *s->names);
-    s->files = calloc(MAX_SHARDS, sizeof *s->files);
-    MOE_TRY(s->names && s->files, MOE_ERR_NOMEM, "out of memory");
-  }
-  path_in(path, sizeof path, dir, name);
-  s->names[s->n] = strdup(name);
-  MOE_TRY(s->names[s->n], MOE_ERR_NOMEM, "out of memory");
-  s->n++;
-  return moe_st_open_lazy(&s->files[s->n - 1], path);
-}
-
-static moe_status shards_open(shards *s, const char *dir) {
-  memset(s, 0, sizeof *s);
-  char path[4096];
-  path_in(path, sizeof path, dir, INDEX_JSON);
-  if (access(path, F_OK) != 0) return shard_open(s, dir, "model.safetensors");
-  cJSON *root;
-  MOE_CHECK(moe__json_read(path, "index", (size_t)1 << 26, &root));
-  s->index = root;
-  const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map"), *it;
-  MOE_TRY(cJSON_IsObject(map), MOE_ERR_FORMAT, "%s: no \"weight_map\" object", path);
-  cJSON_ArrayForEach(it, map) {
-    MOE_TRY(cJSON_IsString(it), MOE_ERR_FORMAT, "%s: weight_map[\"%s\"] is not a file name", path, it->string);
-    int seen = 0;
-    for (int i = 0; i < s->n && !seen; i++) seen = !strcmp(s->names[i], it->valuestring);
-    if (!seen) MOE_CHECK(shard_open(s, dir, it->valuestring));
-  }
-  return MOE_OK;
-}
-
-/* The file holding tensor `name`. */
-static moe_status shard_of(const shards *s, const char *dir, const char *name, moe_st **f) {
-  if (!s->index) {
-    *f = s->files[0];
-    return MOE_OK;
-  }
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(s->index, "weight_map"), name);
-  MOE_TRY(v, MOE_ERR_MISSING, "%s/" INDEX_JSON ": no tensor '%s' in weight_map", dir, name);
-  for (int i = 0; i < s->n; i++)
-    if (!strcmp(s->names[i], v->valuestring)) *f = s->files[i];
-  return MOE_OK;
-}
+typedef moe__lm_shards shards;
 
 /* IEEE half to float, exactly. */
 static float half_to_float(uint16_t h) {
@@ -570,22 +504,14 @@ static moe_status read_part(const moe_lm_t *m, const moe_st *f, const moe_tensor
   return st;
 }
 
-/* lm_gptoss.h's reader of the checkpoint's tensors: the shard holding a tensor. */
-typedef struct {
-  const shards *s;
-  const char *dir;
-} shard_ctx;
-
-static moe_status file_of(void *ctx, const char *name, moe_st **f) {
-  const shard_ctx *x = ctx;
-  return shard_of(x->s, x->dir, name, f);
-}
+/* lm_gptoss.h's reader of the checkpoint's tensors (ctx: the shards): the shard holding a tensor. */
+static moe_status file_of(void *ctx, const char *name, moe_st **f) { return moe__lm_shard_of(ctx, name, f); }
 
 /* The config's sizes against the tensors that carry them, before anything of their size is allocated:
  * a config.json that does not fit its weights is an error naming the field and its value, not gigabytes
  * allocated (a shard's header alone is read). The last layer, the last MoE layer and its last expert
  * vouch for the counts; the first dense layer and the shared expert for their widths. */
-static moe_status check_sizes(const shards *s, const char *dir, const moe_lm_config *c) {
+static moe_status check_sizes(shards *s, const char *dir, const moe_lm_config *c) {
   const moe__lm_family_info *f = moe__lm_family(c->family);
   int64_t D = c->moe.D, hd = c->head_dim;
   int last_moe = -1, first_dense = -1, n = 0;
@@ -647,7 +573,7 @@ static const char hidden[] = "\"hidden_size\"";
   for (int i = 0; i < n; i++) {
     moe_st *fl = NULL;
     moe_tensor_view v;
-    moe_status st = shard_of(s, dir, names[i], &fl);
+    moe_status st = moe__lm_shard_of(s, names[i], &fl);
     if (st == MOE_OK) st = moe_st_get(fl, names[i], &v);
     MOE_TRY(st == MOE_OK, MOE_ERR_SHAPE, "%s/config.json: \"num_hidden_layers\" %d and \"%s\" %d ask for tensor '%s': %s",
             dir, c->n_layers, f->experts_key, c->moe.E, names[i], moe_last_error());
@@ -657,15 +583,14 @@ static const char hidden[] = "\"hidden_size\"";
             dir, cols[i], (long long)ncols[i], names[i], moe_st_path(fl), (long long)v.shape[1]);
   }
   if (c->family != MOE_LM_GPT_OSS) return MOE_OK;
-  shard_ctx x = {s, dir};
-  moe__lm_reader rd = {&x, file_of, read_tensor};
+  moe__lm_reader rd = {s, file_of, read_tensor};
   return moe__gptoss_check_sizes(&rd, dir, c, c->n_layers - 1);
 }
 
 /* Every tensor of the checkpoint is one of the model's (expert-parallel, another rank's experts count),
  * or a rotary table older transformers saved (rotary_emb.inv_freq: recomputed): any other is an error,
  * not a weight silently left out. */
-static moe_status check_unused(const shards *s, const moe_lm_t *m) {
+static moe_status check_unused(shards *s, const moe_lm_t *m) {
   const moe_lm_config *c = &m->cfg;
   int mtp = 0; /* DeepSeek's multi-token-prediction layers: numbered from num_hidden_layers, not used here */
   for (int i = 0; i < s->n; i++)
@@ -690,7 +615,7 @@ static moe_status check_unused(const shards *s, const moe_lm_t *m) {
 }
 
 /* Ref i of m if it is mappable (lm_map.h): F32 in its file, the whole tensor, of the ref's shape. */
-static int mappable(const moe_lm_t *m, const shards *s, const char *dir, int i, moe__lm_map_item *x) {
+static int mappable(const moe_lm_t *m, shards *s, int i, moe__lm_map_item *x) {
   const moe_tensor_ref *r = &m->refs[i];
   moe__lm_part p;
   moe_st *f = NULL;
@@ -699,7 +624,7 @@ static int mappable(const moe_lm_t *m, const shards *s, const char *dir, int i, 
   moe__lm_part_of(m, r, &p);
   if (p.whole.numel != r->numel) return 0; /* a rank's part of the tensor: read */
   /* errors here (a missing tensor, another shape) are the read's to report */
-  if (shard_of(s, dir, r->name, &f) != MOE_OK || !f || moe_st_get(f, r->name, &v) != MOE_OK) return 0;
+  if (moe__lm_shard_of(s, r->name, &f) != MOE_OK || !f || moe_st_get(f, r->name, &v) != MOE_OK) return 0;
   if (v.dtype != MOE_DT_F32 || v.ndim != r->ndim || memcmp(v.shape, r->shape, (size_t)r->ndim * sizeof *v.shape)) return 0;
   int k = 0;
   while (s->files[k] != f) k++;
@@ -708,13 +633,13 @@ static int mappable(const moe_lm_t *m, const shards *s, const char *dir, int i, 
 }
 
 /* The mappable refs mapped (or where their pages do not line up, read) into m, flagged in done. */
-static moe_status map_refs(moe_lm_t *m, const shards *s, const char *dir, char *done) {
+static moe_status map_refs(moe_lm_t *m, shards *s, const char *dir, char *done) {
   moe__lm_map_item *x = malloc((size_t)m->nrefs * sizeof *x);
   int *fds = malloc((size_t)s->n * sizeof *fds), n = 0;
   const char **paths = malloc((size_t)s->n * sizeof *paths);
   moe_status st = x && fds && paths ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", dir);
   for (int i = 0; st == MOE_OK && i < s->n; i++) fds[i] = moe__st_fd(s->files[i]), paths[i] = moe_st_path(s->files[i]);
-  for (int i = 0; st == MOE_OK && i < m->nrefs; i++) n += mappable(m, s, dir, i, &x[n]);
+  for (int i = 0; st == MOE_OK && i < m->nrefs; i++) n += mappable(m, s, i, &x[n]);
   if (st == MOE_OK && n) st = moe__lm_map_items(m, x, n, fds, paths);
   for (int k = 0; st == MOE_OK && k < n; k++) done[x[k].ref] = 1;
   free(x), free(fds), free(paths);
@@ -722,10 +647,10 @@ static moe_status map_refs(moe_lm_t *m, const shards *s, const char *dir, char *
 }
 
 /* A mapped ref's values, all finite (as a read checks them). */
-static moe_status check_mapped(const shards *s, const char *dir, const moe_tensor_ref *r) {
+static moe_status check_mapped(shards *s, const moe_tensor_ref *r) {
   moe_st *f = NULL;
   moe_tensor_view v;
-  MOE_CHECK(shard_of(s, dir, r->name, &f));
+  MOE_CHECK(moe__lm_shard_of(s, r->name, &f));
   MOE_CHECK(moe_st_get(f, r->name, &v));
   return moe__st_expect_finite(f, &v, 0, r->data, r->numel);
 }
@@ -739,35 +664,34 @@ moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c) {
     MOE_CHECK(moe_lm_read_config(dir, &own));
     c = &own;
   }
-  shards s;
-  moe_status st = shards_open(&s, dir);
-  if (st == MOE_OK) st = check_sizes(&s, dir, c);
+  shards *s;
+  moe_status st = moe__lm_shards_open(&s, dir, 1);
+  if (st == MOE_OK) st = check_sizes(s, dir, c);
   if (st == MOE_OK) st = moe_lm_init(m, c);
   if (st != MOE_OK) {
-    shards_close(&s);
+    moe__lm_shards_release(s);
     return st;
   }
-  shard_ctx x = {&s, dir};
-  moe__lm_reader rd = {&x, file_of, read_tensor};
+  moe__lm_reader rd = {s, file_of, read_tensor};
   char *mapped = calloc((size_t)m->nrefs, 1);
   st = mapped ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", dir);
-  if (st == MOE_OK && moe__lm_mapping()) st = map_refs(m, &s, dir, mapped);
+  if (st == MOE_OK && moe__lm_mapping()) st = map_refs(m, s, dir, mapped);
   for (int i = 0; st == MOE_OK && i < m->nrefs; i++) {
     moe_st *f = NULL;
     if (mapped[i]) {
-      st = check_mapped(&s, dir, &m->refs[i]);
+      st = check_mapped(s, &m->refs[i]);
       continue;
     }
     if (moe__gptoss_converted(c->family, m->refs[i].name)) { /* from gpt-oss's fused tensors */
       st = moe__gptoss_read_ref(&rd, m, &m->refs[i]);
       continue;
     }
-    st = shard_of(&s, dir, m->refs[i].name, &f);
+    st = moe__lm_shard_of(s, m->refs[i].name, &f);
     if (st == MOE_OK) st = read_part(m, f, &m->refs[i]);
   }
   free(mapped);
-  if (st == MOE_OK) st = check_unused(&s, m);
-  shards_close(&s);
+  if (st == MOE_OK) st = check_unused(s, m);
+  moe__lm_shards_release(s);
   if (st != MOE_OK) {
     moe_lm_free(m);
     return st;
@@ -1027,7 +951,7 @@ moe_status moe__lm_save_dir(const moe_lm_t *m, const char *dir, moe__lm_expert_s
   for (int i = 0; i < n; i++) free(ts[i]);
   free(ts);
   MOE_CHECK(st);
-  path_in(path, sizeof path, dir, INDEX_JSON);
+  path_in(path, sizeof path, dir, MOE_LM_INDEX_JSON);
   MOE_TRY(unlink(path) == 0 || errno == ENOENT, MOE_ERR_IO, "%s: cannot remove the old index: %s", path,
           strerror(errno));
   char *text = config_json(&m->cfg);

@@ -1,13 +1,13 @@
 /* Experts streamed from the checkpoint under a memory budget (moe.h, moe_lm_load_streaming): the model
  * is loaded with external experts (moe_lm_load reads no expert tensor then), each MoE layer gets an
- * expert cache over the checkpoint's file with its share of the budget, and the layer hook
- * (lm_stream.h) predicts the next MoE layer's experts from the current layer's hidden state and
- * prefetches them. */
+ * expert cache over the checkpoint's file, or the shards of its index (lm_shards.h: each shard opened
+ * once, on its first expert tensor, and shared by every layer's cache), with its share of the budget,
+ * and the layer hook (lm_stream.h) predicts the next MoE layer's experts from the current layer's hidden
+ * state and prefetches them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "internal.h"
 #include "kernels.h"
@@ -15,6 +15,7 @@
 #include "lm_family.h"
 #include "lm_gguf.h"
 #include "lm_gptoss.h"
+#include "lm_shards.h"
 #include "lm_stream.h"
 
 /* The predictor's buffers, grown with the rows of a pass. */
@@ -101,8 +102,18 @@ static moe_status predict(void *ctx, const moe_lm_t *m, int i, const float *h, i
   return moe_expert_cache_prefetch(p->caches[j], p->list, n);
 }
 
-moe_status moe__lm_open_cache(const moe_lm_t *m, moe_lm_experts *x, int i, const moe_layer_config *lc, int K,
-                              moe_cache_policy p) {
+moe_status moe__lm_expert_files(const moe_lm_t *m, const char *dir, moe_lm_experts *x, moe__lm_shards **files) {
+  *files = NULL;
+  if (m->cfg.family != MOE_LM_GPT_OSS) return moe__lm_shards_open(files, dir, 0);
+  MOE_TRY(!moe__lm_shards_indexed(dir), MOE_ERR_ARG,
+          "%s: gpt-oss's experts are read from one model.safetensors; a sharded gpt-oss checkpoint is not supported here", dir);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  return moe_st_open_lazy(&x->file, path);
+}
+
+moe_status moe__lm_open_cache(const moe_lm_t *m, moe_lm_experts *x, moe__lm_shards *files, int i,
+                              const moe_layer_config *lc, int K, moe_cache_policy p) {
   if (m->cfg.family == MOE_LM_GPT_OSS) {
     moe__expert_reader r;
     MOE_CHECK(moe__gptoss_expert_reader(x->file, &m->cfg, i, &r));
@@ -110,18 +121,20 @@ moe_status moe__lm_open_cache(const moe_lm_t *m, moe_lm_experts *x, int i, const
   }
   char prefix[96];
   snprintf(prefix, sizeof prefix, "model.layers.%d.%s.experts.", i, moe__lm_family(m->cfg.family)->ffn);
-  return moe_expert_cache_open(&x->caches[i], x->file, prefix, lc, K, p);
+  moe__st_files fs;
+  moe__lm_shards_files(files, &fs);
+  return moe__expert_cache_open_files(&x->caches[i], &fs, prefix, lc, K, p);
 }
 
-/* Each MoE layer's cache over x->file, or its reader rd[i] (rd not NULL: GGUF files; each taken by its
- * cache, its free set NULL), of K[j] slots for the j-th MoE layer. */
-static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, moe__expert_reader *rd, const int *K,
-                              moe_cache_policy policy, int keep) {
+/* Each MoE layer's cache over the checkpoint's files (moe__lm_expert_files), or its reader rd[i] (rd not
+ * NULL: GGUF files; each taken by its cache, its free set NULL), of K[j] slots for the j-th MoE layer. */
+static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, moe__lm_shards *files, moe__expert_reader *rd,
+                              const int *K, moe_cache_policy policy, int keep) {
   const moe_lm_config *c = &m->cfg;
   for (int i = 0, j = 0; i < c->n_layers; i++) {
     if (moe_lm_layer_dense(c, i)) continue;
     moe_status st = rd ? moe__expert_cache_open_reader(&x->caches[i], &m->layers[i].cfg, K[j++], policy, &rd[i])
-                       : moe__lm_open_cache(m, x, i, &m->layers[i].cfg, K[j++], policy);
+                       : moe__lm_open_cache(m, x, files, i, &m->layers[i].cfg, K[j++], policy);
     if (rd) rd[i].free = NULL; /* the cache's now, opened or not */
     MOE_CHECK(st);
     MOE_CHECK(moe_layer_set_expert_cache(&m->layers[i], x->caches[i]));
@@ -157,10 +170,6 @@ moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_conf
   memset(m, 0, sizeof *m);
   memset(x, 0, sizeof *x);
   int gguf = moe__lm_gguf_is(dir);
-  char path[4096];
-  snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-  MOE_TRY(gguf || access(path, F_OK) != 0, MOE_ERR_ARG,
-          "%s: streamed experts read one model.safetensors; a sharded checkpoint is not supported yet", dir);
   moe_lm_config own;
   if (!c) MOE_CHECK(moe_lm_read_config(dir, &own));
   else own = *c;
@@ -169,17 +178,18 @@ moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_conf
   MOE_CHECK(moe_lm_load(m, dir, &own));
   x->budget = s->budget;
   x->n = own.n_layers;
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  moe__lm_shards *files = NULL;
   int *K = malloc(sizeof *K * (size_t)own.n_layers);
   size_t *slot = malloc(sizeof *slot * (size_t)own.n_layers);
   moe__expert_reader *rd = gguf ? calloc((size_t)own.n_layers, sizeof *rd) : NULL;
   moe_status st = K && slot && (rd || !gguf) ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
   if (st == MOE_OK) st = slot_sizes(m, dir, rd, slot);
   if (st == MOE_OK) st = moe__lm_stream_slots(m, s, slot, K);
-  if (st == MOE_OK && !gguf) st = moe_st_open_lazy(&x->file, path);
+  if (st == MOE_OK && !gguf) st = moe__lm_expert_files(m, dir, x, &files);
   if (st == MOE_OK && !(x->caches = calloc((size_t)x->n, sizeof *x->caches)))
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
-  if (st == MOE_OK) st = open_caches(m, x, rd, K, s->policy, s->keep_page_cache);
+  if (st == MOE_OK) st = open_caches(m, x, files, rd, K, s->policy, s->keep_page_cache);
+  moe__lm_shards_release(files); /* the caches hold them */
   for (int i = 0; rd && i < own.n_layers; i++) /* those no cache took */
     if (rd[i].free) rd[i].free(rd[i].ctx);
   free(K), free(slot), free(rd);

@@ -28,7 +28,9 @@
 #define NT 6 /* fc1.weight, fc1.bias, fc2.weight, fc2.bias, fc3.weight, fc3.bias */
 
 struct moe_expert_cache {
-  const moe_st *f;
+  moe__st_files files;       /* where the tensors are (cache_reader.h): released with the cache */
+  const moe_st *vf[NT];      /* the file holding each v[t] (the shards of a checkpoint may differ) */
+  const moe_st **hff;        /* Hugging Face layout: (NT, E) the file holding each of hf's views */
   moe_tensor_view v[NT];     /* the (E, ...) tensors (Hugging Face layout: expert 0's); name NULL when absent */
   moe_tensor_view *hf;       /* Hugging Face layout (a tensor per expert, Mixtral's): (NT, E) views, or NULL */
   moe__expert_reader rd;     /* or the caller's reader (cache_reader.h): rd.read not NULL */
@@ -72,15 +74,16 @@ struct moe_expert_cache {
  * the values and drops the bytes read from the page cache. */
 static moe_status load_tensor(moe_expert_cache *c, int t, int e, void *dst) {
   const moe_tensor_view *v = c->hf ? &c->hf[(size_t)t * c->E + e] : &c->v[t];
+  const moe_st *f = c->hf ? c->hff[(size_t)t * c->E + e] : c->vf[t];
   size_t n = c->per[t], fsz = moe_dtype_size(v->dtype), off = c->hf ? 0 : (size_t)e * n * fsz;
-  moe_status st = moe_st_read(c->f, v, off, n * fsz, fsz == c->esz[t] ? dst : c->scratch);
-  if (!c->keep_pages) moe__st_drop_pages(c->f, v, off, n * fsz);
+  moe_status st = moe_st_read(f, v, off, n * fsz, fsz == c->esz[t] ? dst : c->scratch);
+  if (!c->keep_pages) moe__st_drop_pages(f, v, off, n * fsz);
   MOE_CHECK(st);
   /* one thread, the loader's: the caller's GEMMs have the cores */
   if (fsz != c->esz[t] && v->dtype == MOE_DT_F32) moe__to_bf16(dst, c->scratch, n, 1);
   else if (fsz != c->esz[t]) moe__from_bf16(dst, c->scratch, n, 1);
-  st = c->esz[t] == 2 ? moe__st_expect_finite_bf16(c->f, v, off / fsz, dst, n)
-                      : moe__st_expect_finite(c->f, v, off / fsz, dst, n);
+  st = c->esz[t] == 2 ? moe__st_expect_finite_bf16(f, v, off / fsz, dst, n)
+                      : moe__st_expect_finite(f, v, off / fsz, dst, n);
   MOE_TRY(st == MOE_OK, st, "expert %d: %s", e, moe_last_error());
   return MOE_OK;
 }
@@ -110,7 +113,8 @@ static moe_status load_expert(moe_expert_cache *c, int e, int slot) {
 
 static void free_cache(moe_expert_cache *c) {
   if (c->rd.free) c->rd.free(c->rd.ctx);
-  free(c->slots), free(c->scratch), free(c->slot_expert), free(c->where), free(c->inserted), free(c->hf);
+  if (c->files.release) c->files.release(c->files.ctx);
+  free(c->slots), free(c->scratch), free(c->slot_expert), free(c->where), free(c->inserted), free(c->hf), free(c->hff);
   free(c->uses), free(c->score), free(c->predicted), free(c->qw), free(c->qbias), free(c);
 }
 
@@ -200,16 +204,30 @@ static moe_status stored_layout(const moe_layer_config *l, const moe_gguf_type t
   return MOE_OK;
 }
 
-/* Which of hf_names the file has under prefix (the first expert's fc1), or -1: the stacked (E, ...) tensors. */
-static int hf_layout(const moe_st *f, const char *prefix) {
+/* Whether the files have tensor `name` (a shard named for it but not opened yet is opened, and an
+ * error opening it reported). */
+static moe_status has(const moe__st_files *fs, const char *name, int *out) {
+  const moe_st *f = NULL;
+  MOE_CHECK(fs->file_of(fs->ctx, name, 0, &f));
+  *out = f != NULL;
+  return MOE_OK;
+}
+
+/* Into *out which of hf_names the files have under prefix (the first expert's fc1), or -1: the stacked
+ * (E, ...) tensors. */
+static moe_status hf_layout(const moe__st_files *fs, const char *prefix, int *out) {
   char name[192];
+  int stacked = 0;
   snprintf(name, sizeof name, "%s%s", prefix, tensor_names[0]);
-  for (int k = 0; k < 2 && !moe_st_has(f, name); k++) {
-    char first[192];
-    snprintf(first, sizeof first, "%s0.%s", prefix, hf_names[k][0]);
-    if (moe_st_has(f, first)) return k;
+  MOE_CHECK(has(fs, name, &stacked));
+  *out = -1;
+  for (int k = 0; k < 2 && !stacked && *out < 0; k++) {
+    int found;
+    snprintf(name, sizeof name, "%s0.%s", prefix, hf_names[k][0]);
+    MOE_CHECK(has(fs, name, &found));
+    if (found) *out = k;
   }
-  return -1;
+  return MOE_OK;
 }
 
 /* A cache of K slots for layer l, its slots' layout set and nothing allocated past it (calloc'd: free_cache). */
@@ -312,35 +330,39 @@ moe_status moe__expert_cache_reader_slot_bytes(const moe_layer_config *l, const 
   return r->type[0] ? stored_layout(l, r->type, needed, per, esz, off, out) : MOE_OK;
 }
 
-/* c's views of the experts' tensors under prefix in f, and into *scratch the bytes of the largest part
- * read in another dtype than its slot's; frees c on an error. */
-static moe_status open_views(moe_expert_cache *c, const moe_st *f, const char *prefix, const moe_layer_config *l,
+/* c's views of the experts' tensors under prefix in fs (c takes fs), and into *scratch the bytes of the
+ * largest part read in another dtype than its slot's; frees c on an error. */
+static moe_status open_views(moe_expert_cache *c, const moe__st_files *fs, const char *prefix, const moe_layer_config *l,
                              size_t *scratch_out) {
-  c->f = f;
+  c->files = *fs;
   int64_t want[NT][2]; /* the shapes past E (the layout again: new_cache keeps only the slot's) */
   size_t per[NT], esz[NT], off[NT];
   int *needed = c->needed;
   slot_layout(l, needed, want, per, esz, off);
   size_t scratch = 0; /* bytes of the largest tensor part read in another dtype than its slot's */
-  moe_status st = MOE_OK;
   char name[192];
-  int hf = hf_layout(f, prefix);
-  if (hf >= 0 && !(c->hf = calloc((size_t)NT * l->E, sizeof *c->hf)))
+  int hf = -1;
+  moe_status st = hf_layout(fs, prefix, &hf);
+  if (st == MOE_OK && hf >= 0 && (!(c->hf = calloc((size_t)NT * l->E, sizeof *c->hf)) ||
+                                  !(c->hff = calloc((size_t)NT * l->E, sizeof *c->hff))))
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert cache: out of memory for %d experts' views", l->E);
   for (int t = 0; t < NT && st == MOE_OK; t++) {
     if (!needed[t]) continue;
     int nd = want[t][1] ? 3 : 2, ok = 1, per_expert = hf >= 0;
+    const moe_st *f = NULL; /* the file of the tensor last looked at */
     for (int e = 0; e < (per_expert ? l->E : 1) && ok && st == MOE_OK; e++) { /* hf: each expert's tensor */
       if (per_expert && !hf_names[hf][t]) {
         st = moe__error(MOE_ERR_MISSING, __FILE__, __LINE__, "%s: the experts under '%s' have no %s (one tensor per expert has no biases)",
-                        moe_st_path(f), prefix, tensor_names[t]);
+                        moe_st_path(c->vf[0]), prefix, tensor_names[t]);
         break;
       }
       if (per_expert) snprintf(name, sizeof name, "%s%d.%s", prefix, e, hf_names[hf][t]);
       else snprintf(name, sizeof name, "%s%s", prefix, tensor_names[t]);
       moe_tensor_view *v = per_expert ? &c->hf[(size_t)t * l->E + e] : &c->v[t];
-      if ((st = moe_st_get(f, name, v)) != MOE_OK) break;
-      if (per_expert && !e) c->v[t] = *v;
+      const moe_st **vf = per_expert ? &c->hff[(size_t)t * l->E + e] : &c->vf[t];
+      if ((st = fs->file_of(fs->ctx, name, 1, &f)) != MOE_OK || (st = moe_st_get(f, name, v)) != MOE_OK) break;
+      *vf = f;
+      if (per_expert && !e) c->v[t] = *v, c->vf[t] = f;
       moe_dtype dt = v->dtype;
       const int64_t *sh = v->shape + !per_expert; /* past the stacked tensors' leading E */
       ok = (dt == MOE_DT_F32 || dt == MOE_DT_BF16) && dt == c->v[t].dtype && v->ndim == nd - per_expert &&
@@ -360,14 +382,28 @@ static moe_status open_views(moe_expert_cache *c, const moe_st *f, const char *p
   return st;
 }
 
+/* One file's tensors as moe__st_files: every name is f's (a missing one is moe_st_get's error). */
+static moe_status one_file(void *ctx, const char *name, int required, const moe_st **f) {
+  *f = required || moe_st_has(ctx, name) ? ctx : NULL;
+  return MOE_OK;
+}
+
+moe_status moe__expert_cache_open_files(moe_expert_cache **out, const moe__st_files *fs, const char *prefix,
+                                        const moe_layer_config *l, int K, moe_cache_policy p) {
+  moe_expert_cache *c;
+  size_t scratch;
+  moe_status st = new_cache(&c, l, K, p);
+  if (st != MOE_OK && fs->release) fs->release(fs->ctx);
+  MOE_CHECK(st);
+  MOE_CHECK(open_views(c, fs, prefix, l, &scratch));
+  return start_cache(c, scratch, out);
+}
+
 moe_status moe_expert_cache_open(moe_expert_cache **out, const moe_st *f, const char *prefix,
                                  const moe_layer_config *l, int K, moe_cache_policy p) {
   MOE_TRY(out && f && prefix && l, MOE_ERR_ARG, "moe_expert_cache_open: NULL argument");
-  moe_expert_cache *c;
-  size_t scratch;
-  MOE_CHECK(new_cache(&c, l, K, p));
-  MOE_CHECK(open_views(c, f, prefix, l, &scratch));
-  return start_cache(c, scratch, out);
+  moe__st_files fs = {(void *)f, one_file, NULL};
+  return moe__expert_cache_open_files(out, &fs, prefix, l, K, p);
 }
 
 static moe_status st_read(void *ctx, int e, float *const out[6], int drop) {
@@ -380,17 +416,19 @@ static moe_status st_read(void *ctx, int e, float *const out[6], int drop) {
 
 static void st_free(void *ctx) { free_cache(ctx); }
 
-moe_status moe__expert_st_reader(const moe_st *f, const char *prefix, const moe_layer_config *l,
+moe_status moe__expert_st_reader(const moe__st_files *fs, const char *prefix, const moe_layer_config *l,
                                  moe__expert_reader *out) {
   moe_layer_config fp32 = *l; /* fp32 values whatever the layer computes in */
   fp32.dtype = MOE_DT_F32;
   moe_expert_cache *c;
   size_t scratch;
-  MOE_CHECK(new_cache(&c, &fp32, 1, MOE_CACHE_LRU));
-  MOE_CHECK(open_views(c, f, prefix, &fp32, &scratch));
+  moe_status st = new_cache(&c, &fp32, 1, MOE_CACHE_LRU);
+  if (st != MOE_OK && fs->release) fs->release(fs->ctx);
+  MOE_CHECK(st);
+  MOE_CHECK(open_views(c, fs, prefix, &fp32, &scratch));
   if (scratch && !(c->scratch = aligned_alloc(64, (scratch + 63) & ~(size_t)63))) {
     free_cache(c);
-    MOE_TRY(0, MOE_ERR_NOMEM, "%s: out of memory for an expert's tensor (%zu bytes)", moe_st_path(f), scratch);
+    MOE_TRY(0, MOE_ERR_NOMEM, "expert reader: out of memory for an expert's tensor (%zu bytes)", scratch);
   }
   *out = (moe__expert_reader){.ctx = c, .read = st_read, .free = st_free, .file_bytes = c->file_bytes};
   return MOE_OK;

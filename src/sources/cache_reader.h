@@ -31,10 +31,28 @@ moe_status moe__expert_cache_open_reader(moe_expert_cache **out, const moe_layer
  * moe_expert_cache_slot_bytes), or the error opening the cache would give for r's types. */
 moe_status moe__expert_cache_reader_slot_bytes(const moe_layer_config *l, const moe__expert_reader *r, size_t *out);
 
-/* A reader over the experts under prefix in f (the tensors moe_expert_cache_open reads, F32 or BF16, per
+/* Where a checkpoint's tensors are: one safetensors file, or the shards of an index (lm_shards.h), an
+ * expert's tensors possibly in several. file_of: the file holding tensor `name` into *f, or NULL when
+ * there is none and not `required` (required: an error naming the tensor, or the file that lacks it
+ * later at moe_st_get); a file is opened on its first tensor, and an error opening it names it.
+ * release (may be NULL): the holder's reference to ctx, dropped when the cache or reader is freed (also
+ * when opening it fails). Files are looked up on the opening thread only; reads use the files found. */
+typedef struct {
+  void *ctx;
+  moe_status (*file_of)(void *ctx, const char *name, int required, const moe_st **f);
+  void (*release)(void *ctx);
+} moe__st_files;
+
+/* moe_expert_cache_open over the tensors of fs (each expert's, per expert or stacked, from whichever file
+ * holds it); the cache takes fs's reference. */
+moe_status moe__expert_cache_open_files(moe_expert_cache **out, const moe__st_files *fs, const char *prefix,
+                                        const moe_layer_config *l, int K, moe_cache_policy p);
+
+/* A reader over the experts under prefix in fs (the tensors moe_expert_cache_open reads, F32 or BF16, per
  * expert or stacked) giving fp32 values, without slots or a loader thread: each read reads the asked
- * tensors of one expert now, checked as a cache's loads are (moe_lm_convert). f must stay open. */
-moe_status moe__expert_st_reader(const moe_st *f, const char *prefix, const moe_layer_config *l,
+ * tensors of one expert now, checked as a cache's loads are (moe_lm_convert). The reader takes fs's
+ * reference. */
+moe_status moe__expert_st_reader(const moe__st_files *fs, const char *prefix, const moe_layer_config *l,
                                  moe__expert_reader *out);
 
 #endif
