@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "run_cli.h"
+#include "sources/cache_reader.h"
 #include "synth.h"
 #include "test.h"
 
@@ -146,6 +147,57 @@ TEST(buffer_swiglu_oai_equals_all_resident) {
 
 /* A bf16 slot takes the matrices at 2 bytes and the biases at 4: about half an f32 slot, exactly
  * when the tensors fill whole 64-byte lines; a cache serves only a layer of its dtype. */
+/* A forward drops the queued prefetches of experts it does not run: with the loader held until then,
+ * prefetching one expert the batch runs and two it does not reads only the batch's experts (each once),
+ * and the output is the all-resident layer's. */
+TEST(buffer_forward_drops_unneeded_prefetches) {
+  moe_layer_config c;
+  moe_layer_config_default(&c);
+  c.D = 16; c.H = 24; c.E = 8; c.top_k = 2; c.threads = 2;
+  moe_layer_t full;
+  ASSERT_OK(moe_layer_init(&full, &c));
+  moe_layer_init_params(&full, 5);
+  float *g = moe_layer_param(&full, "gate.weight");
+  for (int i = 0; i < c.E * c.D; i++) g[i] *= 4.0f; /* uneven routing: some experts idle */
+  moe_layer_params_changed(&full);
+  char path[512];
+  ASSERT_OK(save_layer(&full, MOE_DT_F32, test_tmp_path("buffer_prefetch.safetensors", path, sizeof path)));
+  enum { T = 3 };
+  float x[T * 16], y0[T * 16], y1[T * 16];
+  for (int i = 0; i < T * 16; i++) x[i] = (float)((i * 37) % 17) / 8.0f - 1.0f;
+  moe_layer_stats st;
+  ASSERT_OK(moe_layer_forward(&full, x, T, y0, NULL, &st));
+  int used = -1, idle[2], ni = 0, active = 0;
+  for (int e = 0; e < c.E; e++)
+    if (st.expert_counts[e] > 0) used = used < 0 ? e : used, active++;
+    else if (ni < 2) idle[ni++] = e;
+  ASSERT(used >= 0 && ni == 2);
+  moe_st *f;
+  ASSERT_OK(moe_st_open_lazy(&f, path));
+  moe_layer_config cb = c;
+  cb.external_experts = 1;
+  moe_layer_t lb;
+  ASSERT_OK(moe_layer_init(&lb, &cb));
+  memcpy(lb.params, full.params, lb.numel * 4); /* the gate */
+  moe_expert_cache *cache;
+  ASSERT_OK(moe_expert_cache_open(&cache, f, "experts.", &cb, c.E, MOE_CACHE_LRU));
+  ASSERT_OK(moe_layer_set_expert_cache(&lb, cache));
+  moe__expert_cache_hold_loads(cache);
+  ASSERT_OK(moe_expert_cache_prefetch(cache, (int[3]){idle[0], used, idle[1]}, 3));
+  moe_status fs = moe_layer_forward(&lb, x, T, y1, NULL, NULL);
+  moe_expert_cache_stats cs;
+  moe_expert_cache_get_stats(cache, &cs);
+  moe_expert_cache_free(cache);
+  moe_layer_free(&lb);
+  moe_layer_free(&full);
+  moe_st_close(f);
+  ASSERT_OK(fs);
+  ASSERT(!memcmp(y0, y1, sizeof y0));
+  if (cs.loads != active || cs.misses != active - 1 || cs.prefetches != 3)
+    FAIL_("%d experts active, one prefetched among them: %lld loads (want %d), %lld misses, %lld prefetches",
+          active, (long long)cs.loads, active, (long long)cs.misses, (long long)cs.prefetches);
+}
+
 TEST(buffer_bf16_slot_bytes) {
   moe_layer_config c;
   moe_layer_config_default(&c);

@@ -49,6 +49,8 @@ struct moe_expert_cache {
   int64_t tick;              /* accesses so far (LFU, LFRU) */
   char *predicted;           /* (E) the experts of the last prefetch, to score against the next batch */
   int have_prediction;
+  int hold_loads;            /* the loader takes nothing until the next forward has dropped its
+                              * unneeded prefetches (moe__expert_cache_hold_loads: tests) */
   char *ahead;               /* (K) the slot was loaded by a prefetch and not used since */
   char *pinned;              /* (K) the slot's expert is pinned (moe_expert_cache_pin): never a victim */
   int keep_pages;            /* reads leave the page cache as it is (moe_expert_cache_set_drop_pages) */
@@ -122,7 +124,7 @@ static void *loader(void *arg) {
   moe_expert_cache *c = arg;
   pthread_mutex_lock(&c->w.mu);
   for (;;) {
-    while (!c->qlen && !c->w.stop) pthread_cond_wait(&c->w.cv, &c->w.mu);
+    while ((!c->qlen || c->hold_loads) && !c->w.stop) pthread_cond_wait(&c->w.cv, &c->w.mu);
     if (c->w.stop) break;
     int e = c->q_expert[c->qhead], s = c->q_slot[c->qhead];
     c->qhead = (c->qhead + 1) % c->K;
@@ -531,6 +533,23 @@ static moe__expert_w slot_weights(const moe_expert_cache *c, int v) {
   return w;
 }
 
+/* Prefetches still queued for experts this batch does not run (state[e] 0) are dropped and their slots
+ * left free (under the lock): a wrong prediction then costs at most the read already under way, not the
+ * disk's time for the batch's own misses queued behind it. */
+static void cancel_unneeded_prefetches(moe_expert_cache *c, const char *state) {
+  int kept = 0;
+  for (int i = 0; i < c->qlen; i++) {
+    int at = (c->qhead + i) % c->K, e = c->q_expert[at], v = c->q_slot[at];
+    if (c->ahead[v] && !state[e]) {
+      c->where[e] = -1, c->slot_expert[v] = -1, c->ahead[v] = 0;
+      continue;
+    }
+    int to = (c->qhead + kept++) % c->K;
+    c->q_expert[to] = e, c->q_slot[to] = v;
+  }
+  c->qlen = kept;
+}
+
 /* The expert source of a layer with external experts: each expert computes as soon as the cache has it. */
 static moe_status cache_forward(void *self, const moe__env *env, const moe__plan *p, const moe__groups *g,
                                 const moe__ffn *f, const moe__side_work *side) {
@@ -548,6 +567,8 @@ static moe_status cache_forward(void *self, const moe__env *env, const moe__plan
   }
   c->stats.accesses += n;
   pthread_mutex_lock(&c->w.mu);
+  cancel_unneeded_prefetches(c, state);
+  if (c->hold_loads) c->hold_loads = 0, pthread_cond_broadcast(&c->w.cv);
   if (c->have_prediction) { /* the last prefetch's experts against this batch's */
     for (int e = 0; e < E; e++) c->stats.predicted += c->predicted[e], c->stats.predicted_hit += c->predicted[e] && state[e];
     c->stats.actual += n;
@@ -642,6 +663,12 @@ moe_status moe_expert_cache_pin(moe_expert_cache *c, const int *experts, int n) 
 void moe_expert_cache_set_drop_pages(moe_expert_cache *c, int drop) {
   pthread_mutex_lock(&c->w.mu); /* the loader reads the flag under the same lock's ordering */
   c->keep_pages = !drop;
+  pthread_mutex_unlock(&c->w.mu);
+}
+
+void moe__expert_cache_hold_loads(moe_expert_cache *c) {
+  pthread_mutex_lock(&c->w.mu);
+  c->hold_loads = 1;
   pthread_mutex_unlock(&c->w.mu);
 }
 

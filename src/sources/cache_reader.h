@@ -55,4 +55,8 @@ moe_status moe__expert_cache_open_files(moe_expert_cache **out, const moe__st_fi
 moe_status moe__expert_st_reader(const moe__st_files *fs, const char *prefix, const moe_layer_config *l,
                                  moe__expert_reader *out);
 
+/* For tests: c's loader reads nothing until c's next forward has dropped the queued prefetches that
+ * forward does not need, so which loads a prefetch and a forward cause does not depend on timing. */
+void moe__expert_cache_hold_loads(moe_expert_cache *c);
+
 #endif
