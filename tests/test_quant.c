@@ -3,7 +3,9 @@
  * shapes of its dequantizers), reading each field one bit at a time; the half conversions exhaustively;
  * the quantizers' error on random rows; the Q8_0 dot product's AVX2 and scalar versions. */
 #include <stdlib.h>
+#include <string.h>
 
+#include "base/cpu.h"
 #include "internal.h"
 #include "kernels/quant.h"
 #include "test.h"
@@ -363,4 +365,29 @@ TEST(quant_parallel_same_bytes) {
     ASSERT(!memcmp(whole, one, (size_t)(n / blk) * bb));
   }
   free(x), free(y), free(whole), free(one);
+}
+
+/* The K-quants' scale search with its candidate steps in AVX-512 lanes gives the scalar search's bits
+ * (scale and min) on sub-blocks of every kind: random spreads and offsets, one sign, constants, zeros,
+ * a single outlier, tiny and large magnitudes, and 5-bit levels (Q5_K) as well as 4-bit. */
+TEST(quant_kfit_vector_same_bits) {
+  if (!moe__cpu_has(MOE__CPU_AVX512F)) SKIP("no AVX-512 here: only the scalar search runs");
+  uint64_t r = 7;
+  for (int t = 0; t < 4000; t++) {
+    float x[32];
+    int kind = t % 8;
+    for (int i = 0; i < 32; i++) {
+      r = r * 6364136223846793005ull + 1442695040888963407ull;
+      float u = (float)((r >> 40) * 0x1.0p-24); /* [0, 1) */
+      x[i] = kind == 0 ? 2 * u - 1 : kind == 1 ? u : kind == 2 ? -u : kind == 3 ? 0.25f
+           : kind == 4 ? 0 : kind == 5 ? (i == 7 ? 40.0f : 0.01f * u) : kind == 6 ? 1e-30f * (u - 0.3f)
+           : 3e4f * (u - 0.5f);
+    }
+    for (int nmax = 15; nmax <= 31; nmax += 16) {
+      float m0, m1, s0 = moe__kfit_scale_min(x, 32, nmax, &m0, 0), s1 = moe__kfit_scale_min(x, 32, nmax, &m1, 1);
+      if (memcmp(&s0, &s1, 4) || memcmp(&m0, &m1, 4))
+        FAIL_("sub-block %d (kind %d), nmax %d: scalar scale %a min %a, AVX-512 scale %a min %a", t, kind, nmax,
+              (double)s0, (double)m0, (double)s1, (double)m1);
+    }
+  }
 }

@@ -2,13 +2,15 @@
  * block structs): the table of every id's block, and the codecs of F32, F16, BF16, Q8_0, Q4_0, Q4_K,
  * Q5_K, Q6_K and MXFP4. Bytes are read and written one by one, so the layouts hold on any host.
  * The quantizers are reference ones (round to nearest, a small least-squares scale search for the
- * K-quants), made for files, not for speed. */
+ * K-quants, whose candidate steps run in AVX-512 lanes where the CPU has them, with the same bits). */
 #include <math.h>
 #include <string.h>
 #include <strings.h>
 
+#include "base/cpu.h"
 #include "internal.h"
 #include "kernels/quant.h"
+#include "kernels/quant_avx2.h" /* HAVE_X86 */
 
 typedef struct {
   const char *name;
@@ -177,33 +179,41 @@ static void q_q4_0(const float *x, uint8_t *b) {
 
 static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
-/* Scale s >= 0 and min m >= 0 of a sub-block of n values so that x ~ s * L - m with L in [0, nmax]:
- * for a few candidate steps around (max - min) / nmax, the levels rounded, then (s, -m) fitted by
- * weighted least squares (weights |x| + rms, favouring the large values); the best fit wins. */
-static float fit_scale_min(const float *x, int n, int nmax, float *m_out) {
-  float lo = x[0], hi = x[0], w[32], sw = 0, swx = 0, sx2 = 0;
-  for (int i = 0; i < n; i++) lo = fminf(lo, x[i]), hi = fmaxf(hi, x[i]), sx2 += x[i] * x[i];
-  if (lo > 0) lo = 0;
-  *m_out = -lo;
-  if (hi == lo) return 0;
-  float rms = sqrtf(sx2 / (float)n);
-  for (int i = 0; i < n; i++) w[i] = rms + fabsf(x[i]), sw += w[i], swx += w[i] * x[i];
-  float best = INFINITY, bs = (hi - lo) / (float)nmax, bm = lo;
-  for (int step = -10; step <= 10; step++) {
-    float is = ((float)nmax + 0.1f * (float)step) / (hi - lo), sl = 0, sl2 = 0, sxl = 0;
+void moe__kfit_steps_scalar(const moe__kfit *f, const float *x, int n, int nmax, float err[MOE__KFIT_STEPS],
+                            float s[MOE__KFIT_STEPS], float b[MOE__KFIT_STEPS]) {
+  for (int k = 0; k < MOE__KFIT_STEPS; k++) {
+    float is = ((float)nmax + 0.1f * (float)(k - 10)) / (f->hi - f->lo), sl = 0, sl2 = 0, sxl = 0;
     int L[32];
     for (int i = 0; i < n; i++) {
-      L[i] = clampi((int)lrintf(is * (x[i] - lo)), 0, nmax);
-      sl += w[i] * (float)L[i], sl2 += w[i] * (float)(L[i] * L[i]), sxl += w[i] * (float)L[i] * x[i];
+      L[i] = clampi((int)lrintf(is * (x[i] - f->lo)), 0, nmax);
+      sl += f->w[i] * (float)L[i], sl2 += f->w[i] * (float)(L[i] * L[i]), sxl += f->w[i] * (float)L[i] * x[i];
     }
-    float det = sw * sl2 - sl * sl;
-    if (!(det > 0)) continue;
-    float s = (sw * sxl - swx * sl) / det, b = (sl2 * swx - sl * sxl) / det;
-    if (b > 0) b = 0, s = sxl / sl2; /* the offset may only lower the values */
-    float err = 0;
-    for (int i = 0; i < n; i++) err += w[i] * (s * (float)L[i] + b - x[i]) * (s * (float)L[i] + b - x[i]);
-    if (err < best) best = err, bs = s, bm = b;
+    err[k] = INFINITY;
+    if (!moe__kfit_solve(f->sw, f->swx, sl, sl2, sxl, &s[k], &b[k])) continue;
+    float e = 0;
+    for (int i = 0; i < n; i++) e += f->w[i] * (s[k] * (float)L[i] + b[k] - x[i]) * (s[k] * (float)L[i] + b[k] - x[i]);
+    err[k] = e;
   }
+}
+
+float moe__kfit_scale_min(const float *x, int n, int nmax, float *m_out, int vector) {
+  moe__kfit f = {x[0], x[0], {0}, 0, 0};
+  float sx2 = 0;
+  for (int i = 0; i < n; i++) f.lo = fminf(f.lo, x[i]), f.hi = fmaxf(f.hi, x[i]), sx2 += x[i] * x[i];
+  if (f.lo > 0) f.lo = 0;
+  *m_out = -f.lo;
+  if (f.hi == f.lo) return 0;
+  float rms = sqrtf(sx2 / (float)n);
+  for (int i = 0; i < n; i++) f.w[i] = rms + fabsf(x[i]), f.sw += f.w[i], f.swx += f.w[i] * x[i];
+  float err[MOE__KFIT_STEPS], s[MOE__KFIT_STEPS], b[MOE__KFIT_STEPS];
+#ifdef HAVE_X86
+  if (vector && moe__cpu_has(MOE__CPU_AVX512F)) moe__kfit_steps_avx512(&f, x, n, nmax, err, s, b);
+  else
+#endif
+    moe__kfit_steps_scalar(&f, x, n, nmax, err, s, b);
+  float best = INFINITY, bs = (f.hi - f.lo) / (float)nmax, bm = f.lo;
+  for (int k = 0; k < MOE__KFIT_STEPS; k++) /* in step order: the first of equal errors */
+    if (err[k] < best) best = err[k], bs = s[k], bm = b[k];
   *m_out = -bm;
   return bs;
 }
@@ -213,7 +223,7 @@ static float fit_scale_min(const float *x, int n, int nmax, float *m_out) {
 static void q_k4(const float *x, uint8_t *b, uint8_t *qh, uint8_t *qs, int nmax) {
   float sc[8], mn[8], max_s = 0, max_m = 0;
   for (int j = 0; j < 8; j++) {
-    sc[j] = fit_scale_min(x + 32 * j, 32, nmax, &mn[j]);
+    sc[j] = moe__kfit_scale_min(x + 32 * j, 32, nmax, &mn[j], 1);
     max_s = fmaxf(max_s, sc[j]), max_m = fmaxf(max_m, mn[j]);
   }
   float is = max_s > 0 ? 63 / max_s : 0, im = max_m > 0 ? 63 / max_m : 0;

@@ -45,6 +45,30 @@ static inline float moe__half(uint16_t h) {
   return f;
 }
 float moe__f16_to_f32(uint16_t h);
+
+/* The K-quants' scale and min of a sub-block of n <= 32 values (x ~ s L - m, L in [0, nmax]: Q4_K,
+ * Q5_K): for 21 candidate steps around (max - min) / nmax the levels rounded, (s, -m) fitted by least
+ * squares weighted by |x| + rms, the fit of least error kept (the first of equals). The steps' sums
+ * run each in value order, so the AVX-512 version (vector nonzero on a CPU with it: the steps in the
+ * lanes) gives the scalar one's bits; returns s, and m in *m_out. */
+#define MOE__KFIT_STEPS 21
+typedef struct {
+  float lo, hi, w[32], sw, swx;
+} moe__kfit;
+float moe__kfit_scale_min(const float *x, int n, int nmax, float *m_out, int vector);
+/* (s, b) of a step from its sums; 0 when they fit no line. */
+static inline int moe__kfit_solve(float sw, float swx, float sl, float sl2, float sxl, float *s, float *b) {
+  float det = sw * sl2 - sl * sl;
+  if (!(det > 0)) return 0;
+  *s = (sw * sxl - swx * sl) / det, *b = (sl2 * swx - sl * sxl) / det;
+  if (*b > 0) *b = 0, *s = sxl / sl2; /* the offset may only lower the values */
+  return 1;
+}
+/* Each step's error (INFINITY where it fits no line), scale and offset. */
+void moe__kfit_steps_scalar(const moe__kfit *f, const float *x, int n, int nmax, float err[MOE__KFIT_STEPS],
+                            float s[MOE__KFIT_STEPS], float b[MOE__KFIT_STEPS]);
+void moe__kfit_steps_avx512(const moe__kfit *f, const float *x, int n, int nmax, float err[MOE__KFIT_STEPS],
+                            float s[MOE__KFIT_STEPS], float b[MOE__KFIT_STEPS]);
 uint16_t moe__f32_to_f16(float f);
 
 /* The 32-value block types, and the sum of their sixteen lanes (quant.h's order above): lanes k and
