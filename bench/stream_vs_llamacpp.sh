@@ -16,7 +16,8 @@
 # hit rate. An unlimited round (no cgroup, the file cached after a warm-up) is printed first.
 # Nothing of llama.cpp is in this repository: give the directory of a build of it (its bin/llama-bench).
 # usage: bench/stream_vs_llamacpp.sh LLAMA_BUILD_DIR DIR [LIMIT (4G)] [RUNS (3)] [TOKENS (16)]
-#   env: MOE (build/moe), TYPE (q4_k), LAYERS (8), BUDGET (LIMIT - 1G), KEEP=1 keeps DIR's files
+#   env: MOE (build/moe), TYPE (q4_k), LAYERS (8), BUDGET (LIMIT - 1G), KEEP=1 keeps DIR's files,
+#   UNLIMITED=0 skips the unlimited round (a file larger than the machine's memory)
 set -eu
 LLAMA=${1:?usage: bench/stream_vs_llamacpp.sh LLAMA_BUILD_DIR DIR [LIMIT] [RUNS] [TOKENS]}
 DIR=${2:?usage: bench/stream_vs_llamacpp.sh LLAMA_BUILD_DIR DIR [LIMIT] [RUNS] [TOKENS]}
@@ -85,11 +86,13 @@ echo "# CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 F="%-9s %-9s %8s %13s %11s %13s %8s\n"
 # shellcheck disable=SC2059 # F: the table's format
 printf "$F" side memory tok/s cgroup_peak_GiB max_RSS_GiB bytes/token hit_rate
-llama free >/dev/null # untimed: the file into the page cache for the unlimited round
-# shellcheck disable=SC2046,SC2059 # each side's figures as fields
-printf "$F" llama.cpp unlimited $(llama free) - -
-# shellcheck disable=SC2046,SC2059
-printf "$F" libmoe unlimited $(moe free)
+if [ "${UNLIMITED:-1}" = 1 ]; then
+  llama free >/dev/null # untimed: the file into the page cache for the unlimited round
+  # shellcheck disable=SC2046,SC2059 # each side's figures as fields
+  printf "$F" llama.cpp unlimited $(llama free) - -
+  # shellcheck disable=SC2046,SC2059
+  printf "$F" libmoe unlimited $(moe free)
+fi
 for r in $(seq "$RUNS"); do
   order="llama moe"; [ $((r % 2)) -eq 0 ] && order="moe llama"
   for side in $order; do
