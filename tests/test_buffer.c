@@ -145,8 +145,6 @@ TEST(buffer_swiglu_oai_equals_all_resident) {
   check_equals_all_resident(failed_, MOE_DT_F32, MOE_DT_F32, MOE_ACT_SWIGLU_OAI);
 }
 
-/* A bf16 slot takes the matrices at 2 bytes and the biases at 4: about half an f32 slot, exactly
- * when the tensors fill whole 64-byte lines; a cache serves only a layer of its dtype. */
 /* A forward drops the queued prefetches of experts it does not run: with the loader held until then,
  * prefetching one expert the batch runs and two it does not reads only the batch's experts (each once),
  * and the output is the all-resident layer's. */
@@ -198,6 +196,8 @@ TEST(buffer_forward_drops_unneeded_prefetches) {
           active, (long long)cs.loads, active, (long long)cs.misses, (long long)cs.prefetches);
 }
 
+/* A bf16 slot takes the matrices at 2 bytes and the biases at 4: about half an f32 slot, exactly
+ * when the tensors fill whole 64-byte lines; a cache serves only a layer of its dtype. */
 TEST(buffer_bf16_slot_bytes) {
   moe_layer_config c;
   moe_layer_config_default(&c);

@@ -349,6 +349,30 @@ static int open_fds(void) {
   return n;
 }
 
+/* Streams `path` (c may be NULL) under s, decodes, and counts the descriptors the process holds past
+ * those before: after loading (held), after decoding (decoded) and after freeing (left); 0 on a failure
+ * (printed). */
+static int descriptors_while_streaming(const char *path, const moe_lm_config *c, const moe_lm_stream_config *s,
+                                       int *held, int *decoded, int *left) {
+  int before = open_fds();
+  moe_lm_t m;
+  moe_lm_experts x;
+  if (moe_lm_load_streaming(&m, path, c, s, &x) != MOE_OK) {
+    fprintf(stderr, "  %s: %s\n", path, moe_last_error());
+    return 0;
+  }
+  *held = open_fds() - before;
+  static run_out o;
+  moe_status st = decode(&m, 0.0f, &o); /* the experts are read through them */
+  *decoded = open_fds() - before;
+  moe_expert_cache_stats t = total(&x);
+  moe_lm_free(&m);
+  moe_lm_experts_free(&x);
+  *left = open_fds() - before;
+  if (st != MOE_OK || t.loads <= 0) fprintf(stderr, "  %s: decode %d, %lld loads\n", path, (int)st, (long long)t.loads);
+  return st == MOE_OK && t.loads > 0;
+}
+
 /* A GGUF file of 6 MoE layers streamed (its experts in their stored type, then dequantized) holds one
  * descriptor of the file, which every layer's reader shares (one each took 6), and none once freed. */
 TEST(lm_stream_gguf_layers_share_one_descriptor) {
@@ -363,23 +387,12 @@ TEST(lm_stream_gguf_layers_share_one_descriptor) {
     moe_lm_stream_config s;
     moe_lm_stream_config_default(&s);
     s.budget = 6 * 2 * moe_expert_cache_slot_bytes(&c.moe);
-    int before = open_fds();
-    moe_lm_t m;
-    moe_lm_experts x;
-    ASSERT_OK(moe_lm_load_streaming(&m, path, &c, &s, &x));
-    int held = open_fds();
-    static run_out o;
-    moe_status st = decode(&m, 0.0f, &o); /* the experts are read through it */
-    int after_decode = open_fds();
-    moe_expert_cache_stats t = total(&x);
-    moe_lm_free(&m);
-    moe_lm_experts_free(&x);
-    ASSERT_OK(st);
-    ASSERT(t.loads > 0);
-    if (held - before != 1 || after_decode != held)
+    int held, decoded, left;
+    ASSERT(descriptors_while_streaming(path, &c, &s, &held, &decoded, &left));
+    if (held != 1 || decoded != held)
       FAIL_("%s: %d descriptors held after loading 6 streamed layers, %d after decoding; want 1", stored ? "stored" : "fp32",
-            held - before, after_decode - before);
-    ASSERT_EQ_INT(open_fds(), before);
+            held, decoded);
+    ASSERT_EQ_INT(left, 0);
   }
 }
 
@@ -976,23 +989,11 @@ TEST(lm_stream_sharded_layers_share_one_descriptor_a_shard) {
   moe_lm_stream_config s;
   moe_lm_stream_config_default(&s);
   s.budget = (size_t)1 << 20;
-  int before = open_fds();
-  moe_lm_t m;
-  moe_lm_experts x;
-  ASSERT_OK(moe_lm_load_streaming(&m, dir, NULL, &s, &x));
-  int held = open_fds();
-  static run_out o;
-  moe_status st = decode(&m, 0.0f, &o);
-  int after_decode = open_fds();
-  moe_expert_cache_stats t = total(&x);
-  moe_lm_free(&m);
-  moe_lm_experts_free(&x);
-  ASSERT_OK(st);
-  ASSERT(t.loads > 0);
-  if (held - before != 3 || after_decode != held)
-    FAIL_("%d descriptors held after loading 3 shards streamed, %d after decoding; want 3", held - before,
-          after_decode - before);
-  ASSERT_EQ_INT(open_fds(), before);
+  int held, decoded, left;
+  ASSERT(descriptors_while_streaming(dir, NULL, &s, &held, &decoded, &left));
+  if (held != 3 || decoded != held)
+    FAIL_("%d descriptors held after loading 3 shards streamed, %d after decoding; want 3", held, decoded);
+  ASSERT_EQ_INT(left, 0);
 }
 
 /* dir's index with tensor `name` said to be in file `shard`. */
