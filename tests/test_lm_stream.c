@@ -96,7 +96,7 @@ static void check_streamed_slots(int *failed_, const char *dir, moe_lm_config c,
           moe_lm_stream_config_default(&s);
           s.policy = pol[p];
           s.prefetch = ahead;
-          s.budget = row * slots[b] + row / 2; /* and a remainder left unused */
+          s.budget = row * slots[b] + slot - 1; /* and a remainder no slot fits, left unused */
           moe_lm_t m;
           moe_lm_experts x;
           ASSERT_OK(moe_lm_load_streaming(&m, dir, &c, &s, &x));
@@ -293,7 +293,7 @@ TEST(lm_stream_gguf_mixed_types_bit_identical) {
 
 /* The GGUF file at path streamed with config c under budget: every MoE layer's cache has `slots` slots of
  * bytes[i] bytes (layer i). */
-static void expect_slots(int *failed_, const char *path, const moe_lm_config *c, size_t budget, int slots,
+static void expect_slots(int *failed_, const char *path, const moe_lm_config *c, size_t budget, const int *slots,
                          const size_t *bytes) {
   moe_lm_stream_config s;
   moe_lm_stream_config_default(&s);
@@ -307,15 +307,16 @@ static void expect_slots(int *failed_, const char *path, const moe_lm_config *c,
   moe_lm_free(&m);
   moe_lm_experts_free(&x);
   for (int i = 0; i < L; i++) {
-    if (cs[i].slots != slots || cs[i].expert_bytes != bytes[i] || cs[i].resident_bytes != (size_t)slots * bytes[i])
+    if (cs[i].slots != slots[i] || cs[i].expert_bytes != bytes[i] || cs[i].resident_bytes != (size_t)slots[i] * bytes[i])
       FAIL_("budget %zu, layer %d: %d slots of %zu bytes (%zu resident), want %d of %zu", budget, i, cs[i].slots,
-            cs[i].expert_bytes, cs[i].resident_bytes, slots, bytes[i]);
+            cs[i].expert_bytes, cs[i].resident_bytes, slots[i], bytes[i]);
   }
 }
 
 /* The budget counts the stored bytes: a budget of one fp32 slot a layer holds 7 Q4_K experts a layer
  * (4.5 bits a value against 32; capped at E) and one dequantized; equal placement over layers whose slots
- * differ gives each as many slots as the sum of one slot of every layer fits. */
+ * differ gives each as many slots as the sum of one slot of every layer fits, and what is left a slot
+ * more to each layer in turn whose slot it still holds. */
 TEST(lm_stream_gguf_budget_counts_stored_bytes) {
   char path[512];
   test_tmp_path("stream_budget.gguf", path, sizeof path);
@@ -329,14 +330,20 @@ TEST(lm_stream_gguf_budget_counts_stored_bytes) {
   const size_t fps[2] = {fp, fp}, qs[2] = {q, q}, mix[2] = {q, q1};
   ASSERT_EQ_INT(fp / q, 7);
   ASSERT_EQ_INT(fp, moe_expert_cache_slot_bytes(&c.moe));
-  for (int k = 1; k <= 2; k++) expect_slots(failed_, path, &c, 2 * q * k + q - 1, k, qs);
-  expect_slots(failed_, path, &c, 2 * fp, c.moe.E, qs); /* 7 a layer fit: capped at E = 4 */
+  for (int k = 1; k <= 2; k++) {
+    expect_slots(failed_, path, &c, 2 * q * k + q - 1, (int[]){k, k}, qs);
+    expect_slots(failed_, path, &c, 2 * q * k + q, (int[]){k + 1, k}, qs); /* what is left: a slot more in layer 0 */
+  }
+  expect_slots(failed_, path, &c, 2 * fp, (int[]){c.moe.E, c.moe.E}, qs); /* 7 a layer fit: capped at E = 4 */
   c.moe.expert_type = -1;
-  expect_slots(failed_, path, &c, 2 * fp + q, 1, fps);
+  expect_slots(failed_, path, &c, 2 * fp + q, (int[]){1, 1}, fps);
+  expect_slots(failed_, path, &c, 3 * fp, (int[]){2, 1}, fps);
   c.moe.expert_type = MOE_GGUF_Q4_K;
   ASSERT_OK(gguf_retype(path, "blk.1.ffn_down_exps.weight", MOE_GGUF_Q8_0)); /* layer 1's slot larger */
   ASSERT(q1 > q);
-  expect_slots(failed_, path, &c, 2 * (q + q1) + q, 2, mix); /* a third slot in layer 0 alone does not count */
+  expect_slots(failed_, path, &c, 2 * (q + q1) + q, (int[]){3, 2}, mix); /* a third slot fits in layer 0 only */
+  expect_slots(failed_, path, &c, 2 * (q + q1) + q1 - 1, (int[]){3, 2}, mix);
+  expect_slots(failed_, path, &c, 2 * (q + q1) + q + q1, (int[]){3, 3}, mix);
 }
 
 /* The process's open descriptors (those in /proc/self/fd, less the one reading it), or -1. */
@@ -686,7 +693,7 @@ static int64_t sim_misses(const moe_trace *t, int layer, moe_cache_policy p, int
 }
 
 /* Miss-cost placement: on a crafted trace (layer 1 uses expert 0 only, layer 2 cycles through all four:
- * LRU misses every access with fewer than 4 slots) 5 slots go 1 + 4 where equal placement gives 2 + 2;
+ * LRU misses every access with fewer than 4 slots) 5 slots go 1 + 4 where equal placement gives 3 + 2;
  * for every budget and policy, on that trace and on the model's own, the slots are what minimises the
  * simulated misses over every split (brute force), never more than the budget buys; the outputs are the
  * whole model's bit for bit. */
@@ -742,18 +749,20 @@ TEST(lm_stream_placement_by_simulated_misses) {
           ASSERT_EQ_INT(s2.slots, 4);
         }
       }
-  /* equal placement for the same 5 slots, and a trace of another model refused */
+  /* equal placement of the same 5 slots, and a trace of another model refused */
   moe_lm_stream_config s;
   moe_lm_stream_config_default(&s);
   s.budget = 5 * slot;
   moe_lm_t m;
   moe_lm_experts x;
   ASSERT_OK(moe_lm_load_streaming(&m, dir, &c, &s, &x));
-  moe_expert_cache_stats s1;
+  moe_expert_cache_stats s1, s2;
   moe_expert_cache_get_stats(x.caches[1], &s1);
+  moe_expert_cache_get_stats(x.caches[2], &s2);
   moe_lm_free(&m);
   moe_lm_experts_free(&x);
-  ASSERT_EQ_INT(s1.slots, 2);
+  ASSERT_EQ_INT(s1.slots, 3); /* 2 each, and the fifth to the first layer */
+  ASSERT_EQ_INT(s2.slots, 2);
   s.placement = MOE_LM_PLACE_MISS_COST;
   ASSERT_STATUS(moe_lm_load_streaming(&m, dir, &c, &s, &x), MOE_ERR_ARG); /* no trace */
   ASSERT(strstr(moe_last_error(), "needs a trace"));
@@ -765,7 +774,7 @@ TEST(lm_stream_placement_by_simulated_misses) {
 
 /* Miss-cost placement by bytes over layers whose slots differ (layer 0's Q4_K experts, layer 1's with a
  * Q8_0 down projection: larger): on a crafted trace (layer 0 uses expert 0 only, layer 1 cycles through
- * all four) a budget of one slot of layer 0 and four of layer 1 goes 1 + 4 (equal: 2 + 2); for budgets
+ * all four) a budget of one slot of layer 0 and four of layer 1 goes 1 + 4 (equal: 3 + 2); for budgets
  * from one slot a layer to every expert, on that trace and the model's own, under LRU and FIFO, the
  * slots' bytes fit the budget and their simulated misses read the fewest bytes (a miss: a slot's) of
  * every split that fits (brute force); the outputs are the whole model's bit for bit. */

@@ -122,14 +122,18 @@ moe_status moe__lm_stream_slots(const moe_lm_t *m, const moe_lm_stream_config *s
           "memory budget %zu bytes: below one expert per MoE layer (%d layers, %zu bytes)", s->budget, Lm, row);
   MOE_TRY(s->placement == MOE_LM_PLACE_EQUAL || s->placement == MOE_LM_PLACE_MISS_COST, MOE_ERR_ARG,
           "memory budget: unknown placement %d", (int)s->placement);
-  size_t each = s->budget / row; /* equal: as many slots in every layer */
+  size_t each = s->budget / row; /* equal: as many slots in every layer, and one more where what is left fits */
   int placed = 0;
   if (s->placement == MOE_LM_PLACE_MISS_COST && each < (size_t)E) {
     MOE_TRY(s->placement_trace, MOE_ERR_ARG, "memory budget: placement miss-cost needs a trace (placement_trace)");
     MOE_CHECK(trace_fits(s->placement_trace, c, "placement"));
     MOE_CHECK(place_by_misses(m, s, Lm, slot, row, K, &placed));
   }
-  for (int j = 0; j < Lm && !placed; j++) K[j] = each < (size_t)E ? (int)each : E;
+  if (placed) return MOE_OK;
+  size_t left = s->budget; /* what the equal share leaves goes a slot a layer to the first layers it fits */
+  for (int j = 0; j < Lm; j++) K[j] = each < (size_t)E ? (int)each : E, left -= (size_t)K[j] * slot[j];
+  for (int j = 0; j < Lm; j++)
+    if (K[j] < E && left >= slot[j]) K[j]++, left -= slot[j];
   return MOE_OK;
 }
 
