@@ -17,7 +17,8 @@
 # Nothing of llama.cpp is in this repository: give the directory of a build of it (its bin/llama-bench).
 # usage: bench/stream_vs_llamacpp.sh LLAMA_BUILD_DIR DIR [LIMIT (4G)] [RUNS (3)] [TOKENS (16)]
 #   env: MOE (build/moe), TYPE (q4_k), LAYERS (8), BUDGET (LIMIT - 1G), KEEP=1 keeps DIR's files,
-#   UNLIMITED=0 skips the unlimited round (a file larger than the machine's memory)
+#   UNLIMITED=0 skips the unlimited round (a file larger than the machine's memory), MOE_FLAGS more flags
+#   for moe generate's budgeted runs (--prefetch off, --policy lfu)
 set -eu
 LLAMA=${1:?usage: bench/stream_vs_llamacpp.sh LLAMA_BUILD_DIR DIR [LIMIT] [RUNS] [TOKENS]}
 DIR=${2:?usage: bench/stream_vs_llamacpp.sh LLAMA_BUILD_DIR DIR [LIMIT] [RUNS] [TOKENS]}
@@ -68,8 +69,8 @@ llama() { # $1: limited or free; prints "tok/s peak_GiB max_RSS_GiB"
                                                                    int(sys.argv[2]) / 2**20))' "$p" "$(tail -n 1 "$RSS")"
 }
 moe() { # $1: limited or free; prints "tok/s peak_GiB max_RSS_GiB bytes/token hit_rate"
-  if [ "$1" = limited ]; then drop && reset_peak; set -- in_cgroup; b="--memory-budget $BUDGET"; else set --; b=; fi
-  # shellcheck disable=SC2086 # b: a flag and its value, or nothing
+  if [ "$1" = limited ]; then drop && reset_peak; set -- in_cgroup; b="--memory-budget $BUDGET ${MOE_FLAGS:-}"; else set --; b=; fi
+  # shellcheck disable=SC2086 # b: flags and their values, or nothing
   out=$("$@" /usr/bin/time -o "$RSS" -f %M "$MOE" generate --checkpoint "$G" --prompt-ids 1 --max-tokens "$TOKENS" --temperature 0 --ignore-eos \
         --threads 2 $b --json 2>/dev/null) || { echo "moe generate failed" >&2; exit 1; }
   p=$([ $# -gt 0 ] && peak || echo 0)
@@ -82,7 +83,7 @@ print("%.3f %.2f %.2f %.0f %.3f" % (j["decode_tokens_per_s"], int(sys.argv[1]) /
 }
 
 echo "# CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), 2 threads; $(basename "$G")" \
-     "$(du -h "$G" | cut -f1); cgroup limit $LIMIT, libmoe's budget $BUDGET; $TOKENS tokens from 1, greedy"
+     "$(du -h "$G" | cut -f1); cgroup limit $LIMIT, libmoe's budget $BUDGET ${MOE_FLAGS:-}; $TOKENS tokens from 1, greedy"
 F="%-9s %-9s %8s %13s %11s %13s %8s\n"
 # shellcheck disable=SC2059 # F: the table's format
 printf "$F" side memory tok/s cgroup_peak_GiB max_RSS_GiB bytes/token hit_rate

@@ -19,7 +19,7 @@ static const char *CMD = "eval";
 static void usage(FILE *f) {
   fprintf(f, "usage: moe eval --task lm --checkpoint DIR [--data DIR] [--split test|valid|train] [--context T]\n"
              "                [--batch B] [--threads N] [--json] [--tokens FILE]\n"
-             "                [--memory-budget SIZE [--policy P] [--prefetch on|off] [--page-cache keep|drop]\n"
+             "                [--memory-budget SIZE [--policy P] [--prefetch auto|on|off] [--page-cache keep|drop]\n"
              "                 [--placement equal|miss-cost --placement-trace T.csv] [--pin-from T.csv [--pin N]]]\n"
              "Prints test_loss=... test_perplexity=... (valid_... for --split valid; a JSON line with --json):\n"
              "the mean cross-entropy of the checkpoint (a Hugging Face directory of Mixtral, Qwen2/3-MoE or OLMoE\n"

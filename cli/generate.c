@@ -21,7 +21,7 @@ static void usage(FILE *f) {
   fprintf(f, "usage: moe generate --checkpoint DIR (--prompt \"text\" | --prompt-ids \"1 2 3\") [--max-tokens N]\n"
              "                    [--temperature T] [--top-p P] [--seed S] [--threads N] [--tokenizer F] [--json]\n"
              "                    [--ignore-eos] [--dtype f32|bf16] [--logprobs N]\n"
-             "                    [--memory-budget SIZE [--policy P] [--prefetch on|off] [--page-cache keep|drop]\n"
+             "                    [--memory-budget SIZE [--policy P] [--prefetch auto|on|off] [--page-cache keep|drop]\n"
              "                     [--placement equal|miss-cost --placement-trace T.csv] [--pin-from T.csv [--pin N]]]\n"
              "                    [--trace T.csv]\n"
              "Samples N new tokens (default 32) after the prompt: temperature 0 is greedy (default 1), top-p\n"

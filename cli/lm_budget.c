@@ -31,7 +31,7 @@ int lm_budget_flag(const char *f, const char *v, lm_budget_opts *o, int *ok) {
   else if (cli_flag_is(f, "policy"))
     *ok = moe_cache_policy_parse(v, "--policy", &o->s.policy) == MOE_OK && o->s.policy != MOE_CACHE_BELADY,
     o->policy_set = 1;
-  else if (cli_flag_is(f, "prefetch")) *ok = !strcmp(v, "on") || !strcmp(v, "off"), o->s.prefetch = !strcmp(v, "on");
+  else if (cli_flag_is(f, "prefetch")) *ok = moe_prefetch_mode_parse(v, "--prefetch", &o->s.prefetch) == MOE_OK;
   else if (cli_flag_is(f, "placement")) *ok = moe_lm_placement_parse(v, "--placement", &o->s.placement) == MOE_OK;
   else if (cli_flag_is(f, "placement-trace")) o->placement_trace = v;
   else if (cli_flag_is(f, "pin-from")) o->pin_from = v;
@@ -81,7 +81,9 @@ static void add_stats(cJSON *j, const moe_expert_cache_stats *s, int64_t tokens)
   cJSON_AddNumberToObject(j, "bytes_read", (double)s->bytes_read);
   cJSON_AddNumberToObject(j, "bytes_read_per_token", ratio(s->bytes_read, tokens));
   cJSON_AddNumberToObject(j, "stall_seconds", s->stall_seconds);
+  cJSON_AddNumberToObject(j, "read_seconds", s->read_seconds);
   cJSON_AddNumberToObject(j, "prefetches", (double)s->prefetches);
+  cJSON_AddNumberToObject(j, "prefetch_skipped", (double)s->prefetch_skipped);
   cJSON_AddNumberToObject(j, "prefetch_used", (double)s->prefetch_used);
   cJSON_AddNumberToObject(j, "prefetch_precision", ratio(s->predicted_hit, s->predicted));
   cJSON_AddNumberToObject(j, "prefetch_recall", ratio(s->predicted_hit, s->actual));
@@ -106,13 +108,14 @@ cJSON *lm_budget_json(const moe_lm_experts *x, const lm_budget_opts *o, int64_t 
     cJSON_AddItemToArray(layers, l);
     t.accesses += s.accesses, t.misses += s.misses, t.bytes_read += s.bytes_read, t.stall_seconds += s.stall_seconds;
     t.prefetches += s.prefetches, t.prefetch_used += s.prefetch_used, t.predicted += s.predicted;
+    t.read_seconds += s.read_seconds, t.prefetch_skipped += s.prefetch_skipped;
     t.predicted_hit += s.predicted_hit, t.actual += s.actual, t.resident_bytes += s.resident_bytes;
     t.pinned += s.pinned;
   }
   cJSON_AddNumberToObject(j, "memory_budget", (double)o->s.budget);
   cJSON_AddStringToObject(j, "policy", moe_cache_policy_name(o->s.policy));
   cJSON_AddStringToObject(j, "placement", moe_lm_placement_name(o->s.placement));
-  cJSON_AddBoolToObject(j, "prefetch", o->s.prefetch);
+  cJSON_AddStringToObject(j, "prefetch", moe_prefetch_mode_name(o->s.prefetch));
   cJSON_AddBoolToObject(j, "page_cache_kept", o->s.keep_page_cache);
   cJSON_AddNumberToObject(j, "tokens", (double)tokens);
   add_stats(j, &t, tokens);

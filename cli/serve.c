@@ -37,7 +37,7 @@ static size_t held_expert_bytes(const moe_layer_t *l, moe_expert_cache *cache) {
 
 static void usage(FILE *f) {
   fprintf(f, "usage: moe serve --checkpoint DIR [--host 127.0.0.1] [--port 8080] [--max-batch B] [--threads N]\n"
-             "                 [--cache K | --memory-budget SIZE] [--policy P] [--prefetch on|off]\n"
+             "                 [--cache K | --memory-budget SIZE] [--policy P] [--prefetch auto|on|off]\n"
              "                 [--page-cache keep|drop] [--placement equal|miss-cost --placement-trace T.csv]\n"
              "                 [--pin-from T.csv [--pin N]]\n"
              "                 [--trace F] [--context N]\n"

@@ -780,6 +780,8 @@ typedef struct {
                                that batch's active experts: precision predicted_hit / predicted, recall
                                predicted_hit / actual (over the batches that had a prediction) */
   int pinned;               /* slots holding pinned experts (moe_expert_cache_pin), inside the K */
+  double read_seconds;      /* the loader's time reading those loads */
+  int64_t prefetch_skipped; /* predicted experts not read ahead because it would not pay (MOE_PREFETCH_AUTO) */
 } moe_expert_cache_stats;
 void moe_expert_cache_get_stats(const moe_expert_cache *c, moe_expert_cache_stats *out);
 /* The bytes of one slot (expert_bytes) of a cache opened for layer l: what a memory budget is divided by. */
@@ -789,6 +791,18 @@ size_t moe_expert_cache_slot_bytes(const moe_layer_config *l);
  * resident stay; the prediction is scored against the next forward's active experts (stats). Outputs
  * never change: only which experts are resident does. */
 moe_status moe_expert_cache_prefetch(moe_expert_cache *c, const int *experts, int n);
+/* Which predictions moe_expert_cache_prefetch reads: OFF none (it only scores them), ON all (the
+ * default), AUTO those that pay by the costs measured so far. A read ahead right with probability p (the
+ * cache's precision so far) saves min(r, w) of stall and a wrong one spends max(r - w, 0) of the disk's
+ * time that the demand reads behind it wait for, r the loader's mean seconds a load and w the mean
+ * seconds from a prediction to the forward it is for (the compute it can hide behind): AUTO reads when
+ * p min(r, w) > (1 - p) max(r - w, 0), so always when the reads hide in the compute, and on a disk
+ * slower than the compute only for p near 1; nothing before a forward has scored a prediction and a
+ * load has been timed. */
+typedef enum { MOE_PREFETCH_OFF, MOE_PREFETCH_ON, MOE_PREFETCH_AUTO } moe_prefetch_mode;
+void moe_expert_cache_set_prefetch(moe_expert_cache *c, moe_prefetch_mode mode);
+const char *moe_prefetch_mode_name(moe_prefetch_mode m); /* "off", "on", "auto" */
+moe_status moe_prefetch_mode_parse(const char *s, const char *field, moe_prefetch_mode *out);
 /* Reads the n experts into free slots now (waiting for the reads) and keeps them there: never evicted,
  * so never a miss. n < K (a slot stays for the others) unless n = K = E. Their reads count as loads and
  * bytes read, not as misses. MOE_ERR_ARG for an id out of range or no free slot; a failed read is its
@@ -1752,7 +1766,8 @@ typedef enum { MOE_LM_PLACE_EQUAL, MOE_LM_PLACE_MISS_COST } moe_lm_placement;
 typedef struct {
   size_t budget;             /* bytes of expert slots over all MoE layers (>= one expert per layer) */
   moe_cache_policy policy;   /* LIFO, LRU, FIFO, LFU or LFRU (default LRU) */
-  int prefetch;              /* read the next layer's predicted experts ahead (default 1) */
+  moe_prefetch_mode prefetch; /* the next layer's predicted experts: OFF not predicted, ON read ahead,
+                                AUTO (default) read ahead where that pays (moe_expert_cache_set_prefetch) */
   int keep_page_cache;       /* 1: leave the file's pages in the page cache (the kernel's cache beside the
                                 slots, as with mmap); default 0: every read drops them */
   moe_lm_placement placement; /* how the budget's slots are placed across the MoE layers (default EQUAL) */

@@ -145,55 +145,120 @@ TEST(buffer_swiglu_oai_equals_all_resident) {
   check_equals_all_resident(failed_, MOE_DT_F32, MOE_DT_F32, MOE_ACT_SWIGLU_OAI);
 }
 
+/* A layer of 8 experts (uneven routing: some idle on x) saved to a file, and the same layer with external
+ * experts through a cache of 8 slots over that file; y0 the all-resident output on x, `used` an expert
+ * x runs, idle[] two it does not. */
+typedef struct {
+  moe_layer_t full, lb;
+  moe_st *f;
+  moe_expert_cache *cache;
+  float x[3 * 16], y0[3 * 16];
+  int used, idle[2], active;
+} prefetch_case;
+
+static void prefetch_case_open(int *failed_, prefetch_case *p, const char *file) {
+  moe_layer_config c;
+  moe_layer_config_default(&c);
+  c.D = 16; c.H = 24; c.E = 8; c.top_k = 2; c.threads = 2;
+  ASSERT_OK(moe_layer_init(&p->full, &c));
+  moe_layer_init_params(&p->full, 5);
+  float *g = moe_layer_param(&p->full, "gate.weight");
+  for (int i = 0; i < c.E * c.D; i++) g[i] *= 4.0f; /* uneven routing: some experts idle */
+  moe_layer_params_changed(&p->full);
+  char path[512];
+  ASSERT_OK(save_layer(&p->full, MOE_DT_F32, test_tmp_path(file, path, sizeof path)));
+  for (int i = 0; i < 3 * 16; i++) p->x[i] = (float)((i * 37) % 17) / 8.0f - 1.0f;
+  moe_layer_stats st;
+  ASSERT_OK(moe_layer_forward(&p->full, p->x, 3, p->y0, NULL, &st));
+  int ni = 0;
+  p->used = -1, p->active = 0;
+  for (int e = 0; e < c.E; e++)
+    if (st.expert_counts[e] > 0) p->used = p->used < 0 ? e : p->used, p->active++;
+    else if (ni < 2) p->idle[ni++] = e;
+  ASSERT(p->used >= 0 && ni == 2);
+  ASSERT_OK(moe_st_open_lazy(&p->f, path));
+  moe_layer_config cb = c;
+  cb.external_experts = 1;
+  ASSERT_OK(moe_layer_init(&p->lb, &cb));
+  memcpy(p->lb.params, p->full.params, p->lb.numel * 4); /* the gate */
+  ASSERT_OK(moe_expert_cache_open(&p->cache, p->f, "experts.", &cb, c.E, MOE_CACHE_LRU));
+  ASSERT_OK(moe_layer_set_expert_cache(&p->lb, p->cache));
+}
+
+/* The cache's stats, then everything freed. */
+static moe_expert_cache_stats prefetch_case_close(prefetch_case *p) {
+  moe_expert_cache_stats cs;
+  moe_expert_cache_get_stats(p->cache, &cs);
+  moe_expert_cache_free(p->cache);
+  moe_layer_free(&p->lb);
+  moe_layer_free(&p->full);
+  moe_st_close(p->f);
+  return cs;
+}
+
 /* A forward drops the queued prefetches of experts it does not run: with the loader held until then,
  * prefetching one expert the batch runs and two it does not reads only the batch's experts (each once),
  * and the output is the all-resident layer's. */
 TEST(buffer_forward_drops_unneeded_prefetches) {
-  moe_layer_config c;
-  moe_layer_config_default(&c);
-  c.D = 16; c.H = 24; c.E = 8; c.top_k = 2; c.threads = 2;
-  moe_layer_t full;
-  ASSERT_OK(moe_layer_init(&full, &c));
-  moe_layer_init_params(&full, 5);
-  float *g = moe_layer_param(&full, "gate.weight");
-  for (int i = 0; i < c.E * c.D; i++) g[i] *= 4.0f; /* uneven routing: some experts idle */
-  moe_layer_params_changed(&full);
-  char path[512];
-  ASSERT_OK(save_layer(&full, MOE_DT_F32, test_tmp_path("buffer_prefetch.safetensors", path, sizeof path)));
-  enum { T = 3 };
-  float x[T * 16], y0[T * 16], y1[T * 16];
-  for (int i = 0; i < T * 16; i++) x[i] = (float)((i * 37) % 17) / 8.0f - 1.0f;
-  moe_layer_stats st;
-  ASSERT_OK(moe_layer_forward(&full, x, T, y0, NULL, &st));
-  int used = -1, idle[2], ni = 0, active = 0;
-  for (int e = 0; e < c.E; e++)
-    if (st.expert_counts[e] > 0) used = used < 0 ? e : used, active++;
-    else if (ni < 2) idle[ni++] = e;
-  ASSERT(used >= 0 && ni == 2);
-  moe_st *f;
-  ASSERT_OK(moe_st_open_lazy(&f, path));
-  moe_layer_config cb = c;
-  cb.external_experts = 1;
-  moe_layer_t lb;
-  ASSERT_OK(moe_layer_init(&lb, &cb));
-  memcpy(lb.params, full.params, lb.numel * 4); /* the gate */
-  moe_expert_cache *cache;
-  ASSERT_OK(moe_expert_cache_open(&cache, f, "experts.", &cb, c.E, MOE_CACHE_LRU));
-  ASSERT_OK(moe_layer_set_expert_cache(&lb, cache));
-  moe__expert_cache_hold_loads(cache);
-  ASSERT_OK(moe_expert_cache_prefetch(cache, (int[3]){idle[0], used, idle[1]}, 3));
-  moe_status fs = moe_layer_forward(&lb, x, T, y1, NULL, NULL);
-  moe_expert_cache_stats cs;
-  moe_expert_cache_get_stats(cache, &cs);
-  moe_expert_cache_free(cache);
-  moe_layer_free(&lb);
-  moe_layer_free(&full);
-  moe_st_close(f);
+  static prefetch_case p;
+  prefetch_case_open(failed_, &p, "buffer_prefetch.safetensors");
+  if (*failed_) return;
+  float y1[3 * 16];
+  moe__expert_cache_hold_loads(p.cache);
+  ASSERT_OK(moe_expert_cache_prefetch(p.cache, (int[3]){p.idle[0], p.used, p.idle[1]}, 3));
+  moe_status fs = moe_layer_forward(&p.lb, p.x, 3, y1, NULL, NULL);
+  moe_expert_cache_stats cs = prefetch_case_close(&p);
   ASSERT_OK(fs);
-  ASSERT(!memcmp(y0, y1, sizeof y0));
-  if (cs.loads != active || cs.misses != active - 1 || cs.prefetches != 3)
+  ASSERT(!memcmp(p.y0, y1, sizeof y1));
+  if (cs.loads != p.active || cs.misses != p.active - 1 || cs.prefetches != 3)
     FAIL_("%d experts active, one prefetched among them: %lld loads (want %d), %lld misses, %lld prefetches",
-          active, (long long)cs.loads, active, (long long)cs.misses, (long long)cs.prefetches);
+          p.active, (long long)cs.loads, p.active, (long long)cs.misses, (long long)cs.prefetches);
+}
+
+/* The rule of MOE_PREFETCH_AUTO: a read ahead pays when p min(r, w) > (1 - p) max(r - w, 0). */
+TEST(buffer_prefetch_pays_rule) {
+  ASSERT(!moe__prefetch_pays(0.66, 0.45, 0.03)); /* a 352 MB expert off a 0.8 GB/s disk: not at 2 in 3 */
+  ASSERT(moe__prefetch_pays(0.95, 0.45, 0.03));  /* 0.95 x 0.03 > 0.05 x 0.42 */
+  ASSERT(!moe__prefetch_pays(0.9, 0.45, 0.03));  /* 0.9 x 0.03 < 0.1 x 0.42 */
+  ASSERT(moe__prefetch_pays(0.1, 0.001, 0.01));  /* the read hides in the compute: any precision above 0 */
+  ASSERT(!moe__prefetch_pays(0.0, 0.001, 0.01));
+  ASSERT(!moe__prefetch_pays(0.9, 0.0, 0.01));   /* nothing measured yet */
+  ASSERT(!moe__prefetch_pays(0.9, 0.01, 0.0));
+}
+
+/* MOE_PREFETCH_AUTO with its costs fixed (moe__expert_cache_set_costs): nothing is read ahead before a
+ * forward has scored a prediction; at precision 1/2, a read that hides in the compute is read ahead and
+ * one ten times longer than the compute is not (each counted in prefetch_skipped); the predictions are
+ * scored all the same, and the outputs are the all-resident layer's. */
+TEST(buffer_prefetch_auto_reads_what_pays) {
+  static prefetch_case p;
+  prefetch_case_open(failed_, &p, "buffer_prefetch_auto.safetensors");
+  if (*failed_) return;
+  float y1[3 * 16], y2[3 * 16];
+  moe_expert_cache_set_prefetch(p.cache, MOE_PREFETCH_AUTO);
+  moe__expert_cache_set_costs(p.cache, 0.01, 1.0);
+  moe_expert_cache_stats a, b, c;
+  moe_status st = moe_expert_cache_prefetch(p.cache, (int[2]){p.idle[0], p.used}, 2); /* no precision yet */
+  moe_expert_cache_get_stats(p.cache, &a);
+  if (st == MOE_OK) st = moe_layer_forward(&p.lb, p.x, 3, y1, NULL, NULL); /* scores 1 of 2 */
+  if (st == MOE_OK) st = moe_expert_cache_prefetch(p.cache, &p.idle[1], 1); /* hides in the compute */
+  moe_expert_cache_get_stats(p.cache, &b);
+  moe__expert_cache_set_costs(p.cache, 10.0, 1.0);
+  if (st == MOE_OK) st = moe_expert_cache_prefetch(p.cache, &p.idle[0], 1); /* 0.5 x 1 < 0.5 x 9 */
+  if (st == MOE_OK) st = moe_layer_forward(&p.lb, p.x, 3, y2, NULL, NULL);
+  c = prefetch_case_close(&p);
+  ASSERT_OK(st);
+  ASSERT(!memcmp(p.y0, y1, sizeof y1) && !memcmp(p.y0, y2, sizeof y2));
+  ASSERT_EQ_INT(a.prefetches, 0);
+  ASSERT_EQ_INT(a.prefetch_skipped, 2);
+  ASSERT_EQ_INT(b.predicted, 2);
+  ASSERT_EQ_INT(b.predicted_hit, 1);
+  ASSERT_EQ_INT(b.prefetches, 1);
+  ASSERT_EQ_INT(b.prefetch_skipped, 2);
+  ASSERT_EQ_INT(c.prefetches, 1);
+  ASSERT_EQ_INT(c.prefetch_skipped, 3);
+  ASSERT_EQ_INT(c.predicted, 3); /* the third prediction (it replaced the second) scored at the second forward */
+  ASSERT(c.read_seconds > 0 && c.loads >= p.active);
 }
 
 /* A bf16 slot takes the matrices at 2 bytes and the biases at 4: about half an f32 slot, exactly

@@ -58,7 +58,7 @@ static moe_expert_cache_stats total(const moe_lm_experts *x) {
     moe_expert_cache_get_stats(x->caches[i], &s);
     t.accesses += s.accesses, t.misses += s.misses, t.loads += s.loads, t.bytes_read += s.bytes_read;
     t.resident_bytes += s.resident_bytes, t.expert_bytes = s.expert_bytes;
-    t.prefetches += s.prefetches, t.prefetch_used += s.prefetch_used;
+    t.prefetches += s.prefetches, t.prefetch_used += s.prefetch_used, t.prefetch_skipped += s.prefetch_skipped;
     t.predicted += s.predicted, t.predicted_hit += s.predicted_hit, t.actual += s.actual;
   }
   return t;
@@ -90,7 +90,7 @@ static void check_streamed_slots(int *failed_, const char *dir, moe_lm_config c,
   const int slots[3] = {1, 2, c.moe.E};
   for (int p = 0; p < npol; p++)
     for (int b = 0; b < 3; b++)
-      for (int ahead = 0; ahead < 2; ahead++)
+      for (int ahead = 0; ahead < 2 + (p == 0); ahead++) /* off, on, and auto under the first policy */
         for (int sampled = 0; sampled < 1 + (b == 0); sampled++) { /* sampled: with the fewest slots */
           moe_lm_stream_config s;
           moe_lm_stream_config_default(&s);
@@ -120,7 +120,8 @@ static void check_streamed_slots(int *failed_, const char *dir, moe_lm_config c,
           if (ahead) { /* predictions were made and scored; some of them were right and used */
             ASSERT(t.predicted > 0 && t.actual > 0 && t.predicted_hit > 0);
             ASSERT(t.predicted_hit <= t.predicted && t.predicted_hit <= t.actual);
-            if (slots[b] > 1 && Lm > 1) ASSERT(t.prefetches > 0);
+            if (slots[b] > 1 && Lm > 1 && ahead == MOE_PREFETCH_ON) ASSERT(t.prefetches > 0);
+            if (ahead == MOE_PREFETCH_ON) ASSERT_EQ_INT(t.prefetch_skipped, 0);
             ASSERT(t.prefetch_used <= t.prefetches);
           } else {
             ASSERT_EQ_INT(t.prefetches, 0);
@@ -645,7 +646,7 @@ TEST(lm_stream_cli_same_outputs_and_stats) {
       ASSERT(strstr(text, "\"experts\":{\"memory_budget\":7168,"));
       ASSERT(strstr(text, "\"tokens\":") && strstr(text, "\"bytes_read_per_token\":"));
       ASSERT(strstr(text, "\"layers\":[{\"layer\":1,\"slots\":1,")); /* layer 0 is dense */
-      ASSERT(strstr(text, ahead ? "\"prefetch\":true" : "\"prefetch_precision\":0,"));
+      ASSERT(strstr(text, ahead ? "\"prefetch\":\"on\"" : "\"prefetch_precision\":0,"));
     }
   /* eval: the loss of the whole model */
   char ids[512];

@@ -129,7 +129,7 @@ class ExpertCacheStats(C.Structure):  # moe_expert_cache_stats
                 ("expert_bytes", C.c_size_t), ("dtype", _i), ("slots", _i), ("loads", C.c_int64),
                 ("bytes_read", C.c_int64), ("stall_seconds", C.c_double), ("prefetches", C.c_int64),
                 ("prefetch_used", C.c_int64), ("predicted", C.c_int64), ("predicted_hit", C.c_int64),
-                ("actual", C.c_int64), ("pinned", _i)]
+                ("actual", C.c_int64), ("pinned", _i), ("read_seconds", C.c_double), ("prefetch_skipped", C.c_int64)]
 
 
 class EngineConfig(C.Structure):

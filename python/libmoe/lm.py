@@ -19,6 +19,7 @@ for _name, (_res, _args) in {
         "moe_lm_experts_free": (None, [_P(S.LMExperts)]),
         "moe_cache_policy_parse": (C.c_int, [C.c_char_p, C.c_char_p, _P(C.c_int)]),
         "moe_lm_placement_parse": (C.c_int, [C.c_char_p, C.c_char_p, _P(C.c_int)]),
+        "moe_prefetch_mode_parse": (C.c_int, [C.c_char_p, C.c_char_p, _P(C.c_int)]),
         "moe_trace_load": (C.c_int, [_P(S.Trace), C.c_char_p, C.c_int]),
         "moe_trace_free": (None, [_P(S.Trace)]),
         "moe_expert_cache_get_stats": (None, [C.c_void_p, _P(S.ExpertCacheStats)]),
@@ -83,7 +84,8 @@ class LM(Owner):
     file loaded by moe_lm_load. threads: 0 = all cores; dtype "bf16": the experts' GEMMs in bf16. eos: the ids that end
     generation (default: config.json's and generation_config.json's eos_token_id). memory_budget (bytes, or "8G"):
     the experts streamed from the checkpoint into caches of at most that size (moe_lm_load_streaming; policy lifo,
-    lru, fifo, lfu or lfru; prefetch of the next layer's predicted experts); placement "miss-cost" with
+    lru, fifo, lfu or lfru; prefetch of the next layer's predicted experts: "auto" where it pays, True or "on"
+    always, False or "off" never); placement "miss-cost" with
     placement_trace (a trace CSV of this model) places the slots across the layers by their simulated misses;
     pin_from (a trace CSV) pins each layer's most used experts (pin per layer, 0: half its slots). The outputs
     do not change."""
@@ -95,7 +97,7 @@ class LM(Owner):
             lib.moe_lm_experts_free(C.byref(self._x))
             self._x = None
 
-    def __init__(self, path, threads=0, dtype="f32", eos=None, memory_budget=None, policy="lru", prefetch=True,
+    def __init__(self, path, threads=0, dtype="f32", eos=None, memory_budget=None, policy="lru", prefetch="auto",
                  placement="equal", placement_trace=None, pin_from=None, pin=0):
         cfg = S.LMConfig()
         check(lib.moe_lm_read_config(text(path), C.byref(cfg)))
@@ -112,7 +114,10 @@ class LM(Owner):
             lib.moe_lm_stream_config_default(C.byref(sc))
             check(lib.moe_cache_policy_parse(text(policy), b"policy", C.byref(pol)))
             check(lib.moe_lm_placement_parse(text(placement), b"placement", C.byref(place)))
-            sc.budget, sc.policy, sc.prefetch = _size(memory_budget), pol.value, int(bool(prefetch))
+            mode = C.c_int()
+            check(lib.moe_prefetch_mode_parse(text({True: "on", False: "off"}.get(prefetch, prefetch)), b"prefetch",
+                                              C.byref(mode)))
+            sc.budget, sc.policy, sc.prefetch = _size(memory_budget), pol.value, mode.value
             sc.placement, sc.pin = place.value, pin
             traces = [S.Trace(), S.Trace()]  # read for the load only
             try:
@@ -130,8 +135,8 @@ class LM(Owner):
 
     def expert_stats(self):
         """With memory_budget: each MoE layer's cache stats as a dict (layer, slots, accesses, misses, loads,
-        bytes_read, stall_seconds, prefetches, prefetch_used, predicted, predicted_hit, actual,
-        resident_bytes, pinned); [] without."""
+        bytes_read, stall_seconds, read_seconds, prefetches, prefetch_skipped, prefetch_used, predicted,
+        predicted_hit, actual, resident_bytes, pinned); [] without."""
         out = []
         for i in range(self._x.n if self._x is not None else 0):
             if not self._x.caches[i]:

@@ -36,7 +36,7 @@ class LMTest(unittest.TestCase):
         want, want_logits = whole.generate(prompt, **opts), whole.logits([5, 9, 1, 2])
         self.assertEqual(whole.expert_stats(), [])
         for policy in ("lifo", "lru", "fifo", "lfu", "lfru"):
-            for prefetch in (False, True):
+            for prefetch in (False, True, "auto"):
                 lm = libmoe.LM(ck, threads=1, memory_budget="7K", policy=policy, prefetch=prefetch)
                 self.assertEqual([s["bytes_read"] for s in lm.expert_stats()], [0, 0])  # nothing read at load
                 self.assertEqual(lm.generate(prompt, **opts), want, f"{policy} prefetch {prefetch}")
@@ -45,7 +45,8 @@ class LMTest(unittest.TestCase):
                 self.assertEqual([s["layer"] for s in st], [1, 2])  # layer 0 is dense
                 self.assertTrue(all(s["slots"] == 1 and 0 < s["misses"] <= s["accesses"] for s in st))
                 self.assertTrue(all(s["bytes_read"] == s["loads"] * 3 * 12 * 24 * 4 for s in st))
-                self.assertEqual(sum(s["predicted"] for s in st) > 0, prefetch)
+                self.assertEqual(sum(s["predicted"] for s in st) > 0, prefetch is not False)  # auto scores them too
+                self.assertTrue(all(s["prefetch_skipped"] == 0 for s in st) or prefetch == "auto")
         raises(self, "MOE_ERR_ARG", libmoe.LM, ck, memory_budget="lots", contains="memory_budget")
         raises(self, "MOE_ERR_ARG", libmoe.LM, ck, memory_budget=100, contains="below one expert per MoE layer")
 

@@ -30,7 +30,7 @@ struct moe_lm_prefetch {
 void moe_lm_stream_config_default(moe_lm_stream_config *s) {
   memset(s, 0, sizeof *s);
   s->policy = MOE_CACHE_LRU;
-  s->prefetch = 1;
+  s->prefetch = MOE_PREFETCH_AUTO;
   s->placement = MOE_LM_PLACE_EQUAL;
 }
 
@@ -167,6 +167,8 @@ static moe_status slot_sizes(const moe_lm_t *m, const char *gguf, moe__expert_re
 moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_config *c, const moe_lm_stream_config *s,
                                  moe_lm_experts *x) {
   MOE_TRY(m && dir && s && x, MOE_ERR_ARG, "moe_lm_load_streaming: NULL argument");
+  MOE_TRY(s->prefetch == MOE_PREFETCH_OFF || s->prefetch == MOE_PREFETCH_ON || s->prefetch == MOE_PREFETCH_AUTO,
+          MOE_ERR_ARG, "moe_lm_load_streaming: unknown prefetch mode %d", (int)s->prefetch);
   memset(m, 0, sizeof *m);
   memset(x, 0, sizeof *x);
   int gguf = moe__lm_gguf_is(dir);
@@ -194,7 +196,9 @@ moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_conf
     if (rd[i].free) rd[i].free(rd[i].ctx);
   free(K), free(slot), free(rd);
   if (st == MOE_OK) st = moe__lm_stream_pin(m, s, x);
-  if (st == MOE_OK && s->prefetch) {
+  for (int i = 0; st == MOE_OK && i < x->n; i++)
+    if (x->caches[i]) moe_expert_cache_set_prefetch(x->caches[i], s->prefetch);
+  if (st == MOE_OK && s->prefetch != MOE_PREFETCH_OFF) {
     struct moe_lm_prefetch *p = x->prefetch = calloc(1, sizeof *p);
     if (p) p->caches = x->caches, p->list = malloc((size_t)own.moe.E * sizeof *p->list), p->mark = malloc(2 * (size_t)own.moe.E);
     if (!p || !p->list || !p->mark) st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "prefetch: out of memory");

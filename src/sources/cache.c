@@ -13,7 +13,8 @@
  * (posix_fadvise DONTNEED), so that the cache's own hit rate is what a run measures and the file's pages
  * do not fill the memory the budget leaves. Prefetch (moe_expert_cache_prefetch)
  * queues loads of the next batch's predicted experts on the same loader, which reads them while another
- * layer computes. Pinned experts (moe_expert_cache_pin) are read once and their slots never chosen. */
+ * layer computes; under MOE_PREFETCH_AUTO only those whose read pays (moe__prefetch_pays) by the
+ * precision, read time and compute window the cache has measured. Pinned experts (moe_expert_cache_pin) are read once and their slots never chosen. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,10 @@ struct moe_expert_cache {
   int64_t tick;              /* accesses so far (LFU, LFRU) */
   char *predicted;           /* (E) the experts of the last prefetch, to score against the next batch */
   int have_prediction;
+  moe_prefetch_mode prefetch; /* which predictions moe_expert_cache_prefetch reads */
+  double read_s, window_s;    /* mean seconds of a load, and from a prediction to its forward (0: none yet) */
+  double predicted_at;        /* when the last prediction came */
+  int fixed_costs;            /* read_s and window_s set by moe__expert_cache_set_costs (tests): not measured */
   int hold_loads;            /* the loader takes nothing until the next forward has dropped its
                               * unneeded prefetches (moe__expert_cache_hold_loads: tests) */
   char *ahead;               /* (K) the slot was loaded by a prefetch and not used since */
@@ -120,6 +125,9 @@ static void free_cache(moe_expert_cache *c) {
   free(c->uses), free(c->score), free(c->predicted), free(c->qw), free(c->qbias), free(c);
 }
 
+/* A running mean of the last few values (weight 1/4 to the new one), or v when there is none. */
+static double mean_of(double m, double v) { return m > 0 ? 0.75 * m + 0.25 * v : v; }
+
 static void *loader(void *arg) {
   moe_expert_cache *c = arg;
   pthread_mutex_lock(&c->w.mu);
@@ -131,9 +139,13 @@ static void *loader(void *arg) {
     c->qlen--;
     c->inflight = 1;
     pthread_mutex_unlock(&c->w.mu);
+    double t0 = moe__now();
     moe_status st = load_expert(c, e, s); /* the copy runs while the caller computes */
+    double dt = moe__now() - t0;
     pthread_mutex_lock(&c->w.mu);
     c->inflight = 0;
+    c->stats.read_seconds += dt;
+    if (!c->fixed_costs) c->read_s = mean_of(c->read_s, dt);
     if (st != MOE_OK && c->load_status == MOE_OK) {
       c->load_status = st;
       snprintf(c->load_error, sizeof c->load_error, "%s", moe_last_error());
@@ -249,6 +261,7 @@ static moe_status new_cache(moe_expert_cache **out, const moe_layer_config *l, i
   c->bias = l->expert_bias;
   c->dtype = l->dtype;
   c->policy = p;
+  c->prefetch = MOE_PREFETCH_ON;
   c->keep_pages = 1;
   int64_t want[NT][2];
   c->slot_bytes = slot_layout(l, c->needed, want, c->per, c->esz, c->off);
@@ -569,7 +582,8 @@ static moe_status cache_forward(void *self, const moe__env *env, const moe__plan
   pthread_mutex_lock(&c->w.mu);
   cancel_unneeded_prefetches(c, state);
   if (c->hold_loads) c->hold_loads = 0, pthread_cond_broadcast(&c->w.cv);
-  if (c->have_prediction) { /* the last prefetch's experts against this batch's */
+  if (c->have_prediction) { /* the last prefetch's experts against this batch's, and the time between */
+    if (!c->fixed_costs) c->window_s = mean_of(c->window_s, moe__now() - c->predicted_at);
     for (int e = 0; e < E; e++) c->stats.predicted += c->predicted[e], c->stats.predicted_hit += c->predicted[e] && state[e];
     c->stats.actual += n;
     c->have_prediction = 0;
@@ -666,6 +680,35 @@ void moe_expert_cache_set_drop_pages(moe_expert_cache *c, int drop) {
   pthread_mutex_unlock(&c->w.mu);
 }
 
+int moe__prefetch_pays(double p, double read_s, double window_s) {
+  if (read_s <= 0 || window_s <= 0) return 0; /* nothing measured yet */
+  double hidden = read_s < window_s ? read_s : window_s, spent = read_s > window_s ? read_s - window_s : 0;
+  return p * hidden > (1 - p) * spent;
+}
+
+void moe_expert_cache_set_prefetch(moe_expert_cache *c, moe_prefetch_mode mode) {
+  pthread_mutex_lock(&c->w.mu);
+  c->prefetch = mode;
+  pthread_mutex_unlock(&c->w.mu);
+}
+
+static const char *const prefetch_names[] = {"off", "on", "auto"};
+
+const char *moe_prefetch_mode_name(moe_prefetch_mode m) { return (unsigned)m < 3 ? prefetch_names[m] : "?"; }
+
+moe_status moe_prefetch_mode_parse(const char *s, const char *field, moe_prefetch_mode *out) {
+  int v;
+  MOE_CHECK(moe__parse_name(s, field ? field : "prefetch", prefetch_names, 3, &v));
+  *out = (moe_prefetch_mode)v;
+  return MOE_OK;
+}
+
+void moe__expert_cache_set_costs(moe_expert_cache *c, double read_s, double window_s) {
+  pthread_mutex_lock(&c->w.mu);
+  c->read_s = read_s, c->window_s = window_s, c->fixed_costs = 1;
+  pthread_mutex_unlock(&c->w.mu);
+}
+
 void moe__expert_cache_hold_loads(moe_expert_cache *c) {
   pthread_mutex_lock(&c->w.mu);
   c->hold_loads = 1;
@@ -681,9 +724,17 @@ moe_status moe_expert_cache_prefetch(moe_expert_cache *c, const int *experts, in
   memset(c->predicted, 0, (size_t)c->E);
   for (int i = 0; i < n; i++) c->predicted[experts[i]] = 1; /* as victim's state: 1, to run, is kept */
   c->have_prediction = 1;
+  c->predicted_at = moe__now();
+  int read = c->prefetch == MOE_PREFETCH_ON ||
+             (c->prefetch == MOE_PREFETCH_AUTO && c->stats.predicted &&
+              moe__prefetch_pays((double)c->stats.predicted_hit / (double)c->stats.predicted, c->read_s, c->window_s));
   for (int i = 0; i < n && c->load_status == MOE_OK; i++) {
     int e = experts[i];
     if (c->where[e] >= 0) continue;
+    if (!read) {
+      c->stats.prefetch_skipped++;
+      continue;
+    }
     int v = victim(c, c->predicted, e, 0); /* free slots, then experts not predicted */
     if (v < 0) break;
     queue_load(c, e, v);

@@ -58,5 +58,11 @@ moe_status moe__expert_st_reader(const moe__st_files *fs, const char *prefix, co
 /* For tests: c's loader reads nothing until c's next forward has dropped the queued prefetches that
  * forward does not need, so which loads a prefetch and a forward cause does not depend on timing. */
 void moe__expert_cache_hold_loads(moe_expert_cache *c);
+/* For tests: c's mean read and window seconds fixed at these, no longer measured, so that which
+ * predictions MOE_PREFETCH_AUTO reads does not depend on timing. */
+void moe__expert_cache_set_costs(moe_expert_cache *c, double read_s, double window_s);
+/* Whether a read ahead right with probability p pays (moe_expert_cache_set_prefetch's rule): p min(r, w)
+ * > (1 - p) max(r - w, 0) for r = read_s, w = window_s, both measured (> 0). */
+int moe__prefetch_pays(double p, double read_s, double window_s);
 
 #endif
