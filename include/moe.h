@@ -795,7 +795,8 @@ moe_status moe_expert_cache_prefetch(moe_expert_cache *c, const int *experts, in
  * default), AUTO those that pay by the costs measured so far. A read ahead right with probability p (the
  * cache's precision so far) saves min(r, w) of stall and a wrong one spends max(r - w, 0) of the disk's
  * time that the demand reads behind it wait for, r the loader's mean seconds a load and w the mean
- * seconds from a prediction to the forward it is for (the compute it can hide behind): AUTO reads when
+ * seconds from a prediction to the forward it is for less what any cache stalled for reads in between
+ * (the compute it can hide behind: while a forward waits for a read, the disk is busy): AUTO reads when
  * p min(r, w) > (1 - p) max(r - w, 0), so always when the reads hide in the compute, and on a disk
  * slower than the compute only for p near 1; nothing before a forward has scored a prediction and a
  * load has been timed. */

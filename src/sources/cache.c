@@ -16,6 +16,7 @@
  * layer computes; under MOE_PREFETCH_AUTO only those whose read pays (moe__prefetch_pays) by the
  * precision, read time and compute window the cache has measured. Pinned experts (moe_expert_cache_pin) are read once and their slots never chosen. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,8 +52,10 @@ struct moe_expert_cache {
   char *predicted;           /* (E) the experts of the last prefetch, to score against the next batch */
   int have_prediction;
   moe_prefetch_mode prefetch; /* which predictions moe_expert_cache_prefetch reads */
-  double read_s, window_s;    /* mean seconds of a load, and from a prediction to its forward (0: none yet) */
+  double read_s, window_s;    /* mean seconds of a load, and of compute from a prediction to its forward
+                                 (0: none yet) */
   double predicted_at;        /* when the last prediction came */
+  int64_t stalled_at;         /* stall_ns then */
   int fixed_costs;            /* read_s and window_s set by moe__expert_cache_set_costs (tests): not measured */
   int hold_loads;            /* the loader takes nothing until the next forward has dropped its
                               * unneeded prefetches (moe__expert_cache_hold_loads: tests) */
@@ -124,6 +127,10 @@ static void free_cache(moe_expert_cache *c) {
   free(c->slots), free(c->scratch), free(c->slot_expert), free(c->where), free(c->inserted), free(c->hf), free(c->hff);
   free(c->uses), free(c->score), free(c->predicted), free(c->qw), free(c->qbias), free(c);
 }
+
+/* Every cache's stall so far, in nanoseconds: what of a prediction's window the disk spent on demand
+ * reads (of any layer), so not a window a read ahead could hide in. */
+static _Atomic int64_t stall_ns;
 
 /* A running mean of the last few values (weight 1/4 to the new one), or v when there is none. */
 static double mean_of(double m, double v) { return m > 0 ? 0.75 * m + 0.25 * v : v; }
@@ -583,7 +590,9 @@ static moe_status cache_forward(void *self, const moe__env *env, const moe__plan
   cancel_unneeded_prefetches(c, state);
   if (c->hold_loads) c->hold_loads = 0, pthread_cond_broadcast(&c->w.cv);
   if (c->have_prediction) { /* the last prefetch's experts against this batch's, and the time between */
-    if (!c->fixed_costs) c->window_s = mean_of(c->window_s, moe__now() - c->predicted_at);
+    /* the time between less every cache's stall in it: the disk was busy with demand reads then */
+    double w = moe__now() - c->predicted_at - (double)(atomic_load(&stall_ns) - c->stalled_at) * 1e-9;
+    if (!c->fixed_costs) c->window_s = mean_of(c->window_s, w > 1e-6 ? w : 1e-6);
     for (int e = 0; e < E; e++) c->stats.predicted += c->predicted[e], c->stats.predicted_hit += c->predicted[e] && state[e];
     c->stats.actual += n;
     c->have_prediction = 0;
@@ -603,7 +612,9 @@ static moe_status cache_forward(void *self, const moe__env *env, const moe__plan
     if (c->where[e] < 0 || c->ready[c->where[e]] != 1) { /* not yet: wait for a load to finish */
       double t0 = moe__now();
       pthread_cond_wait(&c->w.cv, &c->w.mu);
-      c->stats.stall_seconds += moe__now() - t0;
+      double dt = moe__now() - t0;
+      c->stats.stall_seconds += dt;
+      atomic_fetch_add(&stall_ns, (int64_t)(dt * 1e9));
       continue;
     }
     /* compute the run of consecutive resident experts starting at i, unlocked: the loader goes on */
@@ -725,6 +736,7 @@ moe_status moe_expert_cache_prefetch(moe_expert_cache *c, const int *experts, in
   for (int i = 0; i < n; i++) c->predicted[experts[i]] = 1; /* as victim's state: 1, to run, is kept */
   c->have_prediction = 1;
   c->predicted_at = moe__now();
+  c->stalled_at = atomic_load(&stall_ns);
   int read = c->prefetch == MOE_PREFETCH_ON ||
              (c->prefetch == MOE_PREFETCH_AUTO && c->stats.predicted &&
               moe__prefetch_pays((double)c->stats.predicted_hit / (double)c->stats.predicted, c->read_s, c->window_s));
