@@ -7,6 +7,7 @@
  * gpt-oss's biases) dequantized (moe__lm_gguf_expert_reader). Their values are moe_lm_load's, so the
  * file is the loaded model's byte for byte. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -15,9 +16,16 @@
 #include "lm_gptoss.h"
 #include "lm_shards.h"
 
+/* The open layer's reader closed (another's is opened next). */
+static void close_reader(moe__lm_expert_src *s) {
+  if (s->rd.free) s->rd.free(s->rd.ctx);
+  s->rd = (moe__expert_reader){0};
+  s->layer = -1;
+}
+
 moe_status moe__lm_expert_src_read(moe__lm_expert_src *s, int layer, int t, int e, float *dst, const char *what) {
   if (s->layer != layer) {
-    moe__lm_expert_src_close(s);
+    close_reader(s);
     MOE_CHECK(s->open(s->ctx, layer, &s->rd));
     s->layer = layer;
   }
@@ -28,10 +36,21 @@ moe_status moe__lm_expert_src_read(moe__lm_expert_src *s, int layer, int t, int 
   return MOE_OK;
 }
 
+float *moe__lm_expert_src_scratch(moe__lm_expert_src *s, size_t n, const char *what) {
+  if (n <= s->scratch_n) return s->scratch;
+  float *b = realloc(s->scratch, n * sizeof *b);
+  if (!b) {
+    moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "writing '%s': out of memory for an expert", what);
+    return NULL;
+  }
+  s->scratch = b, s->scratch_n = n;
+  return b;
+}
+
 void moe__lm_expert_src_close(moe__lm_expert_src *s) {
-  if (s->rd.free) s->rd.free(s->rd.ctx);
-  s->rd = (moe__expert_reader){0};
-  s->layer = -1;
+  close_reader(s);
+  free(s->scratch);
+  s->scratch = NULL, s->scratch_n = 0;
 }
 
 typedef struct {

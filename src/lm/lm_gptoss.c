@@ -209,14 +209,14 @@ moe_status moe__gptoss_fused_read(const moe_lm_config *c, int i, int k, moe__lm_
   if (k == 3) return moe__lm_expert_src_read(in, i, 3, e, dst, what); /* down_proj_bias: fc2.bias as it is */
   size_t H = (size_t)c->moe.H, D = (size_t)c->moe.D;
   conv f = fused_from(i, k), up = {i, 3, f.bias};
-  float *part = malloc((f.bias ? H : H * D) * 4);
-  MOE_TRY(part, MOE_ERR_NOMEM, "writing '%s': out of memory for an expert", what);
-  moe_status st = moe__lm_expert_src_read(in, i, f.fc == 2 ? 2 : f.bias, e, part, what);
-  if (st == MOE_OK) convert_expert(&f, H, D, part, dst, 1);
-  if (st == MOE_OK && f.fc == 1 && (st = moe__lm_expert_src_read(in, i, 4 + f.bias, e, part, what)) == MOE_OK)
-    convert_expert(&up, H, D, part, dst, 1);
-  free(part);
-  return st;
+  float *part = moe__lm_expert_src_scratch(in, f.bias ? H : H * D, what);
+  if (!part) return MOE_ERR_NOMEM;
+  MOE_CHECK(moe__lm_expert_src_read(in, i, f.fc == 2 ? 2 : f.bias, e, part, what));
+  convert_expert(&f, H, D, part, dst, 1);
+  if (f.fc == 2) return MOE_OK;
+  MOE_CHECK(moe__lm_expert_src_read(in, i, 4 + f.bias, e, part, what));
+  convert_expert(&up, H, D, part, dst, 1);
+  return MOE_OK;
 }
 
 int moe__gptoss_source(const moe_lm_config *c, const char *name) {
