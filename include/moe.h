@@ -1383,9 +1383,9 @@ moe_status moe_lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_gg
  * expert's projection at a time (read as moe_lm_load_streaming reads it). Held at once: the dense
  * weights, one expert's projection in fp32 (and the file's bytes of it when they are another type),
  * one chunk of the output tensor; a sharded directory's experts are read from whichever shard holds
- * each. gpt-oss checkpoints are loaded whole. A short or corrupt expert tensor, or a shard missing or
- * short, is an error naming it and the file, and dst is left unwritten. numel (or NULL): the
- * model's parameters. moe convert. */
+ * each (gpt-oss's fused tensors, plain or MXFP4, and their biases too). A short or corrupt expert
+ * tensor, or a shard missing or short, is an error naming it and the file, and dst is left unwritten.
+ * numel (or NULL): the model's parameters. moe convert. */
 moe_status moe_lm_convert(const char *src, const char *dst, const moe_lm_gguf_options *o, size_t *numel);
 
 /* Generation: a KV cache of B sequences (every layer's rotated keys and values, or with latent attention
@@ -1736,11 +1736,10 @@ void moe_engine_free(moe_engine *e);
 
 /* Expert buffering for a loaded model (deployment paper VI, moe serve --cache K): every MoE layer's
  * experts are freed and served instead by an expert cache of K slots (policy p) reading dir's
- * model.safetensors lazily (one file: not a sharded checkpoint; any family, gpt-oss's fused experts
- * too); the outputs do not change. The experts' refs get data NULL: the model serves forward and decode
- * only. Free m (moe_lm_free) before x. On an error m may be half converted: free it. */
+ * model.safetensors, or the shards of its index, lazily (any family, gpt-oss's fused experts too); the
+ * outputs do not change. The experts' refs get data NULL: the model serves forward and decode only.
+ * Free m (moe_lm_free) before x. On an error m may be half converted: free it. */
 typedef struct {
-  moe_st *file;
   moe_expert_cache **caches; /* (n) one per MoE layer (NULL for a dense layer) */
   int n;
   struct moe_lm_prefetch *prefetch; /* moe_lm_load_streaming's predictor, or NULL */
@@ -1753,8 +1752,8 @@ void moe_lm_experts_free(moe_lm_experts *x);
 /* ---- experts streamed from the checkpoint under a memory budget (DESIGN 4.11; moe generate, eval and
  * serve --memory-budget SIZE): the model's dense weights are read and stay resident; the experts' are
  * never read at load, but on demand from dir's model.safetensors or the shards of its index, each shard
- * opened once for every layer (F32 or BF16 tensors per expert or stacked; or, in one file, gpt-oss's
- * fused ones, dense or MXFP4, an expert's slab at a time), or from a GGUF file's
+ * opened once for every layer (F32 or BF16 tensors per expert or stacked; or gpt-oss's fused ones, dense
+ * or MXFP4, an expert's slab at a time), or from a GGUF file's
  * stacked experts dequantized per expert (any type with a codec; MOE_ERR_ARG when c's expert_type says the
  * experts compute in their stored type: moe.expert_type -1 streams them dequantized) into expert caches (moe_expert_cache) whose slots together take at most
  * `budget` bytes. Every read drops its pages from the page cache, and runs on each layer's loader

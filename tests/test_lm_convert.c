@@ -1,6 +1,7 @@
 /* moe_lm_convert (moe convert): the experts streamed from the checkpoint at save give the very
  * bytes moe_lm_save_gguf (each family, each of F32, Q8_0 and Q4_K, a directory and a GGUF file as
- * source) and moe_lm_save (GGUF files back to directories) write from the whole model in memory; the
+ * source; gpt-oss's fused experts, plain and MXFP4, with their biases) and moe_lm_save (GGUF files back
+ * to directories, gpt-oss's directories to fused F32 ones) write from the whole model in memory; the
  * peak resident memory of a conversion either way stays under the dense weights and a few tensors, well
  * below the experts; a corrupt expert tensor is an error that names it, through the CLI too, and leaves
  * no file. */
@@ -92,8 +93,8 @@ static int bf16_copy(const char *fixture, char *dir, size_t n) {
 }
 
 /* Each family once (Mixtral's per-expert w1/w2/w3, Qwen's gate_proj with a shared expert, DeepSeek's
- * leading dense layer), each type once, BF16 tensors (widened as read), and a GGUF file's stacks
- * dequantized; Q4_K also on a model of
+ * leading dense layer, gpt-oss's fused gate_up_proj and its MXFP4 blocks, with biases), each type once,
+ * BF16 tensors (widened as read), and a GGUF file's stacks dequantized; Q4_K also on a model of
  * rows of 256 (whole Q4_K blocks: the fixtures' rows are shorter, Q8_0 by the fallback). */
 TEST(lm_convert_streamed_is_moe_lm_save_gguf_byte_for_byte) {
   static const struct {
@@ -107,6 +108,12 @@ TEST(lm_convert_streamed_is_moe_lm_save_gguf_byte_for_byte) {
       FAIL_("%s as %s: the streamed file is not moe_lm_save_gguf's", cases[k].fixture, moe_gguf_type_name(cases[k].t));
   ASSERT(bf16_copy("mixtral", dir, sizeof dir));
   if (!same_as_in_memory(dir, "mixtral_bf16", MOE_GGUF_Q8_0, 0)) FAIL_("mixtral in BF16 as Q8_0: the streamed file is not moe_lm_save_gguf's");
+  static const char *const oss[2] = {"gpt_oss", "gpt_oss_mxfp4"}; /* with llama.cpp's swiglu limit, which GGUF says */
+  for (int k = 0; k < 2; k++) {
+    ASSERT(lm_patched(oss[k], "swiglu_limit", "7", NULL, dir, sizeof dir));
+    if (!same_as_in_memory(dir, oss[k], k ? MOE_GGUF_MXFP4 : MOE_GGUF_Q8_0, 0))
+      FAIL_("%s: the streamed file is not moe_lm_save_gguf's", oss[k]);
+  }
   char gguf[512];
   snprintf(gguf, sizeof gguf, "%s/gguf_lm/olmoe.gguf", test_fixture_dir());
   if (!same_as_in_memory(gguf, "olmoe_gguf", MOE_GGUF_Q8_0, 0))
@@ -126,7 +133,8 @@ TEST(lm_convert_streamed_is_moe_lm_save_gguf_byte_for_byte) {
 
 /* GGUF files back to directories, streamed: moe_lm_save's files of the loaded model, byte for byte
  * (llama.cpp's converter's files of Mixtral (its q and k rows put back) and DeepSeek-V2-Lite, and
- * libmoe's Q8_0 file of Qwen3-MoE, dequantized). */
+ * libmoe's Q8_0 file of Qwen3-MoE and MXFP4 file of gpt-oss (its biases F32), dequantized); and gpt-oss's
+ * directories, plain and MXFP4, to fused F32 ones. */
 TEST(lm_convert_gguf_to_directory_is_moe_lm_save_byte_for_byte) {
   char gguf[512];
   static const char *const files[] = {"mixtral", "deepseek_v2_lite"};
@@ -139,17 +147,29 @@ TEST(lm_convert_gguf_to_directory_is_moe_lm_save_byte_for_byte) {
   test_tmp_path("convert_qwen3_q8_0.gguf", gguf, sizeof gguf);
   ASSERT_OK(moe_lm_convert(lm_case_dir("qwen3_moe", dir, sizeof dir), gguf, &o, NULL));
   if (!same_as_in_memory(gguf, "qwen3_q8_0", MOE_GGUF_F32, 1)) FAIL_("%s: the streamed directory is not moe_lm_save's", gguf);
+  ASSERT(lm_patched("gpt_oss_mxfp4", "swiglu_limit", "7", NULL, dir, sizeof dir));
+  o.type = MOE_GGUF_MXFP4;
+  ASSERT_OK(moe_lm_convert(dir, test_tmp_path("convert_oss_mxfp4.gguf", gguf, sizeof gguf), &o, NULL));
+  if (!same_as_in_memory(gguf, "oss_mxfp4_gguf", MOE_GGUF_F32, 1))
+    FAIL_("%s: the streamed directory is not moe_lm_save's", gguf);
+  static const char *const oss[2] = {"gpt_oss", "gpt_oss_mxfp4"};
+  for (int k = 0; k < 2; k++)
+    if (!same_as_in_memory(lm_case_dir(oss[k], dir, sizeof dir), oss[k], MOE_GGUF_F32, 1))
+      FAIL_("%s: the streamed directory is not moe_lm_save's", oss[k]);
 }
 
-/* A Mixtral-shaped model whose experts (48 MiB fp32) dwarf its dense part (2 MiB), converted to Q8_0
- * from its directory and from its checkpoint split into 3 shards, and that file back to a directory: each one's peak resident memory over its start stays under the dense weights + 4 expert projections + 16 MiB
- * (the stated overhead: the reader's and the writer's buffers, libc's arenas), less than half the
- * experts: loading reads none of them and the save holds one at a time. */
-TEST(lm_convert_peak_memory_is_dense_plus_a_few_tensors) {
+/* A model of family f whose experts (48 MiB fp32) dwarf its dense part (2 MiB), converted to Q8_0
+ * from its directory and from its checkpoint split into 3 shards, and that file back to a directory:
+ * each one's peak resident memory over its start stays under the dense weights + 4 expert projections
+ * + 16 MiB (the stated overhead: the reader's and the writer's buffers, libc's arenas), less than half
+ * the experts: loading reads none of them and the save holds one at a time. */
+static void check_peak(int *failed_, moe_lm_family f) {
   moe_lm_config c;
   moe_lm_config_default(&c);
+  moe_lm_config_set_family(&c, f);
   c.vocab = 256, c.n_layers = 2, c.n_heads = 8, c.n_kv_heads = 4, c.head_dim = 32, c.max_seq = 64;
   c.moe.D = 256, c.moe.H = 512, c.moe.E = 16, c.moe.top_k = 4;
+  if (f == MOE_LM_GPT_OSS) c.sliding_window = 16; /* llama.cpp's gpt-oss requires one */
   char dir[512], out[512];
   test_tmp_path("convert_rss", dir, sizeof dir);
   test_tmp_path("convert_rss.gguf", out, sizeof out);
@@ -174,12 +194,18 @@ TEST(lm_convert_peak_memory_is_dense_plus_a_few_tensors) {
     ASSERT_OK(moe_lm_convert(k == 0 ? dir : k == 1 ? shards : out, k < 2 ? out : again, &o, NULL));
     long long peak = lm_status_kib("VmHWM:");
     size_t bound = dense + 4 * proj + 16 * mib;
-    fprintf(stderr, "  %s: peak %.1f MiB over the start, bound %.1f MiB (dense %.1f, a projection %.1f), experts %.1f MiB\n",
-            what[k], (double)(peak - base) / 1024, (double)bound / mib, (double)dense / mib, (double)proj / mib,
-            (double)experts / mib);
+    fprintf(stderr, "  %s %s: peak %.1f MiB over the start, bound %.1f MiB (dense %.1f, a projection %.1f), experts "
+            "%.1f MiB\n", moe_lm_family_name(f), what[k], (double)(peak - base) / 1024, (double)bound / mib,
+            (double)dense / mib, (double)proj / mib, (double)experts / mib);
     ASSERT(bound < experts / 2); /* the test can fail: the experts resident would break it */
     ASSERT((size_t)(peak - base) * 1024 <= bound);
   }
+}
+
+/* Mixtral's per-expert tensors, and gpt-oss's fused ones with their biases. */
+TEST(lm_convert_peak_memory_is_dense_plus_a_few_tensors) {
+  check_peak(failed_, MOE_LM_MIXTRAL);
+  check_peak(failed_, MOE_LM_GPT_OSS);
 }
 
 /* A NaN in expert 2's w3 of layer 1: moe convert fails (non-zero) naming the tensor and the expert, and
@@ -202,7 +228,8 @@ TEST(lm_convert_corrupt_expert_is_an_error_naming_it) {
 
 /* A checkpoint split into 3 shards (an expert's projections in different shards) converts streamed to the
  * very bytes its unsharded directory converts to: Mixtral (F32 and Q8_0) and Qwen3-MoE (Q4_K fallback),
- * and to a directory too. */
+ * and to a directory too, as does gpt-oss's MXFP4 one (its blocks, scales and biases in different
+ * shards). */
 TEST(lm_convert_sharded_is_the_unsharded_byte_for_byte) {
   static const struct {
     const char *fixture;
@@ -217,12 +244,18 @@ TEST(lm_convert_sharded_is_the_unsharded_byte_for_byte) {
     if (!same_file(cases[k].fixture, a, b)) FAIL_("%s as %s: the sharded checkpoint's file is not the unsharded one's",
                                                   cases[k].fixture, moe_gguf_type_name(cases[k].t));
   }
-  ASSERT_OK(moe_lm_convert(src, test_tmp_path("convert_unsharded_dir", a, sizeof a), NULL, NULL));
-  ASSERT_OK(moe_lm_convert(dir, test_tmp_path("convert_sharded_dir", b, sizeof b), NULL, NULL));
-  char fa[700], fb[700];
-  snprintf(fa, sizeof fa, "%s/model.safetensors", a);
-  snprintf(fb, sizeof fb, "%s/model.safetensors", b);
-  if (!same_file("qwen3_moe directory", fa, fb)) FAIL_("the sharded checkpoint's directory is not the unsharded one's");
+  static const char *const to_dir[2] = {"qwen3_moe", "gpt_oss_mxfp4"};
+  for (int k = 0; k < 2; k++) {
+    lm_case_dir(to_dir[k], src, sizeof src);
+    ASSERT(lm_shard_checkpoint(src, test_tmp_path("convert_shards", dir, sizeof dir), 3));
+    ASSERT_OK(moe_lm_convert(src, test_tmp_path("convert_unsharded_dir", a, sizeof a), NULL, NULL));
+    ASSERT_OK(moe_lm_convert(dir, test_tmp_path("convert_sharded_dir", b, sizeof b), NULL, NULL));
+    char fa[700], fb[700];
+    snprintf(fa, sizeof fa, "%s/model.safetensors", a);
+    snprintf(fb, sizeof fb, "%s/model.safetensors", b);
+    if (!same_file(to_dir[k], fa, fb))
+      FAIL_("%s: the sharded checkpoint's directory is not the unsharded one's", to_dir[k]);
+  }
 }
 
 /* moe convert of a sharded checkpoint whose shard is missing, or cut short: non-zero,

@@ -558,10 +558,9 @@ TEST(lm_stream_gguf_gpt_oss_corrupt_bias_is_an_error_naming_it) {
     FAIL_("the message does not name the tensor and expert: %s", msg);
 }
 
-/* What streaming refuses: a budget below one expert per MoE layer (saying the least); a sharded gpt-oss
- * checkpoint (its reader reads one file), saying so. */
+/* What streaming refuses: a budget below one expert per MoE layer (saying the least). */
 TEST(lm_stream_refuses_what_it_cannot_serve) {
-  char dir[512], shards[512];
+  char dir[512];
   snprintf(dir, sizeof dir, "%s/lm/mixtral", test_fixture_dir());
   moe_lm_stream_config s;
   moe_lm_stream_config_default(&s);
@@ -570,11 +569,6 @@ TEST(lm_stream_refuses_what_it_cannot_serve) {
   moe_lm_experts x;
   ASSERT_STATUS(moe_lm_load_streaming(&m, dir, NULL, &s, &x), MOE_ERR_ARG);
   ASSERT(strstr(moe_last_error(), "below one expert per MoE layer"));
-  snprintf(dir, sizeof dir, "%s/lm/gpt_oss", test_fixture_dir());
-  ASSERT(lm_shard_checkpoint(dir, test_tmp_path("stream_oss_shards", shards, sizeof shards), 2));
-  s.budget = (size_t)1 << 20;
-  ASSERT_STATUS(moe_lm_load_streaming(&m, shards, NULL, &s, &x), MOE_ERR_ARG);
-  ASSERT(strstr(moe_last_error(), "a sharded gpt-oss checkpoint is not supported"));
 }
 
 /* The process's peak resident memory while a model whose experts take 96 MiB decodes under an 8 MiB budget
@@ -977,36 +971,54 @@ static int sharded_fixture(const char *family, char *dir, size_t n) {
 }
 
 /* A sharded checkpoint streamed under a small budget (Mixtral's w1/w2/w3 and Qwen3-MoE's
- * gate/up/down_proj of one expert in different shards): the all-resident model's tokens and logits bit
- * for bit, greedy and sampled, with and without prefetch, no expert read at load. */
-static void check_sharded(int *failed_, const char *family) {
+ * gate/up/down_proj of one expert in different shards, gpt-oss's fused gate_up_proj, down_proj (or their
+ * MXFP4 blocks and scales) and biases too): the all-resident model's tokens and logits bit for bit,
+ * greedy and sampled, with and without prefetch, no expert read at load; and its experts buffered from
+ * the shards (moe_lm_buffer_experts, serve --cache 1) decode as the model loaded whole. */
+static void check_sharded(int *failed_, const char *family, int min_read) {
   char dir[512];
   ASSERT(sharded_fixture(family, dir, sizeof dir));
   moe_lm_config c;
   ASSERT_OK(moe_lm_read_config(dir, &c));
-  check_streamed(failed_, dir, c, family, 2, 1);
+  check_streamed(failed_, dir, c, family, min_read, 1);
+  static run_out want, got;
+  moe_lm_t m;
+  moe_lm_experts x;
+  ASSERT_OK(moe_lm_load(&m, dir, NULL));
+  moe_status st = decode(&m, 0.0f, &want);
+  if (st == MOE_OK) st = moe_lm_buffer_experts(&m, dir, 1, MOE_CACHE_LRU, &x);
+  if (st == MOE_OK) st = decode(&m, 0.0f, &got), moe_lm_experts_free(&x);
+  moe_lm_free(&m);
+  ASSERT_OK(st);
+  if (memcmp(&got, &want, sizeof got)) FAIL_("%s: the experts buffered from 3 shards decode otherwise", family);
 }
 
-TEST(lm_stream_sharded_mixtral_bit_identical) { check_sharded(failed_, "mixtral"); }
-TEST(lm_stream_sharded_qwen3_moe_bit_identical) { check_sharded(failed_, "qwen3_moe"); }
+TEST(lm_stream_sharded_mixtral_bit_identical) { check_sharded(failed_, "mixtral", 2); }
+TEST(lm_stream_sharded_qwen3_moe_bit_identical) { check_sharded(failed_, "qwen3_moe", 2); }
+TEST(lm_stream_sharded_gpt_oss_bit_identical) { check_sharded(failed_, "gpt_oss", 2); }
+TEST(lm_stream_sharded_gpt_oss_mxfp4_bit_identical) { check_sharded(failed_, "gpt_oss_mxfp4", 8); }
 
 /* The 3 shards of a streamed checkpoint are opened once each for every layer's cache (3 descriptors
- * held, not one a layer), and closed with the last cache. */
+ * held, not one a layer, gpt-oss's fused tensors too), and closed with the last cache. */
 TEST(lm_stream_sharded_layers_share_one_descriptor_a_shard) {
-  char dir[512];
-  ASSERT(sharded_fixture("mixtral", dir, sizeof dir));
-  if (open_fds() < 0) SKIP("no /proc/self/fd to count descriptors in");
-  moe_lm_stream_config s;
-  moe_lm_stream_config_default(&s);
-  s.budget = (size_t)1 << 20;
-  int held, decoded, left;
-  ASSERT(descriptors_while_streaming(dir, NULL, &s, &held, &decoded, &left));
-  if (held != 3 || decoded != held)
-    FAIL_("%d descriptors held after loading 3 shards streamed, %d after decoding; want 3", held, decoded);
-  ASSERT_EQ_INT(left, 0);
+  static const char *const fam[] = {"mixtral", "gpt_oss_mxfp4"};
+  for (int k = 0; k < 2; k++) {
+    char dir[512];
+    ASSERT(sharded_fixture(fam[k], dir, sizeof dir));
+    if (open_fds() < 0) SKIP("no /proc/self/fd to count descriptors in");
+    moe_lm_stream_config s;
+    moe_lm_stream_config_default(&s);
+    s.budget = (size_t)1 << 20;
+    int held, decoded, left;
+    ASSERT(descriptors_while_streaming(dir, NULL, &s, &held, &decoded, &left));
+    if (held != 3 || decoded != held)
+      FAIL_("%s: %d descriptors held after loading 3 shards streamed, %d after decoding; want 3", fam[k], held,
+            decoded);
+    ASSERT_EQ_INT(left, 0);
+  }
 }
 
-/* dir's index with tensor `name` said to be in file `shard`. */
+/* dir's index with tensor `name` said to be in file `shard` (NULL: left out of the index). */
 static int index_points(const char *dir, const char *name, const char *shard) {
   char path[1024];
   snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
@@ -1016,7 +1028,9 @@ static int index_points(const char *dir, const char *name, const char *shard) {
   if (f) fclose(f);
   text[n] = 0;
   cJSON *root = cJSON_Parse(text), *map = cJSON_GetObjectItem(root, "weight_map");
-  int ok = map && cJSON_GetObjectItem(map, name) && cJSON_ReplaceItemInObject(map, name, cJSON_CreateString(shard));
+  int ok = map && cJSON_GetObjectItem(map, name);
+  if (ok && shard) ok = cJSON_ReplaceItemInObject(map, name, cJSON_CreateString(shard));
+  else if (ok) cJSON_DeleteItemFromObject(map, name);
   char *out = ok ? cJSON_Print(root) : NULL;
   f = out ? fopen(path, "w") : NULL;
   ok = f && fputs(out, f) >= 0;
@@ -1033,13 +1047,14 @@ static int names(const char *msg, const char *a, const char *b, const char *c) {
   return 0;
 }
 
-/* A sharded checkpoint gone bad: a shard missing, or cut short, refused at load naming the shard; a shard
- * cut short while the model is served, an error at the read naming the shard and the tensor; the index
- * naming a shard that lacks the tensor, refused at load naming both. Never a crash. */
-TEST(lm_stream_sharded_missing_short_or_wrong_shard_is_an_error_naming_it) {
+/* A sharded checkpoint of `family` gone bad: a shard missing, or cut short, refused at load naming the
+ * shard; a shard cut short while the model is served, an error at the read naming the shard and the
+ * tensor; the index naming a shard that lacks expert tensor `moved`, or not naming it at all, refused
+ * at load naming both. Never a crash. */
+static void check_bad_shards(int *failed_, const char *family, const char *moved) {
   char dir[512], shard[1024], msg[1024];
   const char *file = "model-00002-of-00003.safetensors";
-  ASSERT(sharded_fixture("mixtral", dir, sizeof dir));
+  ASSERT(sharded_fixture(family, dir, sizeof dir));
   lm_shard_path(dir, 2, 3, shard, sizeof shard);
   ASSERT(truncate(shard, 4096) == 0);
   ASSERT_STATUS(stream_decode(dir, -1, msg, sizeof msg), MOE_ERR_FORMAT);
@@ -1048,7 +1063,7 @@ TEST(lm_stream_sharded_missing_short_or_wrong_shard_is_an_error_naming_it) {
   ASSERT(stream_decode(dir, -1, msg, sizeof msg) != MOE_OK);
   ASSERT(names(msg, file, "No such file", NULL));
   /* cut while served: the experts read after it fail naming the shard and a tensor of it */
-  ASSERT(sharded_fixture("mixtral", dir, sizeof dir));
+  ASSERT(sharded_fixture(family, dir, sizeof dir));
   moe_lm_stream_config s;
   moe_lm_stream_config_default(&s);
   s.budget = (size_t)1 << 20;
@@ -1062,17 +1077,26 @@ TEST(lm_stream_sharded_missing_short_or_wrong_shard_is_an_error_naming_it) {
   moe_lm_experts_free(&x);
   ASSERT_STATUS(st, MOE_ERR_IO);
   ASSERT(names(msg, file, "reading tensor 'model.layers.", "experts."));
-  /* the index says shard 2 holds a tensor of shard 1 */
-  ASSERT(sharded_fixture("mixtral", dir, sizeof dir));
-  const char *moved = "model.layers.1.block_sparse_moe.experts.2.w3.weight";
-  char own[1024];
-  lm_shard_path(dir, 1, 3, own, sizeof own);
-  moe_st *f;
-  ASSERT_OK(moe_st_open_lazy(&f, own));
-  int in_first = moe_st_has(f, moved);
-  moe_st_close(f);
-  const char *wrong = in_first ? file : "model-00001-of-00003.safetensors";
-  ASSERT(index_points(dir, moved, wrong));
-  ASSERT_STATUS(stream_decode(dir, -1, msg, sizeof msg), MOE_ERR_MISSING);
-  ASSERT(names(msg, wrong, moved, NULL));
+  /* the index says shard 2 holds a tensor of shard 1 (or shard 1 one of shard 2), then names no shard */
+  for (int left_out = 0; left_out < 2; left_out++) {
+    ASSERT(sharded_fixture(family, dir, sizeof dir));
+    char own[1024];
+    lm_shard_path(dir, 1, 3, own, sizeof own);
+    moe_st *f;
+    ASSERT_OK(moe_st_open_lazy(&f, own));
+    int in_first = moe_st_has(f, moved);
+    moe_st_close(f);
+    const char *wrong = in_first ? file : "model-00001-of-00003.safetensors";
+    ASSERT(index_points(dir, moved, left_out ? NULL : wrong));
+    ASSERT_STATUS(stream_decode(dir, -1, msg, sizeof msg), MOE_ERR_MISSING);
+    ASSERT(names(msg, left_out ? "weight_map" : wrong, moved, NULL));
+  }
+}
+
+TEST(lm_stream_sharded_missing_short_or_wrong_shard_is_an_error_naming_it) {
+  check_bad_shards(failed_, "mixtral", "model.layers.1.block_sparse_moe.experts.2.w3.weight");
+}
+/* gpt-oss's fused tensors: the MXFP4 blocks of a down-projection */
+TEST(lm_stream_sharded_gpt_oss_missing_short_or_wrong_shard_is_an_error_naming_it) {
+  check_bad_shards(failed_, "gpt_oss_mxfp4", "model.layers.1.mlp.experts.down_proj_blocks");
 }

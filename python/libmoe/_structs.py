@@ -121,7 +121,7 @@ class Trace(C.Structure):  # moe_trace
 
 
 class LMExperts(C.Structure):  # moe_lm_experts
-    _fields_ = [("file", _p), ("caches", C.POINTER(_p)), ("n", _i), ("prefetch", _p), ("budget", C.c_size_t)]
+    _fields_ = [("caches", C.POINTER(_p)), ("n", _i), ("prefetch", _p), ("budget", C.c_size_t)]
 
 
 class ExpertCacheStats(C.Structure):  # moe_expert_cache_stats

@@ -1,8 +1,9 @@
 /* Expert buffering for the language model (moe.h, moe serve --cache K): each MoE layer of a loaded
  * model is swapped for one with external experts, served by an expert cache of K slots over the
  * checkpoint's model.safetensors or the shards of its index (read lazily: the family's tensor per
- * expert, or gpt-oss's fused tensors in one file, lm_stream.c's moe__lm_open_cache); the experts' parameters are freed. The outputs are the
- * all-resident model's, bit for bit (sources/cache.c computes each expert with the same kernels). */
+ * expert, or gpt-oss's fused tensors, lm_stream.c's moe__lm_open_cache); the experts' parameters are
+ * freed. The outputs are the all-resident model's, bit for bit (sources/cache.c computes each expert
+ * with the same kernels). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +63,7 @@ moe_status moe_lm_buffer_experts(moe_lm_t *m, const char *dir, int K, moe_cache_
   x->n = m->cfg.n_layers;
   x->caches = calloc((size_t)x->n, sizeof *x->caches);
   moe_status st = x->caches ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
-  if (st == MOE_OK) st = moe__lm_expert_files(m, dir, x, &files);
+  if (st == MOE_OK) st = moe__lm_shards_open(&files, dir, 0);
   for (int i = 0; i < x->n && st == MOE_OK; i++)
     if (!moe_lm_layer_dense(&m->cfg, i)) st = buffer_layer(m, files, i, K, p, x);
   moe__lm_shards_release(files); /* the caches hold them */
@@ -74,6 +75,5 @@ void moe_lm_experts_free(moe_lm_experts *x) {
   for (int i = 0; x->caches && i < x->n; i++) moe_expert_cache_free(x->caches[i]);
   free(x->caches);
   moe__lm_prefetch_free(x->prefetch);
-  moe_st_close(x->file);
   memset(x, 0, sizeof *x);
 }

@@ -86,11 +86,18 @@ typedef struct {
   moe_status (*open)(void *ctx, int layer, moe__expert_reader *out);
   void *ctx;
   moe__expert_reader rd;
-  int layer; /* rd's layer, or -1 */
+  int layer;      /* rd's layer, or -1 */
+  float *scratch; /* a read the save converts before writing it (gpt-oss's fused tensors), kept: one
+                     allocation for the save, not one an expert */
+  size_t scratch_n;
 } moe__lm_expert_src;
-/* Projection proj (0: fc1 (H, D), 1: fc2 (D, H), 2: fc3 (H, D)) of layer's expert e as fp32 into dst,
- * the layer's reader opened first (another's closed); an error names `what`, the tensor being written. */
-moe_status moe__lm_expert_src_read(moe__lm_expert_src *s, int layer, int proj, int e, float *dst, const char *what);
+/* Tensor t of layer's expert e (the reader's order: 0 fc1.weight (H, D), 1 fc1.bias (H), 2 fc2.weight
+ * (D, H), 3 fc2.bias (D), 4 fc3.weight (H, D), 5 fc3.bias (H)) as fp32 into dst, the layer's reader
+ * opened first (another's closed); an error names `what`, the tensor being written. */
+moe_status moe__lm_expert_src_read(moe__lm_expert_src *s, int layer, int t, int e, float *dst, const char *what);
+/* s's scratch of at least n floats (grown here), or NULL out of memory (the error set naming `what`). */
+float *moe__lm_expert_src_scratch(moe__lm_expert_src *s, size_t n, const char *what);
+/* The reader closed and the scratch freed. */
 void moe__lm_expert_src_close(moe__lm_expert_src *s);
 /* moe_lm_save_gguf and moe_lm_save, the experts of a MoE layer that m does not hold (external experts)
  * read from in at save, one expert's projection at a time (in NULL: m must hold them); in is closed after. */

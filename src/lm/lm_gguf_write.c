@@ -18,6 +18,7 @@
 #include "lm/tokenizer_gguf.h"
 #include "lm_family.h"
 #include "lm_gguf.h"
+#include "lm_gptoss.h"
 
 static int ends_with(const char *s, const char *tail) {
   size_t n = strlen(s), k = strlen(tail);
@@ -40,14 +41,15 @@ typedef struct {
 } stream;
 
 /* One tensor's source: the fp32 values of a ref or of a layer's resident expert stack (rows permuted
- * per head for llama's q and k), or projection `proj` of layer `layer`'s experts, read expert by expert. */
+ * per head for llama's q and k), or the reader's tensor t (lm_gguf.h) of layer `layer`'s experts, read
+ * expert by expert. */
 typedef struct {
   stream *s;
   const char *name; /* the writer's copy is the file's; this one for errors */
   char own[64];
   const float *x;   /* or NULL: read */
   int64_t rows, cols;
-  int permute, layer, proj;
+  int permute, layer, t;
   int64_t expert_rows; /* rows of one expert (a chunk of an expert stack) */
   moe_gguf_type type;
   size_t row_bytes;
@@ -73,7 +75,7 @@ static moe_status expert_rows(source *src, int64_t r0, const float **x) {
     *x = src->x + r0 * src->cols;
     return MOE_OK;
   }
-  MOE_CHECK(moe__lm_expert_src_read(s->in, src->layer, src->proj, (int)e, s->x, src->name));
+  MOE_CHECK(moe__lm_expert_src_read(s->in, src->layer, src->t, (int)e, s->x, src->name));
   *x = s->x + (r0 - e * src->expert_rows) * src->cols;
   return MOE_OK;
 }
@@ -96,7 +98,7 @@ static moe_status fill(void *ctx, size_t off, void *dst, size_t n) {
 }
 
 /* Adds tensor name of ne (ndim dims; rows = the product of ne[1..]) from src (x, permute, and for an
- * expert stack layer, proj and expert_rows set), in the type type_for gives it. */
+ * expert stack layer, t and expert_rows set), in the type type_for gives it. */
 static moe_status add(tensors *ts, const char *name, int ndim, const int64_t *ne, source src) {
   src.rows = 1, src.cols = ne[0];
   for (int d = 1; d < ndim; d++) src.rows *= ne[d];
@@ -133,23 +135,31 @@ static moe_status add_ref(tensors *ts, const moe_lm_t *m, const moe_tensor_ref *
   return add(ts, name, nd, ne, (source){.x = r->data, .permute = permute});
 }
 
-/* Layer i's experts as llama.cpp stacks them: the layer's (E, H, D) fc1 and fc3 and (E, D, H) fc2 are
- * already ggml's [D, H, E] and [H, D, E]; read an expert at a time when the layer does not hold them. */
+/* Layer i's experts as llama.cpp stacks them, after the router (gpt-oss's: after its bias): the layer's
+ * (E, H, D) fc1 and fc3 and (E, D, H) fc2 are already ggml's [D, H, E] and [H, D, E], gpt-oss's biases
+ * (E, H) and (E, D) its [H, E] and [D, E]; read an expert at a time when the layer does not hold them. */
 static moe_status add_experts(tensors *ts, const moe_lm_t *m, int i) {
-  static const char *const ours[3] = {"experts.fc1.weight", "experts.fc2.weight", "experts.fc3.weight"};
-  static const char *const theirs[3] = {"ffn_gate_exps", "ffn_down_exps", "ffn_up_exps"};
+  static const struct {
+    const char *ours, *theirs;
+    int t; /* the reader's tensor (lm_gguf.h) */
+  } stacks[] = {{"experts.fc1.weight", "ffn_gate_exps.weight", 0}, {"experts.fc1.bias", "ffn_gate_exps.bias", 1},
+                {"experts.fc3.weight", "ffn_up_exps.weight", 4},   {"experts.fc3.bias", "ffn_up_exps.bias", 5},
+                {"experts.fc2.weight", "ffn_down_exps.weight", 2}, {"experts.fc2.bias", "ffn_down_exps.bias", 3}};
+  static const int order[2][6] = {{0, 4, 2}, {0, 1, 2, 3, 4, 5}}; /* gate, down, up; gpt-oss's */
+  int oss = m->cfg.family == MOE_LM_GPT_OSS;
   int64_t D = m->cfg.moe.D, H = m->cfg.moe.H, E = m->cfg.moe.E;
-  for (int k = 0; k < 3; k++) {
+  for (int k = 0; k < (oss ? 6 : 3); k++) {
+    int t = stacks[order[oss][k]].t, bias = t % 2;
     char name[64];
-    snprintf(name, sizeof name, "blk.%d.%s.weight", i, theirs[k]);
-    int64_t ne[3] = {k == 1 ? H : D, k == 1 ? D : H, E};
-    const float *x = moe_layer_param(&m->layers[i], ours[k]);
+    snprintf(name, sizeof name, "blk.%d.%s", i, stacks[order[oss][k]].theirs);
+    int64_t ne[3] = {t == 2 || t == 1 || t == 5 ? H : D, bias ? E : t == 2 ? D : H, E};
+    const float *x = moe_layer_param(&m->layers[i], stacks[order[oss][k]].ours);
     MOE_TRY(x || ts->s.in, MOE_ERR_STATE, "moe_lm_save_gguf: layer %d's experts are not parameters (streamed or "
             "bound): moe_lm_convert writes them from the checkpoint", i);
-    MOE_CHECK(add(ts, name, 3, ne, (source){.x = x, .layer = i, .proj = k, .expert_rows = ne[1]}));
+    MOE_CHECK(add(ts, name, 3 - bias, ne, (source){.x = x, .layer = i, .t = t, .expert_rows = bias ? 1 : ne[1]}));
   }
   size_t most = (size_t)(D * H) * sizeof(float);
-  if (!moe_layer_param(&m->layers[i], ours[0]) && most > ts->s.most) ts->s.most = most;
+  if (!moe_layer_param(&m->layers[i], stacks[0].ours) && most > ts->s.most) ts->s.most = most;
   return MOE_OK;
 }
 
@@ -246,10 +256,13 @@ moe_status moe__lm_save_gguf(const moe_lm_t *m, const char *path, const moe_lm_g
   int e, j;
   for (int k = 0; st == MOE_OK && k < m->nrefs; k++) {
     const moe_tensor_ref *r = &m->refs[k];
-    if (moe__lm_expert_of(c->family, r->name, &e, &j)) continue;
+    if (moe__lm_expert_of(c->family, r->name, &e, &j) || moe__gptoss_converted(c->family, r->name) ||
+        moe__gptoss_source(c, r->name))
+      continue; /* the experts, stacked by add_experts */
     st = add_ref(&ts, m, r);
     int layer;
-    if (st == MOE_OK && ends_with(r->name, ".gate.weight") && sscanf(r->name, "model.layers.%d.", &layer) == 1)
+    if (st == MOE_OK && ends_with(r->name, c->family == MOE_LM_GPT_OSS ? ".mlp.router.bias" : ".gate.weight") &&
+        sscanf(r->name, "model.layers.%d.", &layer) == 1)
       st = add_experts(&ts, m, layer); /* the router comes first, then the experts it routes to */
   }
   if (st == MOE_OK && ts.s.most && !(ts.s.x = malloc(ts.s.most)))

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "lm_gguf.h"
 
 /* A converted ref: layer, fc 1 (gate), 3 (up) or 2 (down), weight or bias. */
 typedef struct {
@@ -124,20 +125,18 @@ static moe_status read_mxfp4(const moe__lm_reader *rd, const moe_lm_config *c, c
   return st;
 }
 
-/* Expert e's part of converted ref k (dst: its (H, D), (D, H) or H values) from its slab of the checkpoint
- * tensor (src: (D, 2H), (H, D) or 2H values): the gate's (even) or the up's (odd) columns, down_proj
- * transposed. */
-static void convert_expert(const conv *k, size_t H, size_t D, const float *src, float *dst) {
+/* Expert e's part of converted ref k (its (H, D), (D, H) or H values) from its slab of the checkpoint
+ * tensor ((D, 2H), (H, D) or 2H values): the gate's (even) or the up's (odd) columns, down_proj
+ * transposed; fuse: the other way, the part into its place in the slab. */
+static void convert_expert(const conv *k, size_t H, size_t D, const float *from, float *to, int fuse) {
   size_t up = k->fc == 3;
-  for (size_t j = 0; j < H; j++) {
-    if (k->bias) {
-      dst[j] = src[2 * j + up];
-      continue;
+  for (size_t j = 0; j < H; j++)
+    for (size_t d = 0; d < (k->bias ? 1 : D); d++) {
+      size_t ours = k->bias ? j : k->fc == 2 ? d * H + j : j * D + d,
+             theirs = k->bias ? 2 * j + up : k->fc == 2 ? j * D + d : d * 2 * H + 2 * j + up;
+      if (fuse) to[theirs] = from[ours];
+      else to[ours] = from[theirs];
     }
-    for (size_t d = 0; d < D; d++)
-      if (k->fc == 2) dst[d * H + j] = src[j * D + d];
-      else dst[j * D + d] = src[d * 2 * H + 2 * j + up];
-  }
 }
 
 moe_status moe__gptoss_read_ref(const moe__lm_reader *rd, const moe_lm_t *m, const moe_tensor_ref *r) {
@@ -160,7 +159,8 @@ moe_status moe__gptoss_read_ref(const moe__lm_reader *rd, const moe_lm_t *m, con
   MOE_TRY(t.data, MOE_ERR_NOMEM, "%s: out of memory for tensor '%s'", moe_st_path(f), t.name);
   moe_status st = rd->read(f, &t);
   for (size_t e = 0; st == MOE_OK && e < El; e++) /* e + e0: the expert's place in the checkpoint */
-    convert_expert(&k, (size_t)c->moe.H, (size_t)c->moe.D, t.data + (e + e0) * (t.numel / E), r->data + e * (r->numel / El));
+    convert_expert(&k, (size_t)c->moe.H, (size_t)c->moe.D, t.data + (e + e0) * (t.numel / E),
+                   r->data + e * (r->numel / El), 0);
   free(t.data);
   return st;
 }
@@ -176,27 +176,47 @@ moe_status moe__gptoss_write_ref(const moe_lm_t *m, const moe_tensor_ref *r, moe
   snprintf(un, sizeof un, "model.layers.%d.mlp.experts.fc3.%s", k.layer, k.bias ? "bias" : "weight");
   const moe_tensor_ref *u = moe_lm_find(m, un);
   MOE_TRY(k.fc == 2 || u, MOE_ERR_STATE, "internal: no '%s' beside '%s'", un, r->name);
-  size_t E = (size_t)c->moe.E, H = (size_t)c->moe.H, D = (size_t)c->moe.D;
-  float *buf = malloc(r->numel * (k.fc == 2 ? 1 : 2) * 4);
+  const conv up = {k.layer, 3, k.bias};
+  size_t E = (size_t)c->moe.E, H = (size_t)c->moe.H, D = (size_t)c->moe.D, part = r->numel / E,
+         slab = part * (k.fc == 2 ? 1 : 2);
+  float *buf = malloc(E * slab * 4);
   MOE_TRY(buf, MOE_ERR_NOMEM, "out of memory for tensor '%s'", hf);
-  for (size_t e = 0; e < E; e++)
-    for (size_t j = 0; j < H; j++) {
-      if (k.bias) {
-        buf[e * 2 * H + 2 * j] = r->data[e * H + j];
-        buf[e * 2 * H + 2 * j + 1] = u->data[e * H + j];
-        continue;
-      }
-      for (size_t d = 0; d < D; d++)
-        if (k.fc == 2) {
-          buf[(e * H + j) * D + d] = r->data[(e * D + d) * H + j];
-        } else {
-          buf[(e * D + d) * 2 * H + 2 * j] = r->data[(e * H + j) * D + d];
-          buf[(e * D + d) * 2 * H + 2 * j + 1] = u->data[(e * H + j) * D + d];
-        }
-    }
+  for (size_t e = 0; e < E; e++) {
+    convert_expert(&k, H, D, r->data + e * part, buf + e * slab, 1);
+    if (k.fc != 2) convert_expert(&up, H, D, u->data + e * part, buf + e * slab, 1);
+  }
   moe_status st = moe_st_writer_add_f32(w, hf, MOE_DT_F32, ndim, shape, buf);
   free(buf);
   return st;
+}
+
+/* The converted refs (fc1 with fc3, or fc2) that fused tensor k of layer i is made from. */
+static conv fused_from(int i, int k) { return (conv){i, k == 2 ? 2 : 1, k == 1}; }
+
+int moe__gptoss_fused(const moe_lm_config *c, int i, int k, char *name, size_t n, int64_t shape[3]) {
+  if (k < 0 || k > 3) return 0;
+  if (k < 3) {
+    conv f = fused_from(i, k);
+    return source_of(c, &f, name, n, shape);
+  }
+  snprintf(name, n, "model.layers.%d.mlp.experts.down_proj_bias", i);
+  shape[0] = c->moe.E, shape[1] = c->moe.D;
+  return 2;
+}
+
+moe_status moe__gptoss_fused_read(const moe_lm_config *c, int i, int k, moe__lm_expert_src *in, int e, float *dst,
+                                  const char *what) {
+  if (k == 3) return moe__lm_expert_src_read(in, i, 3, e, dst, what); /* down_proj_bias: fc2.bias as it is */
+  size_t H = (size_t)c->moe.H, D = (size_t)c->moe.D;
+  conv f = fused_from(i, k), up = {i, 3, f.bias};
+  float *part = moe__lm_expert_src_scratch(in, f.bias ? H : H * D, what);
+  if (!part) return MOE_ERR_NOMEM;
+  MOE_CHECK(moe__lm_expert_src_read(in, i, f.fc == 2 ? 2 : f.bias, e, part, what));
+  convert_expert(&f, H, D, part, dst, 1);
+  if (f.fc == 2) return MOE_OK;
+  MOE_CHECK(moe__lm_expert_src_read(in, i, 4 + f.bias, e, part, what));
+  convert_expert(&up, H, D, part, dst, 1);
+  return MOE_OK;
 }
 
 int moe__gptoss_source(const moe_lm_config *c, const char *name) {
@@ -236,94 +256,121 @@ moe_status moe__gptoss_check_sizes(const moe__lm_reader *rd, const char *dir, co
   return MOE_OK;
 }
 
-/* A streamed layer's fused tensors (moe__gptoss_expert_reader). */
+/* A tensor of a streamed layer and the file (the shard) that holds it. */
 typedef struct {
   const moe_st *f;
+  moe_tensor_view v;
+} part;
+
+/* A streamed layer's fused tensors (moe__gptoss_expert_reader). */
+typedef struct {
+  moe__st_files fs; /* the checkpoint's files (a reference held) */
   int layer, mx;
   int64_t H, D;
-  moe_tensor_view gu, gub, dn, dnb; /* gate_up_proj (plain form), its bias, down_proj (plain form), its bias */
-  mx_src mgu, mdn;                  /* the MXFP4 forms */
-  float *slab;                      /* one expert's (D, 2H) of gate_up_proj as fp32, or a row's MXFP4 bytes */
+  part gu, gub, dn, dnb; /* gate_up_proj (plain form), its bias, down_proj (plain form), its bias */
+  mx_src mgu, mdn;       /* the MXFP4 forms */
+  float *slab;           /* one expert's (D, 2H) of gate_up_proj as fp32, or a row's MXFP4 bytes */
 } oss_reader;
 
-/* lm_gptoss.h's reader over one file: the tensor's file, or MOE_ERR_MISSING naming it. */
-static moe_status one_file(void *ctx, const char *name, moe_st **f) {
-  oss_reader *o = ctx;
-  MOE_TRY(moe_st_has(o->f, name), MOE_ERR_MISSING, "%s: no tensor '%s'", moe_st_path(o->f), name);
-  *f = (moe_st *)o->f;
+/* lm_gptoss.h's reader over the shards: the file holding the tensor (an error names a missing tensor,
+ * or the shard that cannot be opened). */
+static moe_status shard_of(void *ctx, const char *name, moe_st **f) {
+  const oss_reader *o = ctx;
+  const moe_st *held;
+  MOE_CHECK(o->fs.file_of(o->fs.ctx, name, 1, &held));
+  *f = (moe_st *)held;
   return MOE_OK;
 }
 
-/* Values [e n, (e + 1) n) of v (expert e's slab) into dst; their pages dropped when asked. */
-static moe_status slab(const oss_reader *o, const moe_tensor_view *v, int e, size_t n, float *dst, int drop) {
-  moe_status st = moe__lm_read_values(o->f, v, (size_t)e * n, n, dst);
-  if (drop) moe__st_drop_pages(o->f, v, (size_t)e * n * moe_dtype_size(v->dtype), n * moe_dtype_size(v->dtype));
+/* Values [e n, (e + 1) n) of p (expert e's slab) into dst; their pages dropped when asked. */
+static moe_status slab(const part *p, int e, size_t n, float *dst, int drop) {
+  moe_status st = moe__lm_read_values(p->f, &p->v, (size_t)e * n, n, dst);
+  if (drop) moe__st_drop_pages(p->f, &p->v, (size_t)e * n * moe_dtype_size(p->v.dtype), n * moe_dtype_size(p->v.dtype));
   return st;
 }
 
 /* The pages of expert e's rows of an MXFP4 tensor dropped. */
-static void mx_drop(const oss_reader *o, const mx_src *x, int e) {
+static void mx_drop(const mx_src *x, int e) {
   size_t rows = (size_t)x->R, G = (size_t)x->G;
-  moe__st_drop_pages(o->f, &x->vb, (size_t)e * rows * G * 16, rows * G * 16);
-  moe__st_drop_pages(o->f, &x->vs, (size_t)e * rows * G, rows * G);
+  moe__st_drop_pages(x->fb, &x->vb, (size_t)e * rows * G * 16, rows * G * 16);
+  moe__st_drop_pages(x->fs, &x->vs, (size_t)e * rows * G, rows * G);
+}
+
+/* Expert e's gate (fc1) and up (fc3) columns of a fused tensor (gate_up_proj or its MXFP4 blocks and
+ * scales x, or with bias gate_up_proj_bias) into out[bias] and out[4 + bias], those not NULL. */
+static moe_status read_pair(oss_reader *o, const part *p, const mx_src *x, int bias, int e, float *const out[6],
+                            int drop) {
+  size_t H = (size_t)o->H, D = (size_t)o->D;
+  const conv gate = {o->layer, 1, bias}, up = {o->layer, 3, bias};
+  float *g = out[bias], *u = out[4 + bias];
+  if (!g && !u) return MOE_OK;
+  if (o->mx && !bias) {
+    uint8_t *blk = (uint8_t *)o->slab;
+    if (g) MOE_CHECK(mx_expert(x, &gate, e, blk, g));
+    if (u) MOE_CHECK(mx_expert(x, &up, e, blk, u));
+    if (drop) mx_drop(x, e);
+    return MOE_OK;
+  }
+  MOE_CHECK(slab(p, e, bias ? 2 * H : D * 2 * H, o->slab, drop));
+  if (g) convert_expert(&gate, H, D, o->slab, g, 0);
+  if (u) convert_expert(&up, H, D, o->slab, u, 0);
+  return MOE_OK;
 }
 
 static moe_status oss_read(void *ctx, int e, float *const out[6], int drop) {
   oss_reader *o = ctx;
   size_t H = (size_t)o->H, D = (size_t)o->D;
-  const conv gate = {o->layer, 1, 0}, up = {o->layer, 3, 0}, down = {o->layer, 2, 0}, gate_b = {o->layer, 1, 1},
-             up_b = {o->layer, 3, 1};
-  if (o->mx) {
-    uint8_t *blk = (uint8_t *)o->slab;
-    MOE_CHECK(mx_expert(&o->mgu, &gate, e, blk, out[0]));
-    MOE_CHECK(mx_expert(&o->mgu, &up, e, blk, out[4]));
-    MOE_CHECK(mx_expert(&o->mdn, &down, e, blk, out[2]));
-    if (drop) mx_drop(o, &o->mgu, e), mx_drop(o, &o->mdn, e);
-  } else {
-    MOE_CHECK(slab(o, &o->gu, e, D * 2 * H, o->slab, drop));
-    convert_expert(&gate, H, D, o->slab, out[0]);
-    convert_expert(&up, H, D, o->slab, out[4]);
-    MOE_CHECK(slab(o, &o->dn, e, H * D, o->slab, drop));
-    convert_expert(&down, H, D, o->slab, out[2]);
+  const conv down = {o->layer, 2, 0};
+  MOE_CHECK(read_pair(o, &o->gu, &o->mgu, 0, e, out, drop));
+  if (out[2] && o->mx) {
+    MOE_CHECK(mx_expert(&o->mdn, &down, e, (uint8_t *)o->slab, out[2]));
+    if (drop) mx_drop(&o->mdn, e);
+  } else if (out[2]) {
+    MOE_CHECK(slab(&o->dn, e, H * D, o->slab, drop));
+    convert_expert(&down, H, D, o->slab, out[2], 0);
   }
-  MOE_CHECK(slab(o, &o->gub, e, 2 * H, o->slab, drop));
-  convert_expert(&gate_b, H, D, o->slab, out[1]);
-  convert_expert(&up_b, H, D, o->slab, out[5]);
-  return slab(o, &o->dnb, e, D, out[3], drop);
+  MOE_CHECK(read_pair(o, &o->gub, NULL, 1, e, out, drop));
+  return out[3] ? slab(&o->dnb, e, D, out[3], drop) : MOE_OK;
 }
 
 static void oss_free(void *ctx) {
   oss_reader *o = ctx;
-  if (o) free(o->slab);
+  if (o->fs.release) o->fs.release(o->fs.ctx);
+  free(o->slab);
   free(o);
 }
 
-/* View `name` of o's file, (E, a) or (E, a, b) (b 0: 2 dims), F32, BF16 or F16. */
-static moe_status plain_view(const oss_reader *o, const moe_lm_config *c, const char *what, int64_t a, int64_t b,
-                             moe_tensor_view *v) {
+/* View `name` of its shard into p, (E, a) or (E, a, b) (b 0: 2 dims), F32, BF16 or F16. */
+static moe_status plain_view(oss_reader *o, const moe_lm_config *c, const char *what, int64_t a, int64_t b, part *p) {
   char name[128];
   snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s", o->layer, what);
-  MOE_CHECK(moe_st_get(o->f, name, v));
+  moe_st *f;
+  MOE_CHECK(shard_of(o, name, &f));
+  p->f = f;
+  MOE_CHECK(moe_st_get(f, name, &p->v));
   int64_t want[3] = {c->moe.E, a, b};
-  MOE_CHECK(moe__st_expect_shape(o->f, v, name, b ? 3 : 2, want));
-  MOE_TRY(v->dtype == MOE_DT_F32 || v->dtype == MOE_DT_BF16 || v->dtype == MOE_DT_F16, MOE_ERR_DTYPE,
-          "%s: tensor '%s' is %s, want F32, BF16 or F16", moe_st_path(o->f), name, moe_dtype_name(v->dtype));
+  MOE_CHECK(moe__st_expect_shape(f, &p->v, name, b ? 3 : 2, want));
+  MOE_TRY(p->v.dtype == MOE_DT_F32 || p->v.dtype == MOE_DT_BF16 || p->v.dtype == MOE_DT_F16, MOE_ERR_DTYPE,
+          "%s: tensor '%s' is %s, want F32, BF16 or F16", moe_st_path(f), name, moe_dtype_name(p->v.dtype));
   return MOE_OK;
 }
 
-moe_status moe__gptoss_expert_reader(const moe_st *f, const moe_lm_config *c, int i, moe__expert_reader *r) {
+moe_status moe__gptoss_expert_reader(const moe__st_files *fs, const moe_lm_config *c, int i, moe__expert_reader *r) {
   oss_reader *o = calloc(1, sizeof *o);
+  if (!o && fs->release) fs->release(fs->ctx);
   MOE_TRY(o, MOE_ERR_NOMEM, "expert reader: out of memory");
-  o->f = f, o->layer = i, o->H = c->moe.H, o->D = c->moe.D;
+  o->fs = *fs, o->layer = i, o->H = c->moe.H, o->D = c->moe.D;
   int64_t H = o->H, D = o->D;
   char gu[96], dn[96];
   snprintf(gu, sizeof gu, "model.layers.%d.mlp.experts.gate_up_proj", i);
   snprintf(dn, sizeof dn, "model.layers.%d.mlp.experts.down_proj", i);
-  o->mx = !moe_st_has(f, gu);
-  moe__lm_reader rd = {o, one_file, NULL};
+  const moe_st *plain = NULL;
+  moe_status st = fs->file_of(fs->ctx, gu, 0, &plain);
+  o->mx = !plain;
+  moe__lm_reader rd = {o, shard_of, NULL};
   const conv gate = {i, 1, 0}, down = {i, 2, 0};
   size_t bytes = 0, floats = (size_t)(D * 2 * H);
-  moe_status st = plain_view(o, c, "gate_up_proj_bias", 2 * H, 0, &o->gub);
+  if (st == MOE_OK) st = plain_view(o, c, "gate_up_proj_bias", 2 * H, 0, &o->gub);
   if (st == MOE_OK) st = plain_view(o, c, "down_proj_bias", D, 0, &o->dnb);
   if (st == MOE_OK && o->mx) {
     st = mx_open(&rd, c, &gate, gu, &o->mgu);
@@ -332,7 +379,7 @@ moe_status moe__gptoss_expert_reader(const moe_st *f, const moe_lm_config *c, in
   } else if (st == MOE_OK) {
     st = plain_view(o, c, "gate_up_proj", D, 2 * H, &o->gu);
     if (st == MOE_OK) st = plain_view(o, c, "down_proj", H, D, &o->dn);
-    if (st == MOE_OK) bytes = (size_t)(3 * H * D) * moe_dtype_size(o->gu.dtype);
+    if (st == MOE_OK) bytes = (size_t)(3 * H * D) * moe_dtype_size(o->gu.v.dtype);
   }
   if (st == MOE_OK && !(o->slab = malloc(floats * 4)))
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert reader: out of memory for an expert of '%s'", gu);
@@ -340,7 +387,7 @@ moe_status moe__gptoss_expert_reader(const moe_st *f, const moe_lm_config *c, in
     oss_free(o);
     return st;
   }
-  bytes += (size_t)(2 * H) * moe_dtype_size(o->gub.dtype) + (size_t)D * moe_dtype_size(o->dnb.dtype);
+  bytes += (size_t)(2 * H) * moe_dtype_size(o->gub.v.dtype) + (size_t)D * moe_dtype_size(o->dnb.v.dtype);
   *r = (moe__expert_reader){.ctx = o, .read = oss_read, .free = oss_free, .file_bytes = bytes};
   return MOE_OK;
 }

@@ -10,6 +10,7 @@
 #ifndef MOE_LM_GPTOSS_H
 #define MOE_LM_GPTOSS_H
 
+#include "lm_gguf.h"
 #include "moe.h"
 #include "sources/cache_reader.h"
 
@@ -37,10 +38,21 @@ int moe__gptoss_source(const moe_lm_config *c, const char *name);
 /* num_local_experts, hidden_size and intermediate_size of c against layer i's gate_up_proj (or its
  * blocks), before anything of their size is allocated: MOE_ERR_SHAPE naming dir's config.json. */
 moe_status moe__gptoss_check_sizes(const moe__lm_reader *rd, const char *dir, const moe_lm_config *c, int i);
-/* Layer i's experts of a gpt-oss model c read one at a time from f (the checkpoint's one file) for an
- * expert cache (streamed or buffered experts): expert e's slabs of the fused tensors (or of their MXFP4
- * blocks and scales; the leading dimension is the expert) converted by the code moe__gptoss_read_ref
- * converts all of them with, so that the slots hold the resident model's values. */
-moe_status moe__gptoss_expert_reader(const moe_st *f, const moe_lm_config *c, int i, moe__expert_reader *r);
+/* Layer i's experts of a gpt-oss model c read one at a time from fs (the checkpoint's model.safetensors,
+ * or the shards of its index: each fused tensor from the shard that holds it, found here; the reader
+ * takes fs's reference, also on an error) for an expert cache (streamed or buffered experts) or a
+ * conversion: expert e's slabs of the fused tensors (or of their MXFP4 blocks and scales; the leading
+ * dimension is the expert) converted by the code moe__gptoss_read_ref converts all of them with, so that
+ * the slots hold the resident model's values; an out[t] NULL is not read. */
+moe_status moe__gptoss_expert_reader(const moe__st_files *fs, const moe_lm_config *c, int i, moe__expert_reader *r);
+
+/* The checkpoint tensors moe_lm_save writes for layer i's experts, in its order: k 0 gate_up_proj
+ * (E, D, 2H), 1 gate_up_proj_bias (E, 2H), 2 down_proj (E, H, D), 3 down_proj_bias (E, D); the k-th's
+ * name and shape into name (n bytes) and shape, its dimensions returned (0: no k-th). */
+int moe__gptoss_fused(const moe_lm_config *c, int i, int k, char *name, size_t n, int64_t shape[3]);
+/* Expert e's slab of the k-th into dst (fp32, the checkpoint's layout) from its converted tensors read
+ * from in, where the model does not hold them (moe_lm_convert's save); an error names `what`. */
+moe_status moe__gptoss_fused_read(const moe_lm_config *c, int i, int k, moe__lm_expert_src *in, int e, float *dst,
+                                  const char *what);
 
 #endif

@@ -855,18 +855,21 @@ static char *config_json(const moe_lm_config *c) {
 }
 
 /* A tensor of the saved file, made at save (the writer's fill): a ref's fp32 values copied a chunk at a
- * time, or an expert's projection the model does not hold, read from the checkpoint whole into the
- * writer's buffer. */
+ * time, or an expert's tensor the model does not hold, read from the checkpoint whole into the writer's
+ * buffer (gpt-oss's fused tensors an expert's slab a chunk, lm_gptoss.h). */
 typedef struct {
   const float *x;       /* or NULL: read */
   moe__lm_expert_src *in;
-  int layer, proj, e;
+  const moe_lm_config *oss; /* or NULL; else fused tensor t of the layer, expert by expert */
+  int layer, t, e;      /* the reader's tensor t of expert e (lm_gguf.h) */
+  size_t chunk;         /* bytes made at a time: an expert's slab, or 0: the whole tensor */
   char name[64];
 } saved;
 
 static moe_status fill_saved(void *ctx, size_t off, void *dst, size_t n) {
   const saved *t = ctx;
-  if (!t->x) return moe__lm_expert_src_read(t->in, t->layer, t->proj, t->e, dst, t->name);
+  if (t->oss) return moe__gptoss_fused_read(t->oss, t->layer, t->t, t->in, (int)(off / t->chunk), dst, t->name);
+  if (!t->x) return moe__lm_expert_src_read(t->in, t->layer, t->t, t->e, dst, t->name);
   memcpy(dst, (const char *)t->x + off, n);
   return MOE_OK;
 }
@@ -881,34 +884,46 @@ static moe_status add_saved(moe_st_writer *w, saved ***ts, int *n, saved t, int 
   MOE_TRY(p, MOE_ERR_NOMEM, "tensor '%s': out of memory", t.name);
   *p = t;
   g[(*n)++] = p;
-  return moe_st_writer_add_fill(w, p->name, MOE_DT_F32, ndim, shape, p->x ? SAVE_CHUNK : 0, fill_saved, p);
+  return moe_st_writer_add_fill(w, p->name, MOE_DT_F32, ndim, shape, p->x ? SAVE_CHUNK : p->chunk, fill_saved, p);
 }
 
 /* Layer i's experts under their Hugging Face names, read from in at save: where the refs of a model
- * holding them would be (after the router and its selection bias), in their order. */
+ * holding them would be (after the router and its selection bias, or gpt-oss's router bias), in their
+ * order; gpt-oss's as its fused tensors. */
 static moe_status add_streamed_experts(const moe_lm_t *m, moe_st_writer *w, moe__lm_expert_src *in, int i,
                                        saved ***ts, int *n) {
   const moe__lm_family_info *f = moe__lm_family(m->cfg.family);
-  int64_t D = m->cfg.moe.D, H = m->cfg.moe.H;
+  int64_t D = m->cfg.moe.D, H = m->cfg.moe.H, shape[3];
+  if (m->cfg.family == MOE_LM_GPT_OSS) {
+    saved t = {.in = in, .oss = &m->cfg, .layer = i};
+    for (int nd; (nd = moe__gptoss_fused(&m->cfg, i, t.t, t.name, sizeof t.name, shape)); t.t++) {
+      t.chunk = (size_t)(shape[1] * (nd == 3 ? shape[2] : 1)) * sizeof(float);
+      MOE_CHECK(add_saved(w, ts, n, t, nd, shape));
+    }
+    return MOE_OK;
+  }
   for (int e = 0; e < m->cfg.moe.E; e++)
     for (int j = 0; j < 3; j++) {
-      saved t = {.in = in, .layer = i, .proj = f->fc[j], .e = e};
+      int k = f->fc[j]; /* fc2 (down) is (D, H) */
+      saved t = {.in = in, .layer = i, .t = 2 * k, .e = e};
       snprintf(t.name, sizeof t.name, "model.layers.%d.%s.experts.%d.%s.weight", i, f->ffn, e, f->expert[j]);
-      int64_t shape[2] = {t.proj == 1 ? D : H, t.proj == 1 ? H : D};
+      shape[0] = k == 1 ? D : H, shape[1] = k == 1 ? H : D;
       MOE_CHECK(add_saved(w, ts, n, t, 2, shape));
     }
   return MOE_OK;
 }
 
-/* Whether ref r is the last of layer i's refs before its experts' (the router, or its selection bias)
- * in a model whose layer i holds no experts. */
+/* Whether ref r is the last of layer i's refs before its experts' (the router, its selection bias, or
+ * gpt-oss's router bias) in a model whose layer i holds no experts. */
 static int experts_follow(const moe_lm_t *m, const moe_tensor_ref *r, int *i) {
   const moe__lm_family_info *f = moe__lm_family(m->cfg.family);
   char want[128];
   if (sscanf(r->name, "model.layers.%d.", i) != 1 || *i < 0 || *i >= m->cfg.n_layers || moe_lm_layer_dense(&m->cfg, *i) ||
       moe_layer_param(&m->layers[*i], "experts.fc1.weight"))
     return 0;
-  if (m->cfg.moe.select_bias) snprintf(want, sizeof want, "model.layers.%d.%s.gate.e_score_correction_bias", *i, f->ffn);
+  if (m->cfg.family == MOE_LM_GPT_OSS) snprintf(want, sizeof want, "model.layers.%d.mlp.router.bias", *i);
+  else if (m->cfg.moe.select_bias)
+    snprintf(want, sizeof want, "model.layers.%d.%s.gate.e_score_correction_bias", *i, f->ffn);
   else snprintf(want, sizeof want, "model.layers.%d.%s.%s.weight", *i, f->ffn, f->router);
   return !strcmp(r->name, want);
 }

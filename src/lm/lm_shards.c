@@ -59,7 +59,8 @@ static moe_status open_file(moe__lm_shards *s, int i, const char *what) {
   return st;
 }
 
-int moe__lm_shards_indexed(const char *dir) {
+/* Whether dir has an index (its checkpoint is sharded). */
+static int indexed(const char *dir) {
   char path[4096];
   snprintf(path, sizeof path, "%s/" MOE_LM_INDEX_JSON, dir);
   return access(path, F_OK) == 0;
@@ -68,7 +69,7 @@ int moe__lm_shards_indexed(const char *dir) {
 static moe_status read_index(moe__lm_shards *s) {
   char path[4096];
   snprintf(path, sizeof path, "%s/" MOE_LM_INDEX_JSON, s->dir);
-  if (!moe__lm_shards_indexed(s->dir)) return add_file(s, "model.safetensors");
+  if (!indexed(s->dir)) return add_file(s, "model.safetensors");
   cJSON *root;
   MOE_CHECK(moe__json_read(path, "index", (size_t)1 << 26, &root));
   s->index = root;

@@ -23,8 +23,6 @@ typedef struct {
 /* dir's files; all: open each now (a missing or malformed one is an error here). *out NULL on an error. */
 moe_status moe__lm_shards_open(moe__lm_shards **out, const char *dir, int all);
 void moe__lm_shards_release(moe__lm_shards *s);
-/* Whether dir has an index (its checkpoint is sharded). */
-int moe__lm_shards_indexed(const char *dir);
 /* The file holding tensor `name` into *f, opened now if it was not (an error names the shard and the
  * tensor); a name the index lacks is an error naming both, and with one file every name is its. */
 moe_status moe__lm_shard_of(moe__lm_shards *s, const char *name, moe_st **f);

@@ -1,9 +1,9 @@
 /* Experts streamed from the checkpoint under a memory budget (moe.h, moe_lm_load_streaming): the model
  * is loaded with external experts (moe_lm_load reads no expert tensor then), each MoE layer gets an
  * expert cache over the checkpoint's file, or the shards of its index (lm_shards.h: each shard opened
- * once, on its first expert tensor, and shared by every layer's cache), with its share of the budget,
- * and the layer hook (lm_stream.h) predicts the next MoE layer's experts from the current layer's hidden
- * state and prefetches them. */
+ * once, on its first expert tensor, and shared by every layer's cache; gpt-oss's fused tensors too,
+ * each from its shard), with its share of the budget, and the layer hook (lm_stream.h) predicts the next
+ * MoE layer's experts from the current layer's hidden state and prefetches them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,31 +102,21 @@ static moe_status predict(void *ctx, const moe_lm_t *m, int i, const float *h, i
   return moe_expert_cache_prefetch(p->caches[j], p->list, n);
 }
 
-moe_status moe__lm_expert_files(const moe_lm_t *m, const char *dir, moe_lm_experts *x, moe__lm_shards **files) {
-  *files = NULL;
-  if (m->cfg.family != MOE_LM_GPT_OSS) return moe__lm_shards_open(files, dir, 0);
-  MOE_TRY(!moe__lm_shards_indexed(dir), MOE_ERR_ARG,
-          "%s: gpt-oss's experts are read from one model.safetensors; a sharded gpt-oss checkpoint is not supported here", dir);
-  char path[4096];
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  return moe_st_open_lazy(&x->file, path);
-}
-
 moe_status moe__lm_open_cache(const moe_lm_t *m, moe_lm_experts *x, moe__lm_shards *files, int i,
                               const moe_layer_config *lc, int K, moe_cache_policy p) {
+  moe__st_files fs;
+  moe__lm_shards_files(files, &fs);
   if (m->cfg.family == MOE_LM_GPT_OSS) {
     moe__expert_reader r;
-    MOE_CHECK(moe__gptoss_expert_reader(x->file, &m->cfg, i, &r));
+    MOE_CHECK(moe__gptoss_expert_reader(&fs, &m->cfg, i, &r));
     return moe__expert_cache_open_reader(&x->caches[i], lc, K, p, &r);
   }
   char prefix[96];
   snprintf(prefix, sizeof prefix, "model.layers.%d.%s.experts.", i, moe__lm_family(m->cfg.family)->ffn);
-  moe__st_files fs;
-  moe__lm_shards_files(files, &fs);
   return moe__expert_cache_open_files(&x->caches[i], &fs, prefix, lc, K, p);
 }
 
-/* Each MoE layer's cache over the checkpoint's files (moe__lm_expert_files), or its reader rd[i] (rd not
+/* Each MoE layer's cache over the checkpoint's files (lm_shards.h), or its reader rd[i] (rd not
  * NULL: GGUF files; each taken by its cache, its free set NULL), of K[j] slots for the j-th MoE layer. */
 static moe_status open_caches(moe_lm_t *m, moe_lm_experts *x, moe__lm_shards *files, moe__expert_reader *rd,
                               const int *K, moe_cache_policy policy, int keep) {
@@ -187,7 +177,7 @@ moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_conf
   moe_status st = K && slot && (rd || !gguf) ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
   if (st == MOE_OK) st = slot_sizes(m, dir, rd, slot);
   if (st == MOE_OK) st = moe__lm_stream_slots(m, s, slot, K);
-  if (st == MOE_OK && !gguf) st = moe__lm_expert_files(m, dir, x, &files);
+  if (st == MOE_OK && !gguf) st = moe__lm_shards_open(&files, dir, 0);
   if (st == MOE_OK && !(x->caches = calloc((size_t)x->n, sizeof *x->caches)))
     st = moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "expert caches: out of memory");
   if (st == MOE_OK) st = open_caches(m, x, files, rd, K, s->policy, s->keep_page_cache);

@@ -10,13 +10,10 @@
 /* h: (N, D) layer i's residual stream after its attention (the input of its post-attention norm). */
 typedef moe_status (*moe__lm_layer_hook)(void *ctx, const moe_lm_t *m, int i, const float *h, int N, int nt);
 void moe__lm_set_hook(moe_lm_t *m, moe__lm_layer_hook fn, void *ctx);
-/* The files dir's experts are read from: its shards (lm_shards.h, each opened on its first expert tensor)
- * into *files, or for gpt-oss (its reader reads one file) its model.safetensors into x->file, *files
- * NULL; a sharded gpt-oss directory is an error. */
-moe_status moe__lm_expert_files(const moe_lm_t *m, const char *dir, moe_lm_experts *x, moe__lm_shards **files);
-/* Layer i's expert cache of K slots (policy p) over the files (each layer's cache takes a reference), for
- * layer config lc, into x->caches[i]: the family's tensors per expert or stacked, from whichever shard
- * holds each, or gpt-oss's fused tensors in x->file through its reader (lm_gptoss.h). */
+/* Layer i's expert cache of K slots (policy p) over the files (lm_shards.h: dir's model.safetensors or
+ * the shards of its index; each layer's cache takes a reference), for layer config lc, into
+ * x->caches[i]: the family's tensors per expert or stacked, or gpt-oss's fused tensors through its
+ * reader (lm_gptoss.h), each from whichever shard holds it. */
 moe_status moe__lm_open_cache(const moe_lm_t *m, moe_lm_experts *x, moe__lm_shards *files, int i,
                               const moe_layer_config *lc, int K, moe_cache_policy p);
 /* The slots of each MoE layer (K[j] for the j-th, whose slots take slot[j] bytes) from s's budget and
