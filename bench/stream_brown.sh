@@ -1,7 +1,7 @@
 #!/bin/sh
 # Experts streamed under a small memory budget on the trained Brown LM (DESIGN 4.11, issue 42): hit rate,
-# tokens/s, bytes read per token, stall and the prefetch's precision and recall of each policy with and
-# without prefetch, beside the hit rate `moe cachesim` predicts for the same policy (equal without prefetch:
+# tokens/s, bytes read per token, stall and the prefetch's precision and recall of each policy with
+# prefetch off, on and auto (read ahead where it pays), beside the hit rate `moe cachesim` predicts for the same policy (equal without prefetch:
 # the cache misses what the simulator says) and Belady's MIN, the bound, on the trace of the same run;
 # then LRU with the slots placed by the trace's simulated misses and with half of each layer's slots pinned
 # from it. Each run's ids are checked against the whole model's (column same).
@@ -59,7 +59,7 @@ print("%-16s %8s %9.3f %s %10.1f %12.0f %8.3f %9.3f %7.3f %5s" % (name, ahead, x
 PYEOF
 }
 for p in lifo lru fifo lfu lfru; do
-  for a in off on; do
+  for a in off on auto; do
     gen --memory-budget "$BUDGET" --policy "$p" --prefetch "$a" >"$OUT/$p-$a.json"
     row "$p" "$a" "$OUT/$p-$a.json"
   done
@@ -68,6 +68,6 @@ $PY -c 'import json,sys; o=[json.loads(l) for l in open(sys.argv[1]) if "\"overa
 print("%-16s %8s %9s %9.3f   (the bound: Belady MIN over the same trace)" % ("belady", "-", "-", 1 - o["miss_rate"]["belady"]))' \
   "$OUT/cachesim.json"
 gen --memory-budget "$BUDGET" --placement miss-cost --placement-trace "$OUT/trace.csv" >"$OUT/lru-place.json"
-row "lru miss-cost" on "$OUT/lru-place.json"
+row "lru miss-cost" auto "$OUT/lru-place.json"
 gen --memory-budget "$BUDGET" --pin-from "$OUT/trace.csv" >"$OUT/lru-pin.json"
-row "lru pinned" on "$OUT/lru-pin.json"
+row "lru pinned" auto "$OUT/lru-pin.json"
