@@ -439,8 +439,8 @@ typedef struct {
                              MXFP4, BF16, F16):
                              the experts' weights are bytes of that type, for inference (backward is
                              MOE_ERR_ARG), given with moe_layer_bind_experts; the parameter table then
-                             has no experts.*.weight (experts.fc1/fc2/fc3.bias stay fp32). Needs D and H
-                             multiples of the type's block, dtype f32, pipeline 1, no dist, no inner
+                             has no experts.*.weight (experts.fc1/fc2/fc3.bias stay fp32). It is fc1's
+                             type: needs D a multiple of its block (fc2's type, H), dtype f32, pipeline 1, no dist, no inner
                              experts; with external_experts, an expert cache whose slots hold the
                              stored types' bytes (moe_lm_load_streaming of a GGUF file). See also
                              moe_layer_quantize_experts */
@@ -568,8 +568,9 @@ moe_status moe_layer_quantize_experts(moe_layer_t *l, moe_gguf_type type);
 moe_status moe_layer_bind_experts(moe_layer_t *l, moe_gguf_type type, const void *fc1, const void *fc2,
                                   const void *fc3);
 /* The same with a type for each of fc1, fc2, fc3 (types[2] unused without swiglu or swiglu_oai), as
- * llama.cpp's mixed files (Q4_K_M: some down projections Q6_K beside Q4_K gates) store them; each type must have kernels
- * and hold D and H in whole blocks. The layer's expert_type becomes fc1's. */
+ * llama.cpp's mixed files (Q4_K_M: some down projections Q6_K beside Q4_K gates; a Q8_0 down projection
+ * where H is not a multiple of 256) store them; each type must have kernels and hold its rows in whole
+ * blocks (fc1's and fc3's D values, fc2's H). The layer's expert_type becomes fc1's. */
 moe_status moe_layer_bind_experts_typed(moe_layer_t *l, const moe_gguf_type types[3], const void *fc1, const void *fc2,
                                         const void *fc3);
 /* The type fc (1, 2 or 3) of the layer's experts is computed in: the bound or quantized type, else F32. */

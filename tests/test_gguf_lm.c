@@ -225,24 +225,25 @@ static int round_weights(moe_lm_t *m, moe_gguf_type t) {
   return 1;
 }
 
-/* A model of family fam whose widths are multiples of 256 (the K-quants' block) written as type t and
- * loaded twice. Read as it is, its experts stay in t (bound, DESIGN 4.8b): its logits within *err (the
+/* A model of family fam of D 256 and expert width H written as type t (a K-quant's down projection,
+ * whose rows are H long, as Q8_0 where H is not a multiple of 256, as llama.cpp writes it) and loaded
+ * twice. Read as it is, its experts stay in t (bound, DESIGN 4.8b): its logits within *err (the
  * largest distance relative to the largest logit) of the F32 model's, and within *act of those of the
  * model with every weight dequantized (the quantized activations' part). Loaded with expert_type -1,
  * every weight dequantized: exactly the logits of the model with round_weights' weights. Norms and the
  * router must have stayed F32, the weights taken t. */
-static int quantized_case(moe_lm_family fam, moe_gguf_type t, double *err, double *act) {
+static int quantized_case(moe_lm_family fam, moe_gguf_type t, int H, double *err, double *act) {
   moe_lm_config c;
   moe_lm_config_default(&c);
   c.family = fam;
   c.vocab = 64, c.n_layers = 1, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.max_seq = 32;
-  c.moe.D = 256, c.moe.H = 256, c.moe.E = 3, c.moe.top_k = 2;
+  c.moe.D = 256, c.moe.H = H, c.moe.E = 3, c.moe.top_k = 2;
   if (fam == MOE_LM_QWEN3_MOE) c.qk_norm = MOE_QK_NORM_HEAD;
   moe_lm_t m, q;
   if (moe_lm_init(&m, &c) != MOE_OK) return 0;
   moe_lm_init_params(&m, 7);
   char path[512], name[64];
-  snprintf(name, sizeof name, "q_%d_%d.gguf", (int)fam, (int)t);
+  snprintf(name, sizeof name, "q_%d_%d_%d.gguf", (int)fam, (int)t, H);
   test_tmp_path(name, path, sizeof path);
   moe_lm_gguf_options o = {t, NULL, NULL};
   moe_lm_config cq;
@@ -275,7 +276,8 @@ static int quantized_case(moe_lm_family fam, moe_gguf_type t, double *err, doubl
   if (ok && moe_gguf_open(&g, path) == MOE_OK) {
     ok = moe_gguf_tensor_get(g, "blk.0.attn_norm.weight", &norm) == MOE_OK && norm.type == MOE_GGUF_F32 &&
          moe_gguf_tensor_get(g, "blk.0.ffn_gate_inp.weight", &router) == MOE_OK && router.type == MOE_GGUF_F32 &&
-         moe_gguf_tensor_get(g, "blk.0.ffn_down_exps.weight", &exps) == MOE_OK && exps.type == t &&
+         moe_gguf_tensor_get(g, "blk.0.ffn_down_exps.weight", &exps) == MOE_OK &&
+         exps.type == (H % moe_gguf_type_block(t) ? MOE_GGUF_Q8_0 : t) &&
          moe_gguf_tensor_get(g, "token_embd.weight", &embd) == MOE_OK && embd.type == t;
     moe_gguf_close(g);
   }
@@ -287,22 +289,23 @@ static int quantized_case(moe_lm_family fam, moe_gguf_type t, double *err, doubl
 
 /* Tolerances for the logits' largest error relative to the largest logit, weights ~ N(0, 0.02) through
  * two layers: measured about 0.01 for Q8_0 (8-bit rows) and 0.12 for Q4_K (4 bits, 16x the step);
- * asserted with room: 0.03 and 0.3. A misread block layout gives errors of the logits' own size. */
+ * asserted with room: 0.03 and 0.3. A misread block layout gives errors of the logits' own size. Expert
+ * width 384 (1.5 K-quant blocks, as Qwen1.5-MoE's and DeepSeek-V2-Lite's 1408 are 5.5): Q4_K gate and up
+ * stacks beside a Q8_0 down stack, kept in those types too. */
 TEST(gguf_lm_q8_0_and_q4_k_logits_near_f32) {
-  const struct { moe_gguf_type t; double tol; } types[] = {{MOE_GGUF_Q8_0, 0.03}, {MOE_GGUF_Q4_K, 0.3}};
-  const moe_lm_family fams[] = {MOE_LM_MIXTRAL, MOE_LM_QWEN3_MOE};
-  for (int f = 0; f < 2; f++)
-    for (int i = f; i < 2; i++) { /* Qwen3-MoE: Q4_K only, to keep the test short */
-      double e, a;
-      int ok = quantized_case(fams[f], types[i].t, &e, &a);
-      fprintf(stderr, "  %s %s: largest logit error / largest logit %.4f (tolerance %.2f), %.4f of it from the "
-              "quantized activations (tolerance 0.03)\n", moe_lm_family_name(fams[f]), moe_gguf_type_name(types[i].t),
-              e, types[i].tol, a);
-      if (!ok) FAIL_("%s %s: not written or loaded, experts not kept in the type, logits not those of the rounded "
-                     "weights, or tensors of the wrong types: %s", moe_lm_family_name(fams[f]),
-                     moe_gguf_type_name(types[i].t), moe_last_error());
-      ASSERT(e > 0 && e < types[i].tol && a > 0 && a < 0.03);
-    }
+  const struct { moe_lm_family fam; moe_gguf_type t; int H; double tol; } cases[] = {
+      {MOE_LM_MIXTRAL, MOE_GGUF_Q8_0, 256, 0.03}, {MOE_LM_MIXTRAL, MOE_GGUF_Q4_K, 256, 0.3},
+      {MOE_LM_QWEN3_MOE, MOE_GGUF_Q4_K, 256, 0.3}, {MOE_LM_MIXTRAL, MOE_GGUF_Q4_K, 384, 0.3}};
+  for (int i = 0; i < 4; i++) {
+    double e, a;
+    const char *fam = moe_lm_family_name(cases[i].fam), *type = moe_gguf_type_name(cases[i].t);
+    int ok = quantized_case(cases[i].fam, cases[i].t, cases[i].H, &e, &a);
+    fprintf(stderr, "  %s %s, H %d: largest logit error / largest logit %.4f (tolerance %.2f), %.4f of it from the "
+            "quantized activations (tolerance 0.03)\n", fam, type, cases[i].H, e, cases[i].tol, a);
+    if (!ok) FAIL_("%s %s, H %d: not written or loaded, experts not kept in the type, logits not those of the rounded "
+                   "weights, or tensors of the wrong types: %s", fam, type, cases[i].H, moe_last_error());
+    ASSERT(e > 0 && e < cases[i].tol && a > 0 && a < 0.03);
+  }
 }
 
 /* ---- bad files: a converted file rewritten with one thing changed ---- */

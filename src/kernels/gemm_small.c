@@ -252,8 +252,31 @@ typedef void (*dot_fn)(int K, const float *A, long lda, const float *B, long ldb
                              float beta, int skip, long pf) {                                               \
     dot_tile(m, nb, K, A, lda, B, ldb, C, ldc, beta, skip, pf);                                             \
   }
-DOT(1, 16) DOT(2, 8) DOT(3, 5) DOT(4, 4) DOT(5, 3) DOT(6, 2) DOT(7, 2) DOT(8, 2)
+DOT(2, 8) DOT(3, 5) DOT(4, 4) DOT(5, 3) DOT(6, 2) DOT(7, 2) DOT(8, 2)
 DOT(1, 1) DOT(2, 1) DOT(3, 1) DOT(4, 1) DOT(5, 1) DOT(6, 1) DOT(7, 1) DOT(8, 1)
+/* One row of A against 16 of B: dot_tile's sums, B's rows taken one after another rather than side by
+ * side, so that a decode's single row streams the weights in the order they lie, one stream for the
+ * hardware prefetcher and no software prefetch (16 interleaved streams with their prefetches: 15-20%
+ * slower on a Mixtral-shaped F32 decode, 10-25% on a Qwen3-shaped one, Zen 4); each row's sum the
+ * same chain of multiply-adds as dot_tile's, so the same bits. */
+static void dot_1_16(int K, const float *A, long lda, const float *B, long ldb, float *C, long ldc, float beta,
+                         int skip, long pf) {
+  (void)lda, (void)ldc, (void)pf;
+  __m512 acc[16];
+  for (int j = 0; j < 16; j++) {
+    const float *b = B + j * ldb;
+    __m512 s = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += 16) {
+      __mmask16 mk = lanes(K - k);
+      s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, A + k), _mm512_maskz_loadu_ps(mk, b + k), s);
+    }
+    acc[j] = s;
+  }
+  float t[16] __attribute__((aligned(64)));
+  _mm512_store_ps(t, sum16(acc));
+  for (int j = skip; j < 16; j++) C[j] = t[j] + (beta != 0.0f ? beta * C[j] : 0.0f); /* beta 0 overwrites NaN */
+}
+
 /* per m: the widest tile, and one B row for panels narrower than that */
 static const dot_fn dots[DOT_ROWS][2] = {{dot_1_16, dot_1_1}, {dot_2_8, dot_2_1}, {dot_3_5, dot_3_1},
                                       {dot_4_4, dot_4_1},  {dot_5_3, dot_5_1}, {dot_6_2, dot_6_1},

@@ -114,14 +114,17 @@ static moe_status check_routing(const moe_layer_config *c) {
   return MOE_OK;
 }
 
-moe_status moe__expert_type_check(const moe_layer_config *c, int type, const char *what) {
+moe_status moe__expert_type_check(const moe_layer_config *c, int type, int rows, const char *what) {
   const char *name = moe_gguf_type_name((moe_gguf_type)type);
   MOE_TRY(moe__qdot_has((moe_gguf_type)type), MOE_ERR_ARG,
           "%s: experts of type %s (%d) have no kernels here: want Q8_0, Q4_0, Q4_K, Q5_K, Q6_K or MXFP4 (F32 and BF16: dtype)",
           what, name ? name : "unknown", type);
   int b = moe_gguf_type_block((moe_gguf_type)type);
-  MOE_TRY(c->D % b == 0 && c->H % b == 0, MOE_ERR_ARG, "%s: %s experts need D and H multiples of its block of %d, got D=%d H=%d",
-          what, name, b, c->D, c->H);
+  MOE_TRY(!(rows & MOE__ROWS_D) || c->D % b == 0, MOE_ERR_ARG,
+          "%s: %s gate and up projections (rows of D values) need D a multiple of its block of %d, got D=%d", what, name, b,
+          c->D);
+  MOE_TRY(!(rows & MOE__ROWS_H) || c->H % b == 0, MOE_ERR_ARG,
+          "%s: %s down projections (rows of H values) need H a multiple of its block of %d, got H=%d", what, name, b, c->H);
   MOE_TRY(c->dtype == MOE_DT_F32, MOE_ERR_ARG, "%s: %s experts with dtype %s: the dtype is that of fp32 experts' GEMMs, keep it f32",
           what, name, moe_dtype_name(c->dtype));
   MOE_TRY(!c->dist, MOE_ERR_ARG, "%s: %s experts are not expert-parallel (dist) yet", what, name);
@@ -185,7 +188,7 @@ static moe_status check_config(const moe_layer_config *c) {
   MOE_TRY(!c->external_experts || (c->dispatch == MOE_DISPATCH_DYNAMIC && !c->inner_experts), MOE_ERR_ARG,
           "config: buffered experts need dispatch=dynamic and no hierarchical experts");
   MOE_TRY(c->expert_type >= -1, MOE_ERR_ARG, "config: expert_type must be -1 or a moe_gguf_type, got %d", c->expert_type);
-  if (c->expert_type > 0) MOE_CHECK(moe__expert_type_check(c, c->expert_type, "config"));
+  if (c->expert_type > 0) MOE_CHECK(moe__expert_type_check(c, c->expert_type, MOE__ROWS_D, "config")); /* fc1's type */
   MOE_CHECK(check_pipeline(c, c->pipeline, c->memory_reuse));
   MOE_CHECK(check_routing(c));
   MOE_TRY(c->inner_experts == 0 || (c->inner_top_k >= 1 && c->inner_top_k <= c->inner_experts), MOE_ERR_ARG,

@@ -103,7 +103,10 @@ void moe__qffn_forward(const moe__qffn *q, const moe_layer_t *l, const moe__grou
 /* Whether configuration c can have its experts in GGUF type `type` (kernels for it, D and H whole
  * blocks, f32 dtype, one process, no inner experts, pipeline 1; external experts: an expert cache's slots
  * in stored types); `what` starts the error. */
-moe_status moe__expert_type_check(const moe_layer_config *c, int type, const char *what);
+/* rows: which weights' rows are of that type: MOE__ROWS_D (fc1 and fc3, D long), MOE__ROWS_H (fc2, H
+ * long), or both; their lengths must be whole blocks of the type. */
+enum { MOE__ROWS_D = 1, MOE__ROWS_H = 2 };
+moe_status moe__expert_type_check(const moe_layer_config *c, int type, int rows, const char *what);
 
 /* How tokens move between the dispatch rows and the experts' groups (DESIGN 3.2). init makes the
  * transport's own state (self: its exchanges' tickets, staging, rank blocks and permutations; NULL:

@@ -173,9 +173,10 @@ static moe_status read_family(const moe_gguf *g, const char *arch, moe_lm_config
   return MOE_OK;
 }
 
-/* When every MoE layer's three expert stacks are of types with kernels that hold D and H in whole
- * blocks (one type, or a mix such as llama.cpp's _M files make: Q4_K gates beside Q6_K down
- * projections), the first gate stack's type: the experts then stay in their types (bound, DESIGN
+/* When every MoE layer's three expert stacks are of types with kernels whose rows (D long for the gate
+ * and up stacks, H for the down one) are whole blocks (one type, or a mix such as llama.cpp's _M files
+ * make: Q4_K gates beside Q6_K down projections, or a Q8_0 down projection where H is not a multiple of
+ * 256), the first gate stack's type: the experts then stay in their types (bound, DESIGN
  * 4.8b); else -1 (dequantized). */
 static int experts_type(const moe_gguf *g, const moe_lm_config *c) {
   static const char *const stacks[3] = {"gate", "up", "down"};
@@ -186,8 +187,7 @@ static int experts_type(const moe_gguf *g, const moe_lm_config *c) {
       moe_gguf_tensor t;
       snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i, stacks[j]);
       if (moe_gguf_tensor_get(g, name, &t) != MOE_OK || !moe__qdot_has(t.type)) return -1;
-      int b = moe_gguf_type_block(t.type);
-      if (c->moe.D % b || c->moe.H % b) return -1;
+      if ((j < 2 ? c->moe.D : c->moe.H) % moe_gguf_type_block(t.type)) return -1; /* rows of whole blocks */
       if (first < 0) first = (int)t.type;
     }
   return first;

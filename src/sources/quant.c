@@ -239,11 +239,12 @@ static moe_status requantize(quant_self *q, const moe_layer_t *l) {
   return MOE_OK;
 }
 
-/* The layer switched to quantized experts of type t: its source's state. An expert tensor this source
+/* The layer switched to quantized experts of type t (those of `rows`: moe__expert_type_check): its
+ * source's state. An expert tensor this source
  * does not apply (one a later feature adds) is refused rather than left out of the outputs. */
-static moe_status switch_to(moe_layer_t *l, moe_gguf_type t, const char *what, quant_self **out) {
+static moe_status switch_to(moe_layer_t *l, moe_gguf_type t, int rows, const char *what, quant_self **out) {
   MOE_TRY(l && l->st, MOE_ERR_STATE, "%s: layer not initialized", what);
-  MOE_CHECK(moe__expert_type_check(&l->cfg, (int)t, what));
+  MOE_CHECK(moe__expert_type_check(&l->cfg, (int)t, rows, what));
   MOE_TRY(!l->cfg.external_experts, MOE_ERR_ARG, "%s: the layer's experts are an expert cache's (external_experts)", what);
   static const char *const known[] = {"experts.fc1.weight", "experts.fc1.bias", "experts.fc2.weight",
                                       "experts.fc2.bias", "experts.fc3.weight", "experts.fc3.bias"};
@@ -266,7 +267,7 @@ moe_status moe_layer_quantize_experts(moe_layer_t *l, moe_gguf_type type) {
           "moe_layer_bind_experts",
           what, l->cfg.expert_type);
   quant_self *q;
-  MOE_CHECK(switch_to(l, type, what, &q));
+  MOE_CHECK(switch_to(l, type, MOE__ROWS_D | MOE__ROWS_H, what, &q));
   size_t bytes = 0;
   for (int i = 0; i < l->nparams; i++)
     if (l->info[i].ndim == 3) bytes += moe__qrow_bytes(type, (int64_t)l->info[i].numel);
@@ -289,9 +290,10 @@ moe_status moe_layer_bind_experts_typed(moe_layer_t *l, const moe_gguf_type type
   MOE_TRY(fc1 && fc2, MOE_ERR_ARG, "%s: fc1 (gate) and fc2 (down) must not be NULL", what);
   MOE_TRY(!fc3 == !glu, MOE_ERR_ARG, "%s: fc3 (the up projection) is %s", what,
           glu ? "needed with swiglu and swiglu_oai" : "only for swiglu and swiglu_oai: pass NULL");
-  for (int i = 1; i < (glu ? 3 : 2); i++) MOE_CHECK(moe__expert_type_check(&l->cfg, (int)types[i], what));
+  for (int i = 1; i < (glu ? 3 : 2); i++)
+    MOE_CHECK(moe__expert_type_check(&l->cfg, (int)types[i], i == 1 ? MOE__ROWS_H : MOE__ROWS_D, what));
   quant_self *q;
-  MOE_CHECK(switch_to(l, types[0], what, &q));
+  MOE_CHECK(switch_to(l, types[0], MOE__ROWS_D, what, &q));
   free(q->own);
   q->own = NULL, q->stale = 0;
   q->types[0] = types[0], q->types[1] = types[1], q->types[2] = glu ? types[2] : types[0];
