@@ -226,6 +226,24 @@ TEST(lm_convert_corrupt_expert_is_an_error_naming_it) {
   ASSERT(access(out, F_OK) != 0);
 }
 
+/* gpt-oss's fused experts too: a NaN in expert 2's rows of layer 1's down_proj stops a streamed
+ * conversion to a directory with an error naming the tensor and the value's index (expert first), and
+ * nothing is written. */
+TEST(lm_convert_gpt_oss_corrupt_expert_is_an_error_naming_it) {
+  char dir[512], out[512];
+  test_tmp_path("convert_corrupt_oss", dir, sizeof dir);
+  test_tmp_path("convert_corrupt_oss_out", out, sizeof out);
+  ASSERT(lm_copy_fixture("gpt_oss", dir));
+  const char *bad = "model.layers.1.mlp.experts.down_proj";
+  size_t nb;
+  ASSERT(lm_st_poison(dir, bad, 2 * 32 * 32 * 4 + 40, &nb) > 0); /* (E 4, H 32, D 32) F32: expert 2's rows */
+  ASSERT_EQ_INT(nb, 4 * 32 * 32 * 4);
+  ASSERT_STATUS(moe_lm_convert(dir, out, NULL, NULL), MOE_ERR_VALUE);
+  if (!strstr(moe_last_error(), bad) || !strstr(moe_last_error(), "(2, 0, 10)")) /* expert 2, row 0, value 10 */
+    FAIL_("the message does not name the tensor and the value's index: %s", moe_last_error());
+  ASSERT(access(out, F_OK) != 0);
+}
+
 /* A checkpoint split into 3 shards (an expert's projections in different shards) converts streamed to the
  * very bytes its unsharded directory converts to: Mixtral (F32 and Q8_0) and Qwen3-MoE (Q4_K fallback),
  * and to a directory too, as does gpt-oss's MXFP4 one (its blocks, scales and biases in different

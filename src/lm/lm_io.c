@@ -935,14 +935,16 @@ moe_status moe__lm_save_dir(const moe_lm_t *m, const char *dir, moe__lm_expert_s
           "(load with moe.expert_type -1 to save)", dir,
           moe_gguf_type_name((moe_gguf_type)m->cfg.moe.expert_type));
   if (moe_dist_size(m->cfg.moe.dist) > 1) return moe__lm_save_ranks(m, dir);
-  MOE_TRY(mkdir(dir, 0755) == 0 || errno == EEXIST, MOE_ERR_IO, "%s: cannot create the directory: %s", dir,
-          strerror(errno));
+  int created = mkdir(dir, 0755) == 0; /* removed again if the save fails: no empty directory left */
+  MOE_TRY(created || errno == EEXIST, MOE_ERR_IO, "%s: cannot create the directory: %s", dir, strerror(errno));
   char path[4096];
   moe_st_writer *w;
-  MOE_CHECK(moe_st_writer_new(&w));
+  moe_status st = moe_st_writer_new(&w);
+  if (st != MOE_OK && created) rmdir(dir);
+  MOE_CHECK(st);
   saved **ts = NULL;
   int n = 0, layer;
-  moe_status st = moe_st_writer_meta(w, "format", "pt");
+  st = moe_st_writer_meta(w, "format", "pt");
   for (int i = 0; st == MOE_OK && i < m->nrefs; i++) {
     const moe_tensor_ref *r = &m->refs[i];
     if (moe__gptoss_converted(m->cfg.family, r->name)) st = moe__gptoss_write_ref(m, r, w); /* HF's fused layout */
@@ -965,6 +967,7 @@ moe_status moe__lm_save_dir(const moe_lm_t *m, const char *dir, moe__lm_expert_s
   if (in) moe__lm_expert_src_close(in);
   for (int i = 0; i < n; i++) free(ts[i]);
   free(ts);
+  if (st != MOE_OK && created) rmdir(dir);
   MOE_CHECK(st);
   path_in(path, sizeof path, dir, MOE_LM_INDEX_JSON);
   MOE_TRY(unlink(path) == 0 || errno == ENOENT, MOE_ERR_IO, "%s: cannot remove the old index: %s", path,
