@@ -260,7 +260,7 @@ DOT(1, 1) DOT(2, 1) DOT(3, 1) DOT(4, 1) DOT(5, 1) DOT(6, 1) DOT(7, 1) DOT(8, 1)
  * slower on a Mixtral-shaped F32 decode, 10-25% on a Qwen3-shaped one, Zen 4); each row's sum the
  * same chain of multiply-adds as dot_tile's, so the same bits. */
 static void dot_1_16(int K, const float *A, long lda, const float *B, long ldb, float *C, long ldc, float beta,
-                         int skip, long pf) {
+                     int skip, long pf) {
   (void)lda, (void)ldc, (void)pf;
   __m512 acc[16];
   for (int j = 0; j < 16; j++) {

@@ -14,7 +14,8 @@
  * do not fill the memory the budget leaves. Prefetch (moe_expert_cache_prefetch)
  * queues loads of the next batch's predicted experts on the same loader, which reads them while another
  * layer computes; under MOE_PREFETCH_AUTO only those whose read pays (moe__prefetch_pays) by the
- * precision, read time and compute window the cache has measured. Pinned experts (moe_expert_cache_pin) are read once and their slots never chosen. */
+ * precision, read time and compute window the cache has measured. Pinned experts (moe_expert_cache_pin)
+ * are read once and their slots never chosen. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
