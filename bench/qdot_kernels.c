@@ -1,7 +1,9 @@
 /* The quantized dot products alone (src/kernels/quant_dot*.c), every version this CPU has, alternated
  * in one run (issue 41): per weight type,
  *   decode: one activation row against every row of a weight matrix of `--mib` MiB (beyond the caches),
- *     in GB/s of weights read, next to a plain read loop over the same bytes by the same threads;
+ *     in GB/s of weights read: as the layer reads them (moe__qrows_times: 16 rows a tile, in runs of
+ *     four where the version has a run kernel) and by one call a row, next to a plain read loop over
+ *     the same bytes by the same threads;
  *   prefill: `--tokens` activation rows against 3584 weight rows (one expert's fc1 at D 1024, in cache),
  *     weight rows 16 at a time, each with the tokens MOE__QDOT_ROWS at a time, as the layer does; in
  *     multiply-adds (values times rows) per second.
@@ -16,6 +18,7 @@
 
 #include "internal.h"
 #include "kernels/quant.h"
+#include "kernels/quant_matmul.h"
 #include "moe.h"
 
 static double now(void) {
@@ -69,14 +72,15 @@ int main(int argc, char **argv) {
   const int prefill_rows = 3584, wrows = 16;
   size_t bytes = (size_t)mib << 20;
   uint8_t *w = malloc(bytes);
-  float *x = malloc(sizeof(float) * (size_t)tokens * n), *out = malloc(sizeof(float) * (size_t)tokens * prefill_rows);
+  size_t outs = (size_t)tokens * prefill_rows > bytes / 16 ? (size_t)tokens * prefill_rows : bytes / 16; /* rows of 16+ bytes */
+  float *x = malloc(sizeof(float) * (size_t)tokens * n), *out = malloc(sizeof(float) * outs);
   uint8_t *a = malloc((size_t)tokens * moe__act_bytes(MOE_GGUF_BF16, n)); /* fp32: the largest format */
   if (!w || !x || !out || !a) return 1;
   uint64_t seed = 7;
   for (size_t i = 0; i < (size_t)tokens * n; i++) x[i] = moe__uniform(&seed);
   printf("# %s\n# n %d, decode over %d MiB of weights, prefill %d tokens x %d rows, %d threads, %d rows a call, best of %d\n",
          moe_cpu_info(), n, mib, tokens, prefill_rows, threads, MOE__QDOT_ROWS, reps);
-  printf("%-6s %-13s %10s %10s %12s\n", "type", "version", "decode_GB/s", "read_GB/s", "prefill_GMAC/s");
+  printf("%-6s %-13s %11s %10s %10s %14s\n", "type", "version", "decode_GB/s", "row_GB/s", "read_GB/s", "prefill_GMAC/s");
   char list[256];
   snprintf(list, sizeof list, "%s", types);
   for (char *name = strtok(list, ","); name; name = strtok(NULL, ",")) {
@@ -89,15 +93,22 @@ int main(int argc, char **argv) {
     int64_t rows = (int64_t)(bytes / rb);
     fill_weights(ty, w, (size_t)rows * (rb / moe_gguf_type_block_bytes(ty)), &seed);
     for (int t = 0; t < tokens; t++) moe__act_quantize(ty, x + (size_t)t * n, a + (size_t)t * ab, n);
-    double best[3][3] = {{0}}; /* [isa][decode, read, prefill] */
+    double best[3][4] = {{0}}; /* [isa][decode, a row a call, read, prefill] */
     for (int rep = 0; rep < reps; rep++)
       for (int isa = MOE__ISA_AVX2; isa <= MOE__ISA_AVX512; isa++) {
         moe__qdot_fn f = moe__qdot_kernel(ty, (moe__isa)isa);
         if (!f) continue;
+        moe__qkern kern = {f, moe__qdot4_kernel(ty, (moe__isa)isa), moe__qrun_kernel(ty, (moe__isa)isa)};
         double t0 = now();
 #pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t o = 0; o < rows; o++) f(w + (size_t)o * rb, a, ab, 1, n, out + (o & 1023));
-        double dec = (double)rows * rb / (now() - t0) / 1e9, rd = read_loop(w, (size_t)rows * rb, threads);
+        for (int64_t o = 0; o < rows; o += MOE__QROWS_TILE)
+          moe__qrows_times(&kern, w, rb, (int)o, (int)(o + MOE__QROWS_TILE < rows ? o + MOE__QROWS_TILE : rows), a, ab, 1, n,
+                           out, 0, 0);
+        double dec = (double)rows * rb / (now() - t0) / 1e9;
+        t0 = now();
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t o = 0; o < rows; o++) f(w + (size_t)o * rb, a, ab, 1, n, out + o);
+        double one = (double)rows * rb / (now() - t0) / 1e9, rd = read_loop(w, (size_t)rows * rb, threads);
         t0 = now();
         moe__qdot4_fn f4 = moe__qdot4_kernel(ty, (moe__isa)isa); /* four weight rows a call, as moe__qrows_times */
         int rows = f4 ? MOE__QDOT4_ROWS : MOE__QDOT_ROWS;
@@ -110,14 +121,14 @@ int main(int argc, char **argv) {
               else f(w + (size_t)o * rb, a + (size_t)r * ab, ab, nr, n, out + (size_t)o * tokens + r);
             }
         double pre = (double)tokens * prefill_rows * n / (now() - t0) / 1e9;
-        double v[3] = {dec, rd, pre};
-        for (int k = 0; k < 3; k++)
+        double v[4] = {dec, one, rd, pre};
+        for (int k = 0; k < 4; k++)
           if (v[k] > best[isa][k]) best[isa][k] = v[k];
       }
     for (int isa = MOE__ISA_AVX2; isa <= MOE__ISA_AVX512; isa++)
       if (best[isa][0] > 0)
-        printf("%-6s %-13s %10.1f %10.1f %12.1f\n", moe_gguf_type_name(ty), moe__isa_name((moe__isa)isa), best[isa][0],
-               best[isa][1], best[isa][2]);
+        printf("%-6s %-13s %11.1f %10.1f %10.1f %14.1f\n", moe_gguf_type_name(ty), moe__isa_name((moe__isa)isa),
+               best[isa][0], best[isa][1], best[isa][2], best[isa][3]);
     fflush(stdout);
   }
   free(w), free(x), free(out), free(a);

@@ -383,3 +383,71 @@ TEST(qdot4_float_bits_equal_one_row) {
   }
   if (!tested) SKIP("no four-row kernel on this CPU (AVX-512 has them)");
 }
+
+/* A run of rows (moe__qrun_kernel: a decode's k weight rows against one activation row) gives each
+ * row the scalar one-row kernel's bits, for k 1 to MOE__QRUN_ROWS, block counts below, at and past
+ * the vectors' groups, a NaN activation scale; it writes k outputs and no more. */
+TEST(qrun_bits_equal_one_row) {
+  enum { MAXB = 9, K = MOE__QRUN_ROWS };
+  uint64_t seed = 41;
+  static uint8_t w[K * MAXB * 210], a[MAXB * sizeof(moe__q8k)], q8[MAXB * 8 * 34];
+  const int counts[] = {1, 3, 8, 9};
+  int tested = 0;
+  for (int t = 0; t < NTYPES; t++) {
+    moe_gguf_type ty = kTypes[t];
+    moe__qrun_fn run = moe__qrun_kernel(ty, moe__qdot_best());
+    moe__qdot_fn s = moe__qdot_kernel(ty, MOE__ISA_SCALAR);
+    if (!run) continue;
+    for (int c = 0; c < 4; c++)
+      for (int trial = 0; trial < 3; trial++) {
+        int64_t n = (int64_t)counts[c] * moe_gguf_type_block(ty);
+        size_t bb = moe_gguf_type_block_bytes(ty), wb = (size_t)counts[c] * bb, ab = moe__act_bytes(ty, n);
+        for (int b = 0; b < K * counts[c]; b++) random_block(ty, w + b * bb, (b + trial) % 31, &seed);
+        random_act(ty, is_k(ty) ? a : q8, n, 10 + trial, &seed);
+        if (trial == 2) { /* a NaN scale in the last block */
+          if (is_k(ty)) ((moe__q8k *)a)[counts[c] - 1].d = NAN;
+          else q8[34 * (n / 32 - 1)] = 0xff, q8[34 * (n / 32 - 1) + 1] = 0x7f;
+        }
+        if (!is_k(ty)) moe__act_from_q8_0(q8, a, n);
+        for (int k = 1; k <= K; k++) {
+          float got[K + 1], one;
+          for (int j = 0; j <= K; j++) got[j] = -1.0f;
+          run(w, wb, k, a, n, got);
+          for (int j = 0; j < k; j++) {
+            s(w + j * wb, a, ab, 1, n, &one);
+            if (memcmp(&got[j], &one, 4) && !(isnan(one) && isnan(got[j])))
+              FAIL_("%s run of %d, %d blocks, trial %d: row %d %.9g != one row's %.9g", moe_gguf_type_name(ty), k,
+                    counts[c], trial, j, got[j], one);
+          }
+          for (int j = k; j <= K; j++)
+            if (got[j] != -1.0f) FAIL_("%s run of %d: wrote out[%d] = %.9g", moe_gguf_type_name(ty), k, j, got[j]);
+          if (trial == 2) ASSERT(isnan(got[0]));
+        }
+        tested++;
+      }
+  }
+  for (int t = 0; t < 2; t++) { /* BF16, F16: fp32 activations */
+    moe__qrun_fn run = moe__qrun_kernel(kFloatTypes[t], moe__qdot_best());
+    moe__qdot_fn s = moe__qdot_kernel(kFloatTypes[t], MOE__ISA_SCALAR);
+    if (!run) continue;
+    for (int c = 0; c < 9; c++) {
+      int n = kFloatLengths[c];
+      static uint16_t fw[K * 300];
+      static float x[300];
+      for (int i = 0; i < K * n; i++) fw[i] = (uint16_t)moe__splitmix(&seed);
+      for (int i = 0; i < n; i++) x[i] = ldexpf(moe__uniform(&seed) - 0.5f, (int)(moe__splitmix(&seed) % 40) - 20);
+      for (int k = 1; k <= K; k++) {
+        float got[K], one;
+        run(fw, (size_t)n * 2, k, x, n, got);
+        for (int j = 0; j < k; j++) {
+          s(fw + j * n, x, (size_t)n * 4, 1, n, &one);
+          if (memcmp(&got[j], &one, 4) && !(isnan(one) && isnan(got[j])))
+            FAIL_("%s run of %d, n %d: row %d %.9g != one row's %.9g", moe_gguf_type_name(kFloatTypes[t]), k, n, j,
+                  got[j], one);
+        }
+      }
+      tested++;
+    }
+  }
+  if (!tested) SKIP("no run kernels on this CPU (AVX-512 VNNI has them)");
+}

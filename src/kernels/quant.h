@@ -155,12 +155,20 @@ typedef enum { MOE__ISA_SCALAR, MOE__ISA_AVX2, MOE__ISA_AVX512 } moe__isa; /* ea
  * has one: a prefill reuses each activation load four times). */
 #define MOE__QDOT4_ROWS 4
 typedef void (*moe__qdot4_fn)(const void *w, size_t wb, const void *a, size_t astride, int nr, int64_t n, float *out);
+/* A decode's run of weight rows: k (1 to MOE__QRUN_ROWS) rows wb bytes apart, read one after another
+ * (the order a one-row kernel called on each reads them), against one activation row: out[j] for row
+ * j, each the bits of the one-row kernel's product. Summing four rows' lanes at once and calling once
+ * for four rows is what a short row needs: a Q4_K row of 1024 values is four blocks, and the one-row
+ * kernel spent about as long on its call and its lanes' sum as on two of them. */
+#define MOE__QRUN_ROWS 4
+typedef void (*moe__qrun_fn)(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
 /* The best version this CPU runs (decided once), its name ("AVX-512 VNNI", "AVX2", "scalar"), and the kernel of
  * weight type w in version isa (NULL: no kernel for w, or isa not on this CPU / not built). */
 moe__isa moe__qdot_best(void);
 const char *moe__isa_name(moe__isa isa);
 moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa);
 moe__qdot4_fn moe__qdot4_kernel(moe_gguf_type w, moe__isa isa); /* NULL: none (then one row at a time) */
+moe__qrun_fn moe__qrun_kernel(moe_gguf_type w, moe__isa isa);   /* NULL: none (then a call a row) */
 
 /* quant_dot_k.c: the K-quants' kernels (moe__qdot_kernel hands them out). */
 void moe__qdot_q4_K_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
@@ -178,6 +186,8 @@ void moe__qdot_bf16_avx512(const void *w, const void *a, size_t astride, int nr,
 void moe__qdot_f16_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot4_bf16_avx512(const void *w, size_t wb, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot4_f16_avx512(const void *w, size_t wb, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qrun_bf16_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
+void moe__qrun_f16_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
 /* quant_dot_avx512.c: the AVX-512 versions (defined on x86-64 only; handed out by moe__qdot_kernel). */
 void moe__qdot_q8_0_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot_q4_0_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
@@ -185,5 +195,11 @@ void moe__qdot_mxfp4_avx512(const void *w, const void *a, size_t astride, int nr
 void moe__qdot_q4_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot_q5_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot_q6_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__qrun_q8_0_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
+void moe__qrun_q4_0_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
+void moe__qrun_mxfp4_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
+void moe__qrun_q4_K_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
+void moe__qrun_q5_K_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
+void moe__qrun_q6_K_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
 
 #endif

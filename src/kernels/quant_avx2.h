@@ -71,6 +71,27 @@ MOE__AVX512F MOE__QDOT_INLINE void moe__lanes16_out512(const __m512 *acc, int nr
   }
 }
 
+/* Four rows' sixteen lanes (a run's: quant.h) summed at once by the same halvings, row j's into out[j]
+ * for j < k: rows 0 and 1 (2 and 3) side by side in one vector for the first, all four for the rest. */
+MOE__AVX512F MOE__QDOT_INLINE void moe__lanes16_out4_512(const __m512 acc[4], int k, float *out) {
+  __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(acc[0], acc[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_f32x4(acc[0], acc[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2], acc[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_f32x4(acc[2], acc[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1))); /* each row's four in a 128-bit part */
+  __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  __m512 v = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
+  __m128 r = _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v));
+  if (k == 4) {
+    _mm_storeu_ps(out, r);
+  } else {
+    float o[4];
+    _mm_storeu_ps(o, r);
+    memcpy(out, o, (size_t)k * 4);
+  }
+}
+
 /* A Q4_K / Q5_K block b's eight scales (bytes 0-7) and mins (8-15), unpacked in registers as
  * moe__k4_scales does (through memory, byte stores reloaded wider would stall); and its mins each twice
  * as int16 lanes, against which the activations' 16 sums give by madd min_j (s_2j + s_2j+1) in lane j:

@@ -63,9 +63,8 @@ AVX512 static inline __m512i offset(__m512i v) {
 
 /* The sixteen lanes (quant.h) a row in one vector: a pair of blocks' groups are its 16 vpdpbusd
  * lanes; a last odd block adds to lanes 0-7 only. */
-AVX512 MOE__QDOT_INLINE void b32_avx512(int kind, size_t wb, const void *w, const void *a, size_t astride, int64_t n,
-                              float *out, int nr) {
-  __m512 acc[MOE__QDOT_ROWS];
+AVX512 MOE__QDOT_INLINE void b32_acc512(int kind, size_t wb, const void *w, const void *a, size_t astride, int64_t n,
+                                        __m512 *acc, int nr) {
   #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
   const uint8_t *x = w, *y = a; /* y: the pair's slot in row 0 (quant.h's activations) */
@@ -96,6 +95,12 @@ AVX512 MOE__QDOT_INLINE void b32_avx512(int kind, size_t wb, const void *w, cons
       acc[r] = join(_mm256_add_ps(_mm512_castps512_ps256(acc[r]), t), moe__high512(acc[r]));
     }
   }
+}
+
+AVX512 MOE__QDOT_INLINE void b32_avx512(int kind, size_t wb, const void *w, const void *a, size_t astride, int64_t n,
+                                        float *out, int nr) {
+  __m512 acc[MOE__QDOT_ROWS];
+  b32_acc512(kind, wb, w, a, astride, n, acc, nr);
   moe__lanes16_out512(acc, nr, out);
 }
 
@@ -123,9 +128,8 @@ AVX512 static inline __m512i halves16(int a, int b) {
 
 /* Q4_K (qh_at 0) and Q5_K (qh_at 16): vector c holds sub-blocks 2c (qs chunk c's low nibbles) and 2c + 1
  * (its high ones), with Q5_K's fifth bits (bits 2c, 2c + 1 of qh) added as 16. */
-AVX512 MOE__QDOT_INLINE void k4_avx512(const void *w, const void *a, size_t astride, int64_t n, float *out, size_t bytes,
-                             int qh_at, int nr) {
-  __m512 acc[MOE__QDOT_ROWS];
+AVX512 MOE__QDOT_INLINE void k4_acc512(const void *w, const void *a, size_t astride, int64_t n, __m512 *acc, size_t bytes,
+                                       int qh_at, int nr) {
   #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
   const __m512i lo4 = _mm512_set1_epi8(15), nib = halves16(0, 4);
@@ -158,6 +162,12 @@ AVX512 MOE__QDOT_INLINE void k4_avx512(const void *w, const void *a, size_t astr
       acc[r] = join(_mm256_sub_ps(_mm512_castps512_ps256(acc[r]), u), moe__high512(acc[r]));
     }
   }
+}
+
+AVX512 MOE__QDOT_INLINE void k4_avx512(const void *w, const void *a, size_t astride, int64_t n, float *out, size_t bytes,
+                                       int qh_at, int nr) {
+  __m512 acc[MOE__QDOT_ROWS];
+  k4_acc512(w, a, astride, n, acc, bytes, qh_at, nr);
   moe__lanes16_out512(acc, nr, out);
 }
 
@@ -173,8 +183,7 @@ AVX512 void moe__qdot_q5_K_avx512(const void *w, const void *a, size_t astride, 
  * bits are nibble t % 2 of ql[64 (t / 2) ...], 64 bytes as they lie; the top two of each quarter from
  * the same 32 qh bytes. Scales 4t..4t+3 eight 16-bit lanes each; the offset of 32 by the scales times
  * -32 against the activations' sums (vpmaddwd, at most 2 * 4096 * 2032 a lane). */
-AVX512 MOE__QDOT_INLINE void q6k_avx512(const void *w, const void *a, size_t astride, int64_t n, float *out, int nr) {
-  __m512 acc[MOE__QDOT_ROWS];
+AVX512 MOE__QDOT_INLINE void q6k_acc512(const void *w, const void *a, size_t astride, int64_t n, __m512 *acc, int nr) {
   #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
   const __m512i lo4 = _mm512_set1_epi8(15), lo2 = _mm512_set1_epi8(3);
@@ -203,11 +212,61 @@ AVX512 MOE__QDOT_INLINE void q6k_avx512(const void *w, const void *a, size_t ast
       acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_set1_ps(dw * y->d), _mm512_cvtepi32_ps(u)));
     }
   }
+}
+
+AVX512 MOE__QDOT_INLINE void q6k_avx512(const void *w, const void *a, size_t astride, int64_t n, float *out, int nr) {
+  __m512 acc[MOE__QDOT_ROWS];
+  q6k_acc512(w, a, astride, n, acc, nr);
   moe__lanes16_out512(acc, nr, out);
 }
 
 AVX512 void moe__qdot_q6_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out) {
   MOE__QDOT_BY_ROWS(nr, q6k_avx512, w, a, astride, n, out)
+}
+
+/* ---------------------------------------------------------------- runs of rows (decode) */
+
+/* One weight row's lanes against one activation row, by type t (a constant where this is inlined). */
+AVX512 MOE__QDOT_INLINE void row_acc(moe_gguf_type t, const uint8_t *w, const void *a, int64_t n, __m512 *acc) {
+  switch (t) {
+    case MOE_GGUF_Q8_0: b32_acc512(MOE__B32_Q8_0, Q8_BYTES, w, a, 0, n, acc, 1); break;
+    case MOE_GGUF_Q4_0: b32_acc512(MOE__B32_Q4_0, 18, w, a, 0, n, acc, 1); break;
+    case MOE_GGUF_MXFP4: b32_acc512(MOE__B32_MXFP4, 17, w, a, 0, n, acc, 1); break;
+    case MOE_GGUF_Q4_K: k4_acc512(w, a, 0, n, acc, 144, 0, 1); break;
+    case MOE_GGUF_Q5_K: k4_acc512(w, a, 0, n, acc, 176, 16, 1); break;
+    default: q6k_acc512(w, a, 0, n, acc, 1); break;
+  }
+}
+
+/* A run (quant.h's moe__qrun_fn): each row's lanes as the one-row kernel makes them, in row order. */
+AVX512 MOE__QDOT_INLINE void run512(moe_gguf_type t, const void *w, size_t wb, int k, const void *a, int64_t n,
+                                    float *out) {
+  __m512 acc[MOE__QRUN_ROWS];
+  #pragma GCC unroll 4
+  for (int j = 0; j < MOE__QRUN_ROWS; j++) {
+    acc[j] = _mm512_setzero_ps();
+    if (j < k) row_acc(t, (const uint8_t *)w + (size_t)j * wb, a, n, &acc[j]);
+  }
+  moe__lanes16_out4_512(acc, k, out);
+}
+
+AVX512 void moe__qrun_q8_0_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
+  run512(MOE_GGUF_Q8_0, w, wb, k, a, n, out);
+}
+AVX512 void moe__qrun_q4_0_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
+  run512(MOE_GGUF_Q4_0, w, wb, k, a, n, out);
+}
+AVX512 void moe__qrun_mxfp4_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
+  run512(MOE_GGUF_MXFP4, w, wb, k, a, n, out);
+}
+AVX512 void moe__qrun_q4_K_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
+  run512(MOE_GGUF_Q4_K, w, wb, k, a, n, out);
+}
+AVX512 void moe__qrun_q5_K_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
+  run512(MOE_GGUF_Q5_K, w, wb, k, a, n, out);
+}
+AVX512 void moe__qrun_q6_K_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
+  run512(MOE_GGUF_Q6_K, w, wb, k, a, n, out);
 }
 
 #endif

@@ -110,16 +110,38 @@ AVX512 MOE__QDOT_INLINE void sixteen_avx512(int f16, __mmask16 m, const uint16_t
   }
 }
 
-AVX512 MOE__QDOT_INLINE void float_avx512(int f16, const void *w, const void *a, size_t astride, int64_t n, float *out,
+AVX512 MOE__QDOT_INLINE void float_acc512(int f16, const void *w, const void *a, size_t astride, int64_t n, __m512 *acc,
                                           int nr) {
-  __m512 acc[MOE__QDOT_ROWS];
   #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
   const uint16_t *wv = w;
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) sixteen_avx512(f16, 0xffff, wv + i, (const uint8_t *)a + 4 * i, astride, acc, nr);
   if (i < n) sixteen_avx512(f16, (__mmask16)((1u << (n - i)) - 1), wv + i, (const uint8_t *)a + 4 * i, astride, acc, nr);
+}
+
+AVX512 MOE__QDOT_INLINE void float_avx512(int f16, const void *w, const void *a, size_t astride, int64_t n, float *out,
+                                          int nr) {
+  __m512 acc[MOE__QDOT_ROWS];
+  float_acc512(f16, w, a, astride, n, acc, nr);
   moe__lanes16_out512(acc, nr, out);
+}
+
+/* A decode's run of rows (quant.h's moe__qrun_fn): each row's lanes as float_avx512 makes them, in row order. */
+AVX512 MOE__QDOT_INLINE void float_run512(int f16, const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
+  __m512 acc[MOE__QRUN_ROWS];
+  #pragma GCC unroll 4
+  for (int j = 0; j < MOE__QRUN_ROWS; j++) {
+    acc[j] = _mm512_setzero_ps();
+    if (j < k) float_acc512(f16, (const uint8_t *)w + (size_t)j * wb, a, 0, n, &acc[j], 1);
+  }
+  moe__lanes16_out4_512(acc, k, out);
+}
+AVX512 void moe__qrun_bf16_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
+  float_run512(0, w, wb, k, a, n, out);
+}
+AVX512 void moe__qrun_f16_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
+  float_run512(1, w, wb, k, a, n, out);
 }
 
 /* Four weight rows (wb bytes apart) against nr activation rows: each activation load serves four

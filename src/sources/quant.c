@@ -4,9 +4,10 @@
  * each product a row of W (its type's bytes, ggml's layout) dotted with a row of xs or h quantized per
  * block (kernels/quant.h), so an expert's weights are read in their stored bytes and never widened.
  * A forward is one OpenMP parallel region of four steps, each split over the threads: the input rows
- * quantized (once, for both fc1 and fc3); fc1 and fc3 over (expert, span of H's rows) items, each item
- * adding b1 and applying the activation to its span while it is in cache; h's rows quantized; fc2 over
- * (expert, span of D's rows) items, adding b2. An item's span goes through moe__qrows_times
+ * quantized (once, for both fc1 and fc3); fc1 and fc3 over runs of (expert, tile of H's rows), each run
+ * adding b1 and applying the activation to its rows while they are in cache; h's rows quantized; fc2
+ * over runs of (expert, tile of D's rows), adding b2 (runs taken as moe__qwork hands them out). A
+ * run's rows in an expert go through moe__qrows_times
  * (kernels/quant_matmul.h): a decode step (one row per expert) is a GEMV, a prefill a GEMM that reads
  * each weight row from memory once. Every output is one dot product, whatever the split
  * and the rows beside it: the results are the same bits for any thread count or batch. */
@@ -110,16 +111,14 @@ typedef struct {
   const moe__ffn *f;
   const float *const (*b)[3];
   moe__qkern k1, k2, k3;  /* the kernels of fc1's, fc2's and fc3's types, looked up once a forward */
-  int parts1, parts2;
   size_t xab, x3ab, hab;  /* bytes of an input row quantized for fc1, for fc3; of a hidden row for fc2 */
   size_t r1, r3, r2;      /* bytes of a weight row of fc1, fc3, fc2 */
 } fwd_ctx;
 
-/* fc1 (and fc3) over H's rows [part H / parts1, ...) of group e, then b1 and the activation there. */
-static void item1(const fwd_ctx *c, int e, int part) {
+/* fc1 (and fc3) over H's rows [h0, h1) of group e, then b1 and the activation there. */
+static void item1(const fwd_ctx *c, int e, int h0, int h1) {
   const moe_layer_t *l = c->l;
   int D = l->cfg.D, H = l->cfg.H, r0 = c->g->offs[e], m = c->g->offs[e + 1] - r0;
-  int h0 = (int)((int64_t)H * part / c->parts1), h1 = (int)((int64_t)H * (part + 1) / c->parts1);
   const moe__qffn *q = c->q;
   float *a1 = c->f->a1 + (size_t)r0 * H, *a3 = c->f->a3 ? c->f->a3 + (size_t)r0 * H : NULL, *h = c->f->h + (size_t)r0 * H;
   const float *b1 = c->b ? c->b[e][0] : NULL, *b3 = c->b ? c->b[e][2] : NULL;
@@ -135,11 +134,10 @@ static void item1(const fwd_ctx *c, int e, int part) {
   }
 }
 
-/* fc2 over D's rows [part D / parts2, ...) of group e, then b2. */
-static void item2(const fwd_ctx *c, int e, int part) {
+/* fc2 over D's rows [d0, d1) of group e, then b2. */
+static void item2(const fwd_ctx *c, int e, int d0, int d1) {
   const moe_layer_t *l = c->l;
   int D = l->cfg.D, H = l->cfg.H, r0 = c->g->offs[e], m = c->g->offs[e + 1] - r0;
-  int d0 = (int)((int64_t)D * part / c->parts2), d1 = (int)((int64_t)D * (part + 1) / c->parts2);
   float *y = c->g->y + (size_t)r0 * D;
   moe__qrows_times(&c->k2, c->w[e][1], c->r2, d0, d1, c->q->hq + (size_t)r0 * c->hab, c->hab, m, H, y, D, 0);
   const float *b2 = c->b ? c->b[e][1] : NULL;
@@ -148,10 +146,18 @@ static void item2(const fwd_ctx *c, int e, int part) {
       for (int j = d0; j < d1; j++) y[(size_t)r * D + j] += b2[j];
 }
 
-/* Spans per group: enough items for every thread to take a few, none under MOE__QROWS_TILE rows. */
-static int parts_of(int rows, int nact, int threads) {
-  int p = (MOE__QITEMS_PER_THREAD * threads + nact - 1) / nact, most = rows / MOE__QROWS_TILE > 0 ? rows / MOE__QROWS_TILE : 1;
-  return p < most ? p : most;
+/* The runs of w's items (each active group's tiles of `rows` rows, group after group) the calling thread
+ * takes, each run cut at the groups' ends into item(c, group, first row, end row) calls. */
+static void take_runs(const fwd_ctx *c, moe__qwork *w, int rows, const int *active,
+                      void (*item)(const fwd_ctx *, int, int, int)) {
+  int tiles = (rows + MOE__QROWS_TILE - 1) / MOE__QROWS_TILE, t0, n;
+  while ((n = moe__qwork_take(w, &t0)) > 0)
+    for (int t = t0; t < t0 + n;) {
+      int a = t / tiles, end = (a + 1) * tiles < t0 + n ? (a + 1) * tiles : t0 + n;
+      int r1 = (end - a * tiles) * MOE__QROWS_TILE;
+      item(c, active[a], (t - a * tiles) * MOE__QROWS_TILE, r1 < rows ? r1 : rows);
+      t = end;
+    }
 }
 
 void moe__qffn_forward(const moe__qffn *q, const moe_layer_t *l, const moe__groups *g, const moe__ffn *f,
@@ -159,11 +165,11 @@ void moe__qffn_forward(const moe__qffn *q, const moe_layer_t *l, const moe__grou
   if (nact <= 0) return;
   int D = l->cfg.D, H = l->cfg.H, x3 = own_x3(q->t, &l->cfg);
   fwd_ctx c = {l, q, w, g, f, b, moe__qkern_of(q->t[0]), moe__qkern_of(q->t[1]), moe__qkern_of(q->t[2]),
-               parts_of(H, nact, nt), parts_of(D, nact, nt),
                moe__act_bytes(q->t[0], D), moe__act_bytes(q->t[2], D), moe__act_bytes(q->t[1], H),
                moe__qrow_bytes(q->t[0], D), moe__qrow_bytes(q->t[2], D), moe__qrow_bytes(q->t[1], H)};
   int r0 = g->offs[active[0]], r1 = g->offs[active[nact - 1] + 1]; /* the groups between have no rows */
-  int n1 = nact * c.parts1, n2 = nact * c.parts2;
+  moe__qwork w1 = moe__qwork_of(nact * ((H + MOE__QROWS_TILE - 1) / MOE__QROWS_TILE), nt);
+  moe__qwork w2 = moe__qwork_of(nact * ((D + MOE__QROWS_TILE - 1) / MOE__QROWS_TILE), nt);
 #pragma omp parallel num_threads(nt)
   {
 #pragma omp for schedule(static)
@@ -171,12 +177,11 @@ void moe__qffn_forward(const moe__qffn *q, const moe_layer_t *l, const moe__grou
       moe__act_quantize(q->t[0], g->x + (size_t)r * D, q->xq + (size_t)r * c.xab, D);
       if (x3) moe__act_quantize(q->t[2], g->x + (size_t)r * D, q->xq3 + (size_t)r * c.x3ab, D);
     }
-#pragma omp for schedule(dynamic, 1)
-    for (int i = 0; i < n1; i++) item1(&c, active[i / c.parts1], i % c.parts1);
+    take_runs(&c, &w1, H, active, item1);
+#pragma omp barrier
 #pragma omp for schedule(static)
     for (int r = r0; r < r1; r++) moe__act_quantize(q->t[1], f->h + (size_t)r * H, q->hq + (size_t)r * c.hab, H);
-#pragma omp for schedule(dynamic, 1)
-    for (int i = 0; i < n2; i++) item2(&c, active[i / c.parts2], i % c.parts2);
+    take_runs(&c, &w2, D, active, item2);
   }
 }
 
