@@ -373,6 +373,11 @@ TEST(tokenizer_malformed_files_refused) {
                   "model.type is \"Unigram\"");
   bad += !refused("ws.json", "{\"pre_tokenizer\": {\"type\": \"Whitespace\"}, \"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}}",
                   MOE_ERR_FORMAT, "pre_tokenizer is of type \"Whitespace\": not supported");
+  /* an empty Metaspace replacement (fuzz_tokenizer_json: the decoder matched it at every byte without advancing) */
+  bad += !refused("meta_dec.json", "{\"decoder\": {\"type\": \"Metaspace\", \"replacement\": \"\"}, \"model\": "
+                  "{\"vocab\": {\"a\": 0}, \"merges\": []}}", MOE_ERR_FORMAT, "decoder.replacement is empty");
+  bad += !refused("meta_pre.json", "{\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\"}, \"model\": "
+                  "{\"vocab\": {\"a\": 0}, \"merges\": []}}", MOE_ERR_FORMAT, "pre_tokenizer.replacement is empty");
   bad += !refused("behav.json", "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}, \"behavior\": "
                   "\"Sideways\"}, \"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}}", MOE_ERR_FORMAT,
                   "pre_tokenizer.behavior is \"Sideways\"");

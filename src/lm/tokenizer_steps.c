@@ -153,6 +153,14 @@ static moe_status behavior(const char *path, const char *where, const cJSON *o, 
 }
 
 /* Metaspace's prepend_scheme (or the older add_prefix_space) into st->a: 0 never, 1 first, 2 always. */
+/* Metaspace's replacement (default U+2581): never empty (decoding searches for it, encoding puts it
+ * for each space; an empty one found a fuzzed decoder looping for ever). */
+static moe_status replacement(const char *path, const char *where, const cJSON *o, moe__tok_step *st) {
+  MOE_CHECK(text(path, where, o, "replacement", "\xe2\x96\x81", &st->text, &st->text_len));
+  MOE_TRY(st->text_len > 0, MOE_ERR_FORMAT, "%s: %s.replacement is empty", path, where);
+  return MOE_OK;
+}
+
 static moe_status prepend_scheme(const char *path, const char *where, const cJSON *o, moe__tok_step *st) {
   const cJSON *p = get(o, "prepend_scheme");
   st->a = flag(o, "add_prefix_space", 1) ? 2 : 0;
@@ -197,7 +205,7 @@ static moe_status pre_tokenizer(const char *path, const char *where, const cJSON
     MOE_TRY(st = push(v, STEP_METASPACE), MOE_ERR_NOMEM, "%s: out of memory", path);
     st->b = flag(o, "split", 1);
     MOE_CHECK(prepend_scheme(path, where, o, st));
-    return text(path, where, o, "replacement", "\xe2\x96\x81", &st->text, &st->text_len);
+    return replacement(path, where, o, st);
   }
   if (ty && !strcmp(ty, "ByteLevel")) {
     if (flag(o, "add_prefix_space", 0)) MOE_TRY(push(v, STEP_PREFIX_SPACE), MOE_ERR_NOMEM, "%s: out of memory", path);
@@ -244,7 +252,7 @@ static moe_status decoder(const char *path, const char *where, const cJSON *o, s
   if (ty && !strcmp(ty, "Metaspace")) {
     MOE_TRY(st = push(v, STEP_META_DECODE), MOE_ERR_NOMEM, "%s: out of memory", path);
     MOE_CHECK(prepend_scheme(path, where, o, st));
-    return text(path, where, o, "replacement", "\xe2\x96\x81", &st->text, &st->text_len);
+    return replacement(path, where, o, st);
   }
   return unsupported(path, where, o, "Sequence, ByteLevel, ByteFallback, Metaspace, Fuse, Strip, Replace");
 }
