@@ -6,9 +6,11 @@
 # in odd runs, libmoe first in even ones), medians. The CPU is named from /proc/cpuinfo. Nothing of
 # llama.cpp is in this repository: give the directory of a build of it (its bin/llama-bench).
 # Decode reads every active weight once a token, so the machine's read bandwidth (bench/read_bandwidth,
-# best of its passes, measured before and after the runs, the higher kept) bounds it: each side's decode
-# is also given in GB/s (libmoe's count of the weight bytes a token reads, times its tokens/s: the same
-# bytes for both) and libmoe's as a share of that bound.
+# best of its passes, measured before each side's run, the median of those kept: this machine's
+# bandwidth swings between about 30 and 55 GB/s within the hour, and a reading taken apart from the runs
+# may be one the runs never saw) bounds it: each side's decode is also given in GB/s (libmoe's count of
+# the weight bytes a token reads, times its tokens/s: the same bytes for both) and libmoe's as a share
+# of that bound.
 # SHAPE=qwen3: Qwen3-30B-A3B's expert structure at a few hundred MB (64 experts of width 384, top-8, D
 # 1024, 16 heads of 64, 4 KV heads, 6 layers) in the Mixtral architecture, since this llama.cpp has no
 # qwen3moe: the same routing function as Qwen3's with norm_topk_prob (softmax, top-k, renormalized),
@@ -43,7 +45,7 @@ HF=$WORK/$SHAPE
 [ -f "$HF/model.safetensors" ] || /usr/bin/python3 "$(dirname "$0")/random_lm.py" "$HF" --tokenizer data/tokenizers/llama2 $ARGS
 median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 bandwidth() { "$READ_BW" "$THREADS" | awk '{ print $3 }'; }
-BW0=$(bandwidth)
+rm -f "$WORK/bw.txt"
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $THREADS threads; $SHAPE shape; prompt $P, decode $N tokens"
 echo "| type | llama.cpp prefill tok/s | libmoe prefill tok/s | libmoe / llama.cpp | llama.cpp decode tok/s | libmoe decode tok/s | libmoe / llama.cpp | llama.cpp decode GB/s | libmoe decode GB/s | libmoe share of read bandwidth |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
@@ -54,6 +56,7 @@ for t in $TYPES; do
   for r in $(seq "$RUNS"); do
     for side in llama moe; do
       [ $((r % 2)) -eq 0 ] && side=$([ "$side" = llama ] && echo moe || echo llama) # alternate who goes first
+      bandwidth >> "$WORK/bw.txt"
       if [ "$side" = llama ]; then
         "$BENCH" -m "$G" -p "$P" -n "$N" -t "$THREADS" -r 1 -o jsonl 2>/dev/null |
           sed -n 's/.*"n_prompt": *\([0-9]*\), *"n_gen": *\([0-9]*\).*"avg_ts": *\([0-9.e+]*\).*/\1 \2 \3/p' |
@@ -72,11 +75,10 @@ for t in $TYPES; do
   mp=$(median < "$WORK/moe_pp.txt") mt=$(median < "$WORK/moe_tg.txt") b=$(cat "$WORK/bytes.txt")
   echo "$t $lp $mp $lt $mt $b" >> "$WORK/rows.txt"
 done
-BW=$(bandwidth)
-BW=$(echo "$BW0 $BW" | awk '{ print ($1 > $2 ? $1 : $2) }')
+BW=$(median < "$WORK/bw.txt")
 while read -r t lp mp lt mt b; do
   awk -v t="$t" -v lp="$lp" -v mp="$mp" -v lt="$lt" -v mt="$mt" -v b="$b" -v bw="$BW" 'BEGIN {
     printf "| %s | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f |\n", t, lp, mp, mp / lp, lt, mt, mt / lt,
       b * lt / 1e9, b * mt / 1e9, b * mt / 1e9 / bw }'
 done < "$WORK/rows.txt"
-echo "read bandwidth $BW GB/s ($THREADS threads, bench/read_bandwidth: $BW0 before the runs, the higher kept)"
+echo "read bandwidth $BW GB/s ($THREADS threads, bench/read_bandwidth before each run, median; range $(sort -n "$WORK/bw.txt" | sed -n '1p;$p' | paste -sd- -))"

@@ -311,8 +311,9 @@ TEST(cpu_info_matches_the_cpu) {
 #endif
 }
 
-/* moe__gemm_row (a decode step's y = alpha x W^T + beta y through sgemv, W's rows split over the
- * threads): against a double-precision sum, with beta 0 and 1, odd sizes, a strided W, 1 and 2 threads;
+/* moe__gemm_row (a decode step's y = alpha x W^T + beta y, W's rows shared by the threads in runs;
+ * the small kernels' one-row product with AVX-512 and alpha 1, the BLAS's sgemv else): against a
+ * double-precision sum, with alpha 1 and 0.5, beta 0 and 1, odd sizes, a strided W, 1 and 2 threads;
  * a GEMM of two rows goes to moe__gemm_run (the same bits). */
 TEST(gemm_row_matches_reference) {
   enum { N = 1037, K = 301, LDB = 320 };
@@ -323,16 +324,19 @@ TEST(gemm_row_matches_reference) {
   for (int i = 0; i < K; i++) x[i] = frand(&s);
   for (int i = 0; i < N; i++) y0[i] = (float)i / N;
   for (int threads = 1; threads <= 2; threads++)
-    for (int beta = 0; beta <= 1; beta++) {
-      memcpy(y, y0, sizeof y);
-      moe__gemm g = {false, true, 1, N, K, 0.5f, (float)beta, x, K, W, LDB, y, N, false};
-      ASSERT_OK(moe__gemm_row(&g, threads));
-      for (int n = 0; n < N; n++) {
-        double want = beta * (double)y0[n];
-        for (int k = 0; k < K; k++) want += 0.5 * x[k] * (double)W[(size_t)n * LDB + k];
-        if (fabs(y[n] - want) > 1e-4) FAIL_("threads %d beta %d: y[%d] = %g, want %g", threads, beta, n, y[n], want);
+    for (int beta = 0; beta <= 1; beta++)
+      for (int half = 0; half <= 1; half++) {
+        float alpha = half ? 0.5f : 1.0f;
+        memcpy(y, y0, sizeof y);
+        moe__gemm g = {false, true, 1, N, K, alpha, (float)beta, x, K, W, LDB, y, N, false};
+        ASSERT_OK(moe__gemm_row(&g, threads));
+        for (int n = 0; n < N; n++) {
+          double want = beta * (double)y0[n];
+          for (int k = 0; k < K; k++) want += (double)alpha * x[k] * (double)W[(size_t)n * LDB + k];
+          if (fabs(y[n] - want) > 1e-4)
+            FAIL_("threads %d alpha %g beta %d: y[%d] = %g, want %g", threads, alpha, beta, n, y[n], want);
+        }
       }
-    }
   memcpy(x2, x, sizeof x), memcpy(x2 + K, x, sizeof x);
   memset(y2, 0, sizeof y2), memset(yr, 0, sizeof yr);
   moe__gemm g2 = {false, true, 2, N, K, 1.0f, 0.0f, x2, K, W, LDB, y2, N, false}, r2 = g2;

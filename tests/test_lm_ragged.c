@@ -2,8 +2,9 @@
  * sequence's next token, a few tokens after a cached prefix) gives each slot the logits of running it
  * alone, for every family's tiny fixture (the GQA cache, DeepSeek's latent cache, gpt-oss's sinks and
  * sliding window, the q/k norms); with moe_lm_cache_last_logits, row i is slot i's last position. To
- * rounding, not to the bit: a row alone of one token goes through the BLAS's sgemv (moe__gemm_row), in a
- * batch through its sgemm, and the GEMMs' tiles change with the rows, so the sums run in other orders. */
+ * rounding, not to the bit: a row alone of one token goes through the one-row product (moe__gemm_row),
+ * in a batch through the BLAS's sgemm, and the GEMMs' tiles change with the rows, so the sums run in
+ * other orders. */
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/gemm.h"
+#include "kernels/work.h"
 #include "internal.h"
 
 /* Tiles per thread: enough to balance experts of different sizes, few enough to keep tiles large. */
@@ -48,19 +49,23 @@ moe_status moe__gemm_run(const moe__gemm *g, int n, int threads) {
   return moe__gemm_run_side(g, n, threads, NULL);
 }
 
+/* Sub-GEMM of rows [m0, m0+m) and columns [n0, n0+n) of C. */
+static moe__gemm gemm_tile(const moe__gemm *g, int m0, int m, int n0, int n);
+
 moe_status moe__gemm_row(const moe__gemm *g, int threads) {
   if (g->M != 1 || g->ta || !g->tb || g->bf16 || g->K <= 0) return moe__gemm_run(g, 1, threads);
-  int nt = moe__threads(threads), parts = 4 * nt, per = ((g->N + parts - 1) / parts + 15) & ~15;
-  const float *W = g->B, *x = g->A;
+  enum { ROWS = 16 }; /* W's rows an item */
+  int nt = moe__threads(threads);
+  moe__qwork work = moe__qwork_of((g->N + ROWS - 1) / ROWS, nt);
 #pragma omp parallel num_threads(nt)
   {
     omp_set_num_threads(1); /* the BLAS single-threaded inside, as in run_tiles */
-#pragma omp for schedule(static)
-    for (int p = 0; p < parts; p++) {
-      int n0 = p * per, n = n0 + per <= g->N ? per : g->N - n0;
-      if (n > 0)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, g->K, g->alpha, W + (size_t)n0 * g->ldb, g->ldb, x, 1, g->beta,
-                    g->C + n0, 1);
+    int t0, n;
+    while ((n = moe__qwork_take(&work, &t0)) > 0) {
+      int n0 = t0 * ROWS, cols = n0 + n * ROWS <= g->N ? n * ROWS : g->N - n0;
+      moe__gemm t = gemm_tile(g, 0, 1, n0, cols);
+      if (!moe__gemm_small(&t)) /* no AVX-512 */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, cols, g->K, g->alpha, t.B, g->ldb, g->A, 1, g->beta, t.C, 1);
     }
   }
   return MOE_OK;

@@ -23,10 +23,12 @@ typedef struct {
 /* Runs the n GEMMs; they must not write overlapping parts of C. Fails only for bf16 GEMMs without
  * memory. */
 moe_status moe__gemm_run(const moe__gemm *g, int n, int threads);
-/* One fp32 GEMM C = alpha A B^T + beta C of one row (M 1, tb, not ta): a decode step's y = x W^T. The
- * BLAS's sgemv over W's rows split between the threads reads W once where it lies (its sgemm packs W
- * first, about doubling the bytes a decode moves); its bits are not moe__gemm_run's. Any other GEMM
- * goes to moe__gemm_run. */
+/* One fp32 GEMM C = alpha A B^T + beta C of one row (M 1, tb, not ta): a decode step's y = x W^T. W's
+ * rows, read once where they lie (the BLAS's sgemm packs W first, about doubling the bytes a decode
+ * moves), are shared by the threads in runs of 16-row items (work.h), each run through the small
+ * kernels' one-row product (gemm_small.c: its rows one after another; the BLAS's sgemv without
+ * AVX-512, which read 1.5 times slower a byte on a Zen 4: perf of a Qwen3-shaped F32 decode); its bits
+ * are not moe__gemm_run's. Any other GEMM goes to moe__gemm_run. */
 moe_status moe__gemm_row(const moe__gemm *g, int threads);
 /* Other work that may run alongside a list of GEMMs: n independent items, run(ctx, i) each, on the
  * same threads (one thread per item, BLAS single-threaded). */

@@ -31,17 +31,6 @@ static void tile_rows(const moe__qkern *kn, const uint8_t *w, size_t wb, int o, 
   }
 }
 
-int moe__qwork_take(moe__qwork *w, int *first) {
-  int at = __atomic_load_n(&w->next, __ATOMIC_RELAXED), n;
-  do {
-    if (at >= w->total) return 0;
-    n = (w->total - at) / (2 * w->nt);
-    n = n < 1 ? 1 : n;
-  } while (!__atomic_compare_exchange_n(&w->next, &at, at + n, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
-  *first = at;
-  return n;
-}
-
 moe__qkern moe__qkern_of(moe_gguf_type t) {
   moe__isa isa = moe__qdot_best();
   return (moe__qkern){moe__qdot_kernel(t, isa), moe__qdot4_kernel(t, isa), moe__qrun_kernel(t, isa)};

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "kernels/quant.h"
+#include "kernels/work.h"
 
 /* A weight matrix of `rows` rows of `cols` values in type `type` (a multiple of its block), row r at
  * w + r * moe__qrow_bytes(type, cols). type 0 (F32) with w NULL: none. */
@@ -28,19 +29,6 @@ int moe__qmat_fits(moe_gguf_type t, int64_t n);
 
 /* Weight rows dotted with every activation row before the next ones (moe__qrows_times). */
 #define MOE__QROWS_TILE 16
-/* The threads of a quantized product share its tiles of weight rows in runs that shrink as the work
- * runs out (OpenMP's guided schedule, by hand so that a thread knows its run): each take is what is
- * left over twice the threads, at least a tile. A run reads its rows one after another (decode
- * streams them from memory; the prefetchers ramp up again at each new run), and the last small runs
- * even out the threads' ends: equal spans, three a thread, left the threads waiting for each other
- * 9% of a Q4_K decode (perf, Zen 4), a thread's last span being a sixth of the work. */
-typedef struct {
-  int next, total, nt;
-} moe__qwork;
-static inline moe__qwork moe__qwork_of(int total, int nt) { return (moe__qwork){0, total, nt < 1 ? 1 : nt}; }
-/* The next run [*first, *first + n) of w's items to the calling thread, n returned; 0 when none is left. */
-int moe__qwork_take(moe__qwork *w, int *first);
-
 /* The dot kernels of a weight type on this CPU (moe__qdot_best's), looked up once per product rather
  * than per span of rows. */
 typedef struct {
