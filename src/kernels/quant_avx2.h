@@ -97,9 +97,14 @@ MOE__AVX512F MOE__QDOT_INLINE void moe__lanes16_out4_512(const __m512 acc[4], in
  * as int16 lanes, against which the activations' 16 sums give by madd min_j (s_2j + s_2j+1) in lane j:
  * moe__k4_msum8. */
 AVX2 static inline __m128i moe__k4_scales_v(const uint8_t *b) {
-  uint32_t a = moe__le32(b + 4), m = moe__le32(b + 8), c = moe__le32(b + 12);
-  return _mm_setr_epi32((int)(a & 0x3f3f3f3fu), (int)((c & 0x0f0f0f0fu) | ((a >> 6) & 0x03030303u) << 4),
-                        (int)(m & 0x3f3f3f3fu), (int)(((c >> 4) & 0x0f0f0f0fu) | ((m >> 6) & 0x03030303u) << 4));
+  /* the block's first 16 bytes: d, dmin, then dwords a (bytes 4-7), m (8-11), c (12-15) of moe__k4_scales */
+  __m128i v = _mm_loadu_si128((const __m128i *)b);
+  __m128i acmc = _mm_shuffle_epi8(v, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+  __m128i aamm = _mm_shuffle_epi8(v, _mm_setr_epi8(4, 5, 6, 7, 4, 5, 6, 7, 8, 9, 10, 11, 8, 9, 10, 11));
+  __m128i low = _mm_and_si128(_mm_srlv_epi32(acmc, _mm_setr_epi32(0, 0, 0, 4)),
+                              _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+  __m128i top = _mm_and_si128(_mm_srli_epi32(aamm, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030)); /* bits 6-7 to 4-5 */
+  return _mm_or_si128(low, top);
 }
 AVX2 static inline __m256i moe__k4_mins(__m128i scales_mins) {
   const __m128i dup = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);

@@ -132,7 +132,7 @@ AVX512 MOE__QDOT_INLINE void k4_acc512(const void *w, const void *a, size_t astr
                                        int qh_at, int nr) {
   #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
-  const __m512i lo4 = _mm512_set1_epi8(15), nib = halves16(0, 4);
+  const __m512i lo4 = _mm512_set1_epi8(15);
   const uint8_t *b = w;
   int qs_at = qh_at ? 48 : 16;
   for (int64_t i = 0; i < n / 256; i++, b += bytes) {
@@ -143,7 +143,8 @@ AVX512 MOE__QDOT_INLINE void k4_acc512(const void *w, const void *a, size_t astr
     __m512i q[4], s[4];
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
-      q[c] = _mm512_and_si512(_mm512_srlv_epi16(twice(b + qs_at + 32 * c), nib), lo4);
+      __m512i x = twice(b + qs_at + 32 * c);
+      q[c] = _mm512_and_si512(_mm512_mask_srli_epi16(x, 0xffff0000u, x, 4), lo4); /* the high half's nibbles */
       if (qh_at) {
         __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << 2 * c)), _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
         q[c] = _mm512_mask_add_epi8(q[c], _mm512_test_epi8_mask(twice(b + qh_at), bit), q[c], _mm512_set1_epi8(16));
@@ -159,7 +160,7 @@ AVX512 MOE__QDOT_INLINE void k4_acc512(const void *w, const void *a, size_t astr
         t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(q[c], _mm512_loadu_si512(y->q + 64 * c)), s[c]);
       acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_set1_ps(dw * y->d), _mm512_cvtepi32_ps(t)));
       __m256 u = _mm256_mul_ps(_mm256_set1_ps(dmw * y->d), _mm256_cvtepi32_ps(moe__k4_msum8(y, mins)));
-      acc[r] = join(_mm256_sub_ps(_mm512_castps512_ps256(acc[r]), u), moe__high512(acc[r]));
+      acc[r] = _mm512_mask_sub_ps(acc[r], 0x00ff, acc[r], _mm512_castps256_ps512(u)); /* lanes 0-7 only */
     }
   }
 }
