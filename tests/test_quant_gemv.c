@@ -122,6 +122,52 @@ TEST(qdot_activation_quantizers) {
   for (int i = 0; i < 256; i++) ASSERT_EQ_INT(k[0].q[i], 0);
 }
 
+/* The AVX-512 quantizers of the activations give the scalar ones' bytes: rows of magnitudes from
+ * subnormal to 2^100 (a block each), zeros and negative zeros, equal magnitudes of both signs (the
+ * first one's sign is Q8_K's), halves after scaling, a NaN, an infinity; 3 blocks of 32 (an odd last
+ * one) and 2 of 256. */
+TEST(qdot_activation_quantizers_avx512_bytes_equal_scalar) {
+  if (moe__qdot_best() < MOE__ISA_AVX512) SKIP("no AVX-512 VNNI on this CPU: its quantizers cannot run here");
+  enum { N = 512 };
+  uint64_t seed = 77;
+  float x[N];
+  static uint8_t s_[N / 64 * MOE__ACT_PAIR_BYTES + MOE__ACT_PAIR_BYTES], v_[sizeof s_];
+  moe__q8k sk[N / 256], vk[N / 256];
+  for (int trial = 0; trial < 60; trial++) {
+    for (int b = 0; b < N / 32; b++) {
+      int e = trial < 40 ? (int)(moe__splitmix(&seed) % 240) - 140 : (int)(moe__splitmix(&seed) % 20) - 10;
+      for (int i = 0; i < 32; i++) x[32 * b + i] = ldexpf(moe__uniform(&seed) - 0.5f, e);
+    }
+    if (trial % 6 == 1) memset(x, 0, sizeof x), x[3] = -0.0f;
+    if (trial % 6 == 2) { /* the largest magnitude twice in each block of 256, first negative then positive */
+      float m = 0;
+      for (int i = 0; i < N; i++) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
+      x[10] = -4 * m, x[12] = 4 * m, x[100] = 4 * m, x[260] = -4 * m, x[300] = 4 * m;
+    }
+    if (trial % 6 == 3)
+      for (int i = 0; i < N; i++) x[i] = (float)((int)(moe__splitmix(&seed) % 255) - 127) + 0.5f * (i % 2);
+    if (trial % 6 == 4) x[moe__splitmix(&seed) % N] = NAN;
+    if (trial % 6 == 5) x[moe__splitmix(&seed) % N] = -INFINITY;
+    for (int t = 0; t < 2; t++) {
+      moe_gguf_type ty = t ? MOE_GGUF_Q4_K : MOE_GGUF_Q8_0;
+      int n = t ? N : 96;
+      void *sa = t ? (void *)sk : s_, *va = t ? (void *)vk : v_;
+      size_t bytes = t ? sizeof sk : (size_t)2 * MOE__ACT_PAIR_BYTES;
+      memset(sa, 0xa5, bytes), memset(va, 0x5a, bytes);
+      moe__act_quantize_by(MOE__ISA_SCALAR, ty, x, sa, n);
+      moe__act_quantize_by(MOE__ISA_AVX512, ty, x, va, n);
+      if (memcmp(sa, va, bytes)) {
+        for (size_t i = 0; i < bytes; i++)
+          if (((uint8_t *)sa)[i] != ((uint8_t *)va)[i]) {
+            FAIL_("%s trial %d: byte %zu is %d, the scalar quantizer's %d", t ? "Q8_K" : "Q8_0", trial, i,
+                  ((uint8_t *)va)[i], ((uint8_t *)sa)[i]);
+            break;
+          }
+      }
+    }
+  }
+}
+
 /* Each type's product against float64 over the dequantized operands, every version, every row count. */
 TEST(qdot_matches_float64) {
   enum { N = 256 * 6, R = MOE__QDOT_ROWS };

@@ -124,6 +124,9 @@ typedef struct {
   int16_t sums[16];
 } moe__q8k;
 
+/* The kernels' versions (each CPU with one has those before it). */
+typedef enum { MOE__ISA_SCALAR, MOE__ISA_AVX2, MOE__ISA_AVX512 } moe__isa;
+
 /* The weight types with dot products here (Q8_0, Q4_0, MXFP4, Q4_K, Q5_K, Q6_K, BF16, F16). */
 int moe__qdot_has(moe_gguf_type w);
 /* The activations' format for weights of type w: for Q8_0, Q4_0 and MXFP4, Q8_0 blocks (exactly the
@@ -140,7 +143,8 @@ int moe__qdot_has(moe_gguf_type w);
 enum { MOE__ACT_Q8_0, MOE__ACT_Q8_K, MOE__ACT_F32, MOE__ACT_FORMATS };
 int moe__act_format(moe_gguf_type w); /* which of the three formats weights of type w take */
 size_t moe__act_bytes(moe_gguf_type w, int64_t n);
-void moe__act_quantize(moe_gguf_type w, const float *x, void *a, int64_t n);
+void moe__act_quantize(moe_gguf_type w, const float *x, void *a, int64_t n);   /* moe__qdot_best's version */
+void moe__act_quantize_by(moe__isa isa, moe_gguf_type w, const float *x, void *a, int64_t n); /* isa's (for tests) */
 void moe__act_from_q8_0(const void *q8_0, void *a, int64_t n);
 void moe__act_dequantize(moe_gguf_type w, const void *a, float *x, int64_t n);
 
@@ -149,7 +153,6 @@ void moe__act_dequantize(moe_gguf_type w, const void *a, float *x, int64_t n);
  * nr rows (8 of them: half the decoding a row of 4, and the AVX-512 versions' registers hold it). */
 #define MOE__QDOT_ROWS 8
 typedef void (*moe__qdot_fn)(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
-typedef enum { MOE__ISA_SCALAR, MOE__ISA_AVX2, MOE__ISA_AVX512 } moe__isa; /* each CPU with one has those before */
 /* Four weight rows at once (wb bytes apart) against nr activation rows (1 to MOE__QDOT4_ROWS): out[j *
  * MOE__QDOT4_ROWS + r] for weight row j, each the bits of the one-row kernel's product (where a type
  * has one: a prefill reuses each activation load four times). */
@@ -195,6 +198,8 @@ void moe__qdot_mxfp4_avx512(const void *w, const void *a, size_t astride, int nr
 void moe__qdot_q4_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot_q5_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
 void moe__qdot_q6_K_avx512(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
+void moe__act_q8_0_avx512(const float *x, uint8_t *b);      /* 32 values into a Q8_0 block (34 bytes) */
+void moe__act_q8_K_avx512(const float *x, moe__q8k *b);     /* 256 values */
 void moe__qrun_q8_0_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
 void moe__qrun_q4_0_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
 void moe__qrun_mxfp4_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);

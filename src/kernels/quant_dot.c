@@ -110,19 +110,32 @@ static void act_q8_K(const float *x, moe__q8k *b) {
   b->d = 1 / is;
 }
 
-void moe__act_quantize(moe_gguf_type w, const float *x, void *a, int64_t n) {
+/* The AVX-512 quantizers where the version has them (the same bytes), the scalar ones else. */
+static int cpu_avx512(void);
+
+void moe__act_quantize_by(moe__isa isa, moe_gguf_type w, const float *x, void *a, int64_t n) {
+  void (*q8_0)(const float *, uint8_t *) = act_q8_0;
+  void (*q8_K)(const float *, moe__q8k *) = act_q8_K;
+#ifdef HAVE_X86
+  if (isa == MOE__ISA_AVX512 && cpu_avx512()) q8_0 = moe__act_q8_0_avx512, q8_K = moe__act_q8_K_avx512;
+#endif
+  (void)isa;
   if (half_float(w)) {
     memcpy(a, x, (size_t)n * 4);
   } else if (k_quant(w)) {
     moe__q8k *b = a;
-    for (int64_t i = 0; i < n / 256; i++) act_q8_K(x + 256 * i, b + i);
+    for (int64_t i = 0; i < n / 256; i++) q8_K(x + 256 * i, b + i);
   } else {
     for (int64_t i = 0; i < n / 32; i++) {
       uint8_t q8[Q8_BYTES];
-      act_q8_0(x + 32 * i, q8);
+      q8_0(x + 32 * i, q8);
       put_block(a, n / 32, i, q8);
     }
   }
+}
+
+void moe__act_quantize(moe_gguf_type w, const float *x, void *a, int64_t n) {
+  moe__act_quantize_by(moe__qdot_best(), w, x, a, n);
 }
 
 void moe__act_dequantize(moe_gguf_type w, const void *a, float *x, int64_t n) {

@@ -8,6 +8,9 @@
  *   K-quants: 64 values a vector: the unsigned weight levels times the int8 activations by maddubs
  *     (pair sums under 2^15: 2 * 63 * 128), times the sub-blocks' scales by vpdpwssd into int32: its
  *     16 lanes are quant.h's, converted and scaled as they are. */
+#include <float.h>
+#include <math.h>
+
 #include "kernels/quant.h"
 #include "kernels/quant_avx2.h"
 
@@ -225,6 +228,70 @@ AVX512 void moe__qdot_q6_K_avx512(const void *w, const void *a, size_t astride, 
   MOE__QDOT_BY_ROWS(nr, q6k_avx512, w, a, astride, n, out)
 }
 
+/* ---------------------------------------------------------------- activations */
+
+/* The activations' quantizers (quant_dot.c's act_q8_0 and act_q8_K) sixteen values at a time, the same
+ * bytes: the products and quotients are the scalar ones' float operations, the roundings exact on
+ * values of at most 128 (cvtps's to nearest even in the default mode, as the scalar one's trick). */
+
+/* Whether every one of the n (a multiple of 16) values at x is finite, and the largest magnitude. */
+AVX512 static inline int finite_amax(const float *x, int n, float *amax) {
+  const __m512 top = _mm512_set1_ps(FLT_MAX);
+  __m512 m = _mm512_setzero_ps();
+  __mmask16 ok = 0xffff;
+  for (int i = 0; i < n; i += 16) {
+    __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+    ok &= _mm512_cmp_ps_mask(a, top, _CMP_LE_OQ); /* NaN and infinities fail */
+    m = _mm512_max_ps(m, a);
+  }
+  *amax = _mm512_reduce_max_ps(m);
+  return ok == 0xffff;
+}
+
+AVX512 void moe__act_q8_0_avx512(const float *x, uint8_t *b) {
+  float amax;
+  int ok = finite_amax(x, 32, &amax);
+  float d = amax / 127, id = d ? 1 / d : 0;
+  if (isinf(id)) id = 0; /* d subnormal (its f16 is 0): every value 0 */
+  uint16_t h = moe__f32_to_f16(ok ? d : NAN);
+  b[0] = (uint8_t)h, b[1] = (uint8_t)(h >> 8);
+  for (int i = 0; i < 32; i += 16) {
+    __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(id));
+    __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __mmask16 away = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    __mmask16 neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
+    __m512i q = _mm512_cvttps_epi32(t);
+    q = _mm512_mask_add_epi32(q, away, q, _mm512_mask_blend_epi32(neg, _mm512_set1_epi32(1), _mm512_set1_epi32(-1)));
+    _mm_storeu_si128((__m128i *)(b + 2 + i), ok ? _mm512_cvtepi32_epi8(q) : _mm_setzero_si128());
+  }
+}
+
+AVX512 void moe__act_q8_K_avx512(const float *x, moe__q8k *b) {
+  float amax, max = 0;
+  int ok = finite_amax(x, 256, &amax);
+  memset(b, 0, sizeof *b);
+  if (!ok) {
+    b->d = NAN;
+    return;
+  }
+  for (int i = 0; i < 256 && amax > 0; i += 16) { /* the first value of that magnitude, with its sign */
+    __mmask16 at = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + i)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+    if (at) {
+      max = x[i + __builtin_ctz(at)];
+      break;
+    }
+  }
+  float is = -127 / max;
+  if (max == 0 || isinf(is)) return;
+  for (int j = 0; j < 16; j++) {
+    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_set1_ps(is), _mm512_loadu_ps(x + 16 * j)));
+    q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+    _mm_storeu_si128((__m128i *)(b->q + 16 * j), _mm512_cvtepi32_epi8(q));
+    b->sums[j] = (int16_t)_mm512_reduce_add_epi32(q);
+  }
+  b->d = 1 / is;
+}
+
 /* ---------------------------------------------------------------- runs of rows (decode) */
 
 /* One weight row's lanes against one activation row, by type t (a constant where this is inlined). */
@@ -251,23 +318,16 @@ AVX512 MOE__QDOT_INLINE void run512(moe_gguf_type t, const void *w, size_t wb, i
   moe__lanes16_out4_512(acc, k, out);
 }
 
-AVX512 void moe__qrun_q8_0_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
-  run512(MOE_GGUF_Q8_0, w, wb, k, a, n, out);
-}
-AVX512 void moe__qrun_q4_0_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
-  run512(MOE_GGUF_Q4_0, w, wb, k, a, n, out);
-}
-AVX512 void moe__qrun_mxfp4_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
-  run512(MOE_GGUF_MXFP4, w, wb, k, a, n, out);
-}
-AVX512 void moe__qrun_q4_K_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
-  run512(MOE_GGUF_Q4_K, w, wb, k, a, n, out);
-}
-AVX512 void moe__qrun_q5_K_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
-  run512(MOE_GGUF_Q5_K, w, wb, k, a, n, out);
-}
-AVX512 void moe__qrun_q6_K_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
-  run512(MOE_GGUF_Q6_K, w, wb, k, a, n, out);
-}
+/* Each type's run kernel: run512 with the type a constant. */
+#define QRUN512(name, type)                                                                                   \
+  AVX512 void moe__qrun_##name##_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) { \
+    run512(type, w, wb, k, a, n, out);                                                                        \
+  }
+QRUN512(q8_0, MOE_GGUF_Q8_0)
+QRUN512(q4_0, MOE_GGUF_Q4_0)
+QRUN512(mxfp4, MOE_GGUF_MXFP4)
+QRUN512(q4_K, MOE_GGUF_Q4_K)
+QRUN512(q5_K, MOE_GGUF_Q5_K)
+QRUN512(q6_K, MOE_GGUF_Q6_K)
 
 #endif
