@@ -18,9 +18,10 @@ static void tile_rows(const moe__qkern *kn, const uint8_t *w, size_t wb, int o, 
                       int nr, int n, float *out, int ldo, int add) {
   float t[MOE__QDOT_ROWS * MOE__QDOT4_ROWS];
   while (o < oe) {
-    int k = nr == 1 && kn->run ? (oe - o < MOE__QRUN_ROWS ? oe - o : MOE__QRUN_ROWS) : kn->dot4 && nr > 1 && oe - o >= 4 ? 4 : 1;
+    int run = nr == 1 && kn->run, k = run ? (oe - o < MOE__QRUN_ROWS ? oe - o : MOE__QRUN_ROWS)
+                                          : kn->dot4 && nr > 1 && oe - o >= 4 ? 4 : 1;
     int step = nr == 1 ? 1 : k == 4 ? MOE__QDOT4_ROWS : 0; /* between weight rows' outputs in t */
-    if (nr == 1 && kn->run) kn->run(w + (size_t)o * wb, wb, k, in, n, t);
+    if (run) kn->run(w + (size_t)o * wb, wb, k, in, n, t);
     else if (k == 4) kn->dot4(w + (size_t)o * wb, wb, in, ab, nr, n, t);
     else kn->dot(w + (size_t)o * wb, in, ab, nr, n, t);
     for (int j = 0; j < k; j++, o++)
