@@ -802,7 +802,8 @@ moe_status moe_expert_cache_prefetch(moe_expert_cache *c, const int *experts, in
  * slower than the compute only for p near 1; nothing before a forward has scored a prediction and a
  * load has been timed. */
 typedef enum { MOE_PREFETCH_OFF, MOE_PREFETCH_ON, MOE_PREFETCH_AUTO } moe_prefetch_mode;
-void moe_expert_cache_set_prefetch(moe_expert_cache *c, moe_prefetch_mode mode);
+/* MOE_ERR_ARG (the mode left as it was) for a mode that is none of the three. */
+moe_status moe_expert_cache_set_prefetch(moe_expert_cache *c, moe_prefetch_mode mode);
 const char *moe_prefetch_mode_name(moe_prefetch_mode m); /* "off", "on", "auto" */
 moe_status moe_prefetch_mode_parse(const char *s, const char *field, moe_prefetch_mode *out);
 /* Reads the n experts into free slots now (waiting for the reads) and keeps them there: never evicted,

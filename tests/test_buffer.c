@@ -235,7 +235,9 @@ TEST(buffer_prefetch_auto_reads_what_pays) {
   prefetch_case_open(failed_, &p, "buffer_prefetch_auto.safetensors");
   if (*failed_) return;
   float y1[3 * 16], y2[3 * 16];
-  moe_expert_cache_set_prefetch(p.cache, MOE_PREFETCH_AUTO);
+  ASSERT_STATUS(moe_expert_cache_set_prefetch(p.cache, (moe_prefetch_mode)7), MOE_ERR_ARG); /* kept: ON */
+  ASSERT(strstr(moe_last_error(), "mode 7 is not"));
+  ASSERT_OK(moe_expert_cache_set_prefetch(p.cache, MOE_PREFETCH_AUTO));
   moe__expert_cache_set_costs(p.cache, 0.01, 1.0);
   moe_expert_cache_stats a, b, c;
   moe_status st = moe_expert_cache_prefetch(p.cache, (int[2]){p.idle[0], p.used}, 2); /* no precision yet */

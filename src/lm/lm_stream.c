@@ -187,7 +187,7 @@ moe_status moe_lm_load_streaming(moe_lm_t *m, const char *dir, const moe_lm_conf
   free(K), free(slot), free(rd);
   if (st == MOE_OK) st = moe__lm_stream_pin(m, s, x);
   for (int i = 0; st == MOE_OK && i < x->n; i++)
-    if (x->caches[i]) moe_expert_cache_set_prefetch(x->caches[i], s->prefetch);
+    if (x->caches[i]) st = moe_expert_cache_set_prefetch(x->caches[i], s->prefetch);
   if (st == MOE_OK && s->prefetch != MOE_PREFETCH_OFF) {
     struct moe_lm_prefetch *p = x->prefetch = calloc(1, sizeof *p);
     if (p) p->caches = x->caches, p->list = malloc((size_t)own.moe.E * sizeof *p->list), p->mark = malloc(2 * (size_t)own.moe.E);

@@ -698,10 +698,14 @@ int moe__prefetch_pays(double p, double read_s, double window_s) {
   return p * hidden > (1 - p) * spent;
 }
 
-void moe_expert_cache_set_prefetch(moe_expert_cache *c, moe_prefetch_mode mode) {
+moe_status moe_expert_cache_set_prefetch(moe_expert_cache *c, moe_prefetch_mode mode) {
+  MOE_TRY(c, MOE_ERR_ARG, "moe_expert_cache_set_prefetch: NULL cache");
+  MOE_TRY((unsigned)mode <= MOE_PREFETCH_AUTO, MOE_ERR_ARG,
+          "moe_expert_cache_set_prefetch: mode %d is not MOE_PREFETCH_OFF, _ON or _AUTO", (int)mode);
   pthread_mutex_lock(&c->w.mu);
   c->prefetch = mode;
   pthread_mutex_unlock(&c->w.mu);
+  return MOE_OK;
 }
 
 static const char *const prefetch_names[] = {"off", "on", "auto"};
