@@ -56,12 +56,12 @@ moe_status moe__gemm_row(const moe__gemm *g, int threads) {
   if (g->M != 1 || g->ta || !g->tb || g->bf16 || g->K <= 0) return moe__gemm_run(g, 1, threads);
   enum { ROWS = 16 }; /* W's rows an item */
   int nt = moe__threads(threads);
-  moe__qwork work = moe__qwork_of((g->N + ROWS - 1) / ROWS, nt);
+  moe__work work = moe__work_of((g->N + ROWS - 1) / ROWS, nt);
 #pragma omp parallel num_threads(nt)
   {
     omp_set_num_threads(1); /* the BLAS single-threaded inside, as in run_tiles */
     int t0, n;
-    while ((n = moe__qwork_take(&work, &t0)) > 0) {
+    while ((n = moe__work_take(&work, &t0)) > 0) {
       int n0 = t0 * ROWS, cols = n0 + n * ROWS <= g->N ? n * ROWS : g->N - n0;
       moe__gemm t = gemm_tile(g, 0, 1, n0, cols);
       if (!moe__gemm_small(&t)) /* no AVX-512 */

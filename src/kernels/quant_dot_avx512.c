@@ -269,12 +269,7 @@ AVX512 void moe__act_q8_0_avx512(const float *x, uint8_t *b) {
 AVX512 void moe__act_q8_K_avx512(const float *x, moe__q8k *b) {
   float amax, max = 0;
   int ok = finite_amax(x, 256, &amax);
-  memset(b, 0, sizeof *b);
-  if (!ok) {
-    b->d = NAN;
-    return;
-  }
-  for (int i = 0; i < 256 && amax > 0; i += 16) { /* the first value of that magnitude, with its sign */
+  for (int i = 0; ok && i < 256 && amax > 0; i += 16) { /* the first value of that magnitude, with its sign */
     __mmask16 at = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + i)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
     if (at) {
       max = x[i + __builtin_ctz(at)];
@@ -282,7 +277,11 @@ AVX512 void moe__act_q8_K_avx512(const float *x, moe__q8k *b) {
     }
   }
   float is = -127 / max;
-  if (max == 0 || isinf(is)) return;
+  if (!ok || max == 0 || isinf(is)) { /* every value 0; a NaN scale where a value is not finite */
+    memset(b, 0, sizeof *b);
+    b->d = ok ? 0.0f : NAN;
+    return;
+  }
   for (int j = 0; j < 16; j++) {
     __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_set1_ps(is), _mm512_loadu_ps(x + 16 * j)));
     q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));

@@ -80,7 +80,7 @@ void moe__qmatmul(const moe__qmat *w, int nw, const float *x, int T, int ldx, fl
     first[j + 1] = first[j] + (w[j].rows + MOE__QROWS_TILE - 1) / MOE__QROWS_TILE;
     col0[j] = j ? col0[j - 1] + w[j - 1].rows : 0;
   }
-  moe__qwork work = moe__qwork_of(first[nw], nt);
+  moe__work work = moe__work_of(first[nw], nt);
 #pragma omp parallel num_threads(nt)
   {
     for (int f = MOE__ACT_Q8_0; f <= MOE__ACT_Q8_K; f++) {
@@ -89,7 +89,7 @@ void moe__qmatmul(const moe__qmat *w, int nw, const float *x, int T, int ldx, fl
       for (int r = 0; r < T; r++) moe__act_quantize(kActType[f], x + (size_t)r * ldx, (uint8_t *)in[f] + (size_t)r * ab[f], I);
     }
     int t0, n;
-    while ((n = moe__qwork_take(&work, &t0)) > 0)
+    while ((n = moe__work_take(&work, &t0)) > 0)
       for (int j = 0; j < nw; j++) { /* the run's part in each matrix */
         int a = t0 > first[j] ? t0 : first[j], b = t0 + n < first[j + 1] ? t0 + n : first[j + 1];
         if (a >= b) continue;

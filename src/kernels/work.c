@@ -1,7 +1,7 @@
 /* Work shared in shrinking runs (work.h). */
 #include "kernels/work.h"
 
-int moe__qwork_take(moe__qwork *w, int *first) {
+int moe__work_take(moe__work *w, int *first) {
   int at = __atomic_load_n(&w->next, __ATOMIC_RELAXED), n;
   do {
     if (at >= w->total) return 0;

@@ -10,9 +10,9 @@
 
 typedef struct {
   int next, total, nt;
-} moe__qwork;
-static inline moe__qwork moe__qwork_of(int total, int nt) { return (moe__qwork){0, total, nt < 1 ? 1 : nt}; }
+} moe__work;
+static inline moe__work moe__work_of(int total, int nt) { return (moe__work){0, total, nt < 1 ? 1 : nt}; }
 /* The next run [*first, *first + n) of w's items to the calling thread, n returned; 0 when none is left. */
-int moe__qwork_take(moe__qwork *w, int *first);
+int moe__work_take(moe__work *w, int *first);
 
 #endif

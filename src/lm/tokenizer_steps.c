@@ -152,7 +152,6 @@ static moe_status behavior(const char *path, const char *where, const cJSON *o, 
              cJSON_IsString(b) ? "\"" : "");
 }
 
-/* Metaspace's prepend_scheme (or the older add_prefix_space) into st->a: 0 never, 1 first, 2 always. */
 /* Metaspace's replacement (default U+2581): never empty (decoding searches for it, encoding puts it
  * for each space; an empty one found a fuzzed decoder looping for ever). */
 static moe_status replacement(const char *path, const char *where, const cJSON *o, moe__tok_step *st) {
@@ -161,6 +160,7 @@ static moe_status replacement(const char *path, const char *where, const cJSON *
   return MOE_OK;
 }
 
+/* Metaspace's prepend_scheme (or the older add_prefix_space) into st->a: 0 never, 1 first, 2 always. */
 static moe_status prepend_scheme(const char *path, const char *where, const cJSON *o, moe__tok_step *st) {
   const cJSON *p = get(o, "prepend_scheme");
   st->a = flag(o, "add_prefix_space", 1) ? 2 : 0;

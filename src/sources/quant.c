@@ -6,7 +6,7 @@
  * A forward is one OpenMP parallel region of four steps, each split over the threads: the input rows
  * quantized (once, for both fc1 and fc3); fc1 and fc3 over runs of (expert, tile of H's rows), each run
  * adding b1 and applying the activation to its rows while they are in cache; h's rows quantized; fc2
- * over runs of (expert, tile of D's rows), adding b2 (runs taken as moe__qwork hands them out). A
+ * over runs of (expert, tile of D's rows), adding b2 (runs taken as moe__work hands them out). A
  * run's rows in an expert go through moe__qrows_times
  * (kernels/quant_matmul.h): a decode step (one row per expert) is a GEMV, a prefill a GEMM that reads
  * each weight row from memory once. Every output is one dot product, whatever the split
@@ -148,10 +148,10 @@ static void item2(const fwd_ctx *c, int e, int d0, int d1) {
 
 /* The runs of w's items (each active group's tiles of `rows` rows, group after group) the calling thread
  * takes, each run cut at the groups' ends into item(c, group, first row, end row) calls. */
-static void take_runs(const fwd_ctx *c, moe__qwork *w, int rows, const int *active,
+static void take_runs(const fwd_ctx *c, moe__work *w, int rows, const int *active,
                       void (*item)(const fwd_ctx *, int, int, int)) {
   int tiles = (rows + MOE__QROWS_TILE - 1) / MOE__QROWS_TILE, t0, n;
-  while ((n = moe__qwork_take(w, &t0)) > 0)
+  while ((n = moe__work_take(w, &t0)) > 0)
     for (int t = t0; t < t0 + n;) {
       int a = t / tiles, end = (a + 1) * tiles < t0 + n ? (a + 1) * tiles : t0 + n;
       int r1 = (end - a * tiles) * MOE__QROWS_TILE;
@@ -168,8 +168,8 @@ void moe__qffn_forward(const moe__qffn *q, const moe_layer_t *l, const moe__grou
                moe__act_bytes(q->t[0], D), moe__act_bytes(q->t[2], D), moe__act_bytes(q->t[1], H),
                moe__qrow_bytes(q->t[0], D), moe__qrow_bytes(q->t[2], D), moe__qrow_bytes(q->t[1], H)};
   int r0 = g->offs[active[0]], r1 = g->offs[active[nact - 1] + 1]; /* the groups between have no rows */
-  moe__qwork w1 = moe__qwork_of(nact * ((H + MOE__QROWS_TILE - 1) / MOE__QROWS_TILE), nt);
-  moe__qwork w2 = moe__qwork_of(nact * ((D + MOE__QROWS_TILE - 1) / MOE__QROWS_TILE), nt);
+  moe__work w1 = moe__work_of(nact * ((H + MOE__QROWS_TILE - 1) / MOE__QROWS_TILE), nt);
+  moe__work w2 = moe__work_of(nact * ((D + MOE__QROWS_TILE - 1) / MOE__QROWS_TILE), nt);
 #pragma omp parallel num_threads(nt)
   {
 #pragma omp for schedule(static)
