@@ -288,7 +288,9 @@ TEST(cli_bench_optimizer_params) {
   ASSERT(strstr(out, "{\"optimizer\": \"adam\", \"params\": 1000, \"threads\": 1, \"step_ms\": "));
   const char *big = strstr(out, "\"params\": 65536, \"threads\": 1, \"step_ms\": ");
   ASSERT(big);
-  double ms = atof(strstr(big, "\"step_ms\": ") + 12), gbs = atof(strstr(big, "\"gb_per_s\": ") + 13);
+  /* the offsets are the keys' lengths: one more skipped a value's first digit (1.00 read as .00) */
+  double ms = atof(strstr(big, "\"step_ms\": ") + strlen("\"step_ms\": "));
+  double gbs = atof(strstr(big, "\"gb_per_s\": ") + strlen("\"gb_per_s\": "));
   if (!(ms > 0 && gbs > 0)) FAIL_("step_ms %g, gb_per_s %g in '%s'", ms, gbs, out);
   ASSERT(!strstr(out, "\"case\""));
   const char *bad[] = {"0", "12,", "7x", "2000000000"};
