@@ -197,6 +197,9 @@ static void attention_case(int *failed_, int window, int sinks) {
                  sinks ? sk : NULL};
   float *scratch = malloc(moe__attn_scratch(&a, 2));
   moe__attn_forward(&a, scratch, 2);
+  float *lse0 = malloc((size_t)B * nh * T * 4); /* the full pass's: the cached decodes below write lse */
+  ASSERT(lse0);
+  memcpy(lse0, lse, (size_t)B * nh * T * 4);
   att_ctx c = {B, T, 0, nh, nkv, hd, ld, dO, window, sinks ? sk64 : NULL};
   double *in = to_double(qkv, nqkv);
   att_ref(&c, in, o64);
@@ -234,7 +237,33 @@ static void attention_case(int *failed_, int window, int sinks) {
   for (int b = 0; b < B; b++)
     for (int i = 0; i < 50 * qd; i++) ASSERT_NEAR(o2[(size_t)b * 50 * qd + i], o[((size_t)b * T + 100) * qd + i], 1e-6);
   free(q2), free(o2), free(scratch2);
-  free(in), free(qkv), free(o), free(dO), free(d), free(lse), free(o64), free(scratch);
+  /* one query row at a time (a decode step's own path): each position's output and log-sum-exp as the
+   * full pass gave them (before, at and past the window's reach, the last key) */
+  int at[] = {0, 1, 69, 70, 71, 100, T - 1};
+  a.Tq = 1;
+  for (int i = 0; i < (int)(sizeof at / sizeof *at); i++) {
+    int p = at[i];
+    a.pos0 = p;
+    float q1[B * ld], o1[B * qd], lse1[B * nh];
+    for (int b = 0; b < B; b++) memcpy(q1 + (size_t)b * ld, qkv + ((size_t)b * T + p) * ld, ld * 4);
+    a.q = q1, a.o = o1, a.lse = lse1;
+    float *scratch1 = malloc(moe__attn_scratch(&a, 2));
+    ASSERT(scratch1);
+    moe__attn_forward(&a, scratch1, 2);
+    free(scratch1);
+    for (int b = 0; b < B; b++) {
+      for (int j = 0; j < qd; j++) {
+        double want = o64[((size_t)b * T + p) * qd + j];
+        if (!(fabs(o1[(size_t)b * qd + j] - want) <= 1e-5))
+          FAIL_("decode row at position %d, batch %d, value %d: %.8g, reference %.8g", p, b, j, o1[(size_t)b * qd + j], want);
+      }
+      for (int h = 0; h < nh; h++)
+        if (!(fabsf(lse1[b * nh + h] - lse0[((size_t)b * nh + h) * T + p]) <= 1e-5f))
+          FAIL_("decode row at position %d, batch %d, head %d: lse %.8g, the full pass's %.8g", p, b, h, lse1[b * nh + h],
+                lse0[((size_t)b * nh + h) * T + p]);
+    }
+  }
+  free(in), free(qkv), free(o), free(dO), free(d), free(lse), free(lse0), free(o64), free(scratch);
 }
 
 /* ---- embedding and cross-entropy ---- */

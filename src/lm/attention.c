@@ -2,12 +2,14 @@
  * block's scores against the keys it sees (a QB x Tk GEMM), the softmax in place, then one GEMM with
  * the values. Backward recomputes the probabilities from the saved log-sum-exp instead of keeping
  * them, so no per-head T x T matrix is ever stored. GEMMs are single-threaded BLAS calls inside the
- * OpenMP loop over (batch, head, block) items. */
+ * OpenMP loop over (batch, head, block) items. A decode step's single query row (Tq 1) skips the
+ * GEMMs: a dot product a key, the softmax and the weighted sum of the values in one loop each. */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 
 #include "kernels/gemm.h"
+#include "kernels/vmath.h"
 #include "kernels.h"
 
 #define QB 64 /* query rows per block: the scores of a block fit in L2 for contexts of a few thousand */
@@ -52,7 +54,55 @@ static void block_probs(float *s, int m, int n, int p0, int window, const float 
   }
 }
 
+/* A decode step's row (Tq 1) of head h of batch b: its scores against the keys it sees in s (n floats),
+ * their softmax with the sink, and o = sum_j p_j v_j, each key and value read once. The block path's
+ * two GEMM calls and their setup cost more than this whole row at a decode's few hundred keys. */
+static void decode_row(const moe__attn *a, int b, int h, float sc, float *s) {
+  int hd = a->hd, grp = a->nh / a->nkv, p0 = a->pos0;
+  int k0 = a->window && p0 + 1 > a->window ? p0 + 1 - a->window : 0, n = p0 + 1 - k0;
+  const float *q = a->q + (size_t)b * a->ldq + (size_t)h * hd;
+  const float *k = a->k + b * a->kv_bs + (size_t)(h / grp) * hd + (size_t)k0 * a->ldkv;
+  const float *v = a->v + b * a->kv_bs + (size_t)(h / grp) * hd + (size_t)k0 * a->ldkv;
+  float *o = a->o + (size_t)b * a->nh * hd + (size_t)h * hd;
+  float mx = a->sinks ? a->sinks[h] : -INFINITY;
+  for (int j = 0; j < n; j++) {
+    const float *kj = k + (size_t)j * a->ldkv;
+    float d = 0;
+#pragma omp simd reduction(+ : d)
+    for (int i = 0; i < hd; i++) d += q[i] * kj[i];
+    s[j] = d * sc;
+    mx = s[j] > mx ? s[j] : mx;
+  }
+  double sum = a->sinks ? exp((double)(a->sinks[h] - mx)) : 0;
+  int j = 0;
+#ifdef __AVX512F__
+  for (; j < n; j += 16) {
+    __mmask16 m = moe__lanes((size_t)(n - j));
+    __m512 e = _mm512_maskz_mov_ps(m, _ZGVeN16v_expf(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), _mm512_set1_ps(mx))));
+    _mm512_mask_storeu_ps(s + j, m, e);
+    sum += _mm512_reduce_add_ps(e);
+  }
+#endif
+  for (; j < n; j++) s[j] = expf(s[j] - mx), sum += s[j];
+  float inv = (float)(1.0 / sum);
+  memset(o, 0, (size_t)hd * sizeof *o);
+  for (j = 0; j < n; j++) {
+    const float *vj = v + (size_t)j * a->ldkv;
+    float p = s[j] * inv;
+#pragma omp simd
+    for (int i = 0; i < hd; i++) o[i] += p * vj[i];
+  }
+  a->lse[(size_t)b * a->nh + h] = mx + (float)log(sum);
+}
+
 void moe__attn_forward(const moe__attn *a, float *scratch, int nt) {
+  if (a->Tq == 1) {
+    float sc = 1.0f / sqrtf((float)a->hd);
+    size_t per = (size_t)2 * (a->pos0 + 1);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int it = 0; it < a->B * a->nh; it++) decode_row(a, it / a->nh, it % a->nh, sc, scratch + per * omp_get_thread_num());
+    return;
+  }
   int nb = nblocks(a->Tq), hd = a->hd, qd = a->nh * hd, grp = a->nh / a->nkv;
   size_t per = (size_t)2 * (a->Tq < QB ? a->Tq : QB) * (a->pos0 + a->Tq);
   float sc = 1.0f / sqrtf((float)hd);
