@@ -337,6 +337,19 @@ TEST(gemm_row_matches_reference) {
             FAIL_("threads %d alpha %g beta %d: y[%d] = %g, want %g", threads, alpha, beta, n, y[n], want);
         }
       }
+  /* alpha 1: each row's value is the small kernels' one-row product of the whole (the router's single
+   * token takes this path and keeps the bits of its one-item chunk), whichever thread took it */
+  memcpy(yr, y0, sizeof y0);
+  moe__gemm whole = {false, true, 1, N, K, 1.0f, 1.0f, x, K, W, LDB, yr, N, false};
+  if (moe__gemm_small(&whole))
+    for (int threads = 1; threads <= 2; threads++) {
+      memcpy(y, y0, sizeof y);
+      moe__gemm g = whole;
+      g.C = y;
+      ASSERT_OK(moe__gemm_row(&g, threads));
+      for (int n = 0; n < N; n++)
+        if (memcmp(&y[n], &yr[n], sizeof y[n])) FAIL_("threads %d: y[%d] = %.9g, the whole product's %.9g", threads, n, y[n], yr[n]);
+    }
   memcpy(x2, x, sizeof x), memcpy(x2 + K, x, sizeof x);
   memset(y2, 0, sizeof y2), memset(yr, 0, sizeof yr);
   moe__gemm g2 = {false, true, 2, N, K, 1.0f, 0.0f, x2, K, W, LDB, y2, N, false}, r2 = g2;

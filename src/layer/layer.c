@@ -611,9 +611,9 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(moe__router_begin(&l->cfg, &w, T, k, l->cached, &s->route, &s->r, p));
   l->cached = NULL; /* one forward */
   s->x = x;
-  moe__router_job job = {&l->cfg, &w, x, &s->r, p};
+  moe__router_job job = {&l->cfg, &w, x, &s->r, p, 0};
   moe__side_work router = moe__router_work(&job);
-  if (!along) MOE_CHECK(moe__gemm_run_side(NULL, 0, s->threads, &router)); /* the router first */
+  if (!along) MOE_CHECK(moe__router_run(&job, s->threads)); /* the router first */
   double gate_s = moe__now() - tg;
   MOE_CHECK(place(l));
   if (s->pol) MOE_CHECK(s->pol->pick(s->pol_self, l, p, &n, &env.setup_r)); /* at this capacity: r, n and the all-to-all */

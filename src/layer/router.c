@@ -70,18 +70,25 @@ static float cosine_scale(const moe__weights *w) {
 
 /* Logits of tokens [t0, t0 + n) on the calling thread. The cosine router's expert embeddings are
  * normalized before (moe__router_begin). */
+static moe__gemm linear_logits(const moe_layer_config *cfg, const moe__weights *w, const float *x, moe__router *r,
+                               int t0, int n) {
+  int D = cfg->D, E = cfg->E;
+  float *logits = r->logits + (size_t)t0 * E;
+  if (w->gb)
+    for (int t = 0; t < n; t++) memcpy(logits + (size_t)t * E, w->gb, (size_t)E * 4);
+  return (moe__gemm){false, true, n, E, D, 1.0f, w->gb ? 1.0f : 0.0f, x + (size_t)t0 * D, D, w->gw, D, logits, E, false};
+}
+
 static void compute_logits(const moe_layer_config *cfg, const moe__weights *w, const float *x, moe__router *r,
                            int t0, int n) {
   int D = cfg->D, E = cfg->E, P = cfg->proj_dim;
-  x += (size_t)t0 * D;
-  float *logits = r->logits + (size_t)t0 * E;
   if (cfg->router == MOE_ROUTER_LINEAR) {
-    if (w->gb)
-      for (int t = 0; t < n; t++) memcpy(logits + (size_t)t * E, w->gb, (size_t)E * 4);
-    moe__gemm g = {false, true, n, E, D, 1.0f, w->gb ? 1.0f : 0.0f, x, D, w->gw, D, logits, E, false};
+    moe__gemm g = linear_logits(cfg, w, x, r, t0, n);
     moe__gemm_one(&g);
     return;
   }
+  x += (size_t)t0 * D;
+  float *logits = r->logits + (size_t)t0 * E;
   float *proj = r->proj + (size_t)t0 * P;
   for (int t = 0; t < n; t++) memcpy(proj + (size_t)t * P, w->pb, (size_t)P * 4);
   moe__gemm g = {false, true, n, P, D, 1.0f, 1.0f, x, D, w->pw, D, proj, P, false};
@@ -213,7 +220,7 @@ static void gate_rows(void *job, int c) {
   moe__router *r = j->r;
   moe__plan *p = j->p;
   int E = cfg->E, k = p->k, t0 = c * GATE_ROWS, t1 = t0 + GATE_ROWS < p->T ? t0 + GATE_ROWS : p->T;
-  compute_logits(cfg, j->w, j->x, r, t0, t1 - t0);
+  if (!j->logits_ready) compute_logits(cfg, j->w, j->x, r, t0, t1 - t0);
   int norm = cfg->normalize_topk < 0 ? k > 1 : cfg->normalize_topk;
   for (int t = t0; t < t1; t++) {
     const float *prob = r->probs + (size_t)t * E;
@@ -294,6 +301,18 @@ moe_status moe__router_end(const moe_layer_config *cfg, moe__router *r, const mo
 }
 
 moe__side_work moe__router_work(moe__router_job *job) { return (moe__side_work){gate_rows, job, gate_chunks(job->p->T)}; }
+
+moe_status moe__router_run(moe__router_job *job, int threads) {
+  if (job->p->T == 1 && job->cfg->router == MOE_ROUTER_LINEAR) {
+    moe__gemm g = linear_logits(job->cfg, job->w, job->x, job->r, 0, 1);
+    MOE_CHECK(moe__gemm_row(&g, threads));
+    job->logits_ready = 1;
+    gate_rows(job, 0);
+    return MOE_OK;
+  }
+  moe__side_work work = moe__router_work(job);
+  return moe__gemm_run_side(NULL, 0, threads, &work);
+}
 
 moe_status moe__router_backward(const moe_layer_config *cfg, const moe__weights *wp, const moe__weights *gwp,
                                 const float *x, const moe__router *r, const moe__plan *pl, const float *dw,

@@ -54,6 +54,7 @@ typedef struct {
   const float *x; /* (T, D) the forward's input */
   moe__router *r;
   moe__plan *p;
+  int logits_ready; /* the logits are in r already (moe__router_run's single token) */
 } moe__router_job;
 /* The forward is cut in three so that the router can run alongside the experts when the assignment is
  * known before it (sample-assignment caching): begin (the router's cache and the plan's arrays from the
@@ -64,6 +65,11 @@ size_t moe__router_bytes(const moe_layer_config *cfg, int T, int k);
 moe_status moe__router_begin(const moe_layer_config *cfg, const moe__weights *w, int T, int k, const int32_t *cached,
                              moe__arena *route, moe__router *r, moe__plan *p);
 moe__side_work moe__router_work(moe__router_job *job);
+/* The router's rows on their own, on `threads` threads. A single token's linear logits (a decode step)
+ * are one product over all the threads, the gate's rows shared (moe__gemm_row: the same one-row kernel
+ * as the chunk's, so the same bits): as one work item one thread read the whole gate while the others
+ * waited (64 x 1024 floats a layer in a Qwen3-shaped model, 4.5% of its decode). */
+moe_status moe__router_run(moe__router_job *job, int threads);
 moe_status moe__router_end(const moe_layer_config *cfg, moe__router *r, const moe__plan *p);
 /* dw (T, k): the gradient of the combine weights; adds the router's weight gradients to gw and its
  * input gradient to dx (T, D), from the forward's input x. */

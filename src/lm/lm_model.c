@@ -1002,8 +1002,9 @@ static moe_status layer_forward(moe_lm_t *m, int i, moe_lm_cache *kv, moe_lm_sta
   out->seq_aux += ls->seq_aux_loss;
   if (kv) memcpy(kv->counts + (size_t)i * c->moe.E, ls->expert_counts, (size_t)c->moe.E * sizeof *kv->counts);
   /* Mixtral's balance loss (gpt-oss's over its scores, only when on); DeepSeek has no model-wide one
-   * (check_mla) */
-  if (!is_deepseek(c->family) && (c->family != MOE_LM_GPT_OSS || c->aux_coef > 0))
+   * (check_mla). A decode has no loss to give: its router logits again (a second read of the gate,
+   * the other thread waiting on a token's one tile) were 2% of a Qwen3-shaped Q8_0 decode. */
+  if (!kv && !is_deepseek(c->family) && (c->family != MOE_LM_GPT_OSS || c->aux_coef > 0))
     st = moe__lbl_forward(&s->lbl, a->xn2, moe_layer_param(l, "gate.weight"), moe_layer_param(l, "gate.bias"),
                           ls->experts, a->probs, nt);
   s->lap_moe += t1 - t0 - ls->router_seconds;
