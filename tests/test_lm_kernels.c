@@ -237,25 +237,27 @@ static void attention_case(int *failed_, int window, int sinks) {
   for (int b = 0; b < B; b++)
     for (int i = 0; i < 50 * qd; i++) ASSERT_NEAR(o2[(size_t)b * 50 * qd + i], o[((size_t)b * T + 100) * qd + i], 1e-6);
   free(q2), free(o2), free(scratch2);
-  /* one query row at a time (a decode step's own path): each position's output and log-sum-exp as the
-   * full pass gave them (before, at and past the window's reach, the last key) */
+  /* one query row at a time (a decode step's own path, its keys in tiles of 32): each position's output
+   * and log-sum-exp as the full pass gave them (before, at and past the window's reach, the last key),
+   * on 1 to 3 threads (3 split a row's heads between two threads) */
   int at[] = {0, 1, 69, 70, 71, 100, T - 1};
   a.Tq = 1;
-  for (int i = 0; i < (int)(sizeof at / sizeof *at); i++) {
-    int p = at[i];
+  for (int i = 0; i < 3 * (int)(sizeof at / sizeof *at); i++) {
+    int p = at[i / 3], nt = 1 + i % 3;
     a.pos0 = p;
     float q1[B * ld], o1[B * qd], lse1[B * nh];
     for (int b = 0; b < B; b++) memcpy(q1 + (size_t)b * ld, qkv + ((size_t)b * T + p) * ld, ld * 4);
     a.q = q1, a.o = o1, a.lse = lse1;
-    float *scratch1 = malloc(moe__attn_scratch(&a, 2));
+    float *scratch1 = malloc(moe__attn_scratch(&a, nt));
     ASSERT(scratch1);
-    moe__attn_forward(&a, scratch1, 2);
+    moe__attn_forward(&a, scratch1, nt);
     free(scratch1);
     for (int b = 0; b < B; b++) {
       for (int j = 0; j < qd; j++) {
         double want = o64[((size_t)b * T + p) * qd + j];
         if (!(fabs(o1[(size_t)b * qd + j] - want) <= 1e-5))
-          FAIL_("decode row at position %d, batch %d, value %d: %.8g, reference %.8g", p, b, j, o1[(size_t)b * qd + j], want);
+          FAIL_("decode row at position %d, %d threads, batch %d, value %d: %.8g, reference %.8g", p, nt, b, j,
+                o1[(size_t)b * qd + j], want);
       }
       for (int h = 0; h < nh; h++)
         if (!(fabsf(lse1[b * nh + h] - lse0[((size_t)b * nh + h) * T + p]) <= 1e-5f))

@@ -3,7 +3,8 @@
  * the values. Backward recomputes the probabilities from the saved log-sum-exp instead of keeping
  * them, so no per-head T x T matrix is ever stored. GEMMs are single-threaded BLAS calls inside the
  * OpenMP loop over (batch, head, block) items. A decode step's single query row (Tq 1) skips the
- * GEMMs: a dot product a key, the softmax and the weighted sum of the values in one loop each. */
+ * GEMMs: each thread takes a share of the heads and streams the cache a position at a time, in tiles
+ * of keys with the softmax online across them (decode_heads). */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -54,53 +55,138 @@ static void block_probs(float *s, int m, int n, int p0, int window, const float 
   }
 }
 
-/* A decode step's row (Tq 1) of head h of batch b: its scores against the keys it sees in s (n floats),
- * their softmax with the sink, and o = sum_j p_j v_j, each key and value read once. The block path's
- * two GEMM calls and their setup cost more than this whole row at a decode's few hundred keys. */
-static void decode_row(const moe__attn *a, int b, int h, float sc, float *s) {
-  int hd = a->hd, grp = a->nh / a->nkv, p0 = a->pos0;
-  int k0 = a->window && p0 + 1 > a->window ? p0 + 1 - a->window : 0, n = p0 + 1 - k0;
-  const float *q = a->q + (size_t)b * a->ldq + (size_t)h * hd;
-  const float *k = a->k + b * a->kv_bs + (size_t)(h / grp) * hd + (size_t)k0 * a->ldkv;
-  const float *v = a->v + b * a->kv_bs + (size_t)(h / grp) * hd + (size_t)k0 * a->ldkv;
-  float *o = a->o + (size_t)b * a->nh * hd + (size_t)h * hd;
-  float mx = a->sinks ? a->sinks[h] : -INFINITY;
-  for (int j = 0; j < n; j++) {
-    const float *kj = k + (size_t)j * a->ldkv;
-    float d = 0;
-#pragma omp simd reduction(+ : d)
-    for (int i = 0; i < hd; i++) d += q[i] * kj[i];
-    s[j] = d * sc;
-    mx = s[j] > mx ? s[j] : mx;
-  }
-  double sum = a->sinks ? exp((double)(a->sinks[h] - mx)) : 0;
+#define DECODE_KEYS 32 /* keys a tile of a decode step: their scores for a thread's heads on its stack */
+
+/* s[0, m) := exp(s - mx); returns their sum. */
+static double exp_shifted(float *s, int m, float mx) {
+  double sum = 0;
   int j = 0;
 #ifdef __AVX512F__
-  for (; j < n; j += 16) {
-    __mmask16 m = moe__lanes((size_t)(n - j));
-    __m512 e = _mm512_maskz_mov_ps(m, _ZGVeN16v_expf(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), _mm512_set1_ps(mx))));
-    _mm512_mask_storeu_ps(s + j, m, e);
+  for (; j < m; j += 16) {
+    __mmask16 k = moe__lanes((size_t)(m - j));
+    __m512 e = _mm512_maskz_mov_ps(k, _ZGVeN16v_expf(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), _mm512_set1_ps(mx))));
+    _mm512_mask_storeu_ps(s + j, k, e);
     sum += _mm512_reduce_add_ps(e);
   }
 #endif
-  for (; j < n; j++) s[j] = expf(s[j] - mx), sum += s[j];
-  float inv = (float)(1.0 / sum);
-  memset(o, 0, (size_t)hd * sizeof *o);
-  for (j = 0; j < n; j++) {
-    const float *vj = v + (size_t)j * a->ldkv;
-    float p = s[j] * inv;
-#pragma omp simd
-    for (int i = 0; i < hd; i++) o[i] += p * vj[i];
+  for (; j < m; j++) s[j] = expf(s[j] - mx), sum += s[j];
+  return sum;
+}
+
+/* a . b over n floats. */
+static inline float dot(const float *a, const float *b, int n) {
+#ifdef __AVX512F__ /* GCC's simd reduction kept its partial sums on the stack and added the lanes one by one */
+  __m512 acc = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += 16) {
+    __mmask16 k = moe__lanes((size_t)(n - i));
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), acc);
   }
-  a->lse[(size_t)b * a->nh + h] = mx + (float)log(sum);
+  return _mm512_reduce_add_ps(acc);
+#else
+  float d = 0;
+  for (int i = 0; i < n; i++) d += a[i] * b[i];
+  return d;
+#endif
+}
+
+/* o (n floats) += sum_j p[j] v_j over m rows v_j ld floats apart, o held in registers 64 floats at a time. */
+static void add_weighted_rows(float *o, int n, const float *p, const float *v, size_t ld, int m) {
+#ifdef __AVX512F__
+  for (int i = 0; i < n; i += 64) {
+    __mmask16 k[4];
+    __m512 acc[4];
+    for (int c = 0; c < 4; c++) {
+      k[c] = i + 16 * c < n ? moe__lanes((size_t)(n - i - 16 * c)) : 0;
+      acc[c] = _mm512_maskz_loadu_ps(k[c], o + i + 16 * c);
+    }
+    for (int j = 0; j < m; j++) {
+      __m512 pj = _mm512_set1_ps(p[j]);
+      for (int c = 0; c < 4; c++) acc[c] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(k[c], v + j * ld + i + 16 * c), acc[c]);
+    }
+    for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + i + 16 * c, k[c], acc[c]);
+  }
+#else
+  for (int j = 0; j < m; j++)
+    for (int i = 0; i < n; i++) o[i] += p[j] * v[j * ld + i];
+#endif
+}
+
+#define AHEAD 4 /* key rows fetched ahead */
+
+/* Asks for the cache lines of x[0, n) to be fetched. */
+static void prefetch_span(const float *x, size_t n) {
+  for (size_t i = 0; i < n; i += 16) __builtin_prefetch(x + i);
+  __builtin_prefetch(x + n - 1);
+}
+
+static void scale_row(float *x, int n, float f) {
+#pragma omp simd
+  for (int i = 0; i < n; i++) x[i] *= f;
+}
+
+/* Heads [h0, h1) of batch row b's single query (Tq 1: a decode step). The keys go in tiles, each key's
+ * row read once for all those heads (a head at a time read a kv head's rows once for each head of its
+ * group: from memory, at a long context) and a position at a time, so the cache streams. The softmax
+ * runs online across the tiles (each tile's max rescales the sums so far, as in flash-decoding),
+ * o = sum_j p_j v_j / sum_j p_j, with the sink in the sum. */
+static void decode_heads(const moe__attn *a, int b, int h0, int h1, float sc) {
+  int hd = a->hd, grp = a->nh / a->nkv, p0 = a->pos0, nh = h1 - h0;
+  int k0 = a->window && p0 + 1 > a->window ? p0 + 1 - a->window : 0, n = p0 + 1 - k0;
+  const float *q = a->q + (size_t)b * a->ldq, *k = a->k + b * a->kv_bs + (size_t)k0 * a->ldkv;
+  const float *v = a->v + b * a->kv_bs + (size_t)k0 * a->ldkv;
+  float *o = a->o + (size_t)b * a->nh * hd, s[nh][DECODE_KEYS], mx[nh];
+  double sum[nh];
+  size_t span0 = (size_t)(h0 / grp) * hd, span = (size_t)((h1 - 1) / grp + 1) * hd - span0; /* this thread's kv heads */
+  for (int j = 0; j < AHEAD && j < n; j++) prefetch_span(k + (size_t)j * a->ldkv + span0, span);
+  for (int h = 0; h < nh; h++) {
+    mx[h] = a->sinks ? a->sinks[h0 + h] : -INFINITY;
+    sum[h] = a->sinks ? 1.0 : 0.0; /* the sink's exp(sink - max) */
+    memset(o + (size_t)(h0 + h) * hd, 0, (size_t)hd * sizeof *o);
+  }
+  for (int j0 = 0; j0 < n; j0 += DECODE_KEYS) {
+    int m = n - j0 < DECODE_KEYS ? n - j0 : DECODE_KEYS;
+    for (int j = 0; j < m; j++) {
+      const float *kj = k + (size_t)(j0 + j) * a->ldkv;
+      /* the cache comes from memory (a token's weights pass through the caches between two reads of
+       * it): the keys AHEAD rows on and this row's values are fetched while the scores are computed */
+      if (j0 + j + AHEAD < n) prefetch_span(kj + (size_t)AHEAD * a->ldkv + span0, span);
+      prefetch_span(v + (size_t)(j0 + j) * a->ldkv + span0, span);
+      for (int h = 0; h < nh; h++) s[h][j] = dot(q + (size_t)(h0 + h) * hd, kj + (size_t)((h0 + h) / grp) * hd, hd) * sc;
+    }
+    for (int h = 0; h < nh; h++) {
+      float top = mx[h];
+      for (int j = 0; j < m; j++) top = s[h][j] > top ? s[h][j] : top;
+      if (top > mx[h] && mx[h] > -INFINITY) { /* a new max: what is summed so far shrinks by exp(old - new) */
+        float f = expf(mx[h] - top);
+        sum[h] *= f;
+        scale_row(o + (size_t)(h0 + h) * hd, hd, f);
+      }
+      mx[h] = top;
+      sum[h] += exp_shifted(s[h], m, top);
+    }
+    for (int h = 0; h < nh; h++) /* the tile's rows are in L1 after the first head of their kv head */
+      add_weighted_rows(o + (size_t)(h0 + h) * hd, hd, s[h], v + (size_t)j0 * a->ldkv + (size_t)((h0 + h) / grp) * hd,
+                        (size_t)a->ldkv, m);
+  }
+  for (int h = 0; h < nh; h++) {
+    scale_row(o + (size_t)(h0 + h) * hd, hd, (float)(1.0 / sum[h]));
+    a->lse[(size_t)b * a->nh + h0 + h] = mx[h] + (float)log(sum[h]);
+  }
 }
 
 void moe__attn_forward(const moe__attn *a, float *scratch, int nt) {
-  if (a->Tq == 1) {
+  if (a->Tq == 1) { /* the B rows' heads in one contiguous share a thread */
     float sc = 1.0f / sqrtf((float)a->hd);
-    size_t per = (size_t)2 * (a->pos0 + 1);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int it = 0; it < a->B * a->nh; it++) decode_row(a, it / a->nh, it % a->nh, sc, scratch + per * omp_get_thread_num());
+    int items = a->B * a->nh;
+#pragma omp parallel num_threads(nt)
+    {
+      int t = omp_get_thread_num(), team = omp_get_num_threads();
+      int i0 = (int)((long long)items * t / team), i1 = (int)((long long)items * (t + 1) / team);
+      for (int b = i0 / a->nh; b < a->B && b * a->nh < i1; b++) {
+        int h0 = i0 > b * a->nh ? i0 - b * a->nh : 0, h1 = i1 < (b + 1) * a->nh ? i1 - b * a->nh : a->nh;
+        if (h1 > h0) decode_heads(a, b, h0, h1, sc);
+      }
+    }
     return;
   }
   int nb = nblocks(a->Tq), hd = a->hd, qd = a->nh * hd, grp = a->nh / a->nkv;
