@@ -4,10 +4,12 @@
 # median of 3 runs of N tokens from an empty cache, 2 threads), REF first in odd rounds and NEW first in
 # even ones, then per model each build's median tok/s over the rounds (min-max) and NEW's over REF's.
 #
-#   bench/alternate_decode.sh REF_MOE NEW_MOE MODEL... (env ROUNDS (5), N (64), THREADS (2))
+#   bench/alternate_decode.sh REF_MOE NEW_MOE MODEL... (env ROUNDS (5), N (64), THREADS (2); REF_ENV and
+#   NEW_ENV: VAR=value words each side runs with, e.g. REF_ENV=MOE_NO_MMAP=0 NEW_ENV=MOE_NO_MMAP=1 and one
+#   build twice: mapped against read)
 set -eu
 if [ $# -lt 3 ]; then
-  sed -n '2,7s/^# \{0,1\}//p' "$0" >&2
+  sed -n '2,9s/^# \{0,1\}//p' "$0" >&2
   exit 2
 fi
 REF=$1 NEW=$2
@@ -21,8 +23,9 @@ for m in "$@"; do
   for i in $(seq "$ROUNDS"); do
     order="ref new"; [ $((i % 2)) = 0 ] && order="new ref"
     for side in $order; do
-      bin=$REF; [ $side = new ] && bin=$NEW
-      "$bin" bench --lm "$m" --prompt-tokens 0 --gen-tokens "$N" --threads "$THREADS" --reps 3 --json |
+      bin=$REF vars=${REF_ENV:-}; [ $side = new ] && bin=$NEW vars=${NEW_ENV:-}
+      # shellcheck disable=SC2086 # vars: several words
+      env $vars "$bin" bench --lm "$m" --prompt-tokens 0 --gen-tokens "$N" --threads "$THREADS" --reps 3 --json |
         sed -n 's/.*"decode_tok_s": *\([0-9.e+]*\).*/\1/p' >>"$OUT/$side.txt"
     done
   done

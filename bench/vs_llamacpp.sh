@@ -11,6 +11,8 @@
 # may be one the runs never saw) bounds it: each side's decode is also given in GB/s (libmoe's count of
 # the weight bytes a token reads, times its tokens/s: the same bytes for both) and libmoe's as a share
 # of that bound.
+# Both sides read the file into memory: libmoe by default (a model that fits: DESIGN 4.8c) and
+# llama.cpp with -mmp 0 (its decode was 8-10% faster so than mapped, Q8_0, Zen 4); MMP=1 maps it.
 # SHAPE=qwen3: Qwen3-30B-A3B's expert structure at a few hundred MB (64 experts of width 384, top-8, D
 # 1024, 16 heads of 64, 4 KV heads, 6 layers) in the Mixtral architecture, since this llama.cpp has no
 # qwen3moe: the same routing function as Qwen3's with norm_topk_prob (softmax, top-k, renormalized),
@@ -29,6 +31,7 @@ P=${P:-512}
 N=${N:-128}
 WORK=${WORK:-/tmp/vs_llamacpp}
 SHAPE=${SHAPE:-mixtral}
+MMP=${MMP:-0}
 BENCH=$LLAMA/bin/llama-bench
 READ_BW=$(dirname "$MOE")/read_bandwidth
 [ -x "$BENCH" ] || { echo "vs_llamacpp: no $BENCH" >&2; exit 1; }
@@ -58,7 +61,7 @@ for t in $TYPES; do
       [ $((r % 2)) -eq 0 ] && side=$([ "$side" = llama ] && echo moe || echo llama) # alternate who goes first
       bandwidth >> "$WORK/bw.txt"
       if [ "$side" = llama ]; then
-        "$BENCH" -m "$G" -p "$P" -n "$N" -t "$THREADS" -r 1 -o jsonl 2>/dev/null |
+        "$BENCH" -m "$G" -p "$P" -n "$N" -t "$THREADS" -r 1 -mmp "$MMP" -o jsonl 2>/dev/null |
           sed -n 's/.*"n_prompt": *\([0-9]*\), *"n_gen": *\([0-9]*\).*"avg_ts": *\([0-9.e+]*\).*/\1 \2 \3/p' |
           while read -r np ng ts; do
             if [ "$np" -gt 0 ]; then echo "$ts" >> "$WORK/llama_pp.txt"; else echo "$ts" >> "$WORK/llama_tg.txt"; fi

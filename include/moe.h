@@ -1315,11 +1315,13 @@ moe_status moe_lm_read_config(const char *dir, moe_lm_config *c);
  * one of another dtype MOE_ERR_DTYPE, a NaN or Inf MOE_ERR_VALUE: each naming the file and the tensor
  * (and both shapes). A tensor the model does not have is MOE_ERR_FORMAT naming the file and the tensor
  * (except rotary_emb.inv_freq tables, which older transformers saved and are recomputed).
- * Parameters stored as the model keeps them (F32, whole, unpermuted; a GGUF file's too) are mapped
- * from the file, not read: private copy-on-write pages of it, which the model unmaps when freed (a
- * write to one, training, copies that page; the file is never written; a file changed on disk while
- * a model maps it changes the model: do not). MOE_NO_MMAP=1 in the environment reads them instead.
- * See DESIGN 4.8c. */
+ * A checkpoint whose weights take more than half of the memory available (MemAvailable) is mapped:
+ * the parameters stored as the model keeps them (F32, whole, unpermuted; a GGUF file's too) become
+ * private copy-on-write pages of the file, which the model unmaps when freed (a write to one, training,
+ * copies that page; the file is never written; a file changed on disk while a model maps it changes
+ * the model: do not), and a GGUF file's weights kept in their stored type are its mapped bytes. One that
+ * fits is read into memory (2 MiB pages: decode reads it faster). MOE_NO_MMAP=1 in the environment
+ * always reads, MOE_NO_MMAP=0 always maps. See DESIGN 4.8c. */
 moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c);
 /* Bytes of m's weights that are pages of its checkpoint file, not copies: the fp32 ones moe_lm_load
  * mapped, and a GGUF file's weights kept in their stored type where they lie. Resident memory counts

@@ -19,7 +19,7 @@
 static int load(const char *path, int map, moe_lm_t *m) {
   moe__lm_set_mapping(map);
   moe_status st = moe_lm_load(m, path, NULL);
-  moe__lm_set_mapping(1);
+  moe__lm_set_mapping(-1);
   if (st == MOE_OK) return 1;
   fprintf(stderr, "  %s (%s): %s\n", path, map ? "mapped" : "read", moe_last_error());
   return 0;
@@ -140,6 +140,47 @@ TEST(lm_map_weights_are_the_files_pages_until_freed) {
   moe_lm_free(&m);
 }
 
+/* A GGUF file whose experts, attention and head stay in their stored type (Q8_0): mapped, they are
+ * the file's pages; read, the file's bytes in anonymous memory (2 MiB pages: lm_map.h), none of it
+ * mapped while the model lives; the same logits either way. */
+TEST(lm_map_quantized_gguf_mapped_or_read_in) {
+  moe_lm_t m;
+  ASSERT(paged_model(&m));
+  char gguf[512];
+  moe_lm_gguf_options o = {MOE_GGUF_Q8_0, NULL, NULL};
+  ASSERT_OK(moe_lm_save_gguf(&m, test_tmp_path("lm_map_q8.gguf", gguf, sizeof gguf), &o));
+  moe_lm_free(&m);
+  size_t mapped;
+  ASSERT(same_both_ways(gguf, tokens, 6, &mapped));
+  ASSERT(mapped > 0);
+  moe_lm_t a, b;
+  ASSERT(load(gguf, 1, &a));
+  int in_a = mapped_from("lm_map_q8.gguf", NULL);
+  moe_lm_free(&a);
+  ASSERT(load(gguf, 0, &b));
+  int in_b = mapped_from("lm_map_q8.gguf", NULL);
+  size_t mb = moe_lm_mapped_bytes(&b);
+  int q8 = b.cfg.moe.expert_type == MOE_GGUF_Q8_0;
+  moe_lm_free(&b);
+  ASSERT(q8);
+  ASSERT(in_a);
+  ASSERT(!in_b);
+  ASSERT(mb == 0);
+}
+
+/* MOE_NO_MMAP 1 reads, 0 maps; otherwise a load reads what fits in half the memory available, and maps
+ * when that is unknown. */
+TEST(lm_map_choice_follows_the_environment_and_the_memory) {
+  ASSERT(moe__lm_map_choice("1", 10, 1000) == 0);
+  ASSERT(moe__lm_map_choice("0", 10, 1000) == 1);
+  ASSERT(moe__lm_map_choice("0", 900, 1000) == 1);
+  ASSERT(moe__lm_map_choice("1", 900, 1000) == 0);
+  ASSERT(moe__lm_map_choice(NULL, 500, 1000) == 0);
+  ASSERT(moe__lm_map_choice(NULL, 501, 1000) == 1);
+  ASSERT(moe__lm_map_choice("yes", 400, 1000) == 0);
+  ASSERT(moe__lm_map_choice(NULL, 10, 0) == 1);
+}
+
 /* The whole file, malloc'd, its size in *n. */
 static unsigned char *slurp(const char *path, size_t *n) {
   FILE *f = fopen(path, "rb");
@@ -197,6 +238,7 @@ TEST(lm_map_truncated_file_names_the_tensor) {
     moe_lm_t r;
     moe__lm_set_mapping(1);
     moe_status st = moe_lm_load(&r, load_from[k], NULL);
+    moe__lm_set_mapping(-1);
     if (st == MOE_OK) moe_lm_free(&r);
     ASSERT(st != MOE_OK);
     if (!strstr(moe_last_error(), "tensor '")) FAIL_("%s: no tensor named in: %s", cut[k], moe_last_error());

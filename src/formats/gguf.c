@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/pread_all.h"
 #include "formats/gguf.h"
 #include "internal.h"
 
@@ -36,8 +37,9 @@ typedef struct {
 
 struct moe_gguf {
   char *path;
-  const uint8_t *map;
+  const uint8_t *map; /* the file's bytes: mapped, or (copied) read into anonymous memory */
   size_t size;
+  int copied;
   uint32_t alignment;
   uint64_t data_off;
   kv_entry *kv;
@@ -361,7 +363,8 @@ static moe_status parse(moe_gguf *g) {
   return place_tensors(g, c.pos);
 }
 
-moe_status moe_gguf_open(moe_gguf **out, const char *path) {
+/* moe_gguf_open, the bytes mapped or (copy) read. */
+static moe_status open_file(moe_gguf **out, const char *path, int copy) {
   MOE_TRY(out && path, MOE_ERR_ARG, "moe_gguf_open: NULL %s", out ? "path" : "out");
   *out = NULL;
   moe_gguf *g = calloc(1, sizeof *g);
@@ -376,9 +379,16 @@ moe_status moe_gguf_open(moe_gguf **out, const char *path) {
                                          : MOE_OK;
   if (st == MOE_OK && sb.st_size > 0) {
     g->size = (size_t)sb.st_size;
-    void *m = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) st = moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: mmap: %s", path, strerror(errno));
-    else g->map = m;
+    if (copy) {
+      uint8_t *b = moe__map_alloc(g->size, 0);
+      st = b ? moe__pread_all(fd, path, "the file", 0, b, g->size)
+             : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory for its %zu bytes", path, g->size);
+      if (b) g->map = b, g->copied = 1;
+    } else {
+      void *m = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (m == MAP_FAILED) st = moe__error(MOE_ERR_IO, __FILE__, __LINE__, "%s: mmap: %s", path, strerror(errno));
+      else g->map = m;
+    }
   }
   if (fd >= 0) close(fd);
   if (st == MOE_OK) st = parse(g);
@@ -390,9 +400,15 @@ moe_status moe_gguf_open(moe_gguf **out, const char *path) {
   return MOE_OK;
 }
 
+moe_status moe_gguf_open(moe_gguf **out, const char *path) { return open_file(out, path, 0); }
+moe_status moe__gguf_open_copy(moe_gguf **out, const char *path) { return open_file(out, path, 1); }
+int moe__gguf_copied(const moe_gguf *g) { return g->copied; }
+size_t moe__gguf_size(const moe_gguf *g) { return g->size; }
+
 void moe_gguf_close(moe_gguf *g) {
   if (!g) return;
-  if (g->map) munmap((void *)g->map, g->size);
+  if (g->copied) moe__map_free((void *)g->map, g->size, 0);
+  else if (g->map) munmap((void *)g->map, g->size);
   for (int64_t i = 0; i < g->nkv; i++) free(g->kv[i].key);
   free(g->kv), free(g->kv_sorted), free(g->str), free(g->strbuf), free(g->t), free(g->names), free(g->t_sorted);
   free(g->path), free(g);

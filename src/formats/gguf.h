@@ -15,6 +15,13 @@
 /* The stored bytes of entry i's value, its type id first (what follows the key), inside g's mapping. */
 void moe__gguf_kv_raw(const moe_gguf *g, int64_t i, const void **p, size_t *n);
 
+/* moe_gguf_open with the file's bytes read into anonymous memory (moe__map_alloc: 2 MiB pages for a
+ * file past 4 MiB) instead of mapped: what a model keeping its weights in their stored type reads every
+ * decode step (lm_map.h's choice). moe__gguf_copied says which; moe__gguf_size the file's bytes. */
+moe_status moe__gguf_open_copy(moe_gguf **out, const char *path);
+int moe__gguf_copied(const moe_gguf *g);
+size_t moe__gguf_size(const moe_gguf *g);
+
 /* Bytes of one stored value of a fixed-size metadata type; 0 for strings and arrays. */
 size_t moe__gguf_vsize(moe_gguf_vtype t);
 

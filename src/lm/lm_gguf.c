@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "formats/gguf.h"
 #include "internal.h"
 #include "lm_dist.h"
 #include "lm_family.h"
@@ -367,7 +368,7 @@ static moe_status bind_or_read(const moe_gguf *g, moe_lm_t *m, const moe_tensor_
     w = own;
   }
   moe__lm_bind_quant(m, r->name, l.t.type, w, own);
-  if (!own) moe__lm_add_mapped_bytes(m, (size_t)l.rows * moe__qrow_bytes(l.t.type, l.cols));
+  if (!own && !moe__gguf_copied(g)) moe__lm_add_mapped_bytes(m, (size_t)l.rows * moe__qrow_bytes(l.t.type, l.cols));
   return MOE_OK;
 }
 
@@ -439,7 +440,7 @@ static moe_status bind_experts(const moe_gguf *g, moe_lm_t *m, int i) {
   }
   moe_status st = moe_layer_bind_experts_typed(&m->layers[i], types, t[0].data, t[1].data, t[2].data);
   MOE_TRY(st == MOE_OK, st, "%s: layer %d's experts: %s", moe_gguf_path(g), i, moe_last_error());
-  moe__lm_add_mapped_bytes(m, t[0].nbytes + t[1].nbytes + t[2].nbytes);
+  if (!moe__gguf_copied(g)) moe__lm_add_mapped_bytes(m, t[0].nbytes + t[1].nbytes + t[2].nbytes);
   return MOE_OK;
 }
 
@@ -528,10 +529,17 @@ moe_status moe__lm_gguf_load(moe_lm_t *m, const char *path, const moe_lm_config 
     moe_gguf_close(g);
     return st;
   }
-  int e, j, bound = c->moe.expert_type > 0;
+  int e, j, bound = c->moe.expert_type > 0, map = moe__lm_mapping(moe__gguf_size(g));
+  if (bound && !map) { /* the weights kept in their stored type are the file's bytes: read them in */
+    moe_gguf *copy;
+    st = moe__gguf_open_copy(&copy, path);
+    moe_gguf_close(g);
+    if (st != MOE_OK) return moe_lm_free(m), st;
+    g = copy;
+  }
   char *mapped = calloc((size_t)m->nrefs, 1);
   st = mapped ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", path);
-  if (st == MOE_OK && moe__lm_mapping()) st = map_refs(g, m, bound, mapped);
+  if (st == MOE_OK && map) st = map_refs(g, m, bound, mapped);
   for (int k = 0; st == MOE_OK && k < m->nrefs; k++) {
     const moe_tensor_ref *r = &m->refs[k];
     if (moe__lm_expert_of(c->family, r->name, &e, &j)) continue; /* the layers' turn, next */

@@ -675,7 +675,9 @@ moe_status moe_lm_load(moe_lm_t *m, const char *dir, const moe_lm_config *c) {
   moe__lm_reader rd = {s, file_of, read_tensor};
   char *mapped = calloc((size_t)m->nrefs, 1);
   st = mapped ? MOE_OK : moe__error(MOE_ERR_NOMEM, __FILE__, __LINE__, "%s: out of memory", dir);
-  if (st == MOE_OK && moe__lm_mapping()) st = map_refs(m, s, dir, mapped);
+  uint64_t bytes = 0; /* the parameters' fp32 bytes: what a copy takes */
+  for (int i = 0; i < m->nrefs; i++) bytes += (uint64_t)m->refs[i].numel * 4;
+  if (st == MOE_OK && moe__lm_mapping(bytes)) st = map_refs(m, s, dir, mapped);
   for (int i = 0; st == MOE_OK && i < m->nrefs; i++) {
     moe_st *f = NULL;
     if (mapped[i]) {

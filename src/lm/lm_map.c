@@ -7,17 +7,32 @@
 #include "internal.h"
 #include "lm_map.h"
 
-static int mapping = -1; /* -1: as the environment says */
+static int mapping = -1; /* -1: as the environment and the machine say */
 void moe__lm_set_mapping(int on) { mapping = on; }
-int moe__lm_mapping(void) {
+
+int moe__lm_map_choice(const char *env, uint64_t bytes, uint64_t avail) {
+  if (env && !strcmp(env, "1")) return 0;
+  if (env && !strcmp(env, "0")) return 1;
+  return !avail || bytes > avail / 2;
+}
+
+/* MemAvailable in /proc/meminfo, in bytes; 0 when it cannot be read. */
+static uint64_t mem_available(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  char line[256];
+  unsigned long long kb = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+  if (f) fclose(f);
+  return (uint64_t)kb * 1024;
+}
+
+int moe__lm_mapping(uint64_t bytes) {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-  if (mapping < 0) {
-    const char *e = getenv("MOE_NO_MMAP");
-    mapping = !(e && !strcmp(e, "1"));
-  }
-  return mapping; /* the files' F32 is little-endian: on such a machine its bytes are the floats */
+  return mapping >= 0 ? mapping : moe__lm_map_choice(getenv("MOE_NO_MMAP"), bytes, mem_available());
 #else
-  return 0;
+  (void)bytes;
+  return 0; /* the files' F32 is little-endian: only on such a machine are its bytes the floats */
 #endif
 }
 

@@ -16,10 +16,18 @@ typedef struct {
   uint64_t off;
 } moe__lm_map_item;
 
-/* Whether loads map (1, the default, unless the environment has MOE_NO_MMAP=1) or read every tensor
- * (0: the copying loader; the tests compare both); process-wide. */
+/* Whether a load of `bytes` of weights maps them (1) or reads every tensor (0: the copying loader, and
+ * a GGUF file's stored-type weights read into anonymous memory: moe__gguf_open_copy). A copy sits on
+ * 2 MiB pages, the file's page cache on 4 KiB ones, whose page walks and the prefetchers' stops at each
+ * page cost decode 3-23% (BENCHMARKS "Huge pages for the weights"); a mapping loads at once, is shared
+ * with the page cache and other processes, and is dropped under memory pressure rather than swapped.
+ * So by moe__lm_map_choice(getenv("MOE_NO_MMAP"), bytes, MemAvailable), unless moe__lm_set_mapping
+ * (1 or 0; -1 back to that) fixed it for the process (the tests compare both). */
 void moe__lm_set_mapping(int on);
-int moe__lm_mapping(void);
+int moe__lm_mapping(uint64_t bytes);
+/* MOE_NO_MMAP "1": read; "0": map; else read what fits in half the memory available (avail, 0 when
+ * unknown: map). */
+int moe__lm_map_choice(const char *env, uint64_t bytes, uint64_t avail);
 
 /* Places m's buffers (moe__lm_place, right after moe_lm_init: nothing loaded yet) where the most bytes
  * of the n items fall at the same place in a page as in their files, then puts each item's bytes into
