@@ -111,8 +111,6 @@ static void add_weighted_rows(float *o, int n, const float *p, const float *v, s
 #endif
 }
 
-#define AHEAD 4 /* key rows fetched ahead */
-
 /* Asks for the cache lines of x[0, n) to be fetched. */
 static void prefetch_span(const float *x, size_t n) {
   for (size_t i = 0; i < n; i += 16) __builtin_prefetch(x + i);
@@ -137,7 +135,7 @@ static void decode_heads(const moe__attn *a, int b, int h0, int h1, float sc) {
   float *o = a->o + (size_t)b * a->nh * hd, s[nh][DECODE_KEYS], mx[nh];
   double sum[nh];
   size_t span0 = (size_t)(h0 / grp) * hd, span = (size_t)((h1 - 1) / grp + 1) * hd - span0; /* this thread's kv heads */
-  for (int j = 0; j < AHEAD && j < n; j++) prefetch_span(k + (size_t)j * a->ldkv + span0, span);
+  for (int j = 0; j < DECODE_KEYS && j < n; j++) prefetch_span(k + (size_t)j * a->ldkv + span0, span);
   for (int h = 0; h < nh; h++) {
     mx[h] = a->sinks ? a->sinks[h0 + h] : -INFINITY;
     sum[h] = a->sinks ? 1.0 : 0.0; /* the sink's exp(sink - max) */
@@ -145,13 +143,18 @@ static void decode_heads(const moe__attn *a, int b, int h0, int h1, float sc) {
   }
   for (int j0 = 0; j0 < n; j0 += DECODE_KEYS) {
     int m = n - j0 < DECODE_KEYS ? n - j0 : DECODE_KEYS;
+    /* the cache comes from memory (a token's weights pass through the caches between two reads of it):
+     * the next tile's keys and this tile's values are fetched while the scores are computed */
     for (int j = 0; j < m; j++) {
-      const float *kj = k + (size_t)(j0 + j) * a->ldkv;
-      /* the cache comes from memory (a token's weights pass through the caches between two reads of
-       * it): the keys AHEAD rows on and this row's values are fetched while the scores are computed */
-      if (j0 + j + AHEAD < n) prefetch_span(kj + (size_t)AHEAD * a->ldkv + span0, span);
+      if (j0 + j + DECODE_KEYS < n) prefetch_span(k + (size_t)(j0 + j + DECODE_KEYS) * a->ldkv + span0, span);
       prefetch_span(v + (size_t)(j0 + j) * a->ldkv + span0, span);
-      for (int h = 0; h < nh; h++) s[h][j] = dot(q + (size_t)(h0 + h) * hd, kj + (size_t)((h0 + h) / grp) * hd, hd) * sc;
+    }
+    for (int h = 0; h < nh; h++) { /* a head's scores: the small kernels' one-row product, 16 keys at a time */
+      const float *qh = q + (size_t)(h0 + h) * hd, *kh = k + (size_t)j0 * a->ldkv + (size_t)((h0 + h) / grp) * hd;
+      moe__gemm g = {false, true, 1, m, hd, 1.0f, 0.0f, qh, hd, kh, a->ldkv, s[h], m, false};
+      if (!moe__gemm_small(&g)) /* no AVX-512 */
+        for (int j = 0; j < m; j++) s[h][j] = dot(qh, kh + (size_t)j * a->ldkv, hd);
+      scale_row(s[h], m, sc);
     }
     for (int h = 0; h < nh; h++) {
       float top = mx[h];
