@@ -19,7 +19,7 @@ typedef struct {
 /* Whether a load of `bytes` of weights maps them (1) or reads every tensor (0: the copying loader, and
  * a GGUF file's stored-type weights read into anonymous memory: moe__gguf_open_copy). A copy sits on
  * 2 MiB pages, the file's page cache on 4 KiB ones, whose page walks and the prefetchers' stops at each
- * page cost decode 3-23% (BENCHMARKS "Huge pages for the weights"); a mapping loads at once, is shared
+ * page cost decode up to 14% (BENCHMARKS "Huge pages for the weights"); a mapping loads at once, is shared
  * with the page cache and other processes, and is dropped under memory pressure rather than swapped.
  * So by moe__lm_map_choice(getenv("MOE_NO_MMAP"), bytes, MemAvailable), unless moe__lm_set_mapping
  * (1 or 0; -1 back to that) fixed it for the process (the tests compare both). */
