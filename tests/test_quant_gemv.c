@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/cpu.h"
 #include "internal.h"
 #include "kernels/quant.h"
 #include "test.h"
@@ -439,9 +440,11 @@ TEST(qrun_bits_equal_one_row) {
   static uint8_t w[K * MAXB * 210], a[MAXB * sizeof(moe__q8k)], q8[MAXB * 8 * 34];
   const int counts[] = {1, 3, 8, 9};
   int tested = 0;
-  for (int t = 0; t < NTYPES; t++) {
-    moe_gguf_type ty = kTypes[t];
+  for (int t = 0; t < 2 * NTYPES; t++) { /* each type's run kernel with and (where the CPU has it) without GFNI */
+    moe_gguf_type ty = kTypes[t % NTYPES];
+    moe__qrun_gfni(t < NTYPES);
     moe__qrun_fn run = moe__qrun_kernel(ty, moe__qdot_best());
+    moe__qrun_gfni(1);
     moe__qdot_fn s = moe__qdot_kernel(ty, MOE__ISA_SCALAR);
     if (!run) continue;
     for (int c = 0; c < 4; c++)
@@ -462,8 +465,8 @@ TEST(qrun_bits_equal_one_row) {
           for (int j = 0; j < k; j++) {
             s(w + j * wb, a, ab, 1, n, &one);
             if (memcmp(&got[j], &one, 4) && !(isnan(one) && isnan(got[j])))
-              FAIL_("%s run of %d, %d blocks, trial %d: row %d %.9g != one row's %.9g", moe_gguf_type_name(ty), k,
-                    counts[c], trial, j, got[j], one);
+              FAIL_("%s%s run of %d, %d blocks, trial %d: row %d %.9g != one row's %.9g", moe_gguf_type_name(ty),
+                    t < NTYPES && moe__cpu_has(MOE__CPU_GFNI) ? " (GFNI)" : "", k, counts[c], trial, j, got[j], one);
           }
           for (int j = k; j <= K; j++)
             if (got[j] != -1.0f) FAIL_("%s run of %d: wrote out[%d] = %.9g", moe_gguf_type_name(ty), k, j, got[j]);

@@ -141,6 +141,7 @@ static void features(moe__cpu *c) {
         if (b >> ebx[i].bit & 1) f |= ebx[i].flag;
       if (cx >> 11 & 1) f |= MOE__CPU_AVX512_VNNI;
     }
+    if (cx >> 8 & 1) f |= MOE__CPU_GFNI;
     if (tiles)
       f |= (d >> 24 & 1 ? MOE__CPU_AMX_TILE : 0) | (d >> 22 & 1 ? MOE__CPU_AMX_BF16 : 0) |
            (d >> 25 & 1 ? MOE__CPU_AMX_INT8 : 0);
@@ -174,6 +175,6 @@ int moe__cpu_has(unsigned mask) { return (moe__cpu_get()->features & mask) == ma
 const char *moe__cpu_feature_name(int i) {
   static const char *const names[MOE__CPU_NFEATURES] = {
       "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-      "amx_tile", "amx_bf16", "amx_int8"};
+      "amx_tile", "amx_bf16", "amx_int8", "gfni"};
   return i >= 0 && i < MOE__CPU_NFEATURES ? names[i] : "?";
 }

@@ -20,8 +20,9 @@ enum {
   MOE__CPU_AMX_TILE = 1 << 10,
   MOE__CPU_AMX_BF16 = 1 << 11,
   MOE__CPU_AMX_INT8 = 1 << 12,
+  MOE__CPU_GFNI = 1 << 13,
 };
-#define MOE__CPU_NFEATURES 13
+#define MOE__CPU_NFEATURES 14
 
 typedef struct {
   char vendor[16];       /* CPUID's vendor ("GenuineIntel", "AuthenticAMD"), "" off x86-64 */

@@ -57,9 +57,10 @@ static void describe(void) {
   const char *qdot = moe__isa_name(moe__qdot_best());
   snprintf(info, sizeof info,
            "%s (family %d model %d): %s; %s, %d CPUs; kernels: small GEMMs %s, activations %s, bf16 GEMMs %s, "
-           "quantized experts' dot products %s",
+           "quantized experts' dot products %s%s",
            model, c->family, c->model_number, *fl ? fl : "no AVX2", *cache ? cache : "caches unknown", c->cpus, small,
-           act, bf16, qdot);
+           act, bf16, qdot,
+           moe__qdot_best() == MOE__ISA_AVX512 && moe__cpu_has(MOE__CPU_GFNI) ? " (Q4_K, Q5_K decode nibbles by GFNI)" : "");
   snprintf(json, sizeof json,
            "{\"model\": \"%s\", \"vendor\": \"%s\", \"family\": %d, \"model_number\": %d, \"features\": [%s], "
            "\"l1d_bytes\": %lld, \"l2_bytes\": %lld, \"l3_bytes\": %lld, \"caches_from\": \"%s\", \"cpus\": %d, "

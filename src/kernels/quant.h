@@ -172,6 +172,10 @@ const char *moe__isa_name(moe__isa isa);
 moe__qdot_fn moe__qdot_kernel(moe_gguf_type w, moe__isa isa);
 moe__qdot4_fn moe__qdot4_kernel(moe_gguf_type w, moe__isa isa); /* NULL: none (then one row at a time) */
 moe__qrun_fn moe__qrun_kernel(moe_gguf_type w, moe__isa isa);   /* NULL: none (then a call a row) */
+/* The AVX-512 Q4_K and Q5_K run kernels split their nibbles by GFNI's affine byte transform where the
+ * CPU has GFNI (one instruction a vector for a masked shift and an and; the same bits); 0 turns that
+ * off for the process (the tests run both), 1 back on. */
+void moe__qrun_gfni(int on);
 
 /* quant_dot_k.c: the K-quants' kernels (moe__qdot_kernel hands them out). */
 void moe__qdot_q4_K_scalar(const void *w, const void *a, size_t astride, int nr, int64_t n, float *out);
@@ -206,5 +210,7 @@ void moe__qrun_mxfp4_avx512(const void *w, size_t wb, int k, const void *a, int6
 void moe__qrun_q4_K_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
 void moe__qrun_q5_K_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
 void moe__qrun_q6_K_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
+void moe__qrun_q4_K_gfni_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
+void moe__qrun_q5_K_gfni_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out);
 
 #endif

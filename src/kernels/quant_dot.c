@@ -353,15 +353,19 @@ moe__qdot4_fn moe__qdot4_kernel(moe_gguf_type w, moe__isa isa) {
   return NULL;
 }
 
+static int gfni = 1;
+void moe__qrun_gfni(int on) { gfni = on != 0; }
+
 moe__qrun_fn moe__qrun_kernel(moe_gguf_type w, moe__isa isa) {
 #ifdef HAVE_X86
   if (isa == MOE__ISA_AVX512 && cpu_avx512()) {
+    int g = gfni && moe__cpu_has(MOE__CPU_GFNI);
     switch (w) {
       case MOE_GGUF_Q8_0: return moe__qrun_q8_0_avx512;
       case MOE_GGUF_Q4_0: return moe__qrun_q4_0_avx512;
       case MOE_GGUF_MXFP4: return moe__qrun_mxfp4_avx512;
-      case MOE_GGUF_Q4_K: return moe__qrun_q4_K_avx512;
-      case MOE_GGUF_Q5_K: return moe__qrun_q5_K_avx512;
+      case MOE_GGUF_Q4_K: return g ? moe__qrun_q4_K_gfni_avx512 : moe__qrun_q4_K_avx512;
+      case MOE_GGUF_Q5_K: return g ? moe__qrun_q5_K_gfni_avx512 : moe__qrun_q5_K_avx512;
       case MOE_GGUF_Q6_K: return moe__qrun_q6_K_avx512;
       case MOE_GGUF_BF16: return moe__qrun_bf16_avx512;
       case MOE_GGUF_F16: return moe__qrun_f16_avx512;

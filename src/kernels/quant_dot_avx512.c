@@ -129,13 +129,28 @@ AVX512 static inline __m512i halves16(int a, int b) {
   return _mm512_inserti64x4(_mm512_set1_epi16((short)a), _mm256_set1_epi16((short)b), 1);
 }
 
+/* x's bytes through GFNI's affine transform by the 8 x 8 bit matrices in m (a qword each), as
+ * _mm512_gf2p8affine_epi64_epi8(x, m, 0). In asm, so that no function needs the gfni target and the
+ * compiler puts the instruction nowhere else: only the _gfni kernels run it, handed out where the CPU
+ * has GFNI. */
+AVX512 static inline __m512i gf2p8affine(__m512i x, __m512i m) {
+  __m512i r;
+  __asm__("vgf2p8affineqb $0, %2, %1, %0" : "=v"(r) : "v"(x), "v"(m));
+  return r;
+}
+
 /* Q4_K (qh_at 0) and Q5_K (qh_at 16): vector c holds sub-blocks 2c (qs chunk c's low nibbles) and 2c + 1
- * (its high ones), with Q5_K's fifth bits (bits 2c, 2c + 1 of qh) added as 16. */
+ * (its high ones), with Q5_K's fifth bits (bits 2c, 2c + 1 of qh) added as 16. With gfni the nibbles
+ * come out of one affine transform (the low 256 bits' matrix keeps bits 0-3, the high's moves 4-7 down)
+ * in place of a masked shift and an and: the same bytes. */
 AVX512 MOE__QDOT_INLINE void k4_acc512(const void *w, const void *a, size_t astride, int64_t n, __m512 *acc, size_t bytes,
-                                       int qh_at, int nr) {
+                                       int qh_at, int nr, int gfni) {
   #pragma GCC unroll 8
   for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
   const __m512i lo4 = _mm512_set1_epi8(15);
+  const __m512i nibbles = _mm512_set_epi64(0x1020408000000000LL, 0x1020408000000000LL, 0x1020408000000000LL,
+                                           0x1020408000000000LL, 0x0102040800000000LL, 0x0102040800000000LL,
+                                           0x0102040800000000LL, 0x0102040800000000LL);
   const uint8_t *b = w;
   int qs_at = qh_at ? 48 : 16;
   for (int64_t i = 0; i < n / 256; i++, b += bytes) {
@@ -147,7 +162,8 @@ AVX512 MOE__QDOT_INLINE void k4_acc512(const void *w, const void *a, size_t astr
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
       __m512i x = twice(b + qs_at + 32 * c);
-      q[c] = _mm512_and_si512(_mm512_mask_srli_epi16(x, 0xffff0000u, x, 4), lo4); /* the high half's nibbles */
+      q[c] = gfni ? gf2p8affine(x, nibbles)
+                  : _mm512_and_si512(_mm512_mask_srli_epi16(x, 0xffff0000u, x, 4), lo4); /* the high half's nibbles */
       if (qh_at) {
         __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << 2 * c)), _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
         q[c] = _mm512_mask_add_epi8(q[c], _mm512_test_epi8_mask(twice(b + qh_at), bit), q[c], _mm512_set1_epi8(16));
@@ -171,7 +187,7 @@ AVX512 MOE__QDOT_INLINE void k4_acc512(const void *w, const void *a, size_t astr
 AVX512 MOE__QDOT_INLINE void k4_avx512(const void *w, const void *a, size_t astride, int64_t n, float *out, size_t bytes,
                                        int qh_at, int nr) {
   __m512 acc[MOE__QDOT_ROWS];
-  k4_acc512(w, a, astride, n, acc, bytes, qh_at, nr);
+  k4_acc512(w, a, astride, n, acc, bytes, qh_at, nr, 0);
   moe__lanes16_out512(acc, nr, out);
 }
 
@@ -294,39 +310,41 @@ AVX512 void moe__act_q8_K_avx512(const float *x, moe__q8k *b) {
 /* ---------------------------------------------------------------- runs of rows (decode) */
 
 /* One weight row's lanes against one activation row, by type t (a constant where this is inlined). */
-AVX512 MOE__QDOT_INLINE void row_acc(moe_gguf_type t, const uint8_t *w, const void *a, int64_t n, __m512 *acc) {
+AVX512 MOE__QDOT_INLINE void row_acc(moe_gguf_type t, int gfni, const uint8_t *w, const void *a, int64_t n, __m512 *acc) {
   switch (t) {
     case MOE_GGUF_Q8_0: b32_acc512(MOE__B32_Q8_0, Q8_BYTES, w, a, 0, n, acc, 1); break;
     case MOE_GGUF_Q4_0: b32_acc512(MOE__B32_Q4_0, 18, w, a, 0, n, acc, 1); break;
     case MOE_GGUF_MXFP4: b32_acc512(MOE__B32_MXFP4, 17, w, a, 0, n, acc, 1); break;
-    case MOE_GGUF_Q4_K: k4_acc512(w, a, 0, n, acc, 144, 0, 1); break;
-    case MOE_GGUF_Q5_K: k4_acc512(w, a, 0, n, acc, 176, 16, 1); break;
+    case MOE_GGUF_Q4_K: k4_acc512(w, a, 0, n, acc, 144, 0, 1, gfni); break;
+    case MOE_GGUF_Q5_K: k4_acc512(w, a, 0, n, acc, 176, 16, 1, gfni); break;
     default: q6k_acc512(w, a, 0, n, acc, 1); break;
   }
 }
 
 /* A run (quant.h's moe__qrun_fn): each row's lanes as the one-row kernel makes them, in row order. */
-AVX512 MOE__QDOT_INLINE void run512(moe_gguf_type t, const void *w, size_t wb, int k, const void *a, int64_t n,
+AVX512 MOE__QDOT_INLINE void run512(moe_gguf_type t, int gfni, const void *w, size_t wb, int k, const void *a, int64_t n,
                                     float *out) {
   __m512 acc[MOE__QRUN_ROWS];
   #pragma GCC unroll 4
   for (int j = 0; j < MOE__QRUN_ROWS; j++) {
     acc[j] = _mm512_setzero_ps();
-    if (j < k) row_acc(t, (const uint8_t *)w + (size_t)j * wb, a, n, &acc[j]);
+    if (j < k) row_acc(t, gfni, (const uint8_t *)w + (size_t)j * wb, a, n, &acc[j]);
   }
   moe__lanes16_out4_512(acc, k, out);
 }
 
-/* Each type's run kernel: run512 with the type a constant. */
-#define QRUN512(name, type)                                                                                   \
+/* Each type's run kernel: run512 with the type (and whether to split nibbles by GFNI) a constant. */
+#define QRUN512(name, type, gfni)                                                                             \
   AVX512 void moe__qrun_##name##_avx512(const void *w, size_t wb, int k, const void *a, int64_t n, float *out) { \
-    run512(type, w, wb, k, a, n, out);                                                                        \
+    run512(type, gfni, w, wb, k, a, n, out);                                                                  \
   }
-QRUN512(q8_0, MOE_GGUF_Q8_0)
-QRUN512(q4_0, MOE_GGUF_Q4_0)
-QRUN512(mxfp4, MOE_GGUF_MXFP4)
-QRUN512(q4_K, MOE_GGUF_Q4_K)
-QRUN512(q5_K, MOE_GGUF_Q5_K)
-QRUN512(q6_K, MOE_GGUF_Q6_K)
+QRUN512(q8_0, MOE_GGUF_Q8_0, 0)
+QRUN512(q4_0, MOE_GGUF_Q4_0, 0)
+QRUN512(mxfp4, MOE_GGUF_MXFP4, 0)
+QRUN512(q4_K, MOE_GGUF_Q4_K, 0)
+QRUN512(q5_K, MOE_GGUF_Q5_K, 0)
+QRUN512(q6_K, MOE_GGUF_Q6_K, 0)
+QRUN512(q4_K_gfni, MOE_GGUF_Q4_K, 1)
+QRUN512(q5_K_gfni, MOE_GGUF_Q5_K, 1)
 
 #endif
