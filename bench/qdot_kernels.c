@@ -1,5 +1,6 @@
-/* The quantized dot products alone (src/kernels/quant_dot*.c), every version this CPU has, alternated
- * in one run (issue 41): per weight type,
+/* The quantized dot products alone (src/kernels/quant_dot*.c), every version this CPU has (the AVX-512
+ * run kernels with and without GFNI's bit split where a type has both), alternated in one run (issue
+ * 41): per weight type,
  *   decode: one activation row against every row of a weight matrix of `--mib` MiB (beyond the caches),
  *     in GB/s of weights read: as the layer reads them (moe__qrows_times: 16 rows a tile, in runs of
  *     four where the version has a run kernel) and by one call a row, next to a plain read loop over
@@ -93,12 +94,19 @@ int main(int argc, char **argv) {
     int64_t rows = (int64_t)(bytes / rb);
     fill_weights(ty, w, (size_t)rows * (rb / moe_gguf_type_block_bytes(ty)), &seed);
     for (int t = 0; t < tokens; t++) moe__act_quantize(ty, x + (size_t)t * n, a + (size_t)t * ab, n);
-    double best[3][4] = {{0}}; /* [isa][decode, a row a call, read, prefill] */
+    /* versions: AVX2, AVX-512 without GFNI, AVX-512 with GFNI's nibble split where the type has it */
+    moe__qrun_gfni(1);
+    moe__qrun_fn with = moe__qrun_kernel(ty, MOE__ISA_AVX512);
+    moe__qrun_gfni(0);
+    int versions = with && with != moe__qrun_kernel(ty, MOE__ISA_AVX512) ? 3 : 2;
+    double best[3][4] = {{0}}; /* [version][decode, a row a call, read, prefill] */
     for (int rep = 0; rep < reps; rep++)
-      for (int isa = MOE__ISA_AVX2; isa <= MOE__ISA_AVX512; isa++) {
-        moe__qdot_fn f = moe__qdot_kernel(ty, (moe__isa)isa);
+      for (int v = 0; v < versions; v++) {
+        moe__isa isa = v ? MOE__ISA_AVX512 : MOE__ISA_AVX2;
+        moe__qdot_fn f = moe__qdot_kernel(ty, isa);
         if (!f) continue;
-        moe__qkern kern = {f, moe__qdot4_kernel(ty, (moe__isa)isa), moe__qrun_kernel(ty, (moe__isa)isa)};
+        moe__qrun_gfni(v == 2);
+        moe__qkern kern = {f, moe__qdot4_kernel(ty, isa), moe__qrun_kernel(ty, isa)};
         double t0 = now();
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t o = 0; o < rows; o += MOE__QROWS_TILE)
@@ -110,7 +118,7 @@ int main(int argc, char **argv) {
         for (int64_t o = 0; o < rows; o++) f(w + (size_t)o * rb, a, ab, 1, n, out + o);
         double one = (double)rows * rb / (now() - t0) / 1e9, rd = read_loop(w, (size_t)rows * rb, threads);
         t0 = now();
-        moe__qdot4_fn f4 = moe__qdot4_kernel(ty, (moe__isa)isa); /* four weight rows a call, as moe__qrows_times */
+        moe__qdot4_fn f4 = moe__qdot4_kernel(ty, isa); /* four weight rows a call, as moe__qrows_times */
         int rows = f4 ? MOE__QDOT4_ROWS : MOE__QDOT_ROWS;
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int ob = 0; ob < prefill_rows; ob += wrows)
@@ -121,14 +129,16 @@ int main(int argc, char **argv) {
               else f(w + (size_t)o * rb, a + (size_t)r * ab, ab, nr, n, out + (size_t)o * tokens + r);
             }
         double pre = (double)tokens * prefill_rows * n / (now() - t0) / 1e9;
-        double v[4] = {dec, one, rd, pre};
+        double r[4] = {dec, one, rd, pre};
         for (int k = 0; k < 4; k++)
-          if (v[k] > best[isa][k]) best[isa][k] = v[k];
+          if (r[k] > best[v][k]) best[v][k] = r[k];
       }
-    for (int isa = MOE__ISA_AVX2; isa <= MOE__ISA_AVX512; isa++)
-      if (best[isa][0] > 0)
-        printf("%-6s %-13s %11.1f %10.1f %10.1f %14.1f\n", moe_gguf_type_name(ty), moe__isa_name((moe__isa)isa),
-               best[isa][0], best[isa][1], best[isa][2], best[isa][3]);
+    moe__qrun_gfni(1);
+    for (int v = 0; v < versions; v++)
+      if (best[v][0] > 0)
+        printf("%-6s %-13s %11.1f %10.1f %10.1f %14.1f\n", moe_gguf_type_name(ty),
+               v == 2 ? "AVX-512 GFNI" : moe__isa_name(v ? MOE__ISA_AVX512 : MOE__ISA_AVX2), best[v][0], best[v][1],
+               best[v][2], best[v][3]);
     fflush(stdout);
   }
   free(w), free(x), free(out), free(a);

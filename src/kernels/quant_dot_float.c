@@ -127,10 +127,11 @@ AVX512 MOE__QDOT_INLINE void float_avx512(int f16, const void *w, const void *a,
   moe__lanes16_out512(acc, nr, out);
 }
 
-/* A decode's run of rows (quant.h's moe__qrun_fn): each row's lanes as float_avx512 makes them, in row order. */
+/* A decode's run of rows (quant.h's moe__qrun_fn): each row's lanes as float_avx512 makes them, in row
+ * order, through one copy of the row's code (quant_dot_avx512.c's run512 says why). */
 AVX512 MOE__QDOT_INLINE void float_run512(int f16, const void *w, size_t wb, int k, const void *a, int64_t n, float *out) {
   __m512 acc[MOE__QRUN_ROWS];
-  #pragma GCC unroll 4
+  #pragma GCC unroll 1
   for (int j = 0; j < MOE__QRUN_ROWS; j++) {
     acc[j] = _mm512_setzero_ps();
     if (j < k) float_acc512(f16, (const uint8_t *)w + (size_t)j * wb, a, 0, n, &acc[j], 1);
