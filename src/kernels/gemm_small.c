@@ -56,14 +56,22 @@ static float *scratch(void) {
 /* The mask of a vector's first n lanes (all 16 from n = 16 on, none for n <= 0). */
 static inline __mmask16 lanes(int n) { return n >= 16 ? (__mmask16)0xffff : n > 0 ? (__mmask16)((1u << n) - 1) : 0; }
 
+/* Sixteen floats at p, only lanes mk where mk is not all of them: a masked load is the slower one
+ * (from memory 2.4x slower a byte on a Zen 5: its prefetchers do not follow it), so a loop takes its
+ * full steps with the mask a constant 0xffff and its last step masked. */
+static inline __attribute__((always_inline)) __m512 load16(__mmask16 mk, const float *p) {
+  return mk == 0xffff ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mk, p);
+}
+
 /* The masks of the vectors of a tile of n columns (n <= NR). */
 static inline void col_masks(int n, __mmask16 mk[4]) {
   for (int q = 0; q < 4; q++) mk[q] = lanes(n - 16 * q);
 }
 
 /* acc (mr, nq vectors) = (first ? beta C : C) + sum over k < kc of a(r, k) b(k, :), a(r, k) at
- * a[r * ar + k * ak], b(k, :) at b + k * ldb; C at c with row stride ldc, columns masked by mk. */
-static inline __attribute__((always_inline)) void tile(int mr, int nq, int kc, const float *a, long ar, long ak,
+ * a[r * ar + k * ak], b(k, :) at b + k * ldb; C at c with row stride ldc, columns masked by mk (all
+ * but the last vector's full; with full, the last's too: b's loads then unmasked). */
+static inline __attribute__((always_inline)) void tile(int mr, int nq, int full, int kc, const float *a, long ar, long ak,
                                                       const float *b, long ldb, float *c, long ldc,
                                                       const __mmask16 *mk, int load_c, float beta, const float *pf,
                                                       long pfld, int pfrows) {
@@ -80,7 +88,7 @@ static inline __attribute__((always_inline)) void tile(int mr, int nq, int kc, c
 #pragma GCC unroll 4
       for (int q = 0; q < 4; q++) _mm_prefetch((const char *)(pf + k * pfld + 16 * q), _MM_HINT_T0);
 #pragma GCC unroll 4
-    for (int q = 0; q < nq; q++) bv[q] = _mm512_maskz_loadu_ps(mk[q], b + k * ldb + 16 * q);
+    for (int q = 0; q < nq; q++) bv[q] = load16(q < nq - 1 || full ? 0xffff : mk[q], b + k * ldb + 16 * q);
 #pragma GCC unroll 6
     for (int r = 0; r < mr; r++) {
       __m512 av = _mm512_set1_ps(a[r * ar + k * ak]);
@@ -96,16 +104,20 @@ static inline __attribute__((always_inline)) void tile(int mr, int nq, int kc, c
 
 typedef void (*tile_fn)(int kc, const float *a, long ar, long ak, const float *b, long ldb, float *c, long ldc,
                         const __mmask16 *mk, int load_c, float beta, const float *pf, long pfld, int pfrows);
-#define TILE(mr, nq)                                                                                         \
-  static void tile_##mr##_##nq(int kc, const float *a, long ar, long ak, const float *b, long ldb, float *c, \
-                               long ldc, const __mmask16 *mk, int load_c, float beta, const float *pf,      \
-                               long pfld, int pfrows) {                                                     \
-    tile(mr, nq, kc, a, ar, ak, b, ldb, c, ldc, mk, load_c, beta, pf, pfld, pfrows);                         \
+#define TILE(mr, nq, full)                                                                                  \
+  static void tile_##mr##_##nq##_##full(int kc, const float *a, long ar, long ak, const float *b, long ldb,    \
+                                        float *c, long ldc, const __mmask16 *mk, int load_c, float beta,       \
+                                        const float *pf, long pfld, int pfrows) {                             \
+    tile(mr, nq, full, kc, a, ar, ak, b, ldb, c, ldc, mk, load_c, beta, pf, pfld, pfrows);                     \
   }
-#define TILES(mr) TILE(mr, 1) TILE(mr, 2) TILE(mr, 3) TILE(mr, 4)
+#define TILES(mr) TILE(mr, 1, 0) TILE(mr, 2, 0) TILE(mr, 3, 0) TILE(mr, 4, 0) \
+                  TILE(mr, 1, 1) TILE(mr, 2, 1) TILE(mr, 3, 1) TILE(mr, 4, 1)
 TILES(1) TILES(2) TILES(3) TILES(4) TILES(5) TILES(6)
-#define ROW(mr) {tile_##mr##_1, tile_##mr##_2, tile_##mr##_3, tile_##mr##_4}
-static const tile_fn tiles[MR][4] = {ROW(1), ROW(2), ROW(3), ROW(4), ROW(5), ROW(6)};
+#define ROW(mr) {{tile_##mr##_1_0, tile_##mr##_1_1}, {tile_##mr##_2_0, tile_##mr##_2_1}, \
+                 {tile_##mr##_3_0, tile_##mr##_3_1}, {tile_##mr##_4_0, tile_##mr##_4_1}}
+static const tile_fn tiles[MR][4][2] = {ROW(1), ROW(2), ROW(3), ROW(4), ROW(5), ROW(6)};
+/* The register tile of mr rows and nc columns (1 to NR). */
+static inline tile_fn tile_of(int mr, int nc) { return tiles[mr - 1][(nc + 15) / 16 - 1][nc % 16 == 0]; }
 
 /* NN: C (M, N) = A B + beta C: tiles down a panel of B's columns, which stays in cache for the next
  * tile while the first tile prefetches the next panel (after a block of K's last panel, the next
@@ -126,7 +138,7 @@ static void run_nn(const moe__gemm *g) {
       }
       for (int i = 0; i < g->M; i += MR) {
         int mr = g->M - i < MR ? g->M - i : MR, load_c = k0 > 0 || g->beta != 0.0f;
-        tiles[mr - 1][(nc + 15) / 16 - 1](kc, A + (long)i * g->lda + k0, g->lda, 1, panel, g->ldb,
+        tile_of(mr, nc)(kc, A + (long)i * g->lda + k0, g->lda, 1, panel, g->ldb,
                                             g->C + (long)i * g->ldc + j, g->ldc, mk, load_c, k0 > 0 ? 1.0f : g->beta,
                                             pf, g->ldb, i == 0 ? pr : 0);
       }
@@ -174,7 +186,7 @@ static void run_tn_rows(const moe__gemm *g, float *bp) {
             pf = C + (long)ni * g->ldc + j0 + ahead;
             pr = g->M - ni < MR ? g->M - ni : MR;
           }
-          tiles[mr - 1][(nc + 15) / 16 - 1](K, A + i, 1, g->lda, bp + (long)j * K, NR, c, g->ldc, mk, load_c, g->beta,
+          tile_of(mr, nc)(K, A + i, 1, g->lda, bp + (long)j * K, NR, c, g->ldc, mk, load_c, g->beta,
                                               pf, g->ldc, pr);
         }
       }
@@ -211,13 +223,6 @@ static inline __attribute__((always_inline)) __m512 sum16(const __m512 *v) {
     y[a] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(p, q)), _mm512_castpd_ps(_mm512_unpackhi_pd(p, q)));
   }
   return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xdd));
-}
-
-/* Sixteen floats at p, only lanes mk where mk is not all of them: a masked load is the slower one
- * (from memory 2.4x slower a byte on a Zen 5: its prefetchers do not follow it), so a loop takes its
- * full steps with the mask a constant 0xffff and its last step masked. */
-static inline __attribute__((always_inline)) __m512 load16(__mmask16 mk, const float *p) {
-  return mk == 0xffff ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mk, p);
 }
 
 /* dot_tile's step at k: lanes mk of A's m rows against B's nb rows into acc, prefetching pf ahead. */
@@ -431,7 +436,7 @@ static void run_nt(const moe__gemm *g, float *at) {
           int mc = mt - i0 < NR ? mt - i0 : NR;
           __mmask16 mk[4];
           col_masks(mc, mk);
-          tiles[mr - 1][(mc + 15) / 16 - 1](kc, B + (long)j * g->ldb + k0, g->ldb, 1, at + (long)i0 * kc, NR,
+          tile_of(mr, mc)(kc, B + (long)j * g->ldb + k0, g->ldb, 1, at + (long)i0 * kc, NR,
                                               ct + (long)i0 * NT_COLS + (j - jb) * NR, NR, mk, 0, 0.0f, NULL, 0, 0);
         }
       }
@@ -465,7 +470,7 @@ static void run_tn_few(const moe__gemm *g) {
       col_masks(nc, mk);
       for (int r = 0; r < pr; r++) /* the same columns of a block of rows further down */
         for (int q = 0; q < nc; q += 16) _mm_prefetch((const char *)(C + (long)(pi + r) * g->ldc + j + q), _MM_HINT_T0);
-      tiles[mr - 1][(nc + 15) / 16 - 1](g->K, A + i, 1, g->lda, B + j, g->ldb, C + (long)i * g->ldc + j, g->ldc, mk,
+      tile_of(mr, nc)(g->K, A + i, 1, g->lda, B + j, g->ldb, C + (long)i * g->ldc + j, g->ldc, mk,
                                           g->beta != 0.0f, g->beta, NULL, 0, 0);
     }
   }
