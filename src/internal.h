@@ -71,6 +71,12 @@ void moe__from_bf16(float *dst, const uint16_t *src, size_t n, int nt);
 
 /* Threads to use for a requested count (0 = all cores) (base/threads.c). */
 int moe__threads(int requested);
+/* Whether a parallel region over `values` floats of row-wise work is worth its threads: below
+ * MOE__PAR_MIN (a decode step's single row: some 200 such regions a token) the fork and join cost
+ * more than a second thread gives. Such regions take `if (moe__par_worth(n))`; each row is computed
+ * the same either way, so the bits are too. */
+#define MOE__PAR_MIN ((size_t)1 << 14)
+static inline int moe__par_worth(size_t values) { return values >= MOE__PAR_MIN; }
 
 /* The LFRU cache policy's score (sources/cache.c, serve/cachesim.c): a score s, `since` accesses of the
  * layer later, halved every `half` accesses; each use adds 1 to it. */

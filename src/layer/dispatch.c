@@ -31,7 +31,7 @@ moe_status moe__dispatch_alloc(const moe__plan *p, moe__dispatch *d, moe__arena 
 void moe__dispatch_forward(const moe__plan *p, const moe__dispatch *d, const float *x, float *xs) {
   int T = p->T, k = p->k, D = d->D, nt = d->threads;
   if (d->kind == MOE_DISPATCH_DYNAMIC) {
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static) if (moe__par_worth((size_t)T * k * D))
     for (int t = 0; t < T; t++)
       for (int j = 0; j < k; j++) {
         int r = p->row[(size_t)t * k + j];
@@ -55,7 +55,7 @@ void moe__dispatch_forward(const moe__plan *p, const moe__dispatch *d, const flo
 /* spec rows: the unweighted expert output of each assignment, zero when dropped. */
 static void write_spec(const moe__plan *p, const moe__dispatch *d, const float *out, float *spec) {
   int D = d->D;
-#pragma omp parallel for num_threads(d->threads) schedule(static)
+#pragma omp parallel for num_threads(d->threads) schedule(static) if (moe__par_worth((size_t)p->T * p->k * D))
   for (size_t a = 0; a < (size_t)p->T * p->k; a++) {
     int r = p->row[a];
     if (r >= 0) memcpy(spec + a * D, out + (size_t)r * D, (size_t)D * 4);
@@ -80,7 +80,7 @@ void moe__combine_forward(const moe__plan *p, const moe__dispatch *d, const floa
     moe__gemm_run(&g, 1, nt);
     return;
   }
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static) if (moe__par_worth((size_t)T * k * D))
   for (int t = 0; t < T; t++) {
     float *yt = y + (size_t)t * D;
     memset(yt, 0, (size_t)D * 4);

@@ -448,7 +448,7 @@ size_t moe_layer_peak_bytes(const moe_layer_t *l) {
 /* First non-finite entry of a (n, m), or -1. */
 static long long first_nonfinite(const float *a, size_t n, int nt) {
   long long first = (long long)n;
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(min : first)
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(min : first) if (moe__par_worth(n))
   for (size_t i = 0; i < n; i++)
     if (!isfinite(a[i]) && (long long)i < first) first = (long long)i;
   return first < (long long)n ? first : -1;

@@ -810,7 +810,7 @@ static void add_col_sums(const float *d, int N, int ld, float *g, int n, int nt)
 }
 
 static void add_rows(float *y, const float *x, size_t n, int nt) {
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static) if (moe__par_worth(n))
   for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
 

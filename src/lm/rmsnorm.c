@@ -3,6 +3,7 @@
  * normalizes the heads of q and k where they lie in the fused qkv rows (Qwen3-MoE, OLMoE). */
 #include <math.h>
 
+#include "internal.h"
 #include "kernels.h"
 
 /* Where row r of a strided set starts: rows of d floats, `per` of them one after the other, groups ld apart. */
@@ -11,7 +12,7 @@ static size_t row_at(const moe__rows *s, int r) { return (size_t)(r / s->per) * 
 void moe__rmsnorm_rows_forward(const moe__rows *s, const float *x, const float *w, float eps, float *y, float *rstd,
                                int nt) {
   int d = s->d;
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static) if (moe__par_worth((size_t)s->n * d))
   for (int i = 0; i < s->n; i++) {
     const float *xr = x + row_at(s, i);
     float *yr = y + row_at(s, i);
@@ -27,7 +28,7 @@ void moe__rmsnorm_rows_forward(const moe__rows *s, const float *x, const float *
 void moe__rmsnorm_rows_backward(const moe__rows *s, const float *dy, const float *x, const float *w, const float *rstd,
                                 float *dx, float *dw, int nt) {
   int d = s->d;
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static) if (moe__par_worth((size_t)s->n * d))
   for (int i = 0; i < s->n; i++) {
     const float *xr = x + row_at(s, i), *gr = dy + row_at(s, i);
     float *dr = dx + row_at(s, i);

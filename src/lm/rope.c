@@ -2,6 +2,7 @@
  * with i + hd/2 and turns by pos * theta^(-2i/hd). */
 #include <math.h>
 
+#include "internal.h"
 #include "kernels.h"
 
 void moe__rope_tables(float *cos_t, float *sin_t, int npos, int hd, float theta) {
@@ -21,7 +22,7 @@ void moe__rope_apply(float *x, int ld, int B, int T, int heads, int hd, int pos0
                      const float *sin_t, int inverse, int nt) {
   int h2 = hd / 2;
   float sg = inverse ? -1.0f : 1.0f;
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static) if (moe__par_worth((size_t)B * T * heads * hd))
   for (int bt = 0; bt < B * T; bt++) {
     int pos = pos0 + bt % T;
     const float *c = cos_t + (size_t)pos * h2, *s = sin_t + (size_t)pos * h2;
@@ -70,7 +71,7 @@ void moe__rope_rotate(const moe__rope_span *sp, float *x, int B, int T, int pos0
                       const float *sin_t, int inverse, int nt) {
   int h2 = sp->hd / 2, il = sp->interleave;
   float sg = inverse ? -1.0f : 1.0f;
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static) if (moe__par_worth((size_t)B * T * sp->heads * sp->hd))
   for (int bt = 0; bt < B * T; bt++) {
     int pos = pos0 + bt % T;
     const float *c = cos_t + (size_t)pos * h2, *s = sin_t + (size_t)pos * h2;
