@@ -611,7 +611,7 @@ moe_status moe_layer_forward(moe_layer_t *l, const float *x, int T, float *y, fl
   MOE_CHECK(moe__router_begin(&l->cfg, &w, T, k, l->cached, &s->route, &s->r, p));
   l->cached = NULL; /* one forward */
   s->x = x;
-  moe__router_job job = {&l->cfg, &w, x, &s->r, p, 0};
+  moe__router_job job = {&l->cfg, &w, x, &s->r, p};
   moe__side_work router = moe__router_work(&job);
   if (!along) MOE_CHECK(moe__router_run(&job, s->threads)); /* the router first */
   double gate_s = moe__now() - tg;

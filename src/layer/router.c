@@ -213,14 +213,12 @@ moe_status moe__router_begin(const moe_layer_config *cfg, const moe__weights *w,
   return MOE_OK;
 }
 
-/* Router chunk c: tokens [c GATE_ROWS, (c + 1) GATE_ROWS) (side work: the job is the context). */
-static void gate_rows(void *job, int c) {
-  const moe__router_job *j = job;
+/* Router chunk c from its tokens' logits, in r already: the choices, weights and loss sums. */
+static void route_chunk(const moe__router_job *j, int c) {
   const moe_layer_config *cfg = j->cfg;
   moe__router *r = j->r;
   moe__plan *p = j->p;
   int E = cfg->E, k = p->k, t0 = c * GATE_ROWS, t1 = t0 + GATE_ROWS < p->T ? t0 + GATE_ROWS : p->T;
-  if (!j->logits_ready) compute_logits(cfg, j->w, j->x, r, t0, t1 - t0);
   int norm = cfg->normalize_topk < 0 ? k > 1 : cfg->normalize_topk;
   for (int t = t0; t < t1; t++) {
     const float *prob = r->probs + (size_t)t * E;
@@ -252,6 +250,14 @@ static void gate_rows(void *job, int c) {
     }
     for (int e = 0; e < E; e++) acc[e] += pr[e] * inv;
   }
+}
+
+/* Router chunk c: tokens [c GATE_ROWS, (c + 1) GATE_ROWS) (side work: the job is the context). */
+static void gate_rows(void *job, int c) {
+  const moe__router_job *j = job;
+  int t0 = c * GATE_ROWS, t1 = t0 + GATE_ROWS < j->p->T ? t0 + GATE_ROWS : j->p->T;
+  compute_logits(j->cfg, j->w, j->x, j->r, t0, t1 - t0);
+  route_chunk(j, c);
 }
 
 /* DeepSeek-V3's sequence-wise balance loss: per sequence f_i = E / (k T_s) x its tokens choosing i and
@@ -306,8 +312,7 @@ moe_status moe__router_run(moe__router_job *job, int threads) {
   if (job->p->T == 1 && job->cfg->router == MOE_ROUTER_LINEAR) {
     moe__gemm g = linear_logits(job->cfg, job->w, job->x, job->r, 0, 1);
     MOE_CHECK(moe__gemm_row(&g, threads));
-    job->logits_ready = 1;
-    gate_rows(job, 0);
+    route_chunk(job, 0);
     return MOE_OK;
   }
   moe__side_work work = moe__router_work(job);

@@ -54,7 +54,6 @@ typedef struct {
   const float *x; /* (T, D) the forward's input */
   moe__router *r;
   moe__plan *p;
-  int logits_ready; /* the logits are in r already (moe__router_run's single token) */
 } moe__router_job;
 /* The forward is cut in three so that the router can run alongside the experts when the assignment is
  * known before it (sample-assignment caching): begin (the router's cache and the plan's arrays from the
