@@ -73,20 +73,11 @@ static double exp_shifted(float *s, int m, float mx) {
   return sum;
 }
 
-/* a . b over n floats. */
+/* a . b over n floats: the scores where the small kernels do not run (a CPU without AVX-512). */
 static inline float dot(const float *a, const float *b, int n) {
-#ifdef __AVX512F__ /* GCC's simd reduction kept its partial sums on the stack and added the lanes one by one */
-  __m512 acc = _mm512_setzero_ps();
-  for (int i = 0; i < n; i += 16) {
-    __mmask16 k = moe__lanes((size_t)(n - i));
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
-#else
   float d = 0;
   for (int i = 0; i < n; i++) d += a[i] * b[i];
   return d;
-#endif
 }
 
 /* o (n floats) += sum_j p[j] v_j over m rows v_j ld floats apart, o held in registers 64 floats at a time. */
